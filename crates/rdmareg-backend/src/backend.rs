@@ -1,0 +1,88 @@
+//! The [`RdmaBackend`] trait and its contract.
+//!
+//! The trait is object-safe (methods return [`BoxFuture`]) because the
+//! registry holds a backend as `Arc<dyn RdmaBackend>`. Nothing
+//! backend-specific crosses it: a registration is an opaque id, a byte range
+//! and packed key bytes.
+//!
+//! # Contract
+//!
+//! Every implementation must honour these; the conformance kit checks them.
+//!
+//! 1. **`map` rolls back if its future is dropped.** A cancelled `map` leaves
+//!    no registration behind. The caller treats a dropped `map` exactly like an
+//!    error and frees the pages, so a backend that stays pinned after
+//!    cancellation turns that into a use-after-free.
+//! 2. **`unmap` is idempotent and proceeds once submitted.** An id that names
+//!    nothing (never mapped, or already unmapped) answers `Ok(())`. Dropping
+//!    the future abandons only the notification.
+//! 3. **`Ok(())` from `unmap` means the pages are no longer pinned.** Any error
+//!    ([`RdmaError::ShuttingDown`] in particular) means *unknown*, never
+//!    *unmapped*.
+//! 4. **`get` keeps the destination region alive until the transfer
+//!    finishes**, whether or not anyone still awaits it: an `unmap` of the
+//!    destination waits for the transfer, and from the moment it is submitted
+//!    new GETs into that region are refused.
+//! 5. **`live_registrations` is the backend's own count**, not the caller's
+//!    bookkeeping. `Some(0)` is the evidence the registry needs before it
+//!    declares memory released at the end of shutdown.
+//! 6. **Degenerate requests are typed errors**: null pointer, zero length,
+//!    overflow, a local range outside the mapped pointer and length, a remote
+//!    range the key does not cover (where the backend can tell), a malformed or
+//!    oversized key. Never a panic, never undefined behaviour.
+
+use futures::future::BoxFuture;
+use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
+
+/// An RDMA provider: registers memory and pulls remote memory into it.
+///
+/// See the [module documentation](self) for the contract.
+pub trait RdmaBackend: Send + Sync + 'static {
+    /// The backend's wire name (`"ucx"`, `"loopback"`), carried in every
+    /// descriptor so a consumer never hands one backend's key to another.
+    fn key(&self) -> &str;
+
+    /// Register `[ptr, ptr + len)` and pack a key for it.
+    ///
+    /// The caller guarantees the range stays allocated until an `unmap` of the
+    /// returned id answers `Ok(())`.
+    ///
+    /// # Errors
+    /// [`RdmaError::OutOfRange`] for a null pointer, zero length or overflow;
+    /// [`RdmaError::ShuttingDown`] after teardown began;
+    /// [`RdmaError::Backend`] when the provider refuses.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves no registration behind (contract point 1).
+    fn map(&self, ptr: usize, len: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>>;
+
+    /// Deregister a region. Idempotent; `Ok(())` means "no longer pinned".
+    ///
+    /// # Cancel safety
+    /// Once the future has been polled once, the unmap proceeds even if it is
+    /// dropped; only the answer is lost.
+    fn unmap(&self, backend_region_id: u64) -> BoxFuture<'_, Result<(), RdmaError>>;
+
+    /// Read remote memory into a locally registered region.
+    ///
+    /// # Errors
+    /// [`RdmaError::RegionNotFound`] for an unknown or unmapping destination,
+    /// [`RdmaError::OutOfRange`] for a destination range outside the mapped
+    /// pointer and length (or a zero length), [`RdmaError::InvalidKey`] for a
+    /// malformed key, [`RdmaError::NotConfigured`] for an unknown peer,
+    /// [`RdmaError::Timeout`] past the deadline.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not stop the transfer; the destination stays
+    /// held until the transfer has really finished (contract point 4).
+    fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>>;
+
+    /// How many registrations the backend still holds, if it can say.
+    ///
+    /// `Some(0)` establishes that the backend attempted and finished an unmap
+    /// for every region it held. `None` (the default) opts out of the check,
+    /// and the registry then relies on call ordering alone.
+    fn live_registrations(&self) -> Option<usize> {
+        None
+    }
+}

@@ -1,0 +1,17 @@
+//! The backend seam of rdmareg: what the registry needs from an RDMA provider.
+//!
+//! - [`RdmaBackend`]: the trait, with the contract every implementation honours.
+//! - [`loopback::LoopbackBackend`]: a real in-process backend with fault
+//!   injection, used to test the layers above deterministically.
+//! - `conformance` (feature `testkit`): the reusable suite that checks a
+//!   backend against the contract.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod backend;
+#[cfg(feature = "testkit")]
+pub mod conformance;
+pub mod loopback;
+
+pub use backend::RdmaBackend;
+pub use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};

@@ -1,0 +1,1 @@
+//! Loopback backend (in progress).

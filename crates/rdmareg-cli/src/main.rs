@@ -1,0 +1,2 @@
+//! The rdmareg command-line tool.
+fn main() {}

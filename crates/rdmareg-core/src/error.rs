@@ -1,0 +1,125 @@
+//! [`RdmaError`]: the one error enum of the backend seam and the registry.
+//!
+//! Callers switch on the variant; humans read the message. Backend detail (a
+//! UCX status name, say) travels as text inside [`RdmaError::Backend`] so that
+//! nothing backend-specific crosses the seam. The enum is `#[non_exhaustive]`
+//! because later backends and features add failure kinds, and matching it
+//! exhaustively from outside would make each of those a breaking change.
+
+/// Why an rdmareg operation could not be performed.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RdmaError {
+    /// The registry or the backend under it is shutting down (or has shut
+    /// down). New work is refused; an in-progress deregistration reached no
+    /// conclusion.
+    ///
+    /// **Not a statement that memory was unmapped.** A caller holding a region
+    /// guard that sees this must keep its allocation alive until the guard's
+    /// `deregistered()` resolves — at the latest when shutdown completes.
+    #[error(
+        "rdma layer is shutting down: new work is refused; memory already registered stays pinned until deregistered() resolves"
+    )]
+    ShuttingDown,
+
+    /// Registering this many bytes would exceed the registered-bytes budget.
+    ///
+    /// A routine refusal: callers are expected to fall back (stage in chunks,
+    /// use a non-RDMA path) rather than fail.
+    #[error(
+        "registered-bytes budget exceeded: {requested} B requested, {registered} B already registered, budget {budget} B; free registrations or raise the budget"
+    )]
+    BudgetExceeded {
+        /// Bytes the refused registration asked for (page-enclosing).
+        requested: u64,
+        /// Bytes already registered when the request was refused.
+        registered: u64,
+        /// The configured ceiling.
+        budget: u64,
+    },
+
+    /// The named region is not registered: never was, or already deregistered.
+    #[error("rdma region not found: it was never registered or has already been deregistered")]
+    RegionNotFound,
+
+    /// A length or offset falls outside the region it names, or the request
+    /// was degenerate (null pointer, zero length, arithmetic overflow).
+    #[error("range is outside the registered region, or is empty, null or overflowing")]
+    OutOfRange,
+
+    /// A packed remote key was empty, oversized, or not well-formed for the
+    /// backend that has to interpret it.
+    #[error("malformed packed remote key: refused before the backend interpreted it")]
+    InvalidKey,
+
+    /// The backend failed. The text names the backend-level condition so a
+    /// human can diagnose it from the message alone. Transient or
+    /// environmental by nature: a caller may reasonably retry.
+    #[error("rdma backend: {0}")]
+    Backend(String),
+
+    /// No RDMA backend is configured (or the named peer is unknown to it). A
+    /// deployment fact: retrying cannot change it.
+    #[error("no rdma backend configured for this operation (or the peer is unknown to it)")]
+    NotConfigured,
+
+    /// The region was registered from a caller-owned pointer, so there is no
+    /// buffer to hand back. Retrying cannot change it.
+    #[error("region owns no buffer: it was registered from a caller-owned pointer")]
+    NotOwned,
+
+    /// Bytes received as a descriptor could not be decoded, or a descriptor
+    /// names a different backend than the one asked to use it.
+    #[error("invalid descriptor: {0}")]
+    InvalidDescriptor(crate::DescriptorError),
+
+    /// The operation did not finish inside its deadline.
+    #[error("rdma operation timed out")]
+    Timeout,
+}
+
+impl RdmaError {
+    /// Whether retrying the same operation later could succeed.
+    ///
+    /// `Backend`, `Timeout` and `BudgetExceeded` may clear; the others are
+    /// facts about the request or the deployment.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            RdmaError::Backend(_) | RdmaError::Timeout | RdmaError::BudgetExceeded { .. }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_exceeded_message_carries_all_three_figures() {
+        let e = RdmaError::BudgetExceeded {
+            requested: 4096,
+            registered: 8192,
+            budget: 10000,
+        };
+        let text = e.to_string();
+        assert!(text.contains("4096"), "{text}");
+        assert!(text.contains("8192"), "{text}");
+        assert!(text.contains("10000"), "{text}");
+    }
+
+    #[test]
+    fn backend_message_keeps_the_backend_text() {
+        let e = RdmaError::Backend("ucx: UCS_ERR_NO_MEMORY".into());
+        assert!(e.to_string().contains("UCS_ERR_NO_MEMORY"));
+    }
+
+    #[test]
+    fn only_environmental_failures_are_transient() {
+        assert!(RdmaError::Timeout.is_transient());
+        assert!(RdmaError::Backend(String::new()).is_transient());
+        assert!(!RdmaError::OutOfRange.is_transient());
+        assert!(!RdmaError::NotOwned.is_transient());
+        assert!(!RdmaError::ShuttingDown.is_transient());
+    }
+}

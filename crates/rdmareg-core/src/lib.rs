@@ -1,0 +1,19 @@
+//! Shared vocabulary of rdmareg: the error every layer speaks, the values that
+//! cross the backend seam, the wire descriptor an owner hands a consumer, and
+//! the page arithmetic registrations are charged by.
+//!
+//! This crate has no async runtime and no I/O, and no `unsafe`: it is the part
+//! every other crate (and every future backend) can depend on without pulling
+//! anything in.
+
+#![forbid(unsafe_code)]
+
+pub mod descriptor;
+pub mod error;
+pub mod page;
+pub mod region;
+
+pub use descriptor::{Descriptor, DescriptorError, MAX_BACKEND_KEY_LEN, MAX_PACKED_KEY_LEN};
+pub use error::RdmaError;
+pub use page::{PageRange, page_enclosing_len, page_enclosing_range, round_up};
+pub use region::{BackendGet, BackendRegion, PeerId};
