@@ -1,1 +1,51 @@
-fn main() {}
+//! Developer tasks for the rdmareg workspace, run as `cargo xtask <task>`.
+//!
+//! Each task lives in its own module and is dispatched from [`main`]; adding
+//! a task means one module, one arm in [`dispatch`] and one line of usage.
+
+mod bindgen;
+mod ci;
+mod ucx;
+mod util;
+
+use std::process::ExitCode;
+
+use util::{Result, bail};
+
+const USAGE: &str = "\
+usage: cargo xtask <task> [args]
+
+tasks:
+  ucx                find or provision UCX (>= 1.22; pinned 1.22.0) and print which one
+  bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
+  ci                 run every CI step in order, stopping at the first failure
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match dispatch(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the task named by the first argument.
+fn dispatch(args: &[String]) -> Result<()> {
+    let Some((task, rest)) = args.split_first() else {
+        print!("{USAGE}");
+        return Ok(());
+    };
+    match task.as_str() {
+        "ucx" => ucx::run_task(rest),
+        "bindgen" => bindgen::run_task(rest),
+        "ci" => ci::run_task(rest),
+        "help" | "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown task `{other}`\n\n{USAGE}"),
+    }
+}

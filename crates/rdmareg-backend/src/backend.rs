@@ -36,7 +36,7 @@ use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 
 /// An RDMA provider: registers memory and pulls remote memory into it.
 ///
-/// See the [module documentation](self) for the contract.
+/// See the module documentation for the contract.
 pub trait RdmaBackend: Send + Sync + 'static {
     /// The backend's wire name (`"ucx"`, `"loopback"`), carried in every
     /// descriptor so a consumer never hands one backend's key to another.

@@ -1,0 +1,193 @@
+//! Finds the UCX to link, links `libucp` and `libucs`, and tells dependents
+//! where it is.
+//!
+//! Search order (the same as `cargo xtask ucx`):
+//! 1. `UCX_DIR`, an install prefix. An explicit choice: if it is broken or
+//!    too old, the build fails rather than quietly using something else.
+//! 2. `<workspace>/target/ucx-1.22.0/libucx`, provisioned by `cargo xtask ucx`.
+//! 3. pkg-config (`ucx`).
+//!
+//! Metadata for dependents' build scripts (`DEP_UCP_<KEY>`): `ROOT`,
+//! `INCLUDE`, `LIBDIR`, `BINDIR`, `VERSION` (the headers' `major.minor`).
+//! The same paths reach this crate's code as `UCXSYS_*` compile-time
+//! variables. This crate's own test binaries get a run path to `LIBDIR`.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The oldest UCX API accepted: the committed bindings carry 1.22's layouts
+/// and enum values, and the engine's packed-key validator knows 1.22's format.
+const MINIMUM_API: (u32, u32) = (1, 22);
+
+/// Where `cargo xtask ucx` puts the pinned UCX, relative to the workspace.
+const PROVISIONED_PREFIX: &str = "target/ucx-1.22.0/libucx";
+
+const FIX: &str = "Fix it either way:\n  \
+    - run `cargo xtask ucx` (with UCX_DIR unset) to provision UCX 1.22.0 into target/ucx-1.22.0/, or\n  \
+    - set UCX_DIR=/path/to/ucx, an install prefix holding include/ucp/api/ucp.h and lib/libucp.so (UCX >= 1.22)";
+
+struct Install {
+    root: PathBuf,
+    include: PathBuf,
+    libdir: PathBuf,
+    bindir: PathBuf,
+    api: (u32, u32),
+}
+
+fn main() {
+    println!("cargo::rerun-if-changed=build.rs");
+    println!("cargo::rerun-if-env-changed=UCX_DIR");
+
+    let ucx = match find() {
+        Ok(ucx) => ucx,
+        Err(problem) => panic!("\n\nucx-sys cannot find a usable UCX: {problem}\n{FIX}\n\n"),
+    };
+    if ucx.api < MINIMUM_API {
+        panic!(
+            "\n\nucx-sys found UCX {}.{} at {}, older than the minimum {}.{}.\n{FIX}\n\n",
+            ucx.api.0,
+            ucx.api.1,
+            ucx.root.display(),
+            MINIMUM_API.0,
+            MINIMUM_API.1
+        );
+    }
+    // A different install (or a reinstall) under the same path changes this.
+    println!(
+        "cargo::rerun-if-changed={}",
+        ucx.include.join("ucp/api/ucp_version.h").display()
+    );
+
+    println!("cargo::rustc-link-search=native={}", ucx.libdir.display());
+    println!("cargo::rustc-link-lib=dylib=ucp");
+    println!("cargo::rustc-link-lib=dylib=ucs");
+    // This crate's tests find the libraries without LD_LIBRARY_PATH;
+    // dependents add the same line from DEP_UCP_LIBDIR (see the crate docs).
+    println!(
+        "cargo::rustc-link-arg-tests=-Wl,-rpath,{}",
+        ucx.libdir.display()
+    );
+
+    let version = format!("{}.{}", ucx.api.0, ucx.api.1);
+    for (key, value) in [
+        ("root", ucx.root.display().to_string()),
+        ("include", ucx.include.display().to_string()),
+        ("libdir", ucx.libdir.display().to_string()),
+        ("bindir", ucx.bindir.display().to_string()),
+        ("version", version),
+    ] {
+        println!("cargo::metadata={key}={value}");
+        println!("cargo::rustc-env=UCXSYS_{}={value}", key.to_uppercase());
+    }
+}
+
+fn find() -> Result<Install, String> {
+    if let Some(dir) = env::var_os("UCX_DIR") {
+        let dir = PathBuf::from(dir);
+        return at_prefix(&dir)
+            .map_err(|e| format!("UCX_DIR={} is not a UCX install: {e}", dir.display()));
+    }
+    let provisioned = workspace_root().join(PROVISIONED_PREFIX);
+    let provisioned_problem = if provisioned.exists() {
+        match at_prefix(&provisioned) {
+            Ok(ucx) => return Ok(ucx),
+            Err(e) => format!("{} is incomplete ({e})", provisioned.display()),
+        }
+    } else {
+        format!(
+            "UCX_DIR is unset and {} does not exist",
+            provisioned.display()
+        )
+    };
+    from_pkg_config().map_err(|pkg_config_problem| {
+        format!("{provisioned_problem}; pkg-config: {pkg_config_problem}")
+    })
+}
+
+/// `crates/ucx-sys` → the workspace root two levels up.
+fn workspace_root() -> PathBuf {
+    let manifest_dir =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .ancestors()
+        .nth(2)
+        .map_or_else(|| manifest_dir.clone(), Path::to_path_buf)
+}
+
+/// An install prefix laid out as `include/`, `lib/` (or `lib64/`), `bin/`.
+fn at_prefix(prefix: &Path) -> Result<Install, String> {
+    let libdir = ["lib", "lib64"]
+        .iter()
+        .map(|name| prefix.join(name))
+        .find(|dir| dir.join("libucp.so").exists())
+        .unwrap_or_else(|| prefix.join("lib"));
+    checked(
+        prefix.to_path_buf(),
+        prefix.join("include"),
+        libdir,
+        prefix.join("bin"),
+    )
+}
+
+fn from_pkg_config() -> Result<Install, String> {
+    pkg_config::Config::new()
+        .cargo_metadata(false)
+        .env_metadata(true)
+        .probe("ucx")
+        .map_err(|e| e.to_string())?;
+    let variable = |name: &str| {
+        pkg_config::get_variable("ucx", name)
+            .ok()
+            .filter(|value| !value.is_empty())
+            .map(PathBuf::from)
+    };
+    let root = variable("prefix").ok_or("ucx.pc has no prefix")?;
+    let include = variable("includedir").unwrap_or_else(|| root.join("include"));
+    let libdir = variable("libdir").unwrap_or_else(|| root.join("lib"));
+    let bindir = variable("bindir").unwrap_or_else(|| root.join("bin"));
+    checked(root, include, libdir, bindir)
+}
+
+/// Checks the header and library are where they should be and reads the
+/// API version from `ucp_version.h`.
+fn checked(
+    root: PathBuf,
+    include: PathBuf,
+    libdir: PathBuf,
+    bindir: PathBuf,
+) -> Result<Install, String> {
+    if !include.join("ucp/api/ucp.h").is_file() {
+        return Err(format!(
+            "{} is missing",
+            include.join("ucp/api/ucp.h").display()
+        ));
+    }
+    if !libdir.join("libucp.so").exists() {
+        return Err(format!("{} is missing", libdir.join("libucp.so").display()));
+    }
+    let version_header = include.join("ucp/api/ucp_version.h");
+    let text = fs::read_to_string(&version_header)
+        .map_err(|e| format!("cannot read {}: {e}", version_header.display()))?;
+    let api = api_version(&text)
+        .ok_or_else(|| format!("{} has no UCP_API_MAJOR/MINOR", version_header.display()))?;
+    Ok(Install {
+        root,
+        include,
+        libdir,
+        bindir,
+        api,
+    })
+}
+
+fn api_version(header: &str) -> Option<(u32, u32)> {
+    let define = |name: &str| {
+        header.lines().find_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some("#define") && words.next() == Some(name))
+                .then(|| words.next()?.parse::<u32>().ok())
+                .flatten()
+        })
+    };
+    Some((define("UCP_API_MAJOR")?, define("UCP_API_MINOR")?))
+}

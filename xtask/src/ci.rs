@@ -1,0 +1,134 @@
+//! `cargo xtask ci`: every check CI runs, in order, stopping at the first
+//! failure.
+//!
+//! Each step prints a header line and, when it ends, its wall time; a summary
+//! of all timings closes the run. Steps are plain data ([`Step`]) so adding
+//! one (the demo, bench or fuzz smoke runs) is one more entry in [`steps`].
+
+use std::process::Command;
+
+use crate::util::{Result, bail, cargo, format_duration, run, timed};
+use crate::{bindgen, ucx};
+
+/// What a step does.
+enum Action {
+    /// A task of this xtask, run in-process.
+    Task(fn() -> Result<()>),
+    /// A child command.
+    Command(fn() -> Command),
+}
+
+/// One named CI step.
+struct Step {
+    name: &'static str,
+    action: Action,
+}
+
+/// The CI steps, in the order they run.
+fn steps() -> Vec<Step> {
+    vec![
+        Step {
+            name: "provision UCX (cargo xtask ucx)",
+            action: Action::Task(|| ucx::run_task(&[])),
+        },
+        Step {
+            name: "bindings are current (cargo xtask bindgen --check)",
+            action: Action::Task(|| bindgen::run_task(&["--check".to_string()])),
+        },
+        Step {
+            name: "format (cargo fmt --check)",
+            action: Action::Command(|| cargo(["fmt", "--all", "--check"])),
+        },
+        Step {
+            name: "lint (cargo clippy -D warnings)",
+            action: Action::Command(|| {
+                cargo([
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--all-features",
+                    "--",
+                    "-D",
+                    "warnings",
+                ])
+            }),
+        },
+        Step {
+            name: "tests (cargo nextest run)",
+            action: Action::Task(|| {
+                ensure_nextest()?;
+                run(&mut cargo([
+                    "nextest",
+                    "run",
+                    "--workspace",
+                    "--all-features",
+                ]))
+            }),
+        },
+        Step {
+            name: "doc tests (cargo test --doc)",
+            action: Action::Command(|| cargo(["test", "--workspace", "--doc", "--all-features"])),
+        },
+        Step {
+            name: "docs (cargo doc, rustdoc -D warnings)",
+            action: Action::Command(|| {
+                let mut cmd = cargo(["doc", "--workspace", "--no-deps", "--all-features"]);
+                cmd.env("RUSTDOCFLAGS", "-D warnings");
+                cmd
+            }),
+        },
+    ]
+}
+
+/// `cargo xtask ci`.
+pub fn run_task(args: &[String]) -> Result<()> {
+    if let Some(extra) = args.first() {
+        bail!("`cargo xtask ci` takes no arguments (got `{extra}`)");
+    }
+    let steps = steps();
+    let total = steps.len();
+    let mut timings = Vec::with_capacity(total);
+    for (index, step) in steps.into_iter().enumerate() {
+        println!("\n==> [{}/{total}] {}", index + 1, step.name);
+        let (outcome, elapsed) = timed(|| match step.action {
+            Action::Task(task) => task(),
+            Action::Command(command) => run(&mut command()),
+        });
+        let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
+        println!(
+            "<== [{}/{total}] {} {verdict} in {}",
+            index + 1,
+            step.name,
+            format_duration(elapsed)
+        );
+        timings.push((step.name, elapsed));
+        if let Err(e) = outcome {
+            print_summary(&timings);
+            bail!("CI step `{}` failed: {e}", step.name);
+        }
+    }
+    print_summary(&timings);
+    println!("ci: all {total} steps passed");
+    Ok(())
+}
+
+fn print_summary(timings: &[(&str, std::time::Duration)]) {
+    println!("\nstep timings:");
+    for (name, elapsed) in timings {
+        println!("  {:>9}  {name}", format_duration(*elapsed));
+    }
+}
+
+/// Installs cargo-nextest when `cargo nextest` is not available.
+fn ensure_nextest() -> Result<()> {
+    let available = cargo(["nextest", "--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if available {
+        return Ok(());
+    }
+    eprintln!("cargo-nextest is missing; installing it");
+    run(&mut cargo(["install", "cargo-nextest", "--locked"]))
+}
