@@ -19,10 +19,14 @@
 //! 3. **`Ok(())` from `unmap` means the pages are no longer pinned.** Any error
 //!    ([`RdmaError::ShuttingDown`] in particular) means *unknown*, never
 //!    *unmapped*.
+//!    During teardown an unmap of a region that is already gone answers
+//!    `Ok(())`; one the backend still holds answers an error.
 //! 4. **`get` keeps the destination region alive until the transfer
 //!    finishes**, whether or not anyone still awaits it: an `unmap` of the
 //!    destination waits for the transfer, and from the moment it is submitted
-//!    new GETs into that region are refused.
+//!    new GETs into that region are refused. A backend that can see the source
+//!    side (the loopback can; a one-sided transport cannot) holds the source
+//!    registration the same way.
 //! 5. **`live_registrations` is the backend's own count**, not the caller's
 //!    bookkeeping. `Some(0)` is the evidence the registry needs before it
 //!    declares memory released at the end of shutdown.

@@ -1,1 +1,0 @@
-//! Conformance kit (in progress).

@@ -1,0 +1,138 @@
+//! Checks of GETs in flight against unmaps of their destination (contract
+//! point 4): a submitted unmap refuses new GETs, waits for the transfer that
+//! is already running, and once it answers `Ok(())` nothing writes into the
+//! memory any more — whether or not anyone still awaits the GET.
+//!
+//! These checks need no fault injection: they use transfers large enough to
+//! be in flight when the unmap is submitted on a real transport, and assert
+//! what must hold however the race falls.
+
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use rdmareg_core::RdmaError;
+use tokio::sync::oneshot;
+
+use super::BackendPair;
+use super::buffer::Mapped;
+use super::support::{FILL, assert_copied, get_request, poll_once, source_byte};
+
+/// Transfer size of the in-flight checks.
+const LARGE: usize = 8 << 20;
+/// How long the destination is watched for late writes after its unmap.
+const WATCH_FOR_LATE_WRITES: Duration = Duration::from_millis(50);
+
+/// Submit a large GET, then an unmap of its destination: a new GET into that
+/// destination is refused with `RegionNotFound`, the first GET completes with
+/// the right bytes, and when the unmap answers `Ok(())` every byte has
+/// already landed.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight(
+    pair: &BackendPair,
+) {
+    let src = Mapped::filled(&*pair.owner, LARGE, source_byte).await;
+    let dst = Mapped::filled(&*pair.consumer, LARGE, |_| FILL).await;
+
+    let request = get_request(pair, &src, 0, &dst, 0, LARGE as u64);
+    let consumer = Arc::clone(&pair.consumer);
+    let (submitted_tx, submitted) = oneshot::channel();
+    let transfer = tokio::spawn(async move {
+        let mut get = consumer.get(request);
+        let first = futures::poll!(get.as_mut());
+        let _ = submitted_tx.send(());
+        match first {
+            Poll::Ready(answer) => answer,
+            Poll::Pending => get.await,
+        }
+    });
+    submitted
+        .await
+        .expect("the GET task ended before submitting");
+
+    let mut unmap = pair.consumer.unmap(dst.id());
+    let unmap_first = futures::poll!(unmap.as_mut());
+
+    let refused = pair
+        .consumer
+        .get(get_request(pair, &src, 0, &dst, 0, 64))
+        .await;
+    assert_eq!(
+        refused,
+        Err(RdmaError::RegionNotFound),
+        "a GET into a destination whose unmap was submitted"
+    );
+
+    let unmapped = match unmap_first {
+        Poll::Ready(answer) => answer,
+        Poll::Pending => unmap.await,
+    };
+    assert_eq!(
+        unmapped,
+        Ok(()),
+        "unmap of a destination with a GET in flight"
+    );
+    let dst_buf = dst.confirm_unmapped();
+    assert_copied(
+        &dst_buf.snapshot(),
+        0,
+        0,
+        LARGE,
+        "destination when its unmap answered Ok",
+    );
+    let answer = transfer.await.expect("the GET task panicked");
+    assert_eq!(answer, Ok(()), "the GET submitted before the unmap");
+    src.release(&*pair.owner).await;
+}
+
+/// Submit a large GET and drop its future; an unmap of the destination
+/// answers `Ok(())` only once the transfer is over: from then on the bytes do
+/// not change, and each is either untouched or the right source byte.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn dropped_get_keeps_the_destination_until_the_transfer_is_over(pair: &BackendPair) {
+    let src = Mapped::filled(&*pair.owner, LARGE, source_byte).await;
+    let dst = Mapped::filled(&*pair.consumer, LARGE, |_| FILL).await;
+
+    let mut get = pair
+        .consumer
+        .get(get_request(pair, &src, 0, &dst, 0, LARGE as u64));
+    let first = poll_once(get.as_mut());
+    drop(get);
+
+    let id = dst.id();
+    assert_eq!(
+        pair.consumer.unmap(id).await,
+        Ok(()),
+        "unmap of a destination whose GET was dropped"
+    );
+    let dst_buf = dst.confirm_unmapped();
+    let at_unmap = dst_buf.snapshot();
+    tokio::time::sleep(WATCH_FOR_LATE_WRITES).await;
+    assert!(
+        dst_buf.snapshot() == at_unmap,
+        "the destination changed after its unmap answered Ok: the transfer outlived the registration"
+    );
+    for (i, &byte) in at_unmap.iter().enumerate() {
+        assert!(
+            byte == FILL || byte == source_byte(i),
+            "destination byte {i} is {byte:#04x}: neither untouched nor the source byte"
+        );
+    }
+    if let Poll::Ready(answer) = first {
+        assert_eq!(answer, Ok(()), "the GET answered on its first poll");
+        assert_copied(
+            &at_unmap,
+            0,
+            0,
+            LARGE,
+            "destination of a GET that answered Ok",
+        );
+    }
+    src.release(&*pair.owner).await;
+}

@@ -1,0 +1,104 @@
+//! Checks of `map`: cancellation at every await point (contract point 1) and
+//! degenerate inputs (contract point 6).
+
+use std::task::Poll;
+use std::time::Duration;
+
+use rdmareg_core::RdmaError;
+
+use super::BackendPair;
+use super::buffer::{KitBuffer, Mapped};
+use super::support::{FILL, assert_live_now, live, plus, poll_once, settle_live};
+use crate::RdmaBackend;
+
+/// Most polls the cancellation check gives one map before dropping it.
+const MAX_CANCEL_POLLS: usize = 64;
+/// Pause between hand polls, so work running elsewhere (a progress thread, a
+/// timer) moves on between them and cancellation lands at different stages.
+const POLL_GAP: Duration = Duration::from_micros(200);
+
+/// Contract point 1: a map dropped after 0, 1, 2, … polls leaves no
+/// registration behind once its rollback settled, on both instances. Stops
+/// when a map completes on its own (that region is then unmapped normally).
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn cancelled_map_leaves_no_registration(pair: &BackendPair) {
+    for backend in [&*pair.owner, &*pair.consumer] {
+        cancel_maps_at_every_await(backend, pair.capabilities.rollback_within).await;
+    }
+}
+
+async fn cancel_maps_at_every_await(backend: &dyn RdmaBackend, rollback_within: Duration) {
+    let baseline = live(backend);
+    for polls in 0..=MAX_CANCEL_POLLS {
+        let mut buf = KitBuffer::filled(8192 + 3, |_| FILL);
+        buf.mark_registered();
+        let mut map = backend.map(buf.addr(), buf.len());
+        let mut answer = None;
+        for poll in 0..polls {
+            if poll > 0 {
+                tokio::time::sleep(POLL_GAP).await;
+            }
+            if let Poll::Ready(result) = poll_once(map.as_mut()) {
+                answer = Some(result);
+                break;
+            }
+        }
+        drop(map);
+        match answer {
+            Some(Ok(region)) => {
+                assert_live_now(backend, plus(baseline, 1), "after a completed map");
+                Mapped { buf, region }.release(backend).await;
+                assert_live_now(backend, baseline, "after unmapping the completed map");
+                return;
+            }
+            Some(Err(e)) => panic!("map of a valid buffer failed after {polls} polls: {e}"),
+            None => {
+                let what = format!("after a map dropped at poll {polls}");
+                if settle_live(backend, baseline, rollback_within, &what).await {
+                    buf.mark_unregistered();
+                }
+            }
+        }
+    }
+    // Never done within the poll budget by hand: it must still work awaited.
+    let mapped = Mapped::filled(backend, 4096, |_| FILL).await;
+    assert_live_now(backend, plus(baseline, 1), "after an awaited map");
+    mapped.release(backend).await;
+    assert_live_now(backend, baseline, "after unmapping the awaited map");
+}
+
+/// Contract point 6: a null pointer, a zero length and a range that overflows
+/// the address space are each refused with `OutOfRange`, and register nothing.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn degenerate_map_is_out_of_range(pair: &BackendPair) {
+    for backend in [&*pair.owner, &*pair.consumer] {
+        let baseline = live(backend);
+        let mut buf = KitBuffer::filled(64, |_| FILL);
+        buf.mark_registered();
+        let cases = [
+            ("null pointer", 0, 64),
+            ("zero length", buf.addr(), 0),
+            (
+                "range past the end of the address space",
+                usize::MAX - 15,
+                64,
+            ),
+            ("one byte past the end of the address space", usize::MAX, 2),
+        ];
+        for (what, ptr, len) in cases {
+            let answer = backend
+                .map(ptr, len)
+                .await
+                .map(|region| region.backend_region_id);
+            assert_eq!(answer, Err(RdmaError::OutOfRange), "map with {what}");
+            assert_live_now(backend, baseline, &format!("after a map with {what}"));
+        }
+        buf.mark_unregistered();
+    }
+}

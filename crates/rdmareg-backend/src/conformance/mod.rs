@@ -1,0 +1,290 @@
+//! The conformance kit: the contract of [`RdmaBackend`] as a reusable test
+//! suite (feature `testkit`).
+//!
+//! A backend crate proves it honours the contract by running the kit from its
+//! own tests, through the public API only:
+//!
+//! ```
+//! use rdmareg_backend::PeerId;
+//! use rdmareg_backend::conformance::{self, BackendPair};
+//! use rdmareg_backend::loopback::LoopbackFabric;
+//!
+//! /// Two connected instances of the backend under test.
+//! async fn loopback_pair() -> BackendPair {
+//!     let fabric = LoopbackFabric::new();
+//!     BackendPair::new(fabric.backend(PeerId(1)), fabric.backend(PeerId(2)), PeerId(1))
+//! }
+//!
+//! // In a test file: the whole suite, one #[test] per check.
+//! rdmareg_backend::conformance_tests!(loopback_pair);
+//!
+//! // Or one check, inside a runtime of your own.
+//! # fn main() {
+//! conformance::block_on(async {
+//!     let pair = loopback_pair().await;
+//!     conformance::get_moves_the_right_bytes(&pair).await;
+//!     pair.teardown().await;
+//! });
+//! # }
+//! ```
+//!
+//! [`conformance_tests!`](crate::conformance_tests) expands to one `#[test]`
+//! per contract check, each on a fresh [`BackendPair`] inside its own
+//! multi-threaded runtime (two workers), plus the model-based property test.
+//! Every check is also a `pub async fn` taking a `&BackendPair`, so a crate
+//! can run them one by one inside its own runtime (which needs the timer
+//! driver enabled); [`model_based`] is synchronous and must run outside any
+//! runtime.
+//!
+//! # What the checks rely on
+//!
+//! - The kit allocates the memory it registers and keeps it alive until an
+//!   unmap answered `Ok(())`, or until the backend's own count confirms a
+//!   cancelled map rolled back. When an unmap fails, or a check fails midway,
+//!   the memory is leaked on purpose: freeing memory a backend may still hold
+//!   is the bug the contract exists to prevent.
+//! - Remote reads only ever name bytes of a live registration, except where a
+//!   [`Capabilities`] flag says the backend checks the request itself; a
+//!   backend whose keys bound nothing is never asked to read outside them.
+//! - Live-count assertions are skipped for a backend whose
+//!   [`live_registrations`](RdmaBackend::live_registrations) is `None`; such a
+//!   backend gets less evidence from the kit, and its buffers are leaked where
+//!   only the count could have shown they were released.
+
+mod buffer;
+mod get_checks;
+mod in_flight_checks;
+mod key_checks;
+mod map_checks;
+mod model;
+mod support;
+mod unmap_checks;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use rdmareg_core::PeerId;
+
+use crate::RdmaBackend;
+
+pub use get_checks::{
+    get_from_an_unknown_peer_is_not_configured,
+    get_into_an_unknown_local_region_is_region_not_found, get_moves_the_right_bytes,
+    get_outside_the_local_mapping_is_out_of_range,
+    get_outside_the_remote_registration_is_out_of_range,
+};
+pub use in_flight_checks::{
+    dropped_get_keeps_the_destination_until_the_transfer_is_over,
+    unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight,
+};
+pub use key_checks::{malformed_keys_are_invalid_key, stale_key_after_unmap_is_refused};
+pub use map_checks::{cancelled_map_leaves_no_registration, degenerate_map_is_out_of_range};
+pub use model::{MODEL_CASES, model_based};
+pub use unmap_checks::{
+    concurrent_unmaps_of_one_region_all_answer_ok, dropped_unmap_still_unmaps,
+    ok_unmap_decrements_the_live_count, unmap_of_a_never_mapped_id_answers_ok,
+    unmap_twice_answers_ok_and_counts_once,
+};
+
+/// What the backend under test can detect, so the kit asks only what it can
+/// answer — and never asks a backend whose keys bound nothing to read outside
+/// a registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// A GET whose remote range leaves the registration the key names is
+    /// refused with `OutOfRange`. False for UCX over tcp and shared memory,
+    /// whose keys bound nothing.
+    pub remote_bounds_enforced: bool,
+    /// A well-formed key naming no live registration (a stale key, after its
+    /// region was unmapped) is refused with an error.
+    pub unknown_remote_key_detected: bool,
+    /// How long an asynchronous rollback — a cancelled map, a dropped unmap —
+    /// may take to show in the backend's live count before the kit calls it
+    /// a leak.
+    pub rollback_within: Duration,
+}
+
+impl Capabilities {
+    /// Everything detected, rollbacks settling within five seconds: what the
+    /// contract asks of a backend that can tell.
+    pub const fn full() -> Self {
+        Self {
+            remote_bounds_enforced: true,
+            unknown_remote_key_detected: true,
+            rollback_within: Duration::from_secs(5),
+        }
+    }
+
+    /// Set [`remote_bounds_enforced`](Self::remote_bounds_enforced).
+    pub const fn with_remote_bounds_enforced(mut self, enforced: bool) -> Self {
+        self.remote_bounds_enforced = enforced;
+        self
+    }
+
+    /// Set [`rollback_within`](Self::rollback_within).
+    pub const fn with_rollback_within(mut self, within: Duration) -> Self {
+        self.rollback_within = within;
+        self
+    }
+
+    /// Set [`unknown_remote_key_detected`](Self::unknown_remote_key_detected).
+    pub const fn with_unknown_remote_key_detected(mut self, detected: bool) -> Self {
+        self.unknown_remote_key_detected = detected;
+        self
+    }
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self::full()
+    }
+}
+
+/// Two connected instances of the backend under test: the consumer can GET
+/// from the owner, whom it names `owner_as_seen_by_consumer`.
+///
+/// The kit registers sources on the owner and destinations on the consumer.
+pub struct BackendPair {
+    /// The instance whose memory is read.
+    pub owner: Arc<dyn RdmaBackend>,
+    /// The instance that issues GETs.
+    pub consumer: Arc<dyn RdmaBackend>,
+    /// How the consumer names the owner in [`BackendGet::peer`](crate::BackendGet::peer).
+    pub owner_as_seen_by_consumer: PeerId,
+    /// What the backend can detect.
+    pub capabilities: Capabilities,
+    /// Behind a mutex only so the pair is `Sync` (checks borrow it across
+    /// threads); it is taken once, by [`teardown`](Self::teardown).
+    teardown: Mutex<Option<BoxFuture<'static, ()>>>,
+}
+
+impl fmt::Debug for BackendPair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendPair")
+            .field("owner", &self.owner.key())
+            .field("consumer", &self.consumer.key())
+            .field("owner_as_seen_by_consumer", &self.owner_as_seen_by_consumer)
+            .field("capabilities", &self.capabilities)
+            .field("teardown", &self.teardown.lock().is_some())
+            .finish()
+    }
+}
+
+impl BackendPair {
+    /// A pair with [`Capabilities::full`] and no teardown.
+    pub fn new(
+        owner: Arc<dyn RdmaBackend>,
+        consumer: Arc<dyn RdmaBackend>,
+        owner_as_seen_by_consumer: PeerId,
+    ) -> Self {
+        Self {
+            owner,
+            consumer,
+            owner_as_seen_by_consumer,
+            capabilities: Capabilities::full(),
+            teardown: Mutex::new(None),
+        }
+    }
+
+    /// Replace the capabilities.
+    pub fn with_capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = capabilities;
+        self
+    }
+
+    /// Work the kit awaits after the checks on this pair passed (stopping
+    /// engines, say). It runs on the kit's runtime.
+    pub fn with_teardown(self, teardown: impl Future<Output = ()> + Send + 'static) -> Self {
+        *self.teardown.lock() = Some(Box::pin(teardown));
+        self
+    }
+
+    /// Run the teardown, if any.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the teardown work wherever it stands.
+    pub async fn teardown(self) {
+        let teardown = self.teardown.lock().take();
+        if let Some(teardown) = teardown {
+            teardown.await;
+        }
+    }
+}
+
+/// Run `future` to completion on a fresh multi-threaded runtime with two
+/// workers and every driver enabled: how each generated test runs its check.
+///
+/// # Panics
+/// If the runtime cannot be built, or if called from inside a runtime.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    kit_runtime().block_on(future)
+}
+
+pub(crate) fn kit_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("the conformance kit could not build its tokio runtime")
+}
+
+/// Expand to the whole conformance suite for a backend: one `#[test]` per
+/// contract check plus the model-based property test.
+///
+/// `$factory` is a function (or any expression callable with no arguments)
+/// returning a future of a fresh [`BackendPair`](crate::conformance::BackendPair);
+/// each test calls it once, the property test once per case. Invoke it once
+/// per module: the tests are named after the checks.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr $(,)?) => {
+        $crate::__conformance_checks!(
+            $factory;
+            cancelled_map_leaves_no_registration,
+            degenerate_map_is_out_of_range,
+            unmap_of_a_never_mapped_id_answers_ok,
+            unmap_twice_answers_ok_and_counts_once,
+            concurrent_unmaps_of_one_region_all_answer_ok,
+            ok_unmap_decrements_the_live_count,
+            dropped_unmap_still_unmaps,
+            get_moves_the_right_bytes,
+            get_outside_the_local_mapping_is_out_of_range,
+            get_outside_the_remote_registration_is_out_of_range,
+            get_into_an_unknown_local_region_is_region_not_found,
+            get_from_an_unknown_peer_is_not_configured,
+            malformed_keys_are_invalid_key,
+            stale_key_after_unmap_is_refused,
+            unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight,
+            dropped_get_keeps_the_destination_until_the_transfer_is_over,
+        );
+
+        #[test]
+        fn model_based_sequences_keep_live_counts_equal_to_the_model() {
+            $crate::conformance::model_based($factory, $crate::conformance::MODEL_CASES);
+        }
+    };
+}
+
+/// One `#[test]` per named check; the implementation of
+/// [`conformance_tests!`](crate::conformance_tests).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_checks {
+    ($factory:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $check() {
+                $crate::conformance::block_on(async {
+                    let pair = ($factory)().await;
+                    $crate::conformance::$check(&pair).await;
+                    pair.teardown().await;
+                });
+            }
+        )*
+    };
+}

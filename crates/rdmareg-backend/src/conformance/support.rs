@@ -1,0 +1,129 @@
+//! Small tools the checks share: polling a future by hand, waiting for a
+//! backend's own live count, byte patterns, and request building.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use rdmareg_core::{BackendGet, PeerId};
+
+use super::BackendPair;
+use super::buffer::Mapped;
+use crate::RdmaBackend;
+
+/// Deadline the kit puts on its GETs.
+pub(crate) const GET_DEADLINE: Duration = Duration::from_secs(30);
+/// Byte the kit fills destinations with; source patterns never produce it.
+pub(crate) const FILL: u8 = 0xEE;
+
+/// The source pattern: byte `i` of every source buffer. Never equals
+/// [`FILL`], and repeats with a period that is no power of two, so a copy from
+/// the wrong offset shows.
+pub(crate) fn source_byte(i: usize) -> u8 {
+    (i % 199) as u8
+}
+
+/// Poll once with a waker that does nothing, as a caller that then drops the
+/// future would.
+pub(crate) fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Output> {
+    future.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// The backend's own registration count, if it keeps one.
+pub(crate) fn live(backend: &dyn RdmaBackend) -> Option<usize> {
+    backend.live_registrations()
+}
+
+/// Assert the live count is `expected` right now (skipped when the backend
+/// cannot count).
+pub(crate) fn assert_live_now(backend: &dyn RdmaBackend, expected: Option<usize>, what: &str) {
+    let now = live(backend);
+    if expected.is_some() {
+        assert_eq!(now, expected, "live registrations {what}");
+    }
+}
+
+/// Wait until the live count is `expected`, for at most `within`.
+/// Answers whether the count was observed to settle (`false` when the
+/// backend cannot count, so a caller knows it has no evidence).
+pub(crate) async fn settle_live(
+    backend: &dyn RdmaBackend,
+    expected: Option<usize>,
+    within: Duration,
+    what: &str,
+) -> bool {
+    let Some(expected) = expected else {
+        return false;
+    };
+    let start = Instant::now();
+    loop {
+        let now = live(backend);
+        if now == Some(expected) {
+            return true;
+        }
+        assert!(
+            start.elapsed() < within,
+            "live registrations {what}: still {now:?} after {within:?}, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// `expected` more than `baseline`, keeping "cannot count" as it is.
+pub(crate) fn plus(baseline: Option<usize>, more: usize) -> Option<usize> {
+    baseline.map(|n| n + more)
+}
+
+/// A GET of `len` bytes from `remote_offset` of `source` (on the owner) into
+/// `local_offset` of `destination` (on the consumer).
+pub(crate) fn get_request(
+    pair: &BackendPair,
+    source: &Mapped,
+    remote_offset: u64,
+    destination: &Mapped,
+    local_offset: u64,
+    len: u64,
+) -> BackendGet {
+    BackendGet {
+        peer: pair.owner_as_seen_by_consumer,
+        remote_addr: source.addr() + remote_offset,
+        packed_key: source.region.packed_key.clone(),
+        local_region_id: destination.id(),
+        local_offset,
+        len,
+        deadline: Some(GET_DEADLINE),
+    }
+}
+
+/// A peer id the consumer has not been told about.
+pub(crate) fn unknown_peer(pair: &BackendPair) -> PeerId {
+    let known = pair.owner_as_seen_by_consumer.0;
+    PeerId(if known == u64::MAX - 1 {
+        u64::MAX - 2
+    } else {
+        u64::MAX - 1
+    })
+}
+
+/// Assert `destination` holds `source[remote_offset..][..len]` at
+/// `local_offset` and [`FILL`] everywhere else.
+pub(crate) fn assert_copied(
+    destination: &[u8],
+    local_offset: usize,
+    remote_offset: usize,
+    len: usize,
+    what: &str,
+) {
+    for (i, &byte) in destination.iter().enumerate() {
+        let expected = if (local_offset..local_offset + len).contains(&i) {
+            source_byte(remote_offset + i - local_offset)
+        } else {
+            FILL
+        };
+        assert_eq!(
+            byte, expected,
+            "{what}: wrong byte at destination offset {i}"
+        );
+    }
+}

@@ -1,1 +1,0 @@
-//! Loopback backend (in progress).

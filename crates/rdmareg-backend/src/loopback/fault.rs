@@ -1,0 +1,257 @@
+//! Fault injection for the loopback backend: delays, injected failures, hangs
+//! and refused unmaps, so that the layers above can test their failure paths
+//! deterministically.
+//!
+//! # When a fault applies
+//!
+//! A fault is taken when an operation is *submitted* (its first poll), after
+//! the request itself was validated: a malformed request answers its typed
+//! error without consuming an injected failure. The operation then sleeps for
+//! the configured delay, then waits at the hang gate if one is set, and only
+//! then either answers the injected failure or does its work. An injected
+//! failure changes nothing.
+//!
+//! An unmap whose id names nothing answers `Ok(())` at once whatever faults
+//! are set: there is nothing it could fail to release, and saying otherwise
+//! would break the idempotence the contract promises.
+//!
+//! Delays use `tokio::time`, so tests running with a paused clock control
+//! them with `tokio::time::advance`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+/// The operation kinds faults can be injected into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultOp {
+    /// [`RdmaBackend::map`](crate::RdmaBackend::map).
+    Map,
+    /// [`RdmaBackend::unmap`](crate::RdmaBackend::unmap).
+    Unmap,
+    /// [`RdmaBackend::get`](crate::RdmaBackend::get), applied by the instance
+    /// that issues the GET.
+    Get,
+}
+
+impl FaultOp {
+    fn index(self) -> usize {
+        match self {
+            FaultOp::Map => 0,
+            FaultOp::Unmap => 1,
+            FaultOp::Get => 2,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            FaultOp::Map => "map",
+            FaultOp::Unmap => "unmap",
+            FaultOp::Get => "get",
+        }
+    }
+}
+
+/// The fault knobs of one loopback instance. Every knob takes effect for
+/// operations submitted after it was set.
+#[derive(Debug, Default)]
+pub struct FaultInjector {
+    state: Mutex<FaultState>,
+}
+
+#[derive(Debug, Default)]
+struct FaultState {
+    ops: [OpFaults; 3],
+    refuse_unmaps: bool,
+}
+
+#[derive(Debug, Default)]
+struct OpFaults {
+    delay: Duration,
+    fail_next: usize,
+    gate: Option<Arc<Gate>>,
+}
+
+impl FaultInjector {
+    /// Make every operation of kind `op` sleep for `delay` before it does
+    /// anything visible. `Duration::ZERO` removes the delay.
+    pub fn set_delay(&self, op: FaultOp, delay: Duration) {
+        self.state.lock().ops[op.index()].delay = delay;
+    }
+
+    /// Make the next `n` operations of kind `op` answer
+    /// [`RdmaError::Backend`](crate::RdmaError::Backend) (with a message
+    /// starting `"injected"`) and change nothing. Replaces any count set
+    /// earlier; `0` cancels it.
+    pub fn fail_next(&self, op: FaultOp, n: usize) {
+        self.state.lock().ops[op.index()].fail_next = n;
+    }
+
+    /// Make operations of kind `op` block until the returned gate is released
+    /// ([`HangGate::release`], or dropping the gate). A later `hang` for the
+    /// same kind replaces the gate for operations submitted after it; those
+    /// already waiting keep waiting for the gate they met.
+    #[must_use = "dropping the gate releases it at once"]
+    pub fn hang(&self, op: FaultOp) -> HangGate {
+        let gate = Arc::new(Gate::new());
+        self.state.lock().ops[op.index()].gate = Some(Arc::clone(&gate));
+        HangGate { gate }
+    }
+
+    /// While `refuse` is true, an unmap of a registered region answers
+    /// [`RdmaError::Backend`](crate::RdmaError::Backend) and the region stays
+    /// registered; shutdown then leaves such regions registered too (a wedged
+    /// backend).
+    pub fn refuse_unmaps(&self, refuse: bool) {
+        self.state.lock().refuse_unmaps = refuse;
+    }
+
+    /// Remove every fault: delays, pending failures, refused unmaps, and hang
+    /// gates (which are released, so nothing keeps waiting on them).
+    pub fn clear(&self) {
+        let old = std::mem::take(&mut *self.state.lock());
+        for op in old.ops {
+            if let Some(gate) = op.gate {
+                gate.release();
+            }
+        }
+    }
+
+    pub(crate) fn unmaps_refused(&self) -> bool {
+        self.state.lock().refuse_unmaps
+    }
+
+    /// Take the faults that apply to one operation of kind `op` being
+    /// submitted now, consuming one pending failure if there is one.
+    pub(crate) fn take(&self, op: FaultOp) -> FaultPlan {
+        let mut state = self.state.lock();
+        let faults = &mut state.ops[op.index()];
+        let fail = faults.fail_next > 0;
+        if fail {
+            faults.fail_next -= 1;
+        }
+        let gate = faults.gate.clone().filter(|gate| !gate.is_released());
+        FaultPlan {
+            op,
+            fail,
+            delay: faults.delay,
+            gate,
+        }
+    }
+}
+
+/// The faults one submitted operation goes through.
+#[derive(Debug)]
+pub(crate) struct FaultPlan {
+    op: FaultOp,
+    fail: bool,
+    delay: Duration,
+    gate: Option<Arc<Gate>>,
+}
+
+impl FaultPlan {
+    /// Whether the operation goes straight through, without waiting.
+    pub(crate) fn is_immediate(&self) -> bool {
+        self.delay.is_zero() && self.gate.is_none()
+    }
+
+    /// Sleep the delay, then wait at the gate.
+    pub(crate) async fn wait(&self) {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        if let Some(gate) = &self.gate {
+            gate.pass().await;
+        }
+    }
+
+    /// The injected failure to answer, if this operation drew one.
+    pub(crate) fn injected_failure(&self) -> Option<crate::RdmaError> {
+        self.fail.then(|| {
+            crate::RdmaError::Backend(format!("injected {} failure (loopback)", self.op.name()))
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct GateState {
+    released: bool,
+    waiting: usize,
+}
+
+#[derive(Debug)]
+struct Gate {
+    state: watch::Sender<GateState>,
+}
+
+impl Gate {
+    fn new() -> Self {
+        Self {
+            state: watch::Sender::new(GateState::default()),
+        }
+    }
+
+    fn is_released(&self) -> bool {
+        self.state.borrow().released
+    }
+
+    fn release(&self) {
+        self.state.send_modify(|s| s.released = true);
+    }
+
+    async fn pass(&self) {
+        let mut seen = self.state.subscribe();
+        self.state.send_modify(|s| s.waiting += 1);
+        let _leaving = WaitingGuard(self);
+        // The sender lives as long as `self`, so this can only end by release.
+        let _ = seen.wait_for(|s| s.released).await;
+    }
+}
+
+/// Counts a waiter out of the gate however it leaves (released or dropped).
+struct WaitingGuard<'a>(&'a Gate);
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.state.send_modify(|s| s.waiting -= 1);
+    }
+}
+
+/// Holds operations of one kind until released. Returned by
+/// [`FaultInjector::hang`]; dropping it releases it.
+#[derive(Debug)]
+pub struct HangGate {
+    gate: Arc<Gate>,
+}
+
+impl HangGate {
+    /// Let every waiting operation through, and stop holding new ones.
+    /// Idempotent.
+    pub fn release(&self) {
+        self.gate.release();
+    }
+
+    /// How many operations are waiting at the gate right now.
+    pub fn waiting(&self) -> usize {
+        self.gate.state.borrow().waiting
+    }
+
+    /// Resolve once at least `n` operations are waiting at the gate (or the
+    /// gate was released), so a test can act while operations are known to be
+    /// held.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes the gate.
+    pub async fn until_waiting(&self, n: usize) {
+        let mut seen = self.gate.state.subscribe();
+        let _ = seen.wait_for(|s| s.waiting >= n || s.released).await;
+    }
+}
+
+impl Drop for HangGate {
+    fn drop(&mut self) {
+        self.gate.release();
+    }
+}

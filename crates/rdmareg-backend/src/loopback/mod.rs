@@ -1,0 +1,324 @@
+//! [`LoopbackBackend`]: a real in-process backend, with fault injection.
+//!
+//! Instances live on a [`LoopbackFabric`] (the "network") and name each other
+//! by [`PeerId`]. An instance registers ranges of this process's memory,
+//! issues opaque packed keys for them, and performs GETs as copies from a
+//! peer's registered range into one of its own. It honours the whole contract
+//! of [`RdmaBackend`], so the registry above can be tested against it
+//! deterministically, and it passes the conformance kit.
+//!
+//! # Rules worth knowing
+//!
+//! - Ranges are checked against the pointer and length that were mapped, on
+//!   both sides; the page-enclosing range reported as `effective_addr`/`len`
+//!   is a fact for accounting only.
+//! - A GET pins both regions from submission until its copy is done or
+//!   abandoned; an unmap of either waits for it, and from the moment the unmap
+//!   is submitted new GETs from or into that region are refused.
+//! - The copy itself is synchronous, done inside the GET's future once every
+//!   check passed and every injected delay or hang is over. Dropping the future
+//!   before that point abandons a transfer that never touched memory and
+//!   releases its pins at once; there is never a half-done copy.
+//! - Faults ([`FaultInjector`]) belong to the instance that runs the
+//!   operation: a GET's delay is the consumer's.
+//! - [`LoopbackBackend::shutdown`] is the teardown: new work is refused with
+//!   [`RdmaError::ShuttingDown`], waiting GETs touching the instance are
+//!   answered early, and every region is force-unmapped — except while unmaps
+//!   are refused by fault injection, which is how a wedged backend is
+//!   simulated.
+
+mod fault;
+mod key;
+mod ops;
+mod table;
+mod transfer;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
+use tokio::sync::watch;
+
+pub use fault::{FaultInjector, FaultOp, HangGate};
+
+use crate::RdmaBackend;
+use table::RegionTable;
+
+/// The wire name of the loopback backend, carried in its descriptors.
+pub const LOOPBACK_BACKEND_KEY: &str = "loopback";
+
+/// Page size assumed where the platform cannot be asked.
+const FALLBACK_PAGE_SIZE: u64 = 4096;
+
+/// The page size of this machine, which the effective (pinned) range of a
+/// registration is rounded to.
+pub fn page_size() -> u64 {
+    static PAGE_SIZE: OnceLock<u64> = OnceLock::new();
+    *PAGE_SIZE.get_or_init(query_page_size)
+}
+
+#[cfg(unix)]
+fn query_page_size() -> u64 {
+    // SAFETY: sysconf only reads a system configuration value; it takes no
+    // pointers and has no preconditions.
+    let raw = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(raw)
+        .ok()
+        .filter(|size| size.is_power_of_two())
+        .unwrap_or(FALLBACK_PAGE_SIZE)
+}
+
+#[cfg(not(unix))]
+fn query_page_size() -> u64 {
+    FALLBACK_PAGE_SIZE
+}
+
+/// Settings of one loopback instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LoopbackConfig {
+    /// Deadline of a GET whose request carries none.
+    pub default_get_deadline: Duration,
+}
+
+impl Default for LoopbackConfig {
+    fn default() -> Self {
+        Self {
+            default_get_deadline: Duration::from_secs(30),
+        }
+    }
+}
+
+impl LoopbackConfig {
+    /// Set [`default_get_deadline`](Self::default_get_deadline).
+    pub fn with_default_get_deadline(mut self, deadline: Duration) -> Self {
+        self.default_get_deadline = deadline;
+        self
+    }
+}
+
+/// Counters of one instance since it was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LoopbackStats {
+    /// Maps that answered `Ok`.
+    pub maps: u64,
+    /// Regions removed, by unmap or by shutdown.
+    pub unmaps: u64,
+    /// GETs issued by this instance that copied their bytes and answered `Ok`.
+    pub gets_completed: u64,
+    /// GETs issued by this instance that answered an error (or were dropped
+    /// after submission).
+    pub gets_failed: u64,
+    /// Bytes copied by this instance's GETs.
+    pub bytes_copied: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    maps: AtomicU64,
+    gets_completed: AtomicU64,
+    gets_failed: AtomicU64,
+    bytes_copied: AtomicU64,
+}
+
+/// The network loopback instances share. Cheap to clone; clones are the same
+/// fabric.
+#[derive(Clone, Default)]
+pub struct LoopbackFabric {
+    inner: Arc<FabricInner>,
+}
+
+#[derive(Default)]
+struct FabricInner {
+    peers: Mutex<HashMap<PeerId, Weak<LoopbackBackend>>>,
+    next_instance: AtomicU64,
+}
+
+impl fmt::Debug for LoopbackFabric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut peers: Vec<PeerId> = self.inner.peers.lock().keys().copied().collect();
+        peers.sort();
+        f.debug_struct("LoopbackFabric")
+            .field("peers", &peers)
+            .finish()
+    }
+}
+
+impl LoopbackFabric {
+    /// An empty fabric.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Create an instance on the fabric, addressed by peers as `id`, with the
+    /// default [`LoopbackConfig`].
+    ///
+    /// If `id` already names an instance, the new one takes the name over (a
+    /// restarted peer): the old instance keeps working locally but peers no
+    /// longer reach it, and keys it issued are stale.
+    pub fn backend(&self, id: PeerId) -> Arc<LoopbackBackend> {
+        self.backend_with_config(id, LoopbackConfig::default())
+    }
+
+    /// [`backend`](Self::backend) with explicit settings.
+    pub fn backend_with_config(&self, id: PeerId, config: LoopbackConfig) -> Arc<LoopbackBackend> {
+        let instance = self.inner.next_instance.fetch_add(1, Ordering::Relaxed) + 1;
+        let backend = Arc::new(LoopbackBackend {
+            peer_id: id,
+            instance,
+            fabric: self.clone(),
+            config,
+            table: RegionTable::new(),
+            faults: FaultInjector::default(),
+            shutdown: watch::Sender::new(false),
+            counters: Counters::default(),
+        });
+        let previous = self.inner.peers.lock().insert(id, Arc::downgrade(&backend));
+        if previous.is_some_and(|old| old.strong_count() > 0) {
+            tracing::debug!(%id, "loopback instance replaces a live instance of the same peer id");
+        }
+        backend
+    }
+
+    /// The live instance `id` names, if any.
+    fn lookup(&self, id: PeerId) -> Option<Arc<LoopbackBackend>> {
+        let mut peers = self.inner.peers.lock();
+        let found = peers.get(&id).and_then(Weak::upgrade);
+        if found.is_none() {
+            peers.remove(&id);
+        }
+        found
+    }
+}
+
+/// One loopback instance: a registration table, fault knobs, and a name on a
+/// [`LoopbackFabric`]. Created by [`LoopbackFabric::backend`].
+pub struct LoopbackBackend {
+    peer_id: PeerId,
+    /// Fabric-unique number; what packed keys name.
+    instance: u64,
+    fabric: LoopbackFabric,
+    config: LoopbackConfig,
+    table: RegionTable,
+    faults: FaultInjector,
+    /// `true` once teardown began. A watch so waiting GETs can be answered.
+    shutdown: watch::Sender<bool>,
+    counters: Counters,
+}
+
+impl fmt::Debug for LoopbackBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoopbackBackend")
+            .field("peer_id", &self.peer_id)
+            .field("live_registrations", &self.table.live())
+            .field("shutting_down", &self.is_shutting_down())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoopbackBackend {
+    /// The id peers address this instance by.
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    /// The fault knobs of this instance.
+    pub fn faults(&self) -> &FaultInjector {
+        &self.faults
+    }
+
+    /// The settings this instance was created with.
+    pub fn config(&self) -> &LoopbackConfig {
+        &self.config
+    }
+
+    /// A snapshot of this instance's counters.
+    pub fn stats(&self) -> LoopbackStats {
+        let c = &self.counters;
+        LoopbackStats {
+            maps: c.maps.load(Ordering::Relaxed),
+            unmaps: self.table.removed(),
+            gets_completed: c.gets_completed.load(Ordering::Relaxed),
+            gets_failed: c.gets_failed.load(Ordering::Relaxed),
+            bytes_copied: c.bytes_copied.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether teardown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    /// Teardown: refuse all new work with [`RdmaError::ShuttingDown`], answer
+    /// GETs that are waiting (on a delay or a hang) and touch this instance,
+    /// wait for the transfers still pinning its regions, then force-unmap
+    /// every region still held.
+    ///
+    /// While unmaps are refused by fault injection, regions whose unmap was
+    /// not already submitted stay registered and
+    /// [`live_registrations`](RdmaBackend::live_registrations) stays above
+    /// zero: a wedged backend. Calling `shutdown` again after
+    /// `faults().refuse_unmaps(false)` releases them. Idempotent.
+    ///
+    /// A GET future that was submitted and then neither polled nor dropped
+    /// keeps its pins, and shutdown waits for it.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the instance refusing new work; calling
+    /// `shutdown` again completes the teardown.
+    pub async fn shutdown(&self) {
+        self.shutdown.send_replace(true);
+        self.table.close();
+        self.table.wait_unpinned().await;
+        let refused = self.faults.unmaps_refused();
+        let remaining = self.table.force_release(!refused);
+        if remaining > 0 {
+            tracing::warn!(
+                peer = %self.peer_id,
+                remaining,
+                "loopback shutdown left regions registered: unmaps are refused"
+            );
+        } else {
+            tracing::debug!(peer = %self.peer_id, "loopback instance shut down");
+        }
+    }
+
+    fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+}
+
+/// Resolve once `signal` reports teardown.
+async fn shut_down(mut signal: watch::Receiver<bool>) {
+    // The sender lives in the backend, which outlives every operation on it;
+    // should it be gone anyway, that instance is as good as shut down.
+    let _ = signal.wait_for(|down| *down).await;
+}
+
+impl RdmaBackend for LoopbackBackend {
+    fn key(&self) -> &str {
+        LOOPBACK_BACKEND_KEY
+    }
+
+    fn map(&self, ptr: usize, len: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        Box::pin(self.run_map(ptr, len))
+    }
+
+    fn unmap(&self, backend_region_id: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(self.run_unmap(backend_region_id))
+    }
+
+    fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(self.run_get(request))
+    }
+
+    fn live_registrations(&self) -> Option<usize> {
+        Some(self.table.live())
+    }
+}

@@ -1,0 +1,197 @@
+//! The conformance kit has teeth: each check below fails against a backend
+//! with one deliberate contract violation (a wrapper around the loopback
+//! backend), while the honest loopback backend passes the same check.
+//!
+//! The flaws are chosen so that a broken backend never makes the kit free
+//! memory a transfer could still write: a check that fails leaks its buffers.
+
+use std::collections::HashSet;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use rdmareg_backend::conformance::{self, BackendPair, Capabilities};
+use rdmareg_backend::loopback::{FaultOp, LoopbackBackend, LoopbackFabric};
+use rdmareg_backend::{BackendGet, BackendRegion, PeerId, RdmaBackend, RdmaError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flaw {
+    /// Registers, then awaits once more before answering: dropping it there
+    /// strands the registration.
+    KeepsCancelledMaps,
+    /// Reports zero registrations whatever it holds.
+    CountsNothing,
+    /// Answers `RegionNotFound` to an unmap of an id it never minted.
+    RefusesUnknownUnmaps,
+    /// Answers every GET failure as a generic backend error.
+    FlattensGetErrors,
+    /// Answers `Ok(())` to an unmap without unmapping anything.
+    UnmapLiesAndKeepsTheRegion,
+}
+
+struct Flawed {
+    inner: Arc<LoopbackBackend>,
+    flaw: Flaw,
+    minted: Mutex<HashSet<u64>>,
+}
+
+impl RdmaBackend for Flawed {
+    fn key(&self) -> &str {
+        self.inner.key()
+    }
+
+    fn map(&self, ptr: usize, len: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        Box::pin(async move {
+            let region = self.inner.map(ptr, len).await?;
+            self.minted.lock().insert(region.backend_region_id);
+            if self.flaw == Flaw::KeepsCancelledMaps {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Ok(region)
+        })
+    }
+
+    fn unmap(&self, id: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move {
+            match self.flaw {
+                Flaw::RefusesUnknownUnmaps if !self.minted.lock().contains(&id) => {
+                    Err(RdmaError::RegionNotFound)
+                }
+                Flaw::UnmapLiesAndKeepsTheRegion => Ok(()),
+                _ => self.inner.unmap(id).await,
+            }
+        })
+    }
+
+    fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move {
+            let answer = self.inner.get(request).await;
+            match self.flaw {
+                Flaw::FlattensGetErrors => answer.map_err(|_| RdmaError::Backend("failed".into())),
+                _ => answer,
+            }
+        })
+    }
+
+    fn live_registrations(&self) -> Option<usize> {
+        match self.flaw {
+            Flaw::CountsNothing => Some(0),
+            _ => self.inner.live_registrations(),
+        }
+    }
+}
+
+fn flawed_pair(flaw: Option<Flaw>) -> BackendPair {
+    let fabric = LoopbackFabric::new();
+    let (owner, consumer) = (fabric.backend(PeerId(1)), fabric.backend(PeerId(2)));
+    // GETs stay in flight long enough for the in-flight checks to race them.
+    consumer
+        .faults()
+        .set_delay(FaultOp::Get, Duration::from_millis(2));
+    let wrap = |inner: Arc<LoopbackBackend>| -> Arc<dyn RdmaBackend> {
+        match flaw {
+            Some(flaw) => Arc::new(Flawed {
+                inner,
+                flaw,
+                minted: Mutex::new(HashSet::new()),
+            }),
+            None => inner,
+        }
+    };
+    // The loopback backend rolls back synchronously; a short bound keeps the
+    // failing runs quick.
+    let capabilities = Capabilities::full().with_rollback_within(Duration::from_millis(100));
+    BackendPair::new(wrap(owner), wrap(consumer), PeerId(1)).with_capabilities(capabilities)
+}
+
+/// Run one check on a pair with `flaw` (or an honest pair) and say whether it
+/// passed.
+fn check_passes<F>(flaw: Option<Flaw>, check: F) -> bool
+where
+    F: for<'a> Fn(&'a BackendPair) -> BoxFuture<'a, ()>,
+{
+    catch_unwind(AssertUnwindSafe(|| {
+        conformance::block_on(async {
+            let pair = flawed_pair(flaw);
+            check(&pair).await;
+        })
+    }))
+    .is_ok()
+}
+
+fn assert_only_the_flawed_backend_fails<F>(flaw: Flaw, check: F)
+where
+    F: for<'a> Fn(&'a BackendPair) -> BoxFuture<'a, ()>,
+{
+    assert!(
+        check_passes(None, &check),
+        "the honest loopback backend failed the check"
+    );
+    assert!(
+        !check_passes(Some(flaw), &check),
+        "the check missed {flaw:?}"
+    );
+}
+
+#[test]
+fn cancelled_map_check_catches_a_map_that_strands_its_registration() {
+    assert_only_the_flawed_backend_fails(Flaw::KeepsCancelledMaps, |p| {
+        Box::pin(conformance::cancelled_map_leaves_no_registration(p))
+    });
+}
+
+#[test]
+fn live_count_check_catches_a_backend_that_miscounts() {
+    assert_only_the_flawed_backend_fails(Flaw::CountsNothing, |p| {
+        Box::pin(conformance::ok_unmap_decrements_the_live_count(p))
+    });
+}
+
+#[test]
+fn idempotence_check_catches_an_unmap_that_refuses_unknown_ids() {
+    assert_only_the_flawed_backend_fails(Flaw::RefusesUnknownUnmaps, |p| {
+        Box::pin(conformance::unmap_of_a_never_mapped_id_answers_ok(p))
+    });
+}
+
+#[test]
+fn key_check_catches_a_backend_that_flattens_its_errors() {
+    assert_only_the_flawed_backend_fails(Flaw::FlattensGetErrors, |p| {
+        Box::pin(conformance::malformed_keys_are_invalid_key(p))
+    });
+}
+
+#[test]
+fn bounds_check_catches_a_backend_that_flattens_its_errors() {
+    assert_only_the_flawed_backend_fails(Flaw::FlattensGetErrors, |p| {
+        Box::pin(conformance::get_outside_the_local_mapping_is_out_of_range(
+            p,
+        ))
+    });
+}
+
+#[test]
+fn in_flight_check_catches_an_unmap_that_answers_ok_without_unmapping() {
+    assert_only_the_flawed_backend_fails(Flaw::UnmapLiesAndKeepsTheRegion, |p| {
+        Box::pin(
+            conformance::unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight(p),
+        )
+    });
+}
+
+#[test]
+fn model_based_test_catches_an_unmap_that_answers_ok_without_unmapping() {
+    let run = |flaw| {
+        catch_unwind(AssertUnwindSafe(|| {
+            conformance::model_based(move || async move { flawed_pair(flaw) }, 16)
+        }))
+        .is_ok()
+    };
+    assert!(run(None), "the honest loopback backend failed the model");
+    assert!(
+        !run(Some(Flaw::UnmapLiesAndKeepsTheRegion)),
+        "the model missed the lying unmap"
+    );
+}
