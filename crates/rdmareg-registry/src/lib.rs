@@ -1,1 +1,57 @@
-//! Placeholder.
+//! rdmareg's registry: register memory for RDMA, hand out descriptors, pull
+//! remote bytes into pinned buffers, and release all of it in an order that
+//! never frees memory a NIC may still touch.
+//!
+//! - [`RdmaRegistry`] — the entry point; its docs give the call order.
+//! - [`RegionGuard`] / [`RegionWatch`] — one registered region: the owner's
+//!   handle (unregister, descriptors) and clonable observers (the release
+//!   latch, reading under a lease).
+//! - [`PinnedBuf`] — a buffer from the pinned pool, the destination of GETs.
+//! - [`RdmaConfig`] / [`PoolConfig`] — budget, pool shape, time budgets.
+//! - [`SweptRegistry`] — what [`RdmaRegistry::shutdown`] returns; the only
+//!   way to release what the sweep could not.
+//!
+//! The registry speaks to an RDMA provider only through
+//! [`rdmareg_backend::RdmaBackend`]; nothing here knows which one it is.
+//!
+//! # Runtime
+//!
+//! The registry runs on Tokio. Its background work (deregistering dropped
+//! guards, unmapping freed dedicated arenas, carrying GETs to completion) is
+//! spawned on the [`Handle`](tokio::runtime::Handle) given to
+//! [`RdmaRegistry::new`], which therefore works from any thread. That
+//! runtime, and any runtime that polls the registry's futures, must have its
+//! time driver enabled (`enable_time` or `enable_all`): drains and shutdown
+//! are bounded by timers.
+//!
+//! # Safety model
+//!
+//! Registered memory is readable and writable by any peer holding its key,
+//! and on tcp and shared memory by any peer with an endpoint: keys and
+//! worker addresses go only to peers the service trusts. The registry's
+//! bounds checks protect a consumer from naming bytes it should not; they do
+//! not protect an owner from a hostile peer. No `&`/`&mut` reference to a
+//! registered region is ever created by this crate; [`PinnedBuf`] lends
+//! `&mut [u8]` only while no transfer owns its memory.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod budget;
+mod config;
+mod gate;
+mod latch;
+mod pool;
+mod region;
+mod registry;
+mod shutdown;
+mod stats;
+mod transfer;
+
+pub use config::{ConfigError, GRANULE, PoolConfig, RdmaConfig};
+pub use pool::PinnedBuf;
+pub use region::{RegionGuard, RegionView, RegionWatch, UnregisterOutcome, UnregisterOwnedError};
+pub use registry::{RdmaRegistry, RegisterOwnedError};
+pub use shutdown::{ShutdownReport, SweptRegistry, TeardownVerdict};
+pub use stats::RegistryStats;
+
+pub use rdmareg_core::{Descriptor, DescriptorError, PageRange, PeerId, RdmaError};

@@ -1,0 +1,229 @@
+//! Configuration of a registry ([`RdmaConfig`]) and of its pinned pool
+//! ([`PoolConfig`]), with the defaults a service gets when it says nothing.
+//!
+//! Every size is in bytes. [`RdmaConfig::validate`] is run by
+//! [`RdmaRegistry::new`](crate::RdmaRegistry::new): a configuration the pool
+//! cannot honour is refused up front with a [`ConfigError`] rather than
+//! discovered on the first allocation.
+
+use std::time::Duration;
+
+/// Granularity of pool suballocation: every pinned buffer occupies a whole
+/// number of 4 KiB granules.
+pub const GRANULE: u64 = 4096;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Largest arena the granule allocator can index (`u32` granule numbers).
+const MAX_ARENA_LIMIT: u64 = (u32::MAX as u64) * GRANULE;
+
+/// Everything a [`RdmaRegistry`](crate::RdmaRegistry) can be told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RdmaConfig {
+    /// Ceiling on registered bytes (regions and pool arenas together),
+    /// counted on page-enclosing ranges. Default: 1 GiB.
+    ///
+    /// This is what `RLIMIT_MEMLOCK` and the NIC see; a registration that
+    /// would pass it is refused with
+    /// [`RdmaError::BudgetExceeded`](rdmareg_core::RdmaError::BudgetExceeded).
+    pub budget_bytes: u64,
+    /// Page size registrations are charged by. Default: 4096.
+    ///
+    /// A power of two, at least 4096. Arenas are aligned to it. The charge is
+    /// reconciled to what the backend reports it pinned, so a backend with
+    /// larger pages is still counted correctly.
+    pub page_size: u64,
+    /// The shutdown budget a service should pass to
+    /// [`RdmaRegistry::shutdown`](crate::RdmaRegistry::shutdown) when it has
+    /// no better figure. Default: 30 s.
+    pub shutdown_budget: Duration,
+    /// How long the background deregistration started by dropping a
+    /// [`RegionGuard`](crate::RegionGuard) (or a dedicated pool buffer, or
+    /// reclaiming an empty arena) waits for readers to drain, and then for
+    /// the backend's unmap to answer. Default: 30 s.
+    pub background_deregistration_budget: Duration,
+    /// Deadline attached to every GET. `None` (the default) leaves it to the
+    /// backend's own default.
+    pub get_deadline: Option<Duration>,
+    /// The pinned pool.
+    pub pool: PoolConfig,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        Self {
+            budget_bytes: GIB,
+            page_size: 4096,
+            shutdown_budget: Duration::from_secs(30),
+            background_deregistration_budget: Duration::from_secs(30),
+            get_deadline: None,
+            pool: PoolConfig::default(),
+        }
+    }
+}
+
+/// Shape of the pinned pool.
+///
+/// Pooled arenas start at [`first_arena_bytes`](Self::first_arena_bytes) and
+/// each new one doubles the previous size until
+/// [`max_arena_bytes`](Self::max_arena_bytes), where growth saturates.
+/// Requests of at least
+/// [`dedicated_threshold_bytes`](Self::dedicated_threshold_bytes) get an arena
+/// of their own, unmapped and freed when the buffer is dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolConfig {
+    /// Size of the first pooled arena. Default: 64 MiB. A multiple of
+    /// [`GRANULE`].
+    pub first_arena_bytes: u64,
+    /// Size at which geometric growth stops. Default: 1 GiB. A multiple of
+    /// [`GRANULE`], at least `first_arena_bytes`.
+    pub max_arena_bytes: u64,
+    /// Requests of this many bytes or more get a dedicated arena. Default:
+    /// 64 MiB. At most `max_arena_bytes`, so every pooled request fits an
+    /// arena the pool is allowed to create.
+    pub dedicated_threshold_bytes: u64,
+    /// Whether a pooled arena left with no allocations is unmapped and
+    /// freed. Default: `false` (arenas are kept, so a later burst does not
+    /// pay for registration again).
+    pub reclaim_empty_arenas: bool,
+    /// With reclaim on, empty arenas are reclaimed only while the pooled
+    /// arenas that remain total at least this many bytes. Default: 64 MiB
+    /// (the first arena stays).
+    pub retention_floor_bytes: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            first_arena_bytes: 64 * MIB,
+            max_arena_bytes: GIB,
+            dedicated_threshold_bytes: 64 * MIB,
+            reclaim_empty_arenas: false,
+            retention_floor_bytes: 64 * MIB,
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The page size is not a power of two of at least 4096 bytes (and at
+    /// most 1 GiB).
+    #[error("page size {0} must be a power of two between 4096 and 1 GiB")]
+    InvalidPageSize(u64),
+    /// The arena sizes are zero, not granule multiples, out of order or too
+    /// large for the allocator.
+    #[error(
+        "arena sizes must be non-zero multiples of {GRANULE} B with first ({first}) <= max ({max}) <= {MAX_ARENA_LIMIT}"
+    )]
+    InvalidArenaSize {
+        /// The configured first arena size.
+        first: u64,
+        /// The configured maximum arena size.
+        max: u64,
+    },
+    /// The dedicated threshold is zero or larger than the largest arena.
+    #[error("dedicated-arena threshold {threshold} must be in 1..={max_arena}")]
+    InvalidDedicatedThreshold {
+        /// The configured threshold.
+        threshold: u64,
+        /// The configured maximum arena size.
+        max_arena: u64,
+    },
+}
+
+impl RdmaConfig {
+    /// Check that the pool can honour this configuration.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.page_size.is_power_of_two() || !(4096..=GIB).contains(&self.page_size) {
+            return Err(ConfigError::InvalidPageSize(self.page_size));
+        }
+        let pool = &self.pool;
+        let (first, max) = (pool.first_arena_bytes, pool.max_arena_bytes);
+        if first == 0
+            || first % GRANULE != 0
+            || max % GRANULE != 0
+            || first > max
+            || max > MAX_ARENA_LIMIT
+        {
+            return Err(ConfigError::InvalidArenaSize { first, max });
+        }
+        let threshold = pool.dedicated_threshold_bytes;
+        if threshold == 0 || threshold > max {
+            return Err(ConfigError::InvalidDedicatedThreshold {
+                threshold,
+                max_arena: max,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_figures() {
+        let c = RdmaConfig::default();
+        assert_eq!(c.budget_bytes, GIB);
+        assert_eq!(c.shutdown_budget, Duration::from_secs(30));
+        assert_eq!(c.background_deregistration_budget, Duration::from_secs(30));
+        assert_eq!(c.pool.first_arena_bytes, 64 * MIB);
+        assert_eq!(c.pool.max_arena_bytes, GIB);
+        assert_eq!(c.pool.dedicated_threshold_bytes, 64 * MIB);
+        assert!(!c.pool.reclaim_empty_arenas);
+        assert_eq!(c.pool.retention_floor_bytes, 64 * MIB);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn odd_page_sizes_are_refused() {
+        for page in [0, 1000, 2048, 4097, 2 * GIB] {
+            let c = RdmaConfig {
+                page_size: page,
+                ..RdmaConfig::default()
+            };
+            assert_eq!(c.validate(), Err(ConfigError::InvalidPageSize(page)));
+        }
+    }
+
+    #[test]
+    fn arena_sizes_out_of_order_or_unaligned_are_refused() {
+        let mut c = RdmaConfig::default();
+        c.pool.first_arena_bytes = 2 * GIB;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::InvalidArenaSize { .. })
+        ));
+        c.pool.first_arena_bytes = 4095;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::InvalidArenaSize { .. })
+        ));
+        c.pool.first_arena_bytes = 0;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::InvalidArenaSize { .. })
+        ));
+    }
+
+    #[test]
+    fn dedicated_threshold_above_the_largest_arena_is_refused() {
+        let mut c = RdmaConfig::default();
+        c.pool.dedicated_threshold_bytes = 2 * GIB;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::InvalidDedicatedThreshold { .. })
+        ));
+        c.pool.dedicated_threshold_bytes = 0;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::InvalidDedicatedThreshold { .. })
+        ));
+    }
+}

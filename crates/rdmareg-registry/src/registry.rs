@@ -1,0 +1,411 @@
+//! [`RdmaRegistry`]: the entry point, and the state every handle shares.
+//!
+//! The call order is documented on [`RdmaRegistry`] itself.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{Descriptor, PageRange, PeerId, RdmaError, page_enclosing_len};
+use tokio::runtime::Handle;
+
+use crate::budget::Budget;
+use crate::config::{ConfigError, RdmaConfig};
+use crate::gate::Gate;
+use crate::latch::Latch;
+use crate::pool::arena::Arena;
+use crate::pool::{self, PinnedBuf, Pool};
+use crate::region::state::{NewRegion, RegionState, spawn_background_deregistration};
+use crate::region::{OwnedBuffer, RegionGuard};
+use crate::shutdown::{self, SweptRegistry};
+use crate::stats::RegistryStats;
+use crate::transfer;
+
+/// State shared by the registry handle, guards, buffers and background tasks.
+pub(crate) struct Inner {
+    pub(crate) backend: Arc<dyn RdmaBackend>,
+    pub(crate) backend_key: String,
+    pub(crate) config: RdmaConfig,
+    pub(crate) handle: Handle,
+    pub(crate) budget: Arc<Budget>,
+    pub(crate) gate: Arc<Gate>,
+    pub(crate) shutdown_started: Latch,
+    pub(crate) tables: Mutex<Tables>,
+    pub(crate) pool: Pool,
+    next_generation: AtomicU64,
+    pub(crate) transfers_in_flight: AtomicUsize,
+    pub(crate) leaked_bytes: Arc<AtomicU64>,
+    /// Serialises shutdown calls (each is a full pass; see `shutdown.rs`).
+    pub(crate) shutdown_serial: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("backend", &self.backend_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every registration the registry is responsible for.
+#[derive(Debug, Default)]
+pub(crate) struct Tables {
+    /// Set by the shutdown sweep: a registration that arrives afterwards
+    /// releases itself at once.
+    pub(crate) swept: bool,
+    pub(crate) regions: HashMap<u64, Arc<RegionState>>,
+    pub(crate) arenas: HashMap<u64, Arc<Arena>>,
+}
+
+impl Inner {
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.next_generation.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Registers memory with an [`RdmaBackend`], hands out pinned buffers, moves
+/// bytes with GETs, and shuts all of it down in order.
+///
+/// Cheap to clone: clones share one registry.
+///
+/// # Call order
+///
+/// 1. Build one registry per backend: [`RdmaRegistry::new`].
+/// 2. Register: [`register_owned`](Self::register_owned) (safe) or
+///    [`register_external`](Self::register_external) (`unsafe`: the caller
+///    keeps the memory alive), or allocate from the pool:
+///    [`alloc_pinned`](Self::alloc_pinned) /
+///    [`try_alloc_pinned`](Self::try_alloc_pinned).
+/// 3. Describe: [`RegionGuard::descriptor`],
+///    [`PinnedBuf::descriptor`]; send the encoding to a trusted peer.
+/// 4. Transfer: [`get`](Self::get) / [`get_into`](Self::get_into) a peer's
+///    descriptor into a [`PinnedBuf`].
+/// 5. Release: [`RegionGuard::unregister`] (or drop the guard), drop the
+///    buffers.
+/// 6. Shut down: [`shutdown`](Self::shutdown) → tear the backend down →
+///    [`SweptRegistry::finish_after_backend_teardown`].
+#[derive(Clone, Debug)]
+pub struct RdmaRegistry {
+    inner: Arc<Inner>,
+}
+
+/// The first byte of a range being registered, carried across the map's
+/// await.
+struct Address(std::ptr::NonNull<u8>);
+
+// SAFETY: the pointer is carried, not dereferenced: it is handed to the
+// backend as an address and stored in the region state, whose reads follow
+// the lease protocol (see `region::watch`).
+unsafe impl Send for Address {}
+
+/// Why [`RdmaRegistry::register_owned`] refused; carries the buffer back.
+#[derive(thiserror::Error, Debug)]
+#[error("{error}")]
+pub struct RegisterOwnedError {
+    /// What went wrong ([`RdmaError::BudgetExceeded`] is the routine one).
+    pub error: RdmaError,
+    /// The caller's buffer, untouched.
+    pub buffer: Box<[u8]>,
+}
+
+impl RdmaRegistry {
+    /// A registry over `backend`, spawning its background work on `handle`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] if `config` fails [`RdmaConfig::validate`].
+    pub fn new(
+        backend: Arc<dyn RdmaBackend>,
+        config: RdmaConfig,
+        handle: Handle,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let inner = Inner {
+            backend_key: backend.key().to_owned(),
+            backend,
+            budget: Budget::new(config.budget_bytes),
+            pool: Pool::new(config.pool.first_arena_bytes),
+            config,
+            handle,
+            gate: Arc::new(Gate::new()),
+            shutdown_started: Latch::new(),
+            tables: Mutex::new(Tables::default()),
+            next_generation: AtomicU64::new(1),
+            transfers_in_flight: AtomicUsize::new(0),
+            leaked_bytes: Arc::new(AtomicU64::new(0)),
+            shutdown_serial: tokio::sync::Mutex::new(()),
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &RdmaConfig {
+        &self.inner.config
+    }
+
+    /// The backend's wire name, as carried in this registry's descriptors.
+    pub fn backend_key(&self) -> &str {
+        &self.inner.backend_key
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutdown_started.is_released()
+    }
+
+    /// Register memory the caller owns and keeps.
+    ///
+    /// Charges the page-enclosing range against the budget before mapping,
+    /// and reconciles the charge to what the backend pinned.
+    ///
+    /// # Safety
+    /// From the call until the returned guard's
+    /// [`deregistered`](RegionGuard::deregistered) resolves, the caller
+    /// guarantees that `[ptr, ptr + len)`:
+    /// - stays allocated (not freed, not reused for another object), and
+    ///   valid for reads and writes;
+    /// - is not accessed through any Rust reference (`&`/`&mut`): peers
+    ///   holding its key can write it at any moment, and on tcp and shared
+    ///   memory any peer with an endpoint can. Read it through
+    ///   [`RegionWatch::read`](crate::RegionWatch::read), or through raw
+    ///   pointers at the caller's own risk.
+    ///
+    /// If this returns an error, or its future is dropped before it
+    /// completes, nothing stays registered and the range may be reused at
+    /// once. (Nothing is awaited after the backend's map succeeds, so a
+    /// cancellation can only land before or during the map, which the
+    /// backend rolls back.) A map that lands after the shutdown sweep still
+    /// returns its guard, with a deregistration already under way: wait for
+    /// `deregistered()` as always.
+    ///
+    /// # Errors
+    /// [`RdmaError::OutOfRange`] for a null pointer, zero length or a range
+    /// that overflows; [`RdmaError::ShuttingDown`];
+    /// [`RdmaError::BudgetExceeded`]; the backend's map error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing registered and returns the charge.
+    pub unsafe fn register_external(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+    ) -> impl Future<Output = Result<RegionGuard, RdmaError>> + Send + '_ {
+        let range = std::ptr::NonNull::new(ptr)
+            .filter(|p| (p.as_ptr() as usize).checked_add(len).is_some() && len > 0)
+            .map(Address);
+        async move {
+            let range = range.ok_or(RdmaError::OutOfRange)?;
+            self.register_range(range, len, None)
+                .await
+                .map_err(|(error, _)| error)
+        }
+    }
+
+    /// Register a buffer the registry takes ownership of; get it back with
+    /// [`RegionGuard::unregister_owned`].
+    ///
+    /// # Errors
+    /// As [`register_external`](Self::register_external); every refusal
+    /// hands the buffer back untouched. An empty buffer is
+    /// [`RdmaError::OutOfRange`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing registered, returns the charge and
+    /// frees the buffer (it was inside the future).
+    pub async fn register_owned(
+        &self,
+        buffer: Box<[u8]>,
+    ) -> Result<RegionGuard, RegisterOwnedError> {
+        if buffer.is_empty() {
+            return Err(RegisterOwnedError {
+                error: RdmaError::OutOfRange,
+                buffer,
+            });
+        }
+        let owned = OwnedBuffer::from_box(buffer, Arc::clone(&self.inner.leaked_bytes));
+        let (start, len) = (Address(owned.as_ptr()), owned.len());
+        self.register_range(start, len, Some(owned))
+            .await
+            .map_err(|(error, owned)| RegisterOwnedError {
+                error,
+                // Every refusal happens before the map, so the buffer is
+                // unregistered and `into_box` hands it back.
+                buffer: owned.and_then(OwnedBuffer::into_box).unwrap_or_default(),
+            })
+    }
+
+    /// Admission, budget, map, track. Hands the owned buffer back (still
+    /// unregistered) with any error.
+    async fn register_range(
+        &self,
+        start: Address,
+        len: usize,
+        mut owned: Option<OwnedBuffer>,
+    ) -> Result<RegionGuard, (RdmaError, Option<OwnedBuffer>)> {
+        let inner = &self.inner;
+        let addr = start.0.as_ptr() as usize;
+        let Some(_ticket) = inner.gate.enter_local() else {
+            return Err((RdmaError::ShuttingDown, owned));
+        };
+        let Some(enclosing) = page_enclosing_len(addr as u64, len as u64, inner.config.page_size)
+        else {
+            return Err((RdmaError::OutOfRange, owned));
+        };
+        let mut charge = match inner.budget.reserve(enclosing) {
+            Ok(charge) => charge,
+            Err(error) => return Err((error, owned)),
+        };
+        let mapped = match inner.backend.map(addr, len).await {
+            Ok(mapped) => mapped,
+            Err(error) => return Err((error, owned)),
+        };
+        // No await from here to the return: a registration the backend holds
+        // is always tracked under a guard before anyone can cancel us.
+        if let Some(owned) = owned.as_mut() {
+            owned.mark_registered();
+        }
+        charge.reconcile(mapped.effective_len);
+        let generation = inner.next_generation();
+        let descriptor = Descriptor::new(
+            &inner.backend_key,
+            addr as u64,
+            len as u64,
+            generation,
+            mapped.packed_key.clone(),
+        )
+        .map_err(RdmaError::from);
+        let state = Arc::new(RegionState::new(
+            NewRegion {
+                generation,
+                backend_region_id: mapped.backend_region_id,
+                ptr: start.0,
+                len,
+                effective: PageRange {
+                    start: mapped.effective_addr,
+                    len: mapped.effective_len,
+                },
+                descriptor,
+                charge,
+                owned,
+            },
+            Arc::downgrade(inner),
+        ));
+        let late = {
+            let mut tables = inner.tables.lock();
+            tables.regions.insert(generation, Arc::clone(&state));
+            tables.swept
+        };
+        if late {
+            // The sweep has passed: release it now. The caller still gets
+            // the guard, because only its latch can say when the memory is
+            // free again.
+            tracing::warn!(
+                generation,
+                "registration completed after the shutdown sweep; deregistering it at once"
+            );
+            spawn_background_deregistration(
+                Arc::clone(inner),
+                Arc::clone(&state),
+                "registered after the shutdown sweep",
+            );
+        }
+        Ok(RegionGuard::new(Arc::clone(inner), state))
+    }
+
+    /// Allocate a pinned buffer of exactly `len` bytes from the pool, mapping
+    /// a new arena if none has room (or a dedicated one for a large request).
+    ///
+    /// # Errors
+    /// [`RdmaError::OutOfRange`] for `len == 0` or a size the pool cannot
+    /// index; [`RdmaError::ShuttingDown`]; [`RdmaError::BudgetExceeded`] if
+    /// a needed arena does not fit the budget; the backend's map error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before the arena's map answers leaves nothing
+    /// registered and frees the memory; once it answered, the arena is kept
+    /// by the pool.
+    pub async fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, RdmaError> {
+        pool::alloc_pinned(&self.inner, len).await
+    }
+
+    /// Allocate from arenas already mapped: never blocks, never maps. `None`
+    /// if no arena has room, the request needs a dedicated arena, `len` is
+    /// zero, or shutdown has begun.
+    pub fn try_alloc_pinned(&self, len: usize) -> Option<PinnedBuf> {
+        pool::try_alloc_pinned(&self.inner, len)
+    }
+
+    /// Read the whole range `src` describes from `peer` into the start of
+    /// `dst`. See [`get_into`](Self::get_into).
+    ///
+    /// # Errors
+    /// As [`get_into`](Self::get_into).
+    ///
+    /// # Cancel safety
+    /// As [`get_into`](Self::get_into): a cancelled GET surrenders `dst`.
+    pub async fn get(
+        &self,
+        peer: PeerId,
+        src: &Descriptor,
+        dst: &mut PinnedBuf,
+    ) -> Result<(), RdmaError> {
+        transfer::get(&self.inner, peer, src, dst, 0).await
+    }
+
+    /// Read the range `src` describes (cut a sub-range with
+    /// [`Descriptor::slice`]) from `peer` into `dst` at `dst_offset`.
+    ///
+    /// The transfer runs on the registry's runtime and holds `dst`'s pool
+    /// slot until the backend has finished with it, whether or not this
+    /// future is still awaited. Shutdown waits for it.
+    ///
+    /// # Errors
+    /// [`RdmaError::InvalidDescriptor`] if `src` names another backend;
+    /// [`RdmaError::OutOfRange`] if `src.len()` bytes do not fit `dst` at
+    /// `dst_offset`; [`RdmaError::RegionNotFound`] for a surrendered `dst`;
+    /// [`RdmaError::ShuttingDown`]; the backend's GET error (e.g.
+    /// [`RdmaError::Timeout`] past the configured deadline).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe for `dst`: dropping the future before it completes
+    /// *surrenders* `dst` (it becomes empty, see
+    /// [`PinnedBuf::is_surrendered`]) because the backend may still be
+    /// writing its memory; the memory returns to the pool when the transfer
+    /// finishes.
+    pub async fn get_into(
+        &self,
+        peer: PeerId,
+        src: &Descriptor,
+        dst: &mut PinnedBuf,
+        dst_offset: usize,
+    ) -> Result<(), RdmaError> {
+        transfer::get(&self.inner, peer, src, dst, dst_offset).await
+    }
+
+    /// Shut down, step one: refuse new work, wait up to `budget` for admitted
+    /// work (registrations, allocations, transfers in flight — not buffers
+    /// merely held) to finish, then deregister every region and arena, each
+    /// unmap bounded by `budget` again.
+    ///
+    /// Then tear the backend down, and call
+    /// [`SweptRegistry::finish_after_backend_teardown`] to release what the
+    /// sweep could not. Idempotent: a second call re-sweeps whatever is
+    /// left.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the registry closed to new work; unmaps
+    /// already submitted proceed. Call it again to complete the sweep.
+    pub async fn shutdown(&self, budget: Duration) -> SweptRegistry {
+        shutdown::shutdown(&self.inner, budget).await
+    }
+
+    /// Current figures.
+    pub fn stats(&self) -> RegistryStats {
+        RegistryStats::collect(&self.inner)
+    }
+}

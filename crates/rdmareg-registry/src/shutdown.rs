@@ -1,0 +1,209 @@
+//! Shutdown as an ordering that cannot be taken out of order.
+//!
+//! 1. **Gate**: new registrations, allocations and transfers are refused
+//!    from here on, and every guard's `shutdown_initiated()` resolves.
+//! 2. **Drain**: wait, up to the budget, for admitted work to finish —
+//!    registrations and allocations whose map is in progress, and transfers
+//!    in flight (which hold their destination's slot). Buffers the
+//!    application merely still holds are not waited for.
+//! 3. **Sweep**: unmap every region and arena the registry tracks, each
+//!    bounded by the budget, whether or not the drain finished ("force"): a
+//!    backend parks the unmap of a region with a transfer in flight until it
+//!    lands. What could not be confirmed *survives*, still tracked.
+//! 4. The caller tears the backend down.
+//! 5. [`SweptRegistry::finish_after_backend_teardown`] releases the
+//!    survivors' latches — only if the backend then reports nothing
+//!    registered (`Some(0)`), or cannot report (`None`, which rests on this
+//!    ordering alone). Otherwise it refuses, logs an error, and leaves them
+//!    open: releasing a region the backend may still pin would let its owner
+//!    free memory a NIC can write.
+//!
+//! Step 5 is only reachable through the [`SweptRegistry`] that steps 1–3
+//! return, so it cannot run before the sweep. Registrations that complete
+//! after the sweep (their map was admitted before the gate closed and
+//! outlasted the drain) release themselves at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+
+use crate::pool::arena::unmap_arena;
+use crate::region::state::unmap_region;
+use crate::registry::Inner;
+
+/// What one [`shutdown`](crate::RdmaRegistry::shutdown) pass did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Admitted work (maps, transfers) all finished inside the budget.
+    pub drained: bool,
+    /// Tickets still held when the sweep began (0 when `drained`).
+    pub in_flight_at_sweep: usize,
+    /// Regions whose unmap the sweep confirmed.
+    pub regions_deregistered: usize,
+    /// Arenas whose unmap the sweep confirmed.
+    pub arenas_deregistered: usize,
+    /// Regions still registered as far as the registry knows (unmap failed
+    /// or did not answer in time).
+    pub regions_surviving: usize,
+    /// Arenas still registered as far as the registry knows.
+    pub arenas_surviving: usize,
+}
+
+/// What [`SweptRegistry::finish_after_backend_teardown`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TeardownVerdict {
+    /// The backend reported nothing registered (or cannot report): every
+    /// survivor was released — latches resolved, arena pages freeable.
+    Released {
+        /// Surviving regions whose latch this released.
+        regions: usize,
+        /// Surviving arenas released.
+        arenas: usize,
+        /// What the backend reported.
+        backend_live: Option<usize>,
+    },
+    /// The backend still holds registrations: nothing was released. Tear the
+    /// backend down (or retry its unmaps) and call again.
+    Refused {
+        /// The backend's own count.
+        backend_live: usize,
+        /// Regions left open.
+        regions_open: usize,
+        /// Arenas left registered.
+        arenas_open: usize,
+    },
+}
+
+/// Proof that the sweep ran; the only way to release survivors.
+#[derive(Debug)]
+#[must_use = "tear the backend down, then call finish_after_backend_teardown to release what the sweep could not"]
+pub struct SweptRegistry {
+    inner: Arc<Inner>,
+    report: ShutdownReport,
+}
+
+impl SweptRegistry {
+    /// What the sweep did.
+    pub fn report(&self) -> &ShutdownReport {
+        &self.report
+    }
+
+    /// Call after the backend has been torn down. Releases every survivor if
+    /// the backend reports `Some(0)` or `None`; otherwise refuses (logged).
+    /// May be called again; releases nothing twice.
+    pub fn finish_after_backend_teardown(&self) -> TeardownVerdict {
+        let inner = &self.inner;
+        let backend_live = inner.backend.live_registrations();
+        let (regions, arenas) = {
+            let tables = inner.tables.lock();
+            (
+                tables.regions.values().cloned().collect::<Vec<_>>(),
+                tables.arenas.values().cloned().collect::<Vec<_>>(),
+            )
+        };
+        if let Some(live) = backend_live
+            && live > 0
+        {
+            tracing::error!(
+                backend_live = live,
+                regions = regions.len(),
+                arenas = arenas.len(),
+                "backend still holds registrations after teardown: survivors are NOT released; their memory stays allocated"
+            );
+            return TeardownVerdict::Refused {
+                backend_live: live,
+                regions_open: regions.len(),
+                arenas_open: arenas.len(),
+            };
+        }
+        for region in &regions {
+            region.mark_unmapped();
+        }
+        {
+            let mut tables = inner.tables.lock();
+            for arena in &arenas {
+                arena.mark_unmapped();
+                tables.arenas.remove(&arena.generation);
+            }
+        }
+        inner.pool.pooled.write().clear();
+        TeardownVerdict::Released {
+            regions: regions.len(),
+            arenas: arenas.len(),
+            backend_live,
+        }
+    }
+}
+
+/// Steps 1–3; see the module documentation.
+pub(crate) async fn shutdown(inner: &Arc<Inner>, budget: Duration) -> SweptRegistry {
+    let _serial = inner.shutdown_serial.lock().await;
+    if inner.gate.close() {
+        tracing::info!(?budget, "registry shutdown begins");
+    }
+    inner.shutdown_started.release();
+
+    let drained = tokio::time::timeout(budget, inner.gate.drained())
+        .await
+        .is_ok();
+    let in_flight_at_sweep = inner.gate.in_flight();
+    if !drained {
+        tracing::warn!(
+            in_flight = in_flight_at_sweep,
+            "admitted work did not finish within the shutdown budget; unmapping regardless"
+        );
+    }
+
+    let (regions, arenas) = {
+        let mut tables = inner.tables.lock();
+        tables.swept = true;
+        (
+            tables.regions.values().cloned().collect::<Vec<_>>(),
+            tables.arenas.values().cloned().collect::<Vec<_>>(),
+        )
+    };
+    for region in &regions {
+        region.close_readers();
+    }
+    let region_results = join_all(regions.iter().map(|region| async move {
+        tokio::time::timeout(budget, unmap_region(inner, region)).await
+    }))
+    .await;
+    let arena_results =
+        join_all(arenas.iter().map(|arena| async move {
+            tokio::time::timeout(budget, unmap_arena(inner, arena)).await
+        }))
+        .await;
+    inner
+        .pool
+        .pooled
+        .write()
+        .retain(|arena| !arena.is_unmapped());
+
+    let confirmed = |r: &Result<Result<(), _>, _>| matches!(r, Ok(Ok(())));
+    let regions_deregistered = region_results.iter().filter(|r| confirmed(r)).count();
+    let arenas_deregistered = arena_results.iter().filter(|r| confirmed(r)).count();
+    let report = ShutdownReport {
+        drained,
+        in_flight_at_sweep,
+        regions_deregistered,
+        arenas_deregistered,
+        regions_surviving: regions.len() - regions_deregistered,
+        arenas_surviving: arenas.len() - arenas_deregistered,
+    };
+    if report.regions_surviving + report.arenas_surviving > 0 {
+        tracing::warn!(
+            ?report,
+            "shutdown sweep left registrations it could not confirm"
+        );
+    } else {
+        tracing::info!(?report, "shutdown sweep complete");
+    }
+    SweptRegistry {
+        inner: Arc::clone(inner),
+        report,
+    }
+}

@@ -1,0 +1,64 @@
+//! [`RegistryStats`]: a snapshot of what the registry holds.
+//!
+//! Figures are read one after another, not atomically together, so under
+//! concurrent activity they may disagree by the operations in progress.
+
+use std::sync::atomic::Ordering;
+
+use crate::registry::Inner;
+
+/// A snapshot of a registry's holdings.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RegistryStats {
+    /// Bytes charged against the budget: what is registered, page-rounded
+    /// and reconciled to the backend's report.
+    pub registered_bytes: u64,
+    /// The budget's ceiling.
+    pub budget_bytes: u64,
+    /// Regions tracked and not yet released (includes regions whose
+    /// deregistration is in progress or failed).
+    pub live_regions: usize,
+    /// Pooled arenas still registered.
+    pub pooled_arenas: usize,
+    /// Total size of those pooled arenas.
+    pub pooled_arena_bytes: u64,
+    /// Dedicated arenas still registered.
+    pub dedicated_arenas: usize,
+    /// Total size of those dedicated arenas.
+    pub dedicated_arena_bytes: u64,
+    /// Pool buffers alive in arenas still registered (held by the
+    /// application or by a transfer).
+    pub live_allocations: usize,
+    /// GETs admitted and not yet answered by the backend.
+    pub transfers_in_flight: usize,
+    /// Bytes of arena pages and owned buffers leaked because their unmap
+    /// was never confirmed.
+    pub leaked_bytes: u64,
+}
+
+impl RegistryStats {
+    pub(crate) fn collect(inner: &Inner) -> Self {
+        let mut stats = RegistryStats {
+            registered_bytes: inner.budget.used(),
+            budget_bytes: inner.budget.limit(),
+            transfers_in_flight: inner.transfers_in_flight.load(Ordering::SeqCst),
+            leaked_bytes: inner.leaked_bytes.load(Ordering::SeqCst),
+            ..RegistryStats::default()
+        };
+        let tables = inner.tables.lock();
+        stats.live_regions = tables.regions.len();
+        for arena in tables.arenas.values() {
+            if arena.is_pooled() {
+                stats.pooled_arenas += 1;
+                stats.pooled_arena_bytes += arena.len();
+            } else {
+                stats.dedicated_arenas += 1;
+                stats.dedicated_arena_bytes += arena.len();
+            }
+            stats.live_allocations += arena.live_allocations();
+        }
+        drop(tables);
+        stats
+    }
+}

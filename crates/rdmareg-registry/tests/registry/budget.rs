@@ -1,0 +1,189 @@
+//! The registered-bytes budget: page-enclosing charges reconciled to the
+//! backend, charges returned by cancellation, no overshoot under races, and
+//! refusals that say why.
+
+use std::time::Duration;
+
+use rdmareg_backend::loopback::FaultOp;
+use rdmareg_core::page_enclosing_len;
+use rdmareg_registry::RdmaError;
+
+use crate::common::*;
+
+#[tokio::test(start_paused = true)]
+async fn budget_is_charged_on_the_page_enclosing_range() {
+    let (_fabric, side) = one_side(small_config());
+    let memory = External::new(3 * page(), 1);
+    // One page of bytes starting 100 bytes in: it straddles two pages.
+    // SAFETY: the range lies inside `memory`, which outlives the
+    // registration (unregistered below before `memory` drops) and is not
+    // referenced while registered.
+    let ptr = unsafe { memory.ptr().add(100) };
+    // SAFETY: as above.
+    let guard = unsafe { side.registry.register_external(ptr, page()) }
+        .await
+        .unwrap();
+    let enclosing = page_enclosing_len(ptr as u64, page() as u64, page() as u64).unwrap();
+    assert_eq!(enclosing, 2 * page() as u64);
+    assert_eq!(side.registered_bytes(), enclosing);
+    assert_eq!(guard.effective_range().len, enclosing);
+    assert!(guard.effective_range().start <= guard.addr());
+    guard.unregister(Duration::ZERO).await.unwrap();
+    assert_eq!(side.registered_bytes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn charge_is_reserved_at_the_configured_page_size_and_reconciled_to_what_the_backend_pinned()
+{
+    // The registry assumes pages 16 times larger than the backend's: it
+    // reserves that much, then settles on the backend's report.
+    let coarse = 16 * page() as u64;
+    let mut config = small_config();
+    config.page_size = coarse;
+    config.budget_bytes = coarse;
+    let (_fabric, side) = one_side(config.clone());
+    let memory = External::new(page(), 2);
+    // SAFETY: `memory` outlives the registration and is not referenced.
+    let guard = unsafe { side.registry.register_external(memory.ptr(), page()) }
+        .await
+        .unwrap();
+    assert_eq!(guard.effective_range().len, page() as u64);
+    assert_eq!(side.registered_bytes(), page() as u64);
+    guard.unregister(Duration::ZERO).await.unwrap();
+
+    // One byte less of budget than the coarse page: the reservation itself
+    // is refused, before the backend is asked.
+    config.budget_bytes = coarse - 1;
+    let (_fabric, tight) = one_side(config);
+    let refused = tight
+        .registry
+        .register_owned(pattern(page(), 3))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        refused.error,
+        RdmaError::BudgetExceeded { requested, .. } if requested == coarse
+    ));
+    assert_eq!(tight.live(), 0);
+    drop(memory);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_registration_returns_its_charge() {
+    let (_fabric, side) = one_side(small_config());
+    let hold = side.backend.faults().hang(FaultOp::Map);
+    let buffer = pattern(page(), 4);
+    let charge = page_enclosing_len(buffer.as_ptr() as u64, page() as u64, page() as u64).unwrap();
+    let mut registering = Box::pin(side.registry.register_owned(buffer));
+    assert!(futures::poll!(&mut registering).is_pending());
+    assert_eq!(side.registered_bytes(), charge, "charged while mapping");
+    drop(registering);
+    assert_eq!(side.registered_bytes(), 0);
+    assert_eq!(side.live(), 0);
+    drop(hold);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_allocation_returns_its_charge() {
+    let (_fabric, side) = one_side(small_config());
+    let hold = side.backend.faults().hang(FaultOp::Map);
+    let mut allocating = Box::pin(side.registry.alloc_pinned(100));
+    assert!(futures::poll!(&mut allocating).is_pending());
+    assert_eq!(
+        side.registered_bytes(),
+        64 * KIB as u64,
+        "first arena charged while mapping"
+    );
+    drop(allocating);
+    assert_eq!(side.registered_bytes(), 0);
+    assert_eq!(side.live(), 0);
+    assert_eq!(side.registry.stats().pooled_arenas, 0);
+    drop(hold);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_registrations_never_overshoot_the_budget() {
+    const ROOM: usize = 8;
+    const CONTENDERS: usize = 32;
+    let mut config = small_config();
+    config.budget_bytes = (ROOM * page()) as u64;
+    let (_fabric, side) = one_side(config);
+    // Maps hang, so every winner keeps its reservation while the others race.
+    let hold = side.backend.faults().hang(FaultOp::Map);
+    let tasks: Vec<_> = (0..CONTENDERS)
+        .map(|i| {
+            let registry = side.registry.clone();
+            // One byte: exactly one page whatever the heap address.
+            tokio::spawn(async move { registry.register_owned(pattern(1, i as u8)).await })
+        })
+        .collect();
+    within(
+        Duration::from_secs(10),
+        "winners reach the map",
+        hold.until_waiting(ROOM),
+    )
+    .await;
+    assert_eq!(side.registered_bytes(), (ROOM * page()) as u64);
+    hold.release();
+    let mut guards = Vec::new();
+    let mut refused = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(guard) => guards.push(guard),
+            Err(e) => {
+                let RdmaError::BudgetExceeded {
+                    requested,
+                    registered,
+                    budget,
+                } = e.error
+                else {
+                    panic!("unexpected refusal: {}", e.error);
+                };
+                assert_eq!(requested, page() as u64);
+                assert_eq!(budget, (ROOM * page()) as u64);
+                assert!(registered + requested > budget);
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(guards.len(), ROOM);
+    assert_eq!(refused, CONTENDERS - ROOM);
+    assert_eq!(side.registered_bytes(), (ROOM * page()) as u64);
+    assert_eq!(side.live(), ROOM);
+    for guard in guards {
+        guard.unregister(Duration::ZERO).await.unwrap();
+    }
+    assert_eq!(side.registered_bytes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn budget_refusal_carries_requested_registered_and_budget_and_hands_the_buffer_back() {
+    let mut config = small_config();
+    config.budget_bytes = 3 * page() as u64;
+    let (_fabric, side) = one_side(config);
+    let memory = External::new(2 * page(), 5);
+    // SAFETY: `memory` outlives the registration (unregistered below).
+    let held = unsafe { side.registry.register_external(memory.ptr(), memory.len()) }
+        .await
+        .unwrap();
+    let buffer = pattern(2 * page(), 6);
+    let charge =
+        page_enclosing_len(buffer.as_ptr() as u64, buffer.len() as u64, page() as u64).unwrap();
+    let refused = side.registry.register_owned(buffer).await.unwrap_err();
+    assert_eq!(
+        refused.error,
+        RdmaError::BudgetExceeded {
+            requested: charge,
+            registered: 2 * page() as u64,
+            budget: 3 * page() as u64,
+        }
+    );
+    assert_eq!(
+        refused.buffer,
+        pattern(2 * page(), 6),
+        "the caller's data survives"
+    );
+    assert_eq!(side.live(), 1);
+    held.unregister(Duration::ZERO).await.unwrap();
+    drop(memory);
+}

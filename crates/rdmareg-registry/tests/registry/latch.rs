@@ -1,0 +1,308 @@
+//! The release latch: resolves on a confirmed unmap and only then, stays
+//! open on an unmap error, is reached by a dropped guard from any thread, and
+//! at the end of shutdown only on the backend's word that nothing is
+//! registered. Readers hold it open.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rdmareg_backend::loopback::FaultOp;
+use rdmareg_registry::{RdmaError, TeardownVerdict, UnregisterOutcome};
+
+use crate::common::*;
+
+#[tokio::test(start_paused = true)]
+async fn latch_resolves_only_once_the_unmap_is_confirmed() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 1))
+        .await
+        .unwrap();
+    let watch = guard.watch();
+    let hold = side.backend.faults().hang(FaultOp::Unmap);
+    let unregistering = tokio::spawn(guard.unregister(Duration::ZERO));
+    hold.until_waiting(1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!watch.is_deregistered(), "the backend has not answered");
+    assert_eq!(side.live(), 1);
+
+    hold.release();
+    assert_eq!(unregistering.await.unwrap(), Ok(UnregisterOutcome::Drained));
+    assert!(watch.is_deregistered());
+    within(
+        Duration::from_millis(1),
+        "released latch resolves",
+        watch.deregistered(),
+    )
+    .await;
+    assert_eq!(side.live(), 0);
+    assert_eq!(side.registered_bytes(), 0);
+    assert_eq!(side.registry.stats().live_regions, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unmap_error_leaves_the_latch_open_and_the_region_tracked() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 2))
+        .await
+        .unwrap();
+    let charge = guard.effective_range().len;
+    let watch = guard.watch();
+    side.backend.faults().fail_next(FaultOp::Unmap, 1);
+    let error = guard.unregister(Duration::ZERO).await.unwrap_err();
+    assert!(matches!(error, RdmaError::Backend(_)), "{error}");
+    assert!(
+        !watch.is_deregistered(),
+        "an error means unknown, not unmapped"
+    );
+    assert_eq!(side.live(), 1);
+    assert_eq!(side.registered_bytes(), charge, "still charged");
+    assert_eq!(side.registry.stats().live_regions, 1);
+    assert!(watch.read(|_| ()).is_none(), "readers stay refused");
+
+    let swept = side.registry.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(swept.report().regions_deregistered, 1, "the sweep retries");
+    assert!(watch.is_deregistered());
+    assert_eq!(side.live(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_guard_deregisters_in_the_background_and_warns() {
+    let logs = Logs::capture();
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 3))
+        .await
+        .unwrap();
+    let watch = guard.watch();
+    drop(guard);
+    within(
+        Duration::from_secs(5),
+        "background deregistration",
+        watch.deregistered(),
+    )
+    .await;
+    assert_eq!(side.live(), 0);
+    assert_eq!(side.registered_bytes(), 0);
+    assert!(
+        logs.text()
+            .contains("RegionGuard dropped without unregister"),
+        "{}",
+        logs.text()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn guard_dropped_on_a_thread_outside_the_runtime_still_deregisters() {
+    let (_fabric, side) = one_side(small_config());
+    let memory = External::new(2 * page(), 4);
+    // SAFETY: `memory` stays allocated until the latch resolves (awaited
+    // below) and is not referenced meanwhile.
+    let guard = unsafe { side.registry.register_external(memory.ptr(), memory.len()) }
+        .await
+        .unwrap();
+    let watch = guard.watch();
+    std::thread::spawn(move || drop(guard))
+        .join()
+        .expect("dropping on a foreign thread does not panic");
+    within(
+        Duration::from_secs(5),
+        "background deregistration",
+        watch.deregistered(),
+    )
+    .await;
+    assert_eq!(side.live(), 0);
+    drop(memory);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_latches_survivors_only_when_the_backend_reports_nothing_registered() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 5))
+        .await
+        .unwrap();
+    let watch = guard.watch();
+    side.backend.faults().refuse_unmaps(true);
+
+    let swept = side.registry.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(swept.report().regions_surviving, 1);
+    // A wedged backend: its teardown cannot unmap either.
+    side.backend.shutdown().await;
+    assert_eq!(side.live(), 1);
+    assert_eq!(
+        swept.finish_after_backend_teardown(),
+        TeardownVerdict::Refused {
+            backend_live: 1,
+            regions_open: 1,
+            arenas_open: 0
+        }
+    );
+    assert!(
+        !watch.is_deregistered(),
+        "never released while the backend holds it"
+    );
+
+    side.backend.faults().refuse_unmaps(false);
+    side.backend.shutdown().await;
+    assert_eq!(side.live(), 0);
+    assert_eq!(
+        swept.finish_after_backend_teardown(),
+        TeardownVerdict::Released {
+            regions: 1,
+            arenas: 0,
+            backend_live: Some(0)
+        }
+    );
+    assert!(watch.is_deregistered());
+    assert_eq!(side.registered_bytes(), 0);
+    let (buffer, _) = guard.unregister_owned(Duration::ZERO).await.unwrap();
+    assert_eq!(
+        buffer,
+        pattern(page(), 5),
+        "the owner still gets its buffer back"
+    );
+}
+
+/// A reader on another thread that stays inside the region until told.
+struct BlockedReader {
+    leave: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<Option<Vec<u8>>>,
+}
+
+fn block_a_reader(watch: rdmareg_registry::RegionWatch) -> BlockedReader {
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (leave_tx, leave_rx) = mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        watch.read(|view| {
+            entered_tx.send(()).unwrap();
+            leave_rx.recv().unwrap();
+            view.to_vec()
+        })
+    });
+    entered_rx.recv().expect("reader entered the region");
+    BlockedReader {
+        leave: leave_tx,
+        thread,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn unregister_reports_a_drain_timeout_and_the_latch_waits_for_the_last_reader() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 6))
+        .await
+        .unwrap();
+    let watch = guard.watch();
+    let reader = block_a_reader(guard.watch());
+
+    let outcome = guard.unregister(Duration::from_millis(50)).await.unwrap();
+    assert_eq!(outcome, UnregisterOutcome::DrainTimedOut);
+    assert_eq!(side.live(), 0, "unmapped regardless");
+    assert_eq!(
+        side.registered_bytes(),
+        0,
+        "nothing pinned, nothing charged"
+    );
+    assert!(!watch.is_deregistered(), "a reader is still inside");
+    assert!(watch.read(|_| ()).is_none(), "no new readers");
+
+    reader.leave.send(()).unwrap();
+    let seen = reader.thread.join().unwrap();
+    assert_eq!(seen.as_deref(), Some(&pattern(page(), 6)[..]));
+    assert!(watch.is_deregistered());
+}
+
+#[tokio::test(start_paused = true)]
+async fn unregister_owned_hands_the_buffer_back_only_after_the_last_reader_left() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 7))
+        .await
+        .unwrap();
+    let reader = block_a_reader(guard.watch());
+    let unregistering = tokio::spawn(guard.unregister_owned(Duration::from_millis(50)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !unregistering.is_finished(),
+        "the buffer is still being read"
+    );
+    assert_eq!(side.live(), 0);
+
+    reader.leave.send(()).unwrap();
+    reader.thread.join().unwrap();
+    let (buffer, outcome) = unregistering.await.unwrap().unwrap();
+    assert_eq!(outcome, UnregisterOutcome::DrainTimedOut);
+    assert_eq!(buffer, pattern(page(), 7));
+}
+
+#[tokio::test(start_paused = true)]
+async fn unregister_owned_hands_the_buffer_back_intact() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(3000, 8))
+        .await
+        .unwrap();
+    let (buffer, outcome) = guard.unregister_owned(Duration::ZERO).await.unwrap();
+    assert_eq!(outcome, UnregisterOutcome::Drained);
+    assert_eq!(buffer, pattern(3000, 8));
+    assert_eq!(side.live(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unregister_owned_of_an_external_region_answers_not_owned_before_touching_anything() {
+    let (_fabric, side) = one_side(small_config());
+    let memory = External::new(page(), 9);
+    // SAFETY: `memory` outlives the registration (unregistered below).
+    let guard = unsafe { side.registry.register_external(memory.ptr(), page()) }
+        .await
+        .unwrap();
+    let refused = guard.unregister_owned(Duration::ZERO).await.unwrap_err();
+    assert_eq!(refused.error, RdmaError::NotOwned);
+    let guard = refused.guard.expect("the guard comes back");
+    assert!(!guard.is_deregistered());
+    assert_eq!(side.live(), 1);
+    assert!(
+        guard.watch().read(|_| ()).is_some(),
+        "still open to readers"
+    );
+    assert_eq!(
+        guard.unregister(Duration::ZERO).await,
+        Ok(UnregisterOutcome::Drained)
+    );
+    drop(memory);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_unregister_finishes_in_the_background() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 10))
+        .await
+        .unwrap();
+    let watch = guard.watch();
+    side.backend
+        .faults()
+        .set_delay(FaultOp::Unmap, Duration::from_millis(10));
+    let mut unregistering = Box::pin(guard.unregister(Duration::ZERO));
+    assert!(futures::poll!(&mut unregistering).is_pending());
+    drop(unregistering);
+    within(
+        Duration::from_secs(5),
+        "background completion",
+        watch.deregistered(),
+    )
+    .await;
+    assert_eq!(side.live(), 0);
+    assert_eq!(side.registered_bytes(), 0);
+}

@@ -1,0 +1,13 @@
+//! Integration tests of the registry over the loopback backend, grouped by
+//! the behaviour they pin down.
+
+mod admission;
+mod budget;
+mod common;
+mod describe;
+mod latch;
+mod model;
+mod pool;
+mod shutdown;
+mod stress;
+mod transfer;
