@@ -1,22 +1,32 @@
 //! GETs into pool buffers.
 //!
-//! A transfer is admitted through the gate and then runs as its own task on
-//! the registry's runtime, owning three things until the backend answers:
-//! the admission ticket (so shutdown waits for it), the destination's pool
-//! slot (so its granules cannot be handed to another buffer while the
-//! backend may still write them), and an in-flight count. The caller's
-//! future only waits for that task. If the caller goes away first, the task
-//! finishes on its own and the slot returns to the pool then; the caller's
-//! buffer stays *surrendered* (empty), since its memory left with the
-//! transfer.
+//! A transfer is admitted through the gate and then owns three things until
+//! the backend answers: the admission ticket (so shutdown waits for it), the
+//! destination's pool slot (so its granules cannot be handed to another
+//! buffer while the backend may still write them), and an in-flight count.
+//!
+//! The caller's future polls the backend's GET directly: no task is spawned
+//! on the fast path, because a spawn and a join-handle wake-up cost more
+//! than a shared-memory GET. Only if the caller's future is dropped while
+//! the GET is in flight does [`PendingTransfer`] move the GET, with
+//! everything it owns, into a task on the registry's runtime that finishes
+//! it; the slot returns to the pool then. The caller's buffer stays
+//! *surrendered* (empty), since its memory left with the transfer.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
 
 use rdmareg_backend::BackendGet;
 use rdmareg_core::{Descriptor, DescriptorError, PeerId, RdmaError};
 
+use crate::gate::Ticket;
 use crate::pool::PinnedBuf;
+use crate::pool::pinned_buf::Slot;
 use crate::registry::Inner;
 
 /// Counts a transfer in flight for as long as it lives.
@@ -70,32 +80,89 @@ pub(crate) async fn get(
         return Err(RdmaError::RegionNotFound);
     };
     let backend = Arc::clone(&inner.backend);
-    let task = inner.handle.spawn(async move {
-        let mut held = HeldSlot(Some(slot));
-        let result = backend.get(request).await;
-        drop(in_flight);
-        drop(ticket);
-        (result, held.0.take())
-    });
-    let mut note = CancelNote { armed: true };
-    let joined = task.await;
-    note.armed = false;
-    match joined {
-        Ok((result, Some(slot))) => {
+    // Owning the backend handle inside the future makes it `'static`, so a
+    // cancelled caller can hand it to a task.
+    let transfer: BoxFuture<'static, Result<(), RdmaError>> =
+        Box::pin(async move { backend.get(request).await });
+    let mut pending = PendingTransfer {
+        transfer: Some(transfer),
+        slot: HeldSlot(Some(slot)),
+        ticket: Some(ticket),
+        in_flight: Some(in_flight),
+        handle: inner.handle.clone(),
+    };
+    let result = (&mut pending).await;
+    let slot = pending.finish();
+    match slot {
+        Some(slot) => {
             dst.restore(slot);
             result
         }
-        Ok((_, None)) => Err(RdmaError::RegionNotFound),
-        Err(join_error) => Err(RdmaError::Backend(format!(
-            "transfer task did not complete: {join_error}"
-        ))),
+        None => Err(RdmaError::RegionNotFound),
     }
 }
 
-/// The destination slot inside a transfer task. If the task is dropped
-/// before the backend answered (its runtime is shutting down), the backend
-/// may still write the slot's memory, so the slot is leaked — never returned
-/// to the pool.
+/// A GET in flight and everything it holds. Polled by the caller; if it is
+/// dropped before the GET answered, its `Drop` detaches the GET onto the
+/// runtime so the slot, ticket and count are released only when the backend
+/// is done with the memory.
+struct PendingTransfer {
+    transfer: Option<BoxFuture<'static, Result<(), RdmaError>>>,
+    slot: HeldSlot,
+    ticket: Option<Ticket>,
+    in_flight: Option<InFlight>,
+    handle: tokio::runtime::Handle,
+}
+
+impl PendingTransfer {
+    /// After the GET answered: release the ticket and count, hand back the
+    /// slot.
+    fn finish(&mut self) -> Option<Slot> {
+        self.in_flight.take();
+        self.ticket.take();
+        self.slot.0.take()
+    }
+}
+
+impl Future for PendingTransfer {
+    type Output = Result<(), RdmaError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(transfer) = self.transfer.as_mut() else {
+            return Poll::Ready(Err(RdmaError::RegionNotFound));
+        };
+        let result = std::task::ready!(transfer.as_mut().poll(cx));
+        self.transfer = None;
+        Poll::Ready(result)
+    }
+}
+
+impl Drop for PendingTransfer {
+    fn drop(&mut self) {
+        let Some(transfer) = self.transfer.take() else {
+            return;
+        };
+        tracing::debug!(
+            "GET cancelled while in flight: the destination buffer is surrendered; its memory returns to the pool when the transfer finishes"
+        );
+        let mut slot = HeldSlot(self.slot.0.take());
+        let ticket = self.ticket.take();
+        let in_flight = self.in_flight.take();
+        // If the runtime is gone the task is dropped unpolled, and `slot`'s
+        // drop leaks the memory rather than reusing it.
+        self.handle.spawn(async move {
+            let _ = transfer.await;
+            drop(in_flight);
+            drop(ticket);
+            drop(slot.0.take());
+        });
+    }
+}
+
+/// The destination slot of a transfer in flight. If it is dropped before the
+/// backend answered (a detached transfer whose runtime is shutting down),
+/// the backend may still write the slot's memory, so the slot is leaked —
+/// never returned to the pool.
 struct HeldSlot(Option<crate::pool::pinned_buf::Slot>);
 
 impl Drop for HeldSlot {
@@ -105,22 +172,6 @@ impl Drop for HeldSlot {
                 "transfer task dropped before the backend answered: its destination slot is leaked, not reused"
             );
             std::mem::forget(slot);
-        }
-    }
-}
-
-/// Notes a caller that stopped waiting for its transfer: the destination
-/// stays surrendered, the slot is the task's.
-struct CancelNote {
-    armed: bool,
-}
-
-impl Drop for CancelNote {
-    fn drop(&mut self) {
-        if self.armed {
-            tracing::debug!(
-                "GET cancelled while in flight: the destination buffer is surrendered; its memory returns to the pool when the transfer finishes"
-            );
         }
     }
 }
