@@ -1,0 +1,87 @@
+//! What submitters ask of the progress thread, and the shared signals both
+//! sides read.
+//!
+//! Commands travel on two lanes into the one thread. The bounded **ring**
+//! carries everything in submission order and gives the hot path
+//! backpressure. The unbounded **control lane** carries only what must never
+//! wait or be refused for lack of room: shutdown, the compensating unmap of a
+//! dropped map, and commands that found the ring full but must proceed (an
+//! unmap whose future was dropped while waiting for room, peer changes).
+//!
+//! Before handling a ring command the thread drains the control lane, so a
+//! control message pushed before a ring command (in happens-before order) is
+//! always handled first. The other direction is only reached when the ring is
+//! full, and is harmless: a compensating unmap that overtakes its map finds
+//! nothing, and the map then sees its caller gone and is skipped.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+use bytes::Bytes;
+use futures::channel::oneshot;
+use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
+
+use crate::doorbell::Doorbell;
+
+/// Where the thread answers one command.
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, RdmaError>>;
+
+/// One request to the progress thread.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Register `[ptr, ptr + len)` under the caller-minted `id`.
+    Map {
+        id: u64,
+        ptr: usize,
+        len: usize,
+        reply: Reply<BackendRegion>,
+    },
+    /// Deregister `id` (idempotent). `reply` is `None` for a compensating
+    /// unmap pushed by a dropped map.
+    Unmap { id: u64, reply: Option<Reply<()>> },
+    /// Read remote memory into a mapped region.
+    Get {
+        request: BackendGet,
+        reply: Reply<()>,
+    },
+    /// Record (or replace) how to reach `peer`.
+    AddPeer { peer: PeerId, address: Bytes },
+    /// Forget `peer`, closing its endpoint.
+    RemovePeer { peer: PeerId },
+    /// Tear down; `reply` fires once the thread has released everything.
+    Shutdown { reply: oneshot::Sender<()> },
+}
+
+impl Command {
+    /// Answer the command with [`RdmaError::ShuttingDown`] without doing it.
+    pub(crate) fn refuse(self) {
+        match self {
+            Command::Map { reply, .. } => {
+                let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
+            Command::Get { reply, .. } => {
+                let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
+            Command::Unmap {
+                reply: Some(reply), ..
+            } => {
+                let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
+            Command::Unmap { reply: None, .. }
+            | Command::AddPeer { .. }
+            | Command::RemovePeer { .. }
+            | Command::Shutdown { .. } => {}
+        }
+    }
+}
+
+/// State the progress thread and the submitters share. Holds no UCX handle.
+#[derive(Debug)]
+pub(crate) struct Signals {
+    /// Wakes the parked loop.
+    pub(crate) doorbell: Doorbell,
+    /// Set when teardown begins: submitters refuse new work from then on.
+    pub(crate) closed: AtomicBool,
+    /// Registrations the thread holds: incremented after a successful
+    /// `ucp_mem_map`, decremented after a successful `ucp_mem_unmap`.
+    pub(crate) live_registrations: AtomicUsize,
+}

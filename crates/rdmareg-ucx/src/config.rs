@@ -1,0 +1,297 @@
+//! [`UcxConfig`]: how an engine is started — which UCX transports it may use,
+//! the knobs of its progress loop, and the default GET deadline.
+//!
+//! UCX settings are applied to the engine's own `ucp_config_t`
+//! (`ucp_config_read` + `ucp_config_modify`), never by mutating the process
+//! environment: two engines in one process can run different transports, and
+//! nothing else in the process sees the change.
+//!
+//! # Precedence
+//!
+//! 1. [`UcxConfig::extra`] key/values, applied last, win over everything.
+//! 2. The [`Transport`] choice and [`UcxConfig::net_devices`] win over the
+//!    environment (`UCX_TLS`, `UCX_NET_DEVICES`), because choosing them in
+//!    code is an explicit decision. [`Transport::Auto`] leaves the transport
+//!    selection to UCX and therefore to `UCX_TLS`.
+//! 3. The memory-hook defaults (`MEM_EVENTS=n`, `RCACHE_ENABLE=n`) and the
+//!    cma invalidation default apply only when the environment does not set
+//!    the corresponding `UCX_*` variable: an operator who sets them knows why.
+//!
+//! Memory hooks stay off by default because UCX would otherwise interpose on
+//! `malloc`/`munmap` in a Rust process to keep its registration cache
+//! coherent, and because with the cache off every map is an honest
+//! registration that the backend's count can vouch for.
+
+use std::time::Duration;
+
+/// Which UCX transports an engine may use.
+///
+/// Peer error handling (`UCP_ERR_HANDLING_MODE_PEER`) is on for every choice
+/// but [`Transport::SharedMemoryNoErrorHandling`]: with it, a dead peer fails
+/// its GETs instead of hanging them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Transport {
+    /// Let UCX choose (honouring `UCX_TLS` if set). What production on RDMA
+    /// hardware uses: a site UCX picks InfiniBand/RoCE by itself.
+    #[default]
+    Auto,
+    /// `UCX_TLS=tcp`. GET is software-emulated over active messages, so it
+    /// completes only while the owner's engine progresses.
+    Tcp,
+    /// Same-host fast and safe lane: `tcp,cma` with
+    /// `CMA_MEMORY_INVALIDATE=y`, so tcp carries control and keepalive while
+    /// cma (`process_vm_readv`) carries the data, with peer error handling on.
+    SameHost,
+    /// Pure shared memory (`UCX_TLS=shm`) with peer error handling **off**.
+    ///
+    /// UCX refuses peer error handling on these lanes, so this option gives up
+    /// dead-peer detection: a GET to a peer that died fails with an I/O error
+    /// or runs into its deadline, and endpoint failures are never reported.
+    /// Opt in only where that is acceptable.
+    SharedMemoryNoErrorHandling,
+    /// An explicit `UCX_TLS` value, with peer error handling on.
+    Custom {
+        /// The comma-separated transport list, as `UCX_TLS` spells it.
+        tls: String,
+    },
+}
+
+impl Transport {
+    /// Whether endpoints are created with `UCP_ERR_HANDLING_MODE_PEER`.
+    pub fn peer_error_handling(&self) -> bool {
+        !matches!(self, Transport::SharedMemoryNoErrorHandling)
+    }
+
+    fn tls(&self) -> Option<&str> {
+        match self {
+            Transport::Auto => None,
+            Transport::Tcp => Some("tcp"),
+            Transport::SameHost => Some("tcp,cma"),
+            Transport::SharedMemoryNoErrorHandling => Some("shm"),
+            Transport::Custom { tls } => Some(tls),
+        }
+    }
+}
+
+/// How to start a [`UcxEngine`](crate::UcxEngine).
+///
+/// Start from [`UcxConfig::default`] and adjust with the `with_*` methods (or
+/// the public fields).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct UcxConfig {
+    /// Transport selection; see [`Transport`].
+    pub transport: Transport,
+    /// `NET_DEVICES` for this engine (`"lo"` keeps loopback tests off other
+    /// interfaces). `None` leaves it to UCX and the environment.
+    pub net_devices: Option<String>,
+    /// Extra UCX configuration keys (without the `UCX_` prefix) and values,
+    /// applied after everything else.
+    pub extra: Vec<(String, String)>,
+    /// Capacity of the bounded command ring between submitters and the
+    /// progress thread.
+    pub ring_capacity: usize,
+    /// How long the progress loop keeps spinning after its last piece of work
+    /// before it arms the worker and sleeps. Submissions that arrive while it
+    /// spins cost no wake-up.
+    pub spin_window: Duration,
+    /// Longest single sleep of the progress loop: the backstop against a lost
+    /// wake-up.
+    pub park_timeout: Duration,
+    /// Deadline of a GET whose request carries none.
+    pub default_get_deadline: Duration,
+    /// How long teardown waits for UCX to release in-flight requests and
+    /// close endpoints before it destroys the worker anyway.
+    pub teardown_timeout: Duration,
+    /// Unpacked remote keys cached per endpoint. Unpacking a key costs more
+    /// than the GET it serves on shared memory, so a hit matters.
+    pub rkey_cache_capacity: usize,
+}
+
+impl Default for UcxConfig {
+    fn default() -> Self {
+        UcxConfig {
+            transport: Transport::Auto,
+            net_devices: None,
+            extra: Vec::new(),
+            ring_capacity: 4096,
+            spin_window: Duration::from_micros(50),
+            park_timeout: Duration::from_millis(100),
+            default_get_deadline: Duration::from_secs(30),
+            teardown_timeout: Duration::from_secs(5),
+            rkey_cache_capacity: 1024,
+        }
+    }
+}
+
+impl UcxConfig {
+    /// Use `transport`.
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// Restrict UCX to `devices` (its `NET_DEVICES` syntax, e.g. `"lo"`).
+    pub fn with_net_devices(mut self, devices: impl Into<String>) -> Self {
+        self.net_devices = Some(devices.into());
+        self
+    }
+
+    /// Set one more UCX configuration key (without the `UCX_` prefix).
+    pub fn with_ucx_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.extra.push((key.into(), value.into()));
+        self
+    }
+
+    /// Use `deadline` for GETs that carry none.
+    pub fn with_default_get_deadline(mut self, deadline: Duration) -> Self {
+        self.default_get_deadline = deadline;
+        self
+    }
+
+    /// Spin this long after the last piece of work before sleeping.
+    pub fn with_spin_window(mut self, spin: Duration) -> Self {
+        self.spin_window = spin;
+        self
+    }
+
+    /// Sleep at most this long at a time.
+    pub fn with_park_timeout(mut self, timeout: Duration) -> Self {
+        self.park_timeout = timeout;
+        self
+    }
+
+    /// Give teardown this long to let UCX release in-flight work.
+    pub fn with_teardown_timeout(mut self, timeout: Duration) -> Self {
+        self.teardown_timeout = timeout;
+        self
+    }
+
+    /// The UCX key/values this configuration applies, in order, given which
+    /// `UCX_<KEY>` variables the environment sets.
+    pub(crate) fn ucx_settings(&self, env_sets: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        let mut set = |k: &str, v: &str| out.push((k.to_owned(), v.to_owned()));
+        if let Some(tls) = self.transport.tls() {
+            set("TLS", tls);
+        }
+        let wants_invalidation = matches!(self.transport, Transport::SameHost)
+            || (matches!(self.transport, Transport::Auto | Transport::Custom { .. })
+                && !env_sets("CMA_MEMORY_INVALIDATE"));
+        if wants_invalidation {
+            set("CMA_MEMORY_INVALIDATE", "y");
+        }
+        if let Some(devices) = &self.net_devices {
+            set("NET_DEVICES", devices);
+        }
+        if !env_sets("MEM_EVENTS") {
+            set("MEM_EVENTS", "n");
+        }
+        if !env_sets("RCACHE_ENABLE") {
+            set("RCACHE_ENABLE", "n");
+        }
+        for (k, v) in &self.extra {
+            set(k, v);
+        }
+        out
+    }
+
+    /// [`Self::ucx_settings`] against the real process environment.
+    pub(crate) fn ucx_settings_from_env(&self) -> Vec<(String, String)> {
+        self.ucx_settings(|key| std::env::var_os(format!("UCX_{key}")).is_some())
+    }
+
+    /// Refuse settings the engine cannot run with.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.ring_capacity == 0 {
+            return Err("ring_capacity must be at least 1".into());
+        }
+        if self.park_timeout.is_zero() {
+            return Err("park_timeout must be positive".into());
+        }
+        if self.default_get_deadline.is_zero() {
+            return Err("default_get_deadline must be positive".into());
+        }
+        for (k, v) in self.ucx_settings(|_| false) {
+            if k.is_empty() || k.contains('\0') || v.contains('\0') {
+                return Err(format!("invalid UCX setting {k:?}={v:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup<'a>(s: &'a [(String, String)], key: &str) -> Option<&'a str> {
+        s.iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn same_host_selects_tcp_and_cma_with_invalidation() {
+        let s = UcxConfig::default()
+            .with_transport(Transport::SameHost)
+            .ucx_settings(|_| false);
+        assert_eq!(lookup(&s, "TLS"), Some("tcp,cma"));
+        assert_eq!(lookup(&s, "CMA_MEMORY_INVALIDATE"), Some("y"));
+        assert!(Transport::SameHost.peer_error_handling());
+    }
+
+    #[test]
+    fn pure_shared_memory_turns_error_handling_off() {
+        let t = Transport::SharedMemoryNoErrorHandling;
+        assert!(!t.peer_error_handling());
+        let s = UcxConfig::default()
+            .with_transport(t)
+            .ucx_settings(|_| false);
+        assert_eq!(lookup(&s, "TLS"), Some("shm"));
+    }
+
+    #[test]
+    fn memory_hooks_are_off_unless_the_environment_sets_them() {
+        let s = UcxConfig::default().ucx_settings(|_| false);
+        assert_eq!(lookup(&s, "MEM_EVENTS"), Some("n"));
+        assert_eq!(lookup(&s, "RCACHE_ENABLE"), Some("n"));
+        let s = UcxConfig::default().ucx_settings(|k| k == "MEM_EVENTS" || k == "RCACHE_ENABLE");
+        assert_eq!(lookup(&s, "MEM_EVENTS"), None);
+        assert_eq!(lookup(&s, "RCACHE_ENABLE"), None);
+    }
+
+    #[test]
+    fn auto_leaves_transport_selection_to_ucx() {
+        let s = UcxConfig::default().ucx_settings(|_| false);
+        assert_eq!(lookup(&s, "TLS"), None);
+        assert_eq!(lookup(&s, "NET_DEVICES"), None);
+    }
+
+    #[test]
+    fn extra_settings_are_applied_last_and_win() {
+        let s = UcxConfig::default()
+            .with_transport(Transport::Tcp)
+            .with_net_devices("lo")
+            .with_ucx_setting("TLS", "tcp,self")
+            .ucx_settings(|_| false);
+        assert_eq!(lookup(&s, "TLS"), Some("tcp,self"));
+        assert_eq!(lookup(&s, "NET_DEVICES"), Some("lo"));
+    }
+
+    #[test]
+    fn degenerate_loop_settings_are_refused() {
+        let c = UcxConfig {
+            ring_capacity: 0,
+            ..UcxConfig::default()
+        };
+        assert!(c.validate().is_err());
+        let c = UcxConfig::default().with_park_timeout(Duration::ZERO);
+        assert!(c.validate().is_err());
+        let c = UcxConfig::default().with_ucx_setting("TLS", "tcp\0");
+        assert!(c.validate().is_err());
+        assert!(UcxConfig::default().validate().is_ok());
+    }
+}

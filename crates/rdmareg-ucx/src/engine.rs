@@ -1,0 +1,367 @@
+//! [`UcxEngine`]: the handle to one progress thread.
+//!
+//! # Call order
+//!
+//! 1. [`UcxEngine::start`] with a [`UcxConfig`].
+//! 2. Hand [`UcxEngine::worker_address`] to the peers that will read from
+//!    this engine, and record theirs with [`UcxEngine::add_peer`].
+//! 3. Use [`UcxEngine::backend`] (an `Arc<dyn RdmaBackend>`-compatible
+//!    [`UcxBackend`]) to map, unmap and GET.
+//! 4. [`UcxEngine::shutdown`] (or drop the engine): every outstanding reply
+//!    is answered, everything is released, and
+//!    [`UcxEngine::live_registrations`] reads zero.
+//!
+//! Backends handed out keep working until teardown begins and answer
+//! [`RdmaError::ShuttingDown`] afterwards; they do not keep the thread alive.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{Sender, TrySendError};
+use futures::channel::oneshot;
+use rdmareg_core::{PeerId, RdmaError};
+
+use crate::backend::UcxBackend;
+use crate::command::{Command, Signals};
+use crate::config::UcxConfig;
+use crate::doorbell::Doorbell;
+use crate::progress;
+
+/// Extra time a blocking shutdown grants the thread beyond its own teardown
+/// timeout before it gives up waiting.
+const JOIN_GRACE: Duration = Duration::from_secs(1);
+
+/// The submitter side of an engine, shared by the engine handle and every
+/// backend.
+#[derive(Debug)]
+pub(crate) struct EngineShared {
+    ring: Sender<Command>,
+    control: Sender<Command>,
+    signals: Arc<Signals>,
+    next_region_id: AtomicU64,
+}
+
+impl EngineShared {
+    /// Whether teardown has begun.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.signals.closed.load(Ordering::SeqCst)
+    }
+
+    /// A region id never used before by this engine.
+    pub(crate) fn mint_region_id(&self) -> u64 {
+        self.next_region_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The thread's own registration count.
+    pub(crate) fn live_registrations(&self) -> usize {
+        self.signals.live_registrations.load(Ordering::SeqCst)
+    }
+
+    /// Pushes onto the unbounded control lane; never waits.
+    pub(crate) fn send_control(&self, command: Command) -> Result<(), RdmaError> {
+        if self.is_closed() {
+            return Err(RdmaError::ShuttingDown);
+        }
+        self.control
+            .send(command)
+            .map_err(|_| RdmaError::ShuttingDown)?;
+        self.signals.doorbell.ring_if_parked();
+        Ok(())
+    }
+
+    /// Pushes onto the ring if it has room, else onto the control lane:
+    /// never waits, keeps submission order whenever the ring has room.
+    pub(crate) fn push_now(&self, command: Command) -> Result<(), RdmaError> {
+        let mut submit = self.submit(command, Overflow::ToControlLane);
+        submit.try_now().unwrap_or(Ok(()))
+    }
+
+    /// Pushes onto the bounded ring, yielding to the executor while it is
+    /// full; see [`Overflow`] for what dropping it while waiting does.
+    pub(crate) fn submit(&self, command: Command, overflow: Overflow) -> Submit<'_> {
+        Submit {
+            shared: self,
+            command: Some(command),
+            overflow,
+        }
+    }
+}
+
+/// What a [`Submit`] does with its command if it is dropped while the ring
+/// is still full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Overflow {
+    /// Nothing: the command was never submitted (maps and GETs, whose
+    /// callers then see nothing happen).
+    Abandon,
+    /// Push it onto the control lane: for commands that must proceed once
+    /// issued (unmap).
+    ToControlLane,
+}
+
+/// Future of [`EngineShared::submit`].
+///
+/// Commands go through the one ring in submission order. While the ring is
+/// full the future rings the doorbell and yields (waking itself), so a burst
+/// larger than the ring waits without blocking an executor thread.
+#[derive(Debug)]
+pub(crate) struct Submit<'a> {
+    shared: &'a EngineShared,
+    command: Option<Command>,
+    overflow: Overflow,
+}
+
+impl Submit<'_> {
+    /// One attempt: `None` while the ring is full.
+    pub(crate) fn try_now(&mut self) -> Option<Result<(), RdmaError>> {
+        let command = self.command.take()?;
+        if self.shared.is_closed() {
+            return Some(Err(RdmaError::ShuttingDown));
+        }
+        match self.shared.ring.try_send(command) {
+            Ok(()) => {
+                self.shared.signals.doorbell.ring_if_parked();
+                Some(Ok(()))
+            }
+            Err(TrySendError::Full(command)) => {
+                self.command = Some(command);
+                self.shared.signals.doorbell.ring_if_parked();
+                None
+            }
+            Err(TrySendError::Disconnected(_)) => Some(Err(RdmaError::ShuttingDown)),
+        }
+    }
+}
+
+impl Future for Submit<'_> {
+    type Output = Result<(), RdmaError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if this.command.is_none() {
+            return Poll::Ready(Ok(()));
+        }
+        match this.try_now() {
+            Some(result) => Poll::Ready(result),
+            None => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Submit<'_> {
+    fn drop(&mut self) {
+        if let (Some(command), Overflow::ToControlLane) = (self.command.take(), self.overflow) {
+            let _ = self.shared.send_control(command);
+        }
+    }
+}
+
+/// A running UCX progress thread and the handle to it.
+///
+/// Dropping the engine shuts it down (bounded by the configured teardown
+/// timeout plus a second); see [`UcxEngine::shutdown_blocking`].
+#[derive(Debug)]
+pub struct UcxEngine {
+    shared: Arc<EngineShared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    worker_address: Bytes,
+    ucx_version: (u32, u32, u32),
+    teardown_timeout: Duration,
+}
+
+impl UcxEngine {
+    /// Starts the progress thread, which creates the UCX context and worker.
+    ///
+    /// Blocks until the thread has either started or failed.
+    ///
+    /// # Errors
+    /// [`RdmaError::Backend`] when the configuration is invalid or UCX refuses
+    /// to initialise (the message carries UCX's status text).
+    pub fn start(config: UcxConfig) -> Result<UcxEngine, RdmaError> {
+        config
+            .validate()
+            .map_err(|e| RdmaError::Backend(format!("ucx: invalid engine configuration: {e}")))?;
+        let doorbell = Doorbell::new()
+            .map_err(|e| RdmaError::Backend(format!("ucx: creating the doorbell eventfd: {e}")))?;
+        let signals = Arc::new(Signals {
+            doorbell,
+            closed: AtomicBool::new(false),
+            live_registrations: AtomicUsize::new(0),
+        });
+        let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
+        let (control_tx, control_rx) = crossbeam_channel::unbounded();
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+        let teardown_timeout = config.teardown_timeout;
+        let thread_signals = Arc::clone(&signals);
+        let thread = std::thread::Builder::new()
+            .name("rdmareg-ucx".into())
+            .spawn(move || progress::run(config, thread_signals, ring_rx, control_rx, ready_tx))
+            .map_err(|e| RdmaError::Backend(format!("ucx: spawning the progress thread: {e}")))?;
+        let info = match ready_rx.recv() {
+            Ok(Ok(info)) => info,
+            Ok(Err(err)) => {
+                let _ = thread.join();
+                return Err(err);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(RdmaError::Backend(
+                    "ucx: the progress thread exited while starting".into(),
+                ));
+            }
+        };
+        tracing::debug!(version = ?info.ucx_version, address_len = info.worker_address.len(), "UCX engine started");
+        Ok(UcxEngine {
+            shared: Arc::new(EngineShared {
+                ring: ring_tx,
+                control: control_tx,
+                signals,
+                next_region_id: AtomicU64::new(1),
+            }),
+            thread: Mutex::new(Some(thread)),
+            worker_address: info.worker_address,
+            ucx_version: info.ucx_version,
+            teardown_timeout,
+        })
+    }
+
+    /// This engine's packed UCP worker address: what a peer passes to its
+    /// own [`UcxEngine::add_peer`] to read from this engine.
+    ///
+    /// Whoever holds it can create an endpoint to this process; on tcp and
+    /// shared memory that means reading any address of the process (see the
+    /// crate docs). Hand it only to trusted peers.
+    pub fn worker_address(&self) -> Bytes {
+        self.worker_address.clone()
+    }
+
+    /// The `(major, minor, release)` version of the UCX library in use.
+    pub fn ucx_version(&self) -> (u32, u32, u32) {
+        self.ucx_version
+    }
+
+    /// Records how to reach `peer`: its packed worker address.
+    ///
+    /// The endpoint is created by the first GET to `peer`. Re-adding a peer
+    /// with a different address closes its current endpoint (GETs in flight
+    /// on it fail). The address is parsed by UCX without a length check, so
+    /// it must come from a trusted peer.
+    ///
+    /// # Errors
+    /// [`RdmaError::ShuttingDown`] after teardown began;
+    /// [`RdmaError::Backend`] for an empty address.
+    pub fn add_peer(&self, peer: PeerId, address: Bytes) -> Result<(), RdmaError> {
+        if address.is_empty() {
+            return Err(RdmaError::Backend(format!(
+                "ucx: empty worker address for {peer}"
+            )));
+        }
+        self.shared.push_now(Command::AddPeer { peer, address })
+    }
+
+    /// Forgets `peer` and closes its endpoint; GETs in flight to it fail.
+    ///
+    /// # Errors
+    /// [`RdmaError::ShuttingDown`] after teardown began.
+    pub fn remove_peer(&self, peer: PeerId) -> Result<(), RdmaError> {
+        self.shared.push_now(Command::RemovePeer { peer })
+    }
+
+    /// A backend submitting to this engine.
+    pub fn backend(&self) -> Arc<UcxBackend> {
+        Arc::new(UcxBackend::new(Arc::clone(&self.shared)))
+    }
+
+    /// Registrations the progress thread holds: its own count, moved only by
+    /// successful `ucp_mem_map` / `ucp_mem_unmap` calls.
+    pub fn live_registrations(&self) -> usize {
+        self.shared.live_registrations()
+    }
+
+    /// Tears the engine down and waits for it.
+    ///
+    /// Every outstanding reply is answered ([`RdmaError::ShuttingDown`] for
+    /// maps and GETs; unmaps by what happened to their region), endpoints
+    /// are closed, every region still registered is unmapped, the worker and
+    /// context are destroyed and the thread is joined. Idempotent.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not stop the teardown, which runs on the
+    /// progress thread; only the wait is abandoned (dropping the engine
+    /// waits again, bounded).
+    pub async fn shutdown(&self) {
+        let (reply, done) = oneshot::channel();
+        if self.request_shutdown(reply) {
+            let _ = done.await;
+        }
+        self.join_if_finished(Instant::now() + JOIN_GRACE);
+    }
+
+    /// [`UcxEngine::shutdown`] for synchronous callers: waits at most the
+    /// configured teardown timeout plus a second. Returns whether the
+    /// thread finished; if it did not (UCX wedged inside a call), it is left
+    /// detached and an error is logged.
+    pub fn shutdown_blocking(&self) -> bool {
+        let (reply, _done) = oneshot::channel();
+        self.request_shutdown(reply);
+        self.join_if_finished(Instant::now() + self.teardown_timeout + JOIN_GRACE)
+    }
+
+    /// Pushes a shutdown command (even if teardown began: it then waits for
+    /// the end of it). Returns whether the thread will answer it.
+    fn request_shutdown(&self, reply: oneshot::Sender<()>) -> bool {
+        let sent = self
+            .shared
+            .control
+            .send(Command::Shutdown { reply })
+            .is_ok();
+        self.shared.signals.doorbell.ring();
+        sent
+    }
+
+    /// Joins the thread once it has finished, waiting until `deadline`.
+    fn join_if_finished(&self, deadline: Instant) -> bool {
+        let mut guard = match self.thread.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let Some(handle) = guard.take() else {
+            return true;
+        };
+        while !handle.is_finished() {
+            if Instant::now() >= deadline {
+                tracing::error!(
+                    "the UCX progress thread did not finish tearing down in time; leaving it detached"
+                );
+                *guard = Some(handle);
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if handle.join().is_err() {
+            tracing::error!("the UCX progress thread panicked");
+        }
+        true
+    }
+}
+
+impl Drop for UcxEngine {
+    fn drop(&mut self) {
+        let joined = match self.thread.get_mut() {
+            Ok(thread) => thread.is_none(),
+            Err(poisoned) => poisoned.get_ref().is_none(),
+        };
+        if !joined {
+            self.shutdown_blocking();
+        }
+    }
+}

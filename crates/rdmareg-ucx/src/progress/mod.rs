@@ -1,0 +1,347 @@
+//! The progress thread: the one thread that owns every UCX object.
+//!
+//! It owns the `ucp_context`, one `UCS_THREAD_MODE_SINGLE` worker, the
+//! endpoints, memory handles and unpacked remote keys; none of these handles
+//! ever leaves it. It serves commands from the ring and the control lane
+//! (see `command`), and progresses the worker — which is also what serves
+//! the GETs *peers* issue against this engine's registrations on
+//! software-emulated transports such as tcp.
+//!
+//! # The loop
+//!
+//! 1. Drain the control lane, then up to a batch of the ring.
+//! 2. Progress the worker until it reports no more work (bounded per turn so
+//!    commands are never starved by a busy transfer), then handle what the
+//!    callbacks recorded.
+//! 3. Expire GETs past their deadline; finish endpoint closes.
+//! 4. If anything happened, go again. Otherwise spin for the spin window,
+//!    then park: announce it on the doorbell, look at the queues once more,
+//!    arm the worker (progress → arm until it is not busy), and `poll` on the
+//!    worker's event fd and the doorbell with a timeout bounded by the park
+//!    timeout and the next GET deadline.
+
+mod events;
+mod gets;
+mod peers;
+mod regions;
+mod rkeys;
+mod teardown;
+mod ucp;
+
+use std::ops::ControlFlow;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use futures::channel::oneshot;
+use rdmareg_core::RdmaError;
+
+use crate::command::{Command, Signals};
+use crate::config::UcxConfig;
+use crate::packed_key::PackedKeyFormat;
+use events::Events;
+use gets::OpTable;
+use peers::PeerTable;
+use regions::RegionTable;
+use rkeys::RkeyTable;
+use ucp::{Context, Worker};
+
+pub(crate) use ucp::ucx_version;
+
+/// Ring commands handled per turn before the worker is progressed again.
+const RING_BATCH: usize = 64;
+/// Worker progress calls per turn before commands are looked at again.
+const PROGRESS_BATCH: usize = 64;
+
+/// What a started engine tells its handle.
+#[derive(Debug)]
+pub(crate) struct StartInfo {
+    pub(crate) worker_address: Bytes,
+    pub(crate) ucx_version: (u32, u32, u32),
+}
+
+/// The loop's share of [`UcxConfig`].
+#[derive(Debug, Clone)]
+struct Settings {
+    spin_window: Duration,
+    park_timeout: Duration,
+    default_get_deadline: Duration,
+    teardown_timeout: Duration,
+    peer_error_handling: bool,
+}
+
+/// Everything the progress thread owns.
+///
+/// Field order is drop order, and it matters: the worker goes first, then
+/// the records UCX callbacks point into (op slots, endpoint error contexts,
+/// events), and the context last.
+struct Engine {
+    worker: Worker,
+    ops: OpTable,
+    peers: PeerTable,
+    events: Box<Events>,
+    rkeys: RkeyTable,
+    regions: RegionTable,
+    settings: Settings,
+    signals: Arc<Signals>,
+    key_format: Option<PackedKeyFormat>,
+    page_size: u64,
+    worker_fd: RawFd,
+    arm_failures: u64,
+    shutdown_replies: Vec<oneshot::Sender<()>>,
+    /// A ring command taken just before a shutdown was found.
+    leftover: Option<Command>,
+    context: Context,
+}
+
+/// The thread's body: start, report, serve, tear down.
+pub(crate) fn run(
+    config: UcxConfig,
+    signals: Arc<Signals>,
+    ring: Receiver<Command>,
+    control: Receiver<Command>,
+    ready: Sender<Result<StartInfo, RdmaError>>,
+) {
+    let (mut engine, info) = match Engine::start(&config, Arc::clone(&signals)) {
+        Ok(started) => started,
+        Err(err) => {
+            signals
+                .closed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = ready.send(Err(err));
+            return;
+        }
+    };
+    if ready.send(Ok(info)).is_ok() {
+        engine.serve(&ring, &control);
+    }
+    engine.teardown(&ring, &control);
+}
+
+impl Engine {
+    fn start(config: &UcxConfig, signals: Arc<Signals>) -> Result<(Engine, StartInfo), RdmaError> {
+        let version = ucx_version();
+        let key_format = PackedKeyFormat::for_ucx_version(version.0, version.1);
+        if key_format.is_none() {
+            tracing::error!(
+                major = version.0,
+                minor = version.1,
+                "the packed-key layout of this UCX version is unknown; every remote key will be refused"
+            );
+        }
+        let settings = config.ucx_settings_from_env();
+        tracing::debug!(?settings, "starting UCX engine");
+        let context = Context::new(&settings)?;
+        let worker = Worker::new(&context)?;
+        let worker_address = worker.address()?;
+        let worker_fd = worker.event_fd()?;
+        // SAFETY: sysconf takes no pointers.
+        let page_size = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+            n if n > 0 => n as u64,
+            _ => 4096,
+        };
+        let engine = Engine {
+            worker,
+            ops: OpTable::new(),
+            peers: PeerTable::default(),
+            events: Box::default(),
+            rkeys: RkeyTable::new(config.rkey_cache_capacity),
+            regions: RegionTable::new(),
+            settings: Settings {
+                spin_window: config.spin_window,
+                park_timeout: config.park_timeout,
+                default_get_deadline: config.default_get_deadline,
+                teardown_timeout: config.teardown_timeout,
+                peer_error_handling: config.transport.peer_error_handling(),
+            },
+            signals,
+            key_format,
+            page_size,
+            worker_fd,
+            arm_failures: 0,
+            shutdown_replies: Vec::new(),
+            leftover: None,
+            context,
+        };
+        let info = StartInfo {
+            worker_address,
+            ucx_version: version,
+        };
+        Ok((engine, info))
+    }
+
+    /// Serves until a shutdown command arrives or every submitter is gone.
+    fn serve(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            let mut worked = !control.is_empty();
+            if self.drain_control(control).is_break() {
+                return;
+            }
+            for _ in 0..RING_BATCH {
+                match ring.try_recv() {
+                    Ok(command) => {
+                        worked = true;
+                        // Whatever reached the control lane before this
+                        // command was pushed is visible now: handle it
+                        // first, so causal order across the lanes holds.
+                        if self.drain_control(control).is_break() {
+                            // Teardown answers it with the rest.
+                            self.leftover = Some(command);
+                            return;
+                        }
+                        if self.dispatch(command).is_break() {
+                            return;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            for _ in 0..PROGRESS_BATCH {
+                if self.progress() == 0 {
+                    break;
+                }
+                worked = true;
+            }
+            if self.ops.active() > 0 {
+                self.expire_gets(Instant::now());
+                self.drain_events();
+            }
+            if self.peers.closing_count() > 0 {
+                self.poll_closing();
+            }
+            if worked {
+                idle_since = None;
+                continue;
+            }
+            let now = Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            if now.duration_since(since) < self.settings.spin_window {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.park(ring, control);
+            idle_since = None;
+        }
+    }
+
+    /// Handles everything on the control lane; breaks on shutdown or when
+    /// every submitter is gone.
+    fn drain_control(&mut self, control: &Receiver<Command>) -> ControlFlow<()> {
+        loop {
+            match control.try_recv() {
+                Ok(command) => self.dispatch(command)?,
+                Err(TryRecvError::Empty) => return ControlFlow::Continue(()),
+                Err(TryRecvError::Disconnected) => return ControlFlow::Break(()),
+            }
+        }
+    }
+
+    fn dispatch(&mut self, command: Command) -> ControlFlow<()> {
+        match command {
+            Command::Map {
+                id,
+                ptr,
+                len,
+                reply,
+            } => self.map_region(id, ptr, len, reply),
+            Command::Unmap { id, reply } => self.unmap_region(id, reply),
+            Command::Get { request, reply } => self.post_get(request, reply),
+            Command::AddPeer { peer, address } => self.add_peer(peer, address),
+            Command::RemovePeer { peer } => self.remove_peer(peer),
+            Command::Shutdown { reply } => {
+                self.shutdown_replies.push(reply);
+                return ControlFlow::Break(());
+            }
+        }
+        self.drain_events();
+        ControlFlow::Continue(())
+    }
+
+    /// One worker progress, then whatever the callbacks recorded.
+    fn progress(&mut self) -> u32 {
+        let n = self.worker.progress();
+        self.drain_events();
+        n
+    }
+
+    /// Handles completion records until none are left (handling one can
+    /// produce more: closing a failed endpoint completes its GETs).
+    fn drain_events(&mut self) {
+        while !self.events.is_empty() {
+            let completed = std::mem::take(&mut *self.events.completed_gets.borrow_mut());
+            let failed = std::mem::take(&mut *self.events.failed_endpoints.borrow_mut());
+            for (slot, status) in completed {
+                self.finish_get(slot, status);
+            }
+            for (serial, status) in failed {
+                self.endpoint_failed(serial, status);
+            }
+        }
+    }
+
+    /// Sleeps until the worker has events, a submitter rings, or the timeout.
+    fn park(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
+        let signals = Arc::clone(&self.signals);
+        let bell = &signals.doorbell;
+        bell.announce_park();
+        if !ring.is_empty() || !control.is_empty() {
+            bell.unpark();
+            return;
+        }
+        let mut armed = false;
+        loop {
+            if self.progress() > 0 {
+                bell.unpark();
+                return;
+            }
+            match self.worker.arm() {
+                Ok(true) => {
+                    armed = true;
+                    break;
+                }
+                Ok(false) => continue,
+                Err(err) => {
+                    self.arm_failures += 1;
+                    if self.arm_failures == 1 {
+                        tracing::warn!(error = %err, "cannot arm the UCX worker; parking on short timeouts instead");
+                    }
+                    break;
+                }
+            }
+        }
+        let mut timeout = self.settings.park_timeout;
+        if !armed {
+            timeout = timeout.min(Duration::from_millis(1));
+        }
+        if self.peers.closing_count() > 0 {
+            timeout = timeout.min(Duration::from_millis(1));
+        }
+        if let Some(deadline) = self.ops.next_deadline() {
+            timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd: self.worker_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: bell.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // Round up so a deadline is not missed by a sub-millisecond remainder.
+        let millis = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a live array of two initialised pollfd records.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, millis) };
+        bell.unpark();
+        if fds[1].revents != 0 {
+            bell.drain();
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Registered regions on the progress thread: map, unmap, and the hold an
+//! in-flight GET keeps on its destination.
+//!
+//! # Rules
+//!
+//! - A map whose caller is already gone is not performed; one whose caller
+//!   left while it ran is rolled back at once (the answer could not be
+//!   delivered, so nobody will ever unmap it).
+//! - Unmap is idempotent: an id that names nothing answers `Ok(())`.
+//! - An unmap of a region with GETs in flight is *parked*: the region is
+//!   marked unmapping (new GETs into it are refused with `RegionNotFound`),
+//!   and the unmap runs when the last GET lands. Every unmap submitted
+//!   meanwhile joins the same wait.
+//! - The live count moves only on success: +1 after `ucp_mem_map`, −1 after
+//!   `ucp_mem_unmap` answered `UCS_OK`. A failed unmap leaves the region in
+//!   the table (still counted, still refusing GETs), and a later unmap
+//!   retries it.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use rdmareg_core::{BackendRegion, RdmaError, page_enclosing_range};
+
+use super::Engine;
+use super::ucp::MemHandle;
+use crate::command::Reply;
+
+/// One registration the thread holds.
+#[derive(Debug)]
+pub(crate) struct Region {
+    pub(crate) memh: MemHandle,
+    /// The pointer that was mapped: the base of every destination offset.
+    pub(crate) ptr: usize,
+    /// The length that was mapped: the bound of every destination range.
+    pub(crate) len: usize,
+    /// GET requests posted into this region that UCX has not released.
+    pub(crate) in_flight: u32,
+    /// `Some` once an unmap was submitted: the callers waiting for it.
+    pub(crate) unmap_waiters: Option<Vec<Reply<()>>>,
+}
+
+impl Region {
+    /// Whether new GETs into the region are refused.
+    pub(crate) fn is_unmapping(&self) -> bool {
+        self.unmap_waiters.is_some()
+    }
+}
+
+/// Region id → registration.
+pub(crate) type RegionTable = HashMap<u64, Region>;
+
+impl Engine {
+    /// `Command::Map`.
+    pub(super) fn map_region(
+        &mut self,
+        id: u64,
+        ptr: usize,
+        len: usize,
+        reply: Reply<BackendRegion>,
+    ) {
+        if reply.is_canceled() {
+            return;
+        }
+        if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
+            let _ = reply.send(Err(RdmaError::OutOfRange));
+            return;
+        }
+        if self.regions.contains_key(&id) {
+            let _ = reply.send(Err(RdmaError::Backend(format!(
+                "ucx: region id {id} is already registered"
+            ))));
+            return;
+        }
+        let memh = match self.context.map(ptr, len) {
+            Ok(memh) => memh,
+            Err(err) => {
+                let _ = reply.send(Err(err));
+                return;
+            }
+        };
+        let packed_key = match self.context.pack_rkey(memh) {
+            Ok(key) => key,
+            Err(err) => {
+                // SAFETY: `memh` was just mapped on this context and is
+                // unmapped once, here; it is in no table.
+                if let Err(unmap_err) = unsafe { self.context.unmap(memh) } {
+                    tracing::error!(error = %unmap_err, region = id, "could not undo a registration whose key failed to pack; it stays registered until teardown");
+                    // Keep it counted and in the table (refusing GETs), so
+                    // teardown retries it and the live count stays honest.
+                    self.regions.insert(
+                        id,
+                        Region {
+                            memh,
+                            ptr,
+                            len,
+                            in_flight: 0,
+                            unmap_waiters: Some(Vec::new()),
+                        },
+                    );
+                    self.signals
+                        .live_registrations
+                        .fetch_add(1, Ordering::SeqCst);
+                }
+                let _ = reply.send(Err(err));
+                return;
+            }
+        };
+        if reply.is_canceled() {
+            // The caller left while UCX registered: undo before the range is
+            // ever counted, so nobody observes a registration that was
+            // already abandoned.
+            // SAFETY: `memh` was just mapped on this context and is in no
+            // table; it is unmapped once, here.
+            match unsafe { self.context.unmap(memh) } {
+                Ok(()) => return,
+                Err(err) => {
+                    tracing::error!(error = %err, region = id, "could not undo an abandoned map; it stays registered until teardown");
+                    self.regions.insert(
+                        id,
+                        Region {
+                            memh,
+                            ptr,
+                            len,
+                            in_flight: 0,
+                            unmap_waiters: Some(Vec::new()),
+                        },
+                    );
+                    self.signals
+                        .live_registrations
+                        .fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }
+        let (effective_addr, effective_len) = self.effective_range(memh, ptr, len);
+        self.regions.insert(
+            id,
+            Region {
+                memh,
+                ptr,
+                len,
+                in_flight: 0,
+                unmap_waiters: None,
+            },
+        );
+        self.signals
+            .live_registrations
+            .fetch_add(1, Ordering::SeqCst);
+        let region = BackendRegion {
+            backend_region_id: id,
+            effective_addr,
+            effective_len,
+            packed_key,
+        };
+        if reply.send(Ok(region)).is_err() {
+            tracing::debug!(
+                region = id,
+                "map caller left; rolling the registration back"
+            );
+            if let Err(err) = self.unmap_now(id) {
+                tracing::error!(error = %err, region = id, "rollback of an abandoned map failed; the region stays registered until teardown");
+            }
+        }
+    }
+
+    /// What UCX reports it registered, if that covers the request; else the
+    /// page-enclosing range.
+    fn effective_range(&self, memh: MemHandle, ptr: usize, len: usize) -> (u64, u64) {
+        let (start, len) = (ptr as u64, len as u64);
+        if let Some((addr, mapped)) = self.context.mapped_range(memh) {
+            if addr <= start
+                && addr
+                    .checked_add(mapped)
+                    .is_some_and(|end| end >= start + len)
+            {
+                return (addr, mapped);
+            }
+        }
+        page_enclosing_range(start, len, self.page_size)
+            .map(|r| (r.start, r.len))
+            .unwrap_or((start, len))
+    }
+
+    /// `Command::Unmap`.
+    pub(super) fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
+        let Some(region) = self.regions.get_mut(&id) else {
+            if let Some(reply) = reply {
+                let _ = reply.send(Ok(()));
+            }
+            return;
+        };
+        if region.in_flight > 0 {
+            let waiters = region.unmap_waiters.get_or_insert_with(Vec::new);
+            waiters.extend(reply);
+            tracing::debug!(
+                region = id,
+                in_flight = region.in_flight,
+                "unmap parked behind in-flight GETs"
+            );
+            return;
+        }
+        let result = self.unmap_now(id);
+        if let Some(reply) = reply {
+            let _ = reply.send(result);
+        }
+    }
+
+    /// A GET into `id` was released by UCX: drop its hold, and run a parked
+    /// unmap if it was the last.
+    pub(super) fn release_region_hold(&mut self, id: u64) {
+        let Some(region) = self.regions.get_mut(&id) else {
+            tracing::error!(
+                region = id,
+                "a GET completed into a region the table no longer holds"
+            );
+            return;
+        };
+        region.in_flight = region.in_flight.saturating_sub(1);
+        if region.in_flight > 0 || !region.is_unmapping() {
+            return;
+        }
+        let waiters = region.unmap_waiters.take().unwrap_or_default();
+        let result = self.unmap_now(id);
+        if result.is_err() {
+            // Keep refusing GETs into a region whose unmap failed.
+            if let Some(region) = self.regions.get_mut(&id) {
+                region.unmap_waiters.get_or_insert_with(Vec::new);
+            }
+        }
+        for waiter in waiters {
+            let _ = waiter.send(result.clone());
+        }
+    }
+
+    /// `ucp_mem_unmap` for `id`; removes it and decrements the live count on
+    /// success only.
+    pub(super) fn unmap_now(&mut self, id: u64) -> Result<(), RdmaError> {
+        let Some(region) = self.regions.get(&id) else {
+            return Ok(());
+        };
+        // SAFETY: the handle came from `Context::map` on this context and is
+        // still in the table, so it has not been unmapped; on success it is
+        // removed below and never used again.
+        unsafe { self.context.unmap(region.memh) }?;
+        self.regions.remove(&id);
+        self.signals
+            .live_registrations
+            .fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}

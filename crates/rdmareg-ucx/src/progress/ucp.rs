@@ -1,0 +1,408 @@
+//! The UCP calls the progress thread makes, each wrapped once with the
+//! invariant it relies on.
+//!
+//! Every type here holds a raw UCX handle and is therefore `!Send`: it is
+//! created on the progress thread and never leaves it. [`Context`] and
+//! [`Worker`] release themselves on drop; memory handles, endpoints, remote
+//! keys and requests are plain copies whose lifetime the owning table tracks,
+//! so the functions that consume them are `unsafe` with that table's
+//! bookkeeping as their contract.
+
+use std::ffi::{CString, c_void};
+use std::os::fd::RawFd;
+use std::ptr;
+
+use bytes::Bytes;
+use rdmareg_core::RdmaError;
+use ucx_sys as sys;
+
+use crate::status::{PtrStatus, backend_error, check};
+
+/// The linked UCX library's version (`ucp_get_version`).
+pub(crate) fn ucx_version() -> (u32, u32, u32) {
+    let (mut major, mut minor, mut release) = (0, 0, 0);
+    // SAFETY: the three out-pointers are valid for writes.
+    unsafe { sys::ucp_get_version(&mut major, &mut minor, &mut release) };
+    (major, minor, release)
+}
+
+/// A `ucp_context_h` with RMA and wake-up features.
+pub(crate) struct Context {
+    handle: sys::ucp_context_h,
+}
+
+/// Releases a `ucp_config_t` on every exit of [`Context::new`].
+struct ConfigGuard(*mut sys::ucp_config_t);
+
+impl Drop for ConfigGuard {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from a successful ucp_config_read and is
+        // released exactly once, here.
+        unsafe { sys::ucp_config_release(self.0) };
+    }
+}
+
+impl Context {
+    /// Reads the UCX configuration (environment included), applies
+    /// `settings` to it and initialises a context.
+    pub(crate) fn new(settings: &[(String, String)]) -> Result<Context, RdmaError> {
+        let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+        // SAFETY: null prefix and file mean UCX's defaults; the out-pointer is
+        // valid for a write.
+        let status = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
+        check(status, "reading the UCX configuration")?;
+        let config = ConfigGuard(config);
+        for (key, value) in settings {
+            let (Ok(k), Ok(v)) = (CString::new(key.as_str()), CString::new(value.as_str())) else {
+                return Err(RdmaError::Backend(format!(
+                    "ucx: setting {key:?} contains a NUL byte"
+                )));
+            };
+            // SAFETY: `config` is live; both strings are NUL-terminated and
+            // outlive the call (UCX copies them).
+            let status = unsafe { sys::ucp_config_modify(config.0, k.as_ptr(), v.as_ptr()) };
+            check(status, &format!("setting UCX_{key}={value}"))?;
+        }
+        let params = sys::ucp_params_t {
+            field_mask: u64::from(
+                sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+            ),
+            features: u64::from(sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_WAKEUP),
+            mt_workers_shared: 0,
+            ..Default::default()
+        };
+        let mut handle: sys::ucp_context_h = ptr::null_mut();
+        // SAFETY: `params` is initialised, `config` is live, and the out-pointer
+        // is valid for a write.
+        let status = unsafe { sys::ucp_init(&params, config.0, &mut handle) };
+        check(status, "initialising the UCP context")?;
+        Ok(Context { handle })
+    }
+
+    /// Registers `[ptr, ptr + len)` as host memory.
+    pub(crate) fn map(&self, address: usize, len: usize) -> Result<MemHandle, RdmaError> {
+        let params = sys::ucp_mem_map_params_t {
+            field_mask: u64::from(
+                sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
+                    | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
+                    | sys::UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+            ),
+            address: address as *mut c_void,
+            length: len,
+            memory_type: sys::UCS_MEMORY_TYPE_HOST,
+            ..Default::default()
+        };
+        let mut memh: sys::ucp_mem_h = ptr::null_mut();
+        // SAFETY: the context is live, `params` is initialised and the
+        // out-pointer valid. UCX only records (and, on RDMA hardware, pins)
+        // the range; the caller of `RdmaBackend::map` promised it stays
+        // allocated until the unmap.
+        let status = unsafe { sys::ucp_mem_map(self.handle, &params, &mut memh) };
+        check(status, "registering memory (ucp_mem_map)")?;
+        Ok(MemHandle(memh))
+    }
+
+    /// The range UCX reports for `memh` (`ucp_mem_query`), if it answers.
+    pub(crate) fn mapped_range(&self, memh: MemHandle) -> Option<(u64, u64)> {
+        let mut attr = sys::ucp_mem_attr_t {
+            field_mask: u64::from(sys::UCP_MEM_ATTR_FIELD_ADDRESS | sys::UCP_MEM_ATTR_FIELD_LENGTH),
+            ..Default::default()
+        };
+        // SAFETY: `memh` is a live handle of this context (the region table
+        // holds it) and `attr` is valid for writes.
+        let status = unsafe { sys::ucp_mem_query(memh.0, &mut attr) };
+        (status == sys::UCS_OK).then_some((attr.address as u64, attr.length as u64))
+    }
+
+    /// Packs the remote key of `memh` into owned bytes.
+    pub(crate) fn pack_rkey(&self, memh: MemHandle) -> Result<Bytes, RdmaError> {
+        let mut buffer: *mut c_void = ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: context and `memh` are live; out-pointers are valid.
+        let status = unsafe { sys::ucp_rkey_pack(self.handle, memh.0, &mut buffer, &mut size) };
+        check(status, "packing a remote key (ucp_rkey_pack)")?;
+        // SAFETY: on success UCX hands over `size` initialised bytes at
+        // `buffer`, which stay valid until ucp_rkey_buffer_release.
+        let bytes = Bytes::copy_from_slice(unsafe {
+            std::slice::from_raw_parts(buffer.cast::<u8>(), size)
+        });
+        // SAFETY: `buffer` came from ucp_rkey_pack and is released once.
+        unsafe { sys::ucp_rkey_buffer_release(buffer) };
+        Ok(bytes)
+    }
+
+    /// Deregisters `memh`.
+    ///
+    /// # Safety
+    /// `memh` came from [`Context::map`] on this context and has not been
+    /// unmapped; on `Ok` it must not be used again.
+    pub(crate) unsafe fn unmap(&self, memh: MemHandle) -> Result<(), RdmaError> {
+        // SAFETY: the caller's contract above.
+        let status = unsafe { sys::ucp_mem_unmap(self.handle, memh.0) };
+        check(status, "deregistering memory (ucp_mem_unmap)")
+    }
+
+    /// The raw handle, for [`Worker::new`].
+    fn raw(&self) -> sys::ucp_context_h {
+        self.handle
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from a successful ucp_init and is cleaned up
+        // once; the engine destroys its worker (declared before the context
+        // and dropped first) before this runs.
+        unsafe { sys::ucp_cleanup(self.handle) };
+    }
+}
+
+/// A registration (`ucp_mem_h`), owned by the region table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MemHandle(sys::ucp_mem_h);
+
+impl MemHandle {
+    pub(crate) fn raw(self) -> sys::ucp_mem_h {
+        self.0
+    }
+}
+
+/// An endpoint (`ucp_ep_h`), owned by the peer table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EpHandle(sys::ucp_ep_h);
+
+/// An unpacked remote key (`ucp_rkey_h`), owned by the remote-key table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RkeyHandle(sys::ucp_rkey_h);
+
+#[cfg(test)]
+impl RkeyHandle {
+    /// A distinct handle value for table tests; never passed to UCX.
+    pub(crate) fn dangling_for_tests(n: usize) -> RkeyHandle {
+        RkeyHandle(n as sys::ucp_rkey_h)
+    }
+}
+
+/// The engine's one `UCS_THREAD_MODE_SINGLE` worker.
+pub(crate) struct Worker {
+    handle: sys::ucp_worker_h,
+}
+
+/// Who is told when an endpoint fails.
+pub(crate) type EpErrorCallback =
+    unsafe extern "C" fn(arg: *mut c_void, ep: sys::ucp_ep_h, status: sys::ucs_status_t);
+
+/// Who is told when a GET request completes.
+pub(crate) type SendCallback =
+    unsafe extern "C" fn(request: *mut c_void, status: sys::ucs_status_t, user_data: *mut c_void);
+
+impl Worker {
+    /// Creates the worker on `context`.
+    pub(crate) fn new(context: &Context) -> Result<Worker, RdmaError> {
+        let params = sys::ucp_worker_params_t {
+            field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
+            thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+            ..Default::default()
+        };
+        let mut handle: sys::ucp_worker_h = ptr::null_mut();
+        // SAFETY: the context is live, params initialised, out-pointer valid.
+        let status = unsafe { sys::ucp_worker_create(context.raw(), &params, &mut handle) };
+        check(status, "creating the UCP worker")?;
+        Ok(Worker { handle })
+    }
+
+    /// The packed worker address, as owned bytes.
+    pub(crate) fn address(&self) -> Result<Bytes, RdmaError> {
+        let mut address: *mut sys::ucp_address_t = ptr::null_mut();
+        let mut len: usize = 0;
+        // SAFETY: the worker is live; out-pointers are valid.
+        let status = unsafe { sys::ucp_worker_get_address(self.handle, &mut address, &mut len) };
+        check(status, "reading the worker address")?;
+        // SAFETY: on success `address` points at `len` bytes that stay valid
+        // until ucp_worker_release_address.
+        let bytes = Bytes::copy_from_slice(unsafe {
+            std::slice::from_raw_parts(address.cast::<u8>(), len)
+        });
+        // SAFETY: releases the buffer obtained above, once.
+        unsafe { sys::ucp_worker_release_address(self.handle, address) };
+        Ok(bytes)
+    }
+
+    /// The descriptor that becomes readable when the armed worker has events.
+    pub(crate) fn event_fd(&self) -> Result<RawFd, RdmaError> {
+        let mut fd: libc::c_int = -1;
+        // SAFETY: the worker is live (created with the wake-up feature); the
+        // out-pointer is valid.
+        let status = unsafe { sys::ucp_worker_get_efd(self.handle, &mut fd) };
+        check(status, "reading the worker event fd")?;
+        Ok(fd)
+    }
+
+    /// One `ucp_worker_progress`; may run completion callbacks.
+    #[inline]
+    pub(crate) fn progress(&self) -> u32 {
+        // SAFETY: the worker is live and used from its own thread only.
+        unsafe { sys::ucp_worker_progress(self.handle) }
+    }
+
+    /// `ucp_worker_arm`: `Ok(true)` when armed, `Ok(false)` when busy (more
+    /// progress needed first).
+    pub(crate) fn arm(&self) -> Result<bool, RdmaError> {
+        // SAFETY: the worker is live and used from its own thread only.
+        let status = unsafe { sys::ucp_worker_arm(self.handle) };
+        match status {
+            sys::UCS_OK => Ok(true),
+            sys::UCS_ERR_BUSY => Ok(false),
+            other => Err(backend_error(other, "arming the worker")),
+        }
+    }
+
+    /// Creates an endpoint to the worker whose packed address is `address`.
+    ///
+    /// With `on_error`, peer error handling is on and UCX calls
+    /// `on_error(error_arg, ..)` (from progress) when the endpoint fails.
+    ///
+    /// # Safety
+    /// `address` must be a packed UCP worker address from a peer the engine
+    /// trusts: UCX parses it without a length. `error_arg` must stay valid
+    /// until the endpoint is closed and the worker can no longer call back.
+    pub(crate) unsafe fn create_endpoint(
+        &self,
+        address: &[u8],
+        on_error: Option<(EpErrorCallback, *mut c_void)>,
+    ) -> Result<EpHandle, RdmaError> {
+        let mut params = sys::ucp_ep_params_t {
+            field_mask: u64::from(
+                sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+            ),
+            address: address.as_ptr().cast::<sys::ucp_address_t>(),
+            err_mode: sys::UCP_ERR_HANDLING_MODE_NONE,
+            ..Default::default()
+        };
+        if let Some((cb, arg)) = on_error {
+            params.field_mask |= u64::from(sys::UCP_EP_PARAM_FIELD_ERR_HANDLER);
+            params.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
+            params.err_handler = sys::ucp_err_handler_t { cb: Some(cb), arg };
+        }
+        let mut ep: sys::ucp_ep_h = ptr::null_mut();
+        // SAFETY: worker live; params initialised; the address bytes outlive
+        // the call (UCX unpacks them during it); the caller vouches for their
+        // content and for `arg`.
+        let status = unsafe { sys::ucp_ep_create(self.handle, &params, &mut ep) };
+        check(status, "creating an endpoint (ucp_ep_create)")?;
+        Ok(EpHandle(ep))
+    }
+
+    /// Starts closing `ep`: forcibly (outstanding requests complete with
+    /// `UCS_ERR_CANCELED`) when `force`, otherwise after a flush.
+    ///
+    /// # Safety
+    /// `ep` was created on this worker and is closed at most once.
+    pub(crate) unsafe fn close_endpoint(&self, ep: EpHandle, force: bool) -> PtrStatus {
+        let mut param = sys::ucp_request_param_t::default();
+        if force {
+            param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
+            param.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
+        }
+        // SAFETY: the caller's contract; `param` is initialised.
+        PtrStatus::decode(unsafe { sys::ucp_ep_close_nbx(ep.0, &param) })
+    }
+
+    /// Unpacks a remote key for `ep`.
+    ///
+    /// # Safety
+    /// `ep` is a live endpoint of this worker, and `buffer` holds a key that
+    /// passed the packed-key validator with its unpack padding
+    /// (`copy_for_unpack`), so UCX's unbounded parse stays inside it.
+    pub(crate) unsafe fn unpack_rkey(
+        &self,
+        ep: EpHandle,
+        buffer: &[u8],
+    ) -> Result<RkeyHandle, RdmaError> {
+        let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
+        // SAFETY: the caller's contract; out-pointer valid.
+        let status =
+            unsafe { sys::ucp_ep_rkey_unpack(ep.0, buffer.as_ptr().cast::<c_void>(), &mut rkey) };
+        check(status, "unpacking a remote key (ucp_ep_rkey_unpack)")?;
+        Ok(RkeyHandle(rkey))
+    }
+
+    /// Destroys an unpacked remote key.
+    ///
+    /// # Safety
+    /// `rkey` came from [`Worker::unpack_rkey`] on this (still live) worker,
+    /// no posted request uses it any more, and it is destroyed once.
+    pub(crate) unsafe fn destroy_rkey(&self, rkey: RkeyHandle) {
+        // SAFETY: the caller's contract.
+        unsafe { sys::ucp_rkey_destroy(rkey.0) };
+    }
+
+    /// Posts a GET of `len` bytes at `remote_addr` into `dest`.
+    ///
+    /// # Safety
+    /// `ep` and `rkey` are live; `[dest, dest + len)` lies inside the
+    /// registration `memh` and stays registered until the request completes
+    /// (inline, or when `callback(.., user_data)` runs); `user_data` stays
+    /// valid until then.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn get(
+        &self,
+        ep: EpHandle,
+        dest: *mut u8,
+        len: usize,
+        remote_addr: u64,
+        rkey: RkeyHandle,
+        memh: MemHandle,
+        callback: SendCallback,
+        user_data: *mut c_void,
+    ) -> PtrStatus {
+        let mut param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA
+                | sys::UCP_OP_ATTR_FIELD_MEMH
+                | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+            user_data,
+            memh: memh.raw(),
+            memory_type: sys::UCS_MEMORY_TYPE_HOST,
+            ..Default::default()
+        };
+        param.cb.send = Some(callback);
+        // SAFETY: the caller's contract; `param` is initialised.
+        PtrStatus::decode(unsafe {
+            sys::ucp_get_nbx(
+                ep.0,
+                dest.cast::<c_void>(),
+                len,
+                remote_addr,
+                rkey.0,
+                &param,
+            )
+        })
+    }
+
+    /// Whether a request returned by this worker is still in progress.
+    ///
+    /// # Safety
+    /// `request` is a live request of this worker, not yet freed.
+    pub(crate) unsafe fn request_in_progress(&self, request: *mut c_void) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { sys::ucp_request_check_status(request) == sys::UCS_INPROGRESS }
+    }
+
+    /// Returns a request to UCX.
+    ///
+    /// # Safety
+    /// `request` is a request of this worker, freed once.
+    pub(crate) unsafe fn free_request(&self, request: *mut c_void) {
+        // SAFETY: the caller's contract.
+        unsafe { sys::ucp_request_free(request) };
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from a successful ucp_worker_create and is
+        // destroyed once; its context outlives it (see `Context`'s drop).
+        unsafe { sys::ucp_worker_destroy(self.handle) };
+    }
+}

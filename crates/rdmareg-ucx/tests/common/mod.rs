@@ -1,0 +1,184 @@
+//! Shared helpers of the integration tests: engines on the loopback
+//! interface, page-aligned buffers, descriptors and GET requests.
+
+#![allow(dead_code)] // Each test binary uses its own subset.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_backend::conformance::{BackendPair, Capabilities};
+use rdmareg_core::{BackendGet, BackendRegion, Descriptor, PeerId};
+use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
+
+/// How the consumer engine names the owner engine.
+pub const OWNER: PeerId = PeerId(1);
+
+/// Logs to the test output when `RUST_LOG` is set.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// An engine configuration for tests: loopback only.
+pub fn config(transport: Transport) -> UcxConfig {
+    UcxConfig::default()
+        .with_transport(transport)
+        .with_net_devices("lo")
+        .with_teardown_timeout(Duration::from_secs(2))
+}
+
+/// Starts an owner and a consumer engine; the consumer knows the owner as
+/// [`OWNER`].
+pub fn engines(transport: Transport) -> (UcxEngine, UcxEngine) {
+    init_tracing();
+    let owner = UcxEngine::start(config(transport.clone())).expect("owner engine starts");
+    let consumer = UcxEngine::start(config(transport)).expect("consumer engine starts");
+    consumer
+        .add_peer(OWNER, owner.worker_address())
+        .expect("consumer records the owner");
+    (owner, consumer)
+}
+
+/// A conformance-kit pair over two engines of `transport`; its teardown
+/// shuts both down and checks they released everything.
+pub fn backend_pair(transport: Transport) -> BackendPair {
+    let (owner, consumer) = engines(transport);
+    let pair = BackendPair::new(
+        owner.backend() as Arc<dyn RdmaBackend>,
+        consumer.backend() as Arc<dyn RdmaBackend>,
+        OWNER,
+    )
+    .with_capabilities(
+        // On tcp and shared memory the packed key bounds nothing.
+        Capabilities::full()
+            .with_remote_bounds_enforced(false)
+            .with_unknown_remote_key_detected(false),
+    );
+    pair.with_teardown(async move {
+        consumer.shutdown().await;
+        owner.shutdown().await;
+        assert_eq!(
+            consumer.live_registrations(),
+            0,
+            "consumer live count after shutdown"
+        );
+        assert_eq!(
+            owner.live_registrations(),
+            0,
+            "owner live count after shutdown"
+        );
+    })
+}
+
+/// A zeroed, page-aligned heap buffer that is freed on drop. Tests keep it
+/// alive until the registration over it is gone.
+pub struct PageBuf {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: PageBuf uniquely owns its allocation; the raw pointer is only an
+// address, so moving or sharing the owner across threads is sound.
+unsafe impl Send for PageBuf {}
+// SAFETY: as above; shared access only reads through `snapshot`.
+unsafe impl Sync for PageBuf {}
+
+impl PageBuf {
+    /// `len` zero bytes (at least one page is allocated).
+    pub fn zeroed(len: usize) -> PageBuf {
+        let layout = Layout::from_size_align(len.max(1), 4096).expect("layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "allocation of {len} bytes");
+        PageBuf { ptr, layout }
+    }
+
+    /// `len` bytes where byte `i` is `pattern(i)`.
+    pub fn filled(len: usize, pattern: impl Fn(usize) -> u8) -> PageBuf {
+        let buf = PageBuf::zeroed(len);
+        // SAFETY: the allocation holds `len` bytes and nothing else refers to
+        // it yet.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(buf.ptr, len) };
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = pattern(i);
+        }
+        buf
+    }
+
+    pub fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// A copy of the current contents. Call only while no GET writes into
+    /// the buffer.
+    pub fn snapshot(&self) -> Vec<u8> {
+        // SAFETY: the allocation holds `len()` initialised bytes; callers
+        // read only when no transfer is in flight into it.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len()) }.to_vec()
+    }
+}
+
+impl Drop for PageBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout, freed once.
+        unsafe { dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// The source pattern: never zero, period not a power of two.
+pub fn pattern(i: usize) -> u8 {
+    (i % 251) as u8 + 1
+}
+
+/// The descriptor an owner would send for `region` over `buf`.
+pub fn describe(buf: &PageBuf, region: &BackendRegion) -> Descriptor {
+    Descriptor::new(
+        "ucx",
+        buf.addr() as u64,
+        buf.len() as u64,
+        region.backend_region_id,
+        region.packed_key.clone(),
+    )
+    .expect("a valid descriptor")
+}
+
+/// A GET of all of `source` into `dest_region` at `dest_offset`.
+pub fn get_request(
+    peer: PeerId,
+    source: &Descriptor,
+    dest_region: &BackendRegion,
+    dest_offset: u64,
+    deadline: Option<Duration>,
+) -> BackendGet {
+    BackendGet {
+        peer,
+        remote_addr: source.addr(),
+        packed_key: source.packed_key().clone(),
+        local_region_id: dest_region.backend_region_id,
+        local_offset: dest_offset,
+        len: source.len(),
+        deadline,
+    }
+}
+
+/// Maps `buf` on `backend`.
+pub async fn map(backend: &UcxBackend, buf: &PageBuf) -> BackendRegion {
+    backend
+        .map(buf.addr(), buf.len())
+        .await
+        .expect("map succeeds")
+}
+
+/// A packed key that is well formed for UCX 1.22 (md_map 0, host memory).
+pub fn nine_byte_key() -> Bytes {
+    Bytes::from_static(&[0, 0, 0, 0, 0, 0, 0, 0, 0])
+}

@@ -1,0 +1,124 @@
+//! Teardown: every outstanding reply is answered, every registration is
+//! released (the live count reads zero), later commands answer
+//! `ShuttingDown`, and dropping an engine does the same in bounded time.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{PeerId, RdmaError};
+use rdmareg_ucx::Transport;
+
+const MIB: usize = 1024 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_regions_mapped_and_gets_in_flight_ends_with_nothing_registered() {
+    let (owner, consumer) = engines(Transport::Tcp);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(32 * MIB, pattern);
+    let src_region = map(&ob, &src).await;
+    let desc = describe(&src, &src_region);
+    let dsts: Vec<PageBuf> = (0..4).map(|_| PageBuf::zeroed(32 * MIB)).collect();
+    let mut regions = Vec::new();
+    for dst in &dsts {
+        regions.push(map(&cb, dst).await);
+    }
+    let extra = PageBuf::zeroed(4096);
+    let _unused_region = map(&cb, &extra).await;
+    assert_eq!(consumer.live_registrations(), 5);
+
+    let gets: Vec<_> = regions
+        .iter()
+        .map(|region| {
+            let cb = cb.clone();
+            let request = get_request(OWNER, &desc, region, 0, None);
+            tokio::spawn(async move { cb.get(request).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    consumer.shutdown().await;
+
+    assert_eq!(consumer.live_registrations(), 0);
+    assert_eq!(cb.live_registrations(), Some(0));
+    for get in gets {
+        let answer = get.await.unwrap();
+        assert!(
+            matches!(answer, Ok(()) | Err(RdmaError::ShuttingDown)),
+            "an in-flight GET at teardown answered {answer:?}"
+        );
+    }
+    owner.shutdown().await;
+    assert_eq!(owner.live_registrations(), 0);
+    // Only now may the memory go.
+    drop(dsts);
+    drop(src);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_after_shutdown_answers_shutting_down() {
+    let (owner, consumer) = engines(Transport::SameHost);
+    let cb = consumer.backend();
+    let buf = PageBuf::zeroed(4096);
+    let region = map(&cb, &buf).await;
+    consumer.shutdown().await;
+    consumer.shutdown().await; // Idempotent.
+
+    assert_eq!(cb.live_registrations(), Some(0));
+    assert_eq!(cb.map(buf.addr(), 4096).await, Err(RdmaError::ShuttingDown));
+    assert_eq!(
+        cb.unmap(region.backend_region_id).await,
+        Err(RdmaError::ShuttingDown)
+    );
+    let request = get_request(OWNER, &describe(&buf, &region), &region, 0, None);
+    assert_eq!(cb.get(request).await, Err(RdmaError::ShuttingDown));
+    assert_eq!(
+        consumer.add_peer(PeerId(7), owner.worker_address()),
+        Err(RdmaError::ShuttingDown)
+    );
+    assert_eq!(consumer.remove_peer(OWNER), Err(RdmaError::ShuttingDown));
+    owner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_an_engine_without_shutdown_is_bounded_and_releases_everything() {
+    let (owner, consumer) = engines(Transport::SameHost);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let bufs: Vec<PageBuf> = (0..3).map(|_| PageBuf::zeroed(MIB)).collect();
+    for buf in &bufs {
+        map(&cb, buf).await;
+    }
+    let src = PageBuf::filled(4096, pattern);
+    map(&ob, &src).await;
+
+    let started = Instant::now();
+    drop(consumer);
+    drop(owner);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "dropping two engines took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(cb.live_registrations(), Some(0));
+    assert_eq!(ob.live_registrations(), Some(0));
+    assert_eq!(
+        cb.map(bufs[0].addr(), 10).await,
+        Err(RdmaError::ShuttingDown)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmap_racing_shutdown_is_answered_by_what_happened_to_the_region() {
+    let (owner, consumer) = engines(Transport::Tcp);
+    let cb = consumer.backend();
+    let buf = PageBuf::zeroed(4096);
+    let region = map(&cb, &buf).await;
+    let unmap = cb.unmap(region.backend_region_id);
+    consumer.shutdown().await;
+    // Whether the unmap ran before teardown or teardown unmapped the region,
+    // it is no longer registered, so the answer is Ok.
+    assert_eq!(unmap.await, Ok(()));
+    assert_eq!(consumer.live_registrations(), 0);
+    owner.shutdown().await;
+}

@@ -1,0 +1,336 @@
+//! Two OS processes: this test binary re-executes itself as an *owner*
+//! (selected by an environment variable) that registers memory and prints
+//! its worker address and a descriptor on stdout; the test process is the
+//! consumer. Covers GETs across processes, a peer killed mid-transfer, and a
+//! peer stopped with SIGSTOP.
+//!
+//! The binary has its own `main` (no libtest harness) because it is also
+//! the owner. Arguments that do not start with `-` filter tests by substring.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{Descriptor, PeerId, RdmaError};
+use rdmareg_ucx::{Transport, UcxEngine};
+
+const ROLE: &str = "RDMAREG_UCX_TEST_ROLE";
+const TRANSPORT: &str = "RDMAREG_UCX_TEST_TRANSPORT";
+const SIZE: &str = "RDMAREG_UCX_TEST_SIZE";
+const MIB: usize = 1024 * 1024;
+
+fn transport_named(name: &str) -> Transport {
+    match name {
+        "tcp" => Transport::Tcp,
+        "same-host" => Transport::SameHost,
+        other => panic!("unknown transport {other:?}"),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// The owner role: register `SIZE` bytes of the pattern, announce them, and
+/// serve until stdin closes.
+fn owner_main() {
+    init_tracing();
+    let transport = transport_named(&std::env::var(TRANSPORT).expect("transport"));
+    let size: usize = std::env::var(SIZE).expect("size").parse().expect("size");
+    let engine = UcxEngine::start(config(transport)).expect("owner engine starts");
+    let backend = engine.backend();
+    let buf = PageBuf::filled(size, pattern);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let region = runtime.block_on(map(&backend, &buf));
+    let descriptor = describe(&buf, &region);
+    println!(
+        "READY {} {}",
+        hex(&engine.worker_address()),
+        hex(&descriptor.encode())
+    );
+    std::io::stdout().flush().unwrap();
+    let mut rest = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut rest);
+    let _ = runtime.block_on(backend.unmap(region.backend_region_id));
+    engine.shutdown_blocking();
+    drop(buf);
+}
+
+/// A running owner process.
+struct Owner {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    address: Bytes,
+    descriptor: Descriptor,
+}
+
+impl Owner {
+    fn spawn(transport: &str, size: usize) -> Owner {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env(ROLE, "owner")
+            .env(TRANSPORT, transport)
+            .env(SIZE, size.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("owner process starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("owner announces itself");
+        let mut words = line.split_whitespace();
+        assert_eq!(words.next(), Some("READY"), "owner said {line:?}");
+        let address = Bytes::from(unhex(words.next().expect("address")));
+        let descriptor = Descriptor::decode(&unhex(words.next().expect("descriptor"))).unwrap();
+        let stdin = child.stdin.take();
+        Owner {
+            child,
+            stdin,
+            address,
+            descriptor,
+        }
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill takes no pointers; the pid is our own live child.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "signal {signal} to the owner");
+    }
+
+    /// Closes stdin so the owner tears down, and waits for it.
+    fn finish(mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "owner exited with {status}");
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if self.stdin.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn consumer(transport: &str) -> UcxEngine {
+    init_tracing();
+    UcxEngine::start(config(transport_named(transport))).expect("consumer engine starts")
+}
+
+fn get_across_processes_moves_the_right_bytes(transport: &str) {
+    let owner = Owner::spawn(transport, 64 * MIB + 4096);
+    let engine = consumer(transport);
+    engine.add_peer(OWNER, owner.address.clone()).unwrap();
+    let backend = engine.backend();
+    runtime().block_on(async {
+        let dst = PageBuf::zeroed(64 * MIB);
+        let region = map(&backend, &dst).await;
+        let want = PageBuf::filled(64 * MIB + 4096, pattern).snapshot();
+        for (src_off, dst_off, len) in [
+            (0, 0, 1),
+            (4099, 13, 3001),
+            (0, 0, 4096),
+            (12345, 4096, MIB),
+            (4096, 0, 64 * MIB),
+        ] {
+            let part = owner.descriptor.slice(src_off as u64, len as u64).unwrap();
+            let request = get_request(OWNER, &part, &region, dst_off as u64, None);
+            assert_eq!(backend.get(request).await, Ok(()), "GET of {len} B");
+            let got = dst.snapshot();
+            assert!(
+                got[dst_off..dst_off + len] == want[src_off..src_off + len],
+                "bytes of a {len} B GET across processes"
+            );
+        }
+        assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
+    });
+    engine.shutdown_blocking();
+    assert_eq!(engine.live_registrations(), 0);
+    owner.finish();
+}
+
+fn a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer(transport: &str) {
+    let owner = Owner::spawn(transport, 64 * MIB);
+    let engine = consumer(transport);
+    engine.add_peer(OWNER, owner.address.clone()).unwrap();
+    let backend = engine.backend();
+    let rt = runtime();
+    let dsts: Vec<PageBuf> = (0..4).map(|_| PageBuf::zeroed(64 * MIB)).collect();
+    let regions: Vec<_> = dsts.iter().map(|d| rt.block_on(map(&backend, d))).collect();
+
+    // Keep four 64 MiB GETs in flight until one fails.
+    let readers: Vec<_> = regions
+        .iter()
+        .map(|region| {
+            let backend = backend.clone();
+            let request = get_request(OWNER, &owner.descriptor, region, 0, None);
+            rt.spawn(async move {
+                loop {
+                    if let Err(err) = backend.get(request.clone()).await {
+                        return (err, Instant::now());
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let killed_at = Instant::now();
+    owner.signal(libc::SIGKILL);
+    for reader in readers {
+        let (err, at) = rt.block_on(reader).unwrap();
+        assert!(
+            matches!(err, RdmaError::Backend(_)),
+            "a GET to a killed peer answered {err:?}, not a backend error"
+        );
+        let after = at.saturating_duration_since(killed_at);
+        assert!(
+            after < Duration::from_secs(2),
+            "a GET failed only {after:?} after the kill"
+        );
+    }
+
+    // The same engine still serves another peer.
+    let other = Owner::spawn(transport, 64 * MIB);
+    engine.add_peer(PeerId(2), other.address.clone()).unwrap();
+    rt.block_on(async {
+        let request = get_request(PeerId(2), &other.descriptor, &regions[0], 0, None);
+        assert_eq!(backend.get(request).await, Ok(()));
+        assert!(dsts[0].snapshot() == PageBuf::filled(64 * MIB, pattern).snapshot());
+        for region in &regions {
+            assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
+        }
+    });
+    engine.shutdown_blocking();
+    assert_eq!(engine.live_registrations(), 0);
+    other.finish();
+}
+
+fn a_stopped_peer_makes_a_get_time_out_at_its_deadline() {
+    let owner = Owner::spawn("tcp", 4 * MIB);
+    let engine = consumer("tcp");
+    engine.add_peer(OWNER, owner.address.clone()).unwrap();
+    let backend = engine.backend();
+    let rt = runtime();
+    let dst = PageBuf::zeroed(4 * MIB);
+    let region = rt.block_on(map(&backend, &dst));
+    // Connect first, so the stop hits an established endpoint.
+    let warm = owner.descriptor.slice(0, 8).unwrap();
+    assert_eq!(
+        rt.block_on(backend.get(get_request(OWNER, &warm, &region, 0, None))),
+        Ok(())
+    );
+
+    owner.signal(libc::SIGSTOP);
+    let deadline = Duration::from_millis(500);
+    let started = Instant::now();
+    let answer = rt.block_on(backend.get(get_request(
+        OWNER,
+        &owner.descriptor,
+        &region,
+        0,
+        Some(deadline),
+    )));
+    let took = started.elapsed();
+    assert_eq!(answer, Err(RdmaError::Timeout));
+    assert!(took >= deadline, "timed out early, after {took:?}");
+    assert!(
+        took < deadline + Duration::from_secs(1),
+        "timed out late, after {took:?}"
+    );
+
+    // UCX released the request, so the destination can be unmapped.
+    let started = Instant::now();
+    assert_eq!(rt.block_on(backend.unmap(region.backend_region_id)), Ok(()));
+    assert!(started.elapsed() < Duration::from_secs(2));
+    owner.signal(libc::SIGCONT);
+    engine.shutdown_blocking();
+    assert_eq!(engine.live_registrations(), 0);
+    owner.finish();
+}
+
+/// One test of this binary.
+type TestFn = Box<dyn Fn()>;
+
+fn main() {
+    if std::env::var(ROLE).as_deref() == Ok("owner") {
+        owner_main();
+        return;
+    }
+    let tests: Vec<(&str, TestFn)> = vec![
+        (
+            "get_across_processes_moves_the_right_bytes_over_tcp",
+            Box::new(|| get_across_processes_moves_the_right_bytes("tcp")),
+        ),
+        (
+            "get_across_processes_moves_the_right_bytes_over_same_host",
+            Box::new(|| get_across_processes_moves_the_right_bytes("same-host")),
+        ),
+        (
+            "a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer_over_tcp",
+            Box::new(|| {
+                a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer("tcp")
+            }),
+        ),
+        (
+            "a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer_over_same_host",
+            Box::new(|| {
+                a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer("same-host")
+            }),
+        ),
+        (
+            "a_stopped_peer_makes_a_get_time_out_at_its_deadline",
+            Box::new(a_stopped_peer_makes_a_get_time_out_at_its_deadline),
+        ),
+    ];
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let selected: Vec<_> = tests
+        .iter()
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    println!("\nrunning {} tests", selected.len());
+    let mut failed = Vec::new();
+    for (name, test) in selected {
+        let started = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(test));
+        let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
+        println!("test {name} ... {verdict} ({:.2?})", started.elapsed());
+        if outcome.is_err() {
+            failed.push(*name);
+        }
+    }
+    if failed.is_empty() {
+        println!("\ntest result: ok.");
+    } else {
+        println!("\ntest result: FAILED. failures: {failed:?}");
+        std::process::exit(101);
+    }
+}
