@@ -5,6 +5,7 @@
 
 mod bindgen;
 mod ci;
+mod run_cli;
 mod ucx;
 mod util;
 
@@ -19,6 +20,8 @@ tasks:
   ucx                find or provision UCX (>= 1.22; pinned 1.22.0) and print which one
   bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
   ci                 run every CI step in order, stopping at the first failure
+  demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
+  bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
 ";
 
 fn main() -> ExitCode {
@@ -42,6 +45,8 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ucx" => ucx::run_task(rest),
         "bindgen" => bindgen::run_task(rest),
         "ci" => ci::run_task(rest),
+        "demo" => run_cli::run_task("demo", rest),
+        "bench" => run_cli::run_task("bench", rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

@@ -1,0 +1,368 @@
+//! `rdmareg bench`: GETs through the registry against `ucx_perftest`, and the
+//! pinned pool against map+unmap — side by side in one run, as ratios.
+//!
+//! For each transport the benchmark starts an owner process (`rdmareg
+//! bench-owner`) that registers one pool buffer of the largest size and
+//! offers its descriptor; this process is the consumer. Latency is one GET
+//! outstanding (median of per-GET times, like perftest's 50th percentile);
+//! bandwidth keeps a window of GETs outstanding, the same window perftest's
+//! `-O` gets. Then `ucx_perftest -t ucp_get` runs the same sizes and windows
+//! on the same transport settings. Absolute figures on a shared machine are
+//! noise; the ratio per row is the result.
+
+mod perftest;
+mod plot;
+mod pool;
+mod report;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use rdmareg_core::{Descriptor, PeerId};
+use rdmareg_registry::PinnedBuf;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::Command;
+
+use crate::bootstrap::{self, Message, OfferedRange};
+use crate::cli::{BenchArgs, BenchOwnerArgs, TransportArg};
+use crate::demo::LISTENING_PREFIX;
+use crate::node::{self, Node};
+use crate::pattern;
+use crate::stats::{Samples, mebibytes_per_second};
+
+pub use report::{GetRow, PoolRow};
+
+/// The owner, as the consumer names it.
+const OWNER: PeerId = PeerId(1);
+/// Most bytes a bandwidth window may keep outstanding.
+const WINDOW_BYTES: u64 = 256 << 20;
+
+/// Run the benchmark.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.sizes.is_empty() || args.transport.is_empty() {
+        bail!("nothing to measure: give at least one size and one transport");
+    }
+    if !(args.scale > 0.0 && args.scale <= 100.0) {
+        bail!("--scale must be in (0, 100]");
+    }
+    let baseline = if args.no_perftest {
+        None
+    } else {
+        Some(perftest::Perftest {
+            binary: args
+                .perftest
+                .clone()
+                .unwrap_or_else(|| ucx_sys::install::tool_path("ucx_perftest")),
+            library_dir: Some(PathBuf::from(ucx_sys::install::LIB_DIR)),
+        })
+    };
+    let mut rows = Vec::new();
+    let mut port = args.perftest_port;
+    for &transport in &args.transport {
+        let mut measured = measure_registry(&args, transport).await?;
+        if let Some(perftest) = &baseline {
+            for row in &mut measured {
+                let environment = transport_environment(transport);
+                let error_handling = true;
+                let lat = perftest
+                    .run_get(
+                        &environment,
+                        port,
+                        row.size,
+                        1,
+                        row.latency_iterations,
+                        error_handling,
+                    )
+                    .with_context(|| format!("ucx_perftest latency, {} B", row.size))?;
+                port = port.wrapping_add(1).max(1024);
+                let bw = perftest
+                    .run_get(
+                        &environment,
+                        port,
+                        row.size,
+                        row.window,
+                        row.bandwidth_iterations,
+                        error_handling,
+                    )
+                    .with_context(|| format!("ucx_perftest bandwidth, {} B", row.size))?;
+                port = port.wrapping_add(1).max(1024);
+                row.perftest_latency_p50_us = Some(lat.p50_us);
+                row.perftest_bandwidth_mib_s = Some(bw.bandwidth_mib_s);
+                report::print_get_row_progress(row);
+            }
+        }
+        rows.extend(measured);
+    }
+    let pool_rows = pool::measure(&args).await?;
+    report::write_all(&args.out, &rows, &pool_rows)?;
+    report::print_tables(&rows, &pool_rows);
+    println!("results written to {}", args.out.display());
+    Ok(())
+}
+
+/// UCX environment selecting the same transport as the engine, for
+/// `ucx_perftest`.
+fn transport_environment(transport: TransportArg) -> Vec<(String, String)> {
+    let mut environment = vec![("UCX_NET_DEVICES".to_owned(), "lo".to_owned())];
+    match transport {
+        TransportArg::Tcp => environment.push(("UCX_TLS".into(), "tcp".into())),
+        TransportArg::Shm => {
+            environment.push(("UCX_TLS".into(), "tcp,cma".into()));
+            environment.push(("UCX_CMA_MEMORY_INVALIDATE".into(), "y".into()));
+        }
+    }
+    // Everything else stays at UCX's defaults: the baseline is what raw UCX
+    // gives a hand-written program on the same transport.
+    environment
+}
+
+fn latency_iterations(size: u64, scale: f64) -> usize {
+    scaled((64u64 << 20) / size, 20, 10_000, scale)
+}
+
+fn bandwidth_iterations(size: u64, window: usize, scale: f64) -> usize {
+    let n = scaled((1u64 << 30) / size, 32, 20_000, scale);
+    n.div_ceil(window) * window
+}
+
+fn scaled(base: u64, min: u64, max: u64, scale: f64) -> usize {
+    ((base.clamp(min, max) as f64 * scale).round() as usize).max(4)
+}
+
+/// Measure every size over `transport` through the registry.
+async fn measure_registry(
+    args: &BenchArgs,
+    transport: TransportArg,
+) -> anyhow::Result<Vec<GetRow>> {
+    let largest = *args.sizes.iter().max().unwrap_or(&8);
+    let (mut child, mut stream, offered) = start_owner(transport, largest).await?;
+    let node = Node::start(
+        transport,
+        Some("lo"),
+        node::registry_config_for(largest.saturating_mul(8).max(WINDOW_BYTES * 2)),
+    )?;
+    let result = async {
+        node.engine.add_peer(OWNER, offered.0.clone())?;
+        let source = &offered.1.descriptor;
+        let mut rows = Vec::new();
+        for &size in &args.sizes {
+            let window = (args.window as u64).min((WINDOW_BYTES / size).max(1)) as usize;
+            let row = measure_size(&node, source, size, window, args.scale, transport).await?;
+            report::print_get_row_progress(&row);
+            rows.push(row);
+        }
+        verify_source(&node, &offered.1).await?;
+        anyhow::Ok(rows)
+    }
+    .await;
+    let _ = bootstrap::send(
+        &mut stream,
+        &Message::Done {
+            verified: result.is_ok(),
+        },
+    )
+    .await;
+    let _ = bootstrap::receive(&mut stream).await;
+    let outcome = node.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+    let rows = result?;
+    if !outcome.clean {
+        bail!(
+            "the consumer's shutdown left {} registrations",
+            outcome.live_registrations
+        );
+    }
+    Ok(rows)
+}
+
+async fn measure_size(
+    node: &Node,
+    source: &Descriptor,
+    size: u64,
+    window: usize,
+    scale: f64,
+    transport: TransportArg,
+) -> anyhow::Result<GetRow> {
+    let slice = source.slice(0, size)?;
+    let len = usize::try_from(size)?;
+    // Latency: one GET outstanding.
+    let latency_iterations = latency_iterations(size, scale);
+    let mut destination = node.registry.alloc_pinned(len).await?;
+    for _ in 0..latency_iterations.div_ceil(10) {
+        node.registry.get(OWNER, &slice, &mut destination).await?;
+    }
+    let mut samples = Samples::with_capacity(latency_iterations);
+    for _ in 0..latency_iterations {
+        let issued = Instant::now();
+        node.registry.get(OWNER, &slice, &mut destination).await?;
+        samples.push(issued.elapsed());
+    }
+    drop(destination);
+    let latency = samples.summary().context("no latency samples")?;
+
+    // Bandwidth: `window` GETs outstanding, each into its own buffer.
+    let bandwidth_iterations = bandwidth_iterations(size, window, scale);
+    let mut buffers: Vec<PinnedBuf> = Vec::with_capacity(window);
+    for _ in 0..window {
+        buffers.push(node.registry.alloc_pinned(len).await?);
+    }
+    let per_slot = bandwidth_iterations / window;
+    run_window(node, &slice, &mut buffers, per_slot.div_ceil(10)).await?;
+    let started = Instant::now();
+    run_window(node, &slice, &mut buffers, per_slot).await?;
+    let elapsed = started.elapsed();
+    let bandwidth = mebibytes_per_second(size * (per_slot * window) as u64, elapsed);
+    Ok(GetRow {
+        transport: transport.name().to_owned(),
+        size,
+        window,
+        latency_iterations,
+        bandwidth_iterations: per_slot * window,
+        latency_p50_us: latency.p50_us,
+        latency_p99_us: latency.p99_us,
+        bandwidth_mib_s: bandwidth,
+        perftest_latency_p50_us: None,
+        perftest_bandwidth_mib_s: None,
+    })
+}
+
+/// Keep one GET outstanding per buffer, `rounds` times each.
+async fn run_window(
+    node: &Node,
+    slice: &Descriptor,
+    buffers: &mut [PinnedBuf],
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let registry = &node.registry;
+    futures::future::try_join_all(buffers.iter_mut().map(|buffer| async move {
+        for _ in 0..rounds {
+            registry.get(OWNER, slice, buffer).await?;
+        }
+        anyhow::Ok(())
+    }))
+    .await?;
+    Ok(())
+}
+
+/// Check once that the bytes read are the owner's (a fast benchmark of the
+/// wrong bytes is worthless).
+async fn verify_source(node: &Node, offered: &OfferedRange) -> anyhow::Result<()> {
+    let len = usize::try_from(offered.descriptor.len())?;
+    let mut destination = node.registry.alloc_pinned(len).await?;
+    node.registry
+        .get(OWNER, &offered.descriptor, &mut destination)
+        .await?;
+    if pattern::checksum(&destination) != offered.crc32 {
+        bail!("benchmark source verification failed: bytes differ from the owner's");
+    }
+    Ok(())
+}
+
+type Offered = (bytes::Bytes, OfferedRange);
+
+async fn start_owner(
+    transport: TransportArg,
+    size: u64,
+) -> anyhow::Result<(tokio::process::Child, TcpStream, Offered)> {
+    let program = std::env::current_exe().context("locating the rdmareg binary")?;
+    let mut child = Command::new(program)
+        .args(["bench-owner", "--transport", transport.name()])
+        .args(["--size", &size.to_string(), "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the benchmark owner")?;
+    let stdout = child.stdout.take().context("owner stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .context("the benchmark owner did not start within 30 s")??
+        .context("the benchmark owner exited before listening")?;
+    let address = line
+        .strip_prefix(LISTENING_PREFIX)
+        .with_context(|| format!("unexpected owner output: {line}"))?
+        .to_owned();
+    let mut stream = TcpStream::connect(&address).await?;
+    stream.set_nodelay(true)?;
+    match bootstrap::receive(&mut stream).await? {
+        Message::Offer {
+            worker_address,
+            mut ranges,
+        } if ranges.len() == 1 => {
+            let range = ranges.remove(0);
+            Ok((child, stream, (worker_address, range)))
+        }
+        other => bail!("unexpected offer from the benchmark owner: {other:?}"),
+    }
+}
+
+/// `rdmareg bench-owner`: register one buffer, offer it, serve GETs until
+/// the consumer is done, shut down.
+pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(args.listen).await?;
+    let node = Node::start(
+        args.transport,
+        Some("lo"),
+        node::registry_config_for(args.size),
+    )?;
+    let mut buffer = node
+        .registry
+        .alloc_pinned(usize::try_from(args.size)?)
+        .await?;
+    pattern::fill(&mut buffer, 42);
+    let offered = OfferedRange {
+        descriptor: buffer.descriptor()?,
+        crc32: pattern::checksum(&buffer),
+    };
+    println!("{LISTENING_PREFIX}{}", listener.local_addr()?);
+    let (mut stream, _) = listener.accept().await?;
+    stream.set_nodelay(true)?;
+    bootstrap::send(
+        &mut stream,
+        &Message::Offer {
+            worker_address: node.engine.worker_address(),
+            ranges: vec![offered],
+        },
+    )
+    .await?;
+    let _ = bootstrap::receive(&mut stream).await;
+    drop(buffer);
+    let outcome = node.shutdown().await;
+    let _ = bootstrap::send(
+        &mut stream,
+        &Message::OwnerShutDown {
+            live_registrations: Some(outcome.live_registrations as u64),
+        },
+    )
+    .await;
+    if !outcome.clean {
+        bail!("benchmark owner shutdown was not clean");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bandwidth_iterations_fill_whole_windows() {
+        for size in [8u64, 4096, 1 << 20, 64 << 20] {
+            for window in [1usize, 3, 16] {
+                let n = bandwidth_iterations(size, window, 1.0);
+                assert_eq!(n % window, 0, "size {size} window {window}");
+                assert!(n >= window);
+            }
+        }
+    }
+
+    #[test]
+    fn iteration_counts_shrink_with_size_and_scale() {
+        assert!(latency_iterations(8, 1.0) > latency_iterations(1 << 20, 1.0));
+        assert!(latency_iterations(8, 0.1) < latency_iterations(8, 1.0));
+        assert!(latency_iterations(64 << 20, 0.01) >= 4);
+    }
+}

@@ -1,0 +1,187 @@
+//! Running `ucx_perftest -t ucp_get` from the same UCX as the baseline.
+//!
+//! A perftest measurement is two processes: a server (no host argument) and a
+//! client that connects to it on 127.0.0.1. Both get the same transport
+//! environment as the registry side of the comparison. The client runs with
+//! `-f -v` (final numbers only, as CSV), which prints a header line and one
+//! line of figures; [`parse_final_csv`] reads that.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// One `ucx_perftest` measurement as printed by `-f -v`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerftestResult {
+    /// Median latency, µs.
+    pub p50_us: f64,
+    /// Average latency, µs.
+    pub average_us: f64,
+    /// Average bandwidth, MiB/s.
+    pub bandwidth_mib_s: f64,
+}
+
+/// How to find and run `ucx_perftest`.
+#[derive(Debug, Clone)]
+pub struct Perftest {
+    /// The binary.
+    pub binary: PathBuf,
+    /// Directory holding the UCX libraries it must load (added to
+    /// `LD_LIBRARY_PATH` of the child only).
+    pub library_dir: Option<PathBuf>,
+}
+
+/// Why a perftest run produced no figures.
+#[derive(Debug, thiserror::Error)]
+pub enum PerftestError {
+    /// The binary could not be started.
+    #[error("could not start {binary}: {source}")]
+    Spawn {
+        /// Which binary.
+        binary: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It ran but failed or printed something unexpected.
+    #[error("ucx_perftest failed: {0}")]
+    Failed(String),
+}
+
+/// Parse the output of `ucx_perftest -f -v` (a CSV header, then figures).
+pub fn parse_final_csv(output: &str) -> Result<PerftestResult, PerftestError> {
+    let mut lines = output
+        .lines()
+        .map(str::trim)
+        .skip_while(|line| !line.starts_with("iterations,"));
+    let header = lines
+        .next()
+        .ok_or_else(|| PerftestError::Failed(format!("no CSV header in output: {output:?}")))?;
+    let values = lines
+        .next()
+        .ok_or_else(|| PerftestError::Failed("no CSV figures after header".into()))?;
+    let columns: Vec<&str> = header.split(',').collect();
+    let figures: Vec<&str> = values.split(',').collect();
+    let column = |name_prefix: &str| -> Result<f64, PerftestError> {
+        let index = columns
+            .iter()
+            .position(|c| c.starts_with(name_prefix))
+            .ok_or_else(|| PerftestError::Failed(format!("no {name_prefix} column")))?;
+        figures
+            .get(index)
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .ok_or_else(|| PerftestError::Failed(format!("unreadable {name_prefix} figure")))
+    };
+    Ok(PerftestResult {
+        p50_us: column("50.0_percentile_lat")?,
+        average_us: column("avg_lat")?,
+        bandwidth_mib_s: column("avg_bw")?,
+    })
+}
+
+impl Perftest {
+    /// Run one `-t ucp_get` measurement of `size`-byte GETs with `window`
+    /// outstanding (1 = latency), `iterations` times, with `environment`
+    /// (the transport settings) applied to both processes.
+    pub fn run_get(
+        &self,
+        environment: &[(String, String)],
+        port: u16,
+        size: u64,
+        window: usize,
+        iterations: usize,
+        error_handling: bool,
+    ) -> Result<PerftestResult, PerftestError> {
+        let mut server = self
+            .command(environment)
+            .args(["-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| self.spawn_error(source))?;
+        // The server needs a moment to listen; the client retries its
+        // connection for a while on its own, but not forever.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut client = self.command(environment);
+        client.args([
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-t",
+            "ucp_get",
+            "-s",
+            &size.to_string(),
+            "-n",
+            &iterations.to_string(),
+            "-w",
+            &(iterations / 10).max(10).to_string(),
+            "-f",
+            "-v",
+        ]);
+        if window > 1 {
+            client.args(["-O", &window.to_string()]);
+        }
+        if error_handling {
+            client.arg("-e");
+        }
+        let output = client.output().map_err(|source| self.spawn_error(source));
+        let _ = server.kill();
+        let _ = server.wait();
+        let output = output?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        if !output.status.success() {
+            return Err(PerftestError::Failed(format!(
+                "client exited with {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        parse_final_csv(&stdout)
+    }
+
+    fn command(&self, environment: &[(String, String)]) -> Command {
+        let mut command = Command::new(&self.binary);
+        if let Some(dir) = &self.library_dir {
+            command.env("LD_LIBRARY_PATH", join_library_path(dir));
+        }
+        command.envs(environment.iter().map(|(k, v)| (k, v)));
+        command
+    }
+
+    fn spawn_error(&self, source: std::io::Error) -> PerftestError {
+        PerftestError::Spawn {
+            binary: self.binary.display().to_string(),
+            source,
+        }
+    }
+}
+
+fn join_library_path(dir: &Path) -> String {
+    match std::env::var("LD_LIBRARY_PATH") {
+        Ok(existing) if !existing.is_empty() => format!("{}:{existing}", dir.display()),
+        _ => dir.display().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn final_csv_output_is_parsed_by_column_name() {
+        let output = "iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr\n\
+                      2000,52.017,52.746,52.746,1184.91,1184.91,18959,18959\n";
+        let result = parse_final_csv(output).unwrap();
+        assert_eq!(result.p50_us, 52.017);
+        assert_eq!(result.average_us, 52.746);
+        assert_eq!(result.bandwidth_mib_s, 1184.91);
+    }
+
+    #[test]
+    fn output_without_figures_is_an_error_not_a_zero() {
+        assert!(parse_final_csv("").is_err());
+        assert!(parse_final_csv("iterations,avg_lat\n").is_err());
+        assert!(
+            parse_final_csv("iterations,50.0_percentile_lat,avg_lat,avg_bw\n1,x,2,3\n").is_err()
+        );
+    }
+}

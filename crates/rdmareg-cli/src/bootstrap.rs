@@ -1,0 +1,244 @@
+//! The plain-TCP bootstrap between an owner and a consumer process.
+//!
+//! Before any RDMA traffic the two sides need to exchange the owner's UCX
+//! worker address and the descriptors of what it registered. That exchange
+//! runs over an ordinary TCP connection with length-prefixed frames: a `u32`
+//! little-endian length, then a one-byte message tag, then the body. Frames
+//! are capped at [`MAX_FRAME_LEN`] so a confused or hostile peer cannot make
+//! the reader allocate without bound.
+//!
+//! Conversation:
+//! 1. owner → consumer: [`Message::Offer`] (worker address, descriptors and
+//!    the CRC32 of each described range);
+//! 2. consumer → owner: [`Message::Done`] once every GET finished (success or
+//!    not — the owner must not deregister while GETs may still read);
+//! 3. owner → consumer: [`Message::OwnerShutDown`] with the number of
+//!    registrations its backend still holds after shutdown.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use rdmareg_core::Descriptor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Largest frame either side accepts.
+pub const MAX_FRAME_LEN: u32 = 16 << 20;
+
+const TAG_OFFER: u8 = 1;
+const TAG_DONE: u8 = 2;
+const TAG_OWNER_SHUT_DOWN: u8 = 3;
+
+/// One described range and the checksum of its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfferedRange {
+    /// Where to read.
+    pub descriptor: Descriptor,
+    /// CRC32 of the bytes the descriptor names, computed by the owner.
+    pub crc32: u32,
+}
+
+/// A bootstrap message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// The owner's worker address and what it offers.
+    Offer {
+        /// Packed UCX worker address of the owner.
+        worker_address: Bytes,
+        /// The ranges the consumer may read.
+        ranges: Vec<OfferedRange>,
+    },
+    /// The consumer finished all its GETs.
+    Done {
+        /// Whether every range verified.
+        verified: bool,
+    },
+    /// The owner shut down; its backend's remaining registration count
+    /// (`None` if the backend cannot say).
+    OwnerShutDown {
+        /// `live_registrations()` after teardown.
+        live_registrations: Option<u64>,
+    },
+}
+
+/// Why a bootstrap exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// The connection failed or closed early.
+    #[error("bootstrap connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer sent bytes that are not a valid message.
+    #[error("bootstrap protocol violation: {0}")]
+    Protocol(String),
+}
+
+impl Message {
+    /// Encode as one frame (length prefix included).
+    pub fn encode(&self) -> Bytes {
+        let mut body = BytesMut::new();
+        match self {
+            Message::Offer {
+                worker_address,
+                ranges,
+            } => {
+                body.put_u8(TAG_OFFER);
+                body.put_u32_le(worker_address.len() as u32);
+                body.put_slice(worker_address);
+                body.put_u32_le(ranges.len() as u32);
+                for range in ranges {
+                    body.put_u32_le(range.crc32);
+                    range.descriptor.encode_into(&mut body);
+                }
+            }
+            Message::Done { verified } => {
+                body.put_u8(TAG_DONE);
+                body.put_u8(u8::from(*verified));
+            }
+            Message::OwnerShutDown { live_registrations } => {
+                body.put_u8(TAG_OWNER_SHUT_DOWN);
+                body.put_u64_le(live_registrations.unwrap_or(u64::MAX));
+            }
+        }
+        let mut frame = BytesMut::with_capacity(4 + body.len());
+        frame.put_u32_le(body.len() as u32);
+        frame.put_slice(&body);
+        frame.freeze()
+    }
+
+    /// Decode one frame body (without the length prefix).
+    pub fn decode(mut body: &[u8]) -> Result<Message, BootstrapError> {
+        let bad = |what: &str| BootstrapError::Protocol(what.to_owned());
+        if body.is_empty() {
+            return Err(bad("empty frame"));
+        }
+        let tag = body.get_u8();
+        let message = match tag {
+            TAG_OFFER => {
+                if body.remaining() < 4 {
+                    return Err(bad("offer truncated"));
+                }
+                let address_len = body.get_u32_le() as usize;
+                if body.remaining() < address_len + 4 {
+                    return Err(bad("offer truncated in worker address"));
+                }
+                let worker_address = Bytes::copy_from_slice(&body[..address_len]);
+                body.advance(address_len);
+                let count = body.get_u32_le() as usize;
+                let mut ranges = Vec::with_capacity(count.min(1024));
+                for _ in 0..count {
+                    if body.remaining() < 4 {
+                        return Err(bad("offer truncated in range list"));
+                    }
+                    let crc32 = body.get_u32_le();
+                    let (descriptor, used) = Descriptor::decode_prefix(body)
+                        .map_err(|e| BootstrapError::Protocol(format!("descriptor: {e}")))?;
+                    body.advance(used);
+                    ranges.push(OfferedRange { descriptor, crc32 });
+                }
+                Message::Offer {
+                    worker_address,
+                    ranges,
+                }
+            }
+            TAG_DONE if body.remaining() == 1 => Message::Done {
+                verified: body.get_u8() != 0,
+            },
+            TAG_OWNER_SHUT_DOWN if body.remaining() == 8 => {
+                let live = body.get_u64_le();
+                Message::OwnerShutDown {
+                    live_registrations: (live != u64::MAX).then_some(live),
+                }
+            }
+            _ => return Err(bad("unknown or malformed message")),
+        };
+        if body.has_remaining() {
+            return Err(bad("trailing bytes in frame"));
+        }
+        Ok(message)
+    }
+}
+
+/// Write one message.
+pub async fn send<W: AsyncWriteExt + Unpin>(
+    writer: &mut W,
+    message: &Message,
+) -> Result<(), BootstrapError> {
+    writer.write_all(&message.encode()).await?;
+    writer.flush().await?;
+    Ok(())
+}
+
+/// Read one message.
+pub async fn receive<R: AsyncReadExt + Unpin>(reader: &mut R) -> Result<Message, BootstrapError> {
+    let len = reader.read_u32_le().await?;
+    if len > MAX_FRAME_LEN {
+        return Err(BootstrapError::Protocol(format!(
+            "frame of {len} bytes exceeds the {MAX_FRAME_LEN}-byte cap"
+        )));
+    }
+    let mut body = vec![0u8; len as usize];
+    reader.read_exact(&mut body).await?;
+    Message::decode(&body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer() -> Message {
+        let descriptor =
+            Descriptor::new("ucx", 0x1000, 4096, 3, Bytes::from_static(&[0; 9])).unwrap();
+        Message::Offer {
+            worker_address: Bytes::from_static(b"worker-address"),
+            ranges: vec![
+                OfferedRange {
+                    descriptor: descriptor.clone(),
+                    crc32: 0xdead_beef,
+                },
+                OfferedRange {
+                    descriptor: descriptor.slice(1, 10).unwrap(),
+                    crc32: 7,
+                },
+            ],
+        }
+    }
+
+    #[tokio::test]
+    async fn every_message_survives_a_round_trip_through_a_stream() {
+        let messages = [
+            offer(),
+            Message::Done { verified: true },
+            Message::OwnerShutDown {
+                live_registrations: Some(0),
+            },
+            Message::OwnerShutDown {
+                live_registrations: None,
+            },
+        ];
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        for m in &messages {
+            send(&mut a, m).await.unwrap();
+        }
+        for m in &messages {
+            assert_eq!(&receive(&mut b).await.unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn every_truncation_of_an_offer_is_a_protocol_error() {
+        let frame = offer().encode();
+        let body = &frame[4..];
+        for cut in 0..body.len() {
+            assert!(Message::decode(&body[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_is_refused_before_allocation() {
+        let (mut a, mut b) = tokio::io::duplex(64);
+        a.write_all(&(MAX_FRAME_LEN + 1).to_le_bytes())
+            .await
+            .unwrap();
+        assert!(matches!(
+            receive(&mut b).await,
+            Err(BootstrapError::Protocol(_))
+        ));
+    }
+}

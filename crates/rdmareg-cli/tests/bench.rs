@@ -1,0 +1,60 @@
+//! `rdmareg bench` in miniature: a short sweep against the real
+//! `ucx_perftest` must produce every output file with one row per
+//! measurement and a ratio wherever a baseline ran. (Figures are not
+//! asserted: speed is measured by the benchmark, not by tests.)
+
+use std::process::Command;
+
+#[test]
+fn a_short_sweep_writes_tables_csv_json_and_svg_with_ratios() {
+    let out = std::env::temp_dir().join(format!("rdmareg-bench-test-{}", std::process::id()));
+    let output = Command::new(env!("CARGO_BIN_EXE_rdmareg"))
+        .args([
+            "bench",
+            "--transport",
+            "shm",
+            "--sizes",
+            "8,64K",
+            "--scale",
+            "0.01",
+        ])
+        .args([
+            "--window",
+            "4",
+            "--pool-sizes",
+            "4K,1M",
+            "--perftest-port",
+            "14470",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("rdmareg runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    for row in &rows {
+        let cells: Vec<&str> = row.split(',').collect();
+        assert_eq!(cells[0], "shm");
+        let bandwidth_ratio: f64 = cells[11].parse().expect("a bandwidth ratio");
+        assert!(bandwidth_ratio > 0.0);
+        let latency_ratio: f64 = cells[8].parse().expect("a latency ratio");
+        assert!(latency_ratio > 0.0);
+    }
+    let pool = std::fs::read_to_string(out.join("pool.csv")).unwrap();
+    assert_eq!(pool.lines().count(), 3, "{pool}");
+    let json = std::fs::read_to_string(out.join("results.json")).unwrap();
+    assert!(json.contains("\"get\"") && json.contains("\"pool\""));
+    let svg = std::fs::read_to_string(out.join("results.svg")).unwrap();
+    assert_eq!(
+        svg.matches("<polyline").count(),
+        4,
+        "two charts, two series each"
+    );
+    assert!(stdout.contains("bandwidth ratio"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&out);
+}

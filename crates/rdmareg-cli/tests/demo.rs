@@ -1,0 +1,180 @@
+//! The `rdmareg demo` binary end to end: two OS processes over real UCX
+//! transports, the output a user reads, and the exit status on failures.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+fn rdmareg() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rdmareg"));
+    command.env_remove("RUST_LOG");
+    command
+}
+
+fn run(args: &[&str]) -> Output {
+    rdmareg().args(args).output().expect("rdmareg runs")
+}
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn assert_clean_demo(output: &Output, transport: &str, ranges: u32) {
+    let (stdout, stderr) = text(output);
+    assert!(output.status.success(), "demo failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("verification passed: {ranges} ranges")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("transport        {transport}")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("owner backend registrations left: 0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("consumer backend registrations left: 0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("[owner] owner shut down: backend holds 0 registrations"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("GET latency p99"), "{stdout}");
+}
+
+#[test]
+fn demo_over_tcp_verifies_every_byte_and_leaves_zero_registrations() {
+    let output = run(&[
+        "demo",
+        "--transport",
+        "tcp",
+        "--size",
+        "256K",
+        "--count",
+        "6",
+        "--plain",
+    ]);
+    assert_clean_demo(&output, "tcp", 6);
+}
+
+#[test]
+fn demo_over_shm_verifies_every_byte_and_leaves_zero_registrations() {
+    let output = run(&[
+        "demo",
+        "--transport",
+        "shm",
+        "--size",
+        "1M",
+        "--count",
+        "5",
+        "--plain",
+    ]);
+    assert_clean_demo(&output, "shm", 5);
+}
+
+#[test]
+fn demo_with_unaligned_odd_sizes_still_verifies() {
+    let output = run(&["demo", "--size", "4097", "--count", "3", "--plain"]);
+    assert_clean_demo(&output, "tcp", 3);
+}
+
+#[test]
+fn separate_owner_and_consumer_processes_meet_over_listen_and_connect() {
+    let mut owner = rdmareg()
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "64K",
+            "--count",
+            "4",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("owner starts");
+    let mut lines = BufReader::new(owner.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("owner prints").expect("readable");
+    let address = first
+        .strip_prefix("owner listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_owned();
+    let consumer = run(&[
+        "demo",
+        "--connect",
+        &address,
+        "--size",
+        "64K",
+        "--count",
+        "4",
+        "--plain",
+    ]);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = owner.wait().expect("owner exits");
+    let (stdout, stderr) = text(&consumer);
+    assert!(consumer.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("verification passed: 4 ranges"), "{stdout}");
+    assert!(status.success(), "owner failed: {rest:?}");
+    assert!(
+        rest.iter()
+            .any(|l| l == "owner shut down: backend holds 0 registrations"),
+        "{rest:?}"
+    );
+}
+
+#[test]
+fn an_unreachable_owner_is_one_clear_line_and_exit_status_one() {
+    // Port 1 on loopback: nothing listens there.
+    let started = std::time::Instant::now();
+    let output = run(&["demo", "--connect", "127.0.0.1:1"]);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains("cannot reach the owner at 127.0.0.1:1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"));
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn bad_arguments_exit_with_status_two_and_say_what_is_wrong() {
+    for (args, expected) in [
+        (
+            &["demo", "--size", "0"][..],
+            "size must be at least one byte",
+        ),
+        (&["demo", "--size", "12Q"][..], "is not a size"),
+        (
+            &["demo", "--transport", "carrier-pigeon"][..],
+            "invalid value 'carrier-pigeon'",
+        ),
+        (&["demo", "--count", "0"][..], "--count"),
+        (&["demo", "--listen", "not-an-address"][..], "--listen"),
+        (
+            &[
+                "demo",
+                "--listen",
+                "127.0.0.1:0",
+                "--connect",
+                "127.0.0.1:1",
+            ][..],
+            "cannot be used with",
+        ),
+        (&["frobnicate"][..], "unrecognized subcommand"),
+    ] {
+        let output = run(args);
+        let (_, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
