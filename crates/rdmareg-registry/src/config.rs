@@ -47,6 +47,17 @@ pub struct RdmaConfig {
     /// Deadline attached to every GET. `None` (the default) leaves it to the
     /// backend's own default.
     pub get_deadline: Option<Duration>,
+    /// How long a GET that is the only one in flight busy-polls for its
+    /// completion, on its first poll, before it yields to the runtime.
+    /// Default: 20 µs; `Duration::ZERO` turns it off.
+    ///
+    /// A small GET over shared memory completes in about 2 µs, while waking
+    /// a task that went to sleep costs several microseconds more on top; a
+    /// short spin keeps single-GET latency close to raw UCX. It never spins
+    /// while other transfers are in flight, so windows of GETs (bandwidth)
+    /// are unaffected, and a GET that outlasts the spin costs at most this
+    /// much CPU.
+    pub get_busy_poll: Duration,
     /// The pinned pool.
     pub pool: PoolConfig,
 }
@@ -59,6 +70,7 @@ impl Default for RdmaConfig {
             shutdown_budget: Duration::from_secs(30),
             background_deregistration_budget: Duration::from_secs(30),
             get_deadline: None,
+            get_busy_poll: Duration::from_micros(20),
             pool: PoolConfig::default(),
         }
     }

@@ -18,6 +18,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
@@ -76,6 +77,9 @@ pub(crate) async fn get(
     };
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
     let in_flight = InFlight::new(inner);
+    let alone = inner.transfers_in_flight.load(Ordering::SeqCst) == 1;
+    let busy_poll =
+        (alone && !inner.config.get_busy_poll.is_zero()).then_some(inner.config.get_busy_poll);
     let Some(slot) = dst.take_slot() else {
         return Err(RdmaError::RegionNotFound);
     };
@@ -90,6 +94,7 @@ pub(crate) async fn get(
         ticket: Some(ticket),
         in_flight: Some(in_flight),
         handle: inner.handle.clone(),
+        busy_poll,
     };
     let result = (&mut pending).await;
     let slot = pending.finish();
@@ -112,6 +117,9 @@ struct PendingTransfer {
     ticket: Option<Ticket>,
     in_flight: Option<InFlight>,
     handle: tokio::runtime::Handle,
+    /// Spin this long on the first poll (see `RdmaConfig::get_busy_poll`);
+    /// taken by that poll so later polls never spin.
+    busy_poll: Option<Duration>,
 }
 
 impl PendingTransfer {
@@ -128,10 +136,21 @@ impl Future for PendingTransfer {
     type Output = Result<(), RdmaError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let busy_poll = self.busy_poll.take();
         let Some(transfer) = self.transfer.as_mut() else {
             return Poll::Ready(Err(RdmaError::RegionNotFound));
         };
-        let result = std::task::ready!(transfer.as_mut().poll(cx));
+        let mut polled = transfer.as_mut().poll(cx);
+        if let (Poll::Pending, Some(window)) = (&polled, busy_poll) {
+            let started = Instant::now();
+            while polled.is_pending() && started.elapsed() < window {
+                std::hint::spin_loop();
+                polled = transfer.as_mut().poll(cx);
+            }
+        }
+        let Poll::Ready(result) = polled else {
+            return Poll::Pending;
+        };
         self.transfer = None;
         Poll::Ready(result)
     }

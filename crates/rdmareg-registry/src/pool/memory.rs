@@ -9,6 +9,13 @@
 //! an unmap (or, at the end of shutdown, reported nothing registered). A leak
 //! is a bounded loss; freeing pages a NIC may still write is a
 //! use-after-free nobody can see.
+//!
+//! Arenas of at least [`HUGE_PAGE`] bytes are aligned to it and advised
+//! `MADV_HUGEPAGE` before they are first touched: on shared memory, cma's
+//! `process_vm_readv` walks page tables, and over 4 KiB pages it runs several
+//! times slower than over transparent huge pages (which is also what UCX's own
+//! allocator, and so `ucx_perftest`, uses). Where the kernel refuses the
+//! advice the arena simply stays on small pages.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -16,6 +23,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rdmareg_core::RdmaError;
+
+/// Arenas at least this large are backed by transparent huge pages.
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
+
+/// Ask the kernel to back `[ptr, ptr + len)` with transparent huge pages.
+/// Advice only: a refusal (no THP support, `never` mode) is logged and
+/// changes nothing else.
+fn advise_huge_pages(ptr: NonNull<u8>, len: usize) {
+    // SAFETY: madvise reads no memory through the pointer; the range is a
+    // live allocation of `len` bytes owned by the caller, aligned to
+    // HUGE_PAGE (a multiple of the page size), and MADV_HUGEPAGE changes no
+    // contents.
+    let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+    if rc != 0 {
+        tracing::debug!(
+            error = %std::io::Error::last_os_error(),
+            "MADV_HUGEPAGE refused; arena stays on small pages"
+        );
+    }
+}
 
 /// Page-aligned memory that is freed only when it is known not to be pinned.
 #[derive(Debug)]
@@ -44,15 +71,27 @@ impl PageMemory {
         align: usize,
         leaked_bytes: Arc<AtomicU64>,
     ) -> Result<Self, RdmaError> {
+        if !align.is_power_of_two() {
+            return Err(RdmaError::OutOfRange);
+        }
+        let huge = len >= HUGE_PAGE;
+        let align = if huge { align.max(HUGE_PAGE) } else { align };
         let layout = Layout::from_size_align(len, align)
             .ok()
             .filter(|l| l.size() > 0)
             .ok_or(RdmaError::OutOfRange)?;
         // SAFETY: `layout` has a non-zero size (checked just above).
-        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let raw = unsafe { std::alloc::alloc(layout) };
         let ptr = NonNull::new(raw).ok_or_else(|| {
             RdmaError::Backend(format!("could not allocate {len} B of arena memory"))
         })?;
+        if huge {
+            advise_huge_pages(ptr, len);
+        }
+        // SAFETY: `ptr` is a fresh allocation of `len` bytes, writable and
+        // not yet shared with anything. Zeroing after the advice is what
+        // lets the first touch fault in huge pages.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
         Ok(Self {
             ptr,
             layout,
@@ -93,7 +132,7 @@ impl Drop for PageMemory {
                 .fetch_add(self.layout.size() as u64, Ordering::SeqCst);
             return;
         }
-        // SAFETY: `ptr` came from `alloc_zeroed` with this exact `layout`, is
+        // SAFETY: `ptr` came from `alloc` with this exact `layout`, is
         // freed only here (Drop runs once), and the pages are not registered
         // (never mapped, map failed or was cancelled — which by the backend
         // contract leaves nothing pinned — or the unmap was confirmed).
@@ -111,6 +150,15 @@ mod tests {
         assert_eq!(m.ptr().as_ptr() as usize % 4096, 0);
         // SAFETY: the allocation is `len` bytes, initialised to zero, and not
         // registered with anything, so a shared view of it aliases nothing.
+        let bytes = unsafe { std::slice::from_raw_parts(m.ptr().as_ptr(), m.len()) };
+        assert!(bytes.iter().all(|b| *b == 0));
+    }
+
+    #[test]
+    fn large_arenas_are_huge_page_aligned_and_zeroed() {
+        let m = PageMemory::allocate(2 * HUGE_PAGE, 4096, Arc::default()).unwrap();
+        assert_eq!(m.ptr().as_ptr() as usize % HUGE_PAGE, 0);
+        // SAFETY: as above: a fresh, unregistered, zero-initialised allocation.
         let bytes = unsafe { std::slice::from_raw_parts(m.ptr().as_ptr(), m.len()) };
         assert!(bytes.iter().all(|b| *b == 0));
     }
