@@ -8,7 +8,7 @@ use rdmareg_core::RdmaError;
 
 use super::BackendPair;
 use super::buffer::{KitBuffer, Mapped};
-use super::support::{FILL, assert_live_now, live, plus, poll_once, settle_live};
+use super::support::{FILL, assert_live_now, live, plus, poll_once, settle_live_and_hold};
 use crate::RdmaBackend;
 
 /// Most polls the cancellation check gives one map before dropping it.
@@ -57,7 +57,7 @@ async fn cancel_maps_at_every_await(backend: &dyn RdmaBackend, rollback_within: 
             Some(Err(e)) => panic!("map of a valid buffer failed after {polls} polls: {e}"),
             None => {
                 let what = format!("after a map dropped at poll {polls}");
-                if settle_live(backend, baseline, rollback_within, &what).await {
+                if settle_live_and_hold(backend, baseline, rollback_within, &what).await {
                     buf.mark_unregistered();
                 }
             }

@@ -15,7 +15,8 @@ use rdmareg_core::RdmaError;
 
 use super::buffer::{KitBuffer, Mapped};
 use super::support::{
-    FILL, assert_live_now, get_request, live, plus, poll_once, settle_live, source_byte,
+    FILL, assert_live_now, get_request, live, plus, poll_once, settle_live, settle_live_and_hold,
+    source_byte,
 };
 use super::{BackendPair, kit_runtime};
 use crate::RdmaBackend;
@@ -328,7 +329,7 @@ async fn cancelled_map(model: &mut Model<'_>, side: Side, size: usize, polls: u8
         Some(Err(e)) => panic!("map of a valid buffer failed: {e}"),
         None => {
             let within = model.pair.capabilities.rollback_within;
-            if settle_live(
+            if settle_live_and_hold(
                 backend,
                 model.expected(side),
                 within,

@@ -70,6 +70,34 @@ pub(crate) async fn settle_live(
     }
 }
 
+/// After a cancelled map: [`settle_live`], then insist the count *stays* at
+/// `expected` for [`CANCEL_HOLD`]. A backend whose rollback races a late map
+/// could otherwise show the expected count for a moment, let the kit free
+/// the buffer, and pin it a moment later.
+pub(crate) async fn settle_live_and_hold(
+    backend: &dyn RdmaBackend,
+    expected: Option<usize>,
+    within: Duration,
+    what: &str,
+) -> bool {
+    if !settle_live(backend, expected, within, what).await {
+        return false;
+    }
+    let start = Instant::now();
+    while start.elapsed() < CANCEL_HOLD {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let now = live(backend);
+        assert_eq!(
+            now, expected,
+            "live registrations {what}: reached {expected:?}, then moved to {now:?} (a late map after cancellation)"
+        );
+    }
+    true
+}
+
+/// How long the live count must hold still after a cancelled map.
+pub(crate) const CANCEL_HOLD: Duration = Duration::from_millis(10);
+
 /// `expected` more than `baseline`, keeping "cannot count" as it is.
 pub(crate) fn plus(baseline: Option<usize>, more: usize) -> Option<usize> {
     baseline.map(|n| n + more)
