@@ -1,0 +1,151 @@
+//! An owner and a consumer in one process: each a [`UcxEngine`] with an
+//! [`RdmaRegistry`] over its backend, the consumer's engine knowing the
+//! owner's worker address (and the other way round).
+//!
+//! # Why both engines stay up until the end
+//!
+//! Over tcp a GET is emulated with active messages, so it completes only
+//! while the *owner's* progress thread runs. [`Pair::shut_down`] therefore
+//! takes the consumer down first and the owner last.
+//!
+//! # The shutdown ordering
+//!
+//! [`Side::shut_down`] is the ordering the registry documents: registry
+//! sweep, then engine teardown, then
+//! [`SweptRegistry::finish_after_backend_teardown`](rdmareg_registry::SweptRegistry::finish_after_backend_teardown).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdmareg_backend::RdmaBackend;
+use rdmareg_registry::{PeerId, RdmaConfig, RdmaRegistry, ShutdownReport, TeardownVerdict};
+use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
+
+use crate::{KIB, MIB};
+
+/// How the consumer's engine names the owner.
+pub const OWNER: PeerId = PeerId(1);
+/// How the owner's engine names the consumer.
+pub const CONSUMER: PeerId = PeerId(2);
+
+/// An engine configuration for tests: `transport` on the loopback interface
+/// only, with a short teardown timeout.
+pub fn engine_config(transport: Transport) -> UcxConfig {
+    UcxConfig::default()
+        .with_transport(transport)
+        .with_net_devices("lo")
+        .with_teardown_timeout(Duration::from_secs(2))
+}
+
+/// A registry configuration sized for tests: 256 MiB budget, pooled arenas
+/// from 4 MiB up to 64 MiB, dedicated arenas from 16 MiB, a five-second
+/// background deregistration budget and a ten-second GET deadline.
+pub fn registry_config() -> RdmaConfig {
+    let mut config = RdmaConfig::default();
+    config.budget_bytes = 256 * MIB as u64;
+    config.pool.first_arena_bytes = 4 * MIB as u64;
+    config.pool.max_arena_bytes = 64 * MIB as u64;
+    config.pool.dedicated_threshold_bytes = 16 * MIB as u64;
+    config.pool.retention_floor_bytes = 4 * MIB as u64;
+    config.background_deregistration_budget = Duration::from_secs(5);
+    config.get_deadline = Some(Duration::from_secs(10));
+    debug_assert_eq!(config.page_size, 4 * KIB as u64);
+    config
+}
+
+/// One engine and the registry over it.
+#[derive(Debug)]
+pub struct Side {
+    /// The UCX progress thread's handle.
+    pub engine: UcxEngine,
+    /// The registry over [`engine`](Self::engine)'s backend, spawning on the
+    /// runtime current when the side was started.
+    pub registry: RdmaRegistry,
+}
+
+impl Side {
+    /// Start an engine of `transport` and a registry with `config` over it.
+    /// Must be called inside a Tokio runtime with timers.
+    pub fn start(transport: Transport, config: RdmaConfig) -> Side {
+        let engine = UcxEngine::start(engine_config(transport)).expect("the UCX engine starts");
+        let backend: Arc<dyn RdmaBackend> = engine.backend();
+        let registry = RdmaRegistry::new(backend, config, tokio::runtime::Handle::current())
+            .expect("a valid registry configuration");
+        Side { engine, registry }
+    }
+
+    /// Registrations the engine's progress thread holds (its own count).
+    pub fn engine_live(&self) -> usize {
+        self.engine.live_registrations()
+    }
+
+    /// The documented ordering: registry shutdown with `budget`, engine
+    /// teardown, then the release of what the sweep could not confirm.
+    /// Returns what the sweep did and what the release decided.
+    ///
+    /// # Cancel safety
+    /// Not meant to be cancelled: a cancelled call leaves the side half shut
+    /// down (calling it again completes it).
+    pub async fn shut_down(&self, budget: Duration) -> (ShutdownReport, TeardownVerdict) {
+        let swept = self.registry.shutdown(budget).await;
+        self.engine.shutdown().await;
+        let verdict = swept.finish_after_backend_teardown();
+        (swept.report().clone(), verdict)
+    }
+}
+
+/// An owner and a consumer over the same transport.
+#[derive(Debug)]
+pub struct Pair {
+    /// The side whose memory is read.
+    pub owner: Side,
+    /// The side that GETs; knows the owner as [`OWNER`].
+    pub consumer: Side,
+}
+
+impl Pair {
+    /// Start both sides with `config`, and introduce them to each other.
+    pub fn start(transport: Transport, config: RdmaConfig) -> Pair {
+        crate::init_tracing();
+        let owner = Side::start(transport.clone(), config.clone());
+        let consumer = Side::start(transport, config);
+        consumer
+            .engine
+            .add_peer(OWNER, owner.engine.worker_address())
+            .expect("the consumer records the owner");
+        owner
+            .engine
+            .add_peer(CONSUMER, consumer.engine.worker_address())
+            .expect("the owner records the consumer");
+        Pair { owner, consumer }
+    }
+
+    /// Shut the consumer down, then the owner (see the module docs), each in
+    /// the documented order with `budget`; checks that both engines end with
+    /// nothing registered and that both releases were granted. Returns the
+    /// consumer's and the owner's results, in that order.
+    ///
+    /// # Cancel safety
+    /// As [`Side::shut_down`].
+    pub async fn shut_down(&self, budget: Duration) -> [(ShutdownReport, TeardownVerdict); 2] {
+        let consumer = self.consumer.shut_down(budget).await;
+        let owner = self.owner.shut_down(budget).await;
+        for (side, (_, verdict), live) in [
+            ("consumer", &consumer, self.consumer.engine_live()),
+            ("owner", &owner, self.owner.engine_live()),
+        ] {
+            assert_eq!(live, 0, "{side} engine still holds registrations");
+            assert!(
+                matches!(
+                    verdict,
+                    TeardownVerdict::Released {
+                        backend_live: Some(0),
+                        ..
+                    }
+                ),
+                "{side} release after teardown: {verdict:?}"
+            );
+        }
+        [consumer, owner]
+    }
+}

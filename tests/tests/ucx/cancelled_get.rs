@@ -1,0 +1,169 @@
+//! A GET whose future is dropped mid-flight: the destination buffer is
+//! surrendered (its memory left with the transfer), the transfer still holds
+//! the pool slot — or the dedicated arena — until the backend has finished
+//! writing it, shutdown waits for it, and nothing stays registered.
+//!
+//! The GETs are 32 MiB: tens of milliseconds over tcp and several over
+//! same-host cma, while the checks right after the drop take microseconds.
+
+use std::time::Duration;
+
+use rdmareg_registry::{Descriptor, RdmaError, RegionGuard, TeardownVerdict};
+use rdmareg_tests::{MIB, OWNER, Pair, registry_config};
+use rdmareg_ucx::Transport;
+
+const TRANSFER: usize = 32 * MIB;
+
+per_transport!(
+    a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer,
+    a_dropped_get_into_a_dedicated_buffer_unmaps_the_arena_only_after_the_transfer,
+);
+
+/// The owner's 32 MiB source, and its descriptor as the consumer decoded it.
+async fn large_source(pair: &Pair) -> (RegionGuard, Descriptor) {
+    let guard = pair
+        .owner
+        .registry
+        .register_owned(vec![0x5A; TRANSFER].into_boxed_slice())
+        .await
+        .expect("owned registration");
+    let wire = guard.descriptor().expect("descriptor").encode();
+    (guard, Descriptor::decode(&wire).expect("decodes"))
+}
+
+async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer(
+    transport: Transport,
+) {
+    let mut config = registry_config();
+    // A pooled destination: its slot, not an arena of its own, is what the
+    // transfer holds.
+    config.pool.dedicated_threshold_bytes = 64 * MIB as u64;
+    let pair = Pair::start(transport, config);
+    let consumer = &pair.consumer.registry;
+    let (source, descriptor) = large_source(&pair).await;
+    let mut dst = consumer.alloc_pinned(TRANSFER).await.expect("pool buffer");
+    assert!(!dst.is_dedicated());
+
+    {
+        let mut get = Box::pin(consumer.get(OWNER, &descriptor, &mut dst));
+        assert!(
+            futures::poll!(get.as_mut()).is_pending(),
+            "a 32 MiB GET does not finish at its first poll"
+        );
+    }
+    assert!(
+        dst.is_surrendered(),
+        "a dropped GET surrenders its destination"
+    );
+    assert_eq!(dst.len(), 0);
+    assert!(dst.is_empty());
+    assert_eq!(dst.generation(), None);
+    assert_eq!(dst.descriptor(), Err(RdmaError::RegionNotFound));
+    assert_eq!(
+        consumer.get(OWNER, &descriptor, &mut dst).await,
+        Err(RdmaError::RegionNotFound),
+        "a surrendered buffer is no destination"
+    );
+    drop(dst);
+    // The application let go of the buffer; the transfer has not.
+    let stats = consumer.stats();
+    assert_eq!(stats.transfers_in_flight, 1, "{stats:?}");
+    assert_eq!(
+        stats.live_allocations, 1,
+        "the transfer holds the slot: {stats:?}"
+    );
+
+    let (report, verdict) = pair.consumer.shut_down(Duration::from_secs(8)).await;
+    assert!(
+        report.drained,
+        "shutdown waited for the transfer: {report:?}"
+    );
+    assert_eq!(report.in_flight_at_sweep, 0);
+    assert_eq!(
+        (report.arenas_deregistered, report.arenas_surviving),
+        (1, 0)
+    );
+    assert_eq!(
+        verdict,
+        TeardownVerdict::Released {
+            regions: 0,
+            arenas: 0,
+            backend_live: Some(0)
+        }
+    );
+    assert_eq!(pair.consumer.engine_live(), 0);
+    let stats = consumer.stats();
+    assert_eq!(
+        (
+            stats.transfers_in_flight,
+            stats.live_allocations,
+            stats.pooled_arenas,
+            stats.registered_bytes,
+            stats.leaked_bytes
+        ),
+        (0, 0, 0, 0, 0),
+        "{stats:?}"
+    );
+
+    source
+        .unregister(Duration::from_secs(1))
+        .await
+        .expect("owner unregisters");
+    let (report, _) = pair.owner.shut_down(Duration::from_secs(5)).await;
+    assert!(report.drained);
+    assert_eq!(pair.owner.engine_live(), 0);
+}
+
+async fn a_dropped_get_into_a_dedicated_buffer_unmaps_the_arena_only_after_the_transfer(
+    transport: Transport,
+) {
+    let pair = Pair::start(transport, registry_config());
+    let consumer = &pair.consumer.registry;
+    let (source, descriptor) = large_source(&pair).await;
+    let mut dst = consumer
+        .alloc_pinned(TRANSFER)
+        .await
+        .expect("dedicated buffer");
+    assert!(
+        dst.is_dedicated(),
+        "32 MiB passes the 16 MiB dedicated threshold"
+    );
+    assert_eq!(pair.consumer.engine_live(), 1);
+
+    {
+        let mut get = Box::pin(consumer.get(OWNER, &descriptor, &mut dst));
+        assert!(futures::poll!(get.as_mut()).is_pending());
+    }
+    assert!(dst.is_surrendered());
+    drop(dst);
+    // Dropping a dedicated buffer unmaps its arena — but not while the
+    // transfer still writes it.
+    let stats = consumer.stats();
+    assert_eq!(stats.transfers_in_flight, 1, "{stats:?}");
+    assert_eq!(stats.dedicated_arenas, 1, "{stats:?}");
+    assert_eq!(
+        pair.consumer.engine_live(),
+        1,
+        "the arena stays mapped under the transfer"
+    );
+
+    rdmareg_tests::eventually(Duration::from_secs(5), "the arena is unmapped", || {
+        let stats = consumer.stats();
+        pair.consumer.engine_live() == 0
+            && stats.dedicated_arenas == 0
+            && stats.transfers_in_flight == 0
+    })
+    .await;
+    let stats = consumer.stats();
+    assert_eq!(
+        (stats.registered_bytes, stats.leaked_bytes),
+        (0, 0),
+        "{stats:?}"
+    );
+
+    source
+        .unregister(Duration::from_secs(1))
+        .await
+        .expect("owner unregisters");
+    pair.shut_down(Duration::from_secs(5)).await;
+}

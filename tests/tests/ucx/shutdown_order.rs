@@ -1,0 +1,312 @@
+//! The shutdown ordering over UCX — registry sweep, engine teardown, then
+//! the release of survivors — and background deregistration of guards
+//! dropped without `unregister`.
+
+use std::time::Duration;
+
+use rdmareg_registry::{Descriptor, RdmaError, RdmaRegistry, RegistryStats, TeardownVerdict};
+use rdmareg_tests::{
+    ExternalMemory, KIB, MIB, OWNER, Pair, Side, assert_same_bytes, eventually, expected,
+    patterned, registry_config, within,
+};
+use rdmareg_ucx::Transport;
+
+per_transport!(
+    guards_left_registered_are_released_by_the_shutdown_ordering,
+    a_guard_dropped_without_unregister_deregisters_in_the_background,
+);
+
+/// Every registration the registry tracks is one the engine holds.
+#[track_caller]
+fn assert_engine_matches_registry(side: &Side) {
+    let stats = side.registry.stats();
+    assert_eq!(
+        side.engine_live(),
+        stats.live_regions + stats.pooled_arenas + stats.dedicated_arenas,
+        "{stats:?}"
+    );
+}
+
+/// Nothing left: no regions, arenas, buffers, transfers, charge or leak.
+#[track_caller]
+fn assert_empty(what: &str, registry: &RdmaRegistry) {
+    let stats = registry.stats();
+    let mut empty = RegistryStats::default();
+    empty.budget_bytes = stats.budget_bytes;
+    assert_eq!(stats, empty, "{what}");
+}
+
+async fn guards_left_registered_are_released_by_the_shutdown_ordering(transport: Transport) {
+    let pair = Pair::start(transport, registry_config());
+    let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
+
+    // Registrations the application never unregisters.
+    let mut external = ExternalMemory::patterned(64 * KIB, 1);
+    let external_guard = external
+        .register(owner, 0, 64 * KIB)
+        .await
+        .expect("external registration");
+    let owned_guard = owner
+        .register_owned(patterned(8 * KIB, 2))
+        .await
+        .expect("owned registration");
+    let consumer_guard = consumer
+        .register_owned(patterned(4 * KIB, 3))
+        .await
+        .expect("consumer's own registration");
+    let watches = [
+        external_guard.watch(),
+        owned_guard.watch(),
+        consumer_guard.watch(),
+    ];
+    // A pool buffer on each side that the application still holds.
+    let _owner_buf = owner.alloc_pinned(4 * KIB).await.expect("owner buffer");
+    let mut dst = consumer
+        .alloc_pinned(64 * KIB)
+        .await
+        .expect("consumer buffer");
+    let descriptor = Descriptor::decode(&external_guard.descriptor().unwrap().encode()).unwrap();
+    consumer
+        .get(OWNER, &descriptor, &mut dst)
+        .await
+        .expect("a GET before shutdown");
+    assert_same_bytes("before shutdown", &dst, &expected(1, 0, 64 * KIB));
+    assert_eq!(pair.owner.engine_live(), 3, "two regions and one arena");
+    assert_eq!(pair.consumer.engine_live(), 2, "one region and one arena");
+    assert_engine_matches_registry(&pair.owner);
+    assert_engine_matches_registry(&pair.consumer);
+
+    let [
+        (consumer_report, consumer_verdict),
+        (owner_report, owner_verdict),
+    ] = pair.shut_down(Duration::from_secs(5)).await;
+
+    // What the sweep could not confirm, the release after teardown took.
+    for (side, report, verdict, regions, arenas) in [
+        ("consumer", &consumer_report, consumer_verdict, 1, 1),
+        ("owner", &owner_report, owner_verdict, 2, 1),
+    ] {
+        assert!(report.drained, "{side}: {report:?}");
+        assert_eq!(
+            report.regions_deregistered + report.regions_surviving,
+            regions,
+            "{side}: {report:?}"
+        );
+        assert_eq!(
+            report.arenas_deregistered + report.arenas_surviving,
+            arenas,
+            "{side}: {report:?}"
+        );
+        assert_eq!(
+            verdict,
+            TeardownVerdict::Released {
+                regions: report.regions_surviving,
+                arenas: report.arenas_surviving,
+                backend_live: Some(0),
+            },
+            "{side}"
+        );
+    }
+    for watch in &watches {
+        within(
+            Duration::from_secs(1),
+            "a survivor's release",
+            watch.deregistered(),
+        )
+        .await;
+    }
+    assert!(external_guard.is_deregistered() && owned_guard.is_deregistered());
+    assert!(consumer_guard.is_deregistered());
+    assert!(
+        external.is_released(),
+        "the external memory may be freed now"
+    );
+    assert_empty("owner after shutdown", owner);
+    assert_empty("consumer after shutdown", consumer);
+
+    // Closed for new work; the buffer held through shutdown is still the
+    // application's to read and drop.
+    assert_eq!(
+        consumer.get(OWNER, &descriptor, &mut dst).await,
+        Err(RdmaError::ShuttingDown)
+    );
+    assert_same_bytes("held through shutdown", &dst, &expected(1, 0, 64 * KIB));
+    assert_eq!(
+        consumer.alloc_pinned(4 * KIB).await.err(),
+        Some(RdmaError::ShuttingDown)
+    );
+    let refused = owner
+        .register_owned(patterned(4 * KIB, 4))
+        .await
+        .expect_err("no registrations after shutdown");
+    assert_eq!(refused.error, RdmaError::ShuttingDown);
+    assert_same_bytes("refused buffer", &refused.buffer, &patterned(4 * KIB, 4));
+    // Unregistering a guard the shutdown already released is a no-op success.
+    assert!(owned_guard.unregister(Duration::from_secs(1)).await.is_ok());
+    drop((external_guard, consumer_guard, dst));
+    assert_eq!(pair.owner.engine_live(), 0);
+    assert_eq!(pair.consumer.engine_live(), 0);
+}
+
+async fn a_guard_dropped_without_unregister_deregisters_in_the_background(transport: Transport) {
+    let pair = Pair::start(transport, registry_config());
+    let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
+
+    let mut external = ExternalMemory::patterned(16 * KIB, 5);
+    let external_guard = external
+        .register(owner, 100, 16 * KIB - 100)
+        .await
+        .expect("external registration");
+    let owned_guard = owner
+        .register_owned(patterned(MIB, 6))
+        .await
+        .expect("owned registration");
+    let descriptor = Descriptor::decode(&owned_guard.descriptor().unwrap().encode()).unwrap();
+    let mut dst = consumer.alloc_pinned(MIB).await.expect("consumer buffer");
+    consumer
+        .get(OWNER, &descriptor, &mut dst)
+        .await
+        .expect("GET");
+    assert_same_bytes("before the drop", &dst, &expected(6, 0, MIB));
+    assert_eq!(pair.owner.engine_live(), 2);
+    let watches = [external_guard.watch(), owned_guard.watch()];
+
+    drop(owned_guard);
+    within(
+        Duration::from_secs(5),
+        "the dropped owned guard's release",
+        watches[1].deregistered(),
+    )
+    .await;
+    assert_eq!(pair.owner.engine_live(), 1, "the engine unmapped it");
+    assert!(
+        !watches[0].is_deregistered(),
+        "the other region is untouched"
+    );
+
+    drop(external_guard);
+    within(
+        Duration::from_secs(5),
+        "the dropped external guard's release",
+        external.released(),
+    )
+    .await;
+    assert_eq!(pair.owner.engine_live(), 0);
+    let stats = owner.stats();
+    assert_eq!(
+        (stats.live_regions, stats.registered_bytes),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert!(
+        watches[0].read(|view| view.len()).is_none(),
+        "no reads after release"
+    );
+
+    drop(dst);
+    pair.shut_down(Duration::from_secs(5)).await;
+}
+
+per_transport!(an_arena_under_a_transfer_survives_a_short_sweep_and_is_released_after_teardown);
+
+/// A sweep whose budget is far shorter than a transfer in flight cannot
+/// confirm the unmap of the transfer's arena (the engine parks it until the
+/// transfer lands): the arena survives the sweep, and the registry refuses
+/// to release it while the engine still holds it. Once the transfer has
+/// landed and the engine has been torn down, the release after teardown
+/// takes it. (Tearing the engine down *while* the transfer is in flight is
+/// `teardown_mid_get`.)
+async fn an_arena_under_a_transfer_survives_a_short_sweep_and_is_released_after_teardown(
+    transport: Transport,
+) {
+    // Tens of milliseconds either way; the sweep gets about one.
+    let size = match transport {
+        Transport::Tcp => 64 * MIB,
+        _ => 128 * MIB,
+    };
+    let pair = Pair::start(transport, registry_config());
+    let source = pair
+        .owner
+        .registry
+        .register_owned(vec![0x3C; size].into_boxed_slice())
+        .await
+        .expect("owned registration");
+    let descriptor = Descriptor::decode(&source.descriptor().unwrap().encode()).unwrap();
+    let mut dst = pair
+        .consumer
+        .registry
+        .alloc_pinned(size)
+        .await
+        .expect("destination");
+    let registry = pair.consumer.registry.clone();
+    let transfer = tokio::spawn(async move {
+        let result = registry.get(OWNER, &descriptor, &mut dst).await;
+        (result, dst)
+    });
+    eventually(Duration::from_secs(1), "the transfer is in flight", || {
+        pair.consumer.registry.stats().transfers_in_flight == 1
+    })
+    .await;
+
+    let swept = pair
+        .consumer
+        .registry
+        .shutdown(Duration::from_millis(1))
+        .await;
+    let report = swept.report().clone();
+    assert!(!report.drained, "{report:?}");
+    assert_eq!(report.in_flight_at_sweep, 1, "{report:?}");
+    assert_eq!(
+        (report.arenas_deregistered, report.arenas_surviving),
+        (0, 1),
+        "{report:?}"
+    );
+    // The engine still pins the arena: releasing it now would let its pages
+    // be freed under the transfer.
+    assert_eq!(
+        swept.finish_after_backend_teardown(),
+        TeardownVerdict::Refused {
+            backend_live: 1,
+            regions_open: 0,
+            arenas_open: 1
+        }
+    );
+
+    // An admitted transfer completes; then the engine carries out the unmap
+    // the sweep submitted.
+    let (result, dst) = within(Duration::from_secs(5), "the transfer", transfer)
+        .await
+        .expect("the transfer task ran");
+    assert_eq!(
+        result,
+        Ok(()),
+        "a transfer admitted before shutdown completes"
+    );
+    assert!(!dst.is_surrendered());
+    rdmareg_tests::assert_all("the transferred bytes", &dst, 0x3C);
+    eventually(Duration::from_secs(2), "the parked unmap ran", || {
+        pair.consumer.engine_live() == 0
+    })
+    .await;
+    // Only the release after teardown clears what the sweep left.
+    assert_eq!(pair.consumer.registry.stats().dedicated_arenas, 1);
+    pair.consumer.engine.shutdown().await;
+    assert_eq!(
+        swept.finish_after_backend_teardown(),
+        TeardownVerdict::Released {
+            regions: 0,
+            arenas: 1,
+            backend_live: Some(0)
+        }
+    );
+    drop(dst);
+    assert_empty("consumer after teardown", &pair.consumer.registry);
+
+    source
+        .unregister(Duration::from_secs(1))
+        .await
+        .expect("owner unregisters");
+    let (report, _) = pair.owner.shut_down(Duration::from_secs(5)).await;
+    assert!(report.drained);
+    assert_eq!(pair.owner.engine_live(), 0);
+}
