@@ -308,14 +308,21 @@ fn main() {
             Box::new(a_stopped_peer_makes_a_get_time_out_at_its_deadline),
         ),
     ];
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let args = HarnessArgs::parse(std::env::args().skip(1));
     let selected: Vec<_> = tests
         .iter()
-        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .filter(|(name, _)| args.selects(name))
         .collect();
+    if args.list {
+        // The libtest listing format test runners (cargo-nextest) read:
+        // "<name>: test" per line. Nothing here is ignored.
+        if !args.ignored {
+            for (name, _) in &selected {
+                println!("{name}: test");
+            }
+        }
+        return;
+    }
     println!("\nrunning {} tests", selected.len());
     let mut failed = Vec::new();
     for (name, test) in selected {
@@ -332,5 +339,52 @@ fn main() {
     } else {
         println!("\ntest result: FAILED. failures: {failed:?}");
         std::process::exit(101);
+    }
+}
+
+/// The subset of libtest's command line this harness honours: name filters
+/// (substring, or equality with `--exact`), `--list` (with `--ignored`), and
+/// flags it can ignore (`--nocapture`, `--format <f>`, ...).
+struct HarnessArgs {
+    filters: Vec<String>,
+    exact: bool,
+    list: bool,
+    ignored: bool,
+}
+
+impl HarnessArgs {
+    fn parse(args: impl Iterator<Item = String>) -> Self {
+        let mut parsed = HarnessArgs {
+            filters: Vec::new(),
+            exact: false,
+            list: false,
+            ignored: false,
+        };
+        let mut args = args.peekable();
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--exact" => parsed.exact = true,
+                "--list" => parsed.list = true,
+                "--ignored" => parsed.ignored = true,
+                // Options that take a value: skip the value too.
+                "--format" | "--logfile" | "--test-threads" | "--skip" | "--color" | "-Z" => {
+                    args.next();
+                }
+                flag if flag.starts_with('-') => {}
+                filter => parsed.filters.push(filter.to_owned()),
+            }
+        }
+        parsed
+    }
+
+    fn selects(&self, name: &str) -> bool {
+        self.filters.is_empty()
+            || self.filters.iter().any(|f| {
+                if self.exact {
+                    name == f
+                } else {
+                    name.contains(f.as_str())
+                }
+            })
     }
 }
