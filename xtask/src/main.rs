@@ -5,6 +5,7 @@
 
 mod bindgen;
 mod ci;
+mod fuzz;
 mod run_cli;
 mod ucx;
 mod util;
@@ -22,6 +23,8 @@ tasks:
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
+  fuzz [TARGET|all] [--seconds N]
+                     run the fuzz targets (nightly + cargo-fuzz; 30 s each by default)
 ";
 
 fn main() -> ExitCode {
@@ -47,6 +50,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ci" => ci::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
+        "fuzz" => fuzz::run_task(rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

@@ -115,7 +115,10 @@ impl Message {
                     return Err(bad("offer truncated"));
                 }
                 let address_len = body.get_u32_le() as usize;
-                if body.remaining() < address_len + 4 {
+                if address_len
+                    .checked_add(4)
+                    .is_none_or(|needed| body.remaining() < needed)
+                {
                     return Err(bad("offer truncated in worker address"));
                 }
                 let worker_address = Bytes::copy_from_slice(&body[..address_len]);

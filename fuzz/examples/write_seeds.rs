@@ -1,0 +1,160 @@
+//! Writes the committed seed corpora under `fuzz/corpus/<target>/`: a few
+//! valid inputs per fuzz target, produced by the real encoders so they stay
+//! in step with the formats. Re-run after a format change:
+//!
+//! ```text
+//! cargo run --manifest-path fuzz/Cargo.toml --example write_seeds
+//! ```
+//!
+//! Existing files of the same name are overwritten; other files are left.
+
+#[allow(dead_code)] // only the encoder is used here
+#[path = "../../crates/rdmareg-cli/src/bootstrap.rs"]
+mod bootstrap;
+
+#[path = "../../crates/rdmareg-ucx/tests/packed_key_model/mod.rs"]
+mod packed_key_model;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use bootstrap::{Message, OfferedRange};
+use bytes::{Bytes, BytesMut};
+use packed_key_model::{format, full_key, real_keys};
+use rdmareg_core::{Descriptor, MAX_PACKED_KEY_LEN};
+use rdmareg_ucx::packed_key::validate_packed_key;
+
+fn main() -> std::io::Result<()> {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let keys = distinct_real_keys();
+
+    let mut written = 0;
+    for (target, seeds) in [
+        ("descriptor_decode", descriptor_seeds(&keys)),
+        ("packed_key_validate", packed_key_seeds(&keys)),
+        ("bootstrap_message", bootstrap_seeds(&keys)),
+    ] {
+        let dir = corpus.join(target);
+        std::fs::create_dir_all(&dir)?;
+        for (name, bytes) in seeds {
+            std::fs::write(dir.join(name), bytes)?;
+            written += 1;
+        }
+    }
+    eprintln!("wrote {written} seeds under {}", corpus.display());
+    Ok(())
+}
+
+/// The fixture's keys without repeats (most settings pack the same 9 bytes),
+/// each named after the first setting that produced it.
+fn distinct_real_keys() -> Vec<(String, Vec<u8>)> {
+    let mut seen = BTreeSet::new();
+    real_keys()
+        .into_iter()
+        .filter(|key| seen.insert(key.bytes.clone()))
+        .map(|key| (key.label.replace(['/', '.'], "_"), key.bytes))
+        .collect()
+}
+
+fn descriptor(backend: &str, addr: u64, len: u64, generation: u64, key: &[u8]) -> Descriptor {
+    Descriptor::new(backend, addr, len, generation, Bytes::copy_from_slice(key))
+        .expect("seed descriptor is valid")
+}
+
+fn descriptor_seeds(keys: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
+    let host_key = &keys[0].1;
+    let mut seeds = Vec::new();
+    for (label, key) in keys {
+        let d = descriptor("ucx", 0x7f3a_2000_0000, 1 << 20, 1, key);
+        seeds.push((format!("ucx_{label}"), d.encode().to_vec()));
+    }
+    let loopback = descriptor("loopback", 0x1000, 4096, 42, &7u64.to_le_bytes());
+    seeds.push(("loopback_page".into(), loopback.encode().to_vec()));
+    let largest = descriptor(
+        "ucx",
+        1,
+        u64::MAX - 1,
+        u64::MAX,
+        &[0xA5; MAX_PACKED_KEY_LEN],
+    );
+    seeds.push(("largest_key_and_range".into(), largest.encode().to_vec()));
+
+    // Two descriptors back to back, as several travel in one message.
+    let mut pair = BytesMut::new();
+    loopback.encode_into(&mut pair);
+    descriptor("ucx", 0x5000, 10, 2, host_key).encode_into(&mut pair);
+    seeds.push(("two_concatenated".into(), pair.to_vec()));
+
+    // A descriptor followed by a slice request (offset, length).
+    let mut sliced = descriptor("ucx", 0x10_0000, 65536, 3, host_key)
+        .encode()
+        .to_vec();
+    sliced.extend_from_slice(&4096u64.to_le_bytes());
+    sliced.extend_from_slice(&8192u64.to_le_bytes());
+    seeds.push(("with_slice_request".into(), sliced));
+    seeds
+}
+
+fn packed_key_seeds(keys: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
+    let mut seeds: Vec<_> = keys
+        .iter()
+        .map(|(label, key)| (format!("real_{label}"), key.clone()))
+        .collect();
+    seeds.push(("every_section".into(), full_key()));
+    for (name, key) in &seeds {
+        assert_eq!(validate_packed_key(&format(), key), Ok(()), "{name}");
+    }
+    seeds
+}
+
+fn bootstrap_seeds(keys: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
+    let ranges = keys
+        .iter()
+        .enumerate()
+        .map(|(i, (_, key))| OfferedRange {
+            descriptor: descriptor("ucx", 0x7f3a_2000_0000, 4096, i as u64, key),
+            crc32: 0xCBF4_3926,
+        })
+        .collect();
+    let messages = [
+        (
+            "offer",
+            Message::Offer {
+                worker_address: Bytes::from_static(&[0x5A; 48]),
+                ranges,
+            },
+        ),
+        (
+            "offer_empty",
+            Message::Offer {
+                worker_address: Bytes::new(),
+                ranges: Vec::new(),
+            },
+        ),
+        ("done_verified", Message::Done { verified: true }),
+        ("done_failed", Message::Done { verified: false }),
+        (
+            "owner_shut_down_clean",
+            Message::OwnerShutDown {
+                live_registrations: Some(0),
+            },
+        ),
+        (
+            "owner_shut_down_unknown",
+            Message::OwnerShutDown {
+                live_registrations: None,
+            },
+        ),
+    ];
+    messages
+        .into_iter()
+        .map(|(name, message)| {
+            // Seeds are frame bodies: the target fuzzes the decoder, which
+            // runs after the length prefix was read.
+            let frame = message.encode();
+            let body = frame[4..].to_vec();
+            assert_eq!(Message::decode(&body).expect(name), message);
+            (name.to_owned(), body)
+        })
+        .collect()
+}
