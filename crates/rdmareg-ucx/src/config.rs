@@ -101,8 +101,11 @@ pub struct UcxConfig {
     pub park_timeout: Duration,
     /// Deadline of a GET whose request carries none.
     pub default_get_deadline: Duration,
-    /// How long teardown waits for UCX to release in-flight requests and
-    /// close endpoints before it destroys the worker anyway.
+    /// How long teardown waits before it destroys the worker anyway: for
+    /// GETs in flight to finish (at most three quarters of it), for UCX to
+    /// release what closing the endpoints cancelled, and for replies to GETs
+    /// given up on earlier to stop arriving (see the crate docs on
+    /// software-emulated GET).
     pub teardown_timeout: Duration,
     /// Unpacked remote keys cached per endpoint. Unpacking a key costs more
     /// than the GET it serves on shared memory, so a hit matters.

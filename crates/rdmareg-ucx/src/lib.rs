@@ -48,6 +48,27 @@
 //! layout is unknown gets every key refused. Peer worker addresses are
 //! parsed by UCX unchecked too; they are trusted input by the rule above.
 //!
+//! # Software-emulated GET: a paused or vanishing consumer can abort the owner
+//!
+//! On transports without remote-read hardware (tcp), a GET is served by the
+//! *owner's* UCX progress, which sends the bytes back over the connection.
+//! UCX (1.22, and upstream at the time of writing) treats a send that fails
+//! while it is still answering as fatal: it aborts the owner's process
+//! (`ucp_request.inl`, "Fatal: unexpected error: Endpoint timeout") instead
+//! of dropping the reply. That happens whenever the consumer's connection is
+//! reset while the owner is answering, or before the owner has read the
+//! request — for instance a consumer that gives up on a stopped owner
+//! (debugger, cgroup freezer, long stall) and exits before the owner resumes.
+//!
+//! This engine never causes it by itself where it can help it: teardown lets
+//! GETs in flight finish before closing connections, and after giving up on
+//! GETs (deadline, peer removed or re-added) it keeps the worker up while
+//! their replies still arrive (both bounded by
+//! [`UcxConfig::teardown_timeout`]). What a consumer side cannot prevent is
+//! an owner resuming after its consumer is already gone, or a consumer
+//! crashing mid-GET. Where that matters, prefer transports that read
+//! without the owner: RDMA hardware, or [`Transport::SameHost`] (cma).
+//!
 //! # Errors
 //!
 //! UCX failures surface as [`RdmaError::Backend`] with UCX's status text in

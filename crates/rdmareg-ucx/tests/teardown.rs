@@ -1,6 +1,7 @@
 //! Teardown: every outstanding reply is answered, every registration is
 //! released (the live count reads zero), later commands answer
-//! `ShuttingDown`, and dropping an engine does the same in bounded time.
+//! `ShuttingDown`, GETs in flight land before connections close, and
+//! dropping an engine does the same in bounded time.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{PeerId, RdmaError};
-use rdmareg_ucx::Transport;
+use rdmareg_ucx::{Transport, UcxEngine};
 
 const MIB: usize = 1024 * 1024;
 
@@ -54,6 +55,67 @@ async fn shutdown_with_regions_mapped_and_gets_in_flight_ends_with_nothing_regis
     // Only now may the memory go.
     drop(dsts);
     drop(src);
+}
+
+/// On tcp the owner answers a GET by sending the bytes from inside its UCX
+/// progress, and UCX aborts the owner's whole process when the consumer's
+/// connection is reset while it is still answering. So a consumer that shuts
+/// down with a GET in flight lets it finish before closing its connections.
+/// Both engines live in this process: an abort fails this binary outright.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_mid_get_lets_the_owner_finish_answering() {
+    let (owner, consumer) = engines(Transport::Tcp);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(64 * MIB, pattern);
+    let src_region = map(&ob, &src).await;
+    let desc = describe(&src, &src_region);
+    let want = src.snapshot();
+    let dst = PageBuf::zeroed(64 * MIB);
+    let region = map(&cb, &dst).await;
+    // Connect first, so the large request reaches the owner at once.
+    let warm = desc.slice(0, 8).unwrap();
+    assert_eq!(
+        cb.get(get_request(OWNER, &warm, &region, 0, None)).await,
+        Ok(())
+    );
+
+    let get = {
+        let cb = cb.clone();
+        let request = get_request(OWNER, &desc, &region, 0, None);
+        tokio::spawn(async move { cb.get(request).await })
+    };
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    consumer.shutdown().await;
+    let answer = get.await.unwrap();
+    assert!(
+        matches!(answer, Ok(()) | Err(RdmaError::ShuttingDown)),
+        "a GET in flight at teardown answered {answer:?}"
+    );
+    assert!(
+        dst.snapshot() == want,
+        "teardown closed the connection before the GET in flight had landed"
+    );
+    assert_eq!(consumer.live_registrations(), 0);
+
+    // The owner survived and still serves.
+    let next = UcxEngine::start(config(Transport::Tcp)).expect("consumer engine starts");
+    next.add_peer(OWNER, owner.worker_address()).unwrap();
+    let nb = next.backend();
+    let next_dst = PageBuf::zeroed(64 * MIB);
+    let next_region = map(&nb, &next_dst).await;
+    assert_eq!(
+        nb.get(get_request(OWNER, &desc, &next_region, 0, None))
+            .await,
+        Ok(())
+    );
+    assert!(
+        next_dst.snapshot() == want,
+        "bytes served after the first consumer left"
+    );
+    next.shutdown().await;
+    owner.shutdown().await;
+    assert_eq!(owner.live_registrations(), 0);
+    drop((dst, next_dst, src));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

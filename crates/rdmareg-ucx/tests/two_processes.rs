@@ -47,7 +47,11 @@ fn unhex(text: &str) -> Vec<u8> {
 /// The owner role: register `SIZE` bytes of the pattern, announce them, and
 /// serve until stdin closes.
 fn owner_main() {
-    init_tracing();
+    // Logs go to stderr: stdout carries the READY line.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
     let transport = transport_named(&std::env::var(TRANSPORT).expect("transport"));
     let size: usize = std::env::var(SIZE).expect("size").parse().expect("size");
     let engine = UcxEngine::start(config(transport)).expect("owner engine starts");
@@ -111,6 +115,23 @@ impl Owner {
         // SAFETY: kill takes no pointers; the pid is our own live child.
         let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
         assert_eq!(rc, 0, "signal {signal} to the owner");
+    }
+
+    /// Stops the owner with SIGSTOP and waits until every thread of it has
+    /// stopped: the signal is delivered asynchronously, so without the wait
+    /// the owner may still serve a GET issued right after `kill` returns.
+    fn stop(&self) {
+        self.signal(libc::SIGSTOP);
+        let pid = self.child.id() as libc::pid_t;
+        let mut status: libc::c_int = 0;
+        // SAFETY: `status` is a valid out-pointer; the pid is our own child,
+        // and WUNTRACED only reports (and consumes) its stop, not its exit.
+        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+        assert_eq!(rc, pid, "waiting for the owner to stop");
+        assert!(
+            libc::WIFSTOPPED(status),
+            "the owner did not stop: {status:#x}"
+        );
     }
 
     /// Closes stdin so the owner tears down, and waits for it.
@@ -246,7 +267,7 @@ fn a_stopped_peer_makes_a_get_time_out_at_its_deadline() {
         Ok(())
     );
 
-    owner.signal(libc::SIGSTOP);
+    owner.stop();
     let deadline = Duration::from_millis(500);
     let started = Instant::now();
     let answer = rt.block_on(backend.get(get_request(
@@ -268,6 +289,10 @@ fn a_stopped_peer_makes_a_get_time_out_at_its_deadline() {
     let started = Instant::now();
     assert_eq!(rt.block_on(backend.unmap(region.backend_region_id)), Ok(()));
     assert!(started.elapsed() < Duration::from_secs(2));
+    // The owner still holds the abandoned request unread and answers it as
+    // soon as it resumes; UCX aborts an owner whose consumer's connection
+    // closes under such an answer, so teardown must keep the connection up
+    // while the late reply arrives.
     owner.signal(libc::SIGCONT);
     engine.shutdown_blocking();
     assert_eq!(engine.live_registrations(), 0);

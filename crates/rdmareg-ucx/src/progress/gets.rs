@@ -170,6 +170,15 @@ impl OpTable {
         None
     }
 
+    /// Active GETs posted on the endpoint numbered `serial`.
+    pub(crate) fn active_on_endpoint(&self, serial: u64) -> usize {
+        (0..self.slots.len() as u32)
+            .filter_map(|slot| self.op(slot))
+            // SAFETY: as in `op`.
+            .filter(|&op| unsafe { (*op).endpoint_serial == serial })
+            .count()
+    }
+
     /// Takes every pending answer (teardown).
     pub(crate) fn take_all_replies(&mut self) -> Vec<Reply<()>> {
         let slots: Vec<u32> = (0..self.slots.len() as u32).collect();

@@ -16,6 +16,13 @@
 //!   tag receives), so the engine force-closes the endpoint, which is what
 //!   makes UCX release every request on it — and with them the destination
 //!   regions they hold.
+//! - Closing an endpoint under GETs this engine gave up on (deadline, peer
+//!   removed or re-added) does not stop the peer from answering them: on
+//!   software-emulated transports the peer still sends the bytes, into a
+//!   connection UCX keeps open for receiving, where they are dropped. The
+//!   table counts such abandoned GETs so teardown can keep the connections
+//!   up while those replies may still arrive (see `teardown`). An endpoint
+//!   UCX declared failed abandons nothing: its connection is already gone.
 //! - A GET to a peer never added answers [`RdmaError::NotConfigured`].
 //! - Each endpoint's error-callback context is a small heap record freed when
 //!   its close completes, or after the worker is destroyed.
@@ -70,12 +77,31 @@ pub(crate) struct PeerTable {
     closing: Vec<ClosingEndpoint>,
     /// Contexts that may still be called back until the worker is gone.
     parked_contexts: Vec<*mut ErrorContext>,
+    /// GETs that were in flight on endpoints this engine closed on its own
+    /// initiative; their peers may still be sending the replies.
+    abandoned_gets: usize,
+}
+
+/// Why an endpoint is being closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CloseCause {
+    /// UCX reported the endpoint failed: the connection is already broken.
+    Failed,
+    /// This engine decided to close it (deadline, peer removed or re-added,
+    /// teardown) while the connection may be healthy.
+    Local,
 }
 
 impl PeerTable {
     /// Whether endpoint closes are still in progress.
     pub(crate) fn closing_count(&self) -> usize {
         self.closing.len()
+    }
+
+    /// GETs abandoned on endpoints this engine closed while their peers may
+    /// still be answering them.
+    pub(crate) fn abandoned_gets(&self) -> usize {
+        self.abandoned_gets
     }
 
     /// The current endpoint serial of `peer`, if it has a live endpoint.
@@ -136,7 +162,7 @@ impl Engine {
             existing.address = address;
             if let Some(endpoint) = existing.endpoint.take() {
                 tracing::debug!(%peer, "peer re-added with a new address; closing its endpoint");
-                self.close_endpoint(endpoint);
+                self.close_endpoint(endpoint, CloseCause::Local);
             }
             return;
         }
@@ -157,7 +183,7 @@ impl Engine {
             .remove(&peer)
             .and_then(|mut p| p.endpoint.take())
         {
-            self.close_endpoint(endpoint);
+            self.close_endpoint(endpoint, CloseCause::Local);
         }
     }
 
@@ -220,7 +246,7 @@ impl Engine {
         let peer = *peer;
         if let Some(endpoint) = entry.endpoint.take() {
             tracing::warn!(%peer, serial, status = %status_text(status), "endpoint failed; closing it, the next GET reconnects");
-            self.close_endpoint(endpoint);
+            self.close_endpoint(endpoint, CloseCause::Failed);
         }
     }
 
@@ -241,13 +267,26 @@ impl Engine {
             .and_then(|p| p.endpoint.take());
         if let Some(endpoint) = endpoint {
             tracing::warn!(%peer, serial, "GET deadline passed; force-closing the endpoint so UCX releases its requests");
-            self.close_endpoint(endpoint);
+            self.close_endpoint(endpoint, CloseCause::Local);
         }
     }
 
     /// Starts closing `endpoint` (forcibly when peer error handling is on)
     /// after retiring its remote keys.
-    pub(super) fn close_endpoint(&mut self, endpoint: Endpoint) {
+    pub(super) fn close_endpoint(&mut self, endpoint: Endpoint, cause: CloseCause) {
+        // Without peer error handling the close flushes: it waits for the
+        // GETs instead of abandoning them.
+        if cause == CloseCause::Local && self.settings.peer_error_handling {
+            let in_flight = self.ops.active_on_endpoint(endpoint.serial);
+            if in_flight > 0 {
+                tracing::debug!(
+                    serial = endpoint.serial,
+                    in_flight,
+                    "closing an endpoint under GETs its peer may still answer"
+                );
+                self.peers.abandoned_gets += in_flight;
+            }
+        }
         for rkey in self.rkeys.retire_endpoint(endpoint.serial) {
             // SAFETY: the table returns only keys no posted GET uses; the
             // worker is live; each is destroyed once (it left the table).
@@ -294,7 +333,7 @@ impl Engine {
             .filter_map(|p| p.endpoint.take())
             .collect();
         for endpoint in endpoints {
-            self.close_endpoint(endpoint);
+            self.close_endpoint(endpoint, CloseCause::Local);
         }
     }
 }
