@@ -3,17 +3,25 @@
 //! nothing registered and its arena released, and the owner, a separate
 //! party, keeps serving other consumers.
 //!
-//! These scenarios run in a child process ([`isolated`]): when UCX aborts
-//! the process on them, one test fails instead of the whole binary. With
-//! UCX 1.22 they currently do abort, in two ways worth recognising in a
-//! failure's output:
+//! These scenarios run in a child process ([`isolated`]): if UCX aborts the
+//! process, one test fails instead of the whole binary. Two UCX 1.22 aborts
+//! are behind them:
 //!
 //! - same-host: `arbiter.c: Assertion 'ucs_arbiter_group_is_empty(group)'
-//!   failed`, raised by `ucp_worker_destroy` in the *consumer's* engine
-//!   teardown while its cma GET is still queued inside UCX;
+//!   failed`, raised by `ucp_worker_destroy` when the consumer's engine was
+//!   destroyed with a cma GET still queued inside UCX. The engine now drains
+//!   GETs before it closes endpoints and destroys the worker.
 //! - tcp: `ucp_request.inl: Fatal: unexpected error: Endpoint timeout`,
-//!   raised in the *owner's* progress loop while it still sends the
-//!   emulated GET's reply to the consumer that went away.
+//!   raised in the *owner's* progress loop while it still sends the emulated
+//!   GET's reply to a consumer whose connection was reset. UCX has no error
+//!   path there; the engine's drain and idle wait make the consumer's own
+//!   teardown wait for the reply, but a consumer that cannot wait (killed,
+//!   or out of teardown time on a loaded machine) still takes the owner down.
+//!
+//! Whether a round really tears down *under* the transfer depends on timing
+//! (a 128 MiB cma GET takes ~10 ms); each round records whether the sweep
+//! found the destination arena still busy, and the scenario requires at
+//! least one such round.
 
 use std::time::Duration;
 
@@ -26,7 +34,7 @@ use rdmareg_ucx::Transport;
 const ROUNDS: usize = 5;
 
 #[test]
-#[ignore = "known UCX 1.22 abort: the owner's worker fatals (ucp_request.inl:356, Endpoint timeout) when a consumer tears down under an emulated GET; fix in progress in rdmareg-ucx"]
+#[ignore = "UCX 1.22 aborts the owner (rma_sw.c reply path, ucp_request.inl:356) when a consumer's connection resets mid-reply; the engine's teardown drain avoids it on an idle machine but not reliably under CI load"]
 fn a_consumer_torn_down_mid_get_over_tcp_is_released_and_the_owner_keeps_serving() {
     isolated(
         concat!(
@@ -44,7 +52,6 @@ fn a_consumer_torn_down_mid_get_over_tcp_is_released_and_the_owner_keeps_serving
 }
 
 #[test]
-#[ignore = "known UCX 1.22 abort: ucp_worker_destroy asserts (arbiter.c:36) when the engine tears down under an in-flight cma GET; fix in progress in rdmareg-ucx"]
 fn a_consumer_torn_down_mid_get_over_same_host_is_released_and_the_owner_keeps_serving() {
     isolated(
         concat!(
@@ -71,6 +78,7 @@ async fn consumers_torn_down_mid_get(transport: Transport, size: usize) {
         .expect("owned registration");
     let wire = source.descriptor().expect("descriptor").encode();
 
+    let mut exercised = 0;
     for round in 0..ROUNDS {
         let consumer = Side::start(transport.clone(), registry_config());
         consumer
@@ -88,19 +96,22 @@ async fn consumers_torn_down_mid_get(transport: Transport, size: usize) {
             let result = registry.get(OWNER, &descriptor, &mut dst).await;
             (result, dst)
         });
-        eventually(Duration::from_secs(1), "the transfer is in flight", || {
-            consumer.registry.stats().transfers_in_flight == 1
+        eventually(Duration::from_secs(1), "the transfer was admitted", || {
+            consumer.registry.stats().transfers_in_flight == 1 || transfer.is_finished()
         })
         .await;
         tokio::time::sleep(Duration::from_millis(2)).await;
 
         let (report, verdict) = consumer.shut_down(Duration::from_millis(1)).await;
-        assert_eq!(report.arenas_surviving, 1, "round {round}: {report:?}");
+        // 1 when the sweep found the arena still under the transfer.
+        let busy = report.arenas_surviving;
+        assert!(busy <= 1, "round {round}: {report:?}");
+        exercised += busy;
         assert_eq!(
             verdict,
             TeardownVerdict::Released {
                 regions: 0,
-                arenas: 1,
+                arenas: busy,
                 backend_live: Some(0)
             },
             "round {round}"
@@ -139,6 +150,10 @@ async fn consumers_torn_down_mid_get(transport: Transport, size: usize) {
         assert_eq!(fresh.engine_live(), 0);
     }
 
+    assert!(
+        exercised >= 1,
+        "no round tore the consumer down while its GET was in flight"
+    );
     source
         .unregister(Duration::from_secs(1))
         .await
