@@ -2,15 +2,18 @@
 //! `ucx_perftest -t ucp_get` from the same UCX on the same transport.
 //!
 //! ```text
-//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N]
+//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N]
 //! ```
 //!
 //! Two engines in one process (owner and consumer) on the loopback
-//! interface. Latency: 8 B GETs, one outstanding, 20 000 iterations after a
-//! warm-up, reported as median / p99 / mean — once with a caller that
-//! busy-polls its future (the engine's own cost) and once with a tokio
-//! current-thread runtime (adds the caller's wake-up). Bandwidth: 64 KiB,
-//! 1 MiB and 16 MiB GETs with a window of outstanding requests.
+//! interface. Latency: 8 B and 1 MiB GETs, one outstanding, up to 20 000
+//! iterations after a warm-up, reported as median / p99 / mean — once with
+//! a caller that polls its future without ever sleeping (the engine's own
+//! cost) and once with a tokio current-thread runtime (adds the caller's
+//! wake-up, 15–30 µs on a virtual machine). Bandwidth: 64 KiB, 1 MiB and
+//! 16 MiB GETs with a window of outstanding requests (`--window` overrides
+//! it for every size), once into the same destination bytes as ucx_perftest
+//! does and once into a slot per outstanding GET.
 //!
 //! Unless `--no-perftest` is given, `ucx_perftest` (server and client, two
 //! processes) is run for the same sizes and the ratios are printed.
@@ -29,12 +32,13 @@ use rdmareg_core::{BackendGet, BackendRegion, PeerId};
 use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
 
 const OWNER: PeerId = PeerId(1);
-const LATENCY_ITERS: usize = 20_000;
-const WARMUP_ITERS: usize = 2_000;
+/// Sizes whose single-outstanding latency is measured.
+const LATENCY_SIZES: [usize; 2] = [8, 1 << 20];
 const BANDWIDTH_SIZES: [(usize, usize); 3] = [(64 << 10, 16), (1 << 20, 8), (16 << 20, 4)];
 
 /// Polls `future` in a loop on this thread until it is ready: a caller that
-/// never sleeps, so no wake-up cost is measured.
+/// never sleeps, so no wake-up cost is measured. It yields between polls,
+/// so a progress thread that shares its CPU still gets to run.
 fn spin_on<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
     let mut cx = Context::from_waker(Waker::noop());
@@ -42,7 +46,7 @@ fn spin_on<F: Future>(future: F) -> F::Output {
         if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
             return output;
         }
-        std::hint::spin_loop();
+        std::thread::yield_now();
     }
 }
 
@@ -51,32 +55,46 @@ fn spin_on<F: Future>(future: F) -> F::Output {
 /// its `thp` method). `process_vm_readv` over 4 KiB pages is several times
 /// slower than over huge pages, so the comparison is only fair with them.
 struct Buffer {
+    /// The whole mapping (what `munmap` gets).
+    mapping: *mut libc::c_void,
+    mapping_len: usize,
+    /// The usable bytes: `len` bytes from the first huge-page boundary.
     ptr: *mut u8,
     len: usize,
 }
 
+/// Transparent huge pages cover only 2 MiB-aligned 2 MiB ranges, so buffers
+/// start on such a boundary (as UCX's `thp` allocations do); otherwise the
+/// head of every buffer would sit on small pages.
+const HUGE_PAGE: usize = 2 << 20;
+
 impl Buffer {
     fn new(len: usize, huge_pages: bool, fill: u8) -> Buffer {
+        let mapping_len = len + HUGE_PAGE;
         // SAFETY: an anonymous private mapping; no pointer arguments.
-        let ptr = unsafe {
+        let mapping = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                mapping_len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
-        assert_ne!(ptr, libc::MAP_FAILED, "mmap of {len} bytes");
+        assert_ne!(mapping, libc::MAP_FAILED, "mmap of {mapping_len} bytes");
+        let ptr = (mapping as usize).next_multiple_of(HUGE_PAGE) as *mut u8;
         if huge_pages {
             // SAFETY: advice on the mapping just created; failure is harmless.
-            unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
+            unsafe { libc::madvise(mapping, mapping_len, libc::MADV_HUGEPAGE) };
         }
-        // SAFETY: the mapping is `len` writable bytes that nothing else uses.
-        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), fill, len) };
+        // SAFETY: `[ptr, ptr + len)` lies inside the mapping (at most
+        // HUGE_PAGE - 1 bytes of padding precede it) and nothing else uses it.
+        unsafe { std::ptr::write_bytes(ptr, fill, len) };
         Buffer {
-            ptr: ptr.cast(),
+            mapping,
+            mapping_len,
+            ptr,
             len,
         }
     }
@@ -90,7 +108,7 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         // SAFETY: unmaps the mapping made in `new`, once, after its
         // registration is gone (the engines were shut down first).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        unsafe { libc::munmap(self.mapping, self.mapping_len) };
     }
 }
 
@@ -170,12 +188,19 @@ fn summarize(mut samples: Vec<Duration>) -> Latency {
     }
 }
 
-fn latency_spinning(s: &Setup) -> Latency {
-    let request = s.request(8, 0);
-    for _ in 0..WARMUP_ITERS {
+/// Latency iterations for `size`: 20 000 for small GETs, fewer for large
+/// ones (4 GiB moved at most), never under 1 000.
+fn latency_iters(size: usize) -> usize {
+    ((4usize << 30) / size).clamp(1_000, 20_000)
+}
+
+fn latency_spinning(s: &Setup, size: usize) -> Latency {
+    let request = s.request(size, 0);
+    let iters = latency_iters(size);
+    for _ in 0..iters / 10 {
         spin_on(s.backend.get(request.clone())).unwrap();
     }
-    let samples = (0..LATENCY_ITERS)
+    let samples = (0..iters)
         .map(|_| {
             let started = Instant::now();
             spin_on(s.backend.get(request.clone())).unwrap();
@@ -185,17 +210,18 @@ fn latency_spinning(s: &Setup) -> Latency {
     summarize(samples)
 }
 
-fn latency_tokio(s: &Setup) -> Latency {
+fn latency_tokio(s: &Setup, size: usize) -> Latency {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let request = s.request(8, 0);
+    let request = s.request(size, 0);
+    let iters = latency_iters(size);
     runtime.block_on(async {
-        for _ in 0..WARMUP_ITERS {
+        for _ in 0..iters / 10 {
             s.backend.get(request.clone()).await.unwrap();
         }
-        let mut samples = Vec::with_capacity(LATENCY_ITERS);
-        for _ in 0..LATENCY_ITERS {
+        let mut samples = Vec::with_capacity(iters);
+        for _ in 0..iters {
             let started = Instant::now();
             s.backend.get(request.clone()).await.unwrap();
             samples.push(started.elapsed());
@@ -288,6 +314,14 @@ fn main() {
         .iter()
         .find_map(|a| a.strip_prefix("--spin-us="))
         .map(|us| Duration::from_micros(us.parse().expect("--spin-us=<microseconds>")));
+    let window_override: Option<usize> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--window="))
+        .map(|n| n.parse().expect("--window=<outstanding GETs>"));
+    let bandwidth_runs: Vec<(usize, usize)> = BANDWIDTH_SIZES
+        .iter()
+        .map(|&(size, window)| (size, window_override.unwrap_or(window).max(1)))
+        .collect();
     let (transport, env): (Transport, Vec<(&str, &str)>) = match transport_name {
         "tcp" => (
             Transport::Tcp,
@@ -303,32 +337,34 @@ fn main() {
         ),
         other => panic!("unknown transport {other:?}: use tcp or same-host"),
     };
-    let max_dest = BANDWIDTH_SIZES.iter().map(|(s, w)| s * w).max().unwrap();
+    let max_dest = bandwidth_runs.iter().map(|(s, w)| s * w).max().unwrap();
     let s = setup(transport, max_dest, huge_pages, spin);
 
     println!(
         "transport: {transport_name}, huge pages: {huge_pages}, engine spin window: {spin:?} (None = default)"
     );
-    let spin = latency_spinning(&s);
-    let tokio = latency_tokio(&s);
-    println!(
-        "8 B GET, caller spinning : median {:6.2} us  p99 {:6.2} us  mean {:6.2} us",
-        spin.median_us, spin.p99_us, spin.mean_us
-    );
-    println!(
-        "8 B GET, tokio caller    : median {:6.2} us  p99 {:6.2} us  mean {:6.2} us",
-        tokio.median_us, tokio.p99_us, tokio.mean_us
-    );
-    let perf_latency = run_perftest
-        .then(|| perftest(&env, 8, LATENCY_ITERS, 1))
-        .flatten();
-    if let Some((p50, _)) = perf_latency {
+    for size in LATENCY_SIZES {
+        let spin = latency_spinning(&s, size);
+        let tokio = latency_tokio(&s, size);
         println!(
-            "8 B ucx_perftest (-O 1)  : median {p50:6.2} us   -> rdmareg spinning median - perftest = {:+.2} us",
-            spin.median_us - p50
+            "{size:>8} B GET, caller spinning : median {:7.2} us  p99 {:7.2} us  mean {:7.2} us",
+            spin.median_us, spin.p99_us, spin.mean_us
         );
+        println!(
+            "{size:>8} B GET, tokio caller    : median {:7.2} us  p99 {:7.2} us  mean {:7.2} us",
+            tokio.median_us, tokio.p99_us, tokio.mean_us
+        );
+        let perf_latency = run_perftest
+            .then(|| perftest(&env, size, latency_iters(size), 1))
+            .flatten();
+        if let Some((p50, _)) = perf_latency {
+            println!(
+                "{size:>8} B ucx_perftest (-O 1)  : median {p50:7.2} us   -> rdmareg spinning median - perftest = {:+.2} us",
+                spin.median_us - p50
+            );
+        }
     }
-    for (size, window) in BANDWIDTH_SIZES {
+    for (size, window) in bandwidth_runs {
         let ours = bandwidth(&s, size, window, false);
         let distinct = bandwidth(&s, size, window, true);
         let theirs = run_perftest
