@@ -78,8 +78,8 @@ pub(crate) async fn get(
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
     let in_flight = InFlight::new(inner);
     let alone = inner.transfers_in_flight.load(Ordering::SeqCst) == 1;
-    let busy_poll =
-        (alone && !inner.config.get_busy_poll.is_zero()).then_some(inner.config.get_busy_poll);
+    let busy_poll = (alone && !inner.config.get_busy_poll.is_zero())
+        .then(|| busy_poll_window(inner.config.get_busy_poll, src.len()));
     let Some(slot) = dst.take_slot() else {
         return Err(RdmaError::RegionNotFound);
     };
@@ -107,6 +107,21 @@ pub(crate) async fn get(
     }
 }
 
+/// Bytes per microsecond a busy-polled GET is assumed to move (10 GB/s,
+/// shared-memory speed): the poll window grows by the transfer's expected
+/// duration, so a lone GET of a few MiB still completes without a wake-up.
+const BUSY_POLL_BYTES_PER_MICROSECOND: u64 = 10_000;
+/// Longest busy-poll window, whatever the size: past it a wake-up costs
+/// under a tenth of the transfer.
+const BUSY_POLL_CAP: Duration = Duration::from_micros(200);
+
+/// The busy-poll window of a lone GET of `len` bytes: the configured base
+/// plus the transfer's expected duration, capped.
+fn busy_poll_window(base: Duration, len: u64) -> Duration {
+    let expected = Duration::from_micros(len / BUSY_POLL_BYTES_PER_MICROSECOND);
+    (base + expected).min(BUSY_POLL_CAP.max(base))
+}
+
 /// A GET in flight and everything it holds. Polled by the caller; if it is
 /// dropped before the GET answered, its `Drop` detaches the GET onto the
 /// runtime so the slot, ticket and count are released only when the backend
@@ -117,7 +132,7 @@ struct PendingTransfer {
     ticket: Option<Ticket>,
     in_flight: Option<InFlight>,
     handle: tokio::runtime::Handle,
-    /// Spin this long on the first poll (see `RdmaConfig::get_busy_poll`);
+    /// Poll this long on the first poll (see `RdmaConfig::get_busy_poll`);
     /// taken by that poll so later polls never spin.
     busy_poll: Option<Duration>,
 }
@@ -144,7 +159,9 @@ impl Future for PendingTransfer {
         if let (Poll::Pending, Some(window)) = (&polled, busy_poll) {
             let started = Instant::now();
             while polled.is_pending() && started.elapsed() < window {
-                std::hint::spin_loop();
+                // Yield rather than spin: the thread that completes the GET
+                // may share this CPU.
+                std::thread::yield_now();
                 polled = transfer.as_mut().poll(cx);
             }
         }
@@ -192,5 +209,23 @@ impl Drop for HeldSlot {
             );
             std::mem::forget(slot);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_poll_grows_with_size_and_is_capped() {
+        let base = Duration::from_micros(20);
+        assert_eq!(busy_poll_window(base, 8), base);
+        assert_eq!(
+            busy_poll_window(base, 1 << 20),
+            base + Duration::from_micros((1 << 20) / BUSY_POLL_BYTES_PER_MICROSECOND)
+        );
+        assert_eq!(busy_poll_window(base, 1 << 30), BUSY_POLL_CAP);
+        let large_base = Duration::from_millis(1);
+        assert_eq!(busy_poll_window(large_base, 1 << 30), large_base);
     }
 }
