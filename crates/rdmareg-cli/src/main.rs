@@ -14,6 +14,7 @@ mod bootstrap;
 mod cli;
 mod demo;
 mod node;
+mod owner_process;
 mod pattern;
 mod stats;
 

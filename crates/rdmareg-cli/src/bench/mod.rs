@@ -16,20 +16,17 @@ mod pool;
 mod report;
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use rdmareg_core::{Descriptor, PeerId};
 use rdmareg_registry::PinnedBuf;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::process::Command;
 
 use crate::bootstrap::{self, Message, OfferedRange};
 use crate::cli::{BenchArgs, BenchOwnerArgs, TransportArg};
-use crate::demo::LISTENING_PREFIX;
 use crate::node::{self, Node};
+use crate::owner_process::{self, LISTENING_PREFIX};
 use crate::pattern;
 use crate::stats::{Samples, mebibytes_per_second};
 
@@ -278,24 +275,17 @@ async fn start_owner(
     transport: TransportArg,
     size: u64,
 ) -> anyhow::Result<(tokio::process::Child, TcpStream, Offered)> {
-    let program = std::env::current_exe().context("locating the rdmareg binary")?;
-    let mut child = Command::new(program)
-        .args(["bench-owner", "--transport", transport.name()])
-        .args(["--size", &size.to_string(), "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the benchmark owner")?;
-    let stdout = child.stdout.take().context("owner stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .context("the benchmark owner did not start within 30 s")??
-        .context("the benchmark owner exited before listening")?;
-    let address = line
-        .strip_prefix(LISTENING_PREFIX)
-        .with_context(|| format!("unexpected owner output: {line}"))?
-        .to_owned();
+    let owner = owner_process::start(&[
+        "bench-owner".to_owned(),
+        "--transport".to_owned(),
+        transport.name().to_owned(),
+        "--size".to_owned(),
+        size.to_string(),
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+    ])
+    .await?;
+    let (child, address) = (owner.child, owner.address);
     let mut stream = TcpStream::connect(&address).await?;
     stream.set_nodelay(true)?;
     match bootstrap::receive(&mut stream).await? {

@@ -9,17 +9,12 @@
 mod consumer;
 mod owner;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
 
 use crate::cli::DemoArgs;
-
-/// First line the owner prints once it listens; the rest is the address.
-pub const LISTENING_PREFIX: &str = "owner listening on ";
+use crate::owner_process::{self, OwnerProcess};
 
 /// Run the demo as the arguments say.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
@@ -34,34 +29,23 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 /// Start the owner as a child process, then be the consumer.
 async fn run_both(args: DemoArgs) -> anyhow::Result<()> {
-    let program = std::env::current_exe().context("locating the rdmareg binary")?;
-    let mut child = Command::new(program)
-        .arg("demo")
-        .args(["--listen", "127.0.0.1:0"])
-        .args(["--transport", args.transport.name()])
-        .args(["--size", &args.size.to_string()])
-        .args(["--count", &args.count.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the owner process")?;
-    let stdout = child.stdout.take().context("owner stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .context("the owner did not start listening within 30 s")?
-        .context("reading the owner's output")?;
-    let address = match first
-        .as_deref()
-        .and_then(|l| l.strip_prefix(LISTENING_PREFIX))
-    {
-        Some(address) => address.to_owned(),
-        None => {
-            let status = child.wait().await.ok();
-            bail!("the owner process failed to start (exit status {status:?})");
-        }
-    };
+    let owner = owner_process::start(&[
+        "demo".to_owned(),
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--transport".to_owned(),
+        args.transport.name().to_owned(),
+        "--size".to_owned(),
+        args.size.to_string(),
+        "--count".to_owned(),
+        args.count.to_string(),
+    ])
+    .await?;
+    let OwnerProcess {
+        mut child,
+        address,
+        mut lines,
+    } = owner;
     let forward = tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
             println!("[owner] {line}");

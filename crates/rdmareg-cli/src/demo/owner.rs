@@ -11,8 +11,8 @@ use tokio::net::TcpListener;
 
 use crate::bootstrap::{self, Message, OfferedRange};
 use crate::cli::DemoArgs;
-use crate::demo::LISTENING_PREFIX;
 use crate::node::{self, Node};
+use crate::owner_process::LISTENING_PREFIX;
 use crate::pattern;
 
 /// What the owner registered: half the ranges are slices of one external
