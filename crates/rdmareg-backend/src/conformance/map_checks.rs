@@ -1,14 +1,13 @@
 //! Checks of `map`: cancellation at every await point (contract point 1) and
 //! degenerate inputs (contract point 6).
 
-use std::task::Poll;
 use std::time::Duration;
 
 use rdmareg_core::RdmaError;
 
 use super::BackendPair;
 use super::buffer::{KitBuffer, Mapped};
-use super::support::{FILL, assert_live_now, live, plus, poll_once, settle_live_and_hold};
+use super::support::{FILL, assert_live_now, live, plus, poll_then_drop, settle_live_and_hold};
 use crate::RdmaBackend;
 
 /// Most polls the cancellation check gives one map before dropping it.
@@ -35,18 +34,8 @@ async fn cancel_maps_at_every_await(backend: &dyn RdmaBackend, rollback_within: 
     for polls in 0..=MAX_CANCEL_POLLS {
         let mut buf = KitBuffer::filled(8192 + 3, |_| FILL);
         buf.mark_registered();
-        let mut map = backend.map(buf.addr(), buf.len());
-        let mut answer = None;
-        for poll in 0..polls {
-            if poll > 0 {
-                tokio::time::sleep(POLL_GAP).await;
-            }
-            if let Poll::Ready(result) = poll_once(map.as_mut()) {
-                answer = Some(result);
-                break;
-            }
-        }
-        drop(map);
+        let map = backend.map(buf.addr(), buf.len());
+        let answer = poll_then_drop(map, polls, POLL_GAP).await;
         match answer {
             Some(Ok(region)) => {
                 assert_live_now(backend, plus(baseline, 1), "after a completed map");

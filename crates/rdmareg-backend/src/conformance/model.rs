@@ -15,8 +15,8 @@ use rdmareg_core::RdmaError;
 
 use super::buffer::{KitBuffer, Mapped};
 use super::support::{
-    FILL, assert_live_now, get_request, live, plus, poll_once, settle_live, settle_live_and_hold,
-    source_byte,
+    FILL, assert_live_now, get_request, live, plus, poll_once, poll_then_drop, settle_live,
+    settle_live_and_hold, source_byte,
 };
 use super::{BackendPair, kit_runtime};
 use crate::RdmaBackend;
@@ -312,18 +312,8 @@ async fn cancelled_map(model: &mut Model<'_>, side: Side, size: usize, polls: u8
     let backend = model.backend(side);
     let mut buf = KitBuffer::filled(size, fill_for(side));
     buf.mark_registered();
-    let mut map = backend.map(buf.addr(), buf.len());
-    let mut answer = None;
-    for poll in 0..polls {
-        if poll > 0 {
-            tokio::time::sleep(POLL_GAP).await;
-        }
-        if let Poll::Ready(result) = poll_once(map.as_mut()) {
-            answer = Some(result);
-            break;
-        }
-    }
-    drop(map);
+    let map = backend.map(buf.addr(), buf.len());
+    let answer = poll_then_drop(map, usize::from(polls), POLL_GAP).await;
     match answer {
         Some(Ok(region)) => model.regions(side).push(Mapped { buf, region }),
         Some(Err(e)) => panic!("map of a valid buffer failed: {e}"),

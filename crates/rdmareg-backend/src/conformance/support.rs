@@ -30,6 +30,24 @@ pub(crate) fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Outp
     future.poll(&mut Context::from_waker(Waker::noop()))
 }
 
+/// Poll `future` up to `polls` times, `gap` apart, then drop it, as a
+/// caller that gives up would. Answers its output if it finished first.
+pub(crate) async fn poll_then_drop<F: Future + ?Sized>(
+    mut future: Pin<Box<F>>,
+    polls: usize,
+    gap: Duration,
+) -> Option<F::Output> {
+    for poll in 0..polls {
+        if poll > 0 {
+            tokio::time::sleep(gap).await;
+        }
+        if let Poll::Ready(output) = poll_once(future.as_mut()) {
+            return Some(output);
+        }
+    }
+    None
+}
+
 /// The backend's own registration count, if it keeps one.
 pub(crate) fn live(backend: &dyn RdmaBackend) -> Option<usize> {
     backend.live_registrations()

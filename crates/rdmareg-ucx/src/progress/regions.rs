@@ -85,21 +85,7 @@ impl Engine {
                 // unmapped once, here; it is in no table.
                 if let Err(unmap_err) = unsafe { self.context.unmap(memh) } {
                     tracing::error!(error = %unmap_err, region = id, "could not undo a registration whose key failed to pack; it stays registered until teardown");
-                    // Keep it counted and in the table (refusing GETs), so
-                    // teardown retries it and the live count stays honest.
-                    self.regions.insert(
-                        id,
-                        Region {
-                            memh,
-                            ptr,
-                            len,
-                            in_flight: 0,
-                            unmap_waiters: Some(Vec::new()),
-                        },
-                    );
-                    self.signals
-                        .live_registrations
-                        .fetch_add(1, Ordering::SeqCst);
+                    self.keep_stuck_registration(id, memh, ptr, len);
                 }
                 let _ = reply.send(Err(err));
                 return;
@@ -115,19 +101,7 @@ impl Engine {
                 Ok(()) => return,
                 Err(err) => {
                     tracing::error!(error = %err, region = id, "could not undo an abandoned map; it stays registered until teardown");
-                    self.regions.insert(
-                        id,
-                        Region {
-                            memh,
-                            ptr,
-                            len,
-                            in_flight: 0,
-                            unmap_waiters: Some(Vec::new()),
-                        },
-                    );
-                    self.signals
-                        .live_registrations
-                        .fetch_add(1, Ordering::SeqCst);
+                    self.keep_stuck_registration(id, memh, ptr, len);
                     return;
                 }
             }
@@ -165,6 +139,25 @@ impl Engine {
 
     /// What UCX reports it registered, if that covers the request; else the
     /// page-enclosing range.
+    /// A registration whose undo (`ucp_mem_unmap`) failed: keep it counted
+    /// and in the table, already unmapping so it refuses GETs, so teardown
+    /// retries it and the live count stays honest.
+    fn keep_stuck_registration(&mut self, id: u64, memh: MemHandle, ptr: usize, len: usize) {
+        self.regions.insert(
+            id,
+            Region {
+                memh,
+                ptr,
+                len,
+                in_flight: 0,
+                unmap_waiters: Some(Vec::new()),
+            },
+        );
+        self.signals
+            .live_registrations
+            .fetch_add(1, Ordering::SeqCst);
+    }
+
     fn effective_range(&self, memh: MemHandle, ptr: usize, len: usize) -> (u64, u64) {
         let (start, len) = (ptr as u64, len as u64);
         if let Some((addr, mapped)) = self.context.mapped_range(memh) {
