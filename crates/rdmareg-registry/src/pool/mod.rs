@@ -203,29 +203,19 @@ async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<A
         effective = ?PageRange { start: region.effective_addr, len: region.effective_len },
         "arena mapped"
     );
-    if late {
+    let refusal = if late {
+        Some((RdmaError::ShuttingDown, "mapped after the shutdown sweep"))
+    } else {
+        descriptor
+            .err()
+            .map(|error| (error.into(), "key unusable in a descriptor"))
+    };
+    if let Some((error, why)) = refusal {
         arena
             .dedicated_in_use
             .store(false, std::sync::atomic::Ordering::SeqCst);
-        spawn_arena_release(
-            Arc::clone(inner),
-            arena,
-            None,
-            "mapped after the shutdown sweep",
-        );
-        return Err(RdmaError::ShuttingDown);
-    }
-    if let Err(error) = descriptor {
-        arena
-            .dedicated_in_use
-            .store(false, std::sync::atomic::Ordering::SeqCst);
-        spawn_arena_release(
-            Arc::clone(inner),
-            arena,
-            None,
-            "key unusable in a descriptor",
-        );
-        return Err(error.into());
+        spawn_arena_release(Arc::clone(inner), arena, None, why);
+        return Err(error);
     }
     Ok(arena)
 }
