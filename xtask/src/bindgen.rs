@@ -9,7 +9,8 @@
 //!
 //! The allowlist is the UCP surface the engine uses and nothing more:
 //! context, worker and endpoint lifecycle, wake-up, memory mapping, remote
-//! keys, GET, flush, request handling and status strings, with every
+//! keys, GET, active messages (the owner-served reads), flush, request
+//! handling and status strings, with every
 //! parameter struct, field-mask enum and flag those calls take. C enums
 //! become plain constants under their C names (`UCS_OK`, `UCP_FEATURE_RMA`)
 //! so values UCX returns that these headers do not list are still valid Rust.
@@ -60,6 +61,13 @@ const FUNCTIONS: &[&str] = &[
     "ucp_rkey_destroy",
     // Transfers and requests.
     "ucp_get_nbx",
+    // Raw-peer tests send an emulated PUT to prove an engine refuses it.
+    "ucp_put_nbx",
+    // Owner-served reads: active messages and their rendezvous receive.
+    "ucp_worker_set_am_recv_handler",
+    "ucp_am_send_nbx",
+    "ucp_am_recv_data_nbx",
+    "ucp_am_data_release",
     "ucp_request_check_status",
     "ucp_request_cancel",
     "ucp_request_free",
@@ -89,6 +97,10 @@ const TYPES: &[&str] = &[
     "ucp_mem_attr_field",
     "ucp_op_attr_t",
     "ucp_req_attr_field",
+    "ucp_am_handler_param_field",
+    "ucp_am_cb_flags",
+    "ucp_send_am_flags",
+    "ucp_am_recv_attr_t",
 ];
 
 /// Constants: the API version the headers declare, and the members of the

@@ -51,6 +51,11 @@ pub type ucs_sock_addr_t = ucs_sock_addr;
 ```*/
 pub type ucp_tag_recv_info_t = ucp_tag_recv_info;
 /**```text
+@ingroup UCP_WORKER
+ @brief Operation parameters provided in @ref ucp_am_recv_callback_t callback.
+```*/
+pub type ucp_am_recv_param_t = ucp_am_recv_param;
+/**```text
 @ingroup UCP_CONTEXT
  @brief UCP Application Context
 
@@ -371,6 +376,68 @@ pub type ucp_am_recv_data_nbx_callback_t = ::std::option::Option<
 pub type ucp_wakeup_event_types = ::std::os::raw::c_uint;
 /**```text
 @ingroup UCP_ENDPOINT
+ @brief Callback to process incoming Active Message sent by
+ @ref ucp_am_send_nbx routine.
+
+ The callback is always called from the progress context, therefore calling
+ @ref ucp_worker_progress() is not allowed. It is recommended to define
+ callbacks with relatively short execution time to avoid blocking of
+ communication progress.
+
+ @param [in]  arg           User-defined argument.
+ @param [in]  header        User defined active message header.
+                            If @a header_length is 0, this value is undefined
+                            and must not be accessed.
+ @param [in]  header_length Active message header length in bytes.
+ @param [in]  data          Points to the received data if @a
+                            UCP_AM_RECV_ATTR_FLAG_RNDV flag is not set in
+                            @ref ucp_am_recv_param_t.recv_attr. Otherwise
+                            it points to the internal UCP descriptor which
+                            can further be used for initiating data receive
+                            by using @ref ucp_am_recv_data_nbx routine.
+ @param [in]  length        Length of data. If @a UCP_AM_RECV_ATTR_FLAG_RNDV
+                            flag is set in @ref ucp_am_recv_param_t.recv_attr,
+                            it indicates the required receive buffer size for
+                            initiating rendezvous protocol.
+ @param [in]  param         Data receive parameters.
+
+ @return UCS_OK         @a data will not persist after the callback returns.
+                        If UCP_AM_RECV_ATTR_FLAG_RNDV flag is set in
+                        @a param->recv_attr and @ref ucp_am_recv_data_nbx was
+                        not called for this data, the data descriptor will be
+                        dropped and the corresponding @ref ucp_am_send_nbx
+                        call will complete with UCS_OK status.
+
+ @return UCS_INPROGRESS Can only be returned if @a param->recv_attr flags
+                        contains UCP_AM_RECV_ATTR_FLAG_DATA or
+                        UCP_AM_RECV_ATTR_FLAG_RNDV. The @a data will persist
+                        after the callback has returned. To free the memory,
+                        a pointer to the data must be passed into
+                        @ref ucp_am_data_release or data receive is initiated
+                        by @ref ucp_am_recv_data_nbx.
+
+ @return otherwise      Can only be returned if @a param->recv_attr contains
+                        UCP_AM_RECV_ATTR_FLAG_RNDV. In this case data
+                        descriptor @a data will be dropped and the
+                        corresponding @ref ucp_am_send_nbx call on the
+                        sender side will complete with the status returned
+                        from the callback.
+
+ @note This callback should be set and released
+       by @ref ucp_worker_set_am_recv_handler function.
+```*/
+pub type ucp_am_recv_callback_t = ::std::option::Option<
+    unsafe extern "C" fn(
+        arg: *mut ::std::os::raw::c_void,
+        header: *const ::std::os::raw::c_void,
+        header_length: usize,
+        data: *mut ::std::os::raw::c_void,
+        length: usize,
+        param: *const ucp_am_recv_param_t,
+    ) -> ucs_status_t,
+>;
+/**```text
+@ingroup UCP_ENDPOINT
  @brief Tuning parameters for the UCP endpoint.
 
  The structure defines the parameters that are used for the
@@ -491,6 +558,21 @@ pub type _bindgen_ty_4 = ::std::os::raw::c_uint;
 ```*/
 pub type _bindgen_ty_5 = ::std::os::raw::c_uint;
 /**```text
+@ingroup UCP_WORKER
+ @brief Flags for a UCP Active Message callback.
+
+ Flags that indicate how to handle UCP Active Messages.
+```*/
+pub type ucp_am_cb_flags = ::std::os::raw::c_uint;
+/**```text
+@ingroup UCP_WORKER
+ @brief Flags for sending a UCP Active Message.
+
+ Flags dictate the behavior of @ref ucp_am_send_nb and @ref ucp_am_send_nbx
+ routines.
+```*/
+pub type ucp_send_am_flags = ::std::os::raw::c_uint;
+/**```text
 @ingroup UCP_COMM
  @brief UCP operation fields and flags
 
@@ -507,6 +589,23 @@ pub type ucp_op_attr_t = ::std::os::raw::c_uint;
  present. It is used to enable backward compatibility support.
 ```*/
 pub type ucp_req_attr_field = ::std::os::raw::c_uint;
+/**```text
+@ingroup UCP_COMM
+ @brief UCP AM receive data parameter fields and flags
+
+ The enumeration allows specifying which fields in @ref ucp_am_recv_param_t
+ are present and receive operation flags are used. It is used to enable
+ backward compatibility support.
+```*/
+pub type ucp_am_recv_attr_t = ::std::os::raw::c_uint;
+/**```text
+@ingroup UCP_COMM
+ @brief UCP AM receive data parameters fields and flags
+
+ The enumeration allows specifying which fields in @ref ucp_am_handler_param_t
+ are present. It is used to enable backward compatibility support.
+```*/
+pub type ucp_am_handler_param_field = ::std::os::raw::c_uint;
 /**```text
 @ingroup UCP_CONFIG
  @brief Tuning parameters for UCP library.
@@ -553,6 +652,12 @@ pub type ucp_worker_params_t = ucp_worker_params;
  UCP memory mapping tuning during the @ref ucp_mem_map "ucp_mem_map" routine.
 ```*/
 pub type ucp_mem_map_params_t = ucp_mem_map_params;
+/**```text
+@ingroup UCP_WORKER
+ @brief Active Message handler parameters passed to
+        @ref ucp_worker_set_am_recv_handler routine.
+```*/
+pub type ucp_am_handler_param_t = ucp_am_handler_param;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct sockaddr {
@@ -1265,6 +1370,58 @@ Number of elements in the remote descriptor. When set (along with
 ```*/
     pub remote_count: usize,
 }
+/**```text
+@ingroup UCP_WORKER
+ @brief Active Message handler parameters passed to
+        @ref ucp_worker_set_am_recv_handler routine.
+```*/
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_am_handler_param {
+    /**```text
+Mask of valid fields in this structure, using bits from
+ @ref ucp_am_handler_param_field. Fields not specified in this mask will
+ be ignored. Provides ABI compatibility with respect to adding new fields.
+```*/
+    pub field_mask: u64,
+    /**```text
+Active Message id.
+ @warning Value must be between 0 and UINT16_MAX.
+```*/
+    pub id: ::std::os::raw::c_uint,
+    /**```text
+Handler flags as defined by @ref ucp_am_cb_flags.
+```*/
+    pub flags: u32,
+    /**```text
+Active Message callback. To clear the already set callback, this value
+ should be set to NULL.
+```*/
+    pub cb: ucp_am_recv_callback_t,
+    /**```text
+Active Message argument, which will be passed in to every invocation of
+ @ref ucp_am_recv_callback_t function as the @a arg argument.
+```*/
+    pub arg: *mut ::std::os::raw::c_void,
+}
+/**```text
+@ingroup UCP_WORKER
+ @brief Operation parameters provided in @ref ucp_am_recv_callback_t callback.
+```*/
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_am_recv_param {
+    /**```text
+Mask of valid fields in this structure and receive operation flags, using
+ bits from @ref ucp_am_recv_attr_t. Fields not specified in this mask will
+ be ignored. Provides ABI compatibility with respect to adding new fields.
+```*/
+    pub recv_attr: u64,
+    /**```text
+Endpoint, which can be used for the reply to this message.
+```*/
+    pub reply_ep: ucp_ep_h,
+}
 pub const UCP_API_MAJOR: u32 = 1;
 pub const UCP_API_MINOR: u32 = 22;
 /**```text
@@ -1849,6 +2006,40 @@ pub const UCP_MEM_MAP_PROT_REMOTE_READ: _bindgen_ty_5 = 256;
 ```*/
 pub const UCP_MEM_MAP_PROT_REMOTE_WRITE: _bindgen_ty_5 = 512;
 /**```text
+Indicates that the entire message will be handled in one callback.
+```*/
+pub const UCP_AM_FLAG_WHOLE_MSG: ucp_am_cb_flags = 1;
+/**```text
+Guarantees that the specified @ref ucp_am_recv_callback_t callback,
+ will always be called with @ref UCP_AM_RECV_ATTR_FLAG_DATA flag set,
+ so the data will be accessible outside the callback, until
+ @ref ucp_am_data_release is called.
+```*/
+pub const UCP_AM_FLAG_PERSISTENT_DATA: ucp_am_cb_flags = 2;
+/**```text
+Force relevant reply endpoint to be passed to the data callback on the receiver.
+```*/
+pub const UCP_AM_SEND_FLAG_REPLY: ucp_send_am_flags = 1;
+/**```text
+Force UCP to use only eager protocol for AM sends.
+```*/
+pub const UCP_AM_SEND_FLAG_EAGER: ucp_send_am_flags = 2;
+/**```text
+Force UCP to use only rendezvous protocol for AM sends.
+```*/
+pub const UCP_AM_SEND_FLAG_RNDV: ucp_send_am_flags = 4;
+/**```text
+The flag indicates that the header should be copied to an internal buffer
+ in case it's needed after the send function returns. If this flag is
+ specified, the header can be released immediately after the send
+ function returns, even if the non-blocking send request is not completed.
+```*/
+pub const UCP_AM_SEND_FLAG_COPY_HEADER: ucp_send_am_flags = 8;
+/**```text
+Backward compatibility.
+```*/
+pub const UCP_AM_SEND_REPLY: ucp_send_am_flags = 1;
+/**```text
 < request field
 ```*/
 pub const UCP_OP_ATTR_FIELD_REQUEST: ucp_op_attr_t = 1;
@@ -1938,6 +2129,42 @@ pub const UCP_REQUEST_ATTR_FIELD_INFO_STRING: ucp_req_attr_field = 1;
 pub const UCP_REQUEST_ATTR_FIELD_INFO_STRING_SIZE: ucp_req_attr_field = 2;
 pub const UCP_REQUEST_ATTR_FIELD_STATUS: ucp_req_attr_field = 4;
 pub const UCP_REQUEST_ATTR_FIELD_MEM_TYPE: ucp_req_attr_field = 8;
+/**```text
+< reply_ep field
+```*/
+pub const UCP_AM_RECV_ATTR_FIELD_REPLY_EP: ucp_am_recv_attr_t = 1;
+/**```text
+Indicates that the data provided in @ref ucp_am_recv_callback_t callback
+ can be held by the user. If UCS_INPROGRESS is returned from the callback,
+ the data parameter will persist and the user has to call
+ @ref ucp_am_data_release when data is no longer needed. This flag is
+ mutually exclusive with @a UCP_AM_RECV_ATTR_FLAG_RNDV.
+```*/
+pub const UCP_AM_RECV_ATTR_FLAG_DATA: ucp_am_recv_attr_t = 65536;
+/**```text
+Indicates that the arriving data was sent using rendezvous protocol.
+ In this case @a data parameter of the @ref ucp_am_recv_callback_t points
+ to the internal UCP descriptor, which can be used for obtaining the actual
+ data by calling @ref ucp_am_recv_data_nbx routine. This flag is mutually
+ exclusive with @a UCP_AM_RECV_ATTR_FLAG_DATA.
+```*/
+pub const UCP_AM_RECV_ATTR_FLAG_RNDV: ucp_am_recv_attr_t = 131072;
+/**```text
+Indicates that @ref ucp_am_handler_param_t.id field is valid.
+```*/
+pub const UCP_AM_HANDLER_PARAM_FIELD_ID: ucp_am_handler_param_field = 1;
+/**```text
+Indicates that @ref ucp_am_handler_param_t.flags field is valid.
+```*/
+pub const UCP_AM_HANDLER_PARAM_FIELD_FLAGS: ucp_am_handler_param_field = 2;
+/**```text
+Indicates that @ref ucp_am_handler_param_t.cb field is valid.
+```*/
+pub const UCP_AM_HANDLER_PARAM_FIELD_CB: ucp_am_handler_param_field = 4;
+/**```text
+Indicates that @ref ucp_am_handler_param_t.arg field is valid.
+```*/
+pub const UCP_AM_HANDLER_PARAM_FIELD_ARG: ucp_am_handler_param_field = 8;
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ucp_params"][::std::mem::size_of::<ucp_params>() - 88usize];
@@ -2194,6 +2421,43 @@ const _: () = {
         "Offset of field: ucp_request_param_t::remote_count",
     ][::std::mem::offset_of!(ucp_request_param_t, remote_count) - 88usize];
 };
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of ucp_am_handler_param",
+    ][::std::mem::size_of::<ucp_am_handler_param>() - 32usize];
+    [
+        "Alignment of ucp_am_handler_param",
+    ][::std::mem::align_of::<ucp_am_handler_param>() - 8usize];
+    [
+        "Offset of field: ucp_am_handler_param::field_mask",
+    ][::std::mem::offset_of!(ucp_am_handler_param, field_mask) - 0usize];
+    [
+        "Offset of field: ucp_am_handler_param::id",
+    ][::std::mem::offset_of!(ucp_am_handler_param, id) - 8usize];
+    [
+        "Offset of field: ucp_am_handler_param::flags",
+    ][::std::mem::offset_of!(ucp_am_handler_param, flags) - 12usize];
+    [
+        "Offset of field: ucp_am_handler_param::cb",
+    ][::std::mem::offset_of!(ucp_am_handler_param, cb) - 16usize];
+    [
+        "Offset of field: ucp_am_handler_param::arg",
+    ][::std::mem::offset_of!(ucp_am_handler_param, arg) - 24usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ucp_am_recv_param"][::std::mem::size_of::<ucp_am_recv_param>() - 16usize];
+    [
+        "Alignment of ucp_am_recv_param",
+    ][::std::mem::align_of::<ucp_am_recv_param>() - 8usize];
+    [
+        "Offset of field: ucp_am_recv_param::recv_attr",
+    ][::std::mem::offset_of!(ucp_am_recv_param, recv_attr) - 0usize];
+    [
+        "Offset of field: ucp_am_recv_param::reply_ep",
+    ][::std::mem::offset_of!(ucp_am_recv_param, reply_ep) - 8usize];
+};
 /**```text
 Callback function that is invoked whenever the
  send or receive operation is completed.
@@ -2318,6 +2582,24 @@ impl Default for ucp_request_param_t__bindgen_ty_2 {
     }
 }
 impl Default for ucp_request_param_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ucp_am_handler_param {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ucp_am_recv_param {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -3054,6 +3336,227 @@ unsafe extern "C" {
  @param [in]  rkey         Remote key to destroy.
 ```*/
     pub fn ucp_rkey_destroy(rkey: ucp_rkey_h);
+    /**```text
+@ingroup UCP_WORKER
+ @brief Add user defined callback for Active Message.
+
+ This routine installs a user defined callback to handle incoming Active
+ Messages with a specific id. This callback is called whenever an Active
+ Message that was sent from the remote peer by @ref ucp_am_send_nbx is
+ received on this worker.
+
+ @warning Handlers set by this function are not compatible with
+@ref ucp_am_send_nb routine.
+
+ @param [in]  worker      UCP worker on which to set the Active Message
+                          handler.
+ @param [in]  param       Active Message handler parameters, as defined by
+                          @ref ucp_am_handler_param_t.
+
+ @return error code if the worker does not support Active Messages or
+         requested callback flags.
+```*/
+    pub fn ucp_worker_set_am_recv_handler(
+        worker: ucp_worker_h,
+        param: *const ucp_am_handler_param_t,
+    ) -> ucs_status_t;
+    /**```text
+@ingroup UCP_COMM
+ @brief Send Active Message.
+
+ This routine sends an Active Message to an ep. If the operation completes
+ immediately, then the routine returns NULL and the callback function is
+ ignored, even if specified. Otherwise, if no error is reported and a callback
+ is requested (i.e. the UCP_OP_ATTR_FIELD_CALLBACK flag is set in the
+ op_attr_mask field of @a param), then the UCP library will schedule
+ invocation of the callback routine @a param->cb.send upon completion of the
+ operation.
+
+ @note If UCP_OP_ATTR_FLAG_NO_IMM_CMPL flag is set in the op_attr_mask field
+       of @a param, then the operation will return a request handle, even if
+       it completes immediately.
+ @note This operation supports specific flags, which can be passed
+       in @a param by @ref ucp_request_param_t.flags. The exact set of flags
+       is defined by @ref ucp_send_am_flags.
+
+ @param [in]  ep            UCP endpoint where the Active Message will be run.
+ @param [in]  id            Active Message id. Specifies which registered
+                            callback to run.
+ @param [in]  header        User defined Active Message header. NULL value is
+                            allowed if no header needed. In this case
+                            @a header_length must be set to 0.
+                            By default the header must be valid until
+                            the active message send operation completes.
+                            If the flag @ref UCP_AM_SEND_FLAG_COPY_HEADER
+                            is specified, the header is only required to be
+                            valid until this function call returns.
+ @param [in]  header_length Active message header length in bytes.
+ @param [in]  buffer        Pointer to the data to be sent to the target node
+                            of the Active Message.
+ @param [in]  count         Number of elements to send.
+ @param [in]  param         Operation parameters, see @ref ucp_request_param_t.
+
+ @note Sending only header without actual data is allowed and is recommended
+       for transferring a latency-critical amount of data.
+ @note The maximum allowed header size can be obtained by querying worker
+       attributes by the @ref ucp_worker_query routine.
+
+
+ @return NULL                 - Active Message was sent immediately.
+ @return UCS_PTR_IS_ERR(_ptr) - Error sending Active Message.
+ @return otherwise            - Operation was scheduled for send and can be
+                                completed at any point in time. The request
+                                handle is returned to the application in order
+                                to track progress of the message. If user
+                                request was not provided in @a param->request,
+                                the application is responsible for releasing
+                                the handle using @ref ucp_request_free routine.
+```*/
+    pub fn ucp_am_send_nbx(
+        ep: ucp_ep_h,
+        id: ::std::os::raw::c_uint,
+        header: *const ::std::os::raw::c_void,
+        header_length: usize,
+        buffer: *const ::std::os::raw::c_void,
+        count: usize,
+        param: *const ucp_request_param_t,
+    ) -> ucs_status_ptr_t;
+    /**```text
+@ingroup UCP_COMM
+ @brief Receive Active Message as defined by provided data descriptor.
+
+ This routine receives a message that is described by the data descriptor
+ @a data_desc, local address @a buffer, size @a count and @a param
+ parameters on the @a worker. The routine is non-blocking and therefore
+ returns immediately. The receive operation is considered completed when the
+ message is delivered to the @a buffer. If the receive operation cannot be
+ started the routine returns an error.
+
+ @note This routine can be performed on any valid data descriptor delivered in
+       @ref ucp_am_recv_callback_t.
+       Data descriptor is considered to be valid if:
+       - It is a rendezvous request (@a UCP_AM_RECV_ATTR_FLAG_RNDV is set in
+         @ref ucp_am_recv_param_t.recv_attr) or
+       - It is a persistent data pointer (@a UCP_AM_RECV_ATTR_FLAG_DATA is set
+         in @ref ucp_am_recv_param_t.recv_attr). In this case receive
+         operation may be needed to unpack data to device memory (for example
+         GPU device) or some specific datatype.
+ @note After this call UCP takes ownership of @a data_desc descriptor, so
+       there is no need to release it even if the operation fails.
+       The routine returns a request handle instead, which can be used for
+       tracking operation progress.
+
+ @param [in]  worker     Worker that is used for the receive operation.
+ @param [in]  data_desc  Data descriptor, provided in
+@ref ucp_am_recv_callback_t routine.
+ @param [in]  buffer     Pointer to the buffer to receive the data.
+ @param [in]  count      Number of elements to receive into @a buffer.
+ @param [in]  param      Operation parameters, see @ref ucp_request_param_t.
+
+ @return NULL                 - The receive operation was completed
+                                immediately. In this case, if
+                                @a param->recv_info.length is specified in the
+                                @a param, the value to which it points is updated
+                                with the size of the received message.
+ @return UCS_PTR_IS_ERR(_ptr) - The receive operation failed.
+ @return otherwise            - Receive operation was scheduled and can be
+                                completed at any point in time. The request
+                                handle is returned to the application in order
+                                to track operation progress. If user
+                                request was not provided in @a param->request,
+                                the application is responsible for releasing
+                                the handle using @ref ucp_request_free routine.
+```*/
+    pub fn ucp_am_recv_data_nbx(
+        worker: ucp_worker_h,
+        data_desc: *mut ::std::os::raw::c_void,
+        buffer: *mut ::std::os::raw::c_void,
+        count: usize,
+        param: *const ucp_request_param_t,
+    ) -> ucs_status_ptr_t;
+    /**```text
+@ingroup UCP_COMM
+ @brief Releases Active Message data.
+
+ This routine releases data that persisted through an Active Message
+ callback because that callback returned UCS_INPROGRESS.
+
+ @param [in] worker       Worker which received the Active Message.
+ @param [in] data         Pointer to data that was passed into
+                          the Active Message callback as the data
+                          parameter.
+```*/
+    pub fn ucp_am_data_release(worker: ucp_worker_h, data: *mut ::std::os::raw::c_void);
+    /**```text
+@ingroup UCP_COMM
+ @brief Non-blocking remote memory put operation.
+
+ This routine initiates a storage of contiguous block of data that is
+ described by the local address @a buffer in the remote contiguous memory
+ region described by @a remote_addr address and the
+ @ref ucp_rkey_h "memory handle" rkey.  The routine returns immediately and
+ @b does @b not guarantee re-usability of the source address @e buffer. If
+ the operation is completed immediately the routine return UCS_OK, otherwise
+ UCS_INPROGRESS or an error is returned to user. If the put operation
+ completes immediately, the routine returns UCS_OK and the call-back routine
+ @a param.cb.send is @b not invoked. If the operation is @b not completed
+ immediately and no error is reported, then the UCP library will schedule
+ invocation of the call-back routine @a param.cb.send upon completion of
+ the put operation. In other words, the completion of a put operation can be
+ signaled by the return code or execution of the call-back.
+ Immediate completion signals can be fine-tuned via the
+ @ref ucp_request_param_t.op_attr_mask field in the
+ @ref ucp_request_param_t structure. The values of this field
+ are a bit-wise OR of the @ref ucp_op_attr_t enumeration.
+
+ @note The completion of a put operation signals the local @e buffer can be
+ reused. The completion of the operation on the remote address requires use
+ of @ref ucp_worker_flush_nbx "ucp_worker_flush_nbx()" or
+ @ref ucp_ep_flush_nbx "ucp_ep_flush_nbx()", after completion of which the
+ data in @e remote_addr is guaranteed to be available.
+
+ @param [in]  ep           Remote endpoint handle.
+ @param [in]  buffer       Pointer to the local source address.
+ @param [in]  count        Number of elements of type
+                           @ref ucp_request_param_t.datatype to put. If
+                           @ref ucp_request_param_t.datatype is not specified,
+                           the type defaults to ucp_dt_make_contig(1), which
+                           corresponds to byte elements.
+ @param [in]  remote_addr  Pointer to the destination remote memory address
+                           to write to. When
+                           @ref ucp_request_param_t::remote_datatype is
+                           @ref ucp_dt_make_sgl(), this should be set to
+                           @ref UCP_REMOTE_ADDR_INVALID, as remote addresses
+                           are specified in @ref ucp_request_param_t::remote
+                           instead.
+ @param [in]  rkey         Remote memory key associated with the
+                           remote memory address. When
+                           @ref ucp_request_param_t::remote_datatype is
+                           @ref ucp_dt_make_sgl(), this should be set to
+                           @ref UCP_RKEY_INVALID, as remote keys are specified
+                           in @ref ucp_request_param_t::remote instead.
+ @param [in]  param       Operation parameters, see @ref ucp_request_param_t
+
+ @return UCS_OK               - The operation was completed immediately.
+ @return UCS_PTR_IS_ERR(_ptr) - The operation failed.
+ @return otherwise            - Operation was scheduled and can be
+                                completed at any point in time. The request handle
+                                is returned to the application in order to track
+                                progress of the operation. The application is
+                                responsible for releasing the handle using
+                                @ref ucp_request_free "ucp_request_free()" routine.
+
+ @note Supported datatypes for @a param->datatype are
+ @ref ucp_dt_make_contig, @ref ucp_dt_make_iov, and @ref ucp_dt_make_sgl.
+```*/
+    pub fn ucp_put_nbx(
+        ep: ucp_ep_h,
+        buffer: *const ::std::os::raw::c_void,
+        count: usize,
+        remote_addr: u64,
+        rkey: ucp_rkey_h,
+        param: *const ucp_request_param_t,
+    ) -> ucs_status_ptr_t;
     /**```text
 @ingroup UCP_COMM
  @brief Non-blocking remote memory get operation.
