@@ -93,6 +93,7 @@ mod doorbell;
 mod engine;
 pub mod packed_key;
 mod progress;
+pub mod read_protocol;
 mod status;
 
 pub use backend::UcxBackend;

@@ -83,18 +83,18 @@ async fn malformed_keys_are_refused_before_ucx_sees_them() {
     let desc = describe(&src, &src_region);
     let real = src_region.packed_key.clone();
 
-    let mut bad_mem_type = real.to_vec();
-    bad_mem_type[8] = 0xEE;
-    let mut one_md_no_entry = vec![1, 0, 0, 0, 0, 0, 0, 0, 0];
-    one_md_no_entry.truncate(9);
+    let with_byte = |at: usize, value: u8| {
+        let mut key = real.to_vec();
+        key[at] = value;
+        Bytes::from(key)
+    };
     let cases = [
         ("empty", Bytes::new()),
         ("one byte", Bytes::from_static(&[0])),
-        ("a memory type UCX does not have", Bytes::from(bad_mem_type)),
-        (
-            "an md_map bit without its entry",
-            Bytes::from(one_md_no_entry),
-        ),
+        ("a UCX-packed remote key", nine_byte_ucx_key()),
+        ("another backend's magic", with_byte(0, b'X')),
+        ("a version this build does not know", with_byte(2, 9)),
+        ("a lane this build does not serve", with_byte(3, 1)),
         (
             "the real key plus garbage",
             Bytes::from([real.as_ref(), &[1, 2, 3]].concat()),

@@ -21,7 +21,7 @@ const REGION: usize = 8 * KIB;
 per_transport!(
     a_descriptor_naming_another_backend_is_refused,
     sub_ranges_outside_their_parent_are_out_of_range,
-    tampered_packed_keys_are_invalid_and_the_engine_keeps_serving,
+    tampered_packed_keys_are_refused_and_the_engine_keeps_serving,
     gets_larger_than_their_destination_are_out_of_range,
     a_get_from_a_peer_never_added_is_not_configured,
 );
@@ -163,12 +163,13 @@ async fn sub_ranges_outside_their_parent_are_out_of_range(transport: Transport) 
     finish(pair, guard).await;
 }
 
-async fn tampered_packed_keys_are_invalid_and_the_engine_keeps_serving(transport: Transport) {
+async fn tampered_packed_keys_are_refused_and_the_engine_keeps_serving(transport: Transport) {
     let (pair, guard, descriptor) = setup(transport).await;
     let key = descriptor.packed_key().to_vec();
-    assert!(
-        key.len() >= 9,
-        "a UCX key carries at least md_map and mem_type"
+    assert_eq!(
+        key.len(),
+        28,
+        "an owner-served key: magic, version, lane, id, capability"
     );
     let with_key = |bytes: Vec<u8>| {
         let tampered = Descriptor::new(
@@ -187,13 +188,13 @@ async fn tampered_packed_keys_are_invalid_and_the_engine_keeps_serving(transport
         bytes[at] ^= mask;
         bytes
     };
-    let mut unknown_memory_type = key.clone();
-    unknown_memory_type[8] = 0xEE;
-    let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("an md_map bit flipped on", flipped(0, 0x80)),
-        ("a high md_map bit flipped on", flipped(7, 0x01)),
-        ("an unknown memory type", unknown_memory_type),
+    // Malformed keys never leave the consumer.
+    let malformed: Vec<(&str, Vec<u8>)> = vec![
+        ("the magic flipped", flipped(0, 0x80)),
+        ("an unknown version", flipped(2, 0x40)),
+        ("an unknown lane", flipped(3, 0x01)),
         ("every byte 0xFF", vec![0xFF; key.len()]),
+        ("a UCX-packed key", vec![0; 9]),
         ("truncated by one byte", key[..key.len() - 1].to_vec()),
         ("truncated to one byte", key[..1].to_vec()),
         ("extended by a zero byte", [key.as_slice(), &[0]].concat()),
@@ -202,25 +203,40 @@ async fn tampered_packed_keys_are_invalid_and_the_engine_keeps_serving(transport
             [key.as_slice(), &[0xA7; 16]].concat(),
         ),
     ];
+    // Well-formed keys naming a registration the consumer was not given:
+    // the owner refuses them, and the consumer learns only "not found".
+    let forged: Vec<(&str, Vec<u8>)> = vec![
+        ("another region id", flipped(4, 0x01)),
+        ("a capability bit flipped", flipped(12, 0x01)),
+        ("the last capability byte flipped", flipped(27, 0x80)),
+    ];
     let mut buf = untouched_buffer(&pair, REGION).await;
-    for (what, bytes) in cases {
+    let cases = malformed
+        .into_iter()
+        .map(|(what, bytes)| (what, bytes, RdmaError::InvalidKey))
+        .chain(
+            forged
+                .into_iter()
+                .map(|(what, bytes)| (what, bytes, RdmaError::RegionNotFound)),
+        );
+    for (what, bytes, error) in cases {
         let tampered = with_key(bytes);
         assert_eq!(
             pair.consumer.registry.get(OWNER, &tampered, &mut buf).await,
-            Err(RdmaError::InvalidKey),
+            Err(error),
             "{what}"
         );
         assert_unharmed(what, &buf, REGION);
     }
     // Tampering with the encoding itself: the last byte on the wire is the
-    // key's last byte; a cut encoding no longer decodes.
+    // key's last capability byte; a cut encoding no longer decodes.
     let mut wire = descriptor.encode().to_vec();
     let last = wire.len() - 1;
-    wire[last] = 0xEE;
+    wire[last] ^= 0xEE;
     let tampered = Descriptor::decode(&wire).expect("still a descriptor");
     assert_eq!(
         pair.consumer.registry.get(OWNER, &tampered, &mut buf).await,
-        Err(RdmaError::InvalidKey),
+        Err(RdmaError::RegionNotFound),
         "key byte tampered on the wire"
     );
     assert!(matches!(

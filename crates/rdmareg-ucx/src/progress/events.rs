@@ -1,33 +1,79 @@
-//! [`Events`]: what UCX callbacks leave for the loop.
+//! [`Events`]: the state UCX callbacks share with the loop.
 //!
 //! UCX runs callbacks inside the loop's own calls (`ucp_worker_progress`,
-//! endpoint close, worker destroy). A callback does the latency-critical part
-//! itself — it answers the waiting caller — and records the rest here:
-//! bookkeeping that needs the engine's tables (a region's in-flight count, a
-//! remote key's users, freeing the request) and that must not run inside
-//! UCX. The loop drains this after every UCX call that can call back.
+//! sends, endpoint close, worker destroy). A callback does the
+//! latency-critical part itself — a consumer's reply handler copies the bytes
+//! and answers the waiting caller; an owner's request handler checks the
+//! read and sends the reply — and records the rest here: bookkeeping that
+//! needs the engine's tables (a region's holds and leases, freeing requests,
+//! running a parked unmap) and must not run inside UCX. The loop drains the
+//! records after every UCX call that can call back.
 //!
-//! Callbacks reach it through a raw pointer, so it lives in a `Box` whose
+//! Callbacks reach this through a raw pointer, so it lives in a `Box` whose
 //! address the engine keeps stable and frees only after the worker is
-//! destroyed. Mutation goes through `RefCell`s: the loop never holds a borrow
-//! across a UCX call, so a callback never finds one taken.
+//! destroyed. Mutation goes through `Cell`s and `RefCell`s: the loop never
+//! holds a borrow across a UCX call, and a callback releases its borrows
+//! before it calls into UCX, so nobody ever finds one taken.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 
-use ucx_sys::ucs_status_t;
+use ucx_sys::{ucp_worker_h, ucs_status_t};
 
-/// Completion records waiting for the loop.
-#[derive(Debug, Default)]
+use super::gets::GetOp;
+use super::serve::ServedRegion;
+
+/// What callbacks and the loop share.
+#[derive(Debug)]
 pub(crate) struct Events {
-    /// `(op slot, status)` of GET requests that completed.
-    pub(crate) completed_gets: RefCell<Vec<(u32, ucs_status_t)>>,
+    /// Op slots of reads whose destination UCX has let go of (answered or
+    /// to be answered by the loop).
+    pub(crate) finished_reads: RefCell<Vec<u32>>,
+    /// `(op slot, status)` of read-request sends that completed.
+    pub(crate) sent_requests: RefCell<Vec<(u32, ucs_status_t)>>,
     /// `(endpoint serial, status)` of endpoints UCX declared failed.
     pub(crate) failed_endpoints: RefCell<Vec<(u64, ucs_status_t)>>,
+    /// Region ids whose reply sends ended: one read lease each.
+    pub(crate) ended_leases: RefCell<Vec<u64>>,
+    /// Reads waiting for the owner's reply, by request id.
+    pub(crate) awaiting_replies: RefCell<HashMap<u64, *mut GetOp>>,
+    /// This engine's registrations as the request handler checks them.
+    pub(crate) served: RefCell<HashMap<u64, ServedRegion>>,
+    /// The worker, for receiving rendezvous data inside a handler. Null
+    /// until the worker exists and again once it is destroyed.
+    pub(crate) worker: Cell<ucp_worker_h>,
+    /// Set when teardown begins: reads cancelled from then on answer
+    /// `ShuttingDown`.
+    pub(crate) tearing_down: Cell<bool>,
+    /// Requests refused (by reason code) and malformed messages dropped,
+    /// for the logs.
+    pub(crate) refused_requests: Cell<u64>,
+    pub(crate) dropped_messages: Cell<u64>,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events {
+            finished_reads: RefCell::default(),
+            sent_requests: RefCell::default(),
+            failed_endpoints: RefCell::default(),
+            ended_leases: RefCell::default(),
+            awaiting_replies: RefCell::default(),
+            served: RefCell::default(),
+            worker: Cell::new(std::ptr::null_mut()),
+            tearing_down: Cell::new(false),
+            refused_requests: Cell::new(0),
+            dropped_messages: Cell::new(0),
+        }
+    }
 }
 
 impl Events {
-    /// Whether anything waits for the loop.
+    /// Whether any record waits for the loop.
     pub(crate) fn is_empty(&self) -> bool {
-        self.completed_gets.borrow().is_empty() && self.failed_endpoints.borrow().is_empty()
+        self.finished_reads.borrow().is_empty()
+            && self.sent_requests.borrow().is_empty()
+            && self.failed_endpoints.borrow().is_empty()
+            && self.ended_leases.borrow().is_empty()
     }
 }

@@ -1,30 +1,43 @@
-//! GETs on the progress thread: checks, posting, completion, deadlines.
+//! The consumer's side of a read: post the request, land the reply in the
+//! destination, answer only once UCX has let go of it.
 //!
-//! # Completion-owned operations
+//! # A read's life
 //!
-//! Each posted GET has an op record in a slot of [`OpTable`]; its address is
-//! the `user_data` of the UCX request. Whichever of `ucp_get_nbx`'s three
-//! exits the call takes, the caller is answered and the record released
-//! exactly once:
+//! 1. **Posted.** The destination is checked against the mapped pointer and
+//!    length and held (an unmap of it waits), the key is decoded (a key that
+//!    is not an owner-served key of this format is `InvalidKey`), an op slot
+//!    is taken, the op is entered in `Events::awaiting_replies` under its
+//!    request id, and the request goes to the owner as an active message with
+//!    the reply flag.
+//! 2. **Replied.** The reply handler takes the op out of the waiting table
+//!    (from then on no later reply can reach it) and either copies the bytes
+//!    (eager), starts a rendezvous receive straight into the destination
+//!    (large replies: UCX pulls them with zero copy where the lane can), or
+//!    turns a refusal into the seam's error for it (`OutOfRange`,
+//!    `RegionNotFound`, `InvalidKey`; see `read_protocol::RemoteRefusal`). A reply whose
+//!    length is not the requested length is refused before UCX is asked to
+//!    receive it: UCX's release build does not check the destination's size.
+//! 3. **Finished.** The op is answered — by the callback that finished it,
+//!    so the caller wakes without waiting for the loop — and the loop drops
+//!    the destination hold and recycles the slot once the request send has
+//!    completed too.
 //!
-//! - `UCS_OK` (inline completion — the common case on cma): answered
-//!   `Ok(())` right after the call; no callback will run.
-//! - an error pointer: answered with the error right after the call.
-//! - a request: the completion callback answers the caller directly (so its
-//!   future wakes without waiting for the loop) and leaves `(slot, status)`
-//!   in [`Events`]; the loop then frees the request, drops the region's hold,
-//!   releases the remote key and recycles the slot.
+//! # An answer means UCX has let go
 //!
-//! Slots are boxed once and reused, so steady-state GETs allocate nothing
+//! No read is answered while UCX may still write its destination: that
+//! would hand safe code a `&mut` to bytes UCX still writes. While an op
+//! waits for its reply UCX holds nothing of the destination, so a deadline,
+//! a failed endpoint or a teardown answers it at once (and a late reply
+//! finds nothing to land in). Once a rendezvous receive runs, only its
+//! completion answers: past the deadline the endpoint is force-closed so UCX
+//! completes it with an error, and the answer is then `Timeout` — or `Ok`,
+//! if the bytes landed after all. Without peer error handling an endpoint
+//! cannot be force-closed, and such a receive answers when it ends or when
+//! the worker is destroyed.
+//!
+//! Slots are boxed once and reused, so steady-state reads allocate nothing
 //! here. A slot's memory is freed only after the worker is destroyed, so a
 //! late callback can never touch freed memory.
-//!
-//! # Deadlines
-//!
-//! Every GET carries one (its own or the configured default). Past it the
-//! caller is answered [`RdmaError::Timeout`] at once, and the endpoint is
-//! force-closed so UCX releases the request (see `peers`); the destination
-//! region stays held until the completion callback has run.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -32,28 +45,84 @@ use std::ffi::c_void;
 use std::time::Instant;
 
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
-use ucx_sys::ucs_status_t;
+use ucx_sys as sys;
 
 use super::Engine;
 use super::events::Events;
+use super::ucp::{MemHandle, receive_rendezvous, send_active_message};
 use crate::command::Reply;
-use crate::packed_key::copy_for_unpack;
+use crate::read_protocol::{READ_REQUEST_AM_ID, ReadReply, ReadRequest, ReplyStatus, ServedKey};
 use crate::status::{PtrStatus, status_text};
 
-/// One GET the loop posted. Reached by the completion callback through a raw
-/// pointer; the loop touches it only between UCX calls.
+/// Where a read stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// The request is out; UCX holds nothing of the destination.
+    AwaitingReply,
+    /// A rendezvous receive into the destination is running.
+    Receiving,
+    /// UCX has let go of the destination; the answer is given.
+    Finished,
+}
+
+/// One read. Reached by callbacks through a raw pointer; the loop touches it
+/// only between UCX calls.
 #[derive(Debug)]
 pub(crate) struct GetOp {
     reply: Option<Reply<()>>,
     events: *const Events,
     slot: u32,
-    peer: PeerId,
-    request: *mut c_void,
-    region_id: u64,
-    rkey_id: u64,
-    endpoint_serial: u64,
+    /// The request id: unique over the engine's life.
     generation: u64,
+    peer: PeerId,
+    endpoint_serial: u64,
+    region_id: u64,
+    dest: *mut u8,
+    len: usize,
+    memh: Option<MemHandle>,
+    phase: Phase,
+    /// The request send, while UCX still owns it.
+    send_request: *mut c_void,
+    send_pending: bool,
+    /// The rendezvous receive, until the loop frees it.
+    receive_request: *mut c_void,
+    /// The deadline passed while the receive ran.
+    expired: bool,
+    /// The destination hold was dropped.
+    hold_released: bool,
     active: bool,
+}
+
+impl GetOp {
+    fn idle(events: *const Events, slot: u32) -> GetOp {
+        GetOp {
+            reply: None,
+            events,
+            slot,
+            generation: 0,
+            peer: PeerId(0),
+            endpoint_serial: 0,
+            region_id: 0,
+            dest: std::ptr::null_mut(),
+            len: 0,
+            memh: None,
+            phase: Phase::Finished,
+            send_request: std::ptr::null_mut(),
+            send_pending: false,
+            receive_request: std::ptr::null_mut(),
+            expired: false,
+            hold_released: true,
+            active: false,
+        }
+    }
+
+    /// Marks the op finished and answers it with `outcome`, once.
+    fn finish(&mut self, outcome: Result<(), RdmaError>) {
+        self.phase = Phase::Finished;
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(outcome);
+        }
+    }
 }
 
 /// Reusable op slots plus the deadline queue.
@@ -77,7 +146,7 @@ impl OpTable {
         }
     }
 
-    /// GETs posted and not yet released by UCX.
+    /// Reads posted whose slot is not recycled yet.
     pub(crate) fn active(&self) -> usize {
         self.active
     }
@@ -87,39 +156,22 @@ impl OpTable {
             Some(slot) => slot,
             None => {
                 let slot = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-                self.slots.push(Box::into_raw(Box::new(GetOp {
-                    reply: None,
-                    events,
-                    slot,
-                    peer: PeerId(0),
-                    request: std::ptr::null_mut(),
-                    region_id: 0,
-                    rkey_id: 0,
-                    endpoint_serial: 0,
-                    generation: 0,
-                    active: false,
-                })));
+                self.slots
+                    .push(Box::into_raw(Box::new(GetOp::idle(events, slot))));
                 slot
             }
         };
         self.next_generation += 1;
         let op = self.slots[slot as usize];
         // SAFETY: slot pointers come from Box::into_raw and live until
-        // `Drop`; a free slot has no UCX request, so nothing else refers to it.
+        // `Drop`; a free slot is in no table and has no UCX request.
         unsafe {
+            *op = GetOp::idle(events, slot);
             (*op).generation = self.next_generation;
             (*op).active = true;
-            (*op).request = std::ptr::null_mut();
         }
         self.active += 1;
         (slot, op)
-    }
-
-    /// Whether `slot` is active and still holds the GET of `generation`.
-    fn is_current(&self, slot: u32, generation: u64) -> bool {
-        self.op(slot)
-            // SAFETY: a slot pointer from this table is valid until `Drop`.
-            .is_some_and(|op| unsafe { (*op).generation == generation })
     }
 
     fn op(&self, slot: u32) -> Option<*mut GetOp> {
@@ -128,22 +180,25 @@ impl OpTable {
         unsafe { (*op).active }.then_some(op)
     }
 
-    fn release(&mut self, slot: u32) {
+    fn is_current(&self, slot: u32, generation: u64) -> bool {
+        // SAFETY: as in `op`.
+        self.op(slot)
+            .is_some_and(|op| unsafe { (*op).generation == generation })
+    }
+
+    fn recycle(&mut self, slot: u32) {
         if let Some(op) = self.op(slot) {
-            // SAFETY: as in `op`; the request is gone, so only the loop
-            // refers to the slot now.
+            // SAFETY: as in `op`; UCX holds no request of the slot any more.
             unsafe {
                 (*op).active = false;
                 (*op).reply = None;
-                (*op).request = std::ptr::null_mut();
             }
             self.active -= 1;
             self.free.push(slot);
         }
     }
 
-    /// Active slots whose deadline is not after `now`; stale queue entries
-    /// are dropped on the way.
+    /// Active, unfinished slots whose deadline is not after `now`.
     fn expired(&mut self, now: Instant) -> Vec<u32> {
         let mut out = Vec::new();
         while let Some(Reverse((deadline, slot, generation))) = self.deadlines.peek().copied() {
@@ -159,7 +214,7 @@ impl OpTable {
         out
     }
 
-    /// The earliest deadline of an active GET.
+    /// The earliest deadline of an active read.
     pub(crate) fn next_deadline(&mut self) -> Option<Instant> {
         while let Some(Reverse((deadline, slot, generation))) = self.deadlines.peek().copied() {
             if self.is_current(slot, generation) {
@@ -170,24 +225,23 @@ impl OpTable {
         None
     }
 
-    /// Active GETs posted on the endpoint numbered `serial`.
-    pub(crate) fn active_on_endpoint(&self, serial: u64) -> usize {
+    /// Active slots, for sweeps.
+    fn active_slots(&self) -> Vec<u32> {
         (0..self.slots.len() as u32)
-            .filter_map(|slot| self.op(slot))
-            // SAFETY: as in `op`.
-            .filter(|&op| unsafe { (*op).endpoint_serial == serial })
-            .count()
+            .filter(|&slot| self.op(slot).is_some())
+            .collect()
     }
 
-    /// Takes every pending answer (teardown).
-    pub(crate) fn take_all_replies(&mut self) -> Vec<Reply<()>> {
-        let slots: Vec<u32> = (0..self.slots.len() as u32).collect();
-        slots
-            .into_iter()
-            .filter_map(|slot| self.op(slot))
-            // SAFETY: as in `op`.
-            .filter_map(|op| unsafe { (*op).reply.take() })
-            .collect()
+    /// Answers every read still unanswered with `ShuttingDown`. Only for
+    /// after the worker is destroyed, when UCX holds nothing any more.
+    pub(crate) fn answer_all_after_worker_destroyed(&mut self) {
+        for slot in self.active_slots() {
+            if let Some(op) = self.op(slot) {
+                // SAFETY: as in `op`; the worker is gone, so no callback
+                // can run concurrently.
+                unsafe { (*op).finish(Err(RdmaError::ShuttingDown)) };
+            }
+        }
     }
 }
 
@@ -202,37 +256,179 @@ impl Drop for OpTable {
     }
 }
 
-/// The answer for a GET request that UCX completed with `status`.
-fn get_outcome(status: ucs_status_t, peer: PeerId) -> Result<(), RdmaError> {
-    if status == ucx_sys::UCS_OK {
-        Ok(())
+/// The error a read gets when UCX ended it with `status`.
+fn failure(op: &GetOp, events: &Events, status: sys::ucs_status_t) -> RdmaError {
+    if op.expired {
+        RdmaError::Timeout
+    } else if events.tearing_down.get() {
+        RdmaError::ShuttingDown
     } else {
-        Err(RdmaError::Backend(format!(
-            "ucx: GET from {peer} failed: {}",
+        RdmaError::Backend(format!(
+            "ucx: read from {} failed: {}",
+            op.peer,
             status_text(status)
-        )))
+        ))
     }
 }
 
-/// UCX's completion callback for a posted GET.
-unsafe extern "C" fn on_get_complete(
+/// Lands `reply` for `op` (taken out of the waiting table by the caller).
+///
+/// # Safety
+/// Inside a reply handler on the worker's thread; `op` is active and in
+/// `AwaitingReply`; `data`/`length`/`rendezvous` are what UCX passed.
+unsafe fn land_reply(
+    events: &Events,
+    op: *mut GetOp,
+    reply: ReadReply,
+    data: *mut c_void,
+    length: usize,
+    rendezvous: bool,
+) {
+    // SAFETY: the caller's contract: the op is active and only this
+    // callback touches it now.
+    let op_ref = unsafe { &mut *op };
+    let outcome = match reply.status {
+        ReplyStatus::Refused(refusal) => {
+            tracing::debug!(peer = %op_ref.peer, %refusal, "the owner refused a read");
+            Err(refusal.into())
+        }
+        ReplyStatus::Served if reply.length != op_ref.len as u64 || length != op_ref.len => {
+            Err(RdmaError::Backend(format!(
+                "ucx: {} answered {} bytes to a {}-byte read; refused",
+                op_ref.peer, length, op_ref.len
+            )))
+        }
+        ReplyStatus::Served if rendezvous => {
+            let worker = events.worker.get();
+            let Some(memh) = op_ref.memh.filter(|_| !worker.is_null()) else {
+                op_ref.finish(Err(RdmaError::ShuttingDown));
+                events.finished_reads.borrow_mut().push(op_ref.slot);
+                return;
+            };
+            // SAFETY: inside the worker's progress; `data` is the rendezvous
+            // descriptor of exactly `op.len` bytes (checked above);
+            // `[dest, dest + len)` was checked against the mapped region
+            // `memh` when the read was posted and is held (an unmap waits)
+            // until the loop sees this op finished; the slot outlives the
+            // receive.
+            let status = unsafe {
+                receive_rendezvous(
+                    worker,
+                    data,
+                    op_ref.dest,
+                    op_ref.len,
+                    memh,
+                    on_receive_done,
+                    op.cast::<c_void>(),
+                )
+            };
+            match status {
+                PtrStatus::Pending(request) => {
+                    op_ref.receive_request = request;
+                    op_ref.phase = Phase::Receiving;
+                    return;
+                }
+                PtrStatus::Done => Ok(()),
+                PtrStatus::Failed(status) => Err(failure(op_ref, events, status)),
+            }
+        }
+        ReplyStatus::Served => {
+            if length > 0 {
+                // SAFETY: eager data: `length` (== op.len) readable bytes at
+                // `data` for the handler's duration; the destination is
+                // checked and held as above, and nothing else writes it
+                // while the op waits for this reply.
+                unsafe { std::ptr::copy_nonoverlapping(data.cast::<u8>(), op_ref.dest, length) };
+            }
+            Ok(())
+        }
+    };
+    op_ref.finish(outcome);
+    events.finished_reads.borrow_mut().push(op_ref.slot);
+}
+
+/// UCX's handler for a read reply (`READ_REPLY_AM_ID`).
+///
+/// # Safety
+/// Installed with `arg` = the engine's `Events`, which outlives the worker.
+pub(super) unsafe extern "C" fn on_read_reply(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: `arg` is the engine's boxed `Events`, alive until after the
+    // worker is destroyed.
+    let events = unsafe { &*arg.cast::<Events>() };
+    // SAFETY: UCX passes a valid parameter record for the call's duration.
+    let rendezvous =
+        unsafe { (*param).recv_attr } & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    let header = if header.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: `header_length` readable bytes at `header` for the call.
+        unsafe { std::slice::from_raw_parts(header.cast::<u8>(), header_length) }
+    };
+    let Ok(reply) = ReadReply::decode(header) else {
+        events
+            .dropped_messages
+            .set(events.dropped_messages.get() + 1);
+        // UCS_OK drops the message (for a rendezvous, UCX tells the sender).
+        return sys::UCS_OK;
+    };
+    let op = events
+        .awaiting_replies
+        .borrow_mut()
+        .remove(&reply.request_id);
+    if let Some(op) = op {
+        // SAFETY: in the waiting table means active and awaiting its reply;
+        // removed above, so this is the only reply that reaches it.
+        unsafe { land_reply(events, op, reply, data, length, rendezvous) };
+    }
+    // A reply nobody waits for any more (deadline, closed endpoint) is
+    // dropped; for a rendezvous, UCX tells the sender to stop.
+    sys::UCS_OK
+}
+
+/// A rendezvous receive into a destination ended.
+unsafe extern "C" fn on_receive_done(
     _request: *mut c_void,
-    status: ucs_status_t,
+    status: sys::ucs_status_t,
+    _length: usize,
     user_data: *mut c_void,
 ) {
     let op = user_data.cast::<GetOp>();
-    // SAFETY: `user_data` is the op slot passed to ucp_get_nbx. Slots are
-    // freed only after the worker is destroyed and recycled only after the
-    // loop handled this very completion; the loop holds no reference to the
-    // slot while UCX runs (it touches ops only between UCX calls).
-    let (reply, peer, slot, events) =
-        unsafe { ((*op).reply.take(), (*op).peer, (*op).slot, (*op).events) };
-    if let Some(reply) = reply {
-        let _ = reply.send(get_outcome(status, peer));
-    }
-    // SAFETY: the events record outlives the worker (see `Engine`).
-    let events = unsafe { &*events };
-    events.completed_gets.borrow_mut().push((slot, status));
+    // SAFETY: `user_data` is the op slot this receive was started for;
+    // slots outlive the worker and are recycled only after the loop handled
+    // this completion; the loop touches ops only between UCX calls.
+    let op = unsafe { &mut *op };
+    // SAFETY: the events record outlives the worker.
+    let events = unsafe { &*op.events };
+    let outcome = if status == sys::UCS_OK {
+        Ok(())
+    } else {
+        Err(failure(op, events, status))
+    };
+    op.finish(outcome);
+    events.finished_reads.borrow_mut().push(op.slot);
+}
+
+/// A read request's send ended.
+unsafe extern "C" fn on_request_sent(
+    _request: *mut c_void,
+    status: sys::ucs_status_t,
+    user_data: *mut c_void,
+) {
+    let op = user_data.cast::<GetOp>();
+    // SAFETY: as in `on_receive_done`.
+    let (events, slot) = unsafe { ((*op).events, (*op).slot) };
+    // SAFETY: the events record outlives the worker.
+    unsafe { &*events }
+        .sent_requests
+        .borrow_mut()
+        .push((slot, status));
 }
 
 impl Engine {
@@ -241,11 +437,8 @@ impl Engine {
         if reply.is_canceled() {
             return; // Nobody waits and nothing was transferred: skip it.
         }
-        match self.try_post_get(request, reply) {
-            Ok(()) => {}
-            Err((reply, err)) => {
-                let _ = reply.send(Err(err));
-            }
+        if let Err((reply, err)) = self.try_post_get(request, reply) {
+            let _ = reply.send(Err(err));
         }
     }
 
@@ -281,147 +474,204 @@ impl Engine {
         };
         let dest = (region.ptr + local_offset as usize) as *mut u8;
         let memh = region.memh;
-
-        let Some(format) = self.key_format else {
+        let Ok(key) = ServedKey::decode(&packed_key) else {
             return Err((reply, RdmaError::InvalidKey));
         };
         let (endpoint, serial) = match self.endpoint_for(peer) {
             Ok(found) => found,
             Err(err) => return Err((reply, err)),
         };
-        let (rkey_id, rkey) = match self.rkeys.lookup(serial, &packed_key) {
-            Some(found) => found,
-            None => {
-                let buffer = match copy_for_unpack(&format, &packed_key) {
-                    Ok(buffer) => buffer,
-                    Err(err) => return Err((reply, err.into())),
-                };
-                // SAFETY: the endpoint is live (just looked up in the peer
-                // table) and the buffer is a validated key followed by the
-                // unpack padding, so UCX's unbounded parse stays inside it.
-                let handle = match unsafe { self.worker.unpack_rkey(endpoint, &buffer) } {
-                    Ok(handle) => handle,
-                    Err(err) => return Err((reply, err)),
-                };
-                let (id, evicted) = self.rkeys.insert(serial, packed_key, handle);
-                for rkey in evicted {
-                    // SAFETY: evicted entries are idle (no posted GET uses
-                    // them); the worker is live; each leaves the table once.
-                    unsafe { self.worker.destroy_rkey(rkey) };
-                }
-                (id, handle)
-            }
-        };
 
         let deadline = Instant::now() + deadline.unwrap_or(self.settings.default_get_deadline);
         let events: *const Events = &*self.events;
         let (slot, op) = self.ops.alloc(events);
-        // SAFETY: `op` is the freshly allocated slot; no UCX request refers to
-        // it yet.
-        unsafe {
+        // SAFETY: the freshly allocated slot; nothing refers to it yet.
+        let generation = unsafe {
             (*op).reply = Some(reply);
             (*op).peer = peer;
-            (*op).region_id = local_region_id;
-            (*op).rkey_id = rkey_id;
             (*op).endpoint_serial = serial;
+            (*op).region_id = local_region_id;
+            (*op).dest = dest;
+            (*op).len = len;
+            (*op).memh = Some(memh);
+            (*op).phase = Phase::AwaitingReply;
+            (*op).hold_released = false;
+            (*op).send_pending = true;
+            (*op).generation
+        };
+        if let Some(region) = self.regions.get_mut(&local_region_id) {
+            region.in_flight += 1;
         }
-        // SAFETY: endpoint and key are live; `[dest, dest + len)` was checked
-        // to lie inside the registration `memh`, which stays registered while
-        // the request holds the region (in_flight below); the slot outlives
-        // the request (freed only after the worker).
+        self.events
+            .awaiting_replies
+            .borrow_mut()
+            .insert(generation, op);
+        self.ops
+            .deadlines
+            .push(Reverse((deadline, slot, generation)));
+        let request = ReadRequest {
+            request_id: generation,
+            key,
+            address: remote_addr,
+            length: len as u64,
+        };
+        // SAFETY: the endpoint is live (just looked up); no payload; the
+        // slot outlives the send (freed only after the worker). With a
+        // loopback transport the whole exchange can complete inside this
+        // call, which is why the op is entered in the waiting table first
+        // and no borrow is held across it.
         let status = unsafe {
-            self.worker.get(
-                endpoint,
-                dest,
-                len,
-                remote_addr,
-                rkey,
-                memh,
-                on_get_complete,
+            send_active_message(
+                endpoint.raw(),
+                READ_REQUEST_AM_ID,
+                &request.encode(),
+                std::ptr::null(),
+                0,
+                None,
+                true,
+                on_request_sent,
                 op.cast::<c_void>(),
             )
         };
         match status {
-            PtrStatus::Pending(request) => {
-                // SAFETY: the slot is active and owned by this GET.
-                unsafe { (*op).request = request };
-                if let Some(region) = self.regions.get_mut(&local_region_id) {
-                    region.in_flight += 1;
-                }
-                self.rkeys.acquire(rkey_id);
-                // SAFETY: as above.
-                let generation = unsafe { (*op).generation };
-                self.ops
-                    .deadlines
-                    .push(Reverse((deadline, slot, generation)));
-            }
-            PtrStatus::Done | PtrStatus::Failed(_) => {
-                let outcome = match status {
-                    PtrStatus::Failed(code) => get_outcome(code, peer),
-                    _ => Ok(()),
-                };
-                // SAFETY: no request refers to the slot (UCX completed inline
-                // or refused), so the loop owns it.
-                if let Some(reply) = unsafe { (*op).reply.take() } {
-                    let _ = reply.send(outcome);
-                }
-                self.ops.release(slot);
-                if let Some(rkey) = self.rkeys.discard_if_unused(rkey_id) {
-                    // SAFETY: retired and unused; leaves the table once.
-                    unsafe { self.worker.destroy_rkey(rkey) };
-                }
-            }
+            // SAFETY: the slot is active and owned by this read.
+            PtrStatus::Pending(request) => unsafe { (*op).send_request = request },
+            PtrStatus::Done => self.request_sent(slot, sys::UCS_OK),
+            PtrStatus::Failed(code) => self.request_sent(slot, code),
         }
+        self.drain_events();
         Ok(())
     }
 
-    /// A posted GET's request completed (its callback ran).
-    pub(super) fn finish_get(&mut self, slot: u32, status: ucs_status_t) {
+    /// A read's request send ended with `status`.
+    pub(super) fn request_sent(&mut self, slot: u32, status: sys::ucs_status_t) {
         let Some(op) = self.ops.op(slot) else {
-            tracing::error!(slot, "completion for an op slot that is not active");
             return;
         };
-        // SAFETY: the slot is active; its callback has run, so UCX no longer
-        // refers to it except through the request freed here.
-        let (request, region_id, rkey_id, reply, peer) = unsafe {
-            (
-                (*op).request,
-                (*op).region_id,
-                (*op).rkey_id,
-                (*op).reply.take(),
-                (*op).peer,
-            )
-        };
-        if let Some(reply) = reply {
-            let _ = reply.send(get_outcome(status, peer));
+        // SAFETY: active slot, touched between UCX calls only.
+        let op_ref = unsafe { &mut *op };
+        if !op_ref.send_request.is_null() {
+            // SAFETY: the request came from ucp_am_send_nbx on this worker,
+            // has completed, and is freed once.
+            unsafe { self.worker.free_request(op_ref.send_request) };
+            op_ref.send_request = std::ptr::null_mut();
         }
-        if !request.is_null() {
-            // SAFETY: the request came from ucp_get_nbx on this worker, has
-            // completed, and is freed once (the slot is released next).
-            unsafe { self.worker.free_request(request) };
+        op_ref.send_pending = false;
+        if status != sys::UCS_OK && op_ref.phase == Phase::AwaitingReply {
+            self.events
+                .awaiting_replies
+                .borrow_mut()
+                .remove(&op_ref.generation);
+            let err = failure(op_ref, &self.events, status);
+            op_ref.finish(Err(err));
+            self.events.finished_reads.borrow_mut().push(slot);
         }
-        self.ops.release(slot);
-        if let Some(rkey) = self.rkeys.release(rkey_id) {
-            // SAFETY: retired and now unused; leaves the table once.
-            unsafe { self.worker.destroy_rkey(rkey) };
-        }
-        self.release_region_hold(region_id);
+        self.settle_op(slot);
     }
 
-    /// Answers GETs past their deadline with `Timeout` and makes UCX let go
-    /// of them.
+    /// A read finished (its answer is given): drop its destination hold, and
+    /// recycle the slot once its request send is done too.
+    pub(super) fn finish_get(&mut self, slot: u32) {
+        let Some(op) = self.ops.op(slot) else {
+            return;
+        };
+        // SAFETY: active slot, touched between UCX calls only.
+        let op_ref = unsafe { &mut *op };
+        if !op_ref.receive_request.is_null() {
+            // SAFETY: the receive request completed (its callback ran) and
+            // is freed once.
+            unsafe { self.worker.free_request(op_ref.receive_request) };
+            op_ref.receive_request = std::ptr::null_mut();
+        }
+        self.settle_op(slot);
+    }
+
+    fn settle_op(&mut self, slot: u32) {
+        let Some(op) = self.ops.op(slot) else {
+            return;
+        };
+        // SAFETY: active slot, touched between UCX calls only.
+        let op_ref = unsafe { &mut *op };
+        if op_ref.phase != Phase::Finished {
+            return;
+        }
+        if !op_ref.hold_released {
+            op_ref.hold_released = true;
+            let region_id = op_ref.region_id;
+            self.release_region_hold(region_id);
+        }
+        if !op_ref.send_pending && op_ref.receive_request.is_null() {
+            self.ops.recycle(slot);
+        }
+    }
+
+    /// Answers reads past their deadline: at once if UCX holds nothing of
+    /// their destination, else by force-closing the endpoint so UCX ends the
+    /// receive (see the module docs).
     pub(super) fn expire_gets(&mut self, now: Instant) {
         for slot in self.ops.expired(now) {
             let Some(op) = self.ops.op(slot) else {
                 continue;
             };
             // SAFETY: active slot, touched between UCX calls only.
-            let (reply, peer, serial) =
-                unsafe { ((*op).reply.take(), (*op).peer, (*op).endpoint_serial) };
-            if let Some(reply) = reply {
-                let _ = reply.send(Err(RdmaError::Timeout));
+            let op_ref = unsafe { &mut *op };
+            match op_ref.phase {
+                Phase::AwaitingReply => {
+                    self.events
+                        .awaiting_replies
+                        .borrow_mut()
+                        .remove(&op_ref.generation);
+                    op_ref.finish(Err(RdmaError::Timeout));
+                    self.events.finished_reads.borrow_mut().push(slot);
+                }
+                Phase::Receiving => {
+                    op_ref.expired = true;
+                    let (peer, serial) = (op_ref.peer, op_ref.endpoint_serial);
+                    self.declare_unresponsive(peer, serial);
+                }
+                Phase::Finished => {}
             }
-            self.declare_unresponsive(peer, serial);
+        }
+        self.drain_events();
+    }
+
+    /// Answers every read still waiting for a reply on endpoint `serial`
+    /// with `error`: the endpoint is closing, so no reply will come.
+    pub(super) fn fail_awaiting_on_endpoint(&mut self, serial: u64, error: &RdmaError) {
+        let waiting: Vec<(u64, *mut GetOp)> = self
+            .events
+            .awaiting_replies
+            .borrow()
+            .iter()
+            .map(|(id, op)| (*id, *op))
+            .collect();
+        for (id, op) in waiting {
+            // SAFETY: ops in the waiting table are active slots.
+            let op_ref = unsafe { &mut *op };
+            if op_ref.endpoint_serial != serial {
+                continue;
+            }
+            self.events.awaiting_replies.borrow_mut().remove(&id);
+            op_ref.finish(Err(error.clone()));
+            self.events.finished_reads.borrow_mut().push(op_ref.slot);
+        }
+    }
+
+    /// Answers every read still waiting for a reply (teardown, after the
+    /// drain): UCX holds none of their destinations.
+    pub(super) fn fail_all_awaiting(&mut self, error: &RdmaError) {
+        let waiting: Vec<*mut GetOp> = self
+            .events
+            .awaiting_replies
+            .borrow_mut()
+            .drain()
+            .map(|(_, op)| op)
+            .collect();
+        for op in waiting {
+            // SAFETY: ops in the waiting table are active slots.
+            let op_ref = unsafe { &mut *op };
+            op_ref.finish(Err(error.clone()));
+            self.events.finished_reads.borrow_mut().push(op_ref.slot);
         }
     }
 }

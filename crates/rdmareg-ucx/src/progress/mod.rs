@@ -1,11 +1,11 @@
 //! The progress thread: the one thread that owns every UCX object.
 //!
 //! It owns the `ucp_context`, one `UCS_THREAD_MODE_SINGLE` worker, the
-//! endpoints, memory handles and unpacked remote keys; none of these handles
-//! ever leaves it. It serves commands from the ring and the control lane
-//! (see `command`), and progresses the worker — which is also what serves
-//! the GETs *peers* issue against this engine's registrations on
-//! software-emulated transports such as tcp.
+//! endpoints and memory handles; none of these handles ever leaves it. It
+//! serves commands from the ring and the control lane (see `command`), and
+//! progresses the worker — which is also what serves the reads *peers*
+//! request from this engine's registrations (`serve`) and lands the replies
+//! to this engine's own reads (`gets`).
 //!
 //! # The loop
 //!
@@ -35,7 +35,7 @@ mod events;
 mod gets;
 mod peers;
 mod regions;
-mod rkeys;
+mod serve;
 mod teardown;
 mod ucp;
 
@@ -51,12 +51,11 @@ use rdmareg_core::RdmaError;
 
 use crate::command::{Command, Signals};
 use crate::config::UcxConfig;
-use crate::packed_key::PackedKeyFormat;
+use crate::read_protocol::{READ_REPLY_AM_ID, READ_REQUEST_AM_ID};
 use events::Events;
 use gets::OpTable;
 use peers::PeerTable;
 use regions::RegionTable;
-use rkeys::RkeyTable;
 use ucp::{Context, Worker};
 
 pub(crate) use ucp::ucx_version;
@@ -93,11 +92,9 @@ struct Engine {
     ops: OpTable,
     peers: PeerTable,
     events: Box<Events>,
-    rkeys: RkeyTable,
     regions: RegionTable,
     settings: Settings,
     signals: Arc<Signals>,
-    key_format: Option<PackedKeyFormat>,
     page_size: u64,
     worker_fd: RawFd,
     arm_failures: u64,
@@ -134,18 +131,22 @@ pub(crate) fn run(
 impl Engine {
     fn start(config: &UcxConfig, signals: Arc<Signals>) -> Result<(Engine, StartInfo), RdmaError> {
         let version = ucx_version();
-        let key_format = PackedKeyFormat::for_ucx_version(version.0, version.1);
-        if key_format.is_none() {
-            tracing::error!(
-                major = version.0,
-                minor = version.1,
-                "the packed-key layout of this UCX version is unknown; every remote key will be refused"
-            );
-        }
         let settings = config.ucx_settings_from_env();
         tracing::debug!(?settings, "starting UCX engine");
         let context = Context::new(&settings)?;
         let worker = Worker::new(&context)?;
+        let events: Box<Events> = Box::default();
+        let events_arg = (&*events as *const Events)
+            .cast_mut()
+            .cast::<std::ffi::c_void>();
+        // SAFETY: `events` is boxed, so its address is stable, and the
+        // engine drops it only after the worker (field order in `Engine`);
+        // the handlers treat the argument as a shared `&Events`.
+        unsafe {
+            worker.set_am_handler(READ_REQUEST_AM_ID, serve::on_read_request, events_arg)?;
+            worker.set_am_handler(READ_REPLY_AM_ID, gets::on_read_reply, events_arg)?;
+        }
+        events.worker.set(worker.raw());
         let worker_address = worker.address()?;
         let worker_fd = worker.event_fd()?;
         // SAFETY: sysconf takes no pointers.
@@ -157,8 +158,7 @@ impl Engine {
             worker,
             ops: OpTable::new(),
             peers: PeerTable::default(),
-            events: Box::default(),
-            rkeys: RkeyTable::new(config.rkey_cache_capacity),
+            events,
             regions: RegionTable::new(),
             settings: Settings {
                 spin_window: config.spin_window,
@@ -168,7 +168,6 @@ impl Engine {
                 peer_error_handling: config.transport.peer_error_handling(),
             },
             signals,
-            key_format,
             page_size,
             worker_fd,
             arm_failures: 0,
@@ -280,14 +279,22 @@ impl Engine {
         n
     }
 
-    /// Handles completion records until none are left (handling one can
-    /// produce more: closing a failed endpoint completes its GETs).
+    /// Handles callback records until none are left (handling one can
+    /// produce more: closing a failed endpoint finishes its reads).
     fn drain_events(&mut self) {
         while !self.events.is_empty() {
-            let completed = std::mem::take(&mut *self.events.completed_gets.borrow_mut());
+            let sent = std::mem::take(&mut *self.events.sent_requests.borrow_mut());
+            let finished = std::mem::take(&mut *self.events.finished_reads.borrow_mut());
+            let leases = std::mem::take(&mut *self.events.ended_leases.borrow_mut());
             let failed = std::mem::take(&mut *self.events.failed_endpoints.borrow_mut());
-            for (slot, status) in completed {
-                self.finish_get(slot, status);
+            for (slot, status) in sent {
+                self.request_sent(slot, status);
+            }
+            for slot in finished {
+                self.finish_get(slot);
+            }
+            for region in leases {
+                self.end_lease(region);
             }
             for (serial, status) in failed {
                 self.endpoint_failed(serial, status);

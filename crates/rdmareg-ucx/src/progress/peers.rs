@@ -7,23 +7,18 @@
 //!   address closes the old endpoint.
 //! - Endpoints are created with peer error handling unless the transport is
 //!   the no-error-handling shared-memory option. When UCX reports an endpoint
-//!   failed, the engine closes it (forcibly: in-flight GETs on it complete
-//!   with an error), retires its remote keys, and forgets it: **the next GET
-//!   to that peer creates a fresh endpoint** from the recorded address. A peer
-//!   that is really gone then fails that GET too, promptly.
-//! - A GET that misses its deadline declares its endpoint unresponsive: UCX
-//!   cannot withdraw a single RMA request (`ucp_request_cancel` only cancels
-//!   tag receives), so the engine force-closes the endpoint, which is what
-//!   makes UCX release every request on it — and with them the destination
-//!   regions they hold.
-//! - Closing an endpoint under GETs this engine gave up on (deadline, peer
-//!   removed or re-added) does not stop the peer from answering them: on
-//!   software-emulated transports the peer still sends the bytes, into a
-//!   connection UCX keeps open for receiving, where they are dropped. The
-//!   table counts such abandoned GETs so teardown can keep the connections
-//!   up while those replies may still arrive (see `teardown`). An endpoint
-//!   UCX declared failed abandons nothing: its connection is already gone.
-//! - A GET to a peer never added answers [`RdmaError::NotConfigured`].
+//!   failed, the engine closes it (forcibly: receives running on it complete
+//!   with an error), fails the reads still waiting for a reply on it, and
+//!   forgets it: **the next read from that peer creates a fresh endpoint**
+//!   from the recorded address. A peer that is really gone then fails that
+//!   read too, promptly.
+//! - A read that misses its deadline while UCX is receiving its bytes
+//!   declares its endpoint unresponsive: UCX cannot withdraw a single
+//!   receive, so the engine force-closes the endpoint, which makes UCX end
+//!   every request on it — and with them release the destinations. A read
+//!   that misses its deadline while still waiting for the reply needs no
+//!   close (see `gets`), so a stopped owner costs timeouts, not reconnects.
+//! - A read from a peer never added answers [`RdmaError::NotConfigured`].
 //! - Each endpoint's error-callback context is a small heap record freed when
 //!   its close completes, or after the worker is destroyed.
 
@@ -77,31 +72,12 @@ pub(crate) struct PeerTable {
     closing: Vec<ClosingEndpoint>,
     /// Contexts that may still be called back until the worker is gone.
     parked_contexts: Vec<*mut ErrorContext>,
-    /// GETs that were in flight on endpoints this engine closed on its own
-    /// initiative; their peers may still be sending the replies.
-    abandoned_gets: usize,
-}
-
-/// Why an endpoint is being closed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum CloseCause {
-    /// UCX reported the endpoint failed: the connection is already broken.
-    Failed,
-    /// This engine decided to close it (deadline, peer removed or re-added,
-    /// teardown) while the connection may be healthy.
-    Local,
 }
 
 impl PeerTable {
     /// Whether endpoint closes are still in progress.
     pub(crate) fn closing_count(&self) -> usize {
         self.closing.len()
-    }
-
-    /// GETs abandoned on endpoints this engine closed while their peers may
-    /// still be answering them.
-    pub(crate) fn abandoned_gets(&self) -> usize {
-        self.abandoned_gets
     }
 
     /// The current endpoint serial of `peer`, if it has a live endpoint.
@@ -162,7 +138,10 @@ impl Engine {
             existing.address = address;
             if let Some(endpoint) = existing.endpoint.take() {
                 tracing::debug!(%peer, "peer re-added with a new address; closing its endpoint");
-                self.close_endpoint(endpoint, CloseCause::Local);
+                let reason = RdmaError::Backend(format!(
+                    "ucx: {peer} was re-added with a new address while the read waited"
+                ));
+                self.close_endpoint(endpoint, &reason);
             }
             return;
         }
@@ -183,7 +162,9 @@ impl Engine {
             .remove(&peer)
             .and_then(|mut p| p.endpoint.take())
         {
-            self.close_endpoint(endpoint, CloseCause::Local);
+            let reason =
+                RdmaError::Backend(format!("ucx: {peer} was removed while the read waited"));
+            self.close_endpoint(endpoint, &reason);
         }
     }
 
@@ -245,8 +226,12 @@ impl Engine {
         };
         let peer = *peer;
         if let Some(endpoint) = entry.endpoint.take() {
-            tracing::warn!(%peer, serial, status = %status_text(status), "endpoint failed; closing it, the next GET reconnects");
-            self.close_endpoint(endpoint, CloseCause::Failed);
+            tracing::warn!(%peer, serial, status = %status_text(status), "endpoint failed; closing it, the next read reconnects");
+            let reason = RdmaError::Backend(format!(
+                "ucx: the connection to {peer} failed: {}",
+                status_text(status)
+            ));
+            self.close_endpoint(endpoint, &reason);
         }
     }
 
@@ -266,35 +251,21 @@ impl Engine {
             .get_mut(&peer)
             .and_then(|p| p.endpoint.take());
         if let Some(endpoint) = endpoint {
-            tracing::warn!(%peer, serial, "GET deadline passed; force-closing the endpoint so UCX releases its requests");
-            self.close_endpoint(endpoint, CloseCause::Local);
+            tracing::warn!(%peer, serial, "read deadline passed during its receive; force-closing the endpoint so UCX releases the destination");
+            let reason = RdmaError::Backend(format!(
+                "ucx: the endpoint to {peer} was force-closed after another read's deadline"
+            ));
+            self.close_endpoint(endpoint, &reason);
         }
     }
 
-    /// Starts closing `endpoint` (forcibly when peer error handling is on)
-    /// after retiring its remote keys.
-    pub(super) fn close_endpoint(&mut self, endpoint: Endpoint, cause: CloseCause) {
-        // Without peer error handling the close flushes: it waits for the
-        // GETs instead of abandoning them.
-        if cause == CloseCause::Local && self.settings.peer_error_handling {
-            let in_flight = self.ops.active_on_endpoint(endpoint.serial);
-            if in_flight > 0 {
-                tracing::debug!(
-                    serial = endpoint.serial,
-                    in_flight,
-                    "closing an endpoint under GETs its peer may still answer"
-                );
-                self.peers.abandoned_gets += in_flight;
-            }
-        }
-        for rkey in self.rkeys.retire_endpoint(endpoint.serial) {
-            // SAFETY: the table returns only keys no posted GET uses; the
-            // worker is live; each is destroyed once (it left the table).
-            unsafe { self.worker.destroy_rkey(rkey) };
-        }
+    /// Starts closing `endpoint` (forcibly when peer error handling is on),
+    /// answering the reads still waiting for a reply on it with `reason`.
+    pub(super) fn close_endpoint(&mut self, endpoint: Endpoint, reason: &RdmaError) {
+        self.fail_awaiting_on_endpoint(endpoint.serial, reason);
         let force = self.settings.peer_error_handling;
         // SAFETY: the endpoint was created on this worker and left the peer
-        // table above, so it is closed exactly once.
+        // table before this call, so it is closed exactly once.
         match unsafe { self.worker.close_endpoint(endpoint.handle, force) } {
             PtrStatus::Done => free_error_context(endpoint.error_context),
             PtrStatus::Pending(request) => self.peers.closing.push(ClosingEndpoint {
@@ -306,6 +277,7 @@ impl Engine {
                 self.peers.parked_contexts.push(endpoint.error_context);
             }
         }
+        self.drain_events();
     }
 
     /// Finishes endpoint closes whose requests completed.
@@ -333,7 +305,7 @@ impl Engine {
             .filter_map(|p| p.endpoint.take())
             .collect();
         for endpoint in endpoints {
-            self.close_endpoint(endpoint, CloseCause::Local);
+            self.close_endpoint(endpoint, &RdmaError::ShuttingDown);
         }
     }
 }

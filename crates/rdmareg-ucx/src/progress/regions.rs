@@ -7,10 +7,20 @@
 //!   left while it ran is rolled back at once (the answer could not be
 //!   delivered, so nobody will ever unmap it).
 //! - Unmap is idempotent: an id that names nothing answers `Ok(())`.
-//! - An unmap of a region with GETs in flight is *parked*: the region is
-//!   marked unmapping (new GETs into it are refused with `RegionNotFound`),
-//!   and the unmap runs when the last GET lands. Every unmap submitted
-//!   meanwhile joins the same wait.
+//! - Every registration gets a fresh 16-byte random capability, and its key
+//!   (`read_protocol::ServedKey`) names the region id and that capability:
+//!   a peer can read only what it was given a descriptor for, and an id is
+//!   never reused, so a descriptor of an earlier registration names nothing.
+//! - An unmap of a region that reads still use is *parked*: the region is
+//!   marked unmapping — new reads into it (as a destination) are refused
+//!   with `RegionNotFound`, new reads from it (served to peers) with
+//!   `RegionNotFound` at the consumer — and the unmap runs when the last hold
+//!   (a read landing in it) and the last lease (a reply UCX is still
+//!   sending from it) end. Every unmap submitted meanwhile joins the same
+//!   wait.
+//! - The effective range reported for a registration is page-enclosing:
+//!   what is pinned is whole pages, and the registry's budget charges what
+//!   is pinned. UCX reports the caller's pointer and length unrounded.
 //! - The live count moves only on success: +1 after `ucp_mem_map`, −1 after
 //!   `ucp_mem_unmap` answered `UCS_OK`. A failed unmap leaves the region in
 //!   the table (still counted, still refusing GETs), and a later unmap
@@ -19,11 +29,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
+use bytes::Bytes;
 use rdmareg_core::{BackendRegion, RdmaError, page_enclosing_range};
 
 use super::Engine;
+use super::serve::ServedRegion;
 use super::ucp::MemHandle;
 use crate::command::Reply;
+use crate::read_protocol::ServedKey;
 
 /// One registration the thread holds.
 #[derive(Debug)]
@@ -78,19 +91,26 @@ impl Engine {
                 return;
             }
         };
-        let packed_key = match self.context.pack_rkey(memh) {
-            Ok(key) => key,
-            Err(err) => {
-                // SAFETY: `memh` was just mapped on this context and is
-                // unmapped once, here; it is in no table.
-                if let Err(unmap_err) = unsafe { self.context.unmap(memh) } {
-                    tracing::error!(error = %unmap_err, region = id, "could not undo a registration whose key failed to pack; it stays registered until teardown");
-                    self.keep_stuck_registration(id, memh, ptr, len);
-                }
-                let _ = reply.send(Err(err));
-                return;
+        let mut capability = [0u8; 16];
+        if let Err(err) = getrandom::fill(&mut capability) {
+            // SAFETY: `memh` was just mapped on this context and is
+            // unmapped once, here; it is in no table.
+            if let Err(unmap_err) = unsafe { self.context.unmap(memh) } {
+                tracing::error!(error = %unmap_err, region = id, "could not undo a registration whose capability could not be drawn; it stays registered until teardown");
+                self.keep_stuck_registration(id, memh, ptr, len);
             }
-        };
+            let _ = reply.send(Err(RdmaError::Backend(format!(
+                "cannot draw a registration capability from the OS: {err}"
+            ))));
+            return;
+        }
+        let packed_key = Bytes::copy_from_slice(
+            &ServedKey {
+                region_id: id,
+                capability,
+            }
+            .encode(),
+        );
         if reply.is_canceled() {
             // The caller left while UCX registered: undo before the range is
             // ever counted, so nobody observes a registration that was
@@ -117,6 +137,17 @@ impl Engine {
                 unmap_waiters: None,
             },
         );
+        self.events.served.borrow_mut().insert(
+            id,
+            ServedRegion {
+                ptr,
+                len,
+                memh,
+                capability,
+                leases: 0,
+                closing: false,
+            },
+        );
         self.signals
             .live_registrations
             .fetch_add(1, Ordering::SeqCst);
@@ -137,8 +168,6 @@ impl Engine {
         }
     }
 
-    /// What UCX reports it registered, if that covers the request; else the
-    /// page-enclosing range.
     /// A registration whose undo (`ucp_mem_unmap`) failed: keep it counted
     /// and in the table, already unmapping so it refuses GETs, so teardown
     /// retries it and the live count stays honest.
@@ -158,15 +187,17 @@ impl Engine {
             .fetch_add(1, Ordering::SeqCst);
     }
 
+    /// The pages enclosing what UCX reports it registered (if that covers
+    /// the request) or else the request itself.
     fn effective_range(&self, memh: MemHandle, ptr: usize, len: usize) -> (u64, u64) {
-        let (start, len) = (ptr as u64, len as u64);
+        let (mut start, mut len) = (ptr as u64, len as u64);
         if let Some((addr, mapped)) = self.context.mapped_range(memh) {
             if addr <= start
                 && addr
                     .checked_add(mapped)
                     .is_some_and(|end| end >= start + len)
             {
-                return (addr, mapped);
+                (start, len) = (addr, mapped);
             }
         }
         page_enclosing_range(start, len, self.page_size)
@@ -182,13 +213,21 @@ impl Engine {
             }
             return;
         };
-        if region.in_flight > 0 {
+        let leases = match self.events.served.borrow_mut().get_mut(&id) {
+            Some(served) => {
+                served.closing = true;
+                served.leases
+            }
+            None => 0,
+        };
+        if region.in_flight > 0 || leases > 0 {
             let waiters = region.unmap_waiters.get_or_insert_with(Vec::new);
             waiters.extend(reply);
             tracing::debug!(
                 region = id,
                 in_flight = region.in_flight,
-                "unmap parked behind in-flight GETs"
+                leases,
+                "unmap parked behind reads still using the region"
             );
             return;
         }
@@ -198,24 +237,46 @@ impl Engine {
         }
     }
 
-    /// A GET into `id` was released by UCX: drop its hold, and run a parked
-    /// unmap if it was the last.
+    /// A read into `id` finished: drop its hold, and run a parked unmap if
+    /// nothing uses the region any more.
     pub(super) fn release_region_hold(&mut self, id: u64) {
         let Some(region) = self.regions.get_mut(&id) else {
             tracing::error!(
                 region = id,
-                "a GET completed into a region the table no longer holds"
+                "a read completed into a region the table no longer holds"
             );
             return;
         };
         region.in_flight = region.in_flight.saturating_sub(1);
-        if region.in_flight > 0 || !region.is_unmapping() {
+        self.run_parked_unmap_if_idle(id);
+    }
+
+    /// A reply UCX was sending from `id` ended: drop its lease, and run a
+    /// parked unmap if nothing uses the region any more.
+    pub(super) fn end_lease(&mut self, id: u64) {
+        if let Some(served) = self.events.served.borrow_mut().get_mut(&id) {
+            served.leases = served.leases.saturating_sub(1);
+        }
+        self.run_parked_unmap_if_idle(id);
+    }
+
+    fn run_parked_unmap_if_idle(&mut self, id: u64) {
+        let leases = self
+            .events
+            .served
+            .borrow()
+            .get(&id)
+            .map_or(0, |served| served.leases);
+        let Some(region) = self.regions.get_mut(&id) else {
+            return;
+        };
+        if region.in_flight > 0 || leases > 0 || !region.is_unmapping() {
             return;
         }
         let waiters = region.unmap_waiters.take().unwrap_or_default();
         let result = self.unmap_now(id);
         if result.is_err() {
-            // Keep refusing GETs into a region whose unmap failed.
+            // Keep refusing reads of a region whose unmap failed.
             if let Some(region) = self.regions.get_mut(&id) {
                 region.unmap_waiters.get_or_insert_with(Vec::new);
             }
@@ -236,6 +297,7 @@ impl Engine {
         // removed below and never used again.
         unsafe { self.context.unmap(region.memh) }?;
         self.regions.remove(&id);
+        self.events.served.borrow_mut().remove(&id);
         self.signals
             .live_registrations
             .fetch_sub(1, Ordering::SeqCst);

@@ -8,40 +8,25 @@
 //! 1. Mark the engine closed (submitters refuse new work from now on) and
 //!    answer queued commands `ShuttingDown`; queued unmaps are answered at
 //!    the end, by what really happened to their region.
-//! 2. Answer every in-flight GET `ShuttingDown`, then **let the GETs finish**
-//!    (progressing, expiring deadlines, closing failed endpoints) for at most
-//!    three quarters of the teardown timeout.
-//! 3. Close every endpoint (forcibly with peer error handling, so UCX
-//!    completes what is still in flight) and progress until UCX has released
-//!    the requests and finished the closes — bounded by the rest of the
-//!    teardown timeout.
-//! 4. If this engine closed endpoints under GETs a peer may still be
-//!    answering (see `peers`), keep the worker alive until it has been quiet
-//!    for [`OWED_REPLY_QUIET`], within the same bound.
-//! 5. Destroy the remote keys no request still uses (a key a stuck request
-//!    still holds is left to the worker's destruction rather than freed
-//!    under it).
-//! 6. Destroy the worker: from here no transport can read or write any
-//!    registered range.
-//! 7. Unmap every region still registered, answering parked unmaps; the live
+//! 2. **Let reads finish** — this engine's own reads and the replies it is
+//!    serving to peers — for at most three quarters of the teardown timeout
+//!    (progressing, expiring deadlines, closing failed endpoints). A read
+//!    that finishes here answers its real outcome, `Ok` included.
+//! 3. Answer the reads still waiting for a reply `ShuttingDown` (UCX holds
+//!    none of their destinations), close every endpoint (forcibly with peer
+//!    error handling, so UCX ends the receives still running) and progress
+//!    until UCX has released the requests and finished the closes — bounded
+//!    by the rest of the teardown timeout. Those receives answer from their
+//!    completions.
+//! 4. Destroy the worker: from here no transport can read or write any
+//!    registered range, and no callback can run. Only now are reads UCX
+//!    never released answered `ShuttingDown`.
+//! 5. Unmap every region still registered, answering parked unmaps; the live
 //!    count reaches zero unless `ucp_mem_unmap` itself failed.
-//! 8. Clean up the context, answer the shutdown callers.
+//! 6. Clean up the context, answer the shutdown callers.
 //!
-//! # Why steps 2 and 4 wait
-//!
-//! On transports that emulate GET in software (tcp), the *owner* answers a
-//! GET by sending the bytes from inside its UCX progress, and UCX 1.22 aborts
-//! the owner's process (`ucs_fatal`, "unexpected error") when such a send
-//! fails synchronously — which is what happens when the consumer's
-//! connection is reset while the owner is still answering or has the request
-//! unread. Destroying the worker closes every connection, so an engine that
-//! tore down with GETs in flight could kill the processes it was reading
-//! from. Step 2 closes that hole for GETs still in flight. Step 4 narrows it
-//! for GETs the engine gave up on earlier (deadline, peer removed or
-//! re-added): their replies may still be streaming in, and the worker stays
-//! up while they do. A peer that answers only after this engine is gone
-//! (stopped for longer, or a consumer that crashed) cannot be protected from
-//! the consumer side; see the crate docs.
+//! No read is answered before UCX has let go of its destination; see
+//! `gets`.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -52,13 +37,7 @@ use rdmareg_core::RdmaError;
 use super::Engine;
 use crate::command::{Command, Reply};
 
-/// How long the worker must have been idle before teardown stops waiting
-/// for replies to GETs it gave up on. A peer that is answering keeps the
-/// worker busy far more often than this; a peer that resumes from a stop
-/// starts answering well within it.
-const OWED_REPLY_QUIET: Duration = Duration::from_millis(100);
-
-/// The share of the teardown timeout that in-flight GETs get to finish
+/// The share of the teardown timeout that reads in flight get to finish
 /// before endpoints are closed under them; the rest is for UCX to release
 /// what the closes cancelled, which it normally does at once.
 const DRAIN_SHARE: f64 = 0.75;
@@ -81,9 +60,6 @@ impl Engine {
         let mut queued_unmaps: Vec<(u64, Reply<()>)> = Vec::new();
         self.refuse_queued(ring, control, &mut queued_unmaps);
 
-        for reply in self.ops.take_all_replies() {
-            let _ = reply.send(Err(RdmaError::ShuttingDown));
-        }
         let started = Instant::now();
         let deadline = started + self.settings.teardown_timeout;
         let mut queues = Queues {
@@ -92,18 +68,26 @@ impl Engine {
             unmaps: &mut queued_unmaps,
         };
 
-        let gets_before = self.ops.active();
+        let reads_before = self.ops.active();
+        let leases_before = self.leases_outstanding();
         let drain_until = started + self.settings.teardown_timeout.mul_f64(DRAIN_SHARE);
-        let drained = self.settle(drain_until, &mut queues, |e| e.ops.active() == 0);
-        if gets_before > 0 {
+        let drained = self.settle(drain_until, &mut queues, |e| {
+            e.ops.active() == 0 && e.leases_outstanding() == 0
+        });
+        if reads_before > 0 || leases_before > 0 {
             tracing::debug!(
-                gets = gets_before,
-                still_in_flight = self.ops.active(),
+                reads = reads_before,
+                served_replies = leases_before,
+                reads_left = self.ops.active(),
+                served_replies_left = self.leases_outstanding(),
                 drained,
-                "let in-flight GETs finish before closing endpoints"
+                "let reads in flight finish before closing endpoints"
             );
         }
 
+        self.events.tearing_down.set(true);
+        self.fail_all_awaiting(&RdmaError::ShuttingDown);
+        self.drain_events();
         self.close_all_endpoints();
         self.drain_events();
         let released = self.settle(deadline, &mut queues, |e| {
@@ -111,36 +95,18 @@ impl Engine {
         });
         if !released {
             tracing::warn!(
-                gets = self.ops.active(),
+                reads = self.ops.active(),
                 closes = self.peers.closing_count(),
                 "UCX did not release every request within the teardown timeout; destroying the worker anyway"
             );
         }
-
-        let abandoned = self.peers.abandoned_gets();
-        if abandoned > 0 {
-            let quiet = self.linger_while_replies_arrive(deadline, &mut queues);
-            tracing::debug!(
-                abandoned_gets = abandoned,
-                quiet,
-                "kept the worker up for replies to GETs given up on earlier"
-            );
-        }
-
-        let mut held_keys = 0usize;
-        for (rkey, in_flight) in self.rkeys.drain_all() {
-            if in_flight == 0 {
-                // SAFETY: unused by any request; the worker is still live;
-                // drained from the table, so destroyed once.
-                unsafe { self.worker.destroy_rkey(rkey) };
-            } else {
-                held_keys += 1;
-            }
-        }
-        if held_keys > 0 {
-            tracing::warn!(
-                held_keys,
-                "remote keys still used by unreleased requests are left to the worker's destruction"
+        let refused = self.events.refused_requests.get();
+        let dropped = self.events.dropped_messages.get();
+        if refused > 0 || dropped > 0 {
+            tracing::info!(
+                refused_requests = refused,
+                dropped_messages = dropped,
+                "reads refused or messages dropped over this engine's life"
             );
         }
 
@@ -156,8 +122,12 @@ impl Engine {
             ..
         } = self;
         // The worker first: after this no transport touches registered memory
-        // and no callback can run; then the records callbacks pointed into.
+        // and no callback can run; then the reads UCX never released are
+        // answered, and the records callbacks pointed into are freed.
+        events.worker.set(std::ptr::null_mut());
         drop(worker);
+        let mut ops = ops;
+        ops.answer_all_after_worker_destroyed();
         drop(ops);
         drop(peers);
         drop(events);
@@ -246,26 +216,14 @@ impl Engine {
         }
     }
 
-    /// Progresses until the worker has done nothing for [`OWED_REPLY_QUIET`]
-    /// or `until` passes; returns whether it went quiet.
-    fn linger_while_replies_arrive(&mut self, until: Instant, queues: &mut Queues<'_>) -> bool {
-        let mut last_activity = Instant::now();
-        loop {
-            let now = Instant::now();
-            if now.duration_since(last_activity) >= OWED_REPLY_QUIET {
-                return true;
-            }
-            if now >= until {
-                return false;
-            }
-            if self.progress() > 0 {
-                last_activity = Instant::now();
-            } else {
-                std::thread::sleep(IDLE_NAP);
-            }
-            self.poll_closing();
-            self.refuse_queued(queues.ring, queues.control, queues.unmaps);
-        }
+    /// Replies this engine is still sending to peers from its regions.
+    fn leases_outstanding(&self) -> u64 {
+        self.events
+            .served
+            .borrow()
+            .values()
+            .map(|served| u64::from(served.leases))
+            .sum()
     }
 
     /// Answers queued commands during teardown.

@@ -26,7 +26,10 @@ pub(crate) fn ucx_version() -> (u32, u32, u32) {
     (major, minor, release)
 }
 
-/// A `ucp_context_h` with RMA and wake-up features.
+/// A `ucp_context_h` with the active-message and wake-up features — and
+/// deliberately without `UCP_FEATURE_RMA`: a context with RMA installs UCX's
+/// software-RMA handlers, which write and read any address a peer names
+/// (see `read_protocol`).
 pub(crate) struct Context {
     handle: sys::ucp_context_h,
 }
@@ -67,7 +70,7 @@ impl Context {
             field_mask: u64::from(
                 sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED,
             ),
-            features: u64::from(sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_WAKEUP),
+            features: u64::from(sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP),
             mt_workers_shared: 0,
             ..Default::default()
         };
@@ -114,23 +117,6 @@ impl Context {
         (status == sys::UCS_OK).then_some((attr.address as u64, attr.length as u64))
     }
 
-    /// Packs the remote key of `memh` into owned bytes.
-    pub(crate) fn pack_rkey(&self, memh: MemHandle) -> Result<Bytes, RdmaError> {
-        let mut buffer: *mut c_void = ptr::null_mut();
-        let mut size: usize = 0;
-        // SAFETY: context and `memh` are live; out-pointers are valid.
-        let status = unsafe { sys::ucp_rkey_pack(self.handle, memh.0, &mut buffer, &mut size) };
-        check(status, "packing a remote key (ucp_rkey_pack)")?;
-        // SAFETY: on success UCX hands over `size` initialised bytes at
-        // `buffer`, which stay valid until ucp_rkey_buffer_release.
-        let bytes = Bytes::copy_from_slice(unsafe {
-            std::slice::from_raw_parts(buffer.cast::<u8>(), size)
-        });
-        // SAFETY: `buffer` came from ucp_rkey_pack and is released once.
-        unsafe { sys::ucp_rkey_buffer_release(buffer) };
-        Ok(bytes)
-    }
-
     /// Deregisters `memh`.
     ///
     /// # Safety
@@ -165,21 +151,21 @@ impl MemHandle {
     pub(crate) fn raw(self) -> sys::ucp_mem_h {
         self.0
     }
+
+    /// A handle value for table tests; never passed to UCX.
+    #[cfg(test)]
+    pub(crate) fn dangling_for_tests() -> MemHandle {
+        MemHandle(std::ptr::NonNull::dangling().as_ptr())
+    }
 }
 
 /// An endpoint (`ucp_ep_h`), owned by the peer table.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EpHandle(sys::ucp_ep_h);
 
-/// An unpacked remote key (`ucp_rkey_h`), owned by the remote-key table.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RkeyHandle(sys::ucp_rkey_h);
-
-#[cfg(test)]
-impl RkeyHandle {
-    /// A distinct handle value for table tests; never passed to UCX.
-    pub(crate) fn dangling_for_tests(n: usize) -> RkeyHandle {
-        RkeyHandle(n as sys::ucp_rkey_h)
+impl EpHandle {
+    pub(crate) fn raw(self) -> sys::ucp_ep_h {
+        self.0
     }
 }
 
@@ -192,9 +178,27 @@ pub(crate) struct Worker {
 pub(crate) type EpErrorCallback =
     unsafe extern "C" fn(arg: *mut c_void, ep: sys::ucp_ep_h, status: sys::ucs_status_t);
 
-/// Who is told when a GET request completes.
+/// Who is told when a send (an active message) completes.
 pub(crate) type SendCallback =
     unsafe extern "C" fn(request: *mut c_void, status: sys::ucs_status_t, user_data: *mut c_void);
+
+/// Who is told when a rendezvous receive completes.
+pub(crate) type ReceiveCallback = unsafe extern "C" fn(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    length: usize,
+    user_data: *mut c_void,
+);
+
+/// Who handles an incoming active message.
+pub(crate) type ActiveMessageHandler = unsafe extern "C" fn(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t;
 
 impl Worker {
     /// Creates the worker on `context`.
@@ -308,76 +312,39 @@ impl Worker {
         PtrStatus::decode(unsafe { sys::ucp_ep_close_nbx(ep.0, &param) })
     }
 
-    /// Unpacks a remote key for `ep`.
-    ///
-    /// # Safety
-    /// `ep` is a live endpoint of this worker, and `buffer` holds a key that
-    /// passed the packed-key validator with its unpack padding
-    /// (`copy_for_unpack`), so UCX's unbounded parse stays inside it.
-    pub(crate) unsafe fn unpack_rkey(
-        &self,
-        ep: EpHandle,
-        buffer: &[u8],
-    ) -> Result<RkeyHandle, RdmaError> {
-        let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
-        // SAFETY: the caller's contract; out-pointer valid.
-        let status =
-            unsafe { sys::ucp_ep_rkey_unpack(ep.0, buffer.as_ptr().cast::<c_void>(), &mut rkey) };
-        check(status, "unpacking a remote key (ucp_ep_rkey_unpack)")?;
-        Ok(RkeyHandle(rkey))
+    /// The raw handle, for the active-message handlers that receive
+    /// rendezvous data from inside the worker's own progress.
+    pub(crate) fn raw(&self) -> sys::ucp_worker_h {
+        self.handle
     }
 
-    /// Destroys an unpacked remote key.
+    /// Installs `handler` for active messages with `id`; `arg` is passed to
+    /// every call.
     ///
     /// # Safety
-    /// `rkey` came from [`Worker::unpack_rkey`] on this (still live) worker,
-    /// no posted request uses it any more, and it is destroyed once.
-    pub(crate) unsafe fn destroy_rkey(&self, rkey: RkeyHandle) {
-        // SAFETY: the caller's contract.
-        unsafe { sys::ucp_rkey_destroy(rkey.0) };
-    }
-
-    /// Posts a GET of `len` bytes at `remote_addr` into `dest`.
-    ///
-    /// # Safety
-    /// `ep` and `rkey` are live; `[dest, dest + len)` lies inside the
-    /// registration `memh` and stays registered until the request completes
-    /// (inline, or when `callback(.., user_data)` runs); `user_data` stays
-    /// valid until then.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn get(
+    /// `arg` must stay valid until the worker is destroyed: UCX calls the
+    /// handler from any progress of this worker until then.
+    pub(crate) unsafe fn set_am_handler(
         &self,
-        ep: EpHandle,
-        dest: *mut u8,
-        len: usize,
-        remote_addr: u64,
-        rkey: RkeyHandle,
-        memh: MemHandle,
-        callback: SendCallback,
-        user_data: *mut c_void,
-    ) -> PtrStatus {
-        let mut param = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
-                | sys::UCP_OP_ATTR_FIELD_USER_DATA
-                | sys::UCP_OP_ATTR_FIELD_MEMH
-                | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-            user_data,
-            memh: memh.raw(),
-            memory_type: sys::UCS_MEMORY_TYPE_HOST,
+        id: u32,
+        handler: ActiveMessageHandler,
+        arg: *mut c_void,
+    ) -> Result<(), RdmaError> {
+        let params = sys::ucp_am_handler_param_t {
+            field_mask: u64::from(
+                sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+                    | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+                    | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
+            ),
+            id,
+            cb: Some(handler),
+            arg,
             ..Default::default()
         };
-        param.cb.send = Some(callback);
-        // SAFETY: the caller's contract; `param` is initialised.
-        PtrStatus::decode(unsafe {
-            sys::ucp_get_nbx(
-                ep.0,
-                dest.cast::<c_void>(),
-                len,
-                remote_addr,
-                rkey.0,
-                &param,
-            )
-        })
+        // SAFETY: the worker is live and used from its own thread; `params`
+        // is initialised; the caller vouches for `arg`.
+        let status = unsafe { sys::ucp_worker_set_am_recv_handler(self.handle, &params) };
+        check(status, "installing an active-message handler")
     }
 
     /// Whether a request returned by this worker is still in progress.
@@ -405,4 +372,98 @@ impl Drop for Worker {
         // destroyed once; its context outlives it (see `Context`'s drop).
         unsafe { sys::ucp_worker_destroy(self.handle) };
     }
+}
+
+/// Sends an active message: `header` (copied by UCX before this returns)
+/// and `len` payload bytes at `payload`.
+///
+/// With `memh`, the payload lies inside that registration, so a rendezvous
+/// can read it in place instead of registering it again. With `reply`, the
+/// receiver's handler gets an endpoint back to this worker.
+///
+/// # Safety
+/// Called on the worker's own thread (inside or outside its progress). `ep`
+/// is a live endpoint of that worker. `[payload, payload + len)` stays
+/// readable, and registered by `memh` if given, until the send completes:
+/// inline (`Done`/`Failed`) or when `callback(.., user_data)` runs, and
+/// `user_data` stays valid until then.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn send_active_message(
+    ep: sys::ucp_ep_h,
+    id: u32,
+    header: &[u8],
+    payload: *const u8,
+    len: usize,
+    memh: Option<MemHandle>,
+    reply: bool,
+    callback: SendCallback,
+    user_data: *mut c_void,
+) -> PtrStatus {
+    let mut flags = sys::UCP_AM_SEND_FLAG_COPY_HEADER;
+    if reply {
+        flags |= sys::UCP_AM_SEND_FLAG_REPLY;
+    }
+    let mut param = sys::ucp_request_param_t {
+        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+            | sys::UCP_OP_ATTR_FIELD_USER_DATA
+            | sys::UCP_OP_ATTR_FIELD_FLAGS,
+        flags,
+        user_data,
+        ..Default::default()
+    };
+    if let Some(memh) = memh {
+        param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+        param.memh = memh.raw();
+        param.memory_type = sys::UCS_MEMORY_TYPE_HOST;
+    }
+    param.cb.send = Some(callback);
+    // SAFETY: the caller's contract; `param` is initialised and the header
+    // is copied (COPY_HEADER) before the call returns.
+    PtrStatus::decode(unsafe {
+        sys::ucp_am_send_nbx(
+            ep,
+            id,
+            header.as_ptr().cast::<c_void>(),
+            header.len(),
+            payload.cast::<c_void>(),
+            len,
+            &param,
+        )
+    })
+}
+
+/// Receives the rendezvous data of an active message into `[dest, dest + len)`.
+///
+/// # Safety
+/// Called on `worker`'s thread. `data_desc` is the descriptor UCX passed to
+/// the handler for a rendezvous message of exactly `len` bytes (UCX's
+/// release build does not check the destination is large enough), not yet
+/// received or released. `[dest, dest + len)` lies inside the registration
+/// `memh` and stays registered and unaliased until the receive completes:
+/// inline, or when `callback(.., user_data)` runs; `user_data` stays valid
+/// until then.
+pub(crate) unsafe fn receive_rendezvous(
+    worker: sys::ucp_worker_h,
+    data_desc: *mut c_void,
+    dest: *mut u8,
+    len: usize,
+    memh: MemHandle,
+    callback: ReceiveCallback,
+    user_data: *mut c_void,
+) -> PtrStatus {
+    let mut param = sys::ucp_request_param_t {
+        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+            | sys::UCP_OP_ATTR_FIELD_USER_DATA
+            | sys::UCP_OP_ATTR_FIELD_MEMH
+            | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+        user_data,
+        memh: memh.raw(),
+        memory_type: sys::UCS_MEMORY_TYPE_HOST,
+        ..Default::default()
+    };
+    param.cb.recv_am = Some(callback);
+    // SAFETY: the caller's contract; `param` is initialised.
+    PtrStatus::decode(unsafe {
+        sys::ucp_am_recv_data_nbx(worker, data_desc, dest.cast::<c_void>(), len, &param)
+    })
 }

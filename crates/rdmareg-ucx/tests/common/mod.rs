@@ -53,12 +53,9 @@ pub fn backend_pair(transport: Transport) -> BackendPair {
         consumer.backend() as Arc<dyn RdmaBackend>,
         OWNER,
     )
-    .with_capabilities(
-        // On tcp and shared memory the packed key bounds nothing.
-        Capabilities::full()
-            .with_remote_bounds_enforced(false)
-            .with_unknown_remote_key_detected(false),
-    );
+    // The owner serves every read itself, so it enforces bounds and refuses
+    // keys it never issued: the full contract applies.
+    .with_capabilities(Capabilities::full());
     pair.with_teardown(async move {
         consumer.shutdown().await;
         owner.shutdown().await;
@@ -116,6 +113,15 @@ impl PageBuf {
 
     pub fn len(&self) -> usize {
         self.layout.size()
+    }
+
+    /// Overwrites every byte with `value`. Call only once the backend has
+    /// answered every transfer into the buffer: that is when it is the
+    /// caller's again (what the tests calling this check).
+    pub fn fill(&self, value: u8) {
+        // SAFETY: the allocation holds `len()` bytes; the backend answered
+        // every transfer into it, so by its contract nothing else writes it.
+        unsafe { std::ptr::write_bytes(self.ptr, value, self.len()) };
     }
 
     /// A copy of the current contents. Call only while no GET writes into
@@ -178,7 +184,8 @@ pub async fn map(backend: &UcxBackend, buf: &PageBuf) -> BackendRegion {
         .expect("map succeeds")
 }
 
-/// A packed key that is well formed for UCX 1.22 (md_map 0, host memory).
-pub fn nine_byte_key() -> Bytes {
+/// A packed key that is well formed for UCX 1.22 (md_map 0, host memory):
+/// what a `ucp_rkey_pack` on tcp or shared memory produces.
+pub fn nine_byte_ucx_key() -> Bytes {
     Bytes::from_static(&[0, 0, 0, 0, 0, 0, 0, 0, 0])
 }

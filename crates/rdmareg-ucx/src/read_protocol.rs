@@ -1,0 +1,424 @@
+//! The owner-served read protocol: what a consumer's key says, what it asks
+//! an owner for, and what the owner answers.
+//!
+//! # Why owners serve reads themselves
+//!
+//! On lanes without remote-read hardware (tcp, and the messaging side of
+//! shared memory) UCX emulates one-sided GET and PUT with active messages
+//! that the *target's* progress serves from whatever raw address the request
+//! names: no key check, no bounds, and `ucp_mem_unmap` does not stop a read
+//! already streaming. Any peer that can reach such a worker can read or write
+//! any byte of the process. So this engine creates its UCX context without
+//! `UCP_FEATURE_RMA` — UCX then installs none of those handlers — and a read
+//! becomes a request the owner's engine checks against its live
+//! registrations before it sends a byte (see `progress::serve`).
+//!
+//! # Formats
+//!
+//! All integers are little-endian. Every format starts with a version byte
+//! so a later release can change it; a version this build does not know is
+//! refused, never guessed at.
+//!
+//! **Key** ([`ServedKey`], the `packed_key` of a `BackendRegion`, carried in
+//! descriptors): `magic "RQ"`, `version = 1`, `lane = 0` (owner-served),
+//! `region_id: u64`, `capability: [u8; 16]` — 28 bytes. The region id is
+//! never reused by an engine, so a descriptor of an earlier registration
+//! names nothing; the capability is 16 random bytes per registration, so a
+//! peer cannot name a registration it was not given a descriptor for.
+//!
+//! **Request** ([`ReadRequest`], consumer → owner, the active-message
+//! header): `version = 1`, three zero bytes, `request_id: u64`,
+//! `region_id: u64`, `capability: [u8; 16]`, `address: u64`, `length: u64`
+//! — 52 bytes.
+//!
+//! **Reply** ([`ReadReply`], owner → consumer, the active-message header;
+//! the bytes follow as its payload when the status is [`ReplyStatus::Served`]):
+//! `version = 1`, `status: u8`, two zero bytes, `request_id: u64`,
+//! `length: u64` — 20 bytes.
+//!
+//! Decoding never panics and refuses trailing or missing bytes: these come
+//! from peers.
+
+use rdmareg_core::RdmaError;
+use thiserror::Error;
+
+/// Active-message id of a read request (consumer → owner).
+pub const READ_REQUEST_AM_ID: u32 = 0x5251;
+/// Active-message id of a read reply (owner → consumer).
+pub const READ_REPLY_AM_ID: u32 = 0x5252;
+
+const KEY_MAGIC: [u8; 2] = *b"RQ";
+const VERSION: u8 = 1;
+const LANE_OWNER_SERVED: u8 = 0;
+
+/// Length of an encoded [`ServedKey`].
+pub const KEY_LEN: usize = 28;
+/// Length of an encoded [`ReadRequest`].
+pub const REQUEST_LEN: usize = 52;
+/// Length of an encoded [`ReadReply`].
+pub const REPLY_LEN: usize = 20;
+
+/// What is wrong with bytes that were meant to be one of this module's
+/// formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// The bytes are not as long as the format.
+    #[error("expected {expected} bytes, got {actual}")]
+    Length {
+        /// The format's length.
+        expected: usize,
+        /// What arrived.
+        actual: usize,
+    },
+    /// The key does not start with this engine's magic: it was packed by
+    /// another backend or another UCX integration.
+    #[error("not an owner-served key (wrong magic)")]
+    Magic,
+    /// A version this build does not know.
+    #[error("unknown version {0}")]
+    Version(u8),
+    /// A key naming a lane this build does not serve.
+    #[error("unknown lane {0}")]
+    Lane(u8),
+    /// A reserved byte is not zero.
+    #[error("reserved bytes are not zero")]
+    Reserved,
+    /// A reply status this build does not know.
+    #[error("unknown reply status {0}")]
+    Status(u8),
+}
+
+/// Why an owner refused a read.
+///
+/// Owners check each read against what they have registered *now*, so these
+/// are answers about the descriptor the consumer used. At the consumer they
+/// become the seam's own errors (see the `From` impl), so a caller handles
+/// an owner-served backend exactly like any other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum RemoteRefusal {
+    /// No live registration has that id: it was deregistered, or the
+    /// descriptor comes from an earlier registration of the same memory.
+    #[error("the region is not registered (deregistered, or the descriptor is stale)")]
+    RegionUnknown,
+    /// The registration exists but the key's capability does not match it.
+    #[error("the key's capability does not match the registration")]
+    CapabilityMismatch,
+    /// The range is not inside the registration.
+    #[error("the range lies outside the registration")]
+    OutOfRange,
+    /// The registration is being deregistered; it serves no new reads.
+    #[error("the region is being deregistered")]
+    Deregistering,
+    /// The owner could not parse the request.
+    #[error("the owner could not parse the request")]
+    Malformed,
+}
+
+impl From<RemoteRefusal> for RdmaError {
+    /// The seam's answer for a refused read: `OutOfRange` for a range the
+    /// registration does not cover, `RegionNotFound` for a registration that
+    /// is gone, going, or was never given to the consumer (a wrong
+    /// capability says nothing more than "not yours"), `InvalidKey` for a
+    /// request the owner could not parse.
+    fn from(refusal: RemoteRefusal) -> RdmaError {
+        match refusal {
+            RemoteRefusal::OutOfRange => RdmaError::OutOfRange,
+            RemoteRefusal::RegionUnknown
+            | RemoteRefusal::CapabilityMismatch
+            | RemoteRefusal::Deregistering => RdmaError::RegionNotFound,
+            RemoteRefusal::Malformed => RdmaError::InvalidKey,
+        }
+    }
+}
+
+/// A registration's identity as a consumer presents it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServedKey {
+    /// The owner's region id (never reused by the owner's engine).
+    pub region_id: u64,
+    /// The registration's random capability.
+    pub capability: [u8; 16],
+}
+
+impl ServedKey {
+    /// The 28-byte encoding.
+    pub fn encode(&self) -> [u8; KEY_LEN] {
+        let mut out = [0u8; KEY_LEN];
+        out[0..2].copy_from_slice(&KEY_MAGIC);
+        out[2] = VERSION;
+        out[3] = LANE_OWNER_SERVED;
+        out[4..12].copy_from_slice(&self.region_id.to_le_bytes());
+        out[12..28].copy_from_slice(&self.capability);
+        out
+    }
+
+    /// Decodes untrusted key bytes.
+    pub fn decode(bytes: &[u8]) -> Result<ServedKey, ProtocolError> {
+        let bytes = exact::<KEY_LEN>(bytes)?;
+        if bytes[0..2] != KEY_MAGIC {
+            return Err(ProtocolError::Magic);
+        }
+        if bytes[2] != VERSION {
+            return Err(ProtocolError::Version(bytes[2]));
+        }
+        if bytes[3] != LANE_OWNER_SERVED {
+            return Err(ProtocolError::Lane(bytes[3]));
+        }
+        Ok(ServedKey {
+            region_id: u64_at(bytes, 4),
+            capability: capability_at(bytes, 12),
+        })
+    }
+}
+
+/// A consumer's request to read `length` bytes at `address` of a
+/// registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// Chosen by the consumer; echoed in the reply.
+    pub request_id: u64,
+    /// Which registration, and the proof of having been given it.
+    pub key: ServedKey,
+    /// First byte to read, as an address in the owner's process.
+    pub address: u64,
+    /// How many bytes.
+    pub length: u64,
+}
+
+impl ReadRequest {
+    /// The 52-byte encoding.
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut out = [0u8; REQUEST_LEN];
+        out[0] = VERSION;
+        out[4..12].copy_from_slice(&self.request_id.to_le_bytes());
+        out[12..20].copy_from_slice(&self.key.region_id.to_le_bytes());
+        out[20..36].copy_from_slice(&self.key.capability);
+        out[36..44].copy_from_slice(&self.address.to_le_bytes());
+        out[44..52].copy_from_slice(&self.length.to_le_bytes());
+        out
+    }
+
+    /// Decodes an untrusted request.
+    pub fn decode(bytes: &[u8]) -> Result<ReadRequest, ProtocolError> {
+        let bytes = exact::<REQUEST_LEN>(bytes)?;
+        if bytes[0] != VERSION {
+            return Err(ProtocolError::Version(bytes[0]));
+        }
+        if bytes[1..4] != [0, 0, 0] {
+            return Err(ProtocolError::Reserved);
+        }
+        Ok(ReadRequest {
+            request_id: u64_at(bytes, 4),
+            key: ServedKey {
+                region_id: u64_at(bytes, 12),
+                capability: capability_at(bytes, 20),
+            },
+            address: u64_at(bytes, 36),
+            length: u64_at(bytes, 44),
+        })
+    }
+}
+
+/// How an owner answered a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyStatus {
+    /// The bytes follow as the payload.
+    Served,
+    /// Refused, and why.
+    Refused(RemoteRefusal),
+}
+
+impl ReplyStatus {
+    fn code(self) -> u8 {
+        match self {
+            ReplyStatus::Served => 0,
+            ReplyStatus::Refused(RemoteRefusal::RegionUnknown) => 1,
+            ReplyStatus::Refused(RemoteRefusal::CapabilityMismatch) => 2,
+            ReplyStatus::Refused(RemoteRefusal::OutOfRange) => 3,
+            ReplyStatus::Refused(RemoteRefusal::Deregistering) => 4,
+            // `Malformed` and any refusal a later core adds.
+            ReplyStatus::Refused(_) => 5,
+        }
+    }
+
+    fn from_code(code: u8) -> Result<ReplyStatus, ProtocolError> {
+        Ok(match code {
+            0 => ReplyStatus::Served,
+            1 => ReplyStatus::Refused(RemoteRefusal::RegionUnknown),
+            2 => ReplyStatus::Refused(RemoteRefusal::CapabilityMismatch),
+            3 => ReplyStatus::Refused(RemoteRefusal::OutOfRange),
+            4 => ReplyStatus::Refused(RemoteRefusal::Deregistering),
+            5 => ReplyStatus::Refused(RemoteRefusal::Malformed),
+            other => return Err(ProtocolError::Status(other)),
+        })
+    }
+}
+
+/// An owner's answer to one [`ReadRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadReply {
+    /// The request's id.
+    pub request_id: u64,
+    /// Served or refused.
+    pub status: ReplyStatus,
+    /// Payload length that follows (zero when refused).
+    pub length: u64,
+}
+
+impl ReadReply {
+    /// The 20-byte encoding.
+    pub fn encode(&self) -> [u8; REPLY_LEN] {
+        let mut out = [0u8; REPLY_LEN];
+        out[0] = VERSION;
+        out[1] = self.status.code();
+        out[4..12].copy_from_slice(&self.request_id.to_le_bytes());
+        out[12..20].copy_from_slice(&self.length.to_le_bytes());
+        out
+    }
+
+    /// Decodes an untrusted reply.
+    pub fn decode(bytes: &[u8]) -> Result<ReadReply, ProtocolError> {
+        let bytes = exact::<REPLY_LEN>(bytes)?;
+        if bytes[0] != VERSION {
+            return Err(ProtocolError::Version(bytes[0]));
+        }
+        if bytes[2..4] != [0, 0] {
+            return Err(ProtocolError::Reserved);
+        }
+        Ok(ReadReply {
+            request_id: u64_at(bytes, 4),
+            status: ReplyStatus::from_code(bytes[1])?,
+            length: u64_at(bytes, 12),
+        })
+    }
+}
+
+/// Compares capabilities without an early exit, so response timing does not
+/// tell a guessing peer how many leading bytes it got right.
+pub(crate) fn capabilities_match(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn exact<const N: usize>(bytes: &[u8]) -> Result<&[u8; N], ProtocolError> {
+    bytes.try_into().map_err(|_| ProtocolError::Length {
+        expected: N,
+        actual: bytes.len(),
+    })
+}
+
+fn u64_at<const N: usize>(bytes: &[u8; N], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+fn capability_at<const N: usize>(bytes: &[u8; N], at: usize) -> [u8; 16] {
+    let mut capability = [0u8; 16];
+    capability.copy_from_slice(&bytes[at..at + 16]);
+    capability
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key() -> ServedKey {
+        ServedKey {
+            region_id: 7,
+            capability: [0xA5; 16],
+        }
+    }
+
+    #[test]
+    fn a_key_round_trips_and_is_28_bytes() {
+        let bytes = key().encode();
+        assert_eq!(bytes.len(), 28);
+        assert_eq!(ServedKey::decode(&bytes), Ok(key()));
+    }
+
+    #[test]
+    fn a_ucx_packed_key_is_not_taken_for_a_served_key() {
+        // A 9-byte UCX key of a tcp registration: md_map 0, host memory.
+        let ucx_key = [0u8; 9];
+        assert!(matches!(
+            ServedKey::decode(&ucx_key),
+            Err(ProtocolError::Length { .. })
+        ));
+        let mut wrong_magic = key().encode();
+        wrong_magic[0] = b'X';
+        assert_eq!(ServedKey::decode(&wrong_magic), Err(ProtocolError::Magic));
+    }
+
+    #[test]
+    fn unknown_versions_lanes_and_statuses_are_refused() {
+        let mut bytes = key().encode();
+        bytes[2] = 2;
+        assert_eq!(ServedKey::decode(&bytes), Err(ProtocolError::Version(2)));
+        let mut bytes = key().encode();
+        bytes[3] = 1;
+        assert_eq!(ServedKey::decode(&bytes), Err(ProtocolError::Lane(1)));
+        let mut reply = ReadReply {
+            request_id: 1,
+            status: ReplyStatus::Served,
+            length: 0,
+        }
+        .encode();
+        reply[1] = 200;
+        assert_eq!(ReadReply::decode(&reply), Err(ProtocolError::Status(200)));
+    }
+
+    #[test]
+    fn every_refusal_survives_the_wire() {
+        for refusal in [
+            RemoteRefusal::RegionUnknown,
+            RemoteRefusal::CapabilityMismatch,
+            RemoteRefusal::OutOfRange,
+            RemoteRefusal::Deregistering,
+            RemoteRefusal::Malformed,
+        ] {
+            let reply = ReadReply {
+                request_id: 9,
+                status: ReplyStatus::Refused(refusal),
+                length: 0,
+            };
+            assert_eq!(ReadReply::decode(&reply.encode()), Ok(reply));
+        }
+    }
+
+    #[test]
+    fn capabilities_match_only_when_every_byte_does() {
+        let a = [1u8; 16];
+        let mut b = a;
+        assert!(capabilities_match(&a, &b));
+        b[15] ^= 1;
+        assert!(!capabilities_match(&a, &b));
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip(request_id: u64, region_id: u64, capability: [u8; 16], address: u64, length: u64) {
+            let request = ReadRequest { request_id, key: ServedKey { region_id, capability }, address, length };
+            prop_assert_eq!(ReadRequest::decode(&request.encode()), Ok(request));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_any_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let _ = ServedKey::decode(&bytes);
+            let _ = ReadRequest::decode(&bytes);
+            let _ = ReadReply::decode(&bytes);
+        }
+
+        #[test]
+        fn every_truncation_of_a_request_is_refused(cut in 0usize..REQUEST_LEN) {
+            let request = ReadRequest { request_id: 1, key: key(), address: 2, length: 3 };
+            let is_length_error = matches!(
+                ReadRequest::decode(&request.encode()[..cut]),
+                Err(ProtocolError::Length { .. })
+            );
+            prop_assert!(is_length_error);
+        }
+    }
+}

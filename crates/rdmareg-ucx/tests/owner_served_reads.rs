@@ -1,0 +1,184 @@
+//! The owner serves every read itself: a registration bounds what a peer can
+//! read, an unregistered region is unreadable, and forged, stale,
+//! out-of-range or wrong-capability reads get a typed error at the consumer
+//! (`OutOfRange`, `RegionNotFound`) while the owner stays untouched — on
+//! every transport setting.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::RdmaError;
+use rdmareg_ucx::Transport;
+use rdmareg_ucx::read_protocol::ServedKey;
+
+const MIB: usize = 1024 * 1024;
+
+fn transports() -> [Transport; 3] {
+    [
+        Transport::Tcp,
+        Transport::SameHost,
+        Transport::SharedMemoryNoErrorHandling,
+    ]
+}
+
+/// `key` with its capability replaced.
+fn with_capability(key: &Bytes, capability: [u8; 16]) -> Bytes {
+    let mut served = ServedKey::decode(key).expect("an owner-served key");
+    served.capability = capability;
+    Bytes::copy_from_slice(&served.encode())
+}
+
+/// `key` naming another region id.
+fn with_region_id(key: &Bytes, region_id: u64) -> Bytes {
+    let mut served = ServedKey::decode(key).expect("an owner-served key");
+    served.region_id = region_id;
+    Bytes::copy_from_slice(&served.encode())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_reads_are_refused_with_a_typed_error_and_the_owner_keeps_serving() {
+    for transport in transports() {
+        let (owner, consumer) = engines(transport.clone());
+        let (ob, cb) = (owner.backend(), consumer.backend());
+        let src = PageBuf::filled(8192, pattern);
+        let secret = PageBuf::filled(4096, |_| 0x5A); // never registered
+        let dst = PageBuf::zeroed(8192);
+        let src_region = map(&ob, &src).await;
+        let dst_region = map(&cb, &dst).await;
+        let desc = describe(&src, &src_region);
+        let key = src_region.packed_key.clone();
+
+        let refused = |remote_addr: u64, len: u64, packed_key: Bytes| {
+            let mut request = get_request(OWNER, &desc, &dst_region, 0, None);
+            request.remote_addr = remote_addr;
+            request.len = len;
+            request.packed_key = packed_key;
+            cb.get(request)
+        };
+        let cases = [
+            (
+                "a forged low address",
+                refused(0x1000, 64, key.clone()).await,
+                RdmaError::OutOfRange,
+            ),
+            (
+                "unregistered memory of the owner",
+                refused(secret.addr() as u64, 4096, key.clone()).await,
+                RdmaError::OutOfRange,
+            ),
+            (
+                "one byte past the registration",
+                refused(src.addr() as u64 + 1, 8192, key.clone()).await,
+                RdmaError::OutOfRange,
+            ),
+            (
+                "a guessed capability",
+                refused(src.addr() as u64, 8192, with_capability(&key, [0; 16])).await,
+                RdmaError::RegionNotFound,
+            ),
+            (
+                "a region id never issued",
+                refused(src.addr() as u64, 8192, with_region_id(&key, u64::MAX)).await,
+                RdmaError::RegionNotFound,
+            ),
+        ];
+        for (what, outcome, refusal) in cases {
+            assert_eq!(outcome, Err(refusal), "{what} over {transport:?}");
+        }
+        assert!(
+            dst.snapshot().iter().all(|&b| b == 0),
+            "no refused read wrote a byte over {transport:?}"
+        );
+
+        // The owner is untouched and still serves its consumer.
+        let request = get_request(OWNER, &desc, &dst_region, 0, None);
+        assert_eq!(cb.get(request).await, Ok(()), "{transport:?}");
+        assert_eq!(dst.snapshot(), src.snapshot(), "{transport:?}");
+        assert!(secret.snapshot().iter().all(|&b| b == 0x5A));
+        consumer.shutdown().await;
+        owner.shutdown().await;
+        assert_eq!(owner.live_registrations(), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_outliving_its_registration_reads_nothing() {
+    for transport in transports() {
+        let (owner, consumer) = engines(transport.clone());
+        let (ob, cb) = (owner.backend(), consumer.backend());
+        let src = PageBuf::filled(4096, pattern);
+        let dst = PageBuf::zeroed(4096);
+        let first = map(&ob, &src).await;
+        let dst_region = map(&cb, &dst).await;
+        let stale = describe(&src, &first);
+        assert_eq!(ob.unmap(first.backend_region_id).await, Ok(()));
+
+        let request = get_request(OWNER, &stale, &dst_region, 0, None);
+        assert_eq!(
+            cb.get(request).await,
+            Err(RdmaError::RegionNotFound),
+            "an unregistered region is unreadable over {transport:?}"
+        );
+
+        // The same memory registered again: the old descriptor still names
+        // nothing, the new one reads.
+        let second = map(&ob, &src).await;
+        let request = get_request(OWNER, &stale, &dst_region, 0, None);
+        assert_eq!(
+            cb.get(request).await,
+            Err(RdmaError::RegionNotFound),
+            "a stale descriptor of re-registered memory over {transport:?}"
+        );
+        assert!(dst.snapshot().iter().all(|&b| b == 0));
+        let request = get_request(OWNER, &describe(&src, &second), &dst_region, 0, None);
+        assert_eq!(cb.get(request).await, Ok(()));
+        assert_eq!(dst.snapshot(), src.snapshot());
+        consumer.shutdown().await;
+        owner.shutdown().await;
+    }
+}
+
+/// The use-after-free of the emulated GET: an owner that unregisters and
+/// frees 64 MiB while a consumer streams it. With UCX's emulation the
+/// owner's progress thread kept copying from the freed (unmapped) pages and
+/// the process died; now the unmap waits for the reply's lease, so the
+/// memory is freed only once UCX stopped reading it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_frees_right_after_unregistering_is_never_read_after_free() {
+    for transport in [Transport::Tcp, Transport::SameHost] {
+        for delay_ms in [0u64, 5, 20] {
+            let (owner, consumer) = engines(transport.clone());
+            let (ob, cb) = (owner.backend(), consumer.backend());
+            let src = PageBuf::filled(64 * MIB, pattern);
+            let dst = PageBuf::zeroed(64 * MIB);
+            let src_region = map(&ob, &src).await;
+            let dst_region = map(&cb, &dst).await;
+            let request = get_request(OWNER, &describe(&src, &src_region), &dst_region, 0, None);
+            let read = tokio::spawn({
+                let cb = cb.clone();
+                async move { cb.get(request).await }
+            });
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
+            // `deregistered()` would resolve now: free at once. A 64 MiB
+            // allocation is its own mapping, so a late read faults.
+            drop(src);
+            let outcome = read.await.expect("the read task");
+            match outcome {
+                Ok(()) => {
+                    let want = PageBuf::filled(64 * MIB, pattern);
+                    assert!(dst.snapshot() == want.snapshot(), "a served read is whole");
+                }
+                Err(RdmaError::RegionNotFound) => {}
+                Err(other) => panic!("unexpected outcome over {transport:?}: {other}"),
+            }
+            consumer.shutdown().await;
+            owner.shutdown().await;
+            assert_eq!(owner.live_registrations(), 0);
+        }
+    }
+}

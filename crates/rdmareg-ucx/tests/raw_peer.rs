@@ -1,0 +1,245 @@
+//! A hostile peer speaking raw UCX cannot write or read an owner's memory.
+//!
+//! The peer builds its own context *with* `UCP_FEATURE_RMA`, creates an
+//! endpoint to the worker address the engine hands out, unpacks a
+//! well-formed UCX key, and sends an emulated PUT and an emulated GET aimed
+//! at a registered region and at memory the owner never registered. A worker
+//! with RMA would serve both from whatever address the header names; the
+//! engine's worker has no RMA, so UCX installed no handler for them and they
+//! are dropped. The owner's bytes stay as they were, nothing of the owner
+//! comes back, and the owner keeps serving its real consumer.
+
+mod common;
+
+use std::ffi::{CString, c_void};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_ucx::Transport;
+use ucx_sys as sys;
+
+/// How long the peer waits for an operation the owner should never answer.
+const PATIENCE: Duration = Duration::from_millis(400);
+
+/// A bare UCP context, worker and endpoint, driven from the test thread.
+struct RawPeer {
+    context: sys::ucp_context_h,
+    worker: sys::ucp_worker_h,
+    ep: sys::ucp_ep_h,
+    rkey: sys::ucp_rkey_h,
+}
+
+fn is_err(ptr: sys::ucs_status_ptr_t) -> bool {
+    (ptr as usize) >= (sys::UCS_ERR_LAST as isize as usize)
+}
+
+impl RawPeer {
+    /// Connects to `address` over `tls` with RMA enabled.
+    fn connect(tls: &str, address: &[u8]) -> RawPeer {
+        let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+        // SAFETY: defaults; out-pointer valid.
+        let status = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
+        assert_eq!(status, sys::UCS_OK);
+        for (key, value) in [("TLS", tls), ("NET_DEVICES", "lo"), ("MEM_EVENTS", "n")] {
+            let (k, v) = (CString::new(key).unwrap(), CString::new(value).unwrap());
+            // SAFETY: live config, NUL-terminated strings UCX copies.
+            let status = unsafe { sys::ucp_config_modify(config, k.as_ptr(), v.as_ptr()) };
+            assert_eq!(status, sys::UCS_OK, "UCX_{key}={value}");
+        }
+        let params = sys::ucp_params_t {
+            field_mask: u64::from(sys::UCP_PARAM_FIELD_FEATURES),
+            features: u64::from(sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM),
+            ..Default::default()
+        };
+        let mut context: sys::ucp_context_h = ptr::null_mut();
+        // SAFETY: initialised params, live config, valid out-pointer.
+        let status = unsafe { sys::ucp_init_version(1, 22, &params, config, &mut context) };
+        // SAFETY: released once, after use.
+        unsafe { sys::ucp_config_release(config) };
+        assert_eq!(status, sys::UCS_OK, "raw peer context");
+        let worker_params = sys::ucp_worker_params_t {
+            field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
+            thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+            ..Default::default()
+        };
+        let mut worker: sys::ucp_worker_h = ptr::null_mut();
+        // SAFETY: live context, initialised params.
+        let status = unsafe { sys::ucp_worker_create(context, &worker_params, &mut worker) };
+        assert_eq!(status, sys::UCS_OK, "raw peer worker");
+        let ep_params = sys::ucp_ep_params_t {
+            field_mask: u64::from(
+                sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+            ),
+            address: address.as_ptr().cast(),
+            err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
+            ..Default::default()
+        };
+        let mut ep: sys::ucp_ep_h = ptr::null_mut();
+        // SAFETY: live worker; the address is the engine's own, well formed.
+        let status = unsafe { sys::ucp_ep_create(worker, &ep_params, &mut ep) };
+        assert_eq!(status, sys::UCS_OK, "raw peer endpoint");
+        // The key every tcp or shared-memory registration packs to.
+        let key = [0u8; 9];
+        let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
+        // SAFETY: live endpoint; a well-formed 9-byte key.
+        let status = unsafe { sys::ucp_ep_rkey_unpack(ep, key.as_ptr().cast(), &mut rkey) };
+        assert_eq!(status, sys::UCS_OK, "raw peer key");
+        RawPeer {
+            context,
+            worker,
+            ep,
+            rkey,
+        }
+    }
+
+    /// Progresses until `request` completes or [`PATIENCE`] passes; returns
+    /// whether it completed (successfully or not).
+    fn wait(&self, request: sys::ucs_status_ptr_t) -> bool {
+        if request.is_null() || is_err(request) {
+            return true;
+        }
+        let start = Instant::now();
+        while start.elapsed() < PATIENCE {
+            // SAFETY: live worker on this thread.
+            unsafe { sys::ucp_worker_progress(self.worker) };
+            // SAFETY: a live request of this worker.
+            if unsafe { sys::ucp_request_check_status(request.cast()) } != sys::UCS_INPROGRESS {
+                return true;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        false
+    }
+
+    /// Emulated PUT of `bytes` to `remote` followed by a flush.
+    fn put(&self, remote: u64, bytes: &[u8]) {
+        let param = sys::ucp_request_param_t::default();
+        // SAFETY: live endpoint and key; `bytes` outlives the wait below
+        // (and the endpoint is force-closed before it goes).
+        let put = unsafe {
+            sys::ucp_put_nbx(
+                self.ep,
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                remote,
+                self.rkey,
+                &param,
+            )
+        };
+        self.wait(put);
+        // SAFETY: live endpoint.
+        let flush = unsafe { sys::ucp_ep_flush_nbx(self.ep, &param) };
+        self.wait(flush);
+    }
+
+    /// Emulated GET of `len` bytes at `remote` into a zeroed buffer.
+    fn get(&self, remote: u64, into: &mut [u8]) {
+        let param = sys::ucp_request_param_t::default();
+        // SAFETY: live endpoint and key; `into` outlives the peer's endpoint
+        // (the caller drops the peer first).
+        let get = unsafe {
+            sys::ucp_get_nbx(
+                self.ep,
+                into.as_mut_ptr().cast::<c_void>(),
+                into.len(),
+                remote,
+                self.rkey,
+                &param,
+            )
+        };
+        self.wait(get);
+    }
+}
+
+impl Drop for RawPeer {
+    fn drop(&mut self) {
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+            flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
+            ..Default::default()
+        };
+        // SAFETY: live key and endpoint, each released once; the forced
+        // close cancels the requests the owner never answered.
+        unsafe {
+            sys::ucp_rkey_destroy(self.rkey);
+            let close = sys::ucp_ep_close_nbx(self.ep, &param);
+            if !close.is_null() && !is_err(close) {
+                while sys::ucp_request_check_status(close.cast()) == sys::UCS_INPROGRESS {
+                    sys::ucp_worker_progress(self.worker);
+                }
+                sys::ucp_request_free(close.cast());
+            }
+            sys::ucp_worker_destroy(self.worker);
+            sys::ucp_cleanup(self.context);
+        }
+    }
+}
+
+/// Runs the attack against an engine of `transport` from a peer on `tls`.
+async fn attack(transport: Transport, tls: &str) {
+    let (owner, consumer) = engines(transport.clone());
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let registered = PageBuf::filled(4096, pattern);
+    let unregistered = PageBuf::filled(4096, pattern);
+    let region = map(&ob, &registered).await;
+
+    let address = owner.worker_address();
+    let tls_owned = tls.to_owned();
+    let (registered_addr, unregistered_addr) =
+        (registered.addr() as u64, unregistered.addr() as u64);
+    let stolen = tokio::task::spawn_blocking(move || {
+        let peer = RawPeer::connect(&tls_owned, &address);
+        let evil = vec![0xEEu8; 4096];
+        peer.put(registered_addr, &evil);
+        peer.put(unregistered_addr, &evil);
+        let mut from_registered = vec![0u8; 4096];
+        let mut from_unregistered = vec![0u8; 4096];
+        peer.get(registered_addr, &mut from_registered);
+        peer.get(unregistered_addr, &mut from_unregistered);
+        drop(peer);
+        (from_registered, from_unregistered)
+    })
+    .await
+    .expect("the raw peer ran");
+
+    let want = PageBuf::filled(4096, pattern).snapshot();
+    assert!(
+        registered.snapshot() == want,
+        "a raw PUT changed a registered region over {transport:?} from {tls}"
+    );
+    assert!(
+        unregistered.snapshot() == want,
+        "a raw PUT changed unregistered memory over {transport:?} from {tls}"
+    );
+    assert!(
+        stolen.0.iter().all(|&b| b == 0) && stolen.1.iter().all(|&b| b == 0),
+        "a raw GET returned owner bytes over {transport:?} from {tls}"
+    );
+
+    // The owner still serves its real consumer.
+    let dst = PageBuf::zeroed(4096);
+    let dst_region = map(&cb, &dst).await;
+    let request = get_request(OWNER, &describe(&registered, &region), &dst_region, 0, None);
+    assert_eq!(cb.get(request).await, Ok(()), "{transport:?}");
+    assert!(dst.snapshot() == want);
+    consumer.shutdown().await;
+    owner.shutdown().await;
+    assert_eq!(owner.live_registrations(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_tcp_peer_can_neither_write_nor_read_a_tcp_owner() {
+    attack(Transport::Tcp, "tcp").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_tcp_peer_can_neither_write_nor_read_a_same_host_owner() {
+    attack(Transport::SameHost, "tcp").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_tcp_peer_can_neither_write_nor_read_an_auto_owner() {
+    attack(Transport::Auto, "tcp").await;
+}
