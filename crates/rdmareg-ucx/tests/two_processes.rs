@@ -1,8 +1,9 @@
 //! Two OS processes: this test binary re-executes itself as an *owner*
 //! (selected by an environment variable) that registers memory and prints
 //! its worker address and a descriptor on stdout; the test process is the
-//! consumer. Covers GETs across processes, a peer killed mid-transfer, and a
-//! peer stopped with SIGSTOP.
+//! consumer. Covers GETs across processes, a peer killed mid-transfer, a
+//! peer stopped with SIGSTOP, and consumers (another re-execution, role
+//! `consumer`) SIGKILLed while the owner serves them.
 //!
 //! The binary has its own `main` (no libtest harness) because it is also
 //! the owner. Arguments that do not start with `-` filter tests by substring.
@@ -23,6 +24,8 @@ use rdmareg_ucx::{Transport, UcxEngine};
 const ROLE: &str = "RDMAREG_UCX_TEST_ROLE";
 const TRANSPORT: &str = "RDMAREG_UCX_TEST_TRANSPORT";
 const SIZE: &str = "RDMAREG_UCX_TEST_SIZE";
+const OWNER_ADDRESS: &str = "RDMAREG_UCX_TEST_OWNER_ADDRESS";
+const OWNER_DESCRIPTOR: &str = "RDMAREG_UCX_TEST_OWNER_DESCRIPTOR";
 const MIB: usize = 1024 * 1024;
 
 fn transport_named(name: &str) -> Transport {
@@ -73,6 +76,32 @@ fn owner_main() {
     let _ = runtime.block_on(backend.unmap(region.backend_region_id));
     engine.shutdown_blocking();
     drop(buf);
+}
+
+/// The consumer role: read the owner's whole descriptor over and over,
+/// saying `READING` before each read, until killed.
+fn consumer_main() {
+    let transport = transport_named(&std::env::var(TRANSPORT).expect("transport"));
+    let address = Bytes::from(unhex(&std::env::var(OWNER_ADDRESS).expect("address")));
+    let descriptor =
+        Descriptor::decode(&unhex(&std::env::var(OWNER_DESCRIPTOR).expect("descriptor")))
+            .expect("descriptor");
+    let engine = UcxEngine::start(config(transport)).expect("consumer engine starts");
+    engine.add_peer(OWNER, address).expect("owner recorded");
+    let backend = engine.backend();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dst = PageBuf::zeroed(descriptor.len() as usize);
+        let region = map(&backend, &dst).await;
+        loop {
+            println!("READING");
+            std::io::stdout().flush().unwrap();
+            let request = get_request(OWNER, &descriptor, &region, 0, None);
+            let _ = backend.get(request).await;
+        }
+    });
 }
 
 /// A running owner process.
@@ -132,6 +161,16 @@ impl Owner {
             libc::WIFSTOPPED(status),
             "the owner did not stop: {status:#x}"
         );
+    }
+
+    /// The owner's exit status if it has exited.
+    fn child_status(&self) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id() as libc::pid_t;
+        let mut status: libc::c_int = 0;
+        // SAFETY: `status` is a valid out-pointer; WNOHANG makes this a
+        // poll of our own child.
+        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        (rc == pid).then(|| std::os::unix::process::ExitStatusExt::from_raw(status))
     }
 
     /// Closes stdin so the owner tears down, and waits for it.
@@ -302,10 +341,63 @@ fn a_stopped_peer_makes_a_get_time_out_at_its_deadline() {
 /// One test of this binary.
 type TestFn = Box<dyn Fn()>;
 
+/// Consumers SIGKILLed while the owner streams them a 64 MiB reply, one
+/// after another: the owner must never abort (UCX's emulated GET aborted it
+/// in about one kill in sixteen when the consumer's connection reset
+/// mid-reply) and must go on serving.
+fn killed_consumers_never_take_the_owner_down(transport: &str, rounds: u64) {
+    let owner = Owner::spawn(transport, 64 * MIB);
+    for round in 0..rounds {
+        let mut consumer = Command::new(std::env::current_exe().unwrap())
+            .env(ROLE, "consumer")
+            .env(TRANSPORT, transport)
+            .env(OWNER_ADDRESS, hex(&owner.address))
+            .env(OWNER_DESCRIPTOR, hex(&owner.descriptor.encode()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("consumer process starts");
+        let mut stdout = BufReader::new(consumer.stdout.take().unwrap());
+        let mut line = String::new();
+        // Kill at spread-out moments of the stream: before the first read
+        // has been answered, and in the middle of later ones.
+        let reads_before_kill = 1 + round % 3;
+        for _ in 0..reads_before_kill {
+            line.clear();
+            stdout.read_line(&mut line).expect("consumer reports");
+            assert_eq!(line.trim(), "READING", "round {round}");
+        }
+        std::thread::sleep(Duration::from_millis(round * 7 % 23));
+        consumer.kill().expect("SIGKILL the consumer");
+        let _ = consumer.wait();
+        std::thread::sleep(Duration::from_millis(20));
+        let exited = owner.child_status();
+        assert!(
+            exited.is_none(),
+            "the owner died after consumer {round} was killed: {exited:?}"
+        );
+    }
+    // It still serves.
+    let engine = consumer(transport);
+    engine.add_peer(OWNER, owner.address.clone()).unwrap();
+    let backend = engine.backend();
+    runtime().block_on(async {
+        let dst = PageBuf::zeroed(64 * MIB);
+        let region = map(&backend, &dst).await;
+        let request = get_request(OWNER, &owner.descriptor, &region, 0, None);
+        assert_eq!(backend.get(request).await, Ok(()));
+        assert!(dst.snapshot() == PageBuf::filled(64 * MIB, pattern).snapshot());
+        assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
+    });
+    engine.shutdown_blocking();
+    owner.finish();
+}
+
 fn main() {
-    if std::env::var(ROLE).as_deref() == Ok("owner") {
-        owner_main();
-        return;
+    match std::env::var(ROLE).as_deref() {
+        Ok("owner") => return owner_main(),
+        Ok("consumer") => return consumer_main(),
+        _ => {}
     }
     let tests: Vec<(&str, TestFn)> = vec![
         (
@@ -331,6 +423,14 @@ fn main() {
         (
             "a_stopped_peer_makes_a_get_time_out_at_its_deadline",
             Box::new(a_stopped_peer_makes_a_get_time_out_at_its_deadline),
+        ),
+        (
+            "killed_consumers_never_take_the_owner_down_over_tcp",
+            Box::new(|| killed_consumers_never_take_the_owner_down("tcp", 40)),
+        ),
+        (
+            "killed_consumers_never_take_the_owner_down_over_same_host",
+            Box::new(|| killed_consumers_never_take_the_owner_down("same-host", 12)),
         ),
     ];
     let args = HarnessArgs::parse(std::env::args().skip(1));
