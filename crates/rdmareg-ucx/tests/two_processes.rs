@@ -83,9 +83,10 @@ fn owner_main() {
 fn consumer_main() {
     let transport = transport_named(&std::env::var(TRANSPORT).expect("transport"));
     let address = Bytes::from(unhex(&std::env::var(OWNER_ADDRESS).expect("address")));
-    let descriptor =
-        Descriptor::decode(&unhex(&std::env::var(OWNER_DESCRIPTOR).expect("descriptor")))
-            .expect("descriptor");
+    let descriptor = Descriptor::decode(&unhex(
+        &std::env::var(OWNER_DESCRIPTOR).expect("descriptor"),
+    ))
+    .expect("descriptor");
     let engine = UcxEngine::start(config(transport)).expect("consumer engine starts");
     engine.add_peer(OWNER, address).expect("owner recorded");
     let backend = engine.backend();

@@ -225,6 +225,19 @@ impl OpTable {
         None
     }
 
+    /// Reads whose rendezvous receive runs on endpoint `serial`: they keep
+    /// the endpoint busy until UCX ends them.
+    pub(crate) fn receiving_on_endpoint(&self, serial: u64) -> usize {
+        self.active_slots()
+            .into_iter()
+            .filter_map(|slot| self.op(slot))
+            // SAFETY: as in `op`.
+            .filter(|&op| unsafe {
+                (*op).endpoint_serial == serial && (*op).phase == Phase::Receiving
+            })
+            .count()
+    }
+
     /// Active slots, for sweeps.
     fn active_slots(&self) -> Vec<u32> {
         (0..self.slots.len() as u32)

@@ -3,8 +3,13 @@
 //! # Rules
 //!
 //! - `add_peer` only records the packed worker address; the endpoint is
-//!   created by the first GET that needs it. Re-adding a peer with a new
-//!   address closes the old endpoint.
+//!   created by the first read that needs it. There is **one endpoint per
+//!   remote worker address**, shared by every peer id naming it: services
+//!   re-add the same owners under new ids, and every fresh endpoint costs a
+//!   connection on both sides.
+//! - An endpoint is closed when the last peer id naming its address is
+//!   removed or re-added elsewhere. Idle endpoints close gracefully; see
+//!   `close_endpoint` for what UCX 1.22 still leaves open on the peer's side.
 //! - Endpoints are created with peer error handling unless the transport is
 //!   the no-error-handling shared-memory option. When UCX reports an endpoint
 //!   failed, the engine closes it (forcibly: receives running on it complete
@@ -42,20 +47,21 @@ pub(crate) struct ErrorContext {
     serial: u64,
 }
 
-/// A live endpoint to a peer.
+/// A live endpoint to a remote worker.
 #[derive(Debug)]
 pub(crate) struct Endpoint {
     pub(crate) handle: EpHandle,
     /// Unique over the engine's life: names this endpoint in callbacks and
-    /// in the remote-key cache, so nothing confuses it with its successor.
+    /// in read ops, so nothing confuses it with its successor.
     pub(crate) serial: u64,
     error_context: *mut ErrorContext,
 }
 
-#[derive(Debug)]
-pub(crate) struct Peer {
-    address: Bytes,
+/// The peer ids naming one remote worker address, and the endpoint to it.
+#[derive(Debug, Default)]
+struct Connection {
     endpoint: Option<Endpoint>,
+    peer_ids: usize,
 }
 
 #[derive(Debug)]
@@ -64,14 +70,27 @@ struct ClosingEndpoint {
     error_context: *mut ErrorContext,
 }
 
-/// Peers by id, plus endpoints whose close is still in progress.
+/// Peers by id, connections by address, plus endpoints whose close is
+/// still in progress.
 #[derive(Debug, Default)]
 pub(crate) struct PeerTable {
-    peers: HashMap<PeerId, Peer>,
+    peers: HashMap<PeerId, Bytes>,
+    connections: HashMap<Bytes, Connection>,
     next_serial: u64,
     closing: Vec<ClosingEndpoint>,
     /// Contexts that may still be called back until the worker is gone.
     parked_contexts: Vec<*mut ErrorContext>,
+}
+
+/// Why an endpoint is being closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CloseCause {
+    /// UCX reported the connection failed.
+    Failed,
+    /// This engine no longer needs it, or gives up on a receive on it.
+    Local,
+    /// Teardown: whatever still runs on it is cancelled.
+    Teardown,
 }
 
 impl PeerTable {
@@ -82,7 +101,32 @@ impl PeerTable {
 
     /// The current endpoint serial of `peer`, if it has a live endpoint.
     pub(crate) fn current_serial(&self, peer: PeerId) -> Option<u64> {
-        self.peers.get(&peer)?.endpoint.as_ref().map(|e| e.serial)
+        let address = self.peers.get(&peer)?;
+        self.connections
+            .get(address)?
+            .endpoint
+            .as_ref()
+            .map(|e| e.serial)
+    }
+
+    /// Forgets that `peer` names `address`; returns the endpoint to close
+    /// if no peer id names it any more.
+    fn detach(&mut self, address: &Bytes) -> Option<Endpoint> {
+        let connection = self.connections.get_mut(address)?;
+        connection.peer_ids = connection.peer_ids.saturating_sub(1);
+        if connection.peer_ids > 0 {
+            return None;
+        }
+        self.connections.remove(address)?.endpoint
+    }
+
+    /// The endpoint numbered `serial`, taken out of its connection.
+    fn take_endpoint(&mut self, serial: u64) -> Option<(Bytes, Endpoint)> {
+        let (address, connection) = self
+            .connections
+            .iter_mut()
+            .find(|(_, c)| c.endpoint.as_ref().is_some_and(|e| e.serial == serial))?;
+        Some((address.clone(), connection.endpoint.take()?))
     }
 }
 
@@ -91,9 +135,9 @@ impl Drop for PeerTable {
         // Runs after the worker is destroyed (field order in `Engine`), so
         // no callback can reach these contexts any more.
         let live = self
-            .peers
+            .connections
             .values_mut()
-            .filter_map(|p| p.endpoint.take())
+            .filter_map(|c| c.endpoint.take())
             .map(|e| e.error_context);
         let closing = self.closing.drain(..).map(|c| c.error_context);
         let all: Vec<_> = live
@@ -131,52 +175,51 @@ unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, _ep: ucp_ep_h, status: 
 impl Engine {
     /// `Command::AddPeer`.
     pub(super) fn add_peer(&mut self, peer: PeerId, address: Bytes) {
-        if let Some(existing) = self.peers.peers.get_mut(&peer) {
-            if existing.address == address {
+        if let Some(existing) = self.peers.peers.get(&peer) {
+            if *existing == address {
                 return;
             }
-            existing.address = address;
-            if let Some(endpoint) = existing.endpoint.take() {
-                tracing::debug!(%peer, "peer re-added with a new address; closing its endpoint");
+            let old = existing.clone();
+            if let Some(endpoint) = self.peers.detach(&old) {
+                tracing::debug!(%peer, "peer re-added with a new address; closing the endpoint nobody else uses");
                 let reason = RdmaError::Backend(format!(
                     "ucx: {peer} was re-added with a new address while the read waited"
                 ));
-                self.close_endpoint(endpoint, &reason);
+                self.close_endpoint(endpoint, CloseCause::Local, &reason);
             }
-            return;
         }
-        self.peers.peers.insert(
-            peer,
-            Peer {
-                address,
-                endpoint: None,
-            },
-        );
+        self.peers
+            .connections
+            .entry(address.clone())
+            .or_default()
+            .peer_ids += 1;
+        self.peers.peers.insert(peer, address);
     }
 
     /// `Command::RemovePeer`.
     pub(super) fn remove_peer(&mut self, peer: PeerId) {
-        if let Some(endpoint) = self
-            .peers
-            .peers
-            .remove(&peer)
-            .and_then(|mut p| p.endpoint.take())
-        {
+        let Some(address) = self.peers.peers.remove(&peer) else {
+            return;
+        };
+        if let Some(endpoint) = self.peers.detach(&address) {
             let reason =
                 RdmaError::Backend(format!("ucx: {peer} was removed while the read waited"));
-            self.close_endpoint(endpoint, &reason);
+            self.close_endpoint(endpoint, CloseCause::Local, &reason);
         }
     }
 
-    /// The live endpoint to `peer`, created now if it has none.
+    /// The live endpoint to `peer`'s address, created now if it has none.
     pub(super) fn endpoint_for(&mut self, peer: PeerId) -> Result<(EpHandle, u64), RdmaError> {
         let error_handling = self.settings.peer_error_handling;
         let events: *const Events = &*self.events;
         let table = &mut self.peers;
-        let Some(entry) = table.peers.get_mut(&peer) else {
+        let Some(address) = table.peers.get(&peer) else {
             return Err(RdmaError::NotConfigured);
         };
-        if let Some(endpoint) = &entry.endpoint {
+        let Some(connection) = table.connections.get_mut(address) else {
+            return Err(RdmaError::NotConfigured);
+        };
+        if let Some(endpoint) = &connection.endpoint {
             return Ok((endpoint.handle, endpoint.serial));
         }
         table.next_serial += 1;
@@ -192,10 +235,10 @@ impl Engine {
         // packed worker address (the engine's trust boundary, see the crate
         // docs); the error context lives until the close completes or the
         // worker is destroyed.
-        match unsafe { self.worker.create_endpoint(&entry.address, on_error) } {
+        match unsafe { self.worker.create_endpoint(address, on_error) } {
             Ok(handle) => {
                 tracing::debug!(%peer, serial, "endpoint created");
-                entry.endpoint = Some(Endpoint {
+                connection.endpoint = Some(Endpoint {
                     handle,
                     serial,
                     error_context,
@@ -216,54 +259,62 @@ impl Engine {
 
     /// UCX reported endpoint `serial` failed.
     pub(super) fn endpoint_failed(&mut self, serial: u64, status: ucs_status_t) {
-        let found = self
-            .peers
-            .peers
-            .iter_mut()
-            .find(|(_, p)| p.endpoint.as_ref().is_some_and(|e| e.serial == serial));
-        let Some((peer, entry)) = found else {
+        let Some((_, endpoint)) = self.peers.take_endpoint(serial) else {
             return; // Already closed or replaced.
         };
-        let peer = *peer;
-        if let Some(endpoint) = entry.endpoint.take() {
-            tracing::warn!(%peer, serial, status = %status_text(status), "endpoint failed; closing it, the next read reconnects");
-            let reason = RdmaError::Backend(format!(
-                "ucx: the connection to {peer} failed: {}",
-                status_text(status)
-            ));
-            self.close_endpoint(endpoint, &reason);
-        }
+        tracing::warn!(serial, status = %status_text(status), "endpoint failed; closing it, the next read reconnects");
+        let reason = RdmaError::Backend(format!(
+            "ucx: the connection failed: {}",
+            status_text(status)
+        ));
+        self.close_endpoint(endpoint, CloseCause::Failed, &reason);
     }
 
-    /// The GET on endpoint `serial` to `peer` missed its deadline.
+    /// A read on endpoint `serial` to `peer` missed its deadline while UCX
+    /// was receiving its bytes.
     pub(super) fn declare_unresponsive(&mut self, peer: PeerId, serial: u64) {
         if !self.settings.peer_error_handling {
             // Without peer error handling a forced close is undefined
-            // behaviour in UCX; the request keeps its region until it ends.
+            // behaviour in UCX; the receive keeps its region until it ends.
             return;
         }
         if self.peers.current_serial(peer) != Some(serial) {
             return;
         }
-        let endpoint = self
-            .peers
-            .peers
-            .get_mut(&peer)
-            .and_then(|p| p.endpoint.take());
-        if let Some(endpoint) = endpoint {
+        if let Some((_, endpoint)) = self.peers.take_endpoint(serial) {
             tracing::warn!(%peer, serial, "read deadline passed during its receive; force-closing the endpoint so UCX releases the destination");
             let reason = RdmaError::Backend(format!(
                 "ucx: the endpoint to {peer} was force-closed after another read's deadline"
             ));
-            self.close_endpoint(endpoint, &reason);
+            self.close_endpoint(endpoint, CloseCause::Local, &reason);
         }
     }
 
-    /// Starts closing `endpoint` (forcibly when peer error handling is on),
-    /// answering the reads still waiting for a reply on it with `reason`.
-    pub(super) fn close_endpoint(&mut self, endpoint: Endpoint, reason: &RdmaError) {
+    /// Starts closing `endpoint`, answering the reads still waiting for a
+    /// reply on it with `reason`.
+    ///
+    /// An idle endpoint is closed gracefully (flushed, then disconnected),
+    /// which lets the peer close its side of the connection at once; a
+    /// forced close leaves the peer's socket open until keepalive notices,
+    /// two descriptors per peer cycle. Receives still running on it, or a
+    /// failed connection, need the forced close (only allowed with peer
+    /// error handling): it makes UCX end the receives now.
+    ///
+    /// UCX 1.22 keeps the peer's side of a gracefully closed tcp connection
+    /// (the endpoint its wireup created toward us) until its keepalive asks
+    /// and learns the endpoint is gone, so a peer that is added and removed
+    /// under ever new addresses still costs its peer a socket for a
+    /// keepalive period. Reusing one endpoint per address keeps the common
+    /// churn — the same owners under new ids — at zero new connections.
+    pub(super) fn close_endpoint(
+        &mut self,
+        endpoint: Endpoint,
+        cause: CloseCause,
+        reason: &RdmaError,
+    ) {
         self.fail_awaiting_on_endpoint(endpoint.serial, reason);
-        let force = self.settings.peer_error_handling;
+        let busy = self.ops.receiving_on_endpoint(endpoint.serial) > 0;
+        let force = self.settings.peer_error_handling && (busy || cause != CloseCause::Local);
         // SAFETY: the endpoint was created on this worker and left the peer
         // table before this call, so it is closed exactly once.
         match unsafe { self.worker.close_endpoint(endpoint.handle, force) } {
@@ -300,12 +351,12 @@ impl Engine {
     pub(super) fn close_all_endpoints(&mut self) {
         let endpoints: Vec<Endpoint> = self
             .peers
-            .peers
+            .connections
             .values_mut()
-            .filter_map(|p| p.endpoint.take())
+            .filter_map(|c| c.endpoint.take())
             .collect();
         for endpoint in endpoints {
-            self.close_endpoint(endpoint, &RdmaError::ShuttingDown);
+            self.close_endpoint(endpoint, CloseCause::Teardown, &RdmaError::ShuttingDown);
         }
     }
 }
