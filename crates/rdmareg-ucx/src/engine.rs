@@ -237,9 +237,10 @@ impl UcxEngine {
     /// This engine's packed UCP worker address: what a peer passes to its
     /// own [`UcxEngine::add_peer`] to read from this engine.
     ///
-    /// Whoever holds it can create an endpoint to this process; on tcp and
-    /// shared memory that means reading any address of the process (see the
-    /// crate docs). Hand it only to trusted peers.
+    /// Whoever holds it can create an endpoint to this process and send it
+    /// read requests; what they can read is bounded by the descriptors they
+    /// were given, which the engine checks on every request (see the crate
+    /// docs).
     pub fn worker_address(&self) -> Bytes {
         self.worker_address.clone()
     }

@@ -22,62 +22,65 @@
 //! # Architecture
 //!
 //! - One OS thread (`progress`) owns the UCP context, one single-threaded
-//!   worker, endpoints, memory handles and unpacked remote keys. Raw handles
-//!   never leave it.
+//!   worker, endpoints and memory handles. Raw handles never leave it.
 //! - Submitters reach it through a bounded command ring and an unbounded
 //!   control lane (`command`), and are answered on one-shot channels. They
 //!   wake it (`doorbell`) only when it sleeps; while it spins, submitting is
 //!   a queue push.
 //! - [`UcxBackend`] adds cancellation safety on the submitting side.
 //!
-//! # Safety model
+//! # Safety model: owners serve every read themselves
 //!
-//! Registered memory is remotely readable and writable by whoever holds its
-//! key: UCP enforces no protection. On tcp and shared memory it is worse: the
-//! packed key is 9 bytes that **bound nothing**, so any peer that holds this
-//! engine's worker address and can create an endpoint can read any address
-//! of the process. The trust boundary is therefore who receives
-//! [`UcxEngine::worker_address`]. rdmareg's own bounds checks (a GET's
-//! destination must lie inside the pointer and length that were mapped)
-//! protect the consumer from naming bytes it should not — never the owner
-//! from a hostile peer.
+//! UCX's one-sided GET and PUT are *emulated* on every lane without
+//! remote-access hardware (tcp, and the messaging side of shared memory):
+//! the target's own progress serves them from whatever raw address the
+//! request names, with no key check and no bounds, and `ucp_mem_unmap` does
+//! not stop a read already streaming. Any peer able to reach a worker whose
+//! context has `UCP_FEATURE_RMA` can read or write any byte of the process.
+//! So:
 //!
-//! Keys from the wire are untrusted bytes: `ucp_ep_rkey_unpack` takes no
-//! length, so every key is validated against the packed-key layout of the
-//! running UCX ([`packed_key`]) before UCX sees it, and a UCX version whose
-//! layout is unknown gets every key refused. Peer worker addresses are
-//! parsed by UCX unchecked too; they are trusted input by the rule above.
+//! - **No worker of this engine has `UCP_FEATURE_RMA`.** Its context has
+//!   active messages and wake-up only, so UCX installs none of the emulation
+//!   handlers: a crafted PUT or GET request aimed at it is dropped (see the
+//!   `raw_peer` tests).
+//! - **A read is a request the owner checks** ([`read_protocol`]): the
+//!   descriptor's key names a registration (an id never reused) and carries
+//!   its 16-byte random capability; the owner's engine serves only a live,
+//!   not-unmapping registration, a matching capability, and a range inside
+//!   the mapped pointer and length. Everything else is refused, typed, with
+//!   no byte sent: a forged address gets `OutOfRange`, a stale or foreign
+//!   key `RegionNotFound`.
+//! - **Served bytes are leased:** an unmap waits until UCX finished sending
+//!   every reply that reads from the region, so when `unmap` answers `Ok`
+//!   nothing reads the memory any more and the caller may free it.
+//! - **An answer means UCX has let go:** a read is answered only after UCX
+//!   released its destination, so safe code never holds a `&mut` to bytes
+//!   UCX may still write.
 //!
-//! # Software-emulated GET: a paused or vanishing consumer can abort the owner
+//! Large replies travel by rendezvous straight into the destination; on
+//! same-host lanes UCX pulls them with cma, so bulk data still moves with
+//! one copy. What bounds a peer is the owner's check, on every lane; on the
+//! same host a peer running as the same user can also read the process
+//! through the kernel (`process_vm_readv`), which no library can prevent.
 //!
-//! On transports without remote-read hardware (tcp), a GET is served by the
-//! *owner's* UCX progress, which sends the bytes back over the connection.
-//! UCX (1.22, and upstream at the time of writing) treats a send that fails
-//! while it is still answering as fatal: it aborts the owner's process
-//! (`ucp_request.inl`, "Fatal: unexpected error: Endpoint timeout") instead
-//! of dropping the reply. That happens whenever the consumer's connection is
-//! reset while the owner is answering, or before the owner has read the
-//! request — for instance a consumer that gives up on a stopped owner
-//! (debugger, cgroup freezer, long stall) and exits before the owner resumes.
-//!
-//! This engine never causes it by itself where it can help it: teardown lets
-//! GETs in flight finish before closing connections, and after giving up on
-//! GETs (deadline, peer removed or re-added) it keeps the worker up while
-//! their replies still arrive (both bounded by
-//! [`UcxConfig::teardown_timeout`]). What a consumer side cannot prevent is
-//! an owner resuming after its consumer is already gone, or a consumer
-//! crashing mid-GET. Where that matters, prefer transports that read
-//! without the owner: RDMA hardware, or [`Transport::SameHost`] (cma).
+//! Worker addresses from peers are parsed by UCX; hand them only to
+//! `add_peer` from peers you expect. Keys from the wire are decoded by the
+//! engine before anything else looks at them. The [`packed_key`] module
+//! validates UCX's own packed-key format (for a one-sided lane on RDMA
+//! hardware), which this engine's keys no longer carry.
 //!
 //! # Errors
 //!
 //! UCX failures surface as [`RdmaError::Backend`] with UCX's status text in
 //! the message. A GET to a peer never added is [`RdmaError::NotConfigured`];
 //! past its deadline it is [`RdmaError::Timeout`]; a malformed key is
-//! [`RdmaError::InvalidKey`]; a destination outside the mapped range is
-//! [`RdmaError::OutOfRange`]; after teardown began everything is
-//! [`RdmaError::ShuttingDown`].
+//! [`RdmaError::InvalidKey`]; a destination outside its mapped range, or a
+//! source the owner finds outside its registration, is
+//! [`RdmaError::OutOfRange`]; a key the owner does not recognise
+//! (deregistered, stale, forged) is [`RdmaError::RegionNotFound`]; after
+//! teardown began everything is [`RdmaError::ShuttingDown`].
 //!
+//! [`RdmaError::RegionNotFound`]: rdmareg_core::RdmaError::RegionNotFound
 //! [`RdmaBackend`]: rdmareg_backend::RdmaBackend
 //! [`RdmaError::Backend`]: rdmareg_core::RdmaError::Backend
 //! [`RdmaError::NotConfigured`]: rdmareg_core::RdmaError::NotConfigured
