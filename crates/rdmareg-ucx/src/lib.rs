@@ -94,6 +94,7 @@ mod engine;
 pub mod packed_key;
 mod progress;
 mod status;
+pub mod worker_address;
 
 pub use backend::UcxBackend;
 pub use config::{Transport, UcxConfig};
