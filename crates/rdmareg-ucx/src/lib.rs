@@ -46,7 +46,11 @@
 //! length, so every key is validated against the packed-key layout of the
 //! running UCX ([`packed_key`]) before UCX sees it, and a UCX version whose
 //! layout is unknown gets every key refused. Peer worker addresses are
-//! parsed by UCX unchecked too; they are trusted input by the rule above.
+//! untrusted bytes for the same reason (UCX aborts the process on some
+//! malformed ones and reads past the end of others): [`UcxEngine::add_peer`]
+//! validates each against the worker-address layout of the running UCX
+//! ([`worker_address`]) before UCX sees it. A well-formed address still
+//! grants its holder what the rule above says.
 //!
 //! # Software-emulated GET: a paused or vanishing consumer can abort the owner
 //!
@@ -74,7 +78,8 @@
 //! UCX failures surface as [`RdmaError::Backend`] with UCX's status text in
 //! the message. A GET to a peer never added is [`RdmaError::NotConfigured`];
 //! past its deadline it is [`RdmaError::Timeout`]; a malformed key is
-//! [`RdmaError::InvalidKey`]; a destination outside the mapped range is
+//! [`RdmaError::InvalidKey`]; a malformed peer worker address is
+//! [`RdmaError::InvalidWorkerAddress`]; a destination outside the mapped range is
 //! [`RdmaError::OutOfRange`]; after teardown began everything is
 //! [`RdmaError::ShuttingDown`].
 //!
@@ -83,6 +88,7 @@
 //! [`RdmaError::NotConfigured`]: rdmareg_core::RdmaError::NotConfigured
 //! [`RdmaError::Timeout`]: rdmareg_core::RdmaError::Timeout
 //! [`RdmaError::InvalidKey`]: rdmareg_core::RdmaError::InvalidKey
+//! [`RdmaError::InvalidWorkerAddress`]: rdmareg_core::RdmaError::InvalidWorkerAddress
 //! [`RdmaError::OutOfRange`]: rdmareg_core::RdmaError::OutOfRange
 //! [`RdmaError::ShuttingDown`]: rdmareg_core::RdmaError::ShuttingDown
 
