@@ -15,6 +15,9 @@ mod bootstrap;
 #[path = "../../crates/rdmareg-ucx/tests/packed_key_model/mod.rs"]
 mod packed_key_model;
 
+#[path = "../../crates/rdmareg-ucx/tests/worker_address_model/mod.rs"]
+mod worker_address_model;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -32,6 +35,7 @@ fn main() -> std::io::Result<()> {
     for (target, seeds) in [
         ("descriptor_decode", descriptor_seeds(&keys)),
         ("packed_key_validate", packed_key_seeds(&keys)),
+        ("worker_address", worker_address_seeds()),
         ("bootstrap_message", bootstrap_seeds(&keys)),
     ] {
         let dir = corpus.join(target);
@@ -103,6 +107,38 @@ fn packed_key_seeds(keys: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
     seeds.push(("every_section".into(), full_key()));
     for (name, key) in &seeds {
         assert_eq!(validate_packed_key(&format(), key), Ok(()), "{name}");
+    }
+    seeds
+}
+
+/// One real address per transport setting and address format (workers of
+/// one context differ only in their UUID), plus both full layouts.
+fn worker_address_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut seen = BTreeSet::new();
+    let mut seeds: Vec<_> = worker_address_model::real_addresses()
+        .into_iter()
+        .filter(|address| address.label.ends_with("/w1"))
+        .filter(|address| seen.insert(address.bytes.clone()))
+        .map(|address| {
+            let label = address.label.trim_end_matches("/w1").replace('/', "_");
+            (format!("real_{label}"), address.bytes)
+        })
+        .collect();
+    for version in [
+        worker_address_model::Version::V1,
+        worker_address_model::Version::V2,
+    ] {
+        seeds.push((
+            format!("every_section_{version:?}").to_lowercase(),
+            worker_address_model::full_spec(version).build(),
+        ));
+    }
+    for (name, address) in &seeds {
+        assert_eq!(
+            worker_address_model::format().validate(address),
+            Ok(()),
+            "{name}"
+        );
     }
     seeds
 }

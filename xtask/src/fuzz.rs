@@ -3,8 +3,8 @@
 //! time, and report what libFuzzer measured and any crash it found.
 //!
 //! The targets exercise the decoders that read bytes from peers: the wire
-//! descriptor, the UCX packed remote key validator and the CLI's bootstrap
-//! frames. `fuzz/` is its own cargo workspace, excluded from the main one.
+//! descriptor, the UCX packed remote key and worker address validators and
+//! the CLI's bootstrap frames. `fuzz/` is its own cargo workspace, excluded from the main one.
 //!
 //! # Requirements
 //!
@@ -14,7 +14,7 @@
 //! fix; the task never downloads a toolchain (rustup's auto-install is turned
 //! off for every command it starts). A missing cargo-fuzz is installed with
 //! `cargo install cargo-fuzz --locked`. UCX is provisioned first, as for the
-//! other tasks: the packed-key target links `rdmareg-ucx`.
+//! other tasks: the packed-key and worker-address targets link `rdmareg-ucx`.
 //!
 //! # Corpora
 //!
@@ -30,7 +30,7 @@
 //! CI machines are not guaranteed a nightly toolchain, and CI must not fail
 //! for a missing tool rather than for a defect. The same decoders are
 //! property-tested on stable in CI (`rdmareg-core`'s descriptor tests, the
-//! `packed_key_*` tests of `rdmareg-ucx`, the bootstrap tests of
+//! `packed_key_*` and `worker_address_*` tests of `rdmareg-ucx`, the bootstrap tests of
 //! `rdmareg-cli`), so CI still checks their properties on every change; this
 //! task is the longer, coverage-guided search run by hand or on a schedule.
 
@@ -45,6 +45,7 @@ use crate::util::{Context, Result, bail, cargo, probe, run, target_dir, workspac
 pub const TARGETS: &[&str] = &[
     "descriptor_decode",
     "packed_key_validate",
+    "worker_address",
     "bootstrap_message",
 ];
 

@@ -145,6 +145,67 @@ fn an_unreachable_owner_is_one_clear_line_and_exit_status_one() {
     assert!(started.elapsed() < Duration::from_secs(30));
 }
 
+/// Serves one bootstrap offer carrying `worker_address` and a one-page
+/// range, then holds the connection until the consumer closes it. Returns
+/// the address to `--connect` to.
+fn fake_owner(worker_address: Vec<u8>) -> String {
+    use std::io::{Read as _, Write as _};
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let address = listener.local_addr().expect("bound address").to_string();
+    std::thread::spawn(move || {
+        let Ok((mut stream, _)) = listener.accept() else {
+            return;
+        };
+        let descriptor = rdmareg_core::Descriptor::new(
+            "ucx",
+            0x7f00_0000_0000,
+            4096,
+            1,
+            bytes::Bytes::from_static(&[0; 9]),
+        )
+        .expect("a valid descriptor");
+        // An offer frame: tag 1, the worker address, one range (CRC32, descriptor).
+        let mut body = vec![1u8];
+        body.extend_from_slice(&(worker_address.len() as u32).to_le_bytes());
+        body.extend_from_slice(&worker_address);
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&0u32.to_le_bytes());
+        body.extend_from_slice(&descriptor.encode());
+        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        let _ = stream.write_all(&frame);
+        let _ = stream.read_to_end(&mut Vec::new());
+    });
+    address
+}
+
+#[test]
+fn a_fake_owner_with_a_malformed_worker_address_is_one_clear_line_and_exit_status_one() {
+    // Address version 2 in the first byte: UCX 1.22 aborted the consumer
+    // (SIGABRT) on it before worker addresses were validated.
+    let mut forged = vec![0x22];
+    forged.extend_from_slice(&[0x5A; 47]);
+    for worker_address in [forged, vec![0x20; 64]] {
+        let owner = fake_owner(worker_address);
+        let output = rdmareg()
+            .env_remove("UCX_DIR")
+            .env("UCX_WARN_UNUSED_ENV_VARS", "n")
+            .args(["demo", "--transport", "tcp", "--connect", &owner])
+            .output()
+            .expect("rdmareg runs");
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{stderr}");
+        assert!(
+            lines[0].contains("malformed peer worker address"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"));
+    }
+}
+
 #[test]
 fn bad_arguments_exit_with_status_two_and_say_what_is_wrong() {
     for (args, expected) in [

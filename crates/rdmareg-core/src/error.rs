@@ -52,6 +52,13 @@ pub enum RdmaError {
     #[error("malformed packed remote key: refused before the backend interpreted it")]
     InvalidKey,
 
+    /// A peer's worker address (how to reach it) is not well-formed for the
+    /// backend that has to interpret it, and was refused before the backend
+    /// parsed it. The text says what is wrong. A fact about the bytes the
+    /// peer sent: retrying with the same address cannot succeed.
+    #[error("malformed peer worker address, refused before the backend parsed it: {0}")]
+    InvalidWorkerAddress(String),
+
     /// The backend failed. The text names the backend-level condition so a
     /// human can diagnose it from the message alone. Transient or
     /// environmental by nature: a caller may reasonably retry.
@@ -121,5 +128,6 @@ mod tests {
         assert!(!RdmaError::OutOfRange.is_transient());
         assert!(!RdmaError::NotOwned.is_transient());
         assert!(!RdmaError::ShuttingDown.is_transient());
+        assert!(!RdmaError::InvalidWorkerAddress(String::new()).is_transient());
     }
 }

@@ -32,6 +32,7 @@ use crate::command::{Command, Signals};
 use crate::config::UcxConfig;
 use crate::doorbell::Doorbell;
 use crate::progress;
+use crate::worker_address::WorkerAddressFormat;
 
 /// Extra time a blocking shutdown grants the thread beyond its own teardown
 /// timeout before it gives up waiting.
@@ -254,19 +255,31 @@ impl UcxEngine {
     ///
     /// The endpoint is created by the first GET to `peer`. Re-adding a peer
     /// with a different address closes its current endpoint (GETs in flight
-    /// on it fail). The address is parsed by UCX without a length check, so
-    /// it must come from a trusted peer.
+    /// on it fail). UCX parses the address without a length check, so it is
+    /// validated here against the worker-address layout of the UCX in use
+    /// ([`crate::worker_address`]) and stored padded; a malformed address is
+    /// refused and leaves the peer table unchanged.
     ///
     /// # Errors
-    /// [`RdmaError::ShuttingDown`] after teardown began;
-    /// [`RdmaError::Backend`] for an empty address.
+    /// [`RdmaError::InvalidWorkerAddress`] for an address that is empty, not
+    /// well-formed, or from a UCX version whose layout is unknown;
+    /// [`RdmaError::ShuttingDown`] after teardown began.
     pub fn add_peer(&self, peer: PeerId, address: Bytes) -> Result<(), RdmaError> {
-        if address.is_empty() {
-            return Err(RdmaError::Backend(format!(
-                "ucx: empty worker address for {peer}"
-            )));
-        }
-        self.shared.push_now(Command::AddPeer { peer, address })
+        let (major, minor, _) = self.ucx_version;
+        let format = WorkerAddressFormat::for_ucx_version(major, minor).ok_or_else(|| {
+            RdmaError::InvalidWorkerAddress(format!(
+                "the worker-address layout of UCX {major}.{minor} is unknown (known: {:?}), so no address is accepted",
+                WorkerAddressFormat::supported_versions().collect::<Vec<_>>()
+            ))
+        })?;
+        let padded = format.copy_for_endpoint(&address).map_err(|err| {
+            tracing::debug!(%peer, error = %err, "refusing peer worker address");
+            RdmaError::InvalidWorkerAddress(format!("{err} (for {peer})"))
+        })?;
+        self.shared.push_now(Command::AddPeer {
+            peer,
+            address: Bytes::from(padded),
+        })
     }
 
     /// Forgets `peer` and closes its endpoint; GETs in flight to it fail.

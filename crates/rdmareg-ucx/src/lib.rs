@@ -63,9 +63,11 @@
 //! same host a peer running as the same user can also read the process
 //! through the kernel (`process_vm_readv`), which no library can prevent.
 //!
-//! Worker addresses from peers are parsed by UCX; hand them only to
-//! `add_peer` from peers you expect. Keys from the wire are decoded by the
-//! engine before anything else looks at them. The [`packed_key`] module
+//! Bytes from peers are validated before UCX or the engine acts on them:
+//! keys are decoded by the engine ([`read_protocol`]), and worker addresses
+//! are checked against the worker-address layout of the running UCX
+//! ([`worker_address`]) by [`UcxEngine::add_peer`] — UCX aborts the process
+//! on some malformed ones and reads past the end of others. The [`packed_key`] module
 //! validates UCX's own packed-key format (for a one-sided lane on RDMA
 //! hardware), which this engine's keys no longer carry.
 //!
@@ -86,6 +88,7 @@
 //! [`RdmaError::NotConfigured`]: rdmareg_core::RdmaError::NotConfigured
 //! [`RdmaError::Timeout`]: rdmareg_core::RdmaError::Timeout
 //! [`RdmaError::InvalidKey`]: rdmareg_core::RdmaError::InvalidKey
+//! [`RdmaError::InvalidWorkerAddress`]: rdmareg_core::RdmaError::InvalidWorkerAddress
 //! [`RdmaError::OutOfRange`]: rdmareg_core::RdmaError::OutOfRange
 //! [`RdmaError::ShuttingDown`]: rdmareg_core::RdmaError::ShuttingDown
 
@@ -98,6 +101,7 @@ pub mod packed_key;
 mod progress;
 pub mod read_protocol;
 mod status;
+pub mod worker_address;
 
 pub use backend::UcxBackend;
 pub use config::{Transport, UcxConfig};

@@ -157,7 +157,7 @@ fn an_empty_peer_address_is_refused() {
     let engine = UcxEngine::start(config(Transport::Tcp)).unwrap();
     assert!(matches!(
         engine.add_peer(PeerId(5), Bytes::new()),
-        Err(RdmaError::Backend(_))
+        Err(RdmaError::InvalidWorkerAddress(_))
     ));
     assert!(engine.shutdown_blocking());
 }

@@ -1,0 +1,50 @@
+//! Fuzzes [`WorkerAddressFormat::validate`] with the UCX 1.22 layout on
+//! arbitrary bytes.
+//!
+//! The oracle is the model of UCX's parser shared with the crate's property
+//! tests (`crates/rdmareg-ucx/tests/worker_address_model`): it walks an
+//! address the way `ucp_address_unpack` does for `ucp_ep_create`, driven only
+//! by the bytes, and reports the first read past the address's end or the
+//! assertion UCX would abort on. For every input:
+//!
+//! * validation returns (never panics);
+//! * an accepted address is walked entirely inside its bytes, the walk ends
+//!   exactly at its end, and every memory-domain and lane index it yields is
+//!   inside the 64-entry tables UCX uses them on;
+//! * the padded copy for `ucp_ep_create` exists exactly for accepted
+//!   addresses and starts with them.
+//!
+//! [`WorkerAddressFormat::validate`]: rdmareg_ucx::worker_address::WorkerAddressFormat::validate
+
+#![no_main]
+
+#[path = "../../crates/rdmareg-ucx/tests/worker_address_model/mod.rs"]
+mod worker_address_model;
+
+use libfuzzer_sys::fuzz_target;
+use rdmareg_ucx::worker_address::{ENDPOINT_PADDING, MAX_WORKER_ADDRESS_LEN};
+use worker_address_model::{format, model_unpack};
+
+fuzz_target!(|address: &[u8]| {
+    let verdict = format().validate(address);
+    let copy = format().copy_for_endpoint(address);
+    assert_eq!(verdict.is_ok(), copy.is_ok(), "validate and copy disagree");
+
+    if verdict.is_ok() {
+        let parse = match model_unpack(address) {
+            Ok(parse) => parse,
+            Err(fault) => panic!("accepted address, but UCX's walk ends in {fault:?}"),
+        };
+        assert_eq!(
+            parse.consumed,
+            address.len(),
+            "accepted address has unread bytes"
+        );
+        assert!(parse.md_indices.iter().all(|&md| md < 64), "{parse:?}");
+        assert!(parse.lanes.iter().all(|&lane| lane < 64), "{parse:?}");
+        assert!(address.len() <= MAX_WORKER_ADDRESS_LEN);
+        let copy = copy.expect("accepted");
+        assert_eq!(copy.len(), address.len() + ENDPOINT_PADDING);
+        assert_eq!(&copy[..address.len()], address);
+    }
+});
