@@ -64,19 +64,28 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         ..
     } = holdings;
     let watch = region.watch();
-    match region.unregister(bounds.teardown).await {
+    let region_released = match region.unregister(bounds.teardown).await {
         Ok(_) => {
             watch.deregistered().await;
-            memory.free_after_deregistration();
+            true
         }
         Err(e) => {
-            // Unknown, not unmapped: the memory must outlive the process.
             eprintln!("rdmareg: unregistering the external region failed ({e}); leaking it");
-            memory.leak();
+            false
         }
-    }
+    };
     drop(buffers);
     let outcome = node.shutdown().await;
+    // Freed only once the engine is gone as well: a consumer that was lost
+    // mid-GET may have left emulated-GET replies queued in UCX, which reads
+    // the raw address as it sends; the teardown destroyed them with the
+    // worker.
+    if region_released {
+        memory.free_after_deregistration();
+    } else {
+        // Unknown, not unmapped: the memory must outlive the process.
+        memory.leak();
+    }
     println!(
         "owner shut down: backend holds {} registrations",
         outcome.live_registrations
