@@ -169,6 +169,15 @@ fn bad_arguments_exit_with_status_two_and_say_what_is_wrong() {
             ][..],
             "cannot be used with",
         ),
+        (
+            &["demo", "--get-deadline", "0s"][..],
+            "a duration must be positive",
+        ),
+        (
+            &["demo", "--teardown-timeout", "soon"][..],
+            "is not a duration",
+        ),
+        (&["demo", "--accept-timeout", "5s"][..], "--listen"),
         (&["frobnicate"][..], "unrecognized subcommand"),
     ] {
         let output = run(args);
