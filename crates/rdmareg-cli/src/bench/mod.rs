@@ -155,11 +155,6 @@ async fn measure_registry(
             let row = measure_size(&node, source, size, window, args.scale, transport).await?;
             report::print_get_row_progress(&row);
             rows.push(row);
-            let measured = u32::try_from(rows.len()).unwrap_or(u32::MAX);
-            control.set_tally(Tally {
-                read: measured,
-                verified: 0,
-            });
         }
         verify_source(&node, &offered.1).await?;
         anyhow::Ok(rows)
@@ -189,7 +184,10 @@ async fn measure_registry(
     let _ = tokio::time::timeout(bounds.shutdown(), child.wait()).await;
     let rows = result?;
     match owner_report {
-        Err(lost) => bail!("lost the benchmark owner after the {transport:?} runs: {lost}"),
+        Err(lost) => bail!(
+            "lost the benchmark owner after the {} runs: {lost}",
+            transport.name()
+        ),
         Ok(live) if live != Some(0) => bail!(
             "the benchmark owner's shutdown left {} registrations",
             live.map_or_else(|| "unknown".to_owned(), |n| n.to_string())
