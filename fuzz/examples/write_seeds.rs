@@ -21,7 +21,7 @@ mod worker_address_model;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use bootstrap::{Message, OfferedRange};
+use bootstrap::{Message, OfferedRange, Tally};
 use bytes::{Bytes, BytesMut};
 use packed_key_model::{format, full_key, real_keys};
 use rdmareg_core::{Descriptor, MAX_PACKED_KEY_LEN};
@@ -167,8 +167,35 @@ fn bootstrap_seeds(keys: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
                 ranges: Vec::new(),
             },
         ),
-        ("done_verified", Message::Done { verified: true }),
-        ("done_failed", Message::Done { verified: false }),
+        (
+            "done_verified",
+            Message::Done {
+                verified: true,
+                tally: Tally {
+                    read: 16,
+                    verified: 16,
+                },
+            },
+        ),
+        (
+            "done_failed",
+            Message::Done {
+                verified: false,
+                tally: Tally {
+                    read: 3,
+                    verified: 2,
+                },
+            },
+        ),
+        (
+            "alive",
+            Message::Alive {
+                tally: Tally {
+                    read: 5,
+                    verified: 5,
+                },
+            },
+        ),
         (
             "owner_shut_down_clean",
             Message::OwnerShutDown {

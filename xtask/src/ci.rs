@@ -8,7 +8,7 @@
 use std::process::Command;
 
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{bindgen, ucx};
+use crate::{bindgen, netns, ucx};
 
 /// What a step does.
 enum Action {
@@ -64,6 +64,10 @@ fn steps() -> Vec<Step> {
                     "--all-features",
                 ]))
             }),
+        },
+        Step {
+            name: "two hosts: demo, link cut, stopped owner, killed consumer (cargo xtask netns)",
+            action: Action::Task(|| netns::run_task(&[])),
         },
         Step {
             name: "doc tests (cargo test --doc)",

@@ -6,6 +6,7 @@
 mod bindgen;
 mod ci;
 mod fuzz;
+mod netns;
 mod run_cli;
 mod ucx;
 mod util;
@@ -23,6 +24,8 @@ tasks:
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
+  netns [--release]  the demo across two network namespaces: passes, link cut,
+                     owner stopped, consumer killed (needs root and iproute2)
   fuzz [TARGET|all] [--seconds N]
                      run the fuzz targets (nightly + cargo-fuzz; 30 s each by default)
 ";
@@ -51,6 +54,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
         "fuzz" => fuzz::run_task(rest),
+        "netns" => netns::run_task(rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

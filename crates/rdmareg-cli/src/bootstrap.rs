@@ -10,9 +10,12 @@
 //! Conversation:
 //! 1. owner → consumer: [`Message::Offer`] (worker address, descriptors and
 //!    the CRC32 of each described range);
-//! 2. consumer → owner: [`Message::Done`] once every GET finished (success or
+//! 2. both ways, every half second until the end: [`Message::Alive`], the
+//!    consumer's carrying how far it got (see `control.rs`: a peer's silence
+//!    is how a cut link or a stopped process shows);
+//! 3. consumer → owner: [`Message::Done`] once every GET finished (success or
 //!    not — the owner must not deregister while GETs may still read);
-//! 3. owner → consumer: [`Message::OwnerShutDown`] with the number of
+//! 4. owner → consumer: [`Message::OwnerShutDown`] with the number of
 //!    registrations its backend still holds after shutdown.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -25,6 +28,31 @@ pub const MAX_FRAME_LEN: u32 = 16 << 20;
 const TAG_OFFER: u8 = 1;
 const TAG_DONE: u8 = 2;
 const TAG_OWNER_SHUT_DOWN: u8 = 3;
+const TAG_ALIVE: u8 = 4;
+
+/// How far a consumer got: ranges whose GET finished, and of those, ranges
+/// whose bytes matched the owner's checksum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Ranges read (GET answered `Ok`).
+    pub read: u32,
+    /// Ranges read and verified.
+    pub verified: u32,
+}
+
+impl Tally {
+    fn put(self, body: &mut BytesMut) {
+        body.put_u32_le(self.read);
+        body.put_u32_le(self.verified);
+    }
+
+    fn get(body: &mut &[u8]) -> Tally {
+        Tally {
+            read: body.get_u32_le(),
+            verified: body.get_u32_le(),
+        }
+    }
+}
 
 /// One described range and the checksum of its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +77,14 @@ pub enum Message {
     Done {
         /// Whether every range verified.
         verified: bool,
+        /// How far it got.
+        tally: Tally,
+    },
+    /// A heartbeat: the sender is alive. The consumer's carries its tally
+    /// (the owner's is zero).
+    Alive {
+        /// How far the consumer got.
+        tally: Tally,
     },
     /// The owner shut down; its backend's remaining registration count
     /// (`None` if the backend cannot say).
@@ -87,9 +123,14 @@ impl Message {
                     range.descriptor.encode_into(&mut body);
                 }
             }
-            Message::Done { verified } => {
+            Message::Done { verified, tally } => {
                 body.put_u8(TAG_DONE);
                 body.put_u8(u8::from(*verified));
+                tally.put(&mut body);
+            }
+            Message::Alive { tally } => {
+                body.put_u8(TAG_ALIVE);
+                tally.put(&mut body);
             }
             Message::OwnerShutDown { live_registrations } => {
                 body.put_u8(TAG_OWNER_SHUT_DOWN);
@@ -140,8 +181,12 @@ impl Message {
                     ranges,
                 }
             }
-            TAG_DONE if body.remaining() == 1 => Message::Done {
+            TAG_DONE if body.remaining() == 9 => Message::Done {
                 verified: body.get_u8() != 0,
+                tally: Tally::get(&mut body),
+            },
+            TAG_ALIVE if body.remaining() == 8 => Message::Alive {
+                tally: Tally::get(&mut body),
             },
             TAG_OWNER_SHUT_DOWN if body.remaining() == 8 => {
                 let live = body.get_u64_le();
@@ -207,7 +252,22 @@ mod tests {
     async fn every_message_survives_a_round_trip_through_a_stream() {
         let messages = [
             offer(),
-            Message::Done { verified: true },
+            Message::Done {
+                verified: true,
+                tally: Tally {
+                    read: 7,
+                    verified: 6,
+                },
+            },
+            Message::Alive {
+                tally: Tally::default(),
+            },
+            Message::Alive {
+                tally: Tally {
+                    read: u32::MAX,
+                    verified: 1,
+                },
+            },
             Message::OwnerShutDown {
                 live_registrations: Some(0),
             },

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -73,6 +74,30 @@ pub struct DemoArgs {
     /// Never draw a progress bar, even on a terminal.
     #[arg(long)]
     pub plain: bool,
+    /// Run limits: GET deadline and teardown bound.
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    /// As the owner (`--listen`): give up if no consumer connects within
+    /// this long (e.g. 30s). Default: wait for one indefinitely.
+    #[arg(long, value_parser = parse_duration, requires = "listen")]
+    pub accept_timeout: Option<Duration>,
+}
+
+/// The two figures every wait of a run derives from.
+///
+/// A lost peer (cut link, stopped or killed process) is reported within
+/// about the GET deadline plus three teardown bounds plus a few seconds;
+/// shorter figures detect it sooner but fail GETs that are merely slow.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct LimitArgs {
+    /// Longest one GET may take before it is given up (e.g. 500ms, 10s, 1m).
+    /// Raise it for large --size over slow links.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub get_deadline: Duration,
+    /// Longest each shutdown step (draining transfers, deregistering, the
+    /// UCX engine's teardown) may take before it gives up on a peer.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub teardown_timeout: Duration,
 }
 
 /// `rdmareg bench`.
@@ -106,6 +131,9 @@ pub struct BenchArgs {
     /// First TCP port to use for ucx_perftest runs.
     #[arg(long, default_value_t = 13370)]
     pub perftest_port: u16,
+    /// Run limits: GET deadline and teardown bound.
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 /// `rdmareg bench-owner`.
@@ -120,6 +148,9 @@ pub struct BenchOwnerArgs {
     /// Address to listen on.
     #[arg(long)]
     pub listen: SocketAddr,
+    /// Run limits: GET deadline and teardown bound.
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 /// Parse `4096`, `4K`, `1M`, `2G` (binary multiples). Zero is refused.
@@ -143,6 +174,49 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// Why a duration argument was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// Not a number followed by an optional unit.
+    #[error("`{0}` is not a duration (examples: 500ms, 2s, 1m; a bare number is seconds)")]
+    Malformed(String),
+    /// Zero: every bound must leave some time.
+    #[error("a duration must be positive")]
+    Zero,
+    /// More than a day: surely a typo.
+    #[error("`{0}` is longer than a day")]
+    TooLong(String),
+}
+
+/// Parse `500ms`, `2s`, `1.5s`, `1m` or a bare number of seconds. Zero and
+/// anything over a day are refused.
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    let text = text.trim();
+    let malformed = || DurationError::Malformed(text.to_owned());
+    let (number, unit_seconds) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (text, 1.0)
+    };
+    if number.is_empty() || !number.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(malformed());
+    }
+    let value: f64 = number.parse().map_err(|_| malformed())?;
+    let seconds = value * unit_seconds;
+    if seconds > 86_400.0 {
+        return Err(DurationError::TooLong(text.to_owned()));
+    }
+    let duration = Duration::from_secs_f64(seconds);
+    if duration.is_zero() {
+        return Err(DurationError::Zero);
+    }
+    Ok(duration)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +236,45 @@ mod tests {
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("-1").is_err());
         assert!(parse_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn durations_accept_milliseconds_seconds_minutes_and_bare_seconds() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn bad_durations_are_typed_errors() {
+        assert_eq!(parse_duration("0s"), Err(DurationError::Zero));
+        assert_eq!(parse_duration("0.0"), Err(DurationError::Zero));
+        for bad in ["", "s", "-1s", "2h", "1e3s", "nan", "1.2.3s"] {
+            assert!(
+                matches!(parse_duration(bad), Err(DurationError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            parse_duration("100000s"),
+            Err(DurationError::TooLong(_))
+        ));
+    }
+
+    #[test]
+    fn demo_limits_default_to_a_ten_second_deadline_and_five_second_teardown() {
+        let Cli {
+            command: Command::Demo(args),
+            ..
+        } = Cli::try_parse_from(["rdmareg", "demo"]).unwrap()
+        else {
+            panic!("not a demo command");
+        };
+        assert_eq!(args.limits.get_deadline, Duration::from_secs(10));
+        assert_eq!(args.limits.teardown_timeout, Duration::from_secs(5));
+        assert_eq!(args.accept_timeout, None);
     }
 
     #[test]

@@ -7,17 +7,19 @@
 //!
 //! Errors are reported as one line on stderr; the exit status is 0 on
 //! success, 1 when the run failed (verification, shutdown, an unreachable
-//! peer) and 2 for bad arguments.
+//! or lost peer) and 2 for bad arguments.
 
 mod bench;
 mod bootstrap;
 mod cli;
+mod control;
 mod demo;
 mod node;
 mod owner_process;
 mod pattern;
 mod stats;
 
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -51,8 +53,11 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(verbose: u8) {
+    // At the default level the engine's per-peer warnings (a GET past its
+    // deadline, a failed endpoint) stay quiet: the command reports a lost
+    // peer itself, in one line. `-v` shows them.
     let default = match verbose {
-        0 => "warn",
+        0 => "warn,rdmareg_ucx::progress::peers=error",
         1 => "info",
         _ => "debug",
     };
@@ -61,5 +66,6 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }

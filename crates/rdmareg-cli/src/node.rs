@@ -3,16 +3,13 @@
 //! teardown → release of survivors only on the backend's word).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use rdmareg_registry::{RdmaConfig, RdmaRegistry, TeardownVerdict};
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
 
 use crate::cli::TransportArg;
-
-/// How long the registry sweep may take at the end of a run.
-const SHUTDOWN_BUDGET: Duration = Duration::from_secs(10);
+use crate::control::Bounds;
 
 /// An engine and the registry over it.
 pub struct Node {
@@ -20,6 +17,8 @@ pub struct Node {
     pub engine: UcxEngine,
     /// The registry over the engine's backend.
     pub registry: RdmaRegistry,
+    /// The GET deadline and teardown bound it runs with.
+    pub bounds: Bounds,
 }
 
 /// What shutting a node down established.
@@ -33,16 +32,22 @@ pub struct ShutdownOutcome {
 }
 
 impl Node {
-    /// Start an engine on `transport` and a registry over it.
+    /// Start an engine on `transport` and a registry over it. Every GET
+    /// carries `bounds.get_deadline`; the engine's teardown and the
+    /// registry's sweep are each bounded by `bounds.teardown`.
     pub fn start(
         transport: TransportArg,
         net_devices: Option<&str>,
         registry_config: RdmaConfig,
+        bounds: Bounds,
     ) -> anyhow::Result<Node> {
-        let mut config = UcxConfig::default().with_transport(match transport {
-            TransportArg::Tcp => Transport::Tcp,
-            TransportArg::Shm => Transport::SameHost,
-        });
+        let mut config = UcxConfig::default()
+            .with_transport(match transport {
+                TransportArg::Tcp => Transport::Tcp,
+                TransportArg::Shm => Transport::SameHost,
+            })
+            .with_default_get_deadline(bounds.get_deadline)
+            .with_teardown_timeout(bounds.teardown);
         if let Some(devices) = net_devices {
             config = config.with_net_devices(devices);
         }
@@ -53,13 +58,19 @@ impl Node {
             tokio::runtime::Handle::current(),
         )
         .context("creating the registry")?;
-        Ok(Node { engine, registry })
+        Ok(Node {
+            engine,
+            registry,
+            bounds,
+        })
     }
 
     /// Sweep the registry, tear the engine down, then release survivors if
-    /// the backend reports nothing registered.
+    /// the backend reports nothing registered. The sweep's drain and its
+    /// unmaps, and the engine's teardown, are each bounded by the teardown
+    /// bound.
     pub async fn shutdown(self) -> ShutdownOutcome {
-        let swept = self.registry.shutdown(SHUTDOWN_BUDGET).await;
+        let swept = self.registry.shutdown(self.bounds.teardown).await;
         let report = swept.report().clone();
         self.engine.shutdown().await;
         let verdict = swept.finish_after_backend_teardown();

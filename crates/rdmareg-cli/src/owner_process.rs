@@ -12,8 +12,9 @@ use tokio::process::{Child, ChildStdout, Command};
 /// First line an owner prints once it listens; the rest is the address.
 pub const LISTENING_PREFIX: &str = "owner listening on ";
 
-/// How long an owner may take to start listening.
-const START_PATIENCE: Duration = Duration::from_secs(30);
+/// How long an owner may take to start listening (and, once listening, how
+/// long it waits for its parent to connect).
+pub const START_PATIENCE: Duration = Duration::from_secs(30);
 
 /// A started owner process.
 pub struct OwnerProcess {

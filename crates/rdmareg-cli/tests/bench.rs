@@ -58,3 +58,45 @@ fn a_short_sweep_writes_tables_csv_json_and_svg_with_ratios() {
     assert!(stdout.contains("bandwidth ratio"), "{stdout}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn a_benchmark_owner_whose_consumer_vanishes_says_so_and_exits() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+
+    let mut owner = Command::new(env!("CARGO_BIN_EXE_rdmareg"))
+        .args([
+            "bench-owner",
+            "--transport",
+            "tcp",
+            "--size",
+            "4K",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rdmareg runs");
+    let mut lines = BufReader::new(owner.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("owner prints").expect("readable");
+    let address = first
+        .strip_prefix("owner listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_owned();
+    let mut consumer = std::net::TcpStream::connect(&address).expect("connects");
+    let mut prefix = [0u8; 4];
+    consumer.read_exact(&mut prefix).expect("the offer arrives");
+    drop(consumer);
+    let output = owner.wait_with_output().expect("owner exits");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    // UCX's own log lines (e.g. about unused UCX_* variables) aside.
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.contains(" UCX ")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("rdmareg: lost the benchmark: its connection"),
+        "{stderr}"
+    );
+}

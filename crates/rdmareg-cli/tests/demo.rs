@@ -230,6 +230,15 @@ fn bad_arguments_exit_with_status_two_and_say_what_is_wrong() {
             ][..],
             "cannot be used with",
         ),
+        (
+            &["demo", "--get-deadline", "0s"][..],
+            "a duration must be positive",
+        ),
+        (
+            &["demo", "--teardown-timeout", "soon"][..],
+            "is not a duration",
+        ),
+        (&["demo", "--accept-timeout", "5s"][..], "--listen"),
         (&["frobnicate"][..], "unrecognized subcommand"),
     ] {
         let output = run(args);
@@ -238,4 +247,71 @@ fn bad_arguments_exit_with_status_two_and_say_what_is_wrong() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn an_owner_whose_consumer_vanishes_after_the_offer_says_so_and_shuts_down_clean() {
+    let mut owner = rdmareg()
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--size",
+            "64K",
+            "--count",
+            "4",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("owner starts");
+    let mut lines = BufReader::new(owner.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("owner prints").expect("readable");
+    let address = first
+        .strip_prefix("owner listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_owned();
+    // A consumer that takes the offer (the frame's length prefix is enough)
+    // and then disappears: the owner sees the connection close or reset.
+    let mut consumer = std::net::TcpStream::connect(&address).expect("connects");
+    let mut prefix = [0u8; 4];
+    std::io::Read::read_exact(&mut consumer, &mut prefix).expect("the offer arrives");
+    drop(consumer);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let output = owner.wait_with_output().expect("owner exits");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{rest:?}\n{stderr}");
+    assert!(
+        rest.iter()
+            .any(|l| l == "owner shut down: backend holds 0 registrations"),
+        "{rest:?}"
+    );
+    // UCX's own log lines (e.g. about unused UCX_* variables) aside.
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.contains(" UCX ")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("rdmareg: lost the consumer") && lines[0].contains("its connection"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_consumer_whose_owner_never_offers_gives_up_with_one_line() {
+    // Something that accepts the connection and then says nothing, as an
+    // owner behind a cut link would.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    let address = silent.local_addr().unwrap().to_string();
+    let holder = std::thread::spawn(move || silent.accept().map(|(stream, _)| stream));
+    let output = run(&["demo", "--connect", &address, "--get-deadline", "500ms"]);
+    drop(holder.join());
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains(&format!(
+            "lost the owner at {address} before its offer: no word from it"
+        )),
+        "{stderr}"
+    );
 }

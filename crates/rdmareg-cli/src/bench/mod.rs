@@ -16,15 +16,16 @@ mod pool;
 mod report;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use rdmareg_core::{Descriptor, PeerId};
 use rdmareg_registry::PinnedBuf;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::bootstrap::{self, Message, OfferedRange};
-use crate::cli::{BenchArgs, BenchOwnerArgs, TransportArg};
+use crate::bootstrap::{Message, OfferedRange, Tally};
+use crate::cli::{BenchArgs, BenchOwnerArgs, LimitArgs, TransportArg};
+use crate::control::{self, Bounds, Control, ControlError};
 use crate::node::{self, Node};
 use crate::owner_process::{self, LISTENING_PREFIX};
 use crate::pattern;
@@ -136,11 +137,14 @@ async fn measure_registry(
     transport: TransportArg,
 ) -> anyhow::Result<Vec<GetRow>> {
     let largest = *args.sizes.iter().max().unwrap_or(&8);
-    let (mut child, mut stream, offered) = start_owner(transport, largest).await?;
+    let bounds = Bounds::new(&args.limits);
+    let (mut child, stream, offered) = start_owner(transport, largest, &args.limits).await?;
+    let mut control = Control::start(stream, bounds);
     let node = Node::start(
         transport,
         Some("lo"),
         node::registry_config_for(largest.saturating_mul(8).max(WINDOW_BYTES * 2)),
+        bounds,
     )?;
     let result = async {
         node.engine.add_peer(OWNER, offered.0.clone())?;
@@ -156,17 +160,40 @@ async fn measure_registry(
         anyhow::Ok(rows)
     }
     .await;
-    let _ = bootstrap::send(
-        &mut stream,
-        &Message::Done {
-            verified: result.is_ok(),
-        },
-    )
-    .await;
-    let _ = bootstrap::receive(&mut stream).await;
-    let outcome = node.shutdown().await;
-    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+    if let Err(e) = node.engine.remove_peer(OWNER) {
+        tracing::warn!(error = %e, "closing the endpoint to the benchmark owner");
+    }
+    let done = Message::Done {
+        verified: result.is_ok(),
+        tally: Tally::default(),
+    };
+    let owner_report = async {
+        control.send(done).await?;
+        match control
+            .receive("shutdown report", Some(bounds.shutdown()))
+            .await?
+        {
+            Message::OwnerShutDown { live_registrations } => Ok(live_registrations),
+            other => Err(ControlError::Protocol(format!(
+                "expected its shutdown report, got {other:?}"
+            ))),
+        }
+    };
+    let (owner_report, outcome) = tokio::join!(owner_report, node.shutdown());
+    control.close(control::SLACK).await;
+    let _ = tokio::time::timeout(bounds.shutdown(), child.wait()).await;
     let rows = result?;
+    match owner_report {
+        Err(lost) => bail!(
+            "lost the benchmark owner after the {} runs: {lost}",
+            transport.name()
+        ),
+        Ok(live) if live != Some(0) => bail!(
+            "the benchmark owner's shutdown left {} registrations",
+            live.map_or_else(|| "unknown".to_owned(), |n| n.to_string())
+        ),
+        Ok(_) => {}
+    }
     if !outcome.clean {
         bail!(
             "the consumer's shutdown left {} registrations",
@@ -274,7 +301,9 @@ type Offered = (bytes::Bytes, OfferedRange);
 async fn start_owner(
     transport: TransportArg,
     size: u64,
+    limits: &LimitArgs,
 ) -> anyhow::Result<(tokio::process::Child, TcpStream, Offered)> {
+    let bounds = Bounds::new(limits);
     let owner = owner_process::start(&[
         "bench-owner".to_owned(),
         "--transport".to_owned(),
@@ -283,12 +312,19 @@ async fn start_owner(
         size.to_string(),
         "--listen".to_owned(),
         "127.0.0.1:0".to_owned(),
+        "--get-deadline".to_owned(),
+        format!("{}ms", limits.get_deadline.as_millis()),
+        "--teardown-timeout".to_owned(),
+        format!("{}ms", limits.teardown_timeout.as_millis()),
     ])
     .await?;
     let (child, address) = (owner.child, owner.address);
     let mut stream = TcpStream::connect(&address).await?;
     stream.set_nodelay(true)?;
-    match bootstrap::receive(&mut stream).await? {
+    let offer = control::receive_within(&mut stream, bounds.silence())
+        .await
+        .map_err(|e| anyhow::anyhow!("lost the benchmark owner before its offer: {e}"))?;
+    match offer {
         Message::Offer {
             worker_address,
             mut ranges,
@@ -301,13 +337,15 @@ async fn start_owner(
 }
 
 /// `rdmareg bench-owner`: register one buffer, offer it, serve GETs until
-/// the consumer is done, shut down.
+/// the consumer is done or lost, shut down.
 pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
+    let bounds = Bounds::new(&args.limits);
     let listener = TcpListener::bind(args.listen).await?;
     let node = Node::start(
         args.transport,
         Some("lo"),
         node::registry_config_for(args.size),
+        bounds,
     )?;
     let mut buffer = node
         .registry
@@ -319,28 +357,49 @@ pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
         crc32: pattern::checksum(&buffer),
     };
     println!("{LISTENING_PREFIX}{}", listener.local_addr()?);
-    let (mut stream, _) = listener.accept().await?;
-    stream.set_nodelay(true)?;
-    bootstrap::send(
-        &mut stream,
-        &Message::Offer {
-            worker_address: node.engine.worker_address(),
-            ranges: vec![offered],
-        },
-    )
-    .await?;
-    let _ = bootstrap::receive(&mut stream).await;
+    // The parent connects as soon as it reads that line.
+    let served = async {
+        let (mut stream, _) =
+            tokio::time::timeout(owner_process::START_PATIENCE, listener.accept())
+                .await
+                .context("the benchmark did not connect")??;
+        stream.set_nodelay(true)?;
+        control::send_within(
+            &mut stream,
+            &Message::Offer {
+                worker_address: node.engine.worker_address(),
+                ranges: vec![offered],
+            },
+            bounds.silence(),
+        )
+        .await?;
+        let mut control = Control::start(stream, bounds);
+        // The benchmark's measurements run for minutes; its heartbeats say
+        // it is still there.
+        let done = control.receive("done message", None).await;
+        anyhow::Ok((control, done))
+    }
+    .await;
     drop(buffer);
     let outcome = node.shutdown().await;
-    let _ = bootstrap::send(
-        &mut stream,
-        &Message::OwnerShutDown {
-            live_registrations: Some(outcome.live_registrations as u64),
-        },
-    )
-    .await;
+    let lost = match served {
+        Ok((control, Ok(_))) => {
+            let _ = control
+                .send(Message::OwnerShutDown {
+                    live_registrations: Some(outcome.live_registrations as u64),
+                })
+                .await;
+            control.close(control::SLACK).await;
+            None
+        }
+        Ok((_, Err(lost))) => Some(anyhow::anyhow!("lost the benchmark: {lost}")),
+        Err(e) => Some(e),
+    };
     if !outcome.clean {
         bail!("benchmark owner shutdown was not clean");
+    }
+    if let Some(lost) = lost {
+        return Err(lost);
     }
     Ok(())
 }

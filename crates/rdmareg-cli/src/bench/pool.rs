@@ -8,6 +8,7 @@ use rdmareg_backend::RdmaBackend as _;
 
 use crate::bench::PoolRow;
 use crate::cli::{BenchArgs, TransportArg};
+use crate::control::Bounds;
 use crate::node::{self, Node};
 use crate::stats::Samples;
 
@@ -22,7 +23,12 @@ pub async fn measure(args: &BenchArgs) -> anyhow::Result<Vec<PoolRow>> {
         .dedicated_threshold_bytes
         .max(largest.saturating_mul(2));
     config.pool.max_arena_bytes = config.pool.max_arena_bytes.max(largest.saturating_mul(2));
-    let node = Node::start(TransportArg::Tcp, Some("lo"), config)?;
+    let node = Node::start(
+        TransportArg::Tcp,
+        Some("lo"),
+        config,
+        Bounds::new(&args.limits),
+    )?;
     let result = async {
         let mut rows = Vec::new();
         for &size in &args.pool_sizes {

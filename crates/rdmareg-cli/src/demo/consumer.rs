@@ -1,5 +1,11 @@
 //! The consumer side of the demo: connects to the owner, GETs every offered
 //! range into a pinned buffer, verifies it by checksum, and reports.
+//!
+//! Every wait on the owner is bounded (see `control.rs`): a GET by its
+//! deadline, the control channel by the owner's silence and by the longest
+//! its shutdown may take. A lost owner ends the run with one line saying
+//! what was lost and how many ranges were verified before, after this side
+//! shut down in order.
 
 use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
@@ -9,8 +15,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rdmareg_core::PeerId;
 use tokio::net::TcpStream;
 
-use crate::bootstrap::{self, Message, OfferedRange};
+use crate::bootstrap::{Message, OfferedRange, Tally};
 use crate::cli::DemoArgs;
+use crate::control::{self, Bounds, Control, ControlError};
 use crate::node::{self, Node};
 use crate::pattern;
 use crate::stats::{Samples, mebibytes_per_second};
@@ -22,17 +29,19 @@ const CONNECT_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Connect to the owner at `address` and run the consumer side.
 pub async fn run(args: &DemoArgs, address: &str) -> anyhow::Result<()> {
+    let bounds = Bounds::new(&args.limits);
     let mut stream = connect(address).await?;
-    let (worker_address, ranges) = match bootstrap::receive(&mut stream)
+    let offer = control::receive_within(&mut stream, bounds.silence())
         .await
-        .context("receiving the owner's offer")?
-    {
+        .map_err(|e| anyhow::anyhow!("lost the owner at {address} before its offer: {e}"))?;
+    let (worker_address, ranges) = match offer {
         Message::Offer {
             worker_address,
             ranges,
         } => (worker_address, ranges),
         other => bail!("expected an offer from the owner, got {other:?}"),
     };
+    let mut control = Control::start(stream, bounds);
     let largest = ranges
         .iter()
         .map(|r| r.descriptor.len())
@@ -46,28 +55,42 @@ pub async fn run(args: &DemoArgs, address: &str) -> anyhow::Result<()> {
         args.transport,
         net_devices.as_deref(),
         node::registry_config_for(largest),
+        bounds,
     )?;
     node.engine
         .add_peer(OWNER, worker_address)
         .context("adding the owner as a peer")?;
 
-    let transfer = transfer_all(&node, &ranges, args.plain).await;
-    let verified = transfer.as_ref().is_ok_and(|t| t.mismatches == 0);
+    let mut transfer = transfer_all(&node, &ranges, args.plain, &control).await;
+    let tally = transfer.tally();
     // Close the endpoint before the owner goes away, so its departure is
     // not reported as a peer failure.
     if let Err(e) = node.engine.remove_peer(OWNER) {
         tracing::warn!(error = %e, "closing the endpoint to the owner");
     }
-    bootstrap::send(&mut stream, &Message::Done { verified }).await?;
-    let owner_live = match bootstrap::receive(&mut stream).await {
-        Ok(Message::OwnerShutDown { live_registrations }) => live_registrations,
-        Ok(other) => bail!("unexpected message from the owner: {other:?}"),
-        Err(e) => bail!("the owner did not report its shutdown: {e}"),
+    // Every GET is answered: the owner may deregister. Our own shutdown
+    // does not depend on the owner, so it runs while the owner's report is
+    // awaited.
+    let verified = transfer.failure.is_none() && transfer.mismatches == 0;
+    let report = async {
+        control.send(Message::Done { verified, tally }).await?;
+        match control
+            .receive("shutdown report", Some(bounds.shutdown()))
+            .await?
+        {
+            Message::OwnerShutDown { live_registrations } => Ok(live_registrations),
+            other => Err(ControlError::Protocol(format!(
+                "expected its shutdown report, got {other:?}"
+            ))),
+        }
     };
-    let outcome = node.shutdown().await;
+    let (owner_report, outcome) = tokio::join!(report, node.shutdown());
+    control.close(control::SLACK).await;
 
-    let mut transfer = transfer?;
-    transfer.print_summary(args.transport.name());
+    if transfer.failure.is_none() {
+        transfer.print_summary(args.transport.name());
+    }
+    let owner_live = owner_report.as_ref().ok().copied().flatten();
     println!(
         "owner backend registrations left: {}",
         owner_live.map_or_else(|| "unknown".to_owned(), |n| n.to_string())
@@ -76,6 +99,17 @@ pub async fn run(args: &DemoArgs, address: &str) -> anyhow::Result<()> {
         "consumer backend registrations left: {}",
         outcome.live_registrations
     );
+    let so_far = format!("{} of {} ranges verified", tally.verified, transfer.ranges);
+    if let Err(lost) = owner_report {
+        let during = match &transfer.failure {
+            Some(failure) => format!("{failure}, and then {lost}"),
+            None => format!("after the transfer {lost}"),
+        };
+        bail!("lost the owner at {address}: {during}; {so_far} before the loss");
+    }
+    if let Some(failure) = &transfer.failure {
+        bail!("{failure}; {so_far}");
+    }
     if transfer.mismatches > 0 {
         bail!(
             "verification FAILED: {} of {} ranges differ from the owner's checksum",
@@ -110,58 +144,86 @@ async fn connect(address: &str) -> anyhow::Result<TcpStream> {
     }
 }
 
-/// What moving every range established.
+/// What moving the ranges established (up to the first failure).
 struct Transfer {
     ranges: usize,
+    read: usize,
     bytes: u64,
     elapsed: Duration,
     latencies: Samples,
     mismatches: usize,
+    /// Why the transfer stopped early, if it did.
+    failure: Option<String>,
 }
 
 async fn transfer_all(
     node: &Node,
     ranges: &[OfferedRange],
     plain: bool,
-) -> anyhow::Result<Transfer> {
+    control: &Control,
+) -> Transfer {
+    let mut transfer = Transfer {
+        ranges: ranges.len(),
+        read: 0,
+        bytes: 0,
+        elapsed: Duration::ZERO,
+        latencies: Samples::with_capacity(ranges.len()),
+        mismatches: 0,
+        failure: None,
+    };
     let largest = ranges.iter().map(|r| r.descriptor.len()).max().unwrap_or(1);
-    let mut destination = node
-        .registry
-        .alloc_pinned(usize::try_from(largest)?)
-        .await
-        .context("allocating the destination buffer")?;
+    let destination = match usize::try_from(largest) {
+        Ok(len) => node
+            .registry
+            .alloc_pinned(len)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let mut destination = match destination {
+        Ok(destination) => destination,
+        Err(e) => {
+            transfer.failure = Some(format!("allocating the destination buffer: {e}"));
+            return transfer;
+        }
+    };
     let progress = Progress::new(ranges.len() as u64, plain);
-    let mut latencies = Samples::with_capacity(ranges.len());
-    let mut mismatches = 0;
-    let mut bytes = 0;
     let started = Instant::now();
     for (index, range) in ranges.iter().enumerate() {
         let len = range.descriptor.len() as usize;
         let issued = Instant::now();
-        node.registry
+        if let Err(e) = node
+            .registry
             .get(OWNER, &range.descriptor, &mut destination)
             .await
-            .with_context(|| format!("GET of range {index}"))?;
-        latencies.push(issued.elapsed());
-        bytes += len as u64;
+        {
+            transfer.failure = Some(format!("GET of range {index} failed ({e})"));
+            break;
+        }
+        transfer.latencies.push(issued.elapsed());
+        transfer.read += 1;
+        transfer.bytes += len as u64;
         if pattern::checksum(&destination[..len]) != range.crc32 {
-            mismatches += 1;
+            transfer.mismatches += 1;
             progress.note(&format!("range {index}: checksum mismatch"));
         }
+        control.set_tally(transfer.tally());
         progress.advance(index as u64 + 1);
     }
-    let elapsed = started.elapsed();
+    transfer.elapsed = started.elapsed();
     progress.finish();
-    Ok(Transfer {
-        ranges: ranges.len(),
-        bytes,
-        elapsed,
-        latencies,
-        mismatches,
-    })
+    transfer
 }
 
 impl Transfer {
+    fn tally(&self) -> Tally {
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Tally {
+            read: count(self.read),
+            verified: count(self.read - self.mismatches),
+        }
+    }
+
     fn print_summary(&mut self, transport: &str) {
         let summary = self.latencies.summary();
         let gigabytes_per_second = self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9;

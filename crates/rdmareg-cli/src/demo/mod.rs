@@ -9,11 +9,10 @@
 mod consumer;
 mod owner;
 
-use std::time::Duration;
-
 use anyhow::{Context as _, bail};
 
 use crate::cli::DemoArgs;
+use crate::control::{self, Bounds};
 use crate::owner_process::{self, OwnerProcess};
 
 /// Run the demo as the arguments say.
@@ -39,6 +38,14 @@ async fn run_both(args: DemoArgs) -> anyhow::Result<()> {
         args.size.to_string(),
         "--count".to_owned(),
         args.count.to_string(),
+        "--get-deadline".to_owned(),
+        format!("{}ms", args.limits.get_deadline.as_millis()),
+        "--teardown-timeout".to_owned(),
+        format!("{}ms", args.limits.teardown_timeout.as_millis()),
+        // If this process dies before connecting, the owner does not wait
+        // for a consumer forever.
+        "--accept-timeout".to_owned(),
+        format!("{}ms", owner_process::START_PATIENCE.as_millis()),
     ])
     .await?;
     let OwnerProcess {
@@ -52,9 +59,17 @@ async fn run_both(args: DemoArgs) -> anyhow::Result<()> {
         }
     });
     let consumer_result = consumer::run(&args, &address).await;
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+    // The consumer has its report or gave up on the owner; either way the
+    // owner is shutting down or lost, and ends within its shutdown bound.
+    let bound = Bounds::new(&args.limits).shutdown() + control::SLACK;
+    let status = tokio::time::timeout(bound, child.wait())
         .await
-        .context("the owner process did not exit within 60 s")?
+        .with_context(|| {
+            format!(
+                "the owner process did not exit within {:.0} s",
+                bound.as_secs_f64()
+            )
+        })?
         .context("waiting for the owner process")?;
     let _ = forward.await;
     consumer_result?;

@@ -9,8 +9,9 @@ use anyhow::{Context as _, bail};
 use rdmareg_registry::{PinnedBuf, RegionGuard};
 use tokio::net::TcpListener;
 
-use crate::bootstrap::{self, Message, OfferedRange};
+use crate::bootstrap::{Message, OfferedRange};
 use crate::cli::DemoArgs;
+use crate::control::{self, Bounds, Control};
 use crate::node::{self, Node};
 use crate::owner_process::LISTENING_PREFIX;
 use crate::pattern;
@@ -28,6 +29,7 @@ struct Holdings {
 
 /// Serve one consumer on `listen`.
 pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
+    let bounds = Bounds::new(&args.limits);
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -41,6 +43,7 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         args.transport,
         net_devices.as_deref(),
         node::registry_config_for(total),
+        bounds,
     )?;
     let holdings = register(&node, args).await?;
     println!("{LISTENING_PREFIX}{local}");
@@ -52,27 +55,7 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         holdings.buffers.len()
     );
 
-    let (mut stream, peer) = listener.accept().await.context("accepting the consumer")?;
-    stream.set_nodelay(true)?;
-    bootstrap::send(
-        &mut stream,
-        &Message::Offer {
-            worker_address: node.engine.worker_address(),
-            ranges: holdings.offered.clone(),
-        },
-    )
-    .await?;
-    println!("offered worker address and descriptors to {peer}");
-    let verified = match bootstrap::receive(&mut stream).await {
-        Ok(Message::Done { verified }) => verified,
-        Ok(other) => bail!("unexpected message from the consumer: {other:?}"),
-        // The consumer may have died; its GETs are over either way once
-        // the connection is gone, because the engine fails them.
-        Err(e) => {
-            eprintln!("rdmareg: consumer connection lost ({e}); shutting down");
-            false
-        }
-    };
+    let served = serve(&node, &listener, &holdings, args.accept_timeout).await;
 
     let Holdings {
         region,
@@ -81,37 +64,119 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         ..
     } = holdings;
     let watch = region.watch();
-    match region.unregister(Duration::from_secs(5)).await {
+    let region_released = match region.unregister(bounds.teardown).await {
         Ok(_) => {
             watch.deregistered().await;
-            memory.free_after_deregistration();
+            true
         }
         Err(e) => {
-            // Unknown, not unmapped: the memory must outlive the process.
             eprintln!("rdmareg: unregistering the external region failed ({e}); leaking it");
-            memory.leak();
+            false
         }
-    }
+    };
     drop(buffers);
     let outcome = node.shutdown().await;
+    // Freed only once the engine is gone as well: a consumer that was lost
+    // mid-GET may have left emulated-GET replies queued in UCX, which reads
+    // the raw address as it sends; the teardown destroyed them with the
+    // worker.
+    if region_released {
+        memory.free_after_deregistration();
+    } else {
+        // Unknown, not unmapped: the memory must outlive the process.
+        memory.leak();
+    }
     println!(
         "owner shut down: backend holds {} registrations",
         outcome.live_registrations
     );
-    let _ = bootstrap::send(
-        &mut stream,
-        &Message::OwnerShutDown {
-            live_registrations: Some(outcome.live_registrations as u64),
-        },
-    )
-    .await;
+    let served = match served {
+        Ok(Served {
+            control,
+            outcome: verified,
+        }) => {
+            let report = Message::OwnerShutDown {
+                live_registrations: Some(outcome.live_registrations as u64),
+            };
+            if verified.is_ok() {
+                // Best effort: the consumer bounds its own wait for it.
+                let _ = control.send(report).await;
+            }
+            control.close(control::SLACK).await;
+            verified
+        }
+        Err(not_served) => Err(not_served),
+    };
     if !outcome.clean {
-        bail!("owner shutdown was not clean");
+        bail!(
+            "owner shutdown was not clean: the backend holds {} registrations",
+            outcome.live_registrations
+        );
     }
-    if !verified {
-        bail!("the consumer reported a verification failure");
+    match served {
+        Ok(true) => Ok(()),
+        Ok(false) => bail!("the consumer reported a verification failure"),
+        Err(e) => Err(e),
     }
-    Ok(())
+}
+
+/// The consumer's session: the control channel, and how it ended —
+/// `Ok(verified)` when the consumer said it was done, an error naming what
+/// was lost otherwise.
+struct Served {
+    control: Control,
+    outcome: anyhow::Result<bool>,
+}
+
+/// Accept one consumer, offer the holdings, and wait until it is done or
+/// lost. An error means no consumer was served at all.
+async fn serve(
+    node: &Node,
+    listener: &TcpListener,
+    holdings: &Holdings,
+    accept_timeout: Option<Duration>,
+) -> anyhow::Result<Served> {
+    let bounds = node.bounds;
+    let accepted = match accept_timeout {
+        Some(bound) => tokio::time::timeout(bound, listener.accept())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("no consumer connected within {:.1} s", bound.as_secs_f64())
+            })?,
+        None => listener.accept().await,
+    };
+    let (mut stream, peer) = accepted.context("accepting the consumer")?;
+    stream.set_nodelay(true)?;
+    let count = holdings.offered.len();
+    control::send_within(
+        &mut stream,
+        &Message::Offer {
+            worker_address: node.engine.worker_address(),
+            ranges: holdings.offered.clone(),
+        },
+        bounds.silence(),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("lost the consumer {peer} before it took the offer: {e}"))?;
+    println!("offered worker address and descriptors to {peer}");
+    let mut control = Control::start(stream, bounds);
+    // The consumer's GETs are bounded by its deadline and it reports every
+    // half second, so its silence past the bound means it is gone — and
+    // with it the endpoint its GETs used, which the engine fails.
+    let outcome = match control.receive("done message", None).await {
+        Ok(Message::Done { verified, .. }) => Ok(verified),
+        Ok(other) => Err(anyhow::anyhow!(
+            "unexpected message from the consumer {peer}: {other:?}"
+        )),
+        Err(lost) => {
+            let tally = control.peer_tally();
+            Err(anyhow::anyhow!(
+                "lost the consumer {peer}: {lost}; it had reported {} of {count} ranges verified",
+                tally.verified
+            ))
+        }
+    };
+    Ok(Served { control, outcome })
 }
 
 async fn register(node: &Node, args: &DemoArgs) -> anyhow::Result<Holdings> {
