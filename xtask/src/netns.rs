@@ -214,7 +214,36 @@ impl Namespaces {
             ip("ip", &["-n", ns, "link", "set", "lo", "up"])?;
             ip("ip", &["-n", ns, "link", "set", link, "up"])?;
         }
+        namespaces.wait_until_running()?;
         Ok(namespaces)
+    }
+
+    /// Waits until both ends of the pair report carrier (`LOWER_UP`). UCX
+    /// opens tcp only on interfaces that are up *and running* when an engine
+    /// starts; a demo started in the few milliseconds before the carrier
+    /// comes up sees only `lo` and cannot reach the other namespace.
+    fn wait_until_running(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (ns, link) in [
+            (&self.owner, &self.owner_link),
+            (&self.consumer, &self.consumer_link),
+        ] {
+            loop {
+                let output = Command::new("ip")
+                    .args(["-n", ns, "-o", "link", "show", "dev", link])
+                    .stdin(Stdio::null())
+                    .output()
+                    .context("cannot run `ip`")?;
+                if String::from_utf8_lossy(&output.stdout).contains("LOWER_UP") {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    bail!("{link} in {ns} has no carrier after 10 s");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
     }
 
     /// Shape the owner's outgoing traffic (the GET data) to 200 Mbit/s.
@@ -266,7 +295,8 @@ impl Namespaces {
         ip(
             "ip",
             &["-n", &self.owner, "link", "set", &self.owner_link, "up"],
-        )
+        )?;
+        self.wait_until_running()
     }
 }
 
