@@ -34,6 +34,17 @@
 //!    overflow, a local range outside the mapped pointer and length, a remote
 //!    range the key does not cover (where the backend can tell), a malformed or
 //!    oversized key. Never a panic, never undefined behaviour.
+//! 7. **The effective range is page-enclosing.** A successful `map` of
+//!    `[ptr, ptr + len)` reports an
+//!    [`effective_addr`](BackendRegion::effective_addr) and
+//!    [`effective_len`](BackendRegion::effective_len) that are multiples of
+//!    the system page size and cover every page the range touches: the OS
+//!    pins whole pages, and the registry charges its budget (and
+//!    `RLIMIT_MEMLOCK` is spent) on what is reported. A backend whose
+//!    provider reports the caller's bytes unrounded (UCX's `ucp_mem_query`
+//!    does) rounds them outward itself. The registry also never charges less
+//!    than the page-enclosing length, so an undercounting backend cannot let
+//!    it pass its budget.
 
 use futures::future::BoxFuture;
 use rdmareg_core::{BackendGet, BackendRegion, RdmaError};

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_core::{Descriptor, PageRange, PeerId, RdmaError, page_enclosing_len};
+use rdmareg_core::{Descriptor, PageRange, PeerId, RdmaError, page_enclosing_range};
 use tokio::runtime::Handle;
 
 use crate::budget::Budget;
@@ -93,6 +93,14 @@ pub struct RdmaRegistry {
     inner: Arc<Inner>,
 }
 
+/// The page-enclosing range of `[addr, addr + len)` at the system page size:
+/// the least a registration pins, whatever the backend reports. The caller
+/// has checked that the range does not overflow.
+pub(crate) fn system_pages(addr: u64, len: u64) -> PageRange {
+    page_enclosing_range(addr, len, rdmareg_backend::page_size())
+        .unwrap_or(PageRange { start: addr, len })
+}
+
 /// The first byte of a range being registered, carried across the map's
 /// await.
 struct Address(std::ptr::NonNull<u8>);
@@ -161,7 +169,8 @@ impl RdmaRegistry {
     /// Register memory the caller owns and keeps.
     ///
     /// Charges the page-enclosing range against the budget before mapping,
-    /// and reconciles the charge to what the backend pinned.
+    /// and reconciles the charge to what the backend pinned — never to less
+    /// than the page-enclosing range.
     ///
     /// # Safety
     /// From the call until the returned guard's
@@ -252,11 +261,11 @@ impl RdmaRegistry {
         let Some(_ticket) = inner.gate.enter_local() else {
             return Err((RdmaError::ShuttingDown, owned));
         };
-        let Some(enclosing) = page_enclosing_len(addr as u64, len as u64, inner.config.page_size)
+        let Some(enclosing) = page_enclosing_range(addr as u64, len as u64, inner.config.page_size)
         else {
             return Err((RdmaError::OutOfRange, owned));
         };
-        let mut charge = match inner.budget.reserve(enclosing) {
+        let mut charge = match inner.budget.reserve(enclosing.len) {
             Ok(charge) => charge,
             Err(error) => return Err((error, owned)),
         };
@@ -269,7 +278,11 @@ impl RdmaRegistry {
         if let Some(owned) = owned.as_mut() {
             owned.mark_registered();
         }
-        charge.reconcile(mapped.effective_len);
+        // Never less than the pages the OS pins (contract point 7), even if
+        // the backend reports the bytes unrounded.
+        let effective = system_pages(addr as u64, len as u64)
+            .cover(mapped.effective_addr, mapped.effective_len);
+        charge.reconcile(effective.len);
         let generation = inner.next_generation();
         let descriptor = Descriptor::new(
             &inner.backend_key,
@@ -285,10 +298,7 @@ impl RdmaRegistry {
                 backend_region_id: mapped.backend_region_id,
                 ptr: start.0,
                 len,
-                effective: PageRange {
-                    start: mapped.effective_addr,
-                    len: mapped.effective_len,
-                },
+                effective,
                 descriptor,
                 charge,
                 owned,

@@ -1,5 +1,6 @@
-//! Checks of `map`: cancellation at every await point (contract point 1) and
-//! degenerate inputs (contract point 6).
+//! Checks of `map`: cancellation at every await point (contract point 1),
+//! degenerate inputs (contract point 6) and page-enclosing effective ranges
+//! (contract point 7).
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use super::BackendPair;
 use super::buffer::{KitBuffer, Mapped};
 use super::support::{FILL, assert_live_now, live, plus, poll_then_drop, settle_live_and_hold};
 use crate::RdmaBackend;
+use crate::page_size;
 
 /// Most polls the cancellation check gives one map before dropping it.
 const MAX_CANCEL_POLLS: usize = 64;
@@ -88,6 +90,64 @@ pub async fn degenerate_map_is_out_of_range(pair: &BackendPair) {
             assert_eq!(answer, Err(RdmaError::OutOfRange), "map with {what}");
             assert_live_now(backend, baseline, &format!("after a map with {what}"));
         }
+        buf.mark_unregistered();
+    }
+}
+
+/// Contract point 7: the effective range of a map is page-aligned and covers
+/// every page the mapped bytes touch — for one byte at the end of a page, two
+/// bytes straddling a page boundary, and a range of several pages starting
+/// one byte into a page.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn effective_range_is_page_enclosing(pair: &BackendPair) {
+    let page = page_size();
+    let page_len = usize::try_from(page).expect("the page size fits usize");
+    for backend in [&*pair.owner, &*pair.consumer] {
+        let baseline = live(backend);
+        let mut buf = KitBuffer::filled(4 * page_len, |_| FILL);
+        buf.mark_registered();
+        // The first page boundary inside the buffer; three pages follow it.
+        let boundary = (buf.addr() + page_len - 1) & !(page_len - 1);
+        let cases = [
+            ("one byte at the end of a page", boundary + page_len - 1, 1),
+            (
+                "two bytes straddling a page boundary",
+                boundary + page_len - 1,
+                2,
+            ),
+            (
+                "two pages from one byte into a page",
+                boundary + 1,
+                2 * page_len,
+            ),
+            ("one whole page", boundary, page_len),
+        ];
+        for (what, ptr, len) in cases {
+            let region = match backend.map(ptr, len).await {
+                Ok(region) => region,
+                Err(e) => panic!("map of {what} failed: {e}"),
+            };
+            let (first, end) = (ptr as u64 & !(page - 1), (ptr + len) as u64);
+            let covered = region.effective_addr.checked_add(region.effective_len);
+            let enclosing = region.effective_addr % page == 0
+                && region.effective_len % page == 0
+                && region.effective_addr <= first
+                && covered.is_some_and(|covered| covered >= end.next_multiple_of(page));
+            let id = region.backend_region_id;
+            if let Err(e) = backend.unmap(id).await {
+                panic!("unmap of live region {id} ({what}) failed: {e}");
+            }
+            assert!(
+                enclosing,
+                "map of {what} ({len} B at {ptr:#x}, page {page}) reported the effective range \
+                 {:#x} + {} B, which is not the page-aligned cover of its pages",
+                region.effective_addr, region.effective_len
+            );
+        }
+        assert_live_now(backend, baseline, "after the page-enclosing checks");
         buf.mark_unregistered();
     }
 }

@@ -170,7 +170,13 @@ async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<A
         .await?;
     // No await from here on.
     memory.mark_registered();
-    charge.reconcile(region.effective_len);
+    // Never less than the arena's own pages (contract point 7).
+    let pinned = PageRange {
+        start: memory.ptr().as_ptr() as u64,
+        len: bytes,
+    }
+    .cover(region.effective_addr, region.effective_len);
+    charge.reconcile(pinned.len);
     let generation = inner.next_generation();
     let descriptor = Descriptor::new(
         &inner.backend_key,
@@ -200,7 +206,7 @@ async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<A
         generation,
         bytes,
         pooled,
-        effective = ?PageRange { start: region.effective_addr, len: region.effective_len },
+        effective = ?pinned,
         "arena mapped"
     );
     let refusal = if late {
