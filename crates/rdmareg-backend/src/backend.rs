@@ -11,8 +11,15 @@
 //!
 //! 1. **`map` rolls back if its future is dropped.** A cancelled `map` leaves
 //!    no registration behind. The caller treats a dropped `map` exactly like an
-//!    error and frees the pages, so a backend that stays pinned after
-//!    cancellation turns that into a use-after-free.
+//!    error, so a backend that stays pinned after cancellation turns that
+//!    into a use-after-free. A backend may roll back asynchronously (a map
+//!    already submitted to a progress thread is undone by a compensating
+//!    unmap), but then [`live_registrations`](RdmaBackend::live_registrations)
+//!    counts the map from its submission until the rollback is done, so a
+//!    caller that frees on the count's evidence never frees early. The
+//!    registry itself never frees on a dropped map: it lets the map finish,
+//!    unmaps it, and frees the memory only after that unmap answered
+//!    `Ok(())`.
 //! 2. **`unmap` is idempotent and proceeds once submitted.** An id that names
 //!    nothing (never mapped, or already unmapped) answers `Ok(())`. Dropping
 //!    the future abandons only the notification.

@@ -40,6 +40,7 @@ mod budget;
 mod config;
 mod gate;
 mod latch;
+mod mapping;
 mod pool;
 mod region;
 mod registry;

@@ -17,6 +17,7 @@ use crate::budget::Budget;
 use crate::config::{ConfigError, RdmaConfig};
 use crate::gate::Gate;
 use crate::latch::Latch;
+use crate::mapping::MapInFlight;
 use crate::pool::arena::Arena;
 use crate::pool::{self, PinnedBuf, Pool};
 use crate::region::state::{NewRegion, RegionState, spawn_background_deregistration};
@@ -39,6 +40,8 @@ pub(crate) struct Inner {
     next_generation: AtomicU64,
     pub(crate) transfers_in_flight: AtomicUsize,
     pub(crate) leaked_bytes: Arc<AtomicU64>,
+    /// Cancelled maps still being rolled back (see `mapping.rs`).
+    pub(crate) map_rollbacks: tokio::sync::watch::Sender<usize>,
     /// Serialises shutdown calls (each is a full pass; see `shutdown.rs`).
     pub(crate) shutdown_serial: tokio::sync::Mutex<()>,
 }
@@ -144,6 +147,7 @@ impl RdmaRegistry {
             next_generation: AtomicU64::new(1),
             transfers_in_flight: AtomicUsize::new(0),
             leaked_bytes: Arc::new(AtomicU64::new(0)),
+            map_rollbacks: tokio::sync::watch::Sender::new(0),
             shutdown_serial: tokio::sync::Mutex::new(()),
         };
         Ok(Self {
@@ -184,11 +188,14 @@ impl RdmaRegistry {
     ///   [`RegionWatch::read`](crate::RegionWatch::read), or through raw
     ///   pointers at the caller's own risk.
     ///
-    /// If this returns an error, or its future is dropped before it
-    /// completes, nothing stays registered and the range may be reused at
-    /// once. (Nothing is awaited after the backend's map succeeds, so a
-    /// cancellation can only land before or during the map, which the
-    /// backend rolls back.) A map that lands after the shutdown sweep still
+    /// If this returns an error, nothing is registered and the range may be
+    /// reused at once. If its future is dropped before it completes, the
+    /// backend may still be registering the range (over UCX the map is a
+    /// command on the progress thread): the registry lets that map finish and
+    /// unmaps it, and the range may be reused once
+    /// [`map_rollbacks_settled`](Self::map_rollbacks_settled) resolves. (Nothing
+    /// is awaited after the backend's map succeeds, so a cancellation can only
+    /// land before or during the map.) A map that lands after the shutdown sweep still
     /// returns its guard, with a deregistration already under way: wait for
     /// `deregistered()` as always.
     ///
@@ -198,7 +205,10 @@ impl RdmaRegistry {
     /// [`RdmaError::BudgetExceeded`]; the backend's map error.
     ///
     /// # Cancel safety
-    /// Dropping the future leaves nothing registered and returns the charge.
+    /// Dropping the future returns the charge; the registration it may have
+    /// started is rolled back in the background, and the range stays
+    /// registered until [`map_rollbacks_settled`](Self::map_rollbacks_settled)
+    /// resolves.
     pub unsafe fn register_external(
         &self,
         ptr: *mut u8,
@@ -224,8 +234,10 @@ impl RdmaRegistry {
     /// [`RdmaError::OutOfRange`].
     ///
     /// # Cancel safety
-    /// Dropping the future leaves nothing registered, returns the charge and
-    /// frees the buffer (it was inside the future).
+    /// Dropping the future returns the charge and forfeits the buffer: a map
+    /// already started is let finish and rolled back in the background, and
+    /// the buffer is freed only once that unmap is confirmed (leaked if it
+    /// fails) — never while the backend may still hold it.
     pub async fn register_owned(
         &self,
         buffer: Box<[u8]>,
@@ -269,7 +281,11 @@ impl RdmaRegistry {
             Ok(charge) => charge,
             Err(error) => return Err((error, owned)),
         };
-        let mapped = match inner.backend.map(addr, len).await {
+        // Dropped unfinished, the map is rolled back and an owned buffer is
+        // freed only once the backend confirmed it (see `mapping.rs`).
+        let (answer, back) = MapInFlight::start(inner, addr, len, owned).await;
+        owned = back;
+        let mapped = match answer {
             Ok(mapped) => mapped,
             Err(error) => return Err((error, owned)),
         };
@@ -336,9 +352,9 @@ impl RdmaRegistry {
     /// a needed arena does not fit the budget; the backend's map error.
     ///
     /// # Cancel safety
-    /// Dropping the future before the arena's map answers leaves nothing
-    /// registered and frees the memory; once it answered, the arena is kept
-    /// by the pool.
+    /// Dropping the future before the arena's map answers rolls that map
+    /// back in the background and frees the arena's pages once the unmap is
+    /// confirmed; once it answered, the arena is kept by the pool.
     pub async fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, RdmaError> {
         pool::alloc_pinned(&self.inner, len).await
     }
@@ -412,6 +428,20 @@ impl RdmaRegistry {
     /// already submitted proceed. Call it again to complete the sweep.
     pub async fn shutdown(&self, budget: Duration) -> SweptRegistry {
         shutdown::shutdown(&self.inner, budget).await
+    }
+
+    /// Resolves once no cancelled registration is still being rolled back:
+    /// every map whose future was dropped has been unmapped (or its unmap
+    /// failed, and its memory was leaked). The owner of an external range
+    /// whose [`register_external`](Self::register_external) it cancelled
+    /// waits for this before reusing the range.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only observes.
+    pub async fn map_rollbacks_settled(&self) {
+        let mut count = self.inner.map_rollbacks.subscribe();
+        // The sender lives in `inner`, which `self` keeps alive.
+        let _ = count.wait_for(|n| *n == 0).await;
     }
 
     /// Current figures.

@@ -61,6 +61,87 @@ async fn cancel_maps_at_every_await(backend: &dyn RdmaBackend, rollback_within: 
     assert_live_now(backend, baseline, "after unmapping the awaited map");
 }
 
+/// How many maps [`cancelled_maps_stay_within_the_memory_the_caller_holds`]
+/// drops before it waits for their rollbacks.
+const CANCELLED_BATCH: usize = 8;
+
+/// Contract point 1, from the side of a caller that frees memory: maps
+/// dropped after 0, 1, 2, … polls, their rollbacks all outstanding at once
+/// (a backend may roll back later, through an unmap of its own). At every
+/// sample the backend's live count stays within the model — the baseline,
+/// plus the maps that completed, plus the cancelled maps whose memory the
+/// caller still holds — and the caller frees that memory only once the count
+/// shows every rollback done and holds still. After the free the count must
+/// not move: a registration appearing then would pin freed memory.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn cancelled_maps_stay_within_the_memory_the_caller_holds(pair: &BackendPair) {
+    for backend in [&*pair.owner, &*pair.consumer] {
+        let Some(baseline) = live(backend) else {
+            // Without a count there is no evidence to free on: leak.
+            return;
+        };
+        let mut held = Vec::new();
+        let mut completed = Vec::new();
+        for polls in 0..CANCELLED_BATCH {
+            let mut buf = KitBuffer::filled(8192 + 3, |_| FILL);
+            buf.mark_registered();
+            let map = backend.map(buf.addr(), buf.len());
+            match poll_then_drop(map, polls, POLL_GAP).await {
+                Some(Ok(region)) => completed.push(Mapped { buf, region }),
+                Some(Err(e)) => panic!("map of a valid buffer failed after {polls} polls: {e}"),
+                None => held.push(buf),
+            }
+        }
+        let settled = baseline + completed.len();
+        let within = pair.capabilities.rollback_within;
+        let start = std::time::Instant::now();
+        loop {
+            let now = live(backend).unwrap_or(usize::MAX);
+            assert!(
+                now <= settled + held.len(),
+                "live registrations {now} exceed the model: {baseline} before, {} completed, {} cancelled maps' memory held",
+                completed.len(),
+                held.len()
+            );
+            if now == settled {
+                break;
+            }
+            assert!(
+                start.elapsed() < within,
+                "cancelled maps not rolled back after {within:?}: {now} live, {settled} expected"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let what = "after a batch of cancelled maps";
+        if !settle_live_and_hold(backend, Some(settled), within, what).await {
+            return;
+        }
+        // The caller frees; nothing may register that memory from now on.
+        for mut buf in held {
+            buf.mark_unregistered();
+        }
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert_live_now(
+                backend,
+                Some(settled),
+                "after the caller freed cancelled maps' memory",
+            );
+        }
+        for mapped in completed {
+            mapped.release(backend).await;
+        }
+        assert_live_now(
+            backend,
+            Some(baseline),
+            "after unmapping the completed maps",
+        );
+    }
+}
+
 /// Contract point 6: a null pointer, a zero length and a range that overflows
 /// the address space are each refused with `OutOfRange`, and register nothing.
 ///

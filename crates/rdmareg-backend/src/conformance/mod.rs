@@ -83,8 +83,8 @@ pub use in_flight_checks::{
 };
 pub use key_checks::{malformed_keys_are_invalid_key, stale_key_after_unmap_is_refused};
 pub use map_checks::{
-    cancelled_map_leaves_no_registration, degenerate_map_is_out_of_range,
-    effective_range_is_page_enclosing,
+    cancelled_map_leaves_no_registration, cancelled_maps_stay_within_the_memory_the_caller_holds,
+    degenerate_map_is_out_of_range, effective_range_is_page_enclosing,
 };
 pub use model::{MODEL_CASES, model_based};
 pub use unmap_checks::{
@@ -249,6 +249,7 @@ macro_rules! conformance_tests {
         $crate::__conformance_checks!(
             $factory;
             cancelled_map_leaves_no_registration,
+            cancelled_maps_stay_within_the_memory_the_caller_holds,
             degenerate_map_is_out_of_range,
             effective_range_is_page_enclosing,
             unmap_of_a_never_mapped_id_answers_ok,
