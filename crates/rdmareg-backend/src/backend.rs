@@ -107,4 +107,17 @@ pub trait RdmaBackend: Send + Sync + 'static {
     fn live_registrations(&self) -> Option<usize> {
         None
     }
+
+    /// How many transfers this backend can see still using a region — GETs
+    /// into it, and (where the backend sees the source side, as the loopback
+    /// does) GETs from it — if it can say. `Some(0)` for an id that names
+    /// nothing.
+    ///
+    /// Diagnostic only: the registry reports it when an unmap outlives the
+    /// caller's timeout (an unmap waits for these, contract point 4). `None`
+    /// (the default) means the backend cannot tell.
+    fn transfers_in_flight(&self, backend_region_id: u64) -> Option<usize> {
+        let _ = backend_region_id;
+        None
+    }
 }

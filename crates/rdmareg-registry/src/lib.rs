@@ -50,9 +50,11 @@ mod transfer;
 
 pub use config::{ConfigError, GRANULE, PoolConfig, RdmaConfig};
 pub use pool::PinnedBuf;
-pub use region::{RegionGuard, RegionView, RegionWatch, UnregisterOutcome, UnregisterOwnedError};
+pub use region::{
+    RegionGuard, RegionView, RegionWatch, StillRunning, UnregisterOutcome, UnregisterOwnedError,
+};
 pub use registry::{RdmaRegistry, RegisterOwnedError};
-pub use shutdown::{ShutdownReport, SweptRegistry, TeardownVerdict};
+pub use shutdown::{ShutdownReport, Survivors, SweptRegistry, TeardownVerdict};
 pub use stats::RegistryStats;
 
 pub use rdmareg_core::{Descriptor, DescriptorError, PageRange, PeerId, RdmaError};

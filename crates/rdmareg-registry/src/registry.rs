@@ -413,10 +413,13 @@ impl RdmaRegistry {
         transfer::get(&self.inner, peer, src, dst, dst_offset).await
     }
 
-    /// Shut down, step one: refuse new work, wait up to `budget` for admitted
-    /// work (registrations, allocations, transfers in flight — not buffers
-    /// merely held) to finish, then deregister every region and arena, each
-    /// unmap bounded by `budget` again.
+    /// Shut down, step one: refuse new work, wait for admitted work
+    /// (registrations, allocations, rollbacks of cancelled maps, transfers in
+    /// flight — not buffers merely held) to finish, then deregister every
+    /// region and arena. `budget` bounds the whole of it; an unmap still
+    /// waiting for a transfer when it runs out goes on in the background and
+    /// releases its region the moment the backend confirms it (the report
+    /// counts it as pending, not surviving).
     ///
     /// Then tear the backend down, and call
     /// [`SweptRegistry::finish_after_backend_teardown`] to release what the

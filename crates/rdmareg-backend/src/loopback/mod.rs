@@ -330,4 +330,8 @@ impl RdmaBackend for LoopbackBackend {
         let pending = self.counters.maps_pending.load(Ordering::SeqCst);
         Some(self.table.live() + pending)
     }
+
+    fn transfers_in_flight(&self, backend_region_id: u64) -> Option<usize> {
+        Some(self.table.pins(backend_region_id))
+    }
 }

@@ -28,7 +28,7 @@ async fn budget_is_charged_on_the_page_enclosing_range() {
     assert_eq!(side.registered_bytes(), enclosing);
     assert_eq!(guard.effective_range().len, enclosing);
     assert!(guard.effective_range().start <= guard.addr());
-    guard.unregister(Duration::ZERO).await.unwrap();
+    guard.unregister(Duration::from_secs(60)).await.unwrap();
     assert_eq!(side.registered_bytes(), 0);
 }
 
@@ -49,7 +49,7 @@ async fn charge_is_reserved_at_the_configured_page_size_and_reconciled_to_what_t
         .unwrap();
     assert_eq!(guard.effective_range().len, page() as u64);
     assert_eq!(side.registered_bytes(), page() as u64);
-    guard.unregister(Duration::ZERO).await.unwrap();
+    guard.unregister(Duration::from_secs(60)).await.unwrap();
 
     // One byte less of budget than the coarse page: the reservation itself
     // is refused, before the backend is asked.
@@ -151,7 +151,7 @@ async fn concurrent_registrations_never_overshoot_the_budget() {
     assert_eq!(side.registered_bytes(), (ROOM * page()) as u64);
     assert_eq!(side.live(), ROOM);
     for guard in guards {
-        guard.unregister(Duration::ZERO).await.unwrap();
+        guard.unregister(Duration::from_secs(60)).await.unwrap();
     }
     assert_eq!(side.registered_bytes(), 0);
 }
@@ -184,7 +184,7 @@ async fn budget_refusal_carries_requested_registered_and_budget_and_hands_the_bu
         "the caller's data survives"
     );
     assert_eq!(side.live(), 1);
-    held.unregister(Duration::ZERO).await.unwrap();
+    held.unregister(Duration::from_secs(60)).await.unwrap();
     drop(memory);
 }
 
@@ -277,7 +277,7 @@ async fn a_backend_reporting_unrounded_ranges_is_still_charged_whole_pages() {
     );
     assert_eq!(registry.stats().registered_bytes, 2 * page() as u64);
     for guard in admitted {
-        guard.unregister(Duration::ZERO).await.unwrap();
+        guard.unregister(Duration::from_secs(60)).await.unwrap();
     }
     assert_eq!(registry.stats().registered_bytes, 0);
 }

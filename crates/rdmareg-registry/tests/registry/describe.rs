@@ -34,7 +34,10 @@ async fn registering_the_same_memory_again_gets_a_new_generation() {
     let (_fabric, side) = one_side(small_config());
     let first = side.registry.register_owned(pattern(100, 0)).await.unwrap();
     let (addr, generation) = (first.addr(), first.generation());
-    let (buffer, _) = first.unregister_owned(Duration::ZERO).await.unwrap();
+    let (buffer, _) = first
+        .unregister_owned(Duration::from_secs(60))
+        .await
+        .unwrap();
     let second = side.registry.register_owned(buffer).await.unwrap();
     assert_eq!(second.addr(), addr, "the same allocation");
     assert!(second.generation() > generation);
@@ -85,7 +88,7 @@ async fn watch_reads_copies_of_the_region_and_checks_bounds() {
     assert_eq!(len, 64);
     assert_eq!(&part[..], &pattern(64, 7)[60..]);
     assert_eq!(&all[..], &pattern(64, 7)[..]);
-    guard.unregister(Duration::ZERO).await.unwrap();
+    guard.unregister(Duration::from_secs(60)).await.unwrap();
     assert!(watch.read(|_| ()).is_none());
     assert!(watch.is_deregistered());
 }
@@ -122,11 +125,11 @@ async fn handles_are_shareable_and_every_future_can_be_spawned() {
         assert_send(&guard.deregistered());
         assert_send(&guard.shutdown_initiated());
         assert_send(&guard.watch().deregistered());
-        assert_send(&guard.unregister(Duration::ZERO));
+        assert_send(&guard.unregister(Duration::from_secs(60)));
         descriptor
     };
     let guard = registry.register_owned(pattern(8, 0)).await.unwrap();
-    assert_send(&guard.unregister_owned(Duration::ZERO));
+    assert_send(&guard.unregister_owned(Duration::from_secs(60)));
     let mut buf = registry.alloc_pinned(8).await.unwrap();
     assert_send(&registry.register_owned(pattern(8, 0)));
     // SAFETY: the future is only inspected, never polled.

@@ -263,7 +263,7 @@ impl Harness {
                 if fail {
                     faults.fail_next(FaultOp::Unmap, 1);
                 }
-                let result = guard.unregister(Duration::ZERO).await;
+                let result = guard.unregister(Duration::from_secs(60)).await;
                 faults.fail_next(FaultOp::Unmap, 0);
                 if fail {
                     assert!(matches!(result, Err(RdmaError::Backend(_))), "{result:?}");
@@ -280,14 +280,19 @@ impl Harness {
                 let guard = self.regions[i].guard.take().unwrap();
                 match self.regions[i].owned_content.take() {
                     Some(content) => {
-                        let (buffer, outcome) =
-                            guard.unregister_owned(Duration::ZERO).await.unwrap();
+                        let (buffer, outcome) = guard
+                            .unregister_owned(Duration::from_secs(60))
+                            .await
+                            .unwrap();
                         assert_eq!(outcome, UnregisterOutcome::Drained);
                         assert_eq!(buffer, content);
                         self.regions[i].held = Held::Released;
                     }
                     None => {
-                        let refused = guard.unregister_owned(Duration::ZERO).await.unwrap_err();
+                        let refused = guard
+                            .unregister_owned(Duration::from_secs(60))
+                            .await
+                            .unwrap_err();
                         assert_eq!(refused.error, RdmaError::NotOwned);
                         self.regions[i].guard = refused.guard;
                         assert!(self.regions[i].guard.is_some());
@@ -382,7 +387,7 @@ impl Harness {
                 };
                 let guard = self.regions[i].guard.take().unwrap();
                 faults.set_delay(FaultOp::Unmap, DELAY);
-                let mut unregistering = Box::pin(guard.unregister(Duration::ZERO));
+                let mut unregistering = Box::pin(guard.unregister(Duration::from_secs(60)));
                 let first = futures::poll!(&mut unregistering);
                 drop(unregistering);
                 if let std::task::Poll::Ready(result) = first {
@@ -553,7 +558,10 @@ impl Harness {
                 }
             }
         }
-        self.source.unregister(Duration::ZERO).await.unwrap();
+        self.source
+            .unregister(Duration::from_secs(60))
+            .await
+            .unwrap();
     }
 }
 

@@ -118,7 +118,7 @@ async fn get_of_an_unregistered_remote_range_fails_and_returns_the_buffer() {
         .await
         .unwrap();
     let descriptor = source.descriptor().unwrap();
-    source.unregister(Duration::ZERO).await.unwrap();
+    source.unregister(Duration::from_secs(60)).await.unwrap();
     let mut buf = consumer.registry.alloc_pinned(100).await.unwrap();
     assert_eq!(
         consumer.registry.get(OWNER, &descriptor, &mut buf).await,
