@@ -83,8 +83,10 @@ impl Inner {
 ///    keeps the memory alive), or allocate from the pool:
 ///    [`alloc_pinned`](Self::alloc_pinned) /
 ///    [`try_alloc_pinned`](Self::try_alloc_pinned).
-/// 3. Describe: [`RegionGuard::descriptor`],
-///    [`PinnedBuf::descriptor`]; send the encoding to a trusted peer.
+/// 3. Describe: [`RegionGuard::descriptor`], or for a pool buffer
+///    [`PinnedBuf::describe`] (a registration of its own, so the descriptor
+///    grants that buffer and not its arena); send the encoding to a trusted
+///    peer.
 /// 4. Transfer: [`get`](Self::get) / [`get_into`](Self::get_into) a peer's
 ///    descriptor into a [`PinnedBuf`].
 /// 5. Release: [`RegionGuard::unregister`] (or drop the guard), drop the

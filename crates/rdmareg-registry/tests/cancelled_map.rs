@@ -69,7 +69,7 @@ unsafe impl GlobalAlloc for WatchingAllocator {
 static ALLOCATOR: WatchingAllocator = WatchingAllocator;
 
 /// Both tests watch process-wide statics: one at a time.
-static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A registry over a loopback instance whose maps run detached.
 fn detached_side() -> (LoopbackFabric, Arc<LoopbackBackend>, RdmaRegistry) {
@@ -98,21 +98,16 @@ fn live(backend: &LoopbackBackend) -> usize {
     backend.live_registrations().expect("loopback counts")
 }
 
-/// Poll `condition` every millisecond for up to five seconds, asserting at
-/// each step that freed memory is never still registered.
-async fn eventually(
-    what: &str,
-    freed: impl Fn() -> bool,
-    backend: &LoopbackBackend,
-    done: impl Fn() -> bool,
-) {
+/// Wait (up to five seconds) until `freed` holds, asserting that the backend
+/// holds no registration by then.
+async fn until_freed(what: &str, backend: &LoopbackBackend, freed: impl Fn() -> bool) {
     for _ in 0..5_000 {
-        assert!(
-            !freed() || live(backend) == 0,
-            "memory freed while the backend still holds {} registration(s)",
-            live(backend)
-        );
-        if done() {
+        if freed() {
+            assert_eq!(
+                live(backend),
+                0,
+                "memory freed while the backend still holds a registration"
+            );
             return;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -122,7 +117,7 @@ async fn eventually(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_owned_registration_frees_its_buffer_only_after_the_rollback_is_confirmed() {
-    let _serial = SERIAL.lock();
+    let _serial = SERIAL.lock().await;
     let (_fabric, backend, registry) = detached_side();
     let map_gate = backend.faults().hang(FaultOp::Map);
     let unmap_gate = backend.faults().hang(FaultOp::Unmap);
@@ -153,7 +148,7 @@ async fn a_cancelled_owned_registration_frees_its_buffer_only_after_the_rollback
     assert_eq!(registry.stats().map_rollbacks_in_flight, 1);
 
     unmap_gate.release();
-    eventually("the buffer is freed", freed, &backend, || freed()).await;
+    until_freed("the buffer is freed", &backend, freed).await;
     assert_eq!(live(&backend), 0);
     tokio::time::timeout(Duration::from_secs(5), registry.map_rollbacks_settled())
         .await
@@ -164,7 +159,7 @@ async fn a_cancelled_owned_registration_frees_its_buffer_only_after_the_rollback
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_arena_map_frees_its_pages_only_after_the_rollback_is_confirmed() {
-    let _serial = SERIAL.lock();
+    let _serial = SERIAL.lock().await;
     let (_fabric, backend, registry) = detached_side();
     let map_gate = backend.faults().hang(FaultOp::Map);
     let unmap_gate = backend.faults().hang(FaultOp::Unmap);
@@ -192,7 +187,7 @@ async fn a_cancelled_arena_map_frees_its_pages_only_after_the_rollback_is_confir
     );
 
     unmap_gate.release();
-    eventually("the arena's pages are freed", freed, &backend, || freed()).await;
+    until_freed("the arena's pages are freed", &backend, freed).await;
     assert_eq!(live(&backend), 0);
     assert_eq!(registry.stats().leaked_bytes, 0);
     assert_eq!(registry.stats().registered_bytes, 0);

@@ -85,6 +85,7 @@ async fn whole_regions_and_pool_buffers_arrive_intact(transport: Transport) {
     for (len, seed) in [(5000, 3), (MIB + 1, 4), (1, 5), (2 * MIB + 5, 6)] {
         let mut buf = owner.alloc_pinned(len).await.expect("owner pool buffer");
         fill(&mut buf, seed);
+        buf.describe().await.expect("a describable buffer");
         pool_bufs.push((buf, seed));
     }
     assert!(
@@ -201,6 +202,7 @@ async fn sub_ranges_arrive_at_the_destination_offsets_asked_for(transport: Trans
         .await
         .expect("owner pool buffer");
     fill(&mut pool_buf, 9);
+    pool_buf.describe().await.expect("a describable buffer");
 
     // (offset, length) inside each source.
     let ranges = |len: usize| {

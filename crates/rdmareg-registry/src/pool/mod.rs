@@ -83,6 +83,7 @@ fn carve_from(arena: &Arc<Arena>, granules: u32, len: usize) -> Option<PinnedBuf
             arena: Arc::clone(arena),
             start,
             granules,
+            own: None,
         },
         len,
     ))
@@ -109,6 +110,7 @@ pub(crate) async fn alloc_pinned(inner: &Arc<Inner>, len: usize) -> Result<Pinne
                 arena,
                 start: 0,
                 granules: 0,
+                own: None,
             },
             len,
         ));
