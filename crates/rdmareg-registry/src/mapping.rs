@@ -58,7 +58,31 @@ impl MappedMemory for PageMemory {
 impl<T: MappedMemory> MappedMemory for Option<T> {
     fn leak(self) {
         if let Some(memory) = self {
-            memory.leak();
+            drop(memory); // leaks
+        }
+    }
+}
+
+/// Memory that leaks when dropped, unless [`release`](Self::release)d
+/// first: what a rollback task holds, so that a task dropped unfinished (its
+/// runtime shut down) never frees memory a backend may still hold.
+pub(crate) struct LeakUnlessReleased<M: MappedMemory>(Option<M>);
+
+impl<M: MappedMemory> LeakUnlessReleased<M> {
+    pub(crate) fn new(memory: M) -> Self {
+        Self(Some(memory))
+    }
+
+    /// The registration is known to be gone: hand the memory back.
+    pub(crate) fn release(mut self) -> Option<M> {
+        self.0.take()
+    }
+}
+
+impl<M: MappedMemory> Drop for LeakUnlessReleased<M> {
+    fn drop(&mut self) {
+        if let Some(memory) = self.0.take() {
+            drop(memory); // leaks
         }
     }
 }
@@ -125,6 +149,7 @@ impl<M: MappedMemory> Drop for MapInFlight<M> {
         let inner = Arc::clone(&self.inner);
         let ticket = inner.gate.admitted();
         inner.map_rollbacks.send_modify(|n| *n += 1);
+        let memory = LeakUnlessReleased::new(memory);
         let handle = inner.handle.clone();
         handle.spawn(async move {
             let _ticket = ticket;
@@ -139,11 +164,11 @@ impl<M: MappedMemory> Drop for MapInFlight<M> {
 async fn roll_back<M: MappedMemory>(
     inner: &Inner,
     map: BoxFuture<'static, Result<BackendRegion, RdmaError>>,
-    memory: M,
+    memory: LeakUnlessReleased<M>,
 ) {
     let region = match map.await {
         // Nothing was registered: the memory may go.
-        Err(_) => return drop(memory),
+        Err(_) => return drop(memory.release()),
         Ok(region) => region,
     };
     match inner.backend.unmap(region.backend_region_id).await {
@@ -152,7 +177,7 @@ async fn roll_back<M: MappedMemory>(
                 backend_region = region.backend_region_id,
                 "cancelled registration rolled back; its memory is free"
             );
-            drop(memory);
+            drop(memory.release());
         }
         Err(error) => {
             tracing::error!(
@@ -160,7 +185,7 @@ async fn roll_back<M: MappedMemory>(
                 %error,
                 "the unmap rolling back a cancelled registration failed: its memory is leaked, and the backend may still hold it"
             );
-            memory.leak();
+            drop(memory); // leaks
         }
     }
 }

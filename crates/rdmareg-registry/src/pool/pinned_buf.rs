@@ -32,7 +32,7 @@ use rdmareg_core::{Descriptor, RdmaError, page_enclosing_range};
 use super::arena::{Arena, spawn_arena_release};
 use crate::GRANULE;
 use crate::budget::Reservation;
-use crate::mapping::{MapInFlight, MappedMemory};
+use crate::mapping::{LeakUnlessReleased, MapInFlight, MappedMemory};
 use crate::registry::Inner;
 
 /// Ownership of `granules` granules from `start` in a pooled arena, or of a
@@ -111,9 +111,14 @@ fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, gran
         leak_granules(None, arena, granules, "the registry is gone");
         return;
     };
+    // Should the task be dropped unfinished (its runtime shut down), the
+    // arena's pages are leaked rather than freed under a live key.
+    let kept = LeakUnlessReleased::new(arena);
     let handle = inner.handle.clone();
     handle.spawn(async move {
-        match inner.backend.unmap(own.backend_region_id).await {
+        let outcome = inner.backend.unmap(own.backend_region_id).await;
+        let Some(arena) = kept.release() else { return };
+        match outcome {
             Ok(()) => {
                 drop(own.charge);
                 release_granules(&arena, start, granules);

@@ -1,6 +1,7 @@
 //! A model of the registry, driven by random interleavings of register /
 //! unregister / drop guard / alloc / drop buffer / get / shutdown, with
-//! cancellation at every await and injected backend faults. After every
+//! cancellation at every await (with maps that outlive their futures, as over
+//! a progress thread) and injected backend faults. After every
 //! step: the budget equals the model, the backend's live count equals the
 //! model, and no latch has resolved while the backend still holds its region
 //! (checked by probing each region with a GET from a second instance).
@@ -52,10 +53,12 @@ enum Op {
     },
     CancelRegister {
         polls: usize,
+        detached: bool,
     },
     CancelAlloc {
         len: usize,
         polls: usize,
+        detached: bool,
     },
     CancelUnregister {
         pick: usize,
@@ -87,8 +90,10 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (1usize..3 * 4096).prop_map(|len| Op::TryAlloc { len }),
         6 => any::<usize>().prop_map(|pick| Op::DropBuf { pick }),
         6 => any::<usize>().prop_map(|pick| Op::Get { pick }),
-        2 => (0usize..3).prop_map(|polls| Op::CancelRegister { polls }),
-        2 => (alloc_len(), 0usize..3).prop_map(|(len, polls)| Op::CancelAlloc { len, polls }),
+        2 => (0usize..3, any::<bool>())
+            .prop_map(|(polls, detached)| Op::CancelRegister { polls, detached }),
+        2 => (alloc_len(), 0usize..3, any::<bool>())
+            .prop_map(|(len, polls, detached)| Op::CancelAlloc { len, polls, detached }),
         2 => any::<usize>().prop_map(|pick| Op::CancelUnregister { pick }),
         2 => any::<usize>().prop_map(|pick| Op::CancelGet { pick }),
         1 => Just(Op::Shutdown),
@@ -348,7 +353,10 @@ impl Harness {
                 }
                 assert!(!buf.is_surrendered());
             }
-            Op::CancelRegister { polls } => {
+            Op::CancelRegister { polls, detached } => {
+                // Detached, a dropped map registers anyway and the registry
+                // must roll it back (as over UCX's progress thread).
+                faults.detach_maps(detached);
                 faults.set_delay(FaultOp::Map, DELAY);
                 let mut registering = Box::pin(self.owner.registry.register_owned(pattern(100, 0)));
                 for _ in 0..polls {
@@ -366,7 +374,12 @@ impl Harness {
                 }
                 drop(registering);
             }
-            Op::CancelAlloc { len, polls } => {
+            Op::CancelAlloc {
+                len,
+                polls,
+                detached,
+            } => {
+                faults.detach_maps(detached);
                 faults.set_delay(FaultOp::Map, DELAY);
                 let mut allocating = Box::pin(self.owner.registry.alloc_pinned(len));
                 let mut answered = None;
@@ -494,7 +507,9 @@ impl Harness {
     /// transfers finish, then lift the delays.
     async fn settle(&self) {
         tokio::time::sleep(Duration::from_millis(50)).await;
+        self.owner.registry.map_rollbacks_settled().await;
         let faults = self.owner.backend.faults();
+        faults.detach_maps(false);
         for op in [FaultOp::Map, FaultOp::Unmap, FaultOp::Get] {
             faults.set_delay(op, Duration::ZERO);
         }
@@ -503,6 +518,7 @@ impl Harness {
     async fn check(&mut self) {
         let stats = self.owner.registry.stats();
         assert_eq!(stats.transfers_in_flight, 0);
+        assert_eq!(stats.map_rollbacks_in_flight, 0);
         assert_eq!(
             stats.registered_bytes,
             self.charged() + stats.pooled_arena_bytes + stats.dedicated_arena_bytes,
