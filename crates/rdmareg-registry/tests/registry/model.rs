@@ -1,5 +1,6 @@
 //! A model of the registry, driven by random interleavings of register /
-//! unregister / drop guard / alloc / drop buffer / get / shutdown, with
+//! unregister / drop guard / alloc / describe / drop buffer / get / shutdown,
+//! with
 //! cancellation at every await (with maps that outlive their futures, as over
 //! a progress thread) and injected backend faults. After every
 //! step: the budget equals the model, the backend's live count equals the
@@ -48,6 +49,9 @@ enum Op {
     DropBuf {
         pick: usize,
     },
+    Describe {
+        pick: usize,
+    },
     Get {
         pick: usize,
     },
@@ -89,6 +93,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(len, fail_map)| Op::Alloc { len, fail_map }),
         2 => (1usize..3 * 4096).prop_map(|len| Op::TryAlloc { len }),
         6 => any::<usize>().prop_map(|pick| Op::DropBuf { pick }),
+        3 => any::<usize>().prop_map(|pick| Op::Describe { pick }),
         6 => any::<usize>().prop_map(|pick| Op::Get { pick }),
         2 => (0usize..3, any::<bool>())
             .prop_map(|(polls, detached)| Op::CancelRegister { polls, detached }),
@@ -177,6 +182,19 @@ impl Harness {
             .filter(|r| r.held != Held::Released)
             .map(|r| r.charge)
             .sum()
+    }
+
+    /// Pooled buffers held with a registration of their own, and the bytes
+    /// those charge.
+    fn described(&self) -> (usize, u64) {
+        let own = self
+            .bufs
+            .iter()
+            .filter(|b| b.is_described() && !b.is_dedicated());
+        own.fold((0, 0), |(n, bytes), b| {
+            let pages = page_enclosing_len(b.as_ptr() as u64, b.len() as u64, 4096).unwrap();
+            (n + 1, bytes + pages)
+        })
     }
 
     fn guard_index(&self, pick: usize) -> Option<usize> {
@@ -328,6 +346,23 @@ impl Harness {
                 if let Some(buf) = found {
                     assert_eq!(buf.len(), len);
                     self.bufs.push(buf);
+                }
+            }
+            Op::Describe { pick } => {
+                if self.bufs.is_empty() {
+                    return;
+                }
+                let n = self.bufs.len();
+                let buf = &mut self.bufs[pick % n];
+                let was = buf.is_described();
+                match buf.describe().await {
+                    Ok(descriptor) => {
+                        assert_eq!(descriptor.len(), buf.len() as u64);
+                        assert_eq!(descriptor.addr(), buf.as_ptr() as u64);
+                    }
+                    Err(RdmaError::ShuttingDown) => assert!(self.closed && !was),
+                    Err(RdmaError::BudgetExceeded { .. }) => assert!(!was),
+                    Err(other) => panic!("describe: {other}"),
                 }
             }
             Op::DropBuf { pick } => {
@@ -519,20 +554,27 @@ impl Harness {
         let stats = self.owner.registry.stats();
         assert_eq!(stats.transfers_in_flight, 0);
         assert_eq!(stats.map_rollbacks_in_flight, 0);
+        let (described, described_bytes) = self.described();
         assert_eq!(
             stats.registered_bytes,
-            self.charged() + stats.pooled_arena_bytes + stats.dedicated_arena_bytes,
-            "budget = regions in the model + arenas"
+            self.charged()
+                + stats.pooled_arena_bytes
+                + stats.dedicated_arena_bytes
+                + described_bytes,
+            "budget = regions in the model + arenas + described pool buffers"
         );
         let held = self
             .regions
             .iter()
             .filter(|r| r.held != Held::Released)
             .count();
+        // After shutdown the backend's teardown released described buffers'
+        // own registrations too; their charge stays until they are dropped.
+        let described_live = if self.closed { 0 } else { described };
         assert_eq!(
             self.owner.live(),
-            held + stats.pooled_arenas + stats.dedicated_arenas,
-            "backend live count = regions in the model + arenas"
+            held + stats.pooled_arenas + stats.dedicated_arenas + described_live,
+            "backend live count = regions in the model + arenas + described pool buffers"
         );
         assert_eq!(stats.live_regions, held);
         if !self.closed {
@@ -564,6 +606,9 @@ impl Harness {
         self.settle().await;
         self.check().await;
         assert_eq!(self.owner.live(), 0);
+        // A described buffer keeps its charge until it is dropped.
+        self.bufs.clear();
+        self.settle().await;
         assert_eq!(self.owner.registered_bytes(), 0);
         for region in std::mem::take(&mut self.regions) {
             if let Some(memory) = region.external {
