@@ -154,6 +154,13 @@ fn cancelled_map_check_catches_a_map_that_strands_its_registration() {
 }
 
 #[test]
+fn cancelled_batch_check_catches_a_map_that_strands_its_registration() {
+    assert_only_the_flawed_backend_fails(Flaw::KeepsCancelledMaps, |p| {
+        Box::pin(conformance::cancelled_maps_stay_within_the_memory_the_caller_holds(p))
+    });
+}
+
+#[test]
 fn page_enclosing_check_catches_a_backend_that_reports_unrounded_ranges() {
     assert_only_the_flawed_backend_fails(Flaw::ReportsUnroundedRanges, |p| {
         Box::pin(conformance::effective_range_is_page_enclosing(p))
