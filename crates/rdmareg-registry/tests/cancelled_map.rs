@@ -192,3 +192,39 @@ async fn a_cancelled_arena_map_frees_its_pages_only_after_the_rollback_is_confir
     assert_eq!(registry.stats().leaked_bytes, 0);
     assert_eq!(registry.stats().registered_bytes, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_external_registration_is_reusable_once_the_rollbacks_settle() {
+    let _serial = SERIAL.lock().await;
+    let (_fabric, backend, registry) = detached_side();
+    let map_gate = backend.faults().hang(FaultOp::Map);
+    let unmap_gate = backend.faults().hang(FaultOp::Unmap);
+    let mut memory = vec![0u8; 8192].into_boxed_slice();
+    let ptr = memory.as_mut_ptr();
+    {
+        // SAFETY: `memory` is neither referenced nor freed until the rollback
+        // of this registration has settled (asserted below).
+        let mut register = pin!(unsafe { registry.register_external(ptr, 8192) });
+        tokio::select! {
+            biased;
+            _ = &mut register => panic!("the map is held at its gate"),
+            () = map_gate.until_waiting(1) => {}
+        }
+    }
+    let mut settled = pin!(registry.map_rollbacks_settled());
+    assert!(
+        futures::poll!(&mut settled).is_pending(),
+        "the range is still being registered"
+    );
+    map_gate.release();
+    unmap_gate.until_waiting(1).await;
+    assert_eq!(live(&backend), 1);
+    assert!(futures::poll!(&mut settled).is_pending(), "rollback held");
+    unmap_gate.release();
+    tokio::time::timeout(Duration::from_secs(5), settled)
+        .await
+        .expect("the rollback settles");
+    assert_eq!(live(&backend), 0);
+    memory.fill(1); // the range is ours again
+    assert_eq!(registry.stats().registered_bytes, 0);
+}
