@@ -11,8 +11,15 @@
 //!
 //! 1. **`map` rolls back if its future is dropped.** A cancelled `map` leaves
 //!    no registration behind. The caller treats a dropped `map` exactly like an
-//!    error and frees the pages, so a backend that stays pinned after
-//!    cancellation turns that into a use-after-free.
+//!    error, so a backend that stays pinned after cancellation turns that
+//!    into a use-after-free. A backend may roll back asynchronously (a map
+//!    already submitted to a progress thread is undone by a compensating
+//!    unmap), but then [`live_registrations`](RdmaBackend::live_registrations)
+//!    counts the map from its submission until the rollback is done, so a
+//!    caller that frees on the count's evidence never frees early. The
+//!    registry itself never frees on a dropped map: it lets the map finish,
+//!    unmaps it, and frees the memory only after that unmap answered
+//!    `Ok(())`.
 //! 2. **`unmap` is idempotent and proceeds once submitted.** An id that names
 //!    nothing (never mapped, or already unmapped) answers `Ok(())`. Dropping
 //!    the future abandons only the notification.
@@ -34,6 +41,17 @@
 //!    overflow, a local range outside the mapped pointer and length, a remote
 //!    range the key does not cover (where the backend can tell), a malformed or
 //!    oversized key. Never a panic, never undefined behaviour.
+//! 7. **The effective range is page-enclosing.** A successful `map` of
+//!    `[ptr, ptr + len)` reports an
+//!    [`effective_addr`](BackendRegion::effective_addr) and
+//!    [`effective_len`](BackendRegion::effective_len) that are multiples of
+//!    the system page size and cover every page the range touches: the OS
+//!    pins whole pages, and the registry charges its budget (and
+//!    `RLIMIT_MEMLOCK` is spent) on what is reported. A backend whose
+//!    provider reports the caller's bytes unrounded (UCX's `ucp_mem_query`
+//!    does) rounds them outward itself. The registry also never charges less
+//!    than the page-enclosing length, so an undercounting backend cannot let
+//!    it pass its budget.
 
 use futures::future::BoxFuture;
 use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
@@ -87,6 +105,19 @@ pub trait RdmaBackend: Send + Sync + 'static {
     /// for every region it held. `None` (the default) opts out of the check,
     /// and the registry then relies on call ordering alone.
     fn live_registrations(&self) -> Option<usize> {
+        None
+    }
+
+    /// How many transfers this backend can see still using a region — GETs
+    /// into it, and (where the backend sees the source side, as the loopback
+    /// does) GETs from it — if it can say. `Some(0)` for an id that names
+    /// nothing.
+    ///
+    /// Diagnostic only: the registry reports it when an unmap outlives the
+    /// caller's timeout (an unmap waits for these, contract point 4). `None`
+    /// (the default) means the backend cannot tell.
+    fn transfers_in_flight(&self, backend_region_id: u64) -> Option<usize> {
+        let _ = backend_region_id;
         None
     }
 }

@@ -14,4 +14,7 @@ pub mod conformance;
 pub mod loopback;
 
 pub use backend::RdmaBackend;
+/// The system page size: what contract point 7's page-enclosing ranges are
+/// rounded to.
+pub use loopback::page_size;
 pub use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};

@@ -1,7 +1,8 @@
 //! The loopback backend passes the whole conformance kit, through the public
 //! API only: once with no faults, and once with every operation delayed so
 //! that maps, unmaps and GETs really are in flight when the kit cancels,
-//! drops or races them.
+//! drops or races them, and once with maps detached from their futures (a
+//! dropped map is rolled back later, as over a progress thread).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,10 +47,32 @@ async fn delayed_pair() -> BackendPair {
     pair_on(owner, consumer)
 }
 
+/// Maps run detached, as on a progress thread: a dropped map registers
+/// anyway and is rolled back by an unmap of its own, which the unmap delay
+/// holds open for a while.
+async fn detached_pair() -> BackendPair {
+    let fabric = LoopbackFabric::new();
+    let (owner, consumer) = (fabric.backend(OWNER), fabric.backend(CONSUMER));
+    for backend in [&owner, &consumer] {
+        backend.faults().detach_maps(true);
+        backend
+            .faults()
+            .set_delay(FaultOp::Map, Duration::from_millis(1));
+        backend
+            .faults()
+            .set_delay(FaultOp::Unmap, Duration::from_millis(3));
+    }
+    pair_on(owner, consumer)
+}
+
 mod plain {
     rdmareg_backend::conformance_tests!(super::plain_pair);
 }
 
 mod delayed {
     rdmareg_backend::conformance_tests!(super::delayed_pair);
+}
+
+mod detached {
+    rdmareg_backend::conformance_tests!(super::detached_pair);
 }

@@ -29,6 +29,9 @@ enum Flaw {
     FlattensGetErrors,
     /// Answers `Ok(())` to an unmap without unmapping anything.
     UnmapLiesAndKeepsTheRegion,
+    /// Reports the mapped bytes, unrounded, as the effective range (what
+    /// `ucp_mem_query` answers).
+    ReportsUnroundedRanges,
 }
 
 struct Flawed {
@@ -46,8 +49,16 @@ impl RdmaBackend for Flawed {
         Box::pin(async move {
             let region = self.inner.map(ptr, len).await?;
             self.minted.lock().insert(region.backend_region_id);
-            if self.flaw == Flaw::KeepsCancelledMaps {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+            match self.flaw {
+                Flaw::KeepsCancelledMaps => tokio::time::sleep(Duration::from_millis(1)).await,
+                Flaw::ReportsUnroundedRanges => {
+                    return Ok(BackendRegion {
+                        effective_addr: ptr as u64,
+                        effective_len: len as u64,
+                        ..region
+                    });
+                }
+                _ => {}
             }
             Ok(region)
         })
@@ -139,6 +150,20 @@ where
 fn cancelled_map_check_catches_a_map_that_strands_its_registration() {
     assert_only_the_flawed_backend_fails(Flaw::KeepsCancelledMaps, |p| {
         Box::pin(conformance::cancelled_map_leaves_no_registration(p))
+    });
+}
+
+#[test]
+fn cancelled_batch_check_catches_a_map_that_strands_its_registration() {
+    assert_only_the_flawed_backend_fails(Flaw::KeepsCancelledMaps, |p| {
+        Box::pin(conformance::cancelled_maps_stay_within_the_memory_the_caller_holds(p))
+    });
+}
+
+#[test]
+fn page_enclosing_check_catches_a_backend_that_reports_unrounded_ranges() {
+    assert_only_the_flawed_backend_fails(Flaw::ReportsUnroundedRanges, |p| {
+        Box::pin(conformance::effective_range_is_page_enclosing(p))
     });
 }
 

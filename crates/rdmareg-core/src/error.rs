@@ -83,6 +83,14 @@ pub enum RdmaError {
     /// The operation did not finish inside its deadline.
     #[error("rdma operation timed out")]
     Timeout,
+
+    /// A pool buffer has no registration of its own yet, so no descriptor can
+    /// name it without granting the rest of its arena. Call
+    /// `PinnedBuf::describe()` first.
+    #[error(
+        "pool buffer not described: it has no registration of its own yet; call PinnedBuf::describe() first"
+    )]
+    NotDescribed,
 }
 
 impl RdmaError {

@@ -20,6 +20,23 @@ impl PageRange {
     pub fn end(&self) -> u64 {
         self.start + self.len
     }
+
+    /// The smallest range covering both this range and `[start, start +
+    /// len)` (a backend's report of what it pinned, not trusted to be
+    /// page-aligned or to cover this one). Saturates at the top of the
+    /// address space instead of wrapping.
+    ///
+    /// The registry charges this for every registration, so a backend that
+    /// reports less than the page-enclosing range never makes the budget
+    /// count fewer bytes than the OS pins.
+    pub fn cover(&self, start: u64, len: u64) -> PageRange {
+        let first = self.start.min(start);
+        let end = self.end().max(start.saturating_add(len));
+        PageRange {
+            start: first,
+            len: end - first,
+        }
+    }
 }
 
 /// Round `value` up to a multiple of `align` (a power of two), or `None` on
@@ -74,6 +91,19 @@ mod tests {
     #[test]
     fn one_byte_straddling_a_boundary_charges_two_pages() {
         assert_eq!(page_enclosing_len(4095, 2, 4096), Some(8192));
+    }
+
+    #[test]
+    fn cover_of_an_unrounded_report_is_the_page_enclosing_range() {
+        let enclosing = page_enclosing_range(4096 + 4095, 1, 4096).unwrap();
+        assert_eq!(enclosing.cover(4096 + 4095, 1), enclosing);
+        assert_eq!(
+            enclosing.cover(0, 3 * 4096),
+            PageRange {
+                start: 0,
+                len: 3 * 4096
+            }
+        );
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! pass: the check and the charge are one compare-and-swap. The reservation is
 //! an RAII object: dropping it (a cancelled or failed registration, or a
 //! region whose unmap was confirmed) returns the charge. After the map, the
-//! charge is reconciled to the length the backend says it pinned.
+//! charge is reconciled to the length the backend says it pinned, covered
+//! by the page-enclosing range: a backend that reports fewer bytes than the
+//! pages the OS pins (contract point 7) is never taken at its word.
 //!
 //! Reconciling *upwards* (the backend pinned more than the page-enclosing
 //! range, e.g. it uses larger pages than configured) charges the excess even

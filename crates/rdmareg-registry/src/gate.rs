@@ -61,6 +61,18 @@ impl Gate {
         })
     }
 
+    /// A further ticket for work an admitted caller hands off (a cancelled
+    /// map's rollback), taken even if the gate closed meanwhile: the caller's
+    /// own ticket, still held, already made shutdown wait, and this one keeps
+    /// it waiting for the handed-off work. Only call while holding a ticket.
+    pub(crate) fn admitted(self: &Arc<Self>) -> Ticket {
+        debug_assert!(self.in_flight() > 0, "admitted() without a held ticket");
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Ticket {
+            gate: Arc::clone(self),
+        }
+    }
+
     /// A ticket borrowed from the gate.
     pub(crate) fn enter_local(&self) -> Option<LocalTicket<'_>> {
         self.try_enter().then(|| LocalTicket { gate: self })

@@ -30,7 +30,10 @@
 //! and on tcp and shared memory by any peer with an endpoint: keys and
 //! worker addresses go only to peers the service trusts. The registry's
 //! bounds checks protect a consumer from naming bytes it should not; they do
-//! not protect an owner from a hostile peer. No `&`/`&mut` reference to a
+//! not protect an owner from a hostile peer. A descriptor never grants more
+//! than it describes: a pool buffer is described through a registration of
+//! its own ([`PinnedBuf::describe`]), never through its arena's key. No
+//! `&`/`&mut` reference to a
 //! registered region is ever created by this crate; [`PinnedBuf`] lends
 //! `&mut [u8]` only while no transfer owns its memory.
 
@@ -40,6 +43,7 @@ mod budget;
 mod config;
 mod gate;
 mod latch;
+mod mapping;
 mod pool;
 mod region;
 mod registry;
@@ -49,9 +53,11 @@ mod transfer;
 
 pub use config::{ConfigError, GRANULE, PoolConfig, RdmaConfig};
 pub use pool::PinnedBuf;
-pub use region::{RegionGuard, RegionView, RegionWatch, UnregisterOutcome, UnregisterOwnedError};
+pub use region::{
+    RegionGuard, RegionView, RegionWatch, StillRunning, UnregisterOutcome, UnregisterOwnedError,
+};
 pub use registry::{RdmaRegistry, RegisterOwnedError};
-pub use shutdown::{ShutdownReport, SweptRegistry, TeardownVerdict};
+pub use shutdown::{ShutdownReport, Survivors, SweptRegistry, TeardownVerdict};
 pub use stats::RegistryStats;
 
 pub use rdmareg_core::{Descriptor, DescriptorError, PageRange, PeerId, RdmaError};

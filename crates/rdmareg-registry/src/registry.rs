@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_core::{Descriptor, PageRange, PeerId, RdmaError, page_enclosing_len};
+use rdmareg_core::{Descriptor, PageRange, PeerId, RdmaError, page_enclosing_range};
 use tokio::runtime::Handle;
 
 use crate::budget::Budget;
 use crate::config::{ConfigError, RdmaConfig};
 use crate::gate::Gate;
 use crate::latch::Latch;
+use crate::mapping::MapInFlight;
 use crate::pool::arena::Arena;
 use crate::pool::{self, PinnedBuf, Pool};
 use crate::region::state::{NewRegion, RegionState, spawn_background_deregistration};
@@ -39,6 +40,8 @@ pub(crate) struct Inner {
     next_generation: AtomicU64,
     pub(crate) transfers_in_flight: AtomicUsize,
     pub(crate) leaked_bytes: Arc<AtomicU64>,
+    /// Cancelled maps still being rolled back (see `mapping.rs`).
+    pub(crate) map_rollbacks: tokio::sync::watch::Sender<usize>,
     /// Serialises shutdown calls (each is a full pass; see `shutdown.rs`).
     pub(crate) shutdown_serial: tokio::sync::Mutex<()>,
 }
@@ -80,8 +83,10 @@ impl Inner {
 ///    keeps the memory alive), or allocate from the pool:
 ///    [`alloc_pinned`](Self::alloc_pinned) /
 ///    [`try_alloc_pinned`](Self::try_alloc_pinned).
-/// 3. Describe: [`RegionGuard::descriptor`],
-///    [`PinnedBuf::descriptor`]; send the encoding to a trusted peer.
+/// 3. Describe: [`RegionGuard::descriptor`], or for a pool buffer
+///    [`PinnedBuf::describe`] (a registration of its own, so the descriptor
+///    grants that buffer and not its arena); send the encoding to a trusted
+///    peer.
 /// 4. Transfer: [`get`](Self::get) / [`get_into`](Self::get_into) a peer's
 ///    descriptor into a [`PinnedBuf`].
 /// 5. Release: [`RegionGuard::unregister`] (or drop the guard), drop the
@@ -91,6 +96,14 @@ impl Inner {
 #[derive(Clone, Debug)]
 pub struct RdmaRegistry {
     inner: Arc<Inner>,
+}
+
+/// The page-enclosing range of `[addr, addr + len)` at the system page size:
+/// the least a registration pins, whatever the backend reports. The caller
+/// has checked that the range does not overflow.
+pub(crate) fn system_pages(addr: u64, len: u64) -> PageRange {
+    page_enclosing_range(addr, len, rdmareg_backend::page_size())
+        .unwrap_or(PageRange { start: addr, len })
 }
 
 /// The first byte of a range being registered, carried across the map's
@@ -136,6 +149,7 @@ impl RdmaRegistry {
             next_generation: AtomicU64::new(1),
             transfers_in_flight: AtomicUsize::new(0),
             leaked_bytes: Arc::new(AtomicU64::new(0)),
+            map_rollbacks: tokio::sync::watch::Sender::new(0),
             shutdown_serial: tokio::sync::Mutex::new(()),
         };
         Ok(Self {
@@ -161,7 +175,8 @@ impl RdmaRegistry {
     /// Register memory the caller owns and keeps.
     ///
     /// Charges the page-enclosing range against the budget before mapping,
-    /// and reconciles the charge to what the backend pinned.
+    /// and reconciles the charge to what the backend pinned — never to less
+    /// than the page-enclosing range.
     ///
     /// # Safety
     /// From the call until the returned guard's
@@ -175,11 +190,14 @@ impl RdmaRegistry {
     ///   [`RegionWatch::read`](crate::RegionWatch::read), or through raw
     ///   pointers at the caller's own risk.
     ///
-    /// If this returns an error, or its future is dropped before it
-    /// completes, nothing stays registered and the range may be reused at
-    /// once. (Nothing is awaited after the backend's map succeeds, so a
-    /// cancellation can only land before or during the map, which the
-    /// backend rolls back.) A map that lands after the shutdown sweep still
+    /// If this returns an error, nothing is registered and the range may be
+    /// reused at once. If its future is dropped before it completes, the
+    /// backend may still be registering the range (over UCX the map is a
+    /// command on the progress thread): the registry lets that map finish and
+    /// unmaps it, and the range may be reused once
+    /// [`map_rollbacks_settled`](Self::map_rollbacks_settled) resolves. (Nothing
+    /// is awaited after the backend's map succeeds, so a cancellation can only
+    /// land before or during the map.) A map that lands after the shutdown sweep still
     /// returns its guard, with a deregistration already under way: wait for
     /// `deregistered()` as always.
     ///
@@ -189,7 +207,10 @@ impl RdmaRegistry {
     /// [`RdmaError::BudgetExceeded`]; the backend's map error.
     ///
     /// # Cancel safety
-    /// Dropping the future leaves nothing registered and returns the charge.
+    /// Dropping the future returns the charge; the registration it may have
+    /// started is rolled back in the background, and the range stays
+    /// registered until [`map_rollbacks_settled`](Self::map_rollbacks_settled)
+    /// resolves.
     pub unsafe fn register_external(
         &self,
         ptr: *mut u8,
@@ -215,8 +236,10 @@ impl RdmaRegistry {
     /// [`RdmaError::OutOfRange`].
     ///
     /// # Cancel safety
-    /// Dropping the future leaves nothing registered, returns the charge and
-    /// frees the buffer (it was inside the future).
+    /// Dropping the future returns the charge and forfeits the buffer: a map
+    /// already started is let finish and rolled back in the background, and
+    /// the buffer is freed only once that unmap is confirmed (leaked if it
+    /// fails) — never while the backend may still hold it.
     pub async fn register_owned(
         &self,
         buffer: Box<[u8]>,
@@ -252,15 +275,19 @@ impl RdmaRegistry {
         let Some(_ticket) = inner.gate.enter_local() else {
             return Err((RdmaError::ShuttingDown, owned));
         };
-        let Some(enclosing) = page_enclosing_len(addr as u64, len as u64, inner.config.page_size)
+        let Some(enclosing) = page_enclosing_range(addr as u64, len as u64, inner.config.page_size)
         else {
             return Err((RdmaError::OutOfRange, owned));
         };
-        let mut charge = match inner.budget.reserve(enclosing) {
+        let mut charge = match inner.budget.reserve(enclosing.len) {
             Ok(charge) => charge,
             Err(error) => return Err((error, owned)),
         };
-        let mapped = match inner.backend.map(addr, len).await {
+        // Dropped unfinished, the map is rolled back and an owned buffer is
+        // freed only once the backend confirmed it (see `mapping.rs`).
+        let (answer, back) = MapInFlight::start(inner, addr, len, owned).await;
+        owned = back;
+        let mapped = match answer {
             Ok(mapped) => mapped,
             Err(error) => return Err((error, owned)),
         };
@@ -269,7 +296,11 @@ impl RdmaRegistry {
         if let Some(owned) = owned.as_mut() {
             owned.mark_registered();
         }
-        charge.reconcile(mapped.effective_len);
+        // Never less than the pages the OS pins (contract point 7), even if
+        // the backend reports the bytes unrounded.
+        let effective = system_pages(addr as u64, len as u64)
+            .cover(mapped.effective_addr, mapped.effective_len);
+        charge.reconcile(effective.len);
         let generation = inner.next_generation();
         let descriptor = Descriptor::new(
             &inner.backend_key,
@@ -285,10 +316,7 @@ impl RdmaRegistry {
                 backend_region_id: mapped.backend_region_id,
                 ptr: start.0,
                 len,
-                effective: PageRange {
-                    start: mapped.effective_addr,
-                    len: mapped.effective_len,
-                },
+                effective,
                 descriptor,
                 charge,
                 owned,
@@ -326,9 +354,9 @@ impl RdmaRegistry {
     /// a needed arena does not fit the budget; the backend's map error.
     ///
     /// # Cancel safety
-    /// Dropping the future before the arena's map answers leaves nothing
-    /// registered and frees the memory; once it answered, the arena is kept
-    /// by the pool.
+    /// Dropping the future before the arena's map answers rolls that map
+    /// back in the background and frees the arena's pages once the unmap is
+    /// confirmed; once it answered, the arena is kept by the pool.
     pub async fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, RdmaError> {
         pool::alloc_pinned(&self.inner, len).await
     }
@@ -387,10 +415,13 @@ impl RdmaRegistry {
         transfer::get(&self.inner, peer, src, dst, dst_offset).await
     }
 
-    /// Shut down, step one: refuse new work, wait up to `budget` for admitted
-    /// work (registrations, allocations, transfers in flight — not buffers
-    /// merely held) to finish, then deregister every region and arena, each
-    /// unmap bounded by `budget` again.
+    /// Shut down, step one: refuse new work, wait for admitted work
+    /// (registrations, allocations, rollbacks of cancelled maps, transfers in
+    /// flight — not buffers merely held) to finish, then deregister every
+    /// region and arena. `budget` bounds the whole of it; an unmap still
+    /// waiting for a transfer when it runs out goes on in the background and
+    /// releases its region the moment the backend confirms it (the report
+    /// counts it as pending, not surviving).
     ///
     /// Then tear the backend down, and call
     /// [`SweptRegistry::finish_after_backend_teardown`] to release what the
@@ -402,6 +433,20 @@ impl RdmaRegistry {
     /// already submitted proceed. Call it again to complete the sweep.
     pub async fn shutdown(&self, budget: Duration) -> SweptRegistry {
         shutdown::shutdown(&self.inner, budget).await
+    }
+
+    /// Resolves once no cancelled registration is still being rolled back:
+    /// every map whose future was dropped has been unmapped (or its unmap
+    /// failed, and its memory was leaked). The owner of an external range
+    /// whose [`register_external`](Self::register_external) it cancelled
+    /// waits for this before reusing the range.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only observes.
+    pub async fn map_rollbacks_settled(&self) {
+        let mut count = self.inner.map_rollbacks.subscribe();
+        // The sender lives in `inner`, which `self` keeps alive.
+        let _ = count.wait_for(|n| *n == 0).await;
     }
 
     /// Current figures.

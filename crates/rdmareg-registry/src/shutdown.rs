@@ -2,14 +2,18 @@
 //!
 //! 1. **Gate**: new registrations, allocations and transfers are refused
 //!    from here on, and every guard's `shutdown_initiated()` resolves.
-//! 2. **Drain**: wait, up to the budget, for admitted work to finish —
-//!    registrations and allocations whose map is in progress, and transfers
-//!    in flight (which hold their destination's slot). Buffers the
+//! 2. **Drain**: wait for admitted work to finish — registrations and
+//!    allocations whose map is in progress, rollbacks of cancelled maps, and
+//!    transfers in flight (which hold their destination's slot). Buffers the
 //!    application merely still holds are not waited for.
-//! 3. **Sweep**: unmap every region and arena the registry tracks, each
-//!    bounded by the budget, whether or not the drain finished ("force"): a
-//!    backend parks the unmap of a region with a transfer in flight until it
-//!    lands. What could not be confirmed *survives*, still tracked.
+//! 3. **Sweep**: unmap every region and arena the registry tracks, whether or
+//!    not the drain finished ("force"): a backend parks the unmap of a region
+//!    with a transfer in flight until it lands. One budget bounds steps 2 and
+//!    3 together. An unmap the backend refused *survives*, still tracked; an
+//!    unmap that did not answer within the budget is *pending*: it goes on in
+//!    the background, and the region or arena is released the moment the
+//!    backend confirms it — so only what is really still registered is left
+//!    for step 5 ([`SweptRegistry::survivors`] counts it at any time).
 //! 4. The caller tears the backend down.
 //! 5. [`SweptRegistry::finish_after_backend_teardown`] releases the
 //!    survivors' latches — only if the backend then reports nothing
@@ -26,7 +30,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::future::Future;
+
 use futures::future::join_all;
+use rdmareg_core::RdmaError;
 
 use crate::pool::arena::unmap_arena;
 use crate::region::state::unmap_region;
@@ -44,11 +51,29 @@ pub struct ShutdownReport {
     pub regions_deregistered: usize,
     /// Arenas whose unmap the sweep confirmed.
     pub arenas_deregistered: usize,
-    /// Regions still registered as far as the registry knows (unmap failed
-    /// or did not answer in time).
+    /// Regions whose unmap the backend answered with an error: still
+    /// registered as far as anyone can tell.
     pub regions_surviving: usize,
-    /// Arenas still registered as far as the registry knows.
+    /// Arenas whose unmap the backend answered with an error.
     pub arenas_surviving: usize,
+    /// Regions whose unmap did not answer within the budget (a transfer
+    /// still used them). The unmap goes on in the background and releases
+    /// each region once confirmed; [`SweptRegistry::survivors`] says how
+    /// many are still registered later.
+    pub regions_unmap_pending: usize,
+    /// Arenas whose unmap did not answer within the budget; as
+    /// [`regions_unmap_pending`](Self::regions_unmap_pending).
+    pub arenas_unmap_pending: usize,
+}
+
+/// Regions and arenas the registry still tracks as registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Survivors {
+    /// Regions not yet confirmed unmapped.
+    pub regions: usize,
+    /// Arenas not yet confirmed unmapped.
+    pub arenas: usize,
 }
 
 /// What [`SweptRegistry::finish_after_backend_teardown`] decided.
@@ -91,6 +116,18 @@ impl SweptRegistry {
         &self.report
     }
 
+    /// What is still registered as far as the registry knows, now: regions
+    /// and arenas whose unmap failed, or is still pending. A pending unmap
+    /// that the backend confirms after the sweep releases its region or
+    /// arena at that moment, and it stops counting here.
+    pub fn survivors(&self) -> Survivors {
+        let tables = self.inner.tables.lock();
+        Survivors {
+            regions: tables.regions.values().filter(|r| !r.is_unmapped()).count(),
+            arenas: tables.arenas.values().filter(|a| !a.is_unmapped()).count(),
+        }
+    }
+
     /// Call after the backend has been torn down. Releases every survivor if
     /// the backend reports `Some(0)` or `None`; otherwise refuses (logged).
     /// May be called again; releases nothing twice.
@@ -100,8 +137,18 @@ impl SweptRegistry {
         let (regions, arenas) = {
             let tables = inner.tables.lock();
             (
-                tables.regions.values().cloned().collect::<Vec<_>>(),
-                tables.arenas.values().cloned().collect::<Vec<_>>(),
+                tables
+                    .regions
+                    .values()
+                    .filter(|r| !r.is_unmapped())
+                    .cloned()
+                    .collect::<Vec<_>>(),
+                tables
+                    .arenas
+                    .values()
+                    .filter(|a| !a.is_unmapped())
+                    .cloned()
+                    .collect::<Vec<_>>(),
             )
         };
         if let Some(live) = backend_live
@@ -146,7 +193,8 @@ pub(crate) async fn shutdown(inner: &Arc<Inner>, budget: Duration) -> SweptRegis
     }
     inner.shutdown_started.release();
 
-    let drained = tokio::time::timeout(budget, inner.gate.drained())
+    let deadline = tokio::time::Instant::now() + budget;
+    let drained = tokio::time::timeout_at(deadline, inner.gate.drained())
         .await
         .is_ok();
     let in_flight_at_sweep = inner.gate.in_flight();
@@ -168,33 +216,43 @@ pub(crate) async fn shutdown(inner: &Arc<Inner>, budget: Duration) -> SweptRegis
     for region in &regions {
         region.close_readers();
     }
-    let region_results = join_all(regions.iter().map(|region| async move {
-        tokio::time::timeout(budget, unmap_region(inner, region)).await
+    let region_results = join_all(regions.iter().map(|region| {
+        let (inner, region) = (Arc::clone(inner), Arc::clone(region));
+        bounded(inner.handle.clone(), deadline, async move {
+            unmap_region(&inner, &region).await
+        })
     }))
     .await;
-    let arena_results =
-        join_all(arenas.iter().map(|arena| async move {
-            tokio::time::timeout(budget, unmap_arena(inner, arena)).await
-        }))
-        .await;
+    let arena_results = join_all(arenas.iter().map(|arena| {
+        let (inner, arena) = (Arc::clone(inner), Arc::clone(arena));
+        bounded(inner.handle.clone(), deadline, async move {
+            unmap_arena(&inner, &arena).await
+        })
+    }))
+    .await;
     inner
         .pool
         .pooled
         .write()
         .retain(|arena| !arena.is_unmapped());
 
-    let confirmed = |r: &Result<Result<(), _>, _>| matches!(r, Ok(Ok(())));
-    let regions_deregistered = region_results.iter().filter(|r| confirmed(r)).count();
-    let arenas_deregistered = arena_results.iter().filter(|r| confirmed(r)).count();
+    let count = |results: &[Sweep], which: Sweep| results.iter().filter(|r| **r == which).count();
     let report = ShutdownReport {
         drained,
         in_flight_at_sweep,
-        regions_deregistered,
-        arenas_deregistered,
-        regions_surviving: regions.len() - regions_deregistered,
-        arenas_surviving: arenas.len() - arenas_deregistered,
+        regions_deregistered: count(&region_results, Sweep::Confirmed),
+        arenas_deregistered: count(&arena_results, Sweep::Confirmed),
+        regions_surviving: count(&region_results, Sweep::Refused),
+        arenas_surviving: count(&arena_results, Sweep::Refused),
+        regions_unmap_pending: count(&region_results, Sweep::Pending),
+        arenas_unmap_pending: count(&arena_results, Sweep::Pending),
     };
-    if report.regions_surviving + report.arenas_surviving > 0 {
+    if report.regions_surviving
+        + report.arenas_surviving
+        + report.regions_unmap_pending
+        + report.arenas_unmap_pending
+        > 0
+    {
         tracing::warn!(
             ?report,
             "shutdown sweep left registrations it could not confirm"
@@ -205,5 +263,37 @@ pub(crate) async fn shutdown(inner: &Arc<Inner>, budget: Duration) -> SweptRegis
     SweptRegistry {
         inner: Arc::clone(inner),
         report,
+    }
+}
+
+/// How one unmap of the sweep ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sweep {
+    Confirmed,
+    Refused,
+    /// No answer by the deadline; carried on in the background.
+    Pending,
+}
+
+/// Run `unmap` until `deadline`; if it has not answered by then, carry it on
+/// in the background (its confirmation releases what it unmapped) instead of
+/// dropping it.
+async fn bounded(
+    handle: tokio::runtime::Handle,
+    deadline: tokio::time::Instant,
+    unmap: impl Future<Output = Result<(), RdmaError>> + Send + 'static,
+) -> Sweep {
+    let mut unmap = Box::pin(unmap);
+    match tokio::time::timeout_at(deadline, &mut unmap).await {
+        Ok(Ok(())) => Sweep::Confirmed,
+        Ok(Err(_)) => Sweep::Refused,
+        Err(_) => {
+            handle.spawn(async move {
+                if let Err(error) = unmap.await {
+                    tracing::error!(%error, "an unmap the shutdown sweep left pending failed");
+                }
+            });
+            Sweep::Pending
+        }
     }
 }

@@ -32,6 +32,9 @@ pub struct RegistryStats {
     pub live_allocations: usize,
     /// GETs admitted and not yet answered by the backend.
     pub transfers_in_flight: usize,
+    /// Cancelled registrations whose map is still being let finish and
+    /// unmapped; their memory is freed only when that unmap is confirmed.
+    pub map_rollbacks_in_flight: usize,
     /// Bytes of arena pages and owned buffers leaked because their unmap
     /// was never confirmed.
     pub leaked_bytes: u64,
@@ -44,6 +47,7 @@ impl RegistryStats {
             budget_bytes: inner.budget.limit(),
             transfers_in_flight: inner.transfers_in_flight.load(Ordering::SeqCst),
             leaked_bytes: inner.leaked_bytes.load(Ordering::SeqCst),
+            map_rollbacks_in_flight: *inner.map_rollbacks.borrow(),
             ..RegistryStats::default()
         };
         let tables = inner.tables.lock();

@@ -85,6 +85,7 @@ async fn whole_regions_and_pool_buffers_arrive_intact(transport: Transport) {
     for (len, seed) in [(5000, 3), (MIB + 1, 4), (1, 5), (2 * MIB + 5, 6)] {
         let mut buf = owner.alloc_pinned(len).await.expect("owner pool buffer");
         fill(&mut buf, seed);
+        buf.describe().await.expect("a describable buffer");
         pool_bufs.push((buf, seed));
     }
     assert!(
@@ -134,12 +135,13 @@ async fn whole_regions_and_pool_buffers_arrive_intact(transport: Transport) {
             &expected(source.seed, source.pattern_start, source.len()),
         );
     }
-    // Pool buffers of one arena share its generation; registrations differ.
+    // Every registration has its own generation — a described pool buffer
+    // too: its descriptor carries its own registration, never its arena's.
     assert_ne!(generations[0], generations[1]);
     assert_ne!(generations[1], generations[2]);
-    assert_eq!(
+    assert_ne!(
         generations[2], generations[3],
-        "two buffers of the first arena"
+        "two described buffers of the first arena are two registrations"
     );
     assert_ne!(
         generations[2], generations[5],
@@ -201,6 +203,7 @@ async fn sub_ranges_arrive_at_the_destination_offsets_asked_for(transport: Trans
         .await
         .expect("owner pool buffer");
     fill(&mut pool_buf, 9);
+    pool_buf.describe().await.expect("a describable buffer");
 
     // (offset, length) inside each source.
     let ranges = |len: usize| {

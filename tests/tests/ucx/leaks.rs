@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use rdmareg_core::page_enclosing_len;
 use rdmareg_registry::{Descriptor, RdmaConfig, RdmaError, RdmaRegistry};
 use rdmareg_tests::{
-    KIB, OWNER, Pair, Side, assert_same_bytes, expected, fill, patterned, registry_config, within,
+    KIB, OWNER, Pair, Side, assert_same_bytes, eventually, expected, fill, patterned,
+    registry_config, within,
 };
 use rdmareg_ucx::Transport;
 
@@ -123,7 +124,7 @@ async fn repeated_lifecycles_leave_only_the_pool_arenas_registered(transport: Tr
         // Pool to pool: allocate, fill, GET, drop both.
         let mut src = owner.alloc_pinned(len).await.expect("owner buffer");
         fill(&mut src, seed.wrapping_add(1));
-        let descriptor = over_the_wire(src.descriptor());
+        let descriptor = over_the_wire(src.describe().await);
         let mut dst = consumer.alloc_pinned(len).await.expect("consumer buffer");
         consumer
             .get(OWNER, &descriptor, &mut dst)
@@ -145,6 +146,14 @@ async fn repeated_lifecycles_leave_only_the_pool_arenas_registered(transport: Tr
         )
         .await;
     }
+    // A described buffer's own registration is unmapped after it is dropped,
+    // and only then are its granules free again.
+    eventually(
+        Duration::from_secs(5),
+        "the described buffers' own registrations are unmapped",
+        || pair.owner.registry.stats().live_allocations == 0,
+    )
+    .await;
     assert_only_pool_arenas_remain("owner after the soak", &pair.owner);
     assert_only_pool_arenas_remain("consumer after the soak", &pair.consumer);
 

@@ -109,12 +109,13 @@ async fn a_descriptor_naming_another_backend_is_refused(transport: Transport) {
 
 async fn sub_ranges_outside_their_parent_are_out_of_range(transport: Transport) {
     let (pair, guard, descriptor) = setup(transport).await;
-    let pool_buf = pair
+    let mut pool_buf = pair
         .owner
         .registry
         .alloc_pinned(REGION)
         .await
         .expect("owner pool buffer");
+    pool_buf.describe().await.expect("a describable buffer");
     let len = REGION as u64;
     let outside = [
         (0, 0),

@@ -102,18 +102,22 @@ async fn consumers_torn_down_mid_get(transport: Transport, size: usize) {
         tokio::time::sleep(Duration::from_millis(2)).await;
 
         let (report, verdict) = consumer.shut_down(Duration::from_millis(1)).await;
-        // 1 when the sweep found the arena still under the transfer.
-        let busy = report.arenas_surviving;
+        // 1 when the sweep found the arena still under the transfer (its
+        // unmap then goes on past the budget, and may be confirmed by the
+        // engine's teardown before the release).
+        let busy = report.arenas_surviving + report.arenas_unmap_pending;
         assert!(busy <= 1, "round {round}: {report:?}");
         exercised += busy;
-        assert_eq!(
-            verdict,
-            TeardownVerdict::Released {
-                regions: 0,
-                arenas: busy,
-                backend_live: Some(0)
-            },
-            "round {round}"
+        assert!(
+            matches!(
+                verdict,
+                TeardownVerdict::Released {
+                    regions: 0,
+                    arenas,
+                    backend_live: Some(0)
+                } if arenas <= busy
+            ),
+            "round {round}: {verdict:?}"
         );
         assert_eq!(consumer.engine_live(), 0, "round {round}");
         let (result, dst) = within(Duration::from_secs(5), "the transfer task", transfer)

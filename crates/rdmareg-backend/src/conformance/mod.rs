@@ -82,7 +82,10 @@ pub use in_flight_checks::{
     unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight,
 };
 pub use key_checks::{malformed_keys_are_invalid_key, stale_key_after_unmap_is_refused};
-pub use map_checks::{cancelled_map_leaves_no_registration, degenerate_map_is_out_of_range};
+pub use map_checks::{
+    cancelled_map_leaves_no_registration, cancelled_maps_stay_within_the_memory_the_caller_holds,
+    degenerate_map_is_out_of_range, effective_range_is_page_enclosing,
+};
 pub use model::{MODEL_CASES, model_based};
 pub use unmap_checks::{
     concurrent_unmaps_of_one_region_all_answer_ok, dropped_unmap_still_unmaps,
@@ -246,7 +249,9 @@ macro_rules! conformance_tests {
         $crate::__conformance_checks!(
             $factory;
             cancelled_map_leaves_no_registration,
+            cancelled_maps_stay_within_the_memory_the_caller_holds,
             degenerate_map_is_out_of_range,
+            effective_range_is_page_enclosing,
             unmap_of_a_never_mapped_id_answers_ok,
             unmap_twice_answers_ok_and_counts_once,
             concurrent_unmaps_of_one_region_all_answer_ok,

@@ -65,6 +65,7 @@ pub struct FaultInjector {
 struct FaultState {
     ops: [OpFaults; 3],
     refuse_unmaps: bool,
+    detached_maps: bool,
 }
 
 #[derive(Debug, Default)]
@@ -108,8 +109,26 @@ impl FaultInjector {
         self.state.lock().refuse_unmaps = refuse;
     }
 
-    /// Remove every fault: delays, pending failures, refused unmaps, and hang
-    /// gates (which are released, so nothing keeps waiting on them).
+    /// While `detached` is true, a map runs on a task of its own from its
+    /// first poll, the way a map pushed onto a progress thread's command ring
+    /// does (UCX): dropping the map future no longer stops it. A map that
+    /// registers after its future was dropped is rolled back by an unmap of
+    /// its own, which goes through the unmap faults — so an unmap delay or
+    /// hang gate holds the rollback open, and the registration stays counted
+    /// in [`live_registrations`](crate::RdmaBackend::live_registrations)
+    /// until it is done. Contract point 1 still holds: the rollback always
+    /// happens; it is just not instantaneous. Needs a Tokio runtime to spawn
+    /// on; outside one maps run inline as usual.
+    pub fn detach_maps(&self, detached: bool) {
+        self.state.lock().detached_maps = detached;
+    }
+
+    pub(crate) fn maps_detached(&self) -> bool {
+        self.state.lock().detached_maps
+    }
+
+    /// Remove every fault: delays, pending failures, refused unmaps, detached
+    /// maps, and hang gates (which are released, so nothing keeps waiting on them).
     pub fn clear(&self) {
         let old = std::mem::take(&mut *self.state.lock());
         for op in old.ops {

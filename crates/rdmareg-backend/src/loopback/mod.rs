@@ -122,6 +122,9 @@ pub struct LoopbackStats {
 #[derive(Debug, Default)]
 struct Counters {
     maps: AtomicU64,
+    /// Detached maps submitted and neither failed nor registered yet; they
+    /// count as live so that a count read mid-map never understates.
+    maps_pending: std::sync::atomic::AtomicUsize,
     gets_completed: AtomicU64,
     gets_failed: AtomicU64,
     bytes_copied: AtomicU64,
@@ -169,7 +172,8 @@ impl LoopbackFabric {
     /// [`backend`](Self::backend) with explicit settings.
     pub fn backend_with_config(&self, id: PeerId, config: LoopbackConfig) -> Arc<LoopbackBackend> {
         let instance = self.inner.next_instance.fetch_add(1, Ordering::Relaxed) + 1;
-        let backend = Arc::new(LoopbackBackend {
+        let backend = Arc::new_cyclic(|me| LoopbackBackend {
+            me: me.clone(),
             peer_id: id,
             instance,
             fabric: self.clone(),
@@ -200,6 +204,8 @@ impl LoopbackFabric {
 /// One loopback instance: a registration table, fault knobs, and a name on a
 /// [`LoopbackFabric`]. Created by [`LoopbackFabric::backend`].
 pub struct LoopbackBackend {
+    /// This instance, for work that outlives a borrow of it (a detached map).
+    me: Weak<LoopbackBackend>,
     peer_id: PeerId,
     /// Fabric-unique number; what packed keys name.
     instance: u64,
@@ -319,6 +325,13 @@ impl RdmaBackend for LoopbackBackend {
     }
 
     fn live_registrations(&self) -> Option<usize> {
-        Some(self.table.live())
+        // Pending first: a map that registers between the two reads is then
+        // counted twice rather than not at all.
+        let pending = self.counters.maps_pending.load(Ordering::SeqCst);
+        Some(self.table.live() + pending)
+    }
+
+    fn transfers_in_flight(&self, backend_region_id: u64) -> Option<usize> {
+        Some(self.table.pins(backend_region_id))
     }
 }

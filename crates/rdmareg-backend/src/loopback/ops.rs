@@ -3,15 +3,24 @@
 //! Both are built so that cancellation cannot leave a half state:
 //!
 //! - `map` registers in its last, synchronous step, after every await: a
-//!   future dropped at any await point has registered nothing.
+//!   future dropped at any await point has registered nothing. With
+//!   [`FaultInjector::detach_maps`](super::FaultInjector::detach_maps) the
+//!   map runs on a task of its own instead, and a map whose future was
+//!   dropped is rolled back by a compensating unmap once it has registered —
+//!   the shape of a map submitted to a progress thread.
 //! - `unmap` does its state change synchronously on the first poll (the
 //!   region stops accepting new transfers), then waits out its injected
 //!   faults, then lets the region go. A guard lets the region go if the future
 //!   is dropped while waiting, so a submitted unmap always proceeds; only the
 //!   answer is lost.
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use parking_lot::Mutex;
 use rdmareg_core::{BackendRegion, RdmaError, page_enclosing_range};
 use tokio::select;
+use tokio::sync::Notify;
 
 use super::key::{PackedKey, fresh_nonce};
 use super::table::{RegionTable, UnmapStart};
@@ -23,12 +32,26 @@ impl LoopbackBackend {
         if ptr == 0 || len == 0 || end.is_none() {
             return Err(RdmaError::OutOfRange);
         }
-        let pinned = page_enclosing_range(ptr as u64, len as u64, page_size())
-            .ok_or(RdmaError::OutOfRange)?;
+        if page_enclosing_range(ptr as u64, len as u64, page_size()).is_none() {
+            return Err(RdmaError::OutOfRange);
+        }
         if self.is_shutting_down() {
             return Err(RdmaError::ShuttingDown);
         }
 
+        if self.faults.maps_detached()
+            && let (Some(me), Ok(runtime)) =
+                (self.me.upgrade(), tokio::runtime::Handle::try_current())
+        {
+            return detached_map(me, runtime, ptr, len).await;
+        }
+        self.finish_map(ptr, len).await
+    }
+
+    /// Faults, then the registration itself.
+    async fn finish_map(&self, ptr: usize, len: usize) -> Result<BackendRegion, RdmaError> {
+        let pinned = page_enclosing_range(ptr as u64, len as u64, page_size())
+            .ok_or(RdmaError::OutOfRange)?;
         let plan = self.faults.take(FaultOp::Map);
         if !plan.is_immediate() {
             select! {
@@ -111,6 +134,108 @@ impl LoopbackBackend {
         drop(release);
         self.table.wait_absent(id).await;
         Ok(())
+    }
+}
+
+/// Where a detached map leaves its answer, and whether anyone still wants it.
+#[derive(Default)]
+struct Handoff {
+    answer: Option<Result<BackendRegion, RdmaError>>,
+    abandoned: bool,
+}
+
+/// Run the map on its own task; if this future is dropped, the task (or the
+/// drop, if the answer already arrived) rolls the registration back.
+async fn detached_map(
+    backend: Arc<LoopbackBackend>,
+    runtime: tokio::runtime::Handle,
+    ptr: usize,
+    len: usize,
+) -> Result<BackendRegion, RdmaError> {
+    let handoff = Arc::new((Mutex::new(Handoff::default()), Notify::new()));
+    let task_handoff = Arc::clone(&handoff);
+    let task_backend = Arc::clone(&backend);
+    backend.counters.maps_pending.fetch_add(1, Ordering::SeqCst);
+    runtime.spawn(async move {
+        let answer = task_backend.finish_map(ptr, len).await;
+        // Registered (and so counted by the table) or failed: no longer
+        // pending either way.
+        task_backend
+            .counters
+            .maps_pending
+            .fetch_sub(1, Ordering::SeqCst);
+        let (slot, arrived) = &*task_handoff;
+        let orphan = {
+            let mut slot = slot.lock();
+            if slot.abandoned {
+                Some(answer)
+            } else {
+                slot.answer = Some(answer);
+                None
+            }
+        };
+        match orphan {
+            Some(Ok(region)) => roll_back(&task_backend, region.backend_region_id).await,
+            Some(Err(_)) => {}
+            None => arrived.notify_one(),
+        }
+    });
+    let mut abandon = AbandonOnDrop {
+        handoff: Arc::clone(&handoff),
+        backend,
+        runtime,
+        answered: false,
+    };
+    let (slot, arrived) = &*handoff;
+    loop {
+        if let Some(answer) = slot.lock().answer.take() {
+            abandon.answered = true;
+            return answer;
+        }
+        arrived.notified().await;
+    }
+}
+
+/// The compensating unmap of a map nobody awaited any more.
+async fn roll_back(backend: &LoopbackBackend, id: u64) {
+    match backend.run_unmap(id).await {
+        Ok(()) => {
+            tracing::debug!(peer = %backend.peer_id, region = id, "loopback rolled back a dropped map")
+        }
+        Err(error) => tracing::warn!(
+            peer = %backend.peer_id,
+            region = id,
+            %error,
+            "loopback could not roll back a dropped map; the region stays registered"
+        ),
+    }
+}
+
+/// Marks a detached map abandoned when its future is dropped unanswered, and
+/// rolls back an answer that arrived but was never taken.
+struct AbandonOnDrop {
+    handoff: Arc<(Mutex<Handoff>, Notify)>,
+    backend: Arc<LoopbackBackend>,
+    runtime: tokio::runtime::Handle,
+    answered: bool,
+}
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let stranded = {
+            let mut slot = self.handoff.0.lock();
+            slot.abandoned = true;
+            slot.answer.take()
+        };
+        if let Some(Ok(region)) = stranded {
+            let backend = Arc::clone(&self.backend);
+            self.runtime.spawn(async move {
+                roll_back(&backend, region.backend_region_id).await;
+            });
+        }
     }
 }
 

@@ -127,6 +127,11 @@ impl RegionTable {
         self.state.lock().regions.len()
     }
 
+    /// Transfers pinning region `id` (0 if it names nothing).
+    pub(crate) fn pins(&self, id: u64) -> usize {
+        self.state.lock().regions.get(&id).map_or(0, |r| r.pins)
+    }
+
     /// Regions removed so far (by unmap or by shutdown).
     pub(crate) fn removed(&self) -> u64 {
         self.state.lock().removed

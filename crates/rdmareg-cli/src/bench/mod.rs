@@ -353,7 +353,7 @@ pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
         .await?;
     pattern::fill(&mut buffer, 42);
     let offered = OfferedRange {
-        descriptor: buffer.descriptor()?,
+        descriptor: buffer.describe().await?,
         crc32: pattern::checksum(&buffer),
     };
     println!("{LISTENING_PREFIX}{}", listener.local_addr()?);

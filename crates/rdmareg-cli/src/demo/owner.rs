@@ -221,7 +221,7 @@ async fn register(node: &Node, args: &DemoArgs) -> anyhow::Result<Holdings> {
             .context("allocating a pool buffer")?;
         pattern::fill(&mut buffer, (external_ranges + index) as u64);
         offered.push(OfferedRange {
-            descriptor: buffer.descriptor()?,
+            descriptor: buffer.describe().await?,
             crc32: pattern::checksum(&buffer),
         });
         buffers.push(buffer);

@@ -24,7 +24,7 @@
 
 mod allocator;
 pub(crate) mod arena;
-mod memory;
+pub(crate) mod memory;
 pub(crate) mod pinned_buf;
 
 use std::sync::Arc;
@@ -36,6 +36,8 @@ use crate::GRANULE;
 use crate::registry::Inner;
 use arena::{Arena, NewArena, spawn_arena_release};
 use memory::PageMemory;
+
+use crate::mapping::MapInFlight;
 pub use pinned_buf::PinnedBuf;
 use pinned_buf::Slot;
 
@@ -81,6 +83,7 @@ fn carve_from(arena: &Arc<Arena>, granules: u32, len: usize) -> Option<PinnedBuf
             arena: Arc::clone(arena),
             start,
             granules,
+            own: None,
         },
         len,
     ))
@@ -107,6 +110,7 @@ pub(crate) async fn alloc_pinned(inner: &Arc<Inner>, len: usize) -> Result<Pinne
                 arena,
                 start: 0,
                 granules: 0,
+                own: None,
             },
             len,
         ));
@@ -156,21 +160,29 @@ pub(crate) fn try_alloc_pinned(inner: &Inner, len: usize) -> Option<PinnedBuf> {
 /// Allocate, register and track an arena of `bytes` (a page multiple).
 ///
 /// # Cancel safety
-/// Cancelled before the map answers, nothing is registered (backend
-/// contract) and the memory is freed. After it answers there is no further
-/// await: the arena is tracked, or handed to a background release.
+/// Cancelled before the map answers, the map is let finish and rolled back,
+/// and the pages are freed once that unmap is confirmed (see `mapping.rs`).
+/// After it answers there is no further await: the arena is tracked, or
+/// handed to a background release.
 async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<Arena>, RdmaError> {
     let len = usize::try_from(bytes).map_err(|_| RdmaError::OutOfRange)?;
     let mut charge = inner.budget.reserve(bytes)?;
     let align = usize::try_from(inner.config.page_size).map_err(|_| RdmaError::OutOfRange)?;
     let memory = PageMemory::allocate(len, align, Arc::clone(&inner.leaked_bytes))?;
-    let region = inner
-        .backend
-        .map(memory.ptr().as_ptr() as usize, len)
-        .await?;
+    let ptr = memory.ptr().as_ptr() as usize;
+    // Dropped unfinished, the map is rolled back and the pages are freed only
+    // once the backend confirmed it.
+    let (answer, memory) = MapInFlight::start(inner, ptr, len, memory).await;
+    let region = answer?;
     // No await from here on.
     memory.mark_registered();
-    charge.reconcile(region.effective_len);
+    // Never less than the arena's own pages (contract point 7).
+    let pinned = PageRange {
+        start: memory.ptr().as_ptr() as u64,
+        len: bytes,
+    }
+    .cover(region.effective_addr, region.effective_len);
+    charge.reconcile(pinned.len);
     let generation = inner.next_generation();
     let descriptor = Descriptor::new(
         &inner.backend_key,
@@ -200,7 +212,7 @@ async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<A
         generation,
         bytes,
         pooled,
-        effective = ?PageRange { start: region.effective_addr, len: region.effective_len },
+        effective = ?pinned,
         "arena mapped"
     );
     let refusal = if late {

@@ -7,15 +7,33 @@
 //! granules until the backend has finished writing them; the buffer it was
 //! taken from is then *surrendered* — empty — because its memory may still
 //! be written.
+//!
+//! # A descriptor never grants more than it describes
+//!
+//! An arena's key covers the whole arena (64 MiB – 1 GiB): on RDMA hardware,
+//! handing it out for one buffer would let the peer read and write every
+//! other buffer carved from the same arena. So a pooled buffer is described
+//! through a registration of its own: [`PinnedBuf::describe`] maps just the
+//! buffer's bytes (the backend pins their pages — already pinned by the
+//! arena — once more, and the budget is charged for them), and every
+//! descriptor of the buffer carries that key. When the buffer is freed, the
+//! own registration is unmapped *before* its granules go back to the
+//! allocator, so the key dies before the memory can serve another buffer; if
+//! that unmap fails, the granules are never reused (leaked, and the arena's
+//! pages with them). A dedicated arena holds one buffer only, so its own key
+//! is already the buffer's.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use rdmareg_core::{Descriptor, RdmaError};
+use rdmareg_core::{Descriptor, RdmaError, page_enclosing_range};
 
 use super::arena::{Arena, spawn_arena_release};
 use crate::GRANULE;
+use crate::budget::Reservation;
+use crate::mapping::{LeakUnlessReleased, MapInFlight, MappedMemory};
+use crate::registry::Inner;
 
 /// Ownership of `granules` granules from `start` in a pooled arena, or of a
 /// whole dedicated arena.
@@ -24,6 +42,25 @@ pub(crate) struct Slot {
     pub(crate) arena: Arc<Arena>,
     pub(crate) start: u32,
     pub(crate) granules: u32,
+    /// The buffer's own registration, once described.
+    pub(crate) own: Option<OwnRegistration>,
+}
+
+/// A registration of one pooled buffer's bytes, made by
+/// [`PinnedBuf::describe`].
+#[derive(Debug)]
+pub(crate) struct OwnRegistration {
+    backend_region_id: u64,
+    descriptor: Descriptor,
+    charge: Reservation,
+}
+
+/// A rollback of a cancelled `describe` keeps the arena — and so its pages —
+/// alive until the backend confirmed it; if that fails, forever.
+impl MappedMemory for Arc<Arena> {
+    fn leak(self) {
+        std::mem::forget(self);
+    }
 }
 
 impl Slot {
@@ -35,24 +72,78 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let Some(slots) = &self.arena.slots else {
-            self.arena.dedicated_in_use.store(false, Ordering::SeqCst);
-            release_dedicated(&self.arena);
-            return;
-        };
-        let now_empty = {
-            let mut slots = slots.lock();
-            slots.allocator.release(self.start, self.granules);
-            slots.live -= 1;
-            slots.live == 0 && !slots.retired
-        };
-        if now_empty
-            && self.arena.reclaim_when_empty
-            && let Some(inner) = self.arena.registry.upgrade()
-        {
-            super::maybe_reclaim(&inner, &self.arena);
+        match self.own.take() {
+            // The key must die before the granules can serve another buffer.
+            Some(own) => {
+                release_after_unmap(own, Arc::clone(&self.arena), self.start, self.granules)
+            }
+            None => release_granules(&self.arena, self.start, self.granules),
         }
     }
+}
+
+/// Give a slot's granules back to its arena (or a dedicated arena back to
+/// the backend).
+fn release_granules(arena: &Arc<Arena>, start: u32, granules: u32) {
+    let Some(slots) = &arena.slots else {
+        arena.dedicated_in_use.store(false, Ordering::SeqCst);
+        release_dedicated(arena);
+        return;
+    };
+    let now_empty = {
+        let mut slots = slots.lock();
+        slots.allocator.release(start, granules);
+        slots.live -= 1;
+        slots.live == 0 && !slots.retired
+    };
+    if now_empty
+        && arena.reclaim_when_empty
+        && let Some(inner) = arena.registry.upgrade()
+    {
+        super::maybe_reclaim(&inner, arena);
+    }
+}
+
+/// Unmap a freed buffer's own registration, then release its granules; if
+/// the unmap fails (or cannot be run), the granules are never reused.
+fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, granules: u32) {
+    let Some(inner) = arena.registry.upgrade() else {
+        leak_granules(None, arena, granules, "the registry is gone");
+        return;
+    };
+    // Should the task be dropped unfinished (its runtime shut down), the
+    // arena's pages are leaked rather than freed under a live key.
+    let kept = LeakUnlessReleased::new(arena);
+    let handle = inner.handle.clone();
+    handle.spawn(async move {
+        let outcome = inner.backend.unmap(own.backend_region_id).await;
+        let Some(arena) = kept.release() else { return };
+        match outcome {
+            Ok(()) => {
+                drop(own.charge);
+                release_granules(&arena, start, granules);
+            }
+            Err(error) => {
+                tracing::error!(%error, backend_region_id = own.backend_region_id, "unmap of a freed buffer's own registration failed");
+                leak_granules(Some(&inner), arena, granules, "its unmap failed");
+            }
+        }
+    });
+}
+
+/// Never give these granules (or the arena's pages) back: a registration of
+/// them may outlive everything.
+fn leak_granules(inner: Option<&Inner>, arena: Arc<Arena>, granules: u32, why: &str) {
+    let bytes = u64::from(granules) * GRANULE;
+    tracing::error!(
+        bytes,
+        why,
+        "a pool buffer's own registration could not be confirmed unmapped: its granules and its arena's pages are leaked"
+    );
+    if let Some(inner) = inner {
+        inner.leaked_bytes.fetch_add(bytes, Ordering::SeqCst);
+    }
+    arena.leak();
 }
 
 /// A dedicated arena's buffer is gone: unmap and free it, unless shutdown
@@ -81,7 +172,10 @@ fn release_dedicated(arena: &Arc<Arena>) {
 ///
 /// Anyone holding a descriptor of this buffer (or, on tcp and shared memory,
 /// any peer with an endpoint) can write it: hand its descriptor only to
-/// peers whose writes your protocol expects.
+/// peers whose writes your protocol expects. A pooled buffer gets a
+/// descriptor only after [`describe`](Self::describe), which gives it a
+/// registration of its own, so the descriptor grants this buffer and not
+/// the rest of its arena.
 #[derive(Debug)]
 pub struct PinnedBuf {
     slot: Option<Slot>,
@@ -117,10 +211,56 @@ impl PinnedBuf {
         self.slot.as_ref().is_some_and(|s| !s.arena.is_pooled())
     }
 
+    /// Give the buffer a registration of its own, so that its descriptors
+    /// grant exactly its bytes, and answer a descriptor of the whole buffer.
+    /// Idempotent: a described buffer answers at once. A buffer of a
+    /// dedicated arena needs no second registration (its arena is its own).
+    ///
+    /// Costs one backend map now and one unmap when the buffer is freed
+    /// (see `docs/safety.md` for figures); the budget is charged for the
+    /// buffer's pages once more while it is described.
+    ///
+    /// # Errors
+    /// [`RdmaError::RegionNotFound`] for a surrendered buffer;
+    /// [`RdmaError::ShuttingDown`]; [`RdmaError::BudgetExceeded`]; the
+    /// backend's map error.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future leaves the buffer undescribed; a map
+    /// already started is rolled back in the background (the arena is kept
+    /// alive until that unmap is confirmed), and its key was never handed
+    /// out.
+    pub async fn describe(&mut self) -> Result<Descriptor, RdmaError> {
+        let (ptr, len) = self.raw();
+        let slot = self.slot.as_mut().ok_or(RdmaError::RegionNotFound)?;
+        if slot.own.is_some() || !slot.arena.is_pooled() {
+            return self.descriptor();
+        }
+        let inner = slot
+            .arena
+            .registry
+            .upgrade()
+            .ok_or(RdmaError::ShuttingDown)?;
+        let own = describe_slot(&inner, slot, ptr as usize, len).await?;
+        slot.own = Some(own);
+        self.descriptor()
+    }
+
+    /// Whether the buffer's descriptors can be handed out: it was
+    /// [`describe`](Self::describe)d, or it has a dedicated arena.
+    pub fn is_described(&self) -> bool {
+        self.slot
+            .as_ref()
+            .is_some_and(|s| s.own.is_some() || !s.arena.is_pooled())
+    }
+
     /// A descriptor of the whole buffer.
     ///
     /// # Errors
-    /// [`RdmaError::RegionNotFound`] for a surrendered buffer.
+    /// [`RdmaError::NotDescribed`] for a pooled buffer not yet
+    /// [`describe`](Self::describe)d — its arena's key would grant every
+    /// other buffer in the arena; [`RdmaError::RegionNotFound`] for a
+    /// surrendered buffer.
     pub fn descriptor(&self) -> Result<Descriptor, RdmaError> {
         self.descriptor_range(0, self.len as u64)
     }
@@ -129,12 +269,18 @@ impl PinnedBuf {
     ///
     /// # Errors
     /// [`RdmaError::OutOfRange`] for an empty range or one that leaves the
-    /// buffer; [`RdmaError::RegionNotFound`] for a surrendered buffer.
+    /// buffer; otherwise as [`descriptor`](Self::descriptor).
     pub fn descriptor_range(&self, offset: u64, len: u64) -> Result<Descriptor, RdmaError> {
         let slot = self.slot.as_ref().ok_or(RdmaError::RegionNotFound)?;
         let end = offset.checked_add(len).ok_or(RdmaError::OutOfRange)?;
         if len == 0 || end > self.len as u64 {
             return Err(RdmaError::OutOfRange);
+        }
+        if let Some(own) = &slot.own {
+            return own.descriptor.slice(offset, len);
+        }
+        if slot.arena.is_pooled() {
+            return Err(RdmaError::NotDescribed);
         }
         let arena = slot
             .arena
@@ -203,4 +349,54 @@ impl DerefMut for PinnedBuf {
         // reference to those bytes.
         unsafe { std::slice::from_raw_parts_mut(ptr, len) }
     }
+}
+
+/// Map `[ptr, ptr + len)` — a pooled buffer's bytes — as a registration of
+/// its own: admission, budget, map (rolled back if cancelled), descriptor.
+async fn describe_slot(
+    inner: &Arc<Inner>,
+    slot: &Slot,
+    ptr: usize,
+    len: usize,
+) -> Result<OwnRegistration, RdmaError> {
+    let _ticket = inner.gate.enter_local().ok_or(RdmaError::ShuttingDown)?;
+    let pages = page_enclosing_range(ptr as u64, len as u64, inner.config.page_size)
+        .ok_or(RdmaError::OutOfRange)?;
+    let mut charge = inner.budget.reserve(pages.len)?;
+    let (answer, _arena) = MapInFlight::start(inner, ptr, len, Arc::clone(&slot.arena)).await;
+    let region = answer?;
+    // No await from here on: the registration is owned by the slot (and
+    // unmapped when it drops) before anyone can cancel us.
+    let pinned = crate::registry::system_pages(ptr as u64, len as u64)
+        .cover(region.effective_addr, region.effective_len);
+    charge.reconcile(pinned.len);
+    let descriptor = Descriptor::new(
+        &inner.backend_key,
+        ptr as u64,
+        len as u64,
+        inner.next_generation(),
+        region.packed_key,
+    );
+    let own = OwnRegistration {
+        backend_region_id: region.backend_region_id,
+        descriptor: match descriptor {
+            Ok(descriptor) => descriptor,
+            Err(error) => {
+                // Undo the registration in the background, as a freed buffer
+                // would; the granules are not involved.
+                let id = region.backend_region_id;
+                let backend = Arc::clone(&inner.backend);
+                let arena = Arc::clone(&slot.arena);
+                inner.handle.spawn(async move {
+                    if backend.unmap(id).await.is_err() {
+                        arena.leak();
+                    }
+                    drop(charge);
+                });
+                return Err(error.into());
+            }
+        },
+        charge,
+    };
+    Ok(own)
 }

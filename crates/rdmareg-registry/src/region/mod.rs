@@ -18,8 +18,8 @@ use std::time::Duration;
 use rdmareg_core::{Descriptor, PageRange, RdmaError};
 
 pub(crate) use owned::OwnedBuffer;
-pub use state::UnregisterOutcome;
 use state::{RegionState, deregister, spawn_background_deregistration};
+pub use state::{StillRunning, UnregisterOutcome};
 pub use watch::{RegionView, RegionWatch};
 
 use crate::latch::wait_owned;
@@ -190,13 +190,19 @@ impl RegionGuard {
         RegionWatch::new(Arc::clone(&self.state))
     }
 
-    /// Deregister: close the region to readers, wait up to `drain_timeout`
-    /// for those inside to leave, then unmap — whether or not they left.
+    /// Deregister: close the region to readers, wait for those inside to
+    /// leave, then unmap — whether or not they left. `timeout` bounds the
+    /// whole wait, including the backend's unmap, which waits for GETs still
+    /// using the region (into it or from it).
     ///
     /// With [`UnregisterOutcome::Drained`] the region is released when this
     /// returns. With [`UnregisterOutcome::DrainTimedOut`] it is unmapped,
     /// and [`deregistered`](Self::deregistered) resolves when the last
-    /// reader leaves. An owned region's buffer is freed at release.
+    /// reader leaves. With [`UnregisterOutcome::UnmapPending`] the unmap was
+    /// not confirmed in time — the answer says which readers and transfers
+    /// were still running — and goes on in the background;
+    /// [`deregistered`](Self::deregistered) resolves once it is confirmed.
+    /// An owned region's buffer is freed at release.
     ///
     /// # Errors
     /// The backend's unmap error. The state is then *unknown*: the region
@@ -206,11 +212,11 @@ impl RegionGuard {
     /// # Cancel safety
     /// Dropping the future hands the deregistration to a background task
     /// (as dropping the guard would); an unmap already submitted proceeds.
-    pub async fn unregister(self, drain_timeout: Duration) -> Result<UnregisterOutcome, RdmaError> {
+    pub async fn unregister(self, timeout: Duration) -> Result<UnregisterOutcome, RdmaError> {
         let (inner, state) = self.disarm();
         state.disown();
         let mut pending = PendingRelease::new(inner, state);
-        let result = deregister(&pending.inner, &pending.state, drain_timeout, None).await;
+        let result = deregister(&pending.inner, &pending.state, timeout).await;
         pending.done = true;
         result
     }
@@ -226,9 +232,11 @@ impl RegionGuard {
     /// outcome says whether it overran `drain_timeout`.
     ///
     /// # Errors
-    /// [`RdmaError::NotOwned`], or the unmap's error (state *unknown*; the
-    /// registry keeps the buffer and frees it once a later unmap is
-    /// confirmed).
+    /// [`RdmaError::NotOwned`]; [`RdmaError::Timeout`] when the unmap was not
+    /// confirmed within `drain_timeout` (a transfer still uses the region:
+    /// the unmap goes on in the background and the registry frees the buffer
+    /// at release); or the unmap's error (state *unknown*; the registry keeps
+    /// the buffer and frees it once a later unmap is confirmed).
     ///
     /// # Cancel safety
     /// Dropping the future after it started forfeits the buffer: the
@@ -246,7 +254,15 @@ impl RegionGuard {
         }
         let (inner, state) = self.disarm();
         let mut pending = PendingRelease::new(inner, state);
-        let outcome = match deregister(&pending.inner, &pending.state, drain_timeout, None).await {
+        let outcome = match deregister(&pending.inner, &pending.state, drain_timeout).await {
+            Ok(UnregisterOutcome::UnmapPending(_)) => {
+                pending.done = true;
+                pending.state.disown();
+                return Err(UnregisterOwnedError {
+                    error: RdmaError::Timeout,
+                    guard: None,
+                });
+            }
             Ok(outcome) => outcome,
             Err(error) => {
                 pending.done = true;

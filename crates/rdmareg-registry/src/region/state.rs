@@ -36,18 +36,38 @@ use crate::gate::Gate;
 use crate::latch::Latch;
 use crate::registry::Inner;
 
-/// What [`unregister`](crate::RegionGuard::unregister) found about readers
-/// before it unmapped.
+/// What [`unregister`](crate::RegionGuard::unregister) achieved within its
+/// timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UnregisterOutcome {
-    /// Every reader had left before the unmap; the region is fully released
-    /// (`deregistered()` has resolved).
+    /// Every reader had left before the unmap, and the backend confirmed the
+    /// unmap: the region is fully released (`deregistered()` has resolved).
     Drained,
-    /// Readers were still inside when the drain timeout passed; the region
-    /// was unmapped anyway. `deregistered()` resolves when the last of them
-    /// leaves.
+    /// Readers were still inside when the timeout passed; the region was
+    /// unmapped anyway (confirmed). `deregistered()` resolves when the last
+    /// of them leaves.
     DrainTimedOut,
+    /// The timeout passed before the backend confirmed the unmap — it waits
+    /// for transfers still using the region (contract point 4). The unmap was
+    /// submitted and proceeds in the background; `deregistered()` resolves
+    /// once it is confirmed and the readers have left. The region stays
+    /// refused to new readers and new GETs.
+    UnmapPending(StillRunning),
+}
+
+/// What was still using a region when
+/// [`unregister`](crate::RegionGuard::unregister)'s timeout passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct StillRunning {
+    /// Local readers ([`RegionWatch::read`](crate::RegionWatch::read)) still
+    /// inside.
+    pub readers: usize,
+    /// Transfers into or from the region the backend could see still running
+    /// ([`RdmaBackend::transfers_in_flight`](rdmareg_backend::RdmaBackend::transfers_in_flight));
+    /// `None` if the backend cannot tell.
+    pub transfers: Option<usize>,
 }
 
 /// The owner's buffer of an owned region and who may still claim it.
@@ -231,33 +251,69 @@ pub(crate) async fn unmap_region(inner: &Inner, state: &Arc<RegionState>) -> Res
     Ok(())
 }
 
-/// Close the region to readers, wait up to `drain_timeout` for them to
-/// leave, then unmap (bounded by `unmap_timeout` if given).
+/// Close the region to readers, wait for them to leave, then unmap — the
+/// whole of it bounded by `timeout`. Readers who outstay the timeout do not
+/// hold the unmap back (it frees nothing); an unmap that outstays it (the
+/// backend waits for a transfer using the region) goes on in the background
+/// and is answered [`UnregisterOutcome::UnmapPending`], with what was still
+/// running.
 ///
 /// # Cancel safety
 /// As [`unmap_region`]: readers stay refused, and an unmap once submitted
 /// proceeds.
 pub(crate) async fn deregister(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     state: &Arc<RegionState>,
-    drain_timeout: Duration,
-    unmap_timeout: Option<Duration>,
+    timeout: Duration,
 ) -> Result<UnregisterOutcome, RdmaError> {
+    let deadline = tokio::time::Instant::now() + timeout;
     state.close_readers();
-    let drained = tokio::time::timeout(drain_timeout, state.readers.drained())
+    let drained = tokio::time::timeout_at(deadline, state.readers.drained())
         .await
         .is_ok();
-    match unmap_timeout {
-        None => unmap_region(inner, state).await?,
-        Some(limit) => tokio::time::timeout(limit, unmap_region(inner, state))
-            .await
-            .map_err(|_| RdmaError::Timeout)??,
+    // Owned, so that an unmap that outstays the deadline can be carried on
+    // rather than dropped (which would lose its confirmation). A timeout
+    // polls its future once even when the deadline has passed, so an unmap
+    // that answers at once still counts.
+    let mut unmap = Box::pin(unmap_region_owned(Arc::clone(inner), Arc::clone(state)));
+    match tokio::time::timeout_at(deadline, &mut unmap).await {
+        Ok(result) => result.map(|()| {
+            if drained {
+                UnregisterOutcome::Drained
+            } else {
+                UnregisterOutcome::DrainTimedOut
+            }
+        }),
+        Err(_) => {
+            let still = StillRunning {
+                readers: state.readers.in_flight(),
+                transfers: inner.backend.transfers_in_flight(state.backend_region_id),
+            };
+            tracing::warn!(
+                generation = state.generation,
+                ?timeout,
+                ?still,
+                "unmap not confirmed within the timeout; it goes on in the background"
+            );
+            let generation = state.generation;
+            inner.handle.spawn(async move {
+                match unmap.await {
+                    Ok(()) => tracing::debug!(generation, "late unmap confirmed"),
+                    Err(error) => tracing::error!(
+                        generation,
+                        %error,
+                        "late unmap failed: the region stays registered and tracked until the shutdown sweep"
+                    ),
+                }
+            });
+            Ok(UnregisterOutcome::UnmapPending(still))
+        }
     }
-    Ok(if drained {
-        UnregisterOutcome::Drained
-    } else {
-        UnregisterOutcome::DrainTimedOut
-    })
+}
+
+/// [`unmap_region`] owning what it needs, to be carried on by a task.
+async fn unmap_region_owned(inner: Arc<Inner>, state: Arc<RegionState>) -> Result<(), RdmaError> {
+    unmap_region(&inner, &state).await
 }
 
 /// Deregister on the registry's runtime, without anyone awaiting it; used
@@ -271,7 +327,7 @@ pub(crate) fn spawn_background_deregistration(
     let budget = inner.config.background_deregistration_budget;
     let handle = inner.handle.clone();
     handle.spawn(async move {
-        match deregister(&inner, &state, budget, Some(budget)).await {
+        match deregister(&inner, &state, budget).await {
             Ok(outcome) => tracing::debug!(
                 generation = state.generation,
                 ?outcome,

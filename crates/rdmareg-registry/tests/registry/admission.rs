@@ -71,7 +71,10 @@ async fn registration_that_outlasts_the_drain_is_deregistered_when_it_lands() {
     .await;
     assert_eq!(side.live(), 0);
     assert_eq!(side.registered_bytes(), 0);
-    let (buffer, _) = guard.unregister_owned(Duration::ZERO).await.unwrap();
+    let (buffer, _) = guard
+        .unregister_owned(Duration::from_secs(60))
+        .await
+        .unwrap();
     assert_eq!(buffer, pattern(page(), 1));
 }
 
@@ -134,5 +137,5 @@ async fn every_entry_is_refused_after_shutdown() {
         !buf.is_surrendered(),
         "a refused GET leaves the buffer alone"
     );
-    source.unregister(Duration::ZERO).await.unwrap();
+    source.unregister(Duration::from_secs(60)).await.unwrap();
 }

@@ -28,7 +28,7 @@ async fn budget_is_charged_on_the_page_enclosing_range() {
     assert_eq!(side.registered_bytes(), enclosing);
     assert_eq!(guard.effective_range().len, enclosing);
     assert!(guard.effective_range().start <= guard.addr());
-    guard.unregister(Duration::ZERO).await.unwrap();
+    guard.unregister(Duration::from_secs(60)).await.unwrap();
     assert_eq!(side.registered_bytes(), 0);
 }
 
@@ -49,7 +49,7 @@ async fn charge_is_reserved_at_the_configured_page_size_and_reconciled_to_what_t
         .unwrap();
     assert_eq!(guard.effective_range().len, page() as u64);
     assert_eq!(side.registered_bytes(), page() as u64);
-    guard.unregister(Duration::ZERO).await.unwrap();
+    guard.unregister(Duration::from_secs(60)).await.unwrap();
 
     // One byte less of budget than the coarse page: the reservation itself
     // is refused, before the backend is asked.
@@ -151,7 +151,7 @@ async fn concurrent_registrations_never_overshoot_the_budget() {
     assert_eq!(side.registered_bytes(), (ROOM * page()) as u64);
     assert_eq!(side.live(), ROOM);
     for guard in guards {
-        guard.unregister(Duration::ZERO).await.unwrap();
+        guard.unregister(Duration::from_secs(60)).await.unwrap();
     }
     assert_eq!(side.registered_bytes(), 0);
 }
@@ -184,6 +184,100 @@ async fn budget_refusal_carries_requested_registered_and_budget_and_hands_the_bu
         "the caller's data survives"
     );
     assert_eq!(side.live(), 1);
-    held.unregister(Duration::ZERO).await.unwrap();
+    held.unregister(Duration::from_secs(60)).await.unwrap();
     drop(memory);
+}
+
+/// A loopback instance that reports each registration's bytes unrounded as
+/// its effective range, the way UCX's `ucp_mem_query` does.
+struct ReportsUnroundedRanges(std::sync::Arc<rdmareg_backend::loopback::LoopbackBackend>);
+
+impl rdmareg_backend::RdmaBackend for ReportsUnroundedRanges {
+    fn key(&self) -> &str {
+        self.0.key()
+    }
+
+    fn map(
+        &self,
+        ptr: usize,
+        len: usize,
+    ) -> futures::future::BoxFuture<'_, Result<rdmareg_backend::BackendRegion, RdmaError>> {
+        Box::pin(async move {
+            let region = self.0.map(ptr, len).await?;
+            Ok(rdmareg_backend::BackendRegion {
+                effective_addr: ptr as u64,
+                effective_len: len as u64,
+                ..region
+            })
+        })
+    }
+
+    fn unmap(&self, id: u64) -> futures::future::BoxFuture<'_, Result<(), RdmaError>> {
+        self.0.unmap(id)
+    }
+
+    fn get(
+        &self,
+        request: rdmareg_backend::BackendGet,
+    ) -> futures::future::BoxFuture<'_, Result<(), RdmaError>> {
+        self.0.get(request)
+    }
+
+    fn live_registrations(&self) -> Option<usize> {
+        self.0.live_registrations()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_reporting_unrounded_ranges_is_still_charged_whole_pages() {
+    let fabric = rdmareg_backend::loopback::LoopbackFabric::new();
+    let backend = std::sync::Arc::new(ReportsUnroundedRanges(fabric.backend(OWNER)));
+    let mut config = small_config();
+    config.budget_bytes = 2 * page() as u64;
+    let registry =
+        rdmareg_registry::RdmaRegistry::new(backend, config, tokio::runtime::Handle::current())
+            .expect("valid configuration");
+    let memory = External::new(4 * page(), 7);
+
+    // One byte at the end of the second page: one page pinned, one charged.
+    // SAFETY: every range below lies inside `memory`, which outlives the
+    // registrations (all unregistered before it drops) and is not referenced
+    // while registered.
+    let last_byte = unsafe { memory.ptr().add(page() + page() - 1) };
+    // SAFETY: as above.
+    let first = unsafe { registry.register_external(last_byte, 1) }
+        .await
+        .expect("one page fits the budget");
+    assert_eq!(registry.stats().registered_bytes, page() as u64);
+    assert_eq!(
+        first.effective_range(),
+        rdmareg_registry::PageRange {
+            start: memory.ptr() as u64 + page() as u64,
+            len: page() as u64
+        }
+    );
+
+    // Two more single bytes in two other pages: only one more page fits.
+    let mut admitted = vec![first];
+    let mut refused = 0;
+    for page_index in [2, 3] {
+        // SAFETY: as above.
+        let byte = unsafe { memory.ptr().add(page_index * page()) };
+        // SAFETY: as above.
+        match unsafe { registry.register_external(byte, 1) }.await {
+            Ok(guard) => admitted.push(guard),
+            Err(RdmaError::BudgetExceeded { .. }) => refused += 1,
+            Err(e) => panic!("unexpected refusal: {e}"),
+        }
+    }
+    assert_eq!(
+        (admitted.len(), refused),
+        (2, 1),
+        "three pages admitted under a two-page budget"
+    );
+    assert_eq!(registry.stats().registered_bytes, 2 * page() as u64);
+    for guard in admitted {
+        guard.unregister(Duration::from_secs(60)).await.unwrap();
+    }
+    assert_eq!(registry.stats().registered_bytes, 0);
 }

@@ -1,7 +1,9 @@
-//! What a guard says about its region, and degenerate registrations.
+//! What a guard or a pool buffer says about its memory (a descriptor grants
+//! exactly what it describes), and degenerate registrations.
 
 use std::time::Duration;
 
+use rdmareg_backend::loopback::FaultOp;
 use rdmareg_registry::{RdmaConfig, RdmaError, RdmaRegistry};
 
 use crate::common::*;
@@ -34,7 +36,10 @@ async fn registering_the_same_memory_again_gets_a_new_generation() {
     let (_fabric, side) = one_side(small_config());
     let first = side.registry.register_owned(pattern(100, 0)).await.unwrap();
     let (addr, generation) = (first.addr(), first.generation());
-    let (buffer, _) = first.unregister_owned(Duration::ZERO).await.unwrap();
+    let (buffer, _) = first
+        .unregister_owned(Duration::from_secs(60))
+        .await
+        .unwrap();
     let second = side.registry.register_owned(buffer).await.unwrap();
     assert_eq!(second.addr(), addr, "the same allocation");
     assert!(second.generation() > generation);
@@ -85,7 +90,7 @@ async fn watch_reads_copies_of_the_region_and_checks_bounds() {
     assert_eq!(len, 64);
     assert_eq!(&part[..], &pattern(64, 7)[60..]);
     assert_eq!(&all[..], &pattern(64, 7)[..]);
-    guard.unregister(Duration::ZERO).await.unwrap();
+    guard.unregister(Duration::from_secs(60)).await.unwrap();
     assert!(watch.read(|_| ()).is_none());
     assert!(watch.is_deregistered());
 }
@@ -122,11 +127,11 @@ async fn handles_are_shareable_and_every_future_can_be_spawned() {
         assert_send(&guard.deregistered());
         assert_send(&guard.shutdown_initiated());
         assert_send(&guard.watch().deregistered());
-        assert_send(&guard.unregister(Duration::ZERO));
+        assert_send(&guard.unregister(Duration::from_secs(60)));
         descriptor
     };
     let guard = registry.register_owned(pattern(8, 0)).await.unwrap();
-    assert_send(&guard.unregister_owned(Duration::ZERO));
+    assert_send(&guard.unregister_owned(Duration::from_secs(60)));
     let mut buf = registry.alloc_pinned(8).await.unwrap();
     assert_send(&registry.register_owned(pattern(8, 0)));
     // SAFETY: the future is only inspected, never polled.
@@ -134,4 +139,172 @@ async fn handles_are_shareable_and_every_future_can_be_spawned() {
     assert_send(&registry.alloc_pinned(8));
     assert_send(&registry.get(OWNER, &descriptor, &mut buf));
     assert_send(&registry.shutdown(Duration::ZERO));
+}
+
+/// Two neighbouring buffers of one arena on the owner; the first described.
+async fn described_neighbours(
+    owner: &Side,
+) -> (
+    rdmareg_registry::PinnedBuf,
+    rdmareg_registry::PinnedBuf,
+    rdmareg_registry::Descriptor,
+) {
+    let mut described = owner.registry.alloc_pinned(page()).await.unwrap();
+    let mut neighbour = owner.registry.alloc_pinned(page()).await.unwrap();
+    assert_eq!(
+        owner.registry.stats().pooled_arenas,
+        1,
+        "both buffers share one arena"
+    );
+    described.fill(0x11);
+    neighbour.fill(0x22);
+    let descriptor = described.describe().await.unwrap();
+    (described, neighbour, descriptor)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_buffers_descriptor_grants_only_that_buffer() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let (described, neighbour, descriptor) = described_neighbours(&owner).await;
+    let mut dst = consumer.registry.alloc_pinned(page()).await.unwrap();
+
+    // Inside: the described bytes arrive.
+    consumer
+        .registry
+        .get(OWNER, &descriptor, &mut dst)
+        .await
+        .unwrap();
+    assert!(dst.iter().all(|b| *b == 0x11));
+
+    // Outside, with the same key: the neighbour's bytes are refused.
+    let forged = rdmareg_registry::Descriptor::new(
+        descriptor.backend_key(),
+        neighbour.as_ptr() as u64,
+        page() as u64,
+        descriptor.generation(),
+        descriptor.packed_key().clone(),
+    )
+    .unwrap();
+    dst.fill(0);
+    assert_eq!(
+        consumer.registry.get(OWNER, &forged, &mut dst).await,
+        Err(RdmaError::OutOfRange),
+        "the described buffer's key reached its neighbour"
+    );
+    assert!(dst.iter().all(|b| *b == 0), "no neighbour byte arrived");
+    drop((described, neighbour));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undescribed_pool_buffer_has_no_descriptor_and_a_dedicated_one_needs_none() {
+    let (_fabric, side) = one_side(small_config());
+    let pooled = side.registry.alloc_pinned(page()).await.unwrap();
+    assert!(!pooled.is_described());
+    assert_eq!(pooled.descriptor(), Err(RdmaError::NotDescribed));
+    assert_eq!(pooled.descriptor_range(0, 1), Err(RdmaError::NotDescribed));
+    let dedicated = side.registry.alloc_pinned(200 * KIB).await.unwrap();
+    assert!(dedicated.is_described());
+    assert_eq!(dedicated.descriptor().unwrap().len(), 200 * KIB as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn freeing_a_described_buffer_unmaps_its_key_before_its_memory_serves_another() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let (described, _neighbour, descriptor) = described_neighbours(&owner).await;
+    let arena_only = 1;
+    assert_eq!(
+        owner.live(),
+        arena_only + 1,
+        "the arena and the buffer's own key"
+    );
+    let charged = owner.registered_bytes();
+    let unmap_hold = owner.backend.faults().hang(FaultOp::Unmap);
+    let addr = described.as_ptr() as u64;
+    drop(described);
+    unmap_hold.until_waiting(1).await;
+    // Until the key is gone, its granules are not handed out again.
+    let other = owner.registry.try_alloc_pinned(page()).unwrap();
+    assert_ne!(
+        other.as_ptr() as u64,
+        addr,
+        "granules reused under a live key"
+    );
+    unmap_hold.release();
+    eventually("the buffer's own key is unmapped", || {
+        owner.live() == arena_only
+    })
+    .await;
+    assert_eq!(owner.registered_bytes(), charged - page() as u64);
+    let mut dst = consumer.registry.alloc_pinned(page()).await.unwrap();
+    assert!(
+        consumer
+            .registry
+            .get(OWNER, &descriptor, &mut dst)
+            .await
+            .is_err(),
+        "a freed buffer's descriptor still reads"
+    );
+    drop(other);
+    eventually("the granules come back", || {
+        owner.registry.stats().live_allocations == 1
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_describe_leaves_the_buffer_undescribed_and_nothing_registered() {
+    let (_fabric, side) = one_side(small_config());
+    let mut buf = side.registry.alloc_pinned(page()).await.unwrap();
+    side.backend.faults().detach_maps(true);
+    let map_hold = side.backend.faults().hang(FaultOp::Map);
+    {
+        let mut describing = Box::pin(buf.describe());
+        assert!(futures::poll!(&mut describing).is_pending());
+        map_hold.until_waiting(1).await;
+    }
+    assert!(!buf.is_described());
+    map_hold.release();
+    eventually("the cancelled describe is rolled back", || side.live() == 1).await;
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        side.registry.map_rollbacks_settled(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(side.registry.stats().leaked_bytes, 0);
+    let descriptor = buf.describe().await.unwrap();
+    assert_eq!(descriptor.len(), page() as u64);
+}
+
+/// What describing costs over the loopback: one map and one unmap of the
+/// buffer's 4 KiB. A measurement, not a check; run with
+/// `cargo nextest run -p rdmareg-registry --run-ignored only --no-capture describing_costs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run explicitly"]
+async fn describing_costs_one_map_and_one_unmap_over_the_loopback() {
+    use rdmareg_backend::RdmaBackend;
+    const ROUNDS: u32 = 20_000;
+    let (_fabric, side) = one_side(small_config());
+    let buf = side.registry.alloc_pinned(4096).await.unwrap();
+    let ptr = buf.as_ptr() as usize;
+    let started = std::time::Instant::now();
+    for _ in 0..ROUNDS {
+        let region = side.backend.map(ptr, 4096).await.unwrap();
+        side.backend.unmap(region.backend_region_id).await.unwrap();
+    }
+    let raw = started.elapsed() / ROUNDS;
+    drop(buf);
+    let started = std::time::Instant::now();
+    for _ in 0..ROUNDS {
+        let mut buf = side.registry.alloc_pinned(4096).await.unwrap();
+        buf.describe().await.unwrap();
+        drop(buf);
+        while side.live() > 1 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let whole = started.elapsed() / ROUNDS;
+    println!(
+        "loopback: backend map+unmap of 4 KiB {raw:?}; alloc + describe + free (unmap confirmed) {whole:?}"
+    );
 }

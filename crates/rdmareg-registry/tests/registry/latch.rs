@@ -21,7 +21,7 @@ async fn latch_resolves_only_once_the_unmap_is_confirmed() {
         .unwrap();
     let watch = guard.watch();
     let hold = side.backend.faults().hang(FaultOp::Unmap);
-    let unregistering = tokio::spawn(guard.unregister(Duration::ZERO));
+    let unregistering = tokio::spawn(guard.unregister(Duration::from_secs(60)));
     hold.until_waiting(1).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!watch.is_deregistered(), "the backend has not answered");
@@ -52,7 +52,7 @@ async fn unmap_error_leaves_the_latch_open_and_the_region_tracked() {
     let charge = guard.effective_range().len;
     let watch = guard.watch();
     side.backend.faults().fail_next(FaultOp::Unmap, 1);
-    let error = guard.unregister(Duration::ZERO).await.unwrap_err();
+    let error = guard.unregister(Duration::from_secs(60)).await.unwrap_err();
     assert!(matches!(error, RdmaError::Backend(_)), "{error}");
     assert!(
         !watch.is_deregistered(),
@@ -161,7 +161,10 @@ async fn shutdown_latches_survivors_only_when_the_backend_reports_nothing_regist
     );
     assert!(watch.is_deregistered());
     assert_eq!(side.registered_bytes(), 0);
-    let (buffer, _) = guard.unregister_owned(Duration::ZERO).await.unwrap();
+    let (buffer, _) = guard
+        .unregister_owned(Duration::from_secs(60))
+        .await
+        .unwrap();
     assert_eq!(
         buffer,
         pattern(page(), 5),
@@ -252,7 +255,10 @@ async fn unregister_owned_hands_the_buffer_back_intact() {
         .register_owned(pattern(3000, 8))
         .await
         .unwrap();
-    let (buffer, outcome) = guard.unregister_owned(Duration::ZERO).await.unwrap();
+    let (buffer, outcome) = guard
+        .unregister_owned(Duration::from_secs(60))
+        .await
+        .unwrap();
     assert_eq!(outcome, UnregisterOutcome::Drained);
     assert_eq!(buffer, pattern(3000, 8));
     assert_eq!(side.live(), 0);
@@ -266,7 +272,10 @@ async fn unregister_owned_of_an_external_region_answers_not_owned_before_touchin
     let guard = unsafe { side.registry.register_external(memory.ptr(), page()) }
         .await
         .unwrap();
-    let refused = guard.unregister_owned(Duration::ZERO).await.unwrap_err();
+    let refused = guard
+        .unregister_owned(Duration::from_secs(60))
+        .await
+        .unwrap_err();
     assert_eq!(refused.error, RdmaError::NotOwned);
     let guard = refused.guard.expect("the guard comes back");
     assert!(!guard.is_deregistered());
@@ -276,7 +285,7 @@ async fn unregister_owned_of_an_external_region_answers_not_owned_before_touchin
         "still open to readers"
     );
     assert_eq!(
-        guard.unregister(Duration::ZERO).await,
+        guard.unregister(Duration::from_secs(60)).await,
         Ok(UnregisterOutcome::Drained)
     );
     drop(memory);
@@ -294,7 +303,7 @@ async fn cancelled_unregister_finishes_in_the_background() {
     side.backend
         .faults()
         .set_delay(FaultOp::Unmap, Duration::from_millis(10));
-    let mut unregistering = Box::pin(guard.unregister(Duration::ZERO));
+    let mut unregistering = Box::pin(guard.unregister(Duration::from_secs(60)));
     assert!(futures::poll!(&mut unregistering).is_pending());
     drop(unregistering);
     within(

@@ -2,6 +2,7 @@
 //! the behaviour they pin down.
 
 mod admission;
+mod bounded_waits;
 mod budget;
 mod common;
 mod describe;

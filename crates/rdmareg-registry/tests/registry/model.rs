@@ -1,6 +1,8 @@
 //! A model of the registry, driven by random interleavings of register /
-//! unregister / drop guard / alloc / drop buffer / get / shutdown, with
-//! cancellation at every await and injected backend faults. After every
+//! unregister / drop guard / alloc / describe / drop buffer / get / shutdown,
+//! with
+//! cancellation at every await (with maps that outlive their futures, as over
+//! a progress thread) and injected backend faults. After every
 //! step: the budget equals the model, the backend's live count equals the
 //! model, and no latch has resolved while the backend still holds its region
 //! (checked by probing each region with a GET from a second instance).
@@ -47,15 +49,20 @@ enum Op {
     DropBuf {
         pick: usize,
     },
+    Describe {
+        pick: usize,
+    },
     Get {
         pick: usize,
     },
     CancelRegister {
         polls: usize,
+        detached: bool,
     },
     CancelAlloc {
         len: usize,
         polls: usize,
+        detached: bool,
     },
     CancelUnregister {
         pick: usize,
@@ -86,9 +93,12 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(len, fail_map)| Op::Alloc { len, fail_map }),
         2 => (1usize..3 * 4096).prop_map(|len| Op::TryAlloc { len }),
         6 => any::<usize>().prop_map(|pick| Op::DropBuf { pick }),
+        3 => any::<usize>().prop_map(|pick| Op::Describe { pick }),
         6 => any::<usize>().prop_map(|pick| Op::Get { pick }),
-        2 => (0usize..3).prop_map(|polls| Op::CancelRegister { polls }),
-        2 => (alloc_len(), 0usize..3).prop_map(|(len, polls)| Op::CancelAlloc { len, polls }),
+        2 => (0usize..3, any::<bool>())
+            .prop_map(|(polls, detached)| Op::CancelRegister { polls, detached }),
+        2 => (alloc_len(), 0usize..3, any::<bool>())
+            .prop_map(|(len, polls, detached)| Op::CancelAlloc { len, polls, detached }),
         2 => any::<usize>().prop_map(|pick| Op::CancelUnregister { pick }),
         2 => any::<usize>().prop_map(|pick| Op::CancelGet { pick }),
         1 => Just(Op::Shutdown),
@@ -172,6 +182,19 @@ impl Harness {
             .filter(|r| r.held != Held::Released)
             .map(|r| r.charge)
             .sum()
+    }
+
+    /// Pooled buffers held with a registration of their own, and the bytes
+    /// those charge.
+    fn described(&self) -> (usize, u64) {
+        let own = self
+            .bufs
+            .iter()
+            .filter(|b| b.is_described() && !b.is_dedicated());
+        own.fold((0, 0), |(n, bytes), b| {
+            let pages = page_enclosing_len(b.as_ptr() as u64, b.len() as u64, 4096).unwrap();
+            (n + 1, bytes + pages)
+        })
     }
 
     fn guard_index(&self, pick: usize) -> Option<usize> {
@@ -263,7 +286,7 @@ impl Harness {
                 if fail {
                     faults.fail_next(FaultOp::Unmap, 1);
                 }
-                let result = guard.unregister(Duration::ZERO).await;
+                let result = guard.unregister(Duration::from_secs(60)).await;
                 faults.fail_next(FaultOp::Unmap, 0);
                 if fail {
                     assert!(matches!(result, Err(RdmaError::Backend(_))), "{result:?}");
@@ -280,14 +303,19 @@ impl Harness {
                 let guard = self.regions[i].guard.take().unwrap();
                 match self.regions[i].owned_content.take() {
                     Some(content) => {
-                        let (buffer, outcome) =
-                            guard.unregister_owned(Duration::ZERO).await.unwrap();
+                        let (buffer, outcome) = guard
+                            .unregister_owned(Duration::from_secs(60))
+                            .await
+                            .unwrap();
                         assert_eq!(outcome, UnregisterOutcome::Drained);
                         assert_eq!(buffer, content);
                         self.regions[i].held = Held::Released;
                     }
                     None => {
-                        let refused = guard.unregister_owned(Duration::ZERO).await.unwrap_err();
+                        let refused = guard
+                            .unregister_owned(Duration::from_secs(60))
+                            .await
+                            .unwrap_err();
                         assert_eq!(refused.error, RdmaError::NotOwned);
                         self.regions[i].guard = refused.guard;
                         assert!(self.regions[i].guard.is_some());
@@ -320,6 +348,23 @@ impl Harness {
                     self.bufs.push(buf);
                 }
             }
+            Op::Describe { pick } => {
+                if self.bufs.is_empty() {
+                    return;
+                }
+                let n = self.bufs.len();
+                let buf = &mut self.bufs[pick % n];
+                let was = buf.is_described();
+                match buf.describe().await {
+                    Ok(descriptor) => {
+                        assert_eq!(descriptor.len(), buf.len() as u64);
+                        assert_eq!(descriptor.addr(), buf.as_ptr() as u64);
+                    }
+                    Err(RdmaError::ShuttingDown) => assert!(self.closed && !was),
+                    Err(RdmaError::BudgetExceeded { .. }) => assert!(!was),
+                    Err(other) => panic!("describe: {other}"),
+                }
+            }
             Op::DropBuf { pick } => {
                 if !self.bufs.is_empty() {
                     let n = self.bufs.len();
@@ -343,7 +388,10 @@ impl Harness {
                 }
                 assert!(!buf.is_surrendered());
             }
-            Op::CancelRegister { polls } => {
+            Op::CancelRegister { polls, detached } => {
+                // Detached, a dropped map registers anyway and the registry
+                // must roll it back (as over UCX's progress thread).
+                faults.detach_maps(detached);
                 faults.set_delay(FaultOp::Map, DELAY);
                 let mut registering = Box::pin(self.owner.registry.register_owned(pattern(100, 0)));
                 for _ in 0..polls {
@@ -361,7 +409,12 @@ impl Harness {
                 }
                 drop(registering);
             }
-            Op::CancelAlloc { len, polls } => {
+            Op::CancelAlloc {
+                len,
+                polls,
+                detached,
+            } => {
+                faults.detach_maps(detached);
                 faults.set_delay(FaultOp::Map, DELAY);
                 let mut allocating = Box::pin(self.owner.registry.alloc_pinned(len));
                 let mut answered = None;
@@ -382,7 +435,7 @@ impl Harness {
                 };
                 let guard = self.regions[i].guard.take().unwrap();
                 faults.set_delay(FaultOp::Unmap, DELAY);
-                let mut unregistering = Box::pin(guard.unregister(Duration::ZERO));
+                let mut unregistering = Box::pin(guard.unregister(Duration::from_secs(60)));
                 let first = futures::poll!(&mut unregistering);
                 drop(unregistering);
                 if let std::task::Poll::Ready(result) = first {
@@ -489,7 +542,9 @@ impl Harness {
     /// transfers finish, then lift the delays.
     async fn settle(&self) {
         tokio::time::sleep(Duration::from_millis(50)).await;
+        self.owner.registry.map_rollbacks_settled().await;
         let faults = self.owner.backend.faults();
+        faults.detach_maps(false);
         for op in [FaultOp::Map, FaultOp::Unmap, FaultOp::Get] {
             faults.set_delay(op, Duration::ZERO);
         }
@@ -498,20 +553,28 @@ impl Harness {
     async fn check(&mut self) {
         let stats = self.owner.registry.stats();
         assert_eq!(stats.transfers_in_flight, 0);
+        assert_eq!(stats.map_rollbacks_in_flight, 0);
+        let (described, described_bytes) = self.described();
         assert_eq!(
             stats.registered_bytes,
-            self.charged() + stats.pooled_arena_bytes + stats.dedicated_arena_bytes,
-            "budget = regions in the model + arenas"
+            self.charged()
+                + stats.pooled_arena_bytes
+                + stats.dedicated_arena_bytes
+                + described_bytes,
+            "budget = regions in the model + arenas + described pool buffers"
         );
         let held = self
             .regions
             .iter()
             .filter(|r| r.held != Held::Released)
             .count();
+        // After shutdown the backend's teardown released described buffers'
+        // own registrations too; their charge stays until they are dropped.
+        let described_live = if self.closed { 0 } else { described };
         assert_eq!(
             self.owner.live(),
-            held + stats.pooled_arenas + stats.dedicated_arenas,
-            "backend live count = regions in the model + arenas"
+            held + stats.pooled_arenas + stats.dedicated_arenas + described_live,
+            "backend live count = regions in the model + arenas + described pool buffers"
         );
         assert_eq!(stats.live_regions, held);
         if !self.closed {
@@ -543,6 +606,9 @@ impl Harness {
         self.settle().await;
         self.check().await;
         assert_eq!(self.owner.live(), 0);
+        // A described buffer keeps its charge until it is dropped.
+        self.bufs.clear();
+        self.settle().await;
         assert_eq!(self.owner.registered_bytes(), 0);
         for region in std::mem::take(&mut self.regions) {
             if let Some(memory) = region.external {
@@ -553,7 +619,10 @@ impl Harness {
                 }
             }
         }
-        self.source.unregister(Duration::ZERO).await.unwrap();
+        self.source
+            .unregister(Duration::from_secs(60))
+            .await
+            .unwrap();
     }
 }
 

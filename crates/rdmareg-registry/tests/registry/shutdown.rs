@@ -63,7 +63,7 @@ async fn shutdown_deregisters_everything_and_is_idempotent() {
         );
     }
     assert_eq!(
-        external.unregister(Duration::ZERO).await,
+        external.unregister(Duration::from_secs(60)).await,
         Ok(UnregisterOutcome::Drained)
     );
     drop(memory);
@@ -154,8 +154,8 @@ async fn shutdown_is_bounded_by_its_budget_and_then_unmaps_regardless() {
     let took = started.elapsed();
     assert!(took >= budget, "it did wait for the transfer: {took:?}");
     assert!(
-        took <= 2 * budget + Duration::from_millis(10),
-        "bounded: {took:?}"
+        took <= budget + Duration::from_millis(10),
+        "one budget for the drain and the unmaps: {took:?}"
     );
     let report = swept.report().clone();
     assert!(!report.drained);
@@ -166,20 +166,26 @@ async fn shutdown_is_bounded_by_its_budget_and_then_unmaps_regardless() {
     );
     assert!(bystander.is_deregistered());
     assert_eq!(
-        report.arenas_surviving, 1,
+        (report.arenas_surviving, report.arenas_unmap_pending),
+        (0, 1),
         "the backend holds the transfer's destination until it lands"
     );
 
     hold.release();
     let (result, _buf) = transfer.await.unwrap();
     assert!(result.is_ok(), "{result:?}");
+    // The unmap the sweep left pending confirms once the transfer landed.
+    eventually("the pending arena unmap is confirmed", || {
+        swept.survivors().arenas == 0
+    })
+    .await;
     consumer.backend.shutdown().await;
     assert_eq!(consumer.live(), 0);
     assert_eq!(
         swept.finish_after_backend_teardown(),
         TeardownVerdict::Released {
             regions: 0,
-            arenas: 1,
+            arenas: 0,
             backend_live: Some(0)
         }
     );

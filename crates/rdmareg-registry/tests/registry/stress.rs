@@ -239,6 +239,9 @@ fn racing_operations_then_shutdown_leave_nothing_registered() {
             )
             .await;
         }
-        source_guard.unregister(Duration::ZERO).await.unwrap();
+        source_guard
+            .unregister(Duration::from_secs(60))
+            .await
+            .unwrap();
     });
 }
