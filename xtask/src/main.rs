@@ -3,6 +3,7 @@
 //! Each task lives in its own module and is dispatched from [`main`]; adding
 //! a task means one module, one arm in [`dispatch`] and one line of usage.
 
+mod asan;
 mod bindgen;
 mod ci;
 mod fuzz;
@@ -23,6 +24,7 @@ tasks:
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
+  asan               run the registry, UCX and integration tests under AddressSanitizer
   fuzz [TARGET|all] [--seconds N]
                      run the fuzz targets (nightly + cargo-fuzz; 30 s each by default)
 ";
@@ -50,6 +52,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ci" => ci::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
+        "asan" => asan::run_task(rest),
         "fuzz" => fuzz::run_task(rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
