@@ -25,8 +25,8 @@ tasks:
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
   asan               run the registry, UCX and integration tests under AddressSanitizer
-  fuzz [TARGET|all] [--seconds N]
-                     run the fuzz targets (nightly + cargo-fuzz; 30 s each by default)
+  fuzz [TARGET|all] [--secs N]
+                     run the fuzz targets (cargo-fuzz on stable; 30 s each by default)
 ";
 
 fn main() -> ExitCode {
