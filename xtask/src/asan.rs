@@ -52,8 +52,8 @@
 
 use std::process::Command;
 
-use crate::ucx;
 use crate::util::{Result, bail, cargo, probe, run, target_dir, workspace_root};
+use crate::{ci, ucx};
 
 /// The packages whose tests run: the registry (over the loopback), the UCX
 /// engine and backend, and the workspace integration tests.
@@ -155,6 +155,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
         ucx.prefix.display()
     );
     let host = host_triple()?;
+    ci::ensure_nextest()?;
     for (test, reason) in CANNOT_RUN {
         eprintln!(
             "not run under ASan: {} {}: {reason}",
