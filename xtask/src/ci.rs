@@ -3,12 +3,16 @@
 //!
 //! Each step prints a header line and, when it ends, its wall time; a summary
 //! of all timings closes the run. Steps are plain data ([`Step`]) so adding
-//! one (the demo, bench or fuzz smoke runs) is one more entry in [`steps`].
+//! one is one more entry in [`steps`].
+//!
+//! The sanitizer and fuzz steps run last: they build in their own target
+//! directories (`target/asan`, `target/fuzz`), so a failure in the ordinary
+//! steps is reported before the slowest builds start.
 
 use std::process::Command;
 
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{bindgen, netns, ucx};
+use crate::{asan, bindgen, fuzz, netns, ucx};
 
 /// What a step does.
 enum Action {
@@ -81,6 +85,14 @@ fn steps() -> Vec<Step> {
                 cmd
             }),
         },
+        Step {
+            name: "AddressSanitizer (cargo xtask asan)",
+            action: Action::Task(|| asan::run_task(&[])),
+        },
+        Step {
+            name: "fuzz smoke (cargo xtask fuzz --secs 10)",
+            action: Action::Task(fuzz::smoke),
+        },
     ]
 }
 
@@ -124,7 +136,7 @@ fn print_summary(timings: &[(&str, std::time::Duration)]) {
 }
 
 /// Installs cargo-nextest when `cargo nextest` is not available.
-fn ensure_nextest() -> Result<()> {
+pub fn ensure_nextest() -> Result<()> {
     let available = cargo(["nextest", "--version"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -135,4 +147,15 @@ fn ensure_nextest() -> Result<()> {
     }
     eprintln!("cargo-nextest is missing; installing it");
     run(&mut cargo(["install", "cargo-nextest", "--locked"]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fuzz_step_names_the_time_it_runs() {
+        let name = format!("--secs {}", fuzz::CI_SECONDS);
+        assert!(steps().iter().any(|step| step.name.contains(&name)));
+    }
 }

@@ -1,20 +1,22 @@
-//! `cargo xtask fuzz [TARGET|all] [--seconds N]`: run the coverage-guided
-//! fuzz targets of `fuzz/` with cargo-fuzz (libFuzzer), each for a fixed
-//! time, and report what libFuzzer measured and any crash it found.
+//! `cargo xtask fuzz [TARGET|all] [--secs N]`: run the coverage-guided fuzz
+//! targets of `fuzz/` with cargo-fuzz (libFuzzer), each for a fixed time,
+//! and report what libFuzzer measured and any crash it found.
 //!
-//! The targets exercise the decoders that read bytes from peers: the wire
-//! descriptor, the UCX packed remote key and worker address validators and
-//! the CLI's bootstrap frames. `fuzz/` is its own cargo workspace, excluded from the main one.
+//! The targets exercise the decoders that read bytes from peers (the wire
+//! descriptor, the UCX packed remote key and worker address validators, the CLI's bootstrap
+//! frames, ...). They are the `[[bin]]` entries of `fuzz/Cargo.toml`, read
+//! at run time, so a new target is picked up without touching this task.
+//! `fuzz/` is its own cargo workspace, excluded from the main one.
 //!
 //! # Requirements
 //!
 //! cargo-fuzz builds with `-Zsanitizer=address` and libFuzzer's coverage
-//! instrumentation, which only a nightly compiler accepts, so the task runs
-//! `cargo +nightly fuzz`. A missing nightly toolchain is an error naming the
-//! fix; the task never downloads a toolchain (rustup's auto-install is turned
-//! off for every command it starts). A missing cargo-fuzz is installed with
+//! instrumentation, nightly compiler flags. The task runs them on the stable
+//! toolchain that runs it, with `RUSTC_BOOTSTRAP=1`, so no nightly toolchain
+//! is needed. A missing cargo-fuzz is installed with
 //! `cargo install cargo-fuzz --locked`. UCX is provisioned first, as for the
 //! other tasks: the packed-key and worker-address targets link `rdmareg-ucx`.
+//! The fuzz build goes to `target/fuzz/build/`.
 //!
 //! # Corpora
 //!
@@ -25,45 +27,48 @@
 //! second: runs grow the untracked working corpus and never touch the
 //! committed one. Crash inputs go to `fuzz/artifacts/<target>/`.
 //!
-//! # Why this is not a step of `cargo xtask ci`
+//! # In CI
 //!
-//! CI machines are not guaranteed a nightly toolchain, and CI must not fail
-//! for a missing tool rather than for a defect. The same decoders are
-//! property-tested on stable in CI (`rdmareg-core`'s descriptor tests, the
-//! `packed_key_*` and `worker_address_*` tests of `rdmareg-ucx`, the bootstrap tests of
-//! `rdmareg-cli`), so CI still checks their properties on every change; this
-//! task is the longer, coverage-guided search run by hand or on a schedule.
+//! `cargo xtask ci` runs every target for [`CI_SECONDS`] ([`smoke`]): a smoke
+//! run that catches a decoder that crashes on shallow inputs and a target
+//! that no longer builds. The deeper search is this task with a longer
+//! `--secs`, by hand or on a schedule.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
 use crate::ucx;
-use crate::util::{Context, Result, bail, cargo, probe, run, target_dir, workspace_root};
+use crate::util::{Context, Result, bail, cargo, run, target_dir, workspace_root};
 
-/// Every target in `fuzz/fuzz_targets/`, in the order `all` runs them.
-pub const TARGETS: &[&str] = &[
-    "descriptor_decode",
-    "packed_key_validate",
-    "worker_address",
-    "bootstrap_message",
-];
-
-/// Seconds per target when `--seconds` is not given.
+/// Seconds per target when `--secs` is not given.
 const DEFAULT_SECONDS: u64 = 30;
+
+/// Seconds per target in `cargo xtask ci`.
+pub const CI_SECONDS: u64 = 10;
 
 /// What to fuzz and for how long.
 #[derive(Debug, PartialEq, Eq)]
 struct Options {
-    targets: Vec<&'static str>,
+    targets: Vec<String>,
     seconds: u64,
 }
 
 /// `cargo xtask fuzz`.
 pub fn run_task(args: &[String]) -> Result<()> {
-    let options = parse_args(args)?;
-    let nightly = require_nightly()?;
-    eprintln!("using {}", nightly.trim());
+    let options = parse_args(args, &targets()?)?;
+    fuzz(&options)
+}
+
+/// Every target for [`CI_SECONDS`]: the CI smoke run.
+pub fn smoke() -> Result<()> {
+    fuzz(&Options {
+        targets: targets()?,
+        seconds: CI_SECONDS,
+    })
+}
+
+fn fuzz(options: &Options) -> Result<()> {
     ensure_cargo_fuzz()?;
     let ucx = ucx::ensure()?;
     eprintln!(
@@ -73,7 +78,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
     );
 
     let mut reports = Vec::with_capacity(options.targets.len());
-    for &target in &options.targets {
+    for target in &options.targets {
         println!("\n==> fuzzing {target} for {} s", options.seconds);
         let report = fuzz_one(target, options.seconds)?;
         println!("<== {target}: {}", report.outcome);
@@ -97,7 +102,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
         message.push_str(&format!("\n  {}: {}", report.target, report.outcome));
         if let Outcome::Crashed { artifact } = &report.outcome {
             message.push_str(&format!(
-                "\n    reproduce: cargo +nightly fuzz run {} {}",
+                "\n    reproduce: RUSTC_BOOTSTRAP=1 cargo fuzz run {} {}",
                 report.target,
                 artifact.display()
             ));
@@ -106,27 +111,72 @@ pub fn run_task(args: &[String]) -> Result<()> {
     bail!("{message}")
 }
 
-/// Parses `[TARGET|all] [--seconds N]`.
-fn parse_args(args: &[String]) -> Result<Options> {
+/// The fuzz targets: the `name` of every `[[bin]]` of `fuzz/Cargo.toml`, in
+/// the order `all` runs them.
+fn targets() -> Result<Vec<String>> {
+    let path = workspace_root().join("fuzz/Cargo.toml");
+    let manifest =
+        std::fs::read_to_string(&path).context(format!("cannot read {}", path.display()))?;
+    let names = bin_names(&manifest);
+    if names.is_empty() {
+        bail!("{} declares no [[bin]] fuzz targets", path.display());
+    }
+    Ok(names)
+}
+
+/// The `name`s of the `[[bin]]` tables of a manifest. A line-level reading,
+/// enough for the fuzz manifest: one `key = value` per line, tables as
+/// `[[bin]]` headers (not inline arrays).
+fn bin_names(manifest: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut in_bin = false;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('#') {
+            continue;
+        }
+        if line.starts_with('[') {
+            let header: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+            in_bin = header.starts_with("[[bin]]");
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        if in_bin && key.trim() == "name" {
+            let value = value.split('#').next().unwrap_or_default().trim();
+            let name = value.trim_matches(|c| c == '"' || c == '\'');
+            if !name.is_empty() {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// Parses `[TARGET|all] [--secs N]` (`--seconds` is the same option).
+fn parse_args(args: &[String], known: &[String]) -> Result<Options> {
+    const USAGE: &str = "usage: cargo xtask fuzz [TARGET|all] [--secs N]";
     let mut target: Option<&str> = None;
     let mut seconds = DEFAULT_SECONDS;
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
-        let seconds_value = if arg == "--seconds" {
+        let seconds_value = if arg == "--secs" || arg == "--seconds" {
             let Some(value) = rest.next() else {
-                bail!("`--seconds` needs a value");
+                bail!("`{arg}` needs a value");
             };
             Some(value.as_str())
         } else {
-            arg.strip_prefix("--seconds=")
+            arg.strip_prefix("--secs=")
+                .or_else(|| arg.strip_prefix("--seconds="))
         };
         if let Some(value) = seconds_value {
             seconds = match value.parse::<u64>() {
                 Ok(n) if n > 0 => n,
-                _ => bail!("`--seconds` takes a positive whole number (got `{value}`)"),
+                _ => bail!("`--secs` takes a positive whole number (got `{value}`)"),
             };
         } else if arg.starts_with('-') {
-            bail!("unknown option `{arg}`; usage: cargo xtask fuzz [TARGET|all] [--seconds N]");
+            bail!("unknown option `{arg}`; {USAGE}");
         } else if let Some(first) = target {
             bail!("one target at a time (got `{first}` and `{arg}`); use `all` for every target");
         } else {
@@ -134,69 +184,27 @@ fn parse_args(args: &[String]) -> Result<Options> {
         }
     }
     let targets = match target {
-        None | Some("all") => TARGETS.to_vec(),
-        Some(name) => match TARGETS.iter().find(|&&known| known == name) {
-            Some(&known) => vec![known],
-            None => bail!(
-                "unknown fuzz target `{name}`; targets: {}, or all",
-                TARGETS.join(", ")
-            ),
-        },
+        None | Some("all") => known.to_vec(),
+        Some(name) if known.iter().any(|known| known == name) => vec![name.to_string()],
+        Some(name) => bail!(
+            "unknown fuzz target `{name}`; targets: {}, or all",
+            known.join(", ")
+        ),
     };
     Ok(Options { targets, seconds })
 }
 
-/// A `cargo +nightly` command in the workspace root that may not install a
-/// toolchain behind our back.
-fn nightly_cargo<const N: usize>(args: [&str; N]) -> Command {
-    // The rustup proxy, not `$CARGO`: only the proxy understands `+nightly`.
-    let mut cmd = Command::new("cargo");
-    cmd.arg("+nightly")
-        .args(args)
-        .env("RUSTUP_AUTO_INSTALL", "0")
-        .current_dir(workspace_root());
+/// A `cargo` command of the running toolchain in the workspace root, allowed
+/// the nightly flags cargo-fuzz passes.
+fn fuzz_cargo<const N: usize>(args: [&str; N]) -> Command {
+    let mut cmd = cargo(args);
+    cmd.env("RUSTC_BOOTSTRAP", "1");
     cmd
-}
-
-/// Checks a nightly toolchain is installed and returns its cargo's version.
-fn require_nightly() -> Result<String> {
-    const WHY: &str = "cargo-fuzz needs a nightly toolchain (for -Zsanitizer and libFuzzer's \
-                       coverage instrumentation). This task does not download toolchains: install \
-                       one with `rustup toolchain install nightly` where the network allows it, \
-                       then re-run";
-    let Some(toolchains) = probe(Command::new("rustup").args(["toolchain", "list"])) else {
-        bail!("rustup is not available to select a nightly toolchain (`cargo +nightly`). {WHY}");
-    };
-    if !lists_nightly(&toolchains) {
-        bail!(
-            "no nightly toolchain is installed (`rustup toolchain list` shows no undated \
-             `nightly-<host>`, which `cargo +nightly` selects). {WHY}"
-        );
-    }
-    match probe(&mut nightly_cargo(["--version"])) {
-        Some(version) => Ok(version),
-        None => bail!(
-            "a nightly toolchain is listed but `cargo +nightly --version` fails \
-             (is `cargo` on PATH the rustup proxy?). {WHY}"
-        ),
-    }
-}
-
-/// Whether `rustup toolchain list` output names the `nightly` channel itself
-/// (`nightly-x86_64-unknown-linux-gnu`), not only dated nightlies
-/// (`nightly-2025-01-01-...`), which `+nightly` does not select.
-fn lists_nightly(toolchains: &str) -> bool {
-    toolchains.lines().any(|line| {
-        line.trim()
-            .strip_prefix("nightly-")
-            .and_then(|rest| rest.chars().next())
-            .is_some_and(|first| !first.is_ascii_digit())
-    })
 }
 
 /// Installs cargo-fuzz when `cargo fuzz` is not available.
 fn ensure_cargo_fuzz() -> Result<()> {
-    let available = nightly_cargo(["fuzz", "--version"])
+    let available = fuzz_cargo(["fuzz", "--version"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -240,7 +248,7 @@ impl std::fmt::Display for Outcome {
 
 /// One target's result.
 struct Report {
-    target: &'static str,
+    target: String,
     stats: Stats,
     outcome: Outcome,
 }
@@ -267,13 +275,15 @@ impl std::fmt::Display for Report {
 }
 
 /// Runs one target for `seconds`, echoing libFuzzer's output as it comes.
-fn fuzz_one(target: &'static str, seconds: u64) -> Result<Report> {
+fn fuzz_one(target: &str, seconds: u64) -> Result<Report> {
     let seeds = workspace_root().join("fuzz/corpus").join(target);
     let working = target_dir().join("fuzz/corpus").join(target);
     std::fs::create_dir_all(&working).context(format!("cannot create {}", working.display()))?;
 
-    let mut cmd = nightly_cargo(["fuzz", "run", target]);
-    cmd.arg(&working)
+    let mut cmd = fuzz_cargo(["fuzz", "run", target]);
+    cmd.arg("--target-dir")
+        .arg(target_dir().join("fuzz/build"))
+        .arg(&working)
         .arg(&seeds)
         .arg("--")
         .arg(format!("-max_total_time={seconds}"))
@@ -304,7 +314,7 @@ fn fuzz_one(target: &'static str, seconds: u64) -> Result<Report> {
         );
     }
     Ok(Report {
-        target,
+        target: target.to_string(),
         stats,
         outcome,
     })
@@ -404,68 +414,104 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
+    fn known() -> Vec<String> {
+        args(&[
+            "descriptor_decode",
+            "packed_key_validate",
+            "bootstrap_message",
+        ])
+    }
+
     mod arguments {
         use super::*;
 
         #[test]
         fn no_arguments_run_every_target_for_the_default_time() {
-            let options = parse_args(&[]).unwrap();
-            assert_eq!(options.targets, TARGETS);
+            let options = parse_args(&[], &known()).unwrap();
+            assert_eq!(options.targets, known());
             assert_eq!(options.seconds, DEFAULT_SECONDS);
         }
 
         #[test]
-        fn all_and_a_duration_are_accepted_in_either_spelling() {
-            for list in [&["all", "--seconds", "5"][..], &["--seconds=5", "all"][..]] {
-                let options = parse_args(&args(list)).unwrap();
-                assert_eq!(options.targets, TARGETS, "{list:?}");
+        fn all_and_a_duration_are_accepted_in_every_spelling() {
+            for list in [
+                &["all", "--secs", "5"][..],
+                &["--secs=5", "all"][..],
+                &["all", "--seconds", "5"][..],
+                &["--seconds=5"][..],
+            ] {
+                let options = parse_args(&args(list), &known()).unwrap();
+                assert_eq!(options.targets, known(), "{list:?}");
                 assert_eq!(options.seconds, 5, "{list:?}");
             }
         }
 
         #[test]
         fn a_named_target_runs_alone() {
-            let options = parse_args(&args(&["packed_key_validate"])).unwrap();
+            let options = parse_args(&args(&["packed_key_validate"]), &known()).unwrap();
             assert_eq!(options.targets, ["packed_key_validate"]);
         }
 
         #[test]
         fn unknown_targets_and_options_are_refused_with_the_target_list() {
-            let err = parse_args(&args(&["nope"])).unwrap_err().to_string();
+            let err = parse_args(&args(&["nope"]), &known())
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("descriptor_decode"), "{err}");
-            assert!(parse_args(&args(&["--fast"])).is_err());
-            assert!(parse_args(&args(&["descriptor_decode", "bootstrap_message"])).is_err());
+            assert!(parse_args(&args(&["--fast"]), &known()).is_err());
+            let two = args(&["descriptor_decode", "bootstrap_message"]);
+            assert!(parse_args(&two, &known()).is_err());
         }
 
         #[test]
         fn a_duration_must_be_a_positive_number() {
-            for bad in [&["--seconds"][..], &["--seconds", "0"], &["--seconds=abc"]] {
-                assert!(parse_args(&args(bad)).is_err(), "{bad:?} accepted");
+            for bad in [
+                &["--secs"][..],
+                &["--secs", "0"],
+                &["--secs=abc"],
+                &["--seconds"],
+            ] {
+                assert!(
+                    parse_args(&args(bad), &known()).is_err(),
+                    "{bad:?} accepted"
+                );
             }
         }
     }
 
-    mod toolchains {
+    mod manifest {
         use super::*;
 
         #[test]
-        fn the_nightly_channel_is_recognised_whatever_its_annotations() {
-            let list = "stable-x86_64-unknown-linux-gnu (active, default)\n\
-                        nightly-x86_64-unknown-linux-gnu\n\
-                        1.95.0-x86_64-unknown-linux-gnu\n";
-            assert!(lists_nightly(list));
-            assert!(lists_nightly("nightly-aarch64-apple-darwin (default)\n"));
+        fn every_bin_table_names_a_target_in_file_order() {
+            let manifest = r#"
+# A comment naming [[bin]] and name = "not_this"
+[package]
+name = "rdmareg-fuzz"
+
+[dependencies]
+libfuzzer-sys = "0.4"
+
+[[bin]]
+name = "first" # trailing comment
+path = "fuzz_targets/first.rs"
+
+[ [bin] ]
+path = "fuzz_targets/second.rs"
+name='second'
+
+[profile.release]
+debug = 1
+
+[[ bin ]]
+name = "third"
+"#;
+            assert_eq!(bin_names(manifest), ["first", "second", "third"]);
         }
 
         #[test]
-        fn stable_or_dated_nightlies_alone_do_not_count() {
-            assert!(!lists_nightly(
-                "stable-x86_64-unknown-linux-gnu (default)\n"
-            ));
-            assert!(!lists_nightly(
-                "stable-x86_64-unknown-linux-gnu\nnightly-2025-01-01-x86_64-unknown-linux-gnu\n"
-            ));
-            assert!(!lists_nightly("no installed toolchains\n"));
+        fn a_manifest_without_bins_has_no_targets() {
+            assert!(bin_names("[package]\nname = \"x\"\n").is_empty());
         }
     }
 
@@ -537,21 +583,16 @@ mod tests {
         use super::*;
 
         #[test]
-        fn every_target_has_a_source_a_manifest_entry_and_seeds() {
+        fn every_target_has_a_source_and_seeds() {
             let fuzz = workspace_root().join("fuzz");
-            let manifest = std::fs::read_to_string(fuzz.join("Cargo.toml")).unwrap();
-            for target in TARGETS {
+            for target in targets().unwrap() {
                 assert!(
                     fuzz.join("fuzz_targets")
                         .join(format!("{target}.rs"))
                         .is_file(),
                     "{target} has no source"
                 );
-                assert!(
-                    manifest.contains(&format!("name = \"{target}\"")),
-                    "{target} is not a [[bin]] of fuzz/Cargo.toml"
-                );
-                let seeds = std::fs::read_dir(fuzz.join("corpus").join(target))
+                let seeds = std::fs::read_dir(fuzz.join("corpus").join(&target))
                     .unwrap_or_else(|e| panic!("{target} has no seed corpus: {e}"))
                     .count();
                 assert!(seeds > 0, "{target} has an empty seed corpus");
@@ -565,7 +606,10 @@ mod tests {
                 let name = entry.unwrap().file_name();
                 let name = name.to_string_lossy();
                 let stem = name.strip_suffix(".rs").unwrap_or(&name);
-                assert!(TARGETS.contains(&stem), "{stem} is missing from TARGETS");
+                assert!(
+                    targets().unwrap().iter().any(|target| target == stem),
+                    "{stem} is not a [[bin]] of fuzz/Cargo.toml"
+                );
             }
         }
     }

@@ -3,6 +3,7 @@
 //! Each task lives in its own module and is dispatched from [`main`]; adding
 //! a task means one module, one arm in [`dispatch`] and one line of usage.
 
+mod asan;
 mod bindgen;
 mod ci;
 mod fuzz;
@@ -26,8 +27,9 @@ tasks:
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
   netns [--release]  the demo across two network namespaces: passes, link cut,
                      owner stopped, consumer killed (needs root and iproute2)
-  fuzz [TARGET|all] [--seconds N]
-                     run the fuzz targets (nightly + cargo-fuzz; 30 s each by default)
+  asan               run the registry, UCX and integration tests under AddressSanitizer
+  fuzz [TARGET|all] [--secs N]
+                     run the fuzz targets (cargo-fuzz on stable; 30 s each by default)
 ";
 
 fn main() -> ExitCode {
@@ -53,6 +55,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ci" => ci::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
+        "asan" => asan::run_task(rest),
         "fuzz" => fuzz::run_task(rest),
         "netns" => netns::run_task(rest),
         "help" | "-h" | "--help" => {

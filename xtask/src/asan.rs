@@ -1,0 +1,291 @@
+//! `cargo xtask asan`: the registry, UCX and integration suites under
+//! AddressSanitizer, on the stable toolchain.
+//!
+//! # How the build is instrumented
+//!
+//! `-Zsanitizer=address` is a nightly flag; `RUSTC_BOOTSTRAP=1` lets the
+//! stable compiler accept it. The standard library is the prebuilt,
+//! uninstrumented one (`-Zbuild-std` is not available here), so the
+//! sanitizer is a target modifier the linked crates disagree on;
+//! `-Cunsafe-allow-abi-mismatch=sanitizer` accepts that. What is lost is
+//! only the checking of accesses made *inside* std's own code; every access
+//! our crates and their dependencies make is checked, allocations anywhere
+//! (UCX included) go through ASan's allocator, and `memcpy` and friends
+//! called from UCX's C code are checked by ASan's interceptors.
+//!
+//! `--target <host>` is explicit so that `RUSTFLAGS` reach only the target
+//! crates, not build scripts and proc-macros. The build has its own target
+//! directory (`target/asan`) so it never invalidates the normal one.
+//!
+//! # What it sees
+//!
+//! Every access by our code, and by UCX's C code through the functions ASan
+//! intercepts: an owner that frees a registered buffer under a tcp GET is
+//! reported as a heap-use-after-free in `memcpy` under
+//! `ucp_rma_sw_pack_get_reply`. Copies the kernel or a NIC makes are
+//! invisible to it: over cma (`SameHost`, shared memory) the same bug reads
+//! freed memory through `process_vm_readv` and ASan says nothing; only the
+//! tests' own byte checks can catch it there.
+//!
+//! Tests that re-execute their own binary as a second process (the
+//! `two_processes` owner, the integration suite's `isolated` scenarios) run
+//! the same instrumented executable, and a sanitizer report in the child
+//! fails the parent test (the child exits non-zero).
+//!
+//! # Leak detection
+//!
+//! LeakSanitizer is on. UCX itself reports no leaks in these suites, so no
+//! UCX suppression is needed; `.ci/lsan.supp` is passed anyway and documents
+//! the rule for adding one. The one deliberate exception is
+//! [`LEAKS_BY_DESIGN`]: registry tests over the loopback that end with memory
+//! still registered. The registry then leaks that memory on purpose (freeing
+//! memory whose unmap was never confirmed could hand pinned pages back to
+//! the allocator), so LeakSanitizer rightly reports it. Those tests run in a
+//! second pass with leak detection off; everything else ASan checks still
+//! applies to them.
+//!
+//! # Exclusions
+//!
+//! Tests that cannot run under ASan at all are listed in [`CANNOT_RUN`], by
+//! name and with the reason, and are left out of both passes. Tests marked
+//! `#[ignore]` stay ignored, as in the normal run.
+
+use std::process::Command;
+
+use crate::util::{Result, bail, cargo, probe, run, target_dir, workspace_root};
+use crate::{ci, ucx};
+
+/// The packages whose tests run: the registry (over the loopback), the UCX
+/// engine and backend, and the workspace integration tests.
+const PACKAGES: &[&str] = &["rdmareg-registry", "rdmareg-ucx", "rdmareg-tests"];
+
+/// Compiler flags of the instrumented build.
+const RUSTFLAGS: &str = "-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer";
+
+/// AddressSanitizer runtime options, before `detect_leaks`.
+///
+/// - `halt_on_error=1` (the default, stated): the first report ends the
+///   process with a non-zero status, so the test fails.
+/// - `handle_abort=1`: a UCX assertion (`abort()`) prints a stack trace.
+const ASAN_OPTIONS: &str = "halt_on_error=1:handle_abort=1";
+
+/// A test named by its nextest binary id and its full test name.
+struct Named {
+    binary: &'static str,
+    test: &'static str,
+}
+
+impl Named {
+    /// The nextest filterset matching exactly this test.
+    fn filter(&self) -> String {
+        format!("(binary_id({}) & test(={}))", self.binary, self.test)
+    }
+}
+
+/// Tests that cannot run under ASan, with the reason. None today: every test
+/// of the three suites runs instrumented. (`#[ignore]`d tests stay ignored,
+/// as in the normal run: the owner-abort test of the integration suite is
+/// ignored for a UCX abort, not for the sanitizer.)
+const CANNOT_RUN: &[(Named, &str)] = &[];
+
+/// Why every entry of [`LEAKS_BY_DESIGN`] is there.
+const LEAK_REASON: &str = "the test ends with memory still registered with the loopback (a \
+     guard, pool arena or owned buffer never unregistered, or a registry never shut down), or \
+     asserts the leak itself; the registry then leaks that memory on purpose, counted in \
+     `leaked_bytes`, because freeing memory whose unmap was never confirmed could hand pinned \
+     pages back to the allocator";
+
+/// Registry tests whose leaks are the registry's designed behaviour (see
+/// [`LEAK_REASON`]). They run with leak detection off; all other ASan checks
+/// still apply. A registry test that shuts its registries down cleanly does
+/// not belong here.
+const LEAKS_BY_DESIGN: &[Named] = &[
+    // Assert the leak itself.
+    unit("pool::memory::tests::registered_memory_is_leaked_and_counted_unless_confirmed"),
+    unit("region::owned::tests::registered_buffer_is_leaked_and_counted_not_freed"),
+    suite("pool::arena_pages_never_confirmed_unmapped_are_leaked_loudly_not_freed"),
+    // End with guards, arenas or owned buffers still registered.
+    suite("describe::guard_describes_the_whole_region_and_its_sub_ranges"),
+    suite("describe::handles_are_shareable_and_every_future_can_be_spawned"),
+    suite("describe::registering_the_same_memory_again_gets_a_new_generation"),
+    suite("model::registry_matches_its_model_under_random_interleavings"),
+    suite("pool::an_arena_shrinks_to_what_is_left_of_the_budget"),
+    suite("pool::buffers_have_exactly_the_requested_length_and_whole_granules_of_space"),
+    suite("pool::empty_pooled_arenas_are_kept_when_reclaim_is_off"),
+    suite("pool::empty_pooled_arenas_are_reclaimed_down_to_the_retention_floor"),
+    suite("pool::pooled_arenas_grow_geometrically_and_saturate_at_the_maximum"),
+    suite("pool::space_freed_by_a_dropped_buffer_is_reused"),
+    suite("pool::try_alloc_never_maps"),
+    suite("shutdown::shutdown_is_bounded_by_its_budget_and_then_unmaps_regardless"),
+    suite("shutdown::shutdown_waits_for_transfers_in_flight"),
+    suite("transfer::dropped_get_keeps_the_destination_slot_until_the_transfer_finishes"),
+    suite("transfer::get_copies_the_described_bytes_into_the_buffer"),
+    suite("transfer::get_into_lands_a_sub_range_at_an_offset"),
+    suite("transfer::get_of_an_unregistered_remote_range_fails_and_returns_the_buffer"),
+    suite("transfer::get_past_its_deadline_times_out_and_returns_the_buffer"),
+    suite("transfer::get_refuses_a_descriptor_of_another_backend"),
+    suite("transfer::get_refuses_a_range_that_does_not_fit_the_destination"),
+];
+
+/// A unit test of the registry library.
+const fn unit(test: &'static str) -> Named {
+    Named {
+        binary: "rdmareg-registry",
+        test,
+    }
+}
+
+/// A test of the registry's integration suite (`tests/registry/`).
+const fn suite(test: &'static str) -> Named {
+    Named {
+        binary: "rdmareg-registry::registry",
+        test,
+    }
+}
+
+/// `cargo xtask asan`.
+pub fn run_task(args: &[String]) -> Result<()> {
+    if let Some(extra) = args.first() {
+        bail!("`cargo xtask asan` takes no arguments (got `{extra}`)");
+    }
+    let ucx = ucx::ensure()?;
+    eprintln!(
+        "using UCX {} at {}",
+        ucx.describe_version(),
+        ucx.prefix.display()
+    );
+    let host = host_triple()?;
+    ci::ensure_nextest()?;
+    for (test, reason) in CANNOT_RUN {
+        eprintln!(
+            "not run under ASan: {} {}: {reason}",
+            test.binary, test.test
+        );
+    }
+    let excluded = any_of(CANNOT_RUN.iter().map(|(test, _)| test));
+    let by_design = any_of(LEAKS_BY_DESIGN.iter());
+
+    println!("\n==> ASan, leak detection on");
+    run(&mut nextest(
+        &host,
+        true,
+        &format!("not ({by_design}) & not ({excluded})"),
+    ))?;
+
+    println!(
+        "\n==> ASan, leak detection off for {} registry tests that leak by design: {LEAK_REASON}",
+        LEAKS_BY_DESIGN.len()
+    );
+    run(&mut nextest(
+        &host,
+        false,
+        &format!("({by_design}) & not ({excluded})"),
+    ))?;
+    println!("asan: no sanitizer report");
+    Ok(())
+}
+
+/// `a | b | ...` of the tests' filters; `none()` when there are none.
+fn any_of<'a>(tests: impl Iterator<Item = &'a Named>) -> String {
+    let filters: Vec<String> = tests.map(Named::filter).collect();
+    if filters.is_empty() {
+        "none()".to_string()
+    } else {
+        filters.join(" | ")
+    }
+}
+
+/// The instrumented `cargo nextest run` of [`PACKAGES`], selecting the tests
+/// of `filter`.
+fn nextest(host: &str, detect_leaks: bool, filter: &str) -> Command {
+    let target = target_dir().join("asan");
+    let mut cmd = cargo(["nextest", "run", "--no-fail-fast", "--all-features"]);
+    for package in PACKAGES {
+        cmd.args(["--package", package]);
+    }
+    cmd.args(["--target", host])
+        .arg("--target-dir")
+        .arg(&target)
+        .args(["-E", filter])
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("RUSTFLAGS", RUSTFLAGS)
+        // Takes precedence over RUSTFLAGS when set; a caller's would win.
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env(
+            "ASAN_OPTIONS",
+            format!("{ASAN_OPTIONS}:detect_leaks={}", u8::from(detect_leaks)),
+        )
+        .env(
+            "LSAN_OPTIONS",
+            format!(
+                "suppressions={}:print_suppressions=0",
+                workspace_root().join(".ci/lsan.supp").display()
+            ),
+        );
+    cmd
+}
+
+/// The host's target triple, from `rustc -vV`.
+fn host_triple() -> Result<String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let Some(version) = probe(Command::new(rustc).arg("-vV")) else {
+        bail!("`rustc -vV` failed; cannot tell the host target triple");
+    };
+    match version.lines().find_map(|line| line.strip_prefix("host: ")) {
+        Some(host) => Ok(host.trim().to_string()),
+        None => bail!("`rustc -vV` names no host triple:\n{version}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_name_one_test_of_one_binary_exactly() {
+        let named = suite("pool::try_alloc_never_maps");
+        assert_eq!(
+            named.filter(),
+            "(binary_id(rdmareg-registry::registry) & test(=pool::try_alloc_never_maps))"
+        );
+    }
+
+    #[test]
+    fn an_empty_list_matches_no_test() {
+        assert_eq!(any_of([].iter()), "none()");
+        let two = [unit("a"), suite("b")];
+        assert_eq!(
+            any_of(two.iter()),
+            "(binary_id(rdmareg-registry) & test(=a)) | \
+             (binary_id(rdmareg-registry::registry) & test(=b))"
+        );
+    }
+
+    #[test]
+    fn every_test_left_out_of_leak_detection_exists_in_the_registry_sources() {
+        let registry = workspace_root().join("crates/rdmareg-registry");
+        for named in LEAKS_BY_DESIGN {
+            let (module, name) = named.test.rsplit_once("::").unwrap();
+            let file = if named.binary == "rdmareg-registry" {
+                let module = module.strip_suffix("::tests").unwrap();
+                registry.join("src").join(module.replace("::", "/") + ".rs")
+            } else {
+                registry
+                    .join("tests/registry")
+                    .join(module.replace("::", "/") + ".rs")
+            };
+            let source = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            assert!(
+                source.contains(&format!("fn {name}(")),
+                "{} names no test {name}: update LEAKS_BY_DESIGN",
+                file.display()
+            );
+        }
+    }
+
+    #[test]
+    fn the_suppression_file_exists() {
+        assert!(workspace_root().join(".ci/lsan.supp").is_file());
+    }
+}
