@@ -111,11 +111,18 @@ fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, gran
         leak_granules(None, arena, granules, "the registry is gone");
         return;
     };
+    // Admitted work like any other: a shutdown drains this unmap before it
+    // tears the backend down, instead of racing it. Once shutdown has begun
+    // no ticket is issued; the unmap is still tried, and if the backend has
+    // gone meanwhile the granules are leaked (its teardown unmapped them).
+    let ticket = inner.gate.enter();
     // Should the task be dropped unfinished (its runtime shut down), the
     // arena's pages are leaked rather than freed under a live key.
     let kept = LeakUnlessReleased::new(arena);
     let handle = inner.handle.clone();
     handle.spawn(async move {
+        // Held until the granules are back (or leaked).
+        let _ticket = ticket;
         let outcome = inner.backend.unmap(own.backend_region_id).await;
         let Some(arena) = kept.release() else { return };
         match outcome {
