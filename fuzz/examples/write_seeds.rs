@@ -36,6 +36,7 @@ fn main() -> std::io::Result<()> {
         ("descriptor_decode", descriptor_seeds(&keys)),
         ("packed_key_validate", packed_key_seeds(&keys)),
         ("worker_address", worker_address_seeds()),
+        ("read_protocol", read_protocol_seeds()),
         ("bootstrap_message", bootstrap_seeds(&keys)),
     ] {
         let dir = corpus.join(target);
@@ -63,6 +64,37 @@ fn distinct_real_keys() -> Vec<(String, Vec<u8>)> {
 fn descriptor(backend: &str, addr: u64, len: u64, generation: u64, key: &[u8]) -> Descriptor {
     Descriptor::new(backend, addr, len, generation, Bytes::copy_from_slice(key))
         .expect("seed descriptor is valid")
+}
+
+/// A key, a request and replies of each status, as the engine encodes them.
+fn read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
+    use rdmareg_ucx::read_protocol::{ReadReply, ReadRequest, RemoteRefusal, ReplyStatus, ServedKey};
+    let key = ServedKey {
+        region_id: 42,
+        capability: [0x5A; 16],
+    };
+    let request = ReadRequest {
+        request_id: 7,
+        key,
+        address: 0x7f00_0000_1000,
+        length: 4096,
+    };
+    let served = ReadReply {
+        request_id: 7,
+        status: ReplyStatus::Served,
+        length: 4096,
+    };
+    let refused = ReadReply {
+        request_id: 7,
+        status: ReplyStatus::Refused(RemoteRefusal::OutOfRange),
+        length: 0,
+    };
+    vec![
+        ("key".into(), key.encode().to_vec()),
+        ("request".into(), request.encode().to_vec()),
+        ("reply_served".into(), served.encode().to_vec()),
+        ("reply_refused".into(), refused.encode().to_vec()),
+    ]
 }
 
 fn descriptor_seeds(keys: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
