@@ -52,6 +52,14 @@
 //!    does) rounds them outward itself. The registry also never charges less
 //!    than the page-enclosing length, so an undercounting backend cannot let
 //!    it pass its budget.
+//! 8. **An answer means the backend has let go of the destination.** No GET
+//!    is answered — `Ok`, `Timeout`, `ShuttingDown`, a peer failure — while
+//!    the transport may still write its destination; the answer reports what
+//!    really happened (a transfer that completed during a shutdown drain
+//!    answers `Ok`). The registry hands the destination back to safe code on
+//!    the answer, so answering first would give safe code a `&mut` to bytes
+//!    the transport still writes. A backend that cannot withdraw a transfer
+//!    at its deadline answers when the transport has ended it.
 
 use futures::future::BoxFuture;
 use rdmareg_core::{BackendGet, BackendRegion, RdmaError};

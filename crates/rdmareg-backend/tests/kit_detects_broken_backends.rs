@@ -32,6 +32,10 @@ enum Flaw {
     /// Reports the mapped bytes, unrounded, as the effective range (what
     /// `ucp_mem_query` answers).
     ReportsUnroundedRanges,
+    /// Answers `Timeout` at once and lets the transfer write the destination
+    /// afterwards (what answering a deadline before UCX released the request
+    /// did).
+    AnswersBeforeTheTransferEnds,
 }
 
 struct Flawed {
@@ -78,6 +82,15 @@ impl RdmaBackend for Flawed {
 
     fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
         Box::pin(async move {
+            if self.flaw == Flaw::AnswersBeforeTheTransferEnds {
+                let inner = Arc::clone(&self.inner);
+                let transfer = BackendGet {
+                    deadline: None,
+                    ..request
+                };
+                tokio::spawn(async move { inner.get(transfer).await });
+                return Err(RdmaError::Timeout);
+            }
             let answer = self.inner.get(request).await;
             match self.flaw {
                 Flaw::FlattensGetErrors => answer.map_err(|_| RdmaError::Backend("failed".into())),
@@ -164,6 +177,13 @@ fn cancelled_batch_check_catches_a_map_that_strands_its_registration() {
 fn page_enclosing_check_catches_a_backend_that_reports_unrounded_ranges() {
     assert_only_the_flawed_backend_fails(Flaw::ReportsUnroundedRanges, |p| {
         Box::pin(conformance::effective_range_is_page_enclosing(p))
+    });
+}
+
+#[test]
+fn late_write_check_catches_a_backend_that_answers_before_the_transfer_ends() {
+    assert_only_the_flawed_backend_fails(Flaw::AnswersBeforeTheTransferEnds, |p| {
+        Box::pin(conformance::no_byte_lands_after_a_get_is_answered(p))
     });
 }
 

@@ -62,6 +62,15 @@ impl KitBuffer {
         out
     }
 
+    /// Sets every byte to `value`. Callers do it only once the backend has
+    /// answered every transfer into the buffer: by contract point 8 it is
+    /// theirs again then (what the check calling this tests).
+    pub(crate) fn overwrite(&self, value: u8) {
+        // SAFETY: `base` points to `len` bytes owned by this buffer; no
+        // Rust reference to them exists (snapshots copy out).
+        unsafe { std::ptr::write_bytes(self.base, value, self.len) };
+    }
+
     /// From now on, do not free this memory unless told it is unregistered.
     pub(crate) fn mark_registered(&mut self) {
         self.maybe_registered = true;

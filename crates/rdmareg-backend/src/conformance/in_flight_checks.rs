@@ -136,3 +136,42 @@ pub async fn dropped_get_keeps_the_destination_until_the_transfer_is_over(pair: 
     }
     src.release(&*pair.owner).await;
 }
+
+/// Contract point 8: an answer means the backend has let go of the
+/// destination. A large GET with a deadline far too short for it is
+/// answered (`Timeout`, or `Ok` if it made it); from that moment the
+/// destination is the caller's, so bytes written into it afterwards must
+/// stay as written.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn no_byte_lands_after_a_get_is_answered(pair: &BackendPair) {
+    const REWRITTEN: u8 = 0xC3;
+    let src = Mapped::filled(&*pair.owner, LARGE, source_byte).await;
+    let dst = Mapped::filled(&*pair.consumer, LARGE, |_| FILL).await;
+    let mut request = get_request(pair, &src, 0, &dst, 0, LARGE as u64);
+    request.deadline = Some(Duration::from_micros(1));
+    let answer = pair.consumer.get(request).await;
+    assert!(
+        matches!(answer, Ok(()) | Err(RdmaError::Timeout)),
+        "a GET past its deadline answered {answer:?}"
+    );
+    if answer.is_ok() {
+        assert_copied(&dst.buf.snapshot(), 0, 0, LARGE, "an Ok GET");
+    }
+    dst.buf.overwrite(REWRITTEN);
+    tokio::time::sleep(WATCH_FOR_LATE_WRITES).await;
+    let late = dst
+        .buf
+        .snapshot()
+        .iter()
+        .filter(|&&byte| byte != REWRITTEN)
+        .count();
+    assert_eq!(
+        late, 0,
+        "{late} bytes landed in the destination after the GET answered {answer:?}"
+    );
+    dst.release(&*pair.consumer).await;
+    src.release(&*pair.owner).await;
+}

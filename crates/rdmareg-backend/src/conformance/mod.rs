@@ -79,6 +79,7 @@ pub use get_checks::{
 };
 pub use in_flight_checks::{
     dropped_get_keeps_the_destination_until_the_transfer_is_over,
+    no_byte_lands_after_a_get_is_answered,
     unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight,
 };
 pub use key_checks::{malformed_keys_are_invalid_key, stale_key_after_unmap_is_refused};
@@ -266,6 +267,7 @@ macro_rules! conformance_tests {
             stale_key_after_unmap_is_refused,
             unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight,
             dropped_get_keeps_the_destination_until_the_transfer_is_over,
+            no_byte_lands_after_a_get_is_answered,
         );
 
         #[test]
