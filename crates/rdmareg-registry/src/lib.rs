@@ -26,11 +26,12 @@
 //!
 //! # Safety model
 //!
-//! Registered memory is readable and writable by any peer holding its key,
-//! and on tcp and shared memory by any peer with an endpoint: keys and
-//! worker addresses go only to peers the service trusts. The registry's
-//! bounds checks protect a consumer from naming bytes it should not; they do
-//! not protect an owner from a hostile peer. A descriptor never grants more
+//! What a peer holding a descriptor can do is up to the backend: with
+//! `rdmareg-ucx` the owner serves each read itself and refuses anything
+//! outside a live registration; with raw RDMA hardware keys (which the
+//! loopback backend imitates) a key holder can read *and write* the
+//! registered range. Either way descriptors go only to peers the service
+//! trusts, and the registry treats registered memory as writable by them. A descriptor never grants more
 //! than it describes: a pool buffer is described through a registration of
 //! its own ([`PinnedBuf::describe`]), never through its arena's key. No
 //! `&`/`&mut` reference to a

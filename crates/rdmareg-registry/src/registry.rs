@@ -185,8 +185,8 @@ impl RdmaRegistry {
     /// - stays allocated (not freed, not reused for another object), and
     ///   valid for reads and writes;
     /// - is not accessed through any Rust reference (`&`/`&mut`): peers
-    ///   holding its key can write it at any moment, and on tcp and shared
-    ///   memory any peer with an endpoint can. Read it through
+    ///   holding its key may write it at any moment on backends whose keys
+    ///   grant writes (RDMA hardware). Read it through
     ///   [`RegionWatch::read`](crate::RegionWatch::read), or through raw
     ///   pointers at the caller's own risk.
     ///

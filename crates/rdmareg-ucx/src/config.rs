@@ -36,12 +36,13 @@ pub enum Transport {
     /// hardware uses: a site UCX picks InfiniBand/RoCE by itself.
     #[default]
     Auto,
-    /// `UCX_TLS=tcp`. GET is software-emulated over active messages, so it
-    /// completes only while the owner's engine progresses.
+    /// `UCX_TLS=tcp`. The owner's engine serves each read, so a read
+    /// completes only while that engine progresses.
     Tcp,
-    /// Same-host fast and safe lane: `tcp,cma` with
-    /// `CMA_MEMORY_INVALIDATE=y`, so tcp carries control and keepalive while
-    /// cma (`process_vm_readv`) carries the data, with peer error handling on.
+    /// Same-host lane: `tcp,cma` with `CMA_MEMORY_INVALIDATE=y`, with peer
+    /// error handling on. Requests, small replies and keepalive go over tcp;
+    /// large replies are pulled with cma (`process_vm_readv`) by the
+    /// consumer's UCX while the owner holds them leased.
     SameHost,
     /// Pure shared memory (`UCX_TLS=shm`) with peer error handling **off**.
     ///
@@ -102,14 +103,10 @@ pub struct UcxConfig {
     /// Deadline of a GET whose request carries none.
     pub default_get_deadline: Duration,
     /// How long teardown waits before it destroys the worker anyway: for
-    /// GETs in flight to finish (at most three quarters of it), for UCX to
-    /// release what closing the endpoints cancelled, and for replies to GETs
-    /// given up on earlier to stop arriving (see the crate docs on
-    /// software-emulated GET).
+    /// reads in flight and replies being served to finish (at most three
+    /// quarters of it), then for UCX to release what closing the endpoints
+    /// cancelled.
     pub teardown_timeout: Duration,
-    /// Unpacked remote keys cached per endpoint. Unpacking a key costs more
-    /// than the GET it serves on shared memory, so a hit matters.
-    pub rkey_cache_capacity: usize,
 }
 
 impl Default for UcxConfig {
@@ -123,7 +120,6 @@ impl Default for UcxConfig {
             park_timeout: Duration::from_millis(100),
             default_get_deadline: Duration::from_secs(30),
             teardown_timeout: Duration::from_secs(5),
-            rkey_cache_capacity: 1024,
         }
     }
 }

@@ -29,6 +29,9 @@ struct RawPeer {
     worker: sys::ucp_worker_h,
     ep: sys::ucp_ep_h,
     rkey: sys::ucp_rkey_h,
+    /// Whether the endpoint has peer error handling (and may be
+    /// force-closed).
+    error_handling: bool,
 }
 
 fn is_err(ptr: sys::ucs_status_ptr_t) -> bool {
@@ -36,8 +39,10 @@ fn is_err(ptr: sys::ucs_status_ptr_t) -> bool {
 }
 
 impl RawPeer {
-    /// Connects to `address` over `tls` with RMA enabled.
+    /// Connects to `address` over `tls` with RMA enabled; shared-memory
+    /// lanes refuse peer error handling, so it is on only with tcp.
     fn connect(tls: &str, address: &[u8]) -> RawPeer {
+        let error_handling = tls.split(',').any(|t| t == "tcp");
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: defaults; out-pointer valid.
         let status = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
@@ -73,7 +78,11 @@ impl RawPeer {
                 sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
             ),
             address: address.as_ptr().cast(),
-            err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
+            err_mode: if error_handling {
+                sys::UCP_ERR_HANDLING_MODE_PEER
+            } else {
+                sys::UCP_ERR_HANDLING_MODE_NONE
+            },
             ..Default::default()
         };
         let mut ep: sys::ucp_ep_h = ptr::null_mut();
@@ -91,6 +100,7 @@ impl RawPeer {
             worker,
             ep,
             rkey,
+            error_handling,
         }
     }
 
@@ -161,9 +171,16 @@ impl Drop for RawPeer {
             ..Default::default()
         };
         // SAFETY: live key and endpoint, each released once; the forced
-        // close cancels the requests the owner never answered.
+        // close cancels the requests the owner never answered. Without
+        // error handling a forced close is not allowed: the worker's
+        // destruction then takes the endpoint and its requests down.
         unsafe {
             sys::ucp_rkey_destroy(self.rkey);
+            if !self.error_handling {
+                sys::ucp_worker_destroy(self.worker);
+                sys::ucp_cleanup(self.context);
+                return;
+            }
             let close = sys::ucp_ep_close_nbx(self.ep, &param);
             if !close.is_null() && !is_err(close) {
                 while sys::ucp_request_check_status(close.cast()) == sys::UCS_INPROGRESS {
@@ -242,4 +259,12 @@ async fn a_raw_tcp_peer_can_neither_write_nor_read_a_same_host_owner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raw_tcp_peer_can_neither_write_nor_read_an_auto_owner() {
     attack(Transport::Auto, "tcp").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_shared_memory_peer_can_neither_write_nor_read_a_shared_memory_owner() {
+    // The peer's own cma lane would write with process_vm_writev, which the
+    // kernel grants any process of the same user whatever a library does;
+    // what is tested here is the emulated path over shared-memory messaging.
+    attack(Transport::SharedMemoryNoErrorHandling, "posix,sysv").await;
 }

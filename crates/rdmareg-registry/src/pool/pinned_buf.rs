@@ -177,8 +177,8 @@ fn release_dedicated(arena: &Arc<Arena>) {
 /// once, or, if a GET into it is still in flight, when that transfer
 /// finishes. A buffer of a dedicated arena unmaps and frees the arena.
 ///
-/// Anyone holding a descriptor of this buffer (or, on tcp and shared memory,
-/// any peer with an endpoint) can write it: hand its descriptor only to
+/// On backends whose keys grant writes (RDMA hardware), anyone holding a
+/// descriptor of this buffer can write it: hand its descriptor only to
 /// peers whose writes your protocol expects. A pooled buffer gets a
 /// descriptor only after [`describe`](Self::describe), which gives it a
 /// registration of its own, so the descriptor grants this buffer and not

@@ -3,8 +3,8 @@
 //!
 //! # Why a view and not `&[u8]`
 //!
-//! Registered memory is writable by any peer holding its key (on tcp and
-//! shared memory, by any peer with an endpoint). A `&[u8]` over it would
+//! Registered memory may be written by any peer holding its key, on
+//! backends whose keys grant writes (RDMA hardware). A `&[u8]` over it would
 //! promise the compiler that the bytes cannot change while the reference
 //! lives — a promise nobody can keep. A [`RegionView`] never creates a
 //! reference to the region: it copies bytes out through raw pointers. The

@@ -34,6 +34,11 @@ use crate::read_protocol::{
     READ_REPLY_AM_ID, ReadReply, ReadRequest, RemoteRefusal, ReplyStatus, capabilities_match,
 };
 
+/// Replies from this size on name their registration, so UCX can send them
+/// zero-copy (rendezvous) without registering them again; smaller ones are
+/// copied into the send (eager), where naming it only costs time.
+const ZERO_COPY_FROM: u64 = 16 * 1024;
+
 /// A registration as the request handler sees it.
 #[derive(Debug)]
 pub(crate) struct ServedRegion {
@@ -152,7 +157,7 @@ pub(super) unsafe extern "C" fn on_read_request(
                     &reply.encode(),
                     address as *const u8,
                     request.length as usize,
-                    Some(memh),
+                    (request.length >= ZERO_COPY_FROM).then_some(memh),
                     false,
                     on_reply_sent,
                     lease.cast::<c_void>(),
