@@ -123,6 +123,54 @@ impl RawPeer {
         false
     }
 
+    /// This peer's packed worker address.
+    fn address(&self) -> Vec<u8> {
+        let mut address: *mut sys::ucp_address_t = ptr::null_mut();
+        let mut len = 0usize;
+        // SAFETY: live worker; out-pointers valid; the buffer is copied and
+        // released once.
+        unsafe {
+            let status = sys::ucp_worker_get_address(self.worker, &mut address, &mut len);
+            assert_eq!(status, sys::UCS_OK);
+            let bytes = std::slice::from_raw_parts(address.cast::<u8>(), len).to_vec();
+            sys::ucp_worker_release_address(self.worker, address);
+            bytes
+        }
+    }
+
+    /// Sends an active message `id` with `header` and `payload`, with the
+    /// reply flag, and waits for it to leave.
+    fn send_active_message(&self, id: u32, header: &[u8], payload: &[u8]) {
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+            flags: sys::UCP_AM_SEND_FLAG_REPLY | sys::UCP_AM_SEND_FLAG_COPY_HEADER,
+            ..Default::default()
+        };
+        // SAFETY: live endpoint; header copied; payload outlives the wait.
+        let sent = unsafe {
+            sys::ucp_am_send_nbx(
+                self.ep,
+                id,
+                header.as_ptr().cast(),
+                header.len(),
+                payload.as_ptr().cast(),
+                payload.len(),
+                &param,
+            )
+        };
+        self.wait(sent);
+    }
+
+    /// Progresses the worker for `time`.
+    fn progress_for(&self, time: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < time {
+            // SAFETY: live worker on this thread.
+            unsafe { sys::ucp_worker_progress(self.worker) };
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// Emulated PUT of `bytes` to `remote` followed by a flush.
     fn put(&self, remote: u64, bytes: &[u8]) {
         let param = sys::ucp_request_param_t::default();
@@ -267,4 +315,102 @@ async fn a_raw_shared_memory_peer_can_neither_write_nor_read_a_shared_memory_own
     // kernel grants any process of the same user whatever a library does;
     // what is tested here is the emulated path over shared-memory messaging.
     attack(Transport::SharedMemoryNoErrorHandling, "posix,sysv").await;
+}
+
+/// A peer the consumer also reads from cannot answer a read the consumer
+/// sent to *another* owner: request ids are a counter a peer can guess, so
+/// the consumer accepts a reply only on the endpoint its request went out
+/// on. Owner A here is silent (it never answers); peer B sends replies for
+/// the first request ids with its own bytes. The read must time out with
+/// its destination untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_from_another_peer_never_lands_in_a_read() {
+    use rdmareg_core::{BackendGet, PeerId, RdmaError};
+    use rdmareg_ucx::read_protocol::{READ_REPLY_AM_ID, ReadReply, ReplyStatus, ServedKey};
+
+    init_tracing();
+    let consumer = rdmareg_ucx::UcxEngine::start(config(Transport::Tcp)).expect("consumer");
+    let cb = consumer.backend();
+    let address = consumer.worker_address();
+    // Raw UCX handles stay on the thread that made them.
+    let (addresses_tx, addresses) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let (stop, stop_rx) = std::sync::mpsc::channel::<()>();
+    let peers = std::thread::spawn(move || {
+        let silent_owner = RawPeer::connect("tcp", &address);
+        let forger = RawPeer::connect("tcp", &address);
+        addresses_tx
+            .send((silent_owner.address(), forger.address()))
+            .unwrap();
+        // Both peers progress all along: the silent owner completes its
+        // wireup but has no handler for read requests, so it never answers.
+        let progress_both = |time: Duration| {
+            let start = Instant::now();
+            while start.elapsed() < time {
+                silent_owner.progress_for(Duration::from_millis(1));
+                forger.progress_for(Duration::from_millis(1));
+            }
+        };
+        while go_rx.try_recv().is_err() {
+            progress_both(Duration::from_millis(5));
+        }
+        // Let the request go out, then answer every id it could have.
+        progress_both(Duration::from_millis(200));
+        let evil = vec![0xEEu8; 4096];
+        for request_id in 1..=16 {
+            let reply = ReadReply {
+                request_id,
+                status: ReplyStatus::Served,
+                length: 4096,
+            };
+            forger.send_active_message(READ_REPLY_AM_ID, &reply.encode(), &evil);
+        }
+        while stop_rx.try_recv().is_err() {
+            progress_both(Duration::from_millis(5));
+        }
+    });
+    let (owner_address, forger_address) = addresses.recv().expect("raw peers started");
+    consumer
+        .add_peer(PeerId(1), bytes::Bytes::from(owner_address))
+        .expect("owner A");
+    consumer
+        .add_peer(PeerId(2), bytes::Bytes::from(forger_address))
+        .expect("peer B");
+    let dst = PageBuf::zeroed(4096);
+    let dst_region = map(&cb, &dst).await;
+    let key = ServedKey {
+        region_id: 1,
+        capability: [1; 16],
+    };
+    let request = BackendGet {
+        peer: PeerId(1),
+        remote_addr: 0x10_000,
+        packed_key: bytes::Bytes::copy_from_slice(&key.encode()),
+        local_region_id: dst_region.backend_region_id,
+        local_offset: 0,
+        len: 4096,
+        deadline: Some(Duration::from_millis(1500)),
+    };
+    let read = tokio::spawn({
+        let cb = cb.clone();
+        async move { cb.get(request).await }
+    });
+    go.send(()).unwrap();
+    let outcome = read.await.expect("the read task");
+    stop.send(()).unwrap();
+    tokio::task::spawn_blocking(move || peers.join())
+        .await
+        .expect("join")
+        .expect("the raw peers ran");
+    assert_eq!(
+        outcome,
+        Err(RdmaError::Timeout),
+        "a forged reply finished the read"
+    );
+    assert!(
+        dst.snapshot().iter().all(|&b| b == 0),
+        "forged bytes landed in the destination"
+    );
+    assert_eq!(cb.unmap(dst_region.backend_region_id).await, Ok(()));
+    consumer.shutdown().await;
 }

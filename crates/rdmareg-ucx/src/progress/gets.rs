@@ -76,6 +76,9 @@ pub(crate) struct GetOp {
     generation: u64,
     peer: PeerId,
     endpoint_serial: u64,
+    /// The endpoint the request went out on: only a reply arriving on it
+    /// can finish the read.
+    endpoint: sys::ucp_ep_h,
     region_id: u64,
     dest: *mut u8,
     len: usize,
@@ -102,6 +105,7 @@ impl GetOp {
             generation: 0,
             peer: PeerId(0),
             endpoint_serial: 0,
+            endpoint: std::ptr::null_mut(),
             region_id: 0,
             dest: std::ptr::null_mut(),
             len: 0,
@@ -376,8 +380,15 @@ pub(super) unsafe extern "C" fn on_read_reply(
     // worker is destroyed.
     let events = unsafe { &*arg.cast::<Events>() };
     // SAFETY: UCX passes a valid parameter record for the call's duration.
-    let rendezvous =
-        unsafe { (*param).recv_attr } & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    let param = unsafe { &*param };
+    let rendezvous = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    // Owners reply with the reply flag, so UCX names the endpoint the reply
+    // came in on: this engine's endpoint to that owner.
+    let arrived_on = if param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 {
+        param.reply_ep
+    } else {
+        std::ptr::null_mut()
+    };
     let header = if header.is_null() {
         &[][..]
     } else {
@@ -391,10 +402,25 @@ pub(super) unsafe extern "C" fn on_read_reply(
         // UCS_OK drops the message (for a rendezvous, UCX tells the sender).
         return sys::UCS_OK;
     };
-    let op = events
-        .awaiting_replies
-        .borrow_mut()
-        .remove(&reply.request_id);
+    // Only the owner the request went to can answer it: request ids are a
+    // counter, and another peer guessing one must not land its bytes in
+    // this read's destination.
+    let op = {
+        let mut awaiting = events.awaiting_replies.borrow_mut();
+        match awaiting.get(&reply.request_id) {
+            // SAFETY: ops in the waiting table are active slots.
+            Some(&op) if !arrived_on.is_null() && unsafe { (*op).endpoint } == arrived_on => {
+                awaiting.remove(&reply.request_id)
+            }
+            Some(_) => {
+                events
+                    .dropped_messages
+                    .set(events.dropped_messages.get() + 1);
+                None
+            }
+            None => None,
+        }
+    };
     if let Some(op) = op {
         // SAFETY: in the waiting table means active and awaiting its reply;
         // removed above, so this is the only reply that reaches it.
@@ -503,6 +529,7 @@ impl Engine {
             (*op).reply = Some(reply);
             (*op).peer = peer;
             (*op).endpoint_serial = serial;
+            (*op).endpoint = endpoint.raw();
             (*op).region_id = local_region_id;
             (*op).dest = dest;
             (*op).len = len;

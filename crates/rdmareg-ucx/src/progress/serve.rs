@@ -18,7 +18,9 @@
 //!   only after UCX stopped reading the bytes.
 //! - The reply goes back on the endpoint UCX hands the handler
 //!   (`reply_ep`), so an owner needs no endpoint of its own to its
-//!   consumers and learns nothing but what they send.
+//!   consumers and learns nothing but what they send. The reply carries
+//!   the reply flag itself, so the consumer learns which of its endpoints
+//!   it came in on and accepts it only for a read sent there.
 //! - The handler runs inside the worker's progress and sends from there.
 //!   It holds no `RefCell` borrow across the send: with a loopback transport
 //!   the reply handler can run inside that very send.
@@ -158,7 +160,7 @@ pub(super) unsafe extern "C" fn on_read_request(
                     address as *const u8,
                     request.length as usize,
                     (request.length >= ZERO_COPY_FROM).then_some(memh),
-                    false,
+                    true,
                     on_reply_sent,
                     lease.cast::<c_void>(),
                 )
@@ -190,7 +192,7 @@ pub(super) unsafe extern "C" fn on_read_request(
                     ptr::null(),
                     0,
                     None,
-                    false,
+                    true,
                     on_refusal_sent,
                     ptr::null_mut(),
                 )
