@@ -57,6 +57,13 @@
 //!   released its destination, so safe code never holds a `&mut` to bytes
 //!   UCX may still write.
 //!
+//! **Not covered:** UCX's tcp transport itself (UCT) copies the payload of
+//! a transport-level "PUT request" frame to whatever address the frame
+//! names, for any connected socket and regardless of UCP features; a peer
+//! using libuct directly against this engine's tcp port can write any byte
+//! of the process. Keep tcp ports on trusted networks (see
+//! `docs/safety.md`).
+//!
 //! Large replies travel by rendezvous straight into the destination; on
 //! same-host lanes UCX pulls them with cma, so bulk data still moves with
 //! one copy. What bounds a peer is the owner's check, on every lane; on the
