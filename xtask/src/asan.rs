@@ -105,6 +105,18 @@ const LEAKS_BY_DESIGN: &[Named] = &[
     unit("region::owned::tests::registered_buffer_is_leaked_and_counted_not_freed"),
     suite("pool::arena_pages_never_confirmed_unmapped_are_leaked_loudly_not_freed"),
     // End with guards, arenas or owned buffers still registered.
+    suite("bounded_waits::shutdown_spends_one_budget_on_the_drain_and_the_unmaps_together"),
+    suite("bounded_waits::a_region_the_backend_unmaps_after_the_shutdown_budget_is_no_survivor"),
+    suite(
+        "bounded_waits::unregister_returns_within_its_timeout_while_a_get_reads_the_region_and_names_the_transfer",
+    ),
+    suite(
+        "bounded_waits::unregister_owned_past_its_timeout_is_a_timeout_and_the_buffer_is_released_later",
+    ),
+    suite("describe::a_cancelled_describe_leaves_the_buffer_undescribed_and_nothing_registered"),
+    suite("describe::a_pool_buffers_descriptor_grants_only_that_buffer"),
+    suite("describe::an_undescribed_pool_buffer_has_no_descriptor_and_a_dedicated_one_needs_none"),
+    suite("describe::freeing_a_described_buffer_unmaps_its_key_before_its_memory_serves_another"),
     suite("describe::guard_describes_the_whole_region_and_its_sub_ranges"),
     suite("describe::handles_are_shareable_and_every_future_can_be_spawned"),
     suite("describe::registering_the_same_memory_again_gets_a_new_generation"),
