@@ -1,0 +1,963 @@
+//! Hostile raw UCX peers against the owner-served read protocol: owners
+//! that answer reads sent to someone else, forge or stall rendezvous
+//! replies, or send malformed replies; consumers that send bad requests or
+//! vanish mid-reply. Each test asserts what the engine promises.
+//!
+//! Raw peers live on the test thread; the engines run their own progress
+//! threads, and engine futures are driven on a small tokio runtime.
+
+mod common;
+
+use std::cell::RefCell;
+use std::ffi::{CString, c_void};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{BackendGet, PeerId, RdmaError};
+use rdmareg_ucx::read_protocol::{
+    READ_REPLY_AM_ID, READ_REQUEST_AM_ID, ReadReply, ReadRequest, ReplyStatus, ServedKey,
+};
+use rdmareg_ucx::{Transport, UcxEngine};
+use ucx_sys as sys;
+
+fn is_err(ptr: sys::ucs_status_ptr_t) -> bool {
+    (ptr as usize) >= (sys::UCS_ERR_LAST as isize as usize)
+}
+
+/// One active message a raw peer received.
+#[derive(Debug)]
+struct Msg {
+    header: Vec<u8>,
+    /// Eager payload, copied.
+    data: Vec<u8>,
+    rndv_len: usize,
+    /// The held rendezvous descriptor (never received).
+    desc: *mut c_void,
+    reply_ep: sys::ucp_ep_h,
+}
+
+struct Inbox {
+    id: u32,
+    msgs: RefCell<Vec<Msg>>,
+    /// Keep rendezvous descriptors (UCS_INPROGRESS) instead of dropping them.
+    hold_rndv: bool,
+}
+
+unsafe extern "C" fn on_am(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: `arg` is the boxed `Inbox` registered with this handler; it lives as long as the `Raw` whose worker calls it.
+    let inbox = unsafe { &*arg.cast::<Inbox>() };
+    // SAFETY: UCX passes a valid parameter record for the call's duration.
+    let param = unsafe { &*param };
+    let header = if header.is_null() || header_length == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: UCX passes `header_length` readable bytes for the call's duration.
+        unsafe { std::slice::from_raw_parts(header.cast::<u8>(), header_length) }.to_vec()
+    };
+    let rndv = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    let reply_ep = if param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 {
+        param.reply_ep
+    } else {
+        ptr::null_mut()
+    };
+    let mut msg = Msg {
+        header,
+        data: Vec::new(),
+        rndv_len: 0,
+        desc: ptr::null_mut(),
+        reply_ep,
+    };
+    let mut status = sys::UCS_OK;
+    if rndv {
+        msg.rndv_len = length;
+        if inbox.hold_rndv {
+            msg.desc = data;
+            status = sys::UCS_INPROGRESS;
+        }
+    } else if !data.is_null() && length > 0 {
+        // SAFETY: eager data: UCX passes `length` readable bytes for the call's duration.
+        msg.data = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), length) }.to_vec();
+    }
+    inbox.msgs.borrow_mut().push(msg);
+    status
+}
+
+/// A bare UCP context + worker on the test thread, speaking the engine's
+/// active messages by hand.
+struct Raw {
+    context: sys::ucp_context_h,
+    worker: sys::ucp_worker_h,
+    eps: RefCell<Vec<sys::ucp_ep_h>>,
+    /// Boxed: UCX holds each inbox's address as its handler argument, so it
+    /// must not move when the vector grows.
+    #[allow(clippy::vec_box)]
+    inboxes: Vec<Box<Inbox>>,
+}
+
+impl Raw {
+    fn new(hold_rndv: bool) -> Raw {
+        let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        let status = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
+        assert_eq!(status, sys::UCS_OK);
+        for (key, value) in [("TLS", "tcp"), ("NET_DEVICES", "lo"), ("MEM_EVENTS", "n")] {
+            let (k, v) = (CString::new(key).unwrap(), CString::new(value).unwrap());
+            // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+            let status = unsafe { sys::ucp_config_modify(config, k.as_ptr(), v.as_ptr()) };
+            assert_eq!(status, sys::UCS_OK, "UCX_{key}={value}");
+        }
+        let params = sys::ucp_params_t {
+            field_mask: u64::from(sys::UCP_PARAM_FIELD_FEATURES),
+            features: u64::from(sys::UCP_FEATURE_AM),
+            ..Default::default()
+        };
+        let mut context: sys::ucp_context_h = ptr::null_mut();
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        let status = unsafe { sys::ucp_init_version(1, 22, &params, config, &mut context) };
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        unsafe { sys::ucp_config_release(config) };
+        assert_eq!(status, sys::UCS_OK, "raw context");
+        let worker_params = sys::ucp_worker_params_t {
+            field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
+            thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+            ..Default::default()
+        };
+        let mut worker: sys::ucp_worker_h = ptr::null_mut();
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        let status = unsafe { sys::ucp_worker_create(context, &worker_params, &mut worker) };
+        assert_eq!(status, sys::UCS_OK, "raw worker");
+        let mut raw = Raw {
+            context,
+            worker,
+            eps: RefCell::new(Vec::new()),
+            inboxes: Vec::new(),
+        };
+        for id in [READ_REQUEST_AM_ID, READ_REPLY_AM_ID] {
+            let inbox = Box::new(Inbox {
+                id,
+                msgs: RefCell::new(Vec::new()),
+                hold_rndv,
+            });
+            let params = sys::ucp_am_handler_param_t {
+                field_mask: u64::from(
+                    sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+                        | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+                        | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                ),
+                id,
+                cb: Some(on_am),
+                arg: (&*inbox as *const Inbox).cast_mut().cast(),
+                ..Default::default()
+            };
+            // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+            let status = unsafe { sys::ucp_worker_set_am_recv_handler(worker, &params) };
+            assert_eq!(status, sys::UCS_OK);
+            raw.inboxes.push(inbox);
+        }
+        raw
+    }
+
+    fn address(&self) -> Bytes {
+        let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
+        let mut len: usize = 0;
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        let status = unsafe { sys::ucp_worker_get_address(self.worker, &mut addr, &mut len) };
+        assert_eq!(status, sys::UCS_OK);
+        let bytes =
+            // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+            Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) });
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        unsafe { sys::ucp_worker_release_address(self.worker, addr) };
+        bytes
+    }
+
+    fn connect(&self, address: &[u8]) -> sys::ucp_ep_h {
+        self.connect_mode(address, true)
+    }
+
+    fn connect_mode(&self, address: &[u8], peer_errors: bool) -> sys::ucp_ep_h {
+        let ep_params = sys::ucp_ep_params_t {
+            field_mask: u64::from(
+                sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+            ),
+            address: address.as_ptr().cast(),
+            err_mode: if peer_errors {
+                sys::UCP_ERR_HANDLING_MODE_PEER
+            } else {
+                sys::UCP_ERR_HANDLING_MODE_NONE
+            },
+            ..Default::default()
+        };
+        let mut ep: sys::ucp_ep_h = ptr::null_mut();
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        let status = unsafe { sys::ucp_ep_create(self.worker, &ep_params, &mut ep) };
+        assert_eq!(status, sys::UCS_OK, "raw endpoint");
+        if peer_errors {
+            self.eps.borrow_mut().push(ep);
+        }
+        ep
+    }
+
+    fn progress_for(&self, d: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < d {
+            // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+            unsafe { sys::ucp_worker_progress(self.worker) };
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    fn progress_until(&self, d: Duration, mut done: impl FnMut(&Raw) -> bool) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < d {
+            // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+            unsafe { sys::ucp_worker_progress(self.worker) };
+            if done(self) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        false
+    }
+
+    /// Sends an active message; returns the request (or null/err status).
+    fn send(
+        &self,
+        ep: sys::ucp_ep_h,
+        id: u32,
+        header: &[u8],
+        payload: &[u8],
+        flags: u32,
+    ) -> sys::ucs_status_ptr_t {
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+            flags: flags | sys::UCP_AM_SEND_FLAG_COPY_HEADER,
+            ..Default::default()
+        };
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        unsafe {
+            sys::ucp_am_send_nbx(
+                ep,
+                id,
+                header.as_ptr().cast(),
+                header.len(),
+                payload.as_ptr().cast(),
+                payload.len(),
+                &param,
+            )
+        }
+    }
+
+    /// Sends and progresses until the send completed.
+    fn send_wait(&self, ep: sys::ucp_ep_h, id: u32, header: &[u8], payload: &[u8], flags: u32) {
+        let req = self.send(ep, id, header, payload, flags);
+        if req.is_null() || is_err(req) {
+            return;
+        }
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        let done = self.progress_until(Duration::from_secs(5), |_| unsafe {
+            sys::ucp_request_check_status(req.cast()) != sys::UCS_INPROGRESS
+        });
+        assert!(done, "raw send did not complete");
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        unsafe { sys::ucp_request_free(req.cast()) };
+    }
+
+    fn messages(&self, id: u32) -> std::cell::Ref<'_, Vec<Msg>> {
+        self.inboxes
+            .iter()
+            .find(|i| i.id == id)
+            .unwrap()
+            .msgs
+            .borrow()
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+            flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
+            ..Default::default()
+        };
+        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
+        unsafe {
+            for inbox in &self.inboxes {
+                for m in inbox.msgs.borrow().iter() {
+                    if !m.desc.is_null() {
+                        sys::ucp_am_data_release(self.worker, m.desc);
+                    }
+                }
+            }
+            for ep in self.eps.borrow().iter() {
+                let close = sys::ucp_ep_close_nbx(*ep, &param);
+                if !close.is_null() && !is_err(close) {
+                    let start = Instant::now();
+                    while sys::ucp_request_check_status(close.cast()) == sys::UCS_INPROGRESS
+                        && start.elapsed() < Duration::from_secs(2)
+                    {
+                        sys::ucp_worker_progress(self.worker);
+                    }
+                    sys::ucp_request_free(close.cast());
+                }
+            }
+            sys::ucp_worker_destroy(self.worker);
+            sys::ucp_cleanup(self.context);
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn tcp_engine() -> UcxEngine {
+    init_tracing();
+    UcxEngine::start(config(Transport::Tcp)).expect("engine starts")
+}
+
+const SILENT_OWNER: PeerId = PeerId(1);
+
+/// A served reply a hostile peer B forges for request id `id`.
+fn forged_reply(id: u64, len: u64) -> [u8; 20] {
+    ReadReply {
+        request_id: id,
+        status: ReplyStatus::Served,
+        length: len,
+    }
+    .encode()
+}
+
+/// Posts a GET of `len` bytes to the silent raw owner A; returns the task.
+fn post_get_to_silent_owner(
+    rt: &tokio::runtime::Runtime,
+    consumer: &UcxEngine,
+    dest: &PageBuf,
+    len: u64,
+    deadline: Duration,
+) -> tokio::task::JoinHandle<Result<(), RdmaError>> {
+    let cb = consumer.backend();
+    let dest_region = rt.block_on(map(&cb, dest));
+    let key = ServedKey {
+        region_id: 1,
+        capability: [0x11; 16],
+    };
+    let request = BackendGet {
+        peer: SILENT_OWNER,
+        remote_addr: 0x10_0000,
+        packed_key: Bytes::copy_from_slice(&key.encode()),
+        local_region_id: dest_region.backend_region_id,
+        local_offset: 0,
+        len,
+        deadline: Some(deadline),
+    };
+    rt.spawn(async move { cb.get(request).await })
+}
+
+/// Request ids are a per-engine counter a peer can guess. A third peer B
+/// that can reach the consumer's worker answers a read the consumer sent to
+/// owner A: the reply did not arrive on A's endpoint, so it is dropped and
+/// the read times out with nothing of B's in the destination.
+#[test]
+fn a_third_peer_cannot_answer_a_read_sent_to_another_owner() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let a = Raw::new(false); // owner A: receives the request, never answers
+    let b = Raw::new(false); // hostile B
+    consumer.add_peer(SILENT_OWNER, a.address()).unwrap();
+
+    let dest = PageBuf::zeroed(4096);
+    let get = post_get_to_silent_owner(&rt, &consumer, &dest, 4096, Duration::from_secs(3));
+
+    // A receives the request (shows the id is a small counter).
+    assert!(a.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(READ_REQUEST_AM_ID).is_empty()
+    }));
+    let seen = ReadRequest::decode(&a.messages(READ_REQUEST_AM_ID)[0].header).unwrap();
+    eprintln!("owner A saw request id {}", seen.request_id);
+
+    // B never saw the request; it guesses ids 1..=16.
+    let ep = b.connect(&consumer.worker_address());
+    let evil = vec![0xEEu8; 4096];
+    for id in 1..=16u64 {
+        b.send_wait(ep, READ_REPLY_AM_ID, &forged_reply(id, 4096), &evil, 0);
+    }
+    let start = Instant::now();
+    while !get.is_finished() && start.elapsed() < Duration::from_secs(6) {
+        a.progress_for(Duration::from_millis(5));
+        b.progress_for(Duration::from_millis(5));
+    }
+    assert!(get.is_finished());
+    let result = rt.block_on(get).unwrap();
+    let landed = dest.snapshot();
+    eprintln!(
+        "GET to A answered {result:?}; destination all 0xEE (B's bytes): {}",
+        landed.iter().all(|&x| x == 0xEE)
+    );
+    rt.block_on(consumer.shutdown());
+    drop(b);
+    drop(a);
+    assert_eq!(
+        result,
+        Err(RdmaError::Timeout),
+        "A never answered, yet the read to A completed; landed B's bytes: {}",
+        landed.iter().all(|&x| x == 0xEE)
+    );
+}
+
+/// B answers a read sent to A with a *rendezvous* reply of the right length
+/// and then stalls. Were the reply accepted, a receive would run on B's
+/// connection, which a forced close of A's endpoint cannot end, and the GET
+/// would outlive its deadline; the reply is refused instead, and the GET
+/// answers at its deadline.
+#[test]
+fn a_spoofed_rendezvous_cannot_hold_a_read_past_its_deadline() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let a = Raw::new(false);
+    let b = Raw::new(false);
+    consumer.add_peer(SILENT_OWNER, a.address()).unwrap();
+
+    let len = 256 * 1024;
+    let dest = PageBuf::zeroed(len);
+    let get = post_get_to_silent_owner(&rt, &consumer, &dest, len as u64, Duration::from_secs(1));
+    assert!(a.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(READ_REQUEST_AM_ID).is_empty()
+    }));
+    let id = ReadRequest::decode(&a.messages(READ_REQUEST_AM_ID)[0].header)
+        .unwrap()
+        .request_id;
+
+    // Wire B up first (a throw-away message to an id nobody handles).
+    let ep = b.connect(&consumer.worker_address());
+    b.send_wait(ep, READ_REPLY_AM_ID, &[0u8; 3], &[], 0);
+    // The forged rendezvous reply; B then never progresses again.
+    let evil = vec![0xEEu8; len];
+    let req = b.send(
+        ep,
+        READ_REPLY_AM_ID,
+        &forged_reply(id, len as u64),
+        &evil,
+        sys::UCP_AM_SEND_FLAG_RNDV,
+    );
+    eprintln!(
+        "forged rendezvous send: pending={}",
+        !req.is_null() && !is_err(req)
+    );
+
+    let start = Instant::now();
+    while !get.is_finished() && start.elapsed() < Duration::from_secs(5) {
+        a.progress_for(Duration::from_millis(10));
+    }
+    let finished_in_time = get.is_finished();
+    let unmap_dest = {
+        let cb = consumer.backend();
+        rt.spawn(async move { cb.unmap(1).await })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    eprintln!(
+        "consumer's unmap of the destination answered within 1 s: {}",
+        unmap_dest.is_finished()
+    );
+    eprintln!(
+        "GET with a 1 s deadline answered within 5 s: {finished_in_time} (A's endpoint force-closed meanwhile)"
+    );
+    // Shutdown ends it: teardown timeout, then worker destroyed.
+    let t = Instant::now();
+    rt.block_on(consumer.shutdown());
+    eprintln!("consumer shutdown took {:?}", t.elapsed());
+    let result = rt.block_on(get).unwrap();
+    eprintln!("GET finally answered {result:?}");
+    drop(b);
+    drop(a);
+    drop(evil);
+    assert!(
+        finished_in_time,
+        "a read with a 1 s deadline was still unanswered after 5 s (answered {result:?} at shutdown)"
+    );
+}
+
+/// A consumer whose endpoint has no peer error handling starts a large
+/// reply's rendezvous and then disappears entirely (its worker is
+/// destroyed): the owner's lease ends, its unmap answers, and it survives.
+#[test]
+fn a_vanished_consumer_without_error_handling_releases_its_lease() {
+    let rt = runtime();
+    let owner = tcp_engine();
+    let ob = owner.backend();
+    let len = 8 * 1024 * 1024;
+    let buf = PageBuf::filled(len, pattern);
+    let region = rt.block_on(map(&ob, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+
+    let r = Raw::new(true);
+    let ep = r.connect_mode(&owner.worker_address(), false);
+    let request = ReadRequest {
+        request_id: 1,
+        key,
+        address: buf.addr() as u64,
+        length: len as u64,
+    };
+    r.send_wait(
+        ep,
+        READ_REQUEST_AM_ID,
+        &request.encode(),
+        &[],
+        sys::UCP_AM_SEND_FLAG_REPLY,
+    );
+    assert!(r.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(READ_REPLY_AM_ID).is_empty()
+    }));
+    drop(r); // gone, socket closed
+    let unmap = {
+        let ob = ob.clone();
+        let id = region.backend_region_id;
+        rt.spawn(async move { ob.unmap(id).await })
+    };
+    let start = Instant::now();
+    while !unmap.is_finished() && start.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let answered = unmap.is_finished();
+    eprintln!("unmap answered within 8 s after the consumer vanished: {answered}");
+    let t = Instant::now();
+    rt.block_on(owner.shutdown());
+    eprintln!("owner shutdown took {:?}", t.elapsed());
+    let result = rt.block_on(unmap).unwrap();
+    eprintln!("unmap answered {result:?}");
+    drop(buf);
+    assert!(
+        answered,
+        "unmap never answered although the consumer is gone"
+    );
+}
+
+/// Posts a GET to the raw owner `a` (added as SILENT_OWNER) and returns the
+/// request `a` received plus the task.
+fn get_from_raw_owner(
+    rt: &tokio::runtime::Runtime,
+    consumer: &UcxEngine,
+    a: &Raw,
+    dest: &PageBuf,
+    len: u64,
+    deadline: Duration,
+) -> (
+    ReadRequest,
+    sys::ucp_ep_h,
+    tokio::task::JoinHandle<Result<(), RdmaError>>,
+) {
+    let before = a.messages(READ_REQUEST_AM_ID).len();
+    let get = post_get_to_silent_owner(rt, consumer, dest, len, deadline);
+    assert!(a.progress_until(
+        Duration::from_secs(5),
+        |r| r.messages(READ_REQUEST_AM_ID).len() > before
+    ));
+    let msgs = a.messages(READ_REQUEST_AM_ID);
+    let m = &msgs[before];
+    (ReadRequest::decode(&m.header).unwrap(), m.reply_ep, get)
+}
+
+fn finish(
+    rt: &tokio::runtime::Runtime,
+    peers: &[&Raw],
+    get: tokio::task::JoinHandle<Result<(), RdmaError>>,
+    within: Duration,
+) -> Option<Result<(), RdmaError>> {
+    let start = Instant::now();
+    while !get.is_finished() && start.elapsed() < within {
+        for p in peers {
+            p.progress_for(Duration::from_millis(2));
+        }
+    }
+    if get.is_finished() {
+        Some(rt.block_on(get).unwrap())
+    } else {
+        get.abort();
+        None
+    }
+}
+
+/// A hostile OWNER (the peer the read was sent to, replying on the endpoint
+/// the request came from) answers with every kind of malformed reply. The consumer must neither panic nor land more than it
+/// asked for, and keep working.
+#[test]
+fn a_hostile_owner_sending_malformed_replies_lands_nothing() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let a = Raw::new(false);
+    consumer.add_peer(SILENT_OWNER, a.address()).unwrap();
+    let d = Duration::from_secs(3);
+
+    // 1. Eager reply: header says 4096, payload 8192 (overflow attempt).
+    let dest = PageBuf::zeroed(8192);
+    {
+        let (req, ep, get) = get_from_raw_owner(&rt, &consumer, &a, &dest, 4096, d);
+        a.send_wait(
+            ep,
+            READ_REPLY_AM_ID,
+            &forged_reply(req.request_id, 4096),
+            &[0xEE; 8192],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+        let r = finish(&rt, &[&a], get, Duration::from_secs(5));
+        eprintln!("longer eager payload: {r:?}");
+        assert!(matches!(r, Some(Err(RdmaError::Backend(_)))));
+        assert!(dest.snapshot().iter().all(|&x| x == 0), "bytes landed");
+    }
+    // 2. Rendezvous reply larger than requested.
+    let big = vec![0xEEu8; 1 << 20];
+    {
+        let (req, ep, get) = get_from_raw_owner(&rt, &consumer, &a, &dest, 4096, d);
+        a.send_wait(
+            ep,
+            READ_REPLY_AM_ID,
+            &forged_reply(req.request_id, 4096),
+            &big,
+            sys::UCP_AM_SEND_FLAG_REPLY | sys::UCP_AM_SEND_FLAG_RNDV,
+        );
+        let r = finish(&rt, &[&a], get, Duration::from_secs(5));
+        eprintln!("oversized rendezvous: {r:?}");
+        assert!(matches!(r, Some(Err(RdmaError::Backend(_)))));
+        assert!(dest.snapshot().iter().all(|&x| x == 0), "bytes landed");
+    }
+    // 3. Short payload, header claims full length.
+    {
+        let (req, ep, get) = get_from_raw_owner(&rt, &consumer, &a, &dest, 4096, d);
+        a.send_wait(
+            ep,
+            READ_REPLY_AM_ID,
+            &forged_reply(req.request_id, 4096),
+            &[0xEE; 100],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+        let r = finish(&rt, &[&a], get, Duration::from_secs(5));
+        eprintln!("short payload: {r:?}");
+        assert!(matches!(r, Some(Err(RdmaError::Backend(_)))));
+    }
+    // 4. Malformed headers of every length, unknown status, refusal with a
+    //    rendezvous payload, replies to unknown ids; then a timed-out read
+    //    gets a late reply.
+    {
+        let (req, ep, get) =
+            get_from_raw_owner(&rt, &consumer, &a, &dest, 4096, Duration::from_millis(300));
+        for n in 0..40usize {
+            a.send_wait(ep, READ_REPLY_AM_ID, &vec![1u8; n], &[0xEE; 16], 0);
+        }
+        let mut bad = forged_reply(req.request_id, 4096);
+        bad[1] = 99;
+        a.send_wait(ep, READ_REPLY_AM_ID, &bad, &[0xEE; 4096], 0);
+        a.send_wait(
+            ep,
+            READ_REPLY_AM_ID,
+            &forged_reply(u64::MAX, 4096),
+            &[0xEE; 4096],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+        let r = finish(&rt, &[&a], get, Duration::from_secs(5));
+        eprintln!("after garbage, the read answered {r:?}");
+        assert_eq!(r, Some(Err(RdmaError::Timeout)));
+        // Late reply, eager and rendezvous.
+        a.send_wait(
+            ep,
+            READ_REPLY_AM_ID,
+            &forged_reply(req.request_id, 4096),
+            &[0xEE; 4096],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+        a.send_wait(
+            ep,
+            READ_REPLY_AM_ID,
+            &forged_reply(req.request_id, 4096),
+            &[0xEE; 4096],
+            sys::UCP_AM_SEND_FLAG_REPLY | sys::UCP_AM_SEND_FLAG_RNDV,
+        );
+        a.progress_for(Duration::from_millis(200));
+        assert!(
+            dest.snapshot().iter().all(|&x| x == 0),
+            "a late reply landed"
+        );
+    }
+    // 5. Rendezvous reply of the right length, then the owner vanishes
+    //    mid-rendezvous (before sending data).
+    {
+        let a2 = Raw::new(false);
+        consumer.add_peer(PeerId(7), a2.address()).unwrap();
+        let cb = consumer.backend();
+        let dest2 = PageBuf::zeroed(1 << 20);
+        let dest_region = rt.block_on(map(&cb, &dest2));
+        let request = BackendGet {
+            peer: PeerId(7),
+            remote_addr: 0x10_0000,
+            packed_key: Bytes::copy_from_slice(
+                &ServedKey {
+                    region_id: 1,
+                    capability: [0; 16],
+                }
+                .encode(),
+            ),
+            local_region_id: dest_region.backend_region_id,
+            local_offset: 0,
+            len: 1 << 20,
+            deadline: Some(Duration::from_secs(3)),
+        };
+        let cb2 = cb.clone();
+        let get = rt.spawn(async move { cb2.get(request).await });
+        assert!(a2.progress_until(Duration::from_secs(5), |r| {
+            !r.messages(READ_REQUEST_AM_ID).is_empty()
+        }));
+        let (req, ep) = {
+            let m = &a2.messages(READ_REQUEST_AM_ID)[0];
+            (ReadRequest::decode(&m.header).unwrap(), m.reply_ep)
+        };
+        let _pending = a2.send(
+            ep,
+            READ_REPLY_AM_ID,
+            &forged_reply(req.request_id, 1 << 20),
+            &big,
+            sys::UCP_AM_SEND_FLAG_REPLY | sys::UCP_AM_SEND_FLAG_RNDV,
+        );
+        drop(a2);
+        let r = finish(&rt, &[&a], get, Duration::from_secs(8));
+        eprintln!("owner vanished mid-rendezvous: {r:?}");
+        assert!(r.is_some(), "the read never answered");
+        let unmap = rt.block_on(cb.unmap(dest_region.backend_region_id));
+        assert_eq!(unmap, Ok(()));
+    }
+    rt.block_on(consumer.shutdown());
+    assert_eq!(consumer.live_registrations(), 0);
+}
+
+/// A hostile CONSUMER sends the owner every kind of bad request.
+#[test]
+fn a_hostile_consumer_sending_bad_requests_gets_refusals_only() {
+    let rt = runtime();
+    let owner = tcp_engine();
+    let ob = owner.backend();
+    let buf = PageBuf::filled(4096, pattern);
+    let region = rt.block_on(map(&ob, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let r = Raw::new(false);
+    let ep = r.connect(&owner.worker_address());
+    let base = buf.addr() as u64;
+    let ask = |id: u64, key: ServedKey, address: u64, length: u64| {
+        ReadRequest {
+            request_id: id,
+            key,
+            address,
+            length,
+        }
+        .encode()
+    };
+    let mut forged = key;
+    forged.capability[15] ^= 1;
+    let cases: Vec<(u64, [u8; 52])> = vec![
+        (1, ask(1, key, base, u64::MAX)),
+        (2, ask(2, key, u64::MAX, 1)),
+        (3, ask(3, key, u64::MAX - 10, 20)),
+        (4, ask(4, key, base + 1, 4096)),
+        (5, ask(5, key, base - 1, 2)),
+        (6, ask(6, forged, base, 16)),
+        (
+            7,
+            ask(
+                7,
+                ServedKey {
+                    region_id: key.region_id + 1,
+                    ..key
+                },
+                base,
+                16,
+            ),
+        ),
+        (8, ask(8, key, base, 0)),
+        (9, ask(9, key, 0, 4096)),
+    ];
+    for (_, req) in &cases {
+        r.send_wait(
+            ep,
+            READ_REQUEST_AM_ID,
+            req,
+            &[],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+    }
+    // Without the reply flag, and malformed headers.
+    r.send_wait(ep, READ_REQUEST_AM_ID, &ask(100, key, base, 16), &[], 0);
+    for n in 0..60usize {
+        r.send_wait(
+            ep,
+            READ_REQUEST_AM_ID,
+            &vec![1u8; n],
+            &[],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+    }
+    // A request carried as a rendezvous payload.
+    r.send_wait(
+        ep,
+        READ_REQUEST_AM_ID,
+        &ask(101, key, base, 16),
+        &vec![0u8; 1 << 20],
+        sys::UCP_AM_SEND_FLAG_REPLY | sys::UCP_AM_SEND_FLAG_RNDV,
+    );
+    r.progress_for(Duration::from_millis(500));
+    let replies: Vec<(ReadReply, usize)> = r
+        .messages(READ_REPLY_AM_ID)
+        .iter()
+        .map(|m| {
+            (
+                ReadReply::decode(&m.header).unwrap(),
+                m.data.len() + m.rndv_len,
+            )
+        })
+        .collect();
+    for (reply, n) in &replies {
+        eprintln!("{:?} payload {}", reply, n);
+    }
+    for (reply, n) in &replies {
+        if reply.request_id == 101 {
+            continue;
+        }
+        assert!(matches!(reply.status, ReplyStatus::Refused(_)), "{reply:?}");
+        assert_eq!(*n, 0);
+    }
+    assert!(!replies.iter().any(|(reply, _)| reply.request_id == 100));
+    drop(r);
+    assert_eq!(rt.block_on(ob.unmap(region.backend_region_id)), Ok(()));
+    rt.block_on(owner.shutdown());
+}
+
+/// Control for the spoofing finding: when the owner the read was SENT to
+/// stalls its own rendezvous reply, the deadline force-closes that very
+/// endpoint and the read answers `Timeout` promptly.
+#[test]
+fn the_real_owner_stalling_its_rendezvous_is_timed_out() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let a = Raw::new(false);
+    consumer.add_peer(SILENT_OWNER, a.address()).unwrap();
+    let len = 256 * 1024;
+    let dest = PageBuf::zeroed(len);
+    let (req, ep, get) = get_from_raw_owner(
+        &rt,
+        &consumer,
+        &a,
+        &dest,
+        len as u64,
+        Duration::from_secs(1),
+    );
+    let evil = vec![0xEEu8; len];
+    let _pending = a.send(
+        ep,
+        READ_REPLY_AM_ID,
+        &forged_reply(req.request_id, len as u64),
+        &evil,
+        sys::UCP_AM_SEND_FLAG_RNDV,
+    );
+    // A stops progressing.
+    let start = Instant::now();
+    while !get.is_finished() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let done = get.is_finished();
+    let r = if done {
+        Some(rt.block_on(get).unwrap())
+    } else {
+        None
+    };
+    eprintln!(
+        "stalled real owner: answered {r:?} after {:?}",
+        start.elapsed()
+    );
+    rt.block_on(consumer.shutdown());
+    drop(a);
+    drop(evil);
+    assert_eq!(r, Some(Err(RdmaError::Timeout)));
+}
+
+/// B is itself an owner the consumer reads from. From the consumer's
+/// request to B it learns the id counter and gets a reply endpoint, and it
+/// answers the consumer's next read — sent to owner A — over that
+/// endpoint. The reply arrives on B's endpoint, not A's: dropped.
+#[test]
+fn an_owner_cannot_answer_a_read_sent_to_another_owner() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let a = Raw::new(false); // owner A: silent
+    let b = Raw::new(false); // owner B: hostile, also holds its own read
+    consumer.add_peer(SILENT_OWNER, a.address()).unwrap();
+    consumer.add_peer(PeerId(2), b.address()).unwrap();
+    let cb = consumer.backend();
+
+    // The consumer reads from B.
+    let dest_b = PageBuf::zeroed(4096);
+    let dest_b_region = rt.block_on(map(&cb, &dest_b));
+    let to_b = BackendGet {
+        peer: PeerId(2),
+        remote_addr: 0x20_0000,
+        packed_key: Bytes::copy_from_slice(
+            &ServedKey {
+                region_id: 9,
+                capability: [2; 16],
+            }
+            .encode(),
+        ),
+        local_region_id: dest_b_region.backend_region_id,
+        local_offset: 0,
+        len: 4096,
+        deadline: Some(Duration::from_secs(5)),
+    };
+    let cb2 = cb.clone();
+    let _get_b = rt.spawn(async move { cb2.get(to_b).await });
+    assert!(b.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(READ_REQUEST_AM_ID).is_empty()
+    }));
+    let (seen, reply_ep) = {
+        let m = &b.messages(READ_REQUEST_AM_ID)[0];
+        (
+            ReadRequest::decode(&m.header).unwrap().request_id,
+            m.reply_ep,
+        )
+    };
+
+    // Then from A; B answers it with id seen + 1 over its reply endpoint.
+    let dest = PageBuf::zeroed(4096);
+    let (to_a, _, get_a) =
+        get_from_raw_owner(&rt, &consumer, &a, &dest, 4096, Duration::from_secs(2));
+    eprintln!(
+        "B saw id {seen}; the read to A carries id {}",
+        to_a.request_id
+    );
+    b.send_wait(
+        reply_ep,
+        READ_REPLY_AM_ID,
+        &forged_reply(seen + 1, 4096),
+        &[0xEE; 4096],
+        0,
+    );
+    let r = finish(&rt, &[&a, &b], get_a, Duration::from_secs(5));
+    let forged = dest.snapshot().iter().all(|&x| x == 0xEE);
+    eprintln!("read to A answered {r:?}; destination holds B's bytes: {forged}");
+    rt.block_on(consumer.shutdown());
+    drop(b);
+    drop(a);
+    assert_eq!(
+        r,
+        Some(Err(RdmaError::Timeout)),
+        "B's forged answer completed a read sent to A"
+    );
+}
