@@ -9,7 +9,7 @@
 mod common;
 
 use std::cell::RefCell;
-use std::ffi::{CString, c_void};
+use std::ffi::c_void;
 use std::ptr;
 use std::time::{Duration, Instant};
 
@@ -106,36 +106,7 @@ struct Raw {
 
 impl Raw {
     fn new(hold_rndv: bool) -> Raw {
-        let mut config: *mut sys::ucp_config_t = ptr::null_mut();
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        let status = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
-        assert_eq!(status, sys::UCS_OK);
-        for (key, value) in [("TLS", "tcp"), ("NET_DEVICES", "lo"), ("MEM_EVENTS", "n")] {
-            let (k, v) = (CString::new(key).unwrap(), CString::new(value).unwrap());
-            // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-            let status = unsafe { sys::ucp_config_modify(config, k.as_ptr(), v.as_ptr()) };
-            assert_eq!(status, sys::UCS_OK, "UCX_{key}={value}");
-        }
-        let params = sys::ucp_params_t {
-            field_mask: u64::from(sys::UCP_PARAM_FIELD_FEATURES),
-            features: u64::from(sys::UCP_FEATURE_AM),
-            ..Default::default()
-        };
-        let mut context: sys::ucp_context_h = ptr::null_mut();
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        let status = unsafe { sys::ucp_init_version(1, 22, &params, config, &mut context) };
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        unsafe { sys::ucp_config_release(config) };
-        assert_eq!(status, sys::UCS_OK, "raw context");
-        let worker_params = sys::ucp_worker_params_t {
-            field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
-            thread_mode: sys::UCS_THREAD_MODE_SINGLE,
-            ..Default::default()
-        };
-        let mut worker: sys::ucp_worker_h = ptr::null_mut();
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        let status = unsafe { sys::ucp_worker_create(context, &worker_params, &mut worker) };
-        assert_eq!(status, sys::UCS_OK, "raw worker");
+        let (context, worker) = raw_context_and_worker("tcp", sys::UCP_FEATURE_AM);
         let mut raw = Raw {
             context,
             worker,

@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::ffi::{CString, c_void};
+use std::ffi::c_void;
 use std::ptr;
 use std::time::{Duration, Instant};
 
@@ -43,36 +43,8 @@ impl RawPeer {
     /// lanes refuse peer error handling, so it is on only with tcp.
     fn connect(tls: &str, address: &[u8]) -> RawPeer {
         let error_handling = tls.split(',').any(|t| t == "tcp");
-        let mut config: *mut sys::ucp_config_t = ptr::null_mut();
-        // SAFETY: defaults; out-pointer valid.
-        let status = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
-        assert_eq!(status, sys::UCS_OK);
-        for (key, value) in [("TLS", tls), ("NET_DEVICES", "lo"), ("MEM_EVENTS", "n")] {
-            let (k, v) = (CString::new(key).unwrap(), CString::new(value).unwrap());
-            // SAFETY: live config, NUL-terminated strings UCX copies.
-            let status = unsafe { sys::ucp_config_modify(config, k.as_ptr(), v.as_ptr()) };
-            assert_eq!(status, sys::UCS_OK, "UCX_{key}={value}");
-        }
-        let params = sys::ucp_params_t {
-            field_mask: u64::from(sys::UCP_PARAM_FIELD_FEATURES),
-            features: u64::from(sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM),
-            ..Default::default()
-        };
-        let mut context: sys::ucp_context_h = ptr::null_mut();
-        // SAFETY: initialised params, live config, valid out-pointer.
-        let status = unsafe { sys::ucp_init_version(1, 22, &params, config, &mut context) };
-        // SAFETY: released once, after use.
-        unsafe { sys::ucp_config_release(config) };
-        assert_eq!(status, sys::UCS_OK, "raw peer context");
-        let worker_params = sys::ucp_worker_params_t {
-            field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
-            thread_mode: sys::UCS_THREAD_MODE_SINGLE,
-            ..Default::default()
-        };
-        let mut worker: sys::ucp_worker_h = ptr::null_mut();
-        // SAFETY: live context, initialised params.
-        let status = unsafe { sys::ucp_worker_create(context, &worker_params, &mut worker) };
-        assert_eq!(status, sys::UCS_OK, "raw peer worker");
+        let (context, worker) =
+            raw_context_and_worker(tls, sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM);
         let ep_params = sys::ucp_ep_params_t {
             field_mask: u64::from(
                 sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,

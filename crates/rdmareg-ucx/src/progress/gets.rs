@@ -49,7 +49,7 @@ use ucx_sys as sys;
 
 use super::Engine;
 use super::events::Events;
-use super::ucp::{MemHandle, receive_rendezvous, send_active_message};
+use super::ucp::{MemHandle, handler_header, receive_rendezvous, send_active_message};
 use crate::command::Reply;
 use crate::read_protocol::{READ_REQUEST_AM_ID, ReadReply, ReadRequest, ReplyStatus, ServedKey};
 use crate::status::{PtrStatus, status_text};
@@ -389,12 +389,8 @@ pub(super) unsafe extern "C" fn on_read_reply(
     } else {
         std::ptr::null_mut()
     };
-    let header = if header.is_null() {
-        &[][..]
-    } else {
-        // SAFETY: `header_length` readable bytes at `header` for the call.
-        unsafe { std::slice::from_raw_parts(header.cast::<u8>(), header_length) }
-    };
+    // SAFETY: what UCX passed this handler, used only during it.
+    let header = unsafe { handler_header(header, header_length) };
     let Ok(reply) = ReadReply::decode(header) else {
         events
             .dropped_messages
@@ -678,37 +674,34 @@ impl Engine {
     /// Answers every read still waiting for a reply on endpoint `serial`
     /// with `error`: the endpoint is closing, so no reply will come.
     pub(super) fn fail_awaiting_on_endpoint(&mut self, serial: u64, error: &RdmaError) {
-        let waiting: Vec<(u64, *mut GetOp)> = self
-            .events
-            .awaiting_replies
-            .borrow()
-            .iter()
-            .map(|(id, op)| (*id, *op))
-            .collect();
-        for (id, op) in waiting {
-            // SAFETY: ops in the waiting table are active slots.
-            let op_ref = unsafe { &mut *op };
-            if op_ref.endpoint_serial != serial {
-                continue;
-            }
-            self.events.awaiting_replies.borrow_mut().remove(&id);
-            op_ref.finish(Err(error.clone()));
-            self.events.finished_reads.borrow_mut().push(op_ref.slot);
-        }
+        self.fail_awaiting(error, |op| op.endpoint_serial == serial);
     }
 
     /// Answers every read still waiting for a reply (teardown, after the
     /// drain): UCX holds none of their destinations.
     pub(super) fn fail_all_awaiting(&mut self, error: &RdmaError) {
-        let waiting: Vec<*mut GetOp> = self
-            .events
+        self.fail_awaiting(error, |_| true);
+    }
+
+    /// Takes the waiting reads `which` selects out of the waiting table and
+    /// answers them with `error`.
+    fn fail_awaiting(&mut self, error: &RdmaError, which: impl Fn(&GetOp) -> bool) {
+        let mut failed = Vec::new();
+        self.events
             .awaiting_replies
             .borrow_mut()
-            .drain()
-            .map(|(_, op)| op)
-            .collect();
-        for op in waiting {
-            // SAFETY: ops in the waiting table are active slots.
+            .retain(|_, &mut op| {
+                // SAFETY: ops in the waiting table are active slots, touched
+                // between UCX calls only.
+                let selected = which(unsafe { &*op });
+                if selected {
+                    failed.push(op);
+                }
+                !selected
+            });
+        for op in failed {
+            // SAFETY: as above; out of the waiting table, so no reply can
+            // reach it any more.
             let op_ref = unsafe { &mut *op };
             op_ref.finish(Err(error.clone()));
             self.events.finished_reads.borrow_mut().push(op_ref.slot);

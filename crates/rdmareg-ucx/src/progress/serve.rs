@@ -31,7 +31,7 @@ use std::ptr;
 use ucx_sys as sys;
 
 use super::events::Events;
-use super::ucp::{MemHandle, send_active_message};
+use super::ucp::{MemHandle, handler_header, send_active_message};
 use crate::read_protocol::{
     READ_REPLY_AM_ID, ReadReply, ReadRequest, RemoteRefusal, ReplyStatus, capabilities_match,
 };
@@ -113,32 +113,28 @@ pub(super) unsafe extern "C" fn on_read_request(
             .set(events.dropped_messages.get() + 1);
         return sys::UCS_OK;
     }
-    let header = if header.is_null() || header_length == 0 {
-        &[][..]
-    } else {
-        // SAFETY: UCX passes `header_length` readable bytes at `header`,
-        // valid for the call's duration.
-        unsafe { std::slice::from_raw_parts(header.cast::<u8>(), header_length) }
-    };
-    let request = ReadRequest::decode(header);
-    let admitted = match &request {
-        Ok(request) => admit(events, request),
-        Err(_) => Err(RemoteRefusal::Malformed),
-    };
-    let request_id = match &request {
-        Ok(request) => request.request_id,
+    // SAFETY: what UCX passed this handler, used only during it.
+    let header = unsafe { handler_header(header, header_length) };
+    let decision = match ReadRequest::decode(header) {
+        Ok(request) => match admit(events, &request) {
+            Ok((address, memh)) => Ok((request, address, memh)),
+            Err(refusal) => Err((request.request_id, refusal)),
+        },
         // Echo what looks like the id so the consumer can fail the right
         // read; a consumer that sent garbage gets what it sent.
-        Err(_) => header
-            .get(4..12)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_le_bytes)
-            .unwrap_or(0),
+        Err(_) => Err((
+            header
+                .get(4..12)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
+                .unwrap_or(0),
+            RemoteRefusal::Malformed,
+        )),
     };
-    match (admitted, request) {
-        (Ok((address, memh)), Ok(request)) => {
+    match decision {
+        Ok((request, address, memh)) => {
             let reply = ReadReply {
-                request_id,
+                request_id: request.request_id,
                 status: ReplyStatus::Served,
                 length: request.length,
             };
@@ -173,8 +169,7 @@ pub(super) unsafe extern "C" fn on_read_request(
                 events.ended_leases.borrow_mut().push(lease.region_id);
             }
         }
-        (refusal, _) => {
-            let refusal = refusal.err().unwrap_or(RemoteRefusal::Malformed);
+        Err((request_id, refusal)) => {
             events
                 .refused_requests
                 .set(events.refused_requests.get() + 1);

@@ -374,6 +374,20 @@ impl Drop for Worker {
     }
 }
 
+/// The header bytes UCX passes an active-message handler.
+///
+/// # Safety
+/// `header` and `length` are what UCX passed the handler, and the slice is
+/// used only during that call.
+pub(crate) unsafe fn handler_header<'a>(header: *const c_void, length: usize) -> &'a [u8] {
+    if header.is_null() || length == 0 {
+        return &[];
+    }
+    // SAFETY: UCX passes `length` readable bytes at `header`, valid for the
+    // handler call (the caller's contract).
+    unsafe { std::slice::from_raw_parts(header.cast::<u8>(), length) }
+}
+
 /// Sends an active message: `header` (copied by UCX before this returns)
 /// and `len` payload bytes at `payload`.
 ///

@@ -189,3 +189,48 @@ pub async fn map(backend: &UcxBackend, buf: &PageBuf) -> BackendRegion {
 pub fn nine_byte_ucx_key() -> Bytes {
     Bytes::from_static(&[0, 0, 0, 0, 0, 0, 0, 0, 0])
 }
+
+/// A bare UCP context and single-threaded worker for a raw peer: UCX's own
+/// API, not the engine's, on `tls` over loopback, with `features`. The
+/// caller owns both handles and destroys the worker, then cleans up the
+/// context.
+pub fn raw_context_and_worker(
+    tls: &str,
+    features: u32,
+) -> (ucx_sys::ucp_context_h, ucx_sys::ucp_worker_h) {
+    use std::ffi::CString;
+    use std::ptr;
+    use ucx_sys as sys;
+
+    let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+    // SAFETY: null prefix and file mean UCX's defaults; valid out-pointer.
+    let status = unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) };
+    assert_eq!(status, sys::UCS_OK);
+    for (key, value) in [("TLS", tls), ("NET_DEVICES", "lo"), ("MEM_EVENTS", "n")] {
+        let (k, v) = (CString::new(key).unwrap(), CString::new(value).unwrap());
+        // SAFETY: live config; NUL-terminated strings UCX copies.
+        let status = unsafe { sys::ucp_config_modify(config, k.as_ptr(), v.as_ptr()) };
+        assert_eq!(status, sys::UCS_OK, "UCX_{key}={value}");
+    }
+    let params = sys::ucp_params_t {
+        field_mask: u64::from(sys::UCP_PARAM_FIELD_FEATURES),
+        features: u64::from(features),
+        ..Default::default()
+    };
+    let mut context: sys::ucp_context_h = ptr::null_mut();
+    // SAFETY: initialised params, live config, valid out-pointer.
+    let status = unsafe { sys::ucp_init_version(1, 22, &params, config, &mut context) };
+    // SAFETY: read above, released once, after use.
+    unsafe { sys::ucp_config_release(config) };
+    assert_eq!(status, sys::UCS_OK, "raw context");
+    let worker_params = sys::ucp_worker_params_t {
+        field_mask: u64::from(sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE),
+        thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+        ..Default::default()
+    };
+    let mut worker: sys::ucp_worker_h = ptr::null_mut();
+    // SAFETY: live context, initialised params, valid out-pointer.
+    let status = unsafe { sys::ucp_worker_create(context, &worker_params, &mut worker) };
+    assert_eq!(status, sys::UCS_OK, "raw worker");
+    (context, worker)
+}
