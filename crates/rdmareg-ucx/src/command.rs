@@ -16,11 +16,11 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 
-use bytes::Bytes;
 use futures::channel::oneshot;
 use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
 use crate::doorbell::Doorbell;
+use crate::engine_address::EngineAddress;
 
 /// Where the thread answers one command.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, RdmaError>>;
@@ -43,8 +43,12 @@ pub(crate) enum Command {
         request: BackendGet,
         reply: Reply<()>,
     },
-    /// Record (or replace) how to reach `peer`.
-    AddPeer { peer: PeerId, address: Bytes },
+    /// Record (or replace) how to reach `peer`: its addresses, validated
+    /// and padded for `ucp_ep_create`.
+    AddPeer {
+        peer: PeerId,
+        address: EngineAddress,
+    },
     /// Forget `peer`, closing its endpoint.
     RemovePeer { peer: PeerId },
     /// Tear down; `reply` fires once the thread has released everything.

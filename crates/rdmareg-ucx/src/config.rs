@@ -107,6 +107,17 @@ pub struct UcxConfig {
     /// quarters of it), then for UCX to release what closing the endpoints
     /// cancelled.
     pub teardown_timeout: Duration,
+    /// Whether this engine opens the same-host direct-read lane: its
+    /// descriptors then let a consumer on the same host, running as the same
+    /// user, read them one-sided with cma (`process_vm_readv`) instead of
+    /// asking this engine for each read, and its own reads from such owners
+    /// go that way. `None` decides by transport: on for
+    /// [`Transport::Auto`], [`Transport::SameHost`] and
+    /// [`Transport::SharedMemoryNoErrorHandling`], off for [`Transport::Tcp`]
+    /// and [`Transport::Custom`]. See the crate docs ("Lanes") for what the
+    /// owner gives up on that lane: the kernel, not the owner, decides who
+    /// reads.
+    pub same_host_direct_reads: Option<bool>,
 }
 
 impl Default for UcxConfig {
@@ -120,6 +131,7 @@ impl Default for UcxConfig {
             park_timeout: Duration::from_millis(100),
             default_get_deadline: Duration::from_secs(30),
             teardown_timeout: Duration::from_secs(5),
+            same_host_direct_reads: None,
         }
     }
 }
@@ -165,6 +177,50 @@ impl UcxConfig {
     pub fn with_teardown_timeout(mut self, timeout: Duration) -> Self {
         self.teardown_timeout = timeout;
         self
+    }
+
+    /// Open (or not) the same-host direct-read lane, whatever the transport;
+    /// see [`UcxConfig::same_host_direct_reads`].
+    pub fn with_same_host_direct_reads(mut self, enabled: bool) -> Self {
+        self.same_host_direct_reads = Some(enabled);
+        self
+    }
+
+    /// Whether the same-host direct-read lane is opened.
+    pub fn direct_reads_enabled(&self) -> bool {
+        self.same_host_direct_reads.unwrap_or(matches!(
+            self.transport,
+            Transport::Auto | Transport::SameHost | Transport::SharedMemoryNoErrorHandling
+        ))
+    }
+
+    /// The UCX key/values of the direct-read context: cma for the reads,
+    /// posix shared memory (shared through `/proc/<pid>/fd`, so only a
+    /// process allowed to ptrace this one can open it) for the lane UCX
+    /// requires beside it. No network transport and no System V segment
+    /// (those are group-accessible): nothing but a same-user process of
+    /// this host reaches it.
+    pub(crate) fn direct_read_settings(
+        &self,
+        env_sets: impl Fn(&str) -> bool,
+    ) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        let mut set = |k: &str, v: &str| out.push((k.to_owned(), v.to_owned()));
+        set("TLS", "posix,cma");
+        set("POSIX_USE_PROC_LINK", "y");
+        set("CMA_MEMORY_INVALIDATE", "y");
+        if !env_sets("MEM_EVENTS") {
+            set("MEM_EVENTS", "n");
+        }
+        if !env_sets("RCACHE_ENABLE") {
+            set("RCACHE_ENABLE", "n");
+        }
+        out
+    }
+
+    /// [`Self::direct_read_settings`] against the real process environment.
+    pub(crate) fn direct_read_settings_from_env(&self) -> Vec<(String, String)> {
+        self.direct_read_settings(|key| std::env::var_os(format!("UCX_{key}")).is_some())
     }
 
     /// The UCX key/values this configuration applies, in order, given which
@@ -240,6 +296,39 @@ mod tests {
         assert_eq!(lookup(&s, "TLS"), Some("tcp,cma"));
         assert_eq!(lookup(&s, "CMA_MEMORY_INVALIDATE"), Some("y"));
         assert!(Transport::SameHost.peer_error_handling());
+    }
+
+    #[test]
+    fn the_direct_lane_opens_by_transport_unless_chosen() {
+        let on = |t: Transport| {
+            UcxConfig::default()
+                .with_transport(t)
+                .direct_reads_enabled()
+        };
+        assert!(on(Transport::Auto));
+        assert!(on(Transport::SameHost));
+        assert!(on(Transport::SharedMemoryNoErrorHandling));
+        assert!(!on(Transport::Tcp));
+        assert!(!on(Transport::Custom {
+            tls: "tcp,cma".into()
+        }));
+        let forced = UcxConfig::default()
+            .with_transport(Transport::Tcp)
+            .with_same_host_direct_reads(true);
+        assert!(forced.direct_reads_enabled());
+        let refused = UcxConfig::default()
+            .with_transport(Transport::SameHost)
+            .with_same_host_direct_reads(false);
+        assert!(!refused.direct_reads_enabled());
+    }
+
+    #[test]
+    fn the_direct_lane_reaches_no_network_and_no_group_shared_segment() {
+        let s = UcxConfig::default()
+            .with_ucx_setting("TLS", "tcp")
+            .direct_read_settings(|_| false);
+        assert_eq!(lookup(&s, "TLS"), Some("posix,cma"));
+        assert_eq!(lookup(&s, "POSIX_USE_PROC_LINK"), Some("y"));
     }
 
     #[test]

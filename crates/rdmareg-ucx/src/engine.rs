@@ -31,6 +31,7 @@ use crate::backend::UcxBackend;
 use crate::command::{Command, Signals};
 use crate::config::UcxConfig;
 use crate::doorbell::Doorbell;
+use crate::engine_address::EngineAddress;
 use crate::progress;
 use crate::worker_address::WorkerAddressFormat;
 
@@ -235,12 +236,16 @@ impl UcxEngine {
         })
     }
 
-    /// This engine's packed UCP worker address: what a peer passes to its
-    /// own [`UcxEngine::add_peer`] to read from this engine.
+    /// This engine's address: what a peer passes to its own
+    /// [`UcxEngine::add_peer`] to read from this engine.
     ///
-    /// Whoever holds it can create an endpoint to this process and send it
-    /// read requests; what they can read is bounded by the descriptors they
-    /// were given, which the engine checks on every request (see the crate
+    /// Without the same-host direct-read lane it is the serving worker's
+    /// packed UCP address; with it, an [`EngineAddress`] envelope that adds
+    /// the direct-read worker's address. Whoever holds it can create an
+    /// endpoint to this process and send it read requests; what they can
+    /// read is bounded by the descriptors they were given, which the engine
+    /// checks on every request — except over the direct-read lane, which
+    /// only same-user processes of this host can reach (see the crate
     /// docs).
     pub fn worker_address(&self) -> Bytes {
         self.worker_address.clone()
@@ -272,14 +277,11 @@ impl UcxEngine {
                 WorkerAddressFormat::supported_versions().collect::<Vec<_>>()
             ))
         })?;
-        let padded = format.copy_for_endpoint(&address).map_err(|err| {
+        let address = EngineAddress::decode_for_endpoints(&address, &format).map_err(|err| {
             tracing::debug!(%peer, error = %err, "refusing peer worker address");
             RdmaError::InvalidWorkerAddress(format!("{err} (for {peer})"))
         })?;
-        self.shared.push_now(Command::AddPeer {
-            peer,
-            address: Bytes::from(padded),
-        })
+        self.shared.push_now(Command::AddPeer { peer, address })
     }
 
     /// Forgets `peer` and closes its endpoint; GETs in flight to it fail.

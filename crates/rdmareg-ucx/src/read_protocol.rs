@@ -26,6 +26,17 @@
 //! names nothing; the capability is 16 random bytes per registration, so a
 //! peer cannot name a registration it was not given a descriptor for.
 //!
+//! **Same-host key** ([`SameHostKey`], lane 1: what an owner with the
+//! same-host direct-read lane issues instead): the 28 bytes above with
+//! `lane = 1`, then `region_addr: u64`, `region_len: u64` (the mapped
+//! range), `ucx_key_len: u16` (at least 1) and that many bytes of the
+//! owner's packed UCX remote key for its direct-read context. A consumer
+//! that cannot reach the owner's direct lane reads through the owner with
+//! the served part; one that can reads one-sided with the UCX key, and only
+//! its own engine checks the range against `region_addr`/`region_len` (see
+//! the crate docs on what the owner gives up on that lane). [`ReadKey`]
+//! decodes either lane.
+//!
 //! **Request** ([`ReadRequest`], consumer → owner, the active-message
 //! header): `version = 1`, three zero bytes, `request_id: u64`,
 //! `region_id: u64`, `capability: [u8; 16]`, `address: u64`, `length: u64`
@@ -50,6 +61,9 @@ pub const READ_REPLY_AM_ID: u32 = 0x5252;
 const KEY_MAGIC: [u8; 2] = *b"RQ";
 const VERSION: u8 = 1;
 const LANE_OWNER_SERVED: u8 = 0;
+const LANE_SAME_HOST: u8 = 1;
+/// Bytes of a [`SameHostKey`] before its UCX key.
+const SAME_HOST_FIXED_LEN: usize = KEY_LEN + 8 + 8 + 2;
 
 /// Length of an encoded [`ServedKey`].
 pub const KEY_LEN: usize = 28;
@@ -170,6 +184,99 @@ impl ServedKey {
             region_id: u64_at(bytes, 4),
             capability: capability_at(bytes, 12),
         })
+    }
+}
+
+/// A lane-1 key: the served key, the mapped range, and the owner's packed
+/// UCX key for one-sided reads on the same host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SameHostKey {
+    /// What a consumer presents when it reads through the owner.
+    pub served: ServedKey,
+    /// First mapped byte, as an address in the owner's process.
+    pub region_addr: u64,
+    /// Mapped length.
+    pub region_len: u64,
+    /// The owner's packed UCX remote key (direct-read context).
+    pub ucx_key: Vec<u8>,
+}
+
+impl SameHostKey {
+    /// The encoding; `None` if the UCX key is empty or longer than 65535
+    /// bytes (UCX packs neither).
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        let ucx_len = u16::try_from(self.ucx_key.len()).ok().filter(|&n| n > 0)?;
+        let mut out = Vec::with_capacity(SAME_HOST_FIXED_LEN + self.ucx_key.len());
+        out.extend_from_slice(&self.served.encode());
+        out[3] = LANE_SAME_HOST;
+        out.extend_from_slice(&self.region_addr.to_le_bytes());
+        out.extend_from_slice(&self.region_len.to_le_bytes());
+        out.extend_from_slice(&ucx_len.to_le_bytes());
+        out.extend_from_slice(&self.ucx_key);
+        Some(out)
+    }
+
+    /// Whether `[address, address + length)` lies inside the mapped range.
+    pub fn covers(&self, address: u64, length: u64) -> bool {
+        let region_end = self.region_addr.checked_add(self.region_len);
+        let end = address.checked_add(length);
+        matches!((region_end, end), (Some(region_end), Some(end))
+            if address >= self.region_addr && end <= region_end)
+    }
+}
+
+/// A key of either lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadKey {
+    /// Lane 0: read through the owner.
+    Served(ServedKey),
+    /// Lane 1: read one-sided where the owner's direct lane is reachable,
+    /// else through the owner.
+    SameHost(SameHostKey),
+}
+
+impl ReadKey {
+    /// Decodes untrusted key bytes of either lane. The UCX key inside a
+    /// lane-1 key is only delimited here; its layout is validated before
+    /// UCX sees it.
+    pub fn decode(bytes: &[u8]) -> Result<ReadKey, ProtocolError> {
+        match bytes.get(3) {
+            Some(&LANE_SAME_HOST) if bytes.len() >= SAME_HOST_FIXED_LEN => {}
+            Some(&LANE_SAME_HOST) => {
+                return Err(ProtocolError::Length {
+                    expected: SAME_HOST_FIXED_LEN,
+                    actual: bytes.len(),
+                });
+            }
+            _ => return ServedKey::decode(bytes).map(ReadKey::Served),
+        }
+        let mut served = [0u8; KEY_LEN];
+        served.copy_from_slice(&bytes[..KEY_LEN]);
+        served[3] = LANE_OWNER_SERVED;
+        let served = ServedKey::decode(&served)?;
+        let fixed: &[u8; SAME_HOST_FIXED_LEN] = exact(&bytes[..SAME_HOST_FIXED_LEN])?;
+        let ucx_len = usize::from(u16::from_le_bytes([fixed[44], fixed[45]]));
+        let ucx_key = &bytes[SAME_HOST_FIXED_LEN..];
+        if ucx_len == 0 || ucx_key.len() != ucx_len {
+            return Err(ProtocolError::Length {
+                expected: SAME_HOST_FIXED_LEN + ucx_len.max(1),
+                actual: bytes.len(),
+            });
+        }
+        Ok(ReadKey::SameHost(SameHostKey {
+            served,
+            region_addr: u64_at(fixed, 28),
+            region_len: u64_at(fixed, 36),
+            ucx_key: ucx_key.to_vec(),
+        }))
+    }
+
+    /// The part a consumer presents to the owner.
+    pub fn served(&self) -> ServedKey {
+        match self {
+            ReadKey::Served(key) => *key,
+            ReadKey::SameHost(key) => key.served,
+        }
     }
 }
 
@@ -325,6 +432,69 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn same_host_key() -> SameHostKey {
+        SameHostKey {
+            served: key(),
+            region_addr: 0x1000,
+            region_len: 0x2000,
+            ucx_key: vec![0, 1, 2, 3, 4, 5, 6, 7, 8],
+        }
+    }
+
+    #[test]
+    fn keys_of_both_lanes_round_trip() {
+        assert_eq!(ReadKey::decode(&key().encode()), Ok(ReadKey::Served(key())));
+        let same_host = same_host_key();
+        let bytes = same_host.encode().unwrap();
+        assert_eq!(bytes.len(), SAME_HOST_FIXED_LEN + 9);
+        assert_eq!(
+            ReadKey::decode(&bytes),
+            Ok(ReadKey::SameHost(same_host.clone()))
+        );
+        assert_eq!(ReadKey::decode(&bytes).unwrap().served(), key());
+    }
+
+    #[test]
+    fn a_same_host_key_refuses_cut_padded_or_empty_ucx_keys() {
+        let bytes = same_host_key().encode().unwrap();
+        assert!(ReadKey::decode(&bytes[..bytes.len() - 1]).is_err());
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(ReadKey::decode(&longer).is_err());
+        assert!(ReadKey::decode(&bytes[..SAME_HOST_FIXED_LEN]).is_err());
+        assert!(ReadKey::decode(&bytes[..20]).is_err());
+        let empty = SameHostKey {
+            ucx_key: Vec::new(),
+            ..same_host_key()
+        };
+        assert_eq!(empty.encode(), None);
+        // A served key with lane 1 but nothing after it.
+        let mut lane_one = key().encode();
+        lane_one[3] = LANE_SAME_HOST;
+        assert!(ReadKey::decode(&lane_one).is_err());
+        // ServedKey alone still refuses lane 1.
+        assert_eq!(
+            ServedKey::decode(&lane_one),
+            Err(ProtocolError::Lane(LANE_SAME_HOST))
+        );
+    }
+
+    #[test]
+    fn a_same_host_key_covers_only_its_mapped_range() {
+        let k = same_host_key();
+        assert!(k.covers(0x1000, 0x2000));
+        assert!(k.covers(0x2fff, 1));
+        assert!(!k.covers(0xfff, 1));
+        assert!(!k.covers(0x2fff, 2));
+        assert!(!k.covers(u64::MAX, 2));
+        let wrapping = SameHostKey {
+            region_addr: u64::MAX - 1,
+            region_len: 4,
+            ..k
+        };
+        assert!(!wrapping.covers(u64::MAX - 1, 1));
+    }
+
     fn key() -> ServedKey {
         ServedKey {
             region_id: 7,
@@ -407,6 +577,10 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic_any_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
             let _ = ServedKey::decode(&bytes);
+            let _ = ReadKey::decode(&bytes);
+            let mut lane_one = b"RQ\x01\x01".to_vec();
+            lane_one.extend_from_slice(&bytes);
+            let _ = ReadKey::decode(&lane_one);
             let _ = ReadRequest::decode(&bytes);
             let _ = ReadReply::decode(&bytes);
         }

@@ -2,7 +2,8 @@
 //! read, an unregistered region is unreadable, and forged, stale,
 //! out-of-range or wrong-capability reads get a typed error at the consumer
 //! (`OutOfRange`, `RegionNotFound`) while the owner stays untouched — on
-//! every transport setting.
+//! every transport setting, with the same-host direct-read lane closed (see
+//! `same_host_direct_reads.rs` for what that lane does instead).
 
 mod common;
 
@@ -42,7 +43,7 @@ fn with_region_id(key: &Bytes, region_id: u64) -> Bytes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_reads_are_refused_with_a_typed_error_and_the_owner_keeps_serving() {
     for transport in transports() {
-        let (owner, consumer) = engines(transport.clone());
+        let (owner, consumer) = served_engines(transport.clone());
         let (ob, cb) = (owner.backend(), consumer.backend());
         let src = PageBuf::filled(8192, pattern);
         let secret = PageBuf::filled(4096, |_| 0x5A); // never registered
@@ -108,7 +109,7 @@ async fn forged_reads_are_refused_with_a_typed_error_and_the_owner_keeps_serving
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_descriptor_outliving_its_registration_reads_nothing() {
     for transport in transports() {
-        let (owner, consumer) = engines(transport.clone());
+        let (owner, consumer) = served_engines(transport.clone());
         let (ob, cb) = (owner.backend(), consumer.backend());
         let src = PageBuf::filled(4096, pattern);
         let dst = PageBuf::zeroed(4096);
@@ -151,7 +152,7 @@ async fn a_descriptor_outliving_its_registration_reads_nothing() {
 async fn an_owner_that_frees_right_after_unregistering_is_never_read_after_free() {
     for transport in [Transport::Tcp, Transport::SameHost] {
         for delay_ms in [0u64, 5, 20] {
-            let (owner, consumer) = engines(transport.clone());
+            let (owner, consumer) = served_engines(transport.clone());
             let (ob, cb) = (owner.backend(), consumer.backend());
             let src = PageBuf::filled(64 * MIB, pattern);
             let dst = PageBuf::zeroed(64 * MIB);

@@ -8,6 +8,14 @@
 //! engine's worker has no RMA, so UCX installed no handler for them and they
 //! are dropped. The owner's bytes stay as they were, nothing of the owner
 //! comes back, and the owner keeps serving its real consumer.
+//!
+//! An engine with the same-host direct-read lane exposes a second address,
+//! of a context that does have RMA. It is attacked too: a peer without a
+//! shared-memory transport cannot even create an endpoint to it, and a
+//! same-host peer's emulated PUT and GET over shared-memory messaging are
+//! never executed, because the engine never progresses the worker behind
+//! that address. (A same-user peer with its own cma lane writes with
+//! `process_vm_writev`, which the kernel grants whatever a library does.)
 
 mod common;
 
@@ -17,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_ucx::Transport;
+use rdmareg_ucx::{EngineAddress, Transport};
 use ucx_sys as sys;
 
 /// How long the peer waits for an operation the owner should never answer.
@@ -40,8 +48,9 @@ fn is_err(ptr: sys::ucs_status_ptr_t) -> bool {
 
 impl RawPeer {
     /// Connects to `address` over `tls` with RMA enabled; shared-memory
-    /// lanes refuse peer error handling, so it is on only with tcp.
-    fn connect(tls: &str, address: &[u8]) -> RawPeer {
+    /// lanes refuse peer error handling, so it is on only with tcp. `Err`
+    /// carries UCX's status when no endpoint can be created.
+    fn connect(tls: &str, address: &[u8]) -> Result<RawPeer, sys::ucs_status_t> {
         let error_handling = tls.split(',').any(|t| t == "tcp");
         let (context, worker) =
             raw_context_and_worker(tls, sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM);
@@ -60,20 +69,27 @@ impl RawPeer {
         let mut ep: sys::ucp_ep_h = ptr::null_mut();
         // SAFETY: live worker; the address is the engine's own, well formed.
         let status = unsafe { sys::ucp_ep_create(worker, &ep_params, &mut ep) };
-        assert_eq!(status, sys::UCS_OK, "raw peer endpoint");
+        if status != sys::UCS_OK {
+            // SAFETY: the worker and context made above, released once.
+            unsafe {
+                sys::ucp_worker_destroy(worker);
+                sys::ucp_cleanup(context);
+            }
+            return Err(status);
+        }
         // The key every tcp or shared-memory registration packs to.
         let key = [0u8; 9];
         let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
         // SAFETY: live endpoint; a well-formed 9-byte key.
         let status = unsafe { sys::ucp_ep_rkey_unpack(ep, key.as_ptr().cast(), &mut rkey) };
         assert_eq!(status, sys::UCS_OK, "raw peer key");
-        RawPeer {
+        Ok(RawPeer {
             context,
             worker,
             ep,
             rkey,
             error_handling,
-        }
+        })
     }
 
     /// Progresses until `request` completes or [`PATIENCE`] passes; returns
@@ -222,38 +238,71 @@ async fn attack(transport: Transport, tls: &str) {
     let unregistered = PageBuf::filled(4096, pattern);
     let region = map(&ob, &registered).await;
 
-    let address = owner.worker_address();
-    let tls_owned = tls.to_owned();
-    let (registered_addr, unregistered_addr) =
-        (registered.addr() as u64, unregistered.addr() as u64);
-    let stolen = tokio::task::spawn_blocking(move || {
-        let peer = RawPeer::connect(&tls_owned, &address);
-        let evil = vec![0xEEu8; 4096];
-        peer.put(registered_addr, &evil);
-        peer.put(unregistered_addr, &evil);
-        let mut from_registered = vec![0u8; 4096];
-        let mut from_unregistered = vec![0u8; 4096];
-        peer.get(registered_addr, &mut from_registered);
-        peer.get(unregistered_addr, &mut from_unregistered);
-        drop(peer);
-        (from_registered, from_unregistered)
-    })
-    .await
-    .expect("the raw peer ran");
-
+    let exposed = EngineAddress::decode(&owner.worker_address()).expect("an engine address");
+    let direct_lane_expected = !matches!(transport, Transport::Tcp);
+    assert_eq!(
+        exposed.direct.is_some(),
+        direct_lane_expected,
+        "direct-read lane of a {transport:?} engine"
+    );
+    let targets = [
+        ("serving", Some(exposed.serving)),
+        ("direct", exposed.direct),
+    ];
+    let shared_memory_peer = tls.split(',').any(|t| t == "posix" || t == "sysv");
     let want = PageBuf::filled(4096, pattern).snapshot();
-    assert!(
-        registered.snapshot() == want,
-        "a raw PUT changed a registered region over {transport:?} from {tls}"
-    );
-    assert!(
-        unregistered.snapshot() == want,
-        "a raw PUT changed unregistered memory over {transport:?} from {tls}"
-    );
-    assert!(
-        stolen.0.iter().all(|&b| b == 0) && stolen.1.iter().all(|&b| b == 0),
-        "a raw GET returned owner bytes over {transport:?} from {tls}"
-    );
+    for (which, address) in targets {
+        let Some(address) = address else { continue };
+        let tls_owned = tls.to_owned();
+        let (registered_addr, unregistered_addr) =
+            (registered.addr() as u64, unregistered.addr() as u64);
+        let stolen = tokio::task::spawn_blocking(move || {
+            let peer = RawPeer::connect(&tls_owned, &address).ok()?;
+            let evil = vec![0xEEu8; 4096];
+            peer.put(registered_addr, &evil);
+            peer.put(unregistered_addr, &evil);
+            let mut from_registered = vec![0u8; 4096];
+            let mut from_unregistered = vec![0u8; 4096];
+            peer.get(registered_addr, &mut from_registered);
+            peer.get(unregistered_addr, &mut from_unregistered);
+            drop(peer);
+            Some((from_registered, from_unregistered))
+        })
+        .await
+        .expect("the raw peer ran");
+
+        match (which, &stolen) {
+            ("serving", reached) => assert_eq!(
+                reached.is_some(),
+                tls.split(',').any(|t| t == "tcp")
+                    || transport == Transport::SharedMemoryNoErrorHandling,
+                "a raw {tls} peer reaching the serving address of a {transport:?} owner"
+            ),
+            ("direct", None) => assert!(
+                !shared_memory_peer,
+                "a same-host shared-memory peer should reach the direct address (and be ignored)"
+            ),
+            ("direct", Some(_)) => assert!(
+                shared_memory_peer,
+                "a raw {tls} peer reached the direct-read address of a {transport:?} owner"
+            ),
+            _ => {}
+        }
+        if let Some(stolen) = stolen {
+            assert!(
+                stolen.0.iter().all(|&b| b == 0) && stolen.1.iter().all(|&b| b == 0),
+                "a raw GET to the {which} address returned owner bytes over {transport:?} from {tls}"
+            );
+        }
+        assert!(
+            registered.snapshot() == want,
+            "a raw PUT to the {which} address changed a registered region over {transport:?} from {tls}"
+        );
+        assert!(
+            unregistered.snapshot() == want,
+            "a raw PUT to the {which} address changed unregistered memory over {transport:?} from {tls}"
+        );
+    }
 
     // The owner still serves its real consumer.
     let dst = PageBuf::zeroed(4096);
@@ -289,6 +338,13 @@ async fn a_raw_shared_memory_peer_can_neither_write_nor_read_a_shared_memory_own
     attack(Transport::SharedMemoryNoErrorHandling, "posix,sysv").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_shared_memory_peer_can_neither_write_nor_read_a_same_host_owner() {
+    // As above: the emulated path over shared-memory messaging, aimed at
+    // both addresses of an engine with the direct-read lane.
+    attack(Transport::SameHost, "posix,sysv").await;
+}
+
 /// A peer the consumer also reads from cannot answer a read the consumer
 /// sent to *another* owner: request ids are a counter a peer can guess, so
 /// the consumer accepts a reply only on the endpoint its request went out
@@ -309,8 +365,8 @@ async fn a_reply_from_another_peer_never_lands_in_a_read() {
     let (go, go_rx) = std::sync::mpsc::channel::<()>();
     let (stop, stop_rx) = std::sync::mpsc::channel::<()>();
     let peers = std::thread::spawn(move || {
-        let silent_owner = RawPeer::connect("tcp", &address);
-        let forger = RawPeer::connect("tcp", &address);
+        let silent_owner = RawPeer::connect("tcp", &address).expect("raw peer endpoint");
+        let forger = RawPeer::connect("tcp", &address).expect("raw peer endpoint");
         addresses_tx
             .send((silent_owner.address(), forger.address()))
             .unwrap();

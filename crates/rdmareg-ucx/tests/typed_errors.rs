@@ -94,10 +94,18 @@ async fn malformed_keys_are_refused_before_ucx_sees_them() {
         ("a UCX-packed remote key", nine_byte_ucx_key()),
         ("another backend's magic", with_byte(0, b'X')),
         ("a version this build does not know", with_byte(2, 9)),
-        ("a lane this build does not serve", with_byte(3, 1)),
+        ("a lane this build does not serve", with_byte(3, 7)),
         (
             "the real key plus garbage",
             Bytes::from([real.as_ref(), &[1, 2, 3]].concat()),
+        ),
+        (
+            "the real (same-host) key cut short",
+            real.slice(..real.len() - 1),
+        ),
+        (
+            "a same-host key whose UCX key names memory domains it does not carry",
+            with_byte(46, 0xFF),
         ),
     ];
     for (what, key) in cases {

@@ -49,9 +49,9 @@ use ucx_sys as sys;
 
 use super::Engine;
 use super::events::Events;
-use super::ucp::{MemHandle, handler_header, receive_rendezvous, send_active_message};
+use super::ucp::{MemHandle, RemoteKey, handler_header, receive_rendezvous, send_active_message};
 use crate::command::Reply;
-use crate::read_protocol::{READ_REQUEST_AM_ID, ReadReply, ReadRequest, ReplyStatus, ServedKey};
+use crate::read_protocol::{READ_REQUEST_AM_ID, ReadKey, ReadReply, ReadRequest, ReplyStatus};
 use crate::status::{PtrStatus, status_text};
 
 /// Where a read stands.
@@ -69,30 +69,33 @@ pub(crate) enum Phase {
 /// only between UCX calls.
 #[derive(Debug)]
 pub(crate) struct GetOp {
-    reply: Option<Reply<()>>,
+    pub(super) reply: Option<Reply<()>>,
     events: *const Events,
     slot: u32,
     /// The request id: unique over the engine's life.
     generation: u64,
-    peer: PeerId,
-    endpoint_serial: u64,
+    pub(super) peer: PeerId,
+    pub(super) endpoint_serial: u64,
     /// The endpoint the request went out on: only a reply arriving on it
     /// can finish the read.
-    endpoint: sys::ucp_ep_h,
-    region_id: u64,
-    dest: *mut u8,
-    len: usize,
+    pub(super) endpoint: sys::ucp_ep_h,
+    pub(super) region_id: u64,
+    pub(super) dest: *mut u8,
+    pub(super) len: usize,
     memh: Option<MemHandle>,
-    phase: Phase,
+    pub(super) phase: Phase,
     /// The request send, while UCX still owns it.
     send_request: *mut c_void,
     send_pending: bool,
-    /// The rendezvous receive, until the loop frees it.
-    receive_request: *mut c_void,
+    /// The rendezvous receive (or the direct read), until the loop frees
+    /// it.
+    pub(super) receive_request: *mut c_void,
+    /// A direct read's unpacked key, destroyed once the read is handled.
+    pub(super) direct_key: Option<RemoteKey>,
     /// The deadline passed while the receive ran.
     expired: bool,
     /// The destination hold was dropped.
-    hold_released: bool,
+    pub(super) hold_released: bool,
     active: bool,
 }
 
@@ -114,10 +117,25 @@ impl GetOp {
             send_request: std::ptr::null_mut(),
             send_pending: false,
             receive_request: std::ptr::null_mut(),
+            direct_key: None,
             expired: false,
             hold_released: true,
             active: false,
         }
+    }
+
+    /// A direct read's copy ended with `status` (from its completion
+    /// callback, or inline when UCX completed it at once).
+    pub(super) fn direct_read_ended(&mut self, status: sys::ucs_status_t) {
+        // SAFETY: the events record outlives the workers.
+        let events = unsafe { &*self.events };
+        let outcome = if status == sys::UCS_OK {
+            Ok(())
+        } else {
+            Err(failure(self, events, status))
+        };
+        self.finish(outcome);
+        events.finished_reads.borrow_mut().push(self.slot);
     }
 
     /// Marks the op finished and answers it with `outcome`, once.
@@ -155,7 +173,7 @@ impl OpTable {
         self.active
     }
 
-    fn alloc(&mut self, events: *const Events) -> (u32, *mut GetOp) {
+    pub(super) fn alloc(&mut self, events: *const Events) -> (u32, *mut GetOp) {
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -176,6 +194,15 @@ impl OpTable {
         }
         self.active += 1;
         (slot, op)
+    }
+
+    /// Enters `slot`'s current read in the deadline queue.
+    pub(super) fn schedule_deadline(&mut self, slot: u32, deadline: Instant) {
+        if let Some(op) = self.op(slot) {
+            // SAFETY: as in `op`.
+            let generation = unsafe { (*op).generation };
+            self.deadlines.push(Reverse((deadline, slot, generation)));
+        }
     }
 
     fn op(&self, slot: u32) -> Option<*mut GetOp> {
@@ -509,15 +536,34 @@ impl Engine {
         };
         let dest = (region.ptr + local_offset as usize) as *mut u8;
         let memh = region.memh;
-        let Ok(key) = ServedKey::decode(&packed_key) else {
+        let Ok(key) = ReadKey::decode(&packed_key) else {
             return Err((reply, RdmaError::InvalidKey));
         };
+        let deadline = Instant::now() + deadline.unwrap_or(self.settings.default_get_deadline);
+        let reply = match &key {
+            ReadKey::SameHost(same_host) => {
+                match self.try_post_direct_get(
+                    peer,
+                    same_host,
+                    remote_addr,
+                    local_region_id,
+                    dest,
+                    len,
+                    deadline,
+                    reply,
+                )? {
+                    None => return Ok(()),
+                    Some(reply) => reply,
+                }
+            }
+            ReadKey::Served(_) => reply,
+        };
+        let key = key.served();
         let (endpoint, serial) = match self.endpoint_for(peer) {
             Ok(found) => found,
             Err(err) => return Err((reply, err)),
         };
 
-        let deadline = Instant::now() + deadline.unwrap_or(self.settings.default_get_deadline);
         let events: *const Events = &*self.events;
         let (slot, op) = self.ops.alloc(events);
         // SAFETY: the freshly allocated slot; nothing refers to it yet.
@@ -619,6 +665,12 @@ impl Engine {
             unsafe { self.worker.free_request(op_ref.receive_request) };
             op_ref.receive_request = std::ptr::null_mut();
         }
+        if let Some(key) = op_ref.direct_key.take() {
+            // SAFETY: the direct read using it has completed; the reader
+            // worker it was unpacked on is alive (it is destroyed only
+            // after the loop stops handling completions).
+            unsafe { key.destroy() };
+        }
         self.settle_op(slot);
     }
 
@@ -659,6 +711,11 @@ impl Engine {
                         .remove(&op_ref.generation);
                     op_ref.finish(Err(RdmaError::Timeout));
                     self.events.finished_reads.borrow_mut().push(slot);
+                }
+                Phase::Receiving if op_ref.direct_key.is_some() => {
+                    // The kernel copy needs nothing from the owner and
+                    // ends inside UCX's progress; its completion answers.
+                    op_ref.expired = true;
                 }
                 Phase::Receiving => {
                     op_ref.expired = true;

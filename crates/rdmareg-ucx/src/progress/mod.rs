@@ -31,6 +31,7 @@
 //! microsecond when nothing else wants it. The loop stays runnable, so a
 //! submission during the window still needs no doorbell.
 
+mod direct;
 mod events;
 mod gets;
 mod peers;
@@ -51,12 +52,14 @@ use rdmareg_core::RdmaError;
 
 use crate::command::{Command, Signals};
 use crate::config::UcxConfig;
+use crate::engine_address::EngineAddress;
 use crate::read_protocol::{READ_REPLY_AM_ID, READ_REQUEST_AM_ID};
+use direct::DirectLane;
 use events::Events;
 use gets::OpTable;
 use peers::PeerTable;
 use regions::RegionTable;
-use ucp::{Context, Worker};
+use ucp::{Context, ContextRole, Worker};
 
 pub(crate) use ucp::ucx_version;
 
@@ -89,6 +92,9 @@ struct Settings {
 /// events), and the context last.
 struct Engine {
     worker: Worker,
+    /// The same-host direct-read lane, if opened (its workers, then its
+    /// context).
+    direct: Option<DirectLane>,
     ops: OpTable,
     peers: PeerTable,
     events: Box<Events>,
@@ -133,8 +139,19 @@ impl Engine {
         let version = ucx_version();
         let settings = config.ucx_settings_from_env();
         tracing::debug!(?settings, "starting UCX engine");
-        let context = Context::new(&settings)?;
+        let context = Context::new(&settings, ContextRole::Serving)?;
         let worker = Worker::new(&context)?;
+        let direct = if config.direct_reads_enabled() {
+            match DirectLane::open(config, version) {
+                Ok(lane) => Some(lane),
+                Err(why) => {
+                    tracing::info!(reason = %why, "same-host direct reads unavailable; every read goes through its owner");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let events: Box<Events> = Box::default();
         let events_arg = (&*events as *const Events)
             .cast_mut()
@@ -147,7 +164,15 @@ impl Engine {
             worker.set_am_handler(READ_REPLY_AM_ID, gets::on_read_reply, events_arg)?;
         }
         events.worker.set(worker.raw());
-        let worker_address = worker.address()?;
+        let serving_address = worker.address()?;
+        let worker_address = match &direct {
+            Some(lane) => EngineAddress {
+                serving: serving_address,
+                direct: Some(lane.address.clone()),
+            }
+            .encode(),
+            None => serving_address,
+        };
         let worker_fd = worker.event_fd()?;
         // SAFETY: sysconf takes no pointers.
         let page_size = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
@@ -156,6 +181,7 @@ impl Engine {
         };
         let engine = Engine {
             worker,
+            direct,
             ops: OpTable::new(),
             peers: PeerTable::default(),
             events,
@@ -272,9 +298,13 @@ impl Engine {
         ControlFlow::Continue(())
     }
 
-    /// One worker progress, then whatever the callbacks recorded.
+    /// One progress of each worker the loop drives, then whatever the
+    /// callbacks recorded.
     fn progress(&mut self) -> u32 {
-        let n = self.worker.progress();
+        let mut n = self.worker.progress();
+        if let Some(lane) = &self.direct {
+            n += lane.reader.progress();
+        }
         self.drain_events();
         n
     }

@@ -26,6 +26,13 @@
 //! - A read from a peer never added answers [`RdmaError::NotConfigured`].
 //! - Each endpoint's error-callback context is a small heap record freed when
 //!   its close completes, or after the worker is destroyed.
+//! - A peer whose address carries a same-host direct-read address also gets
+//!   a **direct endpoint** on the direct lane's reader worker (see `direct`),
+//!   created by the first read with a same-host key. If UCX cannot reach it
+//!   (another host, another user, another PID namespace) the connection
+//!   remembers that and reads go through the owner. It closes with its
+//!   connection; when UCX reports it failed it is closed and the next read
+//!   tries again.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -37,6 +44,7 @@ use ucx_sys::{ucp_ep_h, ucs_status_t};
 use super::Engine;
 use super::events::Events;
 use super::ucp::EpHandle;
+use crate::engine_address::EngineAddress;
 use crate::status::{PtrStatus, status_text};
 
 /// What the endpoint error callback needs: where to report, and which
@@ -54,14 +62,29 @@ pub(crate) struct Endpoint {
     /// Unique over the engine's life: names this endpoint in callbacks and
     /// in read ops, so nothing confuses it with its successor.
     pub(crate) serial: u64,
-    error_context: *mut ErrorContext,
+    pub(crate) error_context: *mut ErrorContext,
 }
 
-/// The peer ids naming one remote worker address, and the endpoint to it.
+/// Where a connection's direct-read lane stands.
 #[derive(Debug, Default)]
-struct Connection {
+pub(crate) enum DirectState {
+    /// Not tried yet (or closed after a failure: try again).
+    #[default]
+    Untried,
+    /// Open on the direct lane's reader worker.
+    Open(Endpoint),
+    /// UCX could not reach the peer's direct lane; read through the owner.
+    Unreachable,
+}
+
+/// The peer ids naming one remote worker address, and the endpoints to it.
+#[derive(Debug, Default)]
+pub(crate) struct Connection {
     endpoint: Option<Endpoint>,
     peer_ids: usize,
+    /// The peer's direct-read worker address, padded, if it has that lane.
+    pub(crate) direct_address: Option<Bytes>,
+    pub(crate) direct: DirectState,
 }
 
 #[derive(Debug)]
@@ -78,6 +101,8 @@ pub(crate) struct PeerTable {
     connections: HashMap<Bytes, Connection>,
     next_serial: u64,
     closing: Vec<ClosingEndpoint>,
+    /// Direct endpoints (on the reader worker) whose close is in progress.
+    closing_direct: Vec<ClosingEndpoint>,
     /// Contexts that may still be called back until the worker is gone.
     parked_contexts: Vec<*mut ErrorContext>,
 }
@@ -96,7 +121,7 @@ pub(super) enum CloseCause {
 impl PeerTable {
     /// Whether endpoint closes are still in progress.
     pub(crate) fn closing_count(&self) -> usize {
-        self.closing.len()
+        self.closing.len() + self.closing_direct.len()
     }
 
     /// The current endpoint serial of `peer`, if it has a live endpoint.
@@ -109,15 +134,15 @@ impl PeerTable {
             .map(|e| e.serial)
     }
 
-    /// Forgets that `peer` names `address`; returns the endpoint to close
+    /// Forgets that `peer` names `address`; returns the connection to close
     /// if no peer id names it any more.
-    fn detach(&mut self, address: &Bytes) -> Option<Endpoint> {
+    fn detach(&mut self, address: &Bytes) -> Option<Connection> {
         let connection = self.connections.get_mut(address)?;
         connection.peer_ids = connection.peer_ids.saturating_sub(1);
         if connection.peer_ids > 0 {
             return None;
         }
-        self.connections.remove(address)?.endpoint
+        self.connections.remove(address)
     }
 
     /// The endpoint numbered `serial`, taken out of its connection.
@@ -128,19 +153,68 @@ impl PeerTable {
             .find(|(_, c)| c.endpoint.as_ref().is_some_and(|e| e.serial == serial))?;
         Some((address.clone(), connection.endpoint.take()?))
     }
+
+    /// The direct endpoint numbered `serial`, taken out of its connection
+    /// (which will try the lane again on its next read).
+    fn take_direct_endpoint(&mut self, serial: u64) -> Option<Endpoint> {
+        let connection = self.connections.values_mut().find(
+            |c| matches!(&c.direct, DirectState::Open(endpoint) if endpoint.serial == serial),
+        )?;
+        match std::mem::take(&mut connection.direct) {
+            DirectState::Open(endpoint) => Some(endpoint),
+            _ => None,
+        }
+    }
+
+    /// The connection `peer` names, if it was added.
+    pub(crate) fn connection_mut(&mut self, peer: PeerId) -> Option<&mut Connection> {
+        let address = self.peers.get(&peer)?;
+        self.connections.get_mut(address)
+    }
+
+    /// A fresh endpoint serial.
+    pub(crate) fn next_serial(&mut self) -> u64 {
+        self.next_serial += 1;
+        self.next_serial
+    }
+
+    /// Keeps `context` until the workers are gone: UCX may still call back
+    /// with it.
+    pub(crate) fn park_error_context(&mut self, context: *mut ErrorContext) {
+        self.parked_contexts.push(context);
+    }
+
+    /// Direct endpoints whose close is still in progress.
+    pub(crate) fn push_closing_direct(
+        &mut self,
+        request: *mut c_void,
+        error_context: *mut ErrorContext,
+    ) {
+        self.closing_direct.push(ClosingEndpoint {
+            request,
+            error_context,
+        });
+    }
 }
 
 impl Drop for PeerTable {
     fn drop(&mut self) {
         // Runs after the worker is destroyed (field order in `Engine`), so
         // no callback can reach these contexts any more.
-        let live = self
-            .connections
-            .values_mut()
-            .filter_map(|c| c.endpoint.take())
-            .map(|e| e.error_context);
-        let closing = self.closing.drain(..).map(|c| c.error_context);
+        let mut live = Vec::new();
+        for connection in self.connections.values_mut() {
+            live.extend(connection.endpoint.take().map(|e| e.error_context));
+            if let DirectState::Open(e) = std::mem::take(&mut connection.direct) {
+                live.push(e.error_context);
+            }
+        }
+        let closing = self
+            .closing
+            .drain(..)
+            .chain(self.closing_direct.drain(..))
+            .map(|c| c.error_context);
         let all: Vec<_> = live
+            .into_iter()
             .chain(closing)
             .chain(self.parked_contexts.drain(..))
             .collect();
@@ -150,7 +224,7 @@ impl Drop for PeerTable {
     }
 }
 
-fn free_error_context(context: *mut ErrorContext) {
+pub(crate) fn free_error_context(context: *mut ErrorContext) {
     if !context.is_null() {
         // SAFETY: every non-null context was made by Box::into_raw in
         // `create_endpoint` and is freed once: it leaves the table when freed.
@@ -158,8 +232,17 @@ fn free_error_context(context: *mut ErrorContext) {
     }
 }
 
+/// A heap error context for endpoint `serial`, for [`on_endpoint_error`].
+pub(crate) fn new_error_context(events: *const Events, serial: u64) -> *mut ErrorContext {
+    Box::into_raw(Box::new(ErrorContext { events, serial }))
+}
+
 /// UCX's endpoint error callback: records the failure for the loop.
-unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, _ep: ucp_ep_h, status: ucs_status_t) {
+pub(crate) unsafe extern "C" fn on_endpoint_error(
+    arg: *mut c_void,
+    _ep: ucp_ep_h,
+    status: ucs_status_t,
+) {
     // SAFETY: `arg` is the ErrorContext registered with this endpoint; it is
     // freed only after the endpoint's close completed or the worker is gone,
     // after which UCX no longer calls back for it.
@@ -174,26 +257,37 @@ unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, _ep: ucp_ep_h, status: 
 
 impl Engine {
     /// `Command::AddPeer`.
-    pub(super) fn add_peer(&mut self, peer: PeerId, address: Bytes) {
+    pub(super) fn add_peer(&mut self, peer: PeerId, address: EngineAddress) {
+        let EngineAddress { serving, direct } = address;
         if let Some(existing) = self.peers.peers.get(&peer) {
-            if *existing == address {
+            if *existing == serving {
                 return;
             }
             let old = existing.clone();
-            if let Some(endpoint) = self.peers.detach(&old) {
+            if let Some(connection) = self.peers.detach(&old) {
                 tracing::debug!(%peer, "peer re-added with a new address; closing the endpoint nobody else uses");
                 let reason = RdmaError::Backend(format!(
                     "ucx: {peer} was re-added with a new address while the read waited"
                 ));
-                self.close_endpoint(endpoint, CloseCause::Local, &reason);
+                self.close_connection(connection, &reason);
             }
         }
-        self.peers
-            .connections
-            .entry(address.clone())
-            .or_default()
-            .peer_ids += 1;
-        self.peers.peers.insert(peer, address);
+        let connection = self.peers.connections.entry(serving.clone()).or_default();
+        connection.peer_ids += 1;
+        if connection.direct_address.is_none() {
+            connection.direct_address = direct;
+        }
+        self.peers.peers.insert(peer, serving);
+    }
+
+    /// Closes both endpoints of a connection nobody names any more.
+    fn close_connection(&mut self, connection: Connection, reason: &RdmaError) {
+        if let Some(endpoint) = connection.endpoint {
+            self.close_endpoint(endpoint, CloseCause::Local, reason);
+        }
+        if let DirectState::Open(endpoint) = connection.direct {
+            self.close_direct_endpoint(endpoint);
+        }
     }
 
     /// `Command::RemovePeer`.
@@ -201,10 +295,10 @@ impl Engine {
         let Some(address) = self.peers.peers.remove(&peer) else {
             return;
         };
-        if let Some(endpoint) = self.peers.detach(&address) {
+        if let Some(connection) = self.peers.detach(&address) {
             let reason =
                 RdmaError::Backend(format!("ucx: {peer} was removed while the read waited"));
-            self.close_endpoint(endpoint, CloseCause::Local, &reason);
+            self.close_connection(connection, &reason);
         }
     }
 
@@ -225,7 +319,7 @@ impl Engine {
         table.next_serial += 1;
         let serial = table.next_serial;
         let error_context = if error_handling {
-            Box::into_raw(Box::new(ErrorContext { events, serial }))
+            new_error_context(events, serial)
         } else {
             std::ptr::null_mut()
         };
@@ -235,7 +329,7 @@ impl Engine {
         // packed worker address (the engine's trust boundary, see the crate
         // docs); the error context lives until the close completes or the
         // worker is destroyed.
-        match unsafe { self.worker.create_endpoint(address, on_error) } {
+        match unsafe { self.worker.create_endpoint(address, on_error, true) } {
             Ok(handle) => {
                 tracing::debug!(%peer, serial, "endpoint created");
                 connection.endpoint = Some(Endpoint {
@@ -259,6 +353,11 @@ impl Engine {
 
     /// UCX reported endpoint `serial` failed.
     pub(super) fn endpoint_failed(&mut self, serial: u64, status: ucs_status_t) {
+        if let Some(endpoint) = self.peers.take_direct_endpoint(serial) {
+            tracing::debug!(serial, status = %status_text(status), "direct-read endpoint failed; closing it, the next read tries the lane again");
+            self.close_direct_endpoint(endpoint);
+            return;
+        }
         let Some((_, endpoint)) = self.peers.take_endpoint(serial) else {
             return; // Already closed or replaced.
         };
@@ -334,29 +433,38 @@ impl Engine {
     /// Finishes endpoint closes whose requests completed.
     pub(super) fn poll_closing(&mut self) {
         let worker = &self.worker;
-        self.peers.closing.retain(|closing| {
-            // SAFETY: the request came from ucp_ep_close_nbx on this worker
-            // and is freed only below, once, when it leaves the list.
+        let finished = |closing: &ClosingEndpoint| {
+            // SAFETY: the request came from ucp_ep_close_nbx on this
+            // engine's serving or reader worker and is freed only below,
+            // once, when it leaves its list.
             if unsafe { worker.request_in_progress(closing.request) } {
-                return true;
+                return false;
             }
-            // SAFETY: as above; completed, so it is returned to UCX once.
+            // SAFETY: as above; completed, so it is returned to UCX once
+            // (`ucp_request_free` does not depend on the worker).
             unsafe { worker.free_request(closing.request) };
             free_error_context(closing.error_context);
-            false
-        });
+            true
+        };
+        self.peers.closing.retain(|c| !finished(c));
+        self.peers.closing_direct.retain(|c| !finished(c));
     }
 
     /// Starts closing every endpoint (teardown).
     pub(super) fn close_all_endpoints(&mut self) {
-        let endpoints: Vec<Endpoint> = self
-            .peers
-            .connections
-            .values_mut()
-            .filter_map(|c| c.endpoint.take())
-            .collect();
+        let mut endpoints = Vec::new();
+        let mut direct = Vec::new();
+        for connection in self.peers.connections.values_mut() {
+            endpoints.extend(connection.endpoint.take());
+            if let DirectState::Open(endpoint) = std::mem::take(&mut connection.direct) {
+                direct.push(endpoint);
+            }
+        }
         for endpoint in endpoints {
             self.close_endpoint(endpoint, CloseCause::Teardown, &RdmaError::ShuttingDown);
+        }
+        for endpoint in direct {
+            self.close_direct_endpoint(endpoint);
         }
     }
 }

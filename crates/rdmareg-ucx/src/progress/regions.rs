@@ -36,12 +36,15 @@ use super::Engine;
 use super::serve::ServedRegion;
 use super::ucp::MemHandle;
 use crate::command::Reply;
-use crate::read_protocol::ServedKey;
+use crate::read_protocol::{SameHostKey, ServedKey};
 
 /// One registration the thread holds.
 #[derive(Debug)]
 pub(crate) struct Region {
     pub(crate) memh: MemHandle,
+    /// The direct-read lane's registration of the same range, if the lane
+    /// is open.
+    pub(crate) direct_memh: Option<MemHandle>,
     /// The pointer that was mapped: the base of every destination offset.
     pub(crate) ptr: usize,
     /// The length that was mapped: the bound of every destination range.
@@ -104,33 +107,60 @@ impl Engine {
             ))));
             return;
         }
-        let packed_key = Bytes::copy_from_slice(
-            &ServedKey {
-                region_id: id,
-                capability,
+        let served = ServedKey {
+            region_id: id,
+            capability,
+        };
+        let (direct_memh, packed_key) = match self.map_direct(ptr, len) {
+            Ok(None) => (None, Bytes::copy_from_slice(&served.encode())),
+            Ok(Some((direct_memh, ucx_key))) => {
+                let key = SameHostKey {
+                    served,
+                    region_addr: ptr as u64,
+                    region_len: len as u64,
+                    ucx_key,
+                }
+                .encode();
+                match key {
+                    Some(key) => (Some(direct_memh), Bytes::from(key)),
+                    None => {
+                        // SAFETY: mapped just above, in no table, unmapped
+                        // once here.
+                        let _ = unsafe { self.unmap_direct(direct_memh) };
+                        self.undo_map(id, memh, ptr, len);
+                        let _ = reply.send(Err(RdmaError::Backend(
+                            "ucx: the direct-read lane packed an unusable key".into(),
+                        )));
+                        return;
+                    }
+                }
             }
-            .encode(),
-        );
+            Err(err) => {
+                self.undo_map(id, memh, ptr, len);
+                let _ = reply.send(Err(err));
+                return;
+            }
+        };
         if reply.is_canceled() {
             // The caller left while UCX registered: undo before the range is
             // ever counted, so nobody observes a registration that was
             // already abandoned.
-            // SAFETY: `memh` was just mapped on this context and is in no
-            // table; it is unmapped once, here.
-            match unsafe { self.context.unmap(memh) } {
-                Ok(()) => return,
-                Err(err) => {
-                    tracing::error!(error = %err, region = id, "could not undo an abandoned map; it stays registered until teardown");
-                    self.keep_stuck_registration(id, memh, ptr, len);
-                    return;
+            if let Some(direct_memh) = direct_memh {
+                // SAFETY: mapped above on the lane's context, in no table,
+                // unmapped once here.
+                if let Err(err) = unsafe { self.unmap_direct(direct_memh) } {
+                    tracing::error!(error = %err, region = id, "could not undo the direct-lane half of an abandoned map");
                 }
             }
+            self.undo_map(id, memh, ptr, len);
+            return;
         }
         let (effective_addr, effective_len) = self.effective_range(memh, ptr, len);
         self.regions.insert(
             id,
             Region {
                 memh,
+                direct_memh,
                 ptr,
                 len,
                 in_flight: 0,
@@ -168,6 +198,17 @@ impl Engine {
         }
     }
 
+    /// Undoes a serving-context map that is in no table yet; a failed undo
+    /// keeps the registration counted until teardown.
+    fn undo_map(&mut self, id: u64, memh: MemHandle, ptr: usize, len: usize) {
+        // SAFETY: `memh` was just mapped on this context and is in no table;
+        // it is unmapped once, here.
+        if let Err(err) = unsafe { self.context.unmap(memh) } {
+            tracing::error!(error = %err, region = id, "could not undo a registration; it stays registered until teardown");
+            self.keep_stuck_registration(id, memh, ptr, len);
+        }
+    }
+
     /// A registration whose undo (`ucp_mem_unmap`) failed: keep it counted
     /// and in the table, already unmapping so it refuses GETs, so teardown
     /// retries it and the live count stays honest.
@@ -176,6 +217,7 @@ impl Engine {
             id,
             Region {
                 memh,
+                direct_memh: None,
                 ptr,
                 len,
                 in_flight: 0,
@@ -292,10 +334,19 @@ impl Engine {
         let Some(region) = self.regions.get(&id) else {
             return Ok(());
         };
+        let (memh, direct_memh) = (region.memh, region.direct_memh);
+        if let Some(direct_memh) = direct_memh {
+            // SAFETY: from `map_direct`, still in the table, so not unmapped
+            // yet; on success it leaves the region below.
+            unsafe { self.unmap_direct(direct_memh) }?;
+            if let Some(region) = self.regions.get_mut(&id) {
+                region.direct_memh = None;
+            }
+        }
         // SAFETY: the handle came from `Context::map` on this context and is
         // still in the table, so it has not been unmapped; on success it is
         // removed below and never used again.
-        unsafe { self.context.unmap(region.memh) }?;
+        unsafe { self.context.unmap(memh) }?;
         self.regions.remove(&id);
         self.events.served.borrow_mut().remove(&id);
         self.signals

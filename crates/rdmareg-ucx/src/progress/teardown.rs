@@ -18,7 +18,8 @@
 //!    until UCX has released the requests and finished the closes — bounded
 //!    by the rest of the teardown timeout. Those receives answer from their
 //!    completions.
-//! 4. Destroy the worker: from here no transport can read or write any
+//! 4. Destroy the worker (and the direct-read lane's workers): from here no
+//!    transport this engine drives can read or write any
 //!    registered range, and no callback can run. Only now are reads UCX
 //!    never released answered `ShuttingDown`.
 //! 5. Unmap every region still registered, answering parked unmaps; the live
@@ -112,6 +113,7 @@ impl Engine {
 
         let Engine {
             worker,
+            direct,
             ops,
             peers,
             events,
@@ -126,6 +128,8 @@ impl Engine {
         // answered, and the records callbacks pointed into are freed.
         events.worker.set(std::ptr::null_mut());
         drop(worker);
+        // The direct lane's workers too; its context stays for the unmaps.
+        let direct_context = direct.map(|lane| lane.destroy_workers());
         let mut ops = ops;
         ops.answer_all_after_worker_destroyed();
         drop(ops);
@@ -134,9 +138,15 @@ impl Engine {
 
         let mut still_registered = Vec::new();
         for (id, region) in regions {
+            let direct_result = match (region.direct_memh, &direct_context) {
+                // SAFETY: the handle came from the lane's context and is
+                // unmapped at most once (the table is consumed here).
+                (Some(memh), Some(lane)) => unsafe { lane.unmap(memh) },
+                _ => Ok(()),
+            };
             // SAFETY: each handle came from `Context::map` on this context and
             // is unmapped at most once (the table is consumed here).
-            let result = unsafe { context.unmap(region.memh) };
+            let result = unsafe { context.unmap(region.memh) }.and(direct_result);
             match &result {
                 Ok(()) => {
                     signals.live_registrations.fetch_sub(1, Ordering::SeqCst);
@@ -158,6 +168,7 @@ impl Engine {
             };
             let _ = reply.send(answer);
         }
+        drop(direct_context);
         drop(context);
 
         // Anything that slipped in meanwhile.

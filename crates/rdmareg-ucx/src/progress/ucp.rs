@@ -26,10 +26,7 @@ pub(crate) fn ucx_version() -> (u32, u32, u32) {
     (major, minor, release)
 }
 
-/// A `ucp_context_h` with the active-message and wake-up features — and
-/// deliberately without `UCP_FEATURE_RMA`: a context with RMA installs UCX's
-/// software-RMA handlers, which write and read any address a peer names
-/// (see `read_protocol`).
+/// A `ucp_context_h`, created for one of two roles (see [`ContextRole`]).
 pub(crate) struct Context {
     handle: sys::ucp_context_h,
 }
@@ -45,10 +42,26 @@ impl Drop for ConfigGuard {
     }
 }
 
+/// What a context is for, which decides its UCP features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ContextRole {
+    /// The context every peer can reach: active messages and wake-up, and
+    /// deliberately no `UCP_FEATURE_RMA` — a context with RMA installs UCX's
+    /// software-RMA handlers, which write and read any address a peer names
+    /// on any active-message lane (see `read_protocol`).
+    Serving,
+    /// The same-host direct-read lane (`direct`): RMA only, on transports
+    /// only a same-user process of this host can reach.
+    DirectReads,
+}
+
 impl Context {
     /// Reads the UCX configuration (environment included), applies
-    /// `settings` to it and initialises a context.
-    pub(crate) fn new(settings: &[(String, String)]) -> Result<Context, RdmaError> {
+    /// `settings` to it and initialises a context for `role`.
+    pub(crate) fn new(
+        settings: &[(String, String)],
+        role: ContextRole,
+    ) -> Result<Context, RdmaError> {
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: null prefix and file mean UCX's defaults; the out-pointer is
         // valid for a write.
@@ -70,7 +83,10 @@ impl Context {
             field_mask: u64::from(
                 sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED,
             ),
-            features: u64::from(sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP),
+            features: u64::from(match role {
+                ContextRole::Serving => sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP,
+                ContextRole::DirectReads => sys::UCP_FEATURE_RMA,
+            }),
             mt_workers_shared: 0,
             ..Default::default()
         };
@@ -128,6 +144,22 @@ impl Context {
         check(status, "deregistering memory (ucp_mem_unmap)")
     }
 
+    /// The remote key of `memh` as packed bytes (`ucp_rkey_pack`).
+    pub(crate) fn pack_remote_key(&self, memh: MemHandle) -> Result<Bytes, RdmaError> {
+        let mut buffer: *mut c_void = ptr::null_mut();
+        let mut len: usize = 0;
+        // SAFETY: the context is live, `memh` is a live registration of it
+        // (the caller holds it in a table), the out-pointers are valid.
+        let status = unsafe { sys::ucp_rkey_pack(self.handle, memh.0, &mut buffer, &mut len) };
+        check(status, "packing a remote key (ucp_rkey_pack)")?;
+        // SAFETY: on success `buffer` holds `len` bytes until released.
+        let bytes =
+            Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(buffer.cast::<u8>(), len) });
+        // SAFETY: releases the buffer packed above, once.
+        unsafe { sys::ucp_rkey_buffer_release(buffer) };
+        Ok(bytes)
+    }
+
     /// The raw handle, for [`Worker::new`].
     fn raw(&self) -> sys::ucp_context_h {
         self.handle
@@ -166,6 +198,38 @@ pub(crate) struct EpHandle(sys::ucp_ep_h);
 impl EpHandle {
     pub(crate) fn raw(self) -> sys::ucp_ep_h {
         self.0
+    }
+}
+
+/// An unpacked remote key (`ucp_rkey_h`), owned by the read that uses it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RemoteKey(sys::ucp_rkey_h);
+
+impl RemoteKey {
+    /// Unpacks `packed` for endpoint `ep`.
+    ///
+    /// # Safety
+    /// `ep` is a live endpoint used from its worker's thread; `packed` is a
+    /// key whose layout was validated for the loaded UCX (UCX parses it
+    /// without a length).
+    pub(crate) unsafe fn unpack(ep: EpHandle, packed: &[u8]) -> Result<RemoteKey, RdmaError> {
+        let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
+        // SAFETY: the caller's contract; the bytes outlive the call (UCX
+        // copies what it keeps).
+        let status =
+            unsafe { sys::ucp_ep_rkey_unpack(ep.0, packed.as_ptr().cast::<c_void>(), &mut rkey) };
+        check(status, "unpacking a remote key (ucp_ep_rkey_unpack)")?;
+        Ok(RemoteKey(rkey))
+    }
+
+    /// Releases the key.
+    ///
+    /// # Safety
+    /// No operation using the key is still running, and it is destroyed
+    /// once, before its endpoint's worker.
+    pub(crate) unsafe fn destroy(self) {
+        // SAFETY: the caller's contract.
+        unsafe { sys::ucp_rkey_destroy(self.0) };
     }
 }
 
@@ -263,8 +327,9 @@ impl Worker {
 
     /// Creates an endpoint to the worker whose packed address is `address`.
     ///
-    /// With `on_error`, peer error handling is on and UCX calls
-    /// `on_error(error_arg, ..)` (from progress) when the endpoint fails.
+    /// With `on_error`, UCX calls `on_error(error_arg, ..)` (from progress)
+    /// when the endpoint fails; with `detect_peer_failure` as well, the
+    /// endpoint uses peer error handling (keepalive, forced close).
     ///
     /// # Safety
     /// `address` must be a packed UCP worker address from a peer the engine
@@ -274,6 +339,7 @@ impl Worker {
         &self,
         address: &[u8],
         on_error: Option<(EpErrorCallback, *mut c_void)>,
+        detect_peer_failure: bool,
     ) -> Result<EpHandle, RdmaError> {
         let mut params = sys::ucp_ep_params_t {
             field_mask: u64::from(
@@ -287,6 +353,9 @@ impl Worker {
             params.field_mask |= u64::from(sys::UCP_EP_PARAM_FIELD_ERR_HANDLER);
             params.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
             params.err_handler = sys::ucp_err_handler_t { cb: Some(cb), arg };
+            if !detect_peer_failure {
+                params.err_mode = sys::UCP_ERR_HANDLING_MODE_NONE;
+            }
         }
         let mut ep: sys::ucp_ep_h = ptr::null_mut();
         // SAFETY: worker live; params initialised; the address bytes outlive
@@ -479,5 +548,37 @@ pub(crate) unsafe fn receive_rendezvous(
     // SAFETY: the caller's contract; `param` is initialised.
     PtrStatus::decode(unsafe {
         sys::ucp_am_recv_data_nbx(worker, data_desc, dest.cast::<c_void>(), len, &param)
+    })
+}
+
+/// Reads `len` bytes at `remote` of the peer behind `ep` into `dest`
+/// (`ucp_get_nbx`).
+///
+/// # Safety
+/// Called on `ep`'s worker thread; `rkey` was unpacked for `ep` and lives
+/// until the read completes. `[dest, dest + len)` stays allocated and
+/// unaliased until the read completes: inline (`Done`/`Failed`) or when
+/// `callback(.., user_data)` runs; `user_data` stays valid until then.
+pub(crate) unsafe fn get(
+    ep: EpHandle,
+    dest: *mut u8,
+    len: usize,
+    remote: u64,
+    rkey: RemoteKey,
+    callback: SendCallback,
+    user_data: *mut c_void,
+) -> PtrStatus {
+    let mut param = sys::ucp_request_param_t {
+        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+            | sys::UCP_OP_ATTR_FIELD_USER_DATA
+            | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+        user_data,
+        memory_type: sys::UCS_MEMORY_TYPE_HOST,
+        ..Default::default()
+    };
+    param.cb.send = Some(callback);
+    // SAFETY: the caller's contract; `param` is initialised.
+    PtrStatus::decode(unsafe {
+        sys::ucp_get_nbx(ep.0, dest.cast::<c_void>(), len, remote, rkey.0, &param)
     })
 }

@@ -44,18 +44,50 @@ pub fn engines(transport: Transport) -> (UcxEngine, UcxEngine) {
     (owner, consumer)
 }
 
+/// Starts an owner and a consumer engine from `config`; the consumer knows
+/// the owner as [`OWNER`].
+pub fn engines_with(config: UcxConfig) -> (UcxEngine, UcxEngine) {
+    init_tracing();
+    let owner = UcxEngine::start(config.clone()).expect("owner engine starts");
+    let consumer = UcxEngine::start(config).expect("consumer engine starts");
+    consumer
+        .add_peer(OWNER, owner.worker_address())
+        .expect("consumer records the owner");
+    (owner, consumer)
+}
+
+/// [`engines`] with the same-host direct-read lane closed: every read goes
+/// through the owner, on every transport.
+pub fn served_engines(transport: Transport) -> (UcxEngine, UcxEngine) {
+    engines_with(config(transport).with_same_host_direct_reads(false))
+}
+
 /// A conformance-kit pair over two engines of `transport`; its teardown
 /// shuts both down and checks they released everything.
 pub fn backend_pair(transport: Transport) -> BackendPair {
-    let (owner, consumer) = engines(transport);
+    backend_pair_with(config(transport))
+}
+
+/// A conformance-kit pair over two engines started from `config`.
+pub fn backend_pair_with(config: UcxConfig) -> BackendPair {
+    let direct = config.direct_reads_enabled();
+    let (owner, consumer) = engines_with(config);
+    // An owner serving every read itself enforces bounds and refuses keys
+    // it never issued: the full contract applies. On the same-host direct
+    // lane the kernel copies without asking the owner: the consumer's
+    // engine still checks the range against the key's mapped range, but a
+    // stale key reads whatever the memory holds now.
+    let capabilities = if direct {
+        Capabilities::full().with_unknown_remote_key_detected(false)
+    } else {
+        Capabilities::full()
+    };
     let pair = BackendPair::new(
         owner.backend() as Arc<dyn RdmaBackend>,
         consumer.backend() as Arc<dyn RdmaBackend>,
         OWNER,
     )
-    // The owner serves every read itself, so it enforces bounds and refuses
-    // keys it never issued: the full contract applies.
-    .with_capabilities(Capabilities::full());
+    .with_capabilities(capabilities);
     pair.with_teardown(async move {
         consumer.shutdown().await;
         owner.shutdown().await;

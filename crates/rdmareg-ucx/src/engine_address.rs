@@ -1,0 +1,272 @@
+//! [`EngineAddress`]: what an engine hands its peers so they can reach it —
+//! its serving worker's address and, if it opened one, the address of its
+//! same-host direct-read lane.
+//!
+//! # Wire format (version 1)
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 2 | magic `"RW"` |
+//! | 1 | version, `1` |
+//! | 1 | flags: bit 0 — a direct-read address follows; other bits zero |
+//! | 2 | serving address length `n` (u16, little-endian), at least 1 |
+//! | `n` | the serving worker's packed UCP address |
+//! | 2 + `m` | only with flag bit 0: length `m` (u16, little-endian, at least 1) and the direct-read worker's packed UCP address |
+//!
+//! Nothing may follow. Each packed UCP address inside is validated against
+//! the loaded UCX's layout ([`crate::worker_address`]) before UCX sees it.
+//!
+//! # Bare UCP addresses
+//!
+//! [`EngineAddress::decode`] also accepts a bare packed UCP worker address —
+//! a peer that speaks the read protocol without the envelope, such as a tool
+//! built on UCX directly — as a serving address with no direct lane. The two
+//! cannot be confused: a UCP address's first byte carries the address
+//! version (0 or 1) in its low nibble, and `'R'` (`0x52`) has 2 there.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::worker_address::{WorkerAddressError, WorkerAddressFormat};
+
+const MAGIC: [u8; 2] = *b"RW";
+const VERSION: u8 = 1;
+const FLAG_DIRECT: u8 = 0x01;
+const HEADER_LEN: usize = 6;
+
+/// The addresses an engine publishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineAddress {
+    /// The serving worker: requests, replies, and everything a remote peer
+    /// does.
+    pub serving: Bytes,
+    /// The same-host direct-read worker, if the engine opened that lane.
+    pub direct: Option<Bytes>,
+}
+
+/// Why bytes are not an engine address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineAddressError {
+    /// The envelope is cut short.
+    #[error("engine address truncated: {needed} bytes needed, {available} present")]
+    Truncated {
+        /// Bytes the field being read needs.
+        needed: usize,
+        /// Bytes that were left.
+        available: usize,
+    },
+    /// An envelope version this build does not read.
+    #[error("unknown engine address version {0}")]
+    UnknownVersion(u8),
+    /// Flag bits this build does not know.
+    #[error("unknown engine address flags {0:#04x}")]
+    UnknownFlags(u8),
+    /// An address field of length zero.
+    #[error("engine address has an empty {0} address")]
+    EmptyAddress(&'static str),
+    /// Bytes after the last field.
+    #[error("{0} bytes after the end of the engine address")]
+    TrailingBytes(usize),
+    /// An inner UCP address failed validation.
+    #[error("{which} address: {error}")]
+    Worker {
+        /// Which of the two addresses.
+        which: &'static str,
+        /// What is wrong with it.
+        error: WorkerAddressError,
+    },
+}
+
+impl EngineAddress {
+    /// Encodes the envelope. Addresses longer than `u16::MAX` bytes are not
+    /// produced by UCX; they are refused here rather than cut.
+    ///
+    /// # Panics
+    /// Never for addresses UCX packs; an address longer than 65535 bytes is
+    /// a programming error and panics.
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(
+            HEADER_LEN + self.serving.len() + self.direct.as_ref().map_or(0, |d| 2 + d.len()),
+        );
+        out.put_slice(&MAGIC);
+        out.put_u8(VERSION);
+        out.put_u8(if self.direct.is_some() {
+            FLAG_DIRECT
+        } else {
+            0
+        });
+        put_field(&mut out, &self.serving);
+        if let Some(direct) = &self.direct {
+            put_field(&mut out, direct);
+        }
+        out.freeze()
+    }
+
+    /// Decodes an envelope (or a bare UCP address, see the module docs)
+    /// without validating the UCP addresses inside.
+    pub fn decode(bytes: &[u8]) -> Result<EngineAddress, EngineAddressError> {
+        if !bytes.starts_with(&MAGIC) {
+            if bytes.is_empty() {
+                return Err(EngineAddressError::EmptyAddress("serving"));
+            }
+            return Ok(EngineAddress {
+                serving: Bytes::copy_from_slice(bytes),
+                direct: None,
+            });
+        }
+        let header = take(bytes, 0, HEADER_LEN)?;
+        if header[2] != VERSION {
+            return Err(EngineAddressError::UnknownVersion(header[2]));
+        }
+        let flags = header[3];
+        if flags & !FLAG_DIRECT != 0 {
+            return Err(EngineAddressError::UnknownFlags(flags));
+        }
+        let (serving, mut at) = field(bytes, 4, "serving")?;
+        let direct = if flags & FLAG_DIRECT != 0 {
+            let (direct, end) = field(bytes, at, "direct")?;
+            at = end;
+            Some(direct)
+        } else {
+            None
+        };
+        if at != bytes.len() {
+            return Err(EngineAddressError::TrailingBytes(bytes.len() - at));
+        }
+        Ok(EngineAddress { serving, direct })
+    }
+
+    /// Decodes and validates both UCP addresses against `format`, returning
+    /// them padded as `ucp_ep_create` needs them
+    /// ([`WorkerAddressFormat::copy_for_endpoint`]).
+    pub fn decode_for_endpoints(
+        bytes: &[u8],
+        format: &WorkerAddressFormat,
+    ) -> Result<EngineAddress, EngineAddressError> {
+        let decoded = EngineAddress::decode(bytes)?;
+        let check = |which: &'static str, address: &Bytes| {
+            format
+                .copy_for_endpoint(address)
+                .map(Bytes::from)
+                .map_err(|error| EngineAddressError::Worker { which, error })
+        };
+        Ok(EngineAddress {
+            serving: check("serving", &decoded.serving)?,
+            direct: decoded
+                .direct
+                .as_ref()
+                .map(|d| check("direct", d))
+                .transpose()?,
+        })
+    }
+}
+
+fn put_field(out: &mut BytesMut, address: &[u8]) {
+    let len = u16::try_from(address.len()).expect("UCP worker addresses are far below 64 KiB");
+    out.put_u16_le(len);
+    out.put_slice(address);
+}
+
+fn take(bytes: &[u8], at: usize, len: usize) -> Result<&[u8], EngineAddressError> {
+    let available = bytes.len().saturating_sub(at);
+    bytes
+        .get(at..at.saturating_add(len))
+        .ok_or(EngineAddressError::Truncated {
+            needed: len,
+            available,
+        })
+}
+
+/// A length-prefixed address at `at`; returns it and the offset after it.
+fn field(
+    bytes: &[u8],
+    at: usize,
+    which: &'static str,
+) -> Result<(Bytes, usize), EngineAddressError> {
+    let len = take(bytes, at, 2)?;
+    let len = usize::from(u16::from_le_bytes([len[0], len[1]]));
+    if len == 0 {
+        return Err(EngineAddressError::EmptyAddress(which));
+    }
+    let address = take(bytes, at + 2, len)?;
+    Ok((Bytes::copy_from_slice(address), at + 2 + len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> EngineAddress {
+        EngineAddress {
+            serving: Bytes::from_static(&[0x10, 1, 2, 3]),
+            direct: Some(Bytes::from_static(&[0x00, 9, 9])),
+        }
+    }
+
+    #[test]
+    fn an_envelope_round_trips_with_and_without_a_direct_lane() {
+        let both = sample();
+        assert_eq!(EngineAddress::decode(&both.encode()), Ok(both.clone()));
+        let serving_only = EngineAddress {
+            direct: None,
+            ..both
+        };
+        assert_eq!(
+            EngineAddress::decode(&serving_only.encode()),
+            Ok(serving_only)
+        );
+    }
+
+    #[test]
+    fn a_bare_ucp_address_is_a_serving_address_without_direct_lane() {
+        let decoded = EngineAddress::decode(&[0x10, 0xAA, 0xBB]).unwrap();
+        assert_eq!(&decoded.serving[..], &[0x10, 0xAA, 0xBB]);
+        assert_eq!(decoded.direct, None);
+        assert_eq!(
+            EngineAddress::decode(&[]),
+            Err(EngineAddressError::EmptyAddress("serving"))
+        );
+    }
+
+    #[test]
+    fn malformed_envelopes_get_typed_errors() {
+        let good = sample().encode();
+        let mut v = good.to_vec();
+        v[2] = 2;
+        assert_eq!(
+            EngineAddress::decode(&v),
+            Err(EngineAddressError::UnknownVersion(2))
+        );
+        let mut v = good.to_vec();
+        v[3] = 0x81;
+        assert_eq!(
+            EngineAddress::decode(&v),
+            Err(EngineAddressError::UnknownFlags(0x81))
+        );
+        let mut v = good.to_vec();
+        v.push(0);
+        assert_eq!(
+            EngineAddress::decode(&v),
+            Err(EngineAddressError::TrailingBytes(1))
+        );
+        assert!(matches!(
+            EngineAddress::decode(&good[..good.len() - 1]),
+            Err(EngineAddressError::Truncated { .. })
+        ));
+        assert_eq!(
+            EngineAddress::decode(b"RW\x01\x00\x00\x00"),
+            Err(EngineAddressError::EmptyAddress("serving"))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = EngineAddress::decode(&bytes);
+            let mut framed = b"RW\x01".to_vec();
+            framed.extend_from_slice(&bytes);
+            let _ = EngineAddress::decode(&framed);
+        }
+    }
+}
