@@ -12,7 +12,10 @@
 //!   exactly at its end, and every memory-domain and lane index it yields is
 //!   inside the 64-entry tables UCX uses them on;
 //! * the padded copy for `ucp_ep_create` exists exactly for accepted
-//!   addresses and starts with them.
+//!   addresses and starts with them;
+//! * the engine-address envelope around it never panics, and accepts only
+//!   what re-encodes to the input (a bare UCP address passes through as the
+//!   serving address), with both inner addresses validated like the above.
 //!
 //! [`WorkerAddressFormat::validate`]: rdmareg_ucx::worker_address::WorkerAddressFormat::validate
 
@@ -22,10 +25,25 @@
 mod worker_address_model;
 
 use libfuzzer_sys::fuzz_target;
+use rdmareg_ucx::EngineAddress;
 use rdmareg_ucx::worker_address::{ENDPOINT_PADDING, MAX_WORKER_ADDRESS_LEN};
 use worker_address_model::{format, model_unpack};
 
 fuzz_target!(|address: &[u8]| {
+    if let Ok(envelope) = EngineAddress::decode(address) {
+        if address.starts_with(b"RW") {
+            assert_eq!(&envelope.encode()[..], address, "an accepted envelope re-encodes to itself");
+        } else {
+            assert_eq!(&envelope.serving[..], address, "a bare address passes through");
+        }
+        if let Ok(checked) = EngineAddress::decode_for_endpoints(address, &format()) {
+            assert!(format().validate(&envelope.serving).is_ok());
+            assert!(checked.serving.starts_with(&envelope.serving));
+            if let Some(direct) = &envelope.direct {
+                assert!(format().validate(direct).is_ok());
+            }
+        }
+    }
     let verdict = format().validate(address);
     let copy = format().copy_for_endpoint(address);
     assert_eq!(verdict.is_ok(), copy.is_ok(), "validate and copy disagree");

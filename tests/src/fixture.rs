@@ -67,7 +67,12 @@ impl Side {
     /// Start an engine of `transport` and a registry with `config` over it.
     /// Must be called inside a Tokio runtime with timers.
     pub fn start(transport: Transport, config: RdmaConfig) -> Side {
-        let engine = UcxEngine::start(engine_config(transport)).expect("the UCX engine starts");
+        Side::start_with(engine_config(transport), config)
+    }
+
+    /// Start an engine from `engine` and a registry with `config` over it.
+    pub fn start_with(engine: UcxConfig, config: RdmaConfig) -> Side {
+        let engine = UcxEngine::start(engine).expect("the UCX engine starts");
         let backend: Arc<dyn RdmaBackend> = engine.backend();
         let registry = RdmaRegistry::new(backend, config, tokio::runtime::Handle::current())
             .expect("a valid registry configuration");
@@ -106,9 +111,15 @@ pub struct Pair {
 impl Pair {
     /// Start both sides with `config`, and introduce them to each other.
     pub fn start(transport: Transport, config: RdmaConfig) -> Pair {
+        Pair::start_with(engine_config(transport), config)
+    }
+
+    /// Start both sides' engines from `engine` and their registries with
+    /// `config`, and introduce them to each other.
+    pub fn start_with(engine: UcxConfig, config: RdmaConfig) -> Pair {
         crate::init_tracing();
-        let owner = Side::start(transport.clone(), config.clone());
-        let consumer = Side::start(transport, config);
+        let owner = Side::start_with(engine.clone(), config.clone());
+        let consumer = Side::start_with(engine, config);
         consumer
             .engine
             .add_peer(OWNER, owner.engine.worker_address())

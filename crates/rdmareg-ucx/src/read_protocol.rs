@@ -227,6 +227,7 @@ impl SameHostKey {
 
 /// A key of either lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReadKey {
     /// Lane 0: read through the owner.
     Served(ServedKey),

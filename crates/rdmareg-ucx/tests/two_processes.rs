@@ -2,8 +2,10 @@
 //! (selected by an environment variable) that registers memory and prints
 //! its worker address and a descriptor on stdout; the test process is the
 //! consumer. Covers GETs across processes, a peer killed mid-transfer, a
-//! peer stopped with SIGSTOP, and consumers (another re-execution, role
-//! `consumer`) SIGKILLed while the owner serves them.
+//! peer stopped with SIGSTOP, consumers (another re-execution, role
+//! `consumer`) SIGKILLed while the owner serves them, and who may use the
+//! same-host direct-read lane: a reader (role `prober`) of the owner's user
+//! reads one-sided, one of another user only through the owner.
 //!
 //! The binary has its own `main` (no libtest harness) because it is also
 //! the owner. Arguments that do not start with `-` filter tests by substring.
@@ -105,6 +107,54 @@ fn consumer_main() {
     });
 }
 
+/// The prober role: read the owner's descriptor once with its real key
+/// and once with a forged capability, and print both answers. Through the
+/// owner the forged one is refused; a one-sided read never asks the owner.
+fn prober_main() {
+    let transport = transport_named(&std::env::var(TRANSPORT).expect("transport"));
+    let address = Bytes::from(unhex(&std::env::var(OWNER_ADDRESS).expect("address")));
+    let descriptor = Descriptor::decode(&unhex(
+        &std::env::var(OWNER_DESCRIPTOR).expect("descriptor"),
+    ))
+    .expect("descriptor");
+    let engine = UcxEngine::start(config(transport)).expect("prober engine starts");
+    engine.add_peer(OWNER, address).expect("owner recorded");
+    let backend = engine.backend();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let (real, forged, bytes_right) = runtime.block_on(async {
+        let dst = PageBuf::zeroed(descriptor.len() as usize);
+        let region = map(&backend, &dst).await;
+        let request = get_request(OWNER, &descriptor, &region, 0, None);
+        let real = backend.get(request).await;
+        let bytes_right = dst.snapshot() == PageBuf::filled(dst.len(), pattern).snapshot();
+        let mut request = get_request(OWNER, &descriptor, &region, 0, None);
+        request.packed_key = forge_capability(&request.packed_key);
+        let forged = backend.get(request).await;
+        let _ = backend.unmap(region.backend_region_id).await;
+        (real, forged, bytes_right)
+    });
+    engine.shutdown_blocking();
+    println!("PROBED real={real:?} forged={forged:?} bytes_right={bytes_right}");
+}
+
+/// `key` (either lane) with its capability replaced.
+fn forge_capability(key: &[u8]) -> Bytes {
+    use rdmareg_ucx::read_protocol::ReadKey;
+    match ReadKey::decode(key).expect("an engine key") {
+        ReadKey::Served(mut served) => {
+            served.capability = [0xAB; 16];
+            Bytes::copy_from_slice(&served.encode())
+        }
+        ReadKey::SameHost(mut same_host) => {
+            same_host.served.capability = [0xAB; 16];
+            Bytes::from(same_host.encode().expect("a same-host key"))
+        }
+        other => panic!("unexpected key {other:?}"),
+    }
+}
+
 /// A running owner process.
 struct Owner {
     child: Child,
@@ -197,6 +247,35 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// Runs a prober (as `uid`, if given) against a same-host owner; returns
+/// its answer line.
+fn probe_same_host_owner(uid: Option<u32>) -> String {
+    use std::os::unix::process::CommandExt;
+    let owner = Owner::spawn("same-host", 64 * 1024);
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .env(ROLE, "prober")
+        .env(TRANSPORT, "same-host")
+        .env(OWNER_ADDRESS, hex(&owner.address))
+        .env(OWNER_DESCRIPTOR, hex(&owner.descriptor.encode()))
+        .stderr(Stdio::inherit());
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
+    let output = command.output().expect("prober runs");
+    assert!(
+        output.status.success(),
+        "prober exited with {}",
+        output.status
+    );
+    owner.finish();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find(|l| l.starts_with("PROBED"))
+        .expect("the prober answers")
+        .to_owned()
 }
 
 fn consumer(transport: &str) -> UcxEngine {
@@ -398,6 +477,7 @@ fn main() {
     match std::env::var(ROLE).as_deref() {
         Ok("owner") => return owner_main(),
         Ok("consumer") => return consumer_main(),
+        Ok("prober") => return prober_main(),
         _ => {}
     }
     let tests: Vec<(&str, TestFn)> = vec![
@@ -428,6 +508,31 @@ fn main() {
         (
             "killed_consumers_never_take_the_owner_down_over_tcp",
             Box::new(|| killed_consumers_never_take_the_owner_down("tcp", 40)),
+        ),
+        (
+            "a_reader_of_the_owners_user_reads_one_sided_on_the_same_host",
+            Box::new(|| {
+                let answer = probe_same_host_owner(None);
+                assert_eq!(
+                    answer, "PROBED real=Ok(()) forged=Ok(()) bytes_right=true",
+                    "a same-user reader goes one-sided: the owner checks nothing"
+                );
+            }),
+        ),
+        (
+            "a_reader_of_another_user_reads_a_same_host_owner_only_through_the_owner",
+            Box::new(|| {
+                // SAFETY: geteuid takes no arguments and cannot fail.
+                if unsafe { libc::geteuid() } != 0 {
+                    eprintln!("not run: switching to another user needs root");
+                    return;
+                }
+                let answer = probe_same_host_owner(Some(65534));
+                assert_eq!(
+                    answer, "PROBED real=Ok(()) forged=Err(RegionNotFound) bytes_right=true",
+                    "another user's reader is refused the direct lane and goes through the owner"
+                );
+            }),
         ),
         (
             "killed_consumers_never_take_the_owner_down_over_same_host",

@@ -7,9 +7,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use rdmareg_registry::{Descriptor, DescriptorError, PeerId, PinnedBuf, RdmaError, RegionGuard};
 use rdmareg_tests::{
-    KIB, OWNER, Pair, assert_all, assert_same_bytes, expected, patterned, registry_config,
+    KIB, OWNER, Pair, assert_all, assert_same_bytes, engine_config, expected, patterned,
+    registry_config,
 };
-use rdmareg_ucx::Transport;
+use rdmareg_ucx::{Transport, UcxConfig};
 
 /// Byte a destination is pre-filled with.
 const UNTOUCHED: u8 = 0x5E;
@@ -29,7 +30,12 @@ per_transport!(
 /// A pair, the owner's registered region and its descriptor as the consumer
 /// decoded it.
 async fn setup(transport: Transport) -> (Pair, RegionGuard, Descriptor) {
-    let pair = Pair::start(transport, registry_config());
+    setup_with(engine_config(transport)).await
+}
+
+/// [`setup`] with engines started from `engine`.
+async fn setup_with(engine: UcxConfig) -> (Pair, RegionGuard, Descriptor) {
+    let pair = Pair::start_with(engine, registry_config());
     let guard = pair
         .owner
         .registry
@@ -164,8 +170,12 @@ async fn sub_ranges_outside_their_parent_are_out_of_range(transport: Transport) 
     finish(pair, guard).await;
 }
 
+/// Keys are checked by the owner, so the same-host direct-read lane (whose
+/// reads the owner never sees; see `rdmareg_ucx`'s crate docs) is closed
+/// here.
 async fn tampered_packed_keys_are_refused_and_the_engine_keeps_serving(transport: Transport) {
-    let (pair, guard, descriptor) = setup(transport).await;
+    let engine = engine_config(transport).with_same_host_direct_reads(false);
+    let (pair, guard, descriptor) = setup_with(engine).await;
     let key = descriptor.packed_key().to_vec();
     assert_eq!(
         key.len(),

@@ -1,0 +1,198 @@
+//! The same-host direct-read lane: what it reads, what it does not check,
+//! and how either side closes it.
+//!
+//! Over this lane the kernel copies out of the owner's process
+//! (`process_vm_readv`) without asking the owner's engine, so the owner's
+//! checks do not apply: these tests pin down exactly what a reader gets
+//! instead, and that an owner or a consumer that closes the lane gets every
+//! read checked again. (Who can reach the lane at all — same user yes,
+//! another user no — is `two_processes`' prober tests.)
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::RdmaError;
+use rdmareg_ucx::read_protocol::ReadKey;
+use rdmareg_ucx::{EngineAddress, Transport, UcxEngine};
+
+/// `key` (either lane) with its capability replaced.
+fn forged(key: &Bytes) -> Bytes {
+    match ReadKey::decode(key).expect("an engine key") {
+        ReadKey::Served(mut served) => {
+            served.capability = [0xAB; 16];
+            Bytes::copy_from_slice(&served.encode())
+        }
+        ReadKey::SameHost(mut same_host) => {
+            same_host.served.capability = [0xAB; 16];
+            Bytes::from(same_host.encode().expect("a same-host key"))
+        }
+        other => panic!("unexpected key {other:?}"),
+    }
+}
+
+fn same_host() -> rdmareg_ucx::UcxConfig {
+    config(Transport::SameHost)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_host_owner_issues_same_host_keys_and_publishes_both_addresses() {
+    let (owner, consumer) = engines(Transport::SameHost);
+    let ob = owner.backend();
+    let src = PageBuf::filled(4096, pattern);
+    let region = map(&ob, &src).await;
+    let Ok(ReadKey::SameHost(key)) = ReadKey::decode(&region.packed_key) else {
+        panic!("a same-host owner's key is lane 1");
+    };
+    assert_eq!(key.region_addr, src.addr() as u64);
+    assert_eq!(key.region_len, 4096);
+    let address = EngineAddress::decode(&owner.worker_address()).unwrap();
+    assert!(
+        address.direct.is_some(),
+        "the direct-read address is published"
+    );
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_read_is_not_checked_by_the_owner() {
+    // A forged capability would be refused by the owner; the kernel copy
+    // never asks it.
+    let (owner, consumer) = engines(Transport::SameHost);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(8192, pattern);
+    let dst = PageBuf::zeroed(8192);
+    let region = map(&ob, &src).await;
+    let dst_region = map(&cb, &dst).await;
+    let mut request = get_request(OWNER, &describe(&src, &region), &dst_region, 0, None);
+    request.packed_key = forged(&region.packed_key);
+    assert_eq!(cb.get(request).await, Ok(()));
+    assert!(dst.snapshot() == src.snapshot());
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_descriptor_on_the_direct_lane_reads_what_the_memory_holds_now() {
+    let (owner, consumer) = engines(Transport::SameHost);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(4096, pattern);
+    let dst = PageBuf::zeroed(4096);
+    let region = map(&ob, &src).await;
+    let dst_region = map(&cb, &dst).await;
+    let descriptor = describe(&src, &region);
+    assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
+    assert_eq!(owner.live_registrations(), 0);
+    src.fill(0x3C);
+    let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
+    assert_eq!(
+        cb.get(request).await,
+        Ok(()),
+        "nothing on this lane knows the registration is gone"
+    );
+    assert!(
+        dst.snapshot().iter().all(|&b| b == 0x3C),
+        "the read returns the memory's bytes of now, not of the registration"
+    );
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_read_outside_the_keys_mapped_range_is_out_of_range() {
+    let (owner, consumer) = engines(Transport::SameHost);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(8192, pattern);
+    let secret = PageBuf::filled(4096, |_| 0x5A);
+    let dst = PageBuf::zeroed(8192);
+    // Register only the first page.
+    let region = ob.map(src.addr(), 4096).await.expect("map");
+    let dst_region = map(&cb, &dst).await;
+    let desc = describe(&src, &region);
+    for (remote_addr, len) in [
+        (src.addr() as u64, 8192),
+        (src.addr() as u64 + 4095, 2),
+        (secret.addr() as u64, 4096),
+        (u64::MAX - 1, 2),
+    ] {
+        let mut request = get_request(OWNER, &desc, &dst_region, 0, None);
+        request.remote_addr = remote_addr;
+        request.len = len;
+        assert_eq!(
+            cb.get(request).await,
+            Err(RdmaError::OutOfRange),
+            "{remote_addr:#x}+{len}"
+        );
+    }
+    assert!(dst.snapshot().iter().all(|&b| b == 0), "nothing was copied");
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_closes_the_lane_gets_every_read_checked() {
+    let owner =
+        UcxEngine::start(same_host().with_same_host_direct_reads(false)).expect("owner starts");
+    let consumer = UcxEngine::start(same_host()).expect("consumer starts");
+    assert!(
+        EngineAddress::decode(&owner.worker_address())
+            .unwrap()
+            .direct
+            .is_none(),
+        "no direct-read address is published"
+    );
+    consumer.add_peer(OWNER, owner.worker_address()).unwrap();
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(4096, pattern);
+    let dst = PageBuf::zeroed(4096);
+    let region = map(&ob, &src).await;
+    assert!(matches!(
+        ReadKey::decode(&region.packed_key),
+        Ok(ReadKey::Served(_))
+    ));
+    let dst_region = map(&cb, &dst).await;
+    let descriptor = describe(&src, &region);
+    let mut request = get_request(OWNER, &descriptor, &dst_region, 0, None);
+    request.packed_key = forged(&region.packed_key);
+    assert_eq!(cb.get(request).await, Err(RdmaError::RegionNotFound));
+    let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
+    assert_eq!(cb.get(request).await, Ok(()));
+    assert!(dst.snapshot() == src.snapshot());
+    assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
+    let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
+    assert_eq!(cb.get(request).await, Err(RdmaError::RegionNotFound));
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_closes_the_lane_reads_a_same_host_key_through_the_owner() {
+    let owner = UcxEngine::start(same_host()).expect("owner starts");
+    let consumer =
+        UcxEngine::start(same_host().with_same_host_direct_reads(false)).expect("consumer starts");
+    consumer.add_peer(OWNER, owner.worker_address()).unwrap();
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(4096, pattern);
+    let dst = PageBuf::zeroed(4096);
+    let region = map(&ob, &src).await;
+    assert!(matches!(
+        ReadKey::decode(&region.packed_key),
+        Ok(ReadKey::SameHost(_))
+    ));
+    let dst_region = map(&cb, &dst).await;
+    let descriptor = describe(&src, &region);
+    let mut request = get_request(OWNER, &descriptor, &dst_region, 0, None);
+    request.packed_key = forged(&region.packed_key);
+    assert_eq!(
+        cb.get(request).await,
+        Err(RdmaError::RegionNotFound),
+        "the owner checked it"
+    );
+    let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
+    assert_eq!(cb.get(request).await, Ok(()));
+    assert!(dst.snapshot() == src.snapshot());
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
