@@ -39,10 +39,12 @@
 //! context has `UCP_FEATURE_RMA` can read or write any byte of the process.
 //! So:
 //!
-//! - **No worker of this engine has `UCP_FEATURE_RMA`.** Its context has
-//!   active messages and wake-up only, so UCX installs none of the emulation
-//!   handlers: a crafted PUT or GET request aimed at it is dropped (see the
-//!   `raw_peer` tests).
+//! - **No worker a peer outside the host's same-user trust domain can reach
+//!   has `UCP_FEATURE_RMA`.** The serving context has active messages and
+//!   wake-up only, so UCX installs none of the emulation handlers there: a
+//!   crafted PUT or GET request aimed at it is dropped (see the `raw_peer`
+//!   tests). The same-host direct-read lane (below) is the one context with
+//!   RMA, on transports only same-user processes of the host can reach.
 //! - **A read is a request the owner checks** ([`read_protocol`]): the
 //!   descriptor's key names a registration (an id never reused) and carries
 //!   its 16-byte random capability; the owner's engine serves only a live,
@@ -66,17 +68,33 @@
 //!
 //! Large replies travel by rendezvous straight into the destination; on
 //! same-host lanes UCX pulls them with cma, so bulk data still moves with
-//! one copy. What bounds a peer is the owner's check, on every lane; on the
-//! same host a peer running as the same user can also read the process
-//! through the kernel (`process_vm_readv`), which no library can prevent.
+//! one copy.
+//!
+//! # Lanes
+//!
+//! - **Served** (every engine): the owner checks each read, as above. What
+//!   bounds a peer is the owner's check.
+//! - **Same-host direct** (open by default on [`Transport::Auto`],
+//!   [`Transport::SameHost`] and [`Transport::SharedMemoryNoErrorHandling`];
+//!   [`UcxConfig::with_same_host_direct_reads`] decides otherwise): a second
+//!   context with RMA on `posix,cma` only, which only processes of the same
+//!   host and user can reach — the same processes that can read this one
+//!   with `process_vm_readv` anyway. Its address travels beside the serving
+//!   one in an [`EngineAddress`], and the owner's keys carry both lanes
+//!   ([`read_protocol::SameHostKey`]). A consumer that reaches the owner's
+//!   direct lane reads one-sided: one kernel copy, no request, no owner
+//!   wake-up. The owner checks nothing there: the consumer's engine checks
+//!   the key's mapped range, and a stale descriptor reads the memory's
+//!   current bytes. A consumer that cannot reach it reads through the owner.
+//!   See `docs/safety.md` for the trust domain, lane by lane.
 //!
 //! Bytes from peers are validated before UCX or the engine acts on them:
 //! keys are decoded by the engine ([`read_protocol`]), and worker addresses
 //! are checked against the worker-address layout of the running UCX
 //! ([`worker_address`]) by [`UcxEngine::add_peer`] — UCX aborts the process
 //! on some malformed ones and reads past the end of others. The [`packed_key`] module
-//! validates UCX's own packed-key format (for a one-sided lane on RDMA
-//! hardware), which this engine's keys no longer carry.
+//! validates UCX's own packed-key format, which same-host keys carry for
+//! the direct lane; it is checked before UCX unpacks it.
 //!
 //! # Errors
 //!
