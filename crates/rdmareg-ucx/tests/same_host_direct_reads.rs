@@ -196,3 +196,40 @@ async fn a_consumer_that_closes_the_lane_reads_a_same_host_key_through_the_owner
     consumer.shutdown().await;
     owner.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_peer_mid_read_ends_the_read_before_its_endpoint_closes() {
+    // UCX requires a read's key to be destroyed before its endpoint, so the
+    // engine lets the kernel copies on an endpoint end before closing it.
+    // A 16 MiB copy spans several progress calls, so the removal lands
+    // while one runs; under AddressSanitizer a key destroyed after its
+    // endpoint shows as a use-after-free.
+    const LEN: usize = 16 * 1024 * 1024;
+    let (owner, consumer) = engines(Transport::SameHost);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(LEN, pattern);
+    let dst = PageBuf::zeroed(LEN);
+    let region = map(&ob, &src).await;
+    let dst_region = map(&cb, &dst).await;
+    let descriptor = describe(&src, &region);
+    let mut landed = 0;
+    for round in 0..20u64 {
+        consumer.add_peer(OWNER, owner.worker_address()).unwrap();
+        let backend = cb.clone();
+        let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
+        let read = tokio::spawn(async move { backend.get(request).await });
+        tokio::time::sleep(std::time::Duration::from_micros(300 * (round % 4))).await;
+        consumer.remove_peer(OWNER).unwrap();
+        match read.await.unwrap() {
+            Ok(()) => landed += 1,
+            Err(RdmaError::NotConfigured) => {}
+            Err(other) => panic!("round {round}: {other:?}"),
+        }
+    }
+    assert!(landed > 0, "no read ran before its peer was removed");
+    assert!(dst.snapshot() == src.snapshot());
+    assert_eq!(cb.unmap(dst_region.backend_region_id).await, Ok(()));
+    consumer.shutdown().await;
+    owner.shutdown().await;
+    assert_eq!(consumer.live_registrations(), 0);
+}

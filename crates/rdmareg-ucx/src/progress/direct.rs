@@ -66,6 +66,10 @@ use crate::packed_key::{PackedKeyFormat, copy_for_unpack};
 use crate::read_protocol::SameHostKey;
 use crate::status::{PtrStatus, status_text};
 
+/// How long closing a direct endpoint waits for the kernel copies still
+/// running on it.
+const DIRECT_SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The lane's UCX objects. Field order is drop order: workers before their
 /// context.
 pub(crate) struct DirectLane {
@@ -265,9 +269,40 @@ impl Engine {
         Ok(None)
     }
 
-    /// Closes a direct endpoint: gracefully (it flushes at once: a direct
-    /// read completes inside UCX without the peer).
+    /// Closes a direct endpoint gracefully, once the reads on it have
+    /// ended and their keys are destroyed: UCX requires a key to be
+    /// destroyed before its endpoint. A direct read ends inside UCX's
+    /// progress without the peer, so this waits for kernel copies only,
+    /// bounded by [`DIRECT_SETTLE_LIMIT`]; keys of reads still running then
+    /// are leaked rather than destroyed too late.
     pub(super) fn close_direct_endpoint(&mut self, endpoint: Endpoint) {
+        if self.direct.is_none() {
+            free_error_context(endpoint.error_context);
+            return;
+        }
+        let started = std::time::Instant::now();
+        let running = self.ops.direct_reads_on_endpoint(endpoint.serial);
+        if running > 0 {
+            tracing::debug!(
+                serial = endpoint.serial,
+                running,
+                "letting direct reads end before their endpoint closes"
+            );
+        }
+        while self.ops.direct_reads_on_endpoint(endpoint.serial) > 0 {
+            if started.elapsed() > DIRECT_SETTLE_LIMIT {
+                tracing::warn!(
+                    serial = endpoint.serial,
+                    "direct reads did not end before their endpoint closed; leaking their keys"
+                );
+                self.ops.forget_direct_keys_on_endpoint(endpoint.serial);
+                break;
+            }
+            if let Some(lane) = &self.direct {
+                lane.reader.progress();
+            }
+            self.drain_events();
+        }
         let Some(lane) = self.direct.as_ref() else {
             free_error_context(endpoint.error_context);
             return;

@@ -269,6 +269,32 @@ impl OpTable {
             .count()
     }
 
+    /// Direct reads on direct endpoint `serial` whose key is not yet
+    /// destroyed.
+    pub(crate) fn direct_reads_on_endpoint(&self, serial: u64) -> usize {
+        self.active_slots()
+            .into_iter()
+            .filter_map(|slot| self.op(slot))
+            // SAFETY: as in `op`.
+            .filter(|&op| unsafe { (*op).endpoint_serial == serial && (*op).direct_key.is_some() })
+            .count()
+    }
+
+    /// Forgets (leaks) the keys of direct reads on endpoint `serial` that
+    /// never ended: UCX forbids destroying a key once its endpoint is gone.
+    pub(crate) fn forget_direct_keys_on_endpoint(&mut self, serial: u64) {
+        for slot in self.active_slots() {
+            if let Some(op) = self.op(slot) {
+                // SAFETY: as in `op`.
+                unsafe {
+                    if (*op).endpoint_serial == serial {
+                        (*op).direct_key = None;
+                    }
+                }
+            }
+        }
+    }
+
     /// Active slots, for sweeps.
     fn active_slots(&self) -> Vec<u32> {
         (0..self.slots.len() as u32)
