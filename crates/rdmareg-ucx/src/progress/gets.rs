@@ -35,6 +35,11 @@
 //! cannot be force-closed, and such a receive answers when it ends or when
 //! the worker is destroyed.
 //!
+//! A read with a same-host key whose owner's direct lane this engine can
+//! reach skips the request and the reply: it is posted as a one-sided
+//! `ucp_get_nbx` on the direct lane (`direct`), held and answered the same
+//! way once UCX completes it.
+//!
 //! Slots are boxed once and reused, so steady-state reads allocate nothing
 //! here. A slot's memory is freed only after the worker is destroyed, so a
 //! late callback can never touch freed memory.

@@ -1,11 +1,13 @@
 //! The progress thread: the one thread that owns every UCX object.
 //!
-//! It owns the `ucp_context`, one `UCS_THREAD_MODE_SINGLE` worker, the
-//! endpoints and memory handles; none of these handles ever leaves it. It
-//! serves commands from the ring and the control lane (see `command`), and
-//! progresses the worker — which is also what serves the reads *peers*
-//! request from this engine's registrations (`serve`) and lands the replies
-//! to this engine's own reads (`gets`).
+//! It owns the serving `ucp_context` and its one `UCS_THREAD_MODE_SINGLE`
+//! worker, the same-host direct-read lane's context and workers if that
+//! lane is open (`direct`), the endpoints and memory handles; none of these
+//! handles ever leaves it. It serves commands from the ring and the control
+//! lane (see `command`), and progresses the workers — which is also what
+//! serves the reads *peers* request from this engine's registrations
+//! (`serve`), lands the replies to this engine's own reads (`gets`) and
+//! runs its direct reads' kernel copies.
 //!
 //! # The loop
 //!
