@@ -275,7 +275,10 @@ async fn attack(transport: Transport, tls: &str) {
             ("serving", reached) => assert_eq!(
                 reached.is_some(),
                 tls.split(',').any(|t| t == "tcp")
-                    || transport == Transport::SharedMemoryNoErrorHandling,
+                    || matches!(
+                        transport,
+                        Transport::SharedMemoryNoErrorHandling | Transport::Auto
+                    ),
                 "a raw {tls} peer reaching the serving address of a {transport:?} owner"
             ),
             ("direct", None) => assert!(
@@ -336,6 +339,11 @@ async fn a_raw_shared_memory_peer_can_neither_write_nor_read_a_shared_memory_own
     // kernel grants any process of the same user whatever a library does;
     // what is tested here is the emulated path over shared-memory messaging.
     attack(Transport::SharedMemoryNoErrorHandling, "posix,sysv").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_shared_memory_peer_can_neither_write_nor_read_an_auto_owner() {
+    attack(Transport::Auto, "posix,sysv").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
