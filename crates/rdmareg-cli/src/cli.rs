@@ -33,10 +33,15 @@ pub enum Command {
 /// The transport lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TransportArg {
-    /// UCX over tcp: GETs emulated over active messages.
+    /// UCX over tcp: every read served by the owner's engine.
     Tcp,
-    /// Same host: tcp for control plus cma (process_vm_readv) for data.
+    /// Same host: tcp for control; reads one-sided with cma
+    /// (process_vm_readv) between processes of the same user, through the
+    /// owner otherwise.
     Shm,
+    /// Same host with the direct-read lane closed: every read is served and
+    /// checked by the owner's engine (bulk bytes still move with cma).
+    ShmServed,
 }
 
 impl TransportArg {
@@ -45,6 +50,7 @@ impl TransportArg {
         match self {
             TransportArg::Tcp => "tcp",
             TransportArg::Shm => "shm",
+            TransportArg::ShmServed => "shm-served",
         }
     }
 }
@@ -104,7 +110,7 @@ pub struct LimitArgs {
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Transports to sweep.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [TransportArg::Tcp, TransportArg::Shm])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [TransportArg::Tcp, TransportArg::Shm, TransportArg::ShmServed])]
     pub transport: Vec<TransportArg>,
     /// Message sizes to sweep (suffixes K, M, G accepted).
     #[arg(long, value_delimiter = ',', value_parser = parse_size,

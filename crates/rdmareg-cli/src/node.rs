@@ -44,10 +44,13 @@ impl Node {
         let mut config = UcxConfig::default()
             .with_transport(match transport {
                 TransportArg::Tcp => Transport::Tcp,
-                TransportArg::Shm => Transport::SameHost,
+                TransportArg::Shm | TransportArg::ShmServed => Transport::SameHost,
             })
             .with_default_get_deadline(bounds.get_deadline)
             .with_teardown_timeout(bounds.teardown);
+        if transport == TransportArg::ShmServed {
+            config = config.with_same_host_direct_reads(false);
+        }
         if let Some(devices) = net_devices {
             config = config.with_net_devices(devices);
         }

@@ -79,6 +79,21 @@ fn demo_over_shm_verifies_every_byte_and_leaves_zero_registrations() {
 }
 
 #[test]
+fn demo_over_shm_with_every_read_served_by_the_owner_verifies_every_byte() {
+    let output = run(&[
+        "demo",
+        "--transport",
+        "shm-served",
+        "--size",
+        "1M",
+        "--count",
+        "5",
+        "--plain",
+    ]);
+    assert_clean_demo(&output, "shm-served", 5);
+}
+
+#[test]
 fn demo_with_unaligned_odd_sizes_still_verifies() {
     let output = run(&["demo", "--size", "4097", "--count", "3", "--plain"]);
     assert_clean_demo(&output, "tcp", 3);

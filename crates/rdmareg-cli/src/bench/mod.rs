@@ -107,7 +107,7 @@ fn transport_environment(transport: TransportArg) -> Vec<(String, String)> {
     let mut environment = vec![("UCX_NET_DEVICES".to_owned(), "lo".to_owned())];
     match transport {
         TransportArg::Tcp => environment.push(("UCX_TLS".into(), "tcp".into())),
-        TransportArg::Shm => {
+        TransportArg::Shm | TransportArg::ShmServed => {
             environment.push(("UCX_TLS".into(), "tcp,cma".into()));
             environment.push(("UCX_CMA_MEMORY_INVALIDATE".into(), "y".into()));
         }
