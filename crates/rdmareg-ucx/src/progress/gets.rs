@@ -49,7 +49,7 @@ use ucx_sys as sys;
 
 use super::Engine;
 use super::events::Events;
-use super::ucp::{MemHandle, handler_header, receive_rendezvous, send_active_message};
+use super::ucp::{MemHandle, SendMode, handler_header, receive_rendezvous, send_active_message};
 use crate::command::Reply;
 use crate::read_protocol::{READ_REQUEST_AM_ID, ReadReply, ReadRequest, ReplyStatus, ServedKey};
 use crate::status::{PtrStatus, status_text};
@@ -563,7 +563,7 @@ impl Engine {
                 &request.encode(),
                 std::ptr::null(),
                 0,
-                None,
+                SendMode::Small,
                 true,
                 on_request_sent,
                 op.cast::<c_void>(),
