@@ -54,7 +54,9 @@ use ucx_sys as sys;
 
 use super::Engine;
 use super::events::Events;
-use super::ucp::{MemHandle, RemoteKey, handler_header, receive_rendezvous, send_active_message};
+use super::ucp::{
+    MemHandle, RemoteKey, SendMode, handler_header, receive_rendezvous, send_active_message,
+};
 use crate::command::Reply;
 use crate::read_protocol::{READ_REQUEST_AM_ID, ReadKey, ReadReply, ReadRequest, ReplyStatus};
 use crate::status::{PtrStatus, status_text};
@@ -640,7 +642,7 @@ impl Engine {
                 &request.encode(),
                 std::ptr::null(),
                 0,
-                None,
+                SendMode::Small,
                 true,
                 on_request_sent,
                 op.cast::<c_void>(),

@@ -109,7 +109,26 @@ struct Engine {
     shutdown_replies: Vec<oneshot::Sender<()>>,
     /// A ring command taken just before a shutdown was found.
     leftover: Option<Command>,
+    /// Emptied record lists, kept for their capacity (see `drain_events`).
+    spare: SpareRecords,
     context: Context,
+}
+
+/// Empty vectors that trade places with the callback record lists in
+/// `Events`, so handling records allocates nothing in steady state.
+#[derive(Debug, Default)]
+struct SpareRecords {
+    sent: Vec<(u32, ucx_sys::ucs_status_t)>,
+    finished: Vec<u32>,
+    leases: Vec<u64>,
+    failed: Vec<(u64, ucx_sys::ucs_status_t)>,
+}
+
+/// Takes the records out of `list`, leaving `spare` (empty, with its
+/// capacity) in its place.
+fn take_records<T>(list: &std::cell::RefCell<Vec<T>>, spare: &mut Vec<T>) -> Vec<T> {
+    debug_assert!(spare.is_empty());
+    std::mem::replace(&mut *list.borrow_mut(), std::mem::take(spare))
 }
 
 /// The thread's body: start, report, serve, tear down.
@@ -201,6 +220,7 @@ impl Engine {
             arm_failures: 0,
             shutdown_replies: Vec::new(),
             leftover: None,
+            spare: SpareRecords::default(),
             context,
         };
         let info = StartInfo {
@@ -313,24 +333,34 @@ impl Engine {
 
     /// Handles callback records until none are left (handling one can
     /// produce more: closing a failed endpoint finishes its reads).
+    ///
+    /// The lists are taken out before they are handled (the handling can
+    /// push to them) and put back as the spares once empty, so a read costs
+    /// no allocation here; a nested call just finds no spare and allocates.
     fn drain_events(&mut self) {
         while !self.events.is_empty() {
-            let sent = std::mem::take(&mut *self.events.sent_requests.borrow_mut());
-            let finished = std::mem::take(&mut *self.events.finished_reads.borrow_mut());
-            let leases = std::mem::take(&mut *self.events.ended_leases.borrow_mut());
-            let failed = std::mem::take(&mut *self.events.failed_endpoints.borrow_mut());
-            for (slot, status) in sent {
+            let mut sent = take_records(&self.events.sent_requests, &mut self.spare.sent);
+            let mut finished = take_records(&self.events.finished_reads, &mut self.spare.finished);
+            let mut leases = take_records(&self.events.ended_leases, &mut self.spare.leases);
+            let mut failed = take_records(&self.events.failed_endpoints, &mut self.spare.failed);
+            for (slot, status) in sent.drain(..) {
                 self.request_sent(slot, status);
             }
-            for slot in finished {
+            for slot in finished.drain(..) {
                 self.finish_get(slot);
             }
-            for region in leases {
+            for region in leases.drain(..) {
                 self.end_lease(region);
             }
-            for (serial, status) in failed {
+            for (serial, status) in failed.drain(..) {
                 self.endpoint_failed(serial, status);
             }
+            self.spare = SpareRecords {
+                sent,
+                finished,
+                leases,
+                failed,
+            };
         }
     }
 

@@ -31,7 +31,7 @@ use std::ptr;
 use ucx_sys as sys;
 
 use super::events::Events;
-use super::ucp::{MemHandle, handler_header, send_active_message};
+use super::ucp::{MemHandle, SendMode, handler_header, send_active_message};
 use crate::read_protocol::{
     READ_REPLY_AM_ID, ReadReply, ReadRequest, RemoteRefusal, ReplyStatus, capabilities_match,
 };
@@ -40,6 +40,25 @@ use crate::read_protocol::{
 /// zero-copy (rendezvous) without registering them again; smaller ones are
 /// copied into the send (eager), where naming it only costs time.
 const ZERO_COPY_FROM: u64 = 16 * 1024;
+
+/// Replies up to this size also ask UCX for fast completion, which makes it
+/// copy them into one short send instead of picking zero-copy (see
+/// [`SendMode::Small`]). Measured over tcp on loopback, interleaving the two
+/// per read: 0.4–1.4 µs faster at 8 B–4 KiB; at 12 KiB, where the hint
+/// makes UCX fragment the copy, 12 µs slower — hence the margin below tcp's
+/// 8 KiB segment.
+const SMALL_UP_TO: u64 = 4 * 1024;
+
+/// How a served reply of `length` bytes inside `memh` is sent.
+fn reply_mode(length: u64, memh: MemHandle) -> SendMode {
+    if length >= ZERO_COPY_FROM {
+        SendMode::Registered(memh)
+    } else if length <= SMALL_UP_TO {
+        SendMode::Small
+    } else {
+        SendMode::Eager
+    }
+}
 
 /// A registration as the request handler sees it.
 #[derive(Debug)]
@@ -155,7 +174,7 @@ pub(super) unsafe extern "C" fn on_read_request(
                     &reply.encode(),
                     address as *const u8,
                     request.length as usize,
-                    (request.length >= ZERO_COPY_FROM).then_some(memh),
+                    reply_mode(request.length, memh),
                     true,
                     on_reply_sent,
                     lease.cast::<c_void>(),
@@ -186,7 +205,7 @@ pub(super) unsafe extern "C" fn on_read_request(
                     &reply.encode(),
                     ptr::null(),
                     0,
-                    None,
+                    SendMode::Small,
                     true,
                     on_refusal_sent,
                     ptr::null_mut(),
@@ -262,6 +281,22 @@ mod tests {
         let events = events_with_region();
         assert!(admit(&events, &request(3, [7; 16], 0x10_000, 0x1000)).is_ok());
         assert_eq!(events.served.borrow()[&3].leases, 1);
+    }
+
+    #[test]
+    fn small_replies_are_copied_mid_sized_left_to_ucx_large_ones_named() {
+        let memh = MemHandle::dangling_for_tests();
+        assert!(matches!(reply_mode(8, memh), SendMode::Small));
+        assert!(matches!(reply_mode(SMALL_UP_TO, memh), SendMode::Small));
+        assert!(matches!(reply_mode(SMALL_UP_TO + 1, memh), SendMode::Eager));
+        assert!(matches!(
+            reply_mode(ZERO_COPY_FROM - 1, memh),
+            SendMode::Eager
+        ));
+        assert!(matches!(
+            reply_mode(ZERO_COPY_FROM, memh),
+            SendMode::Registered(_)
+        ));
     }
 
     #[test]

@@ -457,18 +457,35 @@ pub(crate) unsafe fn handler_header<'a>(header: *const c_void, length: usize) ->
     unsafe { std::slice::from_raw_parts(header.cast::<u8>(), length) }
 }
 
+/// Which protocols UCX may pick for an active message's payload.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SendMode {
+    /// Small: ask for fast completion (`UCP_OP_ATTR_FLAG_FAST_CMPL`), so
+    /// UCX copies the message into one short send. Without the hint UCX
+    /// 1.22 picks its zero-copy protocol for AM replies from 1 byte on,
+    /// which costs more than the copy at this size. Only for messages that
+    /// fit one short send: above that the hint selects a fragmented copy,
+    /// which is much slower than zero-copy.
+    Small,
+    /// Let UCX choose, with no registration named.
+    Eager,
+    /// The payload lies inside this registration, so a zero-copy or
+    /// rendezvous protocol can read it in place instead of registering it
+    /// again.
+    Registered(MemHandle),
+}
+
 /// Sends an active message: `header` (copied by UCX before this returns)
-/// and `len` payload bytes at `payload`.
-///
-/// With `memh`, the payload lies inside that registration, so a rendezvous
-/// can read it in place instead of registering it again. With `reply`, the
-/// receiver's handler gets an endpoint back to this worker.
+/// and `len` payload bytes at `payload`, with the protocols `mode` allows.
+/// With `reply`, the receiver's handler gets an endpoint back to this
+/// worker.
 ///
 /// # Safety
 /// Called on the worker's own thread (inside or outside its progress). `ep`
 /// is a live endpoint of that worker. `[payload, payload + len)` stays
-/// readable, and registered by `memh` if given, until the send completes:
-/// inline (`Done`/`Failed`) or when `callback(.., user_data)` runs, and
+/// readable, and registered by the memory handle of
+/// [`SendMode::Registered`] if given, until the send completes: inline
+/// (`Done`/`Failed`) or when `callback(.., user_data)` runs, and
 /// `user_data` stays valid until then.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn send_active_message(
@@ -477,7 +494,7 @@ pub(crate) unsafe fn send_active_message(
     header: &[u8],
     payload: *const u8,
     len: usize,
-    memh: Option<MemHandle>,
+    mode: SendMode,
     reply: bool,
     callback: SendCallback,
     user_data: *mut c_void,
@@ -494,10 +511,14 @@ pub(crate) unsafe fn send_active_message(
         user_data,
         ..Default::default()
     };
-    if let Some(memh) = memh {
-        param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-        param.memh = memh.raw();
-        param.memory_type = sys::UCS_MEMORY_TYPE_HOST;
+    match mode {
+        SendMode::Small => param.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_FAST_CMPL,
+        SendMode::Eager => {}
+        SendMode::Registered(memh) => {
+            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+            param.memh = memh.raw();
+            param.memory_type = sys::UCS_MEMORY_TYPE_HOST;
+        }
     }
     param.cb.send = Some(callback);
     // SAFETY: the caller's contract; `param` is initialised and the header
