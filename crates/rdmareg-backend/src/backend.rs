@@ -60,6 +60,14 @@
 //!    the answer, so answering first would give safe code a `&mut` to bytes
 //!    the transport still writes. A backend that cannot withdraw a transfer
 //!    at its deadline answers when the transport has ended it.
+//! 9. **A batch is its entries.** [`get_batch`](RdmaBackend::get_batch)
+//!    answers one result per request, in request order, and each entry is
+//!    answered exactly as the same request alone would be: its own typed
+//!    error (one bad entry fails nothing else), its own deadline, its
+//!    destination held until its transfer is over (point 4) and answered
+//!    only once the backend let go of it (point 8). Dropping the batch's
+//!    future abandons only the answers, as dropping single GETs does. An
+//!    empty batch answers an empty list.
 
 use futures::future::BoxFuture;
 use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
@@ -106,6 +114,29 @@ pub trait RdmaBackend: Send + Sync + 'static {
     /// Dropping the future does not stop the transfer; the destination stays
     /// held until the transfer has really finished (contract point 4).
     fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>>;
+
+    /// Read several ranges in one submission; one result per request, in
+    /// order (contract point 9).
+    ///
+    /// The default submits every request as its own [`get`](Self::get), all
+    /// at once, and gathers the answers, so every backend supports batches;
+    /// a backend that can post a batch in one go (one command to its
+    /// progress thread, one completion back) overrides it.
+    ///
+    /// # Errors
+    /// Per entry, as [`get`](Self::get).
+    ///
+    /// # Cancel safety
+    /// As [`get`](Self::get), for every entry: dropping the future stops no
+    /// transfer, and every destination stays held until its transfer is
+    /// over.
+    fn get_batch(&self, requests: Vec<BackendGet>) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        let gets: Vec<_> = requests
+            .into_iter()
+            .map(|request| self.get(request))
+            .collect();
+        Box::pin(futures::future::join_all(gets))
+    }
 
     /// How many registrations the backend still holds, if it can say.
     ///

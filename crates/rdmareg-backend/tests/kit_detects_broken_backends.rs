@@ -36,6 +36,13 @@ enum Flaw {
     /// afterwards (what answering a deadline before UCX released the request
     /// did).
     AnswersBeforeTheTransferEnds,
+    /// Answers a batch with its first failure for every entry (one bad entry
+    /// fails the batch).
+    FailsWholeBatches,
+    /// Answers a batch in completion order instead of request order.
+    ReordersBatchAnswers,
+    /// Answers a batch `Ok` at once and lets its transfers run on.
+    AnswersBatchesBeforeTheyEnd,
 }
 
 struct Flawed {
@@ -95,6 +102,32 @@ impl RdmaBackend for Flawed {
             match self.flaw {
                 Flaw::FlattensGetErrors => answer.map_err(|_| RdmaError::Backend("failed".into())),
                 _ => answer,
+            }
+        })
+    }
+
+    fn get_batch(&self, requests: Vec<BackendGet>) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        Box::pin(async move {
+            let n = requests.len();
+            match self.flaw {
+                Flaw::FailsWholeBatches => {
+                    let answers = self.inner.get_batch(requests).await;
+                    match answers.iter().find_map(|a| a.clone().err()) {
+                        Some(first) => vec![Err(first); n],
+                        None => answers,
+                    }
+                }
+                Flaw::ReordersBatchAnswers => {
+                    let mut answers = self.inner.get_batch(requests).await;
+                    answers.sort_by_key(|a| a.is_ok());
+                    answers
+                }
+                Flaw::AnswersBatchesBeforeTheyEnd => {
+                    let inner = Arc::clone(&self.inner);
+                    tokio::spawn(async move { inner.get_batch(requests).await });
+                    vec![Ok(()); n]
+                }
+                _ => self.inner.get_batch(requests).await,
             }
         })
     }
@@ -239,4 +272,29 @@ fn model_based_test_catches_an_unmap_that_answers_ok_without_unmapping() {
         !run(Some(Flaw::UnmapLiesAndKeepsTheRegion)),
         "the model missed the lying unmap"
     );
+}
+
+#[test]
+fn batch_error_check_catches_a_backend_that_fails_whole_batches() {
+    assert_only_the_flawed_backend_fails(Flaw::FailsWholeBatches, |p| {
+        Box::pin(conformance::a_batch_answers_each_entry_with_its_own_error(
+            p,
+        ))
+    });
+}
+
+#[test]
+fn batch_error_check_catches_a_backend_that_reorders_answers() {
+    assert_only_the_flawed_backend_fails(Flaw::ReordersBatchAnswers, |p| {
+        Box::pin(conformance::a_batch_answers_each_entry_with_its_own_error(
+            p,
+        ))
+    });
+}
+
+#[test]
+fn batch_check_catches_a_backend_that_answers_before_the_transfers_end() {
+    assert_only_the_flawed_backend_fails(Flaw::AnswersBatchesBeforeTheyEnd, |p| {
+        Box::pin(conformance::a_batch_lands_every_entry_and_answers_each_in_order(p))
+    });
 }

@@ -51,6 +51,7 @@
 //!   backend gets less evidence from the kit, and its buffers are leaked where
 //!   only the count could have shown they were released.
 
+mod batch_checks;
 mod buffer;
 mod get_checks;
 mod in_flight_checks;
@@ -71,6 +72,11 @@ use rdmareg_core::PeerId;
 
 use crate::RdmaBackend;
 
+pub use batch_checks::{
+    a_batch_answers_each_entry_with_its_own_error,
+    a_batch_lands_every_entry_and_answers_each_in_order,
+    a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over,
+};
 pub use get_checks::{
     get_from_an_unknown_peer_is_not_configured,
     get_into_an_unknown_local_region_is_region_not_found, get_moves_the_right_bytes,
@@ -268,6 +274,9 @@ macro_rules! conformance_tests {
             unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight,
             dropped_get_keeps_the_destination_until_the_transfer_is_over,
             no_byte_lands_after_a_get_is_answered,
+            a_batch_lands_every_entry_and_answers_each_in_order,
+            a_batch_answers_each_entry_with_its_own_error,
+            a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over,
         );
 
         #[test]

@@ -1,0 +1,164 @@
+//! Checks of `get_batch` (contract point 9): a batch answers one result per
+//! request, in order, each exactly as the request alone would be answered,
+//! and dropping it stops no transfer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdmareg_core::RdmaError;
+
+use super::BackendPair;
+use super::buffer::Mapped;
+use super::support::{FILL, assert_copied, get_request, poll_then_drop, source_byte, unknown_peer};
+
+/// Entries of the batch checks: remote offset, local offset, bytes.
+const ENTRIES: [(usize, usize, usize); 5] = [
+    (0, 0, 1),
+    (7, 4096, 4096),
+    (100, 9000, 3000),
+    (5, 20_000, 1 << 16),
+    (0, 200_000, 300_000),
+];
+/// Source and destination length of the batch checks.
+const BATCH_BUFFER: usize = 1 << 20;
+/// Transfer size of the dropped-batch check.
+const LARGE: usize = 4 << 20;
+
+/// A batch of GETs of different sizes and offsets into one destination
+/// lands every entry where it belongs, answers `Ok` for each, in order, and
+/// touches nothing between them; an empty batch answers an empty list.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn a_batch_lands_every_entry_and_answers_each_in_order(pair: &BackendPair) {
+    assert_eq!(
+        pair.consumer.get_batch(Vec::new()).await,
+        Vec::<Result<(), RdmaError>>::new(),
+        "an empty batch"
+    );
+    let src = Mapped::filled(&*pair.owner, BATCH_BUFFER, source_byte).await;
+    let dst = Mapped::filled(&*pair.consumer, BATCH_BUFFER, |_| FILL).await;
+    let requests = ENTRIES
+        .iter()
+        .map(|&(remote, local, len)| {
+            get_request(pair, &src, remote as u64, &dst, local as u64, len as u64)
+        })
+        .collect();
+    let answers = pair.consumer.get_batch(requests).await;
+    assert_eq!(answers, vec![Ok(()); ENTRIES.len()], "answers of the batch");
+    let landed = dst.buf.snapshot();
+    let mut expected = vec![FILL; BATCH_BUFFER];
+    for (remote, local, len) in ENTRIES {
+        for i in 0..len {
+            expected[local + i] = source_byte(remote + i);
+        }
+    }
+    if let Some(at) = (0..BATCH_BUFFER).find(|&i| landed[i] != expected[i]) {
+        panic!(
+            "batch destination: wrong byte at offset {at}: {} instead of {}",
+            landed[at], expected[at]
+        );
+    }
+    dst.release(&*pair.consumer).await;
+    src.release(&*pair.owner).await;
+}
+
+/// Bad entries of a batch get the typed error they would get alone — a
+/// destination outside its mapping `OutOfRange`, an unknown destination
+/// `RegionNotFound`, a malformed key `InvalidKey`, an unknown peer
+/// `NotConfigured` — and the good entries around them still land.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn a_batch_answers_each_entry_with_its_own_error(pair: &BackendPair) {
+    let src = Mapped::filled(&*pair.owner, 8192, source_byte).await;
+    let dst = Mapped::filled(&*pair.consumer, 8192, |_| FILL).await;
+    let good_first = get_request(pair, &src, 0, &dst, 0, 100);
+    let outside = get_request(pair, &src, 0, &dst, 8190, 100);
+    let mut unknown_region = get_request(pair, &src, 0, &dst, 0, 10);
+    unknown_region.local_region_id = dst.id().wrapping_add(1_000_000);
+    let mut malformed = get_request(pair, &src, 0, &dst, 0, 10);
+    malformed.packed_key = bytes::Bytes::from_static(&[0xFF; 3]);
+    let mut stranger = get_request(pair, &src, 0, &dst, 0, 10);
+    stranger.peer = unknown_peer(pair);
+    let good_last = get_request(pair, &src, 4000, &dst, 4096, 4096);
+    let answers = pair
+        .consumer
+        .get_batch(vec![
+            good_first,
+            outside,
+            unknown_region,
+            malformed,
+            stranger,
+            good_last,
+        ])
+        .await;
+    assert_eq!(
+        answers,
+        vec![
+            Ok(()),
+            Err(RdmaError::OutOfRange),
+            Err(RdmaError::RegionNotFound),
+            Err(RdmaError::InvalidKey),
+            Err(RdmaError::NotConfigured),
+            Ok(()),
+        ],
+        "answers of a batch with bad entries"
+    );
+    let landed = dst.buf.snapshot();
+    assert_copied(&landed[..4096], 0, 0, 100, "the first good entry");
+    assert_copied(&landed[4096..], 0, 4000, 4096, "the last good entry");
+    dst.release(&*pair.consumer).await;
+    src.release(&*pair.owner).await;
+}
+
+/// Submit a batch of large GETs into two destinations and drop its future:
+/// an unmap of either destination answers `Ok(())` only once the transfers
+/// into it are over — from then on its bytes do not change, and each is
+/// either untouched or the right source byte.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over(
+    pair: &BackendPair,
+) {
+    let src = Mapped::filled(&*pair.owner, LARGE, source_byte).await;
+    let first = Mapped::filled(&*pair.consumer, LARGE, |_| FILL).await;
+    let second = Mapped::filled(&*pair.consumer, LARGE, |_| FILL).await;
+    let half = (LARGE / 2) as u64;
+    let requests = vec![
+        get_request(pair, &src, 0, &first, 0, half),
+        get_request(pair, &src, half, &first, half, half),
+        get_request(pair, &src, 0, &second, 0, LARGE as u64),
+    ];
+    let consumer = Arc::clone(&pair.consumer);
+    let batch = consumer.get_batch(requests);
+    let finished = poll_then_drop(batch, 2, Duration::from_micros(200)).await;
+    if let Some(answers) = finished {
+        assert_eq!(answers, vec![Ok(()); 3], "a batch that finished at once");
+    }
+    for (what, destination) in [("first", first), ("second", second)] {
+        assert_eq!(
+            pair.consumer.unmap(destination.id()).await,
+            Ok(()),
+            "unmap of the {what} destination of a dropped batch"
+        );
+        let buf = destination.confirm_unmapped();
+        let at_unmap = buf.snapshot();
+        for (i, &byte) in at_unmap.iter().enumerate() {
+            assert!(
+                byte == FILL || byte == source_byte(i),
+                "{what} destination: byte {i} is {byte}, neither untouched nor the source's"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            buf.snapshot() == at_unmap,
+            "{what} destination changed after its unmap answered Ok"
+        );
+    }
+    src.release(&*pair.owner).await;
+}
