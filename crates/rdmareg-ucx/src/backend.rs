@@ -163,6 +163,28 @@ impl RdmaBackend for UcxBackend {
         })
     }
 
+    /// One command for the whole batch: every entry is posted in one turn
+    /// of the progress thread and the answers come back together.
+    fn get_batch(&self, requests: Vec<BackendGet>) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        Box::pin(async move {
+            if requests.is_empty() {
+                return Vec::new();
+            }
+            let entries = requests.len();
+            let (reply, answer) = oneshot::channel();
+            if let Err(err) = self
+                .shared
+                .submit(Command::GetBatch { requests, reply }, Overflow::Abandon)
+                .await
+            {
+                return vec![Err(err); entries];
+            }
+            answer
+                .await
+                .unwrap_or_else(|_| vec![Err(RdmaError::ShuttingDown); entries])
+        })
+    }
+
     /// The progress thread's own count: moved only by successful
     /// `ucp_mem_map` / `ucp_mem_unmap` calls, so `Some(0)` after teardown
     /// means every region was really unmapped.

@@ -43,6 +43,11 @@ pub(crate) enum Command {
         request: BackendGet,
         reply: Reply<()>,
     },
+    /// Read several ranges; one answer per request, in order.
+    GetBatch {
+        requests: Vec<BackendGet>,
+        reply: oneshot::Sender<Vec<Result<(), RdmaError>>>,
+    },
     /// Record (or replace) how to reach `peer`: its addresses, validated
     /// and padded for `ucp_ep_create`.
     AddPeer {
@@ -64,6 +69,9 @@ impl Command {
             }
             Command::Get { reply, .. } => {
                 let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
+            Command::GetBatch { requests, reply } => {
+                let _ = reply.send(vec![Err(RdmaError::ShuttingDown); requests.len()]);
             }
             Command::Unmap {
                 reply: Some(reply), ..

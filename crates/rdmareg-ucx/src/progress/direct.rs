@@ -54,13 +54,13 @@ use rdmareg_core::{PeerId, RdmaError};
 use ucx_sys as sys;
 
 use super::Engine;
+use super::answer::Answer;
 use super::events::Events;
 use super::gets::{GetOp, Phase};
 use super::peers::{
     DirectState, Endpoint, free_error_context, new_error_context, on_endpoint_error,
 };
 use super::ucp::{Context, ContextRole, EpHandle, MemHandle, RemoteKey, Worker, get};
-use crate::command::Reply;
 use crate::config::UcxConfig;
 use crate::packed_key::{PackedKeyFormat, copy_for_unpack};
 use crate::read_protocol::SameHostKey;
@@ -203,8 +203,8 @@ impl Engine {
         dest: *mut u8,
         len: usize,
         deadline: std::time::Instant,
-        reply: Reply<()>,
-    ) -> Result<Option<Reply<()>>, (Reply<()>, RdmaError)> {
+        reply: Answer,
+    ) -> Result<Option<Answer>, (Answer, RdmaError)> {
         let Some((endpoint, serial)) = self.direct_endpoint_for(peer) else {
             return Ok(Some(reply));
         };

@@ -53,6 +53,7 @@ use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use ucx_sys as sys;
 
 use super::Engine;
+use super::answer::{Answer, BatchAnswers, BatchReply};
 use super::events::Events;
 use super::ucp::{
     MemHandle, RemoteKey, SendMode, handler_header, receive_rendezvous, send_active_message,
@@ -76,7 +77,7 @@ pub(crate) enum Phase {
 /// only between UCX calls.
 #[derive(Debug)]
 pub(crate) struct GetOp {
-    pub(super) reply: Option<Reply<()>>,
+    pub(super) reply: Option<Answer>,
     events: *const Events,
     slot: u32,
     /// The request id: unique over the engine's life.
@@ -148,8 +149,8 @@ impl GetOp {
     /// Marks the op finished and answers it with `outcome`, once.
     fn finish(&mut self, outcome: Result<(), RdmaError>) {
         self.phase = Phase::Finished;
-        if let Some(reply) = self.reply.take() {
-            let _ = reply.send(outcome);
+        if let Some(answer) = self.reply.take() {
+            answer.send(outcome);
         }
     }
 }
@@ -529,19 +530,43 @@ unsafe extern "C" fn on_request_sent(
 impl Engine {
     /// `Command::Get`.
     pub(super) fn post_get(&mut self, request: BackendGet, reply: Reply<()>) {
+        let answer = Answer::Single(reply);
+        if answer.is_abandoned() {
+            return; // Nobody waits and nothing was transferred: skip it.
+        }
+        if let Err((answer, err)) = self.try_post_get(request, answer) {
+            answer.send(Err(err));
+        }
+    }
+
+    /// `Command::GetBatch`: every entry posted in this one turn, each
+    /// answered as its own read would be, the list sent once the last one
+    /// is (see `answer`).
+    pub(super) fn post_batch(&mut self, requests: Vec<BackendGet>, reply: BatchReply) {
         if reply.is_canceled() {
             return; // Nobody waits and nothing was transferred: skip it.
         }
-        if let Err((reply, err)) = self.try_post_get(request, reply) {
-            let _ = reply.send(Err(err));
+        if requests.is_empty() {
+            let _ = reply.send(Vec::new());
+            return;
+        }
+        let batch = BatchAnswers::new(requests.len(), reply);
+        for (index, request) in requests.into_iter().enumerate() {
+            let answer = Answer::Entry {
+                batch: std::rc::Rc::clone(&batch),
+                index,
+            };
+            if let Err((answer, err)) = self.try_post_get(request, answer) {
+                answer.send(Err(err));
+            }
         }
     }
 
     fn try_post_get(
         &mut self,
         request: BackendGet,
-        reply: Reply<()>,
-    ) -> Result<(), (Reply<()>, RdmaError)> {
+        reply: Answer,
+    ) -> Result<(), (Answer, RdmaError)> {
         let BackendGet {
             peer,
             remote_addr,

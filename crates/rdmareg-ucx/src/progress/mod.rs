@@ -33,6 +33,7 @@
 //! microsecond when nothing else wants it. The loop stays runnable, so a
 //! submission during the window still needs no doorbell.
 
+mod answer;
 mod direct;
 mod events;
 mod gets;
@@ -309,6 +310,7 @@ impl Engine {
             } => self.map_region(id, ptr, len, reply),
             Command::Unmap { id, reply } => self.unmap_region(id, reply),
             Command::Get { request, reply } => self.post_get(request, reply),
+            Command::GetBatch { requests, reply } => self.post_batch(requests, reply),
             Command::AddPeer { peer, address } => self.add_peer(peer, address),
             Command::RemovePeer { peer } => self.remove_peer(peer),
             Command::Shutdown { reply } => {

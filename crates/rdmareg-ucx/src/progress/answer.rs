@@ -1,0 +1,138 @@
+//! Where a read's outcome goes: to the caller of one GET, or into one entry
+//! of a batch whose caller is answered once, when its last entry is.
+//!
+//! A batch arrives as one command and leaves as one answer: its entries are
+//! posted in one turn of the loop, each finishes on its own (its own error,
+//! deadline and destination hold, exactly as a single read), and the entry
+//! that finishes last sends the whole list. Everything here lives on the
+//! progress thread.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use futures::channel::oneshot;
+use rdmareg_core::RdmaError;
+
+use crate::command::Reply;
+
+/// Where a batch's answers go.
+pub(crate) type BatchReply = oneshot::Sender<Vec<Result<(), RdmaError>>>;
+
+/// The answers of one batch as its entries finish.
+#[derive(Debug)]
+pub(crate) struct BatchAnswers {
+    answers: RefCell<Vec<Option<Result<(), RdmaError>>>>,
+    remaining: Cell<usize>,
+    reply: RefCell<Option<BatchReply>>,
+}
+
+impl BatchAnswers {
+    /// A batch of `entries` reads answered on `reply`.
+    pub(crate) fn new(entries: usize, reply: BatchReply) -> Rc<BatchAnswers> {
+        Rc::new(BatchAnswers {
+            answers: RefCell::new(vec![None; entries]),
+            remaining: Cell::new(entries),
+            reply: RefCell::new(Some(reply)),
+        })
+    }
+
+    fn record(&self, index: usize, outcome: Result<(), RdmaError>) {
+        {
+            let mut answers = self.answers.borrow_mut();
+            let Some(entry) = answers.get_mut(index) else {
+                return;
+            };
+            if entry.is_some() {
+                return; // Answered already: an entry is answered once.
+            }
+            *entry = Some(outcome);
+        }
+        let remaining = self.remaining.get().saturating_sub(1);
+        self.remaining.set(remaining);
+        if remaining == 0 {
+            let answers = self
+                .answers
+                .take()
+                .into_iter()
+                .map(|a| a.unwrap_or(Err(RdmaError::ShuttingDown)))
+                .collect();
+            if let Some(reply) = self.reply.borrow_mut().take() {
+                let _ = reply.send(answers);
+            }
+        }
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.reply.borrow().as_ref().is_none_or(|r| r.is_canceled())
+    }
+}
+
+/// Where one read's outcome goes.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// The caller of one GET.
+    Single(Reply<()>),
+    /// Entry `index` of a batch.
+    Entry {
+        batch: Rc<BatchAnswers>,
+        index: usize,
+    },
+}
+
+impl Answer {
+    /// Delivers `outcome` (once: the answer is consumed).
+    pub(crate) fn send(self, outcome: Result<(), RdmaError>) {
+        match self {
+            Answer::Single(reply) => {
+                let _ = reply.send(outcome);
+            }
+            Answer::Entry { batch, index } => batch.record(index, outcome),
+        }
+    }
+
+    /// Whether nobody waits for the outcome any more.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        match self {
+            Answer::Single(reply) => reply.is_canceled(),
+            Answer::Entry { batch, .. } => batch.is_abandoned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_answered_once_in_entry_order_when_its_last_entry_finishes() {
+        let (reply, mut answered) = oneshot::channel();
+        let batch = BatchAnswers::new(3, reply);
+        let entry = |index| Answer::Entry {
+            batch: Rc::clone(&batch),
+            index,
+        };
+        entry(2).send(Err(RdmaError::Timeout));
+        entry(0).send(Ok(()));
+        assert_eq!(answered.try_recv(), Ok(None), "not before the last entry");
+        entry(0).send(Err(RdmaError::OutOfRange)); // a second answer is ignored
+        entry(1).send(Err(RdmaError::InvalidKey));
+        assert_eq!(
+            answered.try_recv(),
+            Ok(Some(vec![
+                Ok(()),
+                Err(RdmaError::InvalidKey),
+                Err(RdmaError::Timeout)
+            ]))
+        );
+    }
+
+    #[test]
+    fn a_batch_whose_caller_left_is_abandoned() {
+        let (reply, answered) = oneshot::channel();
+        let batch = BatchAnswers::new(1, reply);
+        let entry = Answer::Entry { batch, index: 0 };
+        assert!(!entry.is_abandoned());
+        drop(answered);
+        assert!(entry.is_abandoned());
+    }
+}
