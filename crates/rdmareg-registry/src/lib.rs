@@ -51,6 +51,7 @@ mod registry;
 mod shutdown;
 mod stats;
 mod transfer;
+mod transfer_list;
 
 pub use config::{ConfigError, GRANULE, PoolConfig, RdmaConfig};
 pub use pool::PinnedBuf;
@@ -60,5 +61,6 @@ pub use region::{
 pub use registry::{RdmaRegistry, RegisterOwnedError};
 pub use shutdown::{ShutdownReport, Survivors, SweptRegistry, TeardownVerdict};
 pub use stats::RegistryStats;
+pub use transfer_list::TransferList;
 
 pub use rdmareg_core::{Descriptor, DescriptorError, PageRange, PeerId, RdmaError};

@@ -25,6 +25,7 @@ use crate::region::{OwnedBuffer, RegionGuard};
 use crate::shutdown::{self, SweptRegistry};
 use crate::stats::RegistryStats;
 use crate::transfer;
+use crate::transfer_list::{self, TransferList};
 
 /// State shared by the registry handle, guards, buffers and background tasks.
 pub(crate) struct Inner {
@@ -413,6 +414,61 @@ impl RdmaRegistry {
         dst_offset: usize,
     ) -> Result<(), RdmaError> {
         transfer::get(&self.inner, peer, src, dst, dst_offset).await
+    }
+
+    /// An empty [`TransferList`] of reads from `peer`: fill it with
+    /// [`TransferList::push`], then [`post`](Self::post) it as often as
+    /// needed.
+    pub fn transfer_list(&self, peer: PeerId) -> TransferList {
+        TransferList::new(peer, &self.inner.backend_key)
+    }
+
+    /// Post every read of `list` as one batch into `buffers` (entry `i` of
+    /// the list names its buffer by index into this slice). Answers one
+    /// result per entry, in list order.
+    ///
+    /// # Errors
+    /// The outer error is the post's as a whole, and nothing was submitted:
+    /// [`RdmaError::OutOfRange`] if a named buffer is missing or too short
+    /// for its entries, [`RdmaError::RegionNotFound`] if one was
+    /// surrendered, [`RdmaError::InvalidDescriptor`] for a list built for
+    /// another backend, [`RdmaError::ShuttingDown`]. Each inner result is
+    /// that entry's, as [`get_into`](Self::get_into) would answer it.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe for `buffers`: dropping the future while the batch
+    /// is in flight surrenders every buffer the list writes (see
+    /// [`PinnedBuf::is_surrendered`]); their memory returns to the pool when
+    /// the backend has finished with it.
+    pub async fn post(
+        &self,
+        list: &TransferList,
+        buffers: &mut [PinnedBuf],
+    ) -> Result<Vec<Result<(), RdmaError>>, RdmaError> {
+        transfer_list::post(&self.inner, list, buffers).await
+    }
+
+    /// The one-shot form of [`post`](Self::post): read each `(src, buffer,
+    /// offset)` from `peer` as one batch.
+    ///
+    /// # Errors
+    /// A malformed entry (another backend's descriptor, an empty range)
+    /// fails the call before anything is submitted; otherwise as
+    /// [`post`](Self::post).
+    ///
+    /// # Cancel safety
+    /// As [`post`](Self::post).
+    pub async fn get_many(
+        &self,
+        peer: PeerId,
+        reads: &[(&Descriptor, usize, usize)],
+        buffers: &mut [PinnedBuf],
+    ) -> Result<Vec<Result<(), RdmaError>>, RdmaError> {
+        let mut list = self.transfer_list(peer);
+        for &(src, buffer, offset) in reads {
+            list.push(src, buffer, offset)?;
+        }
+        self.post(&list, buffers).await
     }
 
     /// Shut down, step one: refuse new work, wait for admitted work

@@ -31,10 +31,10 @@ use crate::pool::pinned_buf::Slot;
 use crate::registry::Inner;
 
 /// Counts a transfer in flight for as long as it lives.
-struct InFlight(Arc<Inner>);
+pub(crate) struct InFlight(Arc<Inner>);
 
 impl InFlight {
-    fn new(inner: &Arc<Inner>) -> Self {
+    pub(crate) fn new(inner: &Arc<Inner>) -> Self {
         inner.transfers_in_flight.fetch_add(1, Ordering::SeqCst);
         Self(Arc::clone(inner))
     }
@@ -90,18 +90,17 @@ pub(crate) async fn get(
         Box::pin(async move { backend.get(request).await });
     let mut pending = PendingTransfer {
         transfer: Some(transfer),
-        slot: HeldSlot(Some(slot)),
+        slots: HeldSlots(vec![slot]),
         ticket: Some(ticket),
         in_flight: Some(in_flight),
         handle: inner.handle.clone(),
         busy_poll,
     };
     let result = (&mut pending).await;
-    let slot = pending.finish();
-    match slot {
+    match pending.finish().pop() {
         Some(slot) => {
             dst.restore(slot);
-            result
+            result.unwrap_or(Err(RdmaError::RegionNotFound))
         }
         None => Err(RdmaError::RegionNotFound),
     }
@@ -122,38 +121,39 @@ fn busy_poll_window(base: Duration, len: u64) -> Duration {
     (base + expected).min(BUSY_POLL_CAP.max(base))
 }
 
-/// A GET in flight and everything it holds. Polled by the caller; if it is
-/// dropped before the GET answered, its `Drop` detaches the GET onto the
-/// runtime so the slot, ticket and count are released only when the backend
-/// is done with the memory.
-struct PendingTransfer {
-    transfer: Option<BoxFuture<'static, Result<(), RdmaError>>>,
-    slot: HeldSlot,
-    ticket: Option<Ticket>,
-    in_flight: Option<InFlight>,
-    handle: tokio::runtime::Handle,
+/// A GET (or a batch of them) in flight and everything it holds. Polled by
+/// the caller; if it is dropped before the backend answered, its `Drop`
+/// detaches the transfer onto the runtime so the slots, ticket and count
+/// are released only when the backend is done with the memory.
+pub(crate) struct PendingTransfer<T: Send + 'static> {
+    pub(crate) transfer: Option<BoxFuture<'static, T>>,
+    pub(crate) slots: HeldSlots,
+    pub(crate) ticket: Option<Ticket>,
+    pub(crate) in_flight: Option<InFlight>,
+    pub(crate) handle: tokio::runtime::Handle,
     /// Poll this long on the first poll (see `RdmaConfig::get_busy_poll`);
     /// taken by that poll so later polls never spin.
-    busy_poll: Option<Duration>,
+    pub(crate) busy_poll: Option<Duration>,
 }
 
-impl PendingTransfer {
-    /// After the GET answered: release the ticket and count, hand back the
-    /// slot.
-    fn finish(&mut self) -> Option<Slot> {
+impl<T: Send + 'static> PendingTransfer<T> {
+    /// After the backend answered: release the ticket and count, hand back
+    /// the slots.
+    pub(crate) fn finish(&mut self) -> Vec<Slot> {
         self.in_flight.take();
         self.ticket.take();
-        self.slot.0.take()
+        std::mem::take(&mut self.slots.0)
     }
 }
 
-impl Future for PendingTransfer {
-    type Output = Result<(), RdmaError>;
+impl<T: Send + 'static> Future for PendingTransfer<T> {
+    /// `None` only if polled again after it answered.
+    type Output = Option<T>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let busy_poll = self.busy_poll.take();
         let Some(transfer) = self.transfer.as_mut() else {
-            return Poll::Ready(Err(RdmaError::RegionNotFound));
+            return Poll::Ready(None);
         };
         let mut polled = transfer.as_mut().poll(cx);
         if let (Poll::Pending, Some(window)) = (&polled, busy_poll) {
@@ -169,11 +169,11 @@ impl Future for PendingTransfer {
             return Poll::Pending;
         };
         self.transfer = None;
-        Poll::Ready(result)
+        Poll::Ready(Some(result))
     }
 }
 
-impl Drop for PendingTransfer {
+impl<T: Send + 'static> Drop for PendingTransfer<T> {
     fn drop(&mut self) {
         let Some(transfer) = self.transfer.take() else {
             return;
@@ -181,29 +181,29 @@ impl Drop for PendingTransfer {
         tracing::debug!(
             "GET cancelled while in flight: the destination buffer is surrendered; its memory returns to the pool when the transfer finishes"
         );
-        let mut slot = HeldSlot(self.slot.0.take());
+        let mut slots = HeldSlots(std::mem::take(&mut self.slots.0));
         let ticket = self.ticket.take();
         let in_flight = self.in_flight.take();
-        // If the runtime is gone the task is dropped unpolled, and `slot`'s
+        // If the runtime is gone the task is dropped unpolled, and `slots`'
         // drop leaks the memory rather than reusing it.
         self.handle.spawn(async move {
             let _ = transfer.await;
             drop(in_flight);
             drop(ticket);
-            drop(slot.0.take());
+            drop(std::mem::take(&mut slots.0));
         });
     }
 }
 
-/// The destination slot of a transfer in flight. If it is dropped before the
-/// backend answered (a detached transfer whose runtime is shutting down),
-/// the backend may still write the slot's memory, so the slot is leaked —
+/// The destination slots of a transfer in flight. If they are dropped before
+/// the backend answered (a detached transfer whose runtime is shutting
+/// down), the backend may still write their memory, so they are leaked —
 /// never returned to the pool.
-struct HeldSlot(Option<crate::pool::pinned_buf::Slot>);
+pub(crate) struct HeldSlots(pub(crate) Vec<Slot>);
 
-impl Drop for HeldSlot {
+impl Drop for HeldSlots {
     fn drop(&mut self) {
-        if let Some(slot) = self.0.take() {
+        for slot in self.0.drain(..) {
             tracing::error!(
                 "transfer task dropped before the backend answered: its destination slot is leaked, not reused"
             );

@@ -195,3 +195,16 @@ impl io::Write for ThreadWriter {
         Ok(())
     }
 }
+
+/// The documented shutdown order for one side: sweep the registry, tear the
+/// backend down, release what the sweep could not; asserts everything was
+/// released (so nothing is left registered when the test ends).
+pub async fn shut_down(side: &Side) {
+    let swept = side.registry.shutdown(Duration::from_secs(5)).await;
+    side.backend.shutdown().await;
+    let verdict = swept.finish_after_backend_teardown();
+    assert!(
+        matches!(verdict, rdmareg_registry::TeardownVerdict::Released { .. }),
+        "{verdict:?}"
+    );
+}

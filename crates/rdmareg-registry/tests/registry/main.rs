@@ -7,6 +7,7 @@ mod budget;
 mod common;
 mod describe;
 mod latch;
+mod lists;
 mod model;
 mod pool;
 mod shutdown;

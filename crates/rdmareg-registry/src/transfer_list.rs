@@ -1,0 +1,212 @@
+//! Transfer lists: many GETs prepared once and posted as one batch, any
+//! number of times.
+//!
+//! A KV-cache block set or a weight shard is dozens to thousands of reads.
+//! A [`TransferList`] checks each read once when it is built (the
+//! descriptor's backend, a non-empty range, offsets that do not overflow)
+//! and posts all of them with one [`RdmaBackend::get_batch`], so a backend
+//! that batches natively pays its per-submission cost once per list.
+//!
+//! # Guarantees, as for single GETs
+//!
+//! - Posting checks the destinations first: every buffer the list names is
+//!   present, not surrendered, and long enough for its entries; otherwise
+//!   nothing is submitted and the post fails as a whole.
+//! - The post is admitted through the registry's gate (shutdown waits for
+//!   it) and holds every destination's pool slot until the backend answered
+//!   every entry.
+//! - Each entry is answered on its own: one bad entry (a stale descriptor,
+//!   an owner that refuses) fails only itself.
+//! - **Cancel safety:** dropping the post's future while the batch is in
+//!   flight *surrenders every destination buffer* of the post (their memory
+//!   returns to the pool when the backend has finished with it), exactly as
+//!   a dropped single GET surrenders its one buffer.
+//!
+//! [`RdmaBackend::get_batch`]: rdmareg_backend::RdmaBackend::get_batch
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use rdmareg_backend::BackendGet;
+use rdmareg_core::{Descriptor, DescriptorError, PeerId, RdmaError};
+
+use crate::pool::PinnedBuf;
+use crate::registry::Inner;
+use crate::transfer::{HeldSlots, InFlight, PendingTransfer};
+
+/// One read of a list: a described range into a destination buffer.
+#[derive(Debug, Clone)]
+struct Entry {
+    remote_addr: u64,
+    packed_key: Bytes,
+    len: u64,
+    /// Index of the destination buffer in the slice given to `post`.
+    buffer: usize,
+    /// Byte offset inside that buffer.
+    offset: u64,
+}
+
+/// Reads from one peer, checked once, posted as one batch any number of
+/// times with [`RdmaRegistry::post`](crate::RdmaRegistry::post).
+///
+/// Build it with [`RdmaRegistry::transfer_list`](crate::RdmaRegistry::transfer_list)
+/// and [`push`](Self::push). A list names its destinations by index into
+/// the slice of buffers each post is given, so the same list can land in
+/// different buffers of the same shapes.
+#[derive(Debug, Clone)]
+pub struct TransferList {
+    peer: PeerId,
+    backend_key: String,
+    entries: Vec<Entry>,
+    /// Per buffer index, the end of the furthest entry into it.
+    needed: Vec<u64>,
+}
+
+impl TransferList {
+    pub(crate) fn new(peer: PeerId, backend_key: &str) -> TransferList {
+        TransferList {
+            peer,
+            backend_key: backend_key.to_owned(),
+            entries: Vec::new(),
+            needed: Vec::new(),
+        }
+    }
+
+    /// Adds a read of everything `src` describes (cut a sub-range with
+    /// [`Descriptor::slice`]) into destination buffer `buffer` at byte
+    /// `offset`. Returns the entry's index: its place in every post's
+    /// answers.
+    ///
+    /// # Errors
+    /// [`RdmaError::InvalidDescriptor`] if `src` names another backend;
+    /// [`RdmaError::OutOfRange`] for an empty range or an offset whose end
+    /// overflows. The list is unchanged on error.
+    pub fn push(
+        &mut self,
+        src: &Descriptor,
+        buffer: usize,
+        offset: usize,
+    ) -> Result<usize, RdmaError> {
+        if src.backend_key() != self.backend_key {
+            return Err(RdmaError::InvalidDescriptor(
+                DescriptorError::InvalidBackendKey,
+            ));
+        }
+        let end = (offset as u64)
+            .checked_add(src.len())
+            .filter(|_| !src.is_empty())
+            .ok_or(RdmaError::OutOfRange)?;
+        if self.needed.len() <= buffer {
+            self.needed.resize(buffer + 1, 0);
+        }
+        self.needed[buffer] = self.needed[buffer].max(end);
+        self.entries.push(Entry {
+            remote_addr: src.addr(),
+            packed_key: src.packed_key().clone(),
+            len: src.len(),
+            buffer,
+            offset: offset as u64,
+        });
+        Ok(self.entries.len() - 1)
+    }
+
+    /// The peer every entry reads from.
+    pub fn peer(&self) -> PeerId {
+        self.peer
+    }
+
+    /// Number of reads.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the list has no reads.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Bytes one post moves.
+    pub fn total_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.len).sum()
+    }
+
+    /// How many destination buffers a post needs (the highest index named,
+    /// plus one).
+    pub fn buffers_needed(&self) -> usize {
+        self.needed.len()
+    }
+}
+
+/// See [`RdmaRegistry::post`](crate::RdmaRegistry::post).
+pub(crate) async fn post(
+    inner: &Arc<Inner>,
+    list: &TransferList,
+    buffers: &mut [PinnedBuf],
+) -> Result<Vec<Result<(), RdmaError>>, RdmaError> {
+    if list.backend_key != inner.backend_key {
+        return Err(RdmaError::InvalidDescriptor(
+            DescriptorError::InvalidBackendKey,
+        ));
+    }
+    if buffers.len() < list.needed.len() {
+        return Err(RdmaError::OutOfRange);
+    }
+    // Check every destination the list writes before taking anything.
+    for (buffer, &needed) in buffers.iter().zip(&list.needed) {
+        if needed == 0 {
+            continue; // An index no entry names.
+        }
+        if buffer.is_surrendered() {
+            return Err(RdmaError::RegionNotFound);
+        }
+        if needed > buffer.len() as u64 {
+            return Err(RdmaError::OutOfRange);
+        }
+    }
+    if list.entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut requests = Vec::with_capacity(list.entries.len());
+    for entry in &list.entries {
+        let slot = buffers[entry.buffer]
+            .slot()
+            .ok_or(RdmaError::RegionNotFound)?;
+        requests.push(BackendGet {
+            peer: list.peer,
+            remote_addr: entry.remote_addr,
+            packed_key: entry.packed_key.clone(),
+            local_region_id: slot.arena.backend_region_id,
+            local_offset: slot.offset() + entry.offset,
+            len: entry.len,
+            deadline: inner.config.get_deadline,
+        });
+    }
+    let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
+    let in_flight = InFlight::new(inner);
+    // Take the slots of the buffers the list writes (checked above), and
+    // remember whose they are to give them back.
+    let written: Vec<usize> = (0..list.needed.len())
+        .filter(|&i| list.needed[i] > 0)
+        .collect();
+    let slots: Vec<_> = written
+        .iter()
+        .filter_map(|&i| buffers[i].take_slot())
+        .collect();
+    let backend = Arc::clone(&inner.backend);
+    let transfer: BoxFuture<'static, Vec<Result<(), RdmaError>>> =
+        Box::pin(async move { backend.get_batch(requests).await });
+    let mut pending = PendingTransfer {
+        transfer: Some(transfer),
+        slots: HeldSlots(slots),
+        ticket: Some(ticket),
+        in_flight: Some(in_flight),
+        handle: inner.handle.clone(),
+        busy_poll: None,
+    };
+    let answers = (&mut pending).await;
+    for (&i, slot) in written.iter().zip(pending.finish()) {
+        buffers[i].restore(slot);
+    }
+    answers.ok_or(RdmaError::RegionNotFound)
+}
