@@ -40,8 +40,12 @@ fn a_short_sweep_writes_tables_csv_json_and_svg_with_ratios() {
     for row in &rows {
         let cells: Vec<&str> = row.split(',').collect();
         assert_eq!(cells[0], "shm");
-        let bandwidth_ratio: f64 = cells[11].parse().expect("a bandwidth ratio");
+        let bandwidth_ratio: f64 = cells[12].parse().expect("a bandwidth ratio");
         assert!(bandwidth_ratio > 0.0);
+        let list_bandwidth: f64 = cells[10].parse().expect("a list bandwidth");
+        assert!(list_bandwidth > 0.0);
+        let list_ratio: f64 = cells[13].parse().expect("a list bandwidth ratio");
+        assert!(list_ratio > 0.0);
         let latency_ratio: f64 = cells[8].parse().expect("a latency ratio");
         assert!(latency_ratio > 0.0);
     }
@@ -52,9 +56,10 @@ fn a_short_sweep_writes_tables_csv_json_and_svg_with_ratios() {
     let svg = std::fs::read_to_string(out.join("results.svg")).unwrap();
     assert_eq!(
         svg.matches("<polyline").count(),
-        4,
-        "two charts, two series each"
+        5,
+        "latency: rdmareg and perftest; bandwidth: rdmareg, one list, perftest"
     );
+    assert!(stdout.contains("list ratio"), "{stdout}");
     assert!(stdout.contains("bandwidth ratio"), "{stdout}");
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -240,6 +240,15 @@ async fn measure_size(
     run_window(node, &slice, &mut buffers, per_slot).await?;
     let elapsed = started.elapsed();
     let bandwidth = mebibytes_per_second(size * (per_slot * window) as u64, elapsed);
+    // The same window as one transfer list: one batch per round.
+    let mut list = node.registry.transfer_list(OWNER);
+    for buffer in 0..window {
+        list.push(&slice, buffer, 0)?;
+    }
+    run_list(node, &list, &mut buffers, per_slot.div_ceil(10)).await?;
+    let started = Instant::now();
+    run_list(node, &list, &mut buffers, per_slot).await?;
+    let list_bandwidth = mebibytes_per_second(size * (per_slot * window) as u64, started.elapsed());
     Ok(GetRow {
         transport: transport.name().to_owned(),
         size,
@@ -249,6 +258,7 @@ async fn measure_size(
         latency_p50_us: latency.p50_us,
         latency_p99_us: latency.p99_us,
         bandwidth_mib_s: bandwidth,
+        list_bandwidth_mib_s: list_bandwidth,
         perftest_latency_p50_us: None,
         perftest_bandwidth_mib_s: None,
     })
@@ -278,6 +288,21 @@ async fn run_window(
         .collect();
     for task in tasks {
         buffers.push(task.await??);
+    }
+    Ok(())
+}
+
+/// Post `list` (one entry per buffer) `rounds` times; every entry must land.
+async fn run_list(
+    node: &Node,
+    list: &rdmareg_registry::TransferList,
+    buffers: &mut [PinnedBuf],
+    rounds: usize,
+) -> anyhow::Result<()> {
+    for _ in 0..rounds {
+        for answer in node.registry.post(list, buffers).await? {
+            answer?;
+        }
     }
     Ok(())
 }

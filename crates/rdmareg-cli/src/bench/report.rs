@@ -25,8 +25,10 @@ pub struct GetRow {
     pub latency_p50_us: f64,
     /// Registry 99th-percentile GET latency, µs.
     pub latency_p99_us: f64,
-    /// Registry bandwidth, MiB/s.
+    /// Registry bandwidth, MiB/s: the window as separate GETs.
     pub bandwidth_mib_s: f64,
+    /// Registry bandwidth, MiB/s: the window posted as one transfer list.
+    pub list_bandwidth_mib_s: f64,
     /// ucx_perftest median latency, µs.
     pub perftest_latency_p50_us: Option<f64>,
     /// ucx_perftest bandwidth, MiB/s.
@@ -39,6 +41,12 @@ impl GetRow {
         self.perftest_bandwidth_mib_s
             .filter(|p| *p > 0.0)
             .map(|p| self.bandwidth_mib_s / p)
+    }
+    /// List bandwidth over perftest's.
+    pub fn list_bandwidth_ratio(&self) -> Option<f64> {
+        self.perftest_bandwidth_mib_s
+            .filter(|p| *p > 0.0)
+            .map(|p| self.list_bandwidth_mib_s / p)
     }
     /// Registry latency over perftest's (lower is better).
     pub fn latency_ratio(&self) -> Option<f64> {
@@ -94,13 +102,16 @@ pub fn tables(rows: &[GetRow], pool_rows: &[PoolRow]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| transport | size | window | rdmareg p50 µs | perftest p50 µs | gap µs | latency ratio | rdmareg MiB/s | perftest MiB/s | bandwidth ratio |"
+        "| transport | size | window | rdmareg p50 µs | perftest p50 µs | gap µs | latency ratio | rdmareg MiB/s | list MiB/s | perftest MiB/s | bandwidth ratio | list ratio |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for row in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.2} | {} | {} | {} | {:.1} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} |",
             row.transport,
             format_size(row.size),
             row.window,
@@ -109,8 +120,10 @@ pub fn tables(rows: &[GetRow], pool_rows: &[PoolRow]) -> String {
             optional(row.latency_gap_us(), 2),
             ratio(row.latency_ratio()),
             row.bandwidth_mib_s,
+            row.list_bandwidth_mib_s,
             optional(row.perftest_bandwidth_mib_s, 1),
             ratio(row.bandwidth_ratio()),
+            ratio(row.list_bandwidth_ratio()),
         );
     }
     if !pool_rows.is_empty() {
@@ -144,13 +157,13 @@ pub fn print_tables(rows: &[GetRow], pool_rows: &[PoolRow]) {
 /// CSV of the GET rows.
 pub fn csv(rows: &[GetRow]) -> String {
     let mut out = String::from(
-        "transport,size,window,latency_iterations,bandwidth_iterations,latency_p50_us,latency_p99_us,perftest_latency_p50_us,latency_ratio,bandwidth_mib_s,perftest_bandwidth_mib_s,bandwidth_ratio\n",
+        "transport,size,window,latency_iterations,bandwidth_iterations,latency_p50_us,latency_p99_us,perftest_latency_p50_us,latency_ratio,bandwidth_mib_s,list_bandwidth_mib_s,perftest_bandwidth_mib_s,bandwidth_ratio,list_bandwidth_ratio\n",
     );
     let cell = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.4}"));
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{:.4},{:.4},{},{},{:.4},{},{}",
+            "{},{},{},{},{},{:.4},{:.4},{},{},{:.4},{:.4},{},{},{}",
             r.transport,
             r.size,
             r.window,
@@ -161,8 +174,10 @@ pub fn csv(rows: &[GetRow]) -> String {
             cell(r.perftest_latency_p50_us),
             cell(r.latency_ratio()),
             r.bandwidth_mib_s,
+            r.list_bandwidth_mib_s,
             cell(r.perftest_bandwidth_mib_s),
             cell(r.bandwidth_ratio()),
+            cell(r.list_bandwidth_ratio()),
         );
     }
     out
@@ -204,6 +219,11 @@ pub fn charts(rows: &[GetRow]) -> Vec<Chart> {
                     label: "rdmareg".into(),
                     colour: "#d62728",
                     points: series(transport, |r| Some(r.bandwidth_mib_s)),
+                },
+                Series {
+                    label: "rdmareg, one list".into(),
+                    colour: "#2ca02c",
+                    points: series(transport, |r| Some(r.list_bandwidth_mib_s)),
                 },
                 Series {
                     label: "ucx_perftest".into(),
@@ -272,6 +292,7 @@ mod tests {
             latency_p50_us: 10.0,
             latency_p99_us: 12.0,
             bandwidth_mib_s: 950.0,
+            list_bandwidth_mib_s: 1100.0,
             perftest_latency_p50_us: perftest.map(|_| 8.0),
             perftest_bandwidth_mib_s: perftest,
         }
@@ -281,6 +302,7 @@ mod tests {
     fn ratios_compare_registry_to_perftest() {
         let r = row(Some(1000.0));
         assert_eq!(r.bandwidth_ratio(), Some(0.95));
+        assert_eq!(r.list_bandwidth_ratio(), Some(1.1));
         assert_eq!(r.latency_ratio(), Some(1.25));
         assert_eq!(r.latency_gap_us(), Some(2.0));
     }
