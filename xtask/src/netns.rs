@@ -105,6 +105,21 @@ pub fn run_task(args: &[String]) -> Result<()> {
 
 type Scenario = fn(&Namespaces, &Path) -> Result<()>;
 
+/// Whether `line` is a `tracing` log line: an RFC 3339 UTC timestamp, then
+/// a level.
+fn is_tracing_line(line: &str) -> bool {
+    let Some((timestamp, rest)) = line.split_once(' ') else {
+        return false;
+    };
+    let level = rest.trim_start();
+    timestamp.len() >= 20
+        && timestamp.as_bytes()[..4].iter().all(u8::is_ascii_digit)
+        && timestamp.ends_with('Z')
+        && ["TRACE ", "DEBUG ", "INFO ", "WARN ", "ERROR "]
+            .iter()
+            .any(|l| level.starts_with(l))
+}
+
 fn ensure_root() -> Result<()> {
     let uid = probe(Command::new("id").arg("-u")).unwrap_or_default();
     if uid.trim() != "0" {
@@ -426,12 +441,14 @@ impl Demo {
             .arg(self.child.id().to_string()))
     }
 
-    /// Its lines on stderr that are not UCX's own log lines.
+    /// Its lines on stderr that are neither UCX's own log lines nor its
+    /// `tracing` log lines (a lost peer can leave warnings about unmaps the
+    /// shutdown had to wait for; the report is the one `rdmareg:` line).
     fn report_lines(&self) -> Vec<&str> {
         self.stderr
             .iter()
             .map(String::as_str)
-            .filter(|l| !l.contains(" UCX "))
+            .filter(|l| !l.contains(" UCX ") && !is_tracing_line(l))
             .collect()
     }
 
@@ -678,4 +695,24 @@ fn consumer_killed(ns: &Namespaces, binary: &Path) -> Result<()> {
         OWNER_CLEAN,
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracing_lines_are_told_apart_from_the_report_line() {
+        assert!(is_tracing_line(
+            "2026-12-01T06:39:43.697760Z  WARN rdmareg_registry::region::state: unmap not confirmed"
+        ));
+        assert!(is_tracing_line(
+            "2026-12-01T06:38:08.039319Z  INFO rdmareg_registry::shutdown: begins"
+        ));
+        assert!(!is_tracing_line(
+            "rdmareg: lost the consumer 10.77.0.2:33640: no word from it for 5.0 s"
+        ));
+        assert!(!is_tracing_line("2026 was a year"));
+        assert!(!is_tracing_line(""));
+    }
 }

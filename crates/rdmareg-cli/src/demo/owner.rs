@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use rdmareg_registry::{PinnedBuf, RegionGuard};
+use rdmareg_registry::{PinnedBuf, RegionGuard, UnregisterOutcome};
 use tokio::net::TcpListener;
 
 use crate::bootstrap::{Message, OfferedRange};
@@ -64,18 +64,35 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         ..
     } = holdings;
     let watch = region.watch();
-    let region_released = match region.unregister(bounds.teardown).await {
+    // `Some(true)`: released now; `Some(false)`: unknown, leak it; `None`:
+    // the unmap waits for a reply UCX is still sending (to a consumer that
+    // may be gone) and is decided by the engine's teardown below.
+    let mut region_released = match region.unregister(bounds.teardown).await {
+        Ok(UnregisterOutcome::UnmapPending(still)) => {
+            tracing::info!(
+                ?still,
+                "the region's unmap waits for replies still being sent; the engine's teardown ends them"
+            );
+            None
+        }
         Ok(_) => {
             watch.deregistered().await;
-            true
+            Some(true)
         }
         Err(e) => {
             eprintln!("rdmareg: unregistering the external region failed ({e}); leaking it");
-            false
+            Some(false)
         }
     };
     drop(buffers);
     let outcome = node.shutdown().await;
+    if region_released.is_none() {
+        // The teardown destroyed the worker and unmapped what it held, so
+        // the background unmap is answered by now or very soon.
+        let confirmed = tokio::time::timeout(bounds.teardown, watch.deregistered()).await;
+        region_released = Some(confirmed.is_ok());
+    }
+    let region_released = region_released == Some(true);
     // Freed only once the engine is gone as well: a consumer that was lost
     // mid-GET may have left emulated-GET replies queued in UCX, which reads
     // the raw address as it sends; the teardown destroyed them with the
