@@ -4,8 +4,13 @@
 //! Search order (the same as `cargo xtask ucx`):
 //! 1. `UCX_DIR`, an install prefix. An explicit choice: if it is broken or
 //!    too old, the build fails rather than quietly using something else.
-//! 2. `<workspace>/target/ucx-1.22.0/libucx`, provisioned by `cargo xtask ucx`.
-//! 3. pkg-config (`ucx`).
+//! 2. The prefix named in `<workspace>/target/ucx-prefix`, written by
+//!    `cargo xtask ucx` whenever it provisions (the patched source build by
+//!    default and in CI, or the wheel with `--wheel`). Also an explicit
+//!    choice: if it names something unusable, the build fails.
+//! 3. `<workspace>/target/ucx-1.22.0/libucx`, the wheel as provisioned
+//!    before `target/ucx-prefix` existed.
+//! 4. pkg-config (`ucx`).
 //!
 //! Metadata for dependents' build scripts (`DEP_UCP_<KEY>`): `ROOT`,
 //! `INCLUDE`, `LIBDIR`, `BINDIR`, `VERSION` (the headers' `major.minor`).
@@ -20,11 +25,16 @@ use std::path::{Path, PathBuf};
 /// and enum values, and the engine's packed-key validator knows 1.22's format.
 const MINIMUM_API: (u32, u32) = (1, 22);
 
-/// Where `cargo xtask ucx` puts the pinned UCX, relative to the workspace.
+/// The file naming the prefix `cargo xtask ucx` provisioned, relative to the
+/// workspace.
+const POINTER: &str = "target/ucx-prefix";
+
+/// Where `cargo xtask ucx --wheel` unpacks the wheel, relative to the
+/// workspace.
 const PROVISIONED_PREFIX: &str = "target/ucx-1.22.0/libucx";
 
 const FIX: &str = "Fix it either way:\n  \
-    - run `cargo xtask ucx` (with UCX_DIR unset) to provision UCX 1.22.0 into target/ucx-1.22.0/, or\n  \
+    - run `cargo xtask ucx` (with UCX_DIR unset) to provision UCX 1.22.0, or\n  \
     - set UCX_DIR=/path/to/ucx, an install prefix holding include/ucp/api/ucp.h and lib/libucp.so (UCX >= 1.22)";
 
 struct Install {
@@ -87,6 +97,19 @@ fn find() -> Result<Install, String> {
         let dir = PathBuf::from(dir);
         return at_prefix(&dir)
             .map_err(|e| format!("UCX_DIR={} is not a UCX install: {e}", dir.display()));
+    }
+    let pointer = workspace_root().join(POINTER);
+    if let Ok(text) = fs::read_to_string(&pointer) {
+        // A later `cargo xtask ucx` rewrites this file; it has to rerun us.
+        println!("cargo::rerun-if-changed={}", pointer.display());
+        let prefix = PathBuf::from(text.trim());
+        return at_prefix(&prefix).map_err(|e| {
+            format!(
+                "{} names {}, which is not a UCX install: {e}",
+                pointer.display(),
+                prefix.display()
+            )
+        });
     }
     let provisioned = workspace_root().join(PROVISIONED_PREFIX);
     let provisioned_problem = if provisioned.exists() {

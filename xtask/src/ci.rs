@@ -5,6 +5,12 @@
 //! of all timings closes the run. Steps are plain data ([`Step`]) so adding
 //! one is one more entry in [`steps`].
 //!
+//! UCX is the one `cargo xtask ucx --from-source` builds (cached outside the
+//! clone): 1.22.0 with the patches under `xtask/patches/`, verbs, rdmacm and
+//! cma, so every step runs over the patched tcp transport. `UCX_DIR`, when
+//! set, still overrides it (said in the step's output); the PUT-refusal
+//! test then fails unless that UCX carries the patch.
+//!
 //! The sanitizer and fuzz steps run last: they build in their own target
 //! directories (`target/asan`, `target/fuzz`), so a failure in the ordinary
 //! steps is reported before the slowest builds start.
@@ -32,8 +38,8 @@ struct Step {
 fn steps() -> Vec<Step> {
     vec![
         Step {
-            name: "provision UCX (cargo xtask ucx)",
-            action: Action::Task(|| ucx::run_task(&[])),
+            name: "provision UCX built from source with our patches (cargo xtask ucx --from-source)",
+            action: Action::Task(|| ucx::run_task(&["--from-source".to_string()])),
         },
         Step {
             name: "bindings are current (cargo xtask bindgen --check)",

@@ -10,6 +10,7 @@ mod fuzz;
 mod netns;
 mod run_cli;
 mod ucx;
+mod ucx_source;
 mod util;
 
 use std::process::ExitCode;
@@ -20,7 +21,11 @@ const USAGE: &str = "\
 usage: cargo xtask <task> [args]
 
 tasks:
-  ucx                find or provision UCX (>= 1.22; pinned 1.22.0) and print which one
+  ucx [--from-source | --wheel]
+                     find or provision UCX (>= 1.22; pinned 1.22.0) and print which one;
+                     --from-source: build 1.22.0 with our patches, verbs, rdmacm, cma
+                     (cached outside the clone; what CI uses); --wheel: the quick,
+                     unpatched libucx-cu12 wheel (no InfiniBand)
   bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)

@@ -5,13 +5,24 @@
 //!
 //! 1. `UCX_DIR`, when set. It is the user's explicit choice, so a broken or
 //!    too-old `UCX_DIR` is an error, never silently skipped.
-//! 2. The copy provisioned earlier at `<workspace>/target/ucx-1.22.0/libucx`.
-//! 3. pkg-config (`ucx`), when it names a new-enough UCX.
-//! 4. Otherwise the pinned UCX is provisioned: the `libucx-cu12` wheel is
-//!    fetched with pip and unpacked into `target/ucx-1.22.0/`. The wheel is
-//!    unpacked into a staging directory and renamed into place only once its
-//!    layout checks out, so an interrupted run leaves nothing half-made, and a
-//!    second run finds the finished copy and does nothing.
+//! 2. The UCX named by `<workspace>/target/ucx-prefix`, which every
+//!    provisioning below writes: the last one provisioned is the one linked.
+//! 3. The wheel copy at `<workspace>/target/ucx-1.22.0/libucx` (provisioned
+//!    before `target/ucx-prefix` existed).
+//! 4. pkg-config (`ucx`), when it names a new-enough UCX.
+//! 5. Otherwise the pinned UCX is built from source with rdmareg's patches
+//!    (see [`crate::ucx_source`]); this is what CI uses.
+//!
+//! Two ways to provision, whatever is found:
+//!
+//! - `--from-source`: UCX 1.22.0 built from the release tarball with the
+//!   patches under `xtask/patches/`, verbs, rdmacm and cma, into a cache
+//!   outside the clone. Several minutes the first time, then reused.
+//! - `--wheel`: the upstream-built `libucx-cu12` wheel, fetched with pip and
+//!   unpacked into `target/ucx-1.22.0/`. Seconds, but unpatched and without
+//!   InfiniBand. The wheel is unpacked into a staging directory and renamed
+//!   into place only once its layout checks out, so an interrupted run leaves
+//!   nothing half-made, and a second run finds the finished copy.
 //!
 //! The minimum accepted version is 1.22, the pinned baseline, not an older
 //! release that merely has the same functions: the committed bindings carry
@@ -42,7 +53,7 @@ pub const MINIMUM_API: ApiVersion = ApiVersion {
 
 /// How to fix a missing or unusable UCX; part of every such error.
 const FIX: &str = "Fix it either way:\n  \
-     - run `cargo xtask ucx` (with UCX_DIR unset) to provision UCX 1.22.0 into target/ucx-1.22.0/, or\n  \
+     - run `cargo xtask ucx` (with UCX_DIR unset) to provision UCX 1.22.0 (built from source; `--wheel` for the quick unpatched wheel), or\n  \
      - set UCX_DIR=/path/to/ucx, an install prefix holding include/ucp/api/ucp.h and lib/libucp.so (UCX >= 1.22)";
 
 /// A UCX API version as the headers state it (`UCP_API_MAJOR`/`UCP_API_MINOR`).
@@ -65,8 +76,10 @@ impl fmt::Display for ApiVersion {
 pub enum Origin {
     /// The `UCX_DIR` environment variable.
     UcxDir,
-    /// The copy under `target/` made by `cargo xtask ucx`.
+    /// The wheel copy under `target/` made by `cargo xtask ucx --wheel`.
     Provisioned,
+    /// The patched build made by `cargo xtask ucx --from-source`.
+    SourceBuild,
     /// pkg-config.
     PkgConfig,
 }
@@ -75,7 +88,8 @@ impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Origin::UcxDir => "from UCX_DIR",
-            Origin::Provisioned => "provisioned by cargo xtask ucx",
+            Origin::Provisioned => "wheel provisioned by cargo xtask ucx --wheel",
+            Origin::SourceBuild => "built from source by cargo xtask ucx --from-source",
             Origin::PkgConfig => "from pkg-config",
         })
     }
@@ -101,7 +115,7 @@ pub struct Ucx {
 impl Ucx {
     /// Checks the standard `include/`, `lib/` (or `lib64/`), `bin/` layout
     /// under `prefix`.
-    fn at(prefix: &Path, origin: Origin) -> Result<Ucx> {
+    pub fn at(prefix: &Path, origin: Origin) -> Result<Ucx> {
         let lib_dir = ["lib", "lib64"]
             .iter()
             .map(|name| prefix.join(name))
@@ -226,18 +240,80 @@ pub fn provisioned_prefix() -> PathBuf {
     provisioned_root().join("libucx")
 }
 
-/// `cargo xtask ucx`.
-pub fn run_task(args: &[String]) -> Result<()> {
-    if let Some(extra) = args.first() {
-        bail!("`cargo xtask ucx` takes no arguments (got `{extra}`)");
+/// `target/ucx-prefix`: the install prefix of the UCX provisioned last.
+pub fn pointer_file() -> PathBuf {
+    target_dir().join("ucx-prefix")
+}
+
+/// Makes `prefix` the provisioned UCX the workspace links (unless
+/// `UCX_DIR` is set), by writing [`pointer_file`] in one step.
+pub fn record_provisioned(prefix: &Path) -> Result<()> {
+    let pointer = pointer_file();
+    let wanted = prefix.display().to_string();
+    if fs::read_to_string(&pointer).is_ok_and(|current| current.trim() == wanted) {
+        return Ok(());
     }
-    let ucx = ensure()?;
+    fs::create_dir_all(target_dir()).context("cannot create target/")?;
+    let scratch = target_dir().join(format!(".ucx-prefix.{}", process::id()));
+    fs::write(&scratch, format!("{wanted}\n"))
+        .context(format!("cannot write {}", scratch.display()))?;
+    fs::rename(&scratch, &pointer).context(format!("cannot write {}", pointer.display()))?;
+    eprintln!("{} now names {wanted}", pointer.display());
+    Ok(())
+}
+
+/// `cargo xtask ucx [--from-source | --wheel]`.
+pub fn run_task(args: &[String]) -> Result<()> {
+    let ucx = match args {
+        [] => ensure()?,
+        [flag] if flag == "--from-source" => provision_from_source()?,
+        [flag] if flag == "--wheel" => provision_wheel()?,
+        _ => bail!(
+            "usage: cargo xtask ucx [--from-source | --wheel] (got `{}`)",
+            args.join(" ")
+        ),
+    };
+    print_ucx(&ucx);
+    Ok(())
+}
+
+/// `--from-source`: build (or reuse) the patched UCX and record it; then
+/// report what the workspace will actually link.
+pub fn provision_from_source() -> Result<Ucx> {
+    let built = crate::ucx_source::ensure()?;
+    note_if_overridden(&built)
+}
+
+/// `--wheel`: unpack (or reuse) the wheel and record it.
+fn provision_wheel() -> Result<Ucx> {
+    let wheel = match find_wheel() {
+        Some(ucx) => ucx,
+        None => provision()?,
+    };
+    record_provisioned(&wheel.prefix)?;
+    note_if_overridden(&wheel)
+}
+
+/// What the workspace links after provisioning `provisioned`: that one,
+/// unless `UCX_DIR` names another (said on stderr).
+fn note_if_overridden(provisioned: &Ucx) -> Result<Ucx> {
+    let linked = ensure()?;
+    if linked.prefix != provisioned.prefix {
+        eprintln!(
+            "note: UCX_DIR={} overrides the provisioned {} for every build",
+            linked.prefix.display(),
+            provisioned.prefix.display()
+        );
+    }
+    Ok(linked)
+}
+
+fn print_ucx(ucx: &Ucx) {
     println!("UCX {} ({})", ucx.describe_version(), ucx.origin);
     println!("  prefix:  {}", ucx.prefix.display());
     println!("  include: {}", ucx.include_dir.display());
     println!("  libdir:  {}", ucx.lib_dir.display());
     println!("  bindir:  {}", ucx.bin_dir.display());
-    Ok(())
 }
 
 /// Finds a usable UCX, provisioning the pinned one when there is none.
@@ -253,24 +329,49 @@ pub fn ensure() -> Result<Ucx> {
             })?
             .require_minimum();
     }
-    if let Some(ucx) = find_provisioned() {
+    if let Some(ucx) = find_recorded() {
+        return Ok(ucx);
+    }
+    if let Some(ucx) = find_wheel() {
         return Ok(ucx);
     }
     match from_pkg_config() {
         Some(Ok(ucx)) if ucx.api >= MINIMUM_API => return Ok(ucx),
         Some(Ok(ucx)) => eprintln!(
-            "note: pkg-config names UCX {} at {}, older than {MINIMUM_API}; provisioning {PINNED_RELEASE} instead",
+            "note: pkg-config names UCX {} at {}, older than {MINIMUM_API}; building {PINNED_RELEASE} from source instead",
             ucx.api,
             ucx.prefix.display()
         ),
         Some(Err(e)) => eprintln!("note: ignoring the UCX pkg-config names: {e}"),
         None => {}
     }
-    provision()
+    crate::ucx_source::ensure()
 }
 
-/// The provisioned copy, if it is there and complete.
-fn find_provisioned() -> Option<Ucx> {
+/// The UCX [`pointer_file`] names, if it is there and usable.
+fn find_recorded() -> Option<Ucx> {
+    let text = fs::read_to_string(pointer_file()).ok()?;
+    let prefix = PathBuf::from(text.trim());
+    let origin = if prefix == provisioned_prefix() {
+        Origin::Provisioned
+    } else {
+        Origin::SourceBuild
+    };
+    match Ucx::at(&prefix, origin).and_then(Ucx::require_minimum) {
+        Ok(ucx) => Some(ucx),
+        Err(e) => {
+            eprintln!(
+                "note: {} names {}, which is unusable ({e}); ignoring it",
+                pointer_file().display(),
+                prefix.display()
+            );
+            None
+        }
+    }
+}
+
+/// The wheel copy, if it is there and complete.
+fn find_wheel() -> Option<Ucx> {
     let prefix = provisioned_prefix();
     if !prefix.exists() {
         return None;
@@ -411,7 +512,7 @@ fn single_wheel(dir: &Path) -> Result<PathBuf> {
 fn publish(tree: &Path, staging: &Path) -> Result<()> {
     let root = provisioned_root();
     if root.exists() {
-        if find_provisioned().is_some() {
+        if find_wheel().is_some() {
             eprintln!(
                 "note: another run provisioned {} first; using it",
                 root.display()
@@ -423,7 +524,7 @@ fn publish(tree: &Path, staging: &Path) -> Result<()> {
     }
     match fs::rename(tree, &root) {
         Ok(()) => Ok(()),
-        Err(_) if find_provisioned().is_some() => {
+        Err(_) if find_wheel().is_some() => {
             eprintln!(
                 "note: another run provisioned {} first; using it",
                 root.display()

@@ -2,8 +2,12 @@
 //! `ucx_perftest -t ucp_get` from the same UCX on the same transport.
 //!
 //! ```text
-//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N]
+//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N] [--ucx-setting=KEY=VALUE]...
 //! ```
+//!
+//! `--ucx-setting` applies a UCX setting to both engines on top of their
+//! own (`UcxConfig::with_ucx_setting`), for example
+//! `--ucx-setting=TCP_PUT_ENABLE=y` to compare with tcp PUT back on.
 //!
 //! Two engines in one process (owner and consumer) on the loopback
 //! interface. Latency: 8 B and 1 MiB GETs, one outstanding, up to 20 000
@@ -122,10 +126,19 @@ struct Setup {
     dest_region: BackendRegion,
 }
 
-fn setup(transport: Transport, dest_len: usize, huge_pages: bool, spin: Option<Duration>) -> Setup {
+fn setup(
+    transport: Transport,
+    dest_len: usize,
+    huge_pages: bool,
+    spin: Option<Duration>,
+    settings: &[(String, String)],
+) -> Setup {
     let mut config = UcxConfig::default()
         .with_transport(transport)
         .with_net_devices("lo");
+    for (key, value) in settings {
+        config = config.with_ucx_setting(key, value);
+    }
     if let Some(spin) = spin {
         config = config.with_spin_window(spin);
     }
@@ -318,6 +331,14 @@ fn main() {
         .iter()
         .find_map(|a| a.strip_prefix("--window="))
         .map(|n| n.parse().expect("--window=<outstanding GETs>"));
+    let settings: Vec<(String, String)> = args
+        .iter()
+        .filter_map(|a| a.strip_prefix("--ucx-setting="))
+        .map(|kv| {
+            let (key, value) = kv.split_once('=').expect("--ucx-setting=KEY=VALUE");
+            (key.to_owned(), value.to_owned())
+        })
+        .collect();
     let bandwidth_runs: Vec<(usize, usize)> = BANDWIDTH_SIZES
         .iter()
         .map(|&(size, window)| (size, window_override.unwrap_or(window).max(1)))
@@ -338,10 +359,10 @@ fn main() {
         other => panic!("unknown transport {other:?}: use tcp or same-host"),
     };
     let max_dest = bandwidth_runs.iter().map(|(s, w)| s * w).max().unwrap();
-    let s = setup(transport, max_dest, huge_pages, spin);
+    let s = setup(transport, max_dest, huge_pages, spin, &settings);
 
     println!(
-        "transport: {transport_name}, huge pages: {huge_pages}, engine spin window: {spin:?} (None = default)"
+        "transport: {transport_name}, huge pages: {huge_pages}, engine spin window: {spin:?} (None = default), extra UCX settings: {settings:?}"
     );
     for size in LATENCY_SIZES {
         let spin = latency_spinning(&s, size);

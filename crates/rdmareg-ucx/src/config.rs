@@ -16,6 +16,9 @@
 //! 3. The memory-hook defaults (`MEM_EVENTS=n`, `RCACHE_ENABLE=n`) and the
 //!    cma invalidation default apply only when the environment does not set
 //!    the corresponding `UCX_*` variable: an operator who sets them knows why.
+//! 4. `TCP_PUT_ENABLE=n` wins over the environment: UCX's tcp PUT lets a
+//!    peer write anywhere in the process and the engine never uses it (see
+//!    `docs/safety.md`); only [`UcxConfig::extra`] undoes it.
 //!
 //! Memory hooks stay off by default because UCX would otherwise interpose on
 //! `malloc`/`munmap` in a Rust process to keep its registration cache
@@ -225,6 +228,16 @@ impl UcxConfig {
 
     /// The UCX key/values this configuration applies, in order, given which
     /// `UCX_<KEY>` variables the environment sets.
+    ///
+    /// `TCP_PUT_ENABLE=n` is always among them (only [`Self::extra`] can
+    /// undo it). UCX's tcp transport writes the payload of a PUT frame
+    /// wherever the frame says, with no key and no bounds, for any peer that
+    /// connects; the engine never uses tcp PUT (owners serve reads as active
+    /// messages). With it off the tcp interface does not advertise PUT, so
+    /// UCP peers never send one, and the UCX that
+    /// `cargo xtask ucx --from-source` builds refuses PUT frames from peers
+    /// that drive UCT directly. An unpatched UCX (the `libucx-cu12` wheel, a
+    /// site build) still carries such frames out: see `docs/safety.md`.
     pub(crate) fn ucx_settings(&self, env_sets: impl Fn(&str) -> bool) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
         let mut set = |k: &str, v: &str| out.push((k.to_owned(), v.to_owned()));
@@ -246,6 +259,12 @@ impl UcxConfig {
         if !env_sets("RCACHE_ENABLE") {
             set("RCACHE_ENABLE", "n");
         }
+        // Whatever the environment says: tcp PUT is a remote write into this
+        // process at an address the peer names, and nothing here uses it.
+        // Off, UCP never offers tcp PUT to peers, and a UCX with our patch
+        // (`cargo xtask ucx --from-source`) also refuses PUT frames from raw
+        // UCT peers; an unpatched UCX still carries them out.
+        set("TCP_PUT_ENABLE", "n");
         for (k, v) in &self.extra {
             set(k, v);
         }
@@ -296,6 +315,26 @@ mod tests {
         assert_eq!(lookup(&s, "TLS"), Some("tcp,cma"));
         assert_eq!(lookup(&s, "CMA_MEMORY_INVALIDATE"), Some("y"));
         assert!(Transport::SameHost.peer_error_handling());
+    }
+
+    #[test]
+    fn tcp_put_is_off_for_every_transport_even_when_the_environment_sets_it() {
+        for transport in [
+            Transport::Auto,
+            Transport::Tcp,
+            Transport::SameHost,
+            Transport::SharedMemoryNoErrorHandling,
+            Transport::Custom { tls: "tcp".into() },
+        ] {
+            let s = UcxConfig::default()
+                .with_transport(transport.clone())
+                .ucx_settings(|_| true);
+            assert_eq!(lookup(&s, "TCP_PUT_ENABLE"), Some("n"), "{transport:?}");
+        }
+        let undone = UcxConfig::default()
+            .with_ucx_setting("TCP_PUT_ENABLE", "y")
+            .ucx_settings(|_| false);
+        assert_eq!(lookup(&undone, "TCP_PUT_ENABLE"), Some("y"));
     }
 
     #[test]

@@ -25,8 +25,10 @@
 //! # Finding UCX
 //!
 //! The build script looks, in order, at `UCX_DIR` (an install prefix), at
-//! `<workspace>/target/ucx-1.22.0/libucx` provisioned by `cargo xtask ucx`,
-//! and at pkg-config (`ucx`). UCX older than 1.22 is refused. When nothing
+//! the prefix named in `<workspace>/target/ucx-prefix` (written by
+//! `cargo xtask ucx`: the patched source build, or the wheel with `--wheel`),
+//! at the older wheel location `<workspace>/target/ucx-1.22.0/libucx`, and at
+//! pkg-config (`ucx`). UCX older than 1.22 is refused. When nothing
 //! is found the build fails saying how to fix it: run `cargo xtask ucx`, or
 //! set `UCX_DIR=/path/to/ucx`.
 //!

@@ -1,0 +1,475 @@
+//! `cargo xtask ucx --from-source`: UCX 1.22.0 built from its release
+//! sources with rdmareg's patches, with InfiniBand (verbs, rdmacm) and cma.
+//!
+//! The release tarball comes from inside the crates.io package
+//! `ucx-rs 0.1.0+ucx.1.22.0`, which vendors it unmodified. Both the package
+//! and the tarball are checked against SHA-256 digests pinned here before
+//! anything is extracted or run. The patches under
+//! `xtask/patches/ucx-1.22.0/` are applied in name order with `patch -p1`.
+//!
+//! The install goes to a cache directory outside the clone, named by the
+//! release and a digest of everything that decides the build (tarball,
+//! patches, configure arguments), so a fresh clone reuses it and a changed
+//! patch builds a new one next to it:
+//!
+//! `$RDMAREG_UCX_CACHE` if set, else `/var/cache/rdmareg` for root (whose
+//! home other users cannot enter; some tests run as another user), else
+//! `$XDG_CACHE_HOME/rdmareg`, else `$HOME/.cache/rdmareg`; the install is
+//! `<that>/ucx-1.22.0-src-<digest>`.
+//!
+//! The build runs in a staging directory beside it and is installed with
+//! `DESTDIR`, then renamed into place once `ucx_info` confirms verbs,
+//! rdmacm, cma and the patch are in; an interrupted build leaves no
+//! half-made install. Which UCX the workspace links is recorded in
+//! `target/ucx-prefix` (see [`crate::ucx`]).
+
+use std::env;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{self, Command};
+
+use crate::ucx::{self, MINIMUM_API, Origin, PINNED_RELEASE, Ucx};
+use crate::util::{Context, Error, Result, bail, format_duration, run, timed, workspace_root};
+
+/// The crates.io package that carries the release tarball.
+const CRATE_URL: &str = "https://static.crates.io/crates/ucx-rs/ucx-rs-0.1.0%2Bucx.1.22.0.crate";
+
+/// SHA-256 of [`CRATE_URL`]'s content, as the crates.io index records it.
+const CRATE_SHA256: &str = "b0f69840ad9bf0a2dddb056c1fcc847ea8de16cce0d29dee6a4d164049598b45";
+
+/// The tarball's path inside the package.
+const TARBALL_IN_CRATE: &str = "ucx-rs-0.1.0+ucx.1.22.0/vendor/ucx-1.22.0.tar.gz";
+
+/// SHA-256 of the UCX 1.22.0 release tarball (the one inside the package;
+/// its `src/` matches the upstream `v1.22.0` tag file for file).
+const TARBALL_SHA256: &str = "258941cddd14ca60d38c0d31b9b09ec1052c901086841011a498da8b55a3cb24";
+
+/// The configure arguments beyond `--prefix`: UCX's own release settings
+/// (`contrib/configure-release`), threads, cma, InfiniBand through the
+/// system rdma-core, and nothing GPU, Java, Go or documentation.
+pub const CONFIGURE_ARGS: &[&str] = &[
+    "--disable-logging",
+    "--disable-debug",
+    "--disable-assertions",
+    "--disable-params-check",
+    "--enable-mt",
+    "--enable-cma",
+    "--with-verbs",
+    "--with-rdmacm",
+    "--without-cuda",
+    "--without-rocm",
+    "--without-ze",
+    "--without-gdrcopy",
+    "--without-java",
+    "--without-go",
+    "--without-knem",
+    "--without-xpmem",
+    "--without-fuse3",
+    "--without-ugni",
+    "--disable-doxygen-doc",
+    "--disable-static",
+];
+
+/// What the build needs, as (a file that shows it is there, the Debian
+/// package providing it): the rdma-core development files (headers and link
+/// libraries; no NIC needed) and the tools the build runs.
+const BUILD_DEPENDENCIES: &[(&str, &str)] = &[
+    ("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
+    ("/usr/include/rdma/rdma_cma.h", "librdmacm-dev"),
+    ("/usr/bin/curl", "curl"),
+    ("/usr/bin/patch", "patch"),
+    ("/usr/bin/make", "make"),
+    ("/usr/bin/g++", "g++"),
+];
+
+/// Text the patch adds to `libuct.so`; its presence shows the installed
+/// library was built from the patched source.
+const PATCH_MARKER: &str = "but PUT is disabled on this interface";
+
+/// The directory holding the patches, in the order they apply.
+fn patch_dir() -> PathBuf {
+    workspace_root().join(format!("xtask/patches/ucx-{PINNED_RELEASE}"))
+}
+
+/// The patches, sorted by file name.
+fn patches() -> Result<Vec<PathBuf>> {
+    let dir = patch_dir();
+    let mut found: Vec<PathBuf> = fs::read_dir(&dir)
+        .context(format!("cannot list {}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "patch"))
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+/// The cache root: `$RDMAREG_UCX_CACHE`; else, for root,
+/// `/var/cache/rdmareg`; else `$XDG_CACHE_HOME/rdmareg` or
+/// `$HOME/.cache/rdmareg`.
+///
+/// Root's home is closed to other users (mode 0700 on Debian), and the
+/// tests run some processes as another user that must load this UCX.
+pub fn cache_root() -> Result<PathBuf> {
+    let nonempty = |name: &str| env::var_os(name).filter(|value| !value.is_empty());
+    if let Some(dir) = nonempty("RDMAREG_UCX_CACHE") {
+        return Ok(PathBuf::from(dir));
+    }
+    if fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0) {
+        return Ok(PathBuf::from("/var/cache/rdmareg"));
+    }
+    if let Some(dir) = nonempty("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(dir).join("rdmareg"));
+    }
+    match nonempty("HOME") {
+        Some(home) => Ok(PathBuf::from(home).join(".cache/rdmareg")),
+        None => bail!("neither RDMAREG_UCX_CACHE, XDG_CACHE_HOME nor HOME is set"),
+    }
+}
+
+/// SHA-256 of a file, with coreutils' `sha256sum`.
+fn sha256_of(path: &Path) -> Result<String> {
+    let output = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .context("cannot run sha256sum")?;
+    if !output.status.success() {
+        bail!("sha256sum {} failed", path.display());
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    match text.split_whitespace().next() {
+        Some(digest) if digest.len() == 64 => Ok(digest.to_string()),
+        _ => bail!("sha256sum printed no digest for {}", path.display()),
+    }
+}
+
+/// The first 16 hex digits of a digest of everything that decides the
+/// build: the tarball digest, each patch's name and content, and the
+/// configure arguments.
+fn build_key(patches: &[PathBuf], staging: &Path) -> Result<String> {
+    let mut recipe = format!("{TARBALL_SHA256}\n{}\n", CONFIGURE_ARGS.join(" "));
+    for patch in patches {
+        let name = patch.file_name().unwrap_or_default().to_string_lossy();
+        recipe.push_str(&format!("{name} {}\n", sha256_of(patch)?));
+    }
+    fs::create_dir_all(staging).context(format!("cannot create {}", staging.display()))?;
+    let file = staging.join("recipe");
+    fs::write(&file, &recipe).context(format!("cannot write {}", file.display()))?;
+    let digest = sha256_of(&file);
+    fs::remove_file(&file).context(format!("cannot remove {}", file.display()))?;
+    Ok(digest?[..16].to_string())
+}
+
+/// Where the install for the current patches and arguments lives.
+pub fn install_prefix() -> Result<PathBuf> {
+    let root = cache_root()?;
+    let scratch = root.join(format!(".key-{}", process::id()));
+    let key = build_key(&patches()?, &scratch);
+    let _ = fs::remove_dir_all(&scratch);
+    Ok(root.join(format!("ucx-{PINNED_RELEASE}-src-{}", key?)))
+}
+
+/// `cargo xtask ucx --from-source`: reuse or build the patched UCX, check
+/// it, and make it the one the workspace links.
+pub fn ensure() -> Result<Ucx> {
+    let prefix = install_prefix()?;
+    let ucx = match Ucx::at(&prefix, Origin::SourceBuild) {
+        Ok(ucx) if prefix.join(".complete").exists() => {
+            eprintln!("reusing UCX built from source at {}", prefix.display());
+            ucx
+        }
+        _ => build(&prefix)?,
+    };
+    let proof = verify(&ucx)?;
+    println!("{proof}");
+    ucx::record_provisioned(&ucx.prefix)?;
+    Ok(ucx)
+}
+
+/// Downloads, verifies, patches, configures, builds and installs into
+/// `prefix` through a staging directory.
+fn build(prefix: &Path) -> Result<Ucx> {
+    let root = prefix
+        .parent()
+        .ok_or_else(|| Error::msg("the install prefix has no parent"))?;
+    fs::create_dir_all(root).context(format!("cannot create {}", root.display()))?;
+    let staging = root.join(format!(
+        ".{}.staging-{}",
+        prefix.file_name().unwrap_or_default().to_string_lossy(),
+        process::id()
+    ));
+    if staging.exists() {
+        fs::remove_dir_all(&staging).context(format!("cannot clear {}", staging.display()))?;
+    }
+    fs::create_dir_all(&staging).context(format!("cannot create {}", staging.display()))?;
+    eprintln!(
+        "building UCX {PINNED_RELEASE} from source into {} (staging in {})",
+        prefix.display(),
+        staging.display()
+    );
+    let (result, elapsed) = timed(|| build_in(&staging, prefix));
+    if result.is_ok() {
+        // Best effort: the staging directory holds the download and the
+        // build tree, never read again.
+        let _ = fs::remove_dir_all(&staging);
+    } else {
+        eprintln!(
+            "the failed build is left in {} for inspection",
+            staging.display()
+        );
+    }
+    let ucx = result?;
+    eprintln!(
+        "built UCX {PINNED_RELEASE} from source in {}",
+        format_duration(elapsed)
+    );
+    Ok(ucx)
+}
+
+fn build_in(staging: &Path, prefix: &Path) -> Result<Ucx> {
+    ensure_build_dependencies()?;
+
+    let package = staging.join("ucx-rs.crate");
+    run(Command::new("curl")
+        .args(["--fail", "--silent", "--show-error", "--location"])
+        .args(["--retry", "3", "--output"])
+        .arg(&package)
+        .arg(CRATE_URL))
+    .map_err(|e| Error::msg(format!("cannot download {CRATE_URL}: {e}")))?;
+    check_digest(&package, CRATE_SHA256)?;
+
+    run(Command::new("tar")
+        .arg("-xzf")
+        .arg(&package)
+        .arg("-C")
+        .arg(staging)
+        .arg(TARBALL_IN_CRATE))?;
+    let tarball = staging.join(TARBALL_IN_CRATE);
+    check_digest(&tarball, TARBALL_SHA256)?;
+    run(Command::new("tar")
+        .arg("-xzf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(staging))?;
+    let source = staging.join(format!("ucx-{PINNED_RELEASE}"));
+
+    for patch in patches()? {
+        run(Command::new("patch")
+            .args(["-p1", "--forward", "--batch", "--input"])
+            .arg(&patch)
+            .current_dir(&source))?;
+    }
+
+    let build_dir = source.join("build-rdmareg");
+    fs::create_dir_all(&build_dir).context(format!("cannot create {}", build_dir.display()))?;
+    run(Command::new(source.join("configure"))
+        .arg(format!("--prefix={}", prefix.display()))
+        .args(CONFIGURE_ARGS)
+        .current_dir(&build_dir))?;
+    let jobs = std::thread::available_parallelism().map_or(2, usize::from);
+    run(Command::new("make")
+        .arg(format!("-j{jobs}"))
+        .current_dir(&build_dir))?;
+    let destdir = staging.join("destdir");
+    run(Command::new("make")
+        .arg("install")
+        .arg(format!("DESTDIR={}", destdir.display()))
+        .current_dir(&build_dir))?;
+
+    // `DESTDIR` puts the tree under `destdir/<prefix>`; the prefix itself is
+    // compiled in, so the tree must end up exactly there.
+    let relative = prefix.strip_prefix("/").unwrap_or(prefix);
+    let installed = destdir.join(relative);
+    let ucx = Ucx::at(&installed, Origin::SourceBuild)
+        .context("the installed tree does not have the expected layout")?;
+    if ucx.api != MINIMUM_API {
+        bail!(
+            "the built headers declare UCX API {}, expected {PINNED_RELEASE}",
+            ucx.api
+        );
+    }
+    fs::write(installed.join(".complete"), "").context("cannot mark the install complete")?;
+    if prefix.exists() {
+        fs::rename(prefix, staging.join("replaced"))
+            .context(format!("cannot move the old {} aside", prefix.display()))?;
+    }
+    fs::rename(&installed, prefix).context(format!(
+        "cannot rename {} to {}",
+        installed.display(),
+        prefix.display()
+    ))?;
+    Ucx::at(prefix, Origin::SourceBuild)
+}
+
+fn check_digest(path: &Path, expected: &str) -> Result<()> {
+    let actual = sha256_of(path)?;
+    if actual != expected {
+        bail!(
+            "{} has SHA-256 {actual}, expected {expected}; refusing to build it",
+            path.display()
+        );
+    }
+    eprintln!("verified {} (sha256 {actual})", path.display());
+    Ok(())
+}
+
+/// Installs with apt-get whatever of [`BUILD_DEPENDENCIES`] is missing.
+fn ensure_build_dependencies() -> Result<()> {
+    let missing: Vec<&str> = BUILD_DEPENDENCIES
+        .iter()
+        .filter(|(file, _)| !Path::new(file).exists())
+        .map(|&(_, package)| package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("installing {} with apt-get", missing.join(" "));
+    let apt = |args: &[&str]| {
+        run(Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    };
+    apt(&["update"])
+        .and_then(|()| {
+            let mut args = vec!["install", "-y", "--no-install-recommends"];
+            args.extend_from_slice(&missing);
+            apt(&args)
+        })
+        .map_err(|e| {
+            Error::msg(format!(
+                "cannot install {} ({e}); install them yourself",
+                missing.join(" ")
+            ))
+        })
+}
+
+/// Checks with the installed `ucx_info -b` that verbs, rdmacm and cma were
+/// built and that `libuct.so` carries the patch; returns the lines that
+/// show it.
+pub fn verify(ucx: &Ucx) -> Result<String> {
+    let output = ucx
+        .tool("ucx_info")
+        .arg("-b")
+        .output()
+        .context("cannot run ucx_info -b")?;
+    if !output.status.success() {
+        bail!("ucx_info -b failed ({})", output.status);
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut proof = build_proof(&text)?;
+    for module in ["libuct_ib.so", "libuct_rdmacm.so", "libuct_cma.so"] {
+        let path = ucx.lib_dir.join("ucx").join(module);
+        if !path.exists() {
+            bail!("{} is missing", path.display());
+        }
+        proof.push_str(&format!("  module present: {}\n", path.display()));
+    }
+    let libuct = ucx.lib_dir.join("libuct.so");
+    let bytes = fs::read(&libuct).context(format!("cannot read {}", libuct.display()))?;
+    if !contains(&bytes, PATCH_MARKER.as_bytes()) {
+        bail!(
+            "{} lacks the text the PUT-refusal patch adds; it was not built from the patched source",
+            libuct.display()
+        );
+    }
+    Ok(format!(
+        "UCX built from source at {} (ucx_info -b):\n{proof}  {} carries the PUT-refusal patch",
+        ucx.prefix.display(),
+        libuct.display()
+    ))
+}
+
+/// The `ucx_info -b` lines proving the build has verbs, rdmacm and cma, or
+/// an error naming what is missing.
+fn build_proof(build_info: &str) -> Result<String> {
+    let define = |name: &str| {
+        build_info.lines().find_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some("#define") && words.next() == Some(name))
+                .then(|| line.trim().to_string())
+        })
+    };
+    let modules = define("uct_MODULES").unwrap_or_default();
+    let ib_modules = define("uct_ib_MODULES").unwrap_or_default();
+    let mut missing = Vec::new();
+    for (what, present) in [
+        ("the ib module", modules.contains(":ib")),
+        ("the rdmacm module", modules.contains(":rdmacm")),
+        ("the cma module", modules.contains(":cma")),
+        ("HAVE_IB", define("HAVE_IB").is_some()),
+        ("ENABLE_MT", define("ENABLE_MT").is_some()),
+    ] {
+        if !present {
+            missing.push(what);
+        }
+    }
+    if !missing.is_empty() {
+        bail!(
+            "this UCX build lacks {} (ucx_info -b says: {modules:?})",
+            missing.join(", ")
+        );
+    }
+    let mut proof = String::new();
+    for line in [Some(modules), Some(ib_modules), define("HAVE_IB")]
+        .into_iter()
+        .flatten()
+        .chain(define("ENABLE_MT"))
+        .chain(define("UCX_CONFIGURE_FLAGS"))
+        .filter(|line| !line.is_empty())
+    {
+        proof.push_str("  ");
+        proof.push_str(&line);
+        proof.push('\n');
+    }
+    Ok(proof)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUILT: &str = "#define ENABLE_MT                 1\n\
+        #define HAVE_IB                   1\n\
+        #define UCX_CONFIGURE_FLAGS       \"--with-verbs --with-rdmacm\"\n\
+        #define uct_MODULES               \":ib:rdmacm:cma\"\n\
+        #define uct_ib_MODULES            \":mlx5\"\n";
+
+    #[test]
+    fn a_build_with_ib_rdmacm_and_cma_is_proven_by_its_lines() {
+        let proof = build_proof(BUILT).unwrap();
+        assert!(proof.contains(":ib:rdmacm:cma"), "{proof}");
+        assert!(proof.contains("--with-verbs"), "{proof}");
+    }
+
+    #[test]
+    fn the_wheel_build_is_refused_for_lacking_infiniband() {
+        let wheel = "#define ENABLE_MT                 1\n\
+            #define uct_MODULES               \":cuda:cma\"\n";
+        let err = build_proof(wheel).unwrap_err().to_string();
+        assert!(err.contains("the ib module"), "{err}");
+        assert!(err.contains("the rdmacm module"), "{err}");
+    }
+
+    #[test]
+    fn the_patch_directory_holds_the_put_refusal_patch() {
+        let names: Vec<String> = patches()
+            .unwrap()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.contains("refuse-put-requests-when-put-is-disabled")),
+            "{names:?}"
+        );
+        let text = fs::read_to_string(patch_dir().join(&names[0])).unwrap();
+        assert!(text.contains(PATCH_MARKER));
+    }
+}
