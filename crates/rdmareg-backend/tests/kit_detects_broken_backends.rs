@@ -132,6 +132,10 @@ impl RdmaBackend for Flawed {
         })
     }
 
+    fn transfers_in_flight(&self, backend_region_id: u64) -> Option<usize> {
+        self.inner.transfers_in_flight(backend_region_id)
+    }
+
     fn live_registrations(&self) -> Option<usize> {
         match self.flaw {
             Flaw::CountsNothing => Some(0),

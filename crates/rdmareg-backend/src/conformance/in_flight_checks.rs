@@ -162,6 +162,18 @@ pub async fn no_byte_lands_after_a_get_is_answered(pair: &BackendPair) {
     }
     dst.buf.overwrite(REWRITTEN);
     tokio::time::sleep(WATCH_FOR_LATE_WRITES).await;
+    // A backend that can tell what still uses the destination is also
+    // waited for: a transfer it still runs would write late whatever the
+    // watch window, and on a loaded machine it may outlast the window.
+    let started = std::time::Instant::now();
+    while pair
+        .consumer
+        .transfers_in_flight(dst.id())
+        .is_some_and(|n| n > 0)
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let late = dst
         .buf
         .snapshot()
