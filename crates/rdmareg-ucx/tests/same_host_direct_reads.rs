@@ -10,27 +10,11 @@
 
 mod common;
 
-use bytes::Bytes;
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::RdmaError;
 use rdmareg_ucx::read_protocol::ReadKey;
 use rdmareg_ucx::{EngineAddress, Transport, UcxEngine};
-
-/// `key` (either lane) with its capability replaced.
-fn forged(key: &Bytes) -> Bytes {
-    match ReadKey::decode(key).expect("an engine key") {
-        ReadKey::Served(mut served) => {
-            served.capability = [0xAB; 16];
-            Bytes::copy_from_slice(&served.encode())
-        }
-        ReadKey::SameHost(mut same_host) => {
-            same_host.served.capability = [0xAB; 16];
-            Bytes::from(same_host.encode().expect("a same-host key"))
-        }
-        other => panic!("unexpected key {other:?}"),
-    }
-}
 
 fn same_host() -> rdmareg_ucx::UcxConfig {
     config(Transport::SameHost)
@@ -67,7 +51,7 @@ async fn a_direct_read_is_not_checked_by_the_owner() {
     let region = map(&ob, &src).await;
     let dst_region = map(&cb, &dst).await;
     let mut request = get_request(OWNER, &describe(&src, &region), &dst_region, 0, None);
-    request.packed_key = forged(&region.packed_key);
+    request.packed_key = forged_capability(&region.packed_key);
     assert_eq!(cb.get(request).await, Ok(()));
     assert!(dst.snapshot() == src.snapshot());
     consumer.shutdown().await;
@@ -155,7 +139,7 @@ async fn an_owner_that_closes_the_lane_gets_every_read_checked() {
     let dst_region = map(&cb, &dst).await;
     let descriptor = describe(&src, &region);
     let mut request = get_request(OWNER, &descriptor, &dst_region, 0, None);
-    request.packed_key = forged(&region.packed_key);
+    request.packed_key = forged_capability(&region.packed_key);
     assert_eq!(cb.get(request).await, Err(RdmaError::RegionNotFound));
     let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
     assert_eq!(cb.get(request).await, Ok(()));
@@ -184,7 +168,7 @@ async fn a_consumer_that_closes_the_lane_reads_a_same_host_key_through_the_owner
     let dst_region = map(&cb, &dst).await;
     let descriptor = describe(&src, &region);
     let mut request = get_request(OWNER, &descriptor, &dst_region, 0, None);
-    request.packed_key = forged(&region.packed_key);
+    request.packed_key = forged_capability(&region.packed_key);
     assert_eq!(
         cb.get(request).await,
         Err(RdmaError::RegionNotFound),

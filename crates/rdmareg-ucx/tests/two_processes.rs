@@ -130,29 +130,13 @@ fn prober_main() {
         let real = backend.get(request).await;
         let bytes_right = dst.snapshot() == PageBuf::filled(dst.len(), pattern).snapshot();
         let mut request = get_request(OWNER, &descriptor, &region, 0, None);
-        request.packed_key = forge_capability(&request.packed_key);
+        request.packed_key = forged_capability(&request.packed_key);
         let forged = backend.get(request).await;
         let _ = backend.unmap(region.backend_region_id).await;
         (real, forged, bytes_right)
     });
     engine.shutdown_blocking();
     println!("PROBED real={real:?} forged={forged:?} bytes_right={bytes_right}");
-}
-
-/// `key` (either lane) with its capability replaced.
-fn forge_capability(key: &[u8]) -> Bytes {
-    use rdmareg_ucx::read_protocol::ReadKey;
-    match ReadKey::decode(key).expect("an engine key") {
-        ReadKey::Served(mut served) => {
-            served.capability = [0xAB; 16];
-            Bytes::copy_from_slice(&served.encode())
-        }
-        ReadKey::SameHost(mut same_host) => {
-            same_host.served.capability = [0xAB; 16];
-            Bytes::from(same_host.encode().expect("a same-host key"))
-        }
-        other => panic!("unexpected key {other:?}"),
-    }
 }
 
 /// A running owner process.

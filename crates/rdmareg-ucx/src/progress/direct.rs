@@ -152,13 +152,15 @@ impl Engine {
     fn direct_endpoint_for(&mut self, peer: PeerId) -> Option<(EpHandle, u64)> {
         let lane = self.direct.as_ref()?;
         let events: *const Events = &*self.events;
-        let serial = self.peers.next_serial();
-        let connection = self.peers.connection_mut(peer)?;
-        match &connection.direct {
+        match &self.peers.connection_mut(peer)?.direct {
             DirectState::Open(endpoint) => return Some((endpoint.handle, endpoint.serial)),
             DirectState::Unreachable => return None,
             DirectState::Untried => {}
         }
+        // Only a new endpoint takes a serial: the common case above is a
+        // lookup on every read.
+        let serial = self.peers.next_serial();
+        let connection = self.peers.connection_mut(peer)?;
         let address = connection.direct_address.as_ref()?;
         let error_context = new_error_context(events, serial);
         // SAFETY: the address was validated and padded by `add_peer`; the

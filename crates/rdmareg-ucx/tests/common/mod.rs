@@ -266,3 +266,20 @@ pub fn raw_context_and_worker(
     assert_eq!(status, sys::UCS_OK, "raw worker");
     (context, worker)
 }
+
+/// `key` (either lane) with its capability replaced: a well-formed key the
+/// owner never issued.
+pub fn forged_capability(key: &[u8]) -> Bytes {
+    use rdmareg_ucx::read_protocol::ReadKey;
+    match ReadKey::decode(key).expect("an engine key") {
+        ReadKey::Served(mut served) => {
+            served.capability = [0xAB; 16];
+            Bytes::copy_from_slice(&served.encode())
+        }
+        ReadKey::SameHost(mut same_host) => {
+            same_host.served.capability = [0xAB; 16];
+            Bytes::from(same_host.encode().expect("a same-host key"))
+        }
+        other => panic!("unexpected key {other:?}"),
+    }
+}
