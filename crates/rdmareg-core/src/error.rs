@@ -91,6 +91,16 @@ pub enum RdmaError {
         "pool buffer not described: it has no registration of its own yet; call PinnedBuf::describe() first"
     )]
     NotDescribed,
+
+    /// The destination buffer was allocated by another registry. Its
+    /// memory is registered with that registry's backend; this registry's
+    /// backend would take its registration id for one of its own, a
+    /// different buffer. Read into it through the registry that allocated
+    /// it.
+    #[error(
+        "destination buffer belongs to another registry: read into it through the registry that allocated it"
+    )]
+    ForeignBuffer,
 }
 
 impl RdmaError {
