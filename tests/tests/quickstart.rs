@@ -58,7 +58,7 @@ async fn quickstart() -> Result<(), Error> {
         let swept = registry.shutdown(Duration::from_secs(5)).await;
         engine.shutdown().await;
         swept.finish_after_backend_teardown();
-        assert_eq!(engine.live_registrations(), 0);
+        assert_eq!(engine.live_registrations(), Some(0));
     }
     // QUICKSTART END
     Ok(())

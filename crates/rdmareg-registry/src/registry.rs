@@ -126,6 +126,22 @@ pub struct RegisterOwnedError {
     pub buffer: Box<[u8]>,
 }
 
+impl RegisterOwnedError {
+    /// The caller's buffer, untouched, for a fallback path.
+    pub fn into_buffer(self) -> Box<[u8]> {
+        self.buffer
+    }
+}
+
+/// Lets `?` turn a refused registration into its [`RdmaError`]. The buffer
+/// is dropped (it was never registered); keep it with
+/// [`RegisterOwnedError::into_buffer`] when the fallback needs the data.
+impl From<RegisterOwnedError> for RdmaError {
+    fn from(e: RegisterOwnedError) -> Self {
+        e.error
+    }
+}
+
 impl RdmaRegistry {
     /// A registry over `backend`, spawning its background work on `handle`.
     ///

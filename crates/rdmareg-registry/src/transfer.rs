@@ -73,7 +73,7 @@ pub(crate) async fn get(
         local_region_id: slot.arena.backend_region_id,
         local_offset: slot.offset() + dst_offset as u64,
         len: src.len(),
-        deadline: inner.config.get_deadline,
+        deadline: Some(inner.config.get_deadline),
     };
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
     let in_flight = InFlight::new(inner);

@@ -179,7 +179,7 @@ pub(crate) async fn post(
             local_region_id: slot.arena.backend_region_id,
             local_offset: slot.offset() + entry.offset,
             len: entry.len,
-            deadline: inner.config.get_deadline,
+            deadline: Some(inner.config.get_deadline),
         });
     }
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
