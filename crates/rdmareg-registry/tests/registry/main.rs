@@ -8,6 +8,7 @@ mod common;
 mod describe;
 mod latch;
 mod lists;
+mod metrics;
 mod model;
 mod pool;
 mod shutdown;
