@@ -150,11 +150,33 @@ impl TransferList {
     }
 }
 
-/// See [`RdmaRegistry::post`](crate::RdmaRegistry::post).
+/// See [`RdmaRegistry::post`](crate::RdmaRegistry::post); counts the
+/// outcome of the post and of each entry.
 pub(crate) async fn post(
     inner: &Arc<Inner>,
     list: &TransferList,
     buffers: &mut [PinnedBuf],
+) -> Result<Vec<Result<(), RdmaError>>, RdmaError> {
+    let mut took = None;
+    let result = post_timed(inner, list, buffers, &mut took).await;
+    match (&result, took) {
+        (Ok(answers), Some(took)) => {
+            for (entry, answer) in list.entries.iter().zip(answers) {
+                inner.counters.get(entry.len, took, answer);
+            }
+        }
+        (result, _) => inner.counters.outcome(result),
+    }
+    result
+}
+
+/// The post; sets `took` to the time from admission to the backend's
+/// answer once it has one.
+async fn post_timed(
+    inner: &Arc<Inner>,
+    list: &TransferList,
+    buffers: &mut [PinnedBuf],
+    took: &mut Option<std::time::Duration>,
 ) -> Result<Vec<Result<(), RdmaError>>, RdmaError> {
     if list.backend_key != inner.backend_key {
         return Err(RdmaError::InvalidDescriptor(
@@ -192,10 +214,11 @@ pub(crate) async fn post(
             local_region_id: slot.arena.backend_region_id,
             local_offset: slot.offset() + entry.offset,
             len: entry.len,
-            deadline: inner.config.get_deadline,
+            deadline: Some(inner.config.get_deadline),
         });
     }
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
+    let admitted = std::time::Instant::now();
     let in_flight = InFlight::new(inner);
     // Take the slots of the buffers the list writes (checked above), and
     // remember whose they are to give them back.
@@ -216,6 +239,7 @@ pub(crate) async fn post(
         busy_poll: None,
     };
     let answers = (&mut pending).await;
+    *took = Some(admitted.elapsed());
     for (&i, slot) in written.iter().zip(pending.finish()) {
         buffers[i].restore(slot);
     }

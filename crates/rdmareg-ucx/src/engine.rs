@@ -65,6 +65,12 @@ impl EngineShared {
         self.signals.live_registrations.load(Ordering::SeqCst)
     }
 
+    /// The answer to an unmap of `id` once teardown has finished; `None`
+    /// while the thread still runs.
+    pub(crate) fn unmap_after_teardown(&self, id: u64) -> Option<Result<(), RdmaError>> {
+        self.signals.unmap_after_teardown(id)
+    }
+
     /// Pushes onto the unbounded control lane; never waits.
     pub(crate) fn send_control(&self, command: Command) -> Result<(), RdmaError> {
         if self.is_closed() {
@@ -198,6 +204,7 @@ impl UcxEngine {
             doorbell,
             closed: AtomicBool::new(false),
             live_registrations: AtomicUsize::new(0),
+            torn_down: std::sync::OnceLock::new(),
         });
         let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
         let (control_tx, control_rx) = crossbeam_channel::unbounded();
@@ -333,9 +340,12 @@ impl UcxEngine {
     }
 
     /// Registrations the progress thread holds: its own count, moved only by
-    /// successful `ucp_mem_map` / `ucp_mem_unmap` calls.
-    pub fn live_registrations(&self) -> usize {
-        self.shared.live_registrations()
+    /// successful `ucp_mem_map` / `ucp_mem_unmap` calls. Always `Some`: the
+    /// same answer, in the same type, as
+    /// [`RdmaBackend::live_registrations`](rdmareg_backend::RdmaBackend::live_registrations)
+    /// on this engine's backends.
+    pub fn live_registrations(&self) -> Option<usize> {
+        Some(self.shared.live_registrations())
     }
 
     /// Tears the engine down and waits for it.

@@ -305,7 +305,7 @@ fn get_across_processes_moves_the_right_bytes(transport: &str) {
         assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
     });
     engine.shutdown_blocking();
-    assert_eq!(engine.live_registrations(), 0);
+    assert_eq!(engine.live_registrations(), Some(0));
     owner.finish();
 }
 
@@ -361,7 +361,7 @@ fn a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer(transpor
         }
     });
     engine.shutdown_blocking();
-    assert_eq!(engine.live_registrations(), 0);
+    assert_eq!(engine.live_registrations(), Some(0));
     other.finish();
 }
 
@@ -446,7 +446,7 @@ fn a_stopped_peer_makes_a_get_time_out_at_its_deadline() {
     // while the late reply arrives.
     owner.signal(libc::SIGCONT);
     engine.shutdown_blocking();
-    assert_eq!(engine.live_registrations(), 0);
+    assert_eq!(engine.live_registrations(), Some(0));
     owner.finish();
 }
 

@@ -284,7 +284,7 @@ impl PinnedBuf {
             return Err(RdmaError::OutOfRange);
         }
         if let Some(own) = &slot.own {
-            return own.descriptor.slice(offset, len);
+            return own.descriptor.slice(offset, len).map_err(RdmaError::from);
         }
         if slot.arena.is_pooled() {
             return Err(RdmaError::NotDescribed);
@@ -294,7 +294,9 @@ impl PinnedBuf {
             .descriptor
             .as_ref()
             .ok_or(RdmaError::RegionNotFound)?;
-        arena.slice(slot.offset() + offset, len)
+        arena
+            .slice(slot.offset() + offset, len)
+            .map_err(RdmaError::from)
     }
 
     /// Generation of the arena the buffer lives in.

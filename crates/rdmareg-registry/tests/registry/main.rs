@@ -9,6 +9,7 @@ mod describe;
 mod destinations;
 mod latch;
 mod lists;
+mod metrics;
 mod model;
 mod pool;
 mod shutdown;
