@@ -6,6 +6,7 @@
 mod asan;
 mod bindgen;
 mod ci;
+mod etcd;
 mod fuzz;
 mod netns;
 mod run_cli;
@@ -27,6 +28,8 @@ tasks:
                      (cached outside the clone; what CI uses); --wheel: the quick,
                      unpatched libucx-cu12 wheel (no InfiniBand)
   bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
+  etcd               install etcd and protoc when missing (discovery tests; the
+                     etcd-client build needs protoc)
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
@@ -58,6 +61,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ucx" => ucx::run_task(rest),
         "bindgen" => bindgen::run_task(rest),
         "ci" => ci::run_task(rest),
+        "etcd" => etcd::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
         "asan" => asan::run_task(rest),

@@ -62,6 +62,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
     ensure_root()?;
     ensure_iproute2()?;
     crate::ucx::run_task(&[])?;
+    crate::etcd::ensure()?;
     let binary = build(release)?;
     let namespaces = Namespaces::create()?;
     println!(
