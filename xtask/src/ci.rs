@@ -22,7 +22,7 @@
 use std::process::Command;
 
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{asan, bindgen, etcd, fuzz, netns, ucx};
+use crate::{asan, bindgen, cluster, etcd, fuzz, netns, ucx};
 
 /// What a step does.
 enum Action {
@@ -86,6 +86,10 @@ fn steps() -> Vec<Step> {
         Step {
             name: "two hosts: demo, link cut, stopped owner, killed consumer (cargo xtask netns)",
             action: Action::Task(|| netns::run_task(&[])),
+        },
+        Step {
+            name: "many hosts: discovery on etcd, owner killed, link cut (cargo xtask cluster)",
+            action: Action::Task(|| cluster::run_task(&[])),
         },
         Step {
             name: "doc tests (cargo test --doc)",

@@ -6,6 +6,7 @@
 mod asan;
 mod bindgen;
 mod ci;
+mod cluster;
 mod etcd;
 mod fuzz;
 mod netns;
@@ -35,6 +36,9 @@ tasks:
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
   netns [--release]  the demo across two network namespaces: passes, link cut,
                      owner stopped, consumer killed (needs root and iproute2)
+  cluster [--release]
+                     discovery across network namespaces on a bridge: etcd, three
+                     owners, a consumer; one owner killed, one cut off (needs root)
   asan               run the registry, UCX and integration tests under AddressSanitizer
   fuzz [TARGET|all] [--secs N]
                      run the fuzz targets (cargo-fuzz on stable; 30 s each by default)
@@ -67,6 +71,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "asan" => asan::run_task(rest),
         "fuzz" => fuzz::run_task(rest),
         "netns" => netns::run_task(rest),
+        "cluster" => cluster::run_task(rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

@@ -24,6 +24,9 @@ use crate::control::Bounds;
 use crate::node::{self, Node};
 use crate::pattern;
 
+/// How often `--for` prints each owner's running tally.
+const TALLY_EVERY: Duration = Duration::from_secs(1);
+
 /// An owner as this consumer knows it.
 struct Owner {
     peer: PeerId,
@@ -126,13 +129,18 @@ async fn fetch(
     }
     let mut destination: Option<PinnedBuf> = None;
     let until = args.keep_fetching.map(|d| Instant::now() + d);
+    let mut last_tally = Instant::now();
     loop {
+        if until.is_some() && last_tally.elapsed() >= TALLY_EVERY {
+            view.print_tally();
+            last_tally = Instant::now();
+        }
         let names: Vec<String> = view.targets.keys().cloned().collect();
         for name in names {
             while let Some(Some(event)) = watch.next().now_or_never() {
                 view.apply(node, event);
             }
-            get_one(node, view, &name, &mut destination).await?;
+            get_one(node, view, watch, &name, &mut destination).await?;
         }
         match until {
             Some(until) if Instant::now() < until => {
@@ -149,7 +157,12 @@ async fn fetch(
                     }
                 }
             }
-            _ => return Ok(()),
+            _ => {
+                if until.is_some() {
+                    view.print_tally();
+                }
+                return Ok(());
+            }
         }
     }
 }
@@ -178,10 +191,13 @@ async fn resolve_patiently(
     }
 }
 
-/// GETs one name into `destination` and verifies it.
+/// GETs one name into `destination` and verifies it. Directory events that
+/// arrive while the GET is in flight are applied at once: a GET to an owner
+/// that is reported gone meanwhile ends as soon as the peer is dropped.
 async fn get_one(
     node: &Node,
     view: &mut View,
+    watch: &mut DirectoryWatch,
     name: &str,
     destination: &mut Option<PinnedBuf>,
 ) -> anyhow::Result<()> {
@@ -205,7 +221,20 @@ async fn get_one(
     let descriptor = target.descriptor.clone();
     let issued = Instant::now();
     let outcome = match peer {
-        Some(peer) => node.registry.get(peer, &descriptor, buffer).await,
+        Some(peer) => {
+            let get = node.registry.get(peer, &descriptor, buffer);
+            tokio::pin!(get);
+            let mut watching = true;
+            loop {
+                tokio::select! {
+                    outcome = &mut get => break outcome,
+                    event = watch.next(), if watching => match event {
+                        Some(event) => view.apply(node, event),
+                        None => watching = false,
+                    },
+                }
+            }
+        }
         None => Err(rdmareg_core::RdmaError::NotConfigured),
     };
     let took = issued.elapsed();
@@ -272,6 +301,21 @@ impl View {
             },
         );
         Ok(())
+    }
+
+    /// Prints, per owner, how many GETs verified and failed so far:
+    /// `tally `owner-a`: verified 12, failed 0`.
+    fn print_tally(&self) {
+        let mut tallies: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for target in self.targets.values() {
+            let entry = tallies.entry(target.node.as_str()).or_default();
+            entry.0 += target.verified;
+            entry.1 += target.failed + target.mismatched;
+        }
+        let stamp = stamp();
+        for (owner, (verified, failed)) in tallies {
+            println!("{stamp} tally `{owner}`: verified {verified}, failed {failed}");
+        }
     }
 
     /// Applies one directory event.
