@@ -161,6 +161,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
         bail!("`cargo xtask asan` takes no arguments (got `{extra}`)");
     }
     let ucx = ucx::ensure()?;
+    crate::etcd::ensure()?;
     eprintln!(
         "using UCX {} at {}",
         ucx.describe_version(),

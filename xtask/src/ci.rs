@@ -11,6 +11,10 @@
 //! set, still overrides it (said in the step's output); the PUT-refusal
 //! test then fails unless that UCX carries the patch.
 //!
+//! etcd and protoc come right after UCX: the `etcd-client` crate runs
+//! `protoc` in its build script, so the first workspace build (clippy) fails
+//! without it, and the discovery tests start a real etcd.
+//!
 //! The sanitizer and fuzz steps run last: they build in their own target
 //! directories (`target/asan`, `target/fuzz`), so a failure in the ordinary
 //! steps is reported before the slowest builds start.
@@ -18,7 +22,7 @@
 use std::process::Command;
 
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{asan, bindgen, fuzz, netns, ucx};
+use crate::{asan, bindgen, cluster, etcd, fuzz, netns, ucx};
 
 /// What a step does.
 enum Action {
@@ -40,6 +44,10 @@ fn steps() -> Vec<Step> {
         Step {
             name: "provision UCX built from source with our patches (cargo xtask ucx --from-source)",
             action: Action::Task(|| ucx::run_task(&["--from-source".to_string()])),
+        },
+        Step {
+            name: "etcd and protoc (cargo xtask etcd): before any build, etcd-client needs protoc",
+            action: Action::Task(|| etcd::run_task(&[])),
         },
         Step {
             name: "bindings are current (cargo xtask bindgen --check)",
@@ -78,6 +86,10 @@ fn steps() -> Vec<Step> {
         Step {
             name: "two hosts: demo, link cut, stopped owner, killed consumer (cargo xtask netns)",
             action: Action::Task(|| netns::run_task(&[])),
+        },
+        Step {
+            name: "many hosts: discovery on etcd, owner killed, link cut (cargo xtask cluster)",
+            action: Action::Task(|| cluster::run_task(&[])),
         },
         Step {
             name: "doc tests (cargo test --doc)",
@@ -158,6 +170,17 @@ pub fn ensure_nextest() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcd_and_protoc_are_provisioned_before_the_first_build() {
+        let names: Vec<&str> = steps().iter().map(|step| step.name).collect();
+        let etcd = names.iter().position(|n| n.contains("xtask etcd")).unwrap();
+        let first_build = names
+            .iter()
+            .position(|n| n.contains("clippy") || n.contains("nextest") || n.contains("bindgen"))
+            .unwrap();
+        assert!(etcd < first_build, "steps: {names:?}");
+    }
 
     #[test]
     fn the_fuzz_step_names_the_time_it_runs() {

@@ -6,6 +6,8 @@
 mod asan;
 mod bindgen;
 mod ci;
+mod cluster;
+mod etcd;
 mod fuzz;
 mod netns;
 mod run_cli;
@@ -27,11 +29,16 @@ tasks:
                      (cached outside the clone; what CI uses); --wheel: the quick,
                      unpatched libucx-cu12 wheel (no InfiniBand)
   bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
+  etcd               install etcd and protoc when missing (discovery tests; the
+                     etcd-client build needs protoc)
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
   netns [--release]  the demo across two network namespaces: passes, link cut,
                      owner stopped, consumer killed (needs root and iproute2)
+  cluster [--release]
+                     discovery across network namespaces on a bridge: etcd, three
+                     owners, a consumer; one owner killed, one cut off (needs root)
   asan               run the registry, UCX and integration tests under AddressSanitizer
   fuzz [TARGET|all] [--secs N]
                      run the fuzz targets (cargo-fuzz on stable; 30 s each by default)
@@ -58,11 +65,13 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ucx" => ucx::run_task(rest),
         "bindgen" => bindgen::run_task(rest),
         "ci" => ci::run_task(rest),
+        "etcd" => etcd::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
         "asan" => asan::run_task(rest),
         "fuzz" => fuzz::run_task(rest),
         "netns" => netns::run_task(rest),
+        "cluster" => cluster::run_task(rest),
         "help" | "-h" | "--help" => {
             print!("{USAGE}");
             Ok(())

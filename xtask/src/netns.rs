@@ -62,6 +62,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
     ensure_root()?;
     ensure_iproute2()?;
     crate::ucx::run_task(&[])?;
+    crate::etcd::ensure()?;
     let binary = build(release)?;
     let namespaces = Namespaces::create()?;
     println!(
@@ -120,7 +121,7 @@ fn is_tracing_line(line: &str) -> bool {
             .any(|l| level.starts_with(l))
 }
 
-fn ensure_root() -> Result<()> {
+pub(crate) fn ensure_root() -> Result<()> {
     let uid = probe(Command::new("id").arg("-u")).unwrap_or_default();
     if uid.trim() != "0" {
         bail!(
@@ -131,7 +132,7 @@ fn ensure_root() -> Result<()> {
     Ok(())
 }
 
-fn ensure_iproute2() -> Result<()> {
+pub(crate) fn ensure_iproute2() -> Result<()> {
     let has = |tool: &str| probe(Command::new(tool).arg("-V")).is_some();
     if has("ip") && has("tc") {
         return Ok(());
@@ -146,7 +147,7 @@ fn ensure_iproute2() -> Result<()> {
 }
 
 /// Build the `rdmareg` binary and return its path.
-fn build(release: bool) -> Result<PathBuf> {
+pub(crate) fn build(release: bool) -> Result<PathBuf> {
     let mut command = cargo(["build", "--package", "rdmareg-cli", "--bin", "rdmareg"]);
     if release {
         command.arg("--release");
@@ -162,7 +163,7 @@ fn build(release: bool) -> Result<PathBuf> {
 }
 
 /// Runs `ip` (or `tc`) with `args`, failing with its stderr.
-fn ip(tool: &str, args: &[&str]) -> Result<()> {
+pub(crate) fn ip(tool: &str, args: &[&str]) -> Result<()> {
     let output = Command::new(tool)
         .args(args)
         .stdin(Stdio::null())
@@ -334,25 +335,30 @@ enum Event {
 }
 
 /// A demo process in a namespace; killed (and reaped) on drop.
-struct Demo {
-    role: &'static str,
-    child: Child,
+pub(crate) struct Demo {
+    pub(crate) role: &'static str,
+    pub(crate) child: Child,
     events: mpsc::Receiver<Event>,
-    stdout: Vec<String>,
-    stderr: Vec<String>,
+    pub(crate) stdout: Vec<String>,
+    pub(crate) stderr: Vec<String>,
     started: Instant,
 }
 
 /// How a demo process ended.
-struct Ended {
-    success: bool,
-    code: Option<i32>,
+pub(crate) struct Ended {
+    pub(crate) success: bool,
+    pub(crate) code: Option<i32>,
     /// When it ended.
-    at: Instant,
+    pub(crate) at: Instant,
 }
 
 impl Demo {
-    fn start(role: &'static str, ns: &str, binary: &Path, args: &[&str]) -> Result<Demo> {
+    pub(crate) fn start(
+        role: &'static str,
+        ns: &str,
+        binary: &Path,
+        args: &[&str],
+    ) -> Result<Demo> {
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns])
             .arg(binary)
@@ -376,6 +382,13 @@ impl Demo {
         })
     }
 
+    /// Takes whatever it printed so far without waiting.
+    pub(crate) fn drain(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            self.record(event);
+        }
+    }
+
     fn record(&mut self, event: Event) {
         match event {
             Event::Stdout(line) => self.stdout.push(line),
@@ -384,7 +397,7 @@ impl Demo {
     }
 
     /// Wait until it prints a stdout line starting with `prefix`.
-    fn wait_for_line(&mut self, prefix: &str, within: Duration) -> Result<()> {
+    pub(crate) fn wait_for_line(&mut self, prefix: &str, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         loop {
             if self.stdout.iter().any(|l| l.starts_with(prefix)) {
@@ -403,9 +416,30 @@ impl Demo {
         }
     }
 
+    /// Wait until it prints a line (stdout or stderr) containing `needle`.
+    pub(crate) fn wait_for_containing(&mut self, needle: &str, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let seen = |lines: &[String]| lines.iter().any(|l| l.contains(needle));
+            if seen(&self.stdout) || seen(&self.stderr) {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(event) => self.record(event),
+                Err(_) => bail!(
+                    "the {} did not print `{needle}` within {:.0} s\n{}",
+                    self.role,
+                    within.as_secs_f64(),
+                    self.transcript()
+                ),
+            }
+        }
+    }
+
     /// Wait for it to exit (killing it past [`HARD_LIMIT`]), collecting
     /// what it printed.
-    fn wait(&mut self) -> Result<Ended> {
+    pub(crate) fn wait(&mut self) -> Result<Ended> {
         loop {
             while let Ok(event) = self.events.try_recv() {
                 self.record(event);
@@ -435,7 +469,7 @@ impl Demo {
         }
     }
 
-    fn signal(&self, signal: &str) -> Result<()> {
+    pub(crate) fn signal(&self, signal: &str) -> Result<()> {
         run(Command::new("kill")
             .arg(format!("-{signal}"))
             .arg(self.child.id().to_string()))
@@ -452,7 +486,7 @@ impl Demo {
             .collect()
     }
 
-    fn transcript(&self) -> String {
+    pub(crate) fn transcript(&self) -> String {
         let mut text = format!("  {} stdout:\n", self.role);
         for line in &self.stdout {
             text.push_str(&format!("    {line}\n"));

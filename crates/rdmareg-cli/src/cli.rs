@@ -25,6 +25,10 @@ pub enum Command {
     Demo(DemoArgs),
     /// Benchmark GETs and the pool against ucx_perftest and map+unmap.
     Bench(BenchArgs),
+    /// Own registered memory and publish it by name in etcd, until stopped.
+    Serve(ServeArgs),
+    /// Resolve names in etcd, GET what they describe and verify it.
+    Fetch(FetchArgs),
     /// The owner side of `rdmareg bench` (started by it).
     #[command(hide = true)]
     BenchOwner(BenchOwnerArgs),
@@ -154,6 +158,80 @@ pub struct BenchOwnerArgs {
     /// Address to listen on.
     #[arg(long)]
     pub listen: SocketAddr,
+    /// Run limits: GET deadline and teardown bound.
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Where etcd is and how the cluster's keys are laid out.
+#[derive(Debug, Clone, Args)]
+pub struct EtcdArgs {
+    /// etcd endpoint, e.g. http://127.0.0.1:2379 (repeat or comma-separate
+    /// for several members of one cluster).
+    #[arg(long, required = true, value_delimiter = ',')]
+    pub etcd: Vec<String>,
+    /// Key prefix of the cluster in etcd.
+    #[arg(long, default_value = "/rdmareg/default")]
+    pub prefix: String,
+    /// Lease TTL: how long a dead owner stays visible at most (whole seconds).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub ttl: Duration,
+}
+
+/// `rdmareg serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Where etcd is.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// This node's name; its descriptors are published as NAME.0, NAME.1, …
+    #[arg(long)]
+    pub name: String,
+    /// Transport lane.
+    #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
+    pub transport: TransportArg,
+    /// Bytes per published range (suffixes K, M, G accepted).
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    pub size: u64,
+    /// Number of ranges to register and publish.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub count: u32,
+    /// UCX network devices (UCX_NET_DEVICES), e.g. `lo` or `eth0`.
+    #[arg(long)]
+    pub net_devices: Option<String>,
+    /// Stop after this long (default: run until SIGINT or SIGTERM).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Run limits: GET deadline and teardown bound.
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// `rdmareg fetch`.
+#[derive(Debug, Clone, Args)]
+pub struct FetchArgs {
+    /// Where etcd is.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// Descriptor names to fetch (as published by `serve`: NODE.INDEX).
+    #[arg(required = true)]
+    pub names: Vec<String>,
+    /// Transport lane.
+    #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
+    pub transport: TransportArg,
+    /// UCX network devices (UCX_NET_DEVICES), e.g. `lo` or `eth0`.
+    #[arg(long)]
+    pub net_devices: Option<String>,
+    /// How long to wait for every name to be published before giving up.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub wait: Duration,
+    /// Keep fetching every name in rounds for this long, following owners
+    /// that come and go (default: one round).
+    #[arg(long = "for", value_parser = parse_duration)]
+    pub keep_fetching: Option<Duration>,
+    /// Pause between rounds.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    pub interval: Duration,
     /// Run limits: GET deadline and teardown bound.
     #[command(flatten)]
     pub limits: LimitArgs,
@@ -294,6 +372,21 @@ mod tests {
             "x:1",
         ]);
         assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn serve_and_fetch_need_an_etcd_endpoint() {
+        assert!(Cli::try_parse_from(["rdmareg", "serve", "--name", "a"]).is_err());
+        assert!(Cli::try_parse_from(["rdmareg", "fetch", "a.0"]).is_err());
+        let Cli {
+            command: Command::Fetch(args),
+            ..
+        } = Cli::try_parse_from(["rdmareg", "fetch", "--etcd", "h:1,h:2", "a.0", "b.1"]).unwrap()
+        else {
+            panic!("not a fetch command");
+        };
+        assert_eq!(args.etcd.etcd, ["h:1", "h:2"]);
+        assert_eq!(args.names, ["a.0", "b.1"]);
     }
 
     #[test]

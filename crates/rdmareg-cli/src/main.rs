@@ -2,6 +2,9 @@
 //!
 //! - `rdmareg demo` — an owner and a consumer process move registered memory
 //!   with one-sided GETs over UCX, verify every byte and shut down in order.
+//! - `rdmareg serve` / `rdmareg fetch` — owners publish registered memory by
+//!   name in etcd under leases; consumers resolve, GET and verify it, and drop
+//!   an owner the moment its lease vanishes.
 //! - `rdmareg bench` — GET latency and bandwidth through the registry against
 //!   `ucx_perftest` from the same UCX, and pool allocation against map+unmap.
 //!
@@ -14,6 +17,7 @@ mod bootstrap;
 mod cli;
 mod control;
 mod demo;
+mod discovery;
 mod node;
 mod owner_process;
 mod pattern;
@@ -41,6 +45,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Demo(args) => runtime.block_on(demo::run(args)),
         cli::Command::Bench(args) => runtime.block_on(bench::run(args)),
+        cli::Command::Serve(args) => runtime.block_on(discovery::serve::run(args)),
+        cli::Command::Fetch(args) => runtime.block_on(discovery::fetch::run(args)),
         cli::Command::BenchOwner(args) => runtime.block_on(bench::run_owner(args)),
     };
     match result {

@@ -1,0 +1,216 @@
+//! `rdmareg serve` and `rdmareg fetch` end to end, over a real etcd and UCX
+//! tcp on loopback.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdmareg_discovery::test_support::{EtcdServer, free_port};
+
+const TTL_SECS: u64 = 2;
+
+fn rdmareg() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rdmareg"));
+    command.env_remove("RUST_LOG");
+    command
+}
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// An owner process and its stdout lines.
+struct Owner {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Owner {
+    fn start(etcd: &EtcdServer, name: &str, count: u32) -> Owner {
+        let mut child = rdmareg()
+            .args([
+                "serve",
+                "--etcd",
+                &etcd.url(),
+                "--name",
+                name,
+                "--net-devices",
+                "lo",
+            ])
+            .args(["--count", &count.to_string(), "--size", "64K"])
+            .args(["--ttl", &format!("{TTL_SECS}s"), "--duration", "60s"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("rdmareg serve starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let owner = Owner { child, lines };
+        owner.wait_line("serving", Duration::from_secs(30));
+        owner
+    }
+
+    fn wait_line(&self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no `{needle}` line from the owner within {within:?}: {e}"),
+            }
+        }
+    }
+
+    fn signal(&self, signal: i32) {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: `kill` with the pid of a child this test spawned and has
+        // not reaped yet; it touches no memory of this process.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "signalling the owner");
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fetch(etcd: &EtcdServer, args: &[&str]) -> Command {
+    let mut command = rdmareg();
+    command
+        .args(["fetch", "--etcd", &etcd.url(), "--net-devices", "lo"])
+        .args(["--ttl", &format!("{TTL_SECS}s"), "--get-deadline", "5s"])
+        .args(args);
+    command
+}
+
+/// The `[t=SECONDS]` stamp at the start of an event line.
+fn stamp_of(line: &str) -> f64 {
+    let inner = line
+        .strip_prefix("[t=")
+        .and_then(|rest| rest.split(']').next())
+        .unwrap_or_else(|| panic!("no stamp in `{line}`"));
+    inner.parse().unwrap()
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[test]
+fn fetch_resolves_gets_and_verifies_every_range_an_owner_serves() {
+    let etcd = EtcdServer::start().unwrap();
+    let owner = Owner::start(&etcd, "owner-a", 3);
+    let output = fetch(&etcd, &["owner-a.0", "owner-a.1", "owner-a.2"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for index in 0..3 {
+        assert!(
+            stdout.contains(&format!("GET `owner-a.{index}` from `owner-a`: verified")),
+            "{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("consumer backend registrations left: 0"),
+        "{stdout}"
+    );
+
+    // A stopped owner withdraws its names before it deregisters them.
+    owner.signal(libc::SIGTERM);
+    owner.wait_line("withdrew `owner-a`", Duration::from_secs(15));
+    owner.wait_line("backend holds 0 registrations", Duration::from_secs(15));
+    let output = fetch(&etcd, &["--wait", "500ms", "owner-a.0"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&output);
+    assert!(!output.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("no descriptor is published under `owner-a.0`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_killed_owner_is_dropped_within_the_ttl_and_its_gets_then_fail_at_once() {
+    let etcd = EtcdServer::start().unwrap();
+    let owner = Owner::start(&etcd, "owner-k", 1);
+    let consumer = fetch(&etcd, &["owner-k.0", "--for", "8s", "--interval", "100ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let killed_at = now();
+    owner.signal(libc::SIGKILL);
+    let output = consumer.wait_with_output().unwrap();
+    let (stdout, _) = text(&output);
+    // It verified before the kill, so the run as a whole succeeds.
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("GET `owner-k.0` from `owner-k`: verified"),
+        "{stdout}"
+    );
+    let gone = stdout
+        .lines()
+        .find(|l| l.contains("owner `owner-k` gone"))
+        .unwrap_or_else(|| panic!("the consumer never saw the owner go:\n{stdout}"));
+    let after = stamp_of(gone) - killed_at;
+    assert!(
+        after <= (TTL_SECS + 2) as f64,
+        "seen {after:.2} s after the kill:\n{stdout}"
+    );
+    // After the owner was dropped, its GETs fail at once with a typed error.
+    let dropped = stdout
+        .lines()
+        .skip_while(|l| !l.contains("gone"))
+        .find(|l| l.contains("failed: no rdma backend configured"))
+        .unwrap_or_else(|| panic!("no GET failed after the drop:\n{stdout}"));
+    let ms: u64 = dropped
+        .rsplit("answered after ")
+        .next()
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no answer time in `{dropped}`"));
+    assert!(ms < 100, "{dropped}");
+}
+
+#[test]
+fn fetch_against_an_unreachable_etcd_is_one_clear_error() {
+    let port = free_port().unwrap();
+    let output = rdmareg()
+        .args([
+            "fetch",
+            "--etcd",
+            &format!("http://127.0.0.1:{port}"),
+            "x.0",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("etcd unreachable"), "{stderr}");
+    assert_eq!(
+        stderr.lines().filter(|l| l.starts_with("rdmareg:")).count(),
+        1,
+        "{stderr}"
+    );
+}
