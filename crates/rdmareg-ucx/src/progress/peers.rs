@@ -17,6 +17,16 @@
 //!   forgets it: **the next read from that peer creates a fresh endpoint**
 //!   from the recorded address. A peer that is really gone then fails that
 //!   read too, promptly.
+//! - A peer can vanish while `ucp_ep_create` connects to it. Over tcp, UCX
+//!   1.22.0 itself then destroyed the endpoint it was still handing over
+//!   (the reconnect inside the creation was refused, and the transport took
+//!   the half-made endpoint for one of its own receive-only ones), and the
+//!   reads queued on it aborted the process in `uct_tcp_ep_pending_purge`.
+//!   Nothing the engine orders around its endpoints reaches that: the UCX
+//!   the workspace builds carries a patch
+//!   (`xtask/patches/ucx-1.22.0/0002-…`) that reports the failure through
+//!   the endpoint error callback instead, so it ends as any failed endpoint
+//!   does here (see `docs/safety.md`).
 //! - A read that misses its deadline while UCX is receiving its bytes
 //!   declares its endpoint unresponsive: UCX cannot withdraw a single
 //!   receive, so the engine force-closes the endpoint, which makes UCX end
