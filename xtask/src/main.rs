@@ -8,6 +8,7 @@ mod bindgen;
 mod ci;
 mod fuzz;
 mod netns;
+mod nixl;
 mod run_cli;
 mod ucx;
 mod ucx_source;
@@ -26,6 +27,9 @@ tasks:
                      --from-source: build 1.22.0 with our patches, verbs, rdmacm, cma
                      (cached outside the clone; what CI uses); --wheel: the quick,
                      unpatched libucx-cu12 wheel (no InfiniBand)
+  nixl               provision NIXL 1.5.1 (the nixl-cu12 wheel, numpy, no torch) in a
+                     cached virtualenv, running over the workspace's UCX; the peer of
+                     `rdmareg bench --peers nixl`
   bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
@@ -56,6 +60,7 @@ fn dispatch(args: &[String]) -> Result<()> {
     };
     match task.as_str() {
         "ucx" => ucx::run_task(rest),
+        "nixl" => nixl::run_task(rest),
         "bindgen" => bindgen::run_task(rest),
         "ci" => ci::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
