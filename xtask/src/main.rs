@@ -10,6 +10,7 @@ mod cluster;
 mod etcd;
 mod fuzz;
 mod netns;
+mod nixl;
 mod run_cli;
 mod ucx;
 mod ucx_source;
@@ -28,6 +29,9 @@ tasks:
                      --from-source: build 1.22.0 with our patches, verbs, rdmacm, cma
                      (cached outside the clone; what CI uses); --wheel: the quick,
                      unpatched libucx-cu12 wheel (no InfiniBand)
+  nixl               provision NIXL 1.5.1 (the nixl-cu12 wheel, numpy, no torch) in a
+                     cached virtualenv, running over the workspace's UCX; the peer of
+                     `rdmareg bench --peers nixl`
   bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
   etcd               install etcd and protoc when missing (discovery tests; the
                      etcd-client build needs protoc)
@@ -63,6 +67,7 @@ fn dispatch(args: &[String]) -> Result<()> {
     };
     match task.as_str() {
         "ucx" => ucx::run_task(rest),
+        "nixl" => nixl::run_task(rest),
         "bindgen" => bindgen::run_task(rest),
         "ci" => ci::run_task(rest),
         "etcd" => etcd::run_task(rest),

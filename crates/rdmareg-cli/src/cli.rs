@@ -135,6 +135,15 @@ pub struct BenchArgs {
     /// Skip the ucx_perftest baseline (no ratios).
     #[arg(long)]
     pub no_perftest: bool,
+    /// Other transfer libraries to measure in the same run, over the same
+    /// UCX lane and sizes (`nixl`: NIXL's READ, provisioned by
+    /// `cargo xtask nixl`). Each gets its own column and ratio.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub peers: Vec<PeerArg>,
+    /// The Python interpreter that has NIXL (default: the one
+    /// `cargo xtask nixl` recorded in target/nixl-python).
+    #[arg(long)]
+    pub nixl_python: Option<PathBuf>,
     /// Pool sizes for the alloc+free against map+unmap comparison.
     #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "4K,1M,64M")]
     pub pool_sizes: Vec<u64>,
@@ -144,6 +153,13 @@ pub struct BenchArgs {
     /// Run limits: GET deadline and teardown bound.
     #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// A transfer library `rdmareg bench --peers` measures beside rdmareg.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PeerArg {
+    /// NIXL's READ through its UCX backend (the `nixl-cu12` wheel).
+    Nixl,
 }
 
 /// `rdmareg bench-owner`.
@@ -345,6 +361,38 @@ mod tests {
             parse_duration("100000s"),
             Err(DurationError::TooLong(_))
         ));
+    }
+
+    fn bench_args(extra: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let argv = ["rdmareg", "bench"].iter().chain(extra);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Bench(args) => Ok(args),
+            other => panic!("not a bench command: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bench_measures_no_peers_unless_asked() {
+        let args = bench_args(&[]).unwrap();
+        assert!(args.peers.is_empty());
+        assert_eq!(args.nixl_python, None);
+    }
+
+    #[test]
+    fn bench_peers_name_nixl_and_its_interpreter() {
+        let args =
+            bench_args(&["--peers", "nixl", "--nixl-python", "/opt/nixl/bin/python"]).unwrap();
+        assert_eq!(args.peers, [PeerArg::Nixl]);
+        assert_eq!(
+            args.nixl_python,
+            Some(PathBuf::from("/opt/nixl/bin/python"))
+        );
+    }
+
+    #[test]
+    fn bench_refuses_a_peer_it_does_not_know() {
+        let err = bench_args(&["--peers", "mooncake"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
     }
 
     #[test]

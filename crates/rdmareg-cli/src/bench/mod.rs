@@ -10,6 +10,7 @@
 //! on the same transport settings. Absolute figures on a shared machine are
 //! noise; the ratio per row is the result.
 
+mod nixl;
 mod perftest;
 mod plot;
 mod pool;
@@ -24,7 +25,7 @@ use rdmareg_registry::PinnedBuf;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::bootstrap::{Message, OfferedRange, Tally};
-use crate::cli::{BenchArgs, BenchOwnerArgs, LimitArgs, TransportArg};
+use crate::cli::{BenchArgs, BenchOwnerArgs, LimitArgs, PeerArg, TransportArg};
 use crate::control::{self, Bounds, Control, ControlError};
 use crate::node::{self, Node};
 use crate::owner_process::{self, LISTENING_PREFIX};
@@ -57,6 +58,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             library_dir: Some(PathBuf::from(ucx_sys::install::LIB_DIR)),
         })
     };
+    let (nixl_python, mut peer_notes) = nixl_peer(&args);
     let mut rows = Vec::new();
     let mut port = args.perftest_port;
     for &transport in &args.transport {
@@ -92,13 +94,48 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 report::print_get_row_progress(row);
             }
         }
+        if let Some(python) = &nixl_python {
+            let environment = transport_environment(transport);
+            match nixl::run(python, &args.out, &environment, &nixl::specs(&measured)).await {
+                Ok(nixl_rows) => nixl::merge(&mut measured, &nixl_rows),
+                Err(e) => {
+                    tracing::warn!(transport = transport.name(), error = %e, "NIXL was not measured");
+                    peer_notes.push(format!("NIXL was not run on {}: {e}", transport.name()));
+                }
+            }
+        }
         rows.extend(measured);
     }
     let pool_rows = pool::measure(&args).await?;
     report::write_all(&args.out, &rows, &pool_rows)?;
     report::print_tables(&rows, &pool_rows);
+    for note in &peer_notes {
+        println!("{note}");
+    }
     println!("results written to {}", args.out.display());
     Ok(())
+}
+
+/// The interpreter to run NIXL with, when `--peers nixl` asks for it and
+/// one is provisioned; otherwise why NIXL is not run.
+fn nixl_peer(args: &BenchArgs) -> (Option<PathBuf>, Vec<String>) {
+    if !args.peers.contains(&PeerArg::Nixl) {
+        return (
+            None,
+            vec!["NIXL was not run (add --peers nixl after `cargo xtask nixl`)".to_owned()],
+        );
+    }
+    match args
+        .nixl_python
+        .clone()
+        .map_or_else(nixl::default_python, Ok)
+    {
+        Ok(python) => (Some(python), Vec::new()),
+        Err(e) => {
+            tracing::warn!(error = %e, "NIXL was not run");
+            (None, vec![format!("NIXL was not run: {e}")])
+        }
+    }
 }
 
 /// UCX environment selecting the same transport as the engine, for
@@ -261,6 +298,9 @@ async fn measure_size(
         list_bandwidth_mib_s: list_bandwidth,
         perftest_latency_p50_us: None,
         perftest_bandwidth_mib_s: None,
+        nixl_latency_p50_us: None,
+        nixl_bandwidth_mib_s: None,
+        nixl_request_window_mib_s: None,
     })
 }
 
@@ -432,6 +472,35 @@ pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bench_args(extra: &[&str]) -> BenchArgs {
+        use clap::Parser as _;
+        let argv = ["rdmareg", "bench"].iter().chain(extra);
+        match crate::cli::Cli::try_parse_from(argv).unwrap().command {
+            crate::cli::Command::Bench(args) => args,
+            other => panic!("not a bench command: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn without_peers_nixl_is_not_run_and_the_bench_says_so() {
+        let (python, notes) = nixl_peer(&bench_args(&[]));
+        assert_eq!(python, None);
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].starts_with("NIXL was not run"), "{notes:?}");
+    }
+
+    #[test]
+    fn peers_nixl_runs_the_interpreter_it_is_given() {
+        let (python, notes) = nixl_peer(&bench_args(&[
+            "--peers",
+            "nixl",
+            "--nixl-python",
+            "/opt/nixl/bin/python",
+        ]));
+        assert_eq!(python, Some(PathBuf::from("/opt/nixl/bin/python")));
+        assert!(notes.is_empty(), "{notes:?}");
+    }
 
     #[test]
     fn bandwidth_iterations_fill_whole_windows() {

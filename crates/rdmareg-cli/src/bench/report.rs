@@ -33,6 +33,14 @@ pub struct GetRow {
     pub perftest_latency_p50_us: Option<f64>,
     /// ucx_perftest bandwidth, MiB/s.
     pub perftest_bandwidth_mib_s: Option<f64>,
+    /// NIXL's median READ latency, µs (`--peers nixl`).
+    pub nixl_latency_p50_us: Option<f64>,
+    /// NIXL's READ bandwidth, MiB/s: the window posted as one prepared
+    /// request of `window` descriptors, NIXL's batched form.
+    pub nixl_bandwidth_mib_s: Option<f64>,
+    /// NIXL's READ bandwidth, MiB/s: `window` one-descriptor requests kept
+    /// outstanding (perftest's shape).
+    pub nixl_request_window_mib_s: Option<f64>,
 }
 
 impl GetRow {
@@ -53,6 +61,19 @@ impl GetRow {
         self.perftest_latency_p50_us
             .filter(|p| *p > 0.0)
             .map(|p| self.latency_p50_us / p)
+    }
+    /// Registry list bandwidth over NIXL's batched READ bandwidth (the same
+    /// shape: the window as one submission).
+    pub fn nixl_bandwidth_ratio(&self) -> Option<f64> {
+        self.nixl_bandwidth_mib_s
+            .filter(|n| *n > 0.0)
+            .map(|n| self.list_bandwidth_mib_s / n)
+    }
+    /// Registry latency over NIXL's (lower is better).
+    pub fn nixl_latency_ratio(&self) -> Option<f64> {
+        self.nixl_latency_p50_us
+            .filter(|n| *n > 0.0)
+            .map(|n| self.latency_p50_us / n)
     }
     /// Registry latency minus perftest's, µs.
     pub fn latency_gap_us(&self) -> Option<f64> {
@@ -100,18 +121,39 @@ pub fn print_get_row_progress(row: &GetRow) {
 /// The GET and pool tables as text.
 pub fn tables(rows: &[GetRow], pool_rows: &[PoolRow]) -> String {
     let mut out = String::new();
+    // The NIXL columns appear when NIXL was measured (`--peers nixl`).
+    let with_nixl = rows.iter().any(|r| r.nixl_latency_p50_us.is_some());
+    let (nixl_header, nixl_rule) = if with_nixl {
+        (
+            " NIXL p50 µs | latency / NIXL | NIXL MiB/s | list / NIXL |",
+            "---:|---:|---:|---:|",
+        )
+    } else {
+        ("", "")
+    };
     let _ = writeln!(
         out,
-        "| transport | size | window | rdmareg p50 µs | perftest p50 µs | gap µs | latency ratio | rdmareg MiB/s | list MiB/s | perftest MiB/s | bandwidth ratio | list ratio |"
+        "| transport | size | window | rdmareg p50 µs | perftest p50 µs | gap µs | latency ratio | rdmareg MiB/s | list MiB/s | perftest MiB/s | bandwidth ratio | list ratio |{nixl_header}"
     );
     let _ = writeln!(
         out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|{nixl_rule}"
     );
     for row in rows {
+        let nixl = if with_nixl {
+            format!(
+                " {} | {} | {} | {} |",
+                optional(row.nixl_latency_p50_us, 2),
+                ratio(row.nixl_latency_ratio()),
+                optional(row.nixl_bandwidth_mib_s, 1),
+                ratio(row.nixl_bandwidth_ratio()),
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.2} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} |{nixl}",
             row.transport,
             format_size(row.size),
             row.window,
@@ -157,13 +199,13 @@ pub fn print_tables(rows: &[GetRow], pool_rows: &[PoolRow]) {
 /// CSV of the GET rows.
 pub fn csv(rows: &[GetRow]) -> String {
     let mut out = String::from(
-        "transport,size,window,latency_iterations,bandwidth_iterations,latency_p50_us,latency_p99_us,perftest_latency_p50_us,latency_ratio,bandwidth_mib_s,list_bandwidth_mib_s,perftest_bandwidth_mib_s,bandwidth_ratio,list_bandwidth_ratio\n",
+        "transport,size,window,latency_iterations,bandwidth_iterations,latency_p50_us,latency_p99_us,perftest_latency_p50_us,latency_ratio,bandwidth_mib_s,list_bandwidth_mib_s,perftest_bandwidth_mib_s,bandwidth_ratio,list_bandwidth_ratio,nixl_latency_p50_us,nixl_latency_ratio,nixl_bandwidth_mib_s,nixl_request_window_mib_s,nixl_bandwidth_ratio\n",
     );
     let cell = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.4}"));
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{:.4},{:.4},{},{},{:.4},{:.4},{},{},{}",
+            "{},{},{},{},{},{:.4},{:.4},{},{},{:.4},{:.4},{},{},{},{},{},{},{},{}",
             r.transport,
             r.size,
             r.window,
@@ -178,6 +220,11 @@ pub fn csv(rows: &[GetRow]) -> String {
             cell(r.perftest_bandwidth_mib_s),
             cell(r.bandwidth_ratio()),
             cell(r.list_bandwidth_ratio()),
+            cell(r.nixl_latency_p50_us),
+            cell(r.nixl_latency_ratio()),
+            cell(r.nixl_bandwidth_mib_s),
+            cell(r.nixl_request_window_mib_s),
+            cell(r.nixl_bandwidth_ratio()),
         );
     }
     out
@@ -209,6 +256,11 @@ pub fn charts(rows: &[GetRow]) -> Vec<Chart> {
                     colour: "#1f77b4",
                     points: series(transport, |r| r.perftest_latency_p50_us),
                 },
+                Series {
+                    label: "NIXL".into(),
+                    colour: "#9467bd",
+                    points: series(transport, |r| r.nixl_latency_p50_us),
+                },
             ],
         });
         charts.push(Chart {
@@ -229,6 +281,11 @@ pub fn charts(rows: &[GetRow]) -> Vec<Chart> {
                     label: "ucx_perftest".into(),
                     colour: "#1f77b4",
                     points: series(transport, |r| r.perftest_bandwidth_mib_s),
+                },
+                Series {
+                    label: "NIXL, one request".into(),
+                    colour: "#9467bd",
+                    points: series(transport, |r| r.nixl_bandwidth_mib_s),
                 },
             ],
         });
@@ -295,7 +352,62 @@ mod tests {
             list_bandwidth_mib_s: 1100.0,
             perftest_latency_p50_us: perftest.map(|_| 8.0),
             perftest_bandwidth_mib_s: perftest,
+            nixl_latency_p50_us: None,
+            nixl_bandwidth_mib_s: None,
+            nixl_request_window_mib_s: None,
         }
+    }
+
+    fn with_nixl(mut row: GetRow) -> GetRow {
+        row.nixl_latency_p50_us = Some(20.0);
+        row.nixl_bandwidth_mib_s = Some(550.0);
+        row.nixl_request_window_mib_s = Some(500.0);
+        row
+    }
+
+    #[test]
+    fn nixl_ratios_compare_the_registry_to_nixl() {
+        let r = with_nixl(row(Some(1000.0)));
+        assert_eq!(r.nixl_bandwidth_ratio(), Some(2.0));
+        assert_eq!(r.nixl_latency_ratio(), Some(0.5));
+        assert_eq!(row(Some(1000.0)).nixl_bandwidth_ratio(), None);
+    }
+
+    #[test]
+    fn the_table_has_nixl_columns_only_when_nixl_was_measured() {
+        let without = tables(&[row(Some(1000.0))], &[]);
+        assert!(!without.contains("NIXL"), "{without}");
+        let text = tables(&[with_nixl(row(Some(1000.0))), row(Some(1000.0))], &[]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].ends_with("| NIXL p50 µs | latency / NIXL | NIXL MiB/s | list / NIXL |"));
+        let columns = |line: &str| line.matches('|').count();
+        assert!(
+            lines[..4]
+                .iter()
+                .all(|line| columns(line) == columns(lines[0])),
+            "{text}"
+        );
+        assert!(
+            lines[2].ends_with("| 20.00 | 0.50 | 550.0 | 2.00 |"),
+            "{}",
+            lines[2]
+        );
+        assert!(lines[3].ends_with("| - | - | - | - |"), "{}", lines[3]);
+    }
+
+    #[test]
+    fn csv_carries_the_nixl_figures_and_ratios() {
+        let text = csv(&[with_nixl(row(Some(1000.0)))]);
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let cells: Vec<&str> = lines.next().unwrap().split(',').collect();
+        assert_eq!(header.len(), cells.len());
+        let cell = |name: &str| cells[header.iter().position(|h| *h == name).unwrap()];
+        assert_eq!(cell("nixl_latency_p50_us"), "20.0000");
+        assert_eq!(cell("nixl_bandwidth_mib_s"), "550.0000");
+        assert_eq!(cell("nixl_request_window_mib_s"), "500.0000");
+        assert_eq!(cell("nixl_bandwidth_ratio"), "2.0000");
+        assert_eq!(cell("nixl_latency_ratio"), "0.5000");
     }
 
     #[test]
