@@ -8,6 +8,7 @@ mod bindgen;
 mod ci;
 mod fuzz;
 mod netns;
+mod ofi;
 mod run_cli;
 mod ucx;
 mod ucx_source;
@@ -27,6 +28,10 @@ tasks:
                      (cached outside the clone; what CI uses); --wheel: the quick,
                      unpatched libucx-cu12 wheel (no InfiniBand)
   bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
+  ofi                find or provision libfabric (>= 1.17; Debian's libfabric-dev when
+                     missing, or OFI_DIR / pkg-config for a site libfabric)
+  ofi-bindgen [--check]
+                     regenerate crates/rdmareg-ofi-sys/src/bindings.rs, or check it is current
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
@@ -57,6 +62,8 @@ fn dispatch(args: &[String]) -> Result<()> {
     match task.as_str() {
         "ucx" => ucx::run_task(rest),
         "bindgen" => bindgen::run_task(rest),
+        "ofi" => ofi::run_task(rest),
+        "ofi-bindgen" => ofi::run_bindgen_task(rest),
         "ci" => ci::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
