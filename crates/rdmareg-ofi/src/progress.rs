@@ -47,7 +47,6 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use futures::channel::oneshot;
 use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
-use rdmareg_ofi_sys as ffi;
 
 use crate::config::OfiConfig;
 use crate::engine::{Command, Reply, Signals, StartInfo};
@@ -658,10 +657,12 @@ impl Engine {
                 continue;
             };
             let timed_out = self.ops[slot].as_ref().is_some_and(|op| op.timed_out);
+            // Only the deadline makes a Timeout: tcp;ofi_rxm reports an
+            // owner's refusal (stale key, range outside the region) as
+            // FI_ECANCELED, which is a refusal, not a timeout.
             let result = match result {
                 Ok(()) => Ok(()),
                 Err(_) if timed_out => Err(RdmaError::Timeout),
-                Err((code, _)) if code == ffi::FI_ECANCELED as i32 => Err(RdmaError::Timeout),
                 Err((_, text)) => Err(RdmaError::Backend(format!("ofi: read failed: {text}"))),
             };
             self.finish(slot, result);
