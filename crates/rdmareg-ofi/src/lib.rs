@@ -37,6 +37,14 @@
 //! - Peer fabric addresses are checked against the provider's address format
 //!   before `fi_av_insert`, and handed over zero-padded.
 //! - A GET is answered only once the provider let go of its destination.
+//!
+//! # Not safe yet
+//!
+//! Measured on libfabric 1.17 (`examples/close_mid_read.rs`): on both `tcp`
+//! and `shm` a read already in flight keeps copying out of a region after
+//! its unmap answered `Ok`, so an owner must not free a region a peer may
+//! still be reading; and on `shm` a stale or forged key is not refused by
+//! the owner. See `docs/ofi.md`.
 
 mod backend;
 mod config;
