@@ -222,6 +222,73 @@ fn a_killed_owner_ends_a_get_in_flight_before_its_deadline(provider: &str) {
     assert_eq!(consumer.live_registrations(), 0);
 }
 
+/// What a GET from an owner stopped with SIGSTOP (not killed: its
+/// connection stays up) answered: by four times its deadline, and by ten
+/// seconds after the owner was let run again.
+struct StoppedOwner {
+    within_four_deadlines: Option<Result<(), rdmareg_core::RdmaError>>,
+    after_resume: Option<Result<(), rdmareg_core::RdmaError>>,
+}
+
+fn get_from_a_stopped_owner(provider: &str, deadline: Duration) -> StoppedOwner {
+    const SIZE_BYTES: usize = 1 << 20;
+    let mut owner = spawn_owner(provider, SIZE_BYTES);
+    let consumer = OfiEngine::start(common::config(provider_named(provider))).unwrap();
+    consumer
+        .add_peer(common::OWNER, owner.address.clone())
+        .unwrap();
+    let backend = consumer.backend();
+    let mut dst = vec![0u8; SIZE_BYTES];
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pid = owner.child.id() as libc::pid_t;
+    let result = runtime.block_on(async {
+        let region = backend
+            .map(dst.as_mut_ptr() as usize, SIZE_BYTES)
+            .await
+            .unwrap();
+        let request = BackendGet {
+            peer: common::OWNER,
+            remote_addr: owner.addr,
+            packed_key: owner.key.clone(),
+            local_region_id: region.backend_region_id,
+            local_offset: 0,
+            len: 4096,
+            deadline: Some(deadline),
+        };
+        // Connect first, then stop the owner.
+        assert_eq!(backend.get(request.clone()).await, Ok(()));
+        // SAFETY: kill takes no pointers; `pid` is our child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        let mut get = std::pin::pin!(backend.get(BackendGet {
+            len: SIZE_BYTES as u64,
+            ..request
+        }));
+        let within_four_deadlines = tokio::time::timeout(deadline * 4, &mut get).await.ok();
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        let after_resume = match within_four_deadlines {
+            Some(_) => None,
+            None => tokio::time::timeout(Duration::from_secs(10), get)
+                .await
+                .ok(),
+        };
+        backend.unmap(region.backend_region_id).await.unwrap();
+        StoppedOwner {
+            within_four_deadlines,
+            after_resume,
+        }
+    });
+    drop(owner.child.stdin.take());
+    let _ = owner.child.wait();
+    consumer.shutdown_blocking();
+    assert_eq!(consumer.live_registrations(), 0);
+    result
+}
+
 type TestFn = Box<dyn Fn()>;
 
 fn main() {
@@ -245,6 +312,29 @@ fn main() {
         (
             "a_killed_owner_ends_a_get_in_flight_before_its_deadline_over_shm",
             Box::new(|| a_killed_owner_ends_a_get_in_flight_before_its_deadline("shm")),
+        ),
+        (
+            "a_stopped_tcp_owner_holds_a_get_past_its_deadline_until_it_runs_again",
+            Box::new(|| {
+                // Measured on libfabric 1.17: ofi_rxm cannot withdraw a read
+                // (fi_cancel and fi_av_remove of the peer leave it posted),
+                // so the answer waits for the provider to end the read; it
+                // does once the owner runs again, and answers what happened.
+                let outcome = get_from_a_stopped_owner("tcp", Duration::from_secs(1));
+                eprintln!(
+                    "tcp, stopped owner: {:?} within 4 deadlines, {:?} after it resumed",
+                    outcome.within_four_deadlines, outcome.after_resume
+                );
+                assert_eq!(outcome.within_four_deadlines, None);
+                assert!(
+                    matches!(
+                        outcome.after_resume,
+                        Some(Ok(()) | Err(rdmareg_core::RdmaError::Timeout))
+                    ),
+                    "after the owner resumed: {:?}",
+                    outcome.after_resume
+                );
+            }),
         ),
     ];
     let mut filters = Vec::new();
