@@ -218,7 +218,7 @@ impl ParseCallbacks for DocCommentsAsText {
 
 /// Makes sure bindgen can load a libclang, installing `libclang-dev` when
 /// there is none and `LIBCLANG_PATH` is unset.
-fn ensure_libclang() -> Result<()> {
+pub fn ensure_libclang() -> Result<()> {
     if std::env::var_os("LIBCLANG_PATH").is_some() {
         return Ok(());
     }

@@ -22,7 +22,7 @@
 use std::process::Command;
 
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{asan, bindgen, cluster, etcd, fuzz, netns, ucx};
+use crate::{asan, bindgen, cluster, etcd, fuzz, netns, ofi, ucx};
 
 /// What a step does.
 enum Action {
@@ -50,8 +50,16 @@ fn steps() -> Vec<Step> {
             action: Action::Task(|| etcd::run_task(&[])),
         },
         Step {
+            name: "provision libfabric (cargo xtask ofi)",
+            action: Action::Task(|| ofi::run_task(&[])),
+        },
+        Step {
             name: "bindings are current (cargo xtask bindgen --check)",
             action: Action::Task(|| bindgen::run_task(&["--check".to_string()])),
+        },
+        Step {
+            name: "libfabric bindings are current (cargo xtask ofi-bindgen --check)",
+            action: Action::Task(|| ofi::run_bindgen_task(&["--check".to_string()])),
         },
         Step {
             name: "format (cargo fmt --check)",

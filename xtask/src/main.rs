@@ -11,6 +11,7 @@ mod etcd;
 mod fuzz;
 mod netns;
 mod nixl;
+mod ofi;
 mod run_cli;
 mod ucx;
 mod ucx_source;
@@ -35,6 +36,10 @@ tasks:
   bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
   etcd               install etcd and protoc when missing (discovery tests; the
                      etcd-client build needs protoc)
+  ofi                find or provision libfabric (>= 1.17; Debian's libfabric-dev when
+                     missing, or OFI_DIR / pkg-config for a site libfabric)
+  ofi-bindgen [--check]
+                     regenerate crates/rdmareg-ofi-sys/src/bindings.rs, or check it is current
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
@@ -69,6 +74,8 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ucx" => ucx::run_task(rest),
         "nixl" => nixl::run_task(rest),
         "bindgen" => bindgen::run_task(rest),
+        "ofi" => ofi::run_task(rest),
+        "ofi-bindgen" => ofi::run_bindgen_task(rest),
         "ci" => ci::run_task(rest),
         "etcd" => etcd::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),

@@ -1,0 +1,95 @@
+//! Does the owner's provider still read a region after `fi_close` of it
+//! returned, while a consumer's large read of it is in flight?
+//! `cargo run --release -p rdmareg-ofi --example close_mid_read -- [tcp|shm] [MIB] [DELAY_MS]`
+//!
+//! The owner unmaps the source a moment after the consumer's GET started,
+//! then overwrites it with a new byte. Destination bytes with the new byte
+//! were read after the unmap answered `Ok` — on freed memory, in a real
+//! owner, a use-after-free.
+
+use std::time::{Duration, Instant};
+
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{BackendGet, PeerId};
+use rdmareg_ofi::{OfiConfig, OfiEngine, Provider};
+
+/// Zeroes the destination again after the warm-up read.
+fn dst_fill(ptr: usize, size: usize) {
+    // SAFETY: the destination is this process's buffer, with no read in
+    // flight into it and no Rust borrow of it.
+    unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, size) };
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let provider = match args.first().map(String::as_str) {
+        Some("shm") => Provider::Shm,
+        _ => Provider::Tcp,
+    };
+    let mib: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(64);
+    let delay = Duration::from_millis(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(5));
+    let size = mib << 20;
+    let mut config = OfiConfig::new(provider.clone());
+    if provider == Provider::Tcp {
+        config = config.with_domain("lo");
+    }
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer
+        .add_peer(PeerId(1), owner.fabric_address())
+        .expect("peer added");
+    let src = vec![0x11u8; size];
+    let src_ptr = src.as_ptr() as usize;
+    let mut dst = vec![0u8; size];
+    let dst_ptr = dst.as_mut_ptr() as usize;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (o, c) = (owner.backend(), consumer.backend());
+    let (unmap_took, get_answer) = runtime.block_on(async {
+        let s = o.map(src_ptr, size).await.expect("map src");
+        let d = c.map(dst_ptr, size).await.expect("map dst");
+        let request = BackendGet {
+            peer: PeerId(1),
+            remote_addr: src_ptr as u64,
+            packed_key: s.packed_key.clone(),
+            local_region_id: d.backend_region_id,
+            local_offset: 0,
+            len: size as u64,
+            deadline: Some(Duration::from_secs(30)),
+        };
+        // Warm up: the first read opens the connection.
+        c.get(BackendGet {
+            len: 8,
+            ..request.clone()
+        })
+        .await
+        .expect("warm-up read");
+        dst_fill(dst_ptr, size);
+        let get = c.get(request);
+        let (answer, took) = futures::join!(get, async {
+            tokio::time::sleep(delay).await;
+            let start = Instant::now();
+            o.unmap(s.backend_region_id).await.expect("unmap src");
+            let took = start.elapsed();
+            // SAFETY: the region is unregistered; this process owns `src`
+            // and nothing in Rust borrows it while it is rewritten.
+            unsafe { std::ptr::write_bytes(src_ptr as *mut u8, 0x33, size) };
+            took
+        });
+        c.unmap(d.backend_region_id).await.expect("unmap dst");
+        (took, answer)
+    });
+    let late = dst.iter().filter(|&&b| b == 0x33).count();
+    let early = dst.iter().filter(|&&b| b == 0x11).count();
+    println!(
+        "provider={} {mib} MiB, unmap {delay:?} after the GET: unmap took {unmap_took:?}, GET answered {get_answer:?}; \
+         {early} bytes from before the unmap, {late} bytes written after it returned",
+        owner.provider()
+    );
+    drop(src);
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+}

@@ -1,0 +1,117 @@
+//! [`OfiConfig`]: which provider, and the loop's timings.
+
+use std::time::Duration;
+
+/// Which libfabric provider the engine opens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Provider {
+    /// `tcp` with `ofi_rxm` layered on top for reliable-datagram endpoints.
+    Tcp,
+    /// `shm`, the same-host shared-memory provider.
+    Shm,
+    /// Any provider by its libfabric name (`efa`, `cxi`, `verbs;ofi_rxm` …):
+    /// untested here.
+    Named(String),
+}
+
+impl Provider {
+    /// The name handed to `fi_getinfo` in the hints.
+    pub fn name(&self) -> &str {
+        match self {
+            Provider::Tcp => "tcp;ofi_rxm",
+            Provider::Shm => "shm",
+            Provider::Named(name) => name,
+        }
+    }
+}
+
+/// How to start an [`OfiEngine`](crate::OfiEngine).
+#[derive(Debug, Clone)]
+pub struct OfiConfig {
+    /// The provider.
+    pub provider: Provider,
+    /// The libfabric domain name to open (`lo` keeps tcp on loopback);
+    /// `None` takes the provider's first.
+    pub domain: Option<String>,
+    /// Capacity of the bounded command ring.
+    pub ring_capacity: usize,
+    /// How long the loop keeps turning (yielding) after its last work before
+    /// it parks.
+    pub spin_window: Duration,
+    /// The longest the loop sleeps between progress calls. Both tested
+    /// providers progress data only when called (`FI_PROGRESS_MANUAL`), and
+    /// a peer's read of this engine's memory is served by this loop, so this
+    /// bounds how long a parked owner can leave a read waiting when the
+    /// completion queue has no wait descriptor to wake it.
+    pub park_timeout: Duration,
+    /// The deadline of a GET that names none.
+    pub default_get_deadline: Duration,
+    /// How long teardown waits for GETs in flight before it closes the
+    /// endpoint under them.
+    pub teardown_timeout: Duration,
+}
+
+impl Default for OfiConfig {
+    fn default() -> Self {
+        OfiConfig {
+            provider: Provider::Tcp,
+            domain: None,
+            ring_capacity: 4096,
+            spin_window: Duration::from_micros(50),
+            park_timeout: Duration::from_millis(1),
+            default_get_deadline: Duration::from_secs(30),
+            teardown_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl OfiConfig {
+    /// The default configuration on `provider`.
+    pub fn new(provider: Provider) -> Self {
+        OfiConfig {
+            provider,
+            ..OfiConfig::default()
+        }
+    }
+
+    /// Open the named libfabric domain (`lo` for tcp over loopback).
+    pub fn with_domain(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    /// Set [`default_get_deadline`](Self::default_get_deadline).
+    pub fn with_default_get_deadline(mut self, deadline: Duration) -> Self {
+        self.default_get_deadline = deadline;
+        self
+    }
+
+    /// Set [`teardown_timeout`](Self::teardown_timeout).
+    pub fn with_teardown_timeout(mut self, timeout: Duration) -> Self {
+        self.teardown_timeout = timeout;
+        self
+    }
+
+    /// Set [`park_timeout`](Self::park_timeout).
+    pub fn with_park_timeout(mut self, timeout: Duration) -> Self {
+        self.park_timeout = timeout;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.ring_capacity == 0 {
+            return Err("ring_capacity must be at least 1".into());
+        }
+        if self.provider.name().is_empty() || self.provider.name().contains('\0') {
+            return Err("the provider name is empty or holds a NUL".into());
+        }
+        if self.domain.as_deref().is_some_and(|d| d.contains('\0')) {
+            return Err("the domain name holds a NUL".into());
+        }
+        if self.park_timeout.is_zero() {
+            return Err("park_timeout must be positive".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,604 @@
+//! The libfabric objects of one engine, and every call into libfabric.
+//!
+//! Only the progress thread holds a [`Fabric`] (it is neither `Send` nor
+//! `Sync`: it holds raw pointers), so the objects are used from one thread,
+//! which is what the `FI_THREAD_DOMAIN` threading level asks for.
+//!
+//! # Calling the static inline API
+//!
+//! Most of libfabric's API is `static inline` in its headers: `fi_domain`,
+//! `fi_endpoint`, `fi_mr_reg`, `fi_read`, `fi_cq_read`, `fi_av_insert` and
+//! `fi_close` are each one indirect call through an ops table the object
+//! carries. The bindings cannot bind them, so this module makes those
+//! indirect calls itself (`(*(*ep).rma).read`), and checks each table entry
+//! is present — a provider may leave an entry it does not support null —
+//! instead of compiling a C shim. That keeps the build free of a C
+//! compiler; the price is that this file must follow the headers of the
+//! minimum version (1.17) when it names a table entry.
+//!
+//! # Memory registration modes
+//!
+//! The hints offer every `FI_MR_*` mode bit the engine can honour, and the
+//! provider answers with those it needs:
+//! - `FI_MR_LOCAL`: local buffers need a descriptor. Every destination is a
+//!   registered region, and its `fi_mr_desc` is always passed.
+//! - `FI_MR_VIRT_ADDR`: remote addresses are virtual; otherwise they are
+//!   offsets from the registered base. Recorded in the packed key.
+//! - `FI_MR_PROV_KEY`: the provider picks keys; otherwise the engine
+//!   requests the region id, unique for the engine's life, so a stale key
+//!   never names a later registration. Either way `fi_mr_key` is what is
+//!   packed.
+//! - `FI_MR_ALLOCATED`: only allocated memory is registered: the caller's
+//!   promise.
+//! - `FI_MR_ENDPOINT`: a region is bound to the endpoint and enabled after
+//!   registration.
+//!
+//! Registrations grant `FI_READ | FI_REMOTE_READ` only: no peer can write
+//! this process's memory through a key it was given.
+
+use std::ffi::{CStr, CString, c_void};
+use std::os::fd::RawFd;
+use std::ptr;
+
+use bytes::Bytes;
+use rdmareg_core::RdmaError;
+use rdmareg_ofi_sys as ffi;
+
+use crate::config::OfiConfig;
+use crate::key::{AddressFormat, MAX_FABRIC_ADDRESS};
+
+/// Context space a provider may use (`FI_CONTEXT`/`FI_CONTEXT2` mode): the
+/// size of `struct fi_context2`, eight pointers.
+pub(crate) type ProviderContext = [*mut c_void; 8];
+
+/// `FI_VERSION(1, 17)`: the API the engine asks for.
+const API_VERSION: u32 = ffi::fi_version_of(1, 17);
+
+/// MR mode bits the engine honours (see the module docs).
+const MR_MODES_HANDLED: u32 = ffi::FI_MR_LOCAL
+    | ffi::FI_MR_VIRT_ADDR
+    | ffi::FI_MR_ALLOCATED
+    | ffi::FI_MR_PROV_KEY
+    | ffi::FI_MR_ENDPOINT;
+
+/// Text for a libfabric error number.
+pub(crate) fn error_text(errno: i64) -> String {
+    let code = errno.unsigned_abs().min(i32::MAX as u64) as i32;
+    // SAFETY: fi_strerror returns a pointer to a static string for any value.
+    let text = unsafe { CStr::from_ptr(ffi::fi_strerror(code)) };
+    format!("{} ({})", text.to_string_lossy(), -i64::from(code))
+}
+
+fn failed(what: &str, rc: i64) -> RdmaError {
+    RdmaError::Backend(format!("ofi: {what}: {}", error_text(rc)))
+}
+
+/// Calls an ops-table entry, or fails naming it when the provider left it
+/// null.
+macro_rules! op {
+    ($table:expr, $entry:ident, $what:literal) => {
+        match (*$table).$entry {
+            Some(f) => f,
+            None => {
+                return Err(RdmaError::Backend(format!(
+                    "ofi: the provider does not implement {}",
+                    $what
+                )))
+            }
+        }
+    };
+}
+
+/// Closes a fid through its ops table.
+///
+/// # Safety
+/// `fid` must be a live libfabric object not used again after this returns 0.
+unsafe fn close_fid(fid: *mut ffi::fid) -> i32 {
+    // SAFETY: the caller passes a live fid; every fid carries fi_ops.
+    unsafe {
+        match (*(*fid).ops).close {
+            Some(close) => close(fid),
+            None => -(ffi::FI_ENOSYS as i32),
+        }
+    }
+}
+
+/// One registered memory region, as libfabric sees it.
+#[derive(Debug)]
+pub(crate) struct MemoryRegion {
+    mr: *mut ffi::fid_mr,
+    pub(crate) key: u64,
+    pub(crate) desc: *mut c_void,
+}
+
+/// What a completion queue read found.
+#[derive(Debug)]
+pub(crate) enum Completion {
+    /// An operation finished; its context pointer.
+    Done(*mut c_void),
+    /// An operation failed; its context pointer and the error text.
+    Failed(*mut c_void, i32, String),
+}
+
+/// Every libfabric object of one engine.
+#[derive(Debug)]
+pub(crate) struct Fabric {
+    info: *mut ffi::fi_info,
+    fabric: *mut ffi::fid_fabric,
+    domain: *mut ffi::fid_domain,
+    cq: *mut ffi::fid_cq,
+    av: *mut ffi::fid_av,
+    ep: *mut ffi::fid_ep,
+    pub(crate) mr_mode: u32,
+    pub(crate) provider: String,
+    pub(crate) address: Bytes,
+    pub(crate) address_format: AddressFormat,
+    pub(crate) wait_fd: Option<RawFd>,
+    pub(crate) provider_version: u32,
+}
+
+impl Fabric {
+    /// Opens fabric, domain, completion queue, address vector and one
+    /// reliable-datagram endpoint on the configured provider. On failure
+    /// whatever was opened is closed again (by `Drop`).
+    pub(crate) fn open(config: &OfiConfig) -> Result<Fabric, RdmaError> {
+        let mut this = Fabric {
+            info: ptr::null_mut(),
+            fabric: ptr::null_mut(),
+            domain: ptr::null_mut(),
+            cq: ptr::null_mut(),
+            av: ptr::null_mut(),
+            ep: ptr::null_mut(),
+            mr_mode: 0,
+            provider: String::new(),
+            address: Bytes::new(),
+            address_format: AddressFormat::Opaque(0),
+            wait_fd: None,
+            provider_version: 0,
+        };
+        // SAFETY: every call below follows libfabric's object lifecycle on
+        // objects this function created and stored in `this` (whose Drop
+        // closes them in reverse order); every pointer argument is live for
+        // the call, and every ops-table entry is checked for null by `op!`.
+        unsafe {
+            this.info = getinfo(config)?;
+            let info = this.info;
+            this.mr_mode = (*(*info).domain_attr).mr_mode as u32;
+            this.provider = CStr::from_ptr((*(*info).fabric_attr).prov_name)
+                .to_string_lossy()
+                .into_owned();
+            this.provider_version = (*(*info).fabric_attr).prov_version;
+            if this.mr_mode & !MR_MODES_HANDLED & !(ffi::FI_MR_BASIC | ffi::FI_MR_SCALABLE) != 0 {
+                return Err(RdmaError::Backend(format!(
+                    "ofi: provider {} needs memory-registration modes {:#x} the engine does not handle",
+                    this.provider, this.mr_mode
+                )));
+            }
+            let rc = ffi::fi_fabric((*info).fabric_attr, &mut this.fabric, ptr::null_mut());
+            if rc != 0 {
+                return Err(failed("fi_fabric", rc.into()));
+            }
+            let domain = op!((*this.fabric).ops, domain, "fi_domain");
+            let rc = domain(this.fabric, info, &mut this.domain, ptr::null_mut());
+            if rc != 0 {
+                return Err(failed("fi_domain", rc.into()));
+            }
+            let cq_open = op!((*this.domain).ops, cq_open, "fi_cq_open");
+            let mut attr = ffi::fi_cq_attr {
+                format: ffi::FI_CQ_FORMAT_CONTEXT,
+                wait_obj: ffi::FI_WAIT_FD,
+                ..Default::default()
+            };
+            let mut rc = cq_open(this.domain, &mut attr, &mut this.cq, ptr::null_mut());
+            if rc != 0 {
+                tracing::debug!(provider = %this.provider, error = %error_text(rc.into()), "no completion queue with a wait descriptor; polling instead");
+                attr.wait_obj = ffi::FI_WAIT_NONE;
+                rc = cq_open(this.domain, &mut attr, &mut this.cq, ptr::null_mut());
+            } else {
+                let control = op!((*this.cq).fid.ops, control, "fi_control");
+                let mut fd: i32 = -1;
+                let got = control(
+                    &mut (*this.cq).fid,
+                    ffi::FI_GETWAIT as i32,
+                    (&raw mut fd).cast(),
+                );
+                if got == 0 && fd >= 0 {
+                    this.wait_fd = Some(fd);
+                }
+            }
+            if rc != 0 {
+                return Err(failed("fi_cq_open", rc.into()));
+            }
+            let av_open = op!((*this.domain).ops, av_open, "fi_av_open");
+            let mut av_attr = ffi::fi_av_attr {
+                type_: (*(*info).domain_attr).av_type,
+                ..Default::default()
+            };
+            let rc = av_open(this.domain, &mut av_attr, &mut this.av, ptr::null_mut());
+            if rc != 0 {
+                return Err(failed("fi_av_open", rc.into()));
+            }
+            let endpoint = op!((*this.domain).ops, endpoint, "fi_endpoint");
+            let rc = endpoint(this.domain, info, &mut this.ep, ptr::null_mut());
+            if rc != 0 {
+                return Err(failed("fi_endpoint", rc.into()));
+            }
+            let bind = op!((*this.ep).fid.ops, bind, "fi_ep_bind");
+            let rc = bind(
+                &mut (*this.ep).fid,
+                &mut (*this.cq).fid,
+                u64::from(ffi::FI_TRANSMIT | ffi::FI_RECV),
+            );
+            if rc != 0 {
+                return Err(failed("fi_ep_bind (completion queue)", rc.into()));
+            }
+            let rc = bind(&mut (*this.ep).fid, &mut (*this.av).fid, 0);
+            if rc != 0 {
+                return Err(failed("fi_ep_bind (address vector)", rc.into()));
+            }
+            let control = op!((*this.ep).fid.ops, control, "fi_enable");
+            let rc = control(&mut (*this.ep).fid, ffi::FI_ENABLE as i32, ptr::null_mut());
+            if rc != 0 {
+                return Err(failed("fi_enable", rc.into()));
+            }
+            let getname = op!((*this.ep).cm, getname, "fi_getname");
+            let mut buf = [0u8; MAX_FABRIC_ADDRESS];
+            let mut len = buf.len();
+            let rc = getname(&mut (*this.ep).fid, buf.as_mut_ptr().cast(), &mut len);
+            if rc != 0 || len == 0 || len > buf.len() {
+                return Err(failed("fi_getname", rc.into()));
+            }
+            this.address = Bytes::copy_from_slice(&buf[..len]);
+            this.address_format = match (*info).addr_format {
+                f if f == ffi::FI_SOCKADDR_IN => AddressFormat::SockaddrIn,
+                f if f == ffi::FI_SOCKADDR_IN6 => AddressFormat::SockaddrIn6,
+                f if f == ffi::FI_ADDR_STR => AddressFormat::Str,
+                _ => AddressFormat::Opaque(len),
+            };
+        }
+        tracing::debug!(
+            provider = %this.provider,
+            mr_mode = format_args!("{:#x}", this.mr_mode),
+            wait_fd = ?this.wait_fd,
+            "libfabric endpoint open"
+        );
+        Ok(this)
+    }
+
+    /// Remote addresses are virtual addresses (else offsets).
+    pub(crate) fn virt_addr(&self) -> bool {
+        self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0
+            || self.mr_mode & (ffi::FI_MR_BASIC | ffi::FI_MR_SCALABLE) == ffi::FI_MR_BASIC
+    }
+
+    /// Registers `[ptr, ptr + len)` for local reads into it and remote reads
+    /// from it.
+    ///
+    /// # Safety
+    /// The range must stay allocated until [`Fabric::deregister`] of the
+    /// result answered `Ok`.
+    pub(crate) unsafe fn register(
+        &mut self,
+        ptr: usize,
+        len: usize,
+        requested_key: u64,
+    ) -> Result<MemoryRegion, RdmaError> {
+        let mut mr: *mut ffi::fid_mr = ptr::null_mut();
+        // SAFETY: the domain is live; the caller keeps the range allocated;
+        // `mr` is a live out-pointer.
+        unsafe {
+            let reg = op!((*self.domain).mr, reg, "fi_mr_reg");
+            let rc = reg(
+                &mut (*self.domain).fid,
+                ptr as *const c_void,
+                len,
+                u64::from(ffi::FI_READ | ffi::FI_REMOTE_READ),
+                0,
+                requested_key,
+                0,
+                &mut mr,
+                ptr::null_mut(),
+            );
+            if rc != 0 {
+                return Err(failed("fi_mr_reg", rc.into()));
+            }
+            let region = MemoryRegion {
+                mr,
+                key: (*mr).key,
+                desc: (*mr).mem_desc,
+            };
+            if self.mr_mode & ffi::FI_MR_ENDPOINT != 0 {
+                let bound = match (*(*mr).fid.ops).bind {
+                    Some(bind) => bind(&mut (*mr).fid, &mut (*self.ep).fid, 0),
+                    None => -(ffi::FI_ENOSYS as i32),
+                };
+                let enabled = if bound == 0 {
+                    match (*(*mr).fid.ops).control {
+                        Some(control) => {
+                            control(&mut (*mr).fid, ffi::FI_ENABLE as i32, ptr::null_mut())
+                        }
+                        None => -(ffi::FI_ENOSYS as i32),
+                    }
+                } else {
+                    bound
+                };
+                if enabled != 0 {
+                    let closed = close_fid(&mut (*mr).fid);
+                    if closed != 0 {
+                        // Still registered: the caller must not free.
+                        return Err(failed(
+                            "fi_mr_bind/fi_mr_enable failed and fi_close of the region too",
+                            closed.into(),
+                        ));
+                    }
+                    return Err(failed("fi_mr_bind/fi_mr_enable", enabled.into()));
+                }
+            }
+            Ok(region)
+        }
+    }
+
+    /// Deregisters a region. On error it is still registered.
+    pub(crate) fn deregister(&mut self, region: &MemoryRegion) -> Result<(), RdmaError> {
+        // SAFETY: `region.mr` came from `register` and was not closed before
+        // (the engine deregisters each region once, on success forgetting
+        // it).
+        let rc = unsafe { close_fid(&mut (*region.mr).fid) };
+        if rc != 0 {
+            return Err(failed("fi_close of a memory region", rc.into()));
+        }
+        Ok(())
+    }
+
+    /// Inserts a validated peer address into the address vector.
+    pub(crate) fn insert_peer(&mut self, address: &[u8]) -> Result<u64, RdmaError> {
+        // Providers read as many bytes as their own address length, which
+        // may exceed what this peer sent (string formats): hand them a
+        // zero-padded buffer of the longest address accepted.
+        let mut padded = [0u8; MAX_FABRIC_ADDRESS + 1];
+        padded[..address.len()].copy_from_slice(address);
+        let mut fi_addr: u64 = u64::MAX;
+        // SAFETY: the address vector is live; `padded` outlives the call and
+        // is longer than any address the provider reads; one address in,
+        // one fi_addr out.
+        let rc = unsafe {
+            let insert = op!((*self.av).ops, insert, "fi_av_insert");
+            insert(
+                self.av,
+                padded.as_ptr().cast(),
+                1,
+                &mut fi_addr,
+                0,
+                ptr::null_mut(),
+            )
+        };
+        if rc != 1 || fi_addr == u64::MAX {
+            return Err(failed("fi_av_insert", if rc < 0 { rc.into() } else { -5 }));
+        }
+        Ok(fi_addr)
+    }
+
+    /// Removes an address-vector entry no operation uses any more.
+    pub(crate) fn remove_peer(&mut self, mut fi_addr: u64) {
+        // SAFETY: the address vector is live; one fi_addr from insert_peer.
+        let rc = unsafe {
+            match (*(*self.av).ops).remove {
+                Some(remove) => remove(self.av, &mut fi_addr, 1, 0),
+                None => 0,
+            }
+        };
+        if rc != 0 {
+            tracing::debug!(error = %error_text(rc.into()), "fi_av_remove failed; the entry stays until teardown");
+        }
+    }
+
+    /// Posts one read. `Ok(false)` when the provider asks to retry later
+    /// (`-FI_EAGAIN`).
+    ///
+    /// # Safety
+    /// `buf..buf + len` must lie inside the registered region `desc` belongs
+    /// to and stay registered until the completion for `context` was read or
+    /// the endpoint was closed; `context` must point to provider context
+    /// space that lives as long.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn read(
+        &mut self,
+        buf: usize,
+        len: usize,
+        desc: *mut c_void,
+        src: u64,
+        addr: u64,
+        key: u64,
+        context: *mut c_void,
+    ) -> Result<bool, RdmaError> {
+        if self.ep.is_null() {
+            return Err(RdmaError::ShuttingDown);
+        }
+        // SAFETY: the endpoint is live; the caller guarantees the buffer and
+        // the context.
+        let rc = unsafe {
+            let read = op!((*self.ep).rma, read, "fi_read");
+            read(
+                self.ep,
+                buf as *mut c_void,
+                len,
+                desc,
+                src,
+                addr,
+                key,
+                context,
+            )
+        };
+        match rc {
+            0 => Ok(true),
+            rc if rc == -(ffi::FI_EAGAIN as isize) => Ok(false),
+            rc => Err(failed("fi_read", rc as i64)),
+        }
+    }
+
+    /// Reads up to `out.capacity()` completions (progressing the provider).
+    pub(crate) fn poll_completions(&mut self, out: &mut Vec<Completion>, max: usize) {
+        let mut entries = [ffi::fi_cq_entry::default(); 16];
+        while out.len() < max {
+            // SAFETY: the completion queue is live; `entries` holds 16
+            // fi_cq_entry records (FI_CQ_FORMAT_CONTEXT).
+            let n = unsafe {
+                match (*(*self.cq).ops).read {
+                    Some(read) => read(self.cq, entries.as_mut_ptr().cast(), entries.len()),
+                    None => return,
+                }
+            };
+            if n > 0 {
+                out.extend(
+                    entries[..n as usize]
+                        .iter()
+                        .map(|e| Completion::Done(e.op_context)),
+                );
+                continue;
+            }
+            if n == -(ffi::FI_EAVAIL as isize) {
+                let mut err = ffi::fi_cq_err_entry::default();
+                // SAFETY: live queue; `err` is a zeroed entry (err_data_size
+                // 0: the provider writes no error data).
+                let got = unsafe {
+                    match (*(*self.cq).ops).readerr {
+                        Some(readerr) => readerr(self.cq, &mut err, 0),
+                        None => return,
+                    }
+                };
+                if got > 0 {
+                    out.push(Completion::Failed(
+                        err.op_context,
+                        err.err,
+                        error_text(err.err.into()),
+                    ));
+                    continue;
+                }
+            }
+            return;
+        }
+    }
+
+    /// Whether the loop may sleep on [`wait_fd`](Self::wait_fd) now
+    /// (`fi_trywait`); without a descriptor, always.
+    pub(crate) fn try_wait(&mut self) -> bool {
+        if self.wait_fd.is_none() {
+            return true;
+        }
+        // SAFETY: fabric and queue are live; the array holds one fid.
+        unsafe {
+            let mut fids = [&raw mut (*self.cq).fid];
+            match (*(*self.fabric).ops).trywait {
+                Some(trywait) => trywait(self.fabric, fids.as_mut_ptr(), 1) == 0,
+                None => false,
+            }
+        }
+    }
+
+    /// Asks the provider to cancel an operation (most cannot for RMA; the
+    /// completion still decides).
+    pub(crate) fn cancel(&mut self, context: *mut c_void) {
+        if self.ep.is_null() {
+            return;
+        }
+        // SAFETY: live endpoint; `context` names an operation posted on it.
+        unsafe {
+            if let Some(cancel) = (*(*self.ep).ops).cancel {
+                let _ = cancel(&mut (*self.ep).fid, context);
+            }
+        }
+    }
+
+    /// Closes the endpoint: from then on the provider touches no buffer of
+    /// an operation posted on it. Answers whether it closed.
+    pub(crate) fn close_endpoint(&mut self) -> bool {
+        if self.ep.is_null() {
+            return true;
+        }
+        // SAFETY: the endpoint is live and not used after a successful close.
+        let rc = unsafe { close_fid(&mut (*self.ep).fid) };
+        if rc == 0 {
+            self.ep = ptr::null_mut();
+            true
+        } else {
+            tracing::warn!(error = %error_text(rc.into()), "fi_close of the endpoint failed");
+            false
+        }
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        self.close_endpoint();
+        // SAFETY: each object is live (non-null) and closed once, children
+        // before parents; the info list is freed last.
+        unsafe {
+            for fid in [
+                (!self.av.is_null()).then(|| &raw mut (*self.av).fid),
+                (!self.cq.is_null()).then(|| &raw mut (*self.cq).fid),
+                (!self.domain.is_null()).then(|| &raw mut (*self.domain).fid),
+                (!self.fabric.is_null()).then(|| &raw mut (*self.fabric).fid),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let rc = close_fid(fid);
+                if rc != 0 {
+                    tracing::warn!(error = %error_text(rc.into()), "fi_close failed at teardown");
+                }
+            }
+            if !self.info.is_null() {
+                ffi::fi_freeinfo(self.info);
+            }
+        }
+    }
+}
+
+/// `fi_getinfo` for the configured provider: RDM endpoints with RMA reads.
+///
+/// # Safety
+/// Calls into libfabric; the answer must be freed with `fi_freeinfo`.
+unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
+    // SAFETY: fi_dupinfo(NULL) allocates zeroed hints with attribute
+    // structs (what fi_allocinfo does); strings set on it are strdup'ed
+    // because fi_freeinfo frees them.
+    unsafe {
+        let hints = ffi::fi_dupinfo(ptr::null());
+        if hints.is_null() {
+            return Err(RdmaError::Backend("ofi: fi_dupinfo failed".into()));
+        }
+        (*hints).caps = u64::from(ffi::FI_RMA | ffi::FI_READ | ffi::FI_REMOTE_READ);
+        (*hints).mode = ffi::FI_CONTEXT | ffi::FI_CONTEXT2;
+        (*(*hints).ep_attr).type_ = ffi::FI_EP_RDM;
+        (*(*hints).domain_attr).mr_mode = MR_MODES_HANDLED as i32;
+        (*(*hints).domain_attr).threading = ffi::FI_THREAD_DOMAIN;
+        let provider = CString::new(config.provider.name()).map_err(|_| RdmaError::OutOfRange)?;
+        (*(*hints).fabric_attr).prov_name = libc::strdup(provider.as_ptr());
+        if let Some(domain) = &config.domain {
+            let domain = CString::new(domain.as_str()).map_err(|_| RdmaError::OutOfRange)?;
+            (*(*hints).domain_attr).name = libc::strdup(domain.as_ptr());
+        }
+        let mut info: *mut ffi::fi_info = ptr::null_mut();
+        let rc = ffi::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut info);
+        ffi::fi_freeinfo(hints);
+        if rc != 0 || info.is_null() {
+            return Err(RdmaError::Backend(format!(
+                "ofi: no provider {:?}{} offers RMA reads on RDM endpoints: {}",
+                config.provider.name(),
+                config
+                    .domain
+                    .as_deref()
+                    .map(|d| format!(" on domain {d:?}"))
+                    .unwrap_or_default(),
+                error_text(rc.into())
+            )));
+        }
+        // Keep only the first entry: the one the engine opens.
+        let rest = (*info).next;
+        (*info).next = ptr::null_mut();
+        if !rest.is_null() {
+            ffi::fi_freeinfo(rest);
+        }
+        Ok(info)
+    }
+}

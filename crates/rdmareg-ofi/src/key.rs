@@ -1,0 +1,214 @@
+//! The packed remote key of this backend: a versioned layout of our own,
+//! validated in full before any of it reaches libfabric.
+//!
+//! # Layout, version 1 (all integers little-endian)
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | version, `1` |
+//! | 1 | 1 | flags: bit 0 = the owner's provider addresses remote memory by virtual address (`FI_MR_VIRT_ADDR`); otherwise by offset from `base`. Other bits must be zero |
+//! | 2 | 8 | the memory region's key (`fi_mr_key`) |
+//! | 10 | 8 | `base`: the address the owner registered |
+//! | 18 | 8 | `len`: the length it registered (non-zero, `base + len` does not overflow) |
+//! | 26 | 2 | `addr_len`: length of the owner's fabric address, 1 to [`MAX_FABRIC_ADDRESS`] |
+//! | 28 | `addr_len` | the owner's fabric address, as `fi_getname` gave it |
+//!
+//! The key is exactly `28 + addr_len` bytes: a shorter or longer one is
+//! malformed. `base` and `len` let the consumer refuse a read outside the
+//! registration before it is posted; the owner's provider checks the key and
+//! range again when the read arrives (software providers verify every
+//! access against their MR map). The fabric address ties the key to its
+//! owner: a key is used only against the peer whose recorded address it
+//! names.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use rdmareg_core::RdmaError;
+
+/// The layout version this build writes and reads.
+pub const KEY_VERSION: u8 = 1;
+/// Flag bit: remote addresses are virtual addresses.
+pub const FLAG_VIRT_ADDR: u8 = 1;
+/// Bytes before the fabric address.
+pub const HEADER_LEN: usize = 28;
+/// The longest fabric address accepted (a provider's string address, such as
+/// shm's, is well below this; sockaddr formats are 16 or 28 bytes).
+pub const MAX_FABRIC_ADDRESS: usize = 256;
+
+/// A decoded, validated key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackedKey {
+    /// Remote addresses are virtual addresses (else offsets from `base`).
+    pub virt_addr: bool,
+    /// The memory region's key.
+    pub mr_key: u64,
+    /// The registered address.
+    pub base: u64,
+    /// The registered length.
+    pub len: u64,
+    /// The owner's fabric address.
+    pub owner: Bytes,
+}
+
+impl PackedKey {
+    /// The wire form.
+    pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(HEADER_LEN + self.owner.len());
+        out.put_u8(KEY_VERSION);
+        out.put_u8(if self.virt_addr { FLAG_VIRT_ADDR } else { 0 });
+        out.put_u64_le(self.mr_key);
+        out.put_u64_le(self.base);
+        out.put_u64_le(self.len);
+        out.put_u16_le(self.owner.len() as u16);
+        out.put_slice(&self.owner);
+        out.freeze()
+    }
+
+    /// Validates untrusted bytes.
+    ///
+    /// # Errors
+    /// [`RdmaError::InvalidKey`] for anything but a well-formed version-1 key.
+    pub fn decode(bytes: &Bytes) -> Result<PackedKey, RdmaError> {
+        if bytes.len() < HEADER_LEN || bytes.len() > HEADER_LEN + MAX_FABRIC_ADDRESS {
+            return Err(RdmaError::InvalidKey);
+        }
+        if bytes[0] != KEY_VERSION || bytes[1] & !FLAG_VIRT_ADDR != 0 {
+            return Err(RdmaError::InvalidKey);
+        }
+        let u64_at = |at: usize| {
+            let mut raw = [0u8; 8];
+            raw.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(raw)
+        };
+        let mr_key = u64_at(2);
+        let base = u64_at(10);
+        let len = u64_at(18);
+        let addr_len = usize::from(u16::from_le_bytes([bytes[26], bytes[27]]));
+        if addr_len == 0 || addr_len > MAX_FABRIC_ADDRESS || bytes.len() != HEADER_LEN + addr_len {
+            return Err(RdmaError::InvalidKey);
+        }
+        if base == 0 || len == 0 || base.checked_add(len).is_none() {
+            return Err(RdmaError::InvalidKey);
+        }
+        Ok(PackedKey {
+            virt_addr: bytes[1] & FLAG_VIRT_ADDR != 0,
+            mr_key,
+            base,
+            len,
+            owner: bytes.slice(HEADER_LEN..),
+        })
+    }
+
+    /// The address to hand `fi_read` for `len` bytes at `remote_addr`, if
+    /// that range lies inside the registration.
+    ///
+    /// # Errors
+    /// [`RdmaError::OutOfRange`] when it does not (or overflows).
+    pub fn target(&self, remote_addr: u64, len: u64) -> Result<u64, RdmaError> {
+        let end = remote_addr.checked_add(len).ok_or(RdmaError::OutOfRange)?;
+        if len == 0 || remote_addr < self.base || end > self.base + self.len {
+            return Err(RdmaError::OutOfRange);
+        }
+        Ok(if self.virt_addr {
+            remote_addr
+        } else {
+            remote_addr - self.base
+        })
+    }
+}
+
+/// The address formats whose bytes this backend can check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressFormat {
+    /// `struct sockaddr_in`, 16 bytes, family `AF_INET`.
+    SockaddrIn,
+    /// `struct sockaddr_in6`, 28 bytes, family `AF_INET6`.
+    SockaddrIn6,
+    /// A provider string (`FI_ADDR_STR`): printable ASCII, NUL-padded.
+    Str,
+    /// Another format: only its length is checked, against this engine's
+    /// own address.
+    Opaque(usize),
+}
+
+/// Checks untrusted fabric-address bytes before they reach `fi_av_insert`.
+///
+/// # Errors
+/// [`RdmaError::InvalidWorkerAddress`] naming what is wrong.
+pub fn validate_address(format: AddressFormat, address: &[u8]) -> Result<(), RdmaError> {
+    let bad = |why: &str| Err(RdmaError::InvalidWorkerAddress(format!("ofi: {why}")));
+    if address.is_empty() || address.len() > MAX_FABRIC_ADDRESS {
+        return bad("fabric address is empty or longer than 256 bytes");
+    }
+    let family = |bytes: &[u8]| u16::from_ne_bytes([bytes[0], bytes[1]]);
+    match format {
+        AddressFormat::SockaddrIn => {
+            if address.len() != 16 || family(address) != libc::AF_INET as u16 {
+                return bad("not a 16-byte AF_INET socket address");
+            }
+        }
+        AddressFormat::SockaddrIn6 => {
+            if address.len() != 28 || family(address) != libc::AF_INET6 as u16 {
+                return bad("not a 28-byte AF_INET6 socket address");
+            }
+        }
+        AddressFormat::Str => {
+            let text_len = address
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(address.len());
+            if text_len == 0
+                || !address[..text_len].iter().all(|b| b.is_ascii_graphic())
+                || address[text_len..].iter().any(|&b| b != 0)
+            {
+                return bad("not a printable provider string address");
+            }
+        }
+        AddressFormat::Opaque(len) => {
+            if address.len() != len {
+                return bad("length differs from this provider's addresses");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> PackedKey {
+        PackedKey {
+            virt_addr: false,
+            mr_key: 7,
+            base: 0x1000,
+            len: 4096,
+            owner: Bytes::from_static(b"fi_shm://1234\0"),
+        }
+    }
+
+    #[test]
+    fn a_key_round_trips_through_its_wire_form() {
+        let key = sample();
+        assert_eq!(PackedKey::decode(&key.encode()), Ok(key));
+    }
+
+    #[test]
+    fn offset_mode_targets_are_offsets_from_the_registered_base() {
+        let key = sample();
+        assert_eq!(key.target(0x1000 + 100, 8), Ok(100));
+        assert_eq!(key.target(0x1000 + 4090, 8), Err(RdmaError::OutOfRange));
+        assert_eq!(key.target(0xFFF, 8), Err(RdmaError::OutOfRange));
+        let virt = PackedKey {
+            virt_addr: true,
+            ..sample()
+        };
+        assert_eq!(virt.target(0x1000 + 100, 8), Ok(0x1000 + 100));
+    }
+
+    #[test]
+    fn a_string_address_with_garbage_after_its_nul_is_refused() {
+        assert!(validate_address(AddressFormat::Str, b"fi_shm://12\0\0").is_ok());
+        assert!(validate_address(AddressFormat::Str, b"fi_shm://12\0x").is_err());
+        assert!(validate_address(AddressFormat::Str, b"\0").is_err());
+    }
+}

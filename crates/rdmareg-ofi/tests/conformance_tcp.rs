@@ -1,0 +1,13 @@
+//! The backend conformance kit against two `OfiBackend`s over libfabric's
+//! `tcp` provider (with `ofi_rxm`) on the loopback domain, in one process.
+
+mod common;
+
+use rdmareg_backend::conformance::BackendPair;
+use rdmareg_ofi::Provider;
+
+async fn pair() -> BackendPair {
+    common::backend_pair(Provider::Tcp)
+}
+
+rdmareg_backend::conformance_tests!(pair);

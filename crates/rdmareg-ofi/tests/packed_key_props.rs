@@ -1,0 +1,132 @@
+//! Property tests of the packed key: every malformed key is a typed error,
+//! decoding never panics, and what decodes is canonical.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{BackendGet, RdmaError};
+use rdmareg_ofi::Provider;
+use rdmareg_ofi::key::{HEADER_LEN, MAX_FABRIC_ADDRESS, PackedKey};
+
+fn valid_key() -> impl Strategy<Value = PackedKey> {
+    (
+        any::<bool>(),
+        any::<u64>(),
+        1u64..(u64::MAX / 2),
+        1u64..(u64::MAX / 2),
+        proptest::collection::vec(any::<u8>(), 1..=MAX_FABRIC_ADDRESS),
+    )
+        .prop_map(|(virt_addr, mr_key, base, len, owner)| PackedKey {
+            virt_addr,
+            mr_key,
+            base,
+            len,
+            owner: Bytes::from(owner),
+        })
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_bytes_decode_to_a_canonical_key_or_invalid_key(
+        bytes in proptest::collection::vec(any::<u8>(), 0..400)
+    ) {
+        let bytes = Bytes::from(bytes);
+        match PackedKey::decode(&bytes) {
+            Ok(key) => prop_assert_eq!(key.encode(), bytes),
+            Err(err) => prop_assert_eq!(err, RdmaError::InvalidKey),
+        }
+    }
+
+    #[test]
+    fn valid_keys_round_trip(key in valid_key()) {
+        prop_assert_eq!(PackedKey::decode(&key.encode()), Ok(key));
+    }
+
+    #[test]
+    fn every_truncation_or_extension_of_a_key_is_invalid_key(
+        key in valid_key(), cut in any::<prop::sample::Index>(), extra in 1usize..8
+    ) {
+        let wire = key.encode();
+        let cut = cut.index(wire.len());
+        prop_assert_eq!(PackedKey::decode(&wire.slice(..cut)), Err(RdmaError::InvalidKey));
+        let mut longer = wire.to_vec();
+        longer.extend(std::iter::repeat_n(0u8, extra));
+        prop_assert_eq!(PackedKey::decode(&Bytes::from(longer)), Err(RdmaError::InvalidKey));
+    }
+
+    #[test]
+    fn a_wrong_version_unknown_flag_or_wrong_address_length_is_invalid_key(
+        key in valid_key(), version in 2u8.., flag in 1u8..7, delta in 1u16..10
+    ) {
+        let wire = key.encode().to_vec();
+        let mut bad = wire.clone();
+        bad[0] = version;
+        prop_assert_eq!(PackedKey::decode(&Bytes::from(bad)), Err(RdmaError::InvalidKey));
+        let mut bad = wire.clone();
+        bad[1] |= flag << 1;
+        prop_assert_eq!(PackedKey::decode(&Bytes::from(bad)), Err(RdmaError::InvalidKey));
+        let mut bad = wire.clone();
+        let stated = u16::from_le_bytes([bad[26], bad[27]]).wrapping_add(delta);
+        bad[26..28].copy_from_slice(&stated.to_le_bytes());
+        prop_assert_eq!(PackedKey::decode(&Bytes::from(bad)), Err(RdmaError::InvalidKey));
+        prop_assert!(wire.len() > HEADER_LEN);
+    }
+}
+
+/// Through a running engine: a GET with key bytes that are garbage, or a
+/// well-formed key of an owner that is not the peer named, is refused with
+/// `InvalidKey` before libfabric sees it; nothing lands.
+#[test]
+fn gets_with_malformed_or_foreign_keys_are_invalid_key_through_the_engine() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (owner, consumer) = common::engines(Provider::Tcp);
+    let c = consumer.backend();
+    let mut dst = vec![0u8; 4096];
+    let dst_region = runtime
+        .block_on(c.map(dst.as_mut_ptr() as usize, dst.len()))
+        .unwrap();
+    let request = |key: Bytes| BackendGet {
+        peer: common::OWNER,
+        remote_addr: 0x1000,
+        packed_key: key,
+        local_region_id: dst_region.backend_region_id,
+        local_offset: 0,
+        len: 64,
+        deadline: Some(Duration::from_secs(5)),
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(64));
+    runner
+        .run(
+            &(proptest::collection::vec(any::<u8>(), 0..400), valid_key()),
+            |(garbage, mut foreign)| {
+                let garbage = Bytes::from(garbage);
+                if PackedKey::decode(&garbage).is_err() {
+                    let answer = runtime.block_on(c.get(request(garbage)));
+                    prop_assert_eq!(answer, Err(RdmaError::InvalidKey));
+                }
+                // A well-formed key naming another owner than the peer.
+                if foreign.owner == owner.fabric_address() {
+                    foreign.owner = Bytes::from_static(b"elsewhere");
+                }
+                let answer = runtime.block_on(c.get(request(foreign.encode())));
+                prop_assert_eq!(answer, Err(RdmaError::InvalidKey));
+                Ok(())
+            },
+        )
+        .unwrap();
+    runtime
+        .block_on(c.unmap(dst_region.backend_region_id))
+        .unwrap();
+    assert!(dst.iter().all(|&b| b == 0), "no byte landed");
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+    assert_eq!(consumer.live_registrations(), 0);
+}
