@@ -14,6 +14,7 @@ mod bootstrap;
 mod cli;
 mod control;
 mod demo;
+mod metrics;
 mod node;
 mod owner_process;
 mod pattern;

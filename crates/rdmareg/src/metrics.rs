@@ -217,6 +217,46 @@ impl Collector for RegistryCollector {
     }
 }
 
+/// A collector whose registry can be set and replaced while it is being
+/// served: for a process that runs one registry after another (a benchmark
+/// sweeping transports) behind one `/metrics` address. Clones share the
+/// slot. Empty, it exports nothing.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsSlot {
+    registry: Arc<std::sync::Mutex<Option<RdmaRegistry>>>,
+}
+
+impl MetricsSlot {
+    /// Export `registry` from now on (or nothing, for `None`).
+    pub fn set(&self, registry: Option<RdmaRegistry>) {
+        *self
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = registry;
+    }
+
+    /// A Prometheus registry holding this slot as its collector.
+    pub fn prometheus_registry(&self) -> Registry {
+        let mut prometheus = Registry::default();
+        prometheus.register_collector(Box::new(self.clone()));
+        prometheus
+    }
+}
+
+impl Collector for MetricsSlot {
+    fn encode(&self, encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let registry = self
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        match registry {
+            Some(registry) => encode_metrics(&registry.metrics(), encoder),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A Prometheus registry holding `registry`'s collector.
 pub fn prometheus_registry(registry: &RdmaRegistry) -> Registry {
     let mut prometheus = Registry::default();
