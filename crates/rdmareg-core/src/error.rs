@@ -91,6 +91,16 @@ pub enum RdmaError {
         "pool buffer not described: it has no registration of its own yet; call PinnedBuf::describe() first"
     )]
     NotDescribed,
+
+    /// The destination buffer was allocated by another registry. Its
+    /// memory is registered with that registry's backend; this registry's
+    /// backend would take its registration id for one of its own, a
+    /// different buffer. Read into it through the registry that allocated
+    /// it.
+    #[error(
+        "destination buffer belongs to another registry: read into it through the registry that allocated it"
+    )]
+    ForeignBuffer,
 }
 
 /// The variant of an [`RdmaError`] without its data: a label for counting
@@ -122,11 +132,13 @@ pub enum ErrorKind {
     Timeout,
     /// [`RdmaError::NotDescribed`].
     NotDescribed,
+    /// [`RdmaError::ForeignBuffer`].
+    ForeignBuffer,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 13] = [
         ErrorKind::ShuttingDown,
         ErrorKind::BudgetExceeded,
         ErrorKind::RegionNotFound,
@@ -139,6 +151,7 @@ impl ErrorKind {
         ErrorKind::InvalidDescriptor,
         ErrorKind::Timeout,
         ErrorKind::NotDescribed,
+        ErrorKind::ForeignBuffer,
     ];
 
     /// A stable snake-case name, fit for a metric label.
@@ -156,6 +169,7 @@ impl ErrorKind {
             ErrorKind::InvalidDescriptor => "invalid_descriptor",
             ErrorKind::Timeout => "timeout",
             ErrorKind::NotDescribed => "not_described",
+            ErrorKind::ForeignBuffer => "foreign_buffer",
         }
     }
 
@@ -187,6 +201,7 @@ impl RdmaError {
             RdmaError::InvalidDescriptor(_) => ErrorKind::InvalidDescriptor,
             RdmaError::Timeout => ErrorKind::Timeout,
             RdmaError::NotDescribed => ErrorKind::NotDescribed,
+            RdmaError::ForeignBuffer => ErrorKind::ForeignBuffer,
         }
     }
 

@@ -80,6 +80,9 @@ async fn get_timed(
         ));
     }
     let slot = dst.slot().ok_or(RdmaError::RegionNotFound)?;
+    if !dst.belongs_to(inner) {
+        return Err(RdmaError::ForeignBuffer);
+    }
     let end = (dst_offset as u64)
         .checked_add(src.len())
         .ok_or(RdmaError::OutOfRange)?;

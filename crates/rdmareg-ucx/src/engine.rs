@@ -276,7 +276,38 @@ impl UcxEngine {
     /// [`RdmaError::InvalidWorkerAddress`] for an address that is empty, not
     /// well-formed, or from a UCX version whose layout is unknown;
     /// [`RdmaError::ShuttingDown`] after teardown began.
+    ///
+    /// # Whom this trusts
+    /// An address with a same-host direct-read lane is trusted to name the
+    /// peer's *own* lane: reads with same-host keys from `peer` then copy,
+    /// through the kernel, from the process that lane belongs to, checked
+    /// only against the range the key claims. Connections are keyed by the
+    /// whole address, so an envelope from one peer cannot redirect another
+    /// peer's reads; but a peer that hands you both its address and its
+    /// descriptors can make this engine copy from any process of this host
+    /// and user. For addresses from peers you do not trust that far, use
+    /// [`add_peer_served_only`](Self::add_peer_served_only).
     pub fn add_peer(&self, peer: PeerId, address: Bytes) -> Result<(), RdmaError> {
+        self.add_peer_with(peer, address, true)
+    }
+
+    /// As [`add_peer`](Self::add_peer), but ignores the direct-read lane
+    /// the address may carry: every read from `peer` goes through its
+    /// owner's engine, which checks it (see `docs/safety.md`), whatever the
+    /// keys say. For peers trusted with the network, not with this host.
+    ///
+    /// # Errors
+    /// As [`add_peer`](Self::add_peer).
+    pub fn add_peer_served_only(&self, peer: PeerId, address: Bytes) -> Result<(), RdmaError> {
+        self.add_peer_with(peer, address, false)
+    }
+
+    fn add_peer_with(
+        &self,
+        peer: PeerId,
+        address: Bytes,
+        direct_lane: bool,
+    ) -> Result<(), RdmaError> {
         let (major, minor, _) = self.ucx_version;
         let format = WorkerAddressFormat::for_ucx_version(major, minor).ok_or_else(|| {
             RdmaError::InvalidWorkerAddress(format!(
@@ -284,10 +315,14 @@ impl UcxEngine {
                 WorkerAddressFormat::supported_versions().collect::<Vec<_>>()
             ))
         })?;
-        let address = EngineAddress::decode_for_endpoints(&address, &format).map_err(|err| {
-            tracing::debug!(%peer, error = %err, "refusing peer worker address");
-            RdmaError::InvalidWorkerAddress(format!("{err} (for {peer})"))
-        })?;
+        let mut address =
+            EngineAddress::decode_for_endpoints(&address, &format).map_err(|err| {
+                tracing::debug!(%peer, error = %err, "refusing peer worker address");
+                RdmaError::InvalidWorkerAddress(format!("{err} (for {peer})"))
+            })?;
+        if !direct_lane {
+            address.direct = None;
+        }
         self.shared.push_now(Command::AddPeer { peer, address })
     }
 

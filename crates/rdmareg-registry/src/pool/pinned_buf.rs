@@ -308,6 +308,17 @@ impl PinnedBuf {
         self.slot.as_ref()
     }
 
+    /// Whether this buffer was allocated by the registry `inner`: only that
+    /// registry's backend knows its arena's registration id. (The arena's
+    /// `Weak` keeps the registry's allocation, so its address cannot be
+    /// reused by another registry while this buffer lives.) A surrendered
+    /// buffer belongs to nobody.
+    pub(crate) fn belongs_to(&self, inner: &std::sync::Arc<crate::registry::Inner>) -> bool {
+        self.slot.as_ref().is_some_and(|slot| {
+            std::ptr::eq(slot.arena.registry.as_ptr(), std::sync::Arc::as_ptr(inner))
+        })
+    }
+
     /// Move the slot out (into a transfer); the buffer is surrendered until
     /// [`restore`](Self::restore).
     pub(crate) fn take_slot(&mut self) -> Option<Slot> {

@@ -6,6 +6,7 @@ mod bounded_waits;
 mod budget;
 mod common;
 mod describe;
+mod destinations;
 mod latch;
 mod lists;
 mod metrics;
