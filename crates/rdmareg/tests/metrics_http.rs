@@ -72,9 +72,11 @@ async fn metrics_scraped_over_http_during_a_transfer_match_the_registry() {
     // Transfers run in a task while the test scrapes.
     let registry = consumer.registry().clone();
     let running = Arc::new(AtomicBool::new(true));
+    let (first_done, first) = tokio::sync::oneshot::channel();
     let mover = {
         let running = Arc::clone(&running);
         tokio::spawn(async move {
+            let mut first_done = Some(first_done);
             let mut buffer = registry.alloc_pinned(SIZE).await.expect("allocates");
             let mut done = 0u64;
             while running.load(Ordering::SeqCst) || done < 4 {
@@ -83,11 +85,17 @@ async fn metrics_scraped_over_http_during_a_transfer_match_the_registry() {
                     .await
                     .expect("GET");
                 done += 1;
+                if let Some(first_done) = first_done.take() {
+                    let _ = first_done.send(());
+                }
             }
             assert_eq!(buffer[SIZE - 1], ((SIZE - 1) % 253) as u8);
             done
         })
     };
+    // Scrape once the transfers are under way (the mover keeps going until
+    // told to stop).
+    first.await.expect("the first GET completed");
     let mut scraped_while_moving = 0;
     for _ in 0..5 {
         let (status, body) = http_get(addr, "/metrics").await;
