@@ -8,6 +8,7 @@
 use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -43,12 +44,17 @@ enum Flaw {
     ReordersBatchAnswers,
     /// Answers a batch `Ok` at once and lets its transfers run on.
     AnswersBatchesBeforeTheyEnd,
+    /// Answers `ShuttingDown` to every unmap once torn down, released ids
+    /// included.
+    RefusesUnmapsAfterTeardown,
 }
 
 struct Flawed {
     inner: Arc<LoopbackBackend>,
     flaw: Flaw,
     minted: Mutex<HashSet<u64>>,
+    /// Set by the pair's teardown.
+    torn_down: Arc<AtomicBool>,
 }
 
 impl RdmaBackend for Flawed {
@@ -82,6 +88,9 @@ impl RdmaBackend for Flawed {
                     Err(RdmaError::RegionNotFound)
                 }
                 Flaw::UnmapLiesAndKeepsTheRegion => Ok(()),
+                Flaw::RefusesUnmapsAfterTeardown if self.torn_down.load(Ordering::SeqCst) => {
+                    Err(RdmaError::ShuttingDown)
+                }
                 _ => self.inner.unmap(id).await,
             }
         })
@@ -158,20 +167,42 @@ fn flawed_pair(flaw: Option<Flaw>) -> BackendPair {
     consumer
         .faults()
         .set_delay(FaultOp::Get, Duration::from_millis(2));
+    let torn_down = Arc::new(AtomicBool::new(false));
     let wrap = |inner: Arc<LoopbackBackend>| -> Arc<dyn RdmaBackend> {
         match flaw {
             Some(flaw) => Arc::new(Flawed {
                 inner,
                 flaw,
                 minted: Mutex::new(HashSet::new()),
+                torn_down: Arc::clone(&torn_down),
             }),
             None => inner,
         }
     };
+    let (o, c, down) = (
+        Arc::clone(&owner),
+        Arc::clone(&consumer),
+        Arc::clone(&torn_down),
+    );
+    let teardown = async move {
+        c.shutdown().await;
+        o.shutdown().await;
+        down.store(true, Ordering::SeqCst);
+    };
     // The loopback backend rolls back synchronously; a short bound keeps the
     // failing runs quick.
     let capabilities = Capabilities::full().with_rollback_within(Duration::from_millis(100));
-    BackendPair::new(wrap(owner), wrap(consumer), PeerId(1)).with_capabilities(capabilities)
+    let (owner, consumer) = (wrap(owner), wrap(consumer));
+    BackendPair::new(owner, consumer, PeerId(1))
+        .with_capabilities(capabilities)
+        .with_teardown(teardown)
+}
+
+#[test]
+fn after_teardown_check_catches_a_backend_that_refuses_unmaps_once_torn_down() {
+    assert_only_the_flawed_backend_fails(Flaw::RefusesUnmapsAfterTeardown, |p| {
+        Box::pin(conformance::unmap_after_teardown_answers_ok_for_released_ids(p))
+    });
 }
 
 /// Run one check on a pair with `flaw` (or an honest pair) and say whether it

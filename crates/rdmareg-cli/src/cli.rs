@@ -91,6 +91,11 @@ pub struct DemoArgs {
     /// this long (e.g. 30s). Default: wait for one indefinitely.
     #[arg(long, value_parser = parse_duration, requires = "listen")]
     pub accept_timeout: Option<Duration>,
+    /// Serve this process's registry metrics at http://ADDR/metrics
+    /// (Prometheus text format) while it runs. Without --listen/--connect,
+    /// the metrics are the consumer's.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// The two figures every wait of a run derives from.
@@ -153,6 +158,11 @@ pub struct BenchArgs {
     /// Run limits: GET deadline and teardown bound.
     #[command(flatten)]
     pub limits: LimitArgs,
+    /// Serve the measuring registry's metrics at http://ADDR/metrics
+    /// (Prometheus text format) while the benchmark runs; each transport's
+    /// registry replaces the previous one.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// A transfer library `rdmareg bench --peers` measures beside rdmareg.
@@ -407,6 +417,27 @@ mod tests {
         assert_eq!(args.limits.get_deadline, Duration::from_secs(10));
         assert_eq!(args.limits.teardown_timeout, Duration::from_secs(5));
         assert_eq!(args.accept_timeout, None);
+    }
+
+    #[test]
+    fn demo_and_bench_take_a_metrics_address() {
+        let Cli {
+            command: Command::Demo(demo),
+            ..
+        } = Cli::try_parse_from(["rdmareg", "demo", "--metrics-addr", "127.0.0.1:9464"]).unwrap()
+        else {
+            panic!("not a demo command");
+        };
+        assert_eq!(demo.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
+        let Cli {
+            command: Command::Bench(bench),
+            ..
+        } = Cli::try_parse_from(["rdmareg", "bench", "--metrics-addr", "0.0.0.0:9100"]).unwrap()
+        else {
+            panic!("not a bench command");
+        };
+        assert_eq!(bench.metrics_addr, Some("0.0.0.0:9100".parse().unwrap()));
+        assert!(Cli::try_parse_from(["rdmareg", "demo", "--metrics-addr", "nowhere"]).is_err());
     }
 
     #[test]

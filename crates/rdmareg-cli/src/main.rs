@@ -18,6 +18,7 @@ mod cli;
 mod control;
 mod demo;
 mod discovery;
+mod metrics;
 mod node;
 mod owner_process;
 mod pattern;

@@ -61,6 +61,7 @@ impl Node {
             tokio::runtime::Handle::current(),
         )
         .context("creating the registry")?;
+        crate::metrics::publish(&registry);
         Ok(Node {
             engine,
             registry,

@@ -28,10 +28,21 @@
 //! [`Rdma::shutdown`] performs is theirs too: [`RdmaRegistry::shutdown`],
 //! then [`UcxEngine::shutdown`], then
 //! [`SweptRegistry::finish_after_backend_teardown`].
+//!
+//! # Metrics
+//!
+//! The registry counts what it does ([`RdmaRegistry::metrics`]: registered
+//! bytes, regions, pool use, GETs, bytes moved, errors by kind, a GET
+//! latency histogram). With the `metrics` feature, `rdmareg::metrics`
+//! exports them in the Prometheus text format and serves them over HTTP
+//! ([`Rdma::serve_metrics`]).
 
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod rdma;
 mod summary;
 
@@ -41,12 +52,13 @@ pub use summary::ShutdownSummary;
 
 pub use rdmareg_backend::RdmaBackend;
 pub use rdmareg_core::{
-    BackendGet, BackendRegion, Descriptor, DescriptorError, PageRange, PeerId, RdmaError,
+    BackendGet, BackendRegion, Descriptor, DescriptorError, ErrorKind, PageRange, PeerId, RdmaError,
 };
 pub use rdmareg_registry::{
-    ConfigError, PinnedBuf, PoolConfig, RdmaConfig, RdmaRegistry, RegionGuard, RegionView,
-    RegionWatch, RegisterOwnedError, RegistryStats, ShutdownReport, StillRunning, Survivors,
-    SweptRegistry, TeardownVerdict, TransferList, UnregisterOutcome, UnregisterOwnedError,
+    ConfigError, GET_LATENCY_BUCKETS, LatencyHistogram, PinnedBuf, PoolConfig, RdmaConfig,
+    RdmaRegistry, RegionGuard, RegionView, RegionWatch, RegisterOwnedError, RegistryMetrics,
+    RegistryStats, ShutdownReport, StillRunning, Survivors, SweptRegistry, TeardownVerdict,
+    TransferList, UnregisterOutcome, UnregisterOwnedError,
 };
 pub use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
 

@@ -102,6 +102,20 @@ impl Rdma {
         &self.engine
     }
 
+    /// Serve this side's registry metrics at `GET /metrics` on `addr` (port
+    /// 0 picks one: see [`MetricsServer::local_addr`](crate::metrics::MetricsServer::local_addr)).
+    /// The server stops when dropped.
+    ///
+    /// # Errors
+    /// The bind's I/O error.
+    #[cfg(feature = "metrics")]
+    pub async fn serve_metrics(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> std::io::Result<crate::metrics::MetricsServer> {
+        crate::metrics::MetricsServer::serve_registry(addr, &self.registry).await
+    }
+
     /// The ordered shutdown, in one call: the registry's sweep (bounded by
     /// [`RdmaConfig::shutdown_budget`](rdmareg_registry::RdmaConfig::shutdown_budget)),
     /// the engine's teardown, then the release of whatever the sweep could

@@ -41,6 +41,7 @@ const WINDOW_BYTES: u64 = 256 << 20;
 
 /// Run the benchmark.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let _metrics = crate::metrics::serve(args.metrics_addr).await?;
     if args.sizes.is_empty() || args.transport.is_empty() {
         bail!("nothing to measure: give at least one size and one transport");
     }

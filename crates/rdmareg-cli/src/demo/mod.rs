@@ -17,6 +17,7 @@ use crate::owner_process::{self, OwnerProcess};
 
 /// Run the demo as the arguments say.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let _metrics = crate::metrics::serve(args.metrics_addr).await?;
     if let Some(listen) = args.listen {
         return owner::run(&args, listen).await;
     }
