@@ -12,7 +12,7 @@
 //! new snapshot and reports the difference — nodes that vanished meanwhile as
 //! [`DirectoryEvent::NodeGone`] — then watches again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -240,7 +240,8 @@ impl Drop for DirectoryWatch {
 #[derive(Default)]
 struct State {
     nodes: BTreeMap<String, NodeRecord>,
-    names: BTreeMap<String, String>,
+    /// Name → revision of the entry last reported.
+    names: BTreeMap<String, i64>,
 }
 
 /// Snapshot, watch, and on failure resynchronise, until the receiver is gone.
@@ -282,33 +283,47 @@ async fn watch_once(
         .map_err(|e| format!("snapshot: {e}"))?;
     let revision = snapshot.header().map_or(0, |h| h.revision());
     let mut events = Vec::new();
-    let mut next = State::default();
+    // What the snapshot holds, decoded only (no freshness bookkeeping yet).
+    let mut present_nodes: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut present_names: BTreeSet<&str> = BTreeSet::new();
     for kv in snapshot.kvs() {
-        apply_put(directory, &mut next, kv, &mut Vec::new());
-    }
-    // Report the difference between what was believed and what is.
-    for (node, record) in &state.nodes {
-        if next
-            .nodes
-            .get(node)
-            .is_none_or(|r| r.incarnation != record.incarnation)
-        {
-            events.push(DirectoryEvent::NodeGone {
-                node: node.clone(),
-                incarnation: record.incarnation,
-            });
+        match directory.keys.classify(kv.key()) {
+            KeyKind::Node(node) => {
+                if let Ok(record) = NodeRecord::decode(node, kv.value()) {
+                    present_nodes.insert(node, record.incarnation);
+                }
+            }
+            KeyKind::Name(name) => {
+                present_names.insert(name);
+            }
+            KeyKind::Other => {}
         }
     }
-    for name in state.names.keys() {
-        if !next.names.contains_key(name) {
-            events.push(DirectoryEvent::Withdrawn { name: name.clone() });
-        }
+    // Report what vanished while the watch was away.
+    let vanished: Vec<(String, i64)> = state
+        .nodes
+        .iter()
+        .filter(|(node, record)| present_nodes.get(node.as_str()) != Some(&record.incarnation))
+        .map(|(node, record)| (node.clone(), record.incarnation))
+        .collect();
+    for (node, incarnation) in vanished {
+        state.nodes.remove(&node);
+        events.push(DirectoryEvent::NodeGone { node, incarnation });
     }
-    // Re-apply the snapshot against the old state so only changes are reported.
+    let withdrawn: Vec<String> = state
+        .names
+        .keys()
+        .filter(|name| !present_names.contains(name.as_str()))
+        .cloned()
+        .collect();
+    for name in withdrawn {
+        state.names.remove(&name);
+        events.push(DirectoryEvent::Withdrawn { name });
+    }
+    // Then what is new or changed (by revision) since.
     for kv in snapshot.kvs() {
         apply_put(directory, state, kv, &mut events);
     }
-    *state = next;
     if !first {
         events.push(DirectoryEvent::Resynced { revision });
     }
@@ -389,18 +404,13 @@ fn apply_put(
                     incarnation: record.incarnation,
                     generation: record.descriptor.generation(),
                 };
-                let known = directory
-                    .seen
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(name)
-                    .copied();
-                if known == Some(candidate) && state.names.contains_key(name) {
+                if state.names.get(name) == Some(&kv.mod_revision()) {
+                    // Already reported (a resync's snapshot).
                     return;
                 }
                 match check_fresh(&directory.seen, name, candidate) {
                     Ok(()) => {
-                        state.names.insert(name.to_string(), record.node.clone());
+                        state.names.insert(name.to_string(), kv.mod_revision());
                         events.push(DirectoryEvent::Published {
                             name: name.to_string(),
                             node: record.node,

@@ -365,6 +365,10 @@ async fn a_watch_reports_the_loss_and_the_resync_across_an_etcd_restart() {
         .unwrap();
     let directory = Directory::connect(&config(&etcd)).await.unwrap();
     let mut watch = directory.watch();
+    let mut status = owner.status();
+    let PublisherStatus::Live { lease: first_lease } = status.borrow().clone() else {
+        panic!("a started publisher is live");
+    };
     wait_for(&mut watch, Duration::from_secs(5), |e| {
         matches!(e, DirectoryEvent::Published { .. })
     })
@@ -379,6 +383,15 @@ async fn a_watch_reports_the_loss_and_the_resync_across_an_etcd_restart() {
         matches!(e, DirectoryEvent::Resynced { .. })
     })
     .await;
+    // The publisher reconnects on its own schedule (with a new lease);
+    // publish once it is live again.
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        status.wait_for(|s| matches!(s, PublisherStatus::Live { lease } if *lease != first_lease)),
+    )
+    .await
+    .expect("the publisher reconnects")
+    .unwrap();
     owner
         .publish("block-2", &descriptor(0x2000, 2))
         .await
