@@ -1,7 +1,11 @@
 //! Gives this crate's test binaries a run path to the UCX libraries that
-//! `ucx-sys` linked, so they run without `LD_LIBRARY_PATH`.
+//! `rdmareg-ucx-sys` linked, so they run without `LD_LIBRARY_PATH`.
 
 fn main() {
-    let libdir = std::env::var("DEP_UCP_LIBDIR").expect("ucx-sys publishes DEP_UCP_LIBDIR");
-    println!("cargo::rustc-link-arg=-Wl,-rpath,{libdir}");
+    let libdir = std::env::var("DEP_UCP_LIBDIR")
+        .expect("rdmareg-ucx-sys publishes DEP_UCP_LIBDIR to its direct dependents");
+    // Empty when nothing was linked (docs.rs, or a static vendored build).
+    if !libdir.is_empty() {
+        println!("cargo::rustc-link-arg=-Wl,-rpath,{libdir}");
+    }
 }

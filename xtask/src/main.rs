@@ -26,7 +26,7 @@ tasks:
                      --from-source: build 1.22.0 with our patches, verbs, rdmacm, cma
                      (cached outside the clone; what CI uses); --wheel: the quick,
                      unpatched libucx-cu12 wheel (no InfiniBand)
-  bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
+  bindgen [--check]  regenerate crates/rdmareg-ucx-sys/src/bindings.rs, or check it is current
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)

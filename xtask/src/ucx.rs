@@ -1,6 +1,6 @@
 //! `cargo xtask ucx`: make a UCX available and say which one it is.
 //!
-//! The search order is the one the `ucx-sys` build script uses, so what this
+//! The search order is the one the `rdmareg-ucx-sys` build script uses, so what this
 //! prints is what the workspace links:
 //!
 //! 1. `UCX_DIR`, when set. It is the user's explicit choice, so a broken or

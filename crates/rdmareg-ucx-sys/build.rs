@@ -12,6 +12,10 @@
 //!    before `target/ucx-prefix` existed.
 //! 4. pkg-config (`ucx`).
 //!
+//! When `DOCS_RS` is set (docs.rs builds documentation with no UCX present)
+//! nothing is searched and nothing is linked: the committed bindings need no
+//! headers, and every published path is empty.
+//!
 //! Metadata for dependents' build scripts (`DEP_UCP_<KEY>`): `ROOT`,
 //! `INCLUDE`, `LIBDIR`, `BINDIR`, `VERSION` (the headers' `major.minor`).
 //! The same paths reach this crate's code as `UCXSYS_*` compile-time
@@ -48,14 +52,30 @@ struct Install {
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-env-changed=UCX_DIR");
+    println!("cargo::rerun-if-env-changed=DOCS_RS");
+
+    if env::var_os("DOCS_RS").is_some() {
+        // docs.rs has no UCX. The committed bindings compile without one;
+        // nothing is linked (rustdoc links nothing) and every path is empty.
+        publish(&[
+            ("root", String::new()),
+            ("include", String::new()),
+            ("libdir", String::new()),
+            ("bindir", String::new()),
+            ("version", String::new()),
+        ]);
+        return;
+    }
 
     let ucx = match find() {
         Ok(ucx) => ucx,
-        Err(problem) => panic!("\n\nucx-sys cannot find a usable UCX: {problem}\n{FIX}\n\n"),
+        Err(problem) => {
+            panic!("\n\nrdmareg-ucx-sys cannot find a usable UCX: {problem}\n{FIX}\n\n")
+        }
     };
     if ucx.api < MINIMUM_API {
         panic!(
-            "\n\nucx-sys found UCX {}.{} at {}, older than the minimum {}.{}.\n{FIX}\n\n",
+            "\n\nrdmareg-ucx-sys found UCX {}.{} at {}, older than the minimum {}.{}.\n{FIX}\n\n",
             ucx.api.0,
             ucx.api.1,
             ucx.root.display(),
@@ -80,13 +100,19 @@ fn main() {
     );
 
     let version = format!("{}.{}", ucx.api.0, ucx.api.1);
-    for (key, value) in [
+    publish(&[
         ("root", ucx.root.display().to_string()),
         ("include", ucx.include.display().to_string()),
         ("libdir", ucx.libdir.display().to_string()),
         ("bindir", ucx.bindir.display().to_string()),
         ("version", version),
-    ] {
+    ]);
+}
+
+/// Tells dependents' build scripts (`DEP_UCP_<KEY>`) and this crate's code
+/// (`UCXSYS_<KEY>`) where the install is.
+fn publish(entries: &[(&str, String)]) {
+    for (key, value) in entries {
         println!("cargo::metadata={key}={value}");
         println!("cargo::rustc-env=UCXSYS_{}={value}", key.to_uppercase());
     }
@@ -128,7 +154,7 @@ fn find() -> Result<Install, String> {
     })
 }
 
-/// `crates/ucx-sys` → the workspace root two levels up.
+/// `crates/rdmareg-ucx-sys` → the workspace root two levels up.
 fn workspace_root() -> PathBuf {
     let manifest_dir =
         PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));

@@ -41,12 +41,12 @@
 //!
 //! ```no_run
 //! fn main() {
-//!     let libdir = std::env::var("DEP_UCP_LIBDIR").expect("ucx-sys publishes DEP_UCP_LIBDIR");
+//!     let libdir = std::env::var("DEP_UCP_LIBDIR").expect("rdmareg-ucx-sys publishes DEP_UCP_LIBDIR");
 //!     println!("cargo::rustc-link-arg=-Wl,-rpath,{libdir}");
 //! }
 //! ```
 //!
-//! (`ucx-sys` must be among that crate's `[dependencies]` for the variable to
+//! (`rdmareg-ucx-sys` must be among that crate's `[dependencies]` for the variable to
 //! be set.) The run path covers `libucp` and `libucs`; `libucp` finds
 //! `libuct`, `libucm` and the transport modules in `lib/ucx/` from its own
 //! location. Run-path lookups come after `LD_LIBRARY_PATH`, so a user can
