@@ -18,7 +18,7 @@
 use std::process::Command;
 
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{asan, bindgen, fuzz, netns, ucx};
+use crate::{asan, bindgen, fuzz, netns, package, ucx};
 
 /// What a step does.
 enum Action {
@@ -62,6 +62,10 @@ fn steps() -> Vec<Step> {
                     "warnings",
                 ])
             }),
+        },
+        Step {
+            name: "every publishable crate packs and verifies (cargo xtask package)",
+            action: Action::Task(|| package::run_task(&[])),
         },
         Step {
             name: "tests (cargo nextest run)",

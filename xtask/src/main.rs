@@ -8,6 +8,7 @@ mod bindgen;
 mod ci;
 mod fuzz;
 mod netns;
+mod package;
 mod run_cli;
 mod ucx;
 mod ucx_source;
@@ -27,6 +28,7 @@ tasks:
                      (cached outside the clone; what CI uses); --wheel: the quick,
                      unpatched libucx-cu12 wheel (no InfiniBand)
   bindgen [--check]  regenerate crates/rdmareg-ucx-sys/src/bindings.rs, or check it is current
+  package            cargo package every publishable crate, verified against the provisioned UCX
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
@@ -58,6 +60,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ucx" => ucx::run_task(rest),
         "bindgen" => bindgen::run_task(rest),
         "ci" => ci::run_task(rest),
+        "package" => package::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
         "asan" => asan::run_task(rest),
