@@ -67,6 +67,18 @@ fn main() {
         return;
     }
 
+    println!("cargo::rustc-check-cfg=cfg(ucx_vendored)");
+    println!("cargo::rerun-if-env-changed=RDMAREG_UCX_NO_VENDOR");
+    #[cfg(feature = "vendored")]
+    {
+        println!("cargo::rerun-if-env-changed=RDMAREG_UCX_CACHE");
+        if env::var_os("RDMAREG_UCX_NO_VENDOR").is_none_or(|value| value.is_empty() || value == "0")
+        {
+            vendored();
+            return;
+        }
+    }
+
     let ucx = match find() {
         Ok(ucx) => ucx,
         Err(problem) => {
@@ -92,6 +104,18 @@ fn main() {
     println!("cargo::rustc-link-search=native={}", ucx.libdir.display());
     println!("cargo::rustc-link-lib=dylib=ucp");
     println!("cargo::rustc-link-lib=dylib=ucs");
+    // The component listing (`ucx_sys::uct`) calls libuct directly.
+    println!("cargo::rustc-link-lib=dylib=uct");
+    // Linked-in libraries under OUT_DIR: `cargo run`, `cargo test` and
+    // cargo-nextest put link-search directories inside the target directory
+    // on the dynamic loader's path, so every dependent's binaries find UCX
+    // when cargo runs them, with no build script of their own.
+    match link_farm(&ucx.libdir) {
+        Ok(farm) => println!("cargo::rustc-link-search=native={}", farm.display()),
+        Err(e) => println!(
+            "cargo::warning=cannot link UCX's libraries into OUT_DIR ({e}); dependents' binaries need a run path to find them"
+        ),
+    }
     // This crate's tests find the libraries without LD_LIBRARY_PATH;
     // dependents add the same line from DEP_UCP_LIBDIR (see the crate docs).
     println!(
@@ -100,12 +124,82 @@ fn main() {
     );
 
     let version = format!("{}.{}", ucx.api.0, ucx.api.1);
+    println!("cargo::metadata=vendored=");
     publish(&[
         ("root", ucx.root.display().to_string()),
         ("include", ucx.include.display().to_string()),
         ("libdir", ucx.libdir.display().to_string()),
         ("bindir", ucx.bindir.display().to_string()),
         ("version", version),
+    ]);
+}
+
+/// `OUT_DIR/ucx-lib`, holding symbolic links to UCX's shared libraries in
+/// `libdir` (`libucp.so*`, `libucs.so*`, `libuct.so*`, `libucm.so*`) and to
+/// its module directory `ucx/`: libucs looks for transport modules in
+/// `ucx/` beside the path it was loaded from (and in the install's own
+/// module directory, which a relocated install such as the wheel lacks).
+fn link_farm(libdir: &Path) -> std::io::Result<PathBuf> {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let farm = out.join("ucx-lib");
+    if farm.exists() {
+        fs::remove_dir_all(&farm)?;
+    }
+    fs::create_dir_all(&farm)?;
+    for entry in fs::read_dir(libdir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let text = name.to_string_lossy();
+        let wanted = text == "ucx"
+            || ["libucp.so", "libucs.so", "libuct.so", "libucm.so"]
+                .iter()
+                .any(|stem| text.starts_with(stem));
+        if wanted {
+            let real = fs::canonicalize(entry.path())?;
+            std::os::unix::fs::symlink(real, farm.join(&name))?;
+        }
+    }
+    Ok(farm)
+}
+
+/// The `vendored` feature: build (or reuse the cached) static UCX from
+/// `rdmareg-ucx-src` and link it in, with rdma-core's libraries dynamic.
+#[cfg(feature = "vendored")]
+fn vendored() {
+    let build = match rdmareg_ucx_src::static_build() {
+        Ok(build) => build,
+        Err(e) => panic!("\n\nrdmareg-ucx-sys cannot build the vendored UCX: {e}\n\n"),
+    };
+    let header = build.include_dir.join("ucp/api/ucp_version.h");
+    let api = fs::read_to_string(&header)
+        .ok()
+        .and_then(|text| api_version(&text))
+        .unwrap_or_else(|| panic!("{} has no UCP_API_MAJOR/MINOR", header.display()));
+    println!(
+        "cargo::rustc-link-search=native={}",
+        build.lib_dir.display()
+    );
+    println!(
+        "cargo::rustc-link-search=native={}",
+        build.module_dir.display()
+    );
+    for archive in build.archives() {
+        println!("cargo::rustc-link-lib=static={archive}");
+    }
+    for library in build.system_libraries() {
+        println!("cargo::rustc-link-lib=dylib={library}");
+    }
+    // This crate's code references each component's constructor.
+    println!("cargo::rustc-cfg=ucx_vendored");
+    println!("cargo::metadata=vendored=1");
+    publish(&[
+        ("root", build.prefix.display().to_string()),
+        ("include", build.include_dir.display().to_string()),
+        // Nothing to find at run time: no run path wanted.
+        ("libdir", String::new()),
+        // A static-only build makes no tools.
+        ("bindir", String::new()),
+        ("version", format!("{}.{}", api.0, api.1)),
     ]);
 }
 

@@ -13,6 +13,7 @@ mod run_cli;
 mod ucx;
 mod ucx_source;
 mod util;
+mod vendored;
 
 use std::process::ExitCode;
 
@@ -29,6 +30,8 @@ tasks:
                      unpatched libucx-cu12 wheel (no InfiniBand)
   bindgen [--check]  regenerate crates/rdmareg-ucx-sys/src/bindings.rs, or check it is current
   package            cargo package every publishable crate, verified against the provisioned UCX
+  vendored           build UCX statically from crates/rdmareg-ucx-src (feature `vendored`:
+                     verbs, mlx5, rdmacm, cma) and run the UCX suites over it
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
@@ -61,6 +64,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "bindgen" => bindgen::run_task(rest),
         "ci" => ci::run_task(rest),
         "package" => package::run_task(rest),
+        "vendored" => vendored::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
         "asan" => asan::run_task(rest),

@@ -16,7 +16,7 @@
 //! Two ways to provision, whatever is found:
 //!
 //! - `--from-source`: UCX 1.22.0 built from the release tarball with the
-//!   patches under `xtask/patches/`, verbs, rdmacm and cma, into a cache
+//!   patches in `crates/rdmareg-ucx-src/patches/`, verbs, rdmacm and cma, into a cache
 //!   outside the clone. Several minutes the first time, then reused.
 //! - `--wheel`: the upstream-built `libucx-cu12` wheel, fetched with pip and
 //!   unpacked into `target/ucx-1.22.0/`. Seconds, but unpatched and without

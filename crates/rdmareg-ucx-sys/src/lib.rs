@@ -57,6 +57,40 @@
 
 pub mod install;
 pub mod status_ptr;
+#[allow(non_camel_case_types)]
+pub mod uct;
+
+/// Whether UCX is linked in statically from the `vendored` feature's build.
+pub const VENDORED: bool = cfg!(ucx_vendored);
+
+/// With the static UCX of the `vendored` feature, references to the ELF
+/// constructors that register UCX's components. The linker takes a member
+/// of an archive only when something references a symbol in it; without
+/// these, `ucp_init` would find no configuration tables and no transports.
+/// `#[used]` keeps the references through dead-code elimination.
+#[cfg(ucx_vendored)]
+mod constructors {
+    unsafe extern "C" {
+        fn ucs_init();
+        fn uct_init();
+        fn ucp_global_init();
+        fn uct_ib_init();
+        fn uct_mlx5_init();
+        fn uct_rdmacm_init();
+        fn uct_cma_init();
+    }
+
+    #[used]
+    static CONSTRUCTORS: [unsafe extern "C" fn(); 7] = [
+        ucs_init,
+        uct_init,
+        ucp_global_init,
+        uct_ib_init,
+        uct_mlx5_init,
+        uct_rdmacm_init,
+        uct_cma_init,
+    ];
+}
 
 /// The generated declarations; see the crate docs for their conventions.
 #[allow(
