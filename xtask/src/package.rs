@@ -9,8 +9,61 @@
 //! `rdmareg-cli` (`publish = false`) is packed and verified all the same, so
 //! the binary is known to build from the packed libraries.
 
+use std::fs;
+use std::path::PathBuf;
+
 use crate::ucx;
 use crate::util::{Result, bail, cargo, run};
+
+/// The crates `cargo package` packs, by name.
+const PACKED: &[&str] = &[
+    "rdmareg-core",
+    "rdmareg-backend",
+    "rdmareg-registry",
+    "rdmareg-ucx-src",
+    "rdmareg-ucx-sys",
+    "rdmareg-ucx",
+    "rdmareg-cli",
+];
+
+/// Removes what earlier runs unpacked from cargo's temporary registry.
+///
+/// Verification unpacks each packed dependency under
+/// `$CARGO_HOME/registry/src/<id of target/package/tmp-registry>/` and
+/// reuses a directory already there for the same name and version, so a
+/// second run from the same checkout path would verify against the first
+/// run's sources (seen: a dependent failing on an item added since).
+fn clear_unpacked() -> Result<()> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
+    let Some(sources) = home.map(|home| home.join("registry/src")) else {
+        return Ok(());
+    };
+    let Ok(registries) = fs::read_dir(&sources) else {
+        return Ok(());
+    };
+    for registry in registries.flatten() {
+        let Ok(entries) = fs::read_dir(registry.path()) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ours = PACKED
+                .iter()
+                .any(|crate_name| name == format!("{crate_name}-{}", env!("CARGO_PKG_VERSION")));
+            if ours {
+                fs::remove_dir_all(entry.path()).map_err(|e| {
+                    crate::util::Error::msg(format!(
+                        "cannot remove {}: {e}",
+                        entry.path().display()
+                    ))
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
 
 /// The `cargo package` arguments: the workspace less what is never packed.
 pub const ARGS: &[&str] = &[
@@ -27,6 +80,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
     if let Some(extra) = args.first() {
         bail!("`cargo xtask package` takes no arguments (got `{extra}`)");
     }
+    clear_unpacked()?;
     let mut cmd = cargo(ARGS.iter().copied());
     if std::env::var_os("UCX_DIR").is_none() {
         let linked = ucx::ensure()?;
