@@ -23,7 +23,7 @@
 use std::process::Command;
 
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{asan, bindgen, fuzz, netns, package, ucx, vendored};
+use crate::{asan, bindgen, example, fuzz, netns, package, ucx, vendored};
 
 /// What a step does.
 enum Action {
@@ -87,6 +87,10 @@ fn steps() -> Vec<Step> {
         Step {
             name: "static UCX from rdmareg-ucx-src: ib, rdmacm, cma linked in; UCX suites over it (cargo xtask vendored)",
             action: Action::Task(|| vendored::run_task(&[])),
+        },
+        Step {
+            name: "downstream example: block service on the published crate names (cargo xtask example)",
+            action: Action::Task(|| example::run_task(&[])),
         },
         Step {
             name: "two hosts: demo, link cut, stopped owner, killed consumer (cargo xtask netns)",

@@ -6,6 +6,7 @@
 mod asan;
 mod bindgen;
 mod ci;
+mod example;
 mod fuzz;
 mod netns;
 mod package;
@@ -32,6 +33,7 @@ tasks:
   package            cargo package every publishable crate, verified against the provisioned UCX
   vendored           build UCX statically from crates/rdmareg-ucx-src (feature `vendored`:
                      verbs, mlx5, rdmacm, cma) and run the UCX suites over it
+  example            build and run examples/block-service (a downstream project on the published crates)
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
@@ -64,6 +66,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "bindgen" => bindgen::run_task(rest),
         "ci" => ci::run_task(rest),
         "package" => package::run_task(rest),
+        "example" => example::run_task(rest),
         "vendored" => vendored::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
