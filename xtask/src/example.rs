@@ -19,8 +19,10 @@ pub fn run_task(args: &[String]) -> Result<()> {
     let manifest = workspace_root().join("examples/block-service/Cargo.toml");
     let mut cmd = cargo(["run", "--locked", "--manifest-path"]);
     cmd.arg(&manifest)
-        // Its own workspace; a target directory apart from the main one's.
-        .env("CARGO_TARGET_DIR", target_dir().join("example"))
+        // Its own workspace, but the main target directory: the rdmareg
+        // crates and the dependencies resolved alike are reused from the
+        // workspace's build (a fresh CI clone otherwise compiles them again).
+        .env("CARGO_TARGET_DIR", target_dir())
         // UCX warns about every UCX_* variable it does not know, UCX_DIR
         // included, which the binary inherits from this command.
         .env("UCX_WARN_UNUSED_ENV_VARS", "n");
