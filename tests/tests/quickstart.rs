@@ -1,44 +1,31 @@
 //! The README's quickstart, compiled and run by CI. `readme_shows_this_quickstart`
-//! keeps the README's copy identical to the body below.
+//! keeps the README's copy identical to the body below, `use` lines included.
 
 use std::time::Duration;
 
-use rdmareg_core::{Descriptor, PeerId};
-use rdmareg_registry::{RdmaConfig, RdmaRegistry};
-use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
-use tokio::runtime::Handle;
+use rdmareg::{Config, Descriptor, PeerId, Rdma, Transport};
 
 type Error = Box<dyn std::error::Error>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart() -> Result<(), Error> {
     // QUICKSTART BEGIN
-    let ucx = UcxConfig::default()
+    let config = Config::new()
         .with_transport(Transport::SameHost)
         .with_net_devices("lo");
 
     // Owner: register memory and describe it.
-    let owner_engine = UcxEngine::start(ucx.clone())?;
-    let owner = RdmaRegistry::new(
-        owner_engine.backend(),
-        RdmaConfig::default(),
-        Handle::current(),
-    )?;
+    let owner = Rdma::start(config.clone())?;
     let payload = b"hello, remote memory".to_vec().into_boxed_slice();
-    let region = owner.register_owned(payload).await.map_err(|e| e.error)?;
+    let region = owner.register_owned(payload).await?;
     // Send these two to the consumer (over your own control channel).
-    let address = owner_engine.worker_address();
+    let address = owner.worker_address();
     let wire = region.descriptor()?.encode();
 
     // Consumer: learn the owner's address, GET into a pinned buffer.
-    let consumer_engine = UcxEngine::start(ucx)?;
-    let consumer = RdmaRegistry::new(
-        consumer_engine.backend(),
-        RdmaConfig::default(),
-        Handle::current(),
-    )?;
+    let consumer = Rdma::start(config)?;
     let owner_peer = PeerId(1);
-    consumer_engine.add_peer(owner_peer, address)?;
+    consumer.add_peer(owner_peer, address)?;
     let descriptor = Descriptor::decode(&wire)?;
     let mut buffer = consumer.alloc_pinned(descriptor.len() as usize).await?;
     consumer.get(owner_peer, &descriptor, &mut buffer).await?;
@@ -46,19 +33,14 @@ async fn quickstart() -> Result<(), Error> {
     drop(buffer);
 
     // Release: the owner gets its buffer back once the unmap is confirmed.
-    let (payload, _drained) = region
-        .unregister_owned(Duration::from_secs(5))
-        .await
-        .map_err(|e| e.error)?;
+    let (payload, _drained) = region.unregister_owned(Duration::from_secs(5)).await?;
     assert_eq!(&payload[..5], b"hello");
 
-    // Shut down in order: registry sweep, engine teardown, then release
-    // whatever survived on the backend's word that nothing is registered.
-    for (registry, engine) in [(consumer, consumer_engine), (owner, owner_engine)] {
-        let swept = registry.shutdown(Duration::from_secs(5)).await;
-        engine.shutdown().await;
-        swept.finish_after_backend_teardown();
-        assert_eq!(engine.live_registrations(), 0);
+    // Shut down: registry sweep, engine teardown and the release of
+    // survivors, in order, in one call that reports what it did.
+    for side in [consumer, owner] {
+        let summary = side.shutdown().await;
+        assert!(summary.is_clean(), "{summary:?}");
     }
     // QUICKSTART END
     Ok(())
@@ -79,6 +61,16 @@ fn readme_shows_this_quickstart() {
         shown.contains(&expected),
         "README.md's quickstart differs from tests/tests/quickstart.rs; copy the body over"
     );
+    for import in source
+        .lines()
+        .take_while(|line| !line.starts_with("type Error"))
+        .filter(|line| line.starts_with("use "))
+    {
+        assert!(
+            shown.lines().any(|line| line == import),
+            "README.md's quickstart lacks `{import}`"
+        );
+    }
 }
 
 fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {

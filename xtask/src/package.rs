@@ -23,6 +23,7 @@ const PACKED: &[&str] = &[
     "rdmareg-ucx-src",
     "rdmareg-ucx-sys",
     "rdmareg-ucx",
+    "rdmareg",
     "rdmareg-cli",
 ];
 

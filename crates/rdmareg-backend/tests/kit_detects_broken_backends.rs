@@ -95,7 +95,14 @@ impl RdmaBackend for Flawed {
                     deadline: None,
                     ..request
                 };
-                tokio::spawn(async move { inner.get(transfer).await });
+                // The copy starts a little after the answer, as a transfer
+                // still streaming would land: without the pause the spawned
+                // copy could finish before the check rewrites the
+                // destination, and the flaw would go unseen by chance.
+                tokio::spawn(async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    inner.get(transfer).await
+                });
                 return Err(RdmaError::Timeout);
             }
             let answer = self.inner.get(request).await;

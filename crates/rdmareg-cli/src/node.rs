@@ -57,7 +57,7 @@ impl Node {
         let engine = UcxEngine::start(config).context("starting the UCX engine")?;
         let registry = RdmaRegistry::new(
             engine.backend() as Arc<dyn rdmareg_backend::RdmaBackend>,
-            registry_config,
+            registry_config.with_get_deadline(bounds.get_deadline),
             tokio::runtime::Handle::current(),
         )
         .context("creating the registry")?;
@@ -77,7 +77,9 @@ impl Node {
         let report = swept.report().clone();
         self.engine.shutdown().await;
         let verdict = swept.finish_after_backend_teardown();
-        let live_registrations = self.engine.live_registrations();
+        // The engine always reports its count; a missing one reads as
+        // "not zero", never as clean.
+        let live_registrations = self.engine.live_registrations().unwrap_or(usize::MAX);
         let clean = report.drained
             && live_registrations == 0
             && matches!(verdict, TeardownVerdict::Released { .. });

@@ -46,6 +46,12 @@ fn assert_clean_demo(output: &Output, transport: &str, ranges: u32) {
         "{stdout}"
     );
     assert!(stdout.contains("GET latency p99"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("as lists") && l.contains(" bytes in ")),
+        "every range was also moved as a transfer list: {stdout}"
+    );
 }
 
 #[test]

@@ -91,11 +91,30 @@ pub enum DescriptorError {
     /// Bytes remain after the descriptor where exactly one was expected.
     #[error("{0} trailing bytes after descriptor")]
     TrailingBytes(usize),
+    /// [`Descriptor::slice`] was asked for an empty range, or one that
+    /// leaves the descriptor it cuts from.
+    #[error(
+        "slice [{offset}, {offset} + {len}) is empty or leaves the {parent_len}-byte descriptor it is cut from"
+    )]
+    SliceOutOfRange {
+        /// Requested offset into the parent.
+        offset: u64,
+        /// Requested length.
+        len: u64,
+        /// Length of the parent descriptor.
+        parent_len: u64,
+    },
 }
 
+/// A slice outside its parent is [`RdmaError::OutOfRange`], as every other
+/// range that leaves what it names; every other descriptor error is
+/// [`RdmaError::InvalidDescriptor`].
 impl From<DescriptorError> for RdmaError {
     fn from(e: DescriptorError) -> Self {
-        RdmaError::InvalidDescriptor(e)
+        match e {
+            DescriptorError::SliceOutOfRange { .. } => RdmaError::OutOfRange,
+            other => RdmaError::InvalidDescriptor(other),
+        }
     }
 }
 
@@ -149,12 +168,22 @@ impl Descriptor {
     }
 
     /// A descriptor for `[offset, offset + len)` of this one, with the same key
-    /// and generation. Refuses (with [`RdmaError::OutOfRange`]) an empty range
-    /// or one that leaves the parent.
-    pub fn slice(&self, offset: u64, len: u64) -> Result<Descriptor, RdmaError> {
-        let end = offset.checked_add(len).ok_or(RdmaError::OutOfRange)?;
+    /// and generation.
+    ///
+    /// # Errors
+    /// [`DescriptorError::SliceOutOfRange`] for an empty range or one that
+    /// leaves the parent (the same error type as [`new`](Self::new) and
+    /// [`decode`](Self::decode); `?` turns it into
+    /// [`RdmaError::OutOfRange`]).
+    pub fn slice(&self, offset: u64, len: u64) -> Result<Descriptor, DescriptorError> {
+        let refused = DescriptorError::SliceOutOfRange {
+            offset,
+            len,
+            parent_len: self.len,
+        };
+        let end = offset.checked_add(len).ok_or(refused)?;
         if len == 0 || end > self.len {
-            return Err(RdmaError::OutOfRange);
+            return Err(refused);
         }
         Ok(Descriptor {
             backend_key: self.backend_key.clone(),
@@ -440,12 +469,28 @@ mod tests {
     }
 
     #[test]
-    fn slice_outside_the_parent_is_out_of_range() {
+    fn slice_outside_the_parent_is_a_descriptor_error_that_converts_to_out_of_range() {
         let d = sample();
-        assert_eq!(d.slice(0, 0), Err(RdmaError::OutOfRange));
-        assert_eq!(d.slice(d.len(), 1), Err(RdmaError::OutOfRange));
-        assert_eq!(d.slice(1, d.len()), Err(RdmaError::OutOfRange));
-        assert_eq!(d.slice(u64::MAX, 2), Err(RdmaError::OutOfRange));
+        for (offset, len) in [(0, 0), (d.len(), 1), (1, d.len()), (u64::MAX, 2)] {
+            let refused = d.slice(offset, len);
+            assert_eq!(
+                refused,
+                Err(DescriptorError::SliceOutOfRange {
+                    offset,
+                    len,
+                    parent_len: d.len()
+                })
+            );
+            assert_eq!(refused.map_err(RdmaError::from), Err(RdmaError::OutOfRange));
+        }
+    }
+
+    #[test]
+    fn other_descriptor_errors_convert_to_invalid_descriptor() {
+        assert_eq!(
+            RdmaError::from(DescriptorError::BadMagic),
+            RdmaError::InvalidDescriptor(DescriptorError::BadMagic)
+        );
     }
 
     fn arb_descriptor() -> impl Strategy<Value = Descriptor> {

@@ -91,9 +91,120 @@ pub enum RdmaError {
         "pool buffer not described: it has no registration of its own yet; call PinnedBuf::describe() first"
     )]
     NotDescribed,
+
+    /// The destination buffer was allocated by another registry. Its
+    /// memory is registered with that registry's backend; this registry's
+    /// backend would take its registration id for one of its own, a
+    /// different buffer. Read into it through the registry that allocated
+    /// it.
+    #[error(
+        "destination buffer belongs to another registry: read into it through the registry that allocated it"
+    )]
+    ForeignBuffer,
+}
+
+/// The variant of an [`RdmaError`] without its data: a label for counting
+/// errors by kind (metrics, logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// [`RdmaError::ShuttingDown`].
+    ShuttingDown,
+    /// [`RdmaError::BudgetExceeded`].
+    BudgetExceeded,
+    /// [`RdmaError::RegionNotFound`].
+    RegionNotFound,
+    /// [`RdmaError::OutOfRange`].
+    OutOfRange,
+    /// [`RdmaError::InvalidKey`].
+    InvalidKey,
+    /// [`RdmaError::InvalidWorkerAddress`].
+    InvalidWorkerAddress,
+    /// [`RdmaError::Backend`].
+    Backend,
+    /// [`RdmaError::NotConfigured`].
+    NotConfigured,
+    /// [`RdmaError::NotOwned`].
+    NotOwned,
+    /// [`RdmaError::InvalidDescriptor`].
+    InvalidDescriptor,
+    /// [`RdmaError::Timeout`].
+    Timeout,
+    /// [`RdmaError::NotDescribed`].
+    NotDescribed,
+    /// [`RdmaError::ForeignBuffer`].
+    ForeignBuffer,
+}
+
+impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 13] = [
+        ErrorKind::ShuttingDown,
+        ErrorKind::BudgetExceeded,
+        ErrorKind::RegionNotFound,
+        ErrorKind::OutOfRange,
+        ErrorKind::InvalidKey,
+        ErrorKind::InvalidWorkerAddress,
+        ErrorKind::Backend,
+        ErrorKind::NotConfigured,
+        ErrorKind::NotOwned,
+        ErrorKind::InvalidDescriptor,
+        ErrorKind::Timeout,
+        ErrorKind::NotDescribed,
+        ErrorKind::ForeignBuffer,
+    ];
+
+    /// A stable snake-case name, fit for a metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::BudgetExceeded => "budget_exceeded",
+            ErrorKind::RegionNotFound => "region_not_found",
+            ErrorKind::OutOfRange => "out_of_range",
+            ErrorKind::InvalidKey => "invalid_key",
+            ErrorKind::InvalidWorkerAddress => "invalid_worker_address",
+            ErrorKind::Backend => "backend",
+            ErrorKind::NotConfigured => "not_configured",
+            ErrorKind::NotOwned => "not_owned",
+            ErrorKind::InvalidDescriptor => "invalid_descriptor",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::NotDescribed => "not_described",
+            ErrorKind::ForeignBuffer => "foreign_buffer",
+        }
+    }
+
+    /// Position in [`ALL`](Self::ALL).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl RdmaError {
+    /// The variant, without its data.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            RdmaError::ShuttingDown => ErrorKind::ShuttingDown,
+            RdmaError::BudgetExceeded { .. } => ErrorKind::BudgetExceeded,
+            RdmaError::RegionNotFound => ErrorKind::RegionNotFound,
+            RdmaError::OutOfRange => ErrorKind::OutOfRange,
+            RdmaError::InvalidKey => ErrorKind::InvalidKey,
+            RdmaError::InvalidWorkerAddress(_) => ErrorKind::InvalidWorkerAddress,
+            RdmaError::Backend(_) => ErrorKind::Backend,
+            RdmaError::NotConfigured => ErrorKind::NotConfigured,
+            RdmaError::NotOwned => ErrorKind::NotOwned,
+            RdmaError::InvalidDescriptor(_) => ErrorKind::InvalidDescriptor,
+            RdmaError::Timeout => ErrorKind::Timeout,
+            RdmaError::NotDescribed => ErrorKind::NotDescribed,
+            RdmaError::ForeignBuffer => ErrorKind::ForeignBuffer,
+        }
+    }
+
     /// Whether retrying the same operation later could succeed.
     ///
     /// `Backend`, `Timeout` and `BudgetExceeded` may clear; the others are
@@ -127,6 +238,28 @@ mod tests {
     fn backend_message_keeps_the_backend_text() {
         let e = RdmaError::Backend("ucx: UCS_ERR_NO_MEMORY".into());
         assert!(e.to_string().contains("UCS_ERR_NO_MEMORY"));
+    }
+
+    #[test]
+    fn every_kind_sits_at_its_index_with_a_distinct_name() {
+        for (i, kind) in ErrorKind::ALL.iter().enumerate() {
+            assert_eq!(kind.index(), i);
+        }
+        let mut names: Vec<_> = ErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ErrorKind::ALL.len());
+        assert_eq!(RdmaError::Timeout.kind(), ErrorKind::Timeout);
+        assert_eq!(RdmaError::Backend("x".into()).kind().as_str(), "backend");
+        assert_eq!(
+            RdmaError::BudgetExceeded {
+                requested: 1,
+                registered: 2,
+                budget: 3
+            }
+            .kind(),
+            ErrorKind::BudgetExceeded
+        );
     }
 
     #[test]

@@ -14,6 +14,6 @@ pub mod page;
 pub mod region;
 
 pub use descriptor::{Descriptor, DescriptorError, MAX_BACKEND_KEY_LEN, MAX_PACKED_KEY_LEN};
-pub use error::RdmaError;
+pub use error::{ErrorKind, RdmaError};
 pub use page::{PageRange, page_enclosing_len, page_enclosing_range, round_up};
 pub use region::{BackendGet, BackendRegion, PeerId};

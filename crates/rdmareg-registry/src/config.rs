@@ -44,9 +44,15 @@ pub struct RdmaConfig {
     /// reclaiming an empty arena) waits for readers to drain, and then for
     /// the backend's unmap to answer. Default: 30 s.
     pub background_deregistration_budget: Duration,
-    /// Deadline attached to every GET. `None` (the default) leaves it to the
-    /// backend's own default.
-    pub get_deadline: Option<Duration>,
+    /// Deadline attached to every GET the registry issues: the one place a
+    /// GET deadline is set. Default: 30 s. Must be positive
+    /// ([`ConfigError::ZeroGetDeadline`]).
+    ///
+    /// The registry passes it with each request, so a backend's own default
+    /// (such as `UcxConfig::default_get_deadline`) never applies to the
+    /// registry's GETs; the `rdmareg` facade also hands it to the engine it
+    /// starts, for GETs issued on the backend directly.
+    pub get_deadline: Duration,
     /// How long a GET that is the only one in flight polls for its
     /// completion, on its first poll, before it returns to the runtime.
     /// Default: 20 µs; `Duration::ZERO` turns it off.
@@ -73,7 +79,7 @@ impl Default for RdmaConfig {
             page_size: 4096,
             shutdown_budget: Duration::from_secs(30),
             background_deregistration_budget: Duration::from_secs(30),
-            get_deadline: None,
+            get_deadline: Duration::from_secs(30),
             get_busy_poll: Duration::from_micros(20),
             pool: PoolConfig::default(),
         }
@@ -123,6 +129,38 @@ impl Default for PoolConfig {
     }
 }
 
+impl PoolConfig {
+    /// Set [`first_arena_bytes`](Self::first_arena_bytes).
+    pub fn with_first_arena_bytes(mut self, bytes: u64) -> Self {
+        self.first_arena_bytes = bytes;
+        self
+    }
+
+    /// Set [`max_arena_bytes`](Self::max_arena_bytes).
+    pub fn with_max_arena_bytes(mut self, bytes: u64) -> Self {
+        self.max_arena_bytes = bytes;
+        self
+    }
+
+    /// Set [`dedicated_threshold_bytes`](Self::dedicated_threshold_bytes).
+    pub fn with_dedicated_threshold_bytes(mut self, bytes: u64) -> Self {
+        self.dedicated_threshold_bytes = bytes;
+        self
+    }
+
+    /// Set [`reclaim_empty_arenas`](Self::reclaim_empty_arenas).
+    pub fn with_reclaim_empty_arenas(mut self, reclaim: bool) -> Self {
+        self.reclaim_empty_arenas = reclaim;
+        self
+    }
+
+    /// Set [`retention_floor_bytes`](Self::retention_floor_bytes).
+    pub fn with_retention_floor_bytes(mut self, bytes: u64) -> Self {
+        self.retention_floor_bytes = bytes;
+        self
+    }
+}
+
 /// Why a configuration was refused.
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -150,11 +188,60 @@ pub enum ConfigError {
         /// The configured maximum arena size.
         max_arena: u64,
     },
+    /// The GET deadline is zero: every GET would time out before it was
+    /// posted.
+    #[error("the GET deadline must be positive")]
+    ZeroGetDeadline,
 }
 
 impl RdmaConfig {
+    /// Set [`budget_bytes`](Self::budget_bytes).
+    pub fn with_budget_bytes(mut self, bytes: u64) -> Self {
+        self.budget_bytes = bytes;
+        self
+    }
+
+    /// Set [`page_size`](Self::page_size).
+    pub fn with_page_size(mut self, bytes: u64) -> Self {
+        self.page_size = bytes;
+        self
+    }
+
+    /// Set [`shutdown_budget`](Self::shutdown_budget).
+    pub fn with_shutdown_budget(mut self, budget: Duration) -> Self {
+        self.shutdown_budget = budget;
+        self
+    }
+
+    /// Set [`background_deregistration_budget`](Self::background_deregistration_budget).
+    pub fn with_background_deregistration_budget(mut self, budget: Duration) -> Self {
+        self.background_deregistration_budget = budget;
+        self
+    }
+
+    /// Set [`get_deadline`](Self::get_deadline).
+    pub fn with_get_deadline(mut self, deadline: Duration) -> Self {
+        self.get_deadline = deadline;
+        self
+    }
+
+    /// Set [`get_busy_poll`](Self::get_busy_poll).
+    pub fn with_get_busy_poll(mut self, window: Duration) -> Self {
+        self.get_busy_poll = window;
+        self
+    }
+
+    /// Replace the [`pool`](Self::pool) configuration.
+    pub fn with_pool(mut self, pool: PoolConfig) -> Self {
+        self.pool = pool;
+        self
+    }
+
     /// Check that the pool can honour this configuration.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.get_deadline.is_zero() {
+            return Err(ConfigError::ZeroGetDeadline);
+        }
         if !self.page_size.is_power_of_two() || !(4096..=GIB).contains(&self.page_size) {
             return Err(ConfigError::InvalidPageSize(self.page_size));
         }
@@ -194,7 +281,45 @@ mod tests {
         assert_eq!(c.pool.dedicated_threshold_bytes, 64 * MIB);
         assert!(!c.pool.reclaim_empty_arenas);
         assert_eq!(c.pool.retention_floor_bytes, 64 * MIB);
+        assert_eq!(c.get_deadline, Duration::from_secs(30));
         assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn builders_set_every_field_they_name() {
+        let pool = PoolConfig::default()
+            .with_first_arena_bytes(8 * MIB)
+            .with_max_arena_bytes(256 * MIB)
+            .with_dedicated_threshold_bytes(16 * MIB)
+            .with_reclaim_empty_arenas(true)
+            .with_retention_floor_bytes(32 * MIB);
+        let c = RdmaConfig::default()
+            .with_budget_bytes(3 * GIB)
+            .with_page_size(8192)
+            .with_shutdown_budget(Duration::from_secs(7))
+            .with_background_deregistration_budget(Duration::from_secs(9))
+            .with_get_deadline(Duration::from_millis(1500))
+            .with_get_busy_poll(Duration::ZERO)
+            .with_pool(pool.clone());
+        assert_eq!(c.budget_bytes, 3 * GIB);
+        assert_eq!(c.page_size, 8192);
+        assert_eq!(c.shutdown_budget, Duration::from_secs(7));
+        assert_eq!(c.background_deregistration_budget, Duration::from_secs(9));
+        assert_eq!(c.get_deadline, Duration::from_millis(1500));
+        assert_eq!(c.get_busy_poll, Duration::ZERO);
+        assert_eq!(c.pool, pool);
+        assert_eq!(c.pool.first_arena_bytes, 8 * MIB);
+        assert_eq!(c.pool.max_arena_bytes, 256 * MIB);
+        assert_eq!(c.pool.dedicated_threshold_bytes, 16 * MIB);
+        assert!(c.pool.reclaim_empty_arenas);
+        assert_eq!(c.pool.retention_floor_bytes, 32 * MIB);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_zero_get_deadline_is_refused_with_a_typed_error() {
+        let c = RdmaConfig::default().with_get_deadline(Duration::ZERO);
+        assert_eq!(c.validate(), Err(ConfigError::ZeroGetDeadline));
     }
 
     #[test]

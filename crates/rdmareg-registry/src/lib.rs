@@ -8,6 +8,8 @@
 //!   latch, reading under a lease).
 //! - [`PinnedBuf`] — a buffer from the pinned pool, the destination of GETs.
 //! - [`RdmaConfig`] / [`PoolConfig`] — budget, pool shape, time budgets.
+//! - [`RegistryStats`] / [`RegistryMetrics`] — what the registry holds now,
+//!   and cumulative counters with a GET-latency histogram.
 //! - [`SweptRegistry`] — what [`RdmaRegistry::shutdown`] returns; the only
 //!   way to release what the sweep could not.
 //!
@@ -45,6 +47,7 @@ mod config;
 mod gate;
 mod latch;
 mod mapping;
+mod metrics;
 mod pool;
 mod region;
 mod registry;
@@ -54,6 +57,7 @@ mod transfer;
 mod transfer_list;
 
 pub use config::{ConfigError, GRANULE, PoolConfig, RdmaConfig};
+pub use metrics::{GET_LATENCY_BUCKETS, LatencyHistogram, RegistryMetrics};
 pub use pool::PinnedBuf;
 pub use region::{
     RegionGuard, RegionView, RegionWatch, StillRunning, UnregisterOutcome, UnregisterOwnedError,
@@ -63,4 +67,4 @@ pub use shutdown::{ShutdownReport, Survivors, SweptRegistry, TeardownVerdict};
 pub use stats::RegistryStats;
 pub use transfer_list::TransferList;
 
-pub use rdmareg_core::{Descriptor, DescriptorError, PageRange, PeerId, RdmaError};
+pub use rdmareg_core::{Descriptor, DescriptorError, ErrorKind, PageRange, PeerId, RdmaError};

@@ -103,11 +103,22 @@ pub enum TeardownVerdict {
 }
 
 /// Proof that the sweep ran; the only way to release survivors.
+///
+/// # Dropping it unfinished
+/// Dropped before [`finish_after_backend_teardown`](Self::finish_after_backend_teardown)
+/// released the survivors, it does what that call would do if the backend
+/// reports `Some(0)` (nothing can still be pinned, so releasing is safe). If
+/// the backend still holds registrations, or cannot report, it leaves them
+/// open and logs a warning: the way back is to call
+/// [`RdmaRegistry::shutdown`](crate::RdmaRegistry::shutdown) again, whose new
+/// `SweptRegistry` can finish once the backend is torn down.
 #[derive(Debug)]
 #[must_use = "tear the backend down, then call finish_after_backend_teardown to release what the sweep could not"]
 pub struct SweptRegistry {
     inner: Arc<Inner>,
     report: ShutdownReport,
+    /// Set once a finish released every survivor.
+    finished: std::sync::atomic::AtomicBool,
 }
 
 impl SweptRegistry {
@@ -177,10 +188,40 @@ impl SweptRegistry {
             }
         }
         inner.pool.pooled.write().clear();
+        self.finished
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         TeardownVerdict::Released {
             regions: regions.len(),
             arenas: arenas.len(),
             backend_live,
+        }
+    }
+}
+
+impl Drop for SweptRegistry {
+    fn drop(&mut self) {
+        if self.finished.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let survivors = self.survivors();
+        if survivors == Survivors::default() {
+            return;
+        }
+        match self.inner.backend.live_registrations() {
+            Some(0) => {
+                tracing::info!(
+                    regions = survivors.regions,
+                    arenas = survivors.arenas,
+                    "swept registry dropped unfinished; the backend holds nothing, so its survivors are released"
+                );
+                let _ = self.finish_after_backend_teardown();
+            }
+            live => tracing::warn!(
+                regions = survivors.regions,
+                arenas = survivors.arenas,
+                backend_live = ?live,
+                "swept registry dropped before finish_after_backend_teardown: its survivors stay open; call RdmaRegistry::shutdown again after the backend's teardown and finish that"
+            ),
         }
     }
 }
@@ -263,6 +304,7 @@ pub(crate) async fn shutdown(inner: &Arc<Inner>, budget: Duration) -> SweptRegis
     SweptRegistry {
         inner: Arc::clone(inner),
         report,
+        finished: std::sync::atomic::AtomicBool::new(false),
     }
 }
 

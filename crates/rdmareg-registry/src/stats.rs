@@ -30,6 +30,9 @@ pub struct RegistryStats {
     /// Pool buffers alive in arenas still registered (held by the
     /// application or by a transfer).
     pub live_allocations: usize,
+    /// Bytes of those arenas carved into live buffers (whole granules; a
+    /// dedicated arena in use counts whole).
+    pub pool_bytes_in_use: u64,
     /// GETs admitted and not yet answered by the backend.
     pub transfers_in_flight: usize,
     /// Cancelled registrations whose map is still being let finish and
@@ -61,6 +64,7 @@ impl RegistryStats {
                 stats.dedicated_arena_bytes += arena.len();
             }
             stats.live_allocations += arena.live_allocations();
+            stats.pool_bytes_in_use += arena.bytes_in_use();
         }
         drop(tables);
         stats

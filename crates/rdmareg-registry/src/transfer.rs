@@ -46,7 +46,8 @@ impl Drop for InFlight {
     }
 }
 
-/// See [`RdmaRegistry::get_into`](crate::RdmaRegistry::get_into).
+/// See [`RdmaRegistry::get_into`](crate::RdmaRegistry::get_into); counts
+/// the outcome.
 pub(crate) async fn get(
     inner: &Arc<Inner>,
     peer: PeerId,
@@ -54,12 +55,34 @@ pub(crate) async fn get(
     dst: &mut PinnedBuf,
     dst_offset: usize,
 ) -> Result<(), RdmaError> {
+    let mut took = None;
+    let result = get_timed(inner, peer, src, dst, dst_offset, &mut took).await;
+    match took {
+        Some(took) => inner.counters.get(src.len(), took, &result),
+        None => inner.counters.outcome(&result),
+    }
+    result
+}
+
+/// The GET; sets `took` to the time from admission to the backend's answer
+/// once it has one.
+async fn get_timed(
+    inner: &Arc<Inner>,
+    peer: PeerId,
+    src: &Descriptor,
+    dst: &mut PinnedBuf,
+    dst_offset: usize,
+    took: &mut Option<Duration>,
+) -> Result<(), RdmaError> {
     if src.backend_key() != inner.backend_key {
         return Err(RdmaError::InvalidDescriptor(
             DescriptorError::InvalidBackendKey,
         ));
     }
     let slot = dst.slot().ok_or(RdmaError::RegionNotFound)?;
+    if !dst.belongs_to(inner) {
+        return Err(RdmaError::ForeignBuffer);
+    }
     let end = (dst_offset as u64)
         .checked_add(src.len())
         .ok_or(RdmaError::OutOfRange)?;
@@ -73,9 +96,10 @@ pub(crate) async fn get(
         local_region_id: slot.arena.backend_region_id,
         local_offset: slot.offset() + dst_offset as u64,
         len: src.len(),
-        deadline: inner.config.get_deadline,
+        deadline: Some(inner.config.get_deadline),
     };
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
+    let admitted = Instant::now();
     let in_flight = InFlight::new(inner);
     let alone = inner.transfers_in_flight.load(Ordering::SeqCst) == 1;
     let busy_poll = (alone && !inner.config.get_busy_poll.is_zero())
@@ -97,6 +121,7 @@ pub(crate) async fn get(
         busy_poll,
     };
     let result = (&mut pending).await;
+    *took = Some(admitted.elapsed());
     match pending.finish().pop() {
         Some(slot) => {
             dst.restore(slot);

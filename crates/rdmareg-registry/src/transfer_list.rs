@@ -24,6 +24,7 @@
 //!
 //! [`RdmaBackend::get_batch`]: rdmareg_backend::RdmaBackend::get_batch
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -59,17 +60,24 @@ pub struct TransferList {
     peer: PeerId,
     backend_key: String,
     entries: Vec<Entry>,
-    /// Per buffer index, the end of the furthest entry into it.
-    needed: Vec<u64>,
+    /// Per buffer index named, the end of the furthest entry into it.
+    /// A map, not a vector: the indices a caller names need not be dense.
+    needed: BTreeMap<usize, u64>,
 }
 
 impl TransferList {
+    /// Destination buffers one list may name (indices `0..MAX_BUFFERS`).
+    /// A bound far above any real slice of pool buffers, so an index that
+    /// could only be a mistake is refused when it is pushed rather than
+    /// when the list is posted.
+    pub const MAX_BUFFERS: usize = 1 << 20;
+
     pub(crate) fn new(peer: PeerId, backend_key: &str) -> TransferList {
         TransferList {
             peer,
             backend_key: backend_key.to_owned(),
             entries: Vec::new(),
-            needed: Vec::new(),
+            needed: BTreeMap::new(),
         }
     }
 
@@ -80,8 +88,9 @@ impl TransferList {
     ///
     /// # Errors
     /// [`RdmaError::InvalidDescriptor`] if `src` names another backend;
-    /// [`RdmaError::OutOfRange`] for an empty range or an offset whose end
-    /// overflows. The list is unchanged on error.
+    /// [`RdmaError::OutOfRange`] for an empty range, an offset whose end
+    /// overflows, or a `buffer` index of [`Self::MAX_BUFFERS`] or more. The
+    /// list is unchanged on error.
     pub fn push(
         &mut self,
         src: &Descriptor,
@@ -93,14 +102,15 @@ impl TransferList {
                 DescriptorError::InvalidBackendKey,
             ));
         }
+        if buffer >= Self::MAX_BUFFERS {
+            return Err(RdmaError::OutOfRange);
+        }
         let end = (offset as u64)
             .checked_add(src.len())
             .filter(|_| !src.is_empty())
             .ok_or(RdmaError::OutOfRange)?;
-        if self.needed.len() <= buffer {
-            self.needed.resize(buffer + 1, 0);
-        }
-        self.needed[buffer] = self.needed[buffer].max(end);
+        let furthest = self.needed.entry(buffer).or_insert(0);
+        *furthest = (*furthest).max(end);
         self.entries.push(Entry {
             remote_addr: src.addr(),
             packed_key: src.packed_key().clone(),
@@ -134,31 +144,56 @@ impl TransferList {
     /// How many destination buffers a post needs (the highest index named,
     /// plus one).
     pub fn buffers_needed(&self) -> usize {
-        self.needed.len()
+        self.needed
+            .last_key_value()
+            .map_or(0, |(&index, _)| index + 1)
     }
 }
 
-/// See [`RdmaRegistry::post`](crate::RdmaRegistry::post).
+/// See [`RdmaRegistry::post`](crate::RdmaRegistry::post); counts the
+/// outcome of the post and of each entry.
 pub(crate) async fn post(
     inner: &Arc<Inner>,
     list: &TransferList,
     buffers: &mut [PinnedBuf],
+) -> Result<Vec<Result<(), RdmaError>>, RdmaError> {
+    let mut took = None;
+    let result = post_timed(inner, list, buffers, &mut took).await;
+    match (&result, took) {
+        (Ok(answers), Some(took)) => {
+            for (entry, answer) in list.entries.iter().zip(answers) {
+                inner.counters.get(entry.len, took, answer);
+            }
+        }
+        (result, _) => inner.counters.outcome(result),
+    }
+    result
+}
+
+/// The post; sets `took` to the time from admission to the backend's
+/// answer once it has one.
+async fn post_timed(
+    inner: &Arc<Inner>,
+    list: &TransferList,
+    buffers: &mut [PinnedBuf],
+    took: &mut Option<std::time::Duration>,
 ) -> Result<Vec<Result<(), RdmaError>>, RdmaError> {
     if list.backend_key != inner.backend_key {
         return Err(RdmaError::InvalidDescriptor(
             DescriptorError::InvalidBackendKey,
         ));
     }
-    if buffers.len() < list.needed.len() {
+    if buffers.len() < list.buffers_needed() {
         return Err(RdmaError::OutOfRange);
     }
     // Check every destination the list writes before taking anything.
-    for (buffer, &needed) in buffers.iter().zip(&list.needed) {
-        if needed == 0 {
-            continue; // An index no entry names.
-        }
+    for (&index, &needed) in &list.needed {
+        let buffer = &buffers[index];
         if buffer.is_surrendered() {
             return Err(RdmaError::RegionNotFound);
+        }
+        if !buffer.belongs_to(inner) {
+            return Err(RdmaError::ForeignBuffer);
         }
         if needed > buffer.len() as u64 {
             return Err(RdmaError::OutOfRange);
@@ -179,16 +214,15 @@ pub(crate) async fn post(
             local_region_id: slot.arena.backend_region_id,
             local_offset: slot.offset() + entry.offset,
             len: entry.len,
-            deadline: inner.config.get_deadline,
+            deadline: Some(inner.config.get_deadline),
         });
     }
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
+    let admitted = std::time::Instant::now();
     let in_flight = InFlight::new(inner);
     // Take the slots of the buffers the list writes (checked above), and
     // remember whose they are to give them back.
-    let written: Vec<usize> = (0..list.needed.len())
-        .filter(|&i| list.needed[i] > 0)
-        .collect();
+    let written: Vec<usize> = list.needed.keys().copied().collect();
     let slots: Vec<_> = written
         .iter()
         .filter_map(|&i| buffers[i].take_slot())
@@ -205,6 +239,7 @@ pub(crate) async fn post(
         busy_poll: None,
     };
     let answers = (&mut pending).await;
+    *took = Some(admitted.elapsed());
     for (&i, slot) in written.iter().zip(pending.finish()) {
         buffers[i].restore(slot);
     }

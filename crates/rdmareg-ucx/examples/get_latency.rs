@@ -178,7 +178,7 @@ impl Setup {
     fn teardown(self) {
         self.consumer.shutdown_blocking();
         self.owner.shutdown_blocking();
-        assert_eq!(self.consumer.live_registrations(), 0);
+        assert_eq!(self.consumer.live_registrations(), Some(0));
         drop(self.dest);
         drop(self.source);
     }

@@ -96,4 +96,34 @@ pub(crate) struct Signals {
     /// Registrations the thread holds: incremented after a successful
     /// `ucp_mem_map`, decremented after a successful `ucp_mem_unmap`.
     pub(crate) live_registrations: AtomicUsize,
+    /// Set once teardown has finished; then `unmap` is answered here (see
+    /// [`Signals::unmap_after_teardown`]) instead of by the thread.
+    pub(crate) torn_down: std::sync::OnceLock<TornDown>,
+}
+
+/// What teardown left behind, for the unmaps that arrive after it.
+#[derive(Debug, Default)]
+pub(crate) struct TornDown {
+    /// Regions whose `ucp_mem_unmap` failed at teardown: still registered as
+    /// far as anyone can tell.
+    pub(crate) still_registered: Vec<u64>,
+}
+
+impl Signals {
+    /// The answer to an unmap of `id` once teardown has finished: `Ok(())`
+    /// for every id but those teardown could not unmap (contract point 2:
+    /// an id that names nothing answers `Ok`), which stay *unknown*
+    /// ([`RdmaError::ShuttingDown`](rdmareg_core::RdmaError::ShuttingDown)).
+    /// `None` while the thread still runs.
+    pub(crate) fn unmap_after_teardown(
+        &self,
+        id: u64,
+    ) -> Option<Result<(), rdmareg_core::RdmaError>> {
+        let torn_down = self.torn_down.get()?;
+        Some(if torn_down.still_registered.contains(&id) {
+            Err(rdmareg_core::RdmaError::ShuttingDown)
+        } else {
+            Ok(())
+        })
+    }
 }

@@ -103,7 +103,10 @@ pub struct UcxConfig {
     /// Longest single sleep of the progress loop: the backstop against a lost
     /// wake-up.
     pub park_timeout: Duration,
-    /// Deadline of a GET whose request carries none.
+    /// Deadline of a GET whose request carries none: only GETs issued on
+    /// the backend directly. A registry attaches its own
+    /// `RdmaConfig::get_deadline` to every GET, which is the one to set (the
+    /// `rdmareg` facade copies it here too).
     pub default_get_deadline: Duration,
     /// How long teardown waits before it destroys the worker anyway: for
     /// reads in flight and replies being served to finish (at most three
@@ -158,7 +161,8 @@ impl UcxConfig {
         self
     }
 
-    /// Use `deadline` for GETs that carry none.
+    /// Use `deadline` for GETs that carry none (see
+    /// [`default_get_deadline`](Self::default_get_deadline)).
     pub fn with_default_get_deadline(mut self, deadline: Duration) -> Self {
         self.default_get_deadline = deadline;
         self

@@ -65,6 +65,12 @@ impl EngineShared {
         self.signals.live_registrations.load(Ordering::SeqCst)
     }
 
+    /// The answer to an unmap of `id` once teardown has finished; `None`
+    /// while the thread still runs.
+    pub(crate) fn unmap_after_teardown(&self, id: u64) -> Option<Result<(), RdmaError>> {
+        self.signals.unmap_after_teardown(id)
+    }
+
     /// Pushes onto the unbounded control lane; never waits.
     pub(crate) fn send_control(&self, command: Command) -> Result<(), RdmaError> {
         if self.is_closed() {
@@ -198,6 +204,7 @@ impl UcxEngine {
             doorbell,
             closed: AtomicBool::new(false),
             live_registrations: AtomicUsize::new(0),
+            torn_down: std::sync::OnceLock::new(),
         });
         let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
         let (control_tx, control_rx) = crossbeam_channel::unbounded();
@@ -269,7 +276,38 @@ impl UcxEngine {
     /// [`RdmaError::InvalidWorkerAddress`] for an address that is empty, not
     /// well-formed, or from a UCX version whose layout is unknown;
     /// [`RdmaError::ShuttingDown`] after teardown began.
+    ///
+    /// # Whom this trusts
+    /// An address with a same-host direct-read lane is trusted to name the
+    /// peer's *own* lane: reads with same-host keys from `peer` then copy,
+    /// through the kernel, from the process that lane belongs to, checked
+    /// only against the range the key claims. Connections are keyed by the
+    /// whole address, so an envelope from one peer cannot redirect another
+    /// peer's reads; but a peer that hands you both its address and its
+    /// descriptors can make this engine copy from any process of this host
+    /// and user. For addresses from peers you do not trust that far, use
+    /// [`add_peer_served_only`](Self::add_peer_served_only).
     pub fn add_peer(&self, peer: PeerId, address: Bytes) -> Result<(), RdmaError> {
+        self.add_peer_with(peer, address, true)
+    }
+
+    /// As [`add_peer`](Self::add_peer), but ignores the direct-read lane
+    /// the address may carry: every read from `peer` goes through its
+    /// owner's engine, which checks it (see `docs/safety.md`), whatever the
+    /// keys say. For peers trusted with the network, not with this host.
+    ///
+    /// # Errors
+    /// As [`add_peer`](Self::add_peer).
+    pub fn add_peer_served_only(&self, peer: PeerId, address: Bytes) -> Result<(), RdmaError> {
+        self.add_peer_with(peer, address, false)
+    }
+
+    fn add_peer_with(
+        &self,
+        peer: PeerId,
+        address: Bytes,
+        direct_lane: bool,
+    ) -> Result<(), RdmaError> {
         let (major, minor, _) = self.ucx_version;
         let format = WorkerAddressFormat::for_ucx_version(major, minor).ok_or_else(|| {
             RdmaError::InvalidWorkerAddress(format!(
@@ -277,10 +315,14 @@ impl UcxEngine {
                 WorkerAddressFormat::supported_versions().collect::<Vec<_>>()
             ))
         })?;
-        let address = EngineAddress::decode_for_endpoints(&address, &format).map_err(|err| {
-            tracing::debug!(%peer, error = %err, "refusing peer worker address");
-            RdmaError::InvalidWorkerAddress(format!("{err} (for {peer})"))
-        })?;
+        let mut address =
+            EngineAddress::decode_for_endpoints(&address, &format).map_err(|err| {
+                tracing::debug!(%peer, error = %err, "refusing peer worker address");
+                RdmaError::InvalidWorkerAddress(format!("{err} (for {peer})"))
+            })?;
+        if !direct_lane {
+            address.direct = None;
+        }
         self.shared.push_now(Command::AddPeer { peer, address })
     }
 
@@ -298,9 +340,12 @@ impl UcxEngine {
     }
 
     /// Registrations the progress thread holds: its own count, moved only by
-    /// successful `ucp_mem_map` / `ucp_mem_unmap` calls.
-    pub fn live_registrations(&self) -> usize {
-        self.shared.live_registrations()
+    /// successful `ucp_mem_map` / `ucp_mem_unmap` calls. Always `Some`: the
+    /// same answer, in the same type, as
+    /// [`RdmaBackend::live_registrations`](rdmareg_backend::RdmaBackend::live_registrations)
+    /// on this engine's backends.
+    pub fn live_registrations(&self) -> Option<usize> {
+        Some(self.shared.live_registrations())
     }
 
     /// Tears the engine down and waits for it.

@@ -34,7 +34,7 @@ const FLAG_DIRECT: u8 = 0x01;
 const HEADER_LEN: usize = 6;
 
 /// The addresses an engine publishes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EngineAddress {
     /// The serving worker: requests, replies, and everything a remote peer
     /// does.
@@ -67,6 +67,18 @@ pub enum EngineAddressError {
     /// Bytes after the last field.
     #[error("{0} bytes after the end of the engine address")]
     TrailingBytes(usize),
+    /// An address too long for the envelope's 16-bit length field. UCX
+    /// packs addresses of a few hundred bytes; this is refused rather than
+    /// cut.
+    #[error(
+        "engine address: the {which} address is {len} bytes, more than the 65535 the envelope can carry"
+    )]
+    TooLong {
+        /// Which of the two addresses.
+        which: &'static str,
+        /// Its length.
+        len: usize,
+    },
     /// An inner UCP address failed validation.
     #[error("{which} address: {error}")]
     Worker {
@@ -78,13 +90,17 @@ pub enum EngineAddressError {
 }
 
 impl EngineAddress {
-    /// Encodes the envelope. Addresses longer than `u16::MAX` bytes are not
-    /// produced by UCX; they are refused here rather than cut.
+    /// Encodes the envelope.
     ///
-    /// # Panics
-    /// Never for addresses UCX packs; an address longer than 65535 bytes is
-    /// a programming error and panics.
-    pub fn encode(&self) -> Bytes {
+    /// # Errors
+    /// [`EngineAddressError::TooLong`] for an address longer than 65535
+    /// bytes (UCX packs none so long), and [`EngineAddressError::EmptyAddress`]
+    /// for an empty one: neither could be decoded again.
+    pub fn encode(&self) -> Result<Bytes, EngineAddressError> {
+        check_field(&self.serving, "serving")?;
+        if let Some(direct) = &self.direct {
+            check_field(direct, "direct")?;
+        }
         let mut out = BytesMut::with_capacity(
             HEADER_LEN + self.serving.len() + self.direct.as_ref().map_or(0, |d| 2 + d.len()),
         );
@@ -99,7 +115,7 @@ impl EngineAddress {
         if let Some(direct) = &self.direct {
             put_field(&mut out, direct);
         }
-        out.freeze()
+        Ok(out.freeze())
     }
 
     /// Decodes an envelope (or a bare UCP address, see the module docs)
@@ -161,9 +177,19 @@ impl EngineAddress {
     }
 }
 
+/// Whether `address` fits a length-prefixed field that decodes again.
+fn check_field(address: &[u8], which: &'static str) -> Result<(), EngineAddressError> {
+    match address.len() {
+        0 => Err(EngineAddressError::EmptyAddress(which)),
+        len if len > usize::from(u16::MAX) => Err(EngineAddressError::TooLong { which, len }),
+        _ => Ok(()),
+    }
+}
+
+/// Writes a field [`check_field`] accepted.
 fn put_field(out: &mut BytesMut, address: &[u8]) {
-    let len = u16::try_from(address.len()).expect("UCP worker addresses are far below 64 KiB");
-    out.put_u16_le(len);
+    // Checked by `check_field`: the length fits 16 bits.
+    out.put_u16_le(address.len() as u16);
     out.put_slice(address);
 }
 
@@ -207,15 +233,59 @@ mod tests {
     #[test]
     fn an_envelope_round_trips_with_and_without_a_direct_lane() {
         let both = sample();
-        assert_eq!(EngineAddress::decode(&both.encode()), Ok(both.clone()));
+        assert_eq!(
+            EngineAddress::decode(&both.encode().unwrap()),
+            Ok(both.clone())
+        );
         let serving_only = EngineAddress {
             direct: None,
             ..both
         };
         assert_eq!(
-            EngineAddress::decode(&serving_only.encode()),
+            EngineAddress::decode(&serving_only.encode().unwrap()),
             Ok(serving_only)
         );
+    }
+
+    #[test]
+    fn an_address_the_envelope_cannot_carry_is_refused_not_cut_or_panicked_on() {
+        let long = Bytes::from(vec![0x10; usize::from(u16::MAX) + 1]);
+        let too_long = EngineAddress {
+            serving: long.clone(),
+            direct: None,
+        };
+        assert_eq!(
+            too_long.encode(),
+            Err(EngineAddressError::TooLong {
+                which: "serving",
+                len: long.len()
+            })
+        );
+        let long_direct = EngineAddress {
+            direct: Some(long.clone()),
+            ..sample()
+        };
+        assert_eq!(
+            long_direct.encode(),
+            Err(EngineAddressError::TooLong {
+                which: "direct",
+                len: long.len()
+            })
+        );
+        let empty = EngineAddress {
+            serving: Bytes::new(),
+            direct: None,
+        };
+        assert_eq!(
+            empty.encode(),
+            Err(EngineAddressError::EmptyAddress("serving"))
+        );
+        let longest = EngineAddress {
+            serving: long.slice(1..),
+            direct: None,
+        };
+        let encoded = longest.encode().expect("65535 bytes fit");
+        assert_eq!(EngineAddress::decode(&encoded), Ok(longest));
     }
 
     #[test]
@@ -231,7 +301,7 @@ mod tests {
 
     #[test]
     fn malformed_envelopes_get_typed_errors() {
-        let good = sample().encode();
+        let good = sample().encode().unwrap();
         let mut v = good.to_vec();
         v[2] = 2;
         assert_eq!(

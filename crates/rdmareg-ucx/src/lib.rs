@@ -15,7 +15,7 @@
 //! // ... hand `region.packed_key` and the address to a peer, or GET into it ...
 //! backend.unmap(region.backend_region_id).await?;
 //! engine.shutdown().await;
-//! assert_eq!(engine.live_registrations(), 0);
+//! assert_eq!(engine.live_registrations(), Some(0));
 //! # Ok(()) }
 //! ```
 //!

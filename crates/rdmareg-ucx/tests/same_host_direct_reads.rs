@@ -68,7 +68,7 @@ async fn a_stale_descriptor_on_the_direct_lane_reads_what_the_memory_holds_now()
     let dst_region = map(&cb, &dst).await;
     let descriptor = describe(&src, &region);
     assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
-    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(owner.live_registrations(), Some(0));
     src.fill(0x3C);
     let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
     assert_eq!(
@@ -215,5 +215,41 @@ async fn removing_a_peer_mid_read_ends_the_read_before_its_endpoint_closes() {
     assert_eq!(cb.unmap(dst_region.backend_region_id).await, Ok(()));
     consumer.shutdown().await;
     owner.shutdown().await;
-    assert_eq!(consumer.live_registrations(), 0);
+    assert_eq!(consumer.live_registrations(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_added_served_only_has_every_read_checked_by_its_owner() {
+    // Both engines have the lane and the owner issues same-host keys; the
+    // consumer chooses not to trust the address's direct part.
+    let owner = UcxEngine::start(same_host()).expect("owner starts");
+    let consumer = UcxEngine::start(same_host()).expect("consumer starts");
+    consumer
+        .add_peer_served_only(OWNER, owner.worker_address())
+        .unwrap();
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(4096, pattern);
+    let dst = PageBuf::zeroed(4096);
+    let region = map(&ob, &src).await;
+    assert!(matches!(
+        ReadKey::decode(&region.packed_key),
+        Ok(ReadKey::SameHost(_))
+    ));
+    let dst_region = map(&cb, &dst).await;
+    let descriptor = describe(&src, &region);
+    let mut request = get_request(OWNER, &descriptor, &dst_region, 0, None);
+    request.packed_key = forged_capability(&region.packed_key);
+    assert_eq!(
+        cb.get(request).await,
+        Err(RdmaError::RegionNotFound),
+        "the owner checked the forged capability"
+    );
+    let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
+    assert_eq!(cb.get(request).await, Ok(()));
+    assert!(dst.snapshot() == src.snapshot());
+    assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
+    let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
+    assert_eq!(cb.get(request).await, Err(RdmaError::RegionNotFound));
+    consumer.shutdown().await;
+    owner.shutdown().await;
 }

@@ -28,6 +28,9 @@ const TRANSPORT: &str = "RDMAREG_UCX_TEST_TRANSPORT";
 const SIZE: &str = "RDMAREG_UCX_TEST_SIZE";
 const OWNER_ADDRESS: &str = "RDMAREG_UCX_TEST_OWNER_ADDRESS";
 const OWNER_DESCRIPTOR: &str = "RDMAREG_UCX_TEST_OWNER_DESCRIPTOR";
+/// An owner fills its memory with the pattern XORed with this byte (0 if
+/// unset), so two owners' bytes differ wherever their buffers lie.
+const FILL_XOR: &str = "RDMAREG_UCX_TEST_FILL_XOR";
 const MIB: usize = 1024 * 1024;
 
 fn transport_named(name: &str) -> Transport {
@@ -61,7 +64,8 @@ fn owner_main() {
     let size: usize = std::env::var(SIZE).expect("size").parse().expect("size");
     let engine = UcxEngine::start(config(transport)).expect("owner engine starts");
     let backend = engine.backend();
-    let buf = PageBuf::filled(size, pattern);
+    let xor: u8 = std::env::var(FILL_XOR).map_or(0, |v| v.parse().expect("fill xor"));
+    let buf = PageBuf::filled(size, |i| pattern(i) ^ xor);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -149,8 +153,14 @@ struct Owner {
 
 impl Owner {
     fn spawn(transport: &str, size: usize) -> Owner {
+        Owner::spawn_filled(transport, size, 0)
+    }
+
+    /// An owner whose bytes are the pattern XORed with `xor`.
+    fn spawn_filled(transport: &str, size: usize, xor: u8) -> Owner {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .env(ROLE, "owner")
+            .env(FILL_XOR, xor.to_string())
             .env(TRANSPORT, transport)
             .env(SIZE, size.to_string())
             .stdin(Stdio::piped())
@@ -295,7 +305,7 @@ fn get_across_processes_moves_the_right_bytes(transport: &str) {
         assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
     });
     engine.shutdown_blocking();
-    assert_eq!(engine.live_registrations(), 0);
+    assert_eq!(engine.live_registrations(), Some(0));
     owner.finish();
 }
 
@@ -351,7 +361,45 @@ fn a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer(transpor
         }
     });
     engine.shutdown_blocking();
-    assert_eq!(engine.live_registrations(), 0);
+    assert_eq!(engine.live_registrations(), Some(0));
+    other.finish();
+}
+
+/// A peer's engine address names its serving worker and its direct lane.
+/// An envelope that pairs an honest owner's serving address with another
+/// process's direct lane, added first, must not decide where reads from the
+/// honest owner's own envelope copy from.
+fn a_forged_envelope_added_first_cannot_pin_an_owners_direct_lane() {
+    use rdmareg_ucx::EngineAddress;
+    let honest = Owner::spawn_filled("same-host", 64 * 1024, 0);
+    let other = Owner::spawn_filled("same-host", 64 * 1024, 0xFF);
+    let honest_address = EngineAddress::decode(&honest.address).unwrap();
+    let other_address = EngineAddress::decode(&other.address).unwrap();
+    assert!(honest_address.direct.is_some() && other_address.direct.is_some());
+    let forged = EngineAddress {
+        serving: honest_address.serving.clone(),
+        direct: other_address.direct.clone(),
+    }
+    .encode()
+    .unwrap();
+    let engine = consumer("same-host");
+    engine.add_peer(PeerId(9), forged).unwrap();
+    engine.add_peer(OWNER, honest.address.clone()).unwrap();
+    let backend = engine.backend();
+    runtime().block_on(async {
+        let dst = PageBuf::zeroed(64 * 1024);
+        let region = map(&backend, &dst).await;
+        let request = get_request(OWNER, &honest.descriptor, &region, 0, None);
+        assert_eq!(backend.get(request).await, Ok(()));
+        let want = PageBuf::filled(64 * 1024, pattern).snapshot();
+        assert!(
+            dst.snapshot() == want,
+            "a read from the honest owner copies the honest owner's bytes"
+        );
+        assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
+    });
+    engine.shutdown_blocking();
+    honest.finish();
     other.finish();
 }
 
@@ -398,7 +446,7 @@ fn a_stopped_peer_makes_a_get_time_out_at_its_deadline() {
     // while the late reply arrives.
     owner.signal(libc::SIGCONT);
     engine.shutdown_blocking();
-    assert_eq!(engine.live_registrations(), 0);
+    assert_eq!(engine.live_registrations(), Some(0));
     owner.finish();
 }
 
@@ -484,6 +532,10 @@ fn main() {
             Box::new(|| {
                 a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer("same-host")
             }),
+        ),
+        (
+            "a_forged_envelope_added_first_cannot_pin_an_owners_direct_lane",
+            Box::new(a_forged_envelope_added_first_cannot_pin_an_owners_direct_lane),
         ),
         (
             "a_stopped_peer_makes_a_get_time_out_at_its_deadline",

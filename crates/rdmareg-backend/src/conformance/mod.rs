@@ -96,8 +96,8 @@ pub use map_checks::{
 pub use model::{MODEL_CASES, model_based};
 pub use unmap_checks::{
     concurrent_unmaps_of_one_region_all_answer_ok, dropped_unmap_still_unmaps,
-    ok_unmap_decrements_the_live_count, unmap_of_a_never_mapped_id_answers_ok,
-    unmap_twice_answers_ok_and_counts_once,
+    ok_unmap_decrements_the_live_count, unmap_after_teardown_answers_ok_for_released_ids,
+    unmap_of_a_never_mapped_id_answers_ok, unmap_twice_answers_ok_and_counts_once,
 };
 
 /// What the backend under test can detect, so the kit asks only what it can
@@ -219,9 +219,23 @@ impl BackendPair {
     /// # Cancel safety
     /// Dropping the future drops the teardown work wherever it stands.
     pub async fn teardown(self) {
+        self.teardown_now().await;
+    }
+
+    /// Run the teardown now, from a check, if it has not run yet; later
+    /// calls (and [`teardown`](Self::teardown)) do nothing. Returns whether
+    /// a teardown ran.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the teardown work wherever it stands.
+    pub async fn teardown_now(&self) -> bool {
         let teardown = self.teardown.lock().take();
-        if let Some(teardown) = teardown {
-            teardown.await;
+        match teardown {
+            Some(teardown) => {
+                teardown.await;
+                true
+            }
+            None => false,
         }
     }
 }
@@ -261,6 +275,7 @@ macro_rules! conformance_tests {
             effective_range_is_page_enclosing,
             unmap_of_a_never_mapped_id_answers_ok,
             unmap_twice_answers_ok_and_counts_once,
+            unmap_after_teardown_answers_ok_for_released_ids,
             concurrent_unmaps_of_one_region_all_answer_ok,
             ok_unmap_decrements_the_live_count,
             dropped_unmap_still_unmaps,

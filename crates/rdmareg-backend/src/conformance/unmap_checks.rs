@@ -125,3 +125,45 @@ pub async fn dropped_unmap_still_unmaps(pair: &BackendPair) {
         assert_live_now(backend, baseline, "after the confirming unmap");
     }
 }
+
+/// Contract point 2 after teardown: once the pair's teardown (see
+/// [`BackendPair::with_teardown`]) has run, an unmap of an id released
+/// before it, or of an id never mapped, still answers `Ok(())` — the same
+/// answer as before teardown, not a refusal — and the live count reads zero.
+/// Callers that release late (a registry sweeping after its engine stopped)
+/// then see one answer from every backend.
+///
+/// A pair without a teardown has no "after" to check: the check then only
+/// asserts the answers before teardown.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn unmap_after_teardown_answers_ok_for_released_ids(pair: &BackendPair) {
+    let mut released = Vec::new();
+    for backend in [&*pair.owner, &*pair.consumer] {
+        let mapped = Mapped::filled(backend, 4096, |_| FILL).await;
+        let id = mapped.id();
+        mapped.release(backend).await;
+        assert_eq!(backend.unmap(id).await, Ok(()), "repeated unmap of {id}");
+        released.push(id);
+    }
+    if !pair.teardown_now().await {
+        return;
+    }
+    for (backend, id) in [&*pair.owner, &*pair.consumer].into_iter().zip(released) {
+        assert_eq!(
+            backend.unmap(id).await,
+            Ok(()),
+            "unmap after teardown of region {id}, released before it"
+        );
+        for never in NEVER_MAPPED.into_iter().filter(|&never| never != id) {
+            assert_eq!(
+                backend.unmap(never).await,
+                Ok(()),
+                "unmap after teardown of never-mapped id {never}"
+            );
+        }
+        assert_live_now(backend, live(backend).map(|_| 0), "after teardown");
+    }
+}

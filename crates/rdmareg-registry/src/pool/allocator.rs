@@ -88,7 +88,6 @@ impl GranuleAllocator {
     }
 
     /// Granules not allocated.
-    #[cfg(test)]
     pub(crate) fn free_granules(&self) -> u32 {
         self.free
     }

@@ -96,6 +96,19 @@ impl Arena {
         self.unmapped.load(Ordering::SeqCst)
     }
 
+    /// Bytes carved into live buffers: the granules the allocator has
+    /// handed out, or the whole arena for a dedicated one in use.
+    pub(crate) fn bytes_in_use(&self) -> u64 {
+        match &self.slots {
+            Some(slots) => {
+                let free = u64::from(slots.lock().allocator.free_granules()) * crate::GRANULE;
+                self.len().saturating_sub(free)
+            }
+            None if self.dedicated_in_use.load(Ordering::SeqCst) => self.len(),
+            None => 0,
+        }
+    }
+
     /// Buffers currently carved from this arena.
     pub(crate) fn live_allocations(&self) -> usize {
         match &self.slots {
@@ -108,7 +121,11 @@ impl Arena {
     /// last holder free the pages.
     pub(crate) fn mark_unmapped(&self) {
         self.memory.confirm_unregistered();
-        self.unmapped.store(true, Ordering::SeqCst);
+        if !self.unmapped.swap(true, Ordering::SeqCst)
+            && let Some(inner) = self.registry.upgrade()
+        {
+            inner.counters.unregistered();
+        }
         drop(self.charge.lock().take());
     }
 }

@@ -203,6 +203,7 @@ async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<A
         },
         Arc::downgrade(inner),
     ));
+    inner.counters.registered();
     let late = {
         let mut tables = inner.tables.lock();
         tables.arenas.insert(generation, Arc::clone(&arena));

@@ -284,7 +284,7 @@ impl PinnedBuf {
             return Err(RdmaError::OutOfRange);
         }
         if let Some(own) = &slot.own {
-            return own.descriptor.slice(offset, len);
+            return own.descriptor.slice(offset, len).map_err(RdmaError::from);
         }
         if slot.arena.is_pooled() {
             return Err(RdmaError::NotDescribed);
@@ -294,7 +294,9 @@ impl PinnedBuf {
             .descriptor
             .as_ref()
             .ok_or(RdmaError::RegionNotFound)?;
-        arena.slice(slot.offset() + offset, len)
+        arena
+            .slice(slot.offset() + offset, len)
+            .map_err(RdmaError::from)
     }
 
     /// Generation of the arena the buffer lives in.
@@ -304,6 +306,17 @@ impl PinnedBuf {
 
     pub(crate) fn slot(&self) -> Option<&Slot> {
         self.slot.as_ref()
+    }
+
+    /// Whether this buffer was allocated by the registry `inner`: only that
+    /// registry's backend knows its arena's registration id. (The arena's
+    /// `Weak` keeps the registry's allocation, so its address cannot be
+    /// reused by another registry while this buffer lives.) A surrendered
+    /// buffer belongs to nobody.
+    pub(crate) fn belongs_to(&self, inner: &std::sync::Arc<crate::registry::Inner>) -> bool {
+        self.slot.as_ref().is_some_and(|slot| {
+            std::ptr::eq(slot.arena.registry.as_ptr(), std::sync::Arc::as_ptr(inner))
+        })
     }
 
     /// Move the slot out (into a transfer); the buffer is surrendered until

@@ -77,6 +77,25 @@ pub struct UnregisterOwnedError {
     pub guard: Option<RegionGuard>,
 }
 
+impl UnregisterOwnedError {
+    /// The guard, when the region is still registered and the caller's to
+    /// keep ([`RdmaError::NotOwned`]); `None` when the registry kept the
+    /// buffer after a failed unmap.
+    pub fn into_guard(self) -> Option<RegionGuard> {
+        self.guard
+    }
+}
+
+/// Lets `?` turn a failed [`RegionGuard::unregister_owned`] into its
+/// [`RdmaError`]. A guard handed back with [`RdmaError::NotOwned`] is
+/// dropped, which starts a background deregistration; keep it with
+/// [`UnregisterOwnedError::into_guard`] instead when that matters.
+impl From<UnregisterOwnedError> for RdmaError {
+    fn from(e: UnregisterOwnedError) -> Self {
+        e.error
+    }
+}
+
 impl RegionGuard {
     pub(crate) fn new(inner: Arc<Inner>, state: Arc<RegionState>) -> Self {
         Self {
@@ -152,6 +171,7 @@ impl RegionGuard {
             .as_ref()
             .map_err(Clone::clone)?
             .slice(offset, len)
+            .map_err(RdmaError::from)
     }
 
     /// Whether the registry has begun shutting down.

@@ -176,7 +176,11 @@ impl RegionState {
         {
             buffer.confirm_unregistered();
         }
-        self.unmapped.store(true, Ordering::SeqCst);
+        if !self.unmapped.swap(true, Ordering::SeqCst)
+            && let Some(inner) = self.registry.upgrade()
+        {
+            inner.counters.unregistered();
+        }
         drop(self.charge.lock().take());
         self.try_finalize();
     }

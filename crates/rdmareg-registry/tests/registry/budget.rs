@@ -281,3 +281,60 @@ async fn a_backend_reporting_unrounded_ranges_is_still_charged_whole_pages() {
     }
     assert_eq!(registry.stats().registered_bytes, 0);
 }
+
+/// What a caller writes with `?`: a refused owned registration becomes its
+/// `RdmaError` without `.map_err`.
+async fn register_with_question_mark(
+    registry: &rdmareg_registry::RdmaRegistry,
+    buffer: Box<[u8]>,
+) -> Result<rdmareg_registry::RegionGuard, RdmaError> {
+    Ok(registry.register_owned(buffer).await?)
+}
+
+#[tokio::test(start_paused = true)]
+async fn question_mark_turns_an_owned_registration_refusal_into_its_rdma_error() {
+    // Two pages or more never fit a one-page budget.
+    let (_fabric, side) = one_side(small_config().with_budget_bytes(page() as u64));
+    let refused = register_with_question_mark(&side.registry, pattern(2 * page(), 2)).await;
+    assert!(
+        matches!(refused, Err(RdmaError::BudgetExceeded { .. })),
+        "{refused:?}"
+    );
+    let error = side
+        .registry
+        .register_owned(pattern(2 * page(), 3))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.into_buffer(),
+        pattern(2 * page(), 3),
+        "into_buffer hands the refused buffer back"
+    );
+    assert_eq!(side.live(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn question_mark_turns_an_unregister_owned_failure_into_its_rdma_error() {
+    let (_fabric, side) = one_side(small_config());
+    let memory = External::new(page(), 8);
+    // SAFETY: `memory` outlives the region: it is dropped after
+    // `deregistered()` resolves below.
+    let external = unsafe { side.registry.register_external(memory.ptr(), page()) }
+        .await
+        .unwrap();
+    let error = external
+        .unregister_owned(Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    let guard = error
+        .into_guard()
+        .expect("a caller-owned region's guard comes back");
+    async fn via_question_mark(guard: rdmareg_registry::RegionGuard) -> Result<(), RdmaError> {
+        guard.unregister_owned(Duration::from_secs(5)).await?;
+        Ok(())
+    }
+    let watch = guard.watch();
+    assert_eq!(via_question_mark(guard).await, Err(RdmaError::NotOwned));
+    watch.deregistered().await;
+    drop(memory);
+}

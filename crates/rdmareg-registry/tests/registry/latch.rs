@@ -172,6 +172,63 @@ async fn shutdown_latches_survivors_only_when_the_backend_reports_nothing_regist
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_swept_registry_dropped_after_teardown_releases_its_survivors() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 6))
+        .await
+        .unwrap();
+    let watch = guard.watch();
+    side.backend.faults().refuse_unmaps(true);
+    let swept = side.registry.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(swept.report().regions_surviving, 1);
+    side.backend.faults().refuse_unmaps(false);
+    side.backend.shutdown().await;
+    assert_eq!(side.live(), 0);
+
+    drop(swept);
+    assert!(
+        watch.is_deregistered(),
+        "the backend holds nothing: dropping the swept registry releases the survivor"
+    );
+    let (buffer, _) = guard
+        .unregister_owned(Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(buffer, pattern(page(), 6));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_swept_registry_dropped_before_teardown_leaves_a_way_back_through_shutdown() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 7))
+        .await
+        .unwrap();
+    let watch = guard.watch();
+    side.backend.faults().refuse_unmaps(true);
+    let swept = side.registry.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(swept.report().regions_surviving, 1);
+    drop(swept);
+    assert!(
+        !watch.is_deregistered(),
+        "never released while the backend still holds it"
+    );
+
+    side.backend.faults().refuse_unmaps(false);
+    let again = side.registry.shutdown(Duration::from_secs(1)).await;
+    side.backend.shutdown().await;
+    assert!(matches!(
+        again.finish_after_backend_teardown(),
+        TeardownVerdict::Released { .. }
+    ));
+    assert!(watch.is_deregistered());
+    drop(guard);
+}
+
 /// A reader on another thread that stays inside the region until told.
 struct BlockedReader {
     leave: mpsc::Sender<()>,

@@ -244,3 +244,38 @@ async fn shutdown_waits_for_a_posted_batch() {
     shut_down(&consumer).await;
     shut_down(&owner).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_buffer_index_past_any_slice_is_refused_at_push_without_allocating() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let source = owner.registry.register_owned(pattern(64, 1)).await.unwrap();
+    let descriptor = source.descriptor().unwrap();
+    let mut list = consumer.registry.transfer_list(OWNER);
+    list.push(&descriptor, 0, 0).unwrap();
+    // An index no slice of buffers can reach, and the largest index there
+    // is: each is a typed refusal, not an allocation of that many entries.
+    for index in [1usize << 40, usize::MAX / 2, usize::MAX] {
+        assert_eq!(
+            list.push(&descriptor, index, 0),
+            Err(RdmaError::OutOfRange),
+            "index {index}"
+        );
+    }
+    assert_eq!(
+        (list.len(), list.buffers_needed()),
+        (1, 1),
+        "the list is unchanged"
+    );
+    let reads = [(&descriptor, usize::MAX, 0)];
+    let mut buffers = vec![consumer.registry.alloc_pinned(64).await.unwrap()];
+    assert_eq!(
+        consumer
+            .registry
+            .get_many(OWNER, &reads, &mut buffers)
+            .await,
+        Err(RdmaError::OutOfRange)
+    );
+    drop(buffers);
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
+}

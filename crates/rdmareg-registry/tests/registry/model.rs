@@ -1,5 +1,6 @@
 //! A model of the registry, driven by random interleavings of register /
-//! unregister / drop guard / alloc / describe / drop buffer / get / shutdown,
+//! unregister / drop guard / alloc / describe / drop buffer / get / transfer
+//! list post / shutdown,
 //! with
 //! cancellation at every await (with maps that outlive their futures, as over
 //! a progress thread) and injected backend faults. After every
@@ -70,6 +71,13 @@ enum Op {
     CancelGet {
         pick: usize,
     },
+    /// A transfer list with one read into each of up to three buffers.
+    Post {
+        picks: Vec<usize>,
+    },
+    CancelPost {
+        picks: Vec<usize>,
+    },
     Shutdown,
 }
 
@@ -101,6 +109,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(len, polls, detached)| Op::CancelAlloc { len, polls, detached }),
         2 => any::<usize>().prop_map(|pick| Op::CancelUnregister { pick }),
         2 => any::<usize>().prop_map(|pick| Op::CancelGet { pick }),
+        4 => prop::collection::vec(any::<usize>(), 1..4).prop_map(|picks| Op::Post { picks }),
+        2 => prop::collection::vec(any::<usize>(), 1..4)
+            .prop_map(|picks| Op::CancelPost { picks }),
         1 => Just(Op::Shutdown),
     ]
 }
@@ -137,6 +148,13 @@ struct Harness {
 }
 
 const SOURCE_LEN: usize = 3 * 4096;
+
+/// The source range entry `i` of a model list reads into a buffer of
+/// `buf_len` bytes: a different offset per entry, as long as both allow.
+fn list_range(i: usize, buf_len: usize) -> (usize, usize) {
+    let offset = (i * 1000) % SOURCE_LEN;
+    (offset, buf_len.min(SOURCE_LEN - offset))
+}
 const DELAY: Duration = Duration::from_millis(10);
 
 fn model_config() -> rdmareg_registry::RdmaConfig {
@@ -195,6 +213,33 @@ impl Harness {
             let pages = page_enclosing_len(b.as_ptr() as u64, b.len() as u64, 4096).unwrap();
             (n + 1, bytes + pages)
         })
+    }
+
+    /// Takes the distinct buffers `picks` name out of the harness.
+    fn take_buffers(&mut self, picks: &[usize]) -> Vec<PinnedBuf> {
+        let mut taken = Vec::new();
+        for &pick in picks {
+            if self.bufs.is_empty() {
+                break;
+            }
+            let n = self.bufs.len();
+            taken.push(self.bufs.swap_remove(pick % n));
+        }
+        taken
+    }
+
+    /// A list reading [`list_range`] of the source into each buffer.
+    fn list_into(&self, buffers: &[PinnedBuf]) -> rdmareg_registry::TransferList {
+        let mut list = self.owner.registry.transfer_list(CONSUMER);
+        for (i, buf) in buffers.iter().enumerate() {
+            let (offset, len) = list_range(i, buf.len());
+            let src = self
+                .source
+                .descriptor_range(offset as u64, len as u64)
+                .unwrap();
+            assert_eq!(list.push(&src, i, 0), Ok(i));
+        }
+        list
     }
 
     fn guard_index(&self, pick: usize) -> Option<usize> {
@@ -468,6 +513,50 @@ impl Harness {
                     std::task::Poll::Ready(result) => {
                         assert!(self.closed);
                         assert_eq!(result, Err(RdmaError::ShuttingDown));
+                    }
+                }
+            }
+            Op::Post { picks } => {
+                let mut buffers = self.take_buffers(&picks);
+                if buffers.is_empty() {
+                    return;
+                }
+                let list = self.list_into(&buffers);
+                let result = self.owner.registry.post(&list, &mut buffers).await;
+                if self.closed {
+                    assert_eq!(result, Err(RdmaError::ShuttingDown));
+                } else {
+                    let answers = result.expect("a list of valid reads posts");
+                    assert_eq!(answers, vec![Ok(()); buffers.len()]);
+                    let want = pattern(SOURCE_LEN, 0x5A);
+                    for (i, buf) in buffers.iter().enumerate() {
+                        let (offset, len) = list_range(i, buf.len());
+                        assert_eq!(&buf[..len], &want[offset..offset + len], "entry {i}");
+                    }
+                }
+                assert!(buffers.iter().all(|b| !b.is_surrendered()));
+                self.bufs.extend(buffers);
+            }
+            Op::CancelPost { picks } => {
+                let mut buffers = self.take_buffers(&picks);
+                if buffers.is_empty() {
+                    return;
+                }
+                let list = self.list_into(&buffers);
+                faults.set_delay(FaultOp::Get, DELAY);
+                let first = {
+                    let mut posting = Box::pin(self.owner.registry.post(&list, &mut buffers));
+                    futures::poll!(&mut posting)
+                };
+                match first {
+                    std::task::Poll::Pending => assert!(
+                        buffers.iter().all(|b| b.is_surrendered()),
+                        "a cancelled post surrenders every buffer it writes"
+                    ),
+                    std::task::Poll::Ready(result) => {
+                        assert!(self.closed);
+                        assert_eq!(result, Err(RdmaError::ShuttingDown));
+                        self.bufs.extend(buffers);
                     }
                 }
             }

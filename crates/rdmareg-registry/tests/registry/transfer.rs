@@ -5,7 +5,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rdmareg_backend::loopback::FaultOp;
+use std::sync::Arc;
+
+use rdmareg_backend::RdmaBackend;
+use rdmareg_backend::loopback::{FaultOp, LoopbackConfig, LoopbackFabric};
+use rdmareg_registry::RdmaRegistry;
 use rdmareg_registry::{Descriptor, DescriptorError, RdmaError};
 
 use crate::common::*;
@@ -134,7 +138,7 @@ async fn get_of_an_unregistered_remote_range_fails_and_returns_the_buffer() {
 #[tokio::test(start_paused = true)]
 async fn get_past_its_deadline_times_out_and_returns_the_buffer() {
     let mut config = small_config();
-    config.get_deadline = Some(Duration::from_millis(100));
+    config.get_deadline = Duration::from_millis(100);
     let (_fabric, owner, consumer) = two_sides(config);
     let source = owner
         .registry
@@ -151,6 +155,42 @@ async fn get_past_its_deadline_times_out_and_returns_the_buffer() {
         Err(RdmaError::Timeout)
     );
     assert!(!buf.is_surrendered());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_get_carries_the_registry_deadline_not_the_backend_default() {
+    let fabric = LoopbackFabric::new();
+    let owner = Side::new(&fabric, OWNER, small_config());
+    // A backend whose own default would wait an hour.
+    let backend = fabric.backend_with_config(
+        CONSUMER,
+        LoopbackConfig::default().with_default_get_deadline(Duration::from_secs(3600)),
+    );
+    let registry = RdmaRegistry::new(
+        Arc::clone(&backend) as Arc<dyn RdmaBackend>,
+        small_config().with_get_deadline(Duration::from_secs(2)),
+        tokio::runtime::Handle::current(),
+    )
+    .unwrap();
+    let source = owner
+        .registry
+        .register_owned(pattern(100, 0))
+        .await
+        .unwrap();
+    let mut buf = registry.alloc_pinned(100).await.unwrap();
+    let _hold = backend.faults().hang(FaultOp::Get);
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        registry
+            .get(OWNER, &source.descriptor().unwrap(), &mut buf)
+            .await,
+        Err(RdmaError::Timeout)
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(60),
+        "the GET timed out after {waited:?}, not at the registry's 2 s deadline"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -192,7 +192,10 @@ impl Engine {
                 serving: serving_address,
                 direct: Some(lane.address.clone()),
             }
-            .encode(),
+            .encode()
+            .map_err(|err| {
+                RdmaError::Backend(format!("ucx: cannot publish this engine's address: {err}"))
+            })?,
             None => serving_address,
         };
         let worker_fd = worker.event_fd()?;

@@ -33,6 +33,13 @@
 //!   remembers that and reads go through the owner. It closes with its
 //!   connection; when UCX reports it failed it is closed and the next read
 //!   tries again.
+//! - Connections are keyed by the **whole** engine address, serving and
+//!   direct parts together: two envelopes that name the same serving worker
+//!   but different direct lanes are two connections. Otherwise whichever
+//!   envelope was added first would decide, for every later peer id naming
+//!   that serving worker, which process its direct reads copy from — and a
+//!   peer could pin an honest owner's serving address to a lane of its
+//!   choosing by being added first.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -97,8 +104,8 @@ struct ClosingEndpoint {
 /// still in progress.
 #[derive(Debug, Default)]
 pub(crate) struct PeerTable {
-    peers: HashMap<PeerId, Bytes>,
-    connections: HashMap<Bytes, Connection>,
+    peers: HashMap<PeerId, EngineAddress>,
+    connections: HashMap<EngineAddress, Connection>,
     next_serial: u64,
     closing: Vec<ClosingEndpoint>,
     /// Direct endpoints (on the reader worker) whose close is in progress.
@@ -136,7 +143,7 @@ impl PeerTable {
 
     /// Forgets that `peer` names `address`; returns the connection to close
     /// if no peer id names it any more.
-    fn detach(&mut self, address: &Bytes) -> Option<Connection> {
+    fn detach(&mut self, address: &EngineAddress) -> Option<Connection> {
         let connection = self.connections.get_mut(address)?;
         connection.peer_ids = connection.peer_ids.saturating_sub(1);
         if connection.peer_ids > 0 {
@@ -146,7 +153,7 @@ impl PeerTable {
     }
 
     /// The endpoint numbered `serial`, taken out of its connection.
-    fn take_endpoint(&mut self, serial: u64) -> Option<(Bytes, Endpoint)> {
+    fn take_endpoint(&mut self, serial: u64) -> Option<(EngineAddress, Endpoint)> {
         let (address, connection) = self
             .connections
             .iter_mut()
@@ -258,9 +265,8 @@ pub(crate) unsafe extern "C" fn on_endpoint_error(
 impl Engine {
     /// `Command::AddPeer`.
     pub(super) fn add_peer(&mut self, peer: PeerId, address: EngineAddress) {
-        let EngineAddress { serving, direct } = address;
         if let Some(existing) = self.peers.peers.get(&peer) {
-            if *existing == serving {
+            if *existing == address {
                 return;
             }
             let old = existing.clone();
@@ -272,12 +278,16 @@ impl Engine {
                 self.close_connection(connection, &reason);
             }
         }
-        let connection = self.peers.connections.entry(serving.clone()).or_default();
+        let connection = self
+            .peers
+            .connections
+            .entry(address.clone())
+            .or_insert_with(|| Connection {
+                direct_address: address.direct.clone(),
+                ..Connection::default()
+            });
         connection.peer_ids += 1;
-        if connection.direct_address.is_none() {
-            connection.direct_address = direct;
-        }
-        self.peers.peers.insert(peer, serving);
+        self.peers.peers.insert(peer, address);
     }
 
     /// Closes both endpoints of a connection nobody names any more.
@@ -329,7 +339,10 @@ impl Engine {
         // packed worker address (the engine's trust boundary, see the crate
         // docs); the error context lives until the close completes or the
         // worker is destroyed.
-        match unsafe { self.worker.create_endpoint(address, on_error, true) } {
+        match unsafe {
+            self.worker
+                .create_endpoint(&address.serving, on_error, true)
+        } {
             Ok(handle) => {
                 tracing::debug!(%peer, serial, "endpoint created");
                 connection.endpoint = Some(Endpoint {

@@ -189,6 +189,10 @@ impl Engine {
                 other => other.refuse(),
             }
         }
+        // From here unmaps are answered by the submitters, from this record.
+        let _ = signals.torn_down.set(crate::command::TornDown {
+            still_registered: still_registered.clone(),
+        });
         tracing::debug!(
             live = signals.live_registrations.load(Ordering::SeqCst),
             "UCX engine torn down"

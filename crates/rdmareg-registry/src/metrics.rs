@@ -1,0 +1,244 @@
+//! [`RegistryMetrics`]: cumulative counters and a GET-latency histogram,
+//! kept by the registry as it works.
+//!
+//! Every figure is a relaxed atomic the hot path bumps once (a GET adds one
+//! count, its bytes and one histogram bucket: four uncontended atomic adds,
+//! tens of nanoseconds beside a GET of microseconds), so keeping them costs
+//! nothing a caller could measure and needs no feature flag. Gauges (what is
+//! registered now) come from [`RegistryStats`], read at the same moment.
+//! Exporting them is the `rdmareg` facade's `metrics` feature.
+//!
+//! What is counted, and where:
+//! - **registrations / unregistrations**: regions and pool arenas the
+//!   backend mapped for the registry, and those whose unmap was confirmed
+//!   (or which were released after the backend's teardown). The extra
+//!   registrations [`PinnedBuf::describe`](crate::PinnedBuf::describe) makes
+//!   are not counted.
+//! - **errors by kind**: every error a public operation of the registry
+//!   answered (registering, allocating, GETs, posts — each failed entry of a
+//!   batch once), by [`RdmaError::kind`]. Budget refusals are the
+//!   [`ErrorKind::BudgetExceeded`] ones.
+//! - **GETs and bytes**: reads that completed `Ok` (a batch entry counts
+//!   as one) and the bytes they moved.
+//! - **GET latency**: from the read's admission to its answer, for every
+//!   answered read, `Ok` or not; each entry of a batch observes the batch's
+//!   time. A GET whose caller dropped it is not observed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rdmareg_core::{ErrorKind, RdmaError};
+
+use crate::stats::RegistryStats;
+
+/// Upper bounds of the GET-latency histogram's buckets, in seconds (a last
+/// bucket, `+Inf`, holds the rest): 1 µs to 10 s, three per decade.
+pub const GET_LATENCY_BUCKETS: [f64; 22] = [
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+    5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The registry's counters (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Counters {
+    registrations: AtomicU64,
+    unregistrations: AtomicU64,
+    gets: AtomicU64,
+    get_bytes: AtomicU64,
+    errors: [AtomicU64; ErrorKind::ALL.len()],
+    latency_buckets: [AtomicU64; GET_LATENCY_BUCKETS.len() + 1],
+    latency_sum_nanos: AtomicU64,
+    latency_count: AtomicU64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            registrations: AtomicU64::new(0),
+            unregistrations: AtomicU64::new(0),
+            gets: AtomicU64::new(0),
+            get_bytes: AtomicU64::new(0),
+            errors: std::array::from_fn(|_| AtomicU64::new(0)),
+            latency_buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            latency_sum_nanos: AtomicU64::new(0),
+            latency_count: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Counters {
+    pub(crate) fn registered(&self) {
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn unregistered(&self) {
+        self.unregistrations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn error(&self, error: &RdmaError) {
+        self.errors[error.kind().index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Record an operation's outcome: its error, if any.
+    pub(crate) fn outcome<T>(&self, result: &Result<T, RdmaError>) {
+        if let Err(error) = result {
+            self.error(error);
+        }
+    }
+
+    /// One answered read of `len` bytes that took `took`.
+    pub(crate) fn get(&self, len: u64, took: Duration, result: &Result<(), RdmaError>) {
+        match result {
+            Ok(()) => {
+                self.gets.fetch_add(1, Ordering::Relaxed);
+                self.get_bytes.fetch_add(len, Ordering::Relaxed);
+            }
+            Err(error) => self.error(error),
+        }
+        self.observe_latency(took);
+    }
+
+    fn observe_latency(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        let bucket = GET_LATENCY_BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(GET_LATENCY_BUCKETS.len());
+        self.latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.latency_sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, stats: RegistryStats) -> RegistryMetrics {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let errors = ErrorKind::ALL.map(|kind| (kind, load(&self.errors[kind.index()])));
+        let buckets: Vec<u64> = self.latency_buckets.iter().map(load).collect();
+        RegistryMetrics {
+            registrations: load(&self.registrations),
+            unregistrations: load(&self.unregistrations),
+            budget_refusals: load(&self.errors[ErrorKind::BudgetExceeded.index()]),
+            gets: load(&self.gets),
+            get_bytes: load(&self.get_bytes),
+            errors: errors.to_vec(),
+            get_latency: LatencyHistogram {
+                // The count is the buckets' sum, so the snapshot is
+                // self-consistent even while GETs land.
+                count: buckets.iter().sum(),
+                buckets,
+                sum: Duration::from_nanos(load(&self.latency_sum_nanos)),
+            },
+            stats,
+        }
+    }
+}
+
+/// A snapshot of the registry's counters and, taken with them, its gauges.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RegistryMetrics {
+    /// What the registry holds now (registered bytes, live regions, arenas,
+    /// pool bytes in use, leaked bytes, ...).
+    pub stats: RegistryStats,
+    /// Regions and pool arenas registered so far.
+    pub registrations: u64,
+    /// Regions and pool arenas released so far.
+    pub unregistrations: u64,
+    /// Registrations and allocations refused by the budget so far.
+    pub budget_refusals: u64,
+    /// Reads that completed `Ok` so far.
+    pub gets: u64,
+    /// Bytes those reads moved.
+    pub get_bytes: u64,
+    /// Errors answered so far, one entry per [`ErrorKind`] (zeros included),
+    /// in [`ErrorKind::ALL`] order.
+    pub errors: Vec<(ErrorKind, u64)>,
+    /// Latency of answered reads.
+    pub get_latency: LatencyHistogram,
+}
+
+impl RegistryMetrics {
+    /// Errors of `kind` answered so far.
+    pub fn errors_of(&self, kind: ErrorKind) -> u64 {
+        self.errors
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// A latency histogram over [`GET_LATENCY_BUCKETS`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LatencyHistogram {
+    /// Observations per bucket (not cumulative): entry `i` counts those at
+    /// most `GET_LATENCY_BUCKETS[i]` seconds and above the previous bound;
+    /// the last entry counts those above every bound.
+    pub buckets: Vec<u64>,
+    /// Sum of every observation.
+    pub sum: Duration,
+    /// Number of observations.
+    pub count: u64,
+}
+
+impl LatencyHistogram {
+    /// `(upper bound in seconds, cumulative count)` per bucket, `+Inf`
+    /// last: the form Prometheus histograms take.
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let bounds = GET_LATENCY_BUCKETS.iter().copied().chain([f64::INFINITY]);
+        let mut total = 0;
+        bounds
+            .zip(&self.buckets)
+            .map(|(bound, n)| {
+                total += n;
+                (bound, total)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latencies_land_in_the_bucket_of_their_bound() {
+        let counters = Counters::default();
+        counters.get(8, Duration::from_nanos(500), &Ok(()));
+        counters.get(8, Duration::from_micros(1), &Ok(()));
+        counters.get(8, Duration::from_micros(30), &Err(RdmaError::Timeout));
+        counters.get(8, Duration::from_secs(60), &Ok(()));
+        let m = counters.snapshot(RegistryStats::default());
+        assert_eq!(m.get_latency.count, 4);
+        assert_eq!(m.get_latency.buckets[0], 2, "500 ns and 1 µs are <= 1 µs");
+        let fifty_micros = GET_LATENCY_BUCKETS.iter().position(|b| *b == 5e-5).unwrap();
+        assert_eq!(m.get_latency.buckets[fifty_micros], 1);
+        assert_eq!(*m.get_latency.buckets.last().unwrap(), 1, "60 s is +Inf");
+        assert_eq!(m.get_latency.cumulative().last(), Some(&(f64::INFINITY, 4)));
+        assert_eq!(m.gets, 3);
+        assert_eq!(m.get_bytes, 24);
+        assert_eq!(m.errors_of(ErrorKind::Timeout), 1);
+        assert_eq!(
+            m.get_latency.sum,
+            Duration::from_nanos(500) + Duration::from_micros(31) + Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn budget_refusals_are_the_budget_exceeded_errors() {
+        let counters = Counters::default();
+        let refusal = RdmaError::BudgetExceeded {
+            requested: 1,
+            registered: 0,
+            budget: 0,
+        };
+        counters.outcome::<()>(&Err(refusal.clone()));
+        counters.outcome::<()>(&Err(refusal));
+        counters.outcome::<()>(&Err(RdmaError::OutOfRange));
+        counters.outcome(&Ok(()));
+        let m = counters.snapshot(RegistryStats::default());
+        assert_eq!(m.budget_refusals, 2);
+        assert_eq!(m.errors_of(ErrorKind::OutOfRange), 1);
+        assert_eq!(m.errors.len(), ErrorKind::ALL.len());
+    }
+}

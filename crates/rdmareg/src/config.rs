@@ -1,0 +1,66 @@
+//! [`Config`]: what [`Rdma::start`](crate::Rdma::start) is told — the UCX
+//! engine's settings and the registry's.
+
+use std::time::Duration;
+
+use rdmareg_registry::RdmaConfig;
+use rdmareg_ucx::{Transport, UcxConfig};
+
+/// The engine and the registry, configured together.
+///
+/// The GET deadline is the registry's ([`RdmaConfig::get_deadline`]);
+/// [`Rdma::start`](crate::Rdma::start) hands it to the engine as well, so it
+/// is set in one place. The engine's teardown timeout and the registry's
+/// shutdown budget bound the two halves of [`Rdma::shutdown`](crate::Rdma::shutdown).
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Config {
+    /// The UCX engine.
+    pub ucx: UcxConfig,
+    /// The registry: budget, pool, deadlines.
+    pub registry: RdmaConfig,
+}
+
+impl Config {
+    /// Defaults for both halves.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The UCX transport.
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.ucx = self.ucx.with_transport(transport);
+        self
+    }
+
+    /// Restrict UCX to these network devices (`"lo"` keeps tests on the
+    /// loopback interface).
+    pub fn with_net_devices(mut self, devices: impl Into<String>) -> Self {
+        self.ucx = self.ucx.with_net_devices(devices);
+        self
+    }
+
+    /// The deadline of every GET ([`RdmaConfig::get_deadline`]).
+    pub fn with_get_deadline(mut self, deadline: Duration) -> Self {
+        self.registry = self.registry.with_get_deadline(deadline);
+        self
+    }
+
+    /// The ceiling on registered bytes ([`RdmaConfig::budget_bytes`]).
+    pub fn with_budget_bytes(mut self, bytes: u64) -> Self {
+        self.registry = self.registry.with_budget_bytes(bytes);
+        self
+    }
+
+    /// Replace the engine configuration.
+    pub fn with_ucx(mut self, ucx: UcxConfig) -> Self {
+        self.ucx = ucx;
+        self
+    }
+
+    /// Replace the registry configuration.
+    pub fn with_registry(mut self, registry: RdmaConfig) -> Self {
+        self.registry = registry;
+        self
+    }
+}

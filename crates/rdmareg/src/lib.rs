@@ -1,0 +1,64 @@
+//! rdmareg: register memory for RDMA and move bytes with one-sided GETs over
+//! UCX, with a lifecycle that makes "registered" and "safe to free" exact.
+//!
+//! This crate is the one dependency a service needs. [`Rdma::start`] starts
+//! a UCX engine and a registry over it; [`Rdma`] derefs to the
+//! [`RdmaRegistry`], so registering, describing and GETting are the
+//! registry's own methods; [`Rdma::shutdown`] runs the ordered shutdown and
+//! returns a [`ShutdownSummary`] of what it did.
+//!
+//! # Call order
+//!
+//! 1. [`Rdma::start`] with a [`Config`] (inside a Tokio runtime).
+//! 2. Exchange addresses over your own control channel:
+//!    [`Rdma::worker_address`] out, [`Rdma::add_peer`] in.
+//! 3. Register ([`RdmaRegistry::register_owned`], `register_external`) or
+//!    allocate ([`RdmaRegistry::alloc_pinned`]); describe
+//!    ([`RegionGuard::descriptor`]); send the encoded descriptor.
+//! 4. GET a peer's descriptor into a pinned buffer ([`RdmaRegistry::get`]).
+//! 5. Release ([`RegionGuard::unregister_owned`], or drop the guard).
+//! 6. [`Rdma::shutdown`].
+//!
+//! # Crate by crate
+//!
+//! The layers stay public for services that want only part of this: the
+//! value types and wire descriptor ([`core`]), the backend seam with its
+//! loopback backend and conformance kit ([`backend`]), the registry
+//! ([`registry`]) and the UCX engine ([`ucx`]). The ordering that
+//! [`Rdma::shutdown`] performs is theirs too: [`RdmaRegistry::shutdown`],
+//! then [`UcxEngine::shutdown`], then
+//! [`SweptRegistry::finish_after_backend_teardown`].
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod rdma;
+mod summary;
+
+pub use config::Config;
+pub use rdma::{Rdma, StartError};
+pub use summary::ShutdownSummary;
+
+pub use rdmareg_backend::RdmaBackend;
+pub use rdmareg_core::{
+    BackendGet, BackendRegion, Descriptor, DescriptorError, PageRange, PeerId, RdmaError,
+};
+pub use rdmareg_registry::{
+    ConfigError, PinnedBuf, PoolConfig, RdmaConfig, RdmaRegistry, RegionGuard, RegionView,
+    RegionWatch, RegisterOwnedError, RegistryStats, ShutdownReport, StillRunning, Survivors,
+    SweptRegistry, TeardownVerdict, TransferList, UnregisterOutcome, UnregisterOwnedError,
+};
+pub use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
+
+/// The value types, errors and wire descriptor (`rdmareg-core`).
+pub use rdmareg_core as core;
+
+/// The backend seam, the loopback backend and the conformance kit
+/// (`rdmareg-backend`).
+pub use rdmareg_backend as backend;
+
+/// The registry, its pool and its shutdown ordering (`rdmareg-registry`).
+pub use rdmareg_registry as registry;
+
+/// The UCX progress-thread engine and its backend (`rdmareg-ucx`).
+pub use rdmareg_ucx as ucx;

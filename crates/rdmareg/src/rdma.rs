@@ -1,0 +1,150 @@
+//! [`Rdma`]: an engine and a registry, started together and shut down in
+//! order.
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{PeerId, RdmaError};
+use rdmareg_registry::{ConfigError, RdmaRegistry};
+use rdmareg_ucx::UcxEngine;
+use tokio::runtime::Handle;
+
+use crate::config::Config;
+use crate::summary::ShutdownSummary;
+
+/// Why [`Rdma::start`] could not start.
+#[derive(thiserror::Error, Debug)]
+#[non_exhaustive]
+pub enum StartError {
+    /// Called outside a Tokio runtime: the registry spawns its background
+    /// work on the runtime it is started from.
+    #[error(
+        "Rdma::start must be called from inside a Tokio runtime (with its time driver enabled)"
+    )]
+    NoRuntime,
+    /// The registry configuration was refused; nothing was started.
+    #[error("invalid registry configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// The UCX engine did not start (its message carries UCX's status).
+    #[error("the UCX engine did not start: {0}")]
+    Engine(#[from] RdmaError),
+}
+
+/// A UCX engine and the registry over it.
+///
+/// Derefs to [`RdmaRegistry`]: register, allocate, describe and GET through
+/// it. Finish with [`shutdown`](Self::shutdown); dropping it instead tears
+/// the engine down (bounded, blocking the dropping thread) without the
+/// registry's sweep, and regions still registered then wait for their
+/// guards' background deregistrations.
+#[derive(Debug)]
+pub struct Rdma {
+    engine: UcxEngine,
+    registry: RdmaRegistry,
+}
+
+impl Rdma {
+    /// Starts a UCX engine and a registry over it, on the current Tokio
+    /// runtime.
+    ///
+    /// The registry's GET deadline is also the engine's default, so the
+    /// deadline is the same whichever way a GET is issued.
+    ///
+    /// # Errors
+    /// [`StartError::NoRuntime`] outside a runtime; [`StartError::Config`]
+    /// for a registry configuration [`RdmaConfig::validate`](rdmareg_registry::RdmaConfig::validate)
+    /// refuses (checked before the engine starts); [`StartError::Engine`]
+    /// when UCX does not start.
+    pub fn start(config: Config) -> Result<Rdma, StartError> {
+        let handle = Handle::try_current().map_err(|_| StartError::NoRuntime)?;
+        config.registry.validate()?;
+        let ucx = config
+            .ucx
+            .with_default_get_deadline(config.registry.get_deadline);
+        let engine = UcxEngine::start(ucx)?;
+        let backend: Arc<dyn RdmaBackend> = engine.backend();
+        let registry = RdmaRegistry::new(backend, config.registry, handle)?;
+        tracing::debug!(version = ?engine.ucx_version(), "rdmareg started");
+        Ok(Rdma { engine, registry })
+    }
+
+    /// This side's address, for peers to pass to their own
+    /// [`add_peer`](Self::add_peer). Send it over your control channel.
+    pub fn worker_address(&self) -> bytes::Bytes {
+        self.engine.worker_address()
+    }
+
+    /// Records how to reach `peer` from its [`worker_address`](Self::worker_address).
+    ///
+    /// # Errors
+    /// As [`UcxEngine::add_peer`].
+    pub fn add_peer(&self, peer: PeerId, address: bytes::Bytes) -> Result<(), RdmaError> {
+        self.engine.add_peer(peer, address)
+    }
+
+    /// Forgets `peer`; GETs in flight to it fail.
+    ///
+    /// # Errors
+    /// As [`UcxEngine::remove_peer`].
+    pub fn remove_peer(&self, peer: PeerId) -> Result<(), RdmaError> {
+        self.engine.remove_peer(peer)
+    }
+
+    /// The registry (also reachable through `Deref`).
+    pub fn registry(&self) -> &RdmaRegistry {
+        &self.registry
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &UcxEngine {
+        &self.engine
+    }
+
+    /// The ordered shutdown, in one call: the registry's sweep (bounded by
+    /// [`RdmaConfig::shutdown_budget`](rdmareg_registry::RdmaConfig::shutdown_budget)),
+    /// the engine's teardown, then the release of whatever the sweep could
+    /// not confirm — which happens only if the engine then reports nothing
+    /// registered. Returns what it did.
+    ///
+    /// # Cancel safety
+    /// Dropping the future mid-way leaves the registry closed to new work
+    /// and the engine's teardown, once begun, running on its own thread;
+    /// survivors of the sweep are then released by the dropped sweep's own
+    /// rule (see [`SweptRegistry`](rdmareg_registry::SweptRegistry)).
+    pub async fn shutdown(self) -> ShutdownSummary {
+        let started = Instant::now();
+        let before = self.registry.stats();
+        let budget = self.registry.config().shutdown_budget;
+        let swept = self.registry.shutdown(budget).await;
+        let sweep_time = started.elapsed();
+        let teardown_started = Instant::now();
+        self.engine.shutdown().await;
+        let teardown_time = teardown_started.elapsed();
+        let verdict = swept.finish_after_backend_teardown();
+        let after = self.registry.stats();
+        let summary = ShutdownSummary::new(
+            swept.report().clone(),
+            verdict,
+            &before,
+            &after,
+            self.engine.live_registrations(),
+            [sweep_time, teardown_time, started.elapsed()],
+        );
+        if summary.is_clean() {
+            tracing::info!(?summary, "rdmareg shut down");
+        } else {
+            tracing::warn!(?summary, "rdmareg shut down uncleanly");
+        }
+        summary
+    }
+}
+
+impl Deref for Rdma {
+    type Target = RdmaRegistry;
+
+    fn deref(&self) -> &RdmaRegistry {
+        &self.registry
+    }
+}

@@ -1,0 +1,82 @@
+//! [`ShutdownSummary`]: what [`Rdma::shutdown`](crate::Rdma::shutdown) did.
+
+use std::time::Duration;
+
+use rdmareg_registry::{RegistryStats, ShutdownReport, TeardownVerdict};
+
+/// What one [`Rdma::shutdown`](crate::Rdma::shutdown) did, step by step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownSummary {
+    /// The registry's sweep (step 1–3 of the ordering).
+    pub sweep: ShutdownReport,
+    /// What the release after the engine's teardown decided.
+    pub verdict: TeardownVerdict,
+    /// Regions released: confirmed by the sweep's unmaps, or released after
+    /// the teardown on the engine's word that nothing is registered.
+    pub regions_released: usize,
+    /// Pool arenas released, counted as regions are.
+    pub arenas_released: usize,
+    /// Registered bytes (page-rounded, as budgeted) before the shutdown
+    /// minus those after it.
+    pub bytes_released: u64,
+    /// Registered bytes the registry still counts afterwards (0 when clean).
+    pub bytes_still_registered: u64,
+    /// Bytes leaked over the registry's life because their unmap was never
+    /// confirmed (pages that cannot be freed safely).
+    pub leaked_bytes: u64,
+    /// The engine's own registration count after its teardown.
+    pub backend_live: Option<usize>,
+    /// Time spent in the registry's sweep.
+    pub sweep_time: Duration,
+    /// Time spent in the engine's teardown.
+    pub teardown_time: Duration,
+    /// The whole shutdown.
+    pub total_time: Duration,
+}
+
+impl ShutdownSummary {
+    pub(crate) fn new(
+        sweep: ShutdownReport,
+        verdict: TeardownVerdict,
+        before: &RegistryStats,
+        after: &RegistryStats,
+        backend_live: Option<usize>,
+        [sweep_time, teardown_time, total_time]: [Duration; 3],
+    ) -> Self {
+        let (late_regions, late_arenas) = match verdict {
+            TeardownVerdict::Released {
+                regions, arenas, ..
+            } => (regions, arenas),
+            TeardownVerdict::Refused { .. } => (0, 0),
+            // `TeardownVerdict` is non-exhaustive: a verdict this crate does
+            // not know released nothing it can count.
+            _ => (0, 0),
+        };
+        ShutdownSummary {
+            regions_released: sweep.regions_deregistered + late_regions,
+            arenas_released: sweep.arenas_deregistered + late_arenas,
+            bytes_released: before
+                .registered_bytes
+                .saturating_sub(after.registered_bytes),
+            bytes_still_registered: after.registered_bytes,
+            leaked_bytes: after.leaked_bytes,
+            backend_live,
+            sweep,
+            verdict,
+            sweep_time,
+            teardown_time,
+            total_time,
+        }
+    }
+
+    /// Whether everything ended as it should: admitted work drained, every
+    /// registration released, the engine holding none, nothing leaked.
+    pub fn is_clean(&self) -> bool {
+        self.sweep.drained
+            && matches!(self.verdict, TeardownVerdict::Released { .. })
+            && self.backend_live == Some(0)
+            && self.bytes_still_registered == 0
+            && self.leaked_bytes == 0
+    }
+}
