@@ -76,13 +76,44 @@ pub const ARGS: &[&str] = &[
     "rdmareg-tests",
 ];
 
+/// The target directory verification builds in: its own, so that every
+/// rdmareg crate compiled there came from cargo's temporary registry.
+fn verify_target_dir() -> PathBuf {
+    crate::util::target_dir().join("package-verify")
+}
+
+/// Removes the fingerprints of rdmareg's crates from [`verify_target_dir`].
+///
+/// Cargo takes a registry crate of a given name and version to be
+/// immutable, so it would reuse what an earlier verification compiled from
+/// older sources of the same version (seen: a dependent failing on an item
+/// added since). Without the fingerprints it compiles them again; the
+/// third-party dependencies stay built.
+fn forget_verified_builds() -> Result<()> {
+    let fingerprints = verify_target_dir().join("debug/.fingerprint");
+    let Ok(entries) = fs::read_dir(&fingerprints) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("rdmareg-") || name.starts_with("rdmareg_") {
+            fs::remove_dir_all(entry.path()).map_err(|e| {
+                crate::util::Error::msg(format!("cannot remove {}: {e}", entry.path().display()))
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// `cargo xtask package`.
 pub fn run_task(args: &[String]) -> Result<()> {
     if let Some(extra) = args.first() {
         bail!("`cargo xtask package` takes no arguments (got `{extra}`)");
     }
     clear_unpacked()?;
+    forget_verified_builds()?;
     let mut cmd = cargo(ARGS.iter().copied());
+    cmd.env("CARGO_TARGET_DIR", verify_target_dir());
     if std::env::var_os("UCX_DIR").is_none() {
         let linked = ucx::ensure()?;
         cmd.env("UCX_DIR", &linked.prefix);
