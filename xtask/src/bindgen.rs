@@ -1,4 +1,4 @@
-//! `cargo xtask bindgen [--check]`: regenerate the committed `ucx-sys`
+//! `cargo xtask bindgen [--check]`: regenerate the committed `rdmareg-ucx-sys`
 //! bindings, or check that they are current.
 //!
 //! The bindings are committed so that building the workspace needs no
@@ -107,9 +107,9 @@ const TYPES: &[&str] = &[
 /// anonymous `ucp_mem_map` flag and protection enums.
 const VARS: &[&str] = &["UCP_API_MAJOR", "UCP_API_MINOR", "UCP_MEM_MAP_.*"];
 
-/// `crates/ucx-sys/src/bindings.rs`.
+/// `crates/rdmareg-ucx-sys/src/bindings.rs`.
 pub fn bindings_path() -> PathBuf {
-    workspace_root().join("crates/ucx-sys/src/bindings.rs")
+    workspace_root().join("crates/rdmareg-ucx-sys/src/bindings.rs")
 }
 
 /// `cargo xtask bindgen [--check]`.

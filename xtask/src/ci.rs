@@ -6,7 +6,7 @@
 //! one is one more entry in [`steps`].
 //!
 //! UCX is the one `cargo xtask ucx --from-source` builds (cached outside the
-//! clone): 1.22.0 with the patches under `xtask/patches/`, verbs, rdmacm and
+//! clone): 1.22.0 with the patches in `crates/rdmareg-ucx-src/patches/`, verbs, rdmacm and
 //! cma, so every step runs over the patched tcp transport. `UCX_DIR`, when
 //! set, still overrides it (said in the step's output); the PUT-refusal
 //! test then fails unless that UCX carries the patch.
@@ -15,6 +15,11 @@
 //! `protoc` in its build script, so the first workspace build (clippy) fails
 //! without it, and the discovery tests start a real etcd.
 //!
+//! Every step but `cargo xtask vendored` runs with
+//! `RDMAREG_UCX_NO_VENDOR=1`: `--all-features` turns on
+//! `rdmareg-ucx-sys/vendored`, and those steps are meant to run over the
+//! shared patched build above; the vendored static build gets its own step.
+//!
 //! The sanitizer and fuzz steps run last: they build in their own target
 //! directories (`target/asan`, `target/fuzz`), so a failure in the ordinary
 //! steps is reported before the slowest builds start.
@@ -22,7 +27,7 @@
 use std::process::Command;
 
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{asan, bindgen, cluster, etcd, fuzz, netns, ofi, ucx};
+use crate::{asan, bindgen, cluster, etcd, example, fuzz, netns, ofi, package, ucx, vendored};
 
 /// What a step does.
 enum Action {
@@ -80,6 +85,10 @@ fn steps() -> Vec<Step> {
             }),
         },
         Step {
+            name: "every publishable crate packs and verifies (cargo xtask package)",
+            action: Action::Task(|| package::run_task(&[])),
+        },
+        Step {
             name: "tests (cargo nextest run)",
             action: Action::Task(|| {
                 ensure_nextest()?;
@@ -90,6 +99,14 @@ fn steps() -> Vec<Step> {
                     "--all-features",
                 ]))
             }),
+        },
+        Step {
+            name: "static UCX from rdmareg-ucx-src: ib, rdmacm, cma linked in; UCX suites over it (cargo xtask vendored)",
+            action: Action::Task(|| vendored::run_task(&[])),
+        },
+        Step {
+            name: "downstream example: block service on the published crate names (cargo xtask example)",
+            action: Action::Task(|| example::run_task(&[])),
         },
         Step {
             name: "two hosts: demo, link cut, stopped owner, killed consumer (cargo xtask netns)",
@@ -127,6 +144,14 @@ pub fn run_task(args: &[String]) -> Result<()> {
     if let Some(extra) = args.first() {
         bail!("`cargo xtask ci` takes no arguments (got `{extra}`)");
     }
+    // The `--all-features` steps would otherwise turn on
+    // `rdmareg-ucx-sys/vendored` and link every test binary against the
+    // static UCX, which has no tools (`ucx_info`, `ucx_perftest`) and is
+    // covered by its own step. `cargo xtask vendored` clears the variable
+    // for its children.
+    // SAFETY: nothing else runs yet: xtask is single-threaded here, and no
+    // other thread reads the environment while it is written.
+    unsafe { std::env::set_var("RDMAREG_UCX_NO_VENDOR", "1") };
     let steps = steps();
     let total = steps.len();
     let mut timings = Vec::with_capacity(total);

@@ -8,14 +8,17 @@ mod bindgen;
 mod ci;
 mod cluster;
 mod etcd;
+mod example;
 mod fuzz;
 mod netns;
 mod nixl;
 mod ofi;
+mod package;
 mod run_cli;
 mod ucx;
 mod ucx_source;
 mod util;
+mod vendored;
 
 use std::process::ExitCode;
 
@@ -33,13 +36,17 @@ tasks:
   nixl               provision NIXL 1.5.1 (the nixl-cu12 wheel, numpy, no torch) in a
                      cached virtualenv, running over the workspace's UCX; the peer of
                      `rdmareg bench --peers nixl`
-  bindgen [--check]  regenerate crates/ucx-sys/src/bindings.rs, or check it is current
+  bindgen [--check]  regenerate crates/rdmareg-ucx-sys/src/bindings.rs, or check it is current
   etcd               install etcd and protoc when missing (discovery tests; the
                      etcd-client build needs protoc)
   ofi                find or provision libfabric (>= 1.17; Debian's libfabric-dev when
                      missing, or OFI_DIR / pkg-config for a site libfabric)
   ofi-bindgen [--check]
                      regenerate crates/rdmareg-ofi-sys/src/bindings.rs, or check it is current
+  package            cargo package every publishable crate, verified against the provisioned UCX
+  vendored [--full]  build UCX statically from crates/rdmareg-ucx-src (feature `vendored`:
+                     verbs, mlx5, rdmacm, cma) and run the UCX suites over it
+  example            build and run examples/block-service (a downstream project on the published crates)
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
@@ -78,6 +85,9 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ofi-bindgen" => ofi::run_bindgen_task(rest),
         "ci" => ci::run_task(rest),
         "etcd" => etcd::run_task(rest),
+        "package" => package::run_task(rest),
+        "example" => example::run_task(rest),
+        "vendored" => vendored::run_task(rest),
         "demo" => run_cli::run_task("demo", rest),
         "bench" => run_cli::run_task("bench", rest),
         "asan" => asan::run_task(rest),

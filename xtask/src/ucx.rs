@@ -1,6 +1,6 @@
 //! `cargo xtask ucx`: make a UCX available and say which one it is.
 //!
-//! The search order is the one the `ucx-sys` build script uses, so what this
+//! The search order is the one the `rdmareg-ucx-sys` build script uses, so what this
 //! prints is what the workspace links:
 //!
 //! 1. `UCX_DIR`, when set. It is the user's explicit choice, so a broken or
@@ -16,7 +16,7 @@
 //! Two ways to provision, whatever is found:
 //!
 //! - `--from-source`: UCX 1.22.0 built from the release tarball with the
-//!   patches under `xtask/patches/`, verbs, rdmacm and cma, into a cache
+//!   patches in `crates/rdmareg-ucx-src/patches/`, verbs, rdmacm and cma, into a cache
 //!   outside the clone. Several minutes the first time, then reused.
 //! - `--wheel`: the upstream-built `libucx-cu12` wheel, fetched with pip and
 //!   unpacked into `target/ucx-1.22.0/`. Seconds, but unpatched and without

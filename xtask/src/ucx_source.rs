@@ -1,11 +1,13 @@
 //! `cargo xtask ucx --from-source`: UCX 1.22.0 built from its release
 //! sources with rdmareg's patches, with InfiniBand (verbs, rdmacm) and cma.
 //!
-//! The release tarball comes from inside the crates.io package
-//! `ucx-rs 0.1.0+ucx.1.22.0`, which vendors it unmodified. Both the package
-//! and the tarball are checked against SHA-256 digests pinned here before
-//! anything is extracted or run. The patches under
-//! `xtask/patches/ucx-1.22.0/` are applied in name order with `patch -p1`.
+//! The release tarball and the patches come from the workspace crate
+//! `rdmareg-ucx-src` (`crates/rdmareg-ucx-src`), which carries the tarball
+//! of the crates.io package `ucx-rs 0.1.0+ucx.1.22.0` unmodified and checks
+//! it against its recorded SHA-256 before unpacking; its `patches/` are
+//! applied in name order with `patch -p1`. This is the shared build with
+//! tools (`ucx_info`, `ucx_perftest`) that CI links; the same sources give
+//! the static build of the `vendored` feature.
 //!
 //! The install goes to a cache directory outside the clone, named by the
 //! release and a digest of everything that decides the build (tarball,
@@ -30,20 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::{self, Command};
 
 use crate::ucx::{self, MINIMUM_API, Origin, PINNED_RELEASE, Ucx};
-use crate::util::{Context, Error, Result, bail, format_duration, run, timed, workspace_root};
-
-/// The crates.io package that carries the release tarball.
-const CRATE_URL: &str = "https://static.crates.io/crates/ucx-rs/ucx-rs-0.1.0%2Bucx.1.22.0.crate";
-
-/// SHA-256 of [`CRATE_URL`]'s content, as the crates.io index records it.
-const CRATE_SHA256: &str = "b0f69840ad9bf0a2dddb056c1fcc847ea8de16cce0d29dee6a4d164049598b45";
-
-/// The tarball's path inside the package.
-const TARBALL_IN_CRATE: &str = "ucx-rs-0.1.0+ucx.1.22.0/vendor/ucx-1.22.0.tar.gz";
-
-/// SHA-256 of the UCX 1.22.0 release tarball (the one inside the package;
-/// its `src/` matches the upstream `v1.22.0` tag file for file).
-const TARBALL_SHA256: &str = "258941cddd14ca60d38c0d31b9b09ec1052c901086841011a498da8b55a3cb24";
+use crate::util::{Context, Error, Result, bail, format_duration, run, timed};
 
 /// The configure arguments beyond `--prefix`: UCX's own release settings
 /// (`contrib/configure-release`), threads, cma, InfiniBand through the
@@ -77,7 +66,6 @@ pub const CONFIGURE_ARGS: &[&str] = &[
 const BUILD_DEPENDENCIES: &[(&str, &str)] = &[
     ("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
     ("/usr/include/rdma/rdma_cma.h", "librdmacm-dev"),
-    ("/usr/bin/curl", "curl"),
     ("/usr/bin/patch", "patch"),
     ("/usr/bin/make", "make"),
     ("/usr/bin/g++", "g++"),
@@ -87,21 +75,9 @@ const BUILD_DEPENDENCIES: &[(&str, &str)] = &[
 /// library was built from the patched source.
 const PATCH_MARKER: &str = "but PUT is disabled on this interface";
 
-/// The directory holding the patches, in the order they apply.
-fn patch_dir() -> PathBuf {
-    workspace_root().join(format!("xtask/patches/ucx-{PINNED_RELEASE}"))
-}
-
-/// The patches, sorted by file name.
+/// The patches, sorted by file name (the order they apply in).
 fn patches() -> Result<Vec<PathBuf>> {
-    let dir = patch_dir();
-    let mut found: Vec<PathBuf> = fs::read_dir(&dir)
-        .context(format!("cannot list {}", dir.display()))?
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .filter(|path| path.extension().is_some_and(|ext| ext == "patch"))
-        .collect();
-    found.sort();
-    Ok(found)
+    rdmareg_ucx_src::patches().map_err(|e| Error::msg(e.to_string()))
 }
 
 /// The cache root: `$RDMAREG_UCX_CACHE`; else, for root,
@@ -147,7 +123,11 @@ fn sha256_of(path: &Path) -> Result<String> {
 /// build: the tarball digest, each patch's name and content, and the
 /// configure arguments.
 fn build_key(patches: &[PathBuf], staging: &Path) -> Result<String> {
-    let mut recipe = format!("{TARBALL_SHA256}\n{}\n", CONFIGURE_ARGS.join(" "));
+    let mut recipe = format!(
+        "{}\n{}\n",
+        rdmareg_ucx_src::TARBALL_SHA256,
+        CONFIGURE_ARGS.join(" ")
+    );
     for patch in patches {
         let name = patch.file_name().unwrap_or_default().to_string_lossy();
         recipe.push_str(&format!("{name} {}\n", sha256_of(patch)?));
@@ -229,36 +209,13 @@ fn build(prefix: &Path) -> Result<Ucx> {
 fn build_in(staging: &Path, prefix: &Path) -> Result<Ucx> {
     ensure_build_dependencies()?;
 
-    let package = staging.join("ucx-rs.crate");
-    run(Command::new("curl")
-        .args(["--fail", "--silent", "--show-error", "--location"])
-        .args(["--retry", "3", "--output"])
-        .arg(&package)
-        .arg(CRATE_URL))
-    .map_err(|e| Error::msg(format!("cannot download {CRATE_URL}: {e}")))?;
-    check_digest(&package, CRATE_SHA256)?;
-
-    run(Command::new("tar")
-        .arg("-xzf")
-        .arg(&package)
-        .arg("-C")
-        .arg(staging)
-        .arg(TARBALL_IN_CRATE))?;
-    let tarball = staging.join(TARBALL_IN_CRATE);
-    check_digest(&tarball, TARBALL_SHA256)?;
-    run(Command::new("tar")
-        .arg("-xzf")
-        .arg(&tarball)
-        .arg("-C")
-        .arg(staging))?;
-    let source = staging.join(format!("ucx-{PINNED_RELEASE}"));
-
-    for patch in patches()? {
-        run(Command::new("patch")
-            .args(["-p1", "--forward", "--batch", "--input"])
-            .arg(&patch)
-            .current_dir(&source))?;
-    }
+    let source = rdmareg_ucx_src::unpack_patched(staging).map_err(|e| Error::msg(e.to_string()))?;
+    eprintln!(
+        "unpacked {} (sha256 {}) with {} patch(es)",
+        rdmareg_ucx_src::tarball().display(),
+        rdmareg_ucx_src::TARBALL_SHA256,
+        patches()?.len()
+    );
 
     let build_dir = source.join("build-rdmareg");
     fs::create_dir_all(&build_dir).context(format!("cannot create {}", build_dir.display()))?;
@@ -301,20 +258,8 @@ fn build_in(staging: &Path, prefix: &Path) -> Result<Ucx> {
     Ucx::at(prefix, Origin::SourceBuild)
 }
 
-fn check_digest(path: &Path, expected: &str) -> Result<()> {
-    let actual = sha256_of(path)?;
-    if actual != expected {
-        bail!(
-            "{} has SHA-256 {actual}, expected {expected}; refusing to build it",
-            path.display()
-        );
-    }
-    eprintln!("verified {} (sha256 {actual})", path.display());
-    Ok(())
-}
-
 /// Installs with apt-get whatever of [`BUILD_DEPENDENCIES`] is missing.
-fn ensure_build_dependencies() -> Result<()> {
+pub fn ensure_build_dependencies() -> Result<()> {
     let missing: Vec<&str> = BUILD_DEPENDENCIES
         .iter()
         .filter(|(file, _)| !Path::new(file).exists())
@@ -469,7 +414,7 @@ mod tests {
                 .any(|n| n.contains("refuse-put-requests-when-put-is-disabled")),
             "{names:?}"
         );
-        let text = fs::read_to_string(patch_dir().join(&names[0])).unwrap();
+        let text = fs::read_to_string(rdmareg_ucx_src::patch_dir().join(&names[0])).unwrap();
         assert!(text.contains(PATCH_MARKER));
     }
 }

@@ -66,7 +66,7 @@ pub fn workspace_root() -> PathBuf {
 /// The directory build output and provisioned tools go to.
 ///
 /// Always `<workspace>/target`, whatever `CARGO_TARGET_DIR` says: the
-/// `ucx-sys` build script looks for the provisioned UCX at exactly this path.
+/// `rdmareg-ucx-sys` build script looks for the provisioned UCX at exactly this path.
 pub fn target_dir() -> PathBuf {
     workspace_root().join("target")
 }

@@ -118,6 +118,7 @@
 //! [`RdmaError::ShuttingDown`]: rdmareg_core::RdmaError::ShuttingDown
 
 mod backend;
+pub mod build_info;
 mod command;
 mod config;
 mod doorbell;

@@ -6,7 +6,7 @@
 //! socket, whatever the UCP features of the receiving context. rdmareg's
 //! engine turns tcp PUT off (`TCP_PUT_ENABLE=n`), and the UCX that
 //! `cargo xtask ucx --from-source` builds carries a patch
-//! (`xtask/patches/ucx-1.22.0/`) under which an interface with PUT off
+//! (`crates/rdmareg-ucx-src/patches/`) under which an interface with PUT off
 //! refuses such a frame and closes the connection.
 //!
 //! Each test starts an owner and a consumer engine, finds the tcp ports the
@@ -19,6 +19,12 @@
 //!
 //! Against an unpatched UCX (the `libucx-cu12` wheel, a site UCX) this test
 //! fails: the bytes are overwritten.
+//!
+//! Not built over the vendored static UCX (`ucx_vendored`): the attacker is
+//! compiled against a shared `libuct`, which that build does not make. The
+//! patch it tests is the same file in both builds
+//! (`rdmareg-ucx-src/patches/`).
+#![cfg(not(ucx_vendored))]
 
 mod common;
 

@@ -290,6 +290,11 @@ pub fn charts(rows: &[GetRow]) -> Vec<Chart> {
             ],
         });
     }
+    // A peer that was not measured (NIXL without `--peers nixl`, perftest
+    // with `--no-perftest`) draws no empty line and takes no legend entry.
+    for chart in &mut charts {
+        chart.series.retain(|series| !series.points.is_empty());
+    }
     charts
 }
 

@@ -12,6 +12,10 @@
 //!    before `target/ucx-prefix` existed.
 //! 4. pkg-config (`ucx`).
 //!
+//! When `DOCS_RS` is set (docs.rs builds documentation with no UCX present)
+//! nothing is searched and nothing is linked: the committed bindings need no
+//! headers, and every published path is empty.
+//!
 //! Metadata for dependents' build scripts (`DEP_UCP_<KEY>`): `ROOT`,
 //! `INCLUDE`, `LIBDIR`, `BINDIR`, `VERSION` (the headers' `major.minor`).
 //! The same paths reach this crate's code as `UCXSYS_*` compile-time
@@ -48,14 +52,42 @@ struct Install {
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     println!("cargo::rerun-if-env-changed=UCX_DIR");
+    println!("cargo::rerun-if-env-changed=DOCS_RS");
+
+    if env::var_os("DOCS_RS").is_some() {
+        // docs.rs has no UCX. The committed bindings compile without one;
+        // nothing is linked (rustdoc links nothing) and every path is empty.
+        publish(&[
+            ("root", String::new()),
+            ("include", String::new()),
+            ("libdir", String::new()),
+            ("bindir", String::new()),
+            ("version", String::new()),
+        ]);
+        return;
+    }
+
+    println!("cargo::rustc-check-cfg=cfg(ucx_vendored)");
+    println!("cargo::rerun-if-env-changed=RDMAREG_UCX_NO_VENDOR");
+    #[cfg(feature = "vendored")]
+    {
+        println!("cargo::rerun-if-env-changed=RDMAREG_UCX_CACHE");
+        if env::var_os("RDMAREG_UCX_NO_VENDOR").is_none_or(|value| value.is_empty() || value == "0")
+        {
+            vendored();
+            return;
+        }
+    }
 
     let ucx = match find() {
         Ok(ucx) => ucx,
-        Err(problem) => panic!("\n\nucx-sys cannot find a usable UCX: {problem}\n{FIX}\n\n"),
+        Err(problem) => {
+            panic!("\n\nrdmareg-ucx-sys cannot find a usable UCX: {problem}\n{FIX}\n\n")
+        }
     };
     if ucx.api < MINIMUM_API {
         panic!(
-            "\n\nucx-sys found UCX {}.{} at {}, older than the minimum {}.{}.\n{FIX}\n\n",
+            "\n\nrdmareg-ucx-sys found UCX {}.{} at {}, older than the minimum {}.{}.\n{FIX}\n\n",
             ucx.api.0,
             ucx.api.1,
             ucx.root.display(),
@@ -72,6 +104,18 @@ fn main() {
     println!("cargo::rustc-link-search=native={}", ucx.libdir.display());
     println!("cargo::rustc-link-lib=dylib=ucp");
     println!("cargo::rustc-link-lib=dylib=ucs");
+    // The component listing (`ucx_sys::uct`) calls libuct directly.
+    println!("cargo::rustc-link-lib=dylib=uct");
+    // Linked-in libraries under OUT_DIR: `cargo run`, `cargo test` and
+    // cargo-nextest put link-search directories inside the target directory
+    // on the dynamic loader's path, so every dependent's binaries find UCX
+    // when cargo runs them, with no build script of their own.
+    match link_farm(&ucx.libdir) {
+        Ok(farm) => println!("cargo::rustc-link-search=native={}", farm.display()),
+        Err(e) => println!(
+            "cargo::warning=cannot link UCX's libraries into OUT_DIR ({e}); dependents' binaries need a run path to find them"
+        ),
+    }
     // This crate's tests find the libraries without LD_LIBRARY_PATH;
     // dependents add the same line from DEP_UCP_LIBDIR (see the crate docs).
     println!(
@@ -80,13 +124,89 @@ fn main() {
     );
 
     let version = format!("{}.{}", ucx.api.0, ucx.api.1);
-    for (key, value) in [
+    println!("cargo::metadata=vendored=");
+    publish(&[
         ("root", ucx.root.display().to_string()),
         ("include", ucx.include.display().to_string()),
         ("libdir", ucx.libdir.display().to_string()),
         ("bindir", ucx.bindir.display().to_string()),
         ("version", version),
-    ] {
+    ]);
+}
+
+/// `OUT_DIR/ucx-lib`, holding symbolic links to UCX's shared libraries in
+/// `libdir` (`libucp.so*`, `libucs.so*`, `libuct.so*`, `libucm.so*`) and to
+/// its module directory `ucx/`: libucs looks for transport modules in
+/// `ucx/` beside the path it was loaded from (and in the install's own
+/// module directory, which a relocated install such as the wheel lacks).
+fn link_farm(libdir: &Path) -> std::io::Result<PathBuf> {
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let farm = out.join("ucx-lib");
+    if farm.exists() {
+        fs::remove_dir_all(&farm)?;
+    }
+    fs::create_dir_all(&farm)?;
+    for entry in fs::read_dir(libdir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let text = name.to_string_lossy();
+        let wanted = text == "ucx"
+            || ["libucp.so", "libucs.so", "libuct.so", "libucm.so"]
+                .iter()
+                .any(|stem| text.starts_with(stem));
+        if wanted {
+            let real = fs::canonicalize(entry.path())?;
+            std::os::unix::fs::symlink(real, farm.join(&name))?;
+        }
+    }
+    Ok(farm)
+}
+
+/// The `vendored` feature: build (or reuse the cached) static UCX from
+/// `rdmareg-ucx-src` and link it in, with rdma-core's libraries dynamic.
+#[cfg(feature = "vendored")]
+fn vendored() {
+    let build = match rdmareg_ucx_src::static_build() {
+        Ok(build) => build,
+        Err(e) => panic!("\n\nrdmareg-ucx-sys cannot build the vendored UCX: {e}\n\n"),
+    };
+    let header = build.include_dir.join("ucp/api/ucp_version.h");
+    let api = fs::read_to_string(&header)
+        .ok()
+        .and_then(|text| api_version(&text))
+        .unwrap_or_else(|| panic!("{} has no UCP_API_MAJOR/MINOR", header.display()));
+    println!(
+        "cargo::rustc-link-search=native={}",
+        build.lib_dir.display()
+    );
+    println!(
+        "cargo::rustc-link-search=native={}",
+        build.module_dir.display()
+    );
+    for archive in build.archives() {
+        println!("cargo::rustc-link-lib=static={archive}");
+    }
+    for library in build.system_libraries() {
+        println!("cargo::rustc-link-lib=dylib={library}");
+    }
+    // This crate's code references each component's constructor.
+    println!("cargo::rustc-cfg=ucx_vendored");
+    println!("cargo::metadata=vendored=1");
+    publish(&[
+        ("root", build.prefix.display().to_string()),
+        ("include", build.include_dir.display().to_string()),
+        // Nothing to find at run time: no run path wanted.
+        ("libdir", String::new()),
+        // A static-only build makes no tools.
+        ("bindir", String::new()),
+        ("version", format!("{}.{}", api.0, api.1)),
+    ]);
+}
+
+/// Tells dependents' build scripts (`DEP_UCP_<KEY>`) and this crate's code
+/// (`UCXSYS_<KEY>`) where the install is.
+fn publish(entries: &[(&str, String)]) {
+    for (key, value) in entries {
         println!("cargo::metadata={key}={value}");
         println!("cargo::rustc-env=UCXSYS_{}={value}", key.to_uppercase());
     }
@@ -128,7 +248,7 @@ fn find() -> Result<Install, String> {
     })
 }
 
-/// `crates/ucx-sys` → the workspace root two levels up.
+/// `crates/rdmareg-ucx-sys` → the workspace root two levels up.
 fn workspace_root() -> PathBuf {
     let manifest_dir =
         PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));

@@ -69,9 +69,21 @@ mod tests {
         assert_eq!(library_path(Some(OsString::new())), OsString::from(LIB_DIR));
     }
 
+    #[cfg(not(ucx_vendored))]
     #[test]
     fn the_build_time_install_holds_the_header_and_library() {
         assert!(Path::new(INCLUDE_DIR).join("ucp/api/ucp.h").is_file());
         assert!(Path::new(LIB_DIR).join("libucp.so").exists());
+    }
+
+    /// The vendored build links archives and ships no shared library and no
+    /// tools: what it publishes is the prefix and the headers.
+    #[cfg(ucx_vendored)]
+    #[test]
+    fn the_vendored_install_holds_the_header_and_the_static_library() {
+        assert!(Path::new(INCLUDE_DIR).join("ucp/api/ucp.h").is_file());
+        assert!(Path::new(ROOT).join("lib/libucp.a").is_file());
+        assert!(Path::new(ROOT).join("lib/ucx/libuct_ib.a").is_file());
+        assert!(LIB_DIR.is_empty() && BIN_DIR.is_empty());
     }
 }

@@ -32,31 +32,90 @@
 //! is found the build fails saying how to fix it: run `cargo xtask ucx`, or
 //! set `UCX_DIR=/path/to/ucx`.
 //!
+//! # The `vendored` feature
+//!
+//! With `vendored`, the build script ignores all of the above and builds
+//! UCX 1.22.0 from the sources in `rdmareg-ucx-src` (checked by SHA-256,
+//! patched), statically, with verbs, mlx5, rdmacm, cma and multi-thread
+//! support, cached outside the target directory; the archives are linked
+//! into the final binary and only rdma-core's libraries (`libibverbs`,
+//! `libmlx5`, `librdmacm`) are loaded at run time. It needs rdma-core's
+//! development files to build (Debian: `libibverbs-dev librdmacm-dev`).
+//! `RDMAREG_UCX_NO_VENDOR=1` turns the feature off from the environment,
+//! for builds that enable every feature but want the ordinary search.
+//! [`VENDORED`] says which kind of UCX was linked.
+//!
 //! # Finding `libucp` at run time (for crates that depend on this one)
 //!
-//! Nobody should need `LD_LIBRARY_PATH`. This crate's build script publishes
-//! the library directory as `DEP_UCP_LIBDIR` to crates that depend on it
-//! directly, and each crate that links a binary or test against UCX adds a
-//! run path with a `build.rs` of three lines:
+//! Nobody should need `LD_LIBRARY_PATH`, and a crate depending on
+//! `rdmareg-ucx` should need no build script. What works:
+//!
+//! - **Under cargo** (`cargo run`, `cargo test`, `cargo bench`,
+//!   `cargo nextest`): the build script links UCX's shared libraries (and
+//!   its module directory) into `OUT_DIR/ucx-lib` and names that directory
+//!   as a link-search path. Cargo puts link-search paths inside the target
+//!   directory on the loader's path of every binary it runs, in every
+//!   dependent crate.
+//! - **A binary run on its own** has no such help: a link argument such as
+//!   an rpath applies only to the crate whose build script prints it, and
+//!   cargo passes no link argument on to dependents. Either link UCX in
+//!   statically (`vendored`, nothing to find), use a UCX the system loader
+//!   finds (an install registered with `ldconfig`), or add the run path in
+//!   the binary crate's own `build.rs` from `DEP_UCP_LIBDIR` (set for
+//!   crates that list this one among their `[dependencies]`; empty when
+//!   nothing is linked dynamically):
 //!
 //! ```no_run
 //! fn main() {
-//!     let libdir = std::env::var("DEP_UCP_LIBDIR").expect("ucx-sys publishes DEP_UCP_LIBDIR");
-//!     println!("cargo::rustc-link-arg=-Wl,-rpath,{libdir}");
+//!     let libdir = std::env::var("DEP_UCP_LIBDIR").unwrap_or_default();
+//!     if !libdir.is_empty() {
+//!         println!("cargo::rustc-link-arg=-Wl,-rpath,{libdir}");
+//!     }
 //! }
 //! ```
 //!
-//! (`ucx-sys` must be among that crate's `[dependencies]` for the variable to
-//! be set.) The run path covers `libucp` and `libucs`; `libucp` finds
-//! `libuct`, `libucm` and the transport modules in `lib/ucx/` from its own
-//! location. Run-path lookups come after `LD_LIBRARY_PATH`, so a user can
-//! still point a binary at another UCX deliberately.
+//! Run-path lookups come after `LD_LIBRARY_PATH`, so a user can still point
+//! a binary at another UCX deliberately.
 
 // The run-path example above is a complete build script, `fn main` included.
 #![allow(clippy::needless_doctest_main)]
 
 pub mod install;
 pub mod status_ptr;
+#[allow(non_camel_case_types)]
+pub mod uct;
+
+/// Whether UCX is linked in statically from the `vendored` feature's build.
+pub const VENDORED: bool = cfg!(ucx_vendored);
+
+/// With the static UCX of the `vendored` feature, references to the ELF
+/// constructors that register UCX's components. The linker takes a member
+/// of an archive only when something references a symbol in it; without
+/// these, `ucp_init` would find no configuration tables and no transports.
+/// `#[used]` keeps the references through dead-code elimination.
+#[cfg(ucx_vendored)]
+mod constructors {
+    unsafe extern "C" {
+        fn ucs_init();
+        fn uct_init();
+        fn ucp_global_init();
+        fn uct_ib_init();
+        fn uct_mlx5_init();
+        fn uct_rdmacm_init();
+        fn uct_cma_init();
+    }
+
+    #[used]
+    static CONSTRUCTORS: [unsafe extern "C" fn(); 7] = [
+        ucs_init,
+        uct_init,
+        ucp_global_init,
+        uct_ib_init,
+        uct_mlx5_init,
+        uct_rdmacm_init,
+        uct_cma_init,
+    ];
+}
 
 /// The generated declarations; see the crate docs for their conventions.
 #[allow(

@@ -1,0 +1,122 @@
+//! `cargo xtask package`: `cargo package` for every publishable crate, each
+//! verified by building it as crates.io would (from the packed `.crate`,
+//! with path dependencies replaced by the other packed crates).
+//!
+//! Verification builds `rdmareg-ucx-sys` from its package, outside the
+//! workspace, so its build script cannot find `target/ucx-prefix`; the task
+//! hands it the provisioned UCX as `UCX_DIR` (unless `UCX_DIR` is already
+//! set). The test crate and xtask are not published and are left out;
+//! `rdmareg-cli` (`publish = false`) is packed and verified all the same, so
+//! the binary is known to build from the packed libraries.
+
+use std::fs;
+use std::path::PathBuf;
+
+use crate::ucx;
+use crate::util::{Result, bail, cargo, run};
+
+/// The crates `cargo package` packs, by name.
+const PACKED: &[&str] = &[
+    "rdmareg-core",
+    "rdmareg-backend",
+    "rdmareg-registry",
+    "rdmareg-ucx-src",
+    "rdmareg-ucx-sys",
+    "rdmareg-ucx",
+    "rdmareg",
+    "rdmareg-cli",
+];
+
+/// Removes what earlier runs unpacked from cargo's temporary registry.
+///
+/// Verification unpacks each packed dependency under
+/// `$CARGO_HOME/registry/src/<id of target/package/tmp-registry>/` and
+/// reuses a directory already there for the same name and version, so a
+/// second run from the same checkout path would verify against the first
+/// run's sources (seen: a dependent failing on an item added since).
+fn clear_unpacked() -> Result<()> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
+    let Some(sources) = home.map(|home| home.join("registry/src")) else {
+        return Ok(());
+    };
+    let Ok(registries) = fs::read_dir(&sources) else {
+        return Ok(());
+    };
+    for registry in registries.flatten() {
+        let Ok(entries) = fs::read_dir(registry.path()) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ours = PACKED
+                .iter()
+                .any(|crate_name| name == format!("{crate_name}-{}", env!("CARGO_PKG_VERSION")));
+            if ours {
+                fs::remove_dir_all(entry.path()).map_err(|e| {
+                    crate::util::Error::msg(format!(
+                        "cannot remove {}: {e}",
+                        entry.path().display()
+                    ))
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `cargo package` arguments: the workspace less what is never packed.
+pub const ARGS: &[&str] = &[
+    "package",
+    "--workspace",
+    "--exclude",
+    "xtask",
+    "--exclude",
+    "rdmareg-tests",
+];
+
+/// The target directory verification builds in: its own, so that every
+/// rdmareg crate compiled there came from cargo's temporary registry.
+fn verify_target_dir() -> PathBuf {
+    crate::util::target_dir().join("package-verify")
+}
+
+/// Removes the fingerprints of rdmareg's crates from [`verify_target_dir`].
+///
+/// Cargo takes a registry crate of a given name and version to be
+/// immutable, so it would reuse what an earlier verification compiled from
+/// older sources of the same version (seen: a dependent failing on an item
+/// added since). Without the fingerprints it compiles them again; the
+/// third-party dependencies stay built.
+fn forget_verified_builds() -> Result<()> {
+    let fingerprints = verify_target_dir().join("debug/.fingerprint");
+    let Ok(entries) = fs::read_dir(&fingerprints) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("rdmareg-") || name.starts_with("rdmareg_") {
+            fs::remove_dir_all(entry.path()).map_err(|e| {
+                crate::util::Error::msg(format!("cannot remove {}: {e}", entry.path().display()))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// `cargo xtask package`.
+pub fn run_task(args: &[String]) -> Result<()> {
+    if let Some(extra) = args.first() {
+        bail!("`cargo xtask package` takes no arguments (got `{extra}`)");
+    }
+    clear_unpacked()?;
+    forget_verified_builds()?;
+    let mut cmd = cargo(ARGS.iter().copied());
+    cmd.env("CARGO_TARGET_DIR", verify_target_dir());
+    if std::env::var_os("UCX_DIR").is_none() {
+        let linked = ucx::ensure()?;
+        cmd.env("UCX_DIR", &linked.prefix);
+    }
+    run(&mut cmd)
+}
