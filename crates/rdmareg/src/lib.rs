@@ -29,6 +29,13 @@
 //! then [`UcxEngine::shutdown`], then
 //! [`SweptRegistry::finish_after_backend_teardown`].
 //!
+//! # Discovery
+//!
+//! With the `discovery` feature, [`discovery`] publishes worker addresses
+//! and named descriptors on etcd under leases, and `PublishedRegion` ties a
+//! name to a registration so the name is withdrawn before the region is
+//! unregistered.
+//!
 //! # Metrics
 //!
 //! The registry counts what it does ([`RdmaRegistry::metrics`]: registered
@@ -43,12 +50,21 @@
 mod config;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+#[cfg(feature = "discovery")]
+mod published;
 mod rdma;
 mod summary;
 
 pub use config::Config;
 pub use rdma::{Rdma, StartError};
 pub use summary::ShutdownSummary;
+
+#[cfg(feature = "discovery")]
+pub use published::{PublishError, PublishFailure, PublishedRegion};
+/// Peers and named descriptors on etcd (`rdmareg-discovery`, feature
+/// `discovery`).
+#[cfg(feature = "discovery")]
+pub use rdmareg_discovery as discovery;
 
 pub use rdmareg_backend::RdmaBackend;
 pub use rdmareg_core::{
