@@ -104,6 +104,16 @@ impl RdmaBackend for OfiBackend {
     /// The unmap is submitted when this method is called; dropping the
     /// future abandons only the answer.
     fn unmap(&self, backend_region_id: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
+        // After teardown nothing is registered but what teardown could not
+        // deregister: any other id names nothing, and its unmap is `Ok`.
+        if let Some(still) = self.shared.signals.still_registered_after_teardown.get() {
+            let answer = if still.contains(&backend_region_id) {
+                Err(RdmaError::ShuttingDown)
+            } else {
+                Ok(())
+            };
+            return Box::pin(std::future::ready(answer));
+        }
         let (reply, answer) = oneshot::channel();
         let mut submit = self.shared.submit(
             Command::Unmap {

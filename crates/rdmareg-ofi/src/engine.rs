@@ -77,6 +77,10 @@ pub(crate) struct Signals {
     pub(crate) doorbell: Doorbell,
     pub(crate) closed: AtomicBool,
     pub(crate) live_registrations: AtomicUsize,
+    /// Set once teardown ended: the region ids it could not deregister.
+    /// Every other id names nothing any more, so an unmap of it is the
+    /// idempotent unmap of a released id and answers `Ok`.
+    pub(crate) still_registered_after_teardown: std::sync::OnceLock<std::collections::HashSet<u64>>,
 }
 
 /// The submitter side of an engine, shared by the handle and every backend.
@@ -227,6 +231,7 @@ impl OfiEngine {
             doorbell,
             closed: AtomicBool::new(false),
             live_registrations: AtomicUsize::new(0),
+            still_registered_after_teardown: std::sync::OnceLock::new(),
         });
         let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
         let (control_tx, control_rx) = crossbeam_channel::unbounded();

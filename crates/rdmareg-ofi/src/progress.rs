@@ -830,6 +830,10 @@ impl Engine {
         if live != 0 {
             tracing::error!(live, "teardown left regions registered");
         }
+        let _ = self
+            .signals
+            .still_registered_after_teardown
+            .set(self.regions.keys().copied().collect());
         for reply in self.shutdown_replies.drain(..) {
             let _ = reply.send(());
         }
