@@ -665,8 +665,8 @@ fn check_mid_transfer(consumer: &Demo) -> Result<()> {
         consumer
             .report_lines()
             .iter()
-            .any(|l| l.contains("GET of range")),
-        "the fault did not land mid-transfer (no failed GET reported)",
+            .any(|l| l.contains("GET of range") || l.contains("of a transfer list failed")),
+        "the fault did not land mid-transfer (no failed GET or transfer list reported)",
     )
 }
 
