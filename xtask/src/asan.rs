@@ -137,6 +137,8 @@ const LEAKS_BY_DESIGN: &[Named] = &[
     suite("transfer::get_past_its_deadline_times_out_and_returns_the_buffer"),
     suite("transfer::get_refuses_a_descriptor_of_another_backend"),
     suite("transfer::get_refuses_a_range_that_does_not_fit_the_destination"),
+    suite("transfer::a_get_carries_the_registry_deadline_not_the_backend_default"),
+    suite("metrics::counters_follow_registrations_gets_and_errors"),
 ];
 
 /// A unit test of the registry library.
