@@ -25,9 +25,7 @@
 //! half-made install. Which UCX the workspace links is recorded in
 //! `target/ucx-prefix` (see [`crate::ucx`]).
 
-use std::env;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{self, Command};
 
@@ -87,20 +85,7 @@ fn patches() -> Result<Vec<PathBuf>> {
 /// Root's home is closed to other users (mode 0700 on Debian), and the
 /// tests run some processes as another user that must load this UCX.
 pub fn cache_root() -> Result<PathBuf> {
-    let nonempty = |name: &str| env::var_os(name).filter(|value| !value.is_empty());
-    if let Some(dir) = nonempty("RDMAREG_UCX_CACHE") {
-        return Ok(PathBuf::from(dir));
-    }
-    if fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0) {
-        return Ok(PathBuf::from("/var/cache/rdmareg"));
-    }
-    if let Some(dir) = nonempty("XDG_CACHE_HOME") {
-        return Ok(PathBuf::from(dir).join("rdmareg"));
-    }
-    match nonempty("HOME") {
-        Some(home) => Ok(PathBuf::from(home).join(".cache/rdmareg")),
-        None => bail!("neither RDMAREG_UCX_CACHE, XDG_CACHE_HOME nor HOME is set"),
-    }
+    rdmareg_ucx_src::cache_root().map_err(|e| Error::msg(e.to_string()))
 }
 
 /// SHA-256 of a file, with coreutils' `sha256sum`.
