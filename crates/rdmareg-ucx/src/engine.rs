@@ -322,6 +322,7 @@ impl UcxEngine {
             })?;
         if !direct_lane {
             address.direct = None;
+            address.process = None;
         }
         self.shared.push_now(Command::AddPeer { peer, address })
     }

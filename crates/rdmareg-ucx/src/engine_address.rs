@@ -12,6 +12,7 @@
 //! | 2 | serving address length `n` (u16, little-endian), at least 1 |
 //! | `n` | the serving worker's packed UCP address |
 //! | 2 + `m` | only with flag bit 0: length `m` (u16, little-endian, at least 1) and the direct-read worker's packed UCP address |
+//! | 28 | only with flag bit 1, which needs bit 0: the engine's process — its id (u32) and the inode of its pid namespace (u64), little-endian, then its kernel's boot id (16 bytes) |
 //!
 //! Nothing may follow. Each packed UCP address inside is validated against
 //! the loaded UCX's layout ([`crate::worker_address`]) before UCX sees it.
@@ -23,6 +24,18 @@
 //! built on UCX directly — as a serving address with no direct lane. The two
 //! cannot be confused: a UCP address's first byte carries the address
 //! version (0 or 1) in its low nibble, and `'R'` (`0x52`) has 2 there.
+//!
+//! # The process identity
+//!
+//! A same-host peer that knows an owner's process id copies a whole list of
+//! reads out of it with one vectored `process_vm_readv` instead of one UCX
+//! read per entry (`progress::vectored`). It trusts that id as it trusts the
+//! direct-read address beside it: whoever hands out descriptors vouches for
+//! both, and the kernel lets only a process allowed to ptrace the owner
+//! read it. The boot id names the running kernel, so a peer on another host
+//! never takes the id for one of its own processes, and the namespace inode
+//! keeps a peer in another pid namespace (a container) from reading a
+//! stranger that has the same number there.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -31,7 +44,60 @@ use crate::worker_address::{WorkerAddressError, WorkerAddressFormat};
 const MAGIC: [u8; 2] = *b"RW";
 const VERSION: u8 = 1;
 const FLAG_DIRECT: u8 = 0x01;
+const FLAG_PROCESS: u8 = 0x02;
 const HEADER_LEN: usize = 6;
+const PROCESS_LEN: usize = 28;
+
+/// A process as its host's kernel names it: enough for a same-host peer to
+/// copy out of it with `process_vm_readv`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProcessIdentity {
+    /// The process id, in the namespace below.
+    pub pid: u32,
+    /// The inode of the pid namespace the id belongs to
+    /// (`/proc/self/ns/pid`).
+    pub pid_namespace: u64,
+    /// The running kernel's boot id (`/proc/sys/kernel/random/boot_id`),
+    /// different on every host and every boot.
+    pub boot_id: [u8; 16],
+}
+
+impl ProcessIdentity {
+    /// This process; `None` where the kernel does not say which pid
+    /// namespace or boot it runs in.
+    pub fn current() -> Option<ProcessIdentity> {
+        use std::os::unix::fs::MetadataExt as _;
+        let namespace = std::fs::metadata("/proc/self/ns/pid").ok()?;
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        Some(ProcessIdentity {
+            pid: std::process::id(),
+            pid_namespace: namespace.ino(),
+            boot_id: parse_boot_id(&boot_id)?,
+        })
+    }
+
+    /// Whether a process of this identity runs under the same kernel and in
+    /// the same pid namespace as `other`, so that its id means the same
+    /// process to both.
+    pub fn shares_pid_space_with(&self, other: &ProcessIdentity) -> bool {
+        self.boot_id == other.boot_id && self.pid_namespace == other.pid_namespace
+    }
+}
+
+/// The 16 bytes of a boot id as the kernel prints it (a UUID: 32 hex
+/// digits in five dash-separated groups, then a newline).
+fn parse_boot_id(text: &str) -> Option<[u8; 16]> {
+    let digits: Vec<u8> = text.trim().bytes().filter(|&b| b != b'-').collect();
+    if digits.len() != 32 {
+        return None;
+    }
+    let mut id = [0; 16];
+    for (byte, pair) in id.iter_mut().zip(digits.chunks_exact(2)) {
+        let pair = std::str::from_utf8(pair).ok()?;
+        *byte = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(id)
+}
 
 /// The addresses an engine publishes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -41,6 +107,10 @@ pub struct EngineAddress {
     pub serving: Bytes,
     /// The same-host direct-read worker, if the engine opened that lane.
     pub direct: Option<Bytes>,
+    /// The engine's process, published beside the direct-read lane (never
+    /// without it) so that same-host peers can copy lists of reads in one
+    /// system call.
+    pub process: Option<ProcessIdentity>,
 }
 
 /// Why bytes are not an engine address.
@@ -58,7 +128,8 @@ pub enum EngineAddressError {
     /// An envelope version this build does not read.
     #[error("unknown engine address version {0}")]
     UnknownVersion(u8),
-    /// Flag bits this build does not know.
+    /// Flag bits this build does not know, or a combination it refuses (a
+    /// process identity without a direct-read lane).
     #[error("unknown engine address flags {0:#04x}")]
     UnknownFlags(u8),
     /// An address field of length zero.
@@ -94,26 +165,42 @@ impl EngineAddress {
     ///
     /// # Errors
     /// [`EngineAddressError::TooLong`] for an address longer than 65535
-    /// bytes (UCX packs none so long), and [`EngineAddressError::EmptyAddress`]
-    /// for an empty one: neither could be decoded again.
+    /// bytes (UCX packs none so long), [`EngineAddressError::EmptyAddress`]
+    /// for an empty one: neither could be decoded again; and
+    /// [`EngineAddressError::UnknownFlags`] for a process identity without a
+    /// direct-read address.
     pub fn encode(&self) -> Result<Bytes, EngineAddressError> {
         check_field(&self.serving, "serving")?;
         if let Some(direct) = &self.direct {
             check_field(direct, "direct")?;
         }
+        let mut flags = 0;
+        if self.direct.is_some() {
+            flags |= FLAG_DIRECT;
+        }
+        if self.process.is_some() {
+            flags |= FLAG_PROCESS;
+        }
+        if flags == FLAG_PROCESS {
+            return Err(EngineAddressError::UnknownFlags(flags));
+        }
         let mut out = BytesMut::with_capacity(
-            HEADER_LEN + self.serving.len() + self.direct.as_ref().map_or(0, |d| 2 + d.len()),
+            HEADER_LEN
+                + self.serving.len()
+                + self.direct.as_ref().map_or(0, |d| 2 + d.len())
+                + self.process.map_or(0, |_| PROCESS_LEN),
         );
         out.put_slice(&MAGIC);
         out.put_u8(VERSION);
-        out.put_u8(if self.direct.is_some() {
-            FLAG_DIRECT
-        } else {
-            0
-        });
+        out.put_u8(flags);
         put_field(&mut out, &self.serving);
         if let Some(direct) = &self.direct {
             put_field(&mut out, direct);
+        }
+        if let Some(process) = self.process {
+            out.put_u32_le(process.pid);
+            out.put_u64_le(process.pid_namespace);
+            out.put_slice(&process.boot_id);
         }
         Ok(out.freeze())
     }
@@ -128,6 +215,7 @@ impl EngineAddress {
             return Ok(EngineAddress {
                 serving: Bytes::copy_from_slice(bytes),
                 direct: None,
+                process: None,
             });
         }
         let header = take(bytes, 0, HEADER_LEN)?;
@@ -135,7 +223,7 @@ impl EngineAddress {
             return Err(EngineAddressError::UnknownVersion(header[2]));
         }
         let flags = header[3];
-        if flags & !FLAG_DIRECT != 0 {
+        if flags & !(FLAG_DIRECT | FLAG_PROCESS) != 0 || flags == FLAG_PROCESS {
             return Err(EngineAddressError::UnknownFlags(flags));
         }
         let (serving, mut at) = field(bytes, 4, "serving")?;
@@ -146,10 +234,31 @@ impl EngineAddress {
         } else {
             None
         };
+        let process = if flags & FLAG_PROCESS != 0 {
+            let raw = take(bytes, at, PROCESS_LEN)?;
+            at += PROCESS_LEN;
+            let mut pid = [0; 4];
+            pid.copy_from_slice(&raw[..4]);
+            let mut namespace = [0; 8];
+            namespace.copy_from_slice(&raw[4..12]);
+            let mut boot_id = [0; 16];
+            boot_id.copy_from_slice(&raw[12..]);
+            Some(ProcessIdentity {
+                pid: u32::from_le_bytes(pid),
+                pid_namespace: u64::from_le_bytes(namespace),
+                boot_id,
+            })
+        } else {
+            None
+        };
         if at != bytes.len() {
             return Err(EngineAddressError::TrailingBytes(bytes.len() - at));
         }
-        Ok(EngineAddress { serving, direct })
+        Ok(EngineAddress {
+            serving,
+            direct,
+            process,
+        })
     }
 
     /// Decodes and validates both UCP addresses against `format`, returning
@@ -173,6 +282,7 @@ impl EngineAddress {
                 .as_ref()
                 .map(|d| check("direct", d))
                 .transpose()?,
+            process: decoded.process,
         })
     }
 }
@@ -227,6 +337,7 @@ mod tests {
         EngineAddress {
             serving: Bytes::from_static(&[0x10, 1, 2, 3]),
             direct: Some(Bytes::from_static(&[0x00, 9, 9])),
+            process: None,
         }
     }
 
@@ -239,6 +350,7 @@ mod tests {
         );
         let serving_only = EngineAddress {
             direct: None,
+            process: None,
             ..both
         };
         assert_eq!(
@@ -253,6 +365,7 @@ mod tests {
         let too_long = EngineAddress {
             serving: long.clone(),
             direct: None,
+            process: None,
         };
         assert_eq!(
             too_long.encode(),
@@ -275,6 +388,7 @@ mod tests {
         let empty = EngineAddress {
             serving: Bytes::new(),
             direct: None,
+            process: None,
         };
         assert_eq!(
             empty.encode(),
@@ -283,6 +397,7 @@ mod tests {
         let longest = EngineAddress {
             serving: long.slice(1..),
             direct: None,
+            process: None,
         };
         let encoded = longest.encode().expect("65535 bytes fit");
         assert_eq!(EngineAddress::decode(&encoded), Ok(longest));
@@ -328,6 +443,77 @@ mod tests {
             EngineAddress::decode(b"RW\x01\x00\x00\x00"),
             Err(EngineAddressError::EmptyAddress("serving"))
         );
+    }
+
+    #[test]
+    fn a_process_identity_round_trips_beside_a_direct_lane() {
+        let with_process = EngineAddress {
+            process: Some(ProcessIdentity {
+                pid: 4242,
+                pid_namespace: 0x1122_3344_5566_7788,
+                boot_id: [7; 16],
+            }),
+            ..sample()
+        };
+        let encoded = with_process.encode().unwrap();
+        assert_eq!(encoded[3], FLAG_DIRECT | FLAG_PROCESS);
+        assert_eq!(EngineAddress::decode(&encoded), Ok(with_process));
+        assert_eq!(
+            EngineAddress::decode(&encoded[..encoded.len() - 1]),
+            Err(EngineAddressError::Truncated {
+                needed: PROCESS_LEN,
+                available: PROCESS_LEN - 1
+            })
+        );
+    }
+
+    #[test]
+    fn a_process_identity_without_a_direct_lane_is_refused_both_ways() {
+        let lone = EngineAddress {
+            direct: None,
+            process: ProcessIdentity::current(),
+            ..sample()
+        };
+        assert!(lone.process.is_some(), "this host names its pid namespace");
+        assert_eq!(
+            lone.encode(),
+            Err(EngineAddressError::UnknownFlags(FLAG_PROCESS))
+        );
+        let mut forged = b"RW\x01\x02\x01\x00\x10".to_vec();
+        forged.extend_from_slice(&[0; PROCESS_LEN]);
+        assert_eq!(
+            EngineAddress::decode(&forged),
+            Err(EngineAddressError::UnknownFlags(FLAG_PROCESS))
+        );
+    }
+
+    #[test]
+    fn this_process_is_named_by_its_own_id() {
+        let me = ProcessIdentity::current().expect("procfs is mounted");
+        assert_eq!(me.pid, std::process::id());
+        assert_ne!(me.pid_namespace, 0);
+        assert_ne!(me.boot_id, [0; 16]);
+        assert!(me.shares_pid_space_with(&me));
+        let elsewhere = ProcessIdentity {
+            boot_id: [!me.boot_id[0]; 16],
+            ..me
+        };
+        assert!(!me.shares_pid_space_with(&elsewhere));
+    }
+
+    #[test]
+    fn boot_ids_parse_as_the_kernel_prints_them_and_nothing_else() {
+        assert_eq!(
+            parse_boot_id("0123abcd-4567-89ab-cdef-0123456789ab\n"),
+            Some([
+                0x01, 0x23, 0xab, 0xcd, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0x01, 0x23, 0x45, 0x67,
+                0x89, 0xab
+            ])
+        );
+        assert_eq!(parse_boot_id(""), None);
+        assert_eq!(parse_boot_id("0123abcd-4567-89ab-cdef-0123456789"), None);
+        assert_eq!(parse_boot_id("0123abcd-4567-89ab-cdef-0123456789zz"), None);
+        assert_eq!(parse_boot_id("é123abcd-4567-89ab-cdef-0123456789a"), None);
     }
 
     proptest! {

@@ -133,4 +133,4 @@ pub mod worker_address;
 pub use backend::UcxBackend;
 pub use config::{Transport, UcxConfig};
 pub use engine::UcxEngine;
-pub use engine_address::{EngineAddress, EngineAddressError};
+pub use engine_address::{EngineAddress, EngineAddressError, ProcessIdentity};

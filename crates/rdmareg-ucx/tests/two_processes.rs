@@ -309,6 +309,69 @@ fn get_across_processes_moves_the_right_bytes(transport: &str) {
     owner.finish();
 }
 
+/// A scatter list as a KV-cache transfer makes it: a thousand 4 KiB blocks
+/// read out of order in one batch (on the same host, one vectored kernel
+/// copy), each landing where its entry says; an entry outside the owner's
+/// registration fails alone.
+fn a_thousand_reads_in_one_batch_land_where_each_entry_says(transport: &str) {
+    const BLOCKS: usize = 1000;
+    const BLOCK: usize = 4096;
+    let owner = Owner::spawn(transport, BLOCKS * BLOCK);
+    let engine = consumer(transport);
+    engine.add_peer(OWNER, owner.address.clone()).unwrap();
+    let backend = engine.backend();
+    runtime().block_on(async {
+        let dst = PageBuf::zeroed(BLOCKS * BLOCK + BLOCK);
+        let region = map(&backend, &dst).await;
+        let source_block = |i: usize| i * 7919 % BLOCKS;
+        let mut requests: Vec<_> = (0..BLOCKS)
+            .map(|i| {
+                let part = owner
+                    .descriptor
+                    .slice((source_block(i) * BLOCK) as u64, BLOCK as u64)
+                    .unwrap();
+                get_request(OWNER, &part, &region, (i * BLOCK) as u64, None)
+            })
+            .collect();
+        // One block past the end of the owner's registration.
+        let mut outside = get_request(OWNER, &owner.descriptor, &region, 0, None);
+        outside.remote_addr = owner.descriptor.addr() + (BLOCKS * BLOCK) as u64;
+        outside.len = BLOCK as u64;
+        outside.local_offset = (BLOCKS * BLOCK) as u64;
+        requests.insert(BLOCKS / 2, outside);
+        let answers = backend.get_batch(requests).await;
+        assert_eq!(answers.len(), BLOCKS + 1);
+        for (index, answer) in answers.iter().enumerate() {
+            if index == BLOCKS / 2 {
+                assert!(
+                    answer.is_err(),
+                    "the read outside the registration answered {answer:?}"
+                );
+            } else {
+                assert_eq!(answer, &Ok(()), "entry {index}");
+            }
+        }
+        let want = PageBuf::filled(BLOCKS * BLOCK, pattern).snapshot();
+        let got = dst.snapshot();
+        for i in 0..BLOCKS {
+            let from = source_block(i) * BLOCK;
+            assert!(
+                got[i * BLOCK..(i + 1) * BLOCK] == want[from..from + BLOCK],
+                "block {i} holds the owner's block {}",
+                source_block(i)
+            );
+        }
+        assert!(
+            got[BLOCKS * BLOCK..].iter().all(|&b| b == 0),
+            "the refused entry wrote nothing"
+        );
+        assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
+    });
+    engine.shutdown_blocking();
+    assert_eq!(engine.live_registrations(), Some(0));
+    owner.finish();
+}
+
 fn a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer(transport: &str) {
     let owner = Owner::spawn(transport, 64 * MIB);
     let engine = consumer(transport);
@@ -376,9 +439,11 @@ fn a_forged_envelope_added_first_cannot_pin_an_owners_direct_lane() {
     let honest_address = EngineAddress::decode(&honest.address).unwrap();
     let other_address = EngineAddress::decode(&other.address).unwrap();
     assert!(honest_address.direct.is_some() && other_address.direct.is_some());
+    assert!(honest_address.process.is_some() && other_address.process.is_some());
     let forged = EngineAddress {
         serving: honest_address.serving.clone(),
         direct: other_address.direct.clone(),
+        process: other_address.process,
     }
     .encode()
     .unwrap();
@@ -520,6 +585,14 @@ fn main() {
         (
             "get_across_processes_moves_the_right_bytes_over_same_host",
             Box::new(|| get_across_processes_moves_the_right_bytes("same-host")),
+        ),
+        (
+            "a_thousand_reads_in_one_batch_land_where_each_entry_says_over_tcp",
+            Box::new(|| a_thousand_reads_in_one_batch_land_where_each_entry_says("tcp")),
+        ),
+        (
+            "a_thousand_reads_in_one_batch_land_where_each_entry_says_over_same_host",
+            Box::new(|| a_thousand_reads_in_one_batch_land_where_each_entry_says("same-host")),
         ),
         (
             "a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer_over_tcp",

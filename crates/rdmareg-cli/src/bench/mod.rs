@@ -15,6 +15,7 @@ mod perftest;
 mod plot;
 mod pool;
 mod report;
+mod scatter;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -33,6 +34,7 @@ use crate::pattern;
 use crate::stats::{Samples, mebibytes_per_second};
 
 pub use report::{GetRow, PoolRow};
+pub use scatter::ScatterRow;
 
 /// The owner, as the consumer names it.
 const OWNER: PeerId = PeerId(1);
@@ -61,9 +63,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let (nixl_python, mut peer_notes) = nixl_peer(&args);
     let mut rows = Vec::new();
+    let mut scatter_rows = Vec::new();
     let mut port = args.perftest_port;
     for &transport in &args.transport {
-        let mut measured = measure_registry(&args, transport).await?;
+        let (mut measured, scatter) = measure_registry(&args, transport).await?;
+        scatter_rows.push(scatter);
         if let Some(perftest) = &baseline {
             for row in &mut measured {
                 let environment = transport_environment(transport);
@@ -108,8 +112,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         rows.extend(measured);
     }
     let pool_rows = pool::measure(&args).await?;
-    report::write_all(&args.out, &rows, &pool_rows)?;
-    report::print_tables(&rows, &pool_rows);
+    report::write_all(&args.out, &rows, &scatter_rows, &pool_rows)?;
+    report::print_tables(&rows, &scatter_rows, &pool_rows);
     for note in &peer_notes {
         println!("{note}");
     }
@@ -169,14 +173,16 @@ fn scaled(base: u64, min: u64, max: u64, scale: f64) -> usize {
     ((base.clamp(min, max) as f64 * scale).round() as usize).max(4)
 }
 
-/// Measure every size over `transport` through the registry.
+/// Measure every size, then the scatter list, over `transport` through the
+/// registry.
 async fn measure_registry(
     args: &BenchArgs,
     transport: TransportArg,
-) -> anyhow::Result<Vec<GetRow>> {
+) -> anyhow::Result<(Vec<GetRow>, ScatterRow)> {
     let largest = *args.sizes.iter().max().unwrap_or(&8);
     let bounds = Bounds::new(&args.limits);
-    let (mut child, stream, offered) = start_owner(transport, largest, &args.limits).await?;
+    let offered_size = largest.max(scatter::SCATTER_BYTES);
+    let (mut child, stream, offered) = start_owner(transport, offered_size, &args.limits).await?;
     let mut control = Control::start(stream, bounds);
     let node = Node::start(
         transport,
@@ -194,8 +200,15 @@ async fn measure_registry(
             report::print_get_row_progress(&row);
             rows.push(row);
         }
+        let scatter = scatter::measure(&node, source, args.scale, transport.name()).await?;
+        tracing::info!(
+            transport = transport.name(),
+            list_us = scatter.list_p50_us,
+            single_us = scatter.single_p50_us,
+            "measured the scatter list"
+        );
         verify_source(&node, &offered.1).await?;
-        anyhow::Ok(rows)
+        anyhow::Ok((rows, scatter))
     }
     .await;
     if let Err(e) = node.engine.remove_peer(OWNER) {
@@ -220,7 +233,7 @@ async fn measure_registry(
     let (owner_report, outcome) = tokio::join!(owner_report, node.shutdown());
     control.close(control::SLACK).await;
     let _ = tokio::time::timeout(bounds.shutdown(), child.wait()).await;
-    let rows = result?;
+    let measured = result?;
     match owner_report {
         Err(lost) => bail!(
             "lost the benchmark owner after the {} runs: {lost}",
@@ -238,7 +251,7 @@ async fn measure_registry(
             outcome.live_registrations
         );
     }
-    Ok(rows)
+    Ok(measured)
 }
 
 async fn measure_size(

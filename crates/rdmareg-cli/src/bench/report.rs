@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use crate::bench::plot::{self, Chart, Series, format_size};
+use crate::bench::scatter::ScatterRow;
 
 /// One message size on one transport.
 #[derive(Debug, Clone, Serialize)]
@@ -118,8 +119,8 @@ pub fn print_get_row_progress(row: &GetRow) {
     );
 }
 
-/// The GET and pool tables as text.
-pub fn tables(rows: &[GetRow], pool_rows: &[PoolRow]) -> String {
+/// The GET, scatter and pool tables as text.
+pub fn tables(rows: &[GetRow], scatter_rows: &[ScatterRow], pool_rows: &[PoolRow]) -> String {
     let mut out = String::new();
     // The NIXL columns appear when NIXL was measured (`--peers nixl`).
     let with_nixl = rows.iter().any(|r| r.nixl_latency_p50_us.is_some());
@@ -168,6 +169,26 @@ pub fn tables(rows: &[GetRow], pool_rows: &[PoolRow]) -> String {
             ratio(row.list_bandwidth_ratio()),
         );
     }
+    if !scatter_rows.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| transport | list | list p50 µs | one GET of the same bytes p50 µs | list / one GET |"
+        );
+        let _ = writeln!(out, "|---|---|---:|---:|---:|");
+        for row in scatter_rows {
+            let _ = writeln!(
+                out,
+                "| {} | {} × {} | {:.1} | {:.1} | {:.2} |",
+                row.transport,
+                row.entries,
+                format_size(row.entry_bytes),
+                row.list_p50_us,
+                row.single_p50_us,
+                row.ratio(),
+            );
+        }
+    }
     if !pool_rows.is_empty() {
         let _ = writeln!(out);
         let _ = writeln!(
@@ -191,9 +212,9 @@ pub fn tables(rows: &[GetRow], pool_rows: &[PoolRow]) -> String {
     out
 }
 
-/// Print both tables.
-pub fn print_tables(rows: &[GetRow], pool_rows: &[PoolRow]) {
-    println!("{}", tables(rows, pool_rows));
+/// Print the tables.
+pub fn print_tables(rows: &[GetRow], scatter_rows: &[ScatterRow], pool_rows: &[PoolRow]) {
+    println!("{}", tables(rows, scatter_rows, pool_rows));
 }
 
 /// CSV of the GET rows.
@@ -298,9 +319,14 @@ pub fn charts(rows: &[GetRow]) -> Vec<Chart> {
     charts
 }
 
-/// Write results.csv, pool.csv, results.json, results.svg and results.md
-/// into `dir`.
-pub fn write_all(dir: &Path, rows: &[GetRow], pool_rows: &[PoolRow]) -> anyhow::Result<()> {
+/// Write results.csv, scatter.csv, pool.csv, results.json, results.svg and
+/// results.md into `dir`.
+pub fn write_all(
+    dir: &Path,
+    rows: &[GetRow],
+    scatter_rows: &[ScatterRow],
+    pool_rows: &[PoolRow],
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let write = |name: &str, contents: String| {
         let path = dir.join(name);
@@ -323,20 +349,38 @@ pub fn write_all(dir: &Path, rows: &[GetRow], pool_rows: &[PoolRow]) -> anyhow::
         );
     }
     write("pool.csv", pool_csv)?;
+    let mut scatter_csv =
+        String::from("transport,entries,entry_bytes,rounds,list_p50_us,single_p50_us,ratio\n");
+    for r in scatter_rows {
+        let _ = writeln!(
+            scatter_csv,
+            "{},{},{},{},{:.2},{:.2},{:.3}",
+            r.transport,
+            r.entries,
+            r.entry_bytes,
+            r.rounds,
+            r.list_p50_us,
+            r.single_p50_us,
+            r.ratio()
+        );
+    }
+    write("scatter.csv", scatter_csv)?;
     #[derive(Serialize)]
     struct Results<'a> {
         get: &'a [GetRow],
+        scatter: &'a [ScatterRow],
         pool: &'a [PoolRow],
     }
     write(
         "results.json",
         serde_json::to_string_pretty(&Results {
             get: rows,
+            scatter: scatter_rows,
             pool: pool_rows,
         })?,
     )?;
     write("results.svg", plot::render(&charts(rows)))?;
-    write("results.md", tables(rows, pool_rows))?;
+    write("results.md", tables(rows, scatter_rows, pool_rows))?;
     Ok(())
 }
 
@@ -380,9 +424,9 @@ mod tests {
 
     #[test]
     fn the_table_has_nixl_columns_only_when_nixl_was_measured() {
-        let without = tables(&[row(Some(1000.0))], &[]);
+        let without = tables(&[row(Some(1000.0))], &[], &[]);
         assert!(!without.contains("NIXL"), "{without}");
-        let text = tables(&[with_nixl(row(Some(1000.0))), row(Some(1000.0))], &[]);
+        let text = tables(&[with_nixl(row(Some(1000.0))), row(Some(1000.0))], &[], &[]);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].ends_with("| NIXL p50 µs | latency / NIXL | NIXL MiB/s | list / NIXL |"));
         let columns = |line: &str| line.matches('|').count();
@@ -428,8 +472,26 @@ mod tests {
     fn rows_without_a_baseline_have_no_ratio() {
         let r = row(None);
         assert_eq!(r.bandwidth_ratio(), None);
-        assert!(tables(std::slice::from_ref(&r), &[]).contains("| - |"));
+        assert!(tables(std::slice::from_ref(&r), &[], &[]).contains("| - |"));
         assert!(csv(&[r]).lines().nth(1).unwrap().ends_with(",,"));
+    }
+
+    #[test]
+    fn the_scatter_table_shows_the_list_against_one_get() {
+        let scatter = ScatterRow {
+            transport: "tcp".to_owned(),
+            entries: 1000,
+            entry_bytes: 4096,
+            rounds: 10,
+            list_p50_us: 3000.0,
+            single_p50_us: 2000.0,
+        };
+        let text = tables(&[], std::slice::from_ref(&scatter), &[]);
+        assert!(
+            text.contains("| tcp | 1000 × 4 KiB | 3000.0 | 2000.0 | 1.50 |"),
+            "{text}"
+        );
+        assert!(!tables(&[], &[], &[]).contains("list / one GET"));
     }
 
     #[test]

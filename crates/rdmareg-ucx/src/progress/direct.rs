@@ -40,6 +40,12 @@
 //!
 //! # Reads
 //!
+//! When the peer published its process and shares this engine's kernel and
+//! pid namespace, the engine copies its direct reads itself, a whole turn's
+//! worth per owner in one vectored system call (`vectored`); the endpoint
+//! below is then opened only as UCX's witness that the peer is on this
+//! host. Otherwise each read goes through UCX's cma:
+//!
 //! A direct read holds its destination like any other (`gets`); the
 //! kernel copy completes inside UCX's progress without the owner, so a read
 //! past its deadline is only marked and answered by its completion (`Ok` if
@@ -62,7 +68,7 @@ use super::peers::{
 };
 use super::ucp::{Context, ContextRole, EpHandle, MemHandle, RemoteKey, Worker, get};
 use crate::config::UcxConfig;
-use crate::packed_key::{PackedKeyFormat, copy_for_unpack};
+use crate::packed_key::{PackedKeyFormat, copy_for_unpack, validate_packed_key};
 use crate::read_protocol::SameHostKey;
 use crate::status::{PtrStatus, status_text};
 
@@ -149,7 +155,7 @@ impl Engine {
     /// The open direct endpoint to `peer`, opening it now if it was never
     /// tried; `None` when this engine or the peer has no direct lane, or UCX
     /// cannot reach the peer's.
-    fn direct_endpoint_for(&mut self, peer: PeerId) -> Option<(EpHandle, u64)> {
+    pub(super) fn direct_endpoint_for(&mut self, peer: PeerId) -> Option<(EpHandle, u64)> {
         let lane = self.direct.as_ref()?;
         let events: *const Events = &*self.events;
         match &self.peers.connection_mut(peer)?.direct {
@@ -190,6 +196,13 @@ impl Engine {
                 None
             }
         }
+    }
+
+    /// Whether `ucx_key` has the layout this UCX's direct lane packs.
+    pub(super) fn direct_key_is_well_formed(&self, ucx_key: &[u8]) -> bool {
+        self.direct
+            .as_ref()
+            .is_some_and(|lane| validate_packed_key(&lane.key_format, ucx_key).is_ok())
     }
 
     /// Posts `key`'s read one-sided if the peer's direct lane is reachable;

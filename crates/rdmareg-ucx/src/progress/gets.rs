@@ -58,6 +58,7 @@ use super::events::Events;
 use super::ucp::{
     MemHandle, RemoteKey, SendMode, handler_header, receive_rendezvous, send_active_message,
 };
+use super::vectored::{self, CopyEntry};
 use crate::command::Reply;
 use crate::read_protocol::{READ_REQUEST_AM_ID, ReadKey, ReadReply, ReadRequest, ReplyStatus};
 use crate::status::{PtrStatus, status_text};
@@ -153,6 +154,18 @@ impl GetOp {
             answer.send(outcome);
         }
     }
+}
+
+/// A same-host read gathered for this turn's vectored copy.
+#[derive(Debug)]
+pub(super) struct PendingCopy {
+    /// The owner's process.
+    pid: u32,
+    entry: CopyEntry,
+    /// The read as asked, to post through UCX if the kernel refuses.
+    request: BackendGet,
+    /// Taken when answered.
+    answer: Option<Answer>,
 }
 
 /// Reusable op slots plus the deadline queue.
@@ -537,6 +550,7 @@ impl Engine {
         if let Err((answer, err)) = self.try_post_get(request, answer) {
             answer.send(Err(err));
         }
+        self.flush_copies();
     }
 
     /// `Command::GetBatch`: every entry posted in this one turn, each
@@ -560,6 +574,64 @@ impl Engine {
                 answer.send(Err(err));
             }
         }
+        self.flush_copies();
+    }
+
+    /// The process to copy `peer`'s same-host reads out of, when it
+    /// published one in this engine's pid space and UCX reaches its direct
+    /// lane (see `vectored`).
+    fn copy_source(&mut self, peer: PeerId) -> Option<u32> {
+        let process = self.peers.connection_mut(peer)?.process?;
+        self.direct_endpoint_for(peer)?;
+        Some(process.pid)
+    }
+
+    /// Copies the same-host reads gathered this turn, one vectored call per
+    /// owner process and kernel vector limit, and answers each. A peer the
+    /// kernel refuses to let this process read is read through UCX from now
+    /// on, these reads included.
+    fn flush_copies(&mut self) {
+        if self.copies.is_empty() {
+            return;
+        }
+        let mut copies = std::mem::take(&mut self.copies);
+        // Stable: each owner's reads keep their order.
+        copies.sort_by_key(|copy| copy.pid);
+        let mut fallback = Vec::new();
+        for group in copies.chunk_by_mut(|a, b| a.pid == b.pid) {
+            let entries: Vec<CopyEntry> = group.iter().map(|copy| copy.entry).collect();
+            // SAFETY: every destination was checked inside a region this
+            // engine mapped and that cannot be unmapped before this returns
+            // (unmaps run on this thread); the registry holds each
+            // destination until its answer, sent below after the copy.
+            let outcomes = unsafe { vectored::copy_from_process(group[0].pid, &entries) };
+            for (copy, outcome) in group.iter_mut().zip(outcomes) {
+                let Some(answer) = copy.answer.take() else {
+                    continue;
+                };
+                match outcome {
+                    Ok(()) => answer.send(Ok(())),
+                    Err(err) if err.is_refusal() => {
+                        tracing::debug!(peer = %copy.request.peer, error = %err, "same-host copies refused; reading through UCX");
+                        if let Some(connection) = self.peers.connection_mut(copy.request.peer) {
+                            connection.process = None;
+                        }
+                        fallback.push((copy.request.clone(), answer));
+                    }
+                    Err(err) => answer.send(Err(RdmaError::Backend(format!(
+                        "ucx: same-host copy from {} failed: {err}",
+                        copy.request.peer
+                    )))),
+                }
+            }
+        }
+        for (request, answer) in fallback {
+            if let Err((answer, err)) = self.try_post_get(request, answer) {
+                answer.send(Err(err));
+            }
+        }
+        // A fallback never gathers again: its peer's process was cleared.
+        debug_assert!(self.copies.is_empty());
     }
 
     fn try_post_get(
@@ -567,6 +639,7 @@ impl Engine {
         request: BackendGet,
         reply: Answer,
     ) -> Result<(), (Answer, RdmaError)> {
+        let original = request.clone();
         let BackendGet {
             peer,
             remote_addr,
@@ -598,6 +671,31 @@ impl Engine {
             return Err((reply, RdmaError::InvalidKey));
         };
         let deadline = Instant::now() + deadline.unwrap_or(self.settings.default_get_deadline);
+        let copy_pid = match &key {
+            ReadKey::SameHost(_) => self.copy_source(peer),
+            ReadKey::Served(_) => None,
+        };
+        if let (ReadKey::SameHost(same_host), Some(pid)) = (&key, copy_pid) {
+            // The UCX key goes unused on this path, but a key is checked
+            // the same whichever way it is read.
+            if !self.direct_key_is_well_formed(&same_host.ucx_key) {
+                return Err((reply, RdmaError::InvalidKey));
+            }
+            if !same_host.covers(remote_addr, len as u64) {
+                return Err((reply, RdmaError::OutOfRange));
+            }
+            self.copies.push(PendingCopy {
+                pid,
+                entry: CopyEntry {
+                    remote_addr,
+                    dest,
+                    len,
+                },
+                request: original,
+                answer: Some(reply),
+            });
+            return Ok(());
+        }
         let reply = match &key {
             ReadKey::SameHost(same_host) => {
                 match self.try_post_direct_get(

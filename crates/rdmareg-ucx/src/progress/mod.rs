@@ -42,6 +42,7 @@ mod regions;
 mod serve;
 mod teardown;
 mod ucp;
+mod vectored;
 
 use std::ops::ControlFlow;
 use std::os::fd::RawFd;
@@ -55,7 +56,7 @@ use rdmareg_core::RdmaError;
 
 use crate::command::{Command, Signals};
 use crate::config::UcxConfig;
-use crate::engine_address::EngineAddress;
+use crate::engine_address::{EngineAddress, ProcessIdentity};
 use crate::read_protocol::{READ_REPLY_AM_ID, READ_REQUEST_AM_ID};
 use direct::DirectLane;
 use events::Events;
@@ -112,6 +113,9 @@ struct Engine {
     leftover: Option<Command>,
     /// Emptied record lists, kept for their capacity (see `drain_events`).
     spare: SpareRecords,
+    /// Same-host reads gathered in this turn, copied by `flush_copies`
+    /// before the turn ends.
+    copies: Vec<gets::PendingCopy>,
     context: Context,
 }
 
@@ -191,6 +195,7 @@ impl Engine {
             Some(lane) => EngineAddress {
                 serving: serving_address,
                 direct: Some(lane.address.clone()),
+                process: ProcessIdentity::current(),
             }
             .encode()
             .map_err(|err| {
@@ -225,6 +230,7 @@ impl Engine {
             shutdown_replies: Vec::new(),
             leftover: None,
             spare: SpareRecords::default(),
+            copies: Vec::new(),
             context,
         };
         let info = StartInfo {

@@ -102,6 +102,9 @@ pub(crate) struct Connection {
     /// The peer's direct-read worker address, padded, if it has that lane.
     pub(crate) direct_address: Option<Bytes>,
     pub(crate) direct: DirectState,
+    /// The peer's process, when it published one beside its direct lane
+    /// and this engine can copy out of it (same pid namespace).
+    pub(crate) process: Option<crate::engine_address::ProcessIdentity>,
 }
 
 #[derive(Debug)]
@@ -288,14 +291,20 @@ impl Engine {
                 self.close_connection(connection, &reason);
             }
         }
-        let connection = self
-            .peers
-            .connections
-            .entry(address.clone())
-            .or_insert_with(|| Connection {
-                direct_address: address.direct.clone(),
-                ..Connection::default()
-            });
+        let connection =
+            self.peers
+                .connections
+                .entry(address.clone())
+                .or_insert_with(|| Connection {
+                    direct_address: address.direct.clone(),
+                    process: address.process.filter(|_| address.direct.is_some()).filter(
+                        |theirs| {
+                            crate::engine_address::ProcessIdentity::current()
+                                .is_some_and(|ours| ours.shares_pid_space_with(theirs))
+                        },
+                    ),
+                    ..Connection::default()
+                });
         connection.peer_ids += 1;
         self.peers.peers.insert(peer, address);
     }

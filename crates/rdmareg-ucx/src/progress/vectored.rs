@@ -1,0 +1,241 @@
+//! Same-host reads as vectored kernel copies: every direct read of one turn
+//! to one owner process in as few `process_vm_readv` calls as the kernel's
+//! vector limit allows.
+//!
+//! # Why not UCX's cma
+//!
+//! Through UCX each direct read pays a remote-key unpack, a request and a
+//! system call of its own, about 2.8 µs for a 4 KiB read here: a list of a
+//! thousand blocks then costs several times one read of the same bytes. The
+//! kernel copies a whole scatter list in one call, so the engine does that
+//! itself for peers that published their process ([`ProcessIdentity`]) and
+//! whose direct lane UCX also reaches (UCX's own reachability check is the
+//! second witness that the peer is on this host).
+//!
+//! # Contract
+//!
+//! [`copy_from_process`] runs on the progress thread and returns when every
+//! entry is done: there is no copy in flight afterwards, so an answer sent
+//! after it never hands back a buffer the kernel still writes. Each entry
+//! gets its own outcome. The kernel stops a vectored copy at the first
+//! remote range it cannot read and reports only the bytes before it; the
+//! entries wholly inside those bytes succeeded, the one it stopped in fails
+//! when it is the first of a call (so a half-readable entry cannot make the
+//! loop spin), and the rest are tried again in the next call.
+//!
+//! [`ProcessIdentity`]: crate::engine_address::ProcessIdentity
+
+/// Most ranges one call may name on either side (`UIO_MAXIOV`).
+const MAX_VECTORS: usize = 1024;
+
+/// One read: `len` bytes at `remote_addr` in the owner into `dest`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CopyEntry {
+    pub(crate) remote_addr: u64,
+    pub(crate) dest: *mut u8,
+    pub(crate) len: usize,
+}
+
+/// Why a copy failed: the `errno` of the call that stopped at it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CopyError(pub(crate) i32);
+
+impl CopyError {
+    /// Whether the kernel refused this process any copy from the owner
+    /// (not permitted, or no such system call): a reason to read another
+    /// way, not a failure of the read.
+    pub(crate) fn is_refusal(self) -> bool {
+        self.0 == libc::EPERM || self.0 == libc::ENOSYS
+    }
+}
+
+impl std::fmt::Display for CopyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.0 {
+            libc::ESRCH => "the owner process is gone",
+            libc::EFAULT => "the range is not mapped in the owner",
+            libc::EPERM => "the kernel does not let this process read the owner",
+            libc::ENOMEM => "the kernel is out of memory",
+            _ => "the copy failed",
+        };
+        write!(f, "{what} ({})", std::io::Error::from_raw_os_error(self.0))
+    }
+}
+
+/// Copies every entry out of process `pid`; one outcome per entry, in order.
+///
+/// # Safety
+/// Every entry's `dest..dest + len` is writable memory of this process that
+/// nothing else reads or writes until this returns.
+pub(crate) unsafe fn copy_from_process(
+    pid: u32,
+    entries: &[CopyEntry],
+) -> Vec<Result<(), CopyError>> {
+    let mut outcomes = vec![Ok(()); entries.len()];
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        outcomes.fill(Err(CopyError(libc::ESRCH)));
+        return outcomes;
+    };
+    let mut local = Vec::with_capacity(entries.len().min(MAX_VECTORS));
+    let mut remote = Vec::with_capacity(entries.len().min(MAX_VECTORS));
+    let mut next = 0;
+    while next < entries.len() {
+        let call = &entries[next..(next + MAX_VECTORS).min(entries.len())];
+        local.clear();
+        remote.clear();
+        for entry in call {
+            local.push(libc::iovec {
+                iov_base: entry.dest.cast(),
+                iov_len: entry.len,
+            });
+            remote.push(libc::iovec {
+                iov_base: entry.remote_addr as usize as *mut libc::c_void,
+                iov_len: entry.len,
+            });
+        }
+        // SAFETY: both vectors hold `call.len()` (at most UIO_MAXIOV)
+        // initialised iovecs; the local ranges are writable and unshared by
+        // the caller's contract; the remote ranges are only read, by the
+        // kernel, inside the other process.
+        let copied = unsafe {
+            libc::process_vm_readv(
+                pid,
+                local.as_ptr(),
+                call.len() as libc::c_ulong,
+                remote.as_ptr(),
+                call.len() as libc::c_ulong,
+                0,
+            )
+        };
+        if copied < 0 {
+            let errno = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            if errno == libc::ESRCH || CopyError(errno).is_refusal() {
+                // Nothing of this owner can be read: every entry left fails.
+                outcomes[next..].fill(Err(CopyError(errno)));
+                return outcomes;
+            }
+            outcomes[next] = Err(CopyError(errno));
+            next += 1;
+            continue;
+        }
+        let mut left = copied as usize;
+        let mut done = 0;
+        while done < call.len() && left >= call[done].len {
+            left -= call[done].len;
+            done += 1;
+        }
+        if done == 0 {
+            // The first range was cut short: the kernel cannot read all of
+            // it, and trying it again would cut it again.
+            outcomes[next] = Err(CopyError(libc::EFAULT));
+            done = 1;
+        }
+        next += done;
+    }
+    outcomes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(source: &[u8], dest: &mut [u8]) -> CopyEntry {
+        assert_eq!(source.len(), dest.len());
+        CopyEntry {
+            remote_addr: source.as_ptr() as u64,
+            dest: dest.as_mut_ptr(),
+            len: dest.len(),
+        }
+    }
+
+    #[test]
+    fn a_scatter_list_lands_every_block_where_it_was_asked_to() {
+        let source: Vec<u8> = (0..64 * 3000).map(|i| (i % 251) as u8).collect();
+        let mut dest = vec![0u8; 64 * 3000];
+        // More entries than one call takes, read in a permuted order.
+        let order: Vec<usize> = (0..3000).map(|i| i * 7 % 3000).collect();
+        let entries: Vec<CopyEntry> = dest
+            .chunks_mut(64)
+            .zip(&order)
+            .map(|(chunk, &block)| entry(&source[block * 64..(block + 1) * 64], chunk))
+            .collect();
+        // SAFETY: the destinations are `dest`'s chunks, untouched until the
+        // call returns.
+        let outcomes = unsafe { copy_from_process(std::process::id(), &entries) };
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+        for (chunk, &block) in dest.chunks(64).zip(&order) {
+            assert_eq!(chunk, &source[block * 64..(block + 1) * 64]);
+        }
+    }
+
+    #[test]
+    fn an_unreadable_entry_fails_alone_and_the_others_land() {
+        let source = vec![0xA5u8; 4096];
+        let mut dest = vec![0u8; 3 * 4096];
+        let mut chunks = dest.chunks_mut(4096);
+        let first = entry(&source, chunks.next().unwrap());
+        let bad_dest = chunks.next().unwrap();
+        let bad = CopyEntry {
+            // The zero page is never mapped.
+            remote_addr: 0x10,
+            dest: bad_dest.as_mut_ptr(),
+            len: bad_dest.len(),
+        };
+        let last = entry(&source, chunks.next().unwrap());
+        // SAFETY: as above.
+        let outcomes = unsafe { copy_from_process(std::process::id(), &[first, bad, last]) };
+        assert_eq!(outcomes[0], Ok(()));
+        assert_eq!(outcomes[1], Err(CopyError(libc::EFAULT)));
+        assert_eq!(outcomes[2], Ok(()));
+        assert!(dest[..4096].iter().all(|&b| b == 0xA5));
+        assert!(dest[4096..8192].iter().all(|&b| b == 0));
+        assert!(dest[8192..].iter().all(|&b| b == 0xA5));
+    }
+
+    #[test]
+    fn a_range_that_runs_off_its_mapping_fails_without_looping() {
+        // Two pages, the second unmapped: a range across the boundary can be
+        // read only in part.
+        let page = 4096;
+        // SAFETY: a fresh anonymous mapping of two pages, private to this
+        // test; the second page is unmapped before use and the first
+        // unmapped at the end.
+        let base = unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(base, libc::MAP_FAILED);
+            assert_eq!(libc::munmap(base.cast::<u8>().add(page).cast(), page), 0);
+            base
+        };
+        let mut dest = vec![0u8; page];
+        let straddling = CopyEntry {
+            remote_addr: base as u64 + (page / 2) as u64,
+            dest: dest.as_mut_ptr(),
+            len: page,
+        };
+        // SAFETY: `dest` is untouched until the call returns.
+        let outcomes = unsafe { copy_from_process(std::process::id(), &[straddling]) };
+        assert_eq!(outcomes, vec![Err(CopyError(libc::EFAULT))]);
+        // SAFETY: the first page of the mapping above, unmapped once.
+        unsafe { libc::munmap(base, page) };
+    }
+
+    #[test]
+    fn a_process_that_does_not_exist_fails_every_entry() {
+        let source = [1u8; 8];
+        let mut dest = [0u8; 8];
+        let one = entry(&source, &mut dest);
+        // Above the kernel's pid_max (at most 2^22).
+        // SAFETY: `dest` is untouched until the call returns.
+        let outcomes = unsafe { copy_from_process(1 << 30, &[one, one]) };
+        assert_eq!(outcomes, vec![Err(CopyError(libc::ESRCH)); 2]);
+    }
+}
