@@ -67,7 +67,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut port = args.perftest_port;
     for &transport in &args.transport {
         let (mut measured, scatter) = measure_registry(&args, transport).await?;
-        scatter_rows.push(scatter);
+        scatter_rows.extend(scatter);
         if let Some(perftest) = &baseline {
             for row in &mut measured {
                 let environment = transport_environment(transport);
@@ -178,10 +178,10 @@ fn scaled(base: u64, min: u64, max: u64, scale: f64) -> usize {
 async fn measure_registry(
     args: &BenchArgs,
     transport: TransportArg,
-) -> anyhow::Result<(Vec<GetRow>, ScatterRow)> {
+) -> anyhow::Result<(Vec<GetRow>, Vec<ScatterRow>)> {
     let largest = *args.sizes.iter().max().unwrap_or(&8);
     let bounds = Bounds::new(&args.limits);
-    let offered_size = largest.max(scatter::SCATTER_BYTES);
+    let offered_size = largest.max(scatter::SCATTER_SOURCE_BYTES);
     let (mut child, stream, offered) = start_owner(transport, offered_size, &args.limits).await?;
     let mut control = Control::start(stream, bounds);
     let node = Node::start(
@@ -200,13 +200,18 @@ async fn measure_registry(
             report::print_get_row_progress(&row);
             rows.push(row);
         }
-        let scatter = scatter::measure(&node, source, args.scale, transport.name()).await?;
-        tracing::info!(
-            transport = transport.name(),
-            list_us = scatter.list_p50_us,
-            single_us = scatter.single_p50_us,
-            "measured the scatter list"
-        );
+        let mut scatter = Vec::new();
+        for layout in [scatter::Layout::Gapped, scatter::Layout::Contiguous] {
+            let row = scatter::measure(&node, source, layout, args.scale, transport.name()).await?;
+            tracing::info!(
+                transport = transport.name(),
+                layout = layout.name(),
+                list_us = row.list_p50_us,
+                single_us = row.single_p50_us,
+                "measured the scatter list"
+            );
+            scatter.push(row);
+        }
         verify_source(&node, &offered.1).await?;
         anyhow::Ok((rows, scatter))
     }

@@ -173,16 +173,17 @@ pub fn tables(rows: &[GetRow], scatter_rows: &[ScatterRow], pool_rows: &[PoolRow
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "| transport | list | list p50 µs | one GET of the same bytes p50 µs | list / one GET |"
+            "| transport | list | source layout | list p50 µs | one GET of the same bytes p50 µs | list / one GET |"
         );
-        let _ = writeln!(out, "|---|---|---:|---:|---:|");
+        let _ = writeln!(out, "|---|---|---|---:|---:|---:|");
         for row in scatter_rows {
             let _ = writeln!(
                 out,
-                "| {} | {} × {} | {:.1} | {:.1} | {:.2} |",
+                "| {} | {} × {} | {} | {:.1} | {:.1} | {:.2} |",
                 row.transport,
                 row.entries,
                 format_size(row.entry_bytes),
+                row.layout.name(),
                 row.list_p50_us,
                 row.single_p50_us,
                 row.ratio(),
@@ -349,13 +350,15 @@ pub fn write_all(
         );
     }
     write("pool.csv", pool_csv)?;
-    let mut scatter_csv =
-        String::from("transport,entries,entry_bytes,rounds,list_p50_us,single_p50_us,ratio\n");
+    let mut scatter_csv = String::from(
+        "transport,layout,entries,entry_bytes,rounds,list_p50_us,single_p50_us,ratio\n",
+    );
     for r in scatter_rows {
         let _ = writeln!(
             scatter_csv,
-            "{},{},{},{},{:.2},{:.2},{:.3}",
+            "{},{},{},{},{},{:.2},{:.2},{:.3}",
             r.transport,
+            r.layout.name(),
             r.entries,
             r.entry_bytes,
             r.rounds,
@@ -480,6 +483,7 @@ mod tests {
     fn the_scatter_table_shows_the_list_against_one_get() {
         let scatter = ScatterRow {
             transport: "tcp".to_owned(),
+            layout: crate::bench::scatter::Layout::Gapped,
             entries: 1000,
             entry_bytes: 4096,
             rounds: 10,
@@ -488,7 +492,7 @@ mod tests {
         };
         let text = tables(&[], std::slice::from_ref(&scatter), &[]);
         assert!(
-            text.contains("| tcp | 1000 × 4 KiB | 3000.0 | 2000.0 | 1.50 |"),
+            text.contains("| tcp | 1000 × 4 KiB | gapped | 3000.0 | 2000.0 | 1.50 |"),
             "{text}"
         );
         assert!(!tables(&[], &[], &[]).contains("list / one GET"));

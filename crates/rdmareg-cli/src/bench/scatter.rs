@@ -10,8 +10,14 @@
 //! The list reads the owner's blocks in a permuted order (block `i` of the
 //! destination comes from block `i × 7919 mod 1000` of the source: 7919 is
 //! prime and coprime with 1000), so no two neighbouring entries are
-//! neighbours at the source and nothing may merge them into larger reads:
-//! the figure is the price of a thousand separate reads.
+//! neighbours at the source. It runs over two source layouts:
+//!
+//! - **gapped**: the blocks are every other 4 KiB of the owner's buffer, so
+//!   no two of them touch and nothing can merge them into larger reads —
+//!   the price of a thousand separate reads;
+//! - **contiguous**: the blocks tile 4000 KiB of the owner's buffer, as a
+//!   block table read out of one arena does — a lane that sorts reads by
+//!   source address (the same-host lane does) may merge them.
 
 use std::time::Instant;
 
@@ -29,6 +35,37 @@ pub const SCATTER_ENTRIES: u64 = 1000;
 pub const SCATTER_ENTRY_BYTES: u64 = 4096;
 /// Bytes one scatter post (and the single GET it is compared with) moves.
 pub const SCATTER_BYTES: u64 = SCATTER_ENTRIES * SCATTER_ENTRY_BYTES;
+/// Source bytes the scatter runs need (the gapped layout spans twice the
+/// bytes it reads).
+pub const SCATTER_SOURCE_BYTES: u64 = 2 * SCATTER_BYTES;
+
+/// Where a scatter list's blocks sit in the owner's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// Every other block: no two blocks touch.
+    Gapped,
+    /// Blocks tile one range.
+    Contiguous,
+}
+
+impl Layout {
+    /// Its name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Gapped => "gapped",
+            Layout::Contiguous => "contiguous",
+        }
+    }
+
+    /// Source offset of block `block` (`0..SCATTER_ENTRIES`).
+    fn offset(self, block: u64) -> u64 {
+        match self {
+            Layout::Gapped => 2 * block * SCATTER_ENTRY_BYTES,
+            Layout::Contiguous => block * SCATTER_ENTRY_BYTES,
+        }
+    }
+}
 /// The stride of the source permutation (see the module docs).
 const PERMUTATION_STRIDE: u64 = 7919;
 
@@ -37,6 +74,8 @@ const PERMUTATION_STRIDE: u64 = 7919;
 pub struct ScatterRow {
     /// `tcp`, `shm`, …
     pub transport: String,
+    /// Where the blocks sit at the source.
+    pub layout: Layout,
     /// Reads in the list.
     pub entries: u64,
     /// Bytes per read.
@@ -64,10 +103,11 @@ fn source_block(index: u64) -> u64 {
 
 /// Time the scatter list and the single GET, alternating so that both see
 /// the same state of a shared machine. `source` must cover at least
-/// [`SCATTER_BYTES`].
+/// [`SCATTER_SOURCE_BYTES`].
 pub async fn measure(
     node: &Node,
     source: &Descriptor,
+    layout: Layout,
     scale: f64,
     transport: &str,
 ) -> anyhow::Result<ScatterRow> {
@@ -76,10 +116,7 @@ pub async fn measure(
         .context("the benchmark source is smaller than one scatter list")?;
     let mut list = node.registry.transfer_list(OWNER);
     for index in 0..SCATTER_ENTRIES {
-        let block = source.slice(
-            source_block(index) * SCATTER_ENTRY_BYTES,
-            SCATTER_ENTRY_BYTES,
-        )?;
+        let block = source.slice(layout.offset(source_block(index)), SCATTER_ENTRY_BYTES)?;
         list.push(&block, 0, usize::try_from(index * SCATTER_ENTRY_BYTES)?)?;
     }
     let mut buffers = vec![
@@ -107,6 +144,7 @@ pub async fn measure(
     }
     Ok(ScatterRow {
         transport: transport.to_owned(),
+        layout,
         entries: SCATTER_ENTRIES,
         entry_bytes: SCATTER_ENTRY_BYTES,
         rounds,
@@ -137,9 +175,24 @@ mod tests {
     }
 
     #[test]
+    fn gapped_blocks_never_touch_and_both_layouts_fit_the_source() {
+        for block in 0..SCATTER_ENTRIES - 1 {
+            let end = Layout::Gapped.offset(block) + SCATTER_ENTRY_BYTES;
+            assert!(end < Layout::Gapped.offset(block + 1));
+            assert_eq!(
+                Layout::Contiguous.offset(block) + SCATTER_ENTRY_BYTES,
+                Layout::Contiguous.offset(block + 1)
+            );
+        }
+        let last = SCATTER_ENTRIES - 1;
+        assert!(Layout::Gapped.offset(last) + SCATTER_ENTRY_BYTES <= SCATTER_SOURCE_BYTES);
+    }
+
+    #[test]
     fn the_ratio_is_list_time_over_single_time() {
         let row = ScatterRow {
             transport: "tcp".to_owned(),
+            layout: Layout::Gapped,
             entries: SCATTER_ENTRIES,
             entry_bytes: SCATTER_ENTRY_BYTES,
             rounds: 10,

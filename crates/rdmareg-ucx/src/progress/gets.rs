@@ -581,6 +581,17 @@ impl Engine {
     /// published one in this engine's pid space and UCX reaches its direct
     /// lane (see `vectored`).
     fn copy_source(&mut self, peer: PeerId) -> Option<u32> {
+        if let Some((memo_peer, pid)) = self.copy_source_memo {
+            if memo_peer == peer {
+                return pid;
+            }
+        }
+        let pid = self.look_up_copy_source(peer);
+        self.copy_source_memo = Some((peer, pid));
+        pid
+    }
+
+    fn look_up_copy_source(&mut self, peer: PeerId) -> Option<u32> {
         let process = self.peers.connection_mut(peer)?.process?;
         self.direct_endpoint_for(peer)?;
         Some(process.pid)
@@ -591,6 +602,7 @@ impl Engine {
     /// kernel refuses to let this process read is read through UCX from now
     /// on, these reads included.
     fn flush_copies(&mut self) {
+        self.copy_source_memo = None;
         if self.copies.is_empty() {
             return;
         }
@@ -632,6 +644,7 @@ impl Engine {
         }
         // A fallback never gathers again: its peer's process was cleared.
         debug_assert!(self.copies.is_empty());
+        self.copy_source_memo = None;
     }
 
     fn try_post_get(

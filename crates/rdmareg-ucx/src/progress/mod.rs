@@ -116,6 +116,11 @@ struct Engine {
     /// Same-host reads gathered in this turn, copied by `flush_copies`
     /// before the turn ends.
     copies: Vec<gets::PendingCopy>,
+    /// The last peer `copy_source` answered for in this turn, and its
+    /// answer: a batch's entries name the same peer, and each lookup
+    /// hashes the peer's whole address. Cleared when the turn's copies
+    /// are flushed, before any command can change the peer table.
+    copy_source_memo: Option<(rdmareg_core::PeerId, Option<u32>)>,
     context: Context,
 }
 
@@ -231,6 +236,7 @@ impl Engine {
             leftover: None,
             spare: SpareRecords::default(),
             copies: Vec::new(),
+            copy_source_memo: None,
             context,
         };
         let info = StartInfo {

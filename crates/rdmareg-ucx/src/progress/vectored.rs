@@ -17,11 +17,12 @@
 //! [`copy_from_process`] runs on the progress thread and returns when every
 //! entry is done: there is no copy in flight afterwards, so an answer sent
 //! after it never hands back a buffer the kernel still writes. Each entry
-//! gets its own outcome. The kernel stops a vectored copy at the first
-//! remote range it cannot read and reports only the bytes before it; the
-//! entries wholly inside those bytes succeeded, the one it stopped in fails
-//! when it is the first of a call (so a half-readable entry cannot make the
-//! loop spin), and the rest are tried again in the next call.
+//! gets its own outcome. Entries are copied in the owner's address order;
+//! the kernel stops a vectored copy at the first remote byte it cannot read
+//! and reports only the bytes before it; the entries wholly inside those
+//! bytes succeeded, the one it stopped in fails when it is the first of a
+//! call (so a half-readable entry cannot make the loop spin), and the rest
+//! are tried again in the next call.
 //!
 //! [`ProcessIdentity`]: crate::engine_address::ProcessIdentity
 
@@ -76,34 +77,36 @@ pub(crate) unsafe fn copy_from_process(
         outcomes.fill(Err(CopyError(libc::ESRCH)));
         return outcomes;
     };
+    // In the owner's address order, so that ranges adjacent there merge
+    // into one remote vector (see `merge_remote`).
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by_key(|&i| entries[i].remote_addr);
     let mut local = Vec::with_capacity(entries.len().min(MAX_VECTORS));
     let mut remote = Vec::with_capacity(entries.len().min(MAX_VECTORS));
     let mut next = 0;
-    while next < entries.len() {
-        let call = &entries[next..(next + MAX_VECTORS).min(entries.len())];
+    while next < order.len() {
+        let call = &order[next..(next + MAX_VECTORS).min(order.len())];
         local.clear();
         remote.clear();
-        for entry in call {
+        for &i in call {
+            let entry = entries[i];
             local.push(libc::iovec {
                 iov_base: entry.dest.cast(),
                 iov_len: entry.len,
             });
-            remote.push(libc::iovec {
-                iov_base: entry.remote_addr as usize as *mut libc::c_void,
-                iov_len: entry.len,
-            });
+            merge_remote(&mut remote, entry.remote_addr, entry.len);
         }
-        // SAFETY: both vectors hold `call.len()` (at most UIO_MAXIOV)
-        // initialised iovecs; the local ranges are writable and unshared by
-        // the caller's contract; the remote ranges are only read, by the
-        // kernel, inside the other process.
+        // SAFETY: both vectors hold at most UIO_MAXIOV initialised iovecs
+        // covering the same number of bytes; the local ranges are writable
+        // and unshared by the caller's contract; the remote ranges are only
+        // read, by the kernel, inside the other process.
         let copied = unsafe {
             libc::process_vm_readv(
                 pid,
                 local.as_ptr(),
-                call.len() as libc::c_ulong,
+                local.len() as libc::c_ulong,
                 remote.as_ptr(),
-                call.len() as libc::c_ulong,
+                remote.len() as libc::c_ulong,
                 0,
             )
         };
@@ -113,28 +116,51 @@ pub(crate) unsafe fn copy_from_process(
                 .unwrap_or(libc::EIO);
             if errno == libc::ESRCH || CopyError(errno).is_refusal() {
                 // Nothing of this owner can be read: every entry left fails.
-                outcomes[next..].fill(Err(CopyError(errno)));
+                for &i in &order[next..] {
+                    outcomes[i] = Err(CopyError(errno));
+                }
                 return outcomes;
             }
-            outcomes[next] = Err(CopyError(errno));
+            outcomes[call[0]] = Err(CopyError(errno));
             next += 1;
             continue;
         }
         let mut left = copied as usize;
         let mut done = 0;
-        while done < call.len() && left >= call[done].len {
-            left -= call[done].len;
+        while done < call.len() && left >= entries[call[done]].len {
+            left -= entries[call[done]].len;
             done += 1;
         }
         if done == 0 {
             // The first range was cut short: the kernel cannot read all of
             // it, and trying it again would cut it again.
-            outcomes[next] = Err(CopyError(libc::EFAULT));
+            outcomes[call[0]] = Err(CopyError(libc::EFAULT));
             done = 1;
         }
         next += done;
     }
     outcomes
+}
+
+/// Appends `len` bytes at `addr` to the remote vectors, extending the last
+/// one when the range starts where it ends: the kernel pins the owner's
+/// pages once per vector, so a block list read out of one arena in address
+/// order costs one vector, not one per block. (The kernel reads the remote
+/// vectors and fills the local ones as two independent byte streams, so
+/// the two sides need not have the same shape.)
+fn merge_remote(remote: &mut Vec<libc::iovec>, addr: u64, len: usize) {
+    if let Some(last) = remote.last_mut() {
+        if (last.iov_base as u64).checked_add(last.iov_len as u64) == Some(addr) {
+            if let Some(merged) = last.iov_len.checked_add(len) {
+                last.iov_len = merged;
+                return;
+            }
+        }
+    }
+    remote.push(libc::iovec {
+        iov_base: addr as usize as *mut libc::c_void,
+        iov_len: len,
+    });
 }
 
 #[cfg(test)]
@@ -226,6 +252,33 @@ mod tests {
         assert_eq!(outcomes, vec![Err(CopyError(libc::EFAULT))]);
         // SAFETY: the first page of the mapping above, unmapped once.
         unsafe { libc::munmap(base, page) };
+    }
+
+    #[test]
+    fn ranges_adjacent_in_the_owner_merge_and_others_do_not() {
+        let mut remote = Vec::new();
+        merge_remote(&mut remote, 0x1000, 0x100);
+        merge_remote(&mut remote, 0x1100, 0x100);
+        merge_remote(&mut remote, 0x1100, 0x10); // overlaps: a vector of its own
+        merge_remote(&mut remote, 0x5000, 8);
+        let shape: Vec<(u64, usize)> = remote
+            .iter()
+            .map(|v| (v.iov_base as u64, v.iov_len))
+            .collect();
+        assert_eq!(shape, vec![(0x1000, 0x200), (0x1100, 0x10), (0x5000, 8)]);
+    }
+
+    #[test]
+    fn reads_of_the_same_bytes_into_two_places_both_land() {
+        let source: Vec<u8> = (0..4096).map(|i| (i % 199) as u8).collect();
+        let mut dest = vec![0u8; 2 * 4096];
+        let (a, b) = dest.split_at_mut(4096);
+        let entries = [entry(&source, a), entry(&source, b)];
+        // SAFETY: as above.
+        let outcomes = unsafe { copy_from_process(std::process::id(), &entries) };
+        assert_eq!(outcomes, vec![Ok(()), Ok(())]);
+        assert_eq!(&dest[..4096], &source[..]);
+        assert_eq!(&dest[4096..], &source[..]);
     }
 
     #[test]
