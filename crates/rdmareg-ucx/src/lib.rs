@@ -83,7 +83,10 @@
 //!   one in an [`EngineAddress`], and the owner's keys carry both lanes
 //!   ([`read_protocol::SameHostKey`]). A consumer that reaches the owner's
 //!   direct lane reads one-sided: one kernel copy, no request, no owner
-//!   wake-up. The owner checks nothing there: the consumer's engine checks
+//!   wake-up — for a whole batch, one vectored `process_vm_readv` when the
+//!   owner's address names its process
+//!   ([`ProcessIdentity`](engine_address::ProcessIdentity)). The owner
+//!   checks nothing there: the consumer's engine checks
 //!   the key's mapped range, and a stale descriptor reads the memory's
 //!   current bytes. A consumer that cannot reach it reads through the owner.
 //!   See `docs/safety.md` for the trust domain, lane by lane.
