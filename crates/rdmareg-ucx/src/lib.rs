@@ -85,7 +85,7 @@
 //!   direct lane reads one-sided: one kernel copy, no request, no owner
 //!   wake-up — for a whole batch, one vectored `process_vm_readv` when the
 //!   owner's address names its process
-//!   ([`ProcessIdentity`](engine_address::ProcessIdentity)). The owner
+//!   ([`ProcessIdentity`]). The owner
 //!   checks nothing there: the consumer's engine checks
 //!   the key's mapped range, and a stale descriptor reads the memory's
 //!   current bytes. A consumer that cannot reach it reads through the owner.
