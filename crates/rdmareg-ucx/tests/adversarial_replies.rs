@@ -932,3 +932,122 @@ fn an_owner_cannot_answer_a_read_sent_to_another_owner() {
         "B's forged answer completed a read sent to A"
     );
 }
+
+/// Sends read requests of `length` bytes at the start of `buf` from `r` on
+/// `ep`, ids `1..=count`, and progresses until every reply arrived (or 10 s).
+fn request_many(
+    r: &Raw,
+    ep: sys::ucp_ep_h,
+    key: ServedKey,
+    buf: &PageBuf,
+    length: u64,
+    count: u64,
+) {
+    for id in 1..=count {
+        let request = ReadRequest {
+            request_id: id,
+            key,
+            address: buf.addr() as u64,
+            length,
+        };
+        r.send_wait(
+            ep,
+            READ_REQUEST_AM_ID,
+            &request.encode(),
+            &[],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+    }
+    r.progress_until(Duration::from_secs(10), |r| {
+        r.messages(READ_REPLY_AM_ID).len() as u64 >= count
+    });
+}
+
+/// A live consumer that starts a large reply's rendezvous and keeps it
+/// holds the owner's read lease: the owner's unmap must not answer while
+/// UCX may still read the region, and answers `Ok` as soon as the consumer
+/// lets the reply go.
+#[test]
+fn an_unmap_waits_for_a_reply_a_live_consumer_holds_and_answers_once_it_is_released() {
+    let rt = runtime();
+    let owner = tcp_engine();
+    let ob = owner.backend();
+    let buf = PageBuf::filled(8 << 20, pattern);
+    let region = rt.block_on(map(&ob, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let r = Raw::new(true);
+    let ep = r.connect(&owner.worker_address());
+    request_many(&r, ep, key, &buf, 8 << 20, 1);
+    let desc = r.messages(READ_REPLY_AM_ID).first().map(|m| m.desc);
+    let desc = desc
+        .filter(|d| !d.is_null())
+        .expect("a held rendezvous reply");
+
+    let unmap = {
+        let ob = ob.clone();
+        let id = region.backend_region_id;
+        rt.spawn(async move { ob.unmap(id).await })
+    };
+    // The consumer stays alive and responsive, but keeps the reply.
+    r.progress_for(Duration::from_millis(1500));
+    let answered_while_held = unmap.is_finished();
+
+    // SAFETY: `desc` is the rendezvous descriptor UCX handed this worker's
+    // handler (kept with UCS_INPROGRESS) and released once, here; the
+    // message is then forgotten so `Raw::drop` does not release it again.
+    unsafe { sys::ucp_am_data_release(r.worker, desc) };
+    for inbox in &r.inboxes {
+        for m in inbox.msgs.borrow_mut().iter_mut() {
+            m.desc = ptr::null_mut();
+        }
+    }
+    let released = r.progress_until(Duration::from_secs(5), |_| unmap.is_finished());
+    let result = released.then(|| rt.block_on(unmap).unwrap());
+    drop(r);
+    rt.block_on(owner.shutdown());
+    drop(buf);
+    assert!(
+        !answered_while_held,
+        "the unmap answered while a consumer still held a reply UCX reads from the region"
+    );
+    assert_eq!(result, Some(Ok(())), "the unmap after the reply was let go");
+}
+
+/// Most replies one consumer connection may hold open at the owner at a
+/// time: what a bounded owner would allow at most.
+const HELD_REPLIES_BOUND: usize = 1024;
+
+/// A consumer that asks for many large reads and never takes their bytes
+/// holds one owner lease and one UCX send per reply; with no bound, one
+/// peer grows the owner's memory without limit. The owner should refuse
+/// reads beyond a bound per consumer.
+#[test]
+#[ignore = "known defect: owners bound neither the leases nor the reply sends one consumer holds open (docs/safety.md, 'A consumer can hold a served reply open'); a bound needs a new refusal on the wire"]
+fn one_consumer_cannot_hold_an_unbounded_number_of_served_replies_open() {
+    let rt = runtime();
+    let owner = tcp_engine();
+    let ob = owner.backend();
+    let buf = PageBuf::filled(8 << 20, pattern);
+    let region = rt.block_on(map(&ob, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let r = Raw::new(true);
+    let ep = r.connect(&owner.worker_address());
+    let asked = 4 * HELD_REPLIES_BOUND as u64;
+    // Large enough that UCX sends every reply by rendezvous over tcp.
+    request_many(&r, ep, key, &buf, 8 << 20, asked);
+    let held = r
+        .messages(READ_REPLY_AM_ID)
+        .iter()
+        .filter(|m| !m.desc.is_null())
+        .count();
+    eprintln!("{asked} large reads asked, {held} replies held open at the owner");
+    drop(r);
+    let unmapped = rt.block_on(ob.unmap(region.backend_region_id));
+    rt.block_on(owner.shutdown());
+    drop(buf);
+    assert_eq!(unmapped, Ok(()));
+    assert!(
+        held <= HELD_REPLIES_BOUND,
+        "one consumer holds {held} served replies open (bound {HELD_REPLIES_BOUND})"
+    );
+}
