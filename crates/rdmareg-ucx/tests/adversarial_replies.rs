@@ -1051,3 +1051,60 @@ fn one_consumer_cannot_hold_an_unbounded_number_of_served_replies_open() {
         "one consumer holds {held} served replies open (bound {HELD_REPLIES_BOUND})"
     );
 }
+
+/// The owner a read was sent to answers it, the read answers `Ok`, and the
+/// caller takes its destination back; then the owner sends the very same
+/// reply again — eager and by rendezvous, over the endpoint the request came
+/// on. A read is answered once: the replays must land nothing in the
+/// destination the caller now owns.
+#[test]
+fn a_replayed_reply_lands_nothing_once_its_read_was_answered() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let a = Raw::new(false);
+    consumer.add_peer(SILENT_OWNER, a.address()).unwrap();
+    let len = 4096usize;
+    let dest = PageBuf::zeroed(len);
+    let (req, ep, get) = get_from_raw_owner(
+        &rt,
+        &consumer,
+        &a,
+        &dest,
+        len as u64,
+        Duration::from_secs(5),
+    );
+    let honest = vec![0x5Au8; len];
+    a.send_wait(
+        ep,
+        READ_REPLY_AM_ID,
+        &forged_reply(req.request_id, len as u64),
+        &honest,
+        sys::UCP_AM_SEND_FLAG_REPLY,
+    );
+    let first = finish(&rt, &[&a], get, Duration::from_secs(5));
+    let landed = dest.snapshot().iter().all(|&b| b == 0x5A);
+    // The destination is the caller's again.
+    dest.fill(0);
+    let replay = vec![0xEEu8; len];
+    a.send_wait(
+        ep,
+        READ_REPLY_AM_ID,
+        &forged_reply(req.request_id, len as u64),
+        &replay,
+        sys::UCP_AM_SEND_FLAG_REPLY,
+    );
+    a.send_wait(
+        ep,
+        READ_REPLY_AM_ID,
+        &forged_reply(req.request_id, len as u64),
+        &replay,
+        sys::UCP_AM_SEND_FLAG_REPLY | sys::UCP_AM_SEND_FLAG_RNDV,
+    );
+    a.progress_for(Duration::from_millis(300));
+    let changed = dest.snapshot().iter().filter(|&&b| b != 0).count();
+    rt.block_on(consumer.shutdown());
+    drop(a);
+    assert_eq!(first, Some(Ok(())), "the honest reply answers the read");
+    assert!(landed, "the honest reply's bytes landed");
+    assert_eq!(changed, 0, "a replayed reply wrote the caller's buffer");
+}
