@@ -1108,3 +1108,63 @@ fn a_replayed_reply_lands_nothing_once_its_read_was_answered() {
     assert!(landed, "the honest reply's bytes landed");
     assert_eq!(changed, 0, "a replayed reply wrote the caller's buffer");
 }
+
+/// A live consumer holds a large reply open and never lets it go. The
+/// owner's shutdown must still end within its teardown timeout, answer the
+/// unmap parked behind that reply, and leave nothing registered: a hostile
+/// consumer can delay an owner's unmap, not its teardown.
+#[test]
+fn a_consumer_holding_a_reply_open_cannot_stall_the_owners_teardown() {
+    let rt = runtime();
+    init_tracing();
+    let teardown = Duration::from_secs(2);
+    let owner =
+        UcxEngine::start(config(Transport::Tcp).with_teardown_timeout(teardown)).expect("starts");
+    let ob = owner.backend();
+    let buf = PageBuf::filled(8 << 20, pattern);
+    let region = rt.block_on(map(&ob, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let r = Raw::new(true);
+    let ep = r.connect(&owner.worker_address());
+    request_many(&r, ep, key, &buf, 8 << 20, 1);
+    let held = r
+        .messages(READ_REPLY_AM_ID)
+        .iter()
+        .any(|m| !m.desc.is_null());
+    let unmap = {
+        let ob = ob.clone();
+        let id = region.backend_region_id;
+        rt.spawn(async move { ob.unmap(id).await })
+    };
+    // The consumer keeps progressing (it is alive) while the owner shuts
+    // down on another thread.
+    let shutdown = {
+        let started = Instant::now();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&done);
+        let owner = &owner;
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                owner.shutdown_blocking();
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            while !done.load(std::sync::atomic::Ordering::SeqCst)
+                && started.elapsed() < teardown * 4
+            {
+                r.progress_for(Duration::from_millis(5));
+            }
+        });
+        started.elapsed()
+    };
+    let unmapped = rt.block_on(unmap).unwrap();
+    let live = owner.live_registrations();
+    drop(r);
+    drop(buf);
+    assert!(held, "the consumer held a rendezvous reply");
+    assert!(
+        shutdown <= teardown + Duration::from_secs(1),
+        "teardown took {shutdown:?} (timeout {teardown:?})"
+    );
+    assert_eq!(unmapped, Ok(()), "the parked unmap after teardown");
+    assert_eq!(live, Some(0));
+}
