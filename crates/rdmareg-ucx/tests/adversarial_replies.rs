@@ -1136,6 +1136,10 @@ fn a_consumer_holding_a_reply_open_cannot_stall_the_owners_teardown() {
         let id = region.backend_region_id;
         rt.spawn(async move { ob.unmap(id).await })
     };
+    // Let the unmap reach the engine and park behind the held reply before
+    // the shutdown begins (an unmap submitted after it is another case).
+    r.progress_for(Duration::from_millis(300));
+    let parked = !unmap.is_finished();
     // The consumer keeps progressing (it is alive) while the owner shuts
     // down on another thread.
     let shutdown = {
@@ -1158,9 +1162,13 @@ fn a_consumer_holding_a_reply_open_cannot_stall_the_owners_teardown() {
     };
     let unmapped = rt.block_on(unmap).unwrap();
     let live = owner.live_registrations();
+    eprintln!(
+        "held {held}; parked {parked}; teardown took {shutdown:?}; unmap {unmapped:?}; live {live:?}"
+    );
     drop(r);
     drop(buf);
     assert!(held, "the consumer held a rendezvous reply");
+    assert!(parked, "the unmap answered while the reply was held");
     assert!(
         shutdown <= teardown + Duration::from_secs(1),
         "teardown took {shutdown:?} (timeout {teardown:?})"
