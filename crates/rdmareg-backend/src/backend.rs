@@ -75,7 +75,70 @@ use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 /// An RDMA provider: registers memory and pulls remote memory into it.
 ///
 /// See the module documentation for the contract.
-pub trait RdmaBackend: Send + Sync + 'static {
+///
+/// # Safety
+///
+/// The registry builds safe APIs on top of a backend: it hands a GET's
+/// destination back to safe code (as `&mut [u8]`) when the GET answers, and
+/// frees memory when an unmap answers `Ok(())`. Both are sound only if the
+/// backend keeps its word, so implementing the trait is a promise the
+/// compiler cannot check, and it takes `unsafe impl`. An implementation
+/// guarantees contract points 1, 3, 4 and 8: a dropped `map` leaves nothing
+/// registered (or is counted until its rollback is done), `Ok(())` from
+/// `unmap` means nothing can touch the range any more, and no GET is
+/// answered — with any outcome — while the transport may still write its
+/// destination. A backend that wraps another one and answers a GET before
+/// the inner one did breaks this, however safe its own code looks.
+///
+/// The conformance kit checks these points for a given backend; passing it
+/// is evidence, not proof.
+///
+/// ```compile_fail
+/// // A backend that answers GETs early cannot be written without `unsafe`.
+/// use futures::future::BoxFuture;
+/// use rdmareg_backend::{BackendGet, BackendRegion, RdmaBackend, RdmaError};
+///
+/// struct AnswersEarly;
+///
+/// impl RdmaBackend for AnswersEarly {
+///     fn key(&self) -> &str { "early" }
+///     fn map(&self, _: usize, _: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+///         Box::pin(async { Err(RdmaError::NotConfigured) })
+///     }
+///     fn unmap(&self, _: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
+///         Box::pin(async { Ok(()) })
+///     }
+///     fn get(&self, _: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+///         Box::pin(async { Ok(()) })
+///     }
+/// }
+/// ```
+///
+/// The same implementation, written with `unsafe impl` (the only change),
+/// compiles: the line above fails for the missing `unsafe` alone.
+///
+/// ```
+/// use futures::future::BoxFuture;
+/// use rdmareg_backend::{BackendGet, BackendRegion, RdmaBackend, RdmaError};
+///
+/// struct RefusesEverything;
+///
+/// // SAFETY: it registers nothing, so it pins nothing and never writes a
+/// // destination; its answers cannot outlive a transfer.
+/// unsafe impl RdmaBackend for RefusesEverything {
+///     fn key(&self) -> &str { "refuses" }
+///     fn map(&self, _: usize, _: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+///         Box::pin(async { Err(RdmaError::NotConfigured) })
+///     }
+///     fn unmap(&self, _: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
+///         Box::pin(async { Ok(()) })
+///     }
+///     fn get(&self, _: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+///         Box::pin(async { Err(RdmaError::RegionNotFound) })
+///     }
+/// }
+/// ```
+pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// The backend's wire name (`"ucx"`, `"loopback"`), carried in every
     /// descriptor so a consumer never hands one backend's key to another.
     fn key(&self) -> &str;

@@ -80,7 +80,10 @@ impl Drop for PendingMap<'_> {
     }
 }
 
-impl RdmaBackend for UcxBackend {
+// SAFETY: the engine keeps contract points 1, 3, 4 and 8 (the conformance
+// kit runs against it on tcp and same-host lanes): see `progress::regions`
+// for unmaps and `progress::gets` for answers only after UCX let go.
+unsafe impl RdmaBackend for UcxBackend {
     fn key(&self) -> &str {
         "ucx"
     }

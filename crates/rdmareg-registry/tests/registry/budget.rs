@@ -192,7 +192,9 @@ async fn budget_refusal_carries_requested_registered_and_budget_and_hands_the_bu
 /// its effective range, the way UCX's `ucp_mem_query` does.
 struct ReportsUnroundedRanges(std::sync::Arc<rdmareg_backend::loopback::LoopbackBackend>);
 
-impl rdmareg_backend::RdmaBackend for ReportsUnroundedRanges {
+// SAFETY: every method that can pin memory or write a destination is the
+// loopback's own (delegated unchanged); only the reported range differs.
+unsafe impl rdmareg_backend::RdmaBackend for ReportsUnroundedRanges {
     fn key(&self) -> &str {
         self.0.key()
     }
