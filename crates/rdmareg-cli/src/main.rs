@@ -93,9 +93,9 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
-/// Sends UCX's log to standard error: if `UCX_LOG_FILE` is unset, replaces this process with a fresh run of the
-/// same binary and arguments with `UCX_LOG_FILE=stderr`, and does not
-/// return. Returns `None` when the variable is set (nothing to do), or else
+/// Sends UCX's log to standard error: if `UCX_LOG_FILE` is unset, replaces
+/// this process with a fresh run of the same binary and arguments with
+/// `UCX_LOG_FILE=stderr`, and does not return. Returns `None` when the variable is set (nothing to do), or else
 /// why the re-run failed (the process then carries on as it is).
 ///
 /// Setting the variable from here would be too late: the UCX libraries are
