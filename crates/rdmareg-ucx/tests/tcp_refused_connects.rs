@@ -1,5 +1,6 @@
 //! Reads to an owner that is gone cost the consumer no descriptors over
-//! [`Transport::Tcp`].
+//! [`Transport::Tcp`], and over [`Transport::SameHost`] (tcp carries its
+//! connections).
 //!
 //! A consumer that keeps a vanished owner's address and reads from it under
 //! ever new peer ids makes a new endpoint, and so a new connection attempt,
@@ -66,18 +67,22 @@ fn reads_to_a_vanished_owner_over_tcp_leave_no_descriptors_open() {
                 .enable_all()
                 .build()
                 .expect("a Tokio runtime")
-                .block_on(reads_to_vanished_owner());
+                .block_on(async {
+                    for transport in [Transport::Tcp, Transport::SameHost] {
+                        reads_to_vanished_owner(transport).await;
+                    }
+                });
         },
     );
 }
 
-async fn reads_to_vanished_owner() {
+async fn reads_to_vanished_owner(transport: Transport) {
     init_tracing();
-    let consumer = UcxEngine::start(config(Transport::Tcp)).expect("a consumer starts");
+    let consumer = UcxEngine::start(config(transport.clone())).expect("a consumer starts");
     let dst = PageBuf::zeroed(4096);
     let dst_region = map(&consumer.backend(), &dst).await;
 
-    let owner = UcxEngine::start(config(Transport::Tcp)).expect("an owner starts");
+    let owner = UcxEngine::start(config(transport.clone())).expect("an owner starts");
     let src = PageBuf::filled(4096, pattern);
     let src_region = map(&owner.backend(), &src).await;
     let descriptor = describe(&src, &src_region);
@@ -94,7 +99,7 @@ async fn reads_to_vanished_owner() {
     let first = backend.get(read(PeerId(1))).await;
     assert!(
         first.as_ref().is_err_and(|err| err.is_transient()),
-        "a read from a vanished owner answered {first:?}"
+        "{transport:?}: a read from a vanished owner answered {first:?}"
     );
     consumer
         .remove_peer(PeerId(1))
@@ -109,7 +114,7 @@ async fn reads_to_vanished_owner() {
         let answer = backend.get(read(peer)).await;
         assert!(
             answer.as_ref().is_err_and(|err| err.is_transient()),
-            "read {n} from a vanished owner answered {answer:?}"
+            "{transport:?}: read {n} from a vanished owner answered {answer:?}"
         );
         consumer
             .remove_peer(peer)
@@ -123,7 +128,7 @@ async fn reads_to_vanished_owner() {
     let after = open_fds();
     assert!(
         after <= baseline + FD_SLACK,
-        "open descriptors grew from {baseline} to {after} over {READS} reads to a vanished owner"
+        "{transport:?}: open descriptors grew from {baseline} to {after} over {READS} reads to a vanished owner"
     );
     consumer.shutdown().await;
     assert_eq!(consumer.live_registrations(), Some(0));
