@@ -11,6 +11,14 @@
 //! Errors are reported as one line on stderr; the exit status is 0 on
 //! success, 1 when the run failed (verification, shutdown, an unreachable
 //! or lost peer) and 2 for bad arguments.
+//!
+//! Standard output carries only the command's own report, which scripts
+//! read: UCX's log (its warnings and errors) goes to standard error. UCX
+//! picks its log stream once, when the library is loaded — before `main`
+//! runs — from `UCX_LOG_FILE`, and without it writes to standard output.
+//! So when `UCX_LOG_FILE` is unset the binary first replaces itself with
+//! itself, same arguments, with `UCX_LOG_FILE=stderr` (see
+//! [`log_ucx_to_stderr`]); a value the caller set is left alone.
 
 mod bench;
 mod bootstrap;
@@ -25,11 +33,19 @@ mod pattern;
 mod stats;
 
 use std::io::IsTerminal as _;
-use std::process::ExitCode;
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, ExitCode};
 
 use clap::Parser;
 
+/// The UCX variable naming where its log goes (a path, `stdout` or
+/// `stderr`; empty or unset means standard output).
+const UCX_LOG_FILE: &str = "UCX_LOG_FILE";
+
 fn main() -> ExitCode {
+    if let Some(problem) = log_ucx_to_stderr() {
+        eprintln!("rdmareg: warning: {problem}; UCX may log to standard output");
+    }
     let cli = cli::Cli::parse();
     init_logging(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -75,4 +91,36 @@ fn init_logging(verbose: u8) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
+
+/// Sends UCX's log to standard error: if `UCX_LOG_FILE` is unset, replaces
+/// this process with a fresh run of the same binary and arguments with
+/// `UCX_LOG_FILE=stderr`, and does not return. Returns `None` when the variable is set (nothing to do), or else
+/// why the re-run failed (the process then carries on as it is).
+///
+/// Setting the variable from here would be too late: the UCX libraries are
+/// loaded with the binary, and their constructors have opened the log on
+/// standard output before `main` starts. The new image reads the variable
+/// when it loads them. It keeps the process id, so signals, the parent's
+/// wait and the owner process the demo spawns (which inherits the variable)
+/// are unaffected.
+fn log_ucx_to_stderr() -> Option<String> {
+    if std::env::var_os(UCX_LOG_FILE).is_some() {
+        return None;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return Some(format!("cannot find this executable to re-run it: {e}")),
+    };
+    let mut args = std::env::args_os();
+    let mut command = Command::new(&exe);
+    if let Some(arg0) = args.next() {
+        command.arg0(arg0);
+    }
+    // `exec` returns only on failure.
+    let error = command.args(args).env(UCX_LOG_FILE, "stderr").exec();
+    Some(format!(
+        "cannot re-run {} with {UCX_LOG_FILE}=stderr: {error}",
+        exe.display()
+    ))
 }
