@@ -53,7 +53,8 @@ mod engine;
 mod fabric;
 pub mod key;
 mod progress;
+mod protocol;
 
 pub use backend::OfiBackend;
-pub use config::{OfiConfig, Provider};
+pub use config::{OfiConfig, Provider, ReadPath};
 pub use engine::OfiEngine;
