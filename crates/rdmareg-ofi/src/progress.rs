@@ -210,8 +210,9 @@ struct SendOp {
     tag: u64,
     /// The region this reply reads: a lease released on completion.
     lease: Option<u64>,
-    /// The context of the read this request belongs to.
-    for_read: Option<usize>,
+    /// The context and request id of the read this request belongs to
+    /// (the id tells a later read at a reused context address apart).
+    for_read: Option<(usize, u64)>,
 }
 
 /// A receive kept posted for requests.
@@ -798,7 +799,7 @@ impl Engine {
             op.posted = posted;
             if posted {
                 // The receive is posted: now ask.
-                let (_, wire) = op.request.take().unwrap_or_default();
+                let (request_id, wire) = op.request.take().unwrap_or_default();
                 let send = SendOp {
                     context: Box::new(OpContext {
                         space: [std::ptr::null_mut(); 8],
@@ -810,7 +811,7 @@ impl Engine {
                     dest: op.fi_addr,
                     tag: REQUEST_TAG,
                     lease: None,
-                    for_read: Some(context as usize),
+                    for_read: Some((context as usize, request_id)),
                 };
                 self.queue_send(send);
             }
@@ -1063,11 +1064,12 @@ impl Engine {
         }
         if let Err((_, text)) = result {
             tracing::debug!(tag = format_args!("{:#x}", send.tag), error = %text, "a tagged send failed");
-            if let Some(read) = send.for_read {
+            if let Some((read, request_id)) = send.for_read {
                 if let Some(op) = self
                     .by_context
                     .get(&read)
                     .and_then(|&slot| self.ops[slot].as_mut())
+                    .filter(|op| op.request_id == request_id)
                 {
                     op.failure = Some(RdmaError::Backend(format!(
                         "ofi: sending the read request failed: {text}"
