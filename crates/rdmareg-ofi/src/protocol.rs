@@ -249,6 +249,17 @@ mod tests {
         ));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_decode_to_a_canonical_request_or_nothing(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)
+        ) {
+            if let Some(request) = ReadRequest::decode(&bytes) {
+                proptest::prop_assert_eq!(request.encode(), bytes);
+            }
+        }
+    }
+
     #[test]
     fn capabilities_match_only_when_every_byte_does() {
         let a = [3u8; CAPABILITY_LEN];
