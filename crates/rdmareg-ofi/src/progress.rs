@@ -12,8 +12,9 @@
 //!
 //! 1. Drain the control lane, then up to a batch of the ring (the control
 //!    lane again before each ring command).
-//! 2. Retry reads the provider asked to retry (`-FI_EAGAIN`), then read
-//!    completions and answer what finished.
+//! 2. Repost request receives and retry sends and reads the provider asked
+//!    to retry (`-FI_EAGAIN`), then read completions and answer what
+//!    finished (or serve what arrived).
 //! 3. Mark reads past their deadline (`fi_cancel` is asked; the answer still
 //!    waits for the provider to end the read — see below).
 //! 4. If anything happened, go again; else turn (yielding) for the spin
@@ -23,6 +24,16 @@
 //!    bounded by the park timeout — or by a few tens of microseconds while
 //!    reads of this engine are in flight, since a manual-progress provider
 //!    lands them only when called.
+//!
+//! # Serving reads (owner-served path)
+//!
+//! The loop keeps receives posted on the request tag (`protocol`). A
+//! request is checked against the live regions — exists, not being
+//! unmapped, capability matches, range inside — and answered by a tagged
+//! send of the region's bytes under a read lease (the region's
+//! `in_flight` count, which an unmap waits for), released when that send's
+//! completion is read, or by a zero-length refusal. This engine's own reads
+//! post their reply receive first and then send the request.
 //!
 //! # Answers only after the provider let go
 //!
