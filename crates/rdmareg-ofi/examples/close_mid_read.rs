@@ -1,6 +1,8 @@
 //! Does the owner's provider still read a region after `fi_close` of it
 //! returned, while a consumer's large read of it is in flight?
 //! `cargo run --release -p rdmareg-ofi --example close_mid_read -- [tcp|shm] [MIB] [DELAY_MS]`
+//! (`RDMAREG_OFI_READ_PATH=one-sided` for `fi_read` instead of the default
+//! owner-served reads).
 //!
 //! The owner unmaps the source a moment after the consumer's GET started,
 //! then overwrites it with a new byte. Destination bytes with the new byte
@@ -11,13 +13,22 @@ use std::time::{Duration, Instant};
 
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, PeerId};
-use rdmareg_ofi::{OfiConfig, OfiEngine, Provider};
+use rdmareg_ofi::{OfiConfig, OfiEngine, Provider, ReadPath};
 
 /// Zeroes the destination again after the warm-up read.
 fn dst_fill(ptr: usize, size: usize) {
     // SAFETY: the destination is this process's buffer, with no read in
     // flight into it and no Rust borrow of it.
     unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, size) };
+}
+
+/// The read path `RDMAREG_OFI_READ_PATH` names, else the provider's default.
+fn read_path(provider: &Provider) -> ReadPath {
+    match std::env::var("RDMAREG_OFI_READ_PATH").as_deref() {
+        Ok("one-sided") => ReadPath::OneSided,
+        Ok("owner-served") => ReadPath::OwnerServed,
+        _ => provider.default_read_path(),
+    }
 }
 
 fn main() {
@@ -29,7 +40,7 @@ fn main() {
     let mib: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(64);
     let delay = Duration::from_millis(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(5));
     let size = mib << 20;
-    let mut config = OfiConfig::new(provider.clone());
+    let mut config = OfiConfig::new(provider.clone()).with_read_path(read_path(&provider));
     if provider == Provider::Tcp {
         config = config.with_domain("lo");
     }
@@ -85,9 +96,10 @@ fn main() {
     let late = dst.iter().filter(|&&b| b == 0x33).count();
     let early = dst.iter().filter(|&&b| b == 0x11).count();
     println!(
-        "provider={} {mib} MiB, unmap {delay:?} after the GET: unmap took {unmap_took:?}, GET answered {get_answer:?}; \
+        "provider={} path={:?} {mib} MiB, unmap {delay:?} after the GET: unmap took {unmap_took:?}, GET answered {get_answer:?}; \
          {early} bytes from before the unmap, {late} bytes written after it returned",
-        owner.provider()
+        owner.provider(),
+        read_path(&provider)
     );
     drop(src);
     consumer.shutdown_blocking();

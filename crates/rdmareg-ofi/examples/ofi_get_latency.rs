@@ -1,6 +1,8 @@
 //! GET latency between two engines in one process, per provider and park
 //! timeout: `cargo run --release -p rdmareg-ofi --example ofi_get_latency --
-//! [tcp|shm] [SIZE] [ITERATIONS] [PARK_MS] [GAP_US]`.
+//! [tcp|shm] [SIZE] [ITERATIONS] [PARK_MS] [GAP_US]`. Set
+//! `RDMAREG_OFI_READ_PATH=one-sided` to measure `fi_read` instead of the
+//! default owner-served reads.
 //!
 //! With a long park timeout it shows whether a parked owner is woken by an
 //! incoming read (the completion queue's wait descriptor) or serves it only
@@ -11,7 +13,16 @@ use std::time::{Duration, Instant};
 
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, PeerId};
-use rdmareg_ofi::{OfiConfig, OfiEngine, Provider};
+use rdmareg_ofi::{OfiConfig, OfiEngine, Provider, ReadPath};
+
+/// The read path `RDMAREG_OFI_READ_PATH` names, else the provider's default.
+fn read_path(provider: &Provider) -> ReadPath {
+    match std::env::var("RDMAREG_OFI_READ_PATH").as_deref() {
+        Ok("one-sided") => ReadPath::OneSided,
+        Ok("owner-served") => ReadPath::OwnerServed,
+        _ => provider.default_read_path(),
+    }
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -23,8 +34,9 @@ fn main() {
     let iterations: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2000);
     let park_ms: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
     let gap = Duration::from_micros(args.get(4).and_then(|s| s.parse().ok()).unwrap_or(0));
-    let mut config =
-        OfiConfig::new(provider.clone()).with_park_timeout(Duration::from_millis(park_ms));
+    let mut config = OfiConfig::new(provider.clone())
+        .with_park_timeout(Duration::from_millis(park_ms))
+        .with_read_path(read_path(&provider));
     if provider == Provider::Tcp {
         config = config.with_domain("lo");
     }
@@ -73,8 +85,9 @@ fn main() {
     samples.sort();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
     println!(
-        "provider={} size={size} park={park_ms}ms gap={gap:?} iterations={iterations}: median {:?}, p90 {:?}, p99 {:?}",
+        "provider={} path={:?} size={size} park={park_ms}ms gap={gap:?} iterations={iterations}: median {:?}, p90 {:?}, p99 {:?}",
         owner.provider(),
+        read_path(&provider),
         at(0.5),
         at(0.9),
         at(0.99)

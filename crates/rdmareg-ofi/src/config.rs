@@ -26,11 +26,41 @@ impl Provider {
     }
 }
 
+/// How an engine's regions are read by its peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReadPath {
+    /// The owner's engine serves each read itself over tagged messages: it
+    /// checks the key's region id, capability and range against its live
+    /// registrations, and an unmap answers only after the reads it is
+    /// serving from the region ended. The default on `tcp` and `shm`.
+    OwnerServed,
+    /// One-sided `fi_read` against the provider's memory keys, for
+    /// providers with hardware RMA (`verbs`, `efa`, `cxi`): untested here.
+    /// On `tcp` and `shm` this path lets a read in flight outlive the unmap
+    /// of its region, and `shm` serves stale keys (see `docs/ofi.md`).
+    OneSided,
+}
+
+impl Provider {
+    /// The read path used unless the configuration names one: owner-served
+    /// on the software providers, one-sided on any other.
+    pub fn default_read_path(&self) -> ReadPath {
+        match self {
+            Provider::Tcp | Provider::Shm => ReadPath::OwnerServed,
+            Provider::Named(_) => ReadPath::OneSided,
+        }
+    }
+}
+
 /// How to start an [`OfiEngine`](crate::OfiEngine).
 #[derive(Debug, Clone)]
 pub struct OfiConfig {
     /// The provider.
     pub provider: Provider,
+    /// How peers read this engine's regions; `None` takes
+    /// [`Provider::default_read_path`].
+    pub read_path: Option<ReadPath>,
     /// The libfabric domain name to open (`lo` keeps tcp on loopback);
     /// `None` takes the provider's first.
     pub domain: Option<String>,
@@ -56,6 +86,7 @@ impl Default for OfiConfig {
     fn default() -> Self {
         OfiConfig {
             provider: Provider::Tcp,
+            read_path: None,
             domain: None,
             ring_capacity: 4096,
             spin_window: Duration::from_micros(50),
@@ -67,6 +98,20 @@ impl Default for OfiConfig {
 }
 
 impl OfiConfig {
+    /// The read path this configuration uses: [`read_path`](Self::read_path)
+    /// if set, else the provider's default.
+    pub fn effective_read_path(&self) -> ReadPath {
+        self.read_path
+            .unwrap_or_else(|| self.provider.default_read_path())
+    }
+
+    /// Choose the read path (both sides of a read must use the same one: a
+    /// key of the other path is refused as [`InvalidKey`](rdmareg_core::RdmaError::InvalidKey)).
+    pub fn with_read_path(mut self, path: ReadPath) -> Self {
+        self.read_path = Some(path);
+        self
+    }
+
     /// The default configuration on `provider`.
     pub fn new(provider: Provider) -> Self {
         OfiConfig {

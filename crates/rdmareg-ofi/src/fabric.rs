@@ -33,8 +33,22 @@
 //! - `FI_MR_ENDPOINT`: a region is bound to the endpoint and enabled after
 //!   registration.
 //!
-//! Registrations grant `FI_READ | FI_REMOTE_READ` only: no peer can write
-//! this process's memory through a key it was given.
+//! On the owner-served read path registrations grant `FI_SEND | FI_RECV`
+//! (a region is the source of replies and the destination of reads) and
+//! ask for a random provider key no peer is told; the hints ask for
+//! directed tagged messages (`FI_TAGGED | FI_DIRECTED_RECV`) and no RMA.
+//! On the one-sided path they grant `FI_READ | FI_REMOTE_READ` and the
+//! hints ask for RMA reads. Either way no peer can write this process's
+//! memory through a key it was given.
+//!
+//! # Tagged messages
+//!
+//! `struct fi_ops_tagged` is opaque in the bindings, so [`TaggedOps`]
+//! mirrors its leading entries (`size`, `recv`, `recvv`, `recvmsg`,
+//! `send`) from the 1.17 header, and the table's own `size` is checked to
+//! cover them before an entry is called. The completion queue uses
+//! `FI_CQ_FORMAT_TAGGED`, so a receive's completion carries the tag that
+//! matched and the bytes that landed.
 
 use std::ffi::{CStr, CString, c_void};
 use std::os::fd::RawFd;
@@ -44,7 +58,7 @@ use bytes::Bytes;
 use rdmareg_core::RdmaError;
 use rdmareg_ofi_sys as ffi;
 
-use crate::config::OfiConfig;
+use crate::config::{OfiConfig, ReadPath};
 use crate::key::{AddressFormat, MAX_FABRIC_ADDRESS};
 
 /// Context space a provider may use (`FI_CONTEXT`/`FI_CONTEXT2` mode): the
@@ -60,6 +74,66 @@ const MR_MODES_HANDLED: u32 = ffi::FI_MR_LOCAL
     | ffi::FI_MR_ALLOCATED
     | ffi::FI_MR_PROV_KEY
     | ffi::FI_MR_ENDPOINT;
+
+/// `struct fi_ops_tagged` of `<rdma/fi_tagged.h>` (1.17), which the
+/// bindings leave opaque: the entries the engine calls, in header order.
+#[repr(C)]
+struct TaggedOps {
+    size: usize,
+    recv: Option<
+        unsafe extern "C" fn(
+            ep: *mut ffi::fid_ep,
+            buf: *mut c_void,
+            len: usize,
+            desc: *mut c_void,
+            src_addr: u64,
+            tag: u64,
+            ignore: u64,
+            context: *mut c_void,
+        ) -> isize,
+    >,
+    recvv: Option<unsafe extern "C" fn()>,
+    recvmsg: Option<unsafe extern "C" fn()>,
+    send: Option<
+        unsafe extern "C" fn(
+            ep: *mut ffi::fid_ep,
+            buf: *const c_void,
+            len: usize,
+            desc: *mut c_void,
+            dest_addr: u64,
+            tag: u64,
+            context: *mut c_void,
+        ) -> isize,
+    >,
+}
+
+/// `struct fi_cq_tagged_entry` (`FI_CQ_FORMAT_TAGGED`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct CqTaggedEntry {
+    op_context: *mut c_void,
+    flags: u64,
+    len: usize,
+    buf: *mut c_void,
+    data: u64,
+    tag: u64,
+}
+
+impl Default for CqTaggedEntry {
+    fn default() -> Self {
+        CqTaggedEntry {
+            op_context: ptr::null_mut(),
+            flags: 0,
+            len: 0,
+            buf: ptr::null_mut(),
+            data: 0,
+            tag: 0,
+        }
+    }
+}
+
+/// `FI_ADDR_UNSPEC`: a receive from any peer.
+pub(crate) const ADDR_UNSPEC: u64 = u64::MAX;
 
 /// Text for a libfabric error number.
 pub(crate) fn error_text(errno: i64) -> String {
@@ -114,8 +188,9 @@ pub(crate) struct MemoryRegion {
 /// What a completion queue read found.
 #[derive(Debug)]
 pub(crate) enum Completion {
-    /// An operation finished; its context pointer.
-    Done(*mut c_void),
+    /// An operation finished; its context pointer, and for a receive the
+    /// bytes that landed and the tag that matched.
+    Done(*mut c_void, usize, u64),
     /// An operation failed; its context pointer and the error text.
     Failed(*mut c_void, i32, String),
 }
@@ -135,6 +210,7 @@ pub(crate) struct Fabric {
     pub(crate) address_format: AddressFormat,
     pub(crate) wait_fd: Option<RawFd>,
     pub(crate) provider_version: u32,
+    pub(crate) read_path: ReadPath,
 }
 
 impl Fabric {
@@ -155,6 +231,7 @@ impl Fabric {
             address_format: AddressFormat::Opaque(0),
             wait_fd: None,
             provider_version: 0,
+            read_path: config.effective_read_path(),
         };
         // SAFETY: every call below follows libfabric's object lifecycle on
         // objects this function created and stored in `this` (whose Drop
@@ -185,7 +262,7 @@ impl Fabric {
             }
             let cq_open = op!((*this.domain).ops, cq_open, "fi_cq_open");
             let mut attr = ffi::fi_cq_attr {
-                format: ffi::FI_CQ_FORMAT_CONTEXT,
+                format: ffi::FI_CQ_FORMAT_TAGGED,
                 wait_obj: ffi::FI_WAIT_FD,
                 ..Default::default()
             };
@@ -265,6 +342,11 @@ impl Fabric {
         Ok(this)
     }
 
+    /// Local buffers need a registration's descriptor (`FI_MR_LOCAL`).
+    pub(crate) fn needs_local_desc(&self) -> bool {
+        self.mr_mode & ffi::FI_MR_LOCAL != 0
+    }
+
     /// Remote addresses are virtual addresses (else offsets).
     pub(crate) fn virt_addr(&self) -> bool {
         self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0
@@ -284,6 +366,13 @@ impl Fabric {
         requested_key: u64,
     ) -> Result<MemoryRegion, RdmaError> {
         let mut mr: *mut ffi::fid_mr = ptr::null_mut();
+        // Owner-served regions are only ever sent from (as a source) or
+        // received into (as a destination); no peer is given a key the
+        // provider would honour.
+        let access = match self.read_path {
+            ReadPath::OwnerServed => ffi::FI_SEND | ffi::FI_RECV,
+            ReadPath::OneSided => ffi::FI_READ | ffi::FI_REMOTE_READ,
+        };
         // SAFETY: the domain is live; the caller keeps the range allocated;
         // `mr` is a live out-pointer.
         unsafe {
@@ -292,7 +381,7 @@ impl Fabric {
                 &mut (*self.domain).fid,
                 ptr as *const c_void,
                 len,
-                u64::from(ffi::FI_READ | ffi::FI_REMOTE_READ),
+                u64::from(access),
                 0,
                 requested_key,
                 0,
@@ -436,12 +525,95 @@ impl Fabric {
         }
     }
 
+    /// The tagged-message ops table, if the provider has one.
+    fn tagged(&self) -> Result<&TaggedOps, RdmaError> {
+        if self.ep.is_null() {
+            return Err(RdmaError::ShuttingDown);
+        }
+        // SAFETY: the endpoint is live; its `tagged` table, when present,
+        // is a `struct fi_ops_tagged` whose leading entries `TaggedOps`
+        // mirrors, and it lives as long as the endpoint.
+        unsafe {
+            let table = (*self.ep).tagged.cast::<TaggedOps>();
+            if table.is_null() || (*table).size < std::mem::size_of::<TaggedOps>() {
+                return Err(RdmaError::Backend(
+                    "ofi: the provider has no tagged messages".into(),
+                ));
+            }
+            Ok(&*table)
+        }
+    }
+
+    /// Posts a tagged receive. `Ok(false)` when the provider asks to retry
+    /// later.
+    ///
+    /// # Safety
+    /// `buf..buf + len` must stay allocated (and, when `desc` is given,
+    /// registered) until the completion for `context` was read or the
+    /// endpoint was closed; `context` must point to provider context space
+    /// that lives as long.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn trecv(
+        &mut self,
+        buf: usize,
+        len: usize,
+        desc: *mut c_void,
+        src: u64,
+        tag: u64,
+        ignore: u64,
+        context: *mut c_void,
+    ) -> Result<bool, RdmaError> {
+        let recv = match self.tagged()?.recv {
+            Some(recv) => recv,
+            None => return Err(RdmaError::Backend("ofi: no fi_trecv".into())),
+        };
+        // SAFETY: live endpoint; the caller guarantees buffer and context.
+        let rc = unsafe {
+            recv(
+                self.ep,
+                buf as *mut c_void,
+                len,
+                desc,
+                src,
+                tag,
+                ignore,
+                context,
+            )
+        };
+        eagain(rc, "fi_trecv")
+    }
+
+    /// Posts a tagged send. `Ok(false)` when the provider asks to retry
+    /// later.
+    ///
+    /// # Safety
+    /// As for [`trecv`](Self::trecv): the buffer and the context stay
+    /// valid until the completion for `context` was read or the endpoint
+    /// was closed.
+    pub(crate) unsafe fn tsend(
+        &mut self,
+        buf: usize,
+        len: usize,
+        desc: *mut c_void,
+        dest: u64,
+        tag: u64,
+        context: *mut c_void,
+    ) -> Result<bool, RdmaError> {
+        let send = match self.tagged()?.send {
+            Some(send) => send,
+            None => return Err(RdmaError::Backend("ofi: no fi_tsend".into())),
+        };
+        // SAFETY: live endpoint; the caller guarantees buffer and context.
+        let rc = unsafe { send(self.ep, buf as *const c_void, len, desc, dest, tag, context) };
+        eagain(rc, "fi_tsend")
+    }
+
     /// Reads up to `out.capacity()` completions (progressing the provider).
     pub(crate) fn poll_completions(&mut self, out: &mut Vec<Completion>, max: usize) {
-        let mut entries = [ffi::fi_cq_entry::default(); 16];
+        let mut entries = [CqTaggedEntry::default(); 16];
         while out.len() < max {
             // SAFETY: the completion queue is live; `entries` holds 16
-            // fi_cq_entry records (FI_CQ_FORMAT_CONTEXT).
+            // fi_cq_tagged_entry records (FI_CQ_FORMAT_TAGGED).
             let n = unsafe {
                 match (*(*self.cq).ops).read {
                     Some(read) => read(self.cq, entries.as_mut_ptr().cast(), entries.len()),
@@ -452,7 +624,7 @@ impl Fabric {
                 out.extend(
                     entries[..n as usize]
                         .iter()
-                        .map(|e| Completion::Done(e.op_context)),
+                        .map(|e| Completion::Done(e.op_context, e.len, e.tag)),
                 );
                 continue;
             }
@@ -554,7 +726,17 @@ impl Drop for Fabric {
     }
 }
 
-/// `fi_getinfo` for the configured provider: RDM endpoints with RMA reads.
+/// A posting call's answer: posted, retry later, or failed.
+fn eagain(rc: isize, what: &str) -> Result<bool, RdmaError> {
+    match rc {
+        0 => Ok(true),
+        rc if rc == -(ffi::FI_EAGAIN as isize) => Ok(false),
+        rc => Err(failed(what, rc as i64)),
+    }
+}
+
+/// `fi_getinfo` for the configured provider: RDM endpoints with tagged
+/// messages (owner-served reads) or RMA reads (one-sided).
 ///
 /// # Safety
 /// Calls into libfabric; the answer must be freed with `fi_freeinfo`.
@@ -567,7 +749,12 @@ unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
         if hints.is_null() {
             return Err(RdmaError::Backend("ofi: fi_dupinfo failed".into()));
         }
-        (*hints).caps = u64::from(ffi::FI_RMA | ffi::FI_READ | ffi::FI_REMOTE_READ);
+        (*hints).caps = match config.effective_read_path() {
+            ReadPath::OwnerServed => {
+                u64::from(ffi::FI_TAGGED | ffi::FI_SEND | ffi::FI_RECV) | ffi::FI_DIRECTED_RECV
+            }
+            ReadPath::OneSided => u64::from(ffi::FI_RMA | ffi::FI_READ | ffi::FI_REMOTE_READ),
+        };
         (*hints).mode = ffi::FI_CONTEXT | ffi::FI_CONTEXT2;
         (*(*hints).ep_attr).type_ = ffi::FI_EP_RDM;
         (*(*hints).domain_attr).mr_mode = MR_MODES_HANDLED as i32;
@@ -583,13 +770,17 @@ unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
         ffi::fi_freeinfo(hints);
         if rc != 0 || info.is_null() {
             return Err(RdmaError::Backend(format!(
-                "ofi: no provider {:?}{} offers RMA reads on RDM endpoints: {}",
+                "ofi: no provider {:?}{} offers {} on RDM endpoints: {}",
                 config.provider.name(),
                 config
                     .domain
                     .as_deref()
                     .map(|d| format!(" on domain {d:?}"))
                     .unwrap_or_default(),
+                match config.effective_read_path() {
+                    ReadPath::OwnerServed => "directed tagged messages",
+                    ReadPath::OneSided => "RMA reads",
+                },
                 error_text(rc.into())
             )));
         }

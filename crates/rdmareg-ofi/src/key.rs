@@ -1,35 +1,46 @@
 //! The packed remote key of this backend: a versioned layout of our own,
-//! validated in full before any of it reaches libfabric.
+//! validated in full before any of it is used.
 //!
-//! # Layout, version 1 (all integers little-endian)
+//! # Layout, version 2 (all integers little-endian)
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | version, `1` |
-//! | 1 | 1 | flags: bit 0 = the owner's provider addresses remote memory by virtual address (`FI_MR_VIRT_ADDR`); otherwise by offset from `base`. Other bits must be zero |
-//! | 2 | 8 | the memory region's key (`fi_mr_key`) |
-//! | 10 | 8 | `base`: the address the owner registered |
-//! | 18 | 8 | `len`: the length it registered (non-zero, `base + len` does not overflow) |
-//! | 26 | 2 | `addr_len`: length of the owner's fabric address, 1 to [`MAX_FABRIC_ADDRESS`] |
-//! | 28 | `addr_len` | the owner's fabric address, as `fi_getname` gave it |
+//! | 0 | 1 | version, `2` |
+//! | 1 | 1 | flags: bit 0 = [`FLAG_VIRT_ADDR`], bit 1 = [`FLAG_OWNER_SERVED`]. Other bits must be zero |
+//! | 2 | 8 | `region_id`: the owner engine's id of the registration, never reused by that engine (non-zero) |
+//! | 10 | 16 | `capability`: 16 random bytes drawn for this registration |
+//! | 26 | 8 | `mr_key`: the memory region's key (`fi_mr_key`); zero on an owner-served key |
+//! | 34 | 8 | `base`: the address the owner registered |
+//! | 42 | 8 | `len`: the length it registered (non-zero, `base + len` does not overflow) |
+//! | 50 | 2 | `addr_len`: length of the owner's fabric address, 1 to [`MAX_FABRIC_ADDRESS`] |
+//! | 52 | `addr_len` | the owner's fabric address, as `fi_getname` gave it |
 //!
-//! The key is exactly `28 + addr_len` bytes: a shorter or longer one is
-//! malformed. `base` and `len` let the consumer refuse a read outside the
-//! registration before it is posted; the owner's provider checks the key and
-//! range again when the read arrives (software providers verify every
-//! access against their MR map). The fabric address ties the key to its
-//! owner: a key is used only against the peer whose recorded address it
-//! names.
+//! The key is exactly `52 + addr_len` bytes: a shorter or longer one is
+//! malformed, and so is a version-1 key of earlier builds.
+//!
+//! An **owner-served** key (flag bit 1) is read by asking the owner's
+//! engine, which checks `region_id` and `capability` against its live
+//! registrations and the range against the registration before it sends a
+//! byte (see `protocol`). A **one-sided** key (bit 1 clear) is read with
+//! `fi_read` using `mr_key`; bit 0 then says whether remote addresses are
+//! virtual addresses or offsets from `base`. `base` and `len` let the
+//! consumer refuse a read outside the registration before anything is
+//! sent. The fabric address ties the key to its owner: a key is used only
+//! against the peer whose recorded address it names.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use rdmareg_core::RdmaError;
 
 /// The layout version this build writes and reads.
-pub const KEY_VERSION: u8 = 1;
-/// Flag bit: remote addresses are virtual addresses.
+pub const KEY_VERSION: u8 = 2;
+/// Flag bit: remote addresses are virtual addresses (one-sided keys).
 pub const FLAG_VIRT_ADDR: u8 = 1;
+/// Flag bit: the owner serves reads of this key itself.
+pub const FLAG_OWNER_SERVED: u8 = 2;
 /// Bytes before the fabric address.
-pub const HEADER_LEN: usize = 28;
+pub const HEADER_LEN: usize = 52;
+/// Bytes of a registration's capability.
+pub const CAPABILITY_LEN: usize = 16;
 /// The longest fabric address accepted (a provider's string address, such as
 /// shm's, is well below this; sockaddr formats are 16 or 28 bytes).
 pub const MAX_FABRIC_ADDRESS: usize = 256;
@@ -37,9 +48,16 @@ pub const MAX_FABRIC_ADDRESS: usize = 256;
 /// A decoded, validated key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PackedKey {
-    /// Remote addresses are virtual addresses (else offsets from `base`).
+    /// The owner serves reads itself (else they are one-sided `fi_read`s).
+    pub owner_served: bool,
+    /// Remote addresses are virtual addresses (else offsets from `base`);
+    /// meaningful for one-sided keys.
     pub virt_addr: bool,
-    /// The memory region's key.
+    /// The owner engine's registration id (non-zero, never reused).
+    pub region_id: u64,
+    /// The registration's random capability.
+    pub capability: [u8; CAPABILITY_LEN],
+    /// The memory region's key (one-sided keys).
     pub mr_key: u64,
     /// The registered address.
     pub base: u64,
@@ -53,8 +71,17 @@ impl PackedKey {
     /// The wire form.
     pub fn encode(&self) -> Bytes {
         let mut out = BytesMut::with_capacity(HEADER_LEN + self.owner.len());
+        let mut flags = 0;
+        if self.virt_addr {
+            flags |= FLAG_VIRT_ADDR;
+        }
+        if self.owner_served {
+            flags |= FLAG_OWNER_SERVED;
+        }
         out.put_u8(KEY_VERSION);
-        out.put_u8(if self.virt_addr { FLAG_VIRT_ADDR } else { 0 });
+        out.put_u8(flags);
+        out.put_u64_le(self.region_id);
+        out.put_slice(&self.capability);
         out.put_u64_le(self.mr_key);
         out.put_u64_le(self.base);
         out.put_u64_le(self.len);
@@ -66,12 +93,12 @@ impl PackedKey {
     /// Validates untrusted bytes.
     ///
     /// # Errors
-    /// [`RdmaError::InvalidKey`] for anything but a well-formed version-1 key.
+    /// [`RdmaError::InvalidKey`] for anything but a well-formed version-2 key.
     pub fn decode(bytes: &Bytes) -> Result<PackedKey, RdmaError> {
         if bytes.len() < HEADER_LEN || bytes.len() > HEADER_LEN + MAX_FABRIC_ADDRESS {
             return Err(RdmaError::InvalidKey);
         }
-        if bytes[0] != KEY_VERSION || bytes[1] & !FLAG_VIRT_ADDR != 0 {
+        if bytes[0] != KEY_VERSION || bytes[1] & !(FLAG_VIRT_ADDR | FLAG_OWNER_SERVED) != 0 {
             return Err(RdmaError::InvalidKey);
         }
         let u64_at = |at: usize| {
@@ -79,23 +106,45 @@ impl PackedKey {
             raw.copy_from_slice(&bytes[at..at + 8]);
             u64::from_le_bytes(raw)
         };
-        let mr_key = u64_at(2);
-        let base = u64_at(10);
-        let len = u64_at(18);
-        let addr_len = usize::from(u16::from_le_bytes([bytes[26], bytes[27]]));
+        let region_id = u64_at(2);
+        let mut capability = [0u8; CAPABILITY_LEN];
+        capability.copy_from_slice(&bytes[10..26]);
+        let mr_key = u64_at(26);
+        let base = u64_at(34);
+        let len = u64_at(42);
+        let addr_len = usize::from(u16::from_le_bytes([bytes[50], bytes[51]]));
         if addr_len == 0 || addr_len > MAX_FABRIC_ADDRESS || bytes.len() != HEADER_LEN + addr_len {
             return Err(RdmaError::InvalidKey);
         }
-        if base == 0 || len == 0 || base.checked_add(len).is_none() {
+        if region_id == 0 || base == 0 || len == 0 || base.checked_add(len).is_none() {
+            return Err(RdmaError::InvalidKey);
+        }
+        let owner_served = bytes[1] & FLAG_OWNER_SERVED != 0;
+        if owner_served && mr_key != 0 {
             return Err(RdmaError::InvalidKey);
         }
         Ok(PackedKey {
+            owner_served,
             virt_addr: bytes[1] & FLAG_VIRT_ADDR != 0,
+            region_id,
+            capability,
             mr_key,
             base,
             len,
             owner: bytes.slice(HEADER_LEN..),
         })
+    }
+
+    /// Whether `len` bytes at `remote_addr` lie inside the registration.
+    ///
+    /// # Errors
+    /// [`RdmaError::OutOfRange`] when they do not (or the range overflows).
+    pub fn check_range(&self, remote_addr: u64, len: u64) -> Result<(), RdmaError> {
+        let end = remote_addr.checked_add(len).ok_or(RdmaError::OutOfRange)?;
+        if len == 0 || remote_addr < self.base || end > self.base + self.len {
+            return Err(RdmaError::OutOfRange);
+        }
+        Ok(())
     }
 
     /// The address to hand `fi_read` for `len` bytes at `remote_addr`, if
@@ -104,10 +153,7 @@ impl PackedKey {
     /// # Errors
     /// [`RdmaError::OutOfRange`] when it does not (or overflows).
     pub fn target(&self, remote_addr: u64, len: u64) -> Result<u64, RdmaError> {
-        let end = remote_addr.checked_add(len).ok_or(RdmaError::OutOfRange)?;
-        if len == 0 || remote_addr < self.base || end > self.base + self.len {
-            return Err(RdmaError::OutOfRange);
-        }
+        self.check_range(remote_addr, len)?;
         Ok(if self.virt_addr {
             remote_addr
         } else {
@@ -178,7 +224,10 @@ mod tests {
 
     fn sample() -> PackedKey {
         PackedKey {
+            owner_served: false,
             virt_addr: false,
+            region_id: 3,
+            capability: [9; CAPABILITY_LEN],
             mr_key: 7,
             base: 0x1000,
             len: 4096,
@@ -190,6 +239,36 @@ mod tests {
     fn a_key_round_trips_through_its_wire_form() {
         let key = sample();
         assert_eq!(PackedKey::decode(&key.encode()), Ok(key));
+    }
+
+    #[test]
+    fn an_owner_served_key_with_a_memory_region_key_is_refused() {
+        let served = PackedKey {
+            owner_served: true,
+            mr_key: 0,
+            ..sample()
+        };
+        assert_eq!(PackedKey::decode(&served.encode()), Ok(served.clone()));
+        let forged = PackedKey {
+            mr_key: 1,
+            ..served
+        };
+        assert_eq!(
+            PackedKey::decode(&forged.encode()),
+            Err(RdmaError::InvalidKey)
+        );
+    }
+
+    #[test]
+    fn a_key_naming_region_zero_is_refused() {
+        let zero = PackedKey {
+            region_id: 0,
+            ..sample()
+        };
+        assert_eq!(
+            PackedKey::decode(&zero.encode()),
+            Err(RdmaError::InvalidKey)
+        );
     }
 
     #[test]

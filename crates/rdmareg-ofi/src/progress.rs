@@ -12,8 +12,9 @@
 //!
 //! 1. Drain the control lane, then up to a batch of the ring (the control
 //!    lane again before each ring command).
-//! 2. Retry reads the provider asked to retry (`-FI_EAGAIN`), then read
-//!    completions and answer what finished.
+//! 2. Repost request receives and retry sends and reads the provider asked
+//!    to retry (`-FI_EAGAIN`), then read completions and answer what
+//!    finished (or serve what arrived).
 //! 3. Mark reads past their deadline (`fi_cancel` is asked; the answer still
 //!    waits for the provider to end the read — see below).
 //! 4. If anything happened, go again; else turn (yielding) for the spin
@@ -23,6 +24,16 @@
 //!    bounded by the park timeout — or by a few tens of microseconds while
 //!    reads of this engine are in flight, since a manual-progress provider
 //!    lands them only when called.
+//!
+//! # Serving reads (owner-served path)
+//!
+//! The loop keeps receives posted on the request tag (`protocol`). A
+//! request is checked against the live regions — exists, not being
+//! unmapped, capability matches, range inside — and answered by a tagged
+//! send of the region's bytes under a read lease (the region's
+//! `in_flight` count, which an unmap waits for), released when that send's
+//! completion is read, or by a zero-length refusal. This engine's own reads
+//! post their reply receive first and then send the request.
 //!
 //! # Answers only after the provider let go
 //!
@@ -48,10 +59,14 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use futures::channel::oneshot;
 use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
-use crate::config::OfiConfig;
+use crate::config::{OfiConfig, ReadPath};
 use crate::engine::{Command, Reply, Signals, StartInfo};
-use crate::fabric::{Completion, Fabric, MemoryRegion, ProviderContext};
-use crate::key::{PackedKey, validate_address};
+use crate::fabric::{ADDR_UNSPEC, Completion, Fabric, MemoryRegion, ProviderContext};
+use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
+use crate::protocol::{
+    REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_MAX, REQUEST_TAG, ReadRequest, Refusal,
+    capability_matches, refusal_tag, reply_outcome,
+};
 
 /// Ring commands handled per turn.
 const RING_BATCH: usize = 64;
@@ -59,6 +74,11 @@ const RING_BATCH: usize = 64;
 const COMPLETION_BATCH: usize = 256;
 /// How long a parked loop sleeps while reads of its own are in flight.
 const BUSY_PARK: Duration = Duration::from_micros(20);
+/// Receives an owner-serving engine keeps posted for requests.
+const REQUEST_RECEIVES: usize = 32;
+/// The most distinct consumer addresses an owner inserts into its address
+/// vector to answer them; requests from further addresses are dropped.
+const MAX_SERVED_PEERS: usize = 4096;
 
 /// The thread's body: start, report, serve, tear down.
 pub(crate) fn run(
@@ -81,6 +101,7 @@ pub(crate) fn run(
         provider: fabric.provider.clone(),
     };
     let mut engine = Engine::new(fabric, &config, signals);
+    engine.post_request_receives();
     if ready.send(Ok(info)).is_ok() {
         engine.serve(&ring, &control);
     }
@@ -93,7 +114,9 @@ struct Region {
     ptr: usize,
     len: usize,
     mr: MemoryRegion,
-    /// Reads landing in it.
+    /// The random capability its key carries.
+    capability: [u8; CAPABILITY_LEN],
+    /// Reads landing in it, and read leases: replies being sent from it.
     in_flight: usize,
     /// An unmap was submitted: new reads are refused, and these wait for
     /// the reads in flight.
@@ -107,6 +130,8 @@ struct AvEntry {
     address: Bytes,
     peers: usize,
     ops: usize,
+    /// Inserted to answer a consumer's requests: kept until teardown.
+    served: bool,
 }
 
 /// Where a read's answer goes.
@@ -158,7 +183,8 @@ struct OpContext {
     space: ProviderContext,
 }
 
-/// One posted (or to-be-posted) read.
+/// One posted (or to-be-posted) read. On the owner-served path `posted`
+/// means its reply receive is posted.
 struct Op {
     context: Box<OpContext>,
     region: u64,
@@ -172,6 +198,39 @@ struct Op {
     desc: *mut c_void,
     remote: u64,
     key: u64,
+    /// Owner-served: the request to send once the receive is posted, and
+    /// its id (the reply's tag).
+    request: Option<(u64, Vec<u8>)>,
+    /// Owner-served: the request id (0 on the one-sided path).
+    request_id: u64,
+    /// Why the read failed when its request could not be sent (its
+    /// receive was then cancelled).
+    failure: Option<RdmaError>,
+}
+
+/// One tagged send: a request of this engine's reads, or a reply (bytes or
+/// refusal) to a peer's request.
+struct SendOp {
+    context: Box<OpContext>,
+    /// Keeps a request's bytes alive until the send completes.
+    _bytes: Option<Vec<u8>>,
+    ptr: usize,
+    len: usize,
+    desc: *mut c_void,
+    dest: u64,
+    tag: u64,
+    /// The region this reply reads: a lease released on completion.
+    lease: Option<u64>,
+    /// The context and request id of the read this request belongs to
+    /// (the id tells a later read at a reused context address apart).
+    for_read: Option<(usize, u64)>,
+}
+
+/// A receive kept posted for requests.
+struct RequestBuffer {
+    context: Box<OpContext>,
+    data: Box<[u8; REQUEST_MAX]>,
+    posted: bool,
 }
 
 /// What the loop needs of the configuration.
@@ -199,6 +258,18 @@ struct Engine {
     signals: Arc<Signals>,
     page_size: u64,
     shutdown_replies: Vec<oneshot::Sender<()>>,
+    /// Sends in flight, by context address.
+    sends: HashMap<usize, SendOp>,
+    /// Sends the provider asked to retry, by context address, in order.
+    unsent: VecDeque<usize>,
+    /// Request receives (owner-served path), by context address.
+    request_buffers: HashMap<usize, RequestBuffer>,
+    /// Receives into scratch memory that take the late reply of a read
+    /// whose receive was cancelled, by context address.
+    discards: HashMap<usize, (Box<OpContext>, Vec<u8>)>,
+    served_peers: usize,
+    next_request_id: u64,
+    closing: bool,
     fabric: Fabric,
 }
 
@@ -229,7 +300,87 @@ impl Engine {
             signals,
             page_size,
             shutdown_replies: Vec::new(),
+            sends: HashMap::new(),
+            unsent: VecDeque::new(),
+            request_buffers: HashMap::new(),
+            discards: HashMap::new(),
+            served_peers: 0,
+            next_request_id: 1,
+            closing: false,
             fabric,
+        }
+    }
+
+    fn owner_served(&self) -> bool {
+        self.fabric.read_path == ReadPath::OwnerServed
+    }
+
+    /// Posts the request receives of the owner-served path.
+    fn post_request_receives(&mut self) {
+        if !self.owner_served() {
+            return;
+        }
+        for _ in 0..REQUEST_RECEIVES {
+            let buffer = RequestBuffer {
+                context: Box::new(OpContext {
+                    space: [std::ptr::null_mut(); 8],
+                }),
+                data: Box::new([0u8; REQUEST_MAX]),
+                posted: false,
+            };
+            let at = (&raw const *buffer.context) as usize;
+            self.request_buffers.insert(at, buffer);
+            self.repost_request(at);
+        }
+    }
+
+    /// (Re)posts one request receive; it stays unposted (retried each
+    /// turn) while the provider asks to wait.
+    fn repost_request(&mut self, at: usize) {
+        if self.closing {
+            return;
+        }
+        let Some(buffer) = self.request_buffers.get_mut(&at) else {
+            return;
+        };
+        if buffer.posted {
+            return;
+        }
+        let context = (&raw mut buffer.context.space).cast::<c_void>();
+        let data = buffer.data.as_mut_ptr() as usize;
+        // SAFETY: the buffer and its context are boxed in
+        // `request_buffers`, which keeps them until the endpoint is closed
+        // (teardown forgets them if it cannot close it).
+        let posted = unsafe {
+            self.fabric.trecv(
+                data,
+                REQUEST_MAX,
+                std::ptr::null_mut(),
+                ADDR_UNSPEC,
+                REQUEST_TAG,
+                0,
+                context,
+            )
+        };
+        match posted {
+            Ok(true) => buffer.posted = true,
+            Ok(false) => {}
+            Err(err) => tracing::warn!(error = %err, "could not post a request receive"),
+        }
+    }
+
+    fn retry_request_receives(&mut self) {
+        if self.request_buffers.values().all(|b| b.posted) {
+            return;
+        }
+        let waiting: Vec<usize> = self
+            .request_buffers
+            .iter()
+            .filter(|(_, b)| !b.posted)
+            .map(|(&at, _)| at)
+            .collect();
+        for at in waiting {
+            self.repost_request(at);
         }
     }
 
@@ -274,7 +425,9 @@ impl Engine {
 
     /// Retries, completions, deadlines; answers whether anything happened.
     fn turn(&mut self) -> bool {
-        let mut worked = self.retry_unposted();
+        self.retry_request_receives();
+        let mut worked = self.retry_unsent();
+        worked |= self.retry_unposted();
         worked |= self.reap();
         if self.active > 0 {
             self.expire(Instant::now());
@@ -353,10 +506,24 @@ impl Engine {
             // found nothing): do not register at all.
             return;
         }
+        let mut capability = [0u8; CAPABILITY_LEN];
+        let mut requested_key = id;
+        if let Err(err) = getrandom::fill(&mut capability) {
+            let _ = reply.send(Err(RdmaError::Backend(format!(
+                "ofi: drawing a capability: {err}"
+            ))));
+            return;
+        }
+        if self.owner_served() {
+            // No peer is told this key; a random one is not guessable from
+            // the region ids peers see.
+            requested_key = u64::from_le_bytes(capability[..8].try_into().unwrap_or([1; 8]))
+                ^ u64::from_le_bytes(capability[8..].try_into().unwrap_or([2; 8]));
+        }
         // SAFETY: the caller of `map` guarantees the range stays allocated
         // until an unmap of `id` answers Ok; the engine deregisters before it
         // answers any unmap of `id` Ok.
-        let mr = match unsafe { self.fabric.register(ptr, len, id) } {
+        let mr = match unsafe { self.fabric.register(ptr, len, requested_key) } {
             Ok(mr) => mr,
             Err(err) => {
                 let _ = reply.send(Err(err));
@@ -366,9 +533,13 @@ impl Engine {
         self.signals
             .live_registrations
             .fetch_add(1, Ordering::SeqCst);
+        let served = self.owner_served();
         let key = PackedKey {
-            virt_addr: self.fabric.virt_addr(),
-            mr_key: mr.key,
+            owner_served: served,
+            virt_addr: !served && self.fabric.virt_addr(),
+            region_id: id,
+            capability,
+            mr_key: if served { 0 } else { mr.key },
             base: ptr as u64,
             len: len as u64,
             owner: self.fabric.address.clone(),
@@ -382,6 +553,7 @@ impl Engine {
                 ptr,
                 len,
                 mr,
+                capability,
                 in_flight: 0,
                 unmapping: false,
                 waiters: Vec::new(),
@@ -455,6 +627,7 @@ impl Engine {
                         address,
                         peers: 0,
                         ops: 0,
+                        served: false,
                     },
                 );
                 fi_addr
@@ -481,7 +654,7 @@ impl Engine {
             return;
         };
         change(entry);
-        if entry.peers == 0 && entry.ops == 0 {
+        if entry.peers == 0 && entry.ops == 0 && !entry.served {
             if let Some(entry) = self.av.remove(&fi_addr) {
                 self.by_address.remove(&entry.address);
             }
@@ -495,10 +668,27 @@ impl Engine {
     /// the error.
     fn post(&mut self, request: BackendGet, answer: Answer) -> Result<(), (Answer, RdmaError)> {
         let checked = self.check(&request);
-        let (fi_addr, target, key, buf, desc) = match checked {
+        let (fi_addr, target, key, buf, desc, served) = match checked {
             Ok(found) => found,
             Err(err) => return Err((answer, err)),
         };
+        let request_bytes = served.map(|(region_id, capability)| {
+            let request_id = self.next_request_id;
+            self.next_request_id = (self.next_request_id + 1) & REQUEST_ID_MASK;
+            if self.next_request_id == 0 {
+                self.next_request_id = 1;
+            }
+            let wire = ReadRequest {
+                request_id,
+                region_id,
+                capability,
+                address: request.remote_addr,
+                length: request.len,
+                reply_to: self.fabric.address.to_vec(),
+            }
+            .encode();
+            (request_id, wire)
+        });
         let deadline = Instant::now()
             + request
                 .deadline
@@ -524,6 +714,9 @@ impl Engine {
             desc,
             remote: target,
             key,
+            request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
+            request: request_bytes,
+            failure: None,
         });
         self.by_context.insert(context_addr, slot);
         self.active += 1;
@@ -541,12 +734,23 @@ impl Engine {
         Ok(())
     }
 
-    /// Everything a read is checked against before libfabric sees it.
+    /// Everything a read is checked against before libfabric sees it; for
+    /// an owner-served key also the region id and capability to ask with.
     #[allow(clippy::type_complexity)]
     fn check(
         &self,
         request: &BackendGet,
-    ) -> Result<(u64, u64, u64, usize, *mut c_void), RdmaError> {
+    ) -> Result<
+        (
+            u64,
+            u64,
+            u64,
+            usize,
+            *mut c_void,
+            Option<(u64, [u8; CAPABILITY_LEN])>,
+        ),
+        RdmaError,
+    > {
         if request.len == 0 {
             return Err(RdmaError::OutOfRange);
         }
@@ -558,6 +762,10 @@ impl Engine {
         let owner = self.av.get(&fi_addr).map(|entry| &entry.address);
         if owner != Some(&key.owner) {
             // A key of another owner than the peer named.
+            return Err(RdmaError::InvalidKey);
+        }
+        if key.owner_served != self.owner_served() {
+            // A key of the other read path: this engine cannot use it.
             return Err(RdmaError::InvalidKey);
         }
         let target = key.target(request.remote_addr, request.len)?;
@@ -574,7 +782,8 @@ impl Engine {
             return Err(RdmaError::OutOfRange);
         }
         let buf = region.ptr + request.local_offset as usize;
-        Ok((fi_addr, target, key.mr_key, buf, region.mr.desc))
+        let served = key.owner_served.then_some((key.region_id, key.capability));
+        Ok((fi_addr, target, key.mr_key, buf, region.mr.desc, served))
     }
 
     fn try_post(&mut self, slot: usize) -> Result<bool, RdmaError> {
@@ -582,6 +791,43 @@ impl Engine {
             return Ok(true);
         };
         let context = (&raw mut op.context.space).cast::<c_void>();
+        if let Some((request_id, _)) = &op.request {
+            // SAFETY: as below: the destination range stays registered
+            // while `in_flight` counts this read, and the context box lives
+            // in the op table until the receive's completion is read or the
+            // endpoint is closed.
+            let posted = unsafe {
+                self.fabric.trecv(
+                    op.buf,
+                    op.len,
+                    op.desc,
+                    op.fi_addr,
+                    *request_id,
+                    REPLY_IGNORE,
+                    context,
+                )
+            }?;
+            op.posted = posted;
+            if posted {
+                // The receive is posted: now ask.
+                let (request_id, wire) = op.request.take().unwrap_or_default();
+                let send = SendOp {
+                    context: Box::new(OpContext {
+                        space: [std::ptr::null_mut(); 8],
+                    }),
+                    ptr: wire.as_ptr() as usize,
+                    len: wire.len(),
+                    _bytes: Some(wire),
+                    desc: std::ptr::null_mut(),
+                    dest: op.fi_addr,
+                    tag: REQUEST_TAG,
+                    lease: None,
+                    for_read: Some((context as usize, request_id)),
+                };
+                self.queue_send(send);
+            }
+            return Ok(posted);
+        }
         // SAFETY: `buf..buf+len` lies inside the destination region (checked
         // against the mapped pointer and length), which stays registered
         // while `in_flight` counts this read (unmaps wait); the context box
@@ -649,14 +895,71 @@ impl Engine {
         let worked = !completions.is_empty();
         for completion in completions.drain(..) {
             let (context, result) = match completion {
-                Completion::Done(context) => (context, Ok(())),
+                Completion::Done(context, len, tag) => (context, Ok((len, tag))),
                 Completion::Failed(context, code, text) => (context, Err((code, text))),
             };
-            let Some(slot) = self.by_context.get(&(context as usize)).copied() else {
-                tracing::warn!(?context, "a completion for no read of this engine");
+            let at = context as usize;
+            if self.sends.contains_key(&at) {
+                self.send_done(at, result.map(|_| ()));
+                continue;
+            }
+            if self.request_buffers.contains_key(&at) {
+                self.request_arrived(at, result.map(|(len, _)| len));
+                continue;
+            }
+            if self.discards.remove(&at).is_some() {
+                tracing::trace!(ok = result.is_ok(), "a discard receive ended");
+                continue;
+            }
+            let Some(slot) = self.by_context.get(&at).copied() else {
+                tracing::warn!(?context, "a completion for no operation of this engine");
                 continue;
             };
-            let timed_out = self.ops[slot].as_ref().is_some_and(|op| op.timed_out);
+            let (timed_out, failure, served, expected, request_id, fi_addr) =
+                match self.ops[slot].as_mut() {
+                    Some(op) => (
+                        op.timed_out,
+                        op.failure.take(),
+                        self.fabric.read_path == ReadPath::OwnerServed,
+                        op.len,
+                        op.request_id,
+                        op.fi_addr,
+                    ),
+                    None => continue,
+                };
+            tracing::trace!(
+                slot,
+                ok = result.is_ok(),
+                timed_out,
+                "a read's receive ended"
+            );
+            if served && result.is_err() {
+                // The receive ended (cancelled) without the reply: the owner
+                // may still send it, and holds its lease until a receive
+                // takes it. A zero-length receive takes it (truncated).
+                self.post_discard(fi_addr, request_id, expected);
+            }
+            let result = match result {
+                Ok((len, tag)) if served => match reply_outcome(tag) {
+                    Ok(()) if len != expected => Err((
+                        0,
+                        format!("the owner sent {len} bytes for a read of {expected}"),
+                    )),
+                    Ok(()) => Ok(()),
+                    Err(refused) => {
+                        self.finish(slot, Err(refused));
+                        continue;
+                    }
+                },
+                Ok(_) => Ok(()),
+                Err(failed) => match failure {
+                    Some(err) => {
+                        self.finish(slot, Err(err));
+                        continue;
+                    }
+                    None => Err(failed),
+                },
+            };
             // Only the deadline makes a Timeout: tcp;ofi_rxm reports an
             // owner's refusal (stale key, range outside the region) as
             // FI_ECANCELED, which is a refusal, not a timeout.
@@ -669,6 +972,267 @@ impl Engine {
         }
         self.completions = completions;
         worked
+    }
+
+    // ---- sends and serving ----
+
+    /// Posts a receive into scratch memory for the reply (or refusal) of
+    /// `request_id`, so the owner's send of it completes and its lease
+    /// ends. (A truncating zero-length receive is not enough: measured on
+    /// shm, a large send truncated that way never completes.)
+    fn post_discard(&mut self, fi_addr: u64, request_id: u64, len: usize) {
+        if self.closing || self.fabric.needs_local_desc() {
+            return;
+        }
+        let mut context = Box::new(OpContext {
+            space: [std::ptr::null_mut(); 8],
+        });
+        let mut scratch = vec![0u8; len];
+        let at = (&raw const *context) as usize;
+        let space = (&raw mut context.space).cast::<c_void>();
+        // SAFETY: the scratch buffer and the context box stay in `discards`
+        // until the receive's completion is read or the endpoint is closed;
+        // the provider needs no descriptor for local buffers.
+        let posted = unsafe {
+            self.fabric.trecv(
+                scratch.as_mut_ptr() as usize,
+                len,
+                std::ptr::null_mut(),
+                fi_addr,
+                request_id,
+                REPLY_IGNORE,
+                space,
+            )
+        };
+        match posted {
+            Ok(true) => {
+                self.discards.insert(at, (context, scratch));
+            }
+            Ok(false) | Err(_) => {
+                tracing::debug!(
+                    request_id,
+                    "could not post a discard receive; the owner keeps its lease until teardown"
+                );
+            }
+        }
+    }
+
+    /// Posts a send now, or queues it when the provider asks to wait.
+    fn queue_send(&mut self, send: SendOp) {
+        let at = (&raw const *send.context) as usize;
+        self.sends.insert(at, send);
+        if !self.unsent.is_empty() || !self.post_send(at) {
+            self.unsent.push_back(at);
+        }
+    }
+
+    /// Posts one queued send; `false` to retry later. A send that fails to
+    /// post ends as if its completion had failed.
+    fn post_send(&mut self, at: usize) -> bool {
+        let Some(send) = self.sends.get_mut(&at) else {
+            return true;
+        };
+        let context = (&raw mut send.context.space).cast::<c_void>();
+        // SAFETY: a reply's bytes lie inside a registered region held by
+        // its lease until this send's completion is read; a request's
+        // bytes are owned by the entry; the entry (and its boxed context)
+        // stays in `sends` until then, or until the endpoint is closed.
+        let posted = unsafe {
+            self.fabric
+                .tsend(send.ptr, send.len, send.desc, send.dest, send.tag, context)
+        };
+        match posted {
+            Ok(true) => true,
+            Ok(false) => false,
+            Err(err) => {
+                self.send_done(at, Err((0, err.to_string())));
+                true
+            }
+        }
+    }
+
+    fn retry_unsent(&mut self) -> bool {
+        let mut worked = false;
+        while let Some(&at) = self.unsent.front() {
+            if !self.post_send(at) {
+                break;
+            }
+            self.unsent.pop_front();
+            worked = true;
+        }
+        worked
+    }
+
+    /// A send ended: release its lease; a failed request fails its read
+    /// (whose receive is cancelled, and answers when that is reported).
+    fn send_done(&mut self, at: usize, result: Result<(), (i32, String)>) {
+        let Some(send) = self.sends.remove(&at) else {
+            return;
+        };
+        tracing::trace!(tag = format_args!("{:#x}", send.tag), ok = result.is_ok(), lease = ?send.lease, "a send ended");
+        if let Some(region) = send.lease {
+            self.release_lease(region);
+        }
+        if let Err((_, text)) = result {
+            tracing::debug!(tag = format_args!("{:#x}", send.tag), error = %text, "a tagged send failed");
+            if let Some((read, request_id)) = send.for_read {
+                if let Some(op) = self
+                    .by_context
+                    .get(&read)
+                    .and_then(|&slot| self.ops[slot].as_mut())
+                    .filter(|op| op.request_id == request_id)
+                {
+                    op.failure = Some(RdmaError::Backend(format!(
+                        "ofi: sending the read request failed: {text}"
+                    )));
+                    self.fabric.cancel(read as *mut c_void);
+                }
+            }
+        }
+    }
+
+    fn release_lease(&mut self, id: u64) {
+        let release = self.regions.get_mut(&id).is_some_and(|region| {
+            region.in_flight -= 1;
+            region.in_flight == 0 && region.unmapping
+        });
+        if release {
+            self.deregister(id);
+        }
+    }
+
+    /// A request receive completed: take the request, post the receive
+    /// again, answer the request.
+    fn request_arrived(&mut self, at: usize, result: Result<usize, (i32, String)>) {
+        let bytes = match (result, self.request_buffers.get_mut(&at)) {
+            (Ok(len), Some(buffer)) => {
+                buffer.posted = false;
+                Some(buffer.data[..len.min(REQUEST_MAX)].to_vec())
+            }
+            (Err((_, text)), Some(buffer)) => {
+                buffer.posted = false;
+                tracing::debug!(error = %text, "a request receive failed");
+                None
+            }
+            (_, None) => None,
+        };
+        self.repost_request(at);
+        if let Some(bytes) = bytes {
+            self.serve_request(&bytes);
+        }
+    }
+
+    /// Checks a peer's request against the live registrations, and sends
+    /// the bytes under a read lease or a refusal.
+    fn serve_request(&mut self, bytes: &[u8]) {
+        let Some(request) = ReadRequest::decode(bytes) else {
+            tracing::debug!(len = bytes.len(), "a malformed read request was dropped");
+            return;
+        };
+        let Some(dest) = self.served_peer(&request.reply_to) else {
+            return;
+        };
+        tracing::trace!(
+            request = request.request_id,
+            len = request.length,
+            "serving a read request"
+        );
+        let verdict = match self.regions.get_mut(&request.region_id) {
+            None => Err(Refusal::RegionUnknown),
+            Some(region) if region.unmapping => Err(Refusal::Deregistering),
+            Some(region) if !capability_matches(&region.capability, &request.capability) => {
+                Err(Refusal::CapabilityMismatch)
+            }
+            Some(region) => {
+                let start = region.ptr as u64;
+                let end = start + region.len as u64;
+                match request.address.checked_add(request.length) {
+                    Some(last) if request.address >= start && last <= end => {
+                        region.in_flight += 1;
+                        Ok((request.address as usize, region.mr.desc))
+                    }
+                    _ => Err(Refusal::OutOfRange),
+                }
+            }
+        };
+        let send = match verdict {
+            Ok((ptr, desc)) => SendOp {
+                context: Box::new(OpContext {
+                    space: [std::ptr::null_mut(); 8],
+                }),
+                _bytes: None,
+                ptr,
+                len: request.length as usize,
+                desc,
+                dest,
+                tag: request.request_id,
+                lease: Some(request.region_id),
+                for_read: None,
+            },
+            Err(refusal) => {
+                tracing::debug!(
+                    region = request.region_id,
+                    ?refusal,
+                    "refused a read request"
+                );
+                SendOp {
+                    context: Box::new(OpContext {
+                        space: [std::ptr::null_mut(); 8],
+                    }),
+                    _bytes: None,
+                    ptr: 0,
+                    len: 0,
+                    desc: std::ptr::null_mut(),
+                    dest,
+                    tag: refusal_tag(request.request_id, refusal),
+                    lease: None,
+                    for_read: None,
+                }
+            }
+        };
+        self.queue_send(send);
+    }
+
+    /// The address-vector entry to answer a consumer at, inserted on first
+    /// use (validated first; bounded by [`MAX_SERVED_PEERS`]).
+    fn served_peer(&mut self, address: &[u8]) -> Option<u64> {
+        let address = Bytes::copy_from_slice(address);
+        if let Some(&fi_addr) = self.by_address.get(&address) {
+            if let Some(entry) = self.av.get_mut(&fi_addr) {
+                if !entry.served {
+                    entry.served = true;
+                    self.served_peers += 1;
+                }
+            }
+            return Some(fi_addr);
+        }
+        if self.served_peers >= MAX_SERVED_PEERS {
+            tracing::warn!("too many consumer addresses; a read request was dropped");
+            return None;
+        }
+        if let Err(err) = validate_address(self.fabric.address_format, &address) {
+            tracing::debug!(error = %err, "a read request with a malformed reply address was dropped");
+            return None;
+        }
+        let fi_addr = match self.fabric.insert_peer(&address) {
+            Ok(fi_addr) => fi_addr,
+            Err(err) => {
+                tracing::debug!(error = %err, "could not insert a consumer's address");
+                return None;
+            }
+        };
+        self.by_address.insert(address.clone(), fi_addr);
+        self.av.insert(
+            fi_addr,
+            AvEntry {
+                address,
+                peers: 0,
+                ops: 0,
+                served: true,
+            },
+        );
+        self.served_peers += 1;
+        Some(fi_addr)
     }
 
     /// Ends a read the provider let go of (or never saw): releases its
@@ -734,7 +1298,7 @@ impl Engine {
             bell.unpark();
             return;
         }
-        let mut timeout = if self.active > 0 {
+        let mut timeout = if self.active > 0 || !self.sends.is_empty() {
             BUSY_PARK
         } else {
             self.settings.park_timeout
@@ -772,6 +1336,7 @@ impl Engine {
 
     fn teardown(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
         self.signals.closed.store(true, Ordering::SeqCst);
+        self.closing = true;
         while let Ok(command) = control.try_recv() {
             self.dispatch_closing(command);
         }
@@ -783,9 +1348,38 @@ impl Engine {
         for slot in std::mem::take(&mut self.unposted) {
             self.finish(slot, Err(RdmaError::ShuttingDown));
         }
-        while self.active > 0 && Instant::now() < until {
+        // Replies never posted end now (their leases with them); replies
+        // being sent get the same time as reads.
+        for at in std::mem::take(&mut self.unsent) {
+            self.send_done(at, Err((0, "teardown".into())));
+        }
+        while (self.active > 0 || !self.sends.is_empty()) && Instant::now() < until {
             if !self.turn() {
                 std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        if !self.sends.is_empty() {
+            if self.fabric.close_endpoint() {
+                // The provider reads no source of a send on a closed
+                // endpoint: the leases can go.
+                let left: Vec<usize> = self.sends.keys().copied().collect();
+                for at in left {
+                    self.send_done(at, Err((0, "endpoint closed at teardown".into())));
+                }
+            } else {
+                tracing::error!(
+                    sends = self.sends.len(),
+                    "the endpoint did not close; replies being sent keep their regions registered"
+                );
+                for (_, send) in self.sends.drain() {
+                    std::mem::forget(send);
+                }
+                for (_, buffer) in self.request_buffers.drain() {
+                    std::mem::forget(buffer);
+                }
+                for (_, context) in self.discards.drain() {
+                    std::mem::forget(context);
+                }
             }
         }
         if self.active > 0 {
@@ -814,9 +1408,20 @@ impl Engine {
                 for op in self.ops.iter_mut().filter_map(Option::take) {
                     std::mem::forget(op);
                 }
+                for (_, buffer) in self.request_buffers.drain() {
+                    std::mem::forget(buffer);
+                }
             }
         }
-        self.fabric.close_endpoint();
+        if !self.fabric.close_endpoint() {
+            // Request receives may still be written: never free them.
+            for (_, buffer) in self.request_buffers.drain() {
+                std::mem::forget(buffer);
+            }
+            for (_, context) in self.discards.drain() {
+                std::mem::forget(context);
+            }
+        }
         let ids: Vec<u64> = self.regions.keys().copied().collect();
         for id in ids {
             if self.regions.get(&id).is_some_and(|r| r.in_flight == 0) {

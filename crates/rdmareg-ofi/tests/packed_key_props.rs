@@ -10,23 +10,31 @@ use proptest::prelude::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, RdmaError};
 use rdmareg_ofi::Provider;
-use rdmareg_ofi::key::{HEADER_LEN, MAX_FABRIC_ADDRESS, PackedKey};
+use rdmareg_ofi::key::{CAPABILITY_LEN, HEADER_LEN, MAX_FABRIC_ADDRESS, PackedKey};
 
 fn valid_key() -> impl Strategy<Value = PackedKey> {
     (
-        any::<bool>(),
-        any::<u64>(),
+        (any::<bool>(), any::<bool>()),
+        (1u64.., any::<[u8; CAPABILITY_LEN]>(), any::<u64>()),
         1u64..(u64::MAX / 2),
         1u64..(u64::MAX / 2),
         proptest::collection::vec(any::<u8>(), 1..=MAX_FABRIC_ADDRESS),
     )
-        .prop_map(|(virt_addr, mr_key, base, len, owner)| PackedKey {
-            virt_addr,
-            mr_key,
-            base,
-            len,
-            owner: Bytes::from(owner),
-        })
+        .prop_map(
+            |((owner_served, virt_addr), (region_id, capability, mr_key), base, len, owner)| {
+                PackedKey {
+                    owner_served,
+                    virt_addr,
+                    region_id,
+                    capability,
+                    // An owner-served key carries no memory key.
+                    mr_key: if owner_served { 0 } else { mr_key },
+                    base,
+                    len,
+                    owner: Bytes::from(owner),
+                }
+            },
+        )
 }
 
 proptest! {
@@ -60,20 +68,33 @@ proptest! {
 
     #[test]
     fn a_wrong_version_unknown_flag_or_wrong_address_length_is_invalid_key(
-        key in valid_key(), version in 2u8.., flag in 1u8..7, delta in 1u16..10
+        key in valid_key(), version in 3u8.., flag in 1u8..63, delta in 1u16..10
     ) {
         let wire = key.encode().to_vec();
         let mut bad = wire.clone();
         bad[0] = version;
         prop_assert_eq!(PackedKey::decode(&Bytes::from(bad)), Err(RdmaError::InvalidKey));
         let mut bad = wire.clone();
-        bad[1] |= flag << 1;
+        bad[1] |= flag << 2;
         prop_assert_eq!(PackedKey::decode(&Bytes::from(bad)), Err(RdmaError::InvalidKey));
         let mut bad = wire.clone();
-        let stated = u16::from_le_bytes([bad[26], bad[27]]).wrapping_add(delta);
-        bad[26..28].copy_from_slice(&stated.to_le_bytes());
+        let stated = u16::from_le_bytes([bad[50], bad[51]]).wrapping_add(delta);
+        bad[50..52].copy_from_slice(&stated.to_le_bytes());
         prop_assert_eq!(PackedKey::decode(&Bytes::from(bad)), Err(RdmaError::InvalidKey));
         prop_assert!(wire.len() > HEADER_LEN);
+        let mut old = wire.clone();
+        old[0] = 1;
+        prop_assert_eq!(PackedKey::decode(&Bytes::from(old)), Err(RdmaError::InvalidKey), "a version-1 key");
+    }
+
+    #[test]
+    fn an_owner_served_key_naming_a_memory_key_or_region_zero_is_invalid_key(
+        key in valid_key(), mr_key in 1u64..
+    ) {
+        let served = PackedKey { owner_served: true, mr_key, ..key.clone() };
+        prop_assert_eq!(PackedKey::decode(&served.encode()), Err(RdmaError::InvalidKey));
+        let zero = PackedKey { region_id: 0, ..key };
+        prop_assert_eq!(PackedKey::decode(&zero.encode()), Err(RdmaError::InvalidKey));
     }
 }
 

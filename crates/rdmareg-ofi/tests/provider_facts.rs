@@ -2,7 +2,9 @@
 //! engine: a stale key (its region closed with `fi_close`) and a forged key
 //! that claims more than was registered. The consumer engine's own checks
 //! pass both (the forged key is well-formed and names the owner), so what
-//! answers is the owner's provider.
+//! answers is the owner's provider. These run on the one-sided read path
+//! (`fi_read`), which is what they measure; owner-served reads are tested
+//! in `owner_served.rs`.
 
 mod common;
 
@@ -11,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, RdmaError};
-use rdmareg_ofi::Provider;
 use rdmareg_ofi::key::PackedKey;
+use rdmareg_ofi::{Provider, ReadPath};
 
 use common::OWNER;
 
@@ -51,7 +53,7 @@ fn request(key: Bytes, remote_addr: u64, dst_id: u64, len: u64) -> BackendGet {
 /// Unmaps the source, then reads 64 bytes with its (now stale) key;
 /// answers the result and the first destination byte.
 async fn read_with_a_stale_key(provider: Provider) -> (Result<(), RdmaError>, u8) {
-    let (owner, consumer) = common::engines(provider);
+    let (owner, consumer) = common::engines_on(provider, ReadPath::OneSided);
     let (o, c) = (owner.backend(), consumer.backend());
     let mut setup = Setup::new();
     let src = o.map(setup.src.as_ptr() as usize, PAGE).await.unwrap();
@@ -75,7 +77,7 @@ async fn read_with_a_stale_key(provider: Provider) -> (Result<(), RdmaError>, u8
 /// was rewritten to cover it; answers the result and the first destination
 /// byte.
 async fn read_beyond_the_registration(provider: Provider) -> (Result<(), RdmaError>, u8) {
-    let (owner, consumer) = common::engines(provider);
+    let (owner, consumer) = common::engines_on(provider, ReadPath::OneSided);
     let (o, c) = (owner.backend(), consumer.backend());
     let mut setup = Setup::new();
     let src = o.map(setup.src.as_ptr() as usize, PAGE).await.unwrap();

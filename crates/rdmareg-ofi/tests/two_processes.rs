@@ -171,9 +171,12 @@ fn get_across_processes_moves_the_right_bytes(provider: &str) {
 }
 
 /// The owner is SIGKILLed while a 64 MiB GET from it is in flight: the GET
-/// answers (an error, or `Ok` if it landed first) well before its deadline,
-/// and the consumer shuts down with nothing registered.
-fn a_killed_owner_ends_a_get_in_flight_before_its_deadline(provider: &str) {
+/// answers (an error, or `Ok` if it landed first) by its deadline, and the
+/// consumer shuts down with nothing registered. On owner-served reads over
+/// tcp a posted reply receive learns nothing of the lost connection
+/// (measured on libfabric 1.17), so there the deadline is what ends it: the
+/// receive is cancelled and the GET answers `Timeout`.
+fn a_killed_owner_ends_a_get_in_flight_by_its_deadline(provider: &str) {
     const SIZE_BYTES: usize = 64 << 20;
     let mut owner = spawn_owner(provider, SIZE_BYTES);
     let consumer = OfiEngine::start(common::config(provider_named(provider))).unwrap();
@@ -187,7 +190,7 @@ fn a_killed_owner_ends_a_get_in_flight_before_its_deadline(provider: &str) {
         .enable_all()
         .build()
         .unwrap();
-    let deadline = Duration::from_secs(30);
+    let deadline = Duration::from_secs(3);
     let (answer, took) = runtime.block_on(async {
         let region = backend
             .map(dst.as_mut_ptr() as usize, SIZE_BYTES)
@@ -215,7 +218,7 @@ fn a_killed_owner_ends_a_get_in_flight_before_its_deadline(provider: &str) {
     let _ = owner.child.wait();
     eprintln!("{provider}: GET from a killed owner answered {answer:?} after {took:?}");
     assert!(
-        took < Duration::from_secs(10),
+        took < deadline + Duration::from_secs(3),
         "the GET took {took:?}; deadline {deadline:?}"
     );
     consumer.shutdown_blocking();
@@ -306,33 +309,29 @@ fn main() {
             Box::new(|| get_across_processes_moves_the_right_bytes("shm")),
         ),
         (
-            "a_killed_owner_ends_a_get_in_flight_before_its_deadline_over_tcp",
-            Box::new(|| a_killed_owner_ends_a_get_in_flight_before_its_deadline("tcp")),
+            "a_killed_owner_ends_a_get_in_flight_by_its_deadline_over_tcp",
+            Box::new(|| a_killed_owner_ends_a_get_in_flight_by_its_deadline("tcp")),
         ),
         (
-            "a_killed_owner_ends_a_get_in_flight_before_its_deadline_over_shm",
-            Box::new(|| a_killed_owner_ends_a_get_in_flight_before_its_deadline("shm")),
+            "a_killed_owner_ends_a_get_in_flight_by_its_deadline_over_shm",
+            Box::new(|| a_killed_owner_ends_a_get_in_flight_by_its_deadline("shm")),
         ),
         (
-            "a_stopped_tcp_owner_holds_a_get_past_its_deadline_until_it_runs_again",
+            "a_stopped_tcp_owner_times_a_get_out_at_its_deadline",
             Box::new(|| {
-                // Measured on libfabric 1.17: ofi_rxm cannot withdraw a read
-                // (fi_cancel and fi_av_remove of the peer leave it posted),
-                // so the answer waits for the provider to end the read; it
-                // does once the owner runs again, and answers what happened.
+                // Owner-served reads: the consumer's reply receive is not yet
+                // matched while the owner is stopped, so fi_cancel withdraws
+                // it and the GET answers Timeout at its deadline (with the
+                // one-sided fi_read of earlier builds, ofi_rxm could not
+                // withdraw the read and the answer waited for the owner).
                 let outcome = get_from_a_stopped_owner("tcp", Duration::from_secs(1));
                 eprintln!(
                     "tcp, stopped owner: {:?} within 4 deadlines, {:?} after it resumed",
                     outcome.within_four_deadlines, outcome.after_resume
                 );
-                assert_eq!(outcome.within_four_deadlines, None);
-                assert!(
-                    matches!(
-                        outcome.after_resume,
-                        Some(Ok(()) | Err(rdmareg_core::RdmaError::Timeout))
-                    ),
-                    "after the owner resumed: {:?}",
-                    outcome.after_resume
+                assert_eq!(
+                    outcome.within_four_deadlines,
+                    Some(Err(rdmareg_core::RdmaError::Timeout))
                 );
             }),
         ),

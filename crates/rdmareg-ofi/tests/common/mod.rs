@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdmareg_backend::conformance::{BackendPair, Capabilities};
 use rdmareg_core::PeerId;
-use rdmareg_ofi::{OfiConfig, OfiEngine, Provider};
+use rdmareg_ofi::{OfiConfig, OfiEngine, Provider, ReadPath};
 
 /// How the consumer engine names the owner engine.
 pub const OWNER: PeerId = PeerId(1);
@@ -31,9 +31,16 @@ pub fn config(provider: Provider) -> OfiConfig {
 
 /// An owner and a consumer engine; the consumer knows the owner as [`OWNER`].
 pub fn engines(provider: Provider) -> (OfiEngine, OfiEngine) {
+    let path = provider.default_read_path();
+    engines_on(provider, path)
+}
+
+/// [`engines`] on a chosen read path.
+pub fn engines_on(provider: Provider, path: ReadPath) -> (OfiEngine, OfiEngine) {
     init_tracing();
-    let owner = OfiEngine::start(config(provider.clone())).expect("owner engine starts");
-    let consumer = OfiEngine::start(config(provider)).expect("consumer engine starts");
+    let config = config(provider).with_read_path(path);
+    let owner = OfiEngine::start(config.clone()).expect("owner engine starts");
+    let consumer = OfiEngine::start(config).expect("consumer engine starts");
     consumer
         .add_peer(OWNER, owner.fabric_address())
         .expect("consumer records the owner");
@@ -43,15 +50,9 @@ pub fn engines(provider: Provider) -> (OfiEngine, OfiEngine) {
 /// A conformance-kit pair; its teardown shuts both engines down and checks
 /// they released everything.
 pub fn backend_pair(provider: Provider) -> BackendPair {
-    // Measured on libfabric 1.17: tcp;ofi_rxm refuses a read with the key of
-    // a closed region (the owner's provider verifies every access), shm
-    // serves it (`shm_serves_a_read_after_fi_close_of_the_owners_region` in
-    // provider_facts.rs). On shm the consumer engine still checks every read
-    // against the range an honest key describes.
-    let capabilities = match provider {
-        Provider::Shm => Capabilities::full().with_unknown_remote_key_detected(false),
-        _ => Capabilities::full(),
-    };
+    // Owner-served reads (the default on tcp and shm): the owner's engine
+    // refuses a key of a region it no longer holds, on both providers.
+    let capabilities = Capabilities::full();
     let (owner, consumer) = engines(provider);
     let pair = BackendPair::new(
         Arc::new(owner.backend()),

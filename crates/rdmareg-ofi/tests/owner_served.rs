@@ -1,0 +1,192 @@
+//! Owner-served reads, the default on `tcp` and `shm`: the owner's engine
+//! refuses stale and forged keys with typed errors and keeps serving, and an
+//! unmap answers only once no byte of the region can be copied any more.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{BackendGet, RdmaError};
+use rdmareg_ofi::Provider;
+use rdmareg_ofi::key::PackedKey;
+
+use common::OWNER;
+
+const PAGE: usize = 4096;
+
+fn request(key: Bytes, remote_addr: u64, dst_id: u64, len: u64) -> BackendGet {
+    BackendGet {
+        peer: OWNER,
+        remote_addr,
+        packed_key: key,
+        local_region_id: dst_id,
+        local_offset: 0,
+        len,
+        deadline: Some(Duration::from_secs(20)),
+    }
+}
+
+/// Unmaps the source, then reads it with its stale key: a typed refusal
+/// from the owner, and nothing lands.
+async fn stale_key_is_refused(provider: Provider) {
+    let (owner, consumer) = common::engines(provider);
+    let (o, c) = (owner.backend(), consumer.backend());
+    let src = vec![0x11u8; PAGE];
+    let mut dst = vec![0u8; PAGE];
+    let s = o.map(src.as_ptr() as usize, PAGE).await.unwrap();
+    let d = c.map(dst.as_mut_ptr() as usize, PAGE).await.unwrap();
+    o.unmap(s.backend_region_id).await.unwrap();
+    let answer = c
+        .get(request(
+            s.packed_key,
+            src.as_ptr() as u64,
+            d.backend_region_id,
+            64,
+        ))
+        .await;
+    c.unmap(d.backend_region_id).await.unwrap();
+    consumer.shutdown().await;
+    owner.shutdown().await;
+    assert_eq!(answer, Err(RdmaError::RegionNotFound));
+    assert!(dst.iter().all(|&b| b == 0), "no byte landed");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(consumer.live_registrations(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_key_is_refused_by_the_owner_over_tcp() {
+    stale_key_is_refused(Provider::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_key_is_refused_by_the_owner_over_shm() {
+    stale_key_is_refused(Provider::Shm).await;
+}
+
+/// A key with a forged capability, and one whose length was rewritten to
+/// cover an unregistered page, are refused with typed errors; the owner
+/// then still serves an honest read.
+async fn forged_keys_are_refused_and_the_owner_keeps_serving(provider: Provider) {
+    let (owner, consumer) = common::engines(provider);
+    let (o, c) = (owner.backend(), consumer.backend());
+    let mut src = vec![0x11u8; 2 * PAGE];
+    src[PAGE..].fill(0x22);
+    let mut dst = vec![0u8; PAGE];
+    let s = o.map(src.as_ptr() as usize, PAGE).await.unwrap();
+    let d = c.map(dst.as_mut_ptr() as usize, PAGE).await.unwrap();
+    let honest = PackedKey::decode(&s.packed_key).unwrap();
+    let base = src.as_ptr() as u64;
+
+    let mut forged = honest.clone();
+    forged.capability[0] ^= 0x80;
+    let wrong_capability = c
+        .get(request(forged.encode(), base, d.backend_region_id, 64))
+        .await;
+
+    let mut longer = honest.clone();
+    longer.len = 2 * PAGE as u64;
+    let beyond = c
+        .get(request(
+            longer.encode(),
+            base + PAGE as u64,
+            d.backend_region_id,
+            64,
+        ))
+        .await;
+    let untouched = dst.iter().all(|&b| b == 0);
+
+    let served = c
+        .get(request(s.packed_key.clone(), base, d.backend_region_id, 64))
+        .await;
+    c.unmap(d.backend_region_id).await.unwrap();
+    o.unmap(s.backend_region_id).await.unwrap();
+    consumer.shutdown().await;
+    owner.shutdown().await;
+
+    assert_eq!(wrong_capability, Err(RdmaError::RegionNotFound));
+    assert_eq!(beyond, Err(RdmaError::OutOfRange));
+    assert!(untouched, "no byte landed from a refused read");
+    assert_eq!(served, Ok(()), "the owner still serves an honest read");
+    assert!(dst[..64].iter().all(|&b| b == 0x11));
+    assert!(dst[64..].iter().all(|&b| b == 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_keys_get_typed_errors_and_the_owner_keeps_serving_over_tcp() {
+    forged_keys_are_refused_and_the_owner_keeps_serving(Provider::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_keys_get_typed_errors_and_the_owner_keeps_serving_over_shm() {
+    forged_keys_are_refused_and_the_owner_keeps_serving(Provider::Shm).await;
+}
+
+const STREAMED: usize = 64 << 20;
+const BEFORE: u8 = 0x11;
+const AFTER: u8 = 0x33;
+
+/// The owner unmaps a 64 MiB source a moment after a consumer's GET of it
+/// started, then at once overwrites it. A destination byte holding the new
+/// value was copied after the unmap answered `Ok`.
+async fn unmap_waits_for_the_read_it_interrupts(provider: Provider, delay: Duration) {
+    let (owner, consumer) = common::engines(provider);
+    let (o, c) = (owner.backend(), consumer.backend());
+    let src = vec![BEFORE; STREAMED];
+    let src_ptr = src.as_ptr() as usize;
+    let mut dst = vec![0u8; STREAMED];
+    let s = o.map(src_ptr, STREAMED).await.unwrap();
+    let d = c.map(dst.as_mut_ptr() as usize, STREAMED).await.unwrap();
+    // Warm up: the first read opens the connection.
+    c.get(request(
+        s.packed_key.clone(),
+        src_ptr as u64,
+        d.backend_region_id,
+        8,
+    ))
+    .await
+    .unwrap();
+    // No read is in flight into `dst` now.
+    dst[..8].fill(0);
+    let get = c.get(request(
+        s.packed_key.clone(),
+        src_ptr as u64,
+        d.backend_region_id,
+        STREAMED as u64,
+    ));
+    let (answer, ()) = futures::join!(get, async {
+        tokio::time::sleep(delay).await;
+        o.unmap(s.backend_region_id).await.unwrap();
+        // SAFETY: the region is unregistered; this test owns `src` and
+        // nothing borrows it while it is rewritten.
+        unsafe { std::ptr::write_bytes(src_ptr as *mut u8, AFTER, STREAMED) };
+    });
+    c.unmap(d.backend_region_id).await.unwrap();
+    consumer.shutdown().await;
+    owner.shutdown().await;
+    drop(src);
+    let late = dst.iter().filter(|&&b| b == AFTER).count();
+    assert_eq!(
+        late, 0,
+        "bytes copied after the unmap answered; GET answered {answer:?}"
+    );
+    match answer {
+        Ok(()) => assert!(dst.iter().all(|&b| b == BEFORE), "an Ok GET copied all"),
+        Err(err) => {
+            assert_eq!(err, RdmaError::RegionNotFound, "refused, not failed");
+            assert!(dst.iter().all(|&b| b == 0), "a refused GET copied nothing");
+        }
+    }
+    assert_eq!(owner.live_registrations(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmap_mid_read_over_tcp_answers_only_after_the_last_byte_was_copied() {
+    unmap_waits_for_the_read_it_interrupts(Provider::Tcp, Duration::from_millis(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmap_mid_read_over_shm_answers_only_after_the_last_byte_was_copied() {
+    unmap_waits_for_the_read_it_interrupts(Provider::Shm, Duration::from_millis(5)).await;
+}
