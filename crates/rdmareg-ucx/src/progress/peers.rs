@@ -24,7 +24,7 @@
 //!   reads queued on it aborted the process in `uct_tcp_ep_pending_purge`.
 //!   Nothing the engine orders around its endpoints reaches that: the UCX
 //!   the workspace builds carries a patch
-//!   (`xtask/patches/ucx-1.22.0/0002-…`) that reports the failure through
+//!   (`crates/rdmareg-ucx-src/patches/0002-…`) that reports the failure through
 //!   the endpoint error callback instead, so it ends as any failed endpoint
 //!   does here (see `docs/safety.md`).
 //! - A read that misses its deadline while UCX is receiving its bytes
