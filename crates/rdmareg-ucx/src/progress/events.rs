@@ -16,7 +16,7 @@
 //! before it calls into UCX, so nobody ever finds one taken.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use ucx_sys::{ucp_worker_h, ucs_status_t};
 
@@ -35,6 +35,11 @@ pub(crate) struct Events {
     pub(crate) failed_endpoints: RefCell<Vec<(u64, ucs_status_t)>>,
     /// Region ids whose reply sends ended: one read lease each.
     pub(crate) ended_leases: RefCell<Vec<u64>>,
+    /// Addresses of the lease records handed to UCX with reply sends still
+    /// in flight. A send UCX never completes (a consumer that holds its
+    /// rendezvous reply past teardown) never runs its callback, so teardown
+    /// frees what is left here once the worker is gone (`serve`).
+    pub(crate) lease_records: RefCell<HashSet<usize>>,
     /// Reads waiting for the owner's reply, by request id.
     pub(crate) awaiting_replies: RefCell<HashMap<u64, *mut GetOp>>,
     /// This engine's registrations as the request handler checks them.
@@ -58,6 +63,7 @@ impl Default for Events {
             sent_requests: RefCell::default(),
             failed_endpoints: RefCell::default(),
             ended_leases: RefCell::default(),
+            lease_records: RefCell::default(),
             awaiting_replies: RefCell::default(),
             served: RefCell::default(),
             worker: Cell::new(std::ptr::null_mut()),

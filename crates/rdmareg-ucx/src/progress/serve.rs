@@ -180,7 +180,9 @@ pub(super) unsafe extern "C" fn on_read_request(
                     lease.cast::<c_void>(),
                 )
             };
-            if !matches!(status, crate::status::PtrStatus::Pending(_)) {
+            if matches!(status, crate::status::PtrStatus::Pending(_)) {
+                events.lease_records.borrow_mut().insert(lease as usize);
+            } else {
                 // Completed or failed inside the call: no callback will run.
                 // SAFETY: made by Box::into_raw above and not handed to UCX
                 // any more.
@@ -216,6 +218,23 @@ pub(super) unsafe extern "C" fn on_read_request(
     sys::UCS_OK
 }
 
+/// Frees the lease records of reply sends UCX never completed. Returns how
+/// many there were.
+///
+/// # Safety
+/// The worker the sends were posted on is destroyed: no callback of it can
+/// run any more, so nothing else reclaims these records.
+pub(super) unsafe fn free_unfinished_lease_records(events: &Events) -> usize {
+    let records: Vec<usize> = events.lease_records.borrow_mut().drain().collect();
+    for &record in &records {
+        // SAFETY: each address was made by `Box::into_raw` for a send whose
+        // callback never ran (it removes its record first), and the worker
+        // is gone (the caller's contract), so this is its only reclaim.
+        drop(unsafe { Box::from_raw(record as *mut Lease) });
+    }
+    records.len()
+}
+
 /// A served reply's send ended: report the lease and return the request.
 unsafe extern "C" fn on_reply_sent(
     request: *mut c_void,
@@ -227,6 +246,10 @@ unsafe extern "C" fn on_reply_sent(
     let lease = unsafe { Box::from_raw(user_data.cast::<Lease>()) };
     // SAFETY: the events record outlives the worker.
     let events = unsafe { &*lease.events };
+    events
+        .lease_records
+        .borrow_mut()
+        .remove(&(user_data as usize));
     events.ended_leases.borrow_mut().push(lease.region_id);
     // SAFETY: a completed request of this worker, returned once; UCX allows
     // freeing a request from its own completion callback.

@@ -134,6 +134,14 @@ impl Engine {
         ops.answer_all_after_worker_destroyed();
         drop(ops);
         drop(peers);
+        // SAFETY: the worker was destroyed above.
+        let unfinished = unsafe { super::serve::free_unfinished_lease_records(&events) };
+        if unfinished > 0 {
+            tracing::debug!(
+                unfinished,
+                "freed the records of reply sends UCX never completed"
+            );
+        }
         drop(events);
 
         let mut still_registered = Vec::new();
