@@ -618,20 +618,7 @@ impl Engine {
         validate_address(self.fabric.address_format, &address)?;
         let fi_addr = match self.by_address.get(&address) {
             Some(&fi_addr) => fi_addr,
-            None => {
-                let fi_addr = self.fabric.insert_peer(&address)?;
-                self.by_address.insert(address.clone(), fi_addr);
-                self.av.insert(
-                    fi_addr,
-                    AvEntry {
-                        address,
-                        peers: 0,
-                        ops: 0,
-                        served: false,
-                    },
-                );
-                fi_addr
-            }
+            None => self.insert_address(address, false)?,
         };
         if let Some(entry) = self.av.get_mut(&fi_addr) {
             entry.peers += 1;
@@ -1193,11 +1180,27 @@ impl Engine {
         self.queue_send(send);
     }
 
+    /// Inserts a validated address the table does not hold yet into the
+    /// address vector and the table.
+    fn insert_address(&mut self, address: Bytes, served: bool) -> Result<u64, RdmaError> {
+        let fi_addr = self.fabric.insert_peer(&address)?;
+        self.by_address.insert(address.clone(), fi_addr);
+        self.av.insert(
+            fi_addr,
+            AvEntry {
+                address,
+                peers: 0,
+                ops: 0,
+                served,
+            },
+        );
+        Ok(fi_addr)
+    }
+
     /// The address-vector entry to answer a consumer at, inserted on first
     /// use (validated first; bounded by [`MAX_SERVED_PEERS`]).
     fn served_peer(&mut self, address: &[u8]) -> Option<u64> {
-        let address = Bytes::copy_from_slice(address);
-        if let Some(&fi_addr) = self.by_address.get(&address) {
+        if let Some(&fi_addr) = self.by_address.get(address) {
             if let Some(entry) = self.av.get_mut(&fi_addr) {
                 if !entry.served {
                     entry.served = true;
@@ -1210,29 +1213,20 @@ impl Engine {
             tracing::warn!("too many consumer addresses; a read request was dropped");
             return None;
         }
-        if let Err(err) = validate_address(self.fabric.address_format, &address) {
+        if let Err(err) = validate_address(self.fabric.address_format, address) {
             tracing::debug!(error = %err, "a read request with a malformed reply address was dropped");
             return None;
         }
-        let fi_addr = match self.fabric.insert_peer(&address) {
-            Ok(fi_addr) => fi_addr,
+        match self.insert_address(Bytes::copy_from_slice(address), true) {
+            Ok(fi_addr) => {
+                self.served_peers += 1;
+                Some(fi_addr)
+            }
             Err(err) => {
                 tracing::debug!(error = %err, "could not insert a consumer's address");
-                return None;
+                None
             }
-        };
-        self.by_address.insert(address.clone(), fi_addr);
-        self.av.insert(
-            fi_addr,
-            AvEntry {
-                address,
-                peers: 0,
-                ops: 0,
-                served: true,
-            },
-        );
-        self.served_peers += 1;
-        Some(fi_addr)
+        }
     }
 
     /// Ends a read the provider let go of (or never saw): releases its

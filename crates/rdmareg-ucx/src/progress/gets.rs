@@ -652,7 +652,6 @@ impl Engine {
         request: BackendGet,
         reply: Answer,
     ) -> Result<(), (Answer, RdmaError)> {
-        let original = request.clone();
         let BackendGet {
             peer,
             remote_addr,
@@ -683,6 +682,7 @@ impl Engine {
         let Ok(key) = ReadKey::decode(&packed_key) else {
             return Err((reply, RdmaError::InvalidKey));
         };
+        let requested_deadline = deadline;
         let deadline = Instant::now() + deadline.unwrap_or(self.settings.default_get_deadline);
         let copy_pid = match &key {
             ReadKey::SameHost(_) => self.copy_source(peer),
@@ -704,7 +704,15 @@ impl Engine {
                     dest,
                     len,
                 },
-                request: original,
+                request: BackendGet {
+                    peer,
+                    remote_addr,
+                    packed_key: packed_key.clone(),
+                    local_region_id,
+                    local_offset,
+                    len: len as u64,
+                    deadline: requested_deadline,
+                },
                 answer: Some(reply),
             });
             return Ok(());

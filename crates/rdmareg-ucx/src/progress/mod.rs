@@ -121,6 +121,9 @@ struct Engine {
     /// hashes the peer's whole address. Cleared when the turn's copies
     /// are flushed, before any command can change the peer table.
     copy_source_memo: Option<(rdmareg_core::PeerId, Option<u32>)>,
+    /// This engine's process as its address publishes it (only with a
+    /// direct lane): peers sharing its pid space are copied from directly.
+    process: Option<ProcessIdentity>,
     context: Context,
 }
 
@@ -196,11 +199,12 @@ impl Engine {
         }
         events.worker.set(worker.raw());
         let serving_address = worker.address()?;
+        let process = direct.as_ref().and_then(|_| ProcessIdentity::current());
         let worker_address = match &direct {
             Some(lane) => EngineAddress {
                 serving: serving_address,
                 direct: Some(lane.address.clone()),
-                process: ProcessIdentity::current(),
+                process,
             }
             .encode()
             .map_err(|err| {
@@ -237,6 +241,7 @@ impl Engine {
             spare: SpareRecords::default(),
             copies: Vec::new(),
             copy_source_memo: None,
+            process,
             context,
         };
         let info = StartInfo {

@@ -278,6 +278,7 @@ pub(crate) unsafe extern "C" fn on_endpoint_error(
 impl Engine {
     /// `Command::AddPeer`.
     pub(super) fn add_peer(&mut self, peer: PeerId, address: EngineAddress) {
+        let ours = self.process;
         if let Some(existing) = self.peers.peers.get(&peer) {
             if *existing == address {
                 return;
@@ -298,10 +299,7 @@ impl Engine {
                 .or_insert_with(|| Connection {
                     direct_address: address.direct.clone(),
                     process: address.process.filter(|_| address.direct.is_some()).filter(
-                        |theirs| {
-                            crate::engine_address::ProcessIdentity::current()
-                                .is_some_and(|ours| ours.shares_pid_space_with(theirs))
-                        },
+                        |theirs| ours.is_some_and(|ours| ours.shares_pid_space_with(theirs)),
                     ),
                     ..Connection::default()
                 });
