@@ -93,7 +93,59 @@ use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 /// The conformance kit checks these points for a given backend; passing it
 /// is evidence, not proof.
 ///
-/// ```compile_fail
+/// Calling [`map`](Self::map), [`get`](Self::get) and
+/// [`get_batch`](Self::get_batch) is `unsafe` too, for the other side of
+/// the same bargain: they make the transport write memory named by an
+/// address or by a region id, and only the caller can know that nobody else
+/// owns those bytes. The registry is the safe way in: it maps memory it owns
+/// (or that `unsafe` code handed it) and GETs only into a buffer the call
+/// borrows mutably.
+///
+/// Each of the three fails to compile outside `unsafe`:
+///
+/// ```compile_fail,E0133
+/// # use rdmareg_backend::RdmaBackend;
+/// // Safe code cannot register memory a `Vec` owns…
+/// async fn map_a_vec(backend: &dyn RdmaBackend, owned: &Vec<u8>) {
+///     let _ = backend.map(owned.as_ptr() as usize, owned.len()).await;
+/// }
+/// ```
+///
+/// ```compile_fail,E0133
+/// # use rdmareg_backend::{BackendGet, RdmaBackend};
+/// // …nor name a destination by a region id it may have guessed…
+/// async fn get_into_a_guessed_region(backend: &dyn RdmaBackend, get: BackendGet) {
+///     let _ = backend.get(get).await;
+/// }
+/// ```
+///
+/// ```compile_fail,E0133
+/// # use rdmareg_backend::{BackendGet, RdmaBackend};
+/// // …nor a list of them.
+/// async fn get_many_into_guessed_regions(backend: &dyn RdmaBackend, gets: Vec<BackendGet>) {
+///     let _ = backend.get_batch(gets).await;
+/// }
+/// ```
+///
+/// The same calls compile inside `unsafe`, where the caller takes on the
+/// obligations each method's `# Safety` section lists.
+///
+/// ```
+/// use rdmareg_backend::{BackendGet, RdmaBackend};
+///
+/// async fn calls(backend: &dyn RdmaBackend, owned: &Vec<u8>, get: BackendGet) {
+///     // SAFETY: a sketch that is only compiled: a real caller hands over
+///     // memory it owns and keeps it allocated and untouched until the
+///     // region's unmap answers `Ok`.
+///     let _ = unsafe { backend.map(owned.as_ptr() as usize, owned.len()) }.await;
+///     // SAFETY: as above, for the destinations the requests name.
+///     let _ = unsafe { backend.get(get.clone()) }.await;
+///     // SAFETY: as above.
+///     let _ = unsafe { backend.get_batch(vec![get]) }.await;
+/// }
+/// ```
+///
+/// ```compile_fail,E0200
 /// // A backend that answers GETs early cannot be written without `unsafe`.
 /// use futures::future::BoxFuture;
 /// use rdmareg_backend::{BackendGet, BackendRegion, RdmaBackend, RdmaError};
@@ -102,13 +154,13 @@ use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 ///
 /// impl RdmaBackend for AnswersEarly {
 ///     fn key(&self) -> &str { "early" }
-///     fn map(&self, _: usize, _: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+///     unsafe fn map(&self, _: usize, _: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
 ///         Box::pin(async { Err(RdmaError::NotConfigured) })
 ///     }
 ///     fn unmap(&self, _: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
 ///         Box::pin(async { Ok(()) })
 ///     }
-///     fn get(&self, _: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+///     unsafe fn get(&self, _: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
 ///         Box::pin(async { Ok(()) })
 ///     }
 /// }
@@ -127,13 +179,13 @@ use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 /// // destination; its answers cannot outlive a transfer.
 /// unsafe impl RdmaBackend for RefusesEverything {
 ///     fn key(&self) -> &str { "refuses" }
-///     fn map(&self, _: usize, _: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+///     unsafe fn map(&self, _: usize, _: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
 ///         Box::pin(async { Err(RdmaError::NotConfigured) })
 ///     }
 ///     fn unmap(&self, _: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
 ///         Box::pin(async { Ok(()) })
 ///     }
-///     fn get(&self, _: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+///     unsafe fn get(&self, _: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
 ///         Box::pin(async { Err(RdmaError::RegionNotFound) })
 ///     }
 /// }
@@ -145,8 +197,17 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
 
     /// Register `[ptr, ptr + len)` and pack a key for it.
     ///
-    /// The caller guarantees the range stays allocated until an `unmap` of the
-    /// returned id answers `Ok(())`.
+    /// # Safety
+    ///
+    /// The range is memory the caller owns, and it stays allocated until an
+    /// `unmap` of the returned id answers `Ok(())` (or, when the future is
+    /// dropped or answers an error, until
+    /// [`live_registrations`](Self::live_registrations) no longer counts the
+    /// map). While it is registered, any GET through this backend that names
+    /// the region may write it and any peer holding the key may read it, so
+    /// the caller must not keep safe references to bytes a GET may write
+    /// (see [`get`](Self::get)). Registering memory that safe code owns (a
+    /// `Vec`, a borrowed slice) breaks this.
     ///
     /// # Errors
     /// [`RdmaError::OutOfRange`] for a null pointer, zero length or overflow;
@@ -155,7 +216,8 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     ///
     /// # Cancel safety
     /// Dropping the future leaves no registration behind (contract point 1).
-    fn map(&self, ptr: usize, len: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>>;
+    unsafe fn map(&self, ptr: usize, len: usize)
+    -> BoxFuture<'_, Result<BackendRegion, RdmaError>>;
 
     /// Deregister a region. Idempotent; `Ok(())` means "no longer pinned".
     ///
@@ -165,6 +227,18 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     fn unmap(&self, backend_region_id: u64) -> BoxFuture<'_, Result<(), RdmaError>>;
 
     /// Read remote memory into a locally registered region.
+    ///
+    /// # Safety
+    ///
+    /// `request.local_region_id` names a region the caller mapped through
+    /// this backend, and the destination bytes
+    /// (`local_offset .. local_offset + len` of it) are the caller's to
+    /// give: nothing reads or writes them — no reference to them exists —
+    /// from the call until the future answers, or, if the future is dropped
+    /// before it answers, until an `unmap` of the destination region answers
+    /// `Ok(())` (the unmap waits for the transfer, contract point 4). A
+    /// region id is a plain number that safe code can guess, so naming one
+    /// whose bytes someone else holds breaks this.
     ///
     /// # Errors
     /// [`RdmaError::RegionNotFound`] for an unknown or unmapping destination,
@@ -176,7 +250,7 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// # Cancel safety
     /// Dropping the future does not stop the transfer; the destination stays
     /// held until the transfer has really finished (contract point 4).
-    fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>>;
+    unsafe fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>>;
 
     /// Read several ranges in one submission; one result per request, in
     /// order (contract point 9).
@@ -186,6 +260,13 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// a backend that can post a batch in one go (one command to its
     /// progress thread, one completion back) overrides it.
     ///
+    /// # Safety
+    ///
+    /// As [`get`](Self::get), for every request; and no two requests name
+    /// overlapping destination bytes unless the caller accepts either
+    /// entry's bytes landing there (both writes are the transport's, and the
+    /// caller reads the destination only after the batch answered).
+    ///
     /// # Errors
     /// Per entry, as [`get`](Self::get).
     ///
@@ -193,10 +274,15 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// As [`get`](Self::get), for every entry: dropping the future stops no
     /// transfer, and every destination stays held until its transfer is
     /// over.
-    fn get_batch(&self, requests: Vec<BackendGet>) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+    unsafe fn get_batch(
+        &self,
+        requests: Vec<BackendGet>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
         let gets: Vec<_> = requests
             .into_iter()
-            .map(|request| self.get(request))
+            // SAFETY: the caller of `get_batch` gives every request's
+            // destination under the same terms `get` asks for.
+            .map(|request| unsafe { self.get(request) })
             .collect();
         Box::pin(futures::future::join_all(gets))
     }

@@ -66,9 +66,14 @@ unsafe impl RdmaBackend for Flawed {
         self.inner.key()
     }
 
-    fn map(&self, ptr: usize, len: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+    unsafe fn map(
+        &self,
+        ptr: usize,
+        len: usize,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
         Box::pin(async move {
-            let region = self.inner.map(ptr, len).await?;
+            // SAFETY: forwards the promise this method's own caller gave.
+            let region = unsafe { self.inner.map(ptr, len) }.await?;
             self.minted.lock().insert(region.backend_region_id);
             match self.flaw {
                 Flaw::KeepsCancelledMaps => tokio::time::sleep(Duration::from_millis(1)).await,
@@ -100,7 +105,7 @@ unsafe impl RdmaBackend for Flawed {
         })
     }
 
-    fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+    unsafe fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
         Box::pin(async move {
             if self.flaw == Flaw::AnswersBeforeTheTransferEnds {
                 let inner = Arc::clone(&self.inner);
@@ -114,11 +119,16 @@ unsafe impl RdmaBackend for Flawed {
                 // destination, and the flaw would go unseen by chance.
                 tokio::spawn(async move {
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    inner.get(transfer).await
+                    // SAFETY: kept only as far as the kit's memory allows: this flaw
+                    // lets the copy outlive the answer, and the kit's destinations are
+                    // reached only through raw pointers and leaked when in doubt (see
+                    // the impl's note), so the late write lands in memory nothing aliases.
+                    unsafe { inner.get(transfer) }.await
                 });
                 return Err(RdmaError::Timeout);
             }
-            let answer = self.inner.get(request).await;
+            // SAFETY: forwards the promise this method's own caller gave.
+            let answer = unsafe { self.inner.get(request) }.await;
             match self.flaw {
                 Flaw::FlattensGetErrors => answer.map_err(|_| RdmaError::Backend("failed".into())),
                 _ => answer,
@@ -126,28 +136,38 @@ unsafe impl RdmaBackend for Flawed {
         })
     }
 
-    fn get_batch(&self, requests: Vec<BackendGet>) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+    unsafe fn get_batch(
+        &self,
+        requests: Vec<BackendGet>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
         Box::pin(async move {
             let n = requests.len();
             match self.flaw {
                 Flaw::FailsWholeBatches => {
-                    let answers = self.inner.get_batch(requests).await;
+                    // SAFETY: forwards the promise this method's own caller gave.
+                    let answers = unsafe { self.inner.get_batch(requests) }.await;
                     match answers.iter().find_map(|a| a.clone().err()) {
                         Some(first) => vec![Err(first); n],
                         None => answers,
                     }
                 }
                 Flaw::ReordersBatchAnswers => {
-                    let mut answers = self.inner.get_batch(requests).await;
+                    // SAFETY: forwards the promise this method's own caller gave.
+                    let mut answers = unsafe { self.inner.get_batch(requests) }.await;
                     answers.sort_by_key(|a| a.is_ok());
                     answers
                 }
                 Flaw::AnswersBatchesBeforeTheyEnd => {
                     let inner = Arc::clone(&self.inner);
-                    tokio::spawn(async move { inner.get_batch(requests).await });
+                    // SAFETY: kept only as far as the kit's memory allows: this flaw
+                    // lets the copy outlive the answer, and the kit's destinations are
+                    // reached only through raw pointers and leaked when in doubt (see
+                    // the impl's note), so the late write lands in memory nothing aliases.
+                    tokio::spawn(async move { unsafe { inner.get_batch(requests) }.await });
                     vec![Ok(()); n]
                 }
-                _ => self.inner.get_batch(requests).await,
+                // SAFETY: forwards the promise this method's own caller gave.
+                _ => unsafe { self.inner.get_batch(requests) }.await,
             }
         })
     }

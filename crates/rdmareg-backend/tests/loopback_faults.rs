@@ -12,7 +12,7 @@ use rdmareg_backend::loopback::FaultOp;
 use rdmareg_backend::{RdmaBackend, RdmaError};
 use tokio::time::Instant;
 
-use common::{OWNER, TestMemory, get, pair, settle};
+use common::{OWNER, SeamForTestMemory, TestMemory, get, pair, settle};
 
 fn is_injected(answer: &Result<impl Sized, RdmaError>) -> bool {
     matches!(answer, Err(RdmaError::Backend(text)) if text.starts_with("injected"))
@@ -32,7 +32,7 @@ mod delays {
         let task = {
             let owner = Arc::clone(&owner);
             let addr = mem.addr();
-            tokio::spawn(async move { owner.map(addr, 64).await })
+            tokio::spawn(async move { owner.map_test_memory(addr, 64).await })
         };
         tokio::time::sleep(Duration::from_millis(99)).await;
         assert!(!task.is_finished());
@@ -47,8 +47,8 @@ mod delays {
     async fn delayed_unmap_refuses_new_gets_at_once_and_counts_the_region_until_done() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         consumer
             .faults()
             .set_delay(FaultOp::Unmap, Duration::from_millis(100));
@@ -60,7 +60,9 @@ mod delays {
         };
         settle().await;
         assert_eq!(
-            consumer.get(get(OWNER, &s, src.addr(), &d, 0, 8)).await,
+            consumer
+                .get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 8))
+                .await,
             Err(RdmaError::RegionNotFound)
         );
         assert_eq!(consumer.live_registrations(), Some(1));
@@ -73,7 +75,7 @@ mod delays {
     async fn dropping_a_delayed_unmap_after_its_first_poll_still_unmaps() {
         let (_fabric, owner, _consumer) = pair();
         let mem = TestMemory::blank(64);
-        let region = owner.map(mem.addr(), 64).await.unwrap();
+        let region = owner.map_test_memory(mem.addr(), 64).await.unwrap();
         owner
             .faults()
             .set_delay(FaultOp::Unmap, Duration::from_secs(3600));
@@ -90,7 +92,7 @@ mod delays {
             .faults()
             .set_delay(FaultOp::Map, Duration::from_millis(10));
         let mem = TestMemory::blank(64);
-        let mut map = owner.map(mem.addr(), 64);
+        let mut map = owner.map_test_memory(mem.addr(), 64);
         assert!(matches!(futures::poll!(map.as_mut()), Poll::Pending));
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(map);
@@ -107,10 +109,10 @@ mod injected_failures {
         let (_fabric, owner, _consumer) = pair();
         let mem = TestMemory::blank(64);
         owner.faults().fail_next(FaultOp::Map, 2);
-        assert!(is_injected(&owner.map(mem.addr(), 64).await));
-        assert!(is_injected(&owner.map(mem.addr(), 64).await));
+        assert!(is_injected(&owner.map_test_memory(mem.addr(), 64).await));
+        assert!(is_injected(&owner.map_test_memory(mem.addr(), 64).await));
         assert_eq!(owner.live_registrations(), Some(0));
-        let region = owner.map(mem.addr(), 64).await.unwrap();
+        let region = owner.map_test_memory(mem.addr(), 64).await.unwrap();
         assert_eq!(owner.live_registrations(), Some(1));
         owner.unmap(region.backend_region_id).await.unwrap();
     }
@@ -121,11 +123,11 @@ mod injected_failures {
         let mem = TestMemory::blank(64);
         owner.faults().fail_next(FaultOp::Map, 1);
         assert_eq!(
-            owner.map(0, 64).await.map(|_| ()),
+            owner.map_test_memory(0, 64).await.map(|_| ()),
             Err(RdmaError::OutOfRange)
         );
-        assert!(is_injected(&owner.map(mem.addr(), 64).await));
-        let region = owner.map(mem.addr(), 64).await.unwrap();
+        assert!(is_injected(&owner.map_test_memory(mem.addr(), 64).await));
+        let region = owner.map_test_memory(mem.addr(), 64).await.unwrap();
         owner.unmap(region.backend_region_id).await.unwrap();
     }
 
@@ -133,13 +135,13 @@ mod injected_failures {
     async fn failed_unmap_leaves_the_region_registered_and_usable() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         owner.faults().fail_next(FaultOp::Unmap, 1);
         assert!(is_injected(&owner.unmap(s.backend_region_id).await));
         assert_eq!(owner.live_registrations(), Some(1));
         consumer
-            .get(get(OWNER, &s, src.addr(), &d, 0, 64))
+            .get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 64))
             .await
             .unwrap();
         assert_eq!(dst.bytes(), src.bytes());
@@ -151,13 +153,15 @@ mod injected_failures {
     async fn failed_get_copies_nothing_and_the_next_one_works() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         consumer.faults().fail_next(FaultOp::Get, 1);
         let request = get(OWNER, &s, src.addr(), &d, 0, 64);
-        assert!(is_injected(&consumer.get(request.clone()).await));
+        assert!(is_injected(
+            &consumer.get_into_test_memory(request.clone()).await
+        ));
         assert_eq!(dst.bytes(), TestMemory::blank(64).bytes());
-        consumer.get(request).await.unwrap();
+        consumer.get_into_test_memory(request).await.unwrap();
         assert_eq!(dst.bytes(), src.bytes());
         let stats = consumer.stats();
         assert_eq!(
@@ -187,7 +191,7 @@ mod hangs {
 
         let abandoned = {
             let (owner, addr) = (Arc::clone(&owner), mem.addr());
-            tokio::spawn(async move { owner.map(addr, 64).await })
+            tokio::spawn(async move { owner.map_test_memory(addr, 64).await })
         };
         gate.until_waiting(1).await;
         abandoned.abort();
@@ -197,7 +201,7 @@ mod hangs {
 
         let held = {
             let (owner, addr) = (Arc::clone(&owner), mem.addr());
-            tokio::spawn(async move { owner.map(addr, 64).await })
+            tokio::spawn(async move { owner.map_test_memory(addr, 64).await })
         };
         gate.until_waiting(1).await;
         assert_eq!(owner.live_registrations(), Some(0));
@@ -205,7 +209,7 @@ mod hangs {
         let region = held.await.unwrap().unwrap();
         assert_eq!(owner.live_registrations(), Some(1));
         // A released gate holds nothing any more.
-        let again = owner.map(mem.addr(), 64).await.unwrap();
+        let again = owner.map_test_memory(mem.addr(), 64).await.unwrap();
         owner.unmap(region.backend_region_id).await.unwrap();
         owner.unmap(again.backend_region_id).await.unwrap();
     }
@@ -214,13 +218,13 @@ mod hangs {
     async fn dropping_the_gate_lets_waiting_operations_through() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         let gate = consumer.faults().hang(FaultOp::Get);
         let transfer = {
             let consumer = Arc::clone(&consumer);
             let request = get(OWNER, &s, src.addr(), &d, 0, 64);
-            tokio::spawn(async move { consumer.get(request).await })
+            tokio::spawn(async move { consumer.get_into_test_memory(request).await })
         };
         gate.until_waiting(1).await;
         assert_eq!(dst.bytes(), TestMemory::blank(64).bytes());
@@ -237,15 +241,15 @@ mod refused_unmaps {
     async fn refused_unmap_keeps_the_region_registered_until_refusal_is_lifted() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         owner.faults().refuse_unmaps(true);
         for _ in 0..3 {
             assert!(is_injected(&owner.unmap(s.backend_region_id).await));
         }
         assert_eq!(owner.live_registrations(), Some(1));
         consumer
-            .get(get(OWNER, &s, src.addr(), &d, 0, 64))
+            .get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 64))
             .await
             .unwrap();
         owner.faults().refuse_unmaps(false);
@@ -261,13 +265,13 @@ mod clearing {
     async fn clear_removes_every_fault_and_releases_held_operations() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         let gate = consumer.faults().hang(FaultOp::Get);
         let held = {
             let consumer = Arc::clone(&consumer);
             let request = get(OWNER, &s, src.addr(), &d, 0, 64);
-            tokio::spawn(async move { consumer.get(request).await })
+            tokio::spawn(async move { consumer.get_into_test_memory(request).await })
         };
         gate.until_waiting(1).await;
         let faults = consumer.faults();
@@ -280,7 +284,7 @@ mod clearing {
         assert_eq!(dst.bytes(), src.bytes());
         let mem = TestMemory::blank(64);
         let region = consumer
-            .map(mem.addr(), 64)
+            .map_test_memory(mem.addr(), 64)
             .now_or_never()
             .unwrap()
             .unwrap();
@@ -299,7 +303,7 @@ mod clearing {
         let start = Instant::now();
         let held = {
             let (owner, addr) = (Arc::clone(&owner), mem.addr());
-            tokio::spawn(async move { owner.map(addr, 64).await })
+            tokio::spawn(async move { owner.map_test_memory(addr, 64).await })
         };
         settle().await;
         owner.faults().clear();

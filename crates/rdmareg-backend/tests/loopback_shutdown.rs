@@ -9,7 +9,7 @@ use std::time::Duration;
 use rdmareg_backend::loopback::FaultOp;
 use rdmareg_backend::{RdmaBackend, RdmaError};
 
-use common::{OWNER, TestMemory, get, pair, settle};
+use common::{OWNER, SeamForTestMemory, TestMemory, get, pair, settle};
 
 mod force_unmap {
     use super::*;
@@ -19,7 +19,7 @@ mod force_unmap {
         let (_fabric, owner, _consumer) = pair();
         let mems: Vec<TestMemory> = (1..=3).map(|n| TestMemory::blank(n * 100)).collect();
         for mem in &mems {
-            owner.map(mem.addr(), mem.len()).await.unwrap();
+            owner.map_test_memory(mem.addr(), mem.len()).await.unwrap();
         }
         assert_eq!(owner.live_registrations(), Some(3));
         owner.shutdown().await;
@@ -32,7 +32,7 @@ mod force_unmap {
     async fn shutdown_is_idempotent_and_may_run_concurrently() {
         let (_fabric, owner, _consumer) = pair();
         let mem = TestMemory::blank(64);
-        owner.map(mem.addr(), 64).await.unwrap();
+        owner.map_test_memory(mem.addr(), 64).await.unwrap();
         tokio::join!(owner.shutdown(), owner.shutdown());
         owner.shutdown().await;
         assert_eq!(owner.live_registrations(), Some(0));
@@ -43,8 +43,8 @@ mod force_unmap {
     async fn shutdown_with_refused_unmaps_leaves_regions_registered() {
         let (_fabric, owner, _consumer) = pair();
         let (a, b) = (TestMemory::blank(64), TestMemory::blank(64));
-        let ra = owner.map(a.addr(), 64).await.unwrap();
-        owner.map(b.addr(), 64).await.unwrap();
+        let ra = owner.map_test_memory(a.addr(), 64).await.unwrap();
+        owner.map_test_memory(b.addr(), 64).await.unwrap();
         owner.faults().refuse_unmaps(true);
         owner.shutdown().await;
         assert_eq!(
@@ -70,8 +70,8 @@ mod force_unmap {
     async fn shutdown_completes_an_unmap_submitted_before_unmaps_were_refused() {
         let (_fabric, owner, _consumer) = pair();
         let (a, b) = (TestMemory::blank(64), TestMemory::blank(64));
-        let ra = owner.map(a.addr(), 64).await.unwrap();
-        owner.map(b.addr(), 64).await.unwrap();
+        let ra = owner.map_test_memory(a.addr(), 64).await.unwrap();
+        owner.map_test_memory(b.addr(), 64).await.unwrap();
         owner
             .faults()
             .set_delay(FaultOp::Unmap, Duration::from_secs(3600));
@@ -98,15 +98,17 @@ mod refusals {
     async fn after_shutdown_maps_and_gets_are_refused_and_gone_regions_unmap_ok() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         consumer.shutdown().await;
         assert_eq!(
-            consumer.map(dst.addr(), 64).await.map(|_| ()),
+            consumer.map_test_memory(dst.addr(), 64).await.map(|_| ()),
             Err(RdmaError::ShuttingDown)
         );
         assert_eq!(
-            consumer.get(get(OWNER, &s, src.addr(), &d, 0, 64)).await,
+            consumer
+                .get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 64))
+                .await,
             Err(RdmaError::ShuttingDown)
         );
         assert_eq!(
@@ -121,12 +123,14 @@ mod refusals {
     async fn get_from_a_peer_that_shut_down_is_a_backend_error() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         // Wedged, so the source registration is still there to be refused.
         owner.faults().refuse_unmaps(true);
         owner.shutdown().await;
-        let answer = consumer.get(get(OWNER, &s, src.addr(), &d, 0, 64)).await;
+        let answer = consumer
+            .get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 64))
+            .await;
         assert!(
             matches!(&answer, Err(RdmaError::Backend(text)) if text.contains("shutting down")),
             "{answer:?}"
@@ -142,13 +146,13 @@ mod in_flight_work {
     async fn shutdown_answers_a_hung_get_and_then_releases_its_regions() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         let gate = consumer.faults().hang(FaultOp::Get);
         let transfer = {
             let consumer = Arc::clone(&consumer);
             let request = get(OWNER, &s, src.addr(), &d, 0, 64);
-            tokio::spawn(async move { consumer.get(request).await })
+            tokio::spawn(async move { consumer.get_into_test_memory(request).await })
         };
         gate.until_waiting(1).await;
         consumer.shutdown().await;
@@ -161,13 +165,13 @@ mod in_flight_work {
     async fn owner_shutdown_answers_a_hung_get_reading_from_it() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         let gate = consumer.faults().hang(FaultOp::Get);
         let transfer = {
             let consumer = Arc::clone(&consumer);
             let request = get(OWNER, &s, src.addr(), &d, 0, 64);
-            tokio::spawn(async move { consumer.get(request).await })
+            tokio::spawn(async move { consumer.get_into_test_memory(request).await })
         };
         gate.until_waiting(1).await;
         owner.shutdown().await;
@@ -182,10 +186,10 @@ mod in_flight_work {
     async fn shutdown_waits_for_a_submitted_get_that_nobody_polls() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         let _gate = consumer.faults().hang(FaultOp::Get);
-        let mut transfer = consumer.get(get(OWNER, &s, src.addr(), &d, 0, 64));
+        let mut transfer = consumer.get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 64));
         assert!(futures::poll!(transfer.as_mut()).is_pending());
 
         let mut shutdown = std::pin::pin!(consumer.shutdown());
@@ -207,7 +211,7 @@ mod in_flight_work {
         let gate = owner.faults().hang(FaultOp::Map);
         let map = {
             let (owner, addr) = (Arc::clone(&owner), mem.addr());
-            tokio::spawn(async move { owner.map(addr, 64).await.map(|_| ()) })
+            tokio::spawn(async move { owner.map_test_memory(addr, 64).await.map(|_| ()) })
         };
         gate.until_waiting(1).await;
         owner.shutdown().await;

@@ -12,7 +12,7 @@ use rdmareg_backend::loopback::{FaultOp, LoopbackConfig, page_size};
 use rdmareg_backend::{PeerId, RdmaBackend, RdmaError};
 use tokio::time::Instant;
 
-use common::{CONSUMER, FILL, OWNER, TestMemory, get, pair, settle};
+use common::{CONSUMER, FILL, OWNER, SeamForTestMemory, TestMemory, get, pair, settle};
 
 mod copies {
     use super::*;
@@ -21,11 +21,11 @@ mod copies {
     async fn get_copies_the_named_bytes_and_counts_them() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(1000), TestMemory::blank(1000));
-        let s = owner.map(src.addr(), 1000).await.unwrap();
-        let d = consumer.map(dst.addr(), 1000).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 1000).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 1000).await.unwrap();
         let mut request = get(OWNER, &s, src.addr(), &d, 500, 300);
         request.remote_addr += 7;
-        consumer.get(request).await.unwrap();
+        consumer.get_into_test_memory(request).await.unwrap();
         let (src_bytes, dst_bytes) = (src.bytes(), dst.bytes());
         assert_eq!(&dst_bytes[500..800], &src_bytes[7..307]);
         assert!(
@@ -43,10 +43,10 @@ mod copies {
     async fn get_within_one_instance_copies_overlapping_ranges_like_memmove() {
         let (_fabric, _owner, consumer) = pair();
         let mem = TestMemory::pattern(100);
-        let region = consumer.map(mem.addr(), 100).await.unwrap();
+        let region = consumer.map_test_memory(mem.addr(), 100).await.unwrap();
         let before = mem.bytes();
         let request = get(CONSUMER, &region, mem.addr(), &region, 10, 50);
-        consumer.get(request).await.unwrap();
+        consumer.get_into_test_memory(request).await.unwrap();
         let after = mem.bytes();
         assert_eq!(&after[10..60], &before[0..50]);
         assert_eq!(&after[..10], &before[..10]);
@@ -61,7 +61,7 @@ mod copies {
         let mem = TestMemory::blank(3 * page as usize);
         let ptr = mem.addr() + 5;
         let len = page as usize;
-        let region = owner.map(ptr, len).await.unwrap();
+        let region = owner.map_test_memory(ptr, len).await.unwrap();
         assert_eq!(region.effective_addr % page, 0);
         assert_eq!(region.effective_len % page, 0);
         assert!(region.effective_addr <= ptr as u64);
@@ -74,8 +74,8 @@ mod copies {
     async fn mapping_the_same_bytes_twice_gives_two_registrations_with_distinct_keys() {
         let (_fabric, owner, _consumer) = pair();
         let mem = TestMemory::blank(64);
-        let a = owner.map(mem.addr(), 64).await.unwrap();
-        let b = owner.map(mem.addr(), 64).await.unwrap();
+        let a = owner.map_test_memory(mem.addr(), 64).await.unwrap();
+        let b = owner.map_test_memory(mem.addr(), 64).await.unwrap();
         assert_ne!(a.backend_region_id, b.backend_region_id);
         assert_ne!(a.packed_key, b.packed_key);
         assert_eq!(owner.live_registrations(), Some(2));
@@ -86,7 +86,10 @@ mod copies {
     #[tokio::test]
     async fn map_whose_page_rounding_overflows_is_out_of_range() {
         let (_fabric, owner, _consumer) = pair();
-        let answer = owner.map(usize::MAX - 100, 50).await.map(|_| ());
+        let answer = owner
+            .map_test_memory(usize::MAX - 100, 50)
+            .await
+            .map(|_| ());
         assert_eq!(answer, Err(RdmaError::OutOfRange));
         assert_eq!(owner.live_registrations(), Some(0));
     }
@@ -107,7 +110,7 @@ mod held_regions {
         let gate = consumer.faults().hang(FaultOp::Get);
         let task = {
             let consumer = Arc::clone(consumer);
-            tokio::spawn(async move { consumer.get(request).await })
+            tokio::spawn(async move { consumer.get_into_test_memory(request).await })
         };
         gate.until_waiting(1).await;
         (gate, task)
@@ -117,8 +120,8 @@ mod held_regions {
     async fn unmap_of_a_destination_waits_for_the_get_in_flight() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(4096), TestMemory::blank(4096));
-        let s = owner.map(src.addr(), 4096).await.unwrap();
-        let d = consumer.map(dst.addr(), 4096).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 4096).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 4096).await.unwrap();
         let (gate, transfer) = held_get(&consumer, get(OWNER, &s, src.addr(), &d, 0, 4096)).await;
 
         let unmap = {
@@ -132,7 +135,9 @@ mod held_regions {
         );
         assert_eq!(consumer.live_registrations(), Some(1));
         assert_eq!(
-            consumer.get(get(OWNER, &s, src.addr(), &d, 0, 8)).await,
+            consumer
+                .get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 8))
+                .await,
             Err(RdmaError::RegionNotFound),
             "a new GET into a destination being unmapped"
         );
@@ -148,8 +153,8 @@ mod held_regions {
     async fn owner_unmap_of_a_source_waits_for_the_get_in_flight() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(4096), TestMemory::blank(4096));
-        let s = owner.map(src.addr(), 4096).await.unwrap();
-        let d = consumer.map(dst.addr(), 4096).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 4096).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 4096).await.unwrap();
         let (gate, transfer) = held_get(&consumer, get(OWNER, &s, src.addr(), &d, 0, 4096)).await;
 
         let unmap = {
@@ -163,7 +168,9 @@ mod held_regions {
         );
         assert_eq!(owner.live_registrations(), Some(1));
         assert_eq!(
-            consumer.get(get(OWNER, &s, src.addr(), &d, 0, 8)).await,
+            consumer
+                .get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 8))
+                .await,
             Err(RdmaError::RegionNotFound),
             "a new GET from a source being unmapped"
         );
@@ -179,10 +186,10 @@ mod held_regions {
     async fn dropped_get_abandons_its_copy_and_releases_both_regions() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(4096), TestMemory::blank(4096));
-        let s = owner.map(src.addr(), 4096).await.unwrap();
-        let d = consumer.map(dst.addr(), 4096).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 4096).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 4096).await.unwrap();
         let gate = consumer.faults().hang(FaultOp::Get);
-        let mut transfer = consumer.get(get(OWNER, &s, src.addr(), &d, 0, 4096));
+        let mut transfer = consumer.get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 4096));
         assert!(matches!(futures::poll!(transfer.as_mut()), Poll::Pending));
         assert_eq!(gate.waiting(), 1);
 
@@ -210,15 +217,18 @@ mod deadlines {
     async fn get_past_its_deadline_times_out_and_releases_both_regions() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         consumer
             .faults()
             .set_delay(FaultOp::Get, Duration::from_secs(10));
         let mut request = get(OWNER, &s, src.addr(), &d, 0, 64);
         request.deadline = Some(Duration::from_secs(1));
         let start = Instant::now();
-        assert_eq!(consumer.get(request).await, Err(RdmaError::Timeout));
+        assert_eq!(
+            consumer.get_into_test_memory(request).await,
+            Err(RdmaError::Timeout)
+        );
         assert_eq!(start.elapsed(), Duration::from_secs(1));
         assert_eq!(dst.bytes(), TestMemory::blank(64).bytes());
         assert_eq!(
@@ -239,13 +249,16 @@ mod deadlines {
             LoopbackConfig::default().with_default_get_deadline(Duration::from_secs(2)),
         );
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         let _gate = consumer.faults().hang(FaultOp::Get);
         let mut request = get(OWNER, &s, src.addr(), &d, 0, 64);
         request.deadline = None;
         let start = Instant::now();
-        assert_eq!(consumer.get(request).await, Err(RdmaError::Timeout));
+        assert_eq!(
+            consumer.get_into_test_memory(request).await,
+            Err(RdmaError::Timeout)
+        );
         assert_eq!(start.elapsed(), Duration::from_secs(2));
     }
 }
@@ -257,13 +270,15 @@ mod keys_and_peers {
     async fn stale_key_after_unmap_is_region_not_found() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         owner.unmap(s.backend_region_id).await.unwrap();
         // The same bytes registered again do not revive the old key.
-        let _again = owner.map(src.addr(), 64).await.unwrap();
+        let _again = owner.map_test_memory(src.addr(), 64).await.unwrap();
         assert_eq!(
-            consumer.get(get(OWNER, &s, src.addr(), &d, 0, 64)).await,
+            consumer
+                .get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 64))
+                .await,
             Err(RdmaError::RegionNotFound)
         );
         assert_eq!(dst.bytes(), TestMemory::blank(64).bytes());
@@ -273,12 +288,14 @@ mod keys_and_peers {
     async fn key_of_a_replaced_instance_is_region_not_found() {
         let (fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         let restarted = fabric.backend(OWNER);
-        let _fresh = restarted.map(src.addr(), 64).await.unwrap();
+        let _fresh = restarted.map_test_memory(src.addr(), 64).await.unwrap();
         assert_eq!(
-            consumer.get(get(OWNER, &s, src.addr(), &d, 0, 64)).await,
+            consumer
+                .get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 64))
+                .await,
             Err(RdmaError::RegionNotFound)
         );
     }
@@ -288,12 +305,12 @@ mod keys_and_peers {
         let (fabric, owner, consumer) = pair();
         let other = fabric.backend(PeerId(3));
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let _o = other.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let _o = other.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         assert_eq!(
             consumer
-                .get(get(PeerId(3), &s, src.addr(), &d, 0, 64))
+                .get_into_test_memory(get(PeerId(3), &s, src.addr(), &d, 0, 64))
                 .await,
             Err(RdmaError::RegionNotFound)
         );
@@ -303,24 +320,29 @@ mod keys_and_peers {
     async fn key_with_a_flipped_nonce_bit_is_region_not_found() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         let mut request = get(OWNER, &s, src.addr(), &d, 0, 64);
         let mut key = request.packed_key.to_vec();
         *key.last_mut().unwrap() ^= 1;
         request.packed_key = key.into();
-        assert_eq!(consumer.get(request).await, Err(RdmaError::RegionNotFound));
+        assert_eq!(
+            consumer.get_into_test_memory(request).await,
+            Err(RdmaError::RegionNotFound)
+        );
     }
 
     #[tokio::test]
     async fn get_from_a_dropped_instance_is_not_configured() {
         let (_fabric, owner, consumer) = pair();
         let (src, dst) = (TestMemory::pattern(64), TestMemory::blank(64));
-        let s = owner.map(src.addr(), 64).await.unwrap();
-        let d = consumer.map(dst.addr(), 64).await.unwrap();
+        let s = owner.map_test_memory(src.addr(), 64).await.unwrap();
+        let d = consumer.map_test_memory(dst.addr(), 64).await.unwrap();
         drop(owner);
         assert_eq!(
-            consumer.get(get(OWNER, &s, src.addr(), &d, 0, 64)).await,
+            consumer
+                .get_into_test_memory(get(OWNER, &s, src.addr(), &d, 0, 64))
+                .await,
             Err(RdmaError::NotConfigured)
         );
     }

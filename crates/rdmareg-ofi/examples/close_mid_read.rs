@@ -60,8 +60,12 @@ fn main() {
         .expect("runtime");
     let (o, c) = (owner.backend(), consumer.backend());
     let (unmap_took, get_answer) = runtime.block_on(async {
-        let s = o.map(src_ptr, size).await.expect("map src");
-        let d = c.map(dst_ptr, size).await.expect("map dst");
+        // SAFETY: `src` and `dst` are this function's Vecs, neither grown
+        // nor dropped until the engines shut down; they are touched only
+        // between GETs (`dst`) or once unregistered (`src`).
+        let s = unsafe { o.map(src_ptr, size) }.await.expect("map src");
+        // SAFETY: as above.
+        let d = unsafe { c.map(dst_ptr, size) }.await.expect("map dst");
         let request = BackendGet {
             peer: PeerId(1),
             remote_addr: src_ptr as u64,
@@ -72,14 +76,19 @@ fn main() {
             deadline: Some(Duration::from_secs(30)),
         };
         // Warm up: the first read opens the connection.
-        c.get(BackendGet {
-            len: 8,
-            ..request.clone()
-        })
+        // SAFETY: `dst` is read only after this GET answered.
+        unsafe {
+            c.get(BackendGet {
+                len: 8,
+                ..request.clone()
+            })
+        }
         .await
         .expect("warm-up read");
         dst_fill(dst_ptr, size);
-        let get = c.get(request);
+        // SAFETY: `dst` is read only after this GET and the unmap of its
+        // region answered.
+        let get = unsafe { c.get(request) };
         let (answer, took) = futures::join!(get, async {
             tokio::time::sleep(delay).await;
             let start = Instant::now();

@@ -53,9 +53,14 @@ fn main() {
         .build()
         .expect("runtime");
     let mut samples = runtime.block_on(async {
-        let s = o.map(src.as_ptr() as usize, size).await.expect("map src");
-        let d = c
-            .map(dst.as_mut_ptr() as usize, size)
+        // SAFETY: `src` and `dst` are this function's Vecs, neither grown
+        // nor dropped until both are unmapped below; `dst` is read only
+        // after that.
+        let s = unsafe { o.map(src.as_ptr() as usize, size) }
+            .await
+            .expect("map src");
+        // SAFETY: as above.
+        let d = unsafe { c.map(dst.as_mut_ptr() as usize, size) }
             .await
             .expect("map dst");
         let mut samples = Vec::with_capacity(iterations);
@@ -64,15 +69,18 @@ fn main() {
                 std::thread::sleep(gap);
             }
             let start = Instant::now();
-            c.get(BackendGet {
-                peer: PeerId(1),
-                remote_addr: src.as_ptr() as u64,
-                packed_key: s.packed_key.clone(),
-                local_region_id: d.backend_region_id,
-                local_offset: 0,
-                len: size as u64,
-                deadline: None,
-            })
+            // SAFETY: nothing touches `dst` until it is unmapped.
+            unsafe {
+                c.get(BackendGet {
+                    peer: PeerId(1),
+                    remote_addr: src.as_ptr() as u64,
+                    packed_key: s.packed_key.clone(),
+                    local_region_id: d.backend_region_id,
+                    local_offset: 0,
+                    len: size as u64,
+                    deadline: None,
+                })
+            }
             .await
             .expect("get");
             samples.push(start.elapsed());

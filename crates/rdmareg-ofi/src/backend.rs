@@ -68,7 +68,11 @@ unsafe impl RdmaBackend for OfiBackend {
 
     /// # Cancel safety
     /// Dropping the future leaves no registration behind.
-    fn map(&self, ptr: usize, len: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+    unsafe fn map(
+        &self,
+        ptr: usize,
+        len: usize,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
         Box::pin(async move {
             if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
                 return Err(RdmaError::OutOfRange);
@@ -137,7 +141,7 @@ unsafe impl RdmaBackend for OfiBackend {
     /// # Cancel safety
     /// Once submitted, dropping the future does not stop the read; the
     /// destination stays held until the provider let go of it.
-    fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+    unsafe fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
         Box::pin(async move {
             if request.len == 0 {
                 return Err(RdmaError::OutOfRange);
@@ -152,7 +156,10 @@ unsafe impl RdmaBackend for OfiBackend {
 
     /// One command for the whole batch: every entry is posted in one turn
     /// of the progress thread, the answers come back together.
-    fn get_batch(&self, requests: Vec<BackendGet>) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+    unsafe fn get_batch(
+        &self,
+        requests: Vec<BackendGet>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
         Box::pin(async move {
             if requests.is_empty() {
                 return Vec::new();

@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::SeamForTestMemory;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, RdmaError};
 use rdmareg_ofi::Provider;
@@ -35,11 +36,17 @@ async fn stale_key_is_refused(provider: Provider) {
     let (o, c) = (owner.backend(), consumer.backend());
     let src = vec![0x11u8; PAGE];
     let mut dst = vec![0u8; PAGE];
-    let s = o.map(src.as_ptr() as usize, PAGE).await.unwrap();
-    let d = c.map(dst.as_mut_ptr() as usize, PAGE).await.unwrap();
+    let s = o
+        .map_test_memory(src.as_ptr() as usize, PAGE)
+        .await
+        .unwrap();
+    let d = c
+        .map_test_memory(dst.as_mut_ptr() as usize, PAGE)
+        .await
+        .unwrap();
     o.unmap(s.backend_region_id).await.unwrap();
     let answer = c
-        .get(request(
+        .get_into_test_memory(request(
             s.packed_key,
             src.as_ptr() as u64,
             d.backend_region_id,
@@ -74,21 +81,27 @@ async fn forged_keys_are_refused_and_the_owner_keeps_serving(provider: Provider)
     let mut src = vec![0x11u8; 2 * PAGE];
     src[PAGE..].fill(0x22);
     let mut dst = vec![0u8; PAGE];
-    let s = o.map(src.as_ptr() as usize, PAGE).await.unwrap();
-    let d = c.map(dst.as_mut_ptr() as usize, PAGE).await.unwrap();
+    let s = o
+        .map_test_memory(src.as_ptr() as usize, PAGE)
+        .await
+        .unwrap();
+    let d = c
+        .map_test_memory(dst.as_mut_ptr() as usize, PAGE)
+        .await
+        .unwrap();
     let honest = PackedKey::decode(&s.packed_key).unwrap();
     let base = src.as_ptr() as u64;
 
     let mut forged = honest.clone();
     forged.capability[0] ^= 0x80;
     let wrong_capability = c
-        .get(request(forged.encode(), base, d.backend_region_id, 64))
+        .get_into_test_memory(request(forged.encode(), base, d.backend_region_id, 64))
         .await;
 
     let mut longer = honest.clone();
     longer.len = 2 * PAGE as u64;
     let beyond = c
-        .get(request(
+        .get_into_test_memory(request(
             longer.encode(),
             base + PAGE as u64,
             d.backend_region_id,
@@ -98,7 +111,7 @@ async fn forged_keys_are_refused_and_the_owner_keeps_serving(provider: Provider)
     let untouched = dst.iter().all(|&b| b == 0);
 
     let served = c
-        .get(request(s.packed_key.clone(), base, d.backend_region_id, 64))
+        .get_into_test_memory(request(s.packed_key.clone(), base, d.backend_region_id, 64))
         .await;
     c.unmap(d.backend_region_id).await.unwrap();
     o.unmap(s.backend_region_id).await.unwrap();
@@ -136,10 +149,13 @@ async fn unmap_waits_for_the_read_it_interrupts(provider: Provider, delay: Durat
     let src = vec![BEFORE; STREAMED];
     let src_ptr = src.as_ptr() as usize;
     let mut dst = vec![0u8; STREAMED];
-    let s = o.map(src_ptr, STREAMED).await.unwrap();
-    let d = c.map(dst.as_mut_ptr() as usize, STREAMED).await.unwrap();
+    let s = o.map_test_memory(src_ptr, STREAMED).await.unwrap();
+    let d = c
+        .map_test_memory(dst.as_mut_ptr() as usize, STREAMED)
+        .await
+        .unwrap();
     // Warm up: the first read opens the connection.
-    c.get(request(
+    c.get_into_test_memory(request(
         s.packed_key.clone(),
         src_ptr as u64,
         d.backend_region_id,
@@ -149,7 +165,7 @@ async fn unmap_waits_for_the_read_it_interrupts(provider: Provider, delay: Durat
     .unwrap();
     // No read is in flight into `dst` now.
     dst[..8].fill(0);
-    let get = c.get(request(
+    let get = c.get_into_test_memory(request(
         s.packed_key.clone(),
         src_ptr as u64,
         d.backend_region_id,

@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::SeamForTestMemory;
 use proptest::prelude::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, RdmaError};
@@ -112,7 +113,7 @@ fn gets_with_malformed_or_foreign_keys_are_invalid_key_through_the_engine() {
     let c = consumer.backend();
     let mut dst = vec![0u8; 4096];
     let dst_region = runtime
-        .block_on(c.map(dst.as_mut_ptr() as usize, dst.len()))
+        .block_on(c.map_test_memory(dst.as_mut_ptr() as usize, dst.len()))
         .unwrap();
     let request = |key: Bytes| BackendGet {
         peer: common::OWNER,
@@ -130,14 +131,14 @@ fn gets_with_malformed_or_foreign_keys_are_invalid_key_through_the_engine() {
             |(garbage, mut foreign)| {
                 let garbage = Bytes::from(garbage);
                 if PackedKey::decode(&garbage).is_err() {
-                    let answer = runtime.block_on(c.get(request(garbage)));
+                    let answer = runtime.block_on(c.get_into_test_memory(request(garbage)));
                     prop_assert_eq!(answer, Err(RdmaError::InvalidKey));
                 }
                 // A well-formed key naming another owner than the peer.
                 if foreign.owner == owner.fabric_address() {
                     foreign.owner = Bytes::from_static(b"elsewhere");
                 }
-                let answer = runtime.block_on(c.get(request(foreign.encode())));
+                let answer = runtime.block_on(c.get_into_test_memory(request(foreign.encode())));
                 prop_assert_eq!(answer, Err(RdmaError::InvalidKey));
                 Ok(())
             },

@@ -11,6 +11,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::SeamForTestMemory;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, RdmaError};
 use rdmareg_ofi::key::PackedKey;
@@ -56,11 +57,17 @@ async fn read_with_a_stale_key(provider: Provider) -> (Result<(), RdmaError>, u8
     let (owner, consumer) = common::engines_on(provider, ReadPath::OneSided);
     let (o, c) = (owner.backend(), consumer.backend());
     let mut setup = Setup::new();
-    let src = o.map(setup.src.as_ptr() as usize, PAGE).await.unwrap();
-    let dst = c.map(setup.dst.as_mut_ptr() as usize, PAGE).await.unwrap();
+    let src = o
+        .map_test_memory(setup.src.as_ptr() as usize, PAGE)
+        .await
+        .unwrap();
+    let dst = c
+        .map_test_memory(setup.dst.as_mut_ptr() as usize, PAGE)
+        .await
+        .unwrap();
     o.unmap(src.backend_region_id).await.unwrap();
     let answer = c
-        .get(request(
+        .get_into_test_memory(request(
             src.packed_key,
             setup.src.as_ptr() as u64,
             dst.backend_region_id,
@@ -80,12 +87,18 @@ async fn read_beyond_the_registration(provider: Provider) -> (Result<(), RdmaErr
     let (owner, consumer) = common::engines_on(provider, ReadPath::OneSided);
     let (o, c) = (owner.backend(), consumer.backend());
     let mut setup = Setup::new();
-    let src = o.map(setup.src.as_ptr() as usize, PAGE).await.unwrap();
-    let dst = c.map(setup.dst.as_mut_ptr() as usize, PAGE).await.unwrap();
+    let src = o
+        .map_test_memory(setup.src.as_ptr() as usize, PAGE)
+        .await
+        .unwrap();
+    let dst = c
+        .map_test_memory(setup.dst.as_mut_ptr() as usize, PAGE)
+        .await
+        .unwrap();
     let mut forged = PackedKey::decode(&src.packed_key).unwrap();
     forged.len = 2 * PAGE as u64;
     let answer = c
-        .get(request(
+        .get_into_test_memory(request(
             forged.encode(),
             setup.src.as_ptr() as u64 + PAGE as u64,
             dst.backend_region_id,

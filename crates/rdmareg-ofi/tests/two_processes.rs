@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::SeamForTestMemory;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::BackendGet;
 use rdmareg_ofi::{OfiEngine, Provider};
@@ -61,7 +62,7 @@ fn owner_main() {
         .build()
         .unwrap();
     let region = runtime
-        .block_on(backend.map(buf.as_ptr() as usize, size))
+        .block_on(backend.map_test_memory(buf.as_ptr() as usize, size))
         .expect("owner maps its buffer");
     println!(
         "READY {} {} {}",
@@ -126,13 +127,13 @@ fn get_across_processes_moves_the_right_bytes(provider: &str) {
         .unwrap();
     runtime.block_on(async {
         let region = backend
-            .map(dst.as_mut_ptr() as usize, SIZE_BYTES)
+            .map_test_memory(dst.as_mut_ptr() as usize, SIZE_BYTES)
             .await
             .unwrap();
         // The whole buffer, then a sub-range at an odd offset.
         for (offset, len) in [(0usize, SIZE_BYTES), (12_345, 777)] {
             let answer = backend
-                .get(BackendGet {
+                .get_into_test_memory(BackendGet {
                     peer: common::OWNER,
                     remote_addr: owner.addr + offset as u64,
                     packed_key: owner.key.clone(),
@@ -193,11 +194,11 @@ fn a_killed_owner_ends_a_get_in_flight_by_its_deadline(provider: &str) {
     let deadline = Duration::from_secs(3);
     let (answer, took) = runtime.block_on(async {
         let region = backend
-            .map(dst.as_mut_ptr() as usize, SIZE_BYTES)
+            .map_test_memory(dst.as_mut_ptr() as usize, SIZE_BYTES)
             .await
             .unwrap();
         let started = Instant::now();
-        let get = backend.get(BackendGet {
+        let get = backend.get_into_test_memory(BackendGet {
             peer: common::OWNER,
             remote_addr: owner.addr,
             packed_key: owner.key.clone(),
@@ -250,7 +251,7 @@ fn get_from_a_stopped_owner(provider: &str, deadline: Duration) -> StoppedOwner 
     let pid = owner.child.id() as libc::pid_t;
     let result = runtime.block_on(async {
         let region = backend
-            .map(dst.as_mut_ptr() as usize, SIZE_BYTES)
+            .map_test_memory(dst.as_mut_ptr() as usize, SIZE_BYTES)
             .await
             .unwrap();
         let request = BackendGet {
@@ -263,10 +264,10 @@ fn get_from_a_stopped_owner(provider: &str, deadline: Duration) -> StoppedOwner 
             deadline: Some(deadline),
         };
         // Connect first, then stop the owner.
-        assert_eq!(backend.get(request.clone()).await, Ok(()));
+        assert_eq!(backend.get_into_test_memory(request.clone()).await, Ok(()));
         // SAFETY: kill takes no pointers; `pid` is our child.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
-        let mut get = std::pin::pin!(backend.get(BackendGet {
+        let mut get = std::pin::pin!(backend.get_into_test_memory(BackendGet {
             len: SIZE_BYTES as u64,
             ..request
         }));

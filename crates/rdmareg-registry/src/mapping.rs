@@ -111,12 +111,24 @@ impl<M: MappedMemory> MapInFlight<M> {
     /// Ask the backend to map `[ptr, ptr + len)`, which lies inside `memory`
     /// (or inside the caller's own range, for `None`). Call only while holding
     /// an admission ticket.
-    pub(crate) fn start(inner: &Arc<Inner>, ptr: usize, len: usize, memory: M) -> Self {
+    ///
+    /// # Safety
+    ///
+    /// `[ptr, ptr + len)` is degenerate (null, empty, wrapping: the backend
+    /// refuses it) or meets [`RdmaBackend::map`](rdmareg_backend::RdmaBackend::map)'s
+    /// terms: it lies inside `memory`, which this type keeps alive until the
+    /// backend confirmed nothing registers it, or inside a range whose owner
+    /// gave it to the registry through `register_external`'s contract; and
+    /// the registry never names it as a GET destination unless it is a pool
+    /// arena, whose bytes safe code reaches only through a `PinnedBuf` the
+    /// GET borrows.
+    pub(crate) unsafe fn start(inner: &Arc<Inner>, ptr: usize, len: usize, memory: M) -> Self {
         let backend = Arc::clone(&inner.backend);
         Self {
             inner: Arc::clone(inner),
             pending: Some(Pending {
-                map: Box::pin(async move { backend.map(ptr, len).await }),
+                // SAFETY: the terms this function's caller promised (above).
+                map: Box::pin(async move { unsafe { backend.map(ptr, len) }.await }),
                 memory,
             }),
         }

@@ -315,7 +315,11 @@ impl RdmaRegistry {
         };
         // Dropped unfinished, the map is rolled back and an owned buffer is
         // freed only once the backend confirmed it (see `mapping.rs`).
-        let (answer, back) = MapInFlight::start(inner, addr, len, owned).await;
+        // SAFETY: the range is the bytes of `owned`, which `MapInFlight`
+        // keeps until nothing registers them, or (for `None`) a range whose
+        // owner promised what `register_external` asks; the registry never
+        // names either as a GET destination.
+        let (answer, back) = unsafe { MapInFlight::start(inner, addr, len, owned) }.await;
         owned = back;
         let mapped = match answer {
             Ok(mapped) => mapped,

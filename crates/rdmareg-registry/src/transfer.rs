@@ -111,7 +111,12 @@ async fn get_timed(
     // Owning the backend handle inside the future makes it `'static`, so a
     // cancelled caller can hand it to a task.
     let transfer: BoxFuture<'static, Result<(), RdmaError>> =
-        Box::pin(async move { backend.get(request).await });
+        // SAFETY: the destination is the slot's bytes in a pool arena the
+        // registry mapped; the slot was taken out of `dst` above, so no
+        // `PinnedBuf` reaches those bytes until `pending` hands it back,
+        // which it does only once the backend answered (or, for a dropped
+        // call, once the transfer ended, contract point 4).
+        Box::pin(async move { unsafe { backend.get(request) }.await });
     let mut pending = PendingTransfer {
         transfer: Some(transfer),
         slots: HeldSlots(vec![slot]),

@@ -229,7 +229,13 @@ async fn post_timed(
         .collect();
     let backend = Arc::clone(&inner.backend);
     let transfer: BoxFuture<'static, Vec<Result<(), RdmaError>>> =
-        Box::pin(async move { backend.get_batch(requests).await });
+        // SAFETY: every destination is a slot's bytes in a pool arena the
+        // registry mapped; the slots of every written buffer were taken out
+        // above, so no `PinnedBuf` reaches those bytes until `pending` hands
+        // them back, once the backend answered every entry (or, for a dropped
+        // call, once the transfers ended). Entries that overlap were checked
+        // when the list was built, and land only the transport's bytes.
+        Box::pin(async move { unsafe { backend.get_batch(requests) }.await });
     let mut pending = PendingTransfer {
         transfer: Some(transfer),
         slots: HeldSlots(slots),

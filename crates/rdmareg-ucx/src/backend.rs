@@ -91,7 +91,11 @@ unsafe impl RdmaBackend for UcxBackend {
     /// # Cancel safety
     /// Dropping the future leaves no registration behind: see
     /// [`UcxBackend`]'s cancellation rules.
-    fn map(&self, ptr: usize, len: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+    unsafe fn map(
+        &self,
+        ptr: usize,
+        len: usize,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
         Box::pin(async move {
             if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
                 return Err(RdmaError::OutOfRange);
@@ -158,7 +162,7 @@ unsafe impl RdmaBackend for UcxBackend {
     /// Once submitted, dropping the future does not stop the transfer; the
     /// destination region stays held until UCX has released it. Dropped
     /// before it was submitted, nothing happens.
-    fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+    unsafe fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
         Box::pin(async move {
             if request.len == 0 {
                 return Err(RdmaError::OutOfRange);
@@ -173,7 +177,10 @@ unsafe impl RdmaBackend for UcxBackend {
 
     /// One command for the whole batch: every entry is posted in one turn
     /// of the progress thread and the answers come back together.
-    fn get_batch(&self, requests: Vec<BackendGet>) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+    unsafe fn get_batch(
+        &self,
+        requests: Vec<BackendGet>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
         Box::pin(async move {
             if requests.is_empty() {
                 return Vec::new();

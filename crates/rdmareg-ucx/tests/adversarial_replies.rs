@@ -336,7 +336,7 @@ fn post_get_to_silent_owner(
         len,
         deadline: Some(deadline),
     };
-    rt.spawn(async move { cb.get(request).await })
+    rt.spawn(async move { cb.get_into_test_memory(request).await })
 }
 
 /// Request ids are a per-engine counter a peer can guess. A third peer B
@@ -686,7 +686,7 @@ fn a_hostile_owner_sending_malformed_replies_lands_nothing() {
             deadline: Some(Duration::from_secs(3)),
         };
         let cb2 = cb.clone();
-        let get = rt.spawn(async move { cb2.get(request).await });
+        let get = rt.spawn(async move { cb2.get_into_test_memory(request).await });
         assert!(a2.progress_until(Duration::from_secs(5), |r| {
             !r.messages(READ_REQUEST_AM_ID).is_empty()
         }));
@@ -893,7 +893,7 @@ fn an_owner_cannot_answer_a_read_sent_to_another_owner() {
         deadline: Some(Duration::from_secs(5)),
     };
     let cb2 = cb.clone();
-    let _get_b = rt.spawn(async move { cb2.get(to_b).await });
+    let _get_b = rt.spawn(async move { cb2.get_into_test_memory(to_b).await });
     assert!(b.progress_until(Duration::from_secs(5), |r| {
         !r.messages(READ_REQUEST_AM_ID).is_empty()
     }));

@@ -9,7 +9,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use rdmareg_backend::RdmaBackend;
 use rdmareg_ucx::Transport;
 
 const MIB: usize = 1024 * 1024;
@@ -57,7 +56,7 @@ async fn nothing_lands_after_a_deadline_answer() {
         // running when the deadline passed and finished anyway (cma moves
         // 64 MiB in a few ms) answers `Ok`. Over tcp 64 MiB cannot arrive in
         // 2 ms, so there the deadline answer itself is exercised.
-        let outcome = cb.get(request).await;
+        let outcome = cb.get_into_test_memory(request).await;
         match (&transport, &outcome) {
             (Transport::Tcp, _) => assert_eq!(outcome, Err(rdmareg_core::RdmaError::Timeout)),
             (_, Ok(())) => assert!(dst.snapshot() == src.snapshot(), "an Ok read is whole"),
@@ -81,7 +80,7 @@ async fn nothing_lands_after_the_consumer_shuts_down_mid_read() {
         let request = get_request(OWNER, &describe(&src, &src_region), &dst_region, 0, None);
         let read = tokio::spawn({
             let cb = cb.clone();
-            async move { cb.get(request).await }
+            async move { cb.get_into_test_memory(request).await }
         });
         tokio::time::sleep(Duration::from_millis(5)).await;
         // The answer may come while the teardown still runs: the buffer is
@@ -121,7 +120,7 @@ async fn nothing_lands_after_the_owner_goes_away_mid_read() {
         );
         let read = tokio::spawn({
             let cb = cb.clone();
-            async move { cb.get(request).await }
+            async move { cb.get_into_test_memory(request).await }
         });
         tokio::time::sleep(Duration::from_millis(5)).await;
         let shutdown = tokio::spawn(async move {

@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{PeerId, RdmaError};
 use rdmareg_ucx::{Transport, UcxEngine};
 
@@ -40,7 +39,7 @@ async fn a_thousand_small_reads_in_one_batch_each_land_in_their_place() {
                 )
             })
             .collect();
-        let answers = cb.get_batch(requests).await;
+        let answers = cb.get_batch_into_test_memory(requests).await;
         assert_eq!(answers, vec![Ok(()); ENTRIES], "{transport:?}");
         let (got, want) = (dst.snapshot(), src.snapshot());
         for i in 0..ENTRIES {
@@ -79,7 +78,7 @@ async fn a_batch_across_a_live_owner_and_a_gone_one_answers_each_by_its_owner() 
     );
     dead.deadline = Some(std::time::Duration::from_secs(3));
     gone.shutdown().await;
-    let answers = cb.get_batch(vec![live, dead]).await;
+    let answers = cb.get_batch_into_test_memory(vec![live, dead]).await;
     assert_eq!(answers[0], Ok(()), "the live owner's entry");
     assert!(
         matches!(answers[1], Err(RdmaError::Backend(_) | RdmaError::Timeout)),

@@ -58,7 +58,7 @@ async fn forged_reads_are_refused_with_a_typed_error_and_the_owner_keeps_serving
             request.remote_addr = remote_addr;
             request.len = len;
             request.packed_key = packed_key;
-            cb.get(request)
+            cb.get_into_test_memory(request)
         };
         let cases = [
             (
@@ -97,7 +97,11 @@ async fn forged_reads_are_refused_with_a_typed_error_and_the_owner_keeps_serving
 
         // The owner is untouched and still serves its consumer.
         let request = get_request(OWNER, &desc, &dst_region, 0, None);
-        assert_eq!(cb.get(request).await, Ok(()), "{transport:?}");
+        assert_eq!(
+            cb.get_into_test_memory(request).await,
+            Ok(()),
+            "{transport:?}"
+        );
         assert_eq!(dst.snapshot(), src.snapshot(), "{transport:?}");
         assert!(secret.snapshot().iter().all(|&b| b == 0x5A));
         consumer.shutdown().await;
@@ -120,7 +124,7 @@ async fn a_descriptor_outliving_its_registration_reads_nothing() {
 
         let request = get_request(OWNER, &stale, &dst_region, 0, None);
         assert_eq!(
-            cb.get(request).await,
+            cb.get_into_test_memory(request).await,
             Err(RdmaError::RegionNotFound),
             "an unregistered region is unreadable over {transport:?}"
         );
@@ -130,13 +134,13 @@ async fn a_descriptor_outliving_its_registration_reads_nothing() {
         let second = map(&ob, &src).await;
         let request = get_request(OWNER, &stale, &dst_region, 0, None);
         assert_eq!(
-            cb.get(request).await,
+            cb.get_into_test_memory(request).await,
             Err(RdmaError::RegionNotFound),
             "a stale descriptor of re-registered memory over {transport:?}"
         );
         assert!(dst.snapshot().iter().all(|&b| b == 0));
         let request = get_request(OWNER, &describe(&src, &second), &dst_region, 0, None);
-        assert_eq!(cb.get(request).await, Ok(()));
+        assert_eq!(cb.get_into_test_memory(request).await, Ok(()));
         assert_eq!(dst.snapshot(), src.snapshot());
         consumer.shutdown().await;
         owner.shutdown().await;
@@ -161,7 +165,7 @@ async fn an_owner_that_frees_right_after_unregistering_is_never_read_after_free(
             let request = get_request(OWNER, &describe(&src, &src_region), &dst_region, 0, None);
             let read = tokio::spawn({
                 let cb = cb.clone();
-                async move { cb.get(request).await }
+                async move { cb.get_into_test_memory(request).await }
             });
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));

@@ -9,7 +9,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rdmareg_backend::RdmaBackend;
 use rdmareg_core::PeerId;
 use rdmareg_ucx::Transport;
 
@@ -50,7 +49,7 @@ async fn a_thousand_peer_cycles_keep_open_descriptors_flat() {
         // One warm cycle: the engines' own listening sockets and the first
         // connection are part of the baseline.
         let request = get_request(OWNER, &desc, &dst_region, 0, None);
-        assert_eq!(cb.get(request).await, Ok(()));
+        assert_eq!(cb.get_into_test_memory(request).await, Ok(()));
         let baseline = open_fds();
 
         for cycle in 0..CYCLES {
@@ -59,7 +58,11 @@ async fn a_thousand_peer_cycles_keep_open_descriptors_flat() {
                 .add_peer(peer, owner.worker_address())
                 .expect("add_peer");
             let request = get_request(peer, &desc, &dst_region, 0, None);
-            assert_eq!(cb.get(request).await, Ok(()), "cycle {cycle}");
+            assert_eq!(
+                cb.get_into_test_memory(request).await,
+                Ok(()),
+                "cycle {cycle}"
+            );
             consumer.remove_peer(peer).expect("remove_peer");
         }
         // Closes finish asynchronously; give them a moment, bounded.

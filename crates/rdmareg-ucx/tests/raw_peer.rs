@@ -311,7 +311,11 @@ async fn attack(transport: Transport, tls: &str) {
     let dst = PageBuf::zeroed(4096);
     let dst_region = map(&cb, &dst).await;
     let request = get_request(OWNER, &describe(&registered, &region), &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Ok(()), "{transport:?}");
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Ok(()),
+        "{transport:?}"
+    );
     assert!(dst.snapshot() == want);
     consumer.shutdown().await;
     owner.shutdown().await;
@@ -429,7 +433,7 @@ async fn a_reply_from_another_peer_never_lands_in_a_read() {
     };
     let read = tokio::spawn({
         let cb = cb.clone();
-        async move { cb.get(request).await }
+        async move { cb.get_into_test_memory(request).await }
     });
     go.send(()).unwrap();
     let outcome = read.await.expect("the read task");

@@ -52,7 +52,7 @@ async fn a_direct_read_is_not_checked_by_the_owner() {
     let dst_region = map(&cb, &dst).await;
     let mut request = get_request(OWNER, &describe(&src, &region), &dst_region, 0, None);
     request.packed_key = forged_capability(&region.packed_key);
-    assert_eq!(cb.get(request).await, Ok(()));
+    assert_eq!(cb.get_into_test_memory(request).await, Ok(()));
     assert!(dst.snapshot() == src.snapshot());
     consumer.shutdown().await;
     owner.shutdown().await;
@@ -72,7 +72,7 @@ async fn a_stale_descriptor_on_the_direct_lane_reads_what_the_memory_holds_now()
     src.fill(0x3C);
     let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
     assert_eq!(
-        cb.get(request).await,
+        cb.get_into_test_memory(request).await,
         Ok(()),
         "nothing on this lane knows the registration is gone"
     );
@@ -92,7 +92,7 @@ async fn a_direct_read_outside_the_keys_mapped_range_is_out_of_range() {
     let secret = PageBuf::filled(4096, |_| 0x5A);
     let dst = PageBuf::zeroed(8192);
     // Register only the first page.
-    let region = ob.map(src.addr(), 4096).await.expect("map");
+    let region = ob.map_test_memory(src.addr(), 4096).await.expect("map");
     let dst_region = map(&cb, &dst).await;
     let desc = describe(&src, &region);
     for (remote_addr, len) in [
@@ -105,7 +105,7 @@ async fn a_direct_read_outside_the_keys_mapped_range_is_out_of_range() {
         request.remote_addr = remote_addr;
         request.len = len;
         assert_eq!(
-            cb.get(request).await,
+            cb.get_into_test_memory(request).await,
             Err(RdmaError::OutOfRange),
             "{remote_addr:#x}+{len}"
         );
@@ -140,13 +140,19 @@ async fn an_owner_that_closes_the_lane_gets_every_read_checked() {
     let descriptor = describe(&src, &region);
     let mut request = get_request(OWNER, &descriptor, &dst_region, 0, None);
     request.packed_key = forged_capability(&region.packed_key);
-    assert_eq!(cb.get(request).await, Err(RdmaError::RegionNotFound));
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Err(RdmaError::RegionNotFound)
+    );
     let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Ok(()));
+    assert_eq!(cb.get_into_test_memory(request).await, Ok(()));
     assert!(dst.snapshot() == src.snapshot());
     assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
     let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Err(RdmaError::RegionNotFound));
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Err(RdmaError::RegionNotFound)
+    );
     consumer.shutdown().await;
     owner.shutdown().await;
 }
@@ -170,12 +176,12 @@ async fn a_consumer_that_closes_the_lane_reads_a_same_host_key_through_the_owner
     let mut request = get_request(OWNER, &descriptor, &dst_region, 0, None);
     request.packed_key = forged_capability(&region.packed_key);
     assert_eq!(
-        cb.get(request).await,
+        cb.get_into_test_memory(request).await,
         Err(RdmaError::RegionNotFound),
         "the owner checked it"
     );
     let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Ok(()));
+    assert_eq!(cb.get_into_test_memory(request).await, Ok(()));
     assert!(dst.snapshot() == src.snapshot());
     consumer.shutdown().await;
     owner.shutdown().await;
@@ -201,7 +207,7 @@ async fn removing_a_peer_mid_read_ends_the_read_before_its_endpoint_closes() {
         consumer.add_peer(OWNER, owner.worker_address()).unwrap();
         let backend = cb.clone();
         let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
-        let read = tokio::spawn(async move { backend.get(request).await });
+        let read = tokio::spawn(async move { backend.get_into_test_memory(request).await });
         tokio::time::sleep(std::time::Duration::from_micros(300 * (round % 4))).await;
         consumer.remove_peer(OWNER).unwrap();
         match read.await.unwrap() {
@@ -240,16 +246,19 @@ async fn a_peer_added_served_only_has_every_read_checked_by_its_owner() {
     let mut request = get_request(OWNER, &descriptor, &dst_region, 0, None);
     request.packed_key = forged_capability(&region.packed_key);
     assert_eq!(
-        cb.get(request).await,
+        cb.get_into_test_memory(request).await,
         Err(RdmaError::RegionNotFound),
         "the owner checked the forged capability"
     );
     let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Ok(()));
+    assert_eq!(cb.get_into_test_memory(request).await, Ok(()));
     assert!(dst.snapshot() == src.snapshot());
     assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
     let request = get_request(OWNER, &descriptor, &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Err(RdmaError::RegionNotFound));
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Err(RdmaError::RegionNotFound)
+    );
     consumer.shutdown().await;
     owner.shutdown().await;
 }

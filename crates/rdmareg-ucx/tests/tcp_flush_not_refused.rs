@@ -19,7 +19,6 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use rdmareg_backend::RdmaBackend;
 use rdmareg_core::PeerId;
 use rdmareg_ucx::Transport;
 
@@ -88,7 +87,7 @@ async fn read_and_close_cycles() {
             .expect("the consumer records the owner");
         dst.fill(0);
         let read = get_request(peer, &descriptor, &dst_region, 0, None);
-        assert_eq!(cb.get(read).await, Ok(()), "cycle {cycle}");
+        assert_eq!(cb.get_into_test_memory(read).await, Ok(()), "cycle {cycle}");
         assert_eq!(dst.snapshot(), src.snapshot(), "cycle {cycle}");
         consumer
             .remove_peer(peer)

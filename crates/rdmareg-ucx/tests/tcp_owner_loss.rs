@@ -38,7 +38,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{PeerId, RdmaError};
 use rdmareg_ucx::{Transport, UcxEngine};
 
@@ -184,7 +183,7 @@ async fn consumer_still_serves(consumer: &UcxEngine, dst: &PageBuf, dst_region_i
     };
     dst.fill(0);
     assert_eq!(
-        consumer.backend().get(read).await,
+        consumer.backend().get_into_test_memory(read).await,
         Ok(()),
         "a read from a live owner after the rounds"
     );
@@ -294,7 +293,7 @@ async fn post_batches_until_owner_gone(
                 }
             })
             .collect();
-        let answers = backend.get_batch(requests).await;
+        let answers = backend.get_batch_into_test_memory(requests).await;
         let got = dst.snapshot();
         let mut batch_failed = false;
         for (i, answer) in answers.iter().enumerate() {
@@ -369,7 +368,7 @@ async fn read_until_owner_gone(
             deadline: Some(DEADLINE),
         };
         dst.fill(0);
-        let answer = backend.get(read).await;
+        let answer = backend.get_into_test_memory(read).await;
         consumer
             .remove_peer(peer)
             .expect("the consumer forgets the owner");

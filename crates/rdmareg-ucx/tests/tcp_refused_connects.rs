@@ -19,7 +19,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rdmareg_backend::RdmaBackend;
 use rdmareg_core::PeerId;
 use rdmareg_ucx::{Transport, UcxEngine};
 
@@ -96,7 +95,7 @@ async fn reads_to_vanished_owner(transport: Transport) {
     consumer
         .add_peer(PeerId(1), owner_address.clone())
         .expect("the consumer records the owner");
-    let first = backend.get(read(PeerId(1))).await;
+    let first = backend.get_into_test_memory(read(PeerId(1))).await;
     assert!(
         first.as_ref().is_err_and(|err| err.is_transient()),
         "{transport:?}: a read from a vanished owner answered {first:?}"
@@ -111,7 +110,7 @@ async fn reads_to_vanished_owner(transport: Transport) {
         consumer
             .add_peer(peer, owner_address.clone())
             .expect("the consumer records the owner");
-        let answer = backend.get(read(peer)).await;
+        let answer = backend.get_into_test_memory(read(peer)).await;
         assert!(
             answer.as_ref().is_err_and(|err| err.is_transient()),
             "{transport:?}: read {n} from a vanished owner answered {answer:?}"

@@ -35,7 +35,7 @@ async fn shutdown_with_regions_mapped_and_gets_in_flight_ends_with_nothing_regis
         .map(|region| {
             let cb = cb.clone();
             let request = get_request(OWNER, &desc, region, 0, None);
-            tokio::spawn(async move { cb.get(request).await })
+            tokio::spawn(async move { cb.get_into_test_memory(request).await })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -75,14 +75,15 @@ async fn shutting_down_mid_get_lets_the_owner_finish_answering() {
     // Connect first, so the large request reaches the owner at once.
     let warm = desc.slice(0, 8).unwrap();
     assert_eq!(
-        cb.get(get_request(OWNER, &warm, &region, 0, None)).await,
+        cb.get_into_test_memory(get_request(OWNER, &warm, &region, 0, None))
+            .await,
         Ok(())
     );
 
     let get = {
         let cb = cb.clone();
         let request = get_request(OWNER, &desc, &region, 0, None);
-        tokio::spawn(async move { cb.get(request).await })
+        tokio::spawn(async move { cb.get_into_test_memory(request).await })
     };
     tokio::time::sleep(Duration::from_millis(5)).await;
     consumer.shutdown().await;
@@ -104,7 +105,7 @@ async fn shutting_down_mid_get_lets_the_owner_finish_answering() {
     let next_dst = PageBuf::zeroed(64 * MIB);
     let next_region = map(&nb, &next_dst).await;
     assert_eq!(
-        nb.get(get_request(OWNER, &desc, &next_region, 0, None))
+        nb.get_into_test_memory(get_request(OWNER, &desc, &next_region, 0, None))
             .await,
         Ok(())
     );
@@ -128,12 +129,18 @@ async fn every_command_after_shutdown_answers_shutting_down_but_unmaps_of_releas
     consumer.shutdown().await; // Idempotent.
 
     assert_eq!(cb.live_registrations(), Some(0));
-    assert_eq!(cb.map(buf.addr(), 4096).await, Err(RdmaError::ShuttingDown));
+    assert_eq!(
+        cb.map_test_memory(buf.addr(), 4096).await,
+        Err(RdmaError::ShuttingDown)
+    );
     // Teardown released the region: unmapping it again is the idempotent
     // unmap of a released id, `Ok` as the contract says for every backend.
     assert_eq!(cb.unmap(region.backend_region_id).await, Ok(()));
     let request = get_request(OWNER, &describe(&buf, &region), &region, 0, None);
-    assert_eq!(cb.get(request).await, Err(RdmaError::ShuttingDown));
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Err(RdmaError::ShuttingDown)
+    );
     assert_eq!(
         consumer.add_peer(PeerId(7), owner.worker_address()),
         Err(RdmaError::ShuttingDown)
@@ -164,7 +171,7 @@ async fn dropping_an_engine_without_shutdown_is_bounded_and_releases_everything(
     assert_eq!(cb.live_registrations(), Some(0));
     assert_eq!(ob.live_registrations(), Some(0));
     assert_eq!(
-        cb.map(bufs[0].addr(), 10).await,
+        cb.map_test_memory(bufs[0].addr(), 10).await,
         Err(RdmaError::ShuttingDown)
     );
 }

@@ -31,7 +31,7 @@ async fn get_and_verify(
     let received = Descriptor::decode(&wire).expect("descriptor decodes");
     let part = received.slice(src_off as u64, len as u64).expect("slice");
     let request = get_request(OWNER, &part, &dst_region, dst_off as u64, None);
-    assert_eq!(cb.get(request).await, Ok(()));
+    assert_eq!(cb.get_into_test_memory(request).await, Ok(()));
 
     let got = dst.snapshot();
     let want = src.snapshot();

@@ -106,7 +106,7 @@ fn consumer_main() {
             println!("READING");
             std::io::stdout().flush().unwrap();
             let request = get_request(OWNER, &descriptor, &region, 0, None);
-            let _ = backend.get(request).await;
+            let _ = backend.get_into_test_memory(request).await;
         }
     });
 }
@@ -131,11 +131,11 @@ fn prober_main() {
         let dst = PageBuf::zeroed(descriptor.len() as usize);
         let region = map(&backend, &dst).await;
         let request = get_request(OWNER, &descriptor, &region, 0, None);
-        let real = backend.get(request).await;
+        let real = backend.get_into_test_memory(request).await;
         let bytes_right = dst.snapshot() == PageBuf::filled(dst.len(), pattern).snapshot();
         let mut request = get_request(OWNER, &descriptor, &region, 0, None);
         request.packed_key = forged_capability(&request.packed_key);
-        let forged = backend.get(request).await;
+        let forged = backend.get_into_test_memory(request).await;
         let _ = backend.unmap(region.backend_region_id).await;
         (real, forged, bytes_right)
     });
@@ -295,7 +295,11 @@ fn get_across_processes_moves_the_right_bytes(transport: &str) {
         ] {
             let part = owner.descriptor.slice(src_off as u64, len as u64).unwrap();
             let request = get_request(OWNER, &part, &region, dst_off as u64, None);
-            assert_eq!(backend.get(request).await, Ok(()), "GET of {len} B");
+            assert_eq!(
+                backend.get_into_test_memory(request).await,
+                Ok(()),
+                "GET of {len} B"
+            );
             let got = dst.snapshot();
             assert!(
                 got[dst_off..dst_off + len] == want[src_off..src_off + len],
@@ -339,7 +343,7 @@ fn a_thousand_reads_in_one_batch_land_where_each_entry_says(transport: &str) {
         outside.len = BLOCK as u64;
         outside.local_offset = (BLOCKS * BLOCK) as u64;
         requests.insert(BLOCKS / 2, outside);
-        let answers = backend.get_batch(requests).await;
+        let answers = backend.get_batch_into_test_memory(requests).await;
         assert_eq!(answers.len(), BLOCKS + 1);
         for (index, answer) in answers.iter().enumerate() {
             if index == BLOCKS / 2 {
@@ -389,7 +393,7 @@ fn a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer(transpor
             let request = get_request(OWNER, &owner.descriptor, region, 0, None);
             rt.spawn(async move {
                 loop {
-                    if let Err(err) = backend.get(request.clone()).await {
+                    if let Err(err) = backend.get_into_test_memory(request.clone()).await {
                         return (err, Instant::now());
                     }
                 }
@@ -417,7 +421,7 @@ fn a_killed_peer_fails_gets_promptly_and_the_engine_serves_another_peer(transpor
     engine.add_peer(PeerId(2), other.address.clone()).unwrap();
     rt.block_on(async {
         let request = get_request(PeerId(2), &other.descriptor, &regions[0], 0, None);
-        assert_eq!(backend.get(request).await, Ok(()));
+        assert_eq!(backend.get_into_test_memory(request).await, Ok(()));
         assert!(dsts[0].snapshot() == PageBuf::filled(64 * MIB, pattern).snapshot());
         for region in &regions {
             assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
@@ -455,7 +459,7 @@ fn a_forged_envelope_added_first_cannot_pin_an_owners_direct_lane() {
         let dst = PageBuf::zeroed(64 * 1024);
         let region = map(&backend, &dst).await;
         let request = get_request(OWNER, &honest.descriptor, &region, 0, None);
-        assert_eq!(backend.get(request).await, Ok(()));
+        assert_eq!(backend.get_into_test_memory(request).await, Ok(()));
         let want = PageBuf::filled(64 * 1024, pattern).snapshot();
         assert!(
             dst.snapshot() == want,
@@ -479,14 +483,14 @@ fn a_stopped_peer_makes_a_get_time_out_at_its_deadline() {
     // Connect first, so the stop hits an established endpoint.
     let warm = owner.descriptor.slice(0, 8).unwrap();
     assert_eq!(
-        rt.block_on(backend.get(get_request(OWNER, &warm, &region, 0, None))),
+        rt.block_on(backend.get_into_test_memory(get_request(OWNER, &warm, &region, 0, None))),
         Ok(())
     );
 
     owner.stop();
     let deadline = Duration::from_millis(500);
     let started = Instant::now();
-    let answer = rt.block_on(backend.get(get_request(
+    let answer = rt.block_on(backend.get_into_test_memory(get_request(
         OWNER,
         &owner.descriptor,
         &region,
@@ -562,7 +566,7 @@ fn killed_consumers_never_take_the_owner_down(transport: &str, rounds: u64) {
         let dst = PageBuf::zeroed(64 * MIB);
         let region = map(&backend, &dst).await;
         let request = get_request(OWNER, &owner.descriptor, &region, 0, None);
-        assert_eq!(backend.get(request).await, Ok(()));
+        assert_eq!(backend.get_into_test_memory(request).await, Ok(()));
         assert!(dst.snapshot() == PageBuf::filled(64 * MIB, pattern).snapshot());
         assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
     });

@@ -22,12 +22,18 @@ async fn get_from_a_peer_never_added_is_not_configured() {
     let desc = describe(&src, &src_region);
 
     let request = get_request(PeerId(99), &desc, &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Err(RdmaError::NotConfigured));
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Err(RdmaError::NotConfigured)
+    );
 
     // A removed peer is unknown again.
     consumer.remove_peer(OWNER).unwrap();
     let request = get_request(OWNER, &desc, &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Err(RdmaError::NotConfigured));
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Err(RdmaError::NotConfigured)
+    );
     assert!(dst.snapshot().iter().all(|&b| b == 0), "nothing was copied");
     consumer.shutdown().await;
     owner.shutdown().await;
@@ -41,7 +47,7 @@ async fn destination_ranges_outside_the_mapped_length_are_out_of_range() {
     // Map 100 bytes of a page: the page-rounded range is no licence.
     let dst = PageBuf::zeroed(4096);
     let src_region = map(&ob, &src).await;
-    let dst_region = cb.map(dst.addr(), 100).await.unwrap();
+    let dst_region = cb.map_test_memory(dst.addr(), 100).await.unwrap();
     assert!(dst_region.effective_len >= 100);
     let desc = describe(&src, &src_region);
 
@@ -55,7 +61,7 @@ async fn destination_ranges_outside_the_mapped_length_are_out_of_range() {
         let mut request = get_request(OWNER, &desc, &dst_region, offset, None);
         request.len = len;
         assert_eq!(
-            cb.get(request).await,
+            cb.get_into_test_memory(request).await,
             Err(RdmaError::OutOfRange),
             "offset {offset} len {len}"
         );
@@ -63,7 +69,7 @@ async fn destination_ranges_outside_the_mapped_length_are_out_of_range() {
     let mut zero = get_request(OWNER, &desc, &dst_region, 0, None);
     zero.len = 0;
     assert_eq!(
-        cb.get(zero).await,
+        cb.get_into_test_memory(zero).await,
         Err(RdmaError::OutOfRange),
         "zero length"
     );
@@ -111,13 +117,17 @@ async fn malformed_keys_are_refused_before_ucx_sees_them() {
     for (what, key) in cases {
         let mut request = get_request(OWNER, &desc, &dst_region, 0, None);
         request.packed_key = key;
-        assert_eq!(cb.get(request).await, Err(RdmaError::InvalidKey), "{what}");
+        assert_eq!(
+            cb.get_into_test_memory(request).await,
+            Err(RdmaError::InvalidKey),
+            "{what}"
+        );
     }
     assert!(dst.snapshot().iter().all(|&b| b == 0), "nothing was copied");
 
     // The well-formed key still works afterwards.
     let request = get_request(OWNER, &desc, &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Ok(()));
+    assert_eq!(cb.get_into_test_memory(request).await, Ok(()));
     assert_eq!(dst.snapshot(), src.snapshot());
     consumer.shutdown().await;
     owner.shutdown().await;
@@ -133,7 +143,10 @@ async fn get_into_an_unmapped_region_is_region_not_found() {
     let dst_region = map(&cb, &dst).await;
     assert_eq!(cb.unmap(dst_region.backend_region_id).await, Ok(()));
     let request = get_request(OWNER, &describe(&src, &src_region), &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Err(RdmaError::RegionNotFound));
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Err(RdmaError::RegionNotFound)
+    );
     consumer.shutdown().await;
     owner.shutdown().await;
 }
@@ -182,7 +195,7 @@ async fn a_get_between_engines_on_different_transports_fails_cleanly() {
     let src_region = map(&ob, &src).await;
     let dst_region = map(&cb, &dst).await;
     let request = get_request(OWNER, &describe(&src, &src_region), &dst_region, 0, None);
-    match cb.get(request).await {
+    match cb.get_into_test_memory(request).await {
         Err(RdmaError::Backend(text)) => assert!(text.contains("ucx"), "{text}"),
         other => panic!("expected a backend error, got {other:?}"),
     }

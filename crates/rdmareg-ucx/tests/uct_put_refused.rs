@@ -35,7 +35,6 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use common::*;
-use rdmareg_backend::RdmaBackend;
 use rdmareg_ucx::Transport;
 
 /// The engines of one test are told apart from another's by the listening
@@ -184,7 +183,11 @@ async fn attack(transport: Transport) {
     let dst = PageBuf::zeroed(len);
     let dst_region = map(&cb, &dst).await;
     let request = get_request(OWNER, &describe(&registered, &region), &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Ok(()), "{transport:?}");
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Ok(()),
+        "{transport:?}"
+    );
     assert!(dst.snapshot() == want);
     consumer.shutdown().await;
     owner.shutdown().await;

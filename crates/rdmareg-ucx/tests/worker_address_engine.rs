@@ -7,7 +7,6 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{PeerId, RdmaError};
 use rdmareg_ucx::Transport;
 
@@ -76,7 +75,7 @@ async fn malformed_addresses_are_refused_and_gets_to_them_fail_typed(transport: 
         );
         let request = get_request(FAKE_OWNER, &desc, &dst_region, 0, None);
         assert_eq!(
-            cb.get(request).await,
+            cb.get_into_test_memory(request).await,
             Err(RdmaError::NotConfigured),
             "{what}: GET to the refused peer"
         );
@@ -91,7 +90,11 @@ async fn malformed_addresses_are_refused_and_gets_to_them_fail_typed(transport: 
     assert!(dst.snapshot().iter().all(|&b| b == 0), "nothing was copied");
 
     let request = get_request(OWNER, &desc, &dst_region, 0, None);
-    assert_eq!(cb.get(request).await, Ok(()), "the real owner still serves");
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Ok(()),
+        "the real owner still serves"
+    );
     assert_eq!(dst.snapshot(), src.snapshot());
     consumer.shutdown().await;
     owner.shutdown().await;
@@ -147,7 +150,7 @@ async fn a_well_formed_address_of_a_worker_that_is_gone_fails_the_get_typed() {
         0,
         Some(std::time::Duration::from_secs(2)),
     );
-    let answer = cb.get(request).await;
+    let answer = cb.get_into_test_memory(request).await;
     assert!(
         answer.is_err(),
         "GET to a vanished worker answered {answer:?}"

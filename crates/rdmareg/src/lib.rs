@@ -29,6 +29,48 @@
 //! then [`UcxEngine::shutdown`], then
 //! [`SweptRegistry::finish_after_backend_teardown`].
 //!
+//! # Going around the registry
+//!
+//! [`Rdma::engine`] hands out the engine, and its
+//! [`backend`](UcxEngine::backend) is the seam the registry sits on. Its
+//! [`map`](RdmaBackend::map), [`get`](RdmaBackend::get) and
+//! [`get_batch`](RdmaBackend::get_batch) make the transport write memory
+//! named by an address or a region id, so they are `unsafe` to call: the
+//! caller promises what each method's `# Safety` section asks (the memory is
+//! its own, untouched until the answer, freed only after the unmap). Safe
+//! code cannot reach them:
+//!
+//! ```compile_fail,E0133
+//! # async fn sketch(rdma: &rdmareg::Rdma) {
+//! use rdmareg::RdmaBackend;
+//! let owned = vec![0u8; 4096];
+//! let backend = rdma.engine().backend();
+//! let _ = backend.map(owned.as_ptr() as usize, owned.len()).await;
+//! # }
+//! ```
+//!
+//! ```compile_fail,E0133
+//! # async fn sketch(rdma: &rdmareg::Rdma, get: rdmareg::core::BackendGet) {
+//! use rdmareg::RdmaBackend;
+//! // A region id is a number; a guessed one may name a pool buffer that
+//! // safe code holds.
+//! let _ = rdma.engine().backend().get(get).await;
+//! # }
+//! ```
+//!
+//! The same calls compile only inside `unsafe`:
+//!
+//! ```
+//! # async fn sketch(rdma: &rdmareg::Rdma, get: rdmareg::core::BackendGet) {
+//! use rdmareg::RdmaBackend;
+//! let backend = rdma.engine().backend();
+//! // SAFETY: a sketch that is only compiled; a real caller names a
+//! // destination it registered itself and leaves it untouched until the
+//! // answer.
+//! let _ = unsafe { backend.get(get) }.await;
+//! # }
+//! ```
+//!
 //! # Discovery
 //!
 //! With the `discovery` feature, [`discovery`] publishes worker addresses

@@ -1,16 +1,17 @@
-//! What safe code can do with the backend the facade hands out.
+//! The backend the facade hands out, used around the registry.
 //!
 //! `Rdma::engine().backend()` is an `Arc<UcxBackend>`, and `RdmaBackend` is
 //! re-exported. Its `map` takes an address and a length and its `get` names
-//! a destination by region id, both as safe methods. The registry wraps them
-//! soundly (`register_external` is `unsafe`, and a GET's destination is a
-//! pool buffer the call borrows mutably), but a caller that goes around the
-//! registry reaches the seam directly. These tests state what must hold for
-//! such a caller: no transport write into memory safe code owns or borrows.
+//! a destination by region id, so both are `unsafe fn`: safe code cannot
+//! call them (the `compile_fail` examples in the crate documentation, under
+//! "Going around the registry", pin that). These tests pin what a caller
+//! that takes on the seam's promise in `unsafe` gets: the bytes it asked
+//! for, typed refusals for ids and ranges it does not hold, and a registry
+//! whose own accounting and buffers are untouched.
 
 use std::time::Duration;
 
-use rdmareg::core::BackendGet;
+use rdmareg::core::{BackendGet, RdmaError};
 use rdmareg::{Config, PeerId, Rdma, RdmaBackend, RdmaConfig, Transport};
 
 fn config() -> Config {
@@ -41,83 +42,137 @@ async fn owner_and_consumer() -> (Rdma, Rdma, rdmareg::RegionGuard) {
     (owner, consumer, source)
 }
 
-/// Safe code maps the bytes of a `Vec` it owns through the facade's backend
-/// and GETs into them: the transport then writes memory the `Vec` owns,
-/// behind its back. A sound seam refuses this without `unsafe` (the map or
-/// the GET), so the `Vec` must keep its bytes.
+/// Memory this test owns and reaches only through a raw pointer, as the
+/// seam's `map` asks: page-aligned, never referenced while registered, and
+/// freed only after its registration's unmap answered `Ok`.
+struct RawPages {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl RawPages {
+    fn zeroed(len: usize) -> RawPages {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).expect("layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "allocation of {len} bytes");
+        RawPages { ptr, layout }
+    }
+
+    fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// A copy of the bytes; taken only once no GET writes them.
+    fn snapshot(&self) -> Vec<u8> {
+        // SAFETY: `len()` initialised bytes owned by this value; callers
+        // copy only after every GET into them answered.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len()) }.to_vec()
+    }
+}
+
+impl Drop for RawPages {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout, freed once (tests
+        // drop it only after its registration's unmap answered `Ok`).
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+// SAFETY: the value owns its allocation; the pointer is only an address.
+unsafe impl Send for RawPages {}
+
+/// A caller that keeps the seam's promise maps memory of its own through the
+/// facade's backend and GETs into it: the bytes land, and the registry never
+/// saw the registration (its counts are unchanged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect: RdmaBackend::map and ::get are safe methods on a backend the facade hands out, so safe code can register memory it does not own and make the transport write it; the fix is making the seam's map/get/get_batch `unsafe fn` (every backend, the kit and their tests follow)"]
-async fn safe_code_cannot_make_the_transport_write_into_a_vec_it_owns() {
+async fn an_unsafe_caller_that_keeps_the_seams_promise_gets_the_bytes() {
     let (owner, consumer, source) = owner_and_consumer().await;
     let descriptor = source.descriptor().expect("descriptor");
+    let before = consumer.stats();
     let backend = consumer.engine().backend();
-    let vec = vec![0u8; 4096];
-    let mapped = backend.map(vec.as_ptr() as usize, vec.len()).await;
-    let landed = match &mapped {
-        Ok(region) => backend
-            .get(BackendGet {
-                peer: OWNER,
-                remote_addr: descriptor.addr(),
-                packed_key: descriptor.packed_key().clone(),
-                local_region_id: region.backend_region_id,
-                local_offset: 0,
-                len: 4096,
-                deadline: Some(Duration::from_secs(5)),
-            })
-            .await
-            .is_ok(),
-        Err(_) => false,
-    };
-    let overwritten = vec.iter().filter(|&&b| b != 0).count();
-    if let Ok(region) = &mapped {
-        assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
+    let pages = RawPages::zeroed(4096);
+    // SAFETY: `pages` is this test's, reached only through its pointer and
+    // freed after the unmap below answered `Ok`.
+    let region = unsafe { backend.map(pages.addr(), pages.len()) }
+        .await
+        .expect("map of owned pages");
+    // SAFETY: the destination is `pages`, untouched until this answers.
+    let answer = unsafe {
+        backend.get(BackendGet {
+            peer: OWNER,
+            remote_addr: descriptor.addr(),
+            packed_key: descriptor.packed_key().clone(),
+            local_region_id: region.backend_region_id,
+            local_offset: 0,
+            len: 4096,
+            deadline: Some(Duration::from_secs(5)),
+        })
     }
-    drop(vec);
+    .await;
+    let landed = pages.snapshot();
+    assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
+    drop(pages);
+    let after = consumer.stats();
     drop(source);
     owner.shutdown().await;
     consumer.shutdown().await;
+    assert_eq!(answer, Ok(()));
     assert!(
-        !landed && overwritten == 0,
-        "the transport wrote {overwritten} bytes of a Vec that safe code owns (map answered {}, get landed: {landed})",
-        if mapped.is_ok() { "Ok" } else { "Err" }
+        landed.iter().all(|&b| b == 0xAB),
+        "the owner's bytes landed"
+    );
+    assert_eq!(
+        (after.live_regions, after.registered_bytes),
+        (before.live_regions, before.registered_bytes),
+        "a registration made around the registry is not the registry's"
     );
 }
 
-/// Safe code holds a pool buffer (and could hold `&mut` to its bytes) and,
-/// going around the registry, GETs into the region ids the backend has
-/// issued — one of them is the buffer's arena. The buffer must keep its
-/// bytes: a transport may write a pool buffer only through a registry GET
-/// that borrows it.
+/// Region ids the backend never issued, and a range past the end of the
+/// caller's own registration, are refused with typed errors; a pool buffer
+/// that safe code holds meanwhile keeps its bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect: RdmaBackend::get names its destination by a region id, which safe code can guess (ids count up from 1), so it can make the transport write into a pool buffer another part of the program holds; the fix is making the seam's get/get_batch `unsafe fn`"]
-async fn safe_code_cannot_make_the_transport_write_into_a_pool_buffer_it_holds() {
+async fn a_get_naming_an_unissued_id_or_a_range_outside_the_region_is_refused() {
     let (owner, consumer, source) = owner_and_consumer().await;
     let descriptor = source.descriptor().expect("descriptor");
     let mut held = consumer.alloc_pinned(4096).await.expect("allocates");
     held.fill(0);
     let backend = consumer.engine().backend();
-    let mut landed = 0;
-    for guess in 0..64u64 {
-        let get = backend.get(BackendGet {
-            peer: OWNER,
-            remote_addr: descriptor.addr(),
-            packed_key: descriptor.packed_key().clone(),
-            local_region_id: guess,
-            local_offset: 0,
-            len: 4096,
-            deadline: Some(Duration::from_secs(5)),
-        });
-        if get.await.is_ok() {
-            landed += 1;
-        }
-    }
-    let overwritten = held.iter().filter(|&&b| b != 0).count();
+    let pages = RawPages::zeroed(4096);
+    // SAFETY: as in the test above.
+    let region = unsafe { backend.map(pages.addr(), pages.len()) }
+        .await
+        .expect("map of owned pages");
+    let request = |local_region_id, local_offset| BackendGet {
+        peer: OWNER,
+        remote_addr: descriptor.addr(),
+        packed_key: descriptor.packed_key().clone(),
+        local_region_id,
+        local_offset,
+        len: 4096,
+        deadline: Some(Duration::from_secs(5)),
+    };
+    // SAFETY: ids counted down from the top of the id space, which the
+    // engine (counting up from 1) never issued, name no memory at all.
+    let unissued = unsafe { backend.get(request(u64::MAX, 0)) }.await;
+    // SAFETY: the id is the caller's own registration of `pages`; the
+    // range overruns it, which the engine refuses before any transfer.
+    let overrun = unsafe { backend.get(request(region.backend_region_id, 1)) }.await;
+    let untouched = pages.snapshot().iter().all(|&b| b == 0);
+    assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
+    drop(pages);
+    let held_kept = held.iter().all(|&b| b == 0);
     drop(held);
     drop(source);
     owner.shutdown().await;
     consumer.shutdown().await;
-    assert!(
-        landed == 0 && overwritten == 0,
-        "{landed} GETs around the registry landed, and {overwritten} bytes of a pool buffer held by safe code changed"
-    );
+    assert_eq!(unissued, Err(RdmaError::RegionNotFound));
+    assert_eq!(overrun, Err(RdmaError::OutOfRange));
+    assert!(untouched, "a refused GET landed nothing");
+    assert!(held_kept, "a pool buffer held by safe code kept its bytes");
 }

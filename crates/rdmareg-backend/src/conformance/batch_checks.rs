@@ -9,7 +9,9 @@ use rdmareg_core::RdmaError;
 
 use super::BackendPair;
 use super::buffer::Mapped;
-use super::support::{FILL, assert_copied, get_request, poll_then_drop, source_byte, unknown_peer};
+use super::support::{
+    FILL, assert_copied, get_request, kit_get_batch, poll_then_drop, source_byte, unknown_peer,
+};
 
 /// Entries of the batch checks: remote offset, local offset, bytes.
 const ENTRIES: [(usize, usize, usize); 5] = [
@@ -33,7 +35,7 @@ const LARGE: usize = 4 << 20;
 /// freeing memory a backend may still hold.
 pub async fn a_batch_lands_every_entry_and_answers_each_in_order(pair: &BackendPair) {
     assert_eq!(
-        pair.consumer.get_batch(Vec::new()).await,
+        kit_get_batch(&*pair.consumer, Vec::new()).await,
         Vec::<Result<(), RdmaError>>::new(),
         "an empty batch"
     );
@@ -45,7 +47,7 @@ pub async fn a_batch_lands_every_entry_and_answers_each_in_order(pair: &BackendP
             get_request(pair, &src, remote as u64, &dst, local as u64, len as u64)
         })
         .collect();
-    let answers = pair.consumer.get_batch(requests).await;
+    let answers = kit_get_batch(&*pair.consumer, requests).await;
     assert_eq!(answers, vec![Ok(()); ENTRIES.len()], "answers of the batch");
     let landed = dst.buf.snapshot();
     let mut expected = vec![FILL; BATCH_BUFFER];
@@ -84,17 +86,18 @@ pub async fn a_batch_answers_each_entry_with_its_own_error(pair: &BackendPair) {
     let mut stranger = get_request(pair, &src, 0, &dst, 0, 10);
     stranger.peer = unknown_peer(pair);
     let good_last = get_request(pair, &src, 4000, &dst, 4096, 4096);
-    let answers = pair
-        .consumer
-        .get_batch(vec![
+    let answers = kit_get_batch(
+        &*pair.consumer,
+        vec![
             good_first,
             outside,
             unknown_region,
             malformed,
             stranger,
             good_last,
-        ])
-        .await;
+        ],
+    )
+    .await;
     assert_eq!(
         answers,
         vec![
@@ -135,7 +138,7 @@ pub async fn a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over
         get_request(pair, &src, 0, &second, 0, LARGE as u64),
     ];
     let consumer = Arc::clone(&pair.consumer);
-    let batch = consumer.get_batch(requests);
+    let batch = kit_get_batch(&*consumer, requests);
     let finished = poll_then_drop(batch, 2, Duration::from_micros(200)).await;
     if let Some(answers) = finished {
         assert_eq!(answers, vec![Ok(()); 3], "a batch that finished at once");

@@ -11,6 +11,7 @@
 
 use rdmareg_core::{BackendRegion, RdmaError};
 
+use super::support::kit_map;
 use crate::RdmaBackend;
 
 /// A heap buffer the kit hands to backends.
@@ -112,7 +113,7 @@ impl Mapped {
         mut buf: KitBuffer,
     ) -> Result<Self, RdmaError> {
         buf.mark_registered();
-        match backend.map(buf.addr(), buf.len()).await {
+        match kit_map(backend, buf.addr(), buf.len()).await {
             Ok(region) => Ok(Self { buf, region }),
             Err(e) => {
                 // A map that answers an error registered nothing.

@@ -6,7 +6,7 @@ use rdmareg_core::RdmaError;
 
 use super::BackendPair;
 use super::buffer::Mapped;
-use super::support::{FILL, assert_copied, get_request, source_byte, unknown_peer};
+use super::support::{FILL, assert_copied, get_request, kit_get, source_byte, unknown_peer};
 
 /// Shapes of a correct GET: source length, destination length, remote offset,
 /// local offset, bytes.
@@ -40,7 +40,7 @@ pub async fn get_moves_the_right_bytes(pair: &BackendPair) {
             len as u64,
         );
         let what = format!("GET of {len} B from offset {remote_off} to offset {local_off}");
-        assert_eq!(pair.consumer.get(request).await, Ok(()), "{what}");
+        assert_eq!(kit_get(&*pair.consumer, request).await, Ok(()), "{what}");
         assert_copied(&dst.buf.snapshot(), local_off, remote_off, len, &what);
         dst.release(&*pair.consumer).await;
         src.release(&*pair.owner).await;
@@ -70,7 +70,7 @@ pub async fn get_outside_the_local_mapping_is_out_of_range(pair: &BackendPair) {
     for (what, local_offset, len) in cases {
         let request = get_request(pair, &src, 0, &dst, local_offset, len);
         assert_eq!(
-            pair.consumer.get(request).await,
+            kit_get(&*pair.consumer, request).await,
             Err(RdmaError::OutOfRange),
             "GET into a local range {what}"
         );
@@ -106,7 +106,7 @@ pub async fn get_outside_the_remote_registration_is_out_of_range(pair: &BackendP
         let mut request = get_request(pair, &src, 0, &dst, 0, len);
         request.remote_addr = remote_addr;
         assert_eq!(
-            pair.consumer.get(request).await,
+            kit_get(&*pair.consumer, request).await,
             Err(RdmaError::OutOfRange),
             "GET of a remote range {what}"
         );
@@ -137,7 +137,7 @@ pub async fn get_into_an_unknown_local_region_is_region_not_found(pair: &Backend
         let mut request = get_request(pair, &src, 0, &dst, 0, 64);
         request.local_region_id = id;
         assert_eq!(
-            pair.consumer.get(request).await,
+            kit_get(&*pair.consumer, request).await,
             Err(RdmaError::RegionNotFound),
             "GET into a local region {what}"
         );
@@ -157,7 +157,7 @@ pub async fn get_from_an_unknown_peer_is_not_configured(pair: &BackendPair) {
     let mut request = get_request(pair, &src, 0, &dst, 0, 64);
     request.peer = unknown_peer(pair);
     assert_eq!(
-        pair.consumer.get(request).await,
+        kit_get(&*pair.consumer, request).await,
         Err(RdmaError::NotConfigured),
         "GET from an unknown peer"
     );

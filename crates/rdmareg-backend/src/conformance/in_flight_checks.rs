@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 
 use super::BackendPair;
 use super::buffer::Mapped;
-use super::support::{FILL, assert_copied, get_request, poll_once, source_byte};
+use super::support::{FILL, assert_copied, get_request, kit_get, poll_once, source_byte};
 
 /// Transfer size of the in-flight checks.
 const LARGE: usize = 8 << 20;
@@ -41,7 +41,7 @@ pub async fn unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_fli
     let consumer = Arc::clone(&pair.consumer);
     let (submitted_tx, submitted) = oneshot::channel();
     let transfer = tokio::spawn(async move {
-        let mut get = consumer.get(request);
+        let mut get = kit_get(&*consumer, request);
         let first = futures::poll!(get.as_mut());
         let _ = submitted_tx.send(());
         match first {
@@ -56,10 +56,7 @@ pub async fn unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_fli
     let mut unmap = pair.consumer.unmap(dst.id());
     let unmap_first = futures::poll!(unmap.as_mut());
 
-    let refused = pair
-        .consumer
-        .get(get_request(pair, &src, 0, &dst, 0, 64))
-        .await;
+    let refused = kit_get(&*pair.consumer, get_request(pair, &src, 0, &dst, 0, 64)).await;
     assert_eq!(
         refused,
         Err(RdmaError::RegionNotFound),
@@ -99,9 +96,10 @@ pub async fn dropped_get_keeps_the_destination_until_the_transfer_is_over(pair: 
     let src = Mapped::filled(&*pair.owner, LARGE, source_byte).await;
     let dst = Mapped::filled(&*pair.consumer, LARGE, |_| FILL).await;
 
-    let mut get = pair
-        .consumer
-        .get(get_request(pair, &src, 0, &dst, 0, LARGE as u64));
+    let mut get = kit_get(
+        &*pair.consumer,
+        get_request(pair, &src, 0, &dst, 0, LARGE as u64),
+    );
     let first = poll_once(get.as_mut());
     drop(get);
 
@@ -152,7 +150,7 @@ pub async fn no_byte_lands_after_a_get_is_answered(pair: &BackendPair) {
     let dst = Mapped::filled(&*pair.consumer, LARGE, |_| FILL).await;
     let mut request = get_request(pair, &src, 0, &dst, 0, LARGE as u64);
     request.deadline = Some(Duration::from_micros(1));
-    let answer = pair.consumer.get(request).await;
+    let answer = kit_get(&*pair.consumer, request).await;
     assert!(
         matches!(answer, Ok(()) | Err(RdmaError::Timeout)),
         "a GET past its deadline answered {answer:?}"

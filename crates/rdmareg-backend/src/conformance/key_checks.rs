@@ -10,7 +10,7 @@ use rdmareg_core::{MAX_PACKED_KEY_LEN, RdmaError};
 
 use super::BackendPair;
 use super::buffer::Mapped;
-use super::support::{FILL, assert_copied, get_request, source_byte};
+use super::support::{FILL, assert_copied, get_request, kit_get, source_byte};
 
 /// Empty, garbage, truncated (every proper prefix of a real key), extended
 /// (a real key plus a byte) and oversized keys are `InvalidKey`; nothing is
@@ -51,7 +51,7 @@ pub async fn malformed_keys_are_invalid_key(pair: &BackendPair) {
         let mut request = get_request(pair, &src, 0, &dst, 0, 64);
         request.packed_key = key;
         assert_eq!(
-            pair.consumer.get(request).await,
+            kit_get(&*pair.consumer, request).await,
             Err(RdmaError::InvalidKey),
             "GET with {what}"
         );
@@ -89,7 +89,7 @@ pub async fn stale_key_after_unmap_is_refused(pair: &BackendPair) {
         assert_eq!(pair.owner.unmap(id).await, Ok(()), "unmap of the source");
         src.confirm_unmapped()
     };
-    let answer = pair.consumer.get(request).await;
+    let answer = kit_get(&*pair.consumer, request).await;
     assert!(answer.is_err(), "GET with a stale key answered {answer:?}");
     assert_copied(&dst.buf.snapshot(), 0, 0, 0, "after a GET with a stale key");
     dst.release(&*pair.consumer).await;

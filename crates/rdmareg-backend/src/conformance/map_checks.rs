@@ -8,7 +8,9 @@ use rdmareg_core::RdmaError;
 
 use super::BackendPair;
 use super::buffer::{KitBuffer, Mapped};
-use super::support::{FILL, assert_live_now, live, plus, poll_then_drop, settle_live_and_hold};
+use super::support::{
+    FILL, assert_live_now, kit_map, live, plus, poll_then_drop, settle_live_and_hold,
+};
 use crate::RdmaBackend;
 use crate::page_size;
 
@@ -36,7 +38,7 @@ async fn cancel_maps_at_every_await(backend: &dyn RdmaBackend, rollback_within: 
     for polls in 0..=MAX_CANCEL_POLLS {
         let mut buf = KitBuffer::filled(8192 + 3, |_| FILL);
         buf.mark_registered();
-        let map = backend.map(buf.addr(), buf.len());
+        let map = kit_map(backend, buf.addr(), buf.len());
         let answer = poll_then_drop(map, polls, POLL_GAP).await;
         match answer {
             Some(Ok(region)) => {
@@ -88,7 +90,7 @@ pub async fn cancelled_maps_stay_within_the_memory_the_caller_holds(pair: &Backe
         for polls in 0..CANCELLED_BATCH {
             let mut buf = KitBuffer::filled(8192 + 3, |_| FILL);
             buf.mark_registered();
-            let map = backend.map(buf.addr(), buf.len());
+            let map = kit_map(backend, buf.addr(), buf.len());
             match poll_then_drop(map, polls, POLL_GAP).await {
                 Some(Ok(region)) => completed.push(Mapped { buf, region }),
                 Some(Err(e)) => panic!("map of a valid buffer failed after {polls} polls: {e}"),
@@ -164,8 +166,7 @@ pub async fn degenerate_map_is_out_of_range(pair: &BackendPair) {
             ("one byte past the end of the address space", usize::MAX, 2),
         ];
         for (what, ptr, len) in cases {
-            let answer = backend
-                .map(ptr, len)
+            let answer = kit_map(backend, ptr, len)
                 .await
                 .map(|region| region.backend_region_id);
             assert_eq!(answer, Err(RdmaError::OutOfRange), "map with {what}");
@@ -207,7 +208,7 @@ pub async fn effective_range_is_page_enclosing(pair: &BackendPair) {
             ("one whole page", boundary, page_len),
         ];
         for (what, ptr, len) in cases {
-            let region = match backend.map(ptr, len).await {
+            let region = match kit_map(backend, ptr, len).await {
                 Ok(region) => region,
                 Err(e) => panic!("map of {what} failed: {e}"),
             };

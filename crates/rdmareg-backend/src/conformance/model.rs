@@ -15,8 +15,8 @@ use rdmareg_core::RdmaError;
 
 use super::buffer::{KitBuffer, Mapped};
 use super::support::{
-    FILL, assert_live_now, get_request, live, plus, poll_once, poll_then_drop, settle_live,
-    settle_live_and_hold, source_byte,
+    FILL, assert_live_now, get_request, kit_get, kit_map, live, plus, poll_once, poll_then_drop,
+    settle_live, settle_live_and_hold, source_byte,
 };
 use super::{BackendPair, kit_runtime};
 use crate::RdmaBackend;
@@ -312,7 +312,7 @@ async fn cancelled_map(model: &mut Model<'_>, side: Side, size: usize, polls: u8
     let backend = model.backend(side);
     let mut buf = KitBuffer::filled(size, fill_for(side));
     buf.mark_registered();
-    let map = backend.map(buf.addr(), buf.len());
+    let map = kit_map(backend, buf.addr(), buf.len());
     let answer = poll_then_drop(map, usize::from(polls), POLL_GAP).await;
     match answer {
         Some(Ok(region)) => model.regions(side).push(Mapped { buf, region }),
@@ -387,7 +387,7 @@ async fn run_get(
         local_off as u64,
         bytes as u64,
     );
-    let answer = model.pair.consumer.get(request).await;
+    let answer = kit_get(&*model.pair.consumer, request).await;
     prop_assert_eq!(
         &answer,
         &expected,

@@ -6,7 +6,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use rdmareg_core::{BackendGet, PeerId};
+use futures::future::BoxFuture;
+use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
 use super::BackendPair;
 use super::buffer::Mapped;
@@ -140,6 +141,49 @@ pub(crate) fn get_request(
         len,
         deadline: Some(GET_DEADLINE),
     }
+}
+
+// The kit's memory discipline, which makes the three calls below sound:
+// every range the kit maps is either degenerate (null, empty or wrapping
+// past the end of the address space, which a backend must refuse with a
+// typed error) or lies inside a `KitBuffer`. A `KitBuffer` is reached only
+// through its raw pointer, so no Rust reference aliases bytes a backend may
+// write, and it is freed only once no registration of it can remain (see
+// `buffer.rs`). The kit reads a destination only after its GET answered or
+// its region's unmap answered `Ok`, or to check, through that raw pointer,
+// that nothing landed. Region ids the kit names either belong to its own
+// mapped buffers or name nothing, which a backend must refuse.
+
+/// [`RdmaBackend::map`] of a range that follows the kit's discipline.
+pub(crate) fn kit_map(
+    backend: &dyn RdmaBackend,
+    ptr: usize,
+    len: usize,
+) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+    // SAFETY: by the kit's discipline (above), the range is degenerate or
+    // inside a kit buffer that stays allocated while it may be registered.
+    unsafe { backend.map(ptr, len) }
+}
+
+/// [`RdmaBackend::get`] into a destination that follows the kit's discipline.
+pub(crate) fn kit_get(
+    backend: &dyn RdmaBackend,
+    request: BackendGet,
+) -> BoxFuture<'_, Result<(), RdmaError>> {
+    // SAFETY: by the kit's discipline (above), the destination is a kit
+    // buffer no reference aliases, or an id that names nothing.
+    unsafe { backend.get(request) }
+}
+
+/// [`RdmaBackend::get_batch`] into destinations that follow the kit's
+/// discipline.
+pub(crate) fn kit_get_batch(
+    backend: &dyn RdmaBackend,
+    requests: Vec<BackendGet>,
+) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+    // SAFETY: as `kit_get`, for every request; where two requests share
+    // destination bytes the check reads them only after the batch answered.
+    unsafe { backend.get_batch(requests) }
 }
 
 /// A peer id the consumer has not been told about.

@@ -316,7 +316,13 @@ unsafe impl RdmaBackend for LoopbackBackend {
         LOOPBACK_BACKEND_KEY
     }
 
-    fn map(&self, ptr: usize, len: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+    unsafe fn map(
+        &self,
+        ptr: usize,
+        len: usize,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        // The caller's promise (the range is its memory, allocated until the
+        // unmap answers) is what makes the copies of `run_get` sound.
         Box::pin(self.run_map(ptr, len))
     }
 
@@ -324,7 +330,9 @@ unsafe impl RdmaBackend for LoopbackBackend {
         Box::pin(self.run_unmap(backend_region_id))
     }
 
-    fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+    unsafe fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+        // The caller's promise (nobody touches the destination bytes until
+        // the answer) is what lets the copy write them.
         Box::pin(self.run_get(request))
     }
 

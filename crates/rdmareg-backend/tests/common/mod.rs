@@ -5,8 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use rdmareg_backend::loopback::{LoopbackBackend, LoopbackFabric};
-use rdmareg_backend::{BackendGet, BackendRegion, PeerId};
+use rdmareg_backend::{BackendGet, BackendRegion, PeerId, RdmaBackend, RdmaError};
 
 pub const OWNER: PeerId = PeerId(1);
 pub const CONSUMER: PeerId = PeerId(2);
@@ -58,6 +59,44 @@ impl TestMemory {
         out
     }
 }
+
+/// The seam's `unsafe` calls, made on memory that follows these tests'
+/// discipline.
+///
+/// The discipline: every range a test maps is inside a [`TestMemory`] (or
+/// is degenerate — null, empty, wrapping — which a backend refuses). A
+/// `TestMemory` is never freed and is reached only through its raw pointer,
+/// so no reference aliases bytes a backend may write, and a test reads it
+/// (by copying out) only once the GETs into it answered, or to check that
+/// nothing landed. Region ids a test names are its own regions of test
+/// memory, or ids that name nothing.
+pub trait SeamForTestMemory: RdmaBackend {
+    fn map_test_memory(
+        &self,
+        ptr: usize,
+        len: usize,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        // SAFETY: by the discipline above, the range is test memory that is
+        // never freed, or degenerate.
+        unsafe { self.map(ptr, len) }
+    }
+
+    fn get_into_test_memory(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+        // SAFETY: by the discipline above, the destination is test memory no
+        // reference aliases, or an id that names nothing.
+        unsafe { self.get(request) }
+    }
+
+    fn get_batch_into_test_memory(
+        &self,
+        requests: Vec<BackendGet>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        // SAFETY: as `get_into_test_memory`, for every request.
+        unsafe { self.get_batch(requests) }
+    }
+}
+
+impl<B: RdmaBackend + ?Sized> SeamForTestMemory for B {}
 
 pub fn pattern_byte(i: usize) -> u8 {
     (i % 251) as u8

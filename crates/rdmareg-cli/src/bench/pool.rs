@@ -73,7 +73,11 @@ async fn measure_size(node: &Node, size: u64, scale: f64) -> anyhow::Result<Pool
     let mut failure = None;
     for _ in 0..map_iterations {
         let started = Instant::now();
-        let region = match backend.map(ptr.cast::<u8>() as usize, len).await {
+        // SAFETY: `ptr` is a leaked box of `len` bytes this function owns,
+        // reached only through the pointer; no GET names the registration,
+        // and the box is rebuilt and freed only after a confirmed unmap (a
+        // failed one leaks it).
+        let region = match unsafe { backend.map(ptr.cast::<u8>() as usize, len) }.await {
             Ok(region) => region,
             Err(e) => {
                 failure = Some(e);

@@ -5,12 +5,52 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use rdmareg_backend::RdmaBackend;
 use rdmareg_backend::conformance::{BackendPair, Capabilities};
-use rdmareg_core::PeerId;
+use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 use rdmareg_ofi::{OfiConfig, OfiEngine, Provider, ReadPath};
 
 /// How the consumer engine names the owner engine.
 pub const OWNER: PeerId = PeerId(1);
+
+/// The seam's `unsafe` calls, made on memory that follows these tests'
+/// discipline.
+///
+/// The discipline: every range a test maps is inside a buffer the test owns
+/// (a `Vec<u8>` it neither grows nor drops while it is registered) or is
+/// degenerate, which the engine refuses; the test keeps it until an unmap
+/// of the registration answered `Ok` or the engine shut down. A test touches
+/// a destination only once the GETs into it answered, and holds no
+/// reference into it across a GET. Region ids a test names are its own
+/// registrations, or ids that name nothing.
+pub trait SeamForTestMemory: RdmaBackend {
+    fn map_test_memory(
+        &self,
+        ptr: usize,
+        len: usize,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        // SAFETY: by the discipline above, the range is a test buffer that
+        // outlives its registration, or degenerate.
+        unsafe { self.map(ptr, len) }
+    }
+
+    fn get_into_test_memory(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+        // SAFETY: by the discipline above, nothing touches the destination
+        // until the GET answered.
+        unsafe { self.get(request) }
+    }
+
+    fn get_batch_into_test_memory(
+        &self,
+        requests: Vec<BackendGet>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        // SAFETY: as `get_into_test_memory`, for every request.
+        unsafe { self.get_batch(requests) }
+    }
+}
+
+impl<B: RdmaBackend + ?Sized> SeamForTestMemory for B {}
 
 /// Logs to the test output when `RUST_LOG` is set.
 pub fn init_tracing() {

@@ -172,7 +172,10 @@ async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<A
     let ptr = memory.ptr().as_ptr() as usize;
     // Dropped unfinished, the map is rolled back and the pages are freed only
     // once the backend confirmed it.
-    let (answer, memory) = MapInFlight::start(inner, ptr, len, memory).await;
+    // SAFETY: `[ptr, ptr + len)` is exactly the pages `memory` owns, which
+    // `MapInFlight` keeps until nothing registers them; as an arena it is
+    // written only by GETs into `PinnedBuf`s the GET borrows.
+    let (answer, memory) = unsafe { MapInFlight::start(inner, ptr, len, memory) }.await;
     let region = answer?;
     // No await from here on.
     memory.mark_registered();

@@ -383,7 +383,12 @@ async fn describe_slot(
     let pages = page_enclosing_range(ptr as u64, len as u64, inner.config.page_size)
         .ok_or(RdmaError::OutOfRange)?;
     let mut charge = inner.budget.reserve(pages.len)?;
-    let (answer, _arena) = MapInFlight::start(inner, ptr, len, Arc::clone(&slot.arena)).await;
+    // SAFETY: `[ptr, ptr + len)` lies inside the slot's arena, which the
+    // `Arc` passed along keeps allocated until nothing registers it; the
+    // registry never names this registration as a GET destination (GETs
+    // name the arena's own), so it only lends these bytes to peers' reads.
+    let (answer, _arena) =
+        unsafe { MapInFlight::start(inner, ptr, len, Arc::clone(&slot.arena)) }.await;
     let region = answer?;
     // No await from here on: the registration is owned by the slot (and
     // unmapped when it drops) before anyone can cancel us.

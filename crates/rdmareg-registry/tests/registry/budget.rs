@@ -199,13 +199,14 @@ unsafe impl rdmareg_backend::RdmaBackend for ReportsUnroundedRanges {
         self.0.key()
     }
 
-    fn map(
+    unsafe fn map(
         &self,
         ptr: usize,
         len: usize,
     ) -> futures::future::BoxFuture<'_, Result<rdmareg_backend::BackendRegion, RdmaError>> {
         Box::pin(async move {
-            let region = self.0.map(ptr, len).await?;
+            // SAFETY: forwards the promise this method's own caller gave.
+            let region = unsafe { self.0.map(ptr, len) }.await?;
             Ok(rdmareg_backend::BackendRegion {
                 effective_addr: ptr as u64,
                 effective_len: len as u64,
@@ -218,11 +219,12 @@ unsafe impl rdmareg_backend::RdmaBackend for ReportsUnroundedRanges {
         self.0.unmap(id)
     }
 
-    fn get(
+    unsafe fn get(
         &self,
         request: rdmareg_backend::BackendGet,
     ) -> futures::future::BoxFuture<'_, Result<(), RdmaError>> {
-        self.0.get(request)
+        // SAFETY: forwards the promise this method's own caller gave.
+        unsafe { self.0.get(request) }
     }
 
     fn live_registrations(&self) -> Option<usize> {

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_backend::conformance::{BackendPair, Capabilities};
-use rdmareg_core::{BackendGet, BackendRegion, Descriptor, PeerId};
+use rdmareg_core::{BackendGet, BackendRegion, Descriptor, PeerId, RdmaError};
 use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
 
 /// How the consumer engine names the owner engine.
@@ -172,6 +173,46 @@ impl Drop for PageBuf {
     }
 }
 
+/// The seam's `unsafe` calls, made on memory that follows these tests'
+/// discipline.
+///
+/// The discipline: every range a test maps is inside a [`PageBuf`] (or is
+/// degenerate — null, empty, wrapping — which the engine refuses), and the
+/// test keeps that buffer alive until an unmap of the registration answered
+/// `Ok` or the engine's teardown ended it. A `PageBuf` is reached only
+/// through its raw pointer, so no reference aliases bytes the engine may
+/// write, and a test reads it (by copying out) or overwrites it only once
+/// the GETs into it answered, or to check that nothing landed. Region ids a
+/// test names are its own registrations of such buffers, or ids that name
+/// nothing.
+pub trait SeamForTestMemory: RdmaBackend {
+    fn map_test_memory(
+        &self,
+        ptr: usize,
+        len: usize,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        // SAFETY: by the discipline above, the range is a test buffer that
+        // outlives its registration, or degenerate.
+        unsafe { self.map(ptr, len) }
+    }
+
+    fn get_into_test_memory(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+        // SAFETY: by the discipline above, the destination is a test buffer
+        // no reference aliases, or an id that names nothing.
+        unsafe { self.get(request) }
+    }
+
+    fn get_batch_into_test_memory(
+        &self,
+        requests: Vec<BackendGet>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        // SAFETY: as `get_into_test_memory`, for every request.
+        unsafe { self.get_batch(requests) }
+    }
+}
+
+impl<B: RdmaBackend + ?Sized> SeamForTestMemory for B {}
+
 /// The source pattern: never zero, period not a power of two.
 pub fn pattern(i: usize) -> u8 {
     (i % 251) as u8 + 1
@@ -211,7 +252,7 @@ pub fn get_request(
 /// Maps `buf` on `backend`.
 pub async fn map(backend: &UcxBackend, buf: &PageBuf) -> BackendRegion {
     backend
-        .map(buf.addr(), buf.len())
+        .map_test_memory(buf.addr(), buf.len())
         .await
         .expect("map succeeds")
 }
