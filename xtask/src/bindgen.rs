@@ -101,6 +101,8 @@ const TYPES: &[&str] = &[
     "ucp_am_cb_flags",
     "ucp_send_am_flags",
     "ucp_am_recv_attr_t",
+    "ucp_dt_type",
+    "ucp_dt_iov_t",
 ];
 
 /// Constants: the API version the headers declare, and the members of the

@@ -542,6 +542,13 @@ pub type ucp_context_attr_field = ::std::os::raw::c_uint;
 ```*/
 pub type ucp_worker_attr_field = ::std::os::raw::c_uint;
 /**```text
+@ingroup UCP_DATATYPE
+ @brief UCP data type classification
+
+ The enumeration list describes the datatypes supported by UCP.
+```*/
+pub type ucp_dt_type = ::std::os::raw::c_uint;
+/**```text
 @ingroup UCP_MEM
  @brief UCP memory mapping flags.
 
@@ -606,6 +613,18 @@ pub type ucp_am_recv_attr_t = ::std::os::raw::c_uint;
  are present. It is used to enable backward compatibility support.
 ```*/
 pub type ucp_am_handler_param_field = ::std::os::raw::c_uint;
+/**```text
+@ingroup UCP_DATATYPE
+ @brief Structure for scatter-gather I/O.
+
+ This structure is used to specify a list of buffers which can be used
+ within a single data transfer function call. This list should remain valid
+ until the data transfer request is completed.
+
+ @note If @a length is zero, the memory pointed to by @a buffer
+       will not be accessed. Otherwise, @a buffer must point to valid memory.
+```*/
+pub type ucp_dt_iov_t = ucp_dt_iov;
 /**```text
 @ingroup UCP_CONFIG
  @brief Tuning parameters for UCP library.
@@ -854,6 +873,29 @@ The sockaddr to bind locally. Specifies the associated network device
 #[derive(Debug, Default, Copy, Clone)]
 pub struct ucs_cpu_set_t {
     pub ucs_bits: [ucs_cpu_mask_t; 16usize],
+}
+/**```text
+@ingroup UCP_DATATYPE
+ @brief Structure for scatter-gather I/O.
+
+ This structure is used to specify a list of buffers which can be used
+ within a single data transfer function call. This list should remain valid
+ until the data transfer request is completed.
+
+ @note If @a length is zero, the memory pointed to by @a buffer
+       will not be accessed. Otherwise, @a buffer must point to valid memory.
+```*/
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_dt_iov {
+    /**```text
+< Pointer to a data buffer
+```*/
+    pub buffer: *mut ::std::os::raw::c_void,
+    /**```text
+< Length of the @a buffer in bytes
+```*/
+    pub length: usize,
 }
 /**```text
 @ingroup UCP_CONFIG
@@ -1960,6 +2002,37 @@ info string
 ```*/
 pub const UCP_WORKER_ATTR_FIELD_MAX_INFO_STRING: ucp_worker_attr_field = 32;
 /**```text
+< Contiguous datatype
+```*/
+pub const UCP_DATATYPE_CONTIG: ucp_dt_type = 0;
+/**```text
+< Strided datatype
+```*/
+pub const UCP_DATATYPE_STRIDED: ucp_dt_type = 1;
+/**```text
+< Scatter-gather list with multiple pointers
+```*/
+pub const UCP_DATATYPE_IOV: ucp_dt_type = 2;
+/**```text
+< Scatter-gather list datatype
+```*/
+pub const UCP_DATATYPE_SGL: ucp_dt_type = 4;
+/**```text
+< Generic datatype with
+user-defined pack/unpack routines
+```*/
+pub const UCP_DATATYPE_GENERIC: ucp_dt_type = 7;
+/**```text
+< Number of bits defining
+the datatype classification
+```*/
+pub const UCP_DATATYPE_SHIFT: ucp_dt_type = 3;
+/**```text
+< Data-type class
+mask
+```*/
+pub const UCP_DATATYPE_CLASS_MASK: ucp_dt_type = 7;
+/**```text
 Complete the mapping faster, possibly by not populating the pages in the
  mapping up-front, and mapping them later when they are accessed by
  communication routines.
@@ -2165,6 +2238,17 @@ pub const UCP_AM_HANDLER_PARAM_FIELD_CB: ucp_am_handler_param_field = 4;
 Indicates that @ref ucp_am_handler_param_t.arg field is valid.
 ```*/
 pub const UCP_AM_HANDLER_PARAM_FIELD_ARG: ucp_am_handler_param_field = 8;
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ucp_dt_iov"][::std::mem::size_of::<ucp_dt_iov>() - 16usize];
+    ["Alignment of ucp_dt_iov"][::std::mem::align_of::<ucp_dt_iov>() - 8usize];
+    [
+        "Offset of field: ucp_dt_iov::buffer",
+    ][::std::mem::offset_of!(ucp_dt_iov, buffer) - 0usize];
+    [
+        "Offset of field: ucp_dt_iov::length",
+    ][::std::mem::offset_of!(ucp_dt_iov, length) - 8usize];
+};
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ucp_params"][::std::mem::size_of::<ucp_params>() - 88usize];
@@ -2510,6 +2594,15 @@ impl Default for ucp_err_handler {
     }
 }
 impl Default for ucp_ep_params {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ucp_dt_iov {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
         unsafe {

@@ -129,6 +129,7 @@ mod engine;
 pub mod engine_address;
 pub mod packed_key;
 mod progress;
+pub mod read_list;
 pub mod read_protocol;
 mod status;
 pub mod worker_address;

@@ -339,7 +339,7 @@ pub enum ReplyStatus {
 }
 
 impl ReplyStatus {
-    fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             ReplyStatus::Served => 0,
             ReplyStatus::Refused(RemoteRefusal::RegionUnknown) => 1,
@@ -351,7 +351,7 @@ impl ReplyStatus {
         }
     }
 
-    fn from_code(code: u8) -> Result<ReplyStatus, ProtocolError> {
+    pub(crate) fn from_code(code: u8) -> Result<ReplyStatus, ProtocolError> {
         Ok(match code {
             0 => ReplyStatus::Served,
             1 => ReplyStatus::Refused(RemoteRefusal::RegionUnknown),

@@ -40,6 +40,8 @@ pub(crate) struct Events {
     /// rendezvous reply past teardown) never runs its callback, so teardown
     /// frees what is left here once the worker is gone (`serve`).
     pub(crate) lease_records: RefCell<HashSet<usize>>,
+    /// The same for gathered replies (`gathered`), whose records differ.
+    pub(crate) list_lease_records: RefCell<HashSet<usize>>,
     /// Reads waiting for the owner's reply, by request id.
     pub(crate) awaiting_replies: RefCell<HashMap<u64, *mut GetOp>>,
     /// This engine's registrations as the request handler checks them.
@@ -64,6 +66,7 @@ impl Default for Events {
             failed_endpoints: RefCell::default(),
             ended_leases: RefCell::default(),
             lease_records: RefCell::default(),
+            list_lease_records: RefCell::default(),
             awaiting_replies: RefCell::default(),
             served: RefCell::default(),
             worker: Cell::new(std::ptr::null_mut()),

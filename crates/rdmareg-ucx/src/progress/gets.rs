@@ -80,9 +80,9 @@ pub(crate) enum Phase {
 pub(crate) struct GetOp {
     pub(super) reply: Option<Answer>,
     events: *const Events,
-    slot: u32,
+    pub(super) slot: u32,
     /// The request id: unique over the engine's life.
-    generation: u64,
+    pub(super) generation: u64,
     pub(super) peer: PeerId,
     pub(super) endpoint_serial: u64,
     /// The endpoint the request went out on: only a reply arriving on it
@@ -94,8 +94,8 @@ pub(crate) struct GetOp {
     memh: Option<MemHandle>,
     pub(super) phase: Phase,
     /// The request send, while UCX still owns it.
-    send_request: *mut c_void,
-    send_pending: bool,
+    pub(super) send_request: *mut c_void,
+    pub(super) send_pending: bool,
     /// The rendezvous receive (or the direct read), until the loop frees
     /// it.
     pub(super) receive_request: *mut c_void,
@@ -105,6 +105,10 @@ pub(crate) struct GetOp {
     expired: bool,
     /// The destination hold was dropped.
     pub(super) hold_released: bool,
+    /// For a list's leader (the op whose slot owns the list request's
+    /// send): the other reads the request carries, by slot and generation,
+    /// failed with the leader if the send fails.
+    pub(super) list_members: Vec<(u32, u64)>,
     active: bool,
 }
 
@@ -129,6 +133,7 @@ impl GetOp {
             direct_key: None,
             expired: false,
             hold_released: true,
+            list_members: Vec::new(),
             active: false,
         }
     }
@@ -148,7 +153,7 @@ impl GetOp {
     }
 
     /// Marks the op finished and answers it with `outcome`, once.
-    fn finish(&mut self, outcome: Result<(), RdmaError>) {
+    pub(super) fn finish(&mut self, outcome: Result<(), RdmaError>) {
         self.phase = Phase::Finished;
         if let Some(answer) = self.reply.take() {
             answer.send(outcome);
@@ -226,13 +231,13 @@ impl OpTable {
         }
     }
 
-    fn op(&self, slot: u32) -> Option<*mut GetOp> {
+    pub(super) fn op(&self, slot: u32) -> Option<*mut GetOp> {
         let op = *self.slots.get(slot as usize)?;
         // SAFETY: a slot pointer from this table is valid until `Drop`.
         unsafe { (*op).active }.then_some(op)
     }
 
-    fn is_current(&self, slot: u32, generation: u64) -> bool {
+    pub(super) fn is_current(&self, slot: u32, generation: u64) -> bool {
         // SAFETY: as in `op`.
         self.op(slot)
             .is_some_and(|op| unsafe { (*op).generation == generation })
@@ -348,6 +353,17 @@ impl Drop for OpTable {
 }
 
 /// The error a read gets when UCX ended it with `status`.
+/// An owner-served read whose op is set up (waiting for its reply, deadline
+/// scheduled) and whose request is still to be sent.
+#[derive(Debug)]
+pub(super) struct PreparedRead {
+    pub(super) slot: u32,
+    pub(super) op: *mut GetOp,
+    /// The endpoint to the owner, looked up this turn.
+    pub(super) endpoint: sys::ucp_ep_h,
+    pub(super) request: ReadRequest,
+}
+
 fn failure(op: &GetOp, events: &Events, status: sys::ucs_status_t) -> RdmaError {
     if op.expired {
         RdmaError::Timeout
@@ -525,7 +541,7 @@ unsafe extern "C" fn on_receive_done(
 }
 
 /// A read request's send ended.
-unsafe extern "C" fn on_request_sent(
+pub(super) unsafe extern "C" fn on_request_sent(
     _request: *mut c_void,
     status: sys::ucs_status_t,
     user_data: *mut c_void,
@@ -565,15 +581,20 @@ impl Engine {
             return;
         }
         let batch = BatchAnswers::new(requests.len(), reply);
+        let mut served = Vec::new();
         for (index, request) in requests.into_iter().enumerate() {
             let answer = Answer::Entry {
                 batch: std::rc::Rc::clone(&batch),
                 index,
             };
-            if let Err((answer, err)) = self.try_post_get(request, answer) {
-                answer.send(Err(err));
+            match self.prepare_get(request, answer) {
+                Ok(Some(prepared)) => served.push(prepared),
+                Ok(None) => {}
+                Err((answer, err)) => answer.send(Err(err)),
             }
         }
+        // Small owner-served reads of one owner travel as lists.
+        self.send_prepared(served);
         self.flush_copies();
     }
 
@@ -652,6 +673,22 @@ impl Engine {
         request: BackendGet,
         reply: Answer,
     ) -> Result<(), (Answer, RdmaError)> {
+        if let Some(prepared) = self.prepare_get(request, reply)? {
+            self.send_read_request(prepared);
+        }
+        Ok(())
+    }
+
+    /// Checks a read and starts it, up to its request: a same-host read is
+    /// gathered for this turn's copy or posted one-sided, and `None`
+    /// returned; an owner-served read gets its op (in the waiting table,
+    /// its deadline scheduled) and comes back to be sent, alone or in a
+    /// list (`gathered`).
+    pub(super) fn prepare_get(
+        &mut self,
+        request: BackendGet,
+        reply: Answer,
+    ) -> Result<Option<PreparedRead>, (Answer, RdmaError)> {
         let BackendGet {
             peer,
             remote_addr,
@@ -715,7 +752,7 @@ impl Engine {
                 },
                 answer: Some(reply),
             });
-            return Ok(());
+            return Ok(None);
         }
         let reply = match &key {
             ReadKey::SameHost(same_host) => {
@@ -729,7 +766,7 @@ impl Engine {
                     deadline,
                     reply,
                 )? {
-                    None => return Ok(()),
+                    None => return Ok(None),
                     Some(reply) => reply,
                 }
             }
@@ -755,6 +792,8 @@ impl Engine {
             (*op).memh = Some(memh);
             (*op).phase = Phase::AwaitingReply;
             (*op).hold_released = false;
+            // Until its request is sent (alone, or as a list's leader) or
+            // handed to a list (`gathered`): the slot is not recycled before.
             (*op).send_pending = true;
             (*op).generation
         };
@@ -774,14 +813,31 @@ impl Engine {
             address: remote_addr,
             length: len as u64,
         };
-        // SAFETY: the endpoint is live (just looked up); no payload; the
+        Ok(Some(PreparedRead {
+            slot,
+            op,
+            endpoint: endpoint.raw(),
+            request,
+        }))
+    }
+
+    /// Sends a prepared read's request on its own.
+    pub(super) fn send_read_request(&mut self, prepared: PreparedRead) {
+        let PreparedRead {
+            slot,
+            op,
+            endpoint,
+            request,
+        } = prepared;
+        // SAFETY: the endpoint is live (looked up this turn, and endpoints
+        // close only between commands); no payload; the
         // slot outlives the send (freed only after the worker). With a
         // loopback transport the whole exchange can complete inside this
         // call, which is why the op is entered in the waiting table first
         // and no borrow is held across it.
         let status = unsafe {
             send_active_message(
-                endpoint.raw(),
+                endpoint,
                 READ_REQUEST_AM_ID,
                 &request.encode(),
                 std::ptr::null(),
@@ -799,7 +855,6 @@ impl Engine {
             PtrStatus::Failed(code) => self.request_sent(slot, code),
         }
         self.drain_events();
-        Ok(())
     }
 
     /// A read's request send ended with `status`.
@@ -816,16 +871,36 @@ impl Engine {
             op_ref.send_request = std::ptr::null_mut();
         }
         op_ref.send_pending = false;
-        if status != sys::UCS_OK && op_ref.phase == Phase::AwaitingReply {
-            self.events
-                .awaiting_replies
-                .borrow_mut()
-                .remove(&op_ref.generation);
-            let err = failure(op_ref, &self.events, status);
-            op_ref.finish(Err(err));
-            self.events.finished_reads.borrow_mut().push(slot);
+        let members = std::mem::take(&mut op_ref.list_members);
+        if status != sys::UCS_OK {
+            self.fail_unsent(slot, status);
+            for (member, generation) in members {
+                if self.ops.is_current(member, generation) {
+                    self.fail_unsent(member, status);
+                }
+            }
         }
         self.settle_op(slot);
+    }
+
+    /// Answers a read whose request could not be sent, if it still waits
+    /// for a reply.
+    fn fail_unsent(&mut self, slot: u32, status: sys::ucs_status_t) {
+        let Some(op) = self.ops.op(slot) else {
+            return;
+        };
+        // SAFETY: active slot, touched between UCX calls only.
+        let op_ref = unsafe { &mut *op };
+        if op_ref.phase != Phase::AwaitingReply {
+            return;
+        }
+        self.events
+            .awaiting_replies
+            .borrow_mut()
+            .remove(&op_ref.generation);
+        let err = failure(op_ref, &self.events, status);
+        op_ref.finish(Err(err));
+        self.events.finished_reads.borrow_mut().push(slot);
     }
 
     /// A read finished (its answer is given): drop its destination hold, and
@@ -851,7 +926,7 @@ impl Engine {
         self.settle_op(slot);
     }
 
-    fn settle_op(&mut self, slot: u32) {
+    pub(super) fn settle_op(&mut self, slot: u32) {
         let Some(op) = self.ops.op(slot) else {
             return;
         };

@@ -36,6 +36,7 @@
 mod answer;
 mod direct;
 mod events;
+mod gathered;
 mod gets;
 mod peers;
 mod regions;
@@ -57,6 +58,7 @@ use rdmareg_core::RdmaError;
 use crate::command::{Command, Signals};
 use crate::config::UcxConfig;
 use crate::engine_address::{EngineAddress, ProcessIdentity};
+use crate::read_list::{READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID};
 use crate::read_protocol::{READ_REPLY_AM_ID, READ_REQUEST_AM_ID};
 use direct::DirectLane;
 use events::Events;
@@ -196,6 +198,16 @@ impl Engine {
         unsafe {
             worker.set_am_handler(READ_REQUEST_AM_ID, serve::on_read_request, events_arg)?;
             worker.set_am_handler(READ_REPLY_AM_ID, gets::on_read_reply, events_arg)?;
+            worker.set_am_handler(
+                READ_LIST_REQUEST_AM_ID,
+                gathered::on_read_list_request,
+                events_arg,
+            )?;
+            worker.set_am_handler(
+                READ_LIST_REPLY_AM_ID,
+                gathered::on_read_list_reply,
+                events_arg,
+            )?;
         }
         events.worker.set(worker.raw());
         let serving_address = worker.address()?;

@@ -81,7 +81,10 @@ struct Lease {
 
 /// Checks `request` against `served` and, on success, takes a lease and
 /// returns what to send.
-fn admit(events: &Events, request: &ReadRequest) -> Result<(usize, MemHandle), RemoteRefusal> {
+pub(super) fn admit(
+    events: &Events,
+    request: &ReadRequest,
+) -> Result<(usize, MemHandle), RemoteRefusal> {
     let mut served = events.served.borrow_mut();
     let region = served
         .get_mut(&request.key.region_id)

@@ -135,7 +135,9 @@ impl Engine {
         drop(ops);
         drop(peers);
         // SAFETY: the worker was destroyed above.
-        let unfinished = unsafe { super::serve::free_unfinished_lease_records(&events) };
+        let unfinished = unsafe { super::serve::free_unfinished_lease_records(&events) }
+            // SAFETY: as above.
+            + unsafe { super::gathered::free_unfinished_list_lease_records(&events) };
         if unfinished > 0 {
             tracing::debug!(
                 unfinished,

@@ -536,6 +536,56 @@ pub(crate) unsafe fn send_active_message(
     })
 }
 
+/// Sends an active message whose payload is gathered from `iov` (an empty
+/// payload for an empty list), always eager: the receiver's handler gets
+/// the whole payload, and nothing of it waits for a receive. The reply flag
+/// is set, as for [`send_active_message`] with `reply`.
+///
+/// # Safety
+/// As for [`send_active_message`], for every range `iov` names, and the
+/// `iov` array itself stays valid and unchanged until the send completes.
+pub(crate) unsafe fn send_gathered(
+    ep: sys::ucp_ep_h,
+    id: u32,
+    header: &[u8],
+    iov: &[sys::ucp_dt_iov_t],
+    callback: SendCallback,
+    user_data: *mut c_void,
+) -> PtrStatus {
+    let mut param = sys::ucp_request_param_t {
+        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+            | sys::UCP_OP_ATTR_FIELD_USER_DATA
+            | sys::UCP_OP_ATTR_FIELD_FLAGS,
+        flags: sys::UCP_AM_SEND_FLAG_COPY_HEADER
+            | sys::UCP_AM_SEND_FLAG_REPLY
+            | sys::UCP_AM_SEND_FLAG_EAGER,
+        user_data,
+        ..Default::default()
+    };
+    let (buffer, count) = if iov.is_empty() {
+        (std::ptr::null(), 0)
+    } else {
+        param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_DATATYPE;
+        param.datatype = sys::ucp_datatype_t::from(sys::UCP_DATATYPE_IOV);
+        (iov.as_ptr().cast::<c_void>(), iov.len())
+    };
+    param.cb.send = Some(callback);
+    // SAFETY: the caller's contract; `param` is initialised, the header is
+    // copied (COPY_HEADER) before the call returns, and for the IOV
+    // datatype `count` is the number of entries in `iov`.
+    PtrStatus::decode(unsafe {
+        sys::ucp_am_send_nbx(
+            ep,
+            id,
+            header.as_ptr().cast::<c_void>(),
+            header.len(),
+            buffer,
+            count,
+            &param,
+        )
+    })
+}
+
 /// Receives the rendezvous data of an active message into `[dest, dest + len)`.
 ///
 /// # Safety

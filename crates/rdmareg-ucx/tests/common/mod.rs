@@ -14,6 +14,8 @@ use rdmareg_backend::conformance::{BackendPair, Capabilities};
 use rdmareg_core::{BackendGet, BackendRegion, Descriptor, PeerId, RdmaError};
 use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
 
+pub mod raw_am;
+
 /// How the consumer engine names the owner engine.
 pub const OWNER: PeerId = PeerId(1);
 

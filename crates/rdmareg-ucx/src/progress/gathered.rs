@@ -1,0 +1,430 @@
+//! Gathered reads on the owner-served lane: a batch's small reads of one
+//! owner go out as one list request and come back as one eager reply (the
+//! formats and the reasons are in [`read_list`](crate::read_list)).
+//!
+//! # Rules
+//!
+//! - **Consumer.** Every read of the list keeps its own op: its own
+//!   destination hold, deadline and answer, exactly as a read sent alone.
+//!   Only the request send is shared; it belongs to the list's first op
+//!   (the leader), and if it fails every read of the list still waiting
+//!   answers the failure. The reply handler lands each served entry by
+//!   copying it out of the eager payload, inside the handler, so no UCX
+//!   receive ever holds a list's destination.
+//! - **Owner.** Each entry is admitted exactly as a single read is
+//!   (`serve::admit`): one lease per admitted entry, held until the reply
+//!   send completes or fails. An entry beyond the gathering bounds is
+//!   refused as malformed, never served by a rendezvous the consumer would
+//!   not expect.
+//! - **Hostile replies land nothing.** An entry lands only in a read sent
+//!   on the endpoint the reply arrived on, only with the read's own length,
+//!   and only if the entries' lengths add up to the payload; a rendezvous
+//!   where eager was promised fails the reads it names.
+
+use std::ffi::c_void;
+
+use rdmareg_core::RdmaError;
+use ucx_sys as sys;
+
+use super::Engine;
+use super::events::Events;
+use super::gets::{GetOp, PreparedRead};
+use super::serve::admit;
+use super::ucp::{SendMode, handler_header, send_active_message, send_gathered};
+use crate::read_list::{
+    ListReply, ListReplyEntry, ListRequest, MAX_GATHERED_BYTES, MAX_GATHERED_ENTRY,
+    MAX_LIST_ENTRIES, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
+};
+use crate::read_protocol::{RemoteRefusal, ReplyStatus};
+use crate::status::PtrStatus;
+
+/// What a gathered reply's send holds until it ends: the leases it took
+/// and the vector UCX reads the payload through.
+struct ListLease {
+    events: *const Events,
+    region_ids: Vec<u64>,
+    iov: Vec<sys::ucp_dt_iov_t>,
+}
+
+/// Whether a prepared read may travel in a list: small enough to come back
+/// eager.
+pub(super) fn gatherable(read: &PreparedRead) -> bool {
+    read.request.length <= MAX_GATHERED_ENTRY
+}
+
+impl Engine {
+    /// Sends prepared reads: runs of gatherable reads to one endpoint go as
+    /// list requests (within the bounds of `read_list`), the rest alone.
+    pub(super) fn send_prepared(&mut self, mut prepared: Vec<PreparedRead>) {
+        // Stable: each owner's reads keep their order.
+        prepared.sort_by_key(|read| (!gatherable(read), read.endpoint as usize));
+        let mut reads = prepared.into_iter().peekable();
+        while let Some(first) = reads.next() {
+            if !gatherable(&first) {
+                self.send_read_request(first);
+                continue;
+            }
+            let mut bytes = first.request.length;
+            let mut list = vec![first];
+            while let Some(next) = reads.peek() {
+                let fits = gatherable(next)
+                    && next.endpoint == list[0].endpoint
+                    && list.len() < MAX_LIST_ENTRIES
+                    && bytes + next.request.length <= MAX_GATHERED_BYTES;
+                if !fits {
+                    break;
+                }
+                bytes += next.request.length;
+                list.extend(reads.next());
+            }
+            if list.len() == 1 {
+                self.send_read_request(list.remove(0));
+            } else {
+                self.send_read_list(list);
+            }
+        }
+    }
+
+    /// Sends one list request for `list` (two or more reads to one
+    /// endpoint, within the bounds), owned by the first read's op.
+    fn send_read_list(&mut self, list: Vec<PreparedRead>) {
+        let request = ListRequest {
+            entries: list.iter().map(|read| read.request).collect(),
+        };
+        let Some(header) = request.encode() else {
+            // Out of bounds cannot happen (checked by the caller); send
+            // each alone rather than fail them.
+            for read in list {
+                self.send_read_request(read);
+            }
+            return;
+        };
+        let leader = &list[0];
+        let (leader_slot, leader_op, endpoint) = (leader.slot, leader.op, leader.endpoint);
+        let mut members = Vec::with_capacity(list.len() - 1);
+        for read in &list[1..] {
+            // SAFETY: active slots of this list, touched between UCX calls
+            // only. A member's request travels in the leader's send, so its
+            // own slot waits for no send.
+            let generation = unsafe {
+                (*read.op).send_pending = false;
+                (*read.op).generation
+            };
+            members.push((read.slot, generation));
+        }
+        // SAFETY: as above.
+        unsafe { (*leader_op).list_members = members.clone() };
+        // SAFETY: the endpoint is live (looked up this turn); no payload;
+        // the leader's slot outlives the send (freed only after the
+        // worker). The whole exchange can complete inside this call on a
+        // loopback transport, which is why every op is in the waiting table
+        // already and no borrow is held across it.
+        let status = unsafe {
+            send_active_message(
+                endpoint,
+                READ_LIST_REQUEST_AM_ID,
+                &header,
+                std::ptr::null(),
+                0,
+                SendMode::Eager,
+                true,
+                super::gets::on_request_sent,
+                leader_op.cast::<c_void>(),
+            )
+        };
+        match status {
+            // SAFETY: the leader's slot is active and owns this send.
+            PtrStatus::Pending(request) => unsafe { (*leader_op).send_request = request },
+            PtrStatus::Done => self.request_sent(leader_slot, sys::UCS_OK),
+            PtrStatus::Failed(code) => self.request_sent(leader_slot, code),
+        }
+        // Members that finished already (their reply came inside the send)
+        // can be recycled now that no send is pending for them.
+        for (slot, generation) in members {
+            if self.ops.is_current(slot, generation) {
+                self.settle_op(slot);
+            }
+        }
+        self.drain_events();
+    }
+}
+
+/// UCX's handler for a list request (`READ_LIST_REQUEST_AM_ID`), on the
+/// owner.
+///
+/// # Safety
+/// Installed with `arg` = the engine's `Events`, which outlives the worker.
+pub(super) unsafe extern "C" fn on_read_list_request(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    _data: *mut c_void,
+    _length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: `arg` is the engine's boxed `Events`, alive until after the
+    // worker is destroyed.
+    let events = unsafe { &*arg.cast::<Events>() };
+    // SAFETY: UCX passes a valid parameter record for the call's duration.
+    let param = unsafe { &*param };
+    let has_reply_ep = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0;
+    // SAFETY: what UCX passed this handler, used only during it.
+    let header = unsafe { handler_header(header, header_length) };
+    let request = match ListRequest::decode(header) {
+        Ok(request) if has_reply_ep && !param.reply_ep.is_null() => request,
+        // Nobody to answer, or not a list: with no request ids to trust,
+        // there is no one to refuse either.
+        _ => {
+            events
+                .dropped_messages
+                .set(events.dropped_messages.get() + 1);
+            return sys::UCS_OK;
+        }
+    };
+    let mut answers = Vec::with_capacity(request.entries.len());
+    let mut region_ids = Vec::new();
+    let mut iov = Vec::new();
+    let mut bytes = 0u64;
+    for entry in &request.entries {
+        let within = entry.length <= MAX_GATHERED_ENTRY
+            && bytes
+                .checked_add(entry.length)
+                .is_some_and(|sum| sum <= MAX_GATHERED_BYTES);
+        let admitted = if within {
+            admit(events, entry)
+        } else {
+            Err(RemoteRefusal::Malformed)
+        };
+        match admitted {
+            Ok((address, _memh)) => {
+                bytes += entry.length;
+                region_ids.push(entry.key.region_id);
+                iov.push(sys::ucp_dt_iov_t {
+                    buffer: address as *mut c_void,
+                    length: entry.length as usize,
+                });
+                answers.push(ListReplyEntry {
+                    request_id: entry.request_id,
+                    status: ReplyStatus::Served,
+                    length: entry.length,
+                });
+            }
+            Err(refusal) => {
+                events
+                    .refused_requests
+                    .set(events.refused_requests.get() + 1);
+                answers.push(ListReplyEntry {
+                    request_id: entry.request_id,
+                    status: ReplyStatus::Refused(refusal),
+                    length: 0,
+                });
+            }
+        }
+    }
+    let reply = ListReply { entries: answers };
+    let Some(reply_header) = reply.encode() else {
+        // Unreachable: the request decoded with a count inside the bounds,
+        // and the reply has one entry per request entry.
+        for &region_id in &region_ids {
+            events.ended_leases.borrow_mut().push(region_id);
+        }
+        return sys::UCS_OK;
+    };
+    let lease = Box::into_raw(Box::new(ListLease {
+        events,
+        region_ids,
+        iov,
+    }));
+    // SAFETY: on this worker's thread, inside its progress; `reply_ep` is
+    // the live endpoint UCX just handed us. Every range of the vector lies
+    // inside a registration `admit` checked, which stays registered while
+    // the lease taken there is held: an unmap waits for it, and the lease
+    // ends only when this send completes. The vector lives in `lease`,
+    // which lives until then.
+    let status = unsafe {
+        send_gathered(
+            param.reply_ep,
+            READ_LIST_REPLY_AM_ID,
+            &reply_header,
+            &(*lease).iov,
+            on_list_reply_sent,
+            lease.cast::<c_void>(),
+        )
+    };
+    if matches!(status, PtrStatus::Pending(_)) {
+        events
+            .list_lease_records
+            .borrow_mut()
+            .insert(lease as usize);
+    } else {
+        // Completed or failed inside the call: no callback will run.
+        // SAFETY: made by Box::into_raw above and not handed to UCX any
+        // more.
+        let lease = unsafe { Box::from_raw(lease) };
+        events
+            .ended_leases
+            .borrow_mut()
+            .extend_from_slice(&lease.region_ids);
+    }
+    sys::UCS_OK
+}
+
+/// A gathered reply's send ended: report its leases and return the request.
+unsafe extern "C" fn on_list_reply_sent(
+    request: *mut c_void,
+    _status: sys::ucs_status_t,
+    user_data: *mut c_void,
+) {
+    // SAFETY: `user_data` is the `ListLease` boxed for this very send; this
+    // callback runs once per send, so it is reclaimed once.
+    let lease = unsafe { Box::from_raw(user_data.cast::<ListLease>()) };
+    // SAFETY: the events record outlives the worker.
+    let events = unsafe { &*lease.events };
+    events
+        .list_lease_records
+        .borrow_mut()
+        .remove(&(user_data as usize));
+    events
+        .ended_leases
+        .borrow_mut()
+        .extend_from_slice(&lease.region_ids);
+    // SAFETY: a completed request of this worker, returned once; UCX allows
+    // freeing a request from its own completion callback.
+    unsafe { sys::ucp_request_free(request) };
+}
+
+/// Frees the records of gathered reply sends UCX never completed. Returns
+/// how many there were.
+///
+/// # Safety
+/// The worker the sends were posted on is destroyed: no callback of it can
+/// run any more, so nothing else reclaims these records.
+pub(super) unsafe fn free_unfinished_list_lease_records(events: &Events) -> usize {
+    let records: Vec<usize> = events.list_lease_records.borrow_mut().drain().collect();
+    for &record in &records {
+        // SAFETY: each address was made by `Box::into_raw` for a send whose
+        // callback never ran (it removes its record first), and the worker
+        // is gone (the caller's contract), so this is its only reclaim.
+        drop(unsafe { Box::from_raw(record as *mut ListLease) });
+    }
+    records.len()
+}
+
+/// UCX's handler for a list reply (`READ_LIST_REPLY_AM_ID`), on the
+/// consumer.
+///
+/// # Safety
+/// Installed with `arg` = the engine's `Events`, which outlives the worker.
+pub(super) unsafe extern "C" fn on_read_list_reply(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: `arg` is the engine's boxed `Events`, alive until after the
+    // worker is destroyed.
+    let events = unsafe { &*arg.cast::<Events>() };
+    // SAFETY: UCX passes a valid parameter record for the call's duration.
+    let param = unsafe { &*param };
+    let rendezvous = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    let arrived_on = if param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 {
+        param.reply_ep
+    } else {
+        std::ptr::null_mut()
+    };
+    // SAFETY: what UCX passed this handler, used only during it.
+    let header = unsafe { handler_header(header, header_length) };
+    let Ok(reply) = ListReply::decode(header) else {
+        events
+            .dropped_messages
+            .set(events.dropped_messages.get() + 1);
+        return sys::UCS_OK;
+    };
+    // The payload can be attributed to entries only if it is here (eager)
+    // and the entries' lengths add up to it.
+    let payload_whole = !rendezvous
+        && (length == 0 || !data.is_null())
+        && reply.payload_len() == Some(length as u64);
+    let mut offset = 0usize;
+    for entry in &reply.entries {
+        let entry_len = entry.length as usize;
+        let op = take_awaiting(events, entry.request_id, arrived_on);
+        if let Some(op) = op {
+            // SAFETY: out of the waiting table just now, so this is the only
+            // reply that reaches it; active and awaiting its reply.
+            let op_ref = unsafe { &mut *op };
+            let outcome = land_entry(op_ref, entry, payload_whole, data, offset);
+            op_ref.finish(outcome);
+            events.finished_reads.borrow_mut().push(op_ref.slot);
+        }
+        if payload_whole {
+            offset += entry_len;
+        }
+    }
+    sys::UCS_OK
+}
+
+/// Takes the read `request_id` out of the waiting table if it was sent on
+/// `arrived_on`.
+fn take_awaiting(
+    events: &Events,
+    request_id: u64,
+    arrived_on: sys::ucp_ep_h,
+) -> Option<*mut GetOp> {
+    let mut awaiting = events.awaiting_replies.borrow_mut();
+    match awaiting.get(&request_id) {
+        // SAFETY: ops in the waiting table are active slots.
+        Some(&op) if !arrived_on.is_null() && unsafe { (*op).endpoint } == arrived_on => {
+            awaiting.remove(&request_id)
+        }
+        Some(_) => {
+            events
+                .dropped_messages
+                .set(events.dropped_messages.get() + 1);
+            None
+        }
+        None => None,
+    }
+}
+
+/// The outcome of one entry for the read it answers, copying its bytes in
+/// when it was served.
+fn land_entry(
+    op: &mut GetOp,
+    entry: &ListReplyEntry,
+    payload_whole: bool,
+    data: *mut c_void,
+    offset: usize,
+) -> Result<(), RdmaError> {
+    match entry.status {
+        ReplyStatus::Refused(refusal) => {
+            tracing::debug!(peer = %op.peer, %refusal, "the owner refused a read");
+            Err(refusal.into())
+        }
+        ReplyStatus::Served if !payload_whole => Err(RdmaError::Backend(format!(
+            "ucx: {} sent a gathered reply whose payload does not match its entries; refused",
+            op.peer
+        ))),
+        ReplyStatus::Served if entry.length != op.len as u64 => Err(RdmaError::Backend(format!(
+            "ucx: {} answered {} bytes to a {}-byte read; refused",
+            op.peer, entry.length, op.len
+        ))),
+        ReplyStatus::Served => {
+            if op.len > 0 {
+                // SAFETY: eager data: the entries' lengths add up to the
+                // payload (`payload_whole`), so `[offset, offset + op.len)`
+                // lies inside the `length` readable bytes at `data` for the
+                // handler's duration; the destination was checked inside
+                // its mapped region when the read was posted and is held
+                // (an unmap waits) until the loop sees the op finished, and
+                // nothing else writes it while the op waits for its reply.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(data.cast::<u8>().add(offset), op.dest, op.len);
+                }
+            }
+            Ok(())
+        }
+    }
+}

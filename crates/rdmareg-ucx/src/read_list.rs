@@ -1,0 +1,363 @@
+//! Gathered reads: several small reads of one owner asked in one request
+//! and answered by one reply.
+//!
+//! A transfer list of many small blocks over an owner-served lane would
+//! otherwise cost one request and one reply per block, each a message
+//! through both progress threads. A consumer instead asks for up to
+//! [`MAX_LIST_ENTRIES`] reads of one owner at once; the owner checks every
+//! entry exactly as it checks a single read (see `progress::serve`), leases
+//! each admitted region, and answers with one reply whose payload is the
+//! admitted entries' bytes back to back, in request order.
+//!
+//! # Rules
+//!
+//! - Every entry is answered on its own: a refused entry gets its own typed
+//!   refusal and contributes no bytes, and the other entries are served.
+//! - Only entries of at most [`MAX_GATHERED_ENTRY`] bytes, and lists of at
+//!   most [`MAX_GATHERED_BYTES`] in all, are gathered, and the reply is
+//!   always sent eager: UCX hands the whole payload to the consumer's
+//!   handler, which copies each entry into its destination there and then.
+//!   No receive outlives the handler, so an entry's deadline, its
+//!   endpoint's failure or teardown answer it exactly as they answer a
+//!   single read waiting for its reply. Larger reads go alone and may be
+//!   received by rendezvous straight into their destination.
+//! - The owner refuses an entry beyond those bounds as
+//!   [`RemoteRefusal::Malformed`](crate::read_protocol::RemoteRefusal::Malformed):
+//!   a consumer that respects them never sees it.
+//! - Each entry carries its own request id, and the reply echoes them: the
+//!   consumer lands an entry only in a read it sent on the endpoint the
+//!   reply arrived on, and only if the lengths add up to the payload.
+//!
+//! # Formats
+//!
+//! Little-endian, version byte first, as in
+//! [`read_protocol`](crate::read_protocol).
+//!
+//! **List request** (consumer → owner, the active-message header):
+//! `version = 1`, three zero bytes, `count: u16` (1 to
+//! [`MAX_LIST_ENTRIES`]), two zero bytes, then `count` entries of
+//! `request_id: u64`, `region_id: u64`, `capability: [u8; 16]`,
+//! `address: u64`, `length: u64` (48 bytes each).
+//!
+//! **List reply** (owner → consumer, the active-message header; the payload
+//! is the served entries' bytes): `version = 1`, three zero bytes,
+//! `count: u16`, two zero bytes, then `count` entries of
+//! `request_id: u64`, `status: u8`, seven zero bytes, `length: u64`
+//! (24 bytes each; `length` is 0 for a refused entry).
+
+use crate::read_protocol::{ProtocolError, ReadRequest, ReplyStatus, ServedKey};
+
+/// Active-message id of a list request (consumer → owner).
+pub const READ_LIST_REQUEST_AM_ID: u32 = 0x5253;
+/// Active-message id of a list reply (owner → consumer).
+pub const READ_LIST_REPLY_AM_ID: u32 = 0x5254;
+
+/// Most entries one list request carries. Both headers stay well inside
+/// one UCX fragment (8 + 64 × 48 = 3080 bytes), which UCX requires of an
+/// active-message header.
+pub const MAX_LIST_ENTRIES: usize = 64;
+/// Largest entry that is gathered; larger reads are sent alone.
+pub const MAX_GATHERED_ENTRY: u64 = 16 * 1024;
+/// Most payload bytes one gathered reply carries.
+pub const MAX_GATHERED_BYTES: u64 = 256 * 1024;
+
+const VERSION: u8 = 1;
+const FIXED_LEN: usize = 8;
+/// Length of one list-request entry.
+pub const REQUEST_ENTRY_LEN: usize = 48;
+/// Length of one list-reply entry.
+pub const REPLY_ENTRY_LEN: usize = 24;
+
+/// Several reads of one owner, each with its own request id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListRequest {
+    /// The reads, in the order their bytes come back.
+    pub entries: Vec<ReadRequest>,
+}
+
+impl ListRequest {
+    /// The encoded header, or `None` for an empty list or one longer than
+    /// [`MAX_LIST_ENTRIES`].
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        let count = self.entries.len();
+        if count == 0 || count > MAX_LIST_ENTRIES {
+            return None;
+        }
+        let mut out = fixed(count);
+        for entry in &self.entries {
+            out.extend_from_slice(&entry.request_id.to_le_bytes());
+            out.extend_from_slice(&entry.key.region_id.to_le_bytes());
+            out.extend_from_slice(&entry.key.capability);
+            out.extend_from_slice(&entry.address.to_le_bytes());
+            out.extend_from_slice(&entry.length.to_le_bytes());
+        }
+        Some(out)
+    }
+
+    /// Decodes a list request; never panics.
+    ///
+    /// # Errors
+    /// A wrong length, version, count or non-zero reserved byte.
+    pub fn decode(bytes: &[u8]) -> Result<ListRequest, ProtocolError> {
+        let count = decode_fixed(bytes, REQUEST_ENTRY_LEN)?;
+        let entries = bytes[FIXED_LEN..]
+            .chunks_exact(REQUEST_ENTRY_LEN)
+            .take(count)
+            .map(|entry| {
+                let mut capability = [0u8; 16];
+                capability.copy_from_slice(&entry[16..32]);
+                ReadRequest {
+                    request_id: u64_at(entry, 0),
+                    key: ServedKey {
+                        region_id: u64_at(entry, 8),
+                        capability,
+                    },
+                    address: u64_at(entry, 32),
+                    length: u64_at(entry, 40),
+                }
+            })
+            .collect();
+        Ok(ListRequest { entries })
+    }
+}
+
+/// The owner's answer to one entry of a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListReplyEntry {
+    /// The entry's request id, echoed.
+    pub request_id: u64,
+    /// Served, or why not.
+    pub status: ReplyStatus,
+    /// Bytes of the payload that are this entry's (0 unless served).
+    pub length: u64,
+}
+
+/// The owner's answer to a list request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListReply {
+    /// One answer per request entry, in request order.
+    pub entries: Vec<ListReplyEntry>,
+}
+
+impl ListReply {
+    /// The encoded header, or `None` for an empty list or one longer than
+    /// [`MAX_LIST_ENTRIES`].
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        let count = self.entries.len();
+        if count == 0 || count > MAX_LIST_ENTRIES {
+            return None;
+        }
+        let mut out = fixed(count);
+        for entry in &self.entries {
+            out.extend_from_slice(&entry.request_id.to_le_bytes());
+            out.push(entry.status.code());
+            out.extend_from_slice(&[0u8; 7]);
+            out.extend_from_slice(&entry.length.to_le_bytes());
+        }
+        Some(out)
+    }
+
+    /// Decodes a list reply; never panics.
+    ///
+    /// # Errors
+    /// A wrong length, version, count, status or non-zero reserved byte,
+    /// and a refused entry that claims bytes.
+    pub fn decode(bytes: &[u8]) -> Result<ListReply, ProtocolError> {
+        let count = decode_fixed(bytes, REPLY_ENTRY_LEN)?;
+        let mut entries = Vec::with_capacity(count);
+        for entry in bytes[FIXED_LEN..].chunks_exact(REPLY_ENTRY_LEN) {
+            if entry[9..16].iter().any(|&b| b != 0) {
+                return Err(ProtocolError::Reserved);
+            }
+            let status = ReplyStatus::from_code(entry[8])?;
+            let length = u64_at(entry, 16);
+            if status != ReplyStatus::Served && length != 0 {
+                return Err(ProtocolError::Reserved);
+            }
+            entries.push(ListReplyEntry {
+                request_id: u64_at(entry, 0),
+                status,
+                length,
+            });
+        }
+        Ok(ListReply { entries })
+    }
+
+    /// Payload bytes the served entries claim, or `None` on overflow.
+    pub fn payload_len(&self) -> Option<u64> {
+        self.entries
+            .iter()
+            .try_fold(0u64, |sum, entry| sum.checked_add(entry.length))
+    }
+}
+
+fn fixed(count: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FIXED_LEN + count * REQUEST_ENTRY_LEN);
+    out.extend_from_slice(&[VERSION, 0, 0, 0]);
+    // `count` is at most MAX_LIST_ENTRIES (checked by the callers).
+    out.extend_from_slice(&(count as u16).to_le_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out
+}
+
+/// Checks the fixed part and the total length; returns the entry count.
+fn decode_fixed(bytes: &[u8], entry_len: usize) -> Result<usize, ProtocolError> {
+    let Some(fixed) = bytes.get(..FIXED_LEN) else {
+        return Err(ProtocolError::Length {
+            expected: FIXED_LEN + entry_len,
+            actual: bytes.len(),
+        });
+    };
+    if fixed[0] != VERSION {
+        return Err(ProtocolError::Version(fixed[0]));
+    }
+    if fixed[1..4] != [0, 0, 0] || fixed[6..8] != [0, 0] {
+        return Err(ProtocolError::Reserved);
+    }
+    let count = usize::from(u16::from_le_bytes([fixed[4], fixed[5]]));
+    let expected = FIXED_LEN + count * entry_len;
+    if count == 0 || count > MAX_LIST_ENTRIES || bytes.len() != expected {
+        return Err(ProtocolError::Length {
+            expected: FIXED_LEN + count.clamp(1, MAX_LIST_ENTRIES) * entry_len,
+            actual: bytes.len(),
+        });
+    }
+    Ok(count)
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::read_protocol::RemoteRefusal;
+
+    fn read(request_id: u64, length: u64) -> ReadRequest {
+        ReadRequest {
+            request_id,
+            key: ServedKey {
+                region_id: request_id + 100,
+                capability: [request_id as u8; 16],
+            },
+            address: 0x1000 * request_id,
+            length,
+        }
+    }
+
+    #[test]
+    fn a_list_request_round_trips_in_order() {
+        let request = ListRequest {
+            entries: (1..=MAX_LIST_ENTRIES as u64)
+                .map(|i| read(i, i * 8))
+                .collect(),
+        };
+        let bytes = request.encode().unwrap();
+        assert_eq!(bytes.len(), 8 + MAX_LIST_ENTRIES * REQUEST_ENTRY_LEN);
+        assert_eq!(ListRequest::decode(&bytes), Ok(request));
+    }
+
+    #[test]
+    fn empty_and_overlong_lists_are_neither_encoded_nor_decoded() {
+        assert_eq!(ListRequest { entries: vec![] }.encode(), None);
+        let overlong = ListRequest {
+            entries: (0..=MAX_LIST_ENTRIES as u64).map(|i| read(i, 8)).collect(),
+        };
+        assert_eq!(overlong.encode(), None);
+        let mut bytes = ListRequest {
+            entries: vec![read(1, 8)],
+        }
+        .encode()
+        .unwrap();
+        bytes[4..6].copy_from_slice(&0u16.to_le_bytes());
+        assert!(ListRequest::decode(&bytes).is_err(), "a count of zero");
+        bytes[4..6].copy_from_slice(&(MAX_LIST_ENTRIES as u16 + 1).to_le_bytes());
+        assert!(
+            ListRequest::decode(&bytes).is_err(),
+            "a count over the bound"
+        );
+    }
+
+    #[test]
+    fn truncated_padded_and_reserved_bytes_are_refused() {
+        let bytes = ListRequest {
+            entries: vec![read(1, 8), read(2, 8)],
+        }
+        .encode()
+        .unwrap();
+        for cut in 0..bytes.len() {
+            assert!(ListRequest::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut padded = bytes.clone();
+        padded.push(0);
+        assert!(ListRequest::decode(&padded).is_err());
+        for at in [1, 2, 3, 6, 7] {
+            let mut reserved = bytes.clone();
+            reserved[at] = 1;
+            assert_eq!(ListRequest::decode(&reserved), Err(ProtocolError::Reserved));
+        }
+        let mut version = bytes;
+        version[0] = 2;
+        assert_eq!(
+            ListRequest::decode(&version),
+            Err(ProtocolError::Version(2))
+        );
+    }
+
+    #[test]
+    fn a_list_reply_round_trips_and_sums_its_served_bytes() {
+        let reply = ListReply {
+            entries: vec![
+                ListReplyEntry {
+                    request_id: 7,
+                    status: ReplyStatus::Served,
+                    length: 4096,
+                },
+                ListReplyEntry {
+                    request_id: 8,
+                    status: ReplyStatus::Refused(RemoteRefusal::OutOfRange),
+                    length: 0,
+                },
+                ListReplyEntry {
+                    request_id: 9,
+                    status: ReplyStatus::Served,
+                    length: 8,
+                },
+            ],
+        };
+        let bytes = reply.encode().unwrap();
+        assert_eq!(ListReply::decode(&bytes), Ok(reply.clone()));
+        assert_eq!(reply.payload_len(), Some(4104));
+    }
+
+    #[test]
+    fn a_refused_entry_that_claims_bytes_is_refused() {
+        let mut bytes = ListReply {
+            entries: vec![ListReplyEntry {
+                request_id: 1,
+                status: ReplyStatus::Refused(RemoteRefusal::RegionUnknown),
+                length: 0,
+            }],
+        }
+        .encode()
+        .unwrap();
+        bytes[8 + 16] = 1;
+        assert!(ListReply::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn payload_lengths_that_overflow_have_no_sum() {
+        let entry = ListReplyEntry {
+            request_id: 1,
+            status: ReplyStatus::Served,
+            length: u64::MAX,
+        };
+        let reply = ListReply {
+            entries: vec![entry, entry],
+        };
+        assert_eq!(reply.payload_len(), None);
+    }
+}
