@@ -1,6 +1,7 @@
 //! Fuzzes the owner-served read protocol's decoders on arbitrary bytes: the
 //! key a consumer presents (either lane), the request an owner receives, and
-//! the reply a consumer receives. All of them come from peers.
+//! the reply a consumer receives, single and gathered (lists). All of them
+//! come from peers.
 //!
 //! Properties for every input:
 //!
@@ -11,6 +12,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use rdmareg_ucx::read_list::{ListReply, ListRequest};
 use rdmareg_ucx::read_protocol::{ReadKey, ReadReply, ReadRequest, ServedKey};
 
 fuzz_target!(|bytes: &[u8]| {
@@ -32,5 +34,13 @@ fuzz_target!(|bytes: &[u8]| {
     }
     if let Ok(reply) = ReadReply::decode(bytes) {
         assert_eq!(&reply.encode()[..], bytes, "an accepted reply re-encodes to itself");
+    }
+    if let Ok(list) = ListRequest::decode(bytes) {
+        let encoded = list.encode().expect("an accepted list request encodes");
+        assert_eq!(&encoded[..], bytes, "an accepted list request re-encodes to itself");
+    }
+    if let Ok(list) = ListReply::decode(bytes) {
+        let encoded = list.encode().expect("an accepted list reply encodes");
+        assert_eq!(&encoded[..], bytes, "an accepted list reply re-encodes to itself");
     }
 });
