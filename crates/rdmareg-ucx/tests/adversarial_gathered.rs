@@ -1,0 +1,629 @@
+//! Gathered reads against hostile peers: an owner that answers lists with
+//! replays, duplicates, another owner's ids, rendezvous where eager is
+//! promised or a single reply where a list reply is due; a consumer that
+//! asks for maximal lists and then never reads the replies; an owner lost
+//! mid-list. After each, the answers are typed, no destination byte changes
+//! after its answer, unmaps answer `Ok` only once the owner let go of the
+//! memory, and the backends count nothing left.
+//!
+//! Each test plays the hostile side with a raw UCX peer (`common::raw_am`).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::raw_am::Raw;
+use common::*;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{BackendGet, PeerId, RdmaError};
+use rdmareg_ucx::read_list::{
+    ListReply, ListReplyEntry, ListRequest, MAX_GATHERED_BYTES, MAX_GATHERED_ENTRY,
+    MAX_LIST_ENTRIES, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
+};
+use rdmareg_ucx::read_protocol::{
+    READ_REPLY_AM_ID, ReadReply, ReadRequest, RemoteRefusal, ReplyStatus, ServedKey,
+};
+use rdmareg_ucx::{Transport, UcxEngine};
+use ucx_sys as sys;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn tcp_engine() -> UcxEngine {
+    init_tracing();
+    UcxEngine::start(config(Transport::Tcp)).expect("engine starts")
+}
+
+const RAW_OWNER: PeerId = PeerId(1);
+const READ_LEN: u64 = 64;
+
+type Answers = Vec<Result<(), RdmaError>>;
+
+/// `entries` reads of `READ_LEN` bytes from `RAW_OWNER`, posted as one batch
+/// into consecutive slices of `dest` (mapped here); returns the batch's task
+/// and the destination's region id.
+fn batch_to_raw_owner(
+    rt: &tokio::runtime::Runtime,
+    consumer: &UcxEngine,
+    dest: &PageBuf,
+    entries: usize,
+    deadline: Duration,
+) -> (tokio::task::JoinHandle<Answers>, u64) {
+    let backend = consumer.backend();
+    let region = rt.block_on(map(&backend, dest));
+    let key = ServedKey {
+        region_id: 1,
+        capability: [0x11; 16],
+    };
+    let requests = (0..entries as u64)
+        .map(|i| BackendGet {
+            peer: RAW_OWNER,
+            remote_addr: 0x10_0000 + i * READ_LEN,
+            packed_key: Bytes::copy_from_slice(&key.encode()),
+            local_region_id: region.backend_region_id,
+            local_offset: i * READ_LEN,
+            len: READ_LEN,
+            deadline: Some(deadline),
+        })
+        .collect();
+    let task = rt.spawn(async move { backend.get_batch_into_test_memory(requests).await });
+    (task, region.backend_region_id)
+}
+
+/// Progresses the raw peers until `task` finishes or `within` passes.
+fn finish<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    peers: &[&Raw],
+    task: tokio::task::JoinHandle<T>,
+    within: Duration,
+) -> Option<T> {
+    let start = Instant::now();
+    while !task.is_finished() && start.elapsed() < within {
+        for peer in peers {
+            peer.progress_for(Duration::from_millis(2));
+        }
+        if peers.is_empty() {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    if task.is_finished() {
+        Some(rt.block_on(task).unwrap())
+    } else {
+        task.abort();
+        None
+    }
+}
+
+/// The `nth` list request the raw owner received, and the endpoint to reply
+/// on.
+fn nth_list(owner: &Raw, nth: usize) -> (ListRequest, sys::ucp_ep_h) {
+    assert!(
+        owner.progress_until(Duration::from_secs(5), |r| {
+            r.messages(READ_LIST_REQUEST_AM_ID).len() > nth
+        }),
+        "no list request reached the owner"
+    );
+    let messages = owner.messages(READ_LIST_REQUEST_AM_ID);
+    (
+        ListRequest::decode(&messages[nth].header).expect("a well-formed list request"),
+        messages[nth].reply_ep,
+    )
+}
+
+fn served(entry: &ReadRequest) -> ListReplyEntry {
+    ListReplyEntry {
+        request_id: entry.request_id,
+        status: ReplyStatus::Served,
+        length: entry.length,
+    }
+}
+
+/// The payload of a reply serving every entry of `request`, entry `i`
+/// filled with `first + i`.
+fn payload_for(request: &ListRequest, first: u8) -> Vec<u8> {
+    request
+        .entries
+        .iter()
+        .enumerate()
+        .flat_map(|(i, e)| vec![first.wrapping_add(i as u8); e.length as usize])
+        .collect()
+}
+
+const EAGER_REPLY: u32 = sys::UCP_AM_SEND_FLAG_REPLY | sys::UCP_AM_SEND_FLAG_EAGER;
+const RNDV_REPLY: u32 = sys::UCP_AM_SEND_FLAG_REPLY | sys::UCP_AM_SEND_FLAG_RNDV;
+
+/// Unmaps `region` on `consumer` (which must answer `Ok`) and waits for the
+/// backend's own count to reach zero.
+fn unmap_and_count_nothing(rt: &tokio::runtime::Runtime, consumer: &UcxEngine, region: u64) {
+    let backend = consumer.backend();
+    let unmapped = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), backend.unmap(region)).await
+    });
+    assert_eq!(unmapped, Ok(Ok(())), "the destination unmaps");
+    assert_eq!(consumer.live_registrations(), Some(0));
+}
+
+/// A list reply sent again after the reads were answered — the same reply,
+/// one with other bytes, and single replies for the same request ids —
+/// changes no destination byte: an answer is final.
+#[test]
+fn replayed_list_and_single_replies_after_the_answer_change_no_destination_byte() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let dest = PageBuf::zeroed(4 * READ_LEN as usize);
+    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 4, Duration::from_secs(5));
+    let (request, reply_ep) = nth_list(&owner, 0);
+    assert_eq!(request.entries.len(), 4);
+    let reply = ListReply {
+        entries: request.entries.iter().map(served).collect(),
+    };
+    let header = reply.encode().unwrap();
+    owner.send_wait(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &header,
+        &payload_for(&request, 0xA0),
+        EAGER_REPLY,
+    );
+    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
+    assert_eq!(answers, vec![Ok(()); 4]);
+    let landed = dest.snapshot();
+
+    owner.send_wait(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &header,
+        &payload_for(&request, 0xA0),
+        EAGER_REPLY,
+    );
+    owner.send_wait(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &header,
+        &payload_for(&request, 0x50),
+        EAGER_REPLY,
+    );
+    for entry in &request.entries {
+        let single = ReadReply {
+            request_id: entry.request_id,
+            status: ReplyStatus::Served,
+            length: entry.length,
+        };
+        owner.send_wait(
+            reply_ep,
+            READ_REPLY_AM_ID,
+            &single.encode(),
+            &vec![0x77; entry.length as usize],
+            EAGER_REPLY,
+        );
+    }
+    owner.progress_for(Duration::from_millis(200));
+    let after = dest.snapshot();
+    unmap_and_count_nothing(&rt, &consumer, region);
+    rt.block_on(consumer.shutdown());
+    let expected: Vec<u8> = (0..4u8)
+        .flat_map(|i| vec![0xA0 + i; READ_LEN as usize])
+        .collect();
+    assert_eq!(landed, expected, "each entry landed its own bytes");
+    assert_eq!(after, landed, "no replay changed a byte");
+}
+
+/// A list reply that names one request id twice lands that read once, from
+/// the entry's own place in the payload, and the entries after it still
+/// land their own bytes.
+#[test]
+fn a_list_reply_naming_one_read_twice_lands_it_once_and_keeps_the_others_in_place() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let dest = PageBuf::zeroed(2 * READ_LEN as usize);
+    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 2, Duration::from_secs(5));
+    let (request, reply_ep) = nth_list(&owner, 0);
+    let (first, second) = (&request.entries[0], &request.entries[1]);
+    let reply = ListReply {
+        entries: vec![served(first), served(first), served(second)],
+    };
+    let payload: Vec<u8> = [[0x11u8; 64], [0x22u8; 64], [0x33u8; 64]].concat();
+    owner.send_wait(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &reply.encode().unwrap(),
+        &payload,
+        EAGER_REPLY,
+    );
+    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
+    let bytes = dest.snapshot();
+    unmap_and_count_nothing(&rt, &consumer, region);
+    rt.block_on(consumer.shutdown());
+    assert_eq!(answers, vec![Ok(()), Ok(())]);
+    assert!(
+        bytes[..64].iter().all(|&b| b == 0x11),
+        "the first copy only"
+    );
+    assert!(
+        bytes[64..].iter().all(|&b| b == 0x33),
+        "the second read's own bytes"
+    );
+}
+
+/// A peer that is not the owner a list went to, replying with that list's
+/// request ids on its own connection, lands nothing; the true owner's reply
+/// then lands its bytes.
+#[test]
+fn another_peer_answering_a_lists_request_ids_lands_nothing() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    let intruder = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let dest = PageBuf::zeroed(3 * READ_LEN as usize);
+    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 3, Duration::from_secs(5));
+    let (request, reply_ep) = nth_list(&owner, 0);
+    let reply = ListReply {
+        entries: request.entries.iter().map(served).collect(),
+    }
+    .encode()
+    .unwrap();
+    let ep = intruder.connect(&consumer.worker_address());
+    intruder.send_wait(
+        ep,
+        READ_LIST_REPLY_AM_ID,
+        &reply,
+        &payload_for(&request, 0xE0),
+        EAGER_REPLY,
+    );
+    intruder.progress_for(Duration::from_millis(200));
+    let after_intruder = dest.snapshot();
+    owner.send_wait(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &reply,
+        &payload_for(&request, 0x40),
+        EAGER_REPLY,
+    );
+    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
+    let bytes = dest.snapshot();
+    drop(intruder);
+    unmap_and_count_nothing(&rt, &consumer, region);
+    rt.block_on(consumer.shutdown());
+    assert!(
+        after_intruder.iter().all(|&b| b == 0),
+        "the intruder landed bytes"
+    );
+    assert_eq!(answers, vec![Ok(()); 3]);
+    let expected: Vec<u8> = (0..3u8).flat_map(|i| vec![0x40 + i; 64]).collect();
+    assert_eq!(bytes, expected);
+}
+
+/// A list reply sent by rendezvous, where the gathering promised eager,
+/// fails the reads it serves and answers the ones it refuses; nothing lands.
+#[test]
+fn a_list_reply_sent_by_rendezvous_lands_nothing_and_answers_every_entry() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let dest = PageBuf::zeroed(3 * READ_LEN as usize);
+    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 3, Duration::from_secs(5));
+    let (request, reply_ep) = nth_list(&owner, 0);
+    let reply = ListReply {
+        entries: vec![
+            served(&request.entries[0]),
+            ListReplyEntry {
+                request_id: request.entries[1].request_id,
+                status: ReplyStatus::Refused(RemoteRefusal::RegionUnknown),
+                length: 0,
+            },
+            served(&request.entries[2]),
+        ],
+    };
+    let payload = vec![0x99u8; 2 * READ_LEN as usize];
+    let sent = owner.send(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &reply.encode().unwrap(),
+        &payload,
+        RNDV_REPLY,
+    );
+    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
+    owner.progress_for(Duration::from_millis(100));
+    if !sent.is_null() && !common::raw_am::is_err(sent) {
+        // SAFETY: a request of the raw owner's worker, returned once.
+        unsafe { sys::ucp_request_free(sent.cast()) };
+    }
+    let bytes = dest.snapshot();
+    unmap_and_count_nothing(&rt, &consumer, region);
+    rt.block_on(consumer.shutdown());
+    assert!(
+        matches!(answers[0], Err(RdmaError::Backend(_))),
+        "{answers:?}"
+    );
+    assert_eq!(answers[1], Err(RdmaError::RegionNotFound), "{answers:?}");
+    assert!(
+        matches!(answers[2], Err(RdmaError::Backend(_))),
+        "{answers:?}"
+    );
+    assert!(bytes.iter().all(|&b| b == 0), "nothing landed");
+}
+
+/// A gathered read answered instead by a single rendezvous reply that the
+/// owner then never completes is answered only when UCX lets go of its
+/// destination (its deadline force-closes the endpoint), and the owner
+/// progressing afterwards changes no byte of it.
+#[test]
+fn a_gathered_read_answered_by_a_stalled_rendezvous_is_answered_only_after_ucx_lets_go() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let dest = PageBuf::zeroed(2 * READ_LEN as usize);
+    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 2, Duration::from_millis(800));
+    let (request, reply_ep) = nth_list(&owner, 0);
+    let member = &request.entries[1];
+    let single = ReadReply {
+        request_id: member.request_id,
+        status: ReplyStatus::Served,
+        length: member.length,
+    };
+    let payload = vec![0x66u8; member.length as usize];
+    let sent = owner.send(
+        reply_ep,
+        READ_REPLY_AM_ID,
+        &single.encode(),
+        &payload,
+        RNDV_REPLY,
+    );
+    // Let the rendezvous start, then stall: the owner stops progressing.
+    owner.progress_for(Duration::from_millis(50));
+    let answers = finish(&rt, &[], batch, Duration::from_secs(10)).expect("answered");
+    let at_answer = dest.snapshot();
+    owner.progress_for(Duration::from_millis(500));
+    let after = dest.snapshot();
+    if !sent.is_null() && !common::raw_am::is_err(sent) {
+        // SAFETY: a request of the raw owner's worker, returned once.
+        unsafe { sys::ucp_request_free(sent.cast()) };
+    }
+    unmap_and_count_nothing(&rt, &consumer, region);
+    rt.block_on(consumer.shutdown());
+    assert_eq!(answers[0], Err(RdmaError::Timeout), "{answers:?}");
+    assert!(answers[1].is_err() || at_answer[64..].iter().all(|&b| b == 0x66));
+    assert_eq!(after, at_answer, "a byte changed after the answer");
+}
+
+/// An owner that receives a list and then goes away: every read of the list
+/// is answered with a typed error, nothing lands, the destination unmaps and
+/// the consumer counts no registration.
+#[test]
+fn an_owner_lost_mid_list_answers_every_entry_and_leaves_nothing_registered() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let dest = PageBuf::zeroed(MAX_LIST_ENTRIES * 2 * READ_LEN as usize);
+    let (batch, region) = batch_to_raw_owner(
+        &rt,
+        &consumer,
+        &dest,
+        MAX_LIST_ENTRIES * 2,
+        Duration::from_secs(3),
+    );
+    let (request, _) = nth_list(&owner, 0);
+    assert_eq!(request.entries.len(), MAX_LIST_ENTRIES);
+    drop(owner);
+    let answers = finish(&rt, &[], batch, Duration::from_secs(10)).expect("answered");
+    let bytes = dest.snapshot();
+    unmap_and_count_nothing(&rt, &consumer, region);
+    rt.block_on(consumer.shutdown());
+    assert_eq!(answers.len(), MAX_LIST_ENTRIES * 2);
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Err(RdmaError::Backend(_) | RdmaError::Timeout))),
+        "{answers:?}"
+    );
+    assert!(bytes.iter().all(|&b| b == 0), "nothing landed");
+}
+
+/// The owner, sent one list of maximal count whose entries name huge
+/// lengths, wrapping addresses, zero lengths and more than the gathering
+/// bounds of a real region, serves only what lies inside the region and the
+/// bounds, and refuses every other entry on its own.
+#[test]
+fn an_owner_refuses_each_hostile_entry_of_a_maximal_list_on_its_own() {
+    let rt = runtime();
+    let owner = tcp_engine();
+    let backend = owner.backend();
+    let buf = PageBuf::filled(1 << 20, pattern);
+    let region = rt.block_on(map(&backend, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let base = buf.addr() as u64;
+    let mut entries = Vec::new();
+    let hostile = [
+        (base, u64::MAX),
+        (u64::MAX - 8, 64),
+        (base, 0),
+        (base + (1 << 20), 1),
+        (base - 1, 16),
+        (base, MAX_GATHERED_ENTRY + 1),
+    ];
+    for (i, &(address, length)) in hostile.iter().enumerate() {
+        entries.push(ReadRequest {
+            request_id: i as u64,
+            key,
+            address,
+            length,
+        });
+    }
+    while entries.len() < MAX_LIST_ENTRIES {
+        let i = entries.len() as u64;
+        entries.push(ReadRequest {
+            request_id: i,
+            key,
+            address: base + i * MAX_GATHERED_ENTRY,
+            length: MAX_GATHERED_ENTRY,
+        });
+    }
+    let request = ListRequest { entries };
+    let consumer = Raw::new(false);
+    let ep = consumer.connect(&owner.worker_address());
+    consumer.send_wait(
+        ep,
+        READ_LIST_REQUEST_AM_ID,
+        &request.encode().unwrap(),
+        &[],
+        sys::UCP_AM_SEND_FLAG_REPLY,
+    );
+    assert!(consumer.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
+    }));
+    let (reply, data, rendezvous) = {
+        let messages = consumer.messages(READ_LIST_REPLY_AM_ID);
+        (
+            ListReply::decode(&messages[0].header).unwrap(),
+            messages[0].data.clone(),
+            messages[0].rndv_len,
+        )
+    };
+    drop(consumer);
+    let unmapped = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            backend.unmap(region.backend_region_id),
+        )
+        .await
+    });
+    let live = owner.live_registrations();
+    rt.block_on(owner.shutdown());
+    assert_eq!(unmapped, Ok(Ok(())));
+    assert_eq!(live, Some(0));
+    assert_eq!(rendezvous, 0, "eager");
+    assert_eq!(reply.entries.len(), MAX_LIST_ENTRIES);
+    for entry in &reply.entries[..hostile.len()] {
+        assert!(
+            matches!(entry.status, ReplyStatus::Refused(_)),
+            "hostile entry {} was served",
+            entry.request_id
+        );
+    }
+    let served: Vec<&ListReplyEntry> = reply
+        .entries
+        .iter()
+        .filter(|e| e.status == ReplyStatus::Served)
+        .collect();
+    let bound = (MAX_GATHERED_BYTES / MAX_GATHERED_ENTRY) as usize;
+    assert_eq!(served.len(), bound, "served up to the byte bound");
+    assert_eq!(data.len() as u64, MAX_GATHERED_BYTES);
+    for (k, entry) in served.iter().enumerate() {
+        let at = (entry.request_id * MAX_GATHERED_ENTRY) as usize;
+        let chunk = &data[k * MAX_GATHERED_ENTRY as usize..][..MAX_GATHERED_ENTRY as usize];
+        let expected: Vec<u8> = (at..at + MAX_GATHERED_ENTRY as usize)
+            .map(pattern)
+            .collect();
+        assert_eq!(chunk, &expected[..], "entry {}", entry.request_id);
+    }
+    for entry in &reply.entries[hostile.len() + bound..] {
+        assert_eq!(
+            entry.status,
+            ReplyStatus::Refused(RemoteRefusal::Malformed),
+            "past the byte bound"
+        );
+    }
+}
+
+/// A consumer that sends many maximal lists and never reads the replies
+/// holds the owner's leases: an unmap of the region does not answer while
+/// the replies are stuck, and answers `Ok` (with nothing left registered)
+/// once that consumer is gone.
+#[test]
+fn replies_a_consumer_never_reads_hold_the_unmap_until_that_consumer_is_gone() {
+    let rt = runtime();
+    let owner = tcp_engine();
+    let backend = owner.backend();
+    let buf = PageBuf::filled(MAX_GATHERED_BYTES as usize, pattern);
+    let region = rt.block_on(map(&backend, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let base = buf.addr() as u64;
+    let per_list = (MAX_GATHERED_BYTES / MAX_GATHERED_ENTRY) as u64;
+    let list = |n: u64| ListRequest {
+        entries: (0..per_list)
+            .map(|i| ReadRequest {
+                request_id: n * per_list + i,
+                key,
+                address: base + i * MAX_GATHERED_ENTRY,
+                length: MAX_GATHERED_ENTRY,
+            })
+            .collect(),
+    };
+    let consumer = Raw::new(false);
+    let ep = consumer.connect(&owner.worker_address());
+    // One full exchange, so the connection is wired up both ways.
+    consumer.send_wait(
+        ep,
+        READ_LIST_REQUEST_AM_ID,
+        &list(0).encode().unwrap(),
+        &[],
+        sys::UCP_AM_SEND_FLAG_REPLY,
+    );
+    assert!(consumer.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
+    }));
+    // Then a burst the consumer never progresses again: the owner's replies
+    // (256 KiB each) outgrow the socket buffers and wait in UCX.
+    let mut requests = Vec::new();
+    for n in 1..=400 {
+        let sent = consumer.send(
+            ep,
+            READ_LIST_REQUEST_AM_ID,
+            &list(n).encode().unwrap(),
+            &[],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+        if !sent.is_null() && !common::raw_am::is_err(sent) {
+            requests.push(sent);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let held = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_millis(500),
+            backend.unmap(region.backend_region_id),
+        )
+        .await
+    });
+    let live_while_held = owner.live_registrations();
+    for request in requests {
+        // SAFETY: requests of the raw consumer's worker, returned once
+        // (UCX frees an unfinished one when it completes).
+        unsafe { sys::ucp_request_free(request.cast()) };
+    }
+    drop(consumer);
+    let released = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            backend.unmap(region.backend_region_id),
+        )
+        .await
+    });
+    let live = owner.live_registrations();
+    rt.block_on(owner.shutdown());
+    assert!(
+        held.is_err(),
+        "the unmap answered {held:?} while replies from the region were stuck"
+    );
+    assert_eq!(live_while_held, Some(1));
+    assert_eq!(
+        released,
+        Ok(Ok(())),
+        "the unmap answers once the consumer is gone"
+    );
+    assert_eq!(live, Some(0));
+}
