@@ -7,7 +7,9 @@
 //! [`MAX_LIST_ENTRIES`] reads of one owner at once; the owner checks every
 //! entry exactly as it checks a single read (see `progress::serve`), leases
 //! each admitted region, and answers with one reply whose payload is the
-//! admitted entries' bytes back to back, in request order.
+//! admitted entries' bytes back to back, in request order (or several such
+//! replies, in order, when one reply's header would not fit the owner's
+//! worker; see [`MAX_LIST_ENTRIES`]).
 //!
 //! # Rules
 //!
@@ -52,9 +54,13 @@ pub const READ_LIST_REQUEST_AM_ID: u32 = 0x5253;
 /// Active-message id of a list reply (owner → consumer).
 pub const READ_LIST_REPLY_AM_ID: u32 = 0x5254;
 
-/// Most entries one list request carries. Both headers stay well inside
-/// one UCX fragment (8 + 64 × 48 = 3080 bytes), which UCX requires of an
-/// active-message header.
+/// Most entries one list request carries. UCX requires an active-message
+/// header to fit in one fragment, and the UCX built here does not check it
+/// (a longer header is written past the fragment buffer), so each side also
+/// keeps its headers within its worker's bound ([`entries_within`]): a full
+/// request is 8 + 64 × 48 = 3080 bytes, a full reply 8 + 64 × 24 = 1544,
+/// inside the default tcp and shared-memory segments; a worker with smaller
+/// ones gathers fewer reads per list and answers a list in several replies.
 pub const MAX_LIST_ENTRIES: usize = 64;
 /// Largest entry that is gathered; larger reads are sent alone.
 pub const MAX_GATHERED_ENTRY: u64 = 16 * 1024;
@@ -67,6 +73,15 @@ const FIXED_LEN: usize = 8;
 pub const REQUEST_ENTRY_LEN: usize = 48;
 /// Length of one list-reply entry.
 pub const REPLY_ENTRY_LEN: usize = 24;
+
+/// Most entries a list header of at most `max_header` bytes carries, with
+/// entries of `entry_len` bytes ([`REQUEST_ENTRY_LEN`] or
+/// [`REPLY_ENTRY_LEN`]), and never more than [`MAX_LIST_ENTRIES`]. A worker
+/// whose largest active-message header is below the full list's (small
+/// transport segments, a small network MTU) gathers fewer reads per list.
+pub fn entries_within(max_header: usize, entry_len: usize) -> usize {
+    (max_header.saturating_sub(FIXED_LEN) / entry_len.max(1)).min(MAX_LIST_ENTRIES)
+}
 
 /// Several reads of one owner, each with its own request id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -346,6 +361,31 @@ mod tests {
         .unwrap();
         bytes[8 + 16] = 1;
         assert!(ListReply::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn a_small_header_bound_carries_fewer_entries_and_a_full_one_the_maximum() {
+        let full = FIXED_LEN + MAX_LIST_ENTRIES * REQUEST_ENTRY_LEN;
+        assert_eq!(entries_within(full, REQUEST_ENTRY_LEN), MAX_LIST_ENTRIES);
+        assert_eq!(
+            entries_within(usize::MAX, REPLY_ENTRY_LEN),
+            MAX_LIST_ENTRIES
+        );
+        assert_eq!(
+            entries_within(full - 1, REQUEST_ENTRY_LEN),
+            MAX_LIST_ENTRIES - 1
+        );
+        assert_eq!(entries_within(1000, REPLY_ENTRY_LEN), (1000 - 8) / 24);
+        assert_eq!(entries_within(FIXED_LEN + 47, REQUEST_ENTRY_LEN), 0);
+        assert_eq!(entries_within(0, REPLY_ENTRY_LEN), 0);
+        let bytes = ListRequest {
+            entries: (0..entries_within(1000, REQUEST_ENTRY_LEN) as u64)
+                .map(|i| read(i, 8))
+                .collect(),
+        }
+        .encode()
+        .unwrap();
+        assert!(bytes.len() <= 1000);
     }
 
     #[test]

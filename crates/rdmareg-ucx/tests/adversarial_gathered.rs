@@ -552,7 +552,7 @@ fn replies_a_consumer_never_reads_hold_the_unmap_until_that_consumer_is_gone() {
     let region = rt.block_on(map(&backend, &buf));
     let key = ServedKey::decode(&region.packed_key).unwrap();
     let base = buf.addr() as u64;
-    let per_list = (MAX_GATHERED_BYTES / MAX_GATHERED_ENTRY) as u64;
+    let per_list = MAX_GATHERED_BYTES / MAX_GATHERED_ENTRY;
     let list = |n: u64| ListRequest {
         entries: (0..per_list)
             .map(|i| ReadRequest {

@@ -49,6 +49,9 @@ pub(crate) struct Events {
     /// The worker, for receiving rendezvous data inside a handler. Null
     /// until the worker exists and again once it is destroyed.
     pub(crate) worker: Cell<ucp_worker_h>,
+    /// The largest active-message header the worker can send (0 until the
+    /// worker exists): bounds the entries of a list request or reply.
+    pub(crate) max_am_header: Cell<usize>,
     /// Set when teardown begins: reads cancelled from then on answer
     /// `ShuttingDown`.
     pub(crate) tearing_down: Cell<bool>,
@@ -70,6 +73,7 @@ impl Default for Events {
             awaiting_replies: RefCell::default(),
             served: RefCell::default(),
             worker: Cell::new(std::ptr::null_mut()),
+            max_am_header: Cell::new(0),
             tearing_down: Cell::new(false),
             refused_requests: Cell::new(0),
             dropped_messages: Cell::new(0),

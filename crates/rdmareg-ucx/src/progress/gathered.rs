@@ -16,6 +16,13 @@
 //!   send completes or fails. An entry beyond the gathering bounds is
 //!   refused as malformed, never served by a rendezvous the consumer would
 //!   not expect.
+//! - **Headers fit the worker.** UCX (built without its parameter checks)
+//!   writes a header longer than the worker's `max_am_header` past its
+//!   fragment buffer. A consumer gathers at most as many reads as its
+//!   worker's bound lets a request header carry; an owner whose bound is
+//!   below a list's reply header answers in several replies, each within
+//!   it (the consumer lands entries by request id, whichever reply brings
+//!   them).
 //! - **Hostile replies land nothing.** An entry lands only in a read sent
 //!   on the endpoint the reply arrived on, only with the read's own length,
 //!   and only if the entries' lengths add up to the payload; a rendezvous
@@ -33,7 +40,8 @@ use super::serve::admit;
 use super::ucp::{SendMode, handler_header, send_active_message, send_gathered};
 use crate::read_list::{
     ListReply, ListReplyEntry, ListRequest, MAX_GATHERED_BYTES, MAX_GATHERED_ENTRY,
-    MAX_LIST_ENTRIES, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
+    READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID, REPLY_ENTRY_LEN, REQUEST_ENTRY_LEN,
+    entries_within,
 };
 use crate::read_protocol::{RemoteRefusal, ReplyStatus};
 use crate::status::PtrStatus;
@@ -58,6 +66,8 @@ impl Engine {
     pub(super) fn send_prepared(&mut self, mut prepared: Vec<PreparedRead>) {
         // Stable: each owner's reads keep their order.
         prepared.sort_by_key(|read| (!gatherable(read), read.endpoint as usize));
+        // The request header must fit the worker's largest one.
+        let most = entries_within(self.events.max_am_header.get(), REQUEST_ENTRY_LEN);
         let mut reads = prepared.into_iter().peekable();
         while let Some(first) = reads.next() {
             if !gatherable(&first) {
@@ -69,7 +79,7 @@ impl Engine {
             while let Some(next) = reads.peek() {
                 let fits = gatherable(next)
                     && next.endpoint == list[0].endpoint
-                    && list.len() < MAX_LIST_ENTRIES
+                    && list.len() < most
                     && bytes + next.request.length <= MAX_GATHERED_BYTES;
                 if !fits {
                     break;
@@ -181,9 +191,16 @@ pub(super) unsafe extern "C" fn on_read_list_request(
             return sys::UCS_OK;
         }
     };
+    // A reply whose header is longer than the worker's largest is split in
+    // several, each within it; the consumer lands every entry by its id.
+    let per_reply = entries_within(events.max_am_header.get(), REPLY_ENTRY_LEN);
+    if per_reply == 0 {
+        events
+            .dropped_messages
+            .set(events.dropped_messages.get() + 1);
+        return sys::UCS_OK;
+    }
     let mut answers = Vec::with_capacity(request.entries.len());
-    let mut region_ids = Vec::new();
-    let mut iov = Vec::new();
     let mut bytes = 0u64;
     for entry in &request.entries {
         let within = entry.length <= MAX_GATHERED_ENTRY
@@ -198,52 +215,93 @@ pub(super) unsafe extern "C" fn on_read_list_request(
         match admitted {
             Ok((address, _memh)) => {
                 bytes += entry.length;
-                region_ids.push(entry.key.region_id);
-                iov.push(sys::ucp_dt_iov_t {
-                    buffer: address as *mut c_void,
-                    length: entry.length as usize,
-                });
-                answers.push(ListReplyEntry {
-                    request_id: entry.request_id,
-                    status: ReplyStatus::Served,
-                    length: entry.length,
-                });
+                let served = ServedEntry {
+                    region_id: entry.key.region_id,
+                    iov: sys::ucp_dt_iov_t {
+                        buffer: address as *mut c_void,
+                        length: entry.length as usize,
+                    },
+                };
+                answers.push((
+                    ListReplyEntry {
+                        request_id: entry.request_id,
+                        status: ReplyStatus::Served,
+                        length: entry.length,
+                    },
+                    Some(served),
+                ));
             }
             Err(refusal) => {
                 events
                     .refused_requests
                     .set(events.refused_requests.get() + 1);
-                answers.push(ListReplyEntry {
-                    request_id: entry.request_id,
-                    status: ReplyStatus::Refused(refusal),
-                    length: 0,
-                });
+                answers.push((
+                    ListReplyEntry {
+                        request_id: entry.request_id,
+                        status: ReplyStatus::Refused(refusal),
+                        length: 0,
+                    },
+                    None,
+                ));
             }
         }
     }
-    let reply = ListReply { entries: answers };
+    for part in answers.chunks(per_reply) {
+        // SAFETY: inside this handler, on the worker's thread; `reply_ep`
+        // is the live endpoint UCX just handed us, and every served entry
+        // of `part` holds a lease `admit` took above.
+        unsafe { send_list_reply(events, param.reply_ep, part) };
+    }
+    sys::UCS_OK
+}
+
+/// One admitted entry of a list: the lease's region and the bytes to send.
+struct ServedEntry {
+    region_id: u64,
+    iov: sys::ucp_dt_iov_t,
+}
+
+/// Sends one gathered reply answering `part` (at most the worker's header
+/// bound of entries), and hands the leases of its served entries to the
+/// send: they end when it completes or fails.
+///
+/// # Safety
+/// Inside a request handler on the worker's thread, with the `reply_ep`
+/// UCX handed it; each served entry holds a lease taken by `admit` for it,
+/// not yet ended.
+unsafe fn send_list_reply(
+    events: &Events,
+    reply_ep: sys::ucp_ep_h,
+    part: &[(ListReplyEntry, Option<ServedEntry>)],
+) {
+    let reply = ListReply {
+        entries: part.iter().map(|(answer, _)| *answer).collect(),
+    };
+    let served = part.iter().filter_map(|(_, served)| served.as_ref());
+    let region_ids: Vec<u64> = served.clone().map(|s| s.region_id).collect();
+    let iov: Vec<sys::ucp_dt_iov_t> = served.map(|s| s.iov).collect();
     let Some(reply_header) = reply.encode() else {
-        // Unreachable: the request decoded with a count inside the bounds,
-        // and the reply has one entry per request entry.
-        for &region_id in &region_ids {
-            events.ended_leases.borrow_mut().push(region_id);
-        }
-        return sys::UCS_OK;
+        // Unreachable: `part` has 1 to MAX_LIST_ENTRIES entries.
+        events
+            .ended_leases
+            .borrow_mut()
+            .extend_from_slice(&region_ids);
+        return;
     };
     let lease = Box::into_raw(Box::new(ListLease {
         events,
         region_ids,
         iov,
     }));
-    // SAFETY: on this worker's thread, inside its progress; `reply_ep` is
-    // the live endpoint UCX just handed us. Every range of the vector lies
-    // inside a registration `admit` checked, which stays registered while
-    // the lease taken there is held: an unmap waits for it, and the lease
-    // ends only when this send completes. The vector lives in `lease`,
-    // which lives until then.
+    // SAFETY: the caller's contract: on this worker's thread, inside its
+    // progress, with a live `reply_ep`; the header is within the worker's
+    // bound. Every range of the vector lies inside a registration `admit`
+    // checked, which stays registered while the lease taken there is held:
+    // an unmap waits for it, and the lease ends only when this send
+    // completes. The vector lives in `lease`, which lives until then.
     let status = unsafe {
         send_gathered(
-            param.reply_ep,
+            reply_ep,
             READ_LIST_REPLY_AM_ID,
             &reply_header,
             &(*lease).iov,
@@ -266,7 +324,6 @@ pub(super) unsafe extern "C" fn on_read_list_request(
             .borrow_mut()
             .extend_from_slice(&lease.region_ids);
     }
-    sys::UCS_OK
 }
 
 /// A gathered reply's send ended: report its leases and return the request.

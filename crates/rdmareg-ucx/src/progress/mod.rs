@@ -210,6 +210,7 @@ impl Engine {
             )?;
         }
         events.worker.set(worker.raw());
+        events.max_am_header.set(worker.max_am_header()?);
         let serving_address = worker.address()?;
         let process = direct.as_ref().and_then(|_| ProcessIdentity::current());
         let worker_address = match &direct {

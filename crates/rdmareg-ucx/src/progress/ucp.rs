@@ -296,6 +296,22 @@ impl Worker {
         Ok(bytes)
     }
 
+    /// The largest active-message header this worker can send
+    /// (`ucp_worker_attr::max_am_header`). UCX, built without its parameter
+    /// checks, does not refuse a longer one: it writes past the fragment
+    /// buffer.
+    pub(crate) fn max_am_header(&self) -> Result<usize, RdmaError> {
+        let mut attr = sys::ucp_worker_attr_t {
+            field_mask: u64::from(sys::UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER),
+            ..Default::default()
+        };
+        // SAFETY: the worker is live; `attr` is initialised and asks for
+        // one field, which UCX writes.
+        let status = unsafe { sys::ucp_worker_query(self.handle, &mut attr) };
+        check(status, "querying the worker")?;
+        Ok(attr.max_am_header)
+    }
+
     /// The descriptor that becomes readable when the armed worker has events.
     pub(crate) fn event_fd(&self) -> Result<RawFd, RdmaError> {
         let mut fd: libc::c_int = -1;
