@@ -627,3 +627,189 @@ fn replies_a_consumer_never_reads_hold_the_unmap_until_that_consumer_is_gone() {
     );
     assert_eq!(live, Some(0));
 }
+
+/// Two reads of one list with different deadlines: the first expires
+/// before the owner answers, so the list reply that then serves both lands
+/// only the second; the expired read's bytes stay as they were when it was
+/// answered `Timeout`.
+#[test]
+fn a_list_member_past_its_deadline_keeps_its_bytes_when_the_list_reply_comes_late() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let dest = PageBuf::zeroed(2 * READ_LEN as usize);
+    let backend = consumer.backend();
+    let region = rt.block_on(map(&backend, &dest));
+    let key = ServedKey {
+        region_id: 1,
+        capability: [0x11; 16],
+    };
+    let read = |i: u64, deadline: Duration| BackendGet {
+        peer: RAW_OWNER,
+        remote_addr: 0x10_0000 + i * READ_LEN,
+        packed_key: Bytes::copy_from_slice(&key.encode()),
+        local_region_id: region.backend_region_id,
+        local_offset: i * READ_LEN,
+        len: READ_LEN,
+        deadline: Some(deadline),
+    };
+    let requests = vec![
+        read(0, Duration::from_millis(100)),
+        read(1, Duration::from_secs(5)),
+    ];
+    let batch = rt.spawn({
+        let backend = backend.clone();
+        async move { backend.get_batch_into_test_memory(requests).await }
+    });
+    let (request, reply_ep) = nth_list(&owner, 0);
+    assert_eq!(request.entries.len(), 2, "one list");
+    std::thread::sleep(Duration::from_millis(400));
+    owner.send_wait(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &ListReply {
+            entries: request.entries.iter().map(served).collect(),
+        }
+        .encode()
+        .unwrap(),
+        &payload_for(&request, 0xB0),
+        EAGER_REPLY,
+    );
+    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
+    let bytes = dest.snapshot();
+    unmap_and_count_nothing(&rt, &consumer, region.backend_region_id);
+    rt.block_on(consumer.shutdown());
+    assert_eq!(answers, vec![Err(RdmaError::Timeout), Ok(())]);
+    assert!(
+        bytes[..64].iter().all(|&b| b == 0),
+        "the expired read's bytes changed"
+    );
+    assert!(
+        bytes[64..].iter().all(|&b| b == 0xB1),
+        "the live read landed"
+    );
+}
+
+/// A list to an owner that is gone (its worker destroyed before the batch)
+/// fails every read with a typed error before the deadline ends the wait,
+/// and leaves nothing registered.
+#[test]
+fn a_list_to_a_vanished_owner_answers_every_read_and_leaves_nothing_registered() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let address = {
+        let owner = Raw::new(false);
+        owner.address()
+    };
+    consumer.add_peer(RAW_OWNER, address).unwrap();
+    let dest = PageBuf::zeroed(8 * READ_LEN as usize);
+    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 8, Duration::from_secs(3));
+    let answers = finish(&rt, &[], batch, Duration::from_secs(10)).expect("answered");
+    unmap_and_count_nothing(&rt, &consumer, region);
+    rt.block_on(consumer.shutdown());
+    assert_eq!(answers.len(), 8);
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Err(RdmaError::Backend(_) | RdmaError::Timeout))),
+        "{answers:?}"
+    );
+    assert!(dest.snapshot().iter().all(|&b| b == 0));
+}
+
+/// A consumer engine shut down while a list waits for its reply answers
+/// every read `ShuttingDown`, and a reply the owner sends afterwards lands
+/// nothing.
+#[test]
+fn a_consumer_shut_down_with_a_list_in_flight_answers_every_read_and_lands_nothing_after() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let dest = PageBuf::zeroed(4 * READ_LEN as usize);
+    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 4, Duration::from_secs(30));
+    let (request, reply_ep) = nth_list(&owner, 0);
+    rt.block_on(consumer.shutdown());
+    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
+    let _ = owner.send(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &ListReply {
+            entries: request.entries.iter().map(served).collect(),
+        }
+        .encode()
+        .unwrap(),
+        &payload_for(&request, 0xC0),
+        EAGER_REPLY,
+    );
+    owner.progress_for(Duration::from_millis(200));
+    let unmapped = rt.block_on(consumer.backend().unmap(region));
+    assert_eq!(answers, vec![Err(RdmaError::ShuttingDown); 4]);
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(consumer.live_registrations(), Some(0));
+    assert!(dest.snapshot().iter().all(|&b| b == 0));
+}
+
+/// An owner engine shut down while gathered replies from a region are stuck
+/// behind a consumer that never reads them finishes its teardown, and the
+/// region then unmaps with nothing left registered.
+#[test]
+fn an_owner_shut_down_with_gathered_replies_stuck_finishes_and_leaves_nothing_registered() {
+    let rt = runtime();
+    let owner = tcp_engine();
+    let backend = owner.backend();
+    let buf = PageBuf::filled(MAX_GATHERED_BYTES as usize, pattern);
+    let region = rt.block_on(map(&backend, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let base = buf.addr() as u64;
+    let per_list = MAX_GATHERED_BYTES / MAX_GATHERED_ENTRY;
+    let list = |n: u64| ListRequest {
+        entries: (0..per_list)
+            .map(|i| ReadRequest {
+                request_id: n * per_list + i,
+                key,
+                address: base + i * MAX_GATHERED_ENTRY,
+                length: MAX_GATHERED_ENTRY,
+            })
+            .collect(),
+    };
+    let consumer = Raw::new(false);
+    let ep = consumer.connect(&owner.worker_address());
+    consumer.send_wait(
+        ep,
+        READ_LIST_REQUEST_AM_ID,
+        &list(0).encode().unwrap(),
+        &[],
+        sys::UCP_AM_SEND_FLAG_REPLY,
+    );
+    assert!(consumer.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
+    }));
+    let mut requests = Vec::new();
+    for n in 1..=400 {
+        let sent = consumer.send(
+            ep,
+            READ_LIST_REQUEST_AM_ID,
+            &list(n).encode().unwrap(),
+            &[],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+        if !sent.is_null() && !common::raw_am::is_err(sent) {
+            requests.push(sent);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let stopped = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(20), owner.shutdown()).await });
+    let unmapped = rt.block_on(backend.unmap(region.backend_region_id));
+    let live = owner.live_registrations();
+    for request in requests {
+        // SAFETY: requests of the raw consumer's worker, returned once.
+        unsafe { sys::ucp_request_free(request.cast()) };
+    }
+    drop(consumer);
+    assert!(stopped.is_ok(), "the owner's shutdown did not finish");
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(live, Some(0));
+}
