@@ -818,3 +818,185 @@ fn an_owner_shut_down_with_gathered_replies_stuck_finishes_and_leaves_nothing_re
     assert_eq!(unmapped, Ok(()));
     assert_eq!(live, Some(0));
 }
+
+/// Malformed list replies — truncated, padded, a count of zero or over the
+/// bound, a wrong version, reserved bytes set, a refusal that claims bytes —
+/// are dropped whole: they land nothing and answer nothing, and the owner's
+/// well-formed reply afterwards lands every read.
+#[test]
+fn malformed_list_replies_are_dropped_whole_and_the_true_reply_still_lands() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let dest = PageBuf::zeroed(3 * READ_LEN as usize);
+    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 3, Duration::from_secs(10));
+    let (request, reply_ep) = nth_list(&owner, 0);
+    let good = ListReply {
+        entries: request.entries.iter().map(served).collect(),
+    }
+    .encode()
+    .unwrap();
+    let payload = payload_for(&request, 0xD0);
+    let mut forged: Vec<Vec<u8>> = vec![
+        good[..good.len() - 1].to_vec(),
+        [good.clone(), vec![0]].concat(),
+        good[..8].to_vec(),
+        Vec::new(),
+    ];
+    for (at, value) in [(0, 2u8), (1, 1), (4, 0), (5, 1), (6, 1), (8 + 9, 1)] {
+        let mut bytes = good.clone();
+        if at == 4 {
+            bytes[4..6].copy_from_slice(&0u16.to_le_bytes());
+        } else if at == 5 {
+            bytes[4..6].copy_from_slice(&(MAX_LIST_ENTRIES as u16 + 1).to_le_bytes());
+        } else {
+            bytes[at] = value;
+        }
+        forged.push(bytes);
+    }
+    let mut refused_with_bytes = good.clone();
+    refused_with_bytes[8 + 8] = 2; // a refusal code, length left at 64
+    forged.push(refused_with_bytes);
+    for header in &forged {
+        owner.send_wait(
+            reply_ep,
+            READ_LIST_REPLY_AM_ID,
+            header,
+            &payload,
+            EAGER_REPLY,
+        );
+    }
+    owner.progress_for(Duration::from_millis(200));
+    let early = batch.is_finished();
+    let after_forged = dest.snapshot();
+    owner.send_wait(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &good,
+        &payload,
+        EAGER_REPLY,
+    );
+    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
+    let bytes = dest.snapshot();
+    unmap_and_count_nothing(&rt, &consumer, region);
+    rt.block_on(consumer.shutdown());
+    assert!(!early, "a malformed reply answered the batch");
+    assert!(
+        after_forged.iter().all(|&b| b == 0),
+        "a malformed reply landed"
+    );
+    assert_eq!(answers, vec![Ok(()); 3]);
+    assert_eq!(bytes, payload);
+}
+
+/// Replies crossed between the two formats: a read sent alone (too large
+/// to gather) answered through a list reply, and a gathered read answered
+/// by a single reply, land only with their own lengths; an entry with the
+/// wrong length fails its read and lands nothing.
+#[test]
+fn replies_crossed_between_single_and_list_formats_land_only_with_the_reads_own_length() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let large = MAX_GATHERED_ENTRY + 4096;
+    let dest = PageBuf::zeroed(2 * READ_LEN as usize + large as usize + 4096);
+    let backend = consumer.backend();
+    let region = rt.block_on(map(&backend, &dest));
+    let key = ServedKey {
+        region_id: 1,
+        capability: [0x11; 16],
+    };
+    let read = |offset: u64, len: u64| BackendGet {
+        peer: RAW_OWNER,
+        remote_addr: 0x10_0000 + offset,
+        packed_key: Bytes::copy_from_slice(&key.encode()),
+        local_region_id: region.backend_region_id,
+        local_offset: offset,
+        len,
+        deadline: Some(Duration::from_secs(5)),
+    };
+    let requests = vec![
+        read(0, READ_LEN),
+        read(READ_LEN, READ_LEN),
+        read(2 * READ_LEN, large),
+    ];
+    let batch = rt.spawn({
+        let backend = backend.clone();
+        async move { backend.get_batch_into_test_memory(requests).await }
+    });
+    let (list, reply_ep) = nth_list(&owner, 0);
+    assert_eq!(list.entries.len(), 2, "the small reads are gathered");
+    assert!(owner.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(rdmareg_ucx::read_protocol::READ_REQUEST_AM_ID)
+            .is_empty()
+    }));
+    let alone = {
+        let messages = owner.messages(rdmareg_ucx::read_protocol::READ_REQUEST_AM_ID);
+        ReadRequest::decode(&messages[0].header).expect("a single request")
+    };
+    assert_eq!(alone.length, large, "the large read goes alone");
+    // The large read, through a list reply (eager, its own length).
+    owner.send_wait(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &ListReply {
+            entries: vec![served(&alone)],
+        }
+        .encode()
+        .unwrap(),
+        &vec![0x5A; large as usize],
+        EAGER_REPLY,
+    );
+    // The first gathered read, by a single reply of its own length.
+    owner.send_wait(
+        reply_ep,
+        READ_REPLY_AM_ID,
+        &ReadReply {
+            request_id: list.entries[0].request_id,
+            status: ReplyStatus::Served,
+            length: READ_LEN,
+        }
+        .encode(),
+        &[0x6B; READ_LEN as usize],
+        EAGER_REPLY,
+    );
+    // The second, by a list reply whose entry is half its length.
+    owner.send_wait(
+        reply_ep,
+        READ_LIST_REPLY_AM_ID,
+        &ListReply {
+            entries: vec![ListReplyEntry {
+                length: READ_LEN / 2,
+                ..served(&list.entries[1])
+            }],
+        }
+        .encode()
+        .unwrap(),
+        &[0x7C; READ_LEN as usize / 2],
+        EAGER_REPLY,
+    );
+    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
+    let bytes = dest.snapshot();
+    unmap_and_count_nothing(&rt, &consumer, region.backend_region_id);
+    rt.block_on(consumer.shutdown());
+    assert_eq!(answers[0], Ok(()), "{answers:?}");
+    assert!(
+        matches!(answers[1], Err(RdmaError::Backend(_))),
+        "{answers:?}"
+    );
+    assert_eq!(answers[2], Ok(()), "{answers:?}");
+    let n = READ_LEN as usize;
+    assert!(bytes[..n].iter().all(|&b| b == 0x6B));
+    assert!(
+        bytes[n..2 * n].iter().all(|&b| b == 0),
+        "the short entry landed"
+    );
+    assert!(
+        bytes[2 * n..2 * n + large as usize]
+            .iter()
+            .all(|&b| b == 0x5A)
+    );
+    assert!(bytes[2 * n + large as usize..].iter().all(|&b| b == 0));
+}
