@@ -546,8 +546,9 @@ fn an_owner_refuses_each_hostile_entry_of_a_maximal_list_on_its_own() {
 
 /// A consumer that sends many maximal lists and never reads the replies
 /// holds the owner's leases: an unmap of the region does not answer while
-/// the replies are stuck, and answers `Ok` (with nothing left registered)
-/// once that consumer is gone.
+/// the replies are stuck, another consumer's list naming the region
+/// meanwhile is refused entry by entry, and the unmap answers `Ok` (with
+/// nothing left registered) once that consumer is gone.
 #[test]
 fn replies_a_consumer_never_reads_hold_the_unmap_until_that_consumer_is_gone() {
     let rt = runtime();
@@ -605,6 +606,28 @@ fn replies_a_consumer_never_reads_hold_the_unmap_until_that_consumer_is_gone() {
         .await
     });
     let live_while_held = owner.live_registrations();
+    // Another consumer's list naming the region while its unmap waits is
+    // refused entry by entry.
+    let late = Raw::new(false);
+    let late_ep = late.connect(&owner.worker_address());
+    late.send_wait(
+        late_ep,
+        READ_LIST_REQUEST_AM_ID,
+        &list(1000).encode().unwrap(),
+        &[],
+        sys::UCP_AM_SEND_FLAG_REPLY,
+    );
+    assert!(late.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
+    }));
+    let (late_reply, late_payload) = {
+        let messages = late.messages(READ_LIST_REPLY_AM_ID);
+        (
+            ListReply::decode(&messages[0].header).unwrap(),
+            messages[0].data.clone(),
+        )
+    };
+    drop(late);
     for request in requests {
         // SAFETY: requests of the raw consumer's worker, returned once
         // (UCX frees an unfinished one when it completes).
@@ -625,6 +648,14 @@ fn replies_a_consumer_never_reads_hold_the_unmap_until_that_consumer_is_gone() {
         "the unmap answered {held:?} while replies from the region were stuck"
     );
     assert_eq!(live_while_held, Some(1));
+    assert!(
+        late_reply
+            .entries
+            .iter()
+            .all(|e| e.status == ReplyStatus::Refused(RemoteRefusal::Deregistering)),
+        "{late_reply:?}"
+    );
+    assert!(late_payload.is_empty(), "bytes of a region being unmapped");
     assert_eq!(
         released,
         Ok(Ok(())),
