@@ -211,12 +211,16 @@ pub const SCENARIO_LIMIT: Duration = Duration::from_secs(20);
 /// Lane)`, which runs the scenario through
 /// [`isolated`](crate::isolated::isolated) under `test_path`, and makes
 /// plain `#[test]`s that pass it their own path.
+///
+/// Attributes written before a test's name (`#[ignore = "why"]`) go on
+/// that test.
 #[macro_export]
 macro_rules! lane_tests {
-    (isolated $scenario:ident, $($test:ident => $lane:expr),+ $(,)?) => {
+    (isolated $scenario:ident, $($(#[$attr:meta])* $test:ident => $lane:expr),+ $(,)?) => {
         mod $scenario {
             $(
                 #[test]
+                $(#[$attr])*
                 fn $test() {
                     super::$scenario(
                         concat!(module_path!(), "::", stringify!($test)),
@@ -226,10 +230,11 @@ macro_rules! lane_tests {
             )+
         }
     };
-    ($scenario:ident, $($test:ident => $lane:expr),+ $(,)?) => {
+    ($scenario:ident, $($(#[$attr:meta])* $test:ident => $lane:expr),+ $(,)?) => {
         mod $scenario {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                $(#[$attr])*
                 async fn $test() {
                     let lane = $crate::Lane::from($lane);
                     let what = format!("{} over {lane:?}", stringify!($scenario));

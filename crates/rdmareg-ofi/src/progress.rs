@@ -1069,9 +1069,13 @@ impl Engine {
                     .and_then(|&slot| self.ops[slot].as_mut())
                     .filter(|op| op.request_id == request_id)
                 {
-                    op.failure = Some(RdmaError::Backend(format!(
-                        "ofi: sending the read request failed: {text}"
-                    )));
+                    // A request that teardown ended failed because the
+                    // engine is going away, not because of the fabric.
+                    op.failure = Some(if self.closing {
+                        RdmaError::ShuttingDown
+                    } else {
+                        RdmaError::Backend(format!("ofi: sending the read request failed: {text}"))
+                    });
                     self.fabric.cancel(read as *mut c_void);
                 }
             }
