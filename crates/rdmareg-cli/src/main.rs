@@ -1,12 +1,14 @@
 //! `rdmareg`: the command-line face of rdmareg.
 //!
 //! - `rdmareg demo` — an owner and a consumer process move registered memory
-//!   with one-sided GETs over UCX, verify every byte and shut down in order.
+//!   with GETs over UCX (`--transport`) or libfabric (`--backend ofi
+//!   --provider tcp|shm`), verify every byte and shut down in order.
 //! - `rdmareg serve` / `rdmareg fetch` — owners publish registered memory by
 //!   name in etcd under leases; consumers resolve, GET and verify it, and drop
 //!   an owner the moment its lease vanishes.
 //! - `rdmareg bench` — GET latency and bandwidth through the registry against
-//!   `ucx_perftest` from the same UCX, and pool allocation against map+unmap.
+//!   `ucx_perftest` from the same UCX, the libfabric lanes beside them, and
+//!   pool allocation against map+unmap.
 //!
 //! Errors are reported as one line on stderr; the exit status is 0 on
 //! success, 1 when the run failed (verification, shutdown, an unreachable
@@ -46,7 +48,20 @@ fn main() -> ExitCode {
     if let Some(problem) = log_ucx_to_stderr() {
         eprintln!("rdmareg: warning: {problem}; UCX may log to standard output");
     }
-    let cli = cli::Cli::parse();
+    let mut cli = cli::Cli::parse();
+    if let cli::Command::Demo(args) = &mut cli.command {
+        // `--backend ofi --provider P` is the lane `ofi-P`: settle it once,
+        // so the owner process is started on the same lane.
+        match args.lane() {
+            Ok(lane) => args.transport = lane,
+            Err(message) => {
+                use clap::CommandFactory as _;
+                cli::Cli::command()
+                    .error(clap::error::ErrorKind::ArgumentConflict, message)
+                    .exit()
+            }
+        }
+    }
     init_logging(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

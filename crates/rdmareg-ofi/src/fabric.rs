@@ -580,6 +580,14 @@ impl Fabric {
                 context,
             )
         };
+        // `shm` answers -FI_ENOMEM, not -FI_EAGAIN, once its pool of posted
+        // receives is used up (measured: a batch of 1000 reads, beside the
+        // request receives); entries come back as receives complete, so it
+        // is the same "later". A read that never gets an entry ends at its
+        // deadline, as any read left unposted.
+        if rc == -(ffi::FI_ENOMEM as isize) {
+            return Ok(false);
+        }
         eagain(rc, "fi_trecv")
     }
 
