@@ -48,6 +48,7 @@ fn main() -> ExitCode {
     if let Some(problem) = log_ucx_to_stderr() {
         eprintln!("rdmareg: warning: {problem}; UCX may log to standard output");
     }
+    restore_default_termination_signals();
     let mut cli = cli::Cli::parse();
     if let cli::Command::Demo(args) = &mut cli.command {
         // `--backend ofi --provider P` is the lane `ofi-P`: settle it once,
@@ -87,6 +88,27 @@ fn main() -> ExitCode {
             eprintln!("rdmareg: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Gives SIGINT and SIGTERM back their default action, before anything of
+/// this program handles them.
+///
+/// libfabric links the PSM libraries (`libpsm2`, `libinfinipath`), whose
+/// load-time constructors install their own handlers for SIGINT, SIGTERM
+/// and the fault signals: print a backtrace, then end the process. Tokio's
+/// signal handling (which `serve` and `fetch` use to withdraw their names
+/// and shut down in order) calls a handler it finds installed after its
+/// own, so a SIGTERM would end the process before the orderly shutdown
+/// could run. Measured: `rdmareg serve` died silently on SIGTERM once the
+/// binary linked libfabric. The fault signals keep their handlers.
+fn restore_default_termination_signals() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `signal` is a valid signal number and `SIG_DFL` a valid
+        // disposition; this runs at the start of `main`, before this
+        // program starts a thread or installs a handler of its own, so no
+        // handler of ours is replaced.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
     }
 }
 
