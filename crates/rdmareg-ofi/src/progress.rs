@@ -61,7 +61,7 @@ use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
 use crate::config::{OfiConfig, ReadPath};
 use crate::engine::{Command, Reply, Signals, StartInfo};
-use crate::fabric::{ADDR_UNSPEC, Completion, Fabric, MemoryRegion, ProviderContext};
+use crate::fabric::{ADDR_UNSPEC, Completion, EndpointEnd, Fabric, MemoryRegion, ProviderContext};
 use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
 use crate::protocol::{
     REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_MAX, REQUEST_TAG, ReadRequest, Refusal,
@@ -1411,7 +1411,7 @@ impl Engine {
                 }
             }
         }
-        if !self.fabric.close_endpoint() {
+        if self.fabric.close_or_park_endpoint() == EndpointEnd::StillOpen {
             // Request receives may still be written: never free them.
             for (_, buffer) in self.request_buffers.drain() {
                 std::mem::forget(buffer);
