@@ -166,6 +166,22 @@ fn link_farm(libdir: &Path) -> std::io::Result<PathBuf> {
 /// `rdmareg-ucx-src` and link it in, with rdma-core's libraries dynamic.
 #[cfg(feature = "vendored")]
 fn vendored() {
+    // The patches decide which build is linked (its cache key hashes them),
+    // but cargo tracks only the Rust sources of `rdmareg-ucx-src`: without
+    // these lines a changed patch would leave an existing target directory
+    // linked against the build of the old patches.
+    println!(
+        "cargo::rerun-if-changed={}",
+        rdmareg_ucx_src::patch_dir().display()
+    );
+    match rdmareg_ucx_src::patches() {
+        Ok(patches) => {
+            for patch in patches {
+                println!("cargo::rerun-if-changed={}", patch.display());
+            }
+        }
+        Err(e) => panic!("\n\nrdmareg-ucx-sys cannot list the UCX patches: {e}\n\n"),
+    }
     let build = match rdmareg_ucx_src::static_build() {
         Ok(build) => build,
         Err(e) => panic!("\n\nrdmareg-ucx-sys cannot build the vendored UCX: {e}\n\n"),

@@ -35,6 +35,7 @@ fn main() -> std::io::Result<()> {
     for (target, seeds) in [
         ("descriptor_decode", descriptor_seeds(&keys)),
         ("packed_key_validate", packed_key_seeds(&keys)),
+        ("ofi_packed_key", ofi_packed_key_seeds()),
         ("worker_address", worker_address_seeds()),
         ("read_protocol", read_protocol_seeds()),
         ("bootstrap_message", bootstrap_seeds(&keys)),
@@ -141,6 +142,46 @@ fn packed_key_seeds(keys: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
         assert_eq!(validate_packed_key(&format(), key), Ok(()), "{name}");
     }
     seeds
+}
+
+/// libfabric keys as `rdmareg_ofi` writes them: owner-served over tcp (a
+/// `sockaddr_in` owner) and shm (a string owner), a one-sided key with
+/// virtual addresses, and a served key followed by two probe ranges.
+fn ofi_packed_key_seeds() -> Vec<(String, Vec<u8>)> {
+    use rdmareg_ofi::key::PackedKey;
+    let mut sockaddr = vec![0u8; 16];
+    // AF_INET (2), in the host's order as `sockaddr_in` stores it.
+    sockaddr[..2].copy_from_slice(&2u16.to_ne_bytes());
+    sockaddr[2..4].copy_from_slice(&40_000u16.to_be_bytes());
+    sockaddr[4..8].copy_from_slice(&[127, 0, 0, 1]);
+    let key = |owner_served: bool, virt_addr: bool, mr_key: u64, owner: &[u8]| PackedKey {
+        owner_served,
+        virt_addr,
+        region_id: 7,
+        capability: [0x3C; 16],
+        mr_key,
+        base: 0x7f00_0000_0000,
+        len: 1 << 20,
+        owner: Bytes::copy_from_slice(owner),
+    };
+    let tcp = key(true, false, 0, &sockaddr).encode().to_vec();
+    let shm = key(true, false, 0, b"fi_shm://4242:0:1\0\0\0").encode().to_vec();
+    let one_sided = key(false, true, 0x1234, &sockaddr).encode().to_vec();
+    for (name, bytes) in [("tcp", &tcp), ("shm", &shm), ("one_sided", &one_sided)] {
+        let decoded = PackedKey::decode(&Bytes::copy_from_slice(bytes)).expect(name);
+        assert_eq!(decoded.encode().to_vec(), *bytes, "{name}");
+    }
+    let mut probed = tcp.clone();
+    for (addr, len) in [(0x7f00_0000_0000u64 + 4096, 4096u64), (0x7f00_0010_0000 - 1, 2)] {
+        probed.extend_from_slice(&addr.to_le_bytes());
+        probed.extend_from_slice(&len.to_le_bytes());
+    }
+    vec![
+        ("served_tcp".into(), tcp),
+        ("served_shm".into(), shm),
+        ("one_sided_virt".into(), one_sided),
+        ("served_tcp_with_probes".into(), probed),
+    ]
 }
 
 /// One real address per transport setting and address format (workers of

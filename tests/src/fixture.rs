@@ -1,12 +1,13 @@
-//! An owner and a consumer in one process: each a [`UcxEngine`] with an
-//! [`RdmaRegistry`] over its backend, the consumer's engine knowing the
-//! owner's worker address (and the other way round).
+//! An owner and a consumer in one process: each an [`Engine`] of one
+//! [`Lane`] with an [`RdmaRegistry`] over its backend, the consumer's engine
+//! knowing the owner's address (and the other way round).
 //!
 //! # Why both engines stay up until the end
 //!
-//! Over tcp a GET is emulated with active messages, so it completes only
-//! while the *owner's* progress thread runs. [`Pair::shut_down`] therefore
-//! takes the consumer down first and the owner last.
+//! Over UCX tcp and over both libfabric providers the owner's progress
+//! thread serves every GET, so a GET completes only while the *owner's*
+//! engine runs. [`Pair::shut_down`] therefore takes the consumer down first
+//! and the owner last.
 //!
 //! # The shutdown ordering
 //!
@@ -14,13 +15,12 @@
 //! sweep, then engine teardown, then
 //! [`SweptRegistry::finish_after_backend_teardown`](rdmareg_registry::SweptRegistry::finish_after_backend_teardown).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use rdmareg_backend::RdmaBackend;
 use rdmareg_registry::{PeerId, RdmaConfig, RdmaRegistry, ShutdownReport, TeardownVerdict};
-use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
+use rdmareg_ucx::{Transport, UcxConfig};
 
+use crate::lane::{Engine, EngineConfig, Lane};
 use crate::{KIB, MIB};
 
 /// How the consumer's engine names the owner.
@@ -28,8 +28,8 @@ pub const OWNER: PeerId = PeerId(1);
 /// How the owner's engine names the consumer.
 pub const CONSUMER: PeerId = PeerId(2);
 
-/// An engine configuration for tests: `transport` on the loopback interface
-/// only, with a short teardown timeout.
+/// A UCX engine configuration for tests: `transport` on the loopback
+/// interface only, with a short teardown timeout.
 pub fn engine_config(transport: Transport) -> UcxConfig {
     UcxConfig::default()
         .with_transport(transport)
@@ -56,26 +56,27 @@ pub fn registry_config() -> RdmaConfig {
 /// One engine and the registry over it.
 #[derive(Debug)]
 pub struct Side {
-    /// The UCX progress thread's handle.
-    pub engine: UcxEngine,
+    /// The progress thread's handle.
+    pub engine: Engine,
     /// The registry over [`engine`](Self::engine)'s backend, spawning on the
     /// runtime current when the side was started.
     pub registry: RdmaRegistry,
 }
 
 impl Side {
-    /// Start an engine of `transport` and a registry with `config` over it.
-    /// Must be called inside a Tokio runtime with timers.
-    pub fn start(transport: Transport, config: RdmaConfig) -> Side {
-        Side::start_with(engine_config(transport), config)
+    /// Start an engine of `lane` (a [`Lane`], or a UCX [`Transport`]) and a
+    /// registry with `config` over it. Must be called inside a Tokio runtime
+    /// with timers.
+    pub fn start(lane: impl Into<Lane>, config: RdmaConfig) -> Side {
+        Side::start_with(lane.into().engine_config(), config)
     }
 
     /// Start an engine from `engine` and a registry with `config` over it.
-    pub fn start_with(engine: UcxConfig, config: RdmaConfig) -> Side {
-        let engine = UcxEngine::start(engine).expect("the UCX engine starts");
-        let backend: Arc<dyn RdmaBackend> = engine.backend();
-        let registry = RdmaRegistry::new(backend, config, tokio::runtime::Handle::current())
-            .expect("a valid registry configuration");
+    pub fn start_with(engine: impl Into<EngineConfig>, config: RdmaConfig) -> Side {
+        let engine = Engine::start(engine).expect("the engine starts");
+        let registry =
+            RdmaRegistry::new(engine.backend(), config, tokio::runtime::Handle::current())
+                .expect("a valid registry configuration");
         Side { engine, registry }
     }
 
@@ -100,7 +101,7 @@ impl Side {
     }
 }
 
-/// An owner and a consumer over the same transport.
+/// An owner and a consumer on the same lane.
 #[derive(Debug)]
 pub struct Pair {
     /// The side whose memory is read.
@@ -110,24 +111,26 @@ pub struct Pair {
 }
 
 impl Pair {
-    /// Start both sides with `config`, and introduce them to each other.
-    pub fn start(transport: Transport, config: RdmaConfig) -> Pair {
-        Pair::start_with(engine_config(transport), config)
+    /// Start both sides on `lane` (a [`Lane`], or a UCX [`Transport`]) with
+    /// `config`, and introduce them to each other.
+    pub fn start(lane: impl Into<Lane>, config: RdmaConfig) -> Pair {
+        Pair::start_with(lane.into().engine_config(), config)
     }
 
     /// Start both sides' engines from `engine` and their registries with
     /// `config`, and introduce them to each other.
-    pub fn start_with(engine: UcxConfig, config: RdmaConfig) -> Pair {
+    pub fn start_with(engine: impl Into<EngineConfig>, config: RdmaConfig) -> Pair {
         crate::init_tracing();
+        let engine = engine.into();
         let owner = Side::start_with(engine.clone(), config.clone());
         let consumer = Side::start_with(engine, config);
         consumer
             .engine
-            .add_peer(OWNER, owner.engine.worker_address())
+            .add_peer(OWNER, owner.engine.address())
             .expect("the consumer records the owner");
         owner
             .engine
-            .add_peer(CONSUMER, consumer.engine.worker_address())
+            .add_peer(CONSUMER, consumer.engine.address())
             .expect("the owner records the consumer");
         Pair { owner, consumer }
     }

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use rdmareg_backend::RdmaBackend;
 use rdmareg_tests::fixture::{Side, registry_config};
 use rdmareg_ucx::Transport;
 

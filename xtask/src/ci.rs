@@ -101,8 +101,8 @@ fn steps() -> Vec<Step> {
             }),
         },
         Step {
-            name: "static UCX from rdmareg-ucx-src: ib, rdmacm, cma linked in; UCX suites over it (cargo xtask vendored)",
-            action: Action::Task(|| vendored::run_task(&[])),
+            name: "static UCX from rdmareg-ucx-src: ib, rdmacm, cma linked in; every UCX suite over it (cargo xtask vendored --full)",
+            action: Action::Task(|| vendored::run_task(&["--full".to_string()])),
         },
         Step {
             name: "downstream example: block service on the published crate names (cargo xtask example)",

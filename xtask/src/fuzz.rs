@@ -3,8 +3,8 @@
 //! and report what libFuzzer measured and any crash it found.
 //!
 //! The targets exercise the decoders that read bytes from peers (the wire
-//! descriptor, the UCX packed remote key and worker address validators, the CLI's bootstrap
-//! frames, ...). They are the `[[bin]]` entries of `fuzz/Cargo.toml`, read
+//! descriptor, the UCX packed remote key and worker address validators, the
+//! libfabric backend's packed key, the CLI's bootstrap frames, ...). They are the `[[bin]]` entries of `fuzz/Cargo.toml`, read
 //! at run time, so a new target is picked up without touching this task.
 //! `fuzz/` is its own cargo workspace, excluded from the main one.
 //!
@@ -14,8 +14,9 @@
 //! instrumentation, nightly compiler flags. The task runs them on the stable
 //! toolchain that runs it, with `RUSTC_BOOTSTRAP=1`, so no nightly toolchain
 //! is needed. A missing cargo-fuzz is installed with
-//! `cargo install cargo-fuzz --locked`. UCX is provisioned first, as for the
-//! other tasks: the packed-key and worker-address targets link `rdmareg-ucx`.
+//! `cargo install cargo-fuzz --locked`. UCX and libfabric are provisioned
+//! first, as for the other tasks: the packed-key and worker-address targets
+//! link `rdmareg-ucx`, and the fuzz crate links `rdmareg-ofi`.
 //! The fuzz build goes to `target/fuzz/build/`.
 //!
 //! # Corpora
@@ -38,8 +39,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
-use crate::ucx;
 use crate::util::{Context, Result, bail, cargo, run, target_dir, workspace_root};
+use crate::{ofi, ucx};
 
 /// Seconds per target when `--secs` is not given.
 const DEFAULT_SECONDS: u64 = 30;
@@ -75,6 +76,11 @@ fn fuzz(options: &Options) -> Result<()> {
         "using UCX {} at {}",
         ucx.describe_version(),
         ucx.prefix.display()
+    );
+    let ofi = ofi::ensure()?;
+    eprintln!(
+        "using libfabric {}.{} ({})",
+        ofi.api.0, ofi.api.1, ofi.origin
     );
 
     let mut reports = Vec::with_capacity(options.targets.len());

@@ -27,8 +27,9 @@ use crate::util::{Result, bail, cargo, run, target_dir};
 /// default is the subset that proves the static build works end to end —
 /// the sys crate's tests, the engine's unit tests (among them the
 /// component check), reads between two engines and the conformance kit
-/// over tcp; `full` runs every UCX suite, which the ordinary test step
-/// already runs over the shared build.
+/// over tcp — for a quick local check; `full` (what CI runs, about three
+/// minutes more) runs every UCX suite, so a behaviour of the static build
+/// that differs from the shared one (its patches, its components) shows.
 fn test_command(full: bool) -> Command {
     let mut cmd = cargo([
         "nextest",

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// Register memory for RDMA and move it with one-sided GETs over UCX.
+/// Register memory for RDMA and move it with GETs over UCX or libfabric.
 #[derive(Debug, Parser)]
 #[command(name = "rdmareg", version, about)]
 pub struct Cli {
@@ -21,9 +21,11 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run an owner and a consumer process, GET and verify registered memory.
+    /// Run an owner and a consumer process, GET and verify registered memory
+    /// (over UCX, or libfabric with `--backend ofi`).
     Demo(DemoArgs),
-    /// Benchmark GETs and the pool against ucx_perftest and map+unmap.
+    /// Benchmark GETs (UCX and libfabric lanes) and the pool against
+    /// ucx_perftest and map+unmap.
     Bench(BenchArgs),
     /// Own registered memory and publish it by name in etcd, until stopped.
     Serve(ServeArgs),
@@ -46,25 +48,62 @@ pub enum TransportArg {
     /// Same host with the direct-read lane closed: every read is served and
     /// checked by the owner's engine (bulk bytes still move with cma).
     ShmServed,
+    /// libfabric's `tcp;ofi_rxm` provider: every read served by the owner's
+    /// engine over tagged messages.
+    OfiTcp,
+    /// libfabric's `shm` provider (same host): every read served by the
+    /// owner's engine over tagged messages.
+    OfiShm,
 }
 
 impl TransportArg {
-    /// The name used in reports.
+    /// The name used in reports (and on the command line).
     pub fn name(self) -> &'static str {
         match self {
             TransportArg::Tcp => "tcp",
             TransportArg::Shm => "shm",
             TransportArg::ShmServed => "shm-served",
+            TransportArg::OfiTcp => "ofi-tcp",
+            TransportArg::OfiShm => "ofi-shm",
         }
     }
+
+    /// Whether this lane runs over libfabric (else over UCX).
+    pub fn is_ofi(self) -> bool {
+        matches!(self, TransportArg::OfiTcp | TransportArg::OfiShm)
+    }
+}
+
+/// The backend the demo runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// UCX (`rdmareg-ucx`); `--transport` picks the lane.
+    Ucx,
+    /// libfabric (`rdmareg-ofi`); `--provider` picks the provider.
+    Ofi,
+}
+
+/// A libfabric provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProviderArg {
+    /// `tcp;ofi_rxm`.
+    Tcp,
+    /// `shm` (same host).
+    Shm,
 }
 
 /// `rdmareg demo`.
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
-    /// Transport lane.
+    /// The backend: UCX, or libfabric (`ofi`).
+    #[arg(long, value_enum, default_value_t = BackendArg::Ucx)]
+    pub backend: BackendArg,
+    /// Transport lane (UCX's, or `ofi-tcp` / `ofi-shm`).
     #[arg(long, value_enum, default_value_t = TransportArg::Tcp)]
     pub transport: TransportArg,
+    /// libfabric provider, with `--backend ofi` (default: tcp).
+    #[arg(long, value_enum)]
+    pub provider: Option<ProviderArg>,
     /// Bytes per GET (suffixes K, M, G accepted: 64K, 1M).
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     pub size: u64,
@@ -98,6 +137,23 @@ pub struct DemoArgs {
     pub metrics_addr: Option<SocketAddr>,
 }
 
+impl DemoArgs {
+    /// The lane `--backend`, `--transport` and `--provider` name together.
+    ///
+    /// # Errors
+    /// `--provider` without `--backend ofi`.
+    pub fn lane(&self) -> Result<TransportArg, String> {
+        match (self.backend, self.provider) {
+            (BackendArg::Ofi, None | Some(ProviderArg::Tcp)) => Ok(TransportArg::OfiTcp),
+            (BackendArg::Ofi, Some(ProviderArg::Shm)) => Ok(TransportArg::OfiShm),
+            (BackendArg::Ucx, None) => Ok(self.transport),
+            (BackendArg::Ucx, Some(_)) => {
+                Err("--provider names a libfabric provider: add --backend ofi".into())
+            }
+        }
+    }
+}
+
 /// The two figures every wait of a run derives from.
 ///
 /// A lost peer (cut link, stopped or killed process) is reported within
@@ -118,8 +174,9 @@ pub struct LimitArgs {
 /// `rdmareg bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Transports to sweep.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [TransportArg::Tcp, TransportArg::Shm, TransportArg::ShmServed])]
+    /// Lanes to sweep: UCX transports and libfabric providers (`ofi-tcp`,
+    /// `ofi-shm`), side by side in one run.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [TransportArg::Tcp, TransportArg::Shm, TransportArg::ShmServed, TransportArg::OfiTcp, TransportArg::OfiShm])]
     pub transport: Vec<TransportArg>,
     /// Message sizes to sweep (suffixes K, M, G accepted).
     #[arg(long, value_delimiter = ',', value_parser = parse_size,
@@ -438,6 +495,41 @@ mod tests {
         };
         assert_eq!(bench.metrics_addr, Some("0.0.0.0:9100".parse().unwrap()));
         assert!(Cli::try_parse_from(["rdmareg", "demo", "--metrics-addr", "nowhere"]).is_err());
+    }
+
+    fn demo_args(extra: &[&str]) -> Result<DemoArgs, clap::Error> {
+        let argv = ["rdmareg", "demo"].iter().chain(extra);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Demo(args) => Ok(args),
+            other => panic!("not a demo command: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn demo_backend_ofi_takes_its_provider_and_defaults_to_tcp() {
+        let lane = |extra: &[&str]| demo_args(extra).unwrap().lane();
+        assert_eq!(lane(&["--backend", "ofi"]), Ok(TransportArg::OfiTcp));
+        assert_eq!(
+            lane(&["--backend", "ofi", "--provider", "tcp"]),
+            Ok(TransportArg::OfiTcp)
+        );
+        assert_eq!(
+            lane(&["--backend", "ofi", "--provider", "shm"]),
+            Ok(TransportArg::OfiShm)
+        );
+        assert_eq!(lane(&["--transport", "shm"]), Ok(TransportArg::Shm));
+        assert_eq!(lane(&["--transport", "ofi-shm"]), Ok(TransportArg::OfiShm));
+        assert!(lane(&["--provider", "shm"]).is_err());
+        assert!(demo_args(&["--backend", "ofi", "--provider", "verbs"]).is_err());
+    }
+
+    #[test]
+    fn bench_sweeps_the_ucx_and_libfabric_lanes_by_default() {
+        let args = bench_args(&[]).unwrap();
+        let names: Vec<&str> = args.transport.iter().map(|t| t.name()).collect();
+        assert_eq!(names, ["tcp", "shm", "shm-served", "ofi-tcp", "ofi-shm"]);
+        let args = bench_args(&["--transport", "ofi-tcp,tcp"]).unwrap();
+        assert_eq!(args.transport, [TransportArg::OfiTcp, TransportArg::Tcp]);
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! `rdmareg`: the command-line face of rdmareg.
 //!
 //! - `rdmareg demo` — an owner and a consumer process move registered memory
-//!   with one-sided GETs over UCX, verify every byte and shut down in order.
+//!   with GETs over UCX (`--transport`) or libfabric (`--backend ofi
+//!   --provider tcp|shm`), verify every byte and shut down in order.
 //! - `rdmareg serve` / `rdmareg fetch` — owners publish registered memory by
 //!   name in etcd under leases; consumers resolve, GET and verify it, and drop
 //!   an owner the moment its lease vanishes.
 //! - `rdmareg bench` — GET latency and bandwidth through the registry against
-//!   `ucx_perftest` from the same UCX, and pool allocation against map+unmap.
+//!   `ucx_perftest` from the same UCX, the libfabric lanes beside them, and
+//!   pool allocation against map+unmap.
 //!
 //! Errors are reported as one line on stderr; the exit status is 0 on
 //! success, 1 when the run failed (verification, shutdown, an unreachable
@@ -46,7 +48,21 @@ fn main() -> ExitCode {
     if let Some(problem) = log_ucx_to_stderr() {
         eprintln!("rdmareg: warning: {problem}; UCX may log to standard output");
     }
-    let cli = cli::Cli::parse();
+    restore_default_termination_signals();
+    let mut cli = cli::Cli::parse();
+    if let cli::Command::Demo(args) = &mut cli.command {
+        // `--backend ofi --provider P` is the lane `ofi-P`: settle it once,
+        // so the owner process is started on the same lane.
+        match args.lane() {
+            Ok(lane) => args.transport = lane,
+            Err(message) => {
+                use clap::CommandFactory as _;
+                cli::Cli::command()
+                    .error(clap::error::ErrorKind::ArgumentConflict, message)
+                    .exit()
+            }
+        }
+    }
     init_logging(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -72,6 +88,27 @@ fn main() -> ExitCode {
             eprintln!("rdmareg: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Gives SIGINT and SIGTERM back their default action, before anything of
+/// this program handles them.
+///
+/// libfabric links the PSM libraries (`libpsm2`, `libinfinipath`), whose
+/// load-time constructors install their own handlers for SIGINT, SIGTERM
+/// and the fault signals: print a backtrace, then end the process. Tokio's
+/// signal handling (which `serve` and `fetch` use to withdraw their names
+/// and shut down in order) calls a handler it finds installed after its
+/// own, so a SIGTERM would end the process before the orderly shutdown
+/// could run. Measured: `rdmareg serve` died silently on SIGTERM once the
+/// binary linked libfabric. The fault signals keep their handlers.
+fn restore_default_termination_signals() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `signal` is a valid signal number and `SIG_DFL` a valid
+        // disposition; this runs at the start of `main`, before this
+        // program starts a thread or installs a handler of its own, so no
+        // handler of ours is replaced.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
     }
 }
 

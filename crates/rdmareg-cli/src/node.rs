@@ -1,20 +1,126 @@
-//! One side of a demo or benchmark: a UCX engine, a registry over it, and
-//! the shutdown in the order the lifecycle requires (registry sweep → engine
-//! teardown → release of survivors only on the backend's word).
+//! One side of a demo or benchmark: an engine (UCX or libfabric), a
+//! registry over it, and the shutdown in the order the lifecycle requires
+//! (registry sweep → engine teardown → release of survivors only on the
+//! backend's word).
 
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use bytes::Bytes;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{PeerId, RdmaError};
+use rdmareg_ofi::{OfiConfig, OfiEngine, Provider};
 use rdmareg_registry::{RdmaConfig, RdmaRegistry, TeardownVerdict};
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
 
 use crate::cli::TransportArg;
 use crate::control::Bounds;
 
+/// A progress-thread engine of either backend.
+pub enum Engine {
+    /// `rdmareg-ucx`.
+    Ucx(UcxEngine),
+    /// `rdmareg-ofi`.
+    Ofi(OfiEngine),
+}
+
+impl Engine {
+    /// The backend the registry is built over.
+    pub fn backend(&self) -> Arc<dyn RdmaBackend> {
+        match self {
+            Engine::Ucx(engine) => engine.backend(),
+            Engine::Ofi(engine) => Arc::new(engine.backend()),
+        }
+    }
+
+    /// What a peer needs to reach this engine (the UCX worker address, or
+    /// the libfabric fabric address); offered as the bootstrap's
+    /// `worker_address`.
+    pub fn worker_address(&self) -> Bytes {
+        match self {
+            Engine::Ucx(engine) => engine.worker_address(),
+            Engine::Ofi(engine) => engine.fabric_address(),
+        }
+    }
+
+    /// Record how to reach `peer`.
+    pub fn add_peer(&self, peer: PeerId, address: Bytes) -> Result<(), RdmaError> {
+        match self {
+            Engine::Ucx(engine) => engine.add_peer(peer, address),
+            Engine::Ofi(engine) => engine.add_peer(peer, address),
+        }
+    }
+
+    /// Forget `peer`.
+    pub fn remove_peer(&self, peer: PeerId) -> Result<(), RdmaError> {
+        match self {
+            Engine::Ucx(engine) => engine.remove_peer(peer),
+            Engine::Ofi(engine) => engine.remove_peer(peer),
+        }
+    }
+
+    /// The engine's own count of registrations it holds.
+    pub fn live_registrations(&self) -> Option<usize> {
+        match self {
+            Engine::Ucx(engine) => engine.live_registrations(),
+            Engine::Ofi(engine) => Some(engine.live_registrations()),
+        }
+    }
+
+    /// Tear the engine down and wait for its thread.
+    pub async fn shutdown(&self) {
+        match self {
+            Engine::Ucx(engine) => engine.shutdown().await,
+            Engine::Ofi(engine) => engine.shutdown().await,
+        }
+    }
+
+    /// Start the engine of `transport`. `net_devices` is UCX's device list,
+    /// or, on libfabric tcp, the domain (interface) to open.
+    fn start(
+        transport: TransportArg,
+        net_devices: Option<&str>,
+        bounds: Bounds,
+    ) -> anyhow::Result<Engine> {
+        let provider = match transport {
+            TransportArg::OfiTcp => Some(Provider::Tcp),
+            TransportArg::OfiShm => Some(Provider::Shm),
+            TransportArg::Tcp | TransportArg::Shm | TransportArg::ShmServed => None,
+        };
+        if let Some(provider) = provider {
+            let mut config = OfiConfig::new(provider.clone())
+                .with_default_get_deadline(bounds.get_deadline)
+                .with_teardown_timeout(bounds.teardown);
+            if provider == Provider::Tcp {
+                if let Some(device) = net_devices.and_then(|d| d.split(',').next()) {
+                    config = config.with_domain(device);
+                }
+            }
+            let engine = OfiEngine::start(config).context("starting the libfabric engine")?;
+            return Ok(Engine::Ofi(engine));
+        }
+        let mut config = UcxConfig::default()
+            .with_transport(match transport {
+                TransportArg::Tcp => Transport::Tcp,
+                _ => Transport::SameHost,
+            })
+            .with_default_get_deadline(bounds.get_deadline)
+            .with_teardown_timeout(bounds.teardown);
+        if transport == TransportArg::ShmServed {
+            config = config.with_same_host_direct_reads(false);
+        }
+        if let Some(devices) = net_devices {
+            config = config.with_net_devices(devices);
+        }
+        let engine = UcxEngine::start(config).context("starting the UCX engine")?;
+        Ok(Engine::Ucx(engine))
+    }
+}
+
 /// An engine and the registry over it.
 pub struct Node {
-    /// The UCX progress thread.
-    pub engine: UcxEngine,
+    /// The progress thread.
+    pub engine: Engine,
     /// The registry over the engine's backend.
     pub registry: RdmaRegistry,
     /// The GET deadline and teardown bound it runs with.
@@ -32,7 +138,8 @@ pub struct ShutdownOutcome {
 }
 
 impl Node {
-    /// Start an engine on `transport` and a registry over it. Every GET
+    /// Start an engine on `transport` (a UCX lane or a libfabric provider)
+    /// and a registry over it. Every GET
     /// carries `bounds.get_deadline`; the engine's teardown and the
     /// registry's sweep are each bounded by `bounds.teardown`.
     pub fn start(
@@ -41,22 +148,9 @@ impl Node {
         registry_config: RdmaConfig,
         bounds: Bounds,
     ) -> anyhow::Result<Node> {
-        let mut config = UcxConfig::default()
-            .with_transport(match transport {
-                TransportArg::Tcp => Transport::Tcp,
-                TransportArg::Shm | TransportArg::ShmServed => Transport::SameHost,
-            })
-            .with_default_get_deadline(bounds.get_deadline)
-            .with_teardown_timeout(bounds.teardown);
-        if transport == TransportArg::ShmServed {
-            config = config.with_same_host_direct_reads(false);
-        }
-        if let Some(devices) = net_devices {
-            config = config.with_net_devices(devices);
-        }
-        let engine = UcxEngine::start(config).context("starting the UCX engine")?;
+        let engine = Engine::start(transport, net_devices, bounds)?;
         let registry = RdmaRegistry::new(
-            engine.backend() as Arc<dyn rdmareg_backend::RdmaBackend>,
+            engine.backend(),
             registry_config.with_get_deadline(bounds.get_deadline),
             tokio::runtime::Handle::current(),
         )

@@ -105,3 +105,46 @@ fn a_benchmark_owner_whose_consumer_vanishes_says_so_and_exits() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_libfabric_lanes_run_beside_a_ucx_lane_in_one_sweep() {
+    let out = std::env::temp_dir().join(format!("rdmareg-bench-ofi-{}", std::process::id()));
+    let output = Command::new(env!("CARGO_BIN_EXE_rdmareg"))
+        .args(["bench", "--transport", "tcp,ofi-tcp,ofi-shm"])
+        .args(["--sizes", "8,64K", "--scale", "0.01", "--window", "4"])
+        .args(["--pool-sizes", "4K", "--perftest-port", "14570"])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("rdmareg runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|r| r.split(',').collect())
+        .collect();
+    let lanes: Vec<&str> = rows.iter().map(|cells| cells[0]).collect();
+    assert_eq!(
+        lanes,
+        ["tcp", "tcp", "ofi-tcp", "ofi-tcp", "ofi-shm", "ofi-shm"],
+        "{csv}"
+    );
+    for cells in &rows {
+        let latency: f64 = cells[5].parse().expect("a latency");
+        let bandwidth: f64 = cells[9].parse().expect("a bandwidth");
+        assert!(latency > 0.0 && bandwidth > 0.0, "{cells:?}");
+        // ucx_perftest is the UCX lanes' baseline only.
+        let perftest = cells[11];
+        if cells[0].starts_with("ofi-") {
+            assert_eq!(perftest, "", "{cells:?}");
+        } else {
+            assert!(perftest.parse::<f64>().is_ok(), "{cells:?}");
+        }
+    }
+    assert!(stdout.contains("libfabric lanes"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&out);
+}

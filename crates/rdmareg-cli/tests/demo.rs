@@ -1,5 +1,6 @@
 //! The `rdmareg demo` binary end to end: two OS processes over real UCX
-//! transports, the output a user reads, and the exit status on failures.
+//! transports and libfabric providers, the output a user reads, and the
+//! exit status on failures.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
@@ -97,6 +98,49 @@ fn demo_over_shm_with_every_read_served_by_the_owner_verifies_every_byte() {
         "--plain",
     ]);
     assert_clean_demo(&output, "shm-served", 5);
+}
+
+#[test]
+fn demo_over_libfabric_tcp_verifies_every_byte_and_leaves_zero_registrations() {
+    let output = run(&[
+        "demo",
+        "--backend",
+        "ofi",
+        "--provider",
+        "tcp",
+        "--size",
+        "256K",
+        "--count",
+        "6",
+        "--plain",
+    ]);
+    assert_clean_demo(&output, "ofi-tcp", 6);
+}
+
+#[test]
+fn demo_over_libfabric_shm_verifies_every_byte_and_leaves_zero_registrations() {
+    let output = run(&[
+        "demo",
+        "--backend",
+        "ofi",
+        "--provider",
+        "shm",
+        "--size",
+        "1M",
+        "--count",
+        "5",
+        "--plain",
+    ]);
+    assert_clean_demo(&output, "ofi-shm", 5);
+}
+
+#[test]
+fn a_provider_without_the_ofi_backend_is_a_usage_error() {
+    let output = run(&["demo", "--provider", "shm"]);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(stderr.contains("--backend ofi"), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
 }
 
 #[test]

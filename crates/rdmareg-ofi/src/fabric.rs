@@ -41,6 +41,23 @@
 //! hints ask for RMA reads. Either way no peer can write this process's
 //! memory through a key it was given.
 //!
+//! # Two `shm` engines in one process
+//!
+//! libfabric's `shm` provider (1.17) maps a peer endpoint of the *same
+//! process* by reusing that endpoint's own region pointer (its
+//! `smr_map_to_region` looks the name up in a process-wide endpoint list)
+//! instead of mapping the shared file again; closing the endpoint unmaps
+//! the region. An engine that closed its endpoint while another engine of
+//! the process still had a reply to it in flight crashed that engine's
+//! next `fi_cq_read` (SIGSEGV in `pthread_spin_trylock` on the unmapped
+//! region; the workspace's teardown-mid-GET test over `shm`, every run).
+//! So while another `shm` engine of the process is open, an engine whose
+//! reads and sends have all ended does not close its endpoint at teardown:
+//! the endpoint, its address vector, completion queue, domain and fabric
+//! are *parked* (kept open, never used again) and closed when the last
+//! `shm` engine of the process closes. Engines in different processes map
+//! each other's files themselves and are not affected.
+//!
 //! # Tagged messages
 //!
 //! `struct fi_ops_tagged` is opaque in the bindings, so [`TaggedOps`]
@@ -211,6 +228,107 @@ pub(crate) struct Fabric {
     pub(crate) wait_fd: Option<RawFd>,
     pub(crate) provider_version: u32,
     pub(crate) read_path: ReadPath,
+    /// Counted among the process's open `shm` fabrics ([`SHM_FABRICS`]).
+    shm_counted: bool,
+    /// The endpoint was left open at teardown ([`Fabric::close_or_park_endpoint`]):
+    /// dropping hands the objects to [`SHM_FABRICS`] instead of closing them.
+    parked: bool,
+}
+
+/// The open libfabric objects of a parked `shm` engine (see the module
+/// docs), closed once no `shm` fabric of the process is open.
+struct ParkedFabric {
+    info: *mut ffi::fi_info,
+    fabric: *mut ffi::fid_fabric,
+    domain: *mut ffi::fid_domain,
+    cq: *mut ffi::fid_cq,
+    av: *mut ffi::fid_av,
+    ep: *mut ffi::fid_ep,
+}
+
+// SAFETY: a parked fabric's objects are used by no thread any more; the
+// only thing done with them is closing each once, under `SHM_FABRICS`'s
+// lock, which serialises it as `FI_THREAD_DOMAIN` asks.
+unsafe impl Send for ParkedFabric {}
+
+impl ParkedFabric {
+    /// Closes the objects, endpoint first, and frees the info.
+    ///
+    /// # Safety
+    /// The objects are live and used by no one else.
+    unsafe fn close(self) {
+        // SAFETY: per the caller, each object is live and closed once,
+        // children before parents; the info list is freed last.
+        unsafe {
+            close_all(
+                self.ep,
+                self.av,
+                self.cq,
+                self.domain,
+                self.fabric,
+                self.info,
+            )
+        };
+    }
+}
+
+/// The process's `shm` fabrics: how many are open, and the parked ones.
+struct ShmFabrics {
+    open: usize,
+    parked: Vec<ParkedFabric>,
+}
+
+/// See the module docs: parked `shm` endpoints stay open while any `shm`
+/// fabric of the process is.
+static SHM_FABRICS: std::sync::Mutex<ShmFabrics> = std::sync::Mutex::new(ShmFabrics {
+    open: 0,
+    parked: Vec::new(),
+});
+
+/// Closes whichever of the objects are non-null, children before parents,
+/// then frees `info`.
+///
+/// # Safety
+/// Every non-null object is live and not used again.
+unsafe fn close_all(
+    ep: *mut ffi::fid_ep,
+    av: *mut ffi::fid_av,
+    cq: *mut ffi::fid_cq,
+    domain: *mut ffi::fid_domain,
+    fabric: *mut ffi::fid_fabric,
+    info: *mut ffi::fi_info,
+) {
+    // SAFETY: per the caller, each non-null object is live and closed once.
+    unsafe {
+        for fid in [
+            (!ep.is_null()).then(|| &raw mut (*ep).fid),
+            (!av.is_null()).then(|| &raw mut (*av).fid),
+            (!cq.is_null()).then(|| &raw mut (*cq).fid),
+            (!domain.is_null()).then(|| &raw mut (*domain).fid),
+            (!fabric.is_null()).then(|| &raw mut (*fabric).fid),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let rc = close_fid(fid);
+            if rc != 0 {
+                tracing::warn!(error = %error_text(rc.into()), "fi_close failed at teardown");
+            }
+        }
+        if !info.is_null() {
+            ffi::fi_freeinfo(info);
+        }
+    }
+}
+
+/// How [`Fabric::close_or_park_endpoint`] left the endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EndpointEnd {
+    /// Closed: the provider touches no buffer posted on it.
+    Closed,
+    /// Left open (parked) or not closed: receives posted on it may still
+    /// be written, so their buffers must never be freed.
+    StillOpen,
 }
 
 impl Fabric {
@@ -232,6 +350,8 @@ impl Fabric {
             wait_fd: None,
             provider_version: 0,
             read_path: config.effective_read_path(),
+            shm_counted: false,
+            parked: false,
         };
         // SAFETY: every call below follows libfabric's object lifecycle on
         // objects this function created and stored in `this` (whose Drop
@@ -332,6 +452,13 @@ impl Fabric {
                 f if f == ffi::FI_ADDR_STR => AddressFormat::Str,
                 _ => AddressFormat::Opaque(len),
             };
+        }
+        if this.provider == "shm" {
+            let mut shm = SHM_FABRICS
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            shm.open += 1;
+            this.shm_counted = true;
         }
         tracing::debug!(
             provider = %this.provider,
@@ -580,6 +707,14 @@ impl Fabric {
                 context,
             )
         };
+        // `shm` answers -FI_ENOMEM, not -FI_EAGAIN, once its pool of posted
+        // receives is used up (measured: a batch of 1000 reads, beside the
+        // request receives); entries come back as receives complete, so it
+        // is the same "later". A read that never gets an entry ends at its
+        // deadline, as any read left unposted.
+        if rc == -(ffi::FI_ENOMEM as isize) {
+            return Ok(false);
+        }
         eagain(rc, "fi_trecv")
     }
 
@@ -699,28 +834,70 @@ impl Fabric {
     }
 }
 
+impl Fabric {
+    /// The last step of teardown, once no read or send is in flight: closes
+    /// the endpoint, unless this is a `shm` fabric and another `shm` fabric
+    /// of the process is open, which may still reach this endpoint's region
+    /// (see the module docs). Then the endpoint is parked: left open, and
+    /// closed with the rest of the objects when the last `shm` fabric of
+    /// the process closes.
+    pub(crate) fn close_or_park_endpoint(&mut self) -> EndpointEnd {
+        if self.ep.is_null() {
+            return EndpointEnd::Closed;
+        }
+        if self.shm_counted {
+            let shm = SHM_FABRICS
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if shm.open > 1 {
+                self.parked = true;
+                tracing::debug!(
+                    other_shm_engines = shm.open - 1,
+                    "shm endpoint parked until the process's other shm engines close"
+                );
+                return EndpointEnd::StillOpen;
+            }
+        }
+        if self.close_endpoint() {
+            EndpointEnd::Closed
+        } else {
+            EndpointEnd::StillOpen
+        }
+    }
+}
+
 impl Drop for Fabric {
     fn drop(&mut self) {
-        self.close_endpoint();
-        // SAFETY: each object is live (non-null) and closed once, children
-        // before parents; the info list is freed last.
-        unsafe {
-            for fid in [
-                (!self.av.is_null()).then(|| &raw mut (*self.av).fid),
-                (!self.cq.is_null()).then(|| &raw mut (*self.cq).fid),
-                (!self.domain.is_null()).then(|| &raw mut (*self.domain).fid),
-                (!self.fabric.is_null()).then(|| &raw mut (*self.fabric).fid),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let rc = close_fid(fid);
-                if rc != 0 {
-                    tracing::warn!(error = %error_text(rc.into()), "fi_close failed at teardown");
-                }
-            }
-            if !self.info.is_null() {
-                ffi::fi_freeinfo(self.info);
+        let objects = ParkedFabric {
+            info: std::mem::replace(&mut self.info, ptr::null_mut()),
+            fabric: std::mem::replace(&mut self.fabric, ptr::null_mut()),
+            domain: std::mem::replace(&mut self.domain, ptr::null_mut()),
+            cq: std::mem::replace(&mut self.cq, ptr::null_mut()),
+            av: std::mem::replace(&mut self.av, ptr::null_mut()),
+            ep: std::mem::replace(&mut self.ep, ptr::null_mut()),
+        };
+        if !self.shm_counted {
+            // SAFETY: the objects are this fabric's, live (or null) and
+            // used by no one after this.
+            unsafe { objects.close() };
+            return;
+        }
+        let mut shm = SHM_FABRICS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        shm.open -= 1;
+        if self.parked && shm.open > 0 {
+            shm.parked.push(objects);
+            return;
+        }
+        // SAFETY: as above; closed under the lock, so no parked fabric is
+        // closed concurrently.
+        unsafe { objects.close() };
+        if shm.open == 0 {
+            for parked in std::mem::take(&mut shm.parked) {
+                // SAFETY: parked objects are live and used by no one; no
+                // shm fabric of the process is open to reach them.
+                unsafe { parked.close() };
             }
         }
     }

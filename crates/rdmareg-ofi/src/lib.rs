@@ -24,7 +24,14 @@
 //! `tcp` (with `ofi_rxm` for reliable-datagram endpoints) and `shm`, from
 //! Debian 12's libfabric 1.17 (the minimum). Both progress data only when
 //! the engine reads its completion queue, so the owner's progress thread is
-//! what serves reads of its memory.
+//! what serves reads of its memory. Besides this crate's own tests and the
+//! conformance kit, the workspace's registry scenarios run over both
+//! providers through the same test bodies as over UCX (`tests/tests/ofi`).
+//!
+//! Two `shm` engines in one process share more than their peers in other
+//! processes do: the provider reuses a same-process endpoint's region, so
+//! an engine whose teardown finds another `shm` engine of the process open
+//! parks its endpoint instead of closing it (see `docs/ofi.md`).
 //!
 //! # Safety model
 //!

@@ -61,7 +61,7 @@ use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
 use crate::config::{OfiConfig, ReadPath};
 use crate::engine::{Command, Reply, Signals, StartInfo};
-use crate::fabric::{ADDR_UNSPEC, Completion, Fabric, MemoryRegion, ProviderContext};
+use crate::fabric::{ADDR_UNSPEC, Completion, EndpointEnd, Fabric, MemoryRegion, ProviderContext};
 use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
 use crate::protocol::{
     REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_MAX, REQUEST_TAG, ReadRequest, Refusal,
@@ -1069,9 +1069,13 @@ impl Engine {
                     .and_then(|&slot| self.ops[slot].as_mut())
                     .filter(|op| op.request_id == request_id)
                 {
-                    op.failure = Some(RdmaError::Backend(format!(
-                        "ofi: sending the read request failed: {text}"
-                    )));
+                    // A request that teardown ended failed because the
+                    // engine is going away, not because of the fabric.
+                    op.failure = Some(if self.closing {
+                        RdmaError::ShuttingDown
+                    } else {
+                        RdmaError::Backend(format!("ofi: sending the read request failed: {text}"))
+                    });
                     self.fabric.cancel(read as *mut c_void);
                 }
             }
@@ -1407,7 +1411,7 @@ impl Engine {
                 }
             }
         }
-        if !self.fabric.close_endpoint() {
+        if self.fabric.close_or_park_endpoint() == EndpointEnd::StillOpen {
             // Request receives may still be written: never free them.
             for (_, buffer) in self.request_buffers.drain() {
                 std::mem::forget(buffer);

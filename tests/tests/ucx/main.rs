@@ -1,9 +1,11 @@
 //! The registry over the real UCX backend: two engines and two registries in
 //! one process, on the loopback interface.
 //!
-//! Scenarios that are cheap run once per transport ([`per_transport!`]):
-//! `Transport::Tcp`, where the owner's progress thread serves every GET, and
-//! `Transport::SameHost`, where cma moves the data one-sidedly.
+//! The scenario bodies live in `tests/registry/` and are shared with the
+//! libfabric suite (`tests/ofi/`); each runs here once per UCX transport
+//! ([`per_lane!`]): `Transport::Tcp`, where the owner's progress thread
+//! serves every GET, and `Transport::SameHost`, where cma moves the data
+//! one-sidedly.
 //!
 //! - `end_to_end` — registered bytes arrive intact, whole and in slices.
 //! - `shutdown_order` — registry sweep, engine teardown, release; guards
@@ -14,45 +16,33 @@
 //! - `cancelled_get` — a dropped GET surrenders its buffer; shutdown waits.
 //! - `leaks` — soak with leak checks; the budget's refusals.
 
-use std::time::Duration;
-
-/// Longest any one scenario may run before it counts as hung. Scenarios
-/// take well under two seconds on an idle two-core machine; the margin is
-/// for machines shared with other builds.
-pub const SCENARIO_LIMIT: Duration = Duration::from_secs(20);
-
-/// Turns `async fn name(transport: Transport)` into the tests
-/// `name::over_tcp` and `name::over_same_host`, each bounded by
-/// [`SCENARIO_LIMIT`].
-macro_rules! per_transport {
+/// Turns each `async fn name(lane: Lane)` into the tests `name::over_tcp`
+/// and `name::over_same_host`; `per_lane!(isolated name)` does the same for
+/// a scenario run in a child process.
+macro_rules! per_lane {
+    (isolated $($scenario:ident),+ $(,)?) => {$(
+        rdmareg_tests::lane_tests!(isolated $scenario,
+            over_tcp => rdmareg_ucx::Transport::Tcp,
+            over_same_host => rdmareg_ucx::Transport::SameHost,
+        );
+    )+};
     ($($scenario:ident),+ $(,)?) => {$(
-        mod $scenario {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn over_tcp() {
-                rdmareg_tests::within(
-                    crate::SCENARIO_LIMIT,
-                    concat!(stringify!($scenario), " over tcp"),
-                    super::$scenario(rdmareg_ucx::Transport::Tcp),
-                )
-                .await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn over_same_host() {
-                rdmareg_tests::within(
-                    crate::SCENARIO_LIMIT,
-                    concat!(stringify!($scenario), " over same-host"),
-                    super::$scenario(rdmareg_ucx::Transport::SameHost),
-                )
-                .await;
-            }
-        }
+        rdmareg_tests::lane_tests!($scenario,
+            over_tcp => rdmareg_ucx::Transport::Tcp,
+            over_same_host => rdmareg_ucx::Transport::SameHost,
+        );
     )+};
 }
 
+#[path = "../registry/cancelled_get.rs"]
 mod cancelled_get;
+#[path = "../registry/end_to_end.rs"]
 mod end_to_end;
+#[path = "../registry/leaks.rs"]
 mod leaks;
+#[path = "../registry/misuse.rs"]
 mod misuse;
+#[path = "../registry/shutdown_order.rs"]
 mod shutdown_order;
+#[path = "../registry/teardown_mid_get.rs"]
 mod teardown_mid_get;

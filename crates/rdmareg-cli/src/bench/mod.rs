@@ -9,6 +9,10 @@
 //! `-O` gets. Then `ucx_perftest -t ucp_get` runs the same sizes and windows
 //! on the same transport settings. Absolute figures on a shared machine are
 //! noise; the ratio per row is the result.
+//!
+//! The libfabric lanes (`ofi-tcp`, `ofi-shm`) are measured the same way in
+//! the same run, beside the UCX lanes; they have no baseline column of
+//! their own (Debian ships no fabtests, so no `fi_rma_bw`).
 
 mod nixl;
 mod perftest;
@@ -68,7 +72,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     for &transport in &args.transport {
         let (mut measured, scatter) = measure_registry(&args, transport).await?;
         scatter_rows.extend(scatter);
-        if let Some(perftest) = &baseline {
+        // ucx_perftest measures UCX: it is no baseline of a libfabric lane.
+        if let Some(perftest) = baseline.as_ref().filter(|_| !transport.is_ofi()) {
             for row in &mut measured {
                 let environment = transport_environment(transport);
                 let error_handling = true;
@@ -99,7 +104,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 report::print_get_row_progress(row);
             }
         }
-        if let Some(python) = &nixl_python {
+        if let Some(python) = nixl_python.as_ref().filter(|_| !transport.is_ofi()) {
             let environment = transport_environment(transport);
             match nixl::run(python, &args.out, &environment, &nixl::specs(&measured)).await {
                 Ok(nixl_rows) => nixl::merge(&mut measured, &nixl_rows),
@@ -110,6 +115,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }
         rows.extend(measured);
+    }
+    if args.transport.iter().any(|t| t.is_ofi()) {
+        peer_notes.push(OFI_BASELINE_NOTE.to_owned());
     }
     let pool_rows = pool::measure(&args).await?;
     report::write_all(&args.out, &rows, &scatter_rows, &pool_rows)?;
@@ -143,6 +151,10 @@ fn nixl_peer(args: &BenchArgs) -> (Option<PathBuf>, Vec<String>) {
     }
 }
 
+/// Printed after a run with libfabric lanes: what their baseline is not.
+const OFI_BASELINE_NOTE: &str = "libfabric lanes (ofi-tcp, ofi-shm) have no baseline column: \
+     Debian's libfabric ships no fabtests (fi_rma_bw), and ucx_perftest measures UCX";
+
 /// UCX environment selecting the same transport as the engine, for
 /// `ucx_perftest`.
 fn transport_environment(transport: TransportArg) -> Vec<(String, String)> {
@@ -153,6 +165,8 @@ fn transport_environment(transport: TransportArg) -> Vec<(String, String)> {
             environment.push(("UCX_TLS".into(), "tcp,cma".into()));
             environment.push(("UCX_CMA_MEMORY_INVALIDATE".into(), "y".into()));
         }
+        // Not UCX lanes: nothing of UCX's runs on them.
+        TransportArg::OfiTcp | TransportArg::OfiShm => {}
     }
     // Everything else stays at UCX's defaults: the baseline is what raw UCX
     // gives a hand-written program on the same transport.

@@ -4,8 +4,6 @@
 
 use std::time::Instant;
 
-use rdmareg_backend::RdmaBackend as _;
-
 use crate::bench::PoolRow;
 use crate::cli::{BenchArgs, TransportArg};
 use crate::control::Bounds;

@@ -35,7 +35,7 @@ use ucx_sys as sys;
 
 use super::Engine;
 use super::events::Events;
-use super::gets::{GetOp, PreparedRead};
+use super::gets::{GetOp, PreparedRead, reply_endpoint, take_awaiting};
 use super::serve::admit;
 use super::ucp::{SendMode, handler_header, send_active_message, send_gathered};
 use crate::read_list::{
@@ -357,14 +357,9 @@ unsafe extern "C" fn on_list_reply_sent(
 /// The worker the sends were posted on is destroyed: no callback of it can
 /// run any more, so nothing else reclaims these records.
 pub(super) unsafe fn free_unfinished_list_lease_records(events: &Events) -> usize {
-    let records: Vec<usize> = events.list_lease_records.borrow_mut().drain().collect();
-    for &record in &records {
-        // SAFETY: each address was made by `Box::into_raw` for a send whose
-        // callback never ran (it removes its record first), and the worker
-        // is gone (the caller's contract), so this is its only reclaim.
-        drop(unsafe { Box::from_raw(record as *mut ListLease) });
-    }
-    records.len()
+    // SAFETY: every address in the set was made by `Box::into_raw` of a
+    // `ListLease`, and the worker is gone (the caller's contract).
+    unsafe { super::serve::free_records::<ListLease>(&events.list_lease_records) }
 }
 
 /// UCX's handler for a list reply (`READ_LIST_REPLY_AM_ID`), on the
@@ -386,11 +381,7 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
     // SAFETY: UCX passes a valid parameter record for the call's duration.
     let param = unsafe { &*param };
     let rendezvous = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    let arrived_on = if param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 {
-        param.reply_ep
-    } else {
-        std::ptr::null_mut()
-    };
+    let arrived_on = reply_endpoint(param);
     // SAFETY: what UCX passed this handler, used only during it.
     let header = unsafe { handler_header(header, header_length) };
     let Ok(reply) = ListReply::decode(header) else {
@@ -421,29 +412,6 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
         }
     }
     sys::UCS_OK
-}
-
-/// Takes the read `request_id` out of the waiting table if it was sent on
-/// `arrived_on`.
-fn take_awaiting(
-    events: &Events,
-    request_id: u64,
-    arrived_on: sys::ucp_ep_h,
-) -> Option<*mut GetOp> {
-    let mut awaiting = events.awaiting_replies.borrow_mut();
-    match awaiting.get(&request_id) {
-        // SAFETY: ops in the waiting table are active slots.
-        Some(&op) if !arrived_on.is_null() && unsafe { (*op).endpoint } == arrived_on => {
-            awaiting.remove(&request_id)
-        }
-        Some(_) => {
-            events
-                .dropped_messages
-                .set(events.dropped_messages.get() + 1);
-            None
-        }
-        None => None,
-    }
 }
 
 /// The outcome of one entry for the read it answers, copying its bytes in

@@ -472,13 +472,7 @@ pub(super) unsafe extern "C" fn on_read_reply(
     // SAFETY: UCX passes a valid parameter record for the call's duration.
     let param = unsafe { &*param };
     let rendezvous = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    // Owners reply with the reply flag, so UCX names the endpoint the reply
-    // came in on: this engine's endpoint to that owner.
-    let arrived_on = if param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 {
-        param.reply_ep
-    } else {
-        std::ptr::null_mut()
-    };
+    let arrived_on = reply_endpoint(param);
     // SAFETY: what UCX passed this handler, used only during it.
     let header = unsafe { handler_header(header, header_length) };
     let Ok(reply) = ReadReply::decode(header) else {
@@ -488,26 +482,7 @@ pub(super) unsafe extern "C" fn on_read_reply(
         // UCS_OK drops the message (for a rendezvous, UCX tells the sender).
         return sys::UCS_OK;
     };
-    // Only the owner the request went to can answer it: request ids are a
-    // counter, and another peer guessing one must not land its bytes in
-    // this read's destination.
-    let op = {
-        let mut awaiting = events.awaiting_replies.borrow_mut();
-        match awaiting.get(&reply.request_id) {
-            // SAFETY: ops in the waiting table are active slots.
-            Some(&op) if !arrived_on.is_null() && unsafe { (*op).endpoint } == arrived_on => {
-                awaiting.remove(&reply.request_id)
-            }
-            Some(_) => {
-                events
-                    .dropped_messages
-                    .set(events.dropped_messages.get() + 1);
-                None
-            }
-            None => None,
-        }
-    };
-    if let Some(op) = op {
+    if let Some(op) = take_awaiting(events, reply.request_id, arrived_on) {
         // SAFETY: in the waiting table means active and awaiting its reply;
         // removed above, so this is the only reply that reaches it.
         unsafe { land_reply(events, op, reply, data, length, rendezvous) };
@@ -515,6 +490,41 @@ pub(super) unsafe extern "C" fn on_read_reply(
     // A reply nobody waits for any more (deadline, closed endpoint) is
     // dropped; for a rendezvous, UCX tells the sender to stop.
     sys::UCS_OK
+}
+
+/// The endpoint a reply came in on: owners reply with the reply flag, so
+/// UCX names it (this engine's endpoint to that owner). Null without it.
+pub(super) fn reply_endpoint(param: &sys::ucp_am_recv_param_t) -> sys::ucp_ep_h {
+    if param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 {
+        param.reply_ep
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
+/// Takes the read `request_id` out of the waiting table if its request went
+/// out on `arrived_on`. Only the owner the request went to can answer it:
+/// request ids are a counter, and another peer guessing one must not land
+/// its bytes in this read's destination.
+pub(super) fn take_awaiting(
+    events: &Events,
+    request_id: u64,
+    arrived_on: sys::ucp_ep_h,
+) -> Option<*mut GetOp> {
+    let mut awaiting = events.awaiting_replies.borrow_mut();
+    match awaiting.get(&request_id) {
+        // SAFETY: ops in the waiting table are active slots.
+        Some(&op) if !arrived_on.is_null() && unsafe { (*op).endpoint } == arrived_on => {
+            awaiting.remove(&request_id)
+        }
+        Some(_) => {
+            events
+                .dropped_messages
+                .set(events.dropped_messages.get() + 1);
+            None
+        }
+        None => None,
+    }
 }
 
 /// A rendezvous receive into a destination ended.

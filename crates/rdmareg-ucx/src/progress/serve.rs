@@ -228,12 +228,25 @@ pub(super) unsafe extern "C" fn on_read_request(
 /// The worker the sends were posted on is destroyed: no callback of it can
 /// run any more, so nothing else reclaims these records.
 pub(super) unsafe fn free_unfinished_lease_records(events: &Events) -> usize {
-    let records: Vec<usize> = events.lease_records.borrow_mut().drain().collect();
+    // SAFETY: every address in the set was made by `Box::into_raw` of a
+    // `Lease`, and the worker is gone (the caller's contract).
+    unsafe { free_records::<Lease>(&events.lease_records) }
+}
+
+/// Frees every record in `records` as a `Box<T>`; returns how many.
+///
+/// # Safety
+/// Every address in the set was made by `Box::into_raw` of a `T` for a
+/// send whose callback never ran (a callback removes its record before it
+/// reclaims it), and the worker of those sends is destroyed, so no callback
+/// can reclaim them any more.
+pub(super) unsafe fn free_records<T>(
+    records: &std::cell::RefCell<std::collections::HashSet<usize>>,
+) -> usize {
+    let records: Vec<usize> = records.borrow_mut().drain().collect();
     for &record in &records {
-        // SAFETY: each address was made by `Box::into_raw` for a send whose
-        // callback never ran (it removes its record first), and the worker
-        // is gone (the caller's contract), so this is its only reclaim.
-        drop(unsafe { Box::from_raw(record as *mut Lease) });
+        // SAFETY: the caller's contract: a `Box<T>` address, reclaimed once.
+        drop(unsafe { Box::from_raw(record as *mut T) });
     }
     records.len()
 }

@@ -3,7 +3,7 @@
 //! nothing registered and its arena released, and the owner, a separate
 //! party, keeps serving other consumers.
 //!
-//! These scenarios run in a child process ([`isolated`]): if UCX aborts the
+//! These scenarios run in a child process ([`isolated`]) on every lane: if UCX aborts the
 //! process, one test fails instead of the whole binary. Two UCX 1.22 aborts
 //! are behind them:
 //!
@@ -27,49 +27,38 @@ use std::time::Duration;
 
 use rdmareg_registry::{Descriptor, RdmaError, TeardownVerdict};
 use rdmareg_tests::isolated::runtime;
-use rdmareg_tests::{MIB, OWNER, Side, assert_all, eventually, isolated, registry_config, within};
+use rdmareg_tests::{
+    Lane, MIB, OWNER, SCENARIO_LIMIT, Side, assert_all, eventually, isolated, registry_config,
+    within,
+};
 use rdmareg_ucx::Transport;
 
 /// Consumers torn down mid-GET, one after another, against one owner.
 const ROUNDS: usize = 5;
 
-#[test]
-fn a_consumer_torn_down_mid_get_over_tcp_is_released_and_the_owner_keeps_serving() {
-    isolated(
-        concat!(
-            module_path!(),
-            "::a_consumer_torn_down_mid_get_over_tcp_is_released_and_the_owner_keeps_serving"
-        ),
-        || {
-            runtime().block_on(within(
-                crate::SCENARIO_LIMIT,
-                "tcp teardown mid-GET",
-                consumers_torn_down_mid_get(Transport::Tcp, 64 * MIB),
-            ));
-        },
-    );
+per_lane!(isolated a_consumer_torn_down_mid_get_is_released_and_the_owner_keeps_serving);
+
+fn a_consumer_torn_down_mid_get_is_released_and_the_owner_keeps_serving(
+    test_path: &str,
+    lane: Lane,
+) {
+    // Tens of milliseconds of transfer on every lane.
+    let size = match lane {
+        Lane::Ucx(Transport::SameHost) => 128 * MIB,
+        _ => 64 * MIB,
+    };
+    isolated(test_path, || {
+        runtime().block_on(within(
+            SCENARIO_LIMIT,
+            &format!("teardown mid-GET over {lane:?}"),
+            consumers_torn_down_mid_get(lane.clone(), size),
+        ));
+    });
 }
 
-#[test]
-fn a_consumer_torn_down_mid_get_over_same_host_is_released_and_the_owner_keeps_serving() {
-    isolated(
-        concat!(
-            module_path!(),
-            "::a_consumer_torn_down_mid_get_over_same_host_is_released_and_the_owner_keeps_serving"
-        ),
-        || {
-            runtime().block_on(within(
-                crate::SCENARIO_LIMIT,
-                "same-host teardown mid-GET",
-                consumers_torn_down_mid_get(Transport::SameHost, 128 * MIB),
-            ));
-        },
-    );
-}
-
-async fn consumers_torn_down_mid_get(transport: Transport, size: usize) {
+async fn consumers_torn_down_mid_get(lane: Lane, size: usize) {
     rdmareg_tests::init_tracing();
-    let owner = Side::start(transport.clone(), registry_config());
+    let owner = Side::start(lane.clone(), registry_config());
     let source = owner
         .registry
         .register_owned(vec![0x77; size].into_boxed_slice())
@@ -79,10 +68,10 @@ async fn consumers_torn_down_mid_get(transport: Transport, size: usize) {
 
     let mut exercised = 0;
     for round in 0..ROUNDS {
-        let consumer = Side::start(transport.clone(), registry_config());
+        let consumer = Side::start(lane.clone(), registry_config());
         consumer
             .engine
-            .add_peer(OWNER, owner.engine.worker_address())
+            .add_peer(OWNER, owner.engine.address())
             .expect("add peer");
         let descriptor = Descriptor::decode(&wire).expect("decodes");
         let mut dst = consumer
@@ -130,10 +119,10 @@ async fn consumers_torn_down_mid_get(transport: Transport, size: usize) {
         drop(dst);
 
         // The owner is unaffected: another consumer reads from it.
-        let fresh = Side::start(transport.clone(), registry_config());
+        let fresh = Side::start(lane.clone(), registry_config());
         fresh
             .engine
-            .add_peer(OWNER, owner.engine.worker_address())
+            .add_peer(OWNER, owner.engine.address())
             .expect("add peer");
         let tail = Descriptor::decode(&wire)
             .unwrap()

@@ -1,4 +1,4 @@
-//! The shutdown ordering over UCX — registry sweep, engine teardown, then
+//! The shutdown ordering over a real backend — registry sweep, engine teardown, then
 //! the release of survivors — and background deregistration of guards
 //! dropped without `unregister`.
 
@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use rdmareg_registry::{Descriptor, RdmaError, RdmaRegistry, RegistryStats, TeardownVerdict};
 use rdmareg_tests::{
-    ExternalMemory, KIB, MIB, OWNER, Pair, Side, assert_same_bytes, eventually, expected,
+    ExternalMemory, KIB, Lane, MIB, OWNER, Pair, Side, assert_same_bytes, eventually, expected,
     patterned, registry_config, within,
 };
 use rdmareg_ucx::Transport;
 
-per_transport!(
+per_lane!(
     guards_left_registered_are_released_by_the_shutdown_ordering,
     a_guard_dropped_without_unregister_deregisters_in_the_background,
 );
@@ -36,8 +36,8 @@ fn assert_empty(what: &str, registry: &RdmaRegistry) {
     assert_eq!(stats, empty, "{what}");
 }
 
-async fn guards_left_registered_are_released_by_the_shutdown_ordering(transport: Transport) {
-    let pair = Pair::start(transport, registry_config());
+async fn guards_left_registered_are_released_by_the_shutdown_ordering(lane: Lane) {
+    let pair = Pair::start(lane, registry_config());
     let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
 
     // Registrations the application never unregisters.
@@ -154,8 +154,8 @@ async fn guards_left_registered_are_released_by_the_shutdown_ordering(transport:
     assert_eq!(pair.consumer.engine_live(), 0);
 }
 
-async fn a_guard_dropped_without_unregister_deregisters_in_the_background(transport: Transport) {
-    let pair = Pair::start(transport, registry_config());
+async fn a_guard_dropped_without_unregister_deregisters_in_the_background(lane: Lane) {
+    let pair = Pair::start(lane, registry_config());
     let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
 
     let mut external = ExternalMemory::patterned(16 * KIB, 5);
@@ -213,7 +213,7 @@ async fn a_guard_dropped_without_unregister_deregisters_in_the_background(transp
     pair.shut_down(Duration::from_secs(5)).await;
 }
 
-per_transport!(an_arena_under_a_transfer_survives_a_short_sweep_and_is_released_after_teardown);
+per_lane!(an_arena_under_a_transfer_survives_a_short_sweep_and_is_released_after_teardown);
 
 /// A sweep whose budget is far shorter than a transfer in flight cannot
 /// confirm the unmap of the transfer's arena (the engine parks it until the
@@ -223,14 +223,14 @@ per_transport!(an_arena_under_a_transfer_survives_a_short_sweep_and_is_released_
 /// takes it. (Tearing the engine down *while* the transfer is in flight is
 /// `teardown_mid_get`.)
 async fn an_arena_under_a_transfer_survives_a_short_sweep_and_is_released_after_teardown(
-    transport: Transport,
+    lane: Lane,
 ) {
-    // Tens of milliseconds either way; the sweep gets about one.
-    let size = match transport {
-        Transport::Tcp => 64 * MIB,
-        _ => 128 * MIB,
+    // Tens of milliseconds on every lane; the sweep gets about one.
+    let size = match lane {
+        Lane::Ucx(Transport::SameHost) => 128 * MIB,
+        _ => 64 * MIB,
     };
-    let pair = Pair::start(transport, registry_config());
+    let pair = Pair::start(lane, registry_config());
     let source = pair
         .owner
         .registry

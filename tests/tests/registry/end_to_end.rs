@@ -8,10 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use rdmareg_registry::{Descriptor, PinnedBuf, RegionGuard, UnregisterOutcome};
 use rdmareg_tests::{
-    ExternalMemory, KIB, MIB, OWNER, Pair, assert_all, assert_same_bytes, expected, fill,
+    ExternalMemory, KIB, Lane, MIB, OWNER, Pair, assert_all, assert_same_bytes, expected, fill,
     patterned, registry_config,
 };
-use rdmareg_ucx::Transport;
 
 /// Byte a destination is pre-filled with, to show what a GET did not touch.
 const UNTOUCHED: u8 = 0xA5;
@@ -54,16 +53,16 @@ fn pool_source(name: &'static str, buf: &PinnedBuf, seed: u8) -> Source {
     }
 }
 
-per_transport!(
+per_lane!(
     whole_regions_and_pool_buffers_arrive_intact,
     sub_ranges_arrive_at_the_destination_offsets_asked_for,
 );
 
-async fn whole_regions_and_pool_buffers_arrive_intact(transport: Transport) {
+async fn whole_regions_and_pool_buffers_arrive_intact(lane: Lane) {
     let mut config = registry_config();
     // Low enough that a dedicated arena is cheap to fill and check.
     config.pool.dedicated_threshold_bytes = 2 * MIB as u64;
-    let pair = Pair::start(transport, config);
+    let pair = Pair::start(lane.clone(), config);
     let owner = &pair.owner.registry;
     let consumer = &pair.consumer.registry;
 
@@ -111,7 +110,12 @@ async fn whole_regions_and_pool_buffers_arrive_intact(transport: Transport) {
     let mut generations = Vec::new();
     for source in &sources {
         let descriptor = receive(&source.wire);
-        assert_eq!(descriptor.backend_key(), "ucx", "{}", source.name);
+        assert_eq!(
+            descriptor.backend_key(),
+            lane.backend_key(),
+            "{}",
+            source.name
+        );
         assert_eq!(
             descriptor.encode(),
             source.wire,
@@ -180,8 +184,8 @@ async fn whole_regions_and_pool_buffers_arrive_intact(transport: Transport) {
     pair.shut_down(Duration::from_secs(5)).await;
 }
 
-async fn sub_ranges_arrive_at_the_destination_offsets_asked_for(transport: Transport) {
-    let pair = Pair::start(transport, registry_config());
+async fn sub_ranges_arrive_at_the_destination_offsets_asked_for(lane: Lane) {
+    let pair = Pair::start(lane, registry_config());
     let owner = &pair.owner.registry;
     let consumer = &pair.consumer.registry;
 

@@ -9,12 +9,11 @@
 use std::time::Duration;
 
 use rdmareg_registry::{Descriptor, RdmaError, RegionGuard, TeardownVerdict};
-use rdmareg_tests::{MIB, OWNER, Pair, registry_config};
-use rdmareg_ucx::Transport;
+use rdmareg_tests::{Lane, MIB, OWNER, Pair, registry_config};
 
 const TRANSFER: usize = 32 * MIB;
 
-per_transport!(
+per_lane!(
     a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer,
     a_dropped_get_into_a_dedicated_buffer_unmaps_the_arena_only_after_the_transfer,
 );
@@ -31,14 +30,12 @@ async fn large_source(pair: &Pair) -> (RegionGuard, Descriptor) {
     (guard, Descriptor::decode(&wire).expect("decodes"))
 }
 
-async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer(
-    transport: Transport,
-) {
+async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer(lane: Lane) {
     let mut config = registry_config();
     // A pooled destination: its slot, not an arena of its own, is what the
     // transfer holds.
     config.pool.dedicated_threshold_bytes = 64 * MIB as u64;
-    let pair = Pair::start(transport, config);
+    let pair = Pair::start(lane, config);
     let consumer = &pair.consumer.registry;
     let (source, descriptor) = large_source(&pair).await;
     let mut dst = consumer.alloc_pinned(TRANSFER).await.expect("pool buffer");
@@ -115,9 +112,9 @@ async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer
 }
 
 async fn a_dropped_get_into_a_dedicated_buffer_unmaps_the_arena_only_after_the_transfer(
-    transport: Transport,
+    lane: Lane,
 ) {
-    let pair = Pair::start(transport, registry_config());
+    let pair = Pair::start(lane, registry_config());
     let consumer = &pair.consumer.registry;
     let (source, descriptor) = large_source(&pair).await;
     let mut dst = consumer

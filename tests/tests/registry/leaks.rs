@@ -11,10 +11,9 @@ use std::time::{Duration, Instant};
 use rdmareg_core::page_enclosing_len;
 use rdmareg_registry::{Descriptor, RdmaConfig, RdmaError, RdmaRegistry};
 use rdmareg_tests::{
-    KIB, OWNER, Pair, Side, assert_same_bytes, eventually, expected, fill, patterned,
+    KIB, Lane, OWNER, Pair, Side, assert_same_bytes, eventually, expected, fill, patterned,
     registry_config, within,
 };
-use rdmareg_ucx::Transport;
 
 /// Rounds of the soak, unless the time cap comes first.
 const ROUNDS: usize = 300;
@@ -25,7 +24,7 @@ const MIN_ROUNDS: usize = 50;
 /// Buffer sizes the rounds cycle through: sub-granule, granule edges, odd.
 const SIZES: [usize; 6] = [1, 100, 4096, 4097, 64 * KIB + 3, 200 * KIB];
 
-per_transport!(
+per_lane!(
     repeated_lifecycles_leave_only_the_pool_arenas_registered,
     a_small_budget_refuses_with_its_figures_and_hands_the_owned_buffer_back,
 );
@@ -84,8 +83,8 @@ fn assert_nothing_remains(what: &str, registry: &RdmaRegistry) {
     );
 }
 
-async fn repeated_lifecycles_leave_only_the_pool_arenas_registered(transport: Transport) {
-    let pair = Pair::start(transport, registry_config());
+async fn repeated_lifecycles_leave_only_the_pool_arenas_registered(lane: Lane) {
+    let pair = Pair::start(lane, registry_config());
     let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
     let started = Instant::now();
     let mut rounds = 0;
@@ -173,10 +172,8 @@ fn small_budget() -> RdmaConfig {
     config
 }
 
-async fn a_small_budget_refuses_with_its_figures_and_hands_the_owned_buffer_back(
-    transport: Transport,
-) {
-    let pair = Pair::start(transport, small_budget());
+async fn a_small_budget_refuses_with_its_figures_and_hands_the_owned_buffer_back(lane: Lane) {
+    let pair = Pair::start(lane, small_budget());
     let owner = &pair.owner.registry;
     let budget = 64 * KIB as u64;
 

@@ -7,10 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use rdmareg_registry::{Descriptor, DescriptorError, PeerId, PinnedBuf, RdmaError, RegionGuard};
 use rdmareg_tests::{
-    KIB, OWNER, Pair, assert_all, assert_same_bytes, engine_config, expected, patterned,
-    registry_config,
+    EngineConfig, KIB, Lane, OWNER, Pair, assert_all, assert_same_bytes, engine_config, expected,
+    patterned, registry_config,
 };
-use rdmareg_ucx::{Transport, UcxConfig};
 
 /// Byte a destination is pre-filled with.
 const UNTOUCHED: u8 = 0x5E;
@@ -19,7 +18,7 @@ const SEED: u8 = 11;
 /// Length of the owner's region.
 const REGION: usize = 8 * KIB;
 
-per_transport!(
+per_lane!(
     a_descriptor_naming_another_backend_is_refused,
     sub_ranges_outside_their_parent_are_out_of_range,
     tampered_packed_keys_are_refused_and_the_engine_keeps_serving,
@@ -29,12 +28,12 @@ per_transport!(
 
 /// A pair, the owner's registered region and its descriptor as the consumer
 /// decoded it.
-async fn setup(transport: Transport) -> (Pair, RegionGuard, Descriptor) {
-    setup_with(engine_config(transport)).await
+async fn setup(lane: Lane) -> (Pair, RegionGuard, Descriptor) {
+    setup_with(lane.engine_config()).await
 }
 
 /// [`setup`] with engines started from `engine`.
-async fn setup_with(engine: UcxConfig) -> (Pair, RegionGuard, Descriptor) {
+async fn setup_with(engine: EngineConfig) -> (Pair, RegionGuard, Descriptor) {
     let pair = Pair::start_with(engine, registry_config());
     let guard = pair
         .owner
@@ -88,8 +87,8 @@ async fn finish(pair: Pair, guard: RegionGuard) {
     pair.shut_down(Duration::from_secs(5)).await;
 }
 
-async fn a_descriptor_naming_another_backend_is_refused(transport: Transport) {
-    let (pair, guard, descriptor) = setup(transport).await;
+async fn a_descriptor_naming_another_backend_is_refused(lane: Lane) {
+    let (pair, guard, descriptor) = setup(lane).await;
     let foreign = Descriptor::new(
         "loopback",
         descriptor.addr(),
@@ -113,8 +112,8 @@ async fn a_descriptor_naming_another_backend_is_refused(transport: Transport) {
     finish(pair, guard).await;
 }
 
-async fn sub_ranges_outside_their_parent_are_out_of_range(transport: Transport) {
-    let (pair, guard, descriptor) = setup(transport).await;
+async fn sub_ranges_outside_their_parent_are_out_of_range(lane: Lane) {
+    let (pair, guard, descriptor) = setup(lane).await;
     let mut pool_buf = pair
         .owner
         .registry
@@ -173,18 +172,123 @@ async fn sub_ranges_outside_their_parent_are_out_of_range(transport: Transport) 
     finish(pair, guard).await;
 }
 
-/// Keys are checked by the owner, so the same-host direct-read lane (whose
-/// reads the owner never sees; see `rdmareg_ucx`'s crate docs) is closed
-/// here.
-async fn tampered_packed_keys_are_refused_and_the_engine_keeps_serving(transport: Transport) {
-    let engine = engine_config(transport).with_same_host_direct_reads(false);
-    let (pair, guard, descriptor) = setup_with(engine).await;
-    let key = descriptor.packed_key().to_vec();
+/// How a lane's keys are tampered with: keys that must not decode, keys
+/// that decode but name no registration the consumer was given, and where
+/// the key's last capability byte is.
+struct Tampering {
+    malformed: Vec<(&'static str, Vec<u8>)>,
+    forged: Vec<(&'static str, Vec<u8>)>,
+    last_capability_byte: usize,
+}
+
+/// `key` with the byte at `at` XORed with `mask`.
+fn flipped(key: &[u8], at: usize, mask: u8) -> Vec<u8> {
+    let mut bytes = key.to_vec();
+    bytes[at] ^= mask;
+    bytes
+}
+
+/// `key` with `bytes` written at `at`.
+fn overwritten(key: &[u8], at: usize, bytes: &[u8]) -> Vec<u8> {
+    let mut key = key.to_vec();
+    key[at..at + bytes.len()].copy_from_slice(bytes);
+    key
+}
+
+/// Changes of length any layout refuses.
+fn resized(key: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("every byte 0xFF", vec![0xFF; key.len()]),
+        ("truncated by one byte", key[..key.len() - 1].to_vec()),
+        ("truncated to one byte", key[..1].to_vec()),
+        ("extended by a zero byte", [key, &[0]].concat()),
+        ("extended by garbage", [key, &[0xA7; 16]].concat()),
+    ]
+}
+
+/// The UCX owner-served key: magic (2), version, lane, region id (8),
+/// capability (16).
+fn ucx_tampering(key: &[u8]) -> Tampering {
     assert_eq!(
         key.len(),
         28,
         "an owner-served key: magic, version, lane, id, capability"
     );
+    let mut malformed = vec![
+        ("the magic flipped", flipped(key, 0, 0x80)),
+        ("an unknown version", flipped(key, 2, 0x40)),
+        ("an unknown lane", flipped(key, 3, 0x01)),
+        ("a UCX-packed key", vec![0; 9]),
+    ];
+    malformed.extend(resized(key));
+    Tampering {
+        malformed,
+        forged: vec![
+            ("another region id", flipped(key, 4, 0x01)),
+            ("a capability bit flipped", flipped(key, 12, 0x01)),
+            ("the last capability byte flipped", flipped(key, 27, 0x80)),
+        ],
+        last_capability_byte: 27,
+    }
+}
+
+/// The libfabric key (`rdmareg_ofi::key`, version 2): version, flags,
+/// region id (8, at 2), capability (16, at 10), MR key (8, at 26), base,
+/// length, address length (2, at 50), the owner's fabric address (at 52).
+fn ofi_tampering(key: &[u8]) -> Tampering {
+    use rdmareg_ofi::key::{FLAG_OWNER_SERVED, HEADER_LEN, KEY_VERSION};
+    assert!(key.len() > HEADER_LEN, "a key carries the owner's address");
+    assert_eq!(
+        (key[0], key[1]),
+        (KEY_VERSION, FLAG_OWNER_SERVED),
+        "an owner-served key"
+    );
+    let mut malformed = vec![
+        ("an unknown version", flipped(key, 0, 0x40)),
+        ("an unknown flag", flipped(key, 1, 0x80)),
+        (
+            "a one-sided key for an owner-served engine",
+            flipped(key, 1, FLAG_OWNER_SERVED),
+        ),
+        ("region id zero", overwritten(key, 2, &[0; 8])),
+        ("an MR key on an owner-served key", flipped(key, 26, 0x01)),
+        ("a registered length of zero", overwritten(key, 42, &[0; 8])),
+        ("an address length of zero", overwritten(key, 50, &[0, 0])),
+        (
+            "an address of another owner",
+            flipped(key, key.len() - 1, 0x01),
+        ),
+        ("a UCX-packed key", vec![0; 9]),
+    ];
+    malformed.extend(resized(key));
+    Tampering {
+        malformed,
+        forged: vec![
+            // The top byte: a flip never makes the id zero.
+            ("another region id", flipped(key, 9, 0x01)),
+            ("a capability bit flipped", flipped(key, 10, 0x01)),
+            ("the last capability byte flipped", flipped(key, 25, 0x80)),
+        ],
+        last_capability_byte: 25,
+    }
+}
+
+/// Keys are checked by the owner, so UCX's same-host direct-read lane
+/// (whose reads the owner never sees; see `rdmareg_ucx`'s crate docs) is
+/// closed here.
+async fn tampered_packed_keys_are_refused_and_the_engine_keeps_serving(lane: Lane) {
+    let engine: EngineConfig = match &lane {
+        Lane::Ucx(transport) => engine_config(transport.clone())
+            .with_same_host_direct_reads(false)
+            .into(),
+        Lane::Ofi(_) => lane.engine_config(),
+    };
+    let (pair, guard, descriptor) = setup_with(engine).await;
+    let key = descriptor.packed_key().to_vec();
+    let tampering = match lane {
+        Lane::Ucx(_) => ucx_tampering(&key),
+        Lane::Ofi(_) => ofi_tampering(&key),
+    };
     let with_key = |bytes: Vec<u8>| {
         let tampered = Descriptor::new(
             descriptor.backend_key(),
@@ -197,39 +301,17 @@ async fn tampered_packed_keys_are_refused_and_the_engine_keeps_serving(transport
         // Across the wire like any other descriptor.
         Descriptor::decode(&tampered.encode()).expect("decodes")
     };
-    let flipped = |at: usize, mask: u8| {
-        let mut bytes = key.clone();
-        bytes[at] ^= mask;
-        bytes
-    };
-    // Malformed keys never leave the consumer.
-    let malformed: Vec<(&str, Vec<u8>)> = vec![
-        ("the magic flipped", flipped(0, 0x80)),
-        ("an unknown version", flipped(2, 0x40)),
-        ("an unknown lane", flipped(3, 0x01)),
-        ("every byte 0xFF", vec![0xFF; key.len()]),
-        ("a UCX-packed key", vec![0; 9]),
-        ("truncated by one byte", key[..key.len() - 1].to_vec()),
-        ("truncated to one byte", key[..1].to_vec()),
-        ("extended by a zero byte", [key.as_slice(), &[0]].concat()),
-        (
-            "extended by garbage",
-            [key.as_slice(), &[0xA7; 16]].concat(),
-        ),
-    ];
-    // Well-formed keys naming a registration the consumer was not given:
-    // the owner refuses them, and the consumer learns only "not found".
-    let forged: Vec<(&str, Vec<u8>)> = vec![
-        ("another region id", flipped(4, 0x01)),
-        ("a capability bit flipped", flipped(12, 0x01)),
-        ("the last capability byte flipped", flipped(27, 0x80)),
-    ];
     let mut buf = untouched_buffer(&pair, REGION).await;
-    let cases = malformed
+    // Malformed keys never leave the consumer; well-formed keys naming a
+    // registration the consumer was not given are refused by the owner,
+    // and the consumer learns only "not found".
+    let cases = tampering
+        .malformed
         .into_iter()
         .map(|(what, bytes)| (what, bytes, RdmaError::InvalidKey))
         .chain(
-            forged
+            tampering
+                .forged
                 .into_iter()
                 .map(|(what, bytes)| (what, bytes, RdmaError::RegionNotFound)),
         );
@@ -242,17 +324,19 @@ async fn tampered_packed_keys_are_refused_and_the_engine_keeps_serving(transport
         );
         assert_unharmed(what, &buf, REGION);
     }
-    // Tampering with the encoding itself: the last byte on the wire is the
-    // key's last capability byte; a cut encoding no longer decodes.
+    // Tampering with the encoding itself: the key ends the encoding, so its
+    // last capability byte sits at a fixed distance from the end; a cut
+    // encoding no longer decodes.
     let mut wire = descriptor.encode().to_vec();
-    let last = wire.len() - 1;
-    wire[last] ^= 0xEE;
+    let capability_byte = wire.len() - key.len() + tampering.last_capability_byte;
+    wire[capability_byte] ^= 0xEE;
     let tampered = Descriptor::decode(&wire).expect("still a descriptor");
     assert_eq!(
         pair.consumer.registry.get(OWNER, &tampered, &mut buf).await,
         Err(RdmaError::RegionNotFound),
         "key byte tampered on the wire"
     );
+    let last = wire.len() - 1;
     assert!(matches!(
         Descriptor::decode(&wire[..last]),
         Err(DescriptorError::Truncated { needed: 1 })
@@ -265,8 +349,8 @@ async fn tampered_packed_keys_are_refused_and_the_engine_keeps_serving(transport
     finish(pair, guard).await;
 }
 
-async fn gets_larger_than_their_destination_are_out_of_range(transport: Transport) {
-    let (pair, guard, descriptor) = setup(transport).await;
+async fn gets_larger_than_their_destination_are_out_of_range(lane: Lane) {
+    let (pair, guard, descriptor) = setup(lane).await;
     let registry = &pair.consumer.registry;
     let mut small = untouched_buffer(&pair, REGION - 1).await;
     assert_eq!(
@@ -299,8 +383,8 @@ async fn gets_larger_than_their_destination_are_out_of_range(transport: Transpor
     finish(pair, guard).await;
 }
 
-async fn a_get_from_a_peer_never_added_is_not_configured(transport: Transport) {
-    let (pair, guard, descriptor) = setup(transport).await;
+async fn a_get_from_a_peer_never_added_is_not_configured(lane: Lane) {
+    let (pair, guard, descriptor) = setup(lane).await;
     let mut buf = untouched_buffer(&pair, REGION).await;
     assert_eq!(
         pair.consumer
