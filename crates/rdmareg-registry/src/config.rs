@@ -53,9 +53,10 @@ pub struct RdmaConfig {
     /// registry's GETs; the `rdmareg` facade also hands it to the engine it
     /// starts, for GETs issued on the backend directly.
     pub get_deadline: Duration,
-    /// How long a GET that is the only one in flight polls for its
-    /// completion, on its first poll, before it returns to the runtime.
-    /// Default: 20 µs; `Duration::ZERO` turns it off.
+    /// How long a GET (or a transfer list's post) that is the only transfer
+    /// in flight polls for its completion, on its first poll, before it
+    /// returns to the runtime. Default: 20 µs; `Duration::ZERO` turns it
+    /// off. A list's window is reckoned from the bytes of all its entries.
     ///
     /// The window grows by the GET's expected duration at shared-memory
     /// speed (10 GB/s), up to 200 µs (or this base, if larger). A small GET

@@ -146,7 +146,7 @@ const BUSY_POLL_CAP: Duration = Duration::from_micros(200);
 
 /// The busy-poll window of a lone GET of `len` bytes: the configured base
 /// plus the transfer's expected duration, capped.
-fn busy_poll_window(base: Duration, len: u64) -> Duration {
+pub(crate) fn busy_poll_window(base: Duration, len: u64) -> Duration {
     let expected = Duration::from_micros(len / BUSY_POLL_BYTES_PER_MICROSECOND);
     (base + expected).min(BUSY_POLL_CAP.max(base))
 }

@@ -26,6 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -34,7 +35,7 @@ use rdmareg_core::{Descriptor, DescriptorError, PeerId, RdmaError};
 
 use crate::pool::PinnedBuf;
 use crate::registry::Inner;
-use crate::transfer::{HeldSlots, InFlight, PendingTransfer};
+use crate::transfer::{HeldSlots, InFlight, PendingTransfer, busy_poll_window};
 
 /// One read of a list: a described range into a destination buffer.
 #[derive(Debug, Clone)]
@@ -220,6 +221,13 @@ async fn post_timed(
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
     let admitted = std::time::Instant::now();
     let in_flight = InFlight::new(inner);
+    // Alone, the caller polls for a while before it sleeps, as a lone GET
+    // does (see `RdmaConfig::get_busy_poll`): a small list answers within
+    // microseconds, and a sleeping caller's wake-up costs more than that.
+    let alone = inner.transfers_in_flight.load(Ordering::SeqCst) == 1;
+    let list_bytes = list.entries.iter().map(|entry| entry.len).sum::<u64>();
+    let busy_poll = (alone && !inner.config.get_busy_poll.is_zero())
+        .then(|| busy_poll_window(inner.config.get_busy_poll, list_bytes));
     // Take the slots of the buffers the list writes (checked above), and
     // remember whose they are to give them back.
     let written: Vec<usize> = list.needed.keys().copied().collect();
@@ -233,8 +241,9 @@ async fn post_timed(
         // registry mapped; the slots of every written buffer were taken out
         // above, so no `PinnedBuf` reaches those bytes until `pending` hands
         // them back, once the backend answered every entry (or, for a dropped
-        // call, once the transfers ended). Entries that overlap were checked
-        // when the list was built, and land only the transport's bytes.
+        // call, once the transfers ended). Entries may share destination
+        // bytes: both writes are the transport's, and the caller reads the
+        // buffers only after the batch answered.
         Box::pin(async move { unsafe { backend.get_batch(requests) }.await });
     let mut pending = PendingTransfer {
         transfer: Some(transfer),
@@ -242,7 +251,7 @@ async fn post_timed(
         ticket: Some(ticket),
         in_flight: Some(in_flight),
         handle: inner.handle.clone(),
-        busy_poll: None,
+        busy_poll,
     };
     let answers = (&mut pending).await;
     *took = Some(admitted.elapsed());
