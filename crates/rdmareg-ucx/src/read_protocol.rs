@@ -729,6 +729,22 @@ mod tests {
         }
 
         #[test]
+        fn every_accepted_reply_re_encodes_to_itself(status: u8, request_id: u64, length in prop_oneof![Just(0u64), any::<u64>()]) {
+            let mut bytes = [0u8; REPLY_LEN];
+            bytes[0] = VERSION;
+            bytes[1] = status;
+            bytes[4..12].copy_from_slice(&request_id.to_le_bytes());
+            bytes[12..20].copy_from_slice(&length.to_le_bytes());
+            match ReadReply::decode(&bytes) {
+                Ok(reply) => prop_assert_eq!(reply.encode(), bytes),
+                Err(err) => prop_assert_eq!(
+                    err,
+                    ProtocolError::RefusalWithPayload { status, length }
+                ),
+            }
+        }
+
+        #[test]
         fn every_truncation_of_a_request_is_refused(cut in 0usize..REQUEST_LEN) {
             let request = ReadRequest { request_id: 1, key: key(), address: 2, length: 3 };
             let is_length_error = matches!(
