@@ -1326,39 +1326,46 @@ fn the_bound_frees_up_once_the_consumer_takes_its_replies() {
 
 /// The deepest an honest consumer of this workspace goes — `rdmareg bench`'s
 /// largest window, 1024 reads, posted as one batch of rendezvous-sized reads
-/// to one owner with the default bound — is never refused, and leaves
-/// nothing counted at the owner.
+/// to one owner with the default bound, and its scatter list, 1000 reads of
+/// 4 KiB (which travel gathered) — is never refused, and leaves nothing
+/// counted at the owner.
 #[test]
 fn an_honest_deep_batch_is_never_refused() {
     let rt = runtime();
     let (owner, consumer) = engines(Transport::Tcp);
     let (ob, cb) = (owner.backend(), consumer.backend());
-    const ENTRIES: usize = 1024;
-    const ENTRY: usize = 64 << 10;
-    let src = PageBuf::filled(ENTRY, pattern);
-    let dst = PageBuf::zeroed(ENTRIES * ENTRY);
-    let src_region = rt.block_on(map(&ob, &src));
-    let dst_region = rt.block_on(map(&cb, &dst));
-    let source = describe(&src, &src_region);
-    let requests = (0..ENTRIES)
-        .map(|i| get_request(OWNER, &source, &dst_region, (i * ENTRY) as u64, None))
-        .collect();
-    let answers = rt.block_on(cb.get_batch_into_test_memory(requests));
-    let refused: Vec<_> = answers.iter().filter(|a| a.is_err()).collect();
-    let landed = dst
-        .snapshot()
-        .chunks(ENTRY)
-        .all(|chunk| chunk == &src.snapshot()[..]);
-    let left = owner.served_replies_in_flight();
-    eprintln!(
-        "{ENTRIES} reads of {ENTRY} B: {} refused; owner count after {left}",
-        refused.len()
-    );
+    let mut outcomes = Vec::new();
+    for (entries, entry) in [(1024usize, 64usize << 10), (1000, 4 << 10)] {
+        let src = PageBuf::filled(entry, pattern);
+        let dst = PageBuf::zeroed(entries * entry);
+        let src_region = rt.block_on(map(&ob, &src));
+        let dst_region = rt.block_on(map(&cb, &dst));
+        let source = describe(&src, &src_region);
+        let requests = (0..entries)
+            .map(|i| get_request(OWNER, &source, &dst_region, (i * entry) as u64, None))
+            .collect();
+        let answers = rt.block_on(cb.get_batch_into_test_memory(requests));
+        let refused: Vec<_> = answers.into_iter().filter(Result::is_err).collect();
+        let landed = dst
+            .snapshot()
+            .chunks(entry)
+            .all(|chunk| chunk == &src.snapshot()[..]);
+        let left = owner.served_replies_in_flight();
+        eprintln!(
+            "{entries} reads of {entry} B: {} refused; owner count after {left}",
+            refused.len()
+        );
+        assert_eq!(rt.block_on(cb.unmap(dst_region.backend_region_id)), Ok(()));
+        assert_eq!(rt.block_on(ob.unmap(src_region.backend_region_id)), Ok(()));
+        outcomes.push((entries, entry, refused, landed, left));
+    }
     rt.block_on(consumer.shutdown());
     rt.block_on(owner.shutdown());
-    assert!(refused.is_empty(), "{refused:?}");
-    assert!(landed);
-    assert_eq!(left, 0);
+    for (entries, entry, refused, landed, left) in outcomes {
+        assert!(refused.is_empty(), "{entries} × {entry} B: {refused:?}");
+        assert!(landed, "{entries} × {entry} B");
+        assert_eq!(left, 0, "{entries} × {entry} B");
+    }
 }
 
 /// A consumer holding replies at the bound dies — with and without peer
@@ -1608,4 +1615,90 @@ fn a_freed_described_buffer_is_not_reused_while_a_consumer_holds_its_reply() {
     );
     assert_eq!(leaked, 0, "nothing was leaked once the reply was let go");
     assert_eq!(owner.live_registrations(), Some(0));
+}
+
+/// The reads of a gathered list count against the same per-connection
+/// bound as single reads: a consumer holding its bound of large replies
+/// open gets every entry of a list refused as busy, and nothing more is
+/// leased.
+#[test]
+fn gathered_entries_count_against_the_connections_bound() {
+    use common::raw_am::Raw as ListRaw;
+    use rdmareg_ucx::read_list::{
+        ListReply, ListRequest, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
+    };
+
+    let rt = runtime();
+    let owner = bounded_owner(2);
+    let ob = owner.backend();
+    let buf = PageBuf::filled(8 << 20, pattern);
+    let region = rt.block_on(map(&ob, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let base = buf.addr() as u64;
+    let r = ListRaw::new(true);
+    let ep = r.connect(&owner.worker_address());
+    for id in 1..=2 {
+        let request = ReadRequest {
+            request_id: id,
+            key,
+            address: base,
+            length: 8 << 20,
+        };
+        r.send_wait(
+            ep,
+            READ_REQUEST_AM_ID,
+            &request.encode(),
+            &[],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+    }
+    let held = r.progress_until(Duration::from_secs(5), |r| {
+        r.messages(READ_REPLY_AM_ID).len() >= 2
+    });
+    let list = ListRequest {
+        entries: (0..3u64)
+            .map(|i| ReadRequest {
+                request_id: 10 + i,
+                key,
+                address: base + i * 64,
+                length: 64,
+            })
+            .collect(),
+    };
+    r.send_wait(
+        ep,
+        READ_LIST_REQUEST_AM_ID,
+        &list.encode().expect("a list within bounds"),
+        &[],
+        sys::UCP_AM_SEND_FLAG_REPLY,
+    );
+    r.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
+    });
+    let reply = r
+        .messages(READ_LIST_REPLY_AM_ID)
+        .first()
+        .map(|m| ListReply::decode(&m.header));
+    let in_flight = owner.served_replies_in_flight();
+    drop(r);
+    let released = wait_until(None, Duration::from_secs(8), || {
+        owner.served_replies_in_flight() == 0
+    });
+    let unmapped = rt.block_on(ob.unmap(region.backend_region_id));
+    rt.block_on(owner.shutdown());
+    drop(buf);
+    eprintln!("held {held}; list reply {reply:?}; owner count {in_flight}");
+    assert!(held, "two large replies held open");
+    let reply = reply.expect("a list reply").expect("well formed");
+    assert_eq!(reply.entries.len(), 3);
+    for entry in &reply.entries {
+        assert_eq!(
+            entry.status,
+            ReplyStatus::Refused(RemoteRefusal::Busy),
+            "{entry:?}"
+        );
+    }
+    assert_eq!(in_flight, 2, "no entry was leased past the bound");
+    assert!(released);
+    assert_eq!(unmapped, Ok(()));
 }
