@@ -80,6 +80,19 @@ pub struct OfiConfig {
     /// How long teardown waits for GETs in flight before it closes the
     /// endpoint under them.
     pub teardown_timeout: Duration,
+    /// Most replies this engine, as an owner on the owner-served path, keeps
+    /// unfinished for one consumer address: reads it is sending whose bytes
+    /// the consumer has not received yet. Each holds a read lease on its
+    /// region (an unmap waits for it) and a send, so without a bound one
+    /// consumer that asks and never receives grows the owner's memory and
+    /// stalls its unmaps without limit. A valid read beyond it is refused
+    /// as busy: the consumer's caller gets a transient
+    /// [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend) saying so.
+    /// Refusals one address has not received are bounded by the same
+    /// number, separately; past it its requests are dropped unanswered.
+    /// The default, 4096, is four times the deepest window of this
+    /// workspace's own consumers. Must be at least 1.
+    pub max_served_replies_per_peer: u32,
 }
 
 impl Default for OfiConfig {
@@ -93,6 +106,7 @@ impl Default for OfiConfig {
             park_timeout: Duration::from_millis(1),
             default_get_deadline: Duration::from_secs(30),
             teardown_timeout: Duration::from_secs(5),
+            max_served_replies_per_peer: 4096,
         }
     }
 }
@@ -144,6 +158,12 @@ impl OfiConfig {
         self
     }
 
+    /// Set [`max_served_replies_per_peer`](Self::max_served_replies_per_peer).
+    pub fn with_max_served_replies_per_peer(mut self, bound: u32) -> Self {
+        self.max_served_replies_per_peer = bound;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<(), String> {
         if self.ring_capacity == 0 {
             return Err("ring_capacity must be at least 1".into());
@@ -156,6 +176,11 @@ impl OfiConfig {
         }
         if self.park_timeout.is_zero() {
             return Err("park_timeout must be positive".into());
+        }
+        if self.max_served_replies_per_peer == 0 {
+            return Err(
+                "max_served_replies_per_peer must be at least 1 (0 would refuse every read)".into(),
+            );
         }
         Ok(())
     }

@@ -35,6 +35,14 @@
 //! completion is read, or by a zero-length refusal. This engine's own reads
 //! post their reply receive first and then send the request.
 //!
+//! Each consumer address may have at most
+//! `OfiConfig::max_served_replies_per_peer` replies unfinished (and, apart,
+//! as many refusals): a consumer that asks and never receives would
+//! otherwise hold leases and sends without limit. A valid read past the
+//! bound is refused as busy; a refusal past the refusal bound is not sent
+//! (the request is dropped). The counts drop when each send's completion
+//! (success or error) is read, and at teardown with the sends.
+//!
 //! # Answers only after the provider let go
 //!
 //! A read is answered when its completion (success or error) was read, or
@@ -221,6 +229,9 @@ struct SendOp {
     tag: u64,
     /// The region this reply reads: a lease released on completion.
     lease: Option<u64>,
+    /// A reply to a consumer counted against its bound: the consumer's
+    /// address and whether the reply carries bytes (else a refusal).
+    counted: Option<(u64, bool)>,
     /// The context and request id of the read this request belongs to
     /// (the id tells a later read at a reused context address apart).
     for_read: Option<(usize, u64)>,
@@ -240,6 +251,15 @@ struct Settings {
     park_timeout: Duration,
     default_get_deadline: Duration,
     teardown_timeout: Duration,
+}
+
+/// Replies one consumer address has unfinished at this owner.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct PeerLoad {
+    /// Replies carrying bytes: each holds a read lease.
+    served: u32,
+    /// Refusals not yet completed.
+    refusals: u32,
 }
 
 /// Everything the progress thread owns. `fabric` is dropped last.
@@ -268,6 +288,9 @@ struct Engine {
     /// whose receive was cancelled, by context address.
     discards: HashMap<usize, (Box<OpContext>, Vec<u8>)>,
     served_peers: usize,
+    /// Unfinished replies per consumer address, and their bound.
+    reply_loads: HashMap<u64, PeerLoad>,
+    reply_bound: u32,
     next_request_id: u64,
     closing: bool,
     fabric: Fabric,
@@ -305,6 +328,8 @@ impl Engine {
             request_buffers: HashMap::new(),
             discards: HashMap::new(),
             served_peers: 0,
+            reply_loads: HashMap::new(),
+            reply_bound: config.max_served_replies_per_peer,
             next_request_id: 1,
             closing: false,
             fabric,
@@ -809,6 +834,7 @@ impl Engine {
                     dest: op.fi_addr,
                     tag: REQUEST_TAG,
                     lease: None,
+                    counted: None,
                     for_read: Some((context as usize, request_id)),
                 };
                 self.queue_send(send);
@@ -1060,6 +1086,9 @@ impl Engine {
         if let Some(region) = send.lease {
             self.release_lease(region);
         }
+        if let Some((peer, served)) = send.counted {
+            self.release_reply(peer, served);
+        }
         if let Err((_, text)) = result {
             tracing::debug!(tag = format_args!("{:#x}", send.tag), error = %text, "a tagged send failed");
             if let Some((read, request_id)) = send.for_read {
@@ -1079,6 +1108,21 @@ impl Engine {
                     self.fabric.cancel(read as *mut c_void);
                 }
             }
+        }
+    }
+
+    /// A reply to `peer` ended (`served`: it carried bytes).
+    fn release_reply(&mut self, peer: u64, served: bool) {
+        let Some(load) = self.reply_loads.get_mut(&peer) else {
+            return;
+        };
+        if served {
+            load.served = load.served.saturating_sub(1);
+        } else {
+            load.refusals = load.refusals.saturating_sub(1);
+        }
+        if *load == PeerLoad::default() {
+            self.reply_loads.remove(&peer);
         }
     }
 
@@ -1128,6 +1172,7 @@ impl Engine {
             len = request.length,
             "serving a read request"
         );
+        let load = self.reply_loads.entry(dest).or_default();
         let verdict = match self.regions.get_mut(&request.region_id) {
             None => Err(Refusal::RegionUnknown),
             Some(region) if region.unmapping => Err(Refusal::Deregistering),
@@ -1139,13 +1184,33 @@ impl Engine {
                 let end = start + region.len as u64;
                 match request.address.checked_add(request.length) {
                     Some(last) if request.address >= start && last <= end => {
-                        region.in_flight += 1;
-                        Ok((request.address as usize, region.mr.desc))
+                        if load.served >= self.reply_bound {
+                            Err(Refusal::Busy)
+                        } else {
+                            load.served += 1;
+                            region.in_flight += 1;
+                            Ok((request.address as usize, region.mr.desc))
+                        }
                     }
                     _ => Err(Refusal::OutOfRange),
                 }
             }
         };
+        if verdict.is_err() {
+            if load.refusals >= self.reply_bound {
+                // This consumer does not take its refusals either: answer
+                // nothing more until it does.
+                tracing::debug!(
+                    request = request.request_id,
+                    "a consumer holds too many refusals; a read request was dropped"
+                );
+                if *load == PeerLoad::default() {
+                    self.reply_loads.remove(&dest);
+                }
+                return;
+            }
+            load.refusals += 1;
+        }
         let send = match verdict {
             Ok((ptr, desc)) => SendOp {
                 context: Box::new(OpContext {
@@ -1158,6 +1223,7 @@ impl Engine {
                 dest,
                 tag: request.request_id,
                 lease: Some(request.region_id),
+                counted: Some((dest, true)),
                 for_read: None,
             },
             Err(refusal) => {
@@ -1177,6 +1243,7 @@ impl Engine {
                     dest,
                     tag: refusal_tag(request.request_id, refusal),
                     lease: None,
+                    counted: Some((dest, false)),
                     for_read: None,
                 }
             }
@@ -1440,5 +1507,213 @@ impl Engine {
         for reply in self.shutdown_replies.drain(..) {
             let _ = reply.send(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::OfiEngine;
+    use crate::key::PackedKey;
+    use crate::protocol::BUSY_TEXT;
+    use crate::{OfiConfig, Provider};
+    use rdmareg_backend::RdmaBackend;
+
+    /// A bare endpoint that speaks the protocol by hand: it asks for reads
+    /// and never posts a receive for their bytes, only for busy refusals.
+    struct RawConsumer {
+        fabric: Fabric,
+        owner: u64,
+        /// Receive and send contexts, kept until the endpoint is closed.
+        /// Boxed: the provider holds their addresses, so they must not move
+        /// when the vector grows.
+        #[allow(clippy::vec_box)]
+        contexts: Vec<Box<OpContext>>,
+        /// Request bytes, kept until the endpoint is closed.
+        wires: Vec<Vec<u8>>,
+        /// Busy-refusal receive contexts, by address.
+        busy_receives: HashMap<usize, u64>,
+        busy: Vec<u64>,
+    }
+
+    impl RawConsumer {
+        fn new(config: &OfiConfig, owner: &[u8]) -> RawConsumer {
+            let mut fabric = Fabric::open(config).expect("raw endpoint");
+            let owner = fabric.insert_peer(owner).expect("owner address");
+            RawConsumer {
+                fabric,
+                owner,
+                contexts: Vec::new(),
+                wires: Vec::new(),
+                busy_receives: HashMap::new(),
+                busy: Vec::new(),
+            }
+        }
+
+        fn context(&mut self) -> *mut c_void {
+            let mut context = Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            });
+            let at = (&raw mut context.space).cast::<c_void>();
+            self.contexts.push(context);
+            at
+        }
+
+        /// Asks for `length` bytes at `address` as read `id`, listening only
+        /// for a busy refusal of it.
+        fn ask(&mut self, key: &PackedKey, address: u64, length: u64, id: u64) {
+            let receive = self.context();
+            // SAFETY: a zero-length receive; its context lives in
+            // `contexts` until the fabric (and its endpoint) is dropped.
+            let posted = unsafe {
+                self.fabric.trecv(
+                    0,
+                    0,
+                    std::ptr::null_mut(),
+                    self.owner,
+                    refusal_tag(id, Refusal::Busy),
+                    0,
+                    receive,
+                )
+            };
+            assert_eq!(posted.ok(), Some(true), "busy receive posted");
+            self.busy_receives.insert(receive as usize, id);
+            let wire = ReadRequest {
+                request_id: id,
+                region_id: key.region_id,
+                capability: key.capability,
+                address,
+                length,
+                reply_to: self.fabric.address.to_vec(),
+            }
+            .encode();
+            let send = self.context();
+            let until = Instant::now() + Duration::from_secs(5);
+            loop {
+                // SAFETY: the request's bytes and the context live in
+                // `wires` and `contexts` until the fabric is dropped.
+                let sent = unsafe {
+                    self.fabric.tsend(
+                        wire.as_ptr() as usize,
+                        wire.len(),
+                        std::ptr::null_mut(),
+                        self.owner,
+                        REQUEST_TAG,
+                        send,
+                    )
+                };
+                match sent {
+                    Ok(true) => break,
+                    // The provider asks to wait (connecting): progress.
+                    Ok(false) if Instant::now() < until => {
+                        self.progress_for(Duration::from_millis(1))
+                    }
+                    other => panic!("request not sent: {other:?}"),
+                }
+            }
+            self.wires.push(wire);
+        }
+
+        /// Progresses for `span`, recording busy refusals.
+        fn progress_for(&mut self, span: Duration) {
+            let until = Instant::now() + span;
+            let mut out = Vec::new();
+            while Instant::now() < until {
+                self.fabric.poll_completions(&mut out, 64);
+                for completion in out.drain(..) {
+                    if let Completion::Done(context, _, tag) = completion {
+                        if self.busy_receives.contains_key(&(context as usize)) {
+                            assert_eq!(
+                                reply_outcome(tag),
+                                Err(RdmaError::Backend(BUSY_TEXT.into()))
+                            );
+                            self.busy.push(tag & REQUEST_ID_MASK);
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    impl Drop for RawConsumer {
+        fn drop(&mut self) {
+            // The endpoint first: then nothing the provider holds points
+            // into the contexts or the request bytes.
+            self.fabric.close_endpoint();
+        }
+    }
+
+    /// A consumer that asks an owner (bound 4) for eight large reads and
+    /// never receives their bytes holds four replies open and gets the
+    /// other four refused as busy. The held replies keep the region's
+    /// leases, so its unmap waits — on `tcp;ofi_rxm` even after the
+    /// consumer's endpoint is gone (the provider does not fail those sends)
+    /// — and answers `Ok` once the owner's teardown ended them.
+    #[test]
+    fn a_consumer_that_never_receives_holds_at_most_the_bound_and_is_refused_busy_past_it() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = OfiConfig::new(Provider::Tcp)
+            .with_domain("lo")
+            .with_teardown_timeout(Duration::from_secs(2))
+            .with_max_served_replies_per_peer(4);
+        let owner = OfiEngine::start(config.clone()).expect("owner starts");
+        let backend = owner.backend();
+        let len = 1usize << 20;
+        // Reached only through its raw pointer from here on, and dropped
+        // after the owner's teardown ended its registration.
+        let source = Box::into_raw(vec![7u8; len].into_boxed_slice());
+        let source_addr = source as *mut u8 as usize;
+        // SAFETY: the range is this test's own allocation, no reference
+        // aliases it while it is registered (only `source_addr` names it),
+        // and it is freed below only after the unmap answered `Ok` and the
+        // owner's teardown ended.
+        let region = rt
+            .block_on(unsafe { backend.map(source_addr, len) })
+            .expect("maps");
+        let key = PackedKey::decode(&region.packed_key).expect("its own key");
+        let mut raw = RawConsumer::new(&config, &owner.fabric_address());
+        for id in 1..=8 {
+            raw.ask(&key, source_addr as u64, len as u64, id);
+        }
+        raw.progress_for(Duration::from_secs(2));
+        let mut busy = raw.busy.clone();
+        busy.sort_unstable();
+        // The unmap waits for the four leases while the consumer lives.
+        let unmap = {
+            let backend = backend.clone();
+            let id = region.backend_region_id;
+            rt.spawn(async move { backend.unmap(id).await })
+        };
+        raw.progress_for(Duration::from_millis(300));
+        let answered_while_held = unmap.is_finished();
+        drop(raw);
+        std::thread::sleep(Duration::from_secs(2));
+        let answered_after_consumer_left = unmap.is_finished();
+        owner.shutdown_blocking();
+        let unmapped =
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), unmap).await });
+        let live = owner.live_registrations();
+        if matches!(unmapped, Ok(Ok(Ok(())))) && live == 0 {
+            // SAFETY: made by Box::into_raw above; its registration is gone.
+            drop(unsafe { Box::from_raw(source) });
+        }
+        eprintln!(
+            "busy {busy:?}; unmap answered while held: {answered_while_held}, \
+             2 s after the consumer left: {answered_after_consumer_left}; after teardown: {unmapped:?}"
+        );
+        assert_eq!(busy.len(), 4, "busy refusals: {busy:?}");
+        assert!(
+            !answered_while_held,
+            "the unmap answered while replies were held"
+        );
+        assert!(
+            matches!(unmapped, Ok(Ok(Ok(())))),
+            "the leases ended at teardown: {unmapped:?}"
+        );
+        assert_eq!(live, 0);
     }
 }

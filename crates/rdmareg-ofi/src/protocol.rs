@@ -79,18 +79,28 @@ pub enum Refusal {
     OutOfRange,
     /// The registration is being deregistered.
     Deregistering,
+    /// The owner already has as many unfinished replies to this consumer
+    /// as it allows (`OfiConfig::max_served_replies_per_peer`); the read
+    /// can be retried once earlier ones were answered.
+    Busy,
 }
 
 impl Refusal {
+    /// Codes are only ever added, never reassigned; a consumer that gets a
+    /// code it does not know fails the read with a typed error naming it.
     fn code(self) -> u64 {
         match self {
             Refusal::RegionUnknown => 1,
             Refusal::CapabilityMismatch => 2,
             Refusal::OutOfRange => 3,
             Refusal::Deregistering => 4,
+            Refusal::Busy => 5,
         }
     }
 }
+
+/// The text of the error a read refused as [`Refusal::Busy`] gets.
+pub const BUSY_TEXT: &str = "ofi: owner busy: too many of this consumer's reads are in flight at the owner (its per-consumer bound of unfinished replies); retry once earlier reads have been answered";
 
 /// The tag of a refusal of `request_id`.
 pub fn refusal_tag(request_id: u64, refusal: Refusal) -> u64 {
@@ -101,7 +111,8 @@ pub fn refusal_tag(request_id: u64, refusal: Refusal) -> u64 {
 /// else the seam's error for the refusal — `OutOfRange` for a range the
 /// registration does not cover, `RegionNotFound` for a registration that is
 /// gone, going, or not the consumer's (a wrong capability says no more
-/// than that), `Backend` for a reason this build does not know.
+/// than that), a transient `Backend` with [`BUSY_TEXT`] for a busy owner,
+/// `Backend` for a reason this build does not know.
 pub fn reply_outcome(tag: u64) -> Result<(), RdmaError> {
     if tag & REFUSAL_BIT == 0 {
         return Ok(());
@@ -109,6 +120,7 @@ pub fn reply_outcome(tag: u64) -> Result<(), RdmaError> {
     match (tag & REASON_MASK) >> REASON_SHIFT {
         3 => Err(RdmaError::OutOfRange),
         1 | 2 | 4 => Err(RdmaError::RegionNotFound),
+        5 => Err(RdmaError::Backend(BUSY_TEXT.to_owned())),
         other => Err(RdmaError::Backend(format!(
             "ofi: the owner refused the read for an unknown reason {other}"
         ))),
@@ -245,8 +257,18 @@ mod tests {
         }
         assert!(matches!(
             reply_outcome(REFUSAL_BIT | (9 << 48) | 42),
-            Err(RdmaError::Backend(_))
+            Err(RdmaError::Backend(text)) if text.contains("unknown reason 9")
         ));
+    }
+
+    #[test]
+    fn a_busy_refusal_is_code_five_and_a_transient_error() {
+        let tag = refusal_tag(42, Refusal::Busy);
+        assert_eq!((tag & REASON_MASK) >> REASON_SHIFT, 5);
+        assert_eq!(tag & !REPLY_IGNORE, 42, "the reply receive matches it");
+        let err = reply_outcome(tag).unwrap_err();
+        assert_eq!(err, RdmaError::Backend(BUSY_TEXT.to_owned()));
+        assert!(err.is_transient());
     }
 
     proptest::proptest! {

@@ -14,6 +14,7 @@
 //! full, and is harmless: a compensating unmap that overtakes its map finds
 //! nothing, and the map then sees its caller gone and is skipped.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 
 use futures::channel::oneshot;
@@ -96,6 +97,9 @@ pub(crate) struct Signals {
     /// Registrations the thread holds: incremented after a successful
     /// `ucp_mem_map`, decremented after a successful `ucp_mem_unmap`.
     pub(crate) live_registrations: AtomicUsize,
+    /// Replies the thread serves whose sends UCX has not finished, over
+    /// every consumer connection (kept by the request handler).
+    pub(crate) served_replies_in_flight: Arc<AtomicUsize>,
     /// Set once teardown has finished; then `unmap` is answered here (see
     /// [`Signals::unmap_after_teardown`]) instead of by the thread.
     pub(crate) torn_down: std::sync::OnceLock<TornDown>,

@@ -124,6 +124,29 @@ pub struct UcxConfig {
     /// owner gives up on that lane: the kernel, not the owner, decides who
     /// reads.
     pub same_host_direct_reads: Option<bool>,
+    /// Most replies this engine, as an owner, keeps unfinished for one
+    /// consumer connection: reads it served whose bytes the consumer has not
+    /// taken yet. Each holds a read lease on its region (an unmap of the
+    /// region waits for it) and a UCX send, so without a bound one consumer
+    /// that asks and never takes grows the owner's memory and stalls its
+    /// unmaps without limit. A valid read beyond the bound is refused as
+    /// busy; the consumer's caller gets [`RdmaError::Backend`] with
+    /// [`BUSY_TEXT`](crate::read_protocol::BUSY_TEXT), a transient error (retry
+    /// once earlier reads were answered). Refusals a connection has not
+    /// taken are bounded by the same number, separately; past it its
+    /// requests go unanswered (they run into their deadlines).
+    ///
+    /// Only reads this engine serves count (tcp and other lanes without
+    /// one-sided hardware reads, and the served part of same-host keys). The
+    /// default, [`Self::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION`], is four
+    /// times the deepest this workspace's own consumers go: `rdmareg bench`
+    /// keeps at most 1024 reads outstanding, and its scatter list, the
+    /// largest transfer list it posts, has 1000 entries. A consumer that
+    /// posts more large reads than the bound to one owner at once should
+    /// expect the excess to be refused as busy. Must be at least 1.
+    ///
+    /// [`RdmaError::Backend`]: rdmareg_core::RdmaError::Backend
+    pub max_served_replies_per_connection: u32,
 }
 
 impl Default for UcxConfig {
@@ -138,11 +161,22 @@ impl Default for UcxConfig {
             default_get_deadline: Duration::from_secs(30),
             teardown_timeout: Duration::from_secs(5),
             same_host_direct_reads: None,
+            max_served_replies_per_connection: Self::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION,
         }
     }
 }
 
 impl UcxConfig {
+    /// The default of [`Self::max_served_replies_per_connection`].
+    pub const DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION: u32 = 4096;
+
+    /// Keep at most `bound` served replies unfinished per consumer
+    /// connection (see [`Self::max_served_replies_per_connection`]).
+    pub fn with_max_served_replies_per_connection(mut self, bound: u32) -> Self {
+        self.max_served_replies_per_connection = bound;
+        self
+    }
+
     /// Use `transport`.
     pub fn with_transport(mut self, transport: Transport) -> Self {
         self.transport = transport;
@@ -291,6 +325,12 @@ impl UcxConfig {
         if self.default_get_deadline.is_zero() {
             return Err("default_get_deadline must be positive".into());
         }
+        if self.max_served_replies_per_connection == 0 {
+            return Err(
+                "max_served_replies_per_connection must be at least 1 (0 would refuse every read)"
+                    .into(),
+            );
+        }
         for (k, v) in self.ucx_settings(|_| false) {
             if k.is_empty() || k.contains('\0') || v.contains('\0') {
                 return Err(format!("invalid UCX setting {k:?}={v:?}"));
@@ -423,6 +463,26 @@ mod tests {
         assert!(c.validate().is_err());
         let c = UcxConfig::default().with_ucx_setting("TLS", "tcp\0");
         assert!(c.validate().is_err());
+        let c = UcxConfig::default().with_max_served_replies_per_connection(0);
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .contains("max_served_replies_per_connection")
+        );
         assert!(UcxConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn the_reply_bound_defaults_above_the_deepest_honest_window_and_can_be_set() {
+        let c = UcxConfig::default();
+        assert_eq!(
+            c.max_served_replies_per_connection,
+            UcxConfig::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION
+        );
+        // `rdmareg bench --window` allows at most 1024 outstanding reads.
+        assert!(c.max_served_replies_per_connection >= 4 * 1024);
+        let c = c.with_max_served_replies_per_connection(8);
+        assert_eq!(c.max_served_replies_per_connection, 8);
+        assert!(c.validate().is_ok());
     }
 }

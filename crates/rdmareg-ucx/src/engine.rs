@@ -204,6 +204,7 @@ impl UcxEngine {
             doorbell,
             closed: AtomicBool::new(false),
             live_registrations: AtomicUsize::new(0),
+            served_replies_in_flight: Arc::default(),
             torn_down: std::sync::OnceLock::new(),
         });
         let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
@@ -347,6 +348,18 @@ impl UcxEngine {
     /// on this engine's backends.
     pub fn live_registrations(&self) -> Option<usize> {
         Some(self.shared.live_registrations())
+    }
+
+    /// Replies this engine, as an owner, is serving whose sends UCX has
+    /// not finished yet, over every consumer connection: each holds a read
+    /// lease on its region. At most
+    /// [`UcxConfig::max_served_replies_per_connection`](crate::UcxConfig::max_served_replies_per_connection)
+    /// per connection; zero once teardown is done.
+    pub fn served_replies_in_flight(&self) -> usize {
+        self.shared
+            .signals
+            .served_replies_in_flight
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Tears the engine down and waits for it.

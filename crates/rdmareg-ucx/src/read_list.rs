@@ -45,7 +45,9 @@
 //! is the served entries' bytes): `version = 1`, three zero bytes,
 //! `count: u16`, two zero bytes, then `count` entries of
 //! `request_id: u64`, `status: u8`, seven zero bytes, `length: u64`
-//! (24 bytes each; `length` is 0 for a refused entry).
+//! (24 bytes each; `length` is 0 for a refused entry). Statuses are those
+//! of single replies (`read_protocol`), a code this build does not know
+//! included: it decodes as a refusal of that entry.
 
 use crate::read_protocol::{ProtocolError, ReadRequest, ReplyStatus, ServedKey};
 
@@ -175,7 +177,7 @@ impl ListReply {
     /// Decodes a list reply; never panics.
     ///
     /// # Errors
-    /// A wrong length, version, count, status or non-zero reserved byte,
+    /// A wrong length, version, count or non-zero reserved byte,
     /// and a refused entry that claims bytes.
     pub fn decode(bytes: &[u8]) -> Result<ListReply, ProtocolError> {
         let count = decode_fixed(bytes, REPLY_ENTRY_LEN)?;
@@ -184,7 +186,7 @@ impl ListReply {
             if entry[9..16].iter().any(|&b| b != 0) {
                 return Err(ProtocolError::Reserved);
             }
-            let status = ReplyStatus::from_code(entry[8])?;
+            let status = ReplyStatus::from_code(entry[8]);
             let length = u64_at(entry, 16);
             if status != ReplyStatus::Served && length != 0 {
                 return Err(ProtocolError::Reserved);

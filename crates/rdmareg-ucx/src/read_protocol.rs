@@ -47,6 +47,17 @@
 //! `version = 1`, `status: u8`, two zero bytes, `request_id: u64`,
 //! `length: u64` — 20 bytes.
 //!
+//! **Reply status codes.** `0` is served; every other code is a refusal
+//! and carries `length = 0` (a refusal that claims a payload is malformed).
+//! Assigned: `1` region unknown, `2` capability mismatch, `3` out of range,
+//! `4` deregistering, `5` malformed request, `6` busy (the owner already
+//! has as many unfinished replies to this connection as it allows). Codes
+//! are only ever added, never reassigned, and a consumer that receives a
+//! code it does not know takes it as a refusal of a reason it cannot name
+//! ([`RemoteRefusal::Unrecognized`]): an owner of a later release can
+//! refuse for a new reason without its older consumers waiting out their
+//! deadlines.
+//!
 //! Decoding never panics and refuses trailing or missing bytes: these come
 //! from peers.
 
@@ -98,9 +109,19 @@ pub enum ProtocolError {
     /// A reserved byte is not zero.
     #[error("reserved bytes are not zero")]
     Reserved,
-    /// A reply status this build does not know.
+    /// A reply status this build does not know. Version-1 replies never
+    /// produce it (every non-zero status is a refusal, known or not); kept
+    /// for formats that may reserve codes.
     #[error("unknown reply status {0}")]
     Status(u8),
+    /// A refusal whose header claims a payload (refusals carry none).
+    #[error("a refusal (status {status}) claims a {length}-byte payload")]
+    RefusalWithPayload {
+        /// The refusal's status code.
+        status: u8,
+        /// The length it claims.
+        length: u64,
+    },
 }
 
 /// Why an owner refused a read.
@@ -128,6 +149,21 @@ pub enum RemoteRefusal {
     /// The owner could not parse the request.
     #[error("the owner could not parse the request")]
     Malformed,
+    /// The owner already has as many unfinished replies to this consumer
+    /// connection as it allows (`UcxConfig::max_served_replies_per_connection`
+    /// on a UCX owner): replies it sent that the consumer has not taken yet.
+    /// Nothing is wrong with the read; it can be retried once earlier reads
+    /// were answered.
+    #[error(
+        "the owner is busy: it already holds as many unfinished replies to this consumer as it allows"
+    )]
+    Busy,
+    /// A refusal code this build does not know, sent by an owner of a later
+    /// release. Encoded as itself unless it is `0` or an assigned code, which
+    /// encode as [`RemoteRefusal::Malformed`] (a hand-made value cannot
+    /// pass for a served reply or another refusal).
+    #[error("the owner refused the read with code {0}, which this build does not know")]
+    Unrecognized(u8),
 }
 
 impl From<RemoteRefusal> for RdmaError {
@@ -135,7 +171,10 @@ impl From<RemoteRefusal> for RdmaError {
     /// registration does not cover, `RegionNotFound` for a registration that
     /// is gone, going, or was never given to the consumer (a wrong
     /// capability says nothing more than "not yours"), `InvalidKey` for a
-    /// request the owner could not parse.
+    /// request the owner could not parse, and `Backend` — transient, so
+    /// [`RdmaError::is_transient`] says a retry may succeed — for a busy
+    /// owner and for a refusal code this build does not know, with the text
+    /// saying which.
     fn from(refusal: RemoteRefusal) -> RdmaError {
         match refusal {
             RemoteRefusal::OutOfRange => RdmaError::OutOfRange,
@@ -143,9 +182,16 @@ impl From<RemoteRefusal> for RdmaError {
             | RemoteRefusal::CapabilityMismatch
             | RemoteRefusal::Deregistering => RdmaError::RegionNotFound,
             RemoteRefusal::Malformed => RdmaError::InvalidKey,
+            RemoteRefusal::Busy => RdmaError::Backend(BUSY_TEXT.to_owned()),
+            RemoteRefusal::Unrecognized(code) => RdmaError::Backend(format!(
+                "the owner refused the read with code {code}, unknown to this build (the owner runs a later release)"
+            )),
         }
     }
 }
+
+/// The text of the error a read refused as [`RemoteRefusal::Busy`] gets.
+pub const BUSY_TEXT: &str = "owner busy: too many of this consumer's reads are in flight at the owner (its per-connection bound of unfinished replies); retry once earlier reads have been answered";
 
 /// A registration's identity as a consumer presents it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,6 +384,11 @@ pub enum ReplyStatus {
     Refused(RemoteRefusal),
 }
 
+/// Highest reply status code this build assigns.
+const LAST_ASSIGNED_STATUS: u8 = 6;
+/// The status code of [`RemoteRefusal::Malformed`].
+const MALFORMED_STATUS: u8 = 5;
+
 impl ReplyStatus {
     pub(crate) fn code(self) -> u8 {
         match self {
@@ -346,21 +397,32 @@ impl ReplyStatus {
             ReplyStatus::Refused(RemoteRefusal::CapabilityMismatch) => 2,
             ReplyStatus::Refused(RemoteRefusal::OutOfRange) => 3,
             ReplyStatus::Refused(RemoteRefusal::Deregistering) => 4,
-            // `Malformed` and any refusal a later core adds.
-            ReplyStatus::Refused(_) => 5,
+            ReplyStatus::Refused(RemoteRefusal::Malformed) => MALFORMED_STATUS,
+            ReplyStatus::Refused(RemoteRefusal::Busy) => 6,
+            ReplyStatus::Refused(RemoteRefusal::Unrecognized(code))
+                if code > LAST_ASSIGNED_STATUS =>
+            {
+                code
+            }
+            // A hand-made `Unrecognized` naming an assigned code, and any
+            // refusal a later core adds without a code here.
+            ReplyStatus::Refused(_) => MALFORMED_STATUS,
         }
     }
 
-    pub(crate) fn from_code(code: u8) -> Result<ReplyStatus, ProtocolError> {
-        Ok(match code {
+    /// Every code decodes: `0` is served, any other is a refusal, named if
+    /// this build knows it.
+    pub(crate) fn from_code(code: u8) -> ReplyStatus {
+        match code {
             0 => ReplyStatus::Served,
             1 => ReplyStatus::Refused(RemoteRefusal::RegionUnknown),
             2 => ReplyStatus::Refused(RemoteRefusal::CapabilityMismatch),
             3 => ReplyStatus::Refused(RemoteRefusal::OutOfRange),
             4 => ReplyStatus::Refused(RemoteRefusal::Deregistering),
-            5 => ReplyStatus::Refused(RemoteRefusal::Malformed),
-            other => return Err(ProtocolError::Status(other)),
-        })
+            MALFORMED_STATUS => ReplyStatus::Refused(RemoteRefusal::Malformed),
+            6 => ReplyStatus::Refused(RemoteRefusal::Busy),
+            other => ReplyStatus::Refused(RemoteRefusal::Unrecognized(other)),
+        }
     }
 }
 
@@ -386,7 +448,9 @@ impl ReadReply {
         out
     }
 
-    /// Decodes an untrusted reply.
+    /// Decodes an untrusted reply. A refusal code this build does not know
+    /// decodes as [`RemoteRefusal::Unrecognized`]; a refusal that claims a
+    /// payload is refused.
     pub fn decode(bytes: &[u8]) -> Result<ReadReply, ProtocolError> {
         let bytes = exact::<REPLY_LEN>(bytes)?;
         if bytes[0] != VERSION {
@@ -395,10 +459,18 @@ impl ReadReply {
         if bytes[2..4] != [0, 0] {
             return Err(ProtocolError::Reserved);
         }
+        let status = ReplyStatus::from_code(bytes[1]);
+        let length = u64_at(bytes, 12);
+        if matches!(status, ReplyStatus::Refused(_)) && length != 0 {
+            return Err(ProtocolError::RefusalWithPayload {
+                status: bytes[1],
+                length,
+            });
+        }
         Ok(ReadReply {
             request_id: u64_at(bytes, 4),
-            status: ReplyStatus::from_code(bytes[1])?,
-            length: u64_at(bytes, 12),
+            status,
+            length,
         })
     }
 }
@@ -524,7 +596,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_versions_lanes_and_statuses_are_refused() {
+    fn unknown_versions_and_lanes_are_refused() {
         let mut bytes = key().encode();
         bytes[2] = 2;
         assert_eq!(ServedKey::decode(&bytes), Err(ProtocolError::Version(2)));
@@ -537,8 +609,76 @@ mod tests {
             length: 0,
         }
         .encode();
-        reply[1] = 200;
-        assert_eq!(ReadReply::decode(&reply), Err(ProtocolError::Status(200)));
+        reply[0] = 2;
+        assert_eq!(ReadReply::decode(&reply), Err(ProtocolError::Version(2)));
+    }
+
+    #[test]
+    fn a_refusal_code_from_a_later_release_decodes_to_a_typed_refusal() {
+        for code in [7u8, 99, 200, 255] {
+            let mut reply = ReadReply {
+                request_id: 4,
+                status: ReplyStatus::Served,
+                length: 0,
+            }
+            .encode();
+            reply[1] = code;
+            let decoded = ReadReply::decode(&reply).unwrap();
+            assert_eq!(
+                decoded.status,
+                ReplyStatus::Refused(RemoteRefusal::Unrecognized(code))
+            );
+            assert_eq!(decoded.request_id, 4);
+            // It survives a re-encode as the same code.
+            assert_eq!(decoded.encode()[1], code);
+            let err = RdmaError::from(RemoteRefusal::Unrecognized(code));
+            assert!(matches!(&err, RdmaError::Backend(text) if text.contains(&code.to_string())));
+        }
+    }
+
+    #[test]
+    fn a_refusal_that_claims_a_payload_is_malformed() {
+        for code in [1u8, 6, 99] {
+            let mut reply = ReadReply {
+                request_id: 4,
+                status: ReplyStatus::Served,
+                length: 4096,
+            }
+            .encode();
+            reply[1] = code;
+            assert_eq!(
+                ReadReply::decode(&reply),
+                Err(ProtocolError::RefusalWithPayload {
+                    status: code,
+                    length: 4096
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn a_hand_made_unrecognized_refusal_never_encodes_as_an_assigned_code() {
+        for code in 0..=LAST_ASSIGNED_STATUS {
+            let reply = ReadReply {
+                request_id: 1,
+                status: ReplyStatus::Refused(RemoteRefusal::Unrecognized(code)),
+                length: 0,
+            };
+            assert_eq!(reply.encode()[1], MALFORMED_STATUS, "code {code}");
+        }
+    }
+
+    #[test]
+    fn a_busy_refusal_is_code_six_and_a_transient_backend_error() {
+        let reply = ReadReply {
+            request_id: 3,
+            status: ReplyStatus::Refused(RemoteRefusal::Busy),
+            length: 0,
+        };
+        assert_eq!(reply.encode()[1], 6);
+        let err = RdmaError::from(RemoteRefusal::Busy);
+        assert_eq!(err, RdmaError::Backend(BUSY_TEXT.to_owned()));
+        assert!(err.is_transient());
     }
 
     #[test]
@@ -549,6 +689,8 @@ mod tests {
             RemoteRefusal::OutOfRange,
             RemoteRefusal::Deregistering,
             RemoteRefusal::Malformed,
+            RemoteRefusal::Busy,
+            RemoteRefusal::Unrecognized(LAST_ASSIGNED_STATUS + 1),
         ] {
             let reply = ReadReply {
                 request_id: 9,
@@ -584,6 +726,22 @@ mod tests {
             let _ = ReadKey::decode(&lane_one);
             let _ = ReadRequest::decode(&bytes);
             let _ = ReadReply::decode(&bytes);
+        }
+
+        #[test]
+        fn every_accepted_reply_re_encodes_to_itself(status: u8, request_id: u64, length in prop_oneof![Just(0u64), any::<u64>()]) {
+            let mut bytes = [0u8; REPLY_LEN];
+            bytes[0] = VERSION;
+            bytes[1] = status;
+            bytes[4..12].copy_from_slice(&request_id.to_le_bytes());
+            bytes[12..20].copy_from_slice(&length.to_le_bytes());
+            match ReadReply::decode(&bytes) {
+                Ok(reply) => prop_assert_eq!(reply.encode(), bytes),
+                Err(err) => prop_assert_eq!(
+                    err,
+                    ProtocolError::RefusalWithPayload { status, length }
+                ),
+            }
         }
 
         #[test]

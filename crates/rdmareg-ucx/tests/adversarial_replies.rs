@@ -18,9 +18,10 @@ use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use rdmareg_ucx::read_protocol::{
-    READ_REPLY_AM_ID, READ_REQUEST_AM_ID, ReadReply, ReadRequest, ReplyStatus, ServedKey,
+    BUSY_TEXT, READ_REPLY_AM_ID, READ_REQUEST_AM_ID, ReadReply, ReadRequest, RemoteRefusal,
+    ReplyStatus, ServedKey,
 };
-use rdmareg_ucx::{Transport, UcxEngine};
+use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
 use ucx_sys as sys;
 
 fn is_err(ptr: sys::ucs_status_ptr_t) -> bool {
@@ -943,7 +944,21 @@ fn request_many(
     length: u64,
     count: u64,
 ) {
-    for id in 1..=count {
+    request_ids(r, ep, key, buf, length, 1..=count);
+}
+
+/// [`request_many`] with the ids `ids`; waits until `r` holds as many
+/// replies in all as the last id.
+fn request_ids(
+    r: &Raw,
+    ep: sys::ucp_ep_h,
+    key: ServedKey,
+    buf: &PageBuf,
+    length: u64,
+    ids: std::ops::RangeInclusive<u64>,
+) {
+    let count = *ids.end();
+    for id in ids {
         let request = ReadRequest {
             request_id: id,
             key,
@@ -1013,16 +1028,91 @@ fn an_unmap_waits_for_a_reply_a_live_consumer_holds_and_answers_once_it_is_relea
     assert_eq!(result, Some(Ok(())), "the unmap after the reply was let go");
 }
 
-/// Most replies one consumer connection may hold open at the owner at a
-/// time: what a bounded owner would allow at most.
-const HELD_REPLIES_BOUND: usize = 1024;
+/// Most replies one consumer connection may hold open at an owner started
+/// with the default configuration.
+const HELD_REPLIES_BOUND: usize = UcxConfig::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION as usize;
+
+/// Replies `r` received that it holds (rendezvous kept, not taken).
+fn held_replies(r: &Raw) -> usize {
+    r.messages(READ_REPLY_AM_ID)
+        .iter()
+        .filter(|m| !m.desc.is_null())
+        .count()
+}
+
+/// Replies `r` received refused as `refusal`.
+fn refused_as(r: &Raw, refusal: RemoteRefusal) -> usize {
+    r.messages(READ_REPLY_AM_ID)
+        .iter()
+        .filter(|m| {
+            ReadReply::decode(&m.header)
+                .is_ok_and(|reply| reply.status == ReplyStatus::Refused(refusal))
+        })
+        .count()
+}
+
+/// Lets go of every rendezvous reply `r` holds (the owner's sends end);
+/// returns how many.
+fn release_held(r: &Raw) -> usize {
+    let mut released = 0;
+    for inbox in &r.inboxes {
+        for m in inbox.msgs.borrow_mut().iter_mut() {
+            if !m.desc.is_null() {
+                // SAFETY: a rendezvous descriptor UCX handed this worker's
+                // handler (kept with UCS_INPROGRESS), released once: it is
+                // cleared right after, so `Raw::drop` does not release it
+                // again.
+                unsafe { sys::ucp_am_data_release(r.worker, m.desc) };
+                m.desc = ptr::null_mut();
+                released += 1;
+            }
+        }
+    }
+    released
+}
+
+/// This process's resident set, KiB (0 where /proc does not say).
+fn resident_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Polls `done` every 10 ms while `r` (if any) progresses, up to `within`.
+fn wait_until(r: Option<&Raw>, within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if done() {
+            return true;
+        }
+        match r {
+            Some(r) => r.progress_for(Duration::from_millis(10)),
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    done()
+}
+
+/// An owner engine on tcp with at most `bound` unfinished replies per
+/// consumer connection.
+fn bounded_owner(bound: u32) -> UcxEngine {
+    init_tracing();
+    UcxEngine::start(config(Transport::Tcp).with_max_served_replies_per_connection(bound))
+        .expect("engine starts")
+}
 
 /// A consumer that asks for many large reads and never takes their bytes
-/// holds one owner lease and one UCX send per reply; with no bound, one
-/// peer grows the owner's memory without limit. The owner should refuse
-/// reads beyond a bound per consumer.
+/// would hold one owner lease and one UCX send per reply, growing the
+/// owner's memory without limit. The owner serves up to its bound per
+/// connection and refuses the rest as busy: the consumer holds exactly the
+/// bound, and everything is released when it goes away.
 #[test]
-#[ignore = "known defect: owners bound neither the leases nor the reply sends one consumer holds open (docs/safety.md, 'A consumer can hold a served reply open'); a bound needs a new refusal on the wire"]
 fn one_consumer_cannot_hold_an_unbounded_number_of_served_replies_open() {
     let rt = runtime();
     let owner = tcp_engine();
@@ -1033,15 +1123,21 @@ fn one_consumer_cannot_hold_an_unbounded_number_of_served_replies_open() {
     let r = Raw::new(true);
     let ep = r.connect(&owner.worker_address());
     let asked = 4 * HELD_REPLIES_BOUND as u64;
+    let resident_before = resident_kib();
     // Large enough that UCX sends every reply by rendezvous over tcp.
     request_many(&r, ep, key, &buf, 8 << 20, asked);
-    let held = r
-        .messages(READ_REPLY_AM_ID)
-        .iter()
-        .filter(|m| !m.desc.is_null())
-        .count();
-    eprintln!("{asked} large reads asked, {held} replies held open at the owner");
+    let held = held_replies(&r);
+    let busy = refused_as(&r, RemoteRefusal::Busy);
+    let in_flight = owner.served_replies_in_flight();
+    let resident_growth = resident_kib().saturating_sub(resident_before);
+    eprintln!(
+        "{asked} large reads asked: {held} replies held open, {busy} refused as busy; \
+         owner counts {in_flight} in flight; process grew {resident_growth} KiB"
+    );
     drop(r);
+    let released = wait_until(None, Duration::from_secs(8), || {
+        owner.served_replies_in_flight() == 0
+    });
     let unmapped = rt.block_on(ob.unmap(region.backend_region_id));
     rt.block_on(owner.shutdown());
     drop(buf);
@@ -1050,6 +1146,265 @@ fn one_consumer_cannot_hold_an_unbounded_number_of_served_replies_open() {
         held <= HELD_REPLIES_BOUND,
         "one consumer holds {held} served replies open (bound {HELD_REPLIES_BOUND})"
     );
+    assert_eq!(held, HELD_REPLIES_BOUND, "reads up to the bound are served");
+    assert_eq!(
+        busy as u64,
+        asked - held as u64,
+        "every read past it is refused as busy"
+    );
+    assert_eq!(in_flight, held, "the owner's own count");
+    assert!(
+        released,
+        "the owner's count went back to zero once the consumer left"
+    );
+}
+
+/// An owner that refuses a read as busy — or with a refusal code of a later
+/// release — ends the read at once with a typed error the caller can act on,
+/// not a wait for its deadline.
+#[test]
+fn a_busy_or_unknown_refusal_reaches_the_caller_as_a_typed_error() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let a = Raw::new(false);
+    consumer.add_peer(SILENT_OWNER, a.address()).unwrap();
+    let dest = PageBuf::zeroed(4096);
+    let deadline = Duration::from_secs(10);
+    let mut answers = Vec::new();
+    for code in [6u8, 77] {
+        let (req, ep, get) = get_from_raw_owner(&rt, &consumer, &a, &dest, 4096, deadline);
+        let started = Instant::now();
+        let mut reply = ReadReply {
+            request_id: req.request_id,
+            status: ReplyStatus::Refused(RemoteRefusal::Busy),
+            length: 0,
+        }
+        .encode();
+        reply[1] = code;
+        a.send_wait(
+            ep,
+            READ_REPLY_AM_ID,
+            &reply,
+            &[],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+        let answer = finish(&rt, &[&a], get, Duration::from_secs(5));
+        eprintln!(
+            "refusal code {code}: {answer:?} after {:?}",
+            started.elapsed()
+        );
+        answers.push((answer, started.elapsed()));
+    }
+    rt.block_on(consumer.shutdown());
+    drop(a);
+    let (busy, busy_took) = &answers[0];
+    assert_eq!(busy, &Some(Err(RdmaError::Backend(BUSY_TEXT.to_owned()))));
+    assert!(busy.as_ref().unwrap().as_ref().unwrap_err().is_transient());
+    let (unknown, unknown_took) = &answers[1];
+    assert!(
+        matches!(unknown, Some(Err(RdmaError::Backend(text))) if text.contains("77")),
+        "{unknown:?}"
+    );
+    assert!(*busy_took < deadline / 2 && *unknown_took < deadline / 2);
+}
+
+/// An engine consumer whose reads outrun an owner's bound (here 1, so the
+/// owner serves one large reply at a time) gets busy answers for the
+/// excess — every read answers, none waits for its deadline — and the
+/// refused reads succeed when posted again.
+#[test]
+fn reads_beyond_an_owners_bound_are_answered_busy_and_succeed_when_retried() {
+    let rt = runtime();
+    let owner = bounded_owner(1);
+    let consumer = tcp_engine();
+    consumer
+        .add_peer(SILENT_OWNER, owner.worker_address())
+        .unwrap();
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    const ENTRIES: usize = 32;
+    const ENTRY: usize = 1 << 20;
+    let src = PageBuf::filled(ENTRY, pattern);
+    let dst = PageBuf::zeroed(ENTRIES * ENTRY);
+    let src_region = rt.block_on(map(&ob, &src));
+    let dst_region = rt.block_on(map(&cb, &dst));
+    let source = describe(&src, &src_region);
+    let request = |i: usize| {
+        get_request(
+            SILENT_OWNER,
+            &source,
+            &dst_region,
+            (i * ENTRY) as u64,
+            Some(Duration::from_secs(20)),
+        )
+    };
+    let started = Instant::now();
+    let answers = rt.block_on(cb.get_batch_into_test_memory((0..ENTRIES).map(request).collect()));
+    let took = started.elapsed();
+    let busy: Vec<usize> = (0..ENTRIES)
+        .filter(|&i| answers[i] == Err(RdmaError::Backend(BUSY_TEXT.to_owned())))
+        .collect();
+    let served = answers.iter().filter(|a| a.is_ok()).count();
+    eprintln!(
+        "{ENTRIES} reads past a bound of 1: {served} served, {} busy, in {took:?}",
+        busy.len()
+    );
+    // Retry each refused read on its own: one at a time fits the bound.
+    let retried: Vec<_> = busy
+        .iter()
+        .map(|&i| {
+            rt.block_on(cb.get_batch_into_test_memory(vec![request(i)]))
+                .remove(0)
+        })
+        .collect();
+    let landed = dst
+        .snapshot()
+        .chunks(ENTRY)
+        .all(|chunk| chunk == &src.snapshot()[..]);
+    rt.block_on(consumer.shutdown());
+    rt.block_on(owner.shutdown());
+    assert_eq!(
+        served + busy.len(),
+        ENTRIES,
+        "every read is served or busy: {answers:?}"
+    );
+    assert!(!busy.is_empty(), "reads past the bound were refused");
+    assert!(
+        took < Duration::from_secs(10),
+        "no read waited for its deadline"
+    );
+    assert!(retried.iter().all(Result::is_ok), "{retried:?}");
+    assert!(landed, "every read landed once retried");
+}
+
+/// A consumer at the bound is refused as busy, lets its replies go, and can
+/// read again: the bound counts what is unfinished, not what was ever
+/// asked.
+#[test]
+fn the_bound_frees_up_once_the_consumer_takes_its_replies() {
+    let rt = runtime();
+    let owner = bounded_owner(4);
+    let ob = owner.backend();
+    let buf = PageBuf::filled(8 << 20, pattern);
+    let region = rt.block_on(map(&ob, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let r = Raw::new(true);
+    let ep = r.connect(&owner.worker_address());
+    request_ids(&r, ep, key, &buf, 8 << 20, 1..=5);
+    let held_at_bound = held_replies(&r);
+    let busy_at_bound = refused_as(&r, RemoteRefusal::Busy);
+    let in_flight_at_bound = owner.served_replies_in_flight();
+    let released = release_held(&r);
+    let drained = wait_until(Some(&r), Duration::from_secs(5), || {
+        owner.served_replies_in_flight() == 0
+    });
+    request_ids(&r, ep, key, &buf, 8 << 20, 6..=9);
+    let held_again = held_replies(&r);
+    let busy_again = refused_as(&r, RemoteRefusal::Busy);
+    eprintln!(
+        "at the bound: held {held_at_bound}, busy {busy_at_bound}, owner count {in_flight_at_bound}; \
+         released {released}; drained {drained}; after: held {held_again}, busy {busy_again}"
+    );
+    drop(r);
+    let unmapped = rt.block_on(ob.unmap(region.backend_region_id));
+    rt.block_on(owner.shutdown());
+    drop(buf);
+    assert_eq!(
+        (held_at_bound, busy_at_bound, in_flight_at_bound),
+        (4, 1, 4)
+    );
+    assert!(
+        drained,
+        "the owner's count went back to zero once the replies were let go"
+    );
+    assert_eq!(
+        held_again, 4,
+        "four more reads were served after the release"
+    );
+    assert_eq!(busy_again, 1, "no further busy refusal");
+    assert_eq!(unmapped, Ok(()));
+}
+
+/// The deepest an honest consumer of this workspace goes — `rdmareg bench`'s
+/// largest window, 1024 reads, posted as one batch of rendezvous-sized reads
+/// to one owner with the default bound, and its scatter list, 1000 reads of
+/// 4 KiB (which travel gathered) — is never refused, and leaves nothing
+/// counted at the owner.
+#[test]
+fn an_honest_deep_batch_is_never_refused() {
+    let rt = runtime();
+    let (owner, consumer) = engines(Transport::Tcp);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let mut outcomes = Vec::new();
+    for (entries, entry) in [(1024usize, 64usize << 10), (1000, 4 << 10)] {
+        let src = PageBuf::filled(entry, pattern);
+        let dst = PageBuf::zeroed(entries * entry);
+        let src_region = rt.block_on(map(&ob, &src));
+        let dst_region = rt.block_on(map(&cb, &dst));
+        let source = describe(&src, &src_region);
+        let requests = (0..entries)
+            .map(|i| get_request(OWNER, &source, &dst_region, (i * entry) as u64, None))
+            .collect();
+        let answers = rt.block_on(cb.get_batch_into_test_memory(requests));
+        let refused: Vec<_> = answers.into_iter().filter(Result::is_err).collect();
+        let landed = dst
+            .snapshot()
+            .chunks(entry)
+            .all(|chunk| chunk == &src.snapshot()[..]);
+        let left = owner.served_replies_in_flight();
+        eprintln!(
+            "{entries} reads of {entry} B: {} refused; owner count after {left}",
+            refused.len()
+        );
+        assert_eq!(rt.block_on(cb.unmap(dst_region.backend_region_id)), Ok(()));
+        assert_eq!(rt.block_on(ob.unmap(src_region.backend_region_id)), Ok(()));
+        outcomes.push((entries, entry, refused, landed, left));
+    }
+    rt.block_on(consumer.shutdown());
+    rt.block_on(owner.shutdown());
+    for (entries, entry, refused, landed, left) in outcomes {
+        assert!(refused.is_empty(), "{entries} × {entry} B: {refused:?}");
+        assert!(landed, "{entries} × {entry} B");
+        assert_eq!(left, 0, "{entries} × {entry} B");
+    }
+}
+
+/// A consumer holding replies at the bound dies — with and without peer
+/// error handling on its endpoint: the owner's count of its unfinished
+/// replies goes back to zero, as do the region's leases (the unmap answers).
+#[test]
+fn counts_are_released_when_the_consumers_endpoint_dies() {
+    let rt = runtime();
+    let owner = bounded_owner(3);
+    let ob = owner.backend();
+    let buf = PageBuf::filled(8 << 20, pattern);
+    let region = rt.block_on(map(&ob, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let mut outcomes = Vec::new();
+    for peer_errors in [true, false] {
+        let r = Raw::new(true);
+        let ep = r.connect_mode(&owner.worker_address(), peer_errors);
+        request_ids(&r, ep, key, &buf, 8 << 20, 1..=4);
+        let counted = owner.served_replies_in_flight();
+        let busy = refused_as(&r, RemoteRefusal::Busy);
+        drop(r);
+        let released = wait_until(None, Duration::from_secs(8), || {
+            owner.served_replies_in_flight() == 0
+        });
+        eprintln!("peer errors {peer_errors}: counted {counted}, busy {busy}, released {released}");
+        outcomes.push((peer_errors, counted, busy, released));
+    }
+    let unmapped = rt.block_on(ob.unmap(region.backend_region_id));
+    rt.block_on(owner.shutdown());
+    drop(buf);
+    for (peer_errors, counted, busy, released) in outcomes {
+        assert_eq!((counted, busy), (3, 1), "peer errors {peer_errors}");
+        assert!(
+            released,
+            "peer errors {peer_errors}: the count was not released"
+        );
+    }
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(owner.live_registrations(), Some(0));
 }
 
 /// The owner a read was sent to answers it, the read answers `Ok`, and the
@@ -1260,4 +1615,90 @@ fn a_freed_described_buffer_is_not_reused_while_a_consumer_holds_its_reply() {
     );
     assert_eq!(leaked, 0, "nothing was leaked once the reply was let go");
     assert_eq!(owner.live_registrations(), Some(0));
+}
+
+/// The reads of a gathered list count against the same per-connection
+/// bound as single reads: a consumer holding its bound of large replies
+/// open gets every entry of a list refused as busy, and nothing more is
+/// leased.
+#[test]
+fn gathered_entries_count_against_the_connections_bound() {
+    use common::raw_am::Raw as ListRaw;
+    use rdmareg_ucx::read_list::{
+        ListReply, ListRequest, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
+    };
+
+    let rt = runtime();
+    let owner = bounded_owner(2);
+    let ob = owner.backend();
+    let buf = PageBuf::filled(8 << 20, pattern);
+    let region = rt.block_on(map(&ob, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let base = buf.addr() as u64;
+    let r = ListRaw::new(true);
+    let ep = r.connect(&owner.worker_address());
+    for id in 1..=2 {
+        let request = ReadRequest {
+            request_id: id,
+            key,
+            address: base,
+            length: 8 << 20,
+        };
+        r.send_wait(
+            ep,
+            READ_REQUEST_AM_ID,
+            &request.encode(),
+            &[],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+    }
+    let held = r.progress_until(Duration::from_secs(5), |r| {
+        r.messages(READ_REPLY_AM_ID).len() >= 2
+    });
+    let list = ListRequest {
+        entries: (0..3u64)
+            .map(|i| ReadRequest {
+                request_id: 10 + i,
+                key,
+                address: base + i * 64,
+                length: 64,
+            })
+            .collect(),
+    };
+    r.send_wait(
+        ep,
+        READ_LIST_REQUEST_AM_ID,
+        &list.encode().expect("a list within bounds"),
+        &[],
+        sys::UCP_AM_SEND_FLAG_REPLY,
+    );
+    r.progress_until(Duration::from_secs(5), |r| {
+        !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
+    });
+    let reply = r
+        .messages(READ_LIST_REPLY_AM_ID)
+        .first()
+        .map(|m| ListReply::decode(&m.header));
+    let in_flight = owner.served_replies_in_flight();
+    drop(r);
+    let released = wait_until(None, Duration::from_secs(8), || {
+        owner.served_replies_in_flight() == 0
+    });
+    let unmapped = rt.block_on(ob.unmap(region.backend_region_id));
+    rt.block_on(owner.shutdown());
+    drop(buf);
+    eprintln!("held {held}; list reply {reply:?}; owner count {in_flight}");
+    assert!(held, "two large replies held open");
+    let reply = reply.expect("a list reply").expect("well formed");
+    assert_eq!(reply.entries.len(), 3);
+    for entry in &reply.entries {
+        assert_eq!(
+            entry.status,
+            ReplyStatus::Refused(RemoteRefusal::Busy),
+            "{entry:?}"
+        );
+    }
+    assert_eq!(in_flight, 2, "no entry was leased past the bound");
+    assert!(released);
+    assert_eq!(unmapped, Ok(()));
 }

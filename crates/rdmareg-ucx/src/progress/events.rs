@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use ucx_sys::{ucp_worker_h, ucs_status_t};
 
 use super::gets::GetOp;
-use super::serve::ServedRegion;
+use super::serve::{ReplyBudget, ServedRegion};
 
 /// What callbacks and the loop share.
 #[derive(Debug)]
@@ -46,6 +46,8 @@ pub(crate) struct Events {
     pub(crate) awaiting_replies: RefCell<HashMap<u64, *mut GetOp>>,
     /// This engine's registrations as the request handler checks them.
     pub(crate) served: RefCell<HashMap<u64, ServedRegion>>,
+    /// Unfinished reply sends per consumer connection, and their bound.
+    pub(crate) replies: ReplyBudget,
     /// The worker, for receiving rendezvous data inside a handler. Null
     /// until the worker exists and again once it is destroyed.
     pub(crate) worker: Cell<ucp_worker_h>,
@@ -72,6 +74,7 @@ impl Default for Events {
             list_lease_records: RefCell::default(),
             awaiting_replies: RefCell::default(),
             served: RefCell::default(),
+            replies: ReplyBudget::default(),
             worker: Cell::new(std::ptr::null_mut()),
             max_am_header: Cell::new(0),
             tearing_down: Cell::new(false),

@@ -13,7 +13,10 @@
 //!   receive ever holds a list's destination.
 //! - **Owner.** Each entry is admitted exactly as a single read is
 //!   (`serve::admit`): one lease per admitted entry, held until the reply
-//!   send completes or fails. An entry beyond the gathering bounds is
+//!   send completes or fails, and one place under the connection's bound of
+//!   unfinished replies (an entry past it is refused as busy). A reply
+//!   that serves no entry counts as one refusal under the connection's
+//!   refusal bound, and is not sent past it. An entry beyond the gathering bounds is
 //!   refused as malformed, never served by a rendezvous the consumer would
 //!   not expect.
 //! - **Headers fit the worker.** UCX (built without its parameter checks)
@@ -36,7 +39,7 @@ use ucx_sys as sys;
 use super::Engine;
 use super::events::Events;
 use super::gets::{GetOp, PreparedRead, reply_endpoint, take_awaiting};
-use super::serve::admit;
+use super::serve::{admit, end_served};
 use super::ucp::{SendMode, handler_header, send_active_message, send_gathered};
 use crate::read_list::{
     ListReply, ListReplyEntry, ListRequest, MAX_GATHERED_BYTES, MAX_GATHERED_ENTRY,
@@ -52,6 +55,20 @@ struct ListLease {
     events: *const Events,
     region_ids: Vec<u64>,
     iov: Vec<sys::ucp_dt_iov_t>,
+    /// The consumer connection the reply goes to.
+    endpoint: usize,
+    /// Whether the reply serves nothing and counts as a refusal.
+    refusal: bool,
+}
+
+impl ListLease {
+    /// The send ended: release its leases and its connection's counts.
+    fn end(&self, events: &Events) {
+        end_served(events, self.endpoint, &self.region_ids);
+        if self.refusal {
+            events.replies.release(self.endpoint, false);
+        }
+    }
 }
 
 /// Whether a prepared read may travel in a list: small enough to come back
@@ -200,6 +217,7 @@ pub(super) unsafe extern "C" fn on_read_list_request(
             .set(events.dropped_messages.get() + 1);
         return sys::UCS_OK;
     }
+    let endpoint = param.reply_ep as usize;
     let mut answers = Vec::with_capacity(request.entries.len());
     let mut bytes = 0u64;
     for entry in &request.entries {
@@ -208,7 +226,7 @@ pub(super) unsafe extern "C" fn on_read_list_request(
                 .checked_add(entry.length)
                 .is_some_and(|sum| sum <= MAX_GATHERED_BYTES);
         let admitted = if within {
-            admit(events, entry)
+            admit(events, entry, endpoint)
         } else {
             Err(RemoteRefusal::Malformed)
         };
@@ -250,7 +268,7 @@ pub(super) unsafe extern "C" fn on_read_list_request(
         // SAFETY: inside this handler, on the worker's thread; `reply_ep`
         // is the live endpoint UCX just handed us, and every served entry
         // of `part` holds a lease `admit` took above.
-        unsafe { send_list_reply(events, param.reply_ep, part) };
+        unsafe { send_list_reply(events, param.reply_ep, endpoint, part) };
     }
     sys::UCS_OK
 }
@@ -262,8 +280,10 @@ struct ServedEntry {
 }
 
 /// Sends one gathered reply answering `part` (at most the worker's header
-/// bound of entries), and hands the leases of its served entries to the
-/// send: they end when it completes or fails.
+/// bound of entries) to the connection `endpoint`, and hands the leases of
+/// its served entries, and their places under the connection's bound, to
+/// the send: they end when it completes or fails. A reply serving nothing
+/// counts as one refusal, and is not sent past the refusal bound.
 ///
 /// # Safety
 /// Inside a request handler on the worker's thread, with the `reply_ep`
@@ -272,6 +292,7 @@ struct ServedEntry {
 unsafe fn send_list_reply(
     events: &Events,
     reply_ep: sys::ucp_ep_h,
+    endpoint: usize,
     part: &[(ListReplyEntry, Option<ServedEntry>)],
 ) {
     let reply = ListReply {
@@ -282,16 +303,24 @@ unsafe fn send_list_reply(
     let iov: Vec<sys::ucp_dt_iov_t> = served.map(|s| s.iov).collect();
     let Some(reply_header) = reply.encode() else {
         // Unreachable: `part` has 1 to MAX_LIST_ENTRIES entries.
-        events
-            .ended_leases
-            .borrow_mut()
-            .extend_from_slice(&region_ids);
+        end_served(events, endpoint, &region_ids);
         return;
     };
+    let refusal = region_ids.is_empty();
+    if refusal && !events.replies.take_refusal(endpoint) {
+        // This connection does not take its refusals either: answer nothing
+        // more until it does.
+        events
+            .dropped_messages
+            .set(events.dropped_messages.get() + 1);
+        return;
+    }
     let lease = Box::into_raw(Box::new(ListLease {
         events,
         region_ids,
         iov,
+        endpoint,
+        refusal,
     }));
     // SAFETY: the caller's contract: on this worker's thread, inside its
     // progress, with a live `reply_ep`; the header is within the worker's
@@ -319,10 +348,7 @@ unsafe fn send_list_reply(
         // SAFETY: made by Box::into_raw above and not handed to UCX any
         // more.
         let lease = unsafe { Box::from_raw(lease) };
-        events
-            .ended_leases
-            .borrow_mut()
-            .extend_from_slice(&lease.region_ids);
+        lease.end(events);
     }
 }
 
@@ -341,10 +367,7 @@ unsafe extern "C" fn on_list_reply_sent(
         .list_lease_records
         .borrow_mut()
         .remove(&(user_data as usize));
-    events
-        .ended_leases
-        .borrow_mut()
-        .extend_from_slice(&lease.region_ids);
+    lease.end(events);
     // SAFETY: a completed request of this worker, returned once; UCX allows
     // freeing a request from its own completion callback.
     unsafe { sys::ucp_request_free(request) };

@@ -188,7 +188,12 @@ impl Engine {
         } else {
             None
         };
-        let events: Box<Events> = Box::default();
+        let mut events: Box<Events> = Box::default();
+        events
+            .replies
+            .bound
+            .set(config.max_served_replies_per_connection);
+        events.replies.gauge = Arc::clone(&signals.served_replies_in_flight);
         let events_arg = (&*events as *const Events)
             .cast_mut()
             .cast::<std::ffi::c_void>();

@@ -21,12 +21,30 @@
 //!   consumers and learns nothing but what they send. The reply carries
 //!   the reply flag itself, so the consumer learns which of its endpoints
 //!   it came in on and accepts it only for a read sent there.
+//! - **One consumer connection holds a bounded number of replies.** A
+//!   served reply holds its lease and its UCX send until the consumer takes
+//!   the bytes; a consumer that asks for large reads and never takes them
+//!   would otherwise grow the owner's requests, leases and stalled unmaps
+//!   without limit (measured: a raw consumer held 4096 replies of 8 MiB
+//!   open). So each connection (the `reply_ep` a request came on) may have
+//!   at most `UcxConfig::max_served_replies_per_connection` served replies
+//!   unfinished; a valid read beyond that gets the `Busy` refusal, which
+//!   the consumer's caller sees as a transient error. Refusal sends are
+//!   bounded the same way, separately: a connection with that many refusals
+//!   unsent has further requests dropped unanswered (its reads run into
+//!   their deadlines). A count drops when UCX completes or fails the send —
+//!   also when the connection dies, as UCX then fails its sends — and
+//!   teardown clears what is left once the worker is gone.
 //! - The handler runs inside the worker's progress and sends from there.
 //!   It holds no `RefCell` borrow across the send: with a loopback transport
 //!   the reply handler can run inside that very send.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ptr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ucx_sys as sys;
 
@@ -73,17 +91,149 @@ pub(crate) struct ServedRegion {
     pub(crate) closing: bool,
 }
 
-/// What a reply send's completion needs: where to report which lease ended.
-struct Lease {
-    events: *const Events,
-    region_id: u64,
+/// Reply sends one consumer connection has unfinished at this owner.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ConnectionLoad {
+    /// Served replies: each holds a read lease and a UCX send.
+    pub(crate) served: u32,
+    /// Refusals whose send UCX has not finished.
+    pub(crate) refusals: u32,
 }
 
-/// Checks `request` against `served` and, on success, takes a lease and
-/// returns what to send.
+/// The per-connection bound on unfinished replies, and the counts it is
+/// checked against.
+///
+/// Connections are keyed by the address of the endpoint UCX hands the
+/// request handler. An entry is removed when both its counts are back at
+/// zero, which happens before UCX frees a failed or closed endpoint (it
+/// fails the endpoint's sends first), so a later endpoint at the same
+/// address starts from nothing.
+#[derive(Debug)]
+pub(crate) struct ReplyBudget {
+    /// Most served replies (and, separately, most refusals) one connection
+    /// may have unfinished.
+    pub(crate) bound: Cell<u32>,
+    by_endpoint: RefCell<HashMap<usize, ConnectionLoad>>,
+    /// Served replies unfinished over every connection, for other threads
+    /// (`UcxEngine::served_replies_in_flight`).
+    pub(crate) gauge: Arc<AtomicUsize>,
+}
+
+impl Default for ReplyBudget {
+    fn default() -> Self {
+        ReplyBudget {
+            bound: Cell::new(crate::UcxConfig::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION),
+            by_endpoint: RefCell::default(),
+            gauge: Arc::default(),
+        }
+    }
+}
+
+impl ReplyBudget {
+    /// What `endpoint` has unfinished.
+    #[cfg(test)]
+    fn load(&self, endpoint: usize) -> ConnectionLoad {
+        self.by_endpoint
+            .borrow()
+            .get(&endpoint)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Counts one more served reply on `endpoint`, unless it is at the bound.
+    fn take_served(&self, endpoint: usize) -> bool {
+        let mut loads = self.by_endpoint.borrow_mut();
+        let load = loads.entry(endpoint).or_default();
+        if load.served >= self.bound.get() {
+            return false;
+        }
+        load.served += 1;
+        self.gauge.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Counts one more refusal on `endpoint`, unless it is at the bound.
+    pub(super) fn take_refusal(&self, endpoint: usize) -> bool {
+        let mut loads = self.by_endpoint.borrow_mut();
+        let load = loads.entry(endpoint).or_default();
+        if load.refusals >= self.bound.get() {
+            return false;
+        }
+        load.refusals += 1;
+        true
+    }
+
+    /// A reply send on `endpoint` ended (`served`: it carried bytes).
+    pub(super) fn release(&self, endpoint: usize, served: bool) {
+        let mut loads = self.by_endpoint.borrow_mut();
+        let Some(load) = loads.get_mut(&endpoint) else {
+            return;
+        };
+        if served {
+            if load.served > 0 {
+                load.served -= 1;
+                self.gauge.fetch_sub(1, Ordering::Relaxed);
+            }
+        } else {
+            load.refusals = load.refusals.saturating_sub(1);
+        }
+        if *load == ConnectionLoad::default() {
+            loads.remove(&endpoint);
+        }
+    }
+
+    /// Connections with something unfinished.
+    #[cfg(test)]
+    fn connections(&self) -> usize {
+        self.by_endpoint.borrow().len()
+    }
+
+    /// Forgets every count: the worker is destroyed, no send is left.
+    fn clear(&self) {
+        self.by_endpoint.borrow_mut().clear();
+        self.gauge.store(0, Ordering::Relaxed);
+    }
+}
+
+/// What a reply send's completion needs: which connection's count, and for
+/// a served reply which region's lease, ended.
+struct Lease {
+    events: *const Events,
+    /// The region read from; `None` for a refusal.
+    region_id: Option<u64>,
+    endpoint: usize,
+}
+
+impl Lease {
+    /// The send this record belongs to ended: release what it counted.
+    fn end(&self, events: &Events) {
+        match self.region_id {
+            Some(region_id) => end_served(events, self.endpoint, &[region_id]),
+            None => events.replies.release(self.endpoint, false),
+        }
+    }
+}
+
+/// A send on `endpoint` that served `region_ids` (one entry each) ended:
+/// their leases end and their places under the connection's bound free up.
+pub(super) fn end_served(events: &Events, endpoint: usize, region_ids: &[u64]) {
+    events
+        .ended_leases
+        .borrow_mut()
+        .extend_from_slice(region_ids);
+    for _ in region_ids {
+        events.replies.release(endpoint, true);
+    }
+}
+
+/// Checks `request`, arriving on the connection `endpoint`, against
+/// `served` and, on success, counts the reply against the connection's
+/// bound, takes a lease and returns what to send. A read that is wrong in
+/// itself is refused for that, whatever the connection's load.
 pub(super) fn admit(
     events: &Events,
     request: &ReadRequest,
+    endpoint: usize,
 ) -> Result<(usize, MemHandle), RemoteRefusal> {
     let mut served = events.served.borrow_mut();
     let region = served
@@ -105,6 +255,9 @@ pub(super) fn admit(
             .is_some_and(|last| last <= end);
     if !inside {
         return Err(RemoteRefusal::OutOfRange);
+    }
+    if !events.replies.take_served(endpoint) {
+        return Err(RemoteRefusal::Busy);
     }
     region.leases += 1;
     Ok((request.address as usize, region.memh))
@@ -135,10 +288,11 @@ pub(super) unsafe extern "C" fn on_read_request(
             .set(events.dropped_messages.get() + 1);
         return sys::UCS_OK;
     }
+    let endpoint = param.reply_ep as usize;
     // SAFETY: what UCX passed this handler, used only during it.
     let header = unsafe { handler_header(header, header_length) };
     let decision = match ReadRequest::decode(header) {
-        Ok(request) => match admit(events, &request) {
+        Ok(request) => match admit(events, &request, endpoint) {
             Ok((address, memh)) => Ok((request, address, memh)),
             Err(refusal) => Err((request.request_id, refusal)),
         },
@@ -162,7 +316,8 @@ pub(super) unsafe extern "C" fn on_read_request(
             };
             let lease = Box::into_raw(Box::new(Lease {
                 events,
-                region_id: request.key.region_id,
+                region_id: Some(request.key.region_id),
+                endpoint,
             }));
             // SAFETY: on this worker's thread, inside its progress;
             // `reply_ep` is the live endpoint UCX just handed us. The
@@ -190,20 +345,40 @@ pub(super) unsafe extern "C" fn on_read_request(
                 // SAFETY: made by Box::into_raw above and not handed to UCX
                 // any more.
                 let lease = unsafe { Box::from_raw(lease) };
-                events.ended_leases.borrow_mut().push(lease.region_id);
+                lease.end(events);
             }
         }
         Err((request_id, refusal)) => {
             events
                 .refused_requests
                 .set(events.refused_requests.get() + 1);
+            if refusal == RemoteRefusal::Busy {
+                tracing::debug!(
+                    bound = events.replies.bound.get(),
+                    "a consumer connection is at its bound of unfinished replies; refusing a read as busy"
+                );
+            }
+            if !events.replies.take_refusal(endpoint) {
+                // This connection does not take its refusals either: answer
+                // nothing more until it does.
+                events
+                    .dropped_messages
+                    .set(events.dropped_messages.get() + 1);
+                return sys::UCS_OK;
+            }
             let reply = ReadReply {
                 request_id,
                 status: ReplyStatus::Refused(refusal),
                 length: 0,
             };
-            // SAFETY: as above; no payload, and the callback needs no data.
-            unsafe {
+            let record = Box::into_raw(Box::new(Lease {
+                events,
+                region_id: None,
+                endpoint,
+            }));
+            // SAFETY: as above; no payload, and `record` lives until the
+            // send ends.
+            let status = unsafe {
                 send_active_message(
                     param.reply_ep,
                     READ_REPLY_AM_ID,
@@ -212,10 +387,17 @@ pub(super) unsafe extern "C" fn on_read_request(
                     0,
                     SendMode::Small,
                     true,
-                    on_refusal_sent,
-                    ptr::null_mut(),
+                    on_reply_sent,
+                    record.cast::<c_void>(),
                 )
             };
+            if matches!(status, crate::status::PtrStatus::Pending(_)) {
+                events.lease_records.borrow_mut().insert(record as usize);
+            } else {
+                // SAFETY: made by Box::into_raw above; no callback will run.
+                let record = unsafe { Box::from_raw(record) };
+                record.end(events);
+            }
         }
     }
     sys::UCS_OK
@@ -228,6 +410,8 @@ pub(super) unsafe extern "C" fn on_read_request(
 /// The worker the sends were posted on is destroyed: no callback of it can
 /// run any more, so nothing else reclaims these records.
 pub(super) unsafe fn free_unfinished_lease_records(events: &Events) -> usize {
+    // No send is left to end: forget what the connections had unfinished.
+    events.replies.clear();
     // SAFETY: every address in the set was made by `Box::into_raw` of a
     // `Lease`, and the worker is gone (the caller's contract).
     unsafe { free_records::<Lease>(&events.lease_records) }
@@ -251,7 +435,8 @@ pub(super) unsafe fn free_records<T>(
     records.len()
 }
 
-/// A served reply's send ended: report the lease and return the request.
+/// A reply's send ended (served or refused): release what it counted and
+/// return the request.
 unsafe extern "C" fn on_reply_sent(
     request: *mut c_void,
     _status: sys::ucs_status_t,
@@ -266,19 +451,9 @@ unsafe extern "C" fn on_reply_sent(
         .lease_records
         .borrow_mut()
         .remove(&(user_data as usize));
-    events.ended_leases.borrow_mut().push(lease.region_id);
+    lease.end(events);
     // SAFETY: a completed request of this worker, returned once; UCX allows
     // freeing a request from its own completion callback.
-    unsafe { sys::ucp_request_free(request) };
-}
-
-/// A refusal's send ended: return the request.
-unsafe extern "C" fn on_refusal_sent(
-    request: *mut c_void,
-    _status: sys::ucs_status_t,
-    _user_data: *mut c_void,
-) {
-    // SAFETY: as in `on_reply_sent`.
     unsafe { sys::ucp_request_free(request) };
 }
 
@@ -318,8 +493,88 @@ mod tests {
     #[test]
     fn a_read_inside_a_live_registration_is_admitted_with_a_lease() {
         let events = events_with_region();
-        assert!(admit(&events, &request(3, [7; 16], 0x10_000, 0x1000)).is_ok());
+        assert!(admit(&events, &request(3, [7; 16], 0x10_000, 0x1000), 1).is_ok());
         assert_eq!(events.served.borrow()[&3].leases, 1);
+        assert_eq!(events.replies.load(1).served, 1);
+        assert_eq!(events.replies.gauge.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_connection_at_its_bound_is_refused_as_busy_and_others_are_not() {
+        let events = events_with_region();
+        events.replies.bound.set(2);
+        let read = request(3, [7; 16], 0x10_000, 16);
+        assert!(admit(&events, &read, 1).is_ok());
+        assert!(admit(&events, &read, 1).is_ok());
+        assert_eq!(admit(&events, &read, 1).err(), Some(RemoteRefusal::Busy));
+        assert_eq!(
+            events.served.borrow()[&3].leases,
+            2,
+            "no lease for a busy refusal"
+        );
+        assert!(
+            admit(&events, &read, 2).is_ok(),
+            "another connection has its own bound"
+        );
+        assert_eq!(events.replies.gauge.load(Ordering::Relaxed), 3);
+        // A wrong read is refused for what is wrong with it, busy or not.
+        assert_eq!(
+            admit(&events, &request(3, [8; 16], 0x10_000, 16), 1).err(),
+            Some(RemoteRefusal::CapabilityMismatch)
+        );
+    }
+
+    #[test]
+    fn an_ended_reply_frees_its_place_and_an_idle_connection_is_forgotten() {
+        let events = events_with_region();
+        events.replies.bound.set(1);
+        let read = request(3, [7; 16], 0x10_000, 16);
+        assert!(admit(&events, &read, 5).is_ok());
+        assert_eq!(admit(&events, &read, 5).err(), Some(RemoteRefusal::Busy));
+        let lease = Lease {
+            events: &events,
+            region_id: Some(3),
+            endpoint: 5,
+        };
+        lease.end(&events);
+        assert_eq!(events.ended_leases.borrow().as_slice(), &[3]);
+        assert_eq!(events.replies.connections(), 0);
+        assert_eq!(events.replies.gauge.load(Ordering::Relaxed), 0);
+        assert!(admit(&events, &read, 5).is_ok(), "the place is free again");
+    }
+
+    #[test]
+    fn refusals_are_bounded_apart_from_served_replies() {
+        let events = events_with_region();
+        events.replies.bound.set(2);
+        assert!(events.replies.take_refusal(9));
+        assert!(events.replies.take_refusal(9));
+        assert!(!events.replies.take_refusal(9));
+        assert!(
+            events.replies.take_served(9),
+            "refusals do not use up served places"
+        );
+        let refusal = Lease {
+            events: &events,
+            region_id: None,
+            endpoint: 9,
+        };
+        refusal.end(&events);
+        assert!(events.replies.take_refusal(9));
+        assert!(
+            events.ended_leases.borrow().is_empty(),
+            "a refusal holds no lease"
+        );
+        assert_eq!(
+            events.replies.load(9),
+            ConnectionLoad {
+                served: 1,
+                refusals: 2
+            }
+        );
+        events.replies.clear();
+        assert_eq!(events.replies.connections(), 0);
+        assert_eq!(events.replies.gauge.load(Ordering::Relaxed), 0);
     }
 
     #[test]
@@ -341,7 +596,7 @@ mod tests {
     #[test]
     fn unknown_forged_stale_and_closing_reads_are_refused_without_a_lease() {
         let events = events_with_region();
-        let refused = |r: ReadRequest| admit(&events, &r).err();
+        let refused = |r: ReadRequest| admit(&events, &r, 1).err();
         assert_eq!(
             refused(request(4, [7; 16], 0x10_000, 1)),
             Some(RemoteRefusal::RegionUnknown)
