@@ -8,12 +8,10 @@
 
 mod common;
 
-use std::cell::RefCell;
-use std::ffi::c_void;
-use std::ptr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::raw_am::{Raw, is_err};
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
@@ -23,271 +21,6 @@ use rdmareg_ucx::read_protocol::{
 };
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
 use ucx_sys as sys;
-
-fn is_err(ptr: sys::ucs_status_ptr_t) -> bool {
-    (ptr as usize) >= (sys::UCS_ERR_LAST as isize as usize)
-}
-
-/// One active message a raw peer received.
-#[derive(Debug)]
-struct Msg {
-    header: Vec<u8>,
-    /// Eager payload, copied.
-    data: Vec<u8>,
-    rndv_len: usize,
-    /// The held rendezvous descriptor (never received).
-    desc: *mut c_void,
-    reply_ep: sys::ucp_ep_h,
-}
-
-struct Inbox {
-    id: u32,
-    msgs: RefCell<Vec<Msg>>,
-    /// Keep rendezvous descriptors (UCS_INPROGRESS) instead of dropping them.
-    hold_rndv: bool,
-}
-
-unsafe extern "C" fn on_am(
-    arg: *mut c_void,
-    header: *const c_void,
-    header_length: usize,
-    data: *mut c_void,
-    length: usize,
-    param: *const sys::ucp_am_recv_param_t,
-) -> sys::ucs_status_t {
-    // SAFETY: `arg` is the boxed `Inbox` registered with this handler; it lives as long as the `Raw` whose worker calls it.
-    let inbox = unsafe { &*arg.cast::<Inbox>() };
-    // SAFETY: UCX passes a valid parameter record for the call's duration.
-    let param = unsafe { &*param };
-    let header = if header.is_null() || header_length == 0 {
-        Vec::new()
-    } else {
-        // SAFETY: UCX passes `header_length` readable bytes for the call's duration.
-        unsafe { std::slice::from_raw_parts(header.cast::<u8>(), header_length) }.to_vec()
-    };
-    let rndv = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    let reply_ep = if param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 {
-        param.reply_ep
-    } else {
-        ptr::null_mut()
-    };
-    let mut msg = Msg {
-        header,
-        data: Vec::new(),
-        rndv_len: 0,
-        desc: ptr::null_mut(),
-        reply_ep,
-    };
-    let mut status = sys::UCS_OK;
-    if rndv {
-        msg.rndv_len = length;
-        if inbox.hold_rndv {
-            msg.desc = data;
-            status = sys::UCS_INPROGRESS;
-        }
-    } else if !data.is_null() && length > 0 {
-        // SAFETY: eager data: UCX passes `length` readable bytes for the call's duration.
-        msg.data = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), length) }.to_vec();
-    }
-    inbox.msgs.borrow_mut().push(msg);
-    status
-}
-
-/// A bare UCP context + worker on the test thread, speaking the engine's
-/// active messages by hand.
-struct Raw {
-    context: sys::ucp_context_h,
-    worker: sys::ucp_worker_h,
-    eps: RefCell<Vec<sys::ucp_ep_h>>,
-    /// Boxed: UCX holds each inbox's address as its handler argument, so it
-    /// must not move when the vector grows.
-    #[allow(clippy::vec_box)]
-    inboxes: Vec<Box<Inbox>>,
-}
-
-impl Raw {
-    fn new(hold_rndv: bool) -> Raw {
-        let (context, worker) = raw_context_and_worker("tcp", sys::UCP_FEATURE_AM);
-        let mut raw = Raw {
-            context,
-            worker,
-            eps: RefCell::new(Vec::new()),
-            inboxes: Vec::new(),
-        };
-        for id in [READ_REQUEST_AM_ID, READ_REPLY_AM_ID] {
-            let inbox = Box::new(Inbox {
-                id,
-                msgs: RefCell::new(Vec::new()),
-                hold_rndv,
-            });
-            let params = sys::ucp_am_handler_param_t {
-                field_mask: u64::from(
-                    sys::UCP_AM_HANDLER_PARAM_FIELD_ID
-                        | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
-                        | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                ),
-                id,
-                cb: Some(on_am),
-                arg: (&*inbox as *const Inbox).cast_mut().cast(),
-                ..Default::default()
-            };
-            // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-            let status = unsafe { sys::ucp_worker_set_am_recv_handler(worker, &params) };
-            assert_eq!(status, sys::UCS_OK);
-            raw.inboxes.push(inbox);
-        }
-        raw
-    }
-
-    fn address(&self) -> Bytes {
-        let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
-        let mut len: usize = 0;
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        let status = unsafe { sys::ucp_worker_get_address(self.worker, &mut addr, &mut len) };
-        assert_eq!(status, sys::UCS_OK);
-        let bytes =
-            // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-            Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) });
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        unsafe { sys::ucp_worker_release_address(self.worker, addr) };
-        bytes
-    }
-
-    fn connect(&self, address: &[u8]) -> sys::ucp_ep_h {
-        self.connect_mode(address, true)
-    }
-
-    fn connect_mode(&self, address: &[u8], peer_errors: bool) -> sys::ucp_ep_h {
-        let ep_params = sys::ucp_ep_params_t {
-            field_mask: u64::from(
-                sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-            ),
-            address: address.as_ptr().cast(),
-            err_mode: if peer_errors {
-                sys::UCP_ERR_HANDLING_MODE_PEER
-            } else {
-                sys::UCP_ERR_HANDLING_MODE_NONE
-            },
-            ..Default::default()
-        };
-        let mut ep: sys::ucp_ep_h = ptr::null_mut();
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        let status = unsafe { sys::ucp_ep_create(self.worker, &ep_params, &mut ep) };
-        assert_eq!(status, sys::UCS_OK, "raw endpoint");
-        if peer_errors {
-            self.eps.borrow_mut().push(ep);
-        }
-        ep
-    }
-
-    fn progress_for(&self, d: Duration) {
-        let start = Instant::now();
-        while start.elapsed() < d {
-            // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-            unsafe { sys::ucp_worker_progress(self.worker) };
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
-
-    fn progress_until(&self, d: Duration, mut done: impl FnMut(&Raw) -> bool) -> bool {
-        let start = Instant::now();
-        while start.elapsed() < d {
-            // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-            unsafe { sys::ucp_worker_progress(self.worker) };
-            if done(self) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        false
-    }
-
-    /// Sends an active message; returns the request (or null/err status).
-    fn send(
-        &self,
-        ep: sys::ucp_ep_h,
-        id: u32,
-        header: &[u8],
-        payload: &[u8],
-        flags: u32,
-    ) -> sys::ucs_status_ptr_t {
-        let param = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
-            flags: flags | sys::UCP_AM_SEND_FLAG_COPY_HEADER,
-            ..Default::default()
-        };
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        unsafe {
-            sys::ucp_am_send_nbx(
-                ep,
-                id,
-                header.as_ptr().cast(),
-                header.len(),
-                payload.as_ptr().cast(),
-                payload.len(),
-                &param,
-            )
-        }
-    }
-
-    /// Sends and progresses until the send completed.
-    fn send_wait(&self, ep: sys::ucp_ep_h, id: u32, header: &[u8], payload: &[u8], flags: u32) {
-        let req = self.send(ep, id, header, payload, flags);
-        if req.is_null() || is_err(req) {
-            return;
-        }
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        let done = self.progress_until(Duration::from_secs(5), |_| unsafe {
-            sys::ucp_request_check_status(req.cast()) != sys::UCS_INPROGRESS
-        });
-        assert!(done, "raw send did not complete");
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        unsafe { sys::ucp_request_free(req.cast()) };
-    }
-
-    fn messages(&self, id: u32) -> std::cell::Ref<'_, Vec<Msg>> {
-        self.inboxes
-            .iter()
-            .find(|i| i.id == id)
-            .unwrap()
-            .msgs
-            .borrow()
-    }
-}
-
-impl Drop for Raw {
-    fn drop(&mut self) {
-        let param = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
-            flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
-            ..Default::default()
-        };
-        // SAFETY: a UCX call on this test thread with live handles owned by this `Raw` or peer (released only when it is dropped) and valid in/out pointers.
-        unsafe {
-            for inbox in &self.inboxes {
-                for m in inbox.msgs.borrow().iter() {
-                    if !m.desc.is_null() {
-                        sys::ucp_am_data_release(self.worker, m.desc);
-                    }
-                }
-            }
-            for ep in self.eps.borrow().iter() {
-                let close = sys::ucp_ep_close_nbx(*ep, &param);
-                if !close.is_null() && !is_err(close) {
-                    let start = Instant::now();
-                    while sys::ucp_request_check_status(close.cast()) == sys::UCS_INPROGRESS
-                        && start.elapsed() < Duration::from_secs(2)
-                    {
-                        sys::ucp_worker_progress(self.worker);
-                    }
-                    sys::ucp_request_free(close.cast());
-                }
-            }
-            sys::ucp_worker_destroy(self.worker);
-            sys::ucp_cleanup(self.context);
-        }
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -993,10 +726,11 @@ fn an_unmap_waits_for_a_reply_a_live_consumer_holds_and_answers_once_it_is_relea
     let r = Raw::new(true);
     let ep = r.connect(&owner.worker_address());
     request_many(&r, ep, key, &buf, 8 << 20, 1);
-    let desc = r.messages(READ_REPLY_AM_ID).first().map(|m| m.desc);
-    let desc = desc
-        .filter(|d| !d.is_null())
-        .expect("a held rendezvous reply");
+    let held = r
+        .messages(READ_REPLY_AM_ID)
+        .first()
+        .is_some_and(|m| !m.desc.is_null());
+    assert!(held, "a held rendezvous reply");
 
     let unmap = {
         let ob = ob.clone();
@@ -1007,15 +741,8 @@ fn an_unmap_waits_for_a_reply_a_live_consumer_holds_and_answers_once_it_is_relea
     r.progress_for(Duration::from_millis(1500));
     let answered_while_held = unmap.is_finished();
 
-    // SAFETY: `desc` is the rendezvous descriptor UCX handed this worker's
-    // handler (kept with UCS_INPROGRESS) and released once, here; the
-    // message is then forgotten so `Raw::drop` does not release it again.
-    unsafe { sys::ucp_am_data_release(r.worker, desc) };
-    for inbox in &r.inboxes {
-        for m in inbox.msgs.borrow_mut().iter_mut() {
-            m.desc = ptr::null_mut();
-        }
-    }
+    // The one reply it holds.
+    r.release_held();
     let released = r.progress_until(Duration::from_secs(5), |_| unmap.is_finished());
     let result = released.then(|| rt.block_on(unmap).unwrap());
     drop(r);
@@ -1049,26 +776,6 @@ fn refused_as(r: &Raw, refusal: RemoteRefusal) -> usize {
                 .is_ok_and(|reply| reply.status == ReplyStatus::Refused(refusal))
         })
         .count()
-}
-
-/// Lets go of every rendezvous reply `r` holds (the owner's sends end);
-/// returns how many.
-fn release_held(r: &Raw) -> usize {
-    let mut released = 0;
-    for inbox in &r.inboxes {
-        for m in inbox.msgs.borrow_mut().iter_mut() {
-            if !m.desc.is_null() {
-                // SAFETY: a rendezvous descriptor UCX handed this worker's
-                // handler (kept with UCS_INPROGRESS), released once: it is
-                // cleared right after, so `Raw::drop` does not release it
-                // again.
-                unsafe { sys::ucp_am_data_release(r.worker, m.desc) };
-                m.desc = ptr::null_mut();
-                released += 1;
-            }
-        }
-    }
-    released
 }
 
 /// This process's resident set, KiB (0 where /proc does not say).
@@ -1293,7 +1000,7 @@ fn the_bound_frees_up_once_the_consumer_takes_its_replies() {
     let held_at_bound = held_replies(&r);
     let busy_at_bound = refused_as(&r, RemoteRefusal::Busy);
     let in_flight_at_bound = owner.served_replies_in_flight();
-    let released = release_held(&r);
+    let released = r.release_held();
     let drained = wait_until(Some(&r), Duration::from_secs(5), || {
         owner.served_replies_in_flight() == 0
     });
@@ -1581,17 +1288,7 @@ fn a_freed_described_buffer_is_not_reused_while_a_consumer_holds_its_reply() {
     let reused_while_held = overlaps(while_held.as_ptr() as usize);
     drop(while_held);
 
-    if let Some(desc) = desc.filter(|d| !d.is_null()) {
-        // SAFETY: the rendezvous descriptor UCX handed this worker's handler
-        // (kept with UCS_INPROGRESS), released once here; forgotten below so
-        // `Raw::drop` does not release it again.
-        unsafe { sys::ucp_am_data_release(r.worker, desc) };
-    }
-    for inbox in &r.inboxes {
-        for m in inbox.msgs.borrow_mut().iter_mut() {
-            m.desc = ptr::null_mut();
-        }
-    }
+    r.release_held();
     r.progress_for(Duration::from_millis(300));
     let after = rt.block_on(registry.alloc_pinned(len)).expect("allocates");
     let reused_after = overlaps(after.as_ptr() as usize);

@@ -37,6 +37,10 @@ fn reply_entry() -> impl Strategy<Value = ListReplyEntry> {
         Just(ReplyStatus::Refused(RemoteRefusal::OutOfRange)),
         Just(ReplyStatus::Refused(RemoteRefusal::Deregistering)),
         Just(ReplyStatus::Refused(RemoteRefusal::Malformed)),
+        Just(ReplyStatus::Refused(RemoteRefusal::Busy)),
+        // Codes a later release may assign: they decode typed and re-encode
+        // unchanged.
+        (7u8..=255).prop_map(|code| ReplyStatus::Refused(RemoteRefusal::Unrecognized(code))),
     ];
     (any::<u64>(), status, any::<u64>()).prop_map(|(request_id, status, length)| ListReplyEntry {
         request_id,

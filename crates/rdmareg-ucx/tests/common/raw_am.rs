@@ -242,6 +242,26 @@ impl Raw {
         unsafe { sys::ucp_request_free(req.cast()) };
     }
 
+    /// Lets go of every rendezvous reply this peer holds (the senders'
+    /// sends end); returns how many.
+    pub fn release_held(&self) -> usize {
+        let mut released = 0;
+        for inbox in &self.inboxes {
+            for m in inbox.msgs.borrow_mut().iter_mut() {
+                if !m.desc.is_null() {
+                    // SAFETY: a rendezvous descriptor UCX handed this
+                    // worker's handler (kept with UCS_INPROGRESS), released
+                    // once: it is cleared right after, so `Drop` does not
+                    // release it again.
+                    unsafe { sys::ucp_am_data_release(self.worker, m.desc) };
+                    m.desc = ptr::null_mut();
+                    released += 1;
+                }
+            }
+        }
+        released
+    }
+
     pub fn messages(&self, id: u32) -> std::cell::Ref<'_, Vec<Msg>> {
         self.inboxes
             .iter()
