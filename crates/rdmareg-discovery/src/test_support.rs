@@ -24,6 +24,9 @@ pub struct EtcdServer {
     data: TempDir,
     client_port: u16,
     peer_port: u16,
+    /// While stopped, the server's ports stay bound here, so another test
+    /// looking for a free port cannot take them before the restart.
+    reserved: Vec<TcpListener>,
 }
 
 /// Why a test etcd could not be started.
@@ -58,6 +61,7 @@ impl EtcdServer {
                 data,
                 client_port: free_port()?,
                 peer_port: free_port()?,
+                reserved: Vec::new(),
             };
             match server.launch() {
                 Ok(()) => return Ok(server),
@@ -83,6 +87,12 @@ impl EtcdServer {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            // Best effort: a port that cannot be bound again right now is
+            // simply not reserved.
+            self.reserved = [self.client_port, self.peer_port]
+                .into_iter()
+                .filter_map(|port| TcpListener::bind((Ipv4Addr::LOCALHOST, port)).ok())
+                .collect();
         }
     }
 
@@ -93,6 +103,8 @@ impl EtcdServer {
     }
 
     fn launch(&mut self) -> Result<(), EtcdStartError> {
+        // Hand the ports back to etcd.
+        self.reserved.clear();
         let program = std::env::var("RDMAREG_ETCD").unwrap_or_else(|_| "etcd".to_string());
         let client = self.url();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
