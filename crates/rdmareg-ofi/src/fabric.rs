@@ -233,7 +233,15 @@ pub(crate) struct Fabric {
     /// The endpoint was left open at teardown ([`Fabric::close_or_park_endpoint`]):
     /// dropping hands the objects to [`SHM_FABRICS`] instead of closing them.
     parked: bool,
+    /// Memory a parked endpoint may still write (its posted receives),
+    /// handed over by [`keep_while_parked`](Self::keep_while_parked).
+    kept: Vec<KeptMemory>,
 }
+
+/// Memory the provider may write through an endpoint until it is closed:
+/// kept with a parked endpoint and freed only after it is closed, so it is
+/// neither freed early nor leaked.
+pub(crate) type KeptMemory = Box<dyn std::any::Any + Send>;
 
 /// The open libfabric objects of a parked `shm` engine (see the module
 /// docs), closed once no `shm` fabric of the process is open.
@@ -244,6 +252,8 @@ struct ParkedFabric {
     cq: *mut ffi::fid_cq,
     av: *mut ffi::fid_av,
     ep: *mut ffi::fid_ep,
+    /// Freed after the endpoint is closed.
+    kept: Vec<KeptMemory>,
 }
 
 // SAFETY: a parked fabric's objects are used by no thread any more; the
@@ -269,6 +279,8 @@ impl ParkedFabric {
                 self.info,
             )
         };
+        // The endpoint is closed: nothing writes the kept memory any more.
+        drop(self.kept);
     }
 }
 
@@ -352,6 +364,7 @@ impl Fabric {
             read_path: config.effective_read_path(),
             shm_counted: false,
             parked: false,
+            kept: Vec::new(),
         };
         // SAFETY: every call below follows libfabric's object lifecycle on
         // objects this function created and stored in `this` (whose Drop
@@ -841,6 +854,18 @@ impl Fabric {
     /// (see the module docs). Then the endpoint is parked: left open, and
     /// closed with the rest of the objects when the last `shm` fabric of
     /// the process closes.
+    /// Keeps `memory` until this fabric's parked endpoint is closed; gives
+    /// it back when the endpoint is not parked (the caller then must never
+    /// free it: an endpoint left open any other way was not closed).
+    pub(crate) fn keep_while_parked(&mut self, memory: KeptMemory) -> Result<(), KeptMemory> {
+        if self.parked {
+            self.kept.push(memory);
+            Ok(())
+        } else {
+            Err(memory)
+        }
+    }
+
     pub(crate) fn close_or_park_endpoint(&mut self) -> EndpointEnd {
         if self.ep.is_null() {
             return EndpointEnd::Closed;
@@ -875,6 +900,7 @@ impl Drop for Fabric {
             cq: std::mem::replace(&mut self.cq, ptr::null_mut()),
             av: std::mem::replace(&mut self.av, ptr::null_mut()),
             ep: std::mem::replace(&mut self.ep, ptr::null_mut()),
+            kept: std::mem::take(&mut self.kept),
         };
         if !self.shm_counted {
             // SAFETY: the objects are this fabric's, live (or null) and

@@ -237,6 +237,21 @@ struct SendOp {
     for_read: Option<(usize, u64)>,
 }
 
+/// The receives an endpoint left open at teardown may still write.
+#[expect(
+    dead_code,
+    reason = "held only so they are freed after the endpoint closes"
+)]
+struct PostedReceives {
+    buffers: Vec<RequestBuffer>,
+    /// Contexts and buffers of receives posted to discard replies.
+    discards: Vec<(Box<OpContext>, Vec<u8>)>,
+}
+
+// SAFETY: no thread uses these any more: they are only kept, and dropped
+// once the endpoint that could write them is closed (`Fabric`).
+unsafe impl Send for PostedReceives {}
+
 /// A receive kept posted for requests.
 struct RequestBuffer {
     context: Box<OpContext>,
@@ -1479,12 +1494,14 @@ impl Engine {
             }
         }
         if self.fabric.close_or_park_endpoint() == EndpointEnd::StillOpen {
-            // Request receives may still be written: never free them.
-            for (_, buffer) in self.request_buffers.drain() {
-                std::mem::forget(buffer);
-            }
-            for (_, context) in self.discards.drain() {
-                std::mem::forget(context);
+            // Request receives may still be written: a parked endpoint keeps
+            // them until it is closed; any other open endpoint, for good.
+            let receives = PostedReceives {
+                buffers: self.request_buffers.drain().map(|(_, b)| b).collect(),
+                discards: self.discards.drain().map(|(_, discard)| discard).collect(),
+            };
+            if let Err(receives) = self.fabric.keep_while_parked(Box::new(receives)) {
+                std::mem::forget(receives);
             }
         }
         let ids: Vec<u64> = self.regions.keys().copied().collect();
