@@ -1,4 +1,4 @@
-//! `cargo xtask asan`: the registry, UCX and integration suites under
+//! `cargo xtask asan`: the registry, UCX, libfabric and integration suites under
 //! AddressSanitizer, on the stable toolchain.
 //!
 //! # How the build is instrumented
@@ -70,8 +70,15 @@ use crate::util::{Error, Result, bail, cargo, probe, run, target_dir, workspace_
 use crate::{ci, ucx};
 
 /// The packages whose tests run: the registry (over the loopback), the UCX
-/// engine and backend, and the workspace integration tests.
-const PACKAGES: &[&str] = &["rdmareg-registry", "rdmareg-ucx", "rdmareg-tests"];
+/// engine and backend, the libfabric engine and backend (its owner-served
+/// use-after-free test among them), and the workspace integration tests
+/// (the registry scenarios over UCX and over libfabric).
+const PACKAGES: &[&str] = &[
+    "rdmareg-registry",
+    "rdmareg-ucx",
+    "rdmareg-ofi",
+    "rdmareg-tests",
+];
 
 /// Compiler flags of the instrumented build.
 const RUSTFLAGS: &str = "-Zsanitizer=address -Cunsafe-allow-abi-mismatch=sanitizer";

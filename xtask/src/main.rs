@@ -55,7 +55,7 @@ tasks:
   cluster [--release]
                      discovery across network namespaces on a bridge: etcd, three
                      owners, a consumer; one owner killed, one cut off (needs root)
-  asan               run the registry, UCX and integration tests under AddressSanitizer
+  asan               run the registry, UCX, libfabric and integration tests under AddressSanitizer
   fuzz [TARGET|all] [--secs N]
                      run the fuzz targets (cargo-fuzz on stable; 30 s each by default)
 ";
