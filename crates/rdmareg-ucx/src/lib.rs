@@ -10,10 +10,16 @@
 //! // Exchange `engine.worker_address()` with peers out of band, then:
 //! // engine.add_peer(peer_id, peer_address)?;
 //! let backend = engine.backend();
-//! let mut buffer = vec![0u8; 4096];
-//! let region = backend.map(buffer.as_mut_ptr() as usize, buffer.len()).await?;
+//! // Memory reached only through its raw pointer while it is registered
+//! // (the seam's `map` and `get` are `unsafe`: see `RdmaBackend`).
+//! let buffer: *mut [u8] = Box::into_raw(vec![0u8; 4096].into_boxed_slice());
+//! // SAFETY: `buffer` is this function's, untouched while registered, and
+//! // freed only after the unmap below answered `Ok`.
+//! let region = unsafe { backend.map(buffer.cast::<u8>() as usize, buffer.len()) }.await?;
 //! // ... hand `region.packed_key` and the address to a peer, or GET into it ...
 //! backend.unmap(region.backend_region_id).await?;
+//! // SAFETY: made by `Box::into_raw` above; nothing registers it any more.
+//! drop(unsafe { Box::from_raw(buffer) });
 //! engine.shutdown().await;
 //! assert_eq!(engine.live_registrations(), Some(0));
 //! # Ok(()) }
