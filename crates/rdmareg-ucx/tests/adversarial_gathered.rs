@@ -17,6 +17,7 @@ use common::raw_am::Raw;
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
+use rdmareg_ucx::UcxEngine;
 use rdmareg_ucx::read_list::{
     ListReply, ListReplyEntry, ListRequest, MAX_GATHERED_BYTES, MAX_GATHERED_ENTRY,
     MAX_LIST_ENTRIES, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
@@ -24,21 +25,7 @@ use rdmareg_ucx::read_list::{
 use rdmareg_ucx::read_protocol::{
     READ_REPLY_AM_ID, ReadReply, ReadRequest, RemoteRefusal, ReplyStatus, ServedKey,
 };
-use rdmareg_ucx::{Transport, UcxEngine};
 use ucx_sys as sys;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn tcp_engine() -> UcxEngine {
-    init_tracing();
-    UcxEngine::start(config(Transport::Tcp)).expect("engine starts")
-}
 
 const RAW_OWNER: PeerId = PeerId(1);
 const READ_LEN: u64 = 64;

@@ -26,14 +26,6 @@ use ucx_sys as sys;
 /// reply (1544 bytes).
 const SMALL_SEGMENT: usize = 1024;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn small_segments() -> UcxConfig {
     config(Transport::Tcp).with_ucx_setting("TCP_TX_SEG_SIZE", SMALL_SEGMENT.to_string())
 }

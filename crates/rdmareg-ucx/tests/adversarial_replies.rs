@@ -22,19 +22,6 @@ use rdmareg_ucx::read_protocol::{
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
 use ucx_sys as sys;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn tcp_engine() -> UcxEngine {
-    init_tracing();
-    UcxEngine::start(config(Transport::Tcp)).expect("engine starts")
-}
-
 const SILENT_OWNER: PeerId = PeerId(1);
 
 /// A served reply a hostile peer B forges for request id `id`.

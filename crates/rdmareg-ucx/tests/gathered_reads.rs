@@ -24,19 +24,6 @@ use rdmareg_ucx::read_protocol::{
 use rdmareg_ucx::{Transport, UcxEngine};
 use ucx_sys as sys;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn tcp_engine() -> UcxEngine {
-    init_tracing();
-    UcxEngine::start(config(Transport::Tcp)).expect("engine starts")
-}
-
 const RAW_OWNER: PeerId = PeerId(1);
 
 /// A consumer engine with a raw owner as `RAW_OWNER`, and `entries` reads

@@ -107,6 +107,23 @@ pub fn backend_pair_with(config: UcxConfig) -> BackendPair {
     })
 }
 
+/// A two-worker Tokio runtime for tests that drive engines from the test
+/// thread.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// An engine on the loopback interface over tcp, logging when `RUST_LOG`
+/// is set.
+pub fn tcp_engine() -> UcxEngine {
+    init_tracing();
+    UcxEngine::start(config(Transport::Tcp)).expect("engine starts")
+}
+
 /// A zeroed, page-aligned heap buffer that is freed on drop. Tests keep it
 /// alive until the registration over it is gone.
 pub struct PageBuf {
