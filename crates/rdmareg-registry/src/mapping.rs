@@ -58,7 +58,7 @@ impl MappedMemory for PageMemory {
 impl<T: MappedMemory> MappedMemory for Option<T> {
     fn leak(self) {
         if let Some(memory) = self {
-            drop(memory); // leaks
+            memory.leak();
         }
     }
 }
@@ -82,7 +82,9 @@ impl<M: MappedMemory> LeakUnlessReleased<M> {
 impl<M: MappedMemory> Drop for LeakUnlessReleased<M> {
     fn drop(&mut self) {
         if let Some(memory) = self.0.take() {
-            drop(memory); // leaks
+            // Dropping it would free memory that is not yet marked
+            // registered (the map had not answered): leak it explicitly.
+            memory.leak();
         }
     }
 }

@@ -12,6 +12,7 @@ mod lists;
 mod metrics;
 mod model;
 mod pool;
+mod rollbacks;
 mod shutdown;
 mod stress;
 mod transfer;
