@@ -31,9 +31,9 @@ async fn describe_and_free(transport: Transport) -> (Duration, Duration) {
     drop(buf);
     let started = Instant::now();
     for _ in 0..ROUNDS {
-        let mut buf = side.registry.alloc_pinned(4096).await.expect("buffer");
-        buf.describe().await.expect("describe");
-        drop(buf);
+        let buf = side.registry.alloc_pinned(4096).await.expect("buffer");
+        let described = buf.describe().await.expect("describe");
+        drop(described);
         // Freeing unmaps in the background; wait for it so rounds do not
         // pile up.
         while side.engine_live() > 1 {

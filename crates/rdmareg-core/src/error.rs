@@ -84,14 +84,6 @@ pub enum RdmaError {
     #[error("rdma operation timed out")]
     Timeout,
 
-    /// A pool buffer has no registration of its own yet, so no descriptor can
-    /// name it without granting the rest of its arena. Call
-    /// `PinnedBuf::describe()` first.
-    #[error(
-        "pool buffer not described: it has no registration of its own yet; call PinnedBuf::describe() first"
-    )]
-    NotDescribed,
-
     /// The destination buffer was allocated by another registry. Its
     /// memory is registered with that registry's backend; this registry's
     /// backend would take its registration id for one of its own, a
@@ -130,15 +122,13 @@ pub enum ErrorKind {
     InvalidDescriptor,
     /// [`RdmaError::Timeout`].
     Timeout,
-    /// [`RdmaError::NotDescribed`].
-    NotDescribed,
     /// [`RdmaError::ForeignBuffer`].
     ForeignBuffer,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 13] = [
+    pub const ALL: [ErrorKind; 12] = [
         ErrorKind::ShuttingDown,
         ErrorKind::BudgetExceeded,
         ErrorKind::RegionNotFound,
@@ -150,7 +140,6 @@ impl ErrorKind {
         ErrorKind::NotOwned,
         ErrorKind::InvalidDescriptor,
         ErrorKind::Timeout,
-        ErrorKind::NotDescribed,
         ErrorKind::ForeignBuffer,
     ];
 
@@ -168,7 +157,6 @@ impl ErrorKind {
             ErrorKind::NotOwned => "not_owned",
             ErrorKind::InvalidDescriptor => "invalid_descriptor",
             ErrorKind::Timeout => "timeout",
-            ErrorKind::NotDescribed => "not_described",
             ErrorKind::ForeignBuffer => "foreign_buffer",
         }
     }
@@ -200,7 +188,6 @@ impl RdmaError {
             RdmaError::NotOwned => ErrorKind::NotOwned,
             RdmaError::InvalidDescriptor(_) => ErrorKind::InvalidDescriptor,
             RdmaError::Timeout => ErrorKind::Timeout,
-            RdmaError::NotDescribed => ErrorKind::NotDescribed,
             RdmaError::ForeignBuffer => ErrorKind::ForeignBuffer,
         }
     }

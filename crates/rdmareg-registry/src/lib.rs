@@ -58,7 +58,7 @@ mod transfer_list;
 
 pub use config::{ConfigError, GRANULE, PoolConfig, RdmaConfig};
 pub use metrics::{GET_LATENCY_BUCKETS, LatencyHistogram, RegistryMetrics};
-pub use pool::PinnedBuf;
+pub use pool::{DescribeError, DescribedBuf, PinnedBuf, WithdrawError};
 pub use region::{
     RegionGuard, RegionView, RegionWatch, StillRunning, UnregisterOutcome, UnregisterOwnedError,
 };

@@ -1243,7 +1243,8 @@ fn a_freed_described_buffer_is_not_reused_while_a_consumer_holds_its_reply() {
     let (buf, descriptor) = rt.block_on(async {
         let mut buf = registry.alloc_pinned(len).await.expect("allocates");
         buf.fill(0x11);
-        let descriptor = buf.describe().await.expect("describes");
+        let buf = buf.describe().await.expect("describes");
+        let descriptor = buf.descriptor();
         (buf, descriptor)
     });
     let old = buf.as_ptr() as usize;

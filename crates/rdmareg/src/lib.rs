@@ -14,7 +14,8 @@
 //!    [`Rdma::worker_address`] out, [`Rdma::add_peer`] in.
 //! 3. Register ([`RdmaRegistry::register_owned`], `register_external`) or
 //!    allocate ([`RdmaRegistry::alloc_pinned`]); describe
-//!    ([`RegionGuard::descriptor`]); send the encoded descriptor.
+//!    ([`RegionGuard::descriptor`], or [`PinnedBuf::describe`] for a pool
+//!    buffer); send the encoded descriptor.
 //! 4. GET a peer's descriptor into a pinned buffer ([`RdmaRegistry::get`]).
 //! 5. Release ([`RegionGuard::unregister_owned`], or drop the guard).
 //! 6. [`Rdma::shutdown`].
@@ -71,6 +72,38 @@
 //! # }
 //! ```
 //!
+//! # Lending a pool buffer
+//!
+//! A pool buffer's bytes are lent to peers' reads by
+//! [`PinnedBuf::describe`], which consumes the buffer and answers a
+//! [`DescribedBuf`]: it hands out descriptors and derefs to `&[u8]` only,
+//! since the engine may read the bytes for a peer at any moment. Writing
+//! them again takes [`DescribedBuf::withdraw`], which kills the descriptors
+//! and waits for the reads being served before it gives back the writable
+//! buffer:
+//!
+//! ```compile_fail,E0596
+//! # async fn sketch(rdma: &rdmareg::Rdma) -> Result<(), rdmareg::RdmaError> {
+//! let mut buf = rdma.alloc_pinned(4096).await?;
+//! buf.fill(1); // a `PinnedBuf` is writable
+//! let mut lent = buf.describe().await?;
+//! lent.fill(2); // a `DescribedBuf` is not
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ```
+//! # async fn sketch(rdma: &rdmareg::Rdma) -> Result<(), rdmareg::RdmaError> {
+//! let mut buf = rdma.alloc_pinned(4096).await?;
+//! buf.fill(1);
+//! let lent = buf.describe().await?;
+//! let _wire = lent.descriptor().encode(); // send it to a peer
+//! let mut buf = lent.withdraw().await?; // the descriptor reads no more
+//! buf.fill(2);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Discovery
 //!
 //! With the `discovery` feature, [`discovery`] publishes worker addresses
@@ -113,10 +146,10 @@ pub use rdmareg_core::{
     BackendGet, BackendRegion, Descriptor, DescriptorError, ErrorKind, PageRange, PeerId, RdmaError,
 };
 pub use rdmareg_registry::{
-    ConfigError, GET_LATENCY_BUCKETS, LatencyHistogram, PinnedBuf, PoolConfig, RdmaConfig,
-    RdmaRegistry, RegionGuard, RegionView, RegionWatch, RegisterOwnedError, RegistryMetrics,
-    RegistryStats, ShutdownReport, StillRunning, Survivors, SweptRegistry, TeardownVerdict,
-    TransferList, UnregisterOutcome, UnregisterOwnedError,
+    ConfigError, DescribeError, DescribedBuf, GET_LATENCY_BUCKETS, LatencyHistogram, PinnedBuf,
+    PoolConfig, RdmaConfig, RdmaRegistry, RegionGuard, RegionView, RegionWatch, RegisterOwnedError,
+    RegistryMetrics, RegistryStats, ShutdownReport, StillRunning, Survivors, SweptRegistry,
+    TeardownVerdict, TransferList, UnregisterOutcome, UnregisterOwnedError, WithdrawError,
 };
 pub use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
 

@@ -55,7 +55,16 @@ async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer
     assert_eq!(dst.len(), 0);
     assert!(dst.is_empty());
     assert_eq!(dst.generation(), None);
-    assert_eq!(dst.descriptor(), Err(RdmaError::RegionNotFound));
+    let refused = dst
+        .describe()
+        .await
+        .expect_err("a surrendered buffer has nothing to lend");
+    assert_eq!(refused.error(), &RdmaError::RegionNotFound);
+    let mut dst = refused.into_buf();
+    assert!(
+        dst.is_surrendered(),
+        "a refused describe hands the buffer back as it was"
+    );
     assert_eq!(
         consumer.get(OWNER, &descriptor, &mut dst).await,
         Err(RdmaError::RegionNotFound),

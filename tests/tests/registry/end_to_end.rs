@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rdmareg_registry::{Descriptor, PinnedBuf, RegionGuard, UnregisterOutcome};
+use rdmareg_registry::{DescribedBuf, Descriptor, RegionGuard, UnregisterOutcome};
 use rdmareg_tests::{
     ExternalMemory, KIB, Lane, MIB, OWNER, Pair, assert_all, assert_same_bytes, expected, fill,
     patterned, registry_config,
@@ -44,10 +44,10 @@ fn region_source(name: &'static str, guard: &RegionGuard, seed: u8, start: usize
     }
 }
 
-fn pool_source(name: &'static str, buf: &PinnedBuf, seed: u8) -> Source {
+fn pool_source(name: &'static str, buf: &DescribedBuf, seed: u8) -> Source {
     Source {
         name,
-        wire: buf.descriptor().expect("a describable buffer").encode(),
+        wire: buf.descriptor().encode(),
         seed,
         pattern_start: 0,
     }
@@ -84,7 +84,7 @@ async fn whole_regions_and_pool_buffers_arrive_intact(lane: Lane) {
     for (len, seed) in [(5000, 3), (MIB + 1, 4), (1, 5), (2 * MIB + 5, 6)] {
         let mut buf = owner.alloc_pinned(len).await.expect("owner pool buffer");
         fill(&mut buf, seed);
-        buf.describe().await.expect("a describable buffer");
+        let buf = buf.describe().await.expect("a describable buffer");
         pool_bufs.push((buf, seed));
     }
     assert!(
@@ -207,7 +207,7 @@ async fn sub_ranges_arrive_at_the_destination_offsets_asked_for(lane: Lane) {
         .await
         .expect("owner pool buffer");
     fill(&mut pool_buf, 9);
-    pool_buf.describe().await.expect("a describable buffer");
+    let pool_buf = pool_buf.describe().await.expect("a describable buffer");
 
     // (offset, length) inside each source.
     let ranges = |len: usize| {
@@ -247,7 +247,7 @@ async fn sub_ranges_arrive_at_the_destination_offsets_asked_for(lane: Lane) {
                 ),
                 _ => (
                     pool_buf.descriptor_range(offset as u64, sub_len as u64),
-                    pool_buf.descriptor(),
+                    Ok(pool_buf.descriptor()),
                 ),
             };
             let wire = from_owner.expect("an in-range sub-descriptor").encode();

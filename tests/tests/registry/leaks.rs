@@ -123,7 +123,8 @@ async fn repeated_lifecycles_leave_only_the_pool_arenas_registered(lane: Lane) {
         // Pool to pool: allocate, fill, GET, drop both.
         let mut src = owner.alloc_pinned(len).await.expect("owner buffer");
         fill(&mut src, seed.wrapping_add(1));
-        let descriptor = over_the_wire(src.describe().await);
+        let src = src.describe().await.expect("a describable buffer");
+        let descriptor = over_the_wire(Ok(src.descriptor()));
         let mut dst = consumer.alloc_pinned(len).await.expect("consumer buffer");
         consumer
             .get(OWNER, &descriptor, &mut dst)

@@ -114,13 +114,15 @@ async fn a_descriptor_naming_another_backend_is_refused(lane: Lane) {
 
 async fn sub_ranges_outside_their_parent_are_out_of_range(lane: Lane) {
     let (pair, guard, descriptor) = setup(lane).await;
-    let mut pool_buf = pair
+    let pool_buf = pair
         .owner
         .registry
         .alloc_pinned(REGION)
         .await
-        .expect("owner pool buffer");
-    pool_buf.describe().await.expect("a describable buffer");
+        .expect("owner pool buffer")
+        .describe()
+        .await
+        .expect("a describable buffer");
     let len = REGION as u64;
     let outside = [
         (0, 0),

@@ -450,8 +450,9 @@ pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
         .alloc_pinned(usize::try_from(args.size)?)
         .await?;
     pattern::fill(&mut buffer, 42);
+    let buffer = buffer.describe().await?;
     let offered = OfferedRange {
-        descriptor: buffer.describe().await?,
+        descriptor: buffer.descriptor(),
         crc32: pattern::checksum(&buffer),
     };
     println!("{LISTENING_PREFIX}{}", listener.local_addr()?);

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use rdmareg_registry::{PinnedBuf, RegionGuard, UnregisterOutcome};
+use rdmareg_registry::{DescribedBuf, RegionGuard, UnregisterOutcome};
 use tokio::net::TcpListener;
 
 use crate::bootstrap::{Message, OfferedRange};
@@ -23,7 +23,7 @@ struct Holdings {
     /// The external region's memory: the owner's own allocation, freed only
     /// after the region's `deregistered()` resolved.
     memory: ExternalMemory,
-    buffers: Vec<PinnedBuf>,
+    buffers: Vec<DescribedBuf>,
     offered: Vec<OfferedRange>,
 }
 
@@ -237,8 +237,9 @@ async fn register(node: &Node, args: &DemoArgs) -> anyhow::Result<Holdings> {
             .await
             .context("allocating a pool buffer")?;
         pattern::fill(&mut buffer, (external_ranges + index) as u64);
+        let buffer = buffer.describe().await?;
         offered.push(OfferedRange {
-            descriptor: buffer.describe().await?,
+            descriptor: buffer.descriptor(),
             crc32: pattern::checksum(&buffer),
         });
         buffers.push(buffer);

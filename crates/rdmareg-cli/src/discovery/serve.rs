@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use rdmareg_discovery::{Publisher, PublisherStatus};
-use rdmareg_registry::PinnedBuf;
+use rdmareg_registry::DescribedBuf;
 
 use super::{etcd_config, range_name, seed_for, stamp};
 use crate::cli::ServeArgs;
@@ -47,7 +47,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn serve(node: &Node, args: &ServeArgs) -> anyhow::Result<()> {
     let size = usize::try_from(args.size).context("size does not fit this machine")?;
-    let mut ranges: Vec<(String, PinnedBuf)> = Vec::with_capacity(args.count as usize);
+    let mut ranges: Vec<(String, DescribedBuf)> = Vec::with_capacity(args.count as usize);
     let mut descriptors = Vec::with_capacity(args.count as usize);
     for index in 0..args.count {
         let name = range_name(&args.name, index);
@@ -57,7 +57,8 @@ async fn serve(node: &Node, args: &ServeArgs) -> anyhow::Result<()> {
             .await
             .context("allocating a pool buffer")?;
         pattern::fill(&mut buffer, seed_for(&name));
-        descriptors.push(buffer.describe().await?);
+        let buffer = buffer.describe().await?;
+        descriptors.push(buffer.descriptor());
         ranges.push((name, buffer));
     }
     let backend_key = descriptors

@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rdmareg_core::{Descriptor, RdmaError};
+use rdmareg_core::RdmaError;
 
 use super::allocator::GranuleAllocator;
 use super::memory::PageMemory;
@@ -35,9 +35,6 @@ pub(crate) struct Arena {
     pub(crate) generation: u64,
     pub(crate) backend_region_id: u64,
     pub(crate) memory: PageMemory,
-    /// `None` only for an arena whose key could not make a descriptor; such
-    /// an arena is released at once and never serves a buffer.
-    pub(crate) descriptor: Option<Descriptor>,
     charge: Mutex<Option<Reservation>>,
     /// `Some` for a pooled arena, `None` for a dedicated one.
     pub(crate) slots: Option<Mutex<PooledSlots>>,
@@ -55,7 +52,6 @@ pub(crate) struct NewArena {
     pub(crate) generation: u64,
     pub(crate) backend_region_id: u64,
     pub(crate) memory: PageMemory,
-    pub(crate) descriptor: Option<Descriptor>,
     pub(crate) charge: Reservation,
     pub(crate) pooled: bool,
     pub(crate) reclaim_when_empty: bool,
@@ -68,7 +64,6 @@ impl Arena {
             generation: arena.generation,
             backend_region_id: arena.backend_region_id,
             memory: arena.memory,
-            descriptor: arena.descriptor,
             charge: Mutex::new(Some(arena.charge)),
             slots: arena.pooled.then(|| {
                 Mutex::new(PooledSlots {

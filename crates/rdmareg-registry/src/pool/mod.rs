@@ -24,13 +24,14 @@
 
 mod allocator;
 pub(crate) mod arena;
+mod described;
 pub(crate) mod memory;
 pub(crate) mod pinned_buf;
 
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use rdmareg_core::{Descriptor, PageRange, RdmaError, round_up};
+use rdmareg_core::{PageRange, RdmaError, round_up};
 
 use crate::GRANULE;
 use crate::registry::Inner;
@@ -38,6 +39,7 @@ use arena::{Arena, NewArena, spawn_arena_release};
 use memory::PageMemory;
 
 use crate::mapping::MapInFlight;
+pub use described::{DescribeError, DescribedBuf, WithdrawError};
 pub use pinned_buf::PinnedBuf;
 use pinned_buf::Slot;
 
@@ -187,19 +189,11 @@ async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<A
     .cover(region.effective_addr, region.effective_len);
     charge.reconcile(pinned.len);
     let generation = inner.next_generation();
-    let descriptor = Descriptor::new(
-        &inner.backend_key,
-        memory.ptr().as_ptr() as u64,
-        bytes,
-        generation,
-        region.packed_key.clone(),
-    );
     let arena = Arc::new(Arena::new(
         NewArena {
             generation,
             backend_region_id: region.backend_region_id,
             memory,
-            descriptor: descriptor.as_ref().ok().cloned(),
             charge,
             pooled,
             reclaim_when_empty: inner.config.pool.reclaim_empty_arenas,
@@ -219,19 +213,17 @@ async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<A
         effective = ?pinned,
         "arena mapped"
     );
-    let refusal = if late {
-        Some((RdmaError::ShuttingDown, "mapped after the shutdown sweep"))
-    } else {
-        descriptor
-            .err()
-            .map(|error| (error.into(), "key unusable in a descriptor"))
-    };
-    if let Some((error, why)) = refusal {
+    if late {
         arena
             .dedicated_in_use
             .store(false, std::sync::atomic::Ordering::SeqCst);
-        spawn_arena_release(Arc::clone(inner), arena, None, why);
-        return Err(error);
+        spawn_arena_release(
+            Arc::clone(inner),
+            arena,
+            None,
+            "mapped after the shutdown sweep",
+        );
+        return Err(RdmaError::ShuttingDown);
     }
     Ok(arena)
 }

@@ -12,27 +12,26 @@
 //!
 //! An arena's key covers the whole arena (64 MiB – 1 GiB): on RDMA hardware,
 //! handing it out for one buffer would let the peer read and write every
-//! other buffer carved from the same arena. So a pooled buffer is described
-//! through a registration of its own: [`PinnedBuf::describe`] maps just the
-//! buffer's bytes (the backend pins their pages — already pinned by the
-//! arena — once more, and the budget is charged for them), and every
-//! descriptor of the buffer carries that key. When the buffer is freed, the
-//! own registration is unmapped *before* its granules go back to the
-//! allocator, so the key dies before the memory can serve another buffer; if
-//! that unmap fails, the granules are never reused (leaked, and the arena's
-//! pages with them). A dedicated arena holds one buffer only, so its own key
-//! is already the buffer's.
+//! other buffer carved from the same arena. So a `PinnedBuf` has no
+//! descriptor at all; [`PinnedBuf::describe`] maps just the buffer's bytes
+//! (the backend pins their pages — already pinned by the arena — once more,
+//! and the budget is charged for them) and answers a read-only
+//! [`DescribedBuf`](super::DescribedBuf) whose descriptors carry that key
+//! (see `described.rs`). When the buffer is freed, its own registration is
+//! unmapped *before* its granules go back to the allocator, so the key dies
+//! before the memory can serve another buffer; if that unmap fails, the
+//! granules are never reused (leaked, and the arena's pages with them).
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use rdmareg_core::{Descriptor, RdmaError, page_enclosing_range};
+use rdmareg_core::Descriptor;
 
 use super::arena::{Arena, spawn_arena_release};
 use crate::GRANULE;
 use crate::budget::Reservation;
-use crate::mapping::{LeakUnlessReleased, MapInFlight, MappedMemory};
+use crate::mapping::{LeakUnlessReleased, MappedMemory};
 use crate::registry::Inner;
 
 /// Ownership of `granules` granules from `start` in a pooled arena, or of a
@@ -50,9 +49,9 @@ pub(crate) struct Slot {
 /// [`PinnedBuf::describe`].
 #[derive(Debug)]
 pub(crate) struct OwnRegistration {
-    backend_region_id: u64,
-    descriptor: Descriptor,
-    charge: Reservation,
+    pub(crate) backend_region_id: u64,
+    pub(crate) descriptor: Descriptor,
+    pub(crate) charge: Reservation,
 }
 
 /// A rollback of a cancelled `describe` keeps the arena — and so its pages —
@@ -63,10 +62,36 @@ impl MappedMemory for Arc<Arena> {
     }
 }
 
+/// A slot whose registration's fate is unknown (a withdrawal dropped with
+/// its runtime) is never reused: its granules stay taken, and its arena —
+/// so the pages — alive forever, counted as leaked.
+impl MappedMemory for Slot {
+    fn leak(self) {
+        let slot = std::mem::ManuallyDrop::new(self);
+        let inner = slot.arena.registry.upgrade();
+        leak_granules(
+            inner.as_deref(),
+            Arc::clone(&slot.arena),
+            slot.granules,
+            "its withdrawal was dropped unfinished",
+        );
+    }
+}
+
 impl Slot {
     /// Byte offset of the slot from the arena's mapped pointer.
     pub(crate) fn offset(&self) -> u64 {
         u64::from(self.start) * GRANULE
+    }
+
+    /// Where the slot's bytes start.
+    pub(crate) fn bytes_ptr(&self) -> *mut u8 {
+        // `offset() < arena length`, so the add stays inside the arena.
+        self.arena
+            .memory
+            .ptr()
+            .as_ptr()
+            .wrapping_add(self.offset() as usize)
     }
 }
 
@@ -177,12 +202,11 @@ fn release_dedicated(arena: &Arc<Arena>) {
 /// once, or, if a GET into it is still in flight, when that transfer
 /// finishes. A buffer of a dedicated arena unmaps and frees the arena.
 ///
-/// On backends whose keys grant writes (RDMA hardware), anyone holding a
-/// descriptor of this buffer can write it: hand its descriptor only to
-/// peers whose writes your protocol expects. A pooled buffer gets a
-/// descriptor only after [`describe`](Self::describe), which gives it a
-/// registration of its own, so the descriptor grants this buffer and not
-/// the rest of its arena.
+/// It has no descriptor: [`describe`](Self::describe) it to lend its bytes
+/// to peers' reads. That gives it a registration of its own, so the
+/// descriptor grants this buffer and not the rest of its arena, and turns
+/// it into a read-only [`DescribedBuf`](super::DescribedBuf) until it is
+/// withdrawn.
 #[derive(Debug)]
 pub struct PinnedBuf {
     slot: Option<Slot>,
@@ -218,87 +242,6 @@ impl PinnedBuf {
         self.slot.as_ref().is_some_and(|s| !s.arena.is_pooled())
     }
 
-    /// Give the buffer a registration of its own, so that its descriptors
-    /// grant exactly its bytes, and answer a descriptor of the whole buffer.
-    /// Idempotent: a described buffer answers at once. A buffer of a
-    /// dedicated arena needs no second registration (its arena is its own).
-    ///
-    /// Costs one backend map now and one unmap when the buffer is freed
-    /// (see `docs/safety.md` for figures); the budget is charged for the
-    /// buffer's pages once more while it is described.
-    ///
-    /// # Errors
-    /// [`RdmaError::RegionNotFound`] for a surrendered buffer;
-    /// [`RdmaError::ShuttingDown`]; [`RdmaError::BudgetExceeded`]; the
-    /// backend's map error.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: dropping the future leaves the buffer undescribed; a map
-    /// already started is rolled back in the background (the arena is kept
-    /// alive until that unmap is confirmed), and its key was never handed
-    /// out.
-    pub async fn describe(&mut self) -> Result<Descriptor, RdmaError> {
-        let (ptr, len) = self.raw();
-        let slot = self.slot.as_mut().ok_or(RdmaError::RegionNotFound)?;
-        if slot.own.is_some() || !slot.arena.is_pooled() {
-            return self.descriptor();
-        }
-        let inner = slot
-            .arena
-            .registry
-            .upgrade()
-            .ok_or(RdmaError::ShuttingDown)?;
-        let own = describe_slot(&inner, slot, ptr as usize, len).await?;
-        slot.own = Some(own);
-        self.descriptor()
-    }
-
-    /// Whether the buffer's descriptors can be handed out: it was
-    /// [`describe`](Self::describe)d, or it has a dedicated arena.
-    pub fn is_described(&self) -> bool {
-        self.slot
-            .as_ref()
-            .is_some_and(|s| s.own.is_some() || !s.arena.is_pooled())
-    }
-
-    /// A descriptor of the whole buffer.
-    ///
-    /// # Errors
-    /// [`RdmaError::NotDescribed`] for a pooled buffer not yet
-    /// [`describe`](Self::describe)d — its arena's key would grant every
-    /// other buffer in the arena; [`RdmaError::RegionNotFound`] for a
-    /// surrendered buffer.
-    pub fn descriptor(&self) -> Result<Descriptor, RdmaError> {
-        self.descriptor_range(0, self.len as u64)
-    }
-
-    /// A descriptor of `[offset, offset + len)` of the buffer.
-    ///
-    /// # Errors
-    /// [`RdmaError::OutOfRange`] for an empty range or one that leaves the
-    /// buffer; otherwise as [`descriptor`](Self::descriptor).
-    pub fn descriptor_range(&self, offset: u64, len: u64) -> Result<Descriptor, RdmaError> {
-        let slot = self.slot.as_ref().ok_or(RdmaError::RegionNotFound)?;
-        let end = offset.checked_add(len).ok_or(RdmaError::OutOfRange)?;
-        if len == 0 || end > self.len as u64 {
-            return Err(RdmaError::OutOfRange);
-        }
-        if let Some(own) = &slot.own {
-            return own.descriptor.slice(offset, len).map_err(RdmaError::from);
-        }
-        if slot.arena.is_pooled() {
-            return Err(RdmaError::NotDescribed);
-        }
-        let arena = slot
-            .arena
-            .descriptor
-            .as_ref()
-            .ok_or(RdmaError::RegionNotFound)?;
-        arena
-            .slice(slot.offset() + offset, len)
-            .map_err(RdmaError::from)
-    }
-
     /// Generation of the arena the buffer lives in.
     pub fn generation(&self) -> Option<u64> {
         self.slot.as_ref().map(|s| s.arena.generation)
@@ -331,15 +274,7 @@ impl PinnedBuf {
 
     fn raw(&self) -> (*mut u8, usize) {
         match &self.slot {
-            // `offset() < arena length`, so the add stays inside the arena.
-            Some(slot) => (
-                slot.arena
-                    .memory
-                    .ptr()
-                    .as_ptr()
-                    .wrapping_add(slot.offset() as usize),
-                self.len,
-            ),
+            Some(slot) => (slot.bytes_ptr(), self.len),
             None => (std::ptr::NonNull::<u8>::dangling().as_ptr(), 0),
         }
     }
@@ -369,59 +304,4 @@ impl DerefMut for PinnedBuf {
         // reference to those bytes.
         unsafe { std::slice::from_raw_parts_mut(ptr, len) }
     }
-}
-
-/// Map `[ptr, ptr + len)` — a pooled buffer's bytes — as a registration of
-/// its own: admission, budget, map (rolled back if cancelled), descriptor.
-async fn describe_slot(
-    inner: &Arc<Inner>,
-    slot: &Slot,
-    ptr: usize,
-    len: usize,
-) -> Result<OwnRegistration, RdmaError> {
-    let _ticket = inner.gate.enter_local().ok_or(RdmaError::ShuttingDown)?;
-    let pages = page_enclosing_range(ptr as u64, len as u64, inner.config.page_size)
-        .ok_or(RdmaError::OutOfRange)?;
-    let mut charge = inner.budget.reserve(pages.len)?;
-    // SAFETY: `[ptr, ptr + len)` lies inside the slot's arena, which the
-    // `Arc` passed along keeps allocated until nothing registers it; the
-    // registry never names this registration as a GET destination (GETs
-    // name the arena's own), so it only lends these bytes to peers' reads.
-    let (answer, _arena) =
-        unsafe { MapInFlight::start(inner, ptr, len, Arc::clone(&slot.arena)) }.await;
-    let region = answer?;
-    // No await from here on: the registration is owned by the slot (and
-    // unmapped when it drops) before anyone can cancel us.
-    let pinned = crate::registry::system_pages(ptr as u64, len as u64)
-        .cover(region.effective_addr, region.effective_len);
-    charge.reconcile(pinned.len);
-    let descriptor = Descriptor::new(
-        &inner.backend_key,
-        ptr as u64,
-        len as u64,
-        inner.next_generation(),
-        region.packed_key,
-    );
-    let own = OwnRegistration {
-        backend_region_id: region.backend_region_id,
-        descriptor: match descriptor {
-            Ok(descriptor) => descriptor,
-            Err(error) => {
-                // Undo the registration in the background, as a freed buffer
-                // would; the granules are not involved.
-                let id = region.backend_region_id;
-                let backend = Arc::clone(&inner.backend);
-                let arena = Arc::clone(&slot.arena);
-                inner.handle.spawn(async move {
-                    if backend.unmap(id).await.is_err() {
-                        arena.leak();
-                    }
-                    drop(charge);
-                });
-                return Err(error.into());
-            }
-        },
-        charge,
-    };
-    Ok(own)
 }

@@ -145,7 +145,7 @@ async fn handles_are_shareable_and_every_future_can_be_spawned() {
 async fn described_neighbours(
     owner: &Side,
 ) -> (
-    rdmareg_registry::PinnedBuf,
+    rdmareg_registry::DescribedBuf,
     rdmareg_registry::PinnedBuf,
     rdmareg_registry::Descriptor,
 ) {
@@ -158,7 +158,8 @@ async fn described_neighbours(
     );
     described.fill(0x11);
     neighbour.fill(0x22);
-    let descriptor = described.describe().await.unwrap();
+    let described = described.describe().await.unwrap();
+    let descriptor = described.descriptor();
     (described, neighbour, descriptor)
 }
 
@@ -196,15 +197,158 @@ async fn a_pool_buffers_descriptor_grants_only_that_buffer() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_undescribed_pool_buffer_has_no_descriptor_and_a_dedicated_one_needs_none() {
+async fn a_dedicated_buffer_is_described_by_a_registration_of_its_own() {
     let (_fabric, side) = one_side(small_config());
-    let pooled = side.registry.alloc_pinned(page()).await.unwrap();
-    assert!(!pooled.is_described());
-    assert_eq!(pooled.descriptor(), Err(RdmaError::NotDescribed));
-    assert_eq!(pooled.descriptor_range(0, 1), Err(RdmaError::NotDescribed));
     let dedicated = side.registry.alloc_pinned(200 * KIB).await.unwrap();
-    assert!(dedicated.is_described());
-    assert_eq!(dedicated.descriptor().unwrap().len(), 200 * KIB as u64);
+    assert!(dedicated.is_dedicated());
+    assert_eq!(side.live(), 1, "the dedicated arena");
+    let described = dedicated.describe().await.unwrap();
+    assert_eq!(side.live(), 2, "the arena and the buffer's own key");
+    assert_eq!(described.descriptor().len(), 200 * KIB as u64);
+    let writable = described.withdraw().await.unwrap();
+    assert_eq!(
+        side.live(),
+        1,
+        "withdrawing unmapped the own key, not the arena"
+    );
+    assert!(writable.is_dedicated());
+    drop(writable);
+    eventually("the dedicated arena is unmapped", || side.live() == 0).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn describing_a_surrendered_buffer_is_refused_and_gives_it_back() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let source = owner
+        .registry
+        .register_owned(pattern(page(), 1))
+        .await
+        .unwrap();
+    let descriptor = source.descriptor().unwrap();
+    let mut dst = consumer.registry.alloc_pinned(page()).await.unwrap();
+    let get_hold = consumer.backend.faults().hang(FaultOp::Get);
+    {
+        let mut get = Box::pin(consumer.registry.get(OWNER, &descriptor, &mut dst));
+        assert!(futures::poll!(&mut get).is_pending());
+        get_hold.until_waiting(1).await;
+    }
+    assert!(dst.is_surrendered());
+    let refused = dst.describe().await.unwrap_err();
+    assert_eq!(refused.error(), &RdmaError::RegionNotFound);
+    assert!(refused.into_buf().is_surrendered());
+    get_hold.release();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_described_buffer_withdrawn_is_unreadable_by_its_old_descriptors_and_writable_again() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let (described, _neighbour, descriptor) = described_neighbours(&owner).await;
+    let mut dst = consumer.registry.alloc_pinned(page()).await.unwrap();
+    consumer
+        .registry
+        .get(OWNER, &descriptor, &mut dst)
+        .await
+        .unwrap();
+    assert!(dst.iter().all(|b| *b == 0x11));
+    let charged = owner.registered_bytes();
+    let mut writable = described.withdraw().await.unwrap();
+    assert_eq!(owner.live(), 1, "only the arena is left registered");
+    assert_eq!(owner.registered_bytes(), charged - page() as u64);
+    writable.fill(0x33);
+    dst.fill(0);
+    assert!(
+        consumer
+            .registry
+            .get(OWNER, &descriptor, &mut dst)
+            .await
+            .is_err(),
+        "a withdrawn buffer's descriptor still reads"
+    );
+    assert!(
+        dst.iter().all(|b| *b == 0),
+        "no byte of the withdrawn buffer arrived"
+    );
+    // Described again, it reads under a new generation.
+    let again = writable.describe().await.unwrap();
+    assert!(again.generation() > descriptor.generation());
+    consumer
+        .registry
+        .get(OWNER, &again.descriptor(), &mut dst)
+        .await
+        .unwrap();
+    assert!(dst.iter().all(|b| *b == 0x33));
+}
+
+#[tokio::test(start_paused = true)]
+async fn withdrawing_waits_for_the_unmap_and_a_refused_unmap_keeps_the_buffer_described() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let (described, _neighbour, descriptor) = described_neighbours(&owner).await;
+    owner.backend.faults().refuse_unmaps(true);
+    let refused = described.withdraw().await.unwrap_err();
+    assert!(matches!(refused.error(), RdmaError::Backend(_)));
+    let described = refused.into_buf().expect("the buffer comes back");
+    owner.backend.faults().refuse_unmaps(false);
+    // Still described: the key still reads.
+    let mut dst = consumer.registry.alloc_pinned(page()).await.unwrap();
+    consumer
+        .registry
+        .get(OWNER, &described.descriptor(), &mut dst)
+        .await
+        .unwrap();
+    assert_eq!(described.descriptor(), descriptor);
+    // An unmap that hangs holds the withdrawal: no writable buffer before
+    // the key is gone.
+    let unmap_hold = owner.backend.faults().hang(FaultOp::Unmap);
+    let mut withdrawing = Box::pin(described.withdraw());
+    assert!(futures::poll!(&mut withdrawing).is_pending());
+    unmap_hold.until_waiting(1).await;
+    assert!(futures::poll!(&mut withdrawing).is_pending());
+    assert_eq!(owner.live(), 2, "the own key is still registered");
+    unmap_hold.release();
+    let writable = withdrawing.await.unwrap();
+    assert_eq!(owner.live(), 1);
+    assert_eq!(writable.len(), page());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_withdrawal_frees_the_buffer_only_after_its_unmap() {
+    let (_fabric, owner, _consumer) = two_sides(small_config());
+    let (described, _neighbour, _descriptor) = described_neighbours(&owner).await;
+    let addr = described.as_ptr() as u64;
+    let unmap_hold = owner.backend.faults().hang(FaultOp::Unmap);
+    {
+        let mut withdrawing = Box::pin(described.withdraw());
+        assert!(futures::poll!(&mut withdrawing).is_pending());
+        unmap_hold.until_waiting(1).await;
+    }
+    // Until the key is gone, its granules are not handed out again.
+    let other = owner.registry.try_alloc_pinned(page()).unwrap();
+    assert_ne!(
+        other.as_ptr() as u64,
+        addr,
+        "granules reused under a live key"
+    );
+    unmap_hold.release();
+    eventually("the granules come back", || {
+        owner.registry.stats().live_allocations == 2
+    })
+    .await;
+    assert_eq!(owner.live(), 1);
+    assert_eq!(owner.registry.stats().leaked_bytes, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn withdrawing_during_shutdown_is_refused_and_keeps_the_buffer_described() {
+    let (_fabric, owner, _consumer) = two_sides(small_config());
+    let (described, neighbour, _descriptor) = described_neighbours(&owner).await;
+    drop(neighbour);
+    let swept = owner.registry.shutdown(Duration::from_secs(5)).await;
+    let refused = described.withdraw().await.unwrap_err();
+    assert_eq!(refused.error(), &RdmaError::ShuttingDown);
+    let described = refused.into_buf().expect("the buffer comes back");
+    assert!(described.iter().all(|b| *b == 0x11));
+    drop(described);
+    drop(swept);
 }
 
 #[tokio::test(start_paused = true)]
@@ -252,9 +396,9 @@ async fn freeing_a_described_buffer_unmaps_its_key_before_its_memory_serves_anot
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_cancelled_describe_leaves_the_buffer_undescribed_and_nothing_registered() {
+async fn a_cancelled_describe_frees_the_buffer_and_leaves_nothing_registered() {
     let (_fabric, side) = one_side(small_config());
-    let mut buf = side.registry.alloc_pinned(page()).await.unwrap();
+    let buf = side.registry.alloc_pinned(page()).await.unwrap();
     side.backend.faults().detach_maps(true);
     let map_hold = side.backend.faults().hang(FaultOp::Map);
     {
@@ -262,7 +406,6 @@ async fn a_cancelled_describe_leaves_the_buffer_undescribed_and_nothing_register
         assert!(futures::poll!(&mut describing).is_pending());
         map_hold.until_waiting(1).await;
     }
-    assert!(!buf.is_described());
     map_hold.release();
     eventually("the cancelled describe is rolled back", || side.live() == 1).await;
     tokio::time::timeout(
@@ -272,8 +415,16 @@ async fn a_cancelled_describe_leaves_the_buffer_undescribed_and_nothing_register
     .await
     .unwrap();
     assert_eq!(side.registry.stats().leaked_bytes, 0);
-    let descriptor = buf.describe().await.unwrap();
-    assert_eq!(descriptor.len(), page() as u64);
+    assert_eq!(side.registry.stats().live_allocations, 0);
+    let described = side
+        .registry
+        .alloc_pinned(page())
+        .await
+        .unwrap()
+        .describe()
+        .await
+        .unwrap();
+    assert_eq!(described.descriptor().len(), page() as u64);
 }
 
 /// What describing costs over the loopback: one map and one unmap of the
@@ -299,9 +450,9 @@ async fn describing_costs_one_map_and_one_unmap_over_the_loopback() {
     drop(buf);
     let started = std::time::Instant::now();
     for _ in 0..ROUNDS {
-        let mut buf = side.registry.alloc_pinned(4096).await.unwrap();
-        buf.describe().await.unwrap();
-        drop(buf);
+        let buf = side.registry.alloc_pinned(4096).await.unwrap();
+        let described = buf.describe().await.unwrap();
+        drop(described);
         while side.live() > 1 {
             tokio::task::yield_now().await;
         }

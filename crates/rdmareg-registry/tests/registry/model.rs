@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use rdmareg_backend::loopback::FaultOp;
 use rdmareg_core::page_enclosing_len;
 use rdmareg_registry::{
-    Descriptor, PinnedBuf, RdmaError, RegionGuard, RegionWatch, RegisterOwnedError,
+    DescribedBuf, Descriptor, PinnedBuf, RdmaError, RegionGuard, RegionWatch, RegisterOwnedError,
     TeardownVerdict, UnregisterOutcome,
 };
 
@@ -51,6 +51,12 @@ enum Op {
         pick: usize,
     },
     Describe {
+        pick: usize,
+    },
+    Withdraw {
+        pick: usize,
+    },
+    DropDescribed {
         pick: usize,
     },
     Get {
@@ -102,6 +108,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (1usize..3 * 4096).prop_map(|len| Op::TryAlloc { len }),
         6 => any::<usize>().prop_map(|pick| Op::DropBuf { pick }),
         3 => any::<usize>().prop_map(|pick| Op::Describe { pick }),
+        2 => any::<usize>().prop_map(|pick| Op::Withdraw { pick }),
+        2 => any::<usize>().prop_map(|pick| Op::DropDescribed { pick }),
         6 => any::<usize>().prop_map(|pick| Op::Get { pick }),
         2 => (0usize..3, any::<bool>())
             .prop_map(|(polls, detached)| Op::CancelRegister { polls, detached }),
@@ -143,6 +151,8 @@ struct Harness {
     probe_buf: PinnedBuf,
     regions: Vec<ModelRegion>,
     bufs: Vec<PinnedBuf>,
+    /// Buffers lent to peers' reads: each holds a registration of its own.
+    described: Vec<DescribedBuf>,
     closed: bool,
     next_seed: u8,
 }
@@ -184,6 +194,7 @@ impl Harness {
             probe_buf,
             regions: Vec::new(),
             bufs: Vec::new(),
+            described: Vec::new(),
             closed: false,
             next_seed: 1,
         }
@@ -202,14 +213,10 @@ impl Harness {
             .sum()
     }
 
-    /// Pooled buffers held with a registration of their own, and the bytes
-    /// those charge.
+    /// Buffers held with a registration of their own, and the bytes those
+    /// charge.
     fn described(&self) -> (usize, u64) {
-        let own = self
-            .bufs
-            .iter()
-            .filter(|b| b.is_described() && !b.is_dedicated());
-        own.fold((0, 0), |(n, bytes), b| {
+        self.described.iter().fold((0, 0), |(n, bytes), b| {
             let pages = page_enclosing_len(b.as_ptr() as u64, b.len() as u64, 4096).unwrap();
             (n + 1, bytes + pages)
         })
@@ -398,16 +405,51 @@ impl Harness {
                     return;
                 }
                 let n = self.bufs.len();
-                let buf = &mut self.bufs[pick % n];
-                let was = buf.is_described();
+                let buf = self.bufs.swap_remove(pick % n);
+                let (addr, len) = (buf.as_ptr() as u64, buf.len() as u64);
                 match buf.describe().await {
-                    Ok(descriptor) => {
-                        assert_eq!(descriptor.len(), buf.len() as u64);
-                        assert_eq!(descriptor.addr(), buf.as_ptr() as u64);
+                    Ok(described) => {
+                        let descriptor = described.descriptor();
+                        assert_eq!((descriptor.addr(), descriptor.len()), (addr, len));
+                        self.described.push(described);
                     }
-                    Err(RdmaError::ShuttingDown) => assert!(self.closed && !was),
-                    Err(RdmaError::BudgetExceeded { .. }) => assert!(!was),
-                    Err(other) => panic!("describe: {other}"),
+                    Err(refused) => {
+                        match refused.error() {
+                            RdmaError::ShuttingDown => assert!(self.closed),
+                            RdmaError::BudgetExceeded { .. } => {}
+                            other => panic!("describe: {other}"),
+                        }
+                        let buf = refused.into_buf();
+                        assert_eq!((buf.as_ptr() as u64, buf.len() as u64), (addr, len));
+                        self.bufs.push(buf);
+                    }
+                }
+            }
+            Op::Withdraw { pick } => {
+                if self.described.is_empty() {
+                    return;
+                }
+                let n = self.described.len();
+                let described = self.described.swap_remove(pick % n);
+                let addr = described.as_ptr() as u64;
+                match described.withdraw().await {
+                    Ok(buf) => {
+                        assert!(!self.closed);
+                        assert_eq!(buf.as_ptr() as u64, addr);
+                        self.bufs.push(buf);
+                    }
+                    Err(refused) => {
+                        assert_eq!(refused.error(), &RdmaError::ShuttingDown);
+                        assert!(self.closed);
+                        self.described
+                            .push(refused.into_buf().expect("the buffer comes back"));
+                    }
+                }
+            }
+            Op::DropDescribed { pick } => {
+                if !self.described.is_empty() {
+                    let n = self.described.len();
+                    drop(self.described.swap_remove(pick % n));
                 }
             }
             Op::DropBuf { pick } => {
@@ -667,7 +709,10 @@ impl Harness {
         );
         assert_eq!(stats.live_regions, held);
         if !self.closed {
-            assert_eq!(stats.live_allocations, self.bufs.len());
+            assert_eq!(
+                stats.live_allocations,
+                self.bufs.len() + self.described.len()
+            );
         }
         assert_eq!(stats.leaked_bytes, 0);
         for region in &self.regions {
@@ -697,6 +742,7 @@ impl Harness {
         assert_eq!(self.owner.live(), 0);
         // A described buffer keeps its charge until it is dropped.
         self.bufs.clear();
+        self.described.clear();
         self.settle().await;
         assert_eq!(self.owner.registered_bytes(), 0);
         for region in std::mem::take(&mut self.regions) {

@@ -43,7 +43,10 @@ fn a_rollback_dropped_with_its_runtime_leaks_the_arena_pages_instead_of_freeing_
         // allocation is cancelled, which hands the map to a rollback task.
         let cancelled =
             tokio::time::timeout(Duration::from_millis(50), registry.alloc_pinned(4 * KIB)).await;
-        assert!(cancelled.is_err(), "the map hangs, so the allocation cannot finish");
+        assert!(
+            cancelled.is_err(),
+            "the map hangs, so the allocation cannot finish"
+        );
     });
     // The rollback task is dropped with its runtime, the map still pending:
     // the pages it held are leaked and counted, since the map may yet
@@ -65,6 +68,10 @@ fn a_rollback_dropped_with_its_runtime_leaks_the_arena_pages_instead_of_freeing_
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     });
-    assert_eq!(backend.stats().unmaps, 1, "the orphaned map was rolled back");
+    assert_eq!(
+        backend.stats().unmaps,
+        1,
+        "the orphaned map was rolled back"
+    );
     assert_eq!(backend.live_registrations(), Some(0));
 }
