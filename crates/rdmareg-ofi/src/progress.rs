@@ -43,6 +43,21 @@
 //! (the request is dropped). The counts drop when each send's completion
 //! (success or error) is read, and at teardown with the sends.
 //!
+//! # Dead peers
+//!
+//! Over `tcp;ofi_rxm` nothing tells the application that a peer's process
+//! died: the provider handles the connection's shutdown itself, a posted
+//! receive stays posted, and every later send to the peer answers "try
+//! again" while its reconnections are refused. So the loop watches sends:
+//! a peer no send could be posted to for `OfiConfig::unreachable_after` is
+//! declared unreachable — its queued sends end (releasing their leases),
+//! its unposted reads answer, its posted reads are cancelled and answer
+//! the error once the provider reports it. To have a send to watch when a
+//! read's request went out long ago, a peer this engine waits on and heard
+//! nothing from for [`PROBE_INTERVAL`] is sent a four-byte probe
+//! (`protocol::PROBE`), at most one per interval. The retry queue keeps
+//! order per peer, so an unreachable peer holds up only its own sends.
+//!
 //! # Answers only after the provider let go
 //!
 //! A read is answered when its completion (success or error) was read, or
@@ -72,7 +87,7 @@ use crate::engine::{Command, Reply, Signals, StartInfo};
 use crate::fabric::{ADDR_UNSPEC, Completion, EndpointEnd, Fabric, MemoryRegion, ProviderContext};
 use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
 use crate::protocol::{
-    REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_MAX, REQUEST_TAG, ReadRequest, Refusal,
+    PROBE, REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_MAX, REQUEST_TAG, ReadRequest, Refusal,
     capability_matches, refusal_tag, reply_outcome,
 };
 
@@ -84,6 +99,9 @@ const COMPLETION_BATCH: usize = 256;
 const BUSY_PARK: Duration = Duration::from_micros(20);
 /// Receives an owner-serving engine keeps posted for requests.
 const REQUEST_RECEIVES: usize = 32;
+/// How long reads from a peer may go without a completion from it before
+/// the engine probes it, and the least time between two probes of it.
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// The most distinct consumer addresses an owner inserts into its address
 /// vector to answer them; requests from further addresses are dropped.
 const MAX_SERVED_PEERS: usize = 4096;
@@ -211,9 +229,12 @@ struct Op {
     request: Option<(u64, Vec<u8>)>,
     /// Owner-served: the request id (0 on the one-sided path).
     request_id: u64,
-    /// Why the read failed when its request could not be sent (its
-    /// receive was then cancelled).
+    /// Why the read failed when its request could not be sent, or its
+    /// owner was declared unreachable (its receive was then cancelled).
     failure: Option<RdmaError>,
+    /// Its owner was declared unreachable: a cancelled receive gets no
+    /// discard receive (no reply can come over a connection that is gone).
+    unreachable: bool,
 }
 
 /// One tagged send: a request of this engine's reads, or a reply (bytes or
@@ -235,6 +256,8 @@ struct SendOp {
     /// The context and request id of the read this request belongs to
     /// (the id tells a later read at a reused context address apart).
     for_read: Option<(usize, u64)>,
+    /// A liveness probe ([`PROBE`]).
+    probe: bool,
 }
 
 /// The receives an endpoint left open at teardown may still write.
@@ -277,6 +300,31 @@ struct PeerLoad {
     refusals: u32,
 }
 
+/// What the engine knows of whether a peer can be reached.
+#[derive(Debug, Clone, Copy)]
+struct PeerWatch {
+    /// Since when a send to it could not be posted (the provider asked to
+    /// wait), if one cannot now.
+    blocked_since: Option<Instant>,
+    /// When a read from it last completed (or its watch began).
+    last_heard: Instant,
+    /// When it was last probed.
+    last_probe: Option<Instant>,
+    /// A probe to it is queued or in flight.
+    probing: bool,
+}
+
+impl PeerWatch {
+    fn new(now: Instant) -> PeerWatch {
+        PeerWatch {
+            blocked_since: None,
+            last_heard: now,
+            last_probe: None,
+            probing: false,
+        }
+    }
+}
+
 /// Everything the progress thread owns. `fabric` is dropped last.
 struct Engine {
     regions: HashMap<u64, Region>,
@@ -306,6 +354,11 @@ struct Engine {
     /// Unfinished replies per consumer address, and their bound.
     reply_loads: HashMap<u64, PeerLoad>,
     reply_bound: u32,
+    /// Reachability of the peers sends go to, by address-vector entry.
+    watch: HashMap<u64, PeerWatch>,
+    unreachable_after: Duration,
+    /// When the watch is next looked at.
+    next_watch: Instant,
     next_request_id: u64,
     closing: bool,
     fabric: Fabric,
@@ -345,6 +398,9 @@ impl Engine {
             served_peers: 0,
             reply_loads: HashMap::new(),
             reply_bound: config.max_served_replies_per_peer,
+            watch: HashMap::new(),
+            unreachable_after: config.unreachable_after,
+            next_watch: Instant::now(),
             next_request_id: 1,
             closing: false,
             fabric,
@@ -469,6 +525,13 @@ impl Engine {
         let mut worked = self.retry_unsent();
         worked |= self.retry_unposted();
         worked |= self.reap();
+        if self.active > 0 || !self.unsent.is_empty() {
+            let now = Instant::now();
+            if now >= self.next_watch {
+                self.next_watch = now + PROBE_INTERVAL / 4;
+                worked |= self.watch_peers(now);
+            }
+        }
         if self.active > 0 {
             self.expire(Instant::now());
         }
@@ -685,6 +748,7 @@ impl Engine {
             if let Some(entry) = self.av.remove(&fi_addr) {
                 self.by_address.remove(&entry.address);
             }
+            self.watch.remove(&fi_addr);
             self.fabric.remove_peer(fi_addr);
         }
     }
@@ -744,6 +808,7 @@ impl Engine {
             request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
             request: request_bytes,
             failure: None,
+            unreachable: false,
         });
         self.by_context.insert(context_addr, slot);
         self.active += 1;
@@ -851,6 +916,7 @@ impl Engine {
                     lease: None,
                     counted: None,
                     for_read: Some((context as usize, request_id)),
+                    probe: false,
                 };
                 self.queue_send(send);
             }
@@ -943,7 +1009,7 @@ impl Engine {
                 tracing::warn!(?context, "a completion for no operation of this engine");
                 continue;
             };
-            let (timed_out, failure, served, expected, request_id, fi_addr) =
+            let (timed_out, failure, served, expected, request_id, fi_addr, unreachable) =
                 match self.ops[slot].as_mut() {
                     Some(op) => (
                         op.timed_out,
@@ -952,16 +1018,22 @@ impl Engine {
                         op.len,
                         op.request_id,
                         op.fi_addr,
+                        op.unreachable,
                     ),
                     None => continue,
                 };
+            if result.is_ok() {
+                if let Some(watch) = self.watch.get_mut(&fi_addr) {
+                    watch.last_heard = Instant::now();
+                }
+            }
             tracing::trace!(
                 slot,
                 ok = result.is_ok(),
                 timed_out,
                 "a read's receive ended"
             );
-            if served && result.is_err() {
+            if served && result.is_err() && !unreachable {
                 // The receive ended (cancelled) without the reply: the owner
                 // may still send it, and holds its lease until a receive
                 // takes it. A zero-length receive takes it (truncated).
@@ -1048,8 +1120,15 @@ impl Engine {
     /// Posts a send now, or queues it when the provider asks to wait.
     fn queue_send(&mut self, send: SendOp) {
         let at = (&raw const *send.context) as usize;
+        let dest = send.dest;
         self.sends.insert(at, send);
-        if !self.unsent.is_empty() || !self.post_send(at) {
+        // Sends to one peer keep their order; a peer that cannot be reached
+        // holds up only its own.
+        let waiting = self
+            .unsent
+            .iter()
+            .any(|queued| self.sends.get(queued).is_some_and(|s| s.dest == dest));
+        if waiting || !self.post_send(at) {
             self.unsent.push_back(at);
         }
     }
@@ -1069,9 +1148,23 @@ impl Engine {
             self.fabric
                 .tsend(send.ptr, send.len, send.desc, send.dest, send.tag, context)
         };
+        let dest = send.dest;
         match posted {
-            Ok(true) => true,
-            Ok(false) => false,
+            Ok(true) => {
+                if let Some(watch) = self.watch.get_mut(&dest) {
+                    watch.blocked_since = None;
+                }
+                true
+            }
+            Ok(false) => {
+                let now = Instant::now();
+                let watch = self
+                    .watch
+                    .entry(dest)
+                    .or_insert_with(|| PeerWatch::new(now));
+                watch.blocked_since.get_or_insert(now);
+                false
+            }
             Err(err) => {
                 self.send_done(at, Err((0, err.to_string())));
                 true
@@ -1079,16 +1172,130 @@ impl Engine {
         }
     }
 
+    /// Retries queued sends in order; a peer whose send must wait holds up
+    /// only its own later sends.
     fn retry_unsent(&mut self) -> bool {
         let mut worked = false;
-        while let Some(&at) = self.unsent.front() {
-            if !self.post_send(at) {
-                break;
+        let mut waiting: Vec<u64> = Vec::new();
+        let mut left = VecDeque::with_capacity(self.unsent.len());
+        while let Some(at) = self.unsent.pop_front() {
+            let Some(dest) = self.sends.get(&at).map(|send| send.dest) else {
+                continue;
+            };
+            if waiting.contains(&dest) {
+                left.push_back(at);
+            } else if self.post_send(at) {
+                worked = true;
+            } else {
+                waiting.push(dest);
+                left.push_back(at);
             }
-            self.unsent.pop_front();
-            worked = true;
+        }
+        self.unsent = left;
+        worked
+    }
+
+    /// Probes peers this engine waits on and hears nothing from, and
+    /// declares unreachable those no send could be posted to for
+    /// `unreachable_after`. Answers whether anything happened.
+    fn watch_peers(&mut self, now: Instant) -> bool {
+        if self.owner_served() && self.active > 0 {
+            let waited_on: Vec<u64> = self
+                .av
+                .iter()
+                .filter(|(_, entry)| entry.ops > 0)
+                .map(|(&fi_addr, _)| fi_addr)
+                .collect();
+            for fi_addr in waited_on {
+                let watch = self
+                    .watch
+                    .entry(fi_addr)
+                    .or_insert_with(|| PeerWatch::new(now));
+                let quiet = now.duration_since(watch.last_heard) >= PROBE_INTERVAL;
+                let due = watch
+                    .last_probe
+                    .is_none_or(|at| now.duration_since(at) >= PROBE_INTERVAL);
+                if quiet && due && !watch.probing {
+                    watch.probing = true;
+                    watch.last_probe = Some(now);
+                    self.queue_send(SendOp {
+                        context: Box::new(OpContext {
+                            space: [std::ptr::null_mut(); 8],
+                        }),
+                        ptr: PROBE.as_ptr() as usize,
+                        len: PROBE.len(),
+                        _bytes: None,
+                        desc: std::ptr::null_mut(),
+                        dest: fi_addr,
+                        tag: REQUEST_TAG,
+                        lease: None,
+                        counted: None,
+                        for_read: None,
+                        probe: true,
+                    });
+                }
+            }
+        }
+        let gone: Vec<(u64, Duration)> = self
+            .watch
+            .iter()
+            .filter_map(|(&fi_addr, watch)| {
+                let since = watch.blocked_since?;
+                let waited = now.duration_since(since);
+                (waited >= self.unreachable_after).then_some((fi_addr, waited))
+            })
+            .collect();
+        let worked = !gone.is_empty();
+        for (fi_addr, waited) in gone {
+            self.declare_unreachable(fi_addr, waited);
         }
         worked
+    }
+
+    /// Ends everything that waits on a peer no send could reach for
+    /// `waited`: its queued sends (a reply's lease with it), its reads not
+    /// yet posted; its posted reads are cancelled and answer the error once
+    /// the provider reports the cancellation (or at their deadline or
+    /// teardown, if it cannot withdraw them).
+    fn declare_unreachable(&mut self, fi_addr: u64, waited: Duration) {
+        let error = RdmaError::Backend(format!(
+            "ofi: the peer is unreachable: nothing could be sent to it for {} ms (its process \
+             died, or its connection was lost and cannot be made again)",
+            waited.as_millis()
+        ));
+        tracing::warn!(fi_addr, ?waited, "a peer is unreachable; its reads end");
+        let stuck: Vec<usize> = self
+            .unsent
+            .iter()
+            .copied()
+            .filter(|at| self.sends.get(at).is_some_and(|send| send.dest == fi_addr))
+            .collect();
+        self.unsent.retain(|at| !stuck.contains(at));
+        for at in stuck {
+            self.send_done(at, Err((0, "the peer is unreachable".into())));
+        }
+        let mut unposted = Vec::new();
+        for slot in 0..self.ops.len() {
+            let Some(op) = self.ops[slot].as_mut() else {
+                continue;
+            };
+            if op.fi_addr != fi_addr {
+                continue;
+            }
+            op.failure = Some(error.clone());
+            op.unreachable = true;
+            if op.posted {
+                let context = (&raw mut op.context.space).cast::<c_void>();
+                self.fabric.cancel(context);
+            } else {
+                unposted.push(slot);
+            }
+        }
+        for slot in unposted {
+            self.unposted.retain(|&s| s != slot);
+            self.finish(slot, Err(error.clone()));
+        }
+        self.watch.insert(fi_addr, PeerWatch::new(Instant::now()));
     }
 
     /// A send ended: release its lease; a failed request fails its read
@@ -1103,6 +1310,11 @@ impl Engine {
         }
         if let Some((peer, served)) = send.counted {
             self.release_reply(peer, served);
+        }
+        if send.probe {
+            if let Some(watch) = self.watch.get_mut(&send.dest) {
+                watch.probing = false;
+            }
         }
         if let Err((_, text)) = result {
             tracing::debug!(tag = format_args!("{:#x}", send.tag), error = %text, "a tagged send failed");
@@ -1175,6 +1387,10 @@ impl Engine {
     /// Checks a peer's request against the live registrations, and sends
     /// the bytes under a read lease or a refusal.
     fn serve_request(&mut self, bytes: &[u8]) {
+        if bytes == PROBE {
+            tracing::trace!("a liveness probe arrived");
+            return;
+        }
         let Some(request) = ReadRequest::decode(bytes) else {
             tracing::debug!(len = bytes.len(), "a malformed read request was dropped");
             return;
@@ -1240,6 +1456,7 @@ impl Engine {
                 lease: Some(request.region_id),
                 counted: Some((dest, true)),
                 for_read: None,
+                probe: false,
             },
             Err(refusal) => {
                 tracing::debug!(
@@ -1260,6 +1477,7 @@ impl Engine {
                     lease: None,
                     counted: Some((dest, false)),
                     for_read: None,
+                    probe: false,
                 }
             }
         };

@@ -43,6 +43,16 @@
 //!
 //! Decoding never panics and refuses trailing or missing bytes: requests
 //! come from peers.
+//!
+//! # Probe
+//!
+//! A message of exactly the four bytes [`PROBE`] with tag [`REQUEST_TAG`]
+//! asks nothing: the owner takes it and answers nothing. A consumer sends
+//! one to an owner it waits on and hears nothing from; what it watches is
+//! whether the provider can deliver it at all (over `tcp;ofi_rxm` a dead
+//! owner refuses the reconnection, and the send is never accepted). Its
+//! first byte is not a request version, so an owner that does not know
+//! probes drops it as malformed — also without an answer.
 
 use rdmareg_core::RdmaError;
 
@@ -54,6 +64,8 @@ pub const REQUEST_VERSION: u8 = 1;
 pub const REQUEST_HEADER_LEN: usize = 54;
 /// The longest request.
 pub const REQUEST_MAX: usize = REQUEST_HEADER_LEN + MAX_FABRIC_ADDRESS;
+/// A liveness probe (see the module docs).
+pub const PROBE: [u8; 4] = [0xFF, 0, 0, 0];
 /// The tag of every request.
 pub const REQUEST_TAG: u64 = 1 << 63;
 /// The tag bit of a refusal.
@@ -224,6 +236,12 @@ mod tests {
         let mut longer = wire.clone();
         longer.push(0);
         assert_eq!(ReadRequest::decode(&longer), None);
+    }
+
+    #[test]
+    fn a_probe_is_no_request() {
+        assert_eq!(ReadRequest::decode(&PROBE), None);
+        assert_ne!(PROBE[0], REQUEST_VERSION);
     }
 
     #[test]

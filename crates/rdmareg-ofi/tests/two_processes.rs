@@ -171,13 +171,17 @@ fn get_across_processes_moves_the_right_bytes(provider: &str) {
     );
 }
 
-/// The owner is SIGKILLed while a 64 MiB GET from it is in flight: the GET
-/// answers (an error, or `Ok` if it landed first) by its deadline, and the
-/// consumer shuts down with nothing registered. On owner-served reads over
-/// tcp a posted reply receive learns nothing of the lost connection
-/// (measured on libfabric 1.17), so there the deadline is what ends it: the
-/// receive is cancelled and the GET answers `Timeout`.
-fn a_killed_owner_ends_a_get_in_flight_by_its_deadline(provider: &str) {
+/// How a GET from an owner SIGKILLed 20 ms into a 64 MiB read ended, and
+/// how long after the kill.
+struct KilledOwner {
+    answer: Result<(), rdmareg_core::RdmaError>,
+    after_kill: Duration,
+}
+
+/// The owner is SIGKILLed while a 64 MiB GET from it (with `deadline`) is
+/// in flight; then a second owner is read through the same consumer
+/// engine. The consumer shuts down with nothing registered.
+fn get_from_an_owner_killed_mid_read(provider: &str, deadline: Duration) -> KilledOwner {
     const SIZE_BYTES: usize = 64 << 20;
     let mut owner = spawn_owner(provider, SIZE_BYTES);
     let consumer = OfiEngine::start(common::config(provider_named(provider))).unwrap();
@@ -191,13 +195,10 @@ fn a_killed_owner_ends_a_get_in_flight_by_its_deadline(provider: &str) {
         .enable_all()
         .build()
         .unwrap();
-    let deadline = Duration::from_secs(3);
-    let (answer, took) = runtime.block_on(async {
-        let region = backend
-            .map_test_memory(dst.as_mut_ptr() as usize, SIZE_BYTES)
-            .await
-            .unwrap();
-        let started = Instant::now();
+    let region = runtime
+        .block_on(backend.map_test_memory(dst.as_mut_ptr() as usize, SIZE_BYTES))
+        .unwrap();
+    let (answer, after_kill) = runtime.block_on(async {
         let get = backend.get_into_test_memory(BackendGet {
             peer: common::OWNER,
             remote_addr: owner.addr,
@@ -210,20 +211,40 @@ fn a_killed_owner_ends_a_get_in_flight_by_its_deadline(provider: &str) {
         let kill = async {
             tokio::time::sleep(Duration::from_millis(20)).await;
             owner.child.kill().unwrap();
+            Instant::now()
         };
-        let (answer, ()) = futures::join!(get, kill);
-        let took = started.elapsed();
-        backend.unmap(region.backend_region_id).await.unwrap();
-        (answer, took)
+        let (answer, killed_at) = futures::join!(get, kill);
+        (answer, killed_at.elapsed())
     });
     let _ = owner.child.wait();
-    eprintln!("{provider}: GET from a killed owner answered {answer:?} after {took:?}");
-    assert!(
-        took < deadline + Duration::from_secs(3),
-        "the GET took {took:?}; deadline {deadline:?}"
+    eprintln!(
+        "{provider}: GET from a killed owner answered {answer:?} {after_kill:?} after the kill"
     );
+
+    // The same engine reads from another owner.
+    let mut other = spawn_owner(provider, 4096);
+    consumer
+        .add_peer(rdmareg_core::PeerId(2), other.address.clone())
+        .unwrap();
+    let second = runtime.block_on(backend.get_into_test_memory(BackendGet {
+        peer: rdmareg_core::PeerId(2),
+        remote_addr: other.addr,
+        packed_key: other.key.clone(),
+        local_region_id: region.backend_region_id,
+        local_offset: 0,
+        len: 4096,
+        deadline: Some(Duration::from_secs(20)),
+    }));
+    assert_eq!(second, Ok(()), "a read from another owner after the kill");
+    assert!((0..4096).all(|i| dst[i] == pattern(i)), "its bytes landed");
+    drop(other.child.stdin.take());
+    let _ = other.child.wait();
+    runtime
+        .block_on(backend.unmap(region.backend_region_id))
+        .unwrap();
     consumer.shutdown_blocking();
     assert_eq!(consumer.live_registrations(), 0);
+    KilledOwner { answer, after_kill }
 }
 
 /// What a GET from an owner stopped with SIGSTOP (not killed: its
@@ -310,12 +331,36 @@ fn main() {
             Box::new(|| get_across_processes_moves_the_right_bytes("shm")),
         ),
         (
-            "a_killed_owner_ends_a_get_in_flight_by_its_deadline_over_tcp",
-            Box::new(|| a_killed_owner_ends_a_get_in_flight_by_its_deadline("tcp")),
+            "a_killed_tcp_owner_fails_a_get_in_flight_promptly_and_another_owner_is_still_read",
+            Box::new(|| {
+                // The deadline is far: only detecting the lost owner ends
+                // the GET in time.
+                let outcome = get_from_an_owner_killed_mid_read("tcp", Duration::from_secs(20));
+                match &outcome.answer {
+                    Err(rdmareg_core::RdmaError::Backend(text)) => {
+                        assert!(text.contains("unreachable"), "answered {text:?}")
+                    }
+                    other => panic!("a GET from a killed owner answered {other:?}"),
+                }
+                assert!(
+                    outcome.after_kill < Duration::from_secs(3),
+                    "the GET failed only {:?} after the kill",
+                    outcome.after_kill
+                );
+            }),
         ),
         (
-            "a_killed_owner_ends_a_get_in_flight_by_its_deadline_over_shm",
-            Box::new(|| a_killed_owner_ends_a_get_in_flight_by_its_deadline("shm")),
+            "a_killed_shm_owner_ends_a_get_in_flight_by_its_deadline_and_another_owner_is_still_read",
+            Box::new(|| {
+                let deadline = Duration::from_secs(3);
+                let outcome = get_from_an_owner_killed_mid_read("shm", deadline);
+                assert!(
+                    outcome.after_kill < deadline + Duration::from_secs(3),
+                    "the GET answered {:?} only {:?} after the kill",
+                    outcome.answer,
+                    outcome.after_kill
+                );
+            }),
         ),
         (
             "a_stopped_tcp_owner_times_a_get_out_at_its_deadline",
