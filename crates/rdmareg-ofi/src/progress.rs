@@ -87,8 +87,9 @@ use crate::engine::{Command, Reply, Signals, StartInfo};
 use crate::fabric::{ADDR_UNSPEC, Completion, EndpointEnd, Fabric, MemoryRegion, ProviderContext};
 use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
 use crate::protocol::{
-    PROBE, REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_MAX, REQUEST_TAG, ReadRequest, Refusal,
-    capability_matches, refusal_tag, reply_outcome,
+    GATHER_ENTRY_MAX, GATHER_TOTAL_MAX, LIST_VERSION, ListEntry, ListRequest, MAX_LIST_ENTRIES,
+    PROBE, RECEIVE_MAX, REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_TAG, ReadRequest, Refusal,
+    capability_matches, parse_gathered, refusal_tag, reply_outcome,
 };
 
 /// Ring commands handled per turn.
@@ -105,6 +106,10 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// The most distinct consumer addresses an owner inserts into its address
 /// vector to answer them; requests from further addresses are dropped.
 const MAX_SERVED_PEERS: usize = 4096;
+/// The most gathered replies an owner keeps unfinished for one consumer
+/// address: each holds a copy of up to `GATHER_TOTAL_MAX` bytes, so this
+/// bounds that memory (16 MiB per address) apart from the reply bound.
+const GATHERED_PER_PEER: u32 = 64;
 
 /// The thread's body: start, report, serve, tear down.
 pub(crate) fn run(
@@ -213,9 +218,14 @@ struct OpContext {
 /// means its reply receive is posted.
 struct Op {
     context: Box<OpContext>,
+    /// The destination region (0, which names none, for a list).
     region: u64,
     fi_addr: u64,
-    answer: Answer,
+    /// Where the answer goes (`None` for a list: each entry has its own).
+    answer: Option<Answer>,
+    /// A gathered list: the entries, and the scratch memory the reply is
+    /// received into (`buf`/`len` point at it).
+    list: Option<Box<ListPart>>,
     deadline: Instant,
     timed_out: bool,
     posted: bool,
@@ -237,6 +247,44 @@ struct Op {
     unreachable: bool,
 }
 
+/// A gathered list's own part of its [`Op`].
+struct ListPart {
+    entries: Vec<ListItem>,
+    /// The reply lands here; served entries are copied out of it.
+    scratch: Vec<u8>,
+}
+
+/// One entry of a gathered list.
+struct ListItem {
+    answer: Option<Answer>,
+    /// Its destination region, whose `in_flight` counts it.
+    region: u64,
+    buf: usize,
+    len: usize,
+    /// Set from the reply; entries without one take the list's outcome.
+    result: Option<Result<(), RdmaError>>,
+}
+
+/// A batch entry checked and waiting to go into a list.
+struct Gatherable {
+    request: BackendGet,
+    answer: Answer,
+    buf: usize,
+    region_id: u64,
+    capability: [u8; CAPABILITY_LEN],
+}
+
+/// Which of a consumer's bounds a reply counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReplyKind {
+    /// Bytes sent from a region under a lease.
+    Bytes,
+    /// A zero-length refusal.
+    Refusal,
+    /// A gathered reply (a copy).
+    Gathered,
+}
+
 /// One tagged send: a request of this engine's reads, or a reply (bytes or
 /// refusal) to a peer's request.
 struct SendOp {
@@ -252,7 +300,7 @@ struct SendOp {
     lease: Option<u64>,
     /// A reply to a consumer counted against its bound: the consumer's
     /// address and whether the reply carries bytes (else a refusal).
-    counted: Option<(u64, bool)>,
+    counted: Option<(u64, ReplyKind)>,
     /// The context and request id of the read this request belongs to
     /// (the id tells a later read at a reused context address apart).
     for_read: Option<(usize, u64)>,
@@ -278,7 +326,7 @@ unsafe impl Send for PostedReceives {}
 /// A receive kept posted for requests.
 struct RequestBuffer {
     context: Box<OpContext>,
-    data: Box<[u8; REQUEST_MAX]>,
+    data: Box<[u8; RECEIVE_MAX]>,
     posted: bool,
 }
 
@@ -298,6 +346,8 @@ struct PeerLoad {
     served: u32,
     /// Refusals not yet completed.
     refusals: u32,
+    /// Gathered replies not yet completed.
+    gathered: u32,
 }
 
 /// What the engine knows of whether a peer can be reached.
@@ -421,7 +471,7 @@ impl Engine {
                 context: Box::new(OpContext {
                     space: [std::ptr::null_mut(); 8],
                 }),
-                data: Box::new([0u8; REQUEST_MAX]),
+                data: Box::new([0u8; RECEIVE_MAX]),
                 posted: false,
             };
             let at = (&raw const *buffer.context) as usize;
@@ -450,7 +500,7 @@ impl Engine {
         let posted = unsafe {
             self.fabric.trecv(
                 data,
-                REQUEST_MAX,
+                RECEIVE_MAX,
                 std::ptr::null_mut(),
                 ADDR_UNSPEC,
                 REQUEST_TAG,
@@ -764,11 +814,7 @@ impl Engine {
             Err(err) => return Err((answer, err)),
         };
         let request_bytes = served.map(|(region_id, capability)| {
-            let request_id = self.next_request_id;
-            self.next_request_id = (self.next_request_id + 1) & REQUEST_ID_MASK;
-            if self.next_request_id == 0 {
-                self.next_request_id = 1;
-            }
+            let request_id = self.mint_request_id();
             let wire = ReadRequest {
                 request_id,
                 region_id,
@@ -784,19 +830,17 @@ impl Engine {
             + request
                 .deadline
                 .unwrap_or(self.settings.default_get_deadline);
-        let slot = self.free_slots.pop().unwrap_or_else(|| {
-            self.ops.push(None);
-            self.ops.len() - 1
-        });
-        let context = Box::new(OpContext {
-            space: [std::ptr::null_mut(); 8],
-        });
-        let context_addr = (&raw const *context) as usize;
-        self.ops[slot] = Some(Op {
-            context,
+        if let Some(region) = self.regions.get_mut(&request.local_region_id) {
+            region.in_flight += 1;
+        }
+        self.start_op(Op {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
             region: request.local_region_id,
             fi_addr,
-            answer,
+            answer: Some(answer),
+            list: None,
             deadline,
             timed_out: false,
             posted: false,
@@ -810,11 +854,31 @@ impl Engine {
             failure: None,
             unreachable: false,
         });
+        Ok(())
+    }
+
+    /// A request id not in use (below 2⁴⁸, never 0).
+    fn mint_request_id(&mut self) -> u64 {
+        let request_id = self.next_request_id;
+        self.next_request_id = (self.next_request_id + 1) & REQUEST_ID_MASK;
+        if self.next_request_id == 0 {
+            self.next_request_id = 1;
+        }
+        request_id
+    }
+
+    /// Enters a checked read (or list) into the op table and posts it,
+    /// queues it while the provider asks to wait, or ends it.
+    fn start_op(&mut self, op: Op) {
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.ops.push(None);
+            self.ops.len() - 1
+        });
+        let context_addr = (&raw const *op.context) as usize;
+        let fi_addr = op.fi_addr;
+        self.ops[slot] = Some(op);
         self.by_context.insert(context_addr, slot);
         self.active += 1;
-        if let Some(region) = self.regions.get_mut(&request.local_region_id) {
-            region.in_flight += 1;
-        }
         if let Some(entry) = self.av.get_mut(&fi_addr) {
             entry.ops += 1;
         }
@@ -822,6 +886,191 @@ impl Engine {
             Ok(true) => {}
             Ok(false) => self.unposted.push_back(slot),
             Err(err) => self.finish(slot, Err(err)),
+        }
+    }
+
+    /// Posts a batch. On the owner-served path its small reads (at most
+    /// `GATHER_ENTRY_MAX`) of one owner go as lists of up to
+    /// `MAX_LIST_ENTRIES` entries and `GATHER_TOTAL_MAX` bytes, each
+    /// answered by one gathered reply; every entry is checked here as a
+    /// single read is, and answered on its own.
+    fn post_batch(
+        &mut self,
+        requests: Vec<BackendGet>,
+        reply: oneshot::Sender<Vec<Result<(), RdmaError>>>,
+    ) {
+        let batch = Rc::new(RefCell::new(Batch {
+            results: vec![None; requests.len()],
+            remaining: requests.len(),
+            reply: Some(reply),
+        }));
+        if requests.is_empty() {
+            if let Some(reply) = batch.borrow_mut().reply.take() {
+                let _ = reply.send(Vec::new());
+            }
+            return;
+        }
+        // Scratch receives need no registration only where the provider
+        // needs no local descriptors.
+        let gather = self.owner_served() && !self.fabric.needs_local_desc();
+        let mut groups: Vec<(u64, Vec<Gatherable>)> = Vec::new();
+        for (index, request) in requests.into_iter().enumerate() {
+            let answer = Answer::Batch(Rc::clone(&batch), index);
+            if gather && request.len <= GATHER_ENTRY_MAX {
+                match self.check(&request) {
+                    Ok((fi_addr, _, _, buf, _, Some((region_id, capability)))) => {
+                        let entry = Gatherable {
+                            request,
+                            answer,
+                            buf,
+                            region_id,
+                            capability,
+                        };
+                        match groups.iter_mut().find(|(at, _)| *at == fi_addr) {
+                            Some((_, group)) => group.push(entry),
+                            None => groups.push((fi_addr, vec![entry])),
+                        }
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        give(answer, Err(err));
+                        continue;
+                    }
+                }
+            }
+            if let Err((answer, err)) = self.post(request, answer) {
+                give(answer, Err(err));
+            }
+        }
+        for (fi_addr, group) in groups {
+            let mut list = Vec::new();
+            let mut total = 0;
+            for entry in group {
+                if list.len() == MAX_LIST_ENTRIES || total + entry.request.len > GATHER_TOTAL_MAX {
+                    self.post_list(fi_addr, std::mem::take(&mut list));
+                    total = 0;
+                }
+                total += entry.request.len;
+                list.push(entry);
+            }
+            self.post_list(fi_addr, list);
+        }
+    }
+
+    /// Posts checked entries of one owner as one list (a lone entry as a
+    /// single read).
+    fn post_list(&mut self, fi_addr: u64, mut entries: Vec<Gatherable>) {
+        if entries.len() <= 1 {
+            if let Some(entry) = entries.pop() {
+                if let Err((answer, err)) = self.post(entry.request, entry.answer) {
+                    give(answer, Err(err));
+                }
+            }
+            return;
+        }
+        let request_id = self.mint_request_id();
+        let request = ListRequest {
+            request_id,
+            entries: entries
+                .iter()
+                .map(|entry| ListEntry {
+                    region_id: entry.region_id,
+                    capability: entry.capability,
+                    address: entry.request.remote_addr,
+                    length: entry.request.len,
+                })
+                .collect(),
+            reply_to: self.fabric.address.to_vec(),
+        };
+        let reply_len = request.reply_len();
+        let wire = request.encode();
+        let now = Instant::now();
+        let default = self.settings.default_get_deadline;
+        let deadline = entries
+            .iter()
+            .map(|entry| now + entry.request.deadline.unwrap_or(default))
+            .min()
+            .unwrap_or(now + default);
+        let mut scratch = vec![0u8; reply_len];
+        let buf = scratch.as_mut_ptr() as usize;
+        let mut items = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let region = entry.request.local_region_id;
+            if let Some(held) = self.regions.get_mut(&region) {
+                held.in_flight += 1;
+            }
+            items.push(ListItem {
+                answer: Some(entry.answer),
+                region,
+                buf: entry.buf,
+                len: entry.request.len as usize,
+                result: None,
+            });
+        }
+        self.start_op(Op {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
+            region: 0,
+            fi_addr,
+            answer: None,
+            list: Some(Box::new(ListPart {
+                entries: items,
+                scratch,
+            })),
+            deadline,
+            timed_out: false,
+            posted: false,
+            buf,
+            len: reply_len,
+            desc: std::ptr::null_mut(),
+            remote: 0,
+            key: 0,
+            request_id,
+            request: Some((request_id, wire)),
+            failure: None,
+            unreachable: false,
+        });
+    }
+
+    /// A list's reply arrived (`len` bytes, tag `tag`): checks that it adds
+    /// up and copies each served entry into its destination. An error ends
+    /// every entry that has no answer of its own.
+    fn land_list(&mut self, slot: usize, len: usize, tag: u64) -> Result<(), RdmaError> {
+        reply_outcome(tag)?;
+        let Some(list) = self.ops[slot].as_mut().and_then(|op| op.list.as_mut()) else {
+            return Ok(());
+        };
+        let lengths: Vec<u64> = list.entries.iter().map(|item| item.len as u64).collect();
+        let outcomes = list
+            .scratch
+            .get(..len)
+            .and_then(|received| parse_gathered(received, &lengths))
+            .ok_or_else(|| {
+                RdmaError::Backend(format!(
+                    "ofi: the owner's gathered reply of {len} bytes does not add up to its \
+                     {} entries; nothing of it landed",
+                    lengths.len()
+                ))
+            })?;
+        for (item, outcome) in list.entries.iter_mut().zip(outcomes) {
+            item.result = Some(outcome.map(|at| {
+                // SAFETY: `parse_gathered` checked `at + item.len` lies
+                // within the `len` bytes received into `scratch`; `item.buf`
+                // and `item.len` lie inside the item's destination region
+                // (checked against the mapped pointer and length), which
+                // stays registered while its `in_flight` counts this list,
+                // and the caller of `get` leaves it alone until answered.
+                // The provider is done with `scratch`: its receive completed.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        list.scratch.as_ptr().add(at),
+                        item.buf as *mut u8,
+                        item.len,
+                    );
+                }
+            }));
         }
         Ok(())
     }
@@ -957,30 +1206,6 @@ impl Engine {
         worked
     }
 
-    fn post_batch(
-        &mut self,
-        requests: Vec<BackendGet>,
-        reply: oneshot::Sender<Vec<Result<(), RdmaError>>>,
-    ) {
-        let batch = Rc::new(RefCell::new(Batch {
-            results: vec![None; requests.len()],
-            remaining: requests.len(),
-            reply: Some(reply),
-        }));
-        if requests.is_empty() {
-            if let Some(reply) = batch.borrow_mut().reply.take() {
-                let _ = reply.send(Vec::new());
-            }
-            return;
-        }
-        for (index, request) in requests.into_iter().enumerate() {
-            if let Err((answer, err)) = self.post(request, Answer::Batch(Rc::clone(&batch), index))
-            {
-                give(answer, Err(err));
-            }
-        }
-    }
-
     /// Reads completions and answers what they end.
     fn reap(&mut self) -> bool {
         let mut completions = std::mem::take(&mut self.completions);
@@ -1033,6 +1258,12 @@ impl Engine {
                 timed_out,
                 "a read's receive ended"
             );
+            let is_list = self.ops[slot].as_ref().is_some_and(|op| op.list.is_some());
+            if let (Ok((len, tag)), true) = (&result, is_list) {
+                let outcome = self.land_list(slot, *len, *tag);
+                self.finish(slot, outcome);
+                continue;
+            }
             if served && result.is_err() && !unreachable {
                 // The receive ended (cancelled) without the reply: the owner
                 // may still send it, and holds its lease until a receive
@@ -1308,8 +1539,8 @@ impl Engine {
         if let Some(region) = send.lease {
             self.release_lease(region);
         }
-        if let Some((peer, served)) = send.counted {
-            self.release_reply(peer, served);
+        if let Some((peer, kind)) = send.counted {
+            self.release_reply(peer, kind);
         }
         if send.probe {
             if let Some(watch) = self.watch.get_mut(&send.dest) {
@@ -1339,15 +1570,16 @@ impl Engine {
     }
 
     /// A reply to `peer` ended (`served`: it carried bytes).
-    fn release_reply(&mut self, peer: u64, served: bool) {
+    fn release_reply(&mut self, peer: u64, kind: ReplyKind) {
         let Some(load) = self.reply_loads.get_mut(&peer) else {
             return;
         };
-        if served {
-            load.served = load.served.saturating_sub(1);
-        } else {
-            load.refusals = load.refusals.saturating_sub(1);
-        }
+        let count = match kind {
+            ReplyKind::Bytes => &mut load.served,
+            ReplyKind::Refusal => &mut load.refusals,
+            ReplyKind::Gathered => &mut load.gathered,
+        };
+        *count = count.saturating_sub(1);
         if *load == PeerLoad::default() {
             self.reply_loads.remove(&peer);
         }
@@ -1369,7 +1601,7 @@ impl Engine {
         let bytes = match (result, self.request_buffers.get_mut(&at)) {
             (Ok(len), Some(buffer)) => {
                 buffer.posted = false;
-                Some(buffer.data[..len.min(REQUEST_MAX)].to_vec())
+                Some(buffer.data[..len.min(RECEIVE_MAX)].to_vec())
             }
             (Err((_, text)), Some(buffer)) => {
                 buffer.posted = false;
@@ -1389,6 +1621,10 @@ impl Engine {
     fn serve_request(&mut self, bytes: &[u8]) {
         if bytes == PROBE {
             tracing::trace!("a liveness probe arrived");
+            return;
+        }
+        if bytes.first() == Some(&LIST_VERSION) {
+            self.serve_list(bytes);
             return;
         }
         let Some(request) = ReadRequest::decode(bytes) else {
@@ -1454,7 +1690,7 @@ impl Engine {
                 dest,
                 tag: request.request_id,
                 lease: Some(request.region_id),
-                counted: Some((dest, true)),
+                counted: Some((dest, ReplyKind::Bytes)),
                 for_read: None,
                 probe: false,
             },
@@ -1475,13 +1711,129 @@ impl Engine {
                     dest,
                     tag: refusal_tag(request.request_id, refusal),
                     lease: None,
-                    counted: Some((dest, false)),
+                    counted: Some((dest, ReplyKind::Refusal)),
                     for_read: None,
                     probe: false,
                 }
             }
         };
         self.queue_send(send);
+    }
+
+    /// Serves a list request: checks each entry as a single read is
+    /// checked, copies the bytes of every entry it serves into one reply
+    /// (so no lease outlives this call) and sends it; refuses the whole
+    /// list as busy past the consumer's bound of gathered replies.
+    fn serve_list(&mut self, bytes: &[u8]) {
+        let Some(list) = ListRequest::decode(bytes) else {
+            tracing::debug!(len = bytes.len(), "a malformed list request was dropped");
+            return;
+        };
+        if self.fabric.needs_local_desc() {
+            // A gathered reply would need a registration of its own.
+            tracing::debug!("a list request was dropped: this provider needs local descriptors");
+            return;
+        }
+        let Some(dest) = self.served_peer(&list.reply_to) else {
+            return;
+        };
+        let bound = self.reply_bound;
+        let load = self.reply_loads.entry(dest).or_default();
+        if load.gathered >= GATHERED_PER_PEER.min(bound) {
+            if load.refusals >= bound {
+                tracing::debug!(
+                    request = list.request_id,
+                    "a consumer holds too many refusals; a list request was dropped"
+                );
+                return;
+            }
+            load.refusals += 1;
+            self.queue_send(SendOp {
+                context: Box::new(OpContext {
+                    space: [std::ptr::null_mut(); 8],
+                }),
+                _bytes: None,
+                ptr: 0,
+                len: 0,
+                desc: std::ptr::null_mut(),
+                dest,
+                tag: refusal_tag(list.request_id, Refusal::Busy),
+                lease: None,
+                counted: Some((dest, ReplyKind::Refusal)),
+                for_read: None,
+                probe: false,
+            });
+            return;
+        }
+        load.gathered += 1;
+        let mut reply = vec![0u8; list.entries.len()];
+        reply.reserve_exact(list.reply_len() - list.entries.len());
+        for (index, entry) in list.entries.iter().enumerate() {
+            match self.check_entry(entry) {
+                Ok(source) => {
+                    let start = reply.len();
+                    let len = entry.length as usize;
+                    reply.resize(start + len, 0);
+                    // SAFETY: `source..source + len` lies inside a live
+                    // registration that is not being unmapped (checked just
+                    // now, and no unmap runs until this call returns), whose
+                    // owner keeps it allocated until an unmap of it answers
+                    // `Ok`; the destination is the `len` bytes just added to
+                    // `reply`. The bytes are copied as the provider copies a
+                    // region it sends from: no reference to them is made.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            source as *const u8,
+                            reply.as_mut_ptr().add(start),
+                            len,
+                        );
+                    }
+                }
+                Err(refusal) => reply[index] = refusal.status(),
+            }
+        }
+        tracing::trace!(
+            request = list.request_id,
+            entries = list.entries.len(),
+            len = reply.len(),
+            "serving a list request"
+        );
+        self.queue_send(SendOp {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
+            ptr: reply.as_ptr() as usize,
+            len: reply.len(),
+            _bytes: Some(reply),
+            desc: std::ptr::null_mut(),
+            dest,
+            tag: list.request_id,
+            lease: None,
+            counted: Some((dest, ReplyKind::Gathered)),
+            for_read: None,
+            probe: false,
+        });
+    }
+
+    /// Where a list entry's bytes start in this process, or why it is
+    /// refused: the checks of a single read.
+    fn check_entry(&self, entry: &ListEntry) -> Result<usize, Refusal> {
+        let region = self
+            .regions
+            .get(&entry.region_id)
+            .ok_or(Refusal::RegionUnknown)?;
+        if region.unmapping {
+            return Err(Refusal::Deregistering);
+        }
+        if !capability_matches(&region.capability, &entry.capability) {
+            return Err(Refusal::CapabilityMismatch);
+        }
+        let start = region.ptr as u64;
+        let end = start + region.len as u64;
+        match entry.address.checked_add(entry.length) {
+            Some(last) if entry.address >= start && last <= end => Ok(entry.address as usize),
+            _ => Err(Refusal::OutOfRange),
+        }
     }
 
     /// Inserts a validated address the table does not hold yet into the
@@ -1550,7 +1902,23 @@ impl Engine {
             self.deregister(op.region);
         }
         self.release_av(op.fi_addr, |entry| entry.ops -= 1);
-        give(op.answer, result);
+        if let Some(answer) = op.answer {
+            give(answer, result.clone());
+        }
+        if let Some(list) = op.list {
+            for mut item in list.entries {
+                let release = self.regions.get_mut(&item.region).is_some_and(|region| {
+                    region.in_flight -= 1;
+                    region.in_flight == 0 && region.unmapping
+                });
+                if release {
+                    self.deregister(item.region);
+                }
+                if let Some(answer) = item.answer.take() {
+                    give(answer, item.result.take().unwrap_or_else(|| result.clone()));
+                }
+            }
+        }
     }
 
     /// Marks reads past their deadline; a read never posted ends at once.
