@@ -2118,7 +2118,7 @@ mod tests {
     use super::*;
     use crate::engine::OfiEngine;
     use crate::key::PackedKey;
-    use crate::protocol::BUSY_TEXT;
+    use crate::protocol::{BUSY_TEXT, ListRequest};
     use crate::{OfiConfig, Provider};
     use rdmareg_backend::RdmaBackend;
 
@@ -2244,6 +2244,196 @@ mod tests {
             // The endpoint first: then nothing the provider holds points
             // into the contexts or the request bytes.
             self.fabric.close_endpoint();
+        }
+    }
+
+    /// A bare endpoint posing as an owner: it takes one request and
+    /// answers it with bytes of its choosing.
+    struct RawOwner {
+        fabric: Fabric,
+        request: Box<[u8; RECEIVE_MAX]>,
+        /// Receive and send contexts, kept until the endpoint is closed.
+        #[allow(clippy::vec_box)]
+        contexts: Vec<Box<OpContext>>,
+        /// Reply bytes, kept until the endpoint is closed.
+        replies: Vec<Vec<u8>>,
+    }
+
+    impl RawOwner {
+        fn new(config: &OfiConfig) -> RawOwner {
+            let mut owner = RawOwner {
+                fabric: Fabric::open(config).expect("raw endpoint"),
+                request: Box::new([0u8; RECEIVE_MAX]),
+                contexts: Vec::new(),
+                replies: Vec::new(),
+            };
+            let context = owner.context();
+            let data = owner.request.as_mut_ptr() as usize;
+            // SAFETY: the buffer and the context live in `self` until the
+            // fabric (and its endpoint) is closed in `drop`.
+            let posted = unsafe {
+                owner.fabric.trecv(
+                    data,
+                    RECEIVE_MAX,
+                    std::ptr::null_mut(),
+                    ADDR_UNSPEC,
+                    REQUEST_TAG,
+                    0,
+                    context,
+                )
+            };
+            assert_eq!(posted.ok(), Some(true), "request receive posted");
+            owner
+        }
+
+        fn context(&mut self) -> *mut c_void {
+            let mut context = Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            });
+            let at = (&raw mut context.space).cast::<c_void>();
+            self.contexts.push(context);
+            at
+        }
+
+        /// Waits up to five seconds for a list request.
+        fn take_list(&mut self) -> ListRequest {
+            let until = Instant::now() + Duration::from_secs(5);
+            let mut out = Vec::new();
+            while Instant::now() < until {
+                self.fabric.poll_completions(&mut out, 16);
+                for completion in out.drain(..) {
+                    if let Completion::Done(_, len, REQUEST_TAG) = completion {
+                        return ListRequest::decode(&self.request[..len]).expect("a list request");
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            panic!("no list request arrived");
+        }
+
+        /// Sends `reply` with tag `tag` to `to` and progresses a while.
+        fn answer(&mut self, to: u64, tag: u64, reply: Vec<u8>) {
+            let context = self.context();
+            let until = Instant::now() + Duration::from_secs(5);
+            loop {
+                // SAFETY: the bytes and the context live in `self` until
+                // the fabric is closed.
+                let sent = unsafe {
+                    self.fabric.tsend(
+                        reply.as_ptr() as usize,
+                        reply.len(),
+                        std::ptr::null_mut(),
+                        to,
+                        tag,
+                        context,
+                    )
+                };
+                match sent {
+                    Ok(true) => break,
+                    Ok(false) if Instant::now() < until => {
+                        let mut out = Vec::new();
+                        self.fabric.poll_completions(&mut out, 16);
+                    }
+                    other => panic!("reply not sent: {other:?}"),
+                }
+            }
+            self.replies.push(reply);
+            let mut out = Vec::new();
+            let until = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < until {
+                self.fabric.poll_completions(&mut out, 16);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    impl Drop for RawOwner {
+        fn drop(&mut self) {
+            self.fabric.close_endpoint();
+        }
+    }
+
+    /// A hostile owner answers a gathered list with a reply whose length
+    /// fits the consumer's receive but not what its statuses and the asked
+    /// lengths add up to (it says entry 1 is refused, yet sends its bytes):
+    /// every entry answers a typed error and no byte lands.
+    #[test]
+    fn a_gathered_reply_whose_lengths_do_not_add_up_lands_nothing() {
+        for provider in [Provider::Tcp, Provider::Shm] {
+            // A worker thread runs the batch while this thread plays the owner.
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut config = OfiConfig::new(provider.clone());
+            if provider == Provider::Tcp {
+                config = config.with_domain("lo");
+            }
+            let mut raw = RawOwner::new(&config);
+            let consumer = OfiEngine::start(config).expect("consumer starts");
+            consumer
+                .add_peer(PeerId(1), raw.fabric.address.clone())
+                .expect("the raw owner's address");
+            let key = PackedKey {
+                owner_served: true,
+                virt_addr: false,
+                region_id: 1,
+                capability: [9; CAPABILITY_LEN],
+                mr_key: 0,
+                base: 0x10_0000,
+                len: 4096,
+                owner: raw.fabric.address.clone(),
+            }
+            .encode();
+            let backend = consumer.backend();
+            let mut dst = vec![0u8; 3 * 64];
+            // SAFETY: `dst` outlives its registration (unmapped below, or
+            // the engine shut down) and is read only after the batch
+            // answered.
+            let region = rt
+                .block_on(unsafe { backend.map(dst.as_mut_ptr() as usize, dst.len()) })
+                .expect("maps");
+            let requests: Vec<BackendGet> = (0..3u64)
+                .map(|i| BackendGet {
+                    peer: PeerId(1),
+                    remote_addr: 0x10_0000 + 64 * i,
+                    packed_key: key.clone(),
+                    local_region_id: region.backend_region_id,
+                    local_offset: 64 * i,
+                    len: 64,
+                    deadline: Some(Duration::from_secs(10)),
+                })
+                .collect();
+            let batch = rt.spawn({
+                let backend = backend.clone();
+                // SAFETY: as above: nothing touches `dst` until the batch
+                // answered.
+                async move { unsafe { backend.get_batch(requests) }.await }
+            });
+            let list = raw.take_list();
+            assert_eq!(list.entries.len(), 3, "{provider:?}: one list of three");
+            let to = raw
+                .fabric
+                .insert_peer(&list.reply_to)
+                .expect("the consumer's address");
+            let mut reply = vec![0, Refusal::OutOfRange.status(), 0];
+            reply.extend(std::iter::repeat_n(0xEE, 3 * 64));
+            raw.answer(to, list.request_id, reply);
+            let answers = rt.block_on(batch).expect("the batch task");
+            rt.block_on(backend.unmap(region.backend_region_id))
+                .expect("unmaps");
+            consumer.shutdown_blocking();
+            drop(raw);
+            assert_eq!(answers.len(), 3);
+            for answer in &answers {
+                assert!(
+                    matches!(answer, Err(RdmaError::Backend(text)) if text.contains("does not add up")),
+                    "{provider:?}: answered {answer:?}"
+                );
+            }
+            assert!(dst.iter().all(|&b| b == 0), "{provider:?}: bytes landed");
+            assert_eq!(consumer.live_registrations(), 0);
         }
     }
 
