@@ -87,7 +87,7 @@ mod engine;
 mod fabric;
 pub mod key;
 mod progress;
-mod protocol;
+pub mod protocol;
 
 pub use backend::OfiBackend;
 pub use config::{OfiConfig, Provider, ReadPath};
