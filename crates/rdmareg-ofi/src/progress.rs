@@ -2140,7 +2140,7 @@ mod tests {
     use super::*;
     use crate::engine::OfiEngine;
     use crate::key::PackedKey;
-    use crate::protocol::{BUSY_TEXT, ListRequest};
+    use crate::protocol::BUSY_TEXT;
     use crate::{OfiConfig, Provider};
     use rdmareg_backend::RdmaBackend;
 
@@ -2187,6 +2187,40 @@ mod tests {
         /// Asks for `length` bytes at `address` as read `id`, listening only
         /// for a busy refusal of it.
         fn ask(&mut self, key: &PackedKey, address: u64, length: u64, id: u64) {
+            let wire = ReadRequest {
+                request_id: id,
+                region_id: key.region_id,
+                capability: key.capability,
+                address,
+                length,
+                reply_to: self.fabric.address.to_vec(),
+            }
+            .encode();
+            self.send_request(id, wire);
+        }
+
+        /// Asks for `count` entries of `length` bytes from `address` on as
+        /// list `id`, listening only for a busy refusal of it.
+        fn ask_list(&mut self, key: &PackedKey, address: u64, length: u64, count: u64, id: u64) {
+            let wire = ListRequest {
+                request_id: id,
+                entries: (0..count)
+                    .map(|i| ListEntry {
+                        region_id: key.region_id,
+                        capability: key.capability,
+                        address: address + i * length,
+                        length,
+                    })
+                    .collect(),
+                reply_to: self.fabric.address.to_vec(),
+            }
+            .encode();
+            self.send_request(id, wire);
+        }
+
+        /// Sends request bytes of request `id`, listening only for a busy
+        /// refusal of it.
+        fn send_request(&mut self, id: u64, wire: Vec<u8>) {
             let receive = self.context();
             // SAFETY: a zero-length receive; its context lives in
             // `contexts` until the fabric (and its endpoint) is dropped.
@@ -2203,15 +2237,6 @@ mod tests {
             };
             assert_eq!(posted.ok(), Some(true), "busy receive posted");
             self.busy_receives.insert(receive as usize, id);
-            let wire = ReadRequest {
-                request_id: id,
-                region_id: key.region_id,
-                capability: key.capability,
-                address,
-                length,
-                reply_to: self.fabric.address.to_vec(),
-            }
-            .encode();
             let send = self.context();
             let until = Instant::now() + Duration::from_secs(5);
             loop {
@@ -2267,6 +2292,62 @@ mod tests {
             // into the contexts or the request bytes.
             self.fabric.close_endpoint();
         }
+    }
+
+    /// A consumer that sends an owner (reply bound 4) eight lists whose
+    /// 32 KiB gathered replies it never receives gets four of them held and
+    /// the other four refused as busy: gathered replies are bounded per
+    /// consumer as single replies are, and hold no lease (the source's
+    /// unmap answers while they are held).
+    #[test]
+    fn gathered_replies_a_consumer_never_receives_are_bounded_and_hold_no_lease() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = OfiConfig::new(Provider::Tcp)
+            .with_domain("lo")
+            .with_teardown_timeout(Duration::from_secs(2))
+            .with_max_served_replies_per_peer(4);
+        let owner = OfiEngine::start(config.clone()).expect("owner starts");
+        let backend = owner.backend();
+        let len = 1usize << 20;
+        // Reached only through its raw pointer while registered, and
+        // dropped after its unmap answered.
+        let source = Box::into_raw(vec![7u8; len].into_boxed_slice());
+        let source_addr = source as *mut u8 as usize;
+        // SAFETY: the range is this test's own allocation, no reference
+        // aliases it while it is registered, and it is freed only after
+        // the unmap answered `Ok`.
+        let region = rt
+            .block_on(unsafe { backend.map(source_addr, len) })
+            .expect("maps");
+        let key = PackedKey::decode(&region.packed_key).expect("its own key");
+        let mut raw = RawConsumer::new(&config, &owner.fabric_address());
+        for id in 1..=8 {
+            raw.ask_list(&key, source_addr as u64, 16 << 10, 2, id);
+        }
+        raw.progress_for(Duration::from_secs(2));
+        let busy = raw.busy.len();
+        let unmapped = rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                backend.unmap(region.backend_region_id),
+            )
+            .await
+        });
+        if matches!(unmapped, Ok(Ok(()))) {
+            // SAFETY: made by Box::into_raw above; its registration is gone.
+            drop(unsafe { Box::from_raw(source) });
+        }
+        drop(raw);
+        owner.shutdown_blocking();
+        assert_eq!(busy, 4, "busy refusals of the eight lists");
+        assert!(
+            matches!(unmapped, Ok(Ok(()))),
+            "the unmap answered while gathered replies were held: {unmapped:?}"
+        );
+        assert_eq!(owner.live_registrations(), 0);
     }
 
     /// A bare endpoint posing as an owner: it takes one request and

@@ -171,16 +171,17 @@ fn get_across_processes_moves_the_right_bytes(provider: &str) {
     );
 }
 
-/// How a GET from an owner SIGKILLed 20 ms into a 64 MiB read ended, and
-/// how long after the kill.
+/// How the first GET from an owner SIGKILLed while 64 MiB GETs from it
+/// ran back to back ended, and how long after the kill.
 struct KilledOwner {
     answer: Result<(), rdmareg_core::RdmaError>,
     after_kill: Duration,
 }
 
-/// The owner is SIGKILLed while a 64 MiB GET from it (with `deadline`) is
-/// in flight; then a second owner is read through the same consumer
-/// engine. The consumer shuts down with nothing registered.
+/// 64 MiB GETs (each with `deadline`) run back to back from an owner
+/// process until one fails; the owner is SIGKILLed 50 ms after the first
+/// began. Then a second owner is read through the same consumer engine,
+/// which shuts down with nothing registered.
 fn get_from_an_owner_killed_mid_read(provider: &str, deadline: Duration) -> KilledOwner {
     const SIZE_BYTES: usize = 64 << 20;
     let mut owner = spawn_owner(provider, SIZE_BYTES);
@@ -198,23 +199,33 @@ fn get_from_an_owner_killed_mid_read(provider: &str, deadline: Duration) -> Kill
     let region = runtime
         .block_on(backend.map_test_memory(dst.as_mut_ptr() as usize, SIZE_BYTES))
         .unwrap();
+    let request = BackendGet {
+        peer: common::OWNER,
+        remote_addr: owner.addr,
+        packed_key: owner.key.clone(),
+        local_region_id: region.backend_region_id,
+        local_offset: 0,
+        len: SIZE_BYTES as u64,
+        deadline: Some(deadline),
+    };
     let (answer, after_kill) = runtime.block_on(async {
-        let get = backend.get_into_test_memory(BackendGet {
-            peer: common::OWNER,
-            remote_addr: owner.addr,
-            packed_key: owner.key.clone(),
-            local_region_id: region.backend_region_id,
-            local_offset: 0,
-            len: SIZE_BYTES as u64,
-            deadline: Some(deadline),
-        });
+        let reads = async {
+            // Bounded, in case GETs from the dead owner kept succeeding.
+            let until = Instant::now() + deadline + Duration::from_secs(10);
+            loop {
+                let answer = backend.get_into_test_memory(request.clone()).await;
+                if answer.is_err() || Instant::now() > until {
+                    return (answer, Instant::now());
+                }
+            }
+        };
         let kill = async {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
             owner.child.kill().unwrap();
             Instant::now()
         };
-        let (answer, killed_at) = futures::join!(get, kill);
-        (answer, killed_at.elapsed())
+        let ((answer, ended_at), killed_at) = futures::join!(reads, kill);
+        (answer, ended_at.saturating_duration_since(killed_at))
     });
     let _ = owner.child.wait();
     eprintln!(
@@ -314,6 +325,64 @@ fn get_from_a_stopped_owner(provider: &str, deadline: Duration) -> StoppedOwner 
     result
 }
 
+/// A GET posted after its owner process died (SIGKILL, reaped), with a
+/// 20 s deadline: the request cannot be delivered (over `tcp;ofi_rxm` every
+/// reconnection is refused and the send waits for ever), so only the
+/// engine's reachability watch ends it, with a typed error, about a second
+/// later.
+fn a_get_from_a_tcp_owner_that_died_fails_promptly_as_unreachable() {
+    let mut owner = spawn_owner("tcp", 4096);
+    let consumer = OfiEngine::start(common::config(Provider::Tcp)).unwrap();
+    consumer
+        .add_peer(common::OWNER, owner.address.clone())
+        .unwrap();
+    let backend = consumer.backend();
+    let mut dst = vec![0u8; 4096];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let region = runtime
+        .block_on(backend.map_test_memory(dst.as_mut_ptr() as usize, 4096))
+        .unwrap();
+    let request = BackendGet {
+        peer: common::OWNER,
+        remote_addr: owner.addr,
+        packed_key: owner.key.clone(),
+        local_region_id: region.backend_region_id,
+        local_offset: 0,
+        len: 4096,
+        deadline: Some(Duration::from_secs(20)),
+    };
+    // Connected first.
+    assert_eq!(
+        runtime.block_on(backend.get_into_test_memory(request.clone())),
+        Ok(())
+    );
+    owner.child.kill().unwrap();
+    let _ = owner.child.wait();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let answer = runtime.block_on(backend.get_into_test_memory(request));
+    let took = started.elapsed();
+    eprintln!("tcp: a GET from a dead owner answered {answer:?} after {took:?}");
+    runtime
+        .block_on(backend.unmap(region.backend_region_id))
+        .unwrap();
+    consumer.shutdown_blocking();
+    assert_eq!(consumer.live_registrations(), 0);
+    match &answer {
+        Err(rdmareg_core::RdmaError::Backend(text)) => {
+            assert!(text.contains("unreachable"), "answered {text:?}")
+        }
+        other => panic!("a GET from a dead owner answered {other:?}"),
+    }
+    assert!(
+        took < Duration::from_secs(3),
+        "it failed only after {took:?}"
+    );
+}
+
 type TestFn = Box<dyn Fn()>;
 
 fn main() {
@@ -331,23 +400,28 @@ fn main() {
             Box::new(|| get_across_processes_moves_the_right_bytes("shm")),
         ),
         (
-            "a_killed_tcp_owner_fails_a_get_in_flight_promptly_and_another_owner_is_still_read",
+            "a_killed_tcp_owner_fails_gets_in_flight_promptly_and_another_owner_is_still_read",
             Box::new(|| {
-                // The deadline is far: only detecting the lost owner ends
-                // the GET in time.
+                // The deadline is far: only noticing the lost owner ends
+                // the GET in time. Killed mid-transfer, the provider may
+                // fail the read itself (a rendezvous read on the lost
+                // connection); otherwise the probe finds the owner gone.
                 let outcome = get_from_an_owner_killed_mid_read("tcp", Duration::from_secs(20));
-                match &outcome.answer {
-                    Err(rdmareg_core::RdmaError::Backend(text)) => {
-                        assert!(text.contains("unreachable"), "answered {text:?}")
-                    }
-                    other => panic!("a GET from a killed owner answered {other:?}"),
-                }
+                assert!(
+                    matches!(outcome.answer, Err(rdmareg_core::RdmaError::Backend(_))),
+                    "a GET from a killed owner answered {:?}",
+                    outcome.answer
+                );
                 assert!(
                     outcome.after_kill < Duration::from_secs(3),
                     "the GET failed only {:?} after the kill",
                     outcome.after_kill
                 );
             }),
+        ),
+        (
+            "a_get_from_a_tcp_owner_that_died_fails_promptly_as_unreachable",
+            Box::new(a_get_from_a_tcp_owner_that_died_fails_promptly_as_unreachable),
         ),
         (
             "a_killed_shm_owner_ends_a_get_in_flight_by_its_deadline_and_another_owner_is_still_read",
