@@ -77,8 +77,8 @@
 //!   [`OfiConfig::unreachable_after`], 1 s by default, is declared
 //!   unreachable and its reads answer
 //!   [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend) saying so —
-//!   measured 1.09 s after a SIGKILL, where the read's 20 s deadline ended
-//!   it before.)
+//!   measured 1.0–1.1 s after a SIGKILL, where the read's 20 s deadline
+//!   ended it before.)
 
 mod backend;
 mod config;
