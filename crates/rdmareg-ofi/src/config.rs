@@ -94,7 +94,8 @@ pub struct OfiConfig {
     /// workspace's own consumers. Must be at least 1.
     pub max_served_replies_per_peer: u32,
     /// How long a message to a peer may stay unsendable (the provider
-    /// answering "try again") before the peer is declared unreachable: its
+    /// answering "try again"), with nothing to or from that peer completing
+    /// meanwhile, before the peer is declared unreachable: its
     /// reads in flight and queued end with an
     /// [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend) that says
     /// so, and replies queued for it end (their leases with them). Over

@@ -49,7 +49,9 @@
 //! died: the provider handles the connection's shutdown itself, a posted
 //! receive stays posted, and every later send to the peer answers "try
 //! again" while its reconnections are refused. So the loop watches sends:
-//! a peer no send could be posted to for `OfiConfig::unreachable_after` is
+//! a peer no send could be posted to for `OfiConfig::unreachable_after`,
+//! while no read from it and no send to it completed either (under load a
+//! live peer's sends wait for earlier ones, which do complete), is
 //! declared unreachable — its queued sends end (releasing their leases),
 //! its unposted reads answer, its posted reads are cancelled and answer
 //! the error once the provider reports it. To have a send to watch when a
@@ -362,7 +364,8 @@ struct PeerWatch {
     /// Since when a send to it could not be posted (the provider asked to
     /// wait), if one cannot now.
     blocked_since: Option<Instant>,
-    /// When a read from it last completed (or its watch began).
+    /// When a read from it or a send to it last completed without an
+    /// error (or its watch began).
     last_heard: Instant,
     /// When it was last probed.
     last_probe: Option<Instant>,
@@ -1449,8 +1452,9 @@ impl Engine {
     }
 
     /// Probes peers this engine waits on and hears nothing from, and
-    /// declares unreachable those no send could be posted to for
-    /// `unreachable_after`. Answers whether anything happened.
+    /// declares unreachable those no send could be posted to, and nothing
+    /// completed with, for `unreachable_after`. Answers whether anything
+    /// happened.
     fn watch_peers(&mut self, now: Instant) -> bool {
         if self.owner_served() && self.active > 0 {
             let waited_on: Vec<u64> = self
@@ -1493,9 +1497,14 @@ impl Engine {
             .watch
             .iter()
             .filter_map(|(&fi_addr, watch)| {
+                // Blocked sends alone are not enough: under load a live
+                // peer's sends wait for earlier ones (a full transmit
+                // queue) while those complete.
                 let since = watch.blocked_since?;
                 let waited = now.duration_since(since);
-                (waited >= self.unreachable_after).then_some((fi_addr, waited))
+                let quiet = now.duration_since(watch.last_heard);
+                (waited >= self.unreachable_after && quiet >= self.unreachable_after)
+                    .then_some((fi_addr, waited))
             })
             .collect();
         let worked = !gone.is_empty();
@@ -1564,9 +1573,12 @@ impl Engine {
         if let Some((peer, kind)) = send.counted {
             self.release_reply(peer, kind);
         }
-        if send.probe {
-            if let Some(watch) = self.watch.get_mut(&send.dest) {
+        if let Some(watch) = self.watch.get_mut(&send.dest) {
+            if send.probe {
                 watch.probing = false;
+            }
+            if result.is_ok() {
+                watch.last_heard = Instant::now();
             }
         }
         if let Err((_, text)) = result {
