@@ -45,6 +45,12 @@
 //!   released (the reply's send completed), so an owner may free a region
 //!   once its unmap answered `Ok`. Registrations grant `FI_SEND | FI_RECV`
 //!   and no remote access.
+//! - **Gathered lists**: a batch's small reads of one owner go as one list
+//!   request (up to 64 entries; see [`protocol`]); the owner checks every
+//!   entry as a single read, copies the served ones into one reply within
+//!   one loop turn (no lease outlives the copy), and the consumer lands an
+//!   entry only once the reply's length is exactly what its statuses and
+//!   the asked lengths add up to. Each entry is answered on its own.
 //! - Packed keys ([`key`]) are a versioned layout of this crate, validated in
 //!   full before use; a key is used only against the peer whose fabric
 //!   address it names, and only for a range inside the registration it
