@@ -38,6 +38,7 @@ fn main() -> std::io::Result<()> {
         ("ofi_packed_key", ofi_packed_key_seeds()),
         ("worker_address", worker_address_seeds()),
         ("read_protocol", read_protocol_seeds()),
+        ("ofi_read_protocol", ofi_read_protocol_seeds()),
         ("bootstrap_message", bootstrap_seeds(&keys)),
     ] {
         let dir = corpus.join(target);
@@ -95,6 +96,42 @@ fn read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
         ("request".into(), request.encode().to_vec()),
         ("reply_served".into(), served.encode().to_vec()),
         ("reply_refused".into(), refused.encode().to_vec()),
+    ]
+}
+
+/// A single read request, a list request, and gathered replies (the reply
+/// parser reads the input's first byte as the entry count).
+fn ofi_read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
+    use rdmareg_ofi::protocol::{ListEntry, ListRequest, ReadRequest, Refusal};
+    let reply_to = b"fi_sockaddr_in://127.0.0.1:40000\0".to_vec();
+    let single = ReadRequest {
+        request_id: 7,
+        region_id: 42,
+        capability: [0x5A; 16],
+        address: 0x7f00_0000_1000,
+        length: 4096,
+        reply_to: reply_to.clone(),
+    };
+    let list = ListRequest {
+        request_id: 8,
+        entries: (0..4)
+            .map(|i| ListEntry {
+                region_id: 42,
+                capability: [0x5A; 16],
+                address: 0x7f00_0000_1000 + 64 * i,
+                length: 8,
+            })
+            .collect(),
+        reply_to,
+    };
+    // Three entries asked for (count byte 2), of 1 + the next byte each:
+    // statuses served, refused, served, then their bytes.
+    let mut gathered = vec![2u8, 0, Refusal::OutOfRange.status(), 0];
+    gathered.extend(std::iter::repeat_n(0xAB, 2));
+    vec![
+        ("request".into(), single.encode()),
+        ("list".into(), list.encode()),
+        ("gathered_reply".into(), gathered),
     ]
 }
 

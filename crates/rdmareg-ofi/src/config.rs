@@ -93,6 +93,21 @@ pub struct OfiConfig {
     /// The default, 4096, is four times the deepest window of this
     /// workspace's own consumers. Must be at least 1.
     pub max_served_replies_per_peer: u32,
+    /// How long a message to a peer may stay unsendable (the provider
+    /// answering "try again"), with nothing to or from that peer completing
+    /// meanwhile, before the peer is declared unreachable: its
+    /// reads in flight and queued end with an
+    /// [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend) that says
+    /// so, and replies queued for it end (their leases with them). Over
+    /// `tcp;ofi_rxm` a peer whose process died refuses every reconnection,
+    /// and the provider reports nothing else: a posted receive learns
+    /// nothing of the lost connection. While reads from a peer are in
+    /// flight and nothing arrives from it, the engine sends it a small
+    /// probe every 100 ms, so a dead owner is found within about this long
+    /// plus the probe interval. A stopped (not dead) peer keeps its
+    /// connection and is not declared unreachable; its reads end at their
+    /// deadlines. Must be positive.
+    pub unreachable_after: Duration,
 }
 
 impl Default for OfiConfig {
@@ -107,6 +122,7 @@ impl Default for OfiConfig {
             default_get_deadline: Duration::from_secs(30),
             teardown_timeout: Duration::from_secs(5),
             max_served_replies_per_peer: 4096,
+            unreachable_after: Duration::from_secs(1),
         }
     }
 }
@@ -158,6 +174,12 @@ impl OfiConfig {
         self
     }
 
+    /// Set [`unreachable_after`](Self::unreachable_after).
+    pub fn with_unreachable_after(mut self, after: Duration) -> Self {
+        self.unreachable_after = after;
+        self
+    }
+
     /// Set [`max_served_replies_per_peer`](Self::max_served_replies_per_peer).
     pub fn with_max_served_replies_per_peer(mut self, bound: u32) -> Self {
         self.max_served_replies_per_peer = bound;
@@ -176,6 +198,9 @@ impl OfiConfig {
         }
         if self.park_timeout.is_zero() {
             return Err("park_timeout must be positive".into());
+        }
+        if self.unreachable_after.is_zero() {
+            return Err("unreachable_after must be positive".into());
         }
         if self.max_served_replies_per_peer == 0 {
             return Err(

@@ -43,6 +43,23 @@
 //! (the request is dropped). The counts drop when each send's completion
 //! (success or error) is read, and at teardown with the sends.
 //!
+//! # Dead peers
+//!
+//! Over `tcp;ofi_rxm` nothing tells the application that a peer's process
+//! died: the provider handles the connection's shutdown itself, a posted
+//! receive stays posted, and every later send to the peer answers "try
+//! again" while its reconnections are refused. So the loop watches sends:
+//! a peer no send could be posted to for `OfiConfig::unreachable_after`,
+//! while no read from it and no send to it completed either (under load a
+//! live peer's sends wait for earlier ones, which do complete), is
+//! declared unreachable — its queued sends end (releasing their leases),
+//! its unposted reads answer, its posted reads are cancelled and answer
+//! the error once the provider reports it. To have a send to watch when a
+//! read's request went out long ago, a peer this engine waits on and heard
+//! nothing from for [`PROBE_INTERVAL`] is sent a four-byte probe
+//! (`protocol::PROBE`), at most one per interval. The retry queue keeps
+//! order per peer, so an unreachable peer holds up only its own sends.
+//!
 //! # Answers only after the provider let go
 //!
 //! A read is answered when its completion (success or error) was read, or
@@ -67,13 +84,14 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use futures::channel::oneshot;
 use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
-use crate::config::{OfiConfig, ReadPath};
+use crate::config::{OfiConfig, Provider, ReadPath};
 use crate::engine::{Command, Reply, Signals, StartInfo};
 use crate::fabric::{ADDR_UNSPEC, Completion, EndpointEnd, Fabric, MemoryRegion, ProviderContext};
 use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
 use crate::protocol::{
-    REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_MAX, REQUEST_TAG, ReadRequest, Refusal,
-    capability_matches, refusal_tag, reply_outcome,
+    GATHER_ENTRY_MAX, GATHER_TOTAL_MAX, LIST_VERSION, ListEntry, ListRequest, MAX_LIST_ENTRIES,
+    PROBE, RECEIVE_MAX, REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_TAG, ReadRequest, Refusal,
+    capability_matches, parse_gathered, refusal_tag, reply_outcome,
 };
 
 /// Ring commands handled per turn.
@@ -84,9 +102,22 @@ const COMPLETION_BATCH: usize = 256;
 const BUSY_PARK: Duration = Duration::from_micros(20);
 /// Receives an owner-serving engine keeps posted for requests.
 const REQUEST_RECEIVES: usize = 32;
+/// How long reads from a peer may go without a completion from it before
+/// the engine probes it, and the least time between two probes of it.
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// The most distinct consumer addresses an owner inserts into its address
 /// vector to answer them; requests from further addresses are dropped.
 const MAX_SERVED_PEERS: usize = 4096;
+/// The most gathered replies an owner keeps unfinished for one consumer
+/// address: each holds a copy of up to `GATHER_TOTAL_MAX` bytes, so this
+/// bounds that memory (16 MiB per address) apart from the reply bound.
+const GATHERED_PER_PEER: u32 = 64;
+/// The longest gathered reply a consumer on `shm` asks for: the provider's
+/// inject size (`SMR_INJECT_SIZE` in libfabric 1.17). A longer message
+/// takes `shm`'s copy protocols, which need both sides' progress; measured
+/// here, lists of 16 × 4 KiB then moved 64–303 MiB/s against 306–1124 as
+/// separate inject-sized reads.
+const SHM_GATHER_REPLY_MAX: usize = 4096;
 
 /// The thread's body: start, report, serve, tear down.
 pub(crate) fn run(
@@ -195,9 +226,14 @@ struct OpContext {
 /// means its reply receive is posted.
 struct Op {
     context: Box<OpContext>,
+    /// The destination region (0, which names none, for a list).
     region: u64,
     fi_addr: u64,
-    answer: Answer,
+    /// Where the answer goes (`None` for a list: each entry has its own).
+    answer: Option<Answer>,
+    /// A gathered list: the entries, and the scratch memory the reply is
+    /// received into (`buf`/`len` point at it).
+    list: Option<Box<ListPart>>,
     deadline: Instant,
     timed_out: bool,
     posted: bool,
@@ -211,9 +247,50 @@ struct Op {
     request: Option<(u64, Vec<u8>)>,
     /// Owner-served: the request id (0 on the one-sided path).
     request_id: u64,
-    /// Why the read failed when its request could not be sent (its
-    /// receive was then cancelled).
+    /// Why the read failed when its request could not be sent, or its
+    /// owner was declared unreachable (its receive was then cancelled).
     failure: Option<RdmaError>,
+    /// Its owner was declared unreachable: a cancelled receive gets no
+    /// discard receive (no reply can come over a connection that is gone).
+    unreachable: bool,
+}
+
+/// A gathered list's own part of its [`Op`].
+struct ListPart {
+    entries: Vec<ListItem>,
+    /// The reply lands here; served entries are copied out of it.
+    scratch: Vec<u8>,
+}
+
+/// One entry of a gathered list.
+struct ListItem {
+    answer: Option<Answer>,
+    /// Its destination region, whose `in_flight` counts it.
+    region: u64,
+    buf: usize,
+    len: usize,
+    /// Set from the reply; entries without one take the list's outcome.
+    result: Option<Result<(), RdmaError>>,
+}
+
+/// A batch entry checked and waiting to go into a list.
+struct Gatherable {
+    request: BackendGet,
+    answer: Answer,
+    buf: usize,
+    region_id: u64,
+    capability: [u8; CAPABILITY_LEN],
+}
+
+/// Which of a consumer's bounds a reply counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReplyKind {
+    /// Bytes sent from a region under a lease.
+    Bytes,
+    /// A zero-length refusal.
+    Refusal,
+    /// A gathered reply (a copy).
+    Gathered,
 }
 
 /// One tagged send: a request of this engine's reads, or a reply (bytes or
@@ -231,10 +308,12 @@ struct SendOp {
     lease: Option<u64>,
     /// A reply to a consumer counted against its bound: the consumer's
     /// address and whether the reply carries bytes (else a refusal).
-    counted: Option<(u64, bool)>,
+    counted: Option<(u64, ReplyKind)>,
     /// The context and request id of the read this request belongs to
     /// (the id tells a later read at a reused context address apart).
     for_read: Option<(usize, u64)>,
+    /// A liveness probe ([`PROBE`]).
+    probe: bool,
 }
 
 /// The receives an endpoint left open at teardown may still write.
@@ -255,7 +334,7 @@ unsafe impl Send for PostedReceives {}
 /// A receive kept posted for requests.
 struct RequestBuffer {
     context: Box<OpContext>,
-    data: Box<[u8; REQUEST_MAX]>,
+    data: Box<[u8; RECEIVE_MAX]>,
     posted: bool,
 }
 
@@ -275,6 +354,34 @@ struct PeerLoad {
     served: u32,
     /// Refusals not yet completed.
     refusals: u32,
+    /// Gathered replies not yet completed.
+    gathered: u32,
+}
+
+/// What the engine knows of whether a peer can be reached.
+#[derive(Debug, Clone, Copy)]
+struct PeerWatch {
+    /// Since when a send to it could not be posted (the provider asked to
+    /// wait), if one cannot now.
+    blocked_since: Option<Instant>,
+    /// When a read from it or a send to it last completed without an
+    /// error (or its watch began).
+    last_heard: Instant,
+    /// When it was last probed.
+    last_probe: Option<Instant>,
+    /// A probe to it is queued or in flight.
+    probing: bool,
+}
+
+impl PeerWatch {
+    fn new(now: Instant) -> PeerWatch {
+        PeerWatch {
+            blocked_since: None,
+            last_heard: now,
+            last_probe: None,
+            probing: false,
+        }
+    }
 }
 
 /// Everything the progress thread owns. `fabric` is dropped last.
@@ -306,6 +413,13 @@ struct Engine {
     /// Unfinished replies per consumer address, and their bound.
     reply_loads: HashMap<u64, PeerLoad>,
     reply_bound: u32,
+    /// Reachability of the peers sends go to, by address-vector entry.
+    watch: HashMap<u64, PeerWatch>,
+    unreachable_after: Duration,
+    /// When the watch is next looked at.
+    next_watch: Instant,
+    /// The longest gathered reply this engine asks for (bytes).
+    gather_reply_max: usize,
     next_request_id: u64,
     closing: bool,
     fabric: Fabric,
@@ -345,6 +459,14 @@ impl Engine {
             served_peers: 0,
             reply_loads: HashMap::new(),
             reply_bound: config.max_served_replies_per_peer,
+            watch: HashMap::new(),
+            unreachable_after: config.unreachable_after,
+            next_watch: Instant::now(),
+            gather_reply_max: if config.provider == Provider::Shm {
+                SHM_GATHER_REPLY_MAX
+            } else {
+                MAX_LIST_ENTRIES + GATHER_TOTAL_MAX as usize
+            },
             next_request_id: 1,
             closing: false,
             fabric,
@@ -365,7 +487,7 @@ impl Engine {
                 context: Box::new(OpContext {
                     space: [std::ptr::null_mut(); 8],
                 }),
-                data: Box::new([0u8; REQUEST_MAX]),
+                data: Box::new([0u8; RECEIVE_MAX]),
                 posted: false,
             };
             let at = (&raw const *buffer.context) as usize;
@@ -394,7 +516,7 @@ impl Engine {
         let posted = unsafe {
             self.fabric.trecv(
                 data,
-                REQUEST_MAX,
+                RECEIVE_MAX,
                 std::ptr::null_mut(),
                 ADDR_UNSPEC,
                 REQUEST_TAG,
@@ -469,6 +591,13 @@ impl Engine {
         let mut worked = self.retry_unsent();
         worked |= self.retry_unposted();
         worked |= self.reap();
+        if self.active > 0 || !self.unsent.is_empty() {
+            let now = Instant::now();
+            if now >= self.next_watch {
+                self.next_watch = now + PROBE_INTERVAL / 4;
+                worked |= self.watch_peers(now);
+            }
+        }
         if self.active > 0 {
             self.expire(Instant::now());
         }
@@ -685,6 +814,7 @@ impl Engine {
             if let Some(entry) = self.av.remove(&fi_addr) {
                 self.by_address.remove(&entry.address);
             }
+            self.watch.remove(&fi_addr);
             self.fabric.remove_peer(fi_addr);
         }
     }
@@ -700,11 +830,7 @@ impl Engine {
             Err(err) => return Err((answer, err)),
         };
         let request_bytes = served.map(|(region_id, capability)| {
-            let request_id = self.next_request_id;
-            self.next_request_id = (self.next_request_id + 1) & REQUEST_ID_MASK;
-            if self.next_request_id == 0 {
-                self.next_request_id = 1;
-            }
+            let request_id = self.mint_request_id();
             let wire = ReadRequest {
                 request_id,
                 region_id,
@@ -720,19 +846,17 @@ impl Engine {
             + request
                 .deadline
                 .unwrap_or(self.settings.default_get_deadline);
-        let slot = self.free_slots.pop().unwrap_or_else(|| {
-            self.ops.push(None);
-            self.ops.len() - 1
-        });
-        let context = Box::new(OpContext {
-            space: [std::ptr::null_mut(); 8],
-        });
-        let context_addr = (&raw const *context) as usize;
-        self.ops[slot] = Some(Op {
-            context,
+        if let Some(region) = self.regions.get_mut(&request.local_region_id) {
+            region.in_flight += 1;
+        }
+        self.start_op(Op {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
             region: request.local_region_id,
             fi_addr,
-            answer,
+            answer: Some(answer),
+            list: None,
             deadline,
             timed_out: false,
             posted: false,
@@ -744,12 +868,33 @@ impl Engine {
             request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
             request: request_bytes,
             failure: None,
+            unreachable: false,
         });
+        Ok(())
+    }
+
+    /// A request id not in use (below 2⁴⁸, never 0).
+    fn mint_request_id(&mut self) -> u64 {
+        let request_id = self.next_request_id;
+        self.next_request_id = (self.next_request_id + 1) & REQUEST_ID_MASK;
+        if self.next_request_id == 0 {
+            self.next_request_id = 1;
+        }
+        request_id
+    }
+
+    /// Enters a checked read (or list) into the op table and posts it,
+    /// queues it while the provider asks to wait, or ends it.
+    fn start_op(&mut self, op: Op) {
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.ops.push(None);
+            self.ops.len() - 1
+        });
+        let context_addr = (&raw const *op.context) as usize;
+        let fi_addr = op.fi_addr;
+        self.ops[slot] = Some(op);
         self.by_context.insert(context_addr, slot);
         self.active += 1;
-        if let Some(region) = self.regions.get_mut(&request.local_region_id) {
-            region.in_flight += 1;
-        }
         if let Some(entry) = self.av.get_mut(&fi_addr) {
             entry.ops += 1;
         }
@@ -757,6 +902,200 @@ impl Engine {
             Ok(true) => {}
             Ok(false) => self.unposted.push_back(slot),
             Err(err) => self.finish(slot, Err(err)),
+        }
+    }
+
+    /// Posts a batch. On the owner-served path its small reads (at most
+    /// `GATHER_ENTRY_MAX`) of one owner go as lists of up to
+    /// `MAX_LIST_ENTRIES` entries and `GATHER_TOTAL_MAX` bytes, each
+    /// answered by one gathered reply; every entry is checked here as a
+    /// single read is, and answered on its own.
+    fn post_batch(
+        &mut self,
+        requests: Vec<BackendGet>,
+        reply: oneshot::Sender<Vec<Result<(), RdmaError>>>,
+    ) {
+        let batch = Rc::new(RefCell::new(Batch {
+            results: vec![None; requests.len()],
+            remaining: requests.len(),
+            reply: Some(reply),
+        }));
+        if requests.is_empty() {
+            if let Some(reply) = batch.borrow_mut().reply.take() {
+                let _ = reply.send(Vec::new());
+            }
+            return;
+        }
+        // Scratch receives need no registration only where the provider
+        // needs no local descriptors.
+        let gather = self.owner_served() && !self.fabric.needs_local_desc();
+        let mut groups: Vec<(u64, Vec<Gatherable>)> = Vec::new();
+        for (index, request) in requests.into_iter().enumerate() {
+            let answer = Answer::Batch(Rc::clone(&batch), index);
+            // An entry that cannot share a reply with another is not
+            // worth a list.
+            let small = request.len <= GATHER_ENTRY_MAX
+                && (request.len as usize) < self.gather_reply_max / 2;
+            if gather && small {
+                match self.check(&request) {
+                    Ok((fi_addr, _, _, buf, _, Some((region_id, capability)))) => {
+                        let entry = Gatherable {
+                            request,
+                            answer,
+                            buf,
+                            region_id,
+                            capability,
+                        };
+                        match groups.iter_mut().find(|(at, _)| *at == fi_addr) {
+                            Some((_, group)) => group.push(entry),
+                            None => groups.push((fi_addr, vec![entry])),
+                        }
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        give(answer, Err(err));
+                        continue;
+                    }
+                }
+            }
+            if let Err((answer, err)) = self.post(request, answer) {
+                give(answer, Err(err));
+            }
+        }
+        for (fi_addr, group) in groups {
+            let mut list = Vec::new();
+            let mut total = 0;
+            for entry in group {
+                // The reply: a status byte per entry and their bytes.
+                let grown = total + entry.request.len as usize;
+                if list.len() == MAX_LIST_ENTRIES
+                    || grown > GATHER_TOTAL_MAX as usize
+                    || list.len() + 1 + grown > self.gather_reply_max
+                {
+                    self.post_list(fi_addr, std::mem::take(&mut list));
+                    total = 0;
+                }
+                total += entry.request.len as usize;
+                list.push(entry);
+            }
+            self.post_list(fi_addr, list);
+        }
+    }
+
+    /// Posts checked entries of one owner as one list (a lone entry as a
+    /// single read).
+    fn post_list(&mut self, fi_addr: u64, mut entries: Vec<Gatherable>) {
+        if entries.len() <= 1 {
+            if let Some(entry) = entries.pop() {
+                if let Err((answer, err)) = self.post(entry.request, entry.answer) {
+                    give(answer, Err(err));
+                }
+            }
+            return;
+        }
+        let request_id = self.mint_request_id();
+        let request = ListRequest {
+            request_id,
+            entries: entries
+                .iter()
+                .map(|entry| ListEntry {
+                    region_id: entry.region_id,
+                    capability: entry.capability,
+                    address: entry.request.remote_addr,
+                    length: entry.request.len,
+                })
+                .collect(),
+            reply_to: self.fabric.address.to_vec(),
+        };
+        let reply_len = request.reply_len();
+        let wire = request.encode();
+        let now = Instant::now();
+        let default = self.settings.default_get_deadline;
+        let deadline = entries
+            .iter()
+            .map(|entry| now + entry.request.deadline.unwrap_or(default))
+            .min()
+            .unwrap_or(now + default);
+        let mut scratch = vec![0u8; reply_len];
+        let buf = scratch.as_mut_ptr() as usize;
+        let mut items = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let region = entry.request.local_region_id;
+            if let Some(held) = self.regions.get_mut(&region) {
+                held.in_flight += 1;
+            }
+            items.push(ListItem {
+                answer: Some(entry.answer),
+                region,
+                buf: entry.buf,
+                len: entry.request.len as usize,
+                result: None,
+            });
+        }
+        self.start_op(Op {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
+            region: 0,
+            fi_addr,
+            answer: None,
+            list: Some(Box::new(ListPart {
+                entries: items,
+                scratch,
+            })),
+            deadline,
+            timed_out: false,
+            posted: false,
+            buf,
+            len: reply_len,
+            desc: std::ptr::null_mut(),
+            remote: 0,
+            key: 0,
+            request_id,
+            request: Some((request_id, wire)),
+            failure: None,
+            unreachable: false,
+        });
+    }
+
+    /// A list's reply arrived (`len` bytes, tag `tag`): checks that it adds
+    /// up and copies each served entry into its destination. An error ends
+    /// every entry that has no answer of its own.
+    fn land_list(&mut self, slot: usize, len: usize, tag: u64) -> Result<(), RdmaError> {
+        reply_outcome(tag)?;
+        let Some(list) = self.ops[slot].as_mut().and_then(|op| op.list.as_mut()) else {
+            return Ok(());
+        };
+        let lengths: Vec<u64> = list.entries.iter().map(|item| item.len as u64).collect();
+        let outcomes = list
+            .scratch
+            .get(..len)
+            .and_then(|received| parse_gathered(received, &lengths))
+            .ok_or_else(|| {
+                RdmaError::Backend(format!(
+                    "ofi: the owner's gathered reply of {len} bytes does not add up to its \
+                     {} entries; nothing of it landed",
+                    lengths.len()
+                ))
+            })?;
+        for (item, outcome) in list.entries.iter_mut().zip(outcomes) {
+            item.result = Some(outcome.map(|at| {
+                // SAFETY: `parse_gathered` checked `at + item.len` lies
+                // within the `len` bytes received into `scratch`; `item.buf`
+                // and `item.len` lie inside the item's destination region
+                // (checked against the mapped pointer and length), which
+                // stays registered while its `in_flight` counts this list,
+                // and the caller of `get` leaves it alone until answered.
+                // The provider is done with `scratch`: its receive completed.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        list.scratch.as_ptr().add(at),
+                        item.buf as *mut u8,
+                        item.len,
+                    );
+                }
+            }));
         }
         Ok(())
     }
@@ -851,6 +1190,7 @@ impl Engine {
                     lease: None,
                     counted: None,
                     for_read: Some((context as usize, request_id)),
+                    probe: false,
                 };
                 self.queue_send(send);
             }
@@ -891,30 +1231,6 @@ impl Engine {
         worked
     }
 
-    fn post_batch(
-        &mut self,
-        requests: Vec<BackendGet>,
-        reply: oneshot::Sender<Vec<Result<(), RdmaError>>>,
-    ) {
-        let batch = Rc::new(RefCell::new(Batch {
-            results: vec![None; requests.len()],
-            remaining: requests.len(),
-            reply: Some(reply),
-        }));
-        if requests.is_empty() {
-            if let Some(reply) = batch.borrow_mut().reply.take() {
-                let _ = reply.send(Vec::new());
-            }
-            return;
-        }
-        for (index, request) in requests.into_iter().enumerate() {
-            if let Err((answer, err)) = self.post(request, Answer::Batch(Rc::clone(&batch), index))
-            {
-                give(answer, Err(err));
-            }
-        }
-    }
-
     /// Reads completions and answers what they end.
     fn reap(&mut self) -> bool {
         let mut completions = std::mem::take(&mut self.completions);
@@ -943,7 +1259,7 @@ impl Engine {
                 tracing::warn!(?context, "a completion for no operation of this engine");
                 continue;
             };
-            let (timed_out, failure, served, expected, request_id, fi_addr) =
+            let (timed_out, failure, served, expected, request_id, fi_addr, unreachable) =
                 match self.ops[slot].as_mut() {
                     Some(op) => (
                         op.timed_out,
@@ -952,16 +1268,28 @@ impl Engine {
                         op.len,
                         op.request_id,
                         op.fi_addr,
+                        op.unreachable,
                     ),
                     None => continue,
                 };
+            if result.is_ok() {
+                if let Some(watch) = self.watch.get_mut(&fi_addr) {
+                    watch.last_heard = Instant::now();
+                }
+            }
             tracing::trace!(
                 slot,
                 ok = result.is_ok(),
                 timed_out,
                 "a read's receive ended"
             );
-            if served && result.is_err() {
+            let is_list = self.ops[slot].as_ref().is_some_and(|op| op.list.is_some());
+            if let (Ok((len, tag)), true) = (&result, is_list) {
+                let outcome = self.land_list(slot, *len, *tag);
+                self.finish(slot, outcome);
+                continue;
+            }
+            if served && result.is_err() && !unreachable {
                 // The receive ended (cancelled) without the reply: the owner
                 // may still send it, and holds its lease until a receive
                 // takes it. A zero-length receive takes it (truncated).
@@ -1048,8 +1376,15 @@ impl Engine {
     /// Posts a send now, or queues it when the provider asks to wait.
     fn queue_send(&mut self, send: SendOp) {
         let at = (&raw const *send.context) as usize;
+        let dest = send.dest;
         self.sends.insert(at, send);
-        if !self.unsent.is_empty() || !self.post_send(at) {
+        // Sends to one peer keep their order; a peer that cannot be reached
+        // holds up only its own.
+        let waiting = self
+            .unsent
+            .iter()
+            .any(|queued| self.sends.get(queued).is_some_and(|s| s.dest == dest));
+        if waiting || !self.post_send(at) {
             self.unsent.push_back(at);
         }
     }
@@ -1069,9 +1404,23 @@ impl Engine {
             self.fabric
                 .tsend(send.ptr, send.len, send.desc, send.dest, send.tag, context)
         };
+        let dest = send.dest;
         match posted {
-            Ok(true) => true,
-            Ok(false) => false,
+            Ok(true) => {
+                if let Some(watch) = self.watch.get_mut(&dest) {
+                    watch.blocked_since = None;
+                }
+                true
+            }
+            Ok(false) => {
+                let now = Instant::now();
+                let watch = self
+                    .watch
+                    .entry(dest)
+                    .or_insert_with(|| PeerWatch::new(now));
+                watch.blocked_since.get_or_insert(now);
+                false
+            }
             Err(err) => {
                 self.send_done(at, Err((0, err.to_string())));
                 true
@@ -1079,16 +1428,136 @@ impl Engine {
         }
     }
 
+    /// Retries queued sends in order; a peer whose send must wait holds up
+    /// only its own later sends.
     fn retry_unsent(&mut self) -> bool {
         let mut worked = false;
-        while let Some(&at) = self.unsent.front() {
-            if !self.post_send(at) {
-                break;
+        let mut waiting: Vec<u64> = Vec::new();
+        let mut left = VecDeque::with_capacity(self.unsent.len());
+        while let Some(at) = self.unsent.pop_front() {
+            let Some(dest) = self.sends.get(&at).map(|send| send.dest) else {
+                continue;
+            };
+            if waiting.contains(&dest) {
+                left.push_back(at);
+            } else if self.post_send(at) {
+                worked = true;
+            } else {
+                waiting.push(dest);
+                left.push_back(at);
             }
-            self.unsent.pop_front();
-            worked = true;
+        }
+        self.unsent = left;
+        worked
+    }
+
+    /// Probes peers this engine waits on and hears nothing from, and
+    /// declares unreachable those no send could be posted to, and nothing
+    /// completed with, for `unreachable_after`. Answers whether anything
+    /// happened.
+    fn watch_peers(&mut self, now: Instant) -> bool {
+        if self.owner_served() && self.active > 0 {
+            let waited_on: Vec<u64> = self
+                .av
+                .iter()
+                .filter(|(_, entry)| entry.ops > 0)
+                .map(|(&fi_addr, _)| fi_addr)
+                .collect();
+            for fi_addr in waited_on {
+                let watch = self
+                    .watch
+                    .entry(fi_addr)
+                    .or_insert_with(|| PeerWatch::new(now));
+                let quiet = now.duration_since(watch.last_heard) >= PROBE_INTERVAL;
+                let due = watch
+                    .last_probe
+                    .is_none_or(|at| now.duration_since(at) >= PROBE_INTERVAL);
+                if quiet && due && !watch.probing {
+                    watch.probing = true;
+                    watch.last_probe = Some(now);
+                    self.queue_send(SendOp {
+                        context: Box::new(OpContext {
+                            space: [std::ptr::null_mut(); 8],
+                        }),
+                        ptr: PROBE.as_ptr() as usize,
+                        len: PROBE.len(),
+                        _bytes: None,
+                        desc: std::ptr::null_mut(),
+                        dest: fi_addr,
+                        tag: REQUEST_TAG,
+                        lease: None,
+                        counted: None,
+                        for_read: None,
+                        probe: true,
+                    });
+                }
+            }
+        }
+        let gone: Vec<(u64, Duration)> = self
+            .watch
+            .iter()
+            .filter_map(|(&fi_addr, watch)| {
+                // Blocked sends alone are not enough: under load a live
+                // peer's sends wait for earlier ones (a full transmit
+                // queue) while those complete.
+                let since = watch.blocked_since?;
+                let waited = now.duration_since(since);
+                let quiet = now.duration_since(watch.last_heard);
+                (waited >= self.unreachable_after && quiet >= self.unreachable_after)
+                    .then_some((fi_addr, waited))
+            })
+            .collect();
+        let worked = !gone.is_empty();
+        for (fi_addr, waited) in gone {
+            self.declare_unreachable(fi_addr, waited);
         }
         worked
+    }
+
+    /// Ends everything that waits on a peer no send could reach for
+    /// `waited`: its queued sends (a reply's lease with it), its reads not
+    /// yet posted; its posted reads are cancelled and answer the error once
+    /// the provider reports the cancellation (or at their deadline or
+    /// teardown, if it cannot withdraw them).
+    fn declare_unreachable(&mut self, fi_addr: u64, waited: Duration) {
+        let error = RdmaError::Backend(format!(
+            "ofi: the peer is unreachable: nothing could be sent to it for {} ms (its process \
+             died, or its connection was lost and cannot be made again)",
+            waited.as_millis()
+        ));
+        tracing::warn!(fi_addr, ?waited, "a peer is unreachable; its reads end");
+        let stuck: Vec<usize> = self
+            .unsent
+            .iter()
+            .copied()
+            .filter(|at| self.sends.get(at).is_some_and(|send| send.dest == fi_addr))
+            .collect();
+        self.unsent.retain(|at| !stuck.contains(at));
+        for at in stuck {
+            self.send_done(at, Err((0, "the peer is unreachable".into())));
+        }
+        let mut unposted = Vec::new();
+        for slot in 0..self.ops.len() {
+            let Some(op) = self.ops[slot].as_mut() else {
+                continue;
+            };
+            if op.fi_addr != fi_addr {
+                continue;
+            }
+            op.failure = Some(error.clone());
+            op.unreachable = true;
+            if op.posted {
+                let context = (&raw mut op.context.space).cast::<c_void>();
+                self.fabric.cancel(context);
+            } else {
+                unposted.push(slot);
+            }
+        }
+        for slot in unposted {
+            self.unposted.retain(|&s| s != slot);
+            self.finish(slot, Err(error.clone()));
+        }
+        self.watch.insert(fi_addr, PeerWatch::new(Instant::now()));
     }
 
     /// A send ended: release its lease; a failed request fails its read
@@ -1101,8 +1570,16 @@ impl Engine {
         if let Some(region) = send.lease {
             self.release_lease(region);
         }
-        if let Some((peer, served)) = send.counted {
-            self.release_reply(peer, served);
+        if let Some((peer, kind)) = send.counted {
+            self.release_reply(peer, kind);
+        }
+        if let Some(watch) = self.watch.get_mut(&send.dest) {
+            if send.probe {
+                watch.probing = false;
+            }
+            if result.is_ok() {
+                watch.last_heard = Instant::now();
+            }
         }
         if let Err((_, text)) = result {
             tracing::debug!(tag = format_args!("{:#x}", send.tag), error = %text, "a tagged send failed");
@@ -1127,15 +1604,16 @@ impl Engine {
     }
 
     /// A reply to `peer` ended (`served`: it carried bytes).
-    fn release_reply(&mut self, peer: u64, served: bool) {
+    fn release_reply(&mut self, peer: u64, kind: ReplyKind) {
         let Some(load) = self.reply_loads.get_mut(&peer) else {
             return;
         };
-        if served {
-            load.served = load.served.saturating_sub(1);
-        } else {
-            load.refusals = load.refusals.saturating_sub(1);
-        }
+        let count = match kind {
+            ReplyKind::Bytes => &mut load.served,
+            ReplyKind::Refusal => &mut load.refusals,
+            ReplyKind::Gathered => &mut load.gathered,
+        };
+        *count = count.saturating_sub(1);
         if *load == PeerLoad::default() {
             self.reply_loads.remove(&peer);
         }
@@ -1157,7 +1635,7 @@ impl Engine {
         let bytes = match (result, self.request_buffers.get_mut(&at)) {
             (Ok(len), Some(buffer)) => {
                 buffer.posted = false;
-                Some(buffer.data[..len.min(REQUEST_MAX)].to_vec())
+                Some(buffer.data[..len.min(RECEIVE_MAX)].to_vec())
             }
             (Err((_, text)), Some(buffer)) => {
                 buffer.posted = false;
@@ -1175,6 +1653,14 @@ impl Engine {
     /// Checks a peer's request against the live registrations, and sends
     /// the bytes under a read lease or a refusal.
     fn serve_request(&mut self, bytes: &[u8]) {
+        if bytes == PROBE {
+            tracing::trace!("a liveness probe arrived");
+            return;
+        }
+        if bytes.first() == Some(&LIST_VERSION) {
+            self.serve_list(bytes);
+            return;
+        }
         let Some(request) = ReadRequest::decode(bytes) else {
             tracing::debug!(len = bytes.len(), "a malformed read request was dropped");
             return;
@@ -1238,8 +1724,9 @@ impl Engine {
                 dest,
                 tag: request.request_id,
                 lease: Some(request.region_id),
-                counted: Some((dest, true)),
+                counted: Some((dest, ReplyKind::Bytes)),
                 for_read: None,
+                probe: false,
             },
             Err(refusal) => {
                 tracing::debug!(
@@ -1258,12 +1745,129 @@ impl Engine {
                     dest,
                     tag: refusal_tag(request.request_id, refusal),
                     lease: None,
-                    counted: Some((dest, false)),
+                    counted: Some((dest, ReplyKind::Refusal)),
                     for_read: None,
+                    probe: false,
                 }
             }
         };
         self.queue_send(send);
+    }
+
+    /// Serves a list request: checks each entry as a single read is
+    /// checked, copies the bytes of every entry it serves into one reply
+    /// (so no lease outlives this call) and sends it; refuses the whole
+    /// list as busy past the consumer's bound of gathered replies.
+    fn serve_list(&mut self, bytes: &[u8]) {
+        let Some(list) = ListRequest::decode(bytes) else {
+            tracing::debug!(len = bytes.len(), "a malformed list request was dropped");
+            return;
+        };
+        if self.fabric.needs_local_desc() {
+            // A gathered reply would need a registration of its own.
+            tracing::debug!("a list request was dropped: this provider needs local descriptors");
+            return;
+        }
+        let Some(dest) = self.served_peer(&list.reply_to) else {
+            return;
+        };
+        let bound = self.reply_bound;
+        let load = self.reply_loads.entry(dest).or_default();
+        if load.gathered >= GATHERED_PER_PEER.min(bound) {
+            if load.refusals >= bound {
+                tracing::debug!(
+                    request = list.request_id,
+                    "a consumer holds too many refusals; a list request was dropped"
+                );
+                return;
+            }
+            load.refusals += 1;
+            self.queue_send(SendOp {
+                context: Box::new(OpContext {
+                    space: [std::ptr::null_mut(); 8],
+                }),
+                _bytes: None,
+                ptr: 0,
+                len: 0,
+                desc: std::ptr::null_mut(),
+                dest,
+                tag: refusal_tag(list.request_id, Refusal::Busy),
+                lease: None,
+                counted: Some((dest, ReplyKind::Refusal)),
+                for_read: None,
+                probe: false,
+            });
+            return;
+        }
+        load.gathered += 1;
+        let mut reply = vec![0u8; list.entries.len()];
+        reply.reserve_exact(list.reply_len() - list.entries.len());
+        for (index, entry) in list.entries.iter().enumerate() {
+            match self.check_entry(entry) {
+                Ok(source) => {
+                    let start = reply.len();
+                    let len = entry.length as usize;
+                    reply.resize(start + len, 0);
+                    // SAFETY: `source..source + len` lies inside a live
+                    // registration that is not being unmapped (checked just
+                    // now, and no unmap runs until this call returns), whose
+                    // owner keeps it allocated until an unmap of it answers
+                    // `Ok`; the destination is the `len` bytes just added to
+                    // `reply`. The bytes are copied as the provider copies a
+                    // region it sends from: no reference to them is made.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            source as *const u8,
+                            reply.as_mut_ptr().add(start),
+                            len,
+                        );
+                    }
+                }
+                Err(refusal) => reply[index] = refusal.status(),
+            }
+        }
+        tracing::trace!(
+            request = list.request_id,
+            entries = list.entries.len(),
+            len = reply.len(),
+            "serving a list request"
+        );
+        self.queue_send(SendOp {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
+            ptr: reply.as_ptr() as usize,
+            len: reply.len(),
+            _bytes: Some(reply),
+            desc: std::ptr::null_mut(),
+            dest,
+            tag: list.request_id,
+            lease: None,
+            counted: Some((dest, ReplyKind::Gathered)),
+            for_read: None,
+            probe: false,
+        });
+    }
+
+    /// Where a list entry's bytes start in this process, or why it is
+    /// refused: the checks of a single read.
+    fn check_entry(&self, entry: &ListEntry) -> Result<usize, Refusal> {
+        let region = self
+            .regions
+            .get(&entry.region_id)
+            .ok_or(Refusal::RegionUnknown)?;
+        if region.unmapping {
+            return Err(Refusal::Deregistering);
+        }
+        if !capability_matches(&region.capability, &entry.capability) {
+            return Err(Refusal::CapabilityMismatch);
+        }
+        let start = region.ptr as u64;
+        let end = start + region.len as u64;
+        match entry.address.checked_add(entry.length) {
+            Some(last) if entry.address >= start && last <= end => Ok(entry.address as usize),
+            _ => Err(Refusal::OutOfRange),
+        }
     }
 
     /// Inserts a validated address the table does not hold yet into the
@@ -1332,7 +1936,23 @@ impl Engine {
             self.deregister(op.region);
         }
         self.release_av(op.fi_addr, |entry| entry.ops -= 1);
-        give(op.answer, result);
+        if let Some(answer) = op.answer {
+            give(answer, result.clone());
+        }
+        if let Some(list) = op.list {
+            for mut item in list.entries {
+                let release = self.regions.get_mut(&item.region).is_some_and(|region| {
+                    region.in_flight -= 1;
+                    region.in_flight == 0 && region.unmapping
+                });
+                if release {
+                    self.deregister(item.region);
+                }
+                if let Some(answer) = item.answer.take() {
+                    give(answer, item.result.take().unwrap_or_else(|| result.clone()));
+                }
+            }
+        }
     }
 
     /// Marks reads past their deadline; a read never posted ends at once.
@@ -1579,6 +2199,40 @@ mod tests {
         /// Asks for `length` bytes at `address` as read `id`, listening only
         /// for a busy refusal of it.
         fn ask(&mut self, key: &PackedKey, address: u64, length: u64, id: u64) {
+            let wire = ReadRequest {
+                request_id: id,
+                region_id: key.region_id,
+                capability: key.capability,
+                address,
+                length,
+                reply_to: self.fabric.address.to_vec(),
+            }
+            .encode();
+            self.send_request(id, wire);
+        }
+
+        /// Asks for `count` entries of `length` bytes from `address` on as
+        /// list `id`, listening only for a busy refusal of it.
+        fn ask_list(&mut self, key: &PackedKey, address: u64, length: u64, count: u64, id: u64) {
+            let wire = ListRequest {
+                request_id: id,
+                entries: (0..count)
+                    .map(|i| ListEntry {
+                        region_id: key.region_id,
+                        capability: key.capability,
+                        address: address + i * length,
+                        length,
+                    })
+                    .collect(),
+                reply_to: self.fabric.address.to_vec(),
+            }
+            .encode();
+            self.send_request(id, wire);
+        }
+
+        /// Sends request bytes of request `id`, listening only for a busy
+        /// refusal of it.
+        fn send_request(&mut self, id: u64, wire: Vec<u8>) {
             let receive = self.context();
             // SAFETY: a zero-length receive; its context lives in
             // `contexts` until the fabric (and its endpoint) is dropped.
@@ -1595,15 +2249,6 @@ mod tests {
             };
             assert_eq!(posted.ok(), Some(true), "busy receive posted");
             self.busy_receives.insert(receive as usize, id);
-            let wire = ReadRequest {
-                request_id: id,
-                region_id: key.region_id,
-                capability: key.capability,
-                address,
-                length,
-                reply_to: self.fabric.address.to_vec(),
-            }
-            .encode();
             let send = self.context();
             let until = Instant::now() + Duration::from_secs(5);
             loop {
@@ -1658,6 +2303,252 @@ mod tests {
             // The endpoint first: then nothing the provider holds points
             // into the contexts or the request bytes.
             self.fabric.close_endpoint();
+        }
+    }
+
+    /// A consumer that sends an owner (reply bound 4) eight lists whose
+    /// 32 KiB gathered replies it never receives gets four of them held and
+    /// the other four refused as busy: gathered replies are bounded per
+    /// consumer as single replies are, and hold no lease (the source's
+    /// unmap answers while they are held).
+    #[test]
+    fn gathered_replies_a_consumer_never_receives_are_bounded_and_hold_no_lease() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = OfiConfig::new(Provider::Tcp)
+            .with_domain("lo")
+            .with_teardown_timeout(Duration::from_secs(2))
+            .with_max_served_replies_per_peer(4);
+        let owner = OfiEngine::start(config.clone()).expect("owner starts");
+        let backend = owner.backend();
+        let len = 1usize << 20;
+        // Reached only through its raw pointer while registered, and
+        // dropped after its unmap answered.
+        let source = Box::into_raw(vec![7u8; len].into_boxed_slice());
+        let source_addr = source as *mut u8 as usize;
+        // SAFETY: the range is this test's own allocation, no reference
+        // aliases it while it is registered, and it is freed only after
+        // the unmap answered `Ok`.
+        let region = rt
+            .block_on(unsafe { backend.map(source_addr, len) })
+            .expect("maps");
+        let key = PackedKey::decode(&region.packed_key).expect("its own key");
+        let mut raw = RawConsumer::new(&config, &owner.fabric_address());
+        for id in 1..=8 {
+            raw.ask_list(&key, source_addr as u64, 16 << 10, 2, id);
+        }
+        raw.progress_for(Duration::from_secs(2));
+        let busy = raw.busy.len();
+        let unmapped = rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                backend.unmap(region.backend_region_id),
+            )
+            .await
+        });
+        if matches!(unmapped, Ok(Ok(()))) {
+            // SAFETY: made by Box::into_raw above; its registration is gone.
+            drop(unsafe { Box::from_raw(source) });
+        }
+        drop(raw);
+        owner.shutdown_blocking();
+        assert_eq!(busy, 4, "busy refusals of the eight lists");
+        assert!(
+            matches!(unmapped, Ok(Ok(()))),
+            "the unmap answered while gathered replies were held: {unmapped:?}"
+        );
+        assert_eq!(owner.live_registrations(), 0);
+    }
+
+    /// A bare endpoint posing as an owner: it takes one request and
+    /// answers it with bytes of its choosing.
+    struct RawOwner {
+        fabric: Fabric,
+        request: Box<[u8; RECEIVE_MAX]>,
+        /// Receive and send contexts, kept until the endpoint is closed.
+        #[allow(clippy::vec_box)]
+        contexts: Vec<Box<OpContext>>,
+        /// Reply bytes, kept until the endpoint is closed.
+        replies: Vec<Vec<u8>>,
+    }
+
+    impl RawOwner {
+        fn new(config: &OfiConfig) -> RawOwner {
+            let mut owner = RawOwner {
+                fabric: Fabric::open(config).expect("raw endpoint"),
+                request: Box::new([0u8; RECEIVE_MAX]),
+                contexts: Vec::new(),
+                replies: Vec::new(),
+            };
+            let context = owner.context();
+            let data = owner.request.as_mut_ptr() as usize;
+            // SAFETY: the buffer and the context live in `self` until the
+            // fabric (and its endpoint) is closed in `drop`.
+            let posted = unsafe {
+                owner.fabric.trecv(
+                    data,
+                    RECEIVE_MAX,
+                    std::ptr::null_mut(),
+                    ADDR_UNSPEC,
+                    REQUEST_TAG,
+                    0,
+                    context,
+                )
+            };
+            assert_eq!(posted.ok(), Some(true), "request receive posted");
+            owner
+        }
+
+        fn context(&mut self) -> *mut c_void {
+            let mut context = Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            });
+            let at = (&raw mut context.space).cast::<c_void>();
+            self.contexts.push(context);
+            at
+        }
+
+        /// Waits up to five seconds for a list request.
+        fn take_list(&mut self) -> ListRequest {
+            let until = Instant::now() + Duration::from_secs(5);
+            let mut out = Vec::new();
+            while Instant::now() < until {
+                self.fabric.poll_completions(&mut out, 16);
+                for completion in out.drain(..) {
+                    if let Completion::Done(_, len, REQUEST_TAG) = completion {
+                        return ListRequest::decode(&self.request[..len]).expect("a list request");
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            panic!("no list request arrived");
+        }
+
+        /// Sends `reply` with tag `tag` to `to` and progresses a while.
+        fn answer(&mut self, to: u64, tag: u64, reply: Vec<u8>) {
+            let context = self.context();
+            let until = Instant::now() + Duration::from_secs(5);
+            loop {
+                // SAFETY: the bytes and the context live in `self` until
+                // the fabric is closed.
+                let sent = unsafe {
+                    self.fabric.tsend(
+                        reply.as_ptr() as usize,
+                        reply.len(),
+                        std::ptr::null_mut(),
+                        to,
+                        tag,
+                        context,
+                    )
+                };
+                match sent {
+                    Ok(true) => break,
+                    Ok(false) if Instant::now() < until => {
+                        let mut out = Vec::new();
+                        self.fabric.poll_completions(&mut out, 16);
+                    }
+                    other => panic!("reply not sent: {other:?}"),
+                }
+            }
+            self.replies.push(reply);
+            let mut out = Vec::new();
+            let until = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < until {
+                self.fabric.poll_completions(&mut out, 16);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    impl Drop for RawOwner {
+        fn drop(&mut self) {
+            self.fabric.close_endpoint();
+        }
+    }
+
+    /// A hostile owner answers a gathered list with a reply whose length
+    /// fits the consumer's receive but not what its statuses and the asked
+    /// lengths add up to (it says entry 1 is refused, yet sends its bytes):
+    /// every entry answers a typed error and no byte lands.
+    #[test]
+    fn a_gathered_reply_whose_lengths_do_not_add_up_lands_nothing() {
+        for provider in [Provider::Tcp, Provider::Shm] {
+            // A worker thread runs the batch while this thread plays the owner.
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut config = OfiConfig::new(provider.clone());
+            if provider == Provider::Tcp {
+                config = config.with_domain("lo");
+            }
+            let mut raw = RawOwner::new(&config);
+            let consumer = OfiEngine::start(config).expect("consumer starts");
+            consumer
+                .add_peer(PeerId(1), raw.fabric.address.clone())
+                .expect("the raw owner's address");
+            let key = PackedKey {
+                owner_served: true,
+                virt_addr: false,
+                region_id: 1,
+                capability: [9; CAPABILITY_LEN],
+                mr_key: 0,
+                base: 0x10_0000,
+                len: 4096,
+                owner: raw.fabric.address.clone(),
+            }
+            .encode();
+            let backend = consumer.backend();
+            let mut dst = vec![0u8; 3 * 64];
+            // SAFETY: `dst` outlives its registration (unmapped below, or
+            // the engine shut down) and is read only after the batch
+            // answered.
+            let region = rt
+                .block_on(unsafe { backend.map(dst.as_mut_ptr() as usize, dst.len()) })
+                .expect("maps");
+            let requests: Vec<BackendGet> = (0..3u64)
+                .map(|i| BackendGet {
+                    peer: PeerId(1),
+                    remote_addr: 0x10_0000 + 64 * i,
+                    packed_key: key.clone(),
+                    local_region_id: region.backend_region_id,
+                    local_offset: 64 * i,
+                    len: 64,
+                    deadline: Some(Duration::from_secs(10)),
+                })
+                .collect();
+            let batch = rt.spawn({
+                let backend = backend.clone();
+                // SAFETY: as above: nothing touches `dst` until the batch
+                // answered.
+                async move { unsafe { backend.get_batch(requests) }.await }
+            });
+            let list = raw.take_list();
+            assert_eq!(list.entries.len(), 3, "{provider:?}: one list of three");
+            let to = raw
+                .fabric
+                .insert_peer(&list.reply_to)
+                .expect("the consumer's address");
+            let mut reply = vec![0, Refusal::OutOfRange.status(), 0];
+            reply.extend(std::iter::repeat_n(0xEE, 3 * 64));
+            raw.answer(to, list.request_id, reply);
+            let answers = rt.block_on(batch).expect("the batch task");
+            rt.block_on(backend.unmap(region.backend_region_id))
+                .expect("unmaps");
+            consumer.shutdown_blocking();
+            drop(raw);
+            assert_eq!(answers.len(), 3);
+            for answer in &answers {
+                assert!(
+                    matches!(answer, Err(RdmaError::Backend(text)) if text.contains("does not add up")),
+                    "{provider:?}: answered {answer:?}"
+                );
+            }
+            assert!(dst.iter().all(|&b| b == 0), "{provider:?}: bytes landed");
+            assert_eq!(consumer.live_registrations(), 0);
         }
     }
 

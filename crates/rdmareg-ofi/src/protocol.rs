@@ -43,6 +43,44 @@
 //!
 //! Decoding never panics and refuses trailing or missing bytes: requests
 //! come from peers.
+//!
+//! # Gathered lists
+//!
+//! A batch's small reads of one owner travel as one *list request* of up
+//! to [`MAX_LIST_ENTRIES`] entries, each at most [`GATHER_ENTRY_MAX`]
+//! bytes and together at most [`GATHER_TOTAL_MAX`]. The consumer posts one
+//! receive of [`ListRequest::reply_len`] bytes into scratch memory of its
+//! own (tag `request_id`, as for a single read), then asks. The owner checks
+//! every entry on its own, as it checks a single read, copies the bytes of
+//! each it serves into one reply and sends it: a status byte per entry
+//! (`0` served, else the [`Refusal`] code), then the served entries' bytes
+//! back to back in entry order. The consumer accepts the reply only if its
+//! length is exactly what the statuses and the asked lengths add up to;
+//! only then does it copy each served entry into its destination. A busy
+//! owner refuses the whole list with a zero-length refusal, as a single
+//! read.
+//!
+//! List request (integers little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | version, `2` (a list) |
+//! | 1 | 1 | entry count `n`, 1 to [`MAX_LIST_ENTRIES`] |
+//! | 2 | 2 | zero |
+//! | 4 | 8 | `request_id`, 1 to 2⁴⁸ − 1 |
+//! | 12 | 2 | `reply_len`: length of the consumer's fabric address, 1 to 256 |
+//! | 14 | 40 × `n` | entries: `region_id` (8), `capability` (16), `address` (8), `length` (8, 1 to [`GATHER_ENTRY_MAX`]) |
+//! | 14 + 40 × `n` | `reply_len` | the consumer's fabric address |
+//!
+//! # Probe
+//!
+//! A message of exactly the four bytes [`PROBE`] with tag [`REQUEST_TAG`]
+//! asks nothing: the owner takes it and answers nothing. A consumer sends
+//! one to an owner it waits on and hears nothing from; what it watches is
+//! whether the provider can deliver it at all (over `tcp;ofi_rxm` a dead
+//! owner refuses the reconnection, and the send is never accepted). Its
+//! first byte is not a request version, so an owner that does not know
+//! probes drops it as malformed — also without an answer.
 
 use rdmareg_core::RdmaError;
 
@@ -54,6 +92,29 @@ pub const REQUEST_VERSION: u8 = 1;
 pub const REQUEST_HEADER_LEN: usize = 54;
 /// The longest request.
 pub const REQUEST_MAX: usize = REQUEST_HEADER_LEN + MAX_FABRIC_ADDRESS;
+/// The list request layout version (its first byte).
+pub const LIST_VERSION: u8 = 2;
+/// The most entries of one list request.
+pub const MAX_LIST_ENTRIES: usize = 64;
+/// The largest entry a list carries.
+pub const GATHER_ENTRY_MAX: u64 = 16 << 10;
+/// The most bytes a list's entries ask for together.
+pub const GATHER_TOTAL_MAX: u64 = 256 << 10;
+/// Bytes of a list request before its entries.
+const LIST_HEADER_LEN: usize = 14;
+/// Bytes of one list entry.
+const LIST_ENTRY_LEN: usize = 40;
+/// The longest list request.
+pub const LIST_REQUEST_MAX: usize =
+    LIST_HEADER_LEN + MAX_LIST_ENTRIES * LIST_ENTRY_LEN + MAX_FABRIC_ADDRESS;
+/// The longest message an owner's request receive takes.
+pub const RECEIVE_MAX: usize = if LIST_REQUEST_MAX > REQUEST_MAX {
+    LIST_REQUEST_MAX
+} else {
+    REQUEST_MAX
+};
+/// A liveness probe (see the module docs).
+pub const PROBE: [u8; 4] = [0xFF, 0, 0, 0];
 /// The tag of every request.
 pub const REQUEST_TAG: u64 = 1 << 63;
 /// The tag bit of a refusal.
@@ -99,6 +160,25 @@ impl Refusal {
     }
 }
 
+impl Refusal {
+    /// The status byte of an entry of a gathered reply refused for this.
+    pub fn status(self) -> u8 {
+        self.code() as u8
+    }
+}
+
+/// The seam's error for a refusal code (see [`reply_outcome`]).
+fn refusal_error(code: u64) -> RdmaError {
+    match code {
+        3 => RdmaError::OutOfRange,
+        1 | 2 | 4 => RdmaError::RegionNotFound,
+        5 => RdmaError::Backend(BUSY_TEXT.to_owned()),
+        other => RdmaError::Backend(format!(
+            "ofi: the owner refused the read for an unknown reason {other}"
+        )),
+    }
+}
+
 /// The text of the error a read refused as [`Refusal::Busy`] gets.
 pub const BUSY_TEXT: &str = "ofi: owner busy: too many of this consumer's reads are in flight at the owner (its per-consumer bound of unfinished replies); retry once earlier reads have been answered";
 
@@ -117,14 +197,140 @@ pub fn reply_outcome(tag: u64) -> Result<(), RdmaError> {
     if tag & REFUSAL_BIT == 0 {
         return Ok(());
     }
-    match (tag & REASON_MASK) >> REASON_SHIFT {
-        3 => Err(RdmaError::OutOfRange),
-        1 | 2 | 4 => Err(RdmaError::RegionNotFound),
-        5 => Err(RdmaError::Backend(BUSY_TEXT.to_owned())),
-        other => Err(RdmaError::Backend(format!(
-            "ofi: the owner refused the read for an unknown reason {other}"
-        ))),
+    Err(refusal_error((tag & REASON_MASK) >> REASON_SHIFT))
+}
+
+/// One entry of a [`ListRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListEntry {
+    /// The owner's registration id, from the key.
+    pub region_id: u64,
+    /// The capability, from the key.
+    pub capability: [u8; CAPABILITY_LEN],
+    /// First byte wanted, as an address in the owner.
+    pub address: u64,
+    /// Bytes wanted, 1 to [`GATHER_ENTRY_MAX`].
+    pub length: u64,
+}
+
+/// A consumer's list of small reads of one owner, answered by one
+/// gathered reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListRequest {
+    /// The consumer's id of this list (the reply's tag).
+    pub request_id: u64,
+    /// 1 to [`MAX_LIST_ENTRIES`] entries, together at most
+    /// [`GATHER_TOTAL_MAX`] bytes.
+    pub entries: Vec<ListEntry>,
+    /// The consumer's fabric address.
+    pub reply_to: Vec<u8>,
+}
+
+impl ListRequest {
+    /// The wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(
+            LIST_HEADER_LEN + self.entries.len() * LIST_ENTRY_LEN + self.reply_to.len(),
+        );
+        out.extend_from_slice(&[LIST_VERSION, self.entries.len() as u8, 0, 0]);
+        out.extend_from_slice(&self.request_id.to_le_bytes());
+        out.extend_from_slice(&(self.reply_to.len() as u16).to_le_bytes());
+        for entry in &self.entries {
+            out.extend_from_slice(&entry.region_id.to_le_bytes());
+            out.extend_from_slice(&entry.capability);
+            out.extend_from_slice(&entry.address.to_le_bytes());
+            out.extend_from_slice(&entry.length.to_le_bytes());
+        }
+        out.extend_from_slice(&self.reply_to);
+        out
     }
+
+    /// Decodes untrusted list bytes; `None` for anything malformed: a
+    /// count, length or total out of bounds, missing or trailing bytes.
+    pub fn decode(bytes: &[u8]) -> Option<ListRequest> {
+        if bytes.len() < LIST_HEADER_LEN || bytes.len() > LIST_REQUEST_MAX {
+            return None;
+        }
+        if bytes[0] != LIST_VERSION || bytes[2..4] != [0, 0] {
+            return None;
+        }
+        let count = usize::from(bytes[1]);
+        let u64_at = |at: usize| {
+            let mut raw = [0u8; 8];
+            raw.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(raw)
+        };
+        let request_id = u64_at(4);
+        let reply_len = usize::from(u16::from_le_bytes([bytes[12], bytes[13]]));
+        if count == 0 || count > MAX_LIST_ENTRIES {
+            return None;
+        }
+        if request_id == 0 || request_id & !REQUEST_ID_MASK != 0 {
+            return None;
+        }
+        let entries_end = LIST_HEADER_LEN + count * LIST_ENTRY_LEN;
+        if reply_len == 0
+            || reply_len > MAX_FABRIC_ADDRESS
+            || bytes.len() != entries_end + reply_len
+        {
+            return None;
+        }
+        let mut entries = Vec::with_capacity(count);
+        let mut total = 0u64;
+        for at in (LIST_HEADER_LEN..entries_end).step_by(LIST_ENTRY_LEN) {
+            let length = u64_at(at + 32);
+            if length == 0 || length > GATHER_ENTRY_MAX {
+                return None;
+            }
+            total += length;
+            let mut capability = [0u8; CAPABILITY_LEN];
+            capability.copy_from_slice(&bytes[at + 8..at + 24]);
+            entries.push(ListEntry {
+                region_id: u64_at(at),
+                capability,
+                address: u64_at(at + 24),
+                length,
+            });
+        }
+        if total > GATHER_TOTAL_MAX {
+            return None;
+        }
+        Some(ListRequest {
+            request_id,
+            entries,
+            reply_to: bytes[entries_end..].to_vec(),
+        })
+    }
+
+    /// The longest reply this list can get: a status byte per entry and
+    /// every entry's bytes.
+    pub fn reply_len(&self) -> usize {
+        self.entries.len()
+            + self
+                .entries
+                .iter()
+                .map(|entry| entry.length as usize)
+                .sum::<usize>()
+    }
+}
+
+/// Reads a gathered reply to a list that asked for `lengths`: for each
+/// entry, where its bytes start in `reply` or why it was refused. `None`
+/// when the reply's length is not exactly what its statuses and `lengths`
+/// add up to: then nothing of it may land.
+pub fn parse_gathered(reply: &[u8], lengths: &[u64]) -> Option<Vec<Result<usize, RdmaError>>> {
+    let statuses = reply.get(..lengths.len())?;
+    let mut at = lengths.len();
+    let mut outcomes = Vec::with_capacity(lengths.len());
+    for (&status, &length) in statuses.iter().zip(lengths) {
+        if status == 0 {
+            outcomes.push(Ok(at));
+            at = at.checked_add(usize::try_from(length).ok()?)?;
+        } else {
+            outcomes.push(Err(refusal_error(u64::from(status))));
+        }
+    }
+    (at == reply.len()).then_some(outcomes)
 }
 
 /// A consumer's request.
@@ -224,6 +430,108 @@ mod tests {
         let mut longer = wire.clone();
         longer.push(0);
         assert_eq!(ReadRequest::decode(&longer), None);
+    }
+
+    fn list() -> ListRequest {
+        ListRequest {
+            request_id: 77,
+            entries: (0..3)
+                .map(|i| ListEntry {
+                    region_id: 7 + i,
+                    capability: [i as u8; CAPABILITY_LEN],
+                    address: 0x1000 * (i + 1),
+                    length: 8 << i,
+                })
+                .collect(),
+            reply_to: b"fi_shm://9\0".to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_list_round_trips_and_every_cut_or_extension_is_refused() {
+        let wire = list().encode();
+        assert_eq!(ListRequest::decode(&wire), Some(list()));
+        for cut in 0..wire.len() {
+            assert_eq!(ListRequest::decode(&wire[..cut]), None, "cut at {cut}");
+        }
+        let mut longer = wire.clone();
+        longer.push(0);
+        assert_eq!(ListRequest::decode(&longer), None);
+        assert_eq!(ReadRequest::decode(&wire), None, "a list is no single read");
+        assert_eq!(ListRequest::decode(&sample().encode()), None);
+    }
+
+    #[test]
+    fn a_list_with_an_entry_too_long_or_a_total_too_large_is_refused() {
+        let mut big = list();
+        big.entries[1].length = GATHER_ENTRY_MAX + 1;
+        assert_eq!(ListRequest::decode(&big.encode()), None);
+        let mut empty = list();
+        empty.entries[0].length = 0;
+        assert_eq!(ListRequest::decode(&empty.encode()), None);
+        let full = ListRequest {
+            entries: vec![
+                ListEntry {
+                    length: GATHER_ENTRY_MAX,
+                    ..list().entries[0].clone()
+                };
+                (GATHER_TOTAL_MAX / GATHER_ENTRY_MAX) as usize + 1
+            ],
+            ..list()
+        };
+        assert_eq!(ListRequest::decode(&full.encode()), None);
+        let mut at_limit = full.clone();
+        at_limit.entries.pop();
+        assert_eq!(ListRequest::decode(&at_limit.encode()), Some(at_limit));
+    }
+
+    #[test]
+    fn a_gathered_reply_lands_only_when_its_lengths_add_up() {
+        let lengths = [8u64, 16, 32];
+        // Entry 1 refused (out of range): 3 statuses + 8 + 32 bytes.
+        let mut reply = vec![0, Refusal::OutOfRange.status(), 0];
+        reply.extend(std::iter::repeat_n(0xAB, 40));
+        let parsed = parse_gathered(&reply, &lengths).expect("adds up");
+        assert_eq!(parsed, vec![Ok(3), Err(RdmaError::OutOfRange), Ok(11)]);
+        for wrong in [reply.len() - 1, reply.len() + 1, 2, 0] {
+            let mut bytes = reply.clone();
+            bytes.resize(wrong, 0);
+            assert_eq!(parse_gathered(&bytes, &lengths), None, "{wrong} bytes");
+        }
+        // A refusal claimed as served makes the lengths not add up.
+        reply[1] = 0;
+        assert_eq!(parse_gathered(&reply, &lengths), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_decode_to_a_canonical_list_or_nothing(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..3000)
+        ) {
+            if let Some(list) = ListRequest::decode(&bytes) {
+                proptest::prop_assert_eq!(list.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn a_gathered_reply_of_arbitrary_bytes_never_points_past_its_end(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            lengths in proptest::collection::vec(1u64..64, 1..8),
+        ) {
+            if let Some(outcomes) = parse_gathered(&bytes, &lengths) {
+                for (outcome, &length) in outcomes.iter().zip(&lengths) {
+                    if let Ok(at) = outcome {
+                        proptest::prop_assert!(at + length as usize <= bytes.len());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_probe_is_no_request() {
+        assert_eq!(ReadRequest::decode(&PROBE), None);
+        assert_ne!(PROBE[0], REQUEST_VERSION);
     }
 
     #[test]

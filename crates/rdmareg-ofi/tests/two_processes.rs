@@ -171,13 +171,18 @@ fn get_across_processes_moves_the_right_bytes(provider: &str) {
     );
 }
 
-/// The owner is SIGKILLed while a 64 MiB GET from it is in flight: the GET
-/// answers (an error, or `Ok` if it landed first) by its deadline, and the
-/// consumer shuts down with nothing registered. On owner-served reads over
-/// tcp a posted reply receive learns nothing of the lost connection
-/// (measured on libfabric 1.17), so there the deadline is what ends it: the
-/// receive is cancelled and the GET answers `Timeout`.
-fn a_killed_owner_ends_a_get_in_flight_by_its_deadline(provider: &str) {
+/// How the first GET from an owner SIGKILLed while 64 MiB GETs from it
+/// ran back to back ended, and how long after the kill.
+struct KilledOwner {
+    answer: Result<(), rdmareg_core::RdmaError>,
+    after_kill: Duration,
+}
+
+/// 64 MiB GETs (each with `deadline`) run back to back from an owner
+/// process until one fails; the owner is SIGKILLed 50 ms after the first
+/// began. Then a second owner is read through the same consumer engine,
+/// which shuts down with nothing registered.
+fn get_from_an_owner_killed_mid_read(provider: &str, deadline: Duration) -> KilledOwner {
     const SIZE_BYTES: usize = 64 << 20;
     let mut owner = spawn_owner(provider, SIZE_BYTES);
     let consumer = OfiEngine::start(common::config(provider_named(provider))).unwrap();
@@ -191,39 +196,66 @@ fn a_killed_owner_ends_a_get_in_flight_by_its_deadline(provider: &str) {
         .enable_all()
         .build()
         .unwrap();
-    let deadline = Duration::from_secs(3);
-    let (answer, took) = runtime.block_on(async {
-        let region = backend
-            .map_test_memory(dst.as_mut_ptr() as usize, SIZE_BYTES)
-            .await
-            .unwrap();
-        let started = Instant::now();
-        let get = backend.get_into_test_memory(BackendGet {
-            peer: common::OWNER,
-            remote_addr: owner.addr,
-            packed_key: owner.key.clone(),
-            local_region_id: region.backend_region_id,
-            local_offset: 0,
-            len: SIZE_BYTES as u64,
-            deadline: Some(deadline),
-        });
-        let kill = async {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            owner.child.kill().unwrap();
+    let region = runtime
+        .block_on(backend.map_test_memory(dst.as_mut_ptr() as usize, SIZE_BYTES))
+        .unwrap();
+    let request = BackendGet {
+        peer: common::OWNER,
+        remote_addr: owner.addr,
+        packed_key: owner.key.clone(),
+        local_region_id: region.backend_region_id,
+        local_offset: 0,
+        len: SIZE_BYTES as u64,
+        deadline: Some(deadline),
+    };
+    let (answer, after_kill) = runtime.block_on(async {
+        let reads = async {
+            // Bounded, in case GETs from the dead owner kept succeeding.
+            let until = Instant::now() + deadline + Duration::from_secs(10);
+            loop {
+                let answer = backend.get_into_test_memory(request.clone()).await;
+                if answer.is_err() || Instant::now() > until {
+                    return (answer, Instant::now());
+                }
+            }
         };
-        let (answer, ()) = futures::join!(get, kill);
-        let took = started.elapsed();
-        backend.unmap(region.backend_region_id).await.unwrap();
-        (answer, took)
+        let kill = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            owner.child.kill().unwrap();
+            Instant::now()
+        };
+        let ((answer, ended_at), killed_at) = futures::join!(reads, kill);
+        (answer, ended_at.saturating_duration_since(killed_at))
     });
     let _ = owner.child.wait();
-    eprintln!("{provider}: GET from a killed owner answered {answer:?} after {took:?}");
-    assert!(
-        took < deadline + Duration::from_secs(3),
-        "the GET took {took:?}; deadline {deadline:?}"
+    eprintln!(
+        "{provider}: GET from a killed owner answered {answer:?} {after_kill:?} after the kill"
     );
+
+    // The same engine reads from another owner.
+    let mut other = spawn_owner(provider, 4096);
+    consumer
+        .add_peer(rdmareg_core::PeerId(2), other.address.clone())
+        .unwrap();
+    let second = runtime.block_on(backend.get_into_test_memory(BackendGet {
+        peer: rdmareg_core::PeerId(2),
+        remote_addr: other.addr,
+        packed_key: other.key.clone(),
+        local_region_id: region.backend_region_id,
+        local_offset: 0,
+        len: 4096,
+        deadline: Some(Duration::from_secs(20)),
+    }));
+    assert_eq!(second, Ok(()), "a read from another owner after the kill");
+    assert!((0..4096).all(|i| dst[i] == pattern(i)), "its bytes landed");
+    drop(other.child.stdin.take());
+    let _ = other.child.wait();
+    runtime
+        .block_on(backend.unmap(region.backend_region_id))
+        .unwrap();
     consumer.shutdown_blocking();
     assert_eq!(consumer.live_registrations(), 0);
+    KilledOwner { answer, after_kill }
 }
 
 /// What a GET from an owner stopped with SIGSTOP (not killed: its
@@ -293,6 +325,64 @@ fn get_from_a_stopped_owner(provider: &str, deadline: Duration) -> StoppedOwner 
     result
 }
 
+/// A GET posted after its owner process died (SIGKILL, reaped), with a
+/// 20 s deadline: the request cannot be delivered (over `tcp;ofi_rxm` every
+/// reconnection is refused and the send waits for ever), so only the
+/// engine's reachability watch ends it, with a typed error, about a second
+/// later.
+fn a_get_from_a_tcp_owner_that_died_fails_promptly_as_unreachable() {
+    let mut owner = spawn_owner("tcp", 4096);
+    let consumer = OfiEngine::start(common::config(Provider::Tcp)).unwrap();
+    consumer
+        .add_peer(common::OWNER, owner.address.clone())
+        .unwrap();
+    let backend = consumer.backend();
+    let mut dst = vec![0u8; 4096];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let region = runtime
+        .block_on(backend.map_test_memory(dst.as_mut_ptr() as usize, 4096))
+        .unwrap();
+    let request = BackendGet {
+        peer: common::OWNER,
+        remote_addr: owner.addr,
+        packed_key: owner.key.clone(),
+        local_region_id: region.backend_region_id,
+        local_offset: 0,
+        len: 4096,
+        deadline: Some(Duration::from_secs(20)),
+    };
+    // Connected first.
+    assert_eq!(
+        runtime.block_on(backend.get_into_test_memory(request.clone())),
+        Ok(())
+    );
+    owner.child.kill().unwrap();
+    let _ = owner.child.wait();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let answer = runtime.block_on(backend.get_into_test_memory(request));
+    let took = started.elapsed();
+    eprintln!("tcp: a GET from a dead owner answered {answer:?} after {took:?}");
+    runtime
+        .block_on(backend.unmap(region.backend_region_id))
+        .unwrap();
+    consumer.shutdown_blocking();
+    assert_eq!(consumer.live_registrations(), 0);
+    match &answer {
+        Err(rdmareg_core::RdmaError::Backend(text)) => {
+            assert!(text.contains("unreachable"), "answered {text:?}")
+        }
+        other => panic!("a GET from a dead owner answered {other:?}"),
+    }
+    assert!(
+        took < Duration::from_secs(3),
+        "it failed only after {took:?}"
+    );
+}
+
 type TestFn = Box<dyn Fn()>;
 
 fn main() {
@@ -310,12 +400,41 @@ fn main() {
             Box::new(|| get_across_processes_moves_the_right_bytes("shm")),
         ),
         (
-            "a_killed_owner_ends_a_get_in_flight_by_its_deadline_over_tcp",
-            Box::new(|| a_killed_owner_ends_a_get_in_flight_by_its_deadline("tcp")),
+            "a_killed_tcp_owner_fails_gets_in_flight_promptly_and_another_owner_is_still_read",
+            Box::new(|| {
+                // The deadline is far: only noticing the lost owner ends
+                // the GET in time. Killed mid-transfer, the provider may
+                // fail the read itself (a rendezvous read on the lost
+                // connection); otherwise the probe finds the owner gone.
+                let outcome = get_from_an_owner_killed_mid_read("tcp", Duration::from_secs(20));
+                assert!(
+                    matches!(outcome.answer, Err(rdmareg_core::RdmaError::Backend(_))),
+                    "a GET from a killed owner answered {:?}",
+                    outcome.answer
+                );
+                assert!(
+                    outcome.after_kill < Duration::from_secs(3),
+                    "the GET failed only {:?} after the kill",
+                    outcome.after_kill
+                );
+            }),
         ),
         (
-            "a_killed_owner_ends_a_get_in_flight_by_its_deadline_over_shm",
-            Box::new(|| a_killed_owner_ends_a_get_in_flight_by_its_deadline("shm")),
+            "a_get_from_a_tcp_owner_that_died_fails_promptly_as_unreachable",
+            Box::new(a_get_from_a_tcp_owner_that_died_fails_promptly_as_unreachable),
+        ),
+        (
+            "a_killed_shm_owner_ends_a_get_in_flight_by_its_deadline_and_another_owner_is_still_read",
+            Box::new(|| {
+                let deadline = Duration::from_secs(3);
+                let outcome = get_from_an_owner_killed_mid_read("shm", deadline);
+                assert!(
+                    outcome.after_kill < deadline + Duration::from_secs(3),
+                    "the GET answered {:?} only {:?} after the kill",
+                    outcome.answer,
+                    outcome.after_kill
+                );
+            }),
         ),
         (
             "a_stopped_tcp_owner_times_a_get_out_at_its_deadline",
