@@ -130,6 +130,9 @@ const LEAKS_BY_DESIGN: &[Named] = &[
     unit("pool::memory::tests::registered_memory_is_leaked_and_counted_unless_confirmed"),
     unit("region::owned::tests::registered_buffer_is_leaked_and_counted_not_freed"),
     suite("pool::arena_pages_never_confirmed_unmapped_are_leaked_loudly_not_freed"),
+    suite(
+        "rollbacks::a_rollback_dropped_with_its_runtime_leaks_the_arena_pages_instead_of_freeing_them",
+    ),
     // End with guards, arenas or owned buffers still registered.
     suite("bounded_waits::shutdown_spends_one_budget_on_the_drain_and_the_unmaps_together"),
     suite("bounded_waits::a_region_the_backend_unmaps_after_the_shutdown_budget_is_no_survivor"),
@@ -139,9 +142,17 @@ const LEAKS_BY_DESIGN: &[Named] = &[
     suite(
         "bounded_waits::unregister_owned_past_its_timeout_is_a_timeout_and_the_buffer_is_released_later",
     ),
-    suite("describe::a_cancelled_describe_leaves_the_buffer_undescribed_and_nothing_registered"),
+    suite("describe::a_cancelled_describe_frees_the_buffer_and_leaves_nothing_registered"),
+    suite("describe::a_cancelled_withdrawal_frees_the_buffer_only_after_its_unmap"),
+    suite(
+        "describe::a_described_buffer_withdrawn_is_unreadable_by_its_old_descriptors_and_writable_again",
+    ),
     suite("describe::a_pool_buffers_descriptor_grants_only_that_buffer"),
-    suite("describe::an_undescribed_pool_buffer_has_no_descriptor_and_a_dedicated_one_needs_none"),
+    suite("describe::describing_a_surrendered_buffer_is_refused_and_gives_it_back"),
+    suite("describe::withdrawing_during_shutdown_is_refused_and_keeps_the_buffer_described"),
+    suite(
+        "describe::withdrawing_waits_for_the_unmap_and_a_refused_unmap_keeps_the_buffer_described",
+    ),
     suite("describe::freeing_a_described_buffer_unmaps_its_key_before_its_memory_serves_another"),
     suite("describe::guard_describes_the_whole_region_and_its_sub_ranges"),
     suite("describe::handles_are_shareable_and_every_future_can_be_spawned"),
