@@ -38,13 +38,14 @@
 //! A turn whose one piece of work was a step that leaves the next move to
 //! another thread — a read request sent (the owner moves next), a read
 //! answered (its caller), a reply sent (the consumer) — yields at once
-//! instead of going round once more. Measured with timestamps at each step
-//! of a lone 8 B read over tcp on two cores, three threads take part
-//! (caller, consumer loop, owner loop), so two of them share a CPU and each
-//! step waits until the thread before it gives the CPU up; the extra turn
-//! (an `epoll_wait` of the worker, the queues, the clock) was that wait.
-//! Turns with more than one such step (a window of reads in flight) do not
-//! yield: the caller is not waiting for one answer and the loop has work.
+//! instead of going round once more. A lone read over tcp on two cores
+//! involves three threads (caller, consumer loop, owner loop), so two of
+//! them share a CPU, and timestamps at each step showed every step waiting
+//! 2–4 µs for the thread before it to give the CPU up; the extra turn (an
+//! `epoll_wait` of the worker, the queues, the clock) was part of that
+//! wait, 0.6–1.2 µs of a 19 µs read in an A/B (`docs/benchmarks.md`). Turns
+//! with more than one such step (a window of reads in flight) do not yield:
+//! the caller is not waiting for one answer and the loop has work.
 
 mod answer;
 mod direct;
