@@ -2,8 +2,12 @@
 //! `ucx_perftest -t ucp_get` from the same UCX on the same transport.
 //!
 //! ```text
-//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N] [--ucx-setting=KEY=VALUE]...
+//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N] [--small-only] [--iters=N] [--ucx-setting=KEY=VALUE]...
 //! ```
+//!
+//! `--small-only` measures the 8 B latency alone (no 1 MiB latency, no
+//! bandwidth runs), and `--iters=N` sets its iteration count: quick enough
+//! to repeat in alternating A/B rounds, or under `perf`.
 //!
 //! `--ucx-setting` applies a UCX setting to both engines on top of their
 //! own (`UcxConfig::with_ucx_setting`), for example
@@ -222,9 +226,8 @@ fn latency_iters(size: usize) -> usize {
     ((4usize << 30) / size).clamp(1_000, 20_000)
 }
 
-fn latency_spinning(s: &Setup, size: usize) -> Latency {
+fn latency_spinning(s: &Setup, size: usize, iters: usize) -> Latency {
     let request = s.request(size, 0);
-    let iters = latency_iters(size);
     for _ in 0..iters / 10 {
         spin_on(s.get(request.clone())).unwrap();
     }
@@ -238,12 +241,11 @@ fn latency_spinning(s: &Setup, size: usize) -> Latency {
     summarize(samples)
 }
 
-fn latency_tokio(s: &Setup, size: usize) -> Latency {
+fn latency_tokio(s: &Setup, size: usize, iters: usize) -> Latency {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     let request = s.request(size, 0);
-    let iters = latency_iters(size);
     runtime.block_on(async {
         for _ in 0..iters / 10 {
             s.get(request.clone()).await.unwrap();
@@ -346,6 +348,11 @@ fn main() {
         .iter()
         .find_map(|a| a.strip_prefix("--window="))
         .map(|n| n.parse().expect("--window=<outstanding GETs>"));
+    let small_only = args.iter().any(|a| a == "--small-only");
+    let iters_override: Option<usize> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--iters="))
+        .map(|n| n.parse().expect("--iters=<latency iterations>"));
     let settings: Vec<(String, String)> = args
         .iter()
         .filter_map(|a| a.strip_prefix("--ucx-setting="))
@@ -379,9 +386,17 @@ fn main() {
     println!(
         "transport: {transport_name}, huge pages: {huge_pages}, engine spin window: {spin:?} (None = default), extra UCX settings: {settings:?}"
     );
-    for size in LATENCY_SIZES {
-        let spin = latency_spinning(&s, size);
-        let tokio = latency_tokio(&s, size);
+    let latency_sizes: &[usize] = if small_only {
+        &LATENCY_SIZES[..1]
+    } else {
+        &LATENCY_SIZES
+    };
+    for &size in latency_sizes {
+        let iters = iters_override
+            .unwrap_or_else(|| latency_iters(size))
+            .max(10);
+        let spin = latency_spinning(&s, size, iters);
+        let tokio = latency_tokio(&s, size, iters);
         println!(
             "{size:>8} B GET, caller spinning : median {:7.2} us  p99 {:7.2} us  mean {:7.2} us",
             spin.median_us, spin.p99_us, spin.mean_us
@@ -391,7 +406,7 @@ fn main() {
             tokio.median_us, tokio.p99_us, tokio.mean_us
         );
         let perf_latency = run_perftest
-            .then(|| perftest(&env, size, latency_iters(size), 1))
+            .then(|| perftest(&env, size, iters, 1))
             .flatten();
         if let Some((p50, _)) = perf_latency {
             println!(
@@ -400,6 +415,11 @@ fn main() {
             );
         }
     }
+    let bandwidth_runs = if small_only {
+        Vec::new()
+    } else {
+        bandwidth_runs
+    };
     for (size, window) in bandwidth_runs {
         let ours = bandwidth(&s, size, window, false);
         let distinct = bandwidth(&s, size, window, true);

@@ -61,6 +61,10 @@ pub(crate) struct Events {
     /// for the logs.
     pub(crate) refused_requests: Cell<u64>,
     pub(crate) dropped_messages: Cell<u64>,
+    /// Steps this turn that left the next move to another thread: a read
+    /// request sent, a read answered, a reply sent (see "Handing over" in
+    /// the loop's docs).
+    pub(crate) hand_offs: Cell<u32>,
 }
 
 impl Default for Events {
@@ -80,11 +84,17 @@ impl Default for Events {
             tearing_down: Cell::new(false),
             refused_requests: Cell::new(0),
             dropped_messages: Cell::new(0),
+            hand_offs: Cell::new(0),
         }
     }
 }
 
 impl Events {
+    /// Counts a step whose next move belongs to another thread.
+    pub(crate) fn handed_off(&self) {
+        self.hand_offs.set(self.hand_offs.get().saturating_add(1));
+    }
+
     /// Whether any record waits for the loop.
     pub(crate) fn is_empty(&self) -> bool {
         self.finished_reads.borrow().is_empty()

@@ -157,6 +157,8 @@ impl GetOp {
         self.phase = Phase::Finished;
         if let Some(answer) = self.reply.take() {
             answer.send(outcome);
+            // SAFETY: the events record outlives every op slot's use.
+            unsafe { &*self.events }.handed_off();
         }
     }
 }
@@ -858,6 +860,7 @@ impl Engine {
                 op.cast::<c_void>(),
             )
         };
+        self.events.handed_off();
         match status {
             // SAFETY: the slot is active and owned by this read.
             PtrStatus::Pending(request) => unsafe { (*op).send_request = request },

@@ -32,6 +32,20 @@
 //! cost the window; a yield hands the CPU over at once and costs about half a
 //! microsecond when nothing else wants it. The loop stays runnable, so a
 //! submission during the window still needs no doorbell.
+//!
+//! # Handing over
+//!
+//! A turn whose one piece of work was a step that leaves the next move to
+//! another thread — a read request sent (the owner moves next), a read
+//! answered (its caller), a reply sent (the consumer) — yields at once
+//! instead of going round once more. A lone read over tcp on two cores
+//! involves three threads (caller, consumer loop, owner loop), so two of
+//! them share a CPU, and timestamps at each step showed every step waiting
+//! 2–4 µs for the thread before it to give the CPU up; the extra turn (an
+//! `epoll_wait` of the worker, the queues, the clock) was part of that
+//! wait, 0.6–1.2 µs of a 19 µs read in an A/B (`docs/benchmarks.md`). Turns
+//! with more than one such step (a window of reads in flight) do not yield:
+//! the caller is not waiting for one answer and the loop has work.
 
 mod answer;
 mod direct;
@@ -310,8 +324,14 @@ impl Engine {
             if self.peers.closing_count() > 0 {
                 self.poll_closing();
             }
+            let hand_offs = self.events.hand_offs.replace(0);
             if worked {
                 idle_since = None;
+                if hand_offs == 1 && ring.is_empty() && control.is_empty() {
+                    // A lone step whose next move is another thread's:
+                    // hand over the CPU now (see "Handing over" above).
+                    std::thread::yield_now();
+                }
                 continue;
             }
             let now = Instant::now();

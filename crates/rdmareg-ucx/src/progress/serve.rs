@@ -307,6 +307,8 @@ pub(super) unsafe extern "C" fn on_read_request(
             RemoteRefusal::Malformed,
         )),
     };
+    // Whatever goes back, the consumer moves next.
+    events.handed_off();
     match decision {
         Ok((request, address, memh)) => {
             let reply = ReadReply {
