@@ -64,7 +64,11 @@ async fn shutdown_with_regions_mapped_and_gets_in_flight_ends_with_nothing_regis
 /// Both engines live in this process: an abort fails this binary outright.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutting_down_mid_get_lets_the_owner_finish_answering() {
-    let (owner, consumer) = engines(Transport::Tcp);
+    // A teardown bound the 64 MiB drain fits in even on a loaded machine
+    // (or under ASan): the point is that teardown waits for it, not how
+    // fast it is.
+    let (owner, consumer) =
+        engines_with(config(Transport::Tcp).with_teardown_timeout(Duration::from_secs(30)));
     let (ob, cb) = (owner.backend(), consumer.backend());
     let src = PageBuf::filled(64 * MIB, pattern);
     let src_region = map(&ob, &src).await;
