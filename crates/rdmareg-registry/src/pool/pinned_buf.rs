@@ -54,17 +54,17 @@ pub(crate) struct OwnRegistration {
     pub(crate) charge: Reservation,
 }
 
-/// A rollback of a cancelled `describe` keeps the arena — and so its pages —
-/// alive until the backend confirmed it; if that fails, forever.
+/// An arena whose pages a registration may outlive: kept alive forever.
 impl MappedMemory for Arc<Arena> {
     fn leak(self) {
         std::mem::forget(self);
     }
 }
 
-/// A slot whose registration's fate is unknown (a withdrawal dropped with
-/// its runtime) is never reused: its granules stay taken, and its arena —
-/// so the pages — alive forever, counted as leaked.
+/// A slot whose registration's fate is unknown (a describe's rollback whose
+/// unmap failed, a withdrawal or rollback dropped with its runtime) is never
+/// reused: its granules stay taken, and its arena — so the pages — alive
+/// forever, counted as leaked.
 impl MappedMemory for Slot {
     fn leak(self) {
         let slot = std::mem::ManuallyDrop::new(self);
@@ -73,7 +73,7 @@ impl MappedMemory for Slot {
             inner.as_deref(),
             Arc::clone(&slot.arena),
             slot.granules,
-            "its withdrawal was dropped unfinished",
+            "the unmap of its own registration was never confirmed",
         );
     }
 }

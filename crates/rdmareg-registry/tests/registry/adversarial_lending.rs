@@ -1,0 +1,177 @@
+//! Attacks on lending a pool buffer (`describe` / `withdraw`) and on the
+//! rollback of cancelled maps, with safe code over the loopback and its
+//! fault knobs: granules reused under a live key, leaks left uncounted,
+//! stale descriptors, shutdown races.
+
+use std::time::Duration;
+
+use rdmareg_backend::loopback::FaultOp;
+use rdmareg_registry::{GRANULE, RdmaError};
+
+use crate::common::*;
+
+/// A buffer whose describe is cancelled while its map is held: the map then
+/// registers its bytes (detached, as UCX's command ring does) and the
+/// rollback's unmap is held too. Answers the bytes' address and the unmap
+/// gate, with the registration live.
+async fn cancelled_describe_with_live_registration(
+    side: &Side,
+) -> (u64, rdmareg_backend::loopback::HangGate) {
+    let buf = side.registry.alloc_pinned(page()).await.unwrap();
+    let addr = buf.as_ptr() as u64;
+    side.backend.faults().detach_maps(true);
+    let map_hold = side.backend.faults().hang(FaultOp::Map);
+    {
+        let mut describing = Box::pin(buf.describe());
+        assert!(futures::poll!(&mut describing).is_pending());
+        map_hold.until_waiting(1).await;
+    }
+    let unmap_hold = side.backend.faults().hang(FaultOp::Unmap);
+    map_hold.release();
+    unmap_hold.until_waiting(1).await;
+    (addr, unmap_hold)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_describe_keeps_its_granules_until_its_rollback_unmapped_them() {
+    let (_fabric, side) = one_side(small_config());
+    let (addr, unmap_hold) = cancelled_describe_with_live_registration(&side).await;
+    assert_eq!(
+        side.live(),
+        2,
+        "the arena and the cancelled describe's registration"
+    );
+    // The rollback has not unmapped the buffer's bytes yet: a new buffer
+    // must not be carved from them (it would be writable, and a GET
+    // destination, under a registration of its own bytes).
+    let other = side.registry.try_alloc_pinned(page()).unwrap();
+    assert_ne!(
+        other.as_ptr() as u64,
+        addr,
+        "granules reused while the cancelled describe's registration is live"
+    );
+    unmap_hold.release();
+    within(
+        Duration::from_secs(5),
+        "the rollback",
+        side.registry.map_rollbacks_settled(),
+    )
+    .await;
+    assert_eq!(side.live(), 1);
+    drop(other);
+    eventually("the granules come back", || {
+        side.registry.stats().live_allocations == 0
+    })
+    .await;
+    assert_eq!(side.registry.stats().leaked_bytes, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_describe_whose_rollback_unmap_is_refused_leaks_its_granules_and_counts_them() {
+    let (_fabric, side) = one_side(small_config());
+    let buf = side.registry.alloc_pinned(page()).await.unwrap();
+    let addr = buf.as_ptr() as u64;
+    side.backend.faults().detach_maps(true);
+    let map_hold = side.backend.faults().hang(FaultOp::Map);
+    {
+        let mut describing = Box::pin(buf.describe());
+        assert!(futures::poll!(&mut describing).is_pending());
+        map_hold.until_waiting(1).await;
+    }
+    side.backend.faults().refuse_unmaps(true);
+    map_hold.release();
+    within(
+        Duration::from_secs(5),
+        "the rollback",
+        side.registry.map_rollbacks_settled(),
+    )
+    .await;
+    assert_eq!(side.live(), 2, "the refused rollback left a registration");
+    assert_eq!(
+        side.registry.stats().leaked_bytes,
+        GRANULE,
+        "the granules under the surviving registration are counted as leaked"
+    );
+    side.backend.faults().refuse_unmaps(false);
+    // Those granules are never handed out again.
+    let others: Vec<_> = (0..8)
+        .map(|_| side.registry.try_alloc_pinned(page()).unwrap())
+        .collect();
+    assert!(
+        others.iter().all(|b| b.as_ptr() as u64 != addr),
+        "granules under a live registration were handed out again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_describe_whose_rollback_finishes_leaks_nothing() {
+    let (_fabric, side) = one_side(small_config());
+    let (_addr, unmap_hold) = cancelled_describe_with_live_registration(&side).await;
+    unmap_hold.release();
+    within(
+        Duration::from_secs(5),
+        "the rollback",
+        side.registry.map_rollbacks_settled(),
+    )
+    .await;
+    eventually("the granules come back", || {
+        side.registry.stats().live_allocations == 0
+    })
+    .await;
+    let stats = side.registry.stats();
+    assert_eq!(stats.leaked_bytes, 0);
+    assert_eq!(side.live(), 1, "only the arena is registered");
+    assert_eq!(
+        stats.registered_bytes,
+        64 * KIB as u64,
+        "only the arena is charged"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_withdrawn_and_re_described_buffer_answers_its_old_descriptor_with_a_typed_error() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let mut buf = owner.registry.alloc_pinned(page()).await.unwrap();
+    buf.fill(0x31);
+    let first = buf.describe().await.unwrap();
+    let old = first.descriptor();
+    let mut buf = first.withdraw().await.unwrap();
+    buf.fill(0x32);
+    let second = buf.describe().await.unwrap();
+    let new = second.descriptor();
+    assert_eq!(old.addr(), new.addr(), "the same bytes");
+    assert_ne!(old.generation(), new.generation());
+
+    let mut dst = consumer.registry.alloc_pinned(page()).await.unwrap();
+    dst.fill(0);
+    let stale = consumer.registry.get(OWNER, &old, &mut dst).await;
+    assert!(
+        matches!(stale, Err(RdmaError::RegionNotFound)),
+        "a withdrawn description still read: {stale:?}"
+    );
+    assert!(dst.iter().all(|b| *b == 0), "no byte arrived");
+    consumer.registry.get(OWNER, &new, &mut dst).await.unwrap();
+    assert!(dst.iter().all(|b| *b == 0x32));
+    drop(second);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutting_down_with_a_described_buffer_alive_leaves_its_key_accounted() {
+    let (_fabric, owner, _consumer) = two_sides(small_config());
+    let mut buf = owner.registry.alloc_pinned(page()).await.unwrap();
+    buf.fill(0x41);
+    let described = buf.describe().await.unwrap();
+    let swept = owner.registry.shutdown(Duration::from_secs(5)).await;
+    let live_after_sweep = owner.live();
+    let survivors = swept.survivors();
+    eprintln!(
+        "report {:?} survivors {survivors:?} live {live_after_sweep}",
+        swept.report()
+    );
+    drop(described);
+    eventually("the described buffer's key is unmapped", || {
+        owner.live() == 0
+    })
+    .await;
+    assert_eq!(owner.registry.stats().leaked_bytes, 0);
+}
