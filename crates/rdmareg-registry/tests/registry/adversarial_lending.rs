@@ -156,22 +156,71 @@ async fn a_withdrawn_and_re_described_buffer_answers_its_old_descriptor_with_a_t
 }
 
 #[tokio::test(start_paused = true)]
-async fn shutting_down_with_a_described_buffer_alive_leaves_its_key_accounted() {
-    let (_fabric, owner, _consumer) = two_sides(small_config());
+async fn a_described_buffer_held_across_shutdown_loses_its_key_at_teardown_and_leaks_nothing() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
     let mut buf = owner.registry.alloc_pinned(page()).await.unwrap();
     buf.fill(0x41);
     let described = buf.describe().await.unwrap();
+    let descriptor = described.descriptor();
     let swept = owner.registry.shutdown(Duration::from_secs(5)).await;
-    let live_after_sweep = owner.live();
-    let survivors = swept.survivors();
-    eprintln!(
-        "report {:?} survivors {survivors:?} live {live_after_sweep}",
-        swept.report()
+    assert!(swept.report().drained);
+    // Shutdown does not wait for buffers the application holds: the
+    // buffer's own key outlives the sweep, until the backend's teardown.
+    assert_eq!(owner.live(), 1, "the described buffer's own key");
+    assert!(described.iter().all(|b| *b == 0x41));
+    owner.backend.shutdown().await;
+    assert_eq!(owner.live(), 0);
+    assert!(matches!(
+        swept.finish_after_backend_teardown(),
+        rdmareg_registry::TeardownVerdict::Released { .. }
+    ));
+    let mut dst = consumer.registry.alloc_pinned(page()).await.unwrap();
+    dst.fill(0);
+    assert!(
+        consumer
+            .registry
+            .get(OWNER, &descriptor, &mut dst)
+            .await
+            .is_err(),
+        "a torn-down owner's descriptor still reads"
     );
+    assert!(dst.iter().all(|b| *b == 0), "no byte arrived");
     drop(described);
-    eventually("the described buffer's key is unmapped", || {
-        owner.live() == 0
-    })
-    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(owner.registry.stats().leaked_bytes, 0);
+    assert_eq!(owner.registered_bytes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_describe_admitted_before_shutdown_finishes_inside_the_drain_and_settles_after_it() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let mut buf = owner.registry.alloc_pinned(page()).await.unwrap();
+    buf.fill(0x42);
+    let map_hold = owner.backend.faults().hang(FaultOp::Map);
+    let describing = tokio::spawn(buf.describe());
+    map_hold.until_waiting(1).await;
+    let registry = owner.registry.clone();
+    let shutting = tokio::spawn(async move { registry.shutdown(Duration::from_secs(2)).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!shutting.is_finished(), "the drain waits for the describe");
+    map_hold.release();
+    let described = describing.await.unwrap().unwrap();
+    let swept = shutting.await.unwrap();
+    assert!(swept.report().drained);
+    let mut dst = consumer.registry.alloc_pinned(page()).await.unwrap();
+    consumer
+        .registry
+        .get(OWNER, &described.descriptor(), &mut dst)
+        .await
+        .unwrap();
+    assert!(dst.iter().all(|b| *b == 0x42));
+    // A withdrawal after shutdown began is refused; dropping the buffer
+    // still unmaps its key and gives everything back.
+    let refused = described.withdraw().await.unwrap_err();
+    assert_eq!(refused.error(), &RdmaError::ShuttingDown);
+    drop(refused);
+    eventually("the key is unmapped", || owner.live() == 0).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(owner.registry.stats().leaked_bytes, 0);
+    assert_eq!(owner.registered_bytes(), 0);
 }
