@@ -119,37 +119,38 @@ impl DescribedBuf {
             return Err(WithdrawError::new(RdmaError::ShuttingDown, self));
         };
         let DescribedBuf {
-            mut slot,
+            slot,
             len,
             descriptor,
         } = self;
-        let Some(own) = slot.own.take() else {
+        let Some(id) = slot.own.as_ref().map(|own| own.backend_region_id) else {
             // Unreachable by construction; without a registration there is
             // nothing to revoke.
             return Ok(PinnedBuf::new(slot, len));
         };
         let (answer, answered) = tokio::sync::oneshot::channel();
         // Should the task be dropped unfinished (its runtime shut down), the
-        // slot is leaked rather than reused under a key that may be live.
+        // slot is leaked with its registration — granules taken, pages
+        // charged — rather than reused under a key that may be live.
         let kept = LeakUnlessReleased::new(slot);
         let handle = inner.handle.clone();
         handle.spawn(async move {
             let _ticket = ticket;
-            let outcome = inner.backend.unmap(own.backend_region_id).await;
+            let outcome = inner.backend.unmap(id).await;
             let Some(mut slot) = kept.release() else {
                 return;
             };
             // Unanswered (the caller went away), the slot is dropped: its
             // granules go back after a confirmed unmap; after a failed one
-            // the restored registration is unmapped again, or leaked.
+            // its registration is unmapped again, or leaked.
             match outcome {
                 Ok(()) => {
-                    drop(own);
+                    // The key is dead: its charge goes with it.
+                    drop(slot.own.take());
                     let _ = answer.send(Ok(slot));
                 }
                 Err(error) => {
                     tracing::warn!(%error, "withdrawing a described buffer: its unmap failed, the buffer stays described");
-                    slot.own = Some(own);
                     let _ = answer.send(Err((error, slot)));
                 }
             }
@@ -311,7 +312,7 @@ async fn describe_slot(
             slot.own = Some(OwnRegistration {
                 backend_region_id: region.backend_region_id,
                 descriptor,
-                charge,
+                _charge: charge,
             });
             Ok(slot)
         }

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use rdmareg_backend::RdmaBackend;
 use rdmareg_backend::loopback::FaultOp;
 use rdmareg_registry::{GRANULE, RdmaError};
 
@@ -223,4 +224,91 @@ async fn a_describe_admitted_before_shutdown_finishes_inside_the_drain_and_settl
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(owner.registry.stats().leaked_bytes, 0);
     assert_eq!(owner.registered_bytes(), 0);
+}
+
+/// A caller runtime that keeps running, a registry whose background tasks
+/// run on a runtime of their own (shut down by the test), and a described
+/// page-long pool buffer of it, with the registry's charge before describing.
+fn described_on_a_registry_runtime() -> (
+    tokio::runtime::Runtime,
+    tokio::runtime::Runtime,
+    std::sync::Arc<rdmareg_backend::loopback::LoopbackBackend>,
+    rdmareg_registry::RdmaRegistry,
+    rdmareg_registry::DescribedBuf,
+) {
+    use std::sync::Arc;
+    let caller = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let registry_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let fabric = rdmareg_backend::loopback::LoopbackFabric::new();
+    let backend = fabric.backend(OWNER);
+    let registry = rdmareg_registry::RdmaRegistry::new(
+        Arc::clone(&backend) as Arc<dyn RdmaBackend>,
+        small_config(),
+        registry_runtime.handle().clone(),
+    )
+    .unwrap();
+    let described = caller.block_on(async {
+        let buf = registry.alloc_pinned(page()).await.unwrap();
+        buf.describe().await.unwrap()
+    });
+    assert_eq!(backend.live_registrations(), Some(2));
+    (caller, registry_runtime, backend, registry, described)
+}
+
+#[test]
+fn a_freed_described_buffer_whose_unmap_dies_with_its_runtime_stays_charged_and_counts_its_leak() {
+    let (caller, registry_runtime, backend, registry, described) =
+        described_on_a_registry_runtime();
+    let charged = registry.stats().registered_bytes;
+    let unmap_hold = backend.faults().hang(FaultOp::Unmap);
+    drop(described);
+    caller.block_on(unmap_hold.until_waiting(1));
+    // The unmap of the buffer's own key is dropped with the runtime: as far
+    // as the registry can tell the key may be live forever, so its granules
+    // are leaked and counted, and its pages stay charged.
+    registry_runtime.shutdown_timeout(Duration::from_secs(5));
+    drop(unmap_hold);
+    assert_eq!(
+        registry.stats().leaked_bytes,
+        GRANULE,
+        "the leak is counted"
+    );
+    assert_eq!(
+        registry.stats().registered_bytes,
+        charged,
+        "a registration that may be live stays charged"
+    );
+}
+
+#[test]
+fn a_withdrawal_whose_unmap_dies_with_its_runtime_keeps_the_key_charged_and_counts_its_leak() {
+    let (caller, registry_runtime, backend, registry, described) =
+        described_on_a_registry_runtime();
+    let charged = registry.stats().registered_bytes;
+    let unmap_hold = backend.faults().hang(FaultOp::Unmap);
+    let withdrawing = caller.spawn(described.withdraw());
+    caller.block_on(unmap_hold.until_waiting(1));
+    registry_runtime.shutdown_timeout(Duration::from_secs(5));
+    drop(unmap_hold);
+    let refused = caller.block_on(withdrawing).unwrap().unwrap_err();
+    assert_eq!(refused.error(), &RdmaError::ShuttingDown);
+    assert!(refused.into_buf().is_none(), "the buffer was leaked");
+    assert_eq!(
+        registry.stats().leaked_bytes,
+        GRANULE,
+        "the leak is counted"
+    );
+    assert_eq!(
+        registry.stats().registered_bytes,
+        charged,
+        "a registration that may be live stays charged"
+    );
 }
