@@ -34,6 +34,20 @@ macro_rules! per_lane {
     )+};
 }
 
+/// As [`per_lane!`] for a scenario reading stale descriptors, which the
+/// same-host lane does not refuse yet.
+macro_rules! per_lane_refusing_stale_descriptors {
+    ($scenario:ident) => {
+        rdmareg_tests::lane_tests!($scenario,
+            over_tcp => rdmareg_ucx::Transport::Tcp,
+            #[ignore = "known defect: on Transport::SameHost (cma) a GET of a stale descriptor (its buffer withdrawn and described again, or freed and its memory reused by a buffer nobody described) answers Ok(()) with the owner's current bytes; nothing in the cma path checks that the key's registration is still live"]
+            over_same_host => rdmareg_ucx::Transport::SameHost,
+        );
+    };
+}
+
+#[path = "../registry/adversarial_lending.rs"]
+mod adversarial_lending;
 #[path = "../registry/cancelled_get.rs"]
 mod cancelled_get;
 #[path = "../registry/end_to_end.rs"]
