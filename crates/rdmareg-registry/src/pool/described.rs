@@ -184,10 +184,13 @@ impl Deref for DescribedBuf {
     fn deref(&self) -> &[u8] {
         // SAFETY: `[ptr, ptr + len)` lies inside the slot's granules, which
         // the allocator handed to this slot alone, in an arena kept alive by
-        // the slot's `Arc` and initialised since its allocation. Nothing
-        // writes them while the buffer is described: it is never a GET
-        // destination (GETs take a `&mut PinnedBuf`), safe code gets no
-        // `&mut` to them, and the engine serving peers only reads them.
+        // the slot's `Arc` and initialised since its allocation. Nothing in
+        // this process writes them while the buffer is described: it is
+        // never a GET destination (GETs take a `&mut PinnedBuf`), safe code
+        // gets no `&mut` to them, and the engine serving peers only reads
+        // them. The one writer left is outside the process: on RDMA hardware
+        // a peer holding the key may write them by DMA, which is the trust
+        // boundary the type's documentation and `docs/safety.md` state.
         unsafe { std::slice::from_raw_parts(self.bytes_ptr(), self.len) }
     }
 }
@@ -287,9 +290,10 @@ async fn describe_slot(
     // SAFETY: `[ptr, ptr + len)` lies inside the slot's granules, which the
     // slot passed along keeps taken (and its arena allocated) until nothing
     // registers them. The registry never names this registration as a GET
-    // destination, so the backend only reads these bytes for peers; they are
-    // not written while it is live, since only a `DescribedBuf` (read-only)
-    // holds it.
+    // destination, so the backend only reads these bytes for peers, and no
+    // code of this process writes them while it is live, since only a
+    // `DescribedBuf` (read-only) holds it (on RDMA hardware a peer holding
+    // the key may write them: the trust boundary `docs/safety.md` states).
     let (answer, mut slot) = unsafe { MapInFlight::start(inner, ptr, len, slot) }.await;
     let region = match answer {
         Ok(region) => region,
