@@ -31,7 +31,7 @@ async fn read(pair: &Pair, descriptor: &Descriptor, marker: u8) -> (Result<(), R
         .registry
         .get(OWNER, descriptor, &mut dst)
         .await;
-    (answer, dst.iter().any(|b| *b == marker))
+    (answer, dst.contains(&marker))
 }
 
 async fn a_stale_descriptor_of_a_lent_buffer_reads_nothing_once_withdrawn_or_freed(lane: Lane) {
