@@ -91,6 +91,9 @@ async fn cancelled_describes_and_withdrawals_leave_nothing_registered_or_leaked(
         drop(warm);
         (registry.stats().registered_bytes, pair.owner.engine_live())
     };
+    // Rounds after whose cancellation a map rollback was in flight (this
+    // round's or an earlier one's): the scenario must exercise rollbacks.
+    let mut rollbacks_seen = 0;
     for round in 0..40u32 {
         let buf = registry.alloc_pinned(LEN).await.unwrap();
         // Cancel the describe after `round % 4` polls (0: never polled).
@@ -105,6 +108,9 @@ async fn cancelled_describes_and_withdrawals_leave_nothing_registered_or_leaked(
             tokio::task::yield_now().await;
         }
         drop(describing);
+        if registry.stats().map_rollbacks_in_flight > 0 {
+            rollbacks_seen += 1;
+        }
         // A describe that finished: cancel its withdrawal the same way.
         if let Some(lent) = described {
             let mut withdrawing = Box::pin(lent.withdraw());
@@ -117,6 +123,11 @@ async fn cancelled_describes_and_withdrawals_leave_nothing_registered_or_leaked(
             }
         }
     }
+    eprintln!("{lane:?}: a rollback was in flight after {rollbacks_seen} of 40 cancellations");
+    assert!(
+        rollbacks_seen > 0,
+        "{lane:?}: no cancellation landed during a map"
+    );
     within(LIMIT, "the rollbacks", registry.map_rollbacks_settled()).await;
     eventually(LIMIT, "every buffer is back", || {
         registry.stats().live_allocations == 0
