@@ -12,7 +12,10 @@ use std::time::Duration;
 use rdmareg_registry::{Descriptor, RdmaError};
 use rdmareg_tests::{KIB, Lane, OWNER, Pair, eventually, registry_config, within};
 
-per_lane!(cancelled_describes_and_withdrawals_leave_nothing_registered_or_leaked);
+per_lane!(
+    cancelled_describes_and_withdrawals_leave_nothing_registered_or_leaked,
+    lent_buffers_held_past_engine_teardown_are_refused_withdrawal_and_leak_nothing_when_dropped,
+);
 // Each suite says which of its lanes still read stale descriptors.
 per_lane_refusing_stale_descriptors!(
     a_stale_descriptor_of_a_lent_buffer_reads_nothing_once_withdrawn_or_freed
@@ -141,4 +144,44 @@ async fn cancelled_describes_and_withdrawals_leave_nothing_registered_or_leaked(
         "{lane:?}: an ordinary cancellation leaked"
     );
     pair.shut_down(LIMIT).await;
+}
+
+/// Lent buffers the application still holds through the documented shutdown
+/// order (registry shutdown, engine teardown, release): a withdrawal is then
+/// refused with the buffer back, and dropping them leaks nothing, since the
+/// teardown already unregistered their keys.
+async fn lent_buffers_held_past_engine_teardown_are_refused_withdrawal_and_leak_nothing_when_dropped(
+    lane: Lane,
+) {
+    let pair = Pair::start(lane.clone(), registry_config());
+    let registry = &pair.owner.registry;
+    let dropped = registry
+        .alloc_pinned(LEN)
+        .await
+        .unwrap()
+        .describe()
+        .await
+        .unwrap();
+    let withdrawn = registry
+        .alloc_pinned(LEN)
+        .await
+        .unwrap()
+        .describe()
+        .await
+        .unwrap();
+    pair.shut_down(LIMIT).await;
+    drop(dropped);
+    let refused = withdrawn.withdraw().await.unwrap_err();
+    assert_eq!(refused.error(), &RdmaError::ShuttingDown);
+    drop(refused.into_buf().expect("the buffer comes back"));
+    eventually(LIMIT, "both buffers are back", || {
+        registry.stats().live_allocations == 0
+    })
+    .await;
+    assert_eq!(
+        registry.stats().leaked_bytes,
+        0,
+        "{lane:?}: a key the teardown unregistered was counted as leaked"
+    );
+    assert_eq!(pair.owner.engine_live(), 0);
 }
