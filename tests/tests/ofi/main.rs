@@ -34,6 +34,16 @@ macro_rules! per_lane {
     )+};
 }
 
+/// As [`per_lane!`] for a scenario reading stale descriptors (every lane
+/// here refuses them).
+macro_rules! per_lane_refusing_stale_descriptors {
+    ($scenario:ident) => {
+        per_lane!($scenario);
+    };
+}
+
+#[path = "../registry/adversarial_lending.rs"]
+mod adversarial_lending;
 #[path = "../registry/cancelled_get.rs"]
 mod cancelled_get;
 #[path = "../registry/end_to_end.rs"]

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use rdmareg_core::{Descriptor, RdmaError, page_enclosing_range};
 
 use super::pinned_buf::{OwnRegistration, PinnedBuf, Slot};
-use crate::mapping::{LeakUnlessReleased, MapInFlight, MappedMemory};
+use crate::mapping::{LeakUnlessReleased, MapInFlight};
 use crate::registry::Inner;
 
 /// A pool buffer whose bytes peers may read through its descriptors.
@@ -119,37 +119,38 @@ impl DescribedBuf {
             return Err(WithdrawError::new(RdmaError::ShuttingDown, self));
         };
         let DescribedBuf {
-            mut slot,
+            slot,
             len,
             descriptor,
         } = self;
-        let Some(own) = slot.own.take() else {
+        let Some(id) = slot.own.as_ref().map(|own| own.backend_region_id) else {
             // Unreachable by construction; without a registration there is
             // nothing to revoke.
             return Ok(PinnedBuf::new(slot, len));
         };
         let (answer, answered) = tokio::sync::oneshot::channel();
         // Should the task be dropped unfinished (its runtime shut down), the
-        // slot is leaked rather than reused under a key that may be live.
+        // slot is leaked with its registration — granules taken, pages
+        // charged — rather than reused under a key that may be live.
         let kept = LeakUnlessReleased::new(slot);
         let handle = inner.handle.clone();
         handle.spawn(async move {
             let _ticket = ticket;
-            let outcome = inner.backend.unmap(own.backend_region_id).await;
+            let outcome = inner.backend.unmap(id).await;
             let Some(mut slot) = kept.release() else {
                 return;
             };
             // Unanswered (the caller went away), the slot is dropped: its
             // granules go back after a confirmed unmap; after a failed one
-            // the restored registration is unmapped again, or leaked.
+            // its registration is unmapped again, or leaked.
             match outcome {
                 Ok(()) => {
-                    drop(own);
+                    // The key is dead: its charge goes with it.
+                    drop(slot.own.take());
                     let _ = answer.send(Ok(slot));
                 }
                 Err(error) => {
                     tracing::warn!(%error, "withdrawing a described buffer: its unmap failed, the buffer stays described");
-                    slot.own = Some(own);
                     let _ = answer.send(Err((error, slot)));
                 }
             }
@@ -183,10 +184,13 @@ impl Deref for DescribedBuf {
     fn deref(&self) -> &[u8] {
         // SAFETY: `[ptr, ptr + len)` lies inside the slot's granules, which
         // the allocator handed to this slot alone, in an arena kept alive by
-        // the slot's `Arc` and initialised since its allocation. Nothing
-        // writes them while the buffer is described: it is never a GET
-        // destination (GETs take a `&mut PinnedBuf`), safe code gets no
-        // `&mut` to them, and the engine serving peers only reads them.
+        // the slot's `Arc` and initialised since its allocation. Nothing in
+        // this process writes them while the buffer is described: it is
+        // never a GET destination (GETs take a `&mut PinnedBuf`), safe code
+        // gets no `&mut` to them, and the engine serving peers only reads
+        // them. The one writer left is outside the process: on RDMA hardware
+        // a peer holding the key may write them by DMA, which is the trust
+        // boundary the type's documentation and `docs/safety.md` state.
         unsafe { std::slice::from_raw_parts(self.bytes_ptr(), self.len) }
     }
 }
@@ -210,12 +214,18 @@ impl PinnedBuf {
     /// # Errors
     /// [`RdmaError::RegionNotFound`] for a surrendered buffer;
     /// [`RdmaError::ShuttingDown`]; [`RdmaError::BudgetExceeded`]; the
-    /// backend's map error. The error carries the buffer back, unchanged.
+    /// backend's map error. The error carries the buffer back, unchanged —
+    /// except when the backend answers a key no descriptor can carry: that
+    /// registration is unmapped in the background and the buffer comes back
+    /// surrendered, its granules returning to the pool once the unmap is
+    /// confirmed.
     ///
     /// # Cancel safety
     /// Dropping the future drops the buffer; a map already started is rolled
-    /// back in the background (the arena is kept alive until that unmap is
-    /// confirmed), and its key was never handed out.
+    /// back in the background, and its key was never handed out. The
+    /// buffer's granules go back to the pool only once that unmap is
+    /// confirmed (never, if it fails: they are leaked and counted in
+    /// [`RegistryStats::leaked_bytes`](crate::RegistryStats::leaked_bytes)).
     pub async fn describe(mut self) -> Result<DescribedBuf, DescribeError> {
         let len = self.len();
         let Some(slot) = self.take_slot() else {
@@ -225,45 +235,70 @@ impl PinnedBuf {
             self.restore(slot);
             return Err(DescribeError::new(RdmaError::ShuttingDown, self));
         };
-        match describe_slot(&inner, &slot, len).await {
-            Ok(own) => {
-                let descriptor = own.descriptor.clone();
-                let mut slot = slot;
-                slot.own = Some(own);
+        match describe_slot(&inner, slot, len).await {
+            Ok(slot) => {
+                let Some(descriptor) = slot.own.as_ref().map(|own| own.descriptor.clone()) else {
+                    // Unreachable: `describe_slot` answers `Ok` only with the
+                    // registration in the slot.
+                    self.restore(slot);
+                    return Err(DescribeError::new(RdmaError::RegionNotFound, self));
+                };
                 Ok(DescribedBuf {
                     slot,
                     len,
                     descriptor,
                 })
             }
-            Err(error) => {
+            Err((error, Some(slot))) => {
                 self.restore(slot);
                 Err(DescribeError::new(error, self))
             }
+            // The slot went with the unmap of a registration it could not
+            // describe: the buffer comes back surrendered.
+            Err((error, None)) => Err(DescribeError::new(error, self)),
         }
     }
 }
 
 /// Map a slot's `len` bytes as a registration of their own: admission,
-/// budget, map (rolled back if cancelled), descriptor.
+/// budget, map (rolled back if cancelled), descriptor. Answers the slot with
+/// the registration in it, or the error and the slot as it was (`None` only
+/// if the backend's key could not be described: the slot then goes with the
+/// unmap of that registration, see below).
+///
+/// The slot itself — not just its arena — is what the map holds while it
+/// runs: if the caller is cancelled, the rollback task keeps the granules
+/// taken until the backend confirmed the registration gone, so they cannot
+/// serve another (writable) buffer under a live key; if that unmap fails,
+/// they are leaked and counted.
 async fn describe_slot(
     inner: &Arc<Inner>,
-    slot: &Slot,
+    slot: Slot,
     len: usize,
-) -> Result<OwnRegistration, RdmaError> {
+) -> Result<Slot, (RdmaError, Option<Slot>)> {
     let ptr = slot.bytes_ptr() as usize;
-    let _ticket = inner.gate.enter_local().ok_or(RdmaError::ShuttingDown)?;
-    let pages = page_enclosing_range(ptr as u64, len as u64, inner.config.page_size)
-        .ok_or(RdmaError::OutOfRange)?;
-    let mut charge = inner.budget.reserve(pages.len)?;
-    // SAFETY: `[ptr, ptr + len)` lies inside the slot's arena, which the
-    // `Arc` passed along keeps allocated until nothing registers it. The
-    // registry never names this registration as a GET destination, so the
-    // backend only reads these bytes for peers; they are not written while
-    // it is live, since only a `DescribedBuf` (read-only) holds it.
-    let (answer, _arena) =
-        unsafe { MapInFlight::start(inner, ptr, len, Arc::clone(&slot.arena)) }.await;
-    let region = answer?;
+    let Some(_ticket) = inner.gate.enter_local() else {
+        return Err((RdmaError::ShuttingDown, Some(slot)));
+    };
+    let Some(pages) = page_enclosing_range(ptr as u64, len as u64, inner.config.page_size) else {
+        return Err((RdmaError::OutOfRange, Some(slot)));
+    };
+    let mut charge = match inner.budget.reserve(pages.len) {
+        Ok(charge) => charge,
+        Err(error) => return Err((error, Some(slot))),
+    };
+    // SAFETY: `[ptr, ptr + len)` lies inside the slot's granules, which the
+    // slot passed along keeps taken (and its arena allocated) until nothing
+    // registers them. The registry never names this registration as a GET
+    // destination, so the backend only reads these bytes for peers, and no
+    // code of this process writes them while it is live, since only a
+    // `DescribedBuf` (read-only) holds it (on RDMA hardware a peer holding
+    // the key may write them: the trust boundary `docs/safety.md` states).
+    let (answer, mut slot) = unsafe { MapInFlight::start(inner, ptr, len, slot) }.await;
+    let region = match answer {
+        Ok(region) => region,
+        Err(error) => return Err((error, Some(slot))),
+    };
     // No await from here on: the registration is owned by the slot (and
     // unmapped when it drops) before anyone can cancel us.
     let pinned = crate::registry::system_pages(ptr as u64, len as u64)
@@ -277,24 +312,30 @@ async fn describe_slot(
         region.packed_key,
     );
     match descriptor {
-        Ok(descriptor) => Ok(OwnRegistration {
-            backend_region_id: region.backend_region_id,
-            descriptor,
-            charge,
-        }),
+        Ok(descriptor) => {
+            slot.own = Some(OwnRegistration {
+                backend_region_id: region.backend_region_id,
+                descriptor,
+                _charge: charge,
+            });
+            Ok(slot)
+        }
         Err(error) => {
-            // Undo the registration in the background, as a freed buffer
-            // would; the granules are not involved.
+            // Undo the registration in the background; the granules stay
+            // taken until it is confirmed gone (leaked, and counted, if the
+            // unmap fails), so the buffer is surrendered.
             let id = region.backend_region_id;
             let backend = Arc::clone(&inner.backend);
-            let arena = Arc::clone(&slot.arena);
+            let kept = LeakUnlessReleased::new(slot);
             inner.handle.spawn(async move {
-                if backend.unmap(id).await.is_err() {
-                    arena.leak();
-                }
+                let outcome = backend.unmap(id).await;
                 drop(charge);
+                match outcome {
+                    Ok(()) => drop(kept.release()),
+                    Err(_) => drop(kept), // leaks
+                }
             });
-            Err(error.into())
+            Err((error.into(), None))
         }
     }
 }

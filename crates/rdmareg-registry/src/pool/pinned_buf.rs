@@ -51,34 +51,42 @@ pub(crate) struct Slot {
 pub(crate) struct OwnRegistration {
     pub(crate) backend_region_id: u64,
     pub(crate) descriptor: Descriptor,
-    pub(crate) charge: Reservation,
+    /// The budget charge for the registration's pages, released when it drops.
+    pub(crate) _charge: Reservation,
 }
 
-/// A rollback of a cancelled `describe` keeps the arena — and so its pages —
-/// alive until the backend confirmed it; if that fails, forever.
+/// An arena whose pages a registration may outlive: kept alive forever.
 impl MappedMemory for Arc<Arena> {
     fn leak(self) {
         std::mem::forget(self);
     }
 }
 
-/// A slot whose registration's fate is unknown (a withdrawal dropped with
-/// its runtime) is never reused: its granules stay taken, and its arena —
-/// so the pages — alive forever, counted as leaked.
+/// A slot whose registration's fate is unknown (a describe's rollback whose
+/// unmap failed, a withdrawal or rollback dropped with its runtime) is never
+/// reused: its granules stay taken, and its arena — so the pages — alive
+/// forever, counted as leaked.
 impl MappedMemory for Slot {
     fn leak(self) {
+        self.leak_because("the unmap of its own registration was never confirmed");
+    }
+}
+
+impl Slot {
+    /// Never give the slot back: its granules stay taken, its arena alive,
+    /// and its own registration (if any) kept whole, so its pages stay
+    /// charged; the granules are counted as leaked.
+    fn leak_because(self, why: &str) {
         let slot = std::mem::ManuallyDrop::new(self);
         let inner = slot.arena.registry.upgrade();
         leak_granules(
             inner.as_deref(),
             Arc::clone(&slot.arena),
             slot.granules,
-            "its withdrawal was dropped unfinished",
+            why,
         );
     }
-}
 
-impl Slot {
     /// Byte offset of the slot from the arena's mapped pointer.
     pub(crate) fn offset(&self) -> u64 {
         u64::from(self.start) * GRANULE
@@ -130,10 +138,19 @@ fn release_granules(arena: &Arc<Arena>, start: u32, granules: u32) {
 }
 
 /// Unmap a freed buffer's own registration, then release its granules; if
-/// the unmap fails (or cannot be run), the granules are never reused.
+/// the unmap fails (or cannot be run), the granules are never reused and the
+/// registration stays charged.
 fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, granules: u32) {
-    let Some(inner) = arena.registry.upgrade() else {
-        leak_granules(None, arena, granules, "the registry is gone");
+    let id = own.backend_region_id;
+    // The slot again, holding its registration until the unmap is confirmed.
+    let slot = Slot {
+        arena,
+        start,
+        granules,
+        own: Some(own),
+    };
+    let Some(inner) = slot.arena.registry.upgrade() else {
+        slot.leak_because("the registry is gone");
         return;
     };
     // Admitted work like any other: a shutdown drains this unmap before it
@@ -142,22 +159,26 @@ fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, gran
     // gone meanwhile the granules are leaked (its teardown unmapped them).
     let ticket = inner.gate.enter();
     // Should the task be dropped unfinished (its runtime shut down), the
-    // arena's pages are leaked rather than freed under a live key.
-    let kept = LeakUnlessReleased::new(arena);
+    // slot is leaked whole rather than freed under a live key.
+    let kept = LeakUnlessReleased::new(slot);
     let handle = inner.handle.clone();
     handle.spawn(async move {
         // Held until the granules are back (or leaked).
         let _ticket = ticket;
-        let outcome = inner.backend.unmap(own.backend_region_id).await;
-        let Some(arena) = kept.release() else { return };
+        let outcome = inner.backend.unmap(id).await;
+        let Some(mut slot) = kept.release() else {
+            return;
+        };
         match outcome {
             Ok(()) => {
-                drop(own.charge);
-                release_granules(&arena, start, granules);
+                // The key is dead: its charge goes, and the slot, without a
+                // registration now, gives its granules back as it drops.
+                drop(slot.own.take());
+                drop(slot);
             }
             Err(error) => {
-                tracing::error!(%error, backend_region_id = own.backend_region_id, "unmap of a freed buffer's own registration failed");
-                leak_granules(Some(&inner), arena, granules, "its unmap failed");
+                tracing::error!(%error, backend_region_id = id, "unmap of a freed buffer's own registration failed");
+                slot.leak_because("its unmap failed");
             }
         }
     });

@@ -2,6 +2,7 @@
 //! the behaviour they pin down.
 
 mod admission;
+mod adversarial_lending;
 mod bounded_waits;
 mod budget;
 mod common;
