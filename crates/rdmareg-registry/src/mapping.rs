@@ -11,10 +11,15 @@
 //! on the registry's runtime, which lets the map finish, unmaps what it
 //! registered, and frees the memory only after that unmap answered `Ok(())`
 //! (contract point 3). An unmap that fails leaves the memory leaked and
-//! counted — the rule arena pages always followed.
+//! counted — the rule arena pages always followed. A caller's external range
+//! cannot be leaked by the registry, so there the rollback keeps retrying
+//! the unmap until the backend lets the range go, or its teardown is
+//! confirmed to hold nothing; the caller learns the range is free only then.
 //!
-//! The rollback task holds an admission ticket, so shutdown's drain waits for
-//! it, and it is counted in
+//! The rollback task holds an admission ticket until its first unmap
+//! answers, so shutdown's drain waits for it (a rollback still retrying
+//! after that does not hold shutdown up: the backend's teardown is what
+//! ends it), and it is counted in
 //! [`RegistryStats::map_rollbacks_in_flight`](crate::RegistryStats::map_rollbacks_in_flight);
 //! [`RdmaRegistry::map_rollbacks_settled`](crate::RdmaRegistry::map_rollbacks_settled)
 //! resolves when none is left (what the owner of an external range waits
@@ -37,6 +42,12 @@ use crate::registry::Inner;
 pub(crate) trait MappedMemory: Send + 'static {
     /// The registration's fate is unknown: keep the memory forever.
     fn leak(self);
+
+    /// Whether this is a range the caller owns, which the registry cannot
+    /// keep forever: its registration must be confirmed gone instead.
+    fn is_callers(&self) -> bool {
+        false
+    }
 }
 
 impl MappedMemory for OwnedBuffer {
@@ -61,6 +72,10 @@ impl<T: MappedMemory> MappedMemory for Option<T> {
             memory.leak();
         }
     }
+
+    fn is_callers(&self) -> bool {
+        self.is_none()
+    }
 }
 
 /// Memory that leaks when dropped, unless [`release`](Self::release)d
@@ -76,6 +91,11 @@ impl<M: MappedMemory> LeakUnlessReleased<M> {
     /// The registration is known to be gone: hand the memory back.
     pub(crate) fn release(mut self) -> Option<M> {
         self.0.take()
+    }
+
+    /// Whether the memory is a range the caller owns.
+    pub(crate) fn is_callers(&self) -> bool {
+        self.0.as_ref().is_some_and(M::is_callers)
     }
 }
 
@@ -166,8 +186,7 @@ impl<M: MappedMemory> Drop for MapInFlight<M> {
         let memory = LeakUnlessReleased::new(memory);
         let handle = inner.handle.clone();
         handle.spawn(async move {
-            let _ticket = ticket;
-            roll_back(&inner, map, memory).await;
+            roll_back(&inner, map, memory, ticket).await;
             inner.map_rollbacks.send_modify(|n| *n -= 1);
         });
     }
@@ -179,6 +198,7 @@ async fn roll_back<M: MappedMemory>(
     inner: &Inner,
     map: BoxFuture<'static, Result<BackendRegion, RdmaError>>,
     memory: LeakUnlessReleased<M>,
+    ticket: crate::gate::Ticket,
 ) {
     let region = match map.await {
         // Nothing was registered: the memory may go.
@@ -193,6 +213,16 @@ async fn roll_back<M: MappedMemory>(
             );
             drop(memory.release());
         }
+        Err(error) if memory.is_callers() => {
+            tracing::error!(
+                backend_region = region.backend_region_id,
+                %error,
+                "the unmap rolling back a cancelled external registration failed: the caller's range stays registered, retrying"
+            );
+            drop(ticket);
+            retry_until_released(inner, region.backend_region_id).await;
+            drop(memory.release());
+        }
         Err(error) => {
             tracing::error!(
                 backend_region = region.backend_region_id,
@@ -200,6 +230,33 @@ async fn roll_back<M: MappedMemory>(
                 "the unmap rolling back a cancelled registration failed: its memory is leaked, and the backend may still hold it"
             );
             drop(memory); // leaks
+        }
+    }
+}
+
+/// Unmap `backend_region_id` again, backing off from 10 ms to once a second,
+/// until the backend confirms it, or until the backend's teardown is
+/// confirmed to hold nothing.
+async fn retry_until_released(inner: &Inner, backend_region_id: u64) {
+    let mut released = inner.backend_released_everything.subscribe();
+    let mut delay = std::time::Duration::from_millis(10);
+    loop {
+        tokio::select! {
+            _ = released.wait_for(|released| *released) => {
+                tracing::info!(backend_region_id, "the backend's teardown released the caller's range");
+                return;
+            }
+            () = tokio::time::sleep(delay) => {}
+        }
+        match inner.backend.unmap(backend_region_id).await {
+            Ok(()) => {
+                tracing::info!(backend_region_id, "the caller's range is unmapped at last");
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(backend_region_id, %error, "retried unmap refused");
+                delay = (delay * 2).min(std::time::Duration::from_secs(1));
+            }
         }
     }
 }

@@ -44,6 +44,9 @@ pub(crate) struct Inner {
     pub(crate) leaked_bytes: Arc<AtomicU64>,
     /// Cancelled maps still being rolled back (see `mapping.rs`).
     pub(crate) map_rollbacks: tokio::sync::watch::Sender<usize>,
+    /// Set once the backend's teardown is confirmed to hold nothing
+    /// (`finish_after_backend_teardown`): ends rollbacks still retrying.
+    pub(crate) backend_released_everything: tokio::sync::watch::Sender<bool>,
     /// Serialises shutdown calls (each is a full pass; see `shutdown.rs`).
     pub(crate) shutdown_serial: tokio::sync::Mutex<()>,
     /// Cumulative counters (see `metrics.rs`).
@@ -170,6 +173,7 @@ impl RdmaRegistry {
             transfers_in_flight: AtomicUsize::new(0),
             leaked_bytes: Arc::new(AtomicU64::new(0)),
             map_rollbacks: tokio::sync::watch::Sender::new(0),
+            backend_released_everything: tokio::sync::watch::Sender::new(false),
             shutdown_serial: tokio::sync::Mutex::new(()),
             counters: Counters::default(),
         };
@@ -216,7 +220,9 @@ impl RdmaRegistry {
     /// backend may still be registering the range (over UCX the map is a
     /// command on the progress thread): the registry lets that map finish and
     /// unmaps it, and the range may be reused once
-    /// [`map_rollbacks_settled`](Self::map_rollbacks_settled) resolves. (Nothing
+    /// [`map_rollbacks_settled`](Self::map_rollbacks_settled) resolves — which
+    /// it does not while the backend refuses that unmap (the rollback keeps
+    /// retrying; see there). (Nothing
     /// is awaited after the backend's map succeeds, so a cancellation can only
     /// land before or during the map.) A map that lands after the shutdown sweep still
     /// returns its guard, with a deregistration already under way: wait for
@@ -530,10 +536,19 @@ impl RdmaRegistry {
     }
 
     /// Resolves once no cancelled registration is still being rolled back:
-    /// every map whose future was dropped has been unmapped (or its unmap
-    /// failed, and its memory was leaked). The owner of an external range
-    /// whose [`register_external`](Self::register_external) it cancelled
-    /// waits for this before reusing the range.
+    /// every map whose future was dropped has been unmapped (or, for memory
+    /// the registry owns, its unmap failed and the memory was leaked). The
+    /// owner of an external range whose
+    /// [`register_external`](Self::register_external) it cancelled waits for
+    /// this before reusing the range.
+    ///
+    /// The registry cannot leak an external range (the caller owns it), so
+    /// a rollback whose unmap the backend refuses keeps retrying it, backing
+    /// off to once a second, and stays counted in
+    /// [`RegistryStats::map_rollbacks_in_flight`](crate::RegistryStats::map_rollbacks_in_flight):
+    /// this does not resolve until the backend lets the range go, or until
+    /// [`SweptRegistry::finish_after_backend_teardown`](crate::SweptRegistry::finish_after_backend_teardown)
+    /// has confirmed the torn-down backend holds nothing.
     ///
     /// # Cancel safety
     /// Cancel-safe: it only observes.

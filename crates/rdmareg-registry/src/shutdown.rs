@@ -188,6 +188,9 @@ impl SweptRegistry {
             }
         }
         inner.pool.pooled.write().clear();
+        // Rollbacks still retrying an unmap of a caller's range can stop:
+        // nothing is registered any more.
+        inner.backend_released_everything.send_replace(true);
         self.finished
             .store(true, std::sync::atomic::Ordering::SeqCst);
         TeardownVerdict::Released {

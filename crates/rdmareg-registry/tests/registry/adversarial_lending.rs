@@ -313,35 +313,73 @@ fn a_withdrawal_whose_unmap_dies_with_its_runtime_keeps_the_key_charged_and_coun
     );
 }
 
-#[tokio::test(start_paused = true)]
-#[ignore = "known defect: after a cancelled register_external whose rollback unmap the backend refuses, map_rollbacks_settled still resolves, the range is still registered, and nothing is counted in leaked_bytes (an external range has no memory of the registry's to leak); register_external's documentation says the range may be reused once map_rollbacks_settled resolves, so a caller following it frees memory the backend still registers"]
-async fn a_cancelled_external_registration_whose_rollback_is_refused_is_not_reported_reusable() {
-    let (_fabric, side) = one_side(small_config());
+/// Cancels a `register_external` of `memory` while its map hangs, then lets
+/// the map finish with the backend refusing unmaps: the rollback's unmap is
+/// refused.
+async fn cancelled_external_registration_with_refused_rollback(side: &Side, memory: &mut [u8]) {
     side.backend.faults().detach_maps(true);
     let map_hold = side.backend.faults().hang(FaultOp::Map);
-    let mut memory = vec![0u8; 2 * page()].into_boxed_slice();
-    let ptr = memory.as_mut_ptr();
+    let (ptr, len) = (memory.as_mut_ptr(), memory.len());
     {
-        // SAFETY: `memory` is neither referenced nor freed until the end of
-        // the test, after the assertions about its registration.
-        let mut register = Box::pin(unsafe { side.registry.register_external(ptr, 2 * page()) });
+        // SAFETY: the caller keeps `memory` allocated and unreferenced until
+        // the rollback has settled (or forever).
+        let mut register = Box::pin(unsafe { side.registry.register_external(ptr, len) });
         assert!(futures::poll!(&mut register).is_pending());
         map_hold.until_waiting(1).await;
     }
     side.backend.faults().refuse_unmaps(true);
     map_hold.release();
-    within(
-        Duration::from_secs(5),
-        "the rollback",
+    eventually("the map registered the range", || side.live() == 1).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_external_registration_whose_rollback_is_refused_is_not_reported_reusable() {
+    let (_fabric, side) = one_side(small_config());
+    let mut memory = vec![0u8; 2 * page()].into_boxed_slice();
+    cancelled_external_registration_with_refused_rollback(&side, &mut memory).await;
+    // While the backend refuses, the range is not reported reusable.
+    let early = tokio::time::timeout(
+        Duration::from_secs(10),
         side.registry.map_rollbacks_settled(),
     )
     .await;
-    let still_registered = side.live();
-    let leaked = side.registry.stats().leaked_bytes;
-    // Keep the range alive whatever the answer: it may still be registered.
-    std::mem::forget(memory);
-    assert!(
-        still_registered == 0 || leaked >= 2 * page() as u64,
-        "settled with the range still registered ({still_registered} live) and nothing counted as leaked ({leaked} B)"
-    );
+    assert!(early.is_err(), "settled with the range still registered");
+    assert_eq!(side.live(), 1);
+    assert_eq!(side.registry.stats().map_rollbacks_in_flight, 1);
+    // Once the backend lets go, the retried unmap confirms it.
+    side.backend.faults().refuse_unmaps(false);
+    within(
+        Duration::from_secs(5),
+        "the retried rollback",
+        side.registry.map_rollbacks_settled(),
+    )
+    .await;
+    assert_eq!(side.live(), 0, "settled means unregistered");
+    assert_eq!(side.registry.stats().leaked_bytes, 0);
+    drop(memory);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_external_rollback_does_not_hold_shutdown_up_and_settles_after_teardown() {
+    let (_fabric, side) = one_side(small_config());
+    let mut memory = vec![0u8; 2 * page()].into_boxed_slice();
+    cancelled_external_registration_with_refused_rollback(&side, &mut memory).await;
+    // The retrying rollback does not hold the shutdown's drain up.
+    let swept = side.registry.shutdown(Duration::from_secs(1)).await;
+    assert!(swept.report().drained);
+    assert_eq!(side.registry.stats().map_rollbacks_in_flight, 1);
+    side.backend.faults().refuse_unmaps(false);
+    side.backend.shutdown().await;
+    assert_eq!(side.live(), 0);
+    assert!(matches!(
+        swept.finish_after_backend_teardown(),
+        rdmareg_registry::TeardownVerdict::Released { .. }
+    ));
+    within(
+        Duration::from_secs(5),
+        "the rollback ends with the teardown",
+        side.registry.map_rollbacks_settled(),
+    )
+    .await;
+    drop(memory);
 }
