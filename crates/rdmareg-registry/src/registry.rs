@@ -47,6 +47,8 @@ pub(crate) struct Inner {
     /// Set once the backend's teardown is confirmed to hold nothing
     /// (`finish_after_backend_teardown`): ends rollbacks still retrying.
     pub(crate) backend_released_everything: tokio::sync::watch::Sender<bool>,
+    /// Own registrations of lent buffers not yet confirmed unmapped.
+    pub(crate) lent_registrations: Arc<AtomicUsize>,
     /// Serialises shutdown calls (each is a full pass; see `shutdown.rs`).
     pub(crate) shutdown_serial: tokio::sync::Mutex<()>,
     /// Cumulative counters (see `metrics.rs`).
@@ -174,6 +176,7 @@ impl RdmaRegistry {
             leaked_bytes: Arc::new(AtomicU64::new(0)),
             map_rollbacks: tokio::sync::watch::Sender::new(0),
             backend_released_everything: tokio::sync::watch::Sender::new(false),
+            lent_registrations: Arc::new(AtomicUsize::new(0)),
             shutdown_serial: tokio::sync::Mutex::new(()),
             counters: Counters::default(),
         };

@@ -74,6 +74,13 @@ pub struct Survivors {
     pub regions: usize,
     /// Arenas not yet confirmed unmapped.
     pub arenas: usize,
+    /// Lent buffers ([`DescribedBuf`](crate::DescribedBuf)s) whose own
+    /// registration is not yet confirmed unmapped. The sweep leaves them to
+    /// their holders (withdrawing or dropping one unmaps it); the backend's
+    /// teardown revokes them, and once
+    /// [`finish_after_backend_teardown`](SweptRegistry::finish_after_backend_teardown)
+    /// has confirmed it, they no longer count.
+    pub lent_buffers: usize,
 }
 
 /// What [`SweptRegistry::finish_after_backend_teardown`] decided.
@@ -128,14 +135,23 @@ impl SweptRegistry {
     }
 
     /// What is still registered as far as the registry knows, now: regions
-    /// and arenas whose unmap failed, or is still pending. A pending unmap
-    /// that the backend confirms after the sweep releases its region or
-    /// arena at that moment, and it stops counting here.
+    /// and arenas whose unmap failed, or is still pending, and lent buffers
+    /// still holding their own registration. A pending unmap that the
+    /// backend confirms after the sweep releases its region or arena at that
+    /// moment, and it stops counting here.
     pub fn survivors(&self) -> Survivors {
+        let lent_buffers = if *self.inner.backend_released_everything.borrow() {
+            0
+        } else {
+            self.inner
+                .lent_registrations
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
         let tables = self.inner.tables.lock();
         Survivors {
             regions: tables.regions.values().filter(|r| !r.is_unmapped()).count(),
             arenas: tables.arenas.values().filter(|a| !a.is_unmapped()).count(),
+            lent_buffers,
         }
     }
 

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use rdmareg_core::{Descriptor, RdmaError, page_enclosing_range};
 
-use super::pinned_buf::{OwnRegistration, PinnedBuf, Slot};
+use super::pinned_buf::{LentCount, OwnRegistration, PinnedBuf, Slot};
 use crate::mapping::{LeakUnlessReleased, MapInFlight};
 use crate::registry::Inner;
 
@@ -317,6 +317,7 @@ async fn describe_slot(
                 backend_region_id: region.backend_region_id,
                 descriptor,
                 _charge: charge,
+                _counted: LentCount::new(&inner.lent_registrations),
             });
             Ok(slot)
         }

@@ -53,6 +53,28 @@ pub(crate) struct OwnRegistration {
     pub(crate) descriptor: Descriptor,
     /// The budget charge for the registration's pages, released when it drops.
     pub(crate) _charge: Reservation,
+    /// Counted among the registry's live lent registrations while it exists.
+    pub(crate) _counted: LentCount,
+}
+
+/// One live own registration of a lent buffer, counted in the registry's
+/// [`Survivors::lent_buffers`](crate::Survivors::lent_buffers) until it is
+/// dropped (its unmap confirmed). A registration leaked with its slot stays
+/// counted: it may still be live.
+#[derive(Debug)]
+pub(crate) struct LentCount(Arc<std::sync::atomic::AtomicUsize>);
+
+impl LentCount {
+    pub(crate) fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for LentCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// An arena whose pages a registration may outlive: kept alive forever.
