@@ -134,6 +134,28 @@ const LEAKS_BY_DESIGN: &[Named] = &[
         "rollbacks::a_rollback_dropped_with_its_runtime_leaks_the_arena_pages_instead_of_freeing_them",
     ),
     // End with guards, arenas or owned buffers still registered.
+    suite(
+        "adversarial_lending::a_cancelled_describe_keeps_its_granules_until_its_rollback_unmapped_them",
+    ),
+    suite("adversarial_lending::a_cancelled_describe_whose_rollback_finishes_leaks_nothing"),
+    suite(
+        "adversarial_lending::a_cancelled_describe_whose_rollback_unmap_is_refused_leaks_its_granules_and_counts_them",
+    ),
+    suite(
+        "adversarial_lending::a_describe_admitted_before_shutdown_finishes_inside_the_drain_and_settles_after_it",
+    ),
+    suite(
+        "adversarial_lending::a_described_buffer_held_across_shutdown_loses_its_key_at_teardown_and_leaks_nothing",
+    ),
+    suite(
+        "adversarial_lending::a_freed_described_buffer_whose_unmap_dies_with_its_runtime_stays_charged_and_counts_its_leak",
+    ),
+    suite(
+        "adversarial_lending::a_withdrawal_whose_unmap_dies_with_its_runtime_keeps_the_key_charged_and_counts_its_leak",
+    ),
+    suite(
+        "adversarial_lending::a_withdrawn_and_re_described_buffer_answers_its_old_descriptor_with_a_typed_error",
+    ),
     suite("bounded_waits::shutdown_spends_one_budget_on_the_drain_and_the_unmaps_together"),
     suite("bounded_waits::a_region_the_backend_unmaps_after_the_shutdown_budget_is_no_survivor"),
     suite(

@@ -41,6 +41,10 @@ pub struct RegistryStats {
     /// Bytes of arena pages and owned buffers leaked because their unmap
     /// was never confirmed.
     pub leaked_bytes: u64,
+    /// Lent buffers' own registrations not yet confirmed unmapped: held by
+    /// [`DescribedBuf`](crate::DescribedBuf)s, or being unmapped after a
+    /// withdrawal or a drop (a leaked one stays counted).
+    pub lent_registrations: usize,
 }
 
 impl RegistryStats {
@@ -51,6 +55,7 @@ impl RegistryStats {
             transfers_in_flight: inner.transfers_in_flight.load(Ordering::SeqCst),
             leaked_bytes: inner.leaked_bytes.load(Ordering::SeqCst),
             map_rollbacks_in_flight: *inner.map_rollbacks.borrow(),
+            lent_registrations: inner.lent_registrations.load(Ordering::SeqCst),
             ..RegistryStats::default()
         };
         let tables = inner.tables.lock();
