@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use rdmareg_core::{Descriptor, RdmaError, page_enclosing_range};
 
-use super::pinned_buf::{LentCount, OwnRegistration, PinnedBuf, Slot};
+use super::pinned_buf::{LentCount, OwnRegistration, PinnedBuf, Slot, spawn_own_unmap};
 use crate::mapping::{LeakUnlessReleased, MapInFlight};
 use crate::registry::Inner;
 
@@ -123,37 +123,15 @@ impl DescribedBuf {
             len,
             descriptor,
         } = self;
-        let Some(id) = slot.own.as_ref().map(|own| own.backend_region_id) else {
-            // Unreachable by construction; without a registration there is
-            // nothing to revoke.
-            return Ok(PinnedBuf::new(slot, len));
-        };
         let (answer, answered) = tokio::sync::oneshot::channel();
-        // Should the task be dropped unfinished (its runtime shut down), the
-        // slot is leaked with its registration — granules taken, pages
-        // charged — rather than reused under a key that may be live.
-        let kept = LeakUnlessReleased::new(slot);
-        let handle = inner.handle.clone();
-        handle.spawn(async move {
-            let _ticket = ticket;
-            let outcome = inner.backend.unmap(id).await;
-            let Some(mut slot) = kept.release() else {
-                return;
-            };
+        spawn_own_unmap(&inner, slot, Some(ticket), move |outcome| {
+            if let Err((error, _)) = &outcome {
+                tracing::warn!(%error, "withdrawing a described buffer: its unmap failed, the buffer stays described");
+            }
             // Unanswered (the caller went away), the slot is dropped: its
             // granules go back after a confirmed unmap; after a failed one
             // its registration is unmapped again, or leaked.
-            match outcome {
-                Ok(()) => {
-                    // The key is dead: its charge goes with it.
-                    drop(slot.own.take());
-                    let _ = answer.send(Ok(slot));
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "withdrawing a described buffer: its unmap failed, the buffer stays described");
-                    let _ = answer.send(Err((error, slot)));
-                }
-            }
+            let _ = answer.send(outcome);
         });
         match answered.await {
             Ok(Ok(slot)) => Ok(PinnedBuf::new(slot, len)),

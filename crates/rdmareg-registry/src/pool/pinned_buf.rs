@@ -26,11 +26,12 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use rdmareg_core::Descriptor;
+use rdmareg_core::{Descriptor, RdmaError};
 
 use super::arena::{Arena, spawn_arena_release};
 use crate::GRANULE;
 use crate::budget::Reservation;
+use crate::gate::Ticket;
 use crate::mapping::{LeakUnlessReleased, MappedMemory};
 use crate::registry::Inner;
 
@@ -163,7 +164,6 @@ fn release_granules(arena: &Arc<Arena>, start: u32, granules: u32) {
 /// the unmap fails (or cannot be run), the granules are never reused and the
 /// registration stays charged.
 fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, granules: u32) {
-    let id = own.backend_region_id;
     // The slot again, holding its registration until the unmap is confirmed.
     let slot = Slot {
         arena,
@@ -180,29 +180,48 @@ fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, gran
     // no ticket is issued; the unmap is still tried, and if the backend has
     // gone meanwhile the granules are leaked (its teardown unmapped them).
     let ticket = inner.gate.enter();
-    // Should the task be dropped unfinished (its runtime shut down), the
-    // slot is leaked whole rather than freed under a live key.
+    spawn_own_unmap(&inner, slot, ticket, |outcome| match outcome {
+        // Without a registration now, the slot gives its granules back as
+        // it drops.
+        Ok(slot) => drop(slot),
+        Err((error, slot)) => {
+            tracing::error!(%error, "unmap of a freed buffer's own registration failed");
+            slot.leak_because("its unmap failed");
+        }
+    });
+}
+
+/// Unmap `slot`'s own registration on the registry's runtime, holding the
+/// slot — granules taken, registration charged — until the backend answers,
+/// then hand it to `then`: without its registration (key dead, charge
+/// released) on `Ok`, with it on `Err`. `ticket`, if any, is held until the
+/// answer. A task dropped unfinished (its runtime shut down) leaks the slot
+/// whole rather than freeing it under a key that may be live.
+pub(crate) fn spawn_own_unmap(
+    inner: &Arc<Inner>,
+    slot: Slot,
+    ticket: Option<Ticket>,
+    then: impl FnOnce(Result<Slot, (RdmaError, Slot)>) + Send + 'static,
+) {
+    let Some(id) = slot.own.as_ref().map(|own| own.backend_region_id) else {
+        // Nothing registered of its own: nothing to revoke.
+        return then(Ok(slot));
+    };
     let kept = LeakUnlessReleased::new(slot);
-    let handle = inner.handle.clone();
-    handle.spawn(async move {
-        // Held until the granules are back (or leaked).
+    let task_inner = Arc::clone(inner);
+    inner.handle.spawn(async move {
         let _ticket = ticket;
-        let outcome = inner.backend.unmap(id).await;
+        let outcome = task_inner.backend.unmap(id).await;
         let Some(mut slot) = kept.release() else {
             return;
         };
-        match outcome {
+        then(match outcome {
             Ok(()) => {
-                // The key is dead: its charge goes, and the slot, without a
-                // registration now, gives its granules back as it drops.
                 drop(slot.own.take());
-                drop(slot);
+                Ok(slot)
             }
-            Err(error) => {
-                tracing::error!(%error, backend_region_id = id, "unmap of a freed buffer's own registration failed");
-                slot.leak_because("its unmap failed");
-            }
-        }
+            Err(error) => Err((error, slot)),
+        });
     });
 }
 
