@@ -243,25 +243,7 @@ fn described_on_a_registry_runtime() -> (
     rdmareg_registry::RdmaRegistry,
     rdmareg_registry::DescribedBuf,
 ) {
-    use std::sync::Arc;
-    let caller = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let registry_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let fabric = rdmareg_backend::loopback::LoopbackFabric::new();
-    let backend = fabric.backend(OWNER);
-    let registry = rdmareg_registry::RdmaRegistry::new(
-        Arc::clone(&backend) as Arc<dyn RdmaBackend>,
-        small_config(),
-        registry_runtime.handle().clone(),
-    )
-    .unwrap();
+    let (caller, registry_runtime, backend, registry) = registry_on_its_own_runtime();
     let described = caller.block_on(async {
         let buf = registry.alloc_pinned(page()).await.unwrap();
         buf.describe().await.unwrap()

@@ -35,6 +35,34 @@ pub fn small_config() -> RdmaConfig {
     config
 }
 
+/// A registry over a loopback instance whose tasks run on a runtime of
+/// their own (the second one returned), apart from the caller's runtime (the
+/// first): a test can shut the registry's runtime down under it.
+pub fn registry_on_its_own_runtime() -> (
+    tokio::runtime::Runtime,
+    tokio::runtime::Runtime,
+    Arc<LoopbackBackend>,
+    RdmaRegistry,
+) {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (caller, registry_runtime) = (runtime(), runtime());
+    let fabric = LoopbackFabric::new();
+    let backend = fabric.backend(OWNER);
+    let registry = RdmaRegistry::new(
+        Arc::clone(&backend) as Arc<dyn RdmaBackend>,
+        small_config(),
+        registry_runtime.handle().clone(),
+    )
+    .expect("valid configuration");
+    (caller, registry_runtime, backend, registry)
+}
+
 /// One loopback instance and the registry over it.
 pub struct Side {
     pub backend: Arc<LoopbackBackend>,

@@ -4,37 +4,18 @@
 //! pushed to a progress thread does, before the backend rolls it back on
 //! its own), so it must be leaked and counted, never freed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use rdmareg_backend::RdmaBackend;
-use rdmareg_backend::loopback::{FaultOp, LoopbackFabric};
-use rdmareg_registry::RdmaRegistry;
+use rdmareg_backend::loopback::FaultOp;
 
-use crate::common::{KIB, OWNER, small_config};
+use crate::common::{KIB, registry_on_its_own_runtime};
 
 #[test]
 fn a_rollback_dropped_with_its_runtime_leaks_the_arena_pages_instead_of_freeing_them() {
-    // The caller's runtime, which keeps running (and runs the detached map).
-    let caller = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    // The registry's runtime, where rollbacks are spawned: shut down below.
-    let registry_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let fabric = LoopbackFabric::new();
-    let backend = fabric.backend(OWNER);
-    let registry = RdmaRegistry::new(
-        Arc::clone(&backend) as Arc<dyn RdmaBackend>,
-        small_config(),
-        registry_runtime.handle().clone(),
-    )
-    .expect("valid configuration");
+    // The caller's runtime keeps running (and runs the detached map); the
+    // registry's runtime, where rollbacks are spawned, is shut down below.
+    let (caller, registry_runtime, backend, registry) = registry_on_its_own_runtime();
     backend.faults().detach_maps(true);
     let gate = backend.faults().hang(FaultOp::Map);
 
