@@ -2,12 +2,16 @@
 //! `ucx_perftest -t ucp_get` from the same UCX on the same transport.
 //!
 //! ```text
-//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N] [--small-only] [--iters=N] [--ucx-setting=KEY=VALUE]...
+//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N] [--small-only] [--iters=N] [--batch=N] [--ucx-setting=KEY=VALUE]...
 //! ```
 //!
 //! `--small-only` measures the 8 B latency alone (no 1 MiB latency, no
 //! bandwidth runs), and `--iters=N` sets its iteration count: quick enough
 //! to repeat in alternating A/B rounds, or under `perf`.
+//!
+//! `--batch=N` also times one `get_batch` of N 8 B reads (each into its
+//! own destination slot) against the lone 8 B read, with the caller
+//! polling: what a transfer list of small reads costs the engine.
 //!
 //! `--ucx-setting` applies a UCX setting to both engines on top of their
 //! own (`UcxConfig::with_ucx_setting`), for example
@@ -260,6 +264,32 @@ fn latency_tokio(s: &Setup, size: usize, iters: usize) -> Latency {
     })
 }
 
+/// Latency of one `get_batch` of `entries` reads of `size` bytes, each into
+/// its own destination slot, with a caller that polls without sleeping.
+fn latency_batch_spinning(s: &Setup, size: usize, entries: usize, iters: usize) -> Latency {
+    let requests: Vec<BackendGet> = (0..entries).map(|n| s.request(size, n * size)).collect();
+    let post = || {
+        // SAFETY: as in `Setup::get`: every destination is in the mapping
+        // `setup` registered, which nothing reads and which outlives the
+        // engines.
+        let batch = unsafe { s.backend.get_batch(requests.clone()) };
+        for answer in spin_on(batch) {
+            answer.unwrap();
+        }
+    };
+    for _ in 0..iters / 10 {
+        post();
+    }
+    let samples = (0..iters)
+        .map(|_| {
+            let started = Instant::now();
+            post();
+            started.elapsed()
+        })
+        .collect();
+    summarize(samples)
+}
+
 /// MB/s (10^6 bytes per second, as ucx_perftest reports) with `window`
 /// GETs of `size` bytes outstanding. Like ucx_perftest, every GET lands in
 /// the same destination bytes unless `distinct` gives each in-flight GET
@@ -353,6 +383,10 @@ fn main() {
         .iter()
         .find_map(|a| a.strip_prefix("--iters="))
         .map(|n| n.parse().expect("--iters=<latency iterations>"));
+    let batch: Option<usize> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--batch="))
+        .map(|n| n.parse().expect("--batch=<reads per batch>"));
     let settings: Vec<(String, String)> = args
         .iter()
         .filter_map(|a| a.strip_prefix("--ucx-setting="))
@@ -414,6 +448,18 @@ fn main() {
                 spin.median_us - p50
             );
         }
+    }
+    if let Some(entries) = batch.filter(|&n| n > 0) {
+        let size = LATENCY_SIZES[0];
+        let iters = iters_override
+            .unwrap_or_else(|| latency_iters(size))
+            .max(10);
+        let lone = latency_spinning(&s, size, iters);
+        let listed = latency_batch_spinning(&s, size, entries, iters);
+        println!(
+            "{size:>8} B x {entries} batch, caller spinning: median {:7.2} us  p99 {:7.2} us  mean {:7.2} us  (a lone read in the same run: median {:7.2} us)",
+            listed.median_us, listed.p99_us, listed.mean_us, lone.median_us
+        );
     }
     let bandwidth_runs = if small_only {
         Vec::new()
