@@ -36,14 +36,15 @@ impl BatchAnswers {
         })
     }
 
-    fn record(&self, index: usize, outcome: Result<(), RdmaError>) {
+    /// Records entry `index`; true if that answered the batch's caller.
+    fn record(&self, index: usize, outcome: Result<(), RdmaError>) -> bool {
         {
             let mut answers = self.answers.borrow_mut();
             let Some(entry) = answers.get_mut(index) else {
-                return;
+                return false;
             };
             if entry.is_some() {
-                return; // Answered already: an entry is answered once.
+                return false; // Answered already: an entry is answered once.
             }
             *entry = Some(outcome);
         }
@@ -58,8 +59,10 @@ impl BatchAnswers {
                 .collect();
             if let Some(reply) = self.reply.borrow_mut().take() {
                 let _ = reply.send(answers);
+                return true;
             }
         }
+        false
     }
 
     fn is_abandoned(&self) -> bool {
@@ -80,11 +83,14 @@ pub(crate) enum Answer {
 }
 
 impl Answer {
-    /// Delivers `outcome` (once: the answer is consumed).
-    pub(crate) fn send(self, outcome: Result<(), RdmaError>) {
+    /// Delivers `outcome` (once: the answer is consumed). True if a caller
+    /// was answered: always for a single GET, and for a batch's entry only
+    /// when it was the batch's last.
+    pub(crate) fn send(self, outcome: Result<(), RdmaError>) -> bool {
         match self {
             Answer::Single(reply) => {
                 let _ = reply.send(outcome);
+                true
             }
             Answer::Entry { batch, index } => batch.record(index, outcome),
         }
@@ -111,11 +117,15 @@ mod tests {
             batch: Rc::clone(&batch),
             index,
         };
-        entry(2).send(Err(RdmaError::Timeout));
-        entry(0).send(Ok(()));
+        assert!(!entry(2).send(Err(RdmaError::Timeout)));
+        assert!(!entry(0).send(Ok(())));
         assert_eq!(answered.try_recv(), Ok(None), "not before the last entry");
-        entry(0).send(Err(RdmaError::OutOfRange)); // a second answer is ignored
-        entry(1).send(Err(RdmaError::InvalidKey));
+        // A second answer is ignored.
+        assert!(!entry(0).send(Err(RdmaError::OutOfRange)));
+        assert!(
+            entry(1).send(Err(RdmaError::InvalidKey)),
+            "the last entry answers the caller"
+        );
         assert_eq!(
             answered.try_recv(),
             Ok(Some(vec![

@@ -156,9 +156,12 @@ impl GetOp {
     pub(super) fn finish(&mut self, outcome: Result<(), RdmaError>) {
         self.phase = Phase::Finished;
         if let Some(answer) = self.reply.take() {
-            answer.send(outcome);
-            // SAFETY: the events record outlives every op slot's use.
-            unsafe { &*self.events }.handed_off();
+            if answer.send(outcome) {
+                // A caller was answered: it moves next. A batch's entries
+                // count once, when the last one answers the batch.
+                // SAFETY: the events record outlives every op slot's use.
+                unsafe { &*self.events }.handed_off();
+            }
         }
     }
 }
@@ -602,7 +605,9 @@ impl Engine {
             match self.prepare_get(request, answer) {
                 Ok(Some(prepared)) => served.push(prepared),
                 Ok(None) => {}
-                Err((answer, err)) => answer.send(Err(err)),
+                Err((answer, err)) => {
+                    answer.send(Err(err));
+                }
             }
         }
         // Small owner-served reads of one owner travel as lists.
@@ -655,7 +660,9 @@ impl Engine {
                     continue;
                 };
                 match outcome {
-                    Ok(()) => answer.send(Ok(())),
+                    Ok(()) => {
+                        answer.send(Ok(()));
+                    }
                     Err(err) if err.is_refusal() => {
                         tracing::debug!(peer = %copy.request.peer, error = %err, "same-host copies refused; reading through UCX");
                         if let Some(connection) = self.peers.connection_mut(copy.request.peer) {
@@ -663,10 +670,12 @@ impl Engine {
                         }
                         fallback.push((copy.request.clone(), answer));
                     }
-                    Err(err) => answer.send(Err(RdmaError::Backend(format!(
-                        "ucx: same-host copy from {} failed: {err}",
-                        copy.request.peer
-                    )))),
+                    Err(err) => {
+                        answer.send(Err(RdmaError::Backend(format!(
+                            "ucx: same-host copy from {} failed: {err}",
+                            copy.request.peer
+                        ))));
+                    }
                 }
             }
         }

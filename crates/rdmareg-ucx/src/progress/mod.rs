@@ -45,7 +45,9 @@
 //! `epoll_wait` of the worker, the queues, the clock) was part of that
 //! wait, 0.6–1.2 µs of a 19 µs read in an A/B (`docs/benchmarks.md`). Turns
 //! with more than one such step (a window of reads in flight) do not yield:
-//! the caller is not waiting for one answer and the loop has work.
+//! the caller is not waiting for one answer and the loop has work. A batch
+//! counts as one step: its list request when sent, its caller when its last
+//! read is answered.
 
 mod answer;
 mod direct;
@@ -229,7 +231,9 @@ impl Engine {
             )?;
         }
         events.worker.set(worker.raw());
-        events.max_am_header.set(worker.max_am_header()?);
+        let max_am_header = worker.max_am_header()?;
+        tracing::debug!(max_am_header, "worker created");
+        events.max_am_header.set(max_am_header);
         let serving_address = worker.address()?;
         let process = direct.as_ref().and_then(|_| ProcessIdentity::current());
         let worker_address = match &direct {

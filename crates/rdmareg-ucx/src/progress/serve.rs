@@ -39,8 +39,8 @@
 //!   It holds no `RefCell` borrow across the send: with a loopback transport
 //!   the reply handler can run inside that very send.
 
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::Arc;
@@ -65,7 +65,7 @@ const ZERO_COPY_FROM: u64 = 16 * 1024;
 /// per read: 0.4–1.4 µs faster at 8 B–4 KiB; at 12 KiB, where the hint
 /// makes UCX fragment the copy, 12 µs slower — hence the margin below tcp's
 /// 8 KiB segment.
-const SMALL_UP_TO: u64 = 4 * 1024;
+pub(super) const SMALL_UP_TO: u64 = 4 * 1024;
 
 /// How a served reply of `length` bytes inside `memh` is sent.
 fn reply_mode(length: u64, memh: MemHandle) -> SendMode {
