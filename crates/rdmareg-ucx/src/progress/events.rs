@@ -15,8 +15,8 @@
 //! holds a borrow across a UCX call, and a callback releases its borrows
 //! before it calls into UCX, so nobody ever finds one taken.
 
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
 
 use ucx_sys::{ucp_worker_h, ucs_status_t};
 

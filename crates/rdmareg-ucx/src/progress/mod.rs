@@ -260,7 +260,7 @@ impl Engine {
             ops: OpTable::new(),
             peers: PeerTable::default(),
             events,
-            regions: RegionTable::new(),
+            regions: RegionTable::default(),
             settings: Settings {
                 spin_window: config.spin_window,
                 park_timeout: config.park_timeout,

@@ -26,7 +26,7 @@
 //!   the table (still counted, still refusing GETs), and a later unmap
 //!   retries it.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;

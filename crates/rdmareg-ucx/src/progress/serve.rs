@@ -39,7 +39,7 @@
 //!   It holds no `RefCell` borrow across the send: with a loopback transport
 //!   the reply handler can run inside that very send.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::ptr;
@@ -427,7 +427,7 @@ pub(super) unsafe fn free_unfinished_lease_records(events: &Events) -> usize {
 /// reclaims it), and the worker of those sends is destroyed, so no callback
 /// can reclaim them any more.
 pub(super) unsafe fn free_records<T>(
-    records: &std::cell::RefCell<std::collections::HashSet<usize>>,
+    records: &std::cell::RefCell<rustc_hash::FxHashSet<usize>>,
 ) -> usize {
     let records: Vec<usize> = records.borrow_mut().drain().collect();
     for &record in &records {
