@@ -212,6 +212,11 @@ pub struct BenchArgs {
     /// First TCP port to use for ucx_perftest runs.
     #[arg(long, default_value_t = 13370)]
     pub perftest_port: u16,
+    /// How long a lone GET or list polls before its task sleeps, µs (the
+    /// registry's `get_busy_poll`; default: the registry's default, 0 turns
+    /// polling off).
+    #[arg(long)]
+    pub get_busy_poll_us: Option<u64>,
     /// Run limits: GET deadline and teardown bound.
     #[command(flatten)]
     pub limits: LimitArgs,

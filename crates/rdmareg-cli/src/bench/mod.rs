@@ -22,7 +22,7 @@ mod report;
 mod scatter;
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use rdmareg_core::{Descriptor, PeerId};
@@ -198,12 +198,11 @@ async fn measure_registry(
     let offered_size = largest.max(scatter::SCATTER_SOURCE_BYTES);
     let (mut child, stream, offered) = start_owner(transport, offered_size, &args.limits).await?;
     let mut control = Control::start(stream, bounds);
-    let node = Node::start(
-        transport,
-        Some("lo"),
-        node::registry_config_for(largest.saturating_mul(8).max(WINDOW_BYTES * 2)),
-        bounds,
-    )?;
+    let mut config = node::registry_config_for(largest.saturating_mul(8).max(WINDOW_BYTES * 2));
+    if let Some(micros) = args.get_busy_poll_us {
+        config = config.with_get_busy_poll(Duration::from_micros(micros));
+    }
+    let node = Node::start(transport, Some("lo"), config, bounds)?;
     let result = async {
         node.engine.add_peer(OWNER, offered.0.clone())?;
         let source = &offered.1.descriptor;
