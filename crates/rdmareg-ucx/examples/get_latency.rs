@@ -2,7 +2,7 @@
 //! `ucx_perftest -t ucp_get` from the same UCX on the same transport.
 //!
 //! ```text
-//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N] [--small-only] [--iters=N] [--batch=N] [--ucx-setting=KEY=VALUE]...
+//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N] [--small-only] [--iters=N] [--batch=N] [--owner-cpus=LIST] [--consumer-cpus=LIST] [--ucx-setting=KEY=VALUE]...
 //! ```
 //!
 //! `--small-only` measures the 8 B latency alone (no 1 MiB latency, no
@@ -12,6 +12,10 @@
 //! `--batch=N` also times one `get_batch` of N 8 B reads (each into its
 //! own destination slot) against the lone 8 B read, with the caller
 //! polling: what a transfer list of small reads costs the engine.
+//!
+//! `--owner-cpus` and `--consumer-cpus` pin each engine's progress thread
+//! (`UcxConfig::with_progress_cpus`, a comma-separated list of CPU numbers);
+//! run the whole example under `taskset` to place the caller too.
 //!
 //! `--ucx-setting` applies a UCX setting to both engines on top of their
 //! own (`UcxConfig::with_ucx_setting`), for example
@@ -135,12 +139,20 @@ struct Setup {
     dest_region: BackendRegion,
 }
 
+/// Where each engine's progress thread may run (`None`: anywhere).
+#[derive(Default)]
+struct Placement {
+    owner: Option<Vec<usize>>,
+    consumer: Option<Vec<usize>>,
+}
+
 fn setup(
     transport: Transport,
     dest_len: usize,
     huge_pages: bool,
     spin: Option<Duration>,
     settings: &[(String, String)],
+    placement: &Placement,
 ) -> Setup {
     let mut config = UcxConfig::default()
         .with_transport(transport)
@@ -151,8 +163,12 @@ fn setup(
     if let Some(spin) = spin {
         config = config.with_spin_window(spin);
     }
-    let owner = UcxEngine::start(config.clone()).expect("owner engine");
-    let consumer = UcxEngine::start(config).expect("consumer engine");
+    let pinned = |cpus: &Option<Vec<usize>>| match cpus {
+        Some(cpus) => config.clone().with_progress_cpus(cpus.iter().copied()),
+        None => config.clone(),
+    };
+    let owner = UcxEngine::start(pinned(&placement.owner)).expect("owner engine");
+    let consumer = UcxEngine::start(pinned(&placement.consumer)).expect("consumer engine");
     consumer.add_peer(OWNER, owner.worker_address()).unwrap();
     let owner_backend = owner.backend();
     let backend = consumer.backend();
@@ -387,6 +403,20 @@ fn main() {
         .iter()
         .find_map(|a| a.strip_prefix("--batch="))
         .map(|n| n.parse().expect("--batch=<reads per batch>"));
+    let cpus = |flag: &str| {
+        args.iter().find_map(|a| a.strip_prefix(flag)).map(|list| {
+            list.split(',')
+                .map(|cpu| {
+                    cpu.parse()
+                        .expect("a CPU list: numbers separated by commas")
+                })
+                .collect::<Vec<usize>>()
+        })
+    };
+    let placement = Placement {
+        owner: cpus("--owner-cpus="),
+        consumer: cpus("--consumer-cpus="),
+    };
     let settings: Vec<(String, String)> = args
         .iter()
         .filter_map(|a| a.strip_prefix("--ucx-setting="))
@@ -415,10 +445,11 @@ fn main() {
         other => panic!("unknown transport {other:?}: use tcp or same-host"),
     };
     let max_dest = bandwidth_runs.iter().map(|(s, w)| s * w).max().unwrap();
-    let s = setup(transport, max_dest, huge_pages, spin, &settings);
+    let s = setup(transport, max_dest, huge_pages, spin, &settings, &placement);
 
     println!(
-        "transport: {transport_name}, huge pages: {huge_pages}, engine spin window: {spin:?} (None = default), extra UCX settings: {settings:?}"
+        "transport: {transport_name}, huge pages: {huge_pages}, engine spin window: {spin:?} (None = default), extra UCX settings: {settings:?}, progress CPUs: owner {:?}, consumer {:?}",
+        placement.owner, placement.consumer
     );
     let latency_sizes: &[usize] = if small_only {
         &LATENCY_SIZES[..1]

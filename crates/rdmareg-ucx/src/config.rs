@@ -147,6 +147,15 @@ pub struct UcxConfig {
     ///
     /// [`RdmaError::Backend`]: rdmareg_core::RdmaError::Backend
     pub max_served_replies_per_connection: u32,
+    /// CPUs the progress thread runs on. `None` (the default) leaves it to
+    /// the kernel. A lone small read waits on a hand-over between the
+    /// caller, this thread and the owner's at each step, and each costs a
+    /// context switch when the two share a CPU: a service with CPUs to
+    /// spare keeps its callers off the ones named here. Every number must
+    /// be below `CPU_SETSIZE` (1024) and the set not empty; a set of which
+    /// no CPU is online or allowed to the process fails
+    /// [`UcxEngine::start`](crate::UcxEngine::start) with the OS error.
+    pub progress_cpus: Option<Vec<usize>>,
 }
 
 impl Default for UcxConfig {
@@ -162,6 +171,7 @@ impl Default for UcxConfig {
             teardown_timeout: Duration::from_secs(5),
             same_host_direct_reads: None,
             max_served_replies_per_connection: Self::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION,
+            progress_cpus: None,
         }
     }
 }
@@ -199,6 +209,13 @@ impl UcxConfig {
     /// [`default_get_deadline`](Self::default_get_deadline)).
     pub fn with_default_get_deadline(mut self, deadline: Duration) -> Self {
         self.default_get_deadline = deadline;
+        self
+    }
+
+    /// Run the progress thread on these CPUs only (see
+    /// [`Self::progress_cpus`]).
+    pub fn with_progress_cpus(mut self, cpus: impl IntoIterator<Item = usize>) -> Self {
+        self.progress_cpus = Some(cpus.into_iter().collect());
         self
     }
 
@@ -330,6 +347,9 @@ impl UcxConfig {
                 "max_served_replies_per_connection must be at least 1 (0 would refuse every read)"
                     .into(),
             );
+        }
+        if let Some(cpus) = &self.progress_cpus {
+            crate::affinity::validate(cpus)?;
         }
         for (k, v) in self.ucx_settings(|_| false) {
             if k.is_empty() || k.contains('\0') || v.contains('\0') {

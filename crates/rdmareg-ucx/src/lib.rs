@@ -126,6 +126,7 @@
 //! [`RdmaError::OutOfRange`]: rdmareg_core::RdmaError::OutOfRange
 //! [`RdmaError::ShuttingDown`]: rdmareg_core::RdmaError::ShuttingDown
 
+mod affinity;
 mod backend;
 pub mod build_info;
 mod command;

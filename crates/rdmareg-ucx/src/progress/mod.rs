@@ -170,7 +170,12 @@ pub(crate) fn run(
     control: Receiver<Command>,
     ready: Sender<Result<StartInfo, RdmaError>>,
 ) {
-    let (mut engine, info) = match Engine::start(&config, Arc::clone(&signals)) {
+    let pinned = match &config.progress_cpus {
+        Some(cpus) => crate::affinity::pin_current_thread(cpus),
+        None => Ok(()),
+    };
+    let started = pinned.and_then(|()| Engine::start(&config, Arc::clone(&signals)));
+    let (mut engine, info) = match started {
         Ok(started) => started,
         Err(err) => {
             signals

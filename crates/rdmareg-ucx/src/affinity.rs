@@ -1,0 +1,74 @@
+//! Pinning the progress thread to CPUs the caller names
+//! ([`UcxConfig::progress_cpus`](crate::UcxConfig::progress_cpus)).
+//!
+//! A lone read over tcp is a chain of hand-overs between threads: the
+//! caller, this engine's progress thread and the owner's. Each hand-over
+//! costs a context switch when the two threads share a CPU and almost
+//! nothing when they sit on different ones, and a busy thread is never
+//! moved by the kernel, so a read's latency depends on where its threads
+//! happened to start (`docs/benchmarks.md`, "Small reads over tcp"). A
+//! library cannot know which CPUs are free, so the engine pins nothing by
+//! default; a service that keeps CPUs for its progress threads says which.
+//!
+//! The set is applied by the progress thread to itself, before it creates
+//! any UCX object, so every allocation UCX makes for the worker happens on
+//! those CPUs. A set the kernel refuses (no CPU of it online or allowed to
+//! this process) fails the engine's start with the OS error.
+
+use rdmareg_core::RdmaError;
+
+/// CPU numbers the kernel's affinity mask can hold (`CPU_SETSIZE`).
+pub(crate) const MAX_CPU: usize = libc::CPU_SETSIZE as usize;
+
+/// Checks a CPU set before the engine starts: not empty, every CPU number
+/// below [`MAX_CPU`].
+pub(crate) fn validate(cpus: &[usize]) -> Result<(), String> {
+    if cpus.is_empty() {
+        return Err("progress_cpus must name at least one CPU".into());
+    }
+    if let Some(cpu) = cpus.iter().find(|&&cpu| cpu >= MAX_CPU) {
+        return Err(format!(
+            "progress_cpus names CPU {cpu}, past the largest the kernel's mask holds ({})",
+            MAX_CPU - 1
+        ));
+    }
+    Ok(())
+}
+
+/// Pins the calling thread to `cpus` (already validated).
+pub(crate) fn pin_current_thread(cpus: &[usize]) -> Result<(), RdmaError> {
+    // SAFETY: an all-zero `cpu_set_t` is the empty set; the macros below
+    // only set bits of it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        // `validate` bounded every number below CPU_SETSIZE, which
+        // `CPU_SET` needs (it does not check).
+        debug_assert!(cpu < MAX_CPU);
+        // SAFETY: `set` is a live `cpu_set_t` and `cpu` is below its size.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: pid 0 is the calling thread; `set` is a valid mask of the
+    // size passed.
+    let status =
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if status != 0 {
+        let err = std::io::Error::last_os_error();
+        return Err(RdmaError::Backend(format!(
+            "ucx: pinning the progress thread to CPUs {cpus:?}: {err}"
+        )));
+    }
+    tracing::debug!(?cpus, "progress thread pinned");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_or_oversized_cpu_set_is_refused() {
+        assert!(validate(&[]).is_err());
+        assert!(validate(&[0, MAX_CPU]).is_err());
+        assert!(validate(&[0, MAX_CPU - 1]).is_ok());
+    }
+}
