@@ -56,7 +56,8 @@ use super::Engine;
 use super::answer::{Answer, BatchAnswers, BatchReply};
 use super::events::Events;
 use super::ucp::{
-    MemHandle, RemoteKey, SendMode, handler_header, receive_rendezvous, send_active_message,
+    EpHandle, MemHandle, RemoteKey, SendMode, handler_header, receive_rendezvous,
+    send_active_message,
 };
 use super::vectored::{self, CopyEntry};
 use crate::command::Reply;
@@ -610,9 +611,27 @@ impl Engine {
                 }
             }
         }
+        // Sends below may run callbacks that close endpoints.
+        self.endpoint_memo = None;
         // Small owner-served reads of one owner travel as lists.
         self.send_prepared(served);
         self.flush_copies();
+    }
+
+    /// `peer`'s served endpoint (`endpoint_for`), remembered for the next
+    /// read of the same batch. The memo is sound only while nothing can
+    /// close or replace an endpoint: `post_batch` and `try_post_get` clear
+    /// it before they send anything, and the direct lane clears it before
+    /// it runs.
+    fn served_endpoint(&mut self, peer: PeerId) -> Result<(EpHandle, u64), RdmaError> {
+        if let Some((memo_peer, endpoint, serial)) = self.endpoint_memo {
+            if memo_peer == peer {
+                return Ok((endpoint, serial));
+            }
+        }
+        let (endpoint, serial) = self.endpoint_for(peer)?;
+        self.endpoint_memo = Some((peer, endpoint, serial));
+        Ok((endpoint, serial))
     }
 
     /// The process to copy `peer`'s same-host reads out of, when it
@@ -694,7 +713,9 @@ impl Engine {
         request: BackendGet,
         reply: Answer,
     ) -> Result<(), (Answer, RdmaError)> {
-        if let Some(prepared) = self.prepare_get(request, reply)? {
+        let prepared = self.prepare_get(request, reply);
+        self.endpoint_memo = None;
+        if let Some(prepared) = prepared? {
             self.send_read_request(prepared);
         }
         Ok(())
@@ -777,6 +798,8 @@ impl Engine {
         }
         let reply = match &key {
             ReadKey::SameHost(same_host) => {
+                // The direct lane may fall back and touch the peer table.
+                self.endpoint_memo = None;
                 match self.try_post_direct_get(
                     peer,
                     same_host,
@@ -794,7 +817,7 @@ impl Engine {
             ReadKey::Served(_) => reply,
         };
         let key = key.served();
-        let (endpoint, serial) = match self.endpoint_for(peer) {
+        let (endpoint, serial) = match self.served_endpoint(peer) {
             Ok(found) => found,
             Err(err) => return Err((reply, err)),
         };

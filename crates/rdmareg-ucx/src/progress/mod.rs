@@ -139,6 +139,12 @@ struct Engine {
     /// hashes the peer's whole address. Cleared when the turn's copies
     /// are flushed, before any command can change the peer table.
     copy_source_memo: Option<(rdmareg_core::PeerId, Option<u32>)>,
+    /// The served endpoint of the last peer a batch's read looked up, for
+    /// the same reason: a lookup hashes the peer's whole address. Set and
+    /// used only while one batch's reads are prepared, and cleared before
+    /// anything is sent or any callback can close an endpoint (see
+    /// `gets::served_endpoint`).
+    endpoint_memo: Option<(rdmareg_core::PeerId, ucp::EpHandle, u64)>,
     /// This engine's process as its address publishes it (only with a
     /// direct lane): peers sharing its pid space are copied from directly.
     process: Option<ProcessIdentity>,
@@ -282,6 +288,7 @@ impl Engine {
             spare: SpareRecords::default(),
             copies: Vec::new(),
             copy_source_memo: None,
+            endpoint_memo: None,
             process,
             context,
         };
