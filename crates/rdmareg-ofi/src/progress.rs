@@ -421,8 +421,38 @@ struct Engine {
     /// The longest gathered reply this engine asks for (bytes).
     gather_reply_max: usize,
     next_request_id: u64,
+    /// Makes request ids unguessable (see `mint_request_id`).
+    request_ids: RequestIdPermutation,
     closing: bool,
     fabric: Fabric,
+}
+
+/// A secret permutation of 48-bit values: a four-round Feistel network on
+/// 24-bit halves whose round function is a randomly keyed SipHash
+/// (`RandomState`). Peers never see its output except for their own
+/// requests' ids, which tell nothing about another engine's.
+struct RequestIdPermutation {
+    keys: std::hash::RandomState,
+}
+
+impl RequestIdPermutation {
+    fn new() -> RequestIdPermutation {
+        RequestIdPermutation {
+            keys: std::hash::RandomState::new(),
+        }
+    }
+
+    /// The image of `value` (its low 48 bits), below 2⁴⁸.
+    fn permute(&self, value: u64) -> u64 {
+        use std::hash::BuildHasher;
+        const HALF: u64 = (1 << 24) - 1;
+        let (mut left, mut right) = ((value >> 24) & HALF, value & HALF);
+        for round in 0u8..4 {
+            let mixed = self.keys.hash_one((round, right)) & HALF;
+            (left, right) = (right, left ^ mixed);
+        }
+        (left << 24) | right
+    }
 }
 
 impl Engine {
@@ -468,6 +498,7 @@ impl Engine {
                 MAX_LIST_ENTRIES + GATHER_TOTAL_MAX as usize
             },
             next_request_id: 1,
+            request_ids: RequestIdPermutation::new(),
             closing: false,
             fabric,
         }
@@ -873,14 +904,25 @@ impl Engine {
         Ok(())
     }
 
-    /// A request id not in use (below 2⁴⁸, never 0).
+    /// A request id not in use (below 2⁴⁸, never 0) that no other peer can
+    /// guess: the next value of a counter, through a secret permutation.
+    /// An owner answers at the address a request names, so a third peer
+    /// could otherwise ask an owner, in a victim's name, for a read with
+    /// the id the victim uses next (a counter from 1 is plain to see), and
+    /// the victim's receive for that id would take the answer.
     fn mint_request_id(&mut self) -> u64 {
-        let request_id = self.next_request_id;
-        self.next_request_id = (self.next_request_id + 1) & REQUEST_ID_MASK;
-        if self.next_request_id == 0 {
-            self.next_request_id = 1;
+        loop {
+            let counter = self.next_request_id;
+            self.next_request_id = (self.next_request_id + 1) & REQUEST_ID_MASK;
+            if self.next_request_id == 0 {
+                self.next_request_id = 1;
+            }
+            // Distinct counters give distinct ids: a permutation.
+            let request_id = self.request_ids.permute(counter);
+            if request_id != 0 {
+                return request_id;
+            }
         }
-        request_id
     }
 
     /// Enters a checked read (or list) into the op table and posts it,
@@ -2155,6 +2197,25 @@ mod tests {
     use crate::protocol::BUSY_TEXT;
     use crate::{OfiConfig, Provider};
     use rdmareg_backend::RdmaBackend;
+
+    /// Request ids come from a secret permutation of a counter: distinct,
+    /// non-zero, below 2⁴⁸, and not the counter itself (a fresh engine's
+    /// first ids are not 1, 2, 3, which any peer could guess).
+    #[test]
+    fn request_ids_are_distinct_below_2_48_and_not_the_counter() {
+        let permutation = RequestIdPermutation::new();
+        let ids: Vec<u64> = (1..=100_000u64).map(|n| permutation.permute(n)).collect();
+        let distinct: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), ids.len(), "a permutation repeats no id");
+        assert!(ids.iter().all(|&id| id <= REQUEST_ID_MASK));
+        let fixed = ids.iter().zip(1u64..).filter(|(id, n)| *id == n).count();
+        assert!(fixed < 2, "{fixed} ids equal their counter");
+        let other = RequestIdPermutation::new();
+        let same = (1..=1000u64)
+            .filter(|&n| other.permute(n) == permutation.permute(n))
+            .count();
+        assert!(same < 2, "two engines share {same} of their first 1000 ids");
+    }
 
     /// A bare endpoint that speaks the protocol by hand: it asks for reads
     /// and never posts a receive for their bytes, only for busy refusals.

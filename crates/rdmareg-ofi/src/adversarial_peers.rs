@@ -1,0 +1,357 @@
+//! Hostile peers against the owner-served protocol, built from a bare
+//! endpoint of this crate's `Fabric` (the stand-in for a remote machine
+//! that speaks the wire format by hand: libfabric's tagged calls exist only
+//! as `unsafe` FFI, so the harness makes them itself). The engines under
+//! attack are used through their safe API only.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
+
+use crate::engine::OfiEngine;
+use crate::fabric::{ADDR_UNSPEC, Completion, Fabric, ProviderContext};
+use crate::key::{CAPABILITY_LEN, PackedKey};
+use crate::protocol::{ListEntry, ListRequest, REPLY_IGNORE, REQUEST_TAG, ReadRequest};
+use crate::{OfiConfig, Provider};
+
+/// Provider context space at a stable address.
+#[repr(C)]
+struct Context {
+    space: ProviderContext,
+}
+
+/// What a raw peer's operation ended with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ended {
+    Done { len: usize, tag: u64 },
+    Failed(String),
+}
+
+/// A bare endpoint that sends and receives tagged messages of its choosing.
+struct RawPeer {
+    fabric: Fabric,
+    /// Contexts, kept until the endpoint is closed (boxed: the provider
+    /// holds their addresses).
+    #[allow(clippy::vec_box)]
+    contexts: Vec<Box<Context>>,
+    /// Send and receive buffers, kept until the endpoint is closed (a
+    /// `Vec`'s heap bytes do not move when the `Vec` does).
+    buffers: Vec<Vec<u8>>,
+    ended: HashMap<usize, Ended>,
+}
+
+impl RawPeer {
+    fn open(config: &OfiConfig) -> RawPeer {
+        RawPeer {
+            fabric: Fabric::open(config).expect("a raw endpoint"),
+            contexts: Vec::new(),
+            buffers: Vec::new(),
+            ended: HashMap::new(),
+        }
+    }
+
+    fn address(&self) -> Bytes {
+        self.fabric.address.clone()
+    }
+
+    fn insert(&mut self, address: &[u8]) -> u64 {
+        self.fabric.insert_peer(address).expect("a peer address")
+    }
+
+    fn context(&mut self) -> *mut c_void {
+        let mut context = Box::new(Context {
+            space: [std::ptr::null_mut(); 8],
+        });
+        let at = (&raw mut context.space).cast::<c_void>();
+        self.contexts.push(context);
+        at
+    }
+
+    /// Sends `bytes` with `tag` to `dest`, retrying while the provider asks
+    /// to wait; answers the send's context address.
+    fn send(&mut self, dest: u64, tag: u64, bytes: Vec<u8>) -> usize {
+        let context = self.context();
+        let (ptr, len) = (bytes.as_ptr() as usize, bytes.len());
+        self.buffers.push(bytes);
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            // SAFETY: the bytes and the context live in `self` until the
+            // endpoint is closed in `drop`.
+            let sent = unsafe {
+                self.fabric
+                    .tsend(ptr, len, std::ptr::null_mut(), dest, tag, context)
+            };
+            match sent {
+                Ok(true) => return context as usize,
+                Ok(false) if Instant::now() < until => self.poll(),
+                other => panic!("a raw send was not posted: {other:?}"),
+            }
+        }
+    }
+
+    /// Posts a receive of `len` bytes from `src` for `tag` (bits in
+    /// `ignore` ignored); answers its context address and buffer index.
+    fn receive(&mut self, src: u64, tag: u64, ignore: u64, len: usize) -> (usize, usize) {
+        let context = self.context();
+        let mut buffer = vec![0u8; len];
+        let ptr = buffer.as_mut_ptr() as usize;
+        self.buffers.push(buffer);
+        let index = self.buffers.len() - 1;
+        // SAFETY: the buffer and the context live in `self` until the
+        // endpoint is closed in `drop`; no reference to the buffer is made
+        // before its completion was read.
+        let posted = unsafe {
+            self.fabric
+                .trecv(ptr, len, std::ptr::null_mut(), src, tag, ignore, context)
+        };
+        assert_eq!(posted.ok(), Some(true), "a raw receive posted");
+        (context as usize, index)
+    }
+
+    fn poll(&mut self) {
+        let mut out = Vec::new();
+        self.fabric.poll_completions(&mut out, 64);
+        for completion in out {
+            match completion {
+                Completion::Done(context, len, tag) => {
+                    self.ended
+                        .insert(context as usize, Ended::Done { len, tag });
+                }
+                Completion::Failed(context, _, text) => {
+                    self.ended.insert(context as usize, Ended::Failed(text));
+                }
+            }
+        }
+    }
+
+    fn progress_for(&mut self, span: Duration) {
+        let until = Instant::now() + span;
+        while Instant::now() < until {
+            self.poll();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Progresses until the operation at `context` ended (or 10 s passed).
+    fn wait(&mut self, context: usize) -> Option<Ended> {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            self.poll();
+            if let Some(ended) = self.ended.get(&context) {
+                return Some(ended.clone());
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        None
+    }
+}
+
+impl Drop for RawPeer {
+    fn drop(&mut self) {
+        // The endpoint first: then nothing the provider holds points into
+        // the contexts or buffers.
+        self.fabric.close_endpoint();
+    }
+}
+
+fn config(provider: Provider) -> OfiConfig {
+    let config = OfiConfig::new(provider.clone()).with_teardown_timeout(Duration::from_secs(2));
+    match provider {
+        Provider::Tcp => config.with_domain("lo"),
+        _ => config,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// A test buffer reached only through its address while registered.
+struct Memory {
+    raw: *mut [u8],
+    len: usize,
+}
+
+impl Memory {
+    fn filled(len: usize, byte: u8) -> Memory {
+        Memory {
+            raw: Box::into_raw(vec![byte; len].into_boxed_slice()),
+            len,
+        }
+    }
+
+    fn addr(&self) -> usize {
+        self.raw as *mut u8 as usize
+    }
+
+    /// Maps it on `backend`.
+    fn map(&self, rt: &tokio::runtime::Runtime, backend: &crate::OfiBackend) -> BackendRegion {
+        // SAFETY: the range is this test's own allocation; no reference
+        // aliases it while it is registered (only its address is used), and
+        // it is freed only through `free_after`, once unregistered.
+        rt.block_on(unsafe { backend.map(self.addr(), self.len) })
+            .expect("maps")
+    }
+
+    /// Copies its bytes out (only once no transfer can touch it).
+    fn snapshot(&self) -> Vec<u8> {
+        // SAFETY: the caller reads only when no read into or from this
+        // range is in flight (its GETs answered, or its owner served them).
+        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len).to_vec() }
+    }
+
+    /// Overwrites its bytes (only once no transfer can touch it).
+    fn fill(&self, byte: u8) {
+        // SAFETY: as `snapshot`.
+        unsafe { std::ptr::write_bytes(self.addr() as *mut u8, byte, self.len) }
+    }
+
+    /// Frees it if `unregistered`; else leaks it (a transport may still
+    /// use it).
+    fn free_after(self, unregistered: bool) {
+        if unregistered {
+            // SAFETY: made by Box::into_raw; its registration is gone.
+            drop(unsafe { Box::from_raw(self.raw) });
+        }
+    }
+}
+
+fn get(
+    peer: PeerId,
+    key: &Bytes,
+    remote: u64,
+    dst: &BackendRegion,
+    offset: u64,
+    len: u64,
+    deadline: Duration,
+) -> BackendGet {
+    BackendGet {
+        peer,
+        remote_addr: remote,
+        packed_key: key.clone(),
+        local_region_id: dst.backend_region_id,
+        local_offset: offset,
+        len,
+        deadline: Some(deadline),
+    }
+}
+
+fn single(
+    rt: &tokio::runtime::Runtime,
+    backend: &crate::OfiBackend,
+    request: BackendGet,
+) -> Result<(), RdmaError> {
+    // SAFETY: the destination is a `Memory` nobody touches until this GET
+    // answered.
+    rt.block_on(unsafe { backend.get(request) })
+}
+
+/// A request of one attacker, answered to an address it names.
+fn forged_request(
+    request_id: u64,
+    region_id: u64,
+    capability: [u8; CAPABILITY_LEN],
+    address: u64,
+    length: u64,
+    reply_to: &[u8],
+) -> Vec<u8> {
+    ReadRequest {
+        request_id,
+        region_id,
+        capability,
+        address,
+        length,
+        reply_to: reply_to.to_vec(),
+    }
+    .encode()
+}
+
+/// Attack: a third peer, holding a descriptor of its own, sends the owner a
+/// request naming the *victim's* address as where to answer, and the id
+/// the victim's next read will use (a fresh engine numbers its reads 1, 2,
+/// ...). The owner sends the attacker's bytes to the victim, whose read —
+/// a receive directed at the owner, with that tag — takes them. The read
+/// must still answer with the bytes of the region it named.
+fn a_forged_reply_address_cannot_feed_another_consumers_read(provider: Provider) {
+    let rt = runtime();
+    let config = config(provider.clone());
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let victim = OfiEngine::start(config.clone()).expect("victim starts");
+    victim.add_peer(PeerId(1), owner.fabric_address()).unwrap();
+    let (o, v) = (owner.backend(), victim.backend());
+    let wanted = Memory::filled(4096, 0x11);
+    let planted = Memory::filled(4096, 0xEE);
+    let dst = Memory::filled(64, 0);
+    let wanted_region = wanted.map(&rt, &o);
+    let planted_region = planted.map(&rt, &o);
+    let dst_region = dst.map(&rt, &v);
+    let planted_key = PackedKey::decode(&planted_region.packed_key).unwrap();
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    for guessed_id in 1..=4 {
+        let wire = forged_request(
+            guessed_id,
+            planted_key.region_id,
+            planted_key.capability,
+            planted.addr() as u64,
+            64,
+            &victim.fabric_address(),
+        );
+        attacker.send(to_owner, REQUEST_TAG, wire);
+    }
+    // The owner serves them; the victim's provider holds the unasked replies.
+    attacker.progress_for(Duration::from_millis(500));
+    let answer = single(
+        &rt,
+        &v,
+        get(
+            PeerId(1),
+            &wanted_region.packed_key,
+            wanted.addr() as u64,
+            &dst_region,
+            0,
+            64,
+            Duration::from_secs(5),
+        ),
+    );
+    let landed = dst.snapshot();
+    let unmapped = [
+        rt.block_on(v.unmap(dst_region.backend_region_id)),
+        rt.block_on(o.unmap(wanted_region.backend_region_id)),
+        rt.block_on(o.unmap(planted_region.backend_region_id)),
+    ];
+    drop(attacker);
+    victim.shutdown_blocking();
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    dst.free_after(all);
+    wanted.free_after(all);
+    planted.free_after(all);
+    assert_eq!(answer, Ok(()), "{provider:?}");
+    assert!(
+        landed.iter().all(|&b| b == 0x11),
+        "{provider:?}: the victim's read landed {:x?}",
+        &landed[..8]
+    );
+    assert!(all, "{provider:?}: unmaps {unmapped:?}");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(victim.live_registrations(), 0);
+}
+
+#[test]
+fn a_forged_reply_address_cannot_feed_another_consumers_read_over_tcp() {
+    a_forged_reply_address_cannot_feed_another_consumers_read(Provider::Tcp);
+}
+
+#[test]
+fn a_forged_reply_address_cannot_feed_another_consumers_read_over_shm() {
+    a_forged_reply_address_cannot_feed_another_consumers_read(Provider::Shm);
+}
