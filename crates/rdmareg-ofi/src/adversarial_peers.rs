@@ -355,3 +355,93 @@ fn a_forged_reply_address_cannot_feed_another_consumers_read_over_tcp() {
 fn a_forged_reply_address_cannot_feed_another_consumers_read_over_shm() {
     a_forged_reply_address_cannot_feed_another_consumers_read(Provider::Shm);
 }
+
+/// A loopback `sockaddr_in` of `port`, laid out as `fi_getname` gives it.
+fn loopback(port: u16) -> Vec<u8> {
+    let mut address = vec![0u8; 16];
+    address[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+    address[2..4].copy_from_slice(&port.to_be_bytes());
+    address[4..8].copy_from_slice(&[127, 0, 0, 1]);
+    address
+}
+
+/// Attack: one peer sends as many requests as the owner keeps consumer
+/// addresses for ([`MAX_SERVED_PEERS`](crate::progress::MAX_SERVED_PEERS)),
+/// each naming another made-up reply address (loopback ports nobody
+/// listens on) and a region that does not exist. Once the owner's refusals
+/// to those addresses ended (their peers declared unreachable), a consumer
+/// the owner never saw must still be served.
+#[test]
+fn made_up_reply_addresses_do_not_lock_later_consumers_out_of_an_owner() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(
+        config
+            .clone()
+            .with_unreachable_after(Duration::from_millis(200)),
+    )
+    .expect("owner starts");
+    let o = owner.backend();
+    let src = Memory::filled(4096, 0x33);
+    let src_region = src.map(&rt, &o);
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    let started = Instant::now();
+    for i in 0..crate::progress::MAX_SERVED_PEERS as u64 {
+        let reply_to = loopback(20_000 + i as u16);
+        let wire = forged_request(
+            i + 1,
+            u64::MAX - i,
+            [0; CAPABILITY_LEN],
+            0x1000,
+            8,
+            &reply_to,
+        );
+        attacker.send(to_owner, REQUEST_TAG, wire);
+        if i % 64 == 0 {
+            attacker.poll();
+        }
+    }
+    attacker.progress_for(Duration::from_secs(3));
+    let flood = started.elapsed();
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer
+        .add_peer(PeerId(1), owner.fabric_address())
+        .unwrap();
+    let c = consumer.backend();
+    let dst = Memory::filled(64, 0);
+    let dst_region = dst.map(&rt, &c);
+    let answer = single(
+        &rt,
+        &c,
+        get(
+            PeerId(1),
+            &src_region.packed_key,
+            src.addr() as u64,
+            &dst_region,
+            0,
+            64,
+            Duration::from_secs(3),
+        ),
+    );
+    let landed = dst.snapshot();
+    let unmapped = [
+        rt.block_on(c.unmap(dst_region.backend_region_id)),
+        rt.block_on(o.unmap(src_region.backend_region_id)),
+    ];
+    drop(attacker);
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    dst.free_after(all);
+    src.free_after(all);
+    eprintln!(
+        "flood of {} requests sent and answered in {flood:?}",
+        crate::progress::MAX_SERVED_PEERS
+    );
+    assert_eq!(answer, Ok(()), "a new consumer's read");
+    assert!(landed.iter().all(|&b| b == 0x33));
+    assert!(all, "unmaps {unmapped:?}");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(consumer.live_registrations(), 0);
+}

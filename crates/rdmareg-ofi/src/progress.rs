@@ -107,7 +107,7 @@ const REQUEST_RECEIVES: usize = 32;
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// The most distinct consumer addresses an owner inserts into its address
 /// vector to answer them; requests from further addresses are dropped.
-const MAX_SERVED_PEERS: usize = 4096;
+pub(crate) const MAX_SERVED_PEERS: usize = 4096;
 /// The most gathered replies an owner keeps unfinished for one consumer
 /// address: each holds a copy of up to `GATHER_TOTAL_MAX` bytes, so this
 /// bounds that memory (16 MiB per address) apart from the reply bound.
@@ -169,7 +169,8 @@ struct AvEntry {
     address: Bytes,
     peers: usize,
     ops: usize,
-    /// Inserted to answer a consumer's requests: kept until teardown.
+    /// Inserted to answer a consumer's requests: kept while replies to it
+    /// are unfinished, and until the table of consumer addresses fills.
     served: bool,
 }
 
@@ -1942,6 +1943,9 @@ impl Engine {
             return Some(fi_addr);
         }
         if self.served_peers >= MAX_SERVED_PEERS {
+            self.forget_idle_consumers();
+        }
+        if self.served_peers >= MAX_SERVED_PEERS {
             tracing::warn!("too many consumer addresses; a read request was dropped");
             return None;
         }
@@ -1958,6 +1962,30 @@ impl Engine {
                 tracing::debug!(error = %err, "could not insert a consumer's address");
                 None
             }
+        }
+    }
+
+    /// Forgets the consumer addresses no reply is unfinished to: their
+    /// entries leave the address vector (those also added as peers, or
+    /// used by this engine's own reads, stay, no longer counted as served).
+    /// Without this, the first [`MAX_SERVED_PEERS`] addresses named in
+    /// requests — made up ones included — would lock every later consumer
+    /// out for the engine's life. A consumer forgotten is inserted again at
+    /// its next request.
+    fn forget_idle_consumers(&mut self) {
+        let idle: Vec<u64> = self
+            .av
+            .iter()
+            .filter(|(fi_addr, entry)| entry.served && !self.reply_loads.contains_key(fi_addr))
+            .map(|(&fi_addr, _)| fi_addr)
+            .collect();
+        tracing::debug!(
+            idle = idle.len(),
+            "the consumer address table is full: forgetting idle ones"
+        );
+        for fi_addr in idle {
+            self.served_peers -= 1;
+            self.release_av(fi_addr, |entry| entry.served = false);
         }
     }
 
