@@ -445,3 +445,76 @@ fn made_up_reply_addresses_do_not_lock_later_consumers_out_of_an_owner() {
     assert_eq!(owner.live_registrations(), 0);
     assert_eq!(consumer.live_registrations(), 0);
 }
+
+/// Resident memory of this process, in bytes.
+fn resident() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|field| field.parse().ok())
+        .expect("resident pages");
+    pages * 4096
+}
+
+/// Attack: one peer holding a descriptor of a 256 KiB region sends 1024
+/// lists of 16 × 16 KiB entries, naming sixteen made-up reply addresses
+/// (64 lists each, the per-address bound). Every list the owner serves holds a
+/// 256 KiB copy until its reply's send ends, which to an address nobody
+/// listens on is when the peer is declared unreachable (30 s here). The
+/// owner must bound what all consumers together make it hold, not only
+/// each address: here it must grow by less than 128 MiB, half of what the
+/// lists ask for (measured: 244 MiB before the bound, 99 MiB with it: 64 MiB of copies
+/// and the allocator's slack after).
+#[test]
+fn gathered_replies_to_many_reply_addresses_do_not_grow_the_owner_without_bound() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(
+        config
+            .clone()
+            .with_unreachable_after(Duration::from_secs(30)),
+    )
+    .expect("owner starts");
+    let o = owner.backend();
+    let len = 256usize << 10;
+    let src = Memory::filled(len, 0x44);
+    let src_region = src.map(&rt, &o);
+    let key = PackedKey::decode(&src_region.packed_key).unwrap();
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    attacker.progress_for(Duration::from_millis(200));
+    let before = resident();
+    let mut id = 1;
+    for address in 0..16u16 {
+        let reply_to = loopback(30_000 + address);
+        for _ in 0..64 {
+            let wire = ListRequest {
+                request_id: id,
+                entries: (0..16u64)
+                    .map(|i| ListEntry {
+                        region_id: key.region_id,
+                        capability: key.capability,
+                        address: src.addr() as u64 + i * (16 << 10),
+                        length: 16 << 10,
+                    })
+                    .collect(),
+                reply_to: reply_to.clone(),
+            }
+            .encode();
+            attacker.send(to_owner, REQUEST_TAG, wire);
+            id += 1;
+            attacker.poll();
+        }
+    }
+    attacker.progress_for(Duration::from_secs(2));
+    let grown = resident().saturating_sub(before);
+    let unmapped = rt.block_on(o.unmap(src_region.backend_region_id));
+    drop(attacker);
+    owner.shutdown_blocking();
+    src.free_after(unmapped.is_ok());
+    eprintln!("the owner's process grew by {} MiB", grown >> 20);
+    assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(owner.live_registrations(), 0);
+}

@@ -112,6 +112,13 @@ pub(crate) const MAX_SERVED_PEERS: usize = 4096;
 /// address: each holds a copy of up to `GATHER_TOTAL_MAX` bytes, so this
 /// bounds that memory (16 MiB per address) apart from the reply bound.
 const GATHERED_PER_PEER: u32 = 64;
+/// The most bytes of gathered replies an owner keeps unfinished for all
+/// consumers together. The bound per address alone does not bound memory:
+/// a peer names any reply address it likes, and replies to an address
+/// nobody takes them at stay until that peer is declared unreachable (or
+/// for good, at one that never receives). Past it lists are refused as
+/// busy.
+pub(crate) const GATHERED_BYTES_MAX: usize = 64 << 20;
 /// The longest gathered reply a consumer on `shm` asks for: the provider's
 /// inject size (`SMR_INJECT_SIZE` in libfabric 1.17). A longer message
 /// takes `shm`'s copy protocols, which need both sides' progress; measured
@@ -414,6 +421,9 @@ struct Engine {
     /// Unfinished replies per consumer address, and their bound.
     reply_loads: HashMap<u64, PeerLoad>,
     reply_bound: u32,
+    /// Bytes of gathered replies not yet completed, all consumers together
+    /// (bounded by [`GATHERED_BYTES_MAX`]).
+    gathered_bytes: usize,
     /// Reachability of the peers sends go to, by address-vector entry.
     watch: HashMap<u64, PeerWatch>,
     unreachable_after: Duration,
@@ -490,6 +500,7 @@ impl Engine {
             served_peers: 0,
             reply_loads: HashMap::new(),
             reply_bound: config.max_served_replies_per_peer,
+            gathered_bytes: 0,
             watch: HashMap::new(),
             unreachable_after: config.unreachable_after,
             next_watch: Instant::now(),
@@ -1615,6 +1626,9 @@ impl Engine {
         }
         if let Some((peer, kind)) = send.counted {
             self.release_reply(peer, kind);
+            if kind == ReplyKind::Gathered {
+                self.gathered_bytes = self.gathered_bytes.saturating_sub(send.len);
+            }
         }
         if let Some(watch) = self.watch.get_mut(&send.dest) {
             if send.probe {
@@ -1815,8 +1829,11 @@ impl Engine {
             return;
         };
         let bound = self.reply_bound;
+        let held = self.gathered_bytes;
         let load = self.reply_loads.entry(dest).or_default();
-        if load.gathered >= GATHERED_PER_PEER.min(bound) {
+        if load.gathered >= GATHERED_PER_PEER.min(bound)
+            || held + list.reply_len() > GATHERED_BYTES_MAX
+        {
             if load.refusals >= bound {
                 tracing::debug!(
                     request = list.request_id,
@@ -1869,6 +1886,8 @@ impl Engine {
                 Err(refusal) => reply[index] = refusal.status(),
             }
         }
+        // Released by the send's end, by this same length.
+        self.gathered_bytes += reply.len();
         tracing::trace!(
             request = list.request_id,
             entries = list.entries.len(),
