@@ -518,3 +518,66 @@ fn gathered_replies_to_many_reply_addresses_do_not_grow_the_owner_without_bound(
     assert_eq!(unmapped, Ok(()));
     assert_eq!(owner.live_registrations(), 0);
 }
+
+/// Attack: a consumer that asks for large reads and never receives their
+/// bytes holds at most the owner's bound of replies (4 here) and is refused
+/// as busy past it — unless it can pass for several consumers. The same
+/// endpoint named three ways (its `sockaddr_in` with different bytes in
+/// the unused `sin_zero` tail) must still be one consumer. It asks 6 reads
+/// under the first spelling (4 held, 2 refused), then 4 under each other
+/// (all refused: it holds its 4 already), letting the refusals arrive in
+/// between (refusals unreceived are bounded by the same number): 10 busy.
+/// Before, each spelling was a consumer of its own, whose replies the
+/// provider could not even deliver (2 busy arrived, 12 replies held).
+#[test]
+fn one_consumer_naming_its_address_three_ways_is_still_bounded_as_one() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(
+        config
+            .clone()
+            .with_max_served_replies_per_peer(4)
+            .with_unreachable_after(Duration::from_secs(30)),
+    )
+    .expect("owner starts");
+    let o = owner.backend();
+    let len = 1usize << 20;
+    let src = Memory::filled(len, 0x55);
+    let src_region = src.map(&rt, &o);
+    let key = PackedKey::decode(&src_region.packed_key).unwrap();
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    let own = attacker.address().to_vec();
+    let mut busy_receives = Vec::new();
+    let mut id = 1;
+    for (alias, asks) in [(0u8, 6), (1, 4), (2, 4)] {
+        let mut reply_to = own.clone();
+        reply_to[8..].fill(alias);
+        for _ in 0..asks {
+            let busy = crate::protocol::refusal_tag(id, crate::protocol::Refusal::Busy);
+            busy_receives.push(attacker.receive(to_owner, busy, 0, 0).0);
+            let wire = forged_request(
+                id,
+                key.region_id,
+                key.capability,
+                src.addr() as u64,
+                len as u64,
+                &reply_to,
+            );
+            attacker.send(to_owner, REQUEST_TAG, wire);
+            id += 1;
+        }
+        attacker.progress_for(Duration::from_millis(500));
+    }
+    attacker.progress_for(Duration::from_secs(1));
+    let busy = busy_receives
+        .iter()
+        .filter(|at| matches!(attacker.ended.get(at), Some(Ended::Done { .. })))
+        .count();
+    drop(attacker);
+    owner.shutdown_blocking();
+    let unmapped = rt.block_on(o.unmap(src_region.backend_region_id));
+    src.free_after(unmapped.is_ok() && owner.live_registrations() == 0);
+    assert_eq!(busy, 10, "reads refused as busy of 14");
+    assert_eq!(owner.live_registrations(), 0);
+}

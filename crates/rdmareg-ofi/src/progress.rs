@@ -126,6 +126,27 @@ pub(crate) const GATHERED_BYTES_MAX: usize = 64 << 20;
 /// separate inject-sized reads.
 const SHM_GATHER_REPLY_MAX: usize = 4096;
 
+/// One spelling of a validated reply address: the bytes a provider ignores
+/// (`sin_zero` of a `sockaddr_in`, the flow label of a `sockaddr_in6`, the
+/// NUL padding of a string past its first NUL) zeroed or cut. An owner
+/// bounds what it holds per consumer address, so one consumer must not
+/// pass for several by spelling its address differently.
+fn canonical_address(format: crate::key::AddressFormat, address: &[u8]) -> Vec<u8> {
+    use crate::key::AddressFormat;
+    let mut canonical = address.to_vec();
+    match format {
+        AddressFormat::SockaddrIn if canonical.len() == 16 => canonical[8..].fill(0),
+        AddressFormat::SockaddrIn6 if canonical.len() == 28 => canonical[4..8].fill(0),
+        AddressFormat::Str => {
+            if let Some(text) = canonical.iter().position(|&b| b == 0) {
+                canonical.truncate(text + 1);
+            }
+        }
+        _ => {}
+    }
+    canonical
+}
+
 /// The thread's body: start, report, serve, tear down.
 pub(crate) fn run(
     config: OfiConfig,
@@ -1951,8 +1972,13 @@ impl Engine {
 
     /// The address-vector entry to answer a consumer at, inserted on first
     /// use (validated first; bounded by [`MAX_SERVED_PEERS`]).
-    fn served_peer(&mut self, address: &[u8]) -> Option<u64> {
-        if let Some(&fi_addr) = self.by_address.get(address) {
+    fn served_peer(&mut self, claimed: &[u8]) -> Option<u64> {
+        if let Err(err) = validate_address(self.fabric.address_format, claimed) {
+            tracing::debug!(error = %err, "a read request with a malformed reply address was dropped");
+            return None;
+        }
+        let address = canonical_address(self.fabric.address_format, claimed);
+        if let Some(&fi_addr) = self.by_address.get(address.as_slice()) {
             if let Some(entry) = self.av.get_mut(&fi_addr) {
                 if !entry.served {
                     entry.served = true;
@@ -1968,11 +1994,7 @@ impl Engine {
             tracing::warn!("too many consumer addresses; a read request was dropped");
             return None;
         }
-        if let Err(err) = validate_address(self.fabric.address_format, address) {
-            tracing::debug!(error = %err, "a read request with a malformed reply address was dropped");
-            return None;
-        }
-        match self.insert_address(Bytes::copy_from_slice(address), true) {
+        match self.insert_address(Bytes::from(address), true) {
             Ok(fi_addr) => {
                 self.served_peers += 1;
                 Some(fi_addr)
