@@ -581,3 +581,102 @@ fn one_consumer_naming_its_address_three_ways_is_still_bounded_as_one() {
     assert_eq!(busy, 10, "reads refused as busy of 14");
     assert_eq!(owner.live_registrations(), 0);
 }
+
+impl RawPeer {
+    /// Posing as an owner: waits up to 10 s for one request and answers
+    /// its bytes (a single read or a list).
+    fn take_request(&mut self) -> Vec<u8> {
+        let (context, index) =
+            self.receive(ADDR_UNSPEC, REQUEST_TAG, 0, crate::protocol::RECEIVE_MAX);
+        match self.wait(context) {
+            Some(Ended::Done { len, .. }) => self.buffers[index][..len].to_vec(),
+            other => panic!("no request arrived: {other:?}"),
+        }
+    }
+}
+
+/// Virtual size of this process, in bytes (a zeroed buffer the engine
+/// allocates and never writes counts here, not in the resident size).
+fn virtual_size() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .next()
+        .and_then(|field| field.parse().ok())
+        .expect("total pages");
+    pages * 4096
+}
+
+/// Attack: a hostile owner answers each of 32 reads of 8 MiB with 8 MiB
+/// and one byte more. The provider truncates each reply into the receive
+/// and fails it; the read answers a typed error. The reply has arrived, so
+/// nothing of it is left to take: the consumer must not keep a scratch
+/// receive of 8 MiB per read for it until its teardown (256 MiB here; it
+/// may grow by less than 128 MiB).
+#[test]
+fn overlong_replies_of_a_hostile_owner_leave_the_consumer_no_memory_behind() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let mut owner = RawPeer::open(&config);
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer.add_peer(PeerId(1), owner.address()).unwrap();
+    let c = consumer.backend();
+    let len = 8usize << 20;
+    let dst = Memory::filled(len, 0);
+    let dst_region = dst.map(&rt, &c);
+    let key = PackedKey {
+        owner_served: true,
+        virt_addr: false,
+        region_id: 1,
+        capability: [9; CAPABILITY_LEN],
+        mr_key: 0,
+        base: 0x10_0000,
+        len: len as u64,
+        owner: owner.address(),
+    }
+    .encode();
+    let to_consumer = owner.insert(&consumer.fabric_address());
+    let before = virtual_size();
+    let mut answers = Vec::new();
+    for _ in 0..32 {
+        let read = rt.spawn({
+            let c = c.clone();
+            let request = get(
+                PeerId(1),
+                &key,
+                0x10_0000,
+                &dst_region,
+                0,
+                len as u64,
+                Duration::from_secs(10),
+            );
+            // SAFETY: nothing touches the destination until answered.
+            async move { unsafe { c.get(request) }.await }
+        });
+        let request = ReadRequest::decode(&owner.take_request()).expect("a single read");
+        let sent = owner.send(to_consumer, request.request_id, vec![0xAB; len + 1]);
+        assert!(
+            matches!(owner.wait(sent), Some(Ended::Done { .. })),
+            "overlong reply sent"
+        );
+        answers.push(rt.block_on(read).expect("the read task"));
+    }
+    drop(owner);
+    let grown = virtual_size().saturating_sub(before);
+    let unmapped = rt.block_on(c.unmap(dst_region.backend_region_id));
+    consumer.shutdown_blocking();
+    dst.free_after(unmapped.is_ok());
+    eprintln!(
+        "the consumer's process grew by {} MiB of address space",
+        grown >> 20
+    );
+    for answer in &answers {
+        assert!(
+            matches!(answer, Err(RdmaError::Backend(_))),
+            "answered {answer:?}"
+        );
+    }
+    assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(consumer.live_registrations(), 0);
+}

@@ -86,7 +86,9 @@ use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
 use crate::config::{OfiConfig, Provider, ReadPath};
 use crate::engine::{Command, Reply, Signals, StartInfo};
-use crate::fabric::{ADDR_UNSPEC, Completion, EndpointEnd, Fabric, MemoryRegion, ProviderContext};
+use crate::fabric::{
+    ADDR_UNSPEC, Completion, ERR_TRUNCATED, EndpointEnd, Fabric, MemoryRegion, ProviderContext,
+};
 use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
 use crate::protocol::{
     GATHER_ENTRY_MAX, GATHER_TOTAL_MAX, LIST_VERSION, ListEntry, ListRequest, MAX_LIST_ENTRIES,
@@ -1364,10 +1366,13 @@ impl Engine {
                 self.finish(slot, outcome);
                 continue;
             }
-            if served && result.is_err() && !unreachable {
+            let truncated = matches!(result, Err((ERR_TRUNCATED, _)));
+            if served && result.is_err() && !unreachable && !truncated {
                 // The receive ended (cancelled) without the reply: the owner
                 // may still send it, and holds its lease until a receive
-                // takes it. A zero-length receive takes it (truncated).
+                // takes it. (A reply longer than asked did arrive, truncated:
+                // nothing is left to take, and a discard receive would stay
+                // posted, with its scratch memory, until teardown.)
                 self.post_discard(fi_addr, request_id, expected);
             }
             let result = match result {
