@@ -680,3 +680,68 @@ fn overlong_replies_of_a_hostile_owner_leave_the_consumer_no_memory_behind() {
     assert_eq!(unmapped, Ok(()));
     assert_eq!(consumer.live_registrations(), 0);
 }
+
+/// Attack: a hostile owner takes 32 requests for 8 MiB and never answers.
+/// Each read answers `Timeout` at its 100 ms deadline, and the consumer
+/// posts a scratch receive for the late reply (so an honest owner's lease
+/// would end) — which never comes. What the consumer keeps for one owner's
+/// late replies must be bounded: 256 MiB here, and it may grow by less
+/// than 128 MiB.
+#[test]
+fn an_owner_that_never_answers_cannot_make_its_consumer_hoard_scratch_memory() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let mut owner = RawPeer::open(&config);
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer.add_peer(PeerId(1), owner.address()).unwrap();
+    let c = consumer.backend();
+    let len = 8usize << 20;
+    let dst = Memory::filled(len, 0);
+    let dst_region = dst.map(&rt, &c);
+    let key = PackedKey {
+        owner_served: true,
+        virt_addr: false,
+        region_id: 1,
+        capability: [9; CAPABILITY_LEN],
+        mr_key: 0,
+        base: 0x10_0000,
+        len: len as u64,
+        owner: owner.address(),
+    }
+    .encode();
+    let before = virtual_size();
+    let mut answers = Vec::new();
+    for _ in 0..32 {
+        let read = rt.spawn({
+            let c = c.clone();
+            let request = get(
+                PeerId(1),
+                &key,
+                0x10_0000,
+                &dst_region,
+                0,
+                len as u64,
+                Duration::from_millis(100),
+            );
+            // SAFETY: nothing touches the destination until answered.
+            async move { unsafe { c.get(request) }.await }
+        });
+        ReadRequest::decode(&owner.take_request()).expect("a single read");
+        answers.push(rt.block_on(read).expect("the read task"));
+    }
+    let grown = virtual_size().saturating_sub(before);
+    let unmapped = rt.block_on(c.unmap(dst_region.backend_region_id));
+    drop(owner);
+    consumer.shutdown_blocking();
+    dst.free_after(unmapped.is_ok());
+    eprintln!(
+        "the consumer's process grew by {} MiB of address space",
+        grown >> 20
+    );
+    for answer in &answers {
+        assert_eq!(answer, &Err(RdmaError::Timeout));
+    }
+    assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(consumer.live_registrations(), 0);
+}

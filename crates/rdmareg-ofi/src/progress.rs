@@ -121,6 +121,13 @@ const GATHERED_PER_PEER: u32 = 64;
 /// for good, at one that never receives). Past it lists are refused as
 /// busy.
 pub(crate) const GATHERED_BYTES_MAX: usize = 64 << 20;
+/// The most scratch memory a consumer keeps posted for the late replies of
+/// one owner's cancelled reads, beyond one such receive (always allowed,
+/// whatever its length). An owner that never answers would otherwise make
+/// its consumer keep a receive of each timed-out read's length until
+/// teardown. Past it the owner's late reply finds no receive, and the
+/// owner keeps that reply's lease until the connection ends.
+pub(crate) const DISCARD_BYTES_PER_PEER: usize = 64 << 20;
 /// The longest gathered reply a consumer on `shm` asks for: the provider's
 /// inject size (`SMR_INJECT_SIZE` in libfabric 1.17). A longer message
 /// takes `shm`'s copy protocols, which need both sides' progress; measured
@@ -440,6 +447,10 @@ struct Engine {
     /// Receives into scratch memory that take the late reply of a read
     /// whose receive was cancelled, by context address.
     discards: HashMap<usize, (Box<OpContext>, Vec<u8>)>,
+    /// The owner and length of each discard receive, by context address,
+    /// and the bytes of them posted per owner.
+    discard_owners: HashMap<usize, (u64, usize)>,
+    discard_bytes: HashMap<u64, usize>,
     served_peers: usize,
     /// Unfinished replies per consumer address, and their bound.
     reply_loads: HashMap<u64, PeerLoad>,
@@ -520,6 +531,8 @@ impl Engine {
             unsent: VecDeque::new(),
             request_buffers: HashMap::new(),
             discards: HashMap::new(),
+            discard_owners: HashMap::new(),
+            discard_bytes: HashMap::new(),
             served_peers: 0,
             reply_loads: HashMap::new(),
             reply_bound: config.max_served_replies_per_peer,
@@ -1329,6 +1342,14 @@ impl Engine {
                 continue;
             }
             if self.discards.remove(&at).is_some() {
+                if let Some((owner, len)) = self.discard_owners.remove(&at) {
+                    if let Some(held) = self.discard_bytes.get_mut(&owner) {
+                        *held = held.saturating_sub(len);
+                        if *held == 0 {
+                            self.discard_bytes.remove(&owner);
+                        }
+                    }
+                }
                 tracing::trace!(ok = result.is_ok(), "a discard receive ended");
                 continue;
             }
@@ -1420,6 +1441,16 @@ impl Engine {
         if self.closing || self.fabric.needs_local_desc() {
             return;
         }
+        let held = self.discard_bytes.get(&fi_addr).copied().unwrap_or(0);
+        if held > 0 && held + len > DISCARD_BYTES_PER_PEER {
+            tracing::debug!(
+                request_id,
+                held,
+                "this owner's late replies already have their scratch budget; the owner keeps \
+                 this reply's lease until the connection ends"
+            );
+            return;
+        }
         let mut context = Box::new(OpContext {
             space: [std::ptr::null_mut(); 8],
         });
@@ -1443,6 +1474,8 @@ impl Engine {
         match posted {
             Ok(true) => {
                 self.discards.insert(at, (context, scratch));
+                self.discard_owners.insert(at, (fi_addr, len));
+                *self.discard_bytes.entry(fi_addr).or_default() += len;
             }
             Ok(false) | Err(_) => {
                 tracing::debug!(
