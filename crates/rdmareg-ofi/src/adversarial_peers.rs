@@ -745,3 +745,189 @@ fn an_owner_that_never_answers_cannot_make_its_consumer_hoard_scratch_memory() {
     assert_eq!(unmapped, Ok(()));
     assert_eq!(consumer.live_registrations(), 0);
 }
+
+/// Guard: garbage the owner must drop without an answer or harm — empty,
+/// one-byte, wrong-version and truncated frames, lists of 0, 65 and 255
+/// entries, a probe with a byte more, a single read of length 0 — then
+/// single reads whose range wraps or is huge, refused `OutOfRange`; and a
+/// list whose entries are valid, wrap, start below the region, name
+/// another consumer's region with this capability, or an unknown region,
+/// answered entry by entry; last a frame longer than any request. The
+/// owner then still serves an honest consumer, and unmaps everything.
+#[test]
+fn garbage_frames_and_hostile_list_entries_get_typed_answers_and_the_owner_keeps_serving() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let o = owner.backend();
+    let granted = Memory::filled(4096, 0x66);
+    let other = Memory::filled(4096, 0x77);
+    let granted_region = granted.map(&rt, &o);
+    let other_region = other.map(&rt, &o);
+    let key = PackedKey::decode(&granted_region.packed_key).unwrap();
+    let other_id = PackedKey::decode(&other_region.packed_key)
+        .unwrap()
+        .region_id;
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    let me = attacker.address().to_vec();
+    let base = granted.addr() as u64;
+    let mut garbage: Vec<Vec<u8>> = vec![
+        vec![],
+        vec![1],
+        vec![2],
+        vec![0xFF, 0, 0, 0, 0],
+        vec![3; 100],
+        forged_request(1, key.region_id, key.capability, base, 64, &me)[..60].to_vec(),
+    ];
+    for count in [0u8, 65, 255] {
+        let mut list = vec![2, count, 0, 0];
+        list.extend_from_slice(&7u64.to_le_bytes());
+        list.extend_from_slice(&(me.len() as u16).to_le_bytes());
+        list.extend(std::iter::repeat_n(0u8, 40 * usize::from(count.min(64))));
+        list.extend_from_slice(&me);
+        garbage.push(list);
+    }
+    let mut zero = forged_request(9, key.region_id, key.capability, base, 64, &me);
+    zero[44..52].fill(0);
+    garbage.push(zero);
+    // Nothing may answer these: listen for any tag of their ids.
+    let mut silent = Vec::new();
+    for id in [1u64, 7, 9] {
+        silent.push(attacker.receive(to_owner, id, REPLY_IGNORE, 64).0);
+    }
+    for frame in garbage {
+        attacker.send(to_owner, REQUEST_TAG, frame);
+    }
+    let mut refused = Vec::new();
+    for (id, address, length) in [
+        (20u64, u64::MAX - 7, 16u64),
+        (21, base, u64::MAX),
+        (22, base + 4000, 200),
+        (23, base - 1, 1),
+    ] {
+        refused.push(attacker.receive(to_owner, id, REPLY_IGNORE, 0).0);
+        attacker.send(
+            to_owner,
+            REQUEST_TAG,
+            forged_request(id, key.region_id, key.capability, address, length, &me),
+        );
+    }
+    let entries = [
+        (key.region_id, base, 64u64),
+        (key.region_id, u64::MAX - 7, 16),
+        (key.region_id, base - 64, 64),
+        (other_id, other.addr() as u64, 64),
+        (u64::MAX, base, 64),
+        (key.region_id, base + 4096 - 16, 16),
+    ];
+    let list = ListRequest {
+        request_id: 30,
+        entries: entries
+            .iter()
+            .map(|&(region_id, address, length)| ListEntry {
+                region_id,
+                capability: key.capability,
+                address,
+                length,
+            })
+            .collect(),
+        reply_to: me.clone(),
+    };
+    let (gathered, index) = attacker.receive(to_owner, 30, REPLY_IGNORE, list.reply_len());
+    attacker.send(to_owner, REQUEST_TAG, list.encode());
+    let gathered = attacker.wait(gathered);
+    let refusals: Vec<Option<Ended>> = refused.iter().map(|&at| attacker.wait(at)).collect();
+    attacker.progress_for(Duration::from_millis(300));
+    let answered_garbage: Vec<Ended> = silent
+        .iter()
+        .filter_map(|at| attacker.ended.get(at).cloned())
+        .collect();
+    let reply = attacker.buffers[index].clone();
+    // Last, a frame longer than any request: the owner's receive fails
+    // (truncated) and is posted again. (Over tcp;ofi_rxm the provider then
+    // loses the sender's next message on that connection — the sender's
+    // own loss; other consumers are served, as below.)
+    attacker.send(
+        to_owner,
+        REQUEST_TAG,
+        vec![0x5A; crate::protocol::RECEIVE_MAX + 1000],
+    );
+    attacker.progress_for(Duration::from_millis(100));
+    // An honest consumer is still served.
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer
+        .add_peer(PeerId(1), owner.fabric_address())
+        .unwrap();
+    let c = consumer.backend();
+    let dst = Memory::filled(64, 0);
+    let dst_region = dst.map(&rt, &c);
+    let honest = single(
+        &rt,
+        &c,
+        get(
+            PeerId(1),
+            &granted_region.packed_key,
+            base,
+            &dst_region,
+            0,
+            64,
+            Duration::from_secs(5),
+        ),
+    );
+    let landed = dst.snapshot();
+    let unmapped = [
+        rt.block_on(c.unmap(dst_region.backend_region_id)),
+        rt.block_on(o.unmap(granted_region.backend_region_id)),
+        rt.block_on(o.unmap(other_region.backend_region_id)),
+    ];
+    drop(attacker);
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    dst.free_after(all);
+    granted.free_after(all);
+    other.free_after(all);
+    assert!(
+        answered_garbage.is_empty(),
+        "garbage was answered: {answered_garbage:?}"
+    );
+    for (refusal, id) in refusals.iter().zip(20u64..) {
+        match refusal {
+            Some(Ended::Done { len: 0, tag }) => {
+                assert_eq!(
+                    crate::protocol::reply_outcome(*tag),
+                    Err(RdmaError::OutOfRange),
+                    "read {id}"
+                );
+            }
+            other => panic!("read {id} answered {other:?}"),
+        }
+    }
+    use crate::protocol::Refusal;
+    let statuses = [
+        0,
+        Refusal::OutOfRange.status(),
+        Refusal::OutOfRange.status(),
+        Refusal::CapabilityMismatch.status(),
+        Refusal::RegionUnknown.status(),
+        0,
+    ];
+    assert_eq!(
+        gathered,
+        Some(Ended::Done {
+            len: 6 + 64 + 16,
+            tag: 30
+        })
+    );
+    assert_eq!(reply[..6], statuses);
+    assert!(
+        reply[6..6 + 80].iter().all(|&b| b == 0x66),
+        "served entries' bytes"
+    );
+    assert_eq!(honest, Ok(()));
+    assert!(landed.iter().all(|&b| b == 0x66));
+    assert!(all, "unmaps {unmapped:?}");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(consumer.live_registrations(), 0);
+}
