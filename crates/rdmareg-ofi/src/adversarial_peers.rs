@@ -1022,9 +1022,11 @@ impl HostileOwnerSetup {
             })
             .collect();
         let c = self.consumer.backend();
-        // SAFETY: nothing touches the destination until the batch answered.
-        self.rt
-            .spawn(async move { unsafe { c.get_batch(requests) }.await })
+        self.rt.spawn(async move {
+            // SAFETY: nothing touches the destination until the batch
+            // answered.
+            unsafe { c.get_batch(requests) }.await
+        })
     }
 
     /// Waits for a batch, progressing the raw owner meanwhile (over tcp

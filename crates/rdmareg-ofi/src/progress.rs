@@ -41,7 +41,11 @@
 //! otherwise hold leases and sends without limit. A valid read past the
 //! bound is refused as busy; a refusal past the refusal bound is not sent
 //! (the request is dropped). The counts drop when each send's completion
-//! (success or error) is read, and at teardown with the sends.
+//! (success or error) is read, and at teardown with the sends. Since a
+//! request names its reply address itself, these bounds are per address:
+//! addresses are reduced to one spelling first, gathered replies are also
+//! bounded in total ([`GATHERED_BYTES_MAX`]), and a full table of consumer
+//! addresses forgets those with nothing unfinished.
 //!
 //! # Dead peers
 //!
