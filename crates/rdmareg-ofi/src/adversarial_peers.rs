@@ -1254,3 +1254,89 @@ fn a_late_or_abandoned_gathered_list_never_lands_after_its_answer_over_tcp() {
 fn a_late_or_abandoned_gathered_list_never_lands_after_its_answer_over_shm() {
     a_late_or_abandoned_gathered_list_never_lands_after_its_answer(Provider::Shm);
 }
+
+/// Attack: one peer holds the owner's total of gathered replies (64 MiB)
+/// by naming made-up reply addresses nobody takes replies at (held for
+/// 30 s here). A consumer that takes its replies must still be served its
+/// gathered list, not refused as busy for as long as the attacker likes.
+#[test]
+fn a_consumer_is_still_served_lists_while_other_addresses_hold_the_owners_total() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(
+        config
+            .clone()
+            .with_unreachable_after(Duration::from_secs(30)),
+    )
+    .expect("owner starts");
+    let o = owner.backend();
+    let len = 256usize << 10;
+    let src = Memory::filled(len, 0x48);
+    let src_region = src.map(&rt, &o);
+    let key = PackedKey::decode(&src_region.packed_key).unwrap();
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    let mut id = 1;
+    // Five addresses of 256 KiB lists, then one of 16 KiB lists, fill the
+    // total to within less than the consumer's list.
+    for (address, entries) in [(0u16, 16u64), (1, 16), (2, 16), (3, 16), (4, 16), (5, 1)] {
+        let reply_to = loopback(31_000 + address);
+        for _ in 0..64 {
+            let wire = ListRequest {
+                request_id: id,
+                entries: (0..entries)
+                    .map(|i| ListEntry {
+                        region_id: key.region_id,
+                        capability: key.capability,
+                        address: src.addr() as u64 + i * (16 << 10),
+                        length: 16 << 10,
+                    })
+                    .collect(),
+                reply_to: reply_to.clone(),
+            }
+            .encode();
+            attacker.send(to_owner, REQUEST_TAG, wire);
+            id += 1;
+            attacker.poll();
+        }
+    }
+    attacker.progress_for(Duration::from_secs(1));
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer
+        .add_peer(PeerId(1), owner.fabric_address())
+        .unwrap();
+    let c = consumer.backend();
+    let dst = Memory::filled(16 << 10, 0);
+    let dst_region = dst.map(&rt, &c);
+    let requests: Vec<BackendGet> = (0..16u64)
+        .map(|i| {
+            get(
+                PeerId(1),
+                &src_region.packed_key,
+                src.addr() as u64 + i * 1024,
+                &dst_region,
+                i * 1024,
+                1024,
+                Duration::from_secs(5),
+            )
+        })
+        .collect();
+    // SAFETY: nothing touches the destination until the batch answered.
+    let answers = rt.block_on(unsafe { c.get_batch(requests) });
+    let landed = dst.snapshot();
+    let unmapped = [
+        rt.block_on(c.unmap(dst_region.backend_region_id)),
+        rt.block_on(o.unmap(src_region.backend_region_id)),
+    ];
+    drop(attacker);
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    dst.free_after(all);
+    src.free_after(all);
+    assert_eq!(answers, vec![Ok(()); 16]);
+    assert!(landed.iter().all(|&b| b == 0x48));
+    assert!(all, "unmaps {unmapped:?}");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(consumer.live_registrations(), 0);
+}

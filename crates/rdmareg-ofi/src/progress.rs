@@ -123,7 +123,8 @@ const GATHERED_PER_PEER: u32 = 64;
 /// a peer names any reply address it likes, and replies to an address
 /// nobody takes them at stay until that peer is declared unreachable (or
 /// for good, at one that never receives). Past it lists are refused as
-/// busy.
+/// busy, except a consumer address's first unfinished one (so the most
+/// held is this plus one reply per address of [`MAX_SERVED_PEERS`]).
 pub(crate) const GATHERED_BYTES_MAX: usize = 64 << 20;
 /// The most scratch memory a consumer keeps posted for the late replies of
 /// one owner's cancelled reads, beyond one such receive (always allowed,
@@ -1894,8 +1895,12 @@ impl Engine {
         let bound = self.reply_bound;
         let held = self.gathered_bytes;
         let load = self.reply_loads.entry(dest).or_default();
+        // Past the total, a consumer with no gathered reply unfinished is
+        // still served one: the total bounds memory (to it plus one reply
+        // per consumer address), and peers that hold replies without
+        // taking them cannot starve the consumers that do take theirs.
         if load.gathered >= GATHERED_PER_PEER.min(bound)
-            || held + list.reply_len() > GATHERED_BYTES_MAX
+            || (load.gathered > 0 && held + list.reply_len() > GATHERED_BYTES_MAX)
         {
             if load.refusals >= bound {
                 tracing::debug!(
