@@ -1340,3 +1340,61 @@ fn a_consumer_is_still_served_lists_while_other_addresses_hold_the_owners_total(
     assert_eq!(owner.live_registrations(), 0);
     assert_eq!(consumer.live_registrations(), 0);
 }
+
+/// Guard of the liveness probe over tcp (`unreachable_after` 1 s): an owner
+/// that took a read's request and then stalls — its endpoint open, never
+/// progressed — is not declared unreachable: the read answers `Timeout` at
+/// its 2.5 s deadline. An owner whose endpoint is gone is: a read from it
+/// answers the unreachable error within 5 s, not at its 20 s deadline.
+#[test]
+fn the_probe_spares_a_stalled_owner_and_finds_a_dead_one() {
+    let mut setup = HostileOwnerSetup::new(Provider::Tcp, 64 << 10);
+    let started = Instant::now();
+    let task = setup.start(&[64 << 10], Duration::from_millis(2500));
+    ReadRequest::decode(&setup.owner.take_request()).expect("a single read");
+    while !task.is_finished() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stalled = setup.rt.block_on(task).expect("the read task");
+    let stalled_after = started.elapsed();
+    // The owner's endpoint goes away; a new read from it.
+    let HostileOwnerSetup {
+        rt,
+        owner,
+        consumer,
+        dst,
+        dst_region,
+        key,
+        ..
+    } = setup;
+    drop(owner);
+    let started = Instant::now();
+    let c = consumer.backend();
+    let dead = single(
+        &rt,
+        &c,
+        get(
+            PeerId(1),
+            &key,
+            0x10_0000,
+            &dst_region,
+            0,
+            64,
+            Duration::from_secs(20),
+        ),
+    );
+    let dead_after = started.elapsed();
+    let unmapped = rt.block_on(c.unmap(dst_region.backend_region_id));
+    consumer.shutdown_blocking();
+    dst.free_after(unmapped.is_ok());
+    eprintln!("stalled: {stalled:?} after {stalled_after:?}; dead: {dead:?} after {dead_after:?}");
+    assert_eq!(stalled, vec![Err(RdmaError::Timeout)]);
+    assert!(stalled_after >= Duration::from_millis(2500));
+    assert!(
+        matches!(&dead, Err(RdmaError::Backend(text)) if text.contains("unreachable")),
+        "{dead:?}"
+    );
+    assert!(dead_after < Duration::from_secs(5), "{dead_after:?}");
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(consumer.live_registrations(), 0);
+}
