@@ -1398,3 +1398,82 @@ fn the_probe_spares_a_stalled_owner_and_finds_a_dead_one() {
     assert_eq!(unmapped, Ok(()));
     assert_eq!(consumer.live_registrations(), 0);
 }
+
+/// Guard: one peer floods an owner with 10 000 requests for a region that
+/// does not exist and never receives the refusals (the owner holds at most
+/// its bound of them and drops the rest). A consumer reading meanwhile is
+/// served, each of 20 reads within 5 s, and the owner unmaps everything.
+#[test]
+fn a_request_flood_from_one_peer_does_not_starve_another_consumer() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let o = owner.backend();
+    let src = Memory::filled(4096, 0x4C);
+    let src_region = src.map(&rt, &o);
+    let consumer = OfiEngine::start(config.clone()).expect("consumer starts");
+    consumer
+        .add_peer(PeerId(1), owner.fabric_address())
+        .unwrap();
+    let c = consumer.backend();
+    let dst = Memory::filled(64, 0);
+    let dst_region = dst.map(&rt, &c);
+    let flood = std::thread::spawn({
+        let owner_address = owner.fabric_address();
+        move || {
+            let mut attacker = RawPeer::open(&config);
+            let to_owner = attacker.insert(&owner_address);
+            let me = attacker.address().to_vec();
+            for id in 1..=10_000u64 {
+                attacker.send(
+                    to_owner,
+                    REQUEST_TAG,
+                    forged_request(id, u64::MAX, [0; CAPABILITY_LEN], 0x1000, 8, &me),
+                );
+                if id % 32 == 0 {
+                    attacker.poll();
+                }
+            }
+            attacker.progress_for(Duration::from_millis(500));
+        }
+    });
+    let mut slowest = Duration::ZERO;
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        answers.push(single(
+            &rt,
+            &c,
+            get(
+                PeerId(1),
+                &src_region.packed_key,
+                src.addr() as u64,
+                &dst_region,
+                0,
+                64,
+                Duration::from_secs(5),
+            ),
+        ));
+        slowest = slowest.max(started.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let flooded = flood.join().is_ok();
+    let landed = dst.snapshot();
+    let unmapped = [
+        rt.block_on(c.unmap(dst_region.backend_region_id)),
+        rt.block_on(o.unmap(src_region.backend_region_id)),
+    ];
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    dst.free_after(all);
+    src.free_after(all);
+    eprintln!("slowest read during the flood: {slowest:?}");
+    assert!(flooded, "the flooding thread");
+    assert_eq!(answers, vec![Ok(()); 20]);
+    assert!(slowest < Duration::from_secs(5));
+    assert!(landed.iter().all(|&b| b == 0x4C));
+    assert!(all, "unmaps {unmapped:?}");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(consumer.live_registrations(), 0);
+}
