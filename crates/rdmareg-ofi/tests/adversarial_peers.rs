@@ -102,20 +102,7 @@ async fn an_unmap_racing_gathered_lists_never_lets_bytes_out_after_it_answered(p
         .map_test_memory(dst.as_mut_ptr() as usize, len)
         .await
         .unwrap();
-    let unmapper = tokio::spawn({
-        let o = o.clone();
-        let id = s.backend_region_id;
-        async move {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            let unmapped = o.unmap(id).await;
-            if unmapped.is_ok() {
-                // SAFETY: the registration is gone; nothing else names the
-                // source any more.
-                unsafe { std::ptr::write_bytes(src as *mut u8, 0xFF, len) };
-            }
-            unmapped
-        }
-    });
+    let mut unmapper = None;
     let mut outcomes = (0usize, 0usize, Vec::new());
     let mut leaked = false;
     for _ in 0..200 {
@@ -138,11 +125,29 @@ async fn an_unmap_racing_gathered_lists_never_lets_bytes_out_after_it_answered(p
             }
         }
         leaked |= dst.contains(&0xFF);
-        if unmapper.is_finished() && outcomes.1 > 0 {
+        // The unmap starts once a first list was served (the connection
+        // is up), 5 ms later.
+        if unmapper.is_none() {
+            unmapper = Some(tokio::spawn({
+                let o = o.clone();
+                let id = s.backend_region_id;
+                async move {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let unmapped = o.unmap(id).await;
+                    if unmapped.is_ok() {
+                        // SAFETY: the registration is gone; nothing else names the
+                        // source any more.
+                        unsafe { std::ptr::write_bytes(src as *mut u8, 0xFF, len) };
+                    }
+                    unmapped
+                }
+            }));
+        }
+        if unmapper.as_ref().is_some_and(|u| u.is_finished()) && outcomes.1 > 0 {
             break;
         }
     }
-    let unmapped = unmapper.await.unwrap();
+    let unmapped = unmapper.expect("started").await.unwrap();
     c.unmap(d.backend_region_id).await.unwrap();
     consumer.shutdown().await;
     owner.shutdown().await;
