@@ -152,6 +152,10 @@ impl Default for CqTaggedEntry {
 /// `FI_ADDR_UNSPEC`: a receive from any peer.
 pub(crate) const ADDR_UNSPEC: u64 = u64::MAX;
 
+/// `FI_ETRUNC`, the error of a receive a longer message arrived into (its
+/// first bytes landed; the message is consumed).
+pub(crate) const ERR_TRUNCATED: i32 = ffi::FI_ETRUNC as i32;
+
 /// Text for a libfabric error number.
 pub(crate) fn error_text(errno: i64) -> String {
     let code = errno.unsigned_abs().min(i32::MAX as u64) as i32;

@@ -86,6 +86,8 @@
 //!   measured 1.0–1.1 s after a SIGKILL, where the read's 20 s deadline
 //!   ended it before.)
 
+#[cfg(test)]
+mod adversarial_peers;
 mod backend;
 mod config;
 mod doorbell;

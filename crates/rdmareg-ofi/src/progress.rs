@@ -41,7 +41,11 @@
 //! otherwise hold leases and sends without limit. A valid read past the
 //! bound is refused as busy; a refusal past the refusal bound is not sent
 //! (the request is dropped). The counts drop when each send's completion
-//! (success or error) is read, and at teardown with the sends.
+//! (success or error) is read, and at teardown with the sends. Since a
+//! request names its reply address itself, these bounds are per address:
+//! addresses are reduced to one spelling first, gathered replies are also
+//! bounded in total ([`GATHERED_BYTES_MAX`]), and a full table of consumer
+//! addresses forgets those with nothing unfinished.
 //!
 //! # Dead peers
 //!
@@ -86,7 +90,9 @@ use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
 use crate::config::{OfiConfig, Provider, ReadPath};
 use crate::engine::{Command, Reply, Signals, StartInfo};
-use crate::fabric::{ADDR_UNSPEC, Completion, EndpointEnd, Fabric, MemoryRegion, ProviderContext};
+use crate::fabric::{
+    ADDR_UNSPEC, Completion, ERR_TRUNCATED, EndpointEnd, Fabric, MemoryRegion, ProviderContext,
+};
 use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
 use crate::protocol::{
     GATHER_ENTRY_MAX, GATHER_TOTAL_MAX, LIST_VERSION, ListEntry, ListRequest, MAX_LIST_ENTRIES,
@@ -107,17 +113,53 @@ const REQUEST_RECEIVES: usize = 32;
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// The most distinct consumer addresses an owner inserts into its address
 /// vector to answer them; requests from further addresses are dropped.
-const MAX_SERVED_PEERS: usize = 4096;
+pub(crate) const MAX_SERVED_PEERS: usize = 4096;
 /// The most gathered replies an owner keeps unfinished for one consumer
 /// address: each holds a copy of up to `GATHER_TOTAL_MAX` bytes, so this
 /// bounds that memory (16 MiB per address) apart from the reply bound.
 const GATHERED_PER_PEER: u32 = 64;
+/// The most bytes of gathered replies an owner keeps unfinished for all
+/// consumers together. The bound per address alone does not bound memory:
+/// a peer names any reply address it likes, and replies to an address
+/// nobody takes them at stay until that peer is declared unreachable (or
+/// for good, at one that never receives). Past it lists are refused as
+/// busy, except a consumer address's first unfinished one (so the most
+/// held is this plus one reply per address of [`MAX_SERVED_PEERS`]).
+pub(crate) const GATHERED_BYTES_MAX: usize = 64 << 20;
+/// The most scratch memory a consumer keeps posted for the late replies of
+/// one owner's cancelled reads, beyond one such receive (always allowed,
+/// whatever its length). An owner that never answers would otherwise make
+/// its consumer keep a receive of each timed-out read's length until
+/// teardown. Past it the owner's late reply finds no receive, and the
+/// owner keeps that reply's lease until the connection ends.
+pub(crate) const DISCARD_BYTES_PER_PEER: usize = 64 << 20;
 /// The longest gathered reply a consumer on `shm` asks for: the provider's
 /// inject size (`SMR_INJECT_SIZE` in libfabric 1.17). A longer message
 /// takes `shm`'s copy protocols, which need both sides' progress; measured
 /// here, lists of 16 × 4 KiB then moved 64–303 MiB/s against 306–1124 as
 /// separate inject-sized reads.
 const SHM_GATHER_REPLY_MAX: usize = 4096;
+
+/// One spelling of a validated reply address: the bytes a provider ignores
+/// (`sin_zero` of a `sockaddr_in`, the flow label of a `sockaddr_in6`, the
+/// NUL padding of a string past its first NUL) zeroed or cut. An owner
+/// bounds what it holds per consumer address, so one consumer must not
+/// pass for several by spelling its address differently.
+fn canonical_address(format: crate::key::AddressFormat, address: &[u8]) -> Vec<u8> {
+    use crate::key::AddressFormat;
+    let mut canonical = address.to_vec();
+    match format {
+        AddressFormat::SockaddrIn if canonical.len() == 16 => canonical[8..].fill(0),
+        AddressFormat::SockaddrIn6 if canonical.len() == 28 => canonical[4..8].fill(0),
+        AddressFormat::Str => {
+            if let Some(text) = canonical.iter().position(|&b| b == 0) {
+                canonical.truncate(text + 1);
+            }
+        }
+        _ => {}
+    }
+    canonical
+}
 
 /// The thread's body: start, report, serve, tear down.
 pub(crate) fn run(
@@ -169,7 +211,8 @@ struct AvEntry {
     address: Bytes,
     peers: usize,
     ops: usize,
-    /// Inserted to answer a consumer's requests: kept until teardown.
+    /// Inserted to answer a consumer's requests: kept while replies to it
+    /// are unfinished, and until the table of consumer addresses fills.
     served: bool,
 }
 
@@ -409,10 +452,17 @@ struct Engine {
     /// Receives into scratch memory that take the late reply of a read
     /// whose receive was cancelled, by context address.
     discards: HashMap<usize, (Box<OpContext>, Vec<u8>)>,
+    /// The owner and length of each discard receive, by context address,
+    /// and the bytes of them posted per owner.
+    discard_owners: HashMap<usize, (u64, usize)>,
+    discard_bytes: HashMap<u64, usize>,
     served_peers: usize,
     /// Unfinished replies per consumer address, and their bound.
     reply_loads: HashMap<u64, PeerLoad>,
     reply_bound: u32,
+    /// Bytes of gathered replies not yet completed, all consumers together
+    /// (bounded by [`GATHERED_BYTES_MAX`]).
+    gathered_bytes: usize,
     /// Reachability of the peers sends go to, by address-vector entry.
     watch: HashMap<u64, PeerWatch>,
     unreachable_after: Duration,
@@ -421,8 +471,38 @@ struct Engine {
     /// The longest gathered reply this engine asks for (bytes).
     gather_reply_max: usize,
     next_request_id: u64,
+    /// Makes request ids unguessable (see `mint_request_id`).
+    request_ids: RequestIdPermutation,
     closing: bool,
     fabric: Fabric,
+}
+
+/// A secret permutation of 48-bit values: a four-round Feistel network on
+/// 24-bit halves whose round function is a randomly keyed SipHash
+/// (`RandomState`). Peers never see its output except for their own
+/// requests' ids, which tell nothing about another engine's.
+struct RequestIdPermutation {
+    keys: std::hash::RandomState,
+}
+
+impl RequestIdPermutation {
+    fn new() -> RequestIdPermutation {
+        RequestIdPermutation {
+            keys: std::hash::RandomState::new(),
+        }
+    }
+
+    /// The image of `value` (its low 48 bits), below 2⁴⁸.
+    fn permute(&self, value: u64) -> u64 {
+        use std::hash::BuildHasher;
+        const HALF: u64 = (1 << 24) - 1;
+        let (mut left, mut right) = ((value >> 24) & HALF, value & HALF);
+        for round in 0u8..4 {
+            let mixed = self.keys.hash_one((round, right)) & HALF;
+            (left, right) = (right, left ^ mixed);
+        }
+        (left << 24) | right
+    }
 }
 
 impl Engine {
@@ -456,9 +536,12 @@ impl Engine {
             unsent: VecDeque::new(),
             request_buffers: HashMap::new(),
             discards: HashMap::new(),
+            discard_owners: HashMap::new(),
+            discard_bytes: HashMap::new(),
             served_peers: 0,
             reply_loads: HashMap::new(),
             reply_bound: config.max_served_replies_per_peer,
+            gathered_bytes: 0,
             watch: HashMap::new(),
             unreachable_after: config.unreachable_after,
             next_watch: Instant::now(),
@@ -468,6 +551,7 @@ impl Engine {
                 MAX_LIST_ENTRIES + GATHER_TOTAL_MAX as usize
             },
             next_request_id: 1,
+            request_ids: RequestIdPermutation::new(),
             closing: false,
             fabric,
         }
@@ -873,14 +957,25 @@ impl Engine {
         Ok(())
     }
 
-    /// A request id not in use (below 2⁴⁸, never 0).
+    /// A request id not in use (below 2⁴⁸, never 0) that no other peer can
+    /// guess: the next value of a counter, through a secret permutation.
+    /// An owner answers at the address a request names, so a third peer
+    /// could otherwise ask an owner, in a victim's name, for a read with
+    /// the id the victim uses next (a counter from 1 is plain to see), and
+    /// the victim's receive for that id would take the answer.
     fn mint_request_id(&mut self) -> u64 {
-        let request_id = self.next_request_id;
-        self.next_request_id = (self.next_request_id + 1) & REQUEST_ID_MASK;
-        if self.next_request_id == 0 {
-            self.next_request_id = 1;
+        loop {
+            let counter = self.next_request_id;
+            self.next_request_id = (self.next_request_id + 1) & REQUEST_ID_MASK;
+            if self.next_request_id == 0 {
+                self.next_request_id = 1;
+            }
+            // Distinct counters give distinct ids: a permutation.
+            let request_id = self.request_ids.permute(counter);
+            if request_id != 0 {
+                return request_id;
+            }
         }
-        request_id
     }
 
     /// Enters a checked read (or list) into the op table and posts it,
@@ -1252,6 +1347,14 @@ impl Engine {
                 continue;
             }
             if self.discards.remove(&at).is_some() {
+                if let Some((owner, len)) = self.discard_owners.remove(&at) {
+                    if let Some(held) = self.discard_bytes.get_mut(&owner) {
+                        *held = held.saturating_sub(len);
+                        if *held == 0 {
+                            self.discard_bytes.remove(&owner);
+                        }
+                    }
+                }
                 tracing::trace!(ok = result.is_ok(), "a discard receive ended");
                 continue;
             }
@@ -1289,10 +1392,13 @@ impl Engine {
                 self.finish(slot, outcome);
                 continue;
             }
-            if served && result.is_err() && !unreachable {
+            let truncated = matches!(result, Err((ERR_TRUNCATED, _)));
+            if served && result.is_err() && !unreachable && !truncated {
                 // The receive ended (cancelled) without the reply: the owner
                 // may still send it, and holds its lease until a receive
-                // takes it. A zero-length receive takes it (truncated).
+                // takes it. (A reply longer than asked did arrive, truncated:
+                // nothing is left to take, and a discard receive would stay
+                // posted, with its scratch memory, until teardown.)
                 self.post_discard(fi_addr, request_id, expected);
             }
             let result = match result {
@@ -1340,6 +1446,16 @@ impl Engine {
         if self.closing || self.fabric.needs_local_desc() {
             return;
         }
+        let held = self.discard_bytes.get(&fi_addr).copied().unwrap_or(0);
+        if held > 0 && held + len > DISCARD_BYTES_PER_PEER {
+            tracing::debug!(
+                request_id,
+                held,
+                "this owner's late replies already have their scratch budget; the owner keeps \
+                 this reply's lease until the connection ends"
+            );
+            return;
+        }
         let mut context = Box::new(OpContext {
             space: [std::ptr::null_mut(); 8],
         });
@@ -1363,6 +1479,8 @@ impl Engine {
         match posted {
             Ok(true) => {
                 self.discards.insert(at, (context, scratch));
+                self.discard_owners.insert(at, (fi_addr, len));
+                *self.discard_bytes.entry(fi_addr).or_default() += len;
             }
             Ok(false) | Err(_) => {
                 tracing::debug!(
@@ -1572,6 +1690,9 @@ impl Engine {
         }
         if let Some((peer, kind)) = send.counted {
             self.release_reply(peer, kind);
+            if kind == ReplyKind::Gathered {
+                self.gathered_bytes = self.gathered_bytes.saturating_sub(send.len);
+            }
         }
         if let Some(watch) = self.watch.get_mut(&send.dest) {
             if send.probe {
@@ -1772,8 +1893,15 @@ impl Engine {
             return;
         };
         let bound = self.reply_bound;
+        let held = self.gathered_bytes;
         let load = self.reply_loads.entry(dest).or_default();
-        if load.gathered >= GATHERED_PER_PEER.min(bound) {
+        // Past the total, a consumer with no gathered reply unfinished is
+        // still served one: the total bounds memory (to it plus one reply
+        // per consumer address), and peers that hold replies without
+        // taking them cannot starve the consumers that do take theirs.
+        if load.gathered >= GATHERED_PER_PEER.min(bound)
+            || (load.gathered > 0 && held + list.reply_len() > GATHERED_BYTES_MAX)
+        {
             if load.refusals >= bound {
                 tracing::debug!(
                     request = list.request_id,
@@ -1826,6 +1954,8 @@ impl Engine {
                 Err(refusal) => reply[index] = refusal.status(),
             }
         }
+        // Released by the send's end, by this same length.
+        self.gathered_bytes += reply.len();
         tracing::trace!(
             request = list.request_id,
             entries = list.entries.len(),
@@ -1889,8 +2019,13 @@ impl Engine {
 
     /// The address-vector entry to answer a consumer at, inserted on first
     /// use (validated first; bounded by [`MAX_SERVED_PEERS`]).
-    fn served_peer(&mut self, address: &[u8]) -> Option<u64> {
-        if let Some(&fi_addr) = self.by_address.get(address) {
+    fn served_peer(&mut self, claimed: &[u8]) -> Option<u64> {
+        if let Err(err) = validate_address(self.fabric.address_format, claimed) {
+            tracing::debug!(error = %err, "a read request with a malformed reply address was dropped");
+            return None;
+        }
+        let address = canonical_address(self.fabric.address_format, claimed);
+        if let Some(&fi_addr) = self.by_address.get(address.as_slice()) {
             if let Some(entry) = self.av.get_mut(&fi_addr) {
                 if !entry.served {
                     entry.served = true;
@@ -1900,14 +2035,13 @@ impl Engine {
             return Some(fi_addr);
         }
         if self.served_peers >= MAX_SERVED_PEERS {
+            self.forget_idle_consumers();
+        }
+        if self.served_peers >= MAX_SERVED_PEERS {
             tracing::warn!("too many consumer addresses; a read request was dropped");
             return None;
         }
-        if let Err(err) = validate_address(self.fabric.address_format, address) {
-            tracing::debug!(error = %err, "a read request with a malformed reply address was dropped");
-            return None;
-        }
-        match self.insert_address(Bytes::copy_from_slice(address), true) {
+        match self.insert_address(Bytes::from(address), true) {
             Ok(fi_addr) => {
                 self.served_peers += 1;
                 Some(fi_addr)
@@ -1916,6 +2050,30 @@ impl Engine {
                 tracing::debug!(error = %err, "could not insert a consumer's address");
                 None
             }
+        }
+    }
+
+    /// Forgets the consumer addresses no reply is unfinished to: their
+    /// entries leave the address vector (those also added as peers, or
+    /// used by this engine's own reads, stay, no longer counted as served).
+    /// Without this, the first [`MAX_SERVED_PEERS`] addresses named in
+    /// requests — made up ones included — would lock every later consumer
+    /// out for the engine's life. A consumer forgotten is inserted again at
+    /// its next request.
+    fn forget_idle_consumers(&mut self) {
+        let idle: Vec<u64> = self
+            .av
+            .iter()
+            .filter(|(fi_addr, entry)| entry.served && !self.reply_loads.contains_key(fi_addr))
+            .map(|(&fi_addr, _)| fi_addr)
+            .collect();
+        tracing::debug!(
+            idle = idle.len(),
+            "the consumer address table is full: forgetting idle ones"
+        );
+        for fi_addr in idle {
+            self.served_peers -= 1;
+            self.release_av(fi_addr, |entry| entry.served = false);
         }
     }
 
@@ -2155,6 +2313,25 @@ mod tests {
     use crate::protocol::BUSY_TEXT;
     use crate::{OfiConfig, Provider};
     use rdmareg_backend::RdmaBackend;
+
+    /// Request ids come from a secret permutation of a counter: distinct,
+    /// non-zero, below 2⁴⁸, and not the counter itself (a fresh engine's
+    /// first ids are not 1, 2, 3, which any peer could guess).
+    #[test]
+    fn request_ids_are_distinct_below_2_48_and_not_the_counter() {
+        let permutation = RequestIdPermutation::new();
+        let ids: Vec<u64> = (1..=100_000u64).map(|n| permutation.permute(n)).collect();
+        let distinct: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), ids.len(), "a permutation repeats no id");
+        assert!(ids.iter().all(|&id| id <= REQUEST_ID_MASK));
+        let fixed = ids.iter().zip(1u64..).filter(|(id, n)| *id == n).count();
+        assert!(fixed < 2, "{fixed} ids equal their counter");
+        let other = RequestIdPermutation::new();
+        let same = (1..=1000u64)
+            .filter(|&n| other.permute(n) == permutation.permute(n))
+            .count();
+        assert!(same < 2, "two engines share {same} of their first 1000 ids");
+    }
 
     /// A bare endpoint that speaks the protocol by hand: it asks for reads
     /// and never posts a receive for their bytes, only for busy refusals.
