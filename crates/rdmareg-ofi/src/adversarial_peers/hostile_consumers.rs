@@ -1,0 +1,700 @@
+//! Hostile consumers: forged reply addresses and request ids, made-up
+//! addresses, garbage frames and hostile list entries, floods. The owner
+//! must answer each with a typed refusal or drop it, bound what it holds,
+//! and keep serving everyone else.
+
+use super::*;
+
+/// Attack: a third peer, holding a descriptor of its own, sends the owner a
+/// request naming the *victim's* address as where to answer, and the id
+/// the victim's next read will use (a fresh engine numbers its reads 1, 2,
+/// ...). The owner sends the attacker's bytes to the victim, whose read —
+/// a receive directed at the owner, with that tag — takes them. The read
+/// must still answer with the bytes of the region it named.
+fn a_forged_reply_address_cannot_feed_another_consumers_read(provider: Provider) {
+    let rt = runtime();
+    let config = config(provider.clone());
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let victim = OfiEngine::start(config.clone()).expect("victim starts");
+    victim.add_peer(PeerId(1), owner.fabric_address()).unwrap();
+    let (o, v) = (owner.backend(), victim.backend());
+    let wanted = Memory::filled(4096, 0x11);
+    let planted = Memory::filled(4096, 0xEE);
+    let dst = Memory::filled(64, 0);
+    let wanted_region = wanted.map(&rt, &o);
+    let planted_region = planted.map(&rt, &o);
+    let dst_region = dst.map(&rt, &v);
+    let planted_key = PackedKey::decode(&planted_region.packed_key).unwrap();
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    for guessed_id in 1..=4 {
+        let wire = forged_request(
+            guessed_id,
+            planted_key.region_id,
+            planted_key.capability,
+            planted.addr() as u64,
+            64,
+            &victim.fabric_address(),
+        );
+        attacker.send(to_owner, REQUEST_TAG, wire);
+    }
+    // The owner serves them; the victim's provider holds the unasked replies.
+    attacker.progress_for(Duration::from_millis(500));
+    let answer = single(
+        &rt,
+        &v,
+        get(
+            PeerId(1),
+            &wanted_region.packed_key,
+            wanted.addr() as u64,
+            &dst_region,
+            0,
+            64,
+            Duration::from_secs(5),
+        ),
+    );
+    let landed = dst.snapshot();
+    let unmapped = [
+        rt.block_on(v.unmap(dst_region.backend_region_id)),
+        rt.block_on(o.unmap(wanted_region.backend_region_id)),
+        rt.block_on(o.unmap(planted_region.backend_region_id)),
+    ];
+    drop(attacker);
+    victim.shutdown_blocking();
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    dst.free_after(all);
+    wanted.free_after(all);
+    planted.free_after(all);
+    assert_eq!(answer, Ok(()), "{provider:?}");
+    assert!(
+        landed.iter().all(|&b| b == 0x11),
+        "{provider:?}: the victim's read landed {:x?}",
+        &landed[..8]
+    );
+    assert!(all, "{provider:?}: unmaps {unmapped:?}");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(victim.live_registrations(), 0);
+}
+
+#[test]
+fn a_forged_reply_address_cannot_feed_another_consumers_read_over_tcp() {
+    a_forged_reply_address_cannot_feed_another_consumers_read(Provider::Tcp);
+}
+
+#[test]
+fn a_forged_reply_address_cannot_feed_another_consumers_read_over_shm() {
+    a_forged_reply_address_cannot_feed_another_consumers_read(Provider::Shm);
+}
+
+/// Attack: one peer sends as many requests as the owner keeps consumer
+/// addresses for ([`MAX_SERVED_PEERS`](crate::progress::MAX_SERVED_PEERS)),
+/// each naming another made-up reply address (loopback ports nobody
+/// listens on) and a region that does not exist. Once the owner's refusals
+/// to those addresses ended (their peers declared unreachable), a consumer
+/// the owner never saw must still be served.
+#[test]
+fn made_up_reply_addresses_do_not_lock_later_consumers_out_of_an_owner() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(
+        config
+            .clone()
+            .with_unreachable_after(Duration::from_millis(200)),
+    )
+    .expect("owner starts");
+    let o = owner.backend();
+    let src = Memory::filled(4096, 0x33);
+    let src_region = src.map(&rt, &o);
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    let started = Instant::now();
+    for i in 0..crate::progress::MAX_SERVED_PEERS as u64 {
+        let reply_to = loopback(20_000 + i as u16);
+        let wire = forged_request(
+            i + 1,
+            u64::MAX - i,
+            [0; CAPABILITY_LEN],
+            0x1000,
+            8,
+            &reply_to,
+        );
+        attacker.send(to_owner, REQUEST_TAG, wire);
+        if i % 64 == 0 {
+            attacker.poll();
+        }
+    }
+    attacker.progress_for(Duration::from_secs(3));
+    let flood = started.elapsed();
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer
+        .add_peer(PeerId(1), owner.fabric_address())
+        .unwrap();
+    let c = consumer.backend();
+    let dst = Memory::filled(64, 0);
+    let dst_region = dst.map(&rt, &c);
+    let answer = single(
+        &rt,
+        &c,
+        get(
+            PeerId(1),
+            &src_region.packed_key,
+            src.addr() as u64,
+            &dst_region,
+            0,
+            64,
+            Duration::from_secs(3),
+        ),
+    );
+    let landed = dst.snapshot();
+    let unmapped = [
+        rt.block_on(c.unmap(dst_region.backend_region_id)),
+        rt.block_on(o.unmap(src_region.backend_region_id)),
+    ];
+    drop(attacker);
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    dst.free_after(all);
+    src.free_after(all);
+    eprintln!(
+        "flood of {} requests sent and answered in {flood:?}",
+        crate::progress::MAX_SERVED_PEERS
+    );
+    assert_eq!(answer, Ok(()), "a new consumer's read");
+    assert!(landed.iter().all(|&b| b == 0x33));
+    assert!(all, "unmaps {unmapped:?}");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(consumer.live_registrations(), 0);
+}
+
+/// Attack: one peer holding a descriptor of a 256 KiB region sends 1024
+/// lists of 16 × 16 KiB entries, naming sixteen made-up reply addresses
+/// (64 lists each, the per-address bound). Every list the owner serves holds a
+/// 256 KiB copy until its reply's send ends, which to an address nobody
+/// listens on is when the peer is declared unreachable (30 s here). The
+/// owner must bound what all consumers together make it hold, not only
+/// each address: here it must grow by less than 128 MiB, half of what the
+/// lists ask for (measured: 244 MiB before the bound, 99 MiB with it: 64 MiB of copies
+/// and the allocator's slack after).
+#[test]
+fn gathered_replies_to_many_reply_addresses_do_not_grow_the_owner_without_bound() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(
+        config
+            .clone()
+            .with_unreachable_after(Duration::from_secs(30)),
+    )
+    .expect("owner starts");
+    let o = owner.backend();
+    let len = 256usize << 10;
+    let src = Memory::filled(len, 0x44);
+    let src_region = src.map(&rt, &o);
+    let key = PackedKey::decode(&src_region.packed_key).unwrap();
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    attacker.progress_for(Duration::from_millis(200));
+    let before = resident();
+    let mut id = 1;
+    for address in 0..16u16 {
+        let reply_to = loopback(30_000 + address);
+        for _ in 0..64 {
+            let wire = ListRequest {
+                request_id: id,
+                entries: (0..16u64)
+                    .map(|i| ListEntry {
+                        region_id: key.region_id,
+                        capability: key.capability,
+                        address: src.addr() as u64 + i * (16 << 10),
+                        length: 16 << 10,
+                    })
+                    .collect(),
+                reply_to: reply_to.clone(),
+            }
+            .encode();
+            attacker.send(to_owner, REQUEST_TAG, wire);
+            id += 1;
+            attacker.poll();
+        }
+    }
+    attacker.progress_for(Duration::from_secs(2));
+    let grown = resident().saturating_sub(before);
+    let unmapped = rt.block_on(o.unmap(src_region.backend_region_id));
+    drop(attacker);
+    owner.shutdown_blocking();
+    src.free_after(unmapped.is_ok());
+    eprintln!("the owner's process grew by {} MiB", grown >> 20);
+    assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(owner.live_registrations(), 0);
+}
+
+/// Attack: a consumer that asks for large reads and never receives their
+/// bytes holds at most the owner's bound of replies (4 here) and is refused
+/// as busy past it — unless it can pass for several consumers. The same
+/// endpoint named three ways (its `sockaddr_in` with different bytes in
+/// the unused `sin_zero` tail) must still be one consumer. It asks 6 reads
+/// under the first spelling (4 held, 2 refused), then 4 under each other
+/// (all refused: it holds its 4 already), letting the refusals arrive in
+/// between (refusals unreceived are bounded by the same number): 10 busy.
+/// Before, each spelling was a consumer of its own, whose replies the
+/// provider could not even deliver (2 busy arrived, 12 replies held).
+#[test]
+fn one_consumer_naming_its_address_three_ways_is_still_bounded_as_one() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(
+        config
+            .clone()
+            .with_max_served_replies_per_peer(4)
+            .with_unreachable_after(Duration::from_secs(30)),
+    )
+    .expect("owner starts");
+    let o = owner.backend();
+    let len = 1usize << 20;
+    let src = Memory::filled(len, 0x55);
+    let src_region = src.map(&rt, &o);
+    let key = PackedKey::decode(&src_region.packed_key).unwrap();
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    let own = attacker.address().to_vec();
+    let mut busy_receives = Vec::new();
+    let mut id = 1;
+    for (alias, asks) in [(0u8, 6), (1, 4), (2, 4)] {
+        let mut reply_to = own.clone();
+        reply_to[8..].fill(alias);
+        for _ in 0..asks {
+            let busy = crate::protocol::refusal_tag(id, crate::protocol::Refusal::Busy);
+            busy_receives.push(attacker.receive(to_owner, busy, 0, 0).0);
+            let wire = forged_request(
+                id,
+                key.region_id,
+                key.capability,
+                src.addr() as u64,
+                len as u64,
+                &reply_to,
+            );
+            attacker.send(to_owner, REQUEST_TAG, wire);
+            id += 1;
+        }
+        attacker.progress_for(Duration::from_millis(500));
+    }
+    attacker.progress_for(Duration::from_secs(1));
+    let busy = busy_receives
+        .iter()
+        .filter(|at| matches!(attacker.ended.get(at), Some(Ended::Done { .. })))
+        .count();
+    drop(attacker);
+    owner.shutdown_blocking();
+    let unmapped = rt.block_on(o.unmap(src_region.backend_region_id));
+    src.free_after(unmapped.is_ok() && owner.live_registrations() == 0);
+    assert_eq!(busy, 10, "reads refused as busy of 14");
+    assert_eq!(owner.live_registrations(), 0);
+}
+
+/// Guard: garbage the owner must drop without an answer or harm — empty,
+/// one-byte, wrong-version and truncated frames, lists of 0, 65 and 255
+/// entries, a probe with a byte more, a single read of length 0 — then
+/// single reads whose range wraps or is huge, refused `OutOfRange`; and a
+/// list whose entries are valid, wrap, start below the region, name
+/// another consumer's region with this capability, or an unknown region,
+/// answered entry by entry; last a frame longer than any request. The
+/// owner then still serves an honest consumer, and unmaps everything.
+#[test]
+fn garbage_frames_and_hostile_list_entries_get_typed_answers_and_the_owner_keeps_serving() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let o = owner.backend();
+    let granted = Memory::filled(4096, 0x66);
+    let other = Memory::filled(4096, 0x77);
+    let granted_region = granted.map(&rt, &o);
+    let other_region = other.map(&rt, &o);
+    let key = PackedKey::decode(&granted_region.packed_key).unwrap();
+    let other_id = PackedKey::decode(&other_region.packed_key)
+        .unwrap()
+        .region_id;
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    let me = attacker.address().to_vec();
+    let base = granted.addr() as u64;
+    let mut garbage: Vec<Vec<u8>> = vec![
+        vec![],
+        vec![1],
+        vec![2],
+        vec![0xFF, 0, 0, 0, 0],
+        vec![3; 100],
+        forged_request(1, key.region_id, key.capability, base, 64, &me)[..60].to_vec(),
+    ];
+    for count in [0u8, 65, 255] {
+        let mut list = vec![2, count, 0, 0];
+        list.extend_from_slice(&7u64.to_le_bytes());
+        list.extend_from_slice(&(me.len() as u16).to_le_bytes());
+        list.extend(std::iter::repeat_n(0u8, 40 * usize::from(count.min(64))));
+        list.extend_from_slice(&me);
+        garbage.push(list);
+    }
+    let mut zero = forged_request(9, key.region_id, key.capability, base, 64, &me);
+    zero[44..52].fill(0);
+    garbage.push(zero);
+    // Nothing may answer these: listen for any tag of their ids.
+    let mut silent = Vec::new();
+    for id in [1u64, 7, 9] {
+        silent.push(attacker.receive(to_owner, id, REPLY_IGNORE, 64).0);
+    }
+    for frame in garbage {
+        attacker.send(to_owner, REQUEST_TAG, frame);
+    }
+    let mut refused = Vec::new();
+    for (id, address, length) in [
+        (20u64, u64::MAX - 7, 16u64),
+        (21, base, u64::MAX),
+        (22, base + 4000, 200),
+        (23, base - 1, 1),
+    ] {
+        refused.push(attacker.receive(to_owner, id, REPLY_IGNORE, 0).0);
+        attacker.send(
+            to_owner,
+            REQUEST_TAG,
+            forged_request(id, key.region_id, key.capability, address, length, &me),
+        );
+    }
+    let entries = [
+        (key.region_id, base, 64u64),
+        (key.region_id, u64::MAX - 7, 16),
+        (key.region_id, base - 64, 64),
+        (other_id, other.addr() as u64, 64),
+        (u64::MAX, base, 64),
+        (key.region_id, base + 4096 - 16, 16),
+    ];
+    let list = ListRequest {
+        request_id: 30,
+        entries: entries
+            .iter()
+            .map(|&(region_id, address, length)| ListEntry {
+                region_id,
+                capability: key.capability,
+                address,
+                length,
+            })
+            .collect(),
+        reply_to: me.clone(),
+    };
+    let (gathered, index) = attacker.receive(to_owner, 30, REPLY_IGNORE, list.reply_len());
+    attacker.send(to_owner, REQUEST_TAG, list.encode());
+    let gathered = attacker.wait(gathered);
+    let refusals: Vec<Option<Ended>> = refused.iter().map(|&at| attacker.wait(at)).collect();
+    attacker.progress_for(Duration::from_millis(300));
+    let answered_garbage: Vec<Ended> = silent
+        .iter()
+        .filter_map(|at| attacker.ended.get(at).cloned())
+        .collect();
+    let reply = attacker.buffers[index].clone();
+    // Last, a frame longer than any request: the owner's receive fails
+    // (truncated) and is posted again. (Over tcp;ofi_rxm the provider then
+    // loses the sender's next message on that connection — the sender's
+    // own loss; other consumers are served, as below.)
+    attacker.send(
+        to_owner,
+        REQUEST_TAG,
+        vec![0x5A; crate::protocol::RECEIVE_MAX + 1000],
+    );
+    attacker.progress_for(Duration::from_millis(100));
+    // An honest consumer is still served.
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer
+        .add_peer(PeerId(1), owner.fabric_address())
+        .unwrap();
+    let c = consumer.backend();
+    let dst = Memory::filled(64, 0);
+    let dst_region = dst.map(&rt, &c);
+    let honest = single(
+        &rt,
+        &c,
+        get(
+            PeerId(1),
+            &granted_region.packed_key,
+            base,
+            &dst_region,
+            0,
+            64,
+            Duration::from_secs(5),
+        ),
+    );
+    let landed = dst.snapshot();
+    let unmapped = [
+        rt.block_on(c.unmap(dst_region.backend_region_id)),
+        rt.block_on(o.unmap(granted_region.backend_region_id)),
+        rt.block_on(o.unmap(other_region.backend_region_id)),
+    ];
+    drop(attacker);
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    dst.free_after(all);
+    granted.free_after(all);
+    other.free_after(all);
+    assert!(
+        answered_garbage.is_empty(),
+        "garbage was answered: {answered_garbage:?}"
+    );
+    for (refusal, id) in refusals.iter().zip(20u64..) {
+        match refusal {
+            Some(Ended::Done { len: 0, tag }) => {
+                assert_eq!(
+                    crate::protocol::reply_outcome(*tag),
+                    Err(RdmaError::OutOfRange),
+                    "read {id}"
+                );
+            }
+            other => panic!("read {id} answered {other:?}"),
+        }
+    }
+    use crate::protocol::Refusal;
+    let statuses = [
+        0,
+        Refusal::OutOfRange.status(),
+        Refusal::OutOfRange.status(),
+        Refusal::CapabilityMismatch.status(),
+        Refusal::RegionUnknown.status(),
+        0,
+    ];
+    assert_eq!(
+        gathered,
+        Some(Ended::Done {
+            len: 6 + 64 + 16,
+            tag: 30
+        })
+    );
+    assert_eq!(reply[..6], statuses);
+    assert!(
+        reply[6..6 + 80].iter().all(|&b| b == 0x66),
+        "served entries' bytes"
+    );
+    assert_eq!(honest, Ok(()));
+    assert!(landed.iter().all(|&b| b == 0x66));
+    assert!(all, "unmaps {unmapped:?}");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(consumer.live_registrations(), 0);
+}
+
+/// Attack: one peer holds the owner's total of gathered replies (64 MiB)
+/// by naming made-up reply addresses nobody takes replies at (held for
+/// 30 s here). A consumer that takes its replies must still be served its
+/// gathered list, not refused as busy for as long as the attacker likes.
+#[test]
+fn a_consumer_is_still_served_lists_while_other_addresses_hold_the_owners_total() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(
+        config
+            .clone()
+            .with_unreachable_after(Duration::from_secs(30)),
+    )
+    .expect("owner starts");
+    let o = owner.backend();
+    let len = 256usize << 10;
+    let src = Memory::filled(len, 0x48);
+    let src_region = src.map(&rt, &o);
+    let key = PackedKey::decode(&src_region.packed_key).unwrap();
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    let mut id = 1;
+    // Five addresses of 256 KiB lists, then one of 16 KiB lists, fill the
+    // total to within less than the consumer's list.
+    for (address, entries) in [(0u16, 16u64), (1, 16), (2, 16), (3, 16), (4, 16), (5, 1)] {
+        let reply_to = loopback(31_000 + address);
+        for _ in 0..64 {
+            let wire = ListRequest {
+                request_id: id,
+                entries: (0..entries)
+                    .map(|i| ListEntry {
+                        region_id: key.region_id,
+                        capability: key.capability,
+                        address: src.addr() as u64 + i * (16 << 10),
+                        length: 16 << 10,
+                    })
+                    .collect(),
+                reply_to: reply_to.clone(),
+            }
+            .encode();
+            attacker.send(to_owner, REQUEST_TAG, wire);
+            id += 1;
+            attacker.poll();
+        }
+    }
+    attacker.progress_for(Duration::from_secs(1));
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer
+        .add_peer(PeerId(1), owner.fabric_address())
+        .unwrap();
+    let c = consumer.backend();
+    let dst = Memory::filled(16 << 10, 0);
+    let dst_region = dst.map(&rt, &c);
+    let requests: Vec<BackendGet> = (0..16u64)
+        .map(|i| {
+            get(
+                PeerId(1),
+                &src_region.packed_key,
+                src.addr() as u64 + i * 1024,
+                &dst_region,
+                i * 1024,
+                1024,
+                Duration::from_secs(5),
+            )
+        })
+        .collect();
+    // SAFETY: nothing touches the destination until the batch answered.
+    let answers = rt.block_on(unsafe { c.get_batch(requests) });
+    let landed = dst.snapshot();
+    let unmapped = [
+        rt.block_on(c.unmap(dst_region.backend_region_id)),
+        rt.block_on(o.unmap(src_region.backend_region_id)),
+    ];
+    drop(attacker);
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    dst.free_after(all);
+    src.free_after(all);
+    assert_eq!(answers, vec![Ok(()); 16]);
+    assert!(landed.iter().all(|&b| b == 0x48));
+    assert!(all, "unmaps {unmapped:?}");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(consumer.live_registrations(), 0);
+}
+
+/// Guard: one peer floods an owner with 10 000 requests for a region that
+/// does not exist and never receives the refusals (the owner holds at most
+/// its bound of them and drops the rest). A consumer reading meanwhile is
+/// served, each of 20 reads within 5 s, and the owner unmaps everything.
+#[test]
+fn a_request_flood_from_one_peer_does_not_starve_another_consumer() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let o = owner.backend();
+    let src = Memory::filled(4096, 0x4C);
+    let src_region = src.map(&rt, &o);
+    let consumer = OfiEngine::start(config.clone()).expect("consumer starts");
+    consumer
+        .add_peer(PeerId(1), owner.fabric_address())
+        .unwrap();
+    let c = consumer.backend();
+    let dst = Memory::filled(64, 0);
+    let dst_region = dst.map(&rt, &c);
+    let flood = std::thread::spawn({
+        let owner_address = owner.fabric_address();
+        move || {
+            let mut attacker = RawPeer::open(&config);
+            let to_owner = attacker.insert(&owner_address);
+            let me = attacker.address().to_vec();
+            for id in 1..=10_000u64 {
+                attacker.send(
+                    to_owner,
+                    REQUEST_TAG,
+                    forged_request(id, u64::MAX, [0; CAPABILITY_LEN], 0x1000, 8, &me),
+                );
+                if id % 32 == 0 {
+                    attacker.poll();
+                }
+            }
+            attacker.progress_for(Duration::from_millis(500));
+        }
+    });
+    let mut slowest = Duration::ZERO;
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        answers.push(single(
+            &rt,
+            &c,
+            get(
+                PeerId(1),
+                &src_region.packed_key,
+                src.addr() as u64,
+                &dst_region,
+                0,
+                64,
+                Duration::from_secs(5),
+            ),
+        ));
+        slowest = slowest.max(started.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let flooded = flood.join().is_ok();
+    let landed = dst.snapshot();
+    let unmapped = [
+        rt.block_on(c.unmap(dst_region.backend_region_id)),
+        rt.block_on(o.unmap(src_region.backend_region_id)),
+    ];
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    dst.free_after(all);
+    src.free_after(all);
+    eprintln!("slowest read during the flood: {slowest:?}");
+    assert!(flooded, "the flooding thread");
+    assert_eq!(answers, vec![Ok(()); 20]);
+    assert!(slowest < Duration::from_secs(5));
+    assert!(landed.iter().all(|&b| b == 0x4C));
+    assert!(all, "unmaps {unmapped:?}");
+    assert_eq!(owner.live_registrations(), 0);
+    assert_eq!(consumer.live_registrations(), 0);
+}
+
+/// Known defect: a holder of a key asks the owner for 1 MiB in the name of
+/// a bystander — another consumer engine, alive, which never asked. Over
+/// tcp the reply moves by rendezvous and waits for a receive the bystander
+/// never posts, so its read lease never ends: the owner's unmap of the
+/// region does not answer (here, within 5 s) until the bystander's
+/// connection fails or the owner shuts down. The attacker need not stay.
+#[test]
+#[ignore = "known defect: a reply sent to a reply address the requester made up (a live bystander that never asked) holds its read lease, and so the region's unmap, until that connection fails or the owner's teardown; the owner cannot check who sent a request (no FI_SOURCE)"]
+fn an_unmap_answers_even_when_a_request_named_a_bystander_as_its_reply_address() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let bystander = OfiEngine::start(config.clone()).expect("bystander starts");
+    let o = owner.backend();
+    let len = 1usize << 20;
+    let src = Memory::filled(len, 0x5B);
+    let src_region = src.map(&rt, &o);
+    let key = PackedKey::decode(&src_region.packed_key).unwrap();
+    {
+        let mut attacker = RawPeer::open(&config);
+        let to_owner = attacker.insert(&owner.fabric_address());
+        attacker.send(
+            to_owner,
+            REQUEST_TAG,
+            forged_request(
+                1,
+                key.region_id,
+                key.capability,
+                src.addr() as u64,
+                len as u64,
+                &bystander.fabric_address(),
+            ),
+        );
+        attacker.progress_for(Duration::from_millis(300));
+    }
+    let unmap = rt.spawn({
+        let o = o.clone();
+        let id = src_region.backend_region_id;
+        async move { o.unmap(id).await }
+    });
+    let until = Instant::now() + Duration::from_secs(5);
+    while !unmap.is_finished() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let answered = unmap.is_finished();
+    owner.shutdown_blocking();
+    bystander.shutdown_blocking();
+    let unmapped = rt.block_on(unmap).expect("the unmap task");
+    src.free_after(unmapped.is_ok() && owner.live_registrations() == 0);
+    assert!(
+        answered,
+        "the unmap did not answer within 5 s (at teardown: {unmapped:?})"
+    );
+}

@@ -1,0 +1,395 @@
+//! Hostile and failing owners: replies longer than asked, replies that
+//! never come, refusals and duplicates, owners that stall mid-reply or
+//! die. The consumer must answer each read once, typed, land nothing after
+//! the answer, and keep no memory behind.
+
+use super::*;
+
+/// Attack: a hostile owner answers each of 32 reads of 8 MiB with 8 MiB
+/// and one byte more. The provider truncates each reply into the receive
+/// and fails it; the read answers a typed error. The reply has arrived, so
+/// nothing of it is left to take: the consumer must not keep a scratch
+/// receive of 8 MiB per read for it until its teardown (256 MiB here; it
+/// may grow by less than 128 MiB).
+#[test]
+fn overlong_replies_of_a_hostile_owner_leave_the_consumer_no_memory_behind() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let mut owner = RawPeer::open(&config);
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer.add_peer(PeerId(1), owner.address()).unwrap();
+    let c = consumer.backend();
+    let len = 8usize << 20;
+    let dst = Memory::filled(len, 0);
+    let dst_region = dst.map(&rt, &c);
+    let key = PackedKey {
+        owner_served: true,
+        virt_addr: false,
+        region_id: 1,
+        capability: [9; CAPABILITY_LEN],
+        mr_key: 0,
+        base: 0x10_0000,
+        len: len as u64,
+        owner: owner.address(),
+    }
+    .encode();
+    let to_consumer = owner.insert(&consumer.fabric_address());
+    let before = virtual_size();
+    let mut answers = Vec::new();
+    for _ in 0..32 {
+        let read = rt.spawn({
+            let c = c.clone();
+            let request = get(
+                PeerId(1),
+                &key,
+                0x10_0000,
+                &dst_region,
+                0,
+                len as u64,
+                Duration::from_secs(10),
+            );
+            // SAFETY: nothing touches the destination until answered.
+            async move { unsafe { c.get(request) }.await }
+        });
+        let request = ReadRequest::decode(&owner.take_request()).expect("a single read");
+        let sent = owner.send(to_consumer, request.request_id, vec![0xAB; len + 1]);
+        assert!(
+            matches!(owner.wait(sent), Some(Ended::Done { .. })),
+            "overlong reply sent"
+        );
+        answers.push(rt.block_on(read).expect("the read task"));
+    }
+    drop(owner);
+    let grown = virtual_size().saturating_sub(before);
+    let unmapped = rt.block_on(c.unmap(dst_region.backend_region_id));
+    consumer.shutdown_blocking();
+    dst.free_after(unmapped.is_ok());
+    eprintln!(
+        "the consumer's process grew by {} MiB of address space",
+        grown >> 20
+    );
+    for answer in &answers {
+        assert!(
+            matches!(answer, Err(RdmaError::Backend(_))),
+            "answered {answer:?}"
+        );
+    }
+    assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(consumer.live_registrations(), 0);
+}
+
+/// Attack: a hostile owner takes 32 requests for 8 MiB and never answers.
+/// Each read answers `Timeout` at its 100 ms deadline, and the consumer
+/// posts a scratch receive for the late reply (so an honest owner's lease
+/// would end) — which never comes. What the consumer keeps for one owner's
+/// late replies must be bounded: 256 MiB here, and it may grow by less
+/// than 128 MiB.
+#[test]
+fn an_owner_that_never_answers_cannot_make_its_consumer_hoard_scratch_memory() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let mut owner = RawPeer::open(&config);
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer.add_peer(PeerId(1), owner.address()).unwrap();
+    let c = consumer.backend();
+    let len = 8usize << 20;
+    let dst = Memory::filled(len, 0);
+    let dst_region = dst.map(&rt, &c);
+    let key = PackedKey {
+        owner_served: true,
+        virt_addr: false,
+        region_id: 1,
+        capability: [9; CAPABILITY_LEN],
+        mr_key: 0,
+        base: 0x10_0000,
+        len: len as u64,
+        owner: owner.address(),
+    }
+    .encode();
+    let before = virtual_size();
+    let mut answers = Vec::new();
+    for _ in 0..32 {
+        let read = rt.spawn({
+            let c = c.clone();
+            let request = get(
+                PeerId(1),
+                &key,
+                0x10_0000,
+                &dst_region,
+                0,
+                len as u64,
+                Duration::from_millis(100),
+            );
+            // SAFETY: nothing touches the destination until answered.
+            async move { unsafe { c.get(request) }.await }
+        });
+        ReadRequest::decode(&owner.take_request()).expect("a single read");
+        answers.push(rt.block_on(read).expect("the read task"));
+    }
+    let grown = virtual_size().saturating_sub(before);
+    let unmapped = rt.block_on(c.unmap(dst_region.backend_region_id));
+    drop(owner);
+    consumer.shutdown_blocking();
+    dst.free_after(unmapped.is_ok());
+    eprintln!(
+        "the consumer's process grew by {} MiB of address space",
+        grown >> 20
+    );
+    for answer in &answers {
+        assert_eq!(answer, &Err(RdmaError::Timeout));
+    }
+    assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(consumer.live_registrations(), 0);
+}
+
+/// Guard: a hostile owner's answers to single reads — short, a refusal
+/// that carries bytes, a refusal of a reason nobody knows, none at all
+/// until the deadline, and a reply sent twice — each get a typed answer;
+/// after each answer the destination stays as its caller leaves it (filled,
+/// then 200 ms while the owner sends the late or second reply); a message
+/// tagged for a read never asked changes nothing.
+fn a_hostile_owners_single_replies_get_typed_answers_and_never_land_after_them(provider: Provider) {
+    use crate::protocol::{Refusal, refusal_tag};
+    let mut setup = HostileOwnerSetup::new(provider.clone(), 64 << 10);
+    let len = 64u64 << 10;
+    let mut outcomes = Vec::new();
+    let mut untouched = Vec::new();
+    for case in 0..5 {
+        let deadline = if case == 3 {
+            Duration::from_millis(300)
+        } else {
+            Duration::from_secs(10)
+        };
+        let task = setup.start(&[len], deadline);
+        let request = ReadRequest::decode(&setup.owner.take_request()).expect("a single read");
+        let id = request.request_id;
+        let to = setup.to_consumer;
+        match case {
+            0 => drop(setup.owner.send(to, id, vec![1; len as usize - 1])),
+            1 => drop(
+                setup
+                    .owner
+                    .send(to, refusal_tag(id, Refusal::OutOfRange), vec![2; 64]),
+            ),
+            2 => drop(setup.owner.send(
+                to,
+                crate::protocol::REFUSAL_BIT | (200 << 48) | id,
+                vec![],
+            )),
+            3 => {}
+            _ => drop(setup.owner.send(to, id, vec![4; len as usize])),
+        }
+        outcomes.push(setup.answers(task).remove(0));
+        untouched.push(setup.untouched_after(|owner, to| {
+            owner.send(to, id, vec![0xEE; len as usize]);
+            owner.send(to, id ^ 0x5555, vec![0xEE; len as usize]);
+        }));
+    }
+    // The consumer still reads.
+    let task = setup.start(&[64], Duration::from_secs(10));
+    let request = ReadRequest::decode(&setup.owner.take_request()).expect("a single read");
+    setup
+        .owner
+        .send(setup.to_consumer, request.request_id, vec![6; 64]);
+    let last = setup.answers(task).remove(0);
+    let landed = setup.dst.snapshot()[..64].to_vec();
+    setup.finish();
+    assert!(
+        matches!(&outcomes[0], Err(RdmaError::Backend(text)) if text.contains("bytes for a read of")),
+        "{provider:?} short: {:?}",
+        outcomes[0]
+    );
+    assert_eq!(
+        outcomes[1],
+        Err(RdmaError::OutOfRange),
+        "{provider:?} refusal with bytes"
+    );
+    assert!(
+        matches!(&outcomes[2], Err(RdmaError::Backend(text)) if text.contains("unknown reason 200")),
+        "{provider:?}: {:?}",
+        outcomes[2]
+    );
+    assert_eq!(
+        outcomes[3],
+        Err(RdmaError::Timeout),
+        "{provider:?} no answer"
+    );
+    assert_eq!(outcomes[4], Ok(()), "{provider:?} a reply sent twice");
+    assert_eq!(
+        untouched,
+        vec![true; 5],
+        "{provider:?}: destination untouched after each answer"
+    );
+    assert_eq!(last, Ok(()));
+    assert!(landed.iter().all(|&b| b == 6));
+}
+
+#[test]
+fn a_hostile_owners_single_replies_get_typed_answers_and_never_land_after_them_over_tcp() {
+    a_hostile_owners_single_replies_get_typed_answers_and_never_land_after_them(Provider::Tcp);
+}
+
+#[test]
+fn a_hostile_owners_single_replies_get_typed_answers_and_never_land_after_them_over_shm() {
+    a_hostile_owners_single_replies_get_typed_answers_and_never_land_after_them(Provider::Shm);
+}
+
+/// Known defect: over `tcp;ofi_rxm` a reply longer than the provider's
+/// eager size moves by rendezvous, which only the sender's progress
+/// completes. An owner (hostile, or merely wedged) that starts such a reply
+/// and then never progresses holds the consumer's read past its deadline:
+/// the matched receive cannot be withdrawn (`fi_cancel` does not end it),
+/// the probe finds the owner reachable, so the read answers only when the
+/// owner moves again or the consumer's engine shuts down — and its
+/// destination region cannot be unmapped meanwhile.
+#[test]
+#[ignore = "known defect: over tcp;ofi_rxm a read whose rendezvous reply an owner started and then stalled is held past its deadline until the owner progresses or the consumer's engine shuts down (a matched receive cannot be cancelled)"]
+fn a_read_whose_owner_stalls_mid_reply_still_answers_at_its_deadline() {
+    let mut setup = HostileOwnerSetup::new(Provider::Tcp, 1 << 20);
+    let task = setup.start(&[1 << 20], Duration::from_secs(1));
+    let request = ReadRequest::decode(&setup.owner.take_request()).expect("a single read");
+    let to = setup.to_consumer;
+    setup.owner.send(to, request.request_id, vec![7; 1 << 20]);
+    // The owner now stalls: five seconds without progress.
+    let until = Instant::now() + Duration::from_secs(5);
+    while !task.is_finished() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let answered_in_time = task.is_finished();
+    let answer = setup.answers(task).remove(0);
+    setup.finish();
+    assert!(
+        answered_in_time,
+        "no answer 4 s past the deadline (later: {answer:?})"
+    );
+}
+
+/// Guard: a gathered list whose owner answers only after the list's
+/// deadline answers `Timeout` for every entry, and the late reply lands
+/// nowhere; (over tcp) a list in flight when the consumer's engine shuts
+/// down answers `ShuttingDown` for every entry, and the destination is not
+/// written after that; everything is unregistered.
+fn a_late_or_abandoned_gathered_list_never_lands_after_its_answer(provider: Provider) {
+    let mut setup = HostileOwnerSetup::new(provider.clone(), 4096);
+    let lens = [64u64; 8];
+    let task = setup.start(&lens, Duration::from_millis(300));
+    let list = ListRequest::decode(&setup.owner.take_request()).expect("a list");
+    let expired = setup.answers(task);
+    let mut late = vec![0u8; 8];
+    late.extend(std::iter::repeat_n(0xEE, 8 * 64));
+    let untouched_after_timeout = setup.untouched_after(|owner, to| {
+        owner.send(to, list.request_id, late);
+    });
+    assert_eq!(expired, vec![Err(RdmaError::Timeout); 8], "{provider:?}");
+    assert!(
+        untouched_after_timeout,
+        "{provider:?}: a late list reply landed"
+    );
+    if provider == Provider::Shm {
+        // A shm engine torn down with reads in flight closes its endpoint,
+        // and a sender of the same process then crashes in the provider
+        // (the ignored test in tests/adversarial_peers.rs): over shm this
+        // half would need the owner in another process.
+        setup.finish();
+        return;
+    }
+    let task = setup.start(&lens, Duration::from_secs(10));
+    let list = ListRequest::decode(&setup.owner.take_request()).expect("a list");
+    setup.consumer.shutdown_blocking();
+    let abandoned = setup.answers(task);
+    let mut reply = vec![0u8; 8];
+    reply.extend(std::iter::repeat_n(0xEE, 8 * 64));
+    let untouched_after_shutdown = setup.untouched_after(|owner, to| {
+        // The consumer's endpoint is gone: the provider may refuse it.
+        owner.try_send(to, list.request_id, reply);
+    });
+    let live = setup.consumer.live_registrations();
+    drop(setup.owner);
+    // The engine's teardown ended the destination's registration.
+    setup.dst.free_after(live == 0);
+    assert_eq!(
+        abandoned,
+        vec![Err(RdmaError::ShuttingDown); 8],
+        "{provider:?}"
+    );
+    assert!(
+        untouched_after_shutdown,
+        "{provider:?}: a reply landed after shutdown"
+    );
+    assert_eq!(live, 0);
+}
+
+#[test]
+fn a_late_or_abandoned_gathered_list_never_lands_after_its_answer_over_tcp() {
+    a_late_or_abandoned_gathered_list_never_lands_after_its_answer(Provider::Tcp);
+}
+
+#[test]
+fn a_late_or_abandoned_gathered_list_never_lands_after_its_answer_over_shm() {
+    a_late_or_abandoned_gathered_list_never_lands_after_its_answer(Provider::Shm);
+}
+
+/// Guard of the liveness probe over tcp (`unreachable_after` 1 s): an owner
+/// that took a read's request and then stalls — its endpoint open, never
+/// progressed — is not declared unreachable: the read answers `Timeout` at
+/// its 2.5 s deadline. An owner whose endpoint is gone is: a read from it
+/// answers the unreachable error within 5 s, not at its 20 s deadline.
+#[test]
+fn the_probe_spares_a_stalled_owner_and_finds_a_dead_one() {
+    let mut setup = HostileOwnerSetup::new(Provider::Tcp, 64 << 10);
+    let started = Instant::now();
+    let task = setup.start(&[64 << 10], Duration::from_millis(2500));
+    ReadRequest::decode(&setup.owner.take_request()).expect("a single read");
+    while !task.is_finished() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stalled = setup.rt.block_on(task).expect("the read task");
+    let stalled_after = started.elapsed();
+    // The owner's endpoint goes away; a new read from it.
+    let HostileOwnerSetup {
+        rt,
+        owner,
+        consumer,
+        dst,
+        dst_region,
+        key,
+        ..
+    } = setup;
+    drop(owner);
+    let started = Instant::now();
+    let c = consumer.backend();
+    let dead = single(
+        &rt,
+        &c,
+        get(
+            PeerId(1),
+            &key,
+            0x10_0000,
+            &dst_region,
+            0,
+            64,
+            Duration::from_secs(20),
+        ),
+    );
+    let dead_after = started.elapsed();
+    let unmapped = rt.block_on(c.unmap(dst_region.backend_region_id));
+    consumer.shutdown_blocking();
+    dst.free_after(unmapped.is_ok());
+    eprintln!("stalled: {stalled:?} after {stalled_after:?}; dead: {dead:?} after {dead_after:?}");
+    assert_eq!(stalled, vec![Err(RdmaError::Timeout)]);
+    assert!(stalled_after >= Duration::from_millis(2500));
+    // Dead: the probe declares it unreachable, unless the provider already
+    // saw the connection gone when the request was sent (reset, or not
+    // connected: a race with the endpoint's close) and the send failed at
+    // once. A prompt typed failure either way.
+    assert!(
+        matches!(&dead, Err(RdmaError::Backend(text))
+            if text.contains("unreachable") || text.contains("sending the read request failed")),
+        "{dead:?}"
+    );
+    assert!(dead_after < Duration::from_secs(5), "{dead_after:?}");
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(consumer.live_registrations(), 0);
+}
