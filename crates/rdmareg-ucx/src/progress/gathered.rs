@@ -142,10 +142,7 @@ impl Engine {
         // SAFETY: as above.
         unsafe { (*leader_op).list_members = members.clone() };
         // The header (at most 3080 bytes) fits one short send: ask for it,
-        // as a single read's request does. Without the hint UCX 1.22 sends
-        // a header-only message whose header passes about 200 bytes (a list
-        // of five reads) by its zero-copy protocol, which took a list of 16
-        // small reads over tcp from 16 to 45 µs (`get_latency --batch`).
+        // as a single read's request does (see `SendMode::Small`).
         // SAFETY: the endpoint is live (looked up this turn); no payload;
         // the leader's slot outlives the send (freed only after the
         // worker). The whole exchange can complete inside this call on a
