@@ -351,7 +351,31 @@ impl Fabric {
     /// Opens fabric, domain, completion queue, address vector and one
     /// reliable-datagram endpoint on the configured provider. On failure
     /// whatever was opened is closed again (by `Drop`).
+    ///
+    /// An `shm` endpoint is opened a second time when enabling the first
+    /// failed as busy. libfabric 1.17 names an endpoint's shared-memory
+    /// region after the process id and takes over a region left by a dead
+    /// process, but it judges "dead" by whether a process with the recorded
+    /// id exists; when the id has been reused by this very process (ids
+    /// wrap at `pid_max`, 32768 by default), it reports `FI_EBUSY` and
+    /// removes the stale region. The second endpoint gets the next name in
+    /// the process, and the stale one is gone.
     pub(crate) fn open(config: &OfiConfig) -> Result<Fabric, RdmaError> {
+        let mut stale_shm_region = false;
+        match Fabric::open_once(config, &mut stale_shm_region) {
+            Err(_) if stale_shm_region => {
+                tracing::debug!(
+                    "a stale shm region carried this process's id; opening the endpoint again"
+                );
+                Fabric::open_once(config, &mut stale_shm_region)
+            }
+            opened => opened,
+        }
+    }
+
+    /// One try of [`open`](Self::open); sets `stale_shm_region` when
+    /// enabling an `shm` endpoint failed as busy.
+    fn open_once(config: &OfiConfig, stale_shm_region: &mut bool) -> Result<Fabric, RdmaError> {
         let mut this = Fabric {
             info: ptr::null_mut(),
             fabric: ptr::null_mut(),
@@ -453,6 +477,7 @@ impl Fabric {
             let control = op!((*this.ep).fid.ops, control, "fi_enable");
             let rc = control(&mut (*this.ep).fid, ffi::FI_ENABLE as i32, ptr::null_mut());
             if rc != 0 {
+                *stale_shm_region = rc == -(ffi::FI_EBUSY as i32) && this.provider == "shm";
                 return Err(failed("fi_enable", rc.into()));
             }
             let getname = op!((*this.ep).cm, getname, "fi_getname");
