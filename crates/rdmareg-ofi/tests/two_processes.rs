@@ -266,6 +266,32 @@ struct StoppedOwner {
     after_resume: Option<Result<(), rdmareg_core::RdmaError>>,
 }
 
+/// Waits (up to 5 s) until every thread of process `pid` is stopped, as
+/// `/proc/<pid>/task/*/stat` reports them (state `T`).
+fn wait_until_stopped(pid: libc::pid_t) {
+    let all_stopped = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        tasks.flatten().all(|task| {
+            std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+                // The state follows the command name's closing parenthesis.
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.chars().next())
+                    .is_some_and(|state| state == 'T' || state == 't')
+            })
+        })
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while !all_stopped() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the owner did not stop within 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn get_from_a_stopped_owner(provider: &str, deadline: Duration) -> StoppedOwner {
     const SIZE_BYTES: usize = 1 << 20;
     let mut owner = spawn_owner(provider, SIZE_BYTES);
@@ -299,6 +325,11 @@ fn get_from_a_stopped_owner(provider: &str, deadline: Duration) -> StoppedOwner 
         assert_eq!(backend.get_into_test_memory(request.clone()).await, Ok(()));
         // SAFETY: kill takes no pointers; `pid` is our child.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
+        // The signal takes effect asynchronously: on a loaded machine an
+        // owner thread still running could take the request and start its
+        // reply before it stops, which is the stalled-reply case (its own
+        // ignored test). Send the read only once every thread is stopped.
+        wait_until_stopped(pid);
         let mut get = std::pin::pin!(backend.get_into_test_memory(BackendGet {
             len: SIZE_BYTES as u64,
             ..request
