@@ -349,6 +349,23 @@ fn virtual_size() -> u64 {
     pages * 4096
 }
 
+/// The packed key of region 1 (at 0x10_0000, `len` bytes, capability all
+/// nines) of the raw owner `owner`: what a consumer is handed to read from
+/// a hostile owner that answers by hand.
+fn raw_owner_key(owner: &RawPeer, len: u64) -> Bytes {
+    PackedKey {
+        owner_served: true,
+        virt_addr: false,
+        region_id: 1,
+        capability: [9; CAPABILITY_LEN],
+        mr_key: 0,
+        base: 0x10_0000,
+        len,
+        owner: owner.address(),
+    }
+    .encode()
+}
+
 /// A consumer engine reading from a raw hostile owner.
 struct HostileOwnerSetup {
     rt: tokio::runtime::Runtime,
@@ -368,17 +385,7 @@ impl HostileOwnerSetup {
         let consumer = OfiEngine::start(config).expect("consumer starts");
         consumer.add_peer(PeerId(1), owner.address()).unwrap();
         let to_consumer = owner.insert(&consumer.fabric_address());
-        let key = PackedKey {
-            owner_served: true,
-            virt_addr: false,
-            region_id: 1,
-            capability: [9; CAPABILITY_LEN],
-            mr_key: 0,
-            base: 0x10_0000,
-            len: 1 << 20,
-            owner: owner.address(),
-        }
-        .encode();
+        let key = raw_owner_key(&owner, 1 << 20);
         let dst = Memory::filled(dst_len, 0);
         let dst_region = dst.map(&rt, &consumer.backend());
         HostileOwnerSetup {
