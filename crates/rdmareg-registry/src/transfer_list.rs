@@ -161,11 +161,13 @@ pub(crate) async fn post(
     let mut took = None;
     let result = post_timed(inner, list, buffers, &mut took).await;
     match (&result, took) {
-        (Ok(answers), Some(took)) => {
-            for (entry, answer) in list.entries.iter().zip(answers) {
-                inner.counters.get(entry.len, took, answer);
-            }
-        }
+        (Ok(answers), Some(took)) => inner.counters.list(
+            list.entries
+                .iter()
+                .zip(answers)
+                .map(|(entry, answer)| (entry.len, answer)),
+            took,
+        ),
         (result, _) => inner.counters.outcome(result),
     }
     result
