@@ -55,6 +55,7 @@ use ucx_sys as sys;
 use super::Engine;
 use super::answer::{Answer, BatchAnswers, BatchReply};
 use super::events::Events;
+use super::key_memo::DecodedKey;
 use super::ucp::{
     EpHandle, MemHandle, RemoteKey, SendMode, handler_header, receive_rendezvous,
     send_active_message,
@@ -654,6 +655,25 @@ impl Engine {
         Some(process.pid)
     }
 
+    /// `packed_key` decoded (`None` if it does not decode), from the memo
+    /// when this engine decoded the same bytes lately.
+    fn decoded_key(&mut self, packed_key: &[u8]) -> Option<DecodedKey> {
+        if let Some(decoded) = self.key_memo.get(packed_key) {
+            return Some(decoded);
+        }
+        let key = ReadKey::decode(packed_key).ok()?;
+        let direct_well_formed = match &key {
+            ReadKey::SameHost(same_host) => self.direct_key_is_well_formed(&same_host.ucx_key),
+            ReadKey::Served(_) => false,
+        };
+        let decoded = DecodedKey {
+            key: std::rc::Rc::new(key),
+            direct_well_formed,
+        };
+        self.key_memo.insert(packed_key, decoded.clone());
+        Some(decoded)
+    }
+
     /// Copies the same-host reads gathered this turn, one vectored call per
     /// owner process and kernel vector limit, and answers each. A peer the
     /// kernel refuses to let this process read is read through UCX from now
@@ -664,8 +684,11 @@ impl Engine {
             return;
         }
         let mut copies = std::mem::take(&mut self.copies);
-        // Stable: each owner's reads keep their order.
-        copies.sort_by_key(|copy| copy.pid);
+        // Stable: each owner's reads keep their order. Usually there is one
+        // owner, and moving a thousand entries for nothing is not free.
+        if !copies.is_sorted_by_key(|copy| copy.pid) {
+            copies.sort_by_key(|copy| copy.pid);
+        }
         let mut fallback = Vec::new();
         for group in copies.chunk_by_mut(|a, b| a.pid == b.pid) {
             let entries: Vec<CopyEntry> = group.iter().map(|copy| copy.entry).collect();
@@ -758,19 +781,21 @@ impl Engine {
         };
         let dest = (region.ptr + local_offset as usize) as *mut u8;
         let memh = region.memh;
-        let Ok(key) = ReadKey::decode(&packed_key) else {
+        let Some(DecodedKey {
+            key,
+            direct_well_formed,
+        }) = self.decoded_key(&packed_key)
+        else {
             return Err((reply, RdmaError::InvalidKey));
         };
-        let requested_deadline = deadline;
-        let deadline = Instant::now() + deadline.unwrap_or(self.settings.default_get_deadline);
-        let copy_pid = match &key {
+        let copy_pid = match &*key {
             ReadKey::SameHost(_) => self.copy_source(peer),
             ReadKey::Served(_) => None,
         };
-        if let (ReadKey::SameHost(same_host), Some(pid)) = (&key, copy_pid) {
+        if let (ReadKey::SameHost(same_host), Some(pid)) = (&*key, copy_pid) {
             // The UCX key goes unused on this path, but a key is checked
             // the same whichever way it is read.
-            if !self.direct_key_is_well_formed(&same_host.ucx_key) {
+            if !direct_well_formed {
                 return Err((reply, RdmaError::InvalidKey));
             }
             if !same_host.covers(remote_addr, len as u64) {
@@ -786,17 +811,19 @@ impl Engine {
                 request: BackendGet {
                     peer,
                     remote_addr,
-                    packed_key: packed_key.clone(),
+                    packed_key,
                     local_region_id,
                     local_offset,
                     len: len as u64,
-                    deadline: requested_deadline,
+                    deadline,
                 },
                 answer: Some(reply),
             });
             return Ok(None);
         }
-        let reply = match &key {
+        // A copy never waits: only reads that do need a deadline.
+        let deadline = Instant::now() + deadline.unwrap_or(self.settings.default_get_deadline);
+        let reply = match &*key {
             ReadKey::SameHost(same_host) => {
                 // The direct lane may fall back and touch the peer table.
                 self.endpoint_memo = None;

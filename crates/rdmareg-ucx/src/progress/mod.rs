@@ -54,6 +54,7 @@ mod direct;
 mod events;
 mod gathered;
 mod gets;
+mod key_memo;
 mod peers;
 mod regions;
 mod serve;
@@ -145,6 +146,9 @@ struct Engine {
     /// anything is sent or any callback can close an endpoint (see
     /// `gets::served_endpoint`).
     endpoint_memo: Option<(rdmareg_core::PeerId, ucp::EpHandle, u64)>,
+    /// The read keys decoded last (see `key_memo`): a list's entries carry
+    /// a few descriptors' keys, each decoded once.
+    key_memo: key_memo::KeyMemo,
     /// This engine's process as its address publishes it (only with a
     /// direct lane): peers sharing its pid space are copied from directly.
     process: Option<ProcessIdentity>,
@@ -289,6 +293,7 @@ impl Engine {
             copies: Vec::new(),
             copy_source_memo: None,
             endpoint_memo: None,
+            key_memo: key_memo::KeyMemo::default(),
             process,
             context,
         };

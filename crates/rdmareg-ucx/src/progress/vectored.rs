@@ -79,8 +79,12 @@ pub(crate) unsafe fn copy_from_process(
     };
     // In the owner's address order, so that ranges adjacent there merge
     // into one remote vector (see `merge_remote`).
+    // Entries reading the same address may go in either order: each has
+    // its own destination.
     let mut order: Vec<usize> = (0..entries.len()).collect();
-    order.sort_by_key(|&i| entries[i].remote_addr);
+    if !entries.is_sorted_by_key(|entry| entry.remote_addr) {
+        order.sort_unstable_by_key(|&i| entries[i].remote_addr);
+    }
     let mut local = Vec::with_capacity(entries.len().min(MAX_VECTORS));
     let mut remote = Vec::with_capacity(entries.len().min(MAX_VECTORS));
     let mut next = 0;
