@@ -260,6 +260,7 @@ mod tests {
             latency_p99_us: 4.0,
             bandwidth_mib_s: 10.0,
             list_bandwidth_mib_s: 12.0,
+            list_one_destination_mib_s: 13.0,
             perftest_latency_p50_us: None,
             perftest_bandwidth_mib_s: None,
             nixl_latency_p50_us: None,

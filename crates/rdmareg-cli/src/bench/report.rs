@@ -30,6 +30,9 @@ pub struct GetRow {
     pub bandwidth_mib_s: f64,
     /// Registry bandwidth, MiB/s: the window posted as one transfer list.
     pub list_bandwidth_mib_s: f64,
+    /// Registry bandwidth, MiB/s: the window as one transfer list whose
+    /// entries all land in one buffer, as ucx_perftest's window does.
+    pub list_one_destination_mib_s: f64,
     /// ucx_perftest median latency, µs.
     pub perftest_latency_p50_us: Option<f64>,
     /// ucx_perftest bandwidth, MiB/s.
@@ -56,6 +59,13 @@ impl GetRow {
         self.perftest_bandwidth_mib_s
             .filter(|p| *p > 0.0)
             .map(|p| self.list_bandwidth_mib_s / p)
+    }
+    /// One-destination list bandwidth over perftest's: the like-for-like
+    /// form (one destination buffer on both sides).
+    pub fn list_one_destination_ratio(&self) -> Option<f64> {
+        self.perftest_bandwidth_mib_s
+            .filter(|p| *p > 0.0)
+            .map(|p| self.list_one_destination_mib_s / p)
     }
     /// Registry latency over perftest's (lower is better).
     pub fn latency_ratio(&self) -> Option<f64> {
@@ -134,11 +144,11 @@ pub fn tables(rows: &[GetRow], scatter_rows: &[ScatterRow], pool_rows: &[PoolRow
     };
     let _ = writeln!(
         out,
-        "| transport | size | window | rdmareg p50 µs | perftest p50 µs | gap µs | latency ratio | rdmareg MiB/s | list MiB/s | perftest MiB/s | bandwidth ratio | list ratio |{nixl_header}"
+        "| transport | size | window | rdmareg p50 µs | perftest p50 µs | gap µs | latency ratio | rdmareg MiB/s | list MiB/s | list, one destination MiB/s | perftest MiB/s | bandwidth ratio | list ratio | one-destination list ratio |{nixl_header}"
     );
     let _ = writeln!(
         out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|{nixl_rule}"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|{nixl_rule}"
     );
     for row in rows {
         let nixl = if with_nixl {
@@ -154,7 +164,7 @@ pub fn tables(rows: &[GetRow], scatter_rows: &[ScatterRow], pool_rows: &[PoolRow
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.2} | {} | {} | {} | {:.1} | {:.1} | {} | {} | {} |{nixl}",
+            "| {} | {} | {} | {:.2} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} |{nixl}",
             row.transport,
             format_size(row.size),
             row.window,
@@ -164,9 +174,11 @@ pub fn tables(rows: &[GetRow], scatter_rows: &[ScatterRow], pool_rows: &[PoolRow
             ratio(row.latency_ratio()),
             row.bandwidth_mib_s,
             row.list_bandwidth_mib_s,
+            row.list_one_destination_mib_s,
             optional(row.perftest_bandwidth_mib_s, 1),
             ratio(row.bandwidth_ratio()),
             ratio(row.list_bandwidth_ratio()),
+            ratio(row.list_one_destination_ratio()),
         );
     }
     if !scatter_rows.is_empty() {
@@ -221,13 +233,13 @@ pub fn print_tables(rows: &[GetRow], scatter_rows: &[ScatterRow], pool_rows: &[P
 /// CSV of the GET rows.
 pub fn csv(rows: &[GetRow]) -> String {
     let mut out = String::from(
-        "transport,size,window,latency_iterations,bandwidth_iterations,latency_p50_us,latency_p99_us,perftest_latency_p50_us,latency_ratio,bandwidth_mib_s,list_bandwidth_mib_s,perftest_bandwidth_mib_s,bandwidth_ratio,list_bandwidth_ratio,nixl_latency_p50_us,nixl_latency_ratio,nixl_bandwidth_mib_s,nixl_request_window_mib_s,nixl_bandwidth_ratio\n",
+        "transport,size,window,latency_iterations,bandwidth_iterations,latency_p50_us,latency_p99_us,perftest_latency_p50_us,latency_ratio,bandwidth_mib_s,list_bandwidth_mib_s,perftest_bandwidth_mib_s,bandwidth_ratio,list_bandwidth_ratio,nixl_latency_p50_us,nixl_latency_ratio,nixl_bandwidth_mib_s,nixl_request_window_mib_s,nixl_bandwidth_ratio,list_one_destination_mib_s,list_one_destination_ratio\n",
     );
     let cell = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.4}"));
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{:.4},{:.4},{},{},{:.4},{:.4},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{:.4},{:.4},{},{},{:.4},{:.4},{},{},{},{},{},{},{},{},{:.4},{}",
             r.transport,
             r.size,
             r.window,
@@ -247,6 +259,8 @@ pub fn csv(rows: &[GetRow]) -> String {
             cell(r.nixl_bandwidth_mib_s),
             cell(r.nixl_request_window_mib_s),
             cell(r.nixl_bandwidth_ratio()),
+            r.list_one_destination_mib_s,
+            cell(r.list_one_destination_ratio()),
         );
     }
     out
@@ -402,6 +416,7 @@ mod tests {
             latency_p99_us: 12.0,
             bandwidth_mib_s: 950.0,
             list_bandwidth_mib_s: 1100.0,
+            list_one_destination_mib_s: 1300.0,
             perftest_latency_p50_us: perftest.map(|_| 8.0),
             perftest_bandwidth_mib_s: perftest,
             nixl_latency_p50_us: None,
@@ -467,6 +482,7 @@ mod tests {
         let r = row(Some(1000.0));
         assert_eq!(r.bandwidth_ratio(), Some(0.95));
         assert_eq!(r.list_bandwidth_ratio(), Some(1.1));
+        assert_eq!(r.list_one_destination_ratio(), Some(1.3));
         assert_eq!(r.latency_ratio(), Some(1.25));
         assert_eq!(r.latency_gap_us(), Some(2.0));
     }
@@ -476,7 +492,20 @@ mod tests {
         let r = row(None);
         assert_eq!(r.bandwidth_ratio(), None);
         assert!(tables(std::slice::from_ref(&r), &[], &[]).contains("| - |"));
-        assert!(csv(&[r]).lines().nth(1).unwrap().ends_with(",,"));
+        assert_eq!(r.list_one_destination_ratio(), None);
+        let text = csv(&[r]);
+        let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+        let cells: Vec<&str> = text.lines().nth(1).unwrap().split(',').collect();
+        let cell = |name: &str| cells[header.iter().position(|h| *h == name).unwrap()];
+        for ratio in [
+            "bandwidth_ratio",
+            "list_bandwidth_ratio",
+            "list_one_destination_ratio",
+            "latency_ratio",
+        ] {
+            assert_eq!(cell(ratio), "", "{ratio}");
+        }
+        assert_eq!(cell("list_one_destination_mib_s"), "1300.0000");
     }
 
     #[test]
