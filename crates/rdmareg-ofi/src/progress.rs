@@ -68,7 +68,9 @@
 //!
 //! A read is answered when its completion (success or error) was read, or
 //! after the endpoint was closed at teardown — never earlier, since until
-//! then the provider may write its destination. Past its deadline a read is
+//! then the provider may write its destination. (A `shm` endpoint that
+//! teardown parks instead of closing has its reads cancelled; each answers
+//! once its cancellation was read: see `Engine::withdraw_for_parking`.) Past its deadline a read is
 //! marked, the provider is asked to cancel it, and it answers `Timeout` when
 //! the provider ends it with an error (a read that completes late answers
 //! `Ok`: the bytes are there). A provider that never ends a read (a stopped
@@ -104,6 +106,10 @@ use crate::protocol::{
 const RING_BATCH: usize = 64;
 /// Completions read per turn.
 const COMPLETION_BATCH: usize = 256;
+/// The least time teardown waits for the cancellations of the reads of an
+/// endpoint it parks (`Engine::withdraw_for_parking`); on `shm` a receive
+/// not yet matched is cancelled at once.
+const WITHDRAW_MIN: Duration = Duration::from_millis(100);
 /// How long a parked loop sleeps while reads of its own are in flight.
 const BUSY_PARK: Duration = Duration::from_micros(20);
 /// Receives an owner-serving engine keeps posted for requests.
@@ -296,6 +302,9 @@ struct Op {
     /// Its owner was declared unreachable: a cancelled receive gets no
     /// discard receive (no reply can come over a connection that is gone).
     unreachable: bool,
+    /// Its request could not be sent: no reply will come, so a cancelled
+    /// receive gets no discard receive either.
+    request_failed: bool,
 }
 
 /// A gathered list's own part of its [`Op`].
@@ -368,6 +377,9 @@ struct PostedReceives {
     buffers: Vec<RequestBuffer>,
     /// Contexts and buffers of receives posted to discard replies.
     discards: Vec<(Box<OpContext>, Vec<u8>)>,
+    /// Sends still in flight: the provider holds their contexts (and, for
+    /// requests, their bytes).
+    sends: Vec<SendOp>,
 }
 
 // SAFETY: no thread uses these any more: they are only kept, and dropped
@@ -474,6 +486,9 @@ struct Engine {
     /// Makes request ids unguessable (see `mint_request_id`).
     request_ids: RequestIdPermutation,
     closing: bool,
+    /// Teardown is withdrawing the reads of an endpoint it will park
+    /// (see [`Engine::withdraw_for_parking`]): discard receives are posted.
+    withdrawing: bool,
     fabric: Fabric,
 }
 
@@ -553,6 +568,7 @@ impl Engine {
             next_request_id: 1,
             request_ids: RequestIdPermutation::new(),
             closing: false,
+            withdrawing: false,
             fabric,
         }
     }
@@ -675,6 +691,11 @@ impl Engine {
         let mut worked = self.retry_unsent();
         worked |= self.retry_unposted();
         worked |= self.reap();
+        if self.fabric.is_shm() {
+            // Parked endpoints of this process's other engines take what is
+            // sent to them only when someone progresses them.
+            worked |= Fabric::progress_parked();
+        }
         if self.active > 0 || !self.unsent.is_empty() {
             let now = Instant::now();
             if now >= self.next_watch {
@@ -953,6 +974,7 @@ impl Engine {
             request: request_bytes,
             failure: None,
             unreachable: false,
+            request_failed: false,
         });
         Ok(())
     }
@@ -1151,6 +1173,7 @@ impl Engine {
             request: Some((request_id, wire)),
             failure: None,
             unreachable: false,
+            request_failed: false,
         });
     }
 
@@ -1362,7 +1385,7 @@ impl Engine {
                 tracing::warn!(?context, "a completion for no operation of this engine");
                 continue;
             };
-            let (timed_out, failure, served, expected, request_id, fi_addr, unreachable) =
+            let (timed_out, failure, served, expected, request_id, fi_addr, no_reply) =
                 match self.ops[slot].as_mut() {
                     Some(op) => (
                         op.timed_out,
@@ -1371,7 +1394,7 @@ impl Engine {
                         op.len,
                         op.request_id,
                         op.fi_addr,
-                        op.unreachable,
+                        op.unreachable || op.request_failed,
                     ),
                     None => continue,
                 };
@@ -1393,7 +1416,7 @@ impl Engine {
                 continue;
             }
             let truncated = matches!(result, Err((ERR_TRUNCATED, _)));
-            if served && result.is_err() && !unreachable && !truncated {
+            if served && result.is_err() && !no_reply && !truncated {
                 // The receive ended (cancelled) without the reply: the owner
                 // may still send it, and holds its lease until a receive
                 // takes it. (A reply longer than asked did arrive, truncated:
@@ -1443,11 +1466,14 @@ impl Engine {
     /// ends. (A truncating zero-length receive is not enough: measured on
     /// shm, a large send truncated that way never completes.)
     fn post_discard(&mut self, fi_addr: u64, request_id: u64, len: usize) {
-        if self.closing || self.fabric.needs_local_desc() {
+        if (self.closing && !self.withdrawing) || self.fabric.needs_local_desc() {
             return;
         }
         let held = self.discard_bytes.get(&fi_addr).copied().unwrap_or(0);
-        if held > 0 && held + len > DISCARD_BYTES_PER_PEER {
+        // Withdrawing at teardown, every read in flight gets one: that is
+        // bounded by the reads in flight, and an owner of the process waits
+        // for its reply to be taken (see `withdraw_for_parking`).
+        if !self.withdrawing && held > 0 && held + len > DISCARD_BYTES_PER_PEER {
             tracing::debug!(
                 request_id,
                 held,
@@ -1711,6 +1737,7 @@ impl Engine {
                     .and_then(|&slot| self.ops[slot].as_mut())
                     .filter(|op| op.request_id == request_id)
                 {
+                    op.request_failed = true;
                     // A request that teardown ended failed because the
                     // engine is going away, not because of the fabric.
                     op.failure = Some(if self.closing {
@@ -2216,6 +2243,50 @@ impl Engine {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
+        if self.fabric.park_at_teardown() {
+            self.withdraw_for_parking();
+        } else {
+            self.close_under_the_rest();
+        }
+        if self.fabric.close_or_park_endpoint() == EndpointEnd::StillOpen {
+            // Request receives may still be written, and replies still being
+            // sent still read their sources: a parked endpoint keeps them
+            // until it is closed; any other open endpoint, for good. (A
+            // reply's region keeps its lease: it stays registered.)
+            let receives = PostedReceives {
+                buffers: self.request_buffers.drain().map(|(_, b)| b).collect(),
+                discards: self.discards.drain().map(|(_, discard)| discard).collect(),
+                sends: self.sends.drain().map(|(_, send)| send).collect(),
+            };
+            if let Err(receives) = self.fabric.keep_while_parked(Box::new(receives)) {
+                std::mem::forget(receives);
+            }
+        }
+        let ids: Vec<u64> = self.regions.keys().copied().collect();
+        for id in ids {
+            if self.regions.get(&id).is_some_and(|r| r.in_flight == 0) {
+                self.deregister(id);
+            }
+        }
+        for (fi_addr, _) in std::mem::take(&mut self.av) {
+            self.fabric.remove_peer(fi_addr);
+        }
+        let live = self.signals.live_registrations.load(Ordering::SeqCst);
+        if live != 0 {
+            tracing::error!(live, "teardown left regions registered");
+        }
+        let _ = self
+            .signals
+            .still_registered_after_teardown
+            .set(self.regions.keys().copied().collect());
+        for reply in self.shutdown_replies.drain(..) {
+            let _ = reply.send(());
+        }
+    }
+
+    /// Teardown of an endpoint that may be closed: closes it under the
+    /// reads and sends still in flight, then answers them.
+    fn close_under_the_rest(&mut self) {
         if !self.sends.is_empty() {
             if self.fabric.close_endpoint() {
                 // The provider reads no source of a send on a closed
@@ -2271,36 +2342,85 @@ impl Engine {
                 }
             }
         }
-        if self.fabric.close_or_park_endpoint() == EndpointEnd::StillOpen {
-            // Request receives may still be written: a parked endpoint keeps
-            // them until it is closed; any other open endpoint, for good.
-            let receives = PostedReceives {
-                buffers: self.request_buffers.drain().map(|(_, b)| b).collect(),
-                discards: self.discards.drain().map(|(_, discard)| discard).collect(),
+    }
+
+    /// Teardown of a `shm` endpoint that will be parked, not closed, because
+    /// another `shm` engine of the process is open (see `fabric`'s module
+    /// docs: closing it would unmap a region that engine still uses).
+    ///
+    /// Read from libfabric 1.17's `shm` (`prov/shm/src/smr_progress.c`,
+    /// `smr_ep.c`): a receive's buffer is written only by its own
+    /// endpoint's progress (`smr_ep_progress`, run by reading its completion
+    /// queue) — inline and inject messages are copied, larger ones pulled
+    /// from the sender with `process_vm_readv`, segmented ones copied out of
+    /// the receiver's own region — never by the sender; `fi_cancel` takes a
+    /// receive not yet matched off the queue and writes its `FI_ECANCELED`
+    /// completion at once; a matched receive ends within the progress call
+    /// that matched it, except a segmented one. So each read's receive is
+    /// cancelled, and it is answered once its cancellation (or completion)
+    /// was read: from then on the provider holds nothing of its destination.
+    /// A discard receive is posted for each, so the reply still on its way
+    /// lands in scratch memory kept with the parked endpoint: a sender's
+    /// message larger than the inject size completes only once the receiver
+    /// took it, and the sender's later completions wait behind it. The
+    /// other `shm` engines of the process progress parked endpoints
+    /// (`Fabric::progress_parked`) so those replies are taken.
+    ///
+    /// A read whose receive was matched and does not end within the
+    /// teardown timeout (a segmented transfer) cannot be answered: its
+    /// destination stays registered and the read unanswered. Replies still
+    /// being sent keep their leases: their sources stay registered.
+    fn withdraw_for_parking(&mut self) {
+        if self.active == 0 && self.sends.is_empty() {
+            return;
+        }
+        self.withdrawing = true;
+        let mut never_posted = Vec::new();
+        for slot in 0..self.ops.len() {
+            let Some(op) = self.ops[slot].as_mut() else {
+                continue;
             };
-            if let Err(receives) = self.fabric.keep_while_parked(Box::new(receives)) {
-                std::mem::forget(receives);
+            if !op.timed_out && op.failure.is_none() {
+                op.failure = Some(RdmaError::ShuttingDown);
+            }
+            if op.posted {
+                let context = (&raw mut op.context.space).cast::<c_void>();
+                self.fabric.cancel(context);
+            } else {
+                never_posted.push((slot, op.timed_out));
             }
         }
-        let ids: Vec<u64> = self.regions.keys().copied().collect();
-        for id in ids {
-            if self.regions.get(&id).is_some_and(|r| r.in_flight == 0) {
-                self.deregister(id);
+        for (slot, timed_out) in never_posted {
+            self.unposted.retain(|&s| s != slot);
+            let result = if timed_out {
+                RdmaError::Timeout
+            } else {
+                RdmaError::ShuttingDown
+            };
+            self.finish(slot, Err(result));
+        }
+        let until = Instant::now() + self.settings.teardown_timeout.max(WITHDRAW_MIN);
+        while self.active > 0 && Instant::now() < until {
+            if !self.turn() {
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
-        for (fi_addr, _) in std::mem::take(&mut self.av) {
-            self.fabric.remove_peer(fi_addr);
+        self.withdrawing = false;
+        if self.active > 0 {
+            tracing::error!(
+                reads = self.active,
+                "reads whose transfer had begun did not end; they stay unanswered and their \
+                 regions registered"
+            );
+            for op in self.ops.iter_mut().filter_map(Option::take) {
+                std::mem::forget(op);
+            }
         }
-        let live = self.signals.live_registrations.load(Ordering::SeqCst);
-        if live != 0 {
-            tracing::error!(live, "teardown left regions registered");
-        }
-        let _ = self
-            .signals
-            .still_registered_after_teardown
-            .set(self.regions.keys().copied().collect());
-        for reply in self.shutdown_replies.drain(..) {
-            let _ = reply.send(());
+        if !self.sends.is_empty() {
+            tracing::warn!(
+                sends = self.sends.len(),
+                "replies still being sent from a parked endpoint keep their regions registered"
+            );
         }
     }
 }
