@@ -94,7 +94,7 @@ use bytes::Bytes;
 use rdmareg_core::RdmaError;
 use rdmareg_ofi_sys as ffi;
 
-use crate::config::{OfiConfig, ReadPath};
+use crate::config::{OfiConfig, Provider, ReadPath};
 use crate::key::{AddressFormat, MAX_FABRIC_ADDRESS};
 
 /// Context space a provider may use (`FI_CONTEXT`/`FI_CONTEXT2` mode): the
@@ -171,6 +171,9 @@ impl Default for CqTaggedEntry {
 /// `FI_ADDR_UNSPEC`: a receive from any peer.
 pub(crate) const ADDR_UNSPEC: u64 = u64::MAX;
 
+/// `FI_ADDR_NOTAVAIL`: a completion's sender is not known.
+pub(crate) const ADDR_NOTAVAIL: u64 = u64::MAX;
+
 /// `FI_ETRUNC`, the error of a receive a longer message arrived into (its
 /// first bytes landed; the message is consumed).
 pub(crate) const ERR_TRUNCATED: i32 = ffi::FI_ETRUNC as i32;
@@ -229,8 +232,10 @@ pub(crate) struct MemoryRegion {
 #[derive(Debug)]
 pub(crate) enum Completion {
     /// An operation finished; its context pointer, and for a receive the
-    /// bytes that landed and the tag that matched.
-    Done(*mut c_void, usize, u64),
+    /// bytes that landed, the tag that matched and the sender's
+    /// address-vector entry ([`ADDR_NOTAVAIL`] when the provider does not
+    /// know it: not reported, or a sender not in the address vector).
+    Done(*mut c_void, usize, u64, u64),
     /// An operation failed; its context pointer and the error text.
     Failed(*mut c_void, i32, String),
 }
@@ -251,6 +256,8 @@ pub(crate) struct Fabric {
     pub(crate) wait_fd: Option<RawFd>,
     pub(crate) provider_version: u32,
     pub(crate) read_path: ReadPath,
+    /// The provider reports each receive's sender (`FI_SOURCE`).
+    pub(crate) reports_source: bool,
     /// Counted among the process's open `shm` fabrics ([`SHM_FABRICS`]).
     shm_counted: bool,
     /// The endpoint was left open at teardown ([`Fabric::close_or_park_endpoint`]):
@@ -414,6 +421,7 @@ impl Fabric {
             wait_fd: None,
             provider_version: 0,
             read_path: config.effective_read_path(),
+            reports_source: false,
             shm_counted: false,
             parked: false,
             kept: Vec::new(),
@@ -430,6 +438,8 @@ impl Fabric {
                 .to_string_lossy()
                 .into_owned();
             this.provider_version = (*(*info).fabric_attr).prov_version;
+            // Only where it was asked for (a provider may offer it unasked).
+            this.reports_source = asks_for_source(config) && (*info).caps & ffi::FI_SOURCE != 0;
             if this.mr_mode & !MR_MODES_HANDLED & !(ffi::FI_MR_BASIC | ffi::FI_MR_SCALABLE) != 0 {
                 return Err(RdmaError::Backend(format!(
                     "ofi: provider {} needs memory-registration modes {:#x} the engine does not handle",
@@ -812,21 +822,34 @@ impl Fabric {
     /// Reads up to `out.capacity()` completions (progressing the provider).
     pub(crate) fn poll_completions(&mut self, out: &mut Vec<Completion>, max: usize) {
         let mut entries = [CqTaggedEntry::default(); 16];
+        let mut sources = [ADDR_NOTAVAIL; 16];
         while out.len() < max {
             // SAFETY: the completion queue is live; `entries` holds 16
-            // fi_cq_tagged_entry records (FI_CQ_FORMAT_TAGGED).
+            // fi_cq_tagged_entry records (FI_CQ_FORMAT_TAGGED) and
+            // `sources` 16 fi_addr_t.
             let n = unsafe {
-                match (*(*self.cq).ops).read {
-                    Some(read) => read(self.cq, entries.as_mut_ptr().cast(), entries.len()),
-                    None => return,
+                match ((*(*self.cq).ops).read, (*(*self.cq).ops).readfrom) {
+                    (_, Some(readfrom)) if self.reports_source => readfrom(
+                        self.cq,
+                        entries.as_mut_ptr().cast(),
+                        entries.len(),
+                        sources.as_mut_ptr(),
+                    ),
+                    (Some(read), _) => read(self.cq, entries.as_mut_ptr().cast(), entries.len()),
+                    (None, _) => return,
                 }
             };
             if n > 0 {
-                out.extend(
-                    entries[..n as usize]
-                        .iter()
-                        .map(|e| Completion::Done(e.op_context, e.len, e.tag)),
-                );
+                let n = n as usize;
+                let known = self.reports_source;
+                out.extend(entries[..n].iter().zip(&sources[..n]).map(|(e, &source)| {
+                    Completion::Done(
+                        e.op_context,
+                        e.len,
+                        e.tag,
+                        if known { source } else { ADDR_NOTAVAIL },
+                    )
+                }));
                 continue;
             }
             if n == -(ffi::FI_EAVAIL as isize) {
@@ -1087,6 +1110,16 @@ fn eagain(rc: isize, what: &str) -> Result<bool, RdmaError> {
     }
 }
 
+/// Whether the engine asks the provider to name each receive's sender
+/// (`FI_SOURCE`), so an owner can check a request's reply address: on the
+/// owner-served path over `tcp;ofi_rxm`, which names a sender by the
+/// address-vector entry of the address it connected from (see
+/// `docs/ofi.md`). Not on `shm`: there the entry reported for a consumer's
+/// request was measured to be an earlier consumer's of the same process.
+fn asks_for_source(config: &OfiConfig) -> bool {
+    config.effective_read_path() == ReadPath::OwnerServed && config.provider == Provider::Tcp
+}
+
 /// `fi_getinfo` for the configured provider: RDM endpoints with tagged
 /// messages (owner-served reads) or RMA reads (one-sided).
 ///
@@ -1118,7 +1151,16 @@ unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
             (*(*hints).domain_attr).name = libc::strdup(domain.as_ptr());
         }
         let mut info: *mut ffi::fi_info = ptr::null_mut();
-        let rc = ffi::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut info);
+        let mut rc = -1;
+        if asks_for_source(config) {
+            (*hints).caps |= ffi::FI_SOURCE;
+            rc = ffi::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut info);
+            (*hints).caps &= !ffi::FI_SOURCE;
+        }
+        if rc != 0 || info.is_null() {
+            info = ptr::null_mut();
+            rc = ffi::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut info);
+        }
         ffi::fi_freeinfo(hints);
         if rc != 0 || info.is_null() {
             return Err(RdmaError::Backend(format!(

@@ -47,6 +47,13 @@
 //! bounded in total ([`GATHERED_BYTES_MAX`]), and a full table of consumer
 //! addresses forgets those with nothing unfinished.
 //!
+//! Over `tcp;ofi_rxm` a single read is served only to the endpoint the
+//! provider names as its request's sender (`FI_SOURCE`); a request from
+//! another endpoint than its reply address is refused to its sender, and
+//! one whose sender the provider cannot name yet (not in the address
+//! vector) is answered "ask again" at its reply address, without a lease.
+//! A consumer's engine asks once more on that answer (`Engine::ask_again`).
+//!
 //! # Dead peers
 //!
 //! Over `tcp;ofi_rxm` nothing tells the application that a peer's process
@@ -93,13 +100,14 @@ use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 use crate::config::{OfiConfig, Provider, ReadPath};
 use crate::engine::{Command, Reply, Signals, StartInfo};
 use crate::fabric::{
-    ADDR_UNSPEC, Completion, ERR_TRUNCATED, EndpointEnd, Fabric, MemoryRegion, ProviderContext,
+    ADDR_NOTAVAIL, ADDR_UNSPEC, Completion, ERR_TRUNCATED, EndpointEnd, Fabric, MemoryRegion,
+    ProviderContext,
 };
 use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
 use crate::protocol::{
     GATHER_ENTRY_MAX, GATHER_TOTAL_MAX, LIST_VERSION, ListEntry, ListRequest, MAX_LIST_ENTRIES,
     PROBE, RECEIVE_MAX, REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_TAG, ReadRequest, Refusal,
-    capability_matches, parse_gathered, refusal_tag, reply_outcome,
+    capability_matches, is_unverified, parse_gathered, refusal_tag, reply_outcome,
 };
 
 /// Ring commands handled per turn.
@@ -305,6 +313,9 @@ struct Op {
     /// Its request could not be sent: no reply will come, so a cancelled
     /// receive gets no discard receive either.
     request_failed: bool,
+    /// Owner-served: the request again, for one more ask when the owner
+    /// could not name its sender (`Refusal::Unverified`); `None` once used.
+    ask_again: Option<(u64, Vec<u8>)>,
 }
 
 /// A gathered list's own part of its [`Op`].
@@ -971,6 +982,7 @@ impl Engine {
             remote: target,
             key,
             request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
+            ask_again: request_bytes.clone(),
             request: request_bytes,
             failure: None,
             unreachable: false,
@@ -1171,6 +1183,7 @@ impl Engine {
             key: 0,
             request_id,
             request: Some((request_id, wire)),
+            ask_again: None,
             failure: None,
             unreachable: false,
             request_failed: false,
@@ -1357,7 +1370,7 @@ impl Engine {
         let worked = !completions.is_empty();
         for completion in completions.drain(..) {
             let (context, result) = match completion {
-                Completion::Done(context, len, tag) => (context, Ok((len, tag))),
+                Completion::Done(context, len, tag, source) => (context, Ok((len, tag, source))),
                 Completion::Failed(context, code, text) => (context, Err((code, text))),
             };
             let at = context as usize;
@@ -1366,7 +1379,7 @@ impl Engine {
                 continue;
             }
             if self.request_buffers.contains_key(&at) {
-                self.request_arrived(at, result.map(|(len, _)| len));
+                self.request_arrived(at, result.map(|(len, _, source)| (len, source)));
                 continue;
             }
             if self.discards.remove(&at).is_some() {
@@ -1410,7 +1423,24 @@ impl Engine {
                 "a read's receive ended"
             );
             let is_list = self.ops[slot].as_ref().is_some_and(|op| op.list.is_some());
-            if let (Ok((len, tag)), true) = (&result, is_list) {
+            if let (Ok((_, tag, _)), true) = (&result, served) {
+                if is_unverified(*tag) {
+                    if self.ask_again(slot) {
+                        continue;
+                    }
+                    // Not asked again: past its deadline, or at teardown.
+                    if timed_out || self.closing {
+                        let why = if timed_out {
+                            RdmaError::Timeout
+                        } else {
+                            RdmaError::ShuttingDown
+                        };
+                        self.finish(slot, Err(why));
+                        continue;
+                    }
+                }
+            }
+            if let (Ok((len, tag, _)), true) = (&result, is_list) {
                 let outcome = self.land_list(slot, *len, *tag);
                 self.finish(slot, outcome);
                 continue;
@@ -1425,7 +1455,7 @@ impl Engine {
                 self.post_discard(fi_addr, request_id, expected);
             }
             let result = match result {
-                Ok((len, tag)) if served => match reply_outcome(tag) {
+                Ok((len, tag, _)) if served => match reply_outcome(tag) {
                     Ok(()) if len != expected => Err((
                         0,
                         format!("the owner sent {len} bytes for a read of {expected}"),
@@ -1779,10 +1809,12 @@ impl Engine {
 
     /// A request receive completed: take the request, post the receive
     /// again, answer the request.
-    fn request_arrived(&mut self, at: usize, result: Result<usize, (i32, String)>) {
+    fn request_arrived(&mut self, at: usize, result: Result<(usize, u64), (i32, String)>) {
+        let mut source = ADDR_NOTAVAIL;
         let bytes = match (result, self.request_buffers.get_mut(&at)) {
-            (Ok(len), Some(buffer)) => {
+            (Ok((len, from)), Some(buffer)) => {
                 buffer.posted = false;
+                source = from;
                 Some(buffer.data[..len.min(RECEIVE_MAX)].to_vec())
             }
             (Err((_, text)), Some(buffer)) => {
@@ -1794,13 +1826,13 @@ impl Engine {
         };
         self.repost_request(at);
         if let Some(bytes) = bytes {
-            self.serve_request(&bytes);
+            self.serve_request(&bytes, source);
         }
     }
 
     /// Checks a peer's request against the live registrations, and sends
     /// the bytes under a read lease or a refusal.
-    fn serve_request(&mut self, bytes: &[u8]) {
+    fn serve_request(&mut self, bytes: &[u8], source: u64) {
         if bytes == PROBE {
             tracing::trace!("a liveness probe arrived");
             return;
@@ -1816,6 +1848,10 @@ impl Engine {
         let Some(dest) = self.served_peer(&request.reply_to) else {
             return;
         };
+        if self.fabric.reports_source && source != dest {
+            self.refuse_unconfirmed(request.request_id, source, dest);
+            return;
+        }
         tracing::trace!(
             request = request.request_id,
             len = request.length,
@@ -1900,6 +1936,54 @@ impl Engine {
             }
         };
         self.queue_send(send);
+    }
+
+    /// A request whose sender the provider named as another endpoint than
+    /// its reply address (`dest`), or could not name (`source` is
+    /// [`ADDR_NOTAVAIL`]): no bytes go out and no lease is taken. A named
+    /// sender is refused [`Refusal::NotTheRequester`]; otherwise the reply
+    /// address, inserted by now, is answered [`Refusal::Unverified`], and
+    /// asks again if it did ask (over `tcp;ofi_rxm` the provider then names
+    /// it). Either refusal counts against its receiver's refusal bound.
+    fn refuse_unconfirmed(&mut self, request_id: u64, source: u64, dest: u64) {
+        self.signals
+            .unconfirmed_requests
+            .fetch_add(1, Ordering::Relaxed);
+        let (to, refusal) = if source == ADDR_NOTAVAIL {
+            (dest, Refusal::Unverified)
+        } else {
+            (source, Refusal::NotTheRequester)
+        };
+        tracing::debug!(
+            request = request_id,
+            source,
+            dest,
+            ?refusal,
+            "a read request's sender is not confirmed as its reply address"
+        );
+        let load = self.reply_loads.entry(to).or_default();
+        if load.refusals >= self.reply_bound {
+            if *load == PeerLoad::default() {
+                self.reply_loads.remove(&to);
+            }
+            return;
+        }
+        load.refusals += 1;
+        self.queue_send(SendOp {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
+            _bytes: None,
+            ptr: 0,
+            len: 0,
+            desc: std::ptr::null_mut(),
+            dest: to,
+            tag: refusal_tag(request_id, refusal),
+            lease: None,
+            counted: Some((to, ReplyKind::Refusal)),
+            for_read: None,
+            probe: false,
+        });
     }
 
     /// Serves a list request: checks each entry as a single read is
@@ -2138,6 +2222,31 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The owner could not name the sender of this read's request and
+    /// refused it as unverified; its receive ended with that refusal. Posts
+    /// the receive and sends the request once more (same id), unless it
+    /// was already asked again or is past its deadline. Answers whether it
+    /// will be.
+    fn ask_again(&mut self, slot: usize) -> bool {
+        let Some(op) = self.ops[slot].as_mut() else {
+            return false;
+        };
+        if op.timed_out || op.failure.is_some() || self.closing {
+            return false;
+        }
+        let Some(request) = op.ask_again.take() else {
+            return false;
+        };
+        tracing::debug!(
+            request = request.0,
+            "the owner could not name this engine as the sender; asking again"
+        );
+        op.request = Some(request);
+        op.posted = false;
+        self.unposted.push_back(slot);
+        true
     }
 
     /// Marks reads past their deadline; a read never posted ends at once.
@@ -2495,6 +2604,52 @@ mod tests {
 
         /// Asks for `length` bytes at `address` as read `id`, listening only
         /// for a busy refusal of it.
+        /// Asks the owner once for a region that does not exist and waits
+        /// for the answer, as an engine's first read does: over tcp the
+        /// owner's provider cannot name a sender before the owner inserted
+        /// its address, so the first request is answered "ask again"
+        /// (`Refusal::Unverified`); later ones are checked and served.
+        fn introduce(&mut self, id: u64) {
+            let receive = self.context();
+            // SAFETY: a zero-length receive; its context lives in
+            // `contexts` until the fabric (and its endpoint) is dropped.
+            let posted = unsafe {
+                self.fabric.trecv(
+                    0,
+                    0,
+                    std::ptr::null_mut(),
+                    self.owner,
+                    id,
+                    REPLY_IGNORE,
+                    receive,
+                )
+            };
+            assert_eq!(posted.ok(), Some(true), "introduction receive posted");
+            let wire = ReadRequest {
+                request_id: id,
+                region_id: u64::MAX,
+                capability: [0; CAPABILITY_LEN],
+                address: 0x1000,
+                length: 8,
+                reply_to: self.fabric.address.to_vec(),
+            }
+            .encode();
+            self.send_request(id, wire);
+            let until = Instant::now() + Duration::from_secs(5);
+            let mut out = Vec::new();
+            while Instant::now() < until {
+                self.fabric.poll_completions(&mut out, 64);
+                if out
+                    .drain(..)
+                    .any(|c| matches!(c, Completion::Done(at, ..) if at == receive))
+                {
+                    return;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            panic!("the owner never answered the introduction");
+        }
+
         fn ask(&mut self, key: &PackedKey, address: u64, length: u64, id: u64) {
             let wire = ReadRequest {
                 request_id: id,
@@ -2580,7 +2735,7 @@ mod tests {
             while Instant::now() < until {
                 self.fabric.poll_completions(&mut out, 64);
                 for completion in out.drain(..) {
-                    if let Completion::Done(context, _, tag) = completion {
+                    if let Completion::Done(context, _, tag, _) = completion {
                         if self.busy_receives.contains_key(&(context as usize)) {
                             assert_eq!(
                                 reply_outcome(tag),
@@ -2714,7 +2869,7 @@ mod tests {
             while Instant::now() < until {
                 self.fabric.poll_completions(&mut out, 16);
                 for completion in out.drain(..) {
-                    if let Completion::Done(_, len, REQUEST_TAG) = completion {
+                    if let Completion::Done(_, len, REQUEST_TAG, _) = completion {
                         return ListRequest::decode(&self.request[..len]).expect("a list request");
                     }
                 }
@@ -2881,6 +3036,7 @@ mod tests {
             .expect("maps");
         let key = PackedKey::decode(&region.packed_key).expect("its own key");
         let mut raw = RawConsumer::new(&config, &owner.fabric_address());
+        raw.introduce(100);
         for id in 1..=8 {
             raw.ask(&key, source_addr as u64, len as u64, id);
         }
