@@ -258,6 +258,9 @@ pub(crate) struct Fabric {
     pub(crate) read_path: ReadPath,
     /// The provider reports each receive's sender (`FI_SOURCE`).
     pub(crate) reports_source: bool,
+    /// `fi_av_remove` closes the peer's connection, ending what is in
+    /// flight on it (`tcp;ofi_rxm` with `FI_AV_REMOVE_CLEANUP` set).
+    pub(crate) av_remove_closes: bool,
     /// Counted among the process's open `shm` fabrics ([`SHM_FABRICS`]).
     shm_counted: bool,
     /// The endpoint was left open at teardown ([`Fabric::close_or_park_endpoint`]):
@@ -422,6 +425,7 @@ impl Fabric {
             provider_version: 0,
             read_path: config.effective_read_path(),
             reports_source: false,
+            av_remove_closes: config.provider == Provider::Tcp && env_flag("FI_AV_REMOVE_CLEANUP"),
             shm_counted: false,
             parked: false,
             kept: Vec::new(),
@@ -1108,6 +1112,17 @@ fn eagain(rc: isize, what: &str) -> Result<bool, RdmaError> {
         rc if rc == -(ffi::FI_EAGAIN as isize) => Ok(false),
         rc => Err(failed(what, rc as i64)),
     }
+}
+
+/// Whether a libfabric boolean parameter is set in the environment, read
+/// as libfabric reads it (`1`, `yes`, `true`, `on`, any case).
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|value| {
+        matches!(
+            value.trim().to_ascii_lowercase().as_str(),
+            "1" | "yes" | "true" | "on" | "y"
+        )
+    })
 }
 
 /// Whether the engine asks the provider to name each receive's sender

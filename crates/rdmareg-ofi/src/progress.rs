@@ -81,7 +81,10 @@
 //! marked, the provider is asked to cancel it, and it answers `Timeout` when
 //! the provider ends it with an error (a read that completes late answers
 //! `Ok`: the bytes are there). A provider that never ends a read (a stopped
-//! peer) holds its answer until teardown closes the endpoint.
+//! peer) holds its answer until teardown closes the endpoint — except over
+//! `tcp;ofi_rxm` in a process run with `FI_AV_REMOVE_CLEANUP` set, where a
+//! read still held [`STALLED_AFTER`] past its deadline has its owner's
+//! connection reset (`Engine::reset_connection`), which ends it.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -114,6 +117,11 @@ use crate::protocol::{
 const RING_BATCH: usize = 64;
 /// Completions read per turn.
 const COMPLETION_BATCH: usize = 256;
+/// How long past its deadline a read whose receive the provider did not
+/// give back on `fi_cancel` waits before its owner's connection is reset
+/// (`Engine::reset_connection`). On `tcp;ofi_rxm` a receive not yet
+/// matched is cancelled at once; one still there is matched.
+const STALLED_AFTER: Duration = Duration::from_millis(100);
 /// The least time teardown waits for the cancellations of the reads of an
 /// endpoint it parks (`Engine::withdraw_for_parking`); on `shm` a receive
 /// not yet matched is cancelled at once.
@@ -313,6 +321,9 @@ struct Op {
     /// Its request could not be sent: no reply will come, so a cancelled
     /// receive gets no discard receive either.
     request_failed: bool,
+    /// Its owner's connection was reset for it (or with it) past its
+    /// deadline (`Engine::reset_connection`).
+    connection_reset: bool,
     /// Owner-served: the request again, for one more ask when the owner
     /// could not name its sender (`Refusal::Unverified`); `None` once used.
     ask_again: Option<(u64, Vec<u8>)>,
@@ -987,6 +998,7 @@ impl Engine {
             failure: None,
             unreachable: false,
             request_failed: false,
+            connection_reset: false,
         });
         Ok(())
     }
@@ -1187,6 +1199,7 @@ impl Engine {
             failure: None,
             unreachable: false,
             request_failed: false,
+            connection_reset: false,
         });
     }
 
@@ -2252,10 +2265,20 @@ impl Engine {
     /// Marks reads past their deadline; a read never posted ends at once.
     fn expire(&mut self, now: Instant) {
         let mut unposted_expired = Vec::new();
+        let mut stalled = Vec::new();
         for slot in 0..self.ops.len() {
             let Some(op) = self.ops[slot].as_mut() else {
                 continue;
             };
+            if op.timed_out
+                && op.posted
+                && !op.connection_reset
+                && self.fabric.av_remove_closes
+                && now >= op.deadline + STALLED_AFTER
+                && !stalled.contains(&op.fi_addr)
+            {
+                stalled.push(op.fi_addr);
+            }
             if op.timed_out || op.deadline > now {
                 continue;
             }
@@ -2270,6 +2293,88 @@ impl Engine {
         for slot in unposted_expired {
             self.unposted.retain(|&s| s != slot);
             self.finish(slot, Err(RdmaError::Timeout));
+        }
+        for fi_addr in stalled {
+            self.reset_connection(fi_addr);
+        }
+    }
+
+    /// A read from `fi_addr` is still held past its deadline although its
+    /// cancellation was asked: the provider had matched its receive (over
+    /// `tcp;ofi_rxm`, a rendezvous reply whose sender stopped). libfabric
+    /// 1.17 withdraws a matched receive only with the connection it runs
+    /// on: `fi_av_remove` closes the peer's connection when the process
+    /// runs with `FI_AV_REMOVE_CLEANUP` set (`rxm_av_remove_handler`,
+    /// `prov/rxm/src/rxm_conn.c`), which ends every operation in flight on
+    /// it with an error completion — measured: the read then answers
+    /// `Timeout`. The address is inserted again (the next read connects
+    /// anew); the peer's other reads in flight fail, as on the UCX lane's
+    /// forced close.
+    fn reset_connection(&mut self, fi_addr: u64) {
+        for op in self.ops.iter_mut().flatten() {
+            if op.fi_addr == fi_addr {
+                op.connection_reset = true;
+            }
+        }
+        let Some(address) = self.av.get(&fi_addr).map(|entry| entry.address.clone()) else {
+            return;
+        };
+        tracing::debug!(
+            fi_addr,
+            "a read is held past its deadline; resetting its owner's connection"
+        );
+        self.fabric.remove_peer(fi_addr);
+        match self.fabric.insert_peer(&address) {
+            Ok(again) if again == fi_addr => {}
+            Ok(again) => self.renumber_peer(fi_addr, again),
+            Err(err) => {
+                // The entry is gone: reads naming it fail from now on (a
+                // post to a removed entry is refused), and it is never
+                // removed a second time.
+                tracing::warn!(error = %err, "could not insert a reset peer's address again");
+                if let Some(entry) = self.av.remove(&fi_addr) {
+                    self.by_address.remove(&entry.address);
+                }
+                self.watch.remove(&fi_addr);
+            }
+        }
+    }
+
+    /// Every table that names address-vector entry `from` names `to` now.
+    fn renumber_peer(&mut self, from: u64, to: u64) {
+        tracing::debug!(from, to, "a reset peer's address got another entry");
+        for value in self.peers.values_mut() {
+            if *value == from {
+                *value = to;
+            }
+        }
+        if let Some(entry) = self.av.remove(&from) {
+            self.by_address.insert(entry.address.clone(), to);
+            self.av.insert(to, entry);
+        }
+        if let Some(watch) = self.watch.remove(&from) {
+            self.watch.insert(to, watch);
+        }
+        if let Some(load) = self.reply_loads.remove(&from) {
+            self.reply_loads.insert(to, load);
+        }
+        if let Some(bytes) = self.discard_bytes.remove(&from) {
+            self.discard_bytes.insert(to, bytes);
+        }
+        for owner in self.discard_owners.values_mut() {
+            if owner.0 == from {
+                owner.0 = to;
+            }
+        }
+        for op in self.ops.iter_mut().flatten() {
+            if op.fi_addr == from {
+                op.fi_addr = to;
+            }
+        }
+        for send in self.sends.values_mut() {
+            if send.dest == from {
+                send.dest = to;
+            }
         }
     }
 
