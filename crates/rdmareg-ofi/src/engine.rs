@@ -81,6 +81,9 @@ pub(crate) struct Signals {
     /// Every other id names nothing any more, so an unmap of it is the
     /// idempotent unmap of a released id and answers `Ok`.
     pub(crate) still_registered_after_teardown: std::sync::OnceLock<std::collections::HashSet<u64>>,
+    /// Read requests this engine, as an owner, did not serve because the
+    /// provider named another sender than the reply address, or none.
+    pub(crate) unconfirmed_requests: AtomicU64,
 }
 
 /// The submitter side of an engine, shared by the handle and every backend.
@@ -232,6 +235,7 @@ impl OfiEngine {
             closed: AtomicBool::new(false),
             live_registrations: AtomicUsize::new(0),
             still_registered_after_teardown: std::sync::OnceLock::new(),
+            unconfirmed_requests: AtomicU64::new(0),
         });
         let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
         let (control_tx, control_rx) = crossbeam_channel::unbounded();
@@ -315,6 +319,19 @@ impl OfiEngine {
     /// The thread's own count of registrations it holds.
     pub fn live_registrations(&self) -> usize {
         self.shared.live_registrations()
+    }
+
+    /// Read requests this engine, as an owner, answered without serving
+    /// them because it could not confirm that their reply address is the
+    /// endpoint that sent them: the provider named another sender (refused
+    /// to that sender), or none (the reply address is asked to ask again).
+    /// Where the provider does not report senders (`FI_SOURCE`) nothing is
+    /// checked and this stays 0.
+    pub fn unconfirmed_requests(&self) -> u64 {
+        self.shared
+            .signals
+            .unconfirmed_requests
+            .load(Ordering::Relaxed)
     }
 
     /// Tears the engine down and waits for the thread: GETs in flight get

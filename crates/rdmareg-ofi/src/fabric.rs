@@ -51,12 +51,31 @@
 //! the process still had a reply to it in flight crashed that engine's
 //! next `fi_cq_read` (SIGSEGV in `pthread_spin_trylock` on the unmapped
 //! region; the workspace's teardown-mid-GET test over `shm`, every run).
-//! So while another `shm` engine of the process is open, an engine whose
-//! reads and sends have all ended does not close its endpoint at teardown:
-//! the endpoint, its address vector, completion queue, domain and fabric
-//! are *parked* (kept open, never used again) and closed when the last
-//! `shm` engine of the process closes. Engines in different processes map
-//! each other's files themselves and are not affected.
+//! So while another `shm` engine of the process is open, an engine never
+//! closes its endpoint at teardown: the endpoint, its address vector,
+//! completion queue, domain and fabric are *parked* (kept open, used by no
+//! engine of its own any more) and closed when the last `shm` engine of the
+//! process closes — that one first, then the parked ones. Engines in
+//! different processes map each other's files themselves and are not
+//! affected.
+//!
+//! Parking with reads in flight: read from libfabric 1.17's `shm`
+//! (`prov/shm/src/smr_progress.c`, `smr_ep.c`, `prov/util/src/util_shm.c`),
+//! a receive's buffer is written only by the progress of its own endpoint
+//! (`smr_ep_progress`, run when its completion queue is read), never by the
+//! sender; `fi_cancel` takes a receive not yet matched off the queue and
+//! writes its `FI_ECANCELED` completion at once. A sender's message larger
+//! than the inject size completes only once the receiver's progress took it
+//! (`smr_progress_resp` waits on a response the receiver writes), and the
+//! sender's later completions wait behind it in order. `fi_av_remove` does
+//! not help: for a peer of the same process it unmaps nothing and leaves
+//! the stale region pointer in place, and it writes into the peer's region
+//! itself. So teardown cancels each read's receive, answers it once the
+//! cancellation was read, and posts a discard receive for its reply into
+//! scratch memory kept with the parked endpoint; and the open `shm` engines
+//! of the process progress the parked endpoints
+//! ([`Fabric::progress_parked`]), so replies still on their way land there
+//! and their senders' sends complete (an owner's lease with them).
 //!
 //! # Tagged messages
 //!
@@ -75,7 +94,7 @@ use bytes::Bytes;
 use rdmareg_core::RdmaError;
 use rdmareg_ofi_sys as ffi;
 
-use crate::config::{OfiConfig, ReadPath};
+use crate::config::{OfiConfig, Provider, ReadPath};
 use crate::key::{AddressFormat, MAX_FABRIC_ADDRESS};
 
 /// Context space a provider may use (`FI_CONTEXT`/`FI_CONTEXT2` mode): the
@@ -152,6 +171,9 @@ impl Default for CqTaggedEntry {
 /// `FI_ADDR_UNSPEC`: a receive from any peer.
 pub(crate) const ADDR_UNSPEC: u64 = u64::MAX;
 
+/// `FI_ADDR_NOTAVAIL`: a completion's sender is not known.
+pub(crate) const ADDR_NOTAVAIL: u64 = u64::MAX;
+
 /// `FI_ETRUNC`, the error of a receive a longer message arrived into (its
 /// first bytes landed; the message is consumed).
 pub(crate) const ERR_TRUNCATED: i32 = ffi::FI_ETRUNC as i32;
@@ -210,8 +232,10 @@ pub(crate) struct MemoryRegion {
 #[derive(Debug)]
 pub(crate) enum Completion {
     /// An operation finished; its context pointer, and for a receive the
-    /// bytes that landed and the tag that matched.
-    Done(*mut c_void, usize, u64),
+    /// bytes that landed, the tag that matched and the sender's
+    /// address-vector entry ([`ADDR_NOTAVAIL`] when the provider does not
+    /// know it: not reported, or a sender not in the address vector).
+    Done(*mut c_void, usize, u64, u64),
     /// An operation failed; its context pointer and the error text.
     Failed(*mut c_void, i32, String),
 }
@@ -232,6 +256,11 @@ pub(crate) struct Fabric {
     pub(crate) wait_fd: Option<RawFd>,
     pub(crate) provider_version: u32,
     pub(crate) read_path: ReadPath,
+    /// The provider reports each receive's sender (`FI_SOURCE`).
+    pub(crate) reports_source: bool,
+    /// `fi_av_remove` closes the peer's connection, ending what is in
+    /// flight on it (`tcp;ofi_rxm` with `FI_AV_REMOVE_CLEANUP` set).
+    pub(crate) av_remove_closes: bool,
     /// Counted among the process's open `shm` fabrics ([`SHM_FABRICS`]).
     shm_counted: bool,
     /// The endpoint was left open at teardown ([`Fabric::close_or_park_endpoint`]):
@@ -293,6 +322,11 @@ struct ShmFabrics {
     open: usize,
     parked: Vec<ParkedFabric>,
 }
+
+/// How many fabrics [`SHM_FABRICS`] holds parked: read without the lock,
+/// so an open `shm` engine looks for parked endpoints to progress
+/// ([`Fabric::progress_parked`]) only when there are some.
+static PARKED_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// See the module docs: parked `shm` endpoints stay open while any `shm`
 /// fabric of the process is.
@@ -390,6 +424,8 @@ impl Fabric {
             wait_fd: None,
             provider_version: 0,
             read_path: config.effective_read_path(),
+            reports_source: false,
+            av_remove_closes: config.provider == Provider::Tcp && env_flag("FI_AV_REMOVE_CLEANUP"),
             shm_counted: false,
             parked: false,
             kept: Vec::new(),
@@ -406,6 +442,8 @@ impl Fabric {
                 .to_string_lossy()
                 .into_owned();
             this.provider_version = (*(*info).fabric_attr).prov_version;
+            // Only where it was asked for (a provider may offer it unasked).
+            this.reports_source = asks_for_source(config) && (*info).caps & ffi::FI_SOURCE != 0;
             if this.mr_mode & !MR_MODES_HANDLED & !(ffi::FI_MR_BASIC | ffi::FI_MR_SCALABLE) != 0 {
                 return Err(RdmaError::Backend(format!(
                     "ofi: provider {} needs memory-registration modes {:#x} the engine does not handle",
@@ -788,21 +826,34 @@ impl Fabric {
     /// Reads up to `out.capacity()` completions (progressing the provider).
     pub(crate) fn poll_completions(&mut self, out: &mut Vec<Completion>, max: usize) {
         let mut entries = [CqTaggedEntry::default(); 16];
+        let mut sources = [ADDR_NOTAVAIL; 16];
         while out.len() < max {
             // SAFETY: the completion queue is live; `entries` holds 16
-            // fi_cq_tagged_entry records (FI_CQ_FORMAT_TAGGED).
+            // fi_cq_tagged_entry records (FI_CQ_FORMAT_TAGGED) and
+            // `sources` 16 fi_addr_t.
             let n = unsafe {
-                match (*(*self.cq).ops).read {
-                    Some(read) => read(self.cq, entries.as_mut_ptr().cast(), entries.len()),
-                    None => return,
+                match ((*(*self.cq).ops).read, (*(*self.cq).ops).readfrom) {
+                    (_, Some(readfrom)) if self.reports_source => readfrom(
+                        self.cq,
+                        entries.as_mut_ptr().cast(),
+                        entries.len(),
+                        sources.as_mut_ptr(),
+                    ),
+                    (Some(read), _) => read(self.cq, entries.as_mut_ptr().cast(), entries.len()),
+                    (None, _) => return,
                 }
             };
             if n > 0 {
-                out.extend(
-                    entries[..n as usize]
-                        .iter()
-                        .map(|e| Completion::Done(e.op_context, e.len, e.tag)),
-                );
+                let n = n as usize;
+                let known = self.reports_source;
+                out.extend(entries[..n].iter().zip(&sources[..n]).map(|(e, &source)| {
+                    Completion::Done(
+                        e.op_context,
+                        e.len,
+                        e.tag,
+                        if known { source } else { ADDR_NOTAVAIL },
+                    )
+                }));
                 continue;
             }
             if n == -(ffi::FI_EAVAIL as isize) {
@@ -877,12 +928,6 @@ impl Fabric {
 }
 
 impl Fabric {
-    /// The last step of teardown, once no read or send is in flight: closes
-    /// the endpoint, unless this is a `shm` fabric and another `shm` fabric
-    /// of the process is open, which may still reach this endpoint's region
-    /// (see the module docs). Then the endpoint is parked: left open, and
-    /// closed with the rest of the objects when the last `shm` fabric of
-    /// the process closes.
     /// Keeps `memory` until this fabric's parked endpoint is closed; gives
     /// it back when the endpoint is not parked (the caller then must never
     /// free it: an endpoint left open any other way was not closed).
@@ -895,9 +940,18 @@ impl Fabric {
         }
     }
 
+    /// The last step of teardown: closes the endpoint, unless it was
+    /// parked ([`park_at_teardown`](Self::park_at_teardown)) or this is a
+    /// `shm` fabric and another `shm` fabric of the process is open, which
+    /// may still reach this endpoint's region (see the module docs). Then
+    /// the endpoint is parked: left open, and closed with the rest of the
+    /// objects when the last `shm` fabric of the process closes.
     pub(crate) fn close_or_park_endpoint(&mut self) -> EndpointEnd {
         if self.ep.is_null() {
             return EndpointEnd::Closed;
+        }
+        if self.parked {
+            return EndpointEnd::StillOpen;
         }
         if self.shm_counted {
             let shm = SHM_FABRICS
@@ -918,6 +972,97 @@ impl Fabric {
             EndpointEnd::StillOpen
         }
     }
+}
+
+impl Fabric {
+    /// Whether this is a `shm` fabric (counted in [`SHM_FABRICS`]).
+    pub(crate) fn is_shm(&self) -> bool {
+        self.shm_counted
+    }
+
+    /// Decides, at teardown, that this endpoint will be parked rather than
+    /// closed, because another `shm` fabric of the process is open (see
+    /// the module docs); once decided it stays parked. Answers whether it
+    /// will be.
+    pub(crate) fn park_at_teardown(&mut self) -> bool {
+        if self.parked {
+            return true;
+        }
+        if self.ep.is_null() || !self.shm_counted {
+            return false;
+        }
+        let shm = SHM_FABRICS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.parked = shm.open > 1;
+        self.parked
+    }
+
+    /// Progresses every parked `shm` endpoint of the process once, so the
+    /// messages other engines send it (replies to its cancelled reads,
+    /// which land in its discard receives) are taken and those senders'
+    /// sends complete. Completions are read and dropped: nothing waits for
+    /// them. Called by the loops of the open `shm` engines; answers
+    /// whether any completion was read.
+    pub(crate) fn progress_parked() -> bool {
+        if PARKED_COUNT.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return false;
+        }
+        let Ok(shm) = SHM_FABRICS.try_lock() else {
+            return false;
+        };
+        let mut read = false;
+        for parked in &shm.parked {
+            // SAFETY: a parked fabric's completion queue is live until it is
+            // closed, which happens under this lock; the lock also keeps any
+            // other thread from using it meanwhile (FI_THREAD_DOMAIN).
+            read |= unsafe { drain_cq(parked.cq) };
+        }
+        read
+    }
+}
+
+/// Reads (and drops) what a completion queue holds, errors included,
+/// progressing its endpoint. Answers whether anything was read.
+///
+/// # Safety
+/// `cq` is null or a live completion queue no other thread uses meanwhile.
+unsafe fn drain_cq(cq: *mut ffi::fid_cq) -> bool {
+    if cq.is_null() {
+        return false;
+    }
+    let mut entries = [CqTaggedEntry::default(); 16];
+    let mut read = false;
+    for _ in 0..64 {
+        // SAFETY: per the caller the queue is live; `entries` holds 16
+        // records of its format (FI_CQ_FORMAT_TAGGED).
+        let n = unsafe {
+            match (*(*cq).ops).read {
+                Some(read) => read(cq, entries.as_mut_ptr().cast(), entries.len()),
+                None => return read,
+            }
+        };
+        if n > 0 {
+            read = true;
+            continue;
+        }
+        if n == -(ffi::FI_EAVAIL as isize) {
+            let mut err = ffi::fi_cq_err_entry::default();
+            // SAFETY: live queue; a zeroed entry asks for no error data.
+            let got = unsafe {
+                match (*(*cq).ops).readerr {
+                    Some(readerr) => readerr(cq, &mut err, 0),
+                    None => return read,
+                }
+            };
+            if got > 0 {
+                read = true;
+                continue;
+            }
+        }
+        break;
+    }
+    read
 }
 
 impl Drop for Fabric {
@@ -943,12 +1088,14 @@ impl Drop for Fabric {
         shm.open -= 1;
         if self.parked && shm.open > 0 {
             shm.parked.push(objects);
+            PARKED_COUNT.store(shm.parked.len(), std::sync::atomic::Ordering::Release);
             return;
         }
         // SAFETY: as above; closed under the lock, so no parked fabric is
         // closed concurrently.
         unsafe { objects.close() };
         if shm.open == 0 {
+            PARKED_COUNT.store(0, std::sync::atomic::Ordering::Release);
             for parked in std::mem::take(&mut shm.parked) {
                 // SAFETY: parked objects are live and used by no one; no
                 // shm fabric of the process is open to reach them.
@@ -965,6 +1112,27 @@ fn eagain(rc: isize, what: &str) -> Result<bool, RdmaError> {
         rc if rc == -(ffi::FI_EAGAIN as isize) => Ok(false),
         rc => Err(failed(what, rc as i64)),
     }
+}
+
+/// Whether a libfabric boolean parameter is set in the environment, read
+/// as libfabric reads it (`1`, `yes`, `true`, `on`, any case).
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|value| {
+        matches!(
+            value.trim().to_ascii_lowercase().as_str(),
+            "1" | "yes" | "true" | "on" | "y"
+        )
+    })
+}
+
+/// Whether the engine asks the provider to name each receive's sender
+/// (`FI_SOURCE`), so an owner can check a request's reply address: on the
+/// owner-served path over `tcp;ofi_rxm`, which names a sender by the
+/// address-vector entry of the address it connected from (see
+/// `docs/ofi.md`). Not on `shm`: there the entry reported for a consumer's
+/// request was measured to be an earlier consumer's of the same process.
+fn asks_for_source(config: &OfiConfig) -> bool {
+    config.effective_read_path() == ReadPath::OwnerServed && config.provider == Provider::Tcp
 }
 
 /// `fi_getinfo` for the configured provider: RDM endpoints with tagged
@@ -998,7 +1166,16 @@ unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
             (*(*hints).domain_attr).name = libc::strdup(domain.as_ptr());
         }
         let mut info: *mut ffi::fi_info = ptr::null_mut();
-        let rc = ffi::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut info);
+        let mut rc = -1;
+        if asks_for_source(config) {
+            (*hints).caps |= ffi::FI_SOURCE;
+            rc = ffi::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut info);
+            (*hints).caps &= !ffi::FI_SOURCE;
+        }
+        if rc != 0 || info.is_null() {
+            info = ptr::null_mut();
+            rc = ffi::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, hints, &mut info);
+        }
         ffi::fi_freeinfo(hints);
         if rc != 0 || info.is_null() {
             return Err(RdmaError::Backend(format!(

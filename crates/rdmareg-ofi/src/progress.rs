@@ -47,6 +47,13 @@
 //! bounded in total ([`GATHERED_BYTES_MAX`]), and a full table of consumer
 //! addresses forgets those with nothing unfinished.
 //!
+//! Over `tcp;ofi_rxm` a single read is served only to the endpoint the
+//! provider names as its request's sender (`FI_SOURCE`); a request from
+//! another endpoint than its reply address is refused to its sender, and
+//! one whose sender the provider cannot name yet (not in the address
+//! vector) is answered "ask again" at its reply address, without a lease.
+//! A consumer's engine asks once more on that answer (`Engine::ask_again`).
+//!
 //! # Dead peers
 //!
 //! Over `tcp;ofi_rxm` nothing tells the application that a peer's process
@@ -68,11 +75,16 @@
 //!
 //! A read is answered when its completion (success or error) was read, or
 //! after the endpoint was closed at teardown — never earlier, since until
-//! then the provider may write its destination. Past its deadline a read is
+//! then the provider may write its destination. (A `shm` endpoint that
+//! teardown parks instead of closing has its reads cancelled; each answers
+//! once its cancellation was read: see `Engine::withdraw_for_parking`.) Past its deadline a read is
 //! marked, the provider is asked to cancel it, and it answers `Timeout` when
 //! the provider ends it with an error (a read that completes late answers
 //! `Ok`: the bytes are there). A provider that never ends a read (a stopped
-//! peer) holds its answer until teardown closes the endpoint.
+//! peer) holds its answer until teardown closes the endpoint — except over
+//! `tcp;ofi_rxm` in a process run with `FI_AV_REMOVE_CLEANUP` set, where a
+//! read still held [`STALLED_AFTER`] past its deadline has its owner's
+//! connection reset (`Engine::reset_connection`), which ends it.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -91,19 +103,29 @@ use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 use crate::config::{OfiConfig, Provider, ReadPath};
 use crate::engine::{Command, Reply, Signals, StartInfo};
 use crate::fabric::{
-    ADDR_UNSPEC, Completion, ERR_TRUNCATED, EndpointEnd, Fabric, MemoryRegion, ProviderContext,
+    ADDR_NOTAVAIL, ADDR_UNSPEC, Completion, ERR_TRUNCATED, EndpointEnd, Fabric, MemoryRegion,
+    ProviderContext,
 };
 use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
 use crate::protocol::{
     GATHER_ENTRY_MAX, GATHER_TOTAL_MAX, LIST_VERSION, ListEntry, ListRequest, MAX_LIST_ENTRIES,
     PROBE, RECEIVE_MAX, REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_TAG, ReadRequest, Refusal,
-    capability_matches, parse_gathered, refusal_tag, reply_outcome,
+    capability_matches, is_unverified, parse_gathered, refusal_tag, reply_outcome,
 };
 
 /// Ring commands handled per turn.
 const RING_BATCH: usize = 64;
 /// Completions read per turn.
 const COMPLETION_BATCH: usize = 256;
+/// How long past its deadline a read whose receive the provider did not
+/// give back on `fi_cancel` waits before its owner's connection is reset
+/// (`Engine::reset_connection`). On `tcp;ofi_rxm` a receive not yet
+/// matched is cancelled at once; one still there is matched.
+const STALLED_AFTER: Duration = Duration::from_millis(100);
+/// The least time teardown waits for the cancellations of the reads of an
+/// endpoint it parks (`Engine::withdraw_for_parking`); on `shm` a receive
+/// not yet matched is cancelled at once.
+const WITHDRAW_MIN: Duration = Duration::from_millis(100);
 /// How long a parked loop sleeps while reads of its own are in flight.
 const BUSY_PARK: Duration = Duration::from_micros(20);
 /// Receives an owner-serving engine keeps posted for requests.
@@ -296,6 +318,15 @@ struct Op {
     /// Its owner was declared unreachable: a cancelled receive gets no
     /// discard receive (no reply can come over a connection that is gone).
     unreachable: bool,
+    /// Its request could not be sent: no reply will come, so a cancelled
+    /// receive gets no discard receive either.
+    request_failed: bool,
+    /// Its owner's connection was reset for it (or with it) past its
+    /// deadline (`Engine::reset_connection`).
+    connection_reset: bool,
+    /// Owner-served: the request again, for one more ask when the owner
+    /// could not name its sender (`Refusal::Unverified`); `None` once used.
+    ask_again: Option<(u64, Vec<u8>)>,
 }
 
 /// A gathered list's own part of its [`Op`].
@@ -368,6 +399,9 @@ struct PostedReceives {
     buffers: Vec<RequestBuffer>,
     /// Contexts and buffers of receives posted to discard replies.
     discards: Vec<(Box<OpContext>, Vec<u8>)>,
+    /// Sends still in flight: the provider holds their contexts (and, for
+    /// requests, their bytes).
+    sends: Vec<SendOp>,
 }
 
 // SAFETY: no thread uses these any more: they are only kept, and dropped
@@ -474,6 +508,9 @@ struct Engine {
     /// Makes request ids unguessable (see `mint_request_id`).
     request_ids: RequestIdPermutation,
     closing: bool,
+    /// Teardown is withdrawing the reads of an endpoint it will park
+    /// (see [`Engine::withdraw_for_parking`]): discard receives are posted.
+    withdrawing: bool,
     fabric: Fabric,
 }
 
@@ -553,6 +590,7 @@ impl Engine {
             next_request_id: 1,
             request_ids: RequestIdPermutation::new(),
             closing: false,
+            withdrawing: false,
             fabric,
         }
     }
@@ -675,6 +713,11 @@ impl Engine {
         let mut worked = self.retry_unsent();
         worked |= self.retry_unposted();
         worked |= self.reap();
+        if self.fabric.is_shm() {
+            // Parked endpoints of this process's other engines take what is
+            // sent to them only when someone progresses them.
+            worked |= Fabric::progress_parked();
+        }
         if self.active > 0 || !self.unsent.is_empty() {
             let now = Instant::now();
             if now >= self.next_watch {
@@ -950,9 +993,12 @@ impl Engine {
             remote: target,
             key,
             request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
+            ask_again: request_bytes.clone(),
             request: request_bytes,
             failure: None,
             unreachable: false,
+            request_failed: false,
+            connection_reset: false,
         });
         Ok(())
     }
@@ -1149,8 +1195,11 @@ impl Engine {
             key: 0,
             request_id,
             request: Some((request_id, wire)),
+            ask_again: None,
             failure: None,
             unreachable: false,
+            request_failed: false,
+            connection_reset: false,
         });
     }
 
@@ -1334,7 +1383,7 @@ impl Engine {
         let worked = !completions.is_empty();
         for completion in completions.drain(..) {
             let (context, result) = match completion {
-                Completion::Done(context, len, tag) => (context, Ok((len, tag))),
+                Completion::Done(context, len, tag, source) => (context, Ok((len, tag, source))),
                 Completion::Failed(context, code, text) => (context, Err((code, text))),
             };
             let at = context as usize;
@@ -1343,7 +1392,7 @@ impl Engine {
                 continue;
             }
             if self.request_buffers.contains_key(&at) {
-                self.request_arrived(at, result.map(|(len, _)| len));
+                self.request_arrived(at, result.map(|(len, _, source)| (len, source)));
                 continue;
             }
             if self.discards.remove(&at).is_some() {
@@ -1362,7 +1411,7 @@ impl Engine {
                 tracing::warn!(?context, "a completion for no operation of this engine");
                 continue;
             };
-            let (timed_out, failure, served, expected, request_id, fi_addr, unreachable) =
+            let (timed_out, failure, served, expected, request_id, fi_addr, no_reply) =
                 match self.ops[slot].as_mut() {
                     Some(op) => (
                         op.timed_out,
@@ -1371,7 +1420,7 @@ impl Engine {
                         op.len,
                         op.request_id,
                         op.fi_addr,
-                        op.unreachable,
+                        op.unreachable || op.request_failed,
                     ),
                     None => continue,
                 };
@@ -1387,13 +1436,30 @@ impl Engine {
                 "a read's receive ended"
             );
             let is_list = self.ops[slot].as_ref().is_some_and(|op| op.list.is_some());
-            if let (Ok((len, tag)), true) = (&result, is_list) {
+            if let (Ok((_, tag, _)), true) = (&result, served) {
+                if is_unverified(*tag) {
+                    if self.ask_again(slot) {
+                        continue;
+                    }
+                    // Not asked again: past its deadline, or at teardown.
+                    if timed_out || self.closing {
+                        let why = if timed_out {
+                            RdmaError::Timeout
+                        } else {
+                            RdmaError::ShuttingDown
+                        };
+                        self.finish(slot, Err(why));
+                        continue;
+                    }
+                }
+            }
+            if let (Ok((len, tag, _)), true) = (&result, is_list) {
                 let outcome = self.land_list(slot, *len, *tag);
                 self.finish(slot, outcome);
                 continue;
             }
             let truncated = matches!(result, Err((ERR_TRUNCATED, _)));
-            if served && result.is_err() && !unreachable && !truncated {
+            if served && result.is_err() && !no_reply && !truncated {
                 // The receive ended (cancelled) without the reply: the owner
                 // may still send it, and holds its lease until a receive
                 // takes it. (A reply longer than asked did arrive, truncated:
@@ -1402,7 +1468,7 @@ impl Engine {
                 self.post_discard(fi_addr, request_id, expected);
             }
             let result = match result {
-                Ok((len, tag)) if served => match reply_outcome(tag) {
+                Ok((len, tag, _)) if served => match reply_outcome(tag) {
                     Ok(()) if len != expected => Err((
                         0,
                         format!("the owner sent {len} bytes for a read of {expected}"),
@@ -1443,11 +1509,14 @@ impl Engine {
     /// ends. (A truncating zero-length receive is not enough: measured on
     /// shm, a large send truncated that way never completes.)
     fn post_discard(&mut self, fi_addr: u64, request_id: u64, len: usize) {
-        if self.closing || self.fabric.needs_local_desc() {
+        if (self.closing && !self.withdrawing) || self.fabric.needs_local_desc() {
             return;
         }
         let held = self.discard_bytes.get(&fi_addr).copied().unwrap_or(0);
-        if held > 0 && held + len > DISCARD_BYTES_PER_PEER {
+        // Withdrawing at teardown, every read in flight gets one: that is
+        // bounded by the reads in flight, and an owner of the process waits
+        // for its reply to be taken (see `withdraw_for_parking`).
+        if !self.withdrawing && held > 0 && held + len > DISCARD_BYTES_PER_PEER {
             tracing::debug!(
                 request_id,
                 held,
@@ -1711,6 +1780,7 @@ impl Engine {
                     .and_then(|&slot| self.ops[slot].as_mut())
                     .filter(|op| op.request_id == request_id)
                 {
+                    op.request_failed = true;
                     // A request that teardown ended failed because the
                     // engine is going away, not because of the fabric.
                     op.failure = Some(if self.closing {
@@ -1752,10 +1822,12 @@ impl Engine {
 
     /// A request receive completed: take the request, post the receive
     /// again, answer the request.
-    fn request_arrived(&mut self, at: usize, result: Result<usize, (i32, String)>) {
+    fn request_arrived(&mut self, at: usize, result: Result<(usize, u64), (i32, String)>) {
+        let mut source = ADDR_NOTAVAIL;
         let bytes = match (result, self.request_buffers.get_mut(&at)) {
-            (Ok(len), Some(buffer)) => {
+            (Ok((len, from)), Some(buffer)) => {
                 buffer.posted = false;
+                source = from;
                 Some(buffer.data[..len.min(RECEIVE_MAX)].to_vec())
             }
             (Err((_, text)), Some(buffer)) => {
@@ -1767,13 +1839,13 @@ impl Engine {
         };
         self.repost_request(at);
         if let Some(bytes) = bytes {
-            self.serve_request(&bytes);
+            self.serve_request(&bytes, source);
         }
     }
 
     /// Checks a peer's request against the live registrations, and sends
     /// the bytes under a read lease or a refusal.
-    fn serve_request(&mut self, bytes: &[u8]) {
+    fn serve_request(&mut self, bytes: &[u8], source: u64) {
         if bytes == PROBE {
             tracing::trace!("a liveness probe arrived");
             return;
@@ -1789,6 +1861,10 @@ impl Engine {
         let Some(dest) = self.served_peer(&request.reply_to) else {
             return;
         };
+        if self.fabric.reports_source && source != dest {
+            self.refuse_unconfirmed(request.request_id, source, dest);
+            return;
+        }
         tracing::trace!(
             request = request.request_id,
             len = request.length,
@@ -1873,6 +1949,54 @@ impl Engine {
             }
         };
         self.queue_send(send);
+    }
+
+    /// A request whose sender the provider named as another endpoint than
+    /// its reply address (`dest`), or could not name (`source` is
+    /// [`ADDR_NOTAVAIL`]): no bytes go out and no lease is taken. A named
+    /// sender is refused [`Refusal::NotTheRequester`]; otherwise the reply
+    /// address, inserted by now, is answered [`Refusal::Unverified`], and
+    /// asks again if it did ask (over `tcp;ofi_rxm` the provider then names
+    /// it). Either refusal counts against its receiver's refusal bound.
+    fn refuse_unconfirmed(&mut self, request_id: u64, source: u64, dest: u64) {
+        self.signals
+            .unconfirmed_requests
+            .fetch_add(1, Ordering::Relaxed);
+        let (to, refusal) = if source == ADDR_NOTAVAIL {
+            (dest, Refusal::Unverified)
+        } else {
+            (source, Refusal::NotTheRequester)
+        };
+        tracing::debug!(
+            request = request_id,
+            source,
+            dest,
+            ?refusal,
+            "a read request's sender is not confirmed as its reply address"
+        );
+        let load = self.reply_loads.entry(to).or_default();
+        if load.refusals >= self.reply_bound {
+            if *load == PeerLoad::default() {
+                self.reply_loads.remove(&to);
+            }
+            return;
+        }
+        load.refusals += 1;
+        self.queue_send(SendOp {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
+            _bytes: None,
+            ptr: 0,
+            len: 0,
+            desc: std::ptr::null_mut(),
+            dest: to,
+            tag: refusal_tag(request_id, refusal),
+            lease: None,
+            counted: Some((to, ReplyKind::Refusal)),
+            for_read: None,
+            probe: false,
+        });
     }
 
     /// Serves a list request: checks each entry as a single read is
@@ -2113,13 +2237,48 @@ impl Engine {
         }
     }
 
+    /// The owner could not name the sender of this read's request and
+    /// refused it as unverified; its receive ended with that refusal. Posts
+    /// the receive and sends the request once more (same id), unless it
+    /// was already asked again or is past its deadline. Answers whether it
+    /// will be.
+    fn ask_again(&mut self, slot: usize) -> bool {
+        let Some(op) = self.ops[slot].as_mut() else {
+            return false;
+        };
+        if op.timed_out || op.failure.is_some() || self.closing {
+            return false;
+        }
+        let Some(request) = op.ask_again.take() else {
+            return false;
+        };
+        tracing::debug!(
+            request = request.0,
+            "the owner could not name this engine as the sender; asking again"
+        );
+        op.request = Some(request);
+        op.posted = false;
+        self.unposted.push_back(slot);
+        true
+    }
+
     /// Marks reads past their deadline; a read never posted ends at once.
     fn expire(&mut self, now: Instant) {
         let mut unposted_expired = Vec::new();
+        let mut stalled = Vec::new();
         for slot in 0..self.ops.len() {
             let Some(op) = self.ops[slot].as_mut() else {
                 continue;
             };
+            if op.timed_out
+                && op.posted
+                && !op.connection_reset
+                && self.fabric.av_remove_closes
+                && now >= op.deadline + STALLED_AFTER
+                && !stalled.contains(&op.fi_addr)
+            {
+                stalled.push(op.fi_addr);
+            }
             if op.timed_out || op.deadline > now {
                 continue;
             }
@@ -2134,6 +2293,88 @@ impl Engine {
         for slot in unposted_expired {
             self.unposted.retain(|&s| s != slot);
             self.finish(slot, Err(RdmaError::Timeout));
+        }
+        for fi_addr in stalled {
+            self.reset_connection(fi_addr);
+        }
+    }
+
+    /// A read from `fi_addr` is still held past its deadline although its
+    /// cancellation was asked: the provider had matched its receive (over
+    /// `tcp;ofi_rxm`, a rendezvous reply whose sender stopped). libfabric
+    /// 1.17 withdraws a matched receive only with the connection it runs
+    /// on: `fi_av_remove` closes the peer's connection when the process
+    /// runs with `FI_AV_REMOVE_CLEANUP` set (`rxm_av_remove_handler`,
+    /// `prov/rxm/src/rxm_conn.c`), which ends every operation in flight on
+    /// it with an error completion — measured: the read then answers
+    /// `Timeout`. The address is inserted again (the next read connects
+    /// anew); the peer's other reads in flight fail, as on the UCX lane's
+    /// forced close.
+    fn reset_connection(&mut self, fi_addr: u64) {
+        for op in self.ops.iter_mut().flatten() {
+            if op.fi_addr == fi_addr {
+                op.connection_reset = true;
+            }
+        }
+        let Some(address) = self.av.get(&fi_addr).map(|entry| entry.address.clone()) else {
+            return;
+        };
+        tracing::debug!(
+            fi_addr,
+            "a read is held past its deadline; resetting its owner's connection"
+        );
+        self.fabric.remove_peer(fi_addr);
+        match self.fabric.insert_peer(&address) {
+            Ok(again) if again == fi_addr => {}
+            Ok(again) => self.renumber_peer(fi_addr, again),
+            Err(err) => {
+                // The entry is gone: reads naming it fail from now on (a
+                // post to a removed entry is refused), and it is never
+                // removed a second time.
+                tracing::warn!(error = %err, "could not insert a reset peer's address again");
+                if let Some(entry) = self.av.remove(&fi_addr) {
+                    self.by_address.remove(&entry.address);
+                }
+                self.watch.remove(&fi_addr);
+            }
+        }
+    }
+
+    /// Every table that names address-vector entry `from` names `to` now.
+    fn renumber_peer(&mut self, from: u64, to: u64) {
+        tracing::debug!(from, to, "a reset peer's address got another entry");
+        for value in self.peers.values_mut() {
+            if *value == from {
+                *value = to;
+            }
+        }
+        if let Some(entry) = self.av.remove(&from) {
+            self.by_address.insert(entry.address.clone(), to);
+            self.av.insert(to, entry);
+        }
+        if let Some(watch) = self.watch.remove(&from) {
+            self.watch.insert(to, watch);
+        }
+        if let Some(load) = self.reply_loads.remove(&from) {
+            self.reply_loads.insert(to, load);
+        }
+        if let Some(bytes) = self.discard_bytes.remove(&from) {
+            self.discard_bytes.insert(to, bytes);
+        }
+        for owner in self.discard_owners.values_mut() {
+            if owner.0 == from {
+                owner.0 = to;
+            }
+        }
+        for op in self.ops.iter_mut().flatten() {
+            if op.fi_addr == from {
+                op.fi_addr = to;
+            }
+        }
+        for send in self.sends.values_mut() {
+            if send.dest == from {
+                send.dest = to;
+            }
         }
     }
 
@@ -2216,6 +2457,50 @@ impl Engine {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
+        if self.fabric.park_at_teardown() {
+            self.withdraw_for_parking();
+        } else {
+            self.close_under_the_rest();
+        }
+        if self.fabric.close_or_park_endpoint() == EndpointEnd::StillOpen {
+            // Request receives may still be written, and replies still being
+            // sent still read their sources: a parked endpoint keeps them
+            // until it is closed; any other open endpoint, for good. (A
+            // reply's region keeps its lease: it stays registered.)
+            let receives = PostedReceives {
+                buffers: self.request_buffers.drain().map(|(_, b)| b).collect(),
+                discards: self.discards.drain().map(|(_, discard)| discard).collect(),
+                sends: self.sends.drain().map(|(_, send)| send).collect(),
+            };
+            if let Err(receives) = self.fabric.keep_while_parked(Box::new(receives)) {
+                std::mem::forget(receives);
+            }
+        }
+        let ids: Vec<u64> = self.regions.keys().copied().collect();
+        for id in ids {
+            if self.regions.get(&id).is_some_and(|r| r.in_flight == 0) {
+                self.deregister(id);
+            }
+        }
+        for (fi_addr, _) in std::mem::take(&mut self.av) {
+            self.fabric.remove_peer(fi_addr);
+        }
+        let live = self.signals.live_registrations.load(Ordering::SeqCst);
+        if live != 0 {
+            tracing::error!(live, "teardown left regions registered");
+        }
+        let _ = self
+            .signals
+            .still_registered_after_teardown
+            .set(self.regions.keys().copied().collect());
+        for reply in self.shutdown_replies.drain(..) {
+            let _ = reply.send(());
+        }
+    }
+
+    /// Teardown of an endpoint that may be closed: closes it under the
+    /// reads and sends still in flight, then answers them.
+    fn close_under_the_rest(&mut self) {
         if !self.sends.is_empty() {
             if self.fabric.close_endpoint() {
                 // The provider reads no source of a send on a closed
@@ -2271,36 +2556,85 @@ impl Engine {
                 }
             }
         }
-        if self.fabric.close_or_park_endpoint() == EndpointEnd::StillOpen {
-            // Request receives may still be written: a parked endpoint keeps
-            // them until it is closed; any other open endpoint, for good.
-            let receives = PostedReceives {
-                buffers: self.request_buffers.drain().map(|(_, b)| b).collect(),
-                discards: self.discards.drain().map(|(_, discard)| discard).collect(),
+    }
+
+    /// Teardown of a `shm` endpoint that will be parked, not closed, because
+    /// another `shm` engine of the process is open (see `fabric`'s module
+    /// docs: closing it would unmap a region that engine still uses).
+    ///
+    /// Read from libfabric 1.17's `shm` (`prov/shm/src/smr_progress.c`,
+    /// `smr_ep.c`): a receive's buffer is written only by its own
+    /// endpoint's progress (`smr_ep_progress`, run by reading its completion
+    /// queue) — inline and inject messages are copied, larger ones pulled
+    /// from the sender with `process_vm_readv`, segmented ones copied out of
+    /// the receiver's own region — never by the sender; `fi_cancel` takes a
+    /// receive not yet matched off the queue and writes its `FI_ECANCELED`
+    /// completion at once; a matched receive ends within the progress call
+    /// that matched it, except a segmented one. So each read's receive is
+    /// cancelled, and it is answered once its cancellation (or completion)
+    /// was read: from then on the provider holds nothing of its destination.
+    /// A discard receive is posted for each, so the reply still on its way
+    /// lands in scratch memory kept with the parked endpoint: a sender's
+    /// message larger than the inject size completes only once the receiver
+    /// took it, and the sender's later completions wait behind it. The
+    /// other `shm` engines of the process progress parked endpoints
+    /// (`Fabric::progress_parked`) so those replies are taken.
+    ///
+    /// A read whose receive was matched and does not end within the
+    /// teardown timeout (a segmented transfer) cannot be answered: its
+    /// destination stays registered and the read unanswered. Replies still
+    /// being sent keep their leases: their sources stay registered.
+    fn withdraw_for_parking(&mut self) {
+        if self.active == 0 && self.sends.is_empty() {
+            return;
+        }
+        self.withdrawing = true;
+        let mut never_posted = Vec::new();
+        for slot in 0..self.ops.len() {
+            let Some(op) = self.ops[slot].as_mut() else {
+                continue;
             };
-            if let Err(receives) = self.fabric.keep_while_parked(Box::new(receives)) {
-                std::mem::forget(receives);
+            if !op.timed_out && op.failure.is_none() {
+                op.failure = Some(RdmaError::ShuttingDown);
+            }
+            if op.posted {
+                let context = (&raw mut op.context.space).cast::<c_void>();
+                self.fabric.cancel(context);
+            } else {
+                never_posted.push((slot, op.timed_out));
             }
         }
-        let ids: Vec<u64> = self.regions.keys().copied().collect();
-        for id in ids {
-            if self.regions.get(&id).is_some_and(|r| r.in_flight == 0) {
-                self.deregister(id);
+        for (slot, timed_out) in never_posted {
+            self.unposted.retain(|&s| s != slot);
+            let result = if timed_out {
+                RdmaError::Timeout
+            } else {
+                RdmaError::ShuttingDown
+            };
+            self.finish(slot, Err(result));
+        }
+        let until = Instant::now() + self.settings.teardown_timeout.max(WITHDRAW_MIN);
+        while self.active > 0 && Instant::now() < until {
+            if !self.turn() {
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
-        for (fi_addr, _) in std::mem::take(&mut self.av) {
-            self.fabric.remove_peer(fi_addr);
+        self.withdrawing = false;
+        if self.active > 0 {
+            tracing::error!(
+                reads = self.active,
+                "reads whose transfer had begun did not end; they stay unanswered and their \
+                 regions registered"
+            );
+            for op in self.ops.iter_mut().filter_map(Option::take) {
+                std::mem::forget(op);
+            }
         }
-        let live = self.signals.live_registrations.load(Ordering::SeqCst);
-        if live != 0 {
-            tracing::error!(live, "teardown left regions registered");
-        }
-        let _ = self
-            .signals
-            .still_registered_after_teardown
-            .set(self.regions.keys().copied().collect());
-        for reply in self.shutdown_replies.drain(..) {
-            let _ = reply.send(());
+        if !self.sends.is_empty() {
+            tracing::warn!(
+                sends = self.sends.len(),
+                "replies still being sent from a parked endpoint keep their regions registered"
+            );
         }
     }
 }
@@ -2375,6 +2709,52 @@ mod tests {
 
         /// Asks for `length` bytes at `address` as read `id`, listening only
         /// for a busy refusal of it.
+        /// Asks the owner once for a region that does not exist and waits
+        /// for the answer, as an engine's first read does: over tcp the
+        /// owner's provider cannot name a sender before the owner inserted
+        /// its address, so the first request is answered "ask again"
+        /// (`Refusal::Unverified`); later ones are checked and served.
+        fn introduce(&mut self, id: u64) {
+            let receive = self.context();
+            // SAFETY: a zero-length receive; its context lives in
+            // `contexts` until the fabric (and its endpoint) is dropped.
+            let posted = unsafe {
+                self.fabric.trecv(
+                    0,
+                    0,
+                    std::ptr::null_mut(),
+                    self.owner,
+                    id,
+                    REPLY_IGNORE,
+                    receive,
+                )
+            };
+            assert_eq!(posted.ok(), Some(true), "introduction receive posted");
+            let wire = ReadRequest {
+                request_id: id,
+                region_id: u64::MAX,
+                capability: [0; CAPABILITY_LEN],
+                address: 0x1000,
+                length: 8,
+                reply_to: self.fabric.address.to_vec(),
+            }
+            .encode();
+            self.send_request(id, wire);
+            let until = Instant::now() + Duration::from_secs(5);
+            let mut out = Vec::new();
+            while Instant::now() < until {
+                self.fabric.poll_completions(&mut out, 64);
+                if out
+                    .drain(..)
+                    .any(|c| matches!(c, Completion::Done(at, ..) if at == receive))
+                {
+                    return;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            panic!("the owner never answered the introduction");
+        }
+
         fn ask(&mut self, key: &PackedKey, address: u64, length: u64, id: u64) {
             let wire = ReadRequest {
                 request_id: id,
@@ -2460,7 +2840,7 @@ mod tests {
             while Instant::now() < until {
                 self.fabric.poll_completions(&mut out, 64);
                 for completion in out.drain(..) {
-                    if let Completion::Done(context, _, tag) = completion {
+                    if let Completion::Done(context, _, tag, _) = completion {
                         if self.busy_receives.contains_key(&(context as usize)) {
                             assert_eq!(
                                 reply_outcome(tag),
@@ -2594,7 +2974,7 @@ mod tests {
             while Instant::now() < until {
                 self.fabric.poll_completions(&mut out, 16);
                 for completion in out.drain(..) {
-                    if let Completion::Done(_, len, REQUEST_TAG) = completion {
+                    if let Completion::Done(_, len, REQUEST_TAG, _) = completion {
                         return ListRequest::decode(&self.request[..len]).expect("a list request");
                     }
                 }
@@ -2761,6 +3141,7 @@ mod tests {
             .expect("maps");
         let key = PackedKey::decode(&region.packed_key).expect("its own key");
         let mut raw = RawConsumer::new(&config, &owner.fabric_address());
+        raw.introduce(100);
         for id in 1..=8 {
             raw.ask(&key, source_addr as u64, len as u64, id);
         }

@@ -24,6 +24,16 @@
 //!    zero-length refusal with tag [`refusal_tag`]`(request_id, reason)`.
 //!    Both match the consumer's receive; the completion's tag tells which.
 //!
+//! Where the provider reports a receive's sender (`FI_SOURCE`), the owner
+//! serves bytes only to the endpoint that sent the request: a request
+//! whose reply address names another endpoint is refused
+//! ([`Refusal::NotTheRequester`], sent to the requester). A sender the
+//! provider cannot name yet — over `tcp;ofi_rxm`, a consumer's first
+//! request, before the owner inserted its address — is answered
+//! [`Refusal::Unverified`] at the reply address, holding no lease, and the
+//! consumer asks once more (with the same id), which the provider then
+//! names.
+//!
 //! Request ids are below 2⁴⁸, so the refusal bit, the reason byte and the
 //! request bit never collide with one.
 //!
@@ -144,6 +154,13 @@ pub enum Refusal {
     /// as it allows (`OfiConfig::max_served_replies_per_peer`); the read
     /// can be retried once earlier ones were answered.
     Busy,
+    /// The provider could not name the request's sender (a sender not yet
+    /// in the owner's address vector), so the owner served nothing; it now
+    /// knows the reply address, and the consumer asks once more.
+    Unverified,
+    /// The request came from another endpoint than the one its reply
+    /// address names.
+    NotTheRequester,
 }
 
 impl Refusal {
@@ -156,6 +173,8 @@ impl Refusal {
             Refusal::OutOfRange => 3,
             Refusal::Deregistering => 4,
             Refusal::Busy => 5,
+            Refusal::Unverified => 6,
+            Refusal::NotTheRequester => 7,
         }
     }
 }
@@ -173,6 +192,8 @@ fn refusal_error(code: u64) -> RdmaError {
         3 => RdmaError::OutOfRange,
         1 | 2 | 4 => RdmaError::RegionNotFound,
         5 => RdmaError::Backend(BUSY_TEXT.to_owned()),
+        6 => RdmaError::Backend(UNVERIFIED_TEXT.to_owned()),
+        7 => RdmaError::Backend(NOT_THE_REQUESTER_TEXT.to_owned()),
         other => RdmaError::Backend(format!(
             "ofi: the owner refused the read for an unknown reason {other}"
         )),
@@ -181,6 +202,20 @@ fn refusal_error(code: u64) -> RdmaError {
 
 /// The text of the error a read refused as [`Refusal::Busy`] gets.
 pub const BUSY_TEXT: &str = "ofi: owner busy: too many of this consumer's reads are in flight at the owner (its per-consumer bound of unfinished replies); retry once earlier reads have been answered";
+
+/// The text of the error a read gets when the owner still could not name
+/// its requester after it asked again.
+pub const UNVERIFIED_TEXT: &str = "ofi: the owner could not confirm that this engine sent the read request (its provider did not name the sender, twice)";
+
+/// The text of the error a read gets when its request named another
+/// endpoint as its reply address than the one that sent it.
+pub const NOT_THE_REQUESTER_TEXT: &str = "ofi: the owner refused the read: its reply address is not the address of the endpoint that sent it";
+
+/// Whether a reply's tag is a [`Refusal::Unverified`]: the consumer asks
+/// again.
+pub fn is_unverified(tag: u64) -> bool {
+    tag & REFUSAL_BIT != 0 && (tag & REASON_MASK) >> REASON_SHIFT == Refusal::Unverified.code()
+}
 
 /// The tag of a refusal of `request_id`.
 pub fn refusal_tag(request_id: u64, refusal: Refusal) -> u64 {
@@ -567,6 +602,31 @@ mod tests {
             reply_outcome(REFUSAL_BIT | (9 << 48) | 42),
             Err(RdmaError::Backend(text)) if text.contains("unknown reason 9")
         ));
+    }
+
+    #[test]
+    fn an_unverified_refusal_is_code_six_and_told_apart_from_the_others() {
+        let tag = refusal_tag(42, Refusal::Unverified);
+        assert_eq!((tag & REASON_MASK) >> REASON_SHIFT, 6);
+        assert!(is_unverified(tag));
+        assert_eq!(tag & !REPLY_IGNORE, 42, "the reply receive matches it");
+        for other in [
+            42,
+            refusal_tag(42, Refusal::Busy),
+            refusal_tag(42, Refusal::NotTheRequester),
+        ] {
+            assert!(!is_unverified(other), "{other:#x}");
+        }
+        assert_eq!(
+            reply_outcome(tag),
+            Err(RdmaError::Backend(UNVERIFIED_TEXT.into()))
+        );
+        let tag = refusal_tag(42, Refusal::NotTheRequester);
+        assert_eq!((tag & REASON_MASK) >> REASON_SHIFT, 7);
+        assert_eq!(
+            reply_outcome(tag),
+            Err(RdmaError::Backend(NOT_THE_REQUESTER_TEXT.into()))
+        );
     }
 
     #[test]

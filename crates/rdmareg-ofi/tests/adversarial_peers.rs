@@ -13,17 +13,18 @@ use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, RdmaError};
 use rdmareg_ofi::{OfiEngine, Provider};
 
-/// Known defect, found here: two `shm` engines of one process; the
-/// consumer shuts down (teardown timeout 1 ms) while a batch of 1000 × 4 KiB
-/// reads and one of 64 MiB from the other engine is in flight. With reads
-/// still in flight its teardown closes its endpoint instead of parking it
-/// (parking is only for an engine whose reads all ended), which unmaps the
-/// endpoint's shared region; the owner engine's provider, still sending
-/// replies, then locks that region: SIGSEGV in `pthread_spin_lock` under
-/// the owner's `fi_cq_read`/`fi_tsend` (3 of 3 runs). Engines in different
-/// processes map each other's files themselves and are not affected.
+/// Two `shm` engines of one process; the consumer shuts down (teardown
+/// timeout 1 ms) while a batch of 1000 × 4 KiB reads and one of 64 MiB from
+/// the other engine is in flight. Its teardown used to close its endpoint,
+/// which unmaps the endpoint's shared region, and the owner engine's
+/// provider, still sending replies, then locked that region: SIGSEGV in
+/// `pthread_spin_lock` under the owner's `fi_cq_read`/`fi_tsend` (3 of 3
+/// runs). Now the endpoint is parked with its reads cancelled, and the
+/// owner's replies land in discard receives: every read answers `Ok` or
+/// `ShuttingDown`, nothing lands in the destination after the answers, the
+/// owner's unmap is not held, and nothing is left
+/// registered on either side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect: a shm engine torn down with reads in flight closes (not parks) its endpoint, and another shm engine of the process still replying to it crashes (SIGSEGV in the provider)"]
 async fn a_shm_consumer_shut_down_mid_read_does_not_crash_an_owner_of_its_process() {
     common::init_tracing();
     let config = common::config(Provider::Shm);
@@ -69,8 +70,19 @@ async fn a_shm_consumer_shut_down_mid_read_does_not_crash_an_owner_of_its_proces
     tokio::time::sleep(Duration::from_millis(2)).await;
     consumer.shutdown().await;
     let answer = read.await.unwrap();
-    // The owner goes on serving its reply into a closed endpoint.
+    // Every read is answered: the destination is the caller's again. The
+    // owner goes on serving its replies to the parked endpoint meanwhile;
+    // none may land in it.
+    let dst_ptr = dst.as_mut_ptr();
+    // SAFETY: `dst` is alive; writing through its pointer while the
+    // consumer engine may (wrongly) still write it is what is checked.
+    unsafe { std::ptr::write_bytes(dst_ptr, 0x77, len) };
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // SAFETY: as above; read back through the same pointer.
+    let landed_late = unsafe { std::slice::from_raw_parts(dst_ptr, len) }
+        .iter()
+        .filter(|&&b| b != 0x77)
+        .count();
     let unmapped = o.unmap(s.backend_region_id).await;
     owner.shutdown().await;
     for answer in &answer {
@@ -79,6 +91,10 @@ async fn a_shm_consumer_shut_down_mid_read_does_not_crash_an_owner_of_its_proces
             "{answer:?}"
         );
     }
+    assert_eq!(
+        landed_late, 0,
+        "bytes written after every read was answered"
+    );
     assert_eq!(unmapped, Ok(()));
     assert_eq!(owner.live_registrations(), 0);
     assert_eq!(consumer.live_registrations(), 0);

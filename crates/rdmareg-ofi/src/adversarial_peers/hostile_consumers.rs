@@ -258,6 +258,8 @@ fn one_consumer_naming_its_address_three_ways_is_still_bounded_as_one() {
     let key = PackedKey::decode(&src_region.packed_key).unwrap();
     let mut attacker = RawPeer::open(&config);
     let to_owner = attacker.insert(&owner.fabric_address());
+    // As an engine's first read asks again, so the owner names it.
+    attacker.introduce(to_owner, 99);
     let own = attacker.address().to_vec();
     let mut busy_receives = Vec::new();
     let mut id = 1;
@@ -317,6 +319,8 @@ fn garbage_frames_and_hostile_list_entries_get_typed_answers_and_the_owner_keeps
         .region_id;
     let mut attacker = RawPeer::open(&config);
     let to_owner = attacker.insert(&owner.fabric_address());
+    // As an engine's first read asks again, so the owner names it.
+    attacker.introduce(to_owner, 99);
     let me = attacker.address().to_vec();
     let base = granted.addr() as u64;
     let mut garbage: Vec<Vec<u8>> = vec![
@@ -644,14 +648,17 @@ fn a_request_flood_from_one_peer_does_not_starve_another_consumer() {
     assert_eq!(consumer.live_registrations(), 0);
 }
 
-/// Known defect: a holder of a key asks the owner for 1 MiB in the name of
-/// a bystander — another consumer engine, alive, which never asked. Over
-/// tcp the reply moves by rendezvous and waits for a receive the bystander
-/// never posts, so its read lease never ends: the owner's unmap of the
-/// region does not answer (here, within 5 s) until the bystander's
-/// connection fails or the owner shuts down. The attacker need not stay.
+/// A holder of a key asks the owner for 1 MiB in the name of a bystander —
+/// another consumer engine, alive, which never asked. Over tcp the reply
+/// used to move by rendezvous and wait for a receive the bystander never
+/// posts, so its read lease never ended: the owner's unmap of the region
+/// did not answer (here, within 5 s) until the bystander's connection
+/// failed or the owner shut down. Now the owner serves bytes only to the
+/// endpoint the provider names as the request's sender (`FI_SOURCE`); this
+/// attacker is not in its address vector, so the provider names none, and
+/// the bystander is only asked, without a lease, to ask again: the unmap
+/// answers at once, and the owner counts the request.
 #[test]
-#[ignore = "known defect: a reply sent to a reply address the requester made up (a live bystander that never asked) holds its read lease, and so the region's unmap, until that connection fails or the owner's teardown; the owner cannot check who sent a request (no FI_SOURCE)"]
 fn an_unmap_answers_even_when_a_request_named_a_bystander_as_its_reply_address() {
     let rt = runtime();
     let config = config(Provider::Tcp);
@@ -689,6 +696,7 @@ fn an_unmap_answers_even_when_a_request_named_a_bystander_as_its_reply_address()
         std::thread::sleep(Duration::from_millis(10));
     }
     let answered = unmap.is_finished();
+    let unconfirmed = owner.unconfirmed_requests();
     owner.shutdown_blocking();
     bystander.shutdown_blocking();
     let unmapped = rt.block_on(unmap).expect("the unmap task");
@@ -697,4 +705,66 @@ fn an_unmap_answers_even_when_a_request_named_a_bystander_as_its_reply_address()
         answered,
         "the unmap did not answer within 5 s (at teardown: {unmapped:?})"
     );
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(unconfirmed, 1, "the forged request is counted");
+}
+
+/// A peer the owner already knows (it asked once in its own name) asks for
+/// 1 MiB in the name of a live bystander. The provider names the real
+/// sender, so the owner sends nothing to the bystander: the sender gets a
+/// typed refusal, the owner counts the request (and the introduction,
+/// whose sender it could not name yet), and the region's unmap answers at
+/// once.
+#[test]
+fn a_known_peer_naming_a_bystander_as_its_reply_address_is_refused_and_holds_no_lease() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let bystander = OfiEngine::start(config.clone()).expect("bystander starts");
+    let o = owner.backend();
+    let len = 1usize << 20;
+    let src = Memory::filled(len, 0x5C);
+    let src_region = src.map(&rt, &o);
+    let key = PackedKey::decode(&src_region.packed_key).unwrap();
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    attacker.introduce(to_owner, 99);
+    let (answer, _) = attacker.receive(to_owner, 1, REPLY_IGNORE, 0);
+    attacker.send(
+        to_owner,
+        REQUEST_TAG,
+        forged_request(
+            1,
+            key.region_id,
+            key.capability,
+            src.addr() as u64,
+            len as u64,
+            &bystander.fabric_address(),
+        ),
+    );
+    let refused = attacker.wait(answer);
+    let unmapped = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            o.unmap(src_region.backend_region_id),
+        )
+        .await
+    });
+    let unconfirmed = owner.unconfirmed_requests();
+    drop(attacker);
+    owner.shutdown_blocking();
+    bystander.shutdown_blocking();
+    src.free_after(matches!(unmapped, Ok(Ok(()))) && owner.live_registrations() == 0);
+    match refused {
+        Some(Ended::Done { len: 0, tag }) => assert_eq!(
+            crate::protocol::reply_outcome(tag),
+            Err(RdmaError::Backend(
+                crate::protocol::NOT_THE_REQUESTER_TEXT.into()
+            ))
+        ),
+        other => panic!("the sender got {other:?}"),
+    }
+    assert_eq!(unmapped.ok(), Some(Ok(())), "the unmap answered in 5 s");
+    assert_eq!(unconfirmed, 2);
+    assert_eq!(owner.live_registrations(), 0);
 }

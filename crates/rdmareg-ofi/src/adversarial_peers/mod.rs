@@ -143,7 +143,7 @@ impl RawPeer {
         self.fabric.poll_completions(&mut out, 64);
         for completion in out {
             match completion {
-                Completion::Done(context, len, tag) => {
+                Completion::Done(context, len, tag, _) => {
                     self.ended
                         .insert(context as usize, Ended::Done { len, tag });
                 }
@@ -160,6 +160,25 @@ impl RawPeer {
             self.poll();
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+
+    /// Asks the owner at `to_owner` once, in its own name, for a region that
+    /// does not exist, and waits for the answer, as an engine's first read
+    /// does: over tcp the owner's provider cannot name a sender before the
+    /// owner inserted its address, so the first request is answered "ask
+    /// again" (`Refusal::Unverified`); later ones are checked and served.
+    fn introduce(&mut self, to_owner: u64, id: u64) {
+        let me = self.address().to_vec();
+        let (answer, _) = self.receive(to_owner, id, REPLY_IGNORE, 0);
+        self.send(
+            to_owner,
+            REQUEST_TAG,
+            forged_request(id, u64::MAX, [0; CAPABILITY_LEN], 0x1000, 8, &me),
+        );
+        assert!(
+            matches!(self.wait(answer), Some(Ended::Done { .. })),
+            "the owner answered the introduction"
+        );
     }
 
     /// Progresses until the operation at `context` ended (or 10 s passed).
