@@ -202,6 +202,7 @@ impl Drop for Submit<'_> {
 pub(crate) struct StartInfo {
     pub(crate) address: Bytes,
     pub(crate) provider: String,
+    pub(crate) resets_stalled_connections: bool,
 }
 
 /// A running libfabric progress thread and the handle to it.
@@ -214,6 +215,7 @@ pub struct OfiEngine {
     address: Bytes,
     provider: String,
     teardown_timeout: Duration,
+    resets_stalled_connections: bool,
 }
 
 impl OfiEngine {
@@ -272,6 +274,7 @@ impl OfiEngine {
             address: info.address,
             provider: info.provider,
             teardown_timeout,
+            resets_stalled_connections: info.resets_stalled_connections,
         })
     }
 
@@ -319,6 +322,19 @@ impl OfiEngine {
     /// The thread's own count of registrations it holds.
     pub fn live_registrations(&self) -> usize {
         self.shared.live_registrations()
+    }
+
+    /// Whether a read that an owner's stalled reply holds past its deadline
+    /// ends with that owner's connection: true only over `tcp;ofi_rxm` in a
+    /// process whose environment had `FI_AV_REMOVE_CLEANUP` set to a true
+    /// value (`1`, `true`, `yes`, `on`) before libfabric first initialised,
+    /// the only way libfabric 1.17 closes one connection. Where false, such
+    /// a read is answered only once the owner moves again, the consumer's
+    /// engine shuts down, or the connection fails on its own (see
+    /// `docs/ofi.md`, "Hostile peers"). The `rdmareg` binary sets the
+    /// variable at start when it is unset.
+    pub fn resets_stalled_connections(&self) -> bool {
+        self.resets_stalled_connections
     }
 
     /// Read requests this engine, as an owner, answered without serving

@@ -1117,12 +1117,19 @@ fn eagain(rc: isize, what: &str) -> Result<bool, RdmaError> {
 /// Whether a libfabric boolean parameter is set in the environment, read
 /// as libfabric reads it (`1`, `yes`, `true`, `on`, any case).
 fn env_flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|value| {
-        matches!(
-            value.trim().to_ascii_lowercase().as_str(),
-            "1" | "yes" | "true" | "on" | "y"
-        )
-    })
+    std::env::var(name).is_ok_and(|value| libfabric_true(&value))
+}
+
+/// Whether libfabric 1.17 reads `value` of a boolean parameter as true:
+/// exactly `1`, or `true`, `yes`, `on` in any case, nothing trimmed
+/// (`fi_parse_bool` in `src/var.c`). The engine must agree with the
+/// provider about `FI_AV_REMOVE_CLEANUP`: believing it set when libfabric
+/// does not would count on a connection reset that never comes.
+fn libfabric_true(value: &str) -> bool {
+    value == "1"
+        || ["true", "yes", "on"]
+            .iter()
+            .any(|word| value.eq_ignore_ascii_case(word))
 }
 
 /// Whether the engine asks the provider to name each receive's sender
@@ -1200,5 +1207,22 @@ unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
             ffi::fi_freeinfo(rest);
         }
         Ok(info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::libfabric_true;
+
+    #[test]
+    fn a_boolean_parameter_is_true_exactly_where_libfabric_reads_it_true() {
+        for value in ["1", "true", "TRUE", "Yes", "on", "ON"] {
+            assert!(libfabric_true(value), "{value:?}");
+        }
+        for value in [
+            "0", "false", "no", "off", "y", " 1", "1 ", "2", "", "enabled",
+        ] {
+            assert!(!libfabric_true(value), "{value:?}");
+        }
     }
 }

@@ -202,7 +202,13 @@ pub(crate) fn run(
     let info = StartInfo {
         address: fabric.address.clone(),
         provider: fabric.provider.clone(),
+        resets_stalled_connections: fabric.av_remove_closes,
     };
+    tracing::info!(
+        provider = %fabric.provider,
+        resets_stalled_connections = fabric.av_remove_closes,
+        "ofi engine started"
+    );
     let mut engine = Engine::new(fabric, &config, signals);
     engine.post_request_receives();
     if ready.send(Ok(info)).is_ok() {
