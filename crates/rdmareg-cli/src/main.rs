@@ -20,7 +20,12 @@
 //! runs — from `UCX_LOG_FILE`, and without it writes to standard output.
 //! So when `UCX_LOG_FILE` is unset the binary first replaces itself with
 //! itself, same arguments, with `UCX_LOG_FILE=stderr` (see
-//! [`log_ucx_to_stderr`]); a value the caller set is left alone.
+//! [`set_library_environment`]); a value the caller set is left alone.
+//!
+//! The same re-run sets `FI_AV_REMOVE_CLEANUP=1` when it is unset, so that
+//! a libfabric tcp engine can end a read a stalled owner holds past its
+//! deadline (`OfiEngine::resets_stalled_connections`).
+//! libfabric reads that variable once, when it initialises.
 
 mod bench;
 mod bootstrap;
@@ -44,9 +49,21 @@ use clap::Parser;
 /// `stderr`; empty or unset means standard output).
 const UCX_LOG_FILE: &str = "UCX_LOG_FILE";
 
+/// The libfabric parameter that makes removing a peer's address close its
+/// `ofi_rxm` connection: the only way libfabric 1.17 ends a receive a
+/// stalled sender holds (see `docs/ofi.md`, "Hostile peers").
+const FI_AV_REMOVE_CLEANUP: &str = "FI_AV_REMOVE_CLEANUP";
+
+/// What the binary runs with unless the caller set it (see
+/// [`set_library_environment`]).
+const LIBRARY_ENVIRONMENT: [(&str, &str); 2] =
+    [(UCX_LOG_FILE, "stderr"), (FI_AV_REMOVE_CLEANUP, "1")];
+
 fn main() -> ExitCode {
-    if let Some(problem) = log_ucx_to_stderr() {
-        eprintln!("rdmareg: warning: {problem}; UCX may log to standard output");
+    if let Some(problem) = set_library_environment() {
+        eprintln!(
+            "rdmareg: warning: {problem}; UCX may log to standard output, and libfabric tcp reads held by a stalled owner end only with the owner"
+        );
     }
     restore_default_termination_signals();
     let mut cli = cli::Cli::parse();
@@ -130,19 +147,32 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
-/// Sends UCX's log to standard error: if `UCX_LOG_FILE` is unset, replaces
-/// this process with a fresh run of the same binary and arguments with
-/// `UCX_LOG_FILE=stderr`, and does not return. Returns `None` when the variable is set (nothing to do), or else
-/// why the re-run failed (the process then carries on as it is).
+/// Sets the variables of [`LIBRARY_ENVIRONMENT`] the caller left unset:
+/// replaces this process with a fresh run of the same binary and
+/// arguments with them added, and does not return. Returns `None` when
+/// every one is set (nothing to do), or else why the re-run failed (the
+/// process then carries on as it is).
 ///
-/// Setting the variable from here would be too late: the UCX libraries are
-/// loaded with the binary, and their constructors have opened the log on
-/// standard output before `main` starts. The new image reads the variable
-/// when it loads them. It keeps the process id, so signals, the parent's
-/// wait and the owner process the demo spawns (which inherits the variable)
-/// are unaffected.
-fn log_ucx_to_stderr() -> Option<String> {
-    if std::env::var_os(UCX_LOG_FILE).is_some() {
+/// - `UCX_LOG_FILE=stderr` sends UCX's log to standard error. Setting it
+///   from here would be too late: the UCX libraries are loaded with the
+///   binary, and their constructors have opened the log on standard output
+///   before `main` starts. The new image reads the variable when it loads
+///   them.
+/// - `FI_AV_REMOVE_CLEANUP=1` lets libfabric close one peer's connection.
+///   libfabric reads it when it first initialises, later than this; but
+///   changing the environment of a running process is sound only while no
+///   other thread can read it, which a library constructor may already
+///   have started. The new image starts with the variable instead.
+///
+/// The new image keeps the process id, so signals, the parent's wait and
+/// the owner process the demo spawns (which inherits the variables) are
+/// unaffected. A value the caller set, even empty or `0`, is left alone.
+fn set_library_environment() -> Option<String> {
+    let missing: Vec<(&str, &str)> = LIBRARY_ENVIRONMENT
+        .into_iter()
+        .filter(|(name, _)| std::env::var_os(name).is_none())
+        .collect();
+    if missing.is_empty() {
         return None;
     }
     let exe = match std::env::current_exe() {
@@ -155,9 +185,11 @@ fn log_ucx_to_stderr() -> Option<String> {
         command.arg0(arg0);
     }
     // `exec` returns only on failure.
-    let error = command.args(args).env(UCX_LOG_FILE, "stderr").exec();
+    let error = command.args(args).envs(missing.iter().copied()).exec();
+    let names: Vec<&str> = missing.iter().map(|(name, _)| *name).collect();
     Some(format!(
-        "cannot re-run {} with {UCX_LOG_FILE}=stderr: {error}",
-        exe.display()
+        "cannot re-run {} with {} set: {error}",
+        exe.display(),
+        names.join(" and ")
     ))
 }

@@ -380,3 +380,45 @@ fn a_consumer_whose_owner_never_offers_gives_up_with_one_line() {
         "{stderr}"
     );
 }
+
+/// The binary lets a libfabric tcp engine end a read a stalled owner holds
+/// (it runs with `FI_AV_REMOVE_CLEANUP=1` unless told otherwise), and a
+/// value the caller set is left alone: the consumer's engine says which at
+/// start.
+#[test]
+fn demo_over_libfabric_tcp_can_reset_a_stalled_owner_unless_the_caller_said_no() {
+    for (value, expected) in [(None, true), (Some("0"), false)] {
+        let mut command = rdmareg();
+        command.args([
+            "-v",
+            "demo",
+            "--backend",
+            "ofi",
+            "--provider",
+            "tcp",
+            "--size",
+            "64K",
+            "--count",
+            "2",
+            "--plain",
+        ]);
+        match value {
+            Some(value) => command.env("FI_AV_REMOVE_CLEANUP", value),
+            None => command.env_remove("FI_AV_REMOVE_CLEANUP"),
+        };
+        let output = command.output().expect("rdmareg runs");
+        let (stdout, stderr) = text(&output);
+        assert!(output.status.success(), "demo failed:\n{stdout}\n{stderr}");
+        let started: Vec<&str> = stderr
+            .lines()
+            .filter(|line| line.contains("ofi engine started"))
+            .collect();
+        assert!(!started.is_empty(), "the consumer's engine: {stderr}");
+        for line in started {
+            assert!(
+                line.contains(&format!("resets_stalled_connections={expected}")),
+                "FI_AV_REMOVE_CLEANUP={value:?}: {line}"
+            );
+        }
+    }
+}
