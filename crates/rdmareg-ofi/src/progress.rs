@@ -396,6 +396,28 @@ struct SendOp {
     probe: bool,
 }
 
+impl SendOp {
+    /// A zero-length refusal to the consumer at `dest`, counted against
+    /// its bound of unfinished replies.
+    fn refusal(dest: u64, tag: u64) -> SendOp {
+        SendOp {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
+            _bytes: None,
+            ptr: 0,
+            len: 0,
+            desc: std::ptr::null_mut(),
+            dest,
+            tag,
+            lease: None,
+            counted: Some((dest, ReplyKind::Refusal)),
+            for_read: None,
+            probe: false,
+        }
+    }
+}
+
 /// The receives an endpoint left open at teardown may still write.
 #[expect(
     dead_code,
@@ -1937,21 +1959,7 @@ impl Engine {
                     ?refusal,
                     "refused a read request"
                 );
-                SendOp {
-                    context: Box::new(OpContext {
-                        space: [std::ptr::null_mut(); 8],
-                    }),
-                    _bytes: None,
-                    ptr: 0,
-                    len: 0,
-                    desc: std::ptr::null_mut(),
-                    dest,
-                    tag: refusal_tag(request.request_id, refusal),
-                    lease: None,
-                    counted: Some((dest, ReplyKind::Refusal)),
-                    for_read: None,
-                    probe: false,
-                }
+                SendOp::refusal(dest, refusal_tag(request.request_id, refusal))
             }
         };
         self.queue_send(send);
@@ -1988,21 +1996,7 @@ impl Engine {
             return;
         }
         load.refusals += 1;
-        self.queue_send(SendOp {
-            context: Box::new(OpContext {
-                space: [std::ptr::null_mut(); 8],
-            }),
-            _bytes: None,
-            ptr: 0,
-            len: 0,
-            desc: std::ptr::null_mut(),
-            dest: to,
-            tag: refusal_tag(request_id, refusal),
-            lease: None,
-            counted: Some((to, ReplyKind::Refusal)),
-            for_read: None,
-            probe: false,
-        });
+        self.queue_send(SendOp::refusal(to, refusal_tag(request_id, refusal)));
     }
 
     /// Serves a list request: checks each entry as a single read is
@@ -2040,21 +2034,10 @@ impl Engine {
                 return;
             }
             load.refusals += 1;
-            self.queue_send(SendOp {
-                context: Box::new(OpContext {
-                    space: [std::ptr::null_mut(); 8],
-                }),
-                _bytes: None,
-                ptr: 0,
-                len: 0,
-                desc: std::ptr::null_mut(),
+            self.queue_send(SendOp::refusal(
                 dest,
-                tag: refusal_tag(list.request_id, Refusal::Busy),
-                lease: None,
-                counted: Some((dest, ReplyKind::Refusal)),
-                for_read: None,
-                probe: false,
-            });
+                refusal_tag(list.request_id, Refusal::Busy),
+            ));
             return;
         }
         load.gathered += 1;

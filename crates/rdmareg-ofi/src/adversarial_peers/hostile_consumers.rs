@@ -648,6 +648,50 @@ fn a_request_flood_from_one_peer_does_not_starve_another_consumer() {
     assert_eq!(consumer.live_registrations(), 0);
 }
 
+/// An owner with 1 MiB registered over tcp, a live bystander engine that
+/// never asks for anything, and a request for the whole region whose reply
+/// address is the bystander's.
+struct BystanderSetup {
+    rt: tokio::runtime::Runtime,
+    config: OfiConfig,
+    owner: OfiEngine,
+    bystander: OfiEngine,
+    src: Memory,
+    src_region: BackendRegion,
+    /// The forged request (request id 1).
+    request: Vec<u8>,
+}
+
+impl BystanderSetup {
+    fn new(fill: u8) -> BystanderSetup {
+        let rt = runtime();
+        let config = config(Provider::Tcp);
+        let owner = OfiEngine::start(config.clone()).expect("owner starts");
+        let bystander = OfiEngine::start(config.clone()).expect("bystander starts");
+        let len = 1usize << 20;
+        let src = Memory::filled(len, fill);
+        let src_region = src.map(&rt, &owner.backend());
+        let key = PackedKey::decode(&src_region.packed_key).unwrap();
+        let request = forged_request(
+            1,
+            key.region_id,
+            key.capability,
+            src.addr() as u64,
+            len as u64,
+            &bystander.fabric_address(),
+        );
+        BystanderSetup {
+            rt,
+            config,
+            owner,
+            bystander,
+            src,
+            src_region,
+            request,
+        }
+    }
+}
+
 /// A holder of a key asks the owner for 1 MiB in the name of a bystander —
 /// another consumer engine, alive, which never asked. Over tcp the reply
 /// used to move by rendezvous and wait for a receive the bystander never
@@ -660,30 +704,20 @@ fn a_request_flood_from_one_peer_does_not_starve_another_consumer() {
 /// answers at once, and the owner counts the request.
 #[test]
 fn an_unmap_answers_even_when_a_request_named_a_bystander_as_its_reply_address() {
-    let rt = runtime();
-    let config = config(Provider::Tcp);
-    let owner = OfiEngine::start(config.clone()).expect("owner starts");
-    let bystander = OfiEngine::start(config.clone()).expect("bystander starts");
+    let BystanderSetup {
+        rt,
+        config,
+        owner,
+        bystander,
+        src,
+        src_region,
+        request,
+    } = BystanderSetup::new(0x5B);
     let o = owner.backend();
-    let len = 1usize << 20;
-    let src = Memory::filled(len, 0x5B);
-    let src_region = src.map(&rt, &o);
-    let key = PackedKey::decode(&src_region.packed_key).unwrap();
     {
         let mut attacker = RawPeer::open(&config);
         let to_owner = attacker.insert(&owner.fabric_address());
-        attacker.send(
-            to_owner,
-            REQUEST_TAG,
-            forged_request(
-                1,
-                key.region_id,
-                key.capability,
-                src.addr() as u64,
-                len as u64,
-                &bystander.fabric_address(),
-            ),
-        );
+        attacker.send(to_owner, REQUEST_TAG, request);
         attacker.progress_for(Duration::from_millis(300));
     }
     let unmap = rt.spawn({
@@ -717,31 +751,21 @@ fn an_unmap_answers_even_when_a_request_named_a_bystander_as_its_reply_address()
 /// once.
 #[test]
 fn a_known_peer_naming_a_bystander_as_its_reply_address_is_refused_and_holds_no_lease() {
-    let rt = runtime();
-    let config = config(Provider::Tcp);
-    let owner = OfiEngine::start(config.clone()).expect("owner starts");
-    let bystander = OfiEngine::start(config.clone()).expect("bystander starts");
+    let BystanderSetup {
+        rt,
+        config,
+        owner,
+        bystander,
+        src,
+        src_region,
+        request,
+    } = BystanderSetup::new(0x5C);
     let o = owner.backend();
-    let len = 1usize << 20;
-    let src = Memory::filled(len, 0x5C);
-    let src_region = src.map(&rt, &o);
-    let key = PackedKey::decode(&src_region.packed_key).unwrap();
     let mut attacker = RawPeer::open(&config);
     let to_owner = attacker.insert(&owner.fabric_address());
     attacker.introduce(to_owner, 99);
     let (answer, _) = attacker.receive(to_owner, 1, REPLY_IGNORE, 0);
-    attacker.send(
-        to_owner,
-        REQUEST_TAG,
-        forged_request(
-            1,
-            key.region_id,
-            key.capability,
-            src.addr() as u64,
-            len as u64,
-            &bystander.fabric_address(),
-        ),
-    );
+    attacker.send(to_owner, REQUEST_TAG, request);
     let refused = attacker.wait(answer);
     let unmapped = rt.block_on(async {
         tokio::time::timeout(
