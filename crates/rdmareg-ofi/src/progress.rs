@@ -3036,17 +3036,7 @@ mod tests {
             consumer
                 .add_peer(PeerId(1), raw.fabric.address.clone())
                 .expect("the raw owner's address");
-            let key = PackedKey {
-                owner_served: true,
-                virt_addr: false,
-                region_id: 1,
-                capability: [9; CAPABILITY_LEN],
-                mr_key: 0,
-                base: 0x10_0000,
-                len: 4096,
-                owner: raw.fabric.address.clone(),
-            }
-            .encode();
+            let key = crate::adversarial_peers::raw_owner_key(raw.fabric.address.clone(), 4096);
             let backend = consumer.backend();
             let mut dst = vec![0u8; 3 * 64];
             // SAFETY: `dst` outlives its registration (unmapped below, or

@@ -22,7 +22,7 @@ fn overlong_replies_of_a_hostile_owner_leave_the_consumer_no_memory_behind() {
     let len = 8usize << 20;
     let dst = Memory::filled(len, 0);
     let dst_region = dst.map(&rt, &c);
-    let key = raw_owner_key(&owner, len as u64);
+    let key = raw_owner_key(owner.address(), len as u64);
     let to_consumer = owner.insert(&consumer.fabric_address());
     let before = virtual_size();
     let mut answers = Vec::new();
@@ -86,7 +86,7 @@ fn an_owner_that_never_answers_cannot_make_its_consumer_hoard_scratch_memory() {
     let len = 8usize << 20;
     let dst = Memory::filled(len, 0);
     let dst_region = dst.map(&rt, &c);
-    let key = raw_owner_key(&owner, len as u64);
+    let key = raw_owner_key(owner.address(), len as u64);
     let before = virtual_size();
     let mut answers = Vec::new();
     for _ in 0..32 {

@@ -369,9 +369,9 @@ fn virtual_size() -> u64 {
 }
 
 /// The packed key of region 1 (at 0x10_0000, `len` bytes, capability all
-/// nines) of the raw owner `owner`: what a consumer is handed to read from
-/// a hostile owner that answers by hand.
-fn raw_owner_key(owner: &RawPeer, len: u64) -> Bytes {
+/// nines) of the raw owner at `owner`: what a consumer is handed to read
+/// from a hostile owner that answers by hand.
+pub(crate) fn raw_owner_key(owner: Bytes, len: u64) -> Bytes {
     PackedKey {
         owner_served: true,
         virt_addr: false,
@@ -380,7 +380,7 @@ fn raw_owner_key(owner: &RawPeer, len: u64) -> Bytes {
         mr_key: 0,
         base: 0x10_0000,
         len,
-        owner: owner.address(),
+        owner,
     }
     .encode()
 }
@@ -404,7 +404,7 @@ impl HostileOwnerSetup {
         let consumer = OfiEngine::start(config).expect("consumer starts");
         consumer.add_peer(PeerId(1), owner.address()).unwrap();
         let to_consumer = owner.insert(&consumer.fabric_address());
-        let key = raw_owner_key(&owner, 1 << 20);
+        let key = raw_owner_key(owner.address(), 1 << 20);
         let dst = Memory::filled(dst_len, 0);
         let dst_region = dst.map(&rt, &consumer.backend());
         HostileOwnerSetup {
