@@ -1021,7 +1021,13 @@ impl Engine {
             remote: target,
             key,
             request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
-            ask_again: request_bytes.clone(),
+            // Only an owner whose provider names senders answers "ask
+            // again", and both ends use the same provider.
+            ask_again: if self.fabric.reports_source {
+                request_bytes.clone()
+            } else {
+                None
+            },
             request: request_bytes,
             failure: None,
             unreachable: false,
