@@ -140,6 +140,11 @@ unsafe impl RdmaBackend for UcxBackend {
         if let Some(answer) = self.shared.unmap_after_teardown(backend_region_id) {
             return Box::pin(std::future::ready(answer));
         }
+        // Reads submitted from here on go to the thread, which refuses
+        // them; a copy into the region still running ends first.
+        self.shared
+            .caller_copies()
+            .withdraw_destination(backend_region_id);
         let (reply, answer) = oneshot::channel();
         let mut submit = self.shared.submit(
             Command::Unmap {
@@ -166,6 +171,11 @@ unsafe impl RdmaBackend for UcxBackend {
         Box::pin(async move {
             if request.len == 0 {
                 return Err(RdmaError::OutOfRange);
+            }
+            // SAFETY: this method's contract is `try_copy`'s.
+            if !self.shared.is_closed() && unsafe { self.shared.caller_copies().try_copy(&request) }
+            {
+                return Ok(());
             }
             let (reply, answer) = oneshot::channel();
             self.shared

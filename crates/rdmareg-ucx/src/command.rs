@@ -103,6 +103,9 @@ pub(crate) struct Signals {
     /// Set once teardown has finished; then `unmap` is answered here (see
     /// [`Signals::unmap_after_teardown`]) instead of by the thread.
     pub(crate) torn_down: std::sync::OnceLock<TornDown>,
+    /// What same-host reads copied on the caller's thread need (see
+    /// `caller_copies`).
+    pub(crate) caller_copies: crate::caller_copies::CallerCopies,
 }
 
 /// What teardown left behind, for the unmaps that arrive after it.

@@ -156,6 +156,17 @@ pub struct UcxConfig {
     /// no CPU is online or allowed to the process fails
     /// [`UcxEngine::start`](crate::UcxEngine::start) with the OS error.
     pub progress_cpus: Option<Vec<usize>>,
+    /// Largest same-host direct read the caller's own thread copies. Such
+    /// a read, from an owner whose process this engine already copies from
+    /// (after its first read), is one `process_vm_readv` inside
+    /// [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get), answered
+    /// before the caller yields: no hand-off to the progress thread and
+    /// back. Larger reads, lists, and every read the thread has not yet
+    /// checked its owner for, go through the thread. Maps, unmaps and peer
+    /// changes wait for a copy running on a caller's thread, which is why
+    /// the size is bounded. 0 sends every read through the thread.
+    /// Default: [`Self::DEFAULT_CALLER_COPY_LIMIT`].
+    pub caller_copy_limit: usize,
 }
 
 impl Default for UcxConfig {
@@ -172,6 +183,7 @@ impl Default for UcxConfig {
             same_host_direct_reads: None,
             max_served_replies_per_connection: Self::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION,
             progress_cpus: None,
+            caller_copy_limit: Self::DEFAULT_CALLER_COPY_LIMIT,
         }
     }
 }
@@ -179,6 +191,17 @@ impl Default for UcxConfig {
 impl UcxConfig {
     /// The default of [`Self::max_served_replies_per_connection`].
     pub const DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION: u32 = 4096;
+
+    /// The default of [`Self::caller_copy_limit`]: 64 KiB, a copy of a few
+    /// microseconds here.
+    pub const DEFAULT_CALLER_COPY_LIMIT: usize = 64 * 1024;
+
+    /// Copy same-host direct reads of at most `bytes` on the caller's
+    /// thread; 0 never does (see [`Self::caller_copy_limit`]).
+    pub fn with_caller_copy_limit(mut self, bytes: usize) -> Self {
+        self.caller_copy_limit = bytes;
+        self
+    }
 
     /// Keep at most `bound` served replies unfinished per consumer
     /// connection (see [`Self::max_served_replies_per_connection`]).

@@ -28,6 +28,7 @@ use futures::channel::oneshot;
 use rdmareg_core::{PeerId, RdmaError};
 
 use crate::backend::UcxBackend;
+use crate::caller_copies::CallerCopies;
 use crate::command::{Command, Signals};
 use crate::config::UcxConfig;
 use crate::doorbell::Doorbell;
@@ -88,6 +89,19 @@ impl EngineShared {
     pub(crate) fn push_now(&self, command: Command) -> Result<(), RdmaError> {
         let mut submit = self.submit(command, Overflow::ToControlLane);
         submit.try_now().unwrap_or(Ok(()))
+    }
+
+    /// Pushes a peer change as [`Self::push_now`] does, counted first as
+    /// submitted, so reads submitted after it wait for the thread to make it
+    /// before they copy on their caller's thread (see `caller_copies`).
+    pub(crate) fn push_peer_change(&self, command: Command) -> Result<(), RdmaError> {
+        self.signals.caller_copies.peer_change_submitted();
+        self.push_now(command)
+    }
+
+    /// The tables of same-host reads copied on the caller's thread.
+    pub(crate) fn caller_copies(&self) -> &CallerCopies {
+        &self.signals.caller_copies
     }
 
     /// Pushes onto the bounded ring, yielding to the executor while it is
@@ -206,6 +220,7 @@ impl UcxEngine {
             live_registrations: AtomicUsize::new(0),
             served_replies_in_flight: Arc::default(),
             torn_down: std::sync::OnceLock::new(),
+            caller_copies: CallerCopies::new(config.caller_copy_limit),
         });
         let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
         let (control_tx, control_rx) = crossbeam_channel::unbounded();
@@ -325,7 +340,8 @@ impl UcxEngine {
             address.direct = None;
             address.process = None;
         }
-        self.shared.push_now(Command::AddPeer { peer, address })
+        self.shared
+            .push_peer_change(Command::AddPeer { peer, address })
     }
 
     /// Forgets `peer` and closes its endpoint; GETs in flight to it fail.
@@ -333,7 +349,14 @@ impl UcxEngine {
     /// # Errors
     /// [`RdmaError::ShuttingDown`] after teardown began.
     pub fn remove_peer(&self, peer: PeerId) -> Result<(), RdmaError> {
-        self.shared.push_now(Command::RemovePeer { peer })
+        self.shared.push_peer_change(Command::RemovePeer { peer })
+    }
+
+    /// Same-host reads this engine's callers copied on their own threads
+    /// so far, without the progress thread (see
+    /// [`UcxConfig::caller_copy_limit`](crate::UcxConfig::caller_copy_limit)).
+    pub fn reads_copied_on_caller_threads(&self) -> u64 {
+        self.shared.caller_copies().copied()
     }
 
     /// A backend submitting to this engine.

@@ -91,7 +91,10 @@
 //!   direct lane reads one-sided: one kernel copy, no request, no owner
 //!   wake-up — for a whole batch, one vectored `process_vm_readv` when the
 //!   owner's address names its process
-//!   ([`ProcessIdentity`]). The owner
+//!   ([`ProcessIdentity`]); and once the engine has checked an owner, a
+//!   small read from it is copied on the caller's own thread, inside
+//!   `get`, without waking the progress thread
+//!   ([`UcxConfig::caller_copy_limit`]). The owner
 //!   checks nothing there: the consumer's engine checks
 //!   the key's mapped range, and a stale descriptor reads the memory's
 //!   current bytes. A consumer that cannot reach it reads through the owner.
@@ -129,6 +132,7 @@
 mod affinity;
 mod backend;
 pub mod build_info;
+mod caller_copies;
 mod command;
 mod config;
 mod doorbell;

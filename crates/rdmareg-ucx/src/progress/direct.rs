@@ -86,7 +86,7 @@ pub(crate) struct DirectLane {
     pub(crate) context: Context,
     /// The exposed worker's packed address.
     pub(crate) address: Bytes,
-    key_format: PackedKeyFormat,
+    pub(crate) key_format: PackedKeyFormat,
 }
 
 impl std::fmt::Debug for DirectLane {

@@ -652,6 +652,7 @@ impl Engine {
     fn look_up_copy_source(&mut self, peer: PeerId) -> Option<u32> {
         let process = self.peers.connection_mut(peer)?.process?;
         self.direct_endpoint_for(peer)?;
+        self.signals.caller_copies.publish_source(peer, process.pid);
         Some(process.pid)
     }
 
@@ -710,6 +711,7 @@ impl Engine {
                         if let Some(connection) = self.peers.connection_mut(copy.request.peer) {
                             connection.process = None;
                         }
+                        self.signals.caller_copies.withdraw_all_sources();
                         fallback.push((copy.request.clone(), answer));
                     }
                     Err(err) => {

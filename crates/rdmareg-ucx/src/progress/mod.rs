@@ -60,7 +60,7 @@ mod regions;
 mod serve;
 mod teardown;
 mod ucp;
-mod vectored;
+pub(crate) mod vectored;
 
 use std::ops::ControlFlow;
 use std::os::fd::RawFd;
@@ -210,7 +210,10 @@ impl Engine {
         let worker = Worker::new(&context)?;
         let direct = if config.direct_reads_enabled() {
             match DirectLane::open(config, version) {
-                Ok(lane) => Some(lane),
+                Ok(lane) => {
+                    signals.caller_copies.set_key_format(lane.key_format);
+                    Some(lane)
+                }
                 Err(why) => {
                     tracing::info!(reason = %why, "same-host direct reads unavailable; every read goes through its owner");
                     None
@@ -390,8 +393,14 @@ impl Engine {
             Command::Unmap { id, reply } => self.unmap_region(id, reply),
             Command::Get { request, reply } => self.post_get(request, reply),
             Command::GetBatch { requests, reply } => self.post_batch(requests, reply),
-            Command::AddPeer { peer, address } => self.add_peer(peer, address),
-            Command::RemovePeer { peer } => self.remove_peer(peer),
+            Command::AddPeer { peer, address } => {
+                self.add_peer(peer, address);
+                self.signals.caller_copies.peer_change_applied();
+            }
+            Command::RemovePeer { peer } => {
+                self.remove_peer(peer);
+                self.signals.caller_copies.peer_change_applied();
+            }
             Command::Shutdown { reply } => {
                 self.shutdown_replies.push(reply);
                 return ControlFlow::Break(());

@@ -278,6 +278,7 @@ pub(crate) unsafe extern "C" fn on_endpoint_error(
 impl Engine {
     /// `Command::AddPeer`.
     pub(super) fn add_peer(&mut self, peer: PeerId, address: EngineAddress) {
+        self.signals.caller_copies.withdraw_source(peer);
         let ours = self.process;
         if let Some(existing) = self.peers.peers.get(&peer) {
             if *existing == address {
@@ -319,6 +320,7 @@ impl Engine {
 
     /// `Command::RemovePeer`.
     pub(super) fn remove_peer(&mut self, peer: PeerId) {
+        self.signals.caller_copies.withdraw_source(peer);
         let Some(address) = self.peers.peers.remove(&peer) else {
             return;
         };
@@ -384,6 +386,7 @@ impl Engine {
     /// UCX reported endpoint `serial` failed.
     pub(super) fn endpoint_failed(&mut self, serial: u64, status: ucs_status_t) {
         if let Some(endpoint) = self.peers.take_direct_endpoint(serial) {
+            self.signals.caller_copies.withdraw_all_sources();
             tracing::debug!(serial, status = %status_text(status), "direct-read endpoint failed; closing it, the next read tries the lane again");
             self.close_direct_endpoint(endpoint);
             return;

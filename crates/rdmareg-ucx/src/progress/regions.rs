@@ -181,6 +181,7 @@ impl Engine {
         self.signals
             .live_registrations
             .fetch_add(1, Ordering::SeqCst);
+        self.signals.caller_copies.publish_destination(id, ptr, len);
         let region = BackendRegion {
             backend_region_id: id,
             effective_addr,
@@ -249,6 +250,9 @@ impl Engine {
 
     /// `Command::Unmap`.
     pub(super) fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
+        // The backend withdrew it when the unmap was submitted; a
+        // compensating unmap was not submitted there.
+        self.signals.caller_copies.withdraw_destination(id);
         let Some(region) = self.regions.get_mut(&id) else {
             if let Some(reply) = reply {
                 let _ = reply.send(Ok(()));
@@ -335,6 +339,7 @@ impl Engine {
             return Ok(());
         };
         let (memh, direct_memh) = (region.memh, region.direct_memh);
+        self.signals.caller_copies.withdraw_destination(id);
         if let Some(direct_memh) = direct_memh {
             // SAFETY: from `map_direct`, still in the table, so not unmapped
             // yet; on success it leaves the region below.

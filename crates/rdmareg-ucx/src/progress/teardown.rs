@@ -58,6 +58,9 @@ impl Engine {
     /// Tears everything down; see the module docs for the order.
     pub(super) fn teardown(mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
         self.signals.closed.store(true, Ordering::SeqCst);
+        // Copies on callers' threads that started before `closed` was set
+        // end here; none starts after.
+        self.signals.caller_copies.withdraw_everything();
         let mut queued_unmaps: Vec<(u64, Reply<()>)> = Vec::new();
         self.refuse_queued(ring, control, &mut queued_unmaps);
 

@@ -1,0 +1,242 @@
+//! Same-host reads copied on the caller's own thread.
+//!
+//! # Why
+//!
+//! A same-host read the progress thread copies (`progress::vectored`) waits
+//! on two thread hand-offs: the caller's command wakes the thread, and the
+//! thread's answer wakes the caller. For a small read those hand-offs are
+//! most of its time. When everything a read needs is already known, the
+//! caller copies it itself with one `process_vm_readv`, and the read is
+//! answered before [`UcxBackend::get`](crate::UcxBackend) returns: the
+//! same kernel copy, without a hand-off.
+//!
+//! # What the caller needs, and who publishes it
+//!
+//! - **The owner's process**, per peer. Published by the progress thread
+//!   once it would copy that peer's reads itself: the peer published its
+//!   process beside its direct lane, shares this engine's pid space, and UCX
+//!   reached the lane (`gets::copy_source`). Withdrawn by the thread when the
+//!   peer is removed or re-added, when the kernel refuses a copy, when a
+//!   direct endpoint fails, and at teardown.
+//! - **The destination's mapped range**, per region. Published by the
+//!   thread when a map succeeds, withdrawn when an unmap is *submitted*
+//!   (by the backend, before the command enters the ring) and again by the
+//!   thread before any region is unmapped.
+//! - **The direct lane's packed-key layout**, so a key is checked exactly
+//!   as the thread checks it.
+//!
+//! # Rules
+//!
+//! - **A copy runs under the table's read lock; a withdrawal takes the
+//!   write lock.** Once a destination is withdrawn no copy into it is
+//!   running or can start, so the unmap that follows never unmaps memory a
+//!   copy still writes, and nothing is answered while the kernel still
+//!   writes (the copy returns before the answer exists).
+//! - **Order as on the ring.** A read submitted after an unmap of its
+//!   destination is refused as before: the unmap withdrew the destination
+//!   when it was submitted, so the read goes to the thread, which refuses
+//!   it. A read submitted after `add_peer` or `remove_peer` never copies
+//!   from what the peer named before: peer changes count themselves
+//!   submitted before they enter the ring and applied once the thread has
+//!   made them, and the caller copies only while none is pending.
+//! - **Small reads only.** Map, unmap and peer changes wait for a running
+//!   copy, so a copy is bounded by
+//!   [`UcxConfig::caller_copy_limit`](crate::UcxConfig::caller_copy_limit).
+//! - **Anything else declines.** A read this module does not copy — nothing
+//!   published, a key that is not a well-formed same-host key, a range
+//!   outside the key or the destination, a failed copy — goes to the
+//!   progress thread, which reads it or gives the typed error. A failed
+//!   copy may have written part of the destination; the thread's read then
+//!   writes it again or answers an error, as for any failed read.
+//! - **Deadlines do not apply.** A copy never waits on a peer, as on the
+//!   thread.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use rdmareg_core::{BackendGet, PeerId};
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::packed_key::{PackedKeyFormat, validate_packed_key};
+use crate::progress::vectored::{CopyEntry, copy_from_process};
+use crate::read_protocol::ReadKey;
+
+/// What the progress thread has published for the caller's copies.
+#[derive(Debug, Default)]
+struct Published {
+    /// Region id → the mapped pointer and length.
+    destinations: HashMap<u64, (usize, usize)>,
+    /// Peer → the owner process its same-host reads are copied from.
+    sources: HashMap<PeerId, u32>,
+}
+
+/// The tables and counters the caller's copies read; one per engine,
+/// shared by its thread and every backend.
+#[derive(Debug)]
+pub(crate) struct CallerCopies {
+    /// Largest read copied on the caller's thread; 0 turns the lane off.
+    limit: usize,
+    published: RwLock<Published>,
+    /// The direct lane's key layout; unset while the engine has no lane.
+    key_format: OnceLock<PackedKeyFormat>,
+    peer_changes_submitted: AtomicU64,
+    peer_changes_applied: AtomicU64,
+    /// Reads copied on callers' threads so far.
+    copied: AtomicU64,
+}
+
+impl CallerCopies {
+    pub(crate) fn new(limit: usize) -> CallerCopies {
+        CallerCopies {
+            limit,
+            published: RwLock::default(),
+            key_format: OnceLock::new(),
+            peer_changes_submitted: AtomicU64::new(0),
+            peer_changes_applied: AtomicU64::new(0),
+            copied: AtomicU64::new(0),
+        }
+    }
+
+    /// Reads copied on callers' threads so far.
+    pub(crate) fn copied(&self) -> u64 {
+        self.copied.load(Ordering::Relaxed)
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Published> {
+        // A panic while the lock was held cannot leave the tables half
+        // updated (each update is one insert or remove), so a poisoned lock
+        // is still sound to use.
+        self.published.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Published> {
+        self.published.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The thread opened a direct lane with this key layout.
+    pub(crate) fn set_key_format(&self, format: PackedKeyFormat) {
+        let _ = self.key_format.set(format);
+    }
+
+    /// A region was mapped at `ptr` for `len` bytes.
+    pub(crate) fn publish_destination(&self, region_id: u64, ptr: usize, len: usize) {
+        if self.limit > 0 {
+            self.write().destinations.insert(region_id, (ptr, len));
+        }
+    }
+
+    /// No copy into `region_id` runs when this returns, and none starts.
+    pub(crate) fn withdraw_destination(&self, region_id: u64) {
+        if self.limit > 0 {
+            self.write().destinations.remove(&region_id);
+        }
+    }
+
+    /// `peer`'s same-host reads may be copied out of process `pid`.
+    pub(crate) fn publish_source(&self, peer: PeerId, pid: u32) {
+        if self.limit == 0 {
+            return;
+        }
+        if self.read().sources.get(&peer) == Some(&pid) {
+            return;
+        }
+        self.write().sources.insert(peer, pid);
+    }
+
+    /// `peer`'s reads go through the thread again.
+    pub(crate) fn withdraw_source(&self, peer: PeerId) {
+        if self.limit > 0 {
+            self.write().sources.remove(&peer);
+        }
+    }
+
+    /// Every peer's reads go through the thread again (a refused copy, a
+    /// failed direct endpoint: rare, and the thread republishes what still
+    /// holds on the next read).
+    pub(crate) fn withdraw_all_sources(&self) {
+        if self.limit > 0 {
+            self.write().sources.clear();
+        }
+    }
+
+    /// Teardown: nothing is copied any more.
+    pub(crate) fn withdraw_everything(&self) {
+        let mut published = self.write();
+        published.destinations.clear();
+        published.sources.clear();
+    }
+
+    /// A peer change is about to enter the ring.
+    pub(crate) fn peer_change_submitted(&self) {
+        self.peer_changes_submitted.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The thread made a peer change.
+    pub(crate) fn peer_change_applied(&self) {
+        self.peer_changes_applied.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Copies `request` on this thread if everything it needs is published;
+    /// `true` if the bytes landed, `false` if the read is the thread's.
+    ///
+    /// # Safety
+    /// As [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get): the
+    /// destination range is memory of the region it names, which nothing
+    /// else reads or writes until the read is answered.
+    pub(crate) unsafe fn try_copy(&self, request: &BackendGet) -> bool {
+        let Some(format) = self.key_format.get() else {
+            return false;
+        };
+        let Ok(len) = usize::try_from(request.len) else {
+            return false;
+        };
+        if len == 0 || len > self.limit {
+            return false;
+        }
+        // Applied is read first: it never passes submitted, so equal values
+        // mean every change submitted before this read is made.
+        let applied = self.peer_changes_applied.load(Ordering::SeqCst);
+        if self.peer_changes_submitted.load(Ordering::SeqCst) != applied {
+            return false;
+        }
+        let Ok(ReadKey::SameHost(key)) = ReadKey::decode(&request.packed_key) else {
+            return false;
+        };
+        if !key.covers(request.remote_addr, request.len)
+            || validate_packed_key(format, &key.ucx_key).is_err()
+        {
+            return false;
+        }
+        let published = self.read();
+        let Some(&pid) = published.sources.get(&request.peer) else {
+            return false;
+        };
+        let Some(&(ptr, mapped_len)) = published.destinations.get(&request.local_region_id) else {
+            return false;
+        };
+        let in_bounds = request
+            .local_offset
+            .checked_add(request.len)
+            .is_some_and(|end| end <= mapped_len as u64);
+        if !in_bounds {
+            return false;
+        }
+        let entry = CopyEntry {
+            remote_addr: request.remote_addr,
+            dest: (ptr + request.local_offset as usize) as *mut u8,
+            len,
+        };
+        // SAFETY: the destination lies inside a region this engine mapped
+        // and has not withdrawn, and withdrawing takes the write lock, so it
+        // stays mapped while `published` is held; the caller's contract
+        // gives this read the range alone until it is answered, which is
+        // after this returns.
+        let outcome = unsafe { copy_from_process(pid, &[entry]) };
+        drop(published);
+        let copied = outcome.first().is_some_and(|outcome| outcome.is_ok());
+        if copied {
+            self.copied.fetch_add(1, Ordering::Relaxed);
+        }
+        copied
+    }
+}
