@@ -172,9 +172,11 @@ unsafe impl RdmaBackend for UcxBackend {
             if request.len == 0 {
                 return Err(RdmaError::OutOfRange);
             }
-            // SAFETY: this method's contract is `try_copy`'s.
-            if !self.shared.is_closed() && unsafe { self.shared.caller_copies().try_copy(&request) }
-            {
+            let copied = !self.shared.is_closed() && {
+                // SAFETY: this method's contract is `try_copy`'s.
+                unsafe { self.shared.caller_copies().try_copy(&request) }
+            };
+            if copied {
                 return Ok(());
             }
             let (reply, answer) = oneshot::channel();
@@ -196,6 +198,13 @@ unsafe impl RdmaBackend for UcxBackend {
                 return Vec::new();
             }
             let entries = requests.len();
+            let copied = !self.shared.is_closed() && {
+                // SAFETY: this method's contract is `try_copy_batch`'s.
+                unsafe { self.shared.caller_copies().try_copy_batch(&requests) }
+            };
+            if copied {
+                return vec![Ok(()); entries];
+            }
             let (reply, answer) = oneshot::channel();
             if let Err(err) = self
                 .shared

@@ -41,7 +41,10 @@
 //!   made them, and the caller copies only while none is pending.
 //! - **Small reads only.** Map, unmap and peer changes wait for a running
 //!   copy, so a copy is bounded by
-//!   [`UcxConfig::caller_copy_limit`](crate::UcxConfig::caller_copy_limit).
+//!   [`UcxConfig::caller_copy_limit`](crate::UcxConfig::caller_copy_limit):
+//!   a single read, or a whole batch from one owner, of at most that many
+//!   bytes. A batch is copied whole or not at all, so its reads are still
+//!   answered together.
 //! - **Anything else declines.** A read this module does not copy — nothing
 //!   published, a key that is not a well-formed same-host key, a range
 //!   outside the key or the destination, a failed copy — goes to the
@@ -184,13 +187,31 @@ impl CallerCopies {
     /// destination range is memory of the region it names, which nothing
     /// else reads or writes until the read is answered.
     pub(crate) unsafe fn try_copy(&self, request: &BackendGet) -> bool {
+        // SAFETY: this function's contract, for a batch of one.
+        unsafe { self.try_copy_batch(std::slice::from_ref(request)) }
+    }
+
+    /// Copies every read of a batch on this thread if everything each
+    /// needs is published and they add up to at most the limit; `true` if
+    /// every read's bytes landed, `false` if the batch is the thread's (a
+    /// batch is never split: its reads are answered together either way).
+    ///
+    /// # Safety
+    /// As [`RdmaBackend::get_batch`](rdmareg_backend::RdmaBackend::get_batch):
+    /// each destination range is memory of the region it names, which
+    /// nothing else reads or writes until its read is answered.
+    pub(crate) unsafe fn try_copy_batch(&self, requests: &[BackendGet]) -> bool {
         let Some(format) = self.key_format.get() else {
             return false;
         };
-        let Ok(len) = usize::try_from(request.len) else {
-            return false;
-        };
-        if len == 0 || len > self.limit {
+        let mut total: u64 = 0;
+        for request in requests {
+            total = total.saturating_add(request.len);
+            if request.len == 0 || total > self.limit as u64 {
+                return false;
+            }
+        }
+        if requests.is_empty() {
             return false;
         }
         // Applied is read first: it never passes submitted, so equal values
@@ -199,43 +220,76 @@ impl CallerCopies {
         if self.peer_changes_submitted.load(Ordering::SeqCst) != applied {
             return false;
         }
-        let Ok(ReadKey::SameHost(key)) = ReadKey::decode(&request.packed_key) else {
-            return false;
-        };
-        if !key.covers(request.remote_addr, request.len)
-            || validate_packed_key(format, &key.ucx_key).is_err()
-        {
-            return false;
+        // Every key checked before the lock is taken; a list names few
+        // descriptors, so a key equal to the one before is not decoded again.
+        let mut checked: Option<(&[u8], ReadKey)> = None;
+        for request in requests {
+            let key = match &checked {
+                Some((bytes, key)) if *bytes == &request.packed_key[..] => key,
+                _ => {
+                    let Ok(key) = ReadKey::decode(&request.packed_key) else {
+                        return false;
+                    };
+                    let ReadKey::SameHost(same_host) = &key else {
+                        return false;
+                    };
+                    if validate_packed_key(format, &same_host.ucx_key).is_err() {
+                        return false;
+                    }
+                    &checked.insert((&request.packed_key[..], key)).1
+                }
+            };
+            let ReadKey::SameHost(key) = key else {
+                return false;
+            };
+            if !key.covers(request.remote_addr, request.len) {
+                return false;
+            }
         }
         let published = self.read();
-        let Some(&pid) = published.sources.get(&request.peer) else {
-            return false;
-        };
-        let Some(&(ptr, mapped_len)) = published.destinations.get(&request.local_region_id) else {
-            return false;
-        };
-        let in_bounds = request
-            .local_offset
-            .checked_add(request.len)
-            .is_some_and(|end| end <= mapped_len as u64);
-        if !in_bounds {
-            return false;
+        let mut pid = None;
+        let mut entries = Vec::with_capacity(requests.len());
+        for request in requests {
+            let Some(&source) = published.sources.get(&request.peer) else {
+                return false;
+            };
+            // One owner process per batch copied here; a batch across
+            // owners is the thread's.
+            if *pid.get_or_insert(source) != source {
+                return false;
+            }
+            let Some(&(ptr, mapped_len)) = published.destinations.get(&request.local_region_id)
+            else {
+                return false;
+            };
+            let in_bounds = request
+                .local_offset
+                .checked_add(request.len)
+                .is_some_and(|end| end <= mapped_len as u64);
+            if !in_bounds {
+                return false;
+            }
+            entries.push(CopyEntry {
+                remote_addr: request.remote_addr,
+                dest: (ptr + request.local_offset as usize) as *mut u8,
+                // At most the limit, a `usize`: checked above.
+                len: request.len as usize,
+            });
         }
-        let entry = CopyEntry {
-            remote_addr: request.remote_addr,
-            dest: (ptr + request.local_offset as usize) as *mut u8,
-            len,
+        let Some(pid) = pid else {
+            return false;
         };
-        // SAFETY: the destination lies inside a region this engine mapped
-        // and has not withdrawn, and withdrawing takes the write lock, so it
-        // stays mapped while `published` is held; the caller's contract
-        // gives this read the range alone until it is answered, which is
+        // SAFETY: every destination lies inside a region this engine mapped
+        // and has not withdrawn, and withdrawing takes the write lock, so
+        // each stays mapped while `published` is held; the caller's contract
+        // gives each read its range alone until it is answered, which is
         // after this returns.
-        let outcome = unsafe { copy_from_process(pid, &[entry]) };
+        let outcomes = unsafe { copy_from_process(pid, &entries) };
         drop(published);
-        let copied = outcome.first().is_some_and(|outcome| outcome.is_ok());
+        let copied = outcomes.iter().all(|outcome| outcome.is_ok());
         if copied {
-            self.copied.fetch_add(1, Ordering::Relaxed);
+            self.copied
+                .fetch_add(requests.len() as u64, Ordering::Relaxed);
         }
         copied
     }

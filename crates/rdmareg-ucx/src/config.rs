@@ -161,8 +161,9 @@ pub struct UcxConfig {
     /// (after its first read), is one `process_vm_readv` inside
     /// [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get), answered
     /// before the caller yields: no hand-off to the progress thread and
-    /// back. Larger reads, lists, and every read the thread has not yet
-    /// checked its owner for, go through the thread. Maps, unmaps and peer
+    /// back; the same for a batch from one such owner of at most this many
+    /// bytes in all. Larger reads and batches, and every read the thread
+    /// has not yet checked its owner for, go through the thread. Maps, unmaps and peer
     /// changes wait for a copy running on a caller's thread, which is why
     /// the size is bounded. 0 sends every read through the thread.
     /// Default: [`Self::DEFAULT_CALLER_COPY_LIMIT`].

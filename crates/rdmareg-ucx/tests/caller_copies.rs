@@ -308,3 +308,80 @@ async fn no_caller_copy_lands_after_the_engine_shut_down() {
     })
     .await;
 }
+
+/// `count` reads of `LEN / count` bytes each, entry `i` reading the
+/// source's `i`-th piece into the destination's `i`-th piece.
+fn pieces(setup: &Setup, count: usize) -> Vec<rdmareg_core::BackendGet> {
+    let piece = (LEN / count) as u64;
+    (0..count as u64)
+        .map(|i| {
+            let mut request = setup.request();
+            request.remote_addr += i * piece;
+            request.local_offset = i * piece;
+            request.len = piece;
+            request
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_batch_from_a_checked_owner_is_copied_whole_by_the_caller() {
+    let setup = Setup::new(same_host(), LEN).await;
+    assert_eq!(setup.read().await, Ok(()));
+    setup.dst.fill(0);
+    let answers = setup
+        .consumer_backend
+        .get_batch_into_test_memory(pieces(&setup, 4))
+        .await;
+    assert_eq!(answers, vec![Ok(()); 4]);
+    assert_eq!(setup.copied(), 4);
+    assert!(setup.dst.snapshot() == setup.src.snapshot());
+    setup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_one_bad_entry_goes_to_the_thread_and_each_entry_gets_its_own_answer() {
+    let setup = Setup::new(same_host(), LEN).await;
+    assert_eq!(setup.read().await, Ok(()));
+    setup.dst.fill(0);
+    let mut batch = pieces(&setup, 4);
+    batch[2].remote_addr += LEN as u64;
+    let answers = setup
+        .consumer_backend
+        .get_batch_into_test_memory(batch)
+        .await;
+    assert_eq!(
+        answers,
+        vec![Ok(()), Ok(()), Err(RdmaError::OutOfRange), Ok(())]
+    );
+    assert_eq!(setup.copied(), 0, "a batch is copied whole or not at all");
+    let (src, dst) = (setup.src.snapshot(), setup.dst.snapshot());
+    assert!(dst[..2048] == src[..2048] && dst[3072..] == src[3072..]);
+    assert!(dst[2048..3072].iter().all(|&b| b == 0));
+    setup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_above_the_limit_in_all_goes_through_the_thread() {
+    let setup = Setup::new(same_host().with_caller_copy_limit(LEN / 2), LEN).await;
+    let mut first = setup.request();
+    first.len = (LEN / 2) as u64;
+    assert_eq!(
+        setup.consumer_backend.get_into_test_memory(first).await,
+        Ok(())
+    );
+    let answers = setup
+        .consumer_backend
+        .get_batch_into_test_memory(pieces(&setup, 4))
+        .await;
+    assert_eq!(answers, vec![Ok(()); 4]);
+    assert_eq!(setup.copied(), 0, "4 KiB in all is above a 2 KiB limit");
+    let answers = setup
+        .consumer_backend
+        .get_batch_into_test_memory(pieces(&setup, 4)[..2].to_vec())
+        .await;
+    assert_eq!(answers, vec![Ok(()); 2]);
+    assert_eq!(setup.copied(), 2, "2 KiB in all is at the limit");
+    assert!(setup.dst.snapshot() == setup.src.snapshot());
+    setup.shutdown().await;
+}
