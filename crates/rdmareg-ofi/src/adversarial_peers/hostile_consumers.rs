@@ -1016,3 +1016,98 @@ fn a_peer_cannot_pass_for_a_bystander_by_making_the_owner_forget_and_reuse_its_e
     );
     assert_eq!(unconfirmed, flooded + 1, "the bystander request is refused");
 }
+
+/// The same attack split over two endpoints, so that the bystander is
+/// inserted by a request of another sender than the one it is then named
+/// for: the known peer (entry 0) stays idle while a second endpoint, which
+/// the owner cannot name, fills the table with made-up reply addresses and
+/// then names the bystander (the owner forgets every idle entry, the known
+/// peer's included, and the bystander gets entry 0; this second endpoint
+/// is only asked to ask again). Then the known peer asks for 1 MiB in the
+/// bystander's name. The owner must not serve it: the unmap answers
+/// within 5 s. (The second endpoint asks once in its own name first, so
+/// that its made-up addresses are refused to it quickly.)
+#[test]
+fn a_peer_cannot_pass_for_a_bystander_that_took_its_forgotten_entry_earlier() {
+    let BystanderSetup {
+        rt,
+        config,
+        owner,
+        bystander,
+        src,
+        src_region,
+        request,
+    } = BystanderSetup::new(0x5F);
+    let o = owner.backend();
+    let mut attacker = RawPeer::open(&config);
+    let to_owner = attacker.insert(&owner.fabric_address());
+    attacker.introduce(to_owner, 99);
+    let mut helper = RawPeer::open(&config);
+    let helper_to_owner = helper.insert(&owner.fabric_address());
+    helper.introduce(helper_to_owner, 98);
+    for i in 0..crate::progress::MAX_SERVED_PEERS as u64 - 1 {
+        let reply_to = loopback(20_000 + i as u16);
+        helper.send(
+            helper_to_owner,
+            REQUEST_TAG,
+            forged_request(
+                i + 1000,
+                u64::MAX,
+                [0; CAPABILITY_LEN],
+                0x1000,
+                8,
+                &reply_to,
+            ),
+        );
+        if i % 64 == 0 {
+            helper.poll();
+        }
+    }
+    helper.progress_for(Duration::from_millis(500));
+    let key = PackedKey::decode(&src_region.packed_key).unwrap();
+    helper.send(
+        helper_to_owner,
+        REQUEST_TAG,
+        forged_request(
+            2,
+            u64::MAX,
+            [0; CAPABILITY_LEN],
+            0x1000,
+            8,
+            &bystander.fabric_address(),
+        ),
+    );
+    // Every request of the helper was answered (or 10 s passed).
+    let expected = crate::progress::MAX_SERVED_PEERS as u64 + 2;
+    let until = Instant::now() + Duration::from_secs(10);
+    while owner.unconfirmed_requests() < expected && Instant::now() < until {
+        helper.progress_for(Duration::from_millis(10));
+    }
+    let before = owner.unconfirmed_requests();
+    attacker.send(to_owner, REQUEST_TAG, request);
+    attacker.progress_for(Duration::from_millis(300));
+    let unmapped = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            o.unmap(src_region.backend_region_id),
+        )
+        .await
+    });
+    let unconfirmed = owner.unconfirmed_requests();
+    drop(attacker);
+    drop(helper);
+    owner.shutdown_blocking();
+    bystander.shutdown_blocking();
+    src.free_after(matches!(unmapped, Ok(Ok(()))) && owner.live_registrations() == 0);
+    eprintln!(
+        "region {}: unconfirmed before the attacker's request: {before}; after: {unconfirmed}; \
+         unmap: {unmapped:?}",
+        key.region_id
+    );
+    assert_eq!(
+        unmapped.ok(),
+        Some(Ok(())),
+        "the unmap did not answer within 5 s: the bystander was sent the bytes"
+    );
+    assert_eq!(unconfirmed, before + 1, "the attacker's request is refused");
+}
