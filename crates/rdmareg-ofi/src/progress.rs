@@ -1415,7 +1415,26 @@ impl Engine {
         self.fabric
             .poll_completions(&mut completions, COMPLETION_BATCH);
         let worked = !completions.is_empty();
-        for completion in completions.drain(..) {
+        // The address-vector entry a request's sender is named by is read
+        // now, before any request of this batch is served: serving one may
+        // forget idle consumer addresses and give their entry numbers to
+        // new ones, after which a number read here would name another peer.
+        let senders: Vec<Option<Bytes>> = if self.fabric.reports_source {
+            completions
+                .iter()
+                .map(|completion| match completion {
+                    Completion::Done(context, _, _, source)
+                        if self.request_buffers.contains_key(&(*context as usize)) =>
+                    {
+                        self.av.get(source).map(|entry| entry.address.clone())
+                    }
+                    _ => None,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for (index, completion) in completions.drain(..).enumerate() {
             let (context, result) = match completion {
                 Completion::Done(context, len, tag, source) => (context, Ok((len, tag, source))),
                 Completion::Failed(context, code, text) => (context, Err((code, text))),
@@ -1426,7 +1445,8 @@ impl Engine {
                 continue;
             }
             if self.request_buffers.contains_key(&at) {
-                self.request_arrived(at, result.map(|(len, _, source)| (len, source)));
+                let sender = senders.get(index).cloned().flatten();
+                self.request_arrived(at, result.map(|(len, _, _)| (len, sender)));
                 continue;
             }
             if self.discards.remove(&at).is_some() {
@@ -1856,8 +1876,12 @@ impl Engine {
 
     /// A request receive completed: take the request, post the receive
     /// again, answer the request.
-    fn request_arrived(&mut self, at: usize, result: Result<(usize, u64), (i32, String)>) {
-        let mut source = ADDR_NOTAVAIL;
+    fn request_arrived(
+        &mut self,
+        at: usize,
+        result: Result<(usize, Option<Bytes>), (i32, String)>,
+    ) {
+        let mut source = None;
         let bytes = match (result, self.request_buffers.get_mut(&at)) {
             (Ok((len, from)), Some(buffer)) => {
                 buffer.posted = false;
@@ -1878,8 +1902,10 @@ impl Engine {
     }
 
     /// Checks a peer's request against the live registrations, and sends
-    /// the bytes under a read lease or a refusal.
-    fn serve_request(&mut self, bytes: &[u8], source: u64) {
+    /// the bytes under a read lease or a refusal. `source` is the address
+    /// of the entry the provider named the request's sender by, as it was
+    /// when the request's completion was read (`None`: not named).
+    fn serve_request(&mut self, bytes: &[u8], source: Option<Bytes>) {
         if bytes == PROBE {
             tracing::trace!("a liveness probe arrived");
             return;
@@ -1895,9 +1921,21 @@ impl Engine {
         let Some(dest) = self.served_peer(&request.reply_to) else {
             return;
         };
-        if self.fabric.reports_source && source != dest {
-            self.refuse_unconfirmed(request.request_id, source, dest);
-            return;
+        if self.fabric.reports_source {
+            // Compared by address, not entry number: `served_peer` may have
+            // just forgotten the sender's entry and given its number to the
+            // reply address.
+            let confirmed = source
+                .as_ref()
+                .is_some_and(|address| self.av.get(&dest).is_some_and(|e| e.address == *address));
+            if !confirmed {
+                // The sender's entry now, if it is still in the vector.
+                let sender = source
+                    .and_then(|address| self.by_address.get(&address).copied())
+                    .unwrap_or(ADDR_NOTAVAIL);
+                self.refuse_unconfirmed(request.request_id, sender, dest);
+                return;
+            }
         }
         tracing::trace!(
             request = request.request_id,
