@@ -126,6 +126,9 @@ const STALLED_AFTER: Duration = Duration::from_millis(100);
 /// endpoint it parks (`Engine::withdraw_for_parking`); on `shm` a receive
 /// not yet matched is cancelled at once.
 const WITHDRAW_MIN: Duration = Duration::from_millis(100);
+/// How long teardown of an endpoint it parks goes on waiting for its
+/// replies being sent once none completed (`Engine::withdraw_for_parking`).
+const SENDS_IDLE_MAX: Duration = Duration::from_secs(1);
 /// How long a parked loop sleeps while reads of its own are in flight.
 const BUSY_PARK: Duration = Duration::from_micros(20);
 /// Receives an owner-serving engine keeps posted for requests.
@@ -2616,7 +2619,11 @@ impl Engine {
     /// A read whose receive was matched and does not end within the
     /// teardown timeout (a segmented transfer) cannot be answered: its
     /// destination stays registered and the read unanswered. Replies still
-    /// being sent keep their leases: their sources stay registered.
+    /// being sent are waited for while they keep completing (at least the
+    /// teardown timeout or [`SENDS_IDLE_MAX`], and that long past the last
+    /// one that did);
+    /// those still unfinished then (a receiver that stopped taking them)
+    /// keep their leases: their sources stay registered.
     fn withdraw_for_parking(&mut self) {
         if self.active == 0 && self.sends.is_empty() {
             return;
@@ -2646,11 +2653,27 @@ impl Engine {
             };
             self.finish(slot, Err(result));
         }
-        let until = Instant::now() + self.settings.teardown_timeout.max(WITHDRAW_MIN);
-        while self.active > 0 && Instant::now() < until {
+        // Replies being sent are waited for too, for as long as they keep
+        // completing: each completes once its receiver took it, and the open
+        // `shm` engines of the process (this one's loop included) progress
+        // receivers that are parked. A reply's completion read after this
+        // endpoint is parked is dropped with its lease, and its region stays
+        // registered for good.
+        let least = if self.sends.is_empty() {
+            WITHDRAW_MIN
+        } else {
+            SENDS_IDLE_MAX
+        };
+        let mut until = Instant::now() + self.settings.teardown_timeout.max(least);
+        let mut sends_left = self.sends.len();
+        while (self.active > 0 || !self.sends.is_empty()) && Instant::now() < until {
             if !self.turn() {
                 std::thread::sleep(Duration::from_micros(50));
             }
+            if self.sends.len() < sends_left {
+                until = until.max(Instant::now() + SENDS_IDLE_MAX);
+            }
+            sends_left = self.sends.len();
         }
         self.withdrawing = false;
         if self.active > 0 {
