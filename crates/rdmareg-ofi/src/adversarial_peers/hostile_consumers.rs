@@ -995,7 +995,13 @@ fn a_peer_cannot_pass_for_a_bystander_by_making_the_owner_forget_and_reuse_its_e
             attacker.poll();
         }
     }
-    attacker.progress_for(Duration::from_millis(500));
+    // Every request so far was answered (the introduction and the flood),
+    // or 10 s passed.
+    let expected = crate::progress::MAX_SERVED_PEERS as u64;
+    let until = Instant::now() + Duration::from_secs(10);
+    while owner.unconfirmed_requests() < expected && Instant::now() < until {
+        attacker.progress_for(Duration::from_millis(10));
+    }
     let flooded = owner.unconfirmed_requests();
     attacker.send(to_owner, REQUEST_TAG, request);
     attacker.progress_for(Duration::from_millis(300));
