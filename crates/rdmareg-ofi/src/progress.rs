@@ -504,6 +504,10 @@ struct Engine {
     active: usize,
     unposted: VecDeque<usize>,
     completions: Vec<Completion>,
+    /// Completions read out of the queue ahead of forgetting consumer
+    /// addresses (`Engine::forget_idle_consumers`), each with its request's
+    /// sender already resolved: handled first by the next `reap`.
+    read_ahead: Vec<(Completion, Option<Bytes>)>,
     settings: Settings,
     signals: Arc<Signals>,
     page_size: u64,
@@ -591,6 +595,7 @@ impl Engine {
             active: 0,
             unposted: VecDeque::new(),
             completions: Vec::with_capacity(COMPLETION_BATCH),
+            read_ahead: Vec::new(),
             settings: Settings {
                 spin_window: config.spin_window,
                 park_timeout: config.park_timeout,
@@ -1412,9 +1417,52 @@ impl Engine {
         worked
     }
 
+    /// The address of the entry a request's completion names its sender
+    /// by, as the address vector is now (`None`: not a request, not named,
+    /// or a provider that names no senders).
+    fn sender_of(&self, completion: &Completion) -> Option<Bytes> {
+        match completion {
+            Completion::Done(context, _, _, source)
+                if self.fabric.reports_source
+                    && self.request_buffers.contains_key(&(*context as usize)) =>
+            {
+                self.av.get(source).map(|entry| entry.address.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Reads every completion the provider has ready, resolving request
+    /// senders now, for the next `reap`: done before entries are removed
+    /// from the address vector, whose numbers later inserts reuse, so that
+    /// no completion written before the removal is read after it.
+    fn read_ahead_of_forgetting(&mut self) {
+        if !self.fabric.reports_source {
+            return;
+        }
+        let mut read = Vec::new();
+        loop {
+            let before = read.len();
+            self.fabric
+                .poll_completions(&mut read, before + COMPLETION_BATCH);
+            if read.len() - before < COMPLETION_BATCH {
+                break;
+            }
+        }
+        for completion in read {
+            let sender = self.sender_of(&completion);
+            self.read_ahead.push((completion, sender));
+        }
+    }
+
     /// Reads completions and answers what they end.
     fn reap(&mut self) -> bool {
         let mut completions = std::mem::take(&mut self.completions);
+        let mut senders: Vec<Option<Bytes>> = Vec::new();
+        for (completion, sender) in std::mem::take(&mut self.read_ahead) {
+            completions.push(completion);
+            senders.push(sender);
+        }
         self.fabric
             .poll_completions(&mut completions, COMPLETION_BATCH);
         let worked = !completions.is_empty();
@@ -1422,21 +1470,11 @@ impl Engine {
         // now, before any request of this batch is served: serving one may
         // forget idle consumer addresses and give their entry numbers to
         // new ones, after which a number read here would name another peer.
-        let senders: Vec<Option<Bytes>> = if self.fabric.reports_source {
-            completions
-                .iter()
-                .map(|completion| match completion {
-                    Completion::Done(context, _, _, source)
-                        if self.request_buffers.contains_key(&(*context as usize)) =>
-                    {
-                        self.av.get(source).map(|entry| entry.address.clone())
-                    }
-                    _ => None,
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let polled: Vec<Option<Bytes>> = completions[senders.len()..]
+            .iter()
+            .map(|completion| self.sender_of(completion))
+            .collect();
+        senders.extend(polled);
         for (index, completion) in completions.drain(..).enumerate() {
             let (context, result) = match completion {
                 Completion::Done(context, len, tag, source) => (context, Ok((len, tag, source))),
@@ -2231,6 +2269,7 @@ impl Engine {
             idle = idle.len(),
             "the consumer address table is full: forgetting idle ones"
         );
+        self.read_ahead_of_forgetting();
         for fi_addr in idle {
             self.served_peers -= 1;
             self.release_av(fi_addr, |entry| entry.served = false);
