@@ -126,6 +126,9 @@ const STALLED_AFTER: Duration = Duration::from_millis(100);
 /// endpoint it parks (`Engine::withdraw_for_parking`); on `shm` a receive
 /// not yet matched is cancelled at once.
 const WITHDRAW_MIN: Duration = Duration::from_millis(100);
+/// How long teardown of an endpoint it parks goes on waiting for its
+/// replies being sent once none completed (`Engine::withdraw_for_parking`).
+const SENDS_IDLE_MAX: Duration = Duration::from_secs(1);
 /// How long a parked loop sleeps while reads of its own are in flight.
 const BUSY_PARK: Duration = Duration::from_micros(20);
 /// Receives an owner-serving engine keeps posted for requests.
@@ -501,6 +504,10 @@ struct Engine {
     active: usize,
     unposted: VecDeque<usize>,
     completions: Vec<Completion>,
+    /// Completions read out of the queue ahead of forgetting consumer
+    /// addresses (`Engine::forget_idle_consumers`), each with its request's
+    /// sender already resolved: handled first by the next `reap`.
+    read_ahead: Vec<(Completion, Option<Bytes>)>,
     settings: Settings,
     signals: Arc<Signals>,
     page_size: u64,
@@ -588,6 +595,7 @@ impl Engine {
             active: 0,
             unposted: VecDeque::new(),
             completions: Vec::with_capacity(COMPLETION_BATCH),
+            read_ahead: Vec::new(),
             settings: Settings {
                 spin_window: config.spin_window,
                 park_timeout: config.park_timeout,
@@ -1409,13 +1417,65 @@ impl Engine {
         worked
     }
 
+    /// The address of the entry a request's completion names its sender
+    /// by, as the address vector is now (`None`: not a request, not named,
+    /// or a provider that names no senders).
+    fn sender_of(&self, completion: &Completion) -> Option<Bytes> {
+        match completion {
+            Completion::Done(context, _, _, source)
+                if self.fabric.reports_source
+                    && self.request_buffers.contains_key(&(*context as usize)) =>
+            {
+                self.av.get(source).map(|entry| entry.address.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Reads every completion the provider has ready, resolving request
+    /// senders now, for the next `reap`: done before entries are removed
+    /// from the address vector, whose numbers later inserts reuse, so that
+    /// no completion written before the removal is read after it.
+    fn read_ahead_of_forgetting(&mut self) {
+        if !self.fabric.reports_source {
+            return;
+        }
+        let mut read = Vec::new();
+        loop {
+            let before = read.len();
+            self.fabric
+                .poll_completions(&mut read, before + COMPLETION_BATCH);
+            if read.len() - before < COMPLETION_BATCH {
+                break;
+            }
+        }
+        for completion in read {
+            let sender = self.sender_of(&completion);
+            self.read_ahead.push((completion, sender));
+        }
+    }
+
     /// Reads completions and answers what they end.
     fn reap(&mut self) -> bool {
         let mut completions = std::mem::take(&mut self.completions);
+        let mut senders: Vec<Option<Bytes>> = Vec::new();
+        for (completion, sender) in std::mem::take(&mut self.read_ahead) {
+            completions.push(completion);
+            senders.push(sender);
+        }
         self.fabric
             .poll_completions(&mut completions, COMPLETION_BATCH);
         let worked = !completions.is_empty();
-        for completion in completions.drain(..) {
+        // The address-vector entry a request's sender is named by is read
+        // now, before any request of this batch is served: serving one may
+        // forget idle consumer addresses and give their entry numbers to
+        // new ones, after which a number read here would name another peer.
+        let polled: Vec<Option<Bytes>> = completions[senders.len()..]
+            .iter()
+            .map(|completion| self.sender_of(completion))
+            .collect();
+        senders.extend(polled);
+        for (index, completion) in completions.drain(..).enumerate() {
             let (context, result) = match completion {
                 Completion::Done(context, len, tag, source) => (context, Ok((len, tag, source))),
                 Completion::Failed(context, code, text) => (context, Err((code, text))),
@@ -1426,7 +1486,8 @@ impl Engine {
                 continue;
             }
             if self.request_buffers.contains_key(&at) {
-                self.request_arrived(at, result.map(|(len, _, source)| (len, source)));
+                let sender = senders.get(index).cloned().flatten();
+                self.request_arrived(at, result.map(|(len, _, _)| (len, sender)));
                 continue;
             }
             if self.discards.remove(&at).is_some() {
@@ -1856,8 +1917,12 @@ impl Engine {
 
     /// A request receive completed: take the request, post the receive
     /// again, answer the request.
-    fn request_arrived(&mut self, at: usize, result: Result<(usize, u64), (i32, String)>) {
-        let mut source = ADDR_NOTAVAIL;
+    fn request_arrived(
+        &mut self,
+        at: usize,
+        result: Result<(usize, Option<Bytes>), (i32, String)>,
+    ) {
+        let mut source = None;
         let bytes = match (result, self.request_buffers.get_mut(&at)) {
             (Ok((len, from)), Some(buffer)) => {
                 buffer.posted = false;
@@ -1878,8 +1943,10 @@ impl Engine {
     }
 
     /// Checks a peer's request against the live registrations, and sends
-    /// the bytes under a read lease or a refusal.
-    fn serve_request(&mut self, bytes: &[u8], source: u64) {
+    /// the bytes under a read lease or a refusal. `source` is the address
+    /// of the entry the provider named the request's sender by, as it was
+    /// when the request's completion was read (`None`: not named).
+    fn serve_request(&mut self, bytes: &[u8], source: Option<Bytes>) {
         if bytes == PROBE {
             tracing::trace!("a liveness probe arrived");
             return;
@@ -1895,9 +1962,21 @@ impl Engine {
         let Some(dest) = self.served_peer(&request.reply_to) else {
             return;
         };
-        if self.fabric.reports_source && source != dest {
-            self.refuse_unconfirmed(request.request_id, source, dest);
-            return;
+        if self.fabric.reports_source {
+            // Compared by address, not entry number: `served_peer` may have
+            // just forgotten the sender's entry and given its number to the
+            // reply address.
+            let confirmed = source
+                .as_ref()
+                .is_some_and(|address| self.av.get(&dest).is_some_and(|e| e.address == *address));
+            if !confirmed {
+                // The sender's entry now, if it is still in the vector.
+                let sender = source
+                    .and_then(|address| self.by_address.get(&address).copied())
+                    .unwrap_or(ADDR_NOTAVAIL);
+                self.refuse_unconfirmed(request.request_id, sender, dest);
+                return;
+            }
         }
         tracing::trace!(
             request = request.request_id,
@@ -2190,6 +2269,7 @@ impl Engine {
             idle = idle.len(),
             "the consumer address table is full: forgetting idle ones"
         );
+        self.read_ahead_of_forgetting();
         for fi_addr in idle {
             self.served_peers -= 1;
             self.release_av(fi_addr, |entry| entry.served = false);
@@ -2578,7 +2658,11 @@ impl Engine {
     /// A read whose receive was matched and does not end within the
     /// teardown timeout (a segmented transfer) cannot be answered: its
     /// destination stays registered and the read unanswered. Replies still
-    /// being sent keep their leases: their sources stay registered.
+    /// being sent are waited for while they keep completing (at least the
+    /// teardown timeout or [`SENDS_IDLE_MAX`], and that long past the last
+    /// one that did);
+    /// those still unfinished then (a receiver that stopped taking them)
+    /// keep their leases: their sources stay registered.
     fn withdraw_for_parking(&mut self) {
         if self.active == 0 && self.sends.is_empty() {
             return;
@@ -2608,11 +2692,27 @@ impl Engine {
             };
             self.finish(slot, Err(result));
         }
-        let until = Instant::now() + self.settings.teardown_timeout.max(WITHDRAW_MIN);
-        while self.active > 0 && Instant::now() < until {
+        // Replies being sent are waited for too, for as long as they keep
+        // completing: each completes once its receiver took it, and the open
+        // `shm` engines of the process (this one's loop included) progress
+        // receivers that are parked. A reply's completion read after this
+        // endpoint is parked is dropped with its lease, and its region stays
+        // registered for good.
+        let least = if self.sends.is_empty() {
+            WITHDRAW_MIN
+        } else {
+            SENDS_IDLE_MAX
+        };
+        let mut until = Instant::now() + self.settings.teardown_timeout.max(least);
+        let mut sends_left = self.sends.len();
+        while (self.active > 0 || !self.sends.is_empty()) && Instant::now() < until {
             if !self.turn() {
                 std::thread::sleep(Duration::from_micros(50));
             }
+            if self.sends.len() < sends_left {
+                until = until.max(Instant::now() + SENDS_IDLE_MAX);
+            }
+            sends_left = self.sends.len();
         }
         self.withdrawing = false;
         if self.active > 0 {

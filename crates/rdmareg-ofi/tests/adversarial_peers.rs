@@ -252,3 +252,243 @@ async fn peers_added_and_removed_around_reads_do_not_leak_descriptors() {
     assert_eq!(owner.live_registrations(), 0);
     assert_eq!(consumer.live_registrations(), 0);
 }
+
+/// Three `shm` engines of one process read from each other (each reads a
+/// batch of 64 × 4 KiB and one 8 MiB read from each of the two others,
+/// deadline 3 s) and are shut down mid-read, one after another, in
+/// `order`, the first with a 1 ms teardown timeout. Every read answers
+/// within 20 s with `Ok` or a typed error (a read from an owner already
+/// parked answers `Timeout` at its deadline: the parked endpoint takes
+/// requests and answers none); no byte lands in a destination after every read into
+/// it answered (checked while the last engine still runs); each engine is
+/// left with no registration; and the process does not crash.
+async fn shm_engines_shut_down_mid_read_in_any_order_answer_everything(order: [usize; 3]) {
+    common::init_tracing();
+    let len = 8usize << 20;
+    let mut engines = Vec::new();
+    for i in 0..3 {
+        let timeout = if i == order[0] {
+            Duration::from_millis(1)
+        } else {
+            Duration::from_secs(2)
+        };
+        let config = common::config(Provider::Shm).with_teardown_timeout(timeout);
+        engines.push(OfiEngine::start(config).expect("an shm engine starts"));
+    }
+    for (i, engine) in engines.iter().enumerate() {
+        for (j, other) in engines.iter().enumerate() {
+            if i != j {
+                engine
+                    .add_peer(rdmareg_core::PeerId(j as u64), other.fabric_address())
+                    .unwrap();
+            }
+        }
+    }
+    let srcs: Vec<Vec<u8>> = (0..3).map(|i| vec![0x10 + i as u8; len]).collect();
+    // One destination per (reader, owner) pair.
+    let mut dsts: Vec<Vec<u8>> = (0..9).map(|_| vec![0u8; len]).collect();
+    let mut src_regions = Vec::new();
+    for (i, engine) in engines.iter().enumerate() {
+        src_regions.push(
+            engine
+                .backend()
+                .map_test_memory(srcs[i].as_ptr() as usize, len)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut dst_regions = Vec::new();
+    for (k, dst) in dsts.iter_mut().enumerate() {
+        let reader = k / 3;
+        dst_regions.push(
+            engines[reader]
+                .backend()
+                .map_test_memory(dst.as_mut_ptr() as usize, len)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut reads = Vec::new();
+    for reader in 0..3 {
+        for owner in 0..3 {
+            if reader == owner {
+                continue;
+            }
+            let d = &dst_regions[reader * 3 + owner];
+            let s = &src_regions[owner];
+            let mut requests: Vec<BackendGet> = (0..64u64)
+                .map(|i| BackendGet {
+                    peer: rdmareg_core::PeerId(owner as u64),
+                    remote_addr: srcs[owner].as_ptr() as u64 + i * 4096,
+                    packed_key: s.packed_key.clone(),
+                    local_region_id: d.backend_region_id,
+                    local_offset: i * 4096,
+                    len: 4096,
+                    deadline: Some(Duration::from_secs(3)),
+                })
+                .collect();
+            requests.push(BackendGet {
+                peer: rdmareg_core::PeerId(owner as u64),
+                remote_addr: srcs[owner].as_ptr() as u64,
+                packed_key: s.packed_key.clone(),
+                local_region_id: d.backend_region_id,
+                local_offset: 0,
+                len: len as u64,
+                deadline: Some(Duration::from_secs(3)),
+            });
+            let c = engines[reader].backend();
+            reads.push(tokio::spawn(async move {
+                c.get_batch_into_test_memory(requests).await
+            }));
+        }
+    }
+    let started = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    engines[order[0]].shutdown().await;
+    let first_down = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    engines[order[1]].shutdown().await;
+    let second_down = started.elapsed();
+    let mut answers = Vec::new();
+    for read in reads {
+        answers.push(
+            tokio::time::timeout(Duration::from_secs(20), read)
+                .await
+                .map(|joined| joined.expect("the read task")),
+        );
+    }
+    // Every read answered: the destinations are the test's again. The last
+    // engine still runs (and progresses the parked endpoints).
+    for dst in dsts.iter_mut() {
+        dst.fill(0x77);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let landed_late: usize = dsts
+        .iter()
+        .map(|dst| dst.iter().filter(|&&b| b != 0x77).count())
+        .sum();
+    let answered = started.elapsed();
+    engines[order[2]].shutdown().await;
+    let mut tally = std::collections::BTreeMap::new();
+    for answer in answers.iter().flatten().flatten() {
+        *tally.entry(format!("{answer:?}")).or_insert(0usize) += 1;
+    }
+    eprintln!(
+        "{order:?}: shut down after {first_down:?} and {second_down:?}; answered by \
+         {answered:?}; last down after {:?}; answers {tally:?}",
+        started.elapsed()
+    );
+    let live: Vec<usize> = engines.iter().map(OfiEngine::live_registrations).collect();
+    if live.iter().any(|&n| n != 0) {
+        // Something may still be registered: keep the memory for good.
+        std::mem::forget(srcs);
+        std::mem::forget(dsts);
+    }
+    for answer in &answers {
+        let Ok(answers) = answer else {
+            panic!("{order:?}: a read went unanswered for 20 s");
+        };
+        for answer in answers {
+            assert!(
+                matches!(
+                    answer,
+                    Ok(()) | Err(RdmaError::ShuttingDown | RdmaError::Timeout)
+                ) || matches!(
+                    answer,
+                    Err(RdmaError::RegionNotFound | RdmaError::Backend(_))
+                ),
+                "{order:?}: {answer:?}"
+            );
+        }
+    }
+    assert_eq!(landed_late, 0, "{order:?}: bytes landed after the answers");
+    assert_eq!(live, vec![0, 0, 0], "{order:?}: registrations left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_engines_shut_down_mid_read_in_any_order_answer_everything_0_1_2() {
+    shm_engines_shut_down_mid_read_in_any_order_answer_everything([0, 1, 2]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_engines_shut_down_mid_read_in_any_order_answer_everything_2_1_0() {
+    shm_engines_shut_down_mid_read_in_any_order_answer_everything([2, 1, 0]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_engines_shut_down_mid_read_in_any_order_answer_everything_1_2_0() {
+    shm_engines_shut_down_mid_read_in_any_order_answer_everything([1, 2, 0]).await;
+}
+
+/// Two `shm` engines of one process; the owner is shut down (teardown
+/// timeout 1 ms) while it sends replies of 8 MiB to the consumer, which
+/// stays open. The owner's endpoint is parked (the consumer may still
+/// reach it), and its replies still complete — the consumer's loop takes
+/// them — yet the owner used to keep their read leases: its source stayed
+/// registered after its shutdown for good (`live_registrations()` 1, the
+/// source's unmap `ShuttingDown` for ever, the domain unclosable), where an
+/// owner whose endpoint is closed instead releases everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_shm_owner_shut_down_while_replying_to_an_engine_of_its_process_leaves_nothing_registered()
+ {
+    common::init_tracing();
+    let config = common::config(Provider::Shm);
+    let owner = OfiEngine::start(
+        config
+            .clone()
+            .with_teardown_timeout(Duration::from_millis(1)),
+    )
+    .expect("owner starts");
+    let consumer = OfiEngine::start(config).expect("consumer starts");
+    consumer
+        .add_peer(common::OWNER, owner.fabric_address())
+        .unwrap();
+    let (o, c) = (owner.backend(), consumer.backend());
+    let len = 8usize << 20;
+    let src = vec![0x21u8; len];
+    let mut dst = vec![0u8; len];
+    let s = o.map_test_memory(src.as_ptr() as usize, len).await.unwrap();
+    let d = c
+        .map_test_memory(dst.as_mut_ptr() as usize, len)
+        .await
+        .unwrap();
+    let request = BackendGet {
+        peer: common::OWNER,
+        remote_addr: src.as_ptr() as u64,
+        packed_key: s.packed_key.clone(),
+        local_region_id: d.backend_region_id,
+        local_offset: 0,
+        len: len as u64,
+        deadline: Some(Duration::from_secs(5)),
+    };
+    // A first read: the owner serves.
+    assert_eq!(c.get_into_test_memory(request.clone()).await, Ok(()));
+    let read = tokio::spawn({
+        let c = c.clone();
+        let requests = vec![request; 32];
+        async move { c.get_batch_into_test_memory(requests).await }
+    });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    owner.shutdown().await;
+    let left = owner.live_registrations();
+    let answers = read.await.unwrap();
+    let unmapped = o.unmap(s.backend_region_id).await;
+    c.unmap(d.backend_region_id).await.unwrap();
+    consumer.shutdown().await;
+    if left != 0 {
+        // Still registered: the test must not free it.
+        std::mem::forget(src);
+    }
+    for answer in &answers {
+        assert!(
+            matches!(
+                answer,
+                Ok(()) | Err(RdmaError::ShuttingDown | RdmaError::Timeout)
+            ),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(left, 0, "the owner's source is still registered");
+    assert_eq!(unmapped, Ok(()));
+    assert_eq!(consumer.live_registrations(), 0);
+}

@@ -391,3 +391,218 @@ fn the_probe_spares_a_stalled_owner_and_finds_a_dead_one() {
     assert_eq!(unmapped, Ok(()));
     assert_eq!(consumer.live_registrations(), 0);
 }
+
+/// Runs the test named `name` (its path in this binary) again in a child
+/// process with `FI_AV_REMOVE_CLEANUP=1`; answers `true` in the child,
+/// where the body runs. libfabric reads the variable once, at start.
+fn in_a_child_that_resets_stalled_connections(name: &str) -> bool {
+    if std::env::var_os("FI_AV_REMOVE_CLEANUP").is_some() {
+        return true;
+    }
+    let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env("FI_AV_REMOVE_CLEANUP", "1")
+        .status()
+        .expect("the child test runs");
+    assert!(status.success(), "the child test failed: {status}");
+    false
+}
+
+/// With `FI_AV_REMOVE_CLEANUP=1` a consumer resets the connection of an
+/// owner whose rendezvous reply stalled past the read's deadline. Reads of
+/// another owner running meanwhile (64 KiB, back to back) must all answer
+/// `Ok` with that owner's bytes, and once the stalled read answered
+/// `Timeout` the same owner, moving again, must be readable on the next
+/// read: "the next read connects anew".
+#[test]
+fn after_a_stalled_connection_is_reset_the_same_owner_is_read_again_and_others_were_never_disturbed()
+ {
+    if !in_a_child_that_resets_stalled_connections(
+        "adversarial_peers::hostile_owners::after_a_stalled_connection_is_reset_the_same_owner_is_read_again_and_others_were_never_disturbed",
+    ) {
+        return;
+    }
+    let mut setup = HostileOwnerSetup::new(Provider::Tcp, 1 << 20);
+    assert!(setup.consumer.resets_stalled_connections());
+    // A second, honest owner engine.
+    let honest = OfiEngine::start(config(Provider::Tcp)).expect("owner starts");
+    setup
+        .consumer
+        .add_peer(PeerId(2), honest.fabric_address())
+        .unwrap();
+    let src = Memory::filled(64 << 10, 0x33);
+    let src_region = src.map(&setup.rt, &honest.backend());
+    let side = Memory::filled(64 << 10, 0);
+    let side_region = side.map(&setup.rt, &setup.consumer.backend());
+    let task = setup.start(&[1 << 20], Duration::from_secs(1));
+    let request = ReadRequest::decode(&setup.owner.take_request()).expect("a single read");
+    let to = setup.to_consumer;
+    setup.owner.send(to, request.request_id, vec![7; 1 << 20]);
+    // The stalled owner does not progress; the honest owner is read back
+    // to back until the stalled read answered (or 5 s).
+    let c = setup.consumer.backend();
+    let mut honest_answers = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    while !task.is_finished() && Instant::now() < until {
+        honest_answers.push(single(
+            &setup.rt,
+            &c,
+            get(
+                PeerId(2),
+                &src_region.packed_key,
+                src.addr() as u64,
+                &side_region,
+                0,
+                64 << 10,
+                Duration::from_secs(10),
+            ),
+        ));
+    }
+    let stalled = setup.answers(task).remove(0);
+    let honest_bytes_right = side.snapshot().iter().all(|&b| b == 0x33);
+    // The raw owner moves again and serves a new read of its own.
+    setup.owner.progress_for(Duration::from_millis(300));
+    let again = setup.start(&[64], Duration::from_secs(5));
+    // Liveness probes sent while it stalled come first; then the request.
+    let served = Requests::default()
+        .next(&mut setup.owner, Duration::from_secs(5))
+        .and_then(|bytes| ReadRequest::decode(&bytes));
+    if let Some(request) = &served {
+        setup.owner.send(to, request.request_id, vec![8; 64]);
+    }
+    let answer_again = setup.answers(again).remove(0);
+    let landed_again = setup.dst.snapshot()[..64].to_vec();
+    let unmapped_side = setup.rt.block_on(c.unmap(side_region.backend_region_id));
+    let unmapped_src = setup
+        .rt
+        .block_on(honest.backend().unmap(src_region.backend_region_id));
+    honest.shutdown_blocking();
+    side.free_after(unmapped_side.is_ok());
+    src.free_after(unmapped_src.is_ok());
+    setup.finish();
+    eprintln!(
+        "stalled: {stalled:?}; honest reads meanwhile: {}; request after reset reached the \
+         owner: {}; answer: {answer_again:?}",
+        honest_answers.len(),
+        served.is_some()
+    );
+    assert_eq!(stalled, Err(RdmaError::Timeout));
+    assert!(
+        honest_answers.iter().all(Result::is_ok),
+        "another owner's reads failed during the reset: {:?}",
+        honest_answers
+            .iter()
+            .filter(|a| a.is_err())
+            .collect::<Vec<_>>()
+    );
+    assert!(honest_bytes_right);
+    assert!(
+        served.is_some(),
+        "the read after the reset never reached the owner"
+    );
+    assert_eq!(answer_again, Ok(()), "the same owner read after the reset");
+    assert!(landed_again.iter().all(|&b| b == 8));
+    assert_eq!(unmapped_side, Ok(()));
+    assert_eq!(unmapped_src, Ok(()));
+}
+
+/// The request-tagged messages a raw owner takes, one receive kept
+/// posted at a time (a receive left posted takes the next message).
+#[derive(Default)]
+struct Requests {
+    posted: Option<(usize, usize)>,
+}
+
+impl Requests {
+    /// The next request (not a liveness probe) the owner takes within
+    /// `span`.
+    fn next(&mut self, owner: &mut RawPeer, span: Duration) -> Option<Vec<u8>> {
+        let until = Instant::now() + span;
+        loop {
+            let (context, index) = *self.posted.get_or_insert_with(|| {
+                owner.receive(
+                    crate::fabric::ADDR_UNSPEC,
+                    crate::protocol::REQUEST_TAG,
+                    0,
+                    crate::protocol::RECEIVE_MAX,
+                )
+            });
+            owner.poll();
+            match owner.ended.get(&context) {
+                Some(Ended::Done { len, .. }) => {
+                    self.posted = None;
+                    let bytes = owner.buffers[index][..*len].to_vec();
+                    if bytes != PROBE {
+                        return Some(bytes);
+                    }
+                }
+                Some(Ended::Failed(_)) => self.posted = None,
+                None if Instant::now() >= until => return None,
+                None => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
+    }
+}
+
+/// Over tcp an owner answers "ask again" (`Unverified`) when its provider
+/// cannot name a request's sender, and the consumer asks once more with
+/// the same id. A hostile owner abuses that: (a) it answers `Unverified`
+/// to every ask — the read must answer the typed `Backend` error after
+/// exactly two requests, not loop; (b) it answers `Unverified`, then
+/// nothing until the read's deadline, then the bytes for that id — the read
+/// answers `Timeout` and nothing lands after it; (c) it answers
+/// `Unverified` only after the deadline — the read answers `Timeout` and
+/// the consumer does not ask again for a read it already answered.
+#[test]
+fn an_owner_that_keeps_answering_ask_again_gets_a_typed_answer_and_no_endless_asking() {
+    use crate::protocol::{Refusal, UNVERIFIED_TEXT, refusal_tag};
+    let mut setup = HostileOwnerSetup::new(Provider::Tcp, 64 << 10);
+    let len = 64u64 << 10;
+    let to = setup.to_consumer;
+    let unverified = |id| refusal_tag(id, Refusal::Unverified);
+    let mut requests = Requests::default();
+    let mut next = |owner: &mut RawPeer, span| {
+        requests
+            .next(owner, span)
+            .and_then(|bytes| ReadRequest::decode(&bytes))
+    };
+    // (a) ask again, forever.
+    let task = setup.start(&[len], Duration::from_secs(10));
+    let first = next(&mut setup.owner, Duration::from_secs(5)).expect("a single read");
+    setup.owner.send(to, unverified(first.request_id), vec![]);
+    let second = next(&mut setup.owner, Duration::from_secs(5)).expect("asked again");
+    setup.owner.send(to, unverified(second.request_id), vec![]);
+    let forever = setup.answers(task).remove(0);
+    let third = next(&mut setup.owner, Duration::from_millis(300));
+    // (b) ask again, then silence past the deadline, then the bytes.
+    let task = setup.start(&[len], Duration::from_millis(500));
+    let asked = next(&mut setup.owner, Duration::from_secs(5)).expect("a single read");
+    setup.owner.send(to, unverified(asked.request_id), vec![]);
+    let again = next(&mut setup.owner, Duration::from_secs(5)).expect("asked again");
+    let silent = setup.answers(task).remove(0);
+    let untouched_b = setup.untouched_after(|owner, to| {
+        owner.send(to, again.request_id, vec![0xEE; len as usize]);
+    });
+    // (c) ask again only after the deadline.
+    let task = setup.start(&[len], Duration::from_millis(300));
+    let late = next(&mut setup.owner, Duration::from_secs(5)).expect("a single read");
+    let expired = setup.answers(task).remove(0);
+    setup.owner.send(to, unverified(late.request_id), vec![]);
+    let asked_after_answer = next(&mut setup.owner, Duration::from_millis(300));
+    let untouched_c = setup.untouched_after(|owner, _| {
+        owner.progress_for(Duration::from_millis(100));
+    });
+    setup.finish();
+    assert_eq!(forever, Err(RdmaError::Backend(UNVERIFIED_TEXT.into())));
+    assert_eq!(second.request_id, first.request_id, "asked again, same id");
+    assert_eq!(third, None, "a third request after two ask-agains");
+    assert_eq!(asked.request_id, again.request_id);
+    assert_eq!(silent, Err(RdmaError::Timeout));
+    assert!(untouched_b, "a reply landed after the Timeout");
+    assert_eq!(expired, Err(RdmaError::Timeout));
+    assert!(untouched_c);
+    assert_eq!(
+        asked_after_answer, None,
+        "asked again for a read already answered"
+    );
+}
