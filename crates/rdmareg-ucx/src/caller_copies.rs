@@ -16,8 +16,9 @@
 //!   once it would copy that peer's reads itself: the peer published its
 //!   process beside its direct lane, shares this engine's pid space, and UCX
 //!   reached the lane (`gets::copy_source`). Withdrawn by the thread when the
-//!   peer is removed or re-added, when the kernel refuses a copy, when a
-//!   direct endpoint fails, and at teardown.
+//!   peer is removed or re-added, when the kernel refuses a copy or finds
+//!   the owner process gone (its pid may name another process later), when
+//!   a direct endpoint fails, and at teardown.
 //! - **The destination's mapped range**, per region. Published by the
 //!   thread when a map succeeds, withdrawn when an unmap is *submitted*
 //!   (by the backend, before the command enters the ring) and again by the
