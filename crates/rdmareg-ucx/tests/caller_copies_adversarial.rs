@@ -306,3 +306,44 @@ async fn the_registry_keeps_its_pool_and_shutdown_guarantees_over_caller_copies(
     owner.shutdown().await;
     assert_eq!(owner.live_registrations(), Some(0));
 }
+
+/// A task that reads in a loop under `tokio::time::timeout`, on a runtime
+/// of one thread, ends when the timeout passes. Reads through the progress
+/// thread wait for its answer, so the loop yields on each; a read copied on
+/// the caller's thread answers on its first poll, and a loop of them must
+/// still yield now and then, or the timer (and every other task of the
+/// thread) never runs again.
+#[test]
+fn a_loop_of_caller_copied_reads_under_a_timeout_ends_when_the_timeout_passes() {
+    /// Far more reads than fit in the timeout: reaching it means the timer
+    /// never got a turn.
+    const CAP: u64 = 300_000;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (owner, consumer) = engines_with(same_host());
+        let (ob, cb) = (owner.backend(), consumer.backend());
+        let src = PageBuf::filled(64, pattern);
+        let source = describe(&src, &map(&ob, &src).await);
+        let dst = PageBuf::zeroed(64);
+        let region = map(&cb, &dst).await;
+        assert_eq!(read_from(&cb, OWNER, &source, &region, 0).await, Ok(()));
+        let mut reads = 0u64;
+        let looped = tokio::time::timeout(Duration::from_millis(50), async {
+            while reads < CAP {
+                assert_eq!(read_from(&cb, OWNER, &source, &region, 0).await, Ok(()));
+                reads += 1;
+            }
+        })
+        .await;
+        assert!(consumer.reads_copied_on_caller_threads() > 0);
+        consumer.shutdown().await;
+        owner.shutdown().await;
+        assert!(
+            looped.is_err(),
+            "the timeout never fired: {reads} reads ran without a yield"
+        );
+    });
+}
