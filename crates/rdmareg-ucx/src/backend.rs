@@ -175,6 +175,9 @@ unsafe impl RdmaBackend for UcxBackend {
             // SAFETY: this method's contract is `try_copy`'s.
             if !self.shared.is_closed() && unsafe { self.shared.caller_copies().try_copy(&request) }
             {
+                if crate::caller_copies::yield_due() {
+                    yield_once().await;
+                }
                 return Ok(());
             }
             let (reply, answer) = oneshot::channel();
@@ -216,4 +219,20 @@ unsafe impl RdmaBackend for UcxBackend {
     fn live_registrations(&self) -> Option<usize> {
         Some(self.shared.live_registrations())
     }
+}
+
+/// Returns `Pending` once (waking its task at once), then `Ready`: gives
+/// the executor a turn without waiting for anything.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
