@@ -347,3 +347,66 @@ fn a_loop_of_caller_copied_reads_under_a_timeout_ends_when_the_timeout_passes() 
         );
     });
 }
+
+/// The owner engine (in this process: its memory stays) shuts down while
+/// readers copy from it on two threads. Nothing panics or hangs; each read
+/// answers, whole when `Ok` (the owner's bytes are still there), and the
+/// consumer then shuts down with nothing registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_shutting_down_under_copying_readers_leaves_every_read_answered() {
+    for round in 0..20 {
+        let (owner, consumer) = engines_with(same_host());
+        let (ob, cb) = (owner.backend(), consumer.backend());
+        let src = PageBuf::filled(LEN, pattern);
+        let source = describe(&src, &map(&ob, &src).await);
+        let dsts: Vec<Arc<PageBuf>> = (0..2).map(|_| Arc::new(PageBuf::zeroed(LEN))).collect();
+        let mut regions = Vec::new();
+        for dst in &dsts {
+            regions.push(map(&cb, dst).await);
+        }
+        let want = Arc::new(src.snapshot());
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = dsts
+            .iter()
+            .zip(&regions)
+            .map(|(dst, region)| {
+                let (cb, source, region, stop, dst, want) = (
+                    cb.clone(),
+                    source.clone(),
+                    region.clone(),
+                    Arc::clone(&stop),
+                    Arc::clone(dst),
+                    Arc::clone(&want),
+                );
+                tokio::spawn(async move {
+                    let mut errors = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        dst.fill(0);
+                        match read_from(&cb, OWNER, &source, &region, 0).await {
+                            Ok(()) => assert!(dst.snapshot() == *want, "an Ok read is whole"),
+                            Err(_) => errors += 1,
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    errors
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::timeout(Duration::from_secs(20), owner.shutdown())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the owner's shutdown hung"));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        stop.store(true, Ordering::Relaxed);
+        for reader in readers {
+            tokio::time::timeout(Duration::from_secs(20), reader)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: a reader hung"))
+                .unwrap();
+        }
+        consumer.shutdown().await;
+        assert_eq!(owner.live_registrations(), Some(0));
+        assert_eq!(consumer.live_registrations(), Some(0));
+        drop(src);
+    }
+}
