@@ -177,6 +177,9 @@ unsafe impl RdmaBackend for UcxBackend {
                 unsafe { self.shared.caller_copies().try_copy(&request) }
             };
             if copied {
+                if crate::caller_copies::yield_due() {
+                    yield_once().await;
+                }
                 return Ok(());
             }
             let (reply, answer) = oneshot::channel();
@@ -203,6 +206,9 @@ unsafe impl RdmaBackend for UcxBackend {
                 unsafe { self.shared.caller_copies().try_copy_batch(&requests) }
             };
             if copied {
+                if crate::caller_copies::yield_due() {
+                    yield_once().await;
+                }
                 return vec![Ok(()); entries];
             }
             let (reply, answer) = oneshot::channel();
@@ -225,4 +231,20 @@ unsafe impl RdmaBackend for UcxBackend {
     fn live_registrations(&self) -> Option<usize> {
         Some(self.shared.live_registrations())
     }
+}
+
+/// Returns `Pending` once (waking its task at once), then `Ready`: gives
+/// the executor a turn without waiting for anything.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }

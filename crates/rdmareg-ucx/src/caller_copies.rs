@@ -16,8 +16,9 @@
 //!   once it would copy that peer's reads itself: the peer published its
 //!   process beside its direct lane, shares this engine's pid space, and UCX
 //!   reached the lane (`gets::copy_source`). Withdrawn by the thread when the
-//!   peer is removed or re-added, when the kernel refuses a copy, when a
-//!   direct endpoint fails, and at teardown.
+//!   peer is removed or re-added, when the kernel refuses a copy or finds
+//!   the owner process gone (its pid may name another process later), when
+//!   a direct endpoint fails, and at teardown.
 //! - **The destination's mapped range**, per region. Published by the
 //!   thread when a map succeeds, withdrawn when an unmap is *submitted*
 //!   (by the backend, before the command enters the ring) and again by the
@@ -53,7 +54,13 @@
 //!   writes it again or answers an error, as for any failed read.
 //! - **Deadlines do not apply.** A copy never waits on a peer, as on the
 //!   thread.
+//! - **A loop of copies still yields.** A copied read (or batch) answers
+//!   on its first poll, so a task reading in a loop would never give its executor a turn
+//!   (no timer fires, no other task of a one-thread runtime runs). Every
+//!   [`COPIES_BETWEEN_YIELDS`]th copy on a thread yields once after its
+//!   bytes landed (`yield_due`).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -63,6 +70,27 @@ use rustc_hash::FxHashMap as HashMap;
 use crate::packed_key::{PackedKeyFormat, validate_packed_key};
 use crate::progress::vectored::{CopyEntry, copy_from_process};
 use crate::read_protocol::ReadKey;
+
+/// Copies on one thread between two yields of the reads that made them:
+/// a read yielding costs one more poll, so one in this many keeps that
+/// cost small while a loop of reads still lets its executor run timers and
+/// other tasks (Tokio's own budget is 128 operations).
+pub(crate) const COPIES_BETWEEN_YIELDS: u32 = 64;
+
+thread_local! {
+    static COPIES_SINCE_YIELD: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Counts a copy made on this thread; `true` when the read that made it
+/// is to yield once before it answers.
+pub(crate) fn yield_due() -> bool {
+    COPIES_SINCE_YIELD.with(|copies| {
+        let count = copies.get() + 1;
+        let due = count >= COPIES_BETWEEN_YIELDS;
+        copies.set(if due { 0 } else { count });
+        due
+    })
+}
 
 /// What the progress thread has published for the caller's copies.
 #[derive(Debug, Default)]

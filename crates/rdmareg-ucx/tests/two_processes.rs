@@ -5,7 +5,9 @@
 //! peer stopped with SIGSTOP, consumers (another re-execution, role
 //! `consumer`) SIGKILLed while the owner serves them, and who may use the
 //! same-host direct-read lane: a reader (role `prober`) of the owner's user
-//! reads one-sided, one of another user only through the owner.
+//! reads one-sided, one of another user only through the owner; and that
+//! an owner's pid, once it died, is not trusted again when another process
+//! takes it.
 //!
 //! The binary has its own `main` (no libtest harness) because it is also
 //! the owner. Arguments that do not start with `-` filter tests by substring.
@@ -574,6 +576,112 @@ fn killed_consumers_never_take_the_owner_down(transport: &str, rounds: u64) {
     owner.finish();
 }
 
+/// An owner of 4 KiB whose bytes are the pattern XORed with `xor`, started
+/// without address randomisation, so that two such owners place their
+/// buffers at the same address. Returns the child, its stdin (the owner
+/// serves until it closes), its address and its descriptor.
+fn spawn_owner_without_aslr(xor: u8) -> (Child, ChildStdin, Bytes, Descriptor) {
+    let mut child = Command::new("setarch")
+        .args(["x86_64", "-R"])
+        .arg(std::env::current_exe().unwrap())
+        .env(ROLE, "owner")
+        .env(FILL_XOR, xor.to_string())
+        .env(TRANSPORT, "same-host")
+        .env(SIZE, "4096")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("owner process starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("owner announces itself");
+    let mut words = line.split_whitespace();
+    assert_eq!(words.next(), Some("READY"), "owner said {line:?}");
+    let address = Bytes::from(unhex(words.next().expect("address")));
+    let descriptor = Descriptor::decode(&unhex(words.next().expect("descriptor"))).unwrap();
+    let stdin = child.stdin.take().unwrap();
+    (child, stdin, address, descriptor)
+}
+
+/// An owner process dies (SIGKILL, reaped), reads from it fail, and then an
+/// unrelated process of the same user is started under the dead owner's
+/// pid, with other bytes at the same address. A read from the dead owner
+/// must keep failing: it must not copy the newcomer's memory and answer
+/// `Ok`. Reads are copied by the caller (`caller_copy_limit` above the
+/// read) or by the progress thread (`0`). Needs root, to choose the pid
+/// (`/proc/sys/kernel/ns_last_pid`).
+fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(limit: usize) {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not run: choosing a pid needs root");
+        return;
+    }
+    let (mut child, stdin, address, descriptor) = spawn_owner_without_aslr(0);
+    let engine = UcxEngine::start(config(Transport::SameHost).with_caller_copy_limit(limit))
+        .expect("consumer engine starts");
+    engine.add_peer(OWNER, address).unwrap();
+    let backend = engine.backend();
+    let rt = runtime();
+    let dst = PageBuf::zeroed(4096);
+    let region = rt.block_on(map(&backend, &dst));
+    let request = get_request(OWNER, &descriptor, &region, 0, None);
+    let read = || rt.block_on(backend.get_into_test_memory(request.clone()));
+    for _ in 0..2 {
+        assert_eq!(read(), Ok(()));
+    }
+    assert!(dst.snapshot() == PageBuf::filled(4096, pattern).snapshot());
+    let pid = child.id();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(stdin);
+    for _ in 0..3 {
+        let answer = read();
+        assert!(
+            answer.is_err(),
+            "a read from a dead owner answered {answer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The next process forked takes the dead owner's pid.
+    let mut newcomer = None;
+    for _ in 0..5 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("ns_last_pid is writable by root");
+        let spawned = spawn_owner_without_aslr(0x5A);
+        if spawned.0.id() == pid {
+            newcomer = Some(spawned);
+            break;
+        }
+        let (mut other, ..) = spawned;
+        let _ = other.kill();
+        let _ = other.wait();
+    }
+    let (mut newcomer, newcomer_stdin, _, newcomer_descriptor) =
+        newcomer.expect("a process took the dead owner's pid");
+    assert_eq!(
+        newcomer_descriptor.addr(),
+        descriptor.addr(),
+        "without randomisation the newcomer's buffer lies where the owner's did"
+    );
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        dst.fill(0);
+        answers.push(read());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let landed = dst.snapshot() != vec![0; 4096];
+    rt.block_on(async { assert_eq!(backend.unmap(region.backend_region_id).await, Ok(())) });
+    engine.shutdown_blocking();
+    drop(newcomer_stdin);
+    let _ = newcomer.wait();
+    assert!(
+        answers.iter().all(Result::is_err) && !landed,
+        "reads from the dead owner copied the newcomer's memory: {answers:?}"
+    );
+}
+
 fn main() {
     match std::env::var(ROLE).as_deref() {
         Ok("owner") => return owner_main(),
@@ -582,6 +690,20 @@ fn main() {
         _ => {}
     }
     let tests: Vec<(&str, TestFn)> = vec![
+        (
+            "a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid_by_the_caller",
+            Box::new(|| {
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
+                    rdmareg_ucx::UcxConfig::DEFAULT_CALLER_COPY_LIMIT,
+                )
+            }),
+        ),
+        (
+            "a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid_by_the_thread",
+            Box::new(|| {
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(0)
+            }),
+        ),
         (
             "get_across_processes_moves_the_right_bytes_over_tcp",
             Box::new(|| get_across_processes_moves_the_right_bytes("tcp")),

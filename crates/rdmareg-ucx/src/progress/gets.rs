@@ -715,6 +715,17 @@ impl Engine {
                         fallback.push((copy.request.clone(), answer));
                     }
                     Err(err) => {
+                        if err.is_gone() {
+                            // Its pid may name another process later: never
+                            // copy from it again (the caller's copies
+                            // included); the peer's reads go through UCX,
+                            // which tells a dead peer.
+                            tracing::debug!(peer = %copy.request.peer, "same-host owner process gone; no longer copying from its pid");
+                            if let Some(connection) = self.peers.connection_mut(copy.request.peer) {
+                                connection.process = None;
+                            }
+                            self.signals.caller_copies.withdraw_all_sources();
+                        }
                         answer.send(Err(RdmaError::Backend(format!(
                             "ucx: same-host copy from {} failed: {err}",
                             copy.request.peer

@@ -50,6 +50,14 @@ impl CopyError {
     }
 }
 
+impl CopyError {
+    /// Whether the owner process no longer exists: its pid is free for
+    /// another process, so it must not be copied from again.
+    pub(crate) fn is_gone(self) -> bool {
+        self.0 == libc::ESRCH
+    }
+}
+
 impl std::fmt::Display for CopyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let what = match self.0 {
