@@ -955,6 +955,39 @@ fn a_flood_of_made_up_reply_addresses_does_not_fail_a_consumer_reading_meanwhile
     a_flood_of_made_up_reply_addresses_does_not_fail_a_consumer_reading_meanwhile();
 }
 
+/// Sends one fewer made-up reply address than the owner keeps consumer
+/// addresses, each in a request of its own that the owner refuses to it:
+/// the owner's table is then full of idle entries.
+fn send_made_up_reply_addresses(peer: &mut RawPeer, to_owner: u64) {
+    for i in 0..crate::progress::MAX_SERVED_PEERS as u64 - 1 {
+        let reply_to = loopback(20_000 + i as u16);
+        peer.send(
+            to_owner,
+            REQUEST_TAG,
+            forged_request(
+                i + 1000,
+                u64::MAX,
+                [0; CAPABILITY_LEN],
+                0x1000,
+                8,
+                &reply_to,
+            ),
+        );
+        if i % 64 == 0 {
+            peer.poll();
+        }
+    }
+}
+
+/// Progresses `peer` until the owner counted `expected` unconfirmed
+/// requests, or 10 s passed.
+fn wait_for_unconfirmed(owner: &OfiEngine, peer: &mut RawPeer, expected: u64) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while owner.unconfirmed_requests() < expected && Instant::now() < until {
+        peer.progress_for(Duration::from_millis(10));
+    }
+}
+
 /// Attack on the sender check over tcp. The provider names a request's
 /// sender by an address-vector entry, and keeps naming a connection by the
 /// entry its address had even after the owner removed that entry, whose
@@ -982,31 +1015,14 @@ fn a_peer_cannot_pass_for_a_bystander_by_making_the_owner_forget_and_reuse_its_e
     let mut attacker = RawPeer::open(&config);
     let to_owner = attacker.insert(&owner.fabric_address());
     attacker.introduce(to_owner, 99);
-    for i in 0..crate::progress::MAX_SERVED_PEERS as u64 - 1 {
-        let reply_to = loopback(20_000 + i as u16);
-        attacker.send(
-            to_owner,
-            REQUEST_TAG,
-            forged_request(
-                i + 1000,
-                u64::MAX,
-                [0; CAPABILITY_LEN],
-                0x1000,
-                8,
-                &reply_to,
-            ),
-        );
-        if i % 64 == 0 {
-            attacker.poll();
-        }
-    }
+    send_made_up_reply_addresses(&mut attacker, to_owner);
     // Every request so far was answered (the introduction and the flood),
     // or 10 s passed.
-    let expected = crate::progress::MAX_SERVED_PEERS as u64;
-    let until = Instant::now() + Duration::from_secs(10);
-    while owner.unconfirmed_requests() < expected && Instant::now() < until {
-        attacker.progress_for(Duration::from_millis(10));
-    }
+    wait_for_unconfirmed(
+        &owner,
+        &mut attacker,
+        crate::progress::MAX_SERVED_PEERS as u64,
+    );
     let flooded = owner.unconfirmed_requests();
     attacker.send(to_owner, REQUEST_TAG, request);
     attacker.progress_for(Duration::from_millis(300));
@@ -1062,24 +1078,7 @@ fn a_peer_cannot_pass_for_a_bystander_that_took_its_forgotten_entry_earlier() {
     let mut helper = RawPeer::open(&config);
     let helper_to_owner = helper.insert(&owner.fabric_address());
     helper.introduce(helper_to_owner, 98);
-    for i in 0..crate::progress::MAX_SERVED_PEERS as u64 - 1 {
-        let reply_to = loopback(20_000 + i as u16);
-        helper.send(
-            helper_to_owner,
-            REQUEST_TAG,
-            forged_request(
-                i + 1000,
-                u64::MAX,
-                [0; CAPABILITY_LEN],
-                0x1000,
-                8,
-                &reply_to,
-            ),
-        );
-        if i % 64 == 0 {
-            helper.poll();
-        }
-    }
+    send_made_up_reply_addresses(&mut helper, helper_to_owner);
     helper.progress_for(Duration::from_millis(500));
     let key = PackedKey::decode(&src_region.packed_key).unwrap();
     helper.send(
@@ -1095,11 +1094,11 @@ fn a_peer_cannot_pass_for_a_bystander_that_took_its_forgotten_entry_earlier() {
         ),
     );
     // Every request of the helper was answered (or 10 s passed).
-    let expected = crate::progress::MAX_SERVED_PEERS as u64 + 2;
-    let until = Instant::now() + Duration::from_secs(10);
-    while owner.unconfirmed_requests() < expected && Instant::now() < until {
-        helper.progress_for(Duration::from_millis(10));
-    }
+    wait_for_unconfirmed(
+        &owner,
+        &mut helper,
+        crate::progress::MAX_SERVED_PEERS as u64 + 2,
+    );
     let before = owner.unconfirmed_requests();
     attacker.send(to_owner, REQUEST_TAG, request);
     attacker.progress_for(Duration::from_millis(300));
