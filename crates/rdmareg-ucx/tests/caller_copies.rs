@@ -58,9 +58,11 @@ impl Setup {
     }
 
     async fn read(&self) -> Result<(), RdmaError> {
-        self.consumer_backend
-            .get_into_test_memory(self.request())
-            .await
+        self.read_request(self.request()).await
+    }
+
+    async fn read_request(&self, request: rdmareg_core::BackendGet) -> Result<(), RdmaError> {
+        self.consumer_backend.get_into_test_memory(request).await
     }
 
     fn copied(&self) -> u64 {
@@ -105,10 +107,7 @@ async fn a_read_above_the_limit_goes_through_the_thread() {
     assert!(setup.dst.snapshot() == setup.src.snapshot());
     let mut request = setup.request();
     request.len = LEN as u64;
-    assert_eq!(
-        setup.consumer_backend.get_into_test_memory(request).await,
-        Ok(())
-    );
+    assert_eq!(setup.read_request(request).await, Ok(()));
     assert_eq!(setup.copied(), 1, "4 KiB is at the limit");
     setup.shutdown().await;
 }
@@ -184,10 +183,7 @@ async fn a_peer_re_added_with_another_address_is_checked_by_the_thread_again() {
         0,
         None,
     );
-    assert_eq!(
-        setup.consumer_backend.get_into_test_memory(request).await,
-        Ok(())
-    );
+    assert_eq!(setup.read_request(request).await, Ok(()));
     assert_eq!(
         setup.copied(),
         1,
@@ -205,37 +201,25 @@ async fn a_caller_copy_outside_the_keys_range_or_the_destination_gets_the_thread
     let mut past_the_key = setup.request();
     past_the_key.remote_addr += 1;
     assert_eq!(
-        setup
-            .consumer_backend
-            .get_into_test_memory(past_the_key)
-            .await,
+        setup.read_request(past_the_key).await,
         Err(RdmaError::OutOfRange)
     );
     let mut past_the_destination = setup.request();
     past_the_destination.local_offset = 1;
     assert_eq!(
-        setup
-            .consumer_backend
-            .get_into_test_memory(past_the_destination)
-            .await,
+        setup.read_request(past_the_destination).await,
         Err(RdmaError::OutOfRange)
     );
     let mut unknown_destination = setup.request();
     unknown_destination.local_region_id = u64::MAX;
     assert_eq!(
-        setup
-            .consumer_backend
-            .get_into_test_memory(unknown_destination)
-            .await,
+        setup.read_request(unknown_destination).await,
         Err(RdmaError::RegionNotFound)
     );
     let mut unknown_peer = setup.request();
     unknown_peer.peer = PeerId(99);
     assert_eq!(
-        setup
-            .consumer_backend
-            .get_into_test_memory(unknown_peer)
-            .await,
+        setup.read_request(unknown_peer).await,
         Err(RdmaError::NotConfigured)
     );
     assert_eq!(setup.copied(), 0);
@@ -366,10 +350,7 @@ async fn a_batch_above_the_limit_in_all_goes_through_the_thread() {
     let setup = Setup::new(same_host().with_caller_copy_limit(LEN / 2), LEN).await;
     let mut first = setup.request();
     first.len = (LEN / 2) as u64;
-    assert_eq!(
-        setup.consumer_backend.get_into_test_memory(first).await,
-        Ok(())
-    );
+    assert_eq!(setup.read_request(first).await, Ok(()));
     let answers = setup
         .consumer_backend
         .get_batch_into_test_memory(pieces(&setup, 4))

@@ -160,7 +160,29 @@ impl Owner {
 
     /// An owner whose bytes are the pattern XORed with `xor`.
     fn spawn_filled(transport: &str, size: usize, xor: u8) -> Owner {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        Owner::start(
+            Command::new(std::env::current_exe().unwrap()),
+            transport,
+            size,
+            xor,
+        )
+    }
+
+    /// An owner of 4 KiB on the same-host lane whose bytes are the pattern
+    /// XORed with `xor`, started without address randomisation, so that two
+    /// such owners place their buffers at the same address.
+    fn spawn_without_aslr(xor: u8) -> Owner {
+        let mut command = Command::new("setarch");
+        command
+            .args(["x86_64", "-R"])
+            .arg(std::env::current_exe().unwrap());
+        Owner::start(command, "same-host", 4096, xor)
+    }
+
+    /// Runs `command` (this binary, possibly behind a launcher) as an owner
+    /// and reads its announcement.
+    fn start(mut command: Command, transport: &str, size: usize, xor: u8) -> Owner {
+        let mut child = command
             .env(ROLE, "owner")
             .env(FILL_XOR, xor.to_string())
             .env(TRANSPORT, transport)
@@ -576,35 +598,6 @@ fn killed_consumers_never_take_the_owner_down(transport: &str, rounds: u64) {
     owner.finish();
 }
 
-/// An owner of 4 KiB whose bytes are the pattern XORed with `xor`, started
-/// without address randomisation, so that two such owners place their
-/// buffers at the same address. Returns the child, its stdin (the owner
-/// serves until it closes), its address and its descriptor.
-fn spawn_owner_without_aslr(xor: u8) -> (Child, ChildStdin, Bytes, Descriptor) {
-    let mut child = Command::new("setarch")
-        .args(["x86_64", "-R"])
-        .arg(std::env::current_exe().unwrap())
-        .env(ROLE, "owner")
-        .env(FILL_XOR, xor.to_string())
-        .env(TRANSPORT, "same-host")
-        .env(SIZE, "4096")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("owner process starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("owner announces itself");
-    let mut words = line.split_whitespace();
-    assert_eq!(words.next(), Some("READY"), "owner said {line:?}");
-    let address = Bytes::from(unhex(words.next().expect("address")));
-    let descriptor = Descriptor::decode(&unhex(words.next().expect("descriptor"))).unwrap();
-    let stdin = child.stdin.take().unwrap();
-    (child, stdin, address, descriptor)
-}
-
 /// An owner process dies (SIGKILL, reaped), reads from it fail, and then an
 /// unrelated process of the same user is started under the dead owner's
 /// pid, with other bytes at the same address. A read from the dead owner
@@ -618,10 +611,11 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
         eprintln!("not run: choosing a pid needs root");
         return;
     }
-    let (mut child, stdin, address, descriptor) = spawn_owner_without_aslr(0);
+    let owner = Owner::spawn_without_aslr(0);
+    let descriptor = owner.descriptor.clone();
     let engine = UcxEngine::start(config(Transport::SameHost).with_caller_copy_limit(limit))
         .expect("consumer engine starts");
-    engine.add_peer(OWNER, address).unwrap();
+    engine.add_peer(OWNER, owner.address.clone()).unwrap();
     let backend = engine.backend();
     let rt = runtime();
     let dst = PageBuf::zeroed(4096);
@@ -632,10 +626,9 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
         assert_eq!(read(), Ok(()));
     }
     assert!(dst.snapshot() == PageBuf::filled(4096, pattern).snapshot());
-    let pid = child.id();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    drop(stdin);
+    let pid = owner.child.id();
+    // Killed and reaped.
+    drop(owner);
     for _ in 0..3 {
         let answer = read();
         assert!(
@@ -649,19 +642,15 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
     for _ in 0..5 {
         std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
             .expect("ns_last_pid is writable by root");
-        let spawned = spawn_owner_without_aslr(0x5A);
-        if spawned.0.id() == pid {
+        let spawned = Owner::spawn_without_aslr(0x5A);
+        if spawned.child.id() == pid {
             newcomer = Some(spawned);
             break;
         }
-        let (mut other, ..) = spawned;
-        let _ = other.kill();
-        let _ = other.wait();
     }
-    let (mut newcomer, newcomer_stdin, _, newcomer_descriptor) =
-        newcomer.expect("a process took the dead owner's pid");
+    let newcomer = newcomer.expect("a process took the dead owner's pid");
     assert_eq!(
-        newcomer_descriptor.addr(),
+        newcomer.descriptor.addr(),
         descriptor.addr(),
         "without randomisation the newcomer's buffer lies where the owner's did"
     );
@@ -674,8 +663,7 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
     let landed = dst.snapshot() != vec![0; 4096];
     rt.block_on(async { assert_eq!(backend.unmap(region.backend_region_id).await, Ok(())) });
     engine.shutdown_blocking();
-    drop(newcomer_stdin);
-    let _ = newcomer.wait();
+    drop(newcomer);
     assert!(
         answers.iter().all(Result::is_err) && !landed,
         "reads from the dead owner copied the newcomer's memory: {answers:?}"

@@ -708,10 +708,7 @@ impl Engine {
                     }
                     Err(err) if err.is_refusal() => {
                         tracing::debug!(peer = %copy.request.peer, error = %err, "same-host copies refused; reading through UCX");
-                        if let Some(connection) = self.peers.connection_mut(copy.request.peer) {
-                            connection.process = None;
-                        }
-                        self.signals.caller_copies.withdraw_all_sources();
+                        self.stop_copying_from(copy.request.peer);
                         fallback.push((copy.request.clone(), answer));
                     }
                     Err(err) => {
@@ -721,10 +718,7 @@ impl Engine {
                             // included); the peer's reads go through UCX,
                             // which tells a dead peer.
                             tracing::debug!(peer = %copy.request.peer, "same-host owner process gone; no longer copying from its pid");
-                            if let Some(connection) = self.peers.connection_mut(copy.request.peer) {
-                                connection.process = None;
-                            }
-                            self.signals.caller_copies.withdraw_all_sources();
+                            self.stop_copying_from(copy.request.peer);
                         }
                         answer.send(Err(RdmaError::Backend(format!(
                             "ucx: same-host copy from {} failed: {err}",
@@ -742,6 +736,16 @@ impl Engine {
         // A fallback never gathers again: its peer's process was cleared.
         debug_assert!(self.copies.is_empty());
         self.copy_source_memo = None;
+    }
+
+    /// `peer`'s reads no longer copy from its process, on this thread or
+    /// on callers' (whose sources are all withdrawn: rare, and the thread
+    /// republishes what still holds); they go through UCX.
+    fn stop_copying_from(&mut self, peer: PeerId) {
+        if let Some(connection) = self.peers.connection_mut(peer) {
+            connection.process = None;
+        }
+        self.signals.caller_copies.withdraw_all_sources();
     }
 
     fn try_post_get(

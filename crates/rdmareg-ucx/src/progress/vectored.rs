@@ -48,9 +48,7 @@ impl CopyError {
     pub(crate) fn is_refusal(self) -> bool {
         self.0 == libc::EPERM || self.0 == libc::ENOSYS
     }
-}
 
-impl CopyError {
     /// Whether the owner process no longer exists: its pid is free for
     /// another process, so it must not be copied from again.
     pub(crate) fn is_gone(self) -> bool {
