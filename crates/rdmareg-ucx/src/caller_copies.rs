@@ -12,7 +12,9 @@
 //!
 //! # What the caller needs, and who publishes it
 //!
-//! - **The owner's process**, per peer. Published by the progress thread
+//! - **The owner's process**, per peer, held by a pidfd
+//!   (`owner_process`): a copy is kept only if the owner is alive after it.
+//!   Published by the progress thread
 //!   once it would copy that peer's reads itself: the peer published its
 //!   process beside its direct lane, shares this engine's pid space, and UCX
 //!   reached the lane (`gets::copy_source`). Withdrawn by the thread when the
@@ -62,11 +64,12 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use rdmareg_core::{BackendGet, PeerId};
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::owner_process::OwnerProcess;
 use crate::packed_key::{PackedKeyFormat, validate_packed_key};
 use crate::progress::vectored::{CopyEntry, copy_from_process};
 use crate::read_protocol::ReadKey;
@@ -98,7 +101,7 @@ struct Published {
     /// Region id → the mapped pointer and length.
     destinations: HashMap<u64, (usize, usize)>,
     /// Peer → the owner process its same-host reads are copied from.
-    sources: HashMap<PeerId, u32>,
+    sources: HashMap<PeerId, Arc<OwnerProcess>>,
 }
 
 /// The tables and counters the caller's copies read; one per engine,
@@ -163,15 +166,20 @@ impl CallerCopies {
         }
     }
 
-    /// `peer`'s same-host reads may be copied out of process `pid`.
-    pub(crate) fn publish_source(&self, peer: PeerId, pid: u32) {
+    /// `peer`'s same-host reads may be copied out of `owner`.
+    pub(crate) fn publish_source(&self, peer: PeerId, owner: &Arc<OwnerProcess>) {
         if self.limit == 0 {
             return;
         }
-        if self.read().sources.get(&peer) == Some(&pid) {
+        if self
+            .read()
+            .sources
+            .get(&peer)
+            .is_some_and(|published| Arc::ptr_eq(published, owner))
+        {
             return;
         }
-        self.write().sources.insert(peer, pid);
+        self.write().sources.insert(peer, Arc::clone(owner));
     }
 
     /// `peer`'s reads go through the thread again.
@@ -275,15 +283,15 @@ impl CallerCopies {
             }
         }
         let published = self.read();
-        let mut pid = None;
+        let mut owner: Option<&Arc<OwnerProcess>> = None;
         let mut entries = Vec::with_capacity(requests.len());
         for request in requests {
-            let Some(&source) = published.sources.get(&request.peer) else {
+            let Some(source) = published.sources.get(&request.peer) else {
                 return false;
             };
             // One owner process per batch copied here; a batch across
             // owners is the thread's.
-            if *pid.get_or_insert(source) != source {
+            if !Arc::ptr_eq(owner.get_or_insert(source), source) {
                 return false;
             }
             let Some(&(ptr, mapped_len)) = published.destinations.get(&request.local_region_id)
@@ -304,7 +312,7 @@ impl CallerCopies {
                 len: request.len as usize,
             });
         }
-        let Some(pid) = pid else {
+        let Some(owner) = owner else {
             return false;
         };
         // SAFETY: every destination lies inside a region this engine mapped
@@ -312,7 +320,7 @@ impl CallerCopies {
         // each stays mapped while `published` is held; the caller's contract
         // gives each read its range alone until it is answered, which is
         // after this returns.
-        let outcomes = unsafe { copy_from_process(pid, &entries) };
+        let outcomes = unsafe { copy_from_process(owner, &entries) };
         drop(published);
         let copied = outcomes.iter().all(|outcome| outcome.is_ok());
         if copied {

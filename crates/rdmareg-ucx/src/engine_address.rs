@@ -2,19 +2,22 @@
 //! its serving worker's address and, if it opened one, the address of its
 //! same-host direct-read lane.
 //!
-//! # Wire format (version 1)
+//! # Wire format (version 2)
 //!
 //! | bytes | field |
 //! |---|---|
 //! | 2 | magic `"RW"` |
-//! | 1 | version, `1` |
+//! | 1 | version: `2` when a process identity follows, else `1` |
 //! | 1 | flags: bit 0 — a direct-read address follows; other bits zero |
 //! | 2 | serving address length `n` (u16, little-endian), at least 1 |
 //! | `n` | the serving worker's packed UCP address |
 //! | 2 + `m` | only with flag bit 0: length `m` (u16, little-endian, at least 1) and the direct-read worker's packed UCP address |
-//! | 28 | only with flag bit 1, which needs bit 0: the engine's process — its id (u32) and the inode of its pid namespace (u64), little-endian, then its kernel's boot id (16 bytes) |
+//! | 36 | only with flag bit 1, which needs bit 0: the engine's process — its id (u32) and the inode of its pid namespace (u64), little-endian, its kernel's boot id (16 bytes), then its start time in clock ticks since boot (u64, little-endian) |
 //!
-//! Nothing may follow. Each packed UCP address inside is validated against
+//! Nothing may follow. Version 1 is the same without the start time (a
+//! 28-byte process identity); it still decodes, and its process identity is
+//! dropped, because without a start time the process cannot be confirmed
+//! (`owner_process`): its reads go through UCX. Each packed UCP address inside is validated against
 //! the loaded UCX's layout ([`crate::worker_address`]) before UCX sees it.
 //!
 //! # Bare UCP addresses
@@ -35,18 +38,22 @@
 //! read it. The boot id names the running kernel, so a peer on another host
 //! never takes the id for one of its own processes, and the namespace inode
 //! keeps a peer in another pid namespace (a container) from reading a
-//! stranger that has the same number there.
+//! stranger that has the same number there. The start time tells the owner
+//! from a later process given the same pid after the owner exited.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::worker_address::{WorkerAddressError, WorkerAddressFormat};
 
 const MAGIC: [u8; 2] = *b"RW";
-const VERSION: u8 = 1;
+/// The envelope without a start time in its process identity.
+const VERSION_WITHOUT_START_TIME: u8 = 1;
+const VERSION: u8 = 2;
 const FLAG_DIRECT: u8 = 0x01;
 const FLAG_PROCESS: u8 = 0x02;
 const HEADER_LEN: usize = 6;
-const PROCESS_LEN: usize = 28;
+const PROCESS_LEN: usize = 36;
+const PROCESS_LEN_WITHOUT_START_TIME: usize = 28;
 
 /// A process as its host's kernel names it: enough for a same-host peer to
 /// copy out of it with `process_vm_readv`.
@@ -60,19 +67,30 @@ pub struct ProcessIdentity {
     /// The running kernel's boot id (`/proc/sys/kernel/random/boot_id`),
     /// different on every host and every boot.
     pub boot_id: [u8; 16],
+    /// When the process started, in clock ticks since boot (field 22 of
+    /// `/proc/<pid>/stat`): a later process given the same pid has another.
+    pub start_time: u64,
 }
 
 impl ProcessIdentity {
     /// This process; `None` where the kernel does not say which pid
-    /// namespace or boot it runs in.
+    /// namespace or boot it runs in, or where `/proc` belongs to another
+    /// pid namespace than this process (its `/proc/<pid>` would then name
+    /// other processes than this process's pids do).
     pub fn current() -> Option<ProcessIdentity> {
         use std::os::unix::fs::MetadataExt as _;
+        let pid = std::process::id();
+        let proc_self = std::fs::read_link("/proc/self").ok()?;
+        if proc_self.to_str()? != pid.to_string() {
+            return None;
+        }
         let namespace = std::fs::metadata("/proc/self/ns/pid").ok()?;
         let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
         Some(ProcessIdentity {
-            pid: std::process::id(),
+            pid,
             pid_namespace: namespace.ino(),
             boot_id: parse_boot_id(&boot_id)?,
+            start_time: crate::owner_process::start_time_of(pid)?,
         })
     }
 
@@ -191,7 +209,11 @@ impl EngineAddress {
                 + self.process.map_or(0, |_| PROCESS_LEN),
         );
         out.put_slice(&MAGIC);
-        out.put_u8(VERSION);
+        out.put_u8(if self.process.is_some() {
+            VERSION
+        } else {
+            VERSION_WITHOUT_START_TIME
+        });
         out.put_u8(flags);
         put_field(&mut out, &self.serving);
         if let Some(direct) = &self.direct {
@@ -201,6 +223,7 @@ impl EngineAddress {
             out.put_u32_le(process.pid);
             out.put_u64_le(process.pid_namespace);
             out.put_slice(&process.boot_id);
+            out.put_u64_le(process.start_time);
         }
         Ok(out.freeze())
     }
@@ -219,8 +242,9 @@ impl EngineAddress {
             });
         }
         let header = take(bytes, 0, HEADER_LEN)?;
-        if header[2] != VERSION {
-            return Err(EngineAddressError::UnknownVersion(header[2]));
+        let version = header[2];
+        if version != VERSION && version != VERSION_WITHOUT_START_TIME {
+            return Err(EngineAddressError::UnknownVersion(version));
         }
         let flags = header[3];
         if flags & !(FLAG_DIRECT | FLAG_PROCESS) != 0 || flags == FLAG_PROCESS {
@@ -234,7 +258,14 @@ impl EngineAddress {
         } else {
             None
         };
-        let process = if flags & FLAG_PROCESS != 0 {
+        let process = if flags & FLAG_PROCESS == 0 {
+            None
+        } else if version == VERSION_WITHOUT_START_TIME {
+            // Read past and dropped: see the module docs.
+            take(bytes, at, PROCESS_LEN_WITHOUT_START_TIME)?;
+            at += PROCESS_LEN_WITHOUT_START_TIME;
+            None
+        } else {
             let raw = take(bytes, at, PROCESS_LEN)?;
             at += PROCESS_LEN;
             let mut pid = [0; 4];
@@ -242,14 +273,15 @@ impl EngineAddress {
             let mut namespace = [0; 8];
             namespace.copy_from_slice(&raw[4..12]);
             let mut boot_id = [0; 16];
-            boot_id.copy_from_slice(&raw[12..]);
+            boot_id.copy_from_slice(&raw[12..28]);
+            let mut start_time = [0; 8];
+            start_time.copy_from_slice(&raw[28..]);
             Some(ProcessIdentity {
                 pid: u32::from_le_bytes(pid),
                 pid_namespace: u64::from_le_bytes(namespace),
                 boot_id,
+                start_time: u64::from_le_bytes(start_time),
             })
-        } else {
-            None
         };
         if at != bytes.len() {
             return Err(EngineAddressError::TrailingBytes(bytes.len() - at));
@@ -418,10 +450,10 @@ mod tests {
     fn malformed_envelopes_get_typed_errors() {
         let good = sample().encode().unwrap();
         let mut v = good.to_vec();
-        v[2] = 2;
+        v[2] = 3;
         assert_eq!(
             EngineAddress::decode(&v),
-            Err(EngineAddressError::UnknownVersion(2))
+            Err(EngineAddressError::UnknownVersion(3))
         );
         let mut v = good.to_vec();
         v[3] = 0x81;
@@ -452,6 +484,7 @@ mod tests {
                 pid: 4242,
                 pid_namespace: 0x1122_3344_5566_7788,
                 boot_id: [7; 16],
+                start_time: 0x0102_0304_0506_0708,
             }),
             ..sample()
         };
@@ -465,6 +498,34 @@ mod tests {
                 available: PROCESS_LEN - 1
             })
         );
+    }
+
+    #[test]
+    fn a_version_one_identity_without_a_start_time_is_read_past_and_dropped() {
+        let with_process = EngineAddress {
+            process: ProcessIdentity::current(),
+            ..sample()
+        };
+        let encoded = with_process.encode().unwrap();
+        assert_eq!(encoded[2], VERSION);
+        // The same envelope as version 1 wrote it: no start time.
+        let mut old = encoded[..encoded.len() - 8].to_vec();
+        old[2] = VERSION_WITHOUT_START_TIME;
+        assert_eq!(
+            EngineAddress::decode(&old),
+            Ok(EngineAddress {
+                process: None,
+                ..with_process
+            })
+        );
+        // A version-2 envelope without the start time is cut short.
+        old[2] = VERSION;
+        assert!(matches!(
+            EngineAddress::decode(&old),
+            Err(EngineAddressError::Truncated { .. })
+        ));
+        // An envelope without an identity is still written as version 1.
+        assert_eq!(sample().encode().unwrap()[2], VERSION_WITHOUT_START_TIME);
     }
 
     #[test]

@@ -97,7 +97,10 @@
 //!   ([`UcxConfig::caller_copy_limit`]). The owner
 //!   checks nothing there: the consumer's engine checks
 //!   the key's mapped range, and a stale descriptor reads the memory's
-//!   current bytes. A consumer that cannot reach it reads through the owner.
+//!   current bytes. Copies hold the owner by a pidfd and are kept only if
+//!   the owner is still alive after them: once the owner has exited, its
+//!   same-host reads fail rather than read a later process under its pid.
+//!   A consumer that cannot reach it reads through the owner.
 //!   See `docs/safety.md` for the trust domain, lane by lane.
 //!
 //! Bytes from peers are validated before UCX or the engine acts on them:
@@ -138,6 +141,7 @@ mod config;
 mod doorbell;
 mod engine;
 pub mod engine_address;
+mod owner_process;
 pub mod packed_key;
 mod progress;
 pub mod read_list;

@@ -603,9 +603,14 @@ fn killed_consumers_never_take_the_owner_down(transport: &str, rounds: u64) {
 /// pid, with other bytes at the same address. A read from the dead owner
 /// must keep failing: it must not copy the newcomer's memory and answer
 /// `Ok`. Reads are copied by the caller (`caller_copy_limit` above the
-/// read) or by the progress thread (`0`). Needs root, to choose the pid
-/// (`/proc/sys/kernel/ns_last_pid`).
-fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(limit: usize) {
+/// read) or by the progress thread (`0`). With `read_while_gone` false no
+/// read runs between the owner's death and the newcomer's start, so no
+/// copy ever finds the pid free: only the owner's identity tells the two
+/// apart. Needs root, to choose the pid (`/proc/sys/kernel/ns_last_pid`).
+fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
+    limit: usize,
+    read_while_gone: bool,
+) {
     // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("not run: choosing a pid needs root");
@@ -629,7 +634,7 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
     let pid = owner.child.id();
     // Killed and reaped.
     drop(owner);
-    for _ in 0..3 {
+    for _ in 0..if read_while_gone { 3 } else { 0 } {
         let answer = read();
         assert!(
             answer.is_err(),
@@ -683,13 +688,33 @@ fn main() {
             Box::new(|| {
                 a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
                     rdmareg_ucx::UcxConfig::DEFAULT_CALLER_COPY_LIMIT,
+                    true,
                 )
             }),
         ),
         (
             "a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid_by_the_thread",
             Box::new(|| {
-                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(0)
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
+                    0, true,
+                )
+            }),
+        ),
+        (
+            "a_pid_taken_over_before_any_read_saw_the_owner_gone_is_never_copied_from_by_the_caller",
+            Box::new(|| {
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
+                    rdmareg_ucx::UcxConfig::DEFAULT_CALLER_COPY_LIMIT,
+                    false,
+                )
+            }),
+        ),
+        (
+            "a_pid_taken_over_before_any_read_saw_the_owner_gone_is_never_copied_from_by_the_thread",
+            Box::new(|| {
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
+                    0, false,
+                )
             }),
         ),
         (

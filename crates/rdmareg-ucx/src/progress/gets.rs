@@ -47,6 +47,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::time::Instant;
 
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
@@ -62,6 +63,7 @@ use super::ucp::{
 };
 use super::vectored::{self, CopyEntry};
 use crate::command::Reply;
+use crate::owner_process::{OwnerProcess, SameHostSource};
 use crate::read_protocol::{READ_REQUEST_AM_ID, ReadKey, ReadReply, ReadRequest, ReplyStatus};
 use crate::status::{PtrStatus, status_text};
 
@@ -172,7 +174,7 @@ impl GetOp {
 #[derive(Debug)]
 pub(super) struct PendingCopy {
     /// The owner's process.
-    pid: u32,
+    owner: Arc<OwnerProcess>,
     entry: CopyEntry,
     /// The read as asked, to post through UCX if the kernel refuses.
     request: BackendGet,
@@ -635,25 +637,34 @@ impl Engine {
         Ok((endpoint, serial))
     }
 
-    /// The process to copy `peer`'s same-host reads out of, when it
-    /// published one in this engine's pid space and UCX reaches its direct
-    /// lane (see `vectored`).
-    fn copy_source(&mut self, peer: PeerId) -> Option<u32> {
-        if let Some((memo_peer, pid)) = self.copy_source_memo {
-            if memo_peer == peer {
-                return pid;
+    /// Where `peer`'s same-host reads come from: its process, copied from
+    /// here, when it published one in this engine's pid space and UCX
+    /// reaches its direct lane (see `vectored`); nothing, when that process
+    /// has exited; otherwise UCX.
+    fn copy_source(&mut self, peer: PeerId) -> SameHostSource {
+        if let Some((memo_peer, source)) = &self.copy_source_memo {
+            if *memo_peer == peer {
+                return source.clone();
             }
         }
-        let pid = self.look_up_copy_source(peer);
-        self.copy_source_memo = Some((peer, pid));
-        pid
+        let source = self.look_up_copy_source(peer);
+        self.copy_source_memo = Some((peer, source.clone()));
+        source
     }
 
-    fn look_up_copy_source(&mut self, peer: PeerId) -> Option<u32> {
-        let process = self.peers.connection_mut(peer)?.process?;
-        self.direct_endpoint_for(peer)?;
-        self.signals.caller_copies.publish_source(peer, process.pid);
-        Some(process.pid)
+    fn look_up_copy_source(&mut self, peer: PeerId) -> SameHostSource {
+        let Some(connection) = self.peers.connection_mut(peer) else {
+            return SameHostSource::ThroughUcx;
+        };
+        let owner = match &connection.process {
+            SameHostSource::Copy(owner) => Arc::clone(owner),
+            other => return other.clone(),
+        };
+        if self.direct_endpoint_for(peer).is_none() {
+            return SameHostSource::ThroughUcx;
+        }
+        self.signals.caller_copies.publish_source(peer, &owner);
+        SameHostSource::Copy(owner)
     }
 
     /// `packed_key` decoded (`None` if it does not decode), from the memo
@@ -687,17 +698,17 @@ impl Engine {
         let mut copies = std::mem::take(&mut self.copies);
         // Stable: each owner's reads keep their order. Usually there is one
         // owner, and moving a thousand entries for nothing is not free.
-        if !copies.is_sorted_by_key(|copy| copy.pid) {
-            copies.sort_by_key(|copy| copy.pid);
+        if !copies.is_sorted_by_key(|copy| copy.owner.pid()) {
+            copies.sort_by_key(|copy| copy.owner.pid());
         }
         let mut fallback = Vec::new();
-        for group in copies.chunk_by_mut(|a, b| a.pid == b.pid) {
+        for group in copies.chunk_by_mut(|a, b| Arc::ptr_eq(&a.owner, &b.owner)) {
             let entries: Vec<CopyEntry> = group.iter().map(|copy| copy.entry).collect();
             // SAFETY: every destination was checked inside a region this
             // engine mapped and that cannot be unmapped before this returns
             // (unmaps run on this thread); the registry holds each
             // destination until its answer, sent below after the copy.
-            let outcomes = unsafe { vectored::copy_from_process(group[0].pid, &entries) };
+            let outcomes = unsafe { vectored::copy_from_process(&group[0].owner, &entries) };
             for (copy, outcome) in group.iter_mut().zip(outcomes) {
                 let Some(answer) = copy.answer.take() else {
                     continue;
@@ -708,17 +719,17 @@ impl Engine {
                     }
                     Err(err) if err.is_refusal() => {
                         tracing::debug!(peer = %copy.request.peer, error = %err, "same-host copies refused; reading through UCX");
-                        self.stop_copying_from(copy.request.peer);
+                        self.stop_copying_from(copy.request.peer, SameHostSource::ThroughUcx);
                         fallback.push((copy.request.clone(), answer));
                     }
                     Err(err) => {
                         if err.is_gone() {
-                            // Its pid may name another process later: never
-                            // copy from it again (the caller's copies
-                            // included); the peer's reads go through UCX,
-                            // which tells a dead peer.
-                            tracing::debug!(peer = %copy.request.peer, "same-host owner process gone; no longer copying from its pid");
-                            self.stop_copying_from(copy.request.peer);
+                            // Its pid may name another process now or later:
+                            // never read it again, by a copy (the caller's
+                            // included) or through UCX's cma, which names
+                            // the owner by pid too.
+                            tracing::debug!(peer = %copy.request.peer, "same-host owner process gone; its same-host reads fail from now on");
+                            self.stop_copying_from(copy.request.peer, SameHostSource::Gone);
                         }
                         answer.send(Err(RdmaError::Backend(format!(
                             "ucx: same-host copy from {} failed: {err}",
@@ -740,10 +751,10 @@ impl Engine {
 
     /// `peer`'s reads no longer copy from its process, on this thread or
     /// on callers' (whose sources are all withdrawn: rare, and the thread
-    /// republishes what still holds); they go through UCX.
-    fn stop_copying_from(&mut self, peer: PeerId) {
+    /// republishes what still holds); they come from `instead`.
+    fn stop_copying_from(&mut self, peer: PeerId, instead: SameHostSource) {
         if let Some(connection) = self.peers.connection_mut(peer) {
-            connection.process = None;
+            connection.process = instead;
         }
         self.signals.caller_copies.withdraw_all_sources();
     }
@@ -805,11 +816,19 @@ impl Engine {
         else {
             return Err((reply, RdmaError::InvalidKey));
         };
-        let copy_pid = match &*key {
+        let source = match &*key {
             ReadKey::SameHost(_) => self.copy_source(peer),
-            ReadKey::Served(_) => None,
+            ReadKey::Served(_) => SameHostSource::ThroughUcx,
         };
-        if let (ReadKey::SameHost(same_host), Some(pid)) = (&*key, copy_pid) {
+        if let SameHostSource::Gone = source {
+            return Err((
+                reply,
+                RdmaError::Backend(format!(
+                    "ucx: the process of {peer} has exited; its same-host memory is gone"
+                )),
+            ));
+        }
+        if let (ReadKey::SameHost(same_host), SameHostSource::Copy(owner)) = (&*key, source) {
             // The UCX key goes unused on this path, but a key is checked
             // the same whichever way it is read.
             if !direct_well_formed {
@@ -819,7 +838,7 @@ impl Engine {
                 return Err((reply, RdmaError::OutOfRange));
             }
             self.copies.push(PendingCopy {
-                pid,
+                owner,
                 entry: CopyEntry {
                     remote_addr,
                     dest,

@@ -139,7 +139,7 @@ struct Engine {
     /// answer: a batch's entries name the same peer, and each lookup
     /// hashes the peer's whole address. Cleared when the turn's copies
     /// are flushed, before any command can change the peer table.
-    copy_source_memo: Option<(rdmareg_core::PeerId, Option<u32>)>,
+    copy_source_memo: Option<(rdmareg_core::PeerId, crate::owner_process::SameHostSource)>,
     /// The served endpoint of the last peer a batch's read looked up, for
     /// the same reason: a lookup hashes the peer's whole address. Set and
     /// used only while one batch's reads are prepared, and cleared before

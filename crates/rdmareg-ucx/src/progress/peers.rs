@@ -62,6 +62,7 @@ use super::Engine;
 use super::events::Events;
 use super::ucp::EpHandle;
 use crate::engine_address::EngineAddress;
+use crate::owner_process::SameHostSource;
 use crate::status::{PtrStatus, status_text};
 
 /// What the endpoint error callback needs: where to report, and which
@@ -102,9 +103,11 @@ pub(crate) struct Connection {
     /// The peer's direct-read worker address, padded, if it has that lane.
     pub(crate) direct_address: Option<Bytes>,
     pub(crate) direct: DirectState,
-    /// The peer's process, when it published one beside its direct lane
-    /// and this engine can copy out of it (same pid namespace).
-    pub(crate) process: Option<crate::engine_address::ProcessIdentity>,
+    /// Where the peer's same-host reads come from: its process, when it
+    /// published one beside its direct lane in this engine's pid space and
+    /// the process holding that pid was confirmed to be it
+    /// (`owner_process`); nothing, once that process has exited.
+    pub(crate) process: SameHostSource,
 }
 
 #[derive(Debug)]
@@ -275,6 +278,22 @@ pub(crate) unsafe extern "C" fn on_endpoint_error(
         .push((context.serial, status));
 }
 
+/// Where a same-host peer's reads come from, given the process it
+/// published: UCX's cma when that process cannot be held.
+fn open_owner(peer: PeerId, identity: &crate::engine_address::ProcessIdentity) -> SameHostSource {
+    match SameHostSource::open(identity) {
+        Ok(SameHostSource::Gone) => {
+            tracing::debug!(%peer, pid = identity.pid, "the peer's process has exited; its same-host reads fail");
+            SameHostSource::Gone
+        }
+        Ok(source) => source,
+        Err(error) => {
+            tracing::debug!(%peer, pid = identity.pid, %error, "not copying from the peer's process; reading through UCX");
+            SameHostSource::ThroughUcx
+        }
+    }
+}
+
 impl Engine {
     /// `Command::AddPeer`.
     pub(super) fn add_peer(&mut self, peer: PeerId, address: EngineAddress) {
@@ -293,17 +312,20 @@ impl Engine {
                 self.close_connection(connection, &reason);
             }
         }
-        let connection =
-            self.peers
-                .connections
-                .entry(address.clone())
-                .or_insert_with(|| Connection {
-                    direct_address: address.direct.clone(),
-                    process: address.process.filter(|_| address.direct.is_some()).filter(
-                        |theirs| ours.is_some_and(|ours| ours.shares_pid_space_with(theirs)),
-                    ),
-                    ..Connection::default()
-                });
+        let connection = self
+            .peers
+            .connections
+            .entry(address.clone())
+            .or_insert_with(|| Connection {
+                direct_address: address.direct.clone(),
+                process: address
+                    .process
+                    .filter(|_| address.direct.is_some())
+                    .filter(|theirs| ours.is_some_and(|ours| ours.shares_pid_space_with(theirs)))
+                    .map(|theirs| open_owner(peer, &theirs))
+                    .unwrap_or_default(),
+                ..Connection::default()
+            });
         connection.peer_ids += 1;
         self.peers.peers.insert(peer, address);
     }

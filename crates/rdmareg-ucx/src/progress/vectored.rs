@@ -24,7 +24,14 @@
 //! call (so a half-readable entry cannot make the loop spin), and the rest
 //! are tried again in the next call.
 //!
+//! The owner is held by a pidfd ([`OwnerProcess`]). Once the calls return,
+//! every entry's outcome stands only if the owner is still alive: if it has
+//! exited, its pid may have named another process during the copy, so
+//! every entry fails as if the owner were gone (`ESRCH`).
+//!
 //! [`ProcessIdentity`]: crate::engine_address::ProcessIdentity
+
+use crate::owner_process::OwnerProcess;
 
 /// Most ranges one call may name on either side (`UIO_MAXIOV`).
 const MAX_VECTORS: usize = 1024;
@@ -69,15 +76,28 @@ impl std::fmt::Display for CopyError {
     }
 }
 
-/// Copies every entry out of process `pid`; one outcome per entry, in order.
+/// Copies every entry out of `owner`; one outcome per entry, in order.
 ///
 /// # Safety
 /// Every entry's `dest..dest + len` is writable memory of this process that
 /// nothing else reads or writes until this returns.
 pub(crate) unsafe fn copy_from_process(
-    pid: u32,
+    owner: &OwnerProcess,
     entries: &[CopyEntry],
 ) -> Vec<Result<(), CopyError>> {
+    // SAFETY: this function's contract.
+    let mut outcomes = unsafe { copy_from_pid(owner.pid(), entries) };
+    if owner.exited() {
+        outcomes.fill(Err(CopyError(libc::ESRCH)));
+    }
+    outcomes
+}
+
+/// [`copy_from_process`] for whatever process holds `pid` now.
+///
+/// # Safety
+/// As [`copy_from_process`].
+unsafe fn copy_from_pid(pid: u32, entries: &[CopyEntry]) -> Vec<Result<(), CopyError>> {
     let mut outcomes = vec![Ok(()); entries.len()];
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         outcomes.fill(Err(CopyError(libc::ESRCH)));
@@ -177,6 +197,10 @@ fn merge_remote(remote: &mut Vec<libc::iovec>, addr: u64, len: usize) {
 mod tests {
     use super::*;
 
+    fn this_process() -> OwnerProcess {
+        OwnerProcess::open_pid(std::process::id()).expect("this process has a pidfd")
+    }
+
     fn entry(source: &[u8], dest: &mut [u8]) -> CopyEntry {
         assert_eq!(source.len(), dest.len());
         CopyEntry {
@@ -199,7 +223,7 @@ mod tests {
             .collect();
         // SAFETY: the destinations are `dest`'s chunks, untouched until the
         // call returns.
-        let outcomes = unsafe { copy_from_process(std::process::id(), &entries) };
+        let outcomes = unsafe { copy_from_process(&this_process(), &entries) };
         assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
         for (chunk, &block) in dest.chunks(64).zip(&order) {
             assert_eq!(chunk, &source[block * 64..(block + 1) * 64]);
@@ -221,7 +245,7 @@ mod tests {
         };
         let last = entry(&source, chunks.next().unwrap());
         // SAFETY: as above.
-        let outcomes = unsafe { copy_from_process(std::process::id(), &[first, bad, last]) };
+        let outcomes = unsafe { copy_from_process(&this_process(), &[first, bad, last]) };
         assert_eq!(outcomes[0], Ok(()));
         assert_eq!(outcomes[1], Err(CopyError(libc::EFAULT)));
         assert_eq!(outcomes[2], Ok(()));
@@ -258,7 +282,7 @@ mod tests {
             len: page,
         };
         // SAFETY: `dest` is untouched until the call returns.
-        let outcomes = unsafe { copy_from_process(std::process::id(), &[straddling]) };
+        let outcomes = unsafe { copy_from_process(&this_process(), &[straddling]) };
         assert_eq!(outcomes, vec![Err(CopyError(libc::EFAULT))]);
         // SAFETY: the first page of the mapping above, unmapped once.
         unsafe { libc::munmap(base, page) };
@@ -285,10 +309,27 @@ mod tests {
         let (a, b) = dest.split_at_mut(4096);
         let entries = [entry(&source, a), entry(&source, b)];
         // SAFETY: as above.
-        let outcomes = unsafe { copy_from_process(std::process::id(), &entries) };
+        let outcomes = unsafe { copy_from_process(&this_process(), &entries) };
         assert_eq!(outcomes, vec![Ok(()), Ok(())]);
         assert_eq!(&dest[..4096], &source[..]);
         assert_eq!(&dest[4096..], &source[..]);
+    }
+
+    #[test]
+    fn bytes_copied_while_the_owner_exited_are_not_kept() {
+        // The owner (a child) has exited and its pid now reads as this
+        // process: the copy itself succeeds, with bytes that are not the
+        // owner's.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let owner = OwnerProcess::open_pid(child.id()).expect("the child is alive until reaped");
+        child.wait().unwrap();
+        let taken_over = owner.renumbered(std::process::id());
+        let source = [7u8; 64];
+        let mut dest = [0u8; 64];
+        let one = entry(&source, &mut dest);
+        // SAFETY: `dest` is untouched until the call returns.
+        let outcomes = unsafe { copy_from_process(&taken_over, &[one, one]) };
+        assert_eq!(outcomes, vec![Err(CopyError(libc::ESRCH)); 2]);
     }
 
     #[test]
@@ -298,7 +339,7 @@ mod tests {
         let one = entry(&source, &mut dest);
         // Above the kernel's pid_max (at most 2^22).
         // SAFETY: `dest` is untouched until the call returns.
-        let outcomes = unsafe { copy_from_process(1 << 30, &[one, one]) };
+        let outcomes = unsafe { copy_from_pid(1 << 30, &[one, one]) };
         assert_eq!(outcomes, vec![Err(CopyError(libc::ESRCH)); 2]);
     }
 }
