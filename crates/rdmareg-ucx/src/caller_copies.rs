@@ -12,8 +12,8 @@
 //!
 //! # What the caller needs, and who publishes it
 //!
-//! - **The owner's process**, per peer, held by a pidfd
-//!   (`owner_process`): a copy is kept only if the owner is alive after it.
+//! - **The owner's process**, per peer, with the token every copy reads
+//!   first (`owner_process`): a copy that finds no token keeps nothing.
 //!   Published by the progress thread
 //!   once it would copy that peer's reads itself: the peer published its
 //!   process beside its direct lane, shares this engine's pid space, and UCX

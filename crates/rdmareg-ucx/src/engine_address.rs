@@ -12,12 +12,12 @@
 //! | 2 | serving address length `n` (u16, little-endian), at least 1 |
 //! | `n` | the serving worker's packed UCP address |
 //! | 2 + `m` | only with flag bit 0: length `m` (u16, little-endian, at least 1) and the direct-read worker's packed UCP address |
-//! | 36 | only with flag bit 1, which needs bit 0: the engine's process — its id (u32) and the inode of its pid namespace (u64), little-endian, its kernel's boot id (16 bytes), then its start time in clock ticks since boot (u64, little-endian) |
+//! | 52 | only with flag bit 1, which needs bit 0: the engine's process — its id (u32) and the inode of its pid namespace (u64), little-endian, its kernel's boot id (16 bytes), then the address of its token (u64, little-endian) and the token (16 bytes) |
 //!
-//! Nothing may follow. Version 1 is the same without the start time (a
-//! 28-byte process identity); it still decodes, and its process identity is
-//! dropped, because without a start time the process cannot be confirmed
-//! (`owner_process`): its reads go through UCX. Each packed UCP address inside is validated against
+//! Nothing may follow. Version 1 is the same without the token (a 28-byte
+//! process identity); it still decodes, and its process identity is
+//! dropped, because without a token a copy cannot tell the process from a
+//! later one under its pid (`owner_process`): its reads go through UCX. Each packed UCP address inside is validated against
 //! the loaded UCX's layout ([`crate::worker_address`]) before UCX sees it.
 //!
 //! # Bare UCP addresses
@@ -38,22 +38,23 @@
 //! read it. The boot id names the running kernel, so a peer on another host
 //! never takes the id for one of its own processes, and the namespace inode
 //! keeps a peer in another pid namespace (a container) from reading a
-//! stranger that has the same number there. The start time tells the owner
-//! from a later process given the same pid after the owner exited.
+//! stranger that has the same number there. The token, which every copy
+//! reads first, tells the owner from a later process given the same pid and
+//! from the program the owner `exec`s.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::worker_address::{WorkerAddressError, WorkerAddressFormat};
 
 const MAGIC: [u8; 2] = *b"RW";
-/// The envelope without a start time in its process identity.
-const VERSION_WITHOUT_START_TIME: u8 = 1;
+/// The envelope without a token in its process identity.
+const VERSION_WITHOUT_TOKEN: u8 = 1;
 const VERSION: u8 = 2;
 const FLAG_DIRECT: u8 = 0x01;
 const FLAG_PROCESS: u8 = 0x02;
 const HEADER_LEN: usize = 6;
-const PROCESS_LEN: usize = 36;
-const PROCESS_LEN_WITHOUT_START_TIME: usize = 28;
+const PROCESS_LEN: usize = 52;
+const PROCESS_LEN_WITHOUT_TOKEN: usize = 28;
 
 /// A process as its host's kernel names it: enough for a same-host peer to
 /// copy out of it with `process_vm_readv`.
@@ -67,9 +68,12 @@ pub struct ProcessIdentity {
     /// The running kernel's boot id (`/proc/sys/kernel/random/boot_id`),
     /// different on every host and every boot.
     pub boot_id: [u8; 16],
-    /// When the process started, in clock ticks since boot (field 22 of
-    /// `/proc/<pid>/stat`): a later process given the same pid has another.
-    pub start_time: u64,
+    /// Where [`token`](Self::token) lies in the process's memory for the
+    /// rest of its life.
+    pub token_addr: u64,
+    /// 16 random bytes the process drew once: a copy that reads them at
+    /// `token_addr` read this process, not a later one under its pid.
+    pub token: [u8; 16],
 }
 
 impl ProcessIdentity {
@@ -86,11 +90,13 @@ impl ProcessIdentity {
         }
         let namespace = std::fs::metadata("/proc/self/ns/pid").ok()?;
         let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let (token_addr, token) = crate::owner_process::this_process_token()?;
         Some(ProcessIdentity {
             pid,
             pid_namespace: namespace.ino(),
             boot_id: parse_boot_id(&boot_id)?,
-            start_time: crate::owner_process::start_time_of(pid)?,
+            token_addr,
+            token,
         })
     }
 
@@ -212,7 +218,7 @@ impl EngineAddress {
         out.put_u8(if self.process.is_some() {
             VERSION
         } else {
-            VERSION_WITHOUT_START_TIME
+            VERSION_WITHOUT_TOKEN
         });
         out.put_u8(flags);
         put_field(&mut out, &self.serving);
@@ -223,7 +229,8 @@ impl EngineAddress {
             out.put_u32_le(process.pid);
             out.put_u64_le(process.pid_namespace);
             out.put_slice(&process.boot_id);
-            out.put_u64_le(process.start_time);
+            out.put_u64_le(process.token_addr);
+            out.put_slice(&process.token);
         }
         Ok(out.freeze())
     }
@@ -243,7 +250,7 @@ impl EngineAddress {
         }
         let header = take(bytes, 0, HEADER_LEN)?;
         let version = header[2];
-        if version != VERSION && version != VERSION_WITHOUT_START_TIME {
+        if version != VERSION && version != VERSION_WITHOUT_TOKEN {
             return Err(EngineAddressError::UnknownVersion(version));
         }
         let flags = header[3];
@@ -260,10 +267,10 @@ impl EngineAddress {
         };
         let process = if flags & FLAG_PROCESS == 0 {
             None
-        } else if version == VERSION_WITHOUT_START_TIME {
+        } else if version == VERSION_WITHOUT_TOKEN {
             // Read past and dropped: see the module docs.
-            take(bytes, at, PROCESS_LEN_WITHOUT_START_TIME)?;
-            at += PROCESS_LEN_WITHOUT_START_TIME;
+            take(bytes, at, PROCESS_LEN_WITHOUT_TOKEN)?;
+            at += PROCESS_LEN_WITHOUT_TOKEN;
             None
         } else {
             let raw = take(bytes, at, PROCESS_LEN)?;
@@ -274,13 +281,16 @@ impl EngineAddress {
             namespace.copy_from_slice(&raw[4..12]);
             let mut boot_id = [0; 16];
             boot_id.copy_from_slice(&raw[12..28]);
-            let mut start_time = [0; 8];
-            start_time.copy_from_slice(&raw[28..]);
+            let mut token_addr = [0; 8];
+            token_addr.copy_from_slice(&raw[28..36]);
+            let mut token = [0; 16];
+            token.copy_from_slice(&raw[36..]);
             Some(ProcessIdentity {
                 pid: u32::from_le_bytes(pid),
                 pid_namespace: u64::from_le_bytes(namespace),
                 boot_id,
-                start_time: u64::from_le_bytes(start_time),
+                token_addr: u64::from_le_bytes(token_addr),
+                token,
             })
         };
         if at != bytes.len() {
@@ -484,7 +494,8 @@ mod tests {
                 pid: 4242,
                 pid_namespace: 0x1122_3344_5566_7788,
                 boot_id: [7; 16],
-                start_time: 0x0102_0304_0506_0708,
+                token_addr: 0x0102_0304_0506_0708,
+                token: [9; 16],
             }),
             ..sample()
         };
@@ -501,16 +512,16 @@ mod tests {
     }
 
     #[test]
-    fn a_version_one_identity_without_a_start_time_is_read_past_and_dropped() {
+    fn a_version_one_identity_without_a_token_is_read_past_and_dropped() {
         let with_process = EngineAddress {
             process: ProcessIdentity::current(),
             ..sample()
         };
         let encoded = with_process.encode().unwrap();
         assert_eq!(encoded[2], VERSION);
-        // The same envelope as version 1 wrote it: no start time.
-        let mut old = encoded[..encoded.len() - 8].to_vec();
-        old[2] = VERSION_WITHOUT_START_TIME;
+        // The same envelope as version 1 wrote it: no token.
+        let mut old = encoded[..encoded.len() - (PROCESS_LEN - PROCESS_LEN_WITHOUT_TOKEN)].to_vec();
+        old[2] = VERSION_WITHOUT_TOKEN;
         assert_eq!(
             EngineAddress::decode(&old),
             Ok(EngineAddress {
@@ -518,14 +529,14 @@ mod tests {
                 ..with_process
             })
         );
-        // A version-2 envelope without the start time is cut short.
+        // A version-2 envelope without the token is cut short.
         old[2] = VERSION;
         assert!(matches!(
             EngineAddress::decode(&old),
             Err(EngineAddressError::Truncated { .. })
         ));
         // An envelope without an identity is still written as version 1.
-        assert_eq!(sample().encode().unwrap()[2], VERSION_WITHOUT_START_TIME);
+        assert_eq!(sample().encode().unwrap()[2], VERSION_WITHOUT_TOKEN);
     }
 
     #[test]

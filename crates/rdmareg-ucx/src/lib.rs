@@ -97,9 +97,10 @@
 //!   ([`UcxConfig::caller_copy_limit`]). The owner
 //!   checks nothing there: the consumer's engine checks
 //!   the key's mapped range, and a stale descriptor reads the memory's
-//!   current bytes. Copies hold the owner by a pidfd and are kept only if
-//!   the owner is still alive after them: once the owner has exited, its
-//!   same-host reads fail rather than read a later process under its pid.
+//!   current bytes. Every copy first reads a random token the owner
+//!   published, in the same system call: once the owner has exited or
+//!   replaced its program, its same-host reads fail rather than read
+//!   another program under its pid.
 //!   A consumer that cannot reach it reads through the owner.
 //!   See `docs/safety.md` for the trust domain, lane by lane.
 //!

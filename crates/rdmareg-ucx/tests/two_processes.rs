@@ -16,7 +16,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -33,6 +33,9 @@ const OWNER_DESCRIPTOR: &str = "RDMAREG_UCX_TEST_OWNER_DESCRIPTOR";
 /// An owner fills its memory with the pattern XORed with this byte (0 if
 /// unset), so two owners' bytes differ wherever their buffers lie.
 const FILL_XOR: &str = "RDMAREG_UCX_TEST_FILL_XOR";
+/// Set for an owner that, told `exec` on stdin, replaces its program with
+/// this binary again, filling with this XOR instead.
+const EXEC_XOR: &str = "RDMAREG_UCX_TEST_EXEC_XOR";
 const MIB: usize = 1024 * 1024;
 
 fn transport_named(name: &str) -> Transport {
@@ -79,6 +82,19 @@ fn owner_main() {
         hex(&descriptor.encode())
     );
     std::io::stdout().flush().unwrap();
+    if let Ok(exec_xor) = std::env::var(EXEC_XOR) {
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        if line.trim() == "exec" {
+            // As a program replacing itself would: no teardown first.
+            let error = std::os::unix::process::CommandExt::exec(
+                Command::new(std::env::current_exe().unwrap())
+                    .env(FILL_XOR, exec_xor)
+                    .env_remove(EXEC_XOR),
+            );
+            panic!("exec failed: {error}");
+        }
+    }
     let mut rest = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut rest);
     let _ = runtime.block_on(backend.unmap(region.backend_region_id));
@@ -149,6 +165,7 @@ fn prober_main() {
 struct Owner {
     child: Child,
     stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
     address: Bytes,
     descriptor: Descriptor,
 }
@@ -172,11 +189,42 @@ impl Owner {
     /// XORed with `xor`, started without address randomisation, so that two
     /// such owners place their buffers at the same address.
     fn spawn_without_aslr(xor: u8) -> Owner {
+        Owner::start(Owner::without_aslr(), "same-host", 4096, xor)
+    }
+
+    /// As [`Owner::spawn_without_aslr`], an owner that replaces its program
+    /// with this binary filling with `exec_xor` once told
+    /// ([`Owner::exec`]).
+    fn spawn_without_aslr_to_exec(xor: u8, exec_xor: u8) -> Owner {
+        let mut command = Owner::without_aslr();
+        command.env(EXEC_XOR, exec_xor.to_string());
+        Owner::start(command, "same-host", 4096, xor)
+    }
+
+    /// This binary behind `setarch -R`; the personality holds across
+    /// `exec`, so the buffer of a program started again lies where it did.
+    fn without_aslr() -> Command {
         let mut command = Command::new("setarch");
         command
             .args(["x86_64", "-R"])
             .arg(std::env::current_exe().unwrap());
-        Owner::start(command, "same-host", 4096, xor)
+        command
+    }
+
+    /// Tells an owner started to exec to do so, and returns the descriptor
+    /// its new program announces.
+    fn exec(&mut self) -> Descriptor {
+        let stdin = self.stdin.as_mut().expect("the owner's stdin is open");
+        stdin.write_all(b"exec\n").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("the new program announces itself");
+        let mut words = line.split_whitespace();
+        assert_eq!(words.next(), Some("READY"), "the new program said {line:?}");
+        words.next().expect("address");
+        Descriptor::decode(&unhex(words.next().expect("descriptor"))).unwrap()
     }
 
     /// Runs `command` (this binary, possibly behind a launcher) as an owner
@@ -193,9 +241,8 @@ impl Owner {
             .spawn()
             .expect("owner process starts");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("owner announces itself");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).expect("owner announces itself");
         let mut words = line.split_whitespace();
         assert_eq!(words.next(), Some("READY"), "owner said {line:?}");
         let address = Bytes::from(unhex(words.next().expect("address")));
@@ -204,6 +251,7 @@ impl Owner {
         Owner {
             child,
             stdin,
+            stdout,
             address,
             descriptor,
         }
@@ -675,6 +723,56 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
     );
 }
 
+/// An owner process replaces its program (`exec`) with one that holds
+/// other bytes at the same address, under the same pid. A read with the
+/// old descriptor must not copy the new program's memory and answer `Ok`.
+/// Reads are copied by the caller (`caller_copy_limit` above the read) or
+/// by the progress thread (`0`).
+fn a_read_from_an_owner_that_replaced_its_program_never_copies_the_new_program(limit: usize) {
+    let mut owner = Owner::spawn_without_aslr_to_exec(0, 0x5A);
+    let descriptor = owner.descriptor.clone();
+    let engine = UcxEngine::start(config(Transport::SameHost).with_caller_copy_limit(limit))
+        .expect("consumer engine starts");
+    engine.add_peer(OWNER, owner.address.clone()).unwrap();
+    let backend = engine.backend();
+    let rt = runtime();
+    let dst = PageBuf::zeroed(4096);
+    let region = rt.block_on(map(&backend, &dst));
+    let request = get_request(OWNER, &descriptor, &region, 0, None);
+    let read = || rt.block_on(backend.get_into_test_memory(request.clone()));
+    for _ in 0..2 {
+        assert_eq!(read(), Ok(()));
+    }
+    assert!(dst.snapshot() == PageBuf::filled(4096, pattern).snapshot());
+    let pid = owner.child.id();
+    let replaced = owner.exec();
+    assert_eq!(owner.child.id(), pid);
+    assert_eq!(
+        replaced.addr(),
+        descriptor.addr(),
+        "without randomisation the new program's buffer lies where the old one's did"
+    );
+    let mut answers = Vec::new();
+    let mut new_bytes_read = 0;
+    for _ in 0..5 {
+        dst.fill(0);
+        let answer = read();
+        if answer.is_ok()
+            && dst.snapshot() == PageBuf::filled(4096, |i| pattern(i) ^ 0x5A).snapshot()
+        {
+            new_bytes_read += 1;
+        }
+        answers.push(answer);
+    }
+    rt.block_on(async { assert_eq!(backend.unmap(region.backend_region_id).await, Ok(())) });
+    engine.shutdown_blocking();
+    drop(owner);
+    assert!(
+        answers.iter().all(Result::is_err),
+        "reads from the replaced owner answered {answers:?}, {new_bytes_read} with the new program's bytes"
+    );
+}
+
 fn main() {
     match std::env::var(ROLE).as_deref() {
         Ok("owner") => return owner_main(),
@@ -698,6 +796,20 @@ fn main() {
                 a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
                     0, true,
                 )
+            }),
+        ),
+        (
+            "a_read_from_an_owner_that_replaced_its_program_never_copies_the_new_program_by_the_caller",
+            Box::new(|| {
+                a_read_from_an_owner_that_replaced_its_program_never_copies_the_new_program(
+                    rdmareg_ucx::UcxConfig::DEFAULT_CALLER_COPY_LIMIT,
+                )
+            }),
+        ),
+        (
+            "a_read_from_an_owner_that_replaced_its_program_never_copies_the_new_program_by_the_thread",
+            Box::new(|| {
+                a_read_from_an_owner_that_replaced_its_program_never_copies_the_new_program(0)
             }),
         ),
         (

@@ -639,8 +639,8 @@ impl Engine {
 
     /// Where `peer`'s same-host reads come from: its process, copied from
     /// here, when it published one in this engine's pid space and UCX
-    /// reaches its direct lane (see `vectored`); nothing, when that process
-    /// has exited; otherwise UCX.
+    /// reaches its direct lane (see `vectored`); nothing, once a copy found
+    /// that process gone; otherwise UCX.
     fn copy_source(&mut self, peer: PeerId) -> SameHostSource {
         if let Some((memo_peer, source)) = &self.copy_source_memo {
             if *memo_peer == peer {
@@ -824,7 +824,7 @@ impl Engine {
             return Err((
                 reply,
                 RdmaError::Backend(format!(
-                    "ucx: the process of {peer} has exited; its same-host memory is gone"
+                    "ucx: the process of {peer} is gone (it exited or replaced its program); its same-host memory with it"
                 )),
             ));
         }

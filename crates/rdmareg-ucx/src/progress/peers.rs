@@ -53,6 +53,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use rdmareg_core::{PeerId, RdmaError};
@@ -62,7 +63,7 @@ use super::Engine;
 use super::events::Events;
 use super::ucp::EpHandle;
 use crate::engine_address::EngineAddress;
-use crate::owner_process::SameHostSource;
+use crate::owner_process::{OwnerProcess, SameHostSource};
 use crate::status::{PtrStatus, status_text};
 
 /// What the endpoint error callback needs: where to report, and which
@@ -104,9 +105,8 @@ pub(crate) struct Connection {
     pub(crate) direct_address: Option<Bytes>,
     pub(crate) direct: DirectState,
     /// Where the peer's same-host reads come from: its process, when it
-    /// published one beside its direct lane in this engine's pid space and
-    /// the process holding that pid was confirmed to be it
-    /// (`owner_process`); nothing, once that process has exited.
+    /// published one beside its direct lane in this engine's pid space
+    /// (`owner_process`); nothing, once a copy found that process gone.
     pub(crate) process: SameHostSource,
 }
 
@@ -278,22 +278,6 @@ pub(crate) unsafe extern "C" fn on_endpoint_error(
         .push((context.serial, status));
 }
 
-/// Where a same-host peer's reads come from, given the process it
-/// published: UCX's cma when that process cannot be held.
-fn open_owner(peer: PeerId, identity: &crate::engine_address::ProcessIdentity) -> SameHostSource {
-    match SameHostSource::open(identity) {
-        Ok(SameHostSource::Gone) => {
-            tracing::debug!(%peer, pid = identity.pid, "the peer's process has exited; its same-host reads fail");
-            SameHostSource::Gone
-        }
-        Ok(source) => source,
-        Err(error) => {
-            tracing::debug!(%peer, pid = identity.pid, %error, "not copying from the peer's process; reading through UCX");
-            SameHostSource::ThroughUcx
-        }
-    }
-}
-
 impl Engine {
     /// `Command::AddPeer`.
     pub(super) fn add_peer(&mut self, peer: PeerId, address: EngineAddress) {
@@ -322,7 +306,7 @@ impl Engine {
                     .process
                     .filter(|_| address.direct.is_some())
                     .filter(|theirs| ours.is_some_and(|ours| ours.shares_pid_space_with(theirs)))
-                    .map(|theirs| open_owner(peer, &theirs))
+                    .map(|theirs| SameHostSource::Copy(Arc::new(OwnerProcess::new(&theirs))))
                     .unwrap_or_default(),
                 ..Connection::default()
             });

@@ -24,17 +24,22 @@
 //! call (so a half-readable entry cannot make the loop spin), and the rest
 //! are tried again in the next call.
 //!
-//! The owner is held by a pidfd ([`OwnerProcess`]). Once the calls return,
-//! every entry's outcome stands only if the owner is still alive: if it has
-//! exited, its pid may have named another process during the copy, so
-//! every entry fails as if the owner were gone (`ESRCH`).
+//! Every call reads the owner's token first ([`OwnerProcess`],
+//! `owner_process`), one vector on each side. A call that does not read
+//! the token read another process under the owner's pid, or nothing: it and
+//! every entry after it fail as if the owner were gone (`ESRCH`), and the
+//! entries copied by earlier calls keep their outcomes (those calls read the
+//! owner).
 //!
 //! [`ProcessIdentity`]: crate::engine_address::ProcessIdentity
 
-use crate::owner_process::OwnerProcess;
+use crate::owner_process::{OwnerProcess, TOKEN_LEN};
 
 /// Most ranges one call may name on either side (`UIO_MAXIOV`).
 const MAX_VECTORS: usize = 1024;
+
+/// Reads one call carries: the token takes a vector on each side.
+const ENTRIES_PER_CALL: usize = MAX_VECTORS - 1;
 
 /// One read: `len` bytes at `remote_addr` in the owner into `dest`.
 #[derive(Debug, Clone, Copy)]
@@ -85,21 +90,8 @@ pub(crate) unsafe fn copy_from_process(
     owner: &OwnerProcess,
     entries: &[CopyEntry],
 ) -> Vec<Result<(), CopyError>> {
-    // SAFETY: this function's contract.
-    let mut outcomes = unsafe { copy_from_pid(owner.pid(), entries) };
-    if owner.exited() {
-        outcomes.fill(Err(CopyError(libc::ESRCH)));
-    }
-    outcomes
-}
-
-/// [`copy_from_process`] for whatever process holds `pid` now.
-///
-/// # Safety
-/// As [`copy_from_process`].
-unsafe fn copy_from_pid(pid: u32, entries: &[CopyEntry]) -> Vec<Result<(), CopyError>> {
     let mut outcomes = vec![Ok(()); entries.len()];
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
+    let Ok(pid) = libc::pid_t::try_from(owner.pid()) else {
         outcomes.fill(Err(CopyError(libc::ESRCH)));
         return outcomes;
     };
@@ -111,13 +103,22 @@ unsafe fn copy_from_pid(pid: u32, entries: &[CopyEntry]) -> Vec<Result<(), CopyE
     if !entries.is_sorted_by_key(|entry| entry.remote_addr) {
         order.sort_unstable_by_key(|&i| entries[i].remote_addr);
     }
-    let mut local = Vec::with_capacity(entries.len().min(MAX_VECTORS));
-    let mut remote = Vec::with_capacity(entries.len().min(MAX_VECTORS));
+    let mut local = Vec::with_capacity(entries.len().min(ENTRIES_PER_CALL) + 1);
+    let mut remote = Vec::with_capacity(entries.len().min(ENTRIES_PER_CALL) + 1);
     let mut next = 0;
     while next < order.len() {
-        let call = &order[next..(next + MAX_VECTORS).min(order.len())];
+        let call = &order[next..(next + ENTRIES_PER_CALL).min(order.len())];
         local.clear();
         remote.clear();
+        let mut token = [0u8; TOKEN_LEN];
+        local.push(libc::iovec {
+            iov_base: token.as_mut_ptr().cast(),
+            iov_len: TOKEN_LEN,
+        });
+        remote.push(libc::iovec {
+            iov_base: owner.token_addr() as usize as *mut libc::c_void,
+            iov_len: TOKEN_LEN,
+        });
         for &i in call {
             let entry = entries[i];
             local.push(libc::iovec {
@@ -128,8 +129,9 @@ unsafe fn copy_from_pid(pid: u32, entries: &[CopyEntry]) -> Vec<Result<(), CopyE
         }
         // SAFETY: both vectors hold at most UIO_MAXIOV initialised iovecs
         // covering the same number of bytes; the local ranges are writable
-        // and unshared by the caller's contract; the remote ranges are only
-        // read, by the kernel, inside the other process.
+        // and unshared (`token` is ours, the rest by the caller's contract);
+        // the remote ranges are only read, by the kernel, inside the other
+        // process.
         let copied = unsafe {
             libc::process_vm_readv(
                 pid,
@@ -140,10 +142,22 @@ unsafe fn copy_from_pid(pid: u32, entries: &[CopyEntry]) -> Vec<Result<(), CopyE
                 0,
             )
         };
-        if copied < 0 {
-            let errno = std::io::Error::last_os_error()
+        // The token comes first: a call that copied anything read it. One
+        // that failed with EFAULT could not read it (it cannot straddle a
+        // page), so the address space under that pid is not the owner's.
+        let errno = (copied < 0).then(|| {
+            std::io::Error::last_os_error()
                 .raw_os_error()
-                .unwrap_or(libc::EIO);
+                .unwrap_or(libc::EIO)
+        });
+        let read_the_owner = copied >= TOKEN_LEN as isize && owner.is_token(&token);
+        if !read_the_owner && errno.is_none_or(|errno| errno == libc::EFAULT) {
+            for &i in &order[next..] {
+                outcomes[i] = Err(CopyError(libc::ESRCH));
+            }
+            return outcomes;
+        }
+        if let Some(errno) = errno {
             if errno == libc::ESRCH || CopyError(errno).is_refusal() {
                 // Nothing of this owner can be read: every entry left fails.
                 for &i in &order[next..] {
@@ -151,11 +165,12 @@ unsafe fn copy_from_pid(pid: u32, entries: &[CopyEntry]) -> Vec<Result<(), CopyE
                 }
                 return outcomes;
             }
+            // Any other error (the kernel out of memory) before the token.
             outcomes[call[0]] = Err(CopyError(errno));
             next += 1;
             continue;
         }
-        let mut left = copied as usize;
+        let mut left = copied as usize - TOKEN_LEN;
         let mut done = 0;
         while done < call.len() && left >= entries[call[done]].len {
             left -= entries[call[done]].len;
@@ -196,9 +211,10 @@ fn merge_remote(remote: &mut Vec<libc::iovec>, addr: u64, len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine_address::ProcessIdentity;
 
     fn this_process() -> OwnerProcess {
-        OwnerProcess::open_pid(std::process::id()).expect("this process has a pidfd")
+        OwnerProcess::this_process()
     }
 
     fn entry(source: &[u8], dest: &mut [u8]) -> CopyEntry {
@@ -316,20 +332,31 @@ mod tests {
     }
 
     #[test]
-    fn bytes_copied_while_the_owner_exited_are_not_kept() {
-        // The owner (a child) has exited and its pid now reads as this
-        // process: the copy itself succeeds, with bytes that are not the
-        // owner's.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let owner = OwnerProcess::open_pid(child.id()).expect("the child is alive until reaped");
-        child.wait().unwrap();
-        let taken_over = owner.renumbered(std::process::id());
+    fn a_copy_that_finds_another_token_under_the_pid_keeps_nothing() {
+        // This process read as an owner that published another token: how
+        // a later process under a dead owner's pid, or an owner after
+        // `exec`, looks to a copy.
+        let stranger = this_process().with_token([0x3C; TOKEN_LEN]);
         let source = [7u8; 64];
         let mut dest = [0u8; 64];
         let one = entry(&source, &mut dest);
         // SAFETY: `dest` is untouched until the call returns.
-        let outcomes = unsafe { copy_from_process(&taken_over, &[one, one]) };
+        let outcomes = unsafe { copy_from_process(&stranger, &[one, one]) };
         assert_eq!(outcomes, vec![Err(CopyError(libc::ESRCH)); 2]);
+    }
+
+    #[test]
+    fn a_token_address_with_nothing_mapped_is_another_process() {
+        let mut identity = ProcessIdentity::current().expect("procfs is mounted");
+        // The zero page is never mapped.
+        identity.token_addr = 0x10;
+        let source = [7u8; 64];
+        let mut dest = [0u8; 64];
+        let one = entry(&source, &mut dest);
+        // SAFETY: `dest` is untouched until the call returns.
+        let outcomes = unsafe { copy_from_process(&OwnerProcess::new(&identity), &[one]) };
+        assert_eq!(outcomes, vec![Err(CopyError(libc::ESRCH))]);
+        assert_eq!(dest, [0; 64]);
     }
 
     #[test]
@@ -337,9 +364,11 @@ mod tests {
         let source = [1u8; 8];
         let mut dest = [0u8; 8];
         let one = entry(&source, &mut dest);
+        let mut identity = ProcessIdentity::current().expect("procfs is mounted");
         // Above the kernel's pid_max (at most 2^22).
+        identity.pid = 1 << 30;
         // SAFETY: `dest` is untouched until the call returns.
-        let outcomes = unsafe { copy_from_pid(1 << 30, &[one, one]) };
+        let outcomes = unsafe { copy_from_process(&OwnerProcess::new(&identity), &[one, one]) };
         assert_eq!(outcomes, vec![Err(CopyError(libc::ESRCH)); 2]);
     }
 }
