@@ -646,6 +646,61 @@ fn killed_consumers_never_take_the_owner_down(transport: &str, rounds: u64) {
     owner.finish();
 }
 
+/// A same-host consumer of a 4 KiB owner started without address
+/// randomisation, reading its whole descriptor into one buffer.
+struct SameHostReader {
+    engine: UcxEngine,
+    backend: std::sync::Arc<rdmareg_ucx::UcxBackend>,
+    rt: tokio::runtime::Runtime,
+    dst: PageBuf,
+    region: rdmareg_backend::BackendRegion,
+    request: rdmareg_core::BackendGet,
+}
+
+impl SameHostReader {
+    /// A consumer copying reads on the caller's thread up to `limit`
+    /// bytes, which has read `owner`'s bytes twice.
+    fn reading(owner: &Owner, limit: usize) -> SameHostReader {
+        let engine = UcxEngine::start(config(Transport::SameHost).with_caller_copy_limit(limit))
+            .expect("consumer engine starts");
+        engine.add_peer(OWNER, owner.address.clone()).unwrap();
+        let backend = engine.backend();
+        let rt = runtime();
+        let dst = PageBuf::zeroed(4096);
+        let region = rt.block_on(map(&backend, &dst));
+        let request = get_request(OWNER, &owner.descriptor, &region, 0, None);
+        let reader = SameHostReader {
+            engine,
+            backend,
+            rt,
+            dst,
+            region,
+            request,
+        };
+        for _ in 0..2 {
+            assert_eq!(reader.read(), Ok(()));
+        }
+        assert!(reader.dst.snapshot() == PageBuf::filled(4096, pattern).snapshot());
+        reader
+    }
+
+    fn read(&self) -> Result<(), RdmaError> {
+        self.rt
+            .block_on(self.backend.get_into_test_memory(self.request.clone()))
+    }
+
+    /// Unmaps the buffer and shuts the engine down.
+    fn finish(self) {
+        self.rt.block_on(async {
+            assert_eq!(
+                self.backend.unmap(self.region.backend_region_id).await,
+                Ok(())
+            )
+        });
+        self.engine.shutdown_blocking();
+    }
+}
+
 /// An owner process dies (SIGKILL, reaped), reads from it fail, and then an
 /// unrelated process of the same user is started under the dead owner's
 /// pid, with other bytes at the same address. A read from the dead owner
@@ -666,24 +721,12 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
     }
     let owner = Owner::spawn_without_aslr(0);
     let descriptor = owner.descriptor.clone();
-    let engine = UcxEngine::start(config(Transport::SameHost).with_caller_copy_limit(limit))
-        .expect("consumer engine starts");
-    engine.add_peer(OWNER, owner.address.clone()).unwrap();
-    let backend = engine.backend();
-    let rt = runtime();
-    let dst = PageBuf::zeroed(4096);
-    let region = rt.block_on(map(&backend, &dst));
-    let request = get_request(OWNER, &descriptor, &region, 0, None);
-    let read = || rt.block_on(backend.get_into_test_memory(request.clone()));
-    for _ in 0..2 {
-        assert_eq!(read(), Ok(()));
-    }
-    assert!(dst.snapshot() == PageBuf::filled(4096, pattern).snapshot());
+    let reader = SameHostReader::reading(&owner, limit);
     let pid = owner.child.id();
     // Killed and reaped.
     drop(owner);
     for _ in 0..if read_while_gone { 3 } else { 0 } {
-        let answer = read();
+        let answer = reader.read();
         assert!(
             answer.is_err(),
             "a read from a dead owner answered {answer:?}"
@@ -709,13 +752,12 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
     );
     let mut answers = Vec::new();
     for _ in 0..5 {
-        dst.fill(0);
-        answers.push(read());
+        reader.dst.fill(0);
+        answers.push(reader.read());
         std::thread::sleep(Duration::from_millis(100));
     }
-    let landed = dst.snapshot() != vec![0; 4096];
-    rt.block_on(async { assert_eq!(backend.unmap(region.backend_region_id).await, Ok(())) });
-    engine.shutdown_blocking();
+    let landed = reader.dst.snapshot() != vec![0; 4096];
+    reader.finish();
     drop(newcomer);
     assert!(
         answers.iter().all(Result::is_err) && !landed,
@@ -731,19 +773,7 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
 fn a_read_from_an_owner_that_replaced_its_program_never_copies_the_new_program(limit: usize) {
     let mut owner = Owner::spawn_without_aslr_to_exec(0, 0x5A);
     let descriptor = owner.descriptor.clone();
-    let engine = UcxEngine::start(config(Transport::SameHost).with_caller_copy_limit(limit))
-        .expect("consumer engine starts");
-    engine.add_peer(OWNER, owner.address.clone()).unwrap();
-    let backend = engine.backend();
-    let rt = runtime();
-    let dst = PageBuf::zeroed(4096);
-    let region = rt.block_on(map(&backend, &dst));
-    let request = get_request(OWNER, &descriptor, &region, 0, None);
-    let read = || rt.block_on(backend.get_into_test_memory(request.clone()));
-    for _ in 0..2 {
-        assert_eq!(read(), Ok(()));
-    }
-    assert!(dst.snapshot() == PageBuf::filled(4096, pattern).snapshot());
+    let reader = SameHostReader::reading(&owner, limit);
     let pid = owner.child.id();
     let replaced = owner.exec();
     assert_eq!(owner.child.id(), pid);
@@ -755,17 +785,16 @@ fn a_read_from_an_owner_that_replaced_its_program_never_copies_the_new_program(l
     let mut answers = Vec::new();
     let mut new_bytes_read = 0;
     for _ in 0..5 {
-        dst.fill(0);
-        let answer = read();
+        reader.dst.fill(0);
+        let answer = reader.read();
         if answer.is_ok()
-            && dst.snapshot() == PageBuf::filled(4096, |i| pattern(i) ^ 0x5A).snapshot()
+            && reader.dst.snapshot() == PageBuf::filled(4096, |i| pattern(i) ^ 0x5A).snapshot()
         {
             new_bytes_read += 1;
         }
         answers.push(answer);
     }
-    rt.block_on(async { assert_eq!(backend.unmap(region.backend_region_id).await, Ok(())) });
-    engine.shutdown_blocking();
+    reader.finish();
     drop(owner);
     assert!(
         answers.iter().all(Result::is_err),
