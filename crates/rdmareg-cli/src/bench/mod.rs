@@ -155,8 +155,8 @@ fn nixl_peer(args: &BenchArgs) -> (Option<PathBuf>, Vec<String>) {
 const OFI_BASELINE_NOTE: &str = "libfabric lanes (ofi-tcp, ofi-shm) have no baseline column: \
      Debian's libfabric ships no fabtests (fi_rma_bw), and ucx_perftest measures UCX";
 
-/// UCX environment selecting the same transport as the engine, for
-/// `ucx_perftest`.
+/// UCX environment selecting the same transport and tcp segment as the
+/// engine, for `ucx_perftest` and NIXL.
 fn transport_environment(transport: TransportArg) -> Vec<(String, String)> {
     let mut environment = vec![("UCX_NET_DEVICES".to_owned(), "lo".to_owned())];
     match transport {
@@ -166,7 +166,18 @@ fn transport_environment(transport: TransportArg) -> Vec<(String, String)> {
             environment.push(("UCX_CMA_MEMORY_INVALIDATE".into(), "y".into()));
         }
         // Not UCX lanes: nothing of UCX's runs on them.
-        TransportArg::OfiTcp | TransportArg::OfiShm => {}
+        TransportArg::OfiTcp | TransportArg::OfiShm => return environment,
+    }
+    // The engine's one transport tuning goes to the baseline and the peer
+    // too, so that ratios measure the library and not a segment size
+    // (docs/benchmarks.md has the engine against UCX's default); an
+    // operator's own setting reaches every side through the environment.
+    let operator_sets = |key: &str| std::env::var_os(key).is_some();
+    if !operator_sets("UCX_TCP_TX_SEG_SIZE") && !operator_sets("UCX_TCP_RX_SEG_SIZE") {
+        environment.push((
+            "UCX_TCP_TX_SEG_SIZE".into(),
+            rdmareg_ucx::UcxConfig::DEFAULT_TCP_SEND_SEGMENT.into(),
+        ));
     }
     // Everything else stays at UCX's defaults: the baseline is what raw UCX
     // gives a hand-written program on the same transport.
