@@ -26,6 +26,7 @@ use bytes::{Bytes, BytesMut};
 use packed_key_model::{format, full_key, real_keys};
 use rdmareg_core::{Descriptor, MAX_PACKED_KEY_LEN};
 use rdmareg_ucx::packed_key::validate_packed_key;
+use rdmareg_ucx::{EngineAddress, ProcessIdentity};
 
 fn main() -> std::io::Result<()> {
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
@@ -249,6 +250,48 @@ fn worker_address_seeds() -> Vec<(String, Vec<u8>)> {
             Ok(()),
             "{name}"
         );
+    }
+    seeds.extend(engine_address_seeds(&seeds[0].1));
+    seeds
+}
+
+/// Engine-address envelopes around a real UCP address, in each form a peer
+/// may send: bare serving address, with a direct lane, with a process
+/// identity (version 2), and a version-1 identity without a token.
+fn engine_address_seeds(address: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let address = Bytes::copy_from_slice(address);
+    let serving_only = EngineAddress {
+        serving: address.clone(),
+        direct: None,
+        process: None,
+    };
+    let with_direct = EngineAddress {
+        direct: Some(address.clone()),
+        ..serving_only.clone()
+    };
+    let with_process = EngineAddress {
+        process: Some(ProcessIdentity {
+            pid: 4242,
+            pid_namespace: 0xEFFF_FFFC,
+            boot_id: [0x5B; 16],
+            token_addr: 0x7F00_0000_1000,
+            token: [0xA7; 16],
+        }),
+        ..with_direct.clone()
+    };
+    let encode = |envelope: &EngineAddress| envelope.encode().expect("encodes").to_vec();
+    let version_two = encode(&with_process);
+    // Version 1 carried the identity without the token's address and bytes.
+    let mut version_one = version_two[..version_two.len() - 24].to_vec();
+    version_one[2] = 1;
+    let seeds = vec![
+        ("envelope_serving_only".to_string(), encode(&serving_only)),
+        ("envelope_direct".to_string(), encode(&with_direct)),
+        ("envelope_process_v2".to_string(), version_two),
+        ("envelope_process_v1".to_string(), version_one),
+    ];
+    for (name, bytes) in &seeds {
+        assert!(EngineAddress::decode(bytes).is_ok(), "{name}");
     }
     seeds
 }

@@ -153,7 +153,8 @@ pub enum EngineAddressError {
     #[error("unknown engine address version {0}")]
     UnknownVersion(u8),
     /// Flag bits this build does not know, or a combination it refuses (a
-    /// process identity without a direct-read lane).
+    /// process identity without a direct-read lane, or a version-2 envelope
+    /// without the process identity that version exists to carry).
     #[error("unknown engine address flags {0:#04x}")]
     UnknownFlags(u8),
     /// An address field of length zero.
@@ -255,6 +256,11 @@ impl EngineAddress {
         }
         let flags = header[3];
         if flags & !(FLAG_DIRECT | FLAG_PROCESS) != 0 || flags == FLAG_PROCESS {
+            return Err(EngineAddressError::UnknownFlags(flags));
+        }
+        // Version 2 exists only to carry a token, and is written only then:
+        // one envelope, one encoding.
+        if version == VERSION && flags & FLAG_PROCESS == 0 {
             return Err(EngineAddressError::UnknownFlags(flags));
         }
         let (serving, mut at) = field(bytes, 4, "serving")?;
@@ -537,6 +543,17 @@ mod tests {
         ));
         // An envelope without an identity is still written as version 1.
         assert_eq!(sample().encode().unwrap()[2], VERSION_WITHOUT_TOKEN);
+    }
+
+    #[test]
+    fn a_version_two_envelope_without_a_process_identity_is_refused() {
+        let mut encoded = sample().encode().unwrap().to_vec();
+        assert_eq!(encoded[2], VERSION_WITHOUT_TOKEN);
+        encoded[2] = VERSION;
+        assert_eq!(
+            EngineAddress::decode(&encoded),
+            Err(EngineAddressError::UnknownFlags(encoded[3]))
+        );
     }
 
     #[test]
