@@ -15,9 +15,14 @@
 //!
 //! - Each process draws 16 random bytes (`getrandom`) the first time it
 //!   publishes its identity, and keeps them in a static for the rest of its
-//!   life: the address never changes and nothing writes there again. The
-//!   engine address carries the token and its address beside the pid
-//!   ([`ProcessIdentity`]).
+//!   life: the address never changes and nothing in the process writes
+//!   there again. The engine address carries the token and its address
+//!   beside the pid ([`ProcessIdentity`]).
+//! - A child the process `fork`s starts with a copy of its memory, token
+//!   included, and would pass for it under its pid. So the child draws a
+//!   token of its own before `fork` returns in it (a `pthread_atfork`
+//!   handler, registered with the first draw); should it get no random
+//!   bytes, it inverts its parent's and publishes none.
 //! - Every vectored copy reads the token first, in the same system call as
 //!   the reads it carries (`progress::vectored`). The kernel resolves the
 //!   pid to one address space at the start of the call and copies every
@@ -42,6 +47,7 @@
 //! another pid namespace, and reads this engine does not copy itself go
 //! through UCX's cma, which names the owner by pid alone.
 
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::engine_address::ProcessIdentity;
@@ -49,27 +55,97 @@ use crate::engine_address::ProcessIdentity;
 /// Bytes in a process token.
 pub(crate) const TOKEN_LEN: usize = 16;
 
-/// A token, aligned so that it never straddles a page: the kernel either
-/// reads all of it or none.
+/// The token's bytes, aligned so that they never straddle a page: the
+/// kernel either reads all of them or none. Atomic only so that a `fork`ed
+/// child can redraw them in place (see [`redraw_in_forked_child`]); every
+/// other write is the first draw, before any reader.
 #[repr(align(16))]
-struct AlignedToken([u8; TOKEN_LEN]);
+struct TokenCell([AtomicU8; TOKEN_LEN]);
 
-/// This process's token, drawn once.
-static THIS_PROCESS_TOKEN: OnceLock<Option<AlignedToken>> = OnceLock::new();
+/// This process's token, at one address for the process's life.
+static THIS_PROCESS_TOKEN: TokenCell = TokenCell([const { AtomicU8::new(0) }; TOKEN_LEN]);
+
+/// Whether the first draw succeeded; drawn at most once per process image.
+static TOKEN_DRAWN: OnceLock<bool> = OnceLock::new();
+
+/// Set in a `fork`ed child whose redraw got no random bytes: it publishes
+/// no token rather than its parent's.
+static TOKEN_LOST: AtomicBool = AtomicBool::new(false);
+
+/// Fills `bytes` from the kernel; false if it gave fewer.
+fn draw(bytes: &mut [u8; TOKEN_LEN]) -> bool {
+    // SAFETY: getrandom writes at most `TOKEN_LEN` bytes into the buffer it
+    // is given, which is that long and ours.
+    let drawn = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), TOKEN_LEN, 0) };
+    drawn == TOKEN_LEN as isize
+}
+
+fn store(bytes: &[u8; TOKEN_LEN]) {
+    for (cell, &byte) in THIS_PROCESS_TOKEN.0.iter().zip(bytes) {
+        cell.store(byte, Ordering::Relaxed);
+    }
+}
+
+fn load() -> [u8; TOKEN_LEN] {
+    let mut bytes = [0; TOKEN_LEN];
+    for (byte, cell) in bytes.iter_mut().zip(&THIS_PROCESS_TOKEN.0) {
+        *byte = cell.load(Ordering::Relaxed);
+    }
+    bytes
+}
+
+/// Runs in the child of every `fork` once a token exists (registered with
+/// `pthread_atfork`): the child is another process at the same addresses,
+/// and must not hold its parent's token, or a copy aimed at the parent's
+/// pid after the parent died could take a descendant that landed there for
+/// the parent. Only the `fork`ing thread lives in the child, so nothing
+/// reads the token while it changes; `getrandom` and atomic stores are
+/// async-signal-safe, as a handler after `fork` must be.
+extern "C" fn redraw_in_forked_child() {
+    let mut bytes = [0; TOKEN_LEN];
+    if draw(&mut bytes) {
+        store(&bytes);
+    } else {
+        // No random bytes: invert the parent's, which guarantees a mismatch
+        // with it, and publish no token from here on.
+        let mut inverted = load();
+        for byte in &mut inverted {
+            *byte = !*byte;
+        }
+        store(&inverted);
+        TOKEN_LOST.store(true, Ordering::Relaxed);
+    }
+}
 
 /// This process's token and the address it lives at for the rest of the
 /// process's life; `None` if the kernel gave no random bytes.
 pub(crate) fn this_process_token() -> Option<(u64, [u8; TOKEN_LEN])> {
-    let token = THIS_PROCESS_TOKEN
-        .get_or_init(|| {
-            let mut bytes = [0; TOKEN_LEN];
-            // SAFETY: getrandom writes at most `TOKEN_LEN` bytes into the
-            // buffer it is given, which is that long and ours.
-            let drawn = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), TOKEN_LEN, 0) };
-            (drawn == TOKEN_LEN as isize).then_some(AlignedToken(bytes))
-        })
-        .as_ref()?;
-    Some((token.0.as_ptr() as u64, token.0))
+    let drawn = *TOKEN_DRAWN.get_or_init(|| {
+        // The handler goes in before the token exists, so that no `fork`
+        // ever copies a token into a child without redrawing it.
+        // SAFETY: registers a plain `extern "C" fn` that lives as long as
+        // the program (see `redraw_in_forked_child` for what it may do in
+        // a child). Registered once per process image: `TOKEN_DRAWN`
+        // initialises once, and a child inherits the registration.
+        let registered = unsafe { libc::pthread_atfork(None, None, Some(redraw_in_forked_child)) };
+        if registered != 0 {
+            tracing::warn!(
+                error = registered,
+                "cannot redraw the process token in forked children; publishing none"
+            );
+            return false;
+        }
+        let mut bytes = [0; TOKEN_LEN];
+        if !draw(&mut bytes) {
+            return false;
+        }
+        store(&bytes);
+        true
+    });
+    if !drawn || TOKEN_LOST.load(Ordering::Relaxed) {
+        return None;
+    }
+    Some((THIS_PROCESS_TOKEN.0.as_ptr() as u64, load()))
 }
 
 /// A peer's process as its engine address named it: what every copy out
@@ -152,5 +228,57 @@ mod tests {
         assert_eq!(me.token_addr(), addr);
         assert!(me.is_token(&token));
         assert!(!me.with_token([0; TOKEN_LEN]).is_token(&token));
+    }
+
+    #[test]
+    fn a_forked_child_draws_a_token_of_its_own_at_the_same_address() {
+        let (addr, token) = this_process_token().expect("the kernel gives random bytes");
+        let mut pipe = [0; 2];
+        // SAFETY: `pipe` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: the child only loads atomics, writes to a pipe and
+        // `_exit`s: all async-signal-safe, as a child of a multi-threaded
+        // process must be.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            let mut report = [0u8; 8 + TOKEN_LEN];
+            match this_process_token() {
+                Some((child_addr, child_token)) => {
+                    report[..8].copy_from_slice(&child_addr.to_le_bytes());
+                    report[8..].copy_from_slice(&child_token);
+                }
+                None => report.fill(0xFF),
+            }
+            // SAFETY: writes the report to the pipe's write end and exits
+            // without running the parent's destructors.
+            unsafe {
+                libc::write(pipe[1], report.as_ptr().cast(), report.len());
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: closes this process's copy of the write end, once.
+        unsafe { libc::close(pipe[1]) };
+        let mut report = [0u8; 8 + TOKEN_LEN];
+        // SAFETY: reads into `report`, which is that long.
+        let read = unsafe { libc::read(pipe[0], report.as_mut_ptr().cast(), report.len()) };
+        let mut status = 0;
+        // SAFETY: reaps the child forked above; closes the read end once.
+        unsafe {
+            libc::waitpid(child, &mut status, 0);
+            libc::close(pipe[0]);
+        }
+        assert_eq!(read, report.len() as isize);
+        assert_eq!(u64::from_le_bytes(report[..8].try_into().unwrap()), addr);
+        assert_ne!(
+            &report[8..],
+            &token[..],
+            "the child kept its parent's token"
+        );
+        assert_eq!(
+            this_process_token(),
+            Some((addr, token)),
+            "the parent's is unchanged"
+        );
     }
 }

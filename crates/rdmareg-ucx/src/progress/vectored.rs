@@ -346,6 +346,68 @@ mod tests {
     }
 
     #[test]
+    fn a_forked_child_is_never_copied_from_as_its_parent() {
+        // A child forked without `exec` holds the parent's memory at the
+        // parent's addresses. Should the parent die and the child (or a
+        // later fork of it) land on the parent's pid, a copy aimed at the
+        // parent must not read it: here the child's pid stands for that.
+        let parent = ProcessIdentity::current().expect("procfs is mounted");
+        let source: Vec<u8> = (0..256).map(|i| i as u8).collect();
+        let mut pipe = [0; 2];
+        // SAFETY: `pipe` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: the child only loads atomics, writes to a pipe and waits
+        // to be killed: all async-signal-safe, as a child of a
+        // multi-threaded process must be.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            let token = crate::owner_process::this_process_token().map_or([0; TOKEN_LEN], |t| t.1);
+            // SAFETY: writes the token to the pipe, then sleeps until the
+            // parent kills it; never returns into the test harness.
+            unsafe {
+                libc::write(pipe[1], token.as_ptr().cast(), TOKEN_LEN);
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        // SAFETY: closes this process's copy of the write end, once.
+        unsafe { libc::close(pipe[1]) };
+        let mut child_token = [0u8; TOKEN_LEN];
+        // SAFETY: reads into `child_token`, which is that long.
+        let read = unsafe { libc::read(pipe[0], child_token.as_mut_ptr().cast(), TOKEN_LEN) };
+
+        let copy_as = |token: [u8; TOKEN_LEN]| {
+            let identity = ProcessIdentity {
+                pid: child as u32,
+                token,
+                ..parent
+            };
+            let mut dest = vec![0u8; source.len()];
+            let one = entry(&source, &mut dest);
+            // SAFETY: `dest` is untouched until the call returns.
+            let outcomes = unsafe { copy_from_process(&OwnerProcess::new(&identity), &[one]) };
+            (outcomes, dest)
+        };
+        let as_parent = copy_as(parent.token);
+        let as_itself = copy_as(child_token);
+        let mut status = 0;
+        // SAFETY: kills and reaps the child forked above; closes the read
+        // end once.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, &mut status, 0);
+            libc::close(pipe[0]);
+        }
+        assert_eq!(read, TOKEN_LEN as isize);
+        assert_eq!(as_parent.0, vec![Err(CopyError(libc::ESRCH))]);
+        // The child is readable as itself: the refusal above is the token's.
+        assert_eq!(as_itself.0, vec![Ok(())]);
+        assert_eq!(as_itself.1, source);
+    }
+
+    #[test]
     fn a_token_address_with_nothing_mapped_is_another_process() {
         let mut identity = ProcessIdentity::current().expect("procfs is mounted");
         // The zero page is never mapped.
