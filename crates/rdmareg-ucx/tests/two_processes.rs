@@ -67,10 +67,14 @@ fn owner_main() {
         .try_init();
     let transport = transport_named(&std::env::var(TRANSPORT).expect("transport"));
     let size: usize = std::env::var(SIZE).expect("size").parse().expect("size");
+    let xor: u8 = std::env::var(FILL_XOR).map_or(0, |v| v.parse().expect("fill xor"));
+    // Allocated while this process has one thread: without address
+    // randomisation every owner's buffer then lies at the same address,
+    // which the pid-reuse tests rely on (the engine's threads allocate
+    // concurrently, in an order that varies from run to run).
+    let buf = PageBuf::filled(size, |i| pattern(i) ^ xor);
     let engine = UcxEngine::start(config(transport)).expect("owner engine starts");
     let backend = engine.backend();
-    let xor: u8 = std::env::var(FILL_XOR).map_or(0, |v| v.parse().expect("fill xor"));
-    let buf = PageBuf::filled(size, |i| pattern(i) ^ xor);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
