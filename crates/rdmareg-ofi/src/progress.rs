@@ -45,7 +45,8 @@
 //! request names its reply address itself, these bounds are per address:
 //! addresses are reduced to one spelling first, gathered replies are also
 //! bounded in total ([`GATHERED_BYTES_MAX`]), and a full table of consumer
-//! addresses forgets those with nothing unfinished.
+//! addresses forgets those with nothing unfinished — addresses no send ever
+//! completed to (made-up ones) before consumers it reached.
 //!
 //! Over `tcp;ofi_rxm` a single read is served only to the endpoint the
 //! provider names as its request's sender (`FI_SOURCE`); a request from
@@ -245,6 +246,12 @@ struct AvEntry {
     /// Inserted to answer a consumer's requests: kept while replies to it
     /// are unfinished, and until the table of consumer addresses fills.
     served: bool,
+    /// A send to this address completed: a connection to it was made. The
+    /// provider may go on naming that connection after the entry is
+    /// removed (see `Engine::forget_idle_consumers`), so such entries are
+    /// forgotten last. (Not set from a request's named sender: a name is
+    /// what may be wrong.)
+    connected: bool,
 }
 
 /// Where a read's answer goes.
@@ -1858,6 +1865,11 @@ impl Engine {
                 self.gathered_bytes = self.gathered_bytes.saturating_sub(send.len);
             }
         }
+        if result.is_ok() {
+            if let Some(entry) = self.av.get_mut(&send.dest) {
+                entry.connected = true;
+            }
+        }
         if let Some(watch) = self.watch.get_mut(&send.dest) {
             if send.probe {
                 watch.probing = false;
@@ -2210,6 +2222,7 @@ impl Engine {
                 peers: 0,
                 ops: 0,
                 served,
+                connected: false,
             },
         );
         Ok(fi_addr)
@@ -2258,19 +2271,48 @@ impl Engine {
     /// requests — made up ones included — would lock every later consumer
     /// out for the engine's life. A consumer forgotten is inserted again at
     /// its next request.
+    ///
+    /// Addresses no send ever completed to are forgotten first, and those
+    /// a send did complete to only when there is no other: over
+    /// `tcp;ofi_rxm` forgetting a connected consumer breaks its next
+    /// requests. libfabric 1.17 names a request's sender by the peer record
+    /// of the connection it came on; `fi_av_remove` leaves that record with
+    /// the removed entry's number (it is rewritten only when the address is
+    /// inserted again, `rxm_av_add_peers` in `prov/util/src/rxm_av.c`), so
+    /// once a made-up address takes the number the consumer's requests are
+    /// named as that address's and refused to it. With
+    /// `FI_AV_REMOVE_CLEANUP` set the removal closes the connection
+    /// instead (`rxm_av_remove_handler`), and a request on its way is lost
+    /// with it or, measured, named as a made-up address too (the provider
+    /// finds a request's connection by an index in its header, `ofi_idm_at`
+    /// on `conn_id` in `prov/rxm/src/rxm_cq.c`, and a closed connection's
+    /// index is given to later peers). Either way the consumer's read answers nothing until its
+    /// deadline. A made-up address never completes a send, so a flood of
+    /// them is forgotten before any consumer that was served.
     fn forget_idle_consumers(&mut self) {
-        let idle: Vec<u64> = self
-            .av
-            .iter()
-            .filter(|(fi_addr, entry)| entry.served && !self.reply_loads.contains_key(fi_addr))
-            .map(|(&fi_addr, _)| fi_addr)
-            .collect();
+        let idle = |connected: bool| -> Vec<u64> {
+            self.av
+                .iter()
+                .filter(|(fi_addr, entry)| {
+                    entry.served
+                        && entry.connected == connected
+                        && !self.reply_loads.contains_key(fi_addr)
+                })
+                .map(|(&fi_addr, _)| fi_addr)
+                .collect()
+        };
+        let mut forgotten = idle(false);
+        let connected = forgotten.is_empty();
+        if connected {
+            forgotten = idle(true);
+        }
         tracing::debug!(
-            idle = idle.len(),
+            idle = forgotten.len(),
+            connected,
             "the consumer address table is full: forgetting idle ones"
         );
         self.read_ahead_of_forgetting();
-        for fi_addr in idle {
+        for fi_addr in forgotten {
             self.served_peers -= 1;
             self.release_av(fi_addr, |entry| entry.served = false);
         }
