@@ -108,6 +108,10 @@ pub struct OfiConfig {
     /// connection and is not declared unreachable; its reads end at their
     /// deadlines. Must be positive.
     pub unreachable_after: Duration,
+    /// The crate's tests shrink the owner's table of consumer addresses
+    /// (`progress::MAX_SERVED_PEERS`) to reach its edges with a few peers.
+    #[cfg(test)]
+    pub(crate) served_peers_bound: Option<usize>,
 }
 
 impl Default for OfiConfig {
@@ -123,6 +127,8 @@ impl Default for OfiConfig {
             teardown_timeout: Duration::from_secs(5),
             max_served_replies_per_peer: 4096,
             unreachable_after: Duration::from_secs(1),
+            #[cfg(test)]
+            served_peers_bound: None,
         }
     }
 }

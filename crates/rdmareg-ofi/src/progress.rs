@@ -53,7 +53,8 @@
 //! another endpoint than its reply address is refused to its sender, and
 //! one whose sender the provider cannot name yet (not in the address
 //! vector) is answered "ask again" at its reply address, without a lease.
-//! A consumer's engine asks once more on that answer (`Engine::ask_again`).
+//! A consumer's engine asks again on that answer, a few times at most
+//! (`Engine::ask_again`).
 //!
 //! # Dead peers
 //!
@@ -132,6 +133,12 @@ const WITHDRAW_MIN: Duration = Duration::from_millis(100);
 const SENDS_IDLE_MAX: Duration = Duration::from_secs(1);
 /// How long a parked loop sleeps while reads of its own are in flight.
 const BUSY_PARK: Duration = Duration::from_micros(20);
+/// How many times a read asks its owner again when the owner could not
+/// name its sender (`Refusal::Unverified`). One is enough for a consumer
+/// the owner had not inserted yet; an owner that forgot a consumer while it
+/// stayed connected may answer its first ask again the same way (see
+/// `Engine::rename_stale_senders`), hence more.
+pub(crate) const ASKS_AGAIN: u8 = 3;
 /// Receives an owner-serving engine keeps posted for requests.
 const REQUEST_RECEIVES: usize = 32;
 /// How long reads from a peer may go without a completion from it before
@@ -340,9 +347,12 @@ struct Op {
     /// Its owner's connection was reset for it (or with it) past its
     /// deadline (`Engine::reset_connection`).
     connection_reset: bool,
-    /// Owner-served: the request again, for one more ask when the owner
-    /// could not name its sender (`Refusal::Unverified`); `None` once used.
+    /// Owner-served: the request again, for asking once more when the
+    /// owner could not name its sender (`Refusal::Unverified`), at most
+    /// [`ASKS_AGAIN`] times; `None` once used up.
     ask_again: Option<(u64, Vec<u8>)>,
+    /// How many more times the read may ask again.
+    asks_left: u8,
 }
 
 /// A gathered list's own part of its [`Op`].
@@ -533,6 +543,23 @@ struct Engine {
     discard_owners: HashMap<usize, (u64, usize)>,
     discard_bytes: HashMap<u64, usize>,
     served_peers: usize,
+    /// The most consumer addresses kept ([`MAX_SERVED_PEERS`]; less in
+    /// some of this crate's tests).
+    served_peers_bound: usize,
+    /// Entry numbers the provider may still name a connection by although
+    /// the entry was removed, with the addresses removed from them: over
+    /// `tcp;ofi_rxm`, unless `FI_AV_REMOVE_CLEANUP` is set, `fi_av_remove`
+    /// leaves a connected peer's record with its old number until the
+    /// address is inserted again (`rxm_av_add_peers`,
+    /// `prov/util/src/rxm_av.c`), and a later insert reuses the number.
+    /// A request named by such a number may come from either peer.
+    stale_numbers: HashMap<u64, Vec<Bytes>>,
+    /// The number each address of `stale_numbers` was removed from, and
+    /// the order they were removed in: past `served_peers_bound` of them
+    /// the oldest is dropped (a peer that stayed connected and silent that
+    /// long may then be named as another again).
+    stale_addresses: HashMap<Bytes, u64>,
+    stale_order: VecDeque<Bytes>,
     /// Unfinished replies per consumer address, and their bound.
     reply_loads: HashMap<u64, PeerLoad>,
     reply_bound: u32,
@@ -619,6 +646,16 @@ impl Engine {
             discard_owners: HashMap::new(),
             discard_bytes: HashMap::new(),
             served_peers: 0,
+            served_peers_bound: {
+                #[cfg(test)]
+                let bound = config.served_peers_bound.unwrap_or(MAX_SERVED_PEERS);
+                #[cfg(not(test))]
+                let bound = MAX_SERVED_PEERS;
+                bound
+            },
+            stale_numbers: HashMap::new(),
+            stale_addresses: HashMap::new(),
+            stale_order: VecDeque::new(),
             reply_loads: HashMap::new(),
             reply_bound: config.max_served_replies_per_peer,
             gathered_bytes: 0,
@@ -983,6 +1020,9 @@ impl Engine {
         if entry.peers == 0 && entry.ops == 0 && !entry.served {
             if let Some(entry) = self.av.remove(&fi_addr) {
                 self.by_address.remove(&entry.address);
+                if entry.connected && self.fabric.reports_source && !self.fabric.av_remove_closes {
+                    self.mark_stale(fi_addr, entry.address);
+                }
             }
             self.watch.remove(&fi_addr);
             self.fabric.remove_peer(fi_addr);
@@ -1043,6 +1083,7 @@ impl Engine {
             } else {
                 None
             },
+            asks_left: ASKS_AGAIN,
             request: request_bytes,
             failure: None,
             unreachable: false,
@@ -1245,6 +1286,7 @@ impl Engine {
             request_id,
             request: Some((request_id, wire)),
             ask_again: None,
+            asks_left: 0,
             failure: None,
             unreachable: false,
             request_failed: false,
@@ -1426,16 +1468,90 @@ impl Engine {
 
     /// The address of the entry a request's completion names its sender
     /// by, as the address vector is now (`None`: not a request, not named,
-    /// or a provider that names no senders).
+    /// a provider that names no senders, or a number that may name a
+    /// forgotten peer as well: see `stale_numbers`).
     fn sender_of(&self, completion: &Completion) -> Option<Bytes> {
         match completion {
             Completion::Done(context, _, _, source)
                 if self.fabric.reports_source
-                    && self.request_buffers.contains_key(&(*context as usize)) =>
+                    && self.request_buffers.contains_key(&(*context as usize))
+                    && !self.stale_numbers.contains_key(source) =>
             {
                 self.av.get(source).map(|entry| entry.address.clone())
             }
             _ => None,
+        }
+    }
+
+    /// Records that the provider may go on naming `address`'s connection
+    /// by `number`, removed from the address vector.
+    fn mark_stale(&mut self, number: u64, address: Bytes) {
+        self.unmark_stale(&address);
+        self.stale_addresses.insert(address.clone(), number);
+        self.stale_numbers
+            .entry(number)
+            .or_default()
+            .push(address.clone());
+        self.stale_order.push_back(address);
+        if self.stale_order.len() > self.served_peers_bound {
+            if let Some(oldest) = self.stale_order.front().cloned() {
+                self.unmark_stale(&oldest);
+            }
+        }
+    }
+
+    /// `address` is no longer named by a removed number; answers whether
+    /// it was.
+    fn unmark_stale(&mut self, address: &Bytes) -> bool {
+        let Some(old) = self.stale_addresses.remove(address) else {
+            return false;
+        };
+        self.stale_order.retain(|held| held != address);
+        if let Some(holders) = self.stale_numbers.get_mut(&old) {
+            holders.retain(|held| held != address);
+            if holders.is_empty() {
+                self.stale_numbers.remove(&old);
+            }
+        }
+        true
+    }
+
+    /// The completions of a batch name some senders by numbers that may
+    /// also name forgotten peers: those requests are answered as unnamed
+    /// ("ask again", at their reply address, without a lease), and the
+    /// forgotten peers are inserted again, which renames their
+    /// connections, so that the requests asked again are named right.
+    fn rename_stale_senders(&mut self, completions: &[Completion]) {
+        let named: Vec<u64> = completions
+            .iter()
+            .filter_map(|completion| match completion {
+                Completion::Done(context, _, _, source)
+                    if self.request_buffers.contains_key(&(*context as usize))
+                        && self.stale_numbers.contains_key(source) =>
+                {
+                    Some(*source)
+                }
+                _ => None,
+            })
+            .collect();
+        for number in named {
+            for address in self.stale_numbers.get(&number).cloned().unwrap_or_default() {
+                if self.by_address.contains_key(&address) {
+                    self.unmark_stale(&address);
+                    continue;
+                }
+                tracing::debug!(
+                    number,
+                    "a request was named by the number of a forgotten peer; inserting that peer again"
+                );
+                match self.insert_address(address.clone(), true) {
+                    Ok(_) => self.served_peers += 1,
+                    Err(err) => {
+                        self.unmark_stale(&address);
+                        tracing::debug!(error = %err, "could not insert a forgotten peer again");
+                    }
+                }
+            }
         }
     }
 
@@ -1482,6 +1598,9 @@ impl Engine {
             .map(|completion| self.sender_of(completion))
             .collect();
         senders.extend(polled);
+        if !self.stale_numbers.is_empty() {
+            self.rename_stale_senders(&completions);
+        }
         for (index, completion) in completions.drain(..).enumerate() {
             let (context, result) = match completion {
                 Completion::Done(context, len, tag, source) => (context, Ok((len, tag, source))),
@@ -2214,6 +2333,10 @@ impl Engine {
     /// address vector and the table.
     fn insert_address(&mut self, address: Bytes, served: bool) -> Result<u64, RdmaError> {
         let fi_addr = self.fabric.insert_peer(&address)?;
+        // Inserted again, a connected address's record is renamed: the
+        // number it was removed from no longer names it. It stays known as
+        // connected, so that forgetting it again is recorded again.
+        let connected = self.unmark_stale(&address);
         self.by_address.insert(address.clone(), fi_addr);
         self.av.insert(
             fi_addr,
@@ -2222,7 +2345,7 @@ impl Engine {
                 peers: 0,
                 ops: 0,
                 served,
-                connected: false,
+                connected,
             },
         );
         Ok(fi_addr)
@@ -2245,10 +2368,10 @@ impl Engine {
             }
             return Some(fi_addr);
         }
-        if self.served_peers >= MAX_SERVED_PEERS {
+        if self.served_peers >= self.served_peers_bound {
             self.forget_idle_consumers();
         }
-        if self.served_peers >= MAX_SERVED_PEERS {
+        if self.served_peers >= self.served_peers_bound {
             tracing::warn!("too many consumer addresses; a read request was dropped");
             return None;
         }
@@ -2273,25 +2396,31 @@ impl Engine {
     /// its next request.
     ///
     /// Addresses no send ever completed to are forgotten first, and those
-    /// a send did complete to only when there is no other: over
-    /// `tcp;ofi_rxm` forgetting a connected consumer breaks its next
+    /// a send did complete to only if the table is still full: over
+    /// `tcp;ofi_rxm` forgetting a connected consumer disturbs its next
     /// requests. libfabric 1.17 names a request's sender by the peer record
     /// of the connection it came on; `fi_av_remove` leaves that record with
     /// the removed entry's number (it is rewritten only when the address is
     /// inserted again, `rxm_av_add_peers` in `prov/util/src/rxm_av.c`), so
-    /// once a made-up address takes the number the consumer's requests are
-    /// named as that address's and refused to it. With
+    /// once another address takes the number the consumer's requests are
+    /// named as that address's. Such numbers are kept in `stale_numbers`
+    /// and name nobody (see `Engine::rename_stale_senders`). With
     /// `FI_AV_REMOVE_CLEANUP` set the removal closes the connection
     /// instead (`rxm_av_remove_handler`), and a request on its way is lost
-    /// with it or, measured, named as a made-up address too (the provider
-    /// finds a request's connection by an index in its header, `ofi_idm_at`
-    /// on `conn_id` in `prov/rxm/src/rxm_cq.c`, and a closed connection's
-    /// index is given to later peers). Either way the consumer's read answers nothing until its
+    /// with it or, measured, named as a made-up address (the provider finds
+    /// a request's connection by an index in its header, `ofi_idm_at` on
+    /// `conn_id` in `prov/rxm/src/rxm_cq.c`, and a closed connection's
+    /// index is given to later peers): that read answers nothing until its
     /// deadline. A made-up address never completes a send, so a flood of
     /// them is forgotten before any consumer that was served.
     fn forget_idle_consumers(&mut self) {
-        let idle = |connected: bool| -> Vec<u64> {
-            self.av
+        self.read_ahead_of_forgetting();
+        for connected in [false, true] {
+            if self.served_peers < self.served_peers_bound {
+                break;
+            }
+            let forgotten: Vec<u64> = self
+                .av
                 .iter()
                 .filter(|(fi_addr, entry)| {
                     entry.served
@@ -2299,22 +2428,16 @@ impl Engine {
                         && !self.reply_loads.contains_key(fi_addr)
                 })
                 .map(|(&fi_addr, _)| fi_addr)
-                .collect()
-        };
-        let mut forgotten = idle(false);
-        let connected = forgotten.is_empty();
-        if connected {
-            forgotten = idle(true);
-        }
-        tracing::debug!(
-            idle = forgotten.len(),
-            connected,
-            "the consumer address table is full: forgetting idle ones"
-        );
-        self.read_ahead_of_forgetting();
-        for fi_addr in forgotten {
-            self.served_peers -= 1;
-            self.release_av(fi_addr, |entry| entry.served = false);
+                .collect();
+            tracing::debug!(
+                idle = forgotten.len(),
+                connected,
+                "the consumer address table is full: forgetting idle ones"
+            );
+            for fi_addr in forgotten {
+                self.served_peers -= 1;
+                self.release_av(fi_addr, |entry| entry.served = false);
+            }
         }
     }
 
@@ -2357,16 +2480,22 @@ impl Engine {
     /// The owner could not name the sender of this read's request and
     /// refused it as unverified; its receive ended with that refusal. Posts
     /// the receive and sends the request once more (same id), unless it
-    /// was already asked again or is past its deadline. Answers whether it
-    /// will be.
+    /// asked again [`ASKS_AGAIN`] times already or is past its deadline.
+    /// Answers whether it will be.
     fn ask_again(&mut self, slot: usize) -> bool {
         let Some(op) = self.ops[slot].as_mut() else {
             return false;
         };
-        if op.timed_out || op.failure.is_some() || self.closing {
+        if op.timed_out || op.failure.is_some() || self.closing || op.asks_left == 0 {
             return false;
         }
-        let Some(request) = op.ask_again.take() else {
+        op.asks_left -= 1;
+        let request = if op.asks_left == 0 {
+            op.ask_again.take()
+        } else {
+            op.ask_again.clone()
+        };
+        let Some(request) = request else {
             return false;
         };
         tracing::debug!(

@@ -31,8 +31,9 @@
 //! provider cannot name yet — over `tcp;ofi_rxm`, a consumer's first
 //! request, before the owner inserted its address — is answered
 //! [`Refusal::Unverified`] at the reply address, holding no lease, and the
-//! consumer asks once more (with the same id), which the provider then
-//! names.
+//! consumer asks again (with the same id), which the provider then names
+//! (a consumer asks again up to three times: an owner that forgot a
+//! consumer it had reached may answer its first ask again the same way).
 //!
 //! Request ids are below 2⁴⁸, so the refusal bit, the reason byte and the
 //! request bit never collide with one.
@@ -155,8 +156,9 @@ pub enum Refusal {
     /// can be retried once earlier ones were answered.
     Busy,
     /// The provider could not name the request's sender (a sender not yet
-    /// in the owner's address vector), so the owner served nothing; it now
-    /// knows the reply address, and the consumer asks once more.
+    /// in the owner's address vector, or named by an entry number that may
+    /// also name a peer the owner forgot), so the owner served nothing; it
+    /// now knows the reply address, and the consumer asks again.
     Unverified,
     /// The request came from another endpoint than the one its reply
     /// address names.
@@ -205,7 +207,7 @@ pub const BUSY_TEXT: &str = "ofi: owner busy: too many of this consumer's reads 
 
 /// The text of the error a read gets when the owner still could not name
 /// its requester after it asked again.
-pub const UNVERIFIED_TEXT: &str = "ofi: the owner could not confirm that this engine sent the read request (its provider did not name the sender, twice)";
+pub const UNVERIFIED_TEXT: &str = "ofi: the owner could not confirm that this engine sent the read request (its provider did not name the sender, however often it asked again)";
 
 /// The text of the error a read gets when its request named another
 /// endpoint as its reply address than the one that sent it.

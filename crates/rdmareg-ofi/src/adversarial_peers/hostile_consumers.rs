@@ -1120,3 +1120,82 @@ fn a_peer_cannot_pass_for_a_bystander_that_took_its_forgotten_entry_earlier() {
     );
     assert_eq!(unconfirmed, before + 1, "the attacker's request is refused");
 }
+
+/// Consumers the owner forgets while they stay connected: an owner that
+/// keeps two consumer addresses (the table shrunk from 4096) is read in
+/// turn by three consumer engines, four rounds, so reads keep making it
+/// forget consumers it had reached and hand their entry numbers on. Over
+/// tcp the provider goes on naming a forgotten consumer's connection by its
+/// old number, which another consumer may hold by then; every read must
+/// still answer `Ok`. Before the owner kept such numbers apart, the first
+/// consumer's reads of rounds 1 and 3 were refused to another consumer and
+/// answered `Timeout` (4 of 4 runs). (Under `FI_AV_REMOVE_CLEANUP=1`
+/// forgetting closes a consumer's connection, and its next request's send
+/// fails with `FI_ENOTCONN`: a known limit, described in `docs/ofi.md`.)
+#[test]
+fn consumers_the_owner_forgets_while_connected_are_still_served() {
+    let rt = runtime();
+    let mut config = config(Provider::Tcp);
+    config.served_peers_bound = Some(2);
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let o = owner.backend();
+    let src = Memory::filled(4096, 0x61);
+    let src_region = src.map(&rt, &o);
+    let consumers: Vec<OfiEngine> = (0..3)
+        .map(|_| {
+            let consumer = OfiEngine::start(config.clone()).expect("a consumer starts");
+            consumer
+                .add_peer(PeerId(1), owner.fabric_address())
+                .unwrap();
+            consumer
+        })
+        .collect();
+    let dsts: Vec<Memory> = (0..3).map(|_| Memory::filled(64, 0)).collect();
+    let dst_regions: Vec<BackendRegion> = consumers
+        .iter()
+        .zip(&dsts)
+        .map(|(consumer, dst)| dst.map(&rt, &consumer.backend()))
+        .collect();
+    let mut answers = Vec::new();
+    for round in 0..4 {
+        for (index, consumer) in consumers.iter().enumerate() {
+            let answer = single(
+                &rt,
+                &consumer.backend(),
+                get(
+                    PeerId(1),
+                    &src_region.packed_key,
+                    src.addr() as u64,
+                    &dst_regions[index],
+                    0,
+                    64,
+                    Duration::from_secs(2),
+                ),
+            );
+            answers.push((round, index, answer));
+        }
+    }
+    let landed: Vec<Vec<u8>> = dsts.iter().map(Memory::snapshot).collect();
+    let mut unmapped: Vec<_> = consumers
+        .iter()
+        .zip(&dst_regions)
+        .map(|(consumer, region)| rt.block_on(consumer.backend().unmap(region.backend_region_id)))
+        .collect();
+    unmapped.push(rt.block_on(o.unmap(src_region.backend_region_id)));
+    for consumer in consumers {
+        consumer.shutdown_blocking();
+    }
+    owner.shutdown_blocking();
+    let all = unmapped.iter().all(Result::is_ok);
+    for dst in dsts {
+        dst.free_after(all);
+    }
+    src.free_after(all);
+    let failed: Vec<_> = answers.iter().filter(|(_, _, a)| a.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "reads failed (round, consumer, answer): {failed:?}"
+    );
+    assert!(landed.iter().flatten().all(|&b| b == 0x61));
+    assert!(all, "unmaps {unmapped:?}");
+}
