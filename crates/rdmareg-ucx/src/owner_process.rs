@@ -34,7 +34,8 @@
 //! - A copy whose token does not match fails every read it carried as if
 //!   the owner were gone; the engine stops reading that peer's same-host
 //!   memory altogether (`SameHostSource::Gone`). The destination of a
-//!   failed read holds unspecified bytes.
+//!   failed read holds unspecified bytes, never that other process's: the
+//!   copy zeroes what the kernel wrote past a wrong token.
 //!
 //! This costs no extra system call and 16 bytes per copy. It vouches for
 //! the address space, not for the process's intentions: a same-user
@@ -200,12 +201,18 @@ impl OwnerProcess {
 #[derive(Debug, Clone, Default)]
 pub(crate) enum SameHostSource {
     /// Through UCX's cma: the peer published no process this engine can
-    /// check (another pid namespace, an older peer), or the kernel refused
-    /// this engine's own copies.
+    /// check (another pid namespace, an older peer).
     #[default]
     ThroughUcx,
     /// Copied out of this process, checked on every copy.
     Copy(Arc<OwnerProcess>),
+    /// The kernel refused this engine a copy from the peer's process
+    /// (`EPERM`, `ENOSYS`). Its same-host reads go through the owner's
+    /// engine, which checks each: UCX's cma makes the same system call by
+    /// pid, with no token, and a refusal may mean that another process
+    /// holds the pid (one this engine may not read, that may later exit or
+    /// become readable).
+    ThroughOwner,
     /// The process the peer published is gone (a copy found another
     /// address space under its pid, or none). Its same-host reads fail: a
     /// copy, or UCX's cma, which names the owner by pid too, would read

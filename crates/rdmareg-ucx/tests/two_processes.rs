@@ -36,6 +36,11 @@ const FILL_XOR: &str = "RDMAREG_UCX_TEST_FILL_XOR";
 /// Set for an owner that, told `exec` on stdin, replaces its program with
 /// this binary again, filling with this XOR instead.
 const EXEC_XOR: &str = "RDMAREG_UCX_TEST_EXEC_XOR";
+/// `1` for an owner that, from before it announces itself, switches
+/// itself between not dumpable (the kernel then refuses copies to a
+/// process without `CAP_SYS_PTRACE`) and dumpable, over and over; `0`
+/// for one that does not (and lays out its memory as the other does).
+const REFUSE_COPIES: &str = "RDMAREG_UCX_TEST_REFUSE_COPIES";
 const MIB: usize = 1024 * 1024;
 
 fn transport_named(name: &str) -> Transport {
@@ -80,6 +85,14 @@ fn owner_main() {
         .unwrap();
     let region = runtime.block_on(map(&backend, &buf));
     let descriptor = describe(&buf, &region);
+    if std::env::var(REFUSE_COPIES).as_deref() == Ok("1") {
+        std::thread::spawn(|| {
+            loop {
+                set_dumpable(false);
+                set_dumpable(true);
+            }
+        });
+    }
     println!(
         "READY {} {}",
         hex(&engine.worker_address()),
@@ -104,6 +117,70 @@ fn owner_main() {
     let _ = runtime.block_on(backend.unmap(region.backend_region_id));
     engine.shutdown_blocking();
     drop(buf);
+}
+
+/// Makes this process dumpable or not (`PR_SET_DUMPABLE`): a process that
+/// is not refuses `process_vm_readv` to callers without `CAP_SYS_PTRACE`.
+fn set_dumpable(dumpable: bool) {
+    // SAFETY: PR_SET_DUMPABLE takes an integer and no pointers.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_DUMPABLE,
+            libc::c_ulong::from(dumpable),
+            0,
+            0,
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "PR_SET_DUMPABLE");
+}
+
+/// Drops `CAP_SYS_PTRACE` from this thread's capability sets and from the
+/// bounding set, so that this process and every thread and program it
+/// starts afterwards read other processes as an ordinary same-user process
+/// does: only those that are dumpable. Call before any thread starts.
+fn drop_ptrace_capability() {
+    const CAP_SYS_PTRACE: u32 = 19;
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    // SAFETY: PR_CAPBSET_DROP takes a capability number and no pointers.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_CAPBSET_DROP,
+            libc::c_ulong::from(CAP_SYS_PTRACE),
+            0,
+            0,
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "PR_CAPBSET_DROP");
+    let mut header = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget writes one header and two data records, which is what
+    // version 3 of the interface uses and what these are.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+    assert_eq!(rc, 0, "capget");
+    let bit = !(1u32 << CAP_SYS_PTRACE);
+    data[0].effective &= bit;
+    data[0].permitted &= bit;
+    data[0].inheritable &= bit;
+    // SAFETY: capset reads the header and two data records filled above.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
+    assert_eq!(rc, 0, "capset");
 }
 
 /// The consumer role: read the owner's whole descriptor over and over,
@@ -229,6 +306,14 @@ impl Owner {
         assert_eq!(words.next(), Some("READY"), "the new program said {line:?}");
         words.next().expect("address");
         Descriptor::decode(&unhex(words.next().expect("descriptor"))).unwrap()
+    }
+
+    /// As [`Owner::spawn_without_aslr`], an owner that refuses copies
+    /// now and then if `refusing` ([`REFUSE_COPIES`]).
+    fn spawn_without_aslr_refusing_copies(xor: u8, refusing: bool) -> Owner {
+        let mut command = Owner::without_aslr();
+        command.env(REFUSE_COPIES, if refusing { "1" } else { "0" });
+        Owner::start(command, "same-host", 4096, xor)
     }
 
     /// Runs `command` (this binary, possibly behind a launcher) as an owner
@@ -769,6 +854,110 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
     );
 }
 
+/// The role that runs
+/// [`a_pid_taken_over_by_a_process_that_refuses_copies_is_never_read_once_it_allows_them`]
+/// in a process of its own: it gives up `CAP_SYS_PTRACE`, which the test
+/// process keeps for the other tests.
+const REFUSED_READER_LIMIT: &str = "RDMAREG_UCX_TEST_REFUSED_READER_LIMIT";
+
+fn refused_reader_main() {
+    let limit: usize = std::env::var(REFUSED_READER_LIMIT)
+        .expect("limit")
+        .parse()
+        .expect("limit");
+    drop_ptrace_capability();
+    init_tracing();
+    a_pid_taken_over_by_a_process_that_refuses_copies_is_never_read_once_it_allows_them(limit);
+    println!("REFUSED_READER ok");
+}
+
+/// An owner process dies, and the process that takes its pid is one this
+/// consumer may not always read: it switches between not dumpable (as
+/// `ssh-agent` makes itself, or a set-user-id program is) and dumpable,
+/// and the consumer runs without `CAP_SYS_PTRACE`, as an ordinary user
+/// does. A copy that meets it refused gets `EPERM`, not another token.
+/// Reads from the dead owner must keep failing: a refusal must not send
+/// them to a path that names the owner by pid alone (UCX's cma), which
+/// reads the newcomer as soon as it is readable and answers `Ok`. Several
+/// rounds, each with a new owner and newcomer, since whether a copy meets
+/// the newcomer refused is a matter of timing.
+fn a_pid_taken_over_by_a_process_that_refuses_copies_is_never_read_once_it_allows_them(
+    limit: usize,
+) {
+    let mut answers = Vec::new();
+    let mut landed = 0;
+    let mut compared = 0;
+    for _ in 0..40 {
+        let owner = Owner::spawn_without_aslr_refusing_copies(0, false);
+        let descriptor = owner.descriptor.clone();
+        let mut reader = SameHostReader::reading(&owner, limit);
+        // A dead owner's reads end at this deadline at the latest.
+        reader.request.deadline = Some(Duration::from_secs(2));
+        let pid = owner.child.id();
+        // Killed and reaped.
+        drop(owner);
+        let mut newcomer = None;
+        for _ in 0..5 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+                .expect("ns_last_pid is writable by root");
+            let spawned = Owner::spawn_without_aslr_refusing_copies(0x5A, true);
+            if spawned.child.id() == pid {
+                newcomer = Some(spawned);
+                break;
+            }
+        }
+        let newcomer = newcomer.expect("a process took the dead owner's pid");
+        if newcomer.descriptor.addr() != descriptor.addr() {
+            // Threads allocating beside the main one moved the buffer:
+            // this round would read other memory of the newcomer.
+            reader.finish();
+            continue;
+        }
+        compared += 1;
+        for _ in 0..3 {
+            reader.dst.fill(0);
+            let answer = reader.read();
+            if reader.dst.snapshot() != vec![0; 4096] {
+                landed += 1;
+            }
+            answers.push(answer);
+        }
+        reader.finish();
+        drop(newcomer);
+    }
+    println!("REFUSED_READER rounds={compared} answers={answers:?}");
+    assert!(
+        compared >= 6,
+        "only {compared} newcomers laid out as their owners"
+    );
+    assert!(
+        answers.iter().all(Result::is_err) && landed == 0,
+        "reads from dead owners read newcomers ({landed} left bytes): {answers:?}"
+    );
+}
+
+/// Runs [`refused_reader_main`] as a process of its own.
+fn run_refused_reader(limit: usize) {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not run: choosing a pid needs root");
+        return;
+    }
+    let output = Command::new(std::env::current_exe().unwrap())
+        .env(ROLE, "refused_reader")
+        .env(REFUSED_READER_LIMIT, limit.to_string())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("the reader runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("REFUSED_READER ok"),
+        "the reader failed ({}): {stdout}",
+        output.status
+    );
+}
+
 /// An owner process replaces its program (`exec`) with one that holds
 /// other bytes at the same address, under the same pid. A read with the
 /// old descriptor must not copy the new program's memory and answer `Ok`.
@@ -811,6 +1000,7 @@ fn main() {
         Ok("owner") => return owner_main(),
         Ok("consumer") => return consumer_main(),
         Ok("prober") => return prober_main(),
+        Ok("refused_reader") => return refused_reader_main(),
         _ => {}
     }
     let tests: Vec<(&str, TestFn)> = vec![
@@ -861,6 +1051,14 @@ fn main() {
                     0, false,
                 )
             }),
+        ),
+        (
+            "a_pid_taken_over_by_a_process_that_refuses_copies_is_never_read_once_it_allows_them_by_the_caller",
+            Box::new(|| run_refused_reader(rdmareg_ucx::UcxConfig::DEFAULT_CALLER_COPY_LIMIT)),
+        ),
+        (
+            "a_pid_taken_over_by_a_process_that_refuses_copies_is_never_read_once_it_allows_them_by_the_thread",
+            Box::new(|| run_refused_reader(0)),
         ),
         (
             "get_across_processes_moves_the_right_bytes_over_tcp",

@@ -176,7 +176,7 @@ pub(super) struct PendingCopy {
     /// The owner's process.
     owner: Arc<OwnerProcess>,
     entry: CopyEntry,
-    /// The read as asked, to post through UCX if the kernel refuses.
+    /// The read as asked, to post through the owner if the kernel refuses.
     request: BackendGet,
     /// Taken when answered.
     answer: Option<Answer>,
@@ -688,7 +688,8 @@ impl Engine {
 
     /// Copies the same-host reads gathered this turn, one vectored call per
     /// owner process and kernel vector limit, and answers each. A peer the
-    /// kernel refuses to let this process read is read through UCX from now
+    /// kernel refuses to let this process read is read through its owner
+    /// (never UCX's cma, which would name the process by pid alone) from now
     /// on, these reads included.
     fn flush_copies(&mut self) {
         self.copy_source_memo = None;
@@ -718,8 +719,8 @@ impl Engine {
                         answer.send(Ok(()));
                     }
                     Err(err) if err.is_refusal() => {
-                        tracing::debug!(peer = %copy.request.peer, error = %err, "same-host copies refused; reading through UCX");
-                        self.stop_copying_from(copy.request.peer, SameHostSource::ThroughUcx);
+                        tracing::debug!(peer = %copy.request.peer, error = %err, "same-host copies refused; reading through the owner");
+                        self.stop_copying_from(copy.request.peer, SameHostSource::ThroughOwner);
                         fallback.push((copy.request.clone(), answer));
                     }
                     Err(err) => {
@@ -828,6 +829,7 @@ impl Engine {
                 )),
             ));
         }
+        let through_owner = matches!(source, SameHostSource::ThroughOwner);
         if let (ReadKey::SameHost(same_host), SameHostSource::Copy(owner)) = (&*key, source) {
             // The UCX key goes unused on this path, but a key is checked
             // the same whichever way it is read.
@@ -860,7 +862,7 @@ impl Engine {
         // A copy never waits: only reads that do need a deadline.
         let deadline = Instant::now() + deadline.unwrap_or(self.settings.default_get_deadline);
         let reply = match &*key {
-            ReadKey::SameHost(same_host) => {
+            ReadKey::SameHost(same_host) if !through_owner => {
                 // The direct lane may fall back and touch the peer table.
                 self.endpoint_memo = None;
                 match self.try_post_direct_get(
@@ -877,7 +879,7 @@ impl Engine {
                     Some(reply) => reply,
                 }
             }
-            ReadKey::Served(_) => reply,
+            ReadKey::SameHost(_) | ReadKey::Served(_) => reply,
         };
         let key = key.served();
         let (endpoint, serial) = match self.served_endpoint(peer) {

@@ -29,7 +29,9 @@
 //! the token read another process under the owner's pid, or nothing: it and
 //! every entry after it fail as if the owner were gone (`ESRCH`), and the
 //! entries copied by earlier calls keep their outcomes (those calls read the
-//! owner).
+//! owner). The kernel does not stop at a wrong token: it copies the rest of
+//! that call out of the other process, so the call's destinations are
+//! zeroed before the failure is returned.
 //!
 //! [`ProcessIdentity`]: crate::engine_address::ProcessIdentity
 
@@ -152,6 +154,17 @@ pub(crate) unsafe fn copy_from_process(
         });
         let read_the_owner = copied >= TOKEN_LEN as isize && owner.is_token(&token);
         if !read_the_owner && errno.is_none_or(|errno| errno == libc::EFAULT) {
+            if copied > TOKEN_LEN as isize {
+                // The kernel went on past the token: the call's destinations
+                // hold that other process's bytes. None of them is kept.
+                for &i in call {
+                    let entry = entries[i];
+                    // SAFETY: the entry's destination is writable memory of
+                    // this process that only this call touches (the
+                    // function's contract); the kernel's copy has returned.
+                    unsafe { std::ptr::write_bytes(entry.dest, 0, entry.len) };
+                }
+            }
             for &i in &order[next..] {
                 outcomes[i] = Err(CopyError(libc::ESRCH));
             }
@@ -343,6 +356,33 @@ mod tests {
         // SAFETY: `dest` is untouched until the call returns.
         let outcomes = unsafe { copy_from_process(&stranger, &[one, one]) };
         assert_eq!(outcomes, vec![Err(CopyError(libc::ESRCH)); 2]);
+        assert_eq!(
+            dest, [0; 64],
+            "the stranger's bytes stayed in the destination"
+        );
+    }
+
+    #[test]
+    fn a_stranger_under_the_pid_leaves_no_bytes_in_any_destination_of_a_list_longer_than_a_call() {
+        // More entries than one call carries: the first call reads the
+        // stranger's memory past its token; no call after it runs.
+        let stranger = this_process().with_token([0x3C; TOKEN_LEN]);
+        let count = ENTRIES_PER_CALL + 8;
+        let source: Vec<u8> = (0..count * 8).map(|i| (i % 251) as u8 | 1).collect();
+        let mut dest = vec![0u8; source.len()];
+        let entries: Vec<CopyEntry> = dest
+            .chunks_mut(8)
+            .zip(source.chunks(8))
+            .map(|(d, s)| entry(s, d))
+            .collect();
+        // SAFETY: the destinations are `dest`'s chunks, untouched until the
+        // call returns.
+        let outcomes = unsafe { copy_from_process(&stranger, &entries) };
+        assert_eq!(outcomes, vec![Err(CopyError(libc::ESRCH)); count]);
+        assert!(
+            dest.iter().all(|&b| b == 0),
+            "the stranger's bytes stayed in a destination"
+        );
     }
 
     #[test]
