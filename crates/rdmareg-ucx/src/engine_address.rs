@@ -607,6 +607,44 @@ mod tests {
 
     proptest! {
         #[test]
+        fn an_accepted_envelope_encodes_back_to_its_bytes_less_only_a_version_one_identity(
+            version in 0u8..4,
+            flags in 0u8..8,
+            serving in proptest::collection::vec(any::<u8>(), 0..6),
+            direct in proptest::collection::vec(any::<u8>(), 0..6),
+            identity_len in proptest::sample::select(vec![
+                0,
+                PROCESS_LEN_WITHOUT_TOKEN - 1,
+                PROCESS_LEN_WITHOUT_TOKEN,
+                PROCESS_LEN - 1,
+                PROCESS_LEN,
+                PROCESS_LEN + 1,
+            ]),
+            identity in proptest::collection::vec(any::<u8>(), PROCESS_LEN + 1),
+            cut in 0usize..3,
+        ) {
+            let mut bytes = MAGIC.to_vec();
+            bytes.extend_from_slice(&[version, flags]);
+            bytes.extend_from_slice(&(serving.len() as u16).to_le_bytes());
+            bytes.extend_from_slice(&serving);
+            if flags & FLAG_DIRECT != 0 {
+                bytes.extend_from_slice(&(direct.len() as u16).to_le_bytes());
+                bytes.extend_from_slice(&direct);
+            }
+            bytes.extend_from_slice(&identity[..identity_len]);
+            bytes.truncate(bytes.len() - cut.min(bytes.len() - MAGIC.len()));
+            if let Ok(decoded) = EngineAddress::decode(&bytes) {
+                let mut expected = bytes.clone();
+                if version == VERSION_WITHOUT_TOKEN && flags & FLAG_PROCESS != 0 {
+                    expected[3] &= !FLAG_PROCESS;
+                    expected.truncate(expected.len() - PROCESS_LEN_WITHOUT_TOKEN);
+                }
+                let encoded = decoded.encode();
+                prop_assert_eq!(encoded.map(|e| e.to_vec()), Ok(expected));
+            }
+        }
+
+        #[test]
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = EngineAddress::decode(&bytes);
             let mut framed = b"RW\x01".to_vec();
