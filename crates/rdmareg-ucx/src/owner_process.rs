@@ -237,6 +237,56 @@ mod tests {
         assert!(!me.with_token([0; TOKEN_LEN]).is_token(&token));
     }
 
+    /// The child's token, read back through a pipe from a child made by
+    /// `spawn` (which returns 0 in the child, like `fork`).
+    fn token_of_a_child_made_by(spawn: unsafe extern "C" fn() -> libc::pid_t) -> [u8; TOKEN_LEN] {
+        let mut pipe = [0; 2];
+        // SAFETY: `pipe` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: the child only loads atomics, writes to a pipe and
+        // `_exit`s: all async-signal-safe.
+        let child = unsafe { spawn() };
+        assert!(child >= 0, "the child was not made");
+        if child == 0 {
+            let token = this_process_token().map_or([0xFF; TOKEN_LEN], |t| t.1);
+            // SAFETY: writes the token to the pipe's write end and exits
+            // without running the parent's destructors.
+            unsafe {
+                libc::write(pipe[1], token.as_ptr().cast(), TOKEN_LEN);
+                libc::_exit(0);
+            }
+        }
+        let mut token = [0u8; TOKEN_LEN];
+        // SAFETY: closes this process's write end once, reads into `token`,
+        // which is that long, reaps the child and closes the read end once.
+        let read = unsafe {
+            libc::close(pipe[1]);
+            let read = libc::read(pipe[0], token.as_mut_ptr().cast(), TOKEN_LEN);
+            let mut status = 0;
+            libc::waitpid(child, &mut status, 0);
+            libc::close(pipe[0]);
+            read
+        };
+        assert_eq!(read, TOKEN_LEN as isize);
+        token
+    }
+
+    unsafe extern "C" {
+        /// glibc's `_Fork` (POSIX.1-2024): a `fork` that runs no
+        /// `pthread_atfork` handler.
+        fn _Fork() -> libc::pid_t;
+    }
+
+    #[test]
+    fn a_child_made_without_fork_handlers_keeps_its_parents_token_as_documented() {
+        // `docs/safety.md` names this limit: a child made without the
+        // handlers (glibc's `_Fork`, a raw `clone`) holds the parent's
+        // memory, token included, until it `exec`s.
+        let (_, token) = this_process_token().expect("the kernel gives random bytes");
+        assert_eq!(token_of_a_child_made_by(_Fork), token);
+        assert_ne!(token_of_a_child_made_by(libc::fork), token);
+    }
+
     #[test]
     fn a_forked_child_draws_a_token_of_its_own_at_the_same_address() {
         let (addr, token) = this_process_token().expect("the kernel gives random bytes");
