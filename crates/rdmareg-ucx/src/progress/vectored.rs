@@ -447,6 +447,80 @@ mod tests {
         assert_eq!(as_itself.1, source);
     }
 
+    extern "C" fn sleep_forever(_: *mut libc::c_void) -> *mut libc::c_void {
+        loop {
+            // SAFETY: pause takes no arguments.
+            unsafe { libc::pause() };
+        }
+    }
+
+    #[test]
+    #[ignore = "known defect: a process whose main thread exited (pthread_exit) while others run is alive, but process_vm_readv on its pid finds the exited leader without an address space and answers ESRCH, so the engine declares the owner gone for good (SameHostSource::Gone, \"it exited or replaced its program\") and fails every later same-host read of a live owner; telling this apart from an exit needs a second look (e.g. /proc/<pid>/task) and a decision on where such reads go"]
+    fn a_live_owner_whose_main_thread_exited_is_still_copied_from() {
+        let parent = ProcessIdentity::current().expect("procfs is mounted");
+        let source: Vec<u8> = (0..256).map(|i| i as u8).collect();
+        let mut pipe = [0; 2];
+        // SAFETY: `pipe` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: the child loads atomics, writes to a pipe, starts a
+        // thread that only pauses, and ends its own thread; it never
+        // returns into the test harness.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            let token = crate::owner_process::this_process_token().map_or([0; TOKEN_LEN], |t| t.1);
+            // SAFETY: as above; the new thread keeps the process alive
+            // after this, its main thread, exits.
+            unsafe {
+                let mut thread = std::mem::zeroed();
+                libc::pthread_create(
+                    &mut thread,
+                    std::ptr::null(),
+                    sleep_forever,
+                    std::ptr::null_mut(),
+                );
+                libc::write(pipe[1], token.as_ptr().cast(), TOKEN_LEN);
+                libc::pthread_exit(std::ptr::null_mut());
+            }
+        }
+        // SAFETY: closes this process's copy of the write end, once.
+        unsafe { libc::close(pipe[1]) };
+        let mut child_token = [0u8; TOKEN_LEN];
+        // SAFETY: reads into `child_token`, which is that long.
+        let read = unsafe { libc::read(pipe[0], child_token.as_mut_ptr().cast(), TOKEN_LEN) };
+        // The main thread exits right after the write: wait until it has.
+        let leader_gone = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::fs::read_to_string(format!("/proc/{child}/status"))
+                .is_ok_and(|status| status.contains("State:\tZ"))
+        });
+        let identity = ProcessIdentity {
+            pid: child as u32,
+            token: child_token,
+            ..parent
+        };
+        let mut dest = vec![0u8; source.len()];
+        let one = entry(&source, &mut dest);
+        // SAFETY: `dest` is untouched until the call returns.
+        let outcomes = unsafe { copy_from_process(&OwnerProcess::new(&identity), &[one]) };
+        let alive = std::fs::metadata(format!("/proc/{child}/task")).is_ok();
+        let mut status = 0;
+        // SAFETY: kills and reaps the child forked above; closes the read
+        // end once.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, &mut status, 0);
+            libc::close(pipe[0]);
+        }
+        assert_eq!(read, TOKEN_LEN as isize);
+        assert!(
+            leader_gone && alive,
+            "the child's main thread did not exit alone"
+        );
+        assert_eq!(outcomes, vec![Ok(())], "a live owner was taken for gone");
+        assert_eq!(dest, source);
+    }
+
     #[test]
     fn a_token_address_with_nothing_mapped_is_another_process() {
         let mut identity = ProcessIdentity::current().expect("procfs is mounted");
