@@ -455,7 +455,7 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "known defect: a process whose main thread exited (pthread_exit) while others run is alive, but process_vm_readv on its pid finds the exited leader without an address space and answers ESRCH, so the engine declares the owner gone for good (SameHostSource::Gone, \"it exited or replaced its program\") and fails every later same-host read of a live owner; telling this apart from an exit needs a second look (e.g. /proc/<pid>/task) and a decision on where such reads go"]
+    #[ignore = "known defect: a process whose main thread exited (pthread_exit) while others run is alive, but process_vm_readv on its pid finds the exited leader without an address space and answers ESRCH, so the engine declares the owner gone for good (SameHostSource::Gone, \"it exited or replaced its program\") and fails every later same-host read of a live owner; telling this apart from an exit needs a second look (e.g. /proc/<pid>/task) and a decision on where such reads go; /proc/<pid>/task cannot supply another thread's id: with the leader a zombie it lists only the leader (measured: status `Threads: 1`, the listing only the leader's id), so a fix needs the owner to publish a thread id that lives as long as its engine, such as its progress thread's"]
     fn a_live_owner_whose_main_thread_exited_is_still_copied_from() {
         let parent = ProcessIdentity::current().expect("procfs is mounted");
         let source: Vec<u8> = (0..256).map(|i| i as u8).collect();
