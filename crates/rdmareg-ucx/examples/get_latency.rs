@@ -2,7 +2,7 @@
 //! `ucx_perftest -t ucp_get` from the same UCX on the same transport.
 //!
 //! ```text
-//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N] [--small-only] [--iters=N] [--batch=N] [--owner-cpus=LIST] [--consumer-cpus=LIST] [--ucx-setting=KEY=VALUE]...
+//! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N] [--small-only] [--iters=N] [--batch=N] [--batch-entry-bytes=N] [--owner-cpus=LIST] [--consumer-cpus=LIST] [--ucx-setting=KEY=VALUE]...
 //! ```
 //!
 //! `--small-only` measures the 8 B latency alone (no 1 MiB latency, no
@@ -12,6 +12,10 @@
 //! `--batch=N` also times one `get_batch` of N 8 B reads (each into its
 //! own destination slot) against the lone 8 B read, with the caller
 //! polling: what a transfer list of small reads costs the engine.
+//! `--batch-entry-bytes=N` makes them N-byte reads, and then also times one
+//! read of all the batch's bytes (`--batch=1000 --batch-entry-bytes=4096`
+//! is the bench's scatter run without the registry; every entry reads the
+//! same source bytes).
 //!
 //! `--owner-cpus` and `--consumer-cpus` pin each engine's progress thread
 //! (`UcxConfig::with_progress_cpus`, a comma-separated list of CPU numbers);
@@ -403,6 +407,12 @@ fn main() {
         .iter()
         .find_map(|a| a.strip_prefix("--batch="))
         .map(|n| n.parse().expect("--batch=<reads per batch>"));
+    let batch_entry_bytes: usize = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--batch-entry-bytes="))
+        .map_or(LATENCY_SIZES[0], |n| {
+            n.parse().expect("--batch-entry-bytes=<bytes per read>")
+        });
     let cpus = |flag: &str| {
         args.iter().find_map(|a| a.strip_prefix(flag)).map(|list| {
             list.split(',')
@@ -481,9 +491,13 @@ fn main() {
         }
     }
     if let Some(entries) = batch.filter(|&n| n > 0) {
-        let size = LATENCY_SIZES[0];
+        let size = batch_entry_bytes;
+        assert!(
+            entries * size <= max_dest,
+            "--batch={entries} of {size} B needs more than the {max_dest} B destination"
+        );
         let iters = iters_override
-            .unwrap_or_else(|| latency_iters(size))
+            .unwrap_or_else(|| latency_iters(entries * size))
             .max(10);
         let lone = latency_spinning(&s, size, iters);
         let listed = latency_batch_spinning(&s, size, entries, iters);
@@ -491,6 +505,15 @@ fn main() {
             "{size:>8} B x {entries} batch, caller spinning: median {:7.2} us  p99 {:7.2} us  mean {:7.2} us  (a lone read in the same run: median {:7.2} us)",
             listed.median_us, listed.p99_us, listed.mean_us, lone.median_us
         );
+        if entries > 1 && size > LATENCY_SIZES[0] {
+            let whole = latency_spinning(&s, entries * size, iters);
+            println!(
+                "{:>8} B, one read of the batch's bytes: median {:7.2} us  -> batch / one read = {:.2}",
+                entries * size,
+                whole.median_us,
+                listed.median_us / whole.median_us
+            );
+        }
     }
     let bandwidth_runs = if small_only {
         Vec::new()
