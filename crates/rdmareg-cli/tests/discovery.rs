@@ -23,10 +23,61 @@ fn text(output: &Output) -> (String, String) {
     )
 }
 
+/// A child's stdout, read line by line on a thread of its own so a test can
+/// wait for one line while the child keeps running.
+struct Lines {
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    fn of(child: &mut Child) -> Lines {
+        let stdout = child.stdout.take().expect("the child's stdout is piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines {
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a line containing `needle`; panics with what was seen.
+    fn wait_line(&mut self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "no `{needle}` line within {within:?} ({e}); seen:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Every line, once the child has closed its stdout.
+    fn rest(mut self) -> String {
+        self.seen.extend(self.lines.iter());
+        self.seen.join("\n")
+    }
+}
+
 /// An owner process and its stdout lines.
 struct Owner {
     child: Child,
-    lines: mpsc::Receiver<String>,
+    lines: std::cell::RefCell<Lines>,
 }
 
 impl Owner {
@@ -47,30 +98,14 @@ impl Owner {
             .stderr(Stdio::null())
             .spawn()
             .expect("rdmareg serve starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = std::cell::RefCell::new(Lines::of(&mut child));
         let owner = Owner { child, lines };
         owner.wait_line("serving", Duration::from_secs(30));
         owner
     }
 
     fn wait_line(&self, needle: &str, within: Duration) -> String {
-        let deadline = Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("no `{needle}` line from the owner within {within:?}: {e}"),
-            }
-        }
+        self.lines.borrow_mut().wait_line(needle, within)
     }
 
     fn signal(&self, signal: i32) {
@@ -153,22 +188,25 @@ fn fetch_resolves_gets_and_verifies_every_range_an_owner_serves() {
 fn a_killed_owner_is_dropped_within_the_ttl_and_its_gets_then_fail_at_once() {
     let etcd = EtcdServer::start().unwrap();
     let owner = Owner::start(&etcd, "owner-k", 1);
-    let consumer = fetch(&etcd, &["owner-k.0", "--for", "8s", "--interval", "100ms"])
+    let mut consumer = fetch(&etcd, &["owner-k.0", "--for", "12s", "--interval", "100ms"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // Kill the owner only once the consumer has verified a read from it: on
+    // a loaded machine the consumer's start and first endpoint can take
+    // seconds, and a kill before that tests nothing this test names.
+    let mut lines = Lines::of(&mut consumer);
+    lines.wait_line(
+        "GET `owner-k.0` from `owner-k`: verified",
+        Duration::from_secs(8),
+    );
     let killed_at = now();
     owner.signal(libc::SIGKILL);
-    let output = consumer.wait_with_output().unwrap();
-    let (stdout, _) = text(&output);
+    let status = consumer.wait().unwrap();
+    let stdout = lines.rest();
     // It verified before the kill, so the run as a whole succeeds.
-    assert!(output.status.success(), "{stdout}");
-    assert!(
-        stdout.contains("GET `owner-k.0` from `owner-k`: verified"),
-        "{stdout}"
-    );
+    assert!(status.success(), "{stdout}");
     let gone = stdout
         .lines()
         .find(|l| l.contains("owner `owner-k` gone"))
