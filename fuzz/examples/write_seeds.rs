@@ -257,7 +257,8 @@ fn worker_address_seeds() -> Vec<(String, Vec<u8>)> {
 
 /// Engine-address envelopes around a real UCP address, in each form a peer
 /// may send: bare serving address, with a direct lane, with a process
-/// identity (version 2), and a version-1 identity without a token.
+/// identity naming a thread (version 3), and the older identities without
+/// the thread (version 2) and without the token (version 1).
 fn engine_address_seeds(address: &[u8]) -> Vec<(String, Vec<u8>)> {
     let address = Bytes::copy_from_slice(address);
     let serving_only = EngineAddress {
@@ -276,17 +277,22 @@ fn engine_address_seeds(address: &[u8]) -> Vec<(String, Vec<u8>)> {
             boot_id: [0x5B; 16],
             token_addr: 0x7F00_0000_1000,
             token: [0xA7; 16],
+            thread: Some(4243),
         }),
         ..with_direct.clone()
     };
     let encode = |envelope: &EngineAddress| envelope.encode().expect("encodes").to_vec();
-    let version_two = encode(&with_process);
-    // Version 1 carried the identity without the token's address and bytes.
+    let version_three = encode(&with_process);
+    // Version 2 carried the identity without the thread id.
+    let mut version_two = version_three[..version_three.len() - 4].to_vec();
+    version_two[2] = 2;
+    // Version 1 carried it without the token's address and bytes either.
     let mut version_one = version_two[..version_two.len() - 24].to_vec();
     version_one[2] = 1;
     let seeds = vec![
         ("envelope_serving_only".to_string(), encode(&serving_only)),
         ("envelope_direct".to_string(), encode(&with_direct)),
+        ("envelope_process_v3".to_string(), version_three),
         ("envelope_process_v2".to_string(), version_two),
         ("envelope_process_v1".to_string(), version_one),
     ];

@@ -2,23 +2,26 @@
 //! its serving worker's address and, if it opened one, the address of its
 //! same-host direct-read lane.
 //!
-//! # Wire format (version 2)
+//! # Wire format (version 3)
 //!
 //! | bytes | field |
 //! |---|---|
 //! | 2 | magic `"RW"` |
-//! | 1 | version: `2` when a process identity follows, else `1` |
+//! | 1 | version: `3` when a process identity with a thread follows, `2` when one without a thread follows, else `1` |
 //! | 1 | flags: bit 0 — a direct-read address follows; other bits zero |
 //! | 2 | serving address length `n` (u16, little-endian), at least 1 |
 //! | `n` | the serving worker's packed UCP address |
 //! | 2 + `m` | only with flag bit 0: length `m` (u16, little-endian, at least 1) and the direct-read worker's packed UCP address |
-//! | 52 | only with flag bit 1, which needs bit 0: the engine's process — its id (u32) and the inode of its pid namespace (u64), little-endian, its kernel's boot id (16 bytes), then the address of its token (u64, little-endian) and the token (16 bytes) |
+//! | 56 | only with flag bit 1, which needs bit 0: the engine's process — its id (u32) and the inode of its pid namespace (u64), little-endian, its kernel's boot id (16 bytes), the address of its token (u64, little-endian), the token (16 bytes), then the id of a thread that lives as long as the engine (u32, little-endian) |
 //!
-//! Nothing may follow. Version 1 is the same without the token (a 28-byte
+//! Nothing may follow. Version 2 is the same without the thread id (a
+//! 52-byte process identity): it still decodes, and its copies name the
+//! process by its id alone. Version 1 has no token either (a 28-byte
 //! process identity); it still decodes, and its process identity is
 //! dropped, because without a token a copy cannot tell the process from a
-//! later one under its pid (`owner_process`): its reads go through UCX. Each packed UCP address inside is validated against
-//! the loaded UCX's layout ([`crate::worker_address`]) before UCX sees it.
+//! later one under its pid (`owner_process`): its reads go through UCX.
+//! Each packed UCP address inside is validated against the loaded UCX's
+//! layout ([`crate::worker_address`]) before UCX sees it.
 //!
 //! # Bare UCP addresses
 //!
@@ -41,6 +44,15 @@
 //! stranger that has the same number there. The token, which every copy
 //! reads first, tells the owner from a later process given the same pid and
 //! from the program the owner `exec`s.
+//!
+//! The thread id is what copies name the process by. The kernel finds an
+//! address space by any of its threads' ids, but not by the process id
+//! once the main thread has exited (`pthread_exit`) while other threads
+//! run: the exited leader keeps the id and has no address space left, so a
+//! copy by pid answers `ESRCH` although the owner lives. An engine
+//! publishes its progress thread, which runs as long as the engine serves
+//! anything. A thread id is recycled like a pid, and the token check covers
+//! it the same way.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -49,11 +61,14 @@ use crate::worker_address::{WorkerAddressError, WorkerAddressFormat};
 const MAGIC: [u8; 2] = *b"RW";
 /// The envelope without a token in its process identity.
 const VERSION_WITHOUT_TOKEN: u8 = 1;
-const VERSION: u8 = 2;
+/// The envelope whose process identity names no thread.
+const VERSION_WITHOUT_THREAD: u8 = 2;
+const VERSION: u8 = 3;
 const FLAG_DIRECT: u8 = 0x01;
 const FLAG_PROCESS: u8 = 0x02;
 const HEADER_LEN: usize = 6;
-const PROCESS_LEN: usize = 52;
+const PROCESS_LEN: usize = 56;
+const PROCESS_LEN_WITHOUT_THREAD: usize = 52;
 const PROCESS_LEN_WITHOUT_TOKEN: usize = 28;
 
 /// A process as its host's kernel names it: enough for a same-host peer to
@@ -74,6 +89,13 @@ pub struct ProcessIdentity {
     /// 16 random bytes the process drew once: a copy that reads them at
     /// `token_addr` read this process, not a later one under its pid.
     pub token: [u8; 16],
+    /// A thread of the process, in the same pid namespace, that runs as
+    /// long as the engine publishing this identity (its progress thread):
+    /// copies name the process by it, because the process id stops naming
+    /// the address space once the main thread has exited (module docs).
+    /// `None` from a peer that published none (version 2): copies then name
+    /// the process id.
+    pub thread: Option<u32>,
 }
 
 impl ProcessIdentity {
@@ -97,6 +119,18 @@ impl ProcessIdentity {
             boot_id: parse_boot_id(&boot_id)?,
             token_addr,
             token,
+            thread: None,
+        })
+    }
+
+    /// This process, named by the calling thread, which must run as long as
+    /// the identity is published (see [`thread`](Self::thread)).
+    pub fn current_with_this_thread() -> Option<ProcessIdentity> {
+        // SAFETY: gettid takes no arguments and cannot fail.
+        let thread = unsafe { libc::gettid() };
+        Some(ProcessIdentity {
+            thread: Some(u32::try_from(thread).ok()?),
+            ..ProcessIdentity::current()?
         })
     }
 
@@ -213,13 +247,21 @@ impl EngineAddress {
             HEADER_LEN
                 + self.serving.len()
                 + self.direct.as_ref().map_or(0, |d| 2 + d.len())
-                + self.process.map_or(0, |_| PROCESS_LEN),
+                + self.process.map_or(0, |process| {
+                    if process.thread.is_some() {
+                        PROCESS_LEN
+                    } else {
+                        PROCESS_LEN_WITHOUT_THREAD
+                    }
+                }),
         );
         out.put_slice(&MAGIC);
-        out.put_u8(if self.process.is_some() {
-            VERSION
-        } else {
-            VERSION_WITHOUT_TOKEN
+        out.put_u8(match self.process {
+            Some(ProcessIdentity {
+                thread: Some(_), ..
+            }) => VERSION,
+            Some(_) => VERSION_WITHOUT_THREAD,
+            None => VERSION_WITHOUT_TOKEN,
         });
         out.put_u8(flags);
         put_field(&mut out, &self.serving);
@@ -232,6 +274,9 @@ impl EngineAddress {
             out.put_slice(&process.boot_id);
             out.put_u64_le(process.token_addr);
             out.put_slice(&process.token);
+            if let Some(thread) = process.thread {
+                out.put_u32_le(thread);
+            }
         }
         Ok(out.freeze())
     }
@@ -251,16 +296,16 @@ impl EngineAddress {
         }
         let header = take(bytes, 0, HEADER_LEN)?;
         let version = header[2];
-        if version != VERSION && version != VERSION_WITHOUT_TOKEN {
+        if !(VERSION_WITHOUT_TOKEN..=VERSION).contains(&version) {
             return Err(EngineAddressError::UnknownVersion(version));
         }
         let flags = header[3];
         if flags & !(FLAG_DIRECT | FLAG_PROCESS) != 0 || flags == FLAG_PROCESS {
             return Err(EngineAddressError::UnknownFlags(flags));
         }
-        // Version 2 exists only to carry a token, and is written only then:
-        // one envelope, one encoding.
-        if version == VERSION && flags & FLAG_PROCESS == 0 {
+        // Versions 2 and 3 exist only to carry a token, and are written
+        // only then: one envelope, one encoding.
+        if version != VERSION_WITHOUT_TOKEN && flags & FLAG_PROCESS == 0 {
             return Err(EngineAddressError::UnknownFlags(flags));
         }
         let (serving, mut at) = field(bytes, 4, "serving")?;
@@ -279,8 +324,13 @@ impl EngineAddress {
             at += PROCESS_LEN_WITHOUT_TOKEN;
             None
         } else {
-            let raw = take(bytes, at, PROCESS_LEN)?;
-            at += PROCESS_LEN;
+            let len = if version == VERSION {
+                PROCESS_LEN
+            } else {
+                PROCESS_LEN_WITHOUT_THREAD
+            };
+            let raw = take(bytes, at, len)?;
+            at += len;
             let mut pid = [0; 4];
             pid.copy_from_slice(&raw[..4]);
             let mut namespace = [0; 8];
@@ -290,13 +340,19 @@ impl EngineAddress {
             let mut token_addr = [0; 8];
             token_addr.copy_from_slice(&raw[28..36]);
             let mut token = [0; 16];
-            token.copy_from_slice(&raw[36..]);
+            token.copy_from_slice(&raw[36..52]);
+            let thread = (len == PROCESS_LEN).then(|| {
+                let mut thread = [0; 4];
+                thread.copy_from_slice(&raw[52..]);
+                u32::from_le_bytes(thread)
+            });
             Some(ProcessIdentity {
                 pid: u32::from_le_bytes(pid),
                 pid_namespace: u64::from_le_bytes(namespace),
                 boot_id,
                 token_addr: u64::from_le_bytes(token_addr),
                 token,
+                thread,
             })
         };
         if at != bytes.len() {
@@ -466,10 +522,10 @@ mod tests {
     fn malformed_envelopes_get_typed_errors() {
         let good = sample().encode().unwrap();
         let mut v = good.to_vec();
-        v[2] = 3;
+        v[2] = 4;
         assert_eq!(
             EngineAddress::decode(&v),
-            Err(EngineAddressError::UnknownVersion(3))
+            Err(EngineAddressError::UnknownVersion(4))
         );
         let mut v = good.to_vec();
         v[3] = 0x81;
@@ -493,20 +549,27 @@ mod tests {
         );
     }
 
+    fn identity(thread: Option<u32>) -> ProcessIdentity {
+        ProcessIdentity {
+            pid: 4242,
+            pid_namespace: 0x1122_3344_5566_7788,
+            boot_id: [7; 16],
+            token_addr: 0x0102_0304_0506_0708,
+            token: [9; 16],
+            thread,
+        }
+    }
+
     #[test]
     fn a_process_identity_round_trips_beside_a_direct_lane() {
         let with_process = EngineAddress {
-            process: Some(ProcessIdentity {
-                pid: 4242,
-                pid_namespace: 0x1122_3344_5566_7788,
-                boot_id: [7; 16],
-                token_addr: 0x0102_0304_0506_0708,
-                token: [9; 16],
-            }),
+            process: Some(identity(Some(0x0A0B_0C0D))),
             ..sample()
         };
         let encoded = with_process.encode().unwrap();
+        assert_eq!(encoded[2], VERSION);
         assert_eq!(encoded[3], FLAG_DIRECT | FLAG_PROCESS);
+        assert_eq!(&encoded[encoded.len() - 4..], &[0x0D, 0x0C, 0x0B, 0x0A]);
         assert_eq!(EngineAddress::decode(&encoded), Ok(with_process));
         assert_eq!(
             EngineAddress::decode(&encoded[..encoded.len() - 1]),
@@ -518,14 +581,72 @@ mod tests {
     }
 
     #[test]
+    fn a_version_two_identity_names_no_thread_and_is_written_as_version_two() {
+        let with_thread = EngineAddress {
+            process: Some(identity(Some(77))),
+            ..sample()
+        };
+        let without_thread = EngineAddress {
+            process: Some(identity(None)),
+            ..sample()
+        };
+        let encoded = without_thread.encode().unwrap();
+        assert_eq!(encoded[2], VERSION_WITHOUT_THREAD);
+        let newer = with_thread.encode().unwrap();
+        assert_eq!(
+            &newer[..encoded.len()],
+            &{
+                let mut same = encoded.to_vec();
+                same[2] = VERSION;
+                same
+            }[..]
+        );
+        assert_eq!(EngineAddress::decode(&encoded), Ok(without_thread));
+        // A version-3 envelope without the thread id is cut short, and a
+        // version-2 one with it has bytes left over.
+        let mut cut = encoded.to_vec();
+        cut[2] = VERSION;
+        assert!(matches!(
+            EngineAddress::decode(&cut),
+            Err(EngineAddressError::Truncated { .. })
+        ));
+        let mut long = newer.to_vec();
+        long[2] = VERSION_WITHOUT_THREAD;
+        assert_eq!(
+            EngineAddress::decode(&long),
+            Err(EngineAddressError::TrailingBytes(4))
+        );
+    }
+
+    #[test]
+    fn an_engine_names_its_process_by_the_thread_that_asked() {
+        let me = ProcessIdentity::current_with_this_thread().expect("procfs is mounted");
+        // SAFETY: gettid takes no arguments.
+        let this_thread = unsafe { libc::gettid() } as u32;
+        assert_eq!(me.thread, Some(this_thread));
+        let other = std::thread::spawn(|| {
+            ProcessIdentity::current_with_this_thread()
+                .expect("procfs is mounted")
+                .thread
+        })
+        .join()
+        .unwrap();
+        assert_ne!(other, Some(this_thread));
+        assert_eq!(
+            ProcessIdentity { thread: None, ..me },
+            ProcessIdentity::current().unwrap()
+        );
+    }
+
+    #[test]
     fn a_version_one_identity_without_a_token_is_read_past_and_dropped() {
         let with_process = EngineAddress {
-            process: ProcessIdentity::current(),
+            process: ProcessIdentity::current_with_this_thread(),
             ..sample()
         };
         let encoded = with_process.encode().unwrap();
         assert_eq!(encoded[2], VERSION);
-        // The same envelope as version 1 wrote it: no token.
+        // The same envelope as version 1 wrote it: no token, no thread.
         let mut old = encoded[..encoded.len() - (PROCESS_LEN - PROCESS_LEN_WITHOUT_TOKEN)].to_vec();
         old[2] = VERSION_WITHOUT_TOKEN;
         assert_eq!(
@@ -535,24 +656,33 @@ mod tests {
                 ..with_process
             })
         );
-        // A version-2 envelope without the token is cut short.
-        old[2] = VERSION;
-        assert!(matches!(
-            EngineAddress::decode(&old),
-            Err(EngineAddressError::Truncated { .. })
-        ));
+        // A version-2 or -3 envelope without the token is cut short.
+        for version in [VERSION_WITHOUT_THREAD, VERSION] {
+            old[2] = version;
+            assert!(matches!(
+                EngineAddress::decode(&old),
+                Err(EngineAddressError::Truncated { .. })
+            ));
+        }
         // An envelope without an identity is still written as version 1.
         assert_eq!(sample().encode().unwrap()[2], VERSION_WITHOUT_TOKEN);
     }
 
     #[test]
-    fn a_version_two_envelope_without_a_process_identity_is_refused() {
+    fn a_version_two_or_three_envelope_without_a_process_identity_is_refused() {
         let mut encoded = sample().encode().unwrap().to_vec();
         assert_eq!(encoded[2], VERSION_WITHOUT_TOKEN);
-        encoded[2] = VERSION;
+        for version in [VERSION_WITHOUT_THREAD, VERSION] {
+            encoded[2] = version;
+            assert_eq!(
+                EngineAddress::decode(&encoded),
+                Err(EngineAddressError::UnknownFlags(encoded[3]))
+            );
+        }
+        encoded[2] = VERSION + 1;
         assert_eq!(
             EngineAddress::decode(&encoded),
-            Err(EngineAddressError::UnknownFlags(encoded[3]))
+            Err(EngineAddressError::UnknownVersion(VERSION + 1))
         );
     }
 
@@ -608,7 +738,7 @@ mod tests {
     proptest! {
         #[test]
         fn an_accepted_envelope_encodes_back_to_its_bytes_less_only_a_version_one_identity(
-            version in 0u8..4,
+            version in 0u8..5,
             flags in 0u8..8,
             serving in proptest::collection::vec(any::<u8>(), 0..6),
             direct in proptest::collection::vec(any::<u8>(), 0..6),
@@ -616,6 +746,9 @@ mod tests {
                 0,
                 PROCESS_LEN_WITHOUT_TOKEN - 1,
                 PROCESS_LEN_WITHOUT_TOKEN,
+                PROCESS_LEN_WITHOUT_THREAD - 1,
+                PROCESS_LEN_WITHOUT_THREAD,
+                PROCESS_LEN_WITHOUT_THREAD + 1,
                 PROCESS_LEN - 1,
                 PROCESS_LEN,
                 PROCESS_LEN + 1,

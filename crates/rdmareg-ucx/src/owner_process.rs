@@ -37,6 +37,17 @@
 //!   failed read holds unspecified bytes, never that other process's: the
 //!   copy zeroes what the kernel wrote past a wrong token.
 //!
+//! # Which id a copy names
+//!
+//! A copy names the owner by the thread its engine address publishes (the
+//! owner engine's progress thread), and by the process id only when the
+//! peer published no thread (a version-2 address). The kernel resolves a
+//! thread id to its process's address space as it does the process id; the
+//! process id stops resolving once the main thread has exited while other
+//! threads run, and the published thread runs as long as the engine whose
+//! registrations the reads name. A thread id is recycled like a pid, and
+//! the token check above covers it the same way.
+//!
 //! This costs no extra system call and 16 bytes per copy. It vouches for
 //! the address space, not for the process's intentions: a same-user
 //! process can write the owner's token as it can write any of its memory,
@@ -154,6 +165,8 @@ pub(crate) fn this_process_token() -> Option<(u64, [u8; TOKEN_LEN])> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OwnerProcess {
     pid: u32,
+    /// The task id copies name: the published thread, else the pid.
+    copy_by: u32,
     token_addr: u64,
     token: [u8; TOKEN_LEN],
 }
@@ -163,6 +176,7 @@ impl OwnerProcess {
     pub(crate) fn new(identity: &ProcessIdentity) -> OwnerProcess {
         OwnerProcess {
             pid: identity.pid,
+            copy_by: identity.thread.unwrap_or(identity.pid),
             token_addr: identity.token_addr,
             token: identity.token,
         }
@@ -171,6 +185,12 @@ impl OwnerProcess {
     /// The process's id, in this engine's pid namespace.
     pub(crate) fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The id a copy names the process by, in this engine's pid namespace
+    /// (module docs: "Which id a copy names").
+    pub(crate) fn copy_by(&self) -> u32 {
+        self.copy_by
     }
 
     /// Where the token lies in the owner.
@@ -232,6 +252,7 @@ mod tests {
         assert_ne!(token, [0; TOKEN_LEN]);
         let me = OwnerProcess::this_process();
         assert_eq!(me.pid(), std::process::id());
+        assert_eq!(me.copy_by(), me.pid(), "named by the pid without a thread");
         assert_eq!(me.token_addr(), addr);
         assert!(me.is_token(&token));
         assert!(!me.with_token([0; TOKEN_LEN]).is_token(&token));

@@ -36,6 +36,14 @@ async fn a_same_host_owner_issues_same_host_keys_and_publishes_both_addresses() 
         address.direct.is_some(),
         "the direct-read address is published"
     );
+    // Copies name the process by a thread that lives as long as the
+    // engine: its progress thread.
+    let process = address.process.expect("the process is published");
+    assert_eq!(process.pid, std::process::id());
+    let thread = process.thread.expect("a thread is published");
+    assert_ne!(thread, process.pid, "not the main thread");
+    let name = std::fs::read_to_string(format!("/proc/self/task/{thread}/comm")).unwrap();
+    assert_eq!(name.trim_end(), "rdmareg-ucx");
     consumer.shutdown().await;
     owner.shutdown().await;
 }

@@ -253,7 +253,11 @@ impl Engine {
         tracing::debug!(max_am_header, "worker created");
         events.max_am_header.set(max_am_header);
         let serving_address = worker.address()?;
-        let process = direct.as_ref().and_then(|_| ProcessIdentity::current());
+        // This runs on the progress thread, which lives as long as the
+        // engine: copies name the process by it (`owner_process`).
+        let process = direct
+            .as_ref()
+            .and_then(|_| ProcessIdentity::current_with_this_thread());
         let worker_address = match &direct {
             Some(lane) => EngineAddress {
                 serving: serving_address,

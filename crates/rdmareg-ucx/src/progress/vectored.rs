@@ -93,7 +93,7 @@ pub(crate) unsafe fn copy_from_process(
     entries: &[CopyEntry],
 ) -> Vec<Result<(), CopyError>> {
     let mut outcomes = vec![Ok(()); entries.len()];
-    let Ok(pid) = libc::pid_t::try_from(owner.pid()) else {
+    let Ok(pid) = libc::pid_t::try_from(owner.copy_by()) else {
         outcomes.fill(Err(CopyError(libc::ESRCH)));
         return outcomes;
     };
@@ -390,13 +390,16 @@ mod tests {
     struct ForkedChild {
         pid: libc::pid_t,
         token: [u8; TOKEN_LEN],
+        /// The read end of the pipe the child reports on.
+        report: libc::c_int,
     }
 
     impl ForkedChild {
         /// Forks a child that writes its token to a pipe and then runs
-        /// `after_reporting`, which must not return and may do only what is
-        /// async-signal-safe (the child of a multi-threaded process).
-        fn start(after_reporting: unsafe fn() -> !) -> ForkedChild {
+        /// `after_reporting` with the pipe's write end, which must not
+        /// return and may do only what is async-signal-safe (the child of a
+        /// multi-threaded process).
+        fn start(after_reporting: unsafe fn(report: libc::c_int) -> !) -> ForkedChild {
             let mut pipe = [0; 2];
             // SAFETY: `pipe` has room for the two descriptors.
             assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
@@ -412,21 +415,33 @@ mod tests {
                 // hands over to `after_reporting`.
                 unsafe {
                     libc::write(pipe[1], token.as_ptr().cast(), TOKEN_LEN);
-                    after_reporting()
+                    after_reporting(pipe[1])
                 }
             }
             let mut token = [0u8; TOKEN_LEN];
-            // SAFETY: closes this process's write end once, reads into
-            // `token`, which is that long, and closes the read end once.
+            // SAFETY: closes this process's write end once and reads into
+            // `token`, which is that long; the read end is closed on drop.
             let read = unsafe {
                 libc::close(pipe[1]);
-                let read = libc::read(pipe[0], token.as_mut_ptr().cast(), TOKEN_LEN);
-                libc::close(pipe[0]);
-                read
+                libc::read(pipe[0], token.as_mut_ptr().cast(), TOKEN_LEN)
             };
-            let child = ForkedChild { pid, token };
+            let child = ForkedChild {
+                pid,
+                token,
+                report: pipe[0],
+            };
             assert_eq!(read, TOKEN_LEN as isize, "the child reported no token");
             child
+        }
+
+        /// A thread id the child reports after its token.
+        fn reported_thread(&self) -> u32 {
+            let mut thread = [0u8; 4];
+            // SAFETY: reads into `thread`, which is that long, from the
+            // pipe's read end this value owns.
+            let read = unsafe { libc::read(self.report, thread.as_mut_ptr().cast(), 4) };
+            assert_eq!(read, 4, "the child reported no thread");
+            u32::from_ne_bytes(thread)
         }
 
         /// A copy of `source` out of this child as `identity` names it,
@@ -455,6 +470,7 @@ mod tests {
             unsafe {
                 libc::kill(self.pid, libc::SIGKILL);
                 libc::waitpid(self.pid, &mut status, 0);
+                libc::close(self.report);
             }
         }
     }
@@ -467,6 +483,12 @@ mod tests {
         }
     }
 
+    /// Reports nothing more, then sleeps until killed.
+    unsafe fn report_nothing_and_pause(_report: libc::c_int) -> ! {
+        // SAFETY: only pauses.
+        unsafe { pause_forever() }
+    }
+
     #[test]
     fn a_forked_child_is_never_copied_from_as_its_parent() {
         // A child forked without `exec` holds the parent's memory at the
@@ -475,7 +497,7 @@ mod tests {
         // parent must not read it: here the child's pid stands for that.
         let parent = ProcessIdentity::current().expect("procfs is mounted");
         let source: Vec<u8> = (0..256).map(|i| i as u8).collect();
-        let child = ForkedChild::start(pause_forever);
+        let child = ForkedChild::start(report_nothing_and_pause);
         let as_parent = child.copy_as(&parent, &source);
         let as_itself = child.copy_as(
             &ProcessIdentity {
@@ -491,57 +513,121 @@ mod tests {
         assert_eq!(as_itself.1, source);
     }
 
-    extern "C" fn sleep_forever(_: *mut libc::c_void) -> *mut libc::c_void {
-        // SAFETY: only pauses.
-        unsafe { pause_forever() }
+    /// A thread that reports its id on the pipe `report` (passed as the
+    /// argument) and then sleeps until killed.
+    extern "C" fn report_this_thread_and_sleep(report: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: gettid and write are async-signal-safe; `report` is the
+        // write end of the child's report pipe, and `thread` is 4 bytes.
+        unsafe {
+            let thread = libc::gettid() as u32;
+            libc::write(
+                report as usize as libc::c_int,
+                thread.to_ne_bytes().as_ptr().cast(),
+                4,
+            );
+            pause_forever()
+        }
     }
 
-    /// Starts a thread that sleeps until killed, then ends the calling
-    /// thread: a process whose main thread exited while another runs.
-    unsafe fn end_the_main_thread() -> ! {
+    /// Starts a thread that reports its id and sleeps until killed, then
+    /// ends the calling thread: a process whose main thread exited while
+    /// another runs.
+    unsafe fn end_the_main_thread(report: libc::c_int) -> ! {
         // SAFETY: a zeroed `pthread_t` is only an out-parameter here; the
-        // new thread only pauses and keeps the process alive after this,
-        // its main thread, exits.
+        // new thread reports and pauses, and keeps the process alive after
+        // this, its main thread, exits.
         unsafe {
             let mut thread = std::mem::zeroed();
             libc::pthread_create(
                 &mut thread,
                 std::ptr::null(),
-                sleep_forever,
-                std::ptr::null_mut(),
+                report_this_thread_and_sleep,
+                report as usize as *mut libc::c_void,
             );
-            libc::pthread_exit(std::ptr::null_mut())
+            // The thread's own exit system call: `pthread_exit` would
+            // unwind through the forked test's frames, which abort.
+            libc::syscall(libc::SYS_exit, 0);
+            unreachable!("SYS_exit returned")
         }
     }
 
-    #[test]
-    #[ignore = "known defect: a process whose main thread exited (pthread_exit) while others run is alive, but process_vm_readv on its pid finds the exited leader without an address space and answers ESRCH, so the engine declares the owner gone for good and fails every later same-host read of a live owner. /proc/<pid>/task cannot supply another thread's id to copy by: with the leader a zombie it lists only the leader (measured: status `Threads: 1`, the listing only the leader's id); a fix needs the owner to publish a thread id that lives as long as its engine, such as its progress thread's"]
-    fn a_live_owner_whose_main_thread_exited_is_still_copied_from() {
+    /// A child whose main thread has exited while another thread runs,
+    /// that other thread's id, and the child's identity as this test's
+    /// process names it with the child's token.
+    fn a_child_whose_main_thread_exited() -> (ForkedChild, u32, ProcessIdentity) {
         let parent = ProcessIdentity::current().expect("procfs is mounted");
-        let source: Vec<u8> = (0..256).map(|i| i as u8).collect();
         let child = ForkedChild::start(end_the_main_thread);
-        // The main thread exits right after reporting: wait until it has.
-        let leader_gone = (0..100).any(|_| {
+        let thread = child.reported_thread();
+        // The main thread exits right after starting the other: wait until
+        // the kernel shows the leader a zombie and the other thread alive.
+        let state = |task: u32| {
+            std::fs::read_to_string(format!("/proc/{}/task/{task}/status", child.pid))
+                .ok()
+                .and_then(|status| {
+                    let line = status.lines().find(|l| l.starts_with("State:"))?;
+                    line.split_whitespace().nth(1).map(str::to_owned)
+                })
+        };
+        let exited_alone = (0..100).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(10));
-            std::fs::read_to_string(format!("/proc/{}/status", child.pid))
-                .is_ok_and(|status| status.contains("State:\tZ"))
+            state(child.pid as u32).as_deref() == Some("Z")
+                && state(thread).is_some_and(|s| s == "S" || s == "R")
         });
+        assert!(exited_alone, "the child's main thread did not exit alone");
+        assert_ne!(thread, child.pid as u32);
+        let identity = ProcessIdentity {
+            token: child.token,
+            thread: None,
+            ..parent
+        };
+        (child, thread, identity)
+    }
+
+    #[test]
+    fn a_live_owner_whose_main_thread_exited_is_still_copied_from_by_its_published_thread() {
+        let source: Vec<u8> = (0..256).map(|i| i as u8).collect();
+        let (child, thread, identity) = a_child_whose_main_thread_exited();
         let (outcomes, dest) = child.copy_as(
             &ProcessIdentity {
-                token: child.token,
-                ..parent
+                thread: Some(thread),
+                ..identity
             },
             &source,
         );
-        let alive = std::fs::read_to_string(format!("/proc/{}/status", child.pid))
-            .is_ok_and(|status| status.contains("Threads:\t1"));
         drop(child);
-        assert!(
-            leader_gone && alive,
-            "the child's main thread did not exit alone"
-        );
         assert_eq!(outcomes, vec![Ok(())], "a live owner was taken for gone");
         assert_eq!(dest, source);
+    }
+
+    #[test]
+    fn an_owner_that_published_no_thread_is_taken_for_gone_once_its_main_thread_exited() {
+        // Why the thread is published: by its pid alone (a version-2
+        // address) such an owner cannot be read, and the copy fails closed.
+        let source = [5u8; 64];
+        let (child, _, identity) = a_child_whose_main_thread_exited();
+        let (outcomes, dest) = child.copy_as(&identity, &source);
+        drop(child);
+        assert_eq!(outcomes, vec![Err(CopyError(libc::ESRCH))]);
+        assert_eq!(dest, vec![0; 64]);
+    }
+
+    #[test]
+    fn a_thread_id_that_names_another_process_is_never_copied_from() {
+        // A published thread recycled for another process after the owner
+        // died: the token check refuses it as it refuses a recycled pid.
+        let source = [9u8; 64];
+        let (child, thread, _) = a_child_whose_main_thread_exited();
+        let this_process = ProcessIdentity::current().expect("procfs is mounted");
+        let (outcomes, dest) = child.copy_as(
+            &ProcessIdentity {
+                thread: Some(thread),
+                ..this_process
+            },
+            &source,
+        );
+        drop(child);
+        assert_eq!(outcomes, vec![Err(CopyError(libc::ESRCH))]);
+        assert_eq!(dest, vec![0; 64]);
     }
 
     #[test]
