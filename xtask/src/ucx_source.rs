@@ -69,9 +69,19 @@ const BUILD_DEPENDENCIES: &[(&str, &str)] = &[
     ("/usr/bin/g++", "g++"),
 ];
 
-/// Text the patch adds to `libuct.so`; its presence shows the installed
-/// library was built from the patched source.
-const PATCH_MARKER: &str = "but PUT is disabled on this interface";
+/// Text each safety patch adds to `libuct.so`, with the patch's file name:
+/// their presence shows the installed library was built from the patched
+/// source.
+const PATCH_MARKERS: [(&str, &str); 2] = [
+    (
+        "0001-tcp-refuse-put-requests-when-put-is-disabled.patch",
+        "but PUT is disabled on this interface",
+    ),
+    (
+        "0004-tcp-refuse-frames-longer-than-the-receive-segment.patch",
+        "longer than this interface receives",
+    ),
+];
 
 /// The patches, sorted by file name (the order they apply in).
 fn patches() -> Result<Vec<PathBuf>> {
@@ -296,14 +306,16 @@ pub fn verify(ucx: &Ucx) -> Result<String> {
     }
     let libuct = ucx.lib_dir.join("libuct.so");
     let bytes = fs::read(&libuct).context(format!("cannot read {}", libuct.display()))?;
-    if !contains(&bytes, PATCH_MARKER.as_bytes()) {
-        bail!(
-            "{} lacks the text the PUT-refusal patch adds; it was not built from the patched source",
-            libuct.display()
-        );
+    for (patch, marker) in PATCH_MARKERS {
+        if !contains(&bytes, marker.as_bytes()) {
+            bail!(
+                "{} lacks the text {patch} adds; it was not built from the patched source",
+                libuct.display()
+            );
+        }
     }
     Ok(format!(
-        "UCX built from source at {} (ucx_info -b):\n{proof}  {} carries the PUT-refusal patch",
+        "UCX built from source at {} (ucx_info -b):\n{proof}  {} carries the PUT-refusal and frame-length patches",
         ucx.prefix.display(),
         libuct.display()
     ))
@@ -387,19 +399,16 @@ mod tests {
     }
 
     #[test]
-    fn the_patch_directory_holds_the_put_refusal_patch() {
+    fn the_patch_directory_holds_the_safety_patches_and_their_markers() {
         let names: Vec<String> = patches()
             .unwrap()
             .iter()
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        assert!(
-            names
-                .iter()
-                .any(|n| n.contains("refuse-put-requests-when-put-is-disabled")),
-            "{names:?}"
-        );
-        let text = fs::read_to_string(rdmareg_ucx_src::patch_dir().join(&names[0])).unwrap();
-        assert!(text.contains(PATCH_MARKER));
+        for (patch, marker) in PATCH_MARKERS {
+            assert!(names.iter().any(|n| n == patch), "{patch}: {names:?}");
+            let text = fs::read_to_string(rdmareg_ucx_src::patch_dir().join(patch)).unwrap();
+            assert!(text.contains(marker), "{patch}");
+        }
     }
 }
