@@ -7,14 +7,17 @@
 //! same-host direct-read lane: a reader (role `prober`) of the owner's user
 //! reads one-sided, one of another user only through the owner; and that
 //! an owner's pid, once it died, is not trusted again when another process
-//! takes it.
+//! takes it. Copies name an owner by the thread its engine address
+//! publishes: an owner whose main thread exited is still read, an engine
+//! shut down in a living process is not, nor is another process under a
+//! forged or recycled thread id.
 //!
 //! The binary has its own `main` (no libtest harness) because it is also
 //! the owner. Arguments that do not start with `-` filter tests by substring.
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -41,6 +44,16 @@ const EXEC_XOR: &str = "RDMAREG_UCX_TEST_EXEC_XOR";
 /// process without `CAP_SYS_PTRACE`) and dumpable, over and over; `0`
 /// for one that does not (and lays out its memory as the other does).
 const REFUSE_COPIES: &str = "RDMAREG_UCX_TEST_REFUSE_COPIES";
+/// How many engines an owner starts (1 if unset), each serving a buffer
+/// of its own: the first announced first.
+const OWNER_ENGINES: &str = "RDMAREG_UCX_TEST_OWNER_ENGINES";
+/// When an owner's main thread exits while its other threads serve on:
+/// `announced`, right after the owner announced itself; `told`, once told
+/// `end-main` on stdin ([`Owner::end_main_thread`]). Unset: it does not.
+const MAIN_THREAD_EXITS: &str = "RDMAREG_UCX_TEST_MAIN_THREAD_EXITS";
+/// What an owner told `shutdown` XORs the pattern with in the buffer its
+/// first engine served.
+const SHUT_DOWN_XOR: u8 = 0x5A;
 const MIB: usize = 1024 * 1024;
 
 fn transport_named(name: &str) -> Transport {
@@ -62,8 +75,10 @@ fn unhex(text: &str) -> Vec<u8> {
         .collect()
 }
 
-/// The owner role: register `SIZE` bytes of the pattern, announce them, and
-/// serve until stdin closes.
+/// The owner role: register `SIZE` bytes of the pattern with each of its
+/// engines ([`OWNER_ENGINES`], one buffer each), announce them, and serve
+/// until stdin closes; told `shutdown` on stdin, shut the first engine down
+/// and live on ([`Owner::shut_down_first_engine`]).
 fn owner_main() {
     // Logs go to stderr: stdout carries the READY line.
     let _ = tracing_subscriber::fmt()
@@ -73,18 +88,34 @@ fn owner_main() {
     let transport = transport_named(&std::env::var(TRANSPORT).expect("transport"));
     let size: usize = std::env::var(SIZE).expect("size").parse().expect("size");
     let xor: u8 = std::env::var(FILL_XOR).map_or(0, |v| v.parse().expect("fill xor"));
+    let engines: usize = std::env::var(OWNER_ENGINES).map_or(1, |v| v.parse().expect("engines"));
     // Allocated while this process has one thread: without address
     // randomisation every owner's buffer then lies at the same address,
     // which the pid-reuse tests rely on (the engine's threads allocate
     // concurrently, in an order that varies from run to run).
-    let buf = PageBuf::filled(size, |i| pattern(i) ^ xor);
-    let engine = UcxEngine::start(config(transport)).expect("owner engine starts");
-    let backend = engine.backend();
+    let bufs: Vec<PageBuf> = (0..engines)
+        .map(|_| PageBuf::filled(size, |i| pattern(i) ^ xor))
+        .collect();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let region = runtime.block_on(map(&backend, &buf));
-    let descriptor = describe(&buf, &region);
+    let mut served = Vec::new();
+    let mut announcement = String::from("READY");
+    for buf in bufs {
+        let engine = UcxEngine::start(config(transport.clone())).expect("owner engine starts");
+        let region = runtime.block_on(map(&engine.backend(), &buf));
+        let descriptor = describe(&buf, &region);
+        announcement.push_str(&format!(
+            " {} {}",
+            hex(&engine.worker_address()),
+            hex(&descriptor.encode())
+        ));
+        served.push(Served {
+            engine,
+            region,
+            buf,
+        });
+    }
     if std::env::var(REFUSE_COPIES).as_deref() == Ok("1") {
         std::thread::spawn(|| {
             loop {
@@ -93,30 +124,105 @@ fn owner_main() {
             }
         });
     }
-    println!(
-        "READY {} {}",
-        hex(&engine.worker_address()),
-        hex(&descriptor.encode())
-    );
+    println!("{announcement}");
     std::io::stdout().flush().unwrap();
-    if let Ok(exec_xor) = std::env::var(EXEC_XOR) {
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
-        if line.trim() == "exec" {
-            // As a program replacing itself would: no teardown first.
-            let error = std::os::unix::process::CommandExt::exec(
-                Command::new(std::env::current_exe().unwrap())
-                    .env(FILL_XOR, exec_xor)
-                    .env_remove(EXEC_XOR),
-            );
-            panic!("exec failed: {error}");
+    if let Ok(when) = std::env::var(MAIN_THREAD_EXITS) {
+        // Another thread serves stdin and tears down; the engines' threads
+        // and it keep the process alive once this, its main thread, ends.
+        let (told, told_to_end) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            serve_stdin(&runtime, served, Some(told));
+            std::process::exit(0);
+        });
+        if when == "told" {
+            let _ = told_to_end.recv();
+        }
+        // The thread's own exit system call: `pthread_exit` would unwind
+        // through `main`'s frames, and the runtime aborts the process when
+        // a forced unwind is caught.
+        // SAFETY: ends this thread only; it holds no lock and nothing
+        // refers to its stack (what it owned moved to the thread above).
+        unsafe { libc::syscall(libc::SYS_exit, 0) };
+        unreachable!("SYS_exit returned");
+    }
+    serve_stdin(&runtime, served, None);
+}
+
+/// What an owner serves through one engine: the engine, its registration,
+/// and the buffer under it.
+struct Served {
+    engine: UcxEngine,
+    region: rdmareg_backend::BackendRegion,
+    buf: PageBuf,
+}
+
+impl Served {
+    /// Unmaps the buffer and shuts the engine down; returns the buffer and
+    /// whether the engine's thread ended in time.
+    fn tear_down(self, runtime: &tokio::runtime::Runtime) -> (PageBuf, bool) {
+        let _ = runtime.block_on(self.engine.backend().unmap(self.region.backend_region_id));
+        let ended = self.engine.shutdown_blocking();
+        (self.buf, ended)
+    }
+}
+
+/// The owner's commands on stdin, until it closes: `exec` (with
+/// [`EXEC_XOR`] set) replaces the program; `shutdown` tears the first
+/// engine down, fills its buffer with other bytes (the pattern XORed with
+/// [`SHUT_DOWN_XOR`]), keeps it, and says `SHUT`; `end-main` tells the
+/// main thread to end, through `end_main`. Then every engine is torn down.
+fn serve_stdin(
+    runtime: &tokio::runtime::Runtime,
+    mut served: Vec<Served>,
+    end_main: Option<std::sync::mpsc::Sender<()>>,
+) {
+    let mut kept = Vec::new();
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if stdin.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        match line.trim() {
+            "exec" => {
+                let Ok(exec_xor) = std::env::var(EXEC_XOR) else {
+                    continue;
+                };
+                // As a program replacing itself would: no teardown first.
+                let error = std::os::unix::process::CommandExt::exec(
+                    Command::new(std::env::current_exe().unwrap())
+                        .env(FILL_XOR, exec_xor)
+                        .env_remove(EXEC_XOR),
+                );
+                panic!("exec failed: {error}");
+            }
+            "end-main" => {
+                if let Some(end_main) = &end_main {
+                    let _ = end_main.send(());
+                }
+            }
+            "shutdown" => {
+                let (buf, ended) = served.remove(0).tear_down(runtime);
+                assert!(ended, "the owner's first engine shuts down in time");
+                let size = buf.len();
+                // SAFETY: the buffer is no longer registered anywhere, so
+                // nothing but this thread reaches its bytes.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(buf.addr() as *mut u8, size) };
+                for (i, byte) in bytes.iter_mut().enumerate() {
+                    *byte = pattern(i) ^ SHUT_DOWN_XOR;
+                }
+                kept.push(buf);
+                println!("SHUT");
+                std::io::stdout().flush().unwrap();
+            }
+            _ => {}
         }
     }
-    let mut rest = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut rest);
-    let _ = runtime.block_on(backend.unmap(region.backend_region_id));
-    engine.shutdown_blocking();
-    drop(buf);
+    for one in served {
+        let _ = one.tear_down(runtime);
+    }
+    drop(kept);
 }
 
 /// Makes this process dumpable or not (`PR_SET_DUMPABLE`): a process that
@@ -249,6 +355,9 @@ struct Owner {
     stdout: BufReader<ChildStdout>,
     address: Bytes,
     descriptor: Descriptor,
+    /// The address and descriptor of each further engine
+    /// ([`OWNER_ENGINES`]).
+    others: Vec<(Bytes, Descriptor)>,
 }
 
 impl Owner {
@@ -334,8 +443,16 @@ impl Owner {
         stdout.read_line(&mut line).expect("owner announces itself");
         let mut words = line.split_whitespace();
         assert_eq!(words.next(), Some("READY"), "owner said {line:?}");
-        let address = Bytes::from(unhex(words.next().expect("address")));
-        let descriptor = Descriptor::decode(&unhex(words.next().expect("descriptor"))).unwrap();
+        let mut engines = Vec::new();
+        while let Some(address) = words.next() {
+            let descriptor = words.next().expect("descriptor");
+            engines.push((
+                Bytes::from(unhex(address)),
+                Descriptor::decode(&unhex(descriptor)).unwrap(),
+            ));
+        }
+        assert!(!engines.is_empty(), "owner said {line:?}");
+        let (address, descriptor) = engines.remove(0);
         let stdin = child.stdin.take();
         Owner {
             child,
@@ -343,6 +460,7 @@ impl Owner {
             stdout,
             address,
             descriptor,
+            others: engines,
         }
     }
 
@@ -367,6 +485,82 @@ impl Owner {
             libc::WIFSTOPPED(status),
             "the owner did not stop: {status:#x}"
         );
+    }
+
+    /// A same-host owner of 4 KiB per engine, `engines` of them, whose
+    /// main thread exits when told ([`Owner::end_main_thread`]) while its
+    /// other threads serve on.
+    fn spawn_main_thread_exiting_when_told(engines: usize) -> Owner {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .env(MAIN_THREAD_EXITS, "told")
+            .env(OWNER_ENGINES, engines.to_string());
+        Owner::start(command, "same-host", 4096, 0)
+    }
+
+    /// Tells an owner started by
+    /// [`Owner::spawn_main_thread_exiting_when_told`] to end its main
+    /// thread, and waits until it has, alone.
+    fn end_main_thread(&mut self) {
+        let stdin = self.stdin.as_mut().expect("the owner's stdin is open");
+        stdin.write_all(b"end-main\n").unwrap();
+        stdin.flush().unwrap();
+        self.wait_main_thread_exited();
+    }
+
+    fn wait_main_thread_exited(&self) {
+        let exited = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            self.main_thread_exited()
+        });
+        assert!(exited, "the owner's main thread did not exit alone");
+    }
+
+    /// Whether the owner lives with its main thread exited: the leader a
+    /// zombie beside live threads, and the process not reaped.
+    fn main_thread_exited(&self) -> bool {
+        let pid = self.child.id();
+        let leader =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status")).unwrap_or_default();
+        let state = leader
+            .lines()
+            .find_map(|line| line.strip_prefix("State:"))
+            .map(str::trim);
+        state.is_some_and(|state| state.starts_with('Z')) && !self.has_exited()
+    }
+
+    /// Whether the owner process has exited, leaving it to be reaped.
+    fn has_exited(&self) -> bool {
+        // SAFETY: a zeroed siginfo_t is a valid out-parameter; WNOWAIT
+        // leaves our own child to be reaped later, WNOHANG makes this a
+        // poll.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a valid out-pointer; the pid is our own child.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                self.child.id(),
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        // SAFETY: waitid filled `info`, or left it zeroed (no child has
+        // changed state), where the pid reads as 0.
+        rc == 0 && unsafe { info.si_pid() } != 0
+    }
+
+    /// Tells the owner to shut its first engine down and waits until it
+    /// has; the process lives on, and the buffer that engine served now
+    /// holds the pattern XORed with [`SHUT_DOWN_XOR`].
+    fn shut_down_first_engine(&mut self) {
+        let stdin = self.stdin.as_mut().expect("the owner's stdin is open");
+        stdin.write_all(b"shutdown\n").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("the owner reports the shutdown");
+        assert_eq!(line.trim(), "SHUT", "the owner said {line:?}");
     }
 
     /// The owner's exit status if it has exited.
@@ -750,27 +944,34 @@ impl SameHostReader {
     /// A consumer copying reads on the caller's thread up to `limit`
     /// bytes, which has read `owner`'s bytes twice.
     fn reading(owner: &Owner, limit: usize) -> SameHostReader {
+        let reader = SameHostReader::new(owner.address.clone(), &owner.descriptor, limit);
+        for _ in 0..2 {
+            assert_eq!(reader.read(), Ok(()));
+        }
+        assert!(reader.dst.snapshot() == PageBuf::filled(4096, pattern).snapshot());
+        reader
+    }
+
+    /// A consumer copying reads on the caller's thread up to `limit`
+    /// bytes, that knows the peer at `address` as [`OWNER`] and has read
+    /// nothing yet; its request reads all of `descriptor`.
+    fn new(address: Bytes, descriptor: &Descriptor, limit: usize) -> SameHostReader {
         let engine = UcxEngine::start(config(Transport::SameHost).with_caller_copy_limit(limit))
             .expect("consumer engine starts");
-        engine.add_peer(OWNER, owner.address.clone()).unwrap();
+        engine.add_peer(OWNER, address).unwrap();
         let backend = engine.backend();
         let rt = runtime();
         let dst = PageBuf::zeroed(4096);
         let region = rt.block_on(map(&backend, &dst));
-        let request = get_request(OWNER, &owner.descriptor, &region, 0, None);
-        let reader = SameHostReader {
+        let request = get_request(OWNER, descriptor, &region, 0, None);
+        SameHostReader {
             engine,
             backend,
             rt,
             dst,
             region,
             request,
-        };
-        for _ in 0..2 {
-            assert_eq!(reader.read(), Ok(()));
         }
-        assert!(reader.dst.snapshot() == PageBuf::filled(4096, pattern).snapshot());
-        reader
     }
 
     fn read(&self) -> Result<(), RdmaError> {
@@ -790,18 +991,28 @@ impl SameHostReader {
     }
 }
 
+/// Which id of a dead owner a newcomer takes: its process id, or the id of
+/// the thread its engine address names (copies name the owner by it).
+#[derive(Clone, Copy)]
+enum TakenId {
+    Pid,
+    Thread,
+}
+
 /// An owner process dies (SIGKILL, reaped), reads from it fail, and then an
 /// unrelated process of the same user is started under the dead owner's
-/// pid, with other bytes at the same address. A read from the dead owner
+/// pid (or under the id of its engine's progress thread, which copies name
+/// it by: `taken`), with other bytes at the same address. A read from the dead owner
 /// must keep failing: it must not copy the newcomer's memory and answer
 /// `Ok`. Reads are copied by the caller (`caller_copy_limit` above the
 /// read) or by the progress thread (`0`). With `read_while_gone` false no
 /// read runs between the owner's death and the newcomer's start, so no
 /// copy ever finds the pid free: only the owner's identity tells the two
 /// apart. Needs root, to choose the pid (`/proc/sys/kernel/ns_last_pid`).
-fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
+fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_id(
     limit: usize,
     read_while_gone: bool,
+    taken: TakenId,
 ) {
     // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
@@ -811,7 +1022,10 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
     let owner = Owner::spawn_without_aslr(0);
     let descriptor = owner.descriptor.clone();
     let reader = SameHostReader::reading(&owner, limit);
-    let pid = owner.child.id();
+    let pid = match taken {
+        TakenId::Pid => owner.child.id(),
+        TakenId::Thread => published_thread(&owner.address),
+    };
     // Killed and reaped.
     drop(owner);
     for _ in 0..if read_while_gone { 3 } else { 0 } {
@@ -822,7 +1036,7 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pi
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // The next process forked takes the dead owner's pid.
+    // The next process forked takes the dead owner's pid (or thread id).
     let mut newcomer = None;
     for _ in 0..5 {
         std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
@@ -995,6 +1209,262 @@ fn a_read_from_an_owner_that_replaced_its_program_never_copies_the_new_program(l
     );
 }
 
+/// The id of the thread an engine address names its process by.
+fn published_thread(address: &Bytes) -> u32 {
+    rdmareg_ucx::EngineAddress::decode(address)
+        .expect("an engine address")
+        .process
+        .and_then(|process| process.thread)
+        .expect("the address names a thread")
+}
+
+/// Reads of 512-byte pieces of `request`'s first 4 KiB, last piece first,
+/// each landing at its own offset.
+fn pieces_last_first(request: &rdmareg_core::BackendGet) -> Vec<rdmareg_core::BackendGet> {
+    (0..8u64)
+        .rev()
+        .map(|i| {
+            let mut piece = request.clone();
+            piece.remote_addr += i * 512;
+            piece.local_offset += i * 512;
+            piece.len = 512;
+            piece
+        })
+        .collect()
+}
+
+/// A consumer reads an owner on the same host, and then the owner's main
+/// thread exits while its engine's threads run: the process is alive, and
+/// same-host reads from it (copied by the caller with `limit` above the
+/// read, or by the progress thread with `0`) answer `Ok` with its bytes,
+/// one by one and in a batch of pieces, as long as it lives so. By pid
+/// alone the kernel finds no address space for such a process, and every
+/// read failed as if the owner were gone.
+fn an_owner_whose_main_thread_exited_still_serves_same_host_reads(limit: usize) {
+    let mut owner = Owner::spawn_main_thread_exiting_when_told(1);
+    let reader = SameHostReader::reading(&owner, limit);
+    let copied_before = reader.engine.reads_copied_on_caller_threads();
+    owner.end_main_thread();
+    let want = PageBuf::filled(4096, pattern).snapshot();
+    let mut answers = Vec::new();
+    let mut right = 0;
+    for _ in 0..6 {
+        reader.dst.fill(0);
+        answers.push(reader.read());
+        if reader.dst.snapshot() == want {
+            right += 1;
+        }
+    }
+    reader.dst.fill(0);
+    let batch = reader.rt.block_on(
+        reader
+            .backend
+            .get_batch_into_test_memory(pieces_last_first(&reader.request)),
+    );
+    let batch_right = reader.dst.snapshot() == want;
+    let copied_by_callers = reader.engine.reads_copied_on_caller_threads() - copied_before;
+    let still_exited = owner.main_thread_exited();
+    reader.finish();
+    assert!(
+        answers.iter().all(Result::is_ok) && right == answers.len(),
+        "reads from a live owner whose main thread exited answered {answers:?}, {right} with its bytes"
+    );
+    assert!(
+        batch == vec![Ok(()); 8] && batch_right,
+        "a batch from a live owner whose main thread exited answered {batch:?} (bytes right: {batch_right})"
+    );
+    assert!(still_exited, "the owner's main thread stayed exited");
+    if limit > 0 {
+        // The owner was checked before its main thread exited: every read
+        // since, the batch's pieces included, is the caller's.
+        assert_eq!(copied_by_callers, 6 + 8, "reads copied by the caller");
+    } else {
+        assert_eq!(copied_by_callers, 0, "reads copied by the caller");
+    }
+    owner.finish();
+}
+
+/// An owner shuts its engine down and lives on, and writes other bytes
+/// into the buffer the engine served. Reads with the descriptor it gave
+/// out (copied by the caller, or by the thread with `limit` 0) must fail
+/// from then on, and never deliver the new bytes: the thread the engine
+/// address names ended with the engine.
+fn reads_from_an_owner_whose_engine_shut_down_fail_and_never_copy_its_new_bytes(limit: usize) {
+    let mut owner = Owner::spawn("same-host", 4096);
+    let mut reader = SameHostReader::reading(&owner, limit);
+    reader.request.deadline = Some(Duration::from_secs(2));
+    owner.shut_down_first_engine();
+    let new_bytes = PageBuf::filled(4096, |i| pattern(i) ^ SHUT_DOWN_XOR).snapshot();
+    let mut answers = Vec::new();
+    let mut landed = 0;
+    let mut new_bytes_read = 0;
+    for _ in 0..4 {
+        reader.dst.fill(0);
+        answers.push(reader.read());
+        let got = reader.dst.snapshot();
+        landed += usize::from(got != vec![0; 4096]);
+        new_bytes_read += usize::from(got == new_bytes);
+    }
+    reader.finish();
+    owner.finish();
+    assert!(
+        answers.iter().all(Result::is_err) && landed == 0,
+        "reads after the owner's engine shut down answered {answers:?}; {landed} left bytes, {new_bytes_read} the new ones"
+    );
+}
+
+/// An owner process runs two engines, each serving a buffer of its own. A
+/// consumer reads both, alone and in one batch that interleaves them; the
+/// owner's main thread exits, the first engine shuts down, and the process
+/// lives on. Then reads from the first fail (and never deliver the
+/// bytes it left behind) while reads from the second, in the same batches,
+/// still answer `Ok` with its bytes: each engine's reads name its own
+/// thread.
+fn a_second_engine_in_the_owner_process_serves_on_after_the_first_shuts_down() {
+    const FIRST: PeerId = OWNER;
+    const SECOND: PeerId = PeerId(2);
+    let mut owner = Owner::spawn_main_thread_exiting_when_told(2);
+    let (second_address, second_descriptor) = owner.others[0].clone();
+    assert_ne!(
+        published_thread(&owner.address),
+        published_thread(&second_address),
+        "each engine names its own thread"
+    );
+    let engine = UcxEngine::start(config(Transport::SameHost).with_caller_copy_limit(0))
+        .expect("consumer engine starts");
+    engine.add_peer(FIRST, owner.address.clone()).unwrap();
+    engine.add_peer(SECOND, second_address).unwrap();
+    let backend = engine.backend();
+    let rt = runtime();
+    let dst = PageBuf::zeroed(2 * 4096);
+    let region = rt.block_on(map(&backend, &dst));
+    let first = get_request(FIRST, &owner.descriptor, &region, 0, None);
+    let second = get_request(SECOND, &second_descriptor, &region, 4096, None);
+    // Pieces of both, alternating.
+    let interleaved: Vec<_> = pieces_last_first(&first)
+        .into_iter()
+        .zip(pieces_last_first(&second))
+        .flat_map(|(a, b)| [a, b])
+        .collect();
+    let want = PageBuf::filled(4096, pattern).snapshot();
+    let halves = |dst: &PageBuf| {
+        let got = dst.snapshot();
+        (got[..4096] == want[..], got[4096..] == want[..])
+    };
+
+    let alone = [
+        rt.block_on(backend.get_into_test_memory(first.clone())),
+        rt.block_on(backend.get_into_test_memory(second.clone())),
+    ];
+    assert_eq!(alone, [Ok(()), Ok(())], "reads from both engines");
+    dst.fill(0);
+    let batch = rt.block_on(backend.get_batch_into_test_memory(interleaved.clone()));
+    assert_eq!(batch, vec![Ok(()); 16], "a batch from both engines");
+    assert_eq!(halves(&dst), (true, true), "both engines' bytes");
+
+    owner.end_main_thread();
+    owner.shut_down_first_engine();
+    let new_bytes = PageBuf::filled(4096, |i| pattern(i) ^ SHUT_DOWN_XOR).snapshot();
+    let mut first_answers = Vec::new();
+    let mut second_answers = Vec::new();
+    let mut first_landed = 0;
+    let mut first_new_bytes = 0;
+    let mut second_right = 0;
+    for round in 0..3 {
+        dst.fill(0);
+        let answers = if round == 0 {
+            vec![
+                rt.block_on(backend.get_into_test_memory(first.clone())),
+                rt.block_on(backend.get_into_test_memory(second.clone())),
+            ]
+        } else {
+            rt.block_on(backend.get_batch_into_test_memory(interleaved.clone()))
+        };
+        for (index, answer) in answers.into_iter().enumerate() {
+            if index % 2 == 0 {
+                first_answers.push(answer);
+            } else {
+                second_answers.push(answer);
+            }
+        }
+        let got = dst.snapshot();
+        first_landed += usize::from(got[..4096] != [0; 4096][..]);
+        first_new_bytes += usize::from(got[..4096] == new_bytes[..]);
+        second_right += usize::from(got[4096..] == want[..]);
+    }
+    let still_exited = owner.main_thread_exited();
+    rt.block_on(async {
+        assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
+    });
+    engine.shutdown_blocking();
+    owner.finish();
+    assert!(
+        first_answers.iter().all(Result::is_err) && first_landed == 0,
+        "reads from the shut-down engine answered {first_answers:?}; {first_landed} rounds left bytes, {first_new_bytes} the new ones"
+    );
+    assert!(
+        second_answers.iter().all(Result::is_ok) && second_right == 3,
+        "reads from the engine still running answered {second_answers:?}, {second_right} of 3 rounds with its bytes"
+    );
+    assert!(still_exited, "the owner's main thread stayed exited");
+}
+
+/// A peer's engine address names the honest owner's process (pid and
+/// token) but the thread of another process of the same user, whose
+/// buffer and token lie at the same addresses (both started without
+/// address randomisation). Reads with the honest owner's descriptor must
+/// fail and never deliver the other process's bytes: the token the copy
+/// reads first is the other's.
+fn a_read_whose_peer_address_names_another_process_thread_never_copies_that_process() {
+    use rdmareg_ucx::{EngineAddress, ProcessIdentity};
+    let honest = Owner::spawn_without_aslr(0);
+    let other = Owner::spawn_without_aslr(0x5A);
+    assert_eq!(
+        honest.descriptor.addr(),
+        other.descriptor.addr(),
+        "without randomisation both buffers lie at one address"
+    );
+    let honest_address = EngineAddress::decode(&honest.address).unwrap();
+    let honest_process = honest_address.process.expect("the owner names its process");
+    let other_process = EngineAddress::decode(&other.address)
+        .unwrap()
+        .process
+        .expect("the other names its process");
+    assert_eq!(
+        honest_process.token_addr, other_process.token_addr,
+        "without randomisation both tokens lie at one address"
+    );
+    let forged = EngineAddress {
+        process: Some(ProcessIdentity {
+            thread: other_process.thread,
+            ..honest_process
+        }),
+        ..honest_address
+    }
+    .encode()
+    .unwrap();
+    let mut reader = SameHostReader::new(forged, &honest.descriptor, 0);
+    reader.request.deadline = Some(Duration::from_secs(2));
+    let other_bytes = PageBuf::filled(4096, |i| pattern(i) ^ 0x5A).snapshot();
+    let mut answers = Vec::new();
+    let mut landed = 0;
+    let mut other_bytes_read = 0;
+    for _ in 0..3 {
+        reader.dst.fill(0);
+        answers.push(reader.read());
+        let got = reader.dst.snapshot();
+        landed += usize::from(got != vec![0; 4096]);
+        other_bytes_read += usize::from(got == other_bytes);
+    }
+    reader.finish();
+    honest.finish();
+    other.finish();
+    assert!(
+        answers.iter().all(Result::is_err) && landed == 0,
+        "reads through a forged thread answered {answers:?}; {landed} left bytes, {other_bytes_read} the other process's"
+    );
+}
+
 fn main() {
     match std::env::var(ROLE).as_deref() {
         Ok("owner") => return owner_main(),
@@ -1005,19 +1475,78 @@ fn main() {
     }
     let tests: Vec<(&str, TestFn)> = vec![
         (
+            "an_owner_whose_main_thread_exited_still_serves_same_host_reads_by_the_caller",
+            Box::new(|| {
+                an_owner_whose_main_thread_exited_still_serves_same_host_reads(
+                    rdmareg_ucx::UcxConfig::DEFAULT_CALLER_COPY_LIMIT,
+                )
+            }),
+        ),
+        (
+            "an_owner_whose_main_thread_exited_still_serves_same_host_reads_by_the_thread",
+            Box::new(|| an_owner_whose_main_thread_exited_still_serves_same_host_reads(0)),
+        ),
+        (
+            "reads_from_an_owner_whose_engine_shut_down_fail_and_never_copy_its_new_bytes_by_the_caller",
+            Box::new(|| {
+                reads_from_an_owner_whose_engine_shut_down_fail_and_never_copy_its_new_bytes(
+                    rdmareg_ucx::UcxConfig::DEFAULT_CALLER_COPY_LIMIT,
+                )
+            }),
+        ),
+        (
+            "reads_from_an_owner_whose_engine_shut_down_fail_and_never_copy_its_new_bytes_by_the_thread",
+            Box::new(|| {
+                reads_from_an_owner_whose_engine_shut_down_fail_and_never_copy_its_new_bytes(0)
+            }),
+        ),
+        (
+            "a_second_engine_in_the_owner_process_serves_on_after_the_first_shuts_down",
+            Box::new(a_second_engine_in_the_owner_process_serves_on_after_the_first_shuts_down),
+        ),
+        (
+            "a_read_whose_peer_address_names_another_process_thread_never_copies_that_process",
+            Box::new(
+                a_read_whose_peer_address_names_another_process_thread_never_copies_that_process,
+            ),
+        ),
+        (
+            "a_thread_id_taken_over_before_any_read_saw_the_owner_gone_is_never_copied_from_by_the_caller",
+            Box::new(|| {
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_id(
+                    rdmareg_ucx::UcxConfig::DEFAULT_CALLER_COPY_LIMIT,
+                    false,
+                    TakenId::Thread,
+                )
+            }),
+        ),
+        (
+            "a_thread_id_taken_over_before_any_read_saw_the_owner_gone_is_never_copied_from_by_the_thread",
+            Box::new(|| {
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_id(
+                    0,
+                    false,
+                    TakenId::Thread,
+                )
+            }),
+        ),
+        (
             "a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid_by_the_caller",
             Box::new(|| {
-                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_id(
                     rdmareg_ucx::UcxConfig::DEFAULT_CALLER_COPY_LIMIT,
                     true,
+                    TakenId::Pid,
                 )
             }),
         ),
         (
             "a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid_by_the_thread",
             Box::new(|| {
-                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
-                    0, true,
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_id(
+                    0,
+                    true,
+                    TakenId::Pid,
                 )
             }),
         ),
@@ -1038,17 +1567,20 @@ fn main() {
         (
             "a_pid_taken_over_before_any_read_saw_the_owner_gone_is_never_copied_from_by_the_caller",
             Box::new(|| {
-                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_id(
                     rdmareg_ucx::UcxConfig::DEFAULT_CALLER_COPY_LIMIT,
                     false,
+                    TakenId::Pid,
                 )
             }),
         ),
         (
             "a_pid_taken_over_before_any_read_saw_the_owner_gone_is_never_copied_from_by_the_thread",
             Box::new(|| {
-                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_pid(
-                    0, false,
+                a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_id(
+                    0,
+                    false,
+                    TakenId::Pid,
                 )
             }),
         ),
