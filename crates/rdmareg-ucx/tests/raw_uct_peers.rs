@@ -54,13 +54,19 @@ use rdmareg_ucx::Transport;
 /// one at a time even under `cargo test`.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Compiles the attacker once per test binary and returns its path.
+/// Compiles the attacker once per test process and returns its path.
+///
+/// Each test runs in a process of its own under nextest, and they run at
+/// the same time: each compiles to a name of its own and renames the result
+/// into place, so no process ever executes a file another is still writing
+/// ("text file busy").
 fn attacker() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/raw_uct_peer/raw_uct_peer.c");
         let binary = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("raw_uct_peer");
+        let unfinished = binary.with_extension(format!("{}.tmp", std::process::id()));
         let lib = ucx_sys::install::LIB_DIR;
         let output = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
             .arg(&source)
@@ -68,7 +74,7 @@ fn attacker() -> &'static PathBuf {
             .arg(format!("-L{lib}"))
             .arg(format!("-Wl,-rpath,{lib}"))
             .args(["-luct", "-lucs", "-o"])
-            .arg(&binary)
+            .arg(&unfinished)
             .output()
             .expect("a C compiler (cc) runs");
         assert!(
@@ -77,6 +83,7 @@ fn attacker() -> &'static PathBuf {
             source.display(),
             String::from_utf8_lossy(&output.stderr)
         );
+        fs::rename(&unfinished, &binary).expect("the attacker is renamed into place");
         binary
     })
 }
