@@ -233,7 +233,7 @@ impl Drop for RawPeer {
 /// Runs the attack against an engine of `transport` from a peer on `tls`.
 async fn attack(transport: Transport, tls: &str) {
     let (owner, consumer) = engines(transport.clone());
-    let (ob, cb) = (owner.backend(), consumer.backend());
+    let ob = owner.backend();
     let registered = PageBuf::filled(4096, pattern);
     let unregistered = PageBuf::filled(4096, pattern);
     let region = map(&ob, &registered).await;
@@ -308,18 +308,15 @@ async fn attack(transport: Transport, tls: &str) {
     }
 
     // The owner still serves its real consumer.
-    let dst = PageBuf::zeroed(4096);
-    let dst_region = map(&cb, &dst).await;
-    let request = get_request(OWNER, &describe(&registered, &region), &dst_region, 0, None);
-    assert_eq!(
-        cb.get_into_test_memory(request).await,
-        Ok(()),
-        "{transport:?}"
-    );
-    assert!(dst.snapshot() == want);
-    consumer.shutdown().await;
-    owner.shutdown().await;
-    assert_eq!(owner.live_registrations(), Some(0));
+    assert_owner_still_serves_then_shut_down(
+        owner,
+        consumer,
+        &registered,
+        &region,
+        &want,
+        &transport,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -214,7 +214,7 @@ async fn attack(transport: Transport, frames: Frames) {
         !owner_ports.is_empty(),
         "a {transport:?} owner listens on no tcp port"
     );
-    let (ob, cb) = (owner.backend(), consumer.backend());
+    let ob = owner.backend();
     let len = 64 * 1024;
     let registered = PageBuf::filled(len, pattern);
     let unregistered = PageBuf::filled(len, pattern);
@@ -252,18 +252,15 @@ async fn attack(transport: Transport, frames: Frames) {
     }
 
     // The owner still serves its real consumer.
-    let dst = PageBuf::zeroed(len);
-    let dst_region = map(&cb, &dst).await;
-    let request = get_request(OWNER, &describe(&registered, &region), &dst_region, 0, None);
-    assert_eq!(
-        cb.get_into_test_memory(request).await,
-        Ok(()),
-        "{transport:?}"
-    );
-    assert!(dst.snapshot() == want);
-    consumer.shutdown().await;
-    owner.shutdown().await;
-    assert_eq!(owner.live_registrations(), Some(0));
+    assert_owner_still_serves_then_shut_down(
+        owner,
+        consumer,
+        &registered,
+        &region,
+        &want,
+        &transport,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
