@@ -178,6 +178,10 @@ pub(crate) const ADDR_NOTAVAIL: u64 = u64::MAX;
 /// first bytes landed; the message is consumed).
 pub(crate) const ERR_TRUNCATED: i32 = ffi::FI_ETRUNC as i32;
 
+/// `FI_ENOTCONN`, the error of a send posted on a connection its peer
+/// closed (over `tcp;ofi_rxm`, before this end learnt of it).
+pub(crate) const ERR_NOT_CONNECTED: i32 = ffi::FI_ENOTCONN as i32;
+
 /// Text for a libfabric error number.
 pub(crate) fn error_text(errno: i64) -> String {
     let code = errno.unsigned_abs().min(i32::MAX as u64) as i32;

@@ -54,7 +54,12 @@
 //! one whose sender the provider cannot name yet (not in the address
 //! vector) is answered "ask again" at its reply address, without a lease.
 //! A consumer's engine asks again on that answer, a few times at most
-//! (`Engine::ask_again`).
+//! (`Engine::ask_again`). In a process run with `FI_AV_REMOVE_CLEANUP`
+//! set, an owner that forgets a connected consumer closes its connection;
+//! the consumer's next request then fails to send (`FI_ENOTCONN`), and the
+//! consumer resets its entry for the owner and sends the request again on
+//! a new connection, a few times at most
+//! (`Engine::resend_on_new_connection`).
 //!
 //! # Dead peers
 //!
@@ -105,8 +110,8 @@ use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 use crate::config::{OfiConfig, Provider, ReadPath};
 use crate::engine::{Command, Reply, Signals, StartInfo};
 use crate::fabric::{
-    ADDR_NOTAVAIL, ADDR_UNSPEC, Completion, ERR_TRUNCATED, EndpointEnd, Fabric, MemoryRegion,
-    ProviderContext,
+    ADDR_NOTAVAIL, ADDR_UNSPEC, Completion, ERR_NOT_CONNECTED, ERR_TRUNCATED, EndpointEnd, Fabric,
+    MemoryRegion, ProviderContext,
 };
 use crate::key::{CAPABILITY_LEN, PackedKey, validate_address};
 use crate::protocol::{
@@ -139,6 +144,10 @@ const BUSY_PARK: Duration = Duration::from_micros(20);
 /// stayed connected may answer its first ask again the same way (see
 /// `Engine::rename_stale_senders`), hence more.
 pub(crate) const ASKS_AGAIN: u8 = 3;
+/// How many times a read sends its request again after the send failed
+/// because the owner's connection was closed under it (`FI_ENOTCONN`; see
+/// `Engine::resend_on_new_connection`).
+pub(crate) const RESENDS: u8 = 3;
 /// Receives an owner-serving engine keeps posted for requests.
 const REQUEST_RECEIVES: usize = 32;
 /// How long reads from a peer may go without a completion from it before
@@ -259,6 +268,10 @@ struct AvEntry {
     /// forgotten last. (Not set from a request's named sender: a name is
     /// what may be wrong.)
     connected: bool,
+    /// How many times this engine reset the connection to this address
+    /// (`Engine::reconnect`): a send posted under an earlier count ran on
+    /// a connection already replaced.
+    connection: u64,
 }
 
 /// Where a read's answer goes.
@@ -353,6 +366,12 @@ struct Op {
     ask_again: Option<(u64, Vec<u8>)>,
     /// How many more times the read may ask again.
     asks_left: u8,
+    /// Owner-served: the request to send again, on a new connection, once
+    /// its receive (cancelled because the request's send found the
+    /// connection closed) was given back (`Engine::resend_on_new_connection`).
+    resend: Option<(u64, Vec<u8>)>,
+    /// How many more times the read may send its request again so.
+    resends_left: u8,
 }
 
 /// A gathered list's own part of its [`Op`].
@@ -414,6 +433,9 @@ struct SendOp {
     for_read: Option<(usize, u64)>,
     /// A liveness probe ([`PROBE`]).
     probe: bool,
+    /// The destination entry's `AvEntry::connection` when the send was
+    /// posted (`None`: not posted).
+    connection: Option<u64>,
 }
 
 impl SendOp {
@@ -434,6 +456,7 @@ impl SendOp {
             counted: Some((dest, ReplyKind::Refusal)),
             for_read: None,
             probe: false,
+            connection: None,
         }
     }
 }
@@ -1084,6 +1107,8 @@ impl Engine {
                 None
             },
             asks_left: ASKS_AGAIN,
+            resend: None,
+            resends_left: RESENDS,
             request: request_bytes,
             failure: None,
             unreachable: false,
@@ -1287,6 +1312,8 @@ impl Engine {
             request: Some((request_id, wire)),
             ask_again: None,
             asks_left: 0,
+            resend: None,
+            resends_left: RESENDS,
             failure: None,
             unreachable: false,
             request_failed: false,
@@ -1426,6 +1453,7 @@ impl Engine {
                     counted: None,
                     for_read: Some((context as usize, request_id)),
                     probe: false,
+                    connection: None,
                 };
                 self.queue_send(send);
             }
@@ -1645,6 +1673,30 @@ impl Engine {
                     ),
                     None => continue,
                 };
+            let resend = self.ops[slot].as_mut().and_then(|op| op.resend.take());
+            if let (Some(request), Err(_)) = (resend, &result) {
+                // The receive cancelled for a request that found its
+                // connection closed was given back: post it again and
+                // send the request on the new connection.
+                if self.closing {
+                    self.finish(slot, Err(RdmaError::ShuttingDown));
+                    continue;
+                }
+                if !timed_out {
+                    if let Some(op) = self.ops[slot].as_mut() {
+                        tracing::debug!(
+                            request = request.0,
+                            resends_left = op.resends_left,
+                            "sending a read request again on a new connection"
+                        );
+                        op.request = Some(request);
+                        op.request_failed = false;
+                        op.posted = false;
+                        self.unposted.push_back(slot);
+                        continue;
+                    }
+                }
+            }
             if result.is_ok() {
                 if let Some(watch) = self.watch.get_mut(&fi_addr) {
                     watch.last_heard = Instant::now();
@@ -1815,6 +1867,7 @@ impl Engine {
         let dest = send.dest;
         match posted {
             Ok(true) => {
+                send.connection = self.av.get(&dest).map(|entry| entry.connection);
                 if let Some(watch) = self.watch.get_mut(&dest) {
                     watch.blocked_since = None;
                 }
@@ -1897,6 +1950,7 @@ impl Engine {
                         counted: None,
                         for_read: None,
                         probe: true,
+                        connection: None,
                     });
                 }
             }
@@ -1997,20 +2051,32 @@ impl Engine {
                 watch.last_heard = Instant::now();
             }
         }
-        if let Err((_, text)) = result {
+        if let Err((code, text)) = result {
             tracing::debug!(tag = format_args!("{:#x}", send.tag), error = %text, "a tagged send failed");
             if let Some((read, request_id)) = send.for_read {
-                if let Some(op) = self
-                    .by_context
-                    .get(&read)
-                    .and_then(|&slot| self.ops[slot].as_mut())
-                    .filter(|op| op.request_id == request_id)
-                {
+                let slot = self.by_context.get(&read).copied().filter(|&slot| {
+                    self.ops[slot]
+                        .as_ref()
+                        .is_some_and(|op| op.request_id == request_id)
+                });
+                let Some(slot) = slot else {
+                    return;
+                };
+                if self.resend_on_new_connection(slot, code, send) {
+                    return;
+                }
+                if let Some(op) = self.ops[slot].as_mut() {
                     op.request_failed = true;
                     // A request that teardown ended failed because the
                     // engine is going away, not because of the fabric.
                     op.failure = Some(if self.closing {
                         RdmaError::ShuttingDown
+                    } else if code == ERR_NOT_CONNECTED && op.resends_left < RESENDS {
+                        RdmaError::Backend(format!(
+                            "ofi: sending the read request failed: {text}; it was sent again \
+                             on a new connection {} times",
+                            RESENDS - op.resends_left
+                        ))
                     } else {
                         RdmaError::Backend(format!("ofi: sending the read request failed: {text}"))
                     });
@@ -2018,6 +2084,64 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The request of the read in `slot` failed to send (`code`). Over
+    /// `tcp;ofi_rxm` in a process run with `FI_AV_REMOVE_CLEANUP` set, an
+    /// owner whose table of consumer addresses is full forgets idle
+    /// consumers, and removing one closes its connection
+    /// (`rxm_av_remove_handler`); the consumer's provider goes on sending
+    /// on its end of it, and the send fails with `FI_ENOTCONN` (measured:
+    /// sending again on it, even 50 times in a row, fails the same way).
+    /// So the owner's address-vector entry is reset as for a stalled read
+    /// (`Engine::reconnect`: removing it closes this end of the connection,
+    /// and the next send connects anew), once per connection, and the read
+    /// sends its request again ([`RESENDS`] times at most) once its reply
+    /// receive, cancelled here, was given back: the provider may write the
+    /// destination until then, and the new receive may name the owner by
+    /// another entry number. A request send that failed otherwise on a
+    /// connection this engine reset since it was posted is sent again the
+    /// same way. Answers whether the read will send again; if not, the
+    /// caller fails it.
+    fn resend_on_new_connection(&mut self, slot: usize, code: i32, send: SendOp) -> bool {
+        if !self.fabric.av_remove_closes || self.closing {
+            return false;
+        }
+        let current = self.av.get(&send.dest).map(|entry| entry.connection);
+        let not_connected = code == ERR_NOT_CONNECTED;
+        if not_connected && current.is_some() && current == send.connection {
+            tracing::debug!(
+                fi_addr = send.dest,
+                "a read request found its owner's connection closed; resetting it"
+            );
+            self.reconnect(send.dest);
+        }
+        let reset_since = matches!(
+            (current, send.connection),
+            (Some(now), Some(then)) if now > then
+        );
+        if !not_connected && !reset_since {
+            return false;
+        }
+        let Some(op) = self.ops[slot].as_mut() else {
+            return false;
+        };
+        if op.timed_out || op.failure.is_some() || op.resends_left == 0 {
+            return false;
+        }
+        let Some((read, request_id)) = send.for_read else {
+            return false;
+        };
+        let Some(wire) = send._bytes else {
+            return false;
+        };
+        op.resends_left -= 1;
+        op.resend = Some((request_id, wire));
+        // No reply comes to a request that was not sent: the cancelled
+        // receive gets no discard receive.
+        op.request_failed = true;
+        self.fabric.cancel(read as *mut c_void);
+        true
     }
 
     /// A reply to `peer` ended (`served`: it carried bytes).
@@ -2168,6 +2292,7 @@ impl Engine {
                 counted: Some((dest, ReplyKind::Bytes)),
                 for_read: None,
                 probe: false,
+                connection: None,
             },
             Err(refusal) => {
                 tracing::debug!(
@@ -2305,6 +2430,7 @@ impl Engine {
             counted: Some((dest, ReplyKind::Gathered)),
             for_read: None,
             probe: false,
+            connection: None,
         });
     }
 
@@ -2346,6 +2472,7 @@ impl Engine {
                 ops: 0,
                 served,
                 connected,
+                connection: 0,
             },
         );
         Ok(fi_addr)
@@ -2411,8 +2538,11 @@ impl Engine {
     /// a request's connection by an index in its header, `ofi_idm_at` on
     /// `conn_id` in `prov/rxm/src/rxm_cq.c`, and a closed connection's
     /// index is given to later peers): that read answers nothing until its
-    /// deadline. A made-up address never completes a send, so a flood of
-    /// them is forgotten before any consumer that was served.
+    /// deadline; the consumer's next request finds its end of the
+    /// connection closed (`FI_ENOTCONN`) and is sent again on a new one
+    /// (`Engine::resend_on_new_connection`). A made-up address never
+    /// completes a send, so a flood of them is forgotten before any
+    /// consumer that was served.
     fn forget_idle_consumers(&mut self) {
         self.read_ahead_of_forgetting();
         for connected in [false, true] {
@@ -2562,13 +2692,26 @@ impl Engine {
                 op.connection_reset = true;
             }
         }
-        let Some(address) = self.av.get(&fi_addr).map(|entry| entry.address.clone()) else {
+        if self.av.contains_key(&fi_addr) {
+            tracing::debug!(
+                fi_addr,
+                "a read is held past its deadline; resetting its owner's connection"
+            );
+        }
+        self.reconnect(fi_addr);
+    }
+
+    /// Removes entry `fi_addr` from the address vector and inserts its
+    /// address again: with `FI_AV_REMOVE_CLEANUP` set the removal closes
+    /// the peer's connection, ending what ran on it, and the next send to
+    /// the address connects anew. Counts the reset in the entry's
+    /// `connection`.
+    fn reconnect(&mut self, fi_addr: u64) {
+        let Some(entry) = self.av.get_mut(&fi_addr) else {
             return;
         };
-        tracing::debug!(
-            fi_addr,
-            "a read is held past its deadline; resetting its owner's connection"
-        );
+        entry.connection += 1;
+        let address = entry.address.clone();
         self.fabric.remove_peer(fi_addr);
         match self.fabric.insert_peer(&address) {
             Ok(again) if again == fi_addr => {}
