@@ -1141,7 +1141,10 @@ fn consumers_the_owner_forgets_while_connected_are_still_served() {
 /// consumer closes its connection under it: the consumer's next request's
 /// send fails with `FI_ENOTCONN`. Before a consumer reset its entry for the
 /// owner and sent such a request again, 3 to 6 of the 12 reads answered a
-/// `Backend` error (10 of 10 runs).
+/// `Backend` error (10 of 10 runs). Now 20 of 20 runs pass alone; run
+/// beside the other cleanup tests only, 4 of 10 runs had one read answer
+/// `Timeout` (a request lost on its way when the owner closed the
+/// connection: see `docs/ofi.md`).
 #[test]
 fn consumers_the_owner_forgets_while_connected_are_still_served_with_connection_cleanup() {
     const NAME: &str = "adversarial_peers::hostile_consumers::consumers_the_owner_forgets_while_connected_are_still_served_with_connection_cleanup";
