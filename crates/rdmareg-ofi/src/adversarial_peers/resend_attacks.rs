@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
-use super::{Memory, config, get, runtime};
+use super::{HostileOwnerSetup, Memory, config, get, runtime};
 use crate::engine::OfiEngine;
 use crate::{OfiBackend, Provider};
 
@@ -289,7 +289,7 @@ impl Cluster {
             .collect();
         assert!(
             changed.is_empty(),
-            "bytes landed in consumer {c}'s destination after every read answered: {} bytes from offset {:?}",
+            "bytes landed in consumer {c}'s destination after its reads answered (or its unmap confirmed): {} bytes from offset {:?}",
             changed.len(),
             changed.first()
         );
@@ -545,6 +545,78 @@ fn reads_whose_resends_land_on_connections_closed_again_answer_typed_and_nothing
                 resends() - before
             );
             cluster.finish();
+        },
+    );
+}
+
+#[test]
+fn reads_from_an_owner_that_keeps_closing_their_connection_answer_typed_by_the_deadline_and_nothing_lands_after()
+ {
+    with_connection_cleanup(
+        "reads_from_an_owner_that_keeps_closing_their_connection_answer_typed_by_the_deadline_and_nothing_lands_after",
+        || {
+            // A raw owner that never answers and closes the consumer's
+            // connection every millisecond (removing its address, with
+            // FI_AV_REMOVE_CLEANUP set): requests find it closed again and
+            // again, resends run out.
+            let mut setup = HostileOwnerSetup::new(Provider::Tcp, LEN);
+            let consumer_address = setup.consumer.fabric_address();
+            let exhausted_before = logged("it was sent again on a new connection");
+            let before = resends();
+            let deadline = Duration::from_secs(1);
+            for _ in 0..4 {
+                let started = Instant::now();
+                let reads: Vec<_> = (0..CHUNKS)
+                    .map(|chunk| {
+                        let request = get(
+                            PeerId(1),
+                            &setup.key,
+                            0x10_0000 + (chunk * CHUNK) as u64,
+                            &setup.dst_region,
+                            (chunk * CHUNK) as u64,
+                            CHUNK as u64,
+                            deadline,
+                        );
+                        let backend: OfiBackend = setup.consumer.backend();
+                        setup.rt.spawn(async move {
+                            // SAFETY: nothing touches the destination until
+                            // every read answered.
+                            unsafe { backend.get(request) }.await
+                        })
+                    })
+                    .collect();
+                let until = started + deadline + Duration::from_secs(3);
+                while !reads.iter().all(|read| read.is_finished()) && Instant::now() < until {
+                    setup.owner.fabric.remove_peer(setup.to_consumer);
+                    setup.to_consumer = setup.owner.insert(&consumer_address);
+                    setup.owner.progress_for(Duration::from_millis(1));
+                }
+                assert!(
+                    reads.iter().all(|read| read.is_finished()),
+                    "every read answered by its deadline and 3 s"
+                );
+                let answers: Vec<Result<(), RdmaError>> = reads
+                    .into_iter()
+                    .map(|read| setup.rt.block_on(read).expect("a read task"))
+                    .collect();
+                eprintln!("answers {}; {}", tally(&answers), resend_story());
+                assert!(
+                    answers
+                        .iter()
+                        .all(|answer| matches!(answer, Err(err) if timeout_or_backend(err))),
+                    "an owner that never answers served or answered otherwise: {answers:?}"
+                );
+                let untouched = setup.untouched_after(|owner, _| {
+                    owner.progress_for(WATCH);
+                });
+                assert!(untouched, "bytes landed after every read answered");
+            }
+            eprintln!(
+                "requests sent again: {}, reads whose resends ran out: {}",
+                resends() - before,
+                logged("it was sent again on a new connection") - exhausted_before
+            );
+            setup.finish();
         },
     );
 }
