@@ -936,13 +936,7 @@ fn a_flood_of_made_up_reply_addresses_does_not_fail_a_consumer_reading_meanwhile
 fn a_flood_of_made_up_reply_addresses_does_not_fail_a_consumer_reading_meanwhile_with_connection_cleanup()
  {
     const NAME: &str = "adversarial_peers::hostile_consumers::a_flood_of_made_up_reply_addresses_does_not_fail_a_consumer_reading_meanwhile_with_connection_cleanup";
-    if std::env::var_os("FI_AV_REMOVE_CLEANUP").is_none() {
-        let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
-            .env("FI_AV_REMOVE_CLEANUP", "1")
-            .status()
-            .expect("the child test runs");
-        assert!(status.success(), "the child test failed: {status}");
+    if ran_in_child_with_connection_cleanup(NAME, false) {
         return;
     }
     a_flood_of_made_up_reply_addresses_does_not_fail_a_consumer_reading_meanwhile();
@@ -1150,13 +1144,7 @@ fn consumers_the_owner_forgets_while_connected_are_still_served() {
 #[test]
 fn consumers_the_owner_forgets_while_connected_get_no_connection_error_with_connection_cleanup() {
     const NAME: &str = "adversarial_peers::hostile_consumers::consumers_the_owner_forgets_while_connected_get_no_connection_error_with_connection_cleanup";
-    if std::env::var_os("FI_AV_REMOVE_CLEANUP").is_none() {
-        let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
-            .env("FI_AV_REMOVE_CLEANUP", "1")
-            .status()
-            .expect("the child test runs");
-        assert!(status.success(), "the child test failed: {status}");
+    if ran_in_child_with_connection_cleanup(NAME, false) {
         return;
     }
     owner_forgets_connected_consumers(Allowed::LostRequestTimeouts);

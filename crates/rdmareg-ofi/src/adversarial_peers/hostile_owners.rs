@@ -230,13 +230,7 @@ fn a_hostile_owners_single_replies_get_typed_answers_and_never_land_after_them_o
 #[test]
 fn a_read_whose_owner_stalls_mid_reply_still_answers_at_its_deadline() {
     const NAME: &str = "adversarial_peers::hostile_owners::a_read_whose_owner_stalls_mid_reply_still_answers_at_its_deadline";
-    if std::env::var_os("FI_AV_REMOVE_CLEANUP").is_none() {
-        let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
-            .env("FI_AV_REMOVE_CLEANUP", "1")
-            .status()
-            .expect("the child test runs");
-        assert!(status.success(), "the child test failed: {status}");
+    if ran_in_child_with_connection_cleanup(NAME, false) {
         return;
     }
     let mut setup = HostileOwnerSetup::new(Provider::Tcp, 1 << 20);

@@ -204,6 +204,29 @@ impl Drop for RawPeer {
     }
 }
 
+/// Whether libfabric runs without `FI_AV_REMOVE_CLEANUP` here, in which
+/// case test `exact` (its full path) was just run in a child process with
+/// the variable set, and its outcome asserted: libfabric reads the
+/// variable once, when it initialises. `without_leak_check` turns
+/// AddressSanitizer's leak detection off in the child.
+fn ran_in_child_with_connection_cleanup(exact: &str, without_leak_check: bool) -> bool {
+    if std::env::var_os("FI_AV_REMOVE_CLEANUP").is_some() {
+        return false;
+    }
+    let mut command = std::process::Command::new(std::env::current_exe().expect("the test binary"));
+    command
+        .args(["--exact", exact, "--nocapture", "--test-threads", "1"])
+        .env("FI_AV_REMOVE_CLEANUP", "1");
+    if without_leak_check {
+        if let Ok(options) = std::env::var("ASAN_OPTIONS") {
+            command.env("ASAN_OPTIONS", format!("{options}:detect_leaks=0"));
+        }
+    }
+    let status = command.status().expect("the child test runs");
+    assert!(status.success(), "the child test failed: {status}");
+    true
+}
+
 fn config(provider: Provider) -> OfiConfig {
     let config = OfiConfig::new(provider.clone()).with_teardown_timeout(Duration::from_secs(2));
     match provider {

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
-use super::{HostileOwnerSetup, Memory, config, get, runtime};
+use super::{
+    HostileOwnerSetup, Memory, config, get, ran_in_child_with_connection_cleanup, runtime,
+};
 use crate::engine::OfiEngine;
 use crate::{OfiBackend, Provider};
 
@@ -97,26 +99,15 @@ const OWNER_SHUT_DOWN_AROUND_THE_FAILED_SEND: &str =
 /// Runs `body` in a child process with `FI_AV_REMOVE_CLEANUP=1` (this
 /// process, if it has it set), logging the engines' debug events.
 fn with_connection_cleanup(name: &str, body: impl FnOnce()) {
-    if std::env::var_os("FI_AV_REMOVE_CLEANUP").is_none() {
-        let exact = format!("adversarial_peers::resend_attacks::{name}");
-        let mut command =
-            std::process::Command::new(std::env::current_exe().expect("the test binary"));
-        command
-            .args(["--exact", &exact, "--nocapture", "--test-threads", "1"])
-            .env("FI_AV_REMOVE_CLEANUP", "1");
-        // Under AddressSanitizer, the test whose owner is shut down while
-        // its consumer's sends to it fail once left 376 bytes that
-        // libfabric 1.17 itself allocated (336 + 40, `calloc` inside the
-        // stripped `libfabric.so`, not yet attributed to an object of
-        // ours or of the provider's). Memory errors are still checked
-        // there; leaks are not, until the allocation is named.
-        if name == OWNER_SHUT_DOWN_AROUND_THE_FAILED_SEND {
-            if let Ok(options) = std::env::var("ASAN_OPTIONS") {
-                command.env("ASAN_OPTIONS", format!("{options}:detect_leaks=0"));
-            }
-        }
-        let status = command.status().expect("the child test runs");
-        assert!(status.success(), "the child test failed: {status}");
+    let exact = format!("adversarial_peers::resend_attacks::{name}");
+    // Under AddressSanitizer, the test whose owner is shut down while its
+    // consumer's sends to it fail once left 376 bytes that libfabric 1.17
+    // itself allocated (336 + 40, `calloc` inside the stripped
+    // `libfabric.so`, not yet attributed to an object of ours or of the
+    // provider's). Memory errors are still checked there; leaks are not,
+    // until the allocation is named.
+    if ran_in_child_with_connection_cleanup(&exact, name == OWNER_SHUT_DOWN_AROUND_THE_FAILED_SEND)
+    {
         return;
     }
     let _ = tracing_subscriber::fmt()
