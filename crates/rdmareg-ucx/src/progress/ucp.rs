@@ -557,12 +557,14 @@ pub(crate) unsafe fn send_active_message(
 /// the whole payload, and nothing of it waits for a receive. The reply flag
 /// is set, as for [`send_active_message`] with `reply`.
 ///
-/// With `small`, UCX is asked for fast completion, which makes it copy the
-/// vector into one send when header and payload fit one. Without the hint
-/// UCX 1.22 sends a vector of more than 73 bytes by its multi-fragment
-/// zero-copy protocol, and over tcp a fragment carries only a few of the
-/// vector's ranges: a reply of 64 reads of 8 B went out in about 13
-/// `sendmsg` calls instead of one.
+/// With `copy`, UCX is asked for fast completion, which makes it copy the
+/// vector into its send segments: into one send when header and payload
+/// fit one, into full segments otherwise. Without the hint UCX 1.22 sends a
+/// vector of more than 73 bytes by its multi-fragment zero-copy protocol,
+/// and over tcp a fragment carries only a few of the vector's ranges: a
+/// reply of 64 reads of 8 B went out in about 13 `sendmsg` calls instead of
+/// one, and a reply of 64 reads of 4 KiB in fragments of at most 24 KiB
+/// (six ranges). The caller decides (`gathered::copied_into_segments`).
 ///
 /// # Safety
 /// As for [`send_active_message`], for every range `iov` names, and the
@@ -572,7 +574,7 @@ pub(crate) unsafe fn send_gathered(
     id: u32,
     header: &[u8],
     iov: &[sys::ucp_dt_iov_t],
-    small: bool,
+    copy: bool,
     callback: SendCallback,
     user_data: *mut c_void,
 ) -> PtrStatus {
@@ -586,7 +588,7 @@ pub(crate) unsafe fn send_gathered(
         user_data,
         ..Default::default()
     };
-    if small {
+    if copy {
         param.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_FAST_CMPL;
     }
     let (buffer, count) = if iov.is_empty() {
