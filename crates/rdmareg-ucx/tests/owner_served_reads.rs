@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -180,6 +182,95 @@ async fn an_owner_that_frees_right_after_unregistering_is_never_read_after_free(
                 }
                 Err(RdmaError::RegionNotFound) => {}
                 Err(other) => panic!("unexpected outcome over {transport:?}: {other}"),
+            }
+            consumer.shutdown().await;
+            owner.shutdown().await;
+            assert_eq!(owner.live_registrations(), Some(0));
+        }
+    }
+}
+
+/// The same for lists: an owner's gathered replies of many short ranges are
+/// copied into UCX's send segments (fast completion), so their leases end
+/// when UCX has copied the last range. An owner that unregisters while such
+/// replies are in flight, then overwrites the region and frees it, must
+/// never have a served entry carry the overwritten bytes (or fault).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_overwrites_and_frees_right_after_unregistering_is_never_read_by_a_gathered_reply()
+ {
+    const BLOCK: usize = 4096;
+    const BLOCKS: usize = 1000;
+    const READERS: usize = 3;
+    init_tracing();
+    let want = PageBuf::filled(2 * BLOCKS * BLOCK, pattern).snapshot();
+    for transport in [Transport::Tcp, Transport::SameHost] {
+        for delay_us in [0u64, 500, 1000, 2000, 3000] {
+            let (owner, consumer) = served_engines(transport.clone());
+            let (ob, cb) = (owner.backend(), consumer.backend());
+            // Every other block of the source: no two ranges merge.
+            let src = PageBuf::filled(2 * BLOCKS * BLOCK, pattern);
+            let src_region = map(&ob, &src).await;
+            let desc = describe(&src, &src_region);
+            let unmapped = Arc::new(AtomicBool::new(false));
+            let mut readers = Vec::new();
+            for _ in 0..READERS {
+                let dst = Arc::new(PageBuf::zeroed(BLOCKS * BLOCK));
+                let dst_region = map(&cb, &dst).await;
+                let batch: Vec<_> = (0..BLOCKS)
+                    .map(|i| {
+                        let offset = (i * BLOCK) as u64;
+                        let mut request = get_request(OWNER, &desc, &dst_region, offset, None);
+                        request.remote_addr = desc.addr() + 2 * offset;
+                        request.len = BLOCK as u64;
+                        request
+                    })
+                    .collect();
+                // Connected and served once before the race.
+                let warm = cb.get_batch_into_test_memory(batch.clone()).await;
+                assert!(warm.iter().all(Result::is_ok), "{warm:?}");
+                let (cb, unmapped, want) = (cb.clone(), unmapped.clone(), want.clone());
+                readers.push(tokio::spawn(async move {
+                    let (mut served, mut refused) = (0usize, 0usize);
+                    // Until the unmap answered, then one batch more.
+                    loop {
+                        let last = unmapped.load(Ordering::Acquire);
+                        dst.fill(0);
+                        let outcomes = cb.get_batch_into_test_memory(batch.clone()).await;
+                        let got = dst.snapshot();
+                        for (i, outcome) in outcomes.into_iter().enumerate() {
+                            let landed = &got[i * BLOCK..(i + 1) * BLOCK];
+                            match outcome {
+                                Ok(()) => {
+                                    let source = &want[2 * i * BLOCK..(2 * i + 1) * BLOCK];
+                                    assert!(landed == source, "entry {i} is not its source's");
+                                    assert!(!last, "entry {i} served after the unmap answered");
+                                    served += 1;
+                                }
+                                Err(RdmaError::RegionNotFound) => refused += 1,
+                                Err(other) => panic!("entry {i}: unexpected {other}"),
+                            }
+                        }
+                        if last {
+                            return (served, refused);
+                        }
+                    }
+                }));
+            }
+            tokio::time::sleep(Duration::from_micros(delay_us)).await;
+            assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
+            // `deregistered()` would resolve now: overwrite, then free.
+            src.fill(0xEE);
+            drop(src);
+            unmapped.store(true, Ordering::Release);
+            for reader in readers {
+                let (served, refused) = reader.await.expect("a reader task");
+                tracing::info!(
+                    ?transport,
+                    delay_us,
+                    served,
+                    refused,
+                    "gathered reads around an unmap"
+                );
             }
             consumer.shutdown().await;
             owner.shutdown().await;
