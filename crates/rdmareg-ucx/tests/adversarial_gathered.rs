@@ -531,6 +531,95 @@ fn an_owner_refuses_each_hostile_entry_of_a_maximal_list_on_its_own() {
     }
 }
 
+/// An owner engine (tcp) whose gathered replies from one region are stuck:
+/// a raw consumer made one full exchange of a maximal list, so the
+/// connection is wired both ways, then sent 400 more it never progresses
+/// again. The owner's replies (256 KiB each) outgrow the socket buffers and
+/// wait in UCX, holding their leases on the region.
+struct StuckReplies {
+    owner: UcxEngine,
+    region: rdmareg_core::BackendRegion,
+    key: ServedKey,
+    base: u64,
+    consumer: Raw,
+    requests: Vec<sys::ucs_status_ptr_t>,
+    buffer: PageBuf,
+}
+
+impl StuckReplies {
+    fn new(rt: &tokio::runtime::Runtime) -> StuckReplies {
+        let owner = tcp_engine();
+        let buf = PageBuf::filled(MAX_GATHERED_BYTES as usize, pattern);
+        let region = rt.block_on(map(&owner.backend(), &buf));
+        let key = ServedKey::decode(&region.packed_key).unwrap();
+        let consumer = Raw::new(false);
+        let mut stuck = StuckReplies {
+            owner,
+            region,
+            key,
+            base: buf.addr() as u64,
+            consumer,
+            requests: Vec::new(),
+            buffer: buf,
+        };
+        let ep = stuck.consumer.connect(&stuck.owner.worker_address());
+        stuck.consumer.send_wait(
+            ep,
+            READ_LIST_REQUEST_AM_ID,
+            &stuck.list(0).encode().unwrap(),
+            &[],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+        assert!(stuck.consumer.progress_until(Duration::from_secs(5), |r| {
+            !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
+        }));
+        for n in 1..=400 {
+            let sent = stuck.consumer.send(
+                ep,
+                READ_LIST_REQUEST_AM_ID,
+                &stuck.list(n).encode().unwrap(),
+                &[],
+                sys::UCP_AM_SEND_FLAG_REPLY,
+            );
+            if !sent.is_null() && !common::raw_am::is_err(sent) {
+                stuck.requests.push(sent);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        stuck
+    }
+
+    /// The `n`-th maximal list over the region: entries of
+    /// `MAX_GATHERED_ENTRY` bytes, request ids of its own.
+    fn list(&self, n: u64) -> ListRequest {
+        let per_list = MAX_GATHERED_BYTES / MAX_GATHERED_ENTRY;
+        ListRequest {
+            entries: (0..per_list)
+                .map(|i| ReadRequest {
+                    request_id: n * per_list + i,
+                    key: self.key,
+                    address: self.base + i * MAX_GATHERED_ENTRY,
+                    length: MAX_GATHERED_ENTRY,
+                })
+                .collect(),
+        }
+    }
+
+    /// Returns the consumer's requests and closes it, so the stuck replies
+    /// fail and their leases end; hands back the owner and the region's
+    /// buffer, which the caller keeps until its unmap or shutdown ends the
+    /// registration.
+    fn release_consumer(self) -> (UcxEngine, PageBuf) {
+        for request in self.requests {
+            // SAFETY: requests of the raw consumer's worker, returned once
+            // (UCX frees an unfinished one when it completes).
+            unsafe { sys::ucp_request_free(request.cast()) };
+        }
+        drop(self.consumer);
+        (self.owner, self.buffer)
+    }
+}
+
 /// A consumer that sends many maximal lists and never reads the replies
 /// holds the owner's leases: an unmap of the region does not answer while
 /// the replies are stuck, another consumer's list naming the region
@@ -539,68 +628,20 @@ fn an_owner_refuses_each_hostile_entry_of_a_maximal_list_on_its_own() {
 #[test]
 fn replies_a_consumer_never_reads_hold_the_unmap_until_that_consumer_is_gone() {
     let rt = runtime();
-    let owner = tcp_engine();
-    let backend = owner.backend();
-    let buf = PageBuf::filled(MAX_GATHERED_BYTES as usize, pattern);
-    let region = rt.block_on(map(&backend, &buf));
-    let key = ServedKey::decode(&region.packed_key).unwrap();
-    let base = buf.addr() as u64;
-    let per_list = MAX_GATHERED_BYTES / MAX_GATHERED_ENTRY;
-    let list = |n: u64| ListRequest {
-        entries: (0..per_list)
-            .map(|i| ReadRequest {
-                request_id: n * per_list + i,
-                key,
-                address: base + i * MAX_GATHERED_ENTRY,
-                length: MAX_GATHERED_ENTRY,
-            })
-            .collect(),
-    };
-    let consumer = Raw::new(false);
-    let ep = consumer.connect(&owner.worker_address());
-    // One full exchange, so the connection is wired up both ways.
-    consumer.send_wait(
-        ep,
-        READ_LIST_REQUEST_AM_ID,
-        &list(0).encode().unwrap(),
-        &[],
-        sys::UCP_AM_SEND_FLAG_REPLY,
-    );
-    assert!(consumer.progress_until(Duration::from_secs(5), |r| {
-        !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
-    }));
-    // Then a burst the consumer never progresses again: the owner's replies
-    // (256 KiB each) outgrow the socket buffers and wait in UCX.
-    let mut requests = Vec::new();
-    for n in 1..=400 {
-        let sent = consumer.send(
-            ep,
-            READ_LIST_REQUEST_AM_ID,
-            &list(n).encode().unwrap(),
-            &[],
-            sys::UCP_AM_SEND_FLAG_REPLY,
-        );
-        if !sent.is_null() && !common::raw_am::is_err(sent) {
-            requests.push(sent);
-        }
-    }
-    std::thread::sleep(Duration::from_millis(500));
+    let stuck = StuckReplies::new(&rt);
+    let (backend, region_id) = (stuck.owner.backend(), stuck.region.backend_region_id);
     let held = rt.block_on(async {
-        tokio::time::timeout(
-            Duration::from_millis(500),
-            backend.unmap(region.backend_region_id),
-        )
-        .await
+        tokio::time::timeout(Duration::from_millis(500), backend.unmap(region_id)).await
     });
-    let live_while_held = owner.live_registrations();
+    let live_while_held = stuck.owner.live_registrations();
     // Another consumer's list naming the region while its unmap waits is
     // refused entry by entry.
     let late = Raw::new(false);
-    let late_ep = late.connect(&owner.worker_address());
+    let late_ep = late.connect(&stuck.owner.worker_address());
     late.send_wait(
         late_ep,
         READ_LIST_REQUEST_AM_ID,
-        &list(1000).encode().unwrap(),
+        &stuck.list(1000).encode().unwrap(),
         &[],
         sys::UCP_AM_SEND_FLAG_REPLY,
     );
@@ -615,18 +656,9 @@ fn replies_a_consumer_never_reads_hold_the_unmap_until_that_consumer_is_gone() {
         )
     };
     drop(late);
-    for request in requests {
-        // SAFETY: requests of the raw consumer's worker, returned once
-        // (UCX frees an unfinished one when it completes).
-        unsafe { sys::ucp_request_free(request.cast()) };
-    }
-    drop(consumer);
+    let (owner, _buf) = stuck.release_consumer();
     let released = rt.block_on(async {
-        tokio::time::timeout(
-            Duration::from_secs(20),
-            backend.unmap(region.backend_region_id),
-        )
-        .await
+        tokio::time::timeout(Duration::from_secs(20), backend.unmap(region_id)).await
     });
     let live = owner.live_registrations();
     rt.block_on(owner.shutdown());
@@ -774,58 +806,14 @@ fn a_consumer_shut_down_with_a_list_in_flight_answers_every_read_and_lands_nothi
 #[test]
 fn an_owner_shut_down_with_gathered_replies_stuck_finishes_and_leaves_nothing_registered() {
     let rt = runtime();
-    let owner = tcp_engine();
-    let backend = owner.backend();
-    let buf = PageBuf::filled(MAX_GATHERED_BYTES as usize, pattern);
-    let region = rt.block_on(map(&backend, &buf));
-    let key = ServedKey::decode(&region.packed_key).unwrap();
-    let base = buf.addr() as u64;
-    let per_list = MAX_GATHERED_BYTES / MAX_GATHERED_ENTRY;
-    let list = |n: u64| ListRequest {
-        entries: (0..per_list)
-            .map(|i| ReadRequest {
-                request_id: n * per_list + i,
-                key,
-                address: base + i * MAX_GATHERED_ENTRY,
-                length: MAX_GATHERED_ENTRY,
-            })
-            .collect(),
-    };
-    let consumer = Raw::new(false);
-    let ep = consumer.connect(&owner.worker_address());
-    consumer.send_wait(
-        ep,
-        READ_LIST_REQUEST_AM_ID,
-        &list(0).encode().unwrap(),
-        &[],
-        sys::UCP_AM_SEND_FLAG_REPLY,
-    );
-    assert!(consumer.progress_until(Duration::from_secs(5), |r| {
-        !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
-    }));
-    let mut requests = Vec::new();
-    for n in 1..=400 {
-        let sent = consumer.send(
-            ep,
-            READ_LIST_REQUEST_AM_ID,
-            &list(n).encode().unwrap(),
-            &[],
-            sys::UCP_AM_SEND_FLAG_REPLY,
-        );
-        if !sent.is_null() && !common::raw_am::is_err(sent) {
-            requests.push(sent);
-        }
-    }
-    std::thread::sleep(Duration::from_millis(500));
-    let stopped = rt
-        .block_on(async { tokio::time::timeout(Duration::from_secs(20), owner.shutdown()).await });
-    let unmapped = rt.block_on(backend.unmap(region.backend_region_id));
-    let live = owner.live_registrations();
-    for request in requests {
-        // SAFETY: requests of the raw consumer's worker, returned once.
-        unsafe { sys::ucp_request_free(request.cast()) };
-    }
-    drop(consumer);
+    let stuck = StuckReplies::new(&rt);
+    let (backend, region_id) = (stuck.owner.backend(), stuck.region.backend_region_id);
+    let stopped = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(20), stuck.owner.shutdown()).await
+    });
+    let unmapped = rt.block_on(backend.unmap(region_id));
+    let live = stuck.owner.live_registrations();
+    let _owner_and_buffer = stuck.release_consumer();
     assert!(stopped.is_ok(), "the owner's shutdown did not finish");
     assert_eq!(unmapped, Ok(()));
     assert_eq!(live, Some(0));
