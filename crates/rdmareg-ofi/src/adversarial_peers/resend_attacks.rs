@@ -210,11 +210,7 @@ impl Cluster {
 
     /// Starts a batch on consumer `c` of `deadlines.len()` reads, read
     /// `k` into chunk `k`, with its deadline.
-    fn start(
-        &self,
-        c: usize,
-        deadlines: &[Duration],
-    ) -> tokio::task::JoinHandle<Vec<Result<(), RdmaError>>> {
+    fn start(&self, c: usize, deadlines: &[Duration]) -> ReadTask {
         let requests: Vec<BackendGet> = deadlines
             .iter()
             .enumerate()
@@ -241,11 +237,7 @@ impl Cluster {
         })
     }
 
-    fn wait(
-        &self,
-        task: tokio::task::JoinHandle<Vec<Result<(), RdmaError>>>,
-        within: Duration,
-    ) -> Vec<Result<(), RdmaError>> {
+    fn wait(&self, task: ReadTask, within: Duration) -> Vec<Result<(), RdmaError>> {
         let until = Instant::now() + within;
         while !task.is_finished() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
@@ -354,6 +346,25 @@ fn deadlines(deadline: Duration) -> Vec<Duration> {
     vec![deadline; CHUNKS]
 }
 
+/// Batch answers, in read order.
+type ReadTask = tokio::task::JoinHandle<Vec<Result<(), RdmaError>>>;
+
+/// Runs `round` once per delay, each on a new cluster whose owner forgot
+/// consumer 0 just as that consumer started reads with 2 s deadlines,
+/// `delay_us` into them: before the sends fail, while the cancelled
+/// receives are pending, after the resends. The cluster is finished (and
+/// checked to hold nothing) after each round.
+fn each_delay_into_pending_resends(mut round: impl FnMut(&Cluster, ReadTask, u64)) {
+    for delay_us in [0u64, 300, 1_000, 3_000, 10_000] {
+        let cluster = Cluster::new(2, 3);
+        cluster.forget(0);
+        let task = cluster.start(0, &deadlines(Duration::from_secs(2)));
+        std::thread::sleep(Duration::from_micros(delay_us));
+        round(&cluster, task, delay_us);
+        cluster.finish();
+    }
+}
+
 #[test]
 fn many_concurrent_reads_to_a_forgotten_owner_each_land_only_their_own_bytes_and_nothing_after_their_answers()
  {
@@ -419,13 +430,7 @@ fn shutting_a_consumer_down_while_its_resends_are_pending_answers_every_read_and
     with_connection_cleanup(
         "shutting_a_consumer_down_while_its_resends_are_pending_answers_every_read_and_nothing_lands_after",
         || {
-            // Shutdown after several delays: before the sends fail, while
-            // the cancelled receives are pending, after the resends.
-            for delay_us in [0u64, 300, 1_000, 3_000, 10_000] {
-                let cluster = Cluster::new(2, 3);
-                cluster.forget(0);
-                let task = cluster.start(0, &deadlines(Duration::from_secs(2)));
-                std::thread::sleep(Duration::from_micros(delay_us));
+            each_delay_into_pending_resends(|cluster, task, delay_us| {
                 let started = Instant::now();
                 cluster.consumers[0].shutdown_blocking();
                 let answers = cluster.wait(task, Duration::from_secs(5));
@@ -437,8 +442,7 @@ fn shutting_a_consumer_down_while_its_resends_are_pending_answers_every_read_and
                     0,
                     "the shut-down consumer left its destination registered"
                 );
-                cluster.finish();
-            }
+            });
         },
     );
 }
@@ -448,11 +452,7 @@ fn unmapping_the_destination_while_resends_are_pending_confirms_only_once_nothin
     with_connection_cleanup(
         "unmapping_the_destination_while_resends_are_pending_confirms_only_once_nothing_can_land",
         || {
-            for delay_us in [0u64, 300, 1_000, 3_000, 10_000] {
-                let cluster = Cluster::new(2, 3);
-                cluster.forget(0);
-                let task = cluster.start(0, &deadlines(Duration::from_secs(2)));
-                std::thread::sleep(Duration::from_micros(delay_us));
+            each_delay_into_pending_resends(|cluster, task, delay_us| {
                 let id = cluster.dst_regions[0].backend_region_id;
                 let unmapped = cluster
                     .rt
@@ -474,8 +474,7 @@ fn unmapping_the_destination_while_resends_are_pending_confirms_only_once_nothin
                 );
                 eprintln!("answers {}", tally(&answers));
                 assert_eq!(cluster.consumers[0].live_registrations(), 0);
-                cluster.finish();
-            }
+            });
         },
     );
 }
