@@ -1,0 +1,192 @@
+//! Reading the completion queue: every completion and error the provider
+//! reports, matched to what it ends — a read's reply (landed, refused,
+//! asked again, or failed), a request arrived for this engine to serve, a
+//! send (a reply's lease, a request, a probe), or a cancelled receive given
+//! back.
+//!
+//! This is the only place an op's destination is released by the provider,
+//! so it is where answers become possible: a read is answered from here or
+//! after teardown closed the endpoint, never earlier (see "Answers only
+//! after the provider let go" in the parent module).
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use rdmareg_core::RdmaError;
+
+use crate::config::ReadPath;
+use crate::fabric::{Completion, ERR_TRUNCATED};
+use crate::protocol::{is_unverified, reply_outcome};
+
+use super::*;
+
+impl Engine {
+    /// Reads completions and answers what they end.
+    pub(super) fn reap(&mut self) -> bool {
+        let mut completions = std::mem::take(&mut self.completions);
+        let mut senders: Vec<Option<Bytes>> = Vec::new();
+        for (completion, sender) in std::mem::take(&mut self.read_ahead) {
+            completions.push(completion);
+            senders.push(sender);
+        }
+        self.fabric
+            .poll_completions(&mut completions, COMPLETION_BATCH);
+        let worked = !completions.is_empty();
+        // The address-vector entry a request's sender is named by is read
+        // now, before any request of this batch is served: serving one may
+        // forget idle consumer addresses and give their entry numbers to
+        // new ones, after which a number read here would name another peer.
+        let polled: Vec<Option<Bytes>> = completions[senders.len()..]
+            .iter()
+            .map(|completion| self.sender_of(completion))
+            .collect();
+        senders.extend(polled);
+        if !self.stale_numbers.is_empty() {
+            self.rename_stale_senders(&completions);
+        }
+        for (index, completion) in completions.drain(..).enumerate() {
+            let (context, result) = match completion {
+                Completion::Done(context, len, tag, source) => (context, Ok((len, tag, source))),
+                Completion::Failed(context, code, text) => (context, Err((code, text))),
+            };
+            let at = context as usize;
+            if self.sends.contains_key(&at) {
+                self.send_done(at, result.map(|_| ()));
+                continue;
+            }
+            if self.request_buffers.contains_key(&at) {
+                let sender = senders.get(index).cloned().flatten();
+                self.request_arrived(at, result.map(|(len, _, _)| (len, sender)));
+                continue;
+            }
+            if self.discards.remove(&at).is_some() {
+                if let Some((owner, len)) = self.discard_owners.remove(&at) {
+                    if let Some(held) = self.discard_bytes.get_mut(&owner) {
+                        *held = held.saturating_sub(len);
+                        if *held == 0 {
+                            self.discard_bytes.remove(&owner);
+                        }
+                    }
+                }
+                tracing::trace!(ok = result.is_ok(), "a discard receive ended");
+                continue;
+            }
+            let Some(slot) = self.by_context.get(&at).copied() else {
+                tracing::warn!(?context, "a completion for no operation of this engine");
+                continue;
+            };
+            let (timed_out, failure, served, expected, request_id, fi_addr, no_reply) =
+                match self.ops[slot].as_mut() {
+                    Some(op) => (
+                        op.timed_out,
+                        op.failure.take(),
+                        self.fabric.read_path == ReadPath::OwnerServed,
+                        op.len,
+                        op.request_id,
+                        op.fi_addr,
+                        op.unreachable || op.request_failed,
+                    ),
+                    None => continue,
+                };
+            let resend = self.ops[slot].as_mut().and_then(|op| op.resend.take());
+            if let (Some(request), Err(_)) = (resend, &result) {
+                // The receive cancelled for a request that found its
+                // connection closed was given back: post it again and
+                // send the request on the new connection.
+                if self.closing {
+                    self.finish(slot, Err(RdmaError::ShuttingDown));
+                    continue;
+                }
+                if !timed_out {
+                    if let Some(op) = self.ops[slot].as_mut() {
+                        tracing::debug!(
+                            request = request.0,
+                            resends_left = op.resends_left,
+                            "sending a read request again on a new connection"
+                        );
+                        op.request = Some(request);
+                        op.request_failed = false;
+                        op.posted = false;
+                        self.unposted.push_back(slot);
+                        continue;
+                    }
+                }
+            }
+            if result.is_ok() {
+                if let Some(watch) = self.watch.get_mut(&fi_addr) {
+                    watch.last_heard = Instant::now();
+                }
+            }
+            tracing::trace!(
+                slot,
+                ok = result.is_ok(),
+                timed_out,
+                "a read's receive ended"
+            );
+            let is_list = self.ops[slot].as_ref().is_some_and(|op| op.list.is_some());
+            if let (Ok((_, tag, _)), true) = (&result, served) {
+                if is_unverified(*tag) {
+                    if self.ask_again(slot) {
+                        continue;
+                    }
+                    // Not asked again: past its deadline, or at teardown.
+                    if timed_out || self.closing {
+                        let why = if timed_out {
+                            RdmaError::Timeout
+                        } else {
+                            RdmaError::ShuttingDown
+                        };
+                        self.finish(slot, Err(why));
+                        continue;
+                    }
+                }
+            }
+            if let (Ok((len, tag, _)), true) = (&result, is_list) {
+                let outcome = self.land_list(slot, *len, *tag);
+                self.finish(slot, outcome);
+                continue;
+            }
+            let truncated = matches!(result, Err((ERR_TRUNCATED, _)));
+            if served && result.is_err() && !no_reply && !truncated {
+                // The receive ended (cancelled) without the reply: the owner
+                // may still send it, and holds its lease until a receive
+                // takes it. (A reply longer than asked did arrive, truncated:
+                // nothing is left to take, and a discard receive would stay
+                // posted, with its scratch memory, until teardown.)
+                self.post_discard(fi_addr, request_id, expected);
+            }
+            let result = match result {
+                Ok((len, tag, _)) if served => match reply_outcome(tag) {
+                    Ok(()) if len != expected => Err((
+                        0,
+                        format!("the owner sent {len} bytes for a read of {expected}"),
+                    )),
+                    Ok(()) => Ok(()),
+                    Err(refused) => {
+                        self.finish(slot, Err(refused));
+                        continue;
+                    }
+                },
+                Ok(_) => Ok(()),
+                Err(failed) => match failure {
+                    Some(err) => {
+                        self.finish(slot, Err(err));
+                        continue;
+                    }
+                    None => Err(failed),
+                },
+            };
+            // Only the deadline makes a Timeout: tcp;ofi_rxm reports an
+            // owner's refusal (stale key, range outside the region) as
+            // FI_ECANCELED, which is a refusal, not a timeout.
+            let result = match result {
+                Ok(()) => Ok(()),
+                Err(_) if timed_out => Err(RdmaError::Timeout),
+                Err((_, text)) => Err(RdmaError::Backend(format!("ofi: read failed: {text}"))),
+            };
+            self.finish(slot, result);
+        }
+        self.completions = completions;
+        worked
+    }
+}

@@ -1,0 +1,885 @@
+//! The progress thread: the one thread that owns every libfabric object.
+//!
+//! It opens the provider's fabric, domain, completion queue, address vector
+//! and endpoint (`fabric`), holds every memory region, peer entry and
+//! posted read, and serves commands from the ring and the control lane.
+//! Reading the completion queue is also what progresses the provider: both
+//! providers tested here progress data only when called
+//! (`FI_PROGRESS_MANUAL`), so this loop is what serves the reads *peers*
+//! make of this engine's regions, as well as landing its own.
+//!
+//! # The loop
+//!
+//! 1. Drain the control lane, then up to a batch of the ring (the control
+//!    lane again before each ring command).
+//! 2. Repost request receives and retry sends and reads the provider asked
+//!    to retry (`-FI_EAGAIN`), then read completions and answer what
+//!    finished (or serve what arrived).
+//! 3. Mark reads past their deadline (`fi_cancel` is asked; the answer still
+//!    waits for the provider to end the read — see below).
+//! 4. If anything happened, go again; else turn (yielding) for the spin
+//!    window, then park: announce it on the doorbell, look at the queues
+//!    once more, ask `fi_trywait`, and sleep in `poll` on the doorbell and
+//!    the completion queue's wait descriptor (when the provider gives one),
+//!    bounded by the park timeout — or by a few tens of microseconds while
+//!    reads of this engine are in flight, since a manual-progress provider
+//!    lands them only when called.
+//!
+//! # Serving reads (owner-served path)
+//!
+//! The loop keeps receives posted on the request tag (`protocol`). A
+//! request is checked against the live regions — exists, not being
+//! unmapped, capability matches, range inside — and answered by a tagged
+//! send of the region's bytes under a read lease (the region's
+//! `in_flight` count, which an unmap waits for), released when that send's
+//! completion is read, or by a zero-length refusal. This engine's own reads
+//! post their reply receive first and then send the request.
+//!
+//! Each consumer address may have at most
+//! `OfiConfig::max_served_replies_per_peer` replies unfinished (and, apart,
+//! as many refusals): a consumer that asks and never receives would
+//! otherwise hold leases and sends without limit. A valid read past the
+//! bound is refused as busy; a refusal past the refusal bound is not sent
+//! (the request is dropped). The counts drop when each send's completion
+//! (success or error) is read, and at teardown with the sends. Since a
+//! request names its reply address itself, these bounds are per address:
+//! addresses are reduced to one spelling first, gathered replies are also
+//! bounded in total ([`GATHERED_BYTES_MAX`]), and a full table of consumer
+//! addresses forgets those with nothing unfinished — addresses no send ever
+//! completed to (made-up ones) before consumers it reached.
+//!
+//! Over `tcp;ofi_rxm` a single read is served only to the endpoint the
+//! provider names as its request's sender (`FI_SOURCE`); a request from
+//! another endpoint than its reply address is refused to its sender, and
+//! one whose sender the provider cannot name yet (not in the address
+//! vector) is answered "ask again" at its reply address, without a lease.
+//! A consumer's engine asks again on that answer, a few times at most
+//! (`Engine::ask_again`). In a process run with `FI_AV_REMOVE_CLEANUP`
+//! set, an owner that forgets a connected consumer closes its connection;
+//! the consumer's next request then fails to send (`FI_ENOTCONN`), and the
+//! consumer resets its entry for the owner and sends the request again on
+//! a new connection, a few times at most
+//! (`Engine::resend_on_new_connection`).
+//!
+//! # Dead peers
+//!
+//! Over `tcp;ofi_rxm` nothing tells the application that a peer's process
+//! died: the provider handles the connection's shutdown itself, a posted
+//! receive stays posted, and every later send to the peer answers "try
+//! again" while its reconnections are refused. So the loop watches sends:
+//! a peer no send could be posted to for `OfiConfig::unreachable_after`,
+//! while no read from it and no send to it completed either (under load a
+//! live peer's sends wait for earlier ones, which do complete), is
+//! declared unreachable — its queued sends end (releasing their leases),
+//! its unposted reads answer, its posted reads are cancelled and answer
+//! the error once the provider reports it. To have a send to watch when a
+//! read's request went out long ago, a peer this engine waits on and heard
+//! nothing from for [`PROBE_INTERVAL`] is sent a four-byte probe
+//! (`protocol::PROBE`), at most one per interval. The retry queue keeps
+//! order per peer, so an unreachable peer holds up only its own sends.
+//!
+//! # Answers only after the provider let go
+//!
+//! A read is answered when its completion (success or error) was read, or
+//! after the endpoint was closed at teardown — never earlier, since until
+//! then the provider may write its destination. (A `shm` endpoint that
+//! teardown parks instead of closing has its reads cancelled; each answers
+//! once its cancellation was read: see `Engine::withdraw_for_parking`.) Past its deadline a read is
+//! marked, the provider is asked to cancel it, and it answers `Timeout` when
+//! the provider ends it with an error (a read that completes late answers
+//! `Ok`: the bytes are there). A provider that never ends a read (a stopped
+//! peer) holds its answer until teardown closes the endpoint — except over
+//! `tcp;ofi_rxm` in a process run with `FI_AV_REMOVE_CLEANUP` set, where a
+//! read still held [`STALLED_AFTER`] past its deadline has its owner's
+//! connection reset (`Engine::reset_connection`), which ends it.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::ops::ControlFlow;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use futures::channel::oneshot;
+use rdmareg_core::{BackendGet, PeerId, RdmaError};
+
+use crate::config::{OfiConfig, Provider, ReadPath};
+use crate::engine::{Command, Reply, Signals, StartInfo};
+use crate::fabric::{Completion, Fabric, MemoryRegion, ProviderContext};
+use crate::key::CAPABILITY_LEN;
+use crate::protocol::{GATHER_TOTAL_MAX, MAX_LIST_ENTRIES, RECEIVE_MAX};
+
+mod completions;
+mod peers;
+mod reads;
+mod regions;
+mod sends;
+mod serve;
+mod teardown;
+
+/// Ring commands handled per turn.
+const RING_BATCH: usize = 64;
+/// Completions read per turn.
+const COMPLETION_BATCH: usize = 256;
+/// How long past its deadline a read whose receive the provider did not
+/// give back on `fi_cancel` waits before its owner's connection is reset
+/// (`Engine::reset_connection`). On `tcp;ofi_rxm` a receive not yet
+/// matched is cancelled at once; one still there is matched.
+const STALLED_AFTER: Duration = Duration::from_millis(100);
+/// The least time teardown waits for the cancellations of the reads of an
+/// endpoint it parks (`Engine::withdraw_for_parking`); on `shm` a receive
+/// not yet matched is cancelled at once.
+const WITHDRAW_MIN: Duration = Duration::from_millis(100);
+/// How long teardown of an endpoint it parks goes on waiting for its
+/// replies being sent once none completed (`Engine::withdraw_for_parking`).
+const SENDS_IDLE_MAX: Duration = Duration::from_secs(1);
+/// How long a parked loop sleeps while reads of its own are in flight.
+const BUSY_PARK: Duration = Duration::from_micros(20);
+/// How many times a read asks its owner again when the owner could not
+/// name its sender (`Refusal::Unverified`). One is enough for a consumer
+/// the owner had not inserted yet; an owner that forgot a consumer while it
+/// stayed connected may answer its first ask again the same way (see
+/// `Engine::rename_stale_senders`), hence more.
+pub(crate) const ASKS_AGAIN: u8 = 3;
+/// How many times a read sends its request again after the send failed
+/// because the owner's connection was closed under it (`FI_ENOTCONN`; see
+/// `Engine::resend_on_new_connection`).
+pub(crate) const RESENDS: u8 = 3;
+/// Receives an owner-serving engine keeps posted for requests.
+const REQUEST_RECEIVES: usize = 32;
+/// How long reads from a peer may go without a completion from it before
+/// the engine probes it, and the least time between two probes of it.
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// The most distinct consumer addresses an owner inserts into its address
+/// vector to answer them; requests from further addresses are dropped.
+pub(crate) const MAX_SERVED_PEERS: usize = 4096;
+/// The most gathered replies an owner keeps unfinished for one consumer
+/// address: each holds a copy of up to `GATHER_TOTAL_MAX` bytes, so this
+/// bounds that memory (16 MiB per address) apart from the reply bound.
+const GATHERED_PER_PEER: u32 = 64;
+/// The most bytes of gathered replies an owner keeps unfinished for all
+/// consumers together. The bound per address alone does not bound memory:
+/// a peer names any reply address it likes, and replies to an address
+/// nobody takes them at stay until that peer is declared unreachable (or
+/// for good, at one that never receives). Past it lists are refused as
+/// busy, except a consumer address's first unfinished one (so the most
+/// held is this plus one reply per address of [`MAX_SERVED_PEERS`]).
+pub(crate) const GATHERED_BYTES_MAX: usize = 64 << 20;
+/// The most scratch memory a consumer keeps posted for the late replies of
+/// one owner's cancelled reads, beyond one such receive (always allowed,
+/// whatever its length). An owner that never answers would otherwise make
+/// its consumer keep a receive of each timed-out read's length until
+/// teardown. Past it the owner's late reply finds no receive, and the
+/// owner keeps that reply's lease until the connection ends.
+pub(crate) const DISCARD_BYTES_PER_PEER: usize = 64 << 20;
+/// The longest gathered reply a consumer on `shm` asks for: the provider's
+/// inject size (`SMR_INJECT_SIZE` in libfabric 1.17). A longer message
+/// takes `shm`'s copy protocols, which need both sides' progress; measured
+/// here, lists of 16 × 4 KiB then moved 64–303 MiB/s against 306–1124 as
+/// separate inject-sized reads.
+const SHM_GATHER_REPLY_MAX: usize = 4096;
+
+/// One spelling of a validated reply address: the bytes a provider ignores
+/// (`sin_zero` of a `sockaddr_in`, the flow label of a `sockaddr_in6`, the
+/// NUL padding of a string past its first NUL) zeroed or cut. An owner
+/// bounds what it holds per consumer address, so one consumer must not
+/// pass for several by spelling its address differently.
+fn canonical_address(format: crate::key::AddressFormat, address: &[u8]) -> Vec<u8> {
+    use crate::key::AddressFormat;
+    let mut canonical = address.to_vec();
+    match format {
+        AddressFormat::SockaddrIn if canonical.len() == 16 => canonical[8..].fill(0),
+        AddressFormat::SockaddrIn6 if canonical.len() == 28 => canonical[4..8].fill(0),
+        AddressFormat::Str => {
+            if let Some(text) = canonical.iter().position(|&b| b == 0) {
+                canonical.truncate(text + 1);
+            }
+        }
+        _ => {}
+    }
+    canonical
+}
+
+/// The thread's body: start, report, serve, tear down.
+pub(crate) fn run(
+    config: OfiConfig,
+    signals: Arc<Signals>,
+    ring: Receiver<Command>,
+    control: Receiver<Command>,
+    ready: Sender<Result<StartInfo, RdmaError>>,
+) {
+    let fabric = match Fabric::open(&config) {
+        Ok(fabric) => fabric,
+        Err(err) => {
+            signals.closed.store(true, Ordering::SeqCst);
+            let _ = ready.send(Err(err));
+            return;
+        }
+    };
+    let info = StartInfo {
+        address: fabric.address.clone(),
+        provider: fabric.provider.clone(),
+        resets_stalled_connections: fabric.av_remove_closes,
+    };
+    tracing::info!(
+        provider = %fabric.provider,
+        resets_stalled_connections = fabric.av_remove_closes,
+        "ofi engine started"
+    );
+    let mut engine = Engine::new(fabric, &config, signals);
+    engine.post_request_receives();
+    if ready.send(Ok(info)).is_ok() {
+        engine.serve(&ring, &control);
+    }
+    engine.teardown(&ring, &control);
+}
+
+/// One registered region.
+#[derive(Debug)]
+struct Region {
+    ptr: usize,
+    len: usize,
+    mr: MemoryRegion,
+    /// The random capability its key carries.
+    capability: [u8; CAPABILITY_LEN],
+    /// Reads landing in it, and read leases: replies being sent from it.
+    in_flight: usize,
+    /// An unmap was submitted: new reads are refused, and these wait for
+    /// the reads in flight.
+    unmapping: bool,
+    waiters: Vec<Reply<()>>,
+}
+
+/// An address-vector entry and who uses it.
+#[derive(Debug)]
+struct AvEntry {
+    address: Bytes,
+    peers: usize,
+    ops: usize,
+    /// Inserted to answer a consumer's requests: kept while replies to it
+    /// are unfinished, and until the table of consumer addresses fills.
+    served: bool,
+    /// A send to this address completed: a connection to it was made. The
+    /// provider may go on naming that connection after the entry is
+    /// removed (see `Engine::forget_idle_consumers`), so such entries are
+    /// forgotten last. (Not set from a request's named sender: a name is
+    /// what may be wrong.)
+    connected: bool,
+    /// How many times this engine reset the connection to this address
+    /// (`Engine::reconnect`): a send posted under an earlier count ran on
+    /// a connection already replaced.
+    connection: u64,
+}
+
+/// Where a read's answer goes.
+#[derive(Debug)]
+enum Answer {
+    Single(Reply<()>),
+    Batch(Rc<RefCell<Batch>>, usize),
+}
+
+/// A batch's answers, gathered in request order.
+#[derive(Debug)]
+struct Batch {
+    results: Vec<Option<Result<(), RdmaError>>>,
+    remaining: usize,
+    reply: Option<oneshot::Sender<Vec<Result<(), RdmaError>>>>,
+}
+
+impl Batch {
+    fn set(&mut self, index: usize, result: Result<(), RdmaError>) {
+        if self.results[index].replace(result).is_none() {
+            self.remaining -= 1;
+        }
+        if self.remaining == 0 {
+            if let Some(reply) = self.reply.take() {
+                let results = self
+                    .results
+                    .drain(..)
+                    .map(|r| r.unwrap_or(Err(RdmaError::ShuttingDown)))
+                    .collect();
+                let _ = reply.send(results);
+            }
+        }
+    }
+}
+
+fn give(answer: Answer, result: Result<(), RdmaError>) {
+    match answer {
+        Answer::Single(reply) => {
+            let _ = reply.send(result);
+        }
+        Answer::Batch(batch, index) => batch.borrow_mut().set(index, result),
+    }
+}
+
+/// Provider context space for one read; its address is the read's
+/// context pointer.
+#[repr(C)]
+struct OpContext {
+    space: ProviderContext,
+}
+
+/// One posted (or to-be-posted) read. On the owner-served path `posted`
+/// means its reply receive is posted.
+struct Op {
+    context: Box<OpContext>,
+    /// The destination region (0, which names none, for a list).
+    region: u64,
+    fi_addr: u64,
+    /// Where the answer goes (`None` for a list: each entry has its own).
+    answer: Option<Answer>,
+    /// A gathered list: the entries, and the scratch memory the reply is
+    /// received into (`buf`/`len` point at it).
+    list: Option<Box<ListPart>>,
+    deadline: Instant,
+    timed_out: bool,
+    posted: bool,
+    buf: usize,
+    len: usize,
+    desc: *mut c_void,
+    remote: u64,
+    key: u64,
+    /// Owner-served: the request to send once the receive is posted, and
+    /// its id (the reply's tag).
+    request: Option<(u64, Vec<u8>)>,
+    /// Owner-served: the request id (0 on the one-sided path).
+    request_id: u64,
+    /// Why the read failed when its request could not be sent, or its
+    /// owner was declared unreachable (its receive was then cancelled).
+    failure: Option<RdmaError>,
+    /// Its owner was declared unreachable: a cancelled receive gets no
+    /// discard receive (no reply can come over a connection that is gone).
+    unreachable: bool,
+    /// Its request could not be sent: no reply will come, so a cancelled
+    /// receive gets no discard receive either.
+    request_failed: bool,
+    /// Its owner's connection was reset for it (or with it) past its
+    /// deadline (`Engine::reset_connection`).
+    connection_reset: bool,
+    /// Owner-served: the request again, for asking once more when the
+    /// owner could not name its sender (`Refusal::Unverified`), at most
+    /// [`ASKS_AGAIN`] times; `None` once used up.
+    ask_again: Option<(u64, Vec<u8>)>,
+    /// How many more times the read may ask again.
+    asks_left: u8,
+    /// Owner-served: the request to send again, on a new connection, once
+    /// its receive (cancelled because the request's send found the
+    /// connection closed) was given back (`Engine::resend_on_new_connection`).
+    resend: Option<(u64, Vec<u8>)>,
+    /// How many more times the read may send its request again so.
+    resends_left: u8,
+}
+
+/// A gathered list's own part of its [`Op`].
+struct ListPart {
+    entries: Vec<ListItem>,
+    /// The reply lands here; served entries are copied out of it.
+    scratch: Vec<u8>,
+}
+
+/// One entry of a gathered list.
+struct ListItem {
+    answer: Option<Answer>,
+    /// Its destination region, whose `in_flight` counts it.
+    region: u64,
+    buf: usize,
+    len: usize,
+    /// Set from the reply; entries without one take the list's outcome.
+    result: Option<Result<(), RdmaError>>,
+}
+
+/// A batch entry checked and waiting to go into a list.
+struct Gatherable {
+    request: BackendGet,
+    answer: Answer,
+    buf: usize,
+    region_id: u64,
+    capability: [u8; CAPABILITY_LEN],
+}
+
+/// Which of a consumer's bounds a reply counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReplyKind {
+    /// Bytes sent from a region under a lease.
+    Bytes,
+    /// A zero-length refusal.
+    Refusal,
+    /// A gathered reply (a copy).
+    Gathered,
+}
+
+/// One tagged send: a request of this engine's reads, or a reply (bytes or
+/// refusal) to a peer's request.
+struct SendOp {
+    context: Box<OpContext>,
+    /// Keeps a request's bytes alive until the send completes.
+    _bytes: Option<Vec<u8>>,
+    ptr: usize,
+    len: usize,
+    desc: *mut c_void,
+    dest: u64,
+    tag: u64,
+    /// The region this reply reads: a lease released on completion.
+    lease: Option<u64>,
+    /// A reply to a consumer counted against its bound: the consumer's
+    /// address and whether the reply carries bytes (else a refusal).
+    counted: Option<(u64, ReplyKind)>,
+    /// The context and request id of the read this request belongs to
+    /// (the id tells a later read at a reused context address apart).
+    for_read: Option<(usize, u64)>,
+    /// A liveness probe ([`PROBE`](crate::protocol::PROBE)).
+    probe: bool,
+    /// The destination entry's `AvEntry::connection` when the send was
+    /// posted (`None`: not posted).
+    connection: Option<u64>,
+}
+
+impl SendOp {
+    /// A zero-length refusal to the consumer at `dest`, counted against
+    /// its bound of unfinished replies.
+    fn refusal(dest: u64, tag: u64) -> SendOp {
+        SendOp {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
+            _bytes: None,
+            ptr: 0,
+            len: 0,
+            desc: std::ptr::null_mut(),
+            dest,
+            tag,
+            lease: None,
+            counted: Some((dest, ReplyKind::Refusal)),
+            for_read: None,
+            probe: false,
+            connection: None,
+        }
+    }
+}
+
+/// The receives an endpoint left open at teardown may still write.
+#[expect(
+    dead_code,
+    reason = "held only so they are freed after the endpoint closes"
+)]
+struct PostedReceives {
+    buffers: Vec<RequestBuffer>,
+    /// Contexts and buffers of receives posted to discard replies.
+    discards: Vec<(Box<OpContext>, Vec<u8>)>,
+    /// Sends still in flight: the provider holds their contexts (and, for
+    /// requests, their bytes).
+    sends: Vec<SendOp>,
+}
+
+// SAFETY: no thread uses these any more: they are only kept, and dropped
+// once the endpoint that could write them is closed (`Fabric`).
+unsafe impl Send for PostedReceives {}
+
+/// A receive kept posted for requests.
+struct RequestBuffer {
+    context: Box<OpContext>,
+    data: Box<[u8; RECEIVE_MAX]>,
+    posted: bool,
+}
+
+/// What the loop needs of the configuration.
+#[derive(Debug, Clone)]
+struct Settings {
+    spin_window: Duration,
+    park_timeout: Duration,
+    default_get_deadline: Duration,
+    teardown_timeout: Duration,
+}
+
+/// Replies one consumer address has unfinished at this owner.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct PeerLoad {
+    /// Replies carrying bytes: each holds a read lease.
+    served: u32,
+    /// Refusals not yet completed.
+    refusals: u32,
+    /// Gathered replies not yet completed.
+    gathered: u32,
+}
+
+/// What the engine knows of whether a peer can be reached.
+#[derive(Debug, Clone, Copy)]
+struct PeerWatch {
+    /// Since when a send to it could not be posted (the provider asked to
+    /// wait), if one cannot now.
+    blocked_since: Option<Instant>,
+    /// When a read from it or a send to it last completed without an
+    /// error (or its watch began).
+    last_heard: Instant,
+    /// When it was last probed.
+    last_probe: Option<Instant>,
+    /// A probe to it is queued or in flight.
+    probing: bool,
+}
+
+impl PeerWatch {
+    fn new(now: Instant) -> PeerWatch {
+        PeerWatch {
+            blocked_since: None,
+            last_heard: now,
+            last_probe: None,
+            probing: false,
+        }
+    }
+}
+
+/// Everything the progress thread owns. `fabric` is dropped last.
+struct Engine {
+    regions: HashMap<u64, Region>,
+    peers: HashMap<PeerId, u64>,
+    av: HashMap<u64, AvEntry>,
+    by_address: HashMap<Bytes, u64>,
+    ops: Vec<Option<Op>>,
+    free_slots: Vec<usize>,
+    by_context: HashMap<usize, usize>,
+    active: usize,
+    unposted: VecDeque<usize>,
+    completions: Vec<Completion>,
+    /// Completions read out of the queue ahead of forgetting consumer
+    /// addresses (`Engine::forget_idle_consumers`), each with its request's
+    /// sender already resolved: handled first by the next `reap`.
+    read_ahead: Vec<(Completion, Option<Bytes>)>,
+    settings: Settings,
+    signals: Arc<Signals>,
+    page_size: u64,
+    shutdown_replies: Vec<oneshot::Sender<()>>,
+    /// Sends in flight, by context address.
+    sends: HashMap<usize, SendOp>,
+    /// Sends the provider asked to retry, by context address, in order.
+    unsent: VecDeque<usize>,
+    /// Request receives (owner-served path), by context address.
+    request_buffers: HashMap<usize, RequestBuffer>,
+    /// Receives into scratch memory that take the late reply of a read
+    /// whose receive was cancelled, by context address.
+    discards: HashMap<usize, (Box<OpContext>, Vec<u8>)>,
+    /// The owner and length of each discard receive, by context address,
+    /// and the bytes of them posted per owner.
+    discard_owners: HashMap<usize, (u64, usize)>,
+    discard_bytes: HashMap<u64, usize>,
+    served_peers: usize,
+    /// The most consumer addresses kept ([`MAX_SERVED_PEERS`]; less in
+    /// some of this crate's tests).
+    served_peers_bound: usize,
+    /// Entry numbers the provider may still name a connection by although
+    /// the entry was removed, with the addresses removed from them: over
+    /// `tcp;ofi_rxm`, unless `FI_AV_REMOVE_CLEANUP` is set, `fi_av_remove`
+    /// leaves a connected peer's record with its old number until the
+    /// address is inserted again (`rxm_av_add_peers`,
+    /// `prov/util/src/rxm_av.c`), and a later insert reuses the number.
+    /// A request named by such a number may come from either peer.
+    stale_numbers: HashMap<u64, Vec<Bytes>>,
+    /// The number each address of `stale_numbers` was removed from, and
+    /// the order they were removed in: past `served_peers_bound` of them
+    /// the oldest is dropped (a peer that stayed connected and silent that
+    /// long may then be named as another again).
+    stale_addresses: HashMap<Bytes, u64>,
+    stale_order: VecDeque<Bytes>,
+    /// Unfinished replies per consumer address, and their bound.
+    reply_loads: HashMap<u64, PeerLoad>,
+    reply_bound: u32,
+    /// Bytes of gathered replies not yet completed, all consumers together
+    /// (bounded by [`GATHERED_BYTES_MAX`]).
+    gathered_bytes: usize,
+    /// Reachability of the peers sends go to, by address-vector entry.
+    watch: HashMap<u64, PeerWatch>,
+    unreachable_after: Duration,
+    /// When the watch is next looked at.
+    next_watch: Instant,
+    /// The longest gathered reply this engine asks for (bytes).
+    gather_reply_max: usize,
+    next_request_id: u64,
+    /// Makes request ids unguessable (see `mint_request_id`).
+    request_ids: RequestIdPermutation,
+    closing: bool,
+    /// Teardown is withdrawing the reads of an endpoint it will park
+    /// (see [`Engine::withdraw_for_parking`]): discard receives are posted.
+    withdrawing: bool,
+    fabric: Fabric,
+}
+
+/// A secret permutation of 48-bit values: a four-round Feistel network on
+/// 24-bit halves whose round function is a randomly keyed SipHash
+/// (`RandomState`). Peers never see its output except for their own
+/// requests' ids, which tell nothing about another engine's.
+struct RequestIdPermutation {
+    keys: std::hash::RandomState,
+}
+
+impl RequestIdPermutation {
+    fn new() -> RequestIdPermutation {
+        RequestIdPermutation {
+            keys: std::hash::RandomState::new(),
+        }
+    }
+
+    /// The image of `value` (its low 48 bits), below 2⁴⁸.
+    fn permute(&self, value: u64) -> u64 {
+        use std::hash::BuildHasher;
+        const HALF: u64 = (1 << 24) - 1;
+        let (mut left, mut right) = ((value >> 24) & HALF, value & HALF);
+        for round in 0u8..4 {
+            let mixed = self.keys.hash_one((round, right)) & HALF;
+            (left, right) = (right, left ^ mixed);
+        }
+        (left << 24) | right
+    }
+}
+
+impl Engine {
+    fn new(fabric: Fabric, config: &OfiConfig, signals: Arc<Signals>) -> Engine {
+        // SAFETY: sysconf takes no pointers.
+        let page_size = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+            n if n > 0 => n as u64,
+            _ => 4096,
+        };
+        Engine {
+            regions: HashMap::new(),
+            peers: HashMap::new(),
+            av: HashMap::new(),
+            by_address: HashMap::new(),
+            ops: Vec::new(),
+            free_slots: Vec::new(),
+            by_context: HashMap::new(),
+            active: 0,
+            unposted: VecDeque::new(),
+            completions: Vec::with_capacity(COMPLETION_BATCH),
+            read_ahead: Vec::new(),
+            settings: Settings {
+                spin_window: config.spin_window,
+                park_timeout: config.park_timeout,
+                default_get_deadline: config.default_get_deadline,
+                teardown_timeout: config.teardown_timeout,
+            },
+            signals,
+            page_size,
+            shutdown_replies: Vec::new(),
+            sends: HashMap::new(),
+            unsent: VecDeque::new(),
+            request_buffers: HashMap::new(),
+            discards: HashMap::new(),
+            discard_owners: HashMap::new(),
+            discard_bytes: HashMap::new(),
+            served_peers: 0,
+            served_peers_bound: {
+                #[cfg(test)]
+                let bound = config.served_peers_bound.unwrap_or(MAX_SERVED_PEERS);
+                #[cfg(not(test))]
+                let bound = MAX_SERVED_PEERS;
+                bound
+            },
+            stale_numbers: HashMap::new(),
+            stale_addresses: HashMap::new(),
+            stale_order: VecDeque::new(),
+            reply_loads: HashMap::new(),
+            reply_bound: config.max_served_replies_per_peer,
+            gathered_bytes: 0,
+            watch: HashMap::new(),
+            unreachable_after: config.unreachable_after,
+            next_watch: Instant::now(),
+            gather_reply_max: if config.provider == Provider::Shm {
+                SHM_GATHER_REPLY_MAX
+            } else {
+                MAX_LIST_ENTRIES + GATHER_TOTAL_MAX as usize
+            },
+            next_request_id: 1,
+            request_ids: RequestIdPermutation::new(),
+            closing: false,
+            withdrawing: false,
+            fabric,
+        }
+    }
+
+    fn owner_served(&self) -> bool {
+        self.fabric.read_path == ReadPath::OwnerServed
+    }
+
+    fn serve(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            let mut worked = !control.is_empty();
+            if self.drain_control(control).is_break() {
+                return;
+            }
+            for _ in 0..RING_BATCH {
+                match ring.try_recv() {
+                    Ok(command) => {
+                        worked = true;
+                        if self.drain_control(control).is_break() {
+                            self.dispatch_closing(command);
+                            return;
+                        }
+                        if self.dispatch(command).is_break() {
+                            return;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            worked |= self.turn();
+            if worked {
+                idle_since = None;
+                continue;
+            }
+            let now = Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            if now.duration_since(since) < self.settings.spin_window {
+                std::thread::yield_now();
+                continue;
+            }
+            self.park(ring, control);
+            idle_since = None;
+        }
+    }
+
+    /// Retries, completions, deadlines; answers whether anything happened.
+    fn turn(&mut self) -> bool {
+        self.retry_request_receives();
+        let mut worked = self.retry_unsent();
+        worked |= self.retry_unposted();
+        worked |= self.reap();
+        if self.fabric.is_shm() {
+            // Parked endpoints of this process's other engines take what is
+            // sent to them only when someone progresses them.
+            worked |= Fabric::progress_parked();
+        }
+        if self.active > 0 || !self.unsent.is_empty() {
+            let now = Instant::now();
+            if now >= self.next_watch {
+                self.next_watch = now + PROBE_INTERVAL / 4;
+                worked |= self.watch_peers(now);
+            }
+        }
+        if self.active > 0 {
+            self.expire(Instant::now());
+        }
+        worked
+    }
+
+    fn drain_control(&mut self, control: &Receiver<Command>) -> ControlFlow<()> {
+        loop {
+            match control.try_recv() {
+                Ok(command) => self.dispatch(command)?,
+                Err(TryRecvError::Empty) => return ControlFlow::Continue(()),
+                Err(TryRecvError::Disconnected) => return ControlFlow::Break(()),
+            }
+        }
+    }
+
+    fn dispatch(&mut self, command: Command) -> ControlFlow<()> {
+        match command {
+            Command::Map {
+                id,
+                ptr,
+                len,
+                reply,
+            } => self.map_region(id, ptr, len, reply),
+            Command::Unmap { id, reply } => self.unmap_region(id, reply),
+            Command::Get { request, reply } => {
+                if let Err(err) = self.post(request, Answer::Single(reply)) {
+                    give(err.0, Err(err.1));
+                }
+            }
+            Command::GetBatch { requests, reply } => self.post_batch(requests, reply),
+            Command::AddPeer {
+                peer,
+                address,
+                reply,
+            } => {
+                let _ = reply.send(self.add_peer(peer, address));
+            }
+            Command::RemovePeer { peer } => self.remove_peer(peer),
+            Command::Shutdown { reply } => {
+                self.shutdown_replies.push(reply);
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// A command found once teardown began: unmaps proceed, everything else
+    /// answers `ShuttingDown`.
+    fn dispatch_closing(&mut self, command: Command) {
+        match command {
+            Command::Map { reply, .. } => {
+                let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
+            Command::Unmap { id, reply } => self.unmap_region(id, reply),
+            Command::Get { reply, .. } => {
+                let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
+            Command::GetBatch { requests, reply } => {
+                let _ = reply.send(vec![Err(RdmaError::ShuttingDown); requests.len()]);
+            }
+            Command::AddPeer { reply, .. } => {
+                let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
+            Command::RemovePeer { .. } => {}
+            Command::Shutdown { reply } => self.shutdown_replies.push(reply),
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.ops
+            .iter()
+            .flatten()
+            .filter(|op| !op.timed_out)
+            .map(|op| op.deadline)
+            .min()
+    }
+
+    fn park(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
+        let signals = Arc::clone(&self.signals);
+        let bell = &signals.doorbell;
+        bell.announce_park();
+        if !ring.is_empty() || !control.is_empty() || self.turn() || !self.fabric.try_wait() {
+            bell.unpark();
+            return;
+        }
+        let mut timeout = if self.active > 0 || !self.sends.is_empty() {
+            BUSY_PARK
+        } else {
+            self.settings.park_timeout
+        };
+        if let Some(deadline) = self.next_deadline() {
+            timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd: bell.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.fabric.wait_fd.unwrap_or(-1),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let count = if self.fabric.wait_fd.is_some() { 2 } else { 1 };
+        let spec = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+        };
+        // SAFETY: `fds` holds `count` initialised pollfd records and `spec`
+        // is a live timespec; no signal mask is passed.
+        unsafe { libc::ppoll(fds.as_mut_ptr(), count, &spec, std::ptr::null()) };
+        bell.unpark();
+        if fds[0].revents != 0 {
+            bell.drain();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

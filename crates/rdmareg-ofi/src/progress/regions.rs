@@ -1,0 +1,146 @@
+//! Memory regions this engine registered: map, unmap, and the read leases
+//! that hold an unmap back.
+//!
+//! An unmap marks its region as unmapping at once (new requests for it are
+//! refused) and deregisters it only when no reply send from it is in
+//! flight: the region's `in_flight` count is the lease, and the last
+//! release deregisters and answers the unmap.
+
+use std::sync::atomic::Ordering;
+
+use rdmareg_core::{BackendRegion, RdmaError};
+
+use crate::engine::Reply;
+use crate::key::{CAPABILITY_LEN, PackedKey};
+
+use super::*;
+
+impl Engine {
+    pub(super) fn map_region(
+        &mut self,
+        id: u64,
+        ptr: usize,
+        len: usize,
+        reply: Reply<BackendRegion>,
+    ) {
+        if reply.is_canceled() {
+            // The caller is gone (its compensating unmap may already have
+            // found nothing): do not register at all.
+            return;
+        }
+        let mut capability = [0u8; CAPABILITY_LEN];
+        let mut requested_key = id;
+        if let Err(err) = getrandom::fill(&mut capability) {
+            let _ = reply.send(Err(RdmaError::Backend(format!(
+                "ofi: drawing a capability: {err}"
+            ))));
+            return;
+        }
+        if self.owner_served() {
+            // No peer is told this key; a random one is not guessable from
+            // the region ids peers see.
+            requested_key = u64::from_le_bytes(capability[..8].try_into().unwrap_or([1; 8]))
+                ^ u64::from_le_bytes(capability[8..].try_into().unwrap_or([2; 8]));
+        }
+        // SAFETY: the caller of `map` guarantees the range stays allocated
+        // until an unmap of `id` answers Ok; the engine deregisters before it
+        // answers any unmap of `id` Ok.
+        let mr = match unsafe { self.fabric.register(ptr, len, requested_key) } {
+            Ok(mr) => mr,
+            Err(err) => {
+                let _ = reply.send(Err(err));
+                return;
+            }
+        };
+        self.signals
+            .live_registrations
+            .fetch_add(1, Ordering::SeqCst);
+        let served = self.owner_served();
+        let key = PackedKey {
+            owner_served: served,
+            virt_addr: !served && self.fabric.virt_addr(),
+            region_id: id,
+            capability,
+            mr_key: if served { 0 } else { mr.key },
+            base: ptr as u64,
+            len: len as u64,
+            owner: self.fabric.address.clone(),
+        };
+        let page = self.page_size;
+        let start = (ptr as u64) & !(page - 1);
+        let end = (ptr as u64 + len as u64).div_ceil(page) * page;
+        self.regions.insert(
+            id,
+            Region {
+                ptr,
+                len,
+                mr,
+                capability,
+                in_flight: 0,
+                unmapping: false,
+                waiters: Vec::new(),
+            },
+        );
+        let region = BackendRegion {
+            backend_region_id: id,
+            effective_addr: start,
+            effective_len: end - start,
+            packed_key: key.encode(),
+        };
+        if reply.send(Ok(region)).is_err() {
+            tracing::debug!(id, "map answered nobody: rolling it back");
+            self.unmap_region(id, None);
+        }
+    }
+
+    pub(super) fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
+        let Some(region) = self.regions.get_mut(&id) else {
+            if let Some(reply) = reply {
+                let _ = reply.send(Ok(()));
+            }
+            return;
+        };
+        region.unmapping = true;
+        region.waiters.extend(reply);
+        if region.in_flight == 0 {
+            self.deregister(id);
+        }
+    }
+
+    /// Deregisters a region with no reads in flight and answers its
+    /// waiters. On failure the region stays (still registered, still
+    /// counted) and the waiters hear the error.
+    pub(super) fn deregister(&mut self, id: u64) {
+        let Some(region) = self.regions.get_mut(&id) else {
+            return;
+        };
+        let waiters = std::mem::take(&mut region.waiters);
+        match self.fabric.deregister(&region.mr) {
+            Ok(()) => {
+                self.regions.remove(&id);
+                self.signals
+                    .live_registrations
+                    .fetch_sub(1, Ordering::SeqCst);
+                for waiter in waiters {
+                    let _ = waiter.send(Ok(()));
+                }
+            }
+            Err(err) => {
+                tracing::warn!(id, error = %err, "deregistration failed; the region stays registered");
+                for waiter in waiters {
+                    let _ = waiter.send(Err(err.clone()));
+                }
+            }
+        }
+    }
+
+    pub(super) fn release_lease(&mut self, id: u64) {
+        let release = self.regions.get_mut(&id).is_some_and(|region| {
+            region.in_flight -= 1;
+            region.in_flight == 0 && region.unmapping
+        });
+        if release {
+            self.deregister(id);
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Teardown: answer every command still queued `ShuttingDown`, give reads
+//! and reply sends in flight the teardown timeout to end, then end the rest
+//! only once the provider let go of them (by closing the endpoint), and
+//! deregister every region no send still reads.
+//!
+//! A `shm` endpoint is parked rather than closed while another `shm`
+//! engine of the process is open (closing it would unmap a region that
+//! engine still uses; see `fabric`): its reads are cancelled and each is
+//! answered once its cancellation was read (`Engine::withdraw_for_parking`).
+//! Replies still being sent from an endpoint that stays open keep their
+//! leases, so their regions stay registered, and teardown says so.
+
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use rdmareg_core::RdmaError;
+
+use crate::engine::Command;
+use crate::fabric::EndpointEnd;
+
+use super::*;
+
+impl Engine {
+    pub(super) fn teardown(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
+        self.signals.closed.store(true, Ordering::SeqCst);
+        self.closing = true;
+        while let Ok(command) = control.try_recv() {
+            self.dispatch_closing(command);
+        }
+        while let Ok(command) = ring.try_recv() {
+            self.dispatch_closing(command);
+        }
+        // Reads in flight get the teardown timeout to land.
+        let until = Instant::now() + self.settings.teardown_timeout;
+        for slot in std::mem::take(&mut self.unposted) {
+            self.finish(slot, Err(RdmaError::ShuttingDown));
+        }
+        // Replies never posted end now (their leases with them); replies
+        // being sent get the same time as reads.
+        for at in std::mem::take(&mut self.unsent) {
+            self.send_done(at, Err((0, "teardown".into())));
+        }
+        while (self.active > 0 || !self.sends.is_empty()) && Instant::now() < until {
+            if !self.turn() {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        if self.fabric.park_at_teardown() {
+            self.withdraw_for_parking();
+        } else {
+            self.close_under_the_rest();
+        }
+        if self.fabric.close_or_park_endpoint() == EndpointEnd::StillOpen {
+            // Request receives may still be written, and replies still being
+            // sent still read their sources: a parked endpoint keeps them
+            // until it is closed; any other open endpoint, for good. (A
+            // reply's region keeps its lease: it stays registered.)
+            let receives = PostedReceives {
+                buffers: self.request_buffers.drain().map(|(_, b)| b).collect(),
+                discards: self.discards.drain().map(|(_, discard)| discard).collect(),
+                sends: self.sends.drain().map(|(_, send)| send).collect(),
+            };
+            if let Err(receives) = self.fabric.keep_while_parked(Box::new(receives)) {
+                std::mem::forget(receives);
+            }
+        }
+        let ids: Vec<u64> = self.regions.keys().copied().collect();
+        for id in ids {
+            if self.regions.get(&id).is_some_and(|r| r.in_flight == 0) {
+                self.deregister(id);
+            }
+        }
+        for (fi_addr, _) in std::mem::take(&mut self.av) {
+            self.fabric.remove_peer(fi_addr);
+        }
+        let live = self.signals.live_registrations.load(Ordering::SeqCst);
+        if live != 0 {
+            tracing::error!(live, "teardown left regions registered");
+        }
+        let _ = self
+            .signals
+            .still_registered_after_teardown
+            .set(self.regions.keys().copied().collect());
+        for reply in self.shutdown_replies.drain(..) {
+            let _ = reply.send(());
+        }
+    }
+
+    /// Teardown of an endpoint that may be closed: closes it under the
+    /// reads and sends still in flight, then answers them.
+    pub(super) fn close_under_the_rest(&mut self) {
+        if !self.sends.is_empty() {
+            if self.fabric.close_endpoint() {
+                // The provider reads no source of a send on a closed
+                // endpoint: the leases can go.
+                let left: Vec<usize> = self.sends.keys().copied().collect();
+                for at in left {
+                    self.send_done(at, Err((0, "endpoint closed at teardown".into())));
+                }
+            } else {
+                tracing::error!(
+                    sends = self.sends.len(),
+                    "the endpoint did not close; replies being sent keep their regions registered"
+                );
+                for (_, send) in self.sends.drain() {
+                    std::mem::forget(send);
+                }
+                for (_, buffer) in self.request_buffers.drain() {
+                    std::mem::forget(buffer);
+                }
+                for (_, context) in self.discards.drain() {
+                    std::mem::forget(context);
+                }
+            }
+        }
+        if self.active > 0 {
+            if self.fabric.close_endpoint() {
+                // The provider touches no destination of a read on a closed
+                // endpoint: now the rest can be answered.
+                for slot in 0..self.ops.len() {
+                    let timed_out = match &self.ops[slot] {
+                        Some(op) => op.timed_out,
+                        None => continue,
+                    };
+                    let result = if timed_out {
+                        RdmaError::Timeout
+                    } else {
+                        RdmaError::ShuttingDown
+                    };
+                    self.finish(slot, Err(result));
+                }
+            } else {
+                // The provider may still write these destinations: their
+                // answers (and regions) are kept from safe code for good.
+                tracing::error!(
+                    reads = self.active,
+                    "the endpoint did not close; reads in flight stay unanswered and their regions registered"
+                );
+                for op in self.ops.iter_mut().filter_map(Option::take) {
+                    std::mem::forget(op);
+                }
+                for (_, buffer) in self.request_buffers.drain() {
+                    std::mem::forget(buffer);
+                }
+            }
+        }
+    }
+
+    /// Teardown of a `shm` endpoint that will be parked, not closed, because
+    /// another `shm` engine of the process is open (see `fabric`'s module
+    /// docs: closing it would unmap a region that engine still uses).
+    ///
+    /// Read from libfabric 1.17's `shm` (`prov/shm/src/smr_progress.c`,
+    /// `smr_ep.c`): a receive's buffer is written only by its own
+    /// endpoint's progress (`smr_ep_progress`, run by reading its completion
+    /// queue) — inline and inject messages are copied, larger ones pulled
+    /// from the sender with `process_vm_readv`, segmented ones copied out of
+    /// the receiver's own region — never by the sender; `fi_cancel` takes a
+    /// receive not yet matched off the queue and writes its `FI_ECANCELED`
+    /// completion at once; a matched receive ends within the progress call
+    /// that matched it, except a segmented one. So each read's receive is
+    /// cancelled, and it is answered once its cancellation (or completion)
+    /// was read: from then on the provider holds nothing of its destination.
+    /// A discard receive is posted for each, so the reply still on its way
+    /// lands in scratch memory kept with the parked endpoint: a sender's
+    /// message larger than the inject size completes only once the receiver
+    /// took it, and the sender's later completions wait behind it. The
+    /// other `shm` engines of the process progress parked endpoints
+    /// (`Fabric::progress_parked`) so those replies are taken.
+    ///
+    /// A read whose receive was matched and does not end within the
+    /// teardown timeout (a segmented transfer) cannot be answered: its
+    /// destination stays registered and the read unanswered. Replies still
+    /// being sent are waited for while they keep completing (at least the
+    /// teardown timeout or [`SENDS_IDLE_MAX`], and that long past the last
+    /// one that did);
+    /// those still unfinished then (a receiver that stopped taking them)
+    /// keep their leases: their sources stay registered.
+    pub(super) fn withdraw_for_parking(&mut self) {
+        if self.active == 0 && self.sends.is_empty() {
+            return;
+        }
+        self.withdrawing = true;
+        let mut never_posted = Vec::new();
+        for slot in 0..self.ops.len() {
+            let Some(op) = self.ops[slot].as_mut() else {
+                continue;
+            };
+            if !op.timed_out && op.failure.is_none() {
+                op.failure = Some(RdmaError::ShuttingDown);
+            }
+            if op.posted {
+                let context = (&raw mut op.context.space).cast::<c_void>();
+                self.fabric.cancel(context);
+            } else {
+                never_posted.push((slot, op.timed_out));
+            }
+        }
+        for (slot, timed_out) in never_posted {
+            self.unposted.retain(|&s| s != slot);
+            let result = if timed_out {
+                RdmaError::Timeout
+            } else {
+                RdmaError::ShuttingDown
+            };
+            self.finish(slot, Err(result));
+        }
+        // Replies being sent are waited for too, for as long as they keep
+        // completing: each completes once its receiver took it, and the open
+        // `shm` engines of the process (this one's loop included) progress
+        // receivers that are parked. A reply's completion read after this
+        // endpoint is parked is dropped with its lease, and its region stays
+        // registered for good.
+        let least = if self.sends.is_empty() {
+            WITHDRAW_MIN
+        } else {
+            SENDS_IDLE_MAX
+        };
+        let mut until = Instant::now() + self.settings.teardown_timeout.max(least);
+        let mut sends_left = self.sends.len();
+        while (self.active > 0 || !self.sends.is_empty()) && Instant::now() < until {
+            if !self.turn() {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            if self.sends.len() < sends_left {
+                until = until.max(Instant::now() + SENDS_IDLE_MAX);
+            }
+            sends_left = self.sends.len();
+        }
+        self.withdrawing = false;
+        if self.active > 0 {
+            tracing::error!(
+                reads = self.active,
+                "reads whose transfer had begun did not end; they stay unanswered and their \
+                 regions registered"
+            );
+            for op in self.ops.iter_mut().filter_map(Option::take) {
+                std::mem::forget(op);
+            }
+        }
+        if !self.sends.is_empty() {
+            tracing::warn!(
+                sends = self.sends.len(),
+                "replies still being sent from a parked endpoint keep their regions registered"
+            );
+        }
+    }
+}
