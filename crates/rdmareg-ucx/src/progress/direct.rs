@@ -62,7 +62,7 @@ use ucx_sys as sys;
 use super::Engine;
 use super::answer::Answer;
 use super::events::Events;
-use super::gets::{GetOp, Phase};
+use super::ops::{GetOp, Phase};
 use super::peers::{
     DirectState, Endpoint, free_error_context, new_error_context, on_endpoint_error,
 };

@@ -20,7 +20,7 @@ use std::cell::{Cell, RefCell};
 
 use ucx_sys::{ucp_worker_h, ucs_status_t};
 
-use super::gets::GetOp;
+use super::ops::GetOp;
 use super::serve::{ReplyBudget, ServedRegion};
 
 /// What callbacks and the loop share.

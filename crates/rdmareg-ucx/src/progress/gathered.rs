@@ -38,7 +38,9 @@ use ucx_sys as sys;
 
 use super::Engine;
 use super::events::Events;
-use super::gets::{GetOp, PreparedRead, reply_endpoint, take_awaiting};
+use super::gets::PreparedRead;
+use super::ops::GetOp;
+use super::replies::{reply_endpoint, take_awaiting};
 use super::serve::{SMALL_UP_TO, admit, end_served};
 use super::ucp::{SendMode, handler_header, send_active_message, send_gathered};
 use crate::read_list::{
@@ -157,7 +159,7 @@ impl Engine {
                 0,
                 SendMode::Small,
                 true,
-                super::gets::on_request_sent,
+                super::replies::on_request_sent,
                 leader_op.cast::<c_void>(),
             )
         };

@@ -55,8 +55,10 @@ mod events;
 mod gathered;
 mod gets;
 mod key_memo;
+mod ops;
 mod peers;
 mod regions;
+mod replies;
 mod serve;
 mod teardown;
 mod ucp;
@@ -79,7 +81,7 @@ use crate::read_list::{READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID};
 use crate::read_protocol::{READ_REPLY_AM_ID, READ_REQUEST_AM_ID};
 use direct::DirectLane;
 use events::Events;
-use gets::OpTable;
+use ops::OpTable;
 use peers::PeerTable;
 use regions::RegionTable;
 use ucp::{Context, ContextRole, Worker};
@@ -236,7 +238,7 @@ impl Engine {
         // the handlers treat the argument as a shared `&Events`.
         unsafe {
             worker.set_am_handler(READ_REQUEST_AM_ID, serve::on_read_request, events_arg)?;
-            worker.set_am_handler(READ_REPLY_AM_ID, gets::on_read_reply, events_arg)?;
+            worker.set_am_handler(READ_REPLY_AM_ID, replies::on_read_reply, events_arg)?;
             worker.set_am_handler(
                 READ_LIST_REQUEST_AM_ID,
                 gathered::on_read_list_request,

@@ -1,0 +1,305 @@
+//! A read's record while it is in flight (`GetOp`), where it stands
+//! (`Phase`), and the table of reusable slots with its deadline queue
+//! (`OpTable`).
+//!
+//! Slots are boxed once and reused, so steady-state reads allocate nothing.
+//! A slot's memory is freed only when the table is dropped, after the
+//! worker is destroyed (field order in `Engine`), so a late UCX callback
+//! can never touch freed memory. A slot is recycled only once the loop saw
+//! its op finished and its request send completed: a slot's generation
+//! tells a later read in it apart from the one a stale completion names.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::ffi::c_void;
+use std::time::Instant;
+
+use rdmareg_core::{PeerId, RdmaError};
+use ucx_sys as sys;
+
+use super::answer::Answer;
+use super::events::Events;
+use super::replies::failure;
+use super::ucp::{MemHandle, RemoteKey};
+
+/// Where a read stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// The request is out; UCX holds nothing of the destination.
+    AwaitingReply,
+    /// A rendezvous receive into the destination is running.
+    Receiving,
+    /// UCX has let go of the destination; the answer is given.
+    Finished,
+}
+
+/// One read. Reached by callbacks through a raw pointer; the loop touches it
+/// only between UCX calls.
+#[derive(Debug)]
+pub(crate) struct GetOp {
+    pub(super) reply: Option<Answer>,
+    pub(super) events: *const Events,
+    pub(super) slot: u32,
+    /// The request id: unique over the engine's life.
+    pub(super) generation: u64,
+    pub(super) peer: PeerId,
+    pub(super) endpoint_serial: u64,
+    /// The endpoint the request went out on: only a reply arriving on it
+    /// can finish the read.
+    pub(super) endpoint: sys::ucp_ep_h,
+    pub(super) region_id: u64,
+    pub(super) dest: *mut u8,
+    pub(super) len: usize,
+    pub(super) memh: Option<MemHandle>,
+    pub(super) phase: Phase,
+    /// The request send, while UCX still owns it.
+    pub(super) send_request: *mut c_void,
+    pub(super) send_pending: bool,
+    /// The rendezvous receive (or the direct read), until the loop frees
+    /// it.
+    pub(super) receive_request: *mut c_void,
+    /// A direct read's unpacked key, destroyed once the read is handled.
+    pub(super) direct_key: Option<RemoteKey>,
+    /// The deadline passed while the receive ran.
+    pub(super) expired: bool,
+    /// The destination hold was dropped.
+    pub(super) hold_released: bool,
+    /// For a list's leader (the op whose slot owns the list request's
+    /// send): the other reads the request carries, by slot and generation,
+    /// failed with the leader if the send fails.
+    pub(super) list_members: Vec<(u32, u64)>,
+    pub(super) active: bool,
+}
+
+impl GetOp {
+    fn idle(events: *const Events, slot: u32) -> GetOp {
+        GetOp {
+            reply: None,
+            events,
+            slot,
+            generation: 0,
+            peer: PeerId(0),
+            endpoint_serial: 0,
+            endpoint: std::ptr::null_mut(),
+            region_id: 0,
+            dest: std::ptr::null_mut(),
+            len: 0,
+            memh: None,
+            phase: Phase::Finished,
+            send_request: std::ptr::null_mut(),
+            send_pending: false,
+            receive_request: std::ptr::null_mut(),
+            direct_key: None,
+            expired: false,
+            hold_released: true,
+            list_members: Vec::new(),
+            active: false,
+        }
+    }
+
+    /// A direct read's copy ended with `status` (from its completion
+    /// callback, or inline when UCX completed it at once).
+    pub(super) fn direct_read_ended(&mut self, status: sys::ucs_status_t) {
+        // SAFETY: the events record outlives the workers.
+        let events = unsafe { &*self.events };
+        let outcome = if status == sys::UCS_OK {
+            Ok(())
+        } else {
+            Err(failure(self, events, status))
+        };
+        self.finish(outcome);
+        events.finished_reads.borrow_mut().push(self.slot);
+    }
+
+    /// Marks the op finished and answers it with `outcome`, once.
+    pub(super) fn finish(&mut self, outcome: Result<(), RdmaError>) {
+        self.phase = Phase::Finished;
+        if let Some(answer) = self.reply.take() {
+            if answer.send(outcome) {
+                // A caller was answered: it moves next. A batch's entries
+                // count once, when the last one answers the batch.
+                // SAFETY: the events record outlives every op slot's use.
+                unsafe { &*self.events }.handed_off();
+            }
+        }
+    }
+}
+
+/// Reusable op slots plus the deadline queue.
+#[derive(Debug)]
+pub(crate) struct OpTable {
+    slots: Vec<*mut GetOp>,
+    free: Vec<u32>,
+    active: usize,
+    pub(super) deadlines: BinaryHeap<Reverse<(Instant, u32, u64)>>,
+    next_generation: u64,
+}
+
+impl OpTable {
+    pub(crate) fn new() -> OpTable {
+        OpTable {
+            slots: Vec::new(),
+            free: Vec::new(),
+            active: 0,
+            deadlines: BinaryHeap::new(),
+            next_generation: 0,
+        }
+    }
+
+    /// Reads posted whose slot is not recycled yet.
+    pub(crate) fn active(&self) -> usize {
+        self.active
+    }
+
+    pub(super) fn alloc(&mut self, events: *const Events) -> (u32, *mut GetOp) {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let slot = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+                self.slots
+                    .push(Box::into_raw(Box::new(GetOp::idle(events, slot))));
+                slot
+            }
+        };
+        self.next_generation += 1;
+        let op = self.slots[slot as usize];
+        // SAFETY: slot pointers come from Box::into_raw and live until
+        // `Drop`; a free slot is in no table and has no UCX request.
+        unsafe {
+            *op = GetOp::idle(events, slot);
+            (*op).generation = self.next_generation;
+            (*op).active = true;
+        }
+        self.active += 1;
+        (slot, op)
+    }
+
+    /// Enters `slot`'s current read in the deadline queue.
+    pub(super) fn schedule_deadline(&mut self, slot: u32, deadline: Instant) {
+        if let Some(op) = self.op(slot) {
+            // SAFETY: as in `op`.
+            let generation = unsafe { (*op).generation };
+            self.deadlines.push(Reverse((deadline, slot, generation)));
+        }
+    }
+
+    pub(super) fn op(&self, slot: u32) -> Option<*mut GetOp> {
+        let op = *self.slots.get(slot as usize)?;
+        // SAFETY: a slot pointer from this table is valid until `Drop`.
+        unsafe { (*op).active }.then_some(op)
+    }
+
+    pub(super) fn is_current(&self, slot: u32, generation: u64) -> bool {
+        // SAFETY: as in `op`.
+        self.op(slot)
+            .is_some_and(|op| unsafe { (*op).generation == generation })
+    }
+
+    pub(super) fn recycle(&mut self, slot: u32) {
+        if let Some(op) = self.op(slot) {
+            // SAFETY: as in `op`; UCX holds no request of the slot any more.
+            unsafe {
+                (*op).active = false;
+                (*op).reply = None;
+            }
+            self.active -= 1;
+            self.free.push(slot);
+        }
+    }
+
+    /// Active, unfinished slots whose deadline is not after `now`.
+    pub(super) fn expired(&mut self, now: Instant) -> Vec<u32> {
+        let mut out = Vec::new();
+        while let Some(Reverse((deadline, slot, generation))) = self.deadlines.peek().copied() {
+            let live = self.is_current(slot, generation);
+            if live && deadline > now {
+                break;
+            }
+            self.deadlines.pop();
+            if live {
+                out.push(slot);
+            }
+        }
+        out
+    }
+
+    /// The earliest deadline of an active read.
+    pub(crate) fn next_deadline(&mut self) -> Option<Instant> {
+        while let Some(Reverse((deadline, slot, generation))) = self.deadlines.peek().copied() {
+            if self.is_current(slot, generation) {
+                return Some(deadline);
+            }
+            self.deadlines.pop();
+        }
+        None
+    }
+
+    /// Reads whose rendezvous receive runs on endpoint `serial`: they keep
+    /// the endpoint busy until UCX ends them.
+    pub(crate) fn receiving_on_endpoint(&self, serial: u64) -> usize {
+        self.active_slots()
+            .into_iter()
+            .filter_map(|slot| self.op(slot))
+            // SAFETY: as in `op`.
+            .filter(|&op| unsafe {
+                (*op).endpoint_serial == serial && (*op).phase == Phase::Receiving
+            })
+            .count()
+    }
+
+    /// Direct reads on direct endpoint `serial` whose key is not yet
+    /// destroyed.
+    pub(crate) fn direct_reads_on_endpoint(&self, serial: u64) -> usize {
+        self.active_slots()
+            .into_iter()
+            .filter_map(|slot| self.op(slot))
+            // SAFETY: as in `op`.
+            .filter(|&op| unsafe { (*op).endpoint_serial == serial && (*op).direct_key.is_some() })
+            .count()
+    }
+
+    /// Forgets (leaks) the keys of direct reads on endpoint `serial` that
+    /// never ended: UCX forbids destroying a key once its endpoint is gone.
+    pub(crate) fn forget_direct_keys_on_endpoint(&mut self, serial: u64) {
+        for slot in self.active_slots() {
+            if let Some(op) = self.op(slot) {
+                // SAFETY: as in `op`.
+                unsafe {
+                    if (*op).endpoint_serial == serial {
+                        (*op).direct_key = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Active slots, for sweeps.
+    fn active_slots(&self) -> Vec<u32> {
+        (0..self.slots.len() as u32)
+            .filter(|&slot| self.op(slot).is_some())
+            .collect()
+    }
+
+    /// Answers every read still unanswered with `ShuttingDown`. Only for
+    /// after the worker is destroyed, when UCX holds nothing any more.
+    pub(crate) fn answer_all_after_worker_destroyed(&mut self) {
+        for slot in self.active_slots() {
+            if let Some(op) = self.op(slot) {
+                // SAFETY: as in `op`; the worker is gone, so no callback
+                // can run concurrently.
+                unsafe { (*op).finish(Err(RdmaError::ShuttingDown)) };
+            }
+        }
+    }
+}
+
+impl Drop for OpTable {
+    fn drop(&mut self) {
+        // Runs after the worker is destroyed (field order in `Engine`), so no
+        // UCX callback can reach a slot any more.
+        for op in self.slots.drain(..) {
+            // SAFETY: each pointer came from Box::into_raw and is freed once.
+            drop(unsafe { Box::from_raw(op) });
+        }
+    }
+}
