@@ -202,7 +202,7 @@ async fn an_owner_that_overwrites_and_frees_right_after_unregistering_is_never_r
     const BLOCKS: usize = 1000;
     const READERS: usize = 3;
     init_tracing();
-    let want = PageBuf::filled(2 * BLOCKS * BLOCK, pattern).snapshot();
+    let want: Arc<Vec<u8>> = Arc::new((0..2 * BLOCKS * BLOCK).map(pattern).collect());
     for transport in [Transport::Tcp, Transport::SameHost] {
         for delay_us in [0u64, 500, 1000, 2000, 3000] {
             let (owner, consumer) = served_engines(transport.clone());

@@ -386,22 +386,6 @@ fn the_probe_spares_a_stalled_owner_and_finds_a_dead_one() {
     assert_eq!(consumer.live_registrations(), 0);
 }
 
-/// Runs the test named `name` (its path in this binary) again in a child
-/// process with `FI_AV_REMOVE_CLEANUP=1`; answers `true` in the child,
-/// where the body runs. libfabric reads the variable once, at start.
-fn in_a_child_that_resets_stalled_connections(name: &str) -> bool {
-    if std::env::var_os("FI_AV_REMOVE_CLEANUP").is_some() {
-        return true;
-    }
-    let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
-        .env("FI_AV_REMOVE_CLEANUP", "1")
-        .status()
-        .expect("the child test runs");
-    assert!(status.success(), "the child test failed: {status}");
-    false
-}
-
 /// With `FI_AV_REMOVE_CLEANUP=1` a consumer resets the connection of an
 /// owner whose rendezvous reply stalled past the read's deadline. Reads of
 /// another owner running meanwhile (64 KiB, back to back) must all answer
@@ -411,8 +395,9 @@ fn in_a_child_that_resets_stalled_connections(name: &str) -> bool {
 #[test]
 fn after_a_stalled_connection_is_reset_the_same_owner_is_read_again_and_others_were_never_disturbed()
  {
-    if !in_a_child_that_resets_stalled_connections(
+    if ran_in_child_with_connection_cleanup(
         "adversarial_peers::hostile_owners::after_a_stalled_connection_is_reset_the_same_owner_is_read_again_and_others_were_never_disturbed",
+        false,
     ) {
         return;
     }

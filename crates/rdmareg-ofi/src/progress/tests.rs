@@ -226,6 +226,60 @@ impl Drop for RawConsumer {
     }
 }
 
+/// An owner over tcp whose consumers may each have 4 replies unfinished,
+/// serving a 1 MiB source of 7s, and a raw consumer connected to it.
+struct BoundedOwner {
+    rt: tokio::runtime::Runtime,
+    owner: OfiEngine,
+    backend: crate::OfiBackend,
+    /// Reached only through its raw pointer (`source_addr`) while
+    /// registered; the test frees it only once its registration is gone
+    /// (its unmap answered `Ok`, or the owner's teardown ended it).
+    source: *mut [u8],
+    source_addr: usize,
+    len: usize,
+    region: rdmareg_core::BackendRegion,
+    key: PackedKey,
+    raw: RawConsumer,
+}
+
+impl BoundedOwner {
+    fn new() -> BoundedOwner {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = OfiConfig::new(Provider::Tcp)
+            .with_domain("lo")
+            .with_teardown_timeout(Duration::from_secs(2))
+            .with_max_served_replies_per_peer(4);
+        let owner = OfiEngine::start(config.clone()).expect("owner starts");
+        let backend = owner.backend();
+        let len = 1usize << 20;
+        let source = Box::into_raw(vec![7u8; len].into_boxed_slice());
+        let source_addr = source as *mut u8 as usize;
+        // SAFETY: the range is this test's own allocation, no reference
+        // aliases it while it is registered (only `source_addr` names it),
+        // and the tests free it only once its registration is gone.
+        let region = rt
+            .block_on(unsafe { backend.map(source_addr, len) })
+            .expect("maps");
+        let key = PackedKey::decode(&region.packed_key).expect("its own key");
+        let raw = RawConsumer::new(&config, &owner.fabric_address());
+        BoundedOwner {
+            rt,
+            owner,
+            backend,
+            source,
+            source_addr,
+            len,
+            region,
+            key,
+            raw,
+        }
+    }
+}
+
 /// A consumer that sends an owner (reply bound 4) eight lists whose
 /// 32 KiB gathered replies it never receives gets four of them held and
 /// the other four refused as busy: gathered replies are bounded per
@@ -233,29 +287,17 @@ impl Drop for RawConsumer {
 /// unmap answers while they are held).
 #[test]
 fn gathered_replies_a_consumer_never_receives_are_bounded_and_hold_no_lease() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let config = OfiConfig::new(Provider::Tcp)
-        .with_domain("lo")
-        .with_teardown_timeout(Duration::from_secs(2))
-        .with_max_served_replies_per_peer(4);
-    let owner = OfiEngine::start(config.clone()).expect("owner starts");
-    let backend = owner.backend();
-    let len = 1usize << 20;
-    // Reached only through its raw pointer while registered, and
-    // dropped after its unmap answered.
-    let source = Box::into_raw(vec![7u8; len].into_boxed_slice());
-    let source_addr = source as *mut u8 as usize;
-    // SAFETY: the range is this test's own allocation, no reference
-    // aliases it while it is registered, and it is freed only after
-    // the unmap answered `Ok`.
-    let region = rt
-        .block_on(unsafe { backend.map(source_addr, len) })
-        .expect("maps");
-    let key = PackedKey::decode(&region.packed_key).expect("its own key");
-    let mut raw = RawConsumer::new(&config, &owner.fabric_address());
+    let BoundedOwner {
+        rt,
+        owner,
+        backend,
+        source,
+        source_addr,
+        len: _,
+        region,
+        key,
+        mut raw,
+    } = BoundedOwner::new();
     for id in 1..=8 {
         raw.ask_list(&key, source_addr as u64, 16 << 10, 2, id);
     }
@@ -470,30 +512,17 @@ fn a_gathered_reply_whose_lengths_do_not_add_up_lands_nothing() {
 /// — and answers `Ok` once the owner's teardown ended them.
 #[test]
 fn a_consumer_that_never_receives_holds_at_most_the_bound_and_is_refused_busy_past_it() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let config = OfiConfig::new(Provider::Tcp)
-        .with_domain("lo")
-        .with_teardown_timeout(Duration::from_secs(2))
-        .with_max_served_replies_per_peer(4);
-    let owner = OfiEngine::start(config.clone()).expect("owner starts");
-    let backend = owner.backend();
-    let len = 1usize << 20;
-    // Reached only through its raw pointer from here on, and dropped
-    // after the owner's teardown ended its registration.
-    let source = Box::into_raw(vec![7u8; len].into_boxed_slice());
-    let source_addr = source as *mut u8 as usize;
-    // SAFETY: the range is this test's own allocation, no reference
-    // aliases it while it is registered (only `source_addr` names it),
-    // and it is freed below only after the unmap answered `Ok` and the
-    // owner's teardown ended.
-    let region = rt
-        .block_on(unsafe { backend.map(source_addr, len) })
-        .expect("maps");
-    let key = PackedKey::decode(&region.packed_key).expect("its own key");
-    let mut raw = RawConsumer::new(&config, &owner.fabric_address());
+    let BoundedOwner {
+        rt,
+        owner,
+        backend,
+        source,
+        source_addr,
+        len,
+        region,
+        key,
+        mut raw,
+    } = BoundedOwner::new();
     raw.introduce(100);
     for id in 1..=8 {
         raw.ask(&key, source_addr as u64, len as u64, id);

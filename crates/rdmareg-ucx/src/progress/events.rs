@@ -90,6 +90,11 @@ impl Default for Events {
 }
 
 impl Events {
+    /// Counts a message dropped as malformed or answering nothing.
+    pub(crate) fn dropped_message(&self) {
+        self.dropped_messages.set(self.dropped_messages.get() + 1);
+    }
+
     /// Counts a step whose next move belongs to another thread.
     pub(crate) fn handed_off(&self) {
         self.hand_offs.set(self.hand_offs.get().saturating_add(1));

@@ -40,7 +40,7 @@ use super::Engine;
 use super::events::Events;
 use super::gets::PreparedRead;
 use super::ops::GetOp;
-use super::replies::{reply_endpoint, take_awaiting};
+use super::replies::{ArrivedReply, take_awaiting};
 use super::serve::{SMALL_UP_TO, admit, end_served};
 use super::ucp::{SendMode, handler_header, send_active_message, send_gathered};
 use crate::read_list::{
@@ -208,9 +208,7 @@ pub(super) unsafe extern "C" fn on_read_list_request(
         // Nobody to answer, or not a list: with no request ids to trust,
         // there is no one to refuse either.
         _ => {
-            events
-                .dropped_messages
-                .set(events.dropped_messages.get() + 1);
+            events.dropped_message();
             return sys::UCS_OK;
         }
     };
@@ -218,9 +216,7 @@ pub(super) unsafe extern "C" fn on_read_list_request(
     // several, each within it; the consumer lands every entry by its id.
     let per_reply = entries_within(events.max_am_header.get(), REPLY_ENTRY_LEN);
     if per_reply == 0 {
-        events
-            .dropped_messages
-            .set(events.dropped_messages.get() + 1);
+        events.dropped_message();
         return sys::UCS_OK;
     }
     let endpoint = param.reply_ep as usize;
@@ -286,11 +282,11 @@ pub(super) unsafe extern "C" fn on_read_list_request(
 /// zero-copy fragment (`ucx_info -d -t tcp`: "am_zcopy: <= 64K, up to 6
 /// iov"), so a vector of 4 KiB ranges leaves in fragments of at most 24 KiB
 /// and the consumer handles almost three times as many fragments as with
-/// the engine's 64 KiB segments. Measured over tcp on loopback (`docs/benchmarks.md`, "Gathered
-/// replies of short ranges are copied"): a list of 1000 × 4 KiB took
-/// 1.31–1.34 ms copied against 1.78–1.91 ms zero-copy; lists of 16 × 8 KiB
-/// and 16 × 16 KiB showed no difference beyond the machine's noise, so
-/// ranges of 8 KiB and more stay zero-copy.
+/// the engine's 64 KiB segments. Measured over tcp on loopback
+/// (`docs/benchmarks.md`, "Gathered replies of short ranges are copied"): a
+/// list of 1000 × 4 KiB took 1.37–1.56 ms copied against 1.83–2.29 ms
+/// zero-copy; lists of 16 × 8 KiB and 16 × 16 KiB showed no difference
+/// beyond the machine's noise, so ranges of 8 KiB and more stay zero-copy.
 const COPY_RANGES_SHORTER_THAN: u64 = 8 * 1024;
 
 /// Ranges UCX's tcp transport carries in one zero-copy fragment
@@ -351,9 +347,7 @@ unsafe fn send_list_reply(
     if refusal && !events.replies.take_refusal(endpoint) {
         // This connection does not take its refusals either: answer nothing
         // more until it does.
-        events
-            .dropped_messages
-            .set(events.dropped_messages.get() + 1);
+        events.dropped_message();
         return;
     }
     let lease = Box::into_raw(Box::new(ListLease {
@@ -440,19 +434,16 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
     length: usize,
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
-    // SAFETY: `arg` is the engine's boxed `Events`, alive until after the
-    // worker is destroyed.
-    let events = unsafe { &*arg.cast::<Events>() };
-    // SAFETY: UCX passes a valid parameter record for the call's duration.
-    let param = unsafe { &*param };
-    let rendezvous = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    let arrived_on = reply_endpoint(param);
-    // SAFETY: what UCX passed this handler, used only during it.
-    let header = unsafe { handler_header(header, header_length) };
+    // SAFETY: UCX's arguments to this handler, installed with the engine's
+    // `Events` as `arg`.
+    let ArrivedReply {
+        events,
+        rendezvous,
+        arrived_on,
+        header,
+    } = unsafe { ArrivedReply::read(arg, header, header_length, param) };
     let Ok(reply) = ListReply::decode(header) else {
-        events
-            .dropped_messages
-            .set(events.dropped_messages.get() + 1);
+        events.dropped_message();
         return sys::UCS_OK;
     };
     // The payload can be attributed to entries only if it is here (eager)

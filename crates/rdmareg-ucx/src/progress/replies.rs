@@ -121,19 +121,16 @@ pub(super) unsafe extern "C" fn on_read_reply(
     length: usize,
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
-    // SAFETY: `arg` is the engine's boxed `Events`, alive until after the
-    // worker is destroyed.
-    let events = unsafe { &*arg.cast::<Events>() };
-    // SAFETY: UCX passes a valid parameter record for the call's duration.
-    let param = unsafe { &*param };
-    let rendezvous = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    let arrived_on = reply_endpoint(param);
-    // SAFETY: what UCX passed this handler, used only during it.
-    let header = unsafe { handler_header(header, header_length) };
+    // SAFETY: UCX's arguments to this handler, installed with the engine's
+    // `Events` as `arg`.
+    let ArrivedReply {
+        events,
+        rendezvous,
+        arrived_on,
+        header,
+    } = unsafe { ArrivedReply::read(arg, header, header_length, param) };
     let Ok(reply) = ReadReply::decode(header) else {
-        events
-            .dropped_messages
-            .set(events.dropped_messages.get() + 1);
+        events.dropped_message();
         // UCS_OK drops the message (for a rendezvous, UCX tells the sender).
         return sys::UCS_OK;
     };
@@ -145,6 +142,43 @@ pub(super) unsafe extern "C" fn on_read_reply(
     // A reply nobody waits for any more (deadline, closed endpoint) is
     // dropped; for a rendezvous, UCX tells the sender to stop.
     sys::UCS_OK
+}
+
+/// What a reply handler (single or list) reads first from UCX's arguments.
+pub(super) struct ArrivedReply<'a> {
+    pub(super) events: &'a Events,
+    /// The payload waits for a rendezvous receive (else it is at hand).
+    pub(super) rendezvous: bool,
+    /// The endpoint it came in on ([`reply_endpoint`]).
+    pub(super) arrived_on: sys::ucp_ep_h,
+    pub(super) header: &'a [u8],
+}
+
+impl ArrivedReply<'_> {
+    /// # Safety
+    /// Inside an active-message handler installed with `arg` = the engine's
+    /// `Events` (which outlives the worker); the other arguments are what
+    /// UCX passed it, and the result is used only during that call.
+    pub(super) unsafe fn read<'a>(
+        arg: *mut c_void,
+        header: *const c_void,
+        header_length: usize,
+        param: *const sys::ucp_am_recv_param_t,
+    ) -> ArrivedReply<'a> {
+        // SAFETY: `arg` is the engine's boxed `Events`, alive until after
+        // the worker is destroyed.
+        let events = unsafe { &*arg.cast::<Events>() };
+        // SAFETY: UCX passes a valid parameter record for the call's
+        // duration.
+        let param = unsafe { &*param };
+        ArrivedReply {
+            events,
+            rendezvous: param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0,
+            arrived_on: reply_endpoint(param),
+            // SAFETY: what UCX passed this handler, used only during it.
+            header: unsafe { handler_header(header, header_length) },
+        }
+    }
 }
 
 /// The endpoint a reply came in on: owners reply with the reply flag, so
@@ -173,9 +207,7 @@ pub(super) fn take_awaiting(
             awaiting.remove(&request_id)
         }
         Some(_) => {
-            events
-                .dropped_messages
-                .set(events.dropped_messages.get() + 1);
+            events.dropped_message();
             None
         }
         None => None,

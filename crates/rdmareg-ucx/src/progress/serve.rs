@@ -283,9 +283,7 @@ pub(super) unsafe extern "C" fn on_read_request(
     let has_reply_ep = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0;
     if !has_reply_ep || param.reply_ep.is_null() {
         // Nobody to answer: a request sent without the reply flag.
-        events
-            .dropped_messages
-            .set(events.dropped_messages.get() + 1);
+        events.dropped_message();
         return sys::UCS_OK;
     }
     let endpoint = param.reply_ep as usize;
@@ -363,9 +361,7 @@ pub(super) unsafe extern "C" fn on_read_request(
             if !events.replies.take_refusal(endpoint) {
                 // This connection does not take its refusals either: answer
                 // nothing more until it does.
-                events
-                    .dropped_messages
-                    .set(events.dropped_messages.get() + 1);
+                events.dropped_message();
                 return sys::UCS_OK;
             }
             let reply = ReadReply {
