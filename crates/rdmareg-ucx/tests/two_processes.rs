@@ -997,6 +997,32 @@ impl SameHostReader {
     }
 }
 
+/// Starts owners with `spawn` until one runs under `pid`, and returns it.
+///
+/// Root sets the kernel's last handed-out pid just below `pid`, so the
+/// next fork takes it. Other processes fork too (tests run side by side),
+/// and one may take the pid first or still hold it: then this waits for
+/// the pid to be free again and tries once more, for up to 30 s.
+fn spawned_under_pid(pid: u32, spawn: impl Fn() -> Owner) -> Owner {
+    let started = Instant::now();
+    let mut tries = 0;
+    while started.elapsed() < Duration::from_secs(30) {
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            // Another process holds the pid for now.
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        tries += 1;
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("ns_last_pid is writable by root");
+        let spawned = spawn();
+        if spawned.child.id() == pid {
+            return spawned;
+        }
+    }
+    panic!("no process took pid {pid} in 30 s ({tries} forks tried)");
+}
+
 /// Which id of a dead owner a newcomer takes: its process id, or the id of
 /// the thread its engine address names (copies name the owner by it).
 #[derive(Clone, Copy)]
@@ -1043,17 +1069,7 @@ fn a_read_from_an_owner_that_died_never_copies_from_the_process_that_took_its_id
         std::thread::sleep(Duration::from_millis(100));
     }
     // The next process forked takes the dead owner's pid (or thread id).
-    let mut newcomer = None;
-    for _ in 0..5 {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
-            .expect("ns_last_pid is writable by root");
-        let spawned = Owner::spawn_without_aslr(0x5A);
-        if spawned.child.id() == pid {
-            newcomer = Some(spawned);
-            break;
-        }
-    }
-    let newcomer = newcomer.expect("a process took the dead owner's pid");
+    let newcomer = spawned_under_pid(pid, || Owner::spawn_without_aslr(0x5A));
     assert_eq!(
         newcomer.descriptor.addr(),
         descriptor.addr(),
@@ -1116,17 +1132,9 @@ fn a_pid_taken_over_by_a_process_that_refuses_copies_is_never_read_once_it_allow
         let pid = owner.child.id();
         // Killed and reaped.
         drop(owner);
-        let mut newcomer = None;
-        for _ in 0..5 {
-            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
-                .expect("ns_last_pid is writable by root");
-            let spawned = Owner::spawn_without_aslr_refusing_copies(0x5A, true);
-            if spawned.child.id() == pid {
-                newcomer = Some(spawned);
-                break;
-            }
-        }
-        let newcomer = newcomer.expect("a process took the dead owner's pid");
+        let newcomer = spawned_under_pid(pid, || {
+            Owner::spawn_without_aslr_refusing_copies(0x5A, true)
+        });
         if newcomer.descriptor.addr() != descriptor.addr() {
             // Threads allocating beside the main one moved the buffer:
             // this round would read other memory of the newcomer.
