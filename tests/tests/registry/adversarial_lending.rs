@@ -23,6 +23,9 @@ per_lane_refusing_stale_descriptors!(
 
 const LEN: usize = 16 * KIB;
 const LIMIT: Duration = Duration::from_secs(10);
+/// Describes started together in one round of
+/// [`cancelled_describes_and_withdrawals_leave_nothing_registered_or_leaked`].
+const BURST: usize = 4;
 
 /// Read `descriptor` into a zeroed consumer buffer: the answer, and
 /// whether any byte equal to `marker` arrived.
@@ -96,26 +99,44 @@ async fn cancelled_describes_and_withdrawals_leave_nothing_registered_or_leaked(
     };
     // Rounds after whose cancellation a map rollback was in flight (this
     // round's or an earlier one's): the scenario must exercise rollbacks.
+    // Each round describes a burst of buffers, polls each in turn, and
+    // cancels: a lone describe may never be caught mid-map on a loaded
+    // machine, where waking the parked progress thread can hand it the CPU
+    // until the map has answered. At least 40 rounds, more (up to 400)
+    // until a cancellation landed during a map.
     let mut rollbacks_seen = 0;
-    for round in 0..40u32 {
-        let buf = registry.alloc_pinned(LEN).await.unwrap();
-        // Cancel the describe after `round % 4` polls (0: never polled).
+    let mut rounds = 0u32;
+    while rounds < 40 || (rollbacks_seen == 0 && rounds < 400) {
+        let round = rounds;
+        rounds += 1;
+        let mut describing = Vec::new();
+        for _ in 0..BURST {
+            let buf = registry.alloc_pinned(LEN).await.unwrap();
+            describing.push(Box::pin(buf.describe()));
+        }
+        // Cancel the describes right after their `round % 4`th poll (0:
+        // never polled), yielding between polls.
         let polls = round % 4;
-        let mut describing = Box::pin(buf.describe());
-        let mut described = None;
-        for _ in 0..polls {
-            if let std::task::Poll::Ready(answer) = futures::poll!(&mut describing) {
-                described = Some(answer.unwrap());
-                break;
+        let mut described = Vec::new();
+        for poll in 0..polls {
+            if poll > 0 {
+                tokio::task::yield_now().await;
             }
-            tokio::task::yield_now().await;
+            let mut still = Vec::new();
+            for mut future in describing {
+                match futures::poll!(&mut future) {
+                    std::task::Poll::Ready(answer) => described.push(answer.unwrap()),
+                    std::task::Poll::Pending => still.push(future),
+                }
+            }
+            describing = still;
         }
         drop(describing);
         if registry.stats().map_rollbacks_in_flight > 0 {
             rollbacks_seen += 1;
         }
-        // A describe that finished: cancel its withdrawal the same way.
-        if let Some(lent) = described {
+        // Describes that finished: cancel their withdrawals the same way.
+        for lent in described {
             let mut withdrawing = Box::pin(lent.withdraw());
             for _ in 0..(round / 4) % 3 {
                 if let std::task::Poll::Ready(answer) = futures::poll!(&mut withdrawing) {
@@ -126,7 +147,9 @@ async fn cancelled_describes_and_withdrawals_leave_nothing_registered_or_leaked(
             }
         }
     }
-    eprintln!("{lane:?}: a rollback was in flight after {rollbacks_seen} of 40 cancellations");
+    eprintln!(
+        "{lane:?}: a rollback was in flight after {rollbacks_seen} of {rounds} cancellations"
+    );
     assert!(
         rollbacks_seen > 0,
         "{lane:?}: no cancellation landed during a map"
