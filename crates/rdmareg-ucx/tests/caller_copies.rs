@@ -11,7 +11,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::*;
@@ -233,20 +233,22 @@ async fn race_readers_against(end: impl AsyncFnOnce(&Setup)) {
     let setup = Arc::new(Setup::new(same_host(), LEN).await);
     assert_eq!(setup.read().await, Ok(()));
     let stop = Arc::new(AtomicBool::new(false));
+    let refused = Arc::new(AtomicU64::new(0));
     let readers: Vec<_> = (0..2)
         .map(|_| {
             let (setup, stop) = (Arc::clone(&setup), Arc::clone(&stop));
+            let refused = Arc::clone(&refused);
             tokio::spawn(async move {
-                let mut refused = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     match setup.read().await {
                         Ok(()) => {}
-                        Err(RdmaError::RegionNotFound | RdmaError::ShuttingDown) => refused += 1,
+                        Err(RdmaError::RegionNotFound | RdmaError::ShuttingDown) => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(other) => panic!("unexpected answer {other:?}"),
                     }
                     tokio::task::yield_now().await;
                 }
-                refused
             })
         })
         .collect();
@@ -255,13 +257,21 @@ async fn race_readers_against(end: impl AsyncFnOnce(&Setup)) {
     }
     end(&setup).await;
     setup.dst.fill(0xEE);
+    // The readers go on for at least 50 ms, and until one was refused
+    // (a reader may get no CPU for a while on a busy host), up to 10 s.
+    let ended = std::time::Instant::now();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut refused = 0;
-    for reader in readers {
-        refused += reader.await.unwrap();
+    while refused.load(Ordering::Relaxed) == 0 && ended.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(refused > 0, "the readers kept reading after the end");
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.await.unwrap();
+    }
+    assert!(
+        refused.load(Ordering::Relaxed) > 0,
+        "the readers kept reading after the end"
+    );
     assert!(
         setup.dst.snapshot().iter().all(|&b| b == 0xEE),
         "a copy landed after the answer"

@@ -211,7 +211,12 @@ async fn removing_a_peer_mid_read_ends_the_read_before_its_endpoint_closes() {
     let dst_region = map(&cb, &dst).await;
     let descriptor = describe(&src, &region);
     let mut landed = 0;
-    for round in 0..20u64 {
+    // At least 20 rounds, more (up to 200) until a read ran before its
+    // peer was removed: a worker thread that gets the CPU late loses every
+    // round to the removal.
+    let mut round = 0u64;
+    while round < 20 || (landed == 0 && round < 200) {
+        round += 1;
         consumer.add_peer(OWNER, owner.worker_address()).unwrap();
         let backend = cb.clone();
         let request = get_request(OWNER, &descriptor, &dst_region, 0, None);

@@ -66,6 +66,9 @@ async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer
     assert!(!dst.is_dedicated());
 
     drop_a_get_in_flight(consumer, &descriptor, &mut dst).await;
+    // The transfer holds the slot; taken before anything below awaits, since
+    // a copy of 32 MiB on the same host lasts only a few milliseconds.
+    let held = consumer.stats();
     assert!(
         dst.is_surrendered(),
         "a dropped GET surrenders its destination"
@@ -89,12 +92,11 @@ async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer
         "a surrendered buffer is no destination"
     );
     drop(dst);
-    // The application let go of the buffer; the transfer has not.
-    let stats = consumer.stats();
-    assert_eq!(stats.transfers_in_flight, 1, "{stats:?}");
+    // The application let go of the buffer; the transfer had not.
+    assert_eq!(held.transfers_in_flight, 1, "{held:?}");
     assert_eq!(
-        stats.live_allocations, 1,
-        "the transfer holds the slot: {stats:?}"
+        held.live_allocations, 1,
+        "the transfer holds the slot: {held:?}"
     );
 
     let (report, verdict) = pair.consumer.shut_down(Duration::from_secs(8)).await;

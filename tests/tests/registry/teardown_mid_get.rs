@@ -33,8 +33,12 @@ use rdmareg_tests::{
 };
 use rdmareg_ucx::Transport;
 
-/// Consumers torn down mid-GET, one after another, against one owner.
+/// Consumers torn down mid-GET, one after another, against one owner: at
+/// least this many rounds, and more (up to [`MAX_ROUNDS`], while time is
+/// left) until one tore a consumer down with its GET in flight, which a
+/// stalled test thread can miss.
 const ROUNDS: usize = 5;
+const MAX_ROUNDS: usize = 20;
 
 per_lane!(isolated a_consumer_torn_down_mid_get_is_released_and_the_owner_keeps_serving);
 
@@ -67,7 +71,12 @@ async fn consumers_torn_down_mid_get(lane: Lane, size: usize) {
     let wire = source.descriptor().expect("descriptor").encode();
 
     let mut exercised = 0;
-    for round in 0..ROUNDS {
+    let started = std::time::Instant::now();
+    let mut round = 0;
+    while round < ROUNDS
+        || (exercised == 0 && round < MAX_ROUNDS && started.elapsed() < SCENARIO_LIMIT / 2)
+    {
+        round += 1;
         let consumer = Side::start(lane.clone(), registry_config());
         consumer
             .engine
@@ -88,7 +97,6 @@ async fn consumers_torn_down_mid_get(lane: Lane, size: usize) {
             consumer.registry.stats().transfers_in_flight == 1 || transfer.is_finished()
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(2)).await;
 
         let (report, verdict) = consumer.shut_down(Duration::from_millis(1)).await;
         // 1 when the sweep found the arena still under the transfer (its

@@ -558,8 +558,10 @@ fn an_owner_that_keeps_answering_ask_again_gets_a_typed_answer_and_no_endless_as
     }
     let forever = setup.answers(task).remove(0);
     let one_more = next(&mut setup.owner, Duration::from_millis(300));
-    // (b) ask again, then silence past the deadline, then the bytes.
-    let task = setup.start(&[len], Duration::from_millis(500));
+    // (b) ask again, then silence past the deadline, then the bytes. The
+    // deadline outlasts the hops before the consumer asks again on a busy
+    // host (a read past its deadline is not asked again).
+    let task = setup.start(&[len], Duration::from_secs(3));
     let asked = next(&mut setup.owner, Duration::from_secs(5)).expect("a single read");
     setup.owner.send(to, unverified(asked.request_id), vec![]);
     let again = next(&mut setup.owner, Duration::from_secs(5)).expect("asked again");
