@@ -78,6 +78,39 @@ pub fn parse_final_csv(output: &str) -> Result<PerftestResult, PerftestError> {
     })
 }
 
+/// Waits until a TCP socket of this host listens on `port` (as
+/// `/proc/net/tcp` and `/proc/net/tcp6` show), `server` has exited, or
+/// `limit` has passed. Connecting to find out is not an option: the
+/// server would take that connection for its client's.
+fn wait_until_listening(server: &mut std::process::Child, port: u16, limit: Duration) {
+    let started = std::time::Instant::now();
+    while started.elapsed() < limit {
+        if listening_on(port) || matches!(server.try_wait(), Ok(Some(_)) | Err(_)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether `/proc/net/tcp{,6}` lists a socket listening on `port`.
+fn listening_on(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).is_ok_and(|text| table_lists_listener(&text, port))
+    })
+}
+
+/// Whether a `/proc/net/tcp`-format `table` has a row in state `0A`
+/// (listen) whose local address ends in `port`.
+fn table_lists_listener(table: &str, port: u16) -> bool {
+    let suffix = format!(":{port:04X}");
+    table.lines().skip(1).any(|row| {
+        let mut fields = row.split_whitespace();
+        let local = fields.nth(1);
+        let state = fields.nth(1);
+        local.is_some_and(|local| local.ends_with(&suffix)) && state == Some("0A")
+    })
+}
+
 impl Perftest {
     /// Run one `-t ucp_get` measurement of `size`-byte GETs with `window`
     /// outstanding (1 = latency), `iterations` times, with `environment`
@@ -98,9 +131,9 @@ impl Perftest {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|source| self.spawn_error(source))?;
-        // The server needs a moment to listen; the client retries its
-        // connection for a while on its own, but not forever.
-        std::thread::sleep(Duration::from_millis(300));
+        // The client connects once: wait until the server listens (its
+        // start, loading UCX's modules, can take a while on a busy host).
+        wait_until_listening(&mut server, port, Duration::from_secs(20));
         let mut client = self.command(environment);
         client.args([
             "127.0.0.1",
@@ -169,6 +202,24 @@ fn join_library_path(dir: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listener_is_found_by_its_port_and_state_only() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:3886 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
+   1: 0100007F:3887 0100007F:A1B2 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 20 4 30 10 -1
+";
+        assert!(table_lists_listener(table, 0x3886));
+        assert!(
+            !table_lists_listener(table, 0x3887),
+            "an established connection is no listener"
+        );
+        assert!(!table_lists_listener(table, 0xA1B2), "a remote port");
+        assert!(
+            !table_lists_listener(table, 0x0886),
+            "a port that is only a suffix"
+        );
+    }
 
     #[test]
     fn final_csv_output_is_parsed_by_column_name() {
