@@ -68,6 +68,13 @@
 //!    only once the backend let go of it (point 8). Dropping the batch's
 //!    future abandons only the answers, as dropping single GETs does. An
 //!    empty batch answers an empty list.
+//!    [`get_shared_batch`](RdmaBackend::get_shared_batch) answers exactly as
+//!    `get_batch` of the same requests would, on every post: what a backend
+//!    remembers of a list from one post never answers a later one without
+//!    the checks that post's state calls for (an unmapped destination is
+//!    refused, a removed peer is unknown).
+
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
@@ -285,6 +292,36 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
             .map(|request| unsafe { self.get(request) })
             .collect();
         Box::pin(futures::future::join_all(gets))
+    }
+
+    /// [`get_batch`](Self::get_batch) of a list the caller posts again and
+    /// again: the same requests, shared rather than handed over.
+    ///
+    /// A list identifies itself by its allocation: while the caller keeps
+    /// the `Arc`, posting it again posts the same requests. A backend may
+    /// keep what it worked out for a list at one post (decoded keys, checked
+    /// bounds, ranges in the source's order) and reuse it at the next post
+    /// of the same `Arc`, re-checking only what can change between posts:
+    /// whether each destination is still mapped and the peer still the one
+    /// it was. That is what makes a transfer list checked once and posted
+    /// many times cheaper per post than building the batch again. The
+    /// default posts a copy of the requests with `get_batch`.
+    ///
+    /// # Safety
+    /// As [`get_batch`](Self::get_batch), for this post.
+    ///
+    /// # Errors
+    /// Per entry, as [`get`](Self::get), exactly as `get_batch` would answer
+    /// (contract point 9).
+    ///
+    /// # Cancel safety
+    /// As [`get_batch`](Self::get_batch).
+    unsafe fn get_shared_batch(
+        &self,
+        requests: Arc<[BackendGet]>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        // SAFETY: this method's caller gives the terms `get_batch` asks for.
+        unsafe { self.get_batch(requests.to_vec()) }
     }
 
     /// How many registrations the backend still holds, if it can say.

@@ -4,8 +4,16 @@
 //! A KV-cache block set or a weight shard is dozens to thousands of reads.
 //! A [`TransferList`] checks each read once when it is built (the
 //! descriptor's backend, a non-empty range, offsets that do not overflow)
-//! and posts all of them with one [`RdmaBackend::get_batch`], so a backend
-//! that batches natively pays its per-submission cost once per list.
+//! and posts all of them as one batch, so a backend that batches natively
+//! pays its per-submission cost once per list.
+//!
+//! The batch itself is built once too: a post into the same destination
+//! slots as the post before reuses that post's requests, shared, through
+//! [`RdmaBackend::get_shared_batch`], so a backend may keep what it worked
+//! out for them (the UCX engine keeps a same-host list's ordered copy
+//! ranges) instead of redoing it per post. Requests are a function of the
+//! list, the destinations' registrations and offsets, and the GET deadline:
+//! reuse is decided on exactly those.
 //!
 //! # Guarantees, as for single GETs
 //!
@@ -22,7 +30,7 @@
 //!   returns to the pool when the backend has finished with it), exactly as
 //!   a dropped single GET surrenders its one buffer.
 //!
-//! [`RdmaBackend::get_batch`]: rdmareg_backend::RdmaBackend::get_batch
+//! [`RdmaBackend::get_shared_batch`]: rdmareg_backend::RdmaBackend::get_shared_batch
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -64,6 +72,63 @@ pub struct TransferList {
     /// Per buffer index named, the end of the furthest entry into it.
     /// A map, not a vector: the indices a caller names need not be dense.
     needed: BTreeMap<usize, u64>,
+    /// The requests of the last post, and what they were built from.
+    last_requests: LastRequests,
+}
+
+/// The requests a list's last post submitted, kept for the next post into
+/// the same destinations. Cleared by [`TransferList::push`]; a clone of the
+/// list starts without.
+#[derive(Default)]
+struct LastRequests(parking_lot::Mutex<Option<BuiltRequests>>);
+
+struct BuiltRequests {
+    /// Per buffer index named, in `needed`'s order: the registration and
+    /// offset of the slot the requests write into.
+    destinations: Vec<(u64, u64)>,
+    deadline: std::time::Duration,
+    requests: Arc<[BackendGet]>,
+}
+
+impl Clone for LastRequests {
+    fn clone(&self) -> Self {
+        LastRequests::default()
+    }
+}
+
+impl std::fmt::Debug for LastRequests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let built = self.0.lock().as_ref().map(|built| built.requests.len());
+        f.debug_struct("LastRequests")
+            .field("requests", &built)
+            .finish()
+    }
+}
+
+impl LastRequests {
+    /// The requests for destinations `destinations` under `deadline`: the
+    /// last post's if it wrote into the same slots, else built by `build`
+    /// and kept.
+    fn for_destinations(
+        &self,
+        destinations: Vec<(u64, u64)>,
+        deadline: std::time::Duration,
+        build: impl FnOnce() -> Result<Vec<BackendGet>, RdmaError>,
+    ) -> Result<Arc<[BackendGet]>, RdmaError> {
+        let mut last = self.0.lock();
+        if let Some(built) = last.as_ref() {
+            if built.destinations == destinations && built.deadline == deadline {
+                return Ok(Arc::clone(&built.requests));
+            }
+        }
+        let requests: Arc<[BackendGet]> = build()?.into();
+        *last = Some(BuiltRequests {
+            destinations,
+            deadline,
+            requests: Arc::clone(&requests),
+        });
+        Ok(requests)
+    }
 }
 
 impl TransferList {
@@ -79,6 +144,7 @@ impl TransferList {
             backend_key: backend_key.to_owned(),
             entries: Vec::new(),
             needed: BTreeMap::new(),
+            last_requests: LastRequests::default(),
         }
     }
 
@@ -110,6 +176,7 @@ impl TransferList {
             .checked_add(src.len())
             .filter(|_| !src.is_empty())
             .ok_or(RdmaError::OutOfRange)?;
+        self.last_requests = LastRequests::default();
         let furthest = self.needed.entry(buffer).or_insert(0);
         *furthest = (*furthest).max(end);
         self.entries.push(Entry {
@@ -205,21 +272,32 @@ async fn post_timed(
     if list.entries.is_empty() {
         return Ok(Vec::new());
     }
-    let mut requests = Vec::with_capacity(list.entries.len());
-    for entry in &list.entries {
-        let slot = buffers[entry.buffer]
-            .slot()
-            .ok_or(RdmaError::RegionNotFound)?;
-        requests.push(BackendGet {
-            peer: list.peer,
-            remote_addr: entry.remote_addr,
-            packed_key: entry.packed_key.clone(),
-            local_region_id: slot.arena.backend_region_id,
-            local_offset: slot.offset() + entry.offset,
-            len: entry.len,
-            deadline: Some(inner.config.get_deadline),
-        });
+    let mut destinations = Vec::with_capacity(list.needed.len());
+    for &index in list.needed.keys() {
+        let slot = buffers[index].slot().ok_or(RdmaError::RegionNotFound)?;
+        destinations.push((slot.arena.backend_region_id, slot.offset()));
     }
+    let deadline = inner.config.get_deadline;
+    let requests = list
+        .last_requests
+        .for_destinations(destinations, deadline, || {
+            let mut requests = Vec::with_capacity(list.entries.len());
+            for entry in &list.entries {
+                let slot = buffers[entry.buffer]
+                    .slot()
+                    .ok_or(RdmaError::RegionNotFound)?;
+                requests.push(BackendGet {
+                    peer: list.peer,
+                    remote_addr: entry.remote_addr,
+                    packed_key: entry.packed_key.clone(),
+                    local_region_id: slot.arena.backend_region_id,
+                    local_offset: slot.offset() + entry.offset,
+                    len: entry.len,
+                    deadline: Some(deadline),
+                });
+            }
+            Ok(requests)
+        })?;
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
     let admitted = std::time::Instant::now();
     let in_flight = InFlight::new(inner);
@@ -245,8 +323,10 @@ async fn post_timed(
         // them back, once the backend answered every entry (or, for a dropped
         // call, once the transfers ended). Entries may share destination
         // bytes: both writes are the transport's, and the caller reads the
-        // buffers only after the batch answered.
-        Box::pin(async move { unsafe { backend.get_batch(requests) }.await });
+        // buffers only after the batch answered. Shared requests kept from
+        // an earlier post are the ones this post builds: they were built for
+        // these slots' registrations and offsets and this deadline.
+        Box::pin(async move { unsafe { backend.get_shared_batch(requests) }.await });
     let mut pending = PendingTransfer {
         transfer: Some(transfer),
         slots: HeldSlots(slots),

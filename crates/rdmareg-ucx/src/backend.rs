@@ -196,6 +196,54 @@ unsafe impl RdmaBackend for UcxBackend {
         &self,
         requests: Vec<BackendGet>,
     ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        // SAFETY: this method's contract is `batch`'s.
+        unsafe {
+            self.batch(requests, |requests, reply| Command::GetBatch {
+                requests,
+                reply,
+            })
+        }
+    }
+
+    /// As `get_batch`, and a same-host list the progress thread copies
+    /// keeps its copy worked out for the next post of the same `Arc`
+    /// (`progress::copy_plans`).
+    unsafe fn get_shared_batch(
+        &self,
+        requests: Arc<[BackendGet]>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        // SAFETY: this method's contract is `batch`'s.
+        unsafe {
+            self.batch(requests, |requests, reply| Command::GetSharedBatch {
+                requests,
+                reply,
+            })
+        }
+    }
+
+    /// The progress thread's own count: moved only by successful
+    /// `ucp_mem_map` / `ucp_mem_unmap` calls, so `Some(0)` after teardown
+    /// means every region was really unmapped.
+    fn live_registrations(&self) -> Option<usize> {
+        Some(self.shared.live_registrations())
+    }
+}
+
+impl UcxBackend {
+    /// A batch (`requests`, owned or shared): copied on the caller's thread
+    /// if it may be, otherwise sent to the progress thread as the command
+    /// `command` makes of it and its answer channel.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::get_batch`]'s contract, for `requests`.
+    unsafe fn batch<R>(
+        &self,
+        requests: R,
+        command: impl FnOnce(R, oneshot::Sender<Vec<Result<(), RdmaError>>>) -> Command + Send + 'static,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>>
+    where
+        R: std::ops::Deref<Target = [BackendGet]> + Send + 'static,
+    {
         Box::pin(async move {
             if requests.is_empty() {
                 return Vec::new();
@@ -214,7 +262,7 @@ unsafe impl RdmaBackend for UcxBackend {
             let (reply, answer) = oneshot::channel();
             if let Err(err) = self
                 .shared
-                .submit(Command::GetBatch { requests, reply }, Overflow::Abandon)
+                .submit(command(requests, reply), Overflow::Abandon)
                 .await
             {
                 return vec![Err(err); entries];
@@ -223,13 +271,6 @@ unsafe impl RdmaBackend for UcxBackend {
                 .await
                 .unwrap_or_else(|_| vec![Err(RdmaError::ShuttingDown); entries])
         })
-    }
-
-    /// The progress thread's own count: moved only by successful
-    /// `ucp_mem_map` / `ucp_mem_unmap` calls, so `Some(0)` after teardown
-    /// means every region was really unmapped.
-    fn live_registrations(&self) -> Option<usize> {
-        Some(self.shared.live_registrations())
     }
 }
 

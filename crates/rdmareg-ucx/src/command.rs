@@ -49,6 +49,12 @@ pub(crate) enum Command {
         requests: Vec<BackendGet>,
         reply: oneshot::Sender<Vec<Result<(), RdmaError>>>,
     },
+    /// Read several ranges of a list posted again and again (shared):
+    /// answered as `GetBatch` of the same requests.
+    GetSharedBatch {
+        requests: Arc<[BackendGet]>,
+        reply: oneshot::Sender<Vec<Result<(), RdmaError>>>,
+    },
     /// Record (or replace) how to reach `peer`: its addresses, validated
     /// and padded for `ucp_ep_create`.
     AddPeer {
@@ -72,6 +78,9 @@ impl Command {
                 let _ = reply.send(Err(RdmaError::ShuttingDown));
             }
             Command::GetBatch { requests, reply } => {
+                let _ = reply.send(vec![Err(RdmaError::ShuttingDown); requests.len()]);
+            }
+            Command::GetSharedBatch { requests, reply } => {
                 let _ = reply.send(vec![Err(RdmaError::ShuttingDown); requests.len()]);
             }
             Command::Unmap {
@@ -106,6 +115,9 @@ pub(crate) struct Signals {
     /// What same-host reads copied on the caller's thread need (see
     /// `caller_copies`).
     pub(crate) caller_copies: crate::caller_copies::CallerCopies,
+    /// Posts of shared lists the thread answered by their copy plan (see
+    /// `progress::copy_plans`).
+    pub(crate) lists_copied_by_plan: std::sync::atomic::AtomicU64,
 }
 
 /// What teardown left behind, for the unmaps that arrive after it.

@@ -221,6 +221,7 @@ impl UcxEngine {
             served_replies_in_flight: Arc::default(),
             torn_down: std::sync::OnceLock::new(),
             caller_copies: CallerCopies::new(config.caller_copy_limit),
+            lists_copied_by_plan: Default::default(),
         });
         let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
         let (control_tx, control_rx) = crossbeam_channel::unbounded();
@@ -357,6 +358,19 @@ impl UcxEngine {
     /// [`UcxConfig::caller_copy_limit`](crate::UcxConfig::caller_copy_limit)).
     pub fn reads_copied_on_caller_threads(&self) -> u64 {
         self.shared.caller_copies().copied()
+    }
+
+    /// Posts of a transfer list posted again (the same shared requests,
+    /// [`RdmaBackend::get_shared_batch`](rdmareg_backend::RdmaBackend::get_shared_batch))
+    /// that the progress thread answered by the list's copy plan: one
+    /// vectored copy worked out at an earlier post, instead of each entry
+    /// checked and answered again. Only same-host lists copied from one
+    /// owner process have a plan.
+    pub fn lists_copied_by_plan(&self) -> u64 {
+        self.shared
+            .signals
+            .lists_copied_by_plan
+            .load(Ordering::Relaxed)
     }
 
     /// A backend submitting to this engine.

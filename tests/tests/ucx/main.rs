@@ -15,6 +15,8 @@
 //! - `misuse` — refused descriptors, keys and sizes are typed errors.
 //! - `cancelled_get` — a dropped GET surrenders its buffer; shutdown waits.
 //! - `leaks` — soak with leak checks; the budget's refusals.
+//! - `reposted_lists` (UCX only) — a list posted again reuses its requests
+//!   and the engine's copy plan.
 
 /// Turns each `async fn name(lane: Lane)` into the tests `name::over_tcp`
 /// and `name::over_same_host`; `per_lane!(isolated name)` does the same for
@@ -61,3 +63,5 @@ mod misuse;
 mod shutdown_order;
 #[path = "../registry/teardown_mid_get.rs"]
 mod teardown_mid_get;
+// UCX only: the engine's copy plans.
+mod reposted_lists;

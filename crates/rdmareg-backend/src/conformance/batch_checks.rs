@@ -1,6 +1,7 @@
-//! Checks of `get_batch` (contract point 9): a batch answers one result per
-//! request, in order, each exactly as the request alone would be answered,
-//! and dropping it stops no transfer.
+//! Checks of `get_batch` and `get_shared_batch` (contract point 9): a batch
+//! answers one result per request, in order, each exactly as the request
+//! alone would be answered, dropping it stops no transfer, and a shared
+//! batch answers each post as a fresh batch would.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,8 @@ use rdmareg_core::RdmaError;
 use super::BackendPair;
 use super::buffer::Mapped;
 use super::support::{
-    FILL, assert_copied, get_request, kit_get_batch, poll_then_drop, source_byte, unknown_peer,
+    FILL, assert_copied, get_request, kit_get_batch, kit_get_shared_batch, poll_then_drop,
+    source_byte, unknown_peer,
 };
 
 /// Entries of the batch checks: remote offset, local offset, bytes.
@@ -63,6 +65,101 @@ pub async fn a_batch_lands_every_entry_and_answers_each_in_order(pair: &BackendP
         );
     }
     dst.release(&*pair.consumer).await;
+    src.release(&*pair.owner).await;
+}
+
+/// A shared batch posted again and again answers every post as a fresh
+/// batch of the same requests would: all three posts land every entry (the
+/// destinations refilled in between) and answer `Ok`; once one of its two
+/// destinations is unmapped, the next post refuses that destination's
+/// entries with `RegionNotFound`, writes nothing into its memory, and still
+/// lands the other entries.
+///
+/// # Cancel safety
+/// Dropping the check mid-way leaks the memory it registered instead of
+/// freeing memory a backend may still hold.
+pub async fn a_shared_batch_answers_every_post_as_a_fresh_batch_would(pair: &BackendPair) {
+    let src = Mapped::filled(&*pair.owner, BATCH_BUFFER, source_byte).await;
+    let first = Mapped::filled(&*pair.consumer, BATCH_BUFFER, |_| FILL).await;
+    let second = Mapped::filled(&*pair.consumer, BATCH_BUFFER, |_| FILL).await;
+    // Entries alternate between the two destinations, in neither the
+    // source's nor the destinations' order.
+    let into_second = |index: usize| index % 2 == 1;
+    let requests: Arc<[_]> = ENTRIES
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(index, &(remote, local, len))| {
+            let destination = if into_second(index) { &second } else { &first };
+            get_request(
+                pair,
+                &src,
+                remote as u64,
+                destination,
+                local as u64,
+                len as u64,
+            )
+        })
+        .collect();
+    let expected = |into: &dyn Fn(usize) -> bool| {
+        let mut expected = vec![FILL; BATCH_BUFFER];
+        for (index, &(remote, local, len)) in ENTRIES.iter().rev().enumerate() {
+            if into(index) {
+                for i in 0..len {
+                    expected[local + i] = source_byte(remote + i);
+                }
+            }
+        }
+        expected
+    };
+    let expected_first = expected(&|index| !into_second(index));
+    let expected_second = expected(&into_second);
+    for post in 0..3 {
+        first.buf.overwrite(FILL);
+        second.buf.overwrite(FILL);
+        let answers = kit_get_shared_batch(&*pair.consumer, Arc::clone(&requests)).await;
+        assert_eq!(
+            answers,
+            vec![Ok(()); ENTRIES.len()],
+            "answers of post {post}"
+        );
+        assert!(
+            first.buf.snapshot() == expected_first && second.buf.snapshot() == expected_second,
+            "post {post} of a shared batch did not land every entry where it belongs"
+        );
+    }
+    // The second destination unmapped, its memory kept to see that nothing
+    // lands in it.
+    let second_id = second.id();
+    let unmapped = pair.consumer.unmap(second_id).await;
+    assert_eq!(unmapped, Ok(()), "unmap of the second destination");
+    let second = second.confirm_unmapped();
+    second.overwrite(FILL);
+    first.buf.overwrite(FILL);
+    let answers = kit_get_shared_batch(&*pair.consumer, Arc::clone(&requests)).await;
+    let refused: Vec<_> = (0..ENTRIES.len())
+        .map(|index| {
+            if into_second(index) {
+                Err(RdmaError::RegionNotFound)
+            } else {
+                Ok(())
+            }
+        })
+        .collect();
+    assert_eq!(
+        answers, refused,
+        "a shared batch posted after one of its destinations was unmapped"
+    );
+    assert!(
+        second.snapshot() == vec![FILL; BATCH_BUFFER],
+        "a shared batch wrote into a destination unmapped before the post"
+    );
+    assert!(
+        first.buf.snapshot() == expected_first,
+        "the entries into the destination still mapped did not land"
+    );
+    drop(second);
+    first.release(&*pair.consumer).await;
     src.release(&*pair.owner).await;
 }
 

@@ -76,6 +76,7 @@ pub use batch_checks::{
     a_batch_answers_each_entry_with_its_own_error,
     a_batch_lands_every_entry_and_answers_each_in_order,
     a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over,
+    a_shared_batch_answers_every_post_as_a_fresh_batch_would,
 };
 pub use get_checks::{
     get_from_an_unknown_peer_is_not_configured,
@@ -292,6 +293,7 @@ macro_rules! conformance_tests {
             a_batch_lands_every_entry_and_answers_each_in_order,
             a_batch_answers_each_entry_with_its_own_error,
             a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over,
+            a_shared_batch_answers_every_post_as_a_fresh_batch_would,
         );
 
         #[test]

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -184,6 +185,16 @@ pub(crate) fn kit_get_batch(
     // SAFETY: as `kit_get`, for every request; where two requests share
     // destination bytes the check reads them only after the batch answered.
     unsafe { backend.get_batch(requests) }
+}
+
+/// [`RdmaBackend::get_shared_batch`] into destinations that follow the
+/// kit's discipline.
+pub(crate) fn kit_get_shared_batch(
+    backend: &dyn RdmaBackend,
+    requests: Arc<[BackendGet]>,
+) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+    // SAFETY: as `kit_get_batch`.
+    unsafe { backend.get_shared_batch(requests) }
 }
 
 /// A peer id the consumer has not been told about.

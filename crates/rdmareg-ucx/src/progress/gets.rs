@@ -154,7 +154,7 @@ impl Engine {
     /// here, when it published one in this engine's pid space and UCX
     /// reaches its direct lane (see `vectored`); nothing, once a copy found
     /// that process gone; otherwise UCX.
-    fn copy_source(&mut self, peer: PeerId) -> SameHostSource {
+    pub(super) fn copy_source(&mut self, peer: PeerId) -> SameHostSource {
         if let Some((memo_peer, source)) = &self.copy_source_memo {
             if *memo_peer == peer {
                 return source.clone();
@@ -182,7 +182,7 @@ impl Engine {
 
     /// `packed_key` decoded (`None` if it does not decode), from the memo
     /// when this engine decoded the same bytes lately.
-    fn decoded_key(&mut self, packed_key: &[u8]) -> Option<DecodedKey> {
+    pub(super) fn decoded_key(&mut self, packed_key: &[u8]) -> Option<DecodedKey> {
         if let Some(decoded) = self.key_memo.get(packed_key) {
             return Some(decoded);
         }
@@ -307,22 +307,11 @@ impl Engine {
         } = request;
         // Destination: mapped, not unmapping, and the range inside the mapped
         // pointer and length.
-        let Some(region) = self.regions.get(&local_region_id) else {
-            return Err((reply, RdmaError::RegionNotFound));
-        };
-        if region.is_unmapping() {
-            return Err((reply, RdmaError::RegionNotFound));
-        }
-        let in_bounds = len > 0
-            && local_offset
-                .checked_add(len)
-                .is_some_and(|end| end <= region.len as u64)
-            && remote_addr.checked_add(len).is_some();
-        let Some(len) = usize::try_from(len).ok().filter(|_| in_bounds) else {
-            return Err((reply, RdmaError::OutOfRange));
-        };
-        let dest = (region.ptr + local_offset as usize) as *mut u8;
-        let memh = region.memh;
+        let (dest, len, memh) =
+            match self.checked_destination(local_region_id, local_offset, len, remote_addr) {
+                Ok(destination) => destination,
+                Err(err) => return Err((reply, err)),
+            };
         let Some(DecodedKey {
             key,
             direct_well_formed,

@@ -50,6 +50,7 @@
 //! read is answered.
 
 mod answer;
+mod copy_plans;
 mod direct;
 mod events;
 mod gathered;
@@ -151,6 +152,8 @@ struct Engine {
     /// The read keys decoded last (see `key_memo`): a list's entries carry
     /// a few descriptors' keys, each decoded once.
     key_memo: key_memo::KeyMemo,
+    /// Same-host lists posted again, worked out (see `copy_plans`).
+    copy_plans: copy_plans::CopyPlans,
     /// This engine's process as its address publishes it (only with a
     /// direct lane): peers sharing its pid space are copied from directly.
     process: Option<ProcessIdentity>,
@@ -303,6 +306,7 @@ impl Engine {
             copy_source_memo: None,
             endpoint_memo: None,
             key_memo: key_memo::KeyMemo::default(),
+            copy_plans: copy_plans::CopyPlans::default(),
             process,
             context,
         };
@@ -399,6 +403,7 @@ impl Engine {
             Command::Unmap { id, reply } => self.unmap_region(id, reply),
             Command::Get { request, reply } => self.post_get(request, reply),
             Command::GetBatch { requests, reply } => self.post_batch(requests, reply),
+            Command::GetSharedBatch { requests, reply } => self.post_shared_batch(requests, reply),
             Command::AddPeer { peer, address } => {
                 self.add_peer(peer, address);
                 self.signals.caller_copies.peer_change_applied();

@@ -228,6 +228,14 @@ pub trait SeamForTestMemory: RdmaBackend {
         // SAFETY: as `get_into_test_memory`, for every request.
         unsafe { self.get_batch(requests) }
     }
+
+    fn get_shared_batch_into_test_memory(
+        &self,
+        requests: std::sync::Arc<[BackendGet]>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        // SAFETY: as `get_into_test_memory`, for every request.
+        unsafe { self.get_shared_batch(requests) }
+    }
 }
 
 impl<B: RdmaBackend + ?Sized> SeamForTestMemory for B {}

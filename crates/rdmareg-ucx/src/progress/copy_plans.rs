@@ -1,0 +1,238 @@
+//! Same-host lists posted again: the copy worked out once, checked again
+//! in a few steps at each post.
+//!
+//! A transfer list posted many times comes as the same shared requests
+//! (`Command::GetSharedBatch`). When every entry of such a list is a
+//! same-host read this thread copies from one owner process (see
+//! `vectored`), the thread keeps a **copy plan**: each entry's destination
+//! pointer and source range, already in the owner's address order. A later
+//! post of the same list runs the plan's one vectored copy and answers
+//! every entry `Ok`, without building, checking and answering the entries
+//! one by one again: for a list of a thousand blocks that per-entry work
+//! is longer than the kernel's copy.
+//!
+//! # Rules
+//!
+//! - **A plan answers a post only after what can change is checked
+//!   again.** Everything else a plan was built from is fixed for the life
+//!   of the shared requests: a registration's pointer and length never
+//!   change under its id (ids are never reused), and neither does what a
+//!   key's bytes decode to or the range a same-host key covers. What can
+//!   change is checked at every post, before the copy: each destination
+//!   registration is still mapped and not being unmapped, and the peer's
+//!   reads still come from the very process the plan copies from (a
+//!   removed, re-added or vanished peer, or one whose copies the kernel
+//!   refused, has another source or none).
+//! - **Anything else takes the ordinary path.** A list with an entry that
+//!   is not such a copy (owner-served, bad destination, bad key, another
+//!   peer) gets no plan; a post whose checks fail, or whose copy fails for
+//!   any entry, goes through `post_batch` as a fresh batch, which answers
+//!   each entry as it would alone (a copy written in part is written again
+//!   or answered with an error, as for any failed copy). So a plan never
+//!   answers differently from the ordinary path; it only answers sooner.
+//! - **Plans are few and forget dead lists.** A plan is found by the
+//!   address of its list's shared requests, and holds a `Weak` to them: the
+//!   allocation (and so the address) cannot be reused while it is held.
+//!   At most [`MAX_PLANS`] are kept, oldest dropped first, and plans of
+//!   lists nobody holds any more are dropped whenever one is added.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Weak};
+
+use rdmareg_core::{BackendGet, PeerId, RdmaError};
+
+use super::Engine;
+use super::answer::BatchReply;
+use super::ucp::MemHandle;
+use super::vectored::{self, CopyEntry};
+use crate::owner_process::{OwnerProcess, SameHostSource};
+use crate::read_protocol::ReadKey;
+
+/// Copy plans kept at once: a consumer reposts a handful of lists (one per
+/// layer or per block table), not hundreds.
+pub(super) const MAX_PLANS: usize = 8;
+
+/// One list's copy, worked out.
+#[derive(Debug)]
+pub(super) struct CopyPlan {
+    /// The list it was made for.
+    list: Weak<[BackendGet]>,
+    /// The peer every entry reads from, and the process its reads were
+    /// copied from when the plan was made.
+    peer: PeerId,
+    owner: Arc<OwnerProcess>,
+    /// The destination registrations the entries write into, each once.
+    destinations: Vec<u64>,
+    /// Every entry's copy, in the owner's address order.
+    entries: Vec<CopyEntry>,
+}
+
+/// The plans this thread keeps, newest last.
+#[derive(Debug, Default)]
+pub(super) struct CopyPlans(VecDeque<CopyPlan>);
+
+impl CopyPlans {
+    fn position(&self, list: &Arc<[BackendGet]>) -> Option<usize> {
+        self.0
+            .iter()
+            .position(|plan| std::ptr::eq(plan.list.as_ptr(), Arc::as_ptr(list)))
+    }
+
+    fn keep(&mut self, plan: CopyPlan) {
+        self.0.retain(|kept| kept.list.strong_count() > 0);
+        if self.0.len() >= MAX_PLANS {
+            self.0.pop_front();
+        }
+        self.0.push_back(plan);
+    }
+}
+
+impl Engine {
+    /// `Command::GetSharedBatch`: by the list's copy plan when it has (or
+    /// can make) one and the plan's checks hold, else as a fresh batch.
+    pub(super) fn post_shared_batch(&mut self, requests: Arc<[BackendGet]>, reply: BatchReply) {
+        if reply.is_canceled() {
+            return; // Nobody waits and nothing was transferred: skip it.
+        }
+        let copied = self.copy_by_plan(&requests);
+        self.copy_source_memo = None;
+        if copied {
+            self.signals
+                .lists_copied_by_plan
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let _ = reply.send(vec![Ok(()); requests.len()]);
+        } else {
+            self.post_batch(requests.to_vec(), reply);
+        }
+    }
+
+    /// Copies every entry of `requests` by its plan; true if each landed.
+    /// False, with nothing answered, if there is no plan to follow or its
+    /// checks or its copy failed (the plan is then dropped).
+    fn copy_by_plan(&mut self, requests: &Arc<[BackendGet]>) -> bool {
+        let index = match self.copy_plans.position(requests) {
+            Some(index) => index,
+            None => match self.make_copy_plan(requests) {
+                Some(plan) => {
+                    self.copy_plans.keep(plan);
+                    self.copy_plans.0.len() - 1
+                }
+                None => return false,
+            },
+        };
+        let plan = &self.copy_plans.0[index];
+        let (peer, owner) = (plan.peer, Arc::clone(&plan.owner));
+        let destinations_held = plan.destinations.iter().all(|id| {
+            self.regions
+                .get(id)
+                .is_some_and(|region| !region.is_unmapping())
+        });
+        let same_source = destinations_held
+            && matches!(self.copy_source(peer),
+                SameHostSource::Copy(now) if Arc::ptr_eq(&now, &owner));
+        let landed = same_source && {
+            let plan = &self.copy_plans.0[index];
+            // SAFETY: every destination lies inside a registration this
+            // engine mapped (checked when the plan was made: a
+            // registration's pointer and length never change under its id)
+            // that is still mapped and not being unmapped (checked just
+            // now), and unmaps run on this thread only, after this returns;
+            // the caller holds the destinations until the answer, sent
+            // after the copy.
+            let outcomes = unsafe { vectored::copy_from_process(&owner, &plan.entries) };
+            outcomes.iter().all(Result::is_ok)
+        };
+        if !landed {
+            self.copy_plans.0.remove(index);
+        }
+        landed
+    }
+
+    /// The copy plan of `requests`, if every entry is a same-host read
+    /// this thread would copy from one peer's process (the checks of
+    /// `prepare_get`, all passed).
+    fn make_copy_plan(&mut self, requests: &Arc<[BackendGet]>) -> Option<CopyPlan> {
+        let peer = requests.first()?.peer;
+        let mut owner = None;
+        let mut destinations = Vec::new();
+        let mut entries = Vec::with_capacity(requests.len());
+        for request in requests.iter() {
+            if request.peer != peer {
+                return None;
+            }
+            let (dest, len, _) = self
+                .checked_destination(
+                    request.local_region_id,
+                    request.local_offset,
+                    request.len,
+                    request.remote_addr,
+                )
+                .ok()?;
+            let decoded = self.decoded_key(&request.packed_key)?;
+            let ReadKey::SameHost(same_host) = &*decoded.key else {
+                return None;
+            };
+            if !decoded.direct_well_formed || !same_host.covers(request.remote_addr, len as u64) {
+                return None;
+            }
+            if owner.is_none() {
+                // Asked only for a same-host key, as `prepare_get` does.
+                let SameHostSource::Copy(process) = self.copy_source(peer) else {
+                    return None;
+                };
+                owner = Some(process);
+            }
+            if destinations.last() != Some(&request.local_region_id)
+                && !destinations.contains(&request.local_region_id)
+            {
+                destinations.push(request.local_region_id);
+            }
+            entries.push(CopyEntry {
+                remote_addr: request.remote_addr,
+                dest,
+                len,
+            });
+        }
+        entries.sort_by_key(|entry| entry.remote_addr);
+        Some(CopyPlan {
+            list: Arc::downgrade(requests),
+            peer,
+            owner: owner?,
+            destinations,
+            entries,
+        })
+    }
+
+    /// The destination of a read of `len` bytes at `local_offset` of
+    /// registration `local_region_id`, from `remote_addr`: its pointer,
+    /// length and the registration's memory handle, if the registration is
+    /// mapped and not being unmapped, and the range lies inside the mapped
+    /// pointer and length (and the source range does not wrap).
+    pub(super) fn checked_destination(
+        &self,
+        local_region_id: u64,
+        local_offset: u64,
+        len: u64,
+        remote_addr: u64,
+    ) -> Result<(*mut u8, usize, MemHandle), RdmaError> {
+        let region = self
+            .regions
+            .get(&local_region_id)
+            .filter(|region| !region.is_unmapping())
+            .ok_or(RdmaError::RegionNotFound)?;
+        let in_bounds = len > 0
+            && local_offset
+                .checked_add(len)
+                .is_some_and(|end| end <= region.len as u64)
+            && remote_addr.checked_add(len).is_some();
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|_| in_bounds)
+            .ok_or(RdmaError::OutOfRange)?;
+        Ok((
+            (region.ptr + local_offset as usize) as *mut u8,
+            len,
+            region.memh,
+        ))
+    }
+}
