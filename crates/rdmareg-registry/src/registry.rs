@@ -473,6 +473,12 @@ impl RdmaRegistry {
     /// the list names its buffer by index into this slice). Answers one
     /// result per entry, in list order.
     ///
+    /// Posting a list again into the same buffers is the cheap case: the
+    /// list keeps the requests of its last post and submits them again as
+    /// they are, and a backend may keep what it worked out for them (the
+    /// UCX engine keeps a same-host list's copy plan). Keep the buffers of
+    /// a list you post often rather than allocating new ones per post.
+    ///
     /// # Errors
     /// The outer error is the post's as a whole, and nothing was submitted:
     /// [`RdmaError::OutOfRange`] if a named buffer is missing or too short

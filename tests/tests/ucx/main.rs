@@ -65,3 +65,4 @@ mod shutdown_order;
 mod teardown_mid_get;
 // UCX only: the engine's copy plans.
 mod reposted_lists;
+mod reposted_lists_adversarial;
