@@ -25,6 +25,24 @@ fn same_host_engines() -> (UcxEngine, UcxEngine) {
     engines_with(config(Transport::SameHost).with_caller_copy_limit(0))
 }
 
+/// [`same_host_engines`], a patterned source of [`ENTRIES`] blocks mapped
+/// by the owner and a zeroed destination of as many mapped by the consumer.
+async fn mapped_engines() -> (
+    UcxEngine,
+    UcxEngine,
+    PageBuf,
+    PageBuf,
+    BackendRegion,
+    BackendRegion,
+) {
+    let (owner, consumer) = same_host_engines();
+    let src = PageBuf::filled(ENTRIES * BLOCK, pattern);
+    let dst = PageBuf::zeroed(ENTRIES * BLOCK);
+    let src_region = map(&owner.backend(), &src).await;
+    let dst_region = map(&consumer.backend(), &dst).await;
+    (owner, consumer, src, dst, src_region, dst_region)
+}
+
 /// A list of [`ENTRIES`] blocks: entry `i` reads source block
 /// `i * stride mod ENTRIES` (`stride` odd, so coprime with `ENTRIES`) into
 /// block `i` of `dst`.
@@ -85,11 +103,7 @@ async fn shut_down(owner: UcxEngine, consumer: UcxEngine) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_list_whose_destination_was_mapped_again_at_the_same_address_is_refused_as_a_fresh_batch_is()
  {
-    let (owner, consumer) = same_host_engines();
-    let src = PageBuf::filled(ENTRIES * BLOCK, pattern);
-    let dst = PageBuf::zeroed(ENTRIES * BLOCK);
-    let src_region = map(&owner.backend(), &src).await;
-    let dst_region = map(&consumer.backend(), &dst).await;
+    let (owner, consumer, src, dst, src_region, dst_region) = mapped_engines().await;
     let source = describe(&src, &src_region);
     let requests = list(&source, &dst_region, 7);
     for post in 1..=2 {
@@ -167,11 +181,7 @@ fn set_block_readable(src: &PageBuf, block: usize, readable: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_list_whose_copy_fails_for_one_entry_answers_as_a_fresh_batch_and_is_planned_again()
  {
-    let (owner, consumer) = same_host_engines();
-    let src = PageBuf::filled(ENTRIES * BLOCK, pattern);
-    let dst = PageBuf::zeroed(ENTRIES * BLOCK);
-    let src_region = map(&owner.backend(), &src).await;
-    let dst_region = map(&consumer.backend(), &dst).await;
+    let (owner, consumer, src, dst, src_region, dst_region) = mapped_engines().await;
     let requests = list(&describe(&src, &src_region), &dst_region, 7);
     assert_eq!(
         post_shared(&consumer, &requests).await,
@@ -284,11 +294,7 @@ async fn a_list_built_after_another_was_dropped_never_follows_the_dropped_lists_
 /// each copied by their own plan: a post never follows the other list's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_lists_into_one_destination_posted_in_turn_each_follow_their_own_plan() {
-    let (owner, consumer) = same_host_engines();
-    let src = PageBuf::filled(ENTRIES * BLOCK, pattern);
-    let dst = PageBuf::zeroed(ENTRIES * BLOCK);
-    let src_region = map(&owner.backend(), &src).await;
-    let dst_region = map(&consumer.backend(), &dst).await;
+    let (owner, consumer, src, dst, src_region, dst_region) = mapped_engines().await;
     let source = describe(&src, &src_region);
     let lists = [
         (7, list(&source, &dst_region, 7)),
@@ -317,11 +323,7 @@ async fn two_lists_into_one_destination_posted_in_turn_each_follow_their_own_pla
 /// gone, and the plan does not answer past that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_list_whose_owner_engine_was_shut_down_fails_every_entry_and_lands_nothing() {
-    let (owner, consumer) = same_host_engines();
-    let src = PageBuf::filled(ENTRIES * BLOCK, pattern);
-    let dst = PageBuf::zeroed(ENTRIES * BLOCK);
-    let src_region = map(&owner.backend(), &src).await;
-    let dst_region = map(&consumer.backend(), &dst).await;
+    let (owner, consumer, src, dst, src_region, dst_region) = mapped_engines().await;
     let requests = list(&describe(&src, &src_region), &dst_region, 7);
     assert_eq!(
         post_shared(&consumer, &requests).await,

@@ -65,4 +65,3 @@ mod shutdown_order;
 mod teardown_mid_get;
 // UCX only: the engine's copy plans.
 mod reposted_lists;
-mod reposted_lists_adversarial;
