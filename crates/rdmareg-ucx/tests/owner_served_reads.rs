@@ -278,3 +278,49 @@ async fn an_owner_that_overwrites_and_frees_right_after_unregistering_is_never_r
         }
     }
 }
+
+/// Replies from 256 KiB on go by rendezvous (`progress/serve.rs`), below it
+/// as eager fragments: reads on both sides of that bound, and past UCX's own
+/// rendezvous threshold, land exactly their bytes at their offset, and the
+/// owner's leases all end (its unmaps confirm at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_on_either_side_of_the_rendezvous_bound_land_exactly_their_bytes() {
+    const KIB: u64 = 1024;
+    let lengths = [256 * KIB - 1, 256 * KIB, 256 * KIB + 1, 300 * KIB];
+    for transport in transports() {
+        let (owner, consumer) = served_engines(transport.clone());
+        let (ob, cb) = (owner.backend(), consumer.backend());
+        let src = PageBuf::filled(MIB, pattern);
+        let src_region = map(&ob, &src).await;
+        let whole = describe(&src, &src_region);
+        for (round, len) in lengths.into_iter().enumerate() {
+            // Odd offsets on both sides, so no length or address is aligned.
+            let (src_offset, dest_offset) = (4093 * round as u64 + 7, 13);
+            let dst = PageBuf::zeroed(MIB);
+            let dst_region = map(&cb, &dst).await;
+            let source = whole.slice(src_offset, len).expect("inside the source");
+            let request = get_request(OWNER, &source, &dst_region, dest_offset, None);
+            assert_eq!(
+                cb.get_into_test_memory(request).await,
+                Ok(()),
+                "{len} B over {transport:?}"
+            );
+            let landed = dst.snapshot();
+            let (from, to) = (dest_offset as usize, (dest_offset + len) as usize);
+            assert!(
+                landed[..from].iter().all(|&b| b == 0),
+                "{len} B over {transport:?}"
+            );
+            assert!(
+                landed[to..].iter().all(|&b| b == 0),
+                "{len} B over {transport:?}"
+            );
+            let expected = &src.snapshot()[src_offset as usize..(src_offset + len) as usize];
+            assert!(landed[from..to] == *expected, "{len} B over {transport:?}");
+            assert_eq!(cb.unmap(dst_region.backend_region_id).await, Ok(()));
+        }
+        assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
+        consumer.shutdown().await;
+        owner.shutdown().await;
+    }
+}
