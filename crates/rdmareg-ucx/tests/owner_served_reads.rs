@@ -279,14 +279,15 @@ async fn an_owner_that_overwrites_and_frees_right_after_unregistering_is_never_r
     }
 }
 
-/// Replies from 256 KiB on go by rendezvous (`progress/serve.rs`), below it
-/// as eager fragments: reads on both sides of that bound, and past UCX's own
-/// rendezvous threshold, land exactly their bytes at their offset, and the
-/// owner's leases all end (its unmaps confirm at once).
+/// UCX 1.22 sends a served reply of up to 273 738 bytes over tcp (64 KiB
+/// segments) as eager fragments that the consumer's UCX reassembles, and a
+/// longer one by rendezvous into the destination: reads on both sides of
+/// that threshold land exactly their bytes at their offset, and the owner's
+/// leases all end (its unmaps confirm at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_on_either_side_of_the_rendezvous_bound_land_exactly_their_bytes() {
+async fn reads_on_either_side_of_ucxs_rendezvous_threshold_land_exactly_their_bytes() {
     const KIB: u64 = 1024;
-    let lengths = [256 * KIB - 1, 256 * KIB, 256 * KIB + 1, 300 * KIB];
+    let lengths = [256 * KIB, 273_738, 273_739, 300 * KIB];
     for transport in transports() {
         let (owner, consumer) = served_engines(transport.clone());
         let (ob, cb) = (owner.backend(), consumer.backend());

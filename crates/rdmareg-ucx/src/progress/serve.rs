@@ -67,24 +67,9 @@ const ZERO_COPY_FROM: u64 = 16 * 1024;
 /// 8 KiB segment.
 pub(super) const SMALL_UP_TO: u64 = 4 * 1024;
 
-/// Replies from this size on always go by rendezvous. Below UCX's own
-/// rendezvous threshold (about 267 KiB over tcp with 64 KiB segments) UCX
-/// sends a large reply as several eager fragments, which the consumer's
-/// UCX reassembles into a buffer of its own before the reply handler copies
-/// the bytes into the destination: one copy and one allocation more than a
-/// rendezvous, whose data lands in the destination itself. Measured over
-/// tcp on loopback (docs/benchmarks.md, "Replies of 256 KiB by
-/// rendezvous"): at 256 KiB a window of separate reads moved 29 % more
-/// and a list 22 % more, a lone read as fast; at 64 KiB and 128 KiB a lone
-/// read took 5–8 µs longer (the handshake's round trip) and nothing was
-/// gained, hence the bound.
-const RENDEZVOUS_FROM: u64 = 256 * 1024;
-
 /// How a served reply of `length` bytes inside `memh` is sent.
 fn reply_mode(length: u64, memh: MemHandle) -> SendMode {
-    if length >= RENDEZVOUS_FROM {
-        SendMode::Rendezvous(memh)
-    } else if length >= ZERO_COPY_FROM {
+    if length >= ZERO_COPY_FROM {
         SendMode::Registered(memh)
     } else if length <= SMALL_UP_TO {
         SendMode::Small
@@ -591,8 +576,7 @@ mod tests {
     }
 
     #[test]
-    fn small_replies_are_copied_mid_sized_left_to_ucx_large_ones_named_and_the_largest_by_rendezvous()
-     {
+    fn small_replies_are_copied_mid_sized_left_to_ucx_large_ones_named() {
         let memh = MemHandle::dangling_for_tests();
         assert!(matches!(reply_mode(8, memh), SendMode::Small));
         assert!(matches!(reply_mode(SMALL_UP_TO, memh), SendMode::Small));
@@ -604,14 +588,6 @@ mod tests {
         assert!(matches!(
             reply_mode(ZERO_COPY_FROM, memh),
             SendMode::Registered(_)
-        ));
-        assert!(matches!(
-            reply_mode(RENDEZVOUS_FROM - 1, memh),
-            SendMode::Registered(_)
-        ));
-        assert!(matches!(
-            reply_mode(RENDEZVOUS_FROM, memh),
-            SendMode::Rendezvous(_)
         ));
     }
 

@@ -489,11 +489,6 @@ pub(crate) enum SendMode {
     /// rendezvous protocol can read it in place instead of registering it
     /// again.
     Registered(MemHandle),
-    /// As [`SendMode::Registered`], and always by rendezvous
-    /// (`UCP_AM_SEND_FLAG_RNDV`): the receiver names where the payload
-    /// lands, so it arrives in place instead of being reassembled from
-    /// eager fragments into a buffer of UCX's and copied again.
-    Rendezvous(MemHandle),
 }
 
 /// Sends an active message: `header` (copied by UCX before this returns)
@@ -535,13 +530,10 @@ pub(crate) unsafe fn send_active_message(
     match mode {
         SendMode::Small => param.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_FAST_CMPL,
         SendMode::Eager => {}
-        SendMode::Registered(memh) | SendMode::Rendezvous(memh) => {
+        SendMode::Registered(memh) => {
             param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE;
             param.memh = memh.raw();
             param.memory_type = sys::UCS_MEMORY_TYPE_HOST;
-            if matches!(mode, SendMode::Rendezvous(_)) {
-                param.flags |= sys::UCP_AM_SEND_FLAG_RNDV;
-            }
         }
     }
     param.cb.send = Some(callback);
