@@ -80,6 +80,19 @@ async fn post_shared(consumer: &UcxEngine, list: &Arc<[BackendGet]>) -> Vec<Resu
         .await
 }
 
+/// Posts `list` shared and checks every entry answered `Ok`.
+async fn post_shared_landing_every_entry(
+    consumer: &UcxEngine,
+    list: &Arc<[BackendGet]>,
+    what: &str,
+) {
+    assert_eq!(
+        post_shared(consumer, list).await,
+        vec![Ok(()); ENTRIES],
+        "{what}"
+    );
+}
+
 async fn post_fresh(consumer: &UcxEngine, list: &Arc<[BackendGet]>) -> Vec<Result<(), RdmaError>> {
     consumer
         .backend()
@@ -108,10 +121,7 @@ async fn a_planned_list_whose_destination_was_mapped_again_at_the_same_address_i
     let requests = list(&source, &dst_region, 7);
     for post in 1..=2 {
         dst.fill(0);
-        assert_eq!(
-            post_shared(&consumer, &requests).await,
-            vec![Ok(()); ENTRIES]
-        );
+        post_shared_landing_every_entry(&consumer, &requests, &format!("post {post}")).await;
         assert!(landed(&dst, &src, 7), "post {post}");
     }
     assert_eq!(consumer.lists_copied_by_plan(), 2);
@@ -138,10 +148,7 @@ async fn a_planned_list_whose_destination_was_mapped_again_at_the_same_address_i
     assert_eq!(consumer.lists_copied_by_plan(), 2);
 
     let renamed = list(&source, &again, 7);
-    assert_eq!(
-        post_shared(&consumer, &renamed).await,
-        vec![Ok(()); ENTRIES]
-    );
+    post_shared_landing_every_entry(&consumer, &renamed, "the post").await;
     assert!(
         landed(&dst, &src, 7),
         "the list naming the new registration"
@@ -183,10 +190,7 @@ async fn a_planned_list_whose_copy_fails_for_one_entry_answers_as_a_fresh_batch_
  {
     let (owner, consumer, src, dst, src_region, dst_region) = mapped_engines().await;
     let requests = list(&describe(&src, &src_region), &dst_region, 7);
-    assert_eq!(
-        post_shared(&consumer, &requests).await,
-        vec![Ok(()); ENTRIES]
-    );
+    post_shared_landing_every_entry(&consumer, &requests, "the post").await;
     assert_eq!(consumer.lists_copied_by_plan(), 1);
 
     // Entry 5 reads source block 35, in the middle of the owner's order.
@@ -227,10 +231,7 @@ async fn a_planned_list_whose_copy_fails_for_one_entry_answers_as_a_fresh_batch_
     }
 
     dst.fill(0);
-    assert_eq!(
-        post_shared(&consumer, &requests).await,
-        vec![Ok(()); ENTRIES]
-    );
+    post_shared_landing_every_entry(&consumer, &requests, "the post").await;
     assert!(landed(&dst, &src, 7));
     assert_eq!(
         consumer.lists_copied_by_plan(),
@@ -268,11 +269,7 @@ async fn a_list_built_after_another_was_dropped_never_follows_the_dropped_lists_
         let requests = list(&source, &dst_regions[into], 7);
         dsts[into].fill(0);
         dsts[other].fill(0xCD);
-        assert_eq!(
-            post_shared(&consumer, &requests).await,
-            vec![Ok(()); ENTRIES],
-            "round {round}"
-        );
+        post_shared_landing_every_entry(&consumer, &requests, &format!("round {round}")).await;
         assert!(
             landed(&dsts[into], &src, 7),
             "round {round}: the list's destination"
@@ -303,10 +300,7 @@ async fn two_lists_into_one_destination_posted_in_turn_each_follow_their_own_pla
     for round in 0..6 {
         let (stride, requests) = &lists[round % 2];
         dst.fill(0);
-        assert_eq!(
-            post_shared(&consumer, requests).await,
-            vec![Ok(()); ENTRIES]
-        );
+        post_shared_landing_every_entry(&consumer, requests, &format!("round {round}")).await;
         assert!(
             landed(&dst, &src, *stride),
             "round {round}: stride {stride}"
@@ -325,10 +319,7 @@ async fn two_lists_into_one_destination_posted_in_turn_each_follow_their_own_pla
 async fn a_planned_list_whose_owner_engine_was_shut_down_fails_every_entry_and_lands_nothing() {
     let (owner, consumer, src, dst, src_region, dst_region) = mapped_engines().await;
     let requests = list(&describe(&src, &src_region), &dst_region, 7);
-    assert_eq!(
-        post_shared(&consumer, &requests).await,
-        vec![Ok(()); ENTRIES]
-    );
+    post_shared_landing_every_entry(&consumer, &requests, "the post").await;
     assert_eq!(consumer.lists_copied_by_plan(), 1);
 
     owner.shutdown().await;
