@@ -51,6 +51,7 @@ const FUNCTIONS: &[&str] = &[
     "ucp_ep_create",
     "ucp_ep_close_nbx",
     "ucp_ep_flush_nbx",
+    "ucp_ep_query",
     // Memory and remote keys.
     "ucp_mem_map",
     "ucp_mem_unmap",
@@ -92,6 +93,8 @@ const TYPES: &[&str] = &[
     "ucp_ep_params_field",
     "ucp_ep_params_flags_field",
     "ucp_ep_close_flags_t",
+    "ucp_ep_attr_field",
+    "ucp_ep_attr_t",
     "ucp_err_handling_mode_t",
     "ucp_mem_map_params_field",
     "ucp_mem_attr_field",

@@ -677,11 +677,34 @@ pub type ucp_mem_map_params_t = ucp_mem_map_params;
         @ref ucp_worker_set_am_recv_handler routine.
 ```*/
 pub type ucp_am_handler_param_t = ucp_am_handler_param;
+/**```text
+@ingroup UCP_ENDPOINT
+ @brief UCP endpoint attributes field mask.
+
+ The enumeration allows specifying which fields in @ref ucp_ep_attr_t are
+ present. It is used to enable backward compatibility support.
+```*/
+pub type ucp_ep_attr_field = ::std::os::raw::c_uint;
+/**```text
+@ingroup UCP_ENDPOINT
+ @brief UCP endpoint attributes.
+
+ The structure defines the attributes that characterize the particular
+ endpoint.
+```*/
+pub type ucp_ep_attr_t = ucp_ep_attr;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct sockaddr {
     pub sa_family: sa_family_t,
     pub sa_data: [::std::os::raw::c_char; 14usize],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct sockaddr_storage {
+    pub ss_family: sa_family_t,
+    pub __ss_padding: [::std::os::raw::c_char; 118usize],
+    pub __ss_align: ::std::os::raw::c_ulong,
 }
 /**```text
 @ingroup UCS_RESOURCE
@@ -868,6 +891,63 @@ The sockaddr to bind locally. Specifies the associated network device
  UCP_EP_PARAM_FIELD_LOCAL_SOCK_ADDR bit in the field mask must be set.
 ```*/
     pub local_sockaddr: ucs_sock_addr_t,
+}
+/**```text
+@ingroup UCP_ENDPOINT
+ @brief A transport name and device name pair used by this endpoint. The
+ caller is responsible for the allocation and deallocation of an array of
+ these structures large enough to contain the desired number of transport
+ and device name pairs.
+
+ Any new fields must be added to the end of this structure.
+```*/
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_transport_entry_t {
+    /**```text
+The name of a transport layer used by this endpoint. This '\0'-terminated
+ string is valid until the endpoint is closed using a
+ @ref ucp_ep_close_nbx call.
+```*/
+    pub transport_name: *const ::std::os::raw::c_char,
+    /**```text
+The name of the device used with this transport by this endpoint.
+ This '\0'-terminated string is valid until the endpoint is closed using
+ a @ref ucp_ep_close_nbx call.
+```*/
+    pub device_name: *const ::std::os::raw::c_char,
+}
+/**```text
+@ingroup UCP_ENDPOINT
+ @brief Structure containing an array of transport layers and device names
+ used by an endpoint.
+
+ The caller is responsible for allocation and deallocation of
+ this structure.
+```*/
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_transports_t {
+    /**```text
+Pointer to array of transport/device name pairs used by this endpoint.
+ The caller is responsible for the allocation and deallocation of this
+ array.
+```*/
+    pub entries: *mut ucp_transport_entry_t,
+    /**```text
+Number of transport/device name pairs. The caller must set this to
+ the maximum number of pairs the structure can contain. On return,
+ this is set to the actual number of transport and device name pairs used
+ by the endpoint.
+```*/
+    pub num_entries: ::std::os::raw::c_uint,
+    /**```text
+Size of a single @ref ucp_transport_entry_t object. The caller sets this
+ to the size of the ucp_transport_entry_t they are using. UCP code must
+ not set any fields in the ucp_transport_entry_t structure beyond this
+ size.
+```*/
+    pub entry_size: usize,
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -1464,6 +1544,54 @@ Endpoint, which can be used for the reply to this message.
 ```*/
     pub reply_ep: ucp_ep_h,
 }
+/**```text
+@ingroup UCP_ENDPOINT
+ @brief UCP endpoint attributes.
+
+ The structure defines the attributes that characterize the particular
+ endpoint.
+```*/
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ucp_ep_attr {
+    /**```text
+Mask of valid fields in this structure, using bits from
+ @ref ucp_ep_attr_field.
+ Fields not specified in this mask will be ignored.
+ Provides ABI compatibility with respect to adding new fields.
+```*/
+    pub field_mask: u64,
+    /**```text
+Endpoint name. Tracing and analysis tools can identify the endpoint using
+ this name.
+```*/
+    pub name: [::std::os::raw::c_char; 32usize],
+    /**```text
+Local socket address for this endpoint. Valid only for endpoints created
+ by connecting to a socket address.
+ If this field is specified for an endpoint not connected to a socket address,
+ UCS_ERR_NOT_CONNECTED will be returned.
+```*/
+    pub local_sockaddr: sockaddr_storage,
+    /**```text
+Remote socket address this endpoint is connected to. Valid only for endpoints
+ created by connecting to a socket address.
+ If this field is specified for an endpoint not connected to a socket address,
+ UCS_ERR_NOT_CONNECTED will be returned.
+```*/
+    pub remote_sockaddr: sockaddr_storage,
+    /**```text
+Structure defining an array containing transport and device names used
+ by this endpoint. The caller is responsible for allocation and
+ deallocation of this array.
+```*/
+    pub transports: ucp_transports_t,
+    /**```text
+User data associated with an endpoint passed in
+ @ref ucp_ep_params_t::user_data.
+```*/
+    pub user_data: *mut ::std::os::raw::c_void,
+}
 pub const UCP_API_MAJOR: u32 = 1;
 pub const UCP_API_MINOR: u32 = 22;
 /**```text
@@ -1551,6 +1679,22 @@ const _: () = {
     [
         "Offset of field: sockaddr::sa_data",
     ][::std::mem::offset_of!(sockaddr, sa_data) - 2usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of sockaddr_storage"][::std::mem::size_of::<sockaddr_storage>() - 128usize];
+    [
+        "Alignment of sockaddr_storage",
+    ][::std::mem::align_of::<sockaddr_storage>() - 8usize];
+    [
+        "Offset of field: sockaddr_storage::ss_family",
+    ][::std::mem::offset_of!(sockaddr_storage, ss_family) - 0usize];
+    [
+        "Offset of field: sockaddr_storage::__ss_padding",
+    ][::std::mem::offset_of!(sockaddr_storage, __ss_padding) - 2usize];
+    [
+        "Offset of field: sockaddr_storage::__ss_align",
+    ][::std::mem::offset_of!(sockaddr_storage, __ss_align) - 120usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -1698,6 +1842,37 @@ const _: () = {
     [
         "Offset of field: ucp_ep_params::local_sockaddr",
     ][::std::mem::offset_of!(ucp_ep_params, local_sockaddr) - 88usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    [
+        "Size of ucp_transport_entry_t",
+    ][::std::mem::size_of::<ucp_transport_entry_t>() - 16usize];
+    [
+        "Alignment of ucp_transport_entry_t",
+    ][::std::mem::align_of::<ucp_transport_entry_t>() - 8usize];
+    [
+        "Offset of field: ucp_transport_entry_t::transport_name",
+    ][::std::mem::offset_of!(ucp_transport_entry_t, transport_name) - 0usize];
+    [
+        "Offset of field: ucp_transport_entry_t::device_name",
+    ][::std::mem::offset_of!(ucp_transport_entry_t, device_name) - 8usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ucp_transports_t"][::std::mem::size_of::<ucp_transports_t>() - 24usize];
+    [
+        "Alignment of ucp_transports_t",
+    ][::std::mem::align_of::<ucp_transports_t>() - 8usize];
+    [
+        "Offset of field: ucp_transports_t::entries",
+    ][::std::mem::offset_of!(ucp_transports_t, entries) - 0usize];
+    [
+        "Offset of field: ucp_transports_t::num_entries",
+    ][::std::mem::offset_of!(ucp_transports_t, num_entries) - 8usize];
+    [
+        "Offset of field: ucp_transports_t::entry_size",
+    ][::std::mem::offset_of!(ucp_transports_t, entry_size) - 16usize];
 };
 /**```text
 < Only the master thread can access (i.e. the thread that initialized the context; multiple threads may exist and never access)
@@ -2543,6 +2718,49 @@ const _: () = {
     ][::std::mem::offset_of!(ucp_am_recv_param, reply_ep) - 8usize];
 };
 /**```text
+< UCP endpoint name
+```*/
+pub const UCP_EP_ATTR_FIELD_NAME: ucp_ep_attr_field = 1;
+/**```text
+< Sockaddr used by the endpoint
+```*/
+pub const UCP_EP_ATTR_FIELD_LOCAL_SOCKADDR: ucp_ep_attr_field = 2;
+/**```text
+< Sockaddr the endpoint is connected to
+```*/
+pub const UCP_EP_ATTR_FIELD_REMOTE_SOCKADDR: ucp_ep_attr_field = 4;
+/**```text
+< Transport and device used by endpoint
+```*/
+pub const UCP_EP_ATTR_FIELD_TRANSPORTS: ucp_ep_attr_field = 8;
+/**```text
+< User data associated with the endpoint
+```*/
+pub const UCP_EP_ATTR_FIELD_USER_DATA: ucp_ep_attr_field = 16;
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of ucp_ep_attr"][::std::mem::size_of::<ucp_ep_attr>() - 328usize];
+    ["Alignment of ucp_ep_attr"][::std::mem::align_of::<ucp_ep_attr>() - 8usize];
+    [
+        "Offset of field: ucp_ep_attr::field_mask",
+    ][::std::mem::offset_of!(ucp_ep_attr, field_mask) - 0usize];
+    [
+        "Offset of field: ucp_ep_attr::name",
+    ][::std::mem::offset_of!(ucp_ep_attr, name) - 8usize];
+    [
+        "Offset of field: ucp_ep_attr::local_sockaddr",
+    ][::std::mem::offset_of!(ucp_ep_attr, local_sockaddr) - 40usize];
+    [
+        "Offset of field: ucp_ep_attr::remote_sockaddr",
+    ][::std::mem::offset_of!(ucp_ep_attr, remote_sockaddr) - 168usize];
+    [
+        "Offset of field: ucp_ep_attr::transports",
+    ][::std::mem::offset_of!(ucp_ep_attr, transports) - 296usize];
+    [
+        "Offset of field: ucp_ep_attr::user_data",
+    ][::std::mem::offset_of!(ucp_ep_attr, user_data) - 320usize];
+};
+/**```text
 Callback function that is invoked whenever the
  send or receive operation is completed.
 ```*/
@@ -2565,6 +2783,15 @@ Pointer to the information where received data details are stored
 pub union ucp_request_param_t__bindgen_ty_2 {
     pub length: *mut usize,
     pub tag_info: *mut ucp_tag_recv_info_t,
+}
+impl Default for sockaddr_storage {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
 }
 impl Default for ucs_sock_addr {
     fn default() -> Self {
@@ -2594,6 +2821,24 @@ impl Default for ucp_err_handler {
     }
 }
 impl Default for ucp_ep_params {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ucp_transport_entry_t {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ucp_transports_t {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -2693,6 +2938,15 @@ impl Default for ucp_am_handler_param {
     }
 }
 impl Default for ucp_am_recv_param {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+impl Default for ucp_ep_attr {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -3789,4 +4043,16 @@ unsafe extern "C" {
         worker: ucp_worker_h,
         param: *const ucp_request_param_t,
     ) -> ucs_status_ptr_t;
+    /**```text
+@ingroup UCP_ENDPOINT
+ @brief Get attributes of a given endpoint.
+
+ This routine fetches information about the endpoint.
+
+ @param [in]  ep   Endpoint object to query.
+ @param [out] attr Filled with attributes of the endpoint.
+
+ @return Error code as defined by @ref ucs_status_t
+```*/
+    pub fn ucp_ep_query(ep: ucp_ep_h, attr: *mut ucp_ep_attr_t) -> ucs_status_t;
 }

@@ -118,6 +118,8 @@ pub(crate) struct Signals {
     /// Posts of shared lists the thread answered by their copy plan (see
     /// `progress::copy_plans`).
     pub(crate) lists_copied_by_plan: std::sync::atomic::AtomicU64,
+    /// Owner-served reads asked in pieces (see `progress::pieces`).
+    pub(crate) reads_asked_in_pieces: std::sync::atomic::AtomicU64,
 }
 
 /// What teardown left behind, for the unmaps that arrive after it.

@@ -222,6 +222,7 @@ impl UcxEngine {
             torn_down: std::sync::OnceLock::new(),
             caller_copies: CallerCopies::new(config.caller_copy_limit),
             lists_copied_by_plan: Default::default(),
+            reads_asked_in_pieces: Default::default(),
         });
         let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
         let (control_tx, control_rx) = crossbeam_channel::unbounded();
@@ -370,6 +371,17 @@ impl UcxEngine {
         self.shared
             .signals
             .lists_copied_by_plan
+            .load(Ordering::Relaxed)
+    }
+
+    /// Owner-served reads this engine asked in pieces, each small enough to
+    /// come back in one fragment: reads longer than one tcp fragment and up
+    /// to the size UCX still sends eager, on endpoints whose every lane is
+    /// tcp. Counted once per read, whatever its number of pieces.
+    pub fn reads_asked_in_pieces(&self) -> u64 {
+        self.shared
+            .signals
+            .reads_asked_in_pieces
             .load(Ordering::Relaxed)
     }
 

@@ -1,6 +1,9 @@
 //! Where a read's outcome goes: to the caller of one GET, or into one entry
 //! of a batch whose caller is answered once, when its last entry is.
 //!
+//! A read asked in pieces (`pieces`) is answered the same way: each piece
+//! finishes on its own, and the last one answers the read.
+//!
 //! A batch arrives as one command and leaves as one answer: its entries are
 //! posted in one turn of the loop, each finishes on its own (its own error,
 //! deadline and destination hold, exactly as a single read), and the entry
@@ -70,6 +73,53 @@ impl BatchAnswers {
     }
 }
 
+/// The outcome of one read asked as several pieces (see `pieces`): the
+/// read is answered once its last piece is, with the first error a piece
+/// met, or `Ok` when every piece landed.
+#[derive(Debug)]
+pub(crate) struct PieceAnswers {
+    whole: RefCell<Option<Answer>>,
+    remaining: Cell<usize>,
+    first_error: RefCell<Option<RdmaError>>,
+}
+
+impl PieceAnswers {
+    /// A read of `pieces` pieces whose outcome goes to `whole`.
+    pub(crate) fn new(pieces: usize, whole: Answer) -> Rc<PieceAnswers> {
+        Rc::new(PieceAnswers {
+            whole: RefCell::new(Some(whole)),
+            remaining: Cell::new(pieces),
+            first_error: RefCell::new(None),
+        })
+    }
+
+    /// Records one piece's outcome; true if that answered a caller.
+    fn record(&self, outcome: Result<(), RdmaError>) -> bool {
+        if let Err(err) = outcome {
+            self.first_error.borrow_mut().get_or_insert(err);
+        }
+        let remaining = self.remaining.get().saturating_sub(1);
+        self.remaining.set(remaining);
+        if remaining > 0 {
+            return false;
+        }
+        let Some(whole) = self.whole.borrow_mut().take() else {
+            return false;
+        };
+        match self.first_error.borrow_mut().take() {
+            Some(err) => whole.send(Err(err)),
+            None => whole.send(Ok(())),
+        }
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.whole
+            .borrow()
+            .as_ref()
+            .is_none_or(|whole| whole.is_abandoned())
+    }
+}
+
 /// Where one read's outcome goes.
 #[derive(Debug)]
 pub(crate) enum Answer {
@@ -80,6 +130,8 @@ pub(crate) enum Answer {
         batch: Rc<BatchAnswers>,
         index: usize,
     },
+    /// One piece of a read asked in pieces.
+    Piece(Rc<PieceAnswers>),
 }
 
 impl Answer {
@@ -93,6 +145,7 @@ impl Answer {
                 true
             }
             Answer::Entry { batch, index } => batch.record(index, outcome),
+            Answer::Piece(whole) => whole.record(outcome),
         }
     }
 
@@ -101,6 +154,7 @@ impl Answer {
         match self {
             Answer::Single(reply) => reply.is_canceled(),
             Answer::Entry { batch, .. } => batch.is_abandoned(),
+            Answer::Piece(whole) => whole.is_abandoned(),
         }
     }
 }
@@ -144,5 +198,46 @@ mod tests {
         assert!(!entry.is_abandoned());
         drop(answered);
         assert!(entry.is_abandoned());
+    }
+
+    #[test]
+    fn a_read_in_pieces_is_answered_once_when_its_last_piece_is_with_the_first_error() {
+        let (reply, mut answered) = oneshot::channel();
+        let whole = PieceAnswers::new(3, Answer::Single(reply));
+        let piece = || Answer::Piece(Rc::clone(&whole));
+        assert!(!piece().send(Ok(())));
+        assert!(!piece().send(Err(RdmaError::OutOfRange)));
+        assert_eq!(answered.try_recv(), Ok(None), "not before the last piece");
+        assert!(
+            piece().send(Err(RdmaError::Timeout)),
+            "the last piece answers"
+        );
+        assert_eq!(answered.try_recv(), Ok(Some(Err(RdmaError::OutOfRange))));
+    }
+
+    #[test]
+    fn a_read_whose_pieces_all_landed_is_answered_ok_even_inside_a_batch() {
+        let (reply, mut answered) = oneshot::channel();
+        let batch = BatchAnswers::new(1, reply);
+        let whole = PieceAnswers::new(
+            2,
+            Answer::Entry {
+                batch: Rc::clone(&batch),
+                index: 0,
+            },
+        );
+        assert!(!Answer::Piece(Rc::clone(&whole)).send(Ok(())));
+        assert!(Answer::Piece(Rc::clone(&whole)).send(Ok(())));
+        assert_eq!(answered.try_recv(), Ok(Some(vec![Ok(())])));
+    }
+
+    #[test]
+    fn a_read_in_pieces_whose_caller_left_is_abandoned() {
+        let (reply, answered) = oneshot::channel();
+        let whole = PieceAnswers::new(2, Answer::Single(reply));
+        let piece = Answer::Piece(whole);
+        assert!(!piece.is_abandoned());
+        drop(answered);
+        assert!(piece.is_abandoned());
     }
 }

@@ -186,6 +186,8 @@ impl Engine {
                     handle,
                     serial,
                     error_context,
+                    // One-sided reads: no replies to split.
+                    reads_in_pieces: false,
                 });
                 Some((handle, serial))
             }

@@ -53,16 +53,17 @@ use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use ucx_sys as sys;
 
 use super::Engine;
-use super::answer::{Answer, BatchAnswers, BatchReply};
+use super::answer::{Answer, BatchAnswers, BatchReply, PieceAnswers};
 use super::events::Events;
 use super::key_memo::DecodedKey;
 use super::ops::{GetOp, Phase};
+use super::pieces;
 use super::replies::{failure, on_request_sent};
-use super::ucp::{EpHandle, SendMode, send_active_message};
+use super::ucp::{EpHandle, MemHandle, SendMode, send_active_message};
 use super::vectored::{self, CopyEntry};
 use crate::command::Reply;
 use crate::owner_process::{OwnerProcess, SameHostSource};
-use crate::read_protocol::{READ_REQUEST_AM_ID, ReadKey, ReadRequest};
+use crate::read_protocol::{READ_REQUEST_AM_ID, ReadKey, ReadRequest, ServedKey};
 use crate::status::PtrStatus;
 
 /// A same-host read gathered for this turn's vectored copy.
@@ -75,6 +76,18 @@ pub(super) struct PendingCopy {
     request: BackendGet,
     /// Taken when answered.
     answer: Option<Answer>,
+}
+
+/// What every piece of one owner-served read shares.
+struct ServedTarget {
+    peer: PeerId,
+    /// The endpoint's serial, and the endpoint, looked up this turn.
+    serial: u64,
+    endpoint: sys::ucp_ep_h,
+    local_region_id: u64,
+    memh: MemHandle,
+    deadline: Instant,
+    key: ServedKey,
 }
 
 /// An owner-served read whose op is set up (waiting for its reply, deadline
@@ -119,12 +132,8 @@ impl Engine {
                 batch: std::rc::Rc::clone(&batch),
                 index,
             };
-            match self.prepare_get(request, answer) {
-                Ok(Some(prepared)) => served.push(prepared),
-                Ok(None) => {}
-                Err((answer, err)) => {
-                    answer.send(Err(err));
-                }
+            if let Err((answer, err)) = self.prepare_get(request, answer, &mut served) {
+                answer.send(Err(err));
             }
         }
         // Sends below may run callbacks that close endpoints.
@@ -278,12 +287,14 @@ impl Engine {
         request: BackendGet,
         reply: Answer,
     ) -> Result<(), (Answer, RdmaError)> {
-        let prepared = self.prepare_get(request, reply);
+        let mut served = std::mem::take(&mut self.served_scratch);
+        let prepared = self.prepare_get(request, reply, &mut served);
         self.endpoint_memo = None;
-        if let Some(prepared) = prepared? {
-            self.send_read_request(prepared);
+        for read in served.drain(..) {
+            self.send_read_request(read);
         }
-        Ok(())
+        self.served_scratch = served;
+        prepared
     }
 
     /// Checks a read and starts it, up to its request: a same-host read is
@@ -295,7 +306,8 @@ impl Engine {
         &mut self,
         request: BackendGet,
         reply: Answer,
-    ) -> Result<Option<PreparedRead>, (Answer, RdmaError)> {
+        served: &mut Vec<PreparedRead>,
+    ) -> Result<(), (Answer, RdmaError)> {
         let BackendGet {
             peer,
             remote_addr,
@@ -359,7 +371,7 @@ impl Engine {
                 },
                 answer: Some(reply),
             });
-            return Ok(None);
+            return Ok(());
         }
         // A copy never waits: only reads that do need a deadline.
         let deadline = Instant::now() + deadline.unwrap_or(self.settings.default_get_deadline);
@@ -377,7 +389,7 @@ impl Engine {
                     deadline,
                     reply,
                 )? {
-                    None => return Ok(None),
+                    None => return Ok(()),
                     Some(reply) => reply,
                 }
             }
@@ -389,18 +401,64 @@ impl Engine {
             Err(err) => return Err((reply, err)),
         };
 
+        let target = ServedTarget {
+            peer,
+            serial,
+            endpoint: endpoint.raw(),
+            local_region_id,
+            memh,
+            deadline,
+            key,
+        };
+        let pieces = pieces::pieces(len).filter(|_| self.peers.reads_in_pieces(peer));
+        let Some(pieces) = pieces else {
+            served.push(self.enter_served_read(&target, remote_addr, dest, len, reply));
+            return Ok(());
+        };
+        let pieces: Vec<_> = pieces.collect();
+        self.signals
+            .reads_asked_in_pieces
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let whole = PieceAnswers::new(pieces.len(), reply);
+        for (offset, piece_len) in pieces {
+            let answer = Answer::Piece(std::rc::Rc::clone(&whole));
+            // In bounds: `offset + piece_len <= len`, inside the checked
+            // destination.
+            let piece_dest = dest.wrapping_add(offset);
+            served.push(self.enter_served_read(
+                &target,
+                remote_addr + offset as u64,
+                piece_dest,
+                piece_len,
+                answer,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes an op slot for one owner-served read of `len` bytes at
+    /// `remote_addr` into `dest`, enters it in the waiting table and the
+    /// deadline queue, and returns it ready to send.
+    fn enter_served_read(
+        &mut self,
+        target: &ServedTarget,
+        remote_addr: u64,
+        dest: *mut u8,
+        len: usize,
+        reply: Answer,
+    ) -> PreparedRead {
         let events: *const Events = &*self.events;
         let (slot, op) = self.ops.alloc(events);
         // SAFETY: the freshly allocated slot; nothing refers to it yet.
         let generation = unsafe {
             (*op).reply = Some(reply);
-            (*op).peer = peer;
-            (*op).endpoint_serial = serial;
-            (*op).endpoint = endpoint.raw();
-            (*op).region_id = local_region_id;
+            (*op).peer = target.peer;
+            (*op).endpoint_serial = target.serial;
+            (*op).endpoint = target.endpoint;
+            (*op).region_id = target.local_region_id;
             (*op).dest = dest;
             (*op).len = len;
-            (*op).memh = Some(memh);
+            (*op).memh = Some(target.memh);
             (*op).phase = Phase::AwaitingReply;
             (*op).hold_released = false;
             // Until its request is sent (alone, or as a list's leader) or
@@ -408,7 +466,7 @@ impl Engine {
             (*op).send_pending = true;
             (*op).generation
         };
-        if let Some(region) = self.regions.get_mut(&local_region_id) {
+        if let Some(region) = self.regions.get_mut(&target.local_region_id) {
             region.in_flight += 1;
         }
         self.events
@@ -417,19 +475,19 @@ impl Engine {
             .insert(generation, op);
         self.ops
             .deadlines
-            .push(Reverse((deadline, slot, generation)));
+            .push(Reverse((target.deadline, slot, generation)));
         let request = ReadRequest {
             request_id: generation,
-            key,
+            key: target.key,
             address: remote_addr,
             length: len as u64,
         };
-        Ok(Some(PreparedRead {
+        PreparedRead {
             slot,
             op,
-            endpoint: endpoint.raw(),
+            endpoint: target.endpoint,
             request,
-        }))
+        }
     }
 
     /// Sends a prepared read's request on its own.

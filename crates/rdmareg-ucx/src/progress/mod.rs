@@ -58,6 +58,7 @@ mod gets;
 mod key_memo;
 mod ops;
 mod peers;
+mod pieces;
 mod regions;
 mod replies;
 mod serve;
@@ -149,6 +150,8 @@ struct Engine {
     /// anything is sent or any callback can close an endpoint (see
     /// `gets::served_endpoint`).
     endpoint_memo: Option<(rdmareg_core::PeerId, ucp::EpHandle, u64)>,
+    /// `try_post_get`'s prepared reads, kept for the capacity.
+    served_scratch: Vec<gets::PreparedRead>,
     /// The read keys decoded last (see `key_memo`): a list's entries carry
     /// a few descriptors' keys, each decoded once.
     key_memo: key_memo::KeyMemo,
@@ -305,6 +308,7 @@ impl Engine {
             copies: Vec::new(),
             copy_source_memo: None,
             endpoint_memo: None,
+            served_scratch: Vec::new(),
             key_memo: key_memo::KeyMemo::default(),
             copy_plans: copy_plans::CopyPlans::default(),
             process,

@@ -82,6 +82,10 @@ pub(crate) struct Endpoint {
     /// in read ops, so nothing confuses it with its successor.
     pub(crate) serial: u64,
     pub(crate) error_context: *mut ErrorContext,
+    /// Every lane of the endpoint is tcp, so replies between one fragment
+    /// and UCX's rendezvous threshold would be gathered and copied twice:
+    /// reads of that size go in pieces (`pieces`).
+    pub(crate) reads_in_pieces: bool,
 }
 
 /// Where a connection's direct-read lane stands.
@@ -193,6 +197,18 @@ impl PeerTable {
     pub(crate) fn connection_mut(&mut self, peer: PeerId) -> Option<&mut Connection> {
         let address = self.peers.get(&peer)?;
         self.connections.get_mut(address)
+    }
+
+    /// Whether `peer`'s served endpoint asks long reads in pieces (see
+    /// `Endpoint::reads_in_pieces`); false while it has none.
+    pub(crate) fn reads_in_pieces(&self, peer: PeerId) -> bool {
+        let Some(address) = self.peers.get(&peer) else {
+            return false;
+        };
+        self.connections
+            .get(address)
+            .and_then(|connection| connection.endpoint.as_ref())
+            .is_some_and(|endpoint| endpoint.reads_in_pieces)
     }
 
     /// A fresh endpoint serial.
@@ -369,11 +385,15 @@ impl Engine {
                 .create_endpoint(&address.serving, on_error, true)
         } {
             Ok(handle) => {
-                tracing::debug!(%peer, serial, "endpoint created");
+                let transports = handle.transport_names().unwrap_or_default();
+                let reads_in_pieces =
+                    !transports.is_empty() && transports.iter().all(|name| name == "tcp");
+                tracing::debug!(%peer, serial, ?transports, reads_in_pieces, "endpoint created");
                 connection.endpoint = Some(Endpoint {
                     handle,
                     serial,
                     error_context,
+                    reads_in_pieces,
                 });
                 Ok((handle, serial))
             }

@@ -1,0 +1,102 @@
+//! Owner-served reads asked in pieces that each come back in one fragment.
+//!
+//! UCX 1.22 sends an active-message reply that is longer than one transport
+//! fragment but below its rendezvous threshold as several eager fragments,
+//! which the consumer's UCX gathers into a buffer of its own before the
+//! reply handler sees any of it; the handler then copies the whole reply
+//! again into the destination. Over tcp with this engine's 64 KiB segments
+//! that is every reply of 65 521 to 273 738 bytes. A read in that range
+//! asked as several reads of at most [`PIECE`] bytes gets replies that each
+//! arrive in one fragment, are copied once, and stream back to back from
+//! the owner.
+//!
+//! # Rules
+//!
+//! - Only owner-served reads are split: same-host copies and direct reads
+//!   are one operation whatever their length.
+//! - Each piece is a read of its own (its own request, reply, deadline and
+//!   destination hold), so everything a single read guarantees holds for
+//!   each piece; the read is answered once its last piece is (`answer`).
+//! - Reads past [`LARGEST_SPLIT`] go whole: UCX receives those by
+//!   rendezvous straight into the destination, and splitting them measured
+//!   slower.
+
+/// Longest reply that arrives in one fragment over this engine's 64 KiB
+/// tcp segments (measured with `UCX_PROTO_INFO=y`; the 20-byte reply
+/// header and UCX's own share the segment).
+pub(super) const ONE_FRAGMENT: usize = 65_520;
+/// Largest piece: one fragment, with room to spare for a segment an
+/// operator set a little smaller.
+pub(super) const PIECE: usize = 60 * 1024;
+/// Largest read that is split: the longest reply UCX 1.22 sends eager over
+/// tcp by default (measured as `ONE_FRAGMENT`). Longer replies go by
+/// rendezvous, straight into the destination.
+pub(super) const LARGEST_SPLIT: usize = 273_738;
+/// Pieces start on this boundary within the read, so each copy starts
+/// aligned when the read does.
+const PIECE_ALIGN: usize = 4096;
+
+/// The pieces a read of `len` bytes is asked in, as `(offset, len)` within
+/// the read; `None` if it goes whole.
+pub(super) fn pieces(len: usize) -> Option<impl Iterator<Item = (usize, usize)>> {
+    if len <= ONE_FRAGMENT || len > LARGEST_SPLIT {
+        return None;
+    }
+    let count = len.div_ceil(PIECE);
+    let step = len.div_ceil(count).next_multiple_of(PIECE_ALIGN).min(PIECE);
+    Some(
+        (0..len)
+            .step_by(step)
+            .map(move |offset| (offset, step.min(len - offset))),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(len: usize) -> Option<Vec<(usize, usize)>> {
+        pieces(len).map(Iterator::collect)
+    }
+
+    #[test]
+    fn reads_that_fit_one_fragment_or_go_by_rendezvous_are_not_split() {
+        for len in [1, 4096, PIECE, ONE_FRAGMENT, LARGEST_SPLIT + 1, 1 << 20] {
+            assert_eq!(split(len), None, "{len}");
+        }
+    }
+
+    #[test]
+    fn pieces_cover_the_read_exactly_in_order_each_within_one_fragment() {
+        for len in [
+            ONE_FRAGMENT + 1,
+            64 * 1024,
+            100_003,
+            128 * 1024,
+            200_000,
+            256 * 1024,
+            LARGEST_SPLIT,
+        ] {
+            let pieces = split(len).unwrap_or_else(|| panic!("{len} is split"));
+            assert!(pieces.len() >= 2, "{len}: {pieces:?}");
+            let mut next = 0;
+            for &(offset, piece) in &pieces {
+                assert_eq!(offset, next, "{len}: contiguous, in order");
+                assert!(
+                    piece > 0 && piece <= PIECE,
+                    "{len}: {piece} fits a fragment"
+                );
+                next = offset + piece;
+            }
+            assert_eq!(next, len, "{len}: nothing left out");
+            // All but the last start on a page boundary of the read.
+            assert!(pieces.iter().all(|(offset, _)| offset % PIECE_ALIGN == 0));
+        }
+    }
+
+    #[test]
+    fn a_256_kib_read_goes_in_five_pieces() {
+        let pieces = split(256 * 1024).expect("split");
+        assert_eq!(pieces.len(), 5);
+    }
+}
