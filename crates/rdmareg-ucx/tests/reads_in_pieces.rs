@@ -1,0 +1,214 @@
+//! Owner-served reads asked in pieces: over an endpoint whose every lane is
+//! tcp, a read longer than one reply fragment and no longer than UCX's
+//! largest eager reply goes as several reads that each come back in one
+//! fragment. The caller sees one read: it lands exactly its bytes, nothing
+//! around them, answers once, and answers the error of any piece that
+//! failed. Lanes where UCX receives large replies by rendezvous are never
+//! split.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_core::{BackendGet, RdmaError};
+use rdmareg_ucx::{Transport, UcxEngine};
+
+/// One fragment's worth of reply over tcp with 64 KiB segments, and the
+/// largest reply UCX 1.22 sends eager there (see `progress::pieces`).
+const ONE_FRAGMENT: u64 = 65_520;
+const LARGEST_SPLIT: u64 = 273_738;
+/// Where each read lands in its destination: odd, with guard bytes on both
+/// sides.
+const DEST_OFFSET: u64 = 4096 + 7;
+/// Where each read starts in its source: odd too.
+const SRC_OFFSET: u64 = 333;
+const SOURCE_LEN: usize = 512 * 1024;
+
+/// Reads `len` bytes of `src` at [`SRC_OFFSET`] into a fresh destination at
+/// [`DEST_OFFSET`] and checks they landed exactly there and nowhere else.
+async fn read_and_check(
+    owner: &UcxEngine,
+    consumer: &UcxEngine,
+    src: &PageBuf,
+    len: u64,
+    what: &str,
+) {
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src_region = map(&ob, src).await;
+    let dst = PageBuf::zeroed(len as usize + 2 * DEST_OFFSET as usize);
+    let dst_region = map(&cb, &dst).await;
+    let source = describe(src, &src_region);
+    let request = BackendGet {
+        remote_addr: source.addr() + SRC_OFFSET,
+        len,
+        ..get_request(OWNER, &source, &dst_region, DEST_OFFSET, None)
+    };
+    assert_eq!(cb.get_into_test_memory(request).await, Ok(()), "{what}");
+    let landed = dst.snapshot();
+    let (start, end) = (DEST_OFFSET as usize, (DEST_OFFSET + len) as usize);
+    assert!(
+        landed[start..end]
+            == src.snapshot()[SRC_OFFSET as usize..SRC_OFFSET as usize + len as usize],
+        "{what}: the bytes landed exactly"
+    );
+    assert!(
+        landed[..start]
+            .iter()
+            .chain(&landed[end..])
+            .all(|&b| b == 0),
+        "{what}: nothing around the range was touched"
+    );
+    cb.unmap(dst_region.backend_region_id)
+        .await
+        .expect("unmap destination");
+    ob.unmap(src_region.backend_region_id)
+        .await
+        .expect("unmap source");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_reads_between_one_fragment_and_the_rendezvous_threshold_go_in_pieces_and_land_exactly()
+{
+    let (owner, consumer) = engines(Transport::Tcp);
+    let src = PageBuf::filled(SOURCE_LEN, pattern);
+    let cases = [
+        (4096, false),
+        (ONE_FRAGMENT, false),
+        (ONE_FRAGMENT + 1, true),
+        (64 * 1024, true),
+        (100_003, true),
+        (128 * 1024, true),
+        (256 * 1024, true),
+        (LARGEST_SPLIT, true),
+        (LARGEST_SPLIT + 1, false),
+        (400 * 1024, false),
+    ];
+    for (len, split) in cases {
+        let before = consumer.reads_asked_in_pieces();
+        read_and_check(&owner, &consumer, &src, len, &format!("{len} bytes")).await;
+        assert_eq!(
+            consumer.reads_asked_in_pieces() - before,
+            u64::from(split),
+            "{len} bytes: asked in pieces? expected {split}"
+        );
+    }
+    consumer.shutdown().await;
+    owner.shutdown().await;
+    assert_eq!(consumer.live_registrations(), Some(0));
+    assert_eq!(owner.live_registrations(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_through_the_owner_on_lanes_with_a_zero_copy_rendezvous_are_never_split() {
+    for transport in [Transport::SameHost, Transport::SharedMemoryNoErrorHandling] {
+        let (owner, consumer) = served_engines(transport.clone());
+        let src = PageBuf::filled(SOURCE_LEN, pattern);
+        for len in [ONE_FRAGMENT + 1, 128 * 1024, 256 * 1024] {
+            read_and_check(
+                &owner,
+                &consumer,
+                &src,
+                len,
+                &format!("{transport:?}, {len} bytes"),
+            )
+            .await;
+        }
+        assert_eq!(consumer.reads_asked_in_pieces(), 0, "{transport:?}");
+        consumer.shutdown().await;
+        owner.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_last_pieces_run_past_the_registration_answers_out_of_range() {
+    let (owner, consumer) = engines(Transport::Tcp);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(SOURCE_LEN, pattern);
+    let src_region = map(&ob, &src).await;
+    let source = describe(&src, &src_region);
+    let len = 256 * 1024;
+    let dst = PageBuf::zeroed(len as usize);
+    let dst_region = map(&cb, &dst).await;
+    // The first pieces are inside the registration, the last ones past it:
+    // the owner serves some and refuses the rest.
+    let request = BackendGet {
+        remote_addr: source.addr() + SOURCE_LEN as u64 - 100 * 1024,
+        len,
+        ..get_request(OWNER, &source, &dst_region, 0, None)
+    };
+    assert_eq!(
+        cb.get_into_test_memory(request).await,
+        Err(RdmaError::OutOfRange)
+    );
+    assert_eq!(consumer.reads_asked_in_pieces(), 1);
+    // Every piece answered before the read did: nothing lands later.
+    dst.fill(0xEE);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        dst.snapshot().iter().all(|&b| b == 0xEE),
+        "nothing landed after the answer"
+    );
+    // The owner still serves in-range reads of the same registration.
+    let whole = get_request(OWNER, &source, &dst_region, 0, None);
+    let whole = BackendGet { len, ..whole };
+    assert_eq!(cb.get_into_test_memory(whole).await, Ok(()));
+    assert!(dst.snapshot() == src.snapshot()[..len as usize]);
+    consumer.shutdown().await;
+    owner.shutdown().await;
+    assert_eq!(consumer.live_registrations(), Some(0));
+    assert_eq!(owner.live_registrations(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_answers_each_read_in_pieces_as_one_entry() {
+    let (owner, consumer) = engines(Transport::Tcp);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(SOURCE_LEN, pattern);
+    let src_region = map(&ob, &src).await;
+    let source = describe(&src, &src_region);
+    // Entries of 256 KiB, 4 KiB and 100 003 bytes, the middle one out of
+    // range, back to back in one destination.
+    let lengths = [256 * 1024u64, 4096, 100_003];
+    let dst = PageBuf::zeroed(lengths.iter().sum::<u64>() as usize);
+    let dst_region = map(&cb, &dst).await;
+    let mut requests = Vec::new();
+    let mut dest_offset = 0;
+    for (index, &len) in lengths.iter().enumerate() {
+        let remote_addr = if index == 1 {
+            source.addr() + SOURCE_LEN as u64 // past the end
+        } else {
+            source.addr() + dest_offset
+        };
+        requests.push(BackendGet {
+            remote_addr,
+            len,
+            ..get_request(OWNER, &source, &dst_region, dest_offset, None)
+        });
+        dest_offset += len;
+    }
+    let answers = cb.get_batch_into_test_memory(requests).await;
+    assert_eq!(answers, vec![Ok(()), Err(RdmaError::OutOfRange), Ok(())]);
+    assert_eq!(consumer.reads_asked_in_pieces(), 2);
+    let landed = dst.snapshot();
+    let source_bytes = src.snapshot();
+    let first = lengths[0] as usize;
+    let third = first + lengths[1] as usize;
+    assert!(
+        landed[..first] == source_bytes[..first],
+        "first entry exact"
+    );
+    assert!(
+        landed[third..] == source_bytes[third..third + lengths[2] as usize],
+        "third entry exact"
+    );
+    assert!(
+        landed[first..third].iter().all(|&b| b == 0),
+        "the refused entry wrote nothing"
+    );
+    consumer.shutdown().await;
+    owner.shutdown().await;
+    assert_eq!(consumer.live_registrations(), Some(0));
+    assert_eq!(owner.live_registrations(), Some(0));
+}
