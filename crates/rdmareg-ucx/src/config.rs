@@ -145,7 +145,12 @@ pub struct UcxConfig {
     /// keeps at most 1024 reads outstanding, and its scatter list, the
     /// largest transfer list it posts, has 1000 entries. A consumer that
     /// posts more large reads than the bound to one owner at once should
-    /// expect the excess to be refused as busy. Must be at least 1.
+    /// expect the excess to be refused as busy. Over tcp a read of 65 521 to
+    /// 273 738 bytes is asked in up to five pieces, each a reply of its own
+    /// here (see [`UcxEngine::reads_asked_in_pieces`]): 819 reads of
+    /// 256 KiB in flight to one owner reach the default. Must be at least 1.
+    ///
+    /// [`UcxEngine::reads_asked_in_pieces`]: crate::UcxEngine::reads_asked_in_pieces
     ///
     /// [`RdmaError::Backend`]: rdmareg_core::RdmaError::Backend
     pub max_served_replies_per_connection: u32,

@@ -74,7 +74,9 @@
 //!
 //! Large replies travel by rendezvous straight into the destination; on
 //! same-host lanes UCX pulls them with cma, so bulk data still moves with
-//! one copy.
+//! one copy. Over tcp, a read longer than one reply fragment and short of
+//! UCX's rendezvous is asked in pieces that each come back in one fragment
+//! ([`UcxEngine::reads_asked_in_pieces`]), so it too is copied once.
 //!
 //! # Lanes
 //!

@@ -93,13 +93,14 @@ impl Engine {
                 self.send_read_request(first);
                 continue;
             }
+            let most_bytes = self.most_gathered_bytes(&first);
             let mut bytes = first.request.length;
             let mut list = vec![first];
             while let Some(next) = reads.peek() {
                 let fits = gatherable(next)
                     && next.endpoint == list[0].endpoint
                     && list.len() < most
-                    && bytes + next.request.length <= MAX_GATHERED_BYTES;
+                    && bytes + next.request.length <= most_bytes;
                 if !fits {
                     break;
                 }
@@ -111,6 +112,20 @@ impl Engine {
             } else {
                 self.send_read_list(list);
             }
+        }
+    }
+
+    /// The most payload one list to `read`'s owner asks for: on an endpoint
+    /// whose every lane is tcp, what one reply fragment carries (`pieces`:
+    /// a longer reply would be gathered by UCX and copied twice); elsewhere
+    /// [`MAX_GATHERED_BYTES`].
+    fn most_gathered_bytes(&self, read: &PreparedRead) -> u64 {
+        // SAFETY: an active slot of this turn, touched between UCX calls.
+        let peer = unsafe { (*read.op).peer };
+        if self.peers.reads_in_pieces(peer) {
+            super::pieces::PIECE as u64
+        } else {
+            MAX_GATHERED_BYTES
         }
     }
 
