@@ -212,3 +212,47 @@ async fn a_batch_answers_each_read_in_pieces_as_one_entry() {
     assert_eq!(consumer.live_registrations(), Some(0));
     assert_eq!(owner.live_registrations(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_batch_splits_only_the_reads_posted_while_fewer_than_1024_are_in_flight() {
+    // 400 reads of 200 000 bytes, four pieces each if all were split: 1600
+    // replies against an owner that allows 1300 unfinished ones per
+    // connection. Only the reads posted while fewer than 1024 are in flight
+    // go in pieces, so at most about 1024 + 144 replies are ever asked for,
+    // and every read is served.
+    const READS: usize = 400;
+    const LEN: usize = 200_000;
+    let (owner, consumer) =
+        engines_with(config(Transport::Tcp).with_max_served_replies_per_connection(1300));
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src = PageBuf::filled(LEN, pattern);
+    let src_region = map(&ob, &src).await;
+    let source = describe(&src, &src_region);
+    let dst = PageBuf::zeroed(READS * LEN);
+    let dst_region = map(&cb, &dst).await;
+    let requests = (0..READS)
+        .map(|read| get_request(OWNER, &source, &dst_region, (read * LEN) as u64, None))
+        .collect();
+    let answers = cb.get_batch_into_test_memory(requests).await;
+    let failed: Vec<_> = answers.iter().filter(|answer| answer.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} reads failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    let split = consumer.reads_asked_in_pieces();
+    assert!(
+        split > 0 && split < READS as u64,
+        "the first reads go in pieces, the rest whole: {split} of {READS} split"
+    );
+    let landed = dst.snapshot();
+    let want = src.snapshot();
+    for (read, chunk) in landed.chunks(LEN).enumerate() {
+        assert!(chunk == &want[..], "read {read} landed exactly");
+    }
+    consumer.shutdown().await;
+    owner.shutdown().await;
+    assert_eq!(consumer.live_registrations(), Some(0));
+    assert_eq!(owner.live_registrations(), Some(0));
+}

@@ -410,7 +410,9 @@ impl Engine {
             deadline,
             key,
         };
-        let pieces = pieces::pieces(len).filter(|_| self.peers.reads_in_pieces(peer));
+        let pieces = pieces::pieces(len).filter(|_| {
+            self.ops.active() < pieces::SPLIT_WHILE_FEWER_THAN && self.peers.reads_in_pieces(peer)
+        });
         let Some(pieces) = pieces else {
             served.push(self.enter_served_read(&target, remote_addr, dest, len, reply));
             return Ok(());

@@ -17,6 +17,11 @@
 //! - Each piece is a read of its own (its own request, reply, deadline and
 //!   destination hold), so everything a single read guarantees holds for
 //!   each piece; the read is answered once its last piece is (`answer`).
+//! - Reads are split only while fewer than [`SPLIT_WHILE_FEWER_THAN`] reads
+//!   are in flight: each piece counts against the owner's bound on
+//!   unfinished replies per connection (4096 by default), and with that
+//!   many reads in flight the lane is busy anyway, so the pieces would buy
+//!   nothing but refusals.
 //! - Reads past [`LARGEST_SPLIT`] go whole: UCX receives those by
 //!   rendezvous straight into the destination, and splitting them measured
 //!   slower.
@@ -32,6 +37,9 @@ pub(super) const PIECE: usize = 60 * 1024;
 /// tcp by default (measured as `ONE_FRAGMENT`). Longer replies go by
 /// rendezvous, straight into the destination.
 pub(super) const LARGEST_SPLIT: usize = 273_738;
+/// Reads in flight (pieces included) from which reads go whole: pieces then
+/// add at most this many replies to an owner's count.
+pub(super) const SPLIT_WHILE_FEWER_THAN: usize = 1024;
 /// Pieces start on this boundary within the read, so each copy starts
 /// aligned when the read does.
 const PIECE_ALIGN: usize = 4096;
