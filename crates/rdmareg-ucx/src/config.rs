@@ -147,8 +147,9 @@ pub struct UcxConfig {
     /// posts more large reads than the bound to one owner at once should
     /// expect the excess to be refused as busy. Over tcp a read of 65 521 to
     /// 273 738 bytes is asked in up to five pieces, each a reply of its own
-    /// here (see [`UcxEngine::reads_asked_in_pieces`]): 819 reads of
-    /// 256 KiB in flight to one owner reach the default. Must be at least 1.
+    /// here, while its consumer has fewer than 1024 reads in flight (see
+    /// [`UcxEngine::reads_asked_in_pieces`]): pieces add at most about 1024
+    /// replies to a connection's count. Must be at least 1.
     ///
     /// [`UcxEngine::reads_asked_in_pieces`]: crate::UcxEngine::reads_asked_in_pieces
     ///
