@@ -371,6 +371,33 @@ impl UcxConfig {
     }
 
     /// [`Self::ucx_settings`] against the real process environment.
+    /// Whether owner-served reads may go in pieces over tcp
+    /// (`progress::pieces`), given which `UCX_<KEY>` variables the
+    /// environment sets. The pieces are sized for UCX's own rendezvous
+    /// threshold and this engine's 64 KiB tcp segments; an operator who sets
+    /// either (or UCX's older protocols) gets reads whole.
+    pub(crate) fn reads_in_pieces_allowed(&self, env_sets: impl Fn(&str) -> bool) -> bool {
+        const SHAPING: [&str; 4] = [
+            "RNDV_THRESH",
+            "TCP_TX_SEG_SIZE",
+            "TCP_RX_SEG_SIZE",
+            "PROTO_ENABLE",
+        ];
+        !SHAPING.iter().any(|key| {
+            env_sets(key)
+                || self
+                    .extra
+                    .iter()
+                    .any(|(set, _)| set.eq_ignore_ascii_case(key))
+        })
+    }
+
+    /// [`Self::reads_in_pieces_allowed`] against the real process
+    /// environment.
+    pub(crate) fn reads_in_pieces_allowed_by_env(&self) -> bool {
+        self.reads_in_pieces_allowed(|key| std::env::var_os(format!("UCX_{key}")).is_some())
+    }
+
     pub(crate) fn ucx_settings_from_env(&self) -> Vec<(String, String)> {
         self.ucx_settings(|key| std::env::var_os(format!("UCX_{key}")).is_some())
     }
@@ -413,6 +440,29 @@ mod tests {
             .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn reads_go_in_pieces_unless_the_operator_shapes_ucxs_protocols() {
+        let config = UcxConfig::default();
+        assert!(config.reads_in_pieces_allowed(|_| false));
+        for key in [
+            "RNDV_THRESH",
+            "TCP_TX_SEG_SIZE",
+            "TCP_RX_SEG_SIZE",
+            "PROTO_ENABLE",
+        ] {
+            assert!(
+                !config.reads_in_pieces_allowed(|set| set == key),
+                "{key} in the environment"
+            );
+            let set_here = UcxConfig::default().with_ucx_setting(key, "8K");
+            assert!(
+                !set_here.reads_in_pieces_allowed(|_| false),
+                "{key} set on the config"
+            );
+        }
+        assert!(config.reads_in_pieces_allowed(|set| set == "TLS"));
     }
 
     #[test]

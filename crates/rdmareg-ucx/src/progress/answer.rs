@@ -75,7 +75,8 @@ impl BatchAnswers {
 
 /// The outcome of one read asked as several pieces (see `pieces`): the
 /// read is answered once its last piece is, with the first error a piece
-/// met, or `Ok` when every piece landed.
+/// met (a deadline before a transport failure; see `record`), or `Ok` when
+/// every piece landed.
 #[derive(Debug)]
 pub(crate) struct PieceAnswers {
     whole: RefCell<Option<Answer>>,
@@ -94,9 +95,19 @@ impl PieceAnswers {
     }
 
     /// Records one piece's outcome; true if that answered a caller.
+    ///
+    /// The first error a piece met is the read's, with one exception: a
+    /// piece's deadline beats a transport failure, because the deadline of
+    /// one piece can force-close the endpoint (`gets`) and fail its
+    /// siblings with "force-closed after another read's deadline", which
+    /// for the caller is this read's own deadline.
     fn record(&self, outcome: Result<(), RdmaError>) -> bool {
         if let Err(err) = outcome {
-            self.first_error.borrow_mut().get_or_insert(err);
+            let mut first = self.first_error.borrow_mut();
+            match (&*first, &err) {
+                (None, _) | (Some(RdmaError::Backend(_)), RdmaError::Timeout) => *first = Some(err),
+                _ => {}
+            }
         }
         let remaining = self.remaining.get().saturating_sub(1);
         self.remaining.set(remaining);
@@ -239,5 +250,18 @@ mod tests {
         assert!(!piece.is_abandoned());
         drop(answered);
         assert!(piece.is_abandoned());
+    }
+
+    #[test]
+    fn a_pieces_deadline_is_the_reads_error_even_after_a_sibling_failed_for_it() {
+        let (reply, mut answered) = oneshot::channel();
+        let whole = PieceAnswers::new(3, Answer::Single(reply));
+        let piece = || Answer::Piece(Rc::clone(&whole));
+        assert!(!piece().send(Err(RdmaError::Backend(
+            "force-closed after another read's deadline".into()
+        ))));
+        assert!(!piece().send(Err(RdmaError::Timeout)));
+        assert!(piece().send(Err(RdmaError::OutOfRange)));
+        assert_eq!(answered.try_recv(), Ok(Some(Err(RdmaError::Timeout))));
     }
 }

@@ -132,6 +132,19 @@ impl Engine {
     /// Sends one list request for `list` (two or more reads to one
     /// endpoint, within the bounds), owned by the first read's op.
     fn send_read_list(&mut self, list: Vec<PreparedRead>) {
+        // An earlier send of this turn may have closed the endpoint (see
+        // `send_read_request`), answering these reads: each then goes its
+        // own way, and none uses the closed handle.
+        let answered = |read: &PreparedRead| {
+            // SAFETY: active slots of this turn, touched between UCX calls.
+            unsafe { (*read.op).phase != super::ops::Phase::AwaitingReply }
+        };
+        if list.iter().any(answered) {
+            for read in list {
+                self.send_read_request(read);
+            }
+            return;
+        }
         let request = ListRequest {
             entries: list.iter().map(|read| read.request).collect(),
         };

@@ -500,6 +500,17 @@ impl Engine {
             endpoint,
             request,
         } = prepared;
+        // An earlier send of this turn (another piece, another entry) may
+        // have run callbacks that closed this read's endpoint
+        // (`drain_events`): that answered the read, and the handle must not
+        // be used again.
+        // SAFETY: the slot is active and owned by this read.
+        if unsafe { (*op).phase } != Phase::AwaitingReply {
+            // SAFETY: as above.
+            unsafe { (*op).send_pending = false };
+            self.settle_op(slot);
+            return;
+        }
         // SAFETY: the endpoint is live (looked up this turn, and endpoints
         // close only between commands); no payload; the
         // slot outlives the send (freed only after the worker). With a
@@ -620,7 +631,14 @@ impl Engine {
     /// Answers reads past their deadline: at once if UCX holds nothing of
     /// their destination, else by force-closing the endpoint so UCX ends the
     /// receive (see the module docs).
+    ///
+    /// Every read past its deadline is answered or marked before any
+    /// endpoint is force-closed: a forced close fails the other reads on
+    /// its endpoint with "another read's deadline", which for a read whose
+    /// own deadline passed too (the pieces of one read share theirs) would
+    /// hide its `Timeout`.
     pub(super) fn expire_gets(&mut self, now: Instant) {
+        let mut unresponsive = Vec::new();
         for slot in self.ops.expired(now) {
             let Some(op) = self.ops.op(slot) else {
                 continue;
@@ -643,11 +661,13 @@ impl Engine {
                 }
                 Phase::Receiving => {
                     op_ref.expired = true;
-                    let (peer, serial) = (op_ref.peer, op_ref.endpoint_serial);
-                    self.declare_unresponsive(peer, serial);
+                    unresponsive.push((op_ref.peer, op_ref.endpoint_serial));
                 }
                 Phase::Finished => {}
             }
+        }
+        for (peer, serial) in unresponsive {
+            self.declare_unresponsive(peer, serial);
         }
         self.drain_events();
     }

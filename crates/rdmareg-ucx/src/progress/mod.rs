@@ -110,6 +110,8 @@ struct Settings {
     default_get_deadline: Duration,
     teardown_timeout: Duration,
     peer_error_handling: bool,
+    /// Whether reads may go in pieces at all (`pieces`).
+    reads_in_pieces: bool,
 }
 
 /// Everything the progress thread owns.
@@ -297,6 +299,7 @@ impl Engine {
                 default_get_deadline: config.default_get_deadline,
                 teardown_timeout: config.teardown_timeout,
                 peer_error_handling: config.transport.peer_error_handling(),
+                reads_in_pieces: config.reads_in_pieces_allowed_by_env(),
             },
             signals,
             page_size,

@@ -386,8 +386,9 @@ impl Engine {
         } {
             Ok(handle) => {
                 let transports = handle.transport_names().unwrap_or_default();
-                let reads_in_pieces =
-                    !transports.is_empty() && transports.iter().all(|name| name == "tcp");
+                let reads_in_pieces = self.settings.reads_in_pieces
+                    && !transports.is_empty()
+                    && transports.iter().all(|name| name == "tcp");
                 tracing::debug!(%peer, serial, ?transports, reads_in_pieces, "endpoint created");
                 connection.endpoint = Some(Endpoint {
                     handle,

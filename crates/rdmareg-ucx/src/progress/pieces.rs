@@ -22,6 +22,12 @@
 //!   unfinished replies per connection (4096 by default), and with that
 //!   many reads in flight the lane is busy anyway, so the pieces would buy
 //!   nothing but refusals.
+//! - Only with UCX's own protocol thresholds: an engine whose operator sets
+//!   the rendezvous threshold, a tcp segment size or UCX's older protocols
+//!   never splits (`UcxConfig::reads_in_pieces_allowed`). With a low
+//!   rendezvous threshold the pieces themselves would be received by
+//!   rendezvous: five receives instead of one, each holding a slot of the
+//!   owner's bound on unfinished replies until the consumer takes it.
 //! - Reads past [`LARGEST_SPLIT`] go whole: UCX receives those by
 //!   rendezvous straight into the destination, and splitting them measured
 //!   slower.
