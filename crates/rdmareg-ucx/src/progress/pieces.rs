@@ -28,6 +28,9 @@
 //!   rendezvous threshold the pieces themselves would be received by
 //!   rendezvous: five receives instead of one, each holding a slot of the
 //!   owner's bound on unfinished replies until the consumer takes it.
+//!   Only the consumer's own settings can be seen here: how replies travel
+//!   is the owner's to decide, and an owner with other thresholds gets
+//!   reads in pieces that are no faster than whole ones.
 //! - Reads past [`LARGEST_SPLIT`] go whole: UCX receives those by
 //!   rendezvous straight into the destination, and splitting them measured
 //!   slower.
