@@ -58,8 +58,8 @@ pub struct RdmaConfig {
     /// returns to the runtime. Default: 20 µs; `Duration::ZERO` turns it
     /// off. A list's window is reckoned from the bytes of all its entries.
     ///
-    /// The window grows by the GET's expected duration at shared-memory
-    /// speed (10 GB/s), up to 200 µs (or this base, if larger). A small GET
+    /// The window grows by the GET's expected duration at 5 GB/s (a little
+    /// below local tcp), up to 200 µs (or this base, if larger). A small GET
     /// over shared memory completes in about 2 µs, while waking a task that
     /// went to sleep costs 15–30 µs on a virtual machine; polling keeps a
     /// lone GET close to raw UCX. Each turn of the loop yields the CPU, so a
