@@ -314,7 +314,7 @@ impl UcxConfig {
 
     /// [`Self::direct_read_settings`] against the real process environment.
     pub(crate) fn direct_read_settings_from_env(&self) -> Vec<(String, String)> {
-        self.direct_read_settings(|key| std::env::var_os(format!("UCX_{key}")).is_some())
+        self.direct_read_settings(environment_sets)
     }
 
     /// The UCX key/values this configuration applies, in order, given which
@@ -395,11 +395,11 @@ impl UcxConfig {
     /// [`Self::reads_in_pieces_allowed`] against the real process
     /// environment.
     pub(crate) fn reads_in_pieces_allowed_by_env(&self) -> bool {
-        self.reads_in_pieces_allowed(|key| std::env::var_os(format!("UCX_{key}")).is_some())
+        self.reads_in_pieces_allowed(environment_sets)
     }
 
     pub(crate) fn ucx_settings_from_env(&self) -> Vec<(String, String)> {
-        self.ucx_settings(|key| std::env::var_os(format!("UCX_{key}")).is_some())
+        self.ucx_settings(environment_sets)
     }
 
     /// Refuse settings the engine cannot run with.
@@ -429,6 +429,12 @@ impl UcxConfig {
         }
         Ok(())
     }
+}
+
+/// Whether the process environment sets `UCX_<key>`: what every
+/// `*_from_env`/`*_by_env` method of [`UcxConfig`] asks.
+fn environment_sets(key: &str) -> bool {
+    std::env::var_os(format!("UCX_{key}")).is_some()
 }
 
 #[cfg(test)]

@@ -417,7 +417,6 @@ impl Engine {
             served.push(self.enter_served_read(&target, remote_addr, dest, len, reply));
             return Ok(());
         };
-        let pieces: Vec<_> = pieces.collect();
         self.signals
             .reads_asked_in_pieces
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

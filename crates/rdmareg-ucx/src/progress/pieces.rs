@@ -55,7 +55,7 @@ pub(super) const SPLIT_WHILE_FEWER_THAN: usize = 1024;
 /// left: a short remainder is gathered with other small reads when the
 /// read is part of a list (`gathered`), which measured faster for lists of
 /// 64 KiB and 128 KiB reads than pieces of equal length.
-pub(super) fn pieces(len: usize) -> Option<impl Iterator<Item = (usize, usize)>> {
+pub(super) fn pieces(len: usize) -> Option<impl ExactSizeIterator<Item = (usize, usize)>> {
     if len <= ONE_FRAGMENT || len > LARGEST_SPLIT {
         return None;
     }
