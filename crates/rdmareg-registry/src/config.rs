@@ -67,7 +67,10 @@ pub struct RdmaConfig {
     /// transfers are in flight, and a GET that outlasts the window costs at
     /// most the window in CPU. While it polls, its task polls nothing else:
     /// futures joined in one task behind it wait, so issue concurrent GETs
-    /// from separate tasks.
+    /// from separate tasks. Zero turns polling off: lone reads of 1 MiB and
+    /// more over tcp measured steadier that way (the spinning caller takes
+    /// CPU from the loops streaming the reply), and smaller ones slower
+    /// (`docs/benchmarks.md`).
     pub get_busy_poll: Duration,
     /// The pinned pool.
     pub pool: PoolConfig,
