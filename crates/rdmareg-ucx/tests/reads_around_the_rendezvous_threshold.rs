@@ -137,11 +137,7 @@ async fn settle(
                     landed[to..].iter().all(|&b| b == 0),
                     "{what}: an Ok read of {len} B wrote past its end"
                 );
-                let wrong = landed[from..to]
-                    .iter()
-                    .zip(source)
-                    .filter(|(a, b)| a != b)
-                    .count();
+                let wrong = differing_bytes(&landed[from..to], source);
                 assert_eq!(
                     wrong, 0,
                     "{what}: an Ok read of {len} B has {wrong} bytes not its source's"
@@ -254,11 +250,7 @@ async fn an_owners_unmap_confirms_only_after_its_replies_around_the_threshold_fi
                             Ok(()) => {
                                 let expected =
                                     &want[src_offset as usize..src_offset as usize + len as usize];
-                                let wrong = landed[from..to]
-                                    .iter()
-                                    .zip(expected)
-                                    .filter(|(a, b)| a != b)
-                                    .count();
+                                let wrong = differing_bytes(&landed[from..to], expected);
                                 assert_eq!(
                                     wrong, 0,
                                     "an Ok read of {len} B carries {wrong} bytes written after the unmap"

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_core::{BackendGet, Descriptor, RdmaError};
+use rdmareg_core::{BackendGet, BackendRegion, Descriptor, RdmaError};
 use rdmareg_ucx::{Transport, UcxBackend, UcxEngine};
 
 const KIB: u64 = 1024;
@@ -82,11 +82,7 @@ impl Dest {
         let landed = self.buf.snapshot();
         let range = self.range();
         let expected = &want[self.src_offset as usize..(self.src_offset + self.len) as usize];
-        let wrong = landed[range.clone()]
-            .iter()
-            .zip(expected)
-            .filter(|(a, b)| a != b)
-            .count();
+        let wrong = differing_bytes(&landed[range], expected);
         assert_eq!(
             wrong, 0,
             "{what}: an Ok read of {} B has {wrong} wrong bytes",
@@ -168,43 +164,105 @@ async fn shut_down_clean(owner: UcxEngine, consumer: UcxEngine, what: &str) {
     assert_eq!(owner.live_registrations(), Some(0), "{what}: owner");
 }
 
+/// An owner and a consumer engine with a [`SOURCE_LEN`]-byte [`pattern`]
+/// source mapped on the owner: what most tests here read from.
+///
+/// The source buffer lives as long as the scene and is freed only after
+/// both engines shut down, so it outlives its registration whether the
+/// owner unmapped it or the shutdown ended it.
+struct Scene {
+    owner: UcxEngine,
+    consumer: UcxEngine,
+    // The owner's and the consumer's backends.
+    ob: Arc<UcxBackend>,
+    cb: Arc<UcxBackend>,
+    src: PageBuf,
+    /// The source's bytes when it was mapped.
+    want: Vec<u8>,
+    src_region: BackendRegion,
+    /// What the owner would send for the source.
+    source: Descriptor,
+}
+
+impl Scene {
+    /// Maps a fresh source on the owner of `engines`, an (owner, consumer)
+    /// pair whose consumer knows the owner as [`OWNER`].
+    async fn new(engines: (UcxEngine, UcxEngine)) -> Scene {
+        let (owner, consumer) = engines;
+        let (ob, cb) = (owner.backend(), consumer.backend());
+        let src = PageBuf::filled(SOURCE_LEN, pattern);
+        let want = src.snapshot();
+        let src_region = map(&ob, &src).await;
+        let source = describe(&src, &src_region);
+        Scene {
+            owner,
+            consumer,
+            ob,
+            cb,
+            src,
+            want,
+            src_region,
+            source,
+        }
+    }
+
+    /// The usual end: waits for the owner's replies to settle (see
+    /// [`owner_settles`]), checks the owner's unmap of the source answers
+    /// `Ok`, then [`Scene::shut_down`].
+    async fn end(self, what: &str) {
+        owner_settles(&self.owner, what).await;
+        assert_eq!(
+            self.ob.unmap(self.src_region.backend_region_id).await,
+            Ok(())
+        );
+        self.shut_down(what).await;
+    }
+
+    /// Shuts both engines down and checks neither holds a registration
+    /// (see [`shut_down_clean`]); only then frees the source buffer.
+    async fn shut_down(self, what: &str) {
+        shut_down_clean(self.owner, self.consumer, what).await;
+        drop(self.src);
+    }
+}
+
 fn src_offset(i: usize) -> u64 {
     7 + 4093 * (i as u64 % 13)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odd_lengths_at_odd_offsets_land_exactly_and_touch_no_byte_outside_their_range() {
-    let (owner, consumer) = engines(Transport::Tcp);
-    let (ob, cb) = (owner.backend(), consumer.backend());
-    let src = PageBuf::filled(SOURCE_LEN, pattern);
-    let want = src.snapshot();
-    let src_region = map(&ob, &src).await;
-    let source = describe(&src, &src_region);
+    let scene = Scene::new(engines(Transport::Tcp)).await;
     let lengths = [
         65_521u64, 65_522, 69_633, 100_003, 122_881, 131_071, 184_321, 245_761, 262_143, 273_737,
         273_738,
     ];
     for (i, &len) in lengths.iter().enumerate() {
-        let dest = Dest::new(&cb, len, src_offset(i)).await;
-        let before = consumer.reads_asked_in_pieces();
+        let dest = Dest::new(&scene.cb, len, src_offset(i)).await;
+        let before = scene.consumer.reads_asked_in_pieces();
         let what = format!("{len} B from offset {}", dest.src_offset);
         assert_eq!(
-            cb.get_into_test_memory(dest.request(&source, None)).await,
+            scene
+                .cb
+                .get_into_test_memory(dest.request(&scene.source, None))
+                .await,
             Ok(()),
             "{what}"
         );
         assert_eq!(
-            consumer.reads_asked_in_pieces() - before,
+            scene.consumer.reads_asked_in_pieces() - before,
             1,
             "{what}: split once"
         );
-        dest.assert_exact(&want, &what);
-        assert_eq!(cb.unmap(dest.id).await, Ok(()), "{what}");
+        dest.assert_exact(&scene.want, &what);
+        assert_eq!(scene.cb.unmap(dest.id).await, Ok(()), "{what}");
     }
-    assert_eq!(owner.reads_asked_in_pieces(), 0, "the owner asks nothing");
-    owner_settles(&owner, "odd lengths").await;
-    assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-    shut_down_clean(owner, consumer, "odd lengths").await;
+    assert_eq!(
+        scene.owner.reads_asked_in_pieces(),
+        0,
+        "the owner asks nothing"
+    );
+    scene.end("odd lengths").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,32 +275,34 @@ async fn reads_are_counted_in_pieces_only_over_tcp_only_endpoints() {
         (Transport::SameHost, false, false),
     ];
     for (transport, served_only, split) in cases {
-        let (owner, consumer) = if served_only {
+        let scene = Scene::new(if served_only {
             served_engines(transport.clone())
         } else {
             engines(transport.clone())
-        };
+        })
+        .await;
         let what = format!("{transport:?}, served only: {served_only}");
-        let (ob, cb) = (owner.backend(), consumer.backend());
-        let src = PageBuf::filled(SOURCE_LEN, pattern);
-        let want = src.snapshot();
-        let src_region = map(&ob, &src).await;
-        let source = describe(&src, &src_region);
         for (i, &len) in PIECED.iter().enumerate() {
-            let dest = Dest::new(&cb, len, src_offset(i)).await;
+            let dest = Dest::new(&scene.cb, len, src_offset(i)).await;
             assert_eq!(
-                cb.get_into_test_memory(dest.request(&source, None)).await,
+                scene
+                    .cb
+                    .get_into_test_memory(dest.request(&scene.source, None))
+                    .await,
                 Ok(()),
                 "{what}: {len} B"
             );
-            dest.assert_exact(&want, &format!("{what}: {len} B"));
-            assert_eq!(cb.unmap(dest.id).await, Ok(()));
+            dest.assert_exact(&scene.want, &format!("{what}: {len} B"));
+            assert_eq!(scene.cb.unmap(dest.id).await, Ok(()));
         }
         let want_count = if split { PIECED.len() as u64 } else { 0 };
-        assert_eq!(consumer.reads_asked_in_pieces(), want_count, "{what}");
-        assert_eq!(owner.reads_asked_in_pieces(), 0, "{what}: owner");
-        assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-        shut_down_clean(owner, consumer, &what).await;
+        assert_eq!(scene.consumer.reads_asked_in_pieces(), want_count, "{what}");
+        assert_eq!(scene.owner.reads_asked_in_pieces(), 0, "{what}: owner");
+        assert_eq!(
+            scene.ob.unmap(scene.src_region.backend_region_id).await,
+            Ok(())
+        );
+        scene.shut_down(&what).await;
     }
 }
 
@@ -275,30 +335,28 @@ async fn under_an_operators_rendezvous_threshold_reads_go_whole_and_nothing_land
 /// there went whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_an_operators_rendezvous_threshold_a_lone_read_past_its_deadline_answers_timeout() {
-    let (owner, consumer) =
-        engines_with(config(Transport::Tcp).with_ucx_setting("RNDV_THRESH", "8K"));
-    let (ob, cb) = (owner.backend(), consumer.backend());
-    let src = PageBuf::filled(SOURCE_LEN, pattern);
-    let want = src.snapshot();
-    let src_region = map(&ob, &src).await;
-    let source = describe(&src, &src_region);
+    let scene = Scene::new(engines_with(
+        config(Transport::Tcp).with_ucx_setting("RNDV_THRESH", "8K"),
+    ))
+    .await;
     let mut wrong = Vec::new();
     let (mut timeouts, mut whole_timeouts) = (0usize, 0usize);
     let mut scribbled = Vec::new();
     for round in 0..150u64 {
         let deadline = Duration::from_micros(1 + (round % 20) * 10);
         for len in [256 * KIB, 512 * KIB] {
-            let dest = Dest::new(&cb, len, src_offset(round as usize)).await;
-            let before = consumer.reads_asked_in_pieces();
-            let outcome = cb
-                .get_into_test_memory(dest.request(&source, Some(deadline)))
+            let dest = Dest::new(&scene.cb, len, src_offset(round as usize)).await;
+            let before = scene.consumer.reads_asked_in_pieces();
+            let outcome = scene
+                .cb
+                .get_into_test_memory(dest.request(&scene.source, Some(deadline)))
                 .await;
-            let pieced = consumer.reads_asked_in_pieces() - before == 1;
+            let pieced = scene.consumer.reads_asked_in_pieces() - before == 1;
             let what = format!("round {round}, {len} B, pieced {pieced}");
             match outcome {
-                Ok(()) => dest.assert_exact(&want, &what),
+                Ok(()) => dest.assert_exact(&scene.want, &what),
                 Err(err) => {
-                    dest.assert_partial(&want, &what);
+                    dest.assert_partial(&scene.want, &what);
                     dest.buf.fill(SCRIBBLE);
                     scribbled.push(Arc::clone(&dest.buf));
                     match (err, pieced) {
@@ -312,7 +370,7 @@ async fn under_an_operators_rendezvous_threshold_a_lone_read_past_its_deadline_a
     }
     assert_quiet(&scribbled, "lone rendezvous pieces").await;
     assert_eq!(
-        consumer.reads_asked_in_pieces(),
+        scene.consumer.reads_asked_in_pieces(),
         0,
         "an operator's rendezvous threshold keeps reads whole"
     );
@@ -325,17 +383,11 @@ async fn under_an_operators_rendezvous_threshold_a_lone_read_past_its_deadline_a
     // A forced close leaves the owner's side of the connection, and the
     // rendezvous sends on it, until its keepalive notices: no owner unmap
     // here, the teardown ends them.
-    drop(src_region);
-    shut_down_clean(owner, consumer, "lone rendezvous pieces").await;
+    scene.shut_down("lone rendezvous pieces").await;
 }
 
 async fn deadlines_between_pieces(config: rdmareg_ucx::UcxConfig, rendezvous: bool) {
-    let (owner, consumer) = engines_with(config);
-    let (ob, cb) = (owner.backend(), consumer.backend());
-    let src = PageBuf::filled(SOURCE_LEN, pattern);
-    let want = Arc::new(src.snapshot());
-    let src_region = map(&ob, &src).await;
-    let source = describe(&src, &src_region);
+    let scene = Scene::new(engines_with(config)).await;
     let deadlines_us = [1u64, 5, 10, 20, 35, 50, 75, 100, 150, 200];
     let (mut ok, mut timeouts, mut partial) = (0usize, 0usize, 0usize);
     let mut others = Vec::new();
@@ -345,9 +397,9 @@ async fn deadlines_between_pieces(config: rdmareg_ucx::UcxConfig, rendezvous: bo
         let mut tasks = Vec::new();
         for (i, &deadline_us) in deadlines_us.iter().enumerate() {
             let len = PIECED[(i + round) % PIECED.len()];
-            let dest = Dest::new(&cb, len, src_offset(i + round)).await;
-            let request = dest.request(&source, Some(Duration::from_micros(deadline_us)));
-            let (cb, buf) = (cb.clone(), Arc::clone(&dest.buf));
+            let dest = Dest::new(&scene.cb, len, src_offset(i + round)).await;
+            let request = dest.request(&scene.source, Some(Duration::from_micros(deadline_us)));
+            let (cb, buf) = (scene.cb.clone(), Arc::clone(&dest.buf));
             tasks.push((
                 dest,
                 tokio::spawn(async move {
@@ -369,18 +421,18 @@ async fn deadlines_between_pieces(config: rdmareg_ucx::UcxConfig, rendezvous: bo
             match outcome {
                 Ok(()) => {
                     ok += 1;
-                    at_answer.assert_exact(&want, &what);
+                    at_answer.assert_exact(&scene.want, &what);
                 }
                 Err(RdmaError::Timeout) => {
                     timeouts += 1;
-                    let landed = at_answer.assert_partial(&want, &what);
+                    let landed = at_answer.assert_partial(&scene.want, &what);
                     if landed > 0 && (landed as u64) < dest.len {
                         partial += 1;
                     }
                     scribbled.push(Arc::clone(&dest.buf));
                 }
                 Err(other) => {
-                    at_answer.assert_partial(&want, &what);
+                    at_answer.assert_partial(&scene.want, &what);
                     scribbled.push(Arc::clone(&dest.buf));
                     others.push(format!("{what}: {other}"));
                 }
@@ -391,7 +443,7 @@ async fn deadlines_between_pieces(config: rdmareg_ucx::UcxConfig, rendezvous: bo
     assert!(timeouts > 0, "1 µs deadlines never passed: {ok} Ok");
     if rendezvous {
         assert_eq!(
-            consumer.reads_asked_in_pieces(),
+            scene.consumer.reads_asked_in_pieces(),
             0,
             "an operator's rendezvous threshold keeps reads whole"
         );
@@ -408,21 +460,24 @@ async fn deadlines_between_pieces(config: rdmareg_ucx::UcxConfig, rendezvous: bo
         &others[..others.len().min(5)]
     );
     for dest in &dests {
-        assert_eq!(cb.unmap(dest.id).await, Ok(()), "destination unmap");
+        assert_eq!(scene.cb.unmap(dest.id).await, Ok(()), "destination unmap");
     }
     // The consumer still reads whole afterwards.
-    let dest = Dest::new(&cb, 256 * KIB, 11).await;
+    let dest = Dest::new(&scene.cb, 256 * KIB, 11).await;
     assert_eq!(
-        cb.get_into_test_memory(dest.request(&source, None)).await,
+        scene
+            .cb
+            .get_into_test_memory(dest.request(&scene.source, None))
+            .await,
         Ok(())
     );
-    dest.assert_exact(&want, "after the deadlines");
-    assert_eq!(cb.unmap(dest.id).await, Ok(()));
-    if !rendezvous {
-        owner_settles(&owner, "deadlines").await;
-        assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
+    dest.assert_exact(&scene.want, "after the deadlines");
+    assert_eq!(scene.cb.unmap(dest.id).await, Ok(()));
+    if rendezvous {
+        scene.shut_down("deadlines").await;
+    } else {
+        scene.end("deadlines").await;
     }
-    shut_down_clean(owner, consumer, "deadlines").await;
 }
 
 /// A lone read asked in pieces is one read to its caller: an owner whose
@@ -465,44 +520,41 @@ async fn lone_reads_under_small_bounds(
         splits: Vec::new(),
     };
     for bound in [1u32, 2, 4] {
-        let (owner, consumer) = engines_with(configure(
+        let scene = Scene::new(engines_with(configure(
             config(Transport::Tcp).with_max_served_replies_per_connection(bound),
-        ));
-        let (ob, cb) = (owner.backend(), consumer.backend());
-        let src = PageBuf::filled(SOURCE_LEN, pattern);
-        let want = src.snapshot();
-        let src_region = map(&ob, &src).await;
-        let source = describe(&src, &src_region);
-        let warm = Dest::new(&cb, warm_len, 3).await;
+        )))
+        .await;
+        let warm = Dest::new(&scene.cb, warm_len, 3).await;
         assert_eq!(
-            cb.get_into_test_memory(warm.request(&source, Some(Duration::from_secs(5))))
+            scene
+                .cb
+                .get_into_test_memory(warm.request(&scene.source, Some(Duration::from_secs(5))))
                 .await,
             Ok(()),
             "bound {bound}: a lone {warm_len} B read"
         );
         for &len in &[256 * KIB, 100_003] {
-            let dest = Dest::new(&cb, len, 5).await;
-            let before = consumer.reads_asked_in_pieces();
-            let outcome = cb
-                .get_into_test_memory(dest.request(&source, Some(Duration::from_secs(5))))
+            let dest = Dest::new(&scene.cb, len, 5).await;
+            let before = scene.consumer.reads_asked_in_pieces();
+            let outcome = scene
+                .cb
+                .get_into_test_memory(dest.request(&scene.source, Some(Duration::from_secs(5))))
                 .await;
-            let split = consumer.reads_asked_in_pieces() - before;
+            let split = scene.consumer.reads_asked_in_pieces() - before;
             seen.splits.push(split);
             match &outcome {
-                Ok(()) => dest.assert_exact(&want, &format!("bound {bound}, {len} B")),
+                Ok(()) => dest.assert_exact(&scene.want, &format!("bound {bound}, {len} B")),
                 Err(err) => {
-                    dest.assert_partial(&want, &format!("bound {bound}, {len} B"));
+                    dest.assert_partial(&scene.want, &format!("bound {bound}, {len} B"));
                     seen.failures.push(format!(
                         "bound {bound}, lone {len} B read (split: {split}): {err}"
                     ));
                 }
             }
-            assert_eq!(cb.unmap(dest.id).await, Ok(()));
+            assert_eq!(scene.cb.unmap(dest.id).await, Ok(()));
         }
-        assert_eq!(cb.unmap(warm.id).await, Ok(()));
-        owner_settles(&owner, &format!("bound {bound}")).await;
-        assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-        shut_down_clean(owner, consumer, &format!("bound {bound}")).await;
+        assert_eq!(scene.cb.unmap(warm.id).await, Ok(()));
+        scene.end(&format!("bound {bound}")).await;
     }
     seen
 }
@@ -513,29 +565,28 @@ async fn lone_reads_under_small_bounds(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_a_small_bound_busy_reads_in_pieces_answer_a_transient_error_and_land_nothing_later()
 {
-    let (owner, consumer) =
-        engines_with(config(Transport::Tcp).with_max_served_replies_per_connection(5));
-    let (ob, cb) = (owner.backend(), consumer.backend());
-    let src = PageBuf::filled(SOURCE_LEN, pattern);
-    let want = Arc::new(src.snapshot());
-    let src_region = map(&ob, &src).await;
-    let source = describe(&src, &src_region);
-    let lone = Dest::new(&cb, 256 * KIB, 1).await;
+    let scene = Scene::new(engines_with(
+        config(Transport::Tcp).with_max_served_replies_per_connection(5),
+    ))
+    .await;
+    let lone = Dest::new(&scene.cb, 256 * KIB, 1).await;
     assert_eq!(
-        cb.get_into_test_memory(lone.request(&source, Some(Duration::from_secs(5))))
+        scene
+            .cb
+            .get_into_test_memory(lone.request(&scene.source, Some(Duration::from_secs(5))))
             .await,
         Ok(()),
         "a lone 256 KiB read (5 pieces) under a bound of 5"
     );
-    lone.assert_exact(&want, "lone");
+    lone.assert_exact(&scene.want, "lone");
     let mut scribbled = Vec::new();
     let (mut ok, mut busy) = (0usize, 0usize);
     for round in 0..5 {
         let mut tasks = Vec::new();
         for i in 0..8 {
-            let dest = Dest::new(&cb, 256 * KIB, src_offset(i + round)).await;
-            let request = dest.request(&source, Some(Duration::from_secs(5)));
-            let (cb, buf) = (cb.clone(), Arc::clone(&dest.buf));
+            let dest = Dest::new(&scene.cb, 256 * KIB, src_offset(i + round)).await;
+            let request = dest.request(&scene.source, Some(Duration::from_secs(5)));
+            let (cb, buf) = (scene.cb.clone(), Arc::clone(&dest.buf));
             tasks.push((
                 dest,
                 tokio::spawn(async move {
@@ -555,24 +606,22 @@ async fn under_a_small_bound_busy_reads_in_pieces_answer_a_transient_error_and_l
             match outcome {
                 Ok(()) => {
                     ok += 1;
-                    at_answer.assert_exact(&want, &what);
+                    at_answer.assert_exact(&scene.want, &what);
                 }
                 Err(err) => {
                     assert!(err.is_transient(), "{what}: {err:?} is transient");
                     busy += 1;
-                    at_answer.assert_partial(&want, &what);
+                    at_answer.assert_partial(&scene.want, &what);
                     scribbled.push(Arc::clone(&dest.buf));
                 }
             }
-            assert_eq!(cb.unmap(dest.id).await, Ok(()), "{what}");
+            assert_eq!(scene.cb.unmap(dest.id).await, Ok(()), "{what}");
         }
     }
     tracing::info!(ok, busy, "busy rounds");
     assert_quiet(&scribbled, "busy").await;
-    owner_settles(&owner, "busy").await;
-    assert_eq!(cb.unmap(lone.id).await, Ok(()));
-    assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-    shut_down_clean(owner, consumer, "busy").await;
+    assert_eq!(scene.cb.unmap(lone.id).await, Ok(()));
+    scene.end("busy").await;
 }
 
 /// A read whose last piece runs one byte past the registration: the owner
@@ -581,69 +630,59 @@ async fn under_a_small_bound_busy_reads_in_pieces_answer_a_transient_error_and_l
 /// after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_last_piece_runs_one_byte_past_the_registration_answers_out_of_range() {
-    let (owner, consumer) = engines(Transport::Tcp);
-    let (ob, cb) = (owner.backend(), consumer.backend());
-    let src = PageBuf::filled(SOURCE_LEN, pattern);
-    let mut want = src.snapshot();
-    want.push(0); // the byte past the end is never read
-    let src_region = map(&ob, &src).await;
-    let source = describe(&src, &src_region);
+    let mut scene = Scene::new(engines(Transport::Tcp)).await;
+    scene.want.push(0); // the byte past the end is never read
     let mut scribbled = Vec::new();
     for &len in &PIECED {
         let offset = SOURCE_LEN as u64 - len + 1;
-        let dest = Dest::new(&cb, len, offset).await;
-        let request = dest.request(&source, Some(Duration::from_secs(5)));
-        let outcome = cb.get_into_test_memory(request).await;
+        let dest = Dest::new(&scene.cb, len, offset).await;
+        let request = dest.request(&scene.source, Some(Duration::from_secs(5)));
+        let outcome = scene.cb.get_into_test_memory(request).await;
         let what = format!("{len} B one past the end");
         assert_eq!(outcome, Err(RdmaError::OutOfRange), "{what}");
-        dest.assert_partial(&want, &what);
+        dest.assert_partial(&scene.want, &what);
         dest.buf.fill(SCRIBBLE);
         scribbled.push(Arc::clone(&dest.buf));
     }
     // Also a read starting one byte before the registration.
-    let before = Dest::new(&cb, 100_003, 0).await;
+    let before = Dest::new(&scene.cb, 100_003, 0).await;
     let request = BackendGet {
-        remote_addr: source.addr() - 1,
-        ..before.request(&source, Some(Duration::from_secs(5)))
+        remote_addr: scene.source.addr() - 1,
+        ..before.request(&scene.source, Some(Duration::from_secs(5)))
     };
     assert_eq!(
-        cb.get_into_test_memory(request).await,
+        scene.cb.get_into_test_memory(request).await,
         Err(RdmaError::OutOfRange),
         "one byte before the registration"
     );
     before.assert_guards("one byte before");
     assert_quiet(&scribbled, "out of range").await;
-    assert_eq!(consumer.reads_asked_in_pieces(), PIECED.len() as u64 + 1);
-    owner_settles(&owner, "out of range").await;
-    assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-    shut_down_clean(owner, consumer, "out of range").await;
+    assert_eq!(
+        scene.consumer.reads_asked_in_pieces(),
+        PIECED.len() as u64 + 1
+    );
+    scene.end("out of range").await;
 }
 
 /// A read in pieces with a forged capability: every piece refused, nothing
 /// lands in the range.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_key_read_in_pieces_lands_not_one_byte() {
-    let (owner, consumer) = engines(Transport::Tcp);
-    let (ob, cb) = (owner.backend(), consumer.backend());
-    let src = PageBuf::filled(SOURCE_LEN, pattern);
-    let src_region = map(&ob, &src).await;
-    let source = describe(&src, &src_region);
+    let scene = Scene::new(engines(Transport::Tcp)).await;
     for &len in &PIECED {
-        let dest = Dest::new(&cb, len, 9).await;
+        let dest = Dest::new(&scene.cb, len, 9).await;
         let request = BackendGet {
-            packed_key: forged_capability(source.packed_key()),
-            ..dest.request(&source, Some(Duration::from_secs(5)))
+            packed_key: forged_capability(scene.source.packed_key()),
+            ..dest.request(&scene.source, Some(Duration::from_secs(5)))
         };
-        let outcome = cb.get_into_test_memory(request).await;
+        let outcome = scene.cb.get_into_test_memory(request).await;
         assert!(outcome.is_err(), "{len} B with a forged key: {outcome:?}");
         assert!(
             dest.buf.snapshot().iter().all(|&b| b == 0),
             "{len} B: a forged read landed bytes"
         );
     }
-    owner_settles(&owner, "forged").await;
-    assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-    shut_down_clean(owner, consumer, "forged").await;
+    scene.end("forged").await;
 }
 
 /// Batches mixing entries in pieces with small ones and with failing ones
@@ -651,12 +690,7 @@ async fn a_forged_key_read_in_pieces_lands_not_one_byte() {
 /// the gaps between them untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own() {
-    let (owner, consumer) = engines(Transport::Tcp);
-    let (ob, cb) = (owner.backend(), consumer.backend());
-    let src = PageBuf::filled(SOURCE_LEN, pattern);
-    let want = src.snapshot();
-    let src_region = map(&ob, &src).await;
-    let source = describe(&src, &src_region);
+    let scene = Scene::new(engines(Transport::Tcp)).await;
     // (length, source offset, expected outcome); offsets past the end fail.
     let end = SOURCE_LEN as u64;
     let entries: Vec<(u64, u64, Result<(), RdmaError>)> = vec![
@@ -675,15 +709,15 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
         let gap = 4099u64;
         let total: u64 = entries.iter().map(|(len, ..)| len + gap).sum::<u64>() + gap;
         let dst = PageBuf::zeroed(total as usize);
-        let dst_region = map(&cb, &dst).await;
+        let dst_region = map(&scene.cb, &dst).await;
         let mut requests = Vec::new();
         let mut places = Vec::new();
         let mut at = gap;
         for &(len, offset, _) in &entries {
             requests.push(BackendGet {
                 peer: OWNER,
-                remote_addr: source.addr() + offset,
-                packed_key: source.packed_key().clone(),
+                remote_addr: scene.source.addr() + offset,
+                packed_key: scene.source.packed_key().clone(),
                 local_region_id: dst_region.backend_region_id,
                 local_offset: at,
                 len,
@@ -692,8 +726,8 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
             places.push(at as usize);
             at += len + gap;
         }
-        let before = consumer.reads_asked_in_pieces();
-        let answers = cb.get_batch_into_test_memory(requests).await;
+        let before = scene.consumer.reads_asked_in_pieces();
+        let answers = scene.cb.get_batch_into_test_memory(requests).await;
         let expected: Vec<_> = entries.iter().map(|(.., e)| e.clone()).collect();
         assert_eq!(answers, expected, "round {round}");
         let pieced = entries
@@ -701,7 +735,7 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
             .filter(|(len, ..)| (65_521..=273_738).contains(len))
             .count() as u64;
         assert_eq!(
-            consumer.reads_asked_in_pieces() - before,
+            scene.consumer.reads_asked_in_pieces() - before,
             pieced,
             "round {round}: pieced entries counted once each"
         );
@@ -712,7 +746,7 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
             let got = &landed[place..place + len];
             match outcome {
                 Ok(()) => assert!(
-                    got == &want[offset..offset + len],
+                    got == &scene.want[offset..offset + len],
                     "round {round}: entry of {len} B at {offset} exact"
                 ),
                 Err(_) => {
@@ -720,7 +754,7 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
                     let foreign = got
                         .iter()
                         .enumerate()
-                        .filter(|&(i, &b)| b != 0 && (i >= readable || b != want[offset + i]))
+                        .filter(|&(i, &b)| b != 0 && (i >= readable || b != scene.want[offset + i]))
                         .count();
                     assert_eq!(foreign, 0, "round {round}: failed entry of {len} B");
                 }
@@ -741,23 +775,16 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
             dst.snapshot().iter().all(|&b| b == SCRIBBLE),
             "round {round}: bytes landed after the batch answered"
         );
-        assert_eq!(cb.unmap(dst_region.backend_region_id).await, Ok(()));
+        assert_eq!(scene.cb.unmap(dst_region.backend_region_id).await, Ok(()));
     }
-    owner_settles(&owner, "batches").await;
-    assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-    shut_down_clean(owner, consumer, "batches").await;
+    scene.end("batches").await;
 }
 
 /// Batches whose entries in pieces run into short deadlines: every entry's
 /// answer and the batch's come only once nothing writes any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_pieced_entries_past_short_deadlines_lets_nothing_land_after_its_answer() {
-    let (owner, consumer) = engines(Transport::Tcp);
-    let (ob, cb) = (owner.backend(), consumer.backend());
-    let src = PageBuf::filled(SOURCE_LEN, pattern);
-    let want = src.snapshot();
-    let src_region = map(&ob, &src).await;
-    let source = describe(&src, &src_region);
+    let scene = Scene::new(engines(Transport::Tcp)).await;
     let mut scribbled = Vec::new();
     let mut errors = 0;
     for round in 0..20u64 {
@@ -765,22 +792,22 @@ async fn a_batch_of_pieced_entries_past_short_deadlines_lets_nothing_land_after_
         let dests = {
             let mut dests = Vec::new();
             for (i, &len) in PIECED.iter().enumerate() {
-                dests.push(Dest::new(&cb, len, src_offset(i + round as usize)).await);
+                dests.push(Dest::new(&scene.cb, len, src_offset(i + round as usize)).await);
             }
             dests
         };
         let requests = dests
             .iter()
-            .map(|dest| dest.request(&source, Some(deadline)))
+            .map(|dest| dest.request(&scene.source, Some(deadline)))
             .collect();
-        let answers = cb.get_batch_into_test_memory(requests).await;
+        let answers = scene.cb.get_batch_into_test_memory(requests).await;
         for (dest, answer) in dests.iter().zip(&answers) {
             let what = format!("round {round}, {} B", dest.len);
             match answer {
-                Ok(()) => dest.assert_exact(&want, &what),
+                Ok(()) => dest.assert_exact(&scene.want, &what),
                 Err(RdmaError::Timeout) => {
                     errors += 1;
-                    dest.assert_partial(&want, &what);
+                    dest.assert_partial(&scene.want, &what);
                     dest.buf.fill(SCRIBBLE);
                     scribbled.push(Arc::clone(&dest.buf));
                 }
@@ -788,51 +815,45 @@ async fn a_batch_of_pieced_entries_past_short_deadlines_lets_nothing_land_after_
             }
         }
         for dest in &dests {
-            assert_eq!(cb.unmap(dest.id).await, Ok(()));
+            assert_eq!(scene.cb.unmap(dest.id).await, Ok(()));
         }
     }
     assert!(errors > 0, "no deadline ever passed");
     assert_quiet(&scribbled, "batch deadlines").await;
-    owner_settles(&owner, "batch deadlines").await;
-    assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-    shut_down_clean(owner, consumer, "batch deadlines").await;
+    scene.end("batch deadlines").await;
 }
 
 /// Many reads in pieces in flight at once on one connection all land
 /// exactly, are each counted once, and release everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_concurrent_reads_in_pieces_land_exactly_and_release_everything() {
-    let (owner, consumer) = engines(Transport::Tcp);
-    let (ob, cb) = (owner.backend(), consumer.backend());
-    let src = PageBuf::filled(SOURCE_LEN, pattern);
-    let want = src.snapshot();
-    let src_region = map(&ob, &src).await;
-    let source = describe(&src, &src_region);
+    let scene = Scene::new(engines(Transport::Tcp)).await;
     let count = 96;
     for round in 0..2 {
         let mut dests = Vec::new();
         for i in 0..count {
-            dests.push(Dest::new(&cb, PIECED[i % PIECED.len()], src_offset(i + round)).await);
+            dests.push(Dest::new(&scene.cb, PIECED[i % PIECED.len()], src_offset(i + round)).await);
         }
-        let before = consumer.reads_asked_in_pieces();
+        let before = scene.consumer.reads_asked_in_pieces();
         let outcomes = futures::future::join_all(dests.iter().map(|dest| {
-            let request = dest.request(&source, None);
-            let cb = cb.clone();
+            let request = dest.request(&scene.source, None);
+            let cb = scene.cb.clone();
             async move { cb.get_into_test_memory(request).await }
         }))
         .await;
         for (dest, outcome) in dests.iter().zip(outcomes) {
             assert_eq!(outcome, Ok(()), "round {round}: {} B", dest.len);
-            dest.assert_exact(&want, &format!("round {round}"));
+            dest.assert_exact(&scene.want, &format!("round {round}"));
         }
-        assert_eq!(consumer.reads_asked_in_pieces() - before, count as u64);
+        assert_eq!(
+            scene.consumer.reads_asked_in_pieces() - before,
+            count as u64
+        );
         for dest in &dests {
-            assert_eq!(cb.unmap(dest.id).await, Ok(()));
+            assert_eq!(scene.cb.unmap(dest.id).await, Ok(()));
         }
     }
-    owner_settles(&owner, "concurrent").await;
-    assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-    shut_down_clean(owner, consumer, "concurrent").await;
+    scene.end("concurrent").await;
 }
 
 /// Reads in pieces dropped by their callers mid-flight: the destination's
@@ -840,20 +861,15 @@ async fn many_concurrent_reads_in_pieces_land_exactly_and_release_everything() {
 /// the owner ends with no reply in flight, and the consumer reads on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_reads_in_pieces_mid_flight_leaks_nothing_and_lands_nothing_after_the_unmap() {
-    let (owner, consumer) = engines(Transport::Tcp);
-    let (ob, cb) = (owner.backend(), consumer.backend());
-    let src = PageBuf::filled(SOURCE_LEN, pattern);
-    let want = src.snapshot();
-    let src_region = map(&ob, &src).await;
-    let source = describe(&src, &src_region);
+    let scene = Scene::new(engines(Transport::Tcp)).await;
     let mut scribbled = Vec::new();
     for round in 0..20u64 {
         let mut dests = Vec::new();
         let mut tasks = Vec::new();
         for (i, &len) in PIECED.iter().enumerate() {
-            let dest = Dest::new(&cb, len, src_offset(i + round as usize)).await;
-            let request = dest.request(&source, None);
-            let cb = cb.clone();
+            let dest = Dest::new(&scene.cb, len, src_offset(i + round as usize)).await;
+            let request = dest.request(&scene.source, None);
+            let cb = scene.cb.clone();
             tasks.push(tokio::spawn(async move {
                 cb.get_into_test_memory(request).await
             }));
@@ -870,30 +886,31 @@ async fn dropping_reads_in_pieces_mid_flight_leaks_nothing_and_lands_nothing_aft
             if let Ok(outcome) = finished {
                 // It answered before the abort: judge it.
                 match outcome {
-                    Ok(()) => dest.assert_exact(&want, "answered before the drop"),
+                    Ok(()) => dest.assert_exact(&scene.want, "answered before the drop"),
                     Err(err) => panic!("round {round}: {err:?}"),
                 }
             }
             // The unmap waits for every piece's hold.
-            assert_eq!(cb.unmap(dest.id).await, Ok(()), "round {round}");
+            assert_eq!(scene.cb.unmap(dest.id).await, Ok(()), "round {round}");
             dest.assert_guards(&format!("round {round}"));
-            dest.assert_partial(&want, &format!("round {round}"));
+            dest.assert_partial(&scene.want, &format!("round {round}"));
             dest.buf.fill(SCRIBBLE);
             scribbled.push(Arc::clone(&dest.buf));
         }
     }
     assert_quiet(&scribbled, "dropped reads").await;
-    assert_eq!(consumer.live_registrations(), Some(0));
-    let dest = Dest::new(&cb, 256 * KIB, 1).await;
+    assert_eq!(scene.consumer.live_registrations(), Some(0));
+    let dest = Dest::new(&scene.cb, 256 * KIB, 1).await;
     assert_eq!(
-        cb.get_into_test_memory(dest.request(&source, None)).await,
+        scene
+            .cb
+            .get_into_test_memory(dest.request(&scene.source, None))
+            .await,
         Ok(())
     );
-    dest.assert_exact(&want, "after the drops");
-    assert_eq!(cb.unmap(dest.id).await, Ok(()));
-    owner_settles(&owner, "dropped reads").await;
-    assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-    shut_down_clean(owner, consumer, "dropped reads").await;
+    dest.assert_exact(&scene.want, "after the drops");
+    assert_eq!(scene.cb.unmap(dest.id).await, Ok(()));
+    scene.end("dropped reads").await;
 }
 
 /// Which side goes away mid-read.

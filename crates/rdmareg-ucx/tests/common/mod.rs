@@ -245,6 +245,12 @@ pub fn pattern(i: usize) -> u8 {
     (i % 251) as u8 + 1
 }
 
+/// How many bytes of `got` differ from the byte at the same place in
+/// `want`, compared over the shorter of the two.
+pub fn differing_bytes(got: &[u8], want: &[u8]) -> usize {
+    got.iter().zip(want).filter(|(a, b)| a != b).count()
+}
+
 /// The descriptor an owner would send for `region` over `buf`.
 pub fn describe(buf: &PageBuf, region: &BackendRegion) -> Descriptor {
     Descriptor::new(
