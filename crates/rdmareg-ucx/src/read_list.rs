@@ -23,12 +23,15 @@
 //!   endpoint's failure or teardown answer it exactly as they answer a
 //!   single read waiting for its reply. Larger reads go alone and may be
 //!   received by rendezvous straight into their destination.
-//! - Over an endpoint whose every lane is tcp a consumer asks for at most
-//!   60 KiB per list, so that each reply arrives in one fragment: UCX
-//!   gathers a longer eager reply into a buffer of its own first, and the
-//!   entries would be copied twice (the same reason reads of that size go
-//!   in pieces; see `progress::pieces`). The owner still accepts up to
-//!   [`MAX_GATHERED_BYTES`].
+//! - Over a connection whose every lane is tcp the owner answers a list in
+//!   several replies of at most 60 KiB of payload each, so that each
+//!   arrives in one fragment: UCX gathers a longer eager reply into a
+//!   buffer of its own first, and the entries would be copied twice (the
+//!   same reason reads of that size go in pieces; see `progress::pieces`).
+//!   The request still asks up to [`MAX_GATHERED_BYTES`] at once: one send
+//!   for up to 64 reads, where a request per fragment's worth of reads cost
+//!   the consumer a send each. The consumer lands each entry by its request
+//!   id, whichever reply brings it.
 //! - The owner refuses an entry beyond those bounds as
 //!   [`RemoteRefusal::Malformed`](crate::read_protocol::RemoteRefusal::Malformed):
 //!   a consumer that respects them never sees it.

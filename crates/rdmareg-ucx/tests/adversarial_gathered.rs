@@ -428,7 +428,8 @@ fn an_owner_lost_mid_list_answers_every_entry_and_leaves_nothing_registered() {
 /// The owner, sent one list of maximal count whose entries name huge
 /// lengths, wrapping addresses, zero lengths and more than the gathering
 /// bounds of a real region, serves only what lies inside the region and the
-/// bounds, and refuses every other entry on its own.
+/// bounds, and refuses every other entry on its own, in eager replies of
+/// at most one tcp fragment each.
 #[test]
 fn an_owner_refuses_each_hostile_entry_of_a_maximal_list_on_its_own() {
     let rt = runtime();
@@ -474,16 +475,29 @@ fn an_owner_refuses_each_hostile_entry_of_a_maximal_list_on_its_own() {
         &[],
         sys::UCP_AM_SEND_FLAG_REPLY,
     );
+    // Over tcp the owner answers in replies of one fragment each, in the
+    // list's order on the one connection: read them back to back as one.
+    let answered = |r: &Raw| -> usize {
+        r.messages(READ_LIST_REPLY_AM_ID)
+            .iter()
+            .map(|m| ListReply::decode(&m.header).unwrap().entries.len())
+            .sum()
+    };
     assert!(consumer.progress_until(Duration::from_secs(5), |r| {
-        !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
+        answered(r) >= MAX_LIST_ENTRIES
     }));
-    let (reply, data, rendezvous) = {
+    let (reply, data, rendezvous, largest_reply) = {
         let messages = consumer.messages(READ_LIST_REPLY_AM_ID);
-        (
-            ListReply::decode(&messages[0].header).unwrap(),
-            messages[0].data.clone(),
-            messages[0].rndv_len,
-        )
+        let reply = ListReply {
+            entries: messages
+                .iter()
+                .flat_map(|m| ListReply::decode(&m.header).unwrap().entries)
+                .collect(),
+        };
+        let data: Vec<u8> = messages.iter().flat_map(|m| m.data.clone()).collect();
+        let rendezvous: usize = messages.iter().map(|m| m.rndv_len).sum();
+        let largest = messages.iter().map(|m| m.data.len()).max().unwrap_or(0);
+        (reply, data, rendezvous, largest)
     };
     drop(consumer);
     let unmapped = rt.block_on(async {
@@ -498,6 +512,10 @@ fn an_owner_refuses_each_hostile_entry_of_a_maximal_list_on_its_own() {
     assert_eq!(unmapped, Ok(Ok(())));
     assert_eq!(live, Some(0));
     assert_eq!(rendezvous, 0, "eager");
+    assert!(
+        largest_reply <= 60 * 1024,
+        "a reply of {largest_reply} bytes: more than one tcp fragment"
+    );
     assert_eq!(reply.entries.len(), MAX_LIST_ENTRIES);
     for entry in &reply.entries[..hostile.len()] {
         assert!(

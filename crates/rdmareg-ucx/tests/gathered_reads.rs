@@ -414,3 +414,100 @@ fn a_thousand_small_reads_and_a_large_one_land_exactly_over_tcp() {
     let want: Vec<u8> = (7..7 + (1 << 20)).map(pattern).collect();
     assert_eq!(&bytes[4000 * 1024..], &want[..], "the large read");
 }
+
+/// Over tcp a batch's small reads of one owner travel as one list request
+/// of up to the list's bounds (here sixteen reads of 16 KiB, 256 KiB in
+/// all), not one request per tcp fragment's worth of reads: the owner cuts
+/// its replies to fragment size (see the next test).
+#[test]
+fn over_tcp_a_list_request_asks_up_to_its_bounds_in_one_message() {
+    let rt = runtime();
+    let consumer = tcp_engine();
+    let owner = Raw::new(false);
+    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
+    let dest = PageBuf::zeroed(16 * 16384);
+    let batch = batch_to_raw_owner(&rt, &consumer, &dest, 16, 16384);
+    let (request, _reply_ep) = received_list(&owner);
+    let entries = request.entries.len();
+    let requests = owner.messages(READ_LIST_REQUEST_AM_ID).len();
+    // The owner never answers: the reads run into their deadlines.
+    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(10)).expect("answered");
+    rt.block_on(consumer.shutdown());
+    assert_eq!(entries, 16, "all sixteen reads in the first list");
+    assert_eq!(requests, 1, "one list request");
+    assert!(answers.iter().all(|a| a == &Err(RdmaError::Timeout)));
+}
+
+/// A real owner answers a list request of 256 KiB from a tcp consumer in
+/// replies of at most one tcp fragment's payload (60 KiB), each eager,
+/// which together serve every entry once with its own bytes.
+#[test]
+fn over_tcp_an_owner_answers_a_long_list_in_replies_of_one_fragment() {
+    const PIECE: usize = 60 * 1024;
+    let rt = runtime();
+    let owner = tcp_engine();
+    let backend = owner.backend();
+    let buf = PageBuf::filled(1 << 20, pattern);
+    let region = rt.block_on(map(&backend, &buf));
+    let key = ServedKey::decode(&region.packed_key).unwrap();
+    let base = buf.addr() as u64;
+    let request = ListRequest {
+        entries: (0..16u64)
+            .map(|i| ReadRequest {
+                request_id: 100 + i,
+                key,
+                address: base + 1 + i * 20_000,
+                length: 16384,
+            })
+            .collect(),
+    };
+    let consumer = Raw::new(false);
+    let ep = consumer.connect(&owner.worker_address());
+    consumer.send_wait(
+        ep,
+        READ_LIST_REQUEST_AM_ID,
+        &request.encode().unwrap(),
+        &[],
+        sys::UCP_AM_SEND_FLAG_REPLY,
+    );
+    let served = |r: &Raw| -> usize {
+        r.messages(READ_LIST_REPLY_AM_ID)
+            .iter()
+            .map(|m| ListReply::decode(&m.header).unwrap().entries.len())
+            .sum()
+    };
+    assert!(consumer.progress_until(Duration::from_secs(5), |r| served(r) >= 16));
+    let replies: Vec<(ListReply, Vec<u8>, usize)> = consumer
+        .messages(READ_LIST_REPLY_AM_ID)
+        .iter()
+        .map(|m| {
+            (
+                ListReply::decode(&m.header).unwrap(),
+                m.data.clone(),
+                m.rndv_len,
+            )
+        })
+        .collect();
+    drop(consumer);
+    assert_eq!(rt.block_on(backend.unmap(region.backend_region_id)), Ok(()));
+    rt.block_on(owner.shutdown());
+    assert!(replies.len() > 1, "more than one reply");
+    let mut seen = Vec::new();
+    for (reply, data, rendezvous) in &replies {
+        assert_eq!(*rendezvous, 0, "every reply is eager");
+        assert!(data.len() <= PIECE, "a reply of {} bytes", data.len());
+        let mut at = 0;
+        for entry in &reply.entries {
+            assert_eq!(entry.status, ReplyStatus::Served);
+            let i = entry.request_id - 100;
+            let from = (1 + i * 20_000) as usize;
+            let want: Vec<u8> = (from..from + 16384).map(pattern).collect();
+            assert!(data[at..at + 16384] == want[..], "entry {i}: its own bytes");
+            at += 16384;
+            seen.push(entry.request_id);
+        }
+        assert_eq!(at, data.len(), "the payload is the served entries'");
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (100..116).collect::<Vec<u64>>(), "each entry once");
+}

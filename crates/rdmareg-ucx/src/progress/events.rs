@@ -65,6 +65,11 @@ pub(crate) struct Events {
     /// request sent, a read answered, a reply sent (see "Handing over" in
     /// the loop's docs).
     pub(crate) hand_offs: Cell<u32>,
+    /// Whether this engine, as an owner, answers a list in replies of at
+    /// most one tcp fragment each on connections whose every lane is tcp
+    /// (`gathered`); off where the operator shapes UCX's protocols, as
+    /// reads in pieces are (`UcxConfig::reads_in_pieces_allowed`).
+    pub(crate) fragment_sized_replies: Cell<bool>,
 }
 
 impl Default for Events {
@@ -85,6 +90,7 @@ impl Default for Events {
             refused_requests: Cell::new(0),
             dropped_messages: Cell::new(0),
             hand_offs: Cell::new(0),
+            fragment_sized_replies: Cell::new(false),
         }
     }
 }

@@ -11,6 +11,11 @@
 //!   answers the failure. The reply handler lands each served entry by
 //!   copying it out of the eager payload, inside the handler, so no UCX
 //!   receive ever holds a list's destination.
+//! - **Replies of one fragment over tcp.** Over a connection whose every
+//!   lane is tcp, the owner cuts its answer to a list into replies of at
+//!   most one fragment's payload (`reply_parts`), unless the operator
+//!   shapes UCX's protocols (as for reads in pieces). The consumer asks up
+//!   to the list's bounds in one request whatever the lane.
 //! - **Owner.** Each entry is admitted exactly as a single read is
 //!   (`serve::admit`): one lease per admitted entry, held until the reply
 //!   send completes or fails, and one place under the connection's bound of
@@ -42,7 +47,7 @@ use super::gets::PreparedRead;
 use super::ops::GetOp;
 use super::replies::{ArrivedReply, take_awaiting};
 use super::serve::{SMALL_UP_TO, admit, end_served};
-use super::ucp::{SendMode, handler_header, send_active_message, send_gathered};
+use super::ucp::{SendMode, every_lane_is_tcp, handler_header, send_active_message, send_gathered};
 use crate::read_list::{
     ListReply, ListReplyEntry, ListRequest, MAX_GATHERED_BYTES, MAX_GATHERED_ENTRY,
     READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID, REPLY_ENTRY_LEN, REQUEST_ENTRY_LEN,
@@ -93,14 +98,13 @@ impl Engine {
                 self.send_read_request(first);
                 continue;
             }
-            let most_bytes = self.most_gathered_bytes(&first);
             let mut bytes = first.request.length;
             let mut list = vec![first];
             while let Some(next) = reads.peek() {
                 let fits = gatherable(next)
                     && next.endpoint == list[0].endpoint
                     && list.len() < most
-                    && bytes + next.request.length <= most_bytes;
+                    && bytes + next.request.length <= MAX_GATHERED_BYTES;
                 if !fits {
                     break;
                 }
@@ -112,20 +116,6 @@ impl Engine {
             } else {
                 self.send_read_list(list);
             }
-        }
-    }
-
-    /// The most payload one list to `read`'s owner asks for: on an endpoint
-    /// whose every lane is tcp, what one reply fragment carries (`pieces`:
-    /// a longer reply would be gathered by UCX and copied twice); elsewhere
-    /// [`MAX_GATHERED_BYTES`].
-    fn most_gathered_bytes(&self, read: &PreparedRead) -> u64 {
-        // SAFETY: an active slot of this turn, touched between UCX calls.
-        let peer = unsafe { (*read.op).peer };
-        if self.peers.reads_in_pieces(peer) {
-            super::pieces::PIECE as u64
-        } else {
-            MAX_GATHERED_BYTES
         }
     }
 
@@ -294,13 +284,58 @@ pub(super) unsafe extern "C" fn on_read_list_request(
             }
         }
     }
-    for part in answers.chunks(per_reply) {
+    // SAFETY: `reply_ep` is the live endpoint UCX just handed this
+    // handler, on the worker's thread.
+    let most_payload =
+        if events.fragment_sized_replies.get() && unsafe { every_lane_is_tcp(param.reply_ep) } {
+            super::pieces::PIECE as u64
+        } else {
+            MAX_GATHERED_BYTES
+        };
+    for part in reply_parts(&answers, per_reply, most_payload) {
         // SAFETY: inside this handler, on the worker's thread; `reply_ep`
         // is the live endpoint UCX just handed us, and every served entry
         // of `part` holds a lease `admit` took above.
         unsafe { send_list_reply(events, param.reply_ep, endpoint, part) };
     }
     sys::UCS_OK
+}
+
+/// `answers` cut, in order, into the parts each reply carries: at most
+/// `per_reply` entries (the header bound) and at most `most_payload` bytes
+/// of served entries, except that an entry longer than `most_payload` goes
+/// alone.
+///
+/// Over tcp a list request asks up to [`MAX_GATHERED_BYTES`], one request
+/// for up to 64 reads, and the owner answers it in replies of one tcp
+/// fragment each: a reply of more than one fragment is gathered into a
+/// buffer by the consumer's UCX before the handler copies it again (see
+/// `pieces`), and a request per fragment's worth of reads cost the
+/// consumer a send each.
+fn reply_parts<'a>(
+    answers: &'a [(ListReplyEntry, Option<ServedEntry>)],
+    per_reply: usize,
+    most_payload: u64,
+) -> impl Iterator<Item = &'a [(ListReplyEntry, Option<ServedEntry>)]> + 'a {
+    let mut rest = answers;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut end = 0;
+        let mut payload = 0u64;
+        while end < rest.len() && end < per_reply {
+            let length = rest[end].1.as_ref().map_or(0, |s| s.iov.length as u64);
+            if end > 0 && payload + length > most_payload {
+                break;
+            }
+            payload += length;
+            end += 1;
+        }
+        let (part, tail) = rest.split_at(end);
+        rest = tail;
+        Some(part)
+    })
 }
 
 /// A gathered reply whose ranges are on average shorter than this is

@@ -238,6 +238,9 @@ impl Engine {
             .bound
             .set(config.max_served_replies_per_connection);
         events.replies.gauge = Arc::clone(&signals.served_replies_in_flight);
+        events
+            .fragment_sized_replies
+            .set(config.reads_in_pieces_allowed_by_env());
         let events_arg = (&*events as *const Events)
             .cast_mut()
             .cast::<std::ffi::c_void>();

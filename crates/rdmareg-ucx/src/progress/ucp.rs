@@ -204,38 +204,73 @@ impl EpHandle {
     /// (`ucp_ep_attr::transports`), as UCX reports them: `tcp`, `cma`,
     /// `posix`, `rc_mlx5`, ...
     pub(crate) fn transport_names(self) -> Result<Vec<String>, RdmaError> {
-        // UCX 1.22 uses at most 8 lanes per endpoint (`UCP_MAX_LANES`).
-        const MOST_LANES: usize = 8;
-        let mut entries = [sys::ucp_transport_entry_t {
-            transport_name: std::ptr::null(),
-            device_name: std::ptr::null(),
-        }; MOST_LANES];
-        let mut attr = sys::ucp_ep_attr_t {
-            field_mask: u64::from(sys::UCP_EP_ATTR_FIELD_TRANSPORTS),
-            ..Default::default()
-        };
-        attr.transports.entries = entries.as_mut_ptr();
-        attr.transports.num_entries = MOST_LANES as u32;
-        attr.transports.entry_size = std::mem::size_of::<sys::ucp_transport_entry_t>();
+        let mut names = Vec::new();
         // SAFETY: the endpoint is live (callers hold it between UCX calls
-        // on the progress thread); `entries` has room for the
-        // `num_entries` records of `entry_size` bytes it is declared with,
-        // and outlives the call.
-        let status = unsafe { sys::ucp_ep_query(self.0, &mut attr) };
-        check(status, "querying an endpoint's transports")?;
-        let filled = (attr.transports.num_entries as usize).min(MOST_LANES);
-        Ok(entries[..filled]
-            .iter()
-            .filter(|entry| !entry.transport_name.is_null())
-            .map(|entry| {
-                // SAFETY: UCX wrote a NUL-terminated name that stays valid
-                // until the endpoint is closed; it is copied here.
-                unsafe { std::ffi::CStr::from_ptr(entry.transport_name) }
-                    .to_string_lossy()
-                    .into_owned()
+        // on the progress thread).
+        unsafe {
+            for_each_lane_transport(self.0, |name| {
+                names.push(name.to_string_lossy().into_owned());
             })
-            .collect())
+        }?;
+        Ok(names)
     }
+}
+
+/// Whether every lane of `ep` is tcp: such an endpoint takes replies of
+/// more than one tcp segment in several eager fragments (see `pieces`).
+/// Allocates nothing: an owner asks it of every list request.
+///
+/// # Safety
+/// `ep` is a live endpoint, used on its worker's thread.
+pub(crate) unsafe fn every_lane_is_tcp(ep: sys::ucp_ep_h) -> bool {
+    let (mut lanes, mut tcp) = (0usize, 0usize);
+    // SAFETY: the caller's contract.
+    let queried = unsafe {
+        for_each_lane_transport(ep, |name| {
+            lanes += 1;
+            tcp += usize::from(name.to_bytes() == b"tcp");
+        })
+    };
+    queried.is_ok() && lanes > 0 && lanes == tcp
+}
+
+/// Calls `each` with the transport name of every lane of `ep`
+/// (`ucp_ep_attr::transports`).
+///
+/// # Safety
+/// `ep` is a live endpoint, used on its worker's thread.
+unsafe fn for_each_lane_transport(
+    ep: sys::ucp_ep_h,
+    mut each: impl FnMut(&std::ffi::CStr),
+) -> Result<(), RdmaError> {
+    // UCX 1.22 uses at most 8 lanes per endpoint (`UCP_MAX_LANES`).
+    const MOST_LANES: usize = 8;
+    let mut entries = [sys::ucp_transport_entry_t {
+        transport_name: std::ptr::null(),
+        device_name: std::ptr::null(),
+    }; MOST_LANES];
+    let mut attr = sys::ucp_ep_attr_t {
+        field_mask: u64::from(sys::UCP_EP_ATTR_FIELD_TRANSPORTS),
+        ..Default::default()
+    };
+    attr.transports.entries = entries.as_mut_ptr();
+    attr.transports.num_entries = MOST_LANES as u32;
+    attr.transports.entry_size = std::mem::size_of::<sys::ucp_transport_entry_t>();
+    // SAFETY: the endpoint is live (the caller's contract); `entries` has
+    // room for the `num_entries` records of `entry_size` bytes it is
+    // declared with, and outlives the call.
+    let status = unsafe { sys::ucp_ep_query(ep, &mut attr) };
+    check(status, "querying an endpoint's transports")?;
+    let filled = (attr.transports.num_entries as usize).min(MOST_LANES);
+    for entry in entries[..filled]
+        .iter()
+        .filter(|entry| !entry.transport_name.is_null())
+    {
+        // SAFETY: UCX wrote a NUL-terminated name that stays valid until
+        // the endpoint is closed; it is used during this call only.
+        each(unsafe { std::ffi::CStr::from_ptr(entry.transport_name) });
+    }
+    Ok(())
 }
 
 /// An unpacked remote key (`ucp_rkey_h`), owned by the read that uses it.
