@@ -1,5 +1,5 @@
 //! Gathered reads: several small reads of one owner asked in one request
-//! and answered by one reply.
+//! and answered by one reply, or by a few in order.
 //!
 //! A transfer list of many small blocks over an owner-served lane would
 //! otherwise cost one request and one reply per block, each a message
@@ -9,7 +9,8 @@
 //! each admitted region, and answers with one reply whose payload is the
 //! admitted entries' bytes back to back, in request order (or several such
 //! replies, in order, when one reply's header would not fit the owner's
-//! worker; see [`MAX_LIST_ENTRIES`]).
+//! worker, see [`MAX_LIST_ENTRIES`], or over tcp, where each reply carries
+//! at most one fragment's payload: see the rules below).
 //!
 //! # Rules
 //!

@@ -1,6 +1,7 @@
 //! Gathered reads on the owner-served lane: a batch's small reads of one
-//! owner go out as one list request and come back as one eager reply (the
-//! formats and the reasons are in [`read_list`](crate::read_list)).
+//! owner go out as one list request and come back as one eager reply, or
+//! several in order (the formats and the reasons are in
+//! [`read_list`](crate::read_list)).
 //!
 //! # Rules
 //!
@@ -317,6 +318,10 @@ fn reply_parts<'a>(
     per_reply: usize,
     most_payload: u64,
 ) -> impl Iterator<Item = &'a [(ListReplyEntry, Option<ServedEntry>)]> + 'a {
+    // A bound of zero would cut empty parts forever; the handler refuses
+    // to answer before it gets here.
+    debug_assert!(per_reply > 0, "a reply carries at least one entry");
+    let per_reply = per_reply.max(1);
     let mut rest = answers;
     std::iter::from_fn(move || {
         if rest.is_empty() {

@@ -30,7 +30,9 @@
 //!   owner's bound on unfinished replies until the consumer takes it.
 //!   Only the consumer's own settings can be seen here: how replies travel
 //!   is the owner's to decide, and an owner with other thresholds gets
-//!   reads in pieces that are no faster than whole ones.
+//!   reads in pieces that are no faster than whole ones. (Lists are the
+//!   other way round: the owner cuts its replies to fragment size by its
+//!   own settings, see `gathered`.)
 //! - Reads past [`LARGEST_SPLIT`] go whole: UCX receives those by
 //!   rendezvous straight into the destination, and splitting them measured
 //!   slower.

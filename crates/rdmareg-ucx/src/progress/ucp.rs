@@ -218,7 +218,8 @@ impl EpHandle {
 
 /// Whether every lane of `ep` is tcp: such an endpoint takes replies of
 /// more than one tcp segment in several eager fragments (see `pieces`).
-/// Allocates nothing: an owner asks it of every list request.
+/// Allocates nothing when the query succeeds: an owner asks it of every
+/// list request.
 ///
 /// # Safety
 /// `ep` is a live endpoint, used on its worker's thread.
