@@ -467,24 +467,11 @@ fn an_owner_refuses_each_hostile_entry_of_a_maximal_list_on_its_own() {
     }
     let request = ListRequest { entries };
     let consumer = Raw::new(false);
-    let ep = consumer.connect(&owner.worker_address());
-    consumer.send_wait(
-        ep,
-        READ_LIST_REQUEST_AM_ID,
-        &request.encode().unwrap(),
-        &[],
-        sys::UCP_AM_SEND_FLAG_REPLY,
-    );
+    consumer.ask_list(&owner.worker_address(), &request);
     // Over tcp the owner answers in replies of one fragment each, in the
     // list's order on the one connection: read them back to back as one.
-    let answered = |r: &Raw| -> usize {
-        r.messages(READ_LIST_REPLY_AM_ID)
-            .iter()
-            .map(|m| ListReply::decode(&m.header).unwrap().entries.len())
-            .sum()
-    };
     assert!(consumer.progress_until(Duration::from_secs(5), |r| {
-        answered(r) >= MAX_LIST_ENTRIES
+        r.list_entries_answered() >= MAX_LIST_ENTRIES
     }));
     let (reply, data, rendezvous, largest_reply) = {
         let messages = consumer.messages(READ_LIST_REPLY_AM_ID);

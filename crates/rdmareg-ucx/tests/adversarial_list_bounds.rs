@@ -15,12 +15,9 @@ use common::raw_am::Raw;
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, RdmaError};
-use rdmareg_ucx::read_list::{
-    ListReply, ListRequest, MAX_LIST_ENTRIES, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
-};
+use rdmareg_ucx::read_list::{ListReply, ListRequest, MAX_LIST_ENTRIES, READ_LIST_REPLY_AM_ID};
 use rdmareg_ucx::read_protocol::{ReadRequest, ReplyStatus, ServedKey};
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
-use ucx_sys as sys;
 
 /// A transmit segment well under a full list request (3080 bytes) and
 /// reply (1544 bytes).
@@ -113,22 +110,10 @@ fn an_owner_with_small_transport_segments_answers_a_full_list_in_replies_that_fi
             .collect(),
     };
     let consumer = Raw::new(false);
-    let ep = consumer.connect(&owner.worker_address());
-    consumer.send_wait(
-        ep,
-        READ_LIST_REQUEST_AM_ID,
-        &request.encode().unwrap(),
-        &[],
-        sys::UCP_AM_SEND_FLAG_REPLY,
-    );
-    let answered = |r: &Raw| {
-        r.messages(READ_LIST_REPLY_AM_ID)
-            .iter()
-            .filter_map(|m| ListReply::decode(&m.header).ok())
-            .map(|reply| reply.entries.len())
-            .sum::<usize>()
-    };
-    let all = consumer.progress_until(Duration::from_secs(5), |r| answered(r) >= MAX_LIST_ENTRIES);
+    consumer.ask_list(&owner.worker_address(), &request);
+    let all = consumer.progress_until(Duration::from_secs(5), |r| {
+        r.list_entries_answered() >= MAX_LIST_ENTRIES
+    });
     consumer.progress_for(Duration::from_millis(100));
     let replies: Vec<(usize, ListReply, Vec<u8>)> = consumer
         .messages(READ_LIST_REPLY_AM_ID)

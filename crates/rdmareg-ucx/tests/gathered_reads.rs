@@ -251,14 +251,7 @@ fn an_owner_answers_each_entry_of_a_list_on_its_own_in_one_eager_reply() {
         ],
     };
     let consumer = Raw::new(false);
-    let ep = consumer.connect(&owner.worker_address());
-    consumer.send_wait(
-        ep,
-        READ_LIST_REQUEST_AM_ID,
-        &request.encode().unwrap(),
-        &[],
-        sys::UCP_AM_SEND_FLAG_REPLY,
-    );
+    consumer.ask_list(&owner.worker_address(), &request);
     assert!(consumer.progress_until(Duration::from_secs(5), |r| {
         !r.messages(READ_LIST_REPLY_AM_ID).is_empty()
     }));
@@ -462,21 +455,10 @@ fn over_tcp_an_owner_answers_a_long_list_in_replies_of_one_fragment() {
             .collect(),
     };
     let consumer = Raw::new(false);
-    let ep = consumer.connect(&owner.worker_address());
-    consumer.send_wait(
-        ep,
-        READ_LIST_REQUEST_AM_ID,
-        &request.encode().unwrap(),
-        &[],
-        sys::UCP_AM_SEND_FLAG_REPLY,
-    );
-    let served = |r: &Raw| -> usize {
-        r.messages(READ_LIST_REPLY_AM_ID)
-            .iter()
-            .map(|m| ListReply::decode(&m.header).unwrap().entries.len())
-            .sum()
-    };
-    assert!(consumer.progress_until(Duration::from_secs(5), |r| served(r) >= 16));
+    consumer.ask_list(&owner.worker_address(), &request);
+    assert!(consumer.progress_until(Duration::from_secs(5), |r| {
+        r.list_entries_answered() >= 16
+    }));
     let replies: Vec<(ListReply, Vec<u8>, usize)> = consumer
         .messages(READ_LIST_REPLY_AM_ID)
         .iter()

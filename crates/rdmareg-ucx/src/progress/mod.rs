@@ -238,9 +238,10 @@ impl Engine {
             .bound
             .set(config.max_served_replies_per_connection);
         events.replies.gauge = Arc::clone(&signals.served_replies_in_flight);
-        events
-            .fragment_sized_replies
-            .set(config.reads_in_pieces_allowed_by_env());
+        // Reads in pieces and fragment-sized list replies answer the same
+        // question: whether UCX's tcp protocols are the engine's own.
+        let reads_in_pieces = config.reads_in_pieces_allowed_by_env();
+        events.fragment_sized_replies.set(reads_in_pieces);
         let events_arg = (&*events as *const Events)
             .cast_mut()
             .cast::<std::ffi::c_void>();
@@ -302,7 +303,7 @@ impl Engine {
                 default_get_deadline: config.default_get_deadline,
                 teardown_timeout: config.teardown_timeout,
                 peer_error_handling: config.transport.peer_error_handling(),
-                reads_in_pieces: config.reads_in_pieces_allowed_by_env(),
+                reads_in_pieces,
             },
             signals,
             page_size,

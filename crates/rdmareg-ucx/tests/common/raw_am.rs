@@ -10,7 +10,9 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rdmareg_ucx::read_list::{READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID};
+use rdmareg_ucx::read_list::{
+    ListReply, ListRequest, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
+};
 use rdmareg_ucx::read_protocol::{READ_REPLY_AM_ID, READ_REQUEST_AM_ID};
 use ucx_sys as sys;
 
@@ -228,6 +230,30 @@ impl Raw {
     }
 
     /// Sends and progresses until the send completed.
+    /// Connects to the engine at `owner_address` and sends it `request`
+    /// as a list request that asks for replies; returns the endpoint.
+    pub fn ask_list(&self, owner_address: &[u8], request: &ListRequest) -> sys::ucp_ep_h {
+        let ep = self.connect(owner_address);
+        self.send_wait(
+            ep,
+            READ_LIST_REQUEST_AM_ID,
+            &request.encode().expect("a list within its bounds"),
+            &[],
+            sys::UCP_AM_SEND_FLAG_REPLY,
+        );
+        ep
+    }
+
+    /// The entries answered by every list reply received so far (a reply
+    /// whose header does not decode answers none).
+    pub fn list_entries_answered(&self) -> usize {
+        self.messages(READ_LIST_REPLY_AM_ID)
+            .iter()
+            .filter_map(|m| ListReply::decode(&m.header).ok())
+            .map(|reply| reply.entries.len())
+            .sum()
+    }
+
     pub fn send_wait(&self, ep: sys::ucp_ep_h, id: u32, header: &[u8], payload: &[u8], flags: u32) {
         let req = self.send(ep, id, header, payload, flags);
         if req.is_null() || is_err(req) {
