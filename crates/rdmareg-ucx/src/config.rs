@@ -14,10 +14,11 @@
 //!    code is an explicit decision. [`Transport::Auto`] leaves the transport
 //!    selection to UCX and therefore to `UCX_TLS`.
 //! 3. The memory-hook defaults (`MEM_EVENTS=n`, `RCACHE_ENABLE=n`), the
-//!    cma invalidation default and the tcp send segment
+//!    cma invalidation default, the tcp send segment
 //!    (`TCP_TX_SEG_SIZE=64K`, set only when the environment sets neither
-//!    segment size) apply only when the environment does not set the
-//!    corresponding `UCX_*` variable: an operator who sets them knows why.
+//!    segment size) and the tcp vector bound (`TCP_MAX_IOV=16`) apply only
+//!    when the environment does not set the corresponding `UCX_*`
+//!    variable: an operator who sets them knows why.
 //! 4. `TCP_PUT_ENABLE=n` wins over the environment: UCX's tcp PUT lets a
 //!    peer write anywhere in the process and the engine never uses it (see
 //!    `docs/safety.md`); only [`UcxConfig::extra`] undoes it.
@@ -209,6 +210,14 @@ impl UcxConfig {
     /// the environment sets a segment size: UCX's default receive segment.
     pub const DEFAULT_TCP_SEND_SEGMENT: &'static str = "64K";
 
+    /// The ranges one tcp zero-copy send may carry (`UCX_TCP_MAX_IOV`) in
+    /// an engine unless the environment sets it. UCX's default, 6, puts a
+    /// vector of 4 KiB ranges in fragments of 24 KiB; 16 lets an owner send
+    /// a list reply of fifteen 4 KiB ranges (one fragment) straight from
+    /// its registrations instead of copying them into UCX's segments first
+    /// (`docs/benchmarks.md`).
+    pub const DEFAULT_TCP_MAX_IOV: usize = 16;
+
     /// Copy same-host direct reads of at most `bytes` on the caller's
     /// thread; 0 never does (see [`Self::caller_copy_limit`]).
     pub fn with_caller_copy_limit(mut self, bytes: usize) -> Self {
@@ -358,6 +367,11 @@ impl UcxConfig {
         if !env_sets("TCP_TX_SEG_SIZE") && !env_sets("TCP_RX_SEG_SIZE") {
             set("TCP_TX_SEG_SIZE", UcxConfig::DEFAULT_TCP_SEND_SEGMENT);
         }
+        // Lets a fragment-sized list reply of short ranges leave zero-copy
+        // (see `DEFAULT_TCP_MAX_IOV`).
+        if !env_sets("TCP_MAX_IOV") {
+            set("TCP_MAX_IOV", &UcxConfig::DEFAULT_TCP_MAX_IOV.to_string());
+        }
         // Whatever the environment says: tcp PUT is a remote write into this
         // process at an address the peer names, and nothing here uses it.
         // Off, UCP never offers tcp PUT to peers, and a UCX with our patch
@@ -390,6 +404,30 @@ impl UcxConfig {
                     .iter()
                     .any(|(set, _)| set.eq_ignore_ascii_case(key))
         })
+    }
+
+    /// How many ranges one tcp zero-copy fragment carries when this engine
+    /// set the tcp vector bound itself ([`Self::DEFAULT_TCP_MAX_IOV`]), given
+    /// which `UCX_<KEY>` variables the environment sets; `None` when the
+    /// environment or [`Self::extra`] sets it, whose value the engine does
+    /// not second-guess (its replies then assume UCX's default). One less
+    /// than the bound: UCX's multi-fragment zero-copy protocol keeps one
+    /// vector entry of a fragment for its own trailer.
+    pub(crate) fn tcp_ranges_per_zero_copy_fragment(
+        &self,
+        env_sets: impl Fn(&str) -> bool,
+    ) -> Option<usize> {
+        let set_here = self
+            .extra
+            .iter()
+            .any(|(key, _)| key.eq_ignore_ascii_case("TCP_MAX_IOV"));
+        (!env_sets("TCP_MAX_IOV") && !set_here).then_some(UcxConfig::DEFAULT_TCP_MAX_IOV - 1)
+    }
+
+    /// [`Self::tcp_ranges_per_zero_copy_fragment`] against the real process
+    /// environment.
+    pub(crate) fn tcp_ranges_per_zero_copy_fragment_by_env(&self) -> Option<usize> {
+        self.tcp_ranges_per_zero_copy_fragment(environment_sets)
     }
 
     /// [`Self::reads_in_pieces_allowed`] against the real process
@@ -566,6 +604,31 @@ mod tests {
                 .ucx_settings(|k| k == set_by_operator);
             assert_eq!(lookup(&s, "TCP_TX_SEG_SIZE"), None, "{set_by_operator}");
         }
+    }
+
+    #[test]
+    fn tcp_zero_copy_carries_sixteen_ranges_unless_the_operator_sets_the_bound() {
+        let config = UcxConfig::default().with_transport(Transport::Tcp);
+        let s = config.ucx_settings(|_| false);
+        assert_eq!(lookup(&s, "TCP_MAX_IOV"), Some("16"));
+        assert_eq!(
+            config.tcp_ranges_per_zero_copy_fragment(|_| false),
+            Some(UcxConfig::DEFAULT_TCP_MAX_IOV - 1)
+        );
+
+        let s = config.ucx_settings(|k| k == "TCP_MAX_IOV");
+        assert_eq!(lookup(&s, "TCP_MAX_IOV"), None, "the environment's stands");
+        assert_eq!(
+            config.tcp_ranges_per_zero_copy_fragment(|k| k == "TCP_MAX_IOV"),
+            None
+        );
+
+        let set_here = config.with_ucx_setting("TCP_MAX_IOV", "4");
+        assert_eq!(
+            lookup(&set_here.ucx_settings(|_| false), "TCP_MAX_IOV"),
+            Some("4")
+        );
+        assert_eq!(set_here.tcp_ranges_per_zero_copy_fragment(|_| false), None);
     }
 
     #[test]

@@ -70,6 +70,10 @@ pub(crate) struct Events {
     /// (`gathered`); off where the operator shapes UCX's protocols, as
     /// reads in pieces are (`UcxConfig::reads_in_pieces_allowed`).
     pub(crate) fragment_sized_replies: Cell<bool>,
+    /// Ranges one zero-copy fragment carries on a tcp-only connection
+    /// (`gathered::copied_into_segments`): UCX's default unless the engine
+    /// set its own tcp vector bound (`UcxConfig::DEFAULT_TCP_MAX_IOV`).
+    pub(crate) tcp_ranges_per_zero_copy_fragment: Cell<usize>,
 }
 
 impl Default for Events {
@@ -91,6 +95,9 @@ impl Default for Events {
             dropped_messages: Cell::new(0),
             hand_offs: Cell::new(0),
             fragment_sized_replies: Cell::new(false),
+            tcp_ranges_per_zero_copy_fragment: Cell::new(
+                super::gathered::ZERO_COPY_RANGES_PER_FRAGMENT,
+            ),
         }
     }
 }

@@ -287,17 +287,24 @@ pub(super) unsafe extern "C" fn on_read_list_request(
     }
     // SAFETY: `reply_ep` is the live endpoint UCX just handed this
     // handler, on the worker's thread.
-    let most_payload =
-        if events.fragment_sized_replies.get() && unsafe { every_lane_is_tcp(param.reply_ep) } {
-            super::pieces::PIECE as u64
-        } else {
-            MAX_GATHERED_BYTES
-        };
+    let tcp_only = unsafe { every_lane_is_tcp(param.reply_ep) };
+    let most_payload = if events.fragment_sized_replies.get() && tcp_only {
+        super::pieces::PIECE as u64
+    } else {
+        MAX_GATHERED_BYTES
+    };
+    let ranges_per_fragment = if tcp_only {
+        events.tcp_ranges_per_zero_copy_fragment.get()
+    } else {
+        ZERO_COPY_RANGES_PER_FRAGMENT
+    };
     for part in reply_parts(&answers, per_reply, most_payload) {
         // SAFETY: inside this handler, on the worker's thread; `reply_ep`
         // is the live endpoint UCX just handed us, and every served entry
         // of `part` holds a lease `admit` took above.
-        unsafe { send_list_reply(events, param.reply_ep, endpoint, part) };
+        unsafe {
+            send_list_reply(events, param.reply_ep, endpoint, part, ranges_per_fragment);
+        }
     }
     sys::UCS_OK
 }
@@ -346,33 +353,41 @@ fn reply_parts<'a>(
 /// A gathered reply whose ranges are on average shorter than this is
 /// copied into UCX's send segments rather than sent zero-copy.
 ///
-/// UCX's tcp transport puts at most `UCX_TCP_MAX_IOV` (6) ranges in one
-/// zero-copy fragment (`ucx_info -d -t tcp`: "am_zcopy: <= 64K, up to 6
-/// iov"), so a vector of 4 KiB ranges leaves in fragments of at most 24 KiB
-/// and the consumer handles almost three times as many fragments as with
-/// the engine's 64 KiB segments. Measured over tcp on loopback
+/// UCX's tcp transport puts at most `UCX_TCP_MAX_IOV` ranges in one
+/// zero-copy fragment (6 by default; `ucx_info -d -t tcp`: "am_zcopy: <=
+/// 64K, up to 6 iov"), so with that default a vector of 4 KiB ranges
+/// leaves in fragments of at most 24 KiB and the consumer handles almost
+/// three times as many fragments as with the engine's 64 KiB segments. Only
+/// replies of more ranges than one fragment carries are copied (see
+/// [`copied_into_segments`]): with the engine's own tcp bound of 16, a
+/// fragment-sized reply of 4 KiB ranges leaves zero-copy in one fragment.
+/// Measured over tcp on loopback, with the default bound
 /// (`docs/benchmarks.md`, "Gathered replies of short ranges are copied"): a
 /// list of 1000 × 4 KiB took 1.37–1.56 ms copied against 1.83–2.29 ms
 /// zero-copy; lists of 16 × 8 KiB and 16 × 16 KiB showed no difference
 /// beyond the machine's noise, so ranges of 8 KiB and more stay zero-copy.
 const COPY_RANGES_SHORTER_THAN: u64 = 8 * 1024;
 
-/// Ranges UCX's tcp transport carries in one zero-copy fragment
-/// (`UCX_TCP_MAX_IOV`'s default). A reply of at most this many ranges
-/// leaves in one fragment when it fits a segment, so it is not copied for
-/// its ranges.
-const ZERO_COPY_RANGES_PER_FRAGMENT: usize = 6;
+/// Ranges UCX's tcp transport carries in one zero-copy fragment with its
+/// default `UCX_TCP_MAX_IOV` (6), and the assumption for any other lane: a
+/// reply of at most this many ranges leaves in one fragment when it fits a
+/// segment, so it is not copied for its ranges. An engine that sets the
+/// tcp vector bound itself (`UcxConfig::DEFAULT_TCP_MAX_IOV`) uses
+/// `Events::tcp_ranges_per_zero_copy_fragment` on tcp-only connections
+/// instead.
+pub(super) const ZERO_COPY_RANGES_PER_FRAGMENT: usize = 6;
 
 /// Whether a gathered reply with a header of `header` bytes and `payload`
 /// bytes in `ranges` ranges asks UCX to copy it (fast completion) rather
 /// than let UCX pick zero-copy: when header and payload fit one short send
 /// (as single replies do, see `serve::SMALL_UP_TO`), and when the ranges
-/// are more than one zero-copy fragment carries and short on average (see
-/// [`COPY_RANGES_SHORTER_THAN`] and [`ZERO_COPY_RANGES_PER_FRAGMENT`]).
-fn copied_into_segments(header: u64, payload: u64, ranges: usize) -> bool {
+/// are more than one zero-copy fragment carries (`per_fragment`, see
+/// [`ZERO_COPY_RANGES_PER_FRAGMENT`]) and short on average (see
+/// [`COPY_RANGES_SHORTER_THAN`]).
+fn copied_into_segments(header: u64, payload: u64, ranges: usize, per_fragment: usize) -> bool {
     let fits_one_send = header.saturating_add(payload) <= SMALL_UP_TO;
-    let short_ranges = ranges > ZERO_COPY_RANGES_PER_FRAGMENT
-        && payload < COPY_RANGES_SHORTER_THAN.saturating_mul(ranges as u64);
+    let short_ranges =
+        ranges > per_fragment && payload < COPY_RANGES_SHORTER_THAN.saturating_mul(ranges as u64);
     fits_one_send || short_ranges
 }
 
@@ -387,6 +402,8 @@ struct ServedEntry {
 /// its served entries, and their places under the connection's bound, to
 /// the send: they end when it completes or fails. A reply serving nothing
 /// counts as one refusal, and is not sent past the refusal bound.
+/// `ranges_per_fragment` is what one zero-copy fragment of the connection
+/// carries (see [`copied_into_segments`]).
 ///
 /// # Safety
 /// Inside a request handler on the worker's thread, with the `reply_ep`
@@ -397,6 +414,7 @@ unsafe fn send_list_reply(
     reply_ep: sys::ucp_ep_h,
     endpoint: usize,
     part: &[(ListReplyEntry, Option<ServedEntry>)],
+    ranges_per_fragment: usize,
 ) {
     let reply = ListReply {
         entries: part.iter().map(|(answer, _)| *answer).collect(),
@@ -410,7 +428,12 @@ unsafe fn send_list_reply(
         return;
     };
     let payload: u64 = iov.iter().map(|range| range.length as u64).sum();
-    let copied = copied_into_segments(reply_header.len() as u64, payload, iov.len());
+    let copied = copied_into_segments(
+        reply_header.len() as u64,
+        payload,
+        iov.len(),
+        ranges_per_fragment,
+    );
     let refusal = region_ids.is_empty();
     if refusal && !events.replies.take_refusal(endpoint) {
         // This connection does not take its refusals either: answer nothing
@@ -519,10 +542,19 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
     let payload_whole = !rendezvous
         && (length == 0 || !data.is_null())
         && reply.payload_len() == Some(length as u64);
+    // Every entry's read out of the waiting table first, then the copies:
+    // the lookups miss the cache (the list's own bytes pushed the table
+    // out), and back to back their misses overlap instead of waiting one
+    // by one between copies. Nothing runs between the two passes, so an
+    // entry taken here is landed below.
+    let ops: Vec<Option<*mut GetOp>> = reply
+        .entries
+        .iter()
+        .map(|entry| take_awaiting(events, entry.request_id, arrived_on))
+        .collect();
     let mut offset = 0usize;
-    for entry in &reply.entries {
+    for (entry, op) in reply.entries.iter().zip(ops) {
         let entry_len = entry.length as usize;
-        let op = take_awaiting(events, entry.request_id, arrived_on);
         if let Some(op) = op {
             // SAFETY: out of the waiting table just now, so this is the only
             // reply that reaches it; active and awaiting its reply.
@@ -582,13 +614,17 @@ fn land_entry(
 mod tests {
     use super::*;
 
+    /// UCX's default tcp vector bound, the rule on every lane but tcp-only
+    /// connections of an engine that sets its own.
+    const RANGES: usize = ZERO_COPY_RANGES_PER_FRAGMENT;
+
     #[test]
     fn replies_that_fit_one_short_send_are_copied_whatever_their_ranges() {
-        assert!(copied_into_segments(8 + 24, 8, 1));
-        assert!(copied_into_segments(8 + 24, SMALL_UP_TO - 32, 1));
-        assert!(copied_into_segments(8 + 64 * 24, 64 * 8, 64));
+        assert!(copied_into_segments(8 + 24, 8, 1, RANGES));
+        assert!(copied_into_segments(8 + 24, SMALL_UP_TO - 32, 1, RANGES));
+        assert!(copied_into_segments(8 + 64 * 24, 64 * 8, 64, RANGES));
         assert!(
-            copied_into_segments(8 + 24, 0, 0),
+            copied_into_segments(8 + 24, 0, 0, RANGES),
             "a refusal alone is copied"
         );
     }
@@ -596,26 +632,55 @@ mod tests {
     #[test]
     fn replies_of_many_short_ranges_are_copied_and_of_long_ranges_left_to_ucx() {
         // 64 × 4 KiB: the bench's scatter list.
-        assert!(copied_into_segments(1544, 64 * 4096, 64));
+        assert!(copied_into_segments(1544, 64 * 4096, 64, RANGES));
         let below = 16 * (COPY_RANGES_SHORTER_THAN - 1);
-        assert!(copied_into_segments(392, below, 16));
+        assert!(copied_into_segments(392, below, 16, RANGES));
         assert!(!copied_into_segments(
             392,
             16 * COPY_RANGES_SHORTER_THAN,
-            16
+            16,
+            RANGES
         ));
-        assert!(!copied_into_segments(392, 16 * 16 * 1024, 16));
+        assert!(!copied_into_segments(392, 16 * 16 * 1024, 16, RANGES));
         // Long ranges among short ones: the mean decides.
-        assert!(!copied_into_segments(200, 7 * 8 + 64 * 1024, 8));
-        assert!(copied_into_segments(200, 7 * 4096 + 8192, 8));
+        assert!(!copied_into_segments(200, 7 * 8 + 64 * 1024, 8, RANGES));
+        assert!(copied_into_segments(200, 7 * 4096 + 8192, 8, RANGES));
     }
 
     #[test]
     fn replies_of_as_few_ranges_as_one_zero_copy_fragment_carries_are_left_to_ucx() {
         let fragment = ZERO_COPY_RANGES_PER_FRAGMENT;
-        assert!(!copied_into_segments(32, SMALL_UP_TO, 1));
-        assert!(!copied_into_segments(152, fragment as u64 * 4096, fragment));
+        assert!(!copied_into_segments(32, SMALL_UP_TO, 1, RANGES));
+        assert!(!copied_into_segments(
+            152,
+            fragment as u64 * 4096,
+            fragment,
+            RANGES
+        ));
         let one_more = fragment + 1;
-        assert!(copied_into_segments(176, one_more as u64 * 4096, one_more));
+        assert!(copied_into_segments(
+            176,
+            one_more as u64 * 4096,
+            one_more,
+            RANGES
+        ));
+    }
+
+    #[test]
+    fn with_the_engines_tcp_bound_a_fragment_of_4_kib_ranges_leaves_zero_copy() {
+        let tcp = crate::UcxConfig::default()
+            .tcp_ranges_per_zero_copy_fragment(|_| false)
+            .expect("the engine sets the tcp bound");
+        // A fragment-sized reply of the scatter list: 15 × 4 KiB.
+        let ranges = super::super::pieces::PIECE / 4096;
+        let header = 8 + 24 * ranges as u64;
+        let payload = (ranges * 4096) as u64;
+        assert!(!copied_into_segments(header, payload, ranges, tcp));
+        assert!(
+            copied_into_segments(header, payload, ranges, RANGES),
+            "with UCX's default bound the same reply is copied"
+        );
+        // 64 × 4 KiB in one reply (a lane that is not cut to fragments).
+        assert!(copied_into_segments(1544, 64 * 4096, 64, tcp));
     }
 }

@@ -9,8 +9,6 @@
 //! its op finished and its request send completed: a slot's generation
 //! tells a later read in it apart from the one a stale completion names.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::ffi::c_void;
 use std::time::Instant;
 
@@ -18,6 +16,7 @@ use rdmareg_core::{PeerId, RdmaError};
 use ucx_sys as sys;
 
 use super::answer::Answer;
+use super::deadlines::DeadlineQueue;
 use super::events::Events;
 use super::replies::failure;
 use super::ucp::{MemHandle, RemoteKey};
@@ -131,7 +130,7 @@ pub(crate) struct OpTable {
     slots: Vec<*mut GetOp>,
     free: Vec<u32>,
     active: usize,
-    pub(super) deadlines: BinaryHeap<Reverse<(Instant, u32, u64)>>,
+    pub(super) deadlines: DeadlineQueue,
     next_generation: u64,
 }
 
@@ -141,7 +140,7 @@ impl OpTable {
             slots: Vec::new(),
             free: Vec::new(),
             active: 0,
-            deadlines: BinaryHeap::new(),
+            deadlines: DeadlineQueue::default(),
             next_generation: 0,
         }
     }
@@ -179,7 +178,7 @@ impl OpTable {
         if let Some(op) = self.op(slot) {
             // SAFETY: as in `op`.
             let generation = unsafe { (*op).generation };
-            self.deadlines.push(Reverse((deadline, slot, generation)));
+            self.deadlines.push((deadline, slot, generation));
         }
     }
 
@@ -210,7 +209,7 @@ impl OpTable {
     /// Active, unfinished slots whose deadline is not after `now`.
     pub(super) fn expired(&mut self, now: Instant) -> Vec<u32> {
         let mut out = Vec::new();
-        while let Some(Reverse((deadline, slot, generation))) = self.deadlines.peek().copied() {
+        while let Some((deadline, slot, generation)) = self.deadlines.peek() {
             let live = self.is_current(slot, generation);
             if live && deadline > now {
                 break;
@@ -225,7 +224,7 @@ impl OpTable {
 
     /// The earliest deadline of an active read.
     pub(crate) fn next_deadline(&mut self) -> Option<Instant> {
-        while let Some(Reverse((deadline, slot, generation))) = self.deadlines.peek().copied() {
+        while let Some((deadline, slot, generation)) = self.deadlines.peek() {
             if self.is_current(slot, generation) {
                 return Some(deadline);
             }
