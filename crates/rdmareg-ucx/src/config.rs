@@ -212,7 +212,8 @@ impl UcxConfig {
 
     /// The ranges one tcp zero-copy send may carry (`UCX_TCP_MAX_IOV`) in
     /// an engine unless the environment sets it. UCX's default, 6, puts a
-    /// vector of 4 KiB ranges in fragments of 24 KiB; 16 lets an owner send
+    /// vector of 4 KiB ranges in fragments of 20 KiB (five ranges and UCX's
+    /// trailer); 16 lets an owner send
     /// a list reply of fifteen 4 KiB ranges (one fragment) straight from
     /// its registrations instead of copying them into UCX's segments first
     /// (`docs/benchmarks.md`).
@@ -384,7 +385,6 @@ impl UcxConfig {
         out
     }
 
-    /// [`Self::ucx_settings`] against the real process environment.
     /// Whether owner-served reads may go in pieces over tcp
     /// (`progress::pieces`), given which `UCX_<KEY>` variables the
     /// environment sets. The pieces are sized for UCX's own rendezvous
@@ -406,28 +406,38 @@ impl UcxConfig {
         })
     }
 
-    /// How many ranges one tcp zero-copy fragment carries when this engine
-    /// set the tcp vector bound itself ([`Self::DEFAULT_TCP_MAX_IOV`]), given
-    /// which `UCX_<KEY>` variables the environment sets; `None` when the
-    /// environment or [`Self::extra`] sets it, whose value the engine does
-    /// not second-guess (its replies then assume UCX's default). One less
-    /// than the bound: UCX's multi-fragment zero-copy protocol keeps one
-    /// vector entry of a fragment for its own trailer.
+    /// How many ranges one tcp zero-copy fragment of this engine carries,
+    /// given the `UCX_<KEY>` values the environment sets: one less than the
+    /// tcp vector bound in force ([`Self::extra`]'s, else the environment's,
+    /// else [`Self::DEFAULT_TCP_MAX_IOV`]), because UCX 1.22's
+    /// multi-fragment zero-copy protocol keeps one vector entry of each
+    /// fragment for its own trailer, and UCP uses at most 16 entries
+    /// (`UCP_MAX_IOV`) whatever the bound. A value that is not a number
+    /// counts as UCX's default, 6.
     pub(crate) fn tcp_ranges_per_zero_copy_fragment(
         &self,
-        env_sets: impl Fn(&str) -> bool,
-    ) -> Option<usize> {
+        env_value: impl Fn(&str) -> Option<String>,
+    ) -> usize {
+        /// UCX's own `TCP_MAX_IOV` and UCP's cap on vector entries.
+        const UCX_DEFAULT_TCP_MAX_IOV: usize = 6;
+        const UCP_MAX_IOV: usize = 16;
         let set_here = self
             .extra
             .iter()
-            .any(|(key, _)| key.eq_ignore_ascii_case("TCP_MAX_IOV"));
-        (!env_sets("TCP_MAX_IOV") && !set_here).then_some(UcxConfig::DEFAULT_TCP_MAX_IOV - 1)
+            .rev()
+            .find(|(key, _)| key.eq_ignore_ascii_case("TCP_MAX_IOV"))
+            .map(|(_, value)| value.clone());
+        let bound = match set_here.or_else(|| env_value("TCP_MAX_IOV")) {
+            Some(value) => value.trim().parse().unwrap_or(UCX_DEFAULT_TCP_MAX_IOV),
+            None => UcxConfig::DEFAULT_TCP_MAX_IOV,
+        };
+        bound.min(UCP_MAX_IOV).saturating_sub(1)
     }
 
     /// [`Self::tcp_ranges_per_zero_copy_fragment`] against the real process
     /// environment.
-    pub(crate) fn tcp_ranges_per_zero_copy_fragment_by_env(&self) -> Option<usize> {
-        self.tcp_ranges_per_zero_copy_fragment(environment_sets)
+    pub(crate) fn tcp_ranges_per_zero_copy_fragment_by_env(&self) -> usize {
+        self.tcp_ranges_per_zero_copy_fragment(|key| std::env::var(format!("UCX_{key}")).ok())
     }
 
     /// [`Self::reads_in_pieces_allowed`] against the real process
@@ -436,6 +446,7 @@ impl UcxConfig {
         self.reads_in_pieces_allowed(environment_sets)
     }
 
+    /// [`Self::ucx_settings`] against the real process environment.
     pub(crate) fn ucx_settings_from_env(&self) -> Vec<(String, String)> {
         self.ucx_settings(environment_sets)
     }
@@ -607,20 +618,27 @@ mod tests {
     }
 
     #[test]
-    fn tcp_zero_copy_carries_sixteen_ranges_unless_the_operator_sets_the_bound() {
+    fn tcp_zero_copy_fragments_carry_fifteen_ranges_unless_the_operator_sets_the_bound() {
         let config = UcxConfig::default().with_transport(Transport::Tcp);
         let s = config.ucx_settings(|_| false);
         assert_eq!(lookup(&s, "TCP_MAX_IOV"), Some("16"));
-        assert_eq!(
-            config.tcp_ranges_per_zero_copy_fragment(|_| false),
-            Some(UcxConfig::DEFAULT_TCP_MAX_IOV - 1)
-        );
+        assert_eq!(config.tcp_ranges_per_zero_copy_fragment(|_| None), 15);
 
         let s = config.ucx_settings(|k| k == "TCP_MAX_IOV");
         assert_eq!(lookup(&s, "TCP_MAX_IOV"), None, "the environment's stands");
+        let env =
+            |value: &'static str| move |key: &str| (key == "TCP_MAX_IOV").then(|| value.to_owned());
+        assert_eq!(config.tcp_ranges_per_zero_copy_fragment(env("6")), 5);
+        assert_eq!(config.tcp_ranges_per_zero_copy_fragment(env("1")), 0);
         assert_eq!(
-            config.tcp_ranges_per_zero_copy_fragment(|k| k == "TCP_MAX_IOV"),
-            None
+            config.tcp_ranges_per_zero_copy_fragment(env("64")),
+            15,
+            "UCP uses at most 16 vector entries"
+        );
+        assert_eq!(
+            config.tcp_ranges_per_zero_copy_fragment(env("lots")),
+            5,
+            "not a number: UCX's default"
         );
 
         let set_here = config.with_ucx_setting("TCP_MAX_IOV", "4");
@@ -628,7 +646,7 @@ mod tests {
             lookup(&set_here.ucx_settings(|_| false), "TCP_MAX_IOV"),
             Some("4")
         );
-        assert_eq!(set_here.tcp_ranges_per_zero_copy_fragment(|_| false), None);
+        assert_eq!(set_here.tcp_ranges_per_zero_copy_fragment(env("12")), 3);
     }
 
     #[test]

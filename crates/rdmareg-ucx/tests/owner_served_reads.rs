@@ -190,11 +190,14 @@ async fn an_owner_that_frees_right_after_unregistering_is_never_read_after_free(
     }
 }
 
-/// The same for lists: an owner's gathered replies of many short ranges are
-/// copied into UCX's send segments (fast completion), so their leases end
-/// when UCX has copied the last range. An owner that unregisters while such
-/// replies are in flight, then overwrites the region and frees it, must
-/// never have a served entry carry the overwritten bytes (or fault).
+/// The same for lists: an owner's gathered replies of short ranges are
+/// either copied into UCX's send segments (fast completion), their leases
+/// ending when UCX has copied the last range, or, over tcp in replies of
+/// one fragment of at most fifteen ranges, sent zero-copy from the region,
+/// their leases ending when the send completes. An owner that unregisters
+/// while such replies are in flight, then overwrites the region and frees
+/// it, must never have a served entry carry the overwritten bytes (or
+/// fault).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_that_overwrites_and_frees_right_after_unregistering_is_never_read_by_a_gathered_reply()
  {

@@ -168,10 +168,12 @@ fn transport_environment(transport: TransportArg) -> Vec<(String, String)> {
         // Not UCX lanes: nothing of UCX's runs on them.
         TransportArg::OfiTcp | TransportArg::OfiShm => return environment,
     }
-    // The engine's one transport tuning goes to the baseline and the peer
-    // too, so that ratios measure the library and not a segment size
+    // The engine's segment tuning goes to the baseline and the peer too, so
+    // that ratios measure the library and not a segment size
     // (docs/benchmarks.md has the engine against UCX's default); an
     // operator's own setting reaches every side through the environment.
+    // Its tcp vector bound (`TCP_MAX_IOV`) does not: it shapes only sends
+    // of many ranges, which perftest and NIXL never make.
     let operator_sets = |key: &str| std::env::var_os(key).is_some();
     if !operator_sets("UCX_TCP_TX_SEG_SIZE") && !operator_sets("UCX_TCP_RX_SEG_SIZE") {
         environment.push((

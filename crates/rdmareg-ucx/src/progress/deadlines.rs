@@ -21,7 +21,13 @@
 //!
 //! The order among equal deadlines is by `(slot, generation)`, as in a heap
 //! of the whole tuples, except that equal deadlines in the FIFO keep their
-//! arrival order; nothing depends on the order among equal deadlines.
+//! arrival order; nothing depends on the order among equal deadlines, but
+//! `pop` must take exactly the entry `peek` showed (the op table's
+//! `expired` peeks, checks, then pops).
+//!
+//! One read with a longer timeout than the rest stays at the FIFO's back,
+//! and reads posted after it go to the heap until their deadlines pass it:
+//! no worse than one heap for everything.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -112,6 +118,23 @@ mod tests {
     }
 
     #[test]
+    fn pop_takes_the_entry_peek_showed_when_both_halves_hold_the_same_time() {
+        let start = Instant::now();
+        let soon = start + Duration::from_secs(30);
+        let mut queue = DeadlineQueue::default();
+        queue.push((soon, 5, 1));
+        queue.push((start + Duration::from_secs(60), 6, 2));
+        // Earlier than the FIFO's last: to the heap, at the same time as
+        // the FIFO's front.
+        queue.push((soon, 2, 3));
+        queue.push((soon, 9, 4));
+        while let Some(front) = queue.peek() {
+            assert_eq!(queue.pop(), Some(front));
+        }
+        assert_eq!(queue.len(), 0);
+    }
+
+    #[test]
     fn an_empty_queue_has_no_front() {
         let mut queue = DeadlineQueue::default();
         assert_eq!(queue.peek(), None);
@@ -159,7 +182,9 @@ mod tests {
                         model.push(Reverse(deadline));
                     }
                     Step::Pop => {
+                        let front = queue.peek();
                         let popped = queue.pop();
+                        prop_assert_eq!(popped, front, "pop took another entry than peek showed");
                         let expected = model.pop().map(|Reverse(d)| d);
                         prop_assert_eq!(popped.map(|d| d.0), expected.map(|d| d.0));
                         if let Some(popped) = popped {

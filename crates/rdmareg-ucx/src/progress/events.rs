@@ -71,8 +71,8 @@ pub(crate) struct Events {
     /// reads in pieces are (`UcxConfig::reads_in_pieces_allowed`).
     pub(crate) fragment_sized_replies: Cell<bool>,
     /// Ranges one zero-copy fragment carries on a tcp-only connection
-    /// (`gathered::copied_into_segments`): UCX's default unless the engine
-    /// set its own tcp vector bound (`UcxConfig::DEFAULT_TCP_MAX_IOV`).
+    /// (`gathered::copied_into_segments`), from the tcp vector bound in
+    /// force (`UcxConfig::tcp_ranges_per_zero_copy_fragment`).
     pub(crate) tcp_ranges_per_zero_copy_fragment: Cell<usize>,
 }
 

@@ -293,7 +293,9 @@ pub(super) unsafe extern "C" fn on_read_list_request(
     } else {
         MAX_GATHERED_BYTES
     };
-    let ranges_per_fragment = if tcp_only {
+    // The engine's own vector bound applies to the replies it cuts to one
+    // fragment each; longer replies keep the rule for UCX's default.
+    let ranges_per_fragment = if events.fragment_sized_replies.get() && tcp_only {
         events.tcp_ranges_per_zero_copy_fragment.get()
     } else {
         ZERO_COPY_RANGES_PER_FRAGMENT
@@ -353,14 +355,15 @@ fn reply_parts<'a>(
 /// A gathered reply whose ranges are on average shorter than this is
 /// copied into UCX's send segments rather than sent zero-copy.
 ///
-/// UCX's tcp transport puts at most `UCX_TCP_MAX_IOV` ranges in one
-/// zero-copy fragment (6 by default; `ucx_info -d -t tcp`: "am_zcopy: <=
-/// 64K, up to 6 iov"), so with that default a vector of 4 KiB ranges
-/// leaves in fragments of at most 24 KiB and the consumer handles almost
-/// three times as many fragments as with the engine's 64 KiB segments. Only
-/// replies of more ranges than one fragment carries are copied (see
-/// [`copied_into_segments`]): with the engine's own tcp bound of 16, a
-/// fragment-sized reply of 4 KiB ranges leaves zero-copy in one fragment.
+/// UCX's tcp transport puts at most `UCX_TCP_MAX_IOV` entries in one
+/// zero-copy fragment, one of them UCX's own trailer (6 by default;
+/// `ucx_info -d -t tcp`: "am_zcopy: <= 64K, up to 6 iov"), so with that
+/// default a vector of 4 KiB ranges leaves in fragments of at most 20 KiB
+/// and the consumer handles three times as many fragments as with the
+/// engine's 64 KiB segments. Only replies of more ranges than one fragment
+/// carries are copied (see [`copied_into_segments`]): with the engine's own
+/// tcp bound of 16, a fragment-sized reply of fifteen 4 KiB ranges leaves
+/// zero-copy in one fragment.
 /// Measured over tcp on loopback, with the default bound
 /// (`docs/benchmarks.md`, "Gathered replies of short ranges are copied"): a
 /// list of 1000 × 4 KiB took 1.37–1.56 ms copied against 1.83–2.29 ms
@@ -369,13 +372,13 @@ fn reply_parts<'a>(
 const COPY_RANGES_SHORTER_THAN: u64 = 8 * 1024;
 
 /// Ranges UCX's tcp transport carries in one zero-copy fragment with its
-/// default `UCX_TCP_MAX_IOV` (6), and the assumption for any other lane: a
-/// reply of at most this many ranges leaves in one fragment when it fits a
-/// segment, so it is not copied for its ranges. An engine that sets the
-/// tcp vector bound itself (`UcxConfig::DEFAULT_TCP_MAX_IOV`) uses
-/// `Events::tcp_ranges_per_zero_copy_fragment` on tcp-only connections
-/// instead.
-pub(super) const ZERO_COPY_RANGES_PER_FRAGMENT: usize = 6;
+/// default `UCX_TCP_MAX_IOV` (6, one entry of which is UCX's trailer), and
+/// the assumption for every connection whose replies are not cut to
+/// fragments: a reply of at most this many ranges leaves in one fragment
+/// when it fits a segment, so it is not copied for its ranges. On a
+/// tcp-only connection with fragment-sized replies the engine's own bound
+/// applies instead (`Events::tcp_ranges_per_zero_copy_fragment`).
+pub(super) const ZERO_COPY_RANGES_PER_FRAGMENT: usize = 5;
 
 /// Whether a gathered reply with a header of `header` bytes and `payload`
 /// bytes in `ranges` ranges asks UCX to copy it (fast completion) rather
@@ -556,8 +559,9 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
     for (entry, op) in reply.entries.iter().zip(ops) {
         let entry_len = entry.length as usize;
         if let Some(op) = op {
-            // SAFETY: out of the waiting table just now, so this is the only
-            // reply that reaches it; active and awaiting its reply.
+            // SAFETY: taken out of the waiting table by the first pass, and
+            // nothing ran since, so this is the only reply that reaches it;
+            // active and awaiting its reply.
             let op_ref = unsafe { &mut *op };
             let outcome = land_entry(op_ref, entry, payload_whole, data, offset);
             op_ref.finish(outcome);
@@ -668,9 +672,7 @@ mod tests {
 
     #[test]
     fn with_the_engines_tcp_bound_a_fragment_of_4_kib_ranges_leaves_zero_copy() {
-        let tcp = crate::UcxConfig::default()
-            .tcp_ranges_per_zero_copy_fragment(|_| false)
-            .expect("the engine sets the tcp bound");
+        let tcp = crate::UcxConfig::default().tcp_ranges_per_zero_copy_fragment(|_| None);
         // A fragment-sized reply of the scatter list: 15 × 4 KiB.
         let ranges = super::super::pieces::PIECE / 4096;
         let header = 8 + 24 * ranges as u64;

@@ -128,13 +128,14 @@ impl Engine {
         let mut served = Vec::new();
         // One clock for the batch: its entries are posted in this one turn,
         // and a clock read per entry was measurable in lists of 1000.
-        let posted = Instant::now();
+        let mut posted = Instant::now();
         for (index, request) in requests.into_iter().enumerate() {
             let answer = Answer::Entry {
                 batch: std::rc::Rc::clone(&batch),
                 index,
             };
-            if let Err((answer, err)) = self.prepare_get(request, answer, posted, &mut served) {
+            if let Err((answer, err)) = self.prepare_get(request, answer, &mut posted, &mut served)
+            {
                 answer.send(Err(err));
             }
         }
@@ -290,7 +291,7 @@ impl Engine {
         reply: Answer,
     ) -> Result<(), (Answer, RdmaError)> {
         let mut served = std::mem::take(&mut self.served_scratch);
-        let prepared = self.prepare_get(request, reply, Instant::now(), &mut served);
+        let prepared = self.prepare_get(request, reply, &mut Instant::now(), &mut served);
         self.endpoint_memo = None;
         for read in served.drain(..) {
             self.send_read_request(read);
@@ -303,12 +304,13 @@ impl Engine {
     /// gathered for this turn's copy or posted one-sided, and `None`
     /// returned; an owner-served read gets its op (in the waiting table,
     /// its deadline scheduled) and comes back to be sent, alone or in a
-    /// list (`gathered`). A deadline is reckoned from `posted`.
+    /// list (`gathered`). A deadline is reckoned from `posted`, which is
+    /// read again after a direct read (whose lane may wait on UCX).
     pub(super) fn prepare_get(
         &mut self,
         request: BackendGet,
         reply: Answer,
-        posted: Instant,
+        posted: &mut Instant,
         served: &mut Vec<PreparedRead>,
     ) -> Result<(), (Answer, RdmaError)> {
         let BackendGet {
@@ -377,27 +379,33 @@ impl Engine {
             return Ok(());
         }
         // A copy never waits: only reads that do need a deadline.
-        let deadline = posted + deadline.unwrap_or(self.settings.default_get_deadline);
+        let timeout = deadline.unwrap_or(self.settings.default_get_deadline);
         let reply = match &*key {
             ReadKey::SameHost(same_host) if !through_owner => {
                 // The direct lane may fall back and touch the peer table.
                 self.endpoint_memo = None;
-                match self.try_post_direct_get(
+                let direct = self.try_post_direct_get(
                     peer,
                     same_host,
                     remote_addr,
                     local_region_id,
                     dest,
                     len,
-                    deadline,
+                    *posted + timeout,
                     reply,
-                )? {
+                );
+                // The direct lane may have waited on UCX (settling a failed
+                // endpoint): this read's fallback and the batch's later
+                // reads reckon their deadlines from now.
+                *posted = Instant::now();
+                match direct? {
                     None => return Ok(()),
                     Some(reply) => reply,
                 }
             }
             ReadKey::SameHost(_) | ReadKey::Served(_) => reply,
         };
+        let deadline = *posted + timeout;
         let key = key.served();
         let (endpoint, serial) = match self.served_endpoint(peer) {
             Ok(found) => found,

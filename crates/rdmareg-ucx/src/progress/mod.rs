@@ -243,9 +243,9 @@ impl Engine {
         // question: whether UCX's tcp protocols are the engine's own.
         let reads_in_pieces = config.reads_in_pieces_allowed_by_env();
         events.fragment_sized_replies.set(reads_in_pieces);
-        if let Some(ranges) = config.tcp_ranges_per_zero_copy_fragment_by_env() {
-            events.tcp_ranges_per_zero_copy_fragment.set(ranges);
-        }
+        events
+            .tcp_ranges_per_zero_copy_fragment
+            .set(config.tcp_ranges_per_zero_copy_fragment_by_env());
         let events_arg = (&*events as *const Events)
             .cast_mut()
             .cast::<std::ffi::c_void>();

@@ -636,8 +636,10 @@ pub(crate) unsafe fn send_active_message(
 /// vector of more than 73 bytes by its multi-fragment zero-copy protocol,
 /// and over tcp a fragment carries only a few of the vector's ranges: a
 /// reply of 64 reads of 8 B went out in about 13 `sendmsg` calls instead of
-/// one, and a reply of 64 reads of 4 KiB in fragments of at most 24 KiB
-/// (six ranges). The caller decides (`gathered::copied_into_segments`).
+/// one, and with UCX's default tcp vector bound a reply of 64 reads of
+/// 4 KiB goes in fragments of at most five ranges (20 KiB), the sixth
+/// vector entry carrying UCX's trailer. The caller decides
+/// (`gathered::copied_into_segments`).
 ///
 /// # Safety
 /// As for [`send_active_message`], for every range `iov` names, and the
