@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::scene::*;
 use common::*;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_core::{BackendGet, BackendRegion, Descriptor, RdmaError};
-use rdmareg_ucx::{Transport, UcxBackend, UcxEngine};
+use rdmareg_core::{BackendGet, Descriptor, RdmaError};
+use rdmareg_ucx::{Transport, UcxBackend};
 
 const KIB: u64 = 1024;
 /// Read lengths that go in pieces over tcp: the smallest, odd ones, 64 KiB
@@ -28,7 +29,6 @@ const GUARD: u64 = 4096 + 7;
 const WATCH: Duration = Duration::from_millis(300);
 /// What a buffer is overwritten with once its read answered an error.
 const SCRIBBLE: u8 = 0xEE;
-const SOURCE_LEN: usize = 1024 * 1024;
 
 /// One read's own destination: `GUARD` bytes, the range, `GUARD` bytes.
 struct Dest {
@@ -141,88 +141,6 @@ async fn assert_quiet(scribbled: &[Arc<PageBuf>], what: &str) {
             changed, 0,
             "{what}: {changed} bytes written into a buffer after its read answered an error"
         );
-    }
-}
-
-/// Waits up to 5 s for the owner to see its last reply sends complete.
-async fn owner_settles(owner: &UcxEngine, what: &str) {
-    let until = Instant::now() + Duration::from_secs(5);
-    while owner.served_replies_in_flight() != 0 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    assert_eq!(
-        owner.served_replies_in_flight(),
-        0,
-        "{what}: replies left in flight"
-    );
-}
-
-async fn shut_down_clean(owner: UcxEngine, consumer: UcxEngine, what: &str) {
-    consumer.shutdown().await;
-    owner.shutdown().await;
-    assert_eq!(consumer.live_registrations(), Some(0), "{what}: consumer");
-    assert_eq!(owner.live_registrations(), Some(0), "{what}: owner");
-}
-
-/// An owner and a consumer engine with a [`SOURCE_LEN`]-byte [`pattern`]
-/// source mapped on the owner: what most tests here read from.
-///
-/// The source buffer lives as long as the scene and is freed only after
-/// both engines shut down, so it outlives its registration whether the
-/// owner unmapped it or the shutdown ended it.
-struct Scene {
-    owner: UcxEngine,
-    consumer: UcxEngine,
-    // The owner's and the consumer's backends.
-    ob: Arc<UcxBackend>,
-    cb: Arc<UcxBackend>,
-    src: PageBuf,
-    /// The source's bytes when it was mapped.
-    want: Vec<u8>,
-    src_region: BackendRegion,
-    /// What the owner would send for the source.
-    source: Descriptor,
-}
-
-impl Scene {
-    /// Maps a fresh source on the owner of `engines`, an (owner, consumer)
-    /// pair whose consumer knows the owner as [`OWNER`].
-    async fn new(engines: (UcxEngine, UcxEngine)) -> Scene {
-        let (owner, consumer) = engines;
-        let (ob, cb) = (owner.backend(), consumer.backend());
-        let src = PageBuf::filled(SOURCE_LEN, pattern);
-        let want = src.snapshot();
-        let src_region = map(&ob, &src).await;
-        let source = describe(&src, &src_region);
-        Scene {
-            owner,
-            consumer,
-            ob,
-            cb,
-            src,
-            want,
-            src_region,
-            source,
-        }
-    }
-
-    /// The usual end: waits for the owner's replies to settle (see
-    /// [`owner_settles`]), checks the owner's unmap of the source answers
-    /// `Ok`, then [`Scene::shut_down`].
-    async fn end(self, what: &str) {
-        owner_settles(&self.owner, what).await;
-        assert_eq!(
-            self.ob.unmap(self.src_region.backend_region_id).await,
-            Ok(())
-        );
-        self.shut_down(what).await;
-    }
-
-    /// Shuts both engines down and checks neither holds a registration
-    /// (see [`shut_down_clean`]); only then frees the source buffer.
-    async fn shut_down(self, what: &str) {
-        shut_down_clean(self.owner, self.consumer, what).await;
-        drop(self.src);
     }
 }
 
@@ -911,13 +829,6 @@ async fn dropping_reads_in_pieces_mid_flight_leaks_nothing_and_lands_nothing_aft
     dest.assert_exact(&scene.want, "after the drops");
     assert_eq!(scene.cb.unmap(dest.id).await, Ok(()));
     scene.end("dropped reads").await;
-}
-
-/// Which side goes away mid-read.
-#[derive(Debug, Clone, Copy)]
-enum Gone {
-    Consumer,
-    Owner,
 }
 
 /// Either side shutting down while reads in pieces are in flight: each

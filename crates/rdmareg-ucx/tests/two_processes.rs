@@ -64,17 +64,6 @@ fn transport_named(name: &str) -> Transport {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
-        .collect()
-}
-
 /// The owner role: register `SIZE` bytes of the pattern with each of its
 /// engines ([`OWNER_ENGINES`], one buffer each), announce them, and serve
 /// until stdin closes; told `shutdown` on stdin, shut the first engine down

@@ -14,7 +14,9 @@ use rdmareg_backend::conformance::{BackendPair, Capabilities};
 use rdmareg_core::{BackendGet, BackendRegion, Descriptor, PeerId, RdmaError};
 use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
 
+pub mod list_scene;
 pub mod raw_am;
+pub mod scene;
 
 /// How the consumer engine names the owner engine.
 pub const OWNER: PeerId = PeerId(1);
@@ -239,6 +241,20 @@ pub trait SeamForTestMemory: RdmaBackend {
 }
 
 impl<B: RdmaBackend + ?Sized> SeamForTestMemory for B {}
+
+/// `bytes` as lowercase hex, two digits a byte: how a parent test passes
+/// addresses and keys to its child processes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes [`hex`] wrote as `text`.
+pub fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
+        .collect()
+}
 
 /// The source pattern: never zero, period not a power of two.
 pub fn pattern(i: usize) -> u8 {
