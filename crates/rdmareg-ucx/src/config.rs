@@ -437,7 +437,7 @@ impl UcxConfig {
     /// [`Self::tcp_ranges_per_zero_copy_fragment`] against the real process
     /// environment.
     pub(crate) fn tcp_ranges_per_zero_copy_fragment_by_env(&self) -> usize {
-        self.tcp_ranges_per_zero_copy_fragment(|key| std::env::var(format!("UCX_{key}")).ok())
+        self.tcp_ranges_per_zero_copy_fragment(environment_value)
     }
 
     /// [`Self::reads_in_pieces_allowed`] against the real process
@@ -484,6 +484,11 @@ impl UcxConfig {
 /// `*_from_env`/`*_by_env` method of [`UcxConfig`] asks.
 fn environment_sets(key: &str) -> bool {
     std::env::var_os(format!("UCX_{key}")).is_some()
+}
+
+/// The process environment's `UCX_<key>`, if set and valid UTF-8.
+fn environment_value(key: &str) -> Option<String> {
+    std::env::var(format!("UCX_{key}")).ok()
 }
 
 #[cfg(test)]

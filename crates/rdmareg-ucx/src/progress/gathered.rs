@@ -285,20 +285,20 @@ pub(super) unsafe extern "C" fn on_read_list_request(
             }
         }
     }
+    // Replies are cut to one fragment each on tcp-only connections; the
+    // engine's own vector bound applies to those, and longer replies keep
+    // the rule for UCX's default.
     // SAFETY: `reply_ep` is the live endpoint UCX just handed this
     // handler, on the worker's thread.
-    let tcp_only = unsafe { every_lane_is_tcp(param.reply_ep) };
-    let most_payload = if events.fragment_sized_replies.get() && tcp_only {
-        super::pieces::PIECE as u64
+    let one_fragment_each =
+        events.fragment_sized_replies.get() && unsafe { every_lane_is_tcp(param.reply_ep) };
+    let (most_payload, ranges_per_fragment) = if one_fragment_each {
+        (
+            super::pieces::PIECE as u64,
+            events.tcp_ranges_per_zero_copy_fragment.get(),
+        )
     } else {
-        MAX_GATHERED_BYTES
-    };
-    // The engine's own vector bound applies to the replies it cuts to one
-    // fragment each; longer replies keep the rule for UCX's default.
-    let ranges_per_fragment = if events.fragment_sized_replies.get() && tcp_only {
-        events.tcp_ranges_per_zero_copy_fragment.get()
-    } else {
-        ZERO_COPY_RANGES_PER_FRAGMENT
+        (MAX_GATHERED_BYTES, ZERO_COPY_RANGES_PER_FRAGMENT)
     };
     for part in reply_parts(&answers, per_reply, most_payload) {
         // SAFETY: inside this handler, on the worker's thread; `reply_ep`
