@@ -23,6 +23,7 @@ use std::ffi::c_void;
 use std::ptr;
 use std::time::{Duration, Instant};
 
+use common::attacked_memory::AttackedMemory;
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_ucx::{EngineAddress, Transport};
@@ -233,10 +234,7 @@ impl Drop for RawPeer {
 /// Runs the attack against an engine of `transport` from a peer on `tls`.
 async fn attack(transport: Transport, tls: &str) {
     let (owner, consumer) = engines(transport.clone());
-    let ob = owner.backend();
-    let registered = PageBuf::filled(4096, pattern);
-    let unregistered = PageBuf::filled(4096, pattern);
-    let region = map(&ob, &registered).await;
+    let memory = AttackedMemory::map_on(&owner, 4096).await;
 
     let exposed = EngineAddress::decode(&owner.worker_address()).expect("an engine address");
     let direct_lane_expected = !matches!(transport, Transport::Tcp);
@@ -250,12 +248,13 @@ async fn attack(transport: Transport, tls: &str) {
         ("direct", exposed.direct),
     ];
     let shared_memory_peer = tls.split(',').any(|t| t == "posix" || t == "sysv");
-    let want = PageBuf::filled(4096, pattern).snapshot();
     for (which, address) in targets {
         let Some(address) = address else { continue };
         let tls_owned = tls.to_owned();
-        let (registered_addr, unregistered_addr) =
-            (registered.addr() as u64, unregistered.addr() as u64);
+        let (registered_addr, unregistered_addr) = (
+            memory.registered.addr() as u64,
+            memory.unregistered.addr() as u64,
+        );
         let stolen = tokio::task::spawn_blocking(move || {
             let peer = RawPeer::connect(&tls_owned, &address).ok()?;
             let evil = vec![0xEEu8; 4096];
@@ -298,25 +297,19 @@ async fn attack(transport: Transport, tls: &str) {
             );
         }
         assert!(
-            registered.snapshot() == want,
+            memory.registered.snapshot() == memory.want,
             "a raw PUT to the {which} address changed a registered region over {transport:?} from {tls}"
         );
         assert!(
-            unregistered.snapshot() == want,
+            memory.unregistered.snapshot() == memory.want,
             "a raw PUT to the {which} address changed unregistered memory over {transport:?} from {tls}"
         );
     }
 
     // The owner still serves its real consumer.
-    assert_owner_still_serves_then_shut_down(
-        owner,
-        consumer,
-        &registered,
-        &region,
-        &want,
-        &transport,
-    )
-    .await;
+    memory
+        .assert_owner_still_serves_then_shut_down(owner, consumer, &transport)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,6 +46,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
+use common::attacked_memory::AttackedMemory;
 use common::*;
 use rdmareg_ucx::Transport;
 
@@ -214,12 +215,9 @@ async fn attack(transport: Transport, frames: Frames) {
         !owner_ports.is_empty(),
         "a {transport:?} owner listens on no tcp port"
     );
-    let ob = owner.backend();
     let len = 64 * 1024;
-    let registered = PageBuf::filled(len, pattern);
-    let unregistered = PageBuf::filled(len, pattern);
-    let region = map(&ob, &registered).await;
-    let want = PageBuf::filled(len, pattern).snapshot();
+    let memory = AttackedMemory::map_on(&owner, len).await;
+    let (registered, unregistered) = (&memory.registered, &memory.unregistered);
 
     for &port in &owner_ports {
         match frames {
@@ -237,7 +235,7 @@ async fn attack(transport: Transport, frames: Frames) {
                         .await
                         .expect("the attacker thread");
                     let what = format!("a raw UCT PUT of {size} B to port {port}");
-                    check_refused(&what, code, &log, &transport, &registered, &unregistered);
+                    check_refused(&what, code, &log, &transport, registered, unregistered);
                 }
             }
             Frames::Oversized => {
@@ -246,21 +244,15 @@ async fn attack(transport: Transport, frames: Frames) {
                     .await
                     .expect("the attacker thread");
                 let what = format!("a raw UCT frame of {size} B to port {port}");
-                check_refused(&what, code, &log, &transport, &registered, &unregistered);
+                check_refused(&what, code, &log, &transport, registered, unregistered);
             }
         }
     }
 
     // The owner still serves its real consumer.
-    assert_owner_still_serves_then_shut_down(
-        owner,
-        consumer,
-        &registered,
-        &region,
-        &want,
-        &transport,
-    )
-    .await;
+    memory
+        .assert_owner_still_serves_then_shut_down(owner, consumer, &transport)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

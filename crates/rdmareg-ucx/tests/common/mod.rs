@@ -14,6 +14,9 @@ use rdmareg_backend::conformance::{BackendPair, Capabilities};
 use rdmareg_core::{BackendGet, BackendRegion, Descriptor, PeerId, RdmaError};
 use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
 
+pub mod attacked_memory;
+pub mod child_process;
+pub mod list_reads;
 pub mod list_scene;
 pub mod raw_am;
 pub mod scene;
@@ -372,33 +375,4 @@ pub fn forged_capability(key: &[u8]) -> Bytes {
         }
         other => panic!("unexpected key {other:?}"),
     }
-}
-
-/// The end of an attack test: `consumer` (whose peer [`OWNER`] is `owner`)
-/// still reads `registered`, mapped by `owner` as `region`, and gets `want`;
-/// then both engines shut down and the owner holds no registration.
-pub async fn assert_owner_still_serves_then_shut_down(
-    owner: UcxEngine,
-    consumer: UcxEngine,
-    registered: &PageBuf,
-    region: &BackendRegion,
-    want: &[u8],
-    transport: &Transport,
-) {
-    let cb = consumer.backend();
-    let dst = PageBuf::zeroed(registered.len());
-    let dst_region = map(&cb, &dst).await;
-    let request = get_request(OWNER, &describe(registered, region), &dst_region, 0, None);
-    assert_eq!(
-        cb.get_into_test_memory(request).await,
-        Ok(()),
-        "{transport:?}"
-    );
-    assert!(
-        dst.snapshot() == want,
-        "{transport:?}: the read's bytes differ"
-    );
-    consumer.shutdown().await;
-    owner.shutdown().await;
-    assert_eq!(owner.live_registrations(), Some(0));
 }
