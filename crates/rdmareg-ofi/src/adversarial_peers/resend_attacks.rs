@@ -101,11 +101,26 @@ const OWNER_SHUT_DOWN_AROUND_THE_FAILED_SEND: &str =
 fn with_connection_cleanup(name: &str, body: impl FnOnce()) {
     let exact = format!("adversarial_peers::resend_attacks::{name}");
     // Under AddressSanitizer, the test whose owner is shut down while its
-    // consumer's sends to it fail once left 376 bytes that libfabric 1.17
-    // itself allocated (336 + 40, `calloc` inside the stripped
-    // `libfabric.so`, not yet attributed to an object of ours or of the
-    // provider's). Memory errors are still checked there; leaks are not,
-    // until the allocation is named.
+    // consumer's sends to it fail leaks, in about one run in twenty, memory
+    // that libfabric 1.17's `tcp` provider allocated and that no call open
+    // to us frees. The consumer connects to the owner again; the owner's
+    // progress (`fi_cq_read`, through `ofi_rxm`'s connection progress and
+    // the event queue of rxm's own listener) accepts the socket, allocating
+    // a 40-byte `tcpx_conn_handle` and the 336-byte `tcpx_cm_context` that
+    // waits for the connection request (`tcpx_accept` and
+    // `tcpx_alloc_cm_ctx`, prov/tcp/src/tcpx_conn_mgr.c:567 and :47 in
+    // v1.17.0); then the owner shuts down before the request is read. Our
+    // `fi_close` of the endpoint makes rxm close its listener and event
+    // queue, and neither the listener's close nor the event queue's frees a
+    // context still waiting there: the 376 bytes (336 + 40) reported. When
+    // the request was read but rxm had not yet taken the `FI_CONNREQ` event,
+    // the event queue's cleanup frees the event but not the `fi_info` and
+    // handle it carries (678 bytes in 12 blocks, seen with a debug build of
+    // v1.17.0). Both are the provider's: ours (endpoint, address vector,
+    // completion queue, domain, fabric, regions) are all closed, and the
+    // listener and its pending connections are rxm's, out of our reach.
+    // The race is what the test is for, so leaks stay unchecked in its
+    // child; memory errors are still checked there.
     if ran_in_child_with_connection_cleanup(&exact, name == OWNER_SHUT_DOWN_AROUND_THE_FAILED_SEND)
     {
         return;
