@@ -148,7 +148,8 @@ pub struct UcxConfig {
     /// posts more large reads than the bound to one owner at once should
     /// expect the excess to be refused as busy. Over tcp a read of 65 521 to
     /// 273 738 bytes is asked in up to five pieces, each a reply of its own
-    /// here, while its consumer has fewer than 1024 reads in flight (see
+    /// here, and a list's read of 16 to 32 KiB in two, while its consumer
+    /// has fewer than 1024 reads in flight (see
     /// [`UcxEngine::reads_asked_in_pieces`]): pieces add at most about 1024
     /// replies to a connection's count. Must be at least 1.
     ///

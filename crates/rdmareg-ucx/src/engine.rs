@@ -374,10 +374,12 @@ impl UcxEngine {
             .load(Ordering::Relaxed)
     }
 
-    /// Owner-served reads this engine asked in pieces, each small enough to
-    /// come back in one fragment: reads longer than one tcp fragment and up
-    /// to the size UCX still sends eager, on endpoints whose every lane is
-    /// tcp. Counted once per read, whatever its number of pieces.
+    /// Owner-served reads this engine asked in pieces, on endpoints whose
+    /// every lane is tcp: reads longer than one tcp fragment and up to the
+    /// size UCX still sends eager, in pieces that each come back in one
+    /// fragment, and a list's reads longer than the gathered bound and at
+    /// most twice it, in two pieces gathered with the list's small reads.
+    /// Counted once per read, whatever its number of pieces.
     pub fn reads_asked_in_pieces(&self) -> u64 {
         self.shared
             .signals

@@ -23,7 +23,9 @@
 //!   No receive outlives the handler, so an entry's deadline, its
 //!   endpoint's failure or teardown answer it exactly as they answer a
 //!   single read waiting for its reply. Larger reads go alone and may be
-//!   received by rendezvous straight into their destination.
+//!   received by rendezvous straight into their destination, except that
+//!   over tcp a list's reads of up to twice the bound are asked in two
+//!   gatherable pieces (`progress::pieces`).
 //! - Over a connection whose every lane is tcp the owner answers a list in
 //!   several replies of at most 60 KiB of payload each, so that each
 //!   arrives in one fragment: UCX gathers a longer eager reply into a

@@ -153,7 +153,9 @@ fn small_reads_of_one_owner_travel_as_one_list_and_are_answered_per_entry() {
 }
 
 /// More reads than one list holds, and reads too large to gather, are split:
-/// lists of at most `MAX_LIST_ENTRIES`, and the large reads alone.
+/// lists of at most `MAX_LIST_ENTRIES`, and the large reads alone. (Over
+/// tcp a list's reads of up to twice `MAX_GATHERED_ENTRY` are gathered in
+/// two pieces, see `progress::pieces`: the large reads here are longer.)
 #[test]
 fn long_batches_are_split_into_bounded_lists_and_large_reads_go_alone() {
     let rt = runtime();
@@ -161,7 +163,8 @@ fn long_batches_are_split_into_bounded_lists_and_large_reads_go_alone() {
     let owner = Raw::new(false);
     consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
     let small = MAX_LIST_ENTRIES + 1;
-    let dest = PageBuf::zeroed(small * 64 + 2 * (MAX_GATHERED_ENTRY as usize + 1));
+    let large = 2 * MAX_GATHERED_ENTRY + 1;
+    let dest = PageBuf::zeroed(small * 64 + 2 * large as usize);
     let backend = consumer.backend();
     let region = rt.block_on(map(&backend, &dest));
     let key = Bytes::copy_from_slice(
@@ -171,7 +174,6 @@ fn long_batches_are_split_into_bounded_lists_and_large_reads_go_alone() {
         }
         .encode(),
     );
-    let large = MAX_GATHERED_ENTRY + 1;
     let mut requests: Vec<BackendGet> = (0..small as u64)
         .map(|i| BackendGet {
             peer: RAW_OWNER,

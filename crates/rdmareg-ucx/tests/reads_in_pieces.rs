@@ -256,3 +256,130 @@ async fn a_deep_batch_splits_only_the_reads_posted_while_fewer_than_1024_are_in_
     assert_eq!(consumer.live_registrations(), Some(0));
     assert_eq!(owner.live_registrations(), Some(0));
 }
+
+/// Largest read a list gathers whole (`read_list::MAX_GATHERED_ENTRY`).
+const GATHERED_BOUND: u64 = 16 * 1024;
+
+/// Reads every length of `lengths` in one batch, each from its own odd
+/// offset of `src` into its own range of one destination with guard bytes
+/// between the ranges; checks each landed exactly and nothing else was
+/// touched, and returns how many reads the consumer asked in pieces.
+async fn list_and_check(
+    owner: &UcxEngine,
+    consumer: &UcxEngine,
+    src: &PageBuf,
+    lengths: &[u64],
+    what: &str,
+) -> u64 {
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let src_region = map(&ob, src).await;
+    let source = describe(src, &src_region);
+    let guard = DEST_OFFSET;
+    let mut places = Vec::new(); // (source offset, destination offset, length)
+    let mut dest_offset = guard;
+    for (index, &len) in lengths.iter().enumerate() {
+        let src_offset = SRC_OFFSET + 977 * index as u64;
+        assert!(
+            src_offset + len <= src.len() as u64,
+            "{what}: the source holds read {index}"
+        );
+        places.push((src_offset, dest_offset, len));
+        dest_offset += len + guard;
+    }
+    let dst = PageBuf::zeroed(dest_offset as usize);
+    let dst_region = map(&cb, &dst).await;
+    let requests = places
+        .iter()
+        .map(|&(src_offset, dest_offset, len)| BackendGet {
+            remote_addr: source.addr() + src_offset,
+            len,
+            ..get_request(OWNER, &source, &dst_region, dest_offset, None)
+        })
+        .collect();
+    let before = consumer.reads_asked_in_pieces();
+    let answers = cb.get_batch_into_test_memory(requests).await;
+    let split = consumer.reads_asked_in_pieces() - before;
+    assert_eq!(answers, vec![Ok(()); lengths.len()], "{what}");
+    let landed = dst.snapshot();
+    let want = src.snapshot();
+    let mut untouched = 0..0;
+    for &(src_offset, dest_offset, len) in &places {
+        let (src_offset, dest_offset, len) =
+            (src_offset as usize, dest_offset as usize, len as usize);
+        untouched.end = dest_offset;
+        assert!(
+            landed[untouched.clone()].iter().all(|&b| b == 0),
+            "{what}: the guard before the {len}-byte read is untouched"
+        );
+        assert!(
+            landed[dest_offset..dest_offset + len] == want[src_offset..src_offset + len],
+            "{what}: the {len}-byte read landed exactly"
+        );
+        untouched = dest_offset + len..dest_offset + len;
+    }
+    assert!(
+        landed[untouched.start..].iter().all(|&b| b == 0),
+        "{what}: the last guard is untouched"
+    );
+    cb.unmap(dst_region.backend_region_id)
+        .await
+        .expect("unmap destination");
+    ob.unmap(src_region.backend_region_id)
+        .await
+        .expect("unmap source");
+    split
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_list_reads_of_up_to_twice_the_gathered_bound_go_in_gathered_pieces() {
+    let (owner, consumer) = engines(Transport::Tcp);
+    let src = PageBuf::filled(SOURCE_LEN, pattern);
+    // (length, asked in pieces?) in one list.
+    let cases = [
+        (4096, false),
+        (GATHERED_BOUND, false),
+        (GATHERED_BOUND + 1, true),
+        (20 * 1024 + 3, true),
+        (2 * GATHERED_BOUND, true),
+        (2 * GATHERED_BOUND + 1, false),
+        (60 * 1024, false),
+        (ONE_FRAGMENT, false),
+        (ONE_FRAGMENT + 1, true),
+        (LARGEST_SPLIT + 1, false),
+        (7, false),
+    ];
+    let lengths: Vec<u64> = cases.iter().map(|&(len, _)| len).collect();
+    let expected = cases.iter().filter(|&&(_, split)| split).count() as u64;
+    let split = list_and_check(&owner, &consumer, &src, &lengths, "mixed list").await;
+    assert_eq!(split, expected, "reads of the list asked in pieces");
+    // A list of equal 32 KiB reads, as a list of KV blocks would be.
+    let blocks = vec![32 * 1024; 12];
+    let split = list_and_check(&owner, &consumer, &src, &blocks, "32 KiB blocks").await;
+    assert_eq!(split, 12, "every 32 KiB read of the list asked in pieces");
+    // The same length alone goes whole.
+    let before = consumer.reads_asked_in_pieces();
+    read_and_check(&owner, &consumer, &src, 32 * 1024, "a lone 32 KiB read").await;
+    assert_eq!(
+        consumer.reads_asked_in_pieces(),
+        before,
+        "a lone read goes whole"
+    );
+    consumer.shutdown().await;
+    owner.shutdown().await;
+    assert_eq!(consumer.live_registrations(), Some(0));
+    assert_eq!(owner.live_registrations(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_reads_through_the_owner_on_lanes_with_a_zero_copy_rendezvous_are_never_split() {
+    for transport in [Transport::SameHost, Transport::SharedMemoryNoErrorHandling] {
+        let (owner, consumer) = served_engines(transport.clone());
+        let src = PageBuf::filled(SOURCE_LEN, pattern);
+        let lengths = [GATHERED_BOUND + 1, 32 * 1024, ONE_FRAGMENT, 128 * 1024];
+        let split =
+            list_and_check(&owner, &consumer, &src, &lengths, &format!("{transport:?}")).await;
+        assert_eq!(split, 0, "{transport:?}");
+        consumer.shutdown().await;
+        owner.shutdown().await;
+    }
+}

@@ -622,6 +622,8 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
         (131_071, 500_001, Ok(())),
         (273_739, 1, Ok(())),
         (65_520, 2, Ok(())),
+        (24_577, 200_003, Ok(())),
+        (30_000, end - 10_000, Err(RdmaError::OutOfRange)),
     ];
     for round in 0..3 {
         let gap = 4099u64;
@@ -648,9 +650,13 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
         let answers = scene.cb.get_batch_into_test_memory(requests).await;
         let expected: Vec<_> = entries.iter().map(|(.., e)| e.clone()).collect();
         assert_eq!(answers, expected, "round {round}");
+        // Past one fragment, and in a list above the gathered bound up to
+        // twice it (`progress::pieces`).
         let pieced = entries
             .iter()
-            .filter(|(len, ..)| (65_521..=273_738).contains(len))
+            .filter(|(len, ..)| {
+                (65_521..=273_738).contains(len) || (16 * KIB + 1..=32 * KIB).contains(len)
+            })
             .count() as u64;
         assert_eq!(
             scene.consumer.reads_asked_in_pieces() - before,

@@ -124,6 +124,7 @@ impl Engine {
             let _ = reply.send(Vec::new());
             return;
         }
+        let in_a_list = requests.len() > 1;
         let batch = BatchAnswers::new(requests.len(), reply);
         let mut served = Vec::new();
         // One clock for the batch: its entries are posted in this one turn,
@@ -134,7 +135,8 @@ impl Engine {
                 batch: std::rc::Rc::clone(&batch),
                 index,
             };
-            if let Err((answer, err)) = self.prepare_get(request, answer, &mut posted, &mut served)
+            if let Err((answer, err)) =
+                self.prepare_get(request, answer, in_a_list, &mut posted, &mut served)
             {
                 answer.send(Err(err));
             }
@@ -291,7 +293,7 @@ impl Engine {
         reply: Answer,
     ) -> Result<(), (Answer, RdmaError)> {
         let mut served = std::mem::take(&mut self.served_scratch);
-        let prepared = self.prepare_get(request, reply, &mut Instant::now(), &mut served);
+        let prepared = self.prepare_get(request, reply, false, &mut Instant::now(), &mut served);
         self.endpoint_memo = None;
         for read in served.drain(..) {
             self.send_read_request(read);
@@ -306,10 +308,13 @@ impl Engine {
     /// its deadline scheduled) and comes back to be sent, alone or in a
     /// list (`gathered`). A deadline is reckoned from `posted`, which is
     /// read again after a direct read (whose lane may wait on UCX).
+    /// `in_a_list`: the read is one of a batch of two or more, whose
+    /// owner-served reads are sent as lists (see `pieces`).
     pub(super) fn prepare_get(
         &mut self,
         request: BackendGet,
         reply: Answer,
+        in_a_list: bool,
         posted: &mut Instant,
         served: &mut Vec<PreparedRead>,
     ) -> Result<(), (Answer, RdmaError)> {
@@ -421,7 +426,7 @@ impl Engine {
             deadline,
             key,
         };
-        let pieces = pieces::pieces(len).filter(|_| {
+        let pieces = pieces::pieces(len, in_a_list).filter(|_| {
             self.ops.active() < pieces::SPLIT_WHILE_FEWER_THAN && self.peers.reads_in_pieces(peer)
         });
         let Some(pieces) = pieces else {

@@ -36,6 +36,23 @@
 //! - Reads past [`LARGEST_SPLIT`] go whole: UCX receives those by
 //!   rendezvous straight into the destination, and splitting them measured
 //!   slower.
+//! - In a list (a batch of two reads or more), a read longer than the
+//!   gathered bound ([`MAX_GATHERED_ENTRY`], 16 KiB) and at most twice it
+//!   is asked in two pieces, the first of that bound, which are gathered
+//!   with the list's other reads (`gathered`). Alone, such a read costs a
+//!   request and a reply that fills at most half a fragment; in pieces,
+//!   up to 256 KiB of reads share one request and their replies fill
+//!   fragments. Over tcp a list of 125 reads of 32 KiB took 902–943 µs
+//!   alone and 658–719 gathered, and lists of sixteen reads of 20 KiB and
+//!   32 KiB moved 37 % and 20 % more (A/B rounds in `docs/benchmarks.md`).
+//!   Longer reads that fit one fragment stay whole: in pieces they gained
+//!   in lists of a hundred reads but lost 3–7 % in lists of sixteen, whose
+//!   requests travel back to back anyway. The pieces are gathered entries
+//!   like any list's small reads, so this asks nothing new of the owner. A
+//!   lone read goes whole: its pieces would travel in one request and one
+//!   reply as the whole read does, at the cost of more reads to track.
+
+use crate::read_list::MAX_GATHERED_ENTRY;
 
 /// Longest reply that arrives in one fragment over this engine's 64 KiB
 /// tcp segments (measured with `UCX_PROTO_INFO=y`; the 20-byte reply
@@ -48,23 +65,36 @@ pub(super) const PIECE: usize = 60 * 1024;
 /// tcp by default (measured as `ONE_FRAGMENT`). Longer replies go by
 /// rendezvous, straight into the destination.
 pub(super) const LARGEST_SPLIT: usize = 273_738;
+/// Longest piece of a read of a list split to be gathered: the gathered
+/// bound itself, so every piece is gathered.
+pub(super) const GATHERED_PIECE: usize = MAX_GATHERED_ENTRY as usize;
+/// Longest read of a list that is split to be gathered: two pieces.
+pub(super) const LONGEST_GATHERED_SPLIT: usize = 2 * GATHERED_PIECE;
 /// Reads in flight (pieces included) from which reads go whole: pieces then
 /// add at most this many replies to an owner's count.
 pub(super) const SPLIT_WHILE_FEWER_THAN: usize = 1024;
 
 /// The pieces a read of `len` bytes is asked in, as `(offset, len)` within
-/// the read; `None` if it goes whole. Full pieces first, then what is
-/// left: a short remainder is gathered with other small reads when the
-/// read is part of a list (`gathered`), which measured faster for lists of
-/// 64 KiB and 128 KiB reads than pieces of equal length.
-pub(super) fn pieces(len: usize) -> Option<impl ExactSizeIterator<Item = (usize, usize)>> {
-    if len <= ONE_FRAGMENT || len > LARGEST_SPLIT {
+/// the read; `None` if it goes whole. `in_a_list`: the read is one of a
+/// batch of two or more. Full pieces first, then what is left: a short
+/// remainder is gathered with other small reads when the read is part of a
+/// list (`gathered`), which measured faster for lists of 64 KiB and 128 KiB
+/// reads than pieces of equal length.
+pub(super) fn pieces(
+    len: usize,
+    in_a_list: bool,
+) -> Option<impl ExactSizeIterator<Item = (usize, usize)>> {
+    let piece = if len > ONE_FRAGMENT && len <= LARGEST_SPLIT {
+        PIECE
+    } else if in_a_list && len > GATHERED_PIECE && len <= LONGEST_GATHERED_SPLIT {
+        GATHERED_PIECE
+    } else {
         return None;
-    }
+    };
     Some(
         (0..len)
-            .step_by(PIECE)
-            .map(move |offset| (offset, PIECE.min(len - offset))),
+            .step_by(piece)
+            .map(move |offset| (offset, piece.min(len - offset))),
     )
 }
 
@@ -73,7 +103,11 @@ mod tests {
     use super::*;
 
     fn split(len: usize) -> Option<Vec<(usize, usize)>> {
-        pieces(len).map(Iterator::collect)
+        pieces(len, false).map(Iterator::collect)
+    }
+
+    fn split_in_a_list(len: usize) -> Option<Vec<(usize, usize)>> {
+        pieces(len, true).map(Iterator::collect)
     }
 
     #[test]
@@ -124,5 +158,60 @@ mod tests {
         assert_eq!(pieces[4], (4 * PIECE, 16 * 1024));
         // A 64 KiB read: one full piece and 4 KiB.
         assert_eq!(split(64 * 1024), Some(vec![(0, PIECE), (PIECE, 4096)]));
+    }
+
+    #[test]
+    fn in_a_list_reads_of_up_to_twice_the_gathered_bound_go_in_two_gathered_pieces() {
+        for len in [GATHERED_PIECE + 1, 20 * 1024 + 3, LONGEST_GATHERED_SPLIT] {
+            let pieces = split_in_a_list(len).unwrap_or_else(|| panic!("{len} is split"));
+            assert_eq!(
+                pieces,
+                vec![(0, GATHERED_PIECE), (GATHERED_PIECE, len - GATHERED_PIECE)],
+                "{len}: a full gathered piece, then the rest"
+            );
+            assert!(
+                pieces
+                    .iter()
+                    .all(|&(_, piece)| piece > 0 && piece <= GATHERED_PIECE)
+            );
+            assert_eq!(
+                GATHERED_PIECE % 4096,
+                0,
+                "the second piece starts on a page"
+            );
+        }
+    }
+
+    #[test]
+    fn in_a_list_gatherable_and_longer_reads_split_as_they_would_alone() {
+        let stay_whole = [
+            1,
+            4096,
+            GATHERED_PIECE,
+            LONGEST_GATHERED_SPLIT + 1,
+            48 * 1024,
+            PIECE,
+            ONE_FRAGMENT,
+            LARGEST_SPLIT + 1,
+            1 << 20,
+        ];
+        for len in stay_whole {
+            assert_eq!(split_in_a_list(len), None, "{len}");
+        }
+        for len in [ONE_FRAGMENT + 1, 64 * 1024, 256 * 1024, LARGEST_SPLIT] {
+            assert_eq!(split_in_a_list(len), split(len), "{len}");
+        }
+    }
+
+    #[test]
+    fn a_lone_read_that_fits_one_fragment_goes_whole_whatever_its_length() {
+        for len in [
+            GATHERED_PIECE + 1,
+            LONGEST_GATHERED_SPLIT,
+            PIECE,
+            ONE_FRAGMENT,
+        ] {
+            assert_eq!(split(len), None, "{len}");
+        }
     }
 }
