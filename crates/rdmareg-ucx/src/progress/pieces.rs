@@ -48,8 +48,11 @@
 //!   Longer reads that fit one fragment stay whole: in pieces they gained
 //!   in lists of a hundred reads but lost 3–7 % in lists of sixteen, whose
 //!   requests travel back to back anyway. The pieces are gathered entries
-//!   like any list's small reads, so this asks nothing new of the owner. A
-//!   lone read goes whole: its pieces would travel in one request and one
+//!   like any list's small reads, so this asks nothing new of the owner's
+//!   protocol; each holds a place under its bound of unfinished replies,
+//!   and a list's pieces are admitted together (an owner whose bound is set
+//!   below twice a list's count of such reads refuses the excess as busy).
+//!   A lone read goes whole: its pieces would travel in one request and one
 //!   reply as the whole read does, at the cost of more reads to track.
 
 use crate::read_list::MAX_GATHERED_ENTRY;
