@@ -16,6 +16,7 @@ use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
 
 pub mod attacked_memory;
 pub mod child_process;
+pub mod list_pieces;
 pub mod list_reads;
 pub mod list_scene;
 pub mod raw_am;
