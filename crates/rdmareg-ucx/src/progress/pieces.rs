@@ -41,10 +41,11 @@
 //!   is asked in two pieces, the first of that bound, which are gathered
 //!   with the list's other reads (`gathered`). Alone, such a read costs a
 //!   request and a reply that fills at most half a fragment; in pieces,
-//!   up to 256 KiB of reads share one request and their replies fill
-//!   fragments. Over tcp a list of 125 reads of 32 KiB took 902–943 µs
-//!   alone and 658–719 gathered, and lists of sixteen reads of 20 KiB and
-//!   32 KiB moved 37 % and 20 % more (A/B rounds in `docs/benchmarks.md`).
+//!   up to 256 KiB of reads share one request and each reply carries the
+//!   pieces of several. Over tcp a list of 125 reads of 32 KiB took
+//!   902–943 µs alone and 658–719 gathered, and lists of sixteen reads of
+//!   20 KiB and 32 KiB moved 37 % and 20 % more (A/B rounds in
+//!   `docs/benchmarks.md`).
 //!   Longer reads that fit one fragment stay whole: in pieces they gained
 //!   in lists of a hundred reads but lost 3–7 % in lists of sixteen, whose
 //!   requests travel back to back anyway. The pieces are gathered entries
