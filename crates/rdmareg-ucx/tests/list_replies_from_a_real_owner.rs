@@ -148,13 +148,25 @@ async fn an_owners_unmap_while_a_lists_replies_go_out_confirms_only_after_they_f
         let want = Arc::new(scene.want.clone());
         let unmapped = Arc::new(AtomicBool::new(false));
         let mut readers = Vec::new();
+        let mut warmed = Vec::new();
         for reader in 0..3usize {
             let lens = maximal_list(reader);
             let slots = Slots::new(&scene.cb, &lens).await;
             let requests = requests_from(&slots, &scene.source, |_| Some(Duration::from_secs(5)));
             let (cb, unmapped, want) = (scene.cb.clone(), Arc::clone(&unmapped), Arc::clone(&want));
+            let (warm, warm_done) = tokio::sync::oneshot::channel();
+            warmed.push(warm_done);
             readers.push(tokio::spawn(async move {
                 let (mut served, mut refused) = (0usize, 0usize);
+                // One whole list before the unmap may start, so that every
+                // round streams lists when it comes, however slow the
+                // machine (under AddressSanitizer a round's first list can
+                // take longer than the longest delay below).
+                let (answers, snapshot) = batch_with_snapshot(&cb, &slots, requests.clone()).await;
+                let what = format!("reader {reader}, warm-up");
+                served += slots.judge(&snapshot, &answers, |i| wanted(&want, i, lens[i]), &what);
+                assert_eq!(answers, vec![Ok(()); lens.len()], "{what}");
+                let _ = warm.send(());
                 loop {
                     let last = unmapped.load(Ordering::Acquire);
                     slots.buf.fill(0);
@@ -176,6 +188,9 @@ async fn an_owners_unmap_while_a_lists_replies_go_out_confirms_only_after_they_f
                     }
                 }
             }));
+        }
+        for warm_done in warmed {
+            warm_done.await.expect("a reader warmed up");
         }
         tokio::time::sleep(Duration::from_micros(*delay_us)).await;
         assert_eq!(
