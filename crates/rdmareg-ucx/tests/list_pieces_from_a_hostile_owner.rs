@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::list_pieces::{BOUND, judge, pieced, unscribbled};
-use common::list_scene::{Answers, KIB, SCRIBBLE, Slots, WATCH};
+use common::list_scene::{Answers, KIB, SCRIBBLE, Slots, WATCH, unmap_and_shut_down};
 use common::raw_am::Raw;
 use common::*;
 use rdmareg_backend::RdmaBackend;
@@ -228,13 +228,7 @@ impl Hostile {
     /// Unmaps the destination (it must answer `Ok`) and shuts the consumer
     /// down with nothing registered.
     fn end(self) {
-        let backend = self.consumer.backend();
-        let unmapped = self.rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(5), backend.unmap(self.slots.region)).await
-        });
-        assert_eq!(unmapped, Ok(Ok(())), "the destination unmaps");
-        self.rt.block_on(self.consumer.shutdown());
-        assert_eq!(self.consumer.live_registrations(), Some(0));
+        unmap_and_shut_down(&self.rt, &self.consumer, self.slots.region);
     }
 
     /// Every read's pieces, each with the owner's own bytes.

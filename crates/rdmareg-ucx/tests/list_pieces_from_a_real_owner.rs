@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use common::list_pieces::{BOUND, judge, pieced, unscribbled};
 use common::list_scene::{Answers, KIB, SCRIBBLE, Slots, WATCH};
-use common::scene::{Gone, SOURCE_LEN, Scene, shut_down_clean};
+use common::scene::{Gone, SOURCE_LEN, Scene, shut_down_clean, unmap_and_zero_source};
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, Descriptor, RdmaError};
@@ -345,14 +345,8 @@ async fn an_owners_unmap_mid_batch_serves_no_piece_after_it_confirmed() {
         });
         warmed.await.expect("the reader warmed up");
         tokio::time::sleep(Duration::from_micros(delay_us)).await;
-        assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-        assert_eq!(
-            owner.served_replies_in_flight(),
-            0,
-            "round {round}: replies in flight"
-        );
-        src.fill(0);
-        unmapped.store(true, Ordering::Release);
+        let what = format!("round {round}");
+        unmap_and_zero_source(&owner, src_region.backend_region_id, &src, &unmapped, &what).await;
         let (s, r) = reader.await.expect("the reader task");
         (served, refused) = (served + s, refused + r);
         shut_down_clean(owner, consumer, &format!("round {round}")).await;

@@ -211,13 +211,7 @@ impl RawList {
     /// Unmaps the destination (it must answer `Ok`), shuts the consumer
     /// down and checks it holds no registration.
     fn end(self) {
-        let backend = self.consumer.backend();
-        let unmapped = self.rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(5), backend.unmap(self.slots.region)).await
-        });
-        assert_eq!(unmapped, Ok(Ok(())), "the destination unmaps");
-        self.rt.block_on(self.consumer.shutdown());
-        assert_eq!(self.consumer.live_registrations(), Some(0));
+        unmap_and_shut_down(&self.rt, &self.consumer, self.slots.region);
         drop(self.owner);
     }
 }

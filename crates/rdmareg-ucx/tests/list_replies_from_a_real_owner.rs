@@ -193,17 +193,9 @@ async fn an_owners_unmap_while_a_lists_replies_go_out_confirms_only_after_they_f
             warm_done.await.expect("a reader warmed up");
         }
         tokio::time::sleep(Duration::from_micros(*delay_us)).await;
-        assert_eq!(
-            scene.ob.unmap(scene.src_region.backend_region_id).await,
-            Ok(())
-        );
-        assert_eq!(
-            scene.owner.served_replies_in_flight(),
-            0,
-            "round {round}: the unmap confirmed with replies in flight"
-        );
-        scene.src.fill(0);
-        unmapped.store(true, Ordering::Release);
+        let region = scene.src_region.backend_region_id;
+        let what = format!("round {round}");
+        unmap_and_zero_source(&scene.owner, region, &scene.src, &unmapped, &what).await;
         for reader in readers {
             let (served, refused, slots) = reader.await.expect("a reader task");
             served_total += served;

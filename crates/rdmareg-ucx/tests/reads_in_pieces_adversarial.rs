@@ -972,14 +972,8 @@ async fn an_owners_unmap_mid_read_in_pieces_confirms_only_after_its_replies_fini
             }));
         }
         tokio::time::sleep(Duration::from_micros(*delay_us)).await;
-        assert_eq!(ob.unmap(src_region.backend_region_id).await, Ok(()));
-        assert_eq!(
-            owner.served_replies_in_flight(),
-            0,
-            "round {round}: the unmap confirmed with replies in flight"
-        );
-        src.fill(0);
-        unmapped.store(true, Ordering::Release);
+        let what = format!("round {round}");
+        unmap_and_zero_source(&owner, src_region.backend_region_id, &src, &unmapped, &what).await;
         let mut dests = Vec::new();
         for reader in readers {
             let (served, refused, dest) = reader.await.expect("a reader task");

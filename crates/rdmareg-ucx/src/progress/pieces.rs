@@ -45,8 +45,8 @@
 //!   pieces of several. Over tcp a list of 125 reads of 32 KiB took
 //!   902–943 µs alone and 658–719 gathered, and lists of sixteen reads of
 //!   20 KiB and 32 KiB moved 37 % and 20 % more (A/B rounds in
-//!   `docs/benchmarks.md`).
-//!   Longer reads that fit one fragment stay whole: in pieces they gained
+//!   `docs/benchmarks.md`). Longer reads that fit one fragment stay whole:
+//!   in pieces they gained
 //!   in lists of a hundred reads but lost 3–7 % in lists of sixteen, whose
 //!   requests travel back to back anyway. The pieces are gathered entries
 //!   like any list's small reads, so this asks nothing new of the owner's

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use rdmareg_ucx::UcxBackend;
 use rdmareg_ucx::read_list::MAX_LIST_ENTRIES;
@@ -34,6 +35,22 @@ pub fn scatter_lens() -> Vec<usize> {
 
 /// The destinations of one list: entry `i` of `lens[i]` bytes at its own
 /// offset, with [`GUARD`] bytes around each.
+/// Unmaps `region` on `consumer` (it must answer `Ok` within 5 s), shuts
+/// the consumer down and checks it holds no registration.
+pub fn unmap_and_shut_down(
+    rt: &tokio::runtime::Runtime,
+    consumer: &rdmareg_ucx::UcxEngine,
+    region: u64,
+) {
+    let backend = consumer.backend();
+    let unmapped = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), backend.unmap(region)).await
+    });
+    assert_eq!(unmapped, Ok(Ok(())), "the destination unmaps");
+    rt.block_on(consumer.shutdown());
+    assert_eq!(consumer.live_registrations(), Some(0));
+}
+
 pub struct Slots {
     pub buf: Arc<PageBuf>,
     /// The destination's registration on the consumer.

@@ -37,6 +37,26 @@ pub async fn owner_settles(owner: &UcxEngine, what: &str) {
     );
 }
 
+/// Unmaps the owner's source region mid-stream (it must answer `Ok`),
+/// checks no reply is in flight once the unmap confirmed, zeroes the
+/// source the moment it did and tells the readers (`unmapped`).
+pub async fn unmap_and_zero_source(
+    owner: &UcxEngine,
+    source_region: u64,
+    src: &PageBuf,
+    unmapped: &std::sync::atomic::AtomicBool,
+    what: &str,
+) {
+    assert_eq!(owner.backend().unmap(source_region).await, Ok(()));
+    assert_eq!(
+        owner.served_replies_in_flight(),
+        0,
+        "{what}: the unmap confirmed with replies in flight"
+    );
+    src.fill(0);
+    unmapped.store(true, std::sync::atomic::Ordering::Release);
+}
+
 /// Shuts both engines down and checks neither holds a registration.
 pub async fn shut_down_clean(owner: UcxEngine, consumer: UcxEngine, what: &str) {
     consumer.shutdown().await;
