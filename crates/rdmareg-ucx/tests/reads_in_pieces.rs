@@ -364,10 +364,7 @@ async fn tcp_list_reads_of_up_to_twice_the_gathered_bound_go_in_gathered_pieces(
         before,
         "a lone read goes whole"
     );
-    consumer.shutdown().await;
-    owner.shutdown().await;
-    assert_eq!(consumer.live_registrations(), Some(0));
-    assert_eq!(owner.live_registrations(), Some(0));
+    common::scene::shut_down_clean(owner, consumer, "gathered pieces").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
