@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 const MINIMUM: (u32, u32) = (1, 17);
 
 const FIX: &str = "Fix it either way:\n  \
-    - run `cargo xtask ofi` (with OFI_DIR unset) to install Debian's libfabric-dev, or\n  \
+    - in an rdmareg checkout, run `cargo xtask doctor` to see what is missing and `cargo xtask ofi` (with OFI_DIR unset) to install Debian's libfabric-dev, or\n  \
     - set OFI_DIR=/path/to/libfabric, an install prefix holding include/rdma/fabric.h and lib/libfabric.so (libfabric >= 1.17)";
 
 fn main() {

@@ -1,16 +1,23 @@
 //! Finds the UCX to link, links `libucp` and `libucs`, and tells dependents
 //! where it is.
 //!
-//! Search order (the same as `cargo xtask ucx`):
-//! 1. `UCX_DIR`, an install prefix. An explicit choice: if it is broken or
-//!    too old, the build fails rather than quietly using something else.
-//! 2. The prefix named in `<workspace>/target/ucx-prefix`, written by
-//!    `cargo xtask ucx` whenever it provisions (the patched source build by
-//!    default and in CI, or the wheel with `--wheel`). Also an explicit
-//!    choice: if it names something unusable, the build fails.
-//! 3. `<workspace>/target/ucx-1.22.0/libucx`, the wheel as provisioned
-//!    before `target/ucx-prefix` existed.
-//! 4. pkg-config (`ucx`).
+//! Search order (the same as `cargo xtask ucx`), which works the same in the
+//! workspace and in a copy from crates.io, since nothing is looked up
+//! relative to this crate:
+//! 1. `RDMAREG_UCX_DIR`, an install prefix. An explicit choice: if it is
+//!    broken or too old, the build fails rather than quietly using something
+//!    else. (Not `UCX_DIR`: UCX reads every `UCX_*` variable at run time and
+//!    warns about the ones it does not know.)
+//! 2. pkg-config (`ucx`), when it names UCX 1.22 or newer: a site UCX.
+//! 3. The prefix named in `<cache>/ucx-prefix`, written by `cargo xtask ucx`
+//!    whenever it provisions (the patched source build by default and in CI,
+//!    or the wheel with `--wheel`).
+//! 4. The newest complete from-source build `<cache>/ucx-1.22.0-src-*`.
+//!
+//! `<cache>` is `RDMAREG_UCX_CACHE`, else `/var/cache/rdmareg` for root,
+//! else `$XDG_CACHE_HOME/rdmareg` or `$HOME/.cache/rdmareg` (the rule of
+//! `rdmareg_ucx_src::cache_root`, written out here so that this crate needs
+//! `rdmareg-ucx-src` only for `vendored`).
 //!
 //! When `DOCS_RS` is set (docs.rs builds documentation with no UCX present)
 //! nothing is searched and nothing is linked: the committed bindings need no
@@ -29,17 +36,19 @@ use std::path::{Path, PathBuf};
 /// and enum values, and the engine's packed-key validator knows 1.22's format.
 const MINIMUM_API: (u32, u32) = (1, 22);
 
-/// The file naming the prefix `cargo xtask ucx` provisioned, relative to the
-/// workspace.
-const POINTER: &str = "target/ucx-prefix";
+/// The variable naming a UCX install prefix explicitly.
+const DIR_VARIABLE: &str = "RDMAREG_UCX_DIR";
 
-/// Where `cargo xtask ucx --wheel` unpacks the wheel, relative to the
-/// workspace.
-const PROVISIONED_PREFIX: &str = "target/ucx-1.22.0/libucx";
+/// The file in the cache naming the prefix `cargo xtask ucx` provisioned.
+const POINTER: &str = "ucx-prefix";
 
-const FIX: &str = "Fix it either way:\n  \
-    - run `cargo xtask ucx` (with UCX_DIR unset) to provision UCX 1.22.0, or\n  \
-    - set UCX_DIR=/path/to/ucx, an install prefix holding include/ucp/api/ucp.h and lib/libucp.so (UCX >= 1.22)";
+/// How the from-source builds in the cache are named.
+const SOURCE_BUILD_PREFIX: &str = "ucx-1.22.0-src-";
+
+const FIX: &str = "Fix it one of these ways:\n  \
+    - in an rdmareg checkout, run `cargo xtask doctor` to see what is missing and `cargo xtask ucx` to provision UCX 1.22.0 (built from source with rdmareg's patches), or\n  \
+    - set RDMAREG_UCX_DIR=/path/to/ucx, an install prefix holding include/ucp/api/ucp.h and lib/libucp.so (UCX >= 1.22), or make pkg-config find it, or\n  \
+    - enable the `vendored` feature to build UCX from the sources in rdmareg-ucx-src and link it statically";
 
 struct Install {
     root: PathBuf,
@@ -51,7 +60,9 @@ struct Install {
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
-    println!("cargo::rerun-if-env-changed=UCX_DIR");
+    println!("cargo::rerun-if-env-changed={DIR_VARIABLE}");
+    println!("cargo::rerun-if-env-changed=RDMAREG_UCX_CACHE");
+    println!("cargo::rerun-if-env-changed=PKG_CONFIG_PATH");
     println!("cargo::rerun-if-env-changed=DOCS_RS");
 
     if env::var_os("DOCS_RS").is_some() {
@@ -184,7 +195,10 @@ fn vendored() {
     }
     let build = match rdmareg_ucx_src::static_build() {
         Ok(build) => build,
-        Err(e) => panic!("\n\nrdmareg-ucx-sys cannot build the vendored UCX: {e}\n\n"),
+        Err(e) => panic!(
+            "\n\nrdmareg-ucx-sys cannot build the vendored UCX: {e}\n\
+             In an rdmareg checkout, `cargo xtask doctor` lists what the build needs.\n\n"
+        ),
     };
     let header = build.include_dir.join("ucp/api/ucp_version.h");
     let api = fs::read_to_string(&header)
@@ -229,49 +243,95 @@ fn publish(entries: &[(&str, String)]) {
 }
 
 fn find() -> Result<Install, String> {
-    if let Some(dir) = env::var_os("UCX_DIR") {
+    if let Some(dir) = env::var_os(DIR_VARIABLE).filter(|dir| !dir.is_empty()) {
         let dir = PathBuf::from(dir);
         return at_prefix(&dir)
-            .map_err(|e| format!("UCX_DIR={} is not a UCX install: {e}", dir.display()));
+            .map_err(|e| format!("{DIR_VARIABLE}={} is not a UCX install: {e}", dir.display()));
     }
-    let pointer = workspace_root().join(POINTER);
+    let mut problems = vec![format!("{DIR_VARIABLE} is unset")];
+    match from_pkg_config() {
+        Ok(ucx) if ucx.api >= MINIMUM_API => return Ok(ucx),
+        Ok(ucx) => problems.push(format!(
+            "pkg-config names UCX {}.{} at {}, too old",
+            ucx.api.0,
+            ucx.api.1,
+            ucx.root.display()
+        )),
+        Err(e) => problems.push(format!("pkg-config: {e}")),
+    }
+    let cache = match cache_root() {
+        Some(cache) => cache,
+        None => {
+            problems.push(
+                "no cache directory (RDMAREG_UCX_CACHE, XDG_CACHE_HOME and HOME are unset)"
+                    .to_owned(),
+            );
+            return Err(problems.join("; "));
+        }
+    };
+    if cache.is_dir() {
+        // A later provisioning adds an install or rewrites the pointer.
+        println!("cargo::rerun-if-changed={}", cache.display());
+    }
+    let pointer = cache.join(POINTER);
     if let Ok(text) = fs::read_to_string(&pointer) {
-        // A later `cargo xtask ucx` rewrites this file; it has to rerun us.
         println!("cargo::rerun-if-changed={}", pointer.display());
         let prefix = PathBuf::from(text.trim());
-        return at_prefix(&prefix).map_err(|e| {
-            format!(
-                "{} names {}, which is not a UCX install: {e}",
+        match at_prefix(&prefix) {
+            Ok(ucx) => return Ok(ucx),
+            Err(e) => problems.push(format!(
+                "{} names {}, which is not a UCX install ({e})",
                 pointer.display(),
                 prefix.display()
-            )
-        });
-    }
-    let provisioned = workspace_root().join(PROVISIONED_PREFIX);
-    let provisioned_problem = if provisioned.exists() {
-        match at_prefix(&provisioned) {
-            Ok(ucx) => return Ok(ucx),
-            Err(e) => format!("{} is incomplete ({e})", provisioned.display()),
+            )),
         }
-    } else {
-        format!(
-            "UCX_DIR is unset and {} does not exist",
-            provisioned.display()
-        )
-    };
-    from_pkg_config().map_err(|pkg_config_problem| {
-        format!("{provisioned_problem}; pkg-config: {pkg_config_problem}")
-    })
+    }
+    match newest_source_build(&cache) {
+        Some(ucx) => Ok(ucx),
+        None => {
+            problems.push(format!(
+                "{} holds no complete {SOURCE_BUILD_PREFIX}* build",
+                cache.display()
+            ));
+            Err(problems.join("; "))
+        }
+    }
 }
 
-/// `crates/rdmareg-ucx-sys` → the workspace root two levels up.
-fn workspace_root() -> PathBuf {
-    let manifest_dir =
-        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    manifest_dir
-        .ancestors()
-        .nth(2)
-        .map_or_else(|| manifest_dir.clone(), Path::to_path_buf)
+/// The cache of provisioned builds (see the module docs).
+fn cache_root() -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let nonempty = |name: &str| env::var_os(name).filter(|value| !value.is_empty());
+    if let Some(dir) = nonempty("RDMAREG_UCX_CACHE") {
+        return Some(PathBuf::from(dir));
+    }
+    if fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0) {
+        return Some(PathBuf::from("/var/cache/rdmareg"));
+    }
+    if let Some(dir) = nonempty("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("rdmareg"));
+    }
+    nonempty("HOME").map(|home| PathBuf::from(home).join(".cache/rdmareg"))
+}
+
+/// The newest complete from-source install in `cache`.
+fn newest_source_build(cache: &Path) -> Option<Install> {
+    fs::read_dir(cache)
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(SOURCE_BUILD_PREFIX)
+        })
+        .map(|entry| entry.path())
+        .filter_map(|path| {
+            let modified = fs::metadata(path.join(".complete")).ok()?.modified().ok()?;
+            Some((modified, path))
+        })
+        .max()
+        .and_then(|(_, path)| at_prefix(&path).ok())
 }
 
 /// An install prefix laid out as `include/`, `lib/` (or `lib64/`), `bin/`.

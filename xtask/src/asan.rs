@@ -66,8 +66,8 @@
 
 use std::process::Command;
 
+use crate::ucx;
 use crate::util::{Error, Result, bail, cargo, probe, run, target_dir, workspace_root};
-use crate::{ci, ucx};
 
 /// The packages whose tests run: the registry (over the loopback), the UCX
 /// engine and backend, the libfabric engine and backend (its owner-served
@@ -260,15 +260,15 @@ pub fn run_task(args: &[String]) -> Result<()> {
     if let Some(extra) = args.first() {
         bail!("`cargo xtask asan` takes no arguments (got `{extra}`)");
     }
+    use crate::native::{self, Need};
+    native::ensure(&[native::BUILD, &[Need::Etcd, Need::Nextest]].concat())?;
     let ucx = ucx::ensure()?;
-    crate::etcd::ensure()?;
     eprintln!(
         "using UCX {} at {}",
         ucx.describe_version(),
         ucx.prefix.display()
     );
     let host = host_triple()?;
-    ci::ensure_nextest()?;
     for (test, reason) in CANNOT_RUN {
         eprintln!(
             "not run under ASan: {} {}: {reason}",

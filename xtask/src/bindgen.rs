@@ -4,7 +4,7 @@
 //! The bindings are committed so that building the workspace needs no
 //! libclang; only this task does. It installs libclang (`libclang-dev` via
 //! apt) when none is found and `LIBCLANG_PATH` is unset. Generation uses the
-//! UCX that `cargo xtask ucx` resolves, so with no `UCX_DIR` set it is the
+//! UCX that `cargo xtask ucx` resolves, so with no `RDMAREG_UCX_DIR` set it is the
 //! pinned 1.22.0 — the version named in the file's header.
 //!
 //! The allowlist is the UCP surface the engine uses and nothing more:
@@ -17,13 +17,12 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use bindgen::callbacks::ParseCallbacks;
 use bindgen::{EnumVariation, Formatter, RustEdition, RustTarget};
 
 use crate::ucx::{self, Ucx};
-use crate::util::{Context, Error, Result, bail, run, workspace_root};
+use crate::util::{Context, Error, Result, bail, workspace_root};
 
 /// Functions the engine calls.
 const FUNCTIONS: &[&str] = &[
@@ -124,9 +123,10 @@ pub fn run_task(args: &[String]) -> Result<()> {
         [flag] if flag == "--check" => true,
         _ => bail!("usage: cargo xtask bindgen [--check]"),
     };
-    let ucx = ucx::ensure()?;
+    use crate::native::{self, Need};
+    native::ensure(&[Need::Ucx, Need::Libclang])?;
+    let ucx = ucx::find()?;
     let release = ucx.describe_version();
-    ensure_libclang()?;
     let generated = generate(&ucx, &release)?;
     let path = bindings_path();
     if check {
@@ -154,7 +154,7 @@ fn check_current(path: &Path, generated: &str, release: &str) -> Result<()> {
     if committed_header != generated_header {
         bail!(
             "{} is stale or was generated from another UCX:\n  committed: {committed_header}\n  \
-             generated: {generated_header}\nRun `cargo xtask bindgen` (with UCX_DIR unset to use the pinned UCX).",
+             generated: {generated_header}\nRun `cargo xtask bindgen` (with RDMAREG_UCX_DIR unset to use the pinned UCX).",
             path.display()
         );
     }
@@ -232,13 +232,7 @@ pub fn ensure_libclang() -> Result<()> {
         return Ok(());
     }
     eprintln!("libclang not found; installing libclang-dev with apt-get");
-    let apt = |args: &[&str]| {
-        run(Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive"))
-    };
-    apt(&["update"])
-        .and_then(|()| apt(&["install", "-y", "--no-install-recommends", "libclang-dev"]))
+    crate::native::apt_install(&["libclang-dev"])
         .map_err(|e| {
             Error::msg(format!(
                 "cannot install libclang-dev ({e}).\nInstall libclang yourself (e.g. `apt-get install libclang-dev`) \
@@ -259,7 +253,7 @@ pub fn ensure_libclang() -> Result<()> {
 /// A libclang shared library (the C API, not `libclang-cpp`) in an LLVM
 /// install under `/usr/lib/llvm-*/lib` that also has clang's own headers
 /// (`stddef.h` and friends), without which parsing the UCX headers fails.
-fn find_libclang() -> Option<PathBuf> {
+pub fn find_libclang() -> Option<PathBuf> {
     let mut candidates: Vec<PathBuf> = fs::read_dir("/usr/lib")
         .ok()?
         .filter_map(|entry| entry.ok().map(|entry| entry.path()))

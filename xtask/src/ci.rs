@@ -5,15 +5,15 @@
 //! of all timings closes the run. Steps are plain data ([`Step`]) so adding
 //! one is one more entry in [`steps`].
 //!
-//! UCX is the one `cargo xtask ucx --from-source` builds (cached outside the
-//! clone): 1.22.0 with the patches in `crates/rdmareg-ucx-src/patches/`, verbs, rdmacm and
-//! cma, so every step runs over the patched tcp transport. `UCX_DIR`, when
-//! set, still overrides it (said in the step's output); the PUT-refusal
-//! test then fails unless that UCX carries the patch.
-//!
-//! etcd and protoc come right after UCX: the `etcd-client` crate runs
-//! `protoc` in its build script, so the first workspace build (clippy) fails
-//! without it, and the discovery tests start a real etcd.
+//! The first step provisions everything in xtask's native list
+//! ([`crate::native`]) that CI uses, before any build: UCX as
+//! `cargo xtask ucx --from-source` builds it (cached outside the clone):
+//! 1.22.0 with the patches in `crates/rdmareg-ucx-src/patches/`, verbs,
+//! rdmacm and cma, so every step runs over the patched tcp transport
+//! (`RDMAREG_UCX_DIR`, when set, still overrides it, said in the step's
+//! output; the PUT-refusal test then fails unless that UCX carries the
+//! patch); libfabric; protoc, which `etcd-client`'s build script runs; etcd
+//! for the discovery tests; libclang for the bindings checks; the test tools.
 //!
 //! Every step but `cargo xtask vendored` runs with
 //! `RDMAREG_UCX_NO_VENDOR=1`: `--all-features` turns on
@@ -26,8 +26,23 @@
 
 use std::process::Command;
 
+use crate::native::{self, Need};
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{asan, bindgen, cluster, etcd, example, fuzz, netns, ofi, package, ucx, vendored};
+use crate::{asan, bindgen, cluster, example, fuzz, netns, ofi, package, ucx, vendored};
+
+/// What CI provisions in its first step: every entry of the native list but
+/// NIXL, which only `cargo xtask bench --peers nixl` uses.
+pub const NEEDS: &[Need] = &[
+    Need::UcxBuildTools,
+    Need::Ucx,
+    Need::Libfabric,
+    Need::Protoc,
+    Need::Etcd,
+    Need::Libclang,
+    Need::Iproute2,
+    Need::Nextest,
+    Need::CargoFuzz,
+];
 
 /// What a step does.
 enum Action {
@@ -47,16 +62,12 @@ struct Step {
 fn steps() -> Vec<Step> {
     vec![
         Step {
-            name: "provision UCX built from source with our patches (cargo xtask ucx --from-source)",
-            action: Action::Task(|| ucx::run_task(&["--from-source".to_string()])),
-        },
-        Step {
-            name: "etcd and protoc (cargo xtask etcd): before any build, etcd-client needs protoc",
-            action: Action::Task(|| etcd::run_task(&[])),
-        },
-        Step {
-            name: "provision libfabric (cargo xtask ofi)",
-            action: Action::Task(|| ofi::run_task(&[])),
+            name: "provision native dependencies, UCX from source with our patches (cargo xtask doctor lists them)",
+            action: Action::Task(|| {
+                ucx::run_task(&["--from-source".to_string()])?;
+                native::ensure(NEEDS)?;
+                native::doctor(&[])
+            }),
         },
         Step {
             name: "bindings are current (cargo xtask bindgen --check)",
@@ -91,7 +102,6 @@ fn steps() -> Vec<Step> {
         Step {
             name: "tests (cargo nextest run)",
             action: Action::Task(|| {
-                ensure_nextest()?;
                 run(&mut cargo([
                     "nextest",
                     "run",
@@ -205,14 +215,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn etcd_and_protoc_are_provisioned_before_the_first_build() {
+    fn native_dependencies_are_provisioned_before_the_first_build() {
         let names: Vec<&str> = steps().iter().map(|step| step.name).collect();
-        let etcd = names.iter().position(|n| n.contains("xtask etcd")).unwrap();
+        let provision = names.iter().position(|n| n.contains("native")).unwrap();
         let first_build = names
             .iter()
             .position(|n| n.contains("clippy") || n.contains("nextest") || n.contains("bindgen"))
             .unwrap();
-        assert!(etcd < first_build, "steps: {names:?}");
+        assert!(provision < first_build, "steps: {names:?}");
+    }
+
+    /// CI provisions at least what every build needs, so a green CI cannot
+    /// hide a dependency only CI installs.
+    #[test]
+    fn ci_provisions_everything_a_build_needs() {
+        for need in native::BUILD {
+            assert!(NEEDS.contains(need), "{need:?}");
+        }
     }
 
     #[test]

@@ -28,7 +28,8 @@ use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::netns::{Demo, build, ensure_iproute2, ensure_root, ip};
+use crate::native::Need;
+use crate::netns::{Demo, build, ensure_root, ip};
 use crate::util::{Context, Result, bail, target_dir};
 
 const SUBNET: &str = "10.78.0";
@@ -53,9 +54,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
         _ => bail!("usage: cargo xtask cluster [--release]"),
     };
     ensure_root()?;
-    ensure_iproute2()?;
-    crate::ucx::run_task(&[])?;
-    crate::etcd::ensure()?;
+    crate::native::ensure(&[crate::native::BUILD, &[Need::Etcd, Need::Iproute2]].concat())?;
     let binary = build(release)?;
     let cluster = Cluster::create()?;
     let data = DataDir::create()?;

@@ -14,7 +14,7 @@
 
 use std::process::Command;
 
-use crate::util::{Result, bail, probe, run};
+use crate::util::{Result, bail, probe};
 
 /// A program discovery needs and the Debian package that carries it.
 struct Tool {
@@ -57,44 +57,21 @@ pub fn ensure() -> Result<()> {
         return Ok(());
     }
     let packages: Vec<&str> = missing.iter().map(|t| t.package).collect();
-    if probe(Command::new("apt-get").arg("--version")).is_none() {
-        bail!(
-            "{} not found and apt-get is unavailable: install {} (etcd 3.4 or newer; protoc for \
-             the etcd-client build), or put them on PATH",
-            names(&missing),
-            packages.join(" and ")
-        );
-    }
     eprintln!(
         "{} missing; installing {}",
         names(&missing),
         packages.join(" ")
     );
-    let root = probe(Command::new("id").arg("-u")).is_some_and(|uid| uid.trim() == "0");
-    let mut update = apt(root, &["update"]);
-    run(&mut update)?;
-    let mut args = vec!["install", "-y", "--no-install-recommends"];
-    args.extend(packages.iter().copied());
-    let mut install = apt(root, &args);
-    install.env("DEBIAN_FRONTEND", "noninteractive");
-    run(&mut install)?;
+    crate::native::apt_install(&packages).map_err(|e| {
+        crate::util::Error::msg(format!(
+            "{e} (etcd 3.4 or newer; protoc for the etcd-client build), or put them on PATH"
+        ))
+    })?;
     let still: Vec<&Tool> = TOOLS.iter().filter(|t| version_of(t).is_none()).collect();
     if !still.is_empty() {
         bail!("{} still not runnable after installing", names(&still));
     }
     Ok(())
-}
-
-fn apt(root: bool, args: &[&str]) -> Command {
-    let mut cmd = if root {
-        Command::new("apt-get")
-    } else {
-        let mut sudo = Command::new("sudo");
-        sudo.args(["-n", "apt-get"]);
-        sudo
-    };
-    cmd.args(args);
-    cmd
 }
 
 fn version_of(tool: &Tool) -> Option<String> {

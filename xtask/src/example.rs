@@ -22,14 +22,8 @@ pub fn run_task(args: &[String]) -> Result<()> {
         // Its own workspace, but the main target directory: the rdmareg
         // crates and the dependencies resolved alike are reused from the
         // workspace's build (a fresh CI clone otherwise compiles them again).
-        .env("CARGO_TARGET_DIR", target_dir())
-        // UCX warns about every UCX_* variable it does not know, UCX_DIR
-        // included, which the binary inherits from this command.
-        .env("UCX_WARN_UNUSED_ENV_VARS", "n");
-    if std::env::var_os("UCX_DIR").is_none() {
-        // Outside the workspace, the build script cannot see
-        // target/ucx-prefix: name the provisioned UCX.
-        cmd.env("UCX_DIR", &ucx::ensure()?.prefix);
-    }
+        .env("CARGO_TARGET_DIR", target_dir());
+    crate::native::ensure(crate::native::BUILD)?;
+    let _ = ucx::find()?;
     crate::util::run(&mut cmd)
 }

@@ -70,14 +70,15 @@ pub fn smoke() -> Result<()> {
 }
 
 fn fuzz(options: &Options) -> Result<()> {
-    ensure_cargo_fuzz()?;
+    use crate::native::{self, Need};
+    native::ensure(&[native::BUILD, &[Need::CargoFuzz]].concat())?;
     let ucx = ucx::ensure()?;
     eprintln!(
         "using UCX {} at {}",
         ucx.describe_version(),
         ucx.prefix.display()
     );
-    let ofi = ofi::ensure()?;
+    let ofi = ofi::find()?;
     eprintln!(
         "using libfabric {}.{} ({})",
         ofi.api.0, ofi.api.1, ofi.origin
@@ -209,7 +210,7 @@ fn fuzz_cargo<const N: usize>(args: [&str; N]) -> Command {
 }
 
 /// Installs cargo-fuzz when `cargo fuzz` is not available.
-fn ensure_cargo_fuzz() -> Result<()> {
+pub fn ensure_cargo_fuzz() -> Result<()> {
     let available = fuzz_cargo(["fuzz", "--version"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -10,6 +10,7 @@ mod cluster;
 mod etcd;
 mod example;
 mod fuzz;
+mod native;
 mod netns;
 mod nixl;
 mod ofi;
@@ -47,6 +48,8 @@ tasks:
   vendored [--full]  build UCX statically from crates/rdmareg-ucx-src (feature `vendored`:
                      verbs, mlx5, rdmacm, cma) and run the UCX suites over it
   example            build and run examples/block-service (a downstream project on the published crates)
+  doctor             one line per native dependency (UCX, libfabric, protoc, etcd, tools):
+                     what is present, its version and where, or the command that provisions it
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
@@ -84,6 +87,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ofi" => ofi::run_task(rest),
         "ofi-bindgen" => ofi::run_bindgen_task(rest),
         "ci" => ci::run_task(rest),
+        "doctor" => native::doctor(rest),
         "etcd" => etcd::run_task(rest),
         "package" => package::run_task(rest),
         "example" => example::run_task(rest),

@@ -60,9 +60,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
         _ => bail!("usage: cargo xtask netns [--release]"),
     };
     ensure_root()?;
-    ensure_iproute2()?;
-    crate::ucx::run_task(&[])?;
-    crate::etcd::ensure()?;
+    crate::native::ensure(&[crate::native::BUILD, &[crate::native::Need::Iproute2]].concat())?;
     let binary = build(release)?;
     let namespaces = Namespaces::create()?;
     println!(
@@ -132,14 +130,13 @@ pub(crate) fn ensure_root() -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn ensure_iproute2() -> Result<()> {
+pub fn ensure_iproute2() -> Result<()> {
     let has = |tool: &str| probe(Command::new(tool).arg("-V")).is_some();
     if has("ip") && has("tc") {
         return Ok(());
     }
     eprintln!("netns: `ip`/`tc` missing; installing iproute2");
-    run(Command::new("apt-get").arg("update"))?;
-    run(Command::new("apt-get").args(["install", "-y", "iproute2"]))?;
+    crate::native::apt_install(&["iproute2"])?;
     if !(has("ip") && has("tc")) {
         bail!("iproute2 was installed but `ip`/`tc` still cannot be run");
     }

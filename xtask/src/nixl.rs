@@ -51,7 +51,7 @@ use crate::util::{Context, Error, Result, bail, probe, run, target_dir, timed};
 pub const NIXL_RELEASE: &str = "1.5.1";
 
 /// The PyPI requirement that carries it.
-const NIXL_REQUIREMENT: &str = "nixl-cu12==1.5.1";
+pub const NIXL_REQUIREMENT: &str = "nixl-cu12==1.5.1";
 
 /// The plugin, relative to the venv's `site-packages`.
 const UCX_PLUGIN: &str = ".nixl_cu12.mesonpy.libs/plugins/libplugin_UCX.so";
@@ -85,6 +85,14 @@ pub fn venv_dir() -> Result<PathBuf> {
 /// `target/nixl-python`: names the venv's interpreter for the bench.
 pub fn pointer_file() -> PathBuf {
     target_dir().join("nixl-python")
+}
+
+/// The provisioned venv's interpreter, if [`pointer_file`] names one that
+/// is there.
+pub fn find() -> Option<PathBuf> {
+    let text = fs::read_to_string(pointer_file()).ok()?;
+    let python = PathBuf::from(text.trim());
+    python.exists().then_some(python)
 }
 
 /// `cargo xtask nixl`.

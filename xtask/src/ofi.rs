@@ -20,7 +20,7 @@ use std::process::Command;
 
 use bindgen::{EnumVariation, Formatter, RustEdition, RustTarget};
 
-use crate::util::{Context, Error, Result, bail, probe, run, workspace_root};
+use crate::util::{Context, Error, Result, bail, probe, workspace_root};
 
 /// The oldest libfabric API accepted.
 pub const MINIMUM: (u32, u32) = (1, 17);
@@ -52,6 +52,25 @@ pub fn run_task(args: &[String]) -> Result<()> {
 
 /// Finds a usable libfabric, installing Debian's when there is none.
 pub fn ensure() -> Result<Ofi> {
+    if env::var_os("OFI_DIR").is_some() {
+        return find();
+    }
+    if let Some(ofi) = from_pkg_config() {
+        return require_minimum(ofi);
+    }
+    eprintln!("libfabric not found; installing Debian's libfabric-dev with apt-get");
+    crate::native::apt_install(&["libfabric-dev", "pkg-config"]).map_err(|e| {
+        Error::msg(format!(
+            "cannot install libfabric-dev ({e}).\nInstall libfabric >= {}.{} yourself \
+             (e.g. `apt-get install libfabric-dev`) or set OFI_DIR to its install prefix",
+            MINIMUM.0, MINIMUM.1
+        ))
+    })?;
+    find()
+}
+
+/// Finds a usable libfabric in the documented order, installing nothing.
+pub fn find() -> Result<Ofi> {
     if let Some(dir) = env::var_os("OFI_DIR") {
         let dir = PathBuf::from(dir);
         let ofi = at_prefix(&dir, "OFI_DIR").map_err(|e| {
@@ -62,27 +81,9 @@ pub fn ensure() -> Result<Ofi> {
         })?;
         return require_minimum(ofi);
     }
-    if let Some(ofi) = from_pkg_config() {
-        return require_minimum(ofi);
-    }
-    eprintln!("libfabric not found; installing Debian's libfabric-dev with apt-get");
-    let apt = |args: &[&str]| {
-        run(Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive"))
-    };
-    apt(&["update"])
-        .and_then(|()| apt(&["install", "-y", "--no-install-recommends", "libfabric-dev"]))
-        .map_err(|e| {
-            Error::msg(format!(
-                "cannot install libfabric-dev ({e}).\nInstall libfabric >= {}.{} yourself \
-                 (e.g. `apt-get install libfabric-dev`) or set OFI_DIR to its install prefix",
-                MINIMUM.0, MINIMUM.1
-            ))
-        })?;
     match from_pkg_config() {
         Some(ofi) => require_minimum(ofi),
-        None => bail!("libfabric-dev was installed but pkg-config still does not find libfabric"),
+        None => bail!("pkg-config finds no libfabric (Debian: libfabric-dev)"),
     }
 }
 
@@ -211,8 +212,9 @@ pub fn run_bindgen_task(args: &[String]) -> Result<()> {
         [flag] if flag == "--check" => true,
         _ => bail!("usage: cargo xtask ofi-bindgen [--check]"),
     };
-    let ofi = ensure()?;
-    crate::bindgen::ensure_libclang()?;
+    use crate::native::{self, Need};
+    native::ensure(&[Need::Libfabric, Need::Libclang])?;
+    let ofi = find()?;
     let generated = generate(&ofi)?;
     let path = bindings_path();
     if check {

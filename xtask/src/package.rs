@@ -3,9 +3,9 @@
 //! with path dependencies replaced by the other packed crates).
 //!
 //! Verification builds `rdmareg-ucx-sys` from its package, outside the
-//! workspace, so its build script cannot find `target/ucx-prefix`; the task
-//! hands it the provisioned UCX as `UCX_DIR` (unless `UCX_DIR` is already
-//! set). The test crate and xtask are not published and are left out;
+//! workspace, with no variable naming the UCX: it must find it as a
+//! dependent's copy from crates.io does (pkg-config, or the provisioning
+//! cache outside any clone). The test crate and xtask are not published and are left out;
 //! `rdmareg-cli` (`publish = false`) is packed and verified all the same, so
 //! the binary is known to build from the packed libraries.
 
@@ -114,9 +114,10 @@ pub fn run_task(args: &[String]) -> Result<()> {
     forget_verified_builds()?;
     let mut cmd = cargo(ARGS.iter().copied());
     cmd.env("CARGO_TARGET_DIR", verify_target_dir());
-    if std::env::var_os("UCX_DIR").is_none() {
-        let linked = ucx::ensure()?;
-        cmd.env("UCX_DIR", &linked.prefix);
-    }
+    crate::native::ensure(crate::native::BUILD)?;
+    // Plain `cargo package`: the packaged `rdmareg-ucx-sys` finds the UCX
+    // the same way a dependent's copy from crates.io does (pkg-config or the
+    // provisioning cache), with no variable pointing at it.
+    let _ = ucx::find()?;
     run(&mut cmd)
 }

@@ -1,18 +1,17 @@
-//! `cargo xtask demo` and `cargo xtask bench`: provision UCX (and protoc, which
-//! the build needs) if needed, build
+//! `cargo xtask demo` and `cargo xtask bench`: provision what the build
+//! needs ([`native::BUILD`]: UCX, libfabric, protoc), build
 //! the `rdmareg` binary (release: the demo prints throughput and the bench
 //! measures it), and run it with the remaining arguments. A bench asked for
 //! `--peers nixl` provisions NIXL first (`cargo xtask nixl`).
 
+use crate::native::{self, Need};
 use crate::util::{Result, cargo, run};
-use crate::{etcd, nixl, ucx};
 
-/// Run `rdmareg <subcommand> <args>` after provisioning UCX.
+/// Run `rdmareg <subcommand> <args>` after provisioning what it needs.
 pub fn run_task(subcommand: &str, args: &[String]) -> Result<()> {
-    ucx::run_task(&[])?;
-    etcd::ensure()?;
+    native::ensure(native::BUILD)?;
     if subcommand == "bench" && wants_nixl(args) {
-        nixl::run_task(&[])?;
+        native::ensure(&[Need::Nixl])?;
     }
     let mut command = cargo([
         "run",

@@ -1,23 +1,29 @@
 //! `cargo xtask ucx`: make a UCX available and say which one it is.
 //!
 //! The search order is the one the `rdmareg-ucx-sys` build script uses, so what this
-//! prints is what the workspace links:
+//! prints is what the workspace links, and what any other crate depending on
+//! `rdmareg-ucx-sys` links on this machine:
 //!
-//! 1. `UCX_DIR`, when set. It is the user's explicit choice, so a broken or
-//!    too-old `UCX_DIR` is an error, never silently skipped.
-//! 2. The UCX named by `<workspace>/target/ucx-prefix`, which every
-//!    provisioning below writes: the last one provisioned is the one linked.
-//! 3. The wheel copy at `<workspace>/target/ucx-1.22.0/libucx` (provisioned
-//!    before `target/ucx-prefix` existed).
-//! 4. pkg-config (`ucx`), when it names a new-enough UCX.
+//! 1. `RDMAREG_UCX_DIR`, when set. It is the user's explicit choice, so a
+//!    broken or too-old one is an error, never silently skipped. (No variable
+//!    of ours starts with `UCX_`: UCX reads every `UCX_*` variable at run time
+//!    and warns about the ones it does not know.)
+//! 2. pkg-config (`ucx`), when it names UCX 1.22 or newer: a site UCX.
+//! 3. The UCX named by `<cache>/ucx-prefix`, which every provisioning below
+//!    writes: the last one provisioned is the one linked.
+//! 4. The newest complete from-source build in `<cache>`.
 //! 5. Otherwise the pinned UCX is built from source with rdmareg's patches
 //!    (see [`crate::ucx_source`]); this is what CI uses.
+//!
+//! `<cache>` is `$RDMAREG_UCX_CACHE`, else `/var/cache/rdmareg` for root,
+//! else `$XDG_CACHE_HOME/rdmareg` or `~/.cache/rdmareg`: outside any clone,
+//! so a packaged copy of `rdmareg-ucx-sys` finds the same UCX.
 //!
 //! Two ways to provision, whatever is found:
 //!
 //! - `--from-source`: UCX 1.22.0 built from the release tarball with the
-//!   patches in `crates/rdmareg-ucx-src/patches/`, verbs, rdmacm and cma, into a cache
-//!   outside the clone. Several minutes the first time, then reused.
+//!   patches in `crates/rdmareg-ucx-src/patches/`, verbs, rdmacm and cma, into
+//!   the cache. Several minutes the first time, then reused.
 //! - `--wheel`: the upstream-built `libucx-cu12` wheel, fetched with pip and
 //!   unpacked into `target/ucx-1.22.0/`. Seconds, but unpatched and without
 //!   InfiniBand. The wheel is unpacked into a staging directory and renamed
@@ -53,8 +59,12 @@ pub const MINIMUM_API: ApiVersion = ApiVersion {
 
 /// How to fix a missing or unusable UCX; part of every such error.
 const FIX: &str = "Fix it either way:\n  \
-     - run `cargo xtask ucx` (with UCX_DIR unset) to provision UCX 1.22.0 (built from source; `--wheel` for the quick unpatched wheel), or\n  \
-     - set UCX_DIR=/path/to/ucx, an install prefix holding include/ucp/api/ucp.h and lib/libucp.so (UCX >= 1.22)";
+     - run `cargo xtask ucx` (with RDMAREG_UCX_DIR unset) to provision UCX 1.22.0 (built from source; `--wheel` for the quick unpatched wheel), or\n  \
+     - set RDMAREG_UCX_DIR=/path/to/ucx, an install prefix holding include/ucp/api/ucp.h and lib/libucp.so (UCX >= 1.22)\n\
+     `cargo xtask doctor` lists every native dependency and how to provision it.";
+
+/// The variable naming a UCX install prefix explicitly.
+pub const DIR_VARIABLE: &str = "RDMAREG_UCX_DIR";
 
 /// A UCX API version as the headers state it (`UCP_API_MAJOR`/`UCP_API_MINOR`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -74,7 +84,7 @@ impl fmt::Display for ApiVersion {
 /// Where a UCX was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Origin {
-    /// The `UCX_DIR` environment variable.
+    /// The `RDMAREG_UCX_DIR` environment variable.
     UcxDir,
     /// The wheel copy under `target/` made by `cargo xtask ucx --wheel`.
     Provisioned,
@@ -87,7 +97,7 @@ pub enum Origin {
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Origin::UcxDir => "from UCX_DIR",
+            Origin::UcxDir => "from RDMAREG_UCX_DIR",
             Origin::Provisioned => "wheel provisioned by cargo xtask ucx --wheel",
             Origin::SourceBuild => "built from source by cargo xtask ucx --from-source",
             Origin::PkgConfig => "from pkg-config",
@@ -240,21 +250,23 @@ pub fn provisioned_prefix() -> PathBuf {
     provisioned_root().join("libucx")
 }
 
-/// `target/ucx-prefix`: the install prefix of the UCX provisioned last.
-pub fn pointer_file() -> PathBuf {
-    target_dir().join("ucx-prefix")
+/// `<cache>/ucx-prefix`: the install prefix of the UCX provisioned last.
+pub fn pointer_file() -> Result<PathBuf> {
+    Ok(crate::ucx_source::cache_root()?.join("ucx-prefix"))
 }
 
-/// Makes `prefix` the provisioned UCX the workspace links (unless
-/// `UCX_DIR` is set), by writing [`pointer_file`] in one step.
+/// Makes `prefix` the provisioned UCX every build on this machine links
+/// (unless `RDMAREG_UCX_DIR` or pkg-config names one), by writing
+/// [`pointer_file`] in one step.
 pub fn record_provisioned(prefix: &Path) -> Result<()> {
-    let pointer = pointer_file();
+    let pointer = pointer_file()?;
     let wanted = prefix.display().to_string();
     if fs::read_to_string(&pointer).is_ok_and(|current| current.trim() == wanted) {
         return Ok(());
     }
-    fs::create_dir_all(target_dir()).context("cannot create target/")?;
-    let scratch = target_dir().join(format!(".ucx-prefix.{}", process::id()));
+    let cache = crate::ucx_source::cache_root()?;
+    fs::create_dir_all(&cache).context(format!("cannot create {}", cache.display()))?;
+    let scratch = cache.join(format!(".ucx-prefix.{}", process::id()));
     fs::write(&scratch, format!("{wanted}\n"))
         .context(format!("cannot write {}", scratch.display()))?;
     fs::rename(&scratch, &pointer).context(format!("cannot write {}", pointer.display()))?;
@@ -295,13 +307,14 @@ fn provision_wheel() -> Result<Ucx> {
 }
 
 /// What the workspace links after provisioning `provisioned`: that one,
-/// unless `UCX_DIR` names another (said on stderr).
+/// unless `RDMAREG_UCX_DIR` or pkg-config names another (said on stderr).
 fn note_if_overridden(provisioned: &Ucx) -> Result<Ucx> {
     let linked = ensure()?;
     if linked.prefix != provisioned.prefix {
         eprintln!(
-            "note: UCX_DIR={} overrides the provisioned {} for every build",
+            "note: {} ({}) overrides the provisioned {} for every build",
             linked.prefix.display(),
+            linked.origin,
             provisioned.prefix.display()
         );
     }
@@ -318,56 +331,68 @@ fn print_ucx(ucx: &Ucx) {
 
 /// Finds a usable UCX, provisioning the pinned one when there is none.
 pub fn ensure() -> Result<Ucx> {
-    if let Some(dir) = env::var_os("UCX_DIR") {
+    match find() {
+        Ok(ucx) => Ok(ucx),
+        Err(e) if env::var_os(DIR_VARIABLE).is_some() => Err(e),
+        Err(_) => crate::ucx_source::ensure(),
+    }
+}
+
+/// Finds a usable UCX in the documented order, provisioning nothing.
+pub fn find() -> Result<Ucx> {
+    if let Some(dir) = env::var_os(DIR_VARIABLE).filter(|dir| !dir.is_empty()) {
         let dir = PathBuf::from(dir);
         return Ucx::at(&dir, Origin::UcxDir)
             .map_err(|e| {
                 Error::msg(format!(
-                    "UCX_DIR={} is not a UCX install: {e}\n{FIX}",
+                    "{DIR_VARIABLE}={} is not a UCX install: {e}\n{FIX}",
                     dir.display()
                 ))
             })?
             .require_minimum();
     }
-    if let Some(ucx) = find_recorded() {
-        return Ok(ucx);
-    }
-    if let Some(ucx) = find_wheel() {
-        return Ok(ucx);
-    }
+    let mut problems = vec![format!("{DIR_VARIABLE} is unset")];
     match from_pkg_config() {
         Some(Ok(ucx)) if ucx.api >= MINIMUM_API => return Ok(ucx),
-        Some(Ok(ucx)) => eprintln!(
-            "note: pkg-config names UCX {} at {}, older than {MINIMUM_API}; building {PINNED_RELEASE} from source instead",
+        Some(Ok(ucx)) => problems.push(format!(
+            "pkg-config names UCX {} at {}, older than {MINIMUM_API}",
             ucx.api,
             ucx.prefix.display()
-        ),
-        Some(Err(e)) => eprintln!("note: ignoring the UCX pkg-config names: {e}"),
-        None => {}
+        )),
+        Some(Err(e)) => problems.push(format!("the UCX pkg-config names is unusable: {e}")),
+        None => problems.push("pkg-config knows no `ucx`".to_owned()),
     }
-    crate::ucx_source::ensure()
+    match find_recorded() {
+        Ok(ucx) => return Ok(ucx),
+        Err(e) => problems.push(e.to_string()),
+    }
+    match crate::ucx_source::newest_cached() {
+        Some(ucx) => return Ok(ucx),
+        None => problems.push("the cache holds no complete from-source build".to_owned()),
+    }
+    bail!("no usable UCX: {}.\n{FIX}", problems.join("; "))
 }
 
 /// The UCX [`pointer_file`] names, if it is there and usable.
-fn find_recorded() -> Option<Ucx> {
-    let text = fs::read_to_string(pointer_file()).ok()?;
+fn find_recorded() -> Result<Ucx> {
+    let pointer = pointer_file()?;
+    let text = fs::read_to_string(&pointer).context(format!(
+        "no {} (nothing provisioned yet)",
+        pointer.display()
+    ))?;
     let prefix = PathBuf::from(text.trim());
     let origin = if prefix == provisioned_prefix() {
         Origin::Provisioned
     } else {
         Origin::SourceBuild
     };
-    match Ucx::at(&prefix, origin).and_then(Ucx::require_minimum) {
-        Ok(ucx) => Some(ucx),
-        Err(e) => {
-            eprintln!(
-                "note: {} names {}, which is unusable ({e}); ignoring it",
-                pointer_file().display(),
-                prefix.display()
-            );
-            None
-        }
-    }
+    Ucx::at(&prefix, origin)
+        .and_then(Ucx::require_minimum)
+        .context(format!(
+            "{} names {}, which is unusable",
+            pointer.display(),
+            prefix.display()
+        ))
 }
 
 /// The wheel copy, if it is there and complete.
@@ -454,7 +479,7 @@ fn provision_via(staging: &Path) -> Result<Ucx> {
     .map_err(|e| {
         Error::msg(format!(
             "cannot download {WHEEL_REQUIREMENT} with pip (needs python3, pip and PyPI): {e}\n\
-             Alternatively set UCX_DIR=/path/to/ucx, an install prefix of UCX >= 1.22."
+             Alternatively set RDMAREG_UCX_DIR=/path/to/ucx, an install prefix of UCX >= 1.22."
         ))
     })?;
     let wheel = single_wheel(&download)?;
@@ -601,6 +626,7 @@ mod tests {
         let err = old.require_minimum().unwrap_err().to_string();
         assert!(err.contains("UCX 1.16 at /opt/ucx-1.16"), "{err}");
         assert!(err.contains("cargo xtask ucx"), "{err}");
-        assert!(err.contains("UCX_DIR=/path/to/ucx"), "{err}");
+        assert!(err.contains("RDMAREG_UCX_DIR=/path/to/ucx"), "{err}");
+        assert!(err.contains("cargo xtask doctor"), "{err}");
     }
 }

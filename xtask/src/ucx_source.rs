@@ -23,7 +23,7 @@
 //! `DESTDIR`, then renamed into place once `ucx_info` confirms verbs,
 //! rdmacm, cma and the patch are in; an interrupted build leaves no
 //! half-made install. Which UCX the workspace links is recorded in
-//! `target/ucx-prefix` (see [`crate::ucx`]).
+//! `<cache>/ucx-prefix` (see [`crate::ucx`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -253,34 +253,52 @@ fn build_in(staging: &Path, prefix: &Path) -> Result<Ucx> {
     Ucx::at(prefix, Origin::SourceBuild)
 }
 
-/// Installs with apt-get whatever of [`BUILD_DEPENDENCIES`] is missing.
-pub fn ensure_build_dependencies() -> Result<()> {
-    let missing: Vec<&str> = BUILD_DEPENDENCIES
+/// The Debian packages of [`BUILD_DEPENDENCIES`] that are missing.
+pub fn missing_build_dependencies() -> Vec<&'static str> {
+    BUILD_DEPENDENCIES
         .iter()
         .filter(|(file, _)| !Path::new(file).exists())
         .map(|&(_, package)| package)
-        .collect();
+        .collect()
+}
+
+/// Installs with apt-get whatever of [`BUILD_DEPENDENCIES`] is missing.
+pub fn ensure_build_dependencies() -> Result<()> {
+    let missing = missing_build_dependencies();
     if missing.is_empty() {
         return Ok(());
     }
     eprintln!("installing {} with apt-get", missing.join(" "));
-    let apt = |args: &[&str]| {
-        run(Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive"))
-    };
-    apt(&["update"])
-        .and_then(|()| {
-            let mut args = vec!["install", "-y", "--no-install-recommends"];
-            args.extend_from_slice(&missing);
-            apt(&args)
+    crate::native::apt_install(&missing).map_err(|e| {
+        Error::msg(format!(
+            "cannot install {} ({e}); install them yourself",
+            missing.join(" ")
+        ))
+    })
+}
+
+/// The newest complete from-source install in the cache, of any recipe:
+/// what a build finds when nothing was recorded (see [`crate::ucx`]).
+pub fn newest_cached() -> Option<Ucx> {
+    let root = cache_root().ok()?;
+    let prefix_start = format!("ucx-{PINNED_RELEASE}-src-");
+    fs::read_dir(&root)
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&prefix_start)
         })
-        .map_err(|e| {
-            Error::msg(format!(
-                "cannot install {} ({e}); install them yourself",
-                missing.join(" ")
-            ))
+        .map(|entry| entry.path())
+        .filter(|path| path.join(".complete").exists())
+        .filter_map(|path| {
+            let modified = fs::metadata(path.join(".complete")).ok()?.modified().ok()?;
+            Some((modified, path))
         })
+        .max()
+        .and_then(|(_, path)| Ucx::at(&path, Origin::SourceBuild).ok())
 }
 
 /// Checks with the installed `ucx_info -b` that verbs, rdmacm and cma were

@@ -19,8 +19,7 @@
 
 use std::process::Command;
 
-use crate::ci::ensure_nextest;
-use crate::ucx_source::ensure_build_dependencies;
+use crate::native::{self, Need};
 use crate::util::{Result, bail, cargo, run, target_dir};
 
 /// The test runs: the two UCX crates with the static UCX linked in. The
@@ -64,7 +63,11 @@ pub fn run_task(args: &[String]) -> Result<()> {
         [flag] if flag == "--full" => true,
         [extra, ..] => bail!("`cargo xtask vendored` takes only `--full` (got `{extra}`)"),
     };
-    ensure_build_dependencies()?;
-    ensure_nextest()?;
+    native::ensure(&[
+        Need::UcxBuildTools,
+        Need::Libfabric,
+        Need::Protoc,
+        Need::Nextest,
+    ])?;
     run(&mut test_command(full))
 }

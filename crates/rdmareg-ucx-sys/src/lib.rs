@@ -24,13 +24,15 @@
 //!
 //! # Finding UCX
 //!
-//! The build script looks, in order, at `UCX_DIR` (an install prefix), at
-//! the prefix named in `<workspace>/target/ucx-prefix` (written by
-//! `cargo xtask ucx`: the patched source build, or the wheel with `--wheel`),
-//! at the older wheel location `<workspace>/target/ucx-1.22.0/libucx`, and at
-//! pkg-config (`ucx`). UCX older than 1.22 is refused. When nothing
-//! is found the build fails saying how to fix it: run `cargo xtask ucx`, or
-//! set `UCX_DIR=/path/to/ucx`.
+//! The build script looks, in order, at `RDMAREG_UCX_DIR` (an install
+//! prefix), at pkg-config (`ucx`), at the prefix named in `<cache>/ucx-prefix`
+//! (written by `cargo xtask ucx`: the patched source build, or the wheel with
+//! `--wheel`), and at the newest from-source build in `<cache>`, where
+//! `<cache>` is `RDMAREG_UCX_CACHE`, else `/var/cache/rdmareg` for root, else
+//! `$XDG_CACHE_HOME/rdmareg` or `~/.cache/rdmareg`. UCX older than 1.22 is
+//! refused. When nothing is found the build fails saying how to fix it:
+//! `cargo xtask doctor` and `cargo xtask ucx` in a checkout, set
+//! `RDMAREG_UCX_DIR=/path/to/ucx`, or enable `vendored`.
 //!
 //! # The `vendored` feature
 //!

@@ -173,9 +173,8 @@ impl Perftest {
 
     fn command(&self, environment: &[(String, String)]) -> Command {
         let mut command = Command::new(&self.binary);
-        // `UCX_DIR` (how a site UCX is chosen) and other `UCX_*` variables
-        // meant for the build are not UCX settings; UCX would print a
-        // warning about each into the output the figures are parsed from.
+        // A caller's `UCX_*` variables that this UCX does not know would
+        // each print a warning into the output the figures are parsed from.
         command.env("UCX_WARN_UNUSED_ENV_VARS", "n");
         if let Some(dir) = &self.library_dir {
             command.env("LD_LIBRARY_PATH", join_library_path(dir));
