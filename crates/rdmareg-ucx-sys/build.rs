@@ -26,11 +26,14 @@
 //! Metadata for dependents' build scripts (`DEP_UCP_<KEY>`): `ROOT`,
 //! `INCLUDE`, `LIBDIR`, `BINDIR`, `VERSION` (the headers' `major.minor`).
 //! The same paths reach this crate's code as `UCXSYS_*` compile-time
-//! variables. This crate's own test binaries get a run path to `LIBDIR`.
+//! variables. How binaries find the libraries at run time: `build_stubs.rs`.
 
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
+
+#[path = "build_stubs.rs"]
+mod build_stubs;
 
 /// The oldest UCX API accepted: the committed bindings carry 1.22's layouts
 /// and enum values, and the engine's packed-key validator knows 1.22's format.
@@ -112,27 +115,29 @@ fn main() {
         ucx.include.join("ucp/api/ucp_version.h").display()
     );
 
-    println!("cargo::rustc-link-search=native={}", ucx.libdir.display());
-    println!("cargo::rustc-link-lib=dylib=ucp");
-    println!("cargo::rustc-link-lib=dylib=ucs");
-    // The component listing (`ucx_sys::uct`) calls libuct directly.
-    println!("cargo::rustc-link-lib=dylib=uct");
-    // Linked-in libraries under OUT_DIR: `cargo run`, `cargo test` and
-    // cargo-nextest put link-search directories inside the target directory
-    // on the dynamic loader's path, so every dependent's binaries find UCX
-    // when cargo runs them, with no build script of their own.
-    match link_farm(&ucx.libdir) {
-        Ok(farm) => println!("cargo::rustc-link-search=native={}", farm.display()),
-        Err(e) => println!(
-            "cargo::warning=cannot link UCX's libraries into OUT_DIR ({e}); dependents' binaries need a run path to find them"
-        ),
+    // Every binary that links this crate names UCX's libraries by absolute
+    // path (see build_stubs.rs), so it starts from anywhere with no run path.
+    println!("cargo::rerun-if-changed=build_stubs.rs");
+    match build_stubs::build(&ucx.libdir) {
+        Ok(stubs) => println!("cargo::rustc-link-search=native={}", stubs.display()),
+        Err(e) => {
+            println!(
+                "cargo::warning=cannot build UCX link stubs ({e}); binaries started outside cargo need LD_LIBRARY_PATH={}",
+                ucx.libdir.display()
+            );
+            println!("cargo::rustc-link-search=native={}", ucx.libdir.display());
+            // `cargo run`, `cargo test` and cargo-nextest put link-search
+            // directories inside the target directory on the loader's path.
+            match link_farm(&ucx.libdir) {
+                Ok(farm) => println!("cargo::rustc-link-search=native={}", farm.display()),
+                Err(e) => println!("cargo::warning=cannot link UCX's libraries into OUT_DIR ({e})"),
+            }
+        }
     }
-    // This crate's tests find the libraries without LD_LIBRARY_PATH;
-    // dependents add the same line from DEP_UCP_LIBDIR (see the crate docs).
-    println!(
-        "cargo::rustc-link-arg-tests=-Wl,-rpath,{}",
-        ucx.libdir.display()
-    );
+    for library in build_stubs::LINKED {
+        // `uct`: the component listing (`ucx_sys::uct`) calls libuct directly.
+        println!("cargo::rustc-link-lib=dylib={library}");
+    }
 
     let version = format!("{}.{}", ucx.api.0, ucx.api.1);
     println!("cargo::metadata=vendored=");
@@ -145,7 +150,8 @@ fn main() {
     ]);
 }
 
-/// `OUT_DIR/ucx-lib`, holding symbolic links to UCX's shared libraries in
+/// The fallback when no stub can be built: `OUT_DIR/ucx-lib`, holding
+/// symbolic links to UCX's shared libraries in
 /// `libdir` (`libucp.so*`, `libucs.so*`, `libuct.so*`, `libucm.so*`) and to
 /// its module directory `ucx/`: libucs looks for transport modules in
 /// `ucx/` beside the path it was loaded from (and in the install's own

@@ -1,21 +1,27 @@
 //! `cargo xtask example`: build and run `examples/block-service`, the
-//! downstream project that depends on rdmareg's published crate names (by
-//! path and version) and has no build script of its own.
+//! downstream project that depends on the `rdmareg` facade alone (by path
+//! and version) and has no build script of its own.
 //!
-//! It runs with `cargo run`, which puts the UCX library links that
-//! `rdmareg-ucx-sys` leaves in its `OUT_DIR` on the loader's path; that is
-//! the mechanism under test (see docs/packaging.md). The owner runs as a
-//! child process of the binary; the consumer fetches every block over UCX
-//! (tcp on loopback) and checks each byte.
+//! It runs twice: with `cargo run`, as a developer would, and then as a
+//! deployed binary would: copied out of `target/` into a directory of its
+//! own and started with an empty environment (no `LD_LIBRARY_PATH`, no
+//! variable of ours), which shows that it finds UCX by itself (see
+//! docs/packaging.md). Each run starts the owner as a child process of the
+//! binary; the consumer fetches every block over UCX (tcp on loopback) and
+//! checks each byte.
 
-use crate::ucx;
-use crate::util::{Result, bail, cargo, target_dir, workspace_root};
+use std::fs;
+use std::process::Command;
+
+use crate::native;
+use crate::util::{Context, Result, bail, cargo, run, target_dir, workspace_root};
 
 /// `cargo xtask example`.
 pub fn run_task(args: &[String]) -> Result<()> {
     if let Some(extra) = args.first() {
         bail!("`cargo xtask example` takes no arguments (got `{extra}`)");
     }
+    native::ensure(native::BUILD)?;
     let manifest = workspace_root().join("examples/block-service/Cargo.toml");
     let mut cmd = cargo(["run", "--locked", "--manifest-path"]);
     cmd.arg(&manifest)
@@ -23,7 +29,19 @@ pub fn run_task(args: &[String]) -> Result<()> {
         // crates and the dependencies resolved alike are reused from the
         // workspace's build (a fresh CI clone otherwise compiles them again).
         .env("CARGO_TARGET_DIR", target_dir());
-    crate::native::ensure(crate::native::BUILD)?;
-    let _ = ucx::find()?;
-    crate::util::run(&mut cmd)
+    run(&mut cmd)?;
+
+    let built = target_dir().join("debug/block-service");
+    let elsewhere = std::env::temp_dir().join(format!("block-service-{}", std::process::id()));
+    fs::create_dir_all(&elsewhere).context(format!("cannot create {}", elsewhere.display()))?;
+    let copy = elsewhere.join("block-service");
+    fs::copy(&built, &copy).context(format!("cannot copy {}", built.display()))?;
+    println!(
+        "\n==> the same binary, copied to {} and started with an empty environment",
+        copy.display()
+    );
+    let outcome = run(Command::new(&copy).env_clear().current_dir(&elsewhere));
+    // Best effort: the copy is only ever run once.
+    let _ = fs::remove_dir_all(&elsewhere);
+    outcome
 }

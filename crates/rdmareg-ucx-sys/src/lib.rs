@@ -49,38 +49,16 @@
 //!
 //! # Finding `libucp` at run time (for crates that depend on this one)
 //!
-//! Nobody should need `LD_LIBRARY_PATH`, and a crate depending on
-//! `rdmareg-ucx` should need no build script. What works:
-//!
-//! - **Under cargo** (`cargo run`, `cargo test`, `cargo bench`,
-//!   `cargo nextest`): the build script links UCX's shared libraries (and
-//!   its module directory) into `OUT_DIR/ucx-lib` and names that directory
-//!   as a link-search path. Cargo puts link-search paths inside the target
-//!   directory on the loader's path of every binary it runs, in every
-//!   dependent crate.
-//! - **A binary run on its own** has no such help: a link argument such as
-//!   an rpath applies only to the crate whose build script prints it, and
-//!   cargo passes no link argument on to dependents. Either link UCX in
-//!   statically (`vendored`, nothing to find), use a UCX the system loader
-//!   finds (an install registered with `ldconfig`), or add the run path in
-//!   the binary crate's own `build.rs` from `DEP_UCP_LIBDIR` (set for
-//!   crates that list this one among their `[dependencies]`; empty when
-//!   nothing is linked dynamically):
-//!
-//! ```no_run
-//! fn main() {
-//!     let libdir = std::env::var("DEP_UCP_LIBDIR").unwrap_or_default();
-//!     if !libdir.is_empty() {
-//!         println!("cargo::rustc-link-arg=-Wl,-rpath,{libdir}");
-//!     }
-//! }
-//! ```
-//!
-//! Run-path lookups come after `LD_LIBRARY_PATH`, so a user can still point
-//! a binary at another UCX deliberately.
-
-// The run-path example above is a complete build script, `fn main` included.
-#![allow(clippy::needless_doctest_main)]
+//! Nobody needs `LD_LIBRARY_PATH`, and a crate depending on `rdmareg` or
+//! `rdmareg-ucx` needs no build script: every binary linking this crate
+//! (bins, tests, examples, in any dependent) names `libucp`, `libucs` and
+//! `libuct` by the absolute path of the UCX found at build time, and starts
+//! from `target/`, from a copy elsewhere on the machine, or under any
+//! environment. The build script gets there by linking against stub
+//! libraries whose `SONAME` is that path (a build script's link arguments,
+//! such as a run path, reach only its own package). A binary moved to
+//! another machine needs UCX at the same path there, or the static
+//! `vendored` build.
 
 pub mod install;
 pub mod status_ptr;

@@ -19,9 +19,9 @@ use std::error::Error;
 use std::process::Stdio;
 use std::time::Duration;
 
-use rdmareg_core::{Descriptor, PeerId};
-use rdmareg_registry::{RdmaConfig, RdmaRegistry, RegionGuard};
-use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
+use rdmareg::{
+    Descriptor, PeerId, RdmaConfig, RdmaRegistry, RegionGuard, Transport, UcxConfig, UcxEngine,
+};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
