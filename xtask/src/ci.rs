@@ -28,7 +28,7 @@ use std::process::Command;
 
 use crate::native::{self, Need};
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{asan, bindgen, cluster, example, fuzz, netns, ofi, package, ucx, vendored};
+use crate::{asan, bindgen, cluster, example, fresh, fuzz, netns, ofi, package, ucx, vendored};
 
 /// What CI provisions in its first step: every entry of the native list but
 /// NIXL, which only `cargo xtask bench --peers nixl` uses.
@@ -145,6 +145,10 @@ fn steps() -> Vec<Step> {
         Step {
             name: "fuzz smoke (cargo xtask fuzz --secs 10)",
             action: Action::Task(fuzz::smoke),
+        },
+        Step {
+            name: "fresh machine: the demo in a debootstrap root, when provisioning changed (cargo xtask fresh --if-changed)",
+            action: Action::Task(|| fresh::run_task(&["--if-changed".to_string()])),
         },
     ]
 }

@@ -52,7 +52,35 @@ pub fn run_task(args: &[String]) -> Result<()> {
 
 /// Installs `etcd` and `protoc` when either is missing.
 pub fn ensure() -> Result<()> {
-    let missing: Vec<&Tool> = TOOLS.iter().filter(|t| version_of(t).is_none()).collect();
+    install_missing(&TOOLS.iter().collect::<Vec<_>>())
+}
+
+/// Installs `protoc` alone when it is missing: what every build needs.
+pub fn ensure_protoc() -> Result<()> {
+    install_missing(
+        &TOOLS
+            .iter()
+            .filter(|t| t.program == "protoc")
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Installs `etcd` alone when it is missing: what the discovery tests need.
+pub fn ensure_etcd() -> Result<()> {
+    install_missing(
+        &TOOLS
+            .iter()
+            .filter(|t| t.program == "etcd")
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn install_missing(wanted: &[&Tool]) -> Result<()> {
+    let missing: Vec<&Tool> = wanted
+        .iter()
+        .copied()
+        .filter(|t| version_of(t).is_none())
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -67,7 +95,11 @@ pub fn ensure() -> Result<()> {
             "{e} (etcd 3.4 or newer; protoc for the etcd-client build), or put them on PATH"
         ))
     })?;
-    let still: Vec<&Tool> = TOOLS.iter().filter(|t| version_of(t).is_none()).collect();
+    let still: Vec<&Tool> = missing
+        .iter()
+        .copied()
+        .filter(|t| version_of(t).is_none())
+        .collect();
     if !still.is_empty() {
         bail!("{} still not runnable after installing", names(&still));
     }

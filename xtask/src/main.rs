@@ -9,6 +9,7 @@ mod ci;
 mod cluster;
 mod etcd;
 mod example;
+mod fresh;
 mod fuzz;
 mod native;
 mod netns;
@@ -50,6 +51,10 @@ tasks:
   example            build and run examples/block-service (a downstream project on the published crates)
   doctor             one line per native dependency (UCX, libfabric, protoc, etcd, tools):
                      what is present, its version and where, or the command that provisions it
+  fresh [--if-changed]
+                     run `cargo xtask demo` in a minimal Debian root made by debootstrap
+                     (no libfabric, protoc, etcd, pkg-config or UCX cache; needs root);
+                     --if-changed: only when provisioning files changed since .ci/fresh-passed
   ci                 run every CI step in order, stopping at the first failure
   demo [args]        provision UCX, build and run `rdmareg demo` (args go to it)
   bench [args]       provision UCX, build and run `rdmareg bench` (args go to it)
@@ -88,6 +93,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "ofi-bindgen" => ofi::run_bindgen_task(rest),
         "ci" => ci::run_task(rest),
         "doctor" => native::doctor(rest),
+        "fresh" => fresh::run_task(rest),
         "etcd" => etcd::run_task(rest),
         "package" => package::run_task(rest),
         "example" => example::run_task(rest),

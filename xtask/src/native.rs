@@ -43,6 +43,8 @@ pub enum Need {
     CargoFuzz,
     /// NIXL in a virtualenv, the peer `rdmareg bench --peers nixl` compares with.
     Nixl,
+    /// debootstrap, which makes the minimal Debian root of `cargo xtask fresh`.
+    Debootstrap,
 }
 
 /// What every build of the workspace needs: the libraries its `-sys` crates
@@ -136,7 +138,7 @@ pub const NATIVE: &[Native] = &[
         run_by_build_crates: &["prost-build", "tonic-build", "tonic-prost-build"],
         provision_command: "cargo xtask etcd",
         find: || find_program("protoc", "--version"),
-        provision: etcd::ensure,
+        provision: etcd::ensure_protoc,
     },
     Native {
         need: Need::Etcd,
@@ -147,7 +149,7 @@ pub const NATIVE: &[Native] = &[
         run_by_build_crates: &[],
         provision_command: "cargo xtask etcd",
         find: || find_program("etcd", "--version"),
-        provision: etcd::ensure,
+        provision: etcd::ensure_etcd,
     },
     Native {
         need: Need::Libclang,
@@ -209,6 +211,25 @@ pub const NATIVE: &[Native] = &[
         provision_command: "cargo xtask nixl",
         find: find_nixl,
         provision: || nixl::run_task(&[]),
+    },
+    Native {
+        need: Need::Debootstrap,
+        name: "debootstrap",
+        needed_by: "`cargo xtask fresh` makes a minimal Debian root with it",
+        links: &[],
+        probed_by: &[],
+        run_by_build_crates: &[],
+        provision: || {
+            if matches!(
+                find_program("debootstrap", "--version"),
+                Found::Present { .. }
+            ) {
+                return Ok(());
+            }
+            apt_install(&["debootstrap"])
+        },
+        provision_command: "apt-get install debootstrap",
+        find: || find_program("debootstrap", "--version"),
     },
 ];
 

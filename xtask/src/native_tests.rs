@@ -257,6 +257,7 @@ fn every_need_has_exactly_one_entry() {
         Need::Nextest,
         Need::CargoFuzz,
         Need::Nixl,
+        Need::Debootstrap,
     ];
     assert_eq!(needs.len(), NATIVE.len());
     for need in needs {
