@@ -106,7 +106,7 @@
 //!
 //! # Discovery
 //!
-//! With the `discovery` feature, [`discovery`] publishes worker addresses
+//! With the `discovery` feature, the `discovery` module publishes worker addresses
 //! and named descriptors on etcd under leases, and `PublishedRegion` ties a
 //! name to a registration so the name is withdrawn before the region is
 //! unregistered.
@@ -117,7 +117,7 @@
 //! bytes, regions, pool use, GETs, bytes moved, errors by kind, a GET
 //! latency histogram). With the `metrics` feature, `rdmareg::metrics`
 //! exports them in the Prometheus text format and serves them over HTTP
-//! ([`Rdma::serve_metrics`]).
+//! (`Rdma::serve_metrics`).
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -152,6 +152,9 @@ pub use rdmareg_registry::{
     TeardownVerdict, TransferList, UnregisterOutcome, UnregisterOwnedError, WithdrawError,
 };
 pub use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
+
+/// The byte buffer type of descriptors' packed keys and transfer lists.
+pub use bytes::Bytes;
 
 /// The value types, errors and wire descriptor (`rdmareg-core`).
 pub use rdmareg_core as core;

@@ -1,5 +1,6 @@
 //! [`ShutdownSummary`]: what [`Rdma::shutdown`](crate::Rdma::shutdown) did.
 
+use std::fmt;
 use std::time::Duration;
 
 use rdmareg_registry::{RegistryStats, ShutdownReport, TeardownVerdict};
@@ -17,6 +18,11 @@ pub struct ShutdownSummary {
     pub regions_released: usize,
     /// Pool arenas released, counted as regions are.
     pub arenas_released: usize,
+    /// Regions the application left registered (a guard never unregistered,
+    /// or still held) that the sweep had to deregister. Not unsafe, and
+    /// [`is_clean`](Self::is_clean) does not count it, but usually a missing
+    /// `unregister` in the caller.
+    pub regions_swept: usize,
     /// Registered bytes (page-rounded, as budgeted) before the shutdown
     /// minus those after it.
     pub bytes_released: u64,
@@ -56,6 +62,7 @@ impl ShutdownSummary {
         ShutdownSummary {
             regions_released: sweep.regions_deregistered + late_regions,
             arenas_released: sweep.arenas_deregistered + late_arenas,
+            regions_swept: sweep.regions_deregistered + sweep.regions_surviving,
             bytes_released: before
                 .registered_bytes
                 .saturating_sub(after.registered_bytes),
@@ -78,5 +85,42 @@ impl ShutdownSummary {
             && self.backend_live == Some(0)
             && self.bytes_still_registered == 0
             && self.leaked_bytes == 0
+    }
+}
+
+/// One line: whether it is clean, what was released, what the caller left
+/// registered, and how long it took.
+impl fmt::Display for ShutdownSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = if self.is_clean() {
+            "clean"
+        } else {
+            "NOT clean"
+        };
+        write!(
+            f,
+            "shutdown {verdict} in {:.1?}: {} regions and {} arenas released ({} B)",
+            self.total_time, self.regions_released, self.arenas_released, self.bytes_released
+        )?;
+        if self.regions_swept > 0 {
+            write!(
+                f,
+                ", {} left registered by the caller and swept",
+                self.regions_swept
+            )?;
+        }
+        if !self.sweep.drained {
+            f.write_str(", admitted work not drained")?;
+        }
+        if self.bytes_still_registered > 0 {
+            write!(f, ", {} B still registered", self.bytes_still_registered)?;
+        }
+        if self.leaked_bytes > 0 {
+            write!(f, ", {} B leaked", self.leaked_bytes)?;
+        }
+        match self.backend_live {
+            Some(live) => write!(f, "; the engine holds {live} registrations"),
+            None => f.write_str("; the engine cannot count its registrations"),
+        }
     }
 }

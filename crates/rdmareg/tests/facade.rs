@@ -60,7 +60,35 @@ async fn shutdown_releases_what_was_left_registered_and_says_so() {
     assert_eq!(summary.backend_live, Some(0));
     assert!(summary.total_time >= summary.sweep_time + summary.teardown_time);
     assert!(watch_a.is_deregistered() && watch_b.is_deregistered());
+    assert_eq!(summary.regions_swept, 2, "{summary:?}");
+    let line = summary.to_string();
+    assert!(line.starts_with("shutdown clean in "), "{line}");
+    assert!(
+        line.contains("2 left registered by the caller and swept"),
+        "{line}"
+    );
+    assert!(line.ends_with("the engine holds 0 registrations"), "{line}");
+    assert!(!line.contains('\n'), "{line}");
     drop((first, second));
+}
+
+/// A region the caller unregisters before shutdown is not counted as
+/// swept, and the one-line summary does not mention sweeping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_unregistered_by_the_caller_are_not_swept() {
+    let rdma = Rdma::start(config()).expect("starts");
+    let region = rdma
+        .register_owned(vec![3u8; 4096].into_boxed_slice())
+        .await
+        .expect("registers");
+    region
+        .unregister_owned(Duration::from_secs(5))
+        .await
+        .expect("unregisters");
+    let summary = rdma.shutdown().await;
+    assert!(summary.is_clean(), "{summary:?}");
+    assert_eq!(summary.regions_swept, 0, "{summary:?}");
+    assert!(!summary.to_string().contains("swept"), "{summary}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
