@@ -11,17 +11,27 @@
 //! history compacted) it reports [`DirectoryEvent::Disconnected`], takes a
 //! new snapshot and reports the difference — nodes that vanished meanwhile as
 //! [`DirectoryEvent::NodeGone`] — then watches again.
+//!
+//! Revisions only compare within one store. Every read's header is checked
+//! against what is known of the store (`crate::store`): when etcd answers at a
+//! lower revision than one already observed, at a lower raft term of the same
+//! member, or with another cluster id, it lost its data or was replaced. The
+//! directory then forgets every revision it had seen, the watch reports
+//! [`DirectoryEvent::StoreReplaced`] and everything in the new store as new,
+//! and entries are admitted again. Without that, every entry of the new store
+//! would be refused as older than the old store's revisions, forever.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, GetOptions, KeyValue, WatchOptions};
+use etcd_client::{Client, EventType, GetOptions, GetResponse, KeyValue, WatchOptions};
 use rdmareg_core::Descriptor;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::record::{KeyKind, Keys, NameRecord, NodeRecord, check_name};
+use crate::store::{Header, Observation, Replacement, StoreView};
 use crate::{DiscoveryError, EtcdConfig};
 
 /// A node as published: where to reach its backend.
@@ -82,6 +92,15 @@ pub enum DirectoryEvent {
         /// Why.
         error: String,
     },
+    /// etcd lost its data or was replaced by another cluster (its revision
+    /// went back, its raft term went back, or its cluster id changed). The
+    /// directory forgot every revision it had seen; the events that follow
+    /// describe the new store, and its entries are admitted although their
+    /// revisions are lower than the old store's.
+    StoreReplaced {
+        /// What showed it, e.g. `the revision went back from 303 to 6`.
+        reason: String,
+    },
     /// The watch is connected again and caught up.
     Resynced {
         /// The revision caught up to.
@@ -108,14 +127,48 @@ pub(crate) fn admit(seen: Option<Seen>, candidate: Seen) -> bool {
     !(candidate.incarnation == seen.incarnation && candidate.generation < seen.generation)
 }
 
-type SeenMap = Arc<Mutex<HashMap<String, Seen>>>;
+/// How often a read that straddled a store replacement is tried again.
+const READ_ATTEMPTS: usize = 3;
 
-fn check_fresh(seen: &SeenMap, name: &str, candidate: Seen) -> Result<(), DiscoveryError> {
-    let mut map = seen.lock().unwrap_or_else(|p| p.into_inner());
-    let previous = map.get(name).copied();
+/// What a directory remembers, under one lock: the store it reads from and
+/// the newest entry handed out per name (revisions of that store).
+#[derive(Default)]
+struct Memory {
+    store: StoreView,
+    /// The last replacement taken in, for the watch to report.
+    replaced: Option<Replacement>,
+    seen: HashMap<String, Seen>,
+}
+
+type SharedMemory = Arc<Mutex<Memory>>;
+
+fn lock(memory: &SharedMemory) -> std::sync::MutexGuard<'_, Memory> {
+    memory.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether an entry may be handed out.
+#[derive(Debug)]
+enum Admission {
+    /// Recorded as the newest entry of its name.
+    Admitted,
+    /// Older than one already seen.
+    Stale(DiscoveryError),
+    /// Read from a store that has been replaced since: nothing recorded;
+    /// read again.
+    Reread,
+}
+
+/// Records `candidate`, read from the store of `epoch`, as the newest entry
+/// of `name` unless it is older than one seen.
+fn check_fresh(memory: &SharedMemory, epoch: u64, name: &str, candidate: Seen) -> Admission {
+    let mut memory = lock(memory);
+    if memory.store.epoch() != epoch {
+        return Admission::Reread;
+    }
+    let previous = memory.seen.get(name).copied();
     if !admit(previous, candidate) {
         let previous = previous.unwrap_or(candidate);
-        return Err(DiscoveryError::Stale {
+        return Admission::Stale(DiscoveryError::Stale {
             name: name.to_string(),
             seen_revision: previous.revision,
             seen_generation: previous.generation,
@@ -123,8 +176,32 @@ fn check_fresh(seen: &SeenMap, name: &str, candidate: Seen) -> Result<(), Discov
             got_generation: candidate.generation,
         });
     }
-    map.insert(name.to_string(), candidate);
-    Ok(())
+    memory.seen.insert(name.to_string(), candidate);
+    Admission::Admitted
+}
+
+/// Takes in the header of an answer to a read issued while `before` was
+/// current; on a replacement, forgets every entry seen.
+fn observe(memory: &SharedMemory, before: &StoreView, header: Option<Header>) -> Observation {
+    let mut memory = lock(memory);
+    let Some(header) = header else {
+        return if before.epoch() == memory.store.epoch() {
+            Observation::Same
+        } else {
+            Observation::Late
+        };
+    };
+    let observation = memory.store.observe(before, &header);
+    if let Observation::Replaced(replacement) = &observation {
+        tracing::warn!(
+            %replacement,
+            forgotten = memory.seen.len(),
+            "etcd lost its data or was replaced; forgetting every revision seen"
+        );
+        memory.seen.clear();
+        memory.replaced = Some(replacement.clone());
+    }
+    observation
 }
 
 /// A consumer's view of a cluster in etcd.
@@ -132,7 +209,7 @@ fn check_fresh(seen: &SeenMap, name: &str, candidate: Seen) -> Result<(), Discov
 pub struct Directory {
     client: Client,
     keys: Keys,
-    seen: SeenMap,
+    memory: SharedMemory,
 }
 
 impl std::fmt::Debug for Directory {
@@ -150,7 +227,29 @@ impl Directory {
         Ok(Self {
             client,
             keys: Keys::new(config.prefix()),
-            seen: Arc::default(),
+            memory: Arc::default(),
+        })
+    }
+
+    /// A linearizable read and the store epoch its answer belongs to;
+    /// `None` when it was issued before a replacement already taken in.
+    async fn read(
+        &self,
+        key: String,
+        options: Option<GetOptions>,
+        action: &'static str,
+    ) -> Result<Option<(GetResponse, u64)>, DiscoveryError> {
+        let before = lock(&self.memory).store.clone();
+        let mut client = self.client.clone();
+        let answer = client
+            .get(key, options)
+            .await
+            .map_err(|e| DiscoveryError::etcd(action, e))?;
+        let header = answer.header().map(Header::from);
+        Ok(match observe(&self.memory, &before, header) {
+            Observation::Late => None,
+            Observation::Same => Some((answer, before.epoch())),
+            Observation::Replaced(_) => Some((answer, before.epoch() + 1)),
         })
     }
 
@@ -159,23 +258,42 @@ impl Directory {
     /// Errors: [`DiscoveryError::NotFound`] when nothing is published under
     /// the name, [`DiscoveryError::PeerGone`] when its node's lease is gone,
     /// [`DiscoveryError::Stale`] when the entry is older than one seen before.
+    /// If etcd lost its data since the last read (its revision or raft term
+    /// went back, or its cluster id changed), what was seen is forgotten
+    /// first and the new store's entry is answered.
     pub async fn resolve(&self, name: &str) -> Result<Resolved, DiscoveryError> {
         check_name(name)?;
-        let mut client = self.client.clone();
+        for _ in 0..READ_ATTEMPTS {
+            if let Some(resolved) = self.resolve_once(name).await? {
+                return Ok(resolved);
+            }
+        }
+        Err(DiscoveryError::etcd(
+            "resolving a name",
+            "the etcd store was replaced during every attempt",
+        ))
+    }
+
+    /// One resolve; `None` when its two reads did not come from one store.
+    async fn resolve_once(&self, name: &str) -> Result<Option<Resolved>, DiscoveryError> {
         let key = self.keys.name(name);
-        let answer = client
-            .get(key.clone(), None)
-            .await
-            .map_err(|e| DiscoveryError::etcd("resolving a name", e))?;
+        let Some((answer, epoch)) = self.read(key.clone(), None, "resolving a name").await? else {
+            return Ok(None);
+        };
         let Some(kv) = answer.kvs().first() else {
             return Err(DiscoveryError::NotFound(name.to_string()));
         };
         let record = NameRecord::decode(&key, kv.value())?;
         let node_key = self.keys.node(&record.node);
-        let answer = client
-            .get(node_key.clone(), None)
-            .await
-            .map_err(|e| DiscoveryError::etcd("resolving a node", e))?;
+        let Some((answer, node_epoch)) = self
+            .read(node_key.clone(), None, "resolving a node")
+            .await?
+        else {
+            return Ok(None);
+        };
+        if node_epoch != epoch {
+            return Ok(None);
+        }
         let Some(node_kv) = answer.kvs().first() else {
             return Err(DiscoveryError::PeerGone(record.node));
         };
@@ -183,16 +301,17 @@ impl Directory {
         if node.incarnation != record.incarnation {
             return Err(DiscoveryError::PeerGone(record.node));
         }
-        check_fresh(
-            &self.seen,
-            name,
-            Seen {
-                revision: kv.mod_revision(),
-                incarnation: record.incarnation,
-                generation: record.descriptor.generation(),
-            },
-        )?;
-        Ok(Resolved {
+        let candidate = Seen {
+            revision: kv.mod_revision(),
+            incarnation: record.incarnation,
+            generation: record.descriptor.generation(),
+        };
+        match check_fresh(&self.memory, epoch, name, candidate) {
+            Admission::Admitted => {}
+            Admission::Stale(error) => return Err(error),
+            Admission::Reread => return Ok(None),
+        }
+        Ok(Some(Resolved {
             name: name.to_string(),
             peer: Peer {
                 node: record.node,
@@ -200,7 +319,7 @@ impl Directory {
             },
             descriptor: record.descriptor,
             revision: kv.mod_revision(),
-        })
+        }))
     }
 
     /// Starts watching the cluster. The first events describe what is there
@@ -242,6 +361,8 @@ struct State {
     nodes: BTreeMap<String, NodeRecord>,
     /// Name → revision of the entry last reported.
     names: BTreeMap<String, i64>,
+    /// The store epoch of the last snapshot.
+    epoch: u64,
 }
 
 /// Snapshot, watch, and on failure resynchronise, until the receiver is gone.
@@ -277,12 +398,37 @@ async fn watch_once(
 ) -> Result<(), String> {
     let mut client = directory.client.clone();
     let root = directory.keys.root();
-    let snapshot = client
-        .get(root.clone(), Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|e| format!("snapshot: {e}"))?;
+    let mut read = None;
+    for _ in 0..READ_ATTEMPTS {
+        read = directory
+            .read(
+                root.clone(),
+                Some(GetOptions::new().with_prefix()),
+                "taking a snapshot",
+            )
+            .await
+            .map_err(|e| format!("snapshot: {e}"))?;
+        if read.is_some() {
+            break;
+        }
+    }
+    let Some((snapshot, epoch)) = read else {
+        return Err("snapshot: the etcd store was replaced during every attempt".to_string());
+    };
     let revision = snapshot.header().map_or(0, |h| h.revision());
     let mut events = Vec::new();
+    // A store replaced since the last snapshot (noticed by this read or by
+    // a `resolve`): its revisions say nothing about what was reported.
+    let replaced = !first && epoch != state.epoch;
+    state.epoch = epoch;
+    if replaced {
+        let reason = lock(&directory.memory)
+            .replaced
+            .as_ref()
+            .map_or_else(|| "unknown".to_string(), ToString::to_string);
+        tracing::warn!(%reason, revision, "etcd store replaced; reporting it from scratch");
+        events.push(DirectoryEvent::StoreReplaced { reason });
+    }
     // What the snapshot holds, decoded only (no freshness bookkeeping yet).
     let mut present_nodes: BTreeMap<&str, i64> = BTreeMap::new();
     let mut present_names: BTreeSet<&str> = BTreeSet::new();
@@ -320,17 +466,26 @@ async fn watch_once(
         state.names.remove(&name);
         events.push(DirectoryEvent::Withdrawn { name });
     }
-    // Then what is new or changed (by revision) since.
-    for kv in snapshot.kvs() {
-        apply_put(directory, state, kv, &mut events);
+    if replaced {
+        // Every name still there is reported again: the revisions it was
+        // reported at belong to the old store.
+        state.names.clear();
     }
-    if !first {
+    // Then what is new or changed (by revision) since.
+    let mut current = true;
+    for kv in snapshot.kvs() {
+        current &= apply_put(directory, state, kv, &mut events);
+    }
+    if !first && current {
         events.push(DirectoryEvent::Resynced { revision });
     }
     for event in events {
         if tx.send(event).await.is_err() {
             return Ok(());
         }
+    }
+    if !current {
+        return Err("the etcd store was replaced during the snapshot".to_string());
     }
     let options = WatchOptions::new()
         .with_prefix()
@@ -353,10 +508,11 @@ async fn watch_once(
             ));
         }
         let mut events = Vec::new();
+        let mut current = true;
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
             match event.event_type() {
-                EventType::Put => apply_put(directory, state, kv, &mut events),
+                EventType::Put => current &= apply_put(directory, state, kv, &mut events),
                 EventType::Delete => apply_delete(directory, state, kv, &mut events),
             }
         }
@@ -365,16 +521,21 @@ async fn watch_once(
                 return Ok(());
             }
         }
+        if !current {
+            return Err("the etcd store was replaced under the watch".to_string());
+        }
     }
 }
 
-/// Applies a put to `state`, reporting what changed.
+/// Applies a put to `state`, reporting what changed; `false` when the store
+/// was replaced since the snapshot the watch stands on (nothing applied:
+/// resynchronise).
 fn apply_put(
     directory: &Directory,
     state: &mut State,
     kv: &KeyValue,
     events: &mut Vec<DirectoryEvent>,
-) {
+) -> bool {
     let key = String::from_utf8_lossy(kv.key()).into_owned();
     match directory.keys.classify(kv.key()) {
         KeyKind::Node(node) => match NodeRecord::decode(&key, kv.value()) {
@@ -406,10 +567,10 @@ fn apply_put(
                 };
                 if state.names.get(name) == Some(&kv.mod_revision()) {
                     // Already reported (a resync's snapshot).
-                    return;
+                    return true;
                 }
-                match check_fresh(&directory.seen, name, candidate) {
-                    Ok(()) => {
+                match check_fresh(&directory.memory, state.epoch, name, candidate) {
+                    Admission::Admitted => {
                         state.names.insert(name.to_string(), kv.mod_revision());
                         events.push(DirectoryEvent::Published {
                             name: name.to_string(),
@@ -418,13 +579,17 @@ fn apply_put(
                             revision: kv.mod_revision(),
                         });
                     }
-                    Err(error) => tracing::warn!(%error, "refusing a stale descriptor"),
+                    Admission::Stale(error) => {
+                        tracing::warn!(%error, "refusing a stale descriptor");
+                    }
+                    Admission::Reread => return false,
                 }
             }
             Err(error) => tracing::warn!(%error, "ignoring a name record"),
         },
         KeyKind::Other => {}
     }
+    true
 }
 
 /// Applies a delete to `state`, reporting what vanished.
@@ -490,5 +655,73 @@ mod tests {
     #[test]
     fn an_entry_of_an_older_incarnation_is_refused() {
         assert!(!admit(Some(seen(10, 5, 1)), seen(12, 4, 9)));
+    }
+
+    fn header(revision: i64) -> Header {
+        Header {
+            cluster_id: 1,
+            member_id: 2,
+            raft_term: 2,
+            revision,
+        }
+    }
+
+    /// The case without etcd: a name seen at revision 303, then the
+    /// store answers at revision 6 and holds the name at revision 6.
+    #[test]
+    fn a_replaced_store_makes_the_directory_forget_what_it_saw() {
+        let memory = SharedMemory::default();
+        let before = lock(&memory).store.clone();
+        assert_eq!(
+            observe(&memory, &before, Some(header(303))),
+            Observation::Same
+        );
+        assert!(matches!(
+            check_fresh(&memory, 0, "block-1", seen(303, 300, 1)),
+            Admission::Admitted
+        ));
+        // The same store refuses the older entry.
+        assert!(matches!(
+            check_fresh(&memory, 0, "block-1", seen(6, 5, 1)),
+            Admission::Stale(DiscoveryError::Stale {
+                seen_revision: 303,
+                ..
+            })
+        ));
+
+        let before = lock(&memory).store.clone();
+        assert!(matches!(
+            observe(&memory, &before, Some(header(6))),
+            Observation::Replaced(_)
+        ));
+        assert!(lock(&memory).seen.is_empty());
+        assert!(lock(&memory).replaced.is_some());
+        // What was read from the old store may not be recorded any more;
+        // what is read from the new one is admitted.
+        assert!(matches!(
+            check_fresh(&memory, 0, "block-1", seen(303, 300, 1)),
+            Admission::Reread
+        ));
+        assert!(matches!(
+            check_fresh(&memory, 1, "block-1", seen(6, 5, 1)),
+            Admission::Admitted
+        ));
+    }
+
+    #[test]
+    fn an_answer_without_a_header_proves_nothing() {
+        let memory = SharedMemory::default();
+        let before = lock(&memory).store.clone();
+        assert_eq!(observe(&memory, &before, None), Observation::Same);
+        assert_eq!(
+            observe(&memory, &before, Some(header(303))),
+            Observation::Same
+        );
+        let stale = lock(&memory).store.clone();
+        assert!(matches!(
+            observe(&memory, &stale, Some(header(6))),
+            Observation::Replaced(_)
+        ));
+        assert_eq!(observe(&memory, &stale, None), Observation::Late);
     }
 }

@@ -20,7 +20,12 @@
 //! **Staleness is decided by etcd revisions and descriptor generations, never
 //! by timers:** a consumer never accepts an entry for a name whose revision is
 //! older than one it has seen, nor, from the same node incarnation, a
-//! descriptor of an older generation ([`DiscoveryError::Stale`]).
+//! descriptor of an older generation ([`DiscoveryError::Stale`]). Revisions
+//! compare only within one store: when etcd loses its data (restarted on an
+//! empty data directory, restored, rebuilt) its revisions start again, and
+//! both sides notice it from the headers of etcd's answers. A consumer
+//! forgets what it had seen and reports [`DirectoryEvent::StoreReplaced`]; a
+//! publisher republishes as a new incarnation of the new store.
 //!
 //! Order of use: [`EtcdConfig::new`] → [`Publisher::start`] →
 //! [`Publisher::publish`] per region → [`Publisher::withdraw`] before its
@@ -35,6 +40,7 @@ mod directory;
 mod error;
 mod publisher;
 mod record;
+mod store;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 

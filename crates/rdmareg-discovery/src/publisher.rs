@@ -10,9 +10,18 @@
 //! [`PublisherStatus::Reconnecting`], then retries with backoff: a fresh
 //! lease, the node key, every name still published. On success the status is
 //! [`PublisherStatus::Live`] again.
+//!
+//! The headers of etcd's answers to these writes tell the publisher which
+//! store it writes to (`crate::store`). If the store it reconnects to is not
+//! the one its node record was written in — etcd lost its data and counts
+//! revisions from 1 again — its incarnation (a revision of the old store)
+//! means nothing there: it republishes as a new incarnation of the new store,
+//! as a restarted process would, so that a later restart of the node is
+//! still a newer incarnation to every consumer.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,6 +34,7 @@ use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
 use crate::record::{Keys, NameRecord, NodeRecord, check_name};
+use crate::store::{Header, Observation, StoreView};
 use crate::{DiscoveryError, EtcdConfig};
 
 /// Where a publisher's lease stands.
@@ -51,15 +61,46 @@ pub enum PublisherStatus {
 /// What is published, and under which lease (guarded by one async mutex).
 struct Writes {
     lease: Option<i64>,
-    names: BTreeMap<String, Vec<u8>>,
+    names: BTreeMap<String, Descriptor>,
     closed: bool,
+    /// The node record as published; every name record carries its
+    /// incarnation.
+    record: NodeRecord,
+    /// What the answers to these writes showed of the store.
+    store: StoreView,
+    /// The store epoch `record` was written in.
+    record_epoch: u64,
+}
+
+impl Writes {
+    /// The name record of `descriptor`, under the current incarnation.
+    fn name_record(&self, node: &str, descriptor: &Descriptor) -> Vec<u8> {
+        NameRecord {
+            node: node.to_string(),
+            incarnation: self.record.incarnation,
+            descriptor: descriptor.clone(),
+        }
+        .encode()
+    }
+
+    /// Takes in the header of an answer to a write issued while `before`
+    /// was the view.
+    fn observe(&mut self, before: &StoreView, header: Option<&etcd_client::ResponseHeader>) {
+        if let Some(header) = header
+            && let Observation::Replaced(replacement) =
+                self.store.observe(before, &Header::from(header))
+        {
+            tracing::warn!(%replacement, "etcd lost its data or was replaced");
+        }
+    }
 }
 
 struct Shared {
     client: Client,
     keys: Keys,
     node: String,
-    record: NodeRecord,
+    /// A copy of `Writes::record.incarnation` readable without the lock.
+    incarnation: AtomicI64,
     ttl: i64,
     writes: Mutex<Writes>,
     status: watch::Sender<PublisherStatus>,
@@ -120,42 +161,34 @@ impl Publisher {
             .await
             .map_err(|e| DiscoveryError::etcd("granting the node's lease", e))?
             .id();
-        // The incarnation is the revision of this first write, which etcd
-        // gives no other write. The record carries a guess (the next
-        // revision); if another write got that revision first, the record is
-        // written again carrying the revision the first write really got.
-        let node_key = keys.node(node);
-        let put_node = |client: &mut Client, incarnation: i64| {
-            let record = NodeRecord {
-                incarnation,
-                backend_key: backend_key.to_string(),
-                worker_address: worker_address.clone(),
-            };
-            let value = record.encode();
-            let mut client = client.clone();
-            let key = node_key.clone();
-            async move {
-                let response = client
-                    .put(key, value, Some(PutOptions::new().with_lease(lease)))
-                    .await
-                    .map_err(|e| DiscoveryError::etcd("publishing the node", e))?;
-                Ok::<_, DiscoveryError>((record, response.header().map_or(0, |h| h.revision())))
-            }
-        };
-        let now = client
+        let mut store = StoreView::default();
+        let before = store.clone();
+        let status = client
             .status()
             .await
-            .map_err(|e| DiscoveryError::etcd("reading the revision", e))?
-            .header()
-            .map_or(0, |h| h.revision());
-        let (mut incarnation, written_at) = put_node(&mut client, now + 1).await?;
-        if written_at != incarnation.incarnation {
-            incarnation = put_node(&mut client, written_at).await?.0;
+            .map_err(|e| DiscoveryError::etcd("reading the revision", e))?;
+        let now = status.header().map_or(0, |h| h.revision());
+        if let Some(header) = status.header() {
+            store.observe(&before, &Header::from(header));
         }
+        let template = NodeRecord {
+            incarnation: 0,
+            backend_key: backend_key.to_string(),
+            worker_address,
+        };
+        let record = write_node(
+            &mut client,
+            &keys.node(node),
+            lease,
+            &template,
+            now,
+            &mut store,
+        )
+        .await?;
         tracing::info!(
             node,
             lease,
-            incarnation = incarnation.incarnation,
+            incarnation = record.incarnation,
             "published node in etcd"
         );
         let (status, _) = watch::channel(PublisherStatus::Live { lease });
@@ -163,12 +196,15 @@ impl Publisher {
             client,
             keys,
             node: node.to_string(),
-            record: incarnation,
+            incarnation: AtomicI64::new(record.incarnation),
             ttl,
             writes: Mutex::new(Writes {
                 lease: Some(lease),
                 names: BTreeMap::new(),
                 closed: false,
+                record,
+                record_epoch: store.epoch(),
+                store,
             }),
             status,
         });
@@ -181,9 +217,10 @@ impl Publisher {
         &self.shared.node
     }
 
-    /// This publisher's incarnation (the etcd revision of its first write).
+    /// This publisher's incarnation: the etcd revision of its first write,
+    /// or, after etcd lost its data, of its first write to the new store.
     pub fn incarnation(&self) -> i64 {
-        self.shared.record.incarnation
+        self.shared.incarnation.load(Ordering::Relaxed)
     }
 
     /// The current status; changes are reported as they happen.
@@ -202,25 +239,21 @@ impl Publisher {
     /// be in etcd yet.
     pub async fn publish(&self, name: &str, descriptor: &Descriptor) -> Result<(), DiscoveryError> {
         check_name(name)?;
-        let value = NameRecord {
-            node: self.shared.node.clone(),
-            incarnation: self.shared.record.incarnation,
-            descriptor: descriptor.clone(),
-        }
-        .encode();
         let mut writes = self.shared.writes.lock().await;
         if writes.closed {
             return Err(DiscoveryError::Closed);
         }
-        writes.names.insert(name.to_string(), value.clone());
+        writes.names.insert(name.to_string(), descriptor.clone());
         let Some(lease) = writes.lease else {
             return Err(DiscoveryError::etcd(
                 "publishing a descriptor",
                 "no live lease (reconnecting); queued until the connection is back",
             ));
         };
+        let value = writes.name_record(&self.shared.node, descriptor);
+        let before = writes.store.clone();
         let mut client = self.shared.client.clone();
-        client
+        let answer = client
             .put(
                 self.shared.keys.name(name),
                 value,
@@ -228,6 +261,7 @@ impl Publisher {
             )
             .await
             .map_err(|e| DiscoveryError::etcd("publishing a descriptor", e))?;
+        writes.observe(&before, answer.header());
         tracing::debug!(node = %self.shared.node, name, generation = descriptor.generation(), "published descriptor");
         Ok(())
     }
@@ -260,11 +294,13 @@ impl Publisher {
         let txn = Txn::new()
             .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
             .and_then([TxnOp::delete(key, None)]);
+        let before = writes.store.clone();
         let mut client = self.shared.client.clone();
-        client
+        let answer = client
             .txn(txn)
             .await
             .map_err(|e| DiscoveryError::etcd("withdrawing a descriptor", e))?;
+        writes.observe(&before, answer.header());
         tracing::debug!(node = %self.shared.node, name, "withdrew descriptor");
         Ok(())
     }
@@ -350,32 +386,112 @@ async fn refresh_until_lost(shared: &Shared, lease: i64, period: Duration) -> St
     }
 }
 
+/// Writes the node key under `lease` with the revision of that very write
+/// as its incarnation (etcd gives no other write that revision). The record
+/// carries a guess, the revision after `now`; if another write got that
+/// revision first, it is written again carrying the revision the first write
+/// really got.
+async fn write_node(
+    client: &mut Client,
+    key: &str,
+    lease: i64,
+    template: &NodeRecord,
+    now: i64,
+    store: &mut StoreView,
+) -> Result<NodeRecord, DiscoveryError> {
+    let mut put = async |incarnation: i64, store: &mut StoreView| {
+        let record = NodeRecord {
+            incarnation,
+            ..template.clone()
+        };
+        let before = store.clone();
+        let answer = client
+            .put(
+                key,
+                record.encode(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .map_err(|e| DiscoveryError::etcd("publishing the node", e))?;
+        let header = answer.header().map(Header::from);
+        if let Some(header) = &header {
+            store.observe(&before, header);
+        }
+        Ok::<_, DiscoveryError>((record, header.map_or(0, |h| h.revision)))
+    };
+    let (record, written_at) = put(now + 1, store).await?;
+    if written_at == record.incarnation {
+        return Ok(record);
+    }
+    Ok(put(written_at, store).await?.0)
+}
+
 /// A new lease, the node key and every published name under it.
 async fn republish(shared: &Shared) -> Result<i64, DiscoveryError> {
     let mut client = shared.client.clone();
-    let lease = client
+    // No other write reaches etcd while the lease is lost (publish and
+    // withdraw send nothing without a lease), so what the writes had seen
+    // before the grant is still what they saw when it was sent.
+    let before = shared.writes.lock().await.store.clone();
+    let grant = client
         .lease_grant(shared.ttl, None)
         .await
-        .map_err(|e| DiscoveryError::etcd("granting a new lease", e))?
-        .id();
+        .map_err(|e| DiscoveryError::etcd("granting a new lease", e))?;
+    let lease = grant.id();
     let mut writes = shared.writes.lock().await;
     if writes.closed {
         return Err(DiscoveryError::Closed);
     }
+    writes.observe(&before, grant.header());
     let options = || Some(PutOptions::new().with_lease(lease));
-    let mut ops = vec![TxnOp::put(
-        shared.keys.node(&shared.node),
-        shared.record.encode(),
-        options(),
-    )];
-    for (name, value) in &writes.names {
-        ops.push(TxnOp::put(shared.keys.name(name), value.clone(), options()));
+    let mut ops = Vec::new();
+    if writes.store.epoch() == writes.record_epoch {
+        ops.push(TxnOp::put(
+            shared.keys.node(&shared.node),
+            writes.record.encode(),
+            options(),
+        ));
+    } else {
+        // The incarnation is a revision of a store that is gone: become a
+        // new incarnation of this one, as a restart would.
+        let now = grant.header().map_or(0, |h| h.revision());
+        let mut store = writes.store.clone();
+        let record = write_node(
+            &mut client,
+            &shared.keys.node(&shared.node),
+            lease,
+            &writes.record,
+            now,
+            &mut store,
+        )
+        .await?;
+        tracing::warn!(
+            node = %shared.node,
+            was = writes.record.incarnation,
+            incarnation = record.incarnation,
+            "etcd lost its data; republishing as a new incarnation"
+        );
+        writes.store = store;
+        writes.record_epoch = writes.store.epoch();
+        shared
+            .incarnation
+            .store(record.incarnation, Ordering::Relaxed);
+        writes.record = record;
+    }
+    for (name, descriptor) in &writes.names {
+        ops.push(TxnOp::put(
+            shared.keys.name(name),
+            writes.name_record(&shared.node, descriptor),
+            options(),
+        ));
     }
     for chunk in ops.chunks(OPS_PER_TXN) {
-        client
+        let before = writes.store.clone();
+        let answer = client
             .txn(Txn::new().and_then(chunk.to_vec()))
             .await
             .map_err(|e| DiscoveryError::etcd("republishing after a reconnect", e))?;
+        writes.observe(&before, answer.header());
     }
     writes.lease = Some(lease);
     Ok(lease)

@@ -4,7 +4,8 @@
 //! Needs the `etcd` binary on `PATH` (`cargo xtask etcd` installs Debian's
 //! `etcd-server`), or its path in `RDMAREG_ETCD`. The server can be stopped
 //! and started again on the same ports and data so tests can cut a client off
-//! and let it reconnect.
+//! and let it reconnect, or started again on the same ports with its data
+//! gone ([`EtcdServer::wipe`]), as after a lost disk.
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -99,6 +100,19 @@ impl EtcdServer {
     /// Starts the server again on the same ports and data after [`stop`](Self::stop).
     pub fn restart(&mut self) -> Result<(), EtcdStartError> {
         self.stop();
+        self.launch()
+    }
+
+    /// Kills the server and starts it again on the same ports with an empty
+    /// data directory, as an operator does after losing etcd's disk. The new
+    /// store counts revisions from 1 again; with the same name and peer URL
+    /// it has the same cluster and member ids as the old one.
+    pub fn wipe(&mut self) -> Result<(), EtcdStartError> {
+        self.stop();
+        match std::fs::remove_dir_all(self.member_dir()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
         self.launch()
     }
 

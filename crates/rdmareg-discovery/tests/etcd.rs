@@ -436,3 +436,123 @@ async fn a_malformed_endpoint_is_refused_before_connecting() {
     );
     assert!(!error.is_transient());
 }
+
+/// Writes `revisions` times outside the cluster prefix, so the store's
+/// revision is well past anything a wiped store reaches in a test.
+async fn age(etcd: &EtcdServer, revisions: usize) {
+    let mut client = etcd_client::Client::connect([etcd.url()], None)
+        .await
+        .unwrap();
+    for i in 0..revisions {
+        client.put("/aging", i.to_string(), None).await.unwrap();
+    }
+}
+
+/// etcd loses its data (killed, restarted on an empty directory) and the
+/// owner restarts with it. The new store counts revisions from 1 again, so
+/// everything the owner publishes there is at a lower revision than what was
+/// seen before; the watch must report the replaced store and follow it, not
+/// refuse its entries as stale, and so must `resolve` on a directory that
+/// never watched.
+#[tokio::test]
+async fn a_watch_follows_an_owner_across_a_wiped_etcd() {
+    let mut etcd = EtcdServer::start().unwrap();
+    age(&etcd, 300).await;
+    let first = publisher(&etcd, "owner-a").await;
+    first
+        .publish("block-1", &descriptor(0x1000, 1))
+        .await
+        .unwrap();
+    let directory = Directory::connect(&config(&etcd)).await.unwrap();
+    let resolver = Directory::connect(&config(&etcd)).await.unwrap();
+    assert!(resolver.resolve("block-1").await.unwrap().revision > 300);
+    let mut watch = directory.watch();
+    wait_for(&mut watch, Duration::from_secs(5), |e| {
+        matches!(e, DirectoryEvent::Published { .. })
+    })
+    .await;
+
+    drop(first);
+    etcd.wipe().unwrap();
+    let second = publisher(&etcd, "owner-a").await;
+    second
+        .publish("block-1", &descriptor(0x5000, 1))
+        .await
+        .unwrap();
+    let replaced = wait_for(&mut watch, Duration::from_secs(15), |e| {
+        matches!(e, DirectoryEvent::StoreReplaced { .. })
+    })
+    .await;
+    assert!(
+        matches!(&replaced, DirectoryEvent::StoreReplaced { reason } if reason.contains("revision went back")),
+        "{replaced:?}"
+    );
+    wait_for(&mut watch, Duration::from_secs(5), |e| {
+        matches!(e, DirectoryEvent::Published { descriptor: d, .. } if *d == descriptor(0x5000, 1))
+    })
+    .await;
+    let resolved = directory.resolve("block-1").await.unwrap();
+    assert_eq!(resolved.descriptor, descriptor(0x5000, 1));
+    assert_eq!(resolved.peer.record.incarnation, second.incarnation());
+    let resolved = resolver.resolve("block-1").await.unwrap();
+    assert_eq!(resolved.descriptor, descriptor(0x5000, 1));
+}
+
+/// An owner keeps running while etcd is wiped: it republishes into the new
+/// store on its own, and when it restarts later, the new process (whose
+/// incarnation is a revision of the new store) is followed too.
+#[tokio::test]
+async fn an_owner_that_outlives_a_wiped_etcd_may_restart_later() {
+    let mut etcd = EtcdServer::start().unwrap();
+    age(&etcd, 300).await;
+    let first = publisher(&etcd, "owner-a").await;
+    first
+        .publish("block-1", &descriptor(0x1000, 1))
+        .await
+        .unwrap();
+    let directory = Directory::connect(&config(&etcd)).await.unwrap();
+    let mut watch = directory.watch();
+    wait_for(&mut watch, Duration::from_secs(5), |e| {
+        matches!(e, DirectoryEvent::Published { .. })
+    })
+    .await;
+    let mut status = first.status();
+
+    etcd.wipe().unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        status.wait_for(|s| matches!(s, PublisherStatus::Reconnecting { .. })),
+    )
+    .await
+    .expect("the loss is reported")
+    .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        status.wait_for(|s| matches!(s, PublisherStatus::Live { .. })),
+    )
+    .await
+    .expect("the publisher republishes into the new store")
+    .unwrap();
+    // The republished entry is reported again, from the new store.
+    wait_for(&mut watch, Duration::from_secs(15), |e| {
+        matches!(e, DirectoryEvent::Published { descriptor: d, .. } if *d == descriptor(0x1000, 1))
+    })
+    .await;
+    assert_eq!(
+        directory.resolve("block-1").await.unwrap().descriptor,
+        descriptor(0x1000, 1)
+    );
+
+    first.shutdown().await.unwrap();
+    let second = publisher(&etcd, "owner-a").await;
+    second
+        .publish("block-1", &descriptor(0x5000, 1))
+        .await
+        .unwrap();
+    wait_for(&mut watch, Duration::from_secs(10), |e| {
+        matches!(e, DirectoryEvent::Published { descriptor: d, .. } if *d == descriptor(0x5000, 1))
+    })
+    .await;
+    let resolved = directory.resolve("block-1").await.unwrap();
+    assert_eq!(resolved.peer.record.incarnation, second.incarnation());
+}
