@@ -205,8 +205,10 @@ fn a_killed_owner_is_dropped_within_the_ttl_and_its_gets_then_fail_at_once() {
     owner.signal(libc::SIGKILL);
     let status = consumer.wait().unwrap();
     let stdout = lines.rest();
-    // It verified before the kill, so the run as a whole succeeds.
-    assert!(status.success(), "{stdout}");
+    // Reads failed after the kill, so the run as a whole fails although it
+    // verified before (the count is checked in
+    // `fetch_with_failed_reads_exits_non_zero_and_counts_them`).
+    assert_eq!(status.code(), Some(1), "{stdout}");
     let gone = stdout
         .lines()
         .find(|l| l.contains("owner `owner-k` gone"))
@@ -229,6 +231,54 @@ fn a_killed_owner_is_dropped_within_the_ttl_and_its_gets_then_fail_at_once() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no answer time in `{dropped}`"));
     assert!(ms < 100, "{dropped}");
+}
+
+/// An owner killed during `fetch --for`: the reads before verified, the
+/// reads after failed. The run exits 1 and its one error line says how many
+/// of its reads failed, the same number the per-name summary shows.
+#[test]
+fn fetch_with_failed_reads_exits_non_zero_and_counts_them() {
+    let etcd = EtcdServer::start().unwrap();
+    let owner = Owner::start(&etcd, "owner-f", 1);
+    let mut consumer = fetch(&etcd, &["owner-f.0", "--for", "4s", "--interval", "100ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = consumer.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap());
+    let mut lines = Lines::of(&mut consumer);
+    lines.wait_line(
+        "GET `owner-f.0` from `owner-f`: verified",
+        Duration::from_secs(8),
+    );
+    owner.signal(libc::SIGKILL);
+    let status = consumer.wait().unwrap();
+    let stdout = lines.rest();
+    let stderr = stderr.join().unwrap();
+    assert_eq!(status.code(), Some(1), "{stdout}\n{stderr}");
+    // `  owner-f.0   owner owner-f   verified     N  mismatched   0  failed     M`
+    let summary = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("owner-f.0 "))
+        .unwrap_or_else(|| panic!("no summary line:\n{stdout}"));
+    let count = |label: &str| -> u64 {
+        summary
+            .split(label)
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no `{label}` count in `{summary}`"))
+    };
+    let (verified, failed) = (count("verified"), count("failed"));
+    assert!(verified > 0 && failed > 0, "{summary}");
+    let expected = format!("rdmareg: {failed} of {} reads failed", verified + failed);
+    // UCX may log the lost connection on stderr too; the error is one line.
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("rdmareg:"))
+        .collect();
+    assert_eq!(errors, [expected.as_str()], "{stdout}\n{stderr}");
 }
 
 #[test]

@@ -8,6 +8,12 @@
 //! deadline), an owner that came back is added under a new peer id, a
 //! replaced descriptor is used from then on. Event lines carry wall-clock
 //! stamps so a script can measure how long after a failure they came.
+//!
+//! It succeeds only when every name was verified at least once and no read
+//! failed or returned wrong bytes; otherwise its error says how many of the
+//! reads did. A read that failed is a result the caller has to see, even
+//! when the run also verified others: a consumer that kept a dead owner's
+//! descriptor fails every read to it and verifies nothing new.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -84,12 +90,12 @@ pub async fn run(args: FetchArgs) -> anyhow::Result<()> {
         "consumer backend registrations left: {}",
         outcome.live_registrations
     );
-    let all_verified = summary?;
+    let summary = summary?;
     if !outcome.clean {
         bail!("shutdown left registrations behind");
     }
-    if !all_verified {
-        bail!("not every name was fetched and verified");
+    if let Some(problem) = summary.problem() {
+        bail!("{problem}");
     }
     Ok(())
 }
@@ -384,6 +390,12 @@ impl View {
             DirectoryEvent::Disconnected { error } => {
                 println!("{} etcd watch lost ({error}); reconnecting", stamp());
             }
+            DirectoryEvent::StoreReplaced { reason } => {
+                println!(
+                    "{} etcd lost its data or was replaced ({reason}); following the new store",
+                    stamp()
+                );
+            }
             DirectoryEvent::Resynced { revision } => {
                 println!("{} etcd watch resynced at revision {revision}", stamp());
             }
@@ -392,10 +404,43 @@ impl View {
     }
 }
 
-/// Prints one line per name; whether every name was verified at least once
-/// and never mismatched.
-fn summarize(view: &View) -> bool {
-    let mut all = true;
+/// What a whole run established.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Summary {
+    /// Every name was verified at least once.
+    all_verified: bool,
+    reads: u64,
+    failed: u64,
+    mismatched: u64,
+}
+
+impl Summary {
+    /// Why the run failed, or `None` when every name was verified and no
+    /// read failed or mismatched.
+    fn problem(&self) -> Option<String> {
+        let mut problems = Vec::new();
+        if self.failed > 0 {
+            problems.push(format!("{} of {} reads failed", self.failed, self.reads));
+        }
+        if self.mismatched > 0 {
+            problems.push(format!(
+                "{} of {} reads returned wrong bytes",
+                self.mismatched, self.reads
+            ));
+        }
+        if !self.all_verified {
+            problems.push("not every name was fetched and verified".to_string());
+        }
+        (!problems.is_empty()).then(|| problems.join("; "))
+    }
+}
+
+/// Prints one line per name, and what the run established.
+fn summarize(view: &View) -> Summary {
+    let mut summary = Summary {
+        all_verified: true,
+        ..Summary::default()
+    };
     for (name, target) in &view.targets {
         let gone = view.owners.get(&target.node).is_some_and(|o| o.gone);
         println!(
@@ -406,7 +451,58 @@ fn summarize(view: &View) -> bool {
             target.failed,
             if gone { "  (owner gone)" } else { "" }
         );
-        all &= target.verified > 0 && target.mismatched == 0;
+        summary.all_verified &= target.verified > 0;
+        summary.reads += target.verified + target.mismatched + target.failed;
+        summary.failed += target.failed;
+        summary.mismatched += target.mismatched;
     }
-    all
+    summary
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_that_verified_everything_has_no_problem() {
+        let summary = Summary {
+            all_verified: true,
+            reads: 224,
+            ..Summary::default()
+        };
+        assert_eq!(summary.problem(), None);
+    }
+
+    /// The issue's run: reads from before the owner restarted verified,
+    /// every read after failed; that used to exit 0.
+    #[test]
+    fn failed_reads_are_a_problem_even_when_everything_verified_once() {
+        let summary = Summary {
+            all_verified: true,
+            reads: 224,
+            failed: 180,
+            mismatched: 0,
+        };
+        assert_eq!(
+            summary.problem().as_deref(),
+            Some("180 of 224 reads failed")
+        );
+    }
+
+    #[test]
+    fn every_problem_is_named() {
+        let summary = Summary {
+            all_verified: false,
+            reads: 10,
+            failed: 2,
+            mismatched: 1,
+        };
+        assert_eq!(
+            summary.problem().as_deref(),
+            Some(
+                "2 of 10 reads failed; 1 of 10 reads returned wrong bytes; \
+                 not every name was fetched and verified"
+            )
+        );
+    }
 }
