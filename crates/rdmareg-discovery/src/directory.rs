@@ -61,6 +61,10 @@ pub struct Resolved {
 #[non_exhaustive]
 pub enum DirectoryEvent {
     /// A node appeared or republished itself (its address may have changed).
+    /// A node that republished as a new incarnation from the same worker
+    /// address (its publisher outlived an etcd that lost its data) is
+    /// reported only by this event, without a [`NodeGone`](Self::NodeGone)
+    /// first: it never went away.
     NodeUp(Peer),
     /// A node's entry vanished: its lease expired or was revoked. Drop the
     /// peer; its descriptors are gone too.
@@ -430,13 +434,13 @@ async fn watch_once(
         events.push(DirectoryEvent::StoreReplaced { reason });
     }
     // What the snapshot holds, decoded only (no freshness bookkeeping yet).
-    let mut present_nodes: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut present_nodes: BTreeMap<&str, NodeRecord> = BTreeMap::new();
     let mut present_names: BTreeSet<&str> = BTreeSet::new();
     for kv in snapshot.kvs() {
         match directory.keys.classify(kv.key()) {
             KeyKind::Node(node) => {
                 if let Ok(record) = NodeRecord::decode(node, kv.value()) {
-                    present_nodes.insert(node, record.incarnation);
+                    present_nodes.insert(node, record);
                 }
             }
             KeyKind::Name(name) => {
@@ -449,7 +453,11 @@ async fn watch_once(
     let vanished: Vec<(String, i64)> = state
         .nodes
         .iter()
-        .filter(|(node, record)| present_nodes.get(node.as_str()) != Some(&record.incarnation))
+        .filter(|(node, record)| {
+            present_nodes
+                .get(node.as_str())
+                .is_none_or(|present| !same_node(present, record))
+        })
         .map(|(node, record)| (node.clone(), record.incarnation))
         .collect();
     for (node, incarnation) in vanished {
@@ -527,6 +535,16 @@ async fn watch_once(
     }
 }
 
+/// Whether two records of a node describe the same running node: the same
+/// incarnation, or the same worker (a worker address names one worker of
+/// one process). A publisher that outlives an etcd which lost its data
+/// republishes from the same worker as a new incarnation: the node never
+/// went away, so that is no `NodeGone`.
+fn same_node(a: &NodeRecord, b: &NodeRecord) -> bool {
+    a.incarnation == b.incarnation
+        || (a.backend_key == b.backend_key && a.worker_address == b.worker_address)
+}
+
 /// Applies a put to `state`, reporting what changed; `false` when the store
 /// was replaced since the snapshot the watch stands on (nothing applied:
 /// resynchronise).
@@ -542,7 +560,7 @@ fn apply_put(
             Ok(record) => {
                 if state.nodes.get(node) != Some(&record) {
                     if let Some(old) = state.nodes.get(node)
-                        && old.incarnation != record.incarnation
+                        && !same_node(old, &record)
                     {
                         events.push(DirectoryEvent::NodeGone {
                             node: node.to_string(),
@@ -655,6 +673,20 @@ mod tests {
     #[test]
     fn an_entry_of_an_older_incarnation_is_refused() {
         assert!(!admit(Some(seen(10, 5, 1)), seen(12, 4, 9)));
+    }
+
+    #[test]
+    fn a_new_incarnation_from_the_same_worker_is_the_same_node() {
+        let record = |incarnation: i64, address: &'static [u8]| NodeRecord {
+            incarnation,
+            backend_key: "ucx".into(),
+            worker_address: bytes::Bytes::from_static(address),
+        };
+        assert!(same_node(&record(302, b"w1"), &record(302, b"w1")));
+        // Republished into an etcd that lost its data.
+        assert!(same_node(&record(302, b"w1"), &record(3, b"w1")));
+        // Restarted: another worker.
+        assert!(!same_node(&record(302, b"w1"), &record(310, b"w2")));
     }
 
     fn header(revision: i64) -> Header {

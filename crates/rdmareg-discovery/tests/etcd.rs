@@ -499,8 +499,9 @@ async fn a_watch_follows_an_owner_across_a_wiped_etcd() {
 }
 
 /// An owner keeps running while etcd is wiped: it republishes into the new
-/// store on its own, and when it restarts later, the new process (whose
-/// incarnation is a revision of the new store) is followed too.
+/// store on its own, as a new incarnation of that store, and the watch
+/// reports it back. When it restarts later, the new process (a later
+/// incarnation of the new store) is followed too.
 #[tokio::test]
 async fn an_owner_that_outlives_a_wiped_etcd_may_restart_later() {
     let mut etcd = EtcdServer::start().unwrap();
@@ -512,10 +513,12 @@ async fn an_owner_that_outlives_a_wiped_etcd_may_restart_later() {
         .unwrap();
     let directory = Directory::connect(&config(&etcd)).await.unwrap();
     let mut watch = directory.watch();
+    // The first snapshot: the name, then the node (keys in order).
     wait_for(&mut watch, Duration::from_secs(5), |e| {
-        matches!(e, DirectoryEvent::Published { .. })
+        matches!(e, DirectoryEvent::NodeUp(_))
     })
     .await;
+    let old_incarnation = first.incarnation();
     let mut status = first.status();
 
     etcd.wipe().unwrap();
@@ -533,11 +536,32 @@ async fn an_owner_that_outlives_a_wiped_etcd_may_restart_later() {
     .await
     .expect("the publisher republishes into the new store")
     .unwrap();
-    // The republished entry is reported again, from the new store.
-    wait_for(&mut watch, Duration::from_secs(15), |e| {
-        matches!(e, DirectoryEvent::Published { descriptor: d, .. } if *d == descriptor(0x1000, 1))
-    })
-    .await;
+    // The owner is a new incarnation of the new store now.
+    assert!(
+        first.incarnation() < old_incarnation,
+        "{} after {old_incarnation}",
+        first.incarnation()
+    );
+    // The republished entry and node are reported again, from the new
+    // store. (Whether the node is reported gone first depends on whether
+    // the watch saw the new store before the owner republished.)
+    let mut since_wipe = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let republished = |e: &DirectoryEvent| matches!(e, DirectoryEvent::Published { descriptor: d, .. } if *d == descriptor(0x1000, 1));
+    let back = |e: &DirectoryEvent| matches!(e, DirectoryEvent::NodeUp(peer) if peer.record.incarnation == first.incarnation());
+    while !(since_wipe.iter().any(republished) && since_wipe.iter().any(back)) {
+        let event = tokio::time::timeout_at(deadline, watch.next())
+            .await
+            .unwrap_or_else(|_| panic!("not republished; saw {since_wipe:?}"))
+            .expect("the watch runs");
+        since_wipe.push(event);
+    }
+    assert!(
+        since_wipe
+            .iter()
+            .any(|e| matches!(e, DirectoryEvent::StoreReplaced { .. })),
+        "{since_wipe:?}"
+    );
     assert_eq!(
         directory.resolve("block-1").await.unwrap().descriptor,
         descriptor(0x1000, 1)

@@ -37,6 +37,7 @@ const TALLY_EVERY: Duration = Duration::from_secs(1);
 struct Owner {
     peer: PeerId,
     incarnation: i64,
+    worker_address: bytes::Bytes,
     gone: bool,
 }
 
@@ -303,6 +304,7 @@ impl View {
             Owner {
                 peer: id,
                 incarnation: peer.record.incarnation,
+                worker_address: peer.record.worker_address.clone(),
                 gone: false,
             },
         );
@@ -347,6 +349,23 @@ impl View {
                 );
             }
             DirectoryEvent::NodeUp(peer) => {
+                // The same worker under a new incarnation (it republished
+                // into an etcd that lost its data): the same process, so
+                // the same peer.
+                if let Some(owner) = self.owners.get_mut(&peer.node)
+                    && !owner.gone
+                    && owner.incarnation != peer.record.incarnation
+                    && owner.worker_address == peer.record.worker_address
+                {
+                    owner.incarnation = peer.record.incarnation;
+                    println!(
+                        "{} owner `{}` republished as incarnation {} from the same worker; kept it as a peer",
+                        stamp(),
+                        peer.node,
+                        peer.record.incarnation
+                    );
+                    return;
+                }
                 // Only an owner this consumer reads from and had lost (or
                 // that restarted) is news.
                 let returning = self
