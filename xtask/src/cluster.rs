@@ -8,29 +8,43 @@
 //! the traffic stays among them; a guard deletes every namespace it made,
 //! also when a step fails.
 //!
-//! etcd runs in its namespace; each owner runs `rdmareg serve` publishing two
-//! ranges with a short lease; the consumer runs `rdmareg fetch --for` over
-//! all six names on UCX tcp across the bridge. Once every owner has been read
-//! and verified, `owner-a` is SIGKILLed and `owner-b`'s link is taken down.
-//! Checked from the consumer's stamped lines:
+//! etcd runs in its namespace, aged to a few hundred revisions; each owner
+//! runs `rdmareg serve` publishing two ranges with a short lease; the
+//! consumer runs `rdmareg fetch --for` over all six names on UCX tcp across
+//! the bridge. Once every owner has been read and verified, `owner-a` is
+//! SIGKILLed and `owner-b`'s link is taken down. Once both are reported
+//! gone, etcd is SIGKILLed and started again on an empty data directory (a
+//! lost disk: its revisions count from 1 again), and `owner-a` is started
+//! again. Checked from the consumer's stamped lines:
 //!
 //! - `owner-a` is reported gone within the TTL (plus etcd's expiry slack);
 //! - a GET to `owner-b` fails within the GET deadline of the cut, and
 //!   `owner-b` is reported gone within the TTL (it cannot reach etcd either);
-//! - `owner-c` keeps serving: its GETs keep verifying and none fails;
+//! - `owner-c` keeps serving: its GETs keep verifying, none fails until the
+//!   consumer reads the wiped store, and they verify again after it
+//!   (`owner-c` outlives the wipe and republishes into the new store; until
+//!   it has, it is absent there, so a consumer that reads the new store
+//!   first drops it for that moment);
+//! - the consumer notices that etcd lost its data and reads and verifies
+//!   both ranges of the restarted `owner-a`, whose entries are at lower
+//!   revisions than the old store's;
+//! - the consumer exits 1, saying how many of its reads failed (those to
+//!   `owner-a` and `owner-b` after the faults);
 //! - `owner-c`, stopped with SIGTERM at the end, withdraws and shuts down
 //!   with zero registrations.
 //!
 //! Needs root, iproute2 and etcd (installed when missing).
 
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::native::Need;
 use crate::netns::{Demo, build, ensure_root, ip};
-use crate::util::{Context, Result, bail, target_dir};
+use crate::util::{Context, Error, Result, bail, run, target_dir};
 
 const SUBNET: &str = "10.78.0";
 const ETCD_HOST: u8 = 1;
@@ -45,12 +59,28 @@ const EXPIRY_SLACK: Duration = Duration::from_secs(1);
 const LOAD_MARGIN: Duration = Duration::from_secs(2);
 /// How long the consumer fetches in rounds.
 const FETCH_FOR: Duration = Duration::from_secs(30);
+/// Writes to etcd before anything is published, so that the store the
+/// consumer first sees is far ahead of the wiped one.
+const AGE_REVISIONS: u32 = 300;
+/// The key those writes go to (outside every cluster prefix), base64 for
+/// etcd's JSON gateway: `/aging`.
+const AGE_KEY: &str = "L2FnaW5n";
 
 /// `cargo xtask cluster [--release]`.
+///
+/// `cargo xtask cluster --age-etcd URL COUNT` is the scenario's own helper:
+/// it writes COUNT times to etcd's JSON gateway at URL, from inside a host's
+/// namespace (the scenario runs it there with `ip netns exec`).
 pub fn run_task(args: &[String]) -> Result<()> {
     let release = match args {
         [] => false,
         [flag] if flag == "--release" => true,
+        [flag, url, count] if flag == "--age-etcd" => {
+            let count = count
+                .parse()
+                .map_err(|_| Error::msg(format!("not a count: {count}")))?;
+            return age_etcd(url, count);
+        }
         _ => bail!("usage: cargo xtask cluster [--release]"),
     };
     ensure_root()?;
@@ -217,15 +247,44 @@ fn tally_of(line: &str) -> Option<(u64, u64)> {
     Some((verified.trim().parse().ok()?, failed.trim().parse().ok()?))
 }
 
-fn scenario(cluster: &Cluster, binary: &Path, data: &Path) -> Result<()> {
-    let etcd_host = cluster.host(ETCD_HOST);
-    let url = format!("http://{}:2379", etcd_host.address);
+/// `POST`s `count` puts of one key to etcd's JSON gateway at `url`
+/// (`http://HOST:PORT`), one connection each: every put is a new revision.
+fn age_etcd(url: &str, count: u32) -> Result<()> {
+    let address = url.strip_prefix("http://").unwrap_or(url);
+    let body = format!("{{\"key\":\"{AGE_KEY}\",\"value\":\"MQ==\"}}");
+    let request = format!(
+        "POST /v3/kv/put HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    for i in 0..count {
+        let mut stream =
+            TcpStream::connect(address).context(format!("connecting to etcd at {address}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .context("setting a read timeout")?;
+        stream
+            .write_all(request.as_bytes())
+            .context("writing to etcd")?;
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .context("reading etcd's answer")?;
+        if !answer.starts_with("HTTP/1.1 200") {
+            bail!("put {i} of {count} to etcd failed: {answer}");
+        }
+    }
+    Ok(())
+}
+
+/// etcd in its namespace, on `data` (created if empty), serving clients.
+fn start_etcd(host: &Host, url: &str, data: &Path) -> Result<Demo> {
     let data_arg = format!("--data-dir={}", data.join("member").display());
     let listen = format!("--listen-client-urls={url}");
     let advertise = format!("--advertise-client-urls={url}");
     let mut etcd = Demo::start(
         "etcd",
-        &etcd_host.ns,
+        &host.ns,
         Path::new("etcd"),
         &[
             &data_arg,
@@ -237,40 +296,88 @@ fn scenario(cluster: &Cluster, binary: &Path, data: &Path) -> Result<()> {
         ],
     )?;
     etcd.wait_for_containing("ready to serve client requests", Duration::from_secs(30))?;
-    println!("    etcd serving at {url}");
+    Ok(etcd)
+}
+
+/// `rdmareg serve` for owner `name` on `host`, once it is serving.
+fn start_owner(binary: &Path, host: &Host, url: &str, name: &str) -> Result<Demo> {
+    let ttl = format!("{}s", TTL.as_secs());
+    let deadline = format!("{}ms", GET_DEADLINE.as_millis());
+    let mut owner = Demo::start(
+        "owner",
+        &host.ns,
+        binary,
+        &[
+            "serve",
+            "--etcd",
+            url,
+            "--name",
+            name,
+            "--count",
+            "2",
+            "--size",
+            "256K",
+            "--ttl",
+            &ttl,
+            "--net-devices",
+            &host.link,
+            "--get-deadline",
+            &deadline,
+            "--duration",
+            "120s",
+        ],
+    )?;
+    owner.wait_for_containing("serving", Duration::from_secs(60))?;
+    Ok(owner)
+}
+
+/// Waits until `demo` prints a stamped stdout line containing `needle`
+/// stamped at or after `after`; its stamp.
+fn wait_for_after(demo: &mut Demo, needle: &str, after: f64, within: Duration) -> Result<f64> {
+    let deadline = Instant::now() + within;
+    loop {
+        demo.drain();
+        let found = demo.stdout.iter().find_map(|l| {
+            let t = stamp_of(l)?;
+            (t >= after && l.contains(needle)).then_some(t)
+        });
+        if let Some(t) = found {
+            return Ok(t);
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the {} did not print `{needle}` within {:.0} s\n{}",
+                demo.role,
+                within.as_secs_f64(),
+                demo.transcript()
+            );
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn scenario(cluster: &Cluster, binary: &Path, data: &Path) -> Result<()> {
+    let etcd_host = cluster.host(ETCD_HOST);
+    let url = format!("http://{}:2379", etcd_host.address);
+    let mut etcd = start_etcd(etcd_host, &url, data)?;
+    let aging = Instant::now();
+    let xtask = std::env::current_exe().context("finding this program")?;
+    run(Command::new("ip")
+        .args(["netns", "exec", &cluster.host(CONSUMER_HOST).ns])
+        .arg(&xtask)
+        .args(["cluster", "--age-etcd", &url, &AGE_REVISIONS.to_string()]))?;
+    println!(
+        "    etcd serving at {url}, aged by {AGE_REVISIONS} revisions in {:.1} s",
+        aging.elapsed().as_secs_f64()
+    );
 
     let ttl = format!("{}s", TTL.as_secs());
     let deadline = format!("{}ms", GET_DEADLINE.as_millis());
     let mut owners = Vec::new();
     for (name, host) in OWNERS {
         let host = cluster.host(host);
-        let mut owner = Demo::start(
-            "owner",
-            &host.ns,
-            binary,
-            &[
-                "serve",
-                "--etcd",
-                &url,
-                "--name",
-                name,
-                "--count",
-                "2",
-                "--size",
-                "256K",
-                "--ttl",
-                &ttl,
-                "--net-devices",
-                &host.link,
-                "--get-deadline",
-                &deadline,
-                "--duration",
-                "120s",
-            ],
-        )?;
-        owner.wait_for_containing("serving", Duration::from_secs(60))?;
+        owners.push(start_owner(binary, host, &url, name)?);
         println!("    {name} serving from {}", host.address);
-        owners.push(owner);
     }
     let consumer_host = cluster.host(CONSUMER_HOST);
     let names: Vec<String> = OWNERS
@@ -312,6 +419,39 @@ fn scenario(cluster: &Cluster, binary: &Path, data: &Path) -> Result<()> {
     )?;
     let cut_at = now();
     println!("    SIGKILLed owner-a, took owner-b's link down");
+
+    // Once both are gone: etcd loses its data, owner-a comes back.
+    let gone_within = TTL + EXPIRY_SLACK + LOAD_MARGIN + LOAD_MARGIN;
+    wait_for_after(
+        &mut consumer,
+        "owner `owner-a` gone",
+        killed_at,
+        gone_within,
+    )?;
+    wait_for_after(&mut consumer, "owner `owner-b` gone", cut_at, gone_within)?;
+    etcd.signal("KILL")?;
+    etcd.wait()?;
+    let wiped_at = now();
+    let member = data.join("member");
+    std::fs::remove_dir_all(&member).context(format!("removing {}", member.display()))?;
+    etcd = start_etcd(etcd_host, &url, data)?;
+    let etcd_back_at = now();
+    println!(
+        "    SIGKILLed etcd, started it on an empty data directory ({:.2} s)",
+        etcd_back_at - wiped_at
+    );
+    owners[0] = start_owner(binary, cluster.host(OWNERS[0].1), &url, OWNERS[0].0)?;
+    let restarted_at = now();
+    println!("    owner-a serving again");
+    let mut verified_at = Vec::new();
+    for index in 0..2 {
+        verified_at.push(wait_for_after(
+            &mut consumer,
+            &format!("GET `owner-a.{index}` from `owner-a`: verified"),
+            restarted_at,
+            Duration::from_secs(15),
+        )?);
+    }
 
     let ended = consumer.wait()?;
     let transcript = consumer.transcript();
@@ -369,7 +509,22 @@ fn scenario(cluster: &Cluster, binary: &Path, data: &Path) -> Result<()> {
         ))?,
         None => fail("owner-b was never reported gone".into())?,
     }
-    // 3. owner-c keeps serving: more verified GETs after the faults, none failed.
+    // 3. The consumer follows etcd across the wipe.
+    let Some(noticed_at) = find("etcd lost its data", wiped_at) else {
+        return fail("the consumer never reported that etcd lost its data".into());
+    };
+    println!(
+        "    consumer noticed that etcd lost its data {:.2} s after etcd was back",
+        noticed_at - etcd_back_at
+    );
+    // 4. owner-c keeps serving: no GET to it fails until the consumer reads
+    // the new store, and it verifies more after that than before the
+    // faults. (Whether its reads fail for a moment after the wipe depends
+    // on whether the consumer reads the new store before owner-c has
+    // republished there: then owner-c is absent from it for that moment.)
+    let failed_before_wipe = lines.iter().any(|l| {
+        l.contains("GET `owner-c.") && l.contains(" failed") && stamp_of(l) < Some(noticed_at)
+    });
     let tallies: Vec<(f64, u64, u64)> = lines
         .iter()
         .filter(|l| l.contains("tally `owner-c`"))
@@ -379,21 +534,44 @@ fn scenario(cluster: &Cluster, binary: &Path, data: &Path) -> Result<()> {
         })
         .collect();
     let before = tallies.iter().rev().find(|(t, ..)| *t < killed_at);
+    let at_wipe = tallies.iter().rev().find(|(t, ..)| *t < noticed_at);
     let last = tallies.last();
-    match (before, last) {
-        (Some((_, v0, _)), Some((_, v1, 0))) if v1 > v0 => {
+    match (before, at_wipe, last) {
+        (Some((_, v0, _)), Some((_, v1, _)), Some((_, v2, f2)))
+            if !failed_before_wipe && v2 > v1 && v1 >= v0 =>
+        {
             println!(
-                "    owner-c kept serving: {v0} verified GETs before the faults, {v1} at the end, none failed"
+                "    owner-c kept serving: {v0} verified GETs before the faults, {v1} before the \
+                 wipe with none failed, {v2} at the end ({f2} failed after the wipe)"
             );
         }
         _ => fail(format!(
-            "owner-c did not keep serving cleanly (tallies {tallies:?})"
+            "owner-c did not keep serving cleanly (failed before the wipe: \
+             {failed_before_wipe}, tallies {tallies:?})"
         ))?,
     }
-    if !ended.success {
-        fail("the consumer exited unsuccessfully".into())?;
+    // 5. The restarted owner-a is read.
+    let last_verified = verified_at.iter().copied().fold(f64::MIN, f64::max);
+    println!(
+        "    restarted owner-a: both ranges verified {:.2} s after it was serving",
+        last_verified - restarted_at
+    );
+    // 6. Reads failed (owner-a's and owner-b's after the faults): the run
+    // fails and says how many.
+    let report = consumer
+        .stderr
+        .iter()
+        .find(|l| l.starts_with("rdmareg:"))
+        .cloned()
+        .unwrap_or_default();
+    if ended.code != Some(1) || !report.contains(" reads failed") {
+        fail(format!(
+            "the consumer should exit 1 naming its failed reads (exit {:?}, `{report}`)",
+            ended.code
+        ))?;
     }
-    // 4. owner-c stops clean and withdraws.
+    println!("    consumer exited 1: `{report}`");
+    // 7. owner-c stops clean and withdraws.
     owners[2].signal("TERM")?;
     let c_ended = owners[2].wait()?;
     let clean = owners[2]
