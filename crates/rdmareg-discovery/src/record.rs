@@ -11,7 +11,9 @@
 //! The *incarnation* is the etcd revision at which a publisher first wrote its
 //! node key. It is unique per publisher start and grows across restarts, so a
 //! consumer can tell a restarted node (whose registry counts generations from
-//! the start again) from an old entry of the same process.
+//! the start again) from an old entry of the same process. Revisions compare
+//! only within one store: a publisher that outlives an etcd which lost its
+//! data takes a new incarnation, the revision of its first write there.
 //!
 //! Records are versioned and length-prefixed; decoding bytes read from etcd
 //! never panics and allocates at most the record's own size.
@@ -98,7 +100,8 @@ impl Keys {
 /// What a node publishes about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeRecord {
-    /// The etcd revision of this publisher's first registration.
+    /// The etcd revision of this publisher's first registration (in the
+    /// current store: taken again if etcd lost its data).
     pub incarnation: i64,
     /// The backend's wire name (`"ucx"`), as in its descriptors.
     pub backend_key: String,
