@@ -281,6 +281,52 @@ fn fetch_with_failed_reads_exits_non_zero_and_counts_them() {
     assert_eq!(errors, [expected.as_str()], "{stdout}\n{stderr}");
 }
 
+/// The run: etcd that has been in use (revision ~300) is killed
+/// and started again on an empty data directory while `fetch --for` runs,
+/// and the owner restarts with it. The new store's entries are at lower
+/// revisions than what the consumer saw; it must notice that etcd lost its
+/// data, take the restarted owner's new descriptor and verify reads from
+/// it, instead of keeping the dead process's descriptor (every read then
+/// failed with `RegionNotFound`).
+#[test]
+fn fetch_follows_an_owner_restarted_on_a_wiped_etcd() {
+    let mut etcd = EtcdServer::start().unwrap();
+    etcd.age(300).unwrap();
+    let owner = Owner::start(&etcd, "owner-w", 1);
+    let mut consumer = fetch(&etcd, &["owner-w.0", "--for", "15s", "--interval", "100ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = Lines::of(&mut consumer);
+    lines.wait_line(
+        "GET `owner-w.0` from `owner-w`: verified",
+        Duration::from_secs(8),
+    );
+    owner.signal(libc::SIGKILL);
+    drop(owner);
+    etcd.wipe().unwrap();
+    let _restarted = Owner::start(&etcd, "owner-w", 1);
+    lines.wait_line("etcd lost its data", Duration::from_secs(10));
+    lines.wait_line("owner `owner-w` is back", Duration::from_secs(10));
+    // Printed on a change only: the first success after the failures.
+    lines.wait_line(
+        "GET `owner-w.0` from `owner-w`: verified",
+        Duration::from_secs(10),
+    );
+    let status = consumer.wait().unwrap();
+    let stdout = lines.rest();
+    // The reads between the kill and the restart failed.
+    assert_eq!(status.code(), Some(1), "{stdout}");
+    assert!(
+        !stdout
+            .lines()
+            .skip_while(|l| !l.contains("is back"))
+            .any(|l| l.contains("failed: rdma region not found")),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn fetch_against_an_unreachable_etcd_is_one_clear_error() {
     let port = free_port().unwrap();

@@ -30,7 +30,7 @@ pub struct EtcdServer {
     reserved: Vec<TcpListener>,
 }
 
-/// Why a test etcd could not be started.
+/// Why a test etcd could not be started or used.
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdStartError {
     /// The binary could not be run.
@@ -47,6 +47,9 @@ pub enum EtcdStartError {
     /// The server exited or never listened.
     #[error("test etcd did not come up: {0}")]
     NotReady(String),
+    /// A request to the running server was refused.
+    #[error("a request to the test etcd failed: {0}")]
+    Request(String),
 }
 
 impl EtcdServer {
@@ -101,6 +104,33 @@ impl EtcdServer {
     pub fn restart(&mut self) -> Result<(), EtcdStartError> {
         self.stop();
         self.launch()
+    }
+
+    /// Writes `revisions` times to one key outside every cluster prefix
+    /// (`/aging`), through etcd's JSON gateway: afterwards the store's
+    /// revision is at least that much higher, as in an etcd that has been in
+    /// use for a while.
+    pub fn age(&self, revisions: u32) -> Result<(), EtcdStartError> {
+        use std::io::{Read, Write};
+        let body = r#"{"key":"L2FnaW5n","value":"MQ=="}"#;
+        let request = format!(
+            "POST /v3/kv/put HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        for _ in 0..revisions {
+            let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.client_port))?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            stream.write_all(request.as_bytes())?;
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer)?;
+            if !answer.starts_with("HTTP/1.1 200") {
+                return Err(EtcdStartError::Request(format!(
+                    "a put to age the store: {answer}"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Kills the server and starts it again on the same ports with an empty

@@ -437,17 +437,6 @@ async fn a_malformed_endpoint_is_refused_before_connecting() {
     assert!(!error.is_transient());
 }
 
-/// Writes `revisions` times outside the cluster prefix, so the store's
-/// revision is well past anything a wiped store reaches in a test.
-async fn age(etcd: &EtcdServer, revisions: usize) {
-    let mut client = etcd_client::Client::connect([etcd.url()], None)
-        .await
-        .unwrap();
-    for i in 0..revisions {
-        client.put("/aging", i.to_string(), None).await.unwrap();
-    }
-}
-
 /// etcd loses its data (killed, restarted on an empty directory) and the
 /// owner restarts with it. The new store counts revisions from 1 again, so
 /// everything the owner publishes there is at a lower revision than what was
@@ -457,7 +446,7 @@ async fn age(etcd: &EtcdServer, revisions: usize) {
 #[tokio::test]
 async fn a_watch_follows_an_owner_across_a_wiped_etcd() {
     let mut etcd = EtcdServer::start().unwrap();
-    age(&etcd, 300).await;
+    etcd.age(300).unwrap();
     let first = publisher(&etcd, "owner-a").await;
     first
         .publish("block-1", &descriptor(0x1000, 1))
@@ -505,7 +494,7 @@ async fn a_watch_follows_an_owner_across_a_wiped_etcd() {
 #[tokio::test]
 async fn an_owner_that_outlives_a_wiped_etcd_may_restart_later() {
     let mut etcd = EtcdServer::start().unwrap();
-    age(&etcd, 300).await;
+    etcd.age(300).unwrap();
     let first = publisher(&etcd, "owner-a").await;
     first
         .publish("block-1", &descriptor(0x1000, 1))
