@@ -12,6 +12,8 @@ mod backend;
 #[cfg(feature = "testkit")]
 pub mod conformance;
 pub mod loopback;
+#[cfg(feature = "testkit")]
+pub mod own_process;
 
 pub use backend::RdmaBackend;
 /// The system page size: what contract point 7's page-enclosing ranges are

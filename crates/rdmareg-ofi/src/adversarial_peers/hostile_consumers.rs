@@ -179,55 +179,58 @@ fn made_up_reply_addresses_do_not_lock_later_consumers_out_of_an_owner() {
 /// and the allocator's slack after).
 #[test]
 fn gathered_replies_to_many_reply_addresses_do_not_grow_the_owner_without_bound() {
-    let rt = runtime();
-    let config = config(Provider::Tcp);
-    let owner = OfiEngine::start(
-        config
-            .clone()
-            .with_unreachable_after(Duration::from_secs(30)),
-    )
-    .expect("owner starts");
-    let o = owner.backend();
-    let len = 256usize << 10;
-    let src = Memory::filled(len, 0x44);
-    let src_region = src.map(&rt, &o);
-    let key = PackedKey::decode(&src_region.packed_key).unwrap();
-    let mut attacker = RawPeer::open(&config);
-    let to_owner = attacker.insert(&owner.fabric_address());
-    attacker.progress_for(Duration::from_millis(200));
-    let before = resident();
-    let mut id = 1;
-    for address in 0..16u16 {
-        let reply_to = loopback(30_000 + address);
-        for _ in 0..64 {
-            let wire = ListRequest {
-                request_id: id,
-                entries: (0..16u64)
-                    .map(|i| ListEntry {
-                        region_id: key.region_id,
-                        capability: key.capability,
-                        address: src.addr() as u64 + i * (16 << 10),
-                        length: 16 << 10,
-                    })
-                    .collect(),
-                reply_to: reply_to.clone(),
+    // It measures the whole process's address space.
+    rdmareg_backend::own_process::in_own_process(|| {
+        let rt = runtime();
+        let config = config(Provider::Tcp);
+        let owner = OfiEngine::start(
+            config
+                .clone()
+                .with_unreachable_after(Duration::from_secs(30)),
+        )
+        .expect("owner starts");
+        let o = owner.backend();
+        let len = 256usize << 10;
+        let src = Memory::filled(len, 0x44);
+        let src_region = src.map(&rt, &o);
+        let key = PackedKey::decode(&src_region.packed_key).unwrap();
+        let mut attacker = RawPeer::open(&config);
+        let to_owner = attacker.insert(&owner.fabric_address());
+        attacker.progress_for(Duration::from_millis(200));
+        let before = resident();
+        let mut id = 1;
+        for address in 0..16u16 {
+            let reply_to = loopback(30_000 + address);
+            for _ in 0..64 {
+                let wire = ListRequest {
+                    request_id: id,
+                    entries: (0..16u64)
+                        .map(|i| ListEntry {
+                            region_id: key.region_id,
+                            capability: key.capability,
+                            address: src.addr() as u64 + i * (16 << 10),
+                            length: 16 << 10,
+                        })
+                        .collect(),
+                    reply_to: reply_to.clone(),
+                }
+                .encode();
+                attacker.send(to_owner, REQUEST_TAG, wire);
+                id += 1;
+                attacker.poll();
             }
-            .encode();
-            attacker.send(to_owner, REQUEST_TAG, wire);
-            id += 1;
-            attacker.poll();
         }
-    }
-    attacker.progress_for(Duration::from_secs(2));
-    let grown = resident().saturating_sub(before);
-    let unmapped = rt.block_on(o.unmap(src_region.backend_region_id));
-    drop(attacker);
-    owner.shutdown_blocking();
-    src.free_after(unmapped.is_ok());
-    eprintln!("the owner's process grew by {} MiB", grown >> 20);
-    assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
-    assert_eq!(unmapped, Ok(()));
-    assert_eq!(owner.live_registrations(), 0);
+        attacker.progress_for(Duration::from_secs(2));
+        let grown = resident().saturating_sub(before);
+        let unmapped = rt.block_on(o.unmap(src_region.backend_region_id));
+        drop(attacker);
+        owner.shutdown_blocking();
+        src.free_after(unmapped.is_ok());
+        eprintln!("the owner's process grew by {} MiB", grown >> 20);
+        assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
+        assert_eq!(unmapped, Ok(()));
+        assert_eq!(owner.live_registrations(), 0);
+    });
 }
 
 /// Attack: a consumer that asks for large reads and never receives their

@@ -13,60 +13,63 @@ use super::*;
 /// may grow by less than 128 MiB).
 #[test]
 fn overlong_replies_of_a_hostile_owner_leave_the_consumer_no_memory_behind() {
-    let rt = runtime();
-    let config = config(Provider::Tcp);
-    let mut owner = RawPeer::open(&config);
-    let consumer = OfiEngine::start(config).expect("consumer starts");
-    consumer.add_peer(PeerId(1), owner.address()).unwrap();
-    let c = consumer.backend();
-    let len = 8usize << 20;
-    let dst = Memory::filled(len, 0);
-    let dst_region = dst.map(&rt, &c);
-    let key = raw_owner_key(owner.address(), len as u64);
-    let to_consumer = owner.insert(&consumer.fabric_address());
-    let before = virtual_size();
-    let mut answers = Vec::new();
-    for _ in 0..32 {
-        let read = rt.spawn({
-            let c = c.clone();
-            let request = get(
-                PeerId(1),
-                &key,
-                0x10_0000,
-                &dst_region,
-                0,
-                len as u64,
-                Duration::from_secs(10),
+    // It measures the whole process's address space.
+    rdmareg_backend::own_process::in_own_process(|| {
+        let rt = runtime();
+        let config = config(Provider::Tcp);
+        let mut owner = RawPeer::open(&config);
+        let consumer = OfiEngine::start(config).expect("consumer starts");
+        consumer.add_peer(PeerId(1), owner.address()).unwrap();
+        let c = consumer.backend();
+        let len = 8usize << 20;
+        let dst = Memory::filled(len, 0);
+        let dst_region = dst.map(&rt, &c);
+        let key = raw_owner_key(owner.address(), len as u64);
+        let to_consumer = owner.insert(&consumer.fabric_address());
+        let before = virtual_size();
+        let mut answers = Vec::new();
+        for _ in 0..32 {
+            let read = rt.spawn({
+                let c = c.clone();
+                let request = get(
+                    PeerId(1),
+                    &key,
+                    0x10_0000,
+                    &dst_region,
+                    0,
+                    len as u64,
+                    Duration::from_secs(10),
+                );
+                // SAFETY: nothing touches the destination until answered.
+                async move { unsafe { c.get(request) }.await }
+            });
+            let request = ReadRequest::decode(&owner.take_request()).expect("a single read");
+            let sent = owner.send(to_consumer, request.request_id, vec![0xAB; len + 1]);
+            assert!(
+                matches!(owner.wait(sent), Some(Ended::Done { .. })),
+                "overlong reply sent"
             );
-            // SAFETY: nothing touches the destination until answered.
-            async move { unsafe { c.get(request) }.await }
-        });
-        let request = ReadRequest::decode(&owner.take_request()).expect("a single read");
-        let sent = owner.send(to_consumer, request.request_id, vec![0xAB; len + 1]);
-        assert!(
-            matches!(owner.wait(sent), Some(Ended::Done { .. })),
-            "overlong reply sent"
+            answers.push(rt.block_on(read).expect("the read task"));
+        }
+        drop(owner);
+        let grown = virtual_size().saturating_sub(before);
+        let unmapped = rt.block_on(c.unmap(dst_region.backend_region_id));
+        consumer.shutdown_blocking();
+        dst.free_after(unmapped.is_ok());
+        eprintln!(
+            "the consumer's process grew by {} MiB of address space",
+            grown >> 20
         );
-        answers.push(rt.block_on(read).expect("the read task"));
-    }
-    drop(owner);
-    let grown = virtual_size().saturating_sub(before);
-    let unmapped = rt.block_on(c.unmap(dst_region.backend_region_id));
-    consumer.shutdown_blocking();
-    dst.free_after(unmapped.is_ok());
-    eprintln!(
-        "the consumer's process grew by {} MiB of address space",
-        grown >> 20
-    );
-    for answer in &answers {
-        assert!(
-            matches!(answer, Err(RdmaError::Backend(_))),
-            "answered {answer:?}"
-        );
-    }
-    assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
-    assert_eq!(unmapped, Ok(()));
-    assert_eq!(consumer.live_registrations(), 0);
+        for answer in &answers {
+            assert!(
+                matches!(answer, Err(RdmaError::Backend(_))),
+                "answered {answer:?}"
+            );
+        }
+        assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
+        assert_eq!(unmapped, Ok(()));
+        assert_eq!(consumer.live_registrations(), 0);
+    });
 }
 
 /// Attack: a hostile owner takes 32 requests for 8 MiB and never answers.
@@ -77,51 +80,54 @@ fn overlong_replies_of_a_hostile_owner_leave_the_consumer_no_memory_behind() {
 /// than 128 MiB.
 #[test]
 fn an_owner_that_never_answers_cannot_make_its_consumer_hoard_scratch_memory() {
-    let rt = runtime();
-    let config = config(Provider::Tcp);
-    let mut owner = RawPeer::open(&config);
-    let consumer = OfiEngine::start(config).expect("consumer starts");
-    consumer.add_peer(PeerId(1), owner.address()).unwrap();
-    let c = consumer.backend();
-    let len = 8usize << 20;
-    let dst = Memory::filled(len, 0);
-    let dst_region = dst.map(&rt, &c);
-    let key = raw_owner_key(owner.address(), len as u64);
-    let before = virtual_size();
-    let mut answers = Vec::new();
-    for _ in 0..32 {
-        let read = rt.spawn({
-            let c = c.clone();
-            let request = get(
-                PeerId(1),
-                &key,
-                0x10_0000,
-                &dst_region,
-                0,
-                len as u64,
-                Duration::from_millis(100),
-            );
-            // SAFETY: nothing touches the destination until answered.
-            async move { unsafe { c.get(request) }.await }
-        });
-        ReadRequest::decode(&owner.take_request()).expect("a single read");
-        answers.push(rt.block_on(read).expect("the read task"));
-    }
-    let grown = virtual_size().saturating_sub(before);
-    let unmapped = rt.block_on(c.unmap(dst_region.backend_region_id));
-    drop(owner);
-    consumer.shutdown_blocking();
-    dst.free_after(unmapped.is_ok());
-    eprintln!(
-        "the consumer's process grew by {} MiB of address space",
-        grown >> 20
-    );
-    for answer in &answers {
-        assert_eq!(answer, &Err(RdmaError::Timeout));
-    }
-    assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
-    assert_eq!(unmapped, Ok(()));
-    assert_eq!(consumer.live_registrations(), 0);
+    // It measures the whole process's address space.
+    rdmareg_backend::own_process::in_own_process(|| {
+        let rt = runtime();
+        let config = config(Provider::Tcp);
+        let mut owner = RawPeer::open(&config);
+        let consumer = OfiEngine::start(config).expect("consumer starts");
+        consumer.add_peer(PeerId(1), owner.address()).unwrap();
+        let c = consumer.backend();
+        let len = 8usize << 20;
+        let dst = Memory::filled(len, 0);
+        let dst_region = dst.map(&rt, &c);
+        let key = raw_owner_key(owner.address(), len as u64);
+        let before = virtual_size();
+        let mut answers = Vec::new();
+        for _ in 0..32 {
+            let read = rt.spawn({
+                let c = c.clone();
+                let request = get(
+                    PeerId(1),
+                    &key,
+                    0x10_0000,
+                    &dst_region,
+                    0,
+                    len as u64,
+                    Duration::from_millis(100),
+                );
+                // SAFETY: nothing touches the destination until answered.
+                async move { unsafe { c.get(request) }.await }
+            });
+            ReadRequest::decode(&owner.take_request()).expect("a single read");
+            answers.push(rt.block_on(read).expect("the read task"));
+        }
+        let grown = virtual_size().saturating_sub(before);
+        let unmapped = rt.block_on(c.unmap(dst_region.backend_region_id));
+        drop(owner);
+        consumer.shutdown_blocking();
+        dst.free_after(unmapped.is_ok());
+        eprintln!(
+            "the consumer's process grew by {} MiB of address space",
+            grown >> 20
+        );
+        for answer in &answers {
+            assert_eq!(answer, &Err(RdmaError::Timeout));
+        }
+        assert!(grown < 128 << 20, "grew by {} MiB", grown >> 20);
+        assert_eq!(unmapped, Ok(()));
+        assert_eq!(consumer.live_registrations(), 0);
+    });
 }
 
 /// Guard: a hostile owner's answers to single reads — short, a refusal
