@@ -72,7 +72,7 @@ const BUILD_DEPENDENCIES: &[(&str, &str)] = &[
 /// Text each safety patch adds to `libuct.so`, with the patch's file name:
 /// their presence shows the installed library was built from the patched
 /// source.
-const PATCH_MARKERS: [(&str, &str); 2] = [
+const PATCH_MARKERS: [(&str, &str); 3] = [
     (
         "0001-tcp-refuse-put-requests-when-put-is-disabled.patch",
         "but PUT is disabled on this interface",
@@ -80,6 +80,10 @@ const PATCH_MARKERS: [(&str, &str); 2] = [
     (
         "0004-tcp-refuse-frames-longer-than-the-receive-segment.patch",
         "longer than this interface receives",
+    ),
+    (
+        "0005-tcp-keep-the-listener-on-accept-errors-and-close-idle-accepts.patch",
+        "ACCEPT_HANDSHAKE_TIMEOUT",
     ),
 ];
 
@@ -333,7 +337,7 @@ pub fn verify(ucx: &Ucx) -> Result<String> {
         }
     }
     Ok(format!(
-        "UCX built from source at {} (ucx_info -b):\n{proof}  {} carries the PUT-refusal and frame-length patches",
+        "UCX built from source at {} (ucx_info -b):\n{proof}  {} carries the PUT-refusal, frame-length and accept patches",
         ucx.prefix.display(),
         libuct.display()
     ))

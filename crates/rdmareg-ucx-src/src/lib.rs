@@ -445,6 +445,21 @@ mod tests {
     }
 
     #[test]
+    fn the_accept_patch_is_among_the_patches() {
+        let patches = patches().unwrap();
+        let accept = patches
+            .iter()
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().contains("accept-errors"))
+            })
+            .expect("the accept patch is vendored");
+        let text = fs::read_to_string(accept).unwrap();
+        assert!(text.contains("ACCEPT_HANDSHAKE_TIMEOUT"));
+        assert!(text.contains("uct_tcp_iface_accept_errno_is_resource"));
+    }
+
+    #[test]
     fn the_build_key_changes_with_the_configure_arguments() {
         let with = build_key(STATIC_CONFIGURE_ARGS).unwrap();
         let without = build_key(&STATIC_CONFIGURE_ARGS[1..]).unwrap();
