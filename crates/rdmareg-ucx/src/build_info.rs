@@ -1,6 +1,8 @@
 //! What the linked UCX was built with: its transport components and the
 //! memory domains each one finds on this machine (what `ucx_info -d` lists
-//! first), and whether it is the static build of the `vendored` feature.
+//! first), and whether it is the static build of the `vendored` feature;
+//! and the process's open-file limits ([`open_file_limit`]), which the
+//! engine raises when it starts ([`raise_open_file_limit`]).
 //!
 //! This is how a service proves its UCX can drive InfiniBand or RoCE: the
 //! `ib` component (verbs and mlx5) and the `rdmacm` component must be in
@@ -9,6 +11,7 @@
 
 use std::ffi::CStr;
 use std::os::raw::c_char;
+use std::sync::OnceLock;
 
 use rdmareg_core::RdmaError;
 use ucx_sys::uct;
@@ -108,6 +111,110 @@ fn query(handle: uct::uct_component_h) -> Result<Component, RdmaError> {
     })
 }
 
+/// The process's `RLIMIT_NOFILE`: how many file descriptors it may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFileLimit {
+    /// The soft limit, which `open`, `socket` and `accept` fail at
+    /// (`EMFILE`).
+    pub soft: u64,
+    /// The hard limit: the highest the soft limit can be raised to without
+    /// privilege.
+    pub hard: u64,
+}
+
+/// The process's open-file limit as it is now.
+///
+/// # Errors
+/// [`RdmaError::Backend`] with the OS error when `getrlimit` fails.
+pub fn open_file_limit() -> Result<OpenFileLimit, RdmaError> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid, writable rlimit for the call's duration.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(RdmaError::Backend(format!(
+            "getrlimit(RLIMIT_NOFILE): {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(OpenFileLimit {
+        soft: limit.rlim_cur,
+        hard: limit.rlim_max,
+    })
+}
+
+/// What [`raise_open_file_limit`] found and left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFileLimitRaise {
+    /// The limit before the engine raised it.
+    pub before: OpenFileLimit,
+    /// The limit after: the soft limit equals the hard one, unless the OS
+    /// refused (then it is `before`).
+    pub after: OpenFileLimit,
+}
+
+/// Raises the process's soft `RLIMIT_NOFILE` to its hard limit, once per
+/// process; later calls return the first call's result. Every engine calls
+/// it as it starts.
+///
+/// Every connection a peer opens to an engine's tcp listener costs a
+/// descriptor, and so does every other socket and file of the process; at
+/// the soft limit `accept` fails with `EMFILE`. The patched UCX keeps its
+/// listener through that and retries, but nothing is accepted meanwhile,
+/// so the limit is raised as far as the process may raise it itself. The
+/// limits before and after are logged once and can be read here.
+///
+/// # Errors
+/// [`RdmaError::Backend`] when the limit cannot be read; a refused raise is
+/// not an error (it is logged, and `after` equals `before`).
+pub fn raise_open_file_limit() -> Result<OpenFileLimitRaise, RdmaError> {
+    static RAISED: OnceLock<Result<OpenFileLimitRaise, RdmaError>> = OnceLock::new();
+    RAISED.get_or_init(raise_once).clone()
+}
+
+fn raise_once() -> Result<OpenFileLimitRaise, RdmaError> {
+    let before = open_file_limit()?;
+    if before.soft >= before.hard {
+        tracing::info!(
+            soft = before.soft,
+            hard = before.hard,
+            "open-file limit (RLIMIT_NOFILE) already at its hard limit"
+        );
+        return Ok(OpenFileLimitRaise {
+            before,
+            after: before,
+        });
+    }
+    let raised = libc::rlimit {
+        rlim_cur: before.hard,
+        rlim_max: before.hard,
+    };
+    // SAFETY: `raised` is a valid rlimit; raising the soft limit up to the
+    // hard one needs no privilege and touches nothing but this process's
+    // limit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        tracing::warn!(
+            soft = before.soft,
+            hard = before.hard,
+            error = %std::io::Error::last_os_error(),
+            "cannot raise the open-file limit (RLIMIT_NOFILE) to its hard limit"
+        );
+        return Ok(OpenFileLimitRaise {
+            before,
+            after: before,
+        });
+    }
+    let after = open_file_limit()?;
+    tracing::info!(
+        soft_before = before.soft,
+        soft = after.soft,
+        hard = after.hard,
+        "raised the open-file limit (RLIMIT_NOFILE) to its hard limit"
+    );
+    Ok(OpenFileLimitRaise { before, after })
+}
+
 /// A fixed-size C name: up to its first NUL, or the whole array.
 fn c_name(raw: &[c_char]) -> String {
     let bytes: Vec<u8> = raw
@@ -150,6 +257,12 @@ mod tests {
         let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
         let major_minor = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
         assert!(major_minor >= (1, 22), "{version}");
+    }
+
+    #[test]
+    fn the_open_file_limit_reads_a_soft_limit_within_the_hard_one() {
+        let limit = open_file_limit().unwrap();
+        assert!(limit.soft > 0 && limit.soft <= limit.hard, "{limit:?}");
     }
 
     #[test]

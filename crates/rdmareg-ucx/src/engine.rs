@@ -203,7 +203,9 @@ pub struct UcxEngine {
 impl UcxEngine {
     /// Starts the progress thread, which creates the UCX context and worker.
     ///
-    /// Blocks until the thread has either started or failed.
+    /// Blocks until the thread has either started or failed. The first
+    /// engine of a process raises its soft open-file limit to the hard one
+    /// ([`build_info::raise_open_file_limit`](crate::build_info::raise_open_file_limit)).
     ///
     /// # Errors
     /// [`RdmaError::Backend`] when the configuration is invalid or UCX refuses
@@ -212,6 +214,11 @@ impl UcxEngine {
         config
             .validate()
             .map_err(|e| RdmaError::Backend(format!("ucx: invalid engine configuration: {e}")))?;
+        // Peers' connections cost this process descriptors: take all it may
+        // have (see `build_info::raise_open_file_limit`).
+        if let Err(err) = crate::build_info::raise_open_file_limit() {
+            tracing::warn!(error = %err, "cannot read the open-file limit");
+        }
         let doorbell = Doorbell::new()
             .map_err(|e| RdmaError::Backend(format!("ucx: creating the doorbell eventfd: {e}")))?;
         let signals = Arc::new(Signals {
