@@ -132,7 +132,8 @@ pub struct DemoArgs {
     pub accept_timeout: Option<Duration>,
     /// Serve this process's registry metrics at http://ADDR/metrics
     /// (Prometheus text format) while it runs. Without --listen/--connect,
-    /// the metrics are the consumer's.
+    /// the metrics are the consumer's. At most 64 connections are served
+    /// at a time; more wait in the listen backlog.
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
 }

@@ -41,6 +41,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::registry::{GET_LATENCY_BUCKETS, LatencyHistogram, RdmaRegistry, RegistryMetrics};
@@ -281,10 +282,22 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 const MAX_REQUEST_HEAD: usize = 8 * 1024;
 /// How long a client may take to send its request head.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may last in all, answer included.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A small HTTP server answering `GET /metrics` (anything else is 404, a
 /// method other than `GET`/`HEAD` is 405), one request per connection. It
 /// runs on the Tokio runtime it was started from and stops when dropped.
+///
+/// # Bounds
+///
+/// It holds at most [`MetricsServer::MAX_CONNECTIONS`] connections at a
+/// time, each for at most 10 s (5 s to send the request head). While that
+/// many are open it accepts nothing: further clients wait in the kernel's
+/// listen backlog, which holds no descriptor of this process, until a
+/// connection ends. A flood of idle connections can delay scrapes by those
+/// bounds, but cannot take more than that many of the process's file
+/// descriptors from the UCX listener that peers connect to.
 #[derive(Debug)]
 pub struct MetricsServer {
     local_addr: SocketAddr,
@@ -292,6 +305,10 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
+    /// Most connections the server holds open at a time (see the type's
+    /// docs).
+    pub const MAX_CONNECTIONS: usize = 64;
+
     /// Bind `addr` and serve `prometheus` there.
     ///
     /// # Errors
@@ -300,15 +317,31 @@ impl MetricsServer {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
         let prometheus = Arc::new(prometheus);
+        let slots = Arc::new(Semaphore::new(Self::MAX_CONNECTIONS));
         let task = tokio::spawn(async move {
             loop {
+                // A slot first, then the accept: at the bound, clients wait
+                // in the listen backlog, not in this process's descriptors.
+                let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+                    return;
+                };
                 match listener.accept().await {
                     Ok((stream, _)) => {
                         let prometheus = Arc::clone(&prometheus);
                         tokio::spawn(async move {
-                            if let Err(error) = answer(stream, &prometheus).await {
-                                tracing::debug!(%error, "metrics request failed");
+                            let answered = tokio::time::timeout(
+                                CONNECTION_TIMEOUT,
+                                answer(stream, &prometheus),
+                            )
+                            .await;
+                            match answered {
+                                Ok(Err(error)) => {
+                                    tracing::debug!(%error, "metrics request failed");
+                                }
+                                Err(_) => tracing::debug!("metrics connection timed out"),
+                                Ok(Ok(())) => {}
                             }
+                            drop(slot);
                         });
                     }
                     Err(error) => {
