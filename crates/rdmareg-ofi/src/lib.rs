@@ -62,14 +62,14 @@
 //!   A receive cancelled at its deadline is followed by one into scratch
 //!   memory that takes the owner's late reply, so the owner's lease ends.
 //!
-//! # What is measured
+//! # What the tests hold
 //!
-//! `examples/close_mid_read.rs`, 64 MiB read, the owner unmapping 2–10 ms
-//! into it and then overwriting the source: with owner-served reads no byte
-//! is copied after the unmap answered, on `tcp` and `shm` (the unmap waits
-//! 17–300 ms for the reply in flight); with one-sided `fi_read` 21–56 MiB
-//! were. `tests/owner_served.rs` asserts this, and that stale and forged
-//! keys are refused on both providers.
+//! With owner-served reads, no byte is copied from a region after its
+//! unmap returned, on `tcp` and `shm`: the unmap waits for the reply in
+//! flight. One-sided `fi_read` does not hold this on those providers.
+//! `tests/owner_served.rs` asserts it, and that stale and forged keys are
+//! refused on both providers; `examples/close_mid_read.rs` shows it on a
+//! 64 MiB read.
 //!
 //! # Not covered
 //!
@@ -82,9 +82,8 @@
 //!   finds it: a peer no message can be sent to for
 //!   [`OfiConfig::unreachable_after`], 1 s by default, is declared
 //!   unreachable and its reads answer
-//!   [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend) saying so —
-//!   measured 1.0–1.1 s after a SIGKILL, where the read's 20 s deadline
-//!   ended it before.)
+//!   [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend) saying so,
+//!   well before the read's own deadline.)
 
 #[cfg(test)]
 mod adversarial_peers;

@@ -60,17 +60,16 @@ pub struct RdmaConfig {
     ///
     /// The window grows by the GET's expected duration at 5 GB/s (a little
     /// below local tcp), up to 200 µs (or this base, if larger). A small GET
-    /// over shared memory completes in about 2 µs, while waking a task that
-    /// went to sleep costs 15–30 µs on a virtual machine; polling keeps a
-    /// lone GET close to raw UCX. Each turn of the loop yields the CPU, so a
-    /// progress thread sharing it is not starved. It never polls while other
-    /// transfers are in flight, and a GET that outlasts the window costs at
-    /// most the window in CPU. While it polls, its task polls nothing else:
-    /// futures joined in one task behind it wait, so issue concurrent GETs
-    /// from separate tasks. Zero turns polling off: lone reads of 1 MiB and
-    /// more over tcp measured steadier that way (the spinning caller takes
-    /// CPU from the loops streaming the reply), and smaller ones slower
-    /// (`docs/benchmarks.md`).
+    /// over shared memory completes in less time than waking a task that
+    /// went to sleep takes, so polling keeps a lone GET close to raw UCX.
+    /// Each turn of the loop yields the CPU, so a progress thread sharing it
+    /// is not starved. It never polls while other transfers are in flight,
+    /// and a GET that outlasts the window costs at most the window in CPU.
+    /// While it polls, its task polls nothing else: futures joined in one
+    /// task behind it wait, so issue concurrent GETs from separate tasks.
+    /// Zero turns polling off, which suits services whose reads are large
+    /// and whose CPUs are few: the spinning caller then takes no CPU from
+    /// the progress threads streaming the reply.
     pub get_busy_poll: Duration,
     /// The pinned pool.
     pub pool: PoolConfig,

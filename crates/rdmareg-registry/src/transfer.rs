@@ -137,11 +137,10 @@ async fn get_timed(
 }
 
 /// Bytes per microsecond a busy-polled GET is assumed to move (5 GB/s,
-/// below what tcp moves between processes of one host, 6-7 GB/s): the poll
-/// window grows by the transfer's expected duration, so a lone GET or list
-/// of up to about 1 MiB completes without a wake-up on any local lane. At
-/// 10 GB/s (shared-memory speed) a 1 MiB tcp read outlasted its window and
-/// slept: 201-209 µs against 157-177 µs with this rate (docs/benchmarks.md).
+/// below what tcp moves between processes of one host): the poll window
+/// grows by the transfer's expected duration, so a lone GET or list of up
+/// to about 1 MiB completes without a wake-up on any local lane. A faster
+/// rate would let a tcp read outlast its window and sleep.
 const BUSY_POLL_BYTES_PER_MICROSECOND: u64 = 5_000;
 /// Longest busy-poll window, whatever the size: past it a wake-up costs
 /// under a tenth of the transfer.

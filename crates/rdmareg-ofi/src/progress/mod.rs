@@ -178,9 +178,8 @@ pub(crate) const GATHERED_BYTES_MAX: usize = 64 << 20;
 pub(crate) const DISCARD_BYTES_PER_PEER: usize = 64 << 20;
 /// The longest gathered reply a consumer on `shm` asks for: the provider's
 /// inject size (`SMR_INJECT_SIZE` in libfabric 1.17). A longer message
-/// takes `shm`'s copy protocols, which need both sides' progress; measured
-/// here, lists of 16 × 4 KiB then moved 64–303 MiB/s against 306–1124 as
-/// separate inject-sized reads.
+/// takes `shm`'s copy protocols, which need both sides' progress and are
+/// slower for lists of small reads than separate inject-sized replies.
 const SHM_GATHER_REPLY_MAX: usize = 4096;
 
 /// One spelling of a validated reply address: the bytes a provider ignores
