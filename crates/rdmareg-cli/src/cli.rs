@@ -294,6 +294,11 @@ pub struct ServeArgs {
     /// Run limits: GET deadline and teardown bound.
     #[command(flatten)]
     pub limits: LimitArgs,
+    /// Serve this process's registry metrics at http://ADDR/metrics
+    /// (Prometheus text format) while it runs. At most 64 connections are
+    /// served at a time; more wait in the listen backlog.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// `rdmareg fetch`.
@@ -324,6 +329,11 @@ pub struct FetchArgs {
     /// Run limits: GET deadline and teardown bound.
     #[command(flatten)]
     pub limits: LimitArgs,
+    /// Serve this process's registry metrics at http://ADDR/metrics
+    /// (Prometheus text format) while it runs. At most 64 connections are
+    /// served at a time; more wait in the listen backlog.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Parse `4096`, `4K`, `1M`, `2G` (binary multiples). Zero is refused.
@@ -564,6 +574,37 @@ mod tests {
         };
         assert_eq!(args.etcd.etcd, ["h:1", "h:2"]);
         assert_eq!(args.names, ["a.0", "b.1"]);
+        assert_eq!(args.metrics_addr, None);
+    }
+
+    #[test]
+    fn serve_and_fetch_take_a_metrics_address() {
+        let serve = ["rdmareg", "serve", "--etcd", "h:1", "--name", "a"];
+        let Cli {
+            command: Command::Serve(args),
+            ..
+        } = Cli::try_parse_from(serve.iter().chain(&["--metrics-addr", "127.0.0.1:9464"])).unwrap()
+        else {
+            panic!("not a serve command");
+        };
+        assert_eq!(args.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
+        let Cli {
+            command: Command::Fetch(args),
+            ..
+        } = Cli::try_parse_from([
+            "rdmareg",
+            "fetch",
+            "--etcd",
+            "h:1",
+            "--metrics-addr",
+            "[::1]:9100",
+            "a.0",
+        ])
+        .unwrap()
+        else {
+            panic!("not a fetch command");
+        };
+        assert_eq!(args.metrics_addr, Some("[::1]:9100".parse().unwrap()));
     }
 
     #[test]

@@ -348,3 +348,46 @@ fn fetch_against_an_unreachable_etcd_is_one_clear_error() {
         "{stderr}"
     );
 }
+
+/// `serve`, the process that stays up, exports its registry's metrics like
+/// `demo` does: the page counts the pool bytes its two ranges hold.
+#[test]
+fn serve_exports_its_registry_metrics() {
+    use std::io::{Read, Write};
+    let etcd = EtcdServer::start().unwrap();
+    let mut child = rdmareg()
+        .args(["serve", "--etcd", &etcd.url(), "--name", "metered"])
+        .args(["--net-devices", "lo", "--count", "2", "--size", "64K"])
+        .args(["--duration", "30s", "--metrics-addr", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rdmareg serve starts");
+    let stderr = child.stderr.take().expect("piped");
+    let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
+    let address = lines
+        .find_map(|line| {
+            line.strip_prefix("metrics at http://")
+                .and_then(|rest| rest.strip_suffix("/metrics"))
+                .map(str::to_owned)
+        })
+        .expect("serve says where its metrics are");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let page = loop {
+        let mut stream = std::net::TcpStream::connect(&address).expect("metrics port connects");
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("request sent");
+        let mut page = String::new();
+        stream.read_to_string(&mut page).expect("page read");
+        // The ranges are allocated once the node has started.
+        if page.contains("rdmareg_pool_bytes_in_use 131072") || Instant::now() > deadline {
+            break page;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("rdmareg_pool_bytes_in_use 131072"), "{page}");
+}

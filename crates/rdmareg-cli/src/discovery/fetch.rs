@@ -62,6 +62,7 @@ struct View {
 
 /// Run the consumer.
 pub async fn run(args: FetchArgs) -> anyhow::Result<()> {
+    let _metrics = crate::metrics::serve(args.metrics_addr).await?;
     let bounds = Bounds::new(&args.limits);
     let config = etcd_config(&args.etcd);
     let directory = Directory::connect(&config)

@@ -21,6 +21,7 @@ use crate::pattern;
 
 /// Run the owner until SIGINT, SIGTERM or `--duration`.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let _metrics = crate::metrics::serve(args.metrics_addr).await?;
     let bounds = Bounds::new(&args.limits);
     let total = args.size.saturating_mul(u64::from(args.count));
     let node = Node::start(
