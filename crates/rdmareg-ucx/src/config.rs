@@ -22,6 +22,21 @@
 //! 4. `TCP_PUT_ENABLE=n` wins over the environment: UCX's tcp PUT lets a
 //!    peer write anywhere in the process and the engine never uses it (see
 //!    `docs/safety.md`); only [`UcxConfig::extra`] undoes it.
+//! 5. No shared memory another user can open, whatever anything above
+//!    says: the transport list always leaves out System V shared memory
+//!    (`sysv`), and posix shared memory is always shared through
+//!    `/proc/<pid>/fd` (`POSIX_USE_PROC_LINK=y`). UCX creates System V
+//!    segments with mode `0660`, so every member of the owner's group
+//!    could attach its receive FIFO, whose elements hold raw pointers the
+//!    owner follows; a posix segment is created `0600` and reached only
+//!    through the owner's `/proc/<pid>/fd`, which only a process allowed
+//!    to ptrace the owner opens. [`Transport::Auto`] therefore runs with
+//!    `TLS=^sysv` (every transport but that one), or with the
+//!    environment's `UCX_TLS` minus `sysv`; a list that named `sysv`,
+//!    itself or through UCX's `shm`, `sm` or `mm` aliases, is used without
+//!    it and the engine logs one warning; a list with nothing left fails
+//!    [`UcxEngine::start`](crate::UcxEngine::start). A `UCX_TLS` in a UCX
+//!    configuration file is not consulted.
 //!
 //! Memory hooks stay off by default because UCX would otherwise interpose on
 //! `malloc`/`munmap` in a Rust process to keep its registration cache
@@ -50,14 +65,17 @@ pub enum Transport {
     /// large replies are pulled with cma (`process_vm_readv`) by the
     /// consumer's UCX while the owner holds them leased.
     SameHost,
-    /// Pure shared memory (`UCX_TLS=shm`) with peer error handling **off**.
+    /// Pure shared memory (`UCX_TLS=posix,cma`: posix shared memory, shared
+    /// through `/proc/<pid>/fd`, for messages and cma for data; never System
+    /// V segments, see the module docs) with peer error handling **off**.
     ///
     /// UCX refuses peer error handling on these lanes, so this option gives up
     /// dead-peer detection: a GET to a peer that died fails with an I/O error
     /// or runs into its deadline, and endpoint failures are never reported.
     /// Opt in only where that is acceptable.
     SharedMemoryNoErrorHandling,
-    /// An explicit `UCX_TLS` value, with peer error handling on.
+    /// An explicit `UCX_TLS` value, with peer error handling on (and
+    /// without System V shared memory, see the module docs).
     Custom {
         /// The comma-separated transport list, as `UCX_TLS` spells it.
         tls: String,
@@ -75,7 +93,7 @@ impl Transport {
             Transport::Auto => None,
             Transport::Tcp => Some("tcp"),
             Transport::SameHost => Some("tcp,cma"),
-            Transport::SharedMemoryNoErrorHandling => Some("shm"),
+            Transport::SharedMemoryNoErrorHandling => Some("posix,cma"),
             Transport::Custom { tls } => Some(tls),
         }
     }
@@ -328,8 +346,8 @@ impl UcxConfig {
         self.direct_read_settings(environment_sets)
     }
 
-    /// The UCX key/values this configuration applies, in order, given which
-    /// `UCX_<KEY>` variables the environment sets.
+    /// The UCX key/values this configuration applies, in order, given the
+    /// environment's `UCX_<KEY>` values (`env("TLS")` is `UCX_TLS`).
     ///
     /// `TCP_PUT_ENABLE=n` is always among them (only [`Self::extra`] can
     /// undo it). UCX's tcp transport writes the payload of a PUT frame
@@ -340,12 +358,31 @@ impl UcxConfig {
     /// `cargo xtask ucx --from-source` builds refuses PUT frames from peers
     /// that drive UCT directly. An unpatched UCX (the `libucx-cu12` wheel, a
     /// site build) still carries such frames out: see `docs/safety.md`.
-    pub(crate) fn ucx_settings(&self, env_sets: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+    ///
+    /// `TLS` (without `sysv`) and `POSIX_USE_PROC_LINK=y` come last, after
+    /// [`Self::extra`]: nothing undoes them (module docs, point 5).
+    ///
+    /// # Errors
+    /// When the transport list has nothing left once `sysv` is taken out.
+    pub(crate) fn ucx_settings(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<UcxSettings, String> {
+        self.ucx_settings_with(env, &linked_ucx_has)
+    }
+
+    /// [`Self::ucx_settings`], with `has` saying which of the optional
+    /// shared-memory transports (`xpmem`, `knem`) the UCX in use has: an
+    /// alias spelled out names only those (UCX warns about a transport
+    /// named outright that it lacks, never about one an alias names).
+    fn ucx_settings_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+        has: &dyn Fn(&str) -> bool,
+    ) -> Result<UcxSettings, String> {
+        let env_sets = |key: &str| env(key).is_some();
         let mut out: Vec<(String, String)> = Vec::new();
         let mut set = |k: &str, v: &str| out.push((k.to_owned(), v.to_owned()));
-        if let Some(tls) = self.transport.tls() {
-            set("TLS", tls);
-        }
         let wants_invalidation = matches!(self.transport, Transport::SameHost)
             || (matches!(self.transport, Transport::Auto | Transport::Custom { .. })
                 && !env_sets("CMA_MEMORY_INVALIDATE"));
@@ -380,10 +417,33 @@ impl UcxConfig {
         // (`cargo xtask ucx --from-source`) also refuses PUT frames from raw
         // UCT peers; an unpatched UCX still carries them out.
         set("TCP_PUT_ENABLE", "n");
-        for (k, v) in &self.extra {
+        let is_tls = |key: &str| key.eq_ignore_ascii_case("TLS");
+        for (k, v) in self.extra.iter().filter(|(k, _)| !is_tls(k)) {
             set(k, v);
         }
-        out
+        let (source, requested) = match self.extra.iter().rev().find(|(k, _)| is_tls(k)) {
+            Some((_, tls)) => ("UcxConfig::extra's TLS", Some(tls.clone())),
+            None => match self.transport.tls() {
+                Some(tls) => ("the transport's TLS", Some(tls.to_owned())),
+                None => ("UCX_TLS", env("TLS")),
+            },
+        };
+        let tls = tls_without_sysv(requested.as_deref(), has)
+            .map_err(|why| format!("{source}: {why}"))?;
+        set("TLS", &tls.value);
+        set("POSIX_USE_PROC_LINK", "y");
+        let overridden = tls.named_sysv.then(|| {
+            format!(
+                "{source}={:?} names System V shared memory, whose segments every member of \
+                 this process's group can open; using TLS={} instead",
+                requested.unwrap_or_default(),
+                tls.value
+            )
+        });
+        Ok(UcxSettings {
+            pairs: out,
+            overridden,
+        })
     }
 
     /// Whether owner-served reads may go in pieces over tcp
@@ -448,8 +508,10 @@ impl UcxConfig {
     }
 
     /// [`Self::ucx_settings`] against the real process environment.
-    pub(crate) fn ucx_settings_from_env(&self) -> Vec<(String, String)> {
-        self.ucx_settings(environment_sets)
+    pub(crate) fn ucx_settings_from_env(&self) -> Result<UcxSettings, String> {
+        self.ucx_settings(|key| {
+            std::env::var_os(format!("UCX_{key}")).map(|value| value.to_string_lossy().into_owned())
+        })
     }
 
     /// Refuse settings the engine cannot run with.
@@ -472,13 +534,148 @@ impl UcxConfig {
         if let Some(cpus) = &self.progress_cpus {
             crate::affinity::validate(cpus)?;
         }
-        for (k, v) in self.ucx_settings(|_| false) {
+        for (k, v) in self.ucx_settings(|_| None)?.pairs {
             if k.is_empty() || k.contains('\0') || v.contains('\0') {
                 return Err(format!("invalid UCX setting {k:?}={v:?}"));
             }
         }
         Ok(())
     }
+}
+
+/// What [`UcxConfig::ucx_settings`] gives the engine's UCX context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UcxSettings {
+    /// Keys (without `UCX_`) and values, applied in order.
+    pub(crate) pairs: Vec<(String, String)>,
+    /// One line for the log when a transport list that named System V
+    /// shared memory was used without it.
+    pub(crate) overridden: Option<String>,
+}
+
+/// A transport list without System V shared memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TlsWithoutSysv {
+    /// What `UCX_TLS` is set to.
+    value: String,
+    /// Whether the requested list named `sysv`, itself or by an alias.
+    named_sysv: bool,
+}
+
+/// UCX 1.22's transport aliases that include `sysv` (`ucp_tl_aliases` in
+/// `ucp_context.c`), and what each stands for without it.
+const ALIASES_WITH_SYSV: [(&str, &str); 3] = [
+    ("mm", "posix,xpmem"),
+    ("sm", "posix,xpmem,knem,cma"),
+    ("shm", "posix,xpmem,knem,cma"),
+];
+
+/// Whether the linked UCX has the transport component `name`.
+fn linked_ucx_has(name: &str) -> bool {
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    NAMES
+        .get_or_init(|| {
+            crate::build_info::components()
+                .map(|components| components.into_iter().map(|c| c.name).collect())
+                .unwrap_or_default()
+        })
+        .iter()
+        .any(|have| have == name)
+}
+
+/// `requested`, a `UCX_TLS` value (`None`: UCX's default, every
+/// transport), with System V shared memory taken out.
+///
+/// A deny list (`^a,b`) gains `sysv` unless it already denies it; `all`
+/// (or nothing) becomes `^sysv`; an allow list loses `sysv` (also spelled
+/// `\sysv`, UCX's "no alias" prefix) and has the aliases that include it
+/// spelled out without it, naming `xpmem` and `knem` only where `has`
+/// them.
+fn tls_without_sysv(
+    requested: Option<&str>,
+    has: &dyn Fn(&str) -> bool,
+) -> Result<TlsWithoutSysv, String> {
+    let items: Vec<&str> = requested
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .collect();
+    let all = TlsWithoutSysv {
+        value: "^sysv".into(),
+        named_sysv: false,
+    };
+    let Some(first) = items.first() else {
+        return Ok(all);
+    };
+    // A name without UCX's `\` (no alias) prefix and `:aux` suffix, and
+    // whether it had the prefix.
+    let bare = |item: &str| -> (String, bool) {
+        let (explicit, rest) = match item.strip_prefix('\\') {
+            Some(rest) => (true, rest),
+            None => (false, item),
+        };
+        let name = rest.split_once(':').map_or(rest, |(name, _)| name);
+        (name.to_ascii_lowercase(), explicit)
+    };
+    let covers_sysv = |item: &str| {
+        let (name, explicit) = bare(item);
+        name == "sysv" || (!explicit && ALIASES_WITH_SYSV.iter().any(|(a, _)| *a == name))
+    };
+    if let Some(first_denied) = first.strip_prefix('^') {
+        let mut denied: Vec<&str> = std::iter::once(first_denied)
+            .chain(items[1..].iter().copied())
+            .filter(|item| !item.is_empty())
+            .collect();
+        if !denied.iter().any(|item| covers_sysv(item)) {
+            denied.push("sysv");
+        }
+        return Ok(TlsWithoutSysv {
+            value: format!("^{}", denied.join(",")),
+            named_sysv: false,
+        });
+    }
+    if items.len() == 1 && first.eq_ignore_ascii_case("all") {
+        return Ok(all);
+    }
+    let mut kept: Vec<String> = Vec::new();
+    let mut named_sysv = false;
+    for item in &items {
+        let (name, explicit) = bare(item);
+        let replacement = match ALIASES_WITH_SYSV.iter().find(|(a, _)| *a == name) {
+            Some((_, without)) if !explicit => Some(*without),
+            _ => None,
+        };
+        if name == "sysv" {
+            named_sysv = true;
+        } else if let Some(without) = replacement {
+            named_sysv = true;
+            let suffix = item.split_once(':').map_or("", |(_, aux)| aux);
+            let optional = |tl: &str| matches!(tl, "xpmem" | "knem");
+            for tl in without.split(',').filter(|tl| !optional(tl) || has(tl)) {
+                kept.push(if suffix.is_empty() {
+                    tl.to_owned()
+                } else {
+                    format!("{tl}:{suffix}")
+                });
+            }
+        } else {
+            kept.push((*item).to_owned());
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    kept.retain(|item| seen.insert(item.clone()));
+    if kept.is_empty() {
+        return Err(format!(
+            "{:?} names no transport but System V shared memory, whose segments every member \
+             of this process's group can open; the engine never uses it",
+            requested.unwrap_or_default()
+        ));
+    }
+    Ok(TlsWithoutSysv {
+        value: kept.join(","),
+        named_sysv,
+    })
 }
 
 /// Whether the process environment sets `UCX_<key>`: what every
@@ -495,6 +692,16 @@ fn environment_value(key: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl UcxConfig {
+        /// [`UcxConfig::ucx_settings`] with the environment setting (to
+        /// an empty value) the keys `env_sets` names.
+        fn settings_given(&self, env_sets: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+            self.ucx_settings_with(|key| env_sets(key).then(String::new), &|_| true)
+                .expect("valid settings")
+                .pairs
+        }
+    }
 
     fn lookup<'a>(s: &'a [(String, String)], key: &str) -> Option<&'a str> {
         s.iter()
@@ -530,7 +737,7 @@ mod tests {
     fn same_host_selects_tcp_and_cma_with_invalidation() {
         let s = UcxConfig::default()
             .with_transport(Transport::SameHost)
-            .ucx_settings(|_| false);
+            .settings_given(|_| false);
         assert_eq!(lookup(&s, "TLS"), Some("tcp,cma"));
         assert_eq!(lookup(&s, "CMA_MEMORY_INVALIDATE"), Some("y"));
         assert!(Transport::SameHost.peer_error_handling());
@@ -547,12 +754,12 @@ mod tests {
         ] {
             let s = UcxConfig::default()
                 .with_transport(transport.clone())
-                .ucx_settings(|_| true);
+                .settings_given(|_| true);
             assert_eq!(lookup(&s, "TCP_PUT_ENABLE"), Some("n"), "{transport:?}");
         }
         let undone = UcxConfig::default()
             .with_ucx_setting("TCP_PUT_ENABLE", "y")
-            .ucx_settings(|_| false);
+            .settings_given(|_| false);
         assert_eq!(lookup(&undone, "TCP_PUT_ENABLE"), Some("y"));
     }
 
@@ -595,16 +802,16 @@ mod tests {
         assert!(!t.peer_error_handling());
         let s = UcxConfig::default()
             .with_transport(t)
-            .ucx_settings(|_| false);
-        assert_eq!(lookup(&s, "TLS"), Some("shm"));
+            .settings_given(|_| false);
+        assert_eq!(lookup(&s, "TLS"), Some("posix,cma"));
     }
 
     #[test]
     fn memory_hooks_are_off_unless_the_environment_sets_them() {
-        let s = UcxConfig::default().ucx_settings(|_| false);
+        let s = UcxConfig::default().settings_given(|_| false);
         assert_eq!(lookup(&s, "MEM_EVENTS"), Some("n"));
         assert_eq!(lookup(&s, "RCACHE_ENABLE"), Some("n"));
-        let s = UcxConfig::default().ucx_settings(|k| k == "MEM_EVENTS" || k == "RCACHE_ENABLE");
+        let s = UcxConfig::default().settings_given(|k| k == "MEM_EVENTS" || k == "RCACHE_ENABLE");
         assert_eq!(lookup(&s, "MEM_EVENTS"), None);
         assert_eq!(lookup(&s, "RCACHE_ENABLE"), None);
     }
@@ -613,12 +820,12 @@ mod tests {
     fn tcp_sends_in_receive_sized_segments_unless_the_environment_sets_a_segment() {
         let s = UcxConfig::default()
             .with_transport(Transport::Tcp)
-            .ucx_settings(|_| false);
+            .settings_given(|_| false);
         assert_eq!(lookup(&s, "TCP_TX_SEG_SIZE"), Some("64K"));
         for set_by_operator in ["TCP_TX_SEG_SIZE", "TCP_RX_SEG_SIZE"] {
             let s = UcxConfig::default()
                 .with_transport(Transport::Tcp)
-                .ucx_settings(|k| k == set_by_operator);
+                .settings_given(|k| k == set_by_operator);
             assert_eq!(lookup(&s, "TCP_TX_SEG_SIZE"), None, "{set_by_operator}");
         }
     }
@@ -626,11 +833,11 @@ mod tests {
     #[test]
     fn tcp_zero_copy_fragments_carry_fifteen_ranges_unless_the_operator_sets_the_bound() {
         let config = UcxConfig::default().with_transport(Transport::Tcp);
-        let s = config.ucx_settings(|_| false);
+        let s = config.settings_given(|_| false);
         assert_eq!(lookup(&s, "TCP_MAX_IOV"), Some("16"));
         assert_eq!(config.tcp_ranges_per_zero_copy_fragment(|_| None), 15);
 
-        let s = config.ucx_settings(|k| k == "TCP_MAX_IOV");
+        let s = config.settings_given(|k| k == "TCP_MAX_IOV");
         assert_eq!(lookup(&s, "TCP_MAX_IOV"), None, "the environment's stands");
         let env =
             |value: &'static str| move |key: &str| (key == "TCP_MAX_IOV").then(|| value.to_owned());
@@ -649,17 +856,141 @@ mod tests {
 
         let set_here = config.with_ucx_setting("TCP_MAX_IOV", "4");
         assert_eq!(
-            lookup(&set_here.ucx_settings(|_| false), "TCP_MAX_IOV"),
+            lookup(&set_here.settings_given(|_| false), "TCP_MAX_IOV"),
             Some("4")
         );
         assert_eq!(set_here.tcp_ranges_per_zero_copy_fragment(env("12")), 3);
     }
 
     #[test]
-    fn auto_leaves_transport_selection_to_ucx() {
-        let s = UcxConfig::default().ucx_settings(|_| false);
-        assert_eq!(lookup(&s, "TLS"), None);
+    fn auto_leaves_transport_selection_to_ucx_but_sysv() {
+        let s = UcxConfig::default().settings_given(|_| false);
+        assert_eq!(lookup(&s, "TLS"), Some("^sysv"));
         assert_eq!(lookup(&s, "NET_DEVICES"), None);
+    }
+
+    /// Every way a transport list reaches the engine — the transport
+    /// choice, the environment's `UCX_TLS` under `Auto`, a custom list,
+    /// `extra` — ends without System V shared memory, with posix shared
+    /// memory only through `/proc/<pid>/fd`, and says so when the list
+    /// named `sysv`.
+    #[test]
+    fn no_transport_list_keeps_system_v_shared_memory() {
+        let settings = |config: UcxConfig, env_tls: Option<&str>| {
+            config
+                .ucx_settings_with(
+                    |key| (key == "TLS").then(|| env_tls.map(str::to_owned)).flatten(),
+                    &|_| true,
+                )
+                .expect("valid settings")
+        };
+        let cases: [(UcxConfig, Option<&str>, &str, bool); 13] = [
+            (UcxConfig::default(), None, "^sysv", false),
+            (UcxConfig::default(), Some("all"), "^sysv", false),
+            (UcxConfig::default(), Some(""), "^sysv", false),
+            (
+                UcxConfig::default(),
+                Some("shm"),
+                "posix,xpmem,knem,cma",
+                true,
+            ),
+            (
+                UcxConfig::default(),
+                Some("tcp,sm"),
+                "tcp,posix,xpmem,knem,cma",
+                true,
+            ),
+            (
+                UcxConfig::default(),
+                Some("mm,cma"),
+                "posix,xpmem,cma",
+                true,
+            ),
+            (UcxConfig::default(), Some("sysv,tcp"), "tcp", true),
+            (
+                UcxConfig::default(),
+                Some("\\sysv,\\posix"),
+                "\\posix",
+                true,
+            ),
+            (UcxConfig::default(), Some("^ib"), "^ib,sysv", false),
+            (UcxConfig::default(), Some("^shm"), "^shm", false),
+            (
+                UcxConfig::default().with_transport(Transport::SharedMemoryNoErrorHandling),
+                Some("sysv"),
+                "posix,cma",
+                false,
+            ),
+            (
+                UcxConfig::default().with_transport(Transport::Custom {
+                    tls: "shm,tcp".into(),
+                }),
+                None,
+                "posix,xpmem,knem,cma,tcp",
+                true,
+            ),
+            (
+                UcxConfig::default()
+                    .with_transport(Transport::Tcp)
+                    .with_ucx_setting("TLS", "SYSV,tcp")
+                    .with_ucx_setting("POSIX_USE_PROC_LINK", "n"),
+                None,
+                "tcp",
+                true,
+            ),
+        ];
+        for (config, env_tls, want, warned) in cases {
+            let what = format!(
+                "{:?} {:?} with UCX_TLS={env_tls:?}",
+                config.transport, config.extra
+            );
+            let s = settings(config, env_tls);
+            assert_eq!(lookup(&s.pairs, "TLS"), Some(want), "{what}");
+            assert_eq!(lookup(&s.pairs, "POSIX_USE_PROC_LINK"), Some("y"), "{what}");
+            let tls_entries = s
+                .pairs
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case("TLS"))
+                .count();
+            assert_eq!(tls_entries, 1, "{what}: one TLS setting, the last word");
+            assert_eq!(s.overridden.is_some(), warned, "{what}: {:?}", s.overridden);
+            if let Some(line) = s.overridden {
+                assert!(!line.contains('\n') && line.contains("System V"), "{line}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_spelled_out_alias_names_only_the_optional_transports_ucx_has() {
+        let tls = |has: &dyn Fn(&str) -> bool, requested: &str| {
+            tls_without_sysv(Some(requested), has)
+                .expect("a list")
+                .value
+        };
+        assert_eq!(tls(&|_| false, "shm"), "posix,cma");
+        assert_eq!(tls(&|tl| tl == "knem", "sm,tcp"), "posix,knem,cma,tcp");
+        assert_eq!(tls(&|_| false, "mm"), "posix");
+        assert_eq!(
+            tls(&|_| false, "\\xpmem"),
+            "\\xpmem",
+            "named outright: kept"
+        );
+    }
+
+    #[test]
+    fn a_transport_list_of_system_v_alone_is_refused() {
+        let only_sysv = UcxConfig::default()
+            .ucx_settings(|key| (key == "TLS").then(|| "sysv".to_owned()))
+            .unwrap_err();
+        assert!(
+            only_sysv.contains("UCX_TLS") && only_sysv.contains("System V"),
+            "{only_sysv}"
+        );
+        let custom = UcxConfig::default().with_transport(Transport::Custom {
+            tls: "\\sysv".into(),
+        });
+        let refused = custom.validate().unwrap_err();
+        assert!(refused.contains("System V"), "{refused}");
     }
 
     #[test]
@@ -668,7 +999,7 @@ mod tests {
             .with_transport(Transport::Tcp)
             .with_net_devices("lo")
             .with_ucx_setting("TLS", "tcp,self")
-            .ucx_settings(|_| false);
+            .settings_given(|_| false);
         assert_eq!(lookup(&s, "TLS"), Some("tcp,self"));
         assert_eq!(lookup(&s, "NET_DEVICES"), Some("lo"));
     }

@@ -215,9 +215,14 @@ pub(crate) fn run(
 impl Engine {
     fn start(config: &UcxConfig, signals: Arc<Signals>) -> Result<(Engine, StartInfo), RdmaError> {
         let version = ucx_version();
-        let settings = config.ucx_settings_from_env();
-        tracing::debug!(?settings, "starting UCX engine");
-        let context = Context::new(&settings, ContextRole::Serving)?;
+        let settings = config.ucx_settings_from_env().map_err(|why| {
+            RdmaError::Backend(format!("ucx: invalid engine configuration: {why}"))
+        })?;
+        if let Some(line) = &settings.overridden {
+            tracing::warn!("{line}");
+        }
+        tracing::debug!(settings = ?settings.pairs, "starting UCX engine");
+        let context = Context::new(&settings.pairs, ContextRole::Serving)?;
         let worker = Worker::new(&context)?;
         let direct = if config.direct_reads_enabled() {
             match DirectLane::open(config, version) {

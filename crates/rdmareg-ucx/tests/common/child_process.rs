@@ -26,3 +26,42 @@ pub fn spawn_child(name: &str, env: &[(&str, String)]) -> Child {
         .spawn()
         .expect("the child process starts")
 }
+
+/// Set in a child started by [`in_own_process`] to the test it runs.
+const OWN_PROCESS: &str = "RDMAREG_UCX_TEST_OWN_PROCESS";
+
+/// Runs `scenario` in a process of its own: this test binary again,
+/// filtered to the test `name`, or directly when this process is that
+/// child. For scenarios that count what the whole process holds (open
+/// descriptors, threads), which other tests running beside them in one
+/// process (`cargo test`) would disturb. The parent fails with the child's
+/// exit status and the end of its output.
+pub fn in_own_process(name: &str, scenario: impl FnOnce()) {
+    if std::env::var(OWN_PROCESS).as_deref() == Ok(name) {
+        scenario();
+        return;
+    }
+    let output = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(OWN_PROCESS, name)
+        .output()
+        .expect("the child process starts");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{name} failed in its own process ({}):\n--- stdout (end) ---\n{}\n--- stderr (end) ---\n{}",
+        output.status,
+        tail(&stdout),
+        tail(&stderr),
+    );
+}
+
+/// The last few thousand bytes of `text`, cut at a character boundary.
+fn tail(text: &str) -> &str {
+    let mut start = text.len().saturating_sub(4000);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
