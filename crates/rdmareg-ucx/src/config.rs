@@ -37,6 +37,10 @@
 //!    it and the engine logs one warning; a list with nothing left fails
 //!    [`UcxEngine::start`](crate::UcxEngine::start). A `UCX_TLS` in a UCX
 //!    configuration file is not consulted.
+//! 6. Keepalive every second over every endpoint (`KEEPALIVE_INTERVAL=1s`,
+//!    `KEEPALIVE_NUM_EPS=inf`) unless the environment sets them: it is how
+//!    an owner's UCX learns that a consumer closed its endpoint, and so how
+//!    soon the connection's descriptors are freed on both sides.
 //!
 //! Memory hooks stay off by default because UCX would otherwise interpose on
 //! `malloc`/`munmap` in a Rust process to keep its registration cache
@@ -238,6 +242,13 @@ impl UcxConfig {
     /// (`docs/benchmarks.md`).
     pub const DEFAULT_TCP_MAX_IOV: usize = 16;
 
+    /// The keepalive interval (`UCX_KEEPALIVE_INTERVAL`) an engine uses
+    /// unless the environment sets one. UCX's default, 20 s over at most 128
+    /// endpoints a round, let a consumer that closed its endpoint keep the
+    /// owner's side of the connection for minutes; a round every second
+    /// costs each endpoint one small message a second.
+    pub const DEFAULT_KEEPALIVE_INTERVAL: &'static str = "1s";
+
     /// Copy same-host direct reads of at most `bytes` on the caller's
     /// thread; 0 never does (see [`Self::caller_copy_limit`]).
     pub fn with_caller_copy_limit(mut self, bytes: usize) -> Self {
@@ -410,6 +421,14 @@ impl UcxConfig {
         // (see `DEFAULT_TCP_MAX_IOV`).
         if !env_sets("TCP_MAX_IOV") {
             set("TCP_MAX_IOV", &UcxConfig::DEFAULT_TCP_MAX_IOV.to_string());
+        }
+        // How soon an owner notices a consumer closed its endpoint (see
+        // `DEFAULT_KEEPALIVE_INTERVAL` and `progress::peers`).
+        if !env_sets("KEEPALIVE_INTERVAL") {
+            set("KEEPALIVE_INTERVAL", UcxConfig::DEFAULT_KEEPALIVE_INTERVAL);
+        }
+        if !env_sets("KEEPALIVE_NUM_EPS") {
+            set("KEEPALIVE_NUM_EPS", "inf");
         }
         // Whatever the environment says: tcp PUT is a remote write into this
         // process at an address the peer names, and nothing here uses it.
@@ -991,6 +1010,17 @@ mod tests {
         });
         let refused = custom.validate().unwrap_err();
         assert!(refused.contains("System V"), "{refused}");
+    }
+
+    #[test]
+    fn keepalive_runs_every_second_unless_the_environment_sets_it() {
+        let s = UcxConfig::default().settings_given(|_| false);
+        assert_eq!(lookup(&s, "KEEPALIVE_INTERVAL"), Some("1s"));
+        assert_eq!(lookup(&s, "KEEPALIVE_NUM_EPS"), Some("inf"));
+        let s = UcxConfig::default()
+            .settings_given(|k| k == "KEEPALIVE_INTERVAL" || k == "KEEPALIVE_NUM_EPS");
+        assert_eq!(lookup(&s, "KEEPALIVE_INTERVAL"), None);
+        assert_eq!(lookup(&s, "KEEPALIVE_NUM_EPS"), None);
     }
 
     #[test]

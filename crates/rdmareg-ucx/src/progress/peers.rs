@@ -8,8 +8,9 @@
 //!   re-add the same owners under new ids, and every fresh endpoint costs a
 //!   connection on both sides.
 //! - An endpoint is closed when the last peer id naming its address is
-//!   removed or re-added elsewhere. Idle endpoints close gracefully; see
-//!   `close_endpoint` for what UCX 1.22 still leaves open on the peer's side.
+//!   removed or re-added elsewhere, forcibly whenever peer error handling
+//!   is on: both ends of its connection are gone within two keepalive
+//!   intervals (see `close_endpoint`).
 //! - Endpoints are created with peer error handling unless the transport is
 //!   the no-error-handling shared-memory option. When UCX reports an endpoint
 //!   failed, the engine closes it (forcibly: receives running on it complete
@@ -452,19 +453,25 @@ impl Engine {
     /// Starts closing `endpoint`, answering the reads still waiting for a
     /// reply on it with `reason`.
     ///
-    /// An idle endpoint is closed gracefully (flushed, then disconnected),
-    /// which lets the peer close its side of the connection at once; a
-    /// forced close leaves the peer's socket open until keepalive notices,
-    /// two descriptors per peer cycle. Receives still running on it, or a
-    /// failed connection, need the forced close (only allowed with peer
-    /// error handling): it makes UCX end the receives now.
+    /// With peer error handling the close is always forced. UCX 1.22 never
+    /// destroys an endpoint closed gracefully once its peer has connected
+    /// back (`ucp_ep_disconnected`: "destroyed only when the worker is
+    /// destroyed"), so every graceful close of a tcp endpoint kept both
+    /// ends of its connection open for the life of the engines: two
+    /// descriptors per cycle of a peer churned to one address. A forced
+    /// close destroys the endpoint now (requests still on it complete with
+    /// `UCS_ERR_CANCELED`; the reads waiting on it were answered above);
+    /// its tcp socket then only receives, until the owner's side closes.
+    /// The owner's UCX learns the endpoint is gone at its next keepalive
+    /// round (its `EP_CHECK` is answered `EP_REMOVED`), destroys the
+    /// endpoint its wireup made toward us and closes the connection, and
+    /// this side closes its socket in turn. The engine runs keepalive
+    /// every second over every endpoint (`UcxConfig`'s keepalive
+    /// defaults), so both ends are gone within two intervals.
     ///
-    /// UCX 1.22 keeps the peer's side of a gracefully closed tcp connection
-    /// (the endpoint its wireup created toward us) until its keepalive asks
-    /// and learns the endpoint is gone, so a peer that is added and removed
-    /// under ever new addresses still costs its peer a socket for a
-    /// keepalive period. Reusing one endpoint per address keeps the common
-    /// churn — the same owners under new ids — at zero new connections.
+    /// Without peer error handling (pure shared memory) UCX refuses a
+    /// forced close; the graceful one keeps the endpoint until the worker
+    /// is destroyed.
     pub(super) fn close_endpoint(
         &mut self,
         endpoint: Endpoint,
@@ -472,8 +479,14 @@ impl Engine {
         reason: &RdmaError,
     ) {
         self.fail_awaiting_on_endpoint(endpoint.serial, reason);
-        let busy = self.ops.receiving_on_endpoint(endpoint.serial) > 0;
-        let force = self.settings.peer_error_handling && (busy || cause != CloseCause::Local);
+        let force = self.settings.peer_error_handling;
+        tracing::debug!(
+            serial = endpoint.serial,
+            ?cause,
+            receiving = self.ops.receiving_on_endpoint(endpoint.serial),
+            force,
+            "closing endpoint"
+        );
         // SAFETY: the endpoint was created on this worker and left the peer
         // table before this call, so it is closed exactly once.
         match unsafe { self.worker.close_endpoint(endpoint.handle, force) } {
