@@ -40,6 +40,19 @@ impl Config {
         self
     }
 
+    /// Open (or not) the engine's same-host direct-read lane, whatever the
+    /// transport ([`UcxConfig::with_same_host_direct_reads`]; by default it
+    /// is open on [`Transport::Auto`] and [`Transport::SameHost`]). Without
+    /// it, every read of this side's memory is served by this side's
+    /// engine, and this side reads same-host peers through theirs. Stale
+    /// descriptors are refused either way (`docs/safety.md`); the lane
+    /// trades the owner's per-read check for kernel copies that do not
+    /// wake it.
+    pub fn with_same_host_direct_reads(mut self, enabled: bool) -> Self {
+        self.ucx = self.ucx.with_same_host_direct_reads(enabled);
+        self
+    }
+
     /// The deadline of every GET ([`RdmaConfig::get_deadline`]).
     pub fn with_get_deadline(mut self, deadline: Duration) -> Self {
         self.registry = self.registry.with_get_deadline(deadline);

@@ -84,6 +84,21 @@ impl Rdma {
         self.engine.add_peer(peer, address)
     }
 
+    /// As [`add_peer`](Self::add_peer), but every read from `peer` goes
+    /// through its owner's engine, which checks it, even where the address
+    /// offers the same-host direct-read lane: for peers trusted with the
+    /// network, not with this host's memory.
+    ///
+    /// # Errors
+    /// As [`UcxEngine::add_peer_served_only`].
+    pub fn add_peer_served_only(
+        &self,
+        peer: PeerId,
+        address: bytes::Bytes,
+    ) -> Result<(), RdmaError> {
+        self.engine.add_peer_served_only(peer, address)
+    }
+
     /// Forgets `peer`; GETs in flight to it fail.
     ///
     /// # Errors
