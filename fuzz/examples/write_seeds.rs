@@ -265,6 +265,7 @@ fn engine_address_seeds(address: &[u8]) -> Vec<(String, Vec<u8>)> {
         serving: address.clone(),
         direct: None,
         process: None,
+        release_table: None,
     };
     let with_direct = EngineAddress {
         direct: Some(address.clone()),

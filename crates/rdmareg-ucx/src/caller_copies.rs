@@ -13,7 +13,11 @@
 //! # What the caller needs, and who publishes it
 //!
 //! - **The owner's process**, per peer, with the token every copy reads
-//!   first (`owner_process`): a copy that finds no token keeps nothing.
+//!   first (`owner_process`): a copy that finds no token keeps nothing;
+//!   and its release table (`release_table`), checked for each read's
+//!   registration before the copy and again after it: a read whose
+//!   registration was released before or during the copy declines, its
+//!   destination zeroed, and the thread answers it `RegionNotFound`.
 //!   Published by the progress thread
 //!   once it would copy that peer's reads itself: the peer published its
 //!   process beside its direct lane, shares this engine's pid space, and UCX
@@ -259,6 +263,8 @@ impl CallerCopies {
         // Every key checked before the lock is taken; a list names few
         // descriptors, so a key equal to the one before is not decoded again.
         let mut checked: Option<(&[u8], ReadKey)> = None;
+        // Each read's release slot and the region id it holds while live.
+        let mut releases = Vec::with_capacity(requests.len());
         for request in requests {
             let key = match &checked {
                 Some((bytes, key)) if *bytes == &request.packed_key[..] => key,
@@ -281,6 +287,7 @@ impl CallerCopies {
             if !key.covers(request.remote_addr, request.len) {
                 return false;
             }
+            releases.push((key.release_slot, key.served.release_tag()));
         }
         let published = self.read();
         let mut owner: Option<&Arc<OwnerProcess>> = None;
@@ -315,12 +322,33 @@ impl CallerCopies {
         let Some(owner) = owner else {
             return false;
         };
+        // The check before the copy (`release_table`): a released
+        // registration is the thread's to refuse.
+        let Some(table) = owner.release() else {
+            return false;
+        };
+        if !releases
+            .iter()
+            .all(|&(slot, region)| table.is_live(slot, region))
+        {
+            return false;
+        }
         // SAFETY: every destination lies inside a region this engine mapped
         // and has not withdrawn, and withdrawing takes the write lock, so
         // each stays mapped while `published` is held; the caller's contract
         // gives each read its range alone until it is answered, which is
         // after this returns.
-        let outcomes = unsafe { copy_from_process(owner, &entries) };
+        let mut outcomes = unsafe { copy_from_process(owner, &entries) };
+        // The check that decides, after the copy returned: a read of a
+        // registration released meanwhile keeps none of its bytes.
+        for ((outcome, entry), &(slot, region)) in outcomes.iter_mut().zip(&entries).zip(&releases)
+        {
+            if !table.still_live_after_copy(slot, region) {
+                // SAFETY: as above; the copy has returned.
+                unsafe { std::ptr::write_bytes(entry.dest, 0, entry.len) };
+                *outcome = Err(crate::progress::vectored::CopyError(libc::ESTALE));
+            }
+        }
         drop(published);
         let copied = outcomes.iter().all(|outcome| outcome.is_ok());
         if copied {

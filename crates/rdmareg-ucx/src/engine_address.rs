@@ -8,11 +8,12 @@
 //! |---|---|
 //! | 2 | magic `"RW"` |
 //! | 1 | version: `3` when a process identity with a thread follows, `2` when one without a thread follows, else `1` |
-//! | 1 | flags: bit 0 — a direct-read address follows; other bits zero |
+//! | 1 | flags: bit 0 — a direct-read address follows; bit 1 — a process identity follows; bit 2 — a release table follows; other bits zero |
 //! | 2 | serving address length `n` (u16, little-endian), at least 1 |
 //! | `n` | the serving worker's packed UCP address |
 //! | 2 + `m` | only with flag bit 0: length `m` (u16, little-endian, at least 1) and the direct-read worker's packed UCP address |
 //! | 56 | only with flag bit 1, which needs bit 0: the engine's process — its id (u32) and the inode of its pid namespace (u64), little-endian, its kernel's boot id (16 bytes), the address of its token (u64, little-endian), the token (16 bytes), then the id of a thread that lives as long as the engine (u32, little-endian) |
+//! | 20 | only with flag bit 2, which needs bit 1 and version 3: the engine's release table — the descriptor number of its `memfd` in the engine's process (u32, little-endian) and the table's 16-byte id ([`TableLocation`], `release_table`) |
 //!
 //! Nothing may follow. Version 2 is the same without the thread id (a
 //! 52-byte process identity): it still decodes, and its copies name the
@@ -56,6 +57,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+pub use crate::release_table::TableLocation;
 use crate::worker_address::{WorkerAddressError, WorkerAddressFormat};
 
 const MAGIC: [u8; 2] = *b"RW";
@@ -66,6 +68,8 @@ const VERSION_WITHOUT_THREAD: u8 = 2;
 const VERSION: u8 = 3;
 const FLAG_DIRECT: u8 = 0x01;
 const FLAG_PROCESS: u8 = 0x02;
+const FLAG_RELEASE_TABLE: u8 = 0x04;
+const RELEASE_TABLE_LEN: usize = 20;
 const HEADER_LEN: usize = 6;
 const PROCESS_LEN: usize = 56;
 const PROCESS_LEN_WITHOUT_THREAD: usize = 52;
@@ -169,6 +173,11 @@ pub struct EngineAddress {
     /// without it) so that same-host peers can copy lists of reads in one
     /// system call.
     pub process: Option<ProcessIdentity>,
+    /// Where same-host readers find the engine's release table, published
+    /// beside a process identity that names a thread (never without it):
+    /// a direct read counts only while the table says its registration is
+    /// live. A peer whose address has none is read through its owner.
+    pub release_table: Option<TableLocation>,
 }
 
 /// Why bytes are not an engine address.
@@ -240,6 +249,12 @@ impl EngineAddress {
         if self.process.is_some() {
             flags |= FLAG_PROCESS;
         }
+        if self.release_table.is_some() {
+            flags |= FLAG_RELEASE_TABLE;
+            if self.process.is_none_or(|process| process.thread.is_none()) {
+                return Err(EngineAddressError::UnknownFlags(flags));
+            }
+        }
         if flags == FLAG_PROCESS {
             return Err(EngineAddressError::UnknownFlags(flags));
         }
@@ -253,7 +268,8 @@ impl EngineAddress {
                     } else {
                         PROCESS_LEN_WITHOUT_THREAD
                     }
-                }),
+                })
+                + self.release_table.map_or(0, |_| RELEASE_TABLE_LEN),
         );
         out.put_slice(&MAGIC);
         out.put_u8(match self.process {
@@ -278,6 +294,10 @@ impl EngineAddress {
                 out.put_u32_le(thread);
             }
         }
+        if let Some(table) = self.release_table {
+            out.put_u32_le(table.fd);
+            out.put_slice(&table.id);
+        }
         Ok(out.freeze())
     }
 
@@ -292,6 +312,7 @@ impl EngineAddress {
                 serving: Bytes::copy_from_slice(bytes),
                 direct: None,
                 process: None,
+                release_table: None,
             });
         }
         let header = take(bytes, 0, HEADER_LEN)?;
@@ -300,7 +321,14 @@ impl EngineAddress {
             return Err(EngineAddressError::UnknownVersion(version));
         }
         let flags = header[3];
-        if flags & !(FLAG_DIRECT | FLAG_PROCESS) != 0 || flags == FLAG_PROCESS {
+        if flags & !(FLAG_DIRECT | FLAG_PROCESS | FLAG_RELEASE_TABLE) != 0
+            || flags & (FLAG_DIRECT | FLAG_PROCESS) == FLAG_PROCESS
+        {
+            return Err(EngineAddressError::UnknownFlags(flags));
+        }
+        // A release table is published only beside a process identity
+        // that names a thread: readers open it through that thread.
+        if flags & FLAG_RELEASE_TABLE != 0 && (flags & FLAG_PROCESS == 0 || version != VERSION) {
             return Err(EngineAddressError::UnknownFlags(flags));
         }
         // Versions 2 and 3 exist only to carry a token, and are written
@@ -355,6 +383,20 @@ impl EngineAddress {
                 thread,
             })
         };
+        let release_table = if flags & FLAG_RELEASE_TABLE == 0 {
+            None
+        } else {
+            let raw = take(bytes, at, RELEASE_TABLE_LEN)?;
+            at += RELEASE_TABLE_LEN;
+            let mut fd = [0; 4];
+            fd.copy_from_slice(&raw[..4]);
+            let mut id = [0; 16];
+            id.copy_from_slice(&raw[4..]);
+            Some(TableLocation {
+                fd: u32::from_le_bytes(fd),
+                id,
+            })
+        };
         if at != bytes.len() {
             return Err(EngineAddressError::TrailingBytes(bytes.len() - at));
         }
@@ -362,6 +404,7 @@ impl EngineAddress {
             serving,
             direct,
             process,
+            release_table,
         })
     }
 
@@ -387,6 +430,7 @@ impl EngineAddress {
                 .map(|d| check("direct", d))
                 .transpose()?,
             process: decoded.process,
+            release_table: decoded.release_table,
         })
     }
 }
@@ -442,6 +486,7 @@ mod tests {
             serving: Bytes::from_static(&[0x10, 1, 2, 3]),
             direct: Some(Bytes::from_static(&[0x00, 9, 9])),
             process: None,
+            release_table: None,
         }
     }
 
@@ -470,6 +515,7 @@ mod tests {
             serving: long.clone(),
             direct: None,
             process: None,
+            release_table: None,
         };
         assert_eq!(
             too_long.encode(),
@@ -493,6 +539,7 @@ mod tests {
             serving: Bytes::new(),
             direct: None,
             process: None,
+            release_table: None,
         };
         assert_eq!(
             empty.encode(),
@@ -502,6 +549,7 @@ mod tests {
             serving: long.slice(1..),
             direct: None,
             process: None,
+            release_table: None,
         };
         let encoded = longest.encode().expect("65535 bytes fit");
         assert_eq!(EngineAddress::decode(&encoded), Ok(longest));
@@ -577,6 +625,52 @@ mod tests {
                 needed: PROCESS_LEN,
                 available: PROCESS_LEN - 1
             })
+        );
+    }
+
+    #[test]
+    fn a_release_table_round_trips_only_beside_a_process_that_names_a_thread() {
+        let table = TableLocation {
+            fd: 0x0102_0304,
+            id: [5; 16],
+        };
+        let with_table = EngineAddress {
+            process: Some(identity(Some(77))),
+            release_table: Some(table),
+            ..sample()
+        };
+        let encoded = with_table.encode().unwrap();
+        let all = FLAG_DIRECT | FLAG_PROCESS | FLAG_RELEASE_TABLE;
+        assert_eq!(encoded[3], all);
+        assert_eq!(EngineAddress::decode(&encoded), Ok(with_table.clone()));
+        assert!(matches!(
+            EngineAddress::decode(&encoded[..encoded.len() - 1]),
+            Err(EngineAddressError::Truncated { .. })
+        ));
+        let without_thread = EngineAddress {
+            process: Some(identity(None)),
+            ..with_table.clone()
+        };
+        assert_eq!(
+            without_thread.encode(),
+            Err(EngineAddressError::UnknownFlags(all))
+        );
+        let without_process = EngineAddress {
+            process: None,
+            ..with_table
+        };
+        assert_eq!(
+            without_process.encode(),
+            Err(EngineAddressError::UnknownFlags(
+                FLAG_DIRECT | FLAG_RELEASE_TABLE
+            ))
+        );
+        // A version-2 envelope (no thread) claiming a table is refused.
+        let mut old = encoded.to_vec();
+        old[2] = VERSION_WITHOUT_THREAD;
+        assert_eq!(
+            EngineAddress::decode(&old),
+            Err(EngineAddressError::UnknownFlags(all))
         );
     }
 

@@ -98,14 +98,16 @@
 //!   ([`ProcessIdentity`]); and once the engine has checked an owner, a
 //!   small read from it is copied on the caller's own thread, inside
 //!   `get`, without waking the progress thread
-//!   ([`UcxConfig::caller_copy_limit`]). The owner
-//!   checks nothing there: the consumer's engine checks
-//!   the key's mapped range, and a stale descriptor reads the memory's
-//!   current bytes. Every copy first reads a random token the owner
-//!   published, in the same system call: once the owner has exited or
-//!   replaced its program, its same-host reads fail rather than read
+//!   ([`UcxConfig::caller_copy_limit`]). The owner does
+//!   not check each read there: the consumer's engine checks the key's
+//!   mapped range, and the owner's release table before and after each
+//!   copy, so a stale descriptor reads `RegionNotFound`, never the
+//!   memory's current bytes. Every copy first reads a random token the
+//!   owner published, in the same system call: once the owner has exited
+//!   or replaced its program, its same-host reads fail rather than read
 //!   another program under its pid.
-//!   A consumer that cannot reach it reads through the owner.
+//!   A consumer that cannot reach it, or the owner's release table, reads
+//!   through the owner.
 //!   See `docs/safety.md` for the trust domain, lane by lane.
 //!
 //! Bytes from peers are validated before UCX or the engine acts on them:
@@ -151,10 +153,11 @@ pub mod packed_key;
 mod progress;
 pub mod read_list;
 pub mod read_protocol;
+mod release_table;
 mod status;
 pub mod worker_address;
 
 pub use backend::UcxBackend;
 pub use config::{Transport, UcxConfig};
 pub use engine::UcxEngine;
-pub use engine_address::{EngineAddress, EngineAddressError, ProcessIdentity};
+pub use engine_address::{EngineAddress, EngineAddressError, ProcessIdentity, TableLocation};

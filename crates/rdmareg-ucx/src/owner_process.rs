@@ -53,16 +53,26 @@
 //! process can write the owner's token as it can write any of its memory,
 //! which is the kernel's trust domain (see `docs/safety.md`).
 //!
+//! # Which registrations a copy may read
+//!
+//! The token says whose memory a copy read, not whether the registration
+//! it read is still live. That is the owner's release table
+//! (`release_table`), which its engine address locates and which is opened
+//! once, when the peer is added, through the thread copies name: an owner
+//! whose table cannot be opened is read through its engine
+//! ([`SameHostSource::ThroughOwner`]).
+//!
 //! # What this does not cover
 //!
-//! Peers that publish no token (version-1 engine addresses), peers in
-//! another pid namespace, and reads this engine does not copy itself go
-//! through UCX's cma, which names the owner by pid alone.
+//! Peers that publish no token (version-1 engine addresses) or no release
+//! table, and peers in another pid namespace, are read through their
+//! owner's engine.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::engine_address::ProcessIdentity;
+use crate::release_table::{ReleaseView, TableLocation};
 
 /// Bytes in a process token.
 pub(crate) const TOKEN_LEN: usize = 16;
@@ -162,24 +172,52 @@ pub(crate) fn this_process_token() -> Option<(u64, [u8; TOKEN_LEN])> {
 
 /// A peer's process as its engine address named it: what every copy out
 /// of it checks.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct OwnerProcess {
     pid: u32,
     /// The task id copies name: the published thread, else the pid.
     copy_by: u32,
     token_addr: u64,
     token: [u8; TOKEN_LEN],
+    /// The owner engine's release table, if it published one this process
+    /// could open.
+    release: Option<ReleaseView>,
 }
 
 impl OwnerProcess {
-    /// The process `identity` names.
+    /// The process `identity` names, without a release table.
     pub(crate) fn new(identity: &ProcessIdentity) -> OwnerProcess {
         OwnerProcess {
             pid: identity.pid,
             copy_by: identity.thread.unwrap_or(identity.pid),
             token_addr: identity.token_addr,
             token: identity.token,
+            release: None,
         }
+    }
+
+    /// The process `identity` names, and its engine's release table at
+    /// `table`, opened now through the thread copies name; without a table
+    /// (none published, or it cannot be opened) its same-host reads go
+    /// through its engine.
+    pub(crate) fn with_release_table(
+        identity: &ProcessIdentity,
+        table: Option<TableLocation>,
+    ) -> OwnerProcess {
+        let mut owner = OwnerProcess::new(identity);
+        owner.release = table.and_then(|table| match ReleaseView::open(owner.copy_by, table) {
+            Ok(view) => Some(view),
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot open the peer's release table; reading through its owner");
+                None
+            }
+        });
+        owner
+    }
+
+    /// The owner engine's release table, if this process opened it.
+    pub(crate) fn release(&self) -> Option<&ReleaseView> {
+        self.release.as_ref()
     }
 
     /// The process's id, in this engine's pid namespace.
@@ -220,14 +258,18 @@ impl OwnerProcess {
 /// Where a peer's same-host reads come from.
 #[derive(Debug, Clone, Default)]
 pub(crate) enum SameHostSource {
-    /// Through UCX's cma: the peer published no process this engine can
-    /// check (another pid namespace, an older peer).
+    /// Not copied: the peer published no process this engine can check
+    /// (another pid namespace, an older peer), or UCX does not reach its
+    /// direct lane. Its same-host reads go through the owner's engine
+    /// (UCX's own cma read would name the owner by pid alone, and nothing
+    /// would tell it a registration is gone).
     #[default]
-    ThroughUcx,
+    NotCopied,
     /// Copied out of this process, checked on every copy.
     Copy(Arc<OwnerProcess>),
     /// The kernel refused this engine a copy from the peer's process
-    /// (`EPERM`, `ENOSYS`). Its same-host reads go through the owner's
+    /// (`EPERM`, `ENOSYS`), or its release table could not be opened. Its
+    /// same-host reads go through the owner's
     /// engine, which checks each: UCX's cma makes the same system call by
     /// pid, with no token, and a refusal may mean that another process
     /// holds the pid (one this engine may not read, that may later exit or

@@ -26,16 +26,24 @@
 //! names nothing; the capability is 16 random bytes per registration, so a
 //! peer cannot name a registration it was not given a descriptor for.
 //!
-//! **Same-host key** ([`SameHostKey`], lane 1: what an owner with the
+//! **Same-host key** ([`SameHostKey`], lane 2: what an owner with the
 //! same-host direct-read lane issues instead): the 28 bytes above with
-//! `lane = 1`, then `region_addr: u64`, `region_len: u64` (the mapped
-//! range), `ucx_key_len: u16` (at least 1) and that many bytes of the
-//! owner's packed UCX remote key for its direct-read context. A consumer
-//! that cannot reach the owner's direct lane reads through the owner with
-//! the served part; one that can reads one-sided with the UCX key, and only
-//! its own engine checks the range against `region_addr`/`region_len` (see
-//! the crate docs on what the owner gives up on that lane). [`ReadKey`]
+//! `lane = 2`, then `region_addr: u64`, `region_len: u64` (the mapped
+//! range), `release_slot: u32` (the registration's slot in the owner's
+//! release table, see `release_table`), `ucx_key_len: u16` (at least 1)
+//! and that many bytes of the owner's packed UCX remote key for its
+//! direct-read context. A consumer that cannot reach the owner's direct
+//! lane or its release table reads through the owner with the served
+//! part; one that can copies one-sided, and counts the copy only if the
+//! release slot held the key's release tag before and after it. Only its own
+//! engine checks the range against `region_addr`/`region_len` (see the
+//! crate docs on what the owner gives up on that lane). [`ReadKey`]
 //! decodes either lane.
+//!
+//! **Lane 1** is the same-host key of earlier releases: the lane-2 layout
+//! without `release_slot`. Nothing tells its reader when the registration
+//! is gone, so it decodes as the served key it starts with and is read
+//! through the owner.
 //!
 //! **Request** ([`ReadRequest`], consumer → owner, the active-message
 //! header): `version = 1`, three zero bytes, `request_id: u64`,
@@ -72,9 +80,13 @@ pub const READ_REPLY_AM_ID: u32 = 0x5252;
 const KEY_MAGIC: [u8; 2] = *b"RQ";
 const VERSION: u8 = 1;
 const LANE_OWNER_SERVED: u8 = 0;
-const LANE_SAME_HOST: u8 = 1;
+/// Same-host keys of earlier releases, without a release slot.
+const LANE_SAME_HOST_UNCHECKED: u8 = 1;
+const LANE_SAME_HOST: u8 = 2;
 /// Bytes of a [`SameHostKey`] before its UCX key.
-const SAME_HOST_FIXED_LEN: usize = KEY_LEN + 8 + 8 + 2;
+const SAME_HOST_FIXED_LEN: usize = KEY_LEN + 8 + 8 + 4 + 2;
+/// Bytes of a lane-1 key before its UCX key.
+const UNCHECKED_FIXED_LEN: usize = KEY_LEN + 8 + 8 + 2;
 
 /// Length of an encoded [`ServedKey`].
 pub const KEY_LEN: usize = 28;
@@ -203,6 +215,17 @@ pub struct ServedKey {
 }
 
 impl ServedKey {
+    /// What the owner's release table holds for this registration while it
+    /// is live: the first 8 bytes of its random capability, never 0 (0 is
+    /// an empty slot). Region ids and slots restart with every engine, so
+    /// only a value drawn per registration tells a stale key from a later
+    /// registration of another engine of the same process.
+    pub fn release_tag(&self) -> u64 {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&self.capability[..8]);
+        u64::from_le_bytes(first).max(1)
+    }
+
     /// The 28-byte encoding.
     pub fn encode(&self) -> [u8; KEY_LEN] {
         let mut out = [0u8; KEY_LEN];
@@ -233,8 +256,9 @@ impl ServedKey {
     }
 }
 
-/// A lane-1 key: the served key, the mapped range, and the owner's packed
-/// UCX key for one-sided reads on the same host.
+/// A lane-2 key: the served key, the mapped range, the registration's
+/// release slot, and the owner's packed UCX key for one-sided reads on
+/// the same host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SameHostKey {
     /// What a consumer presents when it reads through the owner.
@@ -243,6 +267,9 @@ pub struct SameHostKey {
     pub region_addr: u64,
     /// Mapped length.
     pub region_len: u64,
+    /// The registration's slot in the owner's release table: it holds
+    /// `served.release_tag()` while the registration is live.
+    pub release_slot: u32,
     /// The owner's packed UCX remote key (direct-read context).
     pub ucx_key: Vec<u8>,
 }
@@ -257,6 +284,7 @@ impl SameHostKey {
         out[3] = LANE_SAME_HOST;
         out.extend_from_slice(&self.region_addr.to_le_bytes());
         out.extend_from_slice(&self.region_len.to_le_bytes());
+        out.extend_from_slice(&self.release_slot.to_le_bytes());
         out.extend_from_slice(&ucx_len.to_le_bytes());
         out.extend_from_slice(&self.ucx_key);
         Some(out)
@@ -277,8 +305,8 @@ impl SameHostKey {
 pub enum ReadKey {
     /// Lane 0: read through the owner.
     Served(ServedKey),
-    /// Lane 1: read one-sided where the owner's direct lane is reachable,
-    /// else through the owner.
+    /// Lane 2: read one-sided where the owner's direct lane and release
+    /// table are reachable, else through the owner.
     SameHost(SameHostKey),
 }
 
@@ -287,33 +315,41 @@ impl ReadKey {
     /// lane-1 key is only delimited here; its layout is validated before
     /// UCX sees it.
     pub fn decode(bytes: &[u8]) -> Result<ReadKey, ProtocolError> {
-        match bytes.get(3) {
-            Some(&LANE_SAME_HOST) if bytes.len() >= SAME_HOST_FIXED_LEN => {}
-            Some(&LANE_SAME_HOST) => {
-                return Err(ProtocolError::Length {
-                    expected: SAME_HOST_FIXED_LEN,
-                    actual: bytes.len(),
-                });
-            }
+        let fixed_len = match bytes.get(3) {
+            Some(&LANE_SAME_HOST) => SAME_HOST_FIXED_LEN,
+            Some(&LANE_SAME_HOST_UNCHECKED) => UNCHECKED_FIXED_LEN,
             _ => return ServedKey::decode(bytes).map(ReadKey::Served),
+        };
+        if bytes.len() < fixed_len {
+            return Err(ProtocolError::Length {
+                expected: fixed_len,
+                actual: bytes.len(),
+            });
         }
         let mut served = [0u8; KEY_LEN];
         served.copy_from_slice(&bytes[..KEY_LEN]);
         served[3] = LANE_OWNER_SERVED;
         let served = ServedKey::decode(&served)?;
-        let fixed: &[u8; SAME_HOST_FIXED_LEN] = exact(&bytes[..SAME_HOST_FIXED_LEN])?;
-        let ucx_len = usize::from(u16::from_le_bytes([fixed[44], fixed[45]]));
-        let ucx_key = &bytes[SAME_HOST_FIXED_LEN..];
+        let ucx_len = usize::from(u16::from_le_bytes([
+            bytes[fixed_len - 2],
+            bytes[fixed_len - 1],
+        ]));
+        let ucx_key = &bytes[fixed_len..];
         if ucx_len == 0 || ucx_key.len() != ucx_len {
             return Err(ProtocolError::Length {
-                expected: SAME_HOST_FIXED_LEN + ucx_len.max(1),
+                expected: fixed_len + ucx_len.max(1),
                 actual: bytes.len(),
             });
         }
+        if fixed_len == UNCHECKED_FIXED_LEN {
+            // No release slot: read through the owner (module docs).
+            return Ok(ReadKey::Served(served));
+        }
         Ok(ReadKey::SameHost(SameHostKey {
             served,
-            region_addr: u64_at(fixed, 28),
-            region_len: u64_at(fixed, 36),
+            region_addr: u64::from_le_bytes(array_at(bytes, 28)),
+            region_len: u64::from_le_bytes(array_at(bytes, 36)),
+            release_slot: u32::from_le_bytes(array_at(bytes, 44)),
             ucx_key: ucx_key.to_vec(),
         }))
     }
@@ -494,6 +530,13 @@ fn u64_at<const N: usize>(bytes: &[u8; N], at: usize) -> u64 {
     u64::from_le_bytes(word)
 }
 
+/// The `N` bytes at `at`; the caller checked that they are there.
+fn array_at<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&bytes[at..at + N]);
+    out
+}
+
 fn capability_at<const N: usize>(bytes: &[u8; N], at: usize) -> [u8; 16] {
     let mut capability = [0u8; 16];
     capability.copy_from_slice(&bytes[at..at + 16]);
@@ -510,8 +553,20 @@ mod tests {
             served: key(),
             region_addr: 0x1000,
             region_len: 0x2000,
+            release_slot: 0x0102_0304,
             ucx_key: vec![0, 1, 2, 3, 4, 5, 6, 7, 8],
         }
+    }
+
+    #[test]
+    fn a_lane_one_key_of_an_earlier_release_is_read_through_its_owner() {
+        // The lane-2 layout without the release slot.
+        let mut bytes = same_host_key().encode().unwrap();
+        bytes.drain(44..48);
+        bytes[3] = LANE_SAME_HOST_UNCHECKED;
+        assert_eq!(ReadKey::decode(&bytes), Ok(ReadKey::Served(key())));
+        assert!(ReadKey::decode(&bytes[..bytes.len() - 1]).is_err());
+        assert!(ReadKey::decode(&bytes[..UNCHECKED_FIXED_LEN]).is_err());
     }
 
     #[test]
@@ -541,13 +596,13 @@ mod tests {
             ..same_host_key()
         };
         assert_eq!(empty.encode(), None);
-        // A served key with lane 1 but nothing after it.
-        let mut lane_one = key().encode();
-        lane_one[3] = LANE_SAME_HOST;
-        assert!(ReadKey::decode(&lane_one).is_err());
-        // ServedKey alone still refuses lane 1.
+        // A served key with lane 2 but nothing after it.
+        let mut lane_two = key().encode();
+        lane_two[3] = LANE_SAME_HOST;
+        assert!(ReadKey::decode(&lane_two).is_err());
+        // ServedKey alone still refuses lane 2.
         assert_eq!(
-            ServedKey::decode(&lane_one),
+            ServedKey::decode(&lane_two),
             Err(ProtocolError::Lane(LANE_SAME_HOST))
         );
     }

@@ -1,6 +1,7 @@
-//! The facade over real UCX engines (tcp on the loopback interface): a
-//! one-call start, the refusals it makes before starting anything, and a
-//! one-call shutdown whose summary matches what was registered.
+//! The facade over real UCX engines on the loopback interface: a one-call
+//! start, the refusals it makes before starting anything, a one-call
+//! shutdown whose summary matches what was registered (over tcp), and the
+//! switches of the same-host direct-read lane.
 
 use std::time::Duration;
 
@@ -124,5 +125,90 @@ async fn two_facades_move_bytes_and_both_shut_down_clean() {
     for side in [consumer, owner] {
         let summary = side.shutdown().await;
         assert!(summary.is_clean(), "{summary:?}");
+    }
+}
+
+/// Reads `count` times a 4 KiB region of `owner` registered on `SameHost`
+/// from `consumer`, which names the owner as `add` says; answers how many
+/// the consumer copied itself on the direct lane, and what a read answers
+/// once the owner unregistered the region.
+async fn same_host_reads(
+    owner: &Rdma,
+    consumer: &Rdma,
+    add: impl FnOnce(PeerId, bytes::Bytes) -> Result<(), rdmareg::RdmaError>,
+    count: usize,
+) -> (u64, Result<(), rdmareg::RdmaError>) {
+    let peer = PeerId(3);
+    add(peer, owner.worker_address()).expect("peer");
+    let region = owner
+        .register_owned(vec![0x5A; 4096].into_boxed_slice())
+        .await
+        .expect("registers");
+    let descriptor = region.descriptor().expect("descriptor");
+    let mut buffer = consumer.alloc_pinned(4096).await.expect("allocates");
+    for _ in 0..count {
+        consumer
+            .get(peer, &descriptor, &mut buffer)
+            .await
+            .expect("GET");
+        assert!(buffer.iter().all(|&b| b == 0x5A));
+    }
+    drop(
+        region
+            .unregister_owned(Duration::from_secs(5))
+            .await
+            .expect("unregisters"),
+    );
+    let stale = consumer.get(peer, &descriptor, &mut buffer).await;
+    (consumer.engine().reads_copied_on_caller_threads(), stale)
+}
+
+fn same_host() -> Config {
+    config().with_transport(Transport::SameHost)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_direct_lane_is_switched_off_from_the_facade() {
+    // On by default on SameHost: the consumer copies reads itself.
+    let (owner, consumer) = (
+        Rdma::start(same_host()).unwrap(),
+        Rdma::start(same_host()).unwrap(),
+    );
+    let (copied, stale) =
+        same_host_reads(&owner, &consumer, |p, a| consumer.add_peer(p, a), 8).await;
+    assert!(copied > 0, "the direct lane was not used");
+    assert_eq!(stale, Err(rdmareg::RdmaError::RegionNotFound));
+    for side in [consumer, owner] {
+        assert!(side.shutdown().await.is_clean());
+    }
+    // Off on the owner: its keys are served-only, every read is its own.
+    let off = same_host().with_same_host_direct_reads(false);
+    let (owner, consumer) = (Rdma::start(off).unwrap(), Rdma::start(same_host()).unwrap());
+    let (copied, stale) =
+        same_host_reads(&owner, &consumer, |p, a| consumer.add_peer(p, a), 8).await;
+    assert_eq!(copied, 0, "a read of an owner without the lane was copied");
+    assert_eq!(stale, Err(rdmareg::RdmaError::RegionNotFound));
+    for side in [consumer, owner] {
+        assert!(side.shutdown().await.is_clean());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_added_served_only_is_read_through_its_owner() {
+    let (owner, consumer) = (
+        Rdma::start(same_host()).unwrap(),
+        Rdma::start(same_host()).unwrap(),
+    );
+    let (copied, stale) = same_host_reads(
+        &owner,
+        &consumer,
+        |p, a| consumer.add_peer_served_only(p, a),
+        8,
+    )
+    .await;
+    assert_eq!(copied, 0, "a served-only peer's read was copied");
+    assert_eq!(stale, Err(rdmareg::RdmaError::RegionNotFound));
+    for side in [consumer, owner] {
+        assert!(side.shutdown().await.is_clean());
     }
 }

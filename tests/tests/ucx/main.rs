@@ -36,16 +36,12 @@ macro_rules! per_lane {
     )+};
 }
 
-/// As [`per_lane!`] for a scenario reading stale descriptors, which the
-/// same-host direct lane (cma) does not refuse: nothing on it knows a
-/// registration is gone.
+/// As [`per_lane!`] for a scenario reading stale descriptors: every lane
+/// refuses them (the same-host direct lane through the owner's release
+/// table).
 macro_rules! per_lane_refusing_stale_descriptors {
     ($scenario:ident) => {
-        rdmareg_tests::lane_tests!($scenario,
-            over_tcp => rdmareg_ucx::Transport::Tcp,
-            #[ignore = "known defect, documented as the same-host direct lane's limitation (docs/safety.md, \"Same host, same user\"): on Transport::SameHost a GET of a stale descriptor answers Ok(()) with the owner's current bytes; for a pool buffer withdrawn and described again that is the new contents, and for one freed it is the bytes of whatever buffer the pool carved from its granules since, which nobody described"]
-            over_same_host => rdmareg_ucx::Transport::SameHost,
-        );
+        per_lane!($scenario);
     };
 }
 

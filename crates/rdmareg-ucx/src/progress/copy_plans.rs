@@ -22,7 +22,11 @@
 //!   registration is still mapped and not being unmapped, and the peer's
 //!   reads still come from the very process the plan copies from (a
 //!   removed, re-added or vanished peer, or one whose copies the kernel
-//!   refused, has another source or none).
+//!   refused, has another source or none), and each source registration's
+//!   release slot still holds its region id (`release_table`) — checked
+//!   again after the copy, which counts only if none was released
+//!   meanwhile (else every destination is zeroed and the list takes the
+//!   ordinary path, which refuses the released entries).
 //! - **Anything else takes the ordinary path.** A list with an entry that
 //!   is not such a copy (owner-served, bad destination, bad key, another
 //!   peer) gets no plan; a post whose checks fail, or whose copy fails for
@@ -65,6 +69,9 @@ pub(super) struct CopyPlan {
     destinations: Vec<u64>,
     /// Every entry's copy, in the owner's address order.
     entries: Vec<CopyEntry>,
+    /// The release slots of the registrations the entries read, each
+    /// once, with the region id each holds while live.
+    releases: Vec<(u32, u64)>,
 }
 
 /// The plans this thread keeps, newest last.
@@ -132,15 +139,38 @@ impl Engine {
                 SameHostSource::Copy(now) if Arc::ptr_eq(&now, &owner));
         let landed = same_source && {
             let plan = &self.copy_plans.0[index];
-            // SAFETY: every destination lies inside a registration this
-            // engine mapped (checked when the plan was made: a
-            // registration's pointer and length never change under its id)
-            // that is still mapped and not being unmapped (checked just
-            // now), and unmaps run on this thread only, after this returns;
-            // the caller holds the destinations until the answer, sent
-            // after the copy.
-            let outcomes = unsafe { vectored::copy_from_process(&owner, &plan.entries) };
-            outcomes.iter().all(Result::is_ok)
+            let live = |after_copy: bool| {
+                owner.release().is_some_and(|table| {
+                    plan.releases.iter().all(|&(slot, region)| {
+                        if after_copy {
+                            table.still_live_after_copy(slot, region)
+                        } else {
+                            table.is_live(slot, region)
+                        }
+                    })
+                })
+            };
+            live(false) && {
+                // SAFETY: every destination lies inside a registration this
+                // engine mapped (checked when the plan was made: a
+                // registration's pointer and length never change under its
+                // id) that is still mapped and not being unmapped (checked
+                // just now), and unmaps run on this thread only, after this
+                // returns; the caller holds the destinations until the
+                // answer, sent after the copy.
+                let outcomes = unsafe { vectored::copy_from_process(&owner, &plan.entries) };
+                let copied = outcomes.iter().all(Result::is_ok);
+                // The check that decides, after the copy returned.
+                if copied && !live(true) {
+                    for entry in &plan.entries {
+                        // SAFETY: as above; the copy has returned.
+                        unsafe { std::ptr::write_bytes(entry.dest, 0, entry.len) };
+                    }
+                    false
+                } else {
+                    copied
+                }
+            }
         };
         if !landed {
             self.copy_plans.0.remove(index);
@@ -156,6 +186,7 @@ impl Engine {
         let mut owner = None;
         let mut destinations = Vec::new();
         let mut entries = Vec::with_capacity(requests.len());
+        let mut releases: Vec<(u32, u64)> = Vec::new();
         for request in requests.iter() {
             if request.peer != peer {
                 return None;
@@ -182,6 +213,10 @@ impl Engine {
                 };
                 owner = Some(process);
             }
+            let release = (same_host.release_slot, same_host.served.release_tag());
+            if releases.last() != Some(&release) && !releases.contains(&release) {
+                releases.push(release);
+            }
             if destinations.last() != Some(&request.local_region_id)
                 && !destinations.contains(&request.local_region_id)
             {
@@ -200,6 +235,7 @@ impl Engine {
             owner: owner?,
             destinations,
             entries,
+            releases,
         })
     }
 

@@ -23,8 +23,10 @@
 //!   over the posix lane is never executed (a same-user peer can write this
 //!   process with `process_vm_writev` anyway: that is the kernel's trust
 //!   domain, not this library's).
-//! - This engine's own direct reads run on a separate **reader** worker,
-//!   whose address is never published; the loop progresses it.
+//! - This engine's endpoints to peers' lanes (UCX's witness that a peer is
+//!   on this host; the reads themselves are this engine's own kernel
+//!   copies) live on a separate **reader** worker, whose address is never
+//!   published; the loop progresses it.
 //!
 //! # What the owner gives up on this lane
 //!
@@ -32,54 +34,49 @@
 //! owner's address space holds at that address when the read runs. The
 //! consumer's engine checks the range against the mapped range the key
 //! carries, which keeps honest callers honest and bounds nothing against a
-//! hostile same-user process. A read with a stale descriptor returns the
-//! memory's current bytes, or fails if the pages are gone. An owner that
-//! does not want this opens no direct lane
+//! hostile same-user process. What it does check is that the registration
+//! is live: every same-host key names a slot of the owner's release table
+//! (`release_table`), and a copy counts only if the slot held the key's
+//! release tag (part of its capability) before and after it, so a stale
+//! descriptor, or one of an earlier engine of the same process, reads
+//! `RegionNotFound`, never the memory's current bytes. An owner that wants
+//! every read checked by itself opens no direct lane
 //! ([`crate::UcxConfig::with_same_host_direct_reads`]); its keys are then
-//! served-only and every read is checked.
+//! served-only.
 //!
 //! # Reads
 //!
-//! When the peer published its process and shares this engine's kernel and
-//! pid namespace, the engine copies its direct reads itself, a whole turn's
-//! worth per owner in one vectored system call (`vectored`); the endpoint
-//! below is then opened only as UCX's witness that the peer is on this
-//! host. Otherwise each read goes through UCX's cma:
-//!
-//! A direct read holds its destination like any other (`gets`); the
-//! kernel copy completes inside UCX's progress without the owner, so a read
-//! past its deadline is only marked and answered by its completion (`Ok` if
-//! the bytes landed). Endpoints use no peer error handling (UCX offers none
-//! on posix); a failed copy (the owner exited) fails the read, and UCX's
-//! error callback closes the endpoint so the next read tries again.
+//! When the peer published its process and its release table, and shares
+//! this engine's kernel and pid namespace, the engine copies its direct
+//! reads itself, a whole turn's worth per owner in one vectored system
+//! call (`vectored`); the endpoint below is opened only as UCX's witness
+//! that the peer is on this host, and carries no read. Every other
+//! same-host read goes through the owner: UCX's own cma read names the
+//! owner by pid alone and would have nothing to tell a released
+//! registration by. Endpoints use no peer error handling (UCX offers none
+//! on posix); UCX's error callback closes a failed one so the next read
+//! tries again.
 
 use std::ffi::c_void;
 
 use bytes::Bytes;
 use rdmareg_core::{PeerId, RdmaError};
-use ucx_sys as sys;
 
 use super::Engine;
-use super::answer::Answer;
 use super::events::Events;
-use super::ops::{GetOp, Phase};
 use super::peers::{
     DirectState, Endpoint, free_error_context, new_error_context, on_endpoint_error,
 };
-use super::ucp::{Context, ContextRole, EpHandle, MemHandle, RemoteKey, Worker, get};
+use super::ucp::{Context, ContextRole, EpHandle, MemHandle, Worker};
 use crate::config::UcxConfig;
-use crate::packed_key::{PackedKeyFormat, copy_for_unpack, validate_packed_key};
-use crate::read_protocol::SameHostKey;
+use crate::packed_key::{PackedKeyFormat, validate_packed_key};
 use crate::status::{PtrStatus, status_text};
-
-/// How long closing a direct endpoint waits for the kernel copies still
-/// running on it.
-const DIRECT_SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The lane's UCX objects. Field order is drop order: workers before their
 /// context.
 pub(crate) struct DirectLane {
-    /// Runs this engine's direct reads; progressed by the loop.
+    /// Holds this engine's endpoints to peers' lanes; progressed by the
+    /// loop.
     pub(crate) reader: Worker,
     /// Publishes the lane's address; never progressed.
     exposed: Worker,
@@ -135,20 +132,6 @@ impl DirectLane {
         drop(exposed);
         context
     }
-}
-
-/// A direct read's copy ended.
-unsafe extern "C" fn on_direct_read_done(
-    _request: *mut c_void,
-    status: sys::ucs_status_t,
-    user_data: *mut c_void,
-) {
-    let op = user_data.cast::<GetOp>();
-    // SAFETY: `user_data` is the op slot this read was posted for; slots
-    // outlive the workers and are recycled only after the loop handled this
-    // completion; the loop touches ops only between UCX calls.
-    let op = unsafe { &mut *op };
-    op.direct_read_ended(status);
 }
 
 impl Engine {
@@ -207,119 +190,10 @@ impl Engine {
             .is_some_and(|lane| validate_packed_key(&lane.key_format, ucx_key).is_ok())
     }
 
-    /// Posts `key`'s read one-sided if the peer's direct lane is reachable;
-    /// gives the reply back when it is not, so the caller reads through the
-    /// owner.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn try_post_direct_get(
-        &mut self,
-        peer: PeerId,
-        key: &SameHostKey,
-        remote_addr: u64,
-        local_region_id: u64,
-        dest: *mut u8,
-        len: usize,
-        deadline: std::time::Instant,
-        reply: Answer,
-    ) -> Result<Option<Answer>, (Answer, RdmaError)> {
-        let Some((endpoint, serial)) = self.direct_endpoint_for(peer) else {
-            return Ok(Some(reply));
-        };
-        if !key.covers(remote_addr, len as u64) {
-            return Err((reply, RdmaError::OutOfRange));
-        }
-        let Some(lane) = self.direct.as_ref() else {
-            return Ok(Some(reply));
-        };
-        let Ok(packed) = copy_for_unpack(&lane.key_format, &key.ucx_key) else {
-            return Err((reply, RdmaError::InvalidKey));
-        };
-        // SAFETY: the endpoint is live on the reader worker, used from this
-        // thread; the key's layout was validated just above.
-        let rkey = match unsafe { RemoteKey::unpack(endpoint, &packed) } {
-            Ok(rkey) => rkey,
-            Err(_) => return Err((reply, RdmaError::InvalidKey)),
-        };
-        let events: *const Events = &*self.events;
-        let (slot, op) = self.ops.alloc(events);
-        // SAFETY: the freshly allocated slot; nothing refers to it yet.
-        unsafe {
-            let op = &mut *op;
-            op.reply = Some(reply);
-            op.peer = peer;
-            op.endpoint_serial = serial;
-            op.endpoint = endpoint.raw();
-            op.region_id = local_region_id;
-            op.dest = dest;
-            op.len = len;
-            op.phase = Phase::Receiving;
-            op.hold_released = false;
-            op.direct_key = Some(rkey);
-        }
-        if let Some(region) = self.regions.get_mut(&local_region_id) {
-            region.in_flight += 1;
-        }
-        self.ops.schedule_deadline(slot, deadline);
-        // SAFETY: endpoint and key as above (the key lives until the op's
-        // completion is handled, in `finish_get`); the destination was
-        // checked against its mapped region and is held until then; the
-        // slot outlives the read.
-        let status = unsafe {
-            get(
-                endpoint,
-                dest,
-                len,
-                remote_addr,
-                rkey,
-                on_direct_read_done,
-                op.cast::<c_void>(),
-            )
-        };
-        // SAFETY: the slot is active and owned by this read.
-        let op_ref = unsafe { &mut *op };
-        match status {
-            PtrStatus::Pending(request) => op_ref.receive_request = request,
-            PtrStatus::Done => op_ref.direct_read_ended(sys::UCS_OK),
-            PtrStatus::Failed(code) => op_ref.direct_read_ended(code),
-        }
-        self.drain_events();
-        Ok(None)
-    }
-
-    /// Closes a direct endpoint gracefully, once the reads on it have
-    /// ended and their keys are destroyed: UCX requires a key to be
-    /// destroyed before its endpoint. A direct read ends inside UCX's
-    /// progress without the peer, so this waits for kernel copies only,
-    /// bounded by [`DIRECT_SETTLE_LIMIT`]; keys of reads still running then
-    /// are leaked rather than destroyed too late.
+    /// Closes a direct endpoint gracefully. No read runs on it (it is
+    /// only UCX's witness that the peer is on this host), so nothing is
+    /// waited for.
     pub(super) fn close_direct_endpoint(&mut self, endpoint: Endpoint) {
-        if self.direct.is_none() {
-            free_error_context(endpoint.error_context);
-            return;
-        }
-        let started = std::time::Instant::now();
-        let running = self.ops.direct_reads_on_endpoint(endpoint.serial);
-        if running > 0 {
-            tracing::debug!(
-                serial = endpoint.serial,
-                running,
-                "letting direct reads end before their endpoint closes"
-            );
-        }
-        while self.ops.direct_reads_on_endpoint(endpoint.serial) > 0 {
-            if started.elapsed() > DIRECT_SETTLE_LIMIT {
-                tracing::warn!(
-                    serial = endpoint.serial,
-                    "direct reads did not end before their endpoint closed; leaking their keys"
-                );
-                self.ops.forget_direct_keys_on_endpoint(endpoint.serial);
-                break;
-            }
-            if let Some(lane) = &self.direct {
-                lane.reader.progress();
-            }
-            self.drain_events();
-        }
         let Some(lane) = self.direct.as_ref() else {
             free_error_context(endpoint.error_context);
             return;

@@ -35,10 +35,11 @@
 //! cannot be force-closed, and such a receive answers when it ends or when
 //! the worker is destroyed.
 //!
-//! A read with a same-host key whose owner's direct lane this engine can
-//! reach skips the request and the reply: it is posted as a one-sided
-//! `ucp_get_nbx` on the direct lane (`direct`), held and answered the same
-//! way once UCX completes it.
+//! A read with a same-host key whose owner's process and release table this
+//! engine can reach skips the request and the reply: it is copied out of
+//! the owner with the turn's other such reads (`vectored`), checked against
+//! the release table before and after (`release_table`), and answered once
+//! the copy returned.
 //!
 //! The op records and their slots are in `ops`; UCX's callbacks for a
 //! read (its reply, its rendezvous receive, its request send) in
@@ -71,6 +72,10 @@ pub(super) struct PendingCopy {
     /// The owner's process.
     owner: Arc<OwnerProcess>,
     entry: CopyEntry,
+    /// The key's release slot and the tag it holds while the registration
+    /// is live (`release_table`, `ServedKey::release_tag`).
+    release_slot: u32,
+    release_tag: u64,
     /// The read as asked, to post through the owner if the kernel refuses.
     request: BackendGet,
     /// Taken when answered.
@@ -165,9 +170,9 @@ impl Engine {
     }
 
     /// Where `peer`'s same-host reads come from: its process, copied from
-    /// here, when it published one in this engine's pid space and UCX
-    /// reaches its direct lane (see `vectored`); nothing, once a copy found
-    /// that process gone; otherwise UCX.
+    /// here, when it published one and its release table in this engine's
+    /// pid space and UCX reaches its direct lane (see `vectored`); nothing,
+    /// once a copy found that process gone; otherwise its owner's engine.
     pub(super) fn copy_source(&mut self, peer: PeerId) -> SameHostSource {
         if let Some((memo_peer, source)) = &self.copy_source_memo {
             if *memo_peer == peer {
@@ -181,14 +186,18 @@ impl Engine {
 
     fn look_up_copy_source(&mut self, peer: PeerId) -> SameHostSource {
         let Some(connection) = self.peers.connection_mut(peer) else {
-            return SameHostSource::ThroughUcx;
+            return SameHostSource::NotCopied;
         };
         let owner = match &connection.process {
             SameHostSource::Copy(owner) => Arc::clone(owner),
             other => return other.clone(),
         };
+        if owner.release().is_none() {
+            // Nothing would tell a copy that a registration is gone.
+            return SameHostSource::ThroughOwner;
+        }
         if self.direct_endpoint_for(peer).is_none() {
-            return SameHostSource::ThroughUcx;
+            return SameHostSource::NotCopied;
         }
         self.signals.caller_copies.publish_source(peer, &owner);
         SameHostSource::Copy(owner)
@@ -243,7 +252,20 @@ impl Engine {
                 };
                 match outcome {
                     Ok(()) => {
-                        answer.send(Ok(()));
+                        // The check that decides (`release_table`): after
+                        // the copy returned.
+                        let live = copy.owner.release().is_some_and(|table| {
+                            table.still_live_after_copy(copy.release_slot, copy.release_tag)
+                        });
+                        if live {
+                            answer.send(Ok(()));
+                        } else {
+                            // SAFETY: the destination checked when the read
+                            // was gathered, held until its answer, sent
+                            // below; the copy has returned.
+                            unsafe { std::ptr::write_bytes(copy.entry.dest, 0, copy.entry.len) };
+                            answer.send(Err(RdmaError::RegionNotFound));
+                        }
                     }
                     Err(err) if err.is_refusal() => {
                         tracing::debug!(peer = %copy.request.peer, error = %err, "same-host copies refused; reading through the owner");
@@ -343,7 +365,7 @@ impl Engine {
         };
         let source = match &*key {
             ReadKey::SameHost(_) => self.copy_source(peer),
-            ReadKey::Served(_) => SameHostSource::ThroughUcx,
+            ReadKey::Served(_) => SameHostSource::NotCopied,
         };
         if let SameHostSource::Gone = source {
             return Err((
@@ -353,7 +375,6 @@ impl Engine {
                 )),
             ));
         }
-        let through_owner = matches!(source, SameHostSource::ThroughOwner);
         if let (ReadKey::SameHost(same_host), SameHostSource::Copy(owner)) = (&*key, source) {
             // The UCX key goes unused on this path, but a key is checked
             // the same whichever way it is read.
@@ -363,6 +384,16 @@ impl Engine {
             if !same_host.covers(remote_addr, len as u64) {
                 return Err((reply, RdmaError::OutOfRange));
             }
+            let (release_slot, release_tag) =
+                (same_host.release_slot, same_host.served.release_tag());
+            // The check before the copy (`release_table`); `copy_source`
+            // answers `Copy` only for owners whose table is open.
+            let live = owner
+                .release()
+                .is_some_and(|table| table.is_live(release_slot, release_tag));
+            if !live {
+                return Err((reply, RdmaError::RegionNotFound));
+            }
             self.copies.push(PendingCopy {
                 owner,
                 entry: CopyEntry {
@@ -370,6 +401,8 @@ impl Engine {
                     dest,
                     len,
                 },
+                release_slot,
+                release_tag,
                 request: BackendGet {
                     peer,
                     remote_addr,
@@ -383,33 +416,11 @@ impl Engine {
             });
             return Ok(());
         }
-        // A copy never waits: only reads that do need a deadline.
+        // Every other read goes through the owner, which checks it: a
+        // same-host read this engine cannot copy with a release check
+        // included (UCX's cma would read by pid, with nothing to tell a
+        // released registration).
         let timeout = deadline.unwrap_or(self.settings.default_get_deadline);
-        let reply = match &*key {
-            ReadKey::SameHost(same_host) if !through_owner => {
-                // The direct lane may fall back and touch the peer table.
-                self.endpoint_memo = None;
-                let direct = self.try_post_direct_get(
-                    peer,
-                    same_host,
-                    remote_addr,
-                    local_region_id,
-                    dest,
-                    len,
-                    *posted + timeout,
-                    reply,
-                );
-                // The direct lane may have waited on UCX (settling a failed
-                // endpoint): this read's fallback and the batch's later
-                // reads reckon their deadlines from now.
-                *posted = Instant::now();
-                match direct? {
-                    None => return Ok(()),
-                    Some(reply) => reply,
-                }
-            }
-            ReadKey::SameHost(_) | ReadKey::Served(_) => reply,
-        };
         let deadline = *posted + timeout;
         let key = key.served();
         let (endpoint, serial) = match self.served_endpoint(peer) {
@@ -613,12 +624,6 @@ impl Engine {
             unsafe { self.worker.free_request(op_ref.receive_request) };
             op_ref.receive_request = std::ptr::null_mut();
         }
-        if let Some(key) = op_ref.direct_key.take() {
-            // SAFETY: the direct read using it has completed; the reader
-            // worker it was unpacked on is alive (it is destroyed only
-            // after the loop stops handling completions).
-            unsafe { key.destroy() };
-        }
         self.settle_op(slot);
     }
 
@@ -666,11 +671,6 @@ impl Engine {
                         .remove(&op_ref.generation);
                     op_ref.finish(Err(RdmaError::Timeout));
                     self.events.finished_reads.borrow_mut().push(slot);
-                }
-                Phase::Receiving if op_ref.direct_key.is_some() => {
-                    // The kernel copy needs nothing from the owner and
-                    // ends inside UCX's progress; its completion answers.
-                    op_ref.expired = true;
                 }
                 Phase::Receiving => {
                     op_ref.expired = true;

@@ -163,6 +163,10 @@ struct Engine {
     /// This engine's process as its address publishes it (only with a
     /// direct lane): peers sharing its pid space are copied from directly.
     process: Option<ProcessIdentity>,
+    /// Slots that tell same-host readers which registrations are live
+    /// (`release_table`); `None` without the direct lane, or when it could
+    /// not be made: this engine's keys are then served-only.
+    release: Option<crate::release_table::ReleaseTable>,
     context: Context,
 }
 
@@ -281,11 +285,21 @@ impl Engine {
         let process = direct
             .as_ref()
             .and_then(|_| ProcessIdentity::current_with_this_thread());
+        let release = process
+            .filter(|process| process.thread.is_some())
+            .and_then(|_| match crate::release_table::ReleaseTable::create() {
+                Ok(table) => Some(table),
+                Err(err) => {
+                    tracing::info!(error = %err, "no release table; this engine's keys are read through it");
+                    None
+                }
+            });
         let worker_address = match &direct {
             Some(lane) => EngineAddress {
                 serving: serving_address,
                 direct: Some(lane.address.clone()),
                 process,
+                release_table: release.as_ref().and_then(|table| table.location()),
             }
             .encode()
             .map_err(|err| {
@@ -328,6 +342,7 @@ impl Engine {
             key_memo: key_memo::KeyMemo::default(),
             copy_plans: copy_plans::CopyPlans::default(),
             process,
+            release,
             context,
         };
         let info = StartInfo {

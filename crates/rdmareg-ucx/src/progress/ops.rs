@@ -18,8 +18,7 @@ use ucx_sys as sys;
 use super::answer::Answer;
 use super::deadlines::DeadlineQueue;
 use super::events::Events;
-use super::replies::failure;
-use super::ucp::{MemHandle, RemoteKey};
+use super::ucp::MemHandle;
 
 /// Where a read stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,11 +53,8 @@ pub(crate) struct GetOp {
     /// The request send, while UCX still owns it.
     pub(super) send_request: *mut c_void,
     pub(super) send_pending: bool,
-    /// The rendezvous receive (or the direct read), until the loop frees
-    /// it.
+    /// The rendezvous receive, until the loop frees it.
     pub(super) receive_request: *mut c_void,
-    /// A direct read's unpacked key, destroyed once the read is handled.
-    pub(super) direct_key: Option<RemoteKey>,
     /// The deadline passed while the receive ran.
     pub(super) expired: bool,
     /// The destination hold was dropped.
@@ -88,26 +84,11 @@ impl GetOp {
             send_request: std::ptr::null_mut(),
             send_pending: false,
             receive_request: std::ptr::null_mut(),
-            direct_key: None,
             expired: false,
             hold_released: true,
             list_members: Vec::new(),
             active: false,
         }
-    }
-
-    /// A direct read's copy ended with `status` (from its completion
-    /// callback, or inline when UCX completed it at once).
-    pub(super) fn direct_read_ended(&mut self, status: sys::ucs_status_t) {
-        // SAFETY: the events record outlives the workers.
-        let events = unsafe { &*self.events };
-        let outcome = if status == sys::UCS_OK {
-            Ok(())
-        } else {
-            Err(failure(self, events, status))
-        };
-        self.finish(outcome);
-        events.finished_reads.borrow_mut().push(self.slot);
     }
 
     /// Marks the op finished and answers it with `outcome`, once.
@@ -173,15 +154,6 @@ impl OpTable {
         (slot, op)
     }
 
-    /// Enters `slot`'s current read in the deadline queue.
-    pub(super) fn schedule_deadline(&mut self, slot: u32, deadline: Instant) {
-        if let Some(op) = self.op(slot) {
-            // SAFETY: as in `op`.
-            let generation = unsafe { (*op).generation };
-            self.deadlines.push((deadline, slot, generation));
-        }
-    }
-
     pub(super) fn op(&self, slot: u32) -> Option<*mut GetOp> {
         let op = *self.slots.get(slot as usize)?;
         // SAFETY: a slot pointer from this table is valid until `Drop`.
@@ -244,32 +216,6 @@ impl OpTable {
                 (*op).endpoint_serial == serial && (*op).phase == Phase::Receiving
             })
             .count()
-    }
-
-    /// Direct reads on direct endpoint `serial` whose key is not yet
-    /// destroyed.
-    pub(crate) fn direct_reads_on_endpoint(&self, serial: u64) -> usize {
-        self.active_slots()
-            .into_iter()
-            .filter_map(|slot| self.op(slot))
-            // SAFETY: as in `op`.
-            .filter(|&op| unsafe { (*op).endpoint_serial == serial && (*op).direct_key.is_some() })
-            .count()
-    }
-
-    /// Forgets (leaks) the keys of direct reads on endpoint `serial` that
-    /// never ended: UCX forbids destroying a key once its endpoint is gone.
-    pub(crate) fn forget_direct_keys_on_endpoint(&mut self, serial: u64) {
-        for slot in self.active_slots() {
-            if let Some(op) = self.op(slot) {
-                // SAFETY: as in `op`.
-                unsafe {
-                    if (*op).endpoint_serial == serial {
-                        (*op).direct_key = None;
-                    }
-                }
-            }
-        }
     }
 
     /// Active slots, for sweeps.

@@ -323,7 +323,11 @@ impl Engine {
                     .process
                     .filter(|_| address.direct.is_some())
                     .filter(|theirs| ours.is_some_and(|ours| ours.shares_pid_space_with(theirs)))
-                    .map(|theirs| SameHostSource::Copy(Arc::new(OwnerProcess::new(&theirs))))
+                    .map(|theirs| {
+                        let owner =
+                            OwnerProcess::with_release_table(&theirs, address.release_table);
+                        SameHostSource::Copy(Arc::new(owner))
+                    })
                     .unwrap_or_default(),
                 ..Connection::default()
             });

@@ -18,6 +18,13 @@
 //!   (a read landing in it) and the last lease (a reply UCX is still
 //!   sending from it) end. Every unmap submitted meanwhile joins the same
 //!   wait.
+//! - A registration on the direct lane takes a slot in the engine's release
+//!   table, which holds its region id while it is live; its key names the
+//!   slot (`release_table`). **The slot is emptied when the unmap is
+//!   submitted**, before the unmap is parked or run and so before any
+//!   answer to it: from then on no same-host read of the region counts,
+//!   whatever the reader's copy found. Without a slot (no table, or the
+//!   table full) the registration gets a served-only key.
 //! - The effective range reported for a registration is page-enclosing:
 //!   what is pinned is whole pages, and the registry's budget charges what
 //!   is pinned. UCX reports the caller's pointer and length unrounded.
@@ -45,6 +52,9 @@ pub(crate) struct Region {
     /// The direct-read lane's registration of the same range, if the lane
     /// is open.
     pub(crate) direct_memh: Option<MemHandle>,
+    /// The registration's slot in the release table while it is live (the
+    /// unmap empties it).
+    pub(crate) release_slot: Option<u32>,
     /// The pointer that was mapped: the base of every destination offset.
     pub(crate) ptr: usize,
     /// The length that was mapped: the bound of every destination range.
@@ -111,13 +121,29 @@ impl Engine {
             region_id: id,
             capability,
         };
-        let (direct_memh, packed_key) = match self.map_direct(ptr, len) {
-            Ok(None) => (None, Bytes::copy_from_slice(&served.encode())),
-            Ok(Some((direct_memh, ucx_key))) => {
+        // Same-host keys only with a release slot: a direct read of a
+        // registration no slot vouches for could not tell it was released.
+        let release_slot = match (&self.direct, &mut self.release) {
+            (Some(_), Some(table)) => table.publish(served.release_tag()),
+            _ => None,
+        };
+        let mapped_direct = match release_slot {
+            Some(slot) => self
+                .map_direct(ptr, len)
+                .map(|mapped| mapped.map(|(direct_memh, ucx_key)| (direct_memh, ucx_key, slot))),
+            None => Ok(None),
+        };
+        let (direct_memh, packed_key) = match mapped_direct {
+            Ok(None) => {
+                self.retire_release_slot(release_slot);
+                (None, Bytes::copy_from_slice(&served.encode()))
+            }
+            Ok(Some((direct_memh, ucx_key, release_slot))) => {
                 let key = SameHostKey {
                     served,
                     region_addr: ptr as u64,
                     region_len: len as u64,
+                    release_slot,
                     ucx_key,
                 }
                 .encode();
@@ -127,6 +153,7 @@ impl Engine {
                         // SAFETY: mapped just above, in no table, unmapped
                         // once here.
                         let _ = unsafe { self.unmap_direct(direct_memh) };
+                        self.retire_release_slot(Some(release_slot));
                         self.undo_map(id, memh, ptr, len);
                         let _ = reply.send(Err(RdmaError::Backend(
                             "ucx: the direct-read lane packed an unusable key".into(),
@@ -136,11 +163,13 @@ impl Engine {
                 }
             }
             Err(err) => {
+                self.retire_release_slot(release_slot);
                 self.undo_map(id, memh, ptr, len);
                 let _ = reply.send(Err(err));
                 return;
             }
         };
+        let release_slot = release_slot.filter(|_| direct_memh.is_some());
         if reply.is_canceled() {
             // The caller left while UCX registered: undo before the range is
             // ever counted, so nobody observes a registration that was
@@ -152,6 +181,7 @@ impl Engine {
                     tracing::error!(error = %err, region = id, "could not undo the direct-lane half of an abandoned map");
                 }
             }
+            self.retire_release_slot(release_slot);
             self.undo_map(id, memh, ptr, len);
             return;
         }
@@ -161,6 +191,7 @@ impl Engine {
             Region {
                 memh,
                 direct_memh,
+                release_slot,
                 ptr,
                 len,
                 in_flight: 0,
@@ -199,6 +230,14 @@ impl Engine {
         }
     }
 
+    /// Empties a release slot: no same-host read of what it named counts
+    /// from now on.
+    fn retire_release_slot(&mut self, slot: Option<u32>) {
+        if let (Some(slot), Some(table)) = (slot, self.release.as_mut()) {
+            table.retire(slot);
+        }
+    }
+
     /// Undoes a serving-context map that is in no table yet; a failed undo
     /// keeps the registration counted until teardown.
     fn undo_map(&mut self, id: u64, memh: MemHandle, ptr: usize, len: usize) {
@@ -219,6 +258,7 @@ impl Engine {
             Region {
                 memh,
                 direct_memh: None,
+                release_slot: None,
                 ptr,
                 len,
                 in_flight: 0,
@@ -253,6 +293,12 @@ impl Engine {
         // The backend withdrew it when the unmap was submitted; a
         // compensating unmap was not submitted there.
         self.signals.caller_copies.withdraw_destination(id);
+        // First, before the unmap can be answered (module docs).
+        let release_slot = self
+            .regions
+            .get_mut(&id)
+            .and_then(|region| region.release_slot.take());
+        self.retire_release_slot(release_slot);
         let Some(region) = self.regions.get_mut(&id) else {
             if let Some(reply) = reply {
                 let _ = reply.send(Ok(()));
@@ -338,8 +384,13 @@ impl Engine {
         let Some(region) = self.regions.get(&id) else {
             return Ok(());
         };
-        let (memh, direct_memh) = (region.memh, region.direct_memh);
+        let (memh, direct_memh, release_slot) =
+            (region.memh, region.direct_memh, region.release_slot);
         self.signals.caller_copies.withdraw_destination(id);
+        if let Some(region) = self.regions.get_mut(&id) {
+            region.release_slot = None;
+        }
+        self.retire_release_slot(release_slot);
         if let Some(direct_memh) = direct_memh {
             // SAFETY: from `map_direct`, still in the table, so not unmapped
             // yet; on success it leaves the region below.

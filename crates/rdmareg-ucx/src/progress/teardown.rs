@@ -123,6 +123,7 @@ impl Engine {
             regions,
             signals,
             mut shutdown_replies,
+            mut release,
             context,
             ..
         } = self;
@@ -151,6 +152,11 @@ impl Engine {
 
         let mut still_registered = Vec::new();
         for (id, region) in regions {
+            // Before any unmap is answered: no same-host read of the region
+            // counts from here on (`regions`).
+            if let (Some(slot), Some(table)) = (region.release_slot, release.as_mut()) {
+                table.retire(slot);
+            }
             let direct_result = match (region.direct_memh, &direct_context) {
                 // SAFETY: the handle came from the lane's context and is
                 // unmapped at most once (the table is consumed here).

@@ -274,38 +274,6 @@ unsafe fn for_each_lane_transport(
     Ok(())
 }
 
-/// An unpacked remote key (`ucp_rkey_h`), owned by the read that uses it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RemoteKey(sys::ucp_rkey_h);
-
-impl RemoteKey {
-    /// Unpacks `packed` for endpoint `ep`.
-    ///
-    /// # Safety
-    /// `ep` is a live endpoint used from its worker's thread; `packed` is a
-    /// key whose layout was validated for the loaded UCX (UCX parses it
-    /// without a length).
-    pub(crate) unsafe fn unpack(ep: EpHandle, packed: &[u8]) -> Result<RemoteKey, RdmaError> {
-        let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
-        // SAFETY: the caller's contract; the bytes outlive the call (UCX
-        // copies what it keeps).
-        let status =
-            unsafe { sys::ucp_ep_rkey_unpack(ep.0, packed.as_ptr().cast::<c_void>(), &mut rkey) };
-        check(status, "unpacking a remote key (ucp_ep_rkey_unpack)")?;
-        Ok(RemoteKey(rkey))
-    }
-
-    /// Releases the key.
-    ///
-    /// # Safety
-    /// No operation using the key is still running, and it is destroyed
-    /// once, before its endpoint's worker.
-    pub(crate) unsafe fn destroy(self) {
-        // SAFETY: the caller's contract.
-        unsafe { sys::ucp_rkey_destroy(self.0) };
-    }
-}
-
 /// The engine's one `UCS_THREAD_MODE_SINGLE` worker.
 pub(crate) struct Worker {
     handle: sys::ucp_worker_h,
@@ -723,37 +691,5 @@ pub(crate) unsafe fn receive_rendezvous(
     // SAFETY: the caller's contract; `param` is initialised.
     PtrStatus::decode(unsafe {
         sys::ucp_am_recv_data_nbx(worker, data_desc, dest.cast::<c_void>(), len, &param)
-    })
-}
-
-/// Reads `len` bytes at `remote` of the peer behind `ep` into `dest`
-/// (`ucp_get_nbx`).
-///
-/// # Safety
-/// Called on `ep`'s worker thread; `rkey` was unpacked for `ep` and lives
-/// until the read completes. `[dest, dest + len)` stays allocated and
-/// unaliased until the read completes: inline (`Done`/`Failed`) or when
-/// `callback(.., user_data)` runs; `user_data` stays valid until then.
-pub(crate) unsafe fn get(
-    ep: EpHandle,
-    dest: *mut u8,
-    len: usize,
-    remote: u64,
-    rkey: RemoteKey,
-    callback: SendCallback,
-    user_data: *mut c_void,
-) -> PtrStatus {
-    let mut param = sys::ucp_request_param_t {
-        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
-            | sys::UCP_OP_ATTR_FIELD_USER_DATA
-            | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-        user_data,
-        memory_type: sys::UCS_MEMORY_TYPE_HOST,
-        ..Default::default()
-    };
-    param.cb.send = Some(callback);
-    // SAFETY: the caller's contract; `param` is initialised.
-    PtrStatus::decode(unsafe {
-        sys::ucp_get_nbx(ep.0, dest.cast::<c_void>(), len, remote, rkey.0, &param)
     })
 }

@@ -361,6 +361,20 @@ pub fn raw_context_and_worker(
     (context, worker)
 }
 
+/// `key` with the last 8 bytes of its capability altered: the part no
+/// release table holds, so only the owner itself can tell (a served read
+/// is refused, a one-sided read is not).
+pub fn forged_capability_tail(key: &[u8]) -> Bytes {
+    use rdmareg_ucx::read_protocol::ReadKey;
+    match ReadKey::decode(key).expect("an engine key") {
+        ReadKey::SameHost(mut same_host) => {
+            same_host.served.capability[8..].fill(0xAB);
+            Bytes::from(same_host.encode().expect("a same-host key"))
+        }
+        other => panic!("unexpected key {other:?}"),
+    }
+}
+
 /// `key` (either lane) with its capability replaced: a well-formed key the
 /// owner never issued.
 pub fn forged_capability(key: &[u8]) -> Bytes {

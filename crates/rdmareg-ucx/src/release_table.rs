@@ -1,0 +1,360 @@
+//! The release table: how a same-host reader, which copies out of the
+//! owner's process without asking it, learns that a registration is gone.
+//!
+//! # Contract
+//!
+//! - **One table per engine that opens the direct lane**, in a sealed
+//!   `memfd` that only its process holds: no name in any file system, so
+//!   another process opens it only through `/proc/<owner>/fd/<n>`, which
+//!   the kernel allows only to a process that may ptrace the owner — the
+//!   same processes `process_vm_readv` lets read the owner's memory. The
+//!   engine address publishes the descriptor number and a random table id
+//!   ([`TableLocation`]); the reader checks the id in the table's header.
+//! - **A slot per live direct-lane registration**, holding its release
+//!   tag (`read_protocol::ServedKey::release_tag`: 8 bytes of its random
+//!   capability, never 0). Same-host keys name the slot
+//!   (`read_protocol::SameHostKey::release_slot`). Not the region id:
+//!   region ids and slots restart with every engine, and a later engine of
+//!   the same process would otherwise vouch for an earlier one's keys.
+//! - **The owner empties the slot before it answers the unmap**, as soon
+//!   as the unmap is submitted, before any unmap answer reaches a
+//!   `deregistered()` (`progress::regions`). A slot is reused only under a
+//!   new registration's tag, so a stale key never matches again (but with
+//!   the chance of two random 64-bit values being equal).
+//! - **A read counts only if the slot held the key's tag before the
+//!   copy and still holds it after.** The reader loads the slot (refusing
+//!   at once when it changed), copies, then — after an acquire fence that
+//!   orders the kernel's loads of the copy before it — loads the slot
+//!   again; a changed slot answers [`RdmaError::RegionNotFound`] and the
+//!   destination's bytes are not delivered (they are zeroed).
+//!
+//! # Why the check after the copy decides
+//!
+//! The kernel's copy is not ordered with the owner's writes. What matters
+//! is that bytes the owner wrote after its release never pass as a live
+//! read. The owner's release stores 0 in the slot, then answers the unmap;
+//! every write the application makes after `deregistered()` resolved
+//! happens after that store (release/acquire through the answer). A copy
+//! that read any such byte and then, ordered after its loads, reads the
+//! slot, sees 0 (or a later tag): the message-passing pattern, which
+//! the acquire fence makes hold on weakly ordered processors too. A slot
+//! still equal afterwards therefore means no byte of the copy was written
+//! after the release. The check before the copy only saves a useless copy.
+//!
+//! # Cost
+//!
+//! Two loads of one cache line per read (one line per slot group of
+//! eight), in memory mapped once per peer; the owner pays one store per
+//! map and unmap.
+//!
+//! # Trust
+//!
+//! The table guards honest readers holding stale descriptors, not against
+//! a hostile same-user process: such a process can read the owner's
+//! memory directly, or write its table. That is the kernel's trust domain
+//! (`docs/safety.md`).
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+/// Slots in a table: the most direct-lane registrations an engine holds at
+/// once. Registrations past that get served-only keys. The file is sparse:
+/// only pages of slots in use take memory.
+pub(crate) const SLOTS: usize = 1 << 20;
+
+/// Header: magic, then the table id.
+const MAGIC: [u8; 16] = *b"rdmareg-release1";
+const HEADER_LEN: usize = 64;
+const TABLE_LEN: usize = HEADER_LEN + SLOTS * 8;
+
+/// Where a peer's reader finds an engine's release table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TableLocation {
+    /// The descriptor number of the table's `memfd` in the owner's process.
+    pub fd: u32,
+    /// 16 random bytes the table's header carries.
+    pub id: [u8; 16],
+}
+
+/// A mapping of a table: read-write for the owner, read-only for readers.
+#[derive(Debug)]
+struct Mapping {
+    base: *mut u8,
+}
+
+// SAFETY: the mapping is only accessed through atomics (slots) or read
+// once after creation (header); it lives until drop on any thread.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: shared access is through atomic loads and stores only.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn map(fd: &OwnedFd, writable: bool) -> std::io::Result<Mapping> {
+        let protection = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: maps `TABLE_LEN` bytes of a file at least that long (the
+        // caller checked or set its size, and sealed it against shrinking);
+        // nothing else is at the address the kernel picks.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                TABLE_LEN,
+                protection,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapping { base: base.cast() })
+    }
+
+    fn header(&self) -> [u8; 32] {
+        let mut header = [0u8; 32];
+        // SAFETY: the header is the mapping's first bytes, written by the
+        // owner before its table's location was published.
+        unsafe { std::ptr::copy_nonoverlapping(self.base, header.as_mut_ptr(), 32) };
+        header
+    }
+
+    fn slot(&self, slot: u32) -> Option<&AtomicU64> {
+        let index = usize::try_from(slot).ok().filter(|&i| i < SLOTS)?;
+        // SAFETY: inside the mapping (index below SLOTS), 8-byte aligned
+        // (the mapping is page-aligned and HEADER_LEN is a multiple of 8);
+        // slots are only ever accessed atomically, by both processes.
+        Some(unsafe { &*self.base.add(HEADER_LEN + index * 8).cast::<AtomicU64>() })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once; no reference
+        // into it outlives `self`.
+        unsafe { libc::munmap(self.base.cast(), TABLE_LEN) };
+    }
+}
+
+/// The owner's table.
+#[derive(Debug)]
+pub(crate) struct ReleaseTable {
+    mapping: Mapping,
+    /// Kept open: readers open the table through it.
+    fd: OwnedFd,
+    id: [u8; 16],
+    free: Vec<u32>,
+    next: u32,
+}
+
+impl ReleaseTable {
+    /// A new, empty, sealed table.
+    pub(crate) fn create() -> std::io::Result<ReleaseTable> {
+        let name = CString::new("rdmareg-release").expect("no NUL");
+        // SAFETY: a valid C string; the flags are memfd_create's.
+        let raw = unsafe {
+            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor memfd_create just returned, owned here only.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain system calls on the descriptor above.
+        let sized = unsafe { libc::ftruncate(fd.as_raw_fd(), TABLE_LEN as libc::off_t) };
+        if sized != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Readers map the whole length: nobody may shrink it under them.
+        // SAFETY: as above.
+        let sealed = unsafe {
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        };
+        if sealed != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mapping = Mapping::map(&fd, true)?;
+        let mut id = [0u8; 16];
+        getrandom::fill(&mut id).map_err(|e| std::io::Error::other(e.to_string()))?;
+        // SAFETY: the header lies inside the fresh mapping; no reader has
+        // the table's location yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping(MAGIC.as_ptr(), mapping.base, 16);
+            std::ptr::copy_nonoverlapping(id.as_ptr(), mapping.base.add(16), 16);
+        }
+        Ok(ReleaseTable {
+            mapping,
+            fd,
+            id,
+            free: Vec::new(),
+            next: 0,
+        })
+    }
+
+    /// Where readers find this table.
+    pub(crate) fn location(&self) -> Option<TableLocation> {
+        Some(TableLocation {
+            fd: u32::try_from(self.fd.as_raw_fd()).ok()?,
+            id: self.id,
+        })
+    }
+
+    /// A slot now holding `tag` (a registration's release tag, never 0);
+    /// `None` when every slot is taken.
+    pub(crate) fn publish(&mut self, tag: u64) -> Option<u32> {
+        debug_assert_ne!(tag, 0);
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None if (self.next as usize) < SLOTS => {
+                self.next += 1;
+                self.next - 1
+            }
+            None => return None,
+        };
+        self.mapping.slot(slot)?.store(tag, Ordering::Release);
+        Some(slot)
+    }
+
+    /// Empties `slot`: from this store on, no read of its registration
+    /// counts. Callers store before they answer the unmap.
+    pub(crate) fn retire(&mut self, slot: u32) {
+        if let Some(entry) = self.mapping.slot(slot) {
+            entry.store(0, Ordering::SeqCst);
+            self.free.push(slot);
+        }
+    }
+}
+
+/// Why a peer's table could not be opened.
+#[derive(Debug)]
+pub(crate) struct OpenError(String);
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A reader's read-only view of a peer's table.
+#[derive(Debug)]
+pub(crate) struct ReleaseView {
+    mapping: Mapping,
+}
+
+impl ReleaseView {
+    /// Opens the table at `location` in the process that `task` (a
+    /// process or thread id in this pid namespace) belongs to.
+    pub(crate) fn open(task: u32, location: TableLocation) -> Result<ReleaseView, OpenError> {
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _};
+        let path = format!("/proc/{task}/fd/{}", location.fd);
+        let fail = |what: &str, err: std::io::Error| OpenError(format!("{path}: {what}: {err}"));
+        // What the link names, before opening it: a stale descriptor number
+        // may name a FIFO or a device, which must not be opened.
+        let named = std::fs::metadata(&path).map_err(|e| fail("stat", e))?;
+        let file_type = named.file_type();
+        if !named.is_file() || file_type.is_fifo() || named.len() != TABLE_LEN as u64 {
+            return Err(OpenError(format!(
+                "{path} is not a release table ({} bytes)",
+                named.len()
+            )));
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| fail("open", e))?;
+        let opened = file.metadata().map_err(|e| fail("fstat", e))?;
+        if (opened.dev(), opened.ino()) != (named.dev(), named.ino())
+            || opened.len() != TABLE_LEN as u64
+        {
+            return Err(OpenError(format!("{path} changed while it was opened")));
+        }
+        // SAFETY: F_GET_SEALS on a descriptor this function owns.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(OpenError(format!("{path} is not sealed against shrinking")));
+        }
+        let fd = OwnedFd::from(file);
+        let mapping = Mapping::map(&fd, false).map_err(|e| fail("mmap", e))?;
+        let header = mapping.header();
+        if header[..16] != MAGIC || header[16..32] != location.id {
+            return Err(OpenError(format!("{path} is another table")));
+        }
+        Ok(ReleaseView { mapping })
+    }
+
+    /// Whether `slot` holds `tag`: the check before a copy.
+    pub(crate) fn is_live(&self, slot: u32, tag: u64) -> bool {
+        self.mapping
+            .slot(slot)
+            .is_some_and(|entry| entry.load(Ordering::Acquire) == tag)
+    }
+
+    /// Whether `slot` still holds `tag` after a copy this thread made (a
+    /// `process_vm_readv` that has returned): the check that decides
+    /// (module docs).
+    pub(crate) fn still_live_after_copy(&self, slot: u32, tag: u64) -> bool {
+        // Orders the copy's loads (made by the kernel on this thread)
+        // before the slot's.
+        fence(Ordering::Acquire);
+        self.is_live(slot, tag)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reader_sees_a_slot_live_until_it_is_retired_and_never_again() {
+        let mut table = ReleaseTable::create().expect("memfd");
+        let location = table.location().unwrap();
+        let view = ReleaseView::open(std::process::id(), location).expect("opened");
+        let slot = table.publish(7).unwrap();
+        assert!(view.is_live(slot, 7));
+        assert!(!view.is_live(slot, 8));
+        table.retire(slot);
+        assert!(!view.still_live_after_copy(slot, 7));
+        // The slot is reused under another id: the old one never matches.
+        assert_eq!(table.publish(9), Some(slot));
+        assert!(view.is_live(slot, 9));
+        assert!(!view.is_live(slot, 7));
+        assert!(!view.is_live(u32::MAX, 9), "a slot past the table");
+    }
+
+    #[test]
+    fn a_table_is_not_taken_for_another() {
+        let table = ReleaseTable::create().expect("memfd");
+        let mut location = table.location().unwrap();
+        location.id[0] ^= 1;
+        assert!(ReleaseView::open(std::process::id(), location).is_err());
+        // A descriptor number naming something else (stdin, or nothing).
+        let elsewhere = TableLocation {
+            fd: 0,
+            id: table.location().unwrap().id,
+        };
+        assert!(ReleaseView::open(std::process::id(), elsewhere).is_err());
+        let nothing = TableLocation {
+            fd: 1 << 30,
+            id: table.location().unwrap().id,
+        };
+        assert!(ReleaseView::open(std::process::id(), nothing).is_err());
+    }
+
+    #[test]
+    fn a_full_table_gives_no_slot() {
+        let mut table = ReleaseTable::create().expect("memfd");
+        table.next = SLOTS as u32;
+        assert_eq!(table.publish(1), None);
+        table.retire(3);
+        assert_eq!(table.publish(1), Some(3));
+    }
+}
