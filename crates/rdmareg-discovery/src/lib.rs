@@ -53,6 +53,14 @@ pub use error::DiscoveryError;
 pub use publisher::{Publisher, PublisherStatus};
 pub use record::{MAX_NAME_LEN, MAX_WORKER_ADDRESS_LEN, NodeRecord};
 
+/// How often a connection with a watch or request open pings etcd: above
+/// etcd's default `--grpc-keepalive-min-time` of 5 s, which closes the
+/// connections of clients that ping more often.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long a ping may go unanswered before the link counts as dead.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where etcd is and how a cluster is laid out in it.
 #[derive(Debug, Clone)]
 pub struct EtcdConfig {
@@ -148,9 +156,15 @@ impl EtcdConfig {
         let options = ConnectOptions::new()
             .with_connect_timeout(self.connect_timeout)
             .with_timeout(self.request_timeout)
-            // HTTP/2 pings notice a silently dead link (cut cable, partition).
-            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
-            .with_keep_alive_while_idle(true);
+            // HTTP/2 pings notice a silently dead link (cut cable,
+            // partition) under a watch. Not more often than every 5 s, and
+            // not on an idle connection: etcd's gRPC server (default
+            // `--grpc-keepalive-min-time` 5 s, no pings without a stream)
+            // answers pings it finds too frequent by closing the
+            // connection, which failed the next request and dropped every
+            // watch every few seconds.
+            .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
+            .with_keep_alive_while_idle(false);
         let attempt = async {
             let mut client = Client::connect(&self.endpoints, Some(options))
                 .await
