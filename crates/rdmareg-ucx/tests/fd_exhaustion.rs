@@ -25,7 +25,6 @@ mod common;
 
 use rdmareg_backend::own_process::in_own_process;
 
-use std::collections::HashSet;
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -34,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::child_process::{CHILD_ROLE, is_child};
+use common::sockets::own_listening_ports;
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{Descriptor, RdmaError};
@@ -89,41 +89,6 @@ fn owner_main() {
     }
     drop(engine);
     drop(buf);
-}
-
-/// The inodes of this process's sockets.
-fn own_socket_inodes() -> HashSet<u64> {
-    fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .filter_map(|entry| fs::read_link(entry.ok()?.path()).ok())
-        .filter_map(|target| {
-            let target = target.to_string_lossy().into_owned();
-            target
-                .strip_prefix("socket:[")?
-                .strip_suffix(']')?
-                .parse()
-                .ok()
-        })
-        .collect()
-}
-
-/// The IPv4 tcp ports this process listens on (`/proc/net/tcp`, state
-/// `0A`).
-fn own_listening_ports() -> Vec<u16> {
-    let inodes = own_socket_inodes();
-    let mut ports: Vec<u16> = fs::read_to_string("/proc/net/tcp")
-        .expect("/proc/net/tcp")
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
-            let port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
-            (*state == "0A" && inodes.contains(&inode.parse().ok()?)).then_some(port)
-        })
-        .collect();
-    ports.sort_unstable();
-    ports
 }
 
 /// A running owner process.

@@ -40,13 +40,14 @@
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
 use common::attacked_memory::AttackedMemory;
+use common::sockets::own_listening_ports;
 use common::*;
 use rdmareg_ucx::Transport;
 
@@ -87,39 +88,6 @@ fn attacker() -> &'static PathBuf {
         fs::rename(&unfinished, &binary).expect("the attacker is renamed into place");
         binary
     })
-}
-
-/// The inodes of this process's sockets.
-fn own_socket_inodes() -> HashSet<u64> {
-    fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .filter_map(|entry| fs::read_link(entry.ok()?.path()).ok())
-        .filter_map(|target| {
-            let target = target.to_string_lossy().into_owned();
-            target
-                .strip_prefix("socket:[")?
-                .strip_suffix(']')?
-                .parse()
-                .ok()
-        })
-        .collect()
-}
-
-/// The IPv4 tcp ports this process listens on (`/proc/net/tcp`, state
-/// `0A`).
-fn own_listening_ports() -> HashSet<u16> {
-    let inodes = own_socket_inodes();
-    fs::read_to_string("/proc/net/tcp")
-        .expect("/proc/net/tcp")
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
-            let port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
-            (*state == "0A" && inodes.contains(&inode.parse().ok()?)).then_some(port)
-        })
-        .collect()
 }
 
 /// Runs the attacker with `args`; returns its exit code and output.
@@ -201,7 +169,7 @@ async fn attack(transport: Transport, frames: Frames) {
         init_tracing();
         let owner =
             rdmareg_ucx::UcxEngine::start(config(transport.clone())).expect("owner engine starts");
-        let owner_ports: HashSet<u16> =
+        let owner_ports: BTreeSet<u16> =
             own_listening_ports().difference(&before).copied().collect();
         let consumer =
             rdmareg_ucx::UcxEngine::start(config(transport.clone())).expect("consumer starts");

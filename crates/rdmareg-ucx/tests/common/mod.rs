@@ -21,6 +21,7 @@ pub mod list_reads;
 pub mod list_scene;
 pub mod raw_am;
 pub mod scene;
+pub mod sockets;
 
 /// How the consumer engine names the owner engine.
 pub const OWNER: PeerId = PeerId(1);
