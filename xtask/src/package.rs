@@ -19,6 +19,7 @@ use crate::util::{Result, bail, cargo, run};
 const PACKED: &[&str] = &[
     "rdmareg-core",
     "rdmareg-backend",
+    "rdmareg-engine",
     "rdmareg-registry",
     "rdmareg-ucx-src",
     "rdmareg-ucx-sys",
