@@ -2,10 +2,28 @@
 //!
 //! A backend such as `rdmareg-ucx` or `rdmareg-ofi` runs one progress thread
 //! that owns every transport handle. Around that thread both need the same
-//! machinery, and it lives here once; a driver (the transport-specific
-//! crate) creates and progresses the transport's objects and turns their
-//! completions into answers.
+//! machinery, and it lives here once:
 //!
-//! This crate never calls UCX or libfabric.
+//! - [`command`]: what submitters ask of the thread;
+//! - [`lanes`]: the bounded ring and the unbounded control lane commands
+//!   travel on, and the submit future that waits for room;
+//! - [`doorbell`]: how a submitter wakes the thread, and only when it sleeps;
+//! - [`lifecycle`]: teardown begun, registrations held, what teardown left;
+//! - [`front`]: the `RdmaBackend` methods over those commands, with their
+//!   cancellation rules;
+//! - [`thread`]: starting the thread, and joining it within a deadline;
+//! - [`answers`]: a batch's answers as its entries finish.
+//!
+//! A driver (the transport's crate) creates and progresses the transport's
+//! objects, and turns their completions into answers. This crate never
+//! calls UCX or libfabric.
 
 #![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod answers;
+pub mod command;
+pub mod doorbell;
+pub mod front;
+pub mod lanes;
+pub mod lifecycle;
+pub mod thread;

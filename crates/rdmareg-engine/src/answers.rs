@@ -1,0 +1,117 @@
+//! A batch's answers as its entries finish, on the progress thread.
+//!
+//! A batch arrives as one command and leaves as one answer: its entries are
+//! posted in one turn of the loop, each finishes on its own (its own error,
+//! deadline and destination hold, exactly as a single read), and the entry
+//! that finishes last sends the whole list. An entry is answered once; a
+//! second answer for it is ignored, so a late or duplicated completion can
+//! never overwrite an outcome the caller may already act on.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use rdmareg_core::RdmaError;
+
+use crate::command::BatchReply;
+
+/// The answers of one batch.
+#[derive(Debug)]
+pub struct BatchAnswers {
+    answers: RefCell<Vec<Option<Result<(), RdmaError>>>>,
+    remaining: Cell<usize>,
+    reply: RefCell<Option<BatchReply>>,
+}
+
+impl BatchAnswers {
+    /// A batch of `entries` reads answered on `reply`.
+    pub fn new(entries: usize, reply: BatchReply) -> Rc<BatchAnswers> {
+        Rc::new(BatchAnswers {
+            answers: RefCell::new(vec![None; entries]),
+            remaining: Cell::new(entries),
+            reply: RefCell::new(Some(reply)),
+        })
+    }
+
+    /// Records entry `index`'s outcome; true if that answered the batch's
+    /// caller (it was the last entry). An index out of range or answered
+    /// already changes nothing.
+    pub fn record(&self, index: usize, outcome: Result<(), RdmaError>) -> bool {
+        {
+            let mut answers = self.answers.borrow_mut();
+            let Some(entry) = answers.get_mut(index) else {
+                return false;
+            };
+            if entry.is_some() {
+                return false;
+            }
+            *entry = Some(outcome);
+        }
+        let remaining = self.remaining.get().saturating_sub(1);
+        self.remaining.set(remaining);
+        if remaining > 0 {
+            return false;
+        }
+        let answers = self
+            .answers
+            .take()
+            .into_iter()
+            .map(|a| a.unwrap_or(Err(RdmaError::ShuttingDown)))
+            .collect();
+        match self.reply.borrow_mut().take() {
+            Some(reply) => {
+                let _ = reply.send(answers);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether nobody waits for the answer any more.
+    pub fn is_abandoned(&self) -> bool {
+        self.reply.borrow().as_ref().is_none_or(|r| r.is_canceled())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::channel::oneshot;
+
+    use super::*;
+
+    #[test]
+    fn the_last_entry_answers_the_whole_batch_in_order() {
+        let (reply, mut answer) = oneshot::channel();
+        let batch = BatchAnswers::new(3, reply);
+        assert!(!batch.record(2, Ok(())));
+        assert!(!batch.record(0, Err(RdmaError::Timeout)));
+        assert_eq!(answer.try_recv(), Ok(None), "not before the last entry");
+        assert!(batch.record(1, Ok(())));
+        assert_eq!(
+            answer.try_recv(),
+            Ok(Some(vec![Err(RdmaError::Timeout), Ok(()), Ok(())]))
+        );
+    }
+
+    #[test]
+    fn an_entry_is_answered_once() {
+        let (reply, mut answer) = oneshot::channel();
+        let batch = BatchAnswers::new(2, reply);
+        assert!(!batch.record(0, Ok(())));
+        assert!(
+            !batch.record(0, Err(RdmaError::Timeout)),
+            "a second answer is ignored"
+        );
+        assert!(!batch.record(7, Ok(())), "an index out of range is ignored");
+        assert!(batch.record(1, Ok(())));
+        assert_eq!(answer.try_recv(), Ok(Some(vec![Ok(()), Ok(())])));
+    }
+
+    #[test]
+    fn a_dropped_receiver_abandons_the_batch() {
+        let (reply, answer) = oneshot::channel();
+        let batch = BatchAnswers::new(1, reply);
+        assert!(!batch.is_abandoned());
+        drop(answer);
+        assert!(batch.is_abandoned());
+    }
+}

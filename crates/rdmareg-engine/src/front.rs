@@ -1,0 +1,492 @@
+//! The backend seam's methods over the command lanes: what a driver's
+//! `RdmaBackend` implementation delegates to.
+//!
+//! Each method turns into one command for the progress thread and awaits its
+//! one-shot answer. What this layer adds is cancellation safety:
+//!
+//! - `map` mints the region id *before* it pushes the command. If its future
+//!   is dropped before the answer was taken, a guard pushes a compensating
+//!   unmap of that id on the control lane (idempotent: harmless if the map
+//!   never ran); the thread, for its part, skips a map whose caller is gone
+//!   and rolls back one whose answer could not be delivered. A dropped map
+//!   leaves no registration behind.
+//! - `unmap` is pushed onto the ring when it is *called*, in order with the
+//!   caller's earlier GETs (which it must wait for) and later ones (which it
+//!   must refuse). Only if the ring is full does the future wait for room;
+//!   dropped meanwhile, it diverts the unmap to the control lane, so an unmap
+//!   proceeds whether or not its future is ever polled.
+//! - `get` and batches leave everything to the thread once pushed: the
+//!   destination stays held until the transport released it, whether or not
+//!   anyone awaits the answer.
+//!
+//! A driver whose reads can sometimes be copied on the caller's own thread
+//! (same-host memory it may read directly) plugs that in as
+//! [`CallerCopies`]; the front tries it first and falls back to the thread.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use futures::channel::oneshot;
+use futures::future::BoxFuture;
+use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
+
+use crate::command::{BatchReply, Command};
+use crate::lanes::{Overflow, Submitter};
+
+/// Reads a driver can complete on the caller's thread, without the
+/// progress thread.
+pub trait CallerCopies: Send + Sync + 'static {
+    /// Copies `request` now if this driver may; true if it did (the read is
+    /// then complete and `Ok`). False leaves the request to the thread.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get)'s contract
+    /// for `request`.
+    unsafe fn try_copy(&self, request: &BackendGet) -> bool;
+
+    /// As [`try_copy`](Self::try_copy) for a whole batch: all or nothing.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::get_batch`](rdmareg_backend::RdmaBackend::get_batch)'s
+    /// contract for `requests`.
+    unsafe fn try_copy_batch(&self, requests: &[BackendGet]) -> bool;
+
+    /// Called when an unmap of `region_id` is submitted: later reads into it
+    /// must go to the thread, and a copy into it still running ends first.
+    fn withdraw_destination(&self, region_id: u64);
+
+    /// Whether the caller should give its executor a turn after a copy (a
+    /// long run of copies must not starve other tasks).
+    fn yield_due(&self) -> bool;
+}
+
+/// The driver has no reads it completes on the caller's thread.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoCallerCopies;
+
+impl CallerCopies for NoCallerCopies {
+    unsafe fn try_copy(&self, _: &BackendGet) -> bool {
+        false
+    }
+
+    unsafe fn try_copy_batch(&self, _: &[BackendGet]) -> bool {
+        false
+    }
+
+    fn withdraw_destination(&self, _: u64) {}
+
+    fn yield_due(&self) -> bool {
+        false
+    }
+}
+
+/// The backend methods of one engine; see the module docs.
+#[derive(Debug)]
+pub struct Front<P, C = NoCallerCopies> {
+    submitter: Arc<Submitter<P>>,
+    caller_copies: Arc<C>,
+}
+
+impl<P, C> Clone for Front<P, C> {
+    fn clone(&self) -> Self {
+        Front {
+            submitter: Arc::clone(&self.submitter),
+            caller_copies: Arc::clone(&self.caller_copies),
+        }
+    }
+}
+
+/// Owns a map's answer channel and, until the answer has been taken, the
+/// duty to undo the map.
+struct PendingMap<'a, P> {
+    submitter: &'a Submitter<P>,
+    id: u64,
+    answer: Option<oneshot::Receiver<Result<BackendRegion, RdmaError>>>,
+    armed: bool,
+}
+
+impl<P> Drop for PendingMap<'_, P> {
+    fn drop(&mut self) {
+        // Close the answer channel first: a map the thread has not reached
+        // yet then sees its caller gone and is skipped, and one it is
+        // running cannot deliver its answer and is rolled back.
+        drop(self.answer.take());
+        if self.armed {
+            let _ = self.submitter.send_control(Command::Unmap {
+                id: self.id,
+                reply: None,
+            });
+        }
+    }
+}
+
+impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
+    /// The front of the engine `submitter` feeds, trying `caller_copies`
+    /// before the thread.
+    pub fn new(submitter: Arc<Submitter<P>>, caller_copies: Arc<C>) -> Front<P, C> {
+        Front {
+            submitter,
+            caller_copies,
+        }
+    }
+
+    /// The lanes this front submits to.
+    pub fn submitter(&self) -> &Submitter<P> {
+        &self.submitter
+    }
+
+    /// `RdmaBackend::map`. Null, empty and overflowing ranges are refused
+    /// with [`RdmaError::OutOfRange`] before anything is submitted.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::map`](rdmareg_backend::RdmaBackend::map)'s contract.
+    pub unsafe fn map(
+        &self,
+        ptr: usize,
+        len: usize,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        Box::pin(async move {
+            if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
+                return Err(RdmaError::OutOfRange);
+            }
+            let (reply, answer) = oneshot::channel();
+            let id = self.submitter.mint_region_id();
+            let mut pending = PendingMap {
+                submitter: &self.submitter,
+                id,
+                answer: Some(answer),
+                armed: false,
+            };
+            self.submitter
+                .submit(
+                    Command::Map {
+                        id,
+                        ptr,
+                        len,
+                        reply,
+                    },
+                    Overflow::Abandon,
+                )
+                .await?;
+            pending.armed = true;
+            let answer = match pending.answer.as_mut() {
+                Some(answer) => answer.await,
+                None => return Err(RdmaError::ShuttingDown),
+            };
+            // The answer is in hand (or the thread dropped the command at
+            // teardown, which releases everything): nothing left to undo.
+            pending.armed = false;
+            answer.unwrap_or(Err(RdmaError::ShuttingDown))
+        })
+    }
+
+    /// `RdmaBackend::unmap`: submitted when called; the future only waits
+    /// for the answer.
+    pub fn unmap(&self, region_id: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
+        if let Some(answer) = self.submitter.lifecycle().unmap_after_teardown(region_id) {
+            return Box::pin(std::future::ready(answer));
+        }
+        self.caller_copies.withdraw_destination(region_id);
+        let (reply, answer) = oneshot::channel();
+        let mut submit = self.submitter.submit(
+            Command::Unmap {
+                id: region_id,
+                reply: Some(reply),
+            },
+            Overflow::ToControlLane,
+        );
+        let first = submit.try_now();
+        Box::pin(async move {
+            match first {
+                Some(submitted) => submitted?,
+                None => submit.await?,
+            }
+            answer.await.unwrap_or(Err(RdmaError::ShuttingDown))
+        })
+    }
+
+    /// `RdmaBackend::get`. An empty read is refused with
+    /// [`RdmaError::OutOfRange`].
+    ///
+    /// # Safety
+    /// [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get)'s contract.
+    pub unsafe fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move {
+            if request.len == 0 {
+                return Err(RdmaError::OutOfRange);
+            }
+            let copied = !self.submitter.is_closed() && {
+                // SAFETY: this method's contract is `try_copy`'s.
+                unsafe { self.caller_copies.try_copy(&request) }
+            };
+            if copied {
+                if self.caller_copies.yield_due() {
+                    yield_once().await;
+                }
+                return Ok(());
+            }
+            let (reply, answer) = oneshot::channel();
+            self.submitter
+                .submit(Command::Get { request, reply }, Overflow::Abandon)
+                .await?;
+            answer.await.unwrap_or(Err(RdmaError::ShuttingDown))
+        })
+    }
+
+    /// `RdmaBackend::get_batch`: one command for the whole batch.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::get_batch`](rdmareg_backend::RdmaBackend::get_batch)'s
+    /// contract.
+    pub unsafe fn get_batch(
+        &self,
+        requests: Vec<BackendGet>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        // SAFETY: this method's contract is `batch`'s.
+        unsafe {
+            self.batch(requests, |requests, reply| Command::GetBatch {
+                requests,
+                reply,
+            })
+        }
+    }
+
+    /// `RdmaBackend::get_shared_batch`: as [`get_batch`](Self::get_batch),
+    /// as a command that keeps the shared list.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::get_batch`](rdmareg_backend::RdmaBackend::get_batch)'s
+    /// contract.
+    pub unsafe fn get_shared_batch(
+        &self,
+        requests: Arc<[BackendGet]>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        // SAFETY: this method's contract is `batch`'s.
+        unsafe {
+            self.batch(requests, |requests, reply| Command::GetSharedBatch {
+                requests,
+                reply,
+            })
+        }
+    }
+
+    /// `RdmaBackend::live_registrations`: the thread's own count.
+    pub fn live_registrations(&self) -> Option<usize> {
+        Some(self.submitter.lifecycle().live_registrations())
+    }
+
+    /// A batch, owned or shared: copied on the caller's thread if it may
+    /// be, otherwise sent to the thread as the command `command` makes of
+    /// it and its answer channel.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::get_batch`](rdmareg_backend::RdmaBackend::get_batch)'s
+    /// contract, for `requests`.
+    unsafe fn batch<R>(
+        &self,
+        requests: R,
+        command: impl FnOnce(R, BatchReply) -> Command<P> + Send + 'static,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>>
+    where
+        R: Deref<Target = [BackendGet]> + Send + 'static,
+    {
+        Box::pin(async move {
+            if requests.is_empty() {
+                return Vec::new();
+            }
+            let entries = requests.len();
+            let copied = !self.submitter.is_closed() && {
+                // SAFETY: this method's contract is `try_copy_batch`'s.
+                unsafe { self.caller_copies.try_copy_batch(&requests) }
+            };
+            if copied {
+                if self.caller_copies.yield_due() {
+                    yield_once().await;
+                }
+                return vec![Ok(()); entries];
+            }
+            let (reply, answer) = oneshot::channel();
+            if let Err(err) = self
+                .submitter
+                .submit(command(requests, reply), Overflow::Abandon)
+                .await
+            {
+                return vec![Err(err); entries];
+            }
+            answer
+                .await
+                .unwrap_or_else(|_| vec![Err(RdmaError::ShuttingDown); entries])
+        })
+    }
+}
+
+/// Returns `Pending` once (waking its task at once), then `Ready`: gives
+/// the executor a turn without waiting for anything.
+async fn yield_once() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+
+    use futures::FutureExt;
+    use rdmareg_core::PeerId;
+
+    use super::*;
+    use crate::doorbell::Doorbell;
+    use crate::lanes::{Receivers, lanes};
+    use crate::lifecycle::Lifecycle;
+
+    fn front_with<C: CallerCopies>(copies: C) -> (Front<(), C>, Receivers<()>) {
+        let (submitter, receivers) = lanes(4, Arc::new(Lifecycle::new(Doorbell::new().unwrap())));
+        (Front::new(Arc::new(submitter), Arc::new(copies)), receivers)
+    }
+
+    fn read(len: u64) -> BackendGet {
+        BackendGet {
+            peer: PeerId(1),
+            remote_addr: 0x1000,
+            packed_key: bytes::Bytes::from_static(b"key"),
+            local_region_id: 1,
+            local_offset: 0,
+            len,
+            deadline: None,
+        }
+    }
+
+    fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+        future.poll_unpin(&mut Context::from_waker(futures::task::noop_waker_ref()))
+    }
+
+    #[test]
+    fn a_null_or_empty_map_is_refused_before_submission() {
+        let (front, receivers) = front_with(NoCallerCopies);
+        for (ptr, len) in [(0, 8), (0x1000, 0), (usize::MAX, 2)] {
+            // SAFETY: refused before anything touches the range.
+            let answer = futures::executor::block_on(unsafe { front.map(ptr, len) });
+            assert_eq!(answer, Err(RdmaError::OutOfRange));
+        }
+        assert!(receivers.is_empty());
+    }
+
+    #[test]
+    fn a_dropped_map_pushes_a_compensating_unmap() {
+        let (front, receivers) = front_with(NoCallerCopies);
+        let buffer = [0u8; 64];
+        // SAFETY: the map is never performed: no thread serves the lanes.
+        let mut map = unsafe { front.map(buffer.as_ptr() as usize, buffer.len()) };
+        assert!(
+            poll_once(&mut map).is_pending(),
+            "waits for the thread's answer"
+        );
+        drop(map);
+        let Ok(Command::Map { id, reply, .. }) = receivers.ring.try_recv() else {
+            panic!("the map was submitted");
+        };
+        assert!(reply.is_canceled(), "the thread sees the caller gone");
+        match receivers.control.try_recv() {
+            Ok(Command::Unmap {
+                id: undone,
+                reply: None,
+            }) => assert_eq!(undone, id),
+            other => panic!("expected a compensating unmap, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unmap_is_submitted_when_called_not_when_polled() {
+        let (front, receivers) = front_with(NoCallerCopies);
+        let unmap = front.unmap(9);
+        assert!(matches!(
+            receivers.ring.try_recv(),
+            Ok(Command::Unmap { id: 9, .. })
+        ));
+        drop(unmap);
+    }
+
+    #[test]
+    fn after_teardown_unmaps_need_no_thread() {
+        let (front, receivers) = front_with(NoCallerCopies);
+        front.submitter().lifecycle().close();
+        front.submitter().lifecycle().finish_teardown([5]);
+        assert_eq!(futures::executor::block_on(front.unmap(4)), Ok(()));
+        assert_eq!(
+            futures::executor::block_on(front.unmap(5)),
+            Err(RdmaError::ShuttingDown)
+        );
+        assert!(receivers.is_empty());
+    }
+
+    #[test]
+    fn an_empty_read_is_refused() {
+        let (front, receivers) = front_with(NoCallerCopies);
+        // SAFETY: refused before anything touches the destination.
+        let answer = futures::executor::block_on(unsafe { front.get(read(0)) });
+        assert_eq!(answer, Err(RdmaError::OutOfRange));
+        assert!(receivers.is_empty());
+    }
+
+    /// Copies everything; counts what it was asked.
+    #[derive(Default)]
+    struct CopiesAll {
+        copies: AtomicUsize,
+        withdrawn: AtomicUsize,
+    }
+
+    impl CallerCopies for CopiesAll {
+        unsafe fn try_copy(&self, _: &BackendGet) -> bool {
+            self.copies.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+
+        unsafe fn try_copy_batch(&self, requests: &[BackendGet]) -> bool {
+            self.copies.fetch_add(requests.len(), Ordering::SeqCst);
+            true
+        }
+
+        fn withdraw_destination(&self, _: u64) {
+            self.withdrawn.fetch_add(1, Ordering::SeqCst);
+        }
+
+        fn yield_due(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn reads_copied_on_the_callers_thread_skip_the_thread() {
+        let (front, receivers) = front_with(CopiesAll::default());
+        // SAFETY: the fake copier touches no memory.
+        let single = futures::executor::block_on(unsafe { front.get(read(8)) });
+        // SAFETY: as above.
+        let batch = futures::executor::block_on(unsafe { front.get_batch(vec![read(8), read(8)]) });
+        assert_eq!(single, Ok(()));
+        assert_eq!(batch, vec![Ok(()), Ok(())]);
+        assert_eq!(front.caller_copies.copies.load(Ordering::SeqCst), 3);
+        assert!(receivers.is_empty());
+        drop(front.unmap(1));
+        assert_eq!(front.caller_copies.withdrawn.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_closed_engine_copies_nothing_on_the_callers_thread() {
+        let (front, _receivers) = front_with(CopiesAll::default());
+        front.submitter().lifecycle().close();
+        // SAFETY: refused before anything touches the destination.
+        let answer = futures::executor::block_on(unsafe { front.get(read(8)) });
+        assert_eq!(answer, Err(RdmaError::ShuttingDown));
+        assert_eq!(front.caller_copies.copies.load(Ordering::SeqCst), 0);
+    }
+}
