@@ -12,7 +12,8 @@
 //! - [`front`]: the `RdmaBackend` methods over those commands, with their
 //!   cancellation rules;
 //! - [`thread`]: starting the thread, and joining it within a deadline;
-//! - [`answers`]: a batch's answers as its entries finish.
+//! - [`answers`]: a batch's answers as its entries finish;
+//! - [`deadlines`]: reads' deadlines, earliest first.
 //!
 //! A driver (the transport's crate) creates and progresses the transport's
 //! objects, and turns their completions into answers. This crate never
@@ -22,6 +23,7 @@
 
 pub mod answers;
 pub mod command;
+pub mod deadlines;
 pub mod doorbell;
 pub mod front;
 pub mod lanes;

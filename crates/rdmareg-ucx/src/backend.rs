@@ -18,13 +18,11 @@
 
 use std::sync::Arc;
 
-use futures::channel::oneshot;
 use futures::future::BoxFuture;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 
-use crate::command::Command;
-use crate::engine::{EngineShared, Overflow};
+use crate::engine::UcxFront;
 
 /// The UCX implementation of [`RdmaBackend`]; obtained from
 /// [`UcxEngine::backend`](crate::UcxEngine::backend).
@@ -47,36 +45,12 @@ use crate::engine::{EngineShared, Overflow};
 ///   the destination stays held until UCX has released the request.
 #[derive(Debug)]
 pub struct UcxBackend {
-    shared: Arc<EngineShared>,
+    front: UcxFront,
 }
 
 impl UcxBackend {
-    pub(crate) fn new(shared: Arc<EngineShared>) -> UcxBackend {
-        UcxBackend { shared }
-    }
-}
-
-/// Owns a map's answer channel and, until the answer has been taken, the
-/// duty to undo the map.
-struct PendingMap<'a> {
-    shared: &'a EngineShared,
-    id: u64,
-    answer: Option<oneshot::Receiver<Result<BackendRegion, RdmaError>>>,
-    armed: bool,
-}
-
-impl Drop for PendingMap<'_> {
-    fn drop(&mut self) {
-        // Close the answer channel first: a map the thread has not reached yet
-        // then sees its caller gone and is skipped, and one it is running
-        // cannot deliver its answer and is rolled back.
-        drop(self.answer.take());
-        if self.armed {
-            let _ = self.shared.send_control(Command::Unmap {
-                id: self.id,
-                reply: None,
-            });
-        }
+    pub(crate) fn new(front: UcxFront) -> UcxBackend {
+        UcxBackend { front }
     }
 }
 
@@ -96,71 +70,15 @@ unsafe impl RdmaBackend for UcxBackend {
         ptr: usize,
         len: usize,
     ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
-        Box::pin(async move {
-            if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
-                return Err(RdmaError::OutOfRange);
-            }
-            let (reply, answer) = oneshot::channel();
-            let id = self.shared.mint_region_id();
-            let mut pending = PendingMap {
-                shared: &self.shared,
-                id,
-                answer: Some(answer),
-                armed: false,
-            };
-            self.shared
-                .submit(
-                    Command::Map {
-                        id,
-                        ptr,
-                        len,
-                        reply,
-                    },
-                    Overflow::Abandon,
-                )
-                .await?;
-            pending.armed = true;
-            let answer = match pending.answer.as_mut() {
-                Some(answer) => answer.await,
-                None => return Err(RdmaError::ShuttingDown),
-            };
-            // The answer is in hand (or the thread dropped the command at
-            // teardown, which unmaps everything): nothing left to undo.
-            pending.armed = false;
-            answer.unwrap_or(Err(RdmaError::ShuttingDown))
-        })
+        // SAFETY: this method's contract is the front's.
+        unsafe { self.front.map(ptr, len) }
     }
 
     /// # Cancel safety
     /// The unmap is submitted when this method is called; dropping the
     /// future abandons only the answer.
     fn unmap(&self, backend_region_id: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
-        // After teardown nothing is registered but what teardown reported it
-        // could not unmap: answer as for any id that names nothing.
-        if let Some(answer) = self.shared.unmap_after_teardown(backend_region_id) {
-            return Box::pin(std::future::ready(answer));
-        }
-        // Reads submitted from here on go to the thread, which refuses
-        // them; a copy into the region still running ends first.
-        self.shared
-            .caller_copies()
-            .withdraw_destination(backend_region_id);
-        let (reply, answer) = oneshot::channel();
-        let mut submit = self.shared.submit(
-            Command::Unmap {
-                id: backend_region_id,
-                reply: Some(reply),
-            },
-            Overflow::ToControlLane,
-        );
-        let first = submit.try_now();
-        Box::pin(async move {
-            match first {
-                Some(submitted) => submitted?,
-                None => submit.await?,
-            }
-            answer.await.unwrap_or(Err(RdmaError::ShuttingDown))
-        })
+        self.front.unmap(backend_region_id)
     }
 
     /// # Cancel safety
@@ -168,26 +86,8 @@ unsafe impl RdmaBackend for UcxBackend {
     /// destination region stays held until UCX has released it. Dropped
     /// before it was submitted, nothing happens.
     unsafe fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
-        Box::pin(async move {
-            if request.len == 0 {
-                return Err(RdmaError::OutOfRange);
-            }
-            let copied = !self.shared.is_closed() && {
-                // SAFETY: this method's contract is `try_copy`'s.
-                unsafe { self.shared.caller_copies().try_copy(&request) }
-            };
-            if copied {
-                if crate::caller_copies::yield_due() {
-                    yield_once().await;
-                }
-                return Ok(());
-            }
-            let (reply, answer) = oneshot::channel();
-            self.shared
-                .submit(Command::Get { request, reply }, Overflow::Abandon)
-                .await?;
-            answer.await.unwrap_or(Err(RdmaError::ShuttingDown))
-        })
+        // SAFETY: this method's contract is the front's.
+        unsafe { self.front.get(request) }
     }
 
     /// One command for the whole batch: every entry is posted in one turn
@@ -196,13 +96,8 @@ unsafe impl RdmaBackend for UcxBackend {
         &self,
         requests: Vec<BackendGet>,
     ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
-        // SAFETY: this method's contract is `batch`'s.
-        unsafe {
-            self.batch(requests, |requests, reply| Command::GetBatch {
-                requests,
-                reply,
-            })
-        }
+        // SAFETY: this method's contract is the front's.
+        unsafe { self.front.get_batch(requests) }
     }
 
     /// As `get_batch`, and a same-host list the progress thread copies
@@ -212,80 +107,14 @@ unsafe impl RdmaBackend for UcxBackend {
         &self,
         requests: Arc<[BackendGet]>,
     ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
-        // SAFETY: this method's contract is `batch`'s.
-        unsafe {
-            self.batch(requests, |requests, reply| Command::GetSharedBatch {
-                requests,
-                reply,
-            })
-        }
+        // SAFETY: this method's contract is the front's.
+        unsafe { self.front.get_shared_batch(requests) }
     }
 
     /// The progress thread's own count: moved only by successful
     /// `ucp_mem_map` / `ucp_mem_unmap` calls, so `Some(0)` after teardown
     /// means every region was really unmapped.
     fn live_registrations(&self) -> Option<usize> {
-        Some(self.shared.live_registrations())
+        self.front.live_registrations()
     }
-}
-
-impl UcxBackend {
-    /// A batch (`requests`, owned or shared): copied on the caller's thread
-    /// if it may be, otherwise sent to the progress thread as the command
-    /// `command` makes of it and its answer channel.
-    ///
-    /// # Safety
-    /// [`RdmaBackend::get_batch`]'s contract, for `requests`.
-    unsafe fn batch<R>(
-        &self,
-        requests: R,
-        command: impl FnOnce(R, oneshot::Sender<Vec<Result<(), RdmaError>>>) -> Command + Send + 'static,
-    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>>
-    where
-        R: std::ops::Deref<Target = [BackendGet]> + Send + 'static,
-    {
-        Box::pin(async move {
-            if requests.is_empty() {
-                return Vec::new();
-            }
-            let entries = requests.len();
-            let copied = !self.shared.is_closed() && {
-                // SAFETY: this method's contract is `try_copy_batch`'s.
-                unsafe { self.shared.caller_copies().try_copy_batch(&requests) }
-            };
-            if copied {
-                if crate::caller_copies::yield_due() {
-                    yield_once().await;
-                }
-                return vec![Ok(()); entries];
-            }
-            let (reply, answer) = oneshot::channel();
-            if let Err(err) = self
-                .shared
-                .submit(command(requests, reply), Overflow::Abandon)
-                .await
-            {
-                return vec![Err(err); entries];
-            }
-            answer
-                .await
-                .unwrap_or_else(|_| vec![Err(RdmaError::ShuttingDown); entries])
-        })
-    }
-}
-
-/// Returns `Pending` once (waking its task at once), then `Ready`: gives
-/// the executor a turn without waiting for anything.
-async fn yield_once() {
-    let mut yielded = false;
-    std::future::poll_fn(|cx| {
-        if yielded {
-            std::task::Poll::Ready(())
-        } else {
-            yielded = true;
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
-    })
-    .await
 }

@@ -14,178 +14,33 @@
 //! Backends handed out keep working until teardown begins and answer
 //! [`RdmaError::ShuttingDown`] afterwards; they do not keep the thread alive.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::thread::JoinHandle;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_channel::{Sender, TrySendError};
 use futures::channel::oneshot;
 use rdmareg_core::{PeerId, RdmaError};
+use rdmareg_engine::doorbell::Doorbell;
+use rdmareg_engine::front::Front;
+use rdmareg_engine::lifecycle::Lifecycle;
+use rdmareg_engine::thread::ProgressThread;
 
 use crate::backend::UcxBackend;
 use crate::caller_copies::CallerCopies;
-use crate::command::{Command, Signals};
+use crate::command::{Command, PeerChange, Signals};
 use crate::config::UcxConfig;
-use crate::doorbell::Doorbell;
 use crate::engine_address::EngineAddress;
 use crate::progress;
 use crate::worker_address::WorkerAddressFormat;
 
+/// The backend front of this engine: the kit's, trying same-host copies on
+/// the caller's thread first.
+pub(crate) type UcxFront = Front<PeerChange, Signals>;
+
 /// Extra time a blocking shutdown grants the thread beyond its own teardown
 /// timeout before it gives up waiting.
 const JOIN_GRACE: Duration = Duration::from_secs(1);
-
-/// The submitter side of an engine, shared by the engine handle and every
-/// backend.
-#[derive(Debug)]
-pub(crate) struct EngineShared {
-    ring: Sender<Command>,
-    control: Sender<Command>,
-    signals: Arc<Signals>,
-    next_region_id: AtomicU64,
-}
-
-impl EngineShared {
-    /// Whether teardown has begun.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.signals.closed.load(Ordering::SeqCst)
-    }
-
-    /// A region id never used before by this engine.
-    pub(crate) fn mint_region_id(&self) -> u64 {
-        self.next_region_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The thread's own registration count.
-    pub(crate) fn live_registrations(&self) -> usize {
-        self.signals.live_registrations.load(Ordering::SeqCst)
-    }
-
-    /// The answer to an unmap of `id` once teardown has finished; `None`
-    /// while the thread still runs.
-    pub(crate) fn unmap_after_teardown(&self, id: u64) -> Option<Result<(), RdmaError>> {
-        self.signals.unmap_after_teardown(id)
-    }
-
-    /// Pushes onto the unbounded control lane; never waits.
-    pub(crate) fn send_control(&self, command: Command) -> Result<(), RdmaError> {
-        if self.is_closed() {
-            return Err(RdmaError::ShuttingDown);
-        }
-        self.control
-            .send(command)
-            .map_err(|_| RdmaError::ShuttingDown)?;
-        self.signals.doorbell.ring_if_parked();
-        Ok(())
-    }
-
-    /// Pushes onto the ring if it has room, else onto the control lane:
-    /// never waits, keeps submission order whenever the ring has room.
-    pub(crate) fn push_now(&self, command: Command) -> Result<(), RdmaError> {
-        let mut submit = self.submit(command, Overflow::ToControlLane);
-        submit.try_now().unwrap_or(Ok(()))
-    }
-
-    /// Pushes a peer change as [`Self::push_now`] does, counted first as
-    /// submitted, so reads submitted after it wait for the thread to make it
-    /// before they copy on their caller's thread (see `caller_copies`).
-    pub(crate) fn push_peer_change(&self, command: Command) -> Result<(), RdmaError> {
-        self.signals.caller_copies.peer_change_submitted();
-        self.push_now(command)
-    }
-
-    /// The tables of same-host reads copied on the caller's thread.
-    pub(crate) fn caller_copies(&self) -> &CallerCopies {
-        &self.signals.caller_copies
-    }
-
-    /// Pushes onto the bounded ring, yielding to the executor while it is
-    /// full; see [`Overflow`] for what dropping it while waiting does.
-    pub(crate) fn submit(&self, command: Command, overflow: Overflow) -> Submit<'_> {
-        Submit {
-            shared: self,
-            command: Some(command),
-            overflow,
-        }
-    }
-}
-
-/// What a [`Submit`] does with its command if it is dropped while the ring
-/// is still full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Overflow {
-    /// Nothing: the command was never submitted (maps and GETs, whose
-    /// callers then see nothing happen).
-    Abandon,
-    /// Push it onto the control lane: for commands that must proceed once
-    /// issued (unmap).
-    ToControlLane,
-}
-
-/// Future of [`EngineShared::submit`].
-///
-/// Commands go through the one ring in submission order. While the ring is
-/// full the future rings the doorbell and yields (waking itself), so a burst
-/// larger than the ring waits without blocking an executor thread.
-#[derive(Debug)]
-pub(crate) struct Submit<'a> {
-    shared: &'a EngineShared,
-    command: Option<Command>,
-    overflow: Overflow,
-}
-
-impl Submit<'_> {
-    /// One attempt: `None` while the ring is full.
-    pub(crate) fn try_now(&mut self) -> Option<Result<(), RdmaError>> {
-        let command = self.command.take()?;
-        if self.shared.is_closed() {
-            return Some(Err(RdmaError::ShuttingDown));
-        }
-        match self.shared.ring.try_send(command) {
-            Ok(()) => {
-                self.shared.signals.doorbell.ring_if_parked();
-                Some(Ok(()))
-            }
-            Err(TrySendError::Full(command)) => {
-                self.command = Some(command);
-                self.shared.signals.doorbell.ring_if_parked();
-                None
-            }
-            Err(TrySendError::Disconnected(_)) => Some(Err(RdmaError::ShuttingDown)),
-        }
-    }
-}
-
-impl Future for Submit<'_> {
-    type Output = Result<(), RdmaError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        if this.command.is_none() {
-            return Poll::Ready(Ok(()));
-        }
-        match this.try_now() {
-            Some(result) => Poll::Ready(result),
-            None => {
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-        }
-    }
-}
-
-impl Drop for Submit<'_> {
-    fn drop(&mut self) {
-        if let (Some(command), Overflow::ToControlLane) = (self.command.take(), self.overflow) {
-            let _ = self.shared.send_control(command);
-        }
-    }
-}
 
 /// A running UCX progress thread and the handle to it.
 ///
@@ -193,8 +48,9 @@ impl Drop for Submit<'_> {
 /// timeout plus a second); see [`UcxEngine::shutdown_blocking`].
 #[derive(Debug)]
 pub struct UcxEngine {
-    shared: Arc<EngineShared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    front: UcxFront,
+    signals: Arc<Signals>,
+    thread: ProgressThread,
     worker_address: Bytes,
     ucx_version: (u32, u32, u32),
     teardown_timeout: Duration,
@@ -221,47 +77,25 @@ impl UcxEngine {
         }
         let doorbell = Doorbell::new()
             .map_err(|e| RdmaError::Backend(format!("ucx: creating the doorbell eventfd: {e}")))?;
+        let lifecycle = Arc::new(Lifecycle::new(doorbell));
         let signals = Arc::new(Signals {
-            doorbell,
-            closed: AtomicBool::new(false),
-            live_registrations: AtomicUsize::new(0),
+            lifecycle: Arc::clone(&lifecycle),
             served_replies_in_flight: Arc::default(),
-            torn_down: std::sync::OnceLock::new(),
             caller_copies: CallerCopies::new(config.caller_copy_limit),
             lists_copied_by_plan: Default::default(),
             reads_asked_in_pieces: Default::default(),
         });
-        let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
-        let (control_tx, control_rx) = crossbeam_channel::unbounded();
-        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+        let (submitter, lanes) = rdmareg_engine::lanes::lanes(config.ring_capacity, lifecycle);
         let teardown_timeout = config.teardown_timeout;
         let thread_signals = Arc::clone(&signals);
-        let thread = std::thread::Builder::new()
-            .name("rdmareg-ucx".into())
-            .spawn(move || progress::run(config, thread_signals, ring_rx, control_rx, ready_tx))
-            .map_err(|e| RdmaError::Backend(format!("ucx: spawning the progress thread: {e}")))?;
-        let info = match ready_rx.recv() {
-            Ok(Ok(info)) => info,
-            Ok(Err(err)) => {
-                let _ = thread.join();
-                return Err(err);
-            }
-            Err(_) => {
-                let _ = thread.join();
-                return Err(RdmaError::Backend(
-                    "ucx: the progress thread exited while starting".into(),
-                ));
-            }
-        };
+        let (thread, info) = ProgressThread::start("rdmareg-ucx", move |ready| {
+            progress::run(config, thread_signals, lanes, ready);
+        })?;
         tracing::debug!(version = ?info.ucx_version, address_len = info.worker_address.len(), "UCX engine started");
         Ok(UcxEngine {
-            shared: Arc::new(EngineShared {
-                ring: ring_tx,
-                control: control_tx,
-                signals,
-                next_region_id: AtomicU64::new(1),
-            }),
-            thread: Mutex::new(Some(thread)),
+            front: Front::new(Arc::new(submitter), Arc::clone(&signals)),
+            signals,
+            thread,
             worker_address: info.worker_address,
             ucx_version: info.ucx_version,
             teardown_timeout,
@@ -349,8 +183,7 @@ impl UcxEngine {
             address.direct = None;
             address.process = None;
         }
-        self.shared
-            .push_peer_change(Command::AddPeer { peer, address })
+        self.push_peer_change(PeerChange::Add { peer, address })
     }
 
     /// Forgets `peer` and closes its endpoint; GETs in flight to it fail.
@@ -358,14 +191,14 @@ impl UcxEngine {
     /// # Errors
     /// [`RdmaError::ShuttingDown`] after teardown began.
     pub fn remove_peer(&self, peer: PeerId) -> Result<(), RdmaError> {
-        self.shared.push_peer_change(Command::RemovePeer { peer })
+        self.push_peer_change(PeerChange::Remove { peer })
     }
 
     /// Same-host reads this engine's callers copied on their own threads
     /// so far, without the progress thread (see
     /// [`UcxConfig::caller_copy_limit`](crate::UcxConfig::caller_copy_limit)).
     pub fn reads_copied_on_caller_threads(&self) -> u64 {
-        self.shared.caller_copies().copied()
+        self.signals.caller_copies.copied()
     }
 
     /// Posts of a transfer list posted again (the same shared requests,
@@ -375,10 +208,7 @@ impl UcxEngine {
     /// checked and answered again. Only same-host lists copied from one
     /// owner process have a plan.
     pub fn lists_copied_by_plan(&self) -> u64 {
-        self.shared
-            .signals
-            .lists_copied_by_plan
-            .load(Ordering::Relaxed)
+        self.signals.lists_copied_by_plan.load(Ordering::Relaxed)
     }
 
     /// Owner-served reads this engine asked in pieces, on endpoints whose
@@ -388,15 +218,12 @@ impl UcxEngine {
     /// most twice it, in two pieces gathered with the list's small reads.
     /// Counted once per read, whatever its number of pieces.
     pub fn reads_asked_in_pieces(&self) -> u64 {
-        self.shared
-            .signals
-            .reads_asked_in_pieces
-            .load(Ordering::Relaxed)
+        self.signals.reads_asked_in_pieces.load(Ordering::Relaxed)
     }
 
     /// A backend submitting to this engine.
     pub fn backend(&self) -> Arc<UcxBackend> {
-        Arc::new(UcxBackend::new(Arc::clone(&self.shared)))
+        Arc::new(UcxBackend::new(self.front.clone()))
     }
 
     /// Registrations the progress thread holds: its own count, moved only by
@@ -405,7 +232,7 @@ impl UcxEngine {
     /// [`RdmaBackend::live_registrations`](rdmareg_backend::RdmaBackend::live_registrations)
     /// on this engine's backends.
     pub fn live_registrations(&self) -> Option<usize> {
-        Some(self.shared.live_registrations())
+        Some(self.signals.lifecycle.live_registrations())
     }
 
     /// Replies this engine, as an owner, is serving whose sends UCX has
@@ -414,8 +241,7 @@ impl UcxEngine {
     /// [`UcxConfig::max_served_replies_per_connection`](crate::UcxConfig::max_served_replies_per_connection)
     /// per connection; zero once teardown is done.
     pub fn served_replies_in_flight(&self) -> usize {
-        self.shared
-            .signals
+        self.signals
             .served_replies_in_flight
             .load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -449,51 +275,30 @@ impl UcxEngine {
         self.join_if_finished(Instant::now() + self.teardown_timeout + JOIN_GRACE)
     }
 
+    /// Pushes a peer change onto the ring (the control lane if the ring is
+    /// full), counted first as submitted, so reads submitted after it wait
+    /// for the thread to make it before they copy on their caller's thread
+    /// (see `caller_copies`).
+    fn push_peer_change(&self, change: PeerChange) -> Result<(), RdmaError> {
+        self.signals.caller_copies.peer_change_submitted();
+        self.front.submitter().push_now(Command::Driver(change))
+    }
+
     /// Pushes a shutdown command (even if teardown began: it then waits for
     /// the end of it). Returns whether the thread will answer it.
     fn request_shutdown(&self, reply: oneshot::Sender<()>) -> bool {
-        let sent = self
-            .shared
-            .control
-            .send(Command::Shutdown { reply })
-            .is_ok();
-        self.shared.signals.doorbell.ring();
-        sent
+        self.front.submitter().send_shutdown(reply)
     }
 
     /// Joins the thread once it has finished, waiting until `deadline`.
     fn join_if_finished(&self, deadline: Instant) -> bool {
-        let mut guard = match self.thread.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let Some(handle) = guard.take() else {
-            return true;
-        };
-        while !handle.is_finished() {
-            if Instant::now() >= deadline {
-                tracing::error!(
-                    "the UCX progress thread did not finish tearing down in time; leaving it detached"
-                );
-                *guard = Some(handle);
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        if handle.join().is_err() {
-            tracing::error!("the UCX progress thread panicked");
-        }
-        true
+        self.thread.join_by(deadline)
     }
 }
 
 impl Drop for UcxEngine {
     fn drop(&mut self) {
-        let joined = match self.thread.get_mut() {
-            Ok(thread) => thread.is_none(),
-            Err(poisoned) => poisoned.get_ref().is_none(),
-        };
-        if !joined {
+        if !self.thread.is_joined() {
             self.shutdown_blocking();
         }
     }

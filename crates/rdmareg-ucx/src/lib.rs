@@ -29,11 +29,12 @@
 //!
 //! - One OS thread (`progress`) owns the UCP context, one single-threaded
 //!   worker, endpoints and memory handles. Raw handles never leave it.
-//! - Submitters reach it through a bounded command ring and an unbounded
-//!   control lane (`command`), and are answered on one-shot channels. They
-//!   wake it (`doorbell`) only when it sleeps; while it spins, submitting is
-//!   a queue push.
-//! - [`UcxBackend`] adds cancellation safety on the submitting side.
+//! - Submitters reach it through the engine kit's bounded command ring and
+//!   unbounded control lane ([`rdmareg_engine::lanes`]), and are answered on
+//!   one-shot channels. They wake it (the kit's doorbell) only when it
+//!   sleeps; while it spins, submitting is a queue push.
+//! - [`UcxBackend`] is the kit's backend front, with its cancellation rules,
+//!   plus same-host reads copied on the caller's thread.
 //!
 //! # Safety model: owners serve every read themselves
 //!
@@ -145,7 +146,6 @@ pub mod build_info;
 mod caller_copies;
 mod command;
 mod config;
-mod doorbell;
 mod engine;
 pub mod engine_address;
 mod owner_process;

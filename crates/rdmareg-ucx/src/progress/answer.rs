@@ -13,65 +13,12 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use futures::channel::oneshot;
 use rdmareg_core::RdmaError;
 
 use crate::command::Reply;
 
-/// Where a batch's answers go.
-pub(crate) type BatchReply = oneshot::Sender<Vec<Result<(), RdmaError>>>;
-
-/// The answers of one batch as its entries finish.
-#[derive(Debug)]
-pub(crate) struct BatchAnswers {
-    answers: RefCell<Vec<Option<Result<(), RdmaError>>>>,
-    remaining: Cell<usize>,
-    reply: RefCell<Option<BatchReply>>,
-}
-
-impl BatchAnswers {
-    /// A batch of `entries` reads answered on `reply`.
-    pub(crate) fn new(entries: usize, reply: BatchReply) -> Rc<BatchAnswers> {
-        Rc::new(BatchAnswers {
-            answers: RefCell::new(vec![None; entries]),
-            remaining: Cell::new(entries),
-            reply: RefCell::new(Some(reply)),
-        })
-    }
-
-    /// Records entry `index`; true if that answered the batch's caller.
-    fn record(&self, index: usize, outcome: Result<(), RdmaError>) -> bool {
-        {
-            let mut answers = self.answers.borrow_mut();
-            let Some(entry) = answers.get_mut(index) else {
-                return false;
-            };
-            if entry.is_some() {
-                return false; // Answered already: an entry is answered once.
-            }
-            *entry = Some(outcome);
-        }
-        let remaining = self.remaining.get().saturating_sub(1);
-        self.remaining.set(remaining);
-        if remaining == 0 {
-            let answers = self
-                .answers
-                .take()
-                .into_iter()
-                .map(|a| a.unwrap_or(Err(RdmaError::ShuttingDown)))
-                .collect();
-            if let Some(reply) = self.reply.borrow_mut().take() {
-                let _ = reply.send(answers);
-                return true;
-            }
-        }
-        false
-    }
-
-    fn is_abandoned(&self) -> bool {
-        self.reply.borrow().as_ref().is_none_or(|r| r.is_canceled())
-    }
-}
+pub(crate) use rdmareg_engine::answers::BatchAnswers;
+pub(crate) use rdmareg_engine::command::BatchReply;
 
 /// The outcome of one read asked as several pieces (see `pieces`): the
 /// read is answered once its last piece is, with the first error a piece
@@ -172,6 +119,8 @@ impl Answer {
 
 #[cfg(test)]
 mod tests {
+    use futures::channel::oneshot;
+
     use super::*;
 
     #[test]

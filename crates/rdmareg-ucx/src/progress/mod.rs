@@ -51,7 +51,6 @@
 
 mod answer;
 mod copy_plans;
-mod deadlines;
 mod direct;
 mod events;
 mod gathered;
@@ -73,11 +72,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, TryRecvError};
 use futures::channel::oneshot;
 use rdmareg_core::RdmaError;
+use rdmareg_engine::lanes::Receivers;
+use rdmareg_engine::thread::Ready;
 
-use crate::command::{Command, Signals};
+use crate::command::{Command, PeerChange, Signals};
 use crate::config::UcxConfig;
 use crate::engine_address::{EngineAddress, ProcessIdentity};
 use crate::read_list::{READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID};
@@ -191,9 +192,8 @@ fn take_records<T>(list: &std::cell::RefCell<Vec<T>>, spare: &mut Vec<T>) -> Vec
 pub(crate) fn run(
     config: UcxConfig,
     signals: Arc<Signals>,
-    ring: Receiver<Command>,
-    control: Receiver<Command>,
-    ready: Sender<Result<StartInfo, RdmaError>>,
+    lanes: Receivers<PeerChange>,
+    ready: Ready<StartInfo>,
 ) {
     let pinned = match &config.progress_cpus {
         Some(cpus) => crate::affinity::pin_current_thread(cpus),
@@ -203,17 +203,14 @@ pub(crate) fn run(
     let (mut engine, info) = match started {
         Ok(started) => started,
         Err(err) => {
-            signals
-                .closed
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            let _ = ready.send(Err(err));
+            signals.lifecycle.close();
+            ready.failed(err);
             return;
         }
     };
-    if ready.send(Ok(info)).is_ok() {
-        engine.serve(&ring, &control);
-    }
-    engine.teardown(&ring, &control);
+    ready.started(info);
+    engine.serve(&lanes.ring, &lanes.control);
+    engine.teardown(&lanes.ring, &lanes.control);
 }
 
 impl Engine {
@@ -439,11 +436,11 @@ impl Engine {
             Command::Get { request, reply } => self.post_get(request, reply),
             Command::GetBatch { requests, reply } => self.post_batch(requests, reply),
             Command::GetSharedBatch { requests, reply } => self.post_shared_batch(requests, reply),
-            Command::AddPeer { peer, address } => {
+            Command::Driver(PeerChange::Add { peer, address }) => {
                 self.add_peer(peer, address);
                 self.signals.caller_copies.peer_change_applied();
             }
-            Command::RemovePeer { peer } => {
+            Command::Driver(PeerChange::Remove { peer }) => {
                 self.remove_peer(peer);
                 self.signals.caller_copies.peer_change_applied();
             }
@@ -503,7 +500,7 @@ impl Engine {
     /// Sleeps until the worker has events, a submitter rings, or the timeout.
     fn park(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
         let signals = Arc::clone(&self.signals);
-        let bell = &signals.doorbell;
+        let bell = signals.lifecycle.doorbell();
         bell.announce_park();
         if !ring.is_empty() || !control.is_empty() {
             bell.unpark();

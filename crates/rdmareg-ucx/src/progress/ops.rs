@@ -16,9 +16,9 @@ use rdmareg_core::{PeerId, RdmaError};
 use ucx_sys as sys;
 
 use super::answer::Answer;
-use super::deadlines::DeadlineQueue;
 use super::events::Events;
 use super::ucp::MemHandle;
+use rdmareg_engine::deadlines::DeadlineQueue;
 
 /// Where a read stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,7 +34,6 @@
 //!   retries it.
 
 use rustc_hash::FxHashMap as HashMap;
-use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use rdmareg_core::{BackendRegion, RdmaError, page_enclosing_range};
@@ -209,9 +208,7 @@ impl Engine {
                 closing: false,
             },
         );
-        self.signals
-            .live_registrations
-            .fetch_add(1, Ordering::SeqCst);
+        self.signals.lifecycle.registered();
         self.signals.caller_copies.publish_destination(id, ptr, len);
         let region = BackendRegion {
             backend_region_id: id,
@@ -265,9 +262,7 @@ impl Engine {
                 unmap_waiters: Some(Vec::new()),
             },
         );
-        self.signals
-            .live_registrations
-            .fetch_add(1, Ordering::SeqCst);
+        self.signals.lifecycle.registered();
     }
 
     /// The pages enclosing what UCX reports it registered (if that covers
@@ -405,9 +400,7 @@ impl Engine {
         unsafe { self.context.unmap(memh) }?;
         self.regions.remove(&id);
         self.events.served.borrow_mut().remove(&id);
-        self.signals
-            .live_registrations
-            .fetch_sub(1, Ordering::SeqCst);
+        self.signals.lifecycle.deregistered();
         Ok(())
     }
 }

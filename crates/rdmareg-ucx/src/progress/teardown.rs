@@ -29,7 +29,6 @@
 //! No read is answered before UCX has let go of its destination; see
 //! `gets`.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -57,7 +56,7 @@ struct Queues<'a> {
 impl Engine {
     /// Tears everything down; see the module docs for the order.
     pub(super) fn teardown(mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
-        self.signals.closed.store(true, Ordering::SeqCst);
+        self.signals.lifecycle.close();
         // Copies on callers' threads that started before `closed` was set
         // end here; none starts after.
         self.signals.caller_copies.withdraw_everything();
@@ -168,7 +167,7 @@ impl Engine {
             let result = unsafe { context.unmap(region.memh) }.and(direct_result);
             match &result {
                 Ok(()) => {
-                    signals.live_registrations.fetch_sub(1, Ordering::SeqCst);
+                    signals.lifecycle.deregistered();
                 }
                 Err(err) => {
                     tracing::error!(region = id, error = %err, "region could not be unmapped at teardown; it stays registered");
@@ -209,11 +208,11 @@ impl Engine {
             }
         }
         // From here unmaps are answered by the submitters, from this record.
-        let _ = signals.torn_down.set(crate::command::TornDown {
-            still_registered: still_registered.clone(),
-        });
+        signals
+            .lifecycle
+            .finish_teardown(still_registered.iter().copied());
         tracing::debug!(
-            live = signals.live_registrations.load(Ordering::SeqCst),
+            live = signals.lifecycle.live_registrations(),
             "UCX engine torn down"
         );
         for reply in shutdown_replies {

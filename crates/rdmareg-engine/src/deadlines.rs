@@ -1,23 +1,21 @@
-//! The queue of reads' deadlines, earliest first (`DeadlineQueue`).
+//! The queue of reads' deadlines, earliest first ([`DeadlineQueue`]).
 //!
-//! Every owner-served or one-sided read enters its deadline here when it is
-//! posted, and the loop takes entries off the front as they expire or turn
-//! out stale (their read finished: entries are never removed early, the op
-//! table's generation tells a stale one apart).
+//! Every read enters its deadline here when it is posted, and the loop takes
+//! entries off the front as they expire or turn out stale (their read
+//! finished: entries are never removed early; the op table's generation
+//! tells a stale one apart).
 //!
 //! # Why not one binary heap
 //!
 //! Deadlines almost always arrive in order: a read's deadline is the clock
 //! when it is posted plus its caller's timeout, and callers mostly use one
-//! timeout (the registry passes its configured one with every read). A
-//! list of 1000 reads pushes 1000 equal deadlines. A binary heap takes
-//! each of those off in about ten steps through an array that the list's
-//! own bytes have just pushed out of the cache: in a list of 1000 × 4 KiB
-//! reads over tcp that was about 5 % of the consumer loop's time, the
-//! thread the list waits on (`docs/benchmarks.md`). So deadlines that come
-//! in order go to a FIFO, whose front is the earliest of them; only a
-//! deadline earlier than the FIFO's last goes to a heap. The front of the
-//! queue is the earlier of the two fronts.
+//! timeout (the registry passes its configured one with every read), so a
+//! list of 1000 reads pushes 1000 equal deadlines. A binary heap takes each
+//! of those off in about ten steps through an array the list's own bytes
+//! have just pushed out of the cache, on the thread the list waits on. So
+//! deadlines that come in order go to a FIFO, whose front is the earliest
+//! of them; only a deadline earlier than the FIFO's last goes to a heap.
+//! The front of the queue is the earlier of the two fronts.
 //!
 //! The order among equal deadlines is by `(slot, generation)`, as in a heap
 //! of the whole tuples, except that equal deadlines in the FIFO keep their
@@ -34,11 +32,11 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::time::Instant;
 
 /// One read's deadline: `(deadline, op slot, op generation)`.
-pub(super) type Deadline = (Instant, u32, u64);
+pub type Deadline = (Instant, u32, u64);
 
 /// Deadlines, earliest first (see the module docs).
 #[derive(Debug, Default)]
-pub(crate) struct DeadlineQueue {
+pub struct DeadlineQueue {
     /// Deadlines pushed in non-decreasing order of time.
     in_order: VecDeque<Deadline>,
     /// Deadlines earlier than the FIFO's last when they came.
@@ -46,7 +44,8 @@ pub(crate) struct DeadlineQueue {
 }
 
 impl DeadlineQueue {
-    pub(super) fn push(&mut self, deadline: Deadline) {
+    /// Adds `deadline`.
+    pub fn push(&mut self, deadline: Deadline) {
         match self.in_order.back() {
             Some(last) if deadline.0 < last.0 => self.out_of_order.push(Reverse(deadline)),
             _ => self.in_order.push_back(deadline),
@@ -54,7 +53,7 @@ impl DeadlineQueue {
     }
 
     /// The earliest deadline, if any.
-    pub(super) fn peek(&self) -> Option<Deadline> {
+    pub fn peek(&self) -> Option<Deadline> {
         match (self.in_order.front(), self.out_of_order.peek()) {
             (Some(&fifo), Some(&Reverse(heap))) => Some(fifo.min(heap)),
             (Some(&fifo), None) => Some(fifo),
@@ -64,7 +63,7 @@ impl DeadlineQueue {
     }
 
     /// Takes the earliest deadline off the queue.
-    pub(super) fn pop(&mut self) -> Option<Deadline> {
+    pub fn pop(&mut self) -> Option<Deadline> {
         let from_fifo = match (self.in_order.front(), self.out_of_order.peek()) {
             (Some(fifo), Some(Reverse(heap))) => fifo <= heap,
             (Some(_), None) => true,
@@ -79,9 +78,13 @@ impl DeadlineQueue {
     }
 
     /// Deadlines in the queue, stale ones included.
-    #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.in_order.len() + self.out_of_order.len()
+    }
+
+    /// Whether the queue holds no deadline at all.
+    pub fn is_empty(&self) -> bool {
+        self.in_order.is_empty() && self.out_of_order.is_empty()
     }
 }
 
