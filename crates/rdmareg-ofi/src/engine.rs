@@ -10,192 +10,58 @@
 //!    is given, everything is released, and
 //!    [`OfiEngine::live_registrations`] reads zero.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_channel::{Sender, TrySendError};
 use futures::channel::oneshot;
-use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
+use rdmareg_core::{PeerId, RdmaError};
+use rdmareg_engine::doorbell::Doorbell;
+use rdmareg_engine::front::{Front, NoCallerCopies};
+use rdmareg_engine::lifecycle::Lifecycle;
+use rdmareg_engine::thread::ProgressThread;
 
 use crate::backend::OfiBackend;
 use crate::config::OfiConfig;
-use crate::doorbell::Doorbell;
 use crate::progress;
 
-/// Where the thread answers one command.
-pub(crate) type Reply<T> = oneshot::Sender<Result<T, RdmaError>>;
+pub(crate) use rdmareg_engine::command::Reply;
 
-/// One request to the progress thread.
-///
-/// Commands travel on two lanes: the bounded **ring** carries everything in
-/// submission order; the unbounded **control lane** carries what must never
-/// wait for room (shutdown, peer changes, the compensating unmap of a dropped
-/// map, an unmap that found the ring full). The thread drains the control
-/// lane before each ring command.
+/// One request to the progress thread: the engine kit's commands, on the
+/// kit's two lanes ([`rdmareg_engine::lanes`]), plus this driver's peer
+/// changes.
+pub(crate) type Command = rdmareg_engine::command::Command<PeerChange>;
+
+/// A change to the peer table.
 #[derive(Debug)]
-pub(crate) enum Command {
-    Map {
-        id: u64,
-        ptr: usize,
-        len: usize,
-        reply: Reply<BackendRegion>,
-    },
-    Unmap {
-        id: u64,
-        reply: Option<Reply<()>>,
-    },
-    Get {
-        request: BackendGet,
-        reply: Reply<()>,
-    },
-    GetBatch {
-        requests: Vec<BackendGet>,
-        reply: oneshot::Sender<Vec<Result<(), RdmaError>>>,
-    },
-    AddPeer {
+pub(crate) enum PeerChange {
+    /// Record `peer`'s fabric address; answered once the address vector
+    /// took it (or refused it).
+    Add {
         peer: PeerId,
         address: Bytes,
         reply: Reply<()>,
     },
-    RemovePeer {
-        peer: PeerId,
-    },
-    Shutdown {
-        reply: oneshot::Sender<()>,
-    },
+    /// Forget `peer`.
+    Remove { peer: PeerId },
 }
 
 /// What the thread and the submitters both see.
 #[derive(Debug)]
 pub(crate) struct Signals {
-    pub(crate) doorbell: Doorbell,
-    pub(crate) closed: AtomicBool,
-    pub(crate) live_registrations: AtomicUsize,
-    /// Set once teardown ended: the region ids it could not deregister.
-    /// Every other id names nothing any more, so an unmap of it is the
-    /// idempotent unmap of a released id and answers `Ok`.
-    pub(crate) still_registered_after_teardown: std::sync::OnceLock<std::collections::HashSet<u64>>,
+    /// Teardown begun, registrations held, what teardown left; the doorbell.
+    pub(crate) lifecycle: Arc<Lifecycle>,
     /// Read requests this engine, as an owner, did not serve because the
     /// provider named another sender than the reply address, or none.
     pub(crate) unconfirmed_requests: AtomicU64,
 }
 
-/// The submitter side of an engine, shared by the handle and every backend.
-#[derive(Debug)]
-pub(crate) struct EngineShared {
-    ring: Sender<Command>,
-    control: Sender<Command>,
-    pub(crate) signals: Arc<Signals>,
-    next_region_id: AtomicU64,
-}
+/// The backend front of this engine: the kit's.
+pub(crate) type OfiFront = Front<PeerChange>;
 
-impl EngineShared {
-    pub(crate) fn is_closed(&self) -> bool {
-        self.signals.closed.load(Ordering::SeqCst)
-    }
-
-    /// A region id never used before by this engine; also the key the
-    /// engine requests for it, so a stale key never names a later region.
-    pub(crate) fn mint_region_id(&self) -> u64 {
-        self.next_region_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    pub(crate) fn live_registrations(&self) -> usize {
-        self.signals.live_registrations.load(Ordering::SeqCst)
-    }
-
-    /// Pushes onto the unbounded control lane; never waits.
-    pub(crate) fn send_control(&self, command: Command) -> Result<(), RdmaError> {
-        if self.is_closed() {
-            return Err(RdmaError::ShuttingDown);
-        }
-        self.control
-            .send(command)
-            .map_err(|_| RdmaError::ShuttingDown)?;
-        self.signals.doorbell.ring_if_parked();
-        Ok(())
-    }
-
-    /// Pushes onto the bounded ring, yielding while it is full.
-    pub(crate) fn submit(&self, command: Command, overflow: Overflow) -> Submit<'_> {
-        Submit {
-            shared: self,
-            command: Some(command),
-            overflow,
-        }
-    }
-}
-
-/// What a [`Submit`] dropped while the ring is full does with its command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Overflow {
-    /// Nothing: never submitted (maps, GETs).
-    Abandon,
-    /// Onto the control lane: it must proceed once issued (unmap).
-    ToControlLane,
-}
-
-/// Future of [`EngineShared::submit`].
-#[derive(Debug)]
-pub(crate) struct Submit<'a> {
-    shared: &'a EngineShared,
-    command: Option<Command>,
-    overflow: Overflow,
-}
-
-impl Submit<'_> {
-    /// One attempt: `None` while the ring is full.
-    pub(crate) fn try_now(&mut self) -> Option<Result<(), RdmaError>> {
-        let command = self.command.take()?;
-        if self.shared.is_closed() {
-            return Some(Err(RdmaError::ShuttingDown));
-        }
-        match self.shared.ring.try_send(command) {
-            Ok(()) => {
-                self.shared.signals.doorbell.ring_if_parked();
-                Some(Ok(()))
-            }
-            Err(TrySendError::Full(command)) => {
-                self.command = Some(command);
-                self.shared.signals.doorbell.ring();
-                None
-            }
-            Err(TrySendError::Disconnected(_)) => Some(Err(RdmaError::ShuttingDown)),
-        }
-    }
-}
-
-impl Future for Submit<'_> {
-    type Output = Result<(), RdmaError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        if this.command.is_none() {
-            return Poll::Ready(Ok(()));
-        }
-        match this.try_now() {
-            Some(result) => Poll::Ready(result),
-            None => {
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-        }
-    }
-}
-
-impl Drop for Submit<'_> {
-    fn drop(&mut self) {
-        if let (Some(command), Overflow::ToControlLane) = (self.command.take(), self.overflow) {
-            let _ = self.shared.send_control(command);
-        }
-    }
-}
+/// How long a shutdown waits for the thread beyond its teardown timeout.
+const JOIN_GRACE: Duration = Duration::from_secs(60);
 
 /// What a started thread reports.
 #[derive(Debug)]
@@ -210,8 +76,9 @@ pub(crate) struct StartInfo {
 /// Dropping the engine shuts it down.
 #[derive(Debug)]
 pub struct OfiEngine {
-    shared: Arc<EngineShared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    front: OfiFront,
+    signals: Arc<Signals>,
+    thread: ProgressThread,
     address: Bytes,
     provider: String,
     teardown_timeout: Duration,
@@ -232,45 +99,21 @@ impl OfiEngine {
             .map_err(|e| RdmaError::Backend(format!("ofi: invalid engine configuration: {e}")))?;
         let doorbell = Doorbell::new()
             .map_err(|e| RdmaError::Backend(format!("ofi: creating the doorbell eventfd: {e}")))?;
+        let lifecycle = Arc::new(Lifecycle::new(doorbell));
         let signals = Arc::new(Signals {
-            doorbell,
-            closed: AtomicBool::new(false),
-            live_registrations: AtomicUsize::new(0),
-            still_registered_after_teardown: std::sync::OnceLock::new(),
+            lifecycle: Arc::clone(&lifecycle),
             unconfirmed_requests: AtomicU64::new(0),
         });
-        let (ring_tx, ring_rx) = crossbeam_channel::bounded(config.ring_capacity);
-        let (control_tx, control_rx) = crossbeam_channel::unbounded();
-        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+        let (submitter, lanes) = rdmareg_engine::lanes::lanes(config.ring_capacity, lifecycle);
         let teardown_timeout = config.teardown_timeout;
         let thread_signals = Arc::clone(&signals);
-        let thread = std::thread::Builder::new()
-            .name("rdmareg-ofi".into())
-            .spawn(move || {
-                progress::run(config, thread_signals, ring_rx, control_rx, ready_tx);
-            })
-            .map_err(|e| RdmaError::Backend(format!("ofi: spawning the progress thread: {e}")))?;
-        let info = match ready_rx.recv() {
-            Ok(Ok(info)) => info,
-            Ok(Err(err)) => {
-                let _ = thread.join();
-                return Err(err);
-            }
-            Err(_) => {
-                let _ = thread.join();
-                return Err(RdmaError::Backend(
-                    "ofi: the progress thread exited during start".into(),
-                ));
-            }
-        };
+        let (thread, info) = ProgressThread::start("rdmareg-ofi", move |ready| {
+            progress::run(config, thread_signals, lanes, ready);
+        })?;
         Ok(OfiEngine {
-            shared: Arc::new(EngineShared {
-                ring: ring_tx,
-                control: control_tx,
-                signals,
-                next_region_id: AtomicU64::new(1),
-            }),
-            thread: Mutex::new(Some(thread)),
+            front: Front::new(Arc::new(submitter), Arc::new(NoCallerCopies)),
+            signals,
+            thread,
             address: info.address,
             provider: info.provider,
             teardown_timeout,
@@ -297,11 +140,13 @@ impl OfiEngine {
     /// [`RdmaError::ShuttingDown`] after teardown began.
     pub fn add_peer(&self, peer: PeerId, address: Bytes) -> Result<(), RdmaError> {
         let (reply, answer) = oneshot::channel();
-        self.shared.send_control(Command::AddPeer {
-            peer,
-            address,
-            reply,
-        })?;
+        self.front
+            .submitter()
+            .send_control(Command::Driver(PeerChange::Add {
+                peer,
+                address,
+                reply,
+            }))?;
         futures::executor::block_on(answer).unwrap_or(Err(RdmaError::ShuttingDown))
     }
 
@@ -311,17 +156,19 @@ impl OfiEngine {
     /// # Errors
     /// [`RdmaError::ShuttingDown`] after teardown began.
     pub fn remove_peer(&self, peer: PeerId) -> Result<(), RdmaError> {
-        self.shared.send_control(Command::RemovePeer { peer })
+        self.front
+            .submitter()
+            .send_control(Command::Driver(PeerChange::Remove { peer }))
     }
 
     /// A backend over this engine.
     pub fn backend(&self) -> OfiBackend {
-        OfiBackend::new(Arc::clone(&self.shared))
+        OfiBackend::new(self.front.clone())
     }
 
     /// The thread's own count of registrations it holds.
     pub fn live_registrations(&self) -> usize {
-        self.shared.live_registrations()
+        self.signals.lifecycle.live_registrations()
     }
 
     /// Whether a read that an owner's stalled reply holds past its deadline
@@ -344,10 +191,7 @@ impl OfiEngine {
     /// Where the provider does not report senders (`FI_SOURCE`) nothing is
     /// checked and this stays 0.
     pub fn unconfirmed_requests(&self) -> u64 {
-        self.shared
-            .signals
-            .unconfirmed_requests
-            .load(Ordering::Relaxed)
+        self.signals.unconfirmed_requests.load(Ordering::Relaxed)
     }
 
     /// Tears the engine down and waits for the thread: GETs in flight get
@@ -358,13 +202,7 @@ impl OfiEngine {
     /// Dropping the future does not stop the teardown.
     pub async fn shutdown(&self) {
         let (reply, answer) = oneshot::channel();
-        if self
-            .shared
-            .control
-            .send(Command::Shutdown { reply })
-            .is_ok()
-        {
-            self.shared.signals.doorbell.ring();
+        if self.front.submitter().send_shutdown(reply) {
             let _ = answer.await;
         }
         self.join();
@@ -375,13 +213,12 @@ impl OfiEngine {
         futures::executor::block_on(self.shutdown());
     }
 
+    /// Joins the thread. The thread ends its teardown within the teardown
+    /// timeout plus the provider's own close; a thread wedged in the
+    /// provider is left detached after a minute more, and logged.
     fn join(&self) {
-        let handle = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(handle) = handle {
-            if handle.join().is_err() {
-                tracing::error!("the ofi progress thread panicked");
-            }
-        }
+        self.thread
+            .join_by(Instant::now() + self.teardown_timeout + JOIN_GRACE);
     }
 
     /// The configured teardown timeout.
@@ -392,8 +229,7 @@ impl OfiEngine {
 
 impl Drop for OfiEngine {
     fn drop(&mut self) {
-        let running = self.thread.lock().map(|t| t.is_some()).unwrap_or(false);
-        if running {
+        if !self.thread.is_joined() {
             self.shutdown_blocking();
         }
     }

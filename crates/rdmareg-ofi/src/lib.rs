@@ -89,7 +89,6 @@
 mod adversarial_peers;
 mod backend;
 mod config;
-mod doorbell;
 mod engine;
 mod fabric;
 pub mod key;

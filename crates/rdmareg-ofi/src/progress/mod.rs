@@ -93,22 +93,23 @@
 //! read still held [`STALLED_AFTER`] past its deadline has its owner's
 //! connection reset (`Engine::reset_connection`), which ends it.
 
-use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::ops::ControlFlow;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, TryRecvError};
 use futures::channel::oneshot;
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
+use rdmareg_engine::answers::BatchAnswers;
+use rdmareg_engine::lanes::Receivers;
+use rdmareg_engine::thread::Ready;
 
 use crate::config::{OfiConfig, Provider, ReadPath};
-use crate::engine::{Command, Reply, Signals, StartInfo};
+use crate::engine::{Command, PeerChange, Reply, Signals, StartInfo};
 use crate::fabric::{Completion, Fabric, MemoryRegion, ProviderContext};
 use crate::key::CAPABILITY_LEN;
 use crate::protocol::{GATHER_TOTAL_MAX, MAX_LIST_ENTRIES, RECEIVE_MAX};
@@ -207,15 +208,14 @@ fn canonical_address(format: crate::key::AddressFormat, address: &[u8]) -> Vec<u
 pub(crate) fn run(
     config: OfiConfig,
     signals: Arc<Signals>,
-    ring: Receiver<Command>,
-    control: Receiver<Command>,
-    ready: Sender<Result<StartInfo, RdmaError>>,
+    lanes: Receivers<PeerChange>,
+    ready: Ready<StartInfo>,
 ) {
     let fabric = match Fabric::open(&config) {
         Ok(fabric) => fabric,
         Err(err) => {
-            signals.closed.store(true, Ordering::SeqCst);
-            let _ = ready.send(Err(err));
+            signals.lifecycle.close();
+            ready.failed(err);
             return;
         }
     };
@@ -231,10 +231,9 @@ pub(crate) fn run(
     );
     let mut engine = Engine::new(fabric, &config, signals);
     engine.post_request_receives();
-    if ready.send(Ok(info)).is_ok() {
-        engine.serve(&ring, &control);
-    }
-    engine.teardown(&ring, &control);
+    ready.started(info);
+    engine.serve(&lanes.ring, &lanes.control);
+    engine.teardown(&lanes.ring, &lanes.control);
 }
 
 /// One registered region.
@@ -278,33 +277,7 @@ struct AvEntry {
 #[derive(Debug)]
 enum Answer {
     Single(Reply<()>),
-    Batch(Rc<RefCell<Batch>>, usize),
-}
-
-/// A batch's answers, gathered in request order.
-#[derive(Debug)]
-struct Batch {
-    results: Vec<Option<Result<(), RdmaError>>>,
-    remaining: usize,
-    reply: Option<oneshot::Sender<Vec<Result<(), RdmaError>>>>,
-}
-
-impl Batch {
-    fn set(&mut self, index: usize, result: Result<(), RdmaError>) {
-        if self.results[index].replace(result).is_none() {
-            self.remaining -= 1;
-        }
-        if self.remaining == 0 {
-            if let Some(reply) = self.reply.take() {
-                let results = self
-                    .results
-                    .drain(..)
-                    .map(|r| r.unwrap_or(Err(RdmaError::ShuttingDown)))
-                    .collect();
-                let _ = reply.send(results);
-            }
-        }
-    }
+    Batch(Rc<BatchAnswers>, usize),
 }
 
 fn give(answer: Answer, result: Result<(), RdmaError>) {
@@ -312,7 +285,9 @@ fn give(answer: Answer, result: Result<(), RdmaError>) {
         Answer::Single(reply) => {
             let _ = reply.send(result);
         }
-        Answer::Batch(batch, index) => batch.borrow_mut().set(index, result),
+        Answer::Batch(batch, index) => {
+            batch.record(index, result);
+        }
     }
 }
 
@@ -790,14 +765,17 @@ impl Engine {
                 }
             }
             Command::GetBatch { requests, reply } => self.post_batch(requests, reply),
-            Command::AddPeer {
+            Command::GetSharedBatch { requests, reply } => {
+                self.post_batch(requests.to_vec(), reply);
+            }
+            Command::Driver(PeerChange::Add {
                 peer,
                 address,
                 reply,
-            } => {
+            }) => {
                 let _ = reply.send(self.add_peer(peer, address));
             }
-            Command::RemovePeer { peer } => self.remove_peer(peer),
+            Command::Driver(PeerChange::Remove { peer }) => self.remove_peer(peer),
             Command::Shutdown { reply } => {
                 self.shutdown_replies.push(reply);
                 return ControlFlow::Break(());
@@ -810,21 +788,12 @@ impl Engine {
     /// answers `ShuttingDown`.
     fn dispatch_closing(&mut self, command: Command) {
         match command {
-            Command::Map { reply, .. } => {
-                let _ = reply.send(Err(RdmaError::ShuttingDown));
-            }
             Command::Unmap { id, reply } => self.unmap_region(id, reply),
-            Command::Get { reply, .. } => {
-                let _ = reply.send(Err(RdmaError::ShuttingDown));
-            }
-            Command::GetBatch { requests, reply } => {
-                let _ = reply.send(vec![Err(RdmaError::ShuttingDown); requests.len()]);
-            }
-            Command::AddPeer { reply, .. } => {
-                let _ = reply.send(Err(RdmaError::ShuttingDown));
-            }
-            Command::RemovePeer { .. } => {}
             Command::Shutdown { reply } => self.shutdown_replies.push(reply),
+            Command::Driver(PeerChange::Add { reply, .. }) => {
+                let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
+            other => other.refuse(),
         }
     }
 
@@ -839,7 +808,7 @@ impl Engine {
 
     fn park(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
         let signals = Arc::clone(&self.signals);
-        let bell = &signals.doorbell;
+        let bell = signals.lifecycle.doorbell();
         bell.announce_park();
         if !ring.is_empty() || !control.is_empty() || self.turn() || !self.fabric.try_wait() {
             bell.unpark();

@@ -10,7 +10,6 @@
 //! again posts its new receive only then: until that point the provider
 //! may still write the destination.
 
-use std::cell::RefCell;
 use std::ffi::c_void;
 use std::rc::Rc;
 use std::time::Instant;
@@ -149,17 +148,11 @@ impl Engine {
         requests: Vec<BackendGet>,
         reply: oneshot::Sender<Vec<Result<(), RdmaError>>>,
     ) {
-        let batch = Rc::new(RefCell::new(Batch {
-            results: vec![None; requests.len()],
-            remaining: requests.len(),
-            reply: Some(reply),
-        }));
         if requests.is_empty() {
-            if let Some(reply) = batch.borrow_mut().reply.take() {
-                let _ = reply.send(Vec::new());
-            }
+            let _ = reply.send(Vec::new());
             return;
         }
+        let batch = BatchAnswers::new(requests.len(), reply);
         // Scratch receives need no registration only where the provider
         // needs no local descriptors.
         let gather = self.owner_served() && !self.fabric.needs_local_desc();

@@ -6,8 +6,6 @@
 //! flight: the region's `in_flight` count is the lease, and the last
 //! release deregisters and answers the unmap.
 
-use std::sync::atomic::Ordering;
-
 use rdmareg_core::{BackendRegion, RdmaError};
 
 use crate::engine::Reply;
@@ -52,9 +50,7 @@ impl Engine {
                 return;
             }
         };
-        self.signals
-            .live_registrations
-            .fetch_add(1, Ordering::SeqCst);
+        self.signals.lifecycle.registered();
         let served = self.owner_served();
         let key = PackedKey {
             owner_served: served,
@@ -118,9 +114,7 @@ impl Engine {
         match self.fabric.deregister(&region.mr) {
             Ok(()) => {
                 self.regions.remove(&id);
-                self.signals
-                    .live_registrations
-                    .fetch_sub(1, Ordering::SeqCst);
+                self.signals.lifecycle.deregistered();
                 for waiter in waiters {
                     let _ = waiter.send(Ok(()));
                 }

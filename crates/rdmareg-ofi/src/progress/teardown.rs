@@ -11,7 +11,6 @@
 //! leases, so their regions stay registered, and teardown says so.
 
 use std::ffi::c_void;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -24,7 +23,7 @@ use super::*;
 
 impl Engine {
     pub(super) fn teardown(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
-        self.signals.closed.store(true, Ordering::SeqCst);
+        self.signals.lifecycle.close();
         self.closing = true;
         while let Ok(command) = control.try_recv() {
             self.dispatch_closing(command);
@@ -75,14 +74,13 @@ impl Engine {
         for (fi_addr, _) in std::mem::take(&mut self.av) {
             self.fabric.remove_peer(fi_addr);
         }
-        let live = self.signals.live_registrations.load(Ordering::SeqCst);
+        let live = self.signals.lifecycle.live_registrations();
         if live != 0 {
             tracing::error!(live, "teardown left regions registered");
         }
-        let _ = self
-            .signals
-            .still_registered_after_teardown
-            .set(self.regions.keys().copied().collect());
+        self.signals
+            .lifecycle
+            .finish_teardown(self.regions.keys().copied());
         for reply in self.shutdown_replies.drain(..) {
             let _ = reply.send(());
         }
