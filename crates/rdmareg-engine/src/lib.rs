@@ -13,7 +13,9 @@
 //!   cancellation rules;
 //! - [`thread`]: starting the thread, and joining it within a deadline;
 //! - [`answers`]: a batch's answers as its entries finish;
-//! - [`deadlines`]: reads' deadlines, earliest first.
+//! - [`deadlines`]: reads' deadlines, earliest first;
+//! - [`consumer`]: the consumer side of an owner-served read, as a state
+//!   machine with no I/O and no clock, checked by a seeded simulator.
 //!
 //! A driver (the transport's crate) creates and progresses the transport's
 //! objects, and turns their completions into answers. This crate never
@@ -23,6 +25,7 @@
 
 pub mod answers;
 pub mod command;
+pub mod consumer;
 pub mod deadlines;
 pub mod doorbell;
 pub mod front;

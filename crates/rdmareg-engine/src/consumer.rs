@@ -1,0 +1,388 @@
+//! The consumer side of an owner-served read, as a state machine with no
+//! I/O and no clock of its own.
+//!
+//! A driver starts a read ([`Consumer::start`]), sends the request its
+//! transport's way with the read's request id, and feeds back what happens:
+//! replies as they arrive ([`Consumer::handle_reply`]), the end of the
+//! transport's copy into the destination ([`Consumer::landed`]), a failed
+//! request send, a failed endpoint, the clock ([`Consumer::handle_timeout`]),
+//! shutdown. The machine decides; the driver acts. Answers come out of
+//! [`Consumer::poll_answer`], each read's exactly once.
+//!
+//! # Rules, and why
+//!
+//! - **A reply counts only from the endpoint its request went out on.**
+//!   Request ids are a counter; a third peer guessing one must not have its
+//!   bytes written into this read's destination. A reply from elsewhere, or
+//!   for a read no longer waiting, is dropped ([`ReplyVerdict::Drop`]).
+//! - **A reply is taken once.** From the moment a reply is accepted no later
+//!   reply can reach the read, so a duplicate cannot write the destination
+//!   twice or race the first.
+//! - **A served reply must carry exactly the bytes asked for.** A longer
+//!   payload would overrun the destination (some transports do not check a
+//!   receive's size), a shorter one would leave stale bytes answered `Ok`.
+//! - **A read is answered only once the transport released its
+//!   destination.** While a read waits for its reply the transport holds
+//!   nothing of the destination, so its deadline, a failed endpoint or
+//!   shutdown answers it at once (and a late reply is dropped). Once the
+//!   payload is being written ([`ReplyVerdict::Land`]), only
+//!   [`Consumer::landed`] answers it: past the deadline the machine asks the
+//!   driver to stop the transfer ([`TimeoutAction::StopLanding`]), and the
+//!   answer is `Timeout` when the transport reports the end — or `Ok` if the
+//!   bytes arrived after all. Answering earlier would hand the caller a
+//!   buffer the transport may still write.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::time::{Duration, Instant};
+
+use rdmareg_core::RdmaError;
+
+use crate::deadlines::DeadlineQueue;
+
+/// One read of this consumer; its value is the request id on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReadId(pub u64);
+
+/// A reply header, decoded from the driver's wire format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The request id it answers.
+    pub request_id: u64,
+    /// What the owner said.
+    pub outcome: ReplyOutcome,
+}
+
+/// What an owner answered a read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyOutcome {
+    /// The bytes follow: `length` of them.
+    Served {
+        /// Bytes the header announces.
+        length: u64,
+    },
+    /// The owner refused; the error the read gets.
+    Refused(RdmaError),
+}
+
+/// What the driver does with an arrived reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyVerdict {
+    /// Nobody may take it: drop it (for a payload the transport holds, tell
+    /// the sender to stop). Nothing is written.
+    Drop(DropReason),
+    /// Write the payload into the read's destination (copy it, or start the
+    /// transport's receive into it), then report [`Consumer::landed`].
+    Land(ReadId),
+    /// The read is answered with an error; nothing is written.
+    Refused(ReadId),
+}
+
+/// Why a reply was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// No read waits for that request id (never started, answered, or past
+    /// its deadline).
+    NotAwaited,
+    /// A read waits for it, but its request went out on another endpoint.
+    WrongEndpoint,
+}
+
+/// What a deadline asks of the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TimeoutAction<E> {
+    /// The payload of `read` is being written on `endpoint`: stop it (close
+    /// the endpoint, cancel the receive). The read is answered when the
+    /// transport reports the end ([`Consumer::landed`]).
+    StopLanding {
+        /// The read past its deadline.
+        read: ReadId,
+        /// Where its payload comes from.
+        endpoint: E,
+    },
+}
+
+/// Where a read stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The request is out; the transport holds nothing of the destination.
+    AwaitingReply,
+    /// The payload is being written; only the transport's end answers.
+    Landing {
+        /// The deadline passed meanwhile.
+        expired: bool,
+    },
+}
+
+#[derive(Debug)]
+struct Read<E> {
+    endpoint: E,
+    length: u64,
+    phase: Phase,
+}
+
+/// Test-only switches that bring back defects the engines once had, so the
+/// simulator can show it finds them.
+#[cfg(test)]
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Defects {
+    /// Answer a read past its deadline at once, even while its payload is
+    /// still being written.
+    pub(crate) answer_before_release: bool,
+    /// Take a reply from whichever endpoint it came on.
+    pub(crate) accept_any_endpoint: bool,
+}
+
+/// The consumer side of owner-served reads; see the module docs.
+#[derive(Debug)]
+pub struct Consumer<E> {
+    reads: HashMap<u64, Read<E>>,
+    deadlines: DeadlineQueue,
+    next_request_id: u64,
+    answers: VecDeque<(ReadId, Result<(), RdmaError>)>,
+    closing: bool,
+    #[cfg(test)]
+    pub(crate) defects: Defects,
+}
+
+impl<E> Default for Consumer<E> {
+    fn default() -> Self {
+        Consumer {
+            reads: HashMap::new(),
+            deadlines: DeadlineQueue::default(),
+            next_request_id: 1,
+            answers: VecDeque::new(),
+            closing: false,
+            #[cfg(test)]
+            defects: Defects::default(),
+        }
+    }
+}
+
+impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
+    /// A consumer with no reads.
+    pub fn new() -> Consumer<E> {
+        Consumer::default()
+    }
+
+    /// Starts a read of `length` bytes from the owner at `endpoint`, due by
+    /// `now + timeout`. The driver sends the request with
+    /// `request_id = id.0`. After shutdown began the read is answered
+    /// [`RdmaError::ShuttingDown`] at once (the driver sends nothing).
+    pub fn start(&mut self, now: Instant, endpoint: E, length: u64, timeout: Duration) -> ReadId {
+        let id = ReadId(self.next_request_id);
+        self.next_request_id += 1;
+        if self.closing {
+            self.answers.push_back((id, Err(RdmaError::ShuttingDown)));
+            return id;
+        }
+        // A deadline past the end of time is no deadline.
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or(now + Duration::from_secs(86_400 * 365));
+        self.reads.insert(
+            id.0,
+            Read {
+                endpoint,
+                length,
+                phase: Phase::AwaitingReply,
+            },
+        );
+        // The queue orders by (time, slot, generation); slot is unused here.
+        self.deadlines.push((deadline, 0, id.0));
+        id
+    }
+
+    /// The request of `read` could not be sent: answered with `error` if it
+    /// still waits for its reply (a reply may have come first).
+    pub fn request_failed(&mut self, read: ReadId, error: RdmaError) {
+        if let Some(entry) = self.reads.get(&read.0) {
+            if entry.phase == Phase::AwaitingReply {
+                self.answer(read, Err(error));
+            }
+        }
+    }
+
+    /// A reply arrived on `endpoint`, its payload `payload_length` bytes.
+    pub fn handle_reply(
+        &mut self,
+        endpoint: E,
+        reply: &Reply,
+        payload_length: u64,
+    ) -> ReplyVerdict {
+        let id = ReadId(reply.request_id);
+        let any_endpoint = self.accepts_any_endpoint();
+        let Some(read) = self.reads.get_mut(&reply.request_id) else {
+            return ReplyVerdict::Drop(DropReason::NotAwaited);
+        };
+        if read.phase != Phase::AwaitingReply {
+            return ReplyVerdict::Drop(DropReason::NotAwaited);
+        }
+        if read.endpoint != endpoint && !any_endpoint {
+            return ReplyVerdict::Drop(DropReason::WrongEndpoint);
+        }
+        match &reply.outcome {
+            ReplyOutcome::Refused(error) => {
+                let error = error.clone();
+                self.answer(id, Err(error));
+                ReplyVerdict::Refused(id)
+            }
+            ReplyOutcome::Served { length }
+                if *length != read.length || payload_length != read.length =>
+            {
+                let error = RdmaError::Backend(format!(
+                    "the owner answered {payload_length} bytes (header: {length}) to a {}-byte read; refused",
+                    read.length
+                ));
+                self.answer(id, Err(error));
+                ReplyVerdict::Refused(id)
+            }
+            ReplyOutcome::Served { .. } => {
+                read.phase = Phase::Landing { expired: false };
+                ReplyVerdict::Land(id)
+            }
+        }
+    }
+
+    /// The transport finished writing `read`'s payload (or gave up):
+    /// `result` is what it reported. This is the release of the
+    /// destination, and answers the read.
+    pub fn landed(&mut self, read: ReadId, result: Result<(), RdmaError>) {
+        let Some(entry) = self.reads.get(&read.0) else {
+            return;
+        };
+        let Phase::Landing { expired } = entry.phase else {
+            return;
+        };
+        let outcome = match result {
+            Ok(()) => Ok(()),
+            Err(_) if expired => Err(RdmaError::Timeout),
+            Err(_) if self.closing => Err(RdmaError::ShuttingDown),
+            Err(error) => Err(error),
+        };
+        self.answer(read, outcome);
+    }
+
+    /// Reads on `endpoint` that wait for their reply are answered with
+    /// `error`; reads whose payload is being written there wait for the
+    /// transport to report their end.
+    pub fn endpoint_failed(&mut self, endpoint: E, error: RdmaError) {
+        let waiting: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, read)| read.endpoint == endpoint && read.phase == Phase::AwaitingReply)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in waiting {
+            self.answer(ReadId(id), Err(error.clone()));
+        }
+    }
+
+    /// Expires reads whose deadline is not after `now`: a read waiting for
+    /// its reply is answered `Timeout`; one whose payload is being written
+    /// yields a [`TimeoutAction::StopLanding`].
+    pub fn handle_timeout(&mut self, now: Instant) -> Vec<TimeoutAction<E>> {
+        let mut actions = Vec::new();
+        while let Some((deadline, _, id)) = self.deadlines.peek() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop();
+            let Some(read) = self.reads.get_mut(&id) else {
+                continue;
+            };
+            match read.phase {
+                Phase::AwaitingReply => self.answer(ReadId(id), Err(RdmaError::Timeout)),
+                Phase::Landing { expired: false } => {
+                    read.phase = Phase::Landing { expired: true };
+                    actions.push(TimeoutAction::StopLanding {
+                        read: ReadId(id),
+                        endpoint: read.endpoint,
+                    });
+                    if self.answers_before_release() {
+                        self.answer(ReadId(id), Err(RdmaError::Timeout));
+                    }
+                }
+                Phase::Landing { expired: true } => {}
+            }
+        }
+        actions
+    }
+
+    /// The earliest deadline of a read not answered yet, for the driver's
+    /// sleep.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some((deadline, _, id)) = self.deadlines.peek() {
+            if self.reads.contains_key(&id) {
+                return Some(deadline);
+            }
+            self.deadlines.pop();
+        }
+        None
+    }
+
+    /// Teardown begins: reads waiting for their reply are answered
+    /// [`RdmaError::ShuttingDown`], reads being written wait for the
+    /// transport, and new reads are refused.
+    pub fn shutdown(&mut self) {
+        self.closing = true;
+        let waiting: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, read)| read.phase == Phase::AwaitingReply)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in waiting {
+            self.answer(ReadId(id), Err(RdmaError::ShuttingDown));
+        }
+    }
+
+    /// The next answer to give: each read's exactly once.
+    pub fn poll_answer(&mut self) -> Option<(ReadId, Result<(), RdmaError>)> {
+        self.answers.pop_front()
+    }
+
+    /// Reads not answered yet.
+    pub fn in_flight(&self) -> usize {
+        self.reads.len()
+    }
+
+    /// Reads whose payload is being written on `endpoint`: the driver keeps
+    /// the endpoint until they end.
+    pub fn landing_on(&self, endpoint: E) -> usize {
+        self.reads
+            .values()
+            .filter(|read| read.endpoint == endpoint && matches!(read.phase, Phase::Landing { .. }))
+            .count()
+    }
+
+    fn answer(&mut self, read: ReadId, outcome: Result<(), RdmaError>) {
+        if self.reads.remove(&read.0).is_some() {
+            self.answers.push_back((read, outcome));
+        }
+    }
+
+    #[cfg(test)]
+    fn accepts_any_endpoint(&self) -> bool {
+        self.defects.accept_any_endpoint
+    }
+
+    #[cfg(not(test))]
+    fn accepts_any_endpoint(&self) -> bool {
+        false
+    }
+
+    #[cfg(test)]
+    fn answers_before_release(&self) -> bool {
+        self.defects.answer_before_release
+    }
+
+    #[cfg(not(test))]
+    fn answers_before_release(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests;

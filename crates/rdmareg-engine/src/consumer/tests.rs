@@ -1,0 +1,232 @@
+//! The consumer's rules one at a time, then the simulator over many seeds.
+
+use std::time::{Duration, Instant};
+
+use rdmareg_core::RdmaError;
+
+use super::*;
+
+mod sim;
+
+const OWNER: u32 = 1;
+const OTHER: u32 = 2;
+
+fn served(request_id: u64, length: u64) -> Reply {
+    Reply {
+        request_id,
+        outcome: ReplyOutcome::Served { length },
+    }
+}
+
+fn started(length: u64) -> (Consumer<u32>, ReadId, Instant) {
+    let now = Instant::now();
+    let mut consumer = Consumer::new();
+    let read = consumer.start(now, OWNER, length, Duration::from_millis(10));
+    (consumer, read, now)
+}
+
+#[test]
+fn a_served_reply_lands_and_answers_once_landed() {
+    let (mut consumer, read, _) = started(8);
+    assert_eq!(
+        consumer.handle_reply(OWNER, &served(read.0, 8), 8),
+        ReplyVerdict::Land(read)
+    );
+    assert_eq!(
+        consumer.poll_answer(),
+        None,
+        "not before the transport let go"
+    );
+    consumer.landed(read, Ok(()));
+    assert_eq!(consumer.poll_answer(), Some((read, Ok(()))));
+    assert_eq!(consumer.in_flight(), 0);
+}
+
+#[test]
+fn a_reply_from_another_endpoint_is_dropped() {
+    let (mut consumer, read, _) = started(8);
+    assert_eq!(
+        consumer.handle_reply(OTHER, &served(read.0, 8), 8),
+        ReplyVerdict::Drop(DropReason::WrongEndpoint)
+    );
+    assert_eq!(
+        consumer.handle_reply(OWNER, &served(read.0, 8), 8),
+        ReplyVerdict::Land(read)
+    );
+}
+
+#[test]
+fn a_second_reply_to_the_same_read_is_dropped() {
+    let (mut consumer, read, _) = started(8);
+    assert_eq!(
+        consumer.handle_reply(OWNER, &served(read.0, 8), 8),
+        ReplyVerdict::Land(read)
+    );
+    assert_eq!(
+        consumer.handle_reply(OWNER, &served(read.0, 8), 8),
+        ReplyVerdict::Drop(DropReason::NotAwaited)
+    );
+}
+
+#[test]
+fn a_reply_of_the_wrong_length_is_refused_unwritten() {
+    for (header, payload) in [(9, 9), (8, 9), (9, 8), (4, 4)] {
+        let (mut consumer, read, _) = started(8);
+        assert_eq!(
+            consumer.handle_reply(OWNER, &served(read.0, header), payload),
+            ReplyVerdict::Refused(read)
+        );
+        let (answered, outcome) = consumer.poll_answer().unwrap();
+        assert_eq!(answered, read);
+        assert!(matches!(outcome, Err(RdmaError::Backend(text)) if text.contains("8-byte read")));
+    }
+}
+
+#[test]
+fn a_refusal_answers_with_its_error() {
+    let (mut consumer, read, _) = started(8);
+    let refusal = Reply {
+        request_id: read.0,
+        outcome: ReplyOutcome::Refused(RdmaError::RegionNotFound),
+    };
+    assert_eq!(
+        consumer.handle_reply(OWNER, &refusal, 0),
+        ReplyVerdict::Refused(read)
+    );
+    assert_eq!(
+        consumer.poll_answer(),
+        Some((read, Err(RdmaError::RegionNotFound)))
+    );
+}
+
+#[test]
+fn a_read_awaiting_its_reply_times_out_at_its_deadline() {
+    let (mut consumer, read, now) = started(8);
+    assert!(
+        consumer
+            .handle_timeout(now + Duration::from_millis(9))
+            .is_empty()
+    );
+    assert_eq!(consumer.poll_answer(), None);
+    assert_eq!(
+        consumer.poll_timeout(),
+        Some(now + Duration::from_millis(10))
+    );
+    assert!(
+        consumer
+            .handle_timeout(now + Duration::from_millis(10))
+            .is_empty()
+    );
+    assert_eq!(
+        consumer.poll_answer(),
+        Some((read, Err(RdmaError::Timeout)))
+    );
+    assert_eq!(
+        consumer.handle_reply(OWNER, &served(read.0, 8), 8),
+        ReplyVerdict::Drop(DropReason::NotAwaited),
+        "a late reply finds nothing to land in"
+    );
+    assert_eq!(consumer.poll_timeout(), None);
+}
+
+#[test]
+fn a_landing_read_past_its_deadline_waits_for_release() {
+    let (mut consumer, read, now) = started(8);
+    consumer.handle_reply(OWNER, &served(read.0, 8), 8);
+    let actions = consumer.handle_timeout(now + Duration::from_secs(1));
+    assert_eq!(
+        actions,
+        vec![TimeoutAction::StopLanding {
+            read,
+            endpoint: OWNER
+        }]
+    );
+    assert_eq!(
+        consumer.poll_answer(),
+        None,
+        "the transport may still write"
+    );
+    assert_eq!(consumer.landing_on(OWNER), 1);
+    consumer.landed(read, Err(RdmaError::Backend("closed".into())));
+    assert_eq!(
+        consumer.poll_answer(),
+        Some((read, Err(RdmaError::Timeout)))
+    );
+}
+
+#[test]
+fn bytes_that_arrive_after_the_deadline_still_answer_ok() {
+    let (mut consumer, read, now) = started(8);
+    consumer.handle_reply(OWNER, &served(read.0, 8), 8);
+    consumer.handle_timeout(now + Duration::from_secs(1));
+    consumer.landed(read, Ok(()));
+    assert_eq!(consumer.poll_answer(), Some((read, Ok(()))));
+}
+
+#[test]
+fn a_failed_endpoint_answers_only_reads_awaiting_replies() {
+    let now = Instant::now();
+    let mut consumer = Consumer::new();
+    let waiting = consumer.start(now, OWNER, 8, Duration::from_secs(1));
+    let landing = consumer.start(now, OWNER, 8, Duration::from_secs(1));
+    let elsewhere = consumer.start(now, OTHER, 8, Duration::from_secs(1));
+    consumer.handle_reply(OWNER, &served(landing.0, 8), 8);
+    let failure = RdmaError::Backend("endpoint failed".into());
+    consumer.endpoint_failed(OWNER, failure.clone());
+    assert_eq!(
+        consumer.poll_answer(),
+        Some((waiting, Err(failure.clone())))
+    );
+    assert_eq!(consumer.poll_answer(), None);
+    consumer.landed(landing, Err(failure.clone()));
+    assert_eq!(consumer.poll_answer(), Some((landing, Err(failure))));
+    assert_eq!(consumer.in_flight(), 1, "{elsewhere:?} still waits");
+}
+
+#[test]
+fn shutdown_answers_waiting_reads_and_refuses_new_ones() {
+    let now = Instant::now();
+    let mut consumer = Consumer::new();
+    let waiting = consumer.start(now, OWNER, 8, Duration::from_secs(1));
+    let landing = consumer.start(now, OWNER, 8, Duration::from_secs(1));
+    consumer.handle_reply(OWNER, &served(landing.0, 8), 8);
+    consumer.shutdown();
+    assert_eq!(
+        consumer.poll_answer(),
+        Some((waiting, Err(RdmaError::ShuttingDown)))
+    );
+    let refused = consumer.start(now, OWNER, 8, Duration::from_secs(1));
+    assert_eq!(
+        consumer.poll_answer(),
+        Some((refused, Err(RdmaError::ShuttingDown)))
+    );
+    consumer.landed(landing, Err(RdmaError::Backend("worker destroyed".into())));
+    assert_eq!(
+        consumer.poll_answer(),
+        Some((landing, Err(RdmaError::ShuttingDown)))
+    );
+}
+
+#[test]
+fn a_failed_request_send_answers_a_waiting_read() {
+    let (mut consumer, read, _) = started(8);
+    consumer.request_failed(read, RdmaError::Backend("send failed".into()));
+    assert_eq!(
+        consumer.poll_answer(),
+        Some((read, Err(RdmaError::Backend("send failed".into()))))
+    );
+    consumer.request_failed(read, RdmaError::Timeout);
+    assert_eq!(consumer.poll_answer(), None, "answered once");
+}
+
+#[test]
+fn request_ids_are_never_reused() {
+    let now = Instant::now();
+    let mut consumer = Consumer::<u32>::new();
+    let ids: Vec<ReadId> = (0..100)
+        .map(|_| consumer.start(now, OWNER, 1, Duration::ZERO))
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ids.len());
+}

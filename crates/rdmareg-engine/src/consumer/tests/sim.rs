@@ -1,0 +1,574 @@
+//! A deterministic simulation of the consumer state machine against
+//! honest, slow, failing and hostile owners.
+//!
+//! One `u64` seed drives everything: which reads start, when replies are
+//! delivered (reordered, duplicated, delayed past deadlines, never), which
+//! owners refuse or lie about lengths, when a third peer forges replies with
+//! guessed request ids, how long the transport takes to write a payload and
+//! whether it fails half way, when endpoints fail, when the clock jumps past
+//! deadlines, and when shutdown begins. Memory is simulated: every
+//! destination records each byte write with the step that made it.
+//!
+//! After every step the promises are checked as invariants:
+//!
+//! - every read is answered at most once, and by the end exactly once;
+//! - no byte is written into a destination after its read was answered;
+//! - an `Ok` destination holds exactly the bytes its own owner served for
+//!   that read (never a third peer's, never a partial write);
+//! - the machine keeps no state for answered reads.
+//!
+//! A failure names its seed and step, and the same seed replays it exactly:
+//! `cargo xtask sim --seed S`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use rdmareg_core::RdmaError;
+
+use super::super::{Consumer, Defects, ReadId, Reply, ReplyOutcome, ReplyVerdict, TimeoutAction};
+
+/// Honest owners are endpoints `0..OWNERS`; the forger is `FORGER`.
+const OWNERS: u32 = 3;
+const FORGER: u32 = 99;
+/// Steps per seed.
+const STEPS: u64 = 300;
+/// Reads in flight at most (the simulation's own bound).
+const MAX_READS: usize = 24;
+/// Byte the forger writes.
+const FORGED: u8 = 0x66;
+/// Byte a fresh destination holds.
+const UNWRITTEN: u8 = 0xEE;
+
+/// splitmix64: small, fast, and the same on every platform.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A message on its way to the consumer.
+#[derive(Debug, Clone)]
+struct Message {
+    from: u32,
+    reply: Reply,
+    payload: Vec<u8>,
+}
+
+/// A payload the transport is writing into a destination.
+#[derive(Debug)]
+struct Landing {
+    read: ReadId,
+    from: u32,
+    payload: Vec<u8>,
+    /// Bytes written so far.
+    written: usize,
+    /// Asked to stop (deadline) or its endpoint failed: it ends in error.
+    doomed: bool,
+}
+
+/// One read as the simulation sees it.
+#[derive(Debug)]
+struct SimRead {
+    owner: u32,
+    destination: Vec<u8>,
+    /// What the owner served for this read, once it did.
+    served: Option<Vec<u8>>,
+    answered_at: Option<u64>,
+    outcome: Option<Result<(), RdmaError>>,
+}
+
+/// A broken promise: seed, step and what happened.
+#[derive(Debug)]
+pub(super) struct Failure {
+    pub(super) seed: u64,
+    pub(super) step: u64,
+    pub(super) what: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "seed {} step {}: {} (replay: cargo xtask sim --seed {})",
+            self.seed, self.step, self.what, self.seed
+        )
+    }
+}
+
+/// What one seed did, for coverage checks.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Summary {
+    pub(super) reads: u64,
+    pub(super) ok: u64,
+    pub(super) timeouts: u64,
+    pub(super) forged_dropped: u64,
+    pub(super) stopped_landings: u64,
+}
+
+struct Sim {
+    seed: u64,
+    rng: Rng,
+    start: Instant,
+    clock_ms: u64,
+    step: u64,
+    consumer: Consumer<u32>,
+    reads: BTreeMap<ReadId, SimRead>,
+    network: Vec<Message>,
+    landings: Vec<Landing>,
+    /// Owners whose endpoint failed: they send nothing more.
+    failed: Vec<u32>,
+    /// Per owner: how it misbehaves (percent of replies).
+    wrong_length: HashMap<u32, u64>,
+    refuses: HashMap<u32, u64>,
+    silent: HashMap<u32, u64>,
+    closing: bool,
+    summary: Summary,
+}
+
+/// Runs one seed; `defects` brings back a historical defect.
+pub(super) fn run(seed: u64, defects: Defects) -> Result<Summary, Failure> {
+    let mut rng = Rng(seed);
+    let mut sim = Sim {
+        seed,
+        start: Instant::now(),
+        clock_ms: 0,
+        step: 0,
+        consumer: Consumer::new(),
+        reads: BTreeMap::new(),
+        network: Vec::new(),
+        landings: Vec::new(),
+        failed: Vec::new(),
+        wrong_length: (0..OWNERS).map(|o| (o, rng.below(3) * 5)).collect(),
+        refuses: (0..OWNERS).map(|o| (o, rng.below(3) * 5)).collect(),
+        silent: (0..OWNERS).map(|o| (o, rng.below(3) * 5)).collect(),
+        closing: false,
+        summary: Summary::default(),
+        rng,
+    };
+    sim.consumer.defects = defects;
+    for _ in 0..STEPS {
+        sim.step += 1;
+        sim.one_step()?;
+        sim.collect_answers()?;
+    }
+    sim.drain()?;
+    Ok(sim.summary)
+}
+
+impl Sim {
+    fn now(&self) -> Instant {
+        self.start + Duration::from_millis(self.clock_ms)
+    }
+
+    fn fail(&self, what: String) -> Failure {
+        Failure {
+            seed: self.seed,
+            step: self.step,
+            what,
+        }
+    }
+
+    fn one_step(&mut self) -> Result<(), Failure> {
+        match self.rng.below(100) {
+            0..=24 => self.start_read(),
+            25..=49 => self.deliver(),
+            50..=69 => self.progress_landing(),
+            70..=79 => {
+                self.clock_ms += 1 + self.rng.below(8);
+                self.expire();
+            }
+            80..=84 => self.duplicate(),
+            85..=91 => self.forge(),
+            92..=94 => self.fail_endpoint(),
+            95 if self.rng.chance(20) => {
+                self.closing = true;
+                self.consumer.shutdown();
+            }
+            _ => self.deliver(),
+        }
+        Ok(())
+    }
+
+    fn start_read(&mut self) {
+        if self.closing || self.consumer.in_flight() >= MAX_READS {
+            return;
+        }
+        let owner = self.rng.below(u64::from(OWNERS)) as u32;
+        let length = 1 + self.rng.below(32);
+        let timeout = Duration::from_millis(2 + self.rng.below(40));
+        let read = self.consumer.start(self.now(), owner, length, timeout);
+        self.summary.reads += 1;
+        self.reads.insert(
+            read,
+            SimRead {
+                owner,
+                destination: vec![UNWRITTEN; length as usize],
+                served: None,
+                answered_at: None,
+                outcome: None,
+            },
+        );
+        if self.failed.contains(&owner) {
+            self.consumer
+                .request_failed(read, RdmaError::Backend("endpoint failed".into()));
+            return;
+        }
+        // The owner's answer, queued now and delivered in any order later.
+        if self.rng.chance(self.silent[&owner]) {
+            return;
+        }
+        let reply = if self.rng.chance(self.refuses[&owner]) {
+            Message {
+                from: owner,
+                reply: Reply {
+                    request_id: read.0,
+                    outcome: ReplyOutcome::Refused(RdmaError::RegionNotFound),
+                },
+                payload: Vec::new(),
+            }
+        } else {
+            let served_length = if self.rng.chance(self.wrong_length[&owner]) {
+                length + 1 + self.rng.below(4)
+            } else {
+                length
+            };
+            // The owner's bytes: distinct per read, never the forger's.
+            let payload: Vec<u8> = (0..served_length)
+                .map(|i| (read.0.wrapping_mul(31).wrapping_add(i) % 200) as u8)
+                .collect();
+            if let Some(sim_read) = self.reads.get_mut(&read) {
+                sim_read.served = Some(payload.clone());
+            }
+            Message {
+                from: owner,
+                reply: Reply {
+                    request_id: read.0,
+                    outcome: ReplyOutcome::Served {
+                        length: served_length,
+                    },
+                },
+                payload,
+            }
+        };
+        self.network.push(reply);
+    }
+
+    fn deliver(&mut self) {
+        if self.network.is_empty() {
+            return;
+        }
+        let at = self.rng.below(self.network.len() as u64) as usize;
+        let message = self.network.swap_remove(at);
+        if self.failed.contains(&message.from) {
+            return;
+        }
+        let verdict =
+            self.consumer
+                .handle_reply(message.from, &message.reply, message.payload.len() as u64);
+        match verdict {
+            ReplyVerdict::Land(read) => {
+                let landing = Landing {
+                    read,
+                    from: message.from,
+                    payload: message.payload,
+                    written: 0,
+                    doomed: false,
+                };
+                if self.rng.chance(40) {
+                    // Eager: copied at once, then reported.
+                    let mut landing = landing;
+                    let length = landing.payload.len();
+                    self.write(&mut landing, length);
+                    self.consumer.landed(read, Ok(()));
+                } else {
+                    self.landings.push(landing);
+                }
+            }
+            ReplyVerdict::Drop(_) if message.from == FORGER => self.summary.forged_dropped += 1,
+            ReplyVerdict::Drop(_) | ReplyVerdict::Refused(_) => {}
+        }
+    }
+
+    /// Writes the next `bytes` of a landing's payload into its destination,
+    /// recording a violation if the read was answered already.
+    fn write(&mut self, landing: &mut Landing, bytes: usize) {
+        let end = (landing.written + bytes).min(landing.payload.len());
+        if let Some(read) = self.reads.get_mut(&landing.read) {
+            let end = end.min(read.destination.len());
+            if landing.written < end {
+                read.destination[landing.written..end]
+                    .copy_from_slice(&landing.payload[landing.written..end]);
+                if read.answered_at.is_some() {
+                    read.outcome = Some(Err(RdmaError::Backend(format!(
+                        "written at step {} after its answer",
+                        self.step
+                    ))));
+                    read.answered_at = Some(u64::MAX);
+                }
+            }
+        }
+        landing.written = end;
+    }
+
+    fn progress_landing(&mut self) {
+        if self.landings.is_empty() {
+            return;
+        }
+        let at = self.rng.below(self.landings.len() as u64) as usize;
+        let mut landing = self.landings.swap_remove(at);
+        let chunk = 1 + self.rng.below(16) as usize;
+        if landing.doomed || self.rng.chance(3) {
+            // Stopped or failed: maybe a few more bytes, then an error.
+            let partial = self.rng.below(chunk as u64) as usize;
+            self.write(&mut landing, partial);
+            self.consumer.landed(
+                landing.read,
+                Err(RdmaError::Backend("receive failed".into())),
+            );
+            return;
+        }
+        self.write(&mut landing, chunk);
+        if landing.written >= landing.payload.len() {
+            self.consumer.landed(landing.read, Ok(()));
+        } else {
+            self.landings.push(landing);
+        }
+    }
+
+    fn expire(&mut self) {
+        for action in self.consumer.handle_timeout(self.now()) {
+            let TimeoutAction::StopLanding { read, .. } = action;
+            self.summary.stopped_landings += 1;
+            for landing in &mut self.landings {
+                if landing.read == read {
+                    landing.doomed = true;
+                }
+            }
+        }
+    }
+
+    fn duplicate(&mut self) {
+        if self.network.is_empty() {
+            return;
+        }
+        let at = self.rng.below(self.network.len() as u64) as usize;
+        let copy = self.network[at].clone();
+        self.network.push(copy);
+    }
+
+    /// A third peer sends a reply with a guessed request id and the right
+    /// length.
+    fn forge(&mut self) {
+        let Some((&read, sim_read)) = self
+            .reads
+            .range(..)
+            .nth(self.rng.below(self.reads.len().max(1) as u64) as usize)
+        else {
+            return;
+        };
+        let length = sim_read.destination.len();
+        self.network.push(Message {
+            from: FORGER,
+            reply: Reply {
+                request_id: read.0,
+                outcome: ReplyOutcome::Served {
+                    length: length as u64,
+                },
+            },
+            payload: vec![FORGED; length],
+        });
+    }
+
+    fn fail_endpoint(&mut self) {
+        let owner = self.rng.below(u64::from(OWNERS)) as u32;
+        if self.failed.contains(&owner) {
+            return;
+        }
+        self.failed.push(owner);
+        self.consumer
+            .endpoint_failed(owner, RdmaError::Backend("endpoint failed".into()));
+        for landing in &mut self.landings {
+            if landing.from == owner {
+                landing.doomed = true;
+            }
+        }
+    }
+
+    /// Takes the machine's answers and checks each.
+    fn collect_answers(&mut self) -> Result<(), Failure> {
+        while let Some((read, outcome)) = self.consumer.poll_answer() {
+            let step = self.step;
+            let Some(sim_read) = self.reads.get_mut(&read) else {
+                return Err(self.fail(format!("{read:?} answered but never started")));
+            };
+            if sim_read.answered_at.is_some() {
+                return Err(self.fail(format!("{read:?} answered twice")));
+            }
+            sim_read.answered_at = Some(step);
+            if outcome.is_ok() {
+                self.summary.ok += 1;
+            }
+            if outcome == Err(RdmaError::Timeout) {
+                self.summary.timeouts += 1;
+            }
+            sim_read.outcome = Some(outcome);
+        }
+        self.check()
+    }
+
+    fn check(&self) -> Result<(), Failure> {
+        for (read, sim_read) in &self.reads {
+            if sim_read.answered_at == Some(u64::MAX) {
+                return Err(self.fail(format!(
+                    "a byte landed in {read:?} after its answer ({:?})",
+                    sim_read.outcome
+                )));
+            }
+            if let Some(Ok(())) = &sim_read.outcome {
+                let expected = sim_read.served.as_deref();
+                if expected != Some(&sim_read.destination[..]) {
+                    let forged = sim_read.destination.contains(&FORGED);
+                    return Err(self.fail(format!(
+                        "{read:?} answered Ok with bytes its owner {} did not serve (forged bytes: {forged})",
+                        sim_read.owner
+                    )));
+                }
+            }
+        }
+        let unanswered = self
+            .reads
+            .values()
+            .filter(|r| r.answered_at.is_none())
+            .count();
+        if self.consumer.in_flight() > unanswered {
+            return Err(self.fail(format!(
+                "the machine holds {} reads, {unanswered} unanswered",
+                self.consumer.in_flight()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Lets every landing end and every deadline pass; then every read must
+    /// be answered exactly once.
+    fn drain(&mut self) -> Result<(), Failure> {
+        while !self.landings.is_empty() || !self.network.is_empty() {
+            self.step += 1;
+            if self.rng.chance(50) {
+                self.deliver();
+            } else {
+                self.progress_landing();
+            }
+            self.collect_answers()?;
+        }
+        self.clock_ms += 3_600_000;
+        self.expire();
+        while !self.landings.is_empty() {
+            self.step += 1;
+            self.progress_landing();
+            self.collect_answers()?;
+        }
+        self.collect_answers()?;
+        if let Some((read, _)) = self.reads.iter().find(|(_, r)| r.answered_at.is_none()) {
+            return Err(self.fail(format!("{read:?} was never answered")));
+        }
+        if self.consumer.in_flight() != 0 {
+            return Err(self.fail(format!(
+                "{} reads left in the machine after every answer",
+                self.consumer.in_flight()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The seeds to run: `RDMAREG_SIM_SEEDS` of them from
+/// `RDMAREG_SIM_FIRST_SEED` (what `cargo xtask sim` sets); by default the
+/// first 10,000 in an optimised build and the first 1,000 in a debug one.
+fn seeds() -> std::ops::Range<u64> {
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    let first = var("RDMAREG_SIM_FIRST_SEED").unwrap_or(0);
+    let default = if cfg!(debug_assertions) {
+        1_000
+    } else {
+        10_000
+    };
+    let count = var("RDMAREG_SIM_SEEDS").unwrap_or(default);
+    first..first.saturating_add(count)
+}
+
+#[test]
+fn every_seed_keeps_every_promise() {
+    let seeds = seeds();
+    let count = seeds.end - seeds.start;
+    let mut total = Summary::default();
+    for seed in seeds {
+        let summary = run(seed, Defects::default()).unwrap_or_else(|failure| panic!("{failure}"));
+        total.reads += summary.reads;
+        total.ok += summary.ok;
+        total.timeouts += summary.timeouts;
+        total.forged_dropped += summary.forged_dropped;
+        total.stopped_landings += summary.stopped_landings;
+    }
+    // Enough seeds exercise what they claim to: successes, deadlines,
+    // forged replies turned away, deadlines that had to stop a transfer. (A
+    // replay of one seed need not.)
+    if count < 1_000 {
+        return;
+    }
+    assert!(total.ok > count, "{total:?}");
+    assert!(total.timeouts > count / 10, "{total:?}");
+    assert!(total.forged_dropped > count, "{total:?}");
+    assert!(total.stopped_landings > count / 10, "{total:?}");
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    let first = run(4242, Defects::default()).unwrap();
+    let second = run(4242, Defects::default()).unwrap();
+    assert_eq!(format!("{first:?}"), format!("{second:?}"));
+}
+
+/// The first failing seed under `defects`, if any below `limit`.
+fn first_failure(defects: Defects, limit: u64) -> Option<Failure> {
+    (0..limit).find_map(|seed| run(seed, defects).err())
+}
+
+/// Answering a read at its deadline while the transport still writes its
+/// destination (the engine once did): the simulator finds a byte written
+/// after the answer.
+#[test]
+fn the_simulator_finds_answers_given_before_release() {
+    let defects = Defects {
+        answer_before_release: true,
+        ..Defects::default()
+    };
+    let failure = first_failure(defects, 100).expect("caught within 100 seeds");
+    assert!(failure.what.contains("after its answer"), "{failure}");
+}
+
+/// Taking a reply from whichever endpoint it arrived on (the engine once
+/// did): the simulator finds a forger's bytes answered `Ok`.
+#[test]
+fn the_simulator_finds_replies_taken_from_any_endpoint() {
+    let defects = Defects {
+        accept_any_endpoint: true,
+        ..Defects::default()
+    };
+    let failure = first_failure(defects, 100).expect("caught within 100 seeds");
+    assert!(failure.what.contains("did not serve"), "{failure}");
+}
