@@ -28,7 +28,9 @@ use std::process::Command;
 
 use crate::native::{self, Need};
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
-use crate::{asan, bindgen, cluster, example, fresh, fuzz, netns, ofi, package, ucx, vendored};
+use crate::{
+    asan, bindgen, cluster, example, fresh, fuzz, netns, ofi, package, sim, ucx, vendored,
+};
 
 /// What CI provisions in its first step: every entry of the native list but
 /// NIXL, which only `cargo xtask bench --peers nixl` uses.
@@ -109,6 +111,10 @@ fn steps() -> Vec<Step> {
                     "--all-features",
                 ]))
             }),
+        },
+        Step {
+            name: "deterministic simulation: 10,000 fixed seeds, 20,000 random (cargo xtask sim)",
+            action: Action::Task(sim::ci_run),
         },
         Step {
             name: "static UCX from rdmareg-ucx-src: ib, rdmacm, cma linked in; every UCX suite over it (cargo xtask vendored --full)",

@@ -17,6 +17,7 @@ mod nixl;
 mod ofi;
 mod package;
 mod run_cli;
+mod sim;
 mod ucx;
 mod ucx_source;
 mod util;
@@ -66,6 +67,9 @@ tasks:
   asan               run the registry, UCX, libfabric and integration tests under AddressSanitizer
   fuzz [TARGET|all] [--secs N]
                      run the fuzz targets (cargo-fuzz on stable; 30 s each by default)
+  sim [--seeds N [--from S] | --random N | --seed S]
+                     run the engine kit's deterministic simulators (first 10,000 seeds
+                     by default); --seed replays one
 ";
 
 fn main() -> ExitCode {
@@ -102,6 +106,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         "bench" => run_cli::run_task("bench", rest),
         "asan" => asan::run_task(rest),
         "fuzz" => fuzz::run_task(rest),
+        "sim" => sim::run_task(rest),
         "netns" => netns::run_task(rest),
         "cluster" => cluster::run_task(rest),
         "help" | "-h" | "--help" => {
