@@ -1,5 +1,6 @@
-//! GET latency and bandwidth through `UcxBackend`, side by side with
-//! `ucx_perftest -t ucp_get` from the same UCX on the same transport.
+//! GET latency and bandwidth through `UcxBackend`, beside `ucx_perftest`.
+//!
+//! `ucx_perftest -t ucp_get` runs from the same UCX on the same transport.
 //!
 //! ```text
 //! cargo run --release -p rdmareg-ucx --example get_latency -- [tcp|same-host] [--no-perftest] [--no-huge-pages] [--spin-us=N] [--window=N] [--small-only] [--iters=N] [--batch=N] [--batch-entry-bytes=N] [--owner-cpus=LIST] [--consumer-cpus=LIST] [--ucx-setting=KEY=VALUE]...
@@ -30,7 +31,7 @@
 //! iterations after a warm-up, reported as median / p99 / mean — once with
 //! a caller that polls its future without ever sleeping (the engine's own
 //! cost) and once with a tokio current-thread runtime (adds the caller's
-//! wake-up, 15–30 µs on a virtual machine). Bandwidth: 64 KiB, 1 MiB and
+//! wake-up). Bandwidth: 64 KiB, 1 MiB and
 //! 16 MiB GETs with a window of outstanding requests (`--window` overrides
 //! it for every size), once into the same destination bytes as ucx_perftest
 //! does and once into a slot per outstanding GET.

@@ -1,5 +1,7 @@
-//! [`UcxConfig`]: how an engine is started — which UCX transports it may use,
-//! the knobs of its progress loop, and the default GET deadline.
+//! [`UcxConfig`]: how an engine is started.
+//!
+//! It says which UCX transports the engine may use, the knobs of its
+//! progress loop, and the default GET deadline.
 //!
 //! UCX settings are applied to the engine's own `ucp_config_t`
 //! (`ucp_config_read` + `ucp_config_modify`), never by mutating the process
@@ -225,21 +227,21 @@ impl UcxConfig {
     /// The default of [`Self::max_served_replies_per_connection`].
     pub const DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION: u32 = 4096;
 
-    /// The default of [`Self::caller_copy_limit`]: 64 KiB, a copy of a few
-    /// microseconds here.
+    /// The default of [`Self::caller_copy_limit`]: 64 KiB, short enough that
+    /// the maps and unmaps waiting behind a copy wait briefly.
     pub const DEFAULT_CALLER_COPY_LIMIT: usize = 64 * 1024;
 
     /// The tcp send segment (`UCX_TCP_TX_SEG_SIZE`) an engine uses unless
     /// the environment sets a segment size: UCX's default receive segment.
     pub const DEFAULT_TCP_SEND_SEGMENT: &'static str = "64K";
 
-    /// The ranges one tcp zero-copy send may carry (`UCX_TCP_MAX_IOV`) in
-    /// an engine unless the environment sets it. UCX's default, 6, puts a
+    /// The ranges one tcp zero-copy send may carry (`UCX_TCP_MAX_IOV`).
+    ///
+    /// Used unless the environment sets it. UCX's default, 6, puts a
     /// vector of 4 KiB ranges in fragments of 20 KiB (five ranges and UCX's
-    /// trailer); 16 lets an owner send
-    /// a list reply of fifteen 4 KiB ranges (one fragment) straight from
-    /// its registrations instead of copying them into UCX's segments first
-    /// (`docs/benchmarks.md`).
+    /// trailer); 16 lets an owner send a list reply of fifteen 4 KiB ranges
+    /// (one fragment) straight from its registrations instead of copying
+    /// them into UCX's segments first.
     pub const DEFAULT_TCP_MAX_IOV: usize = 16;
 
     /// The keepalive interval (`UCX_KEEPALIVE_INTERVAL`) an engine uses
@@ -410,8 +412,8 @@ impl UcxConfig {
             set("RCACHE_ENABLE", "n");
         }
         // UCX's tcp sends in 8 KiB segments by default and receives in
-        // 64 KiB ones; sending in 64 KiB ones too makes reads of 64 KiB and
-        // up about three times faster over tcp (docs/benchmarks.md). A send
+        // 64 KiB ones; sending in 64 KiB ones too cuts a large read's
+        // fragments, and the work per fragment, by eight. A send
         // segment may not exceed the receive segment, so an environment
         // that sets either keeps both as it says.
         if !env_sets("TCP_TX_SEG_SIZE") && !env_sets("TCP_RX_SEG_SIZE") {

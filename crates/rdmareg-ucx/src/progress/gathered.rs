@@ -1,7 +1,8 @@
-//! Gathered reads on the owner-served lane: a batch's small reads of one
-//! owner go out as one list request and come back as one eager reply, or
-//! several in order (the formats and the reasons are in
-//! [`read_list`](crate::read_list)).
+//! Batched ("gathered") reads on the owner-served lane.
+//!
+//! A batch's small reads of one owner go out as one list request and come
+//! back as one eager reply, or several in order (the formats and the
+//! reasons are in [`read_list`](crate::read_list)).
 //!
 //! # Rules
 //!
@@ -364,11 +365,9 @@ fn reply_parts<'a>(
 /// carries are copied (see [`copied_into_segments`]): with the engine's own
 /// tcp bound of 16, a fragment-sized reply of fifteen 4 KiB ranges leaves
 /// zero-copy in one fragment.
-/// Measured over tcp on loopback, with the default bound
-/// (`docs/benchmarks.md`, "Gathered replies of short ranges are copied"): a
-/// list of 1000 × 4 KiB took 1.37–1.56 ms copied against 1.83–2.29 ms
-/// zero-copy; lists of 16 × 8 KiB and 16 × 16 KiB showed no difference
-/// beyond the machine's noise, so ranges of 8 KiB and more stay zero-copy.
+/// Copying a short range into a segment costs less than the extra
+/// fragments the consumer would handle for it; from 8 KiB a range fills
+/// enough of a fragment that zero-copy costs no more, so it stays zero-copy.
 const COPY_RANGES_SHORTER_THAN: u64 = 8 * 1024;
 
 /// Ranges UCX's tcp transport carries in one zero-copy fragment with its

@@ -1,4 +1,4 @@
-//! Owner-served reads asked in pieces that each come back in one fragment.
+//! Owner-served tcp reads split into chunks ("pieces") of one reply fragment each.
 //!
 //! UCX 1.22 sends an active-message reply that is longer than one transport
 //! fragment but below its rendezvous threshold as several eager fragments,
@@ -34,22 +34,17 @@
 //!   other way round: the owner cuts its replies to fragment size by its
 //!   own settings, see `gathered`.)
 //! - Reads past [`LARGEST_SPLIT`] go whole: UCX receives those by
-//!   rendezvous straight into the destination, and splitting them measured
-//!   slower.
+//!   rendezvous straight into the destination, with no copy to save.
 //! - In a list (a batch of two reads or more), a read longer than the
 //!   gathered bound ([`MAX_GATHERED_ENTRY`], 16 KiB) and at most twice it
 //!   is asked in two pieces, the first of that bound, which are gathered
 //!   with the list's other reads (`gathered`). Alone, such a read costs a
 //!   request and a reply that fills at most half a fragment; in pieces,
 //!   up to 256 KiB of reads share one request and each reply carries the
-//!   pieces of several. Over tcp a list of 125 reads of 32 KiB took
-//!   902–943 µs alone and 658–719 gathered, and lists of sixteen reads of
-//!   20 KiB and 32 KiB moved 37 % and 20 % more (A/B rounds in
-//!   `docs/benchmarks.md`). Longer reads that fit one fragment stay whole:
-//!   in pieces they gained
-//!   in lists of a hundred reads but lost 3–7 % in lists of sixteen, whose
-//!   requests travel back to back anyway. The pieces are gathered entries
-//!   like any list's small reads, so this asks nothing new of the owner's
+//!   pieces of several. Longer reads that fit one fragment stay whole: in
+//!   short lists their requests already travel back to back, and pieces
+//!   would only add reads to track. The pieces are gathered entries like
+//!   any list's small reads, so this asks nothing new of the owner's
 //!   protocol; each holds a place under its bound of unfinished replies,
 //!   and a list's pieces are admitted together (an owner whose bound is set
 //!   below twice a list's count of such reads refuses the excess as busy).
@@ -58,16 +53,19 @@
 
 use crate::read_list::MAX_GATHERED_ENTRY;
 
-/// Longest reply that arrives in one fragment over this engine's 64 KiB
-/// tcp segments (measured with `UCX_PROTO_INFO=y`; the 20-byte reply
-/// header and UCX's own share the segment).
+/// Longest reply that arrives in one fragment over 64 KiB tcp segments.
+///
+/// The 20-byte reply header and UCX's own share the segment
+/// (`UCX_PROTO_INFO=y` shows the split).
 pub(super) const ONE_FRAGMENT: usize = 65_520;
 /// Largest piece: one fragment, with room to spare, and 15 pages, so that
 /// every piece starts page-aligned when the read does.
 pub(super) const PIECE: usize = 60 * 1024;
-/// Largest read that is split: the longest reply UCX 1.22 sends eager over
-/// tcp by default (measured as `ONE_FRAGMENT`). Longer replies go by
-/// rendezvous, straight into the destination.
+/// Largest read that is split: the longest reply UCX 1.22 sends eager.
+///
+/// That is over tcp by default (found with `UCX_PROTO_INFO=y`, as
+/// [`ONE_FRAGMENT`]); longer replies go by rendezvous, straight into the
+/// destination.
 pub(super) const LARGEST_SPLIT: usize = 273_738;
 /// Longest piece of a read of a list split to be gathered: the gathered
 /// bound itself, so every piece is gathered.
@@ -78,12 +76,13 @@ pub(super) const LONGEST_GATHERED_SPLIT: usize = 2 * GATHERED_PIECE;
 /// add at most this many replies to an owner's count.
 pub(super) const SPLIT_WHILE_FEWER_THAN: usize = 1024;
 
-/// The pieces a read of `len` bytes is asked in, as `(offset, len)` within
-/// the read; `None` if it goes whole. `in_a_list`: the read is one of a
+/// The chunks a read of `len` bytes is asked in, or `None` if it goes whole.
+///
+/// Each is `(offset, len)` within the read. `in_a_list`: the read is one of a
 /// batch of two or more. Full pieces first, then what is left: a short
 /// remainder is gathered with other small reads when the read is part of a
-/// list (`gathered`), which measured faster for lists of 64 KiB and 128 KiB
-/// reads than pieces of equal length.
+/// list (`gathered`), where it shares a request and a reply rather than
+/// costing one of each.
 pub(super) fn pieces(
     len: usize,
     in_a_list: bool,

@@ -1,6 +1,7 @@
-//! The owner's side of a read: check each request against the live
-//! registrations, lease the region while its bytes are being sent, refuse
-//! everything else.
+//! The owner's side of a served read: check, lease, send or refuse.
+//!
+//! Each request is checked against the live registrations, the region is
+//! leased while its bytes are being sent, and everything else is refused.
 //!
 //! # Rules
 //!
@@ -25,8 +26,7 @@
 //!   served reply holds its lease and its UCX send until the consumer takes
 //!   the bytes; a consumer that asks for large reads and never takes them
 //!   would otherwise grow the owner's requests, leases and stalled unmaps
-//!   without limit (measured: a raw consumer held 4096 replies of 8 MiB
-//!   open). So each connection (the `reply_ep` a request came on) may have
+//!   without limit (`tests/adversarial_replies.rs`). So each connection (the `reply_ep` a request came on) may have
 //!   at most `UcxConfig::max_served_replies_per_connection` served replies
 //!   unfinished; a valid read beyond that gets the `Busy` refusal, which
 //!   the consumer's caller sees as a transient error. Refusal sends are
@@ -61,10 +61,9 @@ const ZERO_COPY_FROM: u64 = 16 * 1024;
 
 /// Replies up to this size also ask UCX for fast completion, which makes it
 /// copy them into one short send instead of picking zero-copy (see
-/// [`SendMode::Small`]). Measured over tcp on loopback, interleaving the two
-/// per read: 0.4–1.4 µs faster at 8 B–4 KiB; at 12 KiB, where the hint
-/// makes UCX fragment the copy, 12 µs slower — hence the margin below tcp's
-/// 8 KiB segment.
+/// [`SendMode::Small`]), which completes sooner. Above one page the hint
+/// makes UCX fragment the copy and costs more than it saves, so the bound
+/// stays well below tcp's 8 KiB segment.
 pub(super) const SMALL_UP_TO: u64 = 4 * 1024;
 
 /// How a served reply of `length` bytes inside `memh` is sent.

@@ -1,12 +1,13 @@
-//! Same-host reads as vectored kernel copies: every direct read of one turn
-//! to one owner process in as few `process_vm_readv` calls as the kernel's
-//! vector limit allows.
+//! Same-host reads as vectored kernel copies (`process_vm_readv`).
+//!
+//! Every direct read of one turn to one owner process goes in as few calls
+//! as the kernel's vector limit allows.
 //!
 //! # Why not UCX's cma
 //!
 //! Through UCX each direct read pays a remote-key unpack, a request and a
-//! system call of its own, about 2.8 µs for a 4 KiB read here: a list of a
-//! thousand blocks then costs several times one read of the same bytes. The
+//! system call of its own, so a list of a thousand blocks costs several
+//! times one read of the same bytes. The
 //! kernel copies a whole scatter list in one call, so the engine does that
 //! itself for peers that published their process ([`ProcessIdentity`]) and
 //! whose direct lane UCX also reaches (UCX's own reachability check is the
@@ -197,16 +198,17 @@ pub(crate) unsafe fn copy_from_process(
     outcomes
 }
 
-/// Appends `len` bytes at `addr` to `vectors` (either side's), extending
-/// the last vector when the range starts where it ends. The kernel reads
+/// Appends `len` bytes at `addr` to `vectors`, merging adjacent ranges.
+///
+/// Either side's vectors: the last vector is extended when the range starts
+/// where it ends. The kernel reads
 /// the remote vectors and fills the local ones as two independent byte
 /// streams, so merging changes no byte's place and the two sides need not
 /// have the same shape; it only saves per-vector work. On the owner's side
 /// the kernel pins pages once per vector, so a block list read out of one
 /// arena in address order costs one vector, not one per block; on this
-/// side each vector costs a step of the copy (one range into 1000 4 KiB
-/// destinations measured 1.08–1.10× one range into one), so blocks landing
-/// back to back merge too.
+/// side each vector costs a step of the copy (small, but paid per
+/// vector), so blocks written back to back merge too.
 fn merge_adjacent(vectors: &mut Vec<libc::iovec>, addr: u64, len: usize) {
     if let Some(last) = vectors.last_mut() {
         if (last.iov_base as u64).checked_add(last.iov_len as u64) == Some(addr) {
