@@ -7,6 +7,8 @@ mod asan;
 mod bindgen;
 mod ci;
 mod cluster;
+#[cfg(test)]
+mod doc_links;
 mod etcd;
 mod example;
 mod fresh;
