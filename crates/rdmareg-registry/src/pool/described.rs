@@ -185,9 +185,10 @@ impl PinnedBuf {
     /// answer the read-only [`DescribedBuf`] that hands them out.
     ///
     /// Costs one backend map now and one unmap at
-    /// [`withdraw`](DescribedBuf::withdraw) or when the buffer is freed (see
-    /// `docs/safety.md` for figures); the budget is charged for the
-    /// buffer's pages once more while it is described.
+    /// [`withdraw`](DescribedBuf::withdraw) or when the buffer is freed
+    /// (figures in `docs/benchmarks/history/safety-measurements.md`); the
+    /// budget is charged for the buffer's pages once more while it is
+    /// described.
     ///
     /// # Errors
     /// [`RdmaError::RegionNotFound`] for a surrendered buffer;
