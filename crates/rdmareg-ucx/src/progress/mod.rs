@@ -40,10 +40,9 @@
 //! answered (its caller), a reply sent (the consumer) — yields at once
 //! instead of going round once more. A lone read over tcp on two cores
 //! involves three threads (caller, consumer loop, owner loop), so two of
-//! them share a CPU, and timestamps at each step showed every step waiting
-//! 2–4 µs for the thread before it to give the CPU up; the extra turn (an
-//! `epoll_wait` of the worker, the queues, the clock) was part of that
-//! wait, 0.6–1.2 µs of a 19 µs read in an A/B (`docs/benchmarks.md`). Turns
+//! them share a CPU and each step waits for the thread before it to give
+//! the CPU up; an extra turn (an `epoll_wait` of the worker, the queues,
+//! the clock) would only lengthen that wait (`docs/benchmarks.md`). Turns
 //! with more than one such step (a window of reads in flight) do not yield:
 //! the caller is not waiting for one answer and the loop has work. A batch
 //! counts as one step: its list request when sent, its caller when its last
