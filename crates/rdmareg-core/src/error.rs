@@ -93,6 +93,29 @@ pub enum RdmaError {
         "destination buffer belongs to another registry: read into it through the registry that allocated it"
     )]
     ForeignBuffer,
+
+    /// The destination buffer cannot hold what the read brings: the read
+    /// needs `needed` bytes (its offset into the buffer included) and the
+    /// buffer holds `available`. A local mistake: the remote range was not
+    /// looked at.
+    #[error(
+        "destination buffer too small: the read needs {needed} B (offset included), the buffer holds {available} B"
+    )]
+    DestinationTooSmall {
+        /// Offset into the buffer plus the read's length.
+        needed: u64,
+        /// The buffer's length.
+        available: u64,
+    },
+
+    /// The destination buffer was surrendered by a cancelled transfer: its
+    /// memory went with the transfer (the backend may still have been
+    /// writing it) and returns to the pool later. The buffer is empty for
+    /// good; allocate another.
+    #[error(
+        "destination buffer was surrendered by a cancelled transfer and holds no memory; allocate another"
+    )]
+    BufferSurrendered,
 }
 
 /// The variant of an [`RdmaError`] without its data: a label for counting
@@ -124,11 +147,15 @@ pub enum ErrorKind {
     Timeout,
     /// [`RdmaError::ForeignBuffer`].
     ForeignBuffer,
+    /// [`RdmaError::DestinationTooSmall`].
+    DestinationTooSmall,
+    /// [`RdmaError::BufferSurrendered`].
+    BufferSurrendered,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 14] = [
         ErrorKind::ShuttingDown,
         ErrorKind::BudgetExceeded,
         ErrorKind::RegionNotFound,
@@ -141,6 +168,8 @@ impl ErrorKind {
         ErrorKind::InvalidDescriptor,
         ErrorKind::Timeout,
         ErrorKind::ForeignBuffer,
+        ErrorKind::DestinationTooSmall,
+        ErrorKind::BufferSurrendered,
     ];
 
     /// A stable snake-case name, fit for a metric label.
@@ -158,6 +187,8 @@ impl ErrorKind {
             ErrorKind::InvalidDescriptor => "invalid_descriptor",
             ErrorKind::Timeout => "timeout",
             ErrorKind::ForeignBuffer => "foreign_buffer",
+            ErrorKind::DestinationTooSmall => "destination_too_small",
+            ErrorKind::BufferSurrendered => "buffer_surrendered",
         }
     }
 
@@ -189,6 +220,8 @@ impl RdmaError {
             RdmaError::InvalidDescriptor(_) => ErrorKind::InvalidDescriptor,
             RdmaError::Timeout => ErrorKind::Timeout,
             RdmaError::ForeignBuffer => ErrorKind::ForeignBuffer,
+            RdmaError::DestinationTooSmall { .. } => ErrorKind::DestinationTooSmall,
+            RdmaError::BufferSurrendered => ErrorKind::BufferSurrendered,
         }
     }
 
@@ -219,6 +252,19 @@ mod tests {
         assert!(text.contains("4096"), "{text}");
         assert!(text.contains("8192"), "{text}");
         assert!(text.contains("10000"), "{text}");
+    }
+
+    #[test]
+    fn a_small_destination_says_both_sizes() {
+        let text = RdmaError::DestinationTooSmall {
+            needed: 4160,
+            available: 4096,
+        }
+        .to_string();
+        assert!(
+            text.contains("destination") && text.contains("4160") && text.contains("4096"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -440,8 +440,9 @@ impl RdmaRegistry {
     ///
     /// # Errors
     /// [`RdmaError::InvalidDescriptor`] if `src` names another backend;
-    /// [`RdmaError::OutOfRange`] if `src.len()` bytes do not fit `dst` at
-    /// `dst_offset`; [`RdmaError::RegionNotFound`] for a surrendered `dst`;
+    /// [`RdmaError::DestinationTooSmall`] if `src.len()` bytes do not fit
+    /// `dst` at `dst_offset` ([`RdmaError::OutOfRange`] if that sum
+    /// overflows); [`RdmaError::BufferSurrendered`] for a surrendered `dst`;
     /// [`RdmaError::ForeignBuffer`] for a `dst` another registry allocated;
     /// [`RdmaError::ShuttingDown`]; the backend's GET error (e.g.
     /// [`RdmaError::Timeout`] past the configured deadline).
@@ -481,9 +482,9 @@ impl RdmaRegistry {
     ///
     /// # Errors
     /// The outer error is the post's as a whole, and nothing was submitted:
-    /// [`RdmaError::OutOfRange`] if a named buffer is missing or too short
-    /// for its entries, [`RdmaError::RegionNotFound`] if one was
-    /// surrendered, [`RdmaError::ForeignBuffer`] if another registry
+    /// [`RdmaError::OutOfRange`] if a named buffer is missing,
+    /// [`RdmaError::DestinationTooSmall`] if one is too short for its
+    /// entries, [`RdmaError::BufferSurrendered`] if one was surrendered, [`RdmaError::ForeignBuffer`] if another registry
     /// allocated one, [`RdmaError::InvalidDescriptor`] for a list built for
     /// another backend, [`RdmaError::ShuttingDown`]. Each inner result is
     /// that entry's, as [`get_into`](Self::get_into) would answer it.

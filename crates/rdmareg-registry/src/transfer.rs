@@ -79,7 +79,7 @@ async fn get_timed(
             DescriptorError::InvalidBackendKey,
         ));
     }
-    let slot = dst.slot().ok_or(RdmaError::RegionNotFound)?;
+    let slot = dst.slot().ok_or(RdmaError::BufferSurrendered)?;
     if !dst.belongs_to(inner) {
         return Err(RdmaError::ForeignBuffer);
     }
@@ -87,7 +87,10 @@ async fn get_timed(
         .checked_add(src.len())
         .ok_or(RdmaError::OutOfRange)?;
     if end > dst.len() as u64 {
-        return Err(RdmaError::OutOfRange);
+        return Err(RdmaError::DestinationTooSmall {
+            needed: end,
+            available: dst.len() as u64,
+        });
     }
     let request = BackendGet {
         peer,

@@ -260,13 +260,16 @@ async fn post_timed(
     for (&index, &needed) in &list.needed {
         let buffer = &buffers[index];
         if buffer.is_surrendered() {
-            return Err(RdmaError::RegionNotFound);
+            return Err(RdmaError::BufferSurrendered);
         }
         if !buffer.belongs_to(inner) {
             return Err(RdmaError::ForeignBuffer);
         }
         if needed > buffer.len() as u64 {
-            return Err(RdmaError::OutOfRange);
+            return Err(RdmaError::DestinationTooSmall {
+                needed,
+                available: buffer.len() as u64,
+            });
         }
     }
     if list.entries.is_empty() {

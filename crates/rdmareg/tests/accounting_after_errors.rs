@@ -70,7 +70,10 @@ async fn refused_and_cancelled_calls_leave_the_budget_and_counts_where_they_were
     let too_long = descriptor.slice(0, 64 * 1024).expect("slice");
     assert_eq!(
         consumer.get_into(OWNER, &too_long, &mut dst, 1).await,
-        Err(RdmaError::OutOfRange)
+        Err(RdmaError::DestinationTooSmall {
+            needed: 64 * 1024 + 1,
+            available: 64 * 1024,
+        })
     );
     assert_eq!(
         consumer.get(PeerId(99), &descriptor, &mut dst).await,

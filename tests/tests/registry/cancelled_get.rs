@@ -80,7 +80,7 @@ async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer
         .describe()
         .await
         .expect_err("a surrendered buffer has nothing to lend");
-    assert_eq!(refused.error(), &RdmaError::RegionNotFound);
+    assert_eq!(refused.error(), &RdmaError::BufferSurrendered);
     let mut dst = refused.into_buf();
     assert!(
         dst.is_surrendered(),
@@ -88,7 +88,7 @@ async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer
     );
     assert_eq!(
         consumer.get(OWNER, &descriptor, &mut dst).await,
-        Err(RdmaError::RegionNotFound),
+        Err(RdmaError::BufferSurrendered),
         "a surrendered buffer is no destination"
     );
     drop(dst);

@@ -22,7 +22,7 @@ per_lane!(
     a_descriptor_naming_another_backend_is_refused,
     sub_ranges_outside_their_parent_are_out_of_range,
     tampered_packed_keys_are_refused_and_the_engine_keeps_serving,
-    gets_larger_than_their_destination_are_out_of_range,
+    gets_larger_than_their_destination_are_refused,
     a_get_from_a_peer_never_added_is_not_configured,
 );
 
@@ -351,27 +351,40 @@ async fn tampered_packed_keys_are_refused_and_the_engine_keeps_serving(lane: Lan
     finish(pair, guard).await;
 }
 
-async fn gets_larger_than_their_destination_are_out_of_range(lane: Lane) {
+async fn gets_larger_than_their_destination_are_refused(lane: Lane) {
     let (pair, guard, descriptor) = setup(lane).await;
     let registry = &pair.consumer.registry;
     let mut small = untouched_buffer(&pair, REGION - 1).await;
     assert_eq!(
         registry.get(OWNER, &descriptor, &mut small).await,
-        Err(RdmaError::OutOfRange),
+        Err(RdmaError::DestinationTooSmall {
+            needed: REGION as u64,
+            available: REGION as u64 - 1
+        }),
         "one byte too many"
     );
     assert_unharmed("one byte too many", &small, REGION - 1);
 
     let mut exact = untouched_buffer(&pair, REGION).await;
-    for offset in [1, REGION, usize::MAX] {
+    for offset in [1, REGION] {
         assert_eq!(
             registry
                 .get_into(OWNER, &descriptor, &mut exact, offset)
                 .await,
-            Err(RdmaError::OutOfRange),
+            Err(RdmaError::DestinationTooSmall {
+                needed: (offset + REGION) as u64,
+                available: REGION as u64
+            }),
             "at destination offset {offset}"
         );
     }
+    assert_eq!(
+        registry
+            .get_into(OWNER, &descriptor, &mut exact, usize::MAX)
+            .await,
+        Err(RdmaError::OutOfRange),
+        "an offset whose sum with the length overflows"
+    );
     assert_unharmed("past the end", &exact, REGION);
     // The same bytes fit exactly at offset 0, and a shorter slice fits at 1.
     let short = descriptor.slice(0, REGION as u64 - 1).unwrap();

@@ -191,7 +191,7 @@ impl PinnedBuf {
     /// described.
     ///
     /// # Errors
-    /// [`RdmaError::RegionNotFound`] for a surrendered buffer;
+    /// [`RdmaError::BufferSurrendered`] for a surrendered buffer;
     /// [`RdmaError::ShuttingDown`]; [`RdmaError::BudgetExceeded`]; the
     /// backend's map error. The error carries the buffer back, unchanged —
     /// except when the backend answers a key no descriptor can carry: that
@@ -208,7 +208,7 @@ impl PinnedBuf {
     pub async fn describe(mut self) -> Result<DescribedBuf, DescribeError> {
         let len = self.len();
         let Some(slot) = self.take_slot() else {
-            return Err(DescribeError::new(RdmaError::RegionNotFound, self));
+            return Err(DescribeError::new(RdmaError::BufferSurrendered, self));
         };
         let Some(inner) = slot.arena.registry.upgrade() else {
             self.restore(slot);

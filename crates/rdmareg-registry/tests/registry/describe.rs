@@ -234,7 +234,7 @@ async fn describing_a_surrendered_buffer_is_refused_and_gives_it_back() {
     }
     assert!(dst.is_surrendered());
     let refused = dst.describe().await.unwrap_err();
-    assert_eq!(refused.error(), &RdmaError::RegionNotFound);
+    assert_eq!(refused.error(), &RdmaError::BufferSurrendered);
     assert!(refused.into_buf().is_surrendered());
     get_hold.release();
 }

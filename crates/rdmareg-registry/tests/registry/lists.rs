@@ -145,7 +145,10 @@ async fn a_post_into_missing_or_short_buffers_submits_nothing() {
     short[1].fill(0xEE);
     assert_eq!(
         consumer.registry.post(&list, &mut short).await,
-        Err(RdmaError::OutOfRange),
+        Err(RdmaError::DestinationTooSmall {
+            needed: 1000,
+            available: 999
+        }),
         "buffer 1 is one byte short"
     );
     assert!(short[1].iter().all(|&b| b == 0xEE), "nothing was written");
@@ -183,7 +186,7 @@ async fn a_dropped_post_surrenders_its_buffers_and_holds_their_slots_until_the_b
     );
     assert_eq!(
         consumer.registry.post(&list, &mut buffers).await,
-        Err(RdmaError::RegionNotFound),
+        Err(RdmaError::BufferSurrendered),
         "a post into surrendered buffers"
     );
     drop(buffers);

@@ -92,7 +92,10 @@ async fn get_refuses_a_range_that_does_not_fit_the_destination() {
     let mut small = consumer.registry.alloc_pinned(999).await.unwrap();
     assert_eq!(
         consumer.registry.get(OWNER, &descriptor, &mut small).await,
-        Err(RdmaError::OutOfRange)
+        Err(RdmaError::DestinationTooSmall {
+            needed: 1000,
+            available: 999
+        })
     );
     let mut exact = consumer.registry.alloc_pinned(1000).await.unwrap();
     assert_eq!(
@@ -100,7 +103,10 @@ async fn get_refuses_a_range_that_does_not_fit_the_destination() {
             .registry
             .get_into(OWNER, &descriptor, &mut exact, 1)
             .await,
-        Err(RdmaError::OutOfRange)
+        Err(RdmaError::DestinationTooSmall {
+            needed: 1001,
+            available: 1000
+        })
     );
     assert_eq!(
         consumer
