@@ -15,12 +15,14 @@
 //! nothing, and the map then sees its caller gone and is skipped.
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use rdmareg_core::RdmaError;
 
 use crate::command::Command;
@@ -54,10 +56,112 @@ pub struct Receivers<P> {
     pub control: Receiver<Command<P>>,
 }
 
+/// How a turn of [`Receivers::serve`] ended.
+#[derive(Debug)]
+pub enum Served<P> {
+    /// Go on; `worked` says whether any command was handled.
+    Continue {
+        /// A command was handled this turn.
+        worked: bool,
+    },
+    /// Stop serving: a shutdown was dispatched, or every submitter is gone.
+    /// `leftover` is a ring command taken but not dispatched (a shutdown
+    /// was found on the control lane just before it): teardown must answer
+    /// it.
+    Stop {
+        /// The command taken but not handled.
+        leftover: Option<Command<P>>,
+    },
+}
+
 impl<P> Receivers<P> {
     /// Whether both lanes are empty.
     pub fn is_empty(&self) -> bool {
         self.ring.is_empty() && self.control.is_empty()
+    }
+
+    /// One turn of command handling: everything on the control lane, then
+    /// up to `ring_batch` ring commands, the control lane drained again
+    /// before each (module docs: causal order across the lanes). `dispatch`
+    /// breaks to stop serving (shutdown).
+    pub fn serve(
+        &self,
+        ring_batch: usize,
+        mut dispatch: impl FnMut(Command<P>) -> ControlFlow<()>,
+    ) -> Served<P> {
+        let stop = Served::Stop { leftover: None };
+        let mut worked = !self.control.is_empty();
+        if self.drain_control(&mut dispatch).is_break() {
+            return stop;
+        }
+        for _ in 0..ring_batch {
+            match self.ring.try_recv() {
+                Ok(command) => {
+                    worked = true;
+                    if self.drain_control(&mut dispatch).is_break() {
+                        return Served::Stop {
+                            leftover: Some(command),
+                        };
+                    }
+                    if dispatch(command).is_break() {
+                        return stop;
+                    }
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return stop,
+            }
+        }
+        Served::Continue { worked }
+    }
+
+    /// Handles everything on the control lane; breaks on shutdown or when
+    /// every submitter is gone.
+    fn drain_control(
+        &self,
+        dispatch: &mut impl FnMut(Command<P>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        loop {
+            match self.control.try_recv() {
+                Ok(command) => dispatch(command)?,
+                Err(TryRecvError::Empty) => return ControlFlow::Continue(()),
+                Err(TryRecvError::Disconnected) => return ControlFlow::Break(()),
+            }
+        }
+    }
+}
+
+/// When an idle loop stops spinning and parks: after `spin_window` without
+/// work. Spinning keeps a submission's cost at a queue push while work
+/// keeps coming; parking gives the CPU back when it stops.
+#[derive(Debug)]
+pub struct IdleClock {
+    spin_window: Duration,
+    idle_since: Option<Instant>,
+}
+
+impl IdleClock {
+    /// A clock that parks after `spin_window` idle.
+    pub fn new(spin_window: Duration) -> IdleClock {
+        IdleClock {
+            spin_window,
+            idle_since: None,
+        }
+    }
+
+    /// Records a turn that did work.
+    pub fn worked(&mut self) {
+        self.idle_since = None;
+    }
+
+    /// Records a turn without work at `now`; true when the loop should
+    /// park (and the clock starts again for after the park).
+    pub fn should_park(&mut self, now: Instant) -> bool {
+        let since = *self.idle_since.get_or_insert(now);
+        if now.duration_since(since) < self.spin_window {
+            return false;
+        }
+        self.idle_since = None;
+        true
     }
 }
 
@@ -282,6 +386,91 @@ mod tests {
             Ok(Command::Shutdown { .. })
         ));
         assert_eq!(submitter.lifecycle().doorbell().drain(), 1);
+    }
+
+    /// A dispatcher that records unmap ids and stops at a shutdown.
+    fn recorder(seen: &mut Vec<u64>) -> impl FnMut(Command<()>) -> ControlFlow<()> + '_ {
+        |command| match command {
+            Command::Unmap { id, .. } => {
+                seen.push(id);
+                ControlFlow::Continue(())
+            }
+            _ => ControlFlow::Break(()),
+        }
+    }
+
+    #[test]
+    fn control_commands_are_served_before_each_ring_command() {
+        let (submitter, receivers) = lanes_of(8);
+        submitter.push_now(unmap(1)).unwrap();
+        submitter.push_now(unmap(2)).unwrap();
+        submitter.send_control(unmap(10)).unwrap();
+        let mut seen = Vec::new();
+        let served = receivers.serve(1, recorder(&mut seen));
+        assert!(matches!(served, Served::Continue { worked: true }));
+        assert_eq!(seen, [10, 1], "control first, then one ring command");
+        let served = receivers.serve(8, recorder(&mut seen));
+        assert!(matches!(served, Served::Continue { worked: true }));
+        let served = receivers.serve(8, recorder(&mut seen));
+        assert!(matches!(served, Served::Continue { worked: false }));
+        assert_eq!(seen, [10, 1, 2]);
+    }
+
+    #[test]
+    fn a_shutdown_found_first_stops_before_the_ring() {
+        let (submitter, receivers) = lanes_of(8);
+        submitter.push_now(unmap(1)).unwrap();
+        let (reply, _answer) = oneshot::channel();
+        submitter.send_shutdown(reply);
+        let mut seen = Vec::new();
+        let served = receivers.serve(8, recorder(&mut seen));
+        assert!(matches!(served, Served::Stop { leftover: None }));
+        assert!(seen.is_empty());
+        assert_eq!(receivers.ring.len(), 1, "the ring command is teardown's");
+    }
+
+    /// A shutdown that reaches the control lane while a turn is under way
+    /// is handled before the next ring command, which is handed back.
+    #[test]
+    fn a_ring_command_taken_behind_a_shutdown_is_left_over() {
+        let (submitter, receivers) = lanes_of(8);
+        submitter.push_now(unmap(1)).unwrap();
+        submitter.push_now(unmap(2)).unwrap();
+        let mut seen = Vec::new();
+        let served = receivers.serve(8, |command| match command {
+            Command::Unmap { id, .. } => {
+                seen.push(id);
+                let (reply, _answer) = oneshot::channel();
+                submitter.send_shutdown(reply);
+                ControlFlow::Continue(())
+            }
+            _ => ControlFlow::Break(()),
+        });
+        assert_eq!(seen, [1]);
+        match served {
+            Served::Stop {
+                leftover: Some(command),
+            } => assert_eq!(id_of(command), 2),
+            other => panic!("expected unmap 2 left over, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_idle_clock_parks_only_after_its_window() {
+        let start = Instant::now();
+        let mut clock = IdleClock::new(Duration::from_millis(10));
+        assert!(!clock.should_park(start));
+        assert!(!clock.should_park(start + Duration::from_millis(9)));
+        clock.worked();
+        assert!(
+            !clock.should_park(start + Duration::from_millis(12)),
+            "work resets it"
+        );
+        assert!(clock.should_park(start + Duration::from_millis(22)));
+        assert!(
+            !clock.should_park(start + Duration::from_millis(23)),
+            "parking resets it"
+        );
     }
 
     #[test]

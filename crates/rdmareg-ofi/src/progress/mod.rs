@@ -101,11 +101,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_channel::Receiver;
 use futures::channel::oneshot;
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use rdmareg_engine::answers::BatchAnswers;
-use rdmareg_engine::lanes::Receivers;
+use rdmareg_engine::lanes::{IdleClock, Receivers, Served};
 use rdmareg_engine::thread::Ready;
 
 use crate::config::{OfiConfig, Provider, ReadPath};
@@ -232,7 +232,7 @@ pub(crate) fn run(
     let mut engine = Engine::new(fabric, &config, signals);
     engine.post_request_receives();
     ready.started(info);
-    engine.serve(&lanes.ring, &lanes.control);
+    engine.serve(&lanes);
     engine.teardown(&lanes.ring, &lanes.control);
 }
 
@@ -677,42 +677,28 @@ impl Engine {
         self.fabric.read_path == ReadPath::OwnerServed
     }
 
-    fn serve(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
-        let mut idle_since: Option<Instant> = None;
+    fn serve(&mut self, lanes: &Receivers<PeerChange>) {
+        let mut idle = IdleClock::new(self.settings.spin_window);
         loop {
-            let mut worked = !control.is_empty();
-            if self.drain_control(control).is_break() {
-                return;
-            }
-            for _ in 0..RING_BATCH {
-                match ring.try_recv() {
-                    Ok(command) => {
-                        worked = true;
-                        if self.drain_control(control).is_break() {
-                            self.dispatch_closing(command);
-                            return;
-                        }
-                        if self.dispatch(command).is_break() {
-                            return;
-                        }
+            let mut worked = match lanes.serve(RING_BATCH, |command| self.dispatch(command)) {
+                Served::Continue { worked } => worked,
+                Served::Stop { leftover } => {
+                    if let Some(command) = leftover {
+                        self.dispatch_closing(command);
                     }
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
+                    return;
                 }
-            }
+            };
             worked |= self.turn();
             if worked {
-                idle_since = None;
+                idle.worked();
                 continue;
             }
-            let now = Instant::now();
-            let since = *idle_since.get_or_insert(now);
-            if now.duration_since(since) < self.settings.spin_window {
+            if !idle.should_park(Instant::now()) {
                 std::thread::yield_now();
                 continue;
             }
-            self.park(ring, control);
-            idle_since = None;
+            self.park(&lanes.ring, &lanes.control);
         }
     }
 
@@ -738,16 +724,6 @@ impl Engine {
             self.expire(Instant::now());
         }
         worked
-    }
-
-    fn drain_control(&mut self, control: &Receiver<Command>) -> ControlFlow<()> {
-        loop {
-            match control.try_recv() {
-                Ok(command) => self.dispatch(command)?,
-                Err(TryRecvError::Empty) => return ControlFlow::Continue(()),
-                Err(TryRecvError::Disconnected) => return ControlFlow::Break(()),
-            }
-        }
     }
 
     fn dispatch(&mut self, command: Command) -> ControlFlow<()> {

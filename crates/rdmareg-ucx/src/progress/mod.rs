@@ -71,10 +71,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_channel::Receiver;
 use futures::channel::oneshot;
 use rdmareg_core::RdmaError;
-use rdmareg_engine::lanes::Receivers;
+use rdmareg_engine::lanes::{IdleClock, Receivers, Served};
 use rdmareg_engine::thread::Ready;
 
 use crate::command::{Command, PeerChange, Signals};
@@ -208,7 +208,7 @@ pub(crate) fn run(
         }
     };
     ready.started(info);
-    engine.serve(&lanes.ring, &lanes.control);
+    engine.serve(&lanes);
     engine.teardown(&lanes.ring, &lanes.control);
 }
 
@@ -349,33 +349,17 @@ impl Engine {
     }
 
     /// Serves until a shutdown command arrives or every submitter is gone.
-    fn serve(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
-        let mut idle_since: Option<Instant> = None;
+    fn serve(&mut self, lanes: &Receivers<PeerChange>) {
+        let mut idle = IdleClock::new(self.settings.spin_window);
         loop {
-            let mut worked = !control.is_empty();
-            if self.drain_control(control).is_break() {
-                return;
-            }
-            for _ in 0..RING_BATCH {
-                match ring.try_recv() {
-                    Ok(command) => {
-                        worked = true;
-                        // Whatever reached the control lane before this
-                        // command was pushed is visible now: handle it
-                        // first, so causal order across the lanes holds.
-                        if self.drain_control(control).is_break() {
-                            // Teardown answers it with the rest.
-                            self.leftover = Some(command);
-                            return;
-                        }
-                        if self.dispatch(command).is_break() {
-                            return;
-                        }
-                    }
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
+            let mut worked = match lanes.serve(RING_BATCH, |command| self.dispatch(command)) {
+                Served::Continue { worked } => worked,
+                Served::Stop { leftover } => {
+                    // Teardown answers it with the rest.
+                    self.leftover = leftover;
+                    return;
                 }
-            }
+            };
             for _ in 0..PROGRESS_BATCH {
                 if self.progress() == 0 {
                     break;
@@ -391,35 +375,20 @@ impl Engine {
             }
             let hand_offs = self.events.hand_offs.replace(0);
             if worked {
-                idle_since = None;
-                if hand_offs == 1 && ring.is_empty() && control.is_empty() {
+                idle.worked();
+                if hand_offs == 1 && lanes.is_empty() {
                     // A lone step whose next move is another thread's:
                     // hand over the CPU now (see "Handing over" above).
                     std::thread::yield_now();
                 }
                 continue;
             }
-            let now = Instant::now();
-            let since = *idle_since.get_or_insert(now);
-            if now.duration_since(since) < self.settings.spin_window {
+            if !idle.should_park(Instant::now()) {
                 // Yield, not a pure spin: see "Spinning yields" above.
                 std::thread::yield_now();
                 continue;
             }
-            self.park(ring, control);
-            idle_since = None;
-        }
-    }
-
-    /// Handles everything on the control lane; breaks on shutdown or when
-    /// every submitter is gone.
-    fn drain_control(&mut self, control: &Receiver<Command>) -> ControlFlow<()> {
-        loop {
-            match control.try_recv() {
-                Ok(command) => self.dispatch(command)?,
-                Err(TryRecvError::Empty) => return ControlFlow::Continue(()),
-                Err(TryRecvError::Disconnected) => return ControlFlow::Break(()),
-            }
+            self.park(&lanes.ring, &lanes.control);
         }
     }
 
