@@ -31,6 +31,21 @@
 //!   answer is `Timeout` when the transport reports the end — or `Ok` if the
 //!   bytes arrived after all. Answering earlier would hand the caller a
 //!   buffer the transport may still write.
+//!
+//! # Two kinds of transport
+//!
+//! Where a reply's header arrives before its payload is written (UCX
+//! active messages), a read starts waiting for its reply
+//! ([`Consumer::start`]) and the machine checks the header before anything
+//! is written. Where the payload is received straight into the destination
+//! by a receive posted before the request goes out (libfabric tagged
+//! messages), the transport holds the destination from the start
+//! ([`Consumer::start_receiving`]): the owner's verdict comes with the
+//! receive's completion, and every end of such a read goes through
+//! [`Consumer::landed`].
+//!
+//! Each read carries a value of the driver's (`T`, say its op slot), handed
+//! back with its answer.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Debug;
@@ -108,18 +123,23 @@ pub enum TimeoutAction<E> {
 enum Phase {
     /// The request is out; the transport holds nothing of the destination.
     AwaitingReply,
-    /// The payload is being written; only the transport's end answers.
+    /// The payload is being written (or a receive into the destination is
+    /// posted); only the transport's end answers.
     Landing {
         /// The deadline passed meanwhile.
         expired: bool,
+        /// The request could not be sent: the read ends with that error
+        /// once the transport gave the destination back.
+        unsent: bool,
     },
 }
 
 #[derive(Debug)]
-struct Read<E> {
+struct Read<E, T> {
     endpoint: E,
     length: u64,
     phase: Phase,
+    payload: T,
 }
 
 /// Test-only switches that bring back defects the engines once had, so the
@@ -134,25 +154,39 @@ pub(crate) struct Defects {
     pub(crate) accept_any_endpoint: bool,
 }
 
+/// A read's answer, with the driver's value it was started with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer<T> {
+    /// The read.
+    pub read: ReadId,
+    /// What the driver passed when it started the read.
+    pub payload: T,
+    /// Its outcome.
+    pub outcome: Result<(), RdmaError>,
+}
+
 /// The consumer side of owner-served reads; see the module docs.
 #[derive(Debug)]
-pub struct Consumer<E> {
-    reads: HashMap<u64, Read<E>>,
+pub struct Consumer<E, T = ()> {
+    reads: HashMap<u64, Read<E, T>>,
     deadlines: DeadlineQueue,
     next_request_id: u64,
-    answers: VecDeque<(ReadId, Result<(), RdmaError>)>,
+    answers: VecDeque<Answer<T>>,
+    /// Why a posted-receive read's request could not be sent.
+    send_errors: HashMap<u64, RdmaError>,
     closing: bool,
     #[cfg(test)]
     pub(crate) defects: Defects,
 }
 
-impl<E> Default for Consumer<E> {
+impl<E, T> Default for Consumer<E, T> {
     fn default() -> Self {
         Consumer {
             reads: HashMap::new(),
             deadlines: DeadlineQueue::default(),
             next_request_id: 1,
             answers: VecDeque::new(),
+            send_errors: HashMap::new(),
             closing: false,
             #[cfg(test)]
             defects: Defects::default(),
@@ -160,21 +194,71 @@ impl<E> Default for Consumer<E> {
     }
 }
 
-impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
+impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     /// A consumer with no reads.
-    pub fn new() -> Consumer<E> {
+    pub fn new() -> Consumer<E, T> {
         Consumer::default()
     }
 
     /// Starts a read of `length` bytes from the owner at `endpoint`, due by
-    /// `now + timeout`. The driver sends the request with
-    /// `request_id = id.0`. After shutdown began the read is answered
-    /// [`RdmaError::ShuttingDown`] at once (the driver sends nothing).
-    pub fn start(&mut self, now: Instant, endpoint: E, length: u64, timeout: Duration) -> ReadId {
+    /// `now + timeout`, waiting for its reply. The driver sends the request
+    /// with `request_id = id.0`. After shutdown began the read is answered
+    /// [`RdmaError::ShuttingDown`] at once and the driver sends nothing.
+    pub fn start(
+        &mut self,
+        now: Instant,
+        endpoint: E,
+        length: u64,
+        timeout: Duration,
+        payload: T,
+    ) -> ReadId {
+        self.enter(
+            now,
+            endpoint,
+            length,
+            timeout,
+            payload,
+            Phase::AwaitingReply,
+        )
+    }
+
+    /// As [`start`](Self::start), for a transport that receives the reply
+    /// straight into the destination: the driver posts the receive, then
+    /// sends the request; the read ends only through
+    /// [`landed`](Self::landed). After shutdown began the read is answered
+    /// at once and the driver posts nothing.
+    pub fn start_receiving(
+        &mut self,
+        now: Instant,
+        endpoint: E,
+        length: u64,
+        timeout: Duration,
+        payload: T,
+    ) -> ReadId {
+        let phase = Phase::Landing {
+            expired: false,
+            unsent: false,
+        };
+        self.enter(now, endpoint, length, timeout, payload, phase)
+    }
+
+    fn enter(
+        &mut self,
+        now: Instant,
+        endpoint: E,
+        length: u64,
+        timeout: Duration,
+        payload: T,
+        phase: Phase,
+    ) -> ReadId {
         let id = ReadId(self.next_request_id);
         self.next_request_id += 1;
         if self.closing {
-            self.answers.push_back((id, Err(RdmaError::ShuttingDown)));
+            self.answers.push_back(Answer {
+                read: id,
+                payload,
+                outcome: Err(RdmaError::ShuttingDown),
+            });
             return id;
         }
         // A deadline past the end of time is no deadline.
@@ -186,7 +270,8 @@ impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
             Read {
                 endpoint,
                 length,
-                phase: Phase::AwaitingReply,
+                phase,
+                payload,
             },
         );
         // The queue orders by (time, slot, generation); slot is unused here.
@@ -194,12 +279,31 @@ impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
         id
     }
 
-    /// The request of `read` could not be sent: answered with `error` if it
-    /// still waits for its reply (a reply may have come first).
-    pub fn request_failed(&mut self, read: ReadId, error: RdmaError) {
-        if let Some(entry) = self.reads.get(&read.0) {
-            if entry.phase == Phase::AwaitingReply {
+    /// The driver's value of a read not answered yet.
+    pub fn payload(&self, read: ReadId) -> Option<&T> {
+        self.reads.get(&read.0).map(|entry| &entry.payload)
+    }
+
+    /// The request of `read` could not be sent. A read waiting for its
+    /// reply is answered with `error` at once. A read with a posted
+    /// receive is answered with `error` once the transport gave the receive
+    /// back: true asks the driver to cancel it.
+    pub fn request_failed(&mut self, read: ReadId, error: RdmaError) -> bool {
+        let Some(entry) = self.reads.get_mut(&read.0) else {
+            return false;
+        };
+        match entry.phase {
+            Phase::AwaitingReply => {
                 self.answer(read, Err(error));
+                false
+            }
+            Phase::Landing { expired, .. } => {
+                entry.phase = Phase::Landing {
+                    expired,
+                    unsent: true,
+                };
+                self.send_errors.insert(read.0, error);
+                true
             }
         }
     }
@@ -239,49 +343,63 @@ impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
                 ReplyVerdict::Refused(id)
             }
             ReplyOutcome::Served { .. } => {
-                read.phase = Phase::Landing { expired: false };
+                read.phase = Phase::Landing {
+                    expired: false,
+                    unsent: false,
+                };
                 ReplyVerdict::Land(id)
             }
         }
     }
 
-    /// The transport finished writing `read`'s payload (or gave up):
-    /// `result` is what it reported. This is the release of the
+    /// The transport finished writing `read`'s payload, or gave the
+    /// destination back: `result` is what it reported (for a posted
+    /// receive, the owner's verdict). This is the release of the
     /// destination, and answers the read.
     pub fn landed(&mut self, read: ReadId, result: Result<(), RdmaError>) {
         let Some(entry) = self.reads.get(&read.0) else {
             return;
         };
-        let Phase::Landing { expired } = entry.phase else {
+        let Phase::Landing { expired, unsent } = entry.phase else {
             return;
         };
+        let send_error = self.send_errors.remove(&read.0);
         let outcome = match result {
             Ok(()) => Ok(()),
             Err(_) if expired => Err(RdmaError::Timeout),
             Err(_) if self.closing => Err(RdmaError::ShuttingDown),
+            Err(_) if unsent => Err(send_error.unwrap_or(RdmaError::ShuttingDown)),
             Err(error) => Err(error),
         };
         self.answer(read, outcome);
     }
 
-    /// Reads on `endpoint` that wait for their reply are answered with
-    /// `error`; reads whose payload is being written there wait for the
-    /// transport to report their end.
-    pub fn endpoint_failed(&mut self, endpoint: E, error: RdmaError) {
-        let waiting: Vec<u64> = self
-            .reads
-            .iter()
-            .filter(|(_, read)| read.endpoint == endpoint && read.phase == Phase::AwaitingReply)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in waiting {
-            self.answer(ReadId(id), Err(error.clone()));
+    /// The endpoint to an owner failed. Reads on it that wait for their
+    /// reply are answered with `error`; reads whose destination the
+    /// transport holds wait for it to give it back, and are returned so the
+    /// driver can make sure it does (cancel their receives).
+    pub fn endpoint_failed(&mut self, endpoint: E, error: RdmaError) -> Vec<ReadId> {
+        let mut waiting = Vec::new();
+        let mut landing = Vec::new();
+        for (&id, read) in &self.reads {
+            if read.endpoint != endpoint {
+                continue;
+            }
+            match read.phase {
+                Phase::AwaitingReply => waiting.push(ReadId(id)),
+                Phase::Landing { .. } => landing.push(ReadId(id)),
+            }
         }
+        for read in waiting {
+            self.answer(read, Err(error.clone()));
+        }
+        landing.sort_unstable();
+        landing
     }
 
     /// Expires reads whose deadline is not after `now`: a read waiting for
-    /// its reply is answered `Timeout`; one whose payload is being written
-    /// yields a [`TimeoutAction::StopLanding`].
+    /// its reply is answered `Timeout`; one whose destination the transport
+    /// holds yields a [`TimeoutAction::StopLanding`].
     pub fn handle_timeout(&mut self, now: Instant) -> Vec<TimeoutAction<E>> {
         let mut actions = Vec::new();
         while let Some((deadline, _, id)) = self.deadlines.peek() {
@@ -294,8 +412,14 @@ impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
             };
             match read.phase {
                 Phase::AwaitingReply => self.answer(ReadId(id), Err(RdmaError::Timeout)),
-                Phase::Landing { expired: false } => {
-                    read.phase = Phase::Landing { expired: true };
+                Phase::Landing {
+                    expired: false,
+                    unsent,
+                } => {
+                    read.phase = Phase::Landing {
+                        expired: true,
+                        unsent,
+                    };
                     actions.push(TimeoutAction::StopLanding {
                         read: ReadId(id),
                         endpoint: read.endpoint,
@@ -304,7 +428,7 @@ impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
                         self.answer(ReadId(id), Err(RdmaError::Timeout));
                     }
                 }
-                Phase::Landing { expired: true } => {}
+                Phase::Landing { expired: true, .. } => {}
             }
         }
         actions
@@ -323,8 +447,8 @@ impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
     }
 
     /// Teardown begins: reads waiting for their reply are answered
-    /// [`RdmaError::ShuttingDown`], reads being written wait for the
-    /// transport, and new reads are refused.
+    /// [`RdmaError::ShuttingDown`], reads whose destination the transport
+    /// holds wait for it, and new reads are refused.
     pub fn shutdown(&mut self) {
         self.closing = true;
         let waiting: Vec<u64> = self
@@ -339,7 +463,7 @@ impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
     }
 
     /// The next answer to give: each read's exactly once.
-    pub fn poll_answer(&mut self) -> Option<(ReadId, Result<(), RdmaError>)> {
+    pub fn poll_answer(&mut self) -> Option<Answer<T>> {
         self.answers.pop_front()
     }
 
@@ -348,8 +472,8 @@ impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
         self.reads.len()
     }
 
-    /// Reads whose payload is being written on `endpoint`: the driver keeps
-    /// the endpoint until they end.
+    /// Reads whose destination the transport holds on `endpoint`: the
+    /// driver keeps the endpoint until they end.
     pub fn landing_on(&self, endpoint: E) -> usize {
         self.reads
             .values()
@@ -358,8 +482,13 @@ impl<E: Copy + Eq + Hash + Debug> Consumer<E> {
     }
 
     fn answer(&mut self, read: ReadId, outcome: Result<(), RdmaError>) {
-        if self.reads.remove(&read.0).is_some() {
-            self.answers.push_back((read, outcome));
+        if let Some(entry) = self.reads.remove(&read.0) {
+            self.send_errors.remove(&read.0);
+            self.answers.push_back(Answer {
+                read,
+                payload: entry.payload,
+                outcome,
+            });
         }
     }
 

@@ -11,6 +11,11 @@ mod sim;
 const OWNER: u32 = 1;
 const OTHER: u32 = 2;
 
+/// An answer as `(read, outcome)`.
+fn pair<T>(answer: Answer<T>) -> (ReadId, Result<(), RdmaError>) {
+    (answer.read, answer.outcome)
+}
+
 fn served(request_id: u64, length: u64) -> Reply {
     Reply {
         request_id,
@@ -21,7 +26,7 @@ fn served(request_id: u64, length: u64) -> Reply {
 fn started(length: u64) -> (Consumer<u32>, ReadId, Instant) {
     let now = Instant::now();
     let mut consumer = Consumer::new();
-    let read = consumer.start(now, OWNER, length, Duration::from_millis(10));
+    let read = consumer.start(now, OWNER, length, Duration::from_millis(10), ());
     (consumer, read, now)
 }
 
@@ -33,12 +38,12 @@ fn a_served_reply_lands_and_answers_once_landed() {
         ReplyVerdict::Land(read)
     );
     assert_eq!(
-        consumer.poll_answer(),
+        consumer.poll_answer().map(pair),
         None,
         "not before the transport let go"
     );
     consumer.landed(read, Ok(()));
-    assert_eq!(consumer.poll_answer(), Some((read, Ok(()))));
+    assert_eq!(consumer.poll_answer().map(pair), Some((read, Ok(()))));
     assert_eq!(consumer.in_flight(), 0);
 }
 
@@ -76,7 +81,7 @@ fn a_reply_of_the_wrong_length_is_refused_unwritten() {
             consumer.handle_reply(OWNER, &served(read.0, header), payload),
             ReplyVerdict::Refused(read)
         );
-        let (answered, outcome) = consumer.poll_answer().unwrap();
+        let (answered, outcome) = consumer.poll_answer().map(pair).unwrap();
         assert_eq!(answered, read);
         assert!(matches!(outcome, Err(RdmaError::Backend(text)) if text.contains("8-byte read")));
     }
@@ -94,7 +99,7 @@ fn a_refusal_answers_with_its_error() {
         ReplyVerdict::Refused(read)
     );
     assert_eq!(
-        consumer.poll_answer(),
+        consumer.poll_answer().map(pair),
         Some((read, Err(RdmaError::RegionNotFound)))
     );
 }
@@ -107,7 +112,7 @@ fn a_read_awaiting_its_reply_times_out_at_its_deadline() {
             .handle_timeout(now + Duration::from_millis(9))
             .is_empty()
     );
-    assert_eq!(consumer.poll_answer(), None);
+    assert_eq!(consumer.poll_answer().map(pair), None);
     assert_eq!(
         consumer.poll_timeout(),
         Some(now + Duration::from_millis(10))
@@ -118,7 +123,7 @@ fn a_read_awaiting_its_reply_times_out_at_its_deadline() {
             .is_empty()
     );
     assert_eq!(
-        consumer.poll_answer(),
+        consumer.poll_answer().map(pair),
         Some((read, Err(RdmaError::Timeout)))
     );
     assert_eq!(
@@ -142,14 +147,14 @@ fn a_landing_read_past_its_deadline_waits_for_release() {
         }]
     );
     assert_eq!(
-        consumer.poll_answer(),
+        consumer.poll_answer().map(pair),
         None,
         "the transport may still write"
     );
     assert_eq!(consumer.landing_on(OWNER), 1);
     consumer.landed(read, Err(RdmaError::Backend("closed".into())));
     assert_eq!(
-        consumer.poll_answer(),
+        consumer.poll_answer().map(pair),
         Some((read, Err(RdmaError::Timeout)))
     );
 }
@@ -160,26 +165,29 @@ fn bytes_that_arrive_after_the_deadline_still_answer_ok() {
     consumer.handle_reply(OWNER, &served(read.0, 8), 8);
     consumer.handle_timeout(now + Duration::from_secs(1));
     consumer.landed(read, Ok(()));
-    assert_eq!(consumer.poll_answer(), Some((read, Ok(()))));
+    assert_eq!(consumer.poll_answer().map(pair), Some((read, Ok(()))));
 }
 
 #[test]
 fn a_failed_endpoint_answers_only_reads_awaiting_replies() {
     let now = Instant::now();
     let mut consumer = Consumer::new();
-    let waiting = consumer.start(now, OWNER, 8, Duration::from_secs(1));
-    let landing = consumer.start(now, OWNER, 8, Duration::from_secs(1));
-    let elsewhere = consumer.start(now, OTHER, 8, Duration::from_secs(1));
+    let waiting = consumer.start(now, OWNER, 8, Duration::from_secs(1), ());
+    let landing = consumer.start(now, OWNER, 8, Duration::from_secs(1), ());
+    let elsewhere = consumer.start(now, OTHER, 8, Duration::from_secs(1), ());
     consumer.handle_reply(OWNER, &served(landing.0, 8), 8);
     let failure = RdmaError::Backend("endpoint failed".into());
-    consumer.endpoint_failed(OWNER, failure.clone());
+    assert_eq!(consumer.endpoint_failed(OWNER, failure.clone()), [landing]);
     assert_eq!(
-        consumer.poll_answer(),
+        consumer.poll_answer().map(pair),
         Some((waiting, Err(failure.clone())))
     );
-    assert_eq!(consumer.poll_answer(), None);
+    assert_eq!(consumer.poll_answer().map(pair), None);
     consumer.landed(landing, Err(failure.clone()));
-    assert_eq!(consumer.poll_answer(), Some((landing, Err(failure))));
+    assert_eq!(
+        consumer.poll_answer().map(pair),
+        Some((landing, Err(failure)))
+    );
     assert_eq!(consumer.in_flight(), 1, "{elsewhere:?} still waits");
 }
 
@@ -187,22 +195,22 @@ fn a_failed_endpoint_answers_only_reads_awaiting_replies() {
 fn shutdown_answers_waiting_reads_and_refuses_new_ones() {
     let now = Instant::now();
     let mut consumer = Consumer::new();
-    let waiting = consumer.start(now, OWNER, 8, Duration::from_secs(1));
-    let landing = consumer.start(now, OWNER, 8, Duration::from_secs(1));
+    let waiting = consumer.start(now, OWNER, 8, Duration::from_secs(1), ());
+    let landing = consumer.start(now, OWNER, 8, Duration::from_secs(1), ());
     consumer.handle_reply(OWNER, &served(landing.0, 8), 8);
     consumer.shutdown();
     assert_eq!(
-        consumer.poll_answer(),
+        consumer.poll_answer().map(pair),
         Some((waiting, Err(RdmaError::ShuttingDown)))
     );
-    let refused = consumer.start(now, OWNER, 8, Duration::from_secs(1));
+    let refused = consumer.start(now, OWNER, 8, Duration::from_secs(1), ());
     assert_eq!(
-        consumer.poll_answer(),
+        consumer.poll_answer().map(pair),
         Some((refused, Err(RdmaError::ShuttingDown)))
     );
     consumer.landed(landing, Err(RdmaError::Backend("worker destroyed".into())));
     assert_eq!(
-        consumer.poll_answer(),
+        consumer.poll_answer().map(pair),
         Some((landing, Err(RdmaError::ShuttingDown)))
     );
 }
@@ -210,13 +218,13 @@ fn shutdown_answers_waiting_reads_and_refuses_new_ones() {
 #[test]
 fn a_failed_request_send_answers_a_waiting_read() {
     let (mut consumer, read, _) = started(8);
-    consumer.request_failed(read, RdmaError::Backend("send failed".into()));
+    assert!(!consumer.request_failed(read, RdmaError::Backend("send failed".into())));
     assert_eq!(
-        consumer.poll_answer(),
+        consumer.poll_answer().map(pair),
         Some((read, Err(RdmaError::Backend("send failed".into()))))
     );
-    consumer.request_failed(read, RdmaError::Timeout);
-    assert_eq!(consumer.poll_answer(), None, "answered once");
+    assert!(!consumer.request_failed(read, RdmaError::Timeout));
+    assert_eq!(consumer.poll_answer().map(pair), None, "answered once");
 }
 
 #[test]
@@ -224,9 +232,79 @@ fn request_ids_are_never_reused() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
     let ids: Vec<ReadId> = (0..100)
-        .map(|_| consumer.start(now, OWNER, 1, Duration::ZERO))
+        .map(|_| consumer.start(now, OWNER, 1, Duration::ZERO, ()))
         .collect();
     let mut sorted = ids.clone();
     sorted.dedup();
     assert_eq!(sorted.len(), ids.len());
+}
+
+#[test]
+fn each_answer_carries_the_drivers_value() {
+    let now = Instant::now();
+    let mut consumer = Consumer::<u32, &str>::new();
+    let read = consumer.start(now, OWNER, 8, Duration::from_secs(1), "slot 7");
+    assert_eq!(consumer.payload(read), Some(&"slot 7"));
+    consumer.handle_reply(OWNER, &served(read.0, 8), 8);
+    consumer.landed(read, Ok(()));
+    let answer = consumer.poll_answer().unwrap();
+    assert_eq!(
+        (answer.read, answer.payload, answer.outcome),
+        (read, "slot 7", Ok(()))
+    );
+    assert_eq!(consumer.payload(read), None);
+}
+
+/// A transport that receives straight into the destination holds it from
+/// the start: no reply header is taken for such a read, and only the
+/// receive's end answers it.
+#[test]
+fn a_posted_receive_answers_only_when_it_ends() {
+    let now = Instant::now();
+    let mut consumer = Consumer::<u32>::new();
+    let read = consumer.start_receiving(now, OWNER, 8, Duration::from_millis(10), ());
+    assert_eq!(
+        consumer.handle_reply(OWNER, &served(read.0, 8), 8),
+        ReplyVerdict::Drop(DropReason::NotAwaited)
+    );
+    assert_eq!(consumer.endpoint_failed(OWNER, RdmaError::Timeout), [read]);
+    assert_eq!(consumer.poll_answer().map(pair), None);
+    let actions = consumer.handle_timeout(now + Duration::from_millis(10));
+    assert_eq!(
+        actions,
+        vec![TimeoutAction::StopLanding {
+            read,
+            endpoint: OWNER
+        }]
+    );
+    assert_eq!(consumer.poll_answer().map(pair), None);
+    consumer.landed(read, Err(RdmaError::Backend("cancelled".into())));
+    assert_eq!(
+        consumer.poll_answer().map(pair),
+        Some((read, Err(RdmaError::Timeout)))
+    );
+}
+
+#[test]
+fn an_unsent_request_ends_its_posted_receive_with_the_send_error() {
+    let now = Instant::now();
+    let mut consumer = Consumer::<u32>::new();
+    let read = consumer.start_receiving(now, OWNER, 8, Duration::from_secs(1), ());
+    let failure = RdmaError::Backend("send failed".into());
+    assert!(
+        consumer.request_failed(read, failure.clone()),
+        "cancel the receive"
+    );
+    assert_eq!(consumer.poll_answer().map(pair), None);
+    consumer.landed(read, Err(RdmaError::Backend("cancelled".into())));
+    assert_eq!(consumer.poll_answer().map(pair), Some((read, Err(failure))));
+}
+
+#[test]
+fn a_posted_receive_that_filled_answers_ok() {
+    let now = Instant::now();
+    let mut consumer = Consumer::<u32>::new();
+    let read = consumer.start_receiving(now, OWNER, 8, Duration::from_secs(1), ());
+    consumer.landed(read, Ok(()));
+    assert_eq!(consumer.poll_answer().map(pair), Some((read, Ok(()))));
 }

@@ -1,7 +1,8 @@
 //! A deterministic simulation of the consumer state machine against
 //! honest, slow, failing and hostile owners.
 //!
-//! One `u64` seed drives everything: which reads start, when replies are
+//! One `u64` seed drives everything: which reads start (waiting for a reply
+//! header, or with a receive posted into the destination first), when replies are
 //! delivered (reordered, duplicated, delayed past deadlines, never), which
 //! owners refuse or lie about lengths, when a third peer forges replies with
 //! guessed request ids, how long the transport takes to write a payload and
@@ -25,7 +26,9 @@ use std::time::{Duration, Instant};
 
 use rdmareg_core::RdmaError;
 
-use super::super::{Consumer, Defects, ReadId, Reply, ReplyOutcome, ReplyVerdict, TimeoutAction};
+use super::super::{
+    Answer, Consumer, Defects, ReadId, Reply, ReplyOutcome, ReplyVerdict, TimeoutAction,
+};
 
 /// Honest owners are endpoints `0..OWNERS`; the forger is `FORGER`.
 const OWNERS: u32 = 3;
@@ -80,10 +83,24 @@ struct Landing {
     doomed: bool,
 }
 
+/// A receive posted into a destination before its request went out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Receive {
+    /// Not that kind of read.
+    None,
+    /// Posted: a message with the read's id is written into it.
+    Posted,
+    /// Cancel asked; it may still match a message before it ends.
+    Cancelling,
+    /// Ended.
+    Ended,
+}
+
 /// One read as the simulation sees it.
 #[derive(Debug)]
 struct SimRead {
     owner: u32,
+    receive: Receive,
     destination: Vec<u8>,
     /// What the owner served for this read, once it did.
     served: Option<Vec<u8>>,
@@ -117,6 +134,7 @@ pub(super) struct Summary {
     pub(super) timeouts: u64,
     pub(super) forged_dropped: u64,
     pub(super) stopped_landings: u64,
+    pub(super) posted_receives_ok: u64,
 }
 
 struct Sim {
@@ -191,7 +209,8 @@ impl Sim {
                 self.clock_ms += 1 + self.rng.below(8);
                 self.expire();
             }
-            80..=84 => self.duplicate(),
+            80..=82 => self.duplicate(),
+            83..=84 => self.end_a_cancel(),
             85..=91 => self.forge(),
             92..=94 => self.fail_endpoint(),
             95 if self.rng.chance(20) => {
@@ -210,12 +229,24 @@ impl Sim {
         let owner = self.rng.below(u64::from(OWNERS)) as u32;
         let length = 1 + self.rng.below(32);
         let timeout = Duration::from_millis(2 + self.rng.below(40));
-        let read = self.consumer.start(self.now(), owner, length, timeout);
+        let receive_first = self.rng.chance(30);
+        let now = self.now();
+        let read = if receive_first {
+            self.consumer
+                .start_receiving(now, owner, length, timeout, ())
+        } else {
+            self.consumer.start(now, owner, length, timeout, ())
+        };
         self.summary.reads += 1;
         self.reads.insert(
             read,
             SimRead {
                 owner,
+                receive: if receive_first {
+                    Receive::Posted
+                } else {
+                    Receive::None
+                },
                 destination: vec![UNWRITTEN; length as usize],
                 served: None,
                 answered_at: None,
@@ -223,8 +254,12 @@ impl Sim {
             },
         );
         if self.failed.contains(&owner) {
-            self.consumer
+            let cancel = self
+                .consumer
                 .request_failed(read, RdmaError::Backend("endpoint failed".into()));
+            if cancel {
+                self.cancel_receive(read);
+            }
             return;
         }
         // The owner's answer, queued now and delivered in any order later.
@@ -276,6 +311,12 @@ impl Sim {
         if self.failed.contains(&message.from) {
             return;
         }
+        let read = ReadId(message.reply.request_id);
+        let receive = self.reads.get(&read).map_or(Receive::None, |r| r.receive);
+        if receive != Receive::None {
+            self.receive_into(read, receive, message);
+            return;
+        }
         let verdict =
             self.consumer
                 .handle_reply(message.from, &message.reply, message.payload.len() as u64);
@@ -301,6 +342,70 @@ impl Sim {
             ReplyVerdict::Drop(_) if message.from == FORGER => self.summary.forged_dropped += 1,
             ReplyVerdict::Drop(_) | ReplyVerdict::Refused(_) => {}
         }
+    }
+
+    /// A message matched by a posted receive: the transport writes it
+    /// straight into the destination (as much as fits), then the receive
+    /// ends; the driver checks the length it reports.
+    fn receive_into(&mut self, read: ReadId, receive: Receive, message: Message) {
+        if receive == Receive::Ended {
+            return;
+        }
+        if let Some(sim_read) = self.reads.get_mut(&read) {
+            sim_read.receive = Receive::Ended;
+        }
+        let result = match message.reply.outcome {
+            ReplyOutcome::Refused(error) => Err(error),
+            ReplyOutcome::Served { .. } => {
+                let mut landing = Landing {
+                    read,
+                    from: message.from,
+                    payload: message.payload,
+                    written: 0,
+                    doomed: false,
+                };
+                let length = landing.payload.len();
+                self.write(&mut landing, length);
+                let fits = self
+                    .reads
+                    .get(&read)
+                    .is_some_and(|r| r.destination.len() == length);
+                if fits {
+                    Ok(())
+                } else {
+                    Err(RdmaError::Backend("received the wrong length".into()))
+                }
+            }
+        };
+        self.consumer.landed(read, result);
+    }
+
+    /// Asks the transport to give a posted receive back.
+    fn cancel_receive(&mut self, read: ReadId) {
+        if let Some(sim_read) = self.reads.get_mut(&read) {
+            if sim_read.receive == Receive::Posted {
+                sim_read.receive = Receive::Cancelling;
+            }
+        }
+    }
+
+    /// The transport gives back one receive whose cancel was asked.
+    fn end_a_cancel(&mut self) {
+        let cancelling: Vec<ReadId> = self
+            .reads
+            .iter()
+            .filter(|(_, r)| r.receive == Receive::Cancelling)
+            .map(|(&read, _)| read)
+            .collect();
+        if cancelling.is_empty() {
+            return;
+        }
+        let read = cancelling[self.rng.below(cancelling.len() as u64) as usize];
+        if let Some(sim_read) = self.reads.get_mut(&read) {
+            sim_read.receive = Receive::Ended;
+        }
+        self.consumer
+            .landed(read, Err(RdmaError::Backend("receive cancelled".into())));
     }
 
     /// Writes the next `bytes` of a landing's payload into its destination,
@@ -353,6 +458,7 @@ impl Sim {
         for action in self.consumer.handle_timeout(self.now()) {
             let TimeoutAction::StopLanding { read, .. } = action;
             self.summary.stopped_landings += 1;
+            self.cancel_receive(read);
             for landing in &mut self.landings {
                 if landing.read == read {
                     landing.doomed = true;
@@ -371,7 +477,9 @@ impl Sim {
     }
 
     /// A third peer sends a reply with a guessed request id and the right
-    /// length.
+    /// length. (Not to reads with a posted receive: a transport that
+    /// matches receives by id alone needs ids no peer can guess, which is
+    /// the driver's to provide.)
     fn forge(&mut self) {
         let Some((&read, sim_read)) = self
             .reads
@@ -380,6 +488,9 @@ impl Sim {
         else {
             return;
         };
+        if sim_read.receive != Receive::None {
+            return;
+        }
         let length = sim_read.destination.len();
         self.network.push(Message {
             from: FORGER,
@@ -399,8 +510,12 @@ impl Sim {
             return;
         }
         self.failed.push(owner);
-        self.consumer
+        let holding = self
+            .consumer
             .endpoint_failed(owner, RdmaError::Backend("endpoint failed".into()));
+        for read in holding {
+            self.cancel_receive(read);
+        }
         for landing in &mut self.landings {
             if landing.from == owner {
                 landing.doomed = true;
@@ -410,7 +525,7 @@ impl Sim {
 
     /// Takes the machine's answers and checks each.
     fn collect_answers(&mut self) -> Result<(), Failure> {
-        while let Some((read, outcome)) = self.consumer.poll_answer() {
+        while let Some(Answer { read, outcome, .. }) = self.consumer.poll_answer() {
             let step = self.step;
             let Some(sim_read) = self.reads.get_mut(&read) else {
                 return Err(self.fail(format!("{read:?} answered but never started")));
@@ -421,6 +536,9 @@ impl Sim {
             sim_read.answered_at = Some(step);
             if outcome.is_ok() {
                 self.summary.ok += 1;
+                if sim_read.receive != Receive::None {
+                    self.summary.posted_receives_ok += 1;
+                }
             }
             if outcome == Err(RdmaError::Timeout) {
                 self.summary.timeouts += 1;
@@ -463,23 +581,30 @@ impl Sim {
         Ok(())
     }
 
+    fn cancelling(&self) -> bool {
+        self.reads
+            .values()
+            .any(|r| r.receive == Receive::Cancelling)
+    }
+
     /// Lets every landing end and every deadline pass; then every read must
     /// be answered exactly once.
     fn drain(&mut self) -> Result<(), Failure> {
-        while !self.landings.is_empty() || !self.network.is_empty() {
+        while !self.landings.is_empty() || !self.network.is_empty() || self.cancelling() {
             self.step += 1;
-            if self.rng.chance(50) {
-                self.deliver();
-            } else {
-                self.progress_landing();
+            match self.rng.below(3) {
+                0 => self.deliver(),
+                1 => self.progress_landing(),
+                _ => self.end_a_cancel(),
             }
             self.collect_answers()?;
         }
         self.clock_ms += 3_600_000;
         self.expire();
-        while !self.landings.is_empty() {
+        while !self.landings.is_empty() || self.cancelling() {
             self.step += 1;
             self.progress_landing();
+            self.end_a_cancel();
             self.collect_answers()?;
         }
         self.collect_answers()?;
@@ -523,6 +648,7 @@ fn every_seed_keeps_every_promise() {
         total.timeouts += summary.timeouts;
         total.forged_dropped += summary.forged_dropped;
         total.stopped_landings += summary.stopped_landings;
+        total.posted_receives_ok += summary.posted_receives_ok;
     }
     // Enough seeds exercise what they claim to: successes, deadlines,
     // forged replies turned away, deadlines that had to stop a transfer. (A
@@ -534,6 +660,7 @@ fn every_seed_keeps_every_promise() {
     assert!(total.timeouts > count / 10, "{total:?}");
     assert!(total.forged_dropped > count, "{total:?}");
     assert!(total.stopped_landings > count / 10, "{total:?}");
+    assert!(total.posted_receives_ok > count / 10, "{total:?}");
 }
 
 #[test]
