@@ -47,12 +47,13 @@
 //! Each read carries a value of the driver's (`T`, say its op slot), handed
 //! back with its answer.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdmareg_core::RdmaError;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::deadlines::DeadlineQueue;
 
@@ -182,11 +183,11 @@ pub struct Consumer<E, T = ()> {
 impl<E, T> Default for Consumer<E, T> {
     fn default() -> Self {
         Consumer {
-            reads: HashMap::new(),
+            reads: HashMap::default(),
             deadlines: DeadlineQueue::default(),
             next_request_id: 1,
             answers: VecDeque::new(),
-            send_errors: HashMap::new(),
+            send_errors: HashMap::default(),
             closing: false,
             #[cfg(test)]
             defects: Defects::default(),
@@ -201,25 +202,11 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     }
 
     /// Starts a read of `length` bytes from the owner at `endpoint`, due by
-    /// `now + timeout`, waiting for its reply. The driver sends the request
-    /// with `request_id = id.0`. After shutdown began the read is answered
+    /// `deadline`, waiting for its reply. The driver sends the request with
+    /// `request_id = id.0`. After shutdown began the read is answered
     /// [`RdmaError::ShuttingDown`] at once and the driver sends nothing.
-    pub fn start(
-        &mut self,
-        now: Instant,
-        endpoint: E,
-        length: u64,
-        timeout: Duration,
-        payload: T,
-    ) -> ReadId {
-        self.enter(
-            now,
-            endpoint,
-            length,
-            timeout,
-            payload,
-            Phase::AwaitingReply,
-        )
+    pub fn start(&mut self, endpoint: E, length: u64, deadline: Instant, payload: T) -> ReadId {
+        self.enter(endpoint, length, deadline, payload, Phase::AwaitingReply)
     }
 
     /// As [`start`](Self::start), for a transport that receives the reply
@@ -229,25 +216,23 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     /// at once and the driver posts nothing.
     pub fn start_receiving(
         &mut self,
-        now: Instant,
         endpoint: E,
         length: u64,
-        timeout: Duration,
+        deadline: Instant,
         payload: T,
     ) -> ReadId {
         let phase = Phase::Landing {
             expired: false,
             unsent: false,
         };
-        self.enter(now, endpoint, length, timeout, payload, phase)
+        self.enter(endpoint, length, deadline, payload, phase)
     }
 
     fn enter(
         &mut self,
-        now: Instant,
         endpoint: E,
         length: u64,
-        timeout: Duration,
+        deadline: Instant,
         payload: T,
         phase: Phase,
     ) -> ReadId {
@@ -261,10 +246,6 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
             });
             return id;
         }
-        // A deadline past the end of time is no deadline.
-        let deadline = now
-            .checked_add(timeout)
-            .unwrap_or(now + Duration::from_secs(86_400 * 365));
         self.reads.insert(
             id.0,
             Read {
@@ -403,7 +384,11 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     pub fn handle_timeout(&mut self, now: Instant) -> Vec<TimeoutAction<E>> {
         let mut actions = Vec::new();
         while let Some((deadline, _, id)) = self.deadlines.peek() {
-            if deadline > now {
+            // Entries of answered reads leave from the front whatever their
+            // time, so a busy loop that never sleeps keeps the queue as
+            // short as its oldest live read allows.
+            let live = self.reads.contains_key(&id);
+            if live && deadline > now {
                 break;
             }
             self.deadlines.pop();
@@ -470,6 +455,12 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     /// Reads not answered yet.
     pub fn in_flight(&self) -> usize {
         self.reads.len()
+    }
+
+    /// Deadlines queued, answered reads' included until they leave.
+    #[cfg(test)]
+    pub(crate) fn queued_deadlines(&self) -> usize {
+        self.deadlines.len()
     }
 
     /// Reads whose destination the transport holds on `endpoint`: the

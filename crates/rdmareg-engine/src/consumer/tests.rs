@@ -26,7 +26,7 @@ fn served(request_id: u64, length: u64) -> Reply {
 fn started(length: u64) -> (Consumer<u32>, ReadId, Instant) {
     let now = Instant::now();
     let mut consumer = Consumer::new();
-    let read = consumer.start(now, OWNER, length, Duration::from_millis(10), ());
+    let read = consumer.start(OWNER, length, now + Duration::from_millis(10), ());
     (consumer, read, now)
 }
 
@@ -172,9 +172,9 @@ fn bytes_that_arrive_after_the_deadline_still_answer_ok() {
 fn a_failed_endpoint_answers_only_reads_awaiting_replies() {
     let now = Instant::now();
     let mut consumer = Consumer::new();
-    let waiting = consumer.start(now, OWNER, 8, Duration::from_secs(1), ());
-    let landing = consumer.start(now, OWNER, 8, Duration::from_secs(1), ());
-    let elsewhere = consumer.start(now, OTHER, 8, Duration::from_secs(1), ());
+    let waiting = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
+    let landing = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
+    let elsewhere = consumer.start(OTHER, 8, now + Duration::from_secs(1), ());
     consumer.handle_reply(OWNER, &served(landing.0, 8), 8);
     let failure = RdmaError::Backend("endpoint failed".into());
     assert_eq!(consumer.endpoint_failed(OWNER, failure.clone()), [landing]);
@@ -195,15 +195,15 @@ fn a_failed_endpoint_answers_only_reads_awaiting_replies() {
 fn shutdown_answers_waiting_reads_and_refuses_new_ones() {
     let now = Instant::now();
     let mut consumer = Consumer::new();
-    let waiting = consumer.start(now, OWNER, 8, Duration::from_secs(1), ());
-    let landing = consumer.start(now, OWNER, 8, Duration::from_secs(1), ());
+    let waiting = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
+    let landing = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
     consumer.handle_reply(OWNER, &served(landing.0, 8), 8);
     consumer.shutdown();
     assert_eq!(
         consumer.poll_answer().map(pair),
         Some((waiting, Err(RdmaError::ShuttingDown)))
     );
-    let refused = consumer.start(now, OWNER, 8, Duration::from_secs(1), ());
+    let refused = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
     assert_eq!(
         consumer.poll_answer().map(pair),
         Some((refused, Err(RdmaError::ShuttingDown)))
@@ -232,7 +232,7 @@ fn request_ids_are_never_reused() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
     let ids: Vec<ReadId> = (0..100)
-        .map(|_| consumer.start(now, OWNER, 1, Duration::ZERO, ()))
+        .map(|_| consumer.start(OWNER, 1, now, ()))
         .collect();
     let mut sorted = ids.clone();
     sorted.dedup();
@@ -243,7 +243,7 @@ fn request_ids_are_never_reused() {
 fn each_answer_carries_the_drivers_value() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32, &str>::new();
-    let read = consumer.start(now, OWNER, 8, Duration::from_secs(1), "slot 7");
+    let read = consumer.start(OWNER, 8, now + Duration::from_secs(1), "slot 7");
     assert_eq!(consumer.payload(read), Some(&"slot 7"));
     consumer.handle_reply(OWNER, &served(read.0, 8), 8);
     consumer.landed(read, Ok(()));
@@ -262,7 +262,7 @@ fn each_answer_carries_the_drivers_value() {
 fn a_posted_receive_answers_only_when_it_ends() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
-    let read = consumer.start_receiving(now, OWNER, 8, Duration::from_millis(10), ());
+    let read = consumer.start_receiving(OWNER, 8, now + Duration::from_millis(10), ());
     assert_eq!(
         consumer.handle_reply(OWNER, &served(read.0, 8), 8),
         ReplyVerdict::Drop(DropReason::NotAwaited)
@@ -289,7 +289,7 @@ fn a_posted_receive_answers_only_when_it_ends() {
 fn an_unsent_request_ends_its_posted_receive_with_the_send_error() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
-    let read = consumer.start_receiving(now, OWNER, 8, Duration::from_secs(1), ());
+    let read = consumer.start_receiving(OWNER, 8, now + Duration::from_secs(1), ());
     let failure = RdmaError::Backend("send failed".into());
     assert!(
         consumer.request_failed(read, failure.clone()),
@@ -304,7 +304,28 @@ fn an_unsent_request_ends_its_posted_receive_with_the_send_error() {
 fn a_posted_receive_that_filled_answers_ok() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
-    let read = consumer.start_receiving(now, OWNER, 8, Duration::from_secs(1), ());
+    let read = consumer.start_receiving(OWNER, 8, now + Duration::from_secs(1), ());
     consumer.landed(read, Ok(()));
     assert_eq!(consumer.poll_answer().map(pair), Some((read, Ok(()))));
+}
+
+/// A loop that never sleeps calls only `handle_timeout`: the deadlines of
+/// reads answered long before theirs passes must still leave the queue, or
+/// it grows with every read.
+#[test]
+fn answered_reads_leave_the_deadline_queue_without_a_park() {
+    let now = Instant::now();
+    let mut consumer = Consumer::<u32>::new();
+    for _ in 0..10_000 {
+        let read = consumer.start(OWNER, 8, now + Duration::from_secs(10), ());
+        consumer.handle_reply(OWNER, &served(read.0, 8), 8);
+        consumer.landed(read, Ok(()));
+        assert!(consumer.poll_answer().is_some());
+        assert!(consumer.handle_timeout(now).is_empty());
+    }
+    assert!(
+        consumer.queued_deadlines() <= 1,
+        "{}",
+        consumer.queued_deadlines()
+    );
 }

@@ -18,6 +18,7 @@
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::cell::{Cell, RefCell};
 
+use rdmareg_engine::consumer::{Answer, Consumer, ReadId};
 use ucx_sys::{ucp_worker_h, ucs_status_t};
 
 use super::ops::GetOp;
@@ -42,8 +43,12 @@ pub(crate) struct Events {
     pub(crate) lease_records: RefCell<HashSet<usize>>,
     /// The same for gathered replies (`gathered`), whose records differ.
     pub(crate) list_lease_records: RefCell<HashSet<usize>>,
-    /// Reads waiting for the owner's reply, by request id.
-    pub(crate) awaiting_replies: RefCell<HashMap<u64, *mut GetOp>>,
+    /// The consumer side of owner-served reads: the engine kit's state
+    /// machine, holding each read (its op) from its request until UCX let
+    /// go of its destination. Endpoints are named by the address of their
+    /// UCP handle; a handle is freed only after the reads on it were told
+    /// it closed, so an address never names two endpoints' reads at once.
+    pub(crate) consumer: RefCell<Consumer<usize, *mut GetOp>>,
     /// This engine's registrations as the request handler checks them.
     pub(crate) served: RefCell<HashMap<u64, ServedRegion>>,
     /// Unfinished reply sends per consumer connection, and their bound.
@@ -85,7 +90,7 @@ impl Default for Events {
             ended_leases: RefCell::default(),
             lease_records: RefCell::default(),
             list_lease_records: RefCell::default(),
-            awaiting_replies: RefCell::default(),
+            consumer: RefCell::default(),
             served: RefCell::default(),
             replies: ReplyBudget::default(),
             worker: Cell::new(std::ptr::null_mut()),
@@ -106,6 +111,36 @@ impl Events {
     /// Counts a message dropped as malformed or answering nothing.
     pub(crate) fn dropped_message(&self) {
         self.dropped_messages.set(self.dropped_messages.get() + 1);
+    }
+
+    /// Gives every answer the consumer machine holds: each finishes its op
+    /// (answering its caller) and queues the slot for the loop. Called
+    /// after every input to the machine, inside callbacks too, so a caller
+    /// wakes as soon as its read may be answered.
+    pub(crate) fn give_answers(&self) {
+        loop {
+            // The borrow ends before the op is answered.
+            let answer = self.consumer.borrow_mut().poll_answer();
+            let Some(Answer {
+                payload: op,
+                outcome,
+                ..
+            }) = answer
+            else {
+                return;
+            };
+            // SAFETY: an op leaves the machine only through this answer, so
+            // it is an active slot; slots outlive the worker, and the loop
+            // and callbacks touch them only between UCX calls.
+            let op = unsafe { &mut *op };
+            op.finish(outcome);
+            self.finished_reads.borrow_mut().push(op.slot);
+        }
+    }
+
+    /// The driver value of a read the machine still holds.
+    pub(crate) fn op_of(&self, read: ReadId) -> Option<*mut GetOp> {
+        self.consumer.borrow().payload(read).copied()
     }
 
     /// Counts a step whose next move belongs to another thread.

@@ -47,7 +47,9 @@ use super::Engine;
 use super::events::Events;
 use super::gets::PreparedRead;
 use super::ops::GetOp;
-use super::replies::{ArrivedReply, take_awaiting};
+use rdmareg_engine::consumer::{DropReason, ReadId, Reply, ReplyOutcome, ReplyVerdict};
+
+use super::replies::{ArrivedReply, machine_reply};
 use super::serve::{SMALL_UP_TO, admit, end_served};
 use super::ucp::{SendMode, every_lane_is_tcp, handler_header, send_active_message, send_gathered};
 use crate::read_list::{
@@ -544,72 +546,76 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
     let payload_whole = !rendezvous
         && (length == 0 || !data.is_null())
         && reply.payload_len() == Some(length as u64);
-    // Every entry's read out of the waiting table first, then the copies:
+    // Every entry through the consumer machine first, then the copies:
     // the lookups miss the cache (the list's own bytes pushed the table
     // out), and back to back their misses overlap instead of waiting one
     // by one between copies. Nothing runs between the two passes, so an
-    // entry taken here is landed below.
-    let ops: Vec<Option<*mut GetOp>> = reply
-        .entries
-        .iter()
-        .map(|entry| take_awaiting(events, entry.request_id, arrived_on))
-        .collect();
+    // entry accepted here is written below.
+    let landing: Vec<Option<(ReadId, *mut GetOp)>> = {
+        let mut consumer = events.consumer.borrow_mut();
+        reply
+            .entries
+            .iter()
+            .map(|entry| {
+                let reply = entry_reply(entry, payload_whole);
+                match consumer.handle_reply(arrived_on as usize, &reply, entry.length) {
+                    ReplyVerdict::Land(read) => consumer.payload(read).map(|&op| (read, op)),
+                    ReplyVerdict::Drop(DropReason::WrongEndpoint) => {
+                        events.dropped_message();
+                        None
+                    }
+                    ReplyVerdict::Drop(DropReason::NotAwaited) | ReplyVerdict::Refused(_) => None,
+                }
+            })
+            .collect()
+    };
     let mut offset = 0usize;
-    for (entry, op) in reply.entries.iter().zip(ops) {
-        let entry_len = entry.length as usize;
-        if let Some(op) = op {
-            // SAFETY: taken out of the waiting table by the first pass, and
-            // nothing ran since, so this is the only reply that reaches it;
-            // active and awaiting its reply.
-            let op_ref = unsafe { &mut *op };
-            let outcome = land_entry(op_ref, entry, payload_whole, data, offset);
-            op_ref.finish(outcome);
-            events.finished_reads.borrow_mut().push(op_ref.slot);
+    for (entry, landing) in reply.entries.iter().zip(landing) {
+        if let Some((read, op)) = landing {
+            // SAFETY: held by the machine, which accepted this entry for it
+            // above (the only reply that reaches it), and nothing ran
+            // since: an active slot. Accepted means served with exactly the
+            // read's length, inside a payload the entries add up to
+            // (`payload_whole`).
+            let op_ref = unsafe { &*op };
+            if op_ref.len > 0 {
+                // SAFETY: `[offset, offset + op.len)` lies inside the
+                // `length` readable bytes at `data` for the handler's
+                // duration (the entries' lengths add up to the payload);
+                // the destination was checked inside its mapped region when
+                // the read was posted and is held (an unmap waits) until the
+                // loop sees the op finished, and nothing else writes it while
+                // the machine holds the read.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        data.cast::<u8>().add(offset),
+                        op_ref.dest,
+                        op_ref.len,
+                    );
+                }
+            }
+            events.consumer.borrow_mut().landed(read, Ok(()));
         }
         if payload_whole {
-            offset += entry_len;
+            offset += entry.length as usize;
         }
     }
+    events.give_answers();
     sys::UCS_OK
 }
 
-/// The outcome of one entry for the read it answers, copying its bytes in
-/// when it was served.
-fn land_entry(
-    op: &mut GetOp,
-    entry: &ListReplyEntry,
-    payload_whole: bool,
-    data: *mut c_void,
-    offset: usize,
-) -> Result<(), RdmaError> {
+/// One entry of a list reply as the consumer machine takes it. A served
+/// entry of a reply whose payload does not add up to its entries (or is
+/// not at hand) cannot be attributed: it is refused with that reason.
+fn entry_reply(entry: &ListReplyEntry, payload_whole: bool) -> Reply {
     match entry.status {
-        ReplyStatus::Refused(refusal) => {
-            tracing::debug!(peer = %op.peer, %refusal, "the owner refused a read");
-            Err(refusal.into())
-        }
-        ReplyStatus::Served if !payload_whole => Err(RdmaError::Backend(format!(
-            "ucx: {} sent a gathered reply whose payload does not match its entries; refused",
-            op.peer
-        ))),
-        ReplyStatus::Served if entry.length != op.len as u64 => Err(RdmaError::Backend(format!(
-            "ucx: {} answered {} bytes to a {}-byte read; refused",
-            op.peer, entry.length, op.len
-        ))),
-        ReplyStatus::Served => {
-            if op.len > 0 {
-                // SAFETY: eager data: the entries' lengths add up to the
-                // payload (`payload_whole`), so `[offset, offset + op.len)`
-                // lies inside the `length` readable bytes at `data` for the
-                // handler's duration; the destination was checked inside
-                // its mapped region when the read was posted and is held
-                // (an unmap waits) until the loop sees the op finished, and
-                // nothing else writes it while the op waits for its reply.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(data.cast::<u8>().add(offset), op.dest, op.len);
-                }
-            }
-            Ok(())
-        }
+        ReplyStatus::Served if !payload_whole => Reply {
+            request_id: entry.request_id,
+            outcome: ReplyOutcome::Refused(RdmaError::Backend(
+                "ucx: a gathered reply's payload does not match its entries; refused".into(),
+            )),
+        },
+        status => machine_reply(entry.request_id, status, entry.length),
     }
 }
 

@@ -6,11 +6,13 @@
 //! 1. **Posted.** The destination is checked against the mapped pointer and
 //!    length and held (an unmap of it waits), the key is decoded (a key that
 //!    is not an owner-served key of this format is `InvalidKey`), an op slot
-//!    is taken, the op is entered in `Events::awaiting_replies` under its
-//!    request id, and the request goes to the owner as an active message with
+//!    is taken, the read is started in the consumer machine
+//!    (`Events::consumer`), which gives its request id and keeps its
+//!    deadline, and the request goes to the owner as an active message with
 //!    the reply flag.
-//! 2. **Replied.** The reply handler takes the op out of the waiting table
-//!    (from then on no later reply can reach it) and either copies the bytes
+//! 2. **Replied.** The reply handler hands the reply to the machine, which
+//!    accepts it only from the request's endpoint and once (from then on no
+//!    later reply can reach the read); the handler then either copies the bytes
 //!    (eager), starts a rendezvous receive straight into the destination
 //!    (large replies: UCX pulls them with zero copy where the lane can), or
 //!    turns a refusal into the seam's error for it (`OutOfRange`,
@@ -58,6 +60,8 @@ use super::events::Events;
 use super::key_memo::DecodedKey;
 use super::ops::{GetOp, Phase};
 use super::pieces;
+use rdmareg_engine::consumer::TimeoutAction;
+
 use super::replies::{failure, on_request_sent};
 use super::ucp::{EpHandle, MemHandle, SendMode, send_active_message};
 use super::vectored::{self, CopyEntry};
@@ -465,8 +469,8 @@ impl Engine {
     }
 
     /// Takes an op slot for one owner-served read of `len` bytes at
-    /// `remote_addr` into `dest`, enters it in the waiting table and the
-    /// deadline queue, and returns it ready to send.
+    /// `remote_addr` into `dest`, starts it in the consumer machine (which
+    /// keeps its deadline), and returns it ready to send.
     fn enter_served_read(
         &mut self,
         target: &ServedTarget,
@@ -478,7 +482,7 @@ impl Engine {
         let events: *const Events = &*self.events;
         let (slot, op) = self.ops.alloc(events);
         // SAFETY: the freshly allocated slot; nothing refers to it yet.
-        let generation = unsafe {
+        unsafe {
             (*op).reply = Some(reply);
             (*op).peer = target.peer;
             (*op).endpoint_serial = target.serial;
@@ -492,18 +496,22 @@ impl Engine {
             // Until its request is sent (alone, or as a list's leader) or
             // handed to a list (`gathered`): the slot is not recycled before.
             (*op).send_pending = true;
-            (*op).generation
-        };
+        }
         if let Some(region) = self.regions.get_mut(&target.local_region_id) {
             region.in_flight += 1;
         }
-        self.events
-            .awaiting_replies
-            .borrow_mut()
-            .insert(generation, op);
-        self.ops.deadlines.push((target.deadline, slot, generation));
+        let read = self.events.consumer.borrow_mut().start(
+            target.endpoint as usize,
+            len as u64,
+            target.deadline,
+            op,
+        );
+        // SAFETY: as above.
+        unsafe { (*op).read = read };
+        // Started during teardown, the machine answered it at once.
+        self.events.give_answers();
         let request = ReadRequest {
-            request_id: generation,
+            request_id: read.0,
             key: target.key,
             address: remote_addr,
             length: len as u64,
@@ -601,13 +609,15 @@ impl Engine {
         if op_ref.phase != Phase::AwaitingReply {
             return;
         }
-        self.events
-            .awaiting_replies
-            .borrow_mut()
-            .remove(&op_ref.generation);
         let err = failure(op_ref, &self.events, status);
-        op_ref.finish(Err(err));
-        self.events.finished_reads.borrow_mut().push(slot);
+        // An owner-served read waits for a header before anything is
+        // written, so nothing is left to cancel.
+        let _ = self
+            .events
+            .consumer
+            .borrow_mut()
+            .request_failed(op_ref.read, err);
+        self.events.give_answers();
     }
 
     /// A read finished (its answer is given): drop its destination hold, and
@@ -648,7 +658,7 @@ impl Engine {
 
     /// Answers reads past their deadline: at once if UCX holds nothing of
     /// their destination, else by force-closing the endpoint so UCX ends the
-    /// receive (see the module docs).
+    /// receive (see the module docs); the consumer machine decides which.
     ///
     /// Every read past its deadline is answered or marked before any
     /// endpoint is force-closed: a forced close fails the other reads on
@@ -656,27 +666,15 @@ impl Engine {
     /// own deadline passed too (the pieces of one read share theirs) would
     /// hide its `Timeout`.
     pub(super) fn expire_gets(&mut self, now: Instant) {
+        let actions = self.events.consumer.borrow_mut().handle_timeout(now);
+        self.events.give_answers();
         let mut unresponsive = Vec::new();
-        for slot in self.ops.expired(now) {
-            let Some(op) = self.ops.op(slot) else {
-                continue;
-            };
-            // SAFETY: active slot, touched between UCX calls only.
-            let op_ref = unsafe { &mut *op };
-            match op_ref.phase {
-                Phase::AwaitingReply => {
-                    self.events
-                        .awaiting_replies
-                        .borrow_mut()
-                        .remove(&op_ref.generation);
-                    op_ref.finish(Err(RdmaError::Timeout));
-                    self.events.finished_reads.borrow_mut().push(slot);
-                }
-                Phase::Receiving => {
-                    op_ref.expired = true;
-                    unresponsive.push((op_ref.peer, op_ref.endpoint_serial));
-                }
-                Phase::Finished => {}
+        for TimeoutAction::StopLanding { read, .. } in actions {
+            if let Some(op) = self.events.op_of(read) {
+                // SAFETY: held by the machine, so an active slot, touched
+                // between UCX calls only.
+                let op_ref = unsafe { &*op };
+                unresponsive.push((op_ref.peer, op_ref.endpoint_serial));
             }
         }
         for (peer, serial) in unresponsive {
@@ -685,40 +683,28 @@ impl Engine {
         self.drain_events();
     }
 
-    /// Answers every read still waiting for a reply on endpoint `serial`
-    /// with `error`: the endpoint is closing, so no reply will come.
-    pub(super) fn fail_awaiting_on_endpoint(&mut self, serial: u64, error: &RdmaError) {
-        self.fail_awaiting(error, |op| op.endpoint_serial == serial);
+    /// The earliest deadline of a read not answered yet.
+    pub(super) fn next_read_deadline(&self) -> Option<Instant> {
+        self.events.consumer.borrow_mut().poll_timeout()
     }
 
-    /// Answers every read still waiting for a reply (teardown, after the
-    /// drain): UCX holds none of their destinations.
-    pub(super) fn fail_all_awaiting(&mut self, error: &RdmaError) {
-        self.fail_awaiting(error, |_| true);
-    }
-
-    /// Takes the waiting reads `which` selects out of the waiting table and
-    /// answers them with `error`.
-    fn fail_awaiting(&mut self, error: &RdmaError, which: impl Fn(&GetOp) -> bool) {
-        let mut failed = Vec::new();
-        self.events
-            .awaiting_replies
+    /// Answers every read still waiting for a reply on `endpoint` with
+    /// `error`: the endpoint is closing, so no reply will come. (Reads whose
+    /// payload UCX is receiving end when UCX ends the receive.)
+    pub(super) fn fail_awaiting_on_endpoint(&mut self, endpoint: sys::ucp_ep_h, error: &RdmaError) {
+        let _ = self
+            .events
+            .consumer
             .borrow_mut()
-            .retain(|_, &mut op| {
-                // SAFETY: ops in the waiting table are active slots, touched
-                // between UCX calls only.
-                let selected = which(unsafe { &*op });
-                if selected {
-                    failed.push(op);
-                }
-                !selected
-            });
-        for op in failed {
-            // SAFETY: as above; out of the waiting table, so no reply can
-            // reach it any more.
-            let op_ref = unsafe { &mut *op };
-            op_ref.finish(Err(error.clone()));
-            self.events.finished_reads.borrow_mut().push(op_ref.slot);
-        }
+            .endpoint_failed(endpoint as usize, error.clone());
+        self.events.give_answers();
+    }
+
+    /// Teardown: every read still waiting for a reply is answered
+    /// `ShuttingDown` (UCX holds none of their destinations), and reads
+    /// started from now on are refused.
+    pub(super) fn fail_all_awaiting(&mut self) {
+        self.events.consumer.borrow_mut().shutdown();
+        self.events.give_answers();
     }
 }

@@ -502,7 +502,7 @@ impl Engine {
         if self.peers.closing_count() > 0 {
             timeout = timeout.min(Duration::from_millis(1));
         }
-        if let Some(deadline) = self.ops.next_deadline() {
+        if let Some(deadline) = self.next_read_deadline() {
             timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
         }
         let mut fds = [

@@ -1,6 +1,7 @@
 //! A read's record while it is in flight (`GetOp`), where it stands
-//! (`Phase`), and the table of reusable slots with its deadline queue
-//! (`OpTable`).
+//! (`Phase`), and the table of reusable slots (`OpTable`). Which reply may
+//! finish a served read, its deadline, and when it is answered, are the
+//! consumer machine's (`Events::consumer`); the op holds what UCX needs.
 //!
 //! Slots are boxed once and reused, so steady-state reads allocate nothing.
 //! A slot's memory is freed only when the table is dropped, after the
@@ -10,7 +11,6 @@
 //! tells a later read in it apart from the one a stale completion names.
 
 use std::ffi::c_void;
-use std::time::Instant;
 
 use rdmareg_core::{PeerId, RdmaError};
 use ucx_sys as sys;
@@ -18,7 +18,7 @@ use ucx_sys as sys;
 use super::answer::Answer;
 use super::events::Events;
 use super::ucp::MemHandle;
-use rdmareg_engine::deadlines::DeadlineQueue;
+use rdmareg_engine::consumer::ReadId;
 
 /// Where a read stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,8 +55,9 @@ pub(crate) struct GetOp {
     pub(super) send_pending: bool,
     /// The rendezvous receive, until the loop frees it.
     pub(super) receive_request: *mut c_void,
-    /// The deadline passed while the receive ran.
-    pub(super) expired: bool,
+    /// The read's id in the consumer machine (`Events::consumer`): its
+    /// request id on the wire.
+    pub(super) read: ReadId,
     /// The destination hold was dropped.
     pub(super) hold_released: bool,
     /// For a list's leader (the op whose slot owns the list request's
@@ -84,7 +85,7 @@ impl GetOp {
             send_request: std::ptr::null_mut(),
             send_pending: false,
             receive_request: std::ptr::null_mut(),
-            expired: false,
+            read: ReadId(0),
             hold_released: true,
             list_members: Vec::new(),
             active: false,
@@ -105,13 +106,12 @@ impl GetOp {
     }
 }
 
-/// Reusable op slots plus the deadline queue.
+/// Reusable op slots.
 #[derive(Debug)]
 pub(crate) struct OpTable {
     slots: Vec<*mut GetOp>,
     free: Vec<u32>,
     active: usize,
-    pub(super) deadlines: DeadlineQueue,
     next_generation: u64,
 }
 
@@ -121,7 +121,6 @@ impl OpTable {
             slots: Vec::new(),
             free: Vec::new(),
             active: 0,
-            deadlines: DeadlineQueue::default(),
             next_generation: 0,
         }
     }
@@ -176,33 +175,6 @@ impl OpTable {
             self.active -= 1;
             self.free.push(slot);
         }
-    }
-
-    /// Active, unfinished slots whose deadline is not after `now`.
-    pub(super) fn expired(&mut self, now: Instant) -> Vec<u32> {
-        let mut out = Vec::new();
-        while let Some((deadline, slot, generation)) = self.deadlines.peek() {
-            let live = self.is_current(slot, generation);
-            if live && deadline > now {
-                break;
-            }
-            self.deadlines.pop();
-            if live {
-                out.push(slot);
-            }
-        }
-        out
-    }
-
-    /// The earliest deadline of an active read.
-    pub(crate) fn next_deadline(&mut self) -> Option<Instant> {
-        while let Some((deadline, slot, generation)) = self.deadlines.peek() {
-            if self.is_current(slot, generation) {
-                return Some(deadline);
-            }
-            self.deadlines.pop();
-        }
-        None
     }
 
     /// Reads whose rendezvous receive runs on endpoint `serial`: they keep

@@ -482,7 +482,7 @@ impl Engine {
         cause: CloseCause,
         reason: &RdmaError,
     ) {
-        self.fail_awaiting_on_endpoint(endpoint.serial, reason);
+        self.fail_awaiting_on_endpoint(endpoint.handle.raw(), reason);
         let force = self.settings.peer_error_handling;
         tracing::debug!(
             serial = endpoint.serial,

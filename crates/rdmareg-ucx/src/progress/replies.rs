@@ -1,16 +1,19 @@
 //! UCX's callbacks for a read on the consumer: the reply handler, the
 //! rendezvous receive's completion and the request send's completion.
 //!
-//! A reply lands only in a read whose request went out on the endpoint the
-//! reply arrived on (`take_awaiting`), and only with the read's own length;
-//! once the handler took an op out of the waiting table no later reply can
-//! reach it. A rendezvous receive answers its read from its completion, so
-//! the answer comes only once UCX let go of the destination.
+//! Which reply may write a read's destination, and when the read is
+//! answered, is the engine kit's consumer machine's to decide
+//! (`rdmareg_engine::consumer`): a reply counts only from the endpoint its
+//! request went out on, once, and only with the read's own length; a read
+//! is answered only once UCX let go of its destination. These callbacks feed
+//! it what UCX reports and do what it decides.
 
 use std::ffi::c_void;
 
 use rdmareg_core::RdmaError;
 use ucx_sys as sys;
+
+use rdmareg_engine::consumer::{DropReason, ReadId, Reply, ReplyOutcome, ReplyVerdict};
 
 use super::events::Events;
 use super::ops::{GetOp, Phase};
@@ -18,11 +21,10 @@ use super::ucp::{handler_header, receive_rendezvous};
 use crate::read_protocol::{ReadReply, ReplyStatus};
 use crate::status::{PtrStatus, status_text};
 
-/// The error a read gets when UCX ended it with `status`.
+/// The error a read gets when UCX ended it with `status` (the consumer
+/// machine turns it into `Timeout` for a read past its deadline).
 pub(super) fn failure(op: &GetOp, events: &Events, status: sys::ucs_status_t) -> RdmaError {
-    if op.expired {
-        RdmaError::Timeout
-    } else if events.tearing_down.get() {
+    if events.tearing_down.get() {
         RdmaError::ShuttingDown
     } else {
         RdmaError::Backend(format!(
@@ -33,15 +35,34 @@ pub(super) fn failure(op: &GetOp, events: &Events, status: sys::ucs_status_t) ->
     }
 }
 
-/// Lands `reply` for `op` (taken out of the waiting table by the caller).
+/// A reply header as the consumer machine takes it.
+pub(super) fn machine_reply(request_id: u64, status: ReplyStatus, length: u64) -> Reply {
+    let outcome = match status {
+        ReplyStatus::Served => ReplyOutcome::Served { length },
+        ReplyStatus::Refused(refusal) => {
+            tracing::debug!(request_id, %refusal, "the owner refused a read");
+            ReplyOutcome::Refused(refusal.into())
+        }
+    };
+    Reply {
+        request_id,
+        outcome,
+    }
+}
+
+/// Writes the payload of `read` (whose op is `op`, accepted by the consumer
+/// machine) into its destination: copies it (eager), or starts a rendezvous
+/// receive straight into the destination; reports the end to the machine.
 ///
 /// # Safety
-/// Inside a reply handler on the worker's thread; `op` is active and in
-/// `AwaitingReply`; `data`/`length`/`rendezvous` are what UCX passed.
+/// Inside a reply handler on the worker's thread; `op` is active and the
+/// machine just accepted the reply for it (so no other reply can reach
+/// it); `data`/`length`/`rendezvous` are what UCX passed, and `length` is
+/// the read's length (the machine checked it).
 unsafe fn land_reply(
     events: &Events,
+    read: ReadId,
     op: *mut GetOp,
-    reply: ReadReply,
     data: *mut c_void,
     length: usize,
     rendezvous: bool,
@@ -49,64 +70,51 @@ unsafe fn land_reply(
     // SAFETY: the caller's contract: the op is active and only this
     // callback touches it now.
     let op_ref = unsafe { &mut *op };
-    let outcome = match reply.status {
-        ReplyStatus::Refused(refusal) => {
-            tracing::debug!(peer = %op_ref.peer, %refusal, "the owner refused a read");
-            Err(refusal.into())
-        }
-        ReplyStatus::Served if reply.length != op_ref.len as u64 || length != op_ref.len => {
-            Err(RdmaError::Backend(format!(
-                "ucx: {} answered {} bytes to a {}-byte read; refused",
-                op_ref.peer, length, op_ref.len
-            )))
-        }
-        ReplyStatus::Served if rendezvous => {
-            let worker = events.worker.get();
-            let Some(memh) = op_ref.memh.filter(|_| !worker.is_null()) else {
-                op_ref.finish(Err(RdmaError::ShuttingDown));
-                events.finished_reads.borrow_mut().push(op_ref.slot);
+    let outcome = if rendezvous {
+        let worker = events.worker.get();
+        let Some(memh) = op_ref.memh.filter(|_| !worker.is_null()) else {
+            events
+                .consumer
+                .borrow_mut()
+                .landed(read, Err(RdmaError::ShuttingDown));
+            return;
+        };
+        // SAFETY: inside the worker's progress; `data` is the rendezvous
+        // descriptor of exactly `op.len` bytes (checked by the machine);
+        // `[dest, dest + len)` was checked against the mapped region `memh`
+        // when the read was posted and is held (an unmap waits) until the
+        // loop sees this op finished; the slot outlives the receive.
+        let status = unsafe {
+            receive_rendezvous(
+                worker,
+                data,
+                op_ref.dest,
+                op_ref.len,
+                memh,
+                on_receive_done,
+                op.cast::<c_void>(),
+            )
+        };
+        match status {
+            PtrStatus::Pending(request) => {
+                op_ref.receive_request = request;
+                op_ref.phase = Phase::Receiving;
                 return;
-            };
-            // SAFETY: inside the worker's progress; `data` is the rendezvous
-            // descriptor of exactly `op.len` bytes (checked above);
-            // `[dest, dest + len)` was checked against the mapped region
-            // `memh` when the read was posted and is held (an unmap waits)
-            // until the loop sees this op finished; the slot outlives the
-            // receive.
-            let status = unsafe {
-                receive_rendezvous(
-                    worker,
-                    data,
-                    op_ref.dest,
-                    op_ref.len,
-                    memh,
-                    on_receive_done,
-                    op.cast::<c_void>(),
-                )
-            };
-            match status {
-                PtrStatus::Pending(request) => {
-                    op_ref.receive_request = request;
-                    op_ref.phase = Phase::Receiving;
-                    return;
-                }
-                PtrStatus::Done => Ok(()),
-                PtrStatus::Failed(status) => Err(failure(op_ref, events, status)),
             }
+            PtrStatus::Done => Ok(()),
+            PtrStatus::Failed(status) => Err(failure(op_ref, events, status)),
         }
-        ReplyStatus::Served => {
-            if length > 0 {
-                // SAFETY: eager data: `length` (== op.len) readable bytes at
-                // `data` for the handler's duration; the destination is
-                // checked and held as above, and nothing else writes it
-                // while the op waits for this reply.
-                unsafe { std::ptr::copy_nonoverlapping(data.cast::<u8>(), op_ref.dest, length) };
-            }
-            Ok(())
+    } else {
+        if length > 0 {
+            // SAFETY: eager data: `length` (== op.len) readable bytes at
+            // `data` for the handler's duration; the destination is checked
+            // and held as above, and nothing else writes it while the
+            // machine holds the read.
+            unsafe { std::ptr::copy_nonoverlapping(data.cast::<u8>(), op_ref.dest, length) };
         }
+        Ok(())
     };
-    op_ref.finish(outcome);
-    events.finished_reads.borrow_mut().push(op_ref.slot);
+    events.consumer.borrow_mut().landed(read, outcome);
 }
 
 /// UCX's handler for a read reply (`READ_REPLY_AM_ID`).
@@ -134,13 +142,26 @@ pub(super) unsafe extern "C" fn on_read_reply(
         // UCS_OK drops the message (for a rendezvous, UCX tells the sender).
         return sys::UCS_OK;
     };
-    if let Some(op) = take_awaiting(events, reply.request_id, arrived_on) {
-        // SAFETY: in the waiting table means active and awaiting its reply;
-        // removed above, so this is the only reply that reaches it.
-        unsafe { land_reply(events, op, reply, data, length, rendezvous) };
+    let reply = machine_reply(reply.request_id, reply.status, reply.length);
+    let verdict =
+        events
+            .consumer
+            .borrow_mut()
+            .handle_reply(arrived_on as usize, &reply, length as u64);
+    match verdict {
+        ReplyVerdict::Land(read) => {
+            if let Some(op) = events.op_of(read) {
+                // SAFETY: the machine holds the read, so its op is active;
+                // it just accepted this reply, the only one that reaches it.
+                unsafe { land_reply(events, read, op, data, length, rendezvous) };
+            }
+        }
+        ReplyVerdict::Drop(DropReason::WrongEndpoint) => events.dropped_message(),
+        // A reply nobody waits for any more (deadline, closed endpoint) is
+        // dropped; for a rendezvous, UCX tells the sender to stop.
+        ReplyVerdict::Drop(DropReason::NotAwaited) | ReplyVerdict::Refused(_) => {}
     }
-    // A reply nobody waits for any more (deadline, closed endpoint) is
-    // dropped; for a rendezvous, UCX tells the sender to stop.
+    events.give_answers();
     sys::UCS_OK
 }
 
@@ -191,29 +212,6 @@ pub(super) fn reply_endpoint(param: &sys::ucp_am_recv_param_t) -> sys::ucp_ep_h 
     }
 }
 
-/// Takes the read `request_id` out of the waiting table if its request went
-/// out on `arrived_on`. Only the owner the request went to can answer it:
-/// request ids are a counter, and another peer guessing one must not land
-/// its bytes in this read's destination.
-pub(super) fn take_awaiting(
-    events: &Events,
-    request_id: u64,
-    arrived_on: sys::ucp_ep_h,
-) -> Option<*mut GetOp> {
-    let mut awaiting = events.awaiting_replies.borrow_mut();
-    match awaiting.get(&request_id) {
-        // SAFETY: ops in the waiting table are active slots.
-        Some(&op) if !arrived_on.is_null() && unsafe { (*op).endpoint } == arrived_on => {
-            awaiting.remove(&request_id)
-        }
-        Some(_) => {
-            events.dropped_message();
-            None
-        }
-        None => None,
-    }
-}
-
 /// A rendezvous receive into a destination ended.
 pub(super) unsafe extern "C" fn on_receive_done(
     _request: *mut c_void,
@@ -233,8 +231,9 @@ pub(super) unsafe extern "C" fn on_receive_done(
     } else {
         Err(failure(op, events, status))
     };
-    op.finish(outcome);
-    events.finished_reads.borrow_mut().push(op.slot);
+    let read = op.read;
+    events.consumer.borrow_mut().landed(read, outcome);
+    events.give_answers();
 }
 
 /// A read request's send ended.

@@ -89,7 +89,7 @@ impl Engine {
         }
 
         self.events.tearing_down.set(true);
-        self.fail_all_awaiting(&RdmaError::ShuttingDown);
+        self.fail_all_awaiting();
         self.drain_events();
         self.close_all_endpoints();
         self.drain_events();

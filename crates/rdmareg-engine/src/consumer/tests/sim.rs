@@ -230,12 +230,11 @@ impl Sim {
         let length = 1 + self.rng.below(32);
         let timeout = Duration::from_millis(2 + self.rng.below(40));
         let receive_first = self.rng.chance(30);
-        let now = self.now();
+        let deadline = self.now() + timeout;
         let read = if receive_first {
-            self.consumer
-                .start_receiving(now, owner, length, timeout, ())
+            self.consumer.start_receiving(owner, length, deadline, ())
         } else {
-            self.consumer.start(now, owner, length, timeout, ())
+            self.consumer.start(owner, length, deadline, ())
         };
         self.summary.reads += 1;
         self.reads.insert(
