@@ -15,7 +15,9 @@
 //! - [`answers`]: a batch's answers as its entries finish;
 //! - [`deadlines`]: reads' deadlines, earliest first;
 //! - [`consumer`]: the consumer side of an owner-served read, as a state
-//!   machine with no I/O and no clock, checked by a seeded simulator.
+//!   machine with no I/O and no clock, checked by a seeded simulator;
+//! - [`served`]: the owner side — admission, read leases, unmaps that wait
+//!   for them — as a state machine of the same kind, with its simulator.
 //!
 //! A driver (the transport's crate) creates and progresses the transport's
 //! objects, and turns their completions into answers. This crate never
@@ -31,4 +33,5 @@ pub mod doorbell;
 pub mod front;
 pub mod lanes;
 pub mod lifecycle;
+pub mod served;
 pub mod thread;

@@ -1,0 +1,1085 @@
+//! The owner's side of a served read, as a state machine with no I/O and
+//! no clock: admission of each request against the live registrations,
+//! read leases, the per-endpoint bound of unfinished replies, and unmaps
+//! that wait for every lease.
+//!
+//! # Driving it
+//!
+//! The driver (the transport-specific engine) feeds [`Owner`] what
+//! happened and performs what [`Owner::poll_action`] returns, in order:
+//!
+//! 1. [`Owner::register`] after the transport registered a range,
+//!    [`Owner::unmap`] when a caller asks to unmap one.
+//! 2. [`Owner::handle_request`] (UCX bytes, see [`wire`](super::wire)) or
+//!    [`Owner::handle_read`] (a request the driver decoded itself) for
+//!    each request that arrived, with the endpoint to answer on.
+//! 3. Then [`Owner::poll_action`] until it returns `None`: an
+//!    [`Action::Serve`] is a send of the reply header and the payload
+//!    `[address, address + length)` of a registered region; an
+//!    [`Action::Refuse`] a send of a refusal header without payload; an
+//!    [`Action::Unmapped`] says no send reads the region any more, so the
+//!    driver deregisters it and answers every caller waiting on its unmap.
+//! 4. [`Owner::send_completed`] or [`Owner::send_failed`] when the
+//!    transport reports a send of step 3 ended, and not earlier: until
+//!    then the transport may still read the region.
+//! 5. [`Owner::endpoint_failed`] when an endpoint dies,
+//!    [`Owner::shutdown`] and then [`Owner::transport_closed`] at teardown.
+//!
+//! Endpoints are ids the driver chooses (`E`): an address, a counter, an
+//! entry of an address vector. The owner never reads a clock: nothing in
+//! the owner's rules depends on time.
+//!
+//! # Rules
+//!
+//! - **A request is served only if** it names a registration the owner
+//!   holds, proves it was given that registration's descriptor (its
+//!   16-byte capability), the registration is not being unmapped, and
+//!   `[address, address + length)` is non-empty and lies inside the range
+//!   that was registered. Anything else gets a typed [`Refusal`] and not
+//!   one byte: region ids, capabilities and addresses come from peers, and
+//!   the transports check nothing on these paths. The checks run in that
+//!   order, capability before state, so a peer without the capability
+//!   learns nothing about the registration.
+//! - **A served reply holds a read lease** on its region from the
+//!   [`Action::Serve`] until the driver reports the send's end. An unmap
+//!   marks the region unmapping at once (new reads are refused
+//!   [`Refusal::Deregistering`]) and is finished — [`Action::Unmapped`] —
+//!   only when the last lease ended, so the caller's permission to free
+//!   the memory comes only after the transport stopped reading it. Every
+//!   unmap submitted meanwhile joins the same wait; an unmap of an id the
+//!   owner does not hold is answered at once ([`UnmapStatus::NotRegistered`]).
+//! - **Region ids are the driver's and never reused by it**, and every
+//!   registration gets a fresh capability, so a descriptor of an earlier
+//!   registration names nothing; the owner refuses to register an id it
+//!   holds.
+//! - **An endpoint holds a bounded number of unfinished replies**
+//!   ([`OwnerConfig::max_replies_per_endpoint`]): a reply holds its lease
+//!   and its send until the consumer takes the bytes, and a consumer that
+//!   asks and never takes would otherwise grow the owner's sends, leases
+//!   and stalled unmaps without limit. A valid read past the bound is
+//!   refused [`Refusal::Busy`] (a transient error at the consumer). A read
+//!   that is wrong in itself is refused for that, whatever the load.
+//!   Refusals are bounded the same way, apart: past the bound a request is
+//!   dropped unanswered (its reader runs into its deadline), since a
+//!   consumer that does not take its refusals would otherwise grow them.
+//!   An endpoint's record is forgotten when both its counts are back at
+//!   zero, so the driver may give its id to a later endpoint.
+//! - **An endpoint's failure ends nothing by itself.** The transport still
+//!   reports each of its sends as ended (UCX and libfabric fail them), and
+//!   only that ends their leases; until then the owner drops the failed
+//!   endpoint's requests.
+//! - **Teardown.** [`Owner::shutdown`] marks every region unmapping (an
+//!   [`Action::Unmapped`] each once its leases ended) and refuses new
+//!   registrations; [`Action::Drained`] follows once no lease is held and
+//!   no region is left. [`Owner::transport_closed`] says the transport is
+//!   destroyed and no send of it will ever read again: every send ends
+//!   there, and later requests are dropped.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::hash::Hash;
+
+use rdmareg_core::RdmaError;
+
+use super::wire;
+
+/// A read as a consumer asks it: the fields every backend's request
+/// carries, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Read {
+    /// Chosen by the consumer; echoed in the answer.
+    pub request_id: u64,
+    /// The registration's id, from the consumer's descriptor.
+    pub region: u64,
+    /// The registration's capability, from the consumer's descriptor.
+    pub capability: [u8; 16],
+    /// First byte to read, as an address in the owner's process.
+    pub address: u64,
+    /// How many bytes.
+    pub length: u64,
+}
+
+/// Why an owner refused a read.
+///
+/// Each backend's wire format gives these its own codes
+/// ([`wire`](super::wire) has the UCX engine's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// No registration has that id: it was unmapped, or the descriptor is
+    /// of an earlier registration.
+    RegionUnknown,
+    /// The registration exists but the capability does not match it.
+    CapabilityMismatch,
+    /// The range is empty or not inside the registration.
+    OutOfRange,
+    /// The registration is being unmapped; it serves no new reads.
+    Deregistering,
+    /// The request could not be parsed.
+    Malformed,
+    /// The endpoint already has as many unfinished replies as the owner
+    /// allows; nothing is wrong with the read itself.
+    Busy,
+    /// A refusal code this build does not know (decoded from a peer of a
+    /// later release; never produced by [`Owner`]).
+    Unrecognized(u8),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::RegionUnknown => f.write_str("the region is not registered"),
+            Refusal::CapabilityMismatch => {
+                f.write_str("the capability does not match the registration")
+            }
+            Refusal::OutOfRange => f.write_str("the range lies outside the registration"),
+            Refusal::Deregistering => f.write_str("the region is being deregistered"),
+            Refusal::Malformed => f.write_str("the request could not be parsed"),
+            Refusal::Busy => f.write_str("the owner is busy with this consumer's replies"),
+            Refusal::Unrecognized(code) => write!(f, "refused with unknown code {code}"),
+        }
+    }
+}
+
+/// Names one send the owner asked for, until the driver reports its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SendId(pub u64);
+
+/// The bytes a served reply carries: `[address, address + length)` of the
+/// registration `region`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Payload {
+    /// The registration read from.
+    pub region: u64,
+    /// First byte, inside the registration.
+    pub address: u64,
+    /// Length, at least 1; the range ends inside the registration.
+    pub length: u64,
+}
+
+/// What the driver must do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action<E> {
+    /// Send a served reply for `request_id` on `endpoint`: the header and
+    /// then `payload`'s bytes, read from the registration while the send
+    /// runs. Report its end with `send`.
+    Serve {
+        /// Where the request came from.
+        endpoint: E,
+        /// The send's id.
+        send: SendId,
+        /// The request's id, echoed.
+        request_id: u64,
+        /// The bytes to send.
+        payload: Payload,
+    },
+    /// Send a refusal of `request_id` on `endpoint`, without payload.
+    /// Report its end with `send`.
+    Refuse {
+        /// Where the request came from.
+        endpoint: E,
+        /// The send's id.
+        send: SendId,
+        /// The request's id, echoed.
+        request_id: u64,
+        /// Why.
+        refusal: Refusal,
+    },
+    /// No send reads `region` any more and the owner forgot it: deregister
+    /// it with the transport and answer every caller of its unmap.
+    Unmapped {
+        /// The region.
+        region: u64,
+    },
+    /// After [`Owner::shutdown`]: no lease is held and every region was
+    /// unmapped.
+    Drained,
+}
+
+impl<E: Copy> Action<E> {
+    /// The UCX reply header of a [`Action::Serve`] or [`Action::Refuse`].
+    pub fn reply_header(&self) -> Option<[u8; wire::REPLY_LEN]> {
+        let reply = match *self {
+            Action::Serve {
+                request_id,
+                payload,
+                ..
+            } => wire::Reply {
+                request_id,
+                answer: Ok(payload.length),
+            },
+            Action::Refuse {
+                request_id,
+                refusal,
+                ..
+            } => wire::Reply {
+                request_id,
+                answer: Err(refusal),
+            },
+            _ => return None,
+        };
+        Some(reply.encode())
+    }
+}
+
+/// How the owner took an unmap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnmapStatus {
+    /// The owner holds no such region: answer the caller `Ok` now.
+    NotRegistered,
+    /// The region is unmapping; [`Action::Unmapped`] follows once its last
+    /// lease ended (at once if it holds none).
+    Waiting,
+}
+
+/// The owner's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnerConfig {
+    /// Most served replies one endpoint may have unfinished, and, counted
+    /// apart, most refusals (at least 1).
+    pub max_replies_per_endpoint: u32,
+}
+
+impl Default for OwnerConfig {
+    /// 4096, as the UCX engine's default.
+    fn default() -> Self {
+        OwnerConfig {
+            max_replies_per_endpoint: 4096,
+        }
+    }
+}
+
+/// What one endpoint has unfinished at the owner.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointLoad {
+    /// Served replies: each holds a read lease and a send.
+    pub served: u32,
+    /// Refusal sends.
+    pub refusals: u32,
+}
+
+#[derive(Debug)]
+struct Region {
+    capability: [u8; 16],
+    start: u64,
+    end: u64,
+    /// Served replies reading from the region whose send did not end.
+    leases: u32,
+    unmapping: bool,
+}
+
+#[derive(Debug, Default)]
+struct Endpoint {
+    load: EndpointLoad,
+    /// Failed: its requests are dropped until its sends ended.
+    failed: bool,
+}
+
+#[derive(Debug)]
+struct Send<E> {
+    endpoint: E,
+    /// The region a served reply reads from; `None` for a refusal.
+    lease: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Running,
+    ShuttingDown,
+    Closed,
+}
+
+/// Defects the engines once had, brought back on purpose so the simulator
+/// can show it finds them. Test builds only.
+#[cfg(test)]
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Defects {
+    /// Finish an unmap at once, whatever leases the region holds.
+    pub(crate) unmap_ignores_leases: bool,
+    /// Check only that a read starts inside its region, not that it ends
+    /// there.
+    pub(crate) range_end_unchecked: bool,
+    /// End a failed endpoint's leases at its failure, before the transport
+    /// reported its sends.
+    pub(crate) endpoint_failure_ends_leases: bool,
+}
+
+/// The owner side of served reads (module docs).
+#[derive(Debug)]
+pub struct Owner<E> {
+    bound: u32,
+    regions: BTreeMap<u64, Region>,
+    endpoints: HashMap<E, Endpoint>,
+    sends: BTreeMap<SendId, Send<E>>,
+    next_send: u64,
+    actions: VecDeque<Action<E>>,
+    stage: Stage,
+    leases: usize,
+    dropped: u64,
+    drained: bool,
+    #[cfg(test)]
+    pub(crate) defects: Defects,
+}
+
+impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
+    /// An owner with no registrations.
+    pub fn new(config: OwnerConfig) -> Self {
+        Owner {
+            bound: config.max_replies_per_endpoint.max(1),
+            regions: BTreeMap::new(),
+            endpoints: HashMap::new(),
+            sends: BTreeMap::new(),
+            next_send: 0,
+            actions: VecDeque::new(),
+            stage: Stage::Running,
+            leases: 0,
+            dropped: 0,
+            drained: false,
+            #[cfg(test)]
+            defects: Defects::default(),
+        }
+    }
+
+    /// Serves `[address, address + length)` as the registration `region`
+    /// with `capability` (16 random bytes the driver drew for it).
+    ///
+    /// # Errors
+    /// [`RdmaError::OutOfRange`] for an empty range or one that wraps;
+    /// [`RdmaError::Backend`] for an id the owner holds;
+    /// [`RdmaError::ShuttingDown`] after [`Owner::shutdown`].
+    pub fn register(
+        &mut self,
+        region: u64,
+        capability: [u8; 16],
+        address: u64,
+        length: u64,
+    ) -> Result<(), RdmaError> {
+        if self.stage != Stage::Running {
+            return Err(RdmaError::ShuttingDown);
+        }
+        let end = address
+            .checked_add(length)
+            .filter(|_| length > 0)
+            .ok_or(RdmaError::OutOfRange)?;
+        if self.regions.contains_key(&region) {
+            return Err(RdmaError::Backend(format!(
+                "region id {region} is already registered"
+            )));
+        }
+        self.regions.insert(
+            region,
+            Region {
+                capability,
+                start: address,
+                end,
+                leases: 0,
+                unmapping: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Starts the unmap of `region`: it serves no new read from now on, and
+    /// [`Action::Unmapped`] follows once its last lease ended.
+    pub fn unmap(&mut self, region: u64) -> UnmapStatus {
+        let Some(entry) = self.regions.get_mut(&region) else {
+            return UnmapStatus::NotRegistered;
+        };
+        entry.unmapping = true;
+        #[cfg(test)]
+        if self.defects.unmap_ignores_leases {
+            self.finish_unmap(region);
+            return UnmapStatus::Waiting;
+        }
+        if entry.leases == 0 {
+            self.finish_unmap(region);
+        } else {
+            tracing::debug!(
+                region,
+                leases = entry.leases,
+                "unmap waits for replies still sending from the region"
+            );
+        }
+        UnmapStatus::Waiting
+    }
+
+    /// A request arrived on `endpoint` as the UCX engine encodes it
+    /// ([`wire`](super::wire)); bytes that do not decode are refused
+    /// [`Refusal::Malformed`] under the id they seem to carry.
+    pub fn handle_request(&mut self, endpoint: E, bytes: &[u8]) {
+        match wire::decode_request(bytes) {
+            Ok(read) => self.handle_read(endpoint, read),
+            Err(err) => {
+                tracing::debug!(error = %err, "a malformed read request");
+                self.handle_malformed(endpoint, wire::request_id_of_malformed(bytes));
+            }
+        }
+    }
+
+    /// A decoded request arrived on `endpoint`: serve it or refuse it.
+    pub fn handle_read(&mut self, endpoint: E, read: Read) {
+        if !self.may_answer(endpoint) {
+            return;
+        }
+        match self.admit(endpoint, &read) {
+            Ok(payload) => {
+                let send = self.start_send(endpoint, Some(payload.region));
+                tracing::trace!(
+                    request = read.request_id,
+                    len = read.length,
+                    "serving a read"
+                );
+                self.actions.push_back(Action::Serve {
+                    endpoint,
+                    send,
+                    request_id: read.request_id,
+                    payload,
+                });
+            }
+            Err(refusal) => self.refuse(endpoint, read.request_id, refusal),
+        }
+    }
+
+    /// A request arrived on `endpoint` that the driver could not decode;
+    /// `request_id` is the id it seems to carry.
+    pub fn handle_malformed(&mut self, endpoint: E, request_id: u64) {
+        if self.may_answer(endpoint) {
+            self.refuse(endpoint, request_id, Refusal::Malformed);
+        }
+    }
+
+    /// The transport finished the send `send`. Returns whether the owner
+    /// knew it.
+    pub fn send_completed(&mut self, send: SendId) -> bool {
+        self.end_send(send)
+    }
+
+    /// The transport failed the send `send` and no longer reads its
+    /// payload. Returns whether the owner knew it.
+    pub fn send_failed(&mut self, send: SendId) -> bool {
+        self.end_send(send)
+    }
+
+    /// `endpoint` failed: its requests are dropped from now on, until the
+    /// transport reported each of its sends as ended.
+    pub fn endpoint_failed(&mut self, endpoint: E) {
+        let Some(entry) = self.endpoints.get_mut(&endpoint) else {
+            return;
+        };
+        entry.failed = true;
+        #[cfg(test)]
+        if self.defects.endpoint_failure_ends_leases {
+            let ids: Vec<SendId> = self
+                .sends
+                .iter()
+                .filter(|(_, send)| send.endpoint == endpoint)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in ids {
+                self.end_send(id);
+            }
+        }
+    }
+
+    /// Stops serving: every region turns unmapping, new registrations are
+    /// refused, and [`Action::Drained`] follows once no lease is held.
+    pub fn shutdown(&mut self) {
+        if self.stage != Stage::Running {
+            return;
+        }
+        self.stage = Stage::ShuttingDown;
+        let ids: Vec<u64> = self.regions.keys().copied().collect();
+        for id in ids {
+            self.unmap(id);
+        }
+        self.report_drained();
+    }
+
+    /// The transport is destroyed: no send of it reads any more, and none
+    /// will be reported. Every send ends here; requests are dropped from
+    /// now on.
+    pub fn transport_closed(&mut self) {
+        self.shutdown();
+        self.stage = Stage::Closed;
+        let ids: Vec<SendId> = self.sends.keys().copied().collect();
+        for id in ids {
+            self.end_send(id);
+        }
+        self.endpoints.clear();
+    }
+
+    /// The next thing to do, in order.
+    pub fn poll_action(&mut self) -> Option<Action<E>> {
+        self.actions.pop_front()
+    }
+
+    /// Served replies unfinished over every endpoint.
+    pub fn leases_in_flight(&self) -> usize {
+        self.leases
+    }
+
+    /// What `endpoint` has unfinished.
+    pub fn load(&self, endpoint: E) -> EndpointLoad {
+        self.endpoints
+            .get(&endpoint)
+            .map(|entry| entry.load)
+            .unwrap_or_default()
+    }
+
+    /// Endpoints with something unfinished (or failed and not yet
+    /// forgotten).
+    pub fn endpoints(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    /// The leases `region` holds, if the owner holds it.
+    pub fn region_leases(&self, region: u64) -> Option<u32> {
+        self.regions.get(&region).map(|entry| entry.leases)
+    }
+
+    /// Requests dropped unanswered: past an endpoint's refusal bound, from
+    /// a failed endpoint, or after the transport closed.
+    pub fn dropped_requests(&self) -> u64 {
+        self.dropped
+    }
+
+    fn may_answer(&mut self, endpoint: E) -> bool {
+        let failed = self.endpoints.get(&endpoint).is_some_and(|e| e.failed);
+        if self.stage == Stage::Closed || failed {
+            self.dropped += 1;
+            return false;
+        }
+        true
+    }
+
+    /// Checks `read` against the registrations and `endpoint`'s bound; on
+    /// success counts the reply and takes a lease.
+    fn admit(&mut self, endpoint: E, read: &Read) -> Result<Payload, Refusal> {
+        let region = self
+            .regions
+            .get_mut(&read.region)
+            .ok_or(Refusal::RegionUnknown)?;
+        if !capabilities_match(&region.capability, &read.capability) {
+            return Err(Refusal::CapabilityMismatch);
+        }
+        if region.unmapping {
+            return Err(Refusal::Deregistering);
+        }
+        let inside = read.length > 0
+            && read.address >= region.start
+            && read
+                .address
+                .checked_add(read.length)
+                .is_some_and(|end| end <= region.end);
+        #[cfg(test)]
+        let inside = inside
+            || (self.defects.range_end_unchecked
+                && read.length > 0
+                && read.address >= region.start
+                && read.address < region.end);
+        if !inside {
+            return Err(Refusal::OutOfRange);
+        }
+        let entry = self.endpoints.entry(endpoint).or_default();
+        if entry.load.served >= self.bound {
+            tracing::debug!(
+                bound = self.bound,
+                "an endpoint is at its bound of unfinished replies; refusing a read as busy"
+            );
+            return Err(Refusal::Busy);
+        }
+        entry.load.served += 1;
+        region.leases += 1;
+        self.leases += 1;
+        Ok(Payload {
+            region: read.region,
+            address: read.address,
+            length: read.length,
+        })
+    }
+
+    /// Sends a refusal of `request_id` on `endpoint`, or drops it past the
+    /// endpoint's refusal bound.
+    fn refuse(&mut self, endpoint: E, request_id: u64, refusal: Refusal) {
+        let entry = self.endpoints.entry(endpoint).or_default();
+        if entry.load.refusals >= self.bound {
+            tracing::debug!("an endpoint holds too many refusals; a request was dropped");
+            self.dropped += 1;
+            return;
+        }
+        entry.load.refusals += 1;
+        let send = self.start_send(endpoint, None);
+        tracing::debug!(request = request_id, %refusal, "refused a read");
+        self.actions.push_back(Action::Refuse {
+            endpoint,
+            send,
+            request_id,
+            refusal,
+        });
+    }
+
+    fn start_send(&mut self, endpoint: E, lease: Option<u64>) -> SendId {
+        let id = SendId(self.next_send);
+        self.next_send += 1;
+        self.sends.insert(id, Send { endpoint, lease });
+        id
+    }
+
+    /// A send ended: release what it counted, finish a waiting unmap.
+    fn end_send(&mut self, id: SendId) -> bool {
+        let Some(send) = self.sends.remove(&id) else {
+            return false;
+        };
+        if let Some(entry) = self.endpoints.get_mut(&send.endpoint) {
+            let load = &mut entry.load;
+            if send.lease.is_some() {
+                load.served = load.served.saturating_sub(1);
+            } else {
+                load.refusals = load.refusals.saturating_sub(1);
+            }
+            if *load == EndpointLoad::default() {
+                self.endpoints.remove(&send.endpoint);
+            }
+        }
+        if let Some(region) = send.lease {
+            self.leases -= 1;
+            if let Some(entry) = self.regions.get_mut(&region) {
+                entry.leases -= 1;
+                if entry.unmapping && entry.leases == 0 {
+                    self.finish_unmap(region);
+                }
+            }
+        }
+        true
+    }
+
+    fn finish_unmap(&mut self, region: u64) {
+        self.regions.remove(&region);
+        self.actions.push_back(Action::Unmapped { region });
+        self.report_drained();
+    }
+
+    fn report_drained(&mut self) {
+        if self.stage != Stage::Running
+            && !self.drained
+            && self.regions.is_empty()
+            && self.leases == 0
+        {
+            self.drained = true;
+            self.actions.push_back(Action::Drained);
+        }
+    }
+}
+
+/// Compares capabilities without an early exit, so the time to refuse does
+/// not tell a guessing peer how many leading bytes it got right.
+fn capabilities_match(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAP: [u8; 16] = [7; 16];
+    const BASE: u64 = 0x10_000;
+    const LEN: u64 = 0x1000;
+
+    fn owner(bound: u32) -> Owner<u64> {
+        let mut owner = Owner::new(OwnerConfig {
+            max_replies_per_endpoint: bound,
+        });
+        owner.register(3, CAP, BASE, LEN).unwrap();
+        owner
+    }
+
+    fn read(region: u64, capability: [u8; 16], address: u64, length: u64) -> Read {
+        Read {
+            request_id: 1,
+            region,
+            capability,
+            address,
+            length,
+        }
+    }
+
+    fn actions(owner: &mut Owner<u64>) -> Vec<Action<u64>> {
+        std::iter::from_fn(|| owner.poll_action()).collect()
+    }
+
+    /// The refusal `read` gets on endpoint 1, or `None` if it is served.
+    fn refusal_of(owner: &mut Owner<u64>, read: Read) -> Option<Refusal> {
+        owner.handle_read(1, read);
+        match actions(owner).as_slice() {
+            [Action::Refuse { refusal, .. }] => Some(*refusal),
+            [Action::Serve { .. }] => None,
+            other => panic!("one answer expected, got {other:?}"),
+        }
+    }
+
+    fn only_send(owner: &mut Owner<u64>) -> SendId {
+        match actions(owner).as_slice() {
+            [Action::Serve { send, .. } | Action::Refuse { send, .. }] => *send,
+            other => panic!("one send expected, got {other:?}"),
+        }
+    }
+
+    /// A read inside a live registration is served on the endpoint it came
+    /// from, with its id, its range, and a lease on the region.
+    #[test]
+    fn a_read_inside_a_live_region_is_served_under_a_lease() {
+        let mut owner = owner(4);
+        owner.handle_read(9, read(3, CAP, BASE + 16, 32));
+        let [
+            Action::Serve {
+                endpoint,
+                request_id,
+                payload,
+                ..
+            },
+        ] = actions(&mut owner)[..]
+        else {
+            panic!("not served");
+        };
+        assert_eq!((endpoint, request_id), (9, 1));
+        assert_eq!(
+            payload,
+            Payload {
+                region: 3,
+                address: BASE + 16,
+                length: 32
+            }
+        );
+        assert_eq!(owner.region_leases(3), Some(1));
+        assert_eq!(owner.load(9).served, 1);
+        assert_eq!(owner.leases_in_flight(), 1);
+    }
+
+    /// One byte past the end, an address before the start, an empty range
+    /// and a range that wraps are all out of range, and take no lease.
+    #[test]
+    fn a_read_past_the_region_end_is_refused() {
+        let mut owner = owner(16);
+        for (address, length) in [
+            (BASE, LEN + 1),
+            (BASE + LEN - 1, 2),
+            (BASE - 1, 1),
+            (BASE, 0),
+            (u64::MAX, 2),
+            (BASE + LEN, 1),
+        ] {
+            assert_eq!(
+                refusal_of(&mut owner, read(3, CAP, address, length)),
+                Some(Refusal::OutOfRange),
+                "{address:#x}+{length}"
+            );
+        }
+        assert_eq!(refusal_of(&mut owner, read(3, CAP, BASE, LEN)), None);
+        assert_eq!(owner.region_leases(3), Some(1));
+    }
+
+    /// A capability that differs in one byte is refused, before anything
+    /// about the region's state or range is said.
+    #[test]
+    fn a_forged_capability_is_refused() {
+        let mut owner = owner(4);
+        let mut forged = CAP;
+        forged[15] ^= 1;
+        assert_eq!(
+            refusal_of(&mut owner, read(3, forged, BASE, 1)),
+            Some(Refusal::CapabilityMismatch)
+        );
+        assert_eq!(
+            refusal_of(&mut owner, read(3, forged, 0, u64::MAX)),
+            Some(Refusal::CapabilityMismatch),
+            "the range of a forged read is not judged"
+        );
+        // An unmapping region: one lease keeps it waiting.
+        let mut owner = self::owner(4);
+        owner.handle_read(1, read(3, CAP, BASE, 1));
+        actions(&mut owner);
+        owner.unmap(3);
+        assert_eq!(
+            refusal_of(&mut owner, read(3, forged, BASE, 1)),
+            Some(Refusal::CapabilityMismatch),
+            "a forger does not learn the region is unmapping"
+        );
+        assert_eq!(owner.region_leases(3), Some(1));
+    }
+
+    /// An id the owner never held, and the id of a finished unmap, name
+    /// nothing; a later registration under another id with a fresh
+    /// capability does not answer the old descriptor either.
+    #[test]
+    fn a_reused_region_id_names_nothing() {
+        let mut owner = owner(4);
+        assert_eq!(
+            refusal_of(&mut owner, read(4, CAP, BASE, 1)),
+            Some(Refusal::RegionUnknown)
+        );
+        assert_eq!(owner.unmap(3), UnmapStatus::Waiting);
+        assert_eq!(actions(&mut owner), [Action::Unmapped { region: 3 }]);
+        assert_eq!(
+            refusal_of(&mut owner, read(3, CAP, BASE, 1)),
+            Some(Refusal::RegionUnknown)
+        );
+        // The same memory registered again: new id, new capability.
+        owner.register(5, [9; 16], BASE, LEN).unwrap();
+        assert_eq!(
+            refusal_of(&mut owner, read(3, CAP, BASE, 1)),
+            Some(Refusal::RegionUnknown)
+        );
+        assert_eq!(
+            refusal_of(&mut owner, read(5, CAP, BASE, 1)),
+            Some(Refusal::CapabilityMismatch)
+        );
+    }
+
+    /// An id the owner holds cannot be registered twice; bad ranges and
+    /// registrations after shutdown are typed errors.
+    #[test]
+    fn a_held_id_empty_range_or_shut_owner_refuses_a_register() {
+        let mut owner = owner(4);
+        assert!(matches!(
+            owner.register(3, CAP, 0x90_000, 1),
+            Err(RdmaError::Backend(_))
+        ));
+        assert_eq!(owner.register(4, CAP, BASE, 0), Err(RdmaError::OutOfRange));
+        assert_eq!(
+            owner.register(4, CAP, u64::MAX, 2),
+            Err(RdmaError::OutOfRange)
+        );
+        owner.shutdown();
+        assert_eq!(
+            owner.register(4, CAP, BASE, 1),
+            Err(RdmaError::ShuttingDown)
+        );
+    }
+
+    /// An unmap waits while a reply sends from the region, new reads are
+    /// refused meanwhile, and it finishes at the last lease's end — a
+    /// failed send ends a lease as a completed one does.
+    #[test]
+    fn an_unmap_waits_for_every_lease() {
+        let mut owner = owner(4);
+        owner.handle_read(1, read(3, CAP, BASE, 8));
+        let first = only_send(&mut owner);
+        owner.handle_read(2, read(3, CAP, BASE, 8));
+        let second = only_send(&mut owner);
+        assert_eq!(owner.unmap(3), UnmapStatus::Waiting);
+        assert_eq!(
+            owner.unmap(3),
+            UnmapStatus::Waiting,
+            "a second caller joins"
+        );
+        assert_eq!(
+            refusal_of(&mut owner, read(3, CAP, BASE, 8)),
+            Some(Refusal::Deregistering)
+        );
+        assert!(owner.send_completed(first));
+        assert_eq!(actions(&mut owner), [], "one lease is still held");
+        assert!(owner.send_failed(second));
+        assert_eq!(actions(&mut owner), [Action::Unmapped { region: 3 }]);
+        assert_eq!(owner.unmap(3), UnmapStatus::NotRegistered);
+        assert_eq!(owner.leases_in_flight(), 0);
+    }
+
+    /// A refusal's send holds no lease, so an unmap does not wait for it.
+    #[test]
+    fn an_unmap_does_not_wait_for_refusals() {
+        let mut owner = owner(4);
+        owner.handle_read(1, read(3, [0; 16], BASE, 8));
+        let _refusal = only_send(&mut owner);
+        owner.unmap(3);
+        assert_eq!(actions(&mut owner), [Action::Unmapped { region: 3 }]);
+    }
+
+    /// An endpoint at its bound of served replies gets busy refusals,
+    /// without a lease; another endpoint has its own bound; a wrong read
+    /// is refused for what is wrong with it, busy or not; an ended reply
+    /// frees its place.
+    #[test]
+    fn a_busy_connection_gets_busy_refusals() {
+        let mut owner = owner(2);
+        let ok = read(3, CAP, BASE, 16);
+        owner.handle_read(1, ok);
+        let first = only_send(&mut owner);
+        assert_eq!(refusal_of(&mut owner, ok), None);
+        assert_eq!(refusal_of(&mut owner, ok), Some(Refusal::Busy));
+        assert_eq!(owner.region_leases(3), Some(2), "no lease for busy");
+        assert_eq!(
+            refusal_of(&mut owner, read(3, [8; 16], BASE, 16)),
+            Some(Refusal::CapabilityMismatch)
+        );
+        owner.handle_read(2, ok);
+        assert!(matches!(
+            actions(&mut owner)[..],
+            [Action::Serve { endpoint: 2, .. }]
+        ));
+        owner.send_completed(first);
+        assert_eq!(refusal_of(&mut owner, ok), None, "the place is free again");
+    }
+
+    /// Past the refusal bound a request is dropped unanswered; refusals
+    /// do not use up served places, nor served replies refusal places.
+    #[test]
+    fn refusals_are_bounded_apart_from_served_replies() {
+        let mut owner = owner(2);
+        let forged = read(3, [0; 16], BASE, 1);
+        owner.handle_read(1, forged);
+        let first = only_send(&mut owner);
+        owner.handle_read(1, forged);
+        only_send(&mut owner);
+        owner.handle_read(1, forged);
+        assert_eq!(actions(&mut owner), [], "dropped past the bound");
+        assert_eq!(owner.dropped_requests(), 1);
+        assert_eq!(refusal_of(&mut owner, read(3, CAP, BASE, 1)), None);
+        assert_eq!(
+            owner.load(1),
+            EndpointLoad {
+                served: 1,
+                refusals: 2
+            }
+        );
+        owner.send_completed(first);
+        assert_eq!(
+            refusal_of(&mut owner, forged),
+            Some(Refusal::CapabilityMismatch)
+        );
+    }
+
+    /// Once both its counts are back at zero an endpoint is forgotten, so
+    /// its id may name a later endpoint.
+    #[test]
+    fn an_idle_endpoint_is_forgotten() {
+        let mut owner = owner(1);
+        owner.handle_read(1, read(3, CAP, BASE, 1));
+        let served = only_send(&mut owner);
+        owner.handle_read(1, read(9, CAP, BASE, 1));
+        let refused = only_send(&mut owner);
+        assert_eq!(owner.endpoints(), 1);
+        owner.send_completed(served);
+        owner.send_failed(refused);
+        assert_eq!(owner.endpoints(), 0);
+        assert!(!owner.send_completed(served), "a send ends once");
+    }
+
+    /// A failed endpoint's requests are dropped, but its leases end only
+    /// when the transport reports its sends, so an unmap keeps waiting.
+    #[test]
+    fn an_endpoint_failure_ends_no_lease_by_itself() {
+        let mut owner = owner(4);
+        owner.handle_read(1, read(3, CAP, BASE, 8));
+        let send = only_send(&mut owner);
+        owner.endpoint_failed(1);
+        owner.handle_read(1, read(3, CAP, BASE, 8));
+        assert_eq!(actions(&mut owner), [], "a failed endpoint is not answered");
+        owner.unmap(3);
+        assert_eq!(actions(&mut owner), []);
+        assert_eq!(owner.region_leases(3), Some(1));
+        owner.send_failed(send);
+        assert_eq!(actions(&mut owner), [Action::Unmapped { region: 3 }]);
+        assert_eq!(owner.endpoints(), 0, "forgotten once its sends ended");
+    }
+
+    /// A request that does not decode is refused as malformed under the id
+    /// it seems to carry; one that does is judged as a decoded one.
+    #[test]
+    fn a_malformed_request_is_refused_as_malformed() {
+        let mut owner = owner(4);
+        let mut bytes = wire::encode_request(&Read {
+            request_id: 42,
+            ..read(3, CAP, BASE, 1)
+        });
+        owner.handle_request(1, &bytes);
+        assert!(matches!(
+            actions(&mut owner)[..],
+            [Action::Serve { request_id: 42, .. }]
+        ));
+        bytes[1] = 1;
+        owner.handle_request(1, &bytes);
+        assert!(matches!(
+            actions(&mut owner)[..],
+            [Action::Refuse {
+                request_id: 42,
+                refusal: Refusal::Malformed,
+                ..
+            }]
+        ));
+        owner.handle_request(1, &bytes[..3]);
+        assert!(matches!(
+            actions(&mut owner)[..],
+            [Action::Refuse { request_id: 0, .. }]
+        ));
+    }
+
+    /// Shutdown unmaps every idle region at once and a leased one at its
+    /// last lease's end, then reports drained; closing the transport ends
+    /// every send and drops later requests.
+    #[test]
+    fn shutdown_unmaps_every_region_then_drains() {
+        let mut owner = owner(4);
+        owner.register(4, CAP, 0x90_000, 16).unwrap();
+        owner.handle_read(1, read(3, CAP, BASE, 8));
+        let send = only_send(&mut owner);
+        owner.shutdown();
+        assert_eq!(actions(&mut owner), [Action::Unmapped { region: 4 }]);
+        assert_eq!(
+            refusal_of(&mut owner, read(3, CAP, BASE, 8)),
+            Some(Refusal::Deregistering)
+        );
+        owner.send_completed(send);
+        assert_eq!(
+            actions(&mut owner),
+            [Action::Unmapped { region: 3 }, Action::Drained]
+        );
+        owner.transport_closed();
+        owner.handle_read(1, read(3, CAP, BASE, 8));
+        assert_eq!(actions(&mut owner), []);
+        assert_eq!(owner.endpoints(), 0);
+    }
+
+    /// Closing the transport while replies are in flight ends them all,
+    /// finishing the unmaps they held back.
+    #[test]
+    fn a_closed_transport_ends_every_send() {
+        let mut owner = owner(4);
+        owner.handle_read(1, read(3, CAP, BASE, 8));
+        only_send(&mut owner);
+        owner.handle_read(2, read(9, CAP, BASE, 8));
+        only_send(&mut owner);
+        owner.transport_closed();
+        assert_eq!(
+            actions(&mut owner),
+            [Action::Unmapped { region: 3 }, Action::Drained]
+        );
+        assert_eq!(owner.leases_in_flight(), 0);
+        assert_eq!(owner.endpoints(), 0);
+    }
+
+    /// The UCX reply header of each answer.
+    #[test]
+    fn an_answer_gives_its_ucx_reply_header() {
+        let mut owner = owner(4);
+        owner.handle_read(1, read(3, CAP, BASE, 8));
+        let serve = actions(&mut owner).remove(0);
+        let header = serve.reply_header().unwrap();
+        assert_eq!(
+            wire::Reply::decode(&header),
+            Ok(wire::Reply {
+                request_id: 1,
+                answer: Ok(8)
+            })
+        );
+        assert_eq!(Action::<u64>::Drained.reply_header(), None);
+    }
+
+    #[test]
+    fn capabilities_match_only_when_every_byte_does() {
+        let mut other = CAP;
+        assert!(capabilities_match(&CAP, &other));
+        other[0] ^= 0x80;
+        assert!(!capabilities_match(&CAP, &other));
+    }
+}

@@ -1,0 +1,341 @@
+//! The UCX engine's wire formats of a single served read: the request a
+//! consumer sends and the reply header an owner answers with.
+//!
+//! A copy of `rdmareg_ucx::read_protocol`'s request and reply, byte for
+//! byte, so an owner driven by [`Owner`](super::owner::Owner) stays
+//! compatible with today's UCX peers; the UCX crate moves onto this module
+//! when it becomes a driver. The libfabric engine's request carries the
+//! consumer's address and its refusals travel in the tag, so it decodes
+//! its own bytes into a [`Read`] and feeds [`Owner::handle_read`]
+//! directly: the state machine takes decoded requests, and this module is
+//! one decode step among possible others.
+//!
+//! # Formats
+//!
+//! Little-endian; a version byte first, and a version this build does not
+//! know is refused, never guessed at.
+//!
+//! **Request** (consumer → owner): `version = 1`, three zero bytes,
+//! `request_id: u64`, `region_id: u64`, `capability: [u8; 16]`,
+//! `address: u64`, `length: u64` — [`REQUEST_LEN`] bytes.
+//!
+//! **Reply** (owner → consumer; the bytes follow as payload when served):
+//! `version = 1`, `status: u8`, two zero bytes, `request_id: u64`,
+//! `length: u64` — [`REPLY_LEN`] bytes. Status `0` is served; the refusal
+//! codes are `1` region unknown, `2` capability mismatch, `3` out of
+//! range, `4` deregistering, `5` malformed request, `6` busy. Codes are
+//! only ever added; a refusal carries `length = 0`.
+//!
+//! Decoding never panics and refuses missing or trailing bytes: these come
+//! from peers.
+//!
+//! [`Owner::handle_read`]: super::owner::Owner::handle_read
+
+use std::fmt;
+
+use super::owner::{Read, Refusal};
+
+/// Length of an encoded request.
+pub const REQUEST_LEN: usize = 52;
+/// Length of an encoded reply header.
+pub const REPLY_LEN: usize = 20;
+
+const VERSION: u8 = 1;
+
+/// What is wrong with bytes that were meant to be a request or a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// The bytes are not as long as the format.
+    Length {
+        /// The format's length.
+        expected: usize,
+        /// What arrived.
+        actual: usize,
+    },
+    /// A version this build does not know.
+    Version(u8),
+    /// A reserved byte is not zero.
+    Reserved,
+    /// A refusal whose header claims a payload (refusals carry none).
+    RefusalWithPayload {
+        /// The refusal's status code.
+        status: u8,
+        /// The length it claims.
+        length: u64,
+    },
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::Length { expected, actual } => {
+                write!(f, "expected {expected} bytes, got {actual}")
+            }
+            ProtocolError::Version(version) => write!(f, "unknown version {version}"),
+            ProtocolError::Reserved => f.write_str("reserved bytes are not zero"),
+            ProtocolError::RefusalWithPayload { status, length } => write!(
+                f,
+                "a refusal (status {status}) claims a {length}-byte payload"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+/// The request's encoding.
+pub fn encode_request(read: &Read) -> [u8; REQUEST_LEN] {
+    let mut out = [0u8; REQUEST_LEN];
+    out[0] = VERSION;
+    out[4..12].copy_from_slice(&read.request_id.to_le_bytes());
+    out[12..20].copy_from_slice(&read.region.to_le_bytes());
+    out[20..36].copy_from_slice(&read.capability);
+    out[36..44].copy_from_slice(&read.address.to_le_bytes());
+    out[44..52].copy_from_slice(&read.length.to_le_bytes());
+    out
+}
+
+/// Decodes an untrusted request.
+///
+/// # Errors
+/// A wrong length, an unknown version or a non-zero reserved byte.
+pub fn decode_request(bytes: &[u8]) -> Result<Read, ProtocolError> {
+    let bytes: &[u8; REQUEST_LEN] = bytes.try_into().map_err(|_| ProtocolError::Length {
+        expected: REQUEST_LEN,
+        actual: bytes.len(),
+    })?;
+    if bytes[0] != VERSION {
+        return Err(ProtocolError::Version(bytes[0]));
+    }
+    if bytes[1..4] != [0, 0, 0] {
+        return Err(ProtocolError::Reserved);
+    }
+    let mut capability = [0u8; 16];
+    capability.copy_from_slice(&bytes[20..36]);
+    Ok(Read {
+        request_id: u64_at(bytes, 4),
+        region: u64_at(bytes, 12),
+        capability,
+        address: u64_at(bytes, 36),
+        length: u64_at(bytes, 44),
+    })
+}
+
+/// The request id a consumer most likely meant, read from bytes that did
+/// not decode as a request: a malformed request is refused under the id it
+/// seems to carry, so its consumer can fail the right read (`0` when the
+/// bytes are too short to carry one).
+pub fn request_id_of_malformed(bytes: &[u8]) -> u64 {
+    bytes
+        .get(4..12)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0)
+}
+
+/// A reply header: `Ok(length)` for `length` served bytes that follow, or
+/// the refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    /// The request's id.
+    pub request_id: u64,
+    /// The served length, or why the read was refused.
+    pub answer: Result<u64, Refusal>,
+}
+
+impl Reply {
+    /// The header's encoding.
+    pub fn encode(&self) -> [u8; REPLY_LEN] {
+        let (status, length) = match self.answer {
+            Ok(length) => (0, length),
+            Err(refusal) => (refusal_code(refusal), 0),
+        };
+        let mut out = [0u8; REPLY_LEN];
+        out[0] = VERSION;
+        out[1] = status;
+        out[4..12].copy_from_slice(&self.request_id.to_le_bytes());
+        out[12..20].copy_from_slice(&length.to_le_bytes());
+        out
+    }
+
+    /// Decodes an untrusted reply header. A status code this build does
+    /// not know decodes as [`Refusal::Unrecognized`].
+    ///
+    /// # Errors
+    /// A wrong length or version, a non-zero reserved byte, or a refusal
+    /// that claims a payload.
+    pub fn decode(bytes: &[u8]) -> Result<Reply, ProtocolError> {
+        let bytes: &[u8; REPLY_LEN] = bytes.try_into().map_err(|_| ProtocolError::Length {
+            expected: REPLY_LEN,
+            actual: bytes.len(),
+        })?;
+        if bytes[0] != VERSION {
+            return Err(ProtocolError::Version(bytes[0]));
+        }
+        if bytes[2..4] != [0, 0] {
+            return Err(ProtocolError::Reserved);
+        }
+        let length = u64_at(bytes, 12);
+        let answer = match bytes[1] {
+            0 => Ok(length),
+            status if length != 0 => {
+                return Err(ProtocolError::RefusalWithPayload { status, length });
+            }
+            status => Err(refusal_of_code(status)),
+        };
+        Ok(Reply {
+            request_id: u64_at(bytes, 4),
+            answer,
+        })
+    }
+}
+
+/// The status code of a refusal this build assigns; a hand-made
+/// [`Refusal::Unrecognized`] of an assigned code (or of `0`) encodes as
+/// malformed, so it cannot pass for a served reply or another refusal.
+fn refusal_code(refusal: Refusal) -> u8 {
+    match refusal {
+        Refusal::RegionUnknown => 1,
+        Refusal::CapabilityMismatch => 2,
+        Refusal::OutOfRange => 3,
+        Refusal::Deregistering => 4,
+        Refusal::Malformed => MALFORMED,
+        Refusal::Busy => 6,
+        Refusal::Unrecognized(code) if code > LAST_ASSIGNED => code,
+        Refusal::Unrecognized(_) => MALFORMED,
+    }
+}
+
+const MALFORMED: u8 = 5;
+const LAST_ASSIGNED: u8 = 6;
+
+fn refusal_of_code(code: u8) -> Refusal {
+    match code {
+        1 => Refusal::RegionUnknown,
+        2 => Refusal::CapabilityMismatch,
+        3 => Refusal::OutOfRange,
+        4 => Refusal::Deregistering,
+        MALFORMED => Refusal::Malformed,
+        6 => Refusal::Busy,
+        other => Refusal::Unrecognized(other),
+    }
+}
+
+fn u64_at<const N: usize>(bytes: &[u8; N], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn every_refusal_survives_the_wire() {
+        for refusal in [
+            Refusal::RegionUnknown,
+            Refusal::CapabilityMismatch,
+            Refusal::OutOfRange,
+            Refusal::Deregistering,
+            Refusal::Malformed,
+            Refusal::Busy,
+            Refusal::Unrecognized(LAST_ASSIGNED + 1),
+        ] {
+            let reply = Reply {
+                request_id: 9,
+                answer: Err(refusal),
+            };
+            assert_eq!(Reply::decode(&reply.encode()), Ok(reply));
+        }
+    }
+
+    #[test]
+    fn the_reply_bytes_match_the_ucx_engines() {
+        // Status 6 is busy, as `rdmareg_ucx::read_protocol` assigns it.
+        let busy = Reply {
+            request_id: 0x0102,
+            answer: Err(Refusal::Busy),
+        }
+        .encode();
+        assert_eq!(busy[..4], [1, 6, 0, 0]);
+        assert_eq!(busy[4..12], 0x0102u64.to_le_bytes());
+        let served = Reply {
+            request_id: 3,
+            answer: Ok(4096),
+        }
+        .encode();
+        assert_eq!(served[1], 0);
+        assert_eq!(served[12..20], 4096u64.to_le_bytes());
+    }
+
+    #[test]
+    fn a_hand_made_unrecognized_refusal_encodes_as_malformed() {
+        for code in 0..=LAST_ASSIGNED {
+            let reply = Reply {
+                request_id: 1,
+                answer: Err(Refusal::Unrecognized(code)),
+            };
+            assert_eq!(reply.encode()[1], MALFORMED, "code {code}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_that_claims_a_payload_is_malformed() {
+        let mut bytes = Reply {
+            request_id: 4,
+            answer: Ok(4096),
+        }
+        .encode();
+        bytes[1] = 3;
+        assert_eq!(
+            Reply::decode(&bytes),
+            Err(ProtocolError::RefusalWithPayload {
+                status: 3,
+                length: 4096
+            })
+        );
+    }
+
+    #[test]
+    fn a_malformed_request_is_refused_under_the_id_it_seems_to_carry() {
+        let mut bytes = encode_request(&Read {
+            request_id: 77,
+            region: 1,
+            capability: [0; 16],
+            address: 0,
+            length: 1,
+        });
+        bytes[0] = 9;
+        assert_eq!(decode_request(&bytes), Err(ProtocolError::Version(9)));
+        assert_eq!(request_id_of_malformed(&bytes), 77);
+        assert_eq!(request_id_of_malformed(&bytes[..7]), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip(request_id: u64, region: u64, capability: [u8; 16], address: u64, length: u64) {
+            let read = Read { request_id, region, capability, address, length };
+            prop_assert_eq!(decode_request(&encode_request(&read)), Ok(read));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_a_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let _ = decode_request(&bytes);
+            let _ = Reply::decode(&bytes);
+            let _ = request_id_of_malformed(&bytes);
+        }
+
+        #[test]
+        fn every_truncation_of_a_request_is_refused(cut in 0usize..REQUEST_LEN) {
+            let read = Read { request_id: 1, region: 2, capability: [3; 16], address: 4, length: 5 };
+            let is_length_error = matches!(
+                decode_request(&encode_request(&read)[..cut]),
+                Err(ProtocolError::Length { .. })
+            );
+            prop_assert!(is_length_error);
+        }
+    }
+}
