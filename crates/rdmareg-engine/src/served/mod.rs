@@ -18,6 +18,9 @@
 pub mod owner;
 pub mod wire;
 
+#[cfg(test)]
+mod sim;
+
 pub use owner::{
     Action, EndpointLoad, Owner, OwnerConfig, Payload, Read, Refusal, SendId, UnmapStatus,
 };

@@ -10,7 +10,7 @@
 //!
 //! 1. [`Owner::register`] after the transport registered a range,
 //!    [`Owner::unmap`] when a caller asks to unmap one.
-//! 2. [`Owner::handle_request`] (UCX bytes, see [`wire`](super::wire)) or
+//! 2. [`Owner::handle_request`] (UCX bytes, see [`wire`]) or
 //!    [`Owner::handle_read`] (a request the driver decoded itself) for
 //!    each request that arrived, with the endpoint to answer on.
 //! 3. Then [`Owner::poll_action`] until it returns `None`: an
@@ -102,7 +102,7 @@ pub struct Read {
 /// Why an owner refused a read.
 ///
 /// Each backend's wire format gives these its own codes
-/// ([`wire`](super::wire) has the UCX engine's).
+/// ([`wire`] has the UCX engine's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Refusal {
@@ -405,7 +405,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     }
 
     /// A request arrived on `endpoint` as the UCX engine encodes it
-    /// ([`wire`](super::wire)); bytes that do not decode are refused
+    /// ([`wire`]); bytes that do not decode are refused
     /// [`Refusal::Malformed`] under the id they seem to carry.
     pub fn handle_request(&mut self, endpoint: E, bytes: &[u8]) {
         match wire::decode_request(bytes) {

@@ -1,0 +1,1015 @@
+//! A deterministic simulator of one owner, its consumers' endpoints and
+//! its transport, driven by one `u64` seed.
+//!
+//! The scheduler picks, step by step, among: honest requests (from the
+//! descriptors consumers were given, stale ones included), hostile ones
+//! (forged capability, out of range, past the end, empty, wrapping,
+//! unknown id, bytes that do not decode, duplicates of earlier requests),
+//! delivering requests in any order, send completions and failures in any
+//! order, endpoint failures, registrations, unmaps mid-read, the owner
+//! rewriting memory whose unmap finished, shutdown and the transport's
+//! close.
+//!
+//! Memory is simulated: a few slots of bytes, each with a version that
+//! changes when the owner rewrites a slot no registration covers. The
+//! transport holds a served reply's source until the send ends, and
+//! copies the bytes at that moment — the latest a real transport may read
+//! them.
+//!
+//! # Invariants, checked after every step
+//!
+//! 1. No payload is read from a region after its unmap was answered, and a
+//!    delivered payload holds the bytes of the registration it was served
+//!    from.
+//! 2. An unmap is answered only when the transport holds no send from the
+//!    region, and only for a region being unmapped.
+//! 3. Each delivered request gets at most one answer, on the endpoint it
+//!    came from, with its id, and exactly the one an independent model of
+//!    the rules predicts (served, a given refusal, or dropped): so a
+//!    forged, stale or out-of-range request never gets payload.
+//! 4. Per endpoint, the transport never holds more served replies, nor
+//!    more refusals, than the bound; the owner's lease count is the
+//!    transport's count of served sends.
+//! 5. At the end, with every send ended, every unmap was answered, the
+//!    owner holds no lease and no endpoint, and shutdown drains.
+//!
+//! A violation names its seed and step; [`run`] replays a seed exactly,
+//! and `SIM_SEED=<seed> cargo test -p rdmareg-engine --lib replay_a_seed`
+//! prints its last steps.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::Write as _;
+
+use rdmareg_core::RdmaError;
+
+use super::owner::{
+    Action, Defects, Owner, OwnerConfig, Payload, Read, Refusal, SendId, UnmapStatus,
+};
+use super::wire;
+
+/// splitmix64: small, fast, and the same sequence on every platform.
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+
+    /// Uniform in `0..n` (`n > 0`); the bias of a modulo is irrelevant here.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    fn index(&mut self, len: usize) -> usize {
+        self.below(len as u64) as usize
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn capability(&mut self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.next_u64().to_le_bytes());
+        out[8..].copy_from_slice(&self.next_u64().to_le_bytes());
+        out
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Steps of the random phase of one run.
+pub(crate) const STEPS: u32 = 200;
+const SLOTS: u64 = 4;
+const SLOT_STRIDE: u64 = 0x1_0000;
+
+/// A slot of simulated memory.
+#[derive(Debug)]
+struct Slot {
+    base: u64,
+    bytes: Vec<u8>,
+    version: u64,
+    /// The registration covering it (live or unmapping).
+    region: Option<u64>,
+}
+
+/// The bytes `from..from + len` of `slot` as written at `version`.
+fn content(slot: u64, version: u64, from: u64, len: u64) -> Vec<u8> {
+    (from..from + len)
+        .map(|i| mix(slot << 48 ^ version << 24 ^ i) as u8)
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RegionState {
+    Live,
+    Unmapping,
+    /// The unmap was answered: the memory is the caller's again.
+    Unmapped,
+}
+
+#[derive(Debug)]
+struct SimRegion {
+    slot: usize,
+    capability: [u8; 16],
+    base: u64,
+    len: u64,
+    /// The slot's version while registered.
+    version: u64,
+    state: RegionState,
+}
+
+/// A request on the network.
+#[derive(Debug, Clone)]
+struct Message {
+    endpoint: u64,
+    bytes: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    endpoint: u64,
+    /// The region a served reply reads from.
+    payload: Option<Payload>,
+}
+
+/// What the model says the owner must do with a delivered request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Serve,
+    Refuse(Refusal),
+    Drop,
+}
+
+/// A failed run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Violation {
+    pub(crate) seed: u64,
+    pub(crate) step: u32,
+    pub(crate) message: String,
+}
+
+/// What a clean run did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Stats {
+    pub(crate) served: u64,
+    pub(crate) delivered_bytes: u64,
+    pub(crate) refused: u64,
+    pub(crate) dropped: u64,
+    pub(crate) unmaps_answered: u64,
+    pub(crate) unmaps_waited: u64,
+}
+
+struct Sim {
+    step: u32,
+    rng: Rng,
+    bound: u32,
+    owner: Owner<u64>,
+    slots: Vec<Slot>,
+    regions: BTreeMap<u64, SimRegion>,
+    next_region: u64,
+    /// Every descriptor ever handed out: consumers keep stale ones.
+    descriptors: Vec<u64>,
+    endpoints: Vec<u64>,
+    failed: BTreeSet<u64>,
+    /// Failed endpoints with sends the transport has not ended: the owner
+    /// drops their requests.
+    dropping: BTreeSet<u64>,
+    next_endpoint: u64,
+    next_request: u64,
+    network: Vec<Message>,
+    sent: Vec<Message>,
+    transport: BTreeMap<SendId, InFlight>,
+    shut_down: bool,
+    closed: bool,
+    drained: bool,
+    stats: Stats,
+    log: Option<VecDeque<String>>,
+}
+
+type Checked = Result<(), String>;
+
+impl Sim {
+    fn new(seed: u64, defects: Defects, verbose: bool) -> Sim {
+        let mut rng = Rng::new(seed);
+        let bound = 1 + rng.below(4) as u32;
+        let mut owner = Owner::new(OwnerConfig {
+            max_replies_per_endpoint: bound,
+        });
+        owner.defects = defects;
+        let slots = (0..SLOTS)
+            .map(|slot| {
+                let len = 1 + rng.below(64) as usize;
+                Slot {
+                    base: SLOT_STRIDE * (slot + 1),
+                    bytes: content(slot, 0, 0, len as u64),
+                    version: 0,
+                    region: None,
+                }
+            })
+            .collect();
+        Sim {
+            step: 0,
+            rng,
+            bound,
+            owner,
+            slots,
+            regions: BTreeMap::new(),
+            next_region: 1,
+            descriptors: Vec::new(),
+            endpoints: vec![1, 2, 3],
+            failed: BTreeSet::new(),
+            dropping: BTreeSet::new(),
+            next_endpoint: 4,
+            next_request: 1,
+            network: Vec::new(),
+            sent: Vec::new(),
+            transport: BTreeMap::new(),
+            shut_down: false,
+            closed: false,
+            drained: false,
+            stats: Stats::default(),
+            log: verbose.then(VecDeque::new),
+        }
+    }
+
+    fn note(&mut self, text: impl FnOnce() -> String) {
+        if let Some(log) = &mut self.log {
+            if log.len() == 40 {
+                log.pop_front();
+            }
+            log.push_back(format!("step {}: {}", self.step, text()));
+        }
+    }
+
+    fn run(&mut self) -> Checked {
+        for step in 0..STEPS {
+            self.step = step;
+            self.random_step()?;
+            self.check_counts()?;
+            if self.closed {
+                break;
+            }
+        }
+        self.step = STEPS;
+        self.finish()
+    }
+
+    fn random_step(&mut self) -> Checked {
+        match self.rng.below(100) {
+            0..=19 => self.honest_request(),
+            20..=27 => self.hostile_request(),
+            28..=45 => self.deliver(),
+            46..=47 => self.duplicate(),
+            48..=69 => self.end_send(true),
+            70..=73 => self.end_send(false),
+            74..=75 => self.fail_endpoint(),
+            76..=83 => self.register(),
+            84..=91 => self.unmap(),
+            92..=97 => self.rewrite(),
+            98 if self.rng.chance(20) => self.shutdown(),
+            99 if self.shut_down && self.rng.chance(30) => self.close_transport(),
+            _ => Ok(()),
+        }
+    }
+
+    fn fresh_request_id(&mut self) -> u64 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    fn live_endpoint(&mut self) -> u64 {
+        if self.endpoints.is_empty() {
+            self.endpoints.push(self.next_endpoint);
+            self.next_endpoint += 1;
+        }
+        self.endpoints[self.rng.index(self.endpoints.len())]
+    }
+
+    fn send(&mut self, endpoint: u64, bytes: Vec<u8>) {
+        self.network.push(Message { endpoint, bytes });
+    }
+
+    /// A read inside a descriptor the consumers were given, live or not.
+    fn honest_request(&mut self) -> Checked {
+        if self.descriptors.is_empty() {
+            return Ok(());
+        }
+        let live: Vec<u64> = self
+            .regions
+            .iter()
+            .filter(|(_, r)| r.state == RegionState::Live)
+            .map(|(&id, _)| id)
+            .collect();
+        let id = if !live.is_empty() && self.rng.chance(85) {
+            live[self.rng.index(live.len())]
+        } else {
+            self.descriptors[self.rng.index(self.descriptors.len())]
+        };
+        let region = &self.regions[&id];
+        let (base, len, capability) = (region.base, region.len, region.capability);
+        let offset = self.rng.below(len);
+        let length = 1 + self.rng.below(len - offset);
+        let read = Read {
+            request_id: self.fresh_request_id(),
+            region: id,
+            capability,
+            address: base + offset,
+            length,
+        };
+        let endpoint = self.live_endpoint();
+        self.send(endpoint, wire::encode_request(&read).to_vec());
+        Ok(())
+    }
+
+    fn hostile_request(&mut self) -> Checked {
+        let endpoint = self.live_endpoint();
+        let request_id = self.fresh_request_id();
+        let Some(&id) = self
+            .descriptors
+            .get(self.rng.index(self.descriptors.len().max(1)))
+        else {
+            self.send(endpoint, vec![1, 2, 3]);
+            return Ok(());
+        };
+        let region = &self.regions[&id];
+        let (base, len, capability) = (region.base, region.len, region.capability);
+        let honest = Read {
+            request_id,
+            region: id,
+            capability,
+            address: base,
+            length: len,
+        };
+        let read = match self.rng.below(8) {
+            0 => {
+                let mut forged = capability;
+                forged[self.rng.index(16)] ^= 1 << self.rng.below(8);
+                Read {
+                    capability: forged,
+                    ..honest
+                }
+            }
+            1 => Read {
+                address: base + self.rng.below(len),
+                length: len + 1 + self.rng.below(16),
+                ..honest
+            },
+            2 => Read {
+                address: base.wrapping_sub(1 + self.rng.below(16)),
+                length: 1 + self.rng.below(len),
+                ..honest
+            },
+            3 => Read {
+                length: 0,
+                ..honest
+            },
+            4 => Read {
+                address: u64::MAX - self.rng.below(4),
+                length: 2 + self.rng.below(8),
+                ..honest
+            },
+            5 => Read {
+                region: self.next_region + self.rng.below(3),
+                ..honest
+            },
+            6 => Read {
+                address: base + len,
+                length: 1,
+                ..honest
+            },
+            _ => {
+                let mut bytes = wire::encode_request(&honest).to_vec();
+                match self.rng.below(3) {
+                    0 => bytes.truncate(self.rng.index(bytes.len())),
+                    1 => bytes[1 + self.rng.index(3)] = 1,
+                    _ => bytes.push(0),
+                }
+                self.send(endpoint, bytes);
+                return Ok(());
+            }
+        };
+        self.send(endpoint, wire::encode_request(&read).to_vec());
+        Ok(())
+    }
+
+    /// A request sent earlier arrives again.
+    fn duplicate(&mut self) -> Checked {
+        if !self.sent.is_empty() {
+            let message = self.sent[self.rng.index(self.sent.len())].clone();
+            self.network.push(message);
+        }
+        Ok(())
+    }
+
+    /// The model: what the owner must do with `bytes` from `endpoint`.
+    fn expect(&self, endpoint: u64, bytes: &[u8]) -> (u64, Expect) {
+        let (mut served, mut refusals) = (0, 0);
+        for send in self.transport.values().filter(|s| s.endpoint == endpoint) {
+            if send.payload.is_some() {
+                served += 1;
+            } else {
+                refusals += 1;
+            }
+        }
+        let (request_id, verdict) = match wire::decode_request(bytes) {
+            Err(_) => (
+                wire::request_id_of_malformed(bytes),
+                Err(Refusal::Malformed),
+            ),
+            Ok(read) => (read.request_id, self.verdict(&read, served)),
+        };
+        let expect = match verdict {
+            _ if self.closed || self.dropping.contains(&endpoint) => Expect::Drop,
+            Ok(()) => Expect::Serve,
+            Err(_) if refusals >= self.bound as usize => Expect::Drop,
+            Err(refusal) => Expect::Refuse(refusal),
+        };
+        (request_id, expect)
+    }
+
+    fn verdict(&self, read: &Read, served_pending: usize) -> Result<(), Refusal> {
+        let region = self
+            .regions
+            .get(&read.region)
+            .filter(|r| r.state != RegionState::Unmapped)
+            .ok_or(Refusal::RegionUnknown)?;
+        if region.capability != read.capability {
+            return Err(Refusal::CapabilityMismatch);
+        }
+        if region.state == RegionState::Unmapping {
+            return Err(Refusal::Deregistering);
+        }
+        let (start, end) = (
+            u128::from(read.address),
+            u128::from(read.address) + u128::from(read.length),
+        );
+        let inside = read.length > 0
+            && start >= u128::from(region.base)
+            && end <= u128::from(region.base) + u128::from(region.len);
+        if !inside {
+            return Err(Refusal::OutOfRange);
+        }
+        if served_pending >= self.bound as usize {
+            return Err(Refusal::Busy);
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self) -> Checked {
+        if self.network.is_empty() {
+            return Ok(());
+        }
+        let message = self.network.swap_remove(self.rng.index(self.network.len()));
+        let (request_id, expect) = self.expect(message.endpoint, &message.bytes);
+        self.note(|| format!("deliver from {}: expect {expect:?}", message.endpoint));
+        self.owner.handle_request(message.endpoint, &message.bytes);
+        let mut answers = 0;
+        while let Some(action) = self.owner.poll_action() {
+            answers += 1;
+            if answers > 1 {
+                return Err(format!("a second answer to one request: {action:?}"));
+            }
+            let (endpoint, send, id, got, payload) = match action {
+                Action::Serve {
+                    endpoint,
+                    send,
+                    request_id,
+                    payload,
+                } => (endpoint, send, request_id, Expect::Serve, Some(payload)),
+                Action::Refuse {
+                    endpoint,
+                    send,
+                    request_id,
+                    refusal,
+                } => (endpoint, send, request_id, Expect::Refuse(refusal), None),
+                other => return Err(format!("{other:?} in answer to a request")),
+            };
+            if endpoint != message.endpoint {
+                return Err(format!(
+                    "a request from endpoint {} answered on {endpoint}",
+                    message.endpoint
+                ));
+            }
+            if id != request_id {
+                return Err(format!("request {request_id} answered as {id}"));
+            }
+            if got != expect {
+                return Err(format!(
+                    "request {request_id} from {endpoint}: expected {expect:?}, the owner chose {got:?} ({payload:?})"
+                ));
+            }
+            if let Some(payload) = payload {
+                let read = wire::decode_request(&message.bytes).map_err(|e| e.to_string())?;
+                if (payload.region, payload.address, payload.length)
+                    != (read.region, read.address, read.length)
+                {
+                    return Err(format!("served {payload:?} for {read:?}"));
+                }
+                self.stats.served += 1;
+            } else {
+                self.stats.refused += 1;
+            }
+            self.transport.insert(send, InFlight { endpoint, payload });
+        }
+        if answers == 0 {
+            if expect != Expect::Drop {
+                return Err(format!(
+                    "request {request_id} from {}: expected {expect:?}, the owner dropped it",
+                    message.endpoint
+                ));
+            }
+            self.stats.dropped += 1;
+        }
+        self.sent.push(message);
+        if self.sent.len() > 64 {
+            self.sent.swap_remove(0);
+        }
+        Ok(())
+    }
+
+    /// The transport ends a send: it reads the source one last time (a
+    /// completion delivers the bytes), then the owner hears of it.
+    fn end_send(&mut self, complete: bool) -> Checked {
+        if self.transport.is_empty() {
+            return Ok(());
+        }
+        let nth = self.rng.index(self.transport.len());
+        let Some(&send) = self.transport.keys().nth(nth) else {
+            return Ok(());
+        };
+        self.end_one(send, complete)
+    }
+
+    fn end_one(&mut self, send: SendId, complete: bool) -> Checked {
+        let Some(in_flight) = self.transport.remove(&send) else {
+            return Ok(());
+        };
+        // A send to a failed endpoint only fails.
+        let complete = complete && !self.failed.contains(&in_flight.endpoint);
+        if let Some(payload) = in_flight.payload {
+            let bytes = self.read_source(payload)?;
+            if complete {
+                self.stats.delivered_bytes += bytes.len() as u64;
+            }
+        }
+        self.note(|| format!("send {send:?} ends (completed: {complete})"));
+        if !self
+            .transport
+            .values()
+            .any(|s| s.endpoint == in_flight.endpoint)
+        {
+            self.dropping.remove(&in_flight.endpoint);
+        }
+        let known = if complete {
+            self.owner.send_completed(send)
+        } else {
+            self.owner.send_failed(send)
+        };
+        if !known {
+            return Err(format!("the owner did not know its send {send:?}"));
+        }
+        self.take_unmaps()
+    }
+
+    /// What the transport reads for `payload`, checked against the
+    /// registration it was served from.
+    fn read_source(&self, payload: Payload) -> Result<Vec<u8>, String> {
+        let region = self
+            .regions
+            .get(&payload.region)
+            .ok_or_else(|| format!("{payload:?} names no region the consumers knew"))?;
+        if region.state == RegionState::Unmapped {
+            return Err(format!(
+                "the transport reads region {} after its unmap was answered",
+                payload.region
+            ));
+        }
+        let slot = &self.slots[region.slot];
+        let offset = payload.address.wrapping_sub(slot.base);
+        let end = offset.checked_add(payload.length);
+        let bytes = match end {
+            Some(end) if payload.address >= region.base && end <= region.len => {
+                slot.bytes[offset as usize..end as usize].to_vec()
+            }
+            _ => {
+                return Err(format!(
+                    "{payload:?} reads outside region {} ({:#x}+{})",
+                    payload.region, region.base, region.len
+                ));
+            }
+        };
+        if bytes != content(region.slot as u64, region.version, offset, payload.length) {
+            return Err(format!(
+                "region {} holds bytes of another version than its registration's",
+                payload.region
+            ));
+        }
+        Ok(bytes)
+    }
+
+    fn fail_endpoint(&mut self) -> Checked {
+        if self.endpoints.is_empty() {
+            return Ok(());
+        }
+        let endpoint = self
+            .endpoints
+            .swap_remove(self.rng.index(self.endpoints.len()));
+        self.failed.insert(endpoint);
+        if self.transport.values().any(|s| s.endpoint == endpoint) {
+            self.dropping.insert(endpoint);
+        }
+        self.note(|| format!("endpoint {endpoint} fails"));
+        self.owner.endpoint_failed(endpoint);
+        self.endpoints.push(self.next_endpoint);
+        self.next_endpoint += 1;
+        self.take_unmaps()
+    }
+
+    fn register(&mut self) -> Checked {
+        let free: Vec<usize> = (0..self.slots.len())
+            .filter(|&s| self.slots[s].region.is_none())
+            .collect();
+        if free.is_empty() {
+            return Ok(());
+        }
+        let slot = free[self.rng.index(free.len())];
+        let id = self.next_region;
+        let capability = self.rng.capability();
+        let (base, len) = (self.slots[slot].base, self.slots[slot].bytes.len() as u64);
+        let result = self.owner.register(id, capability, base, len);
+        self.note(|| format!("register {id} in slot {slot}: {result:?}"));
+        if self.shut_down {
+            return match result {
+                Err(RdmaError::ShuttingDown) => Ok(()),
+                other => Err(format!("a register after shutdown answered {other:?}")),
+            };
+        }
+        result.map_err(|e| format!("register {id}: {e}"))?;
+        self.next_region += 1;
+        self.slots[slot].region = Some(id);
+        self.regions.insert(
+            id,
+            SimRegion {
+                slot,
+                capability,
+                base,
+                len,
+                version: self.slots[slot].version,
+                state: RegionState::Live,
+            },
+        );
+        self.descriptors.push(id);
+        Ok(())
+    }
+
+    fn unmap(&mut self) -> Checked {
+        let ids: Vec<u64> = self
+            .regions
+            .iter()
+            .filter(|(_, r)| r.state != RegionState::Unmapped || self.rng.chance(5))
+            .map(|(&id, _)| id)
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let id = ids[self.rng.index(ids.len())];
+        let status = self.owner.unmap(id);
+        self.note(|| format!("unmap {id}: {status:?}"));
+        let region = self.regions.get_mut(&id).ok_or("unknown region")?;
+        match (region.state, status) {
+            (RegionState::Unmapped, UnmapStatus::NotRegistered) => {}
+            (RegionState::Live | RegionState::Unmapping, UnmapStatus::Waiting) => {
+                region.state = RegionState::Unmapping;
+                if self
+                    .transport
+                    .values()
+                    .any(|s| s.payload.is_some_and(|p| p.region == id))
+                {
+                    self.stats.unmaps_waited += 1;
+                }
+            }
+            (state, status) => return Err(format!("unmap of a {state:?} region: {status:?}")),
+        }
+        self.take_unmaps()
+    }
+
+    /// The owner's program writes memory no registration covers.
+    fn rewrite(&mut self) -> Checked {
+        let slot = self.rng.index(self.slots.len());
+        let entry = &mut self.slots[slot];
+        if entry.region.is_none() {
+            entry.version += 1;
+            entry.bytes = content(slot as u64, entry.version, 0, entry.bytes.len() as u64);
+            self.note(|| format!("slot {slot} rewritten"));
+        }
+        Ok(())
+    }
+
+    fn shutdown(&mut self) -> Checked {
+        if self.shut_down {
+            return Ok(());
+        }
+        self.shut_down = true;
+        self.note(|| "shutdown".into());
+        for region in self.regions.values_mut() {
+            if region.state == RegionState::Live {
+                region.state = RegionState::Unmapping;
+            }
+        }
+        self.owner.shutdown();
+        self.take_unmaps()
+    }
+
+    /// The transport is destroyed: its sends stop reading (checked as a
+    /// last read each) and never complete.
+    fn close_transport(&mut self) -> Checked {
+        self.note(|| "transport closed".into());
+        for in_flight in std::mem::take(&mut self.transport).into_values() {
+            if let Some(payload) = in_flight.payload {
+                self.read_source(payload)?;
+            }
+        }
+        self.closed = true;
+        self.owner.transport_closed();
+        self.take_unmaps()
+    }
+
+    /// Actions outside an answer: finished unmaps and the drained report.
+    fn take_unmaps(&mut self) -> Checked {
+        while let Some(action) = self.owner.poll_action() {
+            match action {
+                Action::Unmapped { region } => {
+                    if self
+                        .transport
+                        .values()
+                        .any(|s| s.payload.is_some_and(|p| p.region == region))
+                    {
+                        return Err(format!(
+                            "unmap of region {region} answered while the transport still sends from it"
+                        ));
+                    }
+                    let entry = self
+                        .regions
+                        .get_mut(&region)
+                        .ok_or_else(|| format!("unmapped unknown region {region}"))?;
+                    if entry.state != RegionState::Unmapping {
+                        return Err(format!("unmapped a {:?} region {region}", entry.state));
+                    }
+                    entry.state = RegionState::Unmapped;
+                    self.slots[entry.slot].region = None;
+                    self.stats.unmaps_answered += 1;
+                    self.note(|| format!("region {region} unmapped"));
+                }
+                Action::Drained => {
+                    let open = self
+                        .regions
+                        .values()
+                        .any(|r| r.state != RegionState::Unmapped);
+                    if !self.shut_down || self.drained || open {
+                        return Err("drained reported early or twice".into());
+                    }
+                    self.drained = true;
+                }
+                other => return Err(format!("{other:?} with no request to answer")),
+            }
+        }
+        Ok(())
+    }
+
+    fn check_counts(&self) -> Checked {
+        let mut per_endpoint: Vec<(u64, u32, u32)> = Vec::new();
+        let mut served = 0;
+        for send in self.transport.values() {
+            let at = match per_endpoint.iter().position(|e| e.0 == send.endpoint) {
+                Some(at) => at,
+                None => {
+                    per_endpoint.push((send.endpoint, 0, 0));
+                    per_endpoint.len() - 1
+                }
+            };
+            if send.payload.is_some() {
+                per_endpoint[at].1 += 1;
+                served += 1;
+            } else {
+                per_endpoint[at].2 += 1;
+            }
+        }
+        for (endpoint, served, refusals) in per_endpoint {
+            if served > self.bound || refusals > self.bound {
+                return Err(format!(
+                    "endpoint {endpoint} holds {served} served replies and {refusals} refusals, bound {}",
+                    self.bound
+                ));
+            }
+        }
+        if self.owner.leases_in_flight() != served {
+            return Err(format!(
+                "the owner counts {} leases, the transport sends {served} replies",
+                self.owner.leases_in_flight()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Delivers what is left, ends every send, then checks that every
+    /// unmap was answered and that shutdown drains.
+    fn finish(&mut self) -> Checked {
+        while !self.network.is_empty() {
+            self.deliver()?;
+        }
+        while let Some(&send) = self.transport.keys().next() {
+            let complete = self.rng.chance(80);
+            self.end_one(send, complete)?;
+        }
+        self.check_counts()?;
+        if let Some((id, _)) = self
+            .regions
+            .iter()
+            .find(|(_, r)| r.state == RegionState::Unmapping)
+        {
+            return Err(format!("the unmap of region {id} was never answered"));
+        }
+        if self.owner.endpoints() != 0 {
+            return Err(format!(
+                "{} endpoints left with nothing in flight",
+                self.owner.endpoints()
+            ));
+        }
+        self.shutdown()?;
+        if !self.closed {
+            self.close_transport()?;
+        }
+        if !self.drained {
+            return Err("shutdown never drained".into());
+        }
+        Ok(())
+    }
+}
+
+/// Runs `seed` with the owner's `defects` switched on.
+pub(crate) fn run_with(seed: u64, defects: Defects) -> Result<Stats, Violation> {
+    let mut sim = Sim::new(seed, defects, false);
+    match sim.run() {
+        Ok(()) => Ok(sim.stats),
+        Err(message) => Err(Violation {
+            seed,
+            step: sim.step,
+            message,
+        }),
+    }
+}
+
+/// Runs `seed` against the owner as built.
+pub(crate) fn run(seed: u64) -> Result<Stats, Violation> {
+    run_with(seed, Defects::default())
+}
+
+/// Replays `seed` and returns its failure with its last steps.
+pub(crate) fn replay(seed: u64, defects: Defects) -> String {
+    let mut sim = Sim::new(seed, defects, true);
+    let outcome = sim.run();
+    let mut out = String::new();
+    for line in sim.log.iter().flatten() {
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = match outcome {
+        Ok(()) => writeln!(out, "seed {seed}: clean ({:?})", sim.stats),
+        Err(message) => writeln!(out, "seed {seed} step {}: {message}", sim.step),
+    };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// Seeds of the fixed batch every test run checks.
+    const SEEDS: u64 = 10_000;
+
+    /// The first of seeds `0..limit` on which the simulator finds a
+    /// violation with `defects` switched on.
+    fn first_failure(defects: Defects, limit: u64) -> Option<Violation> {
+        (0..limit).find_map(|seed| run_with(seed, defects).err())
+    }
+
+    fn caught(defects: Defects, limit: u64) -> Violation {
+        let found = first_failure(defects, limit)
+            .unwrap_or_else(|| panic!("{defects:?} not caught in {limit} seeds"));
+        eprintln!(
+            "{defects:?}: caught at seed {} step {}: {}",
+            found.seed, found.step, found.message
+        );
+        found
+    }
+
+    /// The owner as built keeps every invariant over the fixed batch of
+    /// seeds, and the runs exercise what they claim to (served bytes,
+    /// refusals, dropped requests, unmaps that had to wait).
+    #[test]
+    fn ten_thousand_seeds_keep_every_invariant() {
+        let started = Instant::now();
+        let mut total = Stats::default();
+        for seed in 0..SEEDS {
+            match run(seed) {
+                Ok(stats) => {
+                    total.served += stats.served;
+                    total.delivered_bytes += stats.delivered_bytes;
+                    total.refused += stats.refused;
+                    total.dropped += stats.dropped;
+                    total.unmaps_answered += stats.unmaps_answered;
+                    total.unmaps_waited += stats.unmaps_waited;
+                }
+                Err(violation) => panic!(
+                    "seed {} step {}: {}\n{}",
+                    violation.seed,
+                    violation.step,
+                    violation.message,
+                    replay(violation.seed, Defects::default())
+                ),
+            }
+        }
+        eprintln!("{SEEDS} seeds in {:?}: {total:?}", started.elapsed());
+        assert!(total.served > SEEDS && total.refused > SEEDS, "{total:?}");
+        assert!(total.unmaps_waited > SEEDS / 10, "{total:?}");
+        assert!(total.dropped > 0 && total.delivered_bytes > 0, "{total:?}");
+    }
+
+    /// A seed replays exactly: the same violation at the same step, the
+    /// same counts of a clean run.
+    #[test]
+    fn a_seed_replays_exactly() {
+        let defects = Defects {
+            unmap_ignores_leases: true,
+            ..Defects::default()
+        };
+        let first = first_failure(defects, 100).expect("caught");
+        assert_eq!(run_with(first.seed, defects).err(), Some(first));
+        let (a, b) = (run(7).unwrap(), run(7).unwrap());
+        assert_eq!(
+            (a.served, a.refused, a.dropped, a.delivered_bytes),
+            (b.served, b.refused, b.dropped, b.delivered_bytes)
+        );
+    }
+
+    /// `SIM_SEED=<seed>` prints that seed's last steps and its outcome
+    /// (and fails if the seed finds a violation); without it, seed 0.
+    #[test]
+    fn replay_a_seed() {
+        let seed = std::env::var("SIM_SEED").map_or(0, |s| s.parse().expect("SIM_SEED is a u64"));
+        let story = replay(seed, Defects::default());
+        eprintln!("{story}");
+        assert!(story.contains("clean"), "{story}");
+    }
+
+    /// Answering an unmap while a reply still sends from the region is
+    /// caught within the first 20 seeds, by invariant 2.
+    #[test]
+    fn the_simulator_catches_an_unmap_that_ignores_leases() {
+        let defects = Defects {
+            unmap_ignores_leases: true,
+            ..Defects::default()
+        };
+        let found = caught(defects, 20);
+        assert!(found.message.contains("still sends from it"), "{found:?}");
+    }
+
+    /// Serving a read that starts inside a region but ends past it is
+    /// caught within the first 20 seeds, by invariant 3.
+    #[test]
+    fn the_simulator_catches_a_read_past_the_region_end() {
+        let defects = Defects {
+            range_end_unchecked: true,
+            ..Defects::default()
+        };
+        let found = caught(defects, 20);
+        assert!(
+            found.message.contains("expected Refuse(OutOfRange)"),
+            "{found:?}"
+        );
+    }
+
+    /// Ending a failed endpoint's leases before the transport reported its
+    /// sends is caught within the first 20 seeds (an unmap answered while
+    /// the transport still sends, or a send ending that the owner had
+    /// already forgotten).
+    #[test]
+    fn the_simulator_catches_leases_ended_at_an_endpoint_failure() {
+        let defects = Defects {
+            endpoint_failure_ends_leases: true,
+            ..Defects::default()
+        };
+        caught(defects, 20);
+    }
+}
