@@ -22,5 +22,6 @@ pub mod wire;
 mod sim;
 
 pub use owner::{
-    Action, EndpointLoad, Owner, OwnerConfig, Payload, Read, Refusal, SendId, UnmapStatus,
+    Action, EndpointLoad, ListAnswer, ListLimits, Owner, OwnerConfig, Payload, Read, Refusal,
+    SendId, UnmapStatus,
 };

@@ -12,11 +12,15 @@
 //!    [`Owner::unmap`] when a caller asks to unmap one.
 //! 2. [`Owner::handle_request`] (UCX bytes, see [`wire`]) or
 //!    [`Owner::handle_read`] (a request the driver decoded itself) for
-//!    each request that arrived, with the endpoint to answer on.
+//!    each request that arrived, with the endpoint to answer on;
+//!    [`Owner::handle_list_request`] or [`Owner::handle_list`] for a
+//!    gathered list.
 //! 3. Then [`Owner::poll_action`] until it returns `None`: an
 //!    [`Action::Serve`] is a send of the reply header and the payload
 //!    `[address, address + length)` of a registered region; an
 //!    [`Action::Refuse`] a send of a refusal header without payload; an
+//!    [`Action::ServeList`] a list reply header and its served entries'
+//!    bytes back to back; an
 //!    [`Action::Unmapped`] says no send reads the region any more, so the
 //!    driver deregisters it and answers every caller waiting on its unmap.
 //! 4. [`Owner::send_completed`] or [`Owner::send_failed`] when the
@@ -64,6 +68,18 @@
 //!   consumer that does not take its refusals would otherwise grow them.
 //!   An endpoint's record is forgotten when both its counts are back at
 //!   zero, so the driver may give its id to a later endpoint.
+//! - **A gathered list** is judged entry by entry, each exactly as a
+//!   single read (one lease and one place under the endpoint's bound per
+//!   served entry; past the bound an entry is busy), so a list is no way
+//!   around a rule. An entry longer than [`ListLimits::max_entry`], or one
+//!   that would take the list's served bytes past
+//!   [`ListLimits::max_total`], is refused [`Refusal::Malformed`]: the
+//!   consumer expects a list's bytes in one eager payload. The answers go
+//!   out in request order, cut into replies of at most
+//!   [`ListLimits::entries_per_reply`] entries and
+//!   [`ListLimits::payload_per_reply`] bytes; a reply that serves nothing
+//!   counts as one refusal. A list that does not decode is dropped: it has
+//!   no request id to trust.
 //! - **An endpoint's failure ends nothing by itself.** The transport still
 //!   reports each of its sends as ended (UCX and libfabric fail them), and
 //!   only that ends their leases; until then the owner drops the failed
@@ -186,6 +202,18 @@ pub enum Action<E> {
         /// Why.
         refusal: Refusal,
     },
+    /// Send one reply to a gathered list on `endpoint`: a header with one
+    /// answer per entry of this part of the list, in request order, then
+    /// the served entries' bytes back to back in that order. Report its
+    /// end with `send`.
+    ServeList {
+        /// Where the list came from.
+        endpoint: E,
+        /// The send's id.
+        send: SendId,
+        /// The answers this reply carries.
+        answers: Vec<ListAnswer>,
+    },
     /// No send reads `region` any more and the owner forgot it: deregister
     /// it with the transport and answer every caller of its unmap.
     Unmapped {
@@ -220,6 +248,55 @@ impl<E: Copy> Action<E> {
             _ => return None,
         };
         Some(reply.encode())
+    }
+
+    /// The UCX list reply header of a [`Action::ServeList`].
+    pub fn list_reply_header(&self) -> Option<Vec<u8>> {
+        match self {
+            Action::ServeList { answers, .. } => wire::encode_list_reply(answers),
+            _ => None,
+        }
+    }
+}
+
+/// The owner's answer to one entry of a gathered list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListAnswer {
+    /// The entry's request id, echoed.
+    pub request_id: u64,
+    /// The bytes to send for it, or why it is refused.
+    pub answer: Result<Payload, Refusal>,
+}
+
+/// The bounds of a gathered list and of each reply that answers one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListLimits {
+    /// Largest entry that is gathered: a longer one is refused
+    /// [`Refusal::Malformed`], never served in a way its consumer would not
+    /// expect.
+    pub max_entry: u64,
+    /// Most bytes the served entries of one list take together; an entry
+    /// past it is refused [`Refusal::Malformed`].
+    pub max_total: u64,
+    /// Most entries one reply answers: the transport's bound on a header
+    /// (UCX writes a longer one past its fragment buffer). A list is
+    /// answered in several replies, in order, when it has more.
+    pub entries_per_reply: usize,
+    /// Most payload bytes one reply carries, except that an entry longer
+    /// than this goes alone (over tcp, one fragment's payload).
+    pub payload_per_reply: u64,
+}
+
+impl Default for ListLimits {
+    /// The UCX engine's: entries of up to 16 KiB, 256 KiB a list, 64
+    /// entries and 256 KiB a reply.
+    fn default() -> Self {
+        ListLimits {
+            max_entry: 16 * 1024,
+            max_total: 256 * 1024,
+            entries_per_reply: wire::MAX_LIST_ENTRIES,
+            payload_per_reply: 256 * 1024,
+        }
     }
 }
 
@@ -279,8 +356,28 @@ struct Endpoint {
 #[derive(Debug)]
 struct Send<E> {
     endpoint: E,
-    /// The region a served reply reads from; `None` for a refusal.
-    lease: Option<u64>,
+    /// The region of each lease the send holds, one per served read it
+    /// carries; empty for a refusal (counted under the refusal bound).
+    leases: Leases,
+}
+
+/// The leases of one send: a single reply holds at most one, a list reply
+/// one per served entry.
+#[derive(Debug)]
+enum Leases {
+    None,
+    One(u64),
+    Many(Vec<u64>),
+}
+
+impl Leases {
+    fn regions(&self) -> &[u64] {
+        match self {
+            Leases::None => &[],
+            Leases::One(region) => std::slice::from_ref(region),
+            Leases::Many(regions) => regions,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -424,7 +521,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         }
         match self.admit(endpoint, &read) {
             Ok(payload) => {
-                let send = self.start_send(endpoint, Some(payload.region));
+                let send = self.start_send(endpoint, Leases::One(payload.region));
                 tracing::trace!(
                     request = read.request_id,
                     len = read.length,
@@ -446,6 +543,84 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     pub fn handle_malformed(&mut self, endpoint: E, request_id: u64) {
         if self.may_answer(endpoint) {
             self.refuse(endpoint, request_id, Refusal::Malformed);
+        }
+    }
+
+    /// A gathered list arrived on `endpoint` as the UCX engine encodes it
+    /// ([`wire`]); bytes that do not decode are dropped, as there are no
+    /// request ids to trust in them.
+    pub fn handle_list_request(&mut self, endpoint: E, bytes: &[u8], limits: ListLimits) {
+        match wire::decode_list_request(bytes) {
+            Ok(entries) => self.handle_list(endpoint, &entries, limits),
+            Err(err) => {
+                tracing::debug!(error = %err, "a malformed list request was dropped");
+                self.dropped += 1;
+            }
+        }
+    }
+
+    /// A decoded gathered list arrived on `endpoint`: each entry is judged
+    /// as a single read is, one lease and one place under the endpoint's
+    /// bound per served entry, and the answers go out in one or more
+    /// [`Action::ServeList`] replies within `limits`, in request order. A
+    /// reply that serves no entry counts as one refusal, and is not sent
+    /// past the refusal bound.
+    pub fn handle_list(&mut self, endpoint: E, entries: &[Read], limits: ListLimits) {
+        if !self.may_answer(endpoint) {
+            return;
+        }
+        if entries.is_empty() || limits.entries_per_reply == 0 {
+            self.dropped += 1;
+            return;
+        }
+        let mut answers = Vec::with_capacity(entries.len());
+        let mut bytes = 0u64;
+        for read in entries {
+            let within = read.length <= limits.max_entry
+                && bytes
+                    .checked_add(read.length)
+                    .is_some_and(|sum| sum <= limits.max_total);
+            let answer = if within {
+                self.admit(endpoint, read)
+            } else {
+                Err(Refusal::Malformed)
+            };
+            if let Ok(payload) = answer {
+                bytes += payload.length;
+            }
+            answers.push(ListAnswer {
+                request_id: read.request_id,
+                answer,
+            });
+        }
+        let mut rest = &answers[..];
+        while !rest.is_empty() {
+            let (part, tail) = rest.split_at(part_len(rest, limits));
+            rest = tail;
+            let regions: Vec<u64> = part
+                .iter()
+                .filter_map(|a| a.answer.ok().map(|p| p.region))
+                .collect();
+            let leases = if regions.is_empty() {
+                let entry = self.endpoints.entry(endpoint).or_default();
+                if entry.load.refusals >= self.bound {
+                    tracing::debug!(
+                        "an endpoint holds too many refusals; a list reply was dropped"
+                    );
+                    self.dropped += 1;
+                    continue;
+                }
+                entry.load.refusals += 1;
+                Leases::None
+            } else {
+                Leases::Many(regions)
+            };
+            let send = self.start_send(endpoint, leases);
+            self.actions.push_back(Action::ServeList {
+                endpoint,
+                send,
+                answers: part.to_vec(),
+            });
         }
     }
 
@@ -609,7 +784,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             return;
         }
         entry.load.refusals += 1;
-        let send = self.start_send(endpoint, None);
+        let send = self.start_send(endpoint, Leases::None);
         tracing::debug!(request = request_id, %refusal, "refused a read");
         self.actions.push_back(Action::Refuse {
             endpoint,
@@ -619,10 +794,10 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         });
     }
 
-    fn start_send(&mut self, endpoint: E, lease: Option<u64>) -> SendId {
+    fn start_send(&mut self, endpoint: E, leases: Leases) -> SendId {
         let id = SendId(self.next_send);
         self.next_send += 1;
-        self.sends.insert(id, Send { endpoint, lease });
+        self.sends.insert(id, Send { endpoint, leases });
         id
     }
 
@@ -631,18 +806,19 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         let Some(send) = self.sends.remove(&id) else {
             return false;
         };
+        let regions = send.leases.regions();
         if let Some(entry) = self.endpoints.get_mut(&send.endpoint) {
             let load = &mut entry.load;
-            if send.lease.is_some() {
-                load.served = load.served.saturating_sub(1);
-            } else {
+            if regions.is_empty() {
                 load.refusals = load.refusals.saturating_sub(1);
+            } else {
+                load.served = load.served.saturating_sub(regions.len() as u32);
             }
             if *load == EndpointLoad::default() {
                 self.endpoints.remove(&send.endpoint);
             }
         }
-        if let Some(region) = send.lease {
+        for &region in regions {
             self.leases -= 1;
             if let Some(entry) = self.regions.get_mut(&region) {
                 entry.leases -= 1;
@@ -670,6 +846,23 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             self.actions.push_back(Action::Drained);
         }
     }
+}
+
+/// How many of `answers`, from the first, the next reply carries: at most
+/// `entries_per_reply`, and served entries of at most `payload_per_reply`
+/// bytes together, except that an entry longer than that goes alone.
+fn part_len(answers: &[ListAnswer], limits: ListLimits) -> usize {
+    let mut end = 0;
+    let mut payload = 0u64;
+    while end < answers.len() && end < limits.entries_per_reply {
+        let length = answers[end].answer.map_or(0, |p| p.length);
+        if end > 0 && payload.saturating_add(length) > limits.payload_per_reply {
+            break;
+        }
+        payload = payload.saturating_add(length);
+        end += 1;
+    }
+    end
 }
 
 /// Compares capabilities without an early exit, so the time to refuse does
@@ -1073,6 +1266,199 @@ mod tests {
             })
         );
         assert_eq!(Action::<u64>::Drained.reply_header(), None);
+    }
+
+    fn entry(request_id: u64, capability: [u8; 16], address: u64, length: u64) -> Read {
+        Read {
+            request_id,
+            ..read(3, capability, address, length)
+        }
+    }
+
+    /// The answers of each list reply `owner` asks for, and their sends.
+    fn list_replies(owner: &mut Owner<u64>) -> Vec<(SendId, Vec<ListAnswer>)> {
+        actions(owner)
+            .into_iter()
+            .map(|action| match action {
+                Action::ServeList { send, answers, .. } => (send, answers),
+                other => panic!("a list reply expected, got {other:?}"),
+            })
+            .collect()
+    }
+
+    fn refusals(answers: &[ListAnswer]) -> Vec<Option<Refusal>> {
+        answers.iter().map(|a| a.answer.err()).collect()
+    }
+
+    /// Each entry of a list is judged on its own, exactly as a single read
+    /// is: the refused ones contribute no bytes and the others are served,
+    /// each under its own lease, in one reply in request order.
+    #[test]
+    fn a_list_entry_is_judged_as_a_single_read() {
+        let mut owner = owner(8);
+        let list = [
+            entry(1, CAP, BASE, 8),
+            entry(2, [0; 16], BASE, 8),
+            entry(3, CAP, BASE + LEN - 4, 8),
+            entry(4, CAP, BASE + 8, 8),
+        ];
+        owner.handle_list(1, &list, ListLimits::default());
+        let replies = list_replies(&mut owner);
+        let [(_, answers)] = &replies[..] else {
+            panic!("one reply expected: {replies:?}");
+        };
+        let ids: Vec<u64> = answers.iter().map(|a| a.request_id).collect();
+        assert_eq!(ids, [1, 2, 3, 4]);
+        assert_eq!(
+            refusals(answers),
+            [
+                None,
+                Some(Refusal::CapabilityMismatch),
+                Some(Refusal::OutOfRange),
+                None
+            ]
+        );
+        assert_eq!(owner.region_leases(3), Some(2));
+        assert_eq!(owner.load(1).served, 2);
+    }
+
+    /// An entry longer than the gathering bound, or one past the list's
+    /// total, is refused as malformed; the total counts served entries
+    /// only.
+    #[test]
+    fn a_list_entry_past_the_gathering_bounds_is_malformed() {
+        let mut owner = owner(8);
+        let limits = ListLimits {
+            max_entry: 16,
+            max_total: 24,
+            ..ListLimits::default()
+        };
+        let list = [
+            entry(1, CAP, BASE, 17),
+            entry(2, CAP, BASE, 16),
+            entry(3, [0; 16], BASE, 8),
+            entry(4, CAP, BASE, 16),
+            entry(5, CAP, BASE, 8),
+        ];
+        owner.handle_list(1, &list, limits);
+        let replies = list_replies(&mut owner);
+        assert_eq!(
+            refusals(&replies[0].1),
+            [
+                Some(Refusal::Malformed),
+                None,
+                Some(Refusal::CapabilityMismatch),
+                Some(Refusal::Malformed),
+                None
+            ]
+        );
+    }
+
+    /// A list is answered in several replies, in order, when it has more
+    /// entries than one reply's header carries or more bytes than one
+    /// reply's payload; an entry longer than a reply's payload goes alone.
+    #[test]
+    fn a_list_is_answered_in_parts_within_the_reply_limits() {
+        let mut owner = owner(16);
+        let limits = ListLimits {
+            entries_per_reply: 3,
+            payload_per_reply: 16,
+            ..ListLimits::default()
+        };
+        let list = [
+            entry(1, CAP, BASE, 8),
+            entry(2, CAP, BASE, 8),
+            entry(3, CAP, BASE, 8),
+            entry(4, CAP, BASE, 32),
+            entry(5, [0; 16], BASE, 8),
+            entry(6, [0; 16], BASE, 8),
+            entry(7, [0; 16], BASE, 8),
+            entry(8, [0; 16], BASE, 8),
+        ];
+        owner.handle_list(1, &list, limits);
+        let parts: Vec<Vec<u64>> = list_replies(&mut owner)
+            .iter()
+            .map(|(_, answers)| answers.iter().map(|a| a.request_id).collect())
+            .collect();
+        assert_eq!(
+            parts,
+            [vec![1, 2], vec![3], vec![4], vec![5, 6, 7], vec![8]]
+        );
+        assert_eq!(
+            owner.load(1),
+            EndpointLoad {
+                served: 4,
+                refusals: 2
+            }
+        );
+    }
+
+    /// A reply that serves no entry holds no lease and counts as one
+    /// refusal; past the refusal bound it is not sent.
+    #[test]
+    fn a_list_reply_that_serves_nothing_counts_as_one_refusal() {
+        let mut owner = owner(1);
+        let forged = [entry(1, [0; 16], BASE, 8), entry(2, [0; 16], BASE, 8)];
+        owner.handle_list(1, &forged, ListLimits::default());
+        let replies = list_replies(&mut owner);
+        assert_eq!(replies.len(), 1);
+        assert_eq!(
+            owner.load(1),
+            EndpointLoad {
+                served: 0,
+                refusals: 1
+            }
+        );
+        owner.handle_list(1, &forged, ListLimits::default());
+        assert_eq!(list_replies(&mut owner), [], "dropped past the bound");
+        assert_eq!(owner.dropped_requests(), 1);
+        owner.send_completed(replies[0].0);
+        assert_eq!(owner.endpoints(), 0);
+    }
+
+    /// List entries past the endpoint's bound of served replies are busy,
+    /// counted with its single replies.
+    #[test]
+    fn list_entries_past_the_bound_are_busy() {
+        let mut owner = owner(2);
+        owner.handle_read(1, read(3, CAP, BASE, 8));
+        only_send(&mut owner);
+        let list = [entry(1, CAP, BASE, 8), entry(2, CAP, BASE, 8)];
+        owner.handle_list(1, &list, ListLimits::default());
+        let replies = list_replies(&mut owner);
+        assert_eq!(refusals(&replies[0].1), [None, Some(Refusal::Busy)]);
+    }
+
+    /// The leases of a list reply end together when its send ends, and an
+    /// unmap waits for them.
+    #[test]
+    fn an_unmap_waits_for_a_list_reply() {
+        let mut owner = owner(8);
+        let list = [entry(1, CAP, BASE, 8), entry(2, CAP, BASE + 8, 8)];
+        owner.handle_list(1, &list, ListLimits::default());
+        let replies = list_replies(&mut owner);
+        owner.unmap(3);
+        assert_eq!(actions(&mut owner), []);
+        owner.send_failed(replies[0].0);
+        assert_eq!(actions(&mut owner), [Action::Unmapped { region: 3 }]);
+        assert_eq!(owner.leases_in_flight(), 0);
+        assert_eq!(owner.endpoints(), 0);
+    }
+
+    /// A list that does not decode is dropped: there is no request id in it
+    /// to answer; one that does is served, with the UCX list reply header.
+    #[test]
+    fn a_malformed_list_is_dropped() {
+        let mut owner = owner(8);
+        let bytes = wire::encode_list_request(&[entry(1, CAP, BASE, 8)]).unwrap();
+        owner.handle_list_request(1, &bytes[..bytes.len() - 1], ListLimits::default());
+        assert_eq!(actions(&mut owner), []);
+        assert_eq!(owner.dropped_requests(), 1);
+        owner.handle_list_request(1, &bytes, ListLimits::default());
+        let action = actions(&mut owner).remove(0);
+        let header = action.list_reply_header().unwrap();
+        assert_eq!(header.len(), 8 + wire::LIST_REPLY_ENTRY_LEN);
+        assert_eq!(action.reply_header(), None);
     }
 
     #[test]

@@ -26,6 +26,17 @@
 //! range, `4` deregistering, `5` malformed request, `6` busy. Codes are
 //! only ever added; a refusal carries `length = 0`.
 //!
+//! **List request** (consumer → owner, a gathered list): `version = 1`,
+//! three zero bytes, `count: u16` (1 to [`MAX_LIST_ENTRIES`]), two zero
+//! bytes, then `count` entries of `request_id: u64`, `region_id: u64`,
+//! `capability: [u8; 16]`, `address: u64`, `length: u64` (48 bytes each).
+//!
+//! **List reply** (owner → consumer; the payload is the served entries'
+//! bytes back to back): `version = 1`, three zero bytes, `count: u16`, two
+//! zero bytes, then `count` entries of `request_id: u64`, `status: u8`,
+//! seven zero bytes, `length: u64` (24 bytes each; `length` is 0 for a
+//! refused entry). Statuses are those of single replies.
+//!
 //! Decoding never panics and refuses missing or trailing bytes: these come
 //! from peers.
 //!
@@ -33,7 +44,7 @@
 
 use std::fmt;
 
-use super::owner::{Read, Refusal};
+use super::owner::{ListAnswer, Read, Refusal};
 
 /// Length of an encoded request.
 pub const REQUEST_LEN: usize = 52;
@@ -41,6 +52,14 @@ pub const REQUEST_LEN: usize = 52;
 pub const REPLY_LEN: usize = 20;
 
 const VERSION: u8 = 1;
+
+/// Most entries one list request or reply carries.
+pub const MAX_LIST_ENTRIES: usize = 64;
+/// Length of one list-request entry.
+pub const LIST_REQUEST_ENTRY_LEN: usize = 48;
+/// Length of one list-reply entry.
+pub const LIST_REPLY_ENTRY_LEN: usize = 24;
+const LIST_FIXED_LEN: usize = 8;
 
 /// What is wrong with bytes that were meant to be a request or a reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,6 +241,93 @@ fn refusal_of_code(code: u8) -> Refusal {
     }
 }
 
+/// A list request's encoding, or `None` for an empty list or one longer
+/// than [`MAX_LIST_ENTRIES`].
+pub fn encode_list_request(entries: &[Read]) -> Option<Vec<u8>> {
+    let mut out = list_fixed(entries.len(), LIST_REQUEST_ENTRY_LEN)?;
+    for read in entries {
+        out.extend_from_slice(&read.request_id.to_le_bytes());
+        out.extend_from_slice(&read.region.to_le_bytes());
+        out.extend_from_slice(&read.capability);
+        out.extend_from_slice(&read.address.to_le_bytes());
+        out.extend_from_slice(&read.length.to_le_bytes());
+    }
+    Some(out)
+}
+
+/// Decodes an untrusted list request.
+///
+/// # Errors
+/// A wrong length, version or count, or a non-zero reserved byte.
+pub fn decode_list_request(bytes: &[u8]) -> Result<Vec<Read>, ProtocolError> {
+    let Some(fixed) = bytes.get(..LIST_FIXED_LEN) else {
+        return Err(ProtocolError::Length {
+            expected: LIST_FIXED_LEN + LIST_REQUEST_ENTRY_LEN,
+            actual: bytes.len(),
+        });
+    };
+    if fixed[0] != VERSION {
+        return Err(ProtocolError::Version(fixed[0]));
+    }
+    if fixed[1..4] != [0, 0, 0] || fixed[6..8] != [0, 0] {
+        return Err(ProtocolError::Reserved);
+    }
+    let count = usize::from(u16::from_le_bytes([fixed[4], fixed[5]]));
+    if count == 0
+        || count > MAX_LIST_ENTRIES
+        || bytes.len() != LIST_FIXED_LEN + count * LIST_REQUEST_ENTRY_LEN
+    {
+        return Err(ProtocolError::Length {
+            expected: LIST_FIXED_LEN + count.clamp(1, MAX_LIST_ENTRIES) * LIST_REQUEST_ENTRY_LEN,
+            actual: bytes.len(),
+        });
+    }
+    Ok(bytes[LIST_FIXED_LEN..]
+        .chunks_exact(LIST_REQUEST_ENTRY_LEN)
+        .map(|entry| {
+            let entry: &[u8; LIST_REQUEST_ENTRY_LEN] =
+                entry.try_into().unwrap_or(&[0; LIST_REQUEST_ENTRY_LEN]);
+            let mut capability = [0u8; 16];
+            capability.copy_from_slice(&entry[16..32]);
+            Read {
+                request_id: u64_at(entry, 0),
+                region: u64_at(entry, 8),
+                capability,
+                address: u64_at(entry, 32),
+                length: u64_at(entry, 40),
+            }
+        })
+        .collect())
+}
+
+/// A list reply header's encoding, or `None` for no answers or more than
+/// [`MAX_LIST_ENTRIES`].
+pub fn encode_list_reply(answers: &[ListAnswer]) -> Option<Vec<u8>> {
+    let mut out = list_fixed(answers.len(), LIST_REPLY_ENTRY_LEN)?;
+    for answer in answers {
+        let (status, length) = match answer.answer {
+            Ok(payload) => (0, payload.length),
+            Err(refusal) => (refusal_code(refusal), 0),
+        };
+        out.extend_from_slice(&answer.request_id.to_le_bytes());
+        out.push(status);
+        out.extend_from_slice(&[0u8; 7]);
+        out.extend_from_slice(&length.to_le_bytes());
+    }
+    Some(out)
+}
+
+fn list_fixed(count: usize, entry_len: usize) -> Option<Vec<u8>> {
+    if count == 0 || count > MAX_LIST_ENTRIES {
+        return None;
+    }
+    let mut out = Vec::with_capacity(LIST_FIXED_LEN + count * entry_len);
+    out.extend_from_slice(&[VERSION, 0, 0, 0]);
+    out.extend_from_slice(&(count as u16).to_le_bytes());
+    out.extend_from_slice(&[0, 0]);
+    Some(out)
+}
+
 fn u64_at<const N: usize>(bytes: &[u8; N], at: usize) -> u64 {
     let mut word = [0u8; 8];
     word.copy_from_slice(&bytes[at..at + 8]);
@@ -314,7 +420,83 @@ mod tests {
         assert_eq!(request_id_of_malformed(&bytes[..7]), 0);
     }
 
+    fn entry(request_id: u64) -> Read {
+        Read {
+            request_id,
+            region: request_id + 100,
+            capability: [request_id as u8; 16],
+            address: 0x1000 * request_id,
+            length: request_id * 8,
+        }
+    }
+
+    #[test]
+    fn a_list_request_round_trips_in_order() {
+        let entries: Vec<Read> = (1..=MAX_LIST_ENTRIES as u64).map(entry).collect();
+        let bytes = encode_list_request(&entries).unwrap();
+        assert_eq!(bytes.len(), 8 + MAX_LIST_ENTRIES * LIST_REQUEST_ENTRY_LEN);
+        assert_eq!(decode_list_request(&bytes), Ok(entries));
+    }
+
+    #[test]
+    fn empty_overlong_cut_and_padded_lists_are_refused() {
+        assert_eq!(encode_list_request(&[]), None);
+        let overlong: Vec<Read> = (0..=MAX_LIST_ENTRIES as u64).map(entry).collect();
+        assert_eq!(encode_list_request(&overlong), None);
+        let bytes = encode_list_request(&[entry(1), entry(2)]).unwrap();
+        for cut in 0..bytes.len() {
+            assert!(decode_list_request(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut padded = bytes.clone();
+        padded.push(0);
+        assert!(decode_list_request(&padded).is_err());
+        let mut zero = bytes.clone();
+        zero[4..6].copy_from_slice(&0u16.to_le_bytes());
+        assert!(decode_list_request(&zero).is_err());
+        for at in [1, 2, 3, 6, 7] {
+            let mut reserved = bytes.clone();
+            reserved[at] = 1;
+            assert_eq!(decode_list_request(&reserved), Err(ProtocolError::Reserved));
+        }
+    }
+
+    #[test]
+    fn a_list_reply_header_has_the_ucx_layout() {
+        let answers = [
+            ListAnswer {
+                request_id: 5,
+                answer: Ok(super::super::owner::Payload {
+                    region: 1,
+                    address: 0x10,
+                    length: 32,
+                }),
+            },
+            ListAnswer {
+                request_id: 6,
+                answer: Err(Refusal::Busy),
+            },
+        ];
+        let header = encode_list_reply(&answers).unwrap();
+        assert_eq!(header.len(), 8 + 2 * LIST_REPLY_ENTRY_LEN);
+        assert_eq!(header[..8], [1, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(header[8..16], 5u64.to_le_bytes());
+        assert_eq!(header[16], 0);
+        assert_eq!(header[24..32], 32u64.to_le_bytes());
+        assert_eq!(header[32..40], 6u64.to_le_bytes());
+        assert_eq!(header[40], 6, "busy");
+        assert_eq!(header[48..56], 0u64.to_le_bytes());
+        assert_eq!(encode_list_reply(&[]), None);
+    }
+
     proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic_the_list_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_list_request(&bytes);
+            let mut framed = vec![1, 0, 0, 0, 1, 0, 0, 0];
+            framed.extend_from_slice(&bytes);
+            let _ = decode_list_request(&framed);
+        }
+
         #[test]
         fn requests_round_trip(request_id: u64, region: u64, capability: [u8; 16], address: u64, length: u64) {
             let read = Read { request_id, region, capability, address, length };
