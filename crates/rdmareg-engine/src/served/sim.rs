@@ -2,7 +2,9 @@
 //! its transport, driven by one `u64` seed.
 //!
 //! The scheduler picks, step by step, among: honest requests (from the
-//! descriptors consumers were given, stale ones included), hostile ones
+//! descriptors consumers were given, stale ones included), gathered lists
+//! of honest and hostile entries (within bounds drawn per seed), hostile
+//! ones
 //! (forged capability, out of range, past the end, empty, wrapping,
 //! unknown id, bytes that do not decode, duplicates of earlier requests),
 //! delivering requests in any order, send completions and failures in any
@@ -26,7 +28,9 @@
 //! 3. Each delivered request gets at most one answer, on the endpoint it
 //!    came from, with its id, and exactly the one an independent model of
 //!    the rules predicts (served, a given refusal, or dropped): so a
-//!    forged, stale or out-of-range request never gets payload.
+//!    forged, stale or out-of-range request never gets payload. A list
+//!    gets exactly the replies the model predicts: every entry answered
+//!    once, in request order, cut into replies within the list bounds.
 //! 4. Per endpoint, the transport never holds more served replies, nor
 //!    more refusals, than the bound; the owner's lease count is the
 //!    transport's count of served sends.
@@ -43,7 +47,7 @@ use std::fmt::Write as _;
 use rdmareg_core::RdmaError;
 
 use super::owner::{
-    Action, Defects, Owner, OwnerConfig, Payload, Read, Refusal, SendId, UnmapStatus,
+    Action, Defects, ListLimits, Owner, OwnerConfig, Payload, Read, Refusal, SendId, UnmapStatus,
 };
 use super::wire;
 
@@ -133,14 +137,17 @@ struct SimRegion {
 #[derive(Debug, Clone)]
 struct Message {
     endpoint: u64,
+    /// A gathered list rather than a single read.
+    list: bool,
     bytes: Vec<u8>,
 }
 
 #[derive(Debug)]
 struct InFlight {
     endpoint: u64,
-    /// The region a served reply reads from.
-    payload: Option<Payload>,
+    /// What a served reply reads: one range for a single read, one per
+    /// served entry for a list reply; none for a refusal.
+    payloads: Vec<Payload>,
 }
 
 /// What the model says the owner must do with a delivered request.
@@ -185,6 +192,8 @@ struct Sim {
     /// Failed endpoints with sends the transport has not ended: the owner
     /// drops their requests.
     dropping: BTreeSet<u64>,
+    /// The bounds lists are served within, drawn per seed.
+    limits: ListLimits,
     next_endpoint: u64,
     next_request: u64,
     network: Vec<Message>,
@@ -203,6 +212,12 @@ impl Sim {
     fn new(seed: u64, defects: Defects, verbose: bool) -> Sim {
         let mut rng = Rng::new(seed);
         let bound = 1 + rng.below(4) as u32;
+        let limits = ListLimits {
+            max_entry: 8 + rng.below(48),
+            max_total: 16 + rng.below(112),
+            entries_per_reply: 1 + rng.below(4) as usize,
+            payload_per_reply: 8 + rng.below(56),
+        };
         let mut owner = Owner::new(OwnerConfig {
             max_replies_per_endpoint: bound,
         });
@@ -230,6 +245,7 @@ impl Sim {
             endpoints: vec![1, 2, 3],
             failed: BTreeSet::new(),
             dropping: BTreeSet::new(),
+            limits,
             next_endpoint: 4,
             next_request: 1,
             network: Vec::new(),
@@ -267,7 +283,8 @@ impl Sim {
 
     fn random_step(&mut self) -> Checked {
         match self.rng.below(100) {
-            0..=19 => self.honest_request(),
+            0..=14 => self.honest_request(),
+            15..=19 => self.list_request(),
             20..=27 => self.hostile_request(),
             28..=45 => self.deliver(),
             46..=47 => self.duplicate(),
@@ -297,13 +314,18 @@ impl Sim {
     }
 
     fn send(&mut self, endpoint: u64, bytes: Vec<u8>) {
-        self.network.push(Message { endpoint, bytes });
+        self.network.push(Message {
+            endpoint,
+            list: false,
+            bytes,
+        });
     }
 
-    /// A read inside a descriptor the consumers were given, live or not.
-    fn honest_request(&mut self) -> Checked {
+    /// A read inside a descriptor the consumers were given, mostly of a
+    /// live registration, sometimes of one that is gone.
+    fn honest_read(&mut self) -> Option<Read> {
         if self.descriptors.is_empty() {
-            return Ok(());
+            return None;
         }
         let live: Vec<u64> = self
             .regions
@@ -320,38 +342,40 @@ impl Sim {
         let (base, len, capability) = (region.base, region.len, region.capability);
         let offset = self.rng.below(len);
         let length = 1 + self.rng.below(len - offset);
-        let read = Read {
+        Some(Read {
             request_id: self.fresh_request_id(),
             region: id,
             capability,
             address: base + offset,
             length,
-        };
-        let endpoint = self.live_endpoint();
-        self.send(endpoint, wire::encode_request(&read).to_vec());
+        })
+    }
+
+    fn honest_request(&mut self) -> Checked {
+        if let Some(read) = self.honest_read() {
+            let endpoint = self.live_endpoint();
+            self.send(endpoint, wire::encode_request(&read).to_vec());
+        }
         Ok(())
     }
 
-    fn hostile_request(&mut self) -> Checked {
-        let endpoint = self.live_endpoint();
-        let request_id = self.fresh_request_id();
-        let Some(&id) = self
+    /// A read a hostile peer makes of a descriptor it saw: a forged
+    /// capability, a range past the end, before the start, empty, wrapping
+    /// or just past the end, or an id never given out.
+    fn hostile_read(&mut self) -> Option<Read> {
+        let &id = self
             .descriptors
-            .get(self.rng.index(self.descriptors.len().max(1)))
-        else {
-            self.send(endpoint, vec![1, 2, 3]);
-            return Ok(());
-        };
+            .get(self.rng.index(self.descriptors.len().max(1)))?;
         let region = &self.regions[&id];
         let (base, len, capability) = (region.base, region.len, region.capability);
         let honest = Read {
-            request_id,
+            request_id: self.fresh_request_id(),
             region: id,
             capability,
             address: base,
             length: len,
         };
-        let read = match self.rng.below(8) {
+        Some(match self.rng.below(7) {
             0 => {
                 let mut forged = capability;
                 forged[self.rng.index(16)] ^= 1 << self.rng.below(8);
@@ -383,23 +407,61 @@ impl Sim {
                 region: self.next_region + self.rng.below(3),
                 ..honest
             },
-            6 => Read {
+            _ => Read {
                 address: base + len,
                 length: 1,
                 ..honest
             },
-            _ => {
-                let mut bytes = wire::encode_request(&honest).to_vec();
-                match self.rng.below(3) {
-                    0 => bytes.truncate(self.rng.index(bytes.len())),
-                    1 => bytes[1 + self.rng.index(3)] = 1,
-                    _ => bytes.push(0),
-                }
-                self.send(endpoint, bytes);
-                return Ok(());
-            }
+        })
+    }
+
+    fn hostile_request(&mut self) -> Checked {
+        let endpoint = self.live_endpoint();
+        let Some(read) = self.hostile_read() else {
+            self.send(endpoint, vec![1, 2, 3]);
+            return Ok(());
         };
-        self.send(endpoint, wire::encode_request(&read).to_vec());
+        let mut bytes = wire::encode_request(&read).to_vec();
+        if self.rng.chance(12) {
+            match self.rng.below(3) {
+                0 => bytes.truncate(self.rng.index(bytes.len())),
+                1 => bytes[1 + self.rng.index(3)] = 1,
+                _ => bytes.push(0),
+            }
+        }
+        self.send(endpoint, bytes);
+        Ok(())
+    }
+
+    /// A gathered list of honest and hostile entries, now and then cut
+    /// short or padded.
+    fn list_request(&mut self) -> Checked {
+        let count = 1 + self.rng.below(8);
+        let mut entries = Vec::new();
+        for _ in 0..count {
+            let read = if self.rng.chance(25) {
+                self.hostile_read()
+            } else {
+                self.honest_read()
+            };
+            entries.extend(read);
+        }
+        let Some(mut bytes) = wire::encode_list_request(&entries) else {
+            return Ok(());
+        };
+        if self.rng.chance(5) {
+            if self.rng.chance(50) {
+                bytes.truncate(self.rng.index(bytes.len()));
+            } else {
+                bytes.push(0);
+            }
+        }
+        let endpoint = self.live_endpoint();
+        self.network.push(Message {
+            endpoint,
+            list: true,
+            bytes,
+        });
         Ok(())
     }
 
@@ -416,10 +478,10 @@ impl Sim {
     fn expect(&self, endpoint: u64, bytes: &[u8]) -> (u64, Expect) {
         let (mut served, mut refusals) = (0, 0);
         for send in self.transport.values().filter(|s| s.endpoint == endpoint) {
-            if send.payload.is_some() {
-                served += 1;
-            } else {
+            if send.payloads.is_empty() {
                 refusals += 1;
+            } else {
+                served += send.payloads.len();
             }
         }
         let (request_id, verdict) = match wire::decode_request(bytes) {
@@ -471,6 +533,19 @@ impl Sim {
             return Ok(());
         }
         let message = self.network.swap_remove(self.rng.index(self.network.len()));
+        if message.list {
+            self.deliver_list(&message)?;
+        } else {
+            self.deliver_one(&message)?;
+        }
+        self.sent.push(message);
+        if self.sent.len() > 64 {
+            self.sent.swap_remove(0);
+        }
+        Ok(())
+    }
+
+    fn deliver_one(&mut self, message: &Message) -> Checked {
         let (request_id, expect) = self.expect(message.endpoint, &message.bytes);
         self.note(|| format!("deliver from {}: expect {expect:?}", message.endpoint));
         self.owner.handle_request(message.endpoint, &message.bytes);
@@ -520,7 +595,13 @@ impl Sim {
             } else {
                 self.stats.refused += 1;
             }
-            self.transport.insert(send, InFlight { endpoint, payload });
+            self.transport.insert(
+                send,
+                InFlight {
+                    endpoint,
+                    payloads: payload.into_iter().collect(),
+                },
+            );
         }
         if answers == 0 {
             if expect != Expect::Drop {
@@ -531,9 +612,123 @@ impl Sim {
             }
             self.stats.dropped += 1;
         }
-        self.sent.push(message);
-        if self.sent.len() > 64 {
-            self.sent.swap_remove(0);
+        Ok(())
+    }
+
+    /// The model of a list: the replies the owner must send, each with its
+    /// answers in request order (empty: all dropped).
+    fn expect_list(
+        &self,
+        endpoint: u64,
+        bytes: &[u8],
+    ) -> Vec<Vec<(u64, Result<Payload, Refusal>)>> {
+        let Ok(entries) = wire::decode_list_request(bytes) else {
+            return Vec::new();
+        };
+        if self.closed || self.dropping.contains(&endpoint) {
+            return Vec::new();
+        }
+        let (mut served, mut refusals) = (0, 0);
+        for send in self.transport.values().filter(|s| s.endpoint == endpoint) {
+            if send.payloads.is_empty() {
+                refusals += 1;
+            } else {
+                served += send.payloads.len();
+            }
+        }
+        let limits = self.limits;
+        let mut total = 0u128;
+        let mut parts: Vec<Vec<(u64, Result<Payload, Refusal>)>> = vec![Vec::new()];
+        let mut part_bytes = 0u128;
+        for read in entries {
+            let within = read.length <= limits.max_entry
+                && total + u128::from(read.length) <= u128::from(limits.max_total);
+            let answer = if within {
+                self.verdict(&read, served).map(|()| Payload {
+                    region: read.region,
+                    address: read.address,
+                    length: read.length,
+                })
+            } else {
+                Err(Refusal::Malformed)
+            };
+            let length = answer.map_or(0, |p| u128::from(p.length));
+            if answer.is_ok() {
+                served += 1;
+                total += length;
+            }
+            let part = parts.last_mut().expect("one part at least");
+            if !part.is_empty()
+                && (part.len() == limits.entries_per_reply
+                    || part_bytes + length > u128::from(limits.payload_per_reply))
+            {
+                parts.push(Vec::new());
+                part_bytes = 0;
+            }
+            parts
+                .last_mut()
+                .expect("just pushed")
+                .push((read.request_id, answer));
+            part_bytes += length;
+        }
+        parts.retain(|part| {
+            if part.iter().any(|(_, answer)| answer.is_ok()) {
+                return true;
+            }
+            if refusals >= self.bound as usize {
+                return false;
+            }
+            refusals += 1;
+            true
+        });
+        parts
+    }
+
+    fn deliver_list(&mut self, message: &Message) -> Checked {
+        let expected = self.expect_list(message.endpoint, &message.bytes);
+        self.note(|| {
+            format!(
+                "deliver a list from {}: expect {expected:?}",
+                message.endpoint
+            )
+        });
+        self.owner
+            .handle_list_request(message.endpoint, &message.bytes, self.limits);
+        let mut parts = Vec::new();
+        while let Some(action) = self.owner.poll_action() {
+            let Action::ServeList {
+                endpoint,
+                send,
+                answers,
+            } = action
+            else {
+                return Err(format!("{action:?} in answer to a list"));
+            };
+            if endpoint != message.endpoint {
+                return Err(format!(
+                    "a list from endpoint {} answered on {endpoint}",
+                    message.endpoint
+                ));
+            }
+            let payloads: Vec<Payload> = answers.iter().filter_map(|a| a.answer.ok()).collect();
+            self.stats.served += payloads.len() as u64;
+            self.stats.refused += (answers.len() - payloads.len()) as u64;
+            self.transport.insert(send, InFlight { endpoint, payloads });
+            parts.push(
+                answers
+                    .into_iter()
+                    .map(|a| (a.request_id, a.answer))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        if parts != expected {
+            return Err(format!(
+                "a list from {}: expected replies {expected:?}, the owner sent {parts:?}",
+                message.endpoint
+            ));
+        }
+        if parts.is_empty() {
+            self.stats.dropped += 1;
         }
         Ok(())
     }
@@ -557,7 +752,7 @@ impl Sim {
         };
         // A send to a failed endpoint only fails.
         let complete = complete && !self.failed.contains(&in_flight.endpoint);
-        if let Some(payload) = in_flight.payload {
+        for &payload in &in_flight.payloads {
             let bytes = self.read_source(payload)?;
             if complete {
                 self.stats.delivered_bytes += bytes.len() as u64;
@@ -694,7 +889,7 @@ impl Sim {
                 if self
                     .transport
                     .values()
-                    .any(|s| s.payload.is_some_and(|p| p.region == id))
+                    .any(|s| s.payloads.iter().any(|p| p.region == id))
                 {
                     self.stats.unmaps_waited += 1;
                 }
@@ -736,7 +931,7 @@ impl Sim {
     fn close_transport(&mut self) -> Checked {
         self.note(|| "transport closed".into());
         for in_flight in std::mem::take(&mut self.transport).into_values() {
-            if let Some(payload) = in_flight.payload {
+            for &payload in &in_flight.payloads {
                 self.read_source(payload)?;
             }
         }
@@ -753,7 +948,7 @@ impl Sim {
                     if self
                         .transport
                         .values()
-                        .any(|s| s.payload.is_some_and(|p| p.region == region))
+                        .any(|s| s.payloads.iter().any(|p| p.region == region))
                     {
                         return Err(format!(
                             "unmap of region {region} answered while the transport still sends from it"
@@ -798,11 +993,11 @@ impl Sim {
                     per_endpoint.len() - 1
                 }
             };
-            if send.payload.is_some() {
-                per_endpoint[at].1 += 1;
-                served += 1;
-            } else {
+            if send.payloads.is_empty() {
                 per_endpoint[at].2 += 1;
+            } else {
+                per_endpoint[at].1 += send.payloads.len() as u32;
+                served += send.payloads.len();
             }
         }
         for (endpoint, served, refusals) in per_endpoint {
@@ -994,10 +1189,7 @@ mod tests {
             ..Defects::default()
         };
         let found = caught(defects, 20);
-        assert!(
-            found.message.contains("expected Refuse(OutOfRange)"),
-            "{found:?}"
-        );
+        assert!(found.message.contains("OutOfRange"), "{found:?}");
     }
 
     /// Ending a failed endpoint's leases before the transport reported its
