@@ -30,8 +30,15 @@
 //!    [`Owner::shutdown`] and then [`Owner::transport_closed`] at teardown.
 //!
 //! Endpoints are ids the driver chooses (`E`): an address, a counter, an
-//! entry of an address vector. The owner never reads a clock: nothing in
-//! the owner's rules depends on time.
+//! entry of an address vector. A driver gives a failed endpoint's id to a
+//! new endpoint only after the transport ended the failed one's sends (UCX
+//! fails them before it frees the endpoint). The owner never reads a
+//! clock: nothing in the owner's rules depends on time.
+//!
+//! Take each action out before performing it, and hold no borrow of the
+//! owner across the send: a transport may run handlers inside a send (UCX
+//! over loopback delivers there), and those feed the owner again. A send
+//! that completes or fails inside the call is reported at once.
 //!
 //! # Rules
 //!

@@ -2,15 +2,14 @@
 //! its transport, driven by one `u64` seed.
 //!
 //! The scheduler picks, step by step, among: honest requests (from the
-//! descriptors consumers were given, stale ones included), gathered lists
-//! of honest and hostile entries (within bounds drawn per seed), hostile
-//! ones
+//! descriptors consumers were given, stale ones included); hostile ones
 //! (forged capability, out of range, past the end, empty, wrapping,
-//! unknown id, bytes that do not decode, duplicates of earlier requests),
-//! delivering requests in any order, send completions and failures in any
-//! order, endpoint failures, registrations, unmaps mid-read, the owner
-//! rewriting memory whose unmap finished, shutdown and the transport's
-//! close.
+//! unknown id, bytes that do not decode, duplicates of earlier requests);
+//! gathered lists of honest and hostile entries, within list bounds drawn
+//! per seed; delivering requests in any order; send completions and
+//! failures in any order; endpoint failures; registrations; unmaps
+//! mid-read; the owner rewriting memory whose unmap finished; shutdown and
+//! the transport's close.
 //!
 //! Memory is simulated: a few slots of bytes, each with a version that
 //! changes when the owner rewrites a slot no registration covers. The
@@ -31,9 +30,9 @@
 //!    forged, stale or out-of-range request never gets payload. A list
 //!    gets exactly the replies the model predicts: every entry answered
 //!    once, in request order, cut into replies within the list bounds.
-//! 4. Per endpoint, the transport never holds more served replies, nor
-//!    more refusals, than the bound; the owner's lease count is the
-//!    transport's count of served sends.
+//! 4. Per endpoint, the transport never holds more served reads, nor more
+//!    refusals, than the bound; the owner's lease count is the number of
+//!    served ranges the transport holds.
 //! 5. At the end, with every send ended, every unmap was answered, the
 //!    owner holds no lease and no endpoint, and shutdown drains.
 //!
@@ -42,6 +41,14 @@
 //! prints its last steps. `SIM_SEEDS=<count> SIM_SEED_FROM=<first> cargo
 //! test -p rdmareg-engine --lib the_seed_batch` runs another batch than
 //! the default `0..10_000`.
+//!
+//! # Proof that it bites
+//!
+//! `Owner`'s test-only `defects` bring back mistakes an owner can make —
+//! an unmap answered while leases are held, a range checked only at its
+//! start, leases ended at an endpoint's failure instead of at the
+//! transport's report, no bound of unfinished replies — and a test per
+//! defect shows the simulator finds it within the first 20 seeds.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
