@@ -143,6 +143,14 @@ pub enum Refusal {
     /// The endpoint already has as many unfinished replies as the owner
     /// allows; nothing is wrong with the read itself.
     Busy,
+    /// The transport could not confirm that the request came from the
+    /// endpoint the answer would go to; the consumer may ask again. Decided
+    /// by a driver whose transport names senders (libfabric's `FI_SOURCE`)
+    /// and passed to [`Owner::refuse_request`]; never by the owner itself.
+    Unverified,
+    /// The request came from another endpoint than the one the answer
+    /// would go to. Decided by a driver, as [`Refusal::Unverified`].
+    NotTheRequester,
     /// A refusal code this build does not know (decoded from a peer of a
     /// later release; never produced by [`Owner`]).
     Unrecognized(u8),
@@ -159,6 +167,10 @@ impl fmt::Display for Refusal {
             Refusal::Deregistering => f.write_str("the region is being deregistered"),
             Refusal::Malformed => f.write_str("the request could not be parsed"),
             Refusal::Busy => f.write_str("the owner is busy with this consumer's replies"),
+            Refusal::Unverified => f.write_str("the owner could not confirm the request's sender"),
+            Refusal::NotTheRequester => {
+                f.write_str("the request came from another endpoint than its reply address")
+            }
             Refusal::Unrecognized(code) => write!(f, "refused with unknown code {code}"),
         }
     }
@@ -634,6 +646,16 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 send,
                 answers: part.to_vec(),
             });
+        }
+    }
+
+    /// Refuses `request_id` on `endpoint` for a reason the driver decided
+    /// itself (such as [`Refusal::Unverified`]): sent under the endpoint's
+    /// refusal bound like the owner's own refusals, dropped past it, with
+    /// no lease.
+    pub fn refuse_request(&mut self, endpoint: E, request_id: u64, refusal: Refusal) {
+        if self.may_answer(endpoint) {
+            self.refuse(endpoint, request_id, refusal);
         }
     }
 
@@ -1483,6 +1505,33 @@ mod tests {
         let header = action.list_reply_header().unwrap();
         assert_eq!(header.len(), 8 + wire::LIST_REPLY_ENTRY_LEN);
         assert_eq!(action.reply_header(), None);
+    }
+
+    /// A refusal the driver decides takes a place under the endpoint's
+    /// refusal bound, holds no lease, and is dropped past the bound.
+    #[test]
+    fn a_refusal_the_driver_decides_counts_under_the_bound() {
+        let mut owner = owner(1);
+        owner.refuse_request(4, 11, Refusal::Unverified);
+        assert!(matches!(
+            actions(&mut owner)[..],
+            [Action::Refuse {
+                endpoint: 4,
+                request_id: 11,
+                refusal: Refusal::Unverified,
+                ..
+            }]
+        ));
+        owner.refuse_request(4, 12, Refusal::NotTheRequester);
+        assert_eq!(actions(&mut owner), [], "dropped past the bound");
+        assert_eq!(
+            owner.load(4),
+            EndpointLoad {
+                served: 0,
+                refusals: 1
+            }
+        );
+        assert_eq!(owner.leases_in_flight(), 0);
     }
 
     #[test]

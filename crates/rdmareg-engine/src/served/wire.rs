@@ -210,9 +210,11 @@ impl Reply {
     }
 }
 
-/// The status code of a refusal this build assigns; a hand-made
+/// The status code of a refusal this build assigns. A hand-made
 /// [`Refusal::Unrecognized`] of an assigned code (or of `0`) encodes as
-/// malformed, so it cannot pass for a served reply or another refusal.
+/// malformed, so it cannot pass for a served reply or another refusal; so
+/// do the refusals this format has no code for (those a libfabric driver
+/// decides), which a UCX owner never sends.
 fn refusal_code(refusal: Refusal) -> u8 {
     match refusal {
         Refusal::RegionUnknown => 1,
@@ -222,7 +224,7 @@ fn refusal_code(refusal: Refusal) -> u8 {
         Refusal::Malformed => MALFORMED,
         Refusal::Busy => 6,
         Refusal::Unrecognized(code) if code > LAST_ASSIGNED => code,
-        Refusal::Unrecognized(_) => MALFORMED,
+        Refusal::Unrecognized(_) | Refusal::Unverified | Refusal::NotTheRequester => MALFORMED,
     }
 }
 
