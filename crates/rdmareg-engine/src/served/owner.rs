@@ -425,6 +425,29 @@ pub(crate) struct Defects {
 }
 
 /// The owner side of served reads (module docs).
+///
+/// # Example
+///
+/// One read served while an unmap waits for it:
+///
+/// ```
+/// use rdmareg_engine::served::{Action, Owner, OwnerConfig, Read, UnmapStatus};
+///
+/// let mut owner: Owner<u64> = Owner::new(OwnerConfig::default());
+/// owner.register(1, [7; 16], 0x1000, 4096)?;
+/// let read = Read { request_id: 5, region: 1, capability: [7; 16], address: 0x1000, length: 64 };
+/// owner.handle_read(9, read);
+/// let Some(Action::Serve { endpoint: 9, send, payload, .. }) = owner.poll_action() else {
+///     panic!("served");
+/// };
+/// // The driver sends the reply header and `payload`'s bytes on endpoint 9.
+/// assert_eq!((payload.address, payload.length), (0x1000, 64));
+/// assert_eq!(owner.unmap(1), UnmapStatus::Waiting);
+/// assert_eq!(owner.poll_action(), None, "the send may still read the region");
+/// owner.send_completed(send);
+/// assert_eq!(owner.poll_action(), Some(Action::Unmapped { region: 1 }));
+/// # Ok::<(), rdmareg_core::RdmaError>(())
+/// ```
 #[derive(Debug)]
 pub struct Owner<E> {
     bound: u32,
