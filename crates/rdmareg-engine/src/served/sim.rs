@@ -5,6 +5,7 @@
 //! descriptors consumers were given, stale ones included); hostile ones
 //! (forged capability, out of range, past the end, empty, wrapping,
 //! unknown id, bytes that do not decode, duplicates of earlier requests);
+//! refusals the driver decides (a sender it could not confirm);
 //! gathered lists of honest and hostile entries, within list bounds drawn
 //! per seed; delivering requests in any order; send completions and
 //! failures in any order; endpoint failures; registrations; unmaps
@@ -313,7 +314,8 @@ impl Sim {
             74..=75 => self.fail_endpoint(),
             76..=83 => self.register(),
             84..=91 => self.unmap(),
-            92..=97 => self.rewrite(),
+            92..=93 => self.driver_refusal(),
+            94..=97 => self.rewrite(),
             98 if self.rng.chance(20) => self.shutdown(),
             99 if self.shut_down && self.rng.chance(30) => self.close_transport(),
             _ => Ok(()),
@@ -483,6 +485,51 @@ impl Sim {
             bytes,
         });
         Ok(())
+    }
+
+    /// The driver refuses a request it could not confirm the sender of.
+    fn driver_refusal(&mut self) -> Checked {
+        let endpoint = self.live_endpoint();
+        let request_id = self.fresh_request_id();
+        let refusals = self
+            .transport
+            .values()
+            .filter(|s| s.endpoint == endpoint && s.payloads.is_empty())
+            .count();
+        let dropped =
+            self.closed || self.dropping.contains(&endpoint) || refusals >= self.bound as usize;
+        self.owner
+            .refuse_request(endpoint, request_id, Refusal::Unverified);
+        match (self.owner.poll_action(), dropped) {
+            (None, true) => self.stats.dropped += 1,
+            (
+                Some(Action::Refuse {
+                    endpoint: to,
+                    send,
+                    request_id: id,
+                    refusal: Refusal::Unverified,
+                }),
+                false,
+            ) if to == endpoint && id == request_id => {
+                self.stats.refused += 1;
+                self.transport.insert(
+                    send,
+                    InFlight {
+                        endpoint,
+                        payloads: Vec::new(),
+                    },
+                );
+            }
+            (other, _) => {
+                return Err(format!(
+                    "a driver's refusal of {request_id} on {endpoint} (dropped expected: {dropped}) gave {other:?}"
+                ));
+            }
+        }
+        match self.owner.poll_action() {
+            None => Ok(()),
+            Some(action) => Err(format!("{action:?} after a driver's refusal")),
+        }
     }
 
     /// A request sent earlier arrives again.
