@@ -14,6 +14,29 @@
 //! - [`owner`]: the owner side.
 //! - [`wire`]: the UCX engine's request and reply formats, one way to
 //!   feed and answer the owner.
+//!
+//! # A driver's part
+//!
+//! What a UCX driver's request handler and region table do around the
+//! owner (a libfabric driver does the same with tagged sends, its own
+//! request format and [`Owner::refuse_request`] for senders it cannot
+//! confirm):
+//!
+//! - after `ucp_mem_map` and drawing 16 random bytes,
+//!   [`Owner::register`]; the driver keeps the region's memory handle;
+//! - on an unmap, [`Owner::unmap`]: `NotRegistered` answers the caller
+//!   now, `Waiting` parks the caller under the region's id;
+//! - in the request handler, [`Owner::handle_request`] with the reply
+//!   endpoint's address as the endpoint, then every action at once, while
+//!   that endpoint is valid: [`Action::Serve`] and [`Action::Refuse`]
+//!   become an active-message send of [`Action::reply_header`] (and the
+//!   payload, from the region's memory handle), whose completion callback
+//!   reports [`Owner::send_completed`] or [`Owner::send_failed`] with the
+//!   action's [`SendId`] — at once when the send ended inside the call;
+//! - [`Action::Unmapped`]: `ucp_mem_unmap`, and every parked caller
+//!   answered;
+//! - at teardown [`Owner::shutdown`], and once the worker is destroyed
+//!   [`Owner::transport_closed`].
 
 pub mod owner;
 pub mod wire;
