@@ -37,11 +37,11 @@
 //! 5. At the end, with every send ended, every unmap was answered, the
 //!    owner holds no lease and no endpoint, and shutdown drains.
 //!
-//! A violation names its seed and step; [`run`] replays a seed exactly,
-//! and `SIM_SEED=<seed> cargo test -p rdmareg-engine --lib replay_a_seed`
-//! prints its last steps. `SIM_SEEDS=<count> SIM_SEED_FROM=<first> cargo
-//! test -p rdmareg-engine --lib the_seed_batch` runs another batch than
-//! the default `0..10_000`.
+//! A violation names its seed and step and prints the run's last steps;
+//! [`run`] replays a seed exactly. The seed test runs
+//! `RDMAREG_SIM_SEEDS` seeds from `RDMAREG_SIM_FIRST_SEED`, as `cargo
+//! xtask sim` sets them (`--seed S` replays one), and by default the
+//! first 10,000 in an optimised build and the first 1,000 in a debug one.
 //!
 //! # Proof that it bites
 //!
@@ -1157,8 +1157,20 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
-    /// Seeds of the fixed batch every test run checks.
-    const SEEDS: u64 = 10_000;
+    /// The seeds to run: `RDMAREG_SIM_SEEDS` of them from
+    /// `RDMAREG_SIM_FIRST_SEED` (what `cargo xtask sim` sets); by default
+    /// the first 10,000 in an optimised build and the first 1,000 in a
+    /// debug one.
+    fn seeds() -> std::ops::Range<u64> {
+        let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+        let first = var("RDMAREG_SIM_FIRST_SEED").unwrap_or(0);
+        let default = if cfg!(debug_assertions) {
+            1_000
+        } else {
+            10_000
+        };
+        first..first.saturating_add(var("RDMAREG_SIM_SEEDS").unwrap_or(default))
+    }
 
     /// The first of seeds `0..limit` on which the simulator finds a
     /// violation with `defects` switched on.
@@ -1176,19 +1188,17 @@ mod tests {
         found
     }
 
-    /// The owner as built keeps every invariant over a batch of seeds —
-    /// `0..10_000` unless `SIM_SEEDS=<count>` and `SIM_SEED_FROM=<first>`
-    /// say otherwise — and the runs exercise what they claim to (served
-    /// bytes, refusals, dropped requests, unmaps that had to wait).
+    /// The owner as built keeps every invariant over the seeds of
+    /// `seeds()`, and enough seeds exercise what they claim to: served
+    /// bytes, refusals, dropped requests, unmaps that had to wait. A replay
+    /// of one seed prints its last steps.
     #[test]
-    fn the_seed_batch_keeps_every_invariant() {
-        let from: u64 = std::env::var("SIM_SEED_FROM")
-            .map_or(0, |s| s.parse().expect("SIM_SEED_FROM is a u64"));
-        let count: u64 =
-            std::env::var("SIM_SEEDS").map_or(SEEDS, |s| s.parse().expect("SIM_SEEDS is a u64"));
+    fn every_seed_keeps_every_invariant() {
+        let seeds = seeds();
+        let count = seeds.end - seeds.start;
         let started = Instant::now();
         let mut total = Stats::default();
-        for seed in from..from.saturating_add(count) {
+        for seed in seeds.clone() {
             match run(seed) {
                 Ok(stats) => total.add(stats),
                 Err(violation) => panic!(
@@ -1200,16 +1210,16 @@ mod tests {
                 ),
             }
         }
-        eprintln!(
-            "seeds {from}..{}: {:?}, {total:?}",
-            from.saturating_add(count),
-            started.elapsed()
-        );
-        if count >= 1000 {
-            assert!(total.served > count && total.refused > count, "{total:?}");
-            assert!(total.unmaps_waited > count / 10, "{total:?}");
-            assert!(total.dropped > 0 && total.delivered_bytes > 0, "{total:?}");
+        if count == 1 {
+            eprintln!("{}", replay(seeds.start, Defects::default()));
         }
+        eprintln!("seeds {seeds:?}: {:?}, {total:?}", started.elapsed());
+        if count < 1_000 {
+            return;
+        }
+        assert!(total.served > count && total.refused > count, "{total:?}");
+        assert!(total.unmaps_waited > count / 10, "{total:?}");
+        assert!(total.dropped > 0 && total.delivered_bytes > 0, "{total:?}");
     }
 
     /// A seed replays exactly: the same violation at the same step, the
@@ -1229,20 +1239,10 @@ mod tests {
         );
     }
 
-    /// `SIM_SEED=<seed>` prints that seed's last steps and its outcome
-    /// (and fails if the seed finds a violation); without it, seed 0.
-    #[test]
-    fn replay_a_seed() {
-        let seed = std::env::var("SIM_SEED").map_or(0, |s| s.parse().expect("SIM_SEED is a u64"));
-        let story = replay(seed, Defects::default());
-        eprintln!("{story}");
-        assert!(story.contains("clean"), "{story}");
-    }
-
     /// Answering an unmap while a reply still sends from the region is
     /// caught within the first 20 seeds, by invariant 2.
     #[test]
-    fn the_simulator_catches_an_unmap_that_ignores_leases() {
+    fn the_simulator_finds_an_unmap_that_ignores_leases() {
         let defects = Defects {
             unmap_ignores_leases: true,
             ..Defects::default()
@@ -1254,7 +1254,7 @@ mod tests {
     /// Serving a read that starts inside a region but ends past it is
     /// caught within the first 20 seeds, by invariant 3.
     #[test]
-    fn the_simulator_catches_a_read_past_the_region_end() {
+    fn the_simulator_finds_a_read_past_the_region_end() {
         let defects = Defects {
             range_end_unchecked: true,
             ..Defects::default()
@@ -1267,7 +1267,7 @@ mod tests {
     /// owner before its bound of unfinished replies) is caught within the
     /// first 20 seeds.
     #[test]
-    fn the_simulator_catches_unbounded_replies() {
+    fn the_simulator_finds_unbounded_replies() {
         let defects = Defects {
             unbounded_replies: true,
             ..Defects::default()
@@ -1280,7 +1280,7 @@ mod tests {
     /// the transport still sends, or a send ending that the owner had
     /// already forgotten).
     #[test]
-    fn the_simulator_catches_leases_ended_at_an_endpoint_failure() {
+    fn the_simulator_finds_leases_ended_at_an_endpoint_failure() {
         let defects = Defects {
             endpoint_failure_ends_leases: true,
             ..Defects::default()
