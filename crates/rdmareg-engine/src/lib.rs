@@ -14,10 +14,10 @@
 //! - [`thread`]: starting the thread, and joining it within a deadline;
 //! - [`answers`]: a batch's answers as its entries finish;
 //! - [`deadlines`]: reads' deadlines, earliest first;
-//! - [`consumer`]: the consumer side of an owner-served read, as a state
-//!   machine with no I/O and no clock, checked by a seeded simulator;
-//! - [`served`]: the owner side — admission, read leases, unmaps that wait
-//!   for them — as a state machine of the same kind, with its simulator.
+//! - [`served`]: the served-read protocol as state machines with no I/O and
+//!   no clock, checked by seeded simulators: the owner side (admission,
+//!   read leases, unmaps that wait for them) and the consumer side (which
+//!   reply may write a destination, answers only after release).
 //!
 //! A driver (the transport's crate) creates and progresses the transport's
 //! objects, and turns their completions into answers. This crate never
@@ -27,7 +27,6 @@
 
 pub mod answers;
 pub mod command;
-pub mod consumer;
 pub mod deadlines;
 pub mod doorbell;
 pub mod front;

@@ -12,6 +12,8 @@
 //! completions.
 //!
 //! - [`owner`]: the owner side.
+//! - [`consumer`]: the consumer side: which reply may write a read's
+//!   destination, and when a read is answered.
 //! - [`wire`]: the UCX engine's request and reply formats, one way to
 //!   feed and answer the owner.
 //!
@@ -38,6 +40,7 @@
 //! - at teardown [`Owner::shutdown`], and once the worker is destroyed
 //!   [`Owner::transport_closed`].
 
+pub mod consumer;
 pub mod owner;
 pub mod wire;
 

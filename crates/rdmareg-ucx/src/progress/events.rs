@@ -18,7 +18,7 @@
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::cell::{Cell, RefCell};
 
-use rdmareg_engine::consumer::{Answer, Consumer, ReadId};
+use rdmareg_engine::served::consumer::{Answer, Consumer, ReadId};
 use ucx_sys::{ucp_worker_h, ucs_status_t};
 
 use super::ops::GetOp;

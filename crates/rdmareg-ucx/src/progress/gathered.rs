@@ -47,7 +47,7 @@ use super::Engine;
 use super::events::Events;
 use super::gets::PreparedRead;
 use super::ops::GetOp;
-use rdmareg_engine::consumer::{DropReason, ReadId, Reply, ReplyOutcome, ReplyVerdict};
+use rdmareg_engine::served::consumer::{DropReason, ReadId, Reply, ReplyOutcome, ReplyVerdict};
 
 use super::replies::{ArrivedReply, machine_reply};
 use super::serve::{SMALL_UP_TO, admit, end_served};

@@ -60,7 +60,7 @@ use super::events::Events;
 use super::key_memo::DecodedKey;
 use super::ops::{GetOp, Phase};
 use super::pieces;
-use rdmareg_engine::consumer::TimeoutAction;
+use rdmareg_engine::served::consumer::TimeoutAction;
 
 use super::replies::{failure, on_request_sent};
 use super::ucp::{EpHandle, MemHandle, SendMode, send_active_message};

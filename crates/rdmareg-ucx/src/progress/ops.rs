@@ -18,7 +18,7 @@ use ucx_sys as sys;
 use super::answer::Answer;
 use super::events::Events;
 use super::ucp::MemHandle;
-use rdmareg_engine::consumer::ReadId;
+use rdmareg_engine::served::consumer::ReadId;
 
 /// Where a read stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

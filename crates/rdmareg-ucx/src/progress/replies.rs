@@ -3,7 +3,7 @@
 //!
 //! Which reply may write a read's destination, and when the read is
 //! answered, is the engine kit's consumer machine's to decide
-//! (`rdmareg_engine::consumer`): a reply counts only from the endpoint its
+//! (`rdmareg_engine::served::consumer`): a reply counts only from the endpoint its
 //! request went out on, once, and only with the read's own length; a read
 //! is answered only once UCX let go of its destination. These callbacks feed
 //! it what UCX reports and do what it decides.
@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use rdmareg_core::RdmaError;
 use ucx_sys as sys;
 
-use rdmareg_engine::consumer::{DropReason, ReadId, Reply, ReplyOutcome, ReplyVerdict};
+use rdmareg_engine::served::consumer::{DropReason, ReadId, Reply, ReplyOutcome, ReplyVerdict};
 
 use super::events::Events;
 use super::ops::{GetOp, Phase};
