@@ -10,12 +10,15 @@
 //! # Call order
 //!
 //! 1. [`Rdma::start`] with a [`Config`] (inside a Tokio runtime).
-//! 2. Exchange addresses over your own control channel:
-//!    [`Rdma::worker_address`] out, [`Rdma::add_peer`] in.
-//! 3. Register ([`RdmaRegistry::register_owned`], `register_external`) or
+//! 2. Register ([`RdmaRegistry::register_owned`], `register_external`) or
 //!    allocate ([`RdmaRegistry::alloc_pinned`]); describe
 //!    ([`RegionGuard::descriptor`], or [`PinnedBuf::describe`] for a pool
-//!    buffer); send the encoded descriptor.
+//!    buffer).
+//! 3. Hand the peer this side's address and the descriptors:
+//!    [`Rdma::offer`] over any Tokio byte stream, [`Rdma::accept`] on the
+//!    other side (which adds the peer); or by hand,
+//!    [`Rdma::worker_address`] out, [`Rdma::add_peer`] in, and
+//!    [`Descriptor::encode`] over your own channel.
 //! 4. GET a peer's descriptor into a pinned buffer ([`RdmaRegistry::get`]).
 //! 5. Release ([`RegionGuard::unregister_owned`], or drop the guard).
 //! 6. [`Rdma::shutdown`].
@@ -125,12 +128,14 @@
 mod config;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+pub mod offer;
 #[cfg(feature = "discovery")]
 mod published;
 mod rdma;
 mod summary;
 
 pub use config::Config;
+pub use offer::{Offer, OfferError, OfferedRegion};
 pub use rdma::{Rdma, StartError};
 pub use summary::ShutdownSummary;
 

@@ -9,9 +9,11 @@ use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{PeerId, RdmaError};
 use rdmareg_registry::{ConfigError, RdmaRegistry};
 use rdmareg_ucx::UcxEngine;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::runtime::Handle;
 
 use crate::config::Config;
+use crate::offer::{Offer, OfferError, OfferedRegion};
 use crate::summary::ShutdownSummary;
 
 /// Why [`Rdma::start`] could not start.
@@ -105,6 +107,79 @@ impl Rdma {
     /// As [`UcxEngine::remove_peer`].
     pub fn remove_peer(&self, peer: PeerId) -> Result<(), RdmaError> {
         self.engine.remove_peer(peer)
+    }
+
+    /// Writes this side's [`worker_address`](Self::worker_address) and
+    /// `regions` to `stream` as one [`Offer`], for the peer's
+    /// [`accept`](Self::accept). A region is a [`Descriptor`](rdmareg_core::Descriptor),
+    /// or a `(label, descriptor)` pair whose label (bytes or text, at most
+    /// [`MAX_LABEL_LEN`](crate::offer::MAX_LABEL_LEN)) the peer finds it by.
+    ///
+    /// # Errors
+    /// As [`Offer::write_to`]: the limits of the format, or the stream's
+    /// I/O error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave part of the offer written.
+    pub async fn offer<W, I>(&self, stream: &mut W, regions: I) -> Result<(), OfferError>
+    where
+        W: AsyncWrite + Unpin + ?Sized,
+        I: IntoIterator,
+        I::Item: Into<OfferedRegion>,
+    {
+        Offer::new(self.worker_address(), regions)
+            .write_to(stream)
+            .await
+    }
+
+    /// Reads a peer's [`offer`](Self::offer) from `stream`, adds the peer as
+    /// `peer` ([`add_peer`](Self::add_peer)) and returns what it offered:
+    /// its descriptors are ready to GET from `peer`.
+    ///
+    /// The peer is trusted as [`add_peer`](Self::add_peer) trusts it: on one
+    /// host, its descriptors may make this engine copy from another process
+    /// of this host and user. For a peer trusted with the network only, use
+    /// [`accept_served_only`](Self::accept_served_only).
+    ///
+    /// # Errors
+    /// As [`Offer::read_from`] (closed, truncated, oversize, malformed or
+    /// of another version), or [`OfferError::AddPeer`] if adding the peer
+    /// fails.
+    ///
+    /// # Cancel safety
+    /// The peer is added only once the whole offer is read; dropping the
+    /// future before then adds nothing but loses what was read.
+    pub async fn accept<R>(&self, stream: &mut R, peer: PeerId) -> Result<Offer, OfferError>
+    where
+        R: AsyncRead + Unpin + ?Sized,
+    {
+        let offer = Offer::read_from(stream).await?;
+        self.add_peer(peer, offer.worker_address().clone())
+            .map_err(OfferError::AddPeer)?;
+        Ok(offer)
+    }
+
+    /// As [`accept`](Self::accept), but adds the peer with
+    /// [`add_peer_served_only`](Self::add_peer_served_only): every read from
+    /// it goes through its engine.
+    ///
+    /// # Errors
+    /// As [`accept`](Self::accept).
+    ///
+    /// # Cancel safety
+    /// As [`accept`](Self::accept).
+    pub async fn accept_served_only<R>(
+        &self,
+        stream: &mut R,
+        peer: PeerId,
+    ) -> Result<Offer, OfferError>
+    where
+        R: AsyncRead + Unpin + ?Sized,
+    {
+        let offer = Offer::read_from(stream).await?;
+        self.add_peer_served_only(peer, offer.worker_address().clone())
+            .map_err(OfferError::AddPeer)?;
+        Ok(offer)
     }
 
     /// The registry (also reachable through `Deref`).
