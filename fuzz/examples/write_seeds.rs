@@ -323,7 +323,7 @@ fn bootstrap_seeds(keys: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
         (
             "offer_empty",
             Message::Offer {
-                worker_address: Bytes::new(),
+                worker_address: Bytes::from_static(&[0x5A; 48]),
                 ranges: Vec::new(),
             },
         ),
@@ -369,15 +369,29 @@ fn bootstrap_seeds(keys: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
             },
         ),
     ];
-    messages
+    let mut seeds: Vec<(String, Vec<u8>)> = messages
         .into_iter()
         .map(|(name, message)| {
             // Seeds are frame bodies: the target fuzzes the decoder, which
             // runs after the length prefix was read.
-            let frame = message.encode();
+            let frame = message.encode().expect(name);
             let body = frame[4..].to_vec();
             assert_eq!(Message::decode(&body).expect(name), message);
             (name.to_owned(), body)
         })
-        .collect()
+        .collect();
+    // An offer as a service writes it, with names for labels and one
+    // region unlabelled (the CLI refuses it: its labels are checksums).
+    let named = rdmareg::Offer::new(
+        Bytes::from_static(&[0x5A; 48]),
+        keys.iter().enumerate().map(|(i, (name, key))| {
+            let descriptor = descriptor("ucx", 0x7f3a_2000_0000, 4096, i as u64, key);
+            rdmareg::OfferedRegion::new(if i == 0 { String::new() } else { name.clone() }, descriptor)
+        }),
+    );
+    let frame = named.encode().expect("offer_named");
+    let body = frame[4..].to_vec();
+    assert_eq!(rdmareg::Offer::decode(&body).expect("offer_named"), named);
+    seeds.push(("offer_named".to_owned(), body));
+    seeds
 }

@@ -1,15 +1,16 @@
-//! Fuzzes the decoder of the CLI's bootstrap frames, `Message::decode`, on
-//! arbitrary frame bodies.
+//! Fuzzes the decoders of offer frames: the facade's `rdmareg::Offer::decode`
+//! and the CLI's bootstrap `Message::decode` built on it, on arbitrary frame
+//! bodies.
 //!
-//! The module lives in the `rdmareg` binary crate, which cannot be depended
-//! on, so it is compiled into this target from its source file; it needs only
-//! `bytes`, `rdmareg-core`, `thiserror` and `tokio`'s I/O traits.
+//! The CLI's module lives in the `rdmareg` binary crate, which cannot be
+//! depended on, so it is compiled into this target from its source file.
 //!
-//! A decoded message must survive a round trip: its encoding carries a length
-//! prefix equal to the body length, the body is as long as the input (the
-//! decoder refuses trailing bytes and the encoding has no optional parts), and
-//! decoding it again gives the same message. The bodies are not compared byte
-//! for byte because `Done` reads any non-zero byte as `true` and writes `1`.
+//! A decoded offer must survive a round trip byte for byte: its encoding has
+//! no optional parts and the decoder refuses trailing bytes, so the body it
+//! encodes to is the input. A decoded CLI message must too, up to `Done`,
+//! which reads any non-zero byte as `true` and writes `1`: its encoding
+//! carries a length prefix equal to the body length, the body is as long as
+//! the input, and decoding it again gives the same message.
 
 #![no_main]
 
@@ -19,19 +20,26 @@ mod bootstrap;
 
 use bootstrap::Message;
 use libfuzzer_sys::fuzz_target;
+use rdmareg::Offer;
+
+fn prefix(frame: &[u8]) -> (usize, &[u8]) {
+    let (prefix, body) = frame.split_at(4);
+    let declared = u32::from_le_bytes(prefix.try_into().expect("4-byte prefix"));
+    assert_eq!(declared as usize, body.len(), "length prefix is wrong");
+    (declared as usize, body)
+}
 
 fuzz_target!(|body: &[u8]| {
+    if let Ok(offer) = Offer::decode(body) {
+        let frame = offer.encode().expect("a decoded offer encodes");
+        let (_, encoded_body) = prefix(&frame);
+        assert_eq!(encoded_body, body, "an offer's round trip changed its bytes");
+    }
     let Ok(message) = Message::decode(body) else {
         return;
     };
-    let frame = message.encode();
-    let (prefix, encoded_body) = frame.split_at(4);
-    let declared = u32::from_le_bytes(prefix.try_into().expect("4-byte prefix"));
-    assert_eq!(
-        declared as usize,
-        encoded_body.len(),
-        "length prefix is wrong"
-    );
+    let frame = message.encode().expect("a decoded message encodes");
+    let (_, encoded_body) = prefix(&frame);
     assert_eq!(
         encoded_body.len(),
         body.len(),

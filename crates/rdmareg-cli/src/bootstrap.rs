@@ -1,11 +1,12 @@
 //! The plain-TCP bootstrap between an owner and a consumer process.
 //!
-//! Before any RDMA traffic the two sides need to exchange the owner's UCX
+//! Before any RDMA traffic the two sides need to exchange the owner's
 //! worker address and the descriptors of what it registered. That exchange
-//! runs over an ordinary TCP connection with length-prefixed frames: a `u32`
-//! little-endian length, then a one-byte message tag, then the body. Frames
-//! are capped at [`MAX_FRAME_LEN`] so a confused or hostile peer cannot make
-//! the reader allocate without bound.
+//! runs over an ordinary TCP connection in the frames of [`rdmareg::offer`]
+//! (a `u32` little-endian length, capped at
+//! [`MAX_FRAME_LEN`](rdmareg::offer::MAX_FRAME_LEN), then the body). The
+//! owner's first frame is an [`rdmareg::Offer`] whose labels are the CRC32
+//! of each range; every later frame is a one-byte tag and its fields.
 //!
 //! Conversation:
 //! 1. owner → consumer: [`Message::Offer`] (worker address, descriptors and
@@ -19,12 +20,11 @@
 //!    registrations its backend still holds after shutdown.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use rdmareg::offer::{self, Offer, OfferError, OfferedRegion};
 use rdmareg_core::Descriptor;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-/// Largest frame either side accepts.
-pub const MAX_FRAME_LEN: u32 = 16 << 20;
-
+/// First body byte of an offer (written by [`rdmareg::Offer`]).
 const TAG_OFFER: u8 = 1;
 const TAG_DONE: u8 = 2;
 const TAG_OWNER_SHUT_DOWN: u8 = 3;
@@ -97,31 +97,31 @@ pub enum Message {
 /// Why a bootstrap exchange failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
-    /// The connection failed or closed early.
-    #[error("bootstrap connection: {0}")]
-    Io(#[from] std::io::Error),
-    /// The peer sent bytes that are not a valid message.
+    /// The connection failed or closed early, or a frame or the offer was
+    /// refused.
+    #[error("bootstrap: {0}")]
+    Frame(#[from] OfferError),
+    /// The peer sent a frame that is not a valid message.
     #[error("bootstrap protocol violation: {0}")]
     Protocol(String),
 }
 
 impl Message {
     /// Encode as one frame (length prefix included).
-    pub fn encode(&self) -> Bytes {
+    ///
+    /// # Errors
+    /// An offer over the limits of [`rdmareg::offer`].
+    pub fn encode(&self) -> Result<Bytes, BootstrapError> {
         let mut body = BytesMut::new();
         match self {
             Message::Offer {
                 worker_address,
                 ranges,
             } => {
-                body.put_u8(TAG_OFFER);
-                body.put_u32_le(worker_address.len() as u32);
-                body.put_slice(worker_address);
-                body.put_u32_le(ranges.len() as u32);
-                for range in ranges {
-                    body.put_u32_le(range.crc32);
-                    range.descriptor.encode_into(&mut body);
-                }
+                let regions = ranges.iter().map(|range| {
+                    OfferedRegion::new(range.crc32.to_le_bytes().to_vec(), range.descriptor.clone())
+                });
+                return Ok(Offer::new(worker_address.clone(), regions).encode()?);
             }
             Message::Done { verified, tally } => {
                 body.put_u8(TAG_DONE);
@@ -138,48 +138,42 @@ impl Message {
             }
         }
         let mut frame = BytesMut::with_capacity(4 + body.len());
+        // At most 10 bytes.
         frame.put_u32_le(body.len() as u32);
         frame.put_slice(&body);
-        frame.freeze()
+        Ok(frame.freeze())
     }
 
     /// Decode one frame body (without the length prefix).
-    pub fn decode(mut body: &[u8]) -> Result<Message, BootstrapError> {
+    pub fn decode(body: &[u8]) -> Result<Message, BootstrapError> {
         let bad = |what: &str| BootstrapError::Protocol(what.to_owned());
+        let whole = body;
+        let mut body = body;
         if body.is_empty() {
             return Err(bad("empty frame"));
         }
         let tag = body.get_u8();
         let message = match tag {
             TAG_OFFER => {
-                if body.remaining() < 4 {
-                    return Err(bad("offer truncated"));
-                }
-                let address_len = body.get_u32_le() as usize;
-                if address_len
-                    .checked_add(4)
-                    .is_none_or(|needed| body.remaining() < needed)
-                {
-                    return Err(bad("offer truncated in worker address"));
-                }
-                let worker_address = Bytes::copy_from_slice(&body[..address_len]);
-                body.advance(address_len);
-                let count = body.get_u32_le() as usize;
-                let mut ranges = Vec::with_capacity(count.min(1024));
-                for _ in 0..count {
-                    if body.remaining() < 4 {
-                        return Err(bad("offer truncated in range list"));
-                    }
-                    let crc32 = body.get_u32_le();
-                    let (descriptor, used) = Descriptor::decode_prefix(body)
-                        .map_err(|e| BootstrapError::Protocol(format!("descriptor: {e}")))?;
-                    body.advance(used);
-                    ranges.push(OfferedRange { descriptor, crc32 });
-                }
-                Message::Offer {
+                let offer = Offer::decode(whole)?;
+                let worker_address = offer.worker_address().clone();
+                let ranges = offer
+                    .into_regions()
+                    .into_iter()
+                    .map(|region| {
+                        let crc32 = <[u8; 4]>::try_from(region.label())
+                            .map(u32::from_le_bytes)
+                            .map_err(|_| bad("an offered range's label is not a CRC32"))?;
+                        Ok(OfferedRange {
+                            descriptor: region.into_descriptor(),
+                            crc32,
+                        })
+                    })
+                    .collect::<Result<_, BootstrapError>>()?;
+                return Ok(Message::Offer {
                     worker_address,
                     ranges,
-                }
+                });
             }
             TAG_DONE if body.remaining() == 9 => Message::Done {
                 verified: body.get_u8() != 0,
@@ -204,25 +198,19 @@ impl Message {
 }
 
 /// Write one message.
-pub async fn send<W: AsyncWriteExt + Unpin>(
+pub async fn send<W: AsyncWrite + Unpin>(
     writer: &mut W,
     message: &Message,
 ) -> Result<(), BootstrapError> {
-    writer.write_all(&message.encode()).await?;
-    writer.flush().await?;
+    let frame = message.encode()?;
+    writer.write_all(&frame).await.map_err(OfferError::from)?;
+    writer.flush().await.map_err(OfferError::from)?;
     Ok(())
 }
 
 /// Read one message.
-pub async fn receive<R: AsyncReadExt + Unpin>(reader: &mut R) -> Result<Message, BootstrapError> {
-    let len = reader.read_u32_le().await?;
-    if len > MAX_FRAME_LEN {
-        return Err(BootstrapError::Protocol(format!(
-            "frame of {len} bytes exceeds the {MAX_FRAME_LEN}-byte cap"
-        )));
-    }
-    let mut body = vec![0u8; len as usize];
-    reader.read_exact(&mut body).await?;
+pub async fn receive<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Message, BootstrapError> {
+    let body = offer::read_frame(reader).await?;
     Message::decode(&body)
 }
 
@@ -286,7 +274,7 @@ mod tests {
 
     #[test]
     fn every_truncation_of_an_offer_is_a_protocol_error() {
-        let frame = offer().encode();
+        let frame = offer().encode().unwrap();
         let body = &frame[4..];
         for cut in 0..body.len() {
             assert!(Message::decode(&body[..cut]).is_err(), "cut at {cut}");
@@ -296,11 +284,24 @@ mod tests {
     #[tokio::test]
     async fn an_oversized_frame_is_refused_before_allocation() {
         let (mut a, mut b) = tokio::io::duplex(64);
-        a.write_all(&(MAX_FRAME_LEN + 1).to_le_bytes())
+        a.write_all(&(offer::MAX_FRAME_LEN + 1).to_le_bytes())
             .await
             .unwrap();
         assert!(matches!(
             receive(&mut b).await,
+            Err(BootstrapError::Frame(OfferError::Oversize { .. }))
+        ));
+    }
+
+    #[test]
+    fn an_offer_whose_labels_are_not_checksums_is_refused() {
+        let descriptor =
+            Descriptor::new("ucx", 0x1000, 4096, 3, Bytes::from_static(&[0; 9])).unwrap();
+        let frame = Offer::new(Bytes::from_static(b"addr"), [("block-0", descriptor)])
+            .encode()
+            .unwrap();
+        assert!(matches!(
+            Message::decode(&frame[4..]),
             Err(BootstrapError::Protocol(_))
         ));
     }

@@ -27,6 +27,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rdmareg::OfferError;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -105,10 +106,16 @@ pub enum ControlError {
 impl From<BootstrapError> for ControlError {
     fn from(error: BootstrapError) -> Self {
         match error {
-            BootstrapError::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            BootstrapError::Frame(OfferError::Closed | OfferError::Truncated { .. }) => {
                 ControlError::Closed
             }
-            BootstrapError::Io(e) => ControlError::Broken(e),
+            BootstrapError::Frame(OfferError::Io(e))
+                if e.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
+                ControlError::Closed
+            }
+            BootstrapError::Frame(OfferError::Io(e)) => ControlError::Broken(e),
+            BootstrapError::Frame(refused) => ControlError::Protocol(refused.to_string()),
             BootstrapError::Protocol(what) => ControlError::Protocol(what),
         }
     }

@@ -230,15 +230,13 @@ fn fake_owner(worker_address: Vec<u8>) -> String {
             bytes::Bytes::from_static(&[0; 9]),
         )
         .expect("a valid descriptor");
-        // An offer frame: tag 1, the worker address, one range (CRC32, descriptor).
-        let mut body = vec![1u8];
-        body.extend_from_slice(&(worker_address.len() as u32).to_le_bytes());
-        body.extend_from_slice(&worker_address);
-        body.extend_from_slice(&1u32.to_le_bytes());
-        body.extend_from_slice(&0u32.to_le_bytes());
-        body.extend_from_slice(&descriptor.encode());
-        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-        frame.extend_from_slice(&body);
+        // An offer whose one range's label is its CRC32.
+        let frame = rdmareg::Offer::new(
+            bytes::Bytes::from(worker_address),
+            [(0u32.to_le_bytes().to_vec(), descriptor)],
+        )
+        .encode()
+        .expect("an offer within the limits");
         let _ = stream.write_all(&frame);
         let _ = stream.read_to_end(&mut Vec::new());
     });
