@@ -9,6 +9,10 @@
 //! docs/packaging.md). Each run starts the owner as a child process of the
 //! binary; the consumer fetches every block over UCX (tcp on loopback) and
 //! checks each byte.
+//!
+//! Then it runs the facade's `two_processes` example, the code of
+//! `docs/guide-two-processes.md`, as the guide says: an owner and a
+//! consumer process over TCP.
 
 use std::fs;
 use std::process::Command;
@@ -43,5 +47,15 @@ pub fn run_task(args: &[String]) -> Result<()> {
     let outcome = run(Command::new(&copy).env_clear().current_dir(&elsewhere));
     // Best effort: the copy is only ever run once.
     let _ = fs::remove_dir_all(&elsewhere);
-    outcome
+    outcome?;
+
+    println!("\n==> the two-process guide's example (docs/guide-two-processes.md)");
+    run(&mut cargo([
+        "run",
+        "--locked",
+        "-p",
+        "rdmareg",
+        "--example",
+        "two_processes",
+    ]))
 }

@@ -52,6 +52,7 @@ tasks:
   vendored [--full]  build UCX statically from crates/rdmareg-ucx-src (feature `vendored`:
                      verbs, mlx5, rdmacm, cma) and run the UCX suites over it
   example            build and run examples/block-service (a downstream project on the published crates)
+                     and the two-process guide's example (rdmareg's `two_processes`)
   doctor             one line per native dependency (UCX, libfabric, protoc, etcd, tools):
                      what is present, its version and where, or the command that provisions it
   fresh [--if-changed]
