@@ -1,6 +1,6 @@
-//! A block service on rdmareg: an owner registers named blocks and serves
-//! their descriptors over a small TCP control channel; a consumer asks for
-//! blocks by name, GETs each into a pinned buffer and checks every byte.
+//! A block service on rdmareg: an owner registers named blocks and offers
+//! their descriptors, labelled by name, to a consumer; the consumer accepts
+//! the offer, GETs each block into a pinned buffer and checks every byte.
 //!
 //! ```text
 //! block-service owner --listen 127.0.0.1:0      # prints `listening on ADDR`
@@ -8,23 +8,19 @@
 //! block-service                                 # both: the owner as a child process
 //! ```
 //!
-//! The control channel carries length-prefixed frames (u32 big-endian
-//! length, then bytes). On connect the owner sends its UCX worker address;
-//! then each request frame is `get <name>` (answered with the block's
-//! encoded descriptor, or an empty frame for an unknown name) or `bye`
-//! (the owner shuts down in order and exits).
+//! The control channel is one TCP connection: the owner's offer
+//! (`Rdma::offer`, read by `Rdma::accept`), then one `done` frame from the
+//! consumer once its reads are over, after which the owner unregisters its
+//! blocks and shuts down in order.
 
-use std::collections::HashMap;
 use std::error::Error;
 use std::process::Stdio;
 use std::time::Duration;
 
-use rdmareg::{
-    Descriptor, PeerId, RdmaConfig, RdmaRegistry, RegionGuard, Transport, UcxConfig, UcxEngine,
-};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use rdmareg::offer::{read_frame, write_frame};
+use rdmareg::{Config, PeerId, Rdma, Transport};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::runtime::Handle;
 
 type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
 
@@ -35,10 +31,6 @@ const BLOCKS: &[(&str, usize)] = &[
     ("kv/session-7", 256 << 10),
     ("tiny", 13),
 ];
-
-/// Largest control frame accepted (a descriptor or worker address is far
-/// smaller).
-const MAX_FRAME: usize = 64 << 10;
 
 const TEARDOWN: Duration = Duration::from_secs(5);
 
@@ -58,129 +50,76 @@ fn block_content(name: &str, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn ucx_config() -> UcxConfig {
-    UcxConfig::default()
+fn config() -> Config {
+    Config::new()
         .with_transport(Transport::Tcp)
         .with_net_devices("lo")
 }
 
-async fn write_frame(stream: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> Result<()> {
-    let len = u32::try_from(bytes.len())?;
-    stream.write_all(&len.to_be_bytes()).await?;
-    stream.write_all(bytes).await?;
-    stream.flush().await?;
-    Ok(())
-}
-
-async fn read_frame(stream: &mut (impl AsyncRead + Unpin)) -> Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len).await?;
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(
-            format!("control frame of {len} bytes is over the {MAX_FRAME}-byte limit").into(),
-        );
-    }
-    let mut frame = vec![0u8; len];
-    stream.read_exact(&mut frame).await?;
-    Ok(frame)
-}
-
-/// Registers every block, answers one consumer's requests, then shuts down.
+/// Registers every block, offers them to one consumer, and once it is done
+/// unregisters them and shuts down.
 async fn owner(listen: &str) -> Result<()> {
-    let engine = UcxEngine::start(ucx_config())?;
-    let registry = RdmaRegistry::new(engine.backend(), RdmaConfig::default(), Handle::current())?;
-    let mut regions: HashMap<&str, RegionGuard> = HashMap::new();
+    let rdma = Rdma::start(config())?;
+    let mut regions = Vec::new();
     for &(name, len) in BLOCKS {
         let block = block_content(name, len).into_boxed_slice();
-        let region = registry.register_owned(block).await.map_err(|e| e.error)?;
-        regions.insert(name, region);
+        regions.push((name, rdma.register_owned(block).await?));
     }
 
     let listener = TcpListener::bind(listen).await?;
     println!("listening on {}", listener.local_addr()?);
     let (mut stream, _) = listener.accept().await?;
-    write_frame(&mut stream, &engine.worker_address()).await?;
-    let mut served = 0usize;
-    loop {
-        let request = read_frame(&mut stream).await?;
-        let request = String::from_utf8_lossy(&request);
-        if request == "bye" {
-            break;
-        }
-        let Some(name) = request.strip_prefix("get ") else {
-            return Err(format!("unknown request {request:?}").into());
-        };
-        match regions.get(name) {
-            Some(region) => {
-                write_frame(&mut stream, &region.descriptor()?.encode()).await?;
-                served += 1;
-            }
-            None => write_frame(&mut stream, &[]).await?,
-        }
+    let mut offered = Vec::new();
+    for (name, region) in &regions {
+        offered.push((*name, region.descriptor()?));
     }
+    rdma.offer(&mut stream, offered).await?;
+    // Until the consumer's `done` or the connection's end, it may be reading.
+    let _ = read_frame(&mut stream).await;
 
-    for (_, region) in regions.drain() {
-        region
-            .unregister_owned(TEARDOWN)
-            .await
-            .map_err(|e| e.error)?;
+    for (_, region) in regions {
+        region.unregister_owned(TEARDOWN).await?;
     }
-    let swept = registry.shutdown(TEARDOWN).await;
-    engine.shutdown().await;
-    swept.finish_after_backend_teardown();
-    let left = engine.live_registrations();
-    println!("owner: served {served} descriptors; registrations left: {left:?}");
-    if left != Some(0) {
-        return Err("the owner's engine still holds registrations".into());
+    let summary = rdma.shutdown().await;
+    println!("owner: offered {} blocks; {summary}", BLOCKS.len());
+    if !summary.is_clean() {
+        return Err("the owner did not shut down clean".into());
     }
     Ok(())
 }
 
-/// Fetches every block (and one unknown name) from the owner at `connect`
-/// and checks the bytes.
+/// Fetches every block from the owner at `connect` and checks the bytes.
 async fn consumer(connect: &str) -> Result<()> {
+    let rdma = Rdma::start(config())?;
     let mut stream = TcpStream::connect(connect).await?;
-    let address = read_frame(&mut stream).await?;
-
-    let engine = UcxEngine::start(ucx_config())?;
-    let registry = RdmaRegistry::new(engine.backend(), RdmaConfig::default(), Handle::current())?;
-    let owner_peer = PeerId(1);
-    engine.add_peer(owner_peer, address.into())?;
+    let owner = PeerId(1);
+    let offer = rdma.accept(&mut stream, owner).await?;
 
     let mut fetched = 0usize;
     for &(name, len) in BLOCKS {
-        write_frame(&mut stream, format!("get {name}").as_bytes()).await?;
-        let wire = read_frame(&mut stream).await?;
-        let descriptor = Descriptor::decode(&wire)?;
+        let descriptor = offer
+            .descriptor(name)
+            .ok_or(format!("{name}: not offered"))?;
         if descriptor.len() as usize != len {
-            return Err(format!(
-                "{name}: described {} bytes, expected {len}",
-                descriptor.len()
-            )
-            .into());
+            let described = descriptor.len();
+            return Err(format!("{name}: described {described} bytes, expected {len}").into());
         }
-        let mut buffer = registry.alloc_pinned(len).await?;
-        registry.get(owner_peer, &descriptor, &mut buffer).await?;
+        let mut buffer = rdma.alloc_pinned(len).await?;
+        rdma.get(owner, descriptor, &mut buffer).await?;
         if buffer[..] != block_content(name, len)[..] {
             return Err(format!("{name}: the fetched bytes differ from the block").into());
         }
         println!("consumer: {name}: {len} bytes verified");
         fetched += len;
     }
-    write_frame(&mut stream, b"get no/such/block").await?;
-    if !read_frame(&mut stream).await?.is_empty() {
+    if offer.descriptor("no/such/block").is_some() {
         return Err("the owner described a block it does not have".into());
     }
-    write_frame(&mut stream, b"bye").await?;
+    write_frame(&mut stream, b"done").await?;
 
-    let swept = registry.shutdown(TEARDOWN).await;
-    engine.shutdown().await;
-    swept.finish_after_backend_teardown();
-    println!(
-        "consumer: {} blocks, {fetched} bytes fetched and verified",
-        BLOCKS.len()
-    );
+    let summary = rdma.shutdown().await;
+    let blocks = BLOCKS.len();
+    println!("consumer: {blocks} blocks, {fetched} bytes fetched and verified; {summary}");
     Ok(())
 }
 
