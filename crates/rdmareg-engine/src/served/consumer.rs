@@ -153,6 +153,12 @@ pub(crate) struct Defects {
     pub(crate) answer_before_release: bool,
     /// Take a reply from whichever endpoint it came on.
     pub(crate) accept_any_endpoint: bool,
+    /// Take a served payload shorter than the read.
+    pub(crate) accept_short_payload: bool,
+    /// Check a longer served payload by its header, not its size.
+    pub(crate) trust_header_length: bool,
+    /// Take a refusal from whichever endpoint it came on.
+    pub(crate) accept_refusals_from_any_endpoint: bool,
 }
 
 /// A read's answer, with the driver's value it was started with.
@@ -297,7 +303,10 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
         payload_length: u64,
     ) -> ReplyVerdict {
         let id = ReadId(reply.request_id);
-        let any_endpoint = self.accepts_any_endpoint();
+        let any_endpoint = self.accepts_any_endpoint()
+            || (self.defect_refusals_from_any_endpoint()
+                && matches!(reply.outcome, ReplyOutcome::Refused(_)));
+        let payload_length = self.defect_payload_length(payload_length, reply);
         let Some(read) = self.reads.get_mut(&reply.request_id) else {
             return ReplyVerdict::Drop(DropReason::NotAwaited);
         };
@@ -490,6 +499,39 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
 
     #[cfg(not(test))]
     fn accepts_any_endpoint(&self) -> bool {
+        false
+    }
+
+    /// The payload size the length rule sees: the true one, but for the
+    /// test-only defects that misjudge it.
+    #[cfg(test)]
+    fn defect_payload_length(&self, payload_length: u64, reply: &Reply) -> u64 {
+        let Some(read) = self.reads.get(&reply.request_id) else {
+            return payload_length;
+        };
+        match reply.outcome {
+            ReplyOutcome::Served { length }
+                if self.defects.trust_header_length && payload_length > read.length =>
+            {
+                length
+            }
+            _ if self.defects.accept_short_payload && payload_length < read.length => read.length,
+            _ => payload_length,
+        }
+    }
+
+    #[cfg(not(test))]
+    fn defect_payload_length(&self, payload_length: u64, _: &Reply) -> u64 {
+        payload_length
+    }
+
+    #[cfg(test)]
+    fn defect_refusals_from_any_endpoint(&self) -> bool {
+        self.defects.accept_refusals_from_any_endpoint
+    }
+
+    #[cfg(not(test))]
+    fn defect_refusals_from_any_endpoint(&self) -> bool {
         false
     }
 

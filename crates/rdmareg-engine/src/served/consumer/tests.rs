@@ -60,6 +60,26 @@ fn a_reply_from_another_endpoint_is_dropped() {
     );
 }
 
+/// A third peer that guesses a request id cannot fail the read with a
+/// refusal either: the owner's reply still lands.
+#[test]
+fn a_refusal_from_another_endpoint_is_dropped() {
+    let (mut consumer, read, _) = started(8);
+    let refusal = Reply {
+        request_id: read.0,
+        outcome: ReplyOutcome::Refused(RdmaError::RegionNotFound),
+    };
+    assert_eq!(
+        consumer.handle_reply(OTHER, &refusal, 0),
+        ReplyVerdict::Drop(DropReason::WrongEndpoint)
+    );
+    assert_eq!(consumer.poll_answer(), None);
+    assert_eq!(
+        consumer.handle_reply(OWNER, &served(read.0, 8), 8),
+        ReplyVerdict::Land(read)
+    );
+}
+
 #[test]
 fn a_second_reply_to_the_same_read_is_dropped() {
     let (mut consumer, read, _) = started(8);
@@ -75,7 +95,7 @@ fn a_second_reply_to_the_same_read_is_dropped() {
 
 #[test]
 fn a_reply_of_the_wrong_length_is_refused_unwritten() {
-    for (header, payload) in [(9, 9), (8, 9), (9, 8), (4, 4)] {
+    for (header, payload) in [(9, 9), (8, 9), (9, 8), (4, 4), (8, 4)] {
         let (mut consumer, read, _) = started(8);
         assert_eq!(
             consumer.handle_reply(OWNER, &served(read.0, header), payload),

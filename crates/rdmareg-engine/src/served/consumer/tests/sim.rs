@@ -4,8 +4,9 @@
 //! One `u64` seed drives everything: which reads start (waiting for a reply
 //! header, or with a receive posted into the destination first), when replies are
 //! delivered (reordered, duplicated, delayed past deadlines, never), which
-//! owners refuse or lie about lengths, when a third peer forges replies with
-//! guessed request ids, how long the transport takes to write a payload and
+//! owners refuse or send the wrong number of bytes (more or fewer than asked,
+//! under a header that tells the truth or lies), when a third peer forges
+//! replies or refusals with guessed request ids, how long the transport takes to write a payload and
 //! whether it fails half way, when endpoints fail, when the clock jumps past
 //! deadlines, and when shutdown begins. Memory is simulated: every
 //! destination records each byte write with the step that made it.
@@ -13,9 +14,11 @@
 //! After every step the promises are checked as invariants:
 //!
 //! - every read is answered at most once, and by the end exactly once;
-//! - no byte is written into a destination after its read was answered;
+//! - no byte is written into a destination after its read was answered,
+//!   nor past its end;
 //! - an `Ok` destination holds exactly the bytes its own owner served for
 //!   that read (never a third peer's, never a partial write);
+//! - no read is answered with a third peer's refusal;
 //! - the machine keeps no state for answered reads.
 //!
 //! A failure names its seed and step, and the same seed replays it exactly:
@@ -41,6 +44,8 @@ const MAX_READS: usize = 24;
 const FORGED: u8 = 0x66;
 /// Byte a fresh destination holds.
 const UNWRITTEN: u8 = 0xEE;
+/// What the forger's refusals say.
+const FORGED_REFUSAL: &str = "forged refusal";
 
 /// splitmix64: small, fast, and the same on every platform.
 struct Rng(u64);
@@ -106,6 +111,8 @@ struct SimRead {
     served: Option<Vec<u8>>,
     answered_at: Option<u64>,
     outcome: Option<Result<(), RdmaError>>,
+    /// A write past the destination's end, when one happened.
+    overrun_at: Option<u64>,
 }
 
 /// A broken promise: seed, step and what happened.
@@ -135,6 +142,8 @@ pub(super) struct Summary {
     pub(super) forged_dropped: u64,
     pub(super) stopped_landings: u64,
     pub(super) posted_receives_ok: u64,
+    /// Served replies of the wrong length the machine refused.
+    pub(super) wrong_lengths_refused: u64,
 }
 
 struct Sim {
@@ -250,6 +259,7 @@ impl Sim {
                 served: None,
                 answered_at: None,
                 outcome: None,
+                overrun_at: None,
             },
         );
         if self.failed.contains(&owner) {
@@ -275,13 +285,22 @@ impl Sim {
                 payload: Vec::new(),
             }
         } else {
-            let served_length = if self.rng.chance(self.wrong_length[&owner]) {
-                length + 1 + self.rng.below(4)
+            // How many bytes follow, and how many the header announces.
+            let (payload_length, header_length) = if self.rng.chance(self.wrong_length[&owner]) {
+                let more = length + 1 + self.rng.below(4);
+                let fewer = self.rng.below(length);
+                match self.rng.below(4) {
+                    0 => (more, more),
+                    1 => (fewer, fewer),
+                    // The header lies: it announces what was asked.
+                    2 => (more, length),
+                    _ => (fewer, length),
+                }
             } else {
-                length
+                (length, length)
             };
             // The owner's bytes: distinct per read, never the forger's.
-            let payload: Vec<u8> = (0..served_length)
+            let payload: Vec<u8> = (0..payload_length)
                 .map(|i| (read.0.wrapping_mul(31).wrapping_add(i) % 200) as u8)
                 .collect();
             if let Some(sim_read) = self.reads.get_mut(&read) {
@@ -292,7 +311,7 @@ impl Sim {
                 reply: Reply {
                     request_id: read.0,
                     outcome: ReplyOutcome::Served {
-                        length: served_length,
+                        length: header_length,
                     },
                 },
                 payload,
@@ -339,6 +358,11 @@ impl Sim {
                 }
             }
             ReplyVerdict::Drop(_) if message.from == FORGER => self.summary.forged_dropped += 1,
+            ReplyVerdict::Refused(_)
+                if matches!(message.reply.outcome, ReplyOutcome::Served { .. }) =>
+            {
+                self.summary.wrong_lengths_refused += 1;
+            }
             ReplyVerdict::Drop(_) | ReplyVerdict::Refused(_) => {}
         }
     }
@@ -363,8 +387,11 @@ impl Sim {
                     written: 0,
                     doomed: false,
                 };
+                // A posted receive is bounded by its buffer: the transport
+                // writes no more than fits.
                 let length = landing.payload.len();
-                self.write(&mut landing, length);
+                let room = self.reads.get(&read).map_or(0, |r| r.destination.len());
+                self.write(&mut landing, length.min(room));
                 let fits = self
                     .reads
                     .get(&read)
@@ -408,10 +435,15 @@ impl Sim {
     }
 
     /// Writes the next `bytes` of a landing's payload into its destination,
-    /// recording a violation if the read was answered already.
+    /// recording a violation if the read was answered already or the write
+    /// runs past the destination's end (a transport that does not check a
+    /// receive's size).
     fn write(&mut self, landing: &mut Landing, bytes: usize) {
         let end = (landing.written + bytes).min(landing.payload.len());
         if let Some(read) = self.reads.get_mut(&landing.read) {
+            if end > read.destination.len() && read.overrun_at.is_none() {
+                read.overrun_at = Some(self.step);
+            }
             let end = end.min(read.destination.len());
             if landing.written < end {
                 read.destination[landing.written..end]
@@ -476,9 +508,9 @@ impl Sim {
     }
 
     /// A third peer sends a reply with a guessed request id and the right
-    /// length. (Not to reads with a posted receive: a transport that
-    /// matches receives by id alone needs ids no peer can guess, which is
-    /// the driver's to provide.)
+    /// length, or a refusal. (Not to reads with a posted receive: a
+    /// transport that matches receives by id alone needs ids no peer can
+    /// guess, which is the driver's to provide.)
     fn forge(&mut self) {
         let Some((&read, sim_read)) = self
             .reads
@@ -491,15 +523,26 @@ impl Sim {
             return;
         }
         let length = sim_read.destination.len();
+        let (outcome, payload) = if self.rng.chance(30) {
+            (
+                ReplyOutcome::Refused(RdmaError::Backend(FORGED_REFUSAL.into())),
+                Vec::new(),
+            )
+        } else {
+            (
+                ReplyOutcome::Served {
+                    length: length as u64,
+                },
+                vec![FORGED; length],
+            )
+        };
         self.network.push(Message {
             from: FORGER,
             reply: Reply {
                 request_id: read.0,
-                outcome: ReplyOutcome::Served {
-                    length: length as u64,
-                },
+                outcome,
             },
-            payload: vec![FORGED; length],
+            payload,
         });
     }
 
@@ -549,6 +592,16 @@ impl Sim {
 
     fn check(&self) -> Result<(), Failure> {
         for (read, sim_read) in &self.reads {
+            if let Some(step) = sim_read.overrun_at {
+                return Err(self.fail(format!(
+                    "{read:?} was written past its destination's end at step {step}"
+                )));
+            }
+            if let Some(Err(RdmaError::Backend(text))) = &sim_read.outcome {
+                if text == FORGED_REFUSAL {
+                    return Err(self.fail(format!("{read:?} answered with a third peer's refusal")));
+                }
+            }
             if sim_read.answered_at == Some(u64::MAX) {
                 return Err(self.fail(format!(
                     "a byte landed in {read:?} after its answer ({:?})",
@@ -648,6 +701,7 @@ fn every_seed_keeps_every_promise() {
         total.forged_dropped += summary.forged_dropped;
         total.stopped_landings += summary.stopped_landings;
         total.posted_receives_ok += summary.posted_receives_ok;
+        total.wrong_lengths_refused += summary.wrong_lengths_refused;
     }
     // Enough seeds exercise what they claim to: successes, deadlines,
     // forged replies turned away, deadlines that had to stop a transfer. (A
@@ -660,6 +714,7 @@ fn every_seed_keeps_every_promise() {
     assert!(total.forged_dropped > count, "{total:?}");
     assert!(total.stopped_landings > count / 10, "{total:?}");
     assert!(total.posted_receives_ok > count / 10, "{total:?}");
+    assert!(total.wrong_lengths_refused > count / 10, "{total:?}");
 }
 
 #[test]
@@ -697,4 +752,43 @@ fn the_simulator_finds_replies_taken_from_any_endpoint() {
     };
     let failure = first_failure(defects, 100).expect("caught within 100 seeds");
     assert!(failure.what.contains("did not serve"), "{failure}");
+}
+
+/// Taking a served reply whose payload is shorter than the read: the
+/// simulator finds stale bytes answered `Ok`.
+#[test]
+fn the_simulator_finds_short_payloads_taken() {
+    let defects = Defects {
+        accept_short_payload: true,
+        ..Defects::default()
+    };
+    let failure = first_failure(defects, 100).expect("caught within 100 seeds");
+    assert!(failure.what.contains("did not serve"), "{failure}");
+}
+
+/// Trusting a served reply's header over its payload's size: the
+/// simulator finds a write past the destination's end.
+#[test]
+fn the_simulator_finds_payloads_longer_than_their_header() {
+    let defects = Defects {
+        trust_header_length: true,
+        ..Defects::default()
+    };
+    let failure = first_failure(defects, 100).expect("caught within 100 seeds");
+    assert!(
+        failure.what.contains("past its destination's end"),
+        "{failure}"
+    );
+}
+
+/// Taking a refusal from whichever endpoint it came on: the simulator finds
+/// a read failed by a third peer.
+#[test]
+fn the_simulator_finds_refusals_taken_from_any_endpoint() {
+    let defects = Defects {
+        accept_refusals_from_any_endpoint: true,
+        ..Defects::default()
+    };
+    let failure = first_failure(defects, 100).expect("caught within 100 seeds");
+    assert!(failure.what.contains("third peer's refusal"), "{failure}");
 }
