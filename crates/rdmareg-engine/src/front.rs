@@ -14,7 +14,10 @@
 //!   caller's earlier GETs (which it must wait for) and later ones (which it
 //!   must refuse). Only if the ring is full does the future wait for room;
 //!   dropped meanwhile, it diverts the unmap to the control lane, so an unmap
-//!   proceeds whether or not its future is ever polled.
+//!   proceeds whether or not its future is ever polled. A diverted unmap
+//!   runs ahead of the ring, so earlier reads into the region that were
+//!   still queued are refused rather than waited for
+//!   ([`lanes`](crate::lanes)).
 //! - `get` and batches leave everything to the thread once pushed: the
 //!   destination stays held until the transport released it, whether or not
 //!   anyone awaits the answer.

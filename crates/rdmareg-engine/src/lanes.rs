@@ -10,9 +10,22 @@
 //!
 //! The thread drains the control lane before each ring command, so a control
 //! command pushed before a ring command (in happens-before order) is always
-//! handled first. The other direction is only reached when the ring is full,
-//! and is harmless: a compensating unmap that overtakes its map finds
-//! nothing, and the map then sees its caller gone and is skipped.
+//! handled first. The other direction, a control command overtaking ring
+//! commands pushed before it, is reached through a full ring or by a
+//! command sent with [`Submitter::send_control`], with these effects:
+//!
+//! - a compensating unmap that overtakes its map finds nothing, and the map
+//!   then sees its caller gone and is skipped;
+//! - a diverted unmap (its future dropped while the ring was full) runs
+//!   before reads into its region still waiting in the ring. Those reads
+//!   then find the region gone and are refused
+//!   ([`RdmaError::RegionNotFound`]) before anything is written, instead of
+//!   landing before the unmap; the unmap's own caller no longer waits for
+//!   its answer;
+//! - a driver command on the control lane (a peer change sent there, or
+//!   one [`Submitter::push_now`] diverted from a full ring) is made before
+//!   reads still waiting in the ring, which then go by the peer table as it
+//!   changed.
 
 use std::future::Future;
 use std::ops::ControlFlow;
@@ -244,7 +257,8 @@ pub enum Overflow {
     /// callers then see nothing happen).
     Abandon,
     /// Push it onto the control lane: for commands that must proceed once
-    /// issued (unmap).
+    /// issued (unmap). The command then overtakes whatever still waits in
+    /// the ring (see the module docs).
     ToControlLane,
 }
 
