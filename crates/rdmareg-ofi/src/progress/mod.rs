@@ -234,6 +234,12 @@ pub(crate) fn run(
     ready.started(info);
     engine.serve(&lanes);
     engine.teardown(&lanes.ring, &lanes.control);
+    // The lanes close before the fabric does: a shutdown sent from now on
+    // (an engine dropped after its join gave up on a provider wedged in
+    // this close) is refused at once instead of waiting for an answer
+    // nobody would give.
+    drop(lanes);
+    drop(engine);
 }
 
 /// One registered region.
