@@ -275,12 +275,21 @@ fn find() -> Result<Install, String> {
             return Err(problems.join("; "));
         }
     };
-    if cache.is_dir() {
-        // A later provisioning adds an install or rewrites the pointer.
+    let pointer = cache.join(POINTER);
+    if !pointer.is_file() && cache.is_dir() {
+        // Without a pointer the newest install is taken, so a later
+        // provisioning that adds one (or writes the pointer) must rerun this.
+        // Only then is the directory watched: cargo scans a watched
+        // directory to its last file, following links, and the cache also
+        // holds `cargo xtask fresh`'s Debian root (whose `dev/stdin` leads
+        // to `/proc`, newer at every look) and CI's target directories, so
+        // watching it made every build rerun this script and recompile
+        // everything above it.
         println!("cargo::rerun-if-changed={}", cache.display());
     }
-    let pointer = cache.join(POINTER);
     if let Ok(text) = fs::read_to_string(&pointer) {
+        // Every provisioning writes the pointer, so this is the change to
+        // watch.
         println!("cargo::rerun-if-changed={}", pointer.display());
         let prefix = PathBuf::from(text.trim());
         match at_prefix(&prefix) {
