@@ -15,7 +15,8 @@
 //!
 //! `--target <host>` is explicit so that `RUSTFLAGS` reach only the target
 //! crates, not build scripts and proc-macros. The build has its own target
-//! directory (`target/asan`) so it never invalidates the normal one.
+//! directory (`asan/` in the build directory: `target/asan`, or below
+//! `CARGO_TARGET_DIR`) so it never invalidates the normal one.
 //!
 //! # What it sees
 //!
@@ -67,7 +68,7 @@
 use std::process::Command;
 
 use crate::ucx;
-use crate::util::{Error, Result, bail, cargo, probe, run, target_dir, workspace_root};
+use crate::util::{Error, Result, bail, build_dir, cargo, probe, run, workspace_root};
 
 /// The packages whose tests run: the registry (over the loopback), the UCX
 /// engine and backend, the libfabric engine and backend (its owner-served
@@ -312,7 +313,7 @@ fn any_of<'a>(tests: impl Iterator<Item = &'a Named>) -> String {
 /// The instrumented `cargo nextest run` of [`PACKAGES`], selecting the tests
 /// of `filter`.
 fn nextest(host: &str, detect_leaks: bool, filter: &str) -> Command {
-    let target = target_dir().join("asan");
+    let target = build_dir().join("asan");
     let mut cmd = cargo(["nextest", "run", "--no-fail-fast", "--all-features"]);
     for package in PACKAGES {
         cmd.args(["--package", package]);

@@ -21,15 +21,20 @@
 //! shared patched build above; the vendored static build gets its own step.
 //!
 //! The sanitizer and fuzz steps run last: they build in their own target
-//! directories (`target/asan`, `target/fuzz`), so a failure in the ordinary
-//! steps is reported before the slowest builds start.
+//! directories (`asan/`, `fuzz/` in the build directory), so a failure in
+//! the ordinary steps is reported before the slowest builds start.
+//!
+//! Unless `CARGO_TARGET_DIR` is set, every build goes to the build cache
+//! outside the clone ([`crate::build_cache`]), so a fresh clone compiles
+//! only the workspace's own crates.
 
 use std::process::Command;
 
 use crate::native::{self, Need};
 use crate::util::{Result, bail, cargo, format_duration, run, timed};
 use crate::{
-    asan, bindgen, cluster, example, fresh, fuzz, netns, ofi, package, sim, ucx, vendored,
+    asan, bindgen, build_cache, cluster, example, fresh, fuzz, netns, ofi, package, sim, ucx,
+    vendored,
 };
 
 /// What CI provisions in its first step: every entry of the native list but
@@ -172,6 +177,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
     // SAFETY: nothing else runs yet: xtask is single-threaded here, and no
     // other thread reads the environment while it is written.
     unsafe { std::env::set_var("RDMAREG_UCX_NO_VENDOR", "1") };
+    build_cache::use_for_this_run()?;
     let steps = steps();
     let total = steps.len();
     let mut timings = Vec::with_capacity(total);

@@ -18,7 +18,7 @@ use std::fs;
 use std::process::Command;
 
 use crate::native;
-use crate::util::{Context, Result, bail, cargo, run, target_dir, workspace_root};
+use crate::util::{Context, Result, bail, build_dir, cargo, run, workspace_root};
 
 /// `cargo xtask example`.
 pub fn run_task(args: &[String]) -> Result<()> {
@@ -32,10 +32,10 @@ pub fn run_task(args: &[String]) -> Result<()> {
         // Its own workspace, but the main target directory: the rdmareg
         // crates and the dependencies resolved alike are reused from the
         // workspace's build (a fresh CI clone otherwise compiles them again).
-        .env("CARGO_TARGET_DIR", target_dir());
+        .env("CARGO_TARGET_DIR", build_dir());
     run(&mut cmd)?;
 
-    let built = target_dir().join("debug/block-service");
+    let built = build_dir().join("debug/block-service");
     let elsewhere = std::env::temp_dir().join(format!("block-service-{}", std::process::id()));
     fs::create_dir_all(&elsewhere).context(format!("cannot create {}", elsewhere.display()))?;
     let copy = elsewhere.join("block-service");

@@ -17,7 +17,8 @@
 //! `cargo install cargo-fuzz --locked`. UCX and libfabric are provisioned
 //! first, as for the other tasks: the packed-key and worker-address targets
 //! link `rdmareg-ucx`, and the fuzz crate links `rdmareg-ofi`.
-//! The fuzz build goes to `target/fuzz/build/`.
+//! The fuzz build goes to `fuzz/build/` in the build directory
+//! (`target/`, or `CARGO_TARGET_DIR` when set).
 //!
 //! # Corpora
 //!
@@ -39,7 +40,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
-use crate::util::{Context, Result, bail, cargo, run, target_dir, workspace_root};
+use crate::util::{Context, Result, bail, build_dir, cargo, run, target_dir, workspace_root};
 use crate::{ofi, ucx};
 
 /// Seconds per target when `--secs` is not given.
@@ -289,7 +290,7 @@ fn fuzz_one(target: &str, seconds: u64) -> Result<Report> {
 
     let mut cmd = fuzz_cargo(["fuzz", "run", target]);
     cmd.arg("--target-dir")
-        .arg(target_dir().join("fuzz/build"))
+        .arg(build_dir().join("fuzz/build"))
         .arg(&working)
         .arg(&seeds)
         .arg("--")

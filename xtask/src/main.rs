@@ -5,6 +5,7 @@
 
 mod asan;
 mod bindgen;
+mod build_cache;
 mod ci;
 mod cluster;
 #[cfg(test)]

@@ -31,7 +31,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::util::{Context, Result, bail, cargo, probe, run, target_dir};
+use crate::util::{Context, Result, bail, build_dir, cargo, probe, run};
 
 const OWNER_ADDRESS: &str = "10.77.0.1";
 const CONSUMER_ADDRESS: &str = "10.77.0.2";
@@ -150,7 +150,7 @@ pub(crate) fn build(release: bool) -> Result<PathBuf> {
         command.arg("--release");
     }
     run(&mut command)?;
-    let binary = target_dir()
+    let binary = build_dir()
         .join(if release { "release" } else { "debug" })
         .join("rdmareg");
     if !binary.is_file() {

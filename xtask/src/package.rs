@@ -80,7 +80,7 @@ pub const ARGS: &[&str] = &[
 /// The target directory verification builds in: its own, so that every
 /// rdmareg crate compiled there came from cargo's temporary registry.
 fn verify_target_dir() -> PathBuf {
-    crate::util::target_dir().join("package-verify")
+    crate::util::build_dir().join("package-verify")
 }
 
 /// Removes the fingerprints of rdmareg's crates from [`verify_target_dir`].

@@ -63,12 +63,32 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The directory build output and provisioned tools go to.
+/// The directory provisioned tools go to (the UCX wheel, NIXL's
+/// virtualenv, fuzz corpora); builds go to [`build_dir`].
 ///
 /// Always `<workspace>/target`, whatever `CARGO_TARGET_DIR` says: the
 /// `rdmareg-ucx-sys` build script looks for the provisioned UCX at exactly this path.
 pub fn target_dir() -> PathBuf {
     workspace_root().join("target")
+}
+
+/// `CARGO_TARGET_DIR` when it is set and not empty.
+pub fn target_dir_override() -> Option<PathBuf> {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The target directory cargo builds in: `CARGO_TARGET_DIR` when set (a
+/// relative one taken from the workspace root, where [`cargo`] runs),
+/// else `<workspace>/target`. `cargo xtask ci` sets it to its build cache
+/// ([`crate::build_cache`]). The tasks that build in a directory of their
+/// own (`asan`, `vendored`, `package`, `fuzz`) use one below this.
+pub fn build_dir() -> PathBuf {
+    match target_dir_override() {
+        Some(dir) => workspace_root().join(dir),
+        None => target_dir(),
+    }
 }
 
 /// Renders a command line for echoing.

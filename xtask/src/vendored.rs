@@ -5,7 +5,7 @@
 //! It installs rdma-core's development packages when they are missing,
 //! then runs tests of `rdmareg-ucx-sys` and `rdmareg-ucx` with the
 //! feature on (a subset by default, every suite with `--full`), in their
-//! own target directory (`target/vendored`) so the
+//! own target directory (`vendored/` in the target directory) so the
 //! ordinary build's artifacts stay as they are. Among them,
 //! `build_info::tests::the_vendored_build_carries_the_ib_rdmacm_and_cma_components`
 //! proves verbs (`ib`), RDMA-CM (`rdmacm`) and cma were linked in. The
@@ -20,7 +20,7 @@
 use std::process::Command;
 
 use crate::native::{self, Need};
-use crate::util::{Result, bail, cargo, run, target_dir};
+use crate::util::{Result, bail, build_dir, cargo, run};
 
 /// The test runs: the two UCX crates with the static UCX linked in. The
 /// default is the subset that proves the static build works end to end —
@@ -51,7 +51,7 @@ fn test_command(full: bool) -> Command {
             "conformance_tcp",
         ]);
     }
-    cmd.env("CARGO_TARGET_DIR", target_dir().join("vendored"))
+    cmd.env("CARGO_TARGET_DIR", build_dir().join("vendored"))
         .env_remove("RDMAREG_UCX_NO_VENDOR");
     cmd
 }
