@@ -4,9 +4,9 @@
 //!
 //! It installs rdma-core's development packages when they are missing,
 //! then runs tests of `rdmareg-ucx-sys` and `rdmareg-ucx` with the
-//! feature on (a subset by default, every suite with `--full`), in their
-//! own target directory (`vendored/` in the target directory) so the
-//! ordinary build's artifacts stay as they are. Among them,
+//! feature on (a subset by default, which is what CI runs; every suite with
+//! `--full`), in their own target directory (`vendored/` in the build
+//! directory) so the ordinary build's artifacts stay as they are. Among them,
 //! `build_info::tests::the_vendored_build_carries_the_ib_rdmacm_and_cma_components`
 //! proves verbs (`ib`), RDMA-CM (`rdmacm`) and cma were linked in. The
 //! static UCX itself is cached outside the clone (see `rdmareg-ucx-src`),
@@ -22,13 +22,35 @@ use std::process::Command;
 use crate::native::{self, Need};
 use crate::util::{Result, bail, build_dir, cargo, run};
 
-/// The test runs: the two UCX crates with the static UCX linked in. The
-/// default is the subset that proves the static build works end to end —
-/// the sys crate's tests, the engine's unit tests (among them the
-/// component check), reads between two engines and the conformance kit
-/// over tcp — for a quick local check; `full` (what CI runs, about three
-/// minutes more) runs every UCX suite, so a behaviour of the static build
-/// that differs from the shared one (its patches, its components) shows.
+/// The suites of the default run, by test binary: the sys crate's smoke
+/// test, reads between two engines in one process, and the conformance
+/// kit over tcp and over the same-host lane (cma). With the two crates'
+/// unit tests (`--lib`: among them the check that `ib`, `rdmacm` and `cma`
+/// were linked in) and [`TWO_PROCESSES`].
+const SUITES: &[&str] = &[
+    "smoke",
+    "two_engines",
+    "conformance_tcp",
+    "conformance_same_host",
+    "two_processes",
+];
+
+/// The tests of the two-process suite in the default run: one GET across
+/// two processes over each transport (tcp, and cma on the same-host lane).
+/// The rest of that suite is about peers dying, pids reused and copies
+/// refused: our handling of what the kernel and the peer do, the same
+/// whether UCX was linked statically or not.
+const TWO_PROCESSES: &str = "get_across_processes_moves_the_right_bytes_over_";
+
+/// The test runs: the two UCX crates with the static UCX linked in.
+///
+/// What this step is for is that the static UCX links, with its patches
+/// and the `ib`, `rdmacm` and `cma` components, and works end to end: the
+/// default run ([`SUITES`]) shows that, in a process and across two, over
+/// every transport this machine has. It is what CI runs. `full` runs every
+/// UCX suite over the static build, which the ordinary test step already
+/// runs over the shared build of the same sources and patches; it is there
+/// for a change to the vendored build itself (about three minutes more).
 fn test_command(full: bool) -> Command {
     let mut cmd = cargo([
         "nextest",
@@ -41,19 +63,24 @@ fn test_command(full: bool) -> Command {
         "rdmareg-ucx-sys/vendored",
     ]);
     if !full {
-        cmd.args([
-            "--lib",
-            "--test",
-            "smoke",
-            "--test",
-            "two_engines",
-            "--test",
-            "conformance_tcp",
-        ]);
+        cmd.arg("--lib");
+        for suite in SUITES {
+            cmd.args(["--test", suite]);
+        }
+        cmd.args(["-E", &default_filter()]);
     }
     cmd.env("CARGO_TARGET_DIR", build_dir().join("vendored"))
         .env_remove("RDMAREG_UCX_NO_VENDOR");
     cmd
+}
+
+/// The filterset of the default run: every test of the selected binaries
+/// but the two-process suite, of which only [`TWO_PROCESSES`].
+fn default_filter() -> String {
+    format!(
+        "not binary_id(rdmareg-ucx::two_processes) | \
+         (binary_id(rdmareg-ucx::two_processes) & test(/^{TWO_PROCESSES}/))"
+    )
 }
 
 /// `cargo xtask vendored [--full]`.
@@ -70,4 +97,41 @@ pub fn run_task(args: &[String]) -> Result<()> {
         Need::Nextest,
     ])?;
     run(&mut test_command(full))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_run_names_suites_that_exist() {
+        let root = crate::util::workspace_root();
+        for suite in SUITES {
+            let found = ["crates/rdmareg-ucx/tests", "crates/rdmareg-ucx-sys/tests"]
+                .iter()
+                .any(|dir| root.join(dir).join(format!("{suite}.rs")).is_file());
+            assert!(found, "no UCX test binary named {suite}");
+        }
+        let two_processes =
+            std::fs::read_to_string(root.join("crates/rdmareg-ucx/tests/two_processes.rs"))
+                .unwrap();
+        for transport in ["tcp", "same_host"] {
+            assert!(
+                two_processes.contains(&format!("\"{TWO_PROCESSES}{transport}\"")),
+                "two_processes has no test {TWO_PROCESSES}{transport}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_full_run_takes_every_suite() {
+        let args = |full| -> Vec<String> {
+            test_command(full)
+                .get_args()
+                .map(|arg| arg.to_string_lossy().into_owned())
+                .collect()
+        };
+        assert!(args(false).contains(&"--lib".to_string()));
+        assert!(!args(true).iter().any(|arg| arg == "--lib" || arg == "-E"));
+    }
 }
