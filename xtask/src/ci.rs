@@ -114,6 +114,8 @@ fn steps() -> Vec<Step> {
                     "run",
                     "--workspace",
                     "--all-features",
+                    "--profile",
+                    "ci",
                 ]))
             }),
         },

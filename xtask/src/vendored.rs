@@ -61,6 +61,8 @@ fn test_command(full: bool) -> Command {
         "rdmareg-ucx",
         "--features",
         "rdmareg-ucx-sys/vendored",
+        "--profile",
+        "ci",
     ]);
     if !full {
         cmd.arg("--lib");
