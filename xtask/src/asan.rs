@@ -62,8 +62,13 @@
 //! # Exclusions
 //!
 //! Tests that cannot run under ASan at all are listed in [`CANNOT_RUN`], by
-//! name and with the reason, and are left out of both passes. Tests marked
-//! `#[ignore]` stay ignored, as in the normal run.
+//! name and with the reason, and are left out of both passes. Test binaries
+//! that run no unsafe code, where ASan can find nothing Rust does not
+//! already check, are listed in [`SAFE_ONLY`]. Tests marked `#[ignore]`
+//! stay ignored, as in the normal run.
+//!
+//! The run uses nextest's `ci` profile (`.config/nextest.toml`), as the
+//! test step does: six test threads, the deadline-bound tests alone.
 
 use std::process::Command;
 
@@ -135,6 +140,42 @@ const CANNOT_RUN: &[(Named, &str)] = &[
          deadline, and under ASan on a loaded machine it did not (the read timed out once)",
     ),
 ];
+
+/// Test binaries left out because they run no unsafe code: property and
+/// table tests of the UCX wire-format validators (worker addresses, packed
+/// keys, read lists) against a Rust model of UCX's parser, with no engine
+/// and no FFI. Those validators and models contain no `unsafe` (a test
+/// checks it), so Rust's own checks already cover every access ASan would;
+/// the fuzz step runs the same validators under ASan besides. They run in
+/// the normal test step.
+const SAFE_ONLY: &[&str] = &[
+    "worker_address_props",
+    "worker_address_malformed",
+    "worker_address_real",
+    "packed_key_props",
+    "packed_key_malformed",
+    "packed_key_real",
+    "read_list_props",
+];
+
+/// The sources [`SAFE_ONLY`] rests on: the validators and the models.
+#[cfg(test)]
+const SAFE_ONLY_SOURCES: &[&str] = &[
+    "crates/rdmareg-ucx/src/worker_address.rs",
+    "crates/rdmareg-ucx/src/packed_key.rs",
+    "crates/rdmareg-ucx/src/read_list.rs",
+    "crates/rdmareg-ucx/tests/worker_address_model/mod.rs",
+    "crates/rdmareg-ucx/tests/packed_key_model/mod.rs",
+];
+
+/// `binary_id(a) | binary_id(b) | ...` of [`SAFE_ONLY`].
+fn safe_only() -> String {
+    SAFE_ONLY
+        .iter()
+        .map(|binary| format!("binary_id(rdmareg-ucx::{binary})"))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
 
 /// Why the memory-bound tests are in [`CANNOT_RUN`].
 const MEASURES_MEMORY: &str = "it bounds how much the process's memory grows, and ASan's \
@@ -276,7 +317,16 @@ pub fn run_task(args: &[String]) -> Result<()> {
             test.binary, test.test
         );
     }
-    let excluded = any_of(CANNOT_RUN.iter().map(|(test, _)| test));
+    eprintln!(
+        "not run under ASan: rdmareg-ucx test binaries {}: they run no unsafe code \
+         (wire-format validators against a model, no engine, no FFI)",
+        SAFE_ONLY.join(", ")
+    );
+    let excluded = format!(
+        "{} | {}",
+        any_of(CANNOT_RUN.iter().map(|(test, _)| test)),
+        safe_only()
+    );
     let by_design = any_of(LEAKS_BY_DESIGN.iter());
 
     println!("\n==> ASan, leak detection on");
@@ -314,7 +364,14 @@ fn any_of<'a>(tests: impl Iterator<Item = &'a Named>) -> String {
 /// of `filter`.
 fn nextest(host: &str, detect_leaks: bool, filter: &str) -> Command {
     let target = build_dir().join("asan");
-    let mut cmd = cargo(["nextest", "run", "--no-fail-fast", "--all-features"]);
+    let mut cmd = cargo([
+        "nextest",
+        "run",
+        "--no-fail-fast",
+        "--all-features",
+        "--profile",
+        "ci",
+    ]);
     for package in PACKAGES {
         cmd.args(["--package", package]);
     }
@@ -395,6 +452,25 @@ mod tests {
                 source.contains(&format!("fn {name}(")),
                 "{} names no test {name}: update LEAKS_BY_DESIGN",
                 file.display()
+            );
+        }
+    }
+
+    #[test]
+    fn binaries_left_out_as_safe_only_exist_and_their_code_has_no_unsafe() {
+        let root = workspace_root();
+        for binary in SAFE_ONLY {
+            let file = root.join(format!("crates/rdmareg-ucx/tests/{binary}.rs"));
+            let source = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            assert!(!source.contains("unsafe"), "{} has unsafe", file.display());
+        }
+        for file in SAFE_ONLY_SOURCES {
+            let source =
+                std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+            assert!(
+                !source.contains("unsafe"),
+                "{file} has unsafe: its tests belong under ASan again"
             );
         }
     }
