@@ -14,7 +14,9 @@
 //! artifacts are still valid is cargo's own fingerprints' business, as in
 //! any target directory: the clone's sources are newer than the cached
 //! artifacts, so the workspace crates always compile again; only what
-//! comes from crates.io (and rustc's incremental data) is reused.
+//! comes from crates.io is reused (incremental compilation is turned off
+//! for the run, unless the caller set `CARGO_INCREMENTAL`: its data would
+//! only fill the cache).
 //!
 //! Before each run the directories of other toolchains are removed, and a
 //! directory that has grown past [`MAX_BYTES`] (artifacts of older
@@ -57,6 +59,13 @@ pub fn use_for_this_run() -> Result<PathBuf> {
     // SAFETY: called before any step starts: xtask is single-threaded here,
     // and no other thread reads the environment while it is written.
     unsafe { std::env::set_var("CARGO_TARGET_DIR", &dir) };
+    // Incremental data is most of a debug target directory and grows with
+    // every session; a CI run recompiles the workspace's crates whole
+    // anyway (a fresh clone's sources are newer), so it is not kept.
+    if std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("CARGO_INCREMENTAL", "0") };
+    }
     Ok(dir)
 }
 
