@@ -33,4 +33,6 @@ pub mod front;
 pub mod lanes;
 pub mod lifecycle;
 pub mod served;
+#[cfg(test)]
+mod sim_support;
 pub mod thread;

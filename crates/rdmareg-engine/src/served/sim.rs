@@ -61,45 +61,15 @@ use super::owner::{
 };
 use super::wire;
 
-/// splitmix64: small, fast, and the same sequence on every platform.
-#[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
+pub(crate) use crate::sim_support::Rng;
+use crate::sim_support::mix;
 
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix(self.0)
-    }
-
-    /// Uniform in `0..n` (`n > 0`); the bias of a modulo is irrelevant here.
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    fn index(&mut self, len: usize) -> usize {
-        self.below(len as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn capability(&mut self) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        out[..8].copy_from_slice(&self.next_u64().to_le_bytes());
-        out[8..].copy_from_slice(&self.next_u64().to_le_bytes());
-        out
-    }
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// 16 random bytes, a registration's capability.
+fn capability(rng: &mut Rng) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&rng.next_u64().to_le_bytes());
+    out[8..].copy_from_slice(&rng.next_u64().to_le_bytes());
+    out
 }
 
 /// Steps of the random phase of one run.
@@ -907,7 +877,7 @@ impl Sim {
         }
         let slot = free[self.rng.index(free.len())];
         let id = self.next_region;
-        let capability = self.rng.capability();
+        let capability = capability(&mut self.rng);
         let (base, len) = (self.slots[slot].base, self.slots[slot].bytes.len() as u64);
         let result = self.owner.register(id, capability, base, len);
         self.note(|| format!("register {id} in slot {slot}: {result:?}"));
@@ -1157,20 +1127,7 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
-    /// The seeds to run: `RDMAREG_SIM_SEEDS` of them from
-    /// `RDMAREG_SIM_FIRST_SEED` (what `cargo xtask sim` sets); by default
-    /// the first 10,000 in an optimised build and the first 1,000 in a
-    /// debug one.
-    fn seeds() -> std::ops::Range<u64> {
-        let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
-        let first = var("RDMAREG_SIM_FIRST_SEED").unwrap_or(0);
-        let default = if cfg!(debug_assertions) {
-            1_000
-        } else {
-            10_000
-        };
-        first..first.saturating_add(var("RDMAREG_SIM_SEEDS").unwrap_or(default))
-    }
+    use crate::sim_support::seeds;
 
     /// The first of seeds `0..limit` on which the simulator finds a
     /// violation with `defects` switched on.

@@ -47,26 +47,7 @@ const UNWRITTEN: u8 = 0xEE;
 /// What the forger's refusals say.
 const FORGED_REFUSAL: &str = "forged refusal";
 
-/// splitmix64: small, fast, and the same on every platform.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+use crate::sim_support::{Rng, seeds};
 
 /// A message on its way to the consumer.
 #[derive(Debug, Clone)]
@@ -168,7 +149,7 @@ struct Sim {
 
 /// Runs one seed; `defects` brings back a historical defect.
 pub(super) fn run(seed: u64, defects: Defects) -> Result<Summary, Failure> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut sim = Sim {
         seed,
         start: Instant::now(),
@@ -671,21 +652,6 @@ impl Sim {
         }
         Ok(())
     }
-}
-
-/// The seeds to run: `RDMAREG_SIM_SEEDS` of them from
-/// `RDMAREG_SIM_FIRST_SEED` (what `cargo xtask sim` sets); by default the
-/// first 10,000 in an optimised build and the first 1,000 in a debug one.
-fn seeds() -> std::ops::Range<u64> {
-    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
-    let first = var("RDMAREG_SIM_FIRST_SEED").unwrap_or(0);
-    let default = if cfg!(debug_assertions) {
-        1_000
-    } else {
-        10_000
-    };
-    let count = var("RDMAREG_SIM_SEEDS").unwrap_or(default);
-    first..first.saturating_add(count)
 }
 
 #[test]
