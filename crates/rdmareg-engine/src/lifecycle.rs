@@ -68,12 +68,16 @@ impl Lifecycle {
 
     /// Call after the transport deregistered a region.
     pub fn deregistered(&self) {
-        // Saturating: a driver bug must not wrap the count to "huge".
-        let _ = self
-            .live_registrations
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                Some(n.saturating_sub(1))
-            });
+        // Saturating: a driver bug must not wrap the count to "huge", nor
+        // pass unnoticed.
+        let before =
+            self.live_registrations
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    Some(n.saturating_sub(1))
+                });
+        if before == Ok(0) {
+            tracing::error!("a deregistration was counted with no registration live");
+        }
     }
 
     /// Records the end of teardown: `still_registered` are the region ids it
