@@ -9,17 +9,14 @@
 //! and otherwise fails with the child's exit status and the end of its
 //! output — a UCX abort becomes an ordinary, readable test failure.
 
-use std::process::Command;
-
-/// Set in the child to the test path it must run.
-const CHILD_VARIABLE: &str = "RDMAREG_TESTS_ISOLATED_CHILD";
-
-/// Bytes of the child's output quoted in a failure.
-const QUOTED_TAIL: usize = 4000;
+use rdmareg_backend::own_process::{is_child_for, run_in_child};
 
 /// Run `scenario` in a child process when called from the test whose path
 /// (as `module_path!()` spells it, plus `::` and the test's name) is
-/// `test_path`; in that child, run it directly.
+/// `test_path`; in that child, run it directly. Unlike
+/// [`in_own_process`](rdmareg_backend::own_process::in_own_process), this
+/// starts a child under cargo-nextest too: the point is that an abort ends
+/// the child, not that the test runs alone.
 ///
 /// # Panics
 /// In the parent, if the child could not be started, did not run exactly
@@ -30,36 +27,11 @@ pub fn isolated(test_path: &str, scenario: impl FnOnce()) {
     let filter = test_path
         .split_once("::")
         .map_or(test_path, |(_, rest)| rest);
-    if std::env::var(CHILD_VARIABLE).as_deref() == Ok(filter) {
+    if is_child_for(filter) {
         scenario();
         return;
     }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let output = Command::new(exe)
-        .args([filter, "--exact", "--nocapture", "--test-threads", "1"])
-        .env(CHILD_VARIABLE, filter)
-        .output()
-        .expect("the child test process starts");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let ran_once = stdout.contains("test result: ok. 1 passed");
-    if !output.status.success() || !ran_once {
-        panic!(
-            "isolated scenario {filter} failed in its child process ({}):\n--- stdout (end) ---\n{}\n--- stderr (end) ---\n{}",
-            output.status,
-            tail(&stdout),
-            tail(&stderr)
-        );
-    }
-}
-
-/// The last [`QUOTED_TAIL`] bytes of `text`, cut at a character boundary.
-fn tail(text: &str) -> &str {
-    let mut start = text.len().saturating_sub(QUOTED_TAIL);
-    while !text.is_char_boundary(start) {
-        start += 1;
-    }
-    &text[start..]
+    run_in_child(filter);
 }
 
 /// A two-worker Tokio runtime with timers, for isolated scenarios (which are

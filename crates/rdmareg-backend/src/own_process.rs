@@ -37,11 +37,29 @@ pub fn in_own_process(body: impl FnOnce()) {
     };
     let alone_already = std::env::var("NEXTEST_EXECUTION_MODE").as_deref()
         == Ok("process-per-test")
-        || std::env::var(CHILD_VARIABLE).as_deref() == Ok(filter);
+        || is_child_for(filter);
     if alone_already {
         body();
         return;
     }
+    run_in_child(filter);
+}
+
+/// Whether this process is the child [`run_in_child`] started for the
+/// test `filter`.
+pub fn is_child_for(filter: &str) -> bool {
+    std::env::var(CHILD_VARIABLE).as_deref() == Ok(filter)
+}
+
+/// Starts the test binary again, filtered to exactly the test `filter`
+/// (its path without the crate name) with one test thread, telling the
+/// child it is that test's child ([`is_child_for`]); the child's outcome
+/// becomes the caller's.
+///
+/// # Panics
+/// If the child cannot be started, did not run exactly that test, or
+/// failed (a panic or an abort); the message quotes the end of its output.
+pub fn run_in_child(filter: &str) {
     let exe = std::env::current_exe().expect("the test binary's path");
     let output = Command::new(exe)
         .args([filter, "--exact", "--nocapture", "--test-threads", "1"])
