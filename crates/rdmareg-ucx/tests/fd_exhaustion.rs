@@ -91,6 +91,18 @@ fn owner_main() {
     drop(buf);
 }
 
+/// In the test `name`'s own process, starts its owner process with `env`
+/// set and returns it; in that owner process (started by [`Owner::start`]),
+/// serves as the owner and returns `None`.
+fn owner_for(name: &str, env: &[(&str, &str)]) -> Option<Owner> {
+    if is_child(name) {
+        owner_main();
+        return None;
+    }
+    init_tracing();
+    Some(Owner::start(name, env))
+}
+
 /// A running owner process.
 struct Owner {
     child: Child,
@@ -142,6 +154,16 @@ impl Owner {
     /// How many file descriptors the owner holds.
     fn open_fds(&self) -> usize {
         fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, |dir| dir.count())
+    }
+
+    /// Asserts that within `patience` the owner holds at most 8 descriptors
+    /// more than `baseline` again; `context` ends the failure message.
+    fn assert_fds_back(&self, baseline: usize, patience: Duration, context: &str) {
+        let (fds, freed) = self.wait_for_fds(patience, |n| n <= baseline + 8);
+        assert!(
+            freed,
+            "the owner still holds {fds} descriptors (had {baseline}){context}"
+        );
     }
 
     /// Waits up to `patience` for `condition` on the owner's descriptor
@@ -215,21 +237,13 @@ impl Drop for Owner {
 #[test]
 fn a_moment_without_fds_leaves_the_listener_open() {
     in_own_process(|| {
-        const NAME: &str = "a_moment_without_fds_leaves_the_listener_open";
-        if is_child(NAME) {
-            owner_main();
+        let Some(owner) = owner_for("a_moment_without_fds_leaves_the_listener_open", &[]) else {
             return;
-        }
-        init_tracing();
-        let owner = Owner::start(NAME, &[]);
+        };
         let baseline = owner.open_fds();
         let idle = owner.exhaust(LIMIT as usize + 64);
         drop(idle);
-        let (fds, freed) = owner.wait_for_fds(Duration::from_secs(10), |n| n <= baseline + 8);
-        assert!(
-            freed,
-            "the owner still holds {fds} descriptors (had {baseline})"
-        );
+        owner.assert_fds_back(baseline, Duration::from_secs(10), "");
         owner
             .read_by_new_consumer(READ_DEADLINE)
             .expect("a consumer arriving after the exhaustion reads");
@@ -243,14 +257,13 @@ fn a_moment_without_fds_leaves_the_listener_open() {
 #[test]
 fn idle_connections_are_closed_after_the_bound() {
     in_own_process(|| {
-        const NAME: &str = "idle_connections_are_closed_after_the_bound";
-        if is_child(NAME) {
-            owner_main();
+        let Some(owner) = owner_for(
+            "idle_connections_are_closed_after_the_bound",
+            &[("UCX_TCP_ACCEPT_HANDSHAKE_TIMEOUT", "2s")],
+        ) else {
             return;
-        }
-        init_tracing();
+        };
         let bound = Duration::from_secs(2);
-        let owner = Owner::start(NAME, &[("UCX_TCP_ACCEPT_HANDSHAKE_TIMEOUT", "2s")]);
         let baseline = owner.open_fds();
         let idle = owner.exhaust(LIMIT as usize + 64);
         let started = Instant::now();
@@ -260,11 +273,7 @@ fn idle_connections_are_closed_after_the_bound() {
         let waited = started.elapsed();
         eprintln!("the consumer read after {waited:?} with the idle connections open");
         // The consumer's connection keeps one descriptor until it is closed.
-        let (fds, freed) = owner.wait_for_fds(4 * bound, |n| n <= baseline + 8);
-        assert!(
-            freed,
-            "the owner still holds {fds} descriptors (had {baseline}) with idle connections open"
-        );
+        owner.assert_fds_back(baseline, 4 * bound, " with idle connections open");
         assert!(
             waited < 2 * bound + Duration::from_secs(3),
             "the consumer waited {waited:?}"
@@ -279,13 +288,10 @@ fn idle_connections_are_closed_after_the_bound() {
 #[test]
 fn consumers_up_to_the_fd_limit_leave_the_listener_open() {
     in_own_process(|| {
-        const NAME: &str = "consumers_up_to_the_fd_limit_leave_the_listener_open";
-        if is_child(NAME) {
-            owner_main();
+        let Some(owner) = owner_for("consumers_up_to_the_fd_limit_leave_the_listener_open", &[])
+        else {
             return;
-        }
-        init_tracing();
-        let owner = Owner::start(NAME, &[]);
+        };
         let baseline = owner.open_fds();
         let mut consumers = Vec::new();
         let runtime = runtime();
@@ -332,11 +338,7 @@ fn consumers_up_to_the_fd_limit_leave_the_listener_open() {
         for consumer in consumers.drain(..) {
             consumer.shutdown_blocking();
         }
-        let (fds, freed) = owner.wait_for_fds(Duration::from_secs(15), |n| n <= baseline + 8);
-        assert!(
-            freed,
-            "the owner still holds {fds} descriptors (had {baseline})"
-        );
+        owner.assert_fds_back(baseline, Duration::from_secs(15), "");
         owner
             .read_by_new_consumer(READ_DEADLINE)
             .expect("a consumer arriving after the others left reads");
@@ -348,12 +350,12 @@ fn consumers_up_to_the_fd_limit_leave_the_listener_open() {
 #[test]
 fn the_engine_raises_the_soft_fd_limit_to_the_hard_one() {
     in_own_process(|| {
-        const NAME: &str = "the_engine_raises_the_soft_fd_limit_to_the_hard_one";
-        if is_child(NAME) {
-            owner_main();
+        let Some(owner) = owner_for(
+            "the_engine_raises_the_soft_fd_limit_to_the_hard_one",
+            &[(CHILD_SOFT, "64")],
+        ) else {
             return;
-        }
-        let owner = Owner::start(NAME, &[(CHILD_SOFT, "64")]);
+        };
         assert_eq!(
             (owner.soft_before, owner.soft, owner.hard),
             (64, LIMIT, LIMIT)
