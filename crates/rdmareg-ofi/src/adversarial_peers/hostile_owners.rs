@@ -11,6 +11,30 @@ use super::*;
 /// nothing of it is left to take: the consumer must not keep a scratch
 /// receive of 8 MiB per read for it until its teardown (256 MiB here; it
 /// may grow by less than 128 MiB).
+/// Spawns a read of the whole of `dst_region` (`len` bytes) from the raw
+/// owner's fixed address under `key`, due within `deadline`.
+fn spawn_whole_read(
+    rt: &tokio::runtime::Runtime,
+    backend: &crate::OfiBackend,
+    key: &bytes::Bytes,
+    dst_region: &BackendRegion,
+    len: usize,
+    deadline: Duration,
+) -> tokio::task::JoinHandle<Result<(), RdmaError>> {
+    let backend = backend.clone();
+    let request = get(
+        PeerId(1),
+        key,
+        0x10_0000,
+        dst_region,
+        0,
+        len as u64,
+        deadline,
+    );
+    // SAFETY: nothing touches the destination until the read is answered.
+    rt.spawn(async move { unsafe { backend.get(request) }.await })
+}
+
 #[test]
 fn overlong_replies_of_a_hostile_owner_leave_the_consumer_no_memory_behind() {
     // It measures the whole process's address space.
@@ -29,20 +53,7 @@ fn overlong_replies_of_a_hostile_owner_leave_the_consumer_no_memory_behind() {
         let before = virtual_size();
         let mut answers = Vec::new();
         for _ in 0..32 {
-            let read = rt.spawn({
-                let c = c.clone();
-                let request = get(
-                    PeerId(1),
-                    &key,
-                    0x10_0000,
-                    &dst_region,
-                    0,
-                    len as u64,
-                    Duration::from_secs(10),
-                );
-                // SAFETY: nothing touches the destination until answered.
-                async move { unsafe { c.get(request) }.await }
-            });
+            let read = spawn_whole_read(&rt, &c, &key, &dst_region, len, Duration::from_secs(10));
             let request = ReadRequest::decode(&owner.take_request()).expect("a single read");
             let sent = owner.send(to_consumer, request.request_id, vec![0xAB; len + 1]);
             assert!(
@@ -95,20 +106,8 @@ fn an_owner_that_never_answers_cannot_make_its_consumer_hoard_scratch_memory() {
         let before = virtual_size();
         let mut answers = Vec::new();
         for _ in 0..32 {
-            let read = rt.spawn({
-                let c = c.clone();
-                let request = get(
-                    PeerId(1),
-                    &key,
-                    0x10_0000,
-                    &dst_region,
-                    0,
-                    len as u64,
-                    Duration::from_millis(100),
-                );
-                // SAFETY: nothing touches the destination until answered.
-                async move { unsafe { c.get(request) }.await }
-            });
+            let read =
+                spawn_whole_read(&rt, &c, &key, &dst_region, len, Duration::from_millis(100));
             ReadRequest::decode(&owner.take_request()).expect("a single read");
             answers.push(rt.block_on(read).expect("the read task"));
         }
