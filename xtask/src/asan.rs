@@ -64,7 +64,8 @@
 //! Tests that cannot run under ASan at all are listed in [`CANNOT_RUN`], by
 //! name and with the reason, and are left out of both passes. Test binaries
 //! that run no unsafe code, where ASan can find nothing Rust does not
-//! already check, are listed in [`SAFE_ONLY`]. Tests marked `#[ignore]`
+//! already check, are listed in [`SAFE_ONLY`] by their module of the
+//! `rdmareg-ucx` test binary. Tests marked `#[ignore]`
 //! stay ignored, as in the normal run.
 //!
 //! The run uses nextest's `ci` profile (`.config/nextest.toml`), as the
@@ -141,7 +142,8 @@ const CANNOT_RUN: &[(Named, &str)] = &[
     ),
 ];
 
-/// Test binaries left out because they run no unsafe code: property and
+/// Modules of the `rdmareg-ucx` test binary ([`UCX_TESTS`]) left out
+/// because they run no unsafe code: property and
 /// table tests of the UCX wire-format validators (worker addresses, packed
 /// keys, read lists) against a Rust model of UCX's parser, with no engine
 /// and no FFI. Those validators and models contain no `unsafe` (a test
@@ -168,13 +170,15 @@ const SAFE_ONLY_SOURCES: &[&str] = &[
     "crates/rdmareg-ucx/tests/packed_key_model/mod.rs",
 ];
 
-/// `binary_id(a) | binary_id(b) | ...` of [`SAFE_ONLY`].
+/// The nextest binary id of `rdmareg-ucx`'s integration tests.
+const UCX_TESTS: &str = "rdmareg-ucx::ucx";
+
+/// The nextest filterset of every test in a module of [`SAFE_ONLY`].
 fn safe_only() -> String {
-    SAFE_ONLY
-        .iter()
-        .map(|binary| format!("binary_id(rdmareg-ucx::{binary})"))
-        .collect::<Vec<_>>()
-        .join(" | ")
+    format!(
+        "(binary_id({UCX_TESTS}) & test(/^({})::/))",
+        SAFE_ONLY.join("|")
+    )
 }
 
 /// Why the memory-bound tests are in [`CANNOT_RUN`].
@@ -318,7 +322,7 @@ pub fn run_task(args: &[String]) -> Result<()> {
         );
     }
     eprintln!(
-        "not run under ASan: rdmareg-ucx test binaries {}: they run no unsafe code \
+        "not run under ASan: the tests of {UCX_TESTS} in {}: they run no unsafe code \
          (wire-format validators against a model, no engine, no FFI)",
         SAFE_ONLY.join(", ")
     );
@@ -457,10 +461,10 @@ mod tests {
     }
 
     #[test]
-    fn binaries_left_out_as_safe_only_exist_and_their_code_has_no_unsafe() {
+    fn modules_left_out_as_safe_only_exist_and_have_no_unsafe() {
         let root = workspace_root();
-        for binary in SAFE_ONLY {
-            let file = root.join(format!("crates/rdmareg-ucx/tests/{binary}.rs"));
+        for module in SAFE_ONLY {
+            let file = root.join(format!("crates/rdmareg-ucx/tests/ucx/{module}.rs"));
             let source = std::fs::read_to_string(&file)
                 .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             assert!(!source.contains("unsafe"), "{} has unsafe", file.display());

@@ -22,18 +22,17 @@ use std::process::Command;
 use crate::native::{self, Need};
 use crate::util::{Result, bail, build_dir, cargo, run};
 
-/// The suites of the default run, by test binary: the sys crate's smoke
-/// test, reads between two engines in one process, and the conformance
-/// kit over tcp and over the same-host lane (cma). With the two crates'
+/// The test binaries of the default run: the sys crate's smoke test,
+/// `rdmareg-ucx`'s integration tests (of which [`UCX_MODULES`]) and its
+/// two-process suite (of which [`TWO_PROCESSES`]). With the two crates'
 /// unit tests (`--lib`: among them the check that `ib`, `rdmacm` and `cma`
-/// were linked in) and [`TWO_PROCESSES`].
-const SUITES: &[&str] = &[
-    "smoke",
-    "two_engines",
-    "conformance_tcp",
-    "conformance_same_host",
-    "two_processes",
-];
+/// were linked in).
+const SUITES: &[&str] = &["smoke", "ucx", "two_processes"];
+
+/// The modules of `rdmareg-ucx`'s integration tests in the default run:
+/// reads between two engines in one process, and the conformance kit over
+/// tcp and over the same-host lane (cma).
+const UCX_MODULES: &[&str] = &["two_engines", "conformance_tcp", "conformance_same_host"];
 
 /// The tests of the two-process suite in the default run: one GET across
 /// two processes over each transport (tcp, and cma on the same-host lane).
@@ -77,11 +76,14 @@ fn test_command(full: bool) -> Command {
 }
 
 /// The filterset of the default run: every test of the selected binaries
-/// but the two-process suite, of which only [`TWO_PROCESSES`].
+/// but the integration tests, of which only [`UCX_MODULES`], and the
+/// two-process suite, of which only [`TWO_PROCESSES`].
 fn default_filter() -> String {
     format!(
-        "not binary_id(rdmareg-ucx::two_processes) | \
-         (binary_id(rdmareg-ucx::two_processes) & test(/^{TWO_PROCESSES}/))"
+        "not (binary_id(rdmareg-ucx::ucx) | binary_id(rdmareg-ucx::two_processes)) | \
+         (binary_id(rdmareg-ucx::ucx) & test(/^({})::/)) | \
+         (binary_id(rdmareg-ucx::two_processes) & test(/^{TWO_PROCESSES}/))",
+        UCX_MODULES.join("|")
     )
 }
 
@@ -111,8 +113,15 @@ mod tests {
         for suite in SUITES {
             let found = ["crates/rdmareg-ucx/tests", "crates/rdmareg-ucx-sys/tests"]
                 .iter()
-                .any(|dir| root.join(dir).join(format!("{suite}.rs")).is_file());
+                .any(|dir| {
+                    root.join(dir).join(format!("{suite}.rs")).is_file()
+                        || root.join(dir).join(suite).join("main.rs").is_file()
+                });
             assert!(found, "no UCX test binary named {suite}");
+        }
+        for module in UCX_MODULES {
+            let file = root.join(format!("crates/rdmareg-ucx/tests/ucx/{module}.rs"));
+            assert!(file.is_file(), "no module {module} in the UCX tests");
         }
         let two_processes =
             std::fs::read_to_string(root.join("crates/rdmareg-ucx/tests/two_processes.rs"))

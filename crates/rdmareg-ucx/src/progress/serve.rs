@@ -26,7 +26,7 @@
 //!   served reply holds its lease and its UCX send until the consumer takes
 //!   the bytes; a consumer that asks for large reads and never takes them
 //!   would otherwise grow the owner's requests, leases and stalled unmaps
-//!   without limit (`tests/adversarial_replies.rs`). So each connection (the `reply_ep` a request came on) may have
+//!   without limit (`tests/ucx/adversarial_replies.rs`). So each connection (the `reply_ep` a request came on) may have
 //!   at most `UcxConfig::max_served_replies_per_connection` served replies
 //!   unfinished; a valid read beyond that gets the `Busy` refusal, which
 //!   the consumer's caller sees as a transient error. Refusal sends are
