@@ -4,7 +4,7 @@
 //! two), and checks that the guide shows the example's code as it is.
 
 #[allow(dead_code)] // its `main` and `both` are for `cargo run`
-#[path = "../examples/two_processes.rs"]
+#[path = "../../examples/two_processes.rs"]
 mod example;
 
 use tokio::net::TcpListener;
@@ -21,8 +21,8 @@ async fn the_guides_consumer_reads_what_its_owner_offered() {
 
 #[test]
 fn the_guide_shows_the_examples_code_as_it_is() {
-    let source = include_str!("../examples/two_processes.rs");
-    let guide = include_str!("../../../docs/guide-two-processes.md");
+    let source = include_str!("../../examples/two_processes.rs");
+    let guide = include_str!("../../../../docs/guide-two-processes.md");
     let mut rest = source;
     let mut shown = 0;
     while let Some(start) = rest.find("// GUIDE BEGIN ") {

@@ -1,7 +1,7 @@
 //! GETs of the loopback backend: what they copy, how they hold both regions
 //! against unmaps, deadlines, and how keys and peers are checked.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::task::Poll;

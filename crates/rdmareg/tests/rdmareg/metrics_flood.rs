@@ -147,7 +147,14 @@ fn a_metrics_flood_leaves_consumers_reading() {
     }
     let mut owner = OwnerProcess(
         Command::new(std::env::current_exe().expect("the test binary"))
-            .args([NAME, "--exact", "--nocapture", "--test-threads", "1"])
+            .args([
+                // Its full name in the test binary: `--exact` compares with that.
+                format!("metrics_flood::{NAME}").as_str(),
+                "--exact",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env(ROLE, NAME)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

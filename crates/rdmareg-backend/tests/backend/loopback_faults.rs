@@ -1,7 +1,7 @@
 //! Fault injection of the loopback backend: delays, injected failures, hang
 //! gates, refused unmaps, and `clear`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::task::Poll;

@@ -1,7 +1,7 @@
 //! Teardown of a loopback instance: what it refuses, what it waits for, what
 //! it force-unmaps, and the wedged backend fault injection simulates.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
