@@ -65,6 +65,14 @@ impl Config {
         self
     }
 
+    /// How long [`Rdma::shutdown`](crate::Rdma::shutdown) waits for
+    /// deregistrations before it tears the engine down
+    /// ([`RdmaConfig::shutdown_budget`]).
+    pub fn with_shutdown_budget(mut self, budget: Duration) -> Self {
+        self.registry = self.registry.with_shutdown_budget(budget);
+        self
+    }
+
     /// Replace the engine configuration.
     pub fn with_ucx(mut self, ucx: UcxConfig) -> Self {
         self.ucx = ucx;

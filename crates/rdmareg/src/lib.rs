@@ -25,20 +25,24 @@
 //!
 //! # Crate by crate
 //!
+//! The root holds what a service calls: [`Rdma`] and its [`Config`], the
+//! registry's guards and buffers, [`Descriptor`], [`RdmaError`], and one
+//! outcome type per kind of release ([`UnregisterOutcome`] with
+//! [`StillRunning`] for a region, [`ShutdownSummary`] for the whole).
 //! The layers stay public for services that want only part of this: the
 //! value types and wire descriptor ([`core`]), the backend seam with its
 //! loopback backend and conformance kit ([`backend`]), the registry
 //! ([`registry`]) and the UCX engine ([`ucx`]). The ordering that
 //! [`Rdma::shutdown`] performs is theirs too: [`RdmaRegistry::shutdown`],
-//! then [`UcxEngine::shutdown`], then
-//! [`SweptRegistry::finish_after_backend_teardown`].
+//! then [`UcxEngine::shutdown`](ucx::UcxEngine::shutdown), then
+//! [`SweptRegistry::finish_after_backend_teardown`](registry::SweptRegistry::finish_after_backend_teardown).
 //!
 //! # Going around the registry
 //!
 //! [`Rdma::engine`] hands out the engine, and its
-//! [`backend`](UcxEngine::backend) is the seam the registry sits on. Its
-//! [`map`](RdmaBackend::map), [`get`](RdmaBackend::get) and
-//! [`get_batch`](RdmaBackend::get_batch) make the transport write memory
+//! [`backend`](ucx::UcxEngine::backend) is the seam the registry sits on. Its
+//! [`map`](backend::RdmaBackend::map), [`get`](backend::RdmaBackend::get) and
+//! [`get_batch`](backend::RdmaBackend::get_batch) make the transport write memory
 //! named by an address or a region id, so they are `unsafe` to call: the
 //! caller promises what each method's `# Safety` section asks (the memory is
 //! its own, untouched until the answer, freed only after the unmap). Safe
@@ -46,7 +50,7 @@
 //!
 //! ```compile_fail,E0133
 //! # async fn sketch(rdma: &rdmareg::Rdma) {
-//! use rdmareg::RdmaBackend;
+//! use rdmareg::backend::RdmaBackend;
 //! let owned = vec![0u8; 4096];
 //! let backend = rdma.engine().backend();
 //! let _ = backend.map(owned.as_ptr() as usize, owned.len()).await;
@@ -55,7 +59,7 @@
 //!
 //! ```compile_fail,E0133
 //! # async fn sketch(rdma: &rdmareg::Rdma, get: rdmareg::core::BackendGet) {
-//! use rdmareg::RdmaBackend;
+//! use rdmareg::backend::RdmaBackend;
 //! // A region id is a number; a guessed one may name a pool buffer that
 //! // safe code holds.
 //! let _ = rdma.engine().backend().get(get).await;
@@ -66,7 +70,7 @@
 //!
 //! ```
 //! # async fn sketch(rdma: &rdmareg::Rdma, get: rdmareg::core::BackendGet) {
-//! use rdmareg::RdmaBackend;
+//! use rdmareg::backend::RdmaBackend;
 //! let backend = rdma.engine().backend();
 //! // SAFETY: a sketch that is only compiled; a real caller names a
 //! // destination it registered itself and leaves it untouched until the
@@ -146,17 +150,13 @@ pub use published::{PublishError, PublishFailure, PublishedRegion};
 #[cfg(feature = "discovery")]
 pub use rdmareg_discovery as discovery;
 
-pub use rdmareg_backend::RdmaBackend;
-pub use rdmareg_core::{
-    BackendGet, BackendRegion, Descriptor, DescriptorError, ErrorKind, PageRange, PeerId, RdmaError,
-};
+pub use rdmareg_core::{Descriptor, DescriptorError, ErrorKind, PeerId, RdmaError};
 pub use rdmareg_registry::{
-    ConfigError, DescribeError, DescribedBuf, GET_LATENCY_BUCKETS, LatencyHistogram, PinnedBuf,
-    PoolConfig, RdmaConfig, RdmaRegistry, RegionGuard, RegionView, RegionWatch, RegisterOwnedError,
-    RegistryMetrics, RegistryStats, ShutdownReport, StillRunning, Survivors, SweptRegistry,
-    TeardownVerdict, TransferList, UnregisterOutcome, UnregisterOwnedError, WithdrawError,
+    DescribeError, DescribedBuf, LatencyHistogram, PinnedBuf, RdmaRegistry, RegionGuard,
+    RegisterOwnedError, RegistryMetrics, StillRunning, TransferList, UnregisterOutcome,
+    UnregisterOwnedError, WithdrawError,
 };
-pub use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
+pub use rdmareg_ucx::Transport;
 
 /// The byte buffer type of descriptors' packed keys and transfer lists.
 pub use bytes::Bytes;
@@ -168,8 +168,16 @@ pub use rdmareg_core as core;
 /// (`rdmareg-backend`).
 pub use rdmareg_backend as backend;
 
-/// The registry, its pool and its shutdown ordering (`rdmareg-registry`).
+/// The registry, its pool, its configuration and its shutdown ordering
+/// (`rdmareg-registry`).
 pub use rdmareg_registry as registry;
 
-/// The UCX progress-thread engine and its backend (`rdmareg-ucx`).
-pub use rdmareg_ucx as ucx;
+/// The UCX progress-thread engine, its backend and its configuration
+/// (`rdmareg-ucx`). The engine's wire formats are not part of the facade;
+/// a crate that parses them depends on `rdmareg-ucx` itself.
+pub mod ucx {
+    pub use rdmareg_ucx::{
+        EngineAddress, EngineAddressError, ProcessIdentity, Transport, UcxBackend, UcxConfig,
+        UcxEngine,
+    };
+}

@@ -7,14 +7,14 @@
 //!
 //! | series | type | from |
 //! |---|---|---|
-//! | `rdmareg_registered_bytes` | gauge | [`RegistryStats::registered_bytes`](crate::RegistryStats::registered_bytes) |
-//! | `rdmareg_budget_bytes` | gauge | [`RegistryStats::budget_bytes`](crate::RegistryStats::budget_bytes) |
-//! | `rdmareg_live_regions` | gauge | [`RegistryStats::live_regions`](crate::RegistryStats::live_regions) |
+//! | `rdmareg_registered_bytes` | gauge | [`RegistryStats::registered_bytes`](crate::registry::RegistryStats::registered_bytes) |
+//! | `rdmareg_budget_bytes` | gauge | [`RegistryStats::budget_bytes`](crate::registry::RegistryStats::budget_bytes) |
+//! | `rdmareg_live_regions` | gauge | [`RegistryStats::live_regions`](crate::registry::RegistryStats::live_regions) |
 //! | `rdmareg_pool_arenas` | gauge | pooled plus dedicated arenas |
 //! | `rdmareg_pool_arena_bytes` | gauge | their total size |
-//! | `rdmareg_pool_bytes_in_use` | gauge | [`RegistryStats::pool_bytes_in_use`](crate::RegistryStats::pool_bytes_in_use) |
-//! | `rdmareg_transfers_in_flight` | gauge | [`RegistryStats::transfers_in_flight`](crate::RegistryStats::transfers_in_flight) |
-//! | `rdmareg_leaked_bytes` | gauge | [`RegistryStats::leaked_bytes`](crate::RegistryStats::leaked_bytes) |
+//! | `rdmareg_pool_bytes_in_use` | gauge | [`RegistryStats::pool_bytes_in_use`](crate::registry::RegistryStats::pool_bytes_in_use) |
+//! | `rdmareg_transfers_in_flight` | gauge | [`RegistryStats::transfers_in_flight`](crate::registry::RegistryStats::transfers_in_flight) |
+//! | `rdmareg_leaked_bytes` | gauge | [`RegistryStats::leaked_bytes`](crate::registry::RegistryStats::leaked_bytes) |
 //! | `rdmareg_registrations_total` | counter | [`RegistryMetrics::registrations`] |
 //! | `rdmareg_unregistrations_total` | counter | [`RegistryMetrics::unregistrations`] |
 //! | `rdmareg_budget_refusals_total` | counter | [`RegistryMetrics::budget_refusals`] |

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use rdmareg::{Config, PeerId, Rdma, RdmaConfig, RdmaError, Transport};
+use rdmareg::registry::RdmaConfig;
+use rdmareg::{Config, PeerId, Rdma, RdmaError, Transport};
 
 fn config(budget: u64) -> Config {
     Config::new()

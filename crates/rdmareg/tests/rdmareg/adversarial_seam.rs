@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdmareg::{Config, PeerId, Rdma, RdmaConfig, RdmaError, Transport};
+use rdmareg::registry::RdmaConfig;
+use rdmareg::{Config, PeerId, Rdma, RdmaError, Transport};
 
 fn config() -> Config {
     Config::new()

@@ -11,8 +11,10 @@
 
 use std::time::Duration;
 
+use rdmareg::backend::RdmaBackend;
 use rdmareg::core::{BackendGet, RdmaError};
-use rdmareg::{Config, PeerId, Rdma, RdmaBackend, RdmaConfig, Transport};
+use rdmareg::registry::RdmaConfig;
+use rdmareg::{Config, PeerId, Rdma, Transport};
 
 fn config() -> Config {
     Config::new()

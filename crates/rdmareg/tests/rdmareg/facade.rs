@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use rdmareg::{Config, ConfigError, PeerId, Rdma, RdmaConfig, StartError, Transport};
+use rdmareg::registry::{ConfigError, RdmaConfig};
+use rdmareg::{Config, PeerId, Rdma, StartError, Transport};
 
 fn config() -> Config {
     Config::new()

@@ -19,7 +19,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use rdmareg::metrics::MetricsServer;
-use rdmareg::{Config, Descriptor, PeerId, Rdma, RdmaConfig, Transport};
+use rdmareg::registry::RdmaConfig;
+use rdmareg::{Config, Descriptor, PeerId, Rdma, Transport};
 
 const OWNER: PeerId = PeerId(1);
 const SIZE: usize = 64 * 1024;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rdmareg::{Config, ErrorKind, PeerId, Rdma, RdmaConfig, Transport};
+use rdmareg::registry::RdmaConfig;
+use rdmareg::{Config, ErrorKind, PeerId, Rdma, Transport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

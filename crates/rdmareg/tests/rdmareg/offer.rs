@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rdmareg::offer::{MAX_FRAME_LEN, MAX_LABEL_LEN, MAX_REGIONS, read_frame, write_frame};
+use rdmareg::registry::RdmaConfig;
 use rdmareg::{
-    Config, Descriptor, DescriptorError, Offer, OfferError, OfferedRegion, PeerId, Rdma,
-    RdmaConfig, Transport,
+    Config, Descriptor, DescriptorError, Offer, OfferError, OfferedRegion, PeerId, Rdma, Transport,
 };
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};

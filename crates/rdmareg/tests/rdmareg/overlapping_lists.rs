@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use rdmareg::{Config, PeerId, Rdma, RdmaConfig, Transport};
+use rdmareg::registry::RdmaConfig;
+use rdmareg::{Config, PeerId, Rdma, Transport};
 
 fn config() -> Config {
     Config::new()

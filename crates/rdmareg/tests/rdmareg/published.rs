@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use rdmareg::discovery::test_support::EtcdServer;
 use rdmareg::discovery::{Directory, DiscoveryError, EtcdConfig, Publisher};
-use rdmareg::{Config, PublishFailure, PublishedRegion, Rdma, RdmaConfig, Transport};
+use rdmareg::registry::RdmaConfig;
+use rdmareg::{Config, PublishFailure, PublishedRegion, Rdma, Transport};
 
 fn config() -> Config {
     Config::new()
