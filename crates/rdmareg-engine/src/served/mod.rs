@@ -45,6 +45,8 @@ pub mod owner;
 pub mod wire;
 
 #[cfg(test)]
+mod scenarios;
+#[cfg(test)]
 mod sim;
 
 pub use owner::{
