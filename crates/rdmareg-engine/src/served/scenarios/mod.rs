@@ -13,10 +13,12 @@ use super::consumer::{Consumer, ReadId, Reply, ReplyOutcome, ReplyVerdict, Timeo
 use super::owner::{Action, ListAnswer, ListLimits, Owner, OwnerConfig, Read, Refusal, SendId};
 use super::wire;
 
+mod deadlines;
 mod floods;
 mod hostile_replies;
 mod hostile_requests;
 mod lists;
+mod shutdown_and_unmap;
 
 /// The owner the consumer's reads go to.
 pub(super) const OWNER: u32 = 1;
