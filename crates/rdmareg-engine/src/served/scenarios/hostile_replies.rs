@@ -241,3 +241,28 @@ fn the_owner_stalling_its_rendezvous_is_timed_out() {
     assert_eq!(pair.owner.leases_in_flight(), 0);
     pair.assert_clean_end();
 }
+
+/// While the owner's reply is still being written (a rendezvous), the same
+/// owner sends the read's reply again, once served with other bytes and
+/// once refused. Neither may race the first: both are dropped, the read
+/// answers `Ok` with the first reply's bytes once the transport let go.
+#[test]
+fn a_second_reply_cannot_race_the_first() {
+    let mut pair = Pair::new();
+    let read = pair.read(0, 4096, DEADLINE);
+    pair.deliver_requests();
+    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(read)]);
+    pair.inject(OWNER, header(read.0, Ok(4096)), vec![0x66; 4096]);
+    pair.inject(OWNER, header(read.0, Err(Refusal::OutOfRange)), Vec::new());
+    for _ in 0..2 {
+        assert_eq!(
+            pair.deliver_next_held(),
+            [ReplyVerdict::Drop(DropReason::NotAwaited)]
+        );
+    }
+    assert_eq!(pair.answer(read), None);
+    pair.finish_landing(read, true);
+    assert_eq!(pair.answer(read), Some(Ok(())));
+    assert_eq!(pair.dest(read), pair.source(0, 4096));
+    pair.assert_clean_end();
+}
