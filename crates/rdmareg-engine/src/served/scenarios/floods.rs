@@ -225,3 +225,37 @@ fn others_at_their_bound_do_not_make_a_consumer_busy() {
     }
     pair.assert_clean_end();
 }
+
+/// A read cut in four pieces meets an owner bound of two unfinished
+/// replies: two pieces are served, two refused busy at once with a
+/// transient error, and the served replies the owner might send for the
+/// refused pieces afterwards land nothing.
+#[test]
+fn busy_pieces_answer_transient_and_land_nothing_later() {
+    let mut pair = Pair::with_bound(2);
+    let pieces: Vec<_> = (0..4)
+        .map(|i| pair.read(i * 16 * 1024, 16 * 1024, DEADLINE))
+        .collect();
+    pair.deliver_requests();
+    for &piece in &pieces[..2] {
+        assert_eq!(
+            pair.deliver_next_held(),
+            [super::super::consumer::ReplyVerdict::Land(piece)]
+        );
+    }
+    pair.deliver_replies();
+    for &piece in &pieces[2..] {
+        let answer = pair.answer(piece).expect("answered at once");
+        assert!(answer.is_err_and(|e| e.is_transient() && e != RdmaError::Timeout));
+    }
+    for &piece in &pieces[..2] {
+        pair.finish_landing(piece, true);
+    }
+    for (i, &piece) in pieces.iter().enumerate().skip(2) {
+        let bytes = pair.source(i as u64 * 16 * 1024, 16 * 1024);
+        pair.inject(OWNER, header(piece.0, Ok(16 * 1024)), bytes);
+    }
+    pair.deliver_replies();
+    assert!(pair.untouched(pieces[2]) && pair.untouched(pieces[3]));
+    pair.assert_clean_end();
+}

@@ -316,3 +316,24 @@ fn a_shutdown_with_receives_pending_answers_on_release() {
     }
     assert_eq!(consumer.in_flight(), 0);
 }
+
+/// A read with a posted receive whose request failed to send, from an
+/// owner then lost: the failure hands back the read so the driver cancels
+/// its receive, and the read answers the send's error only once the
+/// transport gave the receive back (or `Ok`, had the receive filled).
+#[test]
+fn a_lost_owner_with_a_request_unsent_answers_on_release() {
+    let now = Instant::now();
+    let mut consumer = Consumer::<u32>::new();
+    let read = consumer.start_receiving(OWNER, 64, now + DEADLINE, ());
+    let unsent = RdmaError::Backend("not connected".into());
+    assert!(consumer.request_failed(read, unsent.clone()));
+    let lost = RdmaError::Backend("owner unreachable".into());
+    assert_eq!(consumer.endpoint_failed(OWNER, lost), [read]);
+    assert_eq!(consumer.poll_answer(), None);
+    assert_eq!(consumer.landing_on(OWNER), 1, "keep the endpoint");
+    consumer.landed(read, Err(RdmaError::Backend("cancelled".into())));
+    let answer = consumer.poll_answer().expect("answered at release");
+    assert_eq!(answer.outcome, Err(unsent));
+    assert_eq!(consumer.in_flight(), 0);
+}
