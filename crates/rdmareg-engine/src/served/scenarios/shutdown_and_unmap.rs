@@ -218,7 +218,7 @@ fn vanished_consumers_release_every_count() {
 /// consumer's list naming the region meanwhile is refused entry by entry;
 /// the unmap answers once that consumer is gone (its sends failed).
 #[test]
-fn replies_never_read_hold_the_unmap_until_their_consumer_is_gone() {
+fn unread_replies_hold_the_unmap_until_the_reader_goes() {
     let mut pair = Pair::new();
     for list in 0..8 {
         let entries: Vec<Read> = (0..64)
