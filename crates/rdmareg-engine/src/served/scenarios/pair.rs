@@ -85,6 +85,7 @@ pub(super) struct ListReply {
     pub(super) header_len: Option<usize>,
 }
 
+/// A reply on its way to the consumer.
 #[derive(Debug, Clone)]
 pub(super) enum Message {
     Single(SingleReply),
@@ -113,9 +114,12 @@ struct Landing {
 /// either side. Nothing moves unless a scenario says so.
 #[derive(Debug)]
 pub(super) struct Pair {
+    /// The clock: set at the pair's creation, moved only by
+    /// [`advance`](Self::advance).
     pub(super) now: Instant,
     pub(super) owner: Owner<u32>,
     pub(super) consumer: Consumer<u32>,
+    /// The bounds the owner judges and cuts lists by.
     pub(super) limits: ListLimits,
     /// The owner's registered bytes.
     source: Vec<u8>,
@@ -160,6 +164,7 @@ impl Pair {
         }
     }
 
+    /// A pair whose owner has the default bound.
     pub(super) fn new() -> Pair {
         Pair::with_bound(OwnerConfig::default().max_replies_per_endpoint)
     }
@@ -188,7 +193,9 @@ impl Pair {
     }
 
     /// The consumer starts a read from `owner` asking `request` (a wrong
-    /// capability, range, region...) under the read's own id.
+    /// capability, range, region...) under the read's own id. Only a
+    /// request to `OWNER` goes anywhere: any other owner is a raw peer,
+    /// which answers (or not) by [`inject`](Self::inject).
     pub(super) fn read_with(
         &mut self,
         owner: u32,
