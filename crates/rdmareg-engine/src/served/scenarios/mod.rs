@@ -10,22 +10,26 @@
 //! `crates/rdmareg-ucx/tests/ucx/` and, marked *ofi*,
 //! `crates/rdmareg-ofi/src/adversarial_peers/`; *(part)* where the test
 //! also checks what only the real transport shows, which stays end to end.
+//! For reads in pieces a scenario pins each piece's rules; cutting a read
+//! into pieces and joining their answers into one is the UCX driver's
+//! (`progress::pieces`), so that part of every pieces test stays end to
+//! end.
 //!
 //! | scenario | end-to-end test |
 //! |---|---|
 //! | `hostile_replies::a_third_peer_cannot_answer_a_read`, `only_the_owners_refusal_ends_a_read` | `adversarial_replies::a_third_peer_cannot_answer_a_read_sent_to_another_owner` |
 //! | `hostile_replies::a_spoofed_rendezvous_cannot_outlive_the_deadline` | `adversarial_replies::a_spoofed_rendezvous_cannot_hold_a_read_past_its_deadline` |
 //! | `hostile_replies::another_owner_cannot_answer_a_read_sent_elsewhere` | `adversarial_replies::an_owner_cannot_answer_a_read_sent_to_another_owner` |
-//! | `hostile_replies::a_reply_of_the_wrong_length_lands_nothing`, `malformed_and_late_replies_land_nothing` | `adversarial_replies::a_hostile_owner_sending_malformed_replies_lands_nothing`; *ofi* `hostile_owners::a_hostile_owners_single_replies_get_typed_answers_and_never_land_after_them_over_{tcp,shm}` |
+//! | `hostile_replies::a_reply_of_the_wrong_length_lands_nothing`, `malformed_and_late_replies_land_nothing` | `adversarial_replies::a_hostile_owner_sending_malformed_replies_lands_nothing`; *ofi* `hostile_owners::a_hostile_owners_single_replies_get_typed_answers_and_never_land_after_them_over_{tcp,shm}` (part: the libfabric reply travels in a tag, into a posted receive) |
 //! | `hostile_replies::busy_or_unknown_refusals_answer_typed_at_once` | `adversarial_replies::a_busy_or_unknown_refusal_reaches_the_caller_as_a_typed_error` |
 //! | `hostile_replies::a_replayed_reply_lands_nothing_after_the_answer`, `a_second_reply_cannot_race_the_first` | `adversarial_replies::a_replayed_reply_lands_nothing_once_its_read_was_answered` |
 //! | `hostile_replies::the_owner_stalling_its_rendezvous_is_timed_out` | `adversarial_replies::the_real_owner_stalling_its_rendezvous_is_timed_out`; *ofi* `hostile_owners::a_read_whose_owner_stalls_mid_reply_still_answers_at_its_deadline` (part) |
-//! | `hostile_requests::bad_requests_get_refusals_and_no_bytes` | `adversarial_replies::a_hostile_consumer_sending_bad_requests_gets_refusals_only` |
+//! | `hostile_requests::bad_requests_get_refusals_and_no_bytes` | `adversarial_replies::a_hostile_consumer_sending_bad_requests_gets_refusals_only` (part: requests without the reply flag or as a rendezvous payload are UCX's) |
 //! | `hostile_requests::garbage_lists_are_dropped_and_hostile_entries_refused` | *ofi* `hostile_consumers::garbage_frames_and_hostile_list_entries_get_typed_answers_and_the_owner_keeps_serving` (in the UCX format) |
 //! | `hostile_requests::a_last_piece_past_the_end_is_refused_alone` | `reads_in_pieces_adversarial::a_read_whose_last_piece_runs_one_byte_past_the_registration_answers_out_of_range` |
 //! | `hostile_requests::a_forged_key_read_in_pieces_lands_nothing` | `reads_in_pieces_adversarial::a_forged_key_read_in_pieces_lands_not_one_byte` |
 //! | `hostile_requests::a_request_in_a_bystanders_name_holds_no_lease` | *ofi* `hostile_consumers::an_unmap_answers_even_when_a_request_named_a_bystander_as_its_reply_address`, `a_known_peer_naming_a_bystander_as_its_reply_address_is_refused_and_holds_no_lease` (part: the sender check is the driver's) |
-//! | `hostile_requests::requests_from_a_failed_endpoint_are_dropped`, `floods::a_consumer_holds_at_most_its_bound_of_replies` | `adversarial_replies::one_consumer_cannot_hold_an_unbounded_number_of_served_replies_open`, `counts_are_released_when_the_consumers_endpoint_dies` |
+//! | `hostile_requests::requests_from_a_failed_endpoint_are_dropped`, `floods::a_consumer_holds_at_most_its_bound_of_replies` | `adversarial_replies::one_consumer_cannot_hold_an_unbounded_number_of_served_replies_open` (part: the resident set), `counts_are_released_when_the_consumers_endpoint_dies` (part: with and without UCX's peer error handling) |
 //! | `floods::reads_past_the_bound_answer_busy_and_pass_retried` | `adversarial_replies::reads_beyond_an_owners_bound_are_answered_busy_and_succeed_when_retried`, `the_bound_frees_up_once_the_consumer_takes_its_replies` |
 //! | `floods::an_honest_deep_batch_is_never_refused` | `adversarial_replies::an_honest_deep_batch_is_never_refused`; `reads_in_pieces_adversarial::many_concurrent_reads_in_pieces_land_exactly_and_release_everything` (part) |
 //! | `floods::list_entries_count_against_the_bound` | `adversarial_replies::gathered_entries_count_against_the_connections_bound` |
@@ -34,7 +38,7 @@
 //! | `floods::others_at_their_bound_do_not_make_a_consumer_busy` | *ofi* `hostile_consumers::a_consumer_is_still_served_lists_while_other_addresses_hold_the_owners_total` (part: the total is the driver's) |
 //! | `floods::busy_pieces_answer_transient_and_land_nothing_later` | `reads_in_pieces_adversarial::under_a_small_bound_busy_reads_in_pieces_answer_a_transient_error_and_land_nothing_later` |
 //! | `lists::replayed_list_replies_change_no_byte` | `adversarial_gathered::replayed_list_and_single_replies_after_the_answer_change_no_destination_byte` |
-//! | `lists::an_entry_named_twice_lands_once_from_the_first` | `adversarial_gathered::a_list_reply_naming_one_read_twice_lands_it_once_and_keeps_the_others_in_place`; `list_replies_from_a_hostile_owner::an_entry_answered_again_in_a_later_reply_of_the_same_list_lands_once_from_the_first` |
+//! | `lists::an_entry_named_twice_lands_once_from_the_first`, `hostile_replies::a_second_reply_cannot_race_the_first` | `adversarial_gathered::a_list_reply_naming_one_read_twice_lands_it_once_and_keeps_the_others_in_place`; `list_replies_from_a_hostile_owner::an_entry_answered_again_in_a_later_reply_of_the_same_list_lands_once_from_the_first` |
 //! | `lists::another_peer_answering_a_lists_ids_lands_nothing` | `adversarial_gathered::another_peer_answering_a_lists_request_ids_lands_nothing` |
 //! | `lists::strangers_in_a_list_reply_land_nothing` | `list_replies_from_a_hostile_owner::entries_naming_ids_never_asked_land_nothing_and_shift_no_real_entry` |
 //! | `lists::entries_of_the_wrong_length_fail_alone` | `list_replies_from_a_hostile_owner::entries_carrying_the_wrong_byte_count_fail_alone_and_neighbours_land_in_place` (part: a reply whose entries outgrow its payload is the driver's decoding) |
