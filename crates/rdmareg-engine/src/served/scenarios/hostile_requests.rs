@@ -5,6 +5,7 @@
 
 use rdmareg_core::RdmaError;
 
+use super::super::consumer::{DropReason, ReplyVerdict};
 use super::super::owner::{Action, Refusal, UnmapStatus};
 use super::*;
 
@@ -278,4 +279,33 @@ fn requests_from_a_failed_endpoint_are_dropped() {
     pair.raw_request(RAW, &[0u8; 3]);
     assert_eq!(answers_to_raw(&mut pair), []);
     assert_eq!(pair.owner.dropped_requests(), 2);
+}
+
+/// A request delivered twice (the network, or a consumer, repeated it) is
+/// served twice, each reply under a lease of its own: the consumer takes
+/// the first and drops the second, and an unmap started between them
+/// waits for both sends to end, whichever ends last.
+#[test]
+fn a_repeated_request_holds_a_lease_per_reply() {
+    let mut pair = Pair::new();
+    let read = pair.read(0, 4096, DEADLINE);
+    let bytes = wire::encode_request(&read_of(read.0, 0, 4096));
+    pair.raw_request(CONSUMER, &bytes);
+    pair.deliver_requests();
+    assert_eq!(pair.owner.region_leases(REGION), Some(2));
+    assert_eq!(pair.owner.unmap(REGION), UnmapStatus::Waiting);
+    let verdicts: Vec<_> = (0..2).flat_map(|_| pair.deliver_next_held()).collect();
+    assert_eq!(
+        verdicts,
+        [
+            ReplyVerdict::Land(read),
+            ReplyVerdict::Drop(DropReason::NotAwaited)
+        ]
+    );
+    pair.perform_owner_actions();
+    assert!(pair.unmapped.is_empty(), "the first reply still sends");
+    pair.finish_landing(read, true);
+    assert_eq!(pair.unmapped, [REGION]);
+    assert_eq!(pair.dest(read), pair.source(0, 4096));
+    pair.assert_clean_end();
 }

@@ -28,6 +28,7 @@
 //! | `hostile_requests::garbage_lists_are_dropped_and_hostile_entries_refused` | *ofi* `hostile_consumers::garbage_frames_and_hostile_list_entries_get_typed_answers_and_the_owner_keeps_serving` (in the UCX format) |
 //! | `hostile_requests::a_last_piece_past_the_end_is_refused_alone` | `reads_in_pieces_adversarial::a_read_whose_last_piece_runs_one_byte_past_the_registration_answers_out_of_range` |
 //! | `hostile_requests::a_forged_key_read_in_pieces_lands_nothing` | `reads_in_pieces_adversarial::a_forged_key_read_in_pieces_lands_not_one_byte` |
+//! | `hostile_requests::a_repeated_request_holds_a_lease_per_reply` | none: a duplicated request, as the simulator sends them |
 //! | `hostile_requests::a_request_in_a_bystanders_name_holds_no_lease` | *ofi* `hostile_consumers::an_unmap_answers_even_when_a_request_named_a_bystander_as_its_reply_address`, `a_known_peer_naming_a_bystander_as_its_reply_address_is_refused_and_holds_no_lease` (part: the sender check is the driver's) |
 //! | `hostile_requests::requests_from_a_failed_endpoint_are_dropped`, `floods::a_consumer_holds_at_most_its_bound_of_replies` | `adversarial_replies::one_consumer_cannot_hold_an_unbounded_number_of_served_replies_open` (part: the resident set), `counts_are_released_when_the_consumers_endpoint_dies` (part: with and without UCX's peer error handling) |
 //! | `floods::reads_past_the_bound_answer_busy_and_pass_retried` | `adversarial_replies::reads_beyond_an_owners_bound_are_answered_busy_and_succeed_when_retried`, `the_bound_frees_up_once_the_consumer_takes_its_replies` |
