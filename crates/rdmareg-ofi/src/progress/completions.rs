@@ -14,7 +14,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use rdmareg_core::RdmaError;
 
-use crate::config::ReadPath;
 use crate::fabric::{Completion, ERR_TRUNCATED};
 use crate::protocol::{is_unverified, reply_outcome};
 
@@ -75,118 +74,93 @@ impl Engine {
                 tracing::warn!(?context, "a completion for no operation of this engine");
                 continue;
             };
-            let (timed_out, failure, served, expected, request_id, fi_addr, no_reply) =
-                match self.ops[slot].as_mut() {
-                    Some(op) => (
-                        op.timed_out,
-                        op.failure.take(),
-                        self.fabric.read_path == ReadPath::OwnerServed,
-                        op.len,
-                        op.request_id,
-                        op.fi_addr,
-                        op.unreachable || op.request_failed,
-                    ),
-                    None => continue,
-                };
-            let resend = self.ops[slot].as_mut().and_then(|op| op.resend.take());
-            if let (Some(request), Err(_)) = (resend, &result) {
-                // The receive cancelled for a request that found its
-                // connection closed was given back: post it again and
-                // send the request on the new connection.
-                if self.closing {
-                    self.finish(slot, Err(RdmaError::ShuttingDown));
-                    continue;
-                }
-                if !timed_out {
-                    if let Some(op) = self.ops[slot].as_mut() {
-                        tracing::debug!(
-                            request = request.0,
-                            resends_left = op.resends_left,
-                            "sending a read request again on a new connection"
-                        );
-                        op.request = Some(request);
-                        op.request_failed = false;
-                        op.posted = false;
-                        self.unposted.push_back(slot);
-                        continue;
-                    }
-                }
-            }
-            if result.is_ok() {
-                if let Some(watch) = self.watch.get_mut(&fi_addr) {
-                    watch.last_heard = Instant::now();
-                }
-            }
-            tracing::trace!(
-                slot,
-                ok = result.is_ok(),
-                timed_out,
-                "a read's receive ended"
-            );
-            let is_list = self.ops[slot].as_ref().is_some_and(|op| op.list.is_some());
-            if let (Ok((_, tag, _)), true) = (&result, served) {
-                if is_unverified(*tag) {
-                    if self.ask_again(slot) {
-                        continue;
-                    }
-                    // Not asked again: past its deadline, or at teardown.
-                    if timed_out || self.closing {
-                        let why = if timed_out {
-                            RdmaError::Timeout
-                        } else {
-                            RdmaError::ShuttingDown
-                        };
-                        self.finish(slot, Err(why));
-                        continue;
-                    }
-                }
-            }
-            if let (Ok((len, tag, _)), true) = (&result, is_list) {
-                let outcome = self.land_list(slot, *len, *tag);
-                self.finish(slot, outcome);
-                continue;
-            }
-            let truncated = matches!(result, Err((ERR_TRUNCATED, _)));
-            if served && result.is_err() && !no_reply && !truncated {
-                // The receive ended (cancelled) without the reply: the owner
-                // may still send it, and holds its lease until a receive
-                // takes it. (A reply longer than asked did arrive, truncated:
-                // nothing is left to take, and a discard receive would stay
-                // posted, with its scratch memory, until teardown.)
-                self.post_discard(fi_addr, request_id, expected);
-            }
-            let result = match result {
-                Ok((len, tag, _)) if served => match reply_outcome(tag) {
-                    Ok(()) if len != expected => Err((
-                        0,
-                        format!("the owner sent {len} bytes for a read of {expected}"),
-                    )),
-                    Ok(()) => Ok(()),
-                    Err(refused) => {
-                        self.finish(slot, Err(refused));
-                        continue;
-                    }
-                },
-                Ok(_) => Ok(()),
-                Err(failed) => match failure {
-                    Some(err) => {
-                        self.finish(slot, Err(err));
-                        continue;
-                    }
-                    None => Err(failed),
-                },
-            };
-            // Only the deadline makes a Timeout: tcp;ofi_rxm reports an
-            // owner's refusal (stale key, range outside the region) as
-            // FI_ECANCELED, which is a refusal, not a timeout.
-            let result = match result {
-                Ok(()) => Ok(()),
-                Err(_) if timed_out => Err(RdmaError::Timeout),
-                Err((_, text)) => Err(RdmaError::Backend(format!("ofi: read failed: {text}"))),
-            };
-            self.finish(slot, result);
+            self.read_ended(slot, result);
         }
         self.completions = completions;
         worked
+    }
+
+    /// The receive (or one-sided read) of the read in `slot` ended: ask
+    /// again or send again where the owner or the connection calls for
+    /// it, else hand the outcome to the consumer machine, which answers.
+    fn read_ended(&mut self, slot: usize, result: Result<(usize, u64, u64), (i32, String)>) {
+        let served = self.owner_served();
+        let Some(op) = self.ops[slot].as_mut() else {
+            return;
+        };
+        let expired = op.expired_at.is_some();
+        let failure = op.failure.take();
+        let (expected, request_id, fi_addr) = (op.len, op.request_id, op.fi_addr);
+        let no_reply = op.unreachable || op.request_failed;
+        let is_list = op.list.is_some();
+        if let (Some(request), Err(_)) = (op.resend.take(), &result) {
+            // The receive cancelled for a request that found its connection
+            // closed was given back: post it again and send the request on
+            // the new connection.
+            if !expired && !self.closing {
+                tracing::debug!(
+                    request = request.0,
+                    resends_left = op.resends_left,
+                    "sending a read request again on a new connection"
+                );
+                op.request = Some(request);
+                op.request_failed = false;
+                op.posted = false;
+                self.unposted.push_back(slot);
+                return;
+            }
+        }
+        if result.is_ok() {
+            if let Some(watch) = self.watch.get_mut(&fi_addr) {
+                watch.last_heard = Instant::now();
+            }
+        }
+        tracing::trace!(slot, ok = result.is_ok(), expired, "a read's receive ended");
+        if let (Ok((_, tag, _)), true) = (&result, served) {
+            if is_unverified(*tag) {
+                if self.ask_again(slot) {
+                    return;
+                }
+                // Not asked again: past its deadline, or at teardown (the
+                // machine answers `ShuttingDown` then).
+                if expired || self.closing {
+                    self.land(slot, Err(RdmaError::Timeout));
+                    return;
+                }
+            }
+        }
+        if let (Ok((len, tag, _)), true) = (&result, is_list) {
+            let outcome = self.land_list(slot, *len, *tag);
+            self.land(slot, outcome);
+            return;
+        }
+        let truncated = matches!(result, Err((ERR_TRUNCATED, _)));
+        if served && result.is_err() && !no_reply && !truncated {
+            // The receive ended (cancelled) without the reply: the owner
+            // may still send it, and holds its lease until a receive takes
+            // it. (A reply longer than asked did arrive, truncated: nothing
+            // is left to take, and a discard receive would stay posted,
+            // with its scratch memory, until teardown.)
+            self.post_discard(fi_addr, request_id, expected);
+        }
+        // Only the deadline makes a Timeout (the machine's rule): tcp;ofi_rxm
+        // reports an owner's refusal (stale key, range outside the region)
+        // as FI_ECANCELED, which is a refusal, not a timeout.
+        let outcome =
+            match result {
+                Ok((len, tag, _)) if served => reply_outcome(tag).and_then(|()| {
+                    if len == expected {
+                        Ok(())
+                    } else {
+                        Err(RdmaError::Backend(format!(
+                            "ofi: read failed: the owner sent {len} bytes for a read of {expected}"
+                        )))
+                    }
+                }),
+                Ok(_) => Ok(()),
+                Err((_, text)) => Err(failure
+                    .unwrap_or_else(|| RdmaError::Backend(format!("ofi: read failed: {text}")))),
+            };
+        self.land(slot, outcome);
     }
 }

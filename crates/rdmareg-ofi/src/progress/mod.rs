@@ -15,7 +15,7 @@
 //! 2. Repost request receives and retry sends and reads the provider asked
 //!    to retry (`-FI_EAGAIN`), then read completions and answer what
 //!    finished (or serve what arrived).
-//! 3. Mark reads past their deadline (`fi_cancel` is asked; the answer still
+//! 3. Cancel the receives of reads past their deadline (the answer still
 //!    waits for the provider to end the read — see below).
 //! 4. If anything happened, go again; else turn (yielding) for the spin
 //!    window, then park: announce it on the doorbell, look at the queues
@@ -80,14 +80,18 @@
 //!
 //! # Answers only after the provider let go
 //!
-//! A read is answered when its completion (success or error) was read, or
-//! after the endpoint was closed at teardown — never earlier, since until
-//! then the provider may write its destination. (A `shm` endpoint that
-//! teardown parks instead of closing has its reads cancelled; each answers
-//! once its cancellation was read: see `Engine::withdraw_for_parking`.) Past its deadline a read is
-//! marked, the provider is asked to cancel it, and it answers `Timeout` when
-//! the provider ends it with an error (a read that completes late answers
-//! `Ok`: the bytes are there). A provider that never ends a read (a stopped
+//! Each read (a single one, a list, a one-sided `fi_read`) is a read of the
+//! engine kit's consumer machine (`rdmareg_engine::served::consumer`),
+//! started with its receive posted (`Consumer::start_receiving`): the
+//! machine keeps its deadline and gives its answer only once the loop
+//! reports the provider let go of the destination (`Engine::land`) — its
+//! completion (success or error) was read, or the endpoint was closed at
+//! teardown. (A `shm` endpoint that teardown parks instead of closing has
+//! its reads cancelled; each answers once its cancellation was read: see
+//! `Engine::withdraw_for_parking`.) Past its deadline the provider is asked
+//! to cancel the receive, and the read answers `Timeout` when the provider
+//! ends it with an error (a read that completes late answers `Ok`: the
+//! bytes are there). A provider that never ends a read (a stopped
 //! peer) holds its answer until teardown closes the endpoint — except over
 //! `tcp;ofi_rxm` in a process run with `FI_AV_REMOVE_CLEANUP` set, where a
 //! read still held [`STALLED_AFTER`] past its deadline has its owner's
@@ -106,6 +110,7 @@ use futures::channel::oneshot;
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use rdmareg_engine::answers::BatchAnswers;
 use rdmareg_engine::lanes::{IdleClock, Receivers, Served};
+use rdmareg_engine::served::consumer::{Consumer, ReadId};
 use rdmareg_engine::thread::Ready;
 
 use crate::config::{OfiConfig, Provider, ReadPath};
@@ -277,6 +282,9 @@ struct AvEntry {
     /// (`Engine::reconnect`): a send posted under an earlier count ran on
     /// a connection already replaced.
     connection: u64,
+    /// Names the entry in the consumer machine (`Engine::consumer`); kept
+    /// when the entry is renumbered.
+    endpoint: u64,
 }
 
 /// Where a read's answer goes.
@@ -316,8 +324,10 @@ struct Op {
     /// A gathered list: the entries, and the scratch memory the reply is
     /// received into (`buf`/`len` point at it).
     list: Option<Box<ListPart>>,
-    deadline: Instant,
-    timed_out: bool,
+    /// Its id in the consumer machine (`Engine::consumer`).
+    read: ReadId,
+    /// When the machine found it past its deadline.
+    expired_at: Option<Instant>,
     posted: bool,
     buf: usize,
     len: usize,
@@ -329,8 +339,8 @@ struct Op {
     request: Option<(u64, Vec<u8>)>,
     /// Owner-served: the request id (0 on the one-sided path).
     request_id: u64,
-    /// Why the read failed when its request could not be sent, or its
-    /// owner was declared unreachable (its receive was then cancelled).
+    /// Why the read failed when its owner was declared unreachable (its
+    /// receive was then cancelled).
     failure: Option<RdmaError>,
     /// Its owner was declared unreachable: a cancelled receive gets no
     /// discard receive (no reply can come over a connection that is gone).
@@ -522,7 +532,13 @@ struct Engine {
     ops: Vec<Option<Op>>,
     free_slots: Vec<usize>,
     by_context: HashMap<usize, usize>,
-    active: usize,
+    /// This engine's reads, by op slot, from their start to their answer:
+    /// the engine kit's consumer machine keeps their deadlines and decides
+    /// each answer, given only once the provider let go of the
+    /// destination. Endpoints are `AvEntry::endpoint` serials, which stay
+    /// with an entry when it is renumbered.
+    consumer: Consumer<u64, usize>,
+    next_endpoint: u64,
     unposted: VecDeque<usize>,
     completions: Vec<Completion>,
     /// Completions read out of the queue ahead of forgetting consumer
@@ -630,7 +646,8 @@ impl Engine {
             ops: Vec::new(),
             free_slots: Vec::new(),
             by_context: HashMap::new(),
-            active: 0,
+            consumer: Consumer::new(),
+            next_endpoint: 1,
             unposted: VecDeque::new(),
             completions: Vec::with_capacity(COMPLETION_BATCH),
             read_ahead: Vec::new(),
@@ -719,14 +736,15 @@ impl Engine {
             // sent to them only when someone progresses them.
             worked |= Fabric::progress_parked();
         }
-        if self.active > 0 || !self.unsent.is_empty() {
+        let reading = self.consumer.in_flight() > 0;
+        if reading || !self.unsent.is_empty() {
             let now = Instant::now();
             if now >= self.next_watch {
                 self.next_watch = now + PROBE_INTERVAL / 4;
                 worked |= self.watch_peers(now);
             }
         }
-        if self.active > 0 {
+        if reading {
             self.expire(Instant::now());
         }
         worked
@@ -779,15 +797,6 @@ impl Engine {
         }
     }
 
-    fn next_deadline(&self) -> Option<Instant> {
-        self.ops
-            .iter()
-            .flatten()
-            .filter(|op| !op.timed_out)
-            .map(|op| op.deadline)
-            .min()
-    }
-
     fn park(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
         let signals = Arc::clone(&self.signals);
         let bell = signals.lifecycle.doorbell();
@@ -796,12 +805,12 @@ impl Engine {
             bell.unpark();
             return;
         }
-        let mut timeout = if self.active > 0 || !self.sends.is_empty() {
+        let mut timeout = if self.consumer.in_flight() > 0 || !self.sends.is_empty() {
             BUSY_PARK
         } else {
             self.settings.park_timeout
         };
-        if let Some(deadline) = self.next_deadline() {
+        if let Some(deadline) = self.consumer.poll_timeout() {
             timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
         }
         let mut fds = [

@@ -181,7 +181,7 @@ impl Engine {
     /// completed with, for `unreachable_after`. Answers whether anything
     /// happened.
     pub(super) fn watch_peers(&mut self, now: Instant) -> bool {
-        if self.owner_served() && self.active > 0 {
+        if self.owner_served() && self.consumer.in_flight() > 0 {
             let waited_on: Vec<u64> = self
                 .av
                 .iter()
@@ -262,26 +262,23 @@ impl Engine {
         for at in stuck {
             self.send_done(at, Err((0, "the peer is unreachable".into())));
         }
-        let mut unposted = Vec::new();
-        for slot in 0..self.ops.len() {
+        let endpoint = self.av.get(&fi_addr).map_or(0, |entry| entry.endpoint);
+        for read in self.consumer.endpoint_failed(endpoint, error.clone()) {
+            let Some(&slot) = self.consumer.payload(read) else {
+                continue;
+            };
             let Some(op) = self.ops[slot].as_mut() else {
                 continue;
             };
-            if op.fi_addr != fi_addr {
-                continue;
-            }
             op.failure = Some(error.clone());
             op.unreachable = true;
             if op.posted {
                 let context = (&raw mut op.context.space).cast::<c_void>();
                 self.fabric.cancel(context);
             } else {
-                unposted.push(slot);
+                self.unposted.retain(|&s| s != slot);
+                self.land(slot, Err(error.clone()));
             }
-        }
-        for slot in unposted {
-            self.unposted.retain(|&s| s != slot);
-            self.finish(slot, Err(error.clone()));
         }
         self.watch.insert(fi_addr, PeerWatch::new(Instant::now()));
     }
@@ -294,6 +291,7 @@ impl Engine {
         served: bool,
     ) -> Result<u64, RdmaError> {
         let fi_addr = self.fabric.insert_peer(&address)?;
+        self.next_endpoint += 1;
         // Inserted again, a connected address's record is renamed: the
         // number it was removed from no longer names it. It stays known as
         // connected, so that forgetting it again is recorded again.
@@ -308,6 +306,7 @@ impl Engine {
                 served,
                 connected,
                 connection: 0,
+                endpoint: self.next_endpoint,
             },
         );
         Ok(fi_addr)

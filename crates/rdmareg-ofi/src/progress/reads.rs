@@ -3,12 +3,13 @@
 //! batch's small reads of one owner into list requests, posting the reply
 //! receive before the request, asking again or sending again on a new
 //! connection when the owner says so or the connection was closed, and
-//! deadlines.
+//! cancelling past the deadline.
 //!
-//! A read is answered only once the provider ended its reply receive
-//! (completed, failed, or given back after `fi_cancel`), and a read sent
-//! again posts its new receive only then: until that point the provider
-//! may still write the destination.
+//! The consumer machine (`Engine::consumer`) answers a read only once the
+//! provider ended its reply receive (completed, failed, or given back
+//! after `fi_cancel`), reported by [`Engine::land`]; a read sent again
+//! posts its new receive only then: until that point the provider may
+//! still write the destination.
 
 use std::ffi::c_void;
 use std::rc::Rc;
@@ -16,6 +17,7 @@ use std::time::Instant;
 
 use futures::channel::oneshot;
 use rdmareg_core::{BackendGet, RdmaError};
+use rdmareg_engine::served::consumer::TimeoutAction;
 
 use crate::fabric::ERR_NOT_CONNECTED;
 use crate::key::{CAPABILITY_LEN, PackedKey};
@@ -59,39 +61,42 @@ impl Engine {
         if let Some(region) = self.regions.get_mut(&request.local_region_id) {
             region.in_flight += 1;
         }
-        self.start_op(Op {
-            context: Box::new(OpContext {
-                space: [std::ptr::null_mut(); 8],
-            }),
-            region: request.local_region_id,
-            fi_addr,
-            answer: Some(answer),
-            list: None,
-            deadline,
-            timed_out: false,
-            posted: false,
-            buf,
-            len: request.len as usize,
-            desc,
-            remote: target,
-            key,
-            request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
-            // Only an owner whose provider names senders answers "ask
-            // again", and both ends use the same provider.
-            ask_again: if self.fabric.reports_source {
-                request_bytes.clone()
-            } else {
-                None
+        self.start_op(
+            Op {
+                context: Box::new(OpContext {
+                    space: [std::ptr::null_mut(); 8],
+                }),
+                region: request.local_region_id,
+                fi_addr,
+                answer: Some(answer),
+                list: None,
+                read: ReadId(0),
+                expired_at: None,
+                posted: false,
+                buf,
+                len: request.len as usize,
+                desc,
+                remote: target,
+                key,
+                request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
+                // Only an owner whose provider names senders answers "ask
+                // again", and both ends use the same provider.
+                ask_again: if self.fabric.reports_source {
+                    request_bytes.clone()
+                } else {
+                    None
+                },
+                asks_left: ASKS_AGAIN,
+                resend: None,
+                resends_left: RESENDS,
+                request: request_bytes,
+                failure: None,
+                unreachable: false,
+                request_failed: false,
+                connection_reset: false,
             },
-            asks_left: ASKS_AGAIN,
-            resend: None,
-            resends_left: RESENDS,
-            request: request_bytes,
-            failure: None,
-            unreachable: false,
-            request_failed: false,
-            connection_reset: false,
-        });
+            deadline,
+        );
         Ok(())
     }
 
@@ -116,25 +121,30 @@ impl Engine {
         }
     }
 
-    /// Enters a checked read (or list) into the op table and posts it,
+    /// Enters a checked read (or list) into the op table and the consumer
+    /// machine (due by `deadline`; the transport holds its destination from
+    /// the receive on, so only [`Engine::land`] ends it) and posts it,
     /// queues it while the provider asks to wait, or ends it.
-    pub(super) fn start_op(&mut self, op: Op) {
+    pub(super) fn start_op(&mut self, mut op: Op, deadline: Instant) {
         let slot = self.free_slots.pop().unwrap_or_else(|| {
             self.ops.push(None);
             self.ops.len() - 1
         });
+        let endpoint = self.av.get(&op.fi_addr).map_or(0, |entry| entry.endpoint);
+        op.read = self
+            .consumer
+            .start_receiving(endpoint, op.len as u64, deadline, slot);
         let context_addr = (&raw const *op.context) as usize;
         let fi_addr = op.fi_addr;
         self.ops[slot] = Some(op);
         self.by_context.insert(context_addr, slot);
-        self.active += 1;
         if let Some(entry) = self.av.get_mut(&fi_addr) {
             entry.ops += 1;
         }
         match self.try_post(slot) {
             Ok(true) => {}
             Ok(false) => self.unposted.push_back(slot),
-            Err(err) => self.finish(slot, Err(err)),
+            Err(err) => self.land(slot, Err(err)),
         }
     }
 
@@ -260,36 +270,39 @@ impl Engine {
                 result: None,
             });
         }
-        self.start_op(Op {
-            context: Box::new(OpContext {
-                space: [std::ptr::null_mut(); 8],
-            }),
-            region: 0,
-            fi_addr,
-            answer: None,
-            list: Some(Box::new(ListPart {
-                entries: items,
-                scratch,
-            })),
+        self.start_op(
+            Op {
+                context: Box::new(OpContext {
+                    space: [std::ptr::null_mut(); 8],
+                }),
+                region: 0,
+                fi_addr,
+                answer: None,
+                list: Some(Box::new(ListPart {
+                    entries: items,
+                    scratch,
+                })),
+                read: ReadId(0),
+                expired_at: None,
+                posted: false,
+                buf,
+                len: reply_len,
+                desc: std::ptr::null_mut(),
+                remote: 0,
+                key: 0,
+                request_id,
+                request: Some((request_id, wire)),
+                ask_again: None,
+                asks_left: 0,
+                resend: None,
+                resends_left: RESENDS,
+                failure: None,
+                unreachable: false,
+                request_failed: false,
+                connection_reset: false,
+            },
             deadline,
-            timed_out: false,
-            posted: false,
-            buf,
-            len: reply_len,
-            desc: std::ptr::null_mut(),
-            remote: 0,
-            key: 0,
-            request_id,
-            request: Some((request_id, wire)),
-            ask_again: None,
-            asks_left: 0,
-            resend: None,
-            resends_left: RESENDS,
-            failure: None,
-            unreachable: false,
-            request_failed: false,
-            connection_reset: false,
-        });
+        );
     }
 
     /// A list's reply arrived (`len` bytes, tag `tag`): checks that it adds
@@ -458,7 +471,7 @@ impl Engine {
                 }
                 Err(err) => {
                     worked = true;
-                    self.finish(slot, Err(err));
+                    self.land(slot, Err(err));
                 }
             }
         }
@@ -521,15 +534,32 @@ impl Engine {
         }
     }
 
-    /// Ends a read the provider let go of (or never saw): releases its
-    /// destination and address-vector hold, and answers.
-    pub(super) fn finish(&mut self, slot: usize, result: Result<(), RdmaError>) {
+    /// The provider let go of the destination of the read in `slot` (or
+    /// never had it), with `result`: the consumer machine answers it (its
+    /// deadline or teardown may turn an error into `Timeout` or
+    /// `ShuttingDown`).
+    pub(super) fn land(&mut self, slot: usize, result: Result<(), RdmaError>) {
+        if let Some(op) = &self.ops[slot] {
+            self.consumer.landed(op.read, result);
+        }
+        self.give_answers();
+    }
+
+    /// Gives every answer the consumer machine holds.
+    pub(super) fn give_answers(&mut self) {
+        while let Some(answer) = self.consumer.poll_answer() {
+            self.finish(answer.payload, answer.outcome);
+        }
+    }
+
+    /// Ends an answered read: releases its destination and address-vector
+    /// hold, and answers its caller.
+    fn finish(&mut self, slot: usize, result: Result<(), RdmaError>) {
         let Some(op) = self.ops[slot].take() else {
             return;
         };
         self.free_slots.push(slot);
         self.by_context.remove(&((&raw const *op.context) as usize));
-        self.active -= 1;
         let release = self.regions.get_mut(&op.region).is_some_and(|region| {
             region.in_flight -= 1;
             region.in_flight == 0 && region.unmapping
@@ -566,7 +596,8 @@ impl Engine {
         let Some(op) = self.ops[slot].as_mut() else {
             return false;
         };
-        if op.timed_out || op.failure.is_some() || self.closing || op.asks_left == 0 {
+        let ended = op.expired_at.is_some() || op.failure.is_some() || op.request_failed;
+        if ended || self.closing || op.asks_left == 0 {
             return false;
         }
         op.asks_left -= 1;
@@ -588,37 +619,37 @@ impl Engine {
         true
     }
 
-    /// Marks reads past their deadline; a read never posted ends at once.
+    /// Reads the consumer machine finds past their deadline have their
+    /// receive cancelled (they answer `Timeout` once the provider gave it
+    /// back); a read never posted ends at once. A read held
+    /// [`STALLED_AFTER`] past its deadline has its owner's connection
+    /// reset where that ends it.
     pub(super) fn expire(&mut self, now: Instant) {
-        let mut unposted_expired = Vec::new();
-        let mut stalled = Vec::new();
-        for slot in 0..self.ops.len() {
+        for TimeoutAction::StopLanding { read, .. } in self.consumer.handle_timeout(now) {
+            let Some(&slot) = self.consumer.payload(read) else {
+                continue;
+            };
             let Some(op) = self.ops[slot].as_mut() else {
                 continue;
             };
-            if op.timed_out
-                && op.posted
-                && !op.connection_reset
-                && self.fabric.av_remove_closes
-                && now >= op.deadline + STALLED_AFTER
-                && !stalled.contains(&op.fi_addr)
-            {
-                stalled.push(op.fi_addr);
-            }
-            if op.timed_out || op.deadline > now {
-                continue;
-            }
-            op.timed_out = true;
+            op.expired_at = Some(now);
             if op.posted {
                 let context = (&raw mut op.context.space).cast::<c_void>();
                 self.fabric.cancel(context);
             } else {
-                unposted_expired.push(slot);
+                self.unposted.retain(|&s| s != slot);
+                self.land(slot, Err(RdmaError::Timeout));
             }
         }
-        for slot in unposted_expired {
-            self.unposted.retain(|&s| s != slot);
-            self.finish(slot, Err(RdmaError::Timeout));
+        if !self.fabric.av_remove_closes {
+            return;
+        }
+        let mut stalled = Vec::new();
+        for op in self.ops.iter().flatten() {
+            let held = op.expired_at.is_some_and(|at| now >= at + STALLED_AFTER);
+            if held && op.posted && !op.connection_reset && !stalled.contains(&op.fi_addr) {
+                stalled.push(op.fi_addr);
+            }
         }
         for fi_addr in stalled {
             self.reset_connection(fi_addr);
@@ -670,7 +701,7 @@ impl Engine {
         let Some(op) = self.ops[slot].as_mut() else {
             return false;
         };
-        if op.timed_out || op.failure.is_some() || op.resends_left == 0 {
+        if op.expired_at.is_some() || op.failure.is_some() || op.resends_left == 0 {
             return false;
         }
         let Some((read, request_id)) = send.for_read else {

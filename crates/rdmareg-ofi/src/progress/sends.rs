@@ -142,11 +142,9 @@ impl Engine {
                 }
                 if let Some(op) = self.ops[slot].as_mut() {
                     op.request_failed = true;
-                    // A request that teardown ended failed because the
-                    // engine is going away, not because of the fabric.
-                    op.failure = Some(if self.closing {
-                        RdmaError::ShuttingDown
-                    } else if code == ERR_NOT_CONNECTED && op.resends_left < RESENDS {
+                    // (A request that teardown ended answers `ShuttingDown`:
+                    // the machine's rule.)
+                    let error = if code == ERR_NOT_CONNECTED && op.resends_left < RESENDS {
                         RdmaError::Backend(format!(
                             "ofi: sending the read request failed: {text}; it was sent again \
                              on a new connection {} times",
@@ -154,8 +152,11 @@ impl Engine {
                         ))
                     } else {
                         RdmaError::Backend(format!("ofi: sending the read request failed: {text}"))
-                    });
-                    self.fabric.cancel(read as *mut c_void);
+                    };
+                    // The receive is posted: it answers once given back.
+                    if self.consumer.request_failed(op.read, error) {
+                        self.fabric.cancel(read as *mut c_void);
+                    }
                 }
             }
         }

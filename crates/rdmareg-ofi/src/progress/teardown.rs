@@ -25,6 +25,10 @@ impl Engine {
     pub(super) fn teardown(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
         self.signals.lifecycle.close();
         self.closing = true;
+        // Every read's receive is posted (or queued): none answers before
+        // the provider gives it back, and each ends `ShuttingDown` unless
+        // it lands or its deadline passed.
+        self.consumer.shutdown();
         while let Ok(command) = control.try_recv() {
             self.dispatch_closing(command);
         }
@@ -34,14 +38,14 @@ impl Engine {
         // Reads in flight get the teardown timeout to land.
         let until = Instant::now() + self.settings.teardown_timeout;
         for slot in std::mem::take(&mut self.unposted) {
-            self.finish(slot, Err(RdmaError::ShuttingDown));
+            self.land(slot, Err(RdmaError::ShuttingDown));
         }
         // Replies never posted end now (their leases with them); replies
         // being sent get the same time as reads.
         for at in std::mem::take(&mut self.unsent) {
             self.send_done(at, Err((0, "teardown".into())));
         }
-        while (self.active > 0 || !self.sends.is_empty()) && Instant::now() < until {
+        while (self.consumer.in_flight() > 0 || !self.sends.is_empty()) && Instant::now() < until {
             if !self.turn() {
                 std::thread::sleep(Duration::from_micros(50));
             }
@@ -113,27 +117,19 @@ impl Engine {
                 }
             }
         }
-        if self.active > 0 {
+        if self.consumer.in_flight() > 0 {
             if self.fabric.close_endpoint() {
                 // The provider touches no destination of a read on a closed
-                // endpoint: now the rest can be answered.
+                // endpoint: now the rest can be answered (`Timeout` past
+                // their deadline).
                 for slot in 0..self.ops.len() {
-                    let timed_out = match &self.ops[slot] {
-                        Some(op) => op.timed_out,
-                        None => continue,
-                    };
-                    let result = if timed_out {
-                        RdmaError::Timeout
-                    } else {
-                        RdmaError::ShuttingDown
-                    };
-                    self.finish(slot, Err(result));
+                    self.land(slot, Err(RdmaError::ShuttingDown));
                 }
             } else {
                 // The provider may still write these destinations: their
                 // answers (and regions) are kept from safe code for good.
                 tracing::error!(
-                    reads = self.active,
+                    reads = self.consumer.in_flight(),
                     "the endpoint did not close; reads in flight stay unanswered and their regions registered"
                 );
                 for op in self.ops.iter_mut().filter_map(Option::take) {
@@ -177,7 +173,7 @@ impl Engine {
     /// those still unfinished then (a receiver that stopped taking them)
     /// keep their leases: their sources stay registered.
     pub(super) fn withdraw_for_parking(&mut self) {
-        if self.active == 0 && self.sends.is_empty() {
+        if self.consumer.in_flight() == 0 && self.sends.is_empty() {
             return;
         }
         self.withdrawing = true;
@@ -186,24 +182,16 @@ impl Engine {
             let Some(op) = self.ops[slot].as_mut() else {
                 continue;
             };
-            if !op.timed_out && op.failure.is_none() {
-                op.failure = Some(RdmaError::ShuttingDown);
-            }
             if op.posted {
                 let context = (&raw mut op.context.space).cast::<c_void>();
                 self.fabric.cancel(context);
             } else {
-                never_posted.push((slot, op.timed_out));
+                never_posted.push(slot);
             }
         }
-        for (slot, timed_out) in never_posted {
+        for slot in never_posted {
             self.unposted.retain(|&s| s != slot);
-            let result = if timed_out {
-                RdmaError::Timeout
-            } else {
-                RdmaError::ShuttingDown
-            };
-            self.finish(slot, Err(result));
+            self.land(slot, Err(RdmaError::ShuttingDown));
         }
         // Replies being sent are waited for too, for as long as they keep
         // completing: each completes once its receiver took it, and the open
@@ -218,7 +206,7 @@ impl Engine {
         };
         let mut until = Instant::now() + self.settings.teardown_timeout.max(least);
         let mut sends_left = self.sends.len();
-        while (self.active > 0 || !self.sends.is_empty()) && Instant::now() < until {
+        while (self.consumer.in_flight() > 0 || !self.sends.is_empty()) && Instant::now() < until {
             if !self.turn() {
                 std::thread::sleep(Duration::from_micros(50));
             }
@@ -228,9 +216,9 @@ impl Engine {
             sends_left = self.sends.len();
         }
         self.withdrawing = false;
-        if self.active > 0 {
+        if self.consumer.in_flight() > 0 {
             tracing::error!(
-                reads = self.active,
+                reads = self.consumer.in_flight(),
                 "reads whose transfer had begun did not end; they stay unanswered and their \
                  regions registered"
             );
