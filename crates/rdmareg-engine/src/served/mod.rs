@@ -21,8 +21,8 @@
 //!
 //! What a UCX driver's request handler and region table do around the
 //! owner (a libfabric driver does the same with tagged sends, its own
-//! request format and [`Owner::refuse_request`] for senders it cannot
-//! confirm):
+//! request format, [`Owner::refuse_request`] for senders it cannot
+//! confirm and [`Owner::check_read`] for list entries it copies at once):
 //!
 //! - after `ucp_mem_map` and drawing 16 random bytes,
 //!   [`Owner::register`]; the driver keeps the region's memory handle;

@@ -682,6 +682,40 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         }
     }
 
+    /// Judges `read` as [`Owner::handle_read`] does — registration,
+    /// capability, unmapping, range, in that order — but takes no lease,
+    /// counts nothing under a bound and asks for no send: for a driver
+    /// that copies the bytes of a served read out of the registration
+    /// before it feeds the owner anything else (libfabric's gathered
+    /// replies are such a copy), so that no unmap can finish while the
+    /// copy runs and no lease would outlive it.
+    pub fn check_read(&self, read: &Read) -> Result<Payload, Refusal> {
+        let region = self
+            .regions
+            .get(&read.region)
+            .ok_or(Refusal::RegionUnknown)?;
+        if !capabilities_match(&region.capability, &read.capability) {
+            return Err(Refusal::CapabilityMismatch);
+        }
+        if region.unmapping || self.stage == Stage::Closed {
+            return Err(Refusal::Deregistering);
+        }
+        let inside = read.length > 0
+            && read.address >= region.start
+            && read
+                .address
+                .checked_add(read.length)
+                .is_some_and(|end| end <= region.end);
+        if !inside {
+            return Err(Refusal::OutOfRange);
+        }
+        Ok(Payload {
+            region: read.region,
+            address: read.address,
+            length: read.length,
+        })
+    }
+
     /// The transport finished the send `send`. Returns whether the owner
     /// knew it.
     pub fn send_completed(&mut self, send: SendId) -> bool {
@@ -1555,6 +1589,42 @@ mod tests {
             }
         );
         assert_eq!(owner.leases_in_flight(), 0);
+    }
+
+    /// `check_read` gives every read the answer `handle_read` would (on
+    /// an endpoint with room under its bound), and takes no lease: an
+    /// unmap after it finishes at once.
+    #[test]
+    fn a_checked_read_is_judged_as_served_without_a_lease() {
+        let reads = [
+            read(3, CAP, BASE, LEN),
+            read(3, CAP, BASE + LEN - 1, 2),
+            read(3, CAP, BASE - 1, 2),
+            read(3, CAP, BASE, 0),
+            read(3, [8; 16], BASE, 1),
+            read(4, CAP, BASE, 1),
+        ];
+        for candidate in reads {
+            let mut served = owner(64);
+            let checked = owner(64).check_read(&candidate);
+            served.handle_read(1, candidate);
+            let expected = match actions(&mut served).as_slice() {
+                [Action::Serve { payload, .. }] => Ok(*payload),
+                [Action::Refuse { refusal, .. }] => Err(*refusal),
+                other => panic!("one answer expected, got {other:?}"),
+            };
+            assert_eq!(checked, expected, "{candidate:?}");
+        }
+        let mut owner = owner(1);
+        assert!(owner.check_read(&read(3, CAP, BASE, 8)).is_ok());
+        assert_eq!(owner.leases_in_flight(), 0);
+        assert_eq!(owner.load(1), EndpointLoad::default());
+        assert_eq!(owner.unmap(3), UnmapStatus::Waiting);
+        assert_eq!(actions(&mut owner), vec![Action::Unmapped { region: 3 }]);
+        assert_eq!(
+            owner.check_read(&read(3, CAP, BASE, 8)),
+            Err(Refusal::RegionUnknown)
+        );
     }
 
     #[test]

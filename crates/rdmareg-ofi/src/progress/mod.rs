@@ -27,21 +27,25 @@
 //!
 //! # Serving reads (owner-served path)
 //!
-//! The loop keeps receives posted on the request tag (`protocol`). A
-//! request is checked against the live regions — exists, not being
-//! unmapped, capability matches, range inside — and answered by a tagged
-//! send of the region's bytes under a read lease (the region's
-//! `in_flight` count, which an unmap waits for), released when that send's
-//! completion is read, or by a zero-length refusal. This engine's own reads
-//! post their reply receive first and then send the request.
+//! The loop keeps receives posted on the request tag (`protocol`) and
+//! drives the engine kit's owner machine (`rdmareg_engine::served::Owner`):
+//! each request is handed to it (`Owner::handle_read`), which checks it
+//! against the live registrations — exists, capability matches, not being
+//! unmapped, range inside — and asks for a tagged send of the region's
+//! bytes under a read lease, released when that send's completion is read
+//! (`Owner::send_completed`, `Owner::send_failed`), or for a zero-length
+//! refusal; an unmap waits for the leases (`Action::Unmapped`). This
+//! engine's own reads post their reply receive first and then send the
+//! request.
 //!
 //! Each consumer address may have at most
 //! `OfiConfig::max_served_replies_per_peer` replies unfinished (and, apart,
 //! as many refusals): a consumer that asks and never receives would
 //! otherwise hold leases and sends without limit. A valid read past the
 //! bound is refused as busy; a refusal past the refusal bound is not sent
-//! (the request is dropped). The counts drop when each send's completion
-//! (success or error) is read, and at teardown with the sends. Since a
+//! (the request is dropped). The owner machine keeps these counts; they
+//! drop when each send's completion (success or error) is read, and at
+//! teardown with the sends. Since a
 //! request names its reply address itself, these bounds are per address:
 //! addresses are reduced to one spelling first, gathered replies are also
 //! bounded in total ([`GATHERED_BYTES_MAX`]), and a full table of consumer
@@ -111,6 +115,7 @@ use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use rdmareg_engine::answers::BatchAnswers;
 use rdmareg_engine::lanes::{IdleClock, Receivers, Served};
 use rdmareg_engine::served::consumer::{Consumer, ReadId};
+use rdmareg_engine::served::{Owner, OwnerConfig, SendId};
 use rdmareg_engine::thread::Ready;
 
 use crate::config::{OfiConfig, Provider, ReadPath};
@@ -247,18 +252,19 @@ pub(crate) fn run(
     drop(engine);
 }
 
-/// One registered region.
+/// One registered region. Its capability, and the read leases of replies
+/// sent from it, are the owner machine's (`Engine::owner`).
 #[derive(Debug)]
 struct Region {
     ptr: usize,
     len: usize,
     mr: MemoryRegion,
-    /// The random capability its key carries.
-    capability: [u8; CAPABILITY_LEN],
-    /// Reads landing in it, and read leases: replies being sent from it.
+    /// This engine's reads landing in it.
     in_flight: usize,
-    /// An unmap was submitted: new reads are refused, and these wait for
-    /// the reads in flight.
+    /// The owner machine still holds it: an unmap waits for its leases.
+    served: bool,
+    /// An unmap was submitted: new reads into it are refused, and the
+    /// deregistration waits for the reads in flight and the leases.
     unmapping: bool,
     waiters: Vec<Reply<()>>,
 }
@@ -392,17 +398,6 @@ struct Gatherable {
     capability: [u8; CAPABILITY_LEN],
 }
 
-/// Which of a consumer's bounds a reply counts against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ReplyKind {
-    /// Bytes sent from a region under a lease.
-    Bytes,
-    /// A zero-length refusal.
-    Refusal,
-    /// A gathered reply (a copy).
-    Gathered,
-}
-
 /// One tagged send: a request of this engine's reads, or a reply (bytes or
 /// refusal) to a peer's request.
 struct SendOp {
@@ -414,11 +409,11 @@ struct SendOp {
     desc: *mut c_void,
     dest: u64,
     tag: u64,
-    /// The region this reply reads: a lease released on completion.
-    lease: Option<u64>,
-    /// A reply to a consumer counted against its bound: the consumer's
-    /// address and whether the reply carries bytes (else a refusal).
-    counted: Option<(u64, ReplyKind)>,
+    /// A reply or refusal the owner machine asked for: its end releases
+    /// the reply's lease and its place under the consumer's bound.
+    owner_send: Option<SendId>,
+    /// A gathered reply (a copy), counted in `Engine::gathered`.
+    gathered: bool,
     /// The context and request id of the read this request belongs to
     /// (the id tells a later read at a reused context address apart).
     for_read: Option<(usize, u64)>,
@@ -430,24 +425,33 @@ struct SendOp {
 }
 
 impl SendOp {
-    /// A zero-length refusal to the consumer at `dest`, counted against
-    /// its bound of unfinished replies.
-    fn refusal(dest: u64, tag: u64) -> SendOp {
+    /// A send of `len` bytes at `ptr` (registered under `desc`) to `dest`
+    /// with `tag`, nothing attached.
+    fn new(dest: u64, tag: u64, ptr: usize, len: usize, desc: *mut c_void) -> SendOp {
         SendOp {
             context: Box::new(OpContext {
                 space: [std::ptr::null_mut(); 8],
             }),
             _bytes: None,
-            ptr: 0,
-            len: 0,
-            desc: std::ptr::null_mut(),
+            ptr,
+            len,
+            desc,
             dest,
             tag,
-            lease: None,
-            counted: Some((dest, ReplyKind::Refusal)),
+            owner_send: None,
+            gathered: false,
             for_read: None,
             probe: false,
             connection: None,
+        }
+    }
+
+    /// A send of `bytes`, kept until it completes.
+    fn owning(dest: u64, tag: u64, bytes: Vec<u8>) -> SendOp {
+        let (ptr, len) = (bytes.as_ptr() as usize, bytes.len());
+        SendOp {
+            _bytes: Some(bytes),
+            ..SendOp::new(dest, tag, ptr, len, std::ptr::null_mut())
         }
     }
 }
@@ -484,17 +488,6 @@ struct Settings {
     park_timeout: Duration,
     default_get_deadline: Duration,
     teardown_timeout: Duration,
-}
-
-/// Replies one consumer address has unfinished at this owner.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct PeerLoad {
-    /// Replies carrying bytes: each holds a read lease.
-    served: u32,
-    /// Refusals not yet completed.
-    refusals: u32,
-    /// Gathered replies not yet completed.
-    gathered: u32,
 }
 
 /// What the engine knows of whether a peer can be reached.
@@ -580,8 +573,15 @@ struct Engine {
     /// long may then be named as another again).
     stale_addresses: HashMap<Bytes, u64>,
     stale_order: VecDeque<Bytes>,
-    /// Unfinished replies per consumer address, and their bound.
-    reply_loads: HashMap<u64, PeerLoad>,
+    /// The owner side of served reads: the engine kit's state machine
+    /// (admission, capabilities, read leases, the bounds of unfinished
+    /// replies and refusals per consumer, unmaps that wait for leases).
+    /// Consumers are named by `AvEntry::endpoint` serials, as in
+    /// `consumer`.
+    owner: Owner<u64>,
+    /// Gathered replies unfinished per consumer address (each a copy, no
+    /// lease), and the reply bound (which also bounds them).
+    gathered: HashMap<u64, u32>,
     reply_bound: u32,
     /// Bytes of gathered replies not yet completed, all consumers together
     /// (bounded by [`GATHERED_BYTES_MAX`]).
@@ -677,7 +677,10 @@ impl Engine {
             stale_numbers: HashMap::new(),
             stale_addresses: HashMap::new(),
             stale_order: VecDeque::new(),
-            reply_loads: HashMap::new(),
+            owner: Owner::new(OwnerConfig {
+                max_replies_per_endpoint: config.max_served_replies_per_peer,
+            }),
+            gathered: HashMap::new(),
             reply_bound: config.max_served_replies_per_peer,
             gathered_bytes: 0,
             watch: HashMap::new(),

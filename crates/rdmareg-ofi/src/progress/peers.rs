@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rdmareg_core::{PeerId, RdmaError};
+use rdmareg_engine::served::EndpointLoad;
 
 use crate::fabric::Completion;
 use crate::key::validate_address;
@@ -201,20 +202,14 @@ impl Engine {
                     watch.probing = true;
                     watch.last_probe = Some(now);
                     self.queue_send(SendOp {
-                        context: Box::new(OpContext {
-                            space: [std::ptr::null_mut(); 8],
-                        }),
-                        ptr: PROBE.as_ptr() as usize,
-                        len: PROBE.len(),
-                        _bytes: None,
-                        desc: std::ptr::null_mut(),
-                        dest: fi_addr,
-                        tag: REQUEST_TAG,
-                        lease: None,
-                        counted: None,
-                        for_read: None,
                         probe: true,
-                        connection: None,
+                        ..SendOp::new(
+                            fi_addr,
+                            REQUEST_TAG,
+                            PROBE.as_ptr() as usize,
+                            PROBE.len(),
+                            std::ptr::null_mut(),
+                        )
                     });
                 }
             }
@@ -252,6 +247,10 @@ impl Engine {
             waited.as_millis()
         ));
         tracing::warn!(fi_addr, ?waited, "a peer is unreachable; its reads end");
+        // (Not `Owner::endpoint_failed`: the entry outlives the peer's
+        // process, and a peer restarted at the same address must be
+        // served while replies to the old one are still unfinished.)
+        let endpoint = self.endpoint_of(fi_addr);
         let stuck: Vec<usize> = self
             .unsent
             .iter()
@@ -262,7 +261,6 @@ impl Engine {
         for at in stuck {
             self.send_done(at, Err((0, "the peer is unreachable".into())));
         }
-        let endpoint = self.av.get(&fi_addr).map_or(0, |entry| entry.endpoint);
         for read in self.consumer.endpoint_failed(endpoint, error.clone()) {
             let Some(&slot) = self.consumer.payload(read) else {
                 continue;
@@ -389,7 +387,8 @@ impl Engine {
                 .filter(|(fi_addr, entry)| {
                     entry.served
                         && entry.connected == connected
-                        && !self.reply_loads.contains_key(fi_addr)
+                        && self.owner.load(entry.endpoint) == EndpointLoad::default()
+                        && !self.gathered.contains_key(fi_addr)
                 })
                 .map(|(&fi_addr, _)| fi_addr)
                 .collect();
@@ -474,8 +473,8 @@ impl Engine {
         if let Some(watch) = self.watch.remove(&from) {
             self.watch.insert(to, watch);
         }
-        if let Some(load) = self.reply_loads.remove(&from) {
-            self.reply_loads.insert(to, load);
+        if let Some(count) = self.gathered.remove(&from) {
+            self.gathered.insert(to, count);
         }
         if let Some(bytes) = self.discard_bytes.remove(&from) {
             self.discard_bytes.insert(to, bytes);

@@ -424,20 +424,8 @@ impl Engine {
                 // The receive is posted: now ask.
                 let (request_id, wire) = op.request.take().unwrap_or_default();
                 let send = SendOp {
-                    context: Box::new(OpContext {
-                        space: [std::ptr::null_mut(); 8],
-                    }),
-                    ptr: wire.as_ptr() as usize,
-                    len: wire.len(),
-                    _bytes: Some(wire),
-                    desc: std::ptr::null_mut(),
-                    dest: op.fi_addr,
-                    tag: REQUEST_TAG,
-                    lease: None,
-                    counted: None,
                     for_read: Some((context as usize, request_id)),
-                    probe: false,
-                    connection: None,
+                    ..SendOp::owning(op.fi_addr, REQUEST_TAG, wire)
                 };
                 self.queue_send(send);
             }
@@ -560,26 +548,14 @@ impl Engine {
         };
         self.free_slots.push(slot);
         self.by_context.remove(&((&raw const *op.context) as usize));
-        let release = self.regions.get_mut(&op.region).is_some_and(|region| {
-            region.in_flight -= 1;
-            region.in_flight == 0 && region.unmapping
-        });
-        if release {
-            self.deregister(op.region);
-        }
+        self.release_hold(op.region);
         self.release_av(op.fi_addr, |entry| entry.ops -= 1);
         if let Some(answer) = op.answer {
             give(answer, result.clone());
         }
         if let Some(list) = op.list {
             for mut item in list.entries {
-                let release = self.regions.get_mut(&item.region).is_some_and(|region| {
-                    region.in_flight -= 1;
-                    region.in_flight == 0 && region.unmapping
-                });
-                if release {
-                    self.deregister(item.region);
-                }
+                self.release_hold(item.region);
                 if let Some(answer) = item.answer.take() {
                     give(answer, item.result.take().unwrap_or_else(|| result.clone()));
                 }

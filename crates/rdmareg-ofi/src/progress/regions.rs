@@ -1,14 +1,20 @@
-//! Memory regions this engine registered: map, unmap, and the read leases
-//! that hold an unmap back.
+//! Memory regions this engine registered: map, unmap, and what holds an
+//! unmap back.
 //!
-//! An unmap marks its region as unmapping at once (new requests for it are
-//! refused) and deregisters it only when no reply send from it is in
-//! flight: the region's `in_flight` count is the lease, and the last
-//! release deregisters and answers the unmap.
+//! Every registration is also registered with the owner machine
+//! (`Engine::owner`), which judges peers' reads of it and keeps the read
+//! leases of replies sent from it. An unmap marks the region unmapping at
+//! once (new requests for it are refused, and so are this engine's own
+//! reads into it) and deregisters it only once the owner machine finished
+//! its unmap (`Action::Unmapped`: no reply send reads it any more) and no
+//! read of this engine lands in it (`in_flight`); the last of the two
+//! deregisters and answers the unmap.
 
 use rdmareg_core::{BackendRegion, RdmaError};
+use rdmareg_engine::served::UnmapStatus;
 
 use crate::engine::Reply;
+use crate::fabric::ADDR_NOTAVAIL;
 use crate::key::{CAPABILITY_LEN, PackedKey};
 
 use super::*;
@@ -50,6 +56,13 @@ impl Engine {
                 return;
             }
         };
+        if let Err(err) = self.owner.register(id, capability, ptr as u64, len as u64) {
+            if let Err(undone) = self.fabric.deregister(&mr) {
+                tracing::warn!(id, error = %undone, "a registration the owner refused stays");
+            }
+            let _ = reply.send(Err(err));
+            return;
+        }
         self.signals.lifecycle.registered();
         let served = self.owner_served();
         let key = PackedKey {
@@ -71,8 +84,8 @@ impl Engine {
                 ptr,
                 len,
                 mr,
-                capability,
                 in_flight: 0,
+                served: true,
                 unmapping: false,
                 waiters: Vec::new(),
             },
@@ -98,9 +111,32 @@ impl Engine {
         };
         region.unmapping = true;
         region.waiters.extend(reply);
-        if region.in_flight == 0 {
+        if self.owner.unmap(id) == UnmapStatus::NotRegistered {
+            // Its deregistration failed before: try again.
+            region.served = false;
+        }
+        self.run_owner_actions(ADDR_NOTAVAIL);
+        self.deregister_if_idle(id);
+    }
+
+    /// Deregisters `id` once it is being unmapped (or torn down), the owner
+    /// machine let go of it and no read lands in it.
+    pub(super) fn deregister_if_idle(&mut self, id: u64) {
+        let closing = self.closing;
+        let idle = self.regions.get(&id).is_some_and(|region| {
+            (region.unmapping || closing) && !region.served && region.in_flight == 0
+        });
+        if idle {
             self.deregister(id);
         }
+    }
+
+    /// A read of this engine that landed in `id` ended.
+    pub(super) fn release_hold(&mut self, id: u64) {
+        if let Some(region) = self.regions.get_mut(&id) {
+            region.in_flight -= 1;
+        }
+        self.deregister_if_idle(id);
     }
 
     /// Deregisters a region with no reads in flight and answers its
@@ -125,16 +161,6 @@ impl Engine {
                     let _ = waiter.send(Err(err.clone()));
                 }
             }
-        }
-    }
-
-    pub(super) fn release_lease(&mut self, id: u64) {
-        let release = self.regions.get_mut(&id).is_some_and(|region| {
-            region.in_flight -= 1;
-            region.in_flight == 0 && region.unmapping
-        });
-        if release {
-            self.deregister(id);
         }
     }
 }

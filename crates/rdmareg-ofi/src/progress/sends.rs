@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use rdmareg_core::RdmaError;
 
-use crate::fabric::ERR_NOT_CONNECTED;
+use crate::fabric::{ADDR_NOTAVAIL, ERR_NOT_CONNECTED};
 
 use super::*;
 
@@ -103,14 +103,22 @@ impl Engine {
         let Some(send) = self.sends.remove(&at) else {
             return;
         };
-        tracing::trace!(tag = format_args!("{:#x}", send.tag), ok = result.is_ok(), lease = ?send.lease, "a send ended");
-        if let Some(region) = send.lease {
-            self.release_lease(region);
+        tracing::trace!(tag = format_args!("{:#x}", send.tag), ok = result.is_ok(), owner_send = ?send.owner_send, "a send ended");
+        if let Some(id) = send.owner_send {
+            if result.is_ok() {
+                self.owner.send_completed(id);
+            } else {
+                self.owner.send_failed(id);
+            }
+            self.run_owner_actions(ADDR_NOTAVAIL);
         }
-        if let Some((peer, kind)) = send.counted {
-            self.release_reply(peer, kind);
-            if kind == ReplyKind::Gathered {
-                self.gathered_bytes = self.gathered_bytes.saturating_sub(send.len);
+        if send.gathered {
+            self.gathered_bytes = self.gathered_bytes.saturating_sub(send.len);
+            if let Some(count) = self.gathered.get_mut(&send.dest) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    self.gathered.remove(&send.dest);
+                }
             }
         }
         if result.is_ok() {
@@ -159,22 +167,6 @@ impl Engine {
                     }
                 }
             }
-        }
-    }
-
-    /// A reply to `peer` ended (`served`: it carried bytes).
-    pub(super) fn release_reply(&mut self, peer: u64, kind: ReplyKind) {
-        let Some(load) = self.reply_loads.get_mut(&peer) else {
-            return;
-        };
-        let count = match kind {
-            ReplyKind::Bytes => &mut load.served,
-            ReplyKind::Refusal => &mut load.refusals,
-            ReplyKind::Gathered => &mut load.gathered,
-        };
-        *count = count.saturating_sub(1);
-        if *load == PeerLoad::default() {
-            self.reply_loads.remove(&peer);
         }
     }
 }

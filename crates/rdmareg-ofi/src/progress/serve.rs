@@ -1,19 +1,21 @@
 //! Serving reads on the owner-served path: keeping request receives
-//! posted, checking each request or list entry against the live regions
-//! (exists, not unmapping, capability, range), naming the sender over
-//! `tcp;ofi_rxm`, and answering with the region's bytes under a lease or
-//! with a typed refusal — within the per-consumer bounds of unfinished
-//! replies and refusals (see "Serving reads" in the parent module).
+//! posted, naming the sender over `tcp;ofi_rxm`, handing each request to
+//! the owner machine (`Engine::owner`) and turning what it asks for into
+//! tagged sends — the region's bytes under a lease, or a typed refusal —
+//! and gathered lists, whose entries the machine judges and this engine
+//! copies into one reply at once (see "Serving reads" in the parent
+//! module).
 
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
+use rdmareg_engine::served::{self, Action, Read};
+
 use crate::fabric::{ADDR_NOTAVAIL, ADDR_UNSPEC};
 use crate::protocol::{
-    LIST_VERSION, ListEntry, ListRequest, PROBE, RECEIVE_MAX, REQUEST_TAG, ReadRequest, Refusal,
-    capability_matches, refusal_tag,
+    LIST_VERSION, ListRequest, PROBE, RECEIVE_MAX, REQUEST_TAG, ReadRequest, Refusal, refusal_tag,
 };
 
 use super::*;
@@ -156,72 +158,80 @@ impl Engine {
             len = request.length,
             "serving a read request"
         );
-        let load = self.reply_loads.entry(dest).or_default();
-        let verdict = match self.regions.get_mut(&request.region_id) {
-            None => Err(Refusal::RegionUnknown),
-            Some(region) if region.unmapping => Err(Refusal::Deregistering),
-            Some(region) if !capability_matches(&region.capability, &request.capability) => {
-                Err(Refusal::CapabilityMismatch)
-            }
-            Some(region) => {
-                let start = region.ptr as u64;
-                let end = start + region.len as u64;
-                match request.address.checked_add(request.length) {
-                    Some(last) if request.address >= start && last <= end => {
-                        if load.served >= self.reply_bound {
-                            Err(Refusal::Busy)
-                        } else {
-                            load.served += 1;
-                            region.in_flight += 1;
-                            Ok((request.address as usize, region.mr.desc))
-                        }
-                    }
-                    _ => Err(Refusal::OutOfRange),
-                }
-            }
-        };
-        if verdict.is_err() {
-            if load.refusals >= self.reply_bound {
-                // This consumer does not take its refusals either: answer
-                // nothing more until it does.
-                tracing::debug!(
-                    request = request.request_id,
-                    "a consumer holds too many refusals; a read request was dropped"
-                );
-                if *load == PeerLoad::default() {
-                    self.reply_loads.remove(&dest);
-                }
-                return;
-            }
-            load.refusals += 1;
-        }
-        let send = match verdict {
-            Ok((ptr, desc)) => SendOp {
-                context: Box::new(OpContext {
-                    space: [std::ptr::null_mut(); 8],
-                }),
-                _bytes: None,
-                ptr,
-                len: request.length as usize,
-                desc,
-                dest,
-                tag: request.request_id,
-                lease: Some(request.region_id),
-                counted: Some((dest, ReplyKind::Bytes)),
-                for_read: None,
-                probe: false,
-                connection: None,
+        let endpoint = self.endpoint_of(dest);
+        self.owner.handle_read(
+            endpoint,
+            Read {
+                request_id: request.request_id,
+                region: request.region_id,
+                capability: request.capability,
+                address: request.address,
+                length: request.length,
             },
-            Err(refusal) => {
-                tracing::debug!(
-                    region = request.region_id,
-                    ?refusal,
-                    "refused a read request"
-                );
-                SendOp::refusal(dest, refusal_tag(request.request_id, refusal))
+        );
+        self.run_owner_actions(dest);
+    }
+
+    /// The `AvEntry::endpoint` serial of entry `fi_addr` (0: none).
+    pub(super) fn endpoint_of(&self, fi_addr: u64) -> u64 {
+        self.av.get(&fi_addr).map_or(0, |entry| entry.endpoint)
+    }
+
+    /// Performs what the owner machine asks for, in order: a served reply
+    /// is a tagged send of the region's bytes (tag: the request id), a
+    /// refusal a zero-length send whose tag carries the reason, both to
+    /// `reply_at`, the address-vector entry of the consumer just fed to
+    /// the machine (each input yields at most one send); a finished unmap
+    /// deregisters once no read of this engine lands in the region.
+    pub(super) fn run_owner_actions(&mut self, reply_at: u64) {
+        while let Some(action) = self.owner.poll_action() {
+            match action {
+                Action::Serve {
+                    endpoint,
+                    send,
+                    request_id,
+                    payload,
+                } => {
+                    debug_assert_eq!(endpoint, self.endpoint_of(reply_at));
+                    let desc = self
+                        .regions
+                        .get(&payload.region)
+                        .map_or(std::ptr::null_mut(), |region| region.mr.desc);
+                    self.queue_send(SendOp {
+                        owner_send: Some(send),
+                        ..SendOp::new(
+                            reply_at,
+                            request_id,
+                            payload.address as usize,
+                            payload.length as usize,
+                            desc,
+                        )
+                    });
+                }
+                Action::Refuse {
+                    endpoint,
+                    send,
+                    request_id,
+                    refusal,
+                } => {
+                    debug_assert_eq!(endpoint, self.endpoint_of(reply_at));
+                    let tag = refusal_tag(request_id, wire_refusal(refusal));
+                    self.queue_send(SendOp {
+                        owner_send: Some(send),
+                        ..SendOp::new(reply_at, tag, 0, 0, std::ptr::null_mut())
+                    });
+                }
+                Action::Unmapped { region } => {
+                    if let Some(held) = self.regions.get_mut(&region) {
+                        held.served = false;
+                    }
+                    self.deregister_if_idle(region);
+                }
+                // Lists are copied at once (`serve_list`), and teardown
+                // does not wait for `Drained`.
+                _ => {}
             }
-        };
-        self.queue_send(send);
+        }
     }
 
     /// A request whose sender the provider named as another endpoint than
@@ -236,9 +246,9 @@ impl Engine {
             .unconfirmed_requests
             .fetch_add(1, Ordering::Relaxed);
         let (to, refusal) = if source == ADDR_NOTAVAIL {
-            (dest, Refusal::Unverified)
+            (dest, served::Refusal::Unverified)
         } else {
-            (source, Refusal::NotTheRequester)
+            (source, served::Refusal::NotTheRequester)
         };
         tracing::debug!(
             request = request_id,
@@ -247,15 +257,9 @@ impl Engine {
             ?refusal,
             "a read request's sender is not confirmed as its reply address"
         );
-        let load = self.reply_loads.entry(to).or_default();
-        if load.refusals >= self.reply_bound {
-            if *load == PeerLoad::default() {
-                self.reply_loads.remove(&to);
-            }
-            return;
-        }
-        load.refusals += 1;
-        self.queue_send(SendOp::refusal(to, refusal_tag(request_id, refusal)));
+        let endpoint = self.endpoint_of(to);
+        self.owner.refuse_request(endpoint, request_id, refusal);
+        self.run_owner_actions(to);
     }
 
     /// Serves a list request: checks each entry as a single read is
@@ -275,44 +279,45 @@ impl Engine {
         let Some(dest) = self.served_peer(&list.reply_to) else {
             return;
         };
-        let bound = self.reply_bound;
-        let held = self.gathered_bytes;
-        let load = self.reply_loads.entry(dest).or_default();
+        let gathered = self.gathered.get(&dest).copied().unwrap_or(0);
         // Past the total, a consumer with no gathered reply unfinished is
         // still served one: the total bounds memory (to it plus one reply
         // per consumer address), and peers that hold replies without
         // taking them cannot starve the consumers that do take theirs.
-        if load.gathered >= GATHERED_PER_PEER.min(bound)
-            || (load.gathered > 0 && held + list.reply_len() > GATHERED_BYTES_MAX)
+        if gathered >= GATHERED_PER_PEER.min(self.reply_bound)
+            || (gathered > 0 && self.gathered_bytes + list.reply_len() > GATHERED_BYTES_MAX)
         {
-            if load.refusals >= bound {
-                tracing::debug!(
-                    request = list.request_id,
-                    "a consumer holds too many refusals; a list request was dropped"
-                );
-                return;
-            }
-            load.refusals += 1;
-            self.queue_send(SendOp::refusal(
-                dest,
-                refusal_tag(list.request_id, Refusal::Busy),
-            ));
+            // Under the consumer's refusal bound, like any refusal.
+            let endpoint = self.endpoint_of(dest);
+            self.owner
+                .refuse_request(endpoint, list.request_id, served::Refusal::Busy);
+            self.run_owner_actions(dest);
             return;
         }
-        load.gathered += 1;
+        *self.gathered.entry(dest).or_default() += 1;
         let mut reply = vec![0u8; list.entries.len()];
         reply.reserve_exact(list.reply_len() - list.entries.len());
         for (index, entry) in list.entries.iter().enumerate() {
-            match self.check_entry(entry) {
-                Ok(source) => {
+            // Judged as a single read, without a lease: the bytes are
+            // copied before the owner machine is fed anything else.
+            let read = Read {
+                request_id: list.request_id,
+                region: entry.region_id,
+                capability: entry.capability,
+                address: entry.address,
+                length: entry.length,
+            };
+            match self.owner.check_read(&read) {
+                Ok(payload) => {
+                    let source = payload.address as usize;
                     let start = reply.len();
                     let len = entry.length as usize;
                     reply.resize(start + len, 0);
                     // SAFETY: `source..source + len` lies inside a live
                     // registration that is not being unmapped (checked just
-                    // now, and no unmap runs until this call returns), whose
-                    // owner keeps it allocated until an unmap of it answers
-                    // `Ok`; the destination is the `len` bytes just added to
+                    // now by the owner machine, and no unmap runs until this
+                    // call returns), whose owner keeps it allocated until an
+                    // unmap of it answers `Ok`; the destination is the `len` bytes just added to
                     // `reply`. The bytes are copied as the provider copies a
                     // region it sends from: no reference to them is made.
                     unsafe {
@@ -323,7 +328,7 @@ impl Engine {
                         );
                     }
                 }
-                Err(refusal) => reply[index] = refusal.status(),
+                Err(refusal) => reply[index] = wire_refusal(refusal).status(),
             }
         }
         // Released by the send's end, by this same length.
@@ -335,41 +340,23 @@ impl Engine {
             "serving a list request"
         );
         self.queue_send(SendOp {
-            context: Box::new(OpContext {
-                space: [std::ptr::null_mut(); 8],
-            }),
-            ptr: reply.as_ptr() as usize,
-            len: reply.len(),
-            _bytes: Some(reply),
-            desc: std::ptr::null_mut(),
-            dest,
-            tag: list.request_id,
-            lease: None,
-            counted: Some((dest, ReplyKind::Gathered)),
-            for_read: None,
-            probe: false,
-            connection: None,
+            gathered: true,
+            ..SendOp::owning(dest, list.request_id, reply)
         });
     }
+}
 
-    /// Where a list entry's bytes start in this process, or why it is
-    /// refused: the checks of a single read.
-    pub(super) fn check_entry(&self, entry: &ListEntry) -> Result<usize, Refusal> {
-        let region = self
-            .regions
-            .get(&entry.region_id)
-            .ok_or(Refusal::RegionUnknown)?;
-        if region.unmapping {
-            return Err(Refusal::Deregistering);
-        }
-        if !capability_matches(&region.capability, &entry.capability) {
-            return Err(Refusal::CapabilityMismatch);
-        }
-        let start = region.ptr as u64;
-        let end = start + region.len as u64;
-        match entry.address.checked_add(entry.length) {
-            Some(last) if entry.address >= start && last <= end => Ok(entry.address as usize),
-            _ => Err(Refusal::OutOfRange),
-        }
+/// The libfabric wire code of an owner machine's refusal. (The machine
+/// decides `Malformed` only for lists and requests in UCX's format, which
+/// this engine does not feed it.)
+fn wire_refusal(refusal: served::Refusal) -> Refusal {
+    match refusal {
+        served::Refusal::CapabilityMismatch => Refusal::CapabilityMismatch,
+        served::Refusal::OutOfRange => Refusal::OutOfRange,
+        served::Refusal::Deregistering => Refusal::Deregistering,
+        served::Refusal::Busy => Refusal::Busy,
+        served::Refusal::Unverified => Refusal::Unverified,
+        served::Refusal::NotTheRequester => Refusal::NotTheRequester,
+        _ => Refusal::RegionUnknown,
     }
 }

@@ -17,7 +17,7 @@ use crossbeam_channel::Receiver;
 use rdmareg_core::RdmaError;
 
 use crate::engine::Command;
-use crate::fabric::EndpointEnd;
+use crate::fabric::{ADDR_NOTAVAIL, EndpointEnd};
 
 use super::*;
 
@@ -55,7 +55,8 @@ impl Engine {
         } else {
             self.close_under_the_rest();
         }
-        if self.fabric.close_or_park_endpoint() == EndpointEnd::StillOpen {
+        let closed = self.fabric.close_or_park_endpoint() == EndpointEnd::Closed;
+        if !closed {
             // Request receives may still be written, and replies still being
             // sent still read their sources: a parked endpoint keeps them
             // until it is closed; any other open endpoint, for good. (A
@@ -69,11 +70,16 @@ impl Engine {
                 std::mem::forget(receives);
             }
         }
+        // Every region is unmapped once no reply is sent from it (on a
+        // closed endpoint none is) and no read lands in it.
+        self.owner.shutdown();
+        if closed {
+            self.owner.transport_closed();
+        }
+        self.run_owner_actions(ADDR_NOTAVAIL);
         let ids: Vec<u64> = self.regions.keys().copied().collect();
         for id in ids {
-            if self.regions.get(&id).is_some_and(|r| r.in_flight == 0) {
-                self.deregister(id);
-            }
+            self.deregister_if_idle(id);
         }
         for (fi_addr, _) in std::mem::take(&mut self.av) {
             self.fabric.remove_peer(fi_addr);
