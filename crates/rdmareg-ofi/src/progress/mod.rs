@@ -371,6 +371,40 @@ struct Op {
     resends_left: u8,
 }
 
+impl Op {
+    /// A read of `len` bytes into `buf` from the owner at `fi_addr`, with
+    /// nothing else set yet: no destination region, answer, request or list.
+    fn new(fi_addr: u64, buf: usize, len: usize, desc: *mut c_void) -> Op {
+        Op {
+            context: Box::new(OpContext {
+                space: [std::ptr::null_mut(); 8],
+            }),
+            region: 0,
+            fi_addr,
+            answer: None,
+            list: None,
+            read: ReadId(0),
+            expired_at: None,
+            posted: false,
+            buf,
+            len,
+            desc,
+            remote: 0,
+            key: 0,
+            request: None,
+            request_id: 0,
+            failure: None,
+            unreachable: false,
+            request_failed: false,
+            connection_reset: false,
+            ask_again: None,
+            asks_left: 0,
+            resend: None,
+            resends_left: RESENDS,
+        }
+    }
+}
+
 /// A gathered list's own part of its [`Op`].
 struct ListPart {
     entries: Vec<ListItem>,

@@ -61,42 +61,24 @@ impl Engine {
         if let Some(region) = self.regions.get_mut(&request.local_region_id) {
             region.in_flight += 1;
         }
-        self.start_op(
-            Op {
-                context: Box::new(OpContext {
-                    space: [std::ptr::null_mut(); 8],
-                }),
-                region: request.local_region_id,
-                fi_addr,
-                answer: Some(answer),
-                list: None,
-                read: ReadId(0),
-                expired_at: None,
-                posted: false,
-                buf,
-                len: request.len as usize,
-                desc,
-                remote: target,
-                key,
-                request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
-                // Only an owner whose provider names senders answers "ask
-                // again", and both ends use the same provider.
-                ask_again: if self.fabric.reports_source {
-                    request_bytes.clone()
-                } else {
-                    None
-                },
-                asks_left: ASKS_AGAIN,
-                resend: None,
-                resends_left: RESENDS,
-                request: request_bytes,
-                failure: None,
-                unreachable: false,
-                request_failed: false,
-                connection_reset: false,
+        let op = Op {
+            region: request.local_region_id,
+            answer: Some(answer),
+            remote: target,
+            key,
+            request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
+            // Only an owner whose provider names senders answers "ask
+            // again", and both ends use the same provider.
+            ask_again: if self.fabric.reports_source {
+                request_bytes.clone()
+            } else {
+                None
             },
-            deadline,
-        );
+            asks_left: ASKS_AGAIN,
+            request: request_bytes,
+            ..Op::new(fi_addr, buf, request.len as usize, desc)
+        };
+        self.start_op(op, deadline);
         Ok(())
     }
 
@@ -270,39 +252,16 @@ impl Engine {
                 result: None,
             });
         }
-        self.start_op(
-            Op {
-                context: Box::new(OpContext {
-                    space: [std::ptr::null_mut(); 8],
-                }),
-                region: 0,
-                fi_addr,
-                answer: None,
-                list: Some(Box::new(ListPart {
-                    entries: items,
-                    scratch,
-                })),
-                read: ReadId(0),
-                expired_at: None,
-                posted: false,
-                buf,
-                len: reply_len,
-                desc: std::ptr::null_mut(),
-                remote: 0,
-                key: 0,
-                request_id,
-                request: Some((request_id, wire)),
-                ask_again: None,
-                asks_left: 0,
-                resend: None,
-                resends_left: RESENDS,
-                failure: None,
-                unreachable: false,
-                request_failed: false,
-                connection_reset: false,
-            },
-            deadline,
-        );
+        let op = Op {
+            list: Some(Box::new(ListPart {
+                entries: items,
+                scratch,
+            })),
+            request_id,
+            request: Some((request_id, wire)),
+            ..Op::new(fi_addr, buf, reply_len, std::ptr::null_mut())
+        };
+        self.start_op(op, deadline);
     }
 
     /// A list's reply arrived (`len` bytes, tag `tag`): checks that it adds
