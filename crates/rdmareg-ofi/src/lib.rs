@@ -67,7 +67,7 @@
 //! With owner-served reads, no byte is copied from a region after its
 //! unmap returned, on `tcp` and `shm`: the unmap waits for the reply in
 //! flight. One-sided `fi_read` does not hold this on those providers.
-//! `tests/owner_served.rs` asserts it, and that stale and forged keys are
+//! `tests/ofi/owner_served.rs` asserts it, and that stale and forged keys are
 //! refused on both providers; `examples/close_mid_read.rs` shows it on a
 //! 64 MiB read.
 //!

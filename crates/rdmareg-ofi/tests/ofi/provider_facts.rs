@@ -6,7 +6,7 @@
 //! (`fi_read`), which is what they measure; owner-served reads are tested
 //! in `owner_served.rs`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! (`FI_AV_REMOVE_CLEANUP`, read once when libfabric initialises, so each
 //! case runs in a child process of its own).
 
-mod common;
+use crate::common;
 
 use rdmareg_ofi::{OfiEngine, Provider};
 
@@ -36,7 +36,8 @@ fn a_tcp_engine_resets_stalled_connections_exactly_where_libfabric_was_told_to()
         child
             .args([
                 "--exact",
-                "a_tcp_engine_resets_stalled_connections_exactly_where_libfabric_was_told_to",
+                // Its full name in the test binary: `--exact` compares with that.
+                "stalled_connection_reset::a_tcp_engine_resets_stalled_connections_exactly_where_libfabric_was_told_to",
                 "--nocapture",
                 "--test-threads",
                 "1",

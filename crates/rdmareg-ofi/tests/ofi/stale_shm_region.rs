@@ -10,7 +10,7 @@
 //! `fi_enable` with `FI_EBUSY`: seen in CI as
 //! `ofi: fi_enable: Device or resource busy (-16)`.
 
-mod common;
+use crate::common;
 
 use rdmareg_ofi::{OfiEngine, Provider};
 

@@ -1,7 +1,7 @@
 //! The backend conformance kit against two `OfiBackend`s over libfabric's
 //! `shm` provider, in one process.
 
-mod common;
+use crate::common;
 
 use rdmareg_backend::conformance::BackendPair;
 use rdmareg_ofi::Provider;

@@ -1,7 +1,7 @@
 //! Peer fabric addresses are untrusted bytes: checked against the
 //! provider's address format before they reach the address vector.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use rdmareg_core::{PeerId, RdmaError};

@@ -2,7 +2,7 @@
 //! refuses stale and forged keys with typed errors and keeps serving, and an
 //! unmap answers only once no byte of the region can be copied any more.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

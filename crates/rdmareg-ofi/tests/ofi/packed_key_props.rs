@@ -1,7 +1,7 @@
 //! Property tests of the packed key: every malformed key is a typed error,
 //! decoding never panics, and what decodes is canonical.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

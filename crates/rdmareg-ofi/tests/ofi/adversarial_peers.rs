@@ -4,7 +4,7 @@
 //! speaking the wire format by hand are in `src/adversarial_peers.rs`,
 //! where the crate's own endpoint type can stand in for a remote machine.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

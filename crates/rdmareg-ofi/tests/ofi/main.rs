@@ -1,0 +1,18 @@
+//! The integration tests of `rdmareg-ofi`, as one test binary: each module
+//! is a group of tests of one behaviour, named by it. One binary links the
+//! libfabric engine once instead of once per group; the two-process tests
+//! with their own `main` stay a binary of their own
+//! (`tests/two_processes.rs`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod adversarial_peers;
+mod conformance_shm;
+mod conformance_tcp;
+mod owner_served;
+mod packed_key_props;
+mod peers;
+mod provider_facts;
+mod stale_shm_region;
+mod stalled_connection_reset;
