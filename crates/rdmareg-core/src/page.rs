@@ -1,7 +1,7 @@
 //! Page arithmetic for registrations.
 //!
 //! Registration pins whole pages, so budgets are charged on the
-//! page-enclosing range of `[addr, addr + len)`. Every function answers `None`
+//! page-enclosing range of `[addr, addr + len)`. Every function returns `None`
 //! instead of wrapping on overflow: a range near the top of the address space
 //! is a bad request, not a small one.
 

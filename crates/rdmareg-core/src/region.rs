@@ -45,7 +45,7 @@ pub struct BackendRegion {
     pub packed_key: Bytes,
 }
 
-/// One remote read: `len` bytes at `remote_addr` on `peer`, landing at
+/// One remote read: `len` bytes at `remote_addr` on `peer`, written at
 /// `local_offset` inside a locally registered region.
 ///
 /// `remote_addr` and `packed_key` come from a descriptor the owner authored;
@@ -65,7 +65,7 @@ pub struct BackendGet {
     pub local_offset: u64,
     /// Bytes to read.
     pub len: u64,
-    /// How long the transfer may take before it is cancelled and answered
+    /// How long the transfer may take before it is cancelled and fails
     /// with [`RdmaError::Timeout`](crate::RdmaError::Timeout). `None` uses the
     /// backend's configured default.
     pub deadline: Option<Duration>,
