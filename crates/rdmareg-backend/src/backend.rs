@@ -18,16 +18,16 @@
 //!    counts the map from its submission until the rollback is done, so a
 //!    caller that frees on the count's evidence never frees early. The
 //!    registry itself never frees on a dropped map: it lets the map finish,
-//!    unmaps it, and frees the memory only after that unmap answered
+//!    unmaps it, and frees the memory only after that unmap returned
 //!    `Ok(())`.
 //! 2. **`unmap` is idempotent and proceeds once submitted.** An id that names
-//!    nothing (never mapped, or already unmapped) answers `Ok(())`. Dropping
+//!    nothing (never mapped, or already unmapped) returns `Ok(())`. Dropping
 //!    the future abandons only the notification.
 //! 3. **`Ok(())` from `unmap` means the pages are no longer pinned.** Any error
 //!    ([`RdmaError::ShuttingDown`] in particular) means *unknown*, never
 //!    *unmapped*.
-//!    During teardown an unmap of a region that is already gone answers
-//!    `Ok(())`; one the backend still holds answers an error.
+//!    During teardown an unmap of a region that is already gone returns
+//!    `Ok(())`; one the backend still holds fails with an error.
 //! 4. **`get` keeps the destination region alive until the transfer
 //!    finishes**, whether or not anyone still awaits it: an `unmap` of the
 //!    destination waits for the transfer, and from the moment it is submitted
@@ -52,27 +52,28 @@
 //!    does) rounds them outward itself. The registry also never charges less
 //!    than the page-enclosing length, so an undercounting backend cannot let
 //!    it pass its budget.
-//! 8. **An answer means the backend has let go of the destination.** No GET
-//!    is answered — `Ok`, `Timeout`, `ShuttingDown`, a peer failure — while
-//!    the transport may still write its destination; the answer reports what
-//!    really happened (a transfer that completed during a shutdown drain
-//!    answers `Ok`). The registry hands the destination back to safe code on
-//!    the answer, so answering first would give safe code a `&mut` to bytes
-//!    the transport still writes. A backend that cannot withdraw a transfer
-//!    at its deadline answers when the transport has ended it.
+//! 8. **A completed GET means the backend has let go of the destination.**
+//!    No GET completes — `Ok`, `Timeout`, `ShuttingDown`, a peer failure —
+//!    while the transport may still write its destination; the result
+//!    reports what really happened (a transfer that completed during a
+//!    shutdown drain returns `Ok`). The registry hands the destination back
+//!    to safe code when the GET completes, so completing first would give
+//!    safe code a `&mut` to bytes the transport still writes. A backend that
+//!    cannot withdraw a transfer at its deadline completes the GET when the
+//!    transport has ended it.
 //! 9. **A batch is its entries.** [`get_batch`](RdmaBackend::get_batch)
-//!    answers one result per request, in request order, and each entry is
-//!    answered exactly as the same request alone would be: its own typed
-//!    error (one bad entry fails nothing else), its own deadline, its
-//!    destination held until its transfer is over (point 4) and answered
-//!    only once the backend let go of it (point 8). Dropping the batch's
-//!    future abandons only the answers, as dropping single GETs does. An
-//!    empty batch answers an empty list.
-//!    [`get_shared_batch`](RdmaBackend::get_shared_batch) answers exactly as
-//!    `get_batch` of the same requests would, on every post: what a backend
-//!    remembers of a list from one post never answers a later one without
-//!    the checks that post's state calls for (an unmapped destination is
-//!    refused, a removed peer is unknown).
+//!    returns one result per request, in request order, and each entry's
+//!    result is exactly what the same request alone would return: its own
+//!    typed error (one bad entry fails nothing else), its own deadline, its
+//!    destination held until its transfer is over (point 4) and its result
+//!    given only once the backend let go of it (point 8). Dropping the
+//!    batch's future abandons only the results, as dropping single GETs
+//!    does. An empty batch returns an empty list.
+//!    [`get_shared_batch`](RdmaBackend::get_shared_batch) returns exactly
+//!    what `get_batch` of the same requests would, on every post: what a
+//!    backend remembers of a list from one post never completes a later post
+//!    without the checks that post's state calls for (an unmapped
+//!    destination is refused, a removed peer is unknown).
 
 use std::sync::Arc;
 
@@ -86,15 +87,15 @@ use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 /// # Safety
 ///
 /// The registry builds safe APIs on top of a backend: it hands a GET's
-/// destination back to safe code (as `&mut [u8]`) when the GET answers, and
-/// frees memory when an unmap answers `Ok(())`. Both are sound only if the
+/// destination back to safe code (as `&mut [u8]`) when the GET completes, and
+/// frees memory when an unmap returns `Ok(())`. Both are sound only if the
 /// backend keeps its word, so implementing the trait is a promise the
 /// compiler cannot check, and it takes `unsafe impl`. An implementation
 /// guarantees contract points 1, 3, 4 and 8: a dropped `map` leaves nothing
 /// registered (or is counted until its rollback is done), `Ok(())` from
-/// `unmap` means nothing can touch the range any more, and no GET is
-/// answered — with any outcome — while the transport may still write its
-/// destination. A backend that wraps another one and answers a GET before
+/// `unmap` means nothing can touch the range any more, and no GET
+/// completes — with any outcome — while the transport may still write its
+/// destination. A backend that wraps another one and completes a GET before
 /// the inner one did breaks this, however safe its own code looks.
 ///
 /// The conformance kit checks these points for a given backend; passing it
@@ -143,7 +144,7 @@ use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 /// async fn calls(backend: &dyn RdmaBackend, owned: &Vec<u8>, get: BackendGet) {
 ///     // SAFETY: a sketch that is only compiled: a real caller hands over
 ///     // memory it owns and keeps it allocated and untouched until the
-///     // region's unmap answers `Ok`.
+///     // region's unmap returns `Ok`.
 ///     let _ = unsafe { backend.map(owned.as_ptr() as usize, owned.len()) }.await;
 ///     // SAFETY: as above, for the destinations the requests name.
 ///     let _ = unsafe { backend.get(get.clone()) }.await;
@@ -153,13 +154,13 @@ use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 /// ```
 ///
 /// ```compile_fail,E0200
-/// // A backend that answers GETs early cannot be written without `unsafe`.
+/// // A backend that completes GETs early cannot be written without `unsafe`.
 /// use futures::future::BoxFuture;
 /// use rdmareg_backend::{BackendGet, BackendRegion, RdmaBackend, RdmaError};
 ///
-/// struct AnswersEarly;
+/// struct CompletesEarly;
 ///
-/// impl RdmaBackend for AnswersEarly {
+/// impl RdmaBackend for CompletesEarly {
 ///     fn key(&self) -> &str { "early" }
 ///     unsafe fn map(&self, _: usize, _: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
 ///         Box::pin(async { Err(RdmaError::NotConfigured) })
@@ -183,7 +184,7 @@ use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 /// struct RefusesEverything;
 ///
 /// // SAFETY: it registers nothing, so it pins nothing and never writes a
-/// // destination; its answers cannot outlive a transfer.
+/// // destination; its results cannot outlive a transfer.
 /// unsafe impl RdmaBackend for RefusesEverything {
 ///     fn key(&self) -> &str { "refuses" }
 ///     unsafe fn map(&self, _: usize, _: usize) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
@@ -207,8 +208,8 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// # Safety
     ///
     /// The range is memory the caller owns, and it stays allocated until an
-    /// `unmap` of the returned id answers `Ok(())` (or, when the future is
-    /// dropped or answers an error, until
+    /// `unmap` of the returned id returns `Ok(())` (or, when the future is
+    /// dropped or fails with an error, until
     /// [`live_registrations`](Self::live_registrations) no longer counts the
     /// map). While it is registered, any GET through this backend that names
     /// the region may write it and any peer holding the key may read it, so
@@ -230,7 +231,7 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     ///
     /// # Cancel safety
     /// Once the future has been polled once, the unmap proceeds even if it is
-    /// dropped; only the answer is lost.
+    /// dropped; only the result is lost.
     fn unmap(&self, backend_region_id: u64) -> BoxFuture<'_, Result<(), RdmaError>>;
 
     /// Read remote memory into a locally registered region.
@@ -241,11 +242,11 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// this backend, and the destination bytes
     /// (`local_offset .. local_offset + len` of it) are the caller's to
     /// give: nothing reads or writes them — no reference to them exists —
-    /// from the call until the future answers, or, if the future is dropped
-    /// before it answers, until an `unmap` of the destination region answers
-    /// `Ok(())` (the unmap waits for the transfer, contract point 4). A
-    /// region id is a plain number that safe code can guess, so naming one
-    /// whose bytes someone else holds breaks this.
+    /// from the call until the future completes, or, if the future is
+    /// dropped before it completes, until an `unmap` of the destination
+    /// region returns `Ok(())` (the unmap waits for the transfer, contract
+    /// point 4). A region id is a plain number that safe code can guess, so
+    /// naming one whose bytes someone else holds breaks this.
     ///
     /// # Errors
     /// [`RdmaError::RegionNotFound`] for an unknown or unmapping destination,
@@ -263,7 +264,7 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// order (contract point 9).
     ///
     /// The default submits every request as its own [`get`](Self::get), all
-    /// at once, and gathers the answers, so every backend supports batches;
+    /// at once, and collects the results, so every backend supports batches;
     /// a backend that can post a batch in one go (one command to its
     /// progress thread, one completion back) overrides it.
     ///
@@ -271,8 +272,8 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     ///
     /// As [`get`](Self::get), for every request; and no two requests name
     /// overlapping destination bytes unless the caller accepts either
-    /// entry's bytes landing there (both writes are the transport's, and the
-    /// caller reads the destination only after the batch answered).
+    /// entry's bytes being written there (both writes are the transport's,
+    /// and the caller reads the destination only after the batch completed).
     ///
     /// # Errors
     /// Per entry, as [`get`](Self::get).
@@ -311,7 +312,7 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// As [`get_batch`](Self::get_batch), for this post.
     ///
     /// # Errors
-    /// Per entry, as [`get`](Self::get), exactly as `get_batch` would answer
+    /// Per entry, as [`get`](Self::get), exactly as `get_batch` would return
     /// (contract point 9).
     ///
     /// # Cancel safety

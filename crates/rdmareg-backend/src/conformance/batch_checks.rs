@@ -1,7 +1,7 @@
 //! Checks of `get_batch` and `get_shared_batch` (contract point 9): a batch
-//! answers one result per request, in order, each exactly as the request
-//! alone would be answered, dropping it stops no transfer, and a shared
-//! batch answers each post as a fresh batch would.
+//! returns one result per request, in order, each exactly what the request
+//! alone would return, dropping it stops no transfer, and a shared batch
+//! completes each post as a fresh batch would.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,8 +29,8 @@ const BATCH_BUFFER: usize = 1 << 20;
 const LARGE: usize = 4 << 20;
 
 /// A batch of GETs of different sizes and offsets into one destination
-/// lands every entry where it belongs, answers `Ok` for each, in order, and
-/// touches nothing between them; an empty batch answers an empty list.
+/// writes every entry where it belongs, returns `Ok` for each, in order, and
+/// touches nothing between them; an empty batch returns an empty list.
 ///
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
@@ -49,31 +49,35 @@ pub async fn a_batch_lands_every_entry_and_answers_each_in_order(pair: &BackendP
             get_request(pair, &src, remote as u64, &dst, local as u64, len as u64)
         })
         .collect();
-    let answers = kit_get_batch(&*pair.consumer, requests).await;
-    assert_eq!(answers, vec![Ok(()); ENTRIES.len()], "answers of the batch");
-    let landed = dst.buf.snapshot();
+    let outcomes = kit_get_batch(&*pair.consumer, requests).await;
+    assert_eq!(
+        outcomes,
+        vec![Ok(()); ENTRIES.len()],
+        "outcomes of the batch"
+    );
+    let written = dst.buf.snapshot();
     let mut expected = vec![FILL; BATCH_BUFFER];
     for (remote, local, len) in ENTRIES {
         for i in 0..len {
             expected[local + i] = source_byte(remote + i);
         }
     }
-    if let Some(at) = (0..BATCH_BUFFER).find(|&i| landed[i] != expected[i]) {
+    if let Some(at) = (0..BATCH_BUFFER).find(|&i| written[i] != expected[i]) {
         panic!(
             "batch destination: wrong byte at offset {at}: {} instead of {}",
-            landed[at], expected[at]
+            written[at], expected[at]
         );
     }
     dst.release(&*pair.consumer).await;
     src.release(&*pair.owner).await;
 }
 
-/// A shared batch posted again and again answers every post as a fresh
-/// batch of the same requests would: all three posts land every entry (the
-/// destinations refilled in between) and answer `Ok`; once one of its two
+/// A shared batch posted again and again completes every post as a fresh
+/// batch of the same requests would: all three posts write every entry (the
+/// destinations refilled in between) and return `Ok`; once one of its two
 /// destinations is unmapped, the next post refuses that destination's
 /// entries with `RegionNotFound`, writes nothing into its memory, and still
-/// lands the other entries.
+/// writes the other entries.
 ///
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
@@ -117,26 +121,26 @@ pub async fn a_shared_batch_answers_every_post_as_a_fresh_batch_would(pair: &Bac
     for post in 0..3 {
         first.buf.overwrite(FILL);
         second.buf.overwrite(FILL);
-        let answers = kit_get_shared_batch(&*pair.consumer, Arc::clone(&requests)).await;
+        let outcomes = kit_get_shared_batch(&*pair.consumer, Arc::clone(&requests)).await;
         assert_eq!(
-            answers,
+            outcomes,
             vec![Ok(()); ENTRIES.len()],
-            "answers of post {post}"
+            "outcomes of post {post}"
         );
         assert!(
             first.buf.snapshot() == expected_first && second.buf.snapshot() == expected_second,
-            "post {post} of a shared batch did not land every entry where it belongs"
+            "post {post} of a shared batch did not write every entry where it belongs"
         );
     }
     // The second destination unmapped, its memory kept to see that nothing
-    // lands in it.
+    // is written to it.
     let second_id = second.id();
     let unmapped = pair.consumer.unmap(second_id).await;
     assert_eq!(unmapped, Ok(()), "unmap of the second destination");
     let second = second.confirm_unmapped();
     second.overwrite(FILL);
     first.buf.overwrite(FILL);
-    let answers = kit_get_shared_batch(&*pair.consumer, Arc::clone(&requests)).await;
+    let outcomes = kit_get_shared_batch(&*pair.consumer, Arc::clone(&requests)).await;
     let refused: Vec<_> = (0..ENTRIES.len())
         .map(|index| {
             if into_second(index) {
@@ -147,7 +151,7 @@ pub async fn a_shared_batch_answers_every_post_as_a_fresh_batch_would(pair: &Bac
         })
         .collect();
     assert_eq!(
-        answers, refused,
+        outcomes, refused,
         "a shared batch posted after one of its destinations was unmapped"
     );
     assert!(
@@ -156,7 +160,7 @@ pub async fn a_shared_batch_answers_every_post_as_a_fresh_batch_would(pair: &Bac
     );
     assert!(
         first.buf.snapshot() == expected_first,
-        "the entries into the destination still mapped did not land"
+        "the entries into the destination still mapped were not written"
     );
     drop(second);
     first.release(&*pair.consumer).await;
@@ -166,7 +170,7 @@ pub async fn a_shared_batch_answers_every_post_as_a_fresh_batch_would(pair: &Bac
 /// Bad entries of a batch get the typed error they would get alone — a
 /// destination outside its mapping `OutOfRange`, an unknown destination
 /// `RegionNotFound`, a malformed key `InvalidKey`, an unknown peer
-/// `NotConfigured` — and the good entries around them still land.
+/// `NotConfigured` — and the good entries around them are still written.
 ///
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
@@ -183,7 +187,7 @@ pub async fn a_batch_answers_each_entry_with_its_own_error(pair: &BackendPair) {
     let mut stranger = get_request(pair, &src, 0, &dst, 0, 10);
     stranger.peer = unknown_peer(pair);
     let good_last = get_request(pair, &src, 4000, &dst, 4096, 4096);
-    let answers = kit_get_batch(
+    let outcomes = kit_get_batch(
         &*pair.consumer,
         vec![
             good_first,
@@ -196,7 +200,7 @@ pub async fn a_batch_answers_each_entry_with_its_own_error(pair: &BackendPair) {
     )
     .await;
     assert_eq!(
-        answers,
+        outcomes,
         vec![
             Ok(()),
             Err(RdmaError::OutOfRange),
@@ -205,17 +209,17 @@ pub async fn a_batch_answers_each_entry_with_its_own_error(pair: &BackendPair) {
             Err(RdmaError::NotConfigured),
             Ok(()),
         ],
-        "answers of a batch with bad entries"
+        "outcomes of a batch with bad entries"
     );
-    let landed = dst.buf.snapshot();
-    assert_copied(&landed[..4096], 0, 0, 100, "the first good entry");
-    assert_copied(&landed[4096..], 0, 4000, 4096, "the last good entry");
+    let written = dst.buf.snapshot();
+    assert_copied(&written[..4096], 0, 0, 100, "the first good entry");
+    assert_copied(&written[4096..], 0, 4000, 4096, "the last good entry");
     dst.release(&*pair.consumer).await;
     src.release(&*pair.owner).await;
 }
 
 /// Submit a batch of large GETs into two destinations and drop its future:
-/// an unmap of either destination answers `Ok(())` only once the transfers
+/// an unmap of either destination returns `Ok(())` only once the transfers
 /// into it are over — from then on its bytes do not change, and each is
 /// either untouched or the right source byte.
 ///
@@ -237,8 +241,8 @@ pub async fn a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over
     let consumer = Arc::clone(&pair.consumer);
     let batch = kit_get_batch(&*consumer, requests);
     let finished = poll_then_drop(batch, 2, Duration::from_micros(200)).await;
-    if let Some(answers) = finished {
-        assert_eq!(answers, vec![Ok(()); 3], "a batch that finished at once");
+    if let Some(outcomes) = finished {
+        assert_eq!(outcomes, vec![Ok(()); 3], "a batch that finished at once");
     }
     for (what, destination) in [("first", first), ("second", second)] {
         assert_eq!(
@@ -257,7 +261,7 @@ pub async fn a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
             buf.snapshot() == at_unmap,
-            "{what} destination changed after its unmap answered Ok"
+            "{what} destination changed after its unmap returned Ok"
         );
     }
     src.release(&*pair.owner).await;

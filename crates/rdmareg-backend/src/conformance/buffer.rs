@@ -5,7 +5,7 @@
 //! (no Rust reference aliases memory a backend may write). It is freed on drop
 //! only when the kit knows nothing registers it: a map that failed, a
 //! cancelled map whose rollback the backend's own count confirmed, or an unmap
-//! that answered `Ok(())`. In every other case — a failed unmap, a panicking
+//! that returned `Ok(())`. In every other case — a failed unmap, a panicking
 //! check — it is leaked deliberately, because freeing pinned memory is the
 //! very bug the contract exists to prevent.
 
@@ -52,7 +52,7 @@ impl KitBuffer {
     /// A copy of the current contents.
     ///
     /// Callers take it only when no transfer into the buffer can be running
-    /// (the last GET resolved, or an unmap of its region answered `Ok`), or to
+    /// (the last GET resolved, or an unmap of its region returned `Ok`), or to
     /// check that none is.
     pub(crate) fn snapshot(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.len];
@@ -63,8 +63,8 @@ impl KitBuffer {
         out
     }
 
-    /// Sets every byte to `value`. Callers do it only once the backend has
-    /// answered every transfer into the buffer: by contract point 8 it is
+    /// Sets every byte to `value`. Callers do it only once every transfer into
+    /// the buffer has completed: by contract point 8 it is
     /// theirs again then (what the check calling this tests).
     pub(crate) fn overwrite(&self, value: u8) {
         // SAFETY: `base` points to `len` bytes owned by this buffer; no
@@ -116,7 +116,7 @@ impl Mapped {
         match kit_map(backend, buf.addr(), buf.len()).await {
             Ok(region) => Ok(Self { buf, region }),
             Err(e) => {
-                // A map that answers an error registered nothing.
+                // A map that fails with an error registered nothing.
                 buf.mark_unregistered();
                 Err(e)
             }
@@ -161,7 +161,7 @@ impl Mapped {
         }
     }
 
-    /// The backend answered `Ok(())` to an unmap of this region issued
+    /// The backend returned `Ok(())` to an unmap of this region issued
     /// elsewhere: hand back the buffer, now free to be dropped.
     pub(crate) fn confirm_unmapped(mut self) -> KitBuffer {
         self.buf.mark_unregistered();

@@ -1,6 +1,6 @@
 //! Checks of GETs in flight against unmaps of their destination (contract
 //! point 4): a submitted unmap refuses new GETs, waits for the transfer that
-//! is already running, and once it answers `Ok(())` nothing writes into the
+//! is already running, and once it returns `Ok(())` nothing writes into the
 //! memory any more — whether or not anyone still awaits the GET.
 //!
 //! These checks need no fault injection: they use transfers large enough to
@@ -25,8 +25,8 @@ const WATCH_FOR_LATE_WRITES: Duration = Duration::from_millis(50);
 
 /// Submit a large GET, then an unmap of its destination: a new GET into that
 /// destination is refused with `RegionNotFound`, the first GET completes with
-/// the right bytes, and when the unmap answers `Ok(())` every byte has
-/// already landed.
+/// the right bytes, and when the unmap returns `Ok(())` every byte has
+/// already been written.
 ///
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
@@ -45,7 +45,7 @@ pub async fn unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_fli
         let first = futures::poll!(get.as_mut());
         let _ = submitted_tx.send(());
         match first {
-            Poll::Ready(answer) => answer,
+            Poll::Ready(outcome) => outcome,
             Poll::Pending => get.await,
         }
     });
@@ -64,7 +64,7 @@ pub async fn unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_fli
     );
 
     let unmapped = match unmap_first {
-        Poll::Ready(answer) => answer,
+        Poll::Ready(outcome) => outcome,
         Poll::Pending => unmap.await,
     };
     assert_eq!(
@@ -78,15 +78,15 @@ pub async fn unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_fli
         0,
         0,
         LARGE,
-        "destination when its unmap answered Ok",
+        "destination when its unmap returned Ok",
     );
-    let answer = transfer.await.expect("the GET task panicked");
-    assert_eq!(answer, Ok(()), "the GET submitted before the unmap");
+    let outcome = transfer.await.expect("the GET task panicked");
+    assert_eq!(outcome, Ok(()), "the GET submitted before the unmap");
     src.release(&*pair.owner).await;
 }
 
 /// Submit a large GET and drop its future; an unmap of the destination
-/// answers `Ok(())` only once the transfer is over: from then on the bytes do
+/// returns `Ok(())` only once the transfer is over: from then on the bytes do
 /// not change, and each is either untouched or the right source byte.
 ///
 /// # Cancel safety
@@ -114,7 +114,7 @@ pub async fn dropped_get_keeps_the_destination_until_the_transfer_is_over(pair: 
     tokio::time::sleep(WATCH_FOR_LATE_WRITES).await;
     assert!(
         dst_buf.snapshot() == at_unmap,
-        "the destination changed after its unmap answered Ok: the transfer outlived the registration"
+        "the destination changed after its unmap returned Ok: the transfer outlived the registration"
     );
     for (i, &byte) in at_unmap.iter().enumerate() {
         assert!(
@@ -122,22 +122,22 @@ pub async fn dropped_get_keeps_the_destination_until_the_transfer_is_over(pair: 
             "destination byte {i} is {byte:#04x}: neither untouched nor the source byte"
         );
     }
-    if let Poll::Ready(answer) = first {
-        assert_eq!(answer, Ok(()), "the GET answered on its first poll");
+    if let Poll::Ready(outcome) = first {
+        assert_eq!(outcome, Ok(()), "the GET completed on its first poll");
         assert_copied(
             &at_unmap,
             0,
             0,
             LARGE,
-            "destination of a GET that answered Ok",
+            "destination of a GET that returned Ok",
         );
     }
     src.release(&*pair.owner).await;
 }
 
-/// Contract point 8: an answer means the backend has let go of the
-/// destination. A large GET with a deadline far too short for it is
-/// answered (`Timeout`, or `Ok` if it made it); from that moment the
+/// Contract point 8: a completed GET means the backend has let go of the
+/// destination. A large GET with a deadline far too short for it completes
+/// (`Timeout`, or `Ok` if it made it); from that moment the
 /// destination is the caller's, so bytes written into it afterwards must
 /// stay as written.
 ///
@@ -150,12 +150,12 @@ pub async fn no_byte_lands_after_a_get_is_answered(pair: &BackendPair) {
     let dst = Mapped::filled(&*pair.consumer, LARGE, |_| FILL).await;
     let mut request = get_request(pair, &src, 0, &dst, 0, LARGE as u64);
     request.deadline = Some(Duration::from_micros(1));
-    let answer = kit_get(&*pair.consumer, request).await;
+    let outcome = kit_get(&*pair.consumer, request).await;
     assert!(
-        matches!(answer, Ok(()) | Err(RdmaError::Timeout)),
-        "a GET past its deadline answered {answer:?}"
+        matches!(outcome, Ok(()) | Err(RdmaError::Timeout)),
+        "a GET past its deadline returned {outcome:?}"
     );
-    if answer.is_ok() {
+    if outcome.is_ok() {
         assert_copied(&dst.buf.snapshot(), 0, 0, LARGE, "an Ok GET");
     }
     dst.buf.overwrite(REWRITTEN);
@@ -180,7 +180,7 @@ pub async fn no_byte_lands_after_a_get_is_answered(pair: &BackendPair) {
         .count();
     assert_eq!(
         late, 0,
-        "{late} bytes landed in the destination after the GET answered {answer:?}"
+        "{late} bytes were written to the destination after the GET returned {outcome:?}"
     );
     dst.release(&*pair.consumer).await;
     src.release(&*pair.owner).await;

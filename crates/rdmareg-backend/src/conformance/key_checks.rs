@@ -89,8 +89,11 @@ pub async fn stale_key_after_unmap_is_refused(pair: &BackendPair) {
         assert_eq!(pair.owner.unmap(id).await, Ok(()), "unmap of the source");
         src.confirm_unmapped()
     };
-    let answer = kit_get(&*pair.consumer, request).await;
-    assert!(answer.is_err(), "GET with a stale key answered {answer:?}");
+    let outcome = kit_get(&*pair.consumer, request).await;
+    assert!(
+        outcome.is_err(),
+        "GET with a stale key returned {outcome:?}"
+    );
     assert_copied(&dst.buf.snapshot(), 0, 0, 0, "after a GET with a stale key");
     dst.release(&*pair.consumer).await;
     drop(src_buf);

@@ -17,7 +17,7 @@ use crate::page_size;
 /// Most polls the cancellation check gives one map before dropping it.
 const MAX_CANCEL_POLLS: usize = 64;
 /// Pause between hand polls, so work running elsewhere (a progress thread, a
-/// timer) moves on between them and cancellation lands at different stages.
+/// timer) moves on between them and cancellation comes at different stages.
 const POLL_GAP: Duration = Duration::from_micros(200);
 
 /// Contract point 1: a map dropped after 0, 1, 2, … polls leaves no
@@ -39,8 +39,8 @@ async fn cancel_maps_at_every_await(backend: &dyn RdmaBackend, rollback_within: 
         let mut buf = KitBuffer::filled(8192 + 3, |_| FILL);
         buf.mark_registered();
         let map = kit_map(backend, buf.addr(), buf.len());
-        let answer = poll_then_drop(map, polls, POLL_GAP).await;
-        match answer {
+        let outcome = poll_then_drop(map, polls, POLL_GAP).await;
+        match outcome {
             Some(Ok(region)) => {
                 assert_live_now(backend, plus(baseline, 1), "after a completed map");
                 Mapped { buf, region }.release(backend).await;
@@ -166,10 +166,10 @@ pub async fn degenerate_map_is_out_of_range(pair: &BackendPair) {
             ("one byte past the end of the address space", usize::MAX, 2),
         ];
         for (what, ptr, len) in cases {
-            let answer = kit_map(backend, ptr, len)
+            let outcome = kit_map(backend, ptr, len)
                 .await
                 .map(|region| region.backend_region_id);
-            assert_eq!(answer, Err(RdmaError::OutOfRange), "map with {what}");
+            assert_eq!(outcome, Err(RdmaError::OutOfRange), "map with {what}");
             assert_live_now(backend, baseline, &format!("after a map with {what}"));
         }
         buf.mark_unregistered();

@@ -39,7 +39,7 @@
 //! # What the checks rely on
 //!
 //! - The kit allocates the memory it registers and keeps it alive until an
-//!   unmap answered `Ok(())`, or until the backend's own count confirms a
+//!   unmap returned `Ok(())`, or until the backend's own count confirms a
 //!   cancelled map rolled back. When an unmap fails, or a check fails midway,
 //!   the memory is leaked on purpose: freeing memory a backend may still hold
 //!   is the bug the contract exists to prevent.
@@ -101,8 +101,8 @@ pub use unmap_checks::{
     unmap_of_a_never_mapped_id_answers_ok, unmap_twice_answers_ok_and_counts_once,
 };
 
-/// What the backend under test can detect, so the kit asks only what it can
-/// answer — and never asks a backend whose keys bound nothing to read outside
+/// What the backend under test can detect, so the kit checks only what it
+/// can tell — and never asks a backend whose keys bound nothing to read outside
 /// a registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -110,7 +110,7 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 /// Run `cases` random step sequences, each on a fresh pair from `factory`,
-/// checking every answer and, after every step, both live counts against the
+/// checking every result and, after every step, both live counts against the
 /// model. Panics with the smallest failing sequence proptest finds.
 ///
 /// Builds its own runtime: call it from a plain `#[test]`, not from inside an
@@ -147,7 +147,7 @@ struct Model<'p> {
     pair: &'p BackendPair,
     owner: Vec<Mapped>,
     consumer: Vec<Mapped>,
-    /// Ids this case unmapped with an `Ok` answer, per side.
+    /// Ids this case unmapped with an `Ok` result, per side.
     retired: Vec<(Side, u64)>,
     owner_baseline: Option<usize>,
     consumer_baseline: Option<usize>,
@@ -271,8 +271,8 @@ async fn run_step(model: &mut Model<'_>, step: &Step) -> Result<(), TestCaseErro
                 let mut unmap = backend.unmap(id);
                 let first = poll_once(unmap.as_mut());
                 drop(unmap);
-                if let Poll::Ready(answer) = first {
-                    prop_assert_eq!(answer, Ok(()), "unmap answering on its first poll");
+                if let Poll::Ready(outcome) = first {
+                    prop_assert_eq!(outcome, Ok(()), "unmap completing on its first poll");
                 }
                 let within = model.pair.capabilities.rollback_within;
                 settle_live(
@@ -313,8 +313,8 @@ async fn cancelled_map(model: &mut Model<'_>, side: Side, size: usize, polls: u8
     let mut buf = KitBuffer::filled(size, fill_for(side));
     buf.mark_registered();
     let map = kit_map(backend, buf.addr(), buf.len());
-    let answer = poll_then_drop(map, usize::from(polls), POLL_GAP).await;
-    match answer {
+    let outcome = poll_then_drop(map, usize::from(polls), POLL_GAP).await;
+    match outcome {
         Some(Ok(region)) => model.regions(side).push(Mapped { buf, region }),
         Some(Err(e)) => panic!("map of a valid buffer failed: {e}"),
         None => {
@@ -387,9 +387,9 @@ async fn run_get(
         local_off as u64,
         bytes as u64,
     );
-    let answer = kit_get(&*model.pair.consumer, request).await;
+    let outcome = kit_get(&*model.pair.consumer, request).await;
     prop_assert_eq!(
-        &answer,
+        &outcome,
         &expected,
         "GET {:?} of {} B, {} -> {}",
         shape,
@@ -398,7 +398,7 @@ async fn run_get(
         local_off
     );
     let after = dst.buf.snapshot();
-    if answer.is_ok() {
+    if outcome.is_ok() {
         let mut want = before;
         for i in 0..bytes {
             want[local_off + i] = source_byte(remote_off + i);

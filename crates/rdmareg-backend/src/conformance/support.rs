@@ -33,7 +33,7 @@ pub(crate) fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) -> Poll<F::Outp
 }
 
 /// Poll `future` up to `polls` times, `gap` apart, then drop it, as a
-/// caller that gives up would. Answers its output if it finished first.
+/// caller that gives up would. Returns its output if it finished first.
 pub(crate) async fn poll_then_drop<F: Future + ?Sized>(
     mut future: Pin<Box<F>>,
     polls: usize,
@@ -65,7 +65,7 @@ pub(crate) fn assert_live_now(backend: &dyn RdmaBackend, expected: Option<usize>
 }
 
 /// Wait until the live count is `expected`, for at most `within`.
-/// Answers whether the count was observed to settle (`false` when the
+/// Returns whether the count was observed to settle (`false` when the
 /// backend cannot count, so a caller knows it has no evidence).
 pub(crate) async fn settle_live(
     backend: &dyn RdmaBackend,
@@ -150,9 +150,9 @@ pub(crate) fn get_request(
 // typed error) or lies inside a `KitBuffer`. A `KitBuffer` is reached only
 // through its raw pointer, so no Rust reference aliases bytes a backend may
 // write, and it is freed only once no registration of it can remain (see
-// `buffer.rs`). The kit reads a destination only after its GET answered or
-// its region's unmap answered `Ok`, or to check, through that raw pointer,
-// that nothing landed. Region ids the kit names either belong to its own
+// `buffer.rs`). The kit reads a destination only after its GET completed or
+// its region's unmap returned `Ok`, or to check, through that raw pointer,
+// that nothing was written. Region ids the kit names either belong to its own
 // mapped buffers or name nothing, which a backend must refuse.
 
 /// [`RdmaBackend::map`] of a range that follows the kit's discipline.
@@ -183,7 +183,7 @@ pub(crate) fn kit_get_batch(
     requests: Vec<BackendGet>,
 ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
     // SAFETY: as `kit_get`, for every request; where two requests share
-    // destination bytes the check reads them only after the batch answered.
+    // destination bytes the check reads them only after the batch completed.
     unsafe { backend.get_batch(requests) }
 }
 

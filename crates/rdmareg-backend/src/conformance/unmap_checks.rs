@@ -1,5 +1,5 @@
 //! Checks of `unmap`: idempotence, proceeding when dropped (contract point
-//! 2), and the live count an `Ok` answer implies (contract points 3 and 5).
+//! 2), and the live count an `Ok` result implies (contract points 3 and 5).
 
 use std::sync::Arc;
 use std::task::Poll;
@@ -11,7 +11,7 @@ use super::support::{FILL, assert_live_now, live, plus, poll_once, settle_live};
 /// Ids no backend is expected to have minted for a fresh pair.
 const NEVER_MAPPED: [u64; 3] = [0, u64::MAX, 0x5EED_0000_0000_0001];
 
-/// Contract point 2: an unmap of an id that names nothing answers `Ok(())`
+/// Contract point 2: an unmap of an id that names nothing returns `Ok(())`
 /// and leaves the registrations that do exist alone.
 ///
 /// # Cancel safety
@@ -34,7 +34,7 @@ pub async fn unmap_of_a_never_mapped_id_answers_ok(pair: &BackendPair) {
     }
 }
 
-/// Contract points 2 and 3: unmapping a region twice answers `Ok(())` both
+/// Contract points 2 and 3: unmapping a region twice returns `Ok(())` both
 /// times, and the count drops once.
 ///
 /// # Cancel safety
@@ -53,7 +53,7 @@ pub async fn unmap_twice_answers_ok_and_counts_once(pair: &BackendPair) {
     }
 }
 
-/// Contract point 2: several tasks unmapping one region at once all answer
+/// Contract point 2: several tasks unmapping one region at once all return
 /// `Ok(())`, and once every one of them did, the region is gone.
 ///
 /// # Cancel safety
@@ -72,8 +72,8 @@ pub async fn concurrent_unmaps_of_one_region_all_answer_ok(pair: &BackendPair) {
             })
             .collect();
         for task in tasks {
-            let answer = task.await.expect("an unmap task panicked");
-            assert_eq!(answer, Ok(()), "concurrent unmap of {id}");
+            let outcome = task.await.expect("an unmap task panicked");
+            assert_eq!(outcome, Ok(()), "concurrent unmap of {id}");
         }
         assert_live_now(&**backend, baseline, "after concurrent unmaps");
         drop(mapped.confirm_unmapped());
@@ -104,7 +104,7 @@ pub async fn ok_unmap_decrements_the_live_count(pair: &BackendPair) {
 
 /// Contract point 2: an unmap polled once and then dropped still proceeds:
 /// the count drops without anyone awaiting it, and a later unmap of the same
-/// id answers `Ok(())`.
+/// id returns `Ok(())`.
 ///
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
@@ -116,8 +116,8 @@ pub async fn dropped_unmap_still_unmaps(pair: &BackendPair) {
         let mut unmap = backend.unmap(mapped.id());
         let first = poll_once(unmap.as_mut());
         drop(unmap);
-        if let Poll::Ready(answer) = first {
-            assert_eq!(answer, Ok(()), "unmap answered on its first poll");
+        if let Poll::Ready(outcome) = first {
+            assert_eq!(outcome, Ok(()), "unmap completed on its first poll");
         }
         let within = pair.capabilities.rollback_within;
         settle_live(backend, baseline, within, "after a dropped unmap").await;
@@ -128,13 +128,13 @@ pub async fn dropped_unmap_still_unmaps(pair: &BackendPair) {
 
 /// Contract point 2 after teardown: once the pair's teardown (see
 /// [`BackendPair::with_teardown`]) has run, an unmap of an id released
-/// before it, or of an id never mapped, still answers `Ok(())` — the same
-/// answer as before teardown, not a refusal — and the live count reads zero.
+/// before it, or of an id never mapped, still returns `Ok(())` — the same
+/// result as before teardown, not a refusal — and the live count reads zero.
 /// Callers that release late (a registry sweeping after its engine stopped)
-/// then see one answer from every backend.
+/// then see one result from every backend.
 ///
 /// A pair without a teardown has no "after" to check: the check then only
-/// asserts the answers before teardown.
+/// asserts the results before teardown.
 ///
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of

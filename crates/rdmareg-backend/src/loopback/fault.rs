@@ -5,13 +5,13 @@
 //! # When a fault applies
 //!
 //! A fault is taken when an operation is *submitted* (its first poll), after
-//! the request itself was validated: a malformed request answers its typed
+//! the request itself was validated: a malformed request fails with its typed
 //! error without consuming an injected failure. The operation then sleeps for
 //! the configured delay, then waits at the hang gate if one is set, and only
-//! then either answers the injected failure or does its work. An injected
+//! then either fails with the injected failure or does its work. An injected
 //! failure changes nothing.
 //!
-//! An unmap whose id names nothing answers `Ok(())` at once whatever faults
+//! An unmap whose id names nothing returns `Ok(())` at once whatever faults
 //! are set: there is nothing it could fail to release, and saying otherwise
 //! would break the idempotence the contract promises.
 //!
@@ -82,7 +82,7 @@ impl FaultInjector {
         self.state.lock().ops[op.index()].delay = delay;
     }
 
-    /// Make the next `n` operations of kind `op` answer
+    /// Make the next `n` operations of kind `op` fail with
     /// [`RdmaError::Backend`](crate::RdmaError::Backend) (with a message
     /// starting `"injected"`) and change nothing. Replaces any count set
     /// earlier; `0` cancels it.
@@ -101,7 +101,7 @@ impl FaultInjector {
         HangGate { gate }
     }
 
-    /// While `refuse` is true, an unmap of a registered region answers
+    /// While `refuse` is true, an unmap of a registered region fails with
     /// [`RdmaError::Backend`](crate::RdmaError::Backend) and the region stays
     /// registered; shutdown then leaves such regions registered too (a wedged
     /// backend).
@@ -186,7 +186,7 @@ impl FaultPlan {
         }
     }
 
-    /// The injected failure to answer, if this operation drew one.
+    /// The injected failure to return, if this operation drew one.
     pub(crate) fn injected_failure(&self) -> Option<crate::RdmaError> {
         self.fail.then(|| {
             crate::RdmaError::Backend(format!("injected {} failure (loopback)", self.op.name()))

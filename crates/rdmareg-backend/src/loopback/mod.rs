@@ -22,8 +22,8 @@
 //! - Faults ([`FaultInjector`]) belong to the instance that runs the
 //!   operation: a GET's delay is the consumer's.
 //! - [`LoopbackBackend::shutdown`] is the teardown: new work is refused with
-//!   [`RdmaError::ShuttingDown`], waiting GETs touching the instance are
-//!   answered early, and every region is force-unmapped — except while unmaps
+//!   [`RdmaError::ShuttingDown`], waiting GETs touching the instance
+//!   complete early, and every region is force-unmapped — except while unmaps
 //!   are refused by fault injection, which is how a wedged backend is
 //!   simulated.
 
@@ -106,13 +106,13 @@ impl LoopbackConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LoopbackStats {
-    /// Maps that answered `Ok`.
+    /// Maps that returned `Ok`.
     pub maps: u64,
     /// Regions removed, by unmap or by shutdown.
     pub unmaps: u64,
-    /// GETs issued by this instance that copied their bytes and answered `Ok`.
+    /// GETs issued by this instance that copied their bytes and returned `Ok`.
     pub gets_completed: u64,
-    /// GETs issued by this instance that answered an error (or were dropped
+    /// GETs issued by this instance that failed with an error (or were dropped
     /// after submission).
     pub gets_failed: u64,
     /// Bytes copied by this instance's GETs.
@@ -213,7 +213,7 @@ pub struct LoopbackBackend {
     config: LoopbackConfig,
     table: RegionTable,
     faults: FaultInjector,
-    /// `true` once teardown began. A watch so waiting GETs can be answered.
+    /// `true` once teardown began. A watch so waiting GETs can complete.
     shutdown: watch::Sender<bool>,
     counters: Counters,
 }
@@ -261,7 +261,7 @@ impl LoopbackBackend {
         *self.shutdown.borrow()
     }
 
-    /// Teardown: refuse all new work with [`RdmaError::ShuttingDown`], answer
+    /// Teardown: refuse all new work with [`RdmaError::ShuttingDown`], complete
     /// GETs that are waiting (on a delay or a hang) and touch this instance,
     /// wait for the transfers still pinning its regions, then force-unmap
     /// every region still held.
@@ -310,7 +310,7 @@ async fn shut_down(mut signal: watch::Receiver<bool>) {
 // SAFETY: the loopback keeps contract points 1, 3, 4 and 8 (the
 // conformance kit runs against it): a cancelled map is rolled back before
 // anything can observe it, `Ok(())` from `unmap` comes only after the region
-// left the table and no copy uses it, and a GET answers after its copy ends.
+// left the table and no copy uses it, and a GET completes after its copy ends.
 unsafe impl RdmaBackend for LoopbackBackend {
     fn key(&self) -> &str {
         LOOPBACK_BACKEND_KEY
@@ -322,7 +322,7 @@ unsafe impl RdmaBackend for LoopbackBackend {
         len: usize,
     ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
         // The caller's promise (the range is its memory, allocated until the
-        // unmap answers) is what makes the copies of `run_get` sound.
+        // unmap returns) is what makes the copies of `run_get` sound.
         Box::pin(self.run_map(ptr, len))
     }
 
@@ -332,7 +332,7 @@ unsafe impl RdmaBackend for LoopbackBackend {
 
     unsafe fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
         // The caller's promise (nobody touches the destination bytes until
-        // the answer) is what lets the copy write them.
+        // the GET completes) is what lets the copy write them.
         Box::pin(self.run_get(request))
     }
 

@@ -12,7 +12,7 @@
 //!   region stops accepting new transfers), then waits out its injected
 //!   faults, then lets the region go. A guard lets the region go if the future
 //!   is dropped while waiting, so a submitted unmap always proceeds; only the
-//!   answer is lost.
+//!   result is lost.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -64,7 +64,7 @@ impl LoopbackBackend {
         }
 
         // From here to the return there is no await: the registration and the
-        // answer are one step, so a dropped future cannot strand a region.
+        // result are one step, so a dropped future cannot strand a region.
         let nonce = fresh_nonce();
         let region = self
             .table
@@ -137,15 +137,15 @@ impl LoopbackBackend {
     }
 }
 
-/// Where a detached map leaves its answer, and whether anyone still wants it.
+/// Where a detached map leaves its result, and whether anyone still wants it.
 #[derive(Default)]
 struct Handoff {
-    answer: Option<Result<BackendRegion, RdmaError>>,
+    result: Option<Result<BackendRegion, RdmaError>>,
     abandoned: bool,
 }
 
 /// Run the map on its own task; if this future is dropped, the task (or the
-/// drop, if the answer already arrived) rolls the registration back.
+/// drop, if the result already arrived) rolls the registration back.
 async fn detached_map(
     backend: Arc<LoopbackBackend>,
     runtime: tokio::runtime::Handle,
@@ -157,7 +157,7 @@ async fn detached_map(
     let task_backend = Arc::clone(&backend);
     backend.counters.maps_pending.fetch_add(1, Ordering::SeqCst);
     runtime.spawn(async move {
-        let answer = task_backend.finish_map(ptr, len).await;
+        let result = task_backend.finish_map(ptr, len).await;
         // Registered (and so counted by the table) or failed: no longer
         // pending either way.
         task_backend
@@ -168,9 +168,9 @@ async fn detached_map(
         let orphan = {
             let mut slot = slot.lock();
             if slot.abandoned {
-                Some(answer)
+                Some(result)
             } else {
-                slot.answer = Some(answer);
+                slot.result = Some(result);
                 None
             }
         };
@@ -184,13 +184,13 @@ async fn detached_map(
         handoff: Arc::clone(&handoff),
         backend,
         runtime,
-        answered: false,
+        taken: false,
     };
     let (slot, arrived) = &*handoff;
     loop {
-        if let Some(answer) = slot.lock().answer.take() {
-            abandon.answered = true;
-            return answer;
+        if let Some(result) = slot.lock().result.take() {
+            abandon.taken = true;
+            return result;
         }
         arrived.notified().await;
     }
@@ -211,24 +211,24 @@ async fn roll_back(backend: &LoopbackBackend, id: u64) {
     }
 }
 
-/// Marks a detached map abandoned when its future is dropped unanswered, and
-/// rolls back an answer that arrived but was never taken.
+/// Marks a detached map abandoned when its future is dropped before it
+/// completes, and rolls back a result that arrived but was never taken.
 struct AbandonOnDrop {
     handoff: Arc<(Mutex<Handoff>, Notify)>,
     backend: Arc<LoopbackBackend>,
     runtime: tokio::runtime::Handle,
-    answered: bool,
+    taken: bool,
 }
 
 impl Drop for AbandonOnDrop {
     fn drop(&mut self) {
-        if self.answered {
+        if self.taken {
             return;
         }
         let stranded = {
             let mut slot = self.handoff.0.lock();
             slot.abandoned = true;
-            slot.answer.take()
+            slot.result.take()
         };
         if let Some(Ok(region)) = stranded {
             let backend = Arc::clone(&self.backend);

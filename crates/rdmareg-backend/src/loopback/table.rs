@@ -137,7 +137,7 @@ impl RegionTable {
         self.state.lock().removed
     }
 
-    /// Pin `span` of region `id` for a transfer and answer the address of its
+    /// Pin `span` of region `id` for a transfer and return the address of its
     /// first byte. `nonce`, when given, must match the registration's.
     pub(crate) fn pin(&self, id: u64, nonce: Option<u64>, span: Span) -> Result<usize, PinError> {
         let mut state = self.state.lock();
@@ -191,7 +191,7 @@ impl RegionTable {
         }
     }
 
-    /// What [`start_unmap`](Self::start_unmap) would answer now, without
+    /// What [`start_unmap`](Self::start_unmap) would return now, without
     /// changing anything.
     pub(crate) fn peek(&self, id: u64) -> UnmapStart {
         let state = self.state.lock();
@@ -239,7 +239,7 @@ impl RegionTable {
     }
 
     /// Release every region an unmap was submitted for, and every live region
-    /// too when `live_as_well`. Answers how many regions remain registered.
+    /// too when `live_as_well`. Returns how many regions remain registered.
     pub(crate) fn force_release(&self, live_as_well: bool) -> usize {
         let remaining = {
             let mut state = self.state.lock();
@@ -273,7 +273,7 @@ impl RegionTable {
     }
 }
 
-/// Remove `id` if its unmap is released and nothing pins it; answers whether
+/// Remove `id` if its unmap is released and nothing pins it; returns whether
 /// it was removed.
 fn remove_if_done(state: &mut TableState, id: u64) -> bool {
     let done = state

@@ -101,8 +101,8 @@ impl LoopbackBackend {
 
         // SAFETY: both ranges were checked to lie inside the pointer and length
         // given to `map`, whose caller promised they stay allocated until an
-        // unmap answers `Ok(())`. Both regions are pinned by the guards above,
-        // so no unmap can complete (and no such answer be given) before this
+        // unmap returns `Ok(())`. Both regions are pinned by the guards above,
+        // so no unmap can complete (and so none return `Ok(())`) before this
         // copy returns. No Rust reference aliases registered bytes while a
         // peer may access them (the map caller's other promise), so the raw
         // copy does not invalidate one. `copy` tolerates overlap, which
@@ -121,7 +121,7 @@ impl LoopbackBackend {
     }
 }
 
-/// Counts a GET future dropped before it answered as a failed GET.
+/// Counts a GET future dropped before it completed as a failed GET.
 struct Outcome<'a> {
     backend: &'a LoopbackBackend,
     finished: bool,
