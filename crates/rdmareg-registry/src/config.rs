@@ -42,7 +42,7 @@ pub struct RdmaConfig {
     /// How long the background deregistration started by dropping a
     /// [`RegionGuard`](crate::RegionGuard) (or a dedicated pool buffer, or
     /// reclaiming an empty arena) waits for readers to drain, and then for
-    /// the backend's unmap to answer. Default: 30 s.
+    /// the backend's unmap to complete. Default: 30 s.
     pub background_deregistration_budget: Duration,
     /// Deadline attached to every GET the registry issues: the one place a
     /// GET deadline is set. Default: 30 s. Must be positive

@@ -42,7 +42,7 @@ impl Gate {
         true
     }
 
-    /// Give a ticket back. Answers whether this was the last ticket of a
+    /// Give a ticket back. Returns whether this was the last ticket of a
     /// closed gate (the moment a closer's wait ends).
     fn leave(&self) -> bool {
         let last = self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1;
@@ -78,7 +78,7 @@ impl Gate {
         self.try_enter().then(|| LocalTicket { gate: self })
     }
 
-    /// Refuse new tickets from now on. Answers whether this call closed it
+    /// Refuse new tickets from now on. Returns whether this call closed it
     /// (`false` if it was already closed).
     pub(crate) fn close(&self) -> bool {
         !self.closed.swap(true, Ordering::SeqCst)
@@ -115,7 +115,7 @@ impl Gate {
     }
 }
 
-/// An admitted piece of work; leaving is dropping it.
+/// An admitted unit of work; leaving is dropping it.
 #[derive(Debug)]
 pub(crate) struct Ticket {
     gate: Arc<Gate>,

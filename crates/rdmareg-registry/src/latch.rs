@@ -22,7 +22,7 @@ impl Latch {
         Self::default()
     }
 
-    /// Release the latch. Answers whether this call was the one that did it.
+    /// Release the latch. Returns whether this call was the one that did it.
     pub(crate) fn release(&self) -> bool {
         let first = !self.released.swap(true, Ordering::SeqCst);
         if first {

@@ -9,7 +9,7 @@
 //! it started: [`MapInFlight`] owns the backend's map future *and* the memory
 //! being registered, and if it is dropped unfinished it hands both to a task
 //! on the registry's runtime, which lets the map finish, unmaps what it
-//! registered, and frees the memory only after that unmap answered `Ok(())`
+//! registered, and frees the memory only after that unmap returned `Ok(())`
 //! (contract point 3). An unmap that fails leaves the memory leaked and
 //! counted — the rule arena pages always followed. A caller's external range
 //! cannot be leaked by the registry, so there the rollback keeps retrying
@@ -17,7 +17,7 @@
 //! confirmed to hold nothing; the caller learns the range is free only then.
 //!
 //! The rollback task holds an admission ticket until its first unmap
-//! answers, so shutdown's drain waits for it (a rollback still retrying
+//! completes, so shutdown's drain waits for it (a rollback still retrying
 //! after that does not hold shutdown up: the backend's teardown is what
 //! ends it), and it is counted in
 //! [`RegistryStats::map_rollbacks_in_flight`](crate::RegistryStats::map_rollbacks_in_flight);
@@ -103,14 +103,14 @@ impl<M: MappedMemory> Drop for LeakUnlessReleased<M> {
     fn drop(&mut self) {
         if let Some(memory) = self.0.take() {
             // Dropping it would free memory that is not yet marked
-            // registered (the map had not answered): leak it explicitly.
+            // registered (the map had not completed): leak it explicitly.
             memory.leak();
         }
     }
 }
 
 /// A backend map in progress and the memory it registers. Resolves to the
-/// map's answer and the memory: on `Err` nothing is registered (the backend
+/// map's result and the memory: on `Err` nothing is registered (the backend
 /// said so); on `Ok` the memory is registered and the caller must track it
 /// before its next await.
 ///
@@ -161,12 +161,12 @@ impl<M: MappedMemory + Unpin> Future for MapInFlight<M> {
     type Output = (Result<BackendRegion, RdmaError>, M);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // Polled again after it resolved: there is nothing left to answer.
+        // Polled again after it resolved: there is nothing left to return.
         let Some(mut pending) = self.pending.take() else {
             return Poll::Pending;
         };
         match pending.map.as_mut().poll(cx) {
-            Poll::Ready(answer) => Poll::Ready((answer, pending.memory)),
+            Poll::Ready(outcome) => Poll::Ready((outcome, pending.memory)),
             Poll::Pending => {
                 self.pending = Some(pending);
                 Poll::Pending

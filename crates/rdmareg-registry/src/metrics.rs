@@ -15,13 +15,13 @@
 //!   registrations [`PinnedBuf::describe`](crate::PinnedBuf::describe) makes
 //!   are not counted.
 //! - **errors by kind**: every error a public operation of the registry
-//!   answered (registering, allocating, GETs, posts — each failed entry of a
+//!   returned (registering, allocating, GETs, posts — each failed entry of a
 //!   batch once), by [`RdmaError::kind`]. Budget refusals are the
 //!   [`ErrorKind::BudgetExceeded`] ones.
 //! - **GETs and bytes**: reads that completed `Ok` (a batch entry counts
 //!   as one) and the bytes they moved.
-//! - **GET latency**: from the read's admission to its answer, for every
-//!   answered read, `Ok` or not; each entry of a batch observes the batch's
+//! - **GET latency**: from the read's admission to its completion, for every
+//!   completed read, `Ok` or not; each entry of a batch observes the batch's
 //!   time. A GET whose caller dropped it is not observed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,7 +86,7 @@ impl Counters {
         }
     }
 
-    /// One answered read of `len` bytes that took `took`.
+    /// One completed read of `len` bytes that took `took`.
     pub(crate) fn get(&self, len: u64, took: Duration, result: &Result<(), RdmaError>) {
         match result {
             Ok(()) => {
@@ -98,7 +98,7 @@ impl Counters {
         self.observe_latency(took, 1);
     }
 
-    /// The entries of one answered list, each its length and outcome, all
+    /// The entries of one completed list, each its length and outcome, all
     /// of which took `took`: counted exactly as that many [`get`]s, with
     /// one update per counter instead of one per entry (a list of a
     /// thousand blocks spent tens of microseconds here).
@@ -109,9 +109,9 @@ impl Counters {
         entries: impl IntoIterator<Item = (u64, &'a Result<(), RdmaError>)>,
         took: Duration,
     ) {
-        let (mut answered, mut reads, mut bytes) = (0u64, 0u64, 0u64);
+        let (mut completed, mut reads, mut bytes) = (0u64, 0u64, 0u64);
         for (len, result) in entries {
-            answered += 1;
+            completed += 1;
             match result {
                 Ok(()) => {
                     reads += 1;
@@ -124,8 +124,8 @@ impl Counters {
             self.gets.fetch_add(reads, Ordering::Relaxed);
             self.get_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        if answered > 0 {
-            self.observe_latency(took, answered);
+        if completed > 0 {
+            self.observe_latency(took, completed);
         }
     }
 
@@ -156,7 +156,7 @@ impl Counters {
             errors: errors.to_vec(),
             get_latency: LatencyHistogram {
                 // The count is the buckets' sum, so the snapshot is
-                // self-consistent even while GETs land.
+                // self-consistent even while GETs complete.
                 count: buckets.iter().sum(),
                 buckets,
                 sum: Duration::from_nanos(load(&self.latency_sum_nanos)),
@@ -183,15 +183,15 @@ pub struct RegistryMetrics {
     pub gets: u64,
     /// Bytes those reads moved.
     pub get_bytes: u64,
-    /// Errors answered so far, one entry per [`ErrorKind`] (zeros included),
+    /// Errors returned so far, one entry per [`ErrorKind`] (zeros included),
     /// in [`ErrorKind::ALL`] order.
     pub errors: Vec<(ErrorKind, u64)>,
-    /// Latency of answered reads.
+    /// Latency of completed reads.
     pub get_latency: LatencyHistogram,
 }
 
 impl RegistryMetrics {
-    /// Errors of `kind` answered so far.
+    /// Errors of `kind` returned so far.
     pub fn errors_of(&self, kind: ErrorKind) -> u64 {
         self.errors
             .iter()

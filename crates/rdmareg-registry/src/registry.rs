@@ -225,11 +225,11 @@ impl RdmaRegistry {
     /// unmaps it, and the range may be reused once
     /// [`map_rollbacks_settled`](Self::map_rollbacks_settled) resolves — which
     /// it does not while the backend refuses that unmap (the rollback keeps
-    /// retrying; see there). (Nothing
-    /// is awaited after the backend's map succeeds, so a cancellation can only
-    /// land before or during the map.) A map that lands after the shutdown sweep still
-    /// returns its guard, with a deregistration already under way: wait for
-    /// `deregistered()` as always.
+    /// retrying; see there). (Nothing is awaited after the backend's map
+    /// succeeds, so a cancellation can only come before or during the map.)
+    /// A map that completes after the shutdown sweep still returns its guard,
+    /// with a deregistration already under way: wait for `deregistered()` as
+    /// always.
     ///
     /// # Errors
     /// [`RdmaError::OutOfRange`] for a null pointer, zero length or a range
@@ -328,9 +328,9 @@ impl RdmaRegistry {
         // keeps until nothing registers them, or (for `None`) a range whose
         // owner promised what `register_external` asks; the registry never
         // names either as a GET destination.
-        let (answer, back) = unsafe { MapInFlight::start(inner, addr, len, owned) }.await;
+        let (outcome, back) = unsafe { MapInFlight::start(inner, addr, len, owned) }.await;
         owned = back;
-        let mapped = match answer {
+        let mapped = match outcome {
             Ok(mapped) => mapped,
             Err(error) => return Err((error, owned)),
         };
@@ -398,9 +398,9 @@ impl RdmaRegistry {
     /// a needed arena does not fit the budget; the backend's map error.
     ///
     /// # Cancel safety
-    /// Dropping the future before the arena's map answers rolls that map
+    /// Dropping the future before the arena's map completes rolls that map
     /// back in the background and frees the arena's pages once the unmap is
-    /// confirmed; once it answered, the arena is kept by the pool.
+    /// confirmed; once it completed, the arena is kept by the pool.
     pub async fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, RdmaError> {
         let result = pool::alloc_pinned(&self.inner, len).await;
         self.inner.counters.outcome(&result);
@@ -471,7 +471,7 @@ impl RdmaRegistry {
     }
 
     /// Post every read of `list` as one batch into `buffers` (entry `i` of
-    /// the list names its buffer by index into this slice). Answers one
+    /// the list names its buffer by index into this slice). Returns one
     /// result per entry, in list order.
     ///
     /// Posting a list again into the same buffers is the cheap case: the
@@ -487,7 +487,7 @@ impl RdmaRegistry {
     /// entries, [`RdmaError::BufferSurrendered`] if one was surrendered, [`RdmaError::ForeignBuffer`] if another registry
     /// allocated one, [`RdmaError::InvalidDescriptor`] for a list built for
     /// another backend, [`RdmaError::ShuttingDown`]. Each inner result is
-    /// that entry's, as [`get_into`](Self::get_into) would answer it.
+    /// that entry's, as [`get_into`](Self::get_into) would return it.
     ///
     /// # Cancel safety
     /// Not cancel-safe for `buffers`: dropping the future while the batch

@@ -8,9 +8,9 @@
 //!    application merely still holds are not waited for.
 //! 3. **Sweep**: unmap every region and arena the registry tracks, whether or
 //!    not the drain finished ("force"): a backend parks the unmap of a region
-//!    with a transfer in flight until it lands. One budget bounds steps 2 and
-//!    3 together. An unmap the backend refused *survives*, still tracked; an
-//!    unmap that did not answer within the budget is *pending*: it goes on in
+//!    with a transfer in flight until the transfer is over. One budget
+//!    bounds steps 2 and 3 together. An unmap the backend refused *survives*, still tracked; an
+//!    unmap that did not complete within the budget is *pending*: it goes on in
 //!    the background, and the region or arena is released the moment the
 //!    backend confirms it — so only what is really still registered is left
 //!    for step 5 ([`SweptRegistry::survivors`] counts it at any time).
@@ -51,17 +51,17 @@ pub struct ShutdownReport {
     pub regions_deregistered: usize,
     /// Arenas whose unmap the sweep confirmed.
     pub arenas_deregistered: usize,
-    /// Regions whose unmap the backend answered with an error: still
+    /// Regions whose unmap the backend refused with an error: still
     /// registered as far as anyone can tell.
     pub regions_surviving: usize,
-    /// Arenas whose unmap the backend answered with an error.
+    /// Arenas whose unmap the backend refused with an error.
     pub arenas_surviving: usize,
-    /// Regions whose unmap did not answer within the budget (a transfer
+    /// Regions whose unmap did not complete within the budget (a transfer
     /// still used them). The unmap goes on in the background and releases
     /// each region once confirmed; [`SweptRegistry::survivors`] says how
     /// many are still registered later.
     pub regions_unmap_pending: usize,
-    /// Arenas whose unmap did not answer within the budget; as
+    /// Arenas whose unmap did not complete within the budget; as
     /// [`regions_unmap_pending`](Self::regions_unmap_pending).
     pub arenas_unmap_pending: usize,
 }
@@ -332,11 +332,11 @@ pub(crate) async fn shutdown(inner: &Arc<Inner>, budget: Duration) -> SweptRegis
 enum Sweep {
     Confirmed,
     Refused,
-    /// No answer by the deadline; carried on in the background.
+    /// Not completed by the deadline; carried on in the background.
     Pending,
 }
 
-/// Run `unmap` until `deadline`; if it has not answered by then, carry it on
+/// Run `unmap` until `deadline`; if it has not completed by then, carry it on
 /// in the background (its confirmation releases what it unmapped) instead of
 /// dropping it.
 async fn bounded(

@@ -33,7 +33,7 @@ pub struct RegistryStats {
     /// Bytes of those arenas carved into live buffers (whole granules; a
     /// dedicated arena in use counts whole).
     pub pool_bytes_in_use: u64,
-    /// GETs admitted and not yet answered by the backend.
+    /// GETs admitted and not yet completed by the backend.
     pub transfers_in_flight: usize,
     /// Cancelled registrations whose map is still being let finish and
     /// unmapped; their memory is freed only when that unmap is confirmed.

@@ -1,7 +1,7 @@
 //! GETs into pool buffers.
 //!
 //! A transfer is admitted through the gate and then owns three things until
-//! the backend answers: the admission ticket (so shutdown waits for it), the
+//! the backend's GET completes: the admission ticket (so shutdown waits for it), the
 //! destination's pool slot (so its granules cannot be handed to another
 //! buffer while the backend may still write them), and an in-flight count.
 //!
@@ -64,7 +64,7 @@ pub(crate) async fn get(
     result
 }
 
-/// The GET; sets `took` to the time from admission to the backend's answer
+/// The GET; sets `took` to the time from admission to the backend's result
 /// once it has one.
 async fn get_timed(
     inner: &Arc<Inner>,
@@ -117,7 +117,7 @@ async fn get_timed(
         // SAFETY: the destination is the slot's bytes in a pool arena the
         // registry mapped; the slot was taken out of `dst` above, so no
         // `PinnedBuf` reaches those bytes until `pending` hands it back,
-        // which it does only once the backend answered (or, for a dropped
+        // which it does only once the backend's GET completed (or, for a dropped
         // call, once the transfer ended, contract point 4).
         Box::pin(async move { unsafe { backend.get(request) }.await });
     let mut pending = PendingTransfer {
@@ -157,7 +157,7 @@ pub(crate) fn busy_poll_window(base: Duration, len: u64) -> Duration {
 }
 
 /// A GET (or a batch of them) in flight and everything it holds. Polled by
-/// the caller; if it is dropped before the backend answered, its `Drop`
+/// the caller; if it is dropped before the backend's GET completed, its `Drop`
 /// detaches the transfer onto the runtime so the slots, ticket and count
 /// are released only when the backend is done with the memory.
 pub(crate) struct PendingTransfer<T: Send + 'static> {
@@ -172,7 +172,7 @@ pub(crate) struct PendingTransfer<T: Send + 'static> {
 }
 
 impl<T: Send + 'static> PendingTransfer<T> {
-    /// After the backend answered: release the ticket and count, hand back
+    /// After the backend's GET completed: release the ticket and count, hand back
     /// the slots.
     pub(crate) fn finish(&mut self) -> Vec<Slot> {
         self.in_flight.take();
@@ -182,7 +182,7 @@ impl<T: Send + 'static> PendingTransfer<T> {
 }
 
 impl<T: Send + 'static> Future for PendingTransfer<T> {
-    /// `None` only if polled again after it answered.
+    /// `None` only if polled again after it completed.
     type Output = Option<T>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -231,7 +231,7 @@ impl<T: Send + 'static> Drop for PendingTransfer<T> {
 }
 
 /// The destination slots of a transfer in flight. If they are dropped before
-/// the backend answered (a detached transfer whose runtime is shutting
+/// the backend's GET completed (a detached transfer whose runtime is shutting
 /// down), the backend may still write their memory, so they are leaked —
 /// never returned to the pool.
 pub(crate) struct HeldSlots(pub(crate) Vec<Slot>);
@@ -240,7 +240,7 @@ impl Drop for HeldSlots {
     fn drop(&mut self) {
         for slot in self.0.drain(..) {
             tracing::error!(
-                "transfer task dropped before the backend answered: its destination slot is leaked, not reused"
+                "transfer task dropped before the backend's GET completed: its destination slot is leaked, not reused"
             );
             std::mem::forget(slot);
         }

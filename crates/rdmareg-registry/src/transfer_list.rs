@@ -21,9 +21,9 @@
 //!   present, not surrendered, and long enough for its entries; otherwise
 //!   nothing is submitted and the post fails as a whole.
 //! - The post is admitted through the registry's gate (shutdown waits for
-//!   it) and holds every destination's pool slot until the backend answered
+//!   it) and holds every destination's pool slot until the backend completed
 //!   every entry.
-//! - Each entry is answered on its own: one bad entry (a stale descriptor,
+//! - Each entry has a result of its own: one bad entry (a stale descriptor,
 //!   an owner that refuses) fails only itself.
 //! - **Cancel safety:** dropping the post's future while the batch is in
 //!   flight *surrenders every destination buffer* of the post (their memory
@@ -62,7 +62,7 @@ struct Entry {
 ///
 /// Build it with [`RdmaRegistry::transfer_list`](crate::RdmaRegistry::transfer_list)
 /// and [`push`](Self::push). A list names its destinations by index into
-/// the slice of buffers each post is given, so the same list can land in
+/// the slice of buffers each post is given, so the same list can be written to
 /// different buffers of the same shapes.
 #[derive(Debug, Clone)]
 pub struct TransferList {
@@ -151,7 +151,7 @@ impl TransferList {
     /// Adds a read of everything `src` describes (cut a sub-range with
     /// [`Descriptor::slice`]) into destination buffer `buffer` at byte
     /// `offset`. Returns the entry's index: its place in every post's
-    /// answers.
+    /// results.
     ///
     /// # Errors
     /// [`RdmaError::InvalidDescriptor`] if `src` names another backend;
@@ -228,11 +228,11 @@ pub(crate) async fn post(
     let mut took = None;
     let result = post_timed(inner, list, buffers, &mut took).await;
     match (&result, took) {
-        (Ok(answers), Some(took)) => inner.counters.list(
+        (Ok(outcomes), Some(took)) => inner.counters.list(
             list.entries
                 .iter()
-                .zip(answers)
-                .map(|(entry, answer)| (entry.len, answer)),
+                .zip(outcomes)
+                .map(|(entry, outcome)| (entry.len, outcome)),
             took,
         ),
         (result, _) => inner.counters.outcome(result),
@@ -241,7 +241,7 @@ pub(crate) async fn post(
 }
 
 /// The post; sets `took` to the time from admission to the backend's
-/// answer once it has one.
+/// results once it has them.
 async fn post_timed(
     inner: &Arc<Inner>,
     list: &TransferList,
@@ -305,7 +305,7 @@ async fn post_timed(
     let admitted = std::time::Instant::now();
     let in_flight = InFlight::new(inner);
     // Alone, the caller polls for a while before it sleeps, as a lone GET
-    // does (see `RdmaConfig::get_busy_poll`): a small list answers within
+    // does (see `RdmaConfig::get_busy_poll`): a small list completes within
     // microseconds, and a sleeping caller's wake-up costs more than that.
     let alone = inner.transfers_in_flight.load(Ordering::SeqCst) == 1;
     let list_bytes = list.entries.iter().map(|entry| entry.len).sum::<u64>();
@@ -323,10 +323,10 @@ async fn post_timed(
         // SAFETY: every destination is a slot's bytes in a pool arena the
         // registry mapped; the slots of every written buffer were taken out
         // above, so no `PinnedBuf` reaches those bytes until `pending` hands
-        // them back, once the backend answered every entry (or, for a dropped
+        // them back, once the backend completed every entry (or, for a dropped
         // call, once the transfers ended). Entries may share destination
         // bytes: both writes are the transport's, and the caller reads the
-        // buffers only after the batch answered. Shared requests kept from
+        // buffers only after the batch completed. Shared requests kept from
         // an earlier post are the ones this post builds: they were built for
         // these slots' registrations and offsets and this deadline.
         Box::pin(async move { unsafe { backend.get_shared_batch(requests) }.await });
@@ -338,10 +338,10 @@ async fn post_timed(
         handle: inner.handle.clone(),
         busy_poll,
     };
-    let answers = (&mut pending).await;
+    let outcomes = (&mut pending).await;
     *took = Some(admitted.elapsed());
     for (&i, slot) in written.iter().zip(pending.finish()) {
         buffers[i].restore(slot);
     }
-    answers.ok_or(RdmaError::RegionNotFound)
+    outcomes.ok_or(RdmaError::RegionNotFound)
 }

@@ -129,7 +129,7 @@ impl Arena {
 /// registry's table.
 ///
 /// # Cancel safety
-/// Dropping it abandons only the answer; a later call (the sweep) confirms.
+/// Dropping it abandons only the result; a later call (the sweep) confirms.
 pub(crate) async fn unmap_arena(inner: &Inner, arena: &Arc<Arena>) -> Result<(), RdmaError> {
     if !arena.is_unmapped() {
         inner.backend.unmap(arena.backend_region_id).await?;
@@ -162,7 +162,7 @@ pub(crate) fn spawn_arena_release(
             Err(_) => tracing::error!(
                 generation = arena.generation,
                 why,
-                "arena unmap did not answer within the background-deregistration budget"
+                "arena unmap did not complete within the background-deregistration budget"
             ),
         }
     });

@@ -5,7 +5,7 @@
 //!
 //! - **Only a described buffer has descriptors.** [`PinnedBuf::describe`]
 //!   consumes the buffer, maps its bytes as a registration of their own and
-//!   answers a [`DescribedBuf`]. A `PinnedBuf` has no descriptor at all.
+//!   returns a [`DescribedBuf`]. A `PinnedBuf` has no descriptor at all.
 //! - **A described buffer is read-only.** While its key lives, the owner's
 //!   engine may read the bytes for a peer at any moment — on its progress
 //!   thread (owner-served lanes copy or send them), or through the NIC. A
@@ -123,17 +123,17 @@ impl DescribedBuf {
             len,
             descriptor,
         } = self;
-        let (answer, answered) = tokio::sync::oneshot::channel();
+        let (sender, receiver) = tokio::sync::oneshot::channel();
         spawn_own_unmap(&inner, slot, Some(ticket), move |outcome| {
             if let Err((error, _)) = &outcome {
                 tracing::warn!(%error, "withdrawing a described buffer: its unmap failed, the buffer stays described");
             }
-            // Unanswered (the caller went away), the slot is dropped: its
+            // Not received (the caller went away), the slot is dropped: its
             // granules go back after a confirmed unmap; after a failed one
             // its registration is unmapped again, or leaked.
-            let _ = answer.send(outcome);
+            let _ = sender.send(outcome);
         });
-        match answered.await {
+        match receiver.await {
             Ok(Ok(slot)) => Ok(PinnedBuf::new(slot, len)),
             Ok(Err((error, slot))) => Err(WithdrawError {
                 error,
@@ -182,7 +182,7 @@ impl AsRef<[u8]> for DescribedBuf {
 impl PinnedBuf {
     /// Lend the buffer to peers' reads: map its bytes as a registration of
     /// their own, so that its descriptors grant exactly this buffer, and
-    /// answer the read-only [`DescribedBuf`] that hands them out.
+    /// return the read-only [`DescribedBuf`] that hands them out.
     ///
     /// Costs one backend map now and one unmap at
     /// [`withdraw`](DescribedBuf::withdraw) or when the buffer is freed
@@ -194,7 +194,7 @@ impl PinnedBuf {
     /// [`RdmaError::BufferSurrendered`] for a surrendered buffer;
     /// [`RdmaError::ShuttingDown`]; [`RdmaError::BudgetExceeded`]; the
     /// backend's map error. The error carries the buffer back, unchanged —
-    /// except when the backend answers a key no descriptor can carry: that
+    /// except when the backend returns a key no descriptor can carry: that
     /// registration is unmapped in the background and the buffer comes back
     /// surrendered, its granules returning to the pool once the unmap is
     /// confirmed.
@@ -217,7 +217,7 @@ impl PinnedBuf {
         match describe_slot(&inner, slot, len).await {
             Ok(slot) => {
                 let Some(descriptor) = slot.own.as_ref().map(|own| own.descriptor.clone()) else {
-                    // Unreachable: `describe_slot` answers `Ok` only with the
+                    // Unreachable: `describe_slot` returns `Ok` only with the
                     // registration in the slot.
                     self.restore(slot);
                     return Err(DescribeError::new(RdmaError::RegionNotFound, self));
@@ -240,7 +240,7 @@ impl PinnedBuf {
 }
 
 /// Map a slot's `len` bytes as a registration of their own: admission,
-/// budget, map (rolled back if cancelled), descriptor. Answers the slot with
+/// budget, map (rolled back if cancelled), descriptor. Returns the slot with
 /// the registration in it, or the error and the slot as it was (`None` only
 /// if the backend's key could not be described: the slot then goes with the
 /// unmap of that registration, see below).
@@ -273,8 +273,8 @@ async fn describe_slot(
     // code of this process writes them while it is live, since only a
     // `DescribedBuf` (read-only) holds it (on RDMA hardware a peer holding
     // the key may write them: the trust boundary `docs/safety.md` states).
-    let (answer, mut slot) = unsafe { MapInFlight::start(inner, ptr, len, slot) }.await;
-    let region = match answer {
+    let (outcome, mut slot) = unsafe { MapInFlight::start(inner, ptr, len, slot) }.await;
+    let region = match outcome {
         Ok(region) => region,
         Err(error) => return Err((error, Some(slot))),
     };
@@ -362,7 +362,7 @@ impl From<DescribeError> for RdmaError {
 pub struct WithdrawError {
     error: RdmaError,
     /// `None` only if the registry's runtime dropped the unmap before it
-    /// answered: the buffer's memory is then leaked, never reused.
+    /// completed: the buffer's memory is then leaked, never reused.
     buf: Option<DescribedBuf>,
 }
 

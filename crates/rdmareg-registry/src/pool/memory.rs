@@ -5,7 +5,7 @@
 //! is handed to the backend it is marked registered, and from then on dropping
 //! it **leaks** the pages, with an error logged, unless
 //! [`confirm_unregistered`](PageMemory::confirm_unregistered) was called
-//! first — which the registry does only after the backend answered `Ok` to
+//! first — which the registry does only after the backend returned `Ok` to
 //! an unmap (or, at the end of shutdown, reported nothing registered). A leak
 //! is a bounded loss; freeing pages a NIC may still write is a
 //! use-after-free nobody can see.

@@ -162,9 +162,9 @@ pub(crate) fn try_alloc_pinned(inner: &Inner, len: usize) -> Option<PinnedBuf> {
 /// Allocate, register and track an arena of `bytes` (a page multiple).
 ///
 /// # Cancel safety
-/// Cancelled before the map answers, the map is let finish and rolled back,
+/// Cancelled before the map completes, the map is let finish and rolled back,
 /// and the pages are freed once that unmap is confirmed (see `mapping.rs`).
-/// After it answers there is no further await: the arena is tracked, or
+/// After it completes there is no further await: the arena is tracked, or
 /// handed to a background release.
 async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<Arena>, RdmaError> {
     let len = usize::try_from(bytes).map_err(|_| RdmaError::OutOfRange)?;
@@ -177,8 +177,8 @@ async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<A
     // SAFETY: `[ptr, ptr + len)` is exactly the pages `memory` owns, which
     // `MapInFlight` keeps until nothing registers them; as an arena it is
     // written only by GETs into `PinnedBuf`s the GET borrows.
-    let (answer, memory) = unsafe { MapInFlight::start(inner, ptr, len, memory) }.await;
-    let region = answer?;
+    let (outcome, memory) = unsafe { MapInFlight::start(inner, ptr, len, memory) }.await;
+    let region = outcome?;
     // No await from here on.
     memory.mark_registered();
     // Never less than the arena's own pages (contract point 7).

@@ -15,7 +15,7 @@
 //! other buffer carved from the same arena. So a `PinnedBuf` has no
 //! descriptor at all; [`PinnedBuf::describe`] maps just the buffer's bytes
 //! (the backend pins their pages — already pinned by the arena — once more,
-//! and the budget is charged for them) and answers a read-only
+//! and the budget is charged for them) and returns a read-only
 //! [`DescribedBuf`](super::DescribedBuf) whose descriptors carry that key
 //! (see `described.rs`). When the buffer is freed, its own registration is
 //! unmapped *before* its granules go back to the allocator, so the key dies
@@ -192,10 +192,10 @@ fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, gran
 }
 
 /// Unmap `slot`'s own registration on the registry's runtime, holding the
-/// slot — granules taken, registration charged — until the backend answers,
+/// slot — granules taken, registration charged — until the unmap completes,
 /// then hand it to `then`: without its registration (key dead, charge
 /// released) on `Ok`, with it on `Err`. `ticket`, if any, is held until the
-/// answer. A task dropped unfinished (its runtime shut down) leaks the slot
+/// unmap completes. A task dropped unfinished (its runtime shut down) leaks the slot
 /// whole rather than freeing it under a key that may be live.
 pub(crate) fn spawn_own_unmap(
     inner: &Arc<Inner>,

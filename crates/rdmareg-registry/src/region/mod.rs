@@ -219,7 +219,7 @@ impl RegionGuard {
     /// returns. With [`UnregisterOutcome::DrainTimedOut`] it is unmapped,
     /// and [`deregistered`](Self::deregistered) resolves when the last
     /// reader leaves. With [`UnregisterOutcome::UnmapPending`] the unmap was
-    /// not confirmed in time — the answer says which readers and transfers
+    /// not confirmed in time — the outcome says which readers and transfers
     /// were still running — and goes on in the background;
     /// [`deregistered`](Self::deregistered) resolves once it is confirmed.
     /// An owned region's buffer is freed at release.
@@ -243,7 +243,7 @@ impl RegionGuard {
 
     /// Deregister an owned region and hand its buffer back.
     ///
-    /// Answers [`RdmaError::NotOwned`] (with the guard, untouched) for a
+    /// Fails with [`RdmaError::NotOwned`] (with the guard, untouched) for a
     /// region registered from a pointer, before doing anything else.
     /// Otherwise it proceeds as [`unregister`](Self::unregister), and then —
     /// the buffer cannot be handed back while a reader is still copying out
@@ -294,8 +294,8 @@ impl RegionGuard {
         pending.done = true;
         match pending.state.take_owned() {
             Some(buffer) => Ok((buffer, outcome)),
-            // Unreachable while the guard was the only claimant; answered
-            // rather than asserted.
+            // Unreachable while the guard was the only claimant; returned as
+            // an error rather than asserted.
             None => Err(UnregisterOwnedError {
                 error: RdmaError::RegionNotFound,
                 guard: None,

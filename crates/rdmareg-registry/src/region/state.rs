@@ -5,7 +5,7 @@
 //!
 //! Two facts must both hold before the release latch resolves:
 //!
-//! 1. **the backend no longer pins it** — an `unmap` answered `Ok(())`, or
+//! 1. **the backend no longer pins it** — an `unmap` returned `Ok(())`, or
 //!    shutdown ended with the backend reporting nothing registered; and
 //! 2. **no local reader is inside it** — every lease taken by
 //!    [`RegionWatch::read`](crate::RegionWatch::read) has been given back, and
@@ -243,7 +243,7 @@ impl RegionState {
 /// Ask the backend to unmap the region, unless that is already confirmed.
 ///
 /// # Cancel safety
-/// Dropping it after the first poll abandons only the answer: the backend
+/// Dropping it after the first poll abandons only the result: the backend
 /// proceeds with the unmap (contract point 2) and a later call — the
 /// background deregistration, or the shutdown sweep — will confirm it.
 pub(crate) async fn unmap_region(inner: &Inner, state: &Arc<RegionState>) -> Result<(), RdmaError> {
@@ -259,7 +259,7 @@ pub(crate) async fn unmap_region(inner: &Inner, state: &Arc<RegionState>) -> Res
 /// whole of it bounded by `timeout`. Readers who outstay the timeout do not
 /// hold the unmap back (it frees nothing); an unmap that outstays it (the
 /// backend waits for a transfer using the region) goes on in the background
-/// and is answered [`UnregisterOutcome::UnmapPending`], with what was still
+/// and the call returns [`UnregisterOutcome::UnmapPending`], with what was still
 /// running.
 ///
 /// # Cancel safety
@@ -278,7 +278,7 @@ pub(crate) async fn deregister(
     // Owned, so that an unmap that outstays the deadline can be carried on
     // rather than dropped (which would lose its confirmation). A timeout
     // polls its future once even when the deadline has passed, so an unmap
-    // that answers at once still counts.
+    // that completes at once still counts.
     let mut unmap = Box::pin(unmap_region_owned(Arc::clone(inner), Arc::clone(state)));
     match tokio::time::timeout_at(deadline, &mut unmap).await {
         Ok(result) => result.map(|()| {

@@ -16,7 +16,7 @@
 //! closure; a region is not released (its latch stays open, an owned buffer
 //! is not freed, an external owner is not told to free) while a lease is
 //! held. Once deregistration has started, new leases are refused and `read`
-//! answers `None`. Keep closures short: a deregistration reports
+//! returns `None`. Keep closures short: a deregistration reports
 //! [`DrainTimedOut`](crate::UnregisterOutcome::DrainTimedOut) past its drain
 //! timeout, and `unregister_owned` waits for the last reader.
 
@@ -56,7 +56,7 @@ impl RegionWatch {
         self.state.generation
     }
 
-    /// Run `reader` over the region while holding it open, or answer `None`
+    /// Run `reader` over the region while holding it open, or return `None`
     /// if deregistration has started (or finished).
     pub fn read<R>(&self, reader: impl FnOnce(RegionView<'_>) -> R) -> Option<R> {
         let lease = Lease {
