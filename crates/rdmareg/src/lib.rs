@@ -45,8 +45,8 @@
 //! [`get_batch`](backend::RdmaBackend::get_batch) make the transport write memory
 //! named by an address or a region id, so they are `unsafe` to call: the
 //! caller promises what each method's `# Safety` section asks (the memory is
-//! its own, untouched until the answer, freed only after the unmap). Safe
-//! code cannot reach them:
+//! its own, untouched until the call completes, freed only after the
+//! unmap). Safe code cannot reach them:
 //!
 //! ```compile_fail,E0133
 //! # async fn sketch(rdma: &rdmareg::Rdma) {
@@ -74,7 +74,7 @@
 //! let backend = rdma.engine().backend();
 //! // SAFETY: a sketch that is only compiled; a real caller names a
 //! // destination it registered itself and leaves it untouched until the
-//! // answer.
+//! // GET completes.
 //! let _ = unsafe { backend.get(get) }.await;
 //! # }
 //! ```
@@ -82,7 +82,7 @@
 //! # Lending a pool buffer
 //!
 //! A pool buffer's bytes are lent to peers' reads by
-//! [`PinnedBuf::describe`], which consumes the buffer and answers a
+//! [`PinnedBuf::describe`], which consumes the buffer and returns a
 //! [`DescribedBuf`]: it hands out descriptors and derefs to `&[u8]` only,
 //! since the engine may read the bytes for a peer at any moment. Writing
 //! them again takes [`DescribedBuf::withdraw`], which kills the descriptors

@@ -152,7 +152,7 @@ fn encode_metrics(
     gauge(
         e,
         "rdmareg_transfers_in_flight",
-        "GETs admitted and not yet answered",
+        "GETs admitted and not yet completed",
         stats.transfers_in_flight as u64,
     )?;
     gauge(
@@ -194,7 +194,7 @@ fn encode_metrics(
     {
         let mut family = e.encode_descriptor(
             "rdmareg_errors",
-            "Errors answered by the registry, by kind",
+            "Errors returned by the registry, by kind",
             None,
             MetricType::Counter,
         )?;
@@ -206,7 +206,7 @@ fn encode_metrics(
     let histogram = Histogram(&metrics.get_latency);
     histogram.encode(e.encode_descriptor(
         "rdmareg_get_latency",
-        "Time from a GET's admission to its answer",
+        "Time from a GET's admission to its completion",
         Some(&prometheus_client::registry::Unit::Seconds),
         histogram.metric_type(),
     )?)
@@ -278,14 +278,14 @@ pub fn render(prometheus: &Registry) -> Result<String, std::fmt::Error> {
 /// The content type of [`render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Longest request head the server reads before it answers 400.
+/// Longest request head the server reads before it responds 400.
 const MAX_REQUEST_HEAD: usize = 8 * 1024;
 /// How long a client may take to send its request head.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long one connection may last in all, answer included.
+/// How long one connection may last in all, response included.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A small HTTP server answering `GET /metrics` (anything else is 404, a
+/// A small HTTP server serving `GET /metrics` (anything else is 404, a
 /// method other than `GET`/`HEAD` is 405), one request per connection. It
 /// runs on the Tokio runtime it was started from and stops when dropped.
 ///
@@ -329,12 +329,12 @@ impl MetricsServer {
                     Ok((stream, _)) => {
                         let prometheus = Arc::clone(&prometheus);
                         tokio::spawn(async move {
-                            let answered = tokio::time::timeout(
+                            let responded = tokio::time::timeout(
                                 CONNECTION_TIMEOUT,
-                                answer(stream, &prometheus),
+                                respond(stream, &prometheus),
                             )
                             .await;
-                            match answered {
+                            match responded {
                                 Ok(Err(error)) => {
                                     tracing::debug!(%error, "metrics request failed");
                                 }
@@ -378,8 +378,8 @@ impl Drop for MetricsServer {
     }
 }
 
-/// Read one request head and answer it.
-async fn answer(mut stream: TcpStream, prometheus: &Registry) -> io::Result<()> {
+/// Read one request head and respond to it.
+async fn respond(mut stream: TcpStream, prometheus: &Registry) -> io::Result<()> {
     let head = match tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream)).await {
         Ok(head) => head?,
         Err(_) => return Ok(()),
