@@ -34,7 +34,7 @@ const TAG_ALIVE: u8 = 4;
 /// whose bytes matched the owner's checksum.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tally {
-    /// Ranges read (GET answered `Ok`).
+    /// Ranges read (GET returned `Ok`).
     pub read: u32,
     /// Ranges read and verified.
     pub verified: u32,

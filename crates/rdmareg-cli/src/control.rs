@@ -20,8 +20,8 @@
 //!
 //! The silence bound is one GET deadline plus [`SLACK`]: a consumer whose
 //! owner went quiet finds out from its GET's deadline at about the same time
-//! (a GET in flight is answered within the deadline, and no side tears its
-//! engine down before that answer). A lost peer is therefore reported
+//! (a GET in flight completes within the deadline, and no side tears its
+//! engine down before it completes). A lost peer is therefore reported
 //! within about the GET deadline plus one side's shutdown.
 
 use std::sync::{Arc, Mutex};

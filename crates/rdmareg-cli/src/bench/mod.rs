@@ -331,7 +331,7 @@ async fn measure_size(
     let started = Instant::now();
     run_list(node, &list, &mut buffers, per_slot).await?;
     let list_bandwidth = mebibytes_per_second(size * (per_slot * window) as u64, started.elapsed());
-    // The same list with every entry landing in the first buffer, as
+    // The same list with every entry written to the first buffer, as
     // ucx_perftest's window does: `window` buffers of 256 KiB and up no
     // longer fit the CPU's cache, one does, so only this form compares
     // like with like at those sizes (both are reported).
@@ -391,7 +391,7 @@ async fn run_window(
     Ok(())
 }
 
-/// Post `list` (one entry per buffer) `rounds` times; every entry must land.
+/// Post `list` (one entry per buffer) `rounds` times; every entry must succeed.
 async fn run_list(
     node: &Node,
     list: &rdmareg_registry::TransferList,
@@ -399,8 +399,8 @@ async fn run_list(
     rounds: usize,
 ) -> anyhow::Result<()> {
     for _ in 0..rounds {
-        for answer in node.registry.post(list, buffers).await? {
-            answer?;
+        for outcome in node.registry.post(list, buffers).await? {
+            outcome?;
         }
     }
     Ok(())

@@ -31,7 +31,7 @@ pub struct GetRow {
     /// Registry bandwidth, MiB/s: the window posted as one transfer list.
     pub list_bandwidth_mib_s: f64,
     /// Registry bandwidth, MiB/s: the window as one transfer list whose
-    /// entries all land in one buffer, as ucx_perftest's window does.
+    /// entries are all written to one buffer, as ucx_perftest's window does.
     pub list_one_destination_mib_s: f64,
     /// ucx_perftest median latency, µs.
     pub perftest_latency_p50_us: Option<f64>,

@@ -130,8 +130,8 @@ pub async fn measure(
     for round in 0..rounds + rounds.div_ceil(10) {
         let warm_up = round < rounds.div_ceil(10);
         let started = Instant::now();
-        for answer in node.registry.post(&list, &mut buffers).await? {
-            answer?;
+        for outcome in node.registry.post(&list, &mut buffers).await? {
+            outcome?;
         }
         if !warm_up {
             list_samples.push(started.elapsed());

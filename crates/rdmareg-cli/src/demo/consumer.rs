@@ -28,7 +28,7 @@ use crate::stats::{Samples, mebibytes_per_second};
 const OWNER: PeerId = PeerId(1);
 /// How long to keep retrying the bootstrap connection.
 const CONNECT_PATIENCE: Duration = Duration::from_secs(5);
-/// Bytes of ranges one transfer list moves: a list lands in one pinned
+/// Bytes of ranges one transfer list moves: a list is written to one pinned
 /// buffer of that size (or of one range, if a range is larger).
 const LIST_CHUNK_BYTES: u64 = 64 << 20;
 
@@ -73,7 +73,7 @@ pub async fn run(args: &DemoArgs, address: &str) -> anyhow::Result<()> {
     if let Err(e) = node.engine.remove_peer(OWNER) {
         tracing::warn!(error = %e, "closing the endpoint to the owner");
     }
-    // Every GET is answered: the owner may deregister. Our own shutdown
+    // Every GET has completed: the owner may deregister. Our own shutdown
     // does not depend on the owner, so it runs while the owner's report is
     // awaited.
     let verified = transfer.failure.is_none() && transfer.copies_differing() == 0;
@@ -276,15 +276,15 @@ async fn move_as_lists(node: &Node, ranges: &[OfferedRange]) -> Result<ListPass,
             .map_err(|e| format!("allocating a transfer-list buffer: {e}"))?;
         let mut buffers = [buffer];
         let posted = Instant::now();
-        let answers = node.registry.post(&list, &mut buffers).await.map_err(|e| {
+        let outcomes = node.registry.post(&list, &mut buffers).await.map_err(|e| {
             format!(
                 "posting a transfer list of {} ranges failed ({e})",
                 chunk.len()
             )
         })?;
         pass.elapsed += posted.elapsed();
-        for (i, answer) in answers.iter().enumerate() {
-            if let Err(e) = answer {
+        for (i, outcome) in outcomes.iter().enumerate() {
+            if let Err(e) = outcome {
                 return Err(format!(
                     "range {} of a transfer list failed ({e})",
                     start + i

@@ -88,7 +88,7 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
     let outcome = node.shutdown().await;
     if region_released.is_none() {
         // The teardown destroyed the worker and unmapped what it held, so
-        // the background unmap is answered by now or very soon.
+        // the background unmap has completed by now or will very soon.
         let confirmed = tokio::time::timeout(bounds.teardown, watch.deregistered()).await;
         region_released = Some(confirmed.is_ok());
     }

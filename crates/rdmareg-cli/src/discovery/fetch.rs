@@ -269,7 +269,7 @@ async fn get_one(
             target.failed += 1;
             (
                 format!("GET `{name}` from `{}` failed: {e}", target.node),
-                format!(" (answered after {} ms)", took.as_millis()),
+                format!(" (after {} ms)", took.as_millis()),
             )
         }
     };
