@@ -13,7 +13,7 @@
 //! [`DirectoryEvent::NodeGone`] — then watches again.
 //!
 //! Revisions only compare within one store. Every read's header is checked
-//! against what is known of the store (`crate::store`): when etcd answers at a
+//! against what is known of the store (`crate::store`): when etcd responds at a
 //! lower revision than one already observed, at a lower raft term of the same
 //! member, or with another cluster id, it lost its data or was replaced. The
 //! directory then forgets every revision it had seen, the watch reports
@@ -184,7 +184,7 @@ fn check_fresh(memory: &SharedMemory, epoch: u64, name: &str, candidate: Seen) -
     Admission::Admitted
 }
 
-/// Takes in the header of an answer to a read issued while `before` was
+/// Takes in the header of a response to a read issued while `before` was
 /// current; on a replacement, forgets every entry seen.
 fn observe(memory: &SharedMemory, before: &StoreView, header: Option<Header>) -> Observation {
     let mut memory = lock(memory);
@@ -225,7 +225,7 @@ impl std::fmt::Debug for Directory {
 }
 
 impl Directory {
-    /// Connects; [`DiscoveryError::Unreachable`] if etcd does not answer.
+    /// Connects; [`DiscoveryError::Unreachable`] if etcd does not respond.
     pub async fn connect(config: &EtcdConfig) -> Result<Self, DiscoveryError> {
         let client = config.connect().await?;
         Ok(Self {
@@ -235,7 +235,7 @@ impl Directory {
         })
     }
 
-    /// A linearizable read and the store epoch its answer belongs to;
+    /// A linearizable read and the store epoch its response belongs to;
     /// `None` when it was issued before a replacement already taken in.
     async fn read(
         &self,
@@ -245,15 +245,15 @@ impl Directory {
     ) -> Result<Option<(GetResponse, u64)>, DiscoveryError> {
         let before = lock(&self.memory).store.clone();
         let mut client = self.client.clone();
-        let answer = client
+        let response = client
             .get(key, options)
             .await
             .map_err(|e| DiscoveryError::etcd(action, e))?;
-        let header = answer.header().map(Header::from);
+        let header = response.header().map(Header::from);
         Ok(match observe(&self.memory, &before, header) {
             Observation::Late => None,
-            Observation::Same => Some((answer, before.epoch())),
-            Observation::Replaced(_) => Some((answer, before.epoch() + 1)),
+            Observation::Same => Some((response, before.epoch())),
+            Observation::Replaced(_) => Some((response, before.epoch() + 1)),
         })
     }
 
@@ -264,7 +264,7 @@ impl Directory {
     /// [`DiscoveryError::Stale`] when the entry is older than one seen before.
     /// If etcd lost its data since the last read (its revision or raft term
     /// went back, or its cluster id changed), what was seen is forgotten
-    /// first and the new store's entry is answered.
+    /// first and the new store's entry is returned.
     pub async fn resolve(&self, name: &str) -> Result<Resolved, DiscoveryError> {
         check_name(name)?;
         for _ in 0..READ_ATTEMPTS {
@@ -281,15 +281,16 @@ impl Directory {
     /// One resolve; `None` when its two reads did not come from one store.
     async fn resolve_once(&self, name: &str) -> Result<Option<Resolved>, DiscoveryError> {
         let key = self.keys.name(name);
-        let Some((answer, epoch)) = self.read(key.clone(), None, "resolving a name").await? else {
+        let Some((response, epoch)) = self.read(key.clone(), None, "resolving a name").await?
+        else {
             return Ok(None);
         };
-        let Some(kv) = answer.kvs().first() else {
+        let Some(kv) = response.kvs().first() else {
             return Err(DiscoveryError::NotFound(name.to_string()));
         };
         let record = NameRecord::decode(&key, kv.value())?;
         let node_key = self.keys.node(&record.node);
-        let Some((answer, node_epoch)) = self
+        let Some((response, node_epoch)) = self
             .read(node_key.clone(), None, "resolving a node")
             .await?
         else {
@@ -298,7 +299,7 @@ impl Directory {
         if node_epoch != epoch {
             return Ok(None);
         }
-        let Some(node_kv) = answer.kvs().first() else {
+        let Some(node_kv) = response.kvs().first() else {
             return Err(DiscoveryError::PeerGone(record.node));
         };
         let node = NodeRecord::decode(&node_key, node_kv.value())?;
@@ -699,7 +700,7 @@ mod tests {
     }
 
     /// The case without etcd: a name seen at revision 303, then the
-    /// store answers at revision 6 and holds the name at revision 6.
+    /// store responds at revision 6 and holds the name at revision 6.
     #[test]
     fn a_replaced_store_makes_the_directory_forget_what_it_saw() {
         let memory = SharedMemory::default();

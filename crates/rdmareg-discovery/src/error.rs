@@ -14,7 +14,7 @@ pub enum DiscoveryError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// No etcd answered at the configured endpoints within the connect timeout.
+    /// No etcd responded at the configured endpoints within the connect timeout.
     #[error("etcd unreachable at {endpoints}: {detail}")]
     Unreachable {
         /// The endpoints tried, comma-separated.

@@ -23,7 +23,7 @@
 //! descriptor of an older generation ([`DiscoveryError::Stale`]). Revisions
 //! compare only within one store: when etcd loses its data (restarted on an
 //! empty data directory, restored, rebuilt) its revisions start again, and
-//! both sides notice it from the headers of etcd's answers. A consumer
+//! both sides notice it from the headers of etcd's responses. A consumer
 //! forgets what it had seen and reports [`DirectoryEvent::StoreReplaced`]; a
 //! publisher republishes as a new incarnation of the new store.
 //!
@@ -146,7 +146,7 @@ impl EtcdConfig {
         Ok(())
     }
 
-    /// Connects and proves etcd answers, within the connect timeout.
+    /// Connects and proves etcd responds, within the connect timeout.
     async fn connect(&self) -> Result<Client, DiscoveryError> {
         self.check_endpoints()?;
         let unreachable = |detail: String| DiscoveryError::Unreachable {
@@ -160,7 +160,7 @@ impl EtcdConfig {
             // partition) under a watch. Not more often than every 5 s, and
             // not on an idle connection: etcd's gRPC server (default
             // `--grpc-keepalive-min-time` 5 s, no pings without a stream)
-            // answers pings it finds too frequent by closing the
+            // responds to pings it finds too frequent by closing the
             // connection, which failed the next request and dropped every
             // watch every few seconds.
             .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
@@ -178,7 +178,7 @@ impl EtcdConfig {
         match tokio::time::timeout(self.connect_timeout, attempt).await {
             Ok(result) => result,
             Err(_) => Err(unreachable(format!(
-                "no answer within {:?}",
+                "no response within {:?}",
                 self.connect_timeout
             ))),
         }

@@ -11,7 +11,7 @@
 //! lease, the node key, every name still published. On success the status is
 //! [`PublisherStatus::Live`] again.
 //!
-//! The headers of etcd's answers to these writes tell the publisher which
+//! The headers of etcd's responses to these writes tell the publisher which
 //! store it writes to (`crate::store`). If the store it reconnects to is not
 //! the one its node record was written in — etcd lost its data and counts
 //! revisions from 1 again — its incarnation (a revision of the old store)
@@ -66,7 +66,7 @@ struct Writes {
     /// The node record as published; every name record carries its
     /// incarnation.
     record: NodeRecord,
-    /// What the answers to these writes showed of the store.
+    /// What the responses to these writes showed of the store.
     store: StoreView,
     /// The store epoch `record` was written in.
     record_epoch: u64,
@@ -83,7 +83,7 @@ impl Writes {
         .encode()
     }
 
-    /// Takes in the header of an answer to a write issued while `before`
+    /// Takes in the header of a response to a write issued while `before`
     /// was the view.
     fn observe(&mut self, before: &StoreView, header: Option<&etcd_client::ResponseHeader>) {
         if let Some(header) = header
@@ -253,7 +253,7 @@ impl Publisher {
         let value = writes.name_record(&self.shared.node, descriptor);
         let before = writes.store.clone();
         let mut client = self.shared.client.clone();
-        let answer = client
+        let response = client
             .put(
                 self.shared.keys.name(name),
                 value,
@@ -261,7 +261,7 @@ impl Publisher {
             )
             .await
             .map_err(|e| DiscoveryError::etcd("publishing a descriptor", e))?;
-        writes.observe(&before, answer.header());
+        writes.observe(&before, response.header());
         tracing::debug!(node = %self.shared.node, name, generation = descriptor.generation(), "published descriptor");
         Ok(())
     }
@@ -296,11 +296,11 @@ impl Publisher {
             .and_then([TxnOp::delete(key, None)]);
         let before = writes.store.clone();
         let mut client = self.shared.client.clone();
-        let answer = client
+        let response = client
             .txn(txn)
             .await
             .map_err(|e| DiscoveryError::etcd("withdrawing a descriptor", e))?;
-        writes.observe(&before, answer.header());
+        writes.observe(&before, response.header());
         tracing::debug!(node = %self.shared.node, name, "withdrew descriptor");
         Ok(())
     }
@@ -376,11 +376,11 @@ async fn refresh_until_lost(shared: &Shared, lease: i64, period: Duration) -> St
             return format!("keep-alive: {e}");
         }
         match tokio::time::timeout(period, stream.message()).await {
-            Ok(Ok(Some(answer))) if answer.ttl() > 0 => {}
+            Ok(Ok(Some(response))) if response.ttl() > 0 => {}
             Ok(Ok(Some(_))) => return "etcd reports the lease expired".to_string(),
             Ok(Ok(None)) => return "keep-alive stream closed".to_string(),
             Ok(Err(e)) => return format!("keep-alive: {e}"),
-            Err(_) => return format!("no keep-alive answer within {period:?}"),
+            Err(_) => return format!("no keep-alive response within {period:?}"),
         }
         tokio::time::sleep(period).await;
     }
@@ -405,7 +405,7 @@ async fn write_node(
             ..template.clone()
         };
         let before = store.clone();
-        let answer = client
+        let response = client
             .put(
                 key,
                 record.encode(),
@@ -413,7 +413,7 @@ async fn write_node(
             )
             .await
             .map_err(|e| DiscoveryError::etcd("publishing the node", e))?;
-        let header = answer.header().map(Header::from);
+        let header = response.header().map(Header::from);
         if let Some(header) = &header {
             store.observe(&before, header);
         }
@@ -487,11 +487,11 @@ async fn republish(shared: &Shared) -> Result<i64, DiscoveryError> {
     }
     for chunk in ops.chunks(OPS_PER_TXN) {
         let before = writes.store.clone();
-        let answer = client
+        let response = client
             .txn(Txn::new().and_then(chunk.to_vec()))
             .await
             .map_err(|e| DiscoveryError::etcd("republishing after a reconnect", e))?;
-        writes.observe(&before, answer.header());
+        writes.observe(&before, response.header());
     }
     writes.lease = Some(lease);
     Ok(lease)

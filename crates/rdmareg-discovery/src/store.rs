@@ -1,9 +1,9 @@
-//! Telling one etcd store from another by the headers of its answers.
+//! Telling one etcd store from another by the headers of its responses.
 //!
-//! Every etcd answer carries a header: cluster id, member id, raft term and
+//! Every etcd response carries a header: cluster id, member id, raft term and
 //! the store's revision. Within one store two things hold:
 //!
-//! 1. a linearizable read issued after revision `r` was observed answers at
+//! 1. a linearizable read issued after revision `r` was observed responds at
 //!    revision `r` or later (reads here are never serializable);
 //! 2. a member's raft term never goes down.
 //!
@@ -46,14 +46,14 @@ impl From<&etcd_client::ResponseHeader> for Header {
     }
 }
 
-/// Why an answer comes from another store than the one known.
+/// Why a response comes from another store than the one known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Replacement {
     /// The cluster id differs.
     ClusterId { was: u64, now: u64 },
     /// The revision is lower than one observed before the request was issued.
     RevisionWentBack { was: i64, now: i64 },
-    /// The same member answered at a lower raft term than before.
+    /// The same member responded at a lower raft term than before.
     TermWentBack { member: u64, was: u64, now: u64 },
 }
 
@@ -74,15 +74,15 @@ impl fmt::Display for Replacement {
     }
 }
 
-/// What an answer says about the store.
+/// What a response says about the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Observation {
-    /// The same store as before (or the first answer).
+    /// The same store as before (or the first response).
     Same,
     /// Another store: the view now describes it alone.
     Replaced(Replacement),
     /// The request was issued before a replacement the view has already
-    /// taken in: the answer may come from either store, so it proves
+    /// taken in: the response may come from either store, so it proves
     /// nothing and its data must not be used.
     Late,
 }
@@ -110,7 +110,7 @@ impl StoreView {
         self.revision
     }
 
-    /// Whether `header`, a linearizable answer to a request issued while
+    /// Whether `header`, a linearizable response to a request issued while
     /// `self` was current, comes from another store.
     pub(crate) fn judge(&self, header: &Header) -> Option<Replacement> {
         let cluster_id = self.cluster_id?;
@@ -136,8 +136,8 @@ impl StoreView {
         }
     }
 
-    /// Takes in `header`, the answer to a request issued while `before` was
-    /// the view (a copy taken then, so answers that overtake each other are
+    /// Takes in `header`, the response to a request issued while `before` was
+    /// the view (a copy taken then, so responses that overtake each other are
     /// judged against what was known when each was sent).
     pub(crate) fn observe(&mut self, before: &StoreView, header: &Header) -> Observation {
         if before.epoch != self.epoch {
@@ -183,7 +183,7 @@ mod tests {
         }
     }
 
-    /// A view that has seen one answer.
+    /// A view that has seen one response.
     fn seen(revision: i64, raft_term: u64) -> StoreView {
         let mut view = StoreView::default();
         assert_eq!(
@@ -212,7 +212,7 @@ mod tests {
     }
 
     /// The case: a store at revision 303 killed and restarted on an
-    /// empty data directory answers at revision 6.
+    /// empty data directory responds at revision 6.
     #[test]
     fn a_revision_lower_than_one_seen_is_another_store() {
         let mut view = seen(303, 2);
@@ -273,11 +273,11 @@ mod tests {
         assert_eq!(view.observe(&before, &other), Observation::Same);
     }
 
-    /// Two reads in flight at once: the one issued first may be answered at
-    /// a lower revision than the one issued second, and must not look like a
+    /// Two reads in flight at once: the one issued first may get its
+    /// response at a lower revision than the one issued second, and must not look like a
     /// replacement when it is taken in last.
     #[test]
-    fn answers_are_judged_against_what_was_known_when_sent() {
+    fn responses_are_judged_against_what_was_known_when_sent() {
         let mut view = seen(100, 2);
         let first = view.clone();
         let second = view.clone();
@@ -287,14 +287,14 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_sent_before_a_replacement_is_late() {
+    fn a_response_sent_before_a_replacement_is_late() {
         let mut view = seen(303, 2);
         let before = view.clone();
         assert!(matches!(
             view.observe(&before, &header(6, 2)),
             Observation::Replaced(_)
         ));
-        // Issued to the old store, answered (or taken in) after the new one
+        // Issued to the old store, responded to (or taken in) after the new one
         // showed: it proves nothing either way.
         assert_eq!(view.observe(&before, &header(304, 2)), Observation::Late);
         assert_eq!(view.revision(), 6);

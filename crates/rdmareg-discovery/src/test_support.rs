@@ -122,11 +122,11 @@ impl EtcdServer {
             let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.client_port))?;
             stream.set_read_timeout(Some(Duration::from_secs(10)))?;
             stream.write_all(request.as_bytes())?;
-            let mut answer = String::new();
-            stream.read_to_string(&mut answer)?;
-            if !answer.starts_with("HTTP/1.1 200") {
+            let mut response = String::new();
+            stream.read_to_string(&mut response)?;
+            if !response.starts_with("HTTP/1.1 200") {
                 return Err(EtcdStartError::Request(format!(
-                    "a put to age the store: {answer}"
+                    "a put to age the store: {response}"
                 )));
             }
         }
@@ -205,7 +205,8 @@ impl EtcdServer {
         }
     }
 
-    /// Asks `/health` over plain HTTP: etcd answers it once it has a leader.
+    /// Asks `/health` over plain HTTP: etcd reports itself healthy once it
+    /// has a leader.
     fn healthy(&self) -> bool {
         use std::io::{Read, Write};
         let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, self.client_port)) else {
@@ -216,9 +217,9 @@ impl EtcdServer {
         if stream.write_all(request.as_bytes()).is_err() {
             return false;
         }
-        let mut answer = String::new();
-        let _ = stream.read_to_string(&mut answer);
-        answer.contains("\"health\":\"true\"")
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        response.contains("\"health\":\"true\"")
     }
 
     fn log_tail(&self) -> String {
