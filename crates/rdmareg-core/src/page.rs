@@ -112,7 +112,7 @@ mod tests {
     }
 
     #[test]
-    fn overflow_answers_none_instead_of_wrapping() {
+    fn overflow_returns_none_instead_of_wrapping() {
         assert_eq!(page_enclosing_len(u64::MAX - 10, 11, 4096), None);
         assert_eq!(page_enclosing_len(u64::MAX - 10, 5, 4096), None);
         assert_eq!(round_up(u64::MAX, 4096), None);

@@ -65,8 +65,10 @@ pub struct BackendGet {
     pub local_offset: u64,
     /// Bytes to read.
     pub len: u64,
-    /// How long the transfer may take before it is cancelled and fails
-    /// with [`RdmaError::Timeout`](crate::RdmaError::Timeout). `None` uses the
+    /// How long the transfer may take.
+    ///
+    /// Past it the transfer is cancelled and the GET fails with
+    /// [`RdmaError::Timeout`](crate::RdmaError::Timeout). `None` uses the
     /// backend's configured default.
     pub deadline: Option<Duration>,
 }
