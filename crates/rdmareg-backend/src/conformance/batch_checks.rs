@@ -1,7 +1,8 @@
-//! Checks of `get_batch` and `get_shared_batch` (contract point 9): a batch
-//! returns one result per request, in order, each exactly what the request
-//! alone would return, dropping it stops no transfer, and a shared batch
-//! completes each post as a fresh batch would.
+//! Checks of `get_batch` and `get_shared_batch` (contract point 9).
+//!
+//! A batch returns one result per request, in order, each exactly what the
+//! request alone would return, dropping it stops no transfer, and a shared
+//! batch completes each post as a fresh batch would.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,9 +29,11 @@ const BATCH_BUFFER: usize = 1 << 20;
 /// Transfer size of the dropped-batch check.
 const LARGE: usize = 4 << 20;
 
-/// A batch of GETs of different sizes and offsets into one destination
-/// writes every entry where it belongs, returns `Ok` for each, in order, and
-/// touches nothing between them; an empty batch returns an empty list.
+/// A batch writes every entry where it belongs and returns `Ok` for each.
+///
+/// The batch holds GETs of different sizes and offsets into one
+/// destination; the results come in order, nothing between the entries is
+/// touched, and an empty batch returns an empty list.
 ///
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
@@ -72,8 +75,10 @@ pub async fn a_batch_lands_every_entry_and_answers_each_in_order(pair: &BackendP
     src.release(&*pair.owner).await;
 }
 
-/// A shared batch posted again and again completes every post as a fresh
-/// batch of the same requests would: all three posts write every entry (the
+/// A shared batch completes every post as a fresh batch would.
+///
+/// Posted again and again, it behaves as a fresh batch of the same
+/// requests: all three posts write every entry (the
 /// destinations refilled in between) and return `Ok`; once one of its two
 /// destinations is unmapped, the next post refuses that destination's
 /// entries with `RegionNotFound`, writes nothing into its memory, and still
@@ -167,8 +172,9 @@ pub async fn a_shared_batch_answers_every_post_as_a_fresh_batch_would(pair: &Bac
     src.release(&*pair.owner).await;
 }
 
-/// Bad entries of a batch get the typed error they would get alone — a
-/// destination outside its mapping `OutOfRange`, an unknown destination
+/// Bad entries of a batch get the typed error they would get alone.
+///
+/// A destination outside its mapping gets `OutOfRange`, an unknown destination
 /// `RegionNotFound`, a malformed key `InvalidKey`, an unknown peer
 /// `NotConfigured` — and the good entries around them are still written.
 ///
@@ -218,6 +224,8 @@ pub async fn a_batch_answers_each_entry_with_its_own_error(pair: &BackendPair) {
     src.release(&*pair.owner).await;
 }
 
+/// A dropped batch keeps its destinations until its transfers are over.
+///
 /// Submit a batch of large GETs into two destinations and drop its future:
 /// an unmap of either destination returns `Ok(())` only once the transfers
 /// into it are over — from then on its bytes do not change, and each is

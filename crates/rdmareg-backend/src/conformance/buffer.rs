@@ -63,9 +63,11 @@ impl KitBuffer {
         out
     }
 
-    /// Sets every byte to `value`. Callers do it only once every transfer into
-    /// the buffer has completed: by contract point 8 it is
-    /// theirs again then (what the check calling this tests).
+    /// Sets every byte to `value`.
+    ///
+    /// Callers do it only once every transfer into the buffer has completed:
+    /// by contract point 8 it is theirs again then (what the check calling
+    /// this tests).
     pub(crate) fn overwrite(&self, value: u8) {
         // SAFETY: `base` points to `len` bytes owned by this buffer; no
         // Rust reference to them exists (snapshots copy out).

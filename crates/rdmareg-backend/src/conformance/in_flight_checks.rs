@@ -1,7 +1,8 @@
-//! Checks of GETs in flight against unmaps of their destination (contract
-//! point 4): a submitted unmap refuses new GETs, waits for the transfer that
-//! is already running, and once it returns `Ok(())` nothing writes into the
-//! memory any more — whether or not anyone still awaits the GET.
+//! Checks of GETs in flight against unmaps of their destination.
+//!
+//! Contract point 4: a submitted unmap refuses new GETs, waits for the transfer
+//! that is already running, and once it returns `Ok(())` nothing writes into
+//! the memory any more — whether or not anyone still awaits the GET.
 //!
 //! These checks need no fault injection: they use transfers large enough to
 //! be in flight when the unmap is submitted on a real transport, and assert
@@ -23,6 +24,8 @@ const LARGE: usize = 8 << 20;
 /// How long the destination is watched for late writes after its unmap.
 const WATCH_FOR_LATE_WRITES: Duration = Duration::from_millis(50);
 
+/// An unmapping destination refuses new GETs and waits for the one in flight.
+///
 /// Submit a large GET, then an unmap of its destination: a new GET into that
 /// destination is refused with `RegionNotFound`, the first GET completes with
 /// the right bytes, and when the unmap returns `Ok(())` every byte has
@@ -85,6 +88,8 @@ pub async fn unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_fli
     src.release(&*pair.owner).await;
 }
 
+/// A dropped GET keeps its destination until its transfer is over.
+///
 /// Submit a large GET and drop its future; an unmap of the destination
 /// returns `Ok(())` only once the transfer is over: from then on the bytes do
 /// not change, and each is either untouched or the right source byte.
@@ -135,10 +140,12 @@ pub async fn dropped_get_keeps_the_destination_until_the_transfer_is_over(pair: 
     src.release(&*pair.owner).await;
 }
 
+/// No byte is written to a destination after its GET completed.
+///
 /// Contract point 8: a completed GET means the backend has let go of the
 /// destination. A large GET with a deadline far too short for it completes
-/// (`Timeout`, or `Ok` if it made it); from that moment the
-/// destination is the caller's, so bytes written into it afterwards must
+/// (`Timeout`, or `Ok` if it made it); from that moment the destination is
+/// the caller's, so bytes written into it afterwards must
 /// stay as written.
 ///
 /// # Cancel safety

@@ -101,9 +101,10 @@ pub use unmap_checks::{
     unmap_of_a_never_mapped_id_answers_ok, unmap_twice_answers_ok_and_counts_once,
 };
 
-/// What the backend under test can detect, so the kit checks only what it
-/// can tell — and never asks a backend whose keys bound nothing to read outside
-/// a registration.
+/// What the backend under test can detect.
+///
+/// The kit checks only what the backend can tell, and never asks a backend
+/// whose keys bound nothing to read outside a registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {

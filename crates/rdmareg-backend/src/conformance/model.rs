@@ -109,9 +109,11 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// Run `cases` random step sequences, each on a fresh pair from `factory`,
-/// checking every result and, after every step, both live counts against the
-/// model. Panics with the smallest failing sequence proptest finds.
+/// Run `cases` random step sequences and check them against a model.
+///
+/// Each sequence runs on a fresh pair from `factory`, checking every result
+/// and, after every step, both live counts against the model. Panics with
+/// the smallest failing sequence proptest finds.
 ///
 /// Builds its own runtime: call it from a plain `#[test]`, not from inside an
 /// async runtime.

@@ -65,6 +65,7 @@ pub(crate) fn assert_live_now(backend: &dyn RdmaBackend, expected: Option<usize>
 }
 
 /// Wait until the live count is `expected`, for at most `within`.
+///
 /// Returns whether the count was observed to settle (`false` when the
 /// backend cannot count, so a caller knows it has no evidence).
 pub(crate) async fn settle_live(

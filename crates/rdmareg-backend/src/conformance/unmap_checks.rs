@@ -102,9 +102,10 @@ pub async fn ok_unmap_decrements_the_live_count(pair: &BackendPair) {
     }
 }
 
-/// Contract point 2: an unmap polled once and then dropped still proceeds:
-/// the count drops without anyone awaiting it, and a later unmap of the same
-/// id returns `Ok(())`.
+/// An unmap polled once and then dropped still proceeds.
+///
+/// Contract point 2: the count drops without anyone awaiting it, and a later
+/// unmap of the same id returns `Ok(())`.
 ///
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
@@ -126,6 +127,8 @@ pub async fn dropped_unmap_still_unmaps(pair: &BackendPair) {
     }
 }
 
+/// After teardown, an unmap of a released or unknown id returns `Ok(())`.
+///
 /// Contract point 2 after teardown: once the pair's teardown (see
 /// [`BackendPair::with_teardown`]) has run, an unmap of an id released
 /// before it, or of an id never mapped, still returns `Ok(())` — the same

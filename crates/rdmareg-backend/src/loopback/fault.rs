@@ -1,6 +1,7 @@
-//! Fault injection for the loopback backend: delays, injected failures, hangs
-//! and refused unmaps, so that the layers above can test their failure paths
-//! deterministically.
+//! Fault injection for the loopback backend.
+//!
+//! Delays, injected failures, hangs and refused unmaps, so that the layers
+//! above can test their failure paths deterministically.
 //!
 //! # When a fault applies
 //!
@@ -82,10 +83,11 @@ impl FaultInjector {
         self.state.lock().ops[op.index()].delay = delay;
     }
 
-    /// Make the next `n` operations of kind `op` fail with
-    /// [`RdmaError::Backend`](crate::RdmaError::Backend) (with a message
-    /// starting `"injected"`) and change nothing. Replaces any count set
-    /// earlier; `0` cancels it.
+    /// Make the next `n` operations of kind `op` fail.
+    ///
+    /// Each fails with [`RdmaError::Backend`](crate::RdmaError::Backend) (with
+    /// a message starting `"injected"`) and changes nothing. Replaces any count
+    /// set earlier; `0` cancels it.
     pub fn fail_next(&self, op: FaultOp, n: usize) {
         self.state.lock().ops[op.index()].fail_next = n;
     }
@@ -101,7 +103,9 @@ impl FaultInjector {
         HangGate { gate }
     }
 
-    /// While `refuse` is true, an unmap of a registered region fails with
+    /// Make unmaps of registered regions fail while `refuse` is true.
+    ///
+    /// Such an unmap fails with
     /// [`RdmaError::Backend`](crate::RdmaError::Backend) and the region stays
     /// registered; shutdown then leaves such regions registered too (a wedged
     /// backend).

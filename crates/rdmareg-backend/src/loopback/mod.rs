@@ -261,10 +261,12 @@ impl LoopbackBackend {
         *self.shutdown.borrow()
     }
 
-    /// Teardown: refuse all new work with [`RdmaError::ShuttingDown`], complete
-    /// GETs that are waiting (on a delay or a hang) and touch this instance,
-    /// wait for the transfers still pinning its regions, then force-unmap
-    /// every region still held.
+    /// Tear this instance down.
+    ///
+    /// Refuse all new work with [`RdmaError::ShuttingDown`], complete GETs
+    /// that are waiting (on a delay or a hang) and touch this instance, wait
+    /// for the transfers still pinning its regions, then force-unmap every
+    /// region still held.
     ///
     /// While unmaps are refused by fault injection, regions whose unmap was
     /// not already submitted stay registered and
