@@ -39,10 +39,12 @@ pub struct RdmaConfig {
     /// [`RdmaRegistry::shutdown`](crate::RdmaRegistry::shutdown) when it has
     /// no better figure. Default: 30 s.
     pub shutdown_budget: Duration,
-    /// How long the background deregistration started by dropping a
+    /// How long a background deregistration may wait. Default: 30 s.
+    ///
+    /// The deregistration started by dropping a
     /// [`RegionGuard`](crate::RegionGuard) (or a dedicated pool buffer, or
-    /// reclaiming an empty arena) waits for readers to drain, and then for
-    /// the backend's unmap to complete. Default: 30 s.
+    /// reclaiming an empty arena) waits at most this long, in all, for
+    /// readers to drain and then for the backend's unmap to complete.
     pub background_deregistration_budget: Duration,
     /// Deadline attached to every GET the registry issues: the one place a
     /// GET deadline is set. Default: 30 s. Must be positive

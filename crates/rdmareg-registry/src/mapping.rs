@@ -109,10 +109,11 @@ impl<M: MappedMemory> Drop for LeakUnlessReleased<M> {
     }
 }
 
-/// A backend map in progress and the memory it registers. Resolves to the
-/// map's result and the memory: on `Err` nothing is registered (the backend
-/// said so); on `Ok` the memory is registered and the caller must track it
-/// before its next await.
+/// A backend map in progress and the memory it registers.
+///
+/// Resolves to the map's result and the memory: on `Err` nothing is registered
+/// (the backend said so); on `Ok` the memory is registered and the caller must
+/// track it before its next await.
 ///
 /// # Cancel safety
 /// Dropping it unfinished hands the map and the memory to a rollback task

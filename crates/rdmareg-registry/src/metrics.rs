@@ -98,10 +98,10 @@ impl Counters {
         self.observe_latency(took, 1);
     }
 
-    /// The entries of one completed list, each its length and outcome, all
-    /// of which took `took`: counted exactly as that many [`get`]s, with
-    /// one update per counter instead of one per entry (a list of a
-    /// thousand blocks spent tens of microseconds here).
+    /// The entries of one completed list, each its length and outcome.
+    ///
+    /// All of them took `took`. They are counted exactly as that many
+    /// [`get`]s, with one update per counter instead of one per entry.
     ///
     /// [`get`]: Counters::get
     pub(crate) fn list<'a>(
@@ -235,7 +235,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn latencies_land_in_the_bucket_of_their_bound() {
+    fn latencies_are_counted_in_the_bucket_of_their_bound() {
         let counters = Counters::default();
         counters.get(8, Duration::from_nanos(500), &Ok(()));
         counters.get(8, Duration::from_micros(1), &Ok(()));

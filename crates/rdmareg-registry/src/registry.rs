@@ -470,9 +470,10 @@ impl RdmaRegistry {
         TransferList::new(peer, &self.inner.backend_key)
     }
 
-    /// Post every read of `list` as one batch into `buffers` (entry `i` of
-    /// the list names its buffer by index into this slice). Returns one
-    /// result per entry, in list order.
+    /// Post every read of `list` as one batch into `buffers`.
+    ///
+    /// Entry `i` of the list names its buffer by index into this slice.
+    /// Returns one result per entry, in list order.
     ///
     /// Posting a list again into the same buffers is the cheap case: the
     /// list keeps the requests of its last post and submits them again as

@@ -9,11 +9,12 @@
 //! 3. **Sweep**: unmap every region and arena the registry tracks, whether or
 //!    not the drain finished ("force"): a backend parks the unmap of a region
 //!    with a transfer in flight until the transfer is over. One budget
-//!    bounds steps 2 and 3 together. An unmap the backend refused *survives*, still tracked; an
-//!    unmap that did not complete within the budget is *pending*: it goes on in
-//!    the background, and the region or arena is released the moment the
-//!    backend confirms it — so only what is really still registered is left
-//!    for step 5 ([`SweptRegistry::survivors`] counts it at any time).
+//!    bounds steps 2 and 3 together. An unmap the backend refused
+//!    *survives*, still tracked; an unmap that did not complete within the
+//!    budget is *pending*: it goes on in the background, and the region or
+//!    arena is released the moment the backend confirms it — so only what is
+//!    really still registered is left for step 5
+//!    ([`SweptRegistry::survivors`] counts it at any time).
 //! 4. The caller tears the backend down.
 //! 5. [`SweptRegistry::finish_after_backend_teardown`] releases the
 //!    survivors' latches — only if the backend then reports nothing
@@ -56,10 +57,11 @@ pub struct ShutdownReport {
     pub regions_surviving: usize,
     /// Arenas whose unmap the backend refused with an error.
     pub arenas_surviving: usize,
-    /// Regions whose unmap did not complete within the budget (a transfer
-    /// still used them). The unmap goes on in the background and releases
-    /// each region once confirmed; [`SweptRegistry::survivors`] says how
-    /// many are still registered later.
+    /// Regions whose unmap did not complete within the budget.
+    ///
+    /// A transfer still used them. The unmap goes on in the background and
+    /// releases each region once confirmed; [`SweptRegistry::survivors`] says
+    /// how many are still registered later.
     pub regions_unmap_pending: usize,
     /// Arenas whose unmap did not complete within the budget; as
     /// [`regions_unmap_pending`](Self::regions_unmap_pending).

@@ -1,8 +1,8 @@
 //! GETs into pool buffers.
 //!
-//! A transfer is admitted through the gate and then owns three things until
-//! the backend's GET completes: the admission ticket (so shutdown waits for it), the
-//! destination's pool slot (so its granules cannot be handed to another
+//! A transfer is admitted through the gate and then owns three things until the
+//! backend's GET completes: the admission ticket (so shutdown waits for it),
+//! the destination's pool slot (so its granules cannot be handed to another
 //! buffer while the backend may still write them), and an in-flight count.
 //!
 //! The caller's future polls the backend's GET directly: no task is spawned
@@ -117,8 +117,8 @@ async fn get_timed(
         // SAFETY: the destination is the slot's bytes in a pool arena the
         // registry mapped; the slot was taken out of `dst` above, so no
         // `PinnedBuf` reaches those bytes until `pending` hands it back,
-        // which it does only once the backend's GET completed (or, for a dropped
-        // call, once the transfer ended, contract point 4).
+        // which it does only once the backend's GET completed (or, for a
+        // dropped call, once the transfer ended, contract point 4).
         Box::pin(async move { unsafe { backend.get(request) }.await });
     let mut pending = PendingTransfer {
         transfer: Some(transfer),
@@ -156,10 +156,11 @@ pub(crate) fn busy_poll_window(base: Duration, len: u64) -> Duration {
     (base + expected).min(BUSY_POLL_CAP.max(base))
 }
 
-/// A GET (or a batch of them) in flight and everything it holds. Polled by
-/// the caller; if it is dropped before the backend's GET completed, its `Drop`
-/// detaches the transfer onto the runtime so the slots, ticket and count
-/// are released only when the backend is done with the memory.
+/// A GET (or a batch of them) in flight and everything it holds.
+///
+/// Polled by the caller; if it is dropped before the backend's GET completed,
+/// its `Drop` detaches the transfer onto the runtime so the slots, ticket and
+/// count are released only when the backend is done with the memory.
 pub(crate) struct PendingTransfer<T: Send + 'static> {
     pub(crate) transfer: Option<BoxFuture<'static, T>>,
     pub(crate) slots: HeldSlots,
@@ -172,8 +173,8 @@ pub(crate) struct PendingTransfer<T: Send + 'static> {
 }
 
 impl<T: Send + 'static> PendingTransfer<T> {
-    /// After the backend's GET completed: release the ticket and count, hand back
-    /// the slots.
+    /// After the backend's GET completed: release the ticket and count, hand
+    /// back the slots.
     pub(crate) fn finish(&mut self) -> Vec<Slot> {
         self.in_flight.take();
         self.ticket.take();
@@ -230,10 +231,11 @@ impl<T: Send + 'static> Drop for PendingTransfer<T> {
     }
 }
 
-/// The destination slots of a transfer in flight. If they are dropped before
-/// the backend's GET completed (a detached transfer whose runtime is shutting
-/// down), the backend may still write their memory, so they are leaked —
-/// never returned to the pool.
+/// The destination slots of a transfer in flight.
+///
+/// If they are dropped before the backend's GET completed (a detached transfer
+/// whose runtime is shutting down), the backend may still write their memory,
+/// so they are leaked — never returned to the pool.
 pub(crate) struct HeldSlots(pub(crate) Vec<Slot>);
 
 impl Drop for HeldSlots {

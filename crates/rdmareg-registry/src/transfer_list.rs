@@ -148,10 +148,11 @@ impl TransferList {
         }
     }
 
-    /// Adds a read of everything `src` describes (cut a sub-range with
-    /// [`Descriptor::slice`]) into destination buffer `buffer` at byte
-    /// `offset`. Returns the entry's index: its place in every post's
-    /// results.
+    /// Adds a read of everything `src` describes into buffer `buffer` at
+    /// byte `offset`.
+    ///
+    /// Cut a sub-range with [`Descriptor::slice`]. Returns the entry's
+    /// index: its place in every post's results.
     ///
     /// # Errors
     /// [`RdmaError::InvalidDescriptor`] if `src` names another backend;

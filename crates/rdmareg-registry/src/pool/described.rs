@@ -180,9 +180,11 @@ impl AsRef<[u8]> for DescribedBuf {
 }
 
 impl PinnedBuf {
-    /// Lend the buffer to peers' reads: map its bytes as a registration of
-    /// their own, so that its descriptors grant exactly this buffer, and
-    /// return the read-only [`DescribedBuf`] that hands them out.
+    /// Lend the buffer to peers' reads.
+    ///
+    /// Maps its bytes as a registration of their own, so that its
+    /// descriptors grant exactly this buffer, and returns the read-only
+    /// [`DescribedBuf`] that hands them out.
     ///
     /// Costs one backend map now and one unmap at
     /// [`withdraw`](DescribedBuf::withdraw) or when the buffer is freed
@@ -239,11 +241,12 @@ impl PinnedBuf {
     }
 }
 
-/// Map a slot's `len` bytes as a registration of their own: admission,
-/// budget, map (rolled back if cancelled), descriptor. Returns the slot with
-/// the registration in it, or the error and the slot as it was (`None` only
-/// if the backend's key could not be described: the slot then goes with the
-/// unmap of that registration, see below).
+/// Map a slot's `len` bytes as a registration of their own.
+///
+/// Admission, budget, map (rolled back if cancelled), descriptor. Returns the
+/// slot with the registration in it, or the error and the slot as it was
+/// (`None` only if the backend's key could not be described: the slot then goes
+/// with the unmap of that registration, see below).
 ///
 /// The slot itself — not just its arena — is what the map holds while it
 /// runs: if the caller is cancelled, the rollback task keeps the granules

@@ -191,12 +191,14 @@ fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, gran
     });
 }
 
-/// Unmap `slot`'s own registration on the registry's runtime, holding the
-/// slot — granules taken, registration charged — until the unmap completes,
-/// then hand it to `then`: without its registration (key dead, charge
-/// released) on `Ok`, with it on `Err`. `ticket`, if any, is held until the
-/// unmap completes. A task dropped unfinished (its runtime shut down) leaks the slot
-/// whole rather than freeing it under a key that may be live.
+/// Unmap `slot`'s own registration on the registry's runtime.
+///
+/// Holds the slot — granules taken, registration charged — until the unmap
+/// completes, then hands it to `then`: without its registration (key dead,
+/// charge released) on `Ok`, with it on `Err`. `ticket`, if any, is held
+/// until the unmap completes. A task dropped unfinished (its runtime shut
+/// down) leaks the slot whole rather than freeing it under a key that may
+/// be live.
 pub(crate) fn spawn_own_unmap(
     inner: &Arc<Inner>,
     slot: Slot,

@@ -210,10 +210,12 @@ impl RegionGuard {
         RegionWatch::new(Arc::clone(&self.state))
     }
 
-    /// Deregister: close the region to readers, wait for those inside to
-    /// leave, then unmap — whether or not they left. `timeout` bounds the
-    /// whole wait, including the backend's unmap, which waits for GETs still
-    /// using the region (into it or from it).
+    /// Deregister the region, waiting at most `timeout`.
+    ///
+    /// Closes the region to readers, waits for those inside to leave, then
+    /// unmaps — whether or not they left. `timeout` bounds the whole wait,
+    /// including the backend's unmap, which waits for GETs still using the
+    /// region (into it or from it).
     ///
     /// With [`UnregisterOutcome::Drained`] the region is released when this
     /// returns. With [`UnregisterOutcome::DrainTimedOut`] it is unmapped,

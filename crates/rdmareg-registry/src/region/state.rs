@@ -255,12 +255,13 @@ pub(crate) async fn unmap_region(inner: &Inner, state: &Arc<RegionState>) -> Res
     Ok(())
 }
 
-/// Close the region to readers, wait for them to leave, then unmap — the
-/// whole of it bounded by `timeout`. Readers who outstay the timeout do not
-/// hold the unmap back (it frees nothing); an unmap that outstays it (the
-/// backend waits for a transfer using the region) goes on in the background
-/// and the call returns [`UnregisterOutcome::UnmapPending`], with what was still
-/// running.
+/// Close the region to readers, wait for them to leave, then unmap.
+///
+/// The whole of it is bounded by `timeout`. Readers who outstay the timeout
+/// do not hold the unmap back (it frees nothing); an unmap that outstays it
+/// (the backend waits for a transfer using the region) goes on in the
+/// background and the call returns [`UnregisterOutcome::UnmapPending`], with
+/// what was still running.
 ///
 /// # Cancel safety
 /// As [`unmap_region`]: readers stay refused, and an unmap once submitted
