@@ -285,9 +285,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one connection may last in all, response included.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A small HTTP server serving `GET /metrics` (anything else is 404, a
-/// method other than `GET`/`HEAD` is 405), one request per connection. It
-/// runs on the Tokio runtime it was started from and stops when dropped.
+/// A small HTTP server serving `GET /metrics`.
+///
+/// Anything else is 404, a method other than `GET`/`HEAD` is 405; one request
+/// per connection. It runs on the Tokio runtime it was started from and stops
+/// when dropped.
 ///
 /// # Bounds
 ///
