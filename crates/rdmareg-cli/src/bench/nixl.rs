@@ -222,7 +222,7 @@ mod tests {
     }
 
     #[test]
-    fn nixl_figures_land_in_the_rows_of_their_size_only() {
+    fn nixl_figures_go_in_the_rows_of_their_size_only() {
         let mut rows = vec![row(8), row(4096)];
         assert_eq!(
             specs(&rows),

@@ -493,8 +493,8 @@ mod tests {
         assert_eq!(summary.problem(), None);
     }
 
-    /// The run: reads from before the owner restarted verified,
-    /// every read after failed; that used to exit 0.
+    /// Reads from before the owner restarted verified and every read after
+    /// failed: the run has a problem, so it does not exit 0.
     #[test]
     fn failed_reads_are_a_problem_even_when_everything_verified_once() {
         let summary = Summary {
