@@ -742,7 +742,7 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_without_a_header_proves_nothing() {
+    fn a_response_without_a_header_proves_nothing() {
         let memory = SharedMemory::default();
         let before = lock(&memory).store.clone();
         assert_eq!(observe(&memory, &before, None), Observation::Same);

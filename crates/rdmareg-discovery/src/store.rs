@@ -81,9 +81,10 @@ pub(crate) enum Observation {
     Same,
     /// Another store: the view now describes it alone.
     Replaced(Replacement),
+    /// The response proves nothing: its data must not be used.
+    ///
     /// The request was issued before a replacement the view has already
-    /// taken in: the response may come from either store, so it proves
-    /// nothing and its data must not be used.
+    /// taken in, so the response may come from either store.
     Late,
 }
 
@@ -137,8 +138,10 @@ impl StoreView {
     }
 
     /// Takes in `header`, the response to a request issued while `before` was
-    /// the view (a copy taken then, so responses that overtake each other are
-    /// judged against what was known when each was sent).
+    /// the view.
+    ///
+    /// `before` is a copy taken then, so responses that overtake each other
+    /// are judged against what was known when each was sent.
     pub(crate) fn observe(&mut self, before: &StoreView, header: &Header) -> Observation {
         if before.epoch != self.epoch {
             return Observation::Late;
@@ -194,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn the_first_answer_is_always_the_same_store() {
+    fn the_first_response_is_always_the_same_store() {
         let mut view = StoreView::default();
         let before = view.clone();
         assert_eq!(view.observe(&before, &header(6, 2)), Observation::Same);
@@ -274,8 +277,8 @@ mod tests {
     }
 
     /// Two reads in flight at once: the one issued first may get its
-    /// response at a lower revision than the one issued second, and must not look like a
-    /// replacement when it is taken in last.
+    /// response at a lower revision than the one issued second, and must not
+    /// look like a replacement when it is taken in last.
     #[test]
     fn responses_are_judged_against_what_was_known_when_sent() {
         let mut view = seen(100, 2);
