@@ -38,7 +38,7 @@ const LARGE: usize = 4 << 20;
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
 /// freeing memory a backend may still hold.
-pub async fn a_batch_lands_every_entry_and_answers_each_in_order(pair: &BackendPair) {
+pub async fn a_batch_writes_every_entry_and_returns_each_in_order(pair: &BackendPair) {
     assert_eq!(
         kit_get_batch(&*pair.consumer, Vec::new()).await,
         Vec::<Result<(), RdmaError>>::new(),
@@ -87,7 +87,7 @@ pub async fn a_batch_lands_every_entry_and_answers_each_in_order(pair: &BackendP
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
 /// freeing memory a backend may still hold.
-pub async fn a_shared_batch_answers_every_post_as_a_fresh_batch_would(pair: &BackendPair) {
+pub async fn a_shared_batch_completes_every_post_as_a_fresh_one_would(pair: &BackendPair) {
     let src = Mapped::filled(&*pair.owner, BATCH_BUFFER, source_byte).await;
     let first = Mapped::filled(&*pair.consumer, BATCH_BUFFER, |_| FILL).await;
     let second = Mapped::filled(&*pair.consumer, BATCH_BUFFER, |_| FILL).await;
@@ -181,7 +181,7 @@ pub async fn a_shared_batch_answers_every_post_as_a_fresh_batch_would(pair: &Bac
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
 /// freeing memory a backend may still hold.
-pub async fn a_batch_answers_each_entry_with_its_own_error(pair: &BackendPair) {
+pub async fn a_batch_fails_each_entry_with_its_own_error(pair: &BackendPair) {
     let src = Mapped::filled(&*pair.owner, 8192, source_byte).await;
     let dst = Mapped::filled(&*pair.consumer, 8192, |_| FILL).await;
     let good_first = get_request(pair, &src, 0, &dst, 0, 100);

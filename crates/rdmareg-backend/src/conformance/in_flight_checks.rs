@@ -151,7 +151,7 @@ pub async fn dropped_get_keeps_the_destination_until_the_transfer_is_over(pair: 
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
 /// freeing memory a backend may still hold.
-pub async fn no_byte_lands_after_a_get_is_answered(pair: &BackendPair) {
+pub async fn no_byte_is_written_after_a_get_completes(pair: &BackendPair) {
     const REWRITTEN: u8 = 0xC3;
     let src = Mapped::filled(&*pair.owner, LARGE, source_byte).await;
     let dst = Mapped::filled(&*pair.consumer, LARGE, |_| FILL).await;

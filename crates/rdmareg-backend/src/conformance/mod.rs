@@ -73,10 +73,10 @@ use rdmareg_core::PeerId;
 use crate::RdmaBackend;
 
 pub use batch_checks::{
-    a_batch_answers_each_entry_with_its_own_error,
-    a_batch_lands_every_entry_and_answers_each_in_order,
+    a_batch_fails_each_entry_with_its_own_error,
+    a_batch_writes_every_entry_and_returns_each_in_order,
     a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over,
-    a_shared_batch_answers_every_post_as_a_fresh_batch_would,
+    a_shared_batch_completes_every_post_as_a_fresh_one_would,
 };
 pub use get_checks::{
     get_from_an_unknown_peer_is_not_configured,
@@ -86,7 +86,7 @@ pub use get_checks::{
 };
 pub use in_flight_checks::{
     dropped_get_keeps_the_destination_until_the_transfer_is_over,
-    no_byte_lands_after_a_get_is_answered,
+    no_byte_is_written_after_a_get_completes,
     unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight,
 };
 pub use key_checks::{malformed_keys_are_invalid_key, stale_key_after_unmap_is_refused};
@@ -96,9 +96,9 @@ pub use map_checks::{
 };
 pub use model::{MODEL_CASES, model_based};
 pub use unmap_checks::{
-    concurrent_unmaps_of_one_region_all_answer_ok, dropped_unmap_still_unmaps,
-    ok_unmap_decrements_the_live_count, unmap_after_teardown_answers_ok_for_released_ids,
-    unmap_of_a_never_mapped_id_answers_ok, unmap_twice_answers_ok_and_counts_once,
+    concurrent_unmaps_of_one_region_all_return_ok, dropped_unmap_still_unmaps,
+    ok_unmap_decrements_the_live_count, unmap_after_teardown_returns_ok_for_released_ids,
+    unmap_of_a_never_mapped_id_returns_ok, unmap_twice_returns_ok_and_counts_once,
 };
 
 /// What the backend under test can detect.
@@ -275,10 +275,10 @@ macro_rules! conformance_tests {
             cancelled_maps_stay_within_the_memory_the_caller_holds,
             degenerate_map_is_out_of_range,
             effective_range_is_page_enclosing,
-            unmap_of_a_never_mapped_id_answers_ok,
-            unmap_twice_answers_ok_and_counts_once,
-            unmap_after_teardown_answers_ok_for_released_ids,
-            concurrent_unmaps_of_one_region_all_answer_ok,
+            unmap_of_a_never_mapped_id_returns_ok,
+            unmap_twice_returns_ok_and_counts_once,
+            unmap_after_teardown_returns_ok_for_released_ids,
+            concurrent_unmaps_of_one_region_all_return_ok,
             ok_unmap_decrements_the_live_count,
             dropped_unmap_still_unmaps,
             get_moves_the_right_bytes,
@@ -290,11 +290,11 @@ macro_rules! conformance_tests {
             stale_key_after_unmap_is_refused,
             unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight,
             dropped_get_keeps_the_destination_until_the_transfer_is_over,
-            no_byte_lands_after_a_get_is_answered,
-            a_batch_lands_every_entry_and_answers_each_in_order,
-            a_batch_answers_each_entry_with_its_own_error,
+            no_byte_is_written_after_a_get_completes,
+            a_batch_writes_every_entry_and_returns_each_in_order,
+            a_batch_fails_each_entry_with_its_own_error,
             a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over,
-            a_shared_batch_answers_every_post_as_a_fresh_batch_would,
+            a_shared_batch_completes_every_post_as_a_fresh_one_would,
         );
 
         #[test]

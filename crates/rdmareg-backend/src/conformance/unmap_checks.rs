@@ -17,7 +17,7 @@ const NEVER_MAPPED: [u64; 3] = [0, u64::MAX, 0x5EED_0000_0000_0001];
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
 /// freeing memory a backend may still hold.
-pub async fn unmap_of_a_never_mapped_id_answers_ok(pair: &BackendPair) {
+pub async fn unmap_of_a_never_mapped_id_returns_ok(pair: &BackendPair) {
     for backend in [&*pair.owner, &*pair.consumer] {
         let baseline = live(backend);
         let mapped = Mapped::filled(backend, 100, |_| FILL).await;
@@ -40,7 +40,7 @@ pub async fn unmap_of_a_never_mapped_id_answers_ok(pair: &BackendPair) {
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
 /// freeing memory a backend may still hold.
-pub async fn unmap_twice_answers_ok_and_counts_once(pair: &BackendPair) {
+pub async fn unmap_twice_returns_ok_and_counts_once(pair: &BackendPair) {
     for backend in [&*pair.owner, &*pair.consumer] {
         let baseline = live(backend);
         let mapped = Mapped::filled(backend, 4096, |_| FILL).await;
@@ -59,7 +59,7 @@ pub async fn unmap_twice_answers_ok_and_counts_once(pair: &BackendPair) {
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
 /// freeing memory a backend may still hold.
-pub async fn concurrent_unmaps_of_one_region_all_answer_ok(pair: &BackendPair) {
+pub async fn concurrent_unmaps_of_one_region_all_return_ok(pair: &BackendPair) {
     const TASKS: usize = 8;
     for backend in [&pair.owner, &pair.consumer] {
         let baseline = live(&**backend);
@@ -142,7 +142,7 @@ pub async fn dropped_unmap_still_unmaps(pair: &BackendPair) {
 /// # Cancel safety
 /// Dropping the check mid-way leaks the memory it registered instead of
 /// freeing memory a backend may still hold.
-pub async fn unmap_after_teardown_answers_ok_for_released_ids(pair: &BackendPair) {
+pub async fn unmap_after_teardown_returns_ok_for_released_ids(pair: &BackendPair) {
     let mut released = Vec::new();
     for backend in [&*pair.owner, &*pair.consumer] {
         let mapped = Mapped::filled(backend, 4096, |_| FILL).await;

@@ -225,7 +225,7 @@ fn flawed_pair(flaw: Option<Flaw>) -> BackendPair {
 #[test]
 fn after_teardown_check_catches_a_backend_that_refuses_unmaps_once_torn_down() {
     assert_only_the_flawed_backend_fails(Flaw::RefusesUnmapsAfterTeardown, |p| {
-        Box::pin(conformance::unmap_after_teardown_answers_ok_for_released_ids(p))
+        Box::pin(conformance::unmap_after_teardown_returns_ok_for_released_ids(p))
     });
 }
 
@@ -282,7 +282,7 @@ fn page_enclosing_check_catches_a_backend_that_reports_unrounded_ranges() {
 #[test]
 fn late_write_check_catches_a_backend_that_answers_before_the_transfer_ends() {
     assert_only_the_flawed_backend_fails(Flaw::AnswersBeforeTheTransferEnds, |p| {
-        Box::pin(conformance::no_byte_lands_after_a_get_is_answered(p))
+        Box::pin(conformance::no_byte_is_written_after_a_get_completes(p))
     });
 }
 
@@ -296,7 +296,7 @@ fn live_count_check_catches_a_backend_that_miscounts() {
 #[test]
 fn idempotence_check_catches_an_unmap_that_refuses_unknown_ids() {
     assert_only_the_flawed_backend_fails(Flaw::RefusesUnknownUnmaps, |p| {
-        Box::pin(conformance::unmap_of_a_never_mapped_id_answers_ok(p))
+        Box::pin(conformance::unmap_of_a_never_mapped_id_returns_ok(p))
     });
 }
 
@@ -343,24 +343,20 @@ fn model_based_test_catches_an_unmap_that_answers_ok_without_unmapping() {
 #[test]
 fn batch_error_check_catches_a_backend_that_fails_whole_batches() {
     assert_only_the_flawed_backend_fails(Flaw::FailsWholeBatches, |p| {
-        Box::pin(conformance::a_batch_answers_each_entry_with_its_own_error(
-            p,
-        ))
+        Box::pin(conformance::a_batch_fails_each_entry_with_its_own_error(p))
     });
 }
 
 #[test]
 fn batch_error_check_catches_a_backend_that_reorders_answers() {
     assert_only_the_flawed_backend_fails(Flaw::ReordersBatchAnswers, |p| {
-        Box::pin(conformance::a_batch_answers_each_entry_with_its_own_error(
-            p,
-        ))
+        Box::pin(conformance::a_batch_fails_each_entry_with_its_own_error(p))
     });
 }
 
 #[test]
 fn batch_check_catches_a_backend_that_answers_before_the_transfers_end() {
     assert_only_the_flawed_backend_fails(Flaw::AnswersBatchesBeforeTheyEnd, |p| {
-        Box::pin(conformance::a_batch_lands_every_entry_and_answers_each_in_order(p))
+        Box::pin(conformance::a_batch_writes_every_entry_and_returns_each_in_order(p))
     });
 }

@@ -35,8 +35,8 @@ fn cancelled_map_leaves_no_registration() {
 }
 
 #[test]
-fn unmap_twice_answers_ok_and_counts_once() {
-    run(conformance::unmap_twice_answers_ok_and_counts_once);
+fn unmap_twice_returns_ok_and_counts_once() {
+    run(conformance::unmap_twice_returns_ok_and_counts_once);
 }
 
 #[test]
