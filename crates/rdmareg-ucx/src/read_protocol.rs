@@ -511,12 +511,6 @@ impl ReadReply {
     }
 }
 
-/// Compares capabilities without an early exit, so response timing does not
-/// tell a guessing peer how many leading bytes it got right.
-pub(crate) fn capabilities_match(a: &[u8; 16], b: &[u8; 16]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 fn exact<const N: usize>(bytes: &[u8]) -> Result<&[u8; N], ProtocolError> {
     bytes.try_into().map_err(|_| ProtocolError::Length {
         expected: N,
@@ -754,15 +748,6 @@ mod tests {
             };
             assert_eq!(ReadReply::decode(&reply.encode()), Ok(reply));
         }
-    }
-
-    #[test]
-    fn capabilities_match_only_when_every_byte_does() {
-        let a = [1u8; 16];
-        let mut b = a;
-        assert!(capabilities_match(&a, &b));
-        b[15] ^= 1;
-        assert!(!capabilities_match(&a, &b));
     }
 
     proptest! {

@@ -17,12 +17,15 @@
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rdmareg_engine::served::consumer::{Answer, Consumer, ReadId};
+use rdmareg_engine::served::{Owner, OwnerConfig};
 use ucx_sys::{ucp_worker_h, ucs_status_t};
 
 use super::ops::GetOp;
-use super::serve::{ReplyBudget, ServedRegion};
+use super::ucp::MemHandle;
 
 /// What callbacks and the loop share.
 #[derive(Debug)]
@@ -34,25 +37,31 @@ pub(crate) struct Events {
     pub(crate) sent_requests: RefCell<Vec<(u32, ucs_status_t)>>,
     /// `(endpoint serial, status)` of endpoints UCX declared failed.
     pub(crate) failed_endpoints: RefCell<Vec<(u64, ucs_status_t)>>,
-    /// Region ids whose reply sends ended: one read lease each.
-    pub(crate) ended_leases: RefCell<Vec<u64>>,
-    /// Addresses of the lease records handed to UCX with reply sends still
-    /// in flight. A send UCX never completes (a consumer that holds its
+    /// Regions the owner finished unmapping (`Action::Unmapped`): no
+    /// reply reads them any more.
+    pub(crate) unmapped: RefCell<Vec<u64>>,
+    /// Addresses of the records handed to UCX with reply sends still in
+    /// flight. A send UCX never completes (a consumer that holds its
     /// rendezvous reply past teardown) never runs its callback, so teardown
     /// frees what is left here once the worker is gone (`serve`).
-    pub(crate) lease_records: RefCell<HashSet<usize>>,
-    /// The same for gathered replies (`gathered`), whose records differ.
-    pub(crate) list_lease_records: RefCell<HashSet<usize>>,
+    pub(crate) reply_records: RefCell<HashSet<usize>>,
     /// The consumer side of owner-served reads: the engine kit's state
     /// machine, holding each read (its op) from its request until UCX let
     /// go of its destination. Endpoints are named by the address of their
     /// UCP handle; a handle is freed only after the reads on it were told
     /// it closed, so an address never names two endpoints' reads at once.
     pub(crate) consumer: RefCell<Consumer<usize, *mut GetOp>>,
-    /// This engine's registrations as the request handler checks them.
-    pub(crate) served: RefCell<HashMap<u64, ServedRegion>>,
-    /// Unfinished reply sends per consumer connection, and their bound.
-    pub(crate) replies: ReplyBudget,
+    /// The owner side of owner-served reads: the engine kit's state
+    /// machine, which admits each request against this engine's
+    /// registrations (`serve`). Connections are named by the address of
+    /// the endpoint UCX hands the request handler.
+    pub(crate) owner: RefCell<Owner<usize>>,
+    /// The memory handle of each registration the owner serves, for
+    /// zero-copy replies.
+    pub(crate) served_memh: RefCell<HashMap<u64, MemHandle>>,
+    /// Served replies unfinished, for other threads
+    /// (`UcxEngine::served_replies_in_flight`).
+    pub(crate) served_gauge: Arc<AtomicUsize>,
     /// The worker, for receiving rendezvous data inside a handler. Null
     /// until the worker exists and again once it is destroyed.
     pub(crate) worker: Cell<ucp_worker_h>,
@@ -62,9 +71,8 @@ pub(crate) struct Events {
     /// Set when teardown begins: reads cancelled from then on answer
     /// `ShuttingDown`.
     pub(crate) tearing_down: Cell<bool>,
-    /// Requests refused (by reason code) and malformed messages dropped,
-    /// for the logs.
-    pub(crate) refused_requests: Cell<u64>,
+    /// Messages dropped as malformed or answering nothing, for the logs
+    /// (the owner counts its own).
     pub(crate) dropped_messages: Cell<u64>,
     /// Steps this turn that left the next move to another thread: a read
     /// request sent, a read answered, a reply sent (see "Handing over" in
@@ -75,6 +83,10 @@ pub(crate) struct Events {
     /// (`gathered`); off where the operator shapes UCX's protocols, as
     /// reads in pieces are (`UcxConfig::reads_in_pieces_allowed`).
     pub(crate) fragment_sized_replies: Cell<bool>,
+    /// Whether replies to the list request being handled go one tcp
+    /// fragment each, and to which endpoint (`serve::one_fragment_each`);
+    /// cleared when its handler returns.
+    pub(crate) fragment_memo: Cell<Option<(usize, bool)>>,
     /// Ranges one zero-copy fragment carries on a tcp-only connection
     /// (`gathered::copied_into_segments`), from the tcp vector bound in
     /// force (`UcxConfig::tcp_ranges_per_zero_copy_fragment`).
@@ -87,19 +99,22 @@ impl Default for Events {
             finished_reads: RefCell::default(),
             sent_requests: RefCell::default(),
             failed_endpoints: RefCell::default(),
-            ended_leases: RefCell::default(),
-            lease_records: RefCell::default(),
-            list_lease_records: RefCell::default(),
+            unmapped: RefCell::default(),
+            reply_records: RefCell::default(),
             consumer: RefCell::default(),
-            served: RefCell::default(),
-            replies: ReplyBudget::default(),
+            owner: RefCell::new(Owner::new(OwnerConfig {
+                max_replies_per_endpoint:
+                    crate::UcxConfig::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION,
+            })),
+            served_memh: RefCell::default(),
+            served_gauge: Arc::default(),
             worker: Cell::new(std::ptr::null_mut()),
             max_am_header: Cell::new(0),
             tearing_down: Cell::new(false),
-            refused_requests: Cell::new(0),
             dropped_messages: Cell::new(0),
             hand_offs: Cell::new(0),
             fragment_sized_replies: Cell::new(false),
+            fragment_memo: Cell::new(None),
             tcp_ranges_per_zero_copy_fragment: Cell::new(
                 super::gathered::ZERO_COPY_RANGES_PER_FRAGMENT,
             ),
@@ -143,6 +158,12 @@ impl Events {
         self.consumer.borrow().payload(read).copied()
     }
 
+    /// Publishes how many served replies are unfinished.
+    pub(crate) fn publish_served_gauge(&self) {
+        let leases = self.owner.borrow().leases_in_flight();
+        self.served_gauge.store(leases, Ordering::Relaxed);
+    }
+
     /// Counts a step whose next move belongs to another thread.
     pub(crate) fn handed_off(&self) {
         self.hand_offs.set(self.hand_offs.get().saturating_add(1));
@@ -153,6 +174,6 @@ impl Events {
         self.finished_reads.borrow().is_empty()
             && self.sent_requests.borrow().is_empty()
             && self.failed_endpoints.borrow().is_empty()
-            && self.ended_leases.borrow().is_empty()
+            && self.unmapped.borrow().is_empty()
     }
 }

@@ -15,17 +15,14 @@
 //!   receive ever holds a list's destination.
 //! - **Replies of one fragment over tcp.** Over a connection whose every
 //!   lane is tcp, the owner cuts its answer to a list into replies of at
-//!   most one fragment's payload (`reply_parts`), unless the operator
+//!   most one fragment's payload, unless the operator
 //!   shapes UCX's protocols (as for reads in pieces). The consumer asks up
-//!   to the list's bounds in one request whatever the lane.
-//! - **Owner.** Each entry is admitted exactly as a single read is
-//!   (`serve::admit`): one lease per admitted entry, held until the reply
-//!   send completes or fails, and one place under the connection's bound of
-//!   unfinished replies (an entry past it is refused as busy). A reply
-//!   that serves no entry counts as one refusal under the connection's
-//!   refusal bound, and is not sent past it. An entry beyond the gathering bounds is
-//!   refused as malformed, never served by a rendezvous the consumer would
-//!   not expect.
+//!   to the list's bounds in one request whatever the lane. Over tcp a
+//!   reply of more than one fragment is gathered into a buffer by the
+//!   consumer's UCX before the handler copies it again (see `pieces`).
+//! - **Owner.** The engine kit's owner judges each entry exactly as a
+//!   single read (`serve`), within this engine's gathering bounds and its
+//!   worker's header bound (`rdmareg_engine::served::ListLimits`).
 //! - **Headers fit the worker.** UCX (built without its parameter checks)
 //!   writes a header longer than the worker's `max_am_header` past its
 //!   fragment buffer. A consumer gathers at most as many reads as its
@@ -50,37 +47,15 @@ use super::ops::GetOp;
 use rdmareg_engine::served::consumer::{DropReason, ReadId, Reply, ReplyOutcome, ReplyVerdict};
 
 use super::replies::{ArrivedReply, machine_reply};
-use super::serve::{SMALL_UP_TO, admit, end_served};
-use super::ucp::{SendMode, every_lane_is_tcp, handler_header, send_active_message, send_gathered};
+use super::serve::{SMALL_UP_TO, one_fragment_each, perform_actions, reply_endpoint};
+use super::ucp::{SendMode, handler_header, send_active_message};
 use crate::read_list::{
     ListReply, ListReplyEntry, ListRequest, MAX_GATHERED_BYTES, MAX_GATHERED_ENTRY,
-    READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID, REPLY_ENTRY_LEN, REQUEST_ENTRY_LEN,
-    entries_within,
+    READ_LIST_REQUEST_AM_ID, REPLY_ENTRY_LEN, REQUEST_ENTRY_LEN, entries_within,
 };
-use crate::read_protocol::{RemoteRefusal, ReplyStatus};
+use crate::read_protocol::ReplyStatus;
 use crate::status::PtrStatus;
-
-/// What a gathered reply's send holds until it ends: the leases it took
-/// and the vector UCX reads the payload through.
-struct ListLease {
-    events: *const Events,
-    region_ids: Vec<u64>,
-    iov: Vec<sys::ucp_dt_iov_t>,
-    /// The consumer connection the reply goes to.
-    endpoint: usize,
-    /// Whether the reply serves nothing and counts as a refusal.
-    refusal: bool,
-}
-
-impl ListLease {
-    /// The send ended: release its leases and its connection's counts.
-    fn end(&self, events: &Events) {
-        end_served(events, self.endpoint, &self.region_ids);
-        if self.refusal {
-            events.replies.release(self.endpoint, false);
-        }
-    }
-}
+use rdmareg_engine::served::ListLimits;
 
 /// Whether a prepared read may travel in a list: small enough to come back
 /// eager.
@@ -205,7 +180,7 @@ impl Engine {
 }
 
 /// UCX's handler for a list request (`READ_LIST_REQUEST_AM_ID`), on the
-/// owner.
+/// owner: the owner judges each entry (`serve`).
 ///
 /// # Safety
 /// Installed with `arg` = the engine's `Events`, which outlives the worker.
@@ -221,138 +196,39 @@ pub(super) unsafe extern "C" fn on_read_list_request(
     // worker is destroyed.
     let events = unsafe { &*arg.cast::<Events>() };
     // SAFETY: UCX passes a valid parameter record for the call's duration.
-    let param = unsafe { &*param };
-    let has_reply_ep = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0;
-    // SAFETY: what UCX passed this handler, used only during it.
-    let header = unsafe { handler_header(header, header_length) };
-    let request = match ListRequest::decode(header) {
-        Ok(request) if has_reply_ep && !param.reply_ep.is_null() => request,
-        // Nobody to answer, or not a list: with no request ids to trust,
-        // there is no one to refuse either.
-        _ => {
-            events.dropped_message();
-            return sys::UCS_OK;
-        }
-    };
-    // A reply whose header is longer than the worker's largest is split in
-    // several, each within it; the consumer lands every entry by its id.
-    let per_reply = entries_within(events.max_am_header.get(), REPLY_ENTRY_LEN);
-    if per_reply == 0 {
+    let Some(reply_ep) = reply_endpoint(unsafe { &*param }) else {
+        // Nobody to answer.
         events.dropped_message();
         return sys::UCS_OK;
-    }
-    let endpoint = param.reply_ep as usize;
-    let mut answers = Vec::with_capacity(request.entries.len());
-    let mut bytes = 0u64;
-    for entry in &request.entries {
-        let within = entry.length <= MAX_GATHERED_ENTRY
-            && bytes
-                .checked_add(entry.length)
-                .is_some_and(|sum| sum <= MAX_GATHERED_BYTES);
-        let admitted = if within {
-            admit(events, entry, endpoint)
-        } else {
-            Err(RemoteRefusal::Malformed)
-        };
-        match admitted {
-            Ok((address, _memh)) => {
-                bytes += entry.length;
-                let served = ServedEntry {
-                    region_id: entry.key.region_id,
-                    iov: sys::ucp_dt_iov_t {
-                        buffer: address as *mut c_void,
-                        length: entry.length as usize,
-                    },
-                };
-                answers.push((
-                    ListReplyEntry {
-                        request_id: entry.request_id,
-                        status: ReplyStatus::Served,
-                        length: entry.length,
-                    },
-                    Some(served),
-                ));
-            }
-            Err(refusal) => {
-                events
-                    .refused_requests
-                    .set(events.refused_requests.get() + 1);
-                answers.push((
-                    ListReplyEntry {
-                        request_id: entry.request_id,
-                        status: ReplyStatus::Refused(refusal),
-                        length: 0,
-                    },
-                    None,
-                ));
-            }
-        }
-    }
-    // Replies are cut to one fragment each on tcp-only connections; the
-    // engine's own vector bound applies to those, and longer replies keep
-    // the rule for UCX's default.
-    // SAFETY: `reply_ep` is the live endpoint UCX just handed this
-    // handler, on the worker's thread.
-    let one_fragment_each =
-        events.fragment_sized_replies.get() && unsafe { every_lane_is_tcp(param.reply_ep) };
-    let (most_payload, ranges_per_fragment) = if one_fragment_each {
-        (
-            super::pieces::PIECE as u64,
-            events.tcp_ranges_per_zero_copy_fragment.get(),
-        )
-    } else {
-        (MAX_GATHERED_BYTES, ZERO_COPY_RANGES_PER_FRAGMENT)
     };
-    for part in reply_parts(&answers, per_reply, most_payload) {
-        // SAFETY: inside this handler, on the worker's thread; `reply_ep`
-        // is the live endpoint UCX just handed us, and every served entry
-        // of `part` holds a lease `admit` took above.
-        unsafe {
-            send_list_reply(events, param.reply_ep, endpoint, part, ranges_per_fragment);
-        }
-    }
+    // SAFETY: what UCX passed this handler, used only during it.
+    let header = unsafe { handler_header(header, header_length) };
+    // SAFETY: `reply_ep` is the live endpoint UCX just handed this handler,
+    // on the worker's thread.
+    let one_fragment_each = unsafe { one_fragment_each(events, reply_ep) };
+    let limits = ListLimits {
+        max_entry: MAX_GATHERED_ENTRY,
+        max_total: MAX_GATHERED_BYTES,
+        // A reply whose header is longer than the worker's largest is
+        // split in several, each within it; the consumer lands every entry
+        // by its id.
+        entries_per_reply: entries_within(events.max_am_header.get(), REPLY_ENTRY_LEN),
+        payload_per_reply: if one_fragment_each {
+            super::pieces::PIECE as u64
+        } else {
+            MAX_GATHERED_BYTES
+        },
+    };
+    events
+        .owner
+        .borrow_mut()
+        .handle_list_request(reply_ep as usize, header, limits);
+    // SAFETY: inside the handler that handed over `reply_ep`, on the
+    // worker's thread.
+    unsafe { perform_actions(events) };
+    // `reply_ep` may name another endpoint after this handler.
+    events.fragment_memo.set(None);
     sys::UCS_OK
-}
-
-/// `answers` cut, in order, into the parts each reply carries: at most
-/// `per_reply` entries (the header bound) and at most `most_payload` bytes
-/// of served entries, except that an entry longer than `most_payload` goes
-/// alone.
-///
-/// Over tcp a list request asks up to [`MAX_GATHERED_BYTES`], one request
-/// for up to 64 reads, and the owner answers it in replies of one tcp
-/// fragment each: a reply of more than one fragment is gathered into a
-/// buffer by the consumer's UCX before the handler copies it again (see
-/// `pieces`), and a request per fragment's worth of reads cost the
-/// consumer a send each.
-fn reply_parts<'a>(
-    answers: &'a [(ListReplyEntry, Option<ServedEntry>)],
-    per_reply: usize,
-    most_payload: u64,
-) -> impl Iterator<Item = &'a [(ListReplyEntry, Option<ServedEntry>)]> + 'a {
-    // A bound of zero would cut empty parts forever; the handler refuses
-    // to answer before it gets here.
-    debug_assert!(per_reply > 0, "a reply carries at least one entry");
-    let per_reply = per_reply.max(1);
-    let mut rest = answers;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let mut end = 0;
-        let mut payload = 0u64;
-        while end < rest.len() && end < per_reply {
-            let length = rest[end].1.as_ref().map_or(0, |s| s.iov.length as u64);
-            if end > 0 && payload + length > most_payload {
-                break;
-            }
-            payload += length;
-            end += 1;
-        }
-        let (part, tail) = rest.split_at(end);
-        rest = tail;
-        Some(part)
-    })
 }
 
 /// A gathered reply whose ranges are on average shorter than this is
@@ -388,132 +264,16 @@ pub(super) const ZERO_COPY_RANGES_PER_FRAGMENT: usize = 5;
 /// are more than one zero-copy fragment carries (`per_fragment`, see
 /// [`ZERO_COPY_RANGES_PER_FRAGMENT`]) and short on average (see
 /// [`COPY_RANGES_SHORTER_THAN`]).
-fn copied_into_segments(header: u64, payload: u64, ranges: usize, per_fragment: usize) -> bool {
+pub(super) fn copied_into_segments(
+    header: u64,
+    payload: u64,
+    ranges: usize,
+    per_fragment: usize,
+) -> bool {
     let fits_one_send = header.saturating_add(payload) <= SMALL_UP_TO;
     let short_ranges =
         ranges > per_fragment && payload < COPY_RANGES_SHORTER_THAN.saturating_mul(ranges as u64);
     fits_one_send || short_ranges
-}
-
-/// One admitted entry of a list: the lease's region and the bytes to send.
-struct ServedEntry {
-    region_id: u64,
-    iov: sys::ucp_dt_iov_t,
-}
-
-/// Sends one gathered reply answering `part` (at most the worker's header
-/// bound of entries) to the connection `endpoint`, and hands the leases of
-/// its served entries, and their places under the connection's bound, to
-/// the send: they end when it completes or fails. A reply serving nothing
-/// counts as one refusal, and is not sent past the refusal bound.
-/// `ranges_per_fragment` is what one zero-copy fragment of the connection
-/// carries (see [`copied_into_segments`]).
-///
-/// # Safety
-/// Inside a request handler on the worker's thread, with the `reply_ep`
-/// UCX handed it; each served entry holds a lease taken by `admit` for it,
-/// not yet ended.
-unsafe fn send_list_reply(
-    events: &Events,
-    reply_ep: sys::ucp_ep_h,
-    endpoint: usize,
-    part: &[(ListReplyEntry, Option<ServedEntry>)],
-    ranges_per_fragment: usize,
-) {
-    let reply = ListReply {
-        entries: part.iter().map(|(answer, _)| *answer).collect(),
-    };
-    let served = part.iter().filter_map(|(_, served)| served.as_ref());
-    let region_ids: Vec<u64> = served.clone().map(|s| s.region_id).collect();
-    let iov: Vec<sys::ucp_dt_iov_t> = served.map(|s| s.iov).collect();
-    let Some(reply_header) = reply.encode() else {
-        // Unreachable: `part` has 1 to MAX_LIST_ENTRIES entries.
-        end_served(events, endpoint, &region_ids);
-        return;
-    };
-    let payload: u64 = iov.iter().map(|range| range.length as u64).sum();
-    let copied = copied_into_segments(
-        reply_header.len() as u64,
-        payload,
-        iov.len(),
-        ranges_per_fragment,
-    );
-    let refusal = region_ids.is_empty();
-    if refusal && !events.replies.take_refusal(endpoint) {
-        // This connection does not take its refusals either: answer nothing
-        // more until it does.
-        events.dropped_message();
-        return;
-    }
-    let lease = Box::into_raw(Box::new(ListLease {
-        events,
-        region_ids,
-        iov,
-        endpoint,
-        refusal,
-    }));
-    // SAFETY: the caller's contract: on this worker's thread, inside its
-    // progress, with a live `reply_ep`; the header is within the worker's
-    // bound. Every range of the vector lies inside a registration `admit`
-    // checked, which stays registered while the lease taken there is held:
-    // an unmap waits for it, and the lease ends only when this send
-    // completes. The vector lives in `lease`, which lives until then.
-    let status = unsafe {
-        send_gathered(
-            reply_ep,
-            READ_LIST_REPLY_AM_ID,
-            &reply_header,
-            &(*lease).iov,
-            copied,
-            on_list_reply_sent,
-            lease.cast::<c_void>(),
-        )
-    };
-    if matches!(status, PtrStatus::Pending(_)) {
-        events
-            .list_lease_records
-            .borrow_mut()
-            .insert(lease as usize);
-    } else {
-        // Completed or failed inside the call: no callback will run.
-        // SAFETY: made by Box::into_raw above and not handed to UCX any
-        // more.
-        let lease = unsafe { Box::from_raw(lease) };
-        lease.end(events);
-    }
-}
-
-/// A gathered reply's send ended: report its leases and return the request.
-unsafe extern "C" fn on_list_reply_sent(
-    request: *mut c_void,
-    _status: sys::ucs_status_t,
-    user_data: *mut c_void,
-) {
-    // SAFETY: `user_data` is the `ListLease` boxed for this very send; this
-    // callback runs once per send, so it is reclaimed once.
-    let lease = unsafe { Box::from_raw(user_data.cast::<ListLease>()) };
-    // SAFETY: the events record outlives the worker.
-    let events = unsafe { &*lease.events };
-    events
-        .list_lease_records
-        .borrow_mut()
-        .remove(&(user_data as usize));
-    lease.end(events);
-    // SAFETY: a completed request of this worker, returned once; UCX allows
-    // freeing a request from its own completion callback.
-    unsafe { sys::ucp_request_free(request) };
-}
-
-/// Frees the records of gathered reply sends UCX never completed. Returns
-/// how many there were.
-///
-/// # Safety
-/// The worker the sends were posted on is destroyed: no callback of it can
-/// run any more, so nothing else reclaims these records.
-pub(super) unsafe fn free_unfinished_list_lease_records(events: &Events) -> usize {
-    // SAFETY: every address in the set was made by `Box::into_raw` of a
-    // `ListLease`, and the worker is gone (the caller's contract).
-    unsafe { super::serve::free_records::<ListLease>(&events.list_lease_records) }
 }
 
 /// UCX's handler for a list reply (`READ_LIST_REPLY_AM_ID`), on the

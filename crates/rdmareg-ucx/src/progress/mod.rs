@@ -176,7 +176,7 @@ struct Engine {
 struct SpareRecords {
     sent: Vec<(u32, ucx_sys::ucs_status_t)>,
     finished: Vec<u32>,
-    leases: Vec<u64>,
+    unmapped: Vec<u64>,
     failed: Vec<(u64, ucx_sys::ucs_status_t)>,
 }
 
@@ -239,11 +239,12 @@ impl Engine {
             None
         };
         let mut events: Box<Events> = Box::default();
-        events
-            .replies
-            .bound
-            .set(config.max_served_replies_per_connection);
-        events.replies.gauge = Arc::clone(&signals.served_replies_in_flight);
+        events.owner = std::cell::RefCell::new(rdmareg_engine::served::Owner::new(
+            rdmareg_engine::served::OwnerConfig {
+                max_replies_per_endpoint: config.max_served_replies_per_connection,
+            },
+        ));
+        events.served_gauge = Arc::clone(&signals.served_replies_in_flight);
         // Reads in pieces and fragment-sized list replies answer the same
         // question: whether UCX's tcp protocols are the engine's own.
         let reads_in_pieces = config.reads_in_pieces_allowed_by_env();
@@ -442,7 +443,7 @@ impl Engine {
         while !self.events.is_empty() {
             let mut sent = take_records(&self.events.sent_requests, &mut self.spare.sent);
             let mut finished = take_records(&self.events.finished_reads, &mut self.spare.finished);
-            let mut leases = take_records(&self.events.ended_leases, &mut self.spare.leases);
+            let mut unmapped = take_records(&self.events.unmapped, &mut self.spare.unmapped);
             let mut failed = take_records(&self.events.failed_endpoints, &mut self.spare.failed);
             for (slot, status) in sent.drain(..) {
                 self.request_sent(slot, status);
@@ -450,8 +451,8 @@ impl Engine {
             for slot in finished.drain(..) {
                 self.finish_get(slot);
             }
-            for region in leases.drain(..) {
-                self.end_lease(region);
+            for region in unmapped.drain(..) {
+                self.run_parked_unmap_if_idle(region);
             }
             for (serial, status) in failed.drain(..) {
                 self.endpoint_failed(serial, status);
@@ -459,7 +460,7 @@ impl Engine {
             self.spare = SpareRecords {
                 sent,
                 finished,
-                leases,
+                unmapped,
                 failed,
             };
         }

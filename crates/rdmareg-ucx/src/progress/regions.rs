@@ -13,11 +13,11 @@
 //!   never reused, so a descriptor of an earlier registration names nothing.
 //! - An unmap of a region that reads still use is *parked*: the region is
 //!   marked unmapping — new reads into it (as a destination) are refused
-//!   with `RegionNotFound`, new reads from it (served to peers) with
-//!   `RegionNotFound` at the consumer — and the unmap runs when the last hold
-//!   (a read landing in it) and the last lease (a reply UCX is still
-//!   sending from it) end. Every unmap submitted meanwhile joins the same
-//!   wait.
+//!   with `RegionNotFound`, new reads from it (served to peers) are refused
+//!   by the owner (`serve`) — and `ucp_mem_unmap` runs only when the last
+//!   hold (a read landing in it) ended and the owner finished the region's
+//!   unmap (`Action::Unmapped`: the last reply UCX was sending from it
+//!   ended). Every unmap submitted meanwhile joins the same wait.
 //! - A registration on the direct lane takes a slot in the engine's release
 //!   table, which holds its region id while it is live; its key names the
 //!   slot (`release_table`). **The slot is emptied when the unmap is
@@ -37,9 +37,9 @@ use rustc_hash::FxHashMap as HashMap;
 
 use bytes::Bytes;
 use rdmareg_core::{BackendRegion, RdmaError, page_enclosing_range};
+use rdmareg_engine::served::UnmapStatus;
 
 use super::Engine;
-use super::serve::ServedRegion;
 use super::ucp::MemHandle;
 use crate::command::Reply;
 use crate::read_protocol::{SameHostKey, ServedKey};
@@ -184,6 +184,23 @@ impl Engine {
             self.undo_map(id, memh, ptr, len);
             return;
         }
+        let served = self
+            .events
+            .owner
+            .borrow_mut()
+            .register(id, capability, ptr as u64, len as u64);
+        if let Err(err) = served {
+            if let Some(direct_memh) = direct_memh {
+                // SAFETY: mapped above on the lane's context, in no table,
+                // unmapped once here.
+                let _ = unsafe { self.unmap_direct(direct_memh) };
+            }
+            self.retire_release_slot(release_slot);
+            self.undo_map(id, memh, ptr, len);
+            let _ = reply.send(Err(err));
+            return;
+        }
+        self.events.served_memh.borrow_mut().insert(id, memh);
         let (effective_addr, effective_len) = self.effective_range(memh, ptr, len);
         self.regions.insert(
             id,
@@ -195,17 +212,6 @@ impl Engine {
                 len,
                 in_flight: 0,
                 unmap_waiters: None,
-            },
-        );
-        self.events.served.borrow_mut().insert(
-            id,
-            ServedRegion {
-                ptr,
-                len,
-                memh,
-                capability,
-                leases: 0,
-                closing: false,
             },
         );
         self.signals.lifecycle.registered();
@@ -221,6 +227,9 @@ impl Engine {
                 region = id,
                 "map caller left; rolling the registration back"
             );
+            // Nobody had its key: the owner holds no lease and lets it go
+            // at once.
+            self.stop_serving(id);
             if let Err(err) = self.unmap_now(id) {
                 tracing::error!(error = %err, region = id, "rollback of an abandoned map failed; the region stays registered until teardown");
             }
@@ -300,28 +309,27 @@ impl Engine {
             }
             return;
         };
-        let leases = match self.events.served.borrow_mut().get_mut(&id) {
-            Some(served) => {
-                served.closing = true;
-                served.leases
-            }
-            None => 0,
-        };
-        if region.in_flight > 0 || leases > 0 {
-            let waiters = region.unmap_waiters.get_or_insert_with(Vec::new);
-            waiters.extend(reply);
-            tracing::debug!(
-                region = id,
-                in_flight = region.in_flight,
-                leases,
-                "unmap parked behind reads still using the region"
-            );
-            return;
+        region
+            .unmap_waiters
+            .get_or_insert_with(Vec::new)
+            .extend(reply);
+        if !self.stop_serving(id) {
+            // The owner does not serve it (any more): only holds can wait.
+            self.run_parked_unmap_if_idle(id);
         }
-        let result = self.unmap_now(id);
-        if let Some(reply) = reply {
-            let _ = reply.send(result);
-        }
+    }
+
+    /// Tells the owner `id` is being unmapped: it serves no new read of it,
+    /// and finishes (`Action::Unmapped`, which runs the parked unmap) once
+    /// the last reply sending from it ended. Returns whether the owner
+    /// served the region.
+    fn stop_serving(&mut self, id: u64) -> bool {
+        let status = self.events.owner.borrow_mut().unmap(id);
+        // SAFETY: outside any handler no reply is queued: only
+        // `Action::Unmapped` can follow.
+        unsafe { super::serve::perform_actions(&self.events) };
+        self.drain_events();
+        status == UnmapStatus::Waiting
     }
 
     /// A read into `id` finished: drop its hold, and run a parked unmap if
@@ -338,26 +346,18 @@ impl Engine {
         self.run_parked_unmap_if_idle(id);
     }
 
-    /// A reply UCX was sending from `id` ended: drop its lease, and run a
-    /// parked unmap if nothing uses the region any more.
-    pub(super) fn end_lease(&mut self, id: u64) {
-        if let Some(served) = self.events.served.borrow_mut().get_mut(&id) {
-            served.leases = served.leases.saturating_sub(1);
-        }
-        self.run_parked_unmap_if_idle(id);
-    }
-
-    fn run_parked_unmap_if_idle(&mut self, id: u64) {
-        let leases = self
-            .events
-            .served
-            .borrow()
-            .get(&id)
-            .map_or(0, |served| served.leases);
+    /// Runs `id`'s parked unmap if nothing uses the region any more: no
+    /// read lands in it and the owner no longer serves it. While the owner
+    /// still holds it (a reply is sending from it), the unmap keeps waiting
+    /// for `Action::Unmapped`, whichever of the two ends first.
+    pub(super) fn run_parked_unmap_if_idle(&mut self, id: u64) {
         let Some(region) = self.regions.get_mut(&id) else {
             return;
         };
-        if region.in_flight > 0 || leases > 0 || !region.is_unmapping() {
+        if region.in_flight > 0 || !region.is_unmapping() {
+            return;
+        }
+        if self.events.owner.borrow().region_leases(id).is_some() {
             return;
         }
         let waiters = region.unmap_waiters.take().unwrap_or_default();
@@ -379,6 +379,12 @@ impl Engine {
         let Some(region) = self.regions.get(&id) else {
             return Ok(());
         };
+        if self.events.owner.borrow().region_leases(id).is_some() {
+            // A reply may still read it: never unmap under the owner.
+            return Err(RdmaError::Backend(format!(
+                "ucx: region {id} is still served; its unmap waits"
+            )));
+        }
         let (memh, direct_memh, release_slot) =
             (region.memh, region.direct_memh, region.release_slot);
         self.signals.caller_copies.withdraw_destination(id);
@@ -399,7 +405,7 @@ impl Engine {
         // removed below and never used again.
         unsafe { self.context.unmap(memh) }?;
         self.regions.remove(&id);
-        self.events.served.borrow_mut().remove(&id);
+        self.events.served_memh.borrow_mut().remove(&id);
         self.signals.lifecycle.deregistered();
         Ok(())
     }

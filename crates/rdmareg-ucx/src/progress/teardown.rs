@@ -103,8 +103,13 @@ impl Engine {
                 "UCX did not release every request within the teardown timeout; destroying the worker anyway"
             );
         }
-        let refused = self.events.refused_requests.get();
-        let dropped = self.events.dropped_messages.get();
+        let (refused, dropped) = {
+            let owner = self.events.owner.borrow();
+            (
+                owner.refused_requests(),
+                self.events.dropped_messages.get() + owner.dropped_requests(),
+            )
+        };
         if refused > 0 || dropped > 0 {
             tracing::info!(
                 refused_requests = refused,
@@ -138,9 +143,7 @@ impl Engine {
         drop(ops);
         drop(peers);
         // SAFETY: the worker was destroyed above.
-        let unfinished = unsafe { super::serve::free_unfinished_lease_records(&events) }
-            // SAFETY: as above.
-            + unsafe { super::gathered::free_unfinished_list_lease_records(&events) };
+        let unfinished = unsafe { super::serve::close_owner(&events) };
         if unfinished > 0 {
             tracing::debug!(
                 unfinished,
@@ -250,13 +253,8 @@ impl Engine {
     }
 
     /// Replies this engine is still sending to peers from its regions.
-    fn leases_outstanding(&self) -> u64 {
-        self.events
-            .served
-            .borrow()
-            .values()
-            .map(|served| u64::from(served.leases))
-            .sum()
+    fn leases_outstanding(&self) -> usize {
+        self.events.owner.borrow().leases_in_flight()
     }
 
     /// Answers queued commands during teardown.

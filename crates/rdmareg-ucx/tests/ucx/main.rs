@@ -53,6 +53,7 @@ mod tcp_refused_connects;
 mod teardown;
 mod two_engines;
 mod typed_errors;
+mod unmaps_of_served_destinations;
 mod worker_address_engine;
 mod worker_address_malformed;
 mod worker_address_props;
