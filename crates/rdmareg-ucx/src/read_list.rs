@@ -44,22 +44,14 @@
 //!
 //! # Formats
 //!
-//! Little-endian, version byte first, as in
-//! [`read_protocol`](crate::read_protocol).
-//!
-//! **List request** (consumer → owner, the active-message header):
-//! `version = 1`, three zero bytes, `count: u16` (1 to
-//! [`MAX_LIST_ENTRIES`]), two zero bytes, then `count` entries of
-//! `request_id: u64`, `region_id: u64`, `capability: [u8; 16]`,
-//! `address: u64`, `length: u64` (48 bytes each).
-//!
-//! **List reply** (owner → consumer, the active-message header; the payload
-//! is the served entries' bytes): `version = 1`, three zero bytes,
-//! `count: u16`, two zero bytes, then `count` entries of
-//! `request_id: u64`, `status: u8`, seven zero bytes, `length: u64`
-//! (24 bytes each; `length` is 0 for a refused entry). Statuses are those
-//! of single replies (`read_protocol`), a code this build does not know
-//! included: it decodes as a refusal of that entry.
+//! The list request (consumer → owner) and the list reply (owner →
+//! consumer; the payload is the served entries' bytes) are the engine
+//! kit's (`rdmareg_engine::served::wire`), which encodes and decodes them
+//! for these types. Statuses are those of single replies
+//! (`read_protocol`), a code this build does not know included: it decodes
+//! as a refusal of that entry.
+
+use rdmareg_engine::served::wire;
 
 use crate::read_protocol::{ProtocolError, ReadRequest, ReplyStatus, ServedKey};
 
@@ -75,18 +67,17 @@ pub const READ_LIST_REPLY_AM_ID: u32 = 0x5254;
 /// request is 8 + 64 × 48 = 3080 bytes, a full reply 8 + 64 × 24 = 1544,
 /// inside the default tcp and shared-memory segments; a worker with smaller
 /// ones gathers fewer reads per list and answers a list in several replies.
-pub const MAX_LIST_ENTRIES: usize = 64;
+pub const MAX_LIST_ENTRIES: usize = wire::MAX_LIST_ENTRIES;
 /// Largest entry that is gathered; larger reads are sent alone.
 pub const MAX_GATHERED_ENTRY: u64 = 16 * 1024;
 /// Most payload bytes one gathered reply carries.
 pub const MAX_GATHERED_BYTES: u64 = 256 * 1024;
 
-const VERSION: u8 = 1;
 const FIXED_LEN: usize = 8;
 /// Length of one list-request entry.
-pub const REQUEST_ENTRY_LEN: usize = 48;
+pub const REQUEST_ENTRY_LEN: usize = wire::LIST_REQUEST_ENTRY_LEN;
 /// Length of one list-reply entry.
-pub const REPLY_ENTRY_LEN: usize = 24;
+pub const REPLY_ENTRY_LEN: usize = wire::LIST_REPLY_ENTRY_LEN;
 
 /// Most entries a list header of at most `max_header` bytes carries, with
 /// entries of `entry_len` bytes ([`REQUEST_ENTRY_LEN`] or
@@ -108,19 +99,7 @@ impl ListRequest {
     /// The encoded header, or `None` for an empty list or one longer than
     /// [`MAX_LIST_ENTRIES`].
     pub fn encode(&self) -> Option<Vec<u8>> {
-        let count = self.entries.len();
-        if count == 0 || count > MAX_LIST_ENTRIES {
-            return None;
-        }
-        let mut out = fixed(count);
-        for entry in &self.entries {
-            out.extend_from_slice(&entry.request_id.to_le_bytes());
-            out.extend_from_slice(&entry.key.region_id.to_le_bytes());
-            out.extend_from_slice(&entry.key.capability);
-            out.extend_from_slice(&entry.address.to_le_bytes());
-            out.extend_from_slice(&entry.length.to_le_bytes());
-        }
-        Some(out)
+        wire::encode_list_request_of(self.entries.iter().map(|entry| entry.to_read()))
     }
 
     /// Decodes a list request; never panics.
@@ -128,22 +107,16 @@ impl ListRequest {
     /// # Errors
     /// A wrong length, version, count or non-zero reserved byte.
     pub fn decode(bytes: &[u8]) -> Result<ListRequest, ProtocolError> {
-        let count = decode_fixed(bytes, REQUEST_ENTRY_LEN)?;
-        let entries = bytes[FIXED_LEN..]
-            .chunks_exact(REQUEST_ENTRY_LEN)
-            .take(count)
-            .map(|entry| {
-                let mut capability = [0u8; 16];
-                capability.copy_from_slice(&entry[16..32]);
-                ReadRequest {
-                    request_id: u64_at(entry, 0),
-                    key: ServedKey {
-                        region_id: u64_at(entry, 8),
-                        capability,
-                    },
-                    address: u64_at(entry, 32),
-                    length: u64_at(entry, 40),
-                }
+        let entries = wire::decode_list_request(bytes)?
+            .into_iter()
+            .map(|read| ReadRequest {
+                request_id: read.request_id,
+                key: ServedKey {
+                    region_id: read.region,
+                    capability: read.capability,
+                },
+                address: read.address,
+                length: read.length,
             })
             .collect();
         Ok(ListRequest { entries })
@@ -172,18 +145,11 @@ impl ListReply {
     /// The encoded header, or `None` for an empty list or one longer than
     /// [`MAX_LIST_ENTRIES`].
     pub fn encode(&self) -> Option<Vec<u8>> {
-        let count = self.entries.len();
-        if count == 0 || count > MAX_LIST_ENTRIES {
-            return None;
-        }
-        let mut out = fixed(count);
-        for entry in &self.entries {
-            out.extend_from_slice(&entry.request_id.to_le_bytes());
-            out.push(entry.status.code());
-            out.extend_from_slice(&[0u8; 7]);
-            out.extend_from_slice(&entry.length.to_le_bytes());
-        }
-        Some(out)
+        wire::encode_list_reply_fields(
+            self.entries
+                .iter()
+                .map(|entry| (entry.request_id, entry.status.code(), entry.length)),
+        )
     }
 
     /// Decodes a list reply; never panics.
@@ -192,23 +158,17 @@ impl ListReply {
     /// A wrong length, version, count or non-zero reserved byte,
     /// and a refused entry that claims bytes.
     pub fn decode(bytes: &[u8]) -> Result<ListReply, ProtocolError> {
-        let count = decode_fixed(bytes, REPLY_ENTRY_LEN)?;
-        let mut entries = Vec::with_capacity(count);
-        for entry in bytes[FIXED_LEN..].chunks_exact(REPLY_ENTRY_LEN) {
-            if entry[9..16].iter().any(|&b| b != 0) {
-                return Err(ProtocolError::Reserved);
-            }
-            let status = ReplyStatus::from_code(entry[8]);
-            let length = u64_at(entry, 16);
-            if status != ReplyStatus::Served && length != 0 {
-                return Err(ProtocolError::Reserved);
-            }
-            entries.push(ListReplyEntry {
-                request_id: u64_at(entry, 0),
-                status,
-                length,
-            });
-        }
+        let entries = wire::decode_list_reply(bytes)?
+            .into_iter()
+            .map(|reply| {
+                let (status, length) = ReplyStatus::of(reply.answer);
+                ListReplyEntry {
+                    request_id: reply.request_id,
+                    status,
+                    length,
+                }
+            })
+            .collect();
         Ok(ListReply { entries })
     }
 
@@ -218,46 +178,6 @@ impl ListReply {
             .iter()
             .try_fold(0u64, |sum, entry| sum.checked_add(entry.length))
     }
-}
-
-fn fixed(count: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(FIXED_LEN + count * REQUEST_ENTRY_LEN);
-    out.extend_from_slice(&[VERSION, 0, 0, 0]);
-    // `count` is at most MAX_LIST_ENTRIES (checked by the callers).
-    out.extend_from_slice(&(count as u16).to_le_bytes());
-    out.extend_from_slice(&[0, 0]);
-    out
-}
-
-/// Checks the fixed part and the total length; returns the entry count.
-fn decode_fixed(bytes: &[u8], entry_len: usize) -> Result<usize, ProtocolError> {
-    let Some(fixed) = bytes.get(..FIXED_LEN) else {
-        return Err(ProtocolError::Length {
-            expected: FIXED_LEN + entry_len,
-            actual: bytes.len(),
-        });
-    };
-    if fixed[0] != VERSION {
-        return Err(ProtocolError::Version(fixed[0]));
-    }
-    if fixed[1..4] != [0, 0, 0] || fixed[6..8] != [0, 0] {
-        return Err(ProtocolError::Reserved);
-    }
-    let count = usize::from(u16::from_le_bytes([fixed[4], fixed[5]]));
-    let expected = FIXED_LEN + count * entry_len;
-    if count == 0 || count > MAX_LIST_ENTRIES || bytes.len() != expected {
-        return Err(ProtocolError::Length {
-            expected: FIXED_LEN + count.clamp(1, MAX_LIST_ENTRIES) * entry_len,
-            actual: bytes.len(),
-        });
-    }
-    Ok(count)
-}
-
-fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&bytes[at..at + 8]);
-    u64::from_le_bytes(word)
 }
 
 #[cfg(test)]

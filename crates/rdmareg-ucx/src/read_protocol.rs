@@ -46,30 +46,24 @@
 //! through the owner.
 //!
 //! **Request** ([`ReadRequest`], consumer → owner, the active-message
-//! header): `version = 1`, three zero bytes, `request_id: u64`,
-//! `region_id: u64`, `capability: [u8; 16]`, `address: u64`, `length: u64`
-//! — 52 bytes.
-//!
-//! **Reply** ([`ReadReply`], owner → consumer, the active-message header;
-//! the bytes follow as its payload when the status is [`ReplyStatus::Served`]):
-//! `version = 1`, `status: u8`, two zero bytes, `request_id: u64`,
-//! `length: u64` — 20 bytes.
+//! header) and **reply** ([`ReadReply`], owner → consumer; the bytes follow
+//! as its payload when the status is [`ReplyStatus::Served`]): the engine
+//! kit's formats (`rdmareg_engine::served::wire`, which encodes and decodes
+//! them for these types), 52 and 20 bytes.
 //!
 //! **Reply status codes.** `0` is served; every other code is a refusal
-//! and carries `length = 0` (a refusal that claims a payload is malformed).
-//! Assigned: `1` region unknown, `2` capability mismatch, `3` out of range,
-//! `4` deregistering, `5` malformed request, `6` busy (the owner already
-//! has as many unfinished replies to this connection as it allows). Codes
-//! are only ever added, never reassigned, and a consumer that receives a
-//! code it does not know takes it as a refusal of a reason it cannot name
-//! ([`RemoteRefusal::Unrecognized`]): an owner of a later release can
-//! refuse for a new reason without its older consumers waiting out their
-//! deadlines.
+//! and carries `length = 0`. Codes are only ever added, never reassigned,
+//! and a consumer that receives a code it does not know takes it as a
+//! refusal of a reason it cannot name ([`RemoteRefusal::Unrecognized`]):
+//! an owner of a later release can refuse for a new reason without its
+//! older consumers waiting out their deadlines.
 //!
 //! Decoding never panics and refuses trailing or missing bytes: these come
 //! from peers.
 
 use rdmareg_core::RdmaError;
+use rdmareg_engine::served::wire;
+use rdmareg_engine::served::{Read, Refusal};
 use thiserror::Error;
 
 /// Active-message id of a read request (consumer → owner).
@@ -91,9 +85,9 @@ const UNCHECKED_FIXED_LEN: usize = KEY_LEN + 8 + 8 + 2;
 /// Length of an encoded [`ServedKey`].
 pub const KEY_LEN: usize = 28;
 /// Length of an encoded [`ReadRequest`].
-pub const REQUEST_LEN: usize = 52;
+pub const REQUEST_LEN: usize = wire::REQUEST_LEN;
 /// Length of an encoded [`ReadReply`].
-pub const REPLY_LEN: usize = 20;
+pub const REPLY_LEN: usize = wire::REPLY_LEN;
 
 /// What is wrong with bytes that were meant to be one of this module's
 /// formats.
@@ -134,6 +128,21 @@ pub enum ProtocolError {
         /// The length it claims.
         length: u64,
     },
+}
+
+impl From<wire::ProtocolError> for ProtocolError {
+    fn from(err: wire::ProtocolError) -> ProtocolError {
+        match err {
+            wire::ProtocolError::Length { expected, actual } => {
+                ProtocolError::Length { expected, actual }
+            }
+            wire::ProtocolError::Version(version) => ProtocolError::Version(version),
+            wire::ProtocolError::RefusalWithPayload { status, length } => {
+                ProtocolError::RefusalWithPayload { status, length }
+            }
+            _ => ProtocolError::Reserved,
+        }
+    }
 }
 
 /// Why an owner refused a read.
@@ -380,34 +389,32 @@ pub struct ReadRequest {
 impl ReadRequest {
     /// The 52-byte encoding.
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
-        let mut out = [0u8; REQUEST_LEN];
-        out[0] = VERSION;
-        out[4..12].copy_from_slice(&self.request_id.to_le_bytes());
-        out[12..20].copy_from_slice(&self.key.region_id.to_le_bytes());
-        out[20..36].copy_from_slice(&self.key.capability);
-        out[36..44].copy_from_slice(&self.address.to_le_bytes());
-        out[44..52].copy_from_slice(&self.length.to_le_bytes());
-        out
+        wire::encode_request(&self.to_read())
     }
 
     /// Decodes an untrusted request.
     pub fn decode(bytes: &[u8]) -> Result<ReadRequest, ProtocolError> {
-        let bytes = exact::<REQUEST_LEN>(bytes)?;
-        if bytes[0] != VERSION {
-            return Err(ProtocolError::Version(bytes[0]));
-        }
-        if bytes[1..4] != [0, 0, 0] {
-            return Err(ProtocolError::Reserved);
-        }
+        let read = wire::decode_request(bytes)?;
         Ok(ReadRequest {
-            request_id: u64_at(bytes, 4),
+            request_id: read.request_id,
             key: ServedKey {
-                region_id: u64_at(bytes, 12),
-                capability: capability_at(bytes, 20),
+                region_id: read.region,
+                capability: read.capability,
             },
-            address: u64_at(bytes, 36),
-            length: u64_at(bytes, 44),
+            address: read.address,
+            length: read.length,
         })
+    }
+
+    /// The request as the engine kit's formats take it.
+    pub(crate) fn to_read(self) -> Read {
+        Read {
+            request_id: self.request_id,
+            region: self.key.region_id,
+            capability: self.key.capability,
+            address: self.address,
+            length: self.length,
+        }
     }
 }
 
@@ -420,44 +427,50 @@ pub enum ReplyStatus {
     Refused(RemoteRefusal),
 }
 
-/// Highest reply status code this build assigns.
-const LAST_ASSIGNED_STATUS: u8 = 6;
-/// The status code of [`RemoteRefusal::Malformed`].
-const MALFORMED_STATUS: u8 = 5;
-
 impl ReplyStatus {
+    /// The status code (`rdmareg_engine::served::wire` assigns them).
     pub(crate) fn code(self) -> u8 {
         match self {
             ReplyStatus::Served => 0,
-            ReplyStatus::Refused(RemoteRefusal::RegionUnknown) => 1,
-            ReplyStatus::Refused(RemoteRefusal::CapabilityMismatch) => 2,
-            ReplyStatus::Refused(RemoteRefusal::OutOfRange) => 3,
-            ReplyStatus::Refused(RemoteRefusal::Deregistering) => 4,
-            ReplyStatus::Refused(RemoteRefusal::Malformed) => MALFORMED_STATUS,
-            ReplyStatus::Refused(RemoteRefusal::Busy) => 6,
-            ReplyStatus::Refused(RemoteRefusal::Unrecognized(code))
-                if code > LAST_ASSIGNED_STATUS =>
-            {
-                code
-            }
-            // A hand-made `Unrecognized` naming an assigned code, and any
-            // refusal a later core adds without a code here.
-            ReplyStatus::Refused(_) => MALFORMED_STATUS,
+            ReplyStatus::Refused(refusal) => wire::refusal_code(refusal.into()),
         }
     }
 
-    /// Every code decodes: `0` is served, any other is a refusal, named if
-    /// this build knows it.
-    pub(crate) fn from_code(code: u8) -> ReplyStatus {
-        match code {
-            0 => ReplyStatus::Served,
-            1 => ReplyStatus::Refused(RemoteRefusal::RegionUnknown),
-            2 => ReplyStatus::Refused(RemoteRefusal::CapabilityMismatch),
-            3 => ReplyStatus::Refused(RemoteRefusal::OutOfRange),
-            4 => ReplyStatus::Refused(RemoteRefusal::Deregistering),
-            MALFORMED_STATUS => ReplyStatus::Refused(RemoteRefusal::Malformed),
-            6 => ReplyStatus::Refused(RemoteRefusal::Busy),
-            other => ReplyStatus::Refused(RemoteRefusal::Unrecognized(other)),
+    /// The status of a decoded answer.
+    pub(crate) fn of(answer: Result<u64, Refusal>) -> (ReplyStatus, u64) {
+        match answer {
+            Ok(length) => (ReplyStatus::Served, length),
+            Err(refusal) => (ReplyStatus::Refused(refusal.into()), 0),
+        }
+    }
+}
+
+impl From<RemoteRefusal> for Refusal {
+    fn from(refusal: RemoteRefusal) -> Refusal {
+        match refusal {
+            RemoteRefusal::RegionUnknown => Refusal::RegionUnknown,
+            RemoteRefusal::CapabilityMismatch => Refusal::CapabilityMismatch,
+            RemoteRefusal::OutOfRange => Refusal::OutOfRange,
+            RemoteRefusal::Deregistering => Refusal::Deregistering,
+            RemoteRefusal::Malformed => Refusal::Malformed,
+            RemoteRefusal::Busy => Refusal::Busy,
+            RemoteRefusal::Unrecognized(code) => Refusal::Unrecognized(code),
+        }
+    }
+}
+
+impl From<Refusal> for RemoteRefusal {
+    /// The refusals this format has no code for (a libfabric driver's)
+    /// encode as malformed, and so read as malformed here.
+    fn from(refusal: Refusal) -> RemoteRefusal {
+        match refusal {
+            Refusal::RegionUnknown => RemoteRefusal::RegionUnknown,
+            Refusal::CapabilityMismatch => RemoteRefusal::CapabilityMismatch,
+            Refusal::OutOfRange => RemoteRefusal::OutOfRange,
+            Refusal::Deregistering => RemoteRefusal::Deregistering,
+            Refusal::Busy => RemoteRefusal::Busy,
+            Refusal::Unrecognized(code) => RemoteRefusal::Unrecognized(code),
+            _ => RemoteRefusal::Malformed,
         }
     }
 }
@@ -476,35 +489,17 @@ pub struct ReadReply {
 impl ReadReply {
     /// The 20-byte encoding.
     pub fn encode(&self) -> [u8; REPLY_LEN] {
-        let mut out = [0u8; REPLY_LEN];
-        out[0] = VERSION;
-        out[1] = self.status.code();
-        out[4..12].copy_from_slice(&self.request_id.to_le_bytes());
-        out[12..20].copy_from_slice(&self.length.to_le_bytes());
-        out
+        wire::encode_reply_fields(self.request_id, self.status.code(), self.length)
     }
 
     /// Decodes an untrusted reply. A refusal code this build does not know
     /// decodes as [`RemoteRefusal::Unrecognized`]; a refusal that claims a
     /// payload is refused.
     pub fn decode(bytes: &[u8]) -> Result<ReadReply, ProtocolError> {
-        let bytes = exact::<REPLY_LEN>(bytes)?;
-        if bytes[0] != VERSION {
-            return Err(ProtocolError::Version(bytes[0]));
-        }
-        if bytes[2..4] != [0, 0] {
-            return Err(ProtocolError::Reserved);
-        }
-        let status = ReplyStatus::from_code(bytes[1]);
-        let length = u64_at(bytes, 12);
-        if matches!(status, ReplyStatus::Refused(_)) && length != 0 {
-            return Err(ProtocolError::RefusalWithPayload {
-                status: bytes[1],
-                length,
-            });
-        }
+        let reply = wire::Reply::decode(bytes)?;
+        let (status, length) = ReplyStatus::of(reply.answer);
         Ok(ReadReply {
-            request_id: u64_at(bytes, 4),
+            request_id: reply.request_id,
             status,
             length,
         })
@@ -541,6 +536,11 @@ fn capability_at<const N: usize>(bytes: &[u8; N], at: usize) -> [u8; 16] {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Highest reply status code this build assigns.
+    const LAST_ASSIGNED_STATUS: u8 = 6;
+    /// The status code of [`RemoteRefusal::Malformed`].
+    const MALFORMED_STATUS: u8 = 5;
 
     fn same_host_key() -> SameHostKey {
         SameHostKey {

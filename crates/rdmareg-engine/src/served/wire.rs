@@ -1,10 +1,10 @@
 //! The UCX engine's wire formats of a single served read: the request a
 //! consumer sends and the reply header an owner answers with.
 //!
-//! A copy of `rdmareg_ucx::read_protocol`'s request and reply, byte for
-//! byte, so an owner driven by [`Owner`](super::owner::Owner) stays
-//! compatible with today's UCX peers; the UCX crate moves onto this module
-//! when it becomes a driver. The libfabric engine's request carries the
+//! The one implementation of these bytes: `rdmareg_ucx::read_protocol`
+//! and `rdmareg_ucx::read_list` wrap it in the UCX engine's public types,
+//! and an owner driven by [`Owner`](super::owner::Owner) answers with it.
+//! The libfabric engine's request carries the
 //! consumer's address and its refusals travel in the tag, so it decodes
 //! its own bytes into a [`Read`] and feeds [`Owner::handle_read`]
 //! directly: the state machine takes decoded requests, and this module is
@@ -35,7 +35,8 @@
 //! bytes back to back): `version = 1`, three zero bytes, `count: u16`, two
 //! zero bytes, then `count` entries of `request_id: u64`, `status: u8`,
 //! seven zero bytes, `length: u64` (24 bytes each; `length` is 0 for a
-//! refused entry). Statuses are those of single replies.
+//! refused entry; a refused entry that claims bytes is refused). Statuses
+//! are those of single replies.
 //!
 //! Decoding never panics and refuses missing or trailing bytes: these come
 //! from peers.
@@ -170,12 +171,7 @@ impl Reply {
             Ok(length) => (0, length),
             Err(refusal) => (refusal_code(refusal), 0),
         };
-        let mut out = [0u8; REPLY_LEN];
-        out[0] = VERSION;
-        out[1] = status;
-        out[4..12].copy_from_slice(&self.request_id.to_le_bytes());
-        out[12..20].copy_from_slice(&length.to_le_bytes());
-        out
+        encode_reply_fields(self.request_id, status, length)
     }
 
     /// Decodes an untrusted reply header. A status code this build does
@@ -210,12 +206,24 @@ impl Reply {
     }
 }
 
+/// A reply header of any status code and length, as it goes on the wire
+/// (a refusal that claims a payload included: a hostile owner's bytes,
+/// which [`Reply::decode`] refuses).
+pub fn encode_reply_fields(request_id: u64, status: u8, length: u64) -> [u8; REPLY_LEN] {
+    let mut out = [0u8; REPLY_LEN];
+    out[0] = VERSION;
+    out[1] = status;
+    out[4..12].copy_from_slice(&request_id.to_le_bytes());
+    out[12..20].copy_from_slice(&length.to_le_bytes());
+    out
+}
+
 /// The status code of a refusal this build assigns. A hand-made
 /// [`Refusal::Unrecognized`] of an assigned code (or of `0`) encodes as
 /// malformed, so it cannot pass for a served reply or another refusal; so
 /// do the refusals this format has no code for (those a libfabric driver
 /// decides), which a UCX owner never sends.
-fn refusal_code(refusal: Refusal) -> u8 {
+pub fn refusal_code(refusal: Refusal) -> u8 {
     match refusal {
         Refusal::RegionUnknown => 1,
         Refusal::CapabilityMismatch => 2,
@@ -231,7 +239,9 @@ fn refusal_code(refusal: Refusal) -> u8 {
 const MALFORMED: u8 = 5;
 const LAST_ASSIGNED: u8 = 6;
 
-fn refusal_of_code(code: u8) -> Refusal {
+/// The refusal a non-zero status code names; a code this build does not
+/// know is [`Refusal::Unrecognized`].
+pub fn refusal_of_code(code: u8) -> Refusal {
     match code {
         1 => Refusal::RegionUnknown,
         2 => Refusal::CapabilityMismatch,
@@ -246,6 +256,11 @@ fn refusal_of_code(code: u8) -> Refusal {
 /// A list request's encoding, or `None` for an empty list or one longer
 /// than [`MAX_LIST_ENTRIES`].
 pub fn encode_list_request(entries: &[Read]) -> Option<Vec<u8>> {
+    encode_list_request_of(entries.iter().copied())
+}
+
+/// [`encode_list_request`] of reads a caller holds in another shape.
+pub fn encode_list_request_of(entries: impl ExactSizeIterator<Item = Read>) -> Option<Vec<u8>> {
     let mut out = list_fixed(entries.len(), LIST_REQUEST_ENTRY_LEN)?;
     for read in entries {
         out.extend_from_slice(&read.request_id.to_le_bytes());
@@ -262,28 +277,7 @@ pub fn encode_list_request(entries: &[Read]) -> Option<Vec<u8>> {
 /// # Errors
 /// A wrong length, version or count, or a non-zero reserved byte.
 pub fn decode_list_request(bytes: &[u8]) -> Result<Vec<Read>, ProtocolError> {
-    let Some(fixed) = bytes.get(..LIST_FIXED_LEN) else {
-        return Err(ProtocolError::Length {
-            expected: LIST_FIXED_LEN + LIST_REQUEST_ENTRY_LEN,
-            actual: bytes.len(),
-        });
-    };
-    if fixed[0] != VERSION {
-        return Err(ProtocolError::Version(fixed[0]));
-    }
-    if fixed[1..4] != [0, 0, 0] || fixed[6..8] != [0, 0] {
-        return Err(ProtocolError::Reserved);
-    }
-    let count = usize::from(u16::from_le_bytes([fixed[4], fixed[5]]));
-    if count == 0
-        || count > MAX_LIST_ENTRIES
-        || bytes.len() != LIST_FIXED_LEN + count * LIST_REQUEST_ENTRY_LEN
-    {
-        return Err(ProtocolError::Length {
-            expected: LIST_FIXED_LEN + count.clamp(1, MAX_LIST_ENTRIES) * LIST_REQUEST_ENTRY_LEN,
-            actual: bytes.len(),
-        });
-    }
+    list_count(bytes, LIST_REQUEST_ENTRY_LEN)?;
     Ok(bytes[LIST_FIXED_LEN..]
         .chunks_exact(LIST_REQUEST_ENTRY_LEN)
         .map(|entry| {
@@ -305,18 +299,80 @@ pub fn decode_list_request(bytes: &[u8]) -> Result<Vec<Read>, ProtocolError> {
 /// A list reply header's encoding, or `None` for no answers or more than
 /// [`MAX_LIST_ENTRIES`].
 pub fn encode_list_reply(answers: &[ListAnswer]) -> Option<Vec<u8>> {
-    let mut out = list_fixed(answers.len(), LIST_REPLY_ENTRY_LEN)?;
-    for answer in answers {
-        let (status, length) = match answer.answer {
-            Ok(payload) => (0, payload.length),
-            Err(refusal) => (refusal_code(refusal), 0),
-        };
-        out.extend_from_slice(&answer.request_id.to_le_bytes());
+    encode_list_reply_fields(answers.iter().map(|answer| match answer.answer {
+        Ok(payload) => (answer.request_id, 0, payload.length),
+        Err(refusal) => (answer.request_id, refusal_code(refusal), 0),
+    }))
+}
+
+/// A list reply header of `(request_id, status code, length)` entries as
+/// they go on the wire, or `None` for none or more than
+/// [`MAX_LIST_ENTRIES`].
+pub fn encode_list_reply_fields(
+    entries: impl ExactSizeIterator<Item = (u64, u8, u64)>,
+) -> Option<Vec<u8>> {
+    let mut out = list_fixed(entries.len(), LIST_REPLY_ENTRY_LEN)?;
+    for (request_id, status, length) in entries {
+        out.extend_from_slice(&request_id.to_le_bytes());
         out.push(status);
         out.extend_from_slice(&[0u8; 7]);
         out.extend_from_slice(&length.to_le_bytes());
     }
     Some(out)
+}
+
+/// Decodes an untrusted list reply header: one [`Reply`] per entry, in
+/// order (a status code this build does not know is a refusal of that
+/// entry).
+///
+/// # Errors
+/// A wrong length, version or count, a non-zero reserved byte, and a
+/// refused entry that claims bytes.
+pub fn decode_list_reply(bytes: &[u8]) -> Result<Vec<Reply>, ProtocolError> {
+    let count = list_count(bytes, LIST_REPLY_ENTRY_LEN)?;
+    let mut replies = Vec::with_capacity(count);
+    for entry in bytes[LIST_FIXED_LEN..].chunks_exact(LIST_REPLY_ENTRY_LEN) {
+        let entry: &[u8; LIST_REPLY_ENTRY_LEN] =
+            entry.try_into().unwrap_or(&[0; LIST_REPLY_ENTRY_LEN]);
+        if entry[9..16].iter().any(|&b| b != 0) {
+            return Err(ProtocolError::Reserved);
+        }
+        let length = u64_at(entry, 16);
+        let answer = match entry[8] {
+            0 => Ok(length),
+            _ if length != 0 => return Err(ProtocolError::Reserved),
+            code => Err(refusal_of_code(code)),
+        };
+        replies.push(Reply {
+            request_id: u64_at(entry, 0),
+            answer,
+        });
+    }
+    Ok(replies)
+}
+
+/// Checks a list's fixed part and its total length; returns the count.
+fn list_count(bytes: &[u8], entry_len: usize) -> Result<usize, ProtocolError> {
+    let Some(fixed) = bytes.get(..LIST_FIXED_LEN) else {
+        return Err(ProtocolError::Length {
+            expected: LIST_FIXED_LEN + entry_len,
+            actual: bytes.len(),
+        });
+    };
+    if fixed[0] != VERSION {
+        return Err(ProtocolError::Version(fixed[0]));
+    }
+    if fixed[1..4] != [0, 0, 0] || fixed[6..8] != [0, 0] {
+        return Err(ProtocolError::Reserved);
+    }
+    let count = usize::from(u16::from_le_bytes([fixed[4], fixed[5]]));
+    if count == 0 || count > MAX_LIST_ENTRIES || bytes.len() != LIST_FIXED_LEN + count * entry_len {
+        return Err(ProtocolError::Length {
+            expected: LIST_FIXED_LEN + count.clamp(1, MAX_LIST_ENTRIES) * entry_len,
+            actual: bytes.len(),
+        });
+    }
+    Ok(count)
 }
 
 fn list_fixed(count: usize, entry_len: usize) -> Option<Vec<u8>> {
@@ -490,13 +546,46 @@ mod tests {
         assert_eq!(encode_list_reply(&[]), None);
     }
 
+    #[test]
+    fn a_list_reply_decodes_each_entry_and_refuses_refusals_with_bytes() {
+        let header =
+            encode_list_reply_fields([(5, 0, 32), (6, 6, 0), (7, 99, 0)].into_iter()).unwrap();
+        assert_eq!(
+            decode_list_reply(&header),
+            Ok(vec![
+                Reply {
+                    request_id: 5,
+                    answer: Ok(32)
+                },
+                Reply {
+                    request_id: 6,
+                    answer: Err(Refusal::Busy)
+                },
+                Reply {
+                    request_id: 7,
+                    answer: Err(Refusal::Unrecognized(99))
+                },
+            ])
+        );
+        let claims = encode_list_reply_fields([(6, 6, 1)].into_iter()).unwrap();
+        assert_eq!(decode_list_reply(&claims), Err(ProtocolError::Reserved));
+        let mut reserved = header.clone();
+        reserved[8 + 9] = 1;
+        assert_eq!(decode_list_reply(&reserved), Err(ProtocolError::Reserved));
+        for cut in 0..header.len() {
+            assert!(decode_list_reply(&header[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic_the_list_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode_list_request(&bytes);
+            let _ = decode_list_reply(&bytes);
             let mut framed = vec![1, 0, 0, 0, 1, 0, 0, 0];
             framed.extend_from_slice(&bytes);
             let _ = decode_list_request(&framed);
+            let _ = decode_list_reply(&framed);
         }
 
         #[test]
