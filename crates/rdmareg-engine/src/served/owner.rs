@@ -98,11 +98,12 @@
 //!   destroyed and no send of it will ever read again: every send ends
 //!   there, and later requests are dropped.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::hash::Hash;
 
 use rdmareg_core::RdmaError;
+use rustc_hash::FxHashMap as HashMap;
 
 use super::wire;
 
@@ -453,7 +454,7 @@ pub struct Owner<E> {
     bound: u32,
     regions: BTreeMap<u64, Region>,
     endpoints: HashMap<E, Endpoint>,
-    sends: BTreeMap<SendId, Send<E>>,
+    sends: HashMap<SendId, Send<E>>,
     next_send: u64,
     actions: VecDeque<Action<E>>,
     stage: Stage,
@@ -471,8 +472,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         Owner {
             bound: config.max_replies_per_endpoint.max(1),
             regions: BTreeMap::new(),
-            endpoints: HashMap::new(),
-            sends: BTreeMap::new(),
+            endpoints: HashMap::default(),
+            sends: HashMap::default(),
             next_send: 0,
             actions: VecDeque::new(),
             stage: Stage::Running,
@@ -737,12 +738,13 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         entry.failed = true;
         #[cfg(test)]
         if self.defects.endpoint_failure_ends_leases {
-            let ids: Vec<SendId> = self
+            let mut ids: Vec<SendId> = self
                 .sends
                 .iter()
                 .filter(|(_, send)| send.endpoint == endpoint)
                 .map(|(&id, _)| id)
                 .collect();
+            ids.sort_unstable();
             for id in ids {
                 self.end_send(id);
             }
@@ -769,7 +771,9 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     pub fn transport_closed(&mut self) {
         self.shutdown();
         self.stage = Stage::Closed;
-        let ids: Vec<SendId> = self.sends.keys().copied().collect();
+        let mut ids: Vec<SendId> = self.sends.keys().copied().collect();
+        // In the order they started, whatever the table's.
+        ids.sort_unstable();
         for id in ids {
             self.end_send(id);
         }
