@@ -1,10 +1,14 @@
 //! [`RdmaError`]: the one error enum of the backend seam and the registry.
 //!
 //! Callers switch on the variant; humans read the message. Backend detail (a
-//! UCX status name, say) travels as text inside [`RdmaError::Backend`] so that
-//! nothing backend-specific crosses the seam. The enum is `#[non_exhaustive]`
+//! UCX status name, say) travels as the text of a [`BackendError`] inside
+//! [`RdmaError::Backend`], with the error it came from as its source when
+//! there is one, so that nothing backend-specific crosses the seam as a
+//! type. The enum is `#[non_exhaustive]`
 //! because later backends and features add failure kinds, and matching it
 //! exhaustively from outside would make each of those a breaking change.
+
+use crate::BackendError;
 
 /// Why an rdmareg operation could not be performed.
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
@@ -59,11 +63,12 @@ pub enum RdmaError {
     #[error("malformed peer worker address, refused before the backend parsed it: {0}")]
     InvalidWorkerAddress(String),
 
-    /// The backend failed. The text names the backend-level condition so a
-    /// human can diagnose it from the message alone. Transient or
+    /// The backend failed. The message names the backend-level condition so
+    /// a human can diagnose it from the message alone; the error it came
+    /// from, when there is one, is its `source()`. Transient or
     /// environmental by nature: a caller may reasonably retry.
-    #[error("rdma backend: {0}")]
-    Backend(String),
+    #[error(transparent)]
+    Backend(BackendError),
 
     /// No RDMA backend is configured (or the named peer is unknown to it). A
     /// deployment fact: retrying cannot change it.
@@ -205,6 +210,21 @@ impl std::fmt::Display for ErrorKind {
 }
 
 impl RdmaError {
+    /// A backend failure known by its message ([`RdmaError::Backend`]).
+    pub fn backend(message: impl Into<String>) -> RdmaError {
+        RdmaError::Backend(BackendError::new(message))
+    }
+
+    /// A backend failure caused by `source`, with a message saying what
+    /// failed; the source stays reachable through
+    /// [`std::error::Error::source`].
+    pub fn backend_caused_by(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> RdmaError {
+        RdmaError::Backend(BackendError::caused_by(message, source))
+    }
+
     /// The variant, without its data.
     pub fn kind(&self) -> ErrorKind {
         match self {
@@ -241,6 +261,25 @@ impl RdmaError {
 mod tests {
     use super::*;
 
+    /// A backend failure's cause stays reachable from the `RdmaError`, and
+    /// its message is printed once, not once per link of the chain.
+    #[test]
+    fn a_backend_failure_keeps_its_source() {
+        use std::error::Error;
+        let e = RdmaError::backend_caused_by(
+            "ucx: creating the doorbell eventfd",
+            std::io::Error::other("too many open files"),
+        );
+        assert_eq!(
+            e.to_string(),
+            "rdma backend: ucx: creating the doorbell eventfd"
+        );
+        let source = e.source().expect("the io error");
+        assert_eq!(source.to_string(), "too many open files");
+        assert!(source.source().is_none());
+        assert_eq!(e.kind(), ErrorKind::Backend);
+    }
+
     #[test]
     fn budget_exceeded_message_carries_all_three_figures() {
         let e = RdmaError::BudgetExceeded {
@@ -269,7 +308,7 @@ mod tests {
 
     #[test]
     fn backend_message_keeps_the_backend_text() {
-        let e = RdmaError::Backend("ucx: UCS_ERR_NO_MEMORY".into());
+        let e = RdmaError::backend("ucx: UCS_ERR_NO_MEMORY");
         assert!(e.to_string().contains("UCS_ERR_NO_MEMORY"));
     }
 
@@ -283,7 +322,7 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), ErrorKind::ALL.len());
         assert_eq!(RdmaError::Timeout.kind(), ErrorKind::Timeout);
-        assert_eq!(RdmaError::Backend("x".into()).kind().as_str(), "backend");
+        assert_eq!(RdmaError::backend("x").kind().as_str(), "backend");
         assert_eq!(
             RdmaError::BudgetExceeded {
                 requested: 1,
@@ -298,7 +337,7 @@ mod tests {
     #[test]
     fn only_environmental_failures_are_transient() {
         assert!(RdmaError::Timeout.is_transient());
-        assert!(RdmaError::Backend(String::new()).is_transient());
+        assert!(RdmaError::backend(String::new()).is_transient());
         assert!(!RdmaError::OutOfRange.is_transient());
         assert!(!RdmaError::NotOwned.is_transient());
         assert!(!RdmaError::ShuttingDown.is_transient());

@@ -8,11 +8,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod backend_error;
 pub mod descriptor;
 pub mod error;
 pub mod page;
 pub mod region;
 
+pub use backend_error::BackendError;
 pub use descriptor::{Descriptor, DescriptorError, MAX_BACKEND_KEY_LEN, MAX_PACKED_KEY_LEN};
 pub use error::{ErrorKind, RdmaError};
 pub use page::{PageRange, page_enclosing_len, page_enclosing_range, round_up};

@@ -58,7 +58,7 @@ impl ProgressThread {
             .name(name.to_owned())
             .spawn(move || body(Ready { sender }))
             .map_err(|e| {
-                RdmaError::Backend(format!("{name}: spawning the progress thread: {e}"))
+                RdmaError::backend_caused_by(format!("{name}: spawning the progress thread"), e)
             })?;
         let info = match receiver.recv() {
             Ok(Ok(info)) => info,
@@ -68,7 +68,7 @@ impl ProgressThread {
             }
             Err(_) => {
                 let _ = handle.join();
-                return Err(RdmaError::Backend(format!(
+                return Err(RdmaError::backend(format!(
                     "{name}: the progress thread exited while starting"
                 )));
             }

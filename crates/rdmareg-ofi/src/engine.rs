@@ -96,9 +96,9 @@ impl OfiEngine {
     pub fn start(config: OfiConfig) -> Result<OfiEngine, RdmaError> {
         config
             .validate()
-            .map_err(|e| RdmaError::Backend(format!("ofi: invalid engine configuration: {e}")))?;
+            .map_err(|e| RdmaError::backend(format!("ofi: invalid engine configuration: {e}")))?;
         let doorbell = Doorbell::new()
-            .map_err(|e| RdmaError::Backend(format!("ofi: creating the doorbell eventfd: {e}")))?;
+            .map_err(|e| RdmaError::backend_caused_by("ofi: creating the doorbell eventfd", e))?;
         let lifecycle = Arc::new(Lifecycle::new(doorbell));
         let signals = Arc::new(Signals {
             lifecycle: Arc::clone(&lifecycle),

@@ -191,7 +191,7 @@ pub(crate) fn error_text(errno: i64) -> String {
 }
 
 fn failed(what: &str, rc: i64) -> RdmaError {
-    RdmaError::Backend(format!("ofi: {what}: {}", error_text(rc)))
+    RdmaError::backend(format!("ofi: {what}: {}", error_text(rc)))
 }
 
 /// Calls an ops-table entry, or fails naming it when the provider left it
@@ -201,7 +201,7 @@ macro_rules! op {
         match (*$table).$entry {
             Some(f) => f,
             None => {
-                return Err(RdmaError::Backend(format!(
+                return Err(RdmaError::backend(format!(
                     "ofi: the provider does not implement {}",
                     $what
                 )))
@@ -449,7 +449,7 @@ impl Fabric {
             // Only where it was asked for (a provider may offer it unasked).
             this.reports_source = asks_for_source(config) && (*info).caps & ffi::FI_SOURCE != 0;
             if this.mr_mode & !MR_MODES_HANDLED & !(ffi::FI_MR_BASIC | ffi::FI_MR_SCALABLE) != 0 {
-                return Err(RdmaError::Backend(format!(
+                return Err(RdmaError::backend(format!(
                     "ofi: provider {} needs memory-registration modes {:#x} the engine does not handle",
                     this.provider, this.mr_mode
                 )));
@@ -747,8 +747,8 @@ impl Fabric {
         unsafe {
             let table = (*self.ep).tagged.cast::<TaggedOps>();
             if table.is_null() || (*table).size < std::mem::size_of::<TaggedOps>() {
-                return Err(RdmaError::Backend(
-                    "ofi: the provider has no tagged messages".into(),
+                return Err(RdmaError::backend(
+                    "ofi: the provider has no tagged messages",
                 ));
             }
             Ok(&*table)
@@ -776,7 +776,7 @@ impl Fabric {
     ) -> Result<bool, RdmaError> {
         let recv = match self.tagged()?.recv {
             Some(recv) => recv,
-            None => return Err(RdmaError::Backend("ofi: no fi_trecv".into())),
+            None => return Err(RdmaError::backend("ofi: no fi_trecv")),
         };
         // SAFETY: live endpoint; the caller guarantees buffer and context.
         let rc = unsafe {
@@ -820,7 +820,7 @@ impl Fabric {
     ) -> Result<bool, RdmaError> {
         let send = match self.tagged()?.send {
             Some(send) => send,
-            None => return Err(RdmaError::Backend("ofi: no fi_tsend".into())),
+            None => return Err(RdmaError::backend("ofi: no fi_tsend")),
         };
         // SAFETY: live endpoint; the caller guarantees buffer and context.
         let rc = unsafe { send(self.ep, buf as *const c_void, len, desc, dest, tag, context) };
@@ -1158,7 +1158,7 @@ unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
     unsafe {
         let hints = ffi::fi_dupinfo(ptr::null());
         if hints.is_null() {
-            return Err(RdmaError::Backend("ofi: fi_dupinfo failed".into()));
+            return Err(RdmaError::backend("ofi: fi_dupinfo failed"));
         }
         (*hints).caps = match config.effective_read_path() {
             ReadPath::OwnerServed => {
@@ -1189,7 +1189,7 @@ unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
         }
         ffi::fi_freeinfo(hints);
         if rc != 0 || info.is_null() {
-            return Err(RdmaError::Backend(format!(
+            return Err(RdmaError::backend(format!(
                 "ofi: no provider {:?}{} offers {} on RDM endpoints: {}",
                 config.provider.name(),
                 config

@@ -193,10 +193,10 @@ fn refusal_error(code: u64) -> RdmaError {
     match code {
         3 => RdmaError::OutOfRange,
         1 | 2 | 4 => RdmaError::RegionNotFound,
-        5 => RdmaError::Backend(BUSY_TEXT.to_owned()),
-        6 => RdmaError::Backend(UNVERIFIED_TEXT.to_owned()),
-        7 => RdmaError::Backend(NOT_THE_REQUESTER_TEXT.to_owned()),
-        other => RdmaError::Backend(format!(
+        5 => RdmaError::backend(BUSY_TEXT),
+        6 => RdmaError::backend(UNVERIFIED_TEXT),
+        7 => RdmaError::backend(NOT_THE_REQUESTER_TEXT),
+        other => RdmaError::backend(format!(
             "ofi: the owner refused the read for an unknown reason {other}"
         )),
     }
@@ -619,15 +619,12 @@ mod tests {
         ] {
             assert!(!is_unverified(other), "{other:#x}");
         }
-        assert_eq!(
-            reply_outcome(tag),
-            Err(RdmaError::Backend(UNVERIFIED_TEXT.into()))
-        );
+        assert_eq!(reply_outcome(tag), Err(RdmaError::backend(UNVERIFIED_TEXT)));
         let tag = refusal_tag(42, Refusal::NotTheRequester);
         assert_eq!((tag & REASON_MASK) >> REASON_SHIFT, 7);
         assert_eq!(
             reply_outcome(tag),
-            Err(RdmaError::Backend(NOT_THE_REQUESTER_TEXT.into()))
+            Err(RdmaError::backend(NOT_THE_REQUESTER_TEXT))
         );
     }
 
@@ -637,7 +634,7 @@ mod tests {
         assert_eq!((tag & REASON_MASK) >> REASON_SHIFT, 5);
         assert_eq!(tag & !REPLY_IGNORE, 42, "the reply receive matches it");
         let err = reply_outcome(tag).unwrap_err();
-        assert_eq!(err, RdmaError::Backend(BUSY_TEXT.to_owned()));
+        assert_eq!(err, RdmaError::backend(BUSY_TEXT));
         assert!(err.is_transient());
     }
 

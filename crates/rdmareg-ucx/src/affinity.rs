@@ -53,9 +53,10 @@ pub(crate) fn pin_current_thread(cpus: &[usize]) -> Result<(), RdmaError> {
         unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
     if status != 0 {
         let err = std::io::Error::last_os_error();
-        return Err(RdmaError::Backend(format!(
-            "ucx: pinning the progress thread to CPUs {cpus:?}: {err}"
-        )));
+        return Err(RdmaError::backend_caused_by(
+            format!("ucx: pinning the progress thread to CPUs {cpus:?}"),
+            err,
+        ));
     }
     tracing::debug!(?cpus, "progress thread pinned");
     Ok(())

@@ -133,7 +133,7 @@ pub fn open_file_limit() -> Result<OpenFileLimit, RdmaError> {
     };
     // SAFETY: `limit` is a valid, writable rlimit for the call's duration.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(RdmaError::Backend(format!(
+        return Err(RdmaError::backend(format!(
             "getrlimit(RLIMIT_NOFILE): {}",
             std::io::Error::last_os_error()
         )));

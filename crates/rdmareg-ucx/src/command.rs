@@ -48,7 +48,7 @@ pub(crate) struct Signals {
     /// `progress::copy_plans`).
     pub(crate) lists_copied_by_plan: AtomicU64,
     /// Owner-served reads asked in pieces (see `progress::pieces`).
-    pub(crate) reads_asked_in_pieces: AtomicU64,
+    pub(crate) reads_asked_in_chunks: AtomicU64,
 }
 
 /// The backend front tries a same-host read on the caller's thread first

@@ -174,10 +174,10 @@ pub struct UcxConfig {
     /// 273 738 bytes is asked in up to five pieces, each a reply of its own
     /// here, and a list's read of 16 to 32 KiB in two, while its consumer
     /// has fewer than 1024 reads in flight (see
-    /// [`UcxEngine::reads_asked_in_pieces`]): pieces add at most about 1024
+    /// [`UcxEngine::reads_asked_in_chunks`]): pieces add at most about 1024
     /// replies to a connection's count. Must be at least 1.
     ///
-    /// [`UcxEngine::reads_asked_in_pieces`]: crate::UcxEngine::reads_asked_in_pieces
+    /// [`UcxEngine::reads_asked_in_chunks`]: crate::UcxEngine::reads_asked_in_chunks
     ///
     /// [`RdmaError::Backend`]: rdmareg_core::RdmaError::Backend
     pub max_served_replies_per_connection: u32,

@@ -69,21 +69,21 @@ impl UcxEngine {
     pub fn start(config: UcxConfig) -> Result<UcxEngine, RdmaError> {
         config
             .validate()
-            .map_err(|e| RdmaError::Backend(format!("ucx: invalid engine configuration: {e}")))?;
+            .map_err(|e| RdmaError::backend(format!("ucx: invalid engine configuration: {e}")))?;
         // Peers' connections cost this process descriptors: take all it may
         // have (see `build_info::raise_open_file_limit`).
         if let Err(err) = crate::build_info::raise_open_file_limit() {
             tracing::warn!(error = %err, "cannot read the open-file limit");
         }
         let doorbell = Doorbell::new()
-            .map_err(|e| RdmaError::Backend(format!("ucx: creating the doorbell eventfd: {e}")))?;
+            .map_err(|e| RdmaError::backend_caused_by("ucx: creating the doorbell eventfd", e))?;
         let lifecycle = Arc::new(Lifecycle::new(doorbell));
         let signals = Arc::new(Signals {
             lifecycle: Arc::clone(&lifecycle),
             served_replies_in_flight: Arc::default(),
             caller_copies: CallerCopies::new(config.caller_copy_limit),
             lists_copied_by_plan: Default::default(),
-            reads_asked_in_pieces: Default::default(),
+            reads_asked_in_chunks: Default::default(),
         });
         let (submitter, lanes) = rdmareg_engine::lanes::lanes(config.ring_capacity, lifecycle);
         let teardown_timeout = config.teardown_timeout;
@@ -213,12 +213,12 @@ impl UcxEngine {
 
     /// Owner-served reads this engine asked in pieces, on endpoints whose
     /// every lane is tcp: reads longer than one tcp fragment and up to the
-    /// size UCX still sends eager, in pieces that each come back in one
-    /// fragment, and a list's reads longer than the gathered bound and at
-    /// most twice it, in two pieces gathered with the list's small reads.
-    /// Counted once per read, whatever its number of pieces.
-    pub fn reads_asked_in_pieces(&self) -> u64 {
-        self.signals.reads_asked_in_pieces.load(Ordering::Relaxed)
+    /// size UCX still sends eager, in chunks that each come back in one
+    /// fragment, and a list's reads longer than the batching bound and at
+    /// most twice it, in two chunks batched with the list's small reads.
+    /// Counted once per read, whatever its number of chunks.
+    pub fn reads_asked_in_chunks(&self) -> u64 {
+        self.signals.reads_asked_in_chunks.load(Ordering::Relaxed)
     }
 
     /// A backend submitting to this engine.

@@ -77,7 +77,7 @@
 //! same-host lanes UCX pulls them with cma, so bulk data still moves with
 //! one copy. Over tcp, a read longer than one reply fragment and short of
 //! UCX's rendezvous is asked in pieces that each come back in one fragment
-//! ([`UcxEngine::reads_asked_in_pieces`]), so it too is copied once; a
+//! ([`UcxEngine::reads_asked_in_chunks`]), so it too is copied once; a
 //! list's reads of 16 to 32 KiB are asked in two pieces that travel with
 //! the list's small reads, one request for up to 256 KiB of them.
 //!

@@ -203,8 +203,8 @@ impl From<RemoteRefusal> for RdmaError {
             | RemoteRefusal::CapabilityMismatch
             | RemoteRefusal::Deregistering => RdmaError::RegionNotFound,
             RemoteRefusal::Malformed => RdmaError::InvalidKey,
-            RemoteRefusal::Busy => RdmaError::Backend(BUSY_TEXT.to_owned()),
-            RemoteRefusal::Unrecognized(code) => RdmaError::Backend(format!(
+            RemoteRefusal::Busy => RdmaError::backend(BUSY_TEXT),
+            RemoteRefusal::Unrecognized(code) => RdmaError::backend(format!(
                 "the owner refused the read with code {code}, unknown to this build (the owner runs a later release)"
             )),
         }
@@ -726,7 +726,7 @@ mod tests {
         };
         assert_eq!(reply.encode()[1], 6);
         let err = RdmaError::from(RemoteRefusal::Busy);
-        assert_eq!(err, RdmaError::Backend(BUSY_TEXT.to_owned()));
+        assert_eq!(err, RdmaError::backend(BUSY_TEXT));
         assert!(err.is_transient());
     }
 

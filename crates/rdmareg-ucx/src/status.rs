@@ -37,7 +37,7 @@ pub(crate) fn check(status: ucs_status_t, what: &str) -> Result<(), RdmaError> {
 
 /// A [`RdmaError::Backend`] for a failed UCX call.
 pub(crate) fn backend_error(status: ucs_status_t, what: &str) -> RdmaError {
-    RdmaError::Backend(format!("ucx: {what}: {}", status_text(status)))
+    RdmaError::backend(format!("ucx: {what}: {}", status_text(status)))
 }
 
 /// Which of its three exits a non-blocking UCX call took.

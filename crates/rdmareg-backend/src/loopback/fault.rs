@@ -193,7 +193,7 @@ impl FaultPlan {
     /// The injected failure to return, if this operation drew one.
     pub(crate) fn injected_failure(&self) -> Option<crate::RdmaError> {
         self.fail.then(|| {
-            crate::RdmaError::Backend(format!("injected {} failure (loopback)", self.op.name()))
+            crate::RdmaError::backend(format!("injected {} failure (loopback)", self.op.name()))
         })
     }
 }

@@ -99,8 +99,8 @@ impl LoopbackBackend {
             UnmapStart::Started => {}
         }
         if self.faults.unmaps_refused() {
-            return Err(RdmaError::Backend(
-                "injected: loopback refuses unmaps; the region stays registered".into(),
+            return Err(RdmaError::backend(
+                "injected: loopback refuses unmaps; the region stays registered",
             ));
         }
         let plan = self.faults.take(FaultOp::Unmap);

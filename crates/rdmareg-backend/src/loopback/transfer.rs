@@ -167,5 +167,5 @@ fn remote_pin_error(e: PinError, owner: &Arc<LoopbackBackend>) -> RdmaError {
 }
 
 fn peer_shutting_down(owner: &LoopbackBackend) -> RdmaError {
-    RdmaError::Backend(format!("loopback peer {} is shutting down", owner.peer_id))
+    RdmaError::backend(format!("loopback peer {} is shutting down", owner.peer_id))
 }

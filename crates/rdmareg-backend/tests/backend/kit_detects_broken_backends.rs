@@ -130,7 +130,7 @@ unsafe impl RdmaBackend for Flawed {
             // SAFETY: forwards the promise this method's own caller gave.
             let answer = unsafe { self.inner.get(request) }.await;
             match self.flaw {
-                Flaw::FlattensGetErrors => answer.map_err(|_| RdmaError::Backend("failed".into())),
+                Flaw::FlattensGetErrors => answer.map_err(|_| RdmaError::backend("failed")),
                 _ => answer,
             }
         })

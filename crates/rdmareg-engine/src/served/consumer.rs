@@ -325,7 +325,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
             ReplyOutcome::Served { length }
                 if *length != read.length || payload_length != read.length =>
             {
-                let error = RdmaError::Backend(format!(
+                let error = RdmaError::backend(format!(
                     "the owner answered {payload_length} bytes (header: {length}) to a {}-byte read; refused",
                     read.length
                 ));

@@ -508,7 +508,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             .filter(|_| length > 0)
             .ok_or(RdmaError::OutOfRange)?;
         if self.regions.contains_key(&region) {
-            return Err(RdmaError::Backend(format!(
+            return Err(RdmaError::backend(format!(
                 "region id {region} is already registered"
             )));
         }

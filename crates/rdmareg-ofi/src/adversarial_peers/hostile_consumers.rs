@@ -785,9 +785,7 @@ fn a_known_peer_naming_a_bystander_as_its_reply_address_is_refused_and_holds_no_
     match refused {
         Some(Ended::Done { len: 0, tag }) => assert_eq!(
             crate::protocol::reply_outcome(tag),
-            Err(RdmaError::Backend(
-                crate::protocol::NOT_THE_REQUESTER_TEXT.into()
-            ))
+            Err(RdmaError::backend(crate::protocol::NOT_THE_REQUESTER_TEXT))
         ),
         other => panic!("the sender got {other:?}"),
     }

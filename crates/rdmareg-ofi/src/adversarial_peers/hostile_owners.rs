@@ -584,7 +584,7 @@ fn an_owner_that_keeps_answering_ask_again_gets_a_typed_answer_and_no_endless_as
         owner.progress_for(Duration::from_millis(100));
     });
     setup.finish();
-    assert_eq!(forever, Err(RdmaError::Backend(UNVERIFIED_TEXT.into())));
+    assert_eq!(forever, Err(RdmaError::backend(UNVERIFIED_TEXT)));
     assert!(
         asked_again.iter().all(|&id| id == first.request_id),
         "asked again, same id"

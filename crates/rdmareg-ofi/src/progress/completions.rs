@@ -152,14 +152,14 @@ impl Engine {
                     if len == expected {
                         Ok(())
                     } else {
-                        Err(RdmaError::Backend(format!(
+                        Err(RdmaError::backend(format!(
                             "ofi: read failed: the owner sent {len} bytes for a read of {expected}"
                         )))
                     }
                 }),
                 Ok(_) => Ok(()),
                 Err((_, text)) => Err(failure
-                    .unwrap_or_else(|| RdmaError::Backend(format!("ofi: read failed: {text}")))),
+                    .unwrap_or_else(|| RdmaError::backend(format!("ofi: read failed: {text}")))),
             };
         self.land(slot, outcome);
     }

@@ -241,7 +241,7 @@ impl Engine {
     /// the provider reports the cancellation (or at their deadline or
     /// teardown, if it cannot withdraw them).
     pub(super) fn declare_unreachable(&mut self, fi_addr: u64, waited: Duration) {
-        let error = RdmaError::Backend(format!(
+        let error = RdmaError::backend(format!(
             "ofi: the peer is unreachable: nothing could be sent to it for {} ms (its process \
              died, or its connection was lost and cannot be made again)",
             waited.as_millis()

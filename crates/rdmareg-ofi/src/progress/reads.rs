@@ -278,7 +278,7 @@ impl Engine {
             .get(..len)
             .and_then(|received| parse_gathered(received, &lengths))
             .ok_or_else(|| {
-                RdmaError::Backend(format!(
+                RdmaError::backend(format!(
                     "ofi: the owner's gathered reply of {len} bytes does not add up to its \
                      {} entries; nothing of it landed",
                     lengths.len()

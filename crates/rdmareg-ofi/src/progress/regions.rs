@@ -35,7 +35,7 @@ impl Engine {
         let mut capability = [0u8; CAPABILITY_LEN];
         let mut requested_key = id;
         if let Err(err) = getrandom::fill(&mut capability) {
-            let _ = reply.send(Err(RdmaError::Backend(format!(
+            let _ = reply.send(Err(RdmaError::backend(format!(
                 "ofi: drawing a capability: {err}"
             ))));
             return;

@@ -153,13 +153,13 @@ impl Engine {
                     // (A request that teardown ended answers `ShuttingDown`:
                     // the machine's rule.)
                     let error = if code == ERR_NOT_CONNECTED && op.resends_left < RESENDS {
-                        RdmaError::Backend(format!(
+                        RdmaError::backend(format!(
                             "ofi: sending the read request failed: {text}; it was sent again \
                              on a new connection {} times",
                             RESENDS - op.resends_left
                         ))
                     } else {
-                        RdmaError::Backend(format!("ofi: sending the read request failed: {text}"))
+                        RdmaError::backend(format!("ofi: sending the read request failed: {text}"))
                     };
                     // The receive is posted: it answers once given back.
                     if self.consumer.request_failed(op.read, error) {

@@ -205,10 +205,7 @@ impl RawConsumer {
             for completion in out.drain(..) {
                 if let Completion::Done(context, _, tag, _) = completion {
                     if self.busy_receives.contains_key(&(context as usize)) {
-                        assert_eq!(
-                            reply_outcome(tag),
-                            Err(RdmaError::Backend(BUSY_TEXT.into()))
-                        );
+                        assert_eq!(reply_outcome(tag), Err(RdmaError::backend(BUSY_TEXT)));
                         self.busy.push(tag & REQUEST_ID_MASK);
                     }
                 }

@@ -83,7 +83,7 @@ impl PageMemory {
         // SAFETY: `layout` has a non-zero size (checked just above).
         let raw = unsafe { std::alloc::alloc(layout) };
         let ptr = NonNull::new(raw).ok_or_else(|| {
-            RdmaError::Backend(format!("could not allocate {len} B of arena memory"))
+            RdmaError::backend(format!("could not allocate {len} B of arena memory"))
         })?;
         if huge {
             advise_huge_pages(ptr, len);

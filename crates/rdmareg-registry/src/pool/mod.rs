@@ -143,7 +143,7 @@ pub(crate) async fn alloc_pinned(inner: &Arc<Inner>, len: usize) -> Result<Pinne
         other => other?,
     };
     let buf = carve_from(&arena, granules, len).ok_or_else(|| {
-        RdmaError::Backend("a new arena could not hold the request it was mapped for".into())
+        RdmaError::backend("a new arena could not hold the request it was mapped for")
     });
     inner.pool.pooled.write().push(Arc::clone(&arena));
     *next_size = next_size.saturating_mul(2).min(pool_config.max_arena_bytes);

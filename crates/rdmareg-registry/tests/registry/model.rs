@@ -269,7 +269,7 @@ impl Harness {
                 budget: stats.budget_bytes,
             });
         }
-        fail_map.then(|| RdmaError::Backend(String::new()))
+        fail_map.then(|| RdmaError::backend(String::new()))
     }
 
     async fn apply(&mut self, op: Op) {

@@ -206,8 +206,8 @@ mod tests {
         let (reply, mut answered) = oneshot::channel();
         let whole = PieceAnswers::new(3, Answer::Single(reply));
         let piece = || Answer::Piece(Rc::clone(&whole));
-        assert!(!piece().send(Err(RdmaError::Backend(
-            "force-closed after another read's deadline".into()
+        assert!(!piece().send(Err(RdmaError::backend(
+            "force-closed after another read's deadline"
         ))));
         assert!(!piece().send(Err(RdmaError::Timeout)));
         assert!(piece().send(Err(RdmaError::OutOfRange)));

@@ -371,8 +371,8 @@ fn entry_reply(entry: &ListReplyEntry, payload_whole: bool) -> Reply {
     match entry.status {
         ReplyStatus::Served if !payload_whole => Reply {
             request_id: entry.request_id,
-            outcome: ReplyOutcome::Refused(RdmaError::Backend(
-                "ucx: a gathered reply's payload does not match its entries; refused".into(),
+            outcome: ReplyOutcome::Refused(RdmaError::backend(
+                "ucx: a gathered reply's payload does not match its entries; refused",
             )),
         },
         status => machine_reply(entry.request_id, status, entry.length),

@@ -285,7 +285,7 @@ impl Engine {
                             tracing::debug!(peer = %copy.request.peer, "same-host owner process gone; its same-host reads fail from now on");
                             self.stop_copying_from(copy.request.peer, SameHostSource::Gone);
                         }
-                        answer.send(Err(RdmaError::Backend(format!(
+                        answer.send(Err(RdmaError::backend(format!(
                             "ucx: same-host copy from {} failed: {err}",
                             copy.request.peer
                         ))));
@@ -374,7 +374,7 @@ impl Engine {
         if let SameHostSource::Gone = source {
             return Err((
                 reply,
-                RdmaError::Backend(format!(
+                RdmaError::backend(format!(
                     "ucx: the process of {peer} is gone (it exited or replaced its program); its same-host memory with it"
                 )),
             ));
@@ -449,7 +449,7 @@ impl Engine {
             return Ok(());
         };
         self.signals
-            .reads_asked_in_pieces
+            .reads_asked_in_chunks
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let whole = PieceAnswers::new(pieces.len(), reply);
         for (offset, piece_len) in pieces {

@@ -216,7 +216,7 @@ impl Engine {
     fn start(config: &UcxConfig, signals: Arc<Signals>) -> Result<(Engine, StartInfo), RdmaError> {
         let version = ucx_version();
         let settings = config.ucx_settings_from_env().map_err(|why| {
-            RdmaError::Backend(format!("ucx: invalid engine configuration: {why}"))
+            RdmaError::backend(format!("ucx: invalid engine configuration: {why}"))
         })?;
         if let Some(line) = &settings.overridden {
             tracing::warn!("{line}");
@@ -300,7 +300,7 @@ impl Engine {
             }
             .encode()
             .map_err(|err| {
-                RdmaError::Backend(format!("ucx: cannot publish this engine's address: {err}"))
+                RdmaError::backend(format!("ucx: cannot publish this engine's address: {err}"))
             })?,
             None => serving_address,
         };

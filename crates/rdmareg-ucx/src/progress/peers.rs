@@ -307,7 +307,7 @@ impl Engine {
             let old = existing.clone();
             if let Some(connection) = self.peers.detach(&old) {
                 tracing::debug!(%peer, "peer re-added with a new address; closing the endpoint nobody else uses");
-                let reason = RdmaError::Backend(format!(
+                let reason = RdmaError::backend(format!(
                     "ucx: {peer} was re-added with a new address while the read waited"
                 ));
                 self.close_connection(connection, &reason);
@@ -353,7 +353,7 @@ impl Engine {
         };
         if let Some(connection) = self.peers.detach(&address) {
             let reason =
-                RdmaError::Backend(format!("ucx: {peer} was removed while the read waited"));
+                RdmaError::backend(format!("ucx: {peer} was removed while the read waited"));
             self.close_connection(connection, &reason);
         }
     }
@@ -407,7 +407,7 @@ impl Engine {
                 free_error_context(error_context);
                 Err(match err {
                     RdmaError::Backend(text) => {
-                        RdmaError::Backend(format!("{text} (reaching {peer})"))
+                        RdmaError::backend(format!("{text} (reaching {peer})"))
                     }
                     other => other,
                 })
@@ -427,7 +427,7 @@ impl Engine {
             return; // Already closed or replaced.
         };
         tracing::warn!(serial, status = %status_text(status), "endpoint failed; closing it, the next read reconnects");
-        let reason = RdmaError::Backend(format!(
+        let reason = RdmaError::backend(format!(
             "ucx: the connection failed: {}",
             status_text(status)
         ));
@@ -447,7 +447,7 @@ impl Engine {
         }
         if let Some((_, endpoint)) = self.peers.take_endpoint(serial) {
             tracing::warn!(%peer, serial, "read deadline passed during its receive; force-closing the endpoint so UCX releases the destination");
-            let reason = RdmaError::Backend(format!(
+            let reason = RdmaError::backend(format!(
                 "ucx: the endpoint to {peer} was force-closed after another read's deadline"
             ));
             self.close_endpoint(endpoint, CloseCause::Local, &reason);

@@ -91,7 +91,7 @@ impl Engine {
             return;
         }
         if self.regions.contains_key(&id) {
-            let _ = reply.send(Err(RdmaError::Backend(format!(
+            let _ = reply.send(Err(RdmaError::backend(format!(
                 "ucx: region id {id} is already registered"
             ))));
             return;
@@ -111,7 +111,7 @@ impl Engine {
                 tracing::error!(error = %unmap_err, region = id, "could not undo a registration whose capability could not be drawn; it stays registered until teardown");
                 self.keep_stuck_registration(id, memh, ptr, len);
             }
-            let _ = reply.send(Err(RdmaError::Backend(format!(
+            let _ = reply.send(Err(RdmaError::backend(format!(
                 "cannot draw a registration capability from the OS: {err}"
             ))));
             return;
@@ -154,8 +154,8 @@ impl Engine {
                         let _ = unsafe { self.unmap_direct(direct_memh) };
                         self.retire_release_slot(Some(release_slot));
                         self.undo_map(id, memh, ptr, len);
-                        let _ = reply.send(Err(RdmaError::Backend(
-                            "ucx: the direct-read lane packed an unusable key".into(),
+                        let _ = reply.send(Err(RdmaError::backend(
+                            "ucx: the direct-read lane packed an unusable key",
                         )));
                         return;
                     }
@@ -381,7 +381,7 @@ impl Engine {
         };
         if self.events.owner.borrow().region_leases(id).is_some() {
             // A reply may still read it: never unmap under the owner.
-            return Err(RdmaError::Backend(format!(
+            return Err(RdmaError::backend(format!(
                 "ucx: region {id} is still served; its unmap waits"
             )));
         }

@@ -27,7 +27,7 @@ pub(super) fn failure(op: &GetOp, events: &Events, status: sys::ucs_status_t) ->
     if events.tearing_down.get() {
         RdmaError::ShuttingDown
     } else {
-        RdmaError::Backend(format!(
+        RdmaError::backend(format!(
             "ucx: read from {} failed: {}",
             op.peer,
             status_text(status)

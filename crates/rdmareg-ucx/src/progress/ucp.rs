@@ -70,7 +70,7 @@ impl Context {
         let config = ConfigGuard(config);
         for (key, value) in settings {
             let (Ok(k), Ok(v)) = (CString::new(key.as_str()), CString::new(value.as_str())) else {
-                return Err(RdmaError::Backend(format!(
+                return Err(RdmaError::backend(format!(
                     "ucx: setting {key:?} contains a NUL byte"
                 )));
             };

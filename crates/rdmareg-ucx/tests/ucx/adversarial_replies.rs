@@ -892,7 +892,7 @@ fn a_busy_or_unknown_refusal_reaches_the_caller_as_a_typed_error() {
     rt.block_on(consumer.shutdown());
     drop(a);
     let (busy, busy_took) = &answers[0];
-    assert_eq!(busy, &Some(Err(RdmaError::Backend(BUSY_TEXT.to_owned()))));
+    assert_eq!(busy, &Some(Err(RdmaError::backend(BUSY_TEXT))));
     assert!(busy.as_ref().unwrap().as_ref().unwrap_err().is_transient());
     let (unknown, unknown_took) = &answers[1];
     assert!(
@@ -935,7 +935,7 @@ fn reads_beyond_an_owners_bound_are_answered_busy_and_succeed_when_retried() {
     let answers = rt.block_on(cb.get_batch_into_test_memory((0..ENTRIES).map(request).collect()));
     let took = started.elapsed();
     let busy: Vec<usize> = (0..ENTRIES)
-        .filter(|&i| answers[i] == Err(RdmaError::Backend(BUSY_TEXT.to_owned())))
+        .filter(|&i| answers[i] == Err(RdmaError::backend(BUSY_TEXT)))
         .collect();
     let served = answers.iter().filter(|a| a.is_ok()).count();
     eprintln!(

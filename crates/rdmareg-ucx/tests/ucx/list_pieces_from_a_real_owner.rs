@@ -125,7 +125,7 @@ async fn pieced_entries_at_odd_offsets_land_exactly_beside_small_and_long_ones()
         lens.rotate_left(3);
         let at = |i: usize| src_at(i + round * 7);
         let slots = Slots::new(&scene.cb, &lens).await;
-        let before = scene.consumer.reads_asked_in_pieces();
+        let before = scene.consumer.reads_asked_in_chunks();
         let answers = scene
             .cb
             .get_batch_into_test_memory(requests(&slots, &scene.source, at, None))
@@ -134,7 +134,7 @@ async fn pieced_entries_at_odd_offsets_land_exactly_beside_small_and_long_ones()
         let what = format!("round {round}");
         assert_eq!(answers, vec![Ok(()); lens.len()], "{what}");
         judge_source(&slots, &snapshot, &answers, &scene.want, at, &what);
-        let split = scene.consumer.reads_asked_in_pieces() - before;
+        let split = scene.consumer.reads_asked_in_chunks() - before;
         assert_eq!(
             split,
             lens.iter().filter(|&&len| pieced(len)).count() as u64,
@@ -232,7 +232,7 @@ async fn a_batch_deeper_than_1024_reads_pieces_only_its_first_512_and_lands_ever
         first_failed.map(|i| &answers[i])
     );
     judge_source(&slots, &snapshot, &answers, &scene.want, src_at, "deep");
-    assert_eq!(scene.consumer.reads_asked_in_pieces(), 512);
+    assert_eq!(scene.consumer.reads_asked_in_chunks(), 512);
     unmap_and_watch(&scene.cb, &slots, "deep").await;
     scene.end("deep").await;
 }

@@ -86,10 +86,10 @@ async fn tcp_reads_between_one_fragment_and_the_rendezvous_threshold_go_in_piece
         (400 * 1024, false),
     ];
     for (len, split) in cases {
-        let before = consumer.reads_asked_in_pieces();
+        let before = consumer.reads_asked_in_chunks();
         read_and_check(&owner, &consumer, &src, len, &format!("{len} bytes")).await;
         assert_eq!(
-            consumer.reads_asked_in_pieces() - before,
+            consumer.reads_asked_in_chunks() - before,
             u64::from(split),
             "{len} bytes: asked in pieces? expected {split}"
         );
@@ -115,7 +115,7 @@ async fn reads_through_the_owner_on_lanes_with_a_zero_copy_rendezvous_are_never_
             )
             .await;
         }
-        assert_eq!(consumer.reads_asked_in_pieces(), 0, "{transport:?}");
+        assert_eq!(consumer.reads_asked_in_chunks(), 0, "{transport:?}");
         consumer.shutdown().await;
         owner.shutdown().await;
     }
@@ -142,7 +142,7 @@ async fn a_read_whose_last_pieces_run_past_the_registration_answers_out_of_range
         cb.get_into_test_memory(request).await,
         Err(RdmaError::OutOfRange)
     );
-    assert_eq!(consumer.reads_asked_in_pieces(), 1);
+    assert_eq!(consumer.reads_asked_in_chunks(), 1);
     // Every piece answered before the read did: nothing lands later.
     dst.fill(0xEE);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -190,7 +190,7 @@ async fn a_batch_answers_each_read_in_pieces_as_one_entry() {
     }
     let answers = cb.get_batch_into_test_memory(requests).await;
     assert_eq!(answers, vec![Ok(()), Err(RdmaError::OutOfRange), Ok(())]);
-    assert_eq!(consumer.reads_asked_in_pieces(), 2);
+    assert_eq!(consumer.reads_asked_in_chunks(), 2);
     let landed = dst.snapshot();
     let source_bytes = src.snapshot();
     let first = lengths[0] as usize;
@@ -241,7 +241,7 @@ async fn a_deep_batch_splits_only_the_reads_posted_while_fewer_than_1024_are_in_
         failed.len(),
         failed.first()
     );
-    let split = consumer.reads_asked_in_pieces();
+    let split = consumer.reads_asked_in_chunks();
     assert!(
         split > 0 && split < READS as u64,
         "the first reads go in pieces, the rest whole: {split} of {READS} split"
@@ -296,9 +296,9 @@ async fn list_and_check(
             ..get_request(OWNER, &source, &dst_region, dest_offset, None)
         })
         .collect();
-    let before = consumer.reads_asked_in_pieces();
+    let before = consumer.reads_asked_in_chunks();
     let answers = cb.get_batch_into_test_memory(requests).await;
-    let split = consumer.reads_asked_in_pieces() - before;
+    let split = consumer.reads_asked_in_chunks() - before;
     assert_eq!(answers, vec![Ok(()); lengths.len()], "{what}");
     let landed = dst.snapshot();
     let want = src.snapshot();
@@ -357,10 +357,10 @@ async fn tcp_list_reads_of_up_to_twice_the_gathered_bound_go_in_gathered_pieces(
     let split = list_and_check(&owner, &consumer, &src, &blocks, "32 KiB blocks").await;
     assert_eq!(split, 12, "every 32 KiB read of the list asked in pieces");
     // The same length alone goes whole.
-    let before = consumer.reads_asked_in_pieces();
+    let before = consumer.reads_asked_in_chunks();
     read_and_check(&owner, &consumer, &src, 32 * 1024, "a lone 32 KiB read").await;
     assert_eq!(
-        consumer.reads_asked_in_pieces(),
+        consumer.reads_asked_in_chunks(),
         before,
         "a lone read goes whole"
     );

@@ -157,7 +157,7 @@ async fn odd_lengths_at_odd_offsets_land_exactly_and_touch_no_byte_outside_their
     ];
     for (i, &len) in lengths.iter().enumerate() {
         let dest = Dest::new(&scene.cb, len, src_offset(i)).await;
-        let before = scene.consumer.reads_asked_in_pieces();
+        let before = scene.consumer.reads_asked_in_chunks();
         let what = format!("{len} B from offset {}", dest.src_offset);
         assert_eq!(
             scene
@@ -168,7 +168,7 @@ async fn odd_lengths_at_odd_offsets_land_exactly_and_touch_no_byte_outside_their
             "{what}"
         );
         assert_eq!(
-            scene.consumer.reads_asked_in_pieces() - before,
+            scene.consumer.reads_asked_in_chunks() - before,
             1,
             "{what}: split once"
         );
@@ -176,7 +176,7 @@ async fn odd_lengths_at_odd_offsets_land_exactly_and_touch_no_byte_outside_their
         assert_eq!(scene.cb.unmap(dest.id).await, Ok(()), "{what}");
     }
     assert_eq!(
-        scene.owner.reads_asked_in_pieces(),
+        scene.owner.reads_asked_in_chunks(),
         0,
         "the owner asks nothing"
     );
@@ -214,8 +214,8 @@ async fn reads_are_counted_in_pieces_only_over_tcp_only_endpoints() {
             assert_eq!(scene.cb.unmap(dest.id).await, Ok(()));
         }
         let want_count = if split { PIECED.len() as u64 } else { 0 };
-        assert_eq!(scene.consumer.reads_asked_in_pieces(), want_count, "{what}");
-        assert_eq!(scene.owner.reads_asked_in_pieces(), 0, "{what}: owner");
+        assert_eq!(scene.consumer.reads_asked_in_chunks(), want_count, "{what}");
+        assert_eq!(scene.owner.reads_asked_in_chunks(), 0, "{what}: owner");
         assert_eq!(
             scene.ob.unmap(scene.src_region.backend_region_id).await,
             Ok(())
@@ -264,12 +264,12 @@ async fn under_an_operators_rendezvous_threshold_a_lone_read_past_its_deadline_a
         let deadline = Duration::from_micros(1 + (round % 20) * 10);
         for len in [256 * KIB, 512 * KIB] {
             let dest = Dest::new(&scene.cb, len, src_offset(round as usize)).await;
-            let before = scene.consumer.reads_asked_in_pieces();
+            let before = scene.consumer.reads_asked_in_chunks();
             let outcome = scene
                 .cb
                 .get_into_test_memory(dest.request(&scene.source, Some(deadline)))
                 .await;
-            let pieced = scene.consumer.reads_asked_in_pieces() - before == 1;
+            let pieced = scene.consumer.reads_asked_in_chunks() - before == 1;
             let what = format!("round {round}, {len} B, pieced {pieced}");
             match outcome {
                 Ok(()) => dest.assert_exact(&scene.want, &what),
@@ -288,7 +288,7 @@ async fn under_an_operators_rendezvous_threshold_a_lone_read_past_its_deadline_a
     }
     assert_quiet(&scribbled, "lone rendezvous pieces").await;
     assert_eq!(
-        scene.consumer.reads_asked_in_pieces(),
+        scene.consumer.reads_asked_in_chunks(),
         0,
         "an operator's rendezvous threshold keeps reads whole"
     );
@@ -361,7 +361,7 @@ async fn deadlines_between_pieces(config: rdmareg_ucx::UcxConfig, rendezvous: bo
     assert!(timeouts > 0, "1 µs deadlines never passed: {ok} Ok");
     if rendezvous {
         assert_eq!(
-            scene.consumer.reads_asked_in_pieces(),
+            scene.consumer.reads_asked_in_chunks(),
             0,
             "an operator's rendezvous threshold keeps reads whole"
         );
@@ -453,12 +453,12 @@ async fn lone_reads_under_small_bounds(
         );
         for &len in &[256 * KIB, 100_003] {
             let dest = Dest::new(&scene.cb, len, 5).await;
-            let before = scene.consumer.reads_asked_in_pieces();
+            let before = scene.consumer.reads_asked_in_chunks();
             let outcome = scene
                 .cb
                 .get_into_test_memory(dest.request(&scene.source, Some(Duration::from_secs(5))))
                 .await;
-            let split = scene.consumer.reads_asked_in_pieces() - before;
+            let split = scene.consumer.reads_asked_in_chunks() - before;
             seen.splits.push(split);
             match &outcome {
                 Ok(()) => dest.assert_exact(&scene.want, &format!("bound {bound}, {len} B")),
@@ -576,7 +576,7 @@ async fn a_read_whose_last_piece_runs_one_byte_past_the_registration_answers_out
     before.assert_guards("one byte before");
     assert_quiet(&scribbled, "out of range").await;
     assert_eq!(
-        scene.consumer.reads_asked_in_pieces(),
+        scene.consumer.reads_asked_in_chunks(),
         PIECED.len() as u64 + 1
     );
     scene.end("out of range").await;
@@ -646,7 +646,7 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
             places.push(at as usize);
             at += len + gap;
         }
-        let before = scene.consumer.reads_asked_in_pieces();
+        let before = scene.consumer.reads_asked_in_chunks();
         let answers = scene.cb.get_batch_into_test_memory(requests).await;
         let expected: Vec<_> = entries.iter().map(|(.., e)| e.clone()).collect();
         assert_eq!(answers, expected, "round {round}");
@@ -659,7 +659,7 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
             })
             .count() as u64;
         assert_eq!(
-            scene.consumer.reads_asked_in_pieces() - before,
+            scene.consumer.reads_asked_in_chunks() - before,
             pieced,
             "round {round}: pieced entries counted once each"
         );
@@ -758,7 +758,7 @@ async fn many_concurrent_reads_in_pieces_land_exactly_and_release_everything() {
         for i in 0..count {
             dests.push(Dest::new(&scene.cb, PIECED[i % PIECED.len()], src_offset(i + round)).await);
         }
-        let before = scene.consumer.reads_asked_in_pieces();
+        let before = scene.consumer.reads_asked_in_chunks();
         let outcomes = futures::future::join_all(dests.iter().map(|dest| {
             let request = dest.request(&scene.source, None);
             let cb = scene.cb.clone();
@@ -770,7 +770,7 @@ async fn many_concurrent_reads_in_pieces_land_exactly_and_release_everything() {
             dest.assert_exact(&scene.want, &format!("round {round}"));
         }
         assert_eq!(
-            scene.consumer.reads_asked_in_pieces() - before,
+            scene.consumer.reads_asked_in_chunks() - before,
             count as u64
         );
         for dest in &dests {

@@ -172,7 +172,7 @@ fn a_landing_read_past_its_deadline_waits_for_release() {
         "the transport may still write"
     );
     assert_eq!(consumer.landing_on(OWNER), 1);
-    consumer.landed(read, Err(RdmaError::Backend("closed".into())));
+    consumer.landed(read, Err(RdmaError::backend("closed")));
     assert_eq!(
         consumer.poll_answer().map(pair),
         Some((read, Err(RdmaError::Timeout)))
@@ -196,7 +196,7 @@ fn a_failed_endpoint_answers_only_reads_awaiting_replies() {
     let landing = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
     let elsewhere = consumer.start(OTHER, 8, now + Duration::from_secs(1), ());
     consumer.handle_reply(OWNER, &served(landing.0, 8), 8);
-    let failure = RdmaError::Backend("endpoint failed".into());
+    let failure = RdmaError::backend("endpoint failed");
     assert_eq!(consumer.endpoint_failed(OWNER, failure.clone()), [landing]);
     assert_eq!(
         consumer.poll_answer().map(pair),
@@ -228,7 +228,7 @@ fn shutdown_answers_waiting_reads_and_refuses_new_ones() {
         consumer.poll_answer().map(pair),
         Some((refused, Err(RdmaError::ShuttingDown)))
     );
-    consumer.landed(landing, Err(RdmaError::Backend("worker destroyed".into())));
+    consumer.landed(landing, Err(RdmaError::backend("worker destroyed")));
     assert_eq!(
         consumer.poll_answer().map(pair),
         Some((landing, Err(RdmaError::ShuttingDown)))
@@ -238,10 +238,10 @@ fn shutdown_answers_waiting_reads_and_refuses_new_ones() {
 #[test]
 fn a_failed_request_send_answers_a_waiting_read() {
     let (mut consumer, read, _) = started(8);
-    assert!(!consumer.request_failed(read, RdmaError::Backend("send failed".into())));
+    assert!(!consumer.request_failed(read, RdmaError::backend("send failed")));
     assert_eq!(
         consumer.poll_answer().map(pair),
-        Some((read, Err(RdmaError::Backend("send failed".into()))))
+        Some((read, Err(RdmaError::backend("send failed"))))
     );
     assert!(!consumer.request_failed(read, RdmaError::Timeout));
     assert_eq!(consumer.poll_answer().map(pair), None, "answered once");
@@ -298,7 +298,7 @@ fn a_posted_receive_answers_only_when_it_ends() {
         }]
     );
     assert_eq!(consumer.poll_answer().map(pair), None);
-    consumer.landed(read, Err(RdmaError::Backend("cancelled".into())));
+    consumer.landed(read, Err(RdmaError::backend("cancelled")));
     assert_eq!(
         consumer.poll_answer().map(pair),
         Some((read, Err(RdmaError::Timeout)))
@@ -310,13 +310,13 @@ fn an_unsent_request_ends_its_posted_receive_with_the_send_error() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
     let read = consumer.start_receiving(OWNER, 8, now + Duration::from_secs(1), ());
-    let failure = RdmaError::Backend("send failed".into());
+    let failure = RdmaError::backend("send failed");
     assert!(
         consumer.request_failed(read, failure.clone()),
         "cancel the receive"
     );
     assert_eq!(consumer.poll_answer().map(pair), None);
-    consumer.landed(read, Err(RdmaError::Backend("cancelled".into())));
+    consumer.landed(read, Err(RdmaError::backend("cancelled")));
     assert_eq!(consumer.poll_answer().map(pair), Some((read, Err(failure))));
 }
 

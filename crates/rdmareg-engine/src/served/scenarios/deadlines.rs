@@ -201,7 +201,7 @@ fn a_posted_receive_past_its_deadline_answers_on_release() {
         let now = Instant::now();
         let mut consumer = Consumer::<u32>::new();
         let read = consumer.start_receiving(OWNER, 64, now + DEADLINE, ());
-        assert!(consumer.request_failed(read, RdmaError::Backend("not connected".into())));
+        assert!(consumer.request_failed(read, RdmaError::backend("not connected")));
         assert_eq!(
             consumer.handle_timeout(now + DEADLINE),
             [TimeoutAction::StopLanding {
@@ -213,7 +213,7 @@ fn a_posted_receive_past_its_deadline_answers_on_release() {
         let result = if filled {
             Ok(())
         } else {
-            Err(RdmaError::Backend("cancelled".into()))
+            Err(RdmaError::backend("cancelled"))
         };
         consumer.landed(read, result);
         let answer = consumer.poll_answer().expect("answered at release");

@@ -42,7 +42,7 @@ pub(super) fn refusal_error(refusal: Refusal) -> RdmaError {
             RdmaError::RegionNotFound
         }
         Refusal::Malformed => RdmaError::InvalidKey,
-        other => RdmaError::Backend(format!("refused: {other}")),
+        other => RdmaError::backend(format!("refused: {other}")),
     }
 }
 
@@ -459,7 +459,7 @@ impl Pair {
             self.consumer.landed(read, Ok(()));
         } else {
             self.consumer
-                .landed(read, Err(RdmaError::Backend("transfer stopped".into())));
+                .landed(read, Err(RdmaError::backend("transfer stopped")));
         }
         self.end_send(landing.send);
         self.collect();

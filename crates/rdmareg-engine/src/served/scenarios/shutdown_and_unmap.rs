@@ -72,7 +72,7 @@ fn an_owner_lost_mid_list_answers_every_entry() {
     pair.deliver_requests();
     assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(landing)]);
     let list = pair.read_list(&[(0, KIB), (KIB, KIB), (2 * KIB, KIB)], DEADLINE);
-    let failure = RdmaError::Backend("the endpoint to the owner failed".into());
+    let failure = RdmaError::backend("the endpoint to the owner failed");
     assert_eq!(
         pair.consumer.endpoint_failed(OWNER, failure.clone()),
         [landing]
@@ -302,12 +302,12 @@ fn a_shutdown_with_receives_pending_answers_on_release() {
         .map(|_| consumer.start_receiving(OWNER, 64, now + DEADLINE, ()))
         .collect();
     for &read in &reads {
-        assert!(consumer.request_failed(read, RdmaError::Backend("not connected".into())));
+        assert!(consumer.request_failed(read, RdmaError::backend("not connected")));
     }
     consumer.shutdown();
     assert_eq!(consumer.poll_answer(), None);
     for &read in &reads {
-        consumer.landed(read, Err(RdmaError::Backend("cancelled".into())));
+        consumer.landed(read, Err(RdmaError::backend("cancelled")));
         let answer = consumer.poll_answer().expect("answered at release");
         assert_eq!(
             (answer.read, answer.outcome),
@@ -326,13 +326,13 @@ fn a_lost_owner_with_a_request_unsent_answers_on_release() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
     let read = consumer.start_receiving(OWNER, 64, now + DEADLINE, ());
-    let unsent = RdmaError::Backend("not connected".into());
+    let unsent = RdmaError::backend("not connected");
     assert!(consumer.request_failed(read, unsent.clone()));
-    let lost = RdmaError::Backend("owner unreachable".into());
+    let lost = RdmaError::backend("owner unreachable");
     assert_eq!(consumer.endpoint_failed(OWNER, lost), [read]);
     assert_eq!(consumer.poll_answer(), None);
     assert_eq!(consumer.landing_on(OWNER), 1, "keep the endpoint");
-    consumer.landed(read, Err(RdmaError::Backend("cancelled".into())));
+    consumer.landed(read, Err(RdmaError::backend("cancelled")));
     let answer = consumer.poll_answer().expect("answered at release");
     assert_eq!(answer.outcome, Err(unsent));
     assert_eq!(consumer.in_flight(), 0);

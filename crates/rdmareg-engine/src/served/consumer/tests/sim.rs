@@ -246,7 +246,7 @@ impl Sim {
         if self.failed.contains(&owner) {
             let cancel = self
                 .consumer
-                .request_failed(read, RdmaError::Backend("endpoint failed".into()));
+                .request_failed(read, RdmaError::backend("endpoint failed"));
             if cancel {
                 self.cancel_receive(read);
             }
@@ -380,7 +380,7 @@ impl Sim {
                 if fits {
                     Ok(())
                 } else {
-                    Err(RdmaError::Backend("received the wrong length".into()))
+                    Err(RdmaError::backend("received the wrong length"))
                 }
             }
         };
@@ -412,7 +412,7 @@ impl Sim {
             sim_read.receive = Receive::Ended;
         }
         self.consumer
-            .landed(read, Err(RdmaError::Backend("receive cancelled".into())));
+            .landed(read, Err(RdmaError::backend("receive cancelled")));
     }
 
     /// Writes the next `bytes` of a landing's payload into its destination,
@@ -430,7 +430,7 @@ impl Sim {
                 read.destination[landing.written..end]
                     .copy_from_slice(&landing.payload[landing.written..end]);
                 if read.answered_at.is_some() {
-                    read.outcome = Some(Err(RdmaError::Backend(format!(
+                    read.outcome = Some(Err(RdmaError::backend(format!(
                         "written at step {} after its answer",
                         self.step
                     ))));
@@ -452,10 +452,8 @@ impl Sim {
             // Stopped or failed: maybe a few more bytes, then an error.
             let partial = self.rng.below(chunk as u64) as usize;
             self.write(&mut landing, partial);
-            self.consumer.landed(
-                landing.read,
-                Err(RdmaError::Backend("receive failed".into())),
-            );
+            self.consumer
+                .landed(landing.read, Err(RdmaError::backend("receive failed")));
             return;
         }
         self.write(&mut landing, chunk);
@@ -506,7 +504,7 @@ impl Sim {
         let length = sim_read.destination.len();
         let (outcome, payload) = if self.rng.chance(30) {
             (
-                ReplyOutcome::Refused(RdmaError::Backend(FORGED_REFUSAL.into())),
+                ReplyOutcome::Refused(RdmaError::backend(FORGED_REFUSAL)),
                 Vec::new(),
             )
         } else {
@@ -535,7 +533,7 @@ impl Sim {
         self.failed.push(owner);
         let holding = self
             .consumer
-            .endpoint_failed(owner, RdmaError::Backend("endpoint failed".into()));
+            .endpoint_failed(owner, RdmaError::backend("endpoint failed"));
         for read in holding {
             self.cancel_receive(read);
         }
