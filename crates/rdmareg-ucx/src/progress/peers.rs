@@ -407,7 +407,7 @@ impl Engine {
                 free_error_context(error_context);
                 Err(match err {
                     RdmaError::Backend(text) => {
-                        RdmaError::backend(format!("{text} (reaching {peer})"))
+                        RdmaError::backend(format!("{} (reaching {peer})", text.message()))
                     }
                     other => other,
                 })
