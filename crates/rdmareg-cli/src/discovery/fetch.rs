@@ -51,6 +51,10 @@ struct Target {
     failed: u64,
     /// The last outcome printed (so only changes are printed).
     last: Option<String>,
+    /// The etcd revision the descriptor was published at, in the store
+    /// followed now (0 once etcd lost its data: then nothing is known of
+    /// it until it is published again).
+    revision: i64,
 }
 
 /// The consumer's view: owners, names, and the next peer id.
@@ -132,6 +136,7 @@ async fn fetch(
                 mismatched: 0,
                 failed: 0,
                 last: None,
+                revision: resolved.revision,
             },
         );
     }
@@ -212,6 +217,16 @@ async fn get_one(
     let Some(target) = view.targets.get(name) else {
         return Ok(());
     };
+    // A descriptor published before its owner's incarnation began names a
+    // region of an earlier process (or of a store etcd lost): the owner
+    // republishes its names after it registers, so wait for that.
+    if view
+        .owners
+        .get(&target.node)
+        .is_some_and(|owner| !owner.gone && target.revision < owner.incarnation)
+    {
+        return Ok(());
+    }
     let len = target.descriptor.len() as usize;
     if destination.as_ref().is_none_or(|d| d.len() < len) {
         *destination = None;
@@ -390,16 +405,17 @@ impl View {
                 name,
                 node: owner,
                 descriptor,
-                ..
+                revision,
             } => {
-                if let Some(target) = self.targets.get_mut(&name)
-                    && target.descriptor != descriptor
-                {
-                    let len = descriptor.len() as usize;
-                    target.expected = expected_checksum(&name, len);
-                    target.descriptor = descriptor;
-                    target.node = owner;
-                    println!("{} `{name}` republished by `{}`", stamp(), target.node);
+                if let Some(target) = self.targets.get_mut(&name) {
+                    target.revision = revision;
+                    if target.descriptor != descriptor {
+                        let len = descriptor.len() as usize;
+                        target.expected = expected_checksum(&name, len);
+                        target.descriptor = descriptor;
+                        target.node = owner;
+                        println!("{} `{name}` republished by `{}`", stamp(), target.node);
+                    }
                 }
             }
             DirectoryEvent::Withdrawn { name } => {
@@ -411,6 +427,9 @@ impl View {
                 println!("{} etcd watch lost ({error}); reconnecting", stamp());
             }
             DirectoryEvent::StoreReplaced { reason } => {
+                for target in self.targets.values_mut() {
+                    target.revision = 0;
+                }
                 println!(
                     "{} etcd lost its data or was replaced ({reason}); following the new store",
                     stamp()
