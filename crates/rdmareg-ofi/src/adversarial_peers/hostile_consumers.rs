@@ -1241,3 +1241,104 @@ fn owner_forgets_connected_consumers(allowed: Allowed) {
     assert!(landed.iter().flatten().all(|&b| b == 0x61));
     assert!(all, "unmaps {unmapped:?}");
 }
+
+/// A region is served to a consumer that asked for all of it and takes its
+/// time to receive (over tcp the 1 MiB reply waits for its receive: a read
+/// lease), and is also the destination of the owner's own read from a
+/// peer that never answers. The unmap waits for both; the read into the
+/// region runs into its deadline first. The unmap must keep waiting for
+/// the reply and answer `Ok` once the consumer took it.
+#[test]
+fn an_unmap_outlasts_a_read_into_a_served_region_then_answers_ok() {
+    let rt = runtime();
+    let config = config(Provider::Tcp);
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let o = owner.backend();
+    let len = 1usize << 20;
+    let src = Memory::filled(len, 0x6D);
+    let src_region = src.map(&rt, &o);
+    let key = PackedKey::decode(&src_region.packed_key).unwrap();
+
+    let mut holder = RawPeer::open(&config);
+    let to_owner = holder.insert(&owner.fabric_address());
+    holder.introduce(to_owner, 99);
+    let me = holder.address().to_vec();
+    holder.send(
+        to_owner,
+        REQUEST_TAG,
+        forged_request(
+            1,
+            key.region_id,
+            key.capability,
+            src.addr() as u64,
+            len as u64,
+            &me,
+        ),
+    );
+    holder.progress_for(Duration::from_millis(300));
+
+    // A read into the same region, from a peer that never answers.
+    let mut silent = RawPeer::open(&config);
+    owner.add_peer(PeerId(7), silent.address()).unwrap();
+    let read = rt.spawn({
+        let o = o.clone();
+        let request = get(
+            PeerId(7),
+            &raw_owner_key(silent.address(), 4096),
+            0x10_0000,
+            &src_region,
+            0,
+            4096,
+            Duration::from_millis(600),
+        );
+        // SAFETY: the destination is this test's `Memory`, read again only
+        // after the engine let go of it.
+        async move { unsafe { o.get(request) }.await }
+    });
+    let asked = silent.take_request();
+    assert!(!asked.is_empty(), "the silent peer was asked");
+
+    let unmap = rt.spawn({
+        let o = o.clone();
+        let id = src_region.backend_region_id;
+        async move { o.unmap(id).await }
+    });
+    let until = Instant::now() + Duration::from_secs(5);
+    while !read.is_finished() && Instant::now() < until {
+        holder.progress_for(Duration::from_millis(10));
+    }
+    let read = read
+        .is_finished()
+        .then(|| rt.block_on(read).expect("the read task"));
+    holder.progress_for(Duration::from_millis(500));
+    let (early, unmapped) = if unmap.is_finished() {
+        (Some(rt.block_on(unmap).expect("the unmap task")), None)
+    } else {
+        // The consumer takes its reply now.
+        let (reply, _) = holder.receive(to_owner, 1, REPLY_IGNORE, len);
+        let took = holder.wait(reply);
+        let until = Instant::now() + Duration::from_secs(5);
+        while !unmap.is_finished() && Instant::now() < until {
+            holder.progress_for(Duration::from_millis(10));
+        }
+        assert!(
+            matches!(took, Some(Ended::Done { .. })),
+            "the consumer took its reply: {took:?}"
+        );
+        let unmapped = unmap
+            .is_finished()
+            .then(|| rt.block_on(unmap).expect("the unmap task"));
+        (None, unmapped)
+    };
+    drop(holder);
+    drop(silent);
+    owner.shutdown_blocking();
+    src.free_after(owner.live_registrations() == 0);
+    assert_eq!(read, Some(Err(RdmaError::Timeout)), "the silent read");
+    assert_eq!(
+        early, None,
+        "the unmap answered while the consumer had not taken a reply sent from the region"
+    );
+    assert_eq!(unmapped, Some(Ok(())), "the unmap once the reply was taken");
+    assert_eq!(owner.live_registrations(), 0);
+}
