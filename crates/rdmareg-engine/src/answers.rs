@@ -1,11 +1,11 @@
-//! A batch's answers as its entries finish, on the progress thread.
+//! A batch's results as its entries finish, on the progress thread.
 //!
-//! A batch arrives as one command and leaves as one answer: its entries are
+//! A batch arrives as one command and completes with one reply: its entries are
 //! posted in one turn of the loop, each finishes on its own (its own error,
 //! deadline and destination hold, exactly as a single read), and the entry
-//! that finishes last sends the whole list. An entry is answered once; a
-//! second answer for it is ignored, so a late or duplicated completion can
-//! never overwrite an outcome the caller may already act on.
+//! that finishes last sends the whole list. An entry's outcome is recorded
+//! once; a second outcome for it is ignored, so a late or duplicated
+//! completion can never overwrite an outcome the caller may already act on.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -14,7 +14,7 @@ use rdmareg_core::RdmaError;
 
 use crate::command::BatchReply;
 
-/// The answers of one batch.
+/// The results of one batch.
 #[derive(Debug)]
 pub struct BatchAnswers {
     answers: RefCell<Vec<Option<Result<(), RdmaError>>>>,
@@ -23,7 +23,7 @@ pub struct BatchAnswers {
 }
 
 impl BatchAnswers {
-    /// A batch of `entries` reads answered on `reply`.
+    /// A batch of `entries` reads whose results are sent on `reply`.
     pub fn new(entries: usize, reply: BatchReply) -> Rc<BatchAnswers> {
         Rc::new(BatchAnswers {
             answers: RefCell::new(vec![None; entries]),
@@ -32,9 +32,9 @@ impl BatchAnswers {
         })
     }
 
-    /// Records entry `index`'s outcome; true if that answered the batch's
-    /// caller (it was the last entry). An index out of range or answered
-    /// already changes nothing.
+    /// Records entry `index`'s outcome; true if that completed the batch for
+    /// its caller (it was the last entry). An index out of range or
+    /// recorded already changes nothing.
     pub fn record(&self, index: usize, outcome: Result<(), RdmaError>) -> bool {
         {
             let mut answers = self.answers.borrow_mut();
@@ -66,7 +66,7 @@ impl BatchAnswers {
         }
     }
 
-    /// Whether nobody waits for the answer any more.
+    /// Whether nobody waits for the results any more.
     pub fn is_abandoned(&self) -> bool {
         self.reply.borrow().as_ref().is_none_or(|r| r.is_canceled())
     }

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use futures::channel::oneshot;
 use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
 
-/// Where the thread answers one command.
+/// Where the thread sends one command's result.
 pub type Reply<T> = oneshot::Sender<Result<T, RdmaError>>;
 
-/// Where the thread answers a batch: one result per request, in order.
+/// Where the thread sends a batch's results: one per request, in order.
 pub type BatchReply = oneshot::Sender<Vec<Result<(), RdmaError>>>;
 
 /// One request to the progress thread.
@@ -27,7 +27,7 @@ pub enum Command<P> {
         ptr: usize,
         /// Length in bytes, at least 1.
         len: usize,
-        /// Where the region is answered.
+        /// Where the region is returned.
         reply: Reply<BackendRegion>,
     },
     /// Deregister `id` (idempotent).
@@ -41,17 +41,17 @@ pub enum Command<P> {
     Get {
         /// What to read, and where to.
         request: BackendGet,
-        /// Answered once the transport released the destination.
+        /// Completed only once the transport released the destination.
         reply: Reply<()>,
     },
-    /// Read several ranges; one answer per request, in order.
+    /// Read several ranges; one result per request, in order.
     GetBatch {
         /// The reads.
         requests: Vec<BackendGet>,
-        /// Answered once every entry's destination was released.
+        /// Completed only once every entry's destination was released.
         reply: BatchReply,
     },
-    /// A batch posted again and again (shared): answered as `GetBatch`; a
+    /// A batch posted again and again (shared): completed as `GetBatch`; a
     /// driver may keep work it derived from the list for the next post of
     /// the same `Arc`.
     GetSharedBatch {
@@ -70,7 +70,7 @@ pub enum Command<P> {
 }
 
 impl<P> Command<P> {
-    /// Answers the command with [`RdmaError::ShuttingDown`] without doing
+    /// Completes the command with [`RdmaError::ShuttingDown`] without doing
     /// it. A driver command and a shutdown are dropped: their senders see
     /// the channel closed.
     pub fn refuse(self) {

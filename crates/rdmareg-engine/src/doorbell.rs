@@ -98,7 +98,7 @@ impl Doorbell {
     pub fn drain(&self) -> u64 {
         let mut count: u64 = 0;
         // SAFETY: reads 8 bytes into a live u64 from an eventfd this struct
-        // owns; non-blocking, so an empty counter answers EAGAIN.
+        // owns; non-blocking, so an empty counter returns EAGAIN.
         let n = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), 8) };
         if n == 8 { count } else { 0 }
     }

@@ -2,13 +2,13 @@
 //! `RdmaBackend` implementation delegates to.
 //!
 //! Each method turns into one command for the progress thread and awaits its
-//! one-shot answer. What this layer adds is cancellation safety:
+//! one-shot reply. What this layer adds is cancellation safety:
 //!
 //! - `map` mints the region id *before* it pushes the command. If its future
-//!   is dropped before the answer was taken, a guard pushes a compensating
+//!   is dropped before the result was taken, a guard pushes a compensating
 //!   unmap of that id on the control lane (idempotent: harmless if the map
 //!   never ran); the thread, for its part, skips a map whose caller is gone
-//!   and rolls back one whose answer could not be delivered. A dropped map
+//!   and rolls back one whose result could not be delivered. A dropped map
 //!   leaves no registration behind.
 //! - `unmap` is pushed onto the ring when it is *called*, in order with the
 //!   caller's earlier GETs (which it must wait for) and later ones (which it
@@ -20,7 +20,7 @@
 //!   ([`lanes`](crate::lanes)).
 //! - `get` and batches leave everything to the thread once pushed: the
 //!   destination stays held until the transport released it, whether or not
-//!   anyone awaits the answer.
+//!   anyone awaits the result.
 //!
 //! A driver whose reads can sometimes be copied on the caller's own thread
 //! (same-host memory it may read directly) plugs that in as
@@ -99,7 +99,7 @@ impl<P, C> Clone for Front<P, C> {
     }
 }
 
-/// Owns a map's answer channel and, until the answer has been taken, the
+/// Owns a map's reply channel and, until the result has been taken, the
 /// duty to undo the map.
 struct PendingMap<'a, P> {
     submitter: &'a Submitter<P>,
@@ -110,9 +110,9 @@ struct PendingMap<'a, P> {
 
 impl<P> Drop for PendingMap<'_, P> {
     fn drop(&mut self) {
-        // Close the answer channel first: a map the thread has not reached
+        // Close the reply channel first: a map the thread has not reached
         // yet then sees its caller gone and is skipped, and one it is
-        // running cannot deliver its answer and is rolled back.
+        // running cannot deliver its result and is rolled back.
         drop(self.answer.take());
         if self.armed {
             let _ = self.submitter.send_control(Command::Unmap {
@@ -176,7 +176,7 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 Some(answer) => answer.await,
                 None => return Err(RdmaError::ShuttingDown),
             };
-            // The answer is in hand (or the thread dropped the command at
+            // The result is in hand (or the thread dropped the command at
             // teardown, which releases everything): nothing left to undo.
             pending.armed = false;
             answer.unwrap_or(Err(RdmaError::ShuttingDown))
@@ -184,7 +184,7 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
     }
 
     /// `RdmaBackend::unmap`: submitted when called; the future only waits
-    /// for the answer.
+    /// for the result.
     pub fn unmap(&self, region_id: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
         if let Some(answer) = self.submitter.lifecycle().unmap_after_teardown(region_id) {
             return Box::pin(std::future::ready(answer));
@@ -280,7 +280,7 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
 
     /// A batch, owned or shared: copied on the caller's thread if it may
     /// be, otherwise sent to the thread as the command `command` makes of
-    /// it and its answer channel.
+    /// it and its reply channel.
     ///
     /// # Safety
     /// [`RdmaBackend::get_batch`](rdmareg_backend::RdmaBackend::get_batch)'s

@@ -20,8 +20,8 @@
 //!   before reads into its region still waiting in the ring. Those reads
 //!   then find the region gone and are refused
 //!   ([`RdmaError::RegionNotFound`]) before anything is written, instead of
-//!   landing before the unmap; the unmap's own caller no longer waits for
-//!   its answer;
+//!   being written before the unmap; the unmap's own caller no longer
+//!   waits for its result;
 //! - a driver command on the control lane (a peer change sent there, or
 //!   one [`Submitter::push_now`] diverted from a full ring) is made before
 //!   reads still waiting in the ring, which then go by the peer table as it
@@ -79,7 +79,7 @@ pub enum Served<P> {
     },
     /// Stop serving: a shutdown was dispatched, or every submitter is gone.
     /// `leftover` is a ring command taken but not dispatched (a shutdown
-    /// was found on the control lane just before it): teardown must answer
+    /// was found on the control lane just before it): teardown must complete
     /// it.
     Stop {
         /// The command taken but not handled.

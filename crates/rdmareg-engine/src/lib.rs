@@ -12,16 +12,16 @@
 //! - [`front`]: the `RdmaBackend` methods over those commands, with their
 //!   cancellation rules;
 //! - [`thread`]: starting the thread, and joining it within a deadline;
-//! - [`answers`]: a batch's answers as its entries finish;
+//! - [`answers`]: a batch's results as its entries finish;
 //! - [`deadlines`]: reads' deadlines, earliest first;
 //! - [`served`]: the served-read protocol as state machines with no I/O and
 //!   no clock, checked by seeded simulators: the owner side (admission,
 //!   read leases, unmaps that wait for them) and the consumer side (which
-//!   reply may write a destination, answers only after release).
+//!   reply may write a destination, completes a read only after release).
 //!
 //! A driver (the transport's crate) creates and progresses the transport's
-//! objects, and turns their completions into answers. This crate never
-//! calls UCX or libfabric.
+//! objects, and turns their completions into results for the callers. This
+//! crate never calls UCX or libfabric.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -6,11 +6,11 @@
 //! register and deregister calls, so zero after teardown means every region
 //! was really released (the backend contract's `live_registrations`).
 //!
-//! After teardown has finished, an unmap is answered here instead of by the
+//! After teardown has finished, an unmap is completed here instead of by the
 //! thread (which is gone): `Ok` for every id but those teardown failed to
-//! deregister, because an id that names nothing answers `Ok` (the contract's
+//! deregister, because an id that names nothing returns `Ok` (the contract's
 //! idempotent unmap), while a region teardown could not release is still
-//! registered as far as anyone can tell and answers
+//! registered as far as anyone can tell and returns
 //! [`RdmaError::ShuttingDown`].
 
 use std::collections::HashSet;
@@ -93,7 +93,7 @@ impl Lifecycle {
         self.still_registered_after_teardown.get().is_some()
     }
 
-    /// The answer to an unmap of `id` once teardown has finished (module
+    /// The result of an unmap of `id` once teardown has finished (module
     /// docs); `None` while the thread still runs.
     pub fn unmap_after_teardown(&self, id: u64) -> Option<Result<(), RdmaError>> {
         let still = self.still_registered_after_teardown.get()?;

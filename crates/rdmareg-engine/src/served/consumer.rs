@@ -6,7 +6,7 @@
 //! replies as they arrive ([`Consumer::handle_reply`]), the end of the
 //! transport's copy into the destination ([`Consumer::landed`]), a failed
 //! request send, a failed endpoint, the clock ([`Consumer::handle_timeout`]),
-//! shutdown. The machine decides; the driver acts. Answers come out of
+//! shutdown. The machine decides; the driver acts. Completions come out of
 //! [`Consumer::poll_answer`], each read's exactly once.
 //!
 //! # Rules, and why
@@ -20,17 +20,17 @@
 //!   twice or race the first.
 //! - **A served reply must carry exactly the bytes asked for.** A longer
 //!   payload would overrun the destination (some transports do not check a
-//!   receive's size), a shorter one would leave stale bytes answered `Ok`.
-//! - **A read is answered only once the transport released its
+//!   receive's size), a shorter one would complete stale bytes with `Ok`.
+//! - **A read completes only once the transport released its
 //!   destination.** While a read waits for its reply the transport holds
 //!   nothing of the destination, so its deadline, a failed endpoint or
-//!   shutdown answers it at once (and a late reply is dropped). Once the
+//!   shutdown completes it at once (and a late reply is dropped). Once the
 //!   payload is being written ([`ReplyVerdict::Land`]), only
-//!   [`Consumer::landed`] answers it: past the deadline the machine asks the
-//!   driver to stop the transfer ([`TimeoutAction::StopLanding`]), and the
-//!   answer is `Timeout` when the transport reports the end — or `Ok` if the
-//!   bytes arrived after all. Answering earlier would hand the caller a
-//!   buffer the transport may still write.
+//!   [`Consumer::landed`] completes it: past the deadline the machine asks the
+//!   driver to stop the transfer ([`TimeoutAction::StopLanding`]), and it
+//!   completes with `Timeout` when the transport reports the end — or `Ok`
+//!   if the bytes arrived after all. Completing earlier would hand the
+//!   caller a buffer the transport may still write.
 //!
 //! # Two kinds of transport
 //!
@@ -45,7 +45,7 @@
 //! [`Consumer::landed`].
 //!
 //! Each read carries a value of the driver's (`T`, say its op slot), handed
-//! back with its answer.
+//! back with its result.
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
@@ -64,13 +64,13 @@ pub struct ReadId(pub u64);
 /// A reply header, decoded from the driver's wire format.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
-    /// The request id it answers.
+    /// The request id it replies to.
     pub request_id: u64,
     /// What the owner said.
     pub outcome: ReplyOutcome,
 }
 
-/// What an owner answered a read.
+/// What an owner replied to a read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplyOutcome {
     /// The bytes follow: `length` of them.
@@ -91,14 +91,14 @@ pub enum ReplyVerdict {
     /// Write the payload into the read's destination (copy it, or start the
     /// transport's receive into it), then report [`Consumer::landed`].
     Land(ReadId),
-    /// The read is answered with an error; nothing is written.
+    /// The read completes with an error; nothing is written.
     Refused(ReadId),
 }
 
 /// Why a reply was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DropReason {
-    /// No read waits for that request id (never started, answered, or past
+    /// No read waits for that request id (never started, completed, or past
     /// its deadline).
     NotAwaited,
     /// A read waits for it, but its request went out on another endpoint.
@@ -109,7 +109,7 @@ pub enum DropReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TimeoutAction<E> {
     /// The payload of `read` is being written on `endpoint`: stop it (close
-    /// the endpoint, cancel the receive). The read is answered when the
+    /// the endpoint, cancel the receive). The read completes when the
     /// transport reports the end ([`Consumer::landed`]).
     StopLanding {
         /// The read past its deadline.
@@ -125,7 +125,7 @@ enum Phase {
     /// The request is out; the transport holds nothing of the destination.
     AwaitingReply,
     /// The payload is being written (or a receive into the destination is
-    /// posted); only the transport's end answers.
+    /// posted); only the transport's end completes it.
     Landing {
         /// The deadline passed meanwhile.
         expired: bool,
@@ -148,7 +148,7 @@ struct Read<E, T> {
 #[cfg(test)]
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Defects {
-    /// Answer a read past its deadline at once, even while its payload is
+    /// Complete a read past its deadline at once, even while its payload is
     /// still being written.
     pub(crate) answer_before_release: bool,
     /// Take a reply from whichever endpoint it came on.
@@ -161,7 +161,7 @@ pub(crate) struct Defects {
     pub(crate) accept_refusals_from_any_endpoint: bool,
 }
 
-/// A read's answer, with the driver's value it was started with.
+/// A read's result, with the driver's value it was started with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer<T> {
     /// The read.
@@ -209,7 +209,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
 
     /// Starts a read of `length` bytes from the owner at `endpoint`, due by
     /// `deadline`, waiting for its reply. The driver sends the request with
-    /// `request_id = id.0`. After shutdown began the read is answered
+    /// `request_id = id.0`. After shutdown began the read completes with
     /// [`RdmaError::ShuttingDown`] at once and the driver sends nothing.
     pub fn start(&mut self, endpoint: E, length: u64, deadline: Instant, payload: T) -> ReadId {
         self.enter(endpoint, length, deadline, payload, Phase::AwaitingReply)
@@ -218,7 +218,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     /// As [`start`](Self::start), for a transport that receives the reply
     /// straight into the destination: the driver posts the receive, then
     /// sends the request; the read ends only through
-    /// [`landed`](Self::landed). After shutdown began the read is answered
+    /// [`landed`](Self::landed). After shutdown began the read completes
     /// at once and the driver posts nothing.
     pub fn start_receiving(
         &mut self,
@@ -266,14 +266,14 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
         id
     }
 
-    /// The driver's value of a read not answered yet.
+    /// The driver's value of a read not completed yet.
     pub fn payload(&self, read: ReadId) -> Option<&T> {
         self.reads.get(&read.0).map(|entry| &entry.payload)
     }
 
     /// The request of `read` could not be sent. A read waiting for its
-    /// reply is answered with `error` at once. A read with a posted
-    /// receive is answered with `error` once the transport gave the receive
+    /// reply completes with `error` at once. A read with a posted
+    /// receive completes with `error` once the transport gave the receive
     /// back: true asks the driver to cancel it.
     pub fn request_failed(&mut self, read: ReadId, error: RdmaError) -> bool {
         let Some(entry) = self.reads.get_mut(&read.0) else {
@@ -345,7 +345,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     /// The transport finished writing `read`'s payload, or gave the
     /// destination back: `result` is what it reported (for a posted
     /// receive, the owner's verdict). This is the release of the
-    /// destination, and answers the read.
+    /// destination, and completes the read.
     pub fn landed(&mut self, read: ReadId, result: Result<(), RdmaError>) {
         let Some(entry) = self.reads.get(&read.0) else {
             return;
@@ -365,7 +365,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     }
 
     /// The endpoint to an owner failed. Reads on it that wait for their
-    /// reply are answered with `error`; reads whose destination the
+    /// reply complete with `error`; reads whose destination the
     /// transport holds wait for it to give it back, and are returned so the
     /// driver can make sure it does (cancel their receives).
     pub fn endpoint_failed(&mut self, endpoint: E, error: RdmaError) -> Vec<ReadId> {
@@ -388,12 +388,12 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     }
 
     /// Expires reads whose deadline is not after `now`: a read waiting for
-    /// its reply is answered `Timeout`; one whose destination the transport
+    /// its reply completes with `Timeout`; one whose destination the transport
     /// holds yields a [`TimeoutAction::StopLanding`].
     pub fn handle_timeout(&mut self, now: Instant) -> Vec<TimeoutAction<E>> {
         let mut actions = Vec::new();
         while let Some((deadline, _, id)) = self.deadlines.peek() {
-            // Entries of answered reads leave from the front whatever their
+            // Entries of completed reads leave from the front whatever their
             // time, so a busy loop that never sleeps keeps the queue as
             // short as its oldest live read allows.
             let live = self.reads.contains_key(&id);
@@ -428,7 +428,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
         actions
     }
 
-    /// The earliest deadline of a read not answered yet, for the driver's
+    /// The earliest deadline of a read not completed yet, for the driver's
     /// sleep.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         while let Some((deadline, _, id)) = self.deadlines.peek() {
@@ -440,7 +440,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
         None
     }
 
-    /// Teardown begins: reads waiting for their reply are answered
+    /// Teardown begins: reads waiting for their reply complete with
     /// [`RdmaError::ShuttingDown`], reads whose destination the transport
     /// holds wait for it, and new reads are refused.
     pub fn shutdown(&mut self) {
@@ -456,17 +456,17 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
         }
     }
 
-    /// The next answer to give: each read's exactly once.
+    /// The next completion to hand out: each read's exactly once.
     pub fn poll_answer(&mut self) -> Option<Answer<T>> {
         self.answers.pop_front()
     }
 
-    /// Reads not answered yet.
+    /// Reads not completed yet.
     pub fn in_flight(&self) -> usize {
         self.reads.len()
     }
 
-    /// Deadlines queued, answered reads' included until they leave.
+    /// Deadlines queued, completed reads' included until they leave.
     #[cfg(test)]
     pub(crate) fn queued_deadlines(&self) -> usize {
         self.deadlines.len()

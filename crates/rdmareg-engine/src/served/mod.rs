@@ -13,9 +13,9 @@
 //!
 //! - [`owner`]: the owner side.
 //! - [`consumer`]: the consumer side: which reply may write a read's
-//!   destination, and when a read is answered.
+//!   destination, and when a read completes.
 //! - [`wire`]: the UCX engine's request and reply formats, one way to
-//!   feed and answer the owner.
+//!   feed the owner and send its replies.
 //!
 //! # A driver's part
 //!
@@ -26,7 +26,7 @@
 //!
 //! - after `ucp_mem_map` and drawing 16 random bytes,
 //!   [`Owner::register`]; the driver keeps the region's memory handle;
-//! - on an unmap, [`Owner::unmap`]: `NotRegistered` answers the caller
+//! - on an unmap, [`Owner::unmap`]: `NotRegistered` completes the caller
 //!   now, `Waiting` parks the caller under the region's id;
 //! - in the request handler, [`Owner::handle_request`] with the reply
 //!   endpoint's address as the endpoint, then every action at once, while
@@ -36,7 +36,7 @@
 //!   reports [`Owner::send_completed`] or [`Owner::send_failed`] with the
 //!   action's [`SendId`] — at once when the send ended inside the call;
 //! - [`Action::Unmapped`]: `ucp_mem_unmap`, and every parked caller
-//!   answered;
+//!   completed;
 //! - at teardown [`Owner::shutdown`], and once the worker is destroyed
 //!   [`Owner::transport_closed`].
 

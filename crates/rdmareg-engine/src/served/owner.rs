@@ -12,9 +12,9 @@
 //!    [`Owner::unmap`] when a caller asks to unmap one.
 //! 2. [`Owner::handle_request`] (UCX bytes, see [`wire`]) or
 //!    [`Owner::handle_read`] (a request the driver decoded itself) for
-//!    each request that arrived, with the endpoint to answer on;
+//!    each request that arrived, with the endpoint to reply on;
 //!    [`Owner::handle_list_request`] or [`Owner::handle_list`] for a
-//!    gathered list.
+//!    batched list.
 //! 3. Then [`Owner::poll_action`] until it returns `None`: an
 //!    [`Action::Serve`] is a send of the reply header and the payload
 //!    `[address, address + length)` of a registered region; an
@@ -22,7 +22,7 @@
 //!    [`Action::ServeList`] a list reply header and its served entries'
 //!    bytes back to back; an
 //!    [`Action::Unmapped`] says no send reads the region any more, so the
-//!    driver deregisters it and answers every caller waiting on its unmap.
+//!    driver deregisters it and completes every caller waiting on its unmap.
 //! 4. [`Owner::send_completed`] or [`Owner::send_failed`] when the
 //!    transport reports a send of step 3 ended, and not earlier: until
 //!    then the transport may still read the region.
@@ -58,7 +58,7 @@
 //!   only when the last lease ended, so the caller's permission to free
 //!   the memory comes only after the transport stopped reading it. Every
 //!   unmap submitted meanwhile joins the same wait; an unmap of an id the
-//!   owner does not hold is answered at once ([`UnmapStatus::NotRegistered`]).
+//!   owner does not hold completes at once ([`UnmapStatus::NotRegistered`]).
 //! - **Region ids are the driver's and never reused by it**, and every
 //!   registration gets a fresh capability, so a descriptor of an earlier
 //!   registration names nothing; the owner refuses to register an id it
@@ -75,14 +75,14 @@
 //!   consumer that does not take its refusals would otherwise grow them.
 //!   An endpoint's record is forgotten when both its counts are back at
 //!   zero, so the driver may give its id to a later endpoint.
-//! - **A gathered list** is judged entry by entry, each exactly as a
+//! - **A batched list** is judged entry by entry, each exactly as a
 //!   single read (one lease and one place under the endpoint's bound per
 //!   served entry; past the bound an entry is busy), so a list is no way
 //!   around a rule. An entry longer than [`ListLimits::max_entry`], or one
 //!   that would take the list's served bytes past
 //!   [`ListLimits::max_total`], is refused [`Refusal::Malformed`]: the
-//!   consumer expects a list's bytes in one eager payload. The answers go
-//!   out in request order, cut into replies of at most
+//!   consumer expects a list's bytes in one eager payload. The entries' replies
+//!   go out in request order, cut into replies of at most
 //!   [`ListLimits::entries_per_reply`] entries and
 //!   [`ListLimits::payload_per_reply`] bytes; a reply that serves nothing
 //!   counts as one refusal. A list that does not decode is dropped: it has
@@ -111,7 +111,7 @@ use super::wire;
 /// carries, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Read {
-    /// Chosen by the consumer; echoed in the answer.
+    /// Chosen by the consumer; echoed in the reply.
     pub request_id: u64,
     /// The registration's id, from the consumer's descriptor.
     pub region: u64,
@@ -145,11 +145,11 @@ pub enum Refusal {
     /// allows; nothing is wrong with the read itself.
     Busy,
     /// The transport could not confirm that the request came from the
-    /// endpoint the answer would go to; the consumer may ask again. Decided
+    /// endpoint the reply would go to; the consumer may ask again. Decided
     /// by a driver whose transport names senders (libfabric's `FI_SOURCE`)
     /// and passed to [`Owner::refuse_request`]; never by the owner itself.
     Unverified,
-    /// The request came from another endpoint than the one the answer
+    /// The request came from another endpoint than the one the reply
     /// would go to. Decided by a driver, as [`Refusal::Unverified`].
     NotTheRequester,
     /// A refusal code this build does not know (decoded from a peer of a
@@ -222,8 +222,8 @@ pub enum Action<E> {
         /// Why.
         refusal: Refusal,
     },
-    /// Send one reply to a gathered list on `endpoint`: a header with one
-    /// answer per entry of this part of the list, in request order, then
+    /// Send one reply to a batched list on `endpoint`: a header with one
+    /// result per entry of this part of the list, in request order, then
     /// the served entries' bytes back to back in that order. Report its
     /// end with `send`.
     ServeList {
@@ -231,11 +231,11 @@ pub enum Action<E> {
         endpoint: E,
         /// The send's id.
         send: SendId,
-        /// The answers this reply carries.
+        /// The entries' results this reply carries.
         answers: Vec<ListAnswer>,
     },
     /// No send reads `region` any more and the owner forgot it: deregister
-    /// it with the transport and answer every caller of its unmap.
+    /// it with the transport and complete every caller of its unmap.
     Unmapped {
         /// The region.
         region: u64,
@@ -279,7 +279,7 @@ impl<E: Copy> Action<E> {
     }
 }
 
-/// The owner's answer to one entry of a gathered list.
+/// The owner's reply to one entry of a batched list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListAnswer {
     /// The entry's request id, echoed.
@@ -288,19 +288,19 @@ pub struct ListAnswer {
     pub answer: Result<Payload, Refusal>,
 }
 
-/// The bounds of a gathered list and of each reply that answers one.
+/// The bounds of a batched list and of each reply to one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListLimits {
-    /// Largest entry that is gathered: a longer one is refused
+    /// Largest entry that is batched: a longer one is refused
     /// [`Refusal::Malformed`], never served in a way its consumer would not
     /// expect.
     pub max_entry: u64,
     /// Most bytes the served entries of one list take together; an entry
     /// past it is refused [`Refusal::Malformed`].
     pub max_total: u64,
-    /// Most entries one reply answers: the transport's bound on a header
+    /// Most entries one reply carries: the transport's bound on a header
     /// (UCX writes a longer one past its fragment buffer). A list is
-    /// answered in several replies, in order, when it has more.
+    /// replied to in several replies, in order, when it has more.
     pub entries_per_reply: usize,
     /// Most payload bytes one reply carries, except that an entry longer
     /// than this goes alone (over tcp, one fragment's payload).
@@ -323,7 +323,7 @@ impl Default for ListLimits {
 /// How the owner took an unmap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnmapStatus {
-    /// The owner holds no such region: answer the caller `Ok` now.
+    /// The owner holds no such region: complete the caller with `Ok` now.
     NotRegistered,
     /// The region is unmapping; [`Action::Unmapped`] follows once its last
     /// lease ended (at once if it holds none).
@@ -594,7 +594,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         }
     }
 
-    /// A gathered list arrived on `endpoint` as the UCX engine encodes it
+    /// A batched list arrived on `endpoint` as the UCX engine encodes it
     /// ([`wire`]); bytes that do not decode are dropped, as there are no
     /// request ids to trust in them.
     pub fn handle_list_request(&mut self, endpoint: E, bytes: &[u8], limits: ListLimits) {
@@ -607,9 +607,9 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         }
     }
 
-    /// A decoded gathered list arrived on `endpoint`: each entry is judged
+    /// A decoded batched list arrived on `endpoint`: each entry is judged
     /// as a single read is, one lease and one place under the endpoint's
-    /// bound per served entry, and the answers go out in one or more
+    /// bound per served entry, and the entries' results go out in one or more
     /// [`Action::ServeList`] replies within `limits`, in request order. A
     /// reply that serves no entry counts as one refusal, and is not sent
     /// past the refusal bound.
@@ -687,7 +687,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     /// capability, unmapping, range, in that order — but takes no lease,
     /// counts nothing under a bound and asks for no send: for a driver
     /// that copies the bytes of a served read out of the registration
-    /// before it feeds the owner anything else (libfabric's gathered
+    /// before it feeds the owner anything else (libfabric's batched
     /// replies are such a copy), so that no unmap can finish while the
     /// copy runs and no lease would outlive it.
     pub fn check_read(&self, read: &Read) -> Result<Payload, Refusal> {
@@ -954,9 +954,10 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     }
 }
 
-/// How many of `answers`, from the first, the next reply carries: at most
-/// `entries_per_reply`, and served entries of at most `payload_per_reply`
-/// bytes together, except that an entry longer than that goes alone.
+/// How many of the entries' results `answers`, from the first, the next
+/// reply carries: at most `entries_per_reply`, and served entries of at
+/// most `payload_per_reply` bytes together, except that an entry longer
+/// than that goes alone.
 fn part_len(answers: &[ListAnswer], limits: ListLimits) -> usize {
     let mut end = 0;
     let mut payload = 0u64;
@@ -1109,7 +1110,7 @@ mod tests {
 
     /// An id the owner never held, and the id of a finished unmap, name
     /// nothing; a later registration under another id with a fresh
-    /// capability does not answer the old descriptor either.
+    /// capability does not serve the old descriptor either.
     #[test]
     fn a_reused_region_id_names_nothing() {
         let mut owner = owner(4);
@@ -1358,7 +1359,7 @@ mod tests {
         assert_eq!(owner.endpoints(), 0);
     }
 
-    /// The UCX reply header of each answer.
+    /// The UCX reply header of each entry's result.
     #[test]
     fn an_answer_gives_its_ucx_reply_header() {
         let mut owner = owner(4);
@@ -1382,7 +1383,8 @@ mod tests {
         }
     }
 
-    /// The answers of each list reply `owner` asks for, and their sends.
+    /// The entries' results of each list reply `owner` asks for, and their
+    /// sends.
     fn list_replies(owner: &mut Owner<u64>) -> Vec<(SendId, Vec<ListAnswer>)> {
         actions(owner)
             .into_iter()
@@ -1461,7 +1463,7 @@ mod tests {
         );
     }
 
-    /// A list is answered in several replies, in order, when it has more
+    /// A list is replied to in several replies, in order, when it has more
     /// entries than one reply's header carries or more bytes than one
     /// reply's payload; an entry longer than a reply's payload goes alone.
     #[test]
@@ -1553,7 +1555,7 @@ mod tests {
     }
 
     /// A list that does not decode is dropped: there is no request id in it
-    /// to answer; one that does is served, with the UCX list reply header.
+    /// to reply to; one that does is served, with the UCX list reply header.
     #[test]
     fn a_malformed_list_is_dropped() {
         let mut owner = owner(8);
@@ -1595,7 +1597,7 @@ mod tests {
         assert_eq!(owner.leases_in_flight(), 0);
     }
 
-    /// `check_read` gives every read the answer `handle_read` would (on
+    /// `check_read` gives every read the verdict `handle_read` would (on
     /// an endpoint with room under its bound), and takes no lease: an
     /// unmap after it finishes at once.
     #[test]

@@ -1,9 +1,9 @@
 //! The UCX engine's wire formats of a single served read: the request a
-//! consumer sends and the reply header an owner answers with.
+//! consumer sends and the reply header an owner replies with.
 //!
 //! The one implementation of these bytes: `rdmareg_ucx::read_protocol`
 //! and `rdmareg_ucx::read_list` wrap it in the UCX engine's public types,
-//! and an owner driven by [`Owner`](super::owner::Owner) answers with it.
+//! and an owner driven by [`Owner`](super::owner::Owner) replies with it.
 //! The libfabric engine's request carries the
 //! consumer's address and its refusals travel in the tag, so it decodes
 //! its own bytes into a [`Read`] and feeds [`Owner::handle_read`]
@@ -26,7 +26,7 @@
 //! range, `4` deregistering, `5` malformed request, `6` busy. Codes are
 //! only ever added; a refusal carries `length = 0`.
 //!
-//! **List request** (consumer → owner, a gathered list): `version = 1`,
+//! **List request** (consumer → owner, a batched list): `version = 1`,
 //! three zero bytes, `count: u16` (1 to [`MAX_LIST_ENTRIES`]), two zero
 //! bytes, then `count` entries of `request_id: u64`, `region_id: u64`,
 //! `capability: [u8; 16]`, `address: u64`, `length: u64` (48 bytes each).
@@ -296,7 +296,7 @@ pub fn decode_list_request(bytes: &[u8]) -> Result<Vec<Read>, ProtocolError> {
         .collect())
 }
 
-/// A list reply header's encoding, or `None` for no answers or more than
+/// A list reply header's encoding, or `None` for no entries or more than
 /// [`MAX_LIST_ENTRIES`].
 pub fn encode_list_reply(answers: &[ListAnswer]) -> Option<Vec<u8>> {
     encode_list_reply_fields(answers.iter().map(|answer| match answer.answer {
