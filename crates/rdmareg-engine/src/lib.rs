@@ -12,7 +12,7 @@
 //! - [`front`]: the `RdmaBackend` methods over those commands, with their
 //!   cancellation rules;
 //! - [`thread`]: starting the thread, and joining it within a deadline;
-//! - [`answers`]: a batch's results as its entries finish;
+//! - [`results`]: a batch's results as its entries finish;
 //! - [`deadlines`]: reads' deadlines, earliest first;
 //! - [`served`]: the served-read protocol as state machines with no I/O and
 //!   no clock, checked by seeded simulators: the owner side (admission,
@@ -25,13 +25,13 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod answers;
 pub mod command;
 pub mod deadlines;
 pub mod doorbell;
 pub mod front;
 pub mod lanes;
 pub mod lifecycle;
+pub mod results;
 pub mod served;
 #[cfg(test)]
 mod sim_support;

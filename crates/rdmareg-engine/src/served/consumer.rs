@@ -4,10 +4,10 @@
 //! A driver starts a read ([`Consumer::start`]), sends the request its
 //! transport's way with the read's request id, and feeds back what happens:
 //! replies as they arrive ([`Consumer::handle_reply`]), the end of the
-//! transport's copy into the destination ([`Consumer::landed`]), a failed
+//! transport's copy into the destination ([`Consumer::released`]), a failed
 //! request send, a failed endpoint, the clock ([`Consumer::handle_timeout`]),
 //! shutdown. The machine decides; the driver acts. Completions come out of
-//! [`Consumer::poll_answer`], each read's exactly once.
+//! [`Consumer::poll_completion`], each read's exactly once.
 //!
 //! # Rules, and why
 //!
@@ -25,9 +25,9 @@
 //!   destination.** While a read waits for its reply the transport holds
 //!   nothing of the destination, so its deadline, a failed endpoint or
 //!   shutdown completes it at once (and a late reply is dropped). Once the
-//!   payload is being written ([`ReplyVerdict::Land`]), only
-//!   [`Consumer::landed`] completes it: past the deadline the machine asks the
-//!   driver to stop the transfer ([`TimeoutAction::StopLanding`]), and it
+//!   payload is being written ([`ReplyVerdict::Write`]), only
+//!   [`Consumer::released`] completes it: past the deadline the machine asks the
+//!   driver to stop the transfer ([`TimeoutAction::StopTransfer`]), and it
 //!   completes with `Timeout` when the transport reports the end — or `Ok`
 //!   if the bytes arrived after all. Completing earlier would hand the
 //!   caller a buffer the transport may still write.
@@ -42,7 +42,7 @@
 //! messages), the transport holds the destination from the start
 //! ([`Consumer::start_receiving`]): the owner's verdict comes with the
 //! receive's completion, and every end of such a read goes through
-//! [`Consumer::landed`].
+//! [`Consumer::released`].
 //!
 //! Each read carries a value of the driver's (`T`, say its op slot), handed
 //! back with its result.
@@ -89,8 +89,8 @@ pub enum ReplyVerdict {
     /// the sender to stop). Nothing is written.
     Drop(DropReason),
     /// Write the payload into the read's destination (copy it, or start the
-    /// transport's receive into it), then report [`Consumer::landed`].
-    Land(ReadId),
+    /// transport's receive into it), then report [`Consumer::released`].
+    Write(ReadId),
     /// The read completes with an error; nothing is written.
     Refused(ReadId),
 }
@@ -110,8 +110,8 @@ pub enum DropReason {
 pub enum TimeoutAction<E> {
     /// The payload of `read` is being written on `endpoint`: stop it (close
     /// the endpoint, cancel the receive). The read completes when the
-    /// transport reports the end ([`Consumer::landed`]).
-    StopLanding {
+    /// transport reports the end ([`Consumer::released`]).
+    StopTransfer {
         /// The read past its deadline.
         read: ReadId,
         /// Where its payload comes from.
@@ -126,7 +126,7 @@ enum Phase {
     AwaitingReply,
     /// The payload is being written (or a receive into the destination is
     /// posted); only the transport's end completes it.
-    Landing {
+    Held {
         /// The deadline passed meanwhile.
         expired: bool,
         /// The request could not be sent: the read ends with that error
@@ -150,7 +150,7 @@ struct Read<E, T> {
 pub(crate) struct Defects {
     /// Complete a read past its deadline at once, even while its payload is
     /// still being written.
-    pub(crate) answer_before_release: bool,
+    pub(crate) complete_before_release: bool,
     /// Take a reply from whichever endpoint it came on.
     pub(crate) accept_any_endpoint: bool,
     /// Take a served payload shorter than the read.
@@ -163,7 +163,7 @@ pub(crate) struct Defects {
 
 /// A read's result, with the driver's value it was started with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer<T> {
+pub struct Completion<T> {
     /// The read.
     pub read: ReadId,
     /// What the driver passed when it started the read.
@@ -178,7 +178,7 @@ pub struct Consumer<E, T = ()> {
     reads: HashMap<u64, Read<E, T>>,
     deadlines: DeadlineQueue,
     next_request_id: u64,
-    answers: VecDeque<Answer<T>>,
+    completions: VecDeque<Completion<T>>,
     /// Why a posted-receive read's request could not be sent.
     send_errors: HashMap<u64, RdmaError>,
     closing: bool,
@@ -192,7 +192,7 @@ impl<E, T> Default for Consumer<E, T> {
             reads: HashMap::default(),
             deadlines: DeadlineQueue::default(),
             next_request_id: 1,
-            answers: VecDeque::new(),
+            completions: VecDeque::new(),
             send_errors: HashMap::default(),
             closing: false,
             #[cfg(test)]
@@ -218,7 +218,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     /// As [`start`](Self::start), for a transport that receives the reply
     /// straight into the destination: the driver posts the receive, then
     /// sends the request; the read ends only through
-    /// [`landed`](Self::landed). After shutdown began the read completes
+    /// [`released`](Self::released). After shutdown began the read completes
     /// at once and the driver posts nothing.
     pub fn start_receiving(
         &mut self,
@@ -227,7 +227,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
         deadline: Instant,
         payload: T,
     ) -> ReadId {
-        let phase = Phase::Landing {
+        let phase = Phase::Held {
             expired: false,
             unsent: false,
         };
@@ -245,7 +245,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
         let id = ReadId(self.next_request_id);
         self.next_request_id += 1;
         if self.closing {
-            self.answers.push_back(Answer {
+            self.completions.push_back(Completion {
                 read: id,
                 payload,
                 outcome: Err(RdmaError::ShuttingDown),
@@ -284,8 +284,8 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
                 self.answer(read, Err(error));
                 false
             }
-            Phase::Landing { expired, .. } => {
-                entry.phase = Phase::Landing {
+            Phase::Held { expired, .. } => {
+                entry.phase = Phase::Held {
                     expired,
                     unsent: true,
                 };
@@ -333,11 +333,11 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
                 ReplyVerdict::Refused(id)
             }
             ReplyOutcome::Served { .. } => {
-                read.phase = Phase::Landing {
+                read.phase = Phase::Held {
                     expired: false,
                     unsent: false,
                 };
-                ReplyVerdict::Land(id)
+                ReplyVerdict::Write(id)
             }
         }
     }
@@ -346,11 +346,11 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     /// destination back: `result` is what it reported (for a posted
     /// receive, the owner's verdict). This is the release of the
     /// destination, and completes the read.
-    pub fn landed(&mut self, read: ReadId, result: Result<(), RdmaError>) {
+    pub fn released(&mut self, read: ReadId, result: Result<(), RdmaError>) {
         let Some(entry) = self.reads.get(&read.0) else {
             return;
         };
-        let Phase::Landing { expired, unsent } = entry.phase else {
+        let Phase::Held { expired, unsent } = entry.phase else {
             return;
         };
         let send_error = self.send_errors.remove(&read.0);
@@ -377,7 +377,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
             }
             match read.phase {
                 Phase::AwaitingReply => waiting.push(ReadId(id)),
-                Phase::Landing { .. } => landing.push(ReadId(id)),
+                Phase::Held { .. } => landing.push(ReadId(id)),
             }
         }
         for read in waiting {
@@ -389,7 +389,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
 
     /// Expires reads whose deadline is not after `now`: a read waiting for
     /// its reply completes with `Timeout`; one whose destination the transport
-    /// holds yields a [`TimeoutAction::StopLanding`].
+    /// holds yields a [`TimeoutAction::StopTransfer`].
     pub fn handle_timeout(&mut self, now: Instant) -> Vec<TimeoutAction<E>> {
         let mut actions = Vec::new();
         while let Some((deadline, _, id)) = self.deadlines.peek() {
@@ -406,15 +406,15 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
             };
             match read.phase {
                 Phase::AwaitingReply => self.answer(ReadId(id), Err(RdmaError::Timeout)),
-                Phase::Landing {
+                Phase::Held {
                     expired: false,
                     unsent,
                 } => {
-                    read.phase = Phase::Landing {
+                    read.phase = Phase::Held {
                         expired: true,
                         unsent,
                     };
-                    actions.push(TimeoutAction::StopLanding {
+                    actions.push(TimeoutAction::StopTransfer {
                         read: ReadId(id),
                         endpoint: read.endpoint,
                     });
@@ -422,7 +422,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
                         self.answer(ReadId(id), Err(RdmaError::Timeout));
                     }
                 }
-                Phase::Landing { expired: true, .. } => {}
+                Phase::Held { expired: true, .. } => {}
             }
         }
         actions
@@ -457,8 +457,8 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     }
 
     /// The next completion to hand out: each read's exactly once.
-    pub fn poll_answer(&mut self) -> Option<Answer<T>> {
-        self.answers.pop_front()
+    pub fn poll_completion(&mut self) -> Option<Completion<T>> {
+        self.completions.pop_front()
     }
 
     /// Reads not completed yet.
@@ -474,17 +474,17 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
 
     /// Reads whose destination the transport holds on `endpoint`: the
     /// driver keeps the endpoint until they end.
-    pub fn landing_on(&self, endpoint: E) -> usize {
+    pub fn held_on(&self, endpoint: E) -> usize {
         self.reads
             .values()
-            .filter(|read| read.endpoint == endpoint && matches!(read.phase, Phase::Landing { .. }))
+            .filter(|read| read.endpoint == endpoint && matches!(read.phase, Phase::Held { .. }))
             .count()
     }
 
     fn answer(&mut self, read: ReadId, outcome: Result<(), RdmaError>) {
         if let Some(entry) = self.reads.remove(&read.0) {
             self.send_errors.remove(&read.0);
-            self.answers.push_back(Answer {
+            self.completions.push_back(Completion {
                 read,
                 payload: entry.payload,
                 outcome,
@@ -537,7 +537,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
 
     #[cfg(test)]
     fn answers_before_release(&self) -> bool {
-        self.defects.answer_before_release
+        self.defects.complete_before_release
     }
 
     #[cfg(not(test))]

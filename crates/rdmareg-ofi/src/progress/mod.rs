@@ -112,8 +112,8 @@ use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use futures::channel::oneshot;
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
-use rdmareg_engine::answers::BatchAnswers;
 use rdmareg_engine::lanes::{IdleClock, Receivers, Served};
+use rdmareg_engine::results::BatchResults;
 use rdmareg_engine::served::consumer::{Consumer, ReadId};
 use rdmareg_engine::served::{Owner, OwnerConfig, SendId};
 use rdmareg_engine::thread::Ready;
@@ -297,7 +297,7 @@ struct AvEntry {
 #[derive(Debug)]
 enum Answer {
     Single(Reply<()>),
-    Batch(Rc<BatchAnswers>, usize),
+    Batch(Rc<BatchResults>, usize),
 }
 
 fn give(answer: Answer, result: Result<(), RdmaError>) {

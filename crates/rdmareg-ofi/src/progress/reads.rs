@@ -144,7 +144,7 @@ impl Engine {
             let _ = reply.send(Vec::new());
             return;
         }
-        let batch = BatchAnswers::new(requests.len(), reply);
+        let batch = BatchResults::new(requests.len(), reply);
         // Scratch receives need no registration only where the provider
         // needs no local descriptors.
         let gather = self.owner_served() && !self.fabric.needs_local_desc();
@@ -487,14 +487,14 @@ impl Engine {
     /// `ShuttingDown`).
     pub(super) fn land(&mut self, slot: usize, result: Result<(), RdmaError>) {
         if let Some(op) = &self.ops[slot] {
-            self.consumer.landed(op.read, result);
+            self.consumer.released(op.read, result);
         }
         self.give_answers();
     }
 
     /// Gives every answer the consumer machine holds.
     pub(super) fn give_answers(&mut self) {
-        while let Some(answer) = self.consumer.poll_answer() {
+        while let Some(answer) = self.consumer.poll_completion() {
             self.finish(answer.payload, answer.outcome);
         }
     }
@@ -560,7 +560,7 @@ impl Engine {
     /// [`STALLED_AFTER`] past its deadline has its owner's connection
     /// reset where that ends it.
     pub(super) fn expire(&mut self, now: Instant) {
-        for TimeoutAction::StopLanding { read, .. } in self.consumer.handle_timeout(now) {
+        for TimeoutAction::StopTransfer { read, .. } in self.consumer.handle_timeout(now) {
             let Some(&slot) = self.consumer.payload(read) else {
                 continue;
             };

@@ -17,8 +17,8 @@ use rdmareg_core::RdmaError;
 
 use crate::command::Reply;
 
-pub(crate) use rdmareg_engine::answers::BatchAnswers;
 pub(crate) use rdmareg_engine::command::BatchReply;
+pub(crate) use rdmareg_engine::results::BatchResults;
 
 /// The outcome of one read asked as several pieces (see `pieces`): the
 /// read is answered once its last piece is, with the first error a piece
@@ -85,7 +85,7 @@ pub(crate) enum Answer {
     Single(Reply<()>),
     /// Entry `index` of a batch.
     Entry {
-        batch: Rc<BatchAnswers>,
+        batch: Rc<BatchResults>,
         index: usize,
     },
     /// One piece of a read asked in pieces.
@@ -126,7 +126,7 @@ mod tests {
     #[test]
     fn a_batch_is_answered_once_in_entry_order_when_its_last_entry_finishes() {
         let (reply, mut answered) = oneshot::channel();
-        let batch = BatchAnswers::new(3, reply);
+        let batch = BatchResults::new(3, reply);
         let entry = |index| Answer::Entry {
             batch: Rc::clone(&batch),
             index,
@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn a_batch_whose_caller_left_is_abandoned() {
         let (reply, answered) = oneshot::channel();
-        let batch = BatchAnswers::new(1, reply);
+        let batch = BatchResults::new(1, reply);
         let entry = Answer::Entry { batch, index: 0 };
         assert!(!entry.is_abandoned());
         drop(answered);
@@ -178,7 +178,7 @@ mod tests {
     #[test]
     fn a_read_whose_pieces_all_landed_is_answered_ok_even_inside_a_batch() {
         let (reply, mut answered) = oneshot::channel();
-        let batch = BatchAnswers::new(1, reply);
+        let batch = BatchResults::new(1, reply);
         let whole = PieceAnswers::new(
             2,
             Answer::Entry {

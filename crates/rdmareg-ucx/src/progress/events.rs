@@ -20,7 +20,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use rdmareg_engine::served::consumer::{Answer, Consumer, ReadId};
+use rdmareg_engine::served::consumer::{Completion, Consumer, ReadId};
 use rdmareg_engine::served::{Owner, OwnerConfig};
 use ucx_sys::{ucp_worker_h, ucs_status_t};
 
@@ -135,8 +135,8 @@ impl Events {
     pub(crate) fn give_answers(&self) {
         loop {
             // The borrow ends before the op is answered.
-            let answer = self.consumer.borrow_mut().poll_answer();
-            let Some(Answer {
+            let answer = self.consumer.borrow_mut().poll_completion();
+            let Some(Completion {
                 payload: op,
                 outcome,
                 ..

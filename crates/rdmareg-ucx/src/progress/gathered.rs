@@ -319,7 +319,7 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
             .map(|entry| {
                 let reply = entry_reply(entry, payload_whole);
                 match consumer.handle_reply(arrived_on as usize, &reply, entry.length) {
-                    ReplyVerdict::Land(read) => consumer.payload(read).map(|&op| (read, op)),
+                    ReplyVerdict::Write(read) => consumer.payload(read).map(|&op| (read, op)),
                     ReplyVerdict::Drop(DropReason::WrongEndpoint) => {
                         events.dropped_message();
                         None
@@ -354,7 +354,7 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
                     );
                 }
             }
-            events.consumer.borrow_mut().landed(read, Ok(()));
+            events.consumer.borrow_mut().released(read, Ok(()));
         }
         if payload_whole {
             offset += entry.length as usize;

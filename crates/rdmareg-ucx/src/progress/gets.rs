@@ -55,7 +55,7 @@ use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use ucx_sys as sys;
 
 use super::Engine;
-use super::answer::{Answer, BatchAnswers, BatchReply, PieceAnswers};
+use super::answer::{Answer, BatchReply, BatchResults, PieceAnswers};
 use super::events::Events;
 use super::key_memo::DecodedKey;
 use super::ops::{GetOp, Phase};
@@ -134,7 +134,7 @@ impl Engine {
             return;
         }
         let in_a_list = requests.len() > 1;
-        let batch = BatchAnswers::new(requests.len(), reply);
+        let batch = BatchResults::new(requests.len(), reply);
         let mut served = Vec::new();
         // One clock for the batch: its entries are posted in this one turn,
         // and a clock read per entry was measurable in lists of 1000.
@@ -669,7 +669,7 @@ impl Engine {
         let actions = self.events.consumer.borrow_mut().handle_timeout(now);
         self.events.give_answers();
         let mut unresponsive = Vec::new();
-        for TimeoutAction::StopLanding { read, .. } in actions {
+        for TimeoutAction::StopTransfer { read, .. } in actions {
             if let Some(op) = self.events.op_of(read) {
                 // SAFETY: held by the machine, so an active slot, touched
                 // between UCX calls only.

@@ -76,7 +76,7 @@ unsafe fn land_reply(
             events
                 .consumer
                 .borrow_mut()
-                .landed(read, Err(RdmaError::ShuttingDown));
+                .released(read, Err(RdmaError::ShuttingDown));
             return;
         };
         // SAFETY: inside the worker's progress; `data` is the rendezvous
@@ -114,7 +114,7 @@ unsafe fn land_reply(
         }
         Ok(())
     };
-    events.consumer.borrow_mut().landed(read, outcome);
+    events.consumer.borrow_mut().released(read, outcome);
 }
 
 /// UCX's handler for a read reply (`READ_REPLY_AM_ID`).
@@ -149,7 +149,7 @@ pub(super) unsafe extern "C" fn on_read_reply(
             .borrow_mut()
             .handle_reply(arrived_on as usize, &reply, length as u64);
     match verdict {
-        ReplyVerdict::Land(read) => {
+        ReplyVerdict::Write(read) => {
             if let Some(op) = events.op_of(read) {
                 // SAFETY: the machine holds the read, so its op is active;
                 // it just accepted this reply, the only one that reaches it.
@@ -232,7 +232,7 @@ pub(super) unsafe extern "C" fn on_receive_done(
         Err(failure(op, events, status))
     };
     let read = op.read;
-    events.consumer.borrow_mut().landed(read, outcome);
+    events.consumer.borrow_mut().released(read, outcome);
     events.give_answers();
 }
 

@@ -12,7 +12,7 @@ const OWNER: u32 = 1;
 const OTHER: u32 = 2;
 
 /// An answer as `(read, outcome)`.
-fn pair<T>(answer: Answer<T>) -> (ReadId, Result<(), RdmaError>) {
+fn pair<T>(answer: Completion<T>) -> (ReadId, Result<(), RdmaError>) {
     (answer.read, answer.outcome)
 }
 
@@ -35,15 +35,15 @@ fn a_served_reply_lands_and_answers_once_landed() {
     let (mut consumer, read, _) = started(8);
     assert_eq!(
         consumer.handle_reply(OWNER, &served(read.0, 8), 8),
-        ReplyVerdict::Land(read)
+        ReplyVerdict::Write(read)
     );
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         None,
         "not before the transport let go"
     );
-    consumer.landed(read, Ok(()));
-    assert_eq!(consumer.poll_answer().map(pair), Some((read, Ok(()))));
+    consumer.released(read, Ok(()));
+    assert_eq!(consumer.poll_completion().map(pair), Some((read, Ok(()))));
     assert_eq!(consumer.in_flight(), 0);
 }
 
@@ -56,7 +56,7 @@ fn a_reply_from_another_endpoint_is_dropped() {
     );
     assert_eq!(
         consumer.handle_reply(OWNER, &served(read.0, 8), 8),
-        ReplyVerdict::Land(read)
+        ReplyVerdict::Write(read)
     );
 }
 
@@ -73,10 +73,10 @@ fn a_refusal_from_another_endpoint_is_dropped() {
         consumer.handle_reply(OTHER, &refusal, 0),
         ReplyVerdict::Drop(DropReason::WrongEndpoint)
     );
-    assert_eq!(consumer.poll_answer(), None);
+    assert_eq!(consumer.poll_completion(), None);
     assert_eq!(
         consumer.handle_reply(OWNER, &served(read.0, 8), 8),
-        ReplyVerdict::Land(read)
+        ReplyVerdict::Write(read)
     );
 }
 
@@ -85,7 +85,7 @@ fn a_second_reply_to_the_same_read_is_dropped() {
     let (mut consumer, read, _) = started(8);
     assert_eq!(
         consumer.handle_reply(OWNER, &served(read.0, 8), 8),
-        ReplyVerdict::Land(read)
+        ReplyVerdict::Write(read)
     );
     assert_eq!(
         consumer.handle_reply(OWNER, &served(read.0, 8), 8),
@@ -101,7 +101,7 @@ fn a_reply_of_the_wrong_length_is_refused_unwritten() {
             consumer.handle_reply(OWNER, &served(read.0, header), payload),
             ReplyVerdict::Refused(read)
         );
-        let (answered, outcome) = consumer.poll_answer().map(pair).unwrap();
+        let (answered, outcome) = consumer.poll_completion().map(pair).unwrap();
         assert_eq!(answered, read);
         assert!(matches!(outcome, Err(RdmaError::Backend(text)) if text.contains("8-byte read")));
     }
@@ -119,7 +119,7 @@ fn a_refusal_answers_with_its_error() {
         ReplyVerdict::Refused(read)
     );
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         Some((read, Err(RdmaError::RegionNotFound)))
     );
 }
@@ -132,7 +132,7 @@ fn a_read_awaiting_its_reply_times_out_at_its_deadline() {
             .handle_timeout(now + Duration::from_millis(9))
             .is_empty()
     );
-    assert_eq!(consumer.poll_answer().map(pair), None);
+    assert_eq!(consumer.poll_completion().map(pair), None);
     assert_eq!(
         consumer.poll_timeout(),
         Some(now + Duration::from_millis(10))
@@ -143,7 +143,7 @@ fn a_read_awaiting_its_reply_times_out_at_its_deadline() {
             .is_empty()
     );
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         Some((read, Err(RdmaError::Timeout)))
     );
     assert_eq!(
@@ -161,20 +161,20 @@ fn a_landing_read_past_its_deadline_waits_for_release() {
     let actions = consumer.handle_timeout(now + Duration::from_secs(1));
     assert_eq!(
         actions,
-        vec![TimeoutAction::StopLanding {
+        vec![TimeoutAction::StopTransfer {
             read,
             endpoint: OWNER
         }]
     );
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         None,
         "the transport may still write"
     );
-    assert_eq!(consumer.landing_on(OWNER), 1);
-    consumer.landed(read, Err(RdmaError::backend("closed")));
+    assert_eq!(consumer.held_on(OWNER), 1);
+    consumer.released(read, Err(RdmaError::backend("closed")));
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         Some((read, Err(RdmaError::Timeout)))
     );
 }
@@ -184,8 +184,8 @@ fn bytes_that_arrive_after_the_deadline_still_answer_ok() {
     let (mut consumer, read, now) = started(8);
     consumer.handle_reply(OWNER, &served(read.0, 8), 8);
     consumer.handle_timeout(now + Duration::from_secs(1));
-    consumer.landed(read, Ok(()));
-    assert_eq!(consumer.poll_answer().map(pair), Some((read, Ok(()))));
+    consumer.released(read, Ok(()));
+    assert_eq!(consumer.poll_completion().map(pair), Some((read, Ok(()))));
 }
 
 #[test]
@@ -199,13 +199,13 @@ fn a_failed_endpoint_answers_only_reads_awaiting_replies() {
     let failure = RdmaError::backend("endpoint failed");
     assert_eq!(consumer.endpoint_failed(OWNER, failure.clone()), [landing]);
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         Some((waiting, Err(failure.clone())))
     );
-    assert_eq!(consumer.poll_answer().map(pair), None);
-    consumer.landed(landing, Err(failure.clone()));
+    assert_eq!(consumer.poll_completion().map(pair), None);
+    consumer.released(landing, Err(failure.clone()));
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         Some((landing, Err(failure)))
     );
     assert_eq!(consumer.in_flight(), 1, "{elsewhere:?} still waits");
@@ -220,17 +220,17 @@ fn shutdown_answers_waiting_reads_and_refuses_new_ones() {
     consumer.handle_reply(OWNER, &served(landing.0, 8), 8);
     consumer.shutdown();
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         Some((waiting, Err(RdmaError::ShuttingDown)))
     );
     let refused = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         Some((refused, Err(RdmaError::ShuttingDown)))
     );
-    consumer.landed(landing, Err(RdmaError::backend("worker destroyed")));
+    consumer.released(landing, Err(RdmaError::backend("worker destroyed")));
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         Some((landing, Err(RdmaError::ShuttingDown)))
     );
 }
@@ -240,11 +240,11 @@ fn a_failed_request_send_answers_a_waiting_read() {
     let (mut consumer, read, _) = started(8);
     assert!(!consumer.request_failed(read, RdmaError::backend("send failed")));
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         Some((read, Err(RdmaError::backend("send failed"))))
     );
     assert!(!consumer.request_failed(read, RdmaError::Timeout));
-    assert_eq!(consumer.poll_answer().map(pair), None, "answered once");
+    assert_eq!(consumer.poll_completion().map(pair), None, "answered once");
 }
 
 #[test]
@@ -266,8 +266,8 @@ fn each_answer_carries_the_drivers_value() {
     let read = consumer.start(OWNER, 8, now + Duration::from_secs(1), "slot 7");
     assert_eq!(consumer.payload(read), Some(&"slot 7"));
     consumer.handle_reply(OWNER, &served(read.0, 8), 8);
-    consumer.landed(read, Ok(()));
-    let answer = consumer.poll_answer().unwrap();
+    consumer.released(read, Ok(()));
+    let answer = consumer.poll_completion().unwrap();
     assert_eq!(
         (answer.read, answer.payload, answer.outcome),
         (read, "slot 7", Ok(()))
@@ -288,19 +288,19 @@ fn a_posted_receive_answers_only_when_it_ends() {
         ReplyVerdict::Drop(DropReason::NotAwaited)
     );
     assert_eq!(consumer.endpoint_failed(OWNER, RdmaError::Timeout), [read]);
-    assert_eq!(consumer.poll_answer().map(pair), None);
+    assert_eq!(consumer.poll_completion().map(pair), None);
     let actions = consumer.handle_timeout(now + Duration::from_millis(10));
     assert_eq!(
         actions,
-        vec![TimeoutAction::StopLanding {
+        vec![TimeoutAction::StopTransfer {
             read,
             endpoint: OWNER
         }]
     );
-    assert_eq!(consumer.poll_answer().map(pair), None);
-    consumer.landed(read, Err(RdmaError::backend("cancelled")));
+    assert_eq!(consumer.poll_completion().map(pair), None);
+    consumer.released(read, Err(RdmaError::backend("cancelled")));
     assert_eq!(
-        consumer.poll_answer().map(pair),
+        consumer.poll_completion().map(pair),
         Some((read, Err(RdmaError::Timeout)))
     );
 }
@@ -315,9 +315,12 @@ fn an_unsent_request_ends_its_posted_receive_with_the_send_error() {
         consumer.request_failed(read, failure.clone()),
         "cancel the receive"
     );
-    assert_eq!(consumer.poll_answer().map(pair), None);
-    consumer.landed(read, Err(RdmaError::backend("cancelled")));
-    assert_eq!(consumer.poll_answer().map(pair), Some((read, Err(failure))));
+    assert_eq!(consumer.poll_completion().map(pair), None);
+    consumer.released(read, Err(RdmaError::backend("cancelled")));
+    assert_eq!(
+        consumer.poll_completion().map(pair),
+        Some((read, Err(failure)))
+    );
 }
 
 #[test]
@@ -325,8 +328,8 @@ fn a_posted_receive_that_filled_answers_ok() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
     let read = consumer.start_receiving(OWNER, 8, now + Duration::from_secs(1), ());
-    consumer.landed(read, Ok(()));
-    assert_eq!(consumer.poll_answer().map(pair), Some((read, Ok(()))));
+    consumer.released(read, Ok(()));
+    assert_eq!(consumer.poll_completion().map(pair), Some((read, Ok(()))));
 }
 
 /// A loop that never sleeps calls only `handle_timeout`: the deadlines of
@@ -339,8 +342,8 @@ fn answered_reads_leave_the_deadline_queue_without_a_park() {
     for _ in 0..10_000 {
         let read = consumer.start(OWNER, 8, now + Duration::from_secs(10), ());
         consumer.handle_reply(OWNER, &served(read.0, 8), 8);
-        consumer.landed(read, Ok(()));
-        assert!(consumer.poll_answer().is_some());
+        consumer.released(read, Ok(()));
+        assert!(consumer.poll_completion().is_some());
         assert!(consumer.handle_timeout(now).is_empty());
     }
     assert!(

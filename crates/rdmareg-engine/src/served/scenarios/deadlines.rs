@@ -22,7 +22,7 @@ fn nothing_lands_after_a_deadline_answer() {
     let mut pair = Pair::new();
     let read = pair.read(0, 64 * KIB, DEADLINE);
     pair.deliver_requests();
-    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(read)]);
+    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Write(read)]);
     assert_eq!(pair.advance(DEADLINE).len(), 1);
     let part = pair.source(0, 1000);
     pair.write(read, &part);
@@ -51,7 +51,7 @@ fn a_deadline_between_pieces_lets_no_piece_land_after() {
         .pop_front()
         .expect("the first piece's reply");
     pair.deliver(first, false);
-    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(pieces[1])]);
+    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Write(pieces[1])]);
     let last = pair
         .to_consumer
         .pop_front()
@@ -59,7 +59,7 @@ fn a_deadline_between_pieces_lets_no_piece_land_after() {
     assert_eq!(pair.answer(pieces[0]), Some(Ok(())));
     assert_eq!(
         pair.advance(DEADLINE),
-        [TimeoutAction::StopLanding {
+        [TimeoutAction::StopTransfer {
             read: pieces[1],
             endpoint: OWNER
         }]
@@ -179,7 +179,7 @@ fn a_stalled_rendezvous_to_a_list_entry_answers_after_release() {
         unreachable!()
     };
     pair.inject(OWNER, header(read.0, Ok(4 * KIB)), pair.source(0, 4 * KIB));
-    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(read)]);
+    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Write(read)]);
     assert_eq!(pair.advance(DEADLINE).len(), 1);
     assert_eq!(pair.advance(DEADLINE), [], "asked to stop once");
     assert_eq!(pair.answer(read), None);
@@ -204,26 +204,30 @@ fn a_posted_receive_past_its_deadline_answers_on_release() {
         assert!(consumer.request_failed(read, RdmaError::backend("not connected")));
         assert_eq!(
             consumer.handle_timeout(now + DEADLINE),
-            [TimeoutAction::StopLanding {
+            [TimeoutAction::StopTransfer {
                 read,
                 endpoint: OWNER
             }]
         );
-        assert_eq!(consumer.poll_answer(), None, "the receive may still fill");
+        assert_eq!(
+            consumer.poll_completion(),
+            None,
+            "the receive may still fill"
+        );
         let result = if filled {
             Ok(())
         } else {
             Err(RdmaError::backend("cancelled"))
         };
-        consumer.landed(read, result);
-        let answer = consumer.poll_answer().expect("answered at release");
+        consumer.released(read, result);
+        let answer = consumer.poll_completion().expect("answered at release");
         let expected = if filled {
             Ok(())
         } else {
             Err(RdmaError::Timeout)
         };
         assert_eq!(answer.outcome, expected);
-        assert_eq!(consumer.poll_answer(), None);
+        assert_eq!(consumer.poll_completion(), None);
         assert_eq!(consumer.in_flight(), 0);
     }
 }

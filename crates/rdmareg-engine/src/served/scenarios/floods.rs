@@ -71,7 +71,7 @@ fn reads_past_the_bound_answer_busy_and_pass_retried() {
     pair.deliver_requests();
     assert_eq!(
         pair.deliver_next_held(),
-        [super::super::consumer::ReplyVerdict::Land(reads[0])]
+        [super::super::consumer::ReplyVerdict::Write(reads[0])]
     );
     for i in 1..4 {
         let read = pair.read(i * 4096, 4096, DEADLINE);
@@ -240,7 +240,7 @@ fn busy_pieces_answer_transient_and_land_nothing_later() {
     for &piece in &pieces[..2] {
         assert_eq!(
             pair.deliver_next_held(),
-            [super::super::consumer::ReplyVerdict::Land(piece)]
+            [super::super::consumer::ReplyVerdict::Write(piece)]
         );
     }
     pair.deliver_replies();

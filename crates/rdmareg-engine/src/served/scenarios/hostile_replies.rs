@@ -46,7 +46,7 @@ fn a_spoofed_rendezvous_cannot_outlive_the_deadline() {
         pair.deliver_next_held(),
         [ReplyVerdict::Drop(DropReason::WrongEndpoint)]
     );
-    assert_eq!(pair.consumer.landing_on(THIRD), 0);
+    assert_eq!(pair.consumer.held_on(THIRD), 0);
     assert_eq!(pair.advance(DEADLINE), [], "nothing to stop");
     assert_eq!(pair.answer(read), Some(Err(RdmaError::Timeout)));
     assert!(pair.untouched(read));
@@ -225,10 +225,10 @@ fn the_owner_stalling_its_rendezvous_is_timed_out() {
     let mut pair = Pair::new();
     let read = pair.read(0, 1 << 16, DEADLINE);
     pair.deliver_requests();
-    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(read)]);
+    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Write(read)]);
     assert_eq!(
         pair.advance(DEADLINE),
-        [TimeoutAction::StopLanding {
+        [TimeoutAction::StopTransfer {
             read,
             endpoint: OWNER
         }]
@@ -251,7 +251,7 @@ fn a_second_reply_cannot_race_the_first() {
     let mut pair = Pair::new();
     let read = pair.read(0, 4096, DEADLINE);
     pair.deliver_requests();
-    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(read)]);
+    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Write(read)]);
     pair.inject(OWNER, header(read.0, Ok(4096)), vec![0x66; 4096]);
     pair.inject(OWNER, header(read.0, Err(Refusal::OutOfRange)), Vec::new());
     for _ in 0..2 {

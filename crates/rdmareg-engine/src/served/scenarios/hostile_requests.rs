@@ -298,7 +298,7 @@ fn a_repeated_request_holds_a_lease_per_reply() {
     assert_eq!(
         verdicts,
         [
-            ReplyVerdict::Land(read),
+            ReplyVerdict::Write(read),
             ReplyVerdict::Drop(DropReason::NotAwaited)
         ]
     );

@@ -84,10 +84,10 @@ fn an_entry_named_twice_lands_once_from_the_first() {
     assert_eq!(
         deliver_next(&mut pair),
         [
-            ReplyVerdict::Land(a),
-            ReplyVerdict::Land(b),
+            ReplyVerdict::Write(a),
+            ReplyVerdict::Write(b),
             ReplyVerdict::Drop(DropReason::NotAwaited),
-            ReplyVerdict::Land(c)
+            ReplyVerdict::Write(c)
         ]
     );
     pair.inject_list(OWNER, vec![(b.0, Ok(KIB))], fill(0xB3, KIB));
@@ -150,10 +150,10 @@ fn strangers_in_a_list_reply_land_nothing() {
         deliver_next(&mut pair),
         [
             stranger.clone(),
-            ReplyVerdict::Land(a),
+            ReplyVerdict::Write(a),
             stranger.clone(),
             stranger,
-            ReplyVerdict::Land(b)
+            ReplyVerdict::Write(b)
         ]
     );
     assert_eq!(pair.dest(a), fill(0xA1, KIB));

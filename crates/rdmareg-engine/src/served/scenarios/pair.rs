@@ -433,7 +433,7 @@ impl Pair {
             payload.len() as u64,
         );
         match verdict {
-            ReplyVerdict::Land(read) => {
+            ReplyVerdict::Write(read) => {
                 self.landing.insert(
                     read,
                     Landing {
@@ -456,10 +456,10 @@ impl Pair {
         let landing = self.landing.remove(&read).expect("a payload landing");
         if whole {
             self.write(read, &landing.payload);
-            self.consumer.landed(read, Ok(()));
+            self.consumer.released(read, Ok(()));
         } else {
             self.consumer
-                .landed(read, Err(RdmaError::backend("transfer stopped")));
+                .released(read, Err(RdmaError::backend("transfer stopped")));
         }
         self.end_send(landing.send);
         self.collect();
@@ -503,7 +503,7 @@ impl Pair {
 
     /// Takes the consumer's answers into the destinations.
     pub(super) fn collect(&mut self) {
-        while let Some(answer) = self.consumer.poll_answer() {
+        while let Some(answer) = self.consumer.poll_completion() {
             let dest = self.dests.get_mut(&answer.read).expect("a destination");
             if dest.answer.is_some() {
                 self.answered_twice += 1;

@@ -43,7 +43,7 @@ fn a_consumer_shut_down_mid_read_answers_after_release() {
     let landing = pair.read(0, 64 * KIB, DEADLINE);
     let waiting = pair.read(0, 64, DEADLINE);
     pair.deliver_requests();
-    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(landing)]);
+    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Write(landing)]);
     pair.consumer.shutdown();
     pair.collect();
     assert_eq!(pair.answer(waiting), Some(Err(RdmaError::ShuttingDown)));
@@ -70,7 +70,7 @@ fn an_owner_lost_mid_list_answers_every_entry() {
     let mut pair = Pair::new();
     let landing = pair.read(0, 64 * KIB, DEADLINE);
     pair.deliver_requests();
-    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(landing)]);
+    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Write(landing)]);
     let list = pair.read_list(&[(0, KIB), (KIB, KIB), (2 * KIB, KIB)], DEADLINE);
     let failure = RdmaError::backend("the endpoint to the owner failed");
     assert_eq!(
@@ -132,7 +132,7 @@ fn an_unmap_waits_for_a_reply_the_consumer_holds() {
     let mut pair = Pair::new();
     let held = pair.read(0, LEN, DEADLINE);
     pair.deliver_requests();
-    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(held)]);
+    assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Write(held)]);
     assert_eq!(pair.owner.unmap(REGION), UnmapStatus::Waiting);
     pair.perform_owner_actions();
     assert!(pair.unmapped.is_empty(), "the transport still reads it");
@@ -259,7 +259,7 @@ fn an_unmap_mid_read_in_pieces_waits_for_the_pieces_sent() {
             .collect();
         pair.deliver_requests();
         for &sent in &pieces {
-            assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Land(sent)]);
+            assert_eq!(pair.deliver_next_held(), [ReplyVerdict::Write(sent)]);
         }
         if shutdown {
             pair.owner.shutdown();
@@ -305,10 +305,10 @@ fn a_shutdown_with_receives_pending_answers_on_release() {
         assert!(consumer.request_failed(read, RdmaError::backend("not connected")));
     }
     consumer.shutdown();
-    assert_eq!(consumer.poll_answer(), None);
+    assert_eq!(consumer.poll_completion(), None);
     for &read in &reads {
-        consumer.landed(read, Err(RdmaError::backend("cancelled")));
-        let answer = consumer.poll_answer().expect("answered at release");
+        consumer.released(read, Err(RdmaError::backend("cancelled")));
+        let answer = consumer.poll_completion().expect("answered at release");
         assert_eq!(
             (answer.read, answer.outcome),
             (read, Err(RdmaError::ShuttingDown))
@@ -330,10 +330,10 @@ fn a_lost_owner_with_a_request_unsent_answers_on_release() {
     assert!(consumer.request_failed(read, unsent.clone()));
     let lost = RdmaError::backend("owner unreachable");
     assert_eq!(consumer.endpoint_failed(OWNER, lost), [read]);
-    assert_eq!(consumer.poll_answer(), None);
-    assert_eq!(consumer.landing_on(OWNER), 1, "keep the endpoint");
-    consumer.landed(read, Err(RdmaError::backend("cancelled")));
-    let answer = consumer.poll_answer().expect("answered at release");
+    assert_eq!(consumer.poll_completion(), None);
+    assert_eq!(consumer.held_on(OWNER), 1, "keep the endpoint");
+    consumer.released(read, Err(RdmaError::backend("cancelled")));
+    let answer = consumer.poll_completion().expect("answered at release");
     assert_eq!(answer.outcome, Err(unsent));
     assert_eq!(consumer.in_flight(), 0);
 }

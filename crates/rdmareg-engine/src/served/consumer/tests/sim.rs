@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use rdmareg_core::RdmaError;
 
 use super::super::{
-    Answer, Consumer, Defects, ReadId, Reply, ReplyOutcome, ReplyVerdict, TimeoutAction,
+    Completion, Consumer, Defects, ReadId, Reply, ReplyOutcome, ReplyVerdict, TimeoutAction,
 };
 
 /// Honest owners are endpoints `0..OWNERS`; the forger is `FORGER`.
@@ -320,7 +320,7 @@ impl Sim {
             self.consumer
                 .handle_reply(message.from, &message.reply, message.payload.len() as u64);
         match verdict {
-            ReplyVerdict::Land(read) => {
+            ReplyVerdict::Write(read) => {
                 let landing = Landing {
                     read,
                     from: message.from,
@@ -333,7 +333,7 @@ impl Sim {
                     let mut landing = landing;
                     let length = landing.payload.len();
                     self.write(&mut landing, length);
-                    self.consumer.landed(read, Ok(()));
+                    self.consumer.released(read, Ok(()));
                 } else {
                     self.landings.push(landing);
                 }
@@ -384,7 +384,7 @@ impl Sim {
                 }
             }
         };
-        self.consumer.landed(read, result);
+        self.consumer.released(read, result);
     }
 
     /// Asks the transport to give a posted receive back.
@@ -412,7 +412,7 @@ impl Sim {
             sim_read.receive = Receive::Ended;
         }
         self.consumer
-            .landed(read, Err(RdmaError::backend("receive cancelled")));
+            .released(read, Err(RdmaError::backend("receive cancelled")));
     }
 
     /// Writes the next `bytes` of a landing's payload into its destination,
@@ -453,12 +453,12 @@ impl Sim {
             let partial = self.rng.below(chunk as u64) as usize;
             self.write(&mut landing, partial);
             self.consumer
-                .landed(landing.read, Err(RdmaError::backend("receive failed")));
+                .released(landing.read, Err(RdmaError::backend("receive failed")));
             return;
         }
         self.write(&mut landing, chunk);
         if landing.written >= landing.payload.len() {
-            self.consumer.landed(landing.read, Ok(()));
+            self.consumer.released(landing.read, Ok(()));
         } else {
             self.landings.push(landing);
         }
@@ -466,7 +466,7 @@ impl Sim {
 
     fn expire(&mut self) {
         for action in self.consumer.handle_timeout(self.now()) {
-            let TimeoutAction::StopLanding { read, .. } = action;
+            let TimeoutAction::StopTransfer { read, .. } = action;
             self.summary.stopped_landings += 1;
             self.cancel_receive(read);
             for landing in &mut self.landings {
@@ -546,7 +546,7 @@ impl Sim {
 
     /// Takes the machine's answers and checks each.
     fn collect_answers(&mut self) -> Result<(), Failure> {
-        while let Some(Answer { read, outcome, .. }) = self.consumer.poll_answer() {
+        while let Some(Completion { read, outcome, .. }) = self.consumer.poll_completion() {
             let step = self.step;
             let Some(sim_read) = self.reads.get_mut(&read) else {
                 return Err(self.fail(format!("{read:?} answered but never started")));
@@ -699,7 +699,7 @@ fn first_failure(defects: Defects, limit: u64) -> Option<Failure> {
 #[test]
 fn the_simulator_finds_answers_given_before_release() {
     let defects = Defects {
-        answer_before_release: true,
+        complete_before_release: true,
         ..Defects::default()
     };
     let failure = first_failure(defects, 100).expect("caught within 100 seeds");

@@ -16,17 +16,17 @@ use crate::command::BatchReply;
 
 /// The results of one batch.
 #[derive(Debug)]
-pub struct BatchAnswers {
-    answers: RefCell<Vec<Option<Result<(), RdmaError>>>>,
+pub struct BatchResults {
+    results: RefCell<Vec<Option<Result<(), RdmaError>>>>,
     remaining: Cell<usize>,
     reply: RefCell<Option<BatchReply>>,
 }
 
-impl BatchAnswers {
+impl BatchResults {
     /// A batch of `entries` reads whose results are sent on `reply`.
-    pub fn new(entries: usize, reply: BatchReply) -> Rc<BatchAnswers> {
-        Rc::new(BatchAnswers {
-            answers: RefCell::new(vec![None; entries]),
+    pub fn new(entries: usize, reply: BatchReply) -> Rc<BatchResults> {
+        Rc::new(BatchResults {
+            results: RefCell::new(vec![None; entries]),
             remaining: Cell::new(entries),
             reply: RefCell::new(Some(reply)),
         })
@@ -37,8 +37,8 @@ impl BatchAnswers {
     /// recorded already changes nothing.
     pub fn record(&self, index: usize, outcome: Result<(), RdmaError>) -> bool {
         {
-            let mut answers = self.answers.borrow_mut();
-            let Some(entry) = answers.get_mut(index) else {
+            let mut results = self.results.borrow_mut();
+            let Some(entry) = results.get_mut(index) else {
                 return false;
             };
             if entry.is_some() {
@@ -51,15 +51,15 @@ impl BatchAnswers {
         if remaining > 0 {
             return false;
         }
-        let answers = self
-            .answers
+        let results = self
+            .results
             .take()
             .into_iter()
             .map(|a| a.unwrap_or(Err(RdmaError::ShuttingDown)))
             .collect();
         match self.reply.borrow_mut().take() {
             Some(reply) => {
-                let _ = reply.send(answers);
+                let _ = reply.send(results);
                 true
             }
             None => false,
@@ -81,7 +81,7 @@ mod tests {
     #[test]
     fn the_last_entry_answers_the_whole_batch_in_order() {
         let (reply, mut answer) = oneshot::channel();
-        let batch = BatchAnswers::new(3, reply);
+        let batch = BatchResults::new(3, reply);
         assert!(!batch.record(2, Ok(())));
         assert!(!batch.record(0, Err(RdmaError::Timeout)));
         assert_eq!(answer.try_recv(), Ok(None), "not before the last entry");
@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn an_entry_is_answered_once() {
         let (reply, mut answer) = oneshot::channel();
-        let batch = BatchAnswers::new(2, reply);
+        let batch = BatchResults::new(2, reply);
         assert!(!batch.record(0, Ok(())));
         assert!(
             !batch.record(0, Err(RdmaError::Timeout)),
@@ -109,7 +109,7 @@ mod tests {
     #[test]
     fn a_dropped_receiver_abandons_the_batch() {
         let (reply, answer) = oneshot::channel();
-        let batch = BatchAnswers::new(1, reply);
+        let batch = BatchResults::new(1, reply);
         assert!(!batch.is_abandoned());
         drop(answer);
         assert!(batch.is_abandoned());
