@@ -281,7 +281,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
         };
         match entry.phase {
             Phase::AwaitingReply => {
-                self.answer(read, Err(error));
+                self.complete(read, Err(error));
                 false
             }
             Phase::Held { expired, .. } => {
@@ -319,7 +319,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
         match &reply.outcome {
             ReplyOutcome::Refused(error) => {
                 let error = error.clone();
-                self.answer(id, Err(error));
+                self.complete(id, Err(error));
                 ReplyVerdict::Refused(id)
             }
             ReplyOutcome::Served { length }
@@ -329,7 +329,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
                     "the owner answered {payload_length} bytes (header: {length}) to a {}-byte read; refused",
                     read.length
                 ));
-                self.answer(id, Err(error));
+                self.complete(id, Err(error));
                 ReplyVerdict::Refused(id)
             }
             ReplyOutcome::Served { .. } => {
@@ -361,7 +361,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
             Err(_) if unsent => Err(send_error.unwrap_or(RdmaError::ShuttingDown)),
             Err(error) => Err(error),
         };
-        self.answer(read, outcome);
+        self.complete(read, outcome);
     }
 
     /// The endpoint to an owner failed. Reads on it that wait for their
@@ -381,7 +381,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
             }
         }
         for read in waiting {
-            self.answer(read, Err(error.clone()));
+            self.complete(read, Err(error.clone()));
         }
         landing.sort_unstable();
         landing
@@ -405,7 +405,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
                 continue;
             };
             match read.phase {
-                Phase::AwaitingReply => self.answer(ReadId(id), Err(RdmaError::Timeout)),
+                Phase::AwaitingReply => self.complete(ReadId(id), Err(RdmaError::Timeout)),
                 Phase::Held {
                     expired: false,
                     unsent,
@@ -418,8 +418,8 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
                         read: ReadId(id),
                         endpoint: read.endpoint,
                     });
-                    if self.answers_before_release() {
-                        self.answer(ReadId(id), Err(RdmaError::Timeout));
+                    if self.completes_before_release() {
+                        self.complete(ReadId(id), Err(RdmaError::Timeout));
                     }
                 }
                 Phase::Held { expired: true, .. } => {}
@@ -452,7 +452,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
             .map(|(&id, _)| id)
             .collect();
         for id in waiting {
-            self.answer(ReadId(id), Err(RdmaError::ShuttingDown));
+            self.complete(ReadId(id), Err(RdmaError::ShuttingDown));
         }
     }
 
@@ -481,7 +481,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
             .count()
     }
 
-    fn answer(&mut self, read: ReadId, outcome: Result<(), RdmaError>) {
+    fn complete(&mut self, read: ReadId, outcome: Result<(), RdmaError>) {
         if let Some(entry) = self.reads.remove(&read.0) {
             self.send_errors.remove(&read.0);
             self.completions.push_back(Completion {
@@ -536,12 +536,12 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     }
 
     #[cfg(test)]
-    fn answers_before_release(&self) -> bool {
+    fn completes_before_release(&self) -> bool {
         self.defects.complete_before_release
     }
 
     #[cfg(not(test))]
-    fn answers_before_release(&self) -> bool {
+    fn completes_before_release(&self) -> bool {
         false
     }
 }

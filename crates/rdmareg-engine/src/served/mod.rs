@@ -50,6 +50,6 @@ mod scenarios;
 mod sim;
 
 pub use owner::{
-    Action, EndpointLoad, ListAnswer, ListLimits, Owner, OwnerConfig, Payload, Read, Refusal,
+    Action, EndpointLoad, ListEntryReply, ListLimits, Owner, OwnerConfig, Payload, Read, Refusal,
     SendId, UnmapStatus,
 };

@@ -232,7 +232,7 @@ pub enum Action<E> {
         /// The send's id.
         send: SendId,
         /// The entries' results this reply carries.
-        answers: Vec<ListAnswer>,
+        answers: Vec<ListEntryReply>,
     },
     /// No send reads `region` any more and the owner forgot it: deregister
     /// it with the transport and complete every caller of its unmap.
@@ -281,7 +281,7 @@ impl<E: Copy> Action<E> {
 
 /// The owner's reply to one entry of a batched list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListAnswer {
+pub struct ListEntryReply {
     /// The entry's request id, echoed.
     pub request_id: u64,
     /// The bytes to send for it, or why it is refused.
@@ -637,7 +637,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 Ok(payload) => bytes += payload.length,
                 Err(_) => self.refused += 1,
             }
-            answers.push(ListAnswer {
+            answers.push(ListEntryReply {
                 request_id: read.request_id,
                 answer,
             });
@@ -958,7 +958,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
 /// reply carries: at most `entries_per_reply`, and served entries of at
 /// most `payload_per_reply` bytes together, except that an entry longer
 /// than that goes alone.
-fn part_len(answers: &[ListAnswer], limits: ListLimits) -> usize {
+fn part_len(answers: &[ListEntryReply], limits: ListLimits) -> usize {
     let mut end = 0;
     let mut payload = 0u64;
     while end < answers.len() && end < limits.entries_per_reply {
@@ -1385,7 +1385,7 @@ mod tests {
 
     /// The entries' results of each list reply `owner` asks for, and their
     /// sends.
-    fn list_replies(owner: &mut Owner<u64>) -> Vec<(SendId, Vec<ListAnswer>)> {
+    fn list_replies(owner: &mut Owner<u64>) -> Vec<(SendId, Vec<ListEntryReply>)> {
         actions(owner)
             .into_iter()
             .map(|action| match action {
@@ -1395,7 +1395,7 @@ mod tests {
             .collect()
     }
 
-    fn refusals(answers: &[ListAnswer]) -> Vec<Option<Refusal>> {
+    fn refusals(answers: &[ListEntryReply]) -> Vec<Option<Refusal>> {
         answers.iter().map(|a| a.answer.err()).collect()
     }
 

@@ -45,7 +45,7 @@
 
 use std::fmt;
 
-use super::owner::{ListAnswer, Read, Refusal};
+use super::owner::{ListEntryReply, Read, Refusal};
 
 /// Length of an encoded request.
 pub const REQUEST_LEN: usize = 52;
@@ -298,7 +298,7 @@ pub fn decode_list_request(bytes: &[u8]) -> Result<Vec<Read>, ProtocolError> {
 
 /// A list reply header's encoding, or `None` for no entries or more than
 /// [`MAX_LIST_ENTRIES`].
-pub fn encode_list_reply(answers: &[ListAnswer]) -> Option<Vec<u8>> {
+pub fn encode_list_reply(answers: &[ListEntryReply]) -> Option<Vec<u8>> {
     encode_list_reply_fields(answers.iter().map(|answer| match answer.answer {
         Ok(payload) => (answer.request_id, 0, payload.length),
         Err(refusal) => (answer.request_id, refusal_code(refusal), 0),
@@ -521,7 +521,7 @@ mod tests {
     #[test]
     fn a_list_reply_header_has_the_ucx_layout() {
         let answers = [
-            ListAnswer {
+            ListEntryReply {
                 request_id: 5,
                 answer: Ok(super::super::owner::Payload {
                     region: 1,
@@ -529,7 +529,7 @@ mod tests {
                     length: 32,
                 }),
             },
-            ListAnswer {
+            ListEntryReply {
                 request_id: 6,
                 answer: Err(Refusal::Busy),
             },

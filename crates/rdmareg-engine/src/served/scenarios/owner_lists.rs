@@ -2,14 +2,14 @@
 //! entry, and the answers cut into replies within the list limits,
 //! wherever the cuts fall.
 
-use super::super::owner::{Action, ListAnswer, Refusal, SendId, UnmapStatus};
+use super::super::owner::{Action, ListEntryReply, Refusal, SendId, UnmapStatus};
 use super::*;
 
 const KIB: u64 = 1024;
 
 /// The list replies the owner sent to `endpoint` (a raw consumer), with
 /// their sends.
-fn list_replies_to(pair: &Pair, endpoint: u32) -> Vec<(SendId, Vec<ListAnswer>)> {
+fn list_replies_to(pair: &Pair, endpoint: u32) -> Vec<(SendId, Vec<ListEntryReply>)> {
     pair.elsewhere
         .iter()
         .filter_map(|action| match action {

@@ -8,7 +8,7 @@ use rdmareg_core::RdmaError;
 
 use super::super::consumer::{Consumer, ReadId, Reply, ReplyOutcome, ReplyVerdict, TimeoutAction};
 use super::super::owner::{
-    Action, ListAnswer, ListLimits, Owner, OwnerConfig, Read, Refusal, SendId,
+    Action, ListEntryReply, ListLimits, Owner, OwnerConfig, Read, Refusal, SendId,
 };
 use super::super::wire;
 
@@ -336,7 +336,7 @@ impl Pair {
         }
     }
 
-    fn list_reply_of(&self, answers: &[ListAnswer], send: SendId) -> ListReply {
+    fn list_reply_of(&self, answers: &[ListEntryReply], send: SendId) -> ListReply {
         let mut payload = Vec::new();
         let entries = answers
             .iter()
