@@ -79,39 +79,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_last_entry_answers_the_whole_batch_in_order() {
-        let (reply, mut answer) = oneshot::channel();
+    fn the_last_entry_completes_the_whole_batch_in_order() {
+        let (reply, mut results) = oneshot::channel();
         let batch = BatchResults::new(3, reply);
         assert!(!batch.record(2, Ok(())));
         assert!(!batch.record(0, Err(RdmaError::Timeout)));
-        assert_eq!(answer.try_recv(), Ok(None), "not before the last entry");
+        assert_eq!(results.try_recv(), Ok(None), "not before the last entry");
         assert!(batch.record(1, Ok(())));
         assert_eq!(
-            answer.try_recv(),
+            results.try_recv(),
             Ok(Some(vec![Err(RdmaError::Timeout), Ok(()), Ok(())]))
         );
     }
 
     #[test]
-    fn an_entry_is_answered_once() {
-        let (reply, mut answer) = oneshot::channel();
+    fn an_entry_is_recorded_once() {
+        let (reply, mut results) = oneshot::channel();
         let batch = BatchResults::new(2, reply);
         assert!(!batch.record(0, Ok(())));
         assert!(
             !batch.record(0, Err(RdmaError::Timeout)),
-            "a second answer is ignored"
+            "a second outcome is ignored"
         );
         assert!(!batch.record(7, Ok(())), "an index out of range is ignored");
         assert!(batch.record(1, Ok(())));
-        assert_eq!(answer.try_recv(), Ok(Some(vec![Ok(()), Ok(())])));
+        assert_eq!(results.try_recv(), Ok(Some(vec![Ok(()), Ok(())])));
     }
 
     #[test]
     fn a_dropped_receiver_abandons_the_batch() {
-        let (reply, answer) = oneshot::channel();
+        let (reply, results) = oneshot::channel();
         let batch = BatchResults::new(1, reply);
         assert!(!batch.is_abandoned());
-        drop(answer);
+        drop(results);
         assert!(batch.is_abandoned());
     }
 }

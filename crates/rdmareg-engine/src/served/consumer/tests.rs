@@ -11,9 +11,9 @@ mod sim;
 const OWNER: u32 = 1;
 const OTHER: u32 = 2;
 
-/// An answer as `(read, outcome)`.
-fn pair<T>(answer: Completion<T>) -> (ReadId, Result<(), RdmaError>) {
-    (answer.read, answer.outcome)
+/// A completion as `(read, outcome)`.
+fn pair<T>(completion: Completion<T>) -> (ReadId, Result<(), RdmaError>) {
+    (completion.read, completion.outcome)
 }
 
 fn served(request_id: u64, length: u64) -> Reply {
@@ -31,7 +31,7 @@ fn started(length: u64) -> (Consumer<u32>, ReadId, Instant) {
 }
 
 #[test]
-fn a_served_reply_lands_and_answers_once_landed() {
+fn a_served_reply_completes_once_written() {
     let (mut consumer, read, _) = started(8);
     assert_eq!(
         consumer.handle_reply(OWNER, &served(read.0, 8), 8),
@@ -61,7 +61,7 @@ fn a_reply_from_another_endpoint_is_dropped() {
 }
 
 /// A third peer that guesses a request id cannot fail the read with a
-/// refusal either: the owner's reply still lands.
+/// refusal either: the owner's reply is still written.
 #[test]
 fn a_refusal_from_another_endpoint_is_dropped() {
     let (mut consumer, read, _) = started(8);
@@ -101,14 +101,14 @@ fn a_reply_of_the_wrong_length_is_refused_unwritten() {
             consumer.handle_reply(OWNER, &served(read.0, header), payload),
             ReplyVerdict::Refused(read)
         );
-        let (answered, outcome) = consumer.poll_completion().map(pair).unwrap();
-        assert_eq!(answered, read);
+        let (completed, outcome) = consumer.poll_completion().map(pair).unwrap();
+        assert_eq!(completed, read);
         assert!(matches!(outcome, Err(RdmaError::Backend(text)) if text.contains("8-byte read")));
     }
 }
 
 #[test]
-fn a_refusal_answers_with_its_error() {
+fn a_refusal_completes_with_its_error() {
     let (mut consumer, read, _) = started(8);
     let refusal = Reply {
         request_id: read.0,
@@ -149,13 +149,13 @@ fn a_read_awaiting_its_reply_times_out_at_its_deadline() {
     assert_eq!(
         consumer.handle_reply(OWNER, &served(read.0, 8), 8),
         ReplyVerdict::Drop(DropReason::NotAwaited),
-        "a late reply finds nothing to land in"
+        "a late reply finds nothing to write into"
     );
     assert_eq!(consumer.poll_timeout(), None);
 }
 
 #[test]
-fn a_landing_read_past_its_deadline_waits_for_release() {
+fn a_held_read_past_its_deadline_waits_for_release() {
     let (mut consumer, read, now) = started(8);
     consumer.handle_reply(OWNER, &served(read.0, 8), 8);
     let actions = consumer.handle_timeout(now + Duration::from_secs(1));
@@ -180,7 +180,7 @@ fn a_landing_read_past_its_deadline_waits_for_release() {
 }
 
 #[test]
-fn bytes_that_arrive_after_the_deadline_still_answer_ok() {
+fn bytes_that_arrive_after_the_deadline_still_complete_ok() {
     let (mut consumer, read, now) = started(8);
     consumer.handle_reply(OWNER, &served(read.0, 8), 8);
     consumer.handle_timeout(now + Duration::from_secs(1));
@@ -189,35 +189,35 @@ fn bytes_that_arrive_after_the_deadline_still_answer_ok() {
 }
 
 #[test]
-fn a_failed_endpoint_answers_only_reads_awaiting_replies() {
+fn a_failed_endpoint_completes_only_reads_awaiting_replies() {
     let now = Instant::now();
     let mut consumer = Consumer::new();
     let waiting = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
-    let landing = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
+    let held = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
     let elsewhere = consumer.start(OTHER, 8, now + Duration::from_secs(1), ());
-    consumer.handle_reply(OWNER, &served(landing.0, 8), 8);
+    consumer.handle_reply(OWNER, &served(held.0, 8), 8);
     let failure = RdmaError::backend("endpoint failed");
-    assert_eq!(consumer.endpoint_failed(OWNER, failure.clone()), [landing]);
+    assert_eq!(consumer.endpoint_failed(OWNER, failure.clone()), [held]);
     assert_eq!(
         consumer.poll_completion().map(pair),
         Some((waiting, Err(failure.clone())))
     );
     assert_eq!(consumer.poll_completion().map(pair), None);
-    consumer.released(landing, Err(failure.clone()));
+    consumer.released(held, Err(failure.clone()));
     assert_eq!(
         consumer.poll_completion().map(pair),
-        Some((landing, Err(failure)))
+        Some((held, Err(failure)))
     );
     assert_eq!(consumer.in_flight(), 1, "{elsewhere:?} still waits");
 }
 
 #[test]
-fn shutdown_answers_waiting_reads_and_refuses_new_ones() {
+fn shutdown_completes_waiting_reads_and_refuses_new_ones() {
     let now = Instant::now();
     let mut consumer = Consumer::new();
     let waiting = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
-    let landing = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
-    consumer.handle_reply(OWNER, &served(landing.0, 8), 8);
+    let held = consumer.start(OWNER, 8, now + Duration::from_secs(1), ());
+    consumer.handle_reply(OWNER, &served(held.0, 8), 8);
     consumer.shutdown();
     assert_eq!(
         consumer.poll_completion().map(pair),
@@ -228,15 +228,15 @@ fn shutdown_answers_waiting_reads_and_refuses_new_ones() {
         consumer.poll_completion().map(pair),
         Some((refused, Err(RdmaError::ShuttingDown)))
     );
-    consumer.released(landing, Err(RdmaError::backend("worker destroyed")));
+    consumer.released(held, Err(RdmaError::backend("worker destroyed")));
     assert_eq!(
         consumer.poll_completion().map(pair),
-        Some((landing, Err(RdmaError::ShuttingDown)))
+        Some((held, Err(RdmaError::ShuttingDown)))
     );
 }
 
 #[test]
-fn a_failed_request_send_answers_a_waiting_read() {
+fn a_failed_request_send_completes_a_waiting_read() {
     let (mut consumer, read, _) = started(8);
     assert!(!consumer.request_failed(read, RdmaError::backend("send failed")));
     assert_eq!(
@@ -244,7 +244,7 @@ fn a_failed_request_send_answers_a_waiting_read() {
         Some((read, Err(RdmaError::backend("send failed"))))
     );
     assert!(!consumer.request_failed(read, RdmaError::Timeout));
-    assert_eq!(consumer.poll_completion().map(pair), None, "answered once");
+    assert_eq!(consumer.poll_completion().map(pair), None, "completed once");
 }
 
 #[test]
@@ -260,16 +260,16 @@ fn request_ids_are_never_reused() {
 }
 
 #[test]
-fn each_answer_carries_the_drivers_value() {
+fn each_completion_carries_the_drivers_value() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32, &str>::new();
     let read = consumer.start(OWNER, 8, now + Duration::from_secs(1), "slot 7");
     assert_eq!(consumer.payload(read), Some(&"slot 7"));
     consumer.handle_reply(OWNER, &served(read.0, 8), 8);
     consumer.released(read, Ok(()));
-    let answer = consumer.poll_completion().unwrap();
+    let completion = consumer.poll_completion().unwrap();
     assert_eq!(
-        (answer.read, answer.payload, answer.outcome),
+        (completion.read, completion.payload, completion.outcome),
         (read, "slot 7", Ok(()))
     );
     assert_eq!(consumer.payload(read), None);
@@ -277,9 +277,9 @@ fn each_answer_carries_the_drivers_value() {
 
 /// A transport that receives straight into the destination holds it from
 /// the start: no reply header is taken for such a read, and only the
-/// receive's end answers it.
+/// receive's end completes it.
 #[test]
-fn a_posted_receive_answers_only_when_it_ends() {
+fn a_posted_receive_completes_only_when_it_ends() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
     let read = consumer.start_receiving(OWNER, 8, now + Duration::from_millis(10), ());
@@ -324,7 +324,7 @@ fn an_unsent_request_ends_its_posted_receive_with_the_send_error() {
 }
 
 #[test]
-fn a_posted_receive_that_filled_answers_ok() {
+fn a_posted_receive_that_filled_completes_ok() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
     let read = consumer.start_receiving(OWNER, 8, now + Duration::from_secs(1), ());
@@ -333,10 +333,10 @@ fn a_posted_receive_that_filled_answers_ok() {
 }
 
 /// A loop that never sleeps calls only `handle_timeout`: the deadlines of
-/// reads answered long before theirs passes must still leave the queue, or
+/// reads completed long before theirs passes must still leave the queue, or
 /// it grows with every read.
 #[test]
-fn answered_reads_leave_the_deadline_queue_without_a_park() {
+fn completed_reads_leave_the_deadline_queue_without_a_park() {
     let now = Instant::now();
     let mut consumer = Consumer::<u32>::new();
     for _ in 0..10_000 {
