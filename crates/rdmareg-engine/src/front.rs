@@ -104,7 +104,7 @@ impl<P, C> Clone for Front<P, C> {
 struct PendingMap<'a, P> {
     submitter: &'a Submitter<P>,
     id: u64,
-    answer: Option<oneshot::Receiver<Result<BackendRegion, RdmaError>>>,
+    result: Option<oneshot::Receiver<Result<BackendRegion, RdmaError>>>,
     armed: bool,
 }
 
@@ -113,7 +113,7 @@ impl<P> Drop for PendingMap<'_, P> {
         // Close the reply channel first: a map the thread has not reached
         // yet then sees its caller gone and is skipped, and one it is
         // running cannot deliver its result and is rolled back.
-        drop(self.answer.take());
+        drop(self.result.take());
         if self.armed {
             let _ = self.submitter.send_control(Command::Unmap {
                 id: self.id,
@@ -152,12 +152,12 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
             if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
                 return Err(RdmaError::OutOfRange);
             }
-            let (reply, answer) = oneshot::channel();
+            let (reply, result) = oneshot::channel();
             let id = self.submitter.mint_region_id();
             let mut pending = PendingMap {
                 submitter: &self.submitter,
                 id,
-                answer: Some(answer),
+                result: Some(result),
                 armed: false,
             };
             self.submitter
@@ -172,25 +172,25 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 )
                 .await?;
             pending.armed = true;
-            let answer = match pending.answer.as_mut() {
-                Some(answer) => answer.await,
+            let result = match pending.result.as_mut() {
+                Some(result) => result.await,
                 None => return Err(RdmaError::ShuttingDown),
             };
             // The result is in hand (or the thread dropped the command at
             // teardown, which releases everything): nothing left to undo.
             pending.armed = false;
-            answer.unwrap_or(Err(RdmaError::ShuttingDown))
+            result.unwrap_or(Err(RdmaError::ShuttingDown))
         })
     }
 
     /// `RdmaBackend::unmap`: submitted when called; the future only waits
     /// for the result.
     pub fn unmap(&self, region_id: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
-        if let Some(answer) = self.submitter.lifecycle().unmap_after_teardown(region_id) {
-            return Box::pin(std::future::ready(answer));
+        if let Some(result) = self.submitter.lifecycle().unmap_after_teardown(region_id) {
+            return Box::pin(std::future::ready(result));
         }
         self.caller_copies.withdraw_destination(region_id);
-        let (reply, answer) = oneshot::channel();
+        let (reply, result) = oneshot::channel();
         let mut submit = self.submitter.submit(
             Command::Unmap {
                 id: region_id,
@@ -204,7 +204,7 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 Some(submitted) => submitted?,
                 None => submit.await?,
             }
-            answer.await.unwrap_or(Err(RdmaError::ShuttingDown))
+            result.await.unwrap_or(Err(RdmaError::ShuttingDown))
         })
     }
 
@@ -228,11 +228,11 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 }
                 return Ok(());
             }
-            let (reply, answer) = oneshot::channel();
+            let (reply, result) = oneshot::channel();
             self.submitter
                 .submit(Command::Get { request, reply }, Overflow::Abandon)
                 .await?;
-            answer.await.unwrap_or(Err(RdmaError::ShuttingDown))
+            result.await.unwrap_or(Err(RdmaError::ShuttingDown))
         })
     }
 
@@ -308,7 +308,7 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 }
                 return vec![Ok(()); entries];
             }
-            let (reply, answer) = oneshot::channel();
+            let (reply, result) = oneshot::channel();
             if let Err(err) = self
                 .submitter
                 .submit(command(requests, reply), Overflow::Abandon)
@@ -316,7 +316,7 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
             {
                 return vec![Err(err); entries];
             }
-            answer
+            result
                 .await
                 .unwrap_or_else(|_| vec![Err(RdmaError::ShuttingDown); entries])
         })
@@ -378,8 +378,8 @@ mod tests {
         let (front, receivers) = front_with(NoCallerCopies);
         for (ptr, len) in [(0, 8), (0x1000, 0), (usize::MAX, 2)] {
             // SAFETY: refused before anything touches the range.
-            let answer = futures::executor::block_on(unsafe { front.map(ptr, len) });
-            assert_eq!(answer, Err(RdmaError::OutOfRange));
+            let result = futures::executor::block_on(unsafe { front.map(ptr, len) });
+            assert_eq!(result, Err(RdmaError::OutOfRange));
         }
         assert!(receivers.is_empty());
     }
@@ -392,7 +392,7 @@ mod tests {
         let mut map = unsafe { front.map(buffer.as_ptr() as usize, buffer.len()) };
         assert!(
             poll_once(&mut map).is_pending(),
-            "waits for the thread's answer"
+            "waits for the thread's result"
         );
         drop(map);
         let Ok(Command::Map { id, reply, .. }) = receivers.ring.try_recv() else {
@@ -436,8 +436,8 @@ mod tests {
     fn an_empty_read_is_refused() {
         let (front, receivers) = front_with(NoCallerCopies);
         // SAFETY: refused before anything touches the destination.
-        let answer = futures::executor::block_on(unsafe { front.get(read(0)) });
-        assert_eq!(answer, Err(RdmaError::OutOfRange));
+        let result = futures::executor::block_on(unsafe { front.get(read(0)) });
+        assert_eq!(result, Err(RdmaError::OutOfRange));
         assert!(receivers.is_empty());
     }
 
@@ -488,8 +488,8 @@ mod tests {
         let (front, _receivers) = front_with(CopiesAll::default());
         front.submitter().lifecycle().close();
         // SAFETY: refused before anything touches the destination.
-        let answer = futures::executor::block_on(unsafe { front.get(read(8)) });
-        assert_eq!(answer, Err(RdmaError::ShuttingDown));
+        let result = futures::executor::block_on(unsafe { front.get(read(8)) });
+        assert_eq!(result, Err(RdmaError::ShuttingDown));
         assert_eq!(front.caller_copies.copies.load(Ordering::SeqCst), 0);
     }
 }

@@ -326,7 +326,7 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
                 if *length != read.length || payload_length != read.length =>
             {
                 let error = RdmaError::backend(format!(
-                    "the owner answered {payload_length} bytes (header: {length}) to a {}-byte read; refused",
+                    "the owner replied with {payload_length} bytes (header: {length}) to a {}-byte read; refused",
                     read.length
                 ));
                 self.complete(id, Err(error));
@@ -370,21 +370,21 @@ impl<E: Copy + Eq + Hash + Debug, T> Consumer<E, T> {
     /// driver can make sure it does (cancel their receives).
     pub fn endpoint_failed(&mut self, endpoint: E, error: RdmaError) -> Vec<ReadId> {
         let mut waiting = Vec::new();
-        let mut landing = Vec::new();
+        let mut held = Vec::new();
         for (&id, read) in &self.reads {
             if read.endpoint != endpoint {
                 continue;
             }
             match read.phase {
                 Phase::AwaitingReply => waiting.push(ReadId(id)),
-                Phase::Held { .. } => landing.push(ReadId(id)),
+                Phase::Held { .. } => held.push(ReadId(id)),
             }
         }
         for read in waiting {
             self.complete(read, Err(error.clone()));
         }
-        landing.sort_unstable();
-        landing
+        held.sort_unstable();
+        held
     }
 
     /// Expires reads whose deadline is not after `now`: a read waiting for
