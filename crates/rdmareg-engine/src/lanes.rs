@@ -393,7 +393,7 @@ mod tests {
     fn shutdown_is_sent_even_after_close() {
         let (submitter, receivers) = lanes_of(4);
         submitter.lifecycle().close();
-        let (reply, _answer) = oneshot::channel();
+        let (reply, _result) = oneshot::channel();
         assert!(submitter.send_shutdown(reply));
         assert!(matches!(
             receivers.control.try_recv(),
@@ -434,7 +434,7 @@ mod tests {
     fn a_shutdown_found_first_stops_before_the_ring() {
         let (submitter, receivers) = lanes_of(8);
         submitter.push_now(unmap(1)).unwrap();
-        let (reply, _answer) = oneshot::channel();
+        let (reply, _result) = oneshot::channel();
         submitter.send_shutdown(reply);
         let mut seen = Vec::new();
         let served = receivers.serve(8, recorder(&mut seen));
@@ -454,7 +454,7 @@ mod tests {
         let served = receivers.serve(8, |command| match command {
             Command::Unmap { id, .. } => {
                 seen.push(id);
-                let (reply, _answer) = oneshot::channel();
+                let (reply, _result) = oneshot::channel();
                 submitter.send_shutdown(reply);
                 ControlFlow::Continue(())
             }

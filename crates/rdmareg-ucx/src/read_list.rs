@@ -161,7 +161,7 @@ impl ListReply {
         let entries = wire::decode_list_reply(bytes)?
             .into_iter()
             .map(|reply| {
-                let (status, length) = ReplyStatus::of(reply.answer);
+                let (status, length) = ReplyStatus::of(reply.outcome);
                 ListReplyEntry {
                     request_id: reply.request_id,
                     status,

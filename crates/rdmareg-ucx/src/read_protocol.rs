@@ -497,7 +497,7 @@ impl ReadReply {
     /// payload is refused.
     pub fn decode(bytes: &[u8]) -> Result<ReadReply, ProtocolError> {
         let reply = wire::Reply::decode(bytes)?;
-        let (status, length) = ReplyStatus::of(reply.answer);
+        let (status, length) = ReplyStatus::of(reply.outcome);
         Ok(ReadReply {
             request_id: reply.request_id,
             status,

@@ -71,7 +71,7 @@
 //!   refused [`Refusal::Busy`] (a transient error at the consumer). A read
 //!   that is wrong in itself is refused for that, whatever the load.
 //!   Refusals are bounded the same way, apart: past the bound a request is
-//!   dropped unanswered (its reader runs into its deadline), since a
+//!   dropped without a reply (its reader runs into its deadline), since a
 //!   consumer that does not take its refusals would otherwise grow them.
 //!   An endpoint's record is forgotten when both its counts are back at
 //!   zero, so the driver may give its id to a later endpoint.
@@ -232,7 +232,7 @@ pub enum Action<E> {
         /// The send's id.
         send: SendId,
         /// The entries' results this reply carries.
-        answers: Vec<ListEntryReply>,
+        entry_replies: Vec<ListEntryReply>,
     },
     /// No send reads `region` any more and the owner forgot it: deregister
     /// it with the transport and complete every caller of its unmap.
@@ -255,7 +255,7 @@ impl<E: Copy> Action<E> {
                 ..
             } => wire::Reply {
                 request_id,
-                answer: Ok(payload.length),
+                outcome: Ok(payload.length),
             },
             Action::Refuse {
                 request_id,
@@ -263,7 +263,7 @@ impl<E: Copy> Action<E> {
                 ..
             } => wire::Reply {
                 request_id,
-                answer: Err(refusal),
+                outcome: Err(refusal),
             },
             _ => return None,
         };
@@ -273,7 +273,7 @@ impl<E: Copy> Action<E> {
     /// The UCX list reply header of a [`Action::ServeList`].
     pub fn list_reply_header(&self) -> Option<Vec<u8>> {
         match self {
-            Action::ServeList { answers, .. } => wire::encode_list_reply(answers),
+            Action::ServeList { entry_replies, .. } => wire::encode_list_reply(entry_replies),
             _ => None,
         }
     }
@@ -285,7 +285,7 @@ pub struct ListEntryReply {
     /// The entry's request id, echoed.
     pub request_id: u64,
     /// The bytes to send for it, or why it is refused.
-    pub answer: Result<Payload, Refusal>,
+    pub outcome: Result<Payload, Refusal>,
 }
 
 /// The bounds of a batched list and of each reply to one.
@@ -564,7 +564,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
 
     /// A decoded request arrived on `endpoint`: serve it or refuse it.
     pub fn handle_read(&mut self, endpoint: E, read: Read) {
-        if !self.may_answer(endpoint) {
+        if !self.may_reply(endpoint) {
             return;
         }
         match self.admit(endpoint, &read) {
@@ -589,7 +589,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     /// A request arrived on `endpoint` that the driver could not decode;
     /// `request_id` is the id it seems to carry.
     pub fn handle_malformed(&mut self, endpoint: E, request_id: u64) {
-        if self.may_answer(endpoint) {
+        if self.may_reply(endpoint) {
             self.refuse(endpoint, request_id, Refusal::Malformed);
         }
     }
@@ -614,41 +614,41 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     /// reply that serves no entry counts as one refusal, and is not sent
     /// past the refusal bound.
     pub fn handle_list(&mut self, endpoint: E, entries: &[Read], limits: ListLimits) {
-        if !self.may_answer(endpoint) {
+        if !self.may_reply(endpoint) {
             return;
         }
         if entries.is_empty() || limits.entries_per_reply == 0 {
             self.dropped += 1;
             return;
         }
-        let mut answers = Vec::with_capacity(entries.len());
+        let mut entry_replies = Vec::with_capacity(entries.len());
         let mut bytes = 0u64;
         for read in entries {
             let within = read.length <= limits.max_entry
                 && bytes
                     .checked_add(read.length)
                     .is_some_and(|sum| sum <= limits.max_total);
-            let answer = if within {
+            let outcome = if within {
                 self.admit(endpoint, read)
             } else {
                 Err(Refusal::Malformed)
             };
-            match answer {
+            match outcome {
                 Ok(payload) => bytes += payload.length,
                 Err(_) => self.refused += 1,
             }
-            answers.push(ListEntryReply {
+            entry_replies.push(ListEntryReply {
                 request_id: read.request_id,
-                answer,
+                outcome,
             });
         }
-        let mut rest = &answers[..];
+        let mut rest = &entry_replies[..];
         while !rest.is_empty() {
             let (part, tail) = rest.split_at(part_len(rest, limits));
             rest = tail;
             let regions: Vec<u64> = part
                 .iter()
-                .filter_map(|a| a.answer.ok().map(|p| p.region))
+                .filter_map(|a| a.outcome.ok().map(|p| p.region))
                 .collect();
             let leases = if regions.is_empty() {
                 let entry = self.endpoints.entry(endpoint).or_default();
@@ -668,7 +668,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             self.actions.push_back(Action::ServeList {
                 endpoint,
                 send,
-                answers: part.to_vec(),
+                entry_replies: part.to_vec(),
             });
         }
     }
@@ -678,7 +678,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     /// refusal bound like the owner's own refusals, dropped past it, with
     /// no lease.
     pub fn refuse_request(&mut self, endpoint: E, request_id: u64, refusal: Refusal) {
-        if self.may_answer(endpoint) {
+        if self.may_reply(endpoint) {
             self.refuse(endpoint, request_id, refusal);
         }
     }
@@ -814,13 +814,13 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         self.refused
     }
 
-    /// Requests dropped unanswered: past an endpoint's refusal bound, from
+    /// Requests dropped without a reply: past an endpoint's refusal bound, from
     /// a failed endpoint, or after the transport closed.
     pub fn dropped_requests(&self) -> u64 {
         self.dropped
     }
 
-    fn may_answer(&mut self, endpoint: E) -> bool {
+    fn may_reply(&mut self, endpoint: E) -> bool {
         let failed = self.endpoints.get(&endpoint).is_some_and(|e| e.failed);
         if self.stage == Stage::Closed || failed {
             self.dropped += 1;
@@ -954,15 +954,15 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     }
 }
 
-/// How many of the entries' results `answers`, from the first, the next
-/// reply carries: at most `entries_per_reply`, and served entries of at
-/// most `payload_per_reply` bytes together, except that an entry longer
-/// than that goes alone.
-fn part_len(answers: &[ListEntryReply], limits: ListLimits) -> usize {
+/// How many of `entry_replies`, from the first, the next reply carries: at
+/// most `entries_per_reply`, and served entries of at most
+/// `payload_per_reply` bytes together, except that an entry longer than
+/// that goes alone.
+fn part_len(entry_replies: &[ListEntryReply], limits: ListLimits) -> usize {
     let mut end = 0;
     let mut payload = 0u64;
-    while end < answers.len() && end < limits.entries_per_reply {
-        let length = answers[end].answer.map_or(0, |p| p.length);
+    while end < entry_replies.len() && end < limits.entries_per_reply {
+        let length = entry_replies[end].outcome.map_or(0, |p| p.length);
         if end > 0 && payload.saturating_add(length) > limits.payload_per_reply {
             break;
         }
@@ -1014,7 +1014,7 @@ mod tests {
         match actions(owner).as_slice() {
             [Action::Refuse { refusal, .. }] => Some(*refusal),
             [Action::Serve { .. }] => None,
-            other => panic!("one answer expected, got {other:?}"),
+            other => panic!("one reply expected, got {other:?}"),
         }
     }
 
@@ -1221,7 +1221,7 @@ mod tests {
         assert_eq!(refusal_of(&mut owner, ok), None, "the place is free again");
     }
 
-    /// Past the refusal bound a request is dropped unanswered; refusals
+    /// Past the refusal bound a request is dropped without a reply; refusals
     /// do not use up served places, nor served replies refusal places.
     #[test]
     fn refusals_are_bounded_apart_from_served_replies() {
@@ -1275,7 +1275,7 @@ mod tests {
         let send = only_send(&mut owner);
         owner.endpoint_failed(1);
         owner.handle_read(1, read(3, CAP, BASE, 8));
-        assert_eq!(actions(&mut owner), [], "a failed endpoint is not answered");
+        assert_eq!(actions(&mut owner), [], "a failed endpoint gets no reply");
         owner.unmap(3);
         assert_eq!(actions(&mut owner), []);
         assert_eq!(owner.region_leases(3), Some(1));
@@ -1361,7 +1361,7 @@ mod tests {
 
     /// The UCX reply header of each entry's result.
     #[test]
-    fn an_answer_gives_its_ucx_reply_header() {
+    fn a_reply_gives_its_ucx_reply_header() {
         let mut owner = owner(4);
         owner.handle_read(1, read(3, CAP, BASE, 8));
         let serve = actions(&mut owner).remove(0);
@@ -1370,7 +1370,7 @@ mod tests {
             wire::Reply::decode(&header),
             Ok(wire::Reply {
                 request_id: 1,
-                answer: Ok(8)
+                outcome: Ok(8)
             })
         );
         assert_eq!(Action::<u64>::Drained.reply_header(), None);
@@ -1389,14 +1389,18 @@ mod tests {
         actions(owner)
             .into_iter()
             .map(|action| match action {
-                Action::ServeList { send, answers, .. } => (send, answers),
+                Action::ServeList {
+                    send,
+                    entry_replies,
+                    ..
+                } => (send, entry_replies),
                 other => panic!("a list reply expected, got {other:?}"),
             })
             .collect()
     }
 
-    fn refusals(answers: &[ListEntryReply]) -> Vec<Option<Refusal>> {
-        answers.iter().map(|a| a.answer.err()).collect()
+    fn refusals(entry_replies: &[ListEntryReply]) -> Vec<Option<Refusal>> {
+        entry_replies.iter().map(|a| a.outcome.err()).collect()
     }
 
     /// Each entry of a list is judged on its own, exactly as a single read
@@ -1413,13 +1417,13 @@ mod tests {
         ];
         owner.handle_list(1, &list, ListLimits::default());
         let replies = list_replies(&mut owner);
-        let [(_, answers)] = &replies[..] else {
+        let [(_, entry_replies)] = &replies[..] else {
             panic!("one reply expected: {replies:?}");
         };
-        let ids: Vec<u64> = answers.iter().map(|a| a.request_id).collect();
+        let ids: Vec<u64> = entry_replies.iter().map(|a| a.request_id).collect();
         assert_eq!(ids, [1, 2, 3, 4]);
         assert_eq!(
-            refusals(answers),
+            refusals(entry_replies),
             [
                 None,
                 Some(Refusal::CapabilityMismatch),
@@ -1431,11 +1435,11 @@ mod tests {
         assert_eq!(owner.load(1).served, 2);
     }
 
-    /// An entry longer than the gathering bound, or one past the list's
+    /// An entry longer than the batching bound, or one past the list's
     /// total, is refused as malformed; the total counts served entries
     /// only.
     #[test]
-    fn a_list_entry_past_the_gathering_bounds_is_malformed() {
+    fn a_list_entry_past_the_batching_bounds_is_malformed() {
         let mut owner = owner(8);
         let limits = ListLimits {
             max_entry: 16,
@@ -1467,7 +1471,7 @@ mod tests {
     /// entries than one reply's header carries or more bytes than one
     /// reply's payload; an entry longer than a reply's payload goes alone.
     #[test]
-    fn a_list_is_answered_in_parts_within_the_reply_limits() {
+    fn a_list_is_replied_to_in_parts_within_the_reply_limits() {
         let mut owner = owner(16);
         let limits = ListLimits {
             entries_per_reply: 3,
@@ -1487,7 +1491,7 @@ mod tests {
         owner.handle_list(1, &list, limits);
         let parts: Vec<Vec<u64>> = list_replies(&mut owner)
             .iter()
-            .map(|(_, answers)| answers.iter().map(|a| a.request_id).collect())
+            .map(|(_, entry_replies)| entry_replies.iter().map(|a| a.request_id).collect())
             .collect();
         assert_eq!(
             parts,
@@ -1617,7 +1621,7 @@ mod tests {
             let expected = match actions(&mut served).as_slice() {
                 [Action::Serve { payload, .. }] => Ok(*payload),
                 [Action::Refuse { refusal, .. }] => Err(*refusal),
-                other => panic!("one answer expected, got {other:?}"),
+                other => panic!("one reply expected, got {other:?}"),
             };
             assert_eq!(checked, expected, "{candidate:?}");
         }

@@ -736,7 +736,7 @@ impl Sim {
             let Action::ServeList {
                 endpoint,
                 send,
-                answers,
+                entry_replies: answers,
             } = action
             else {
                 return Err(format!("{action:?} in answer to a list"));
@@ -747,14 +747,14 @@ impl Sim {
                     message.endpoint
                 ));
             }
-            let payloads: Vec<Payload> = answers.iter().filter_map(|a| a.answer.ok()).collect();
+            let payloads: Vec<Payload> = answers.iter().filter_map(|a| a.outcome.ok()).collect();
             self.stats.served += payloads.len() as u64;
             self.stats.refused += (answers.len() - payloads.len()) as u64;
             self.transport.insert(send, InFlight { endpoint, payloads });
             parts.push(
                 answers
                     .into_iter()
-                    .map(|a| (a.request_id, a.answer))
+                    .map(|a| (a.request_id, a.outcome))
                     .collect::<Vec<_>>(),
             );
         }

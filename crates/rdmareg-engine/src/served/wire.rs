@@ -161,13 +161,13 @@ pub struct Reply {
     /// The request's id.
     pub request_id: u64,
     /// The served length, or why the read was refused.
-    pub answer: Result<u64, Refusal>,
+    pub outcome: Result<u64, Refusal>,
 }
 
 impl Reply {
     /// The header's encoding.
     pub fn encode(&self) -> [u8; REPLY_LEN] {
-        let (status, length) = match self.answer {
+        let (status, length) = match self.outcome {
             Ok(length) => (0, length),
             Err(refusal) => (refusal_code(refusal), 0),
         };
@@ -192,7 +192,7 @@ impl Reply {
             return Err(ProtocolError::Reserved);
         }
         let length = u64_at(bytes, 12);
-        let answer = match bytes[1] {
+        let outcome = match bytes[1] {
             0 => Ok(length),
             status if length != 0 => {
                 return Err(ProtocolError::RefusalWithPayload { status, length });
@@ -201,7 +201,7 @@ impl Reply {
         };
         Ok(Reply {
             request_id: u64_at(bytes, 4),
-            answer,
+            outcome,
         })
     }
 }
@@ -298,10 +298,10 @@ pub fn decode_list_request(bytes: &[u8]) -> Result<Vec<Read>, ProtocolError> {
 
 /// A list reply header's encoding, or `None` for no entries or more than
 /// [`MAX_LIST_ENTRIES`].
-pub fn encode_list_reply(answers: &[ListEntryReply]) -> Option<Vec<u8>> {
-    encode_list_reply_fields(answers.iter().map(|answer| match answer.answer {
-        Ok(payload) => (answer.request_id, 0, payload.length),
-        Err(refusal) => (answer.request_id, refusal_code(refusal), 0),
+pub fn encode_list_reply(entry_replies: &[ListEntryReply]) -> Option<Vec<u8>> {
+    encode_list_reply_fields(entry_replies.iter().map(|entry| match entry.outcome {
+        Ok(payload) => (entry.request_id, 0, payload.length),
+        Err(refusal) => (entry.request_id, refusal_code(refusal), 0),
     }))
 }
 
@@ -338,14 +338,14 @@ pub fn decode_list_reply(bytes: &[u8]) -> Result<Vec<Reply>, ProtocolError> {
             return Err(ProtocolError::Reserved);
         }
         let length = u64_at(entry, 16);
-        let answer = match entry[8] {
+        let outcome = match entry[8] {
             0 => Ok(length),
             _ if length != 0 => return Err(ProtocolError::Reserved),
             code => Err(refusal_of_code(code)),
         };
         replies.push(Reply {
             request_id: u64_at(entry, 0),
-            answer,
+            outcome,
         });
     }
     Ok(replies)
@@ -410,7 +410,7 @@ mod tests {
         ] {
             let reply = Reply {
                 request_id: 9,
-                answer: Err(refusal),
+                outcome: Err(refusal),
             };
             assert_eq!(Reply::decode(&reply.encode()), Ok(reply));
         }
@@ -421,14 +421,14 @@ mod tests {
         // Status 6 is busy, as `rdmareg_ucx::read_protocol` assigns it.
         let busy = Reply {
             request_id: 0x0102,
-            answer: Err(Refusal::Busy),
+            outcome: Err(Refusal::Busy),
         }
         .encode();
         assert_eq!(busy[..4], [1, 6, 0, 0]);
         assert_eq!(busy[4..12], 0x0102u64.to_le_bytes());
         let served = Reply {
             request_id: 3,
-            answer: Ok(4096),
+            outcome: Ok(4096),
         }
         .encode();
         assert_eq!(served[1], 0);
@@ -440,7 +440,7 @@ mod tests {
         for code in 0..=LAST_ASSIGNED {
             let reply = Reply {
                 request_id: 1,
-                answer: Err(Refusal::Unrecognized(code)),
+                outcome: Err(Refusal::Unrecognized(code)),
             };
             assert_eq!(reply.encode()[1], MALFORMED, "code {code}");
         }
@@ -450,7 +450,7 @@ mod tests {
     fn a_refusal_that_claims_a_payload_is_malformed() {
         let mut bytes = Reply {
             request_id: 4,
-            answer: Ok(4096),
+            outcome: Ok(4096),
         }
         .encode();
         bytes[1] = 3;
@@ -520,10 +520,10 @@ mod tests {
 
     #[test]
     fn a_list_reply_header_has_the_ucx_layout() {
-        let answers = [
+        let entry_replies = [
             ListEntryReply {
                 request_id: 5,
-                answer: Ok(super::super::owner::Payload {
+                outcome: Ok(super::super::owner::Payload {
                     region: 1,
                     address: 0x10,
                     length: 32,
@@ -531,10 +531,10 @@ mod tests {
             },
             ListEntryReply {
                 request_id: 6,
-                answer: Err(Refusal::Busy),
+                outcome: Err(Refusal::Busy),
             },
         ];
-        let header = encode_list_reply(&answers).unwrap();
+        let header = encode_list_reply(&entry_replies).unwrap();
         assert_eq!(header.len(), 8 + 2 * LIST_REPLY_ENTRY_LEN);
         assert_eq!(header[..8], [1, 0, 0, 0, 2, 0, 0, 0]);
         assert_eq!(header[8..16], 5u64.to_le_bytes());
@@ -555,15 +555,15 @@ mod tests {
             Ok(vec![
                 Reply {
                     request_id: 5,
-                    answer: Ok(32)
+                    outcome: Ok(32)
                 },
                 Reply {
                     request_id: 6,
-                    answer: Err(Refusal::Busy)
+                    outcome: Err(Refusal::Busy)
                 },
                 Reply {
                     request_id: 7,
-                    answer: Err(Refusal::Unrecognized(99))
+                    outcome: Err(Refusal::Unrecognized(99))
                 },
             ])
         );

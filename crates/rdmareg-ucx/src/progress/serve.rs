@@ -191,11 +191,14 @@ pub(super) unsafe fn perform_actions(events: &Events) {
             Action::ServeList {
                 endpoint,
                 send,
-                ref answers,
+                ref entry_replies,
             } => {
                 let ep = endpoint as sys::ucp_ep_h;
                 let header = action.list_reply_header().unwrap_or_default();
-                let served: Vec<Payload> = answers.iter().filter_map(|a| a.answer.ok()).collect();
+                let served: Vec<Payload> = entry_replies
+                    .iter()
+                    .filter_map(|a| a.outcome.ok())
+                    .collect();
                 let payload: u64 = served.iter().map(|p| p.length).sum();
                 // SAFETY: `ep` is a live `reply_ep` (the caller's contract).
                 let per_fragment = if unsafe { one_fragment_each(events, ep) } {

@@ -138,11 +138,15 @@ fn list_entries_count_against_the_bound() {
     let entries: Vec<Read> = (10..18).map(|id| read_of(id, 0, 4096)).collect();
     pair.raw_list(RAW, &wire::encode_list_request(&entries).unwrap());
     pair.deliver_requests();
-    let Some(Action::ServeList { answers, .. }) = pair.elsewhere.last() else {
+    let Some(Action::ServeList {
+        entry_replies: answers,
+        ..
+    }) = pair.elsewhere.last()
+    else {
         panic!("a list reply");
     };
     assert_eq!(answers.len(), 8);
-    assert!(answers.iter().all(|a| a.answer == Err(Refusal::Busy)));
+    assert!(answers.iter().all(|a| a.outcome == Err(Refusal::Busy)));
     assert_eq!(pair.owner.region_leases(REGION), Some(4));
 }
 

@@ -144,12 +144,18 @@ fn garbage_lists_are_dropped_and_hostile_entries_refused() {
     ];
     pair.raw_list(RAW, &wire::encode_list_request(&entries).unwrap());
     pair.deliver_requests();
-    let [Action::ServeList { answers, .. }] = &pair.elsewhere[..] else {
+    let [
+        Action::ServeList {
+            entry_replies: answers,
+            ..
+        },
+    ] = &pair.elsewhere[..]
+    else {
         panic!("one list reply: {:?}", pair.elsewhere);
     };
     let judged: Vec<_> = answers
         .iter()
-        .map(|a| (a.request_id, a.answer.map(|p| p.length)))
+        .map(|a| (a.request_id, a.outcome.map(|p| p.length)))
         .collect();
     assert_eq!(
         judged,

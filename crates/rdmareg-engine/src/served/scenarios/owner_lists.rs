@@ -16,7 +16,7 @@ fn list_replies_to(pair: &Pair, endpoint: u32) -> Vec<(SendId, Vec<ListEntryRepl
             Action::ServeList {
                 endpoint: e,
                 send,
-                answers,
+                entry_replies: answers,
             } if *e == endpoint => Some((*send, answers.clone())),
             _ => None,
         })
@@ -74,13 +74,13 @@ fn a_maximal_hostile_list_is_judged_entry_by_entry() {
     let answered: Vec<_> = replies
         .iter()
         .flat_map(|(_, answers)| answers.iter())
-        .map(|a| (a.request_id, a.answer.map(|p| p.length)))
+        .map(|a| (a.request_id, a.outcome.map(|p| p.length)))
         .collect();
     assert_eq!(answered, expected);
     for (_, answers) in &replies {
         let payload: u64 = answers
             .iter()
-            .filter_map(|a| a.answer.ok())
+            .filter_map(|a| a.outcome.ok())
             .map(|p| p.length)
             .sum();
         assert!(payload <= pair.limits.payload_per_reply, "{payload}");
@@ -206,7 +206,7 @@ fn bad_entries_among_good_ones_are_refused_alone() {
     let answered: Vec<_> = replies
         .iter()
         .flat_map(|(_, answers)| answers.iter())
-        .map(|a| (a.request_id, a.answer.map(|p| p.length)))
+        .map(|a| (a.request_id, a.outcome.map(|p| p.length)))
         .collect();
     assert_eq!(answered, expected);
 }

@@ -48,7 +48,12 @@ pub(super) fn refusal_error(refusal: Refusal) -> RdmaError {
 
 /// A single reply header as an owner (honest or not) encodes it.
 pub(super) fn header(request_id: u64, answer: Result<u64, Refusal>) -> Vec<u8> {
-    wire::Reply { request_id, answer }.encode().to_vec()
+    wire::Reply {
+        request_id,
+        outcome: answer,
+    }
+    .encode()
+    .to_vec()
 }
 
 /// A request for `[BASE + offset, + length)` of the owner's region.
@@ -326,7 +331,9 @@ impl Pair {
                     }));
                 }
                 Action::ServeList {
-                    send, ref answers, ..
+                    send,
+                    entry_replies: ref answers,
+                    ..
                 } => {
                     let mut reply = self.list_reply_of(answers, send);
                     reply.header_len = action.list_reply_header().map(|h| h.len());
@@ -341,7 +348,7 @@ impl Pair {
         let entries = answers
             .iter()
             .map(|a| {
-                let answer = a.answer.map(|p| {
+                let answer = a.outcome.map(|p| {
                     payload.extend(self.source(p.address - BASE, p.length));
                     p.length
                 });
@@ -387,7 +394,7 @@ impl Pair {
                 let verdict = self.take(
                     reply.from,
                     decoded.request_id,
-                    decoded.answer,
+                    decoded.outcome,
                     &reply.payload,
                     hold,
                     reply.send,
