@@ -13,13 +13,13 @@
 //!
 //! After every step the promises are checked as invariants:
 //!
-//! - every read is answered at most once, and by the end exactly once;
-//! - no byte is written into a destination after its read was answered,
+//! - every read is completed at most once, and by the end exactly once;
+//! - no byte is written into a destination after its read was completed,
 //!   nor past its end;
 //! - an `Ok` destination holds exactly the bytes its own owner served for
 //!   that read (never a third peer's, never a partial write);
-//! - no read is answered with a third peer's refusal;
-//! - the machine keeps no state for answered reads.
+//! - no read is completed with a third peer's refusal;
+//! - the machine keeps no state for completed reads.
 //!
 //! A failure names its seed and step, and the same seed replays it exactly:
 //! `cargo xtask sim --seed S`.
@@ -59,7 +59,7 @@ struct Message {
 
 /// A payload the transport is writing into a destination.
 #[derive(Debug)]
-struct Landing {
+struct Transfer {
     read: ReadId,
     from: u32,
     payload: Vec<u8>,
@@ -90,7 +90,7 @@ struct SimRead {
     destination: Vec<u8>,
     /// What the owner served for this read, once it did.
     served: Option<Vec<u8>>,
-    answered_at: Option<u64>,
+    completed_at: Option<u64>,
     outcome: Option<Result<(), RdmaError>>,
     /// A write past the destination's end, when one happened.
     overrun_at: Option<u64>,
@@ -121,7 +121,7 @@ pub(super) struct Summary {
     pub(super) ok: u64,
     pub(super) timeouts: u64,
     pub(super) forged_dropped: u64,
-    pub(super) stopped_landings: u64,
+    pub(super) stopped_transfers: u64,
     pub(super) posted_receives_ok: u64,
     /// Served replies of the wrong length the machine refused.
     pub(super) wrong_lengths_refused: u64,
@@ -136,7 +136,7 @@ struct Sim {
     consumer: Consumer<u32>,
     reads: BTreeMap<ReadId, SimRead>,
     network: Vec<Message>,
-    landings: Vec<Landing>,
+    transfers: Vec<Transfer>,
     /// Owners whose endpoint failed: they send nothing more.
     failed: Vec<u32>,
     /// Per owner: how it misbehaves (percent of replies).
@@ -158,7 +158,7 @@ pub(super) fn run(seed: u64, defects: Defects) -> Result<Summary, Failure> {
         consumer: Consumer::new(),
         reads: BTreeMap::new(),
         network: Vec::new(),
-        landings: Vec::new(),
+        transfers: Vec::new(),
         failed: Vec::new(),
         wrong_length: (0..OWNERS).map(|o| (o, rng.below(3) * 5)).collect(),
         refuses: (0..OWNERS).map(|o| (o, rng.below(3) * 5)).collect(),
@@ -171,7 +171,7 @@ pub(super) fn run(seed: u64, defects: Defects) -> Result<Summary, Failure> {
     for _ in 0..STEPS {
         sim.step += 1;
         sim.one_step()?;
-        sim.collect_answers()?;
+        sim.collect_completions()?;
     }
     sim.drain()?;
     Ok(sim.summary)
@@ -194,7 +194,7 @@ impl Sim {
         match self.rng.below(100) {
             0..=24 => self.start_read(),
             25..=49 => self.deliver(),
-            50..=69 => self.progress_landing(),
+            50..=69 => self.progress_transfer(),
             70..=79 => {
                 self.clock_ms += 1 + self.rng.below(8);
                 self.expire();
@@ -238,7 +238,7 @@ impl Sim {
                 },
                 destination: vec![UNWRITTEN; length as usize],
                 served: None,
-                answered_at: None,
+                completed_at: None,
                 outcome: None,
                 overrun_at: None,
             },
@@ -252,7 +252,7 @@ impl Sim {
             }
             return;
         }
-        // The owner's answer, queued now and delivered in any order later.
+        // The owner's reply, queued now and delivered in any order later.
         if self.rng.chance(self.silent[&owner]) {
             return;
         }
@@ -321,7 +321,7 @@ impl Sim {
                 .handle_reply(message.from, &message.reply, message.payload.len() as u64);
         match verdict {
             ReplyVerdict::Write(read) => {
-                let landing = Landing {
+                let transfer = Transfer {
                     read,
                     from: message.from,
                     payload: message.payload,
@@ -330,12 +330,12 @@ impl Sim {
                 };
                 if self.rng.chance(40) {
                     // Eager: copied at once, then reported.
-                    let mut landing = landing;
-                    let length = landing.payload.len();
-                    self.write(&mut landing, length);
+                    let mut transfer = transfer;
+                    let length = transfer.payload.len();
+                    self.write(&mut transfer, length);
                     self.consumer.released(read, Ok(()));
                 } else {
-                    self.landings.push(landing);
+                    self.transfers.push(transfer);
                 }
             }
             ReplyVerdict::Drop(_) if message.from == FORGER => self.summary.forged_dropped += 1,
@@ -361,7 +361,7 @@ impl Sim {
         let result = match message.reply.outcome {
             ReplyOutcome::Refused(error) => Err(error),
             ReplyOutcome::Served { .. } => {
-                let mut landing = Landing {
+                let mut transfer = Transfer {
                     read,
                     from: message.from,
                     payload: message.payload,
@@ -370,9 +370,9 @@ impl Sim {
                 };
                 // A posted receive is bounded by its buffer: the transport
                 // writes no more than fits.
-                let length = landing.payload.len();
+                let length = transfer.payload.len();
                 let room = self.reads.get(&read).map_or(0, |r| r.destination.len());
-                self.write(&mut landing, length.min(room));
+                self.write(&mut transfer, length.min(room));
                 let fits = self
                     .reads
                     .get(&read)
@@ -415,63 +415,63 @@ impl Sim {
             .released(read, Err(RdmaError::backend("receive cancelled")));
     }
 
-    /// Writes the next `bytes` of a landing's payload into its destination,
-    /// recording a violation if the read was answered already or the write
+    /// Writes the next `bytes` of a transfer's payload into its destination,
+    /// recording a violation if the read was completed already or the write
     /// runs past the destination's end (a transport that does not check a
     /// receive's size).
-    fn write(&mut self, landing: &mut Landing, bytes: usize) {
-        let end = (landing.written + bytes).min(landing.payload.len());
-        if let Some(read) = self.reads.get_mut(&landing.read) {
+    fn write(&mut self, transfer: &mut Transfer, bytes: usize) {
+        let end = (transfer.written + bytes).min(transfer.payload.len());
+        if let Some(read) = self.reads.get_mut(&transfer.read) {
             if end > read.destination.len() && read.overrun_at.is_none() {
                 read.overrun_at = Some(self.step);
             }
             let end = end.min(read.destination.len());
-            if landing.written < end {
-                read.destination[landing.written..end]
-                    .copy_from_slice(&landing.payload[landing.written..end]);
-                if read.answered_at.is_some() {
+            if transfer.written < end {
+                read.destination[transfer.written..end]
+                    .copy_from_slice(&transfer.payload[transfer.written..end]);
+                if read.completed_at.is_some() {
                     read.outcome = Some(Err(RdmaError::backend(format!(
-                        "written at step {} after its answer",
+                        "written at step {} after its completion",
                         self.step
                     ))));
-                    read.answered_at = Some(u64::MAX);
+                    read.completed_at = Some(u64::MAX);
                 }
             }
         }
-        landing.written = end;
+        transfer.written = end;
     }
 
-    fn progress_landing(&mut self) {
-        if self.landings.is_empty() {
+    fn progress_transfer(&mut self) {
+        if self.transfers.is_empty() {
             return;
         }
-        let at = self.rng.below(self.landings.len() as u64) as usize;
-        let mut landing = self.landings.swap_remove(at);
+        let at = self.rng.below(self.transfers.len() as u64) as usize;
+        let mut transfer = self.transfers.swap_remove(at);
         let chunk = 1 + self.rng.below(16) as usize;
-        if landing.doomed || self.rng.chance(3) {
+        if transfer.doomed || self.rng.chance(3) {
             // Stopped or failed: maybe a few more bytes, then an error.
             let partial = self.rng.below(chunk as u64) as usize;
-            self.write(&mut landing, partial);
+            self.write(&mut transfer, partial);
             self.consumer
-                .released(landing.read, Err(RdmaError::backend("receive failed")));
+                .released(transfer.read, Err(RdmaError::backend("receive failed")));
             return;
         }
-        self.write(&mut landing, chunk);
-        if landing.written >= landing.payload.len() {
-            self.consumer.released(landing.read, Ok(()));
+        self.write(&mut transfer, chunk);
+        if transfer.written >= transfer.payload.len() {
+            self.consumer.released(transfer.read, Ok(()));
         } else {
-            self.landings.push(landing);
+            self.transfers.push(transfer);
         }
     }
 
     fn expire(&mut self) {
         for action in self.consumer.handle_timeout(self.now()) {
             let TimeoutAction::StopTransfer { read, .. } = action;
-            self.summary.stopped_landings += 1;
+            self.summary.stopped_transfers += 1;
             self.cancel_receive(read);
-            for landing in &mut self.landings {
-                if landing.read == read {
-                    landing.doomed = true;
+            for transfer in &mut self.transfers {
+                if transfer.read == read {
+                    transfer.doomed = true;
                 }
             }
         }
@@ -537,24 +537,24 @@ impl Sim {
         for read in holding {
             self.cancel_receive(read);
         }
-        for landing in &mut self.landings {
-            if landing.from == owner {
-                landing.doomed = true;
+        for transfer in &mut self.transfers {
+            if transfer.from == owner {
+                transfer.doomed = true;
             }
         }
     }
 
-    /// Takes the machine's answers and checks each.
-    fn collect_answers(&mut self) -> Result<(), Failure> {
+    /// Takes the machine's completions and checks each.
+    fn collect_completions(&mut self) -> Result<(), Failure> {
         while let Some(Completion { read, outcome, .. }) = self.consumer.poll_completion() {
             let step = self.step;
             let Some(sim_read) = self.reads.get_mut(&read) else {
-                return Err(self.fail(format!("{read:?} answered but never started")));
+                return Err(self.fail(format!("{read:?} completed but never started")));
             };
-            if sim_read.answered_at.is_some() {
-                return Err(self.fail(format!("{read:?} answered twice")));
+            if sim_read.completed_at.is_some() {
+                return Err(self.fail(format!("{read:?} completed twice")));
             }
-            sim_read.answered_at = Some(step);
+            sim_read.completed_at = Some(step);
             if outcome.is_ok() {
                 self.summary.ok += 1;
                 if sim_read.receive != Receive::None {
@@ -578,12 +578,14 @@ impl Sim {
             }
             if let Some(Err(RdmaError::Backend(text))) = &sim_read.outcome {
                 if text == FORGED_REFUSAL {
-                    return Err(self.fail(format!("{read:?} answered with a third peer's refusal")));
+                    return Err(
+                        self.fail(format!("{read:?} completed with a third peer's refusal"))
+                    );
                 }
             }
-            if sim_read.answered_at == Some(u64::MAX) {
+            if sim_read.completed_at == Some(u64::MAX) {
                 return Err(self.fail(format!(
-                    "a byte landed in {read:?} after its answer ({:?})",
+                    "a byte was written into {read:?} after its completion ({:?})",
                     sim_read.outcome
                 )));
             }
@@ -592,20 +594,20 @@ impl Sim {
                 if expected != Some(&sim_read.destination[..]) {
                     let forged = sim_read.destination.contains(&FORGED);
                     return Err(self.fail(format!(
-                        "{read:?} answered Ok with bytes its owner {} did not serve (forged bytes: {forged})",
+                        "{read:?} completed Ok with bytes its owner {} did not serve (forged bytes: {forged})",
                         sim_read.owner
                     )));
                 }
             }
         }
-        let unanswered = self
+        let pending = self
             .reads
             .values()
-            .filter(|r| r.answered_at.is_none())
+            .filter(|r| r.completed_at.is_none())
             .count();
-        if self.consumer.in_flight() > unanswered {
+        if self.consumer.in_flight() > pending {
             return Err(self.fail(format!(
-                "the machine holds {} reads, {unanswered} unanswered",
+                "the machine holds {} reads, {pending} not completed",
                 self.consumer.in_flight()
             )));
         }
@@ -618,33 +620,33 @@ impl Sim {
             .any(|r| r.receive == Receive::Cancelling)
     }
 
-    /// Lets every landing end and every deadline pass; then every read must
-    /// be answered exactly once.
+    /// Lets every transfer end and every deadline pass; then every read must
+    /// be completed exactly once.
     fn drain(&mut self) -> Result<(), Failure> {
-        while !self.landings.is_empty() || !self.network.is_empty() || self.cancelling() {
+        while !self.transfers.is_empty() || !self.network.is_empty() || self.cancelling() {
             self.step += 1;
             match self.rng.below(3) {
                 0 => self.deliver(),
-                1 => self.progress_landing(),
+                1 => self.progress_transfer(),
                 _ => self.end_a_cancel(),
             }
-            self.collect_answers()?;
+            self.collect_completions()?;
         }
         self.clock_ms += 3_600_000;
         self.expire();
-        while !self.landings.is_empty() || self.cancelling() {
+        while !self.transfers.is_empty() || self.cancelling() {
             self.step += 1;
-            self.progress_landing();
+            self.progress_transfer();
             self.end_a_cancel();
-            self.collect_answers()?;
+            self.collect_completions()?;
         }
-        self.collect_answers()?;
-        if let Some((read, _)) = self.reads.iter().find(|(_, r)| r.answered_at.is_none()) {
-            return Err(self.fail(format!("{read:?} was never answered")));
+        self.collect_completions()?;
+        if let Some((read, _)) = self.reads.iter().find(|(_, r)| r.completed_at.is_none()) {
+            return Err(self.fail(format!("{read:?} was never completed")));
         }
         if self.consumer.in_flight() != 0 {
             return Err(self.fail(format!(
-                "{} reads left in the machine after every answer",
+                "{} reads left in the machine after every completion",
                 self.consumer.in_flight()
             )));
         }
@@ -663,7 +665,7 @@ fn every_seed_keeps_every_promise() {
         total.ok += summary.ok;
         total.timeouts += summary.timeouts;
         total.forged_dropped += summary.forged_dropped;
-        total.stopped_landings += summary.stopped_landings;
+        total.stopped_transfers += summary.stopped_transfers;
         total.posted_receives_ok += summary.posted_receives_ok;
         total.wrong_lengths_refused += summary.wrong_lengths_refused;
     }
@@ -676,7 +678,7 @@ fn every_seed_keeps_every_promise() {
     assert!(total.ok > count, "{total:?}");
     assert!(total.timeouts > count / 10, "{total:?}");
     assert!(total.forged_dropped > count, "{total:?}");
-    assert!(total.stopped_landings > count / 10, "{total:?}");
+    assert!(total.stopped_transfers > count / 10, "{total:?}");
     assert!(total.posted_receives_ok > count / 10, "{total:?}");
     assert!(total.wrong_lengths_refused > count / 10, "{total:?}");
 }
@@ -693,21 +695,21 @@ fn first_failure(defects: Defects, limit: u64) -> Option<Failure> {
     (0..limit).find_map(|seed| run(seed, defects).err())
 }
 
-/// Answering a read at its deadline while the transport still writes its
+/// Completing a read at its deadline while the transport still writes its
 /// destination (the engine once did): the simulator finds a byte written
-/// after the answer.
+/// after the completion.
 #[test]
-fn the_simulator_finds_answers_given_before_release() {
+fn the_simulator_finds_completions_before_release() {
     let defects = Defects {
         complete_before_release: true,
         ..Defects::default()
     };
     let failure = first_failure(defects, 100).expect("caught within 100 seeds");
-    assert!(failure.what.contains("after its answer"), "{failure}");
+    assert!(failure.what.contains("after its completion"), "{failure}");
 }
 
 /// Taking a reply from whichever endpoint it arrived on (the engine once
-/// did): the simulator finds a forger's bytes answered `Ok`.
+/// did): the simulator finds a forger's bytes completed `Ok`.
 #[test]
 fn the_simulator_finds_replies_taken_from_any_endpoint() {
     let defects = Defects {
@@ -719,7 +721,7 @@ fn the_simulator_finds_replies_taken_from_any_endpoint() {
 }
 
 /// Taking a served reply whose payload is shorter than the read: the
-/// simulator finds stale bytes answered `Ok`.
+/// simulator finds stale bytes completed `Ok`.
 #[test]
 fn the_simulator_finds_short_payloads_taken() {
     let defects = Defects {
