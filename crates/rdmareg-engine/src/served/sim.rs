@@ -6,7 +6,7 @@
 //! (forged capability, out of range, past the end, empty, wrapping,
 //! unknown id, bytes that do not decode, duplicates of earlier requests);
 //! refusals the driver decides (a sender it could not confirm);
-//! gathered lists of honest and hostile entries, within list bounds drawn
+//! batched lists of honest and hostile entries, within list bounds drawn
 //! per seed; delivering requests in any order; send completions and
 //! failures in any order; endpoint failures; registrations; unmaps
 //! mid-read; the owner rewriting memory whose unmap finished; shutdown and
@@ -20,21 +20,21 @@
 //!
 //! # Invariants, checked after every step
 //!
-//! 1. No payload is read from a region after its unmap was answered, and a
+//! 1. No payload is read from a region after its unmap completed, and a
 //!    delivered payload holds the bytes of the registration it was served
 //!    from.
-//! 2. An unmap is answered only when the transport holds no send from the
+//! 2. An unmap completes only when the transport holds no send from the
 //!    region, and only for a region being unmapped.
-//! 3. Each delivered request gets at most one answer, on the endpoint it
+//! 3. Each delivered request gets at most one reply, on the endpoint it
 //!    came from, with its id, and exactly the one an independent model of
 //!    the rules predicts (served, a given refusal, or dropped): so a
 //!    forged, stale or out-of-range request never gets payload. A list
-//!    gets exactly the replies the model predicts: every entry answered
+//!    gets exactly the replies the model predicts: every entry replied to
 //!    once, in request order, cut into replies within the list bounds.
 //! 4. Per endpoint, the transport never holds more served reads, nor more
 //!    refusals, than the bound; the owner's lease count is the number of
 //!    served ranges the transport holds.
-//! 5. At the end, with every send ended, every unmap was answered, the
+//! 5. At the end, with every send ended, every unmap completed, the
 //!    owner holds no lease and no endpoint, and shutdown drains.
 //!
 //! A violation names its seed and step and prints the run's last steps;
@@ -46,7 +46,7 @@
 //! # Proof that it bites
 //!
 //! `Owner`'s test-only `defects` bring back mistakes an owner can make —
-//! an unmap answered while leases are held, a range checked only at its
+//! an unmap completed while leases are held, a range checked only at its
 //! start, leases ended at an endpoint's failure instead of at the
 //! transport's report, no bound of unfinished replies — and a test per
 //! defect shows the simulator finds it within the first 20 seeds.
@@ -98,7 +98,7 @@ fn content(slot: u64, version: u64, from: u64, len: u64) -> Vec<u8> {
 enum RegionState {
     Live,
     Unmapping,
-    /// The unmap was answered: the memory is the caller's again.
+    /// The unmap completed: the memory is the caller's again.
     Unmapped,
 }
 
@@ -117,7 +117,7 @@ struct SimRegion {
 #[derive(Debug, Clone)]
 struct Message {
     endpoint: u64,
-    /// A gathered list rather than a single read.
+    /// A batched list rather than a single read.
     list: bool,
     bytes: Vec<u8>,
 }
@@ -144,7 +144,7 @@ impl Stats {
         self.delivered_bytes += other.delivered_bytes;
         self.refused += other.refused;
         self.dropped += other.dropped;
-        self.unmaps_answered += other.unmaps_answered;
+        self.unmaps_completed += other.unmaps_completed;
         self.unmaps_waited += other.unmaps_waited;
     }
 }
@@ -164,7 +164,7 @@ pub(crate) struct Stats {
     pub(crate) delivered_bytes: u64,
     pub(crate) refused: u64,
     pub(crate) dropped: u64,
-    pub(crate) unmaps_answered: u64,
+    pub(crate) unmaps_completed: u64,
     pub(crate) unmaps_waited: u64,
 }
 
@@ -425,7 +425,7 @@ impl Sim {
         Ok(())
     }
 
-    /// A gathered list of honest and hostile entries, now and then cut
+    /// A batched list of honest and hostile entries, now and then cut
     /// short or padded.
     fn list_request(&mut self) -> Checked {
         let count = 1 + self.rng.below(8);
@@ -586,11 +586,11 @@ impl Sim {
         let (request_id, expect) = self.expect(message.endpoint, &message.bytes);
         self.note(|| format!("deliver from {}: expect {expect:?}", message.endpoint));
         self.owner.handle_request(message.endpoint, &message.bytes);
-        let mut answers = 0;
+        let mut replies = 0;
         while let Some(action) = self.owner.poll_action() {
-            answers += 1;
-            if answers > 1 {
-                return Err(format!("a second answer to one request: {action:?}"));
+            replies += 1;
+            if replies > 1 {
+                return Err(format!("a second reply to one request: {action:?}"));
             }
             let (endpoint, send, id, got, payload) = match action {
                 Action::Serve {
@@ -605,16 +605,16 @@ impl Sim {
                     request_id,
                     refusal,
                 } => (endpoint, send, request_id, Expect::Refuse(refusal), None),
-                other => return Err(format!("{other:?} in answer to a request")),
+                other => return Err(format!("{other:?} in reply to a request")),
             };
             if endpoint != message.endpoint {
                 return Err(format!(
-                    "a request from endpoint {} answered on {endpoint}",
+                    "a request from endpoint {} replied to on {endpoint}",
                     message.endpoint
                 ));
             }
             if id != request_id {
-                return Err(format!("request {request_id} answered as {id}"));
+                return Err(format!("request {request_id} replied to as {id}"));
             }
             if got != expect {
                 return Err(format!(
@@ -640,7 +640,7 @@ impl Sim {
                 },
             );
         }
-        if answers == 0 {
+        if replies == 0 {
             if expect != Expect::Drop {
                 return Err(format!(
                     "request {request_id} from {}: expected {expect:?}, the owner dropped it",
@@ -653,7 +653,7 @@ impl Sim {
     }
 
     /// The model of a list: the replies the owner must send, each with its
-    /// answers in request order (empty: all dropped).
+    /// entries' replies in request order (empty: all dropped).
     fn expect_list(
         &self,
         endpoint: u64,
@@ -680,7 +680,7 @@ impl Sim {
         for read in entries {
             let within = read.length <= limits.max_entry
                 && total + u128::from(read.length) <= u128::from(limits.max_total);
-            let answer = if within {
+            let outcome = if within {
                 self.verdict(&read, served).map(|()| Payload {
                     region: read.region,
                     address: read.address,
@@ -689,8 +689,8 @@ impl Sim {
             } else {
                 Err(Refusal::Malformed)
             };
-            let length = answer.map_or(0, |p| u128::from(p.length));
-            if answer.is_ok() {
+            let length = outcome.map_or(0, |p| u128::from(p.length));
+            if outcome.is_ok() {
                 served += 1;
                 total += length;
             }
@@ -705,11 +705,11 @@ impl Sim {
             parts
                 .last_mut()
                 .expect("just pushed")
-                .push((read.request_id, answer));
+                .push((read.request_id, outcome));
             part_bytes += length;
         }
         parts.retain(|part| {
-            if part.iter().any(|(_, answer)| answer.is_ok()) {
+            if part.iter().any(|(_, outcome)| outcome.is_ok()) {
                 return true;
             }
             if refusals >= self.bound as usize {
@@ -736,23 +736,26 @@ impl Sim {
             let Action::ServeList {
                 endpoint,
                 send,
-                entry_replies: answers,
+                entry_replies,
             } = action
             else {
-                return Err(format!("{action:?} in answer to a list"));
+                return Err(format!("{action:?} in reply to a list"));
             };
             if endpoint != message.endpoint {
                 return Err(format!(
-                    "a list from endpoint {} answered on {endpoint}",
+                    "a list from endpoint {} replied to on {endpoint}",
                     message.endpoint
                 ));
             }
-            let payloads: Vec<Payload> = answers.iter().filter_map(|a| a.outcome.ok()).collect();
+            let payloads: Vec<Payload> = entry_replies
+                .iter()
+                .filter_map(|a| a.outcome.ok())
+                .collect();
             self.stats.served += payloads.len() as u64;
-            self.stats.refused += (answers.len() - payloads.len()) as u64;
+            self.stats.refused += (entry_replies.len() - payloads.len()) as u64;
             self.transport.insert(send, InFlight { endpoint, payloads });
             parts.push(
-                answers
+                entry_replies
                     .into_iter()
                     .map(|a| (a.request_id, a.outcome))
                     .collect::<Vec<_>>(),
@@ -823,7 +826,7 @@ impl Sim {
             .ok_or_else(|| format!("{payload:?} names no region the consumers knew"))?;
         if region.state == RegionState::Unmapped {
             return Err(format!(
-                "the transport reads region {} after its unmap was answered",
+                "the transport reads region {} after its unmap completed",
                 payload.region
             ));
         }
@@ -884,7 +887,7 @@ impl Sim {
         if self.shut_down {
             return match result {
                 Err(RdmaError::ShuttingDown) => Ok(()),
-                other => Err(format!("a register after shutdown answered {other:?}")),
+                other => Err(format!("a register after shutdown returned {other:?}")),
             };
         }
         result.map_err(|e| format!("register {id}: {e}"))?;
@@ -977,7 +980,7 @@ impl Sim {
         self.take_unmaps()
     }
 
-    /// Actions outside an answer: finished unmaps and the drained report.
+    /// Actions outside a reply: finished unmaps and the drained report.
     fn take_unmaps(&mut self) -> Checked {
         while let Some(action) = self.owner.poll_action() {
             match action {
@@ -988,7 +991,7 @@ impl Sim {
                         .any(|s| s.payloads.iter().any(|p| p.region == region))
                     {
                         return Err(format!(
-                            "unmap of region {region} answered while the transport still sends from it"
+                            "unmap of region {region} completed while the transport still sends from it"
                         ));
                     }
                     let entry = self
@@ -1000,7 +1003,7 @@ impl Sim {
                     }
                     entry.state = RegionState::Unmapped;
                     self.slots[entry.slot].region = None;
-                    self.stats.unmaps_answered += 1;
+                    self.stats.unmaps_completed += 1;
                     self.note(|| format!("region {region} unmapped"));
                 }
                 Action::Drained => {
@@ -1013,7 +1016,7 @@ impl Sim {
                     }
                     self.drained = true;
                 }
-                other => return Err(format!("{other:?} with no request to answer")),
+                other => return Err(format!("{other:?} with no request to reply to")),
             }
         }
         Ok(())
@@ -1055,7 +1058,7 @@ impl Sim {
     }
 
     /// Delivers what is left, ends every send, then checks that every
-    /// unmap was answered and that shutdown drains.
+    /// unmap completed and that shutdown drains.
     fn finish(&mut self) -> Checked {
         while !self.network.is_empty() {
             self.deliver()?;
@@ -1070,7 +1073,7 @@ impl Sim {
             .iter()
             .find(|(_, r)| r.state == RegionState::Unmapping)
         {
-            return Err(format!("the unmap of region {id} was never answered"));
+            return Err(format!("the unmap of region {id} never completed"));
         }
         if self.owner.endpoints() != 0 {
             return Err(format!(
@@ -1196,7 +1199,7 @@ mod tests {
         );
     }
 
-    /// Answering an unmap while a reply still sends from the region is
+    /// Completing an unmap while a reply still sends from the region is
     /// caught within the first 20 seeds, by invariant 2.
     #[test]
     fn the_simulator_finds_an_unmap_that_ignores_leases() {
@@ -1233,7 +1236,7 @@ mod tests {
     }
 
     /// Ending a failed endpoint's leases before the transport reported its
-    /// sends is caught within the first 20 seeds (an unmap answered while
+    /// sends is caught within the first 20 seeds (an unmap completed while
     /// the transport still sends, or a send ending that the owner had
     /// already forgotten).
     #[test]
