@@ -683,8 +683,9 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         }
     }
 
-    /// Judges `read` as [`Owner::handle_read`] does — registration,
-    /// capability, unmapping, range, in that order — but takes no lease,
+    /// Judges `read` as [`Owner::handle_read`] does (it runs this check
+    /// first) — registration, capability, unmapping, range, in that order —
+    /// but takes no lease,
     /// counts nothing under a bound and asks for no send: for a driver
     /// that copies the bytes of a served read out of the registration
     /// before it feeds the owner anything else (libfabric's batched
@@ -707,6 +708,12 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 .address
                 .checked_add(read.length)
                 .is_some_and(|end| end <= region.end);
+        #[cfg(test)]
+        let inside = inside
+            || (self.defects.range_end_unchecked
+                && read.length > 0
+                && read.address >= region.start
+                && read.address < region.end);
         if !inside {
             return Err(Refusal::OutOfRange);
         }
@@ -829,34 +836,10 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         true
     }
 
-    /// Checks `read` against the registrations and `endpoint`'s bound; on
-    /// success counts the reply and takes a lease.
+    /// Checks `read` against the registrations ([`Owner::check_read`]) and
+    /// `endpoint`'s bound; on success counts the reply and takes a lease.
     fn admit(&mut self, endpoint: E, read: &Read) -> Result<Payload, Refusal> {
-        let region = self
-            .regions
-            .get_mut(&read.region)
-            .ok_or(Refusal::RegionUnknown)?;
-        if !capabilities_match(&region.capability, &read.capability) {
-            return Err(Refusal::CapabilityMismatch);
-        }
-        if region.unmapping {
-            return Err(Refusal::Deregistering);
-        }
-        let inside = read.length > 0
-            && read.address >= region.start
-            && read
-                .address
-                .checked_add(read.length)
-                .is_some_and(|end| end <= region.end);
-        #[cfg(test)]
-        let inside = inside
-            || (self.defects.range_end_unchecked
-                && read.length > 0
-                && read.address >= region.start
-                && read.address < region.end);
-        if !inside {
-            return Err(Refusal::OutOfRange);
-        }
+        let payload = self.check_read(read)?;
         let entry = self.endpoints.entry(endpoint).or_default();
         #[cfg(test)]
         let at_bound = entry.load.served >= self.bound && !self.defects.unbounded_replies;
@@ -869,14 +852,14 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             );
             return Err(Refusal::Busy);
         }
+        let region = self
+            .regions
+            .get_mut(&read.region)
+            .ok_or(Refusal::RegionUnknown)?;
         entry.load.served += 1;
         region.leases += 1;
         self.leases += 1;
-        Ok(Payload {
-            region: read.region,
-            address: read.address,
-            length: read.length,
-        })
+        Ok(payload)
     }
 
     /// Sends a refusal of `request_id` on `endpoint`, or drops it past the
