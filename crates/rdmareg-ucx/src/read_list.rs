@@ -53,7 +53,7 @@
 
 use rdmareg_engine::served::wire;
 
-use crate::read_protocol::{ProtocolError, ReadRequest, ReplyStatus, ServedKey};
+use crate::read_protocol::{ProtocolError, ReadRequest, ReplyStatus};
 
 /// Active-message id of a list request (consumer → owner).
 pub const READ_LIST_REQUEST_AM_ID: u32 = 0x5253;
@@ -109,15 +109,7 @@ impl ListRequest {
     pub fn decode(bytes: &[u8]) -> Result<ListRequest, ProtocolError> {
         let entries = wire::decode_list_request(bytes)?
             .into_iter()
-            .map(|read| ReadRequest {
-                request_id: read.request_id,
-                key: ServedKey {
-                    region_id: read.region,
-                    capability: read.capability,
-                },
-                address: read.address,
-                length: read.length,
-            })
+            .map(ReadRequest::from_read)
             .collect();
         Ok(ListRequest { entries })
     }
@@ -183,7 +175,7 @@ impl ListReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::read_protocol::RemoteRefusal;
+    use crate::read_protocol::{RemoteRefusal, ServedKey};
 
     fn read(request_id: u64, length: u64) -> ReadRequest {
         ReadRequest {

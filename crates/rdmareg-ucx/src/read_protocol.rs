@@ -394,8 +394,12 @@ impl ReadRequest {
 
     /// Decodes an untrusted request.
     pub fn decode(bytes: &[u8]) -> Result<ReadRequest, ProtocolError> {
-        let read = wire::decode_request(bytes)?;
-        Ok(ReadRequest {
+        Ok(ReadRequest::from_read(wire::decode_request(bytes)?))
+    }
+
+    /// The request the engine kit's formats decoded as `read`.
+    pub(crate) fn from_read(read: Read) -> ReadRequest {
+        ReadRequest {
             request_id: read.request_id,
             key: ServedKey {
                 region_id: read.region,
@@ -403,7 +407,7 @@ impl ReadRequest {
             },
             address: read.address,
             length: read.length,
-        })
+        }
     }
 
     /// The request as the engine kit's formats take it.
