@@ -4,7 +4,13 @@
 //! operations (map, unmap, GET, batches) plus shutdown; what a driver needs
 //! beyond them (peer changes, whose addresses only the driver can parse)
 //! travels as its own type `P` in [`Command::Driver`].
+//!
+//! [`Command::dispatch`] hands each command to the thread's [`Handler`],
+//! after the checks every driver makes the same way: a map whose caller is
+//! gone is skipped, and a new region's capability is drawn before the
+//! transport registers anything, so a failed draw leaves nothing to undo.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use futures::channel::oneshot;
@@ -69,7 +75,93 @@ pub enum Command<P> {
     },
 }
 
+/// A region to register, as [`Command::dispatch`] passes it on.
+#[derive(Debug, Clone, Copy)]
+pub struct NewRegion {
+    /// Minted by the submitter (see `front`).
+    pub id: u64,
+    /// First byte; not null.
+    pub ptr: usize,
+    /// Length in bytes; at least 1, and `ptr + len` does not overflow.
+    pub len: usize,
+    /// Sixteen random bytes a served read must present (see
+    /// [`served`](crate::served)).
+    pub capability: [u8; 16],
+}
+
+/// What a driver's progress thread does with each command.
+pub trait Handler {
+    /// The driver's own commands ([`Command::Driver`]).
+    type DriverCommand;
+
+    /// Registers `region`. The caller is still waiting for the result.
+    fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>);
+
+    /// Deregisters `id` (idempotent); `reply` is `None` for the
+    /// compensating unmap of a dropped map.
+    fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>);
+
+    /// Starts one read.
+    fn get(&mut self, request: BackendGet, reply: Reply<()>);
+
+    /// Starts a batch of reads.
+    fn get_batch(&mut self, requests: Vec<BackendGet>, reply: BatchReply);
+
+    /// Starts a shared batch; by default as [`get_batch`](Self::get_batch)
+    /// of a copy of the list.
+    fn get_shared_batch(&mut self, requests: Arc<[BackendGet]>, reply: BatchReply) {
+        self.get_batch(requests.to_vec(), reply);
+    }
+
+    /// Does a command only the driver understands.
+    fn driver_command(&mut self, command: Self::DriverCommand);
+
+    /// Called after each command but a shutdown; by default nothing.
+    fn command_done(&mut self) {}
+
+    /// Takes the reply of a shutdown; the thread stops serving commands
+    /// after this one and fires `reply` once it has released everything.
+    fn shutdown_requested(&mut self, reply: oneshot::Sender<()>);
+}
+
 impl<P> Command<P> {
+    /// Hands the command to `handler`. Breaks after a shutdown.
+    pub fn dispatch<H: Handler<DriverCommand = P>>(self, handler: &mut H) -> ControlFlow<()> {
+        match self {
+            Command::Map {
+                id,
+                ptr,
+                len,
+                reply,
+            } => {
+                if reply.is_canceled() {
+                    // The caller is gone, and its compensating unmap may
+                    // already have found nothing: register nothing.
+                    return ControlFlow::Continue(());
+                }
+                match new_region(id, ptr, len) {
+                    Ok(region) => handler.map_region(region, reply),
+                    Err(err) => {
+                        let _ = reply.send(Err(err));
+                    }
+                }
+            }
+            Command::Unmap { id, reply } => handler.unmap_region(id, reply),
+            Command::Get { request, reply } => handler.get(request, reply),
+            Command::GetBatch { requests, reply } => handler.get_batch(requests, reply),
+            Command::GetSharedBatch { requests, reply } => {
+                handler.get_shared_batch(requests, reply);
+            }
+            Command::Driver(command) => handler.driver_command(command),
+            Command::Shutdown { reply } => {
+                handler.shutdown_requested(reply);
+                return ControlFlow::Break(());
+            }
+        }
+        handler.command_done();
+        ControlFlow::Continue(())
+    }
+
     /// Completes the command with [`RdmaError::ShuttingDown`] without doing
     /// it. A driver command and a shutdown are dropped: their senders see
     /// the channel closed.
@@ -92,5 +184,118 @@ impl<P> Command<P> {
             }
             Command::Unmap { reply: None, .. } | Command::Driver(_) | Command::Shutdown { .. } => {}
         }
+    }
+}
+
+/// Checks a map's range and draws its capability.
+fn new_region(id: u64, ptr: usize, len: usize) -> Result<NewRegion, RdmaError> {
+    if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
+        return Err(RdmaError::OutOfRange);
+    }
+    let mut capability = [0u8; 16];
+    getrandom::fill(&mut capability).map_err(|err| {
+        RdmaError::backend(format!(
+            "cannot draw a registration capability from the OS: {err}"
+        ))
+    })?;
+    Ok(NewRegion {
+        id,
+        ptr,
+        len,
+        capability,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records what reached it.
+    #[derive(Default)]
+    struct Recorder {
+        mapped: Vec<NewRegion>,
+        shutdowns: usize,
+    }
+
+    impl Handler for Recorder {
+        type DriverCommand = ();
+        fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
+            self.mapped.push(region);
+            drop(reply);
+        }
+        fn unmap_region(&mut self, _: u64, _: Option<Reply<()>>) {}
+        fn get(&mut self, _: BackendGet, _: Reply<()>) {}
+        fn get_batch(&mut self, _: Vec<BackendGet>, _: BatchReply) {}
+        fn driver_command(&mut self, _: ()) {}
+        fn shutdown_requested(&mut self, _: oneshot::Sender<()>) {
+            self.shutdowns += 1;
+        }
+    }
+
+    fn map(
+        ptr: usize,
+        len: usize,
+    ) -> (
+        Command<()>,
+        oneshot::Receiver<Result<BackendRegion, RdmaError>>,
+    ) {
+        let (reply, result) = oneshot::channel();
+        let command = Command::Map {
+            id: 7,
+            ptr,
+            len,
+            reply,
+        };
+        (command, result)
+    }
+
+    #[test]
+    fn a_map_whose_caller_left_reaches_no_handler() {
+        let mut recorder = Recorder::default();
+        let (command, result) = map(0x1000, 64);
+        drop(result);
+        assert!(command.dispatch(&mut recorder).is_continue());
+        assert!(recorder.mapped.is_empty());
+    }
+
+    #[test]
+    fn bad_map_ranges_fail_out_of_range_before_the_handler() {
+        for (ptr, len) in [(0, 64), (0x1000, 0), (usize::MAX - 3, 8)] {
+            let mut recorder = Recorder::default();
+            let (command, mut result) = map(ptr, len);
+            let _ = command.dispatch(&mut recorder);
+            assert!(recorder.mapped.is_empty(), "{ptr:#x}+{len}");
+            assert_eq!(
+                result.try_recv().ok().flatten(),
+                Some(Err(RdmaError::OutOfRange))
+            );
+        }
+    }
+
+    #[test]
+    fn each_new_region_gets_a_capability_of_its_own() {
+        let mut recorder = Recorder::default();
+        for _ in 0..2 {
+            let (command, _result) = map(0x1000, 64);
+            let _ = command.dispatch(&mut recorder);
+        }
+        let [first, second] = recorder.mapped[..] else {
+            panic!("two regions reached the handler: {}", recorder.mapped.len());
+        };
+        assert_eq!((first.id, first.ptr, first.len), (7, 0x1000, 64));
+        assert_ne!(first.capability, second.capability);
+        assert_ne!(first.capability, [0; 16]);
+    }
+
+    #[test]
+    fn a_shutdown_stops_the_dispatch() {
+        let mut recorder = Recorder::default();
+        let (reply, _done) = oneshot::channel();
+        assert!(
+            Command::<()>::Shutdown { reply }
+                .dispatch(&mut recorder)
+                .is_break()
+        );
+        assert_eq!(recorder.shutdowns, 1);
     }
 }

@@ -33,7 +33,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use rdmareg_core::RdmaError;
@@ -140,41 +139,6 @@ impl<P> Receivers<P> {
                 Err(TryRecvError::Disconnected) => return ControlFlow::Break(()),
             }
         }
-    }
-}
-
-/// When an idle loop stops spinning and parks: after `spin_window` without
-/// work. Spinning keeps a submission's cost at a queue push while work
-/// keeps coming; parking gives the CPU back when it stops.
-#[derive(Debug)]
-pub struct IdleClock {
-    spin_window: Duration,
-    idle_since: Option<Instant>,
-}
-
-impl IdleClock {
-    /// A clock that parks after `spin_window` idle.
-    pub fn new(spin_window: Duration) -> IdleClock {
-        IdleClock {
-            spin_window,
-            idle_since: None,
-        }
-    }
-
-    /// Records a turn that did work.
-    pub fn worked(&mut self) {
-        self.idle_since = None;
-    }
-
-    /// Records a turn without work at `now`; true when the loop should
-    /// park (and the clock starts again for after the park).
-    pub fn should_park(&mut self, now: Instant) -> bool {
-        let since = *self.idle_since.get_or_insert(now);
-        if now.duration_since(since) < self.spin_window {
-            return false;
-        }
-        self.idle_since = None;
-        true
     }
 }
 
@@ -467,24 +431,6 @@ mod tests {
             } => assert_eq!(id_of(command), 2),
             other => panic!("expected unmap 2 left over, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn the_idle_clock_parks_only_after_its_window() {
-        let start = Instant::now();
-        let mut clock = IdleClock::new(Duration::from_millis(10));
-        assert!(!clock.should_park(start));
-        assert!(!clock.should_park(start + Duration::from_millis(9)));
-        clock.worked();
-        assert!(
-            !clock.should_park(start + Duration::from_millis(12)),
-            "work resets it"
-        );
-        assert!(clock.should_park(start + Duration::from_millis(22)));
-        assert!(
-            !clock.should_park(start + Duration::from_millis(23)),
-            "parking resets it"
-        );
     }
 
     #[test]

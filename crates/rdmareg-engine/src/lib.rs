@@ -4,13 +4,17 @@
 //! that owns every transport handle. Around that thread both need the same
 //! machinery, and it lives here once:
 //!
-//! - [`command`]: what submitters ask of the thread;
+//! - [`command`]: what submitters ask of the thread, and how the thread
+//!   hands each command to the driver;
 //! - [`lanes`]: the bounded ring and the unbounded control lane commands
 //!   travel on, and the submit future that waits for room;
 //! - [`doorbell`]: how a submitter wakes the thread, and only when it sleeps;
+//! - [`progress_loop`]: the thread's loop of commands, transport turns,
+//!   spinning and parking;
 //! - [`lifecycle`]: teardown begun, registrations held, what teardown left;
 //! - [`front`]: the `RdmaBackend` methods over those commands, with their
-//!   cancellation rules;
+//!   cancellation rules, and [`backend`]: the driver's `RdmaBackend` over
+//!   its front;
 //! - [`thread`]: starting the thread, and joining it within a deadline;
 //! - [`results`]: a batch's results as its entries finish;
 //! - [`deadlines`]: reads' deadlines, earliest first;
@@ -25,12 +29,14 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod backend;
 pub mod command;
 pub mod deadlines;
 pub mod doorbell;
 pub mod front;
 pub mod lanes;
 pub mod lifecycle;
+pub mod progress_loop;
 pub mod results;
 pub mod served;
 #[cfg(test)]

@@ -25,6 +25,7 @@ use rdmareg_engine::thread::ProgressThread;
 use crate::backend::OfiBackend;
 use crate::config::OfiConfig;
 use crate::progress;
+use rdmareg_engine::backend::Backend;
 
 pub(crate) use rdmareg_engine::command::Reply;
 
@@ -35,7 +36,7 @@ pub(crate) type Command = rdmareg_engine::command::Command<PeerChange>;
 
 /// A change to the peer table.
 #[derive(Debug)]
-pub(crate) enum PeerChange {
+pub enum PeerChange {
     /// Record `peer`'s fabric address; answered once the address vector
     /// took it (or refused it).
     Add {
@@ -163,7 +164,7 @@ impl OfiEngine {
 
     /// A backend over this engine.
     pub fn backend(&self) -> OfiBackend {
-        OfiBackend::new(self.front.clone())
+        Backend::new(self.front.clone())
     }
 
     /// The thread's own count of registrations it holds.

@@ -95,6 +95,6 @@ pub mod key;
 mod progress;
 pub mod protocol;
 
-pub use backend::OfiBackend;
+pub use backend::{OfiBackend, OfiDriver};
 pub use config::{OfiConfig, Provider, ReadPath};
 pub use engine::OfiEngine;

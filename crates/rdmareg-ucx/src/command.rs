@@ -22,7 +22,7 @@ pub(crate) type Command = rdmareg_engine::command::Command<PeerChange>;
 
 /// A change to the peer table.
 #[derive(Debug)]
-pub(crate) enum PeerChange {
+pub enum PeerChange {
     /// Record (or replace) how to reach `peer`: its addresses, validated
     /// and padded for `ucp_ep_create`.
     Add {
@@ -35,7 +35,7 @@ pub(crate) enum PeerChange {
 
 /// State the progress thread and the submitters share. Holds no UCX handle.
 #[derive(Debug)]
-pub(crate) struct Signals {
+pub struct Signals {
     /// Teardown begun, registrations held, what teardown left; the doorbell.
     pub(crate) lifecycle: Arc<Lifecycle>,
     /// Replies the thread serves whose sends UCX has not finished, over

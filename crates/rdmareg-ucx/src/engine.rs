@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::channel::oneshot;
 use rdmareg_core::{PeerId, RdmaError};
+use rdmareg_engine::backend::Backend;
 use rdmareg_engine::doorbell::Doorbell;
 use rdmareg_engine::front::Front;
 use rdmareg_engine::lifecycle::Lifecycle;
@@ -223,7 +224,7 @@ impl UcxEngine {
 
     /// A backend submitting to this engine.
     pub fn backend(&self) -> Arc<UcxBackend> {
-        Arc::new(UcxBackend::new(self.front.clone()))
+        Arc::new(Backend::new(self.front.clone()))
     }
 
     /// Registrations the progress thread holds: its own count, moved only by

@@ -157,7 +157,7 @@ mod release_table;
 mod status;
 pub mod worker_address;
 
-pub use backend::UcxBackend;
+pub use backend::{UcxBackend, UcxDriver};
 pub use config::{Transport, UcxConfig};
 pub use engine::UcxEngine;
 pub use engine_address::{EngineAddress, EngineAddressError, ProcessIdentity, TableLocation};

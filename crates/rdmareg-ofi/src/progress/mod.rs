@@ -6,24 +6,20 @@
 //! Reading the completion queue is also what progresses the provider: both
 //! providers tested here progress data only when called
 //! (`FI_PROGRESS_MANUAL`), so this loop is what serves the reads *peers*
-//! make of this engine's regions, as well as landing its own.
+//! make of this engine's regions, as well as completing its own.
 //!
 //! # The loop
 //!
-//! 1. Drain the control lane, then up to a batch of the ring (the control
-//!    lane again before each ring command).
-//! 2. Repost request receives and retry sends and reads the provider asked
-//!    to retry (`-FI_EAGAIN`), then read completions and answer what
-//!    finished (or serve what arrived).
-//! 3. Cancel the receives of reads past their deadline (the answer still
-//!    waits for the provider to end the read — see below).
-//! 4. If anything happened, go again; else turn (yielding) for the spin
-//!    window, then park: announce it on the doorbell, look at the queues
-//!    once more, ask `fi_trywait`, and sleep in `poll` on the doorbell and
-//!    the completion queue's wait descriptor (when the provider gives one),
-//!    bounded by the park timeout — or by a few tens of microseconds while
-//!    reads of this engine are in flight, since a manual-progress provider
-//!    lands them only when called.
+//! The kit's [`progress_loop`] runs it. A turn reposts request receives,
+//! retries sends and reads the provider asked to retry (`-FI_EAGAIN`),
+//! reads completions and completes what finished (or serves what arrived),
+//! and cancels the receives of reads past their deadline (the result still
+//! waits for the provider to end the read; see below). Parking asks
+//! `fi_trywait` and sleeps in `poll` on the doorbell and the completion
+//! queue's wait descriptor (when the provider gives one), for at most the
+//! park timeout, or a few tens of microseconds while reads of this engine
+//! are in flight, since a manual-progress provider writes them only when
+//! called.
 //!
 //! # Serving reads (owner-served path)
 //!
@@ -103,7 +99,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::ops::ControlFlow;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -111,8 +106,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use futures::channel::oneshot;
-use rdmareg_core::{BackendGet, PeerId, RdmaError};
-use rdmareg_engine::lanes::{IdleClock, Receivers, Served};
+use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
+use rdmareg_engine::command::{BatchReply, Handler, NewRegion};
+use rdmareg_engine::lanes::Receivers;
+use rdmareg_engine::progress_loop::{self, Progress, Turn};
 use rdmareg_engine::results::BatchResults;
 use rdmareg_engine::served::consumer::{Consumer, ReadId};
 use rdmareg_engine::served::{Owner, OwnerConfig, SendId};
@@ -132,8 +129,6 @@ mod sends;
 mod serve;
 mod teardown;
 
-/// Ring commands handled per turn.
-const RING_BATCH: usize = 64;
 /// Completions read per turn.
 const COMPLETION_BATCH: usize = 256;
 /// How long past its deadline a read whose receive the provider did not
@@ -242,7 +237,8 @@ pub(crate) fn run(
     let mut engine = Engine::new(fabric, &config, signals);
     engine.post_request_receives();
     ready.started(info);
-    engine.serve(&lanes);
+    let spin_window = engine.settings.spin_window;
+    progress_loop::run(&mut engine, &lanes, spin_window);
     engine.teardown(&lanes.ring, &lanes.control);
     // The lanes close before the fabric does: a shutdown sent from now on
     // (an engine dropped after its join gave up on a provider wedged in
@@ -737,31 +733,6 @@ impl Engine {
         self.fabric.read_path == ReadPath::OwnerServed
     }
 
-    fn serve(&mut self, lanes: &Receivers<PeerChange>) {
-        let mut idle = IdleClock::new(self.settings.spin_window);
-        loop {
-            let mut worked = match lanes.serve(RING_BATCH, |command| self.dispatch(command)) {
-                Served::Continue { worked } => worked,
-                Served::Stop { leftover } => {
-                    if let Some(command) = leftover {
-                        self.dispatch_closing(command);
-                    }
-                    return;
-                }
-            };
-            worked |= self.turn();
-            if worked {
-                idle.worked();
-                continue;
-            }
-            if !idle.should_park(Instant::now()) {
-                std::thread::yield_now();
-                continue;
-            }
-            self.park(&lanes.ring, &lanes.control);
-        }
-    }
-
     /// Retries, completions, deadlines; answers whether anything happened.
     fn turn(&mut self) -> bool {
         self.retry_request_receives();
@@ -787,40 +758,6 @@ impl Engine {
         worked
     }
 
-    fn dispatch(&mut self, command: Command) -> ControlFlow<()> {
-        match command {
-            Command::Map {
-                id,
-                ptr,
-                len,
-                reply,
-            } => self.map_region(id, ptr, len, reply),
-            Command::Unmap { id, reply } => self.unmap_region(id, reply),
-            Command::Get { request, reply } => {
-                if let Err(err) = self.post(request, Answer::Single(reply)) {
-                    give(err.0, Err(err.1));
-                }
-            }
-            Command::GetBatch { requests, reply } => self.post_batch(requests, reply),
-            Command::GetSharedBatch { requests, reply } => {
-                self.post_batch(requests.to_vec(), reply);
-            }
-            Command::Driver(PeerChange::Add {
-                peer,
-                address,
-                reply,
-            }) => {
-                let _ = reply.send(self.add_peer(peer, address));
-            }
-            Command::Driver(PeerChange::Remove { peer }) => self.remove_peer(peer),
-            Command::Shutdown { reply } => {
-                self.shutdown_replies.push(reply);
-                return ControlFlow::Break(());
-            }
-        }
-        ControlFlow::Continue(())
-    }
-
     /// A command found once teardown began: unmaps proceed, everything else
     /// answers `ShuttingDown`.
     fn dispatch_closing(&mut self, command: Command) {
@@ -834,7 +771,7 @@ impl Engine {
         }
     }
 
-    fn park(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
+    fn park_until_woken(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
         let signals = Arc::clone(&self.signals);
         let bell = signals.lifecycle.doorbell();
         bell.announce_park();
@@ -879,3 +816,61 @@ impl Engine {
 
 #[cfg(test)]
 mod tests;
+
+impl Handler for Engine {
+    type DriverCommand = PeerChange;
+
+    fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
+        Engine::map_region(self, region, reply);
+    }
+
+    fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
+        Engine::unmap_region(self, id, reply);
+    }
+
+    fn get(&mut self, request: BackendGet, reply: Reply<()>) {
+        if let Err(err) = self.post(request, Answer::Single(reply)) {
+            give(err.0, Err(err.1));
+        }
+    }
+
+    fn get_batch(&mut self, requests: Vec<BackendGet>, reply: BatchReply) {
+        self.post_batch(requests, reply);
+    }
+
+    fn driver_command(&mut self, command: PeerChange) {
+        match command {
+            PeerChange::Add {
+                peer,
+                address,
+                reply,
+            } => {
+                let _ = reply.send(self.add_peer(peer, address));
+            }
+            PeerChange::Remove { peer } => self.remove_peer(peer),
+        }
+    }
+
+    fn shutdown_requested(&mut self, reply: oneshot::Sender<()>) {
+        self.shutdown_replies.push(reply);
+    }
+}
+
+impl Progress for Engine {
+    fn turn(&mut self) -> Turn {
+        Turn {
+            worked: Engine::turn(self),
+            handed_over: false,
+        }
+    }
+
+    fn park(&mut self, lanes: &Receivers<PeerChange>) {
+        self.park_until_woken(&lanes.ring, &lanes.control);
+    }
+
+    fn stopped(&mut self, leftover: Option<Command>) {
+        if let Some(command) = leftover {
+            self.dispatch_closing(command);
+        }
+    }
+}

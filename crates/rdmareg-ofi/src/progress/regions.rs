@@ -10,36 +10,25 @@
 //! read of this engine lands in it (`in_flight`); the last of the two
 //! deregisters and answers the unmap.
 
-use rdmareg_core::{BackendRegion, RdmaError};
+use rdmareg_core::BackendRegion;
+use rdmareg_engine::command::NewRegion;
 use rdmareg_engine::served::UnmapStatus;
 
 use crate::engine::Reply;
 use crate::fabric::ADDR_NOTAVAIL;
-use crate::key::{CAPABILITY_LEN, PackedKey};
+use crate::key::PackedKey;
 
 use super::*;
 
 impl Engine {
-    pub(super) fn map_region(
-        &mut self,
-        id: u64,
-        ptr: usize,
-        len: usize,
-        reply: Reply<BackendRegion>,
-    ) {
-        if reply.is_canceled() {
-            // The caller is gone (its compensating unmap may already have
-            // found nothing): do not register at all.
-            return;
-        }
-        let mut capability = [0u8; CAPABILITY_LEN];
+    pub(super) fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
+        let NewRegion {
+            id,
+            ptr,
+            len,
+            capability,
+        } = region;
         let mut requested_key = id;
-        if let Err(err) = getrandom::fill(&mut capability) {
-            let _ = reply.send(Err(RdmaError::backend(format!(
-                "ofi: drawing a capability: {err}"
-            ))));
-            return;
-        }
         if self.owner_served() {
             // No peer is told this key; a random one is not guessable from
             // the region ids peers see.

@@ -11,42 +11,14 @@
 //!
 //! # The loop
 //!
-//! 1. Drain the control lane, then up to a batch of the ring.
-//! 2. Progress the worker until it reports no more work (bounded per turn so
-//!    commands are never starved by a busy transfer), then handle what the
-//!    callbacks recorded.
-//! 3. Expire GETs past their deadline; finish endpoint closes.
-//! 4. If anything happened, go again. Otherwise spin for the spin window,
-//!    then park: announce it on the doorbell, look at the queues once more,
-//!    arm the worker (progress → arm until it is not busy), and `poll` on the
-//!    worker's event fd and the doorbell with a timeout bounded by the park
-//!    timeout and the next GET deadline.
-//!
-//! # Spinning yields
-//!
-//! While it spins the loop calls `sched_yield` on every turn instead of
-//! busy-waiting on the CPU. The thread it most often shares a CPU with is the
-//! very caller it just answered: the kernel tends to wake a caller onto its
-//! waker's CPU, and a machine with few cores has no other. A pure spin would
-//! keep that caller off the CPU for the whole spin window, so every GET would
-//! cost the window; a yield hands the CPU over at once and costs about half a
-//! microsecond when nothing else wants it. The loop stays runnable, so a
-//! submission during the window still needs no doorbell.
-//!
-//! # Handing over
-//!
-//! A turn whose one piece of work was a step that leaves the next move to
-//! another thread — a read request sent (the owner moves next), a read
-//! answered (its caller), a reply sent (the consumer) — yields at once
-//! instead of going round once more. A lone read over tcp on two cores
-//! involves three threads (caller, consumer loop, owner loop), so two of
-//! them share a CPU and each step waits for the thread before it to give
-//! the CPU up; an extra turn (an `epoll_wait` of the worker, the queues,
-//! the clock) would only lengthen that wait (`docs/benchmarks.md`). Turns
-//! with more than one such step (a window of reads in flight) do not yield:
-//! the caller is not waiting for one answer and the loop has work. A batch
-//! counts as one step: its list request when sent, its caller when its last
-//! read is answered.
+//! The kit's [`progress_loop`] runs it. A turn progresses the worker until
+//! it reports no more work (bounded per turn, so a busy transfer never
+//! starves commands) and handles what the callbacks recorded, expires GETs
+//! past their deadline and finishes endpoint closes. Parking arms the
+//! worker (progress, then arm, until it is not busy) and `poll`s its event
+//! fd and the doorbell, for at most the park timeout or until the next GET
+//! deadline. A sent read request, a completed read and a sent reply count
+//! as hand-overs (the kit's "Handing over").
 
 mod answer;
 mod copy_plans;
@@ -65,7 +37,6 @@ mod teardown;
 mod ucp;
 pub(crate) mod vectored;
 
-use std::ops::ControlFlow;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,8 +44,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use futures::channel::oneshot;
-use rdmareg_core::RdmaError;
-use rdmareg_engine::lanes::{IdleClock, Receivers, Served};
+use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
+use rdmareg_engine::command::{BatchReply, Handler, NewRegion, Reply};
+use rdmareg_engine::lanes::Receivers;
+use rdmareg_engine::progress_loop::{self, Progress, Turn};
 use rdmareg_engine::thread::Ready;
 
 use crate::command::{Command, PeerChange, Signals};
@@ -91,8 +64,6 @@ use ucp::{Context, ContextRole, Worker};
 
 pub(crate) use ucp::ucx_version;
 
-/// Ring commands handled per turn before the worker is progressed again.
-const RING_BATCH: usize = 64;
 /// Worker progress calls per turn before commands are looked at again.
 const PROGRESS_BATCH: usize = 64;
 
@@ -208,7 +179,8 @@ pub(crate) fn run(
         }
     };
     ready.started(info);
-    engine.serve(&lanes);
+    let spin_window = engine.settings.spin_window;
+    progress_loop::run(&mut engine, &lanes, spin_window);
     engine.teardown(&lanes.ring, &lanes.control);
 }
 
@@ -349,79 +321,6 @@ impl Engine {
         Ok((engine, info))
     }
 
-    /// Serves until a shutdown command arrives or every submitter is gone.
-    fn serve(&mut self, lanes: &Receivers<PeerChange>) {
-        let mut idle = IdleClock::new(self.settings.spin_window);
-        loop {
-            let mut worked = match lanes.serve(RING_BATCH, |command| self.dispatch(command)) {
-                Served::Continue { worked } => worked,
-                Served::Stop { leftover } => {
-                    // Teardown answers it with the rest.
-                    self.leftover = leftover;
-                    return;
-                }
-            };
-            for _ in 0..PROGRESS_BATCH {
-                if self.progress() == 0 {
-                    break;
-                }
-                worked = true;
-            }
-            if self.ops.active() > 0 {
-                self.expire_gets(Instant::now());
-                self.drain_events();
-            }
-            if self.peers.closing_count() > 0 {
-                self.poll_closing();
-            }
-            let hand_offs = self.events.hand_offs.replace(0);
-            if worked {
-                idle.worked();
-                if hand_offs == 1 && lanes.is_empty() {
-                    // A lone step whose next move is another thread's:
-                    // hand over the CPU now (see "Handing over" above).
-                    std::thread::yield_now();
-                }
-                continue;
-            }
-            if !idle.should_park(Instant::now()) {
-                // Yield, not a pure spin: see "Spinning yields" above.
-                std::thread::yield_now();
-                continue;
-            }
-            self.park(&lanes.ring, &lanes.control);
-        }
-    }
-
-    fn dispatch(&mut self, command: Command) -> ControlFlow<()> {
-        match command {
-            Command::Map {
-                id,
-                ptr,
-                len,
-                reply,
-            } => self.map_region(id, ptr, len, reply),
-            Command::Unmap { id, reply } => self.unmap_region(id, reply),
-            Command::Get { request, reply } => self.post_get(request, reply),
-            Command::GetBatch { requests, reply } => self.post_batch(requests, reply),
-            Command::GetSharedBatch { requests, reply } => self.post_shared_batch(requests, reply),
-            Command::Driver(PeerChange::Add { peer, address }) => {
-                self.add_peer(peer, address);
-                self.signals.caller_copies.peer_change_applied();
-            }
-            Command::Driver(PeerChange::Remove { peer }) => {
-                self.remove_peer(peer);
-                self.signals.caller_copies.peer_change_applied();
-            }
-            Command::Shutdown { reply } => {
-                self.shutdown_replies.push(reply);
-                return ControlFlow::Break(());
-            }
-        }
-        self.drain_events();
-        ControlFlow::Continue(())
-    }
-
     /// One progress of each worker the loop drives, then whatever the
     /// callbacks recorded.
     fn progress(&mut self) -> u32 {
@@ -467,7 +366,7 @@ impl Engine {
     }
 
     /// Sleeps until the worker has events, a submitter rings, or the timeout.
-    fn park(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
+    fn park_until_woken(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
         let signals = Arc::clone(&self.signals);
         let bell = signals.lifecycle.doorbell();
         bell.announce_park();
@@ -526,5 +425,77 @@ impl Engine {
         if fds[1].revents != 0 {
             bell.drain();
         }
+    }
+}
+
+impl Handler for Engine {
+    type DriverCommand = PeerChange;
+
+    fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
+        Engine::map_region(self, region, reply);
+    }
+
+    fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
+        Engine::unmap_region(self, id, reply);
+    }
+
+    fn get(&mut self, request: BackendGet, reply: Reply<()>) {
+        self.post_get(request, reply);
+    }
+
+    fn get_batch(&mut self, requests: Vec<BackendGet>, reply: BatchReply) {
+        self.post_batch(requests, reply);
+    }
+
+    fn get_shared_batch(&mut self, requests: Arc<[BackendGet]>, reply: BatchReply) {
+        self.post_shared_batch(requests, reply);
+    }
+
+    fn driver_command(&mut self, command: PeerChange) {
+        match command {
+            PeerChange::Add { peer, address } => self.add_peer(peer, address),
+            PeerChange::Remove { peer } => self.remove_peer(peer),
+        }
+        self.signals.caller_copies.peer_change_applied();
+    }
+
+    fn command_done(&mut self) {
+        self.drain_events();
+    }
+
+    fn shutdown_requested(&mut self, reply: oneshot::Sender<()>) {
+        self.shutdown_replies.push(reply);
+    }
+}
+
+impl Progress for Engine {
+    fn turn(&mut self) -> Turn {
+        let mut worked = false;
+        for _ in 0..PROGRESS_BATCH {
+            if self.progress() == 0 {
+                break;
+            }
+            worked = true;
+        }
+        if self.ops.active() > 0 {
+            self.expire_gets(Instant::now());
+            self.drain_events();
+        }
+        if self.peers.closing_count() > 0 {
+            self.poll_closing();
+        }
+        Turn {
+            worked,
+            handed_over: self.events.hand_offs.replace(0) == 1,
+        }
+    }
+
+    fn park(&mut self, lanes: &Receivers<PeerChange>) {
+        self.park_until_woken(&lanes.ring, &lanes.control);
+    }
+
+    fn stopped(&mut self, leftover: Option<Command>) {
+        // Teardown completes it with the rest.
+        self.leftover = leftover;
     }
 }

@@ -3,11 +3,12 @@
 //!
 //! # Rules
 //!
-//! - A map whose caller is already gone is not performed; one whose caller
-//!   left while it ran is rolled back at once (the answer could not be
+//! - A map whose caller is already gone never reaches the driver
+//!   (`Command::dispatch` skips it); one whose caller left while it ran is rolled back at once (the answer could not be
 //!   delivered, so nobody will ever unmap it).
 //! - Unmap is idempotent: an id that names nothing answers `Ok(())`.
-//! - Every registration gets a fresh 16-byte random capability, and its key
+//! - Every registration gets a fresh 16-byte random capability (drawn by
+//!   the kit before UCX maps anything), and its key
 //!   (`read_protocol::ServedKey`) names the region id and that capability:
 //!   a peer can read only what it was given a descriptor for, and an id is
 //!   never reused, so a descriptor of an earlier registration names nothing.
@@ -37,6 +38,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use bytes::Bytes;
 use rdmareg_core::{BackendRegion, RdmaError, page_enclosing_range};
+use rdmareg_engine::command::NewRegion;
 use rdmareg_engine::served::UnmapStatus;
 
 use super::Engine;
@@ -76,20 +78,13 @@ pub(crate) type RegionTable = HashMap<u64, Region>;
 
 impl Engine {
     /// `Command::Map`.
-    pub(super) fn map_region(
-        &mut self,
-        id: u64,
-        ptr: usize,
-        len: usize,
-        reply: Reply<BackendRegion>,
-    ) {
-        if reply.is_canceled() {
-            return;
-        }
-        if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
-            let _ = reply.send(Err(RdmaError::OutOfRange));
-            return;
-        }
+    pub(super) fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
+        let NewRegion {
+            id,
+            ptr,
+            len,
+            capability,
+        } = region;
         if self.regions.contains_key(&id) {
             let _ = reply.send(Err(RdmaError::backend(format!(
                 "ucx: region id {id} is already registered"
@@ -103,19 +98,6 @@ impl Engine {
                 return;
             }
         };
-        let mut capability = [0u8; 16];
-        if let Err(err) = getrandom::fill(&mut capability) {
-            // SAFETY: `memh` was just mapped on this context and is
-            // unmapped once, here; it is in no table.
-            if let Err(unmap_err) = unsafe { self.context.unmap(memh) } {
-                tracing::error!(error = %unmap_err, region = id, "could not undo a registration whose capability could not be drawn; it stays registered until teardown");
-                self.keep_stuck_registration(id, memh, ptr, len);
-            }
-            let _ = reply.send(Err(RdmaError::backend(format!(
-                "cannot draw a registration capability from the OS: {err}"
-            ))));
-            return;
-        }
         let served = ServedKey {
             region_id: id,
             capability,
