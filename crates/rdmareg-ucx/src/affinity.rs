@@ -1,19 +1,12 @@
-//! Pinning the progress thread to CPUs the caller names
-//! ([`UcxConfig::progress_cpus`](crate::UcxConfig::progress_cpus)).
+//! Pinning the progress thread to the CPUs the caller names.
 //!
-//! A lone read over tcp is a chain of hand-overs between threads: the
-//! caller, this engine's progress thread and the owner's. Each hand-over
-//! costs a context switch when the two threads share a CPU and almost
-//! nothing when they sit on different ones, and a busy thread is never
-//! moved by the kernel, so a read's latency depends on where its threads
-//! happened to start (`docs/benchmarks.md`, "Small reads over tcp"). A
-//! library cannot know which CPUs are free, so the engine pins nothing by
-//! default; a service that keeps CPUs for its progress threads says which.
+//! See [`UcxConfig::progress_cpus`](crate::UcxConfig::progress_cpus).
 //!
-//! The set is applied by the progress thread to itself, before it creates
-//! any UCX object, so every allocation UCX makes for the worker happens on
-//! those CPUs. A set the kernel refuses (no CPU of it online or allowed to
-//! this process) fails the engine's start with the OS error.
+//! A lone read hands over between the caller, this progress thread and the
+//! owner's, and each hand-over costs a context switch when two of them
+//! share a CPU. A library cannot know which CPUs are free, so nothing is
+//! pinned by default. The thread pins itself before it creates any UCX
+//! object; a set the kernel refuses fails the engine's start.
 
 use rdmareg_core::RdmaError;
 
@@ -41,8 +34,6 @@ pub(crate) fn pin_current_thread(cpus: &[usize]) -> Result<(), RdmaError> {
     // only set bits of it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &cpu in cpus {
-        // `validate` bounded every number below CPU_SETSIZE, which
-        // `CPU_SET` needs (it does not check).
         debug_assert!(cpu < MAX_CPU);
         // SAFETY: `set` is a live `cpu_set_t` and `cpu` is below its size.
         unsafe { libc::CPU_SET(cpu, &mut set) };

@@ -1,13 +1,10 @@
-//! What the linked UCX was built with: its transport components and the
-//! memory domains each one finds on this machine (what `ucx_info -d` lists
-//! first), and whether it is the static build of the `vendored` feature;
-//! and the process's open-file limits ([`open_file_limit`]), which the
-//! engine raises when it starts ([`raise_open_file_limit`]).
+//! What the linked UCX was built with, and the process's open-file limits.
 //!
-//! This is how a service proves its UCX can drive InfiniBand or RoCE: the
-//! `ib` component (verbs and mlx5) and the `rdmacm` component must be in
-//! [`components`]. Whether a NIC is there is a separate question: with no
-//! device, `ib` is listed with no memory domain.
+//! [`components`] lists the transport components and the memory domains
+//! each finds here (what `ucx_info -d` lists first): a service proves its
+//! UCX can drive InfiniBand or RoCE when `ib` and `rdmacm` are listed (with
+//! no memory domain when no NIC is present). [`raise_open_file_limit`] runs
+//! as every engine starts.
 
 use std::ffi::CStr;
 use std::os::raw::c_char;
@@ -155,15 +152,11 @@ pub struct OpenFileLimitRaise {
 }
 
 /// Raises the process's soft `RLIMIT_NOFILE` to its hard limit, once per
-/// process; later calls return the first call's result. Every engine calls
-/// it as it starts.
+/// process; later calls return the first call's result.
 ///
-/// Every connection a peer opens to an engine's tcp listener costs a
-/// descriptor, and so does every other socket and file of the process; at
-/// the soft limit `accept` fails with `EMFILE`. The patched UCX keeps its
-/// listener through that and retries, but nothing is accepted meanwhile,
-/// so the limit is raised as far as the process may raise it itself. The
-/// limits before and after are logged once and can be read here.
+/// Every peer connection costs a descriptor, and at the soft limit `accept`
+/// fails with `EMFILE`, so the limit is raised as far as the process may
+/// raise it itself. The limits before and after are logged once.
 ///
 /// # Errors
 /// [`RdmaError::Backend`] when the limit cannot be read; a refused raise is

@@ -1,70 +1,44 @@
 //! Same-host reads copied on the caller's own thread.
 //!
-//! # Why
+//! A small same-host read that the progress thread copies
+//! (`progress::vectored`) spends most of its time on two thread hand-offs.
+//! When everything the read needs is published, the caller copies it
+//! itself with one `process_vm_readv`, and the read completes before
+//! [`UcxBackend::get`](crate::UcxBackend) returns. See `docs/safety.md`,
+//! "Caller copies".
 //!
-//! A same-host read the progress thread copies (`progress::vectored`) waits
-//! on two thread hand-offs: the caller's command wakes the thread, and the
-//! thread's answer wakes the caller. For a small read those hand-offs are
-//! most of its time. When everything a read needs is already known, the
-//! caller copies it itself with one `process_vm_readv`, and the read is
-//! answered before [`UcxBackend::get`](crate::UcxBackend) returns: the
-//! same kernel copy, without a hand-off.
+//! # What the progress thread publishes
 //!
-//! # What the caller needs, and who publishes it
-//!
-//! - **The owner's process**, per peer, with the token every copy reads
-//!   first (`owner_process`): a copy that finds no token keeps nothing;
-//!   and its release table (`release_table`), checked for each read's
-//!   registration before the copy and again after it: a read whose
-//!   registration was released before or during the copy declines, its
-//!   destination zeroed, and the thread answers it `RegionNotFound`.
-//!   Published by the progress thread
-//!   once it would copy that peer's reads itself: the peer published its
-//!   process beside its direct lane, shares this engine's pid space, and UCX
-//!   reached the lane (`gets::copy_source`). Withdrawn by the thread when the
-//!   peer is removed or re-added, when the kernel refuses a copy or finds
-//!   the owner process gone (its pid may name another process later), when
-//!   a direct endpoint fails, and at teardown.
-//! - **The destination's mapped range**, per region. Published by the
-//!   thread when a map succeeds, withdrawn when an unmap is *submitted*
-//!   (by the backend, before the command enters the ring) and again by the
-//!   thread before any region is unmapped.
-//! - **The direct lane's packed-key layout**, so a key is checked exactly
-//!   as the thread checks it.
+//! - **The owner's process** per peer, once the thread would copy that
+//!   peer's reads itself (`gets::copy_source`), with its token
+//!   (`owner_process`) and release table (`release_table`), checked before
+//!   and after each copy. Withdrawn when the peer is removed or re-added,
+//!   when a copy is refused or finds the owner gone, when a direct endpoint
+//!   fails, and at teardown.
+//! - **The destination's mapped range** per region: published when a map
+//!   succeeds, withdrawn when an unmap is *submitted* and again by the
+//!   thread before any unmap.
+//! - **The direct lane's key layout**, so a key is checked as the thread
+//!   checks it.
 //!
 //! # Rules
 //!
-//! - **A copy runs under the table's read lock; a withdrawal takes the
-//!   write lock.** Once a destination is withdrawn no copy into it is
-//!   running or can start, so the unmap that follows never unmaps memory a
-//!   copy still writes, and nothing is answered while the kernel still
-//!   writes (the copy returns before the answer exists).
-//! - **Order as on the ring.** A read submitted after an unmap of its
-//!   destination is refused as before: the unmap withdrew the destination
-//!   when it was submitted, so the read goes to the thread, which refuses
-//!   it. A read submitted after `add_peer` or `remove_peer` never copies
-//!   from what the peer named before: peer changes count themselves
-//!   submitted before they enter the ring and applied once the thread has
-//!   made them, and the caller copies only while none is pending.
-//! - **Small reads only.** Map, unmap and peer changes wait for a running
-//!   copy, so a copy is bounded by
-//!   [`UcxConfig::caller_copy_limit`](crate::UcxConfig::caller_copy_limit):
-//!   a single read, or a whole batch from one owner, of at most that many
-//!   bytes. A batch is copied whole or not at all, so its reads are still
-//!   answered together.
-//! - **Anything else declines.** A read this module does not copy — nothing
-//!   published, a key that is not a well-formed same-host key, a range
-//!   outside the key or the destination, a failed copy — goes to the
-//!   progress thread, which reads it or gives the typed error. A failed
-//!   copy may have written part of the destination; the thread's read then
-//!   writes it again or answers an error, as for any failed read.
-//! - **Deadlines do not apply.** A copy never waits on a peer, as on the
+//! - A copy runs under the read lock and a withdrawal takes the write lock,
+//!   so once a destination is withdrawn no copy into it runs or starts.
+//! - Order as on the ring: a read submitted after an unmap of its
+//!   destination, or after a peer change not yet applied, goes to the
 //!   thread.
-//! - **A loop of copies still yields.** A copied read (or batch) answers
-//!   on its first poll, so a task reading in a loop would never give its executor a turn
-//!   (no timer fires, no other task of a one-thread runtime runs). Every
-//!   [`COPIES_BETWEEN_YIELDS`]th copy on a thread yields once after its
-//!   bytes landed (`yield_due`).
+//! - Only reads (or whole batches from one owner) of at most
+//!   [`UcxConfig::caller_copy_limit`](crate::UcxConfig::caller_copy_limit)
+//!   bytes, because maps, unmaps and peer changes wait for a running copy.
+//! - Anything else (nothing published, a malformed key, a range outside the
+//!   key or the destination, a failed copy) goes to the thread, which reads
+//!   it or returns the typed error. A read whose registration was released
+//!   before or during the copy has its destination zeroed and the thread
+//!   completes it with `RegionNotFound`.
+//! - Every [`COPIES_BETWEEN_YIELDS`]th copy on a thread yields once after
+//!   its bytes are written (`yield_due`): a copied read is ready on its first
+//!   poll, and a loop of them would otherwise starve its executor.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -89,7 +63,7 @@ thread_local! {
 }
 
 /// Counts a copy made on this thread; `true` when the read that made it
-/// is to yield once before it answers.
+/// is to yield once before it completes.
 pub(crate) fn yield_due() -> bool {
     COPIES_SINCE_YIELD.with(|copies| {
         let count = copies.get() + 1;
@@ -220,12 +194,12 @@ impl CallerCopies {
     }
 
     /// Copies `request` on this thread if everything it needs is published;
-    /// `true` if the bytes landed, `false` if the read is the thread's.
+    /// `true` if the bytes were written, `false` if the read is the thread's.
     ///
     /// # Safety
     /// As [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get): the
     /// destination range is memory of the region it names, which nothing
-    /// else reads or writes until the read is answered.
+    /// else reads or writes until the read completes.
     pub(crate) unsafe fn try_copy(&self, request: &BackendGet) -> bool {
         // SAFETY: this function's contract, for a batch of one.
         unsafe { self.try_copy_batch(std::slice::from_ref(request)) }
@@ -233,13 +207,13 @@ impl CallerCopies {
 
     /// Copies every read of a batch on this thread if everything each
     /// needs is published and they add up to at most the limit; `true` if
-    /// every read's bytes landed, `false` if the batch is the thread's (a
-    /// batch is never split: its reads are answered together either way).
+    /// every read's bytes were written, `false` if the batch is the thread's (a
+    /// batch is never split: its reads complete together either way).
     ///
     /// # Safety
     /// As [`RdmaBackend::get_batch`](rdmareg_backend::RdmaBackend::get_batch):
     /// each destination range is memory of the region it names, which
-    /// nothing else reads or writes until its read is answered.
+    /// nothing else reads or writes until its read completes.
     pub(crate) unsafe fn try_copy_batch(&self, requests: &[BackendGet]) -> bool {
         let Some(format) = self.key_format.get() else {
             return false;
@@ -336,7 +310,7 @@ impl CallerCopies {
         // SAFETY: every destination lies inside a region this engine mapped
         // and has not withdrawn, and withdrawing takes the write lock, so
         // each stays mapped while `published` is held; the caller's contract
-        // gives each read its range alone until it is answered, which is
+        // gives each read its range alone until it completes, which is
         // after this returns.
         let mut outcomes = unsafe { copy_from_process(owner, &entries) };
         // The check that decides, after the copy returned: a read of a

@@ -1,10 +1,8 @@
-//! What submitters ask of the progress thread, and the signals both sides
-//! read.
+//! What submitters ask of the progress thread, and the state both share.
 //!
 //! The commands and their two lanes are the engine kit's
-//! ([`rdmareg_engine::command`], [`rdmareg_engine::lanes`]); what only this
-//! driver parses, peer changes carrying UCX addresses, travels as
-//! [`PeerChange`].
+//! ([`rdmareg_engine::command`], [`rdmareg_engine::lanes`]); peer changes,
+//! which carry UCX addresses, travel as [`PeerChange`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -44,10 +42,10 @@ pub struct Signals {
     /// What same-host reads copied on the caller's thread need (see
     /// `caller_copies`).
     pub(crate) caller_copies: CallerCopies,
-    /// Posts of shared lists the thread answered by their copy plan (see
+    /// Posts of shared lists the thread completed from their copy plan (see
     /// `progress::copy_plans`).
     pub(crate) lists_copied_by_plan: AtomicU64,
-    /// Owner-served reads asked in pieces (see `progress::pieces`).
+    /// Served reads asked in chunks (see `progress::pieces`).
     pub(crate) reads_asked_in_chunks: AtomicU64,
 }
 

@@ -1,53 +1,27 @@
-//! [`UcxConfig`]: how an engine is started.
+//! [`UcxConfig`]: which transports an engine uses, its progress loop and GET deadline.
 //!
-//! It says which UCX transports the engine may use, the knobs of its
-//! progress loop, and the default GET deadline.
-//!
-//! UCX settings are applied to the engine's own `ucp_config_t`
-//! (`ucp_config_read` + `ucp_config_modify`), never by mutating the process
-//! environment: two engines in one process can run different transports, and
-//! nothing else in the process sees the change.
+//! UCX settings go into the engine's own `ucp_config_t`, never the process
+//! environment, so two engines in one process can run different transports.
 //!
 //! # Precedence
 //!
-//! 1. [`UcxConfig::extra`] key/values, applied last, win over everything.
-//! 2. The [`Transport`] choice and [`UcxConfig::net_devices`] win over the
-//!    environment (`UCX_TLS`, `UCX_NET_DEVICES`), because choosing them in
-//!    code is an explicit decision. [`Transport::Auto`] leaves the transport
-//!    selection to UCX and therefore to `UCX_TLS`.
-//! 3. The memory-hook defaults (`MEM_EVENTS=n`, `RCACHE_ENABLE=n`), the
-//!    cma invalidation default, the tcp send segment
-//!    (`TCP_TX_SEG_SIZE=64K`, set only when the environment sets neither
-//!    segment size) and the tcp vector bound (`TCP_MAX_IOV=16`) apply only
-//!    when the environment does not set the corresponding `UCX_*`
-//!    variable: an operator who sets them knows why.
-//! 4. `TCP_PUT_ENABLE=n` wins over the environment: UCX's tcp PUT lets a
-//!    peer write anywhere in the process and the engine never uses it (see
-//!    `docs/safety.md`); only [`UcxConfig::extra`] undoes it.
-//! 5. No shared memory another user can open, whatever anything above
-//!    says: the transport list always leaves out System V shared memory
-//!    (`sysv`), and posix shared memory is always shared through
-//!    `/proc/<pid>/fd` (`POSIX_USE_PROC_LINK=y`). UCX creates System V
-//!    segments with mode `0660`, so every member of the owner's group
-//!    could attach its receive FIFO, whose elements hold raw pointers the
-//!    owner follows; a posix segment is created `0600` and reached only
-//!    through the owner's `/proc/<pid>/fd`, which only a process allowed
-//!    to ptrace the owner opens. [`Transport::Auto`] therefore runs with
-//!    `TLS=^sysv` (every transport but that one), or with the
-//!    environment's `UCX_TLS` minus `sysv`; a list that named `sysv`,
-//!    itself or through UCX's `shm`, `sm` or `mm` aliases, is used without
-//!    it and the engine logs one warning; a list with nothing left fails
-//!    [`UcxEngine::start`](crate::UcxEngine::start). A `UCX_TLS` in a UCX
-//!    configuration file is not consulted.
-//! 6. Keepalive every second over every endpoint (`KEEPALIVE_INTERVAL=1s`,
-//!    `KEEPALIVE_NUM_EPS=inf`) unless the environment sets them: it is how
-//!    an owner's UCX learns that a consumer closed its endpoint, and so how
-//!    soon the connection's descriptors are freed on both sides.
+//! 1. [`UcxConfig::extra`], applied last, wins over everything but point 5.
+//! 2. The [`Transport`] and [`UcxConfig::net_devices`] win over `UCX_TLS`
+//!    and `UCX_NET_DEVICES`; [`Transport::Auto`] leaves the choice to UCX.
+//! 3. The memory-hook, cma invalidation, tcp segment and tcp vector
+//!    defaults apply only where the environment sets no `UCX_*` value.
+//! 4. `TCP_PUT_ENABLE=n` wins over the environment: tcp PUT lets a peer
+//!    write anywhere in the process and the engine never uses it.
+//! 5. Whatever the above says, the transport list never holds System V
+//!    shared memory (`sysv`, also through the `shm`, `sm` and `mm` aliases),
+//!    and posix shared memory is shared through `/proc/<pid>/fd`. A list
+//!    that named `sysv` is used without it, with one warning; a list with
+//!    nothing left fails [`UcxEngine::start`](crate::UcxEngine::start).
+//! 6. Keepalive every second over every endpoint unless the environment
+//!    sets it: it is how an owner learns a consumer closed its endpoint.
 //!
-//! Memory hooks stay off by default because UCX would otherwise interpose on
-//! `malloc`/`munmap` in a Rust process to keep its registration cache
-//! coherent, and because with the cache off every map is an honest
-//! registration that the backend's count can vouch for.
+//! Why each default, and the table of variables: `docs/operations.md`;
+//! why no `sysv` and no tcp PUT: `docs/safety.md`.
 
 use std::time::Duration;
 
@@ -123,7 +97,7 @@ pub struct UcxConfig {
     /// Capacity of the bounded command ring between submitters and the
     /// progress thread.
     pub ring_capacity: usize,
-    /// How long the progress loop keeps spinning after its last piece of work
+    /// How long the progress loop keeps spinning after its last work
     /// before it arms the worker and sleeps. Submissions that arrive while it
     /// spins cost no wake-up.
     pub spin_window: Duration,
@@ -151,34 +125,22 @@ pub struct UcxConfig {
     /// owner gives up on that lane: the kernel, not the owner, decides who
     /// reads.
     pub same_host_direct_reads: Option<bool>,
-    /// Most replies this engine, as an owner, keeps unfinished for one
-    /// consumer connection: reads it served whose bytes the consumer has not
-    /// taken yet. Each holds a read lease on its region (an unmap of the
-    /// region waits for it) and a UCX send, so without a bound one consumer
-    /// that asks and never takes grows the owner's memory and stalls its
-    /// unmaps without limit. A valid read beyond the bound is refused as
-    /// busy; the consumer's caller gets [`RdmaError::Backend`] with
-    /// [`BUSY_TEXT`](crate::read_protocol::BUSY_TEXT), a transient error (retry
-    /// once earlier reads were answered). Refusals a connection has not
-    /// taken are bounded by the same number, separately; past it its
-    /// requests go unanswered (they run into their deadlines).
+    /// Most served replies this engine, as an owner, keeps unfinished for
+    /// one consumer connection; must be at least 1.
     ///
-    /// Only reads this engine serves count (tcp and other lanes without
-    /// one-sided hardware reads, and the served part of same-host keys). The
-    /// default, [`Self::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION`], is four
-    /// times the deepest this workspace's own consumers go: `rdmareg bench`
-    /// keeps at most 1024 reads outstanding, and its scatter list, the
-    /// largest transfer list it posts, has 1000 entries. A consumer that
-    /// posts more large reads than the bound to one owner at once should
-    /// expect the excess to be refused as busy. Over tcp a read of 65 521 to
-    /// 273 738 bytes is asked in up to five pieces, each a reply of its own
-    /// here, and a list's read of 16 to 32 KiB in two, while its consumer
-    /// has fewer than 1024 reads in flight (see
-    /// [`UcxEngine::reads_asked_in_chunks`]): pieces add at most about 1024
-    /// replies to a connection's count. Must be at least 1.
+    /// Each holds a read lease on its region and a UCX send, so without a
+    /// bound one consumer that asks and never takes would grow the owner's
+    /// memory and stall its unmaps. A valid read beyond the bound is refused
+    /// as busy: the caller gets [`RdmaError::Backend`] with
+    /// [`BUSY_TEXT`](crate::read_protocol::BUSY_TEXT), a transient error.
+    /// Refusals not yet taken are bounded by the same number, separately;
+    /// past it requests get no reply and run into their deadlines. Only
+    /// served reads count, each chunk of a chunked read as one (see
+    /// [`UcxEngine::reads_asked_in_chunks`]). The default,
+    /// [`Self::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION`], is four times
+    /// the 1024 reads `rdmareg bench` keeps outstanding.
     ///
     /// [`UcxEngine::reads_asked_in_chunks`]: crate::UcxEngine::reads_asked_in_chunks
-    ///
     /// [`RdmaError::Backend`]: rdmareg_core::RdmaError::Backend
     pub max_served_replies_per_connection: u32,
     /// CPUs the progress thread runs on. `None` (the default) leaves it to
@@ -190,17 +152,14 @@ pub struct UcxConfig {
     /// no CPU is online or allowed to the process fails
     /// [`UcxEngine::start`](crate::UcxEngine::start) with the OS error.
     pub progress_cpus: Option<Vec<usize>>,
-    /// Largest same-host direct read the caller's own thread copies. Such
-    /// a read, from an owner whose process this engine already copies from
-    /// (after its first read), is one `process_vm_readv` inside
-    /// [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get), answered
-    /// before the caller yields: no hand-off to the progress thread and
-    /// back; the same for a batch from one such owner of at most this many
-    /// bytes in all. Larger reads and batches, and every read the thread
-    /// has not yet checked its owner for, go through the thread. Maps, unmaps and peer
-    /// changes wait for a copy running on a caller's thread, which is why
-    /// the size is bounded. 0 sends every read through the thread.
-    /// Default: [`Self::DEFAULT_CALLER_COPY_LIMIT`].
+    /// Largest same-host direct read the caller's own thread copies.
+    ///
+    /// A read (or a batch, in all) of at most this many bytes from an owner
+    /// this engine already copies from is one `process_vm_readv` inside
+    /// [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get), with no
+    /// hand-off to the progress thread. Maps, unmaps and peer changes wait
+    /// for such a copy, which is why it is bounded. 0 sends every read
+    /// through the thread. Default: [`Self::DEFAULT_CALLER_COPY_LIMIT`].
     pub caller_copy_limit: usize,
 }
 
@@ -235,20 +194,14 @@ impl UcxConfig {
     /// the environment sets a segment size: UCX's default receive segment.
     pub const DEFAULT_TCP_SEND_SEGMENT: &'static str = "64K";
 
-    /// The ranges one tcp zero-copy send may carry (`UCX_TCP_MAX_IOV`).
-    ///
-    /// Used unless the environment sets it. UCX's default, 6, puts a
-    /// vector of 4 KiB ranges in fragments of 20 KiB (five ranges and UCX's
-    /// trailer); 16 lets an owner send a list reply of fifteen 4 KiB ranges
-    /// (one fragment) straight from its registrations instead of copying
-    /// them into UCX's segments first.
+    /// The ranges one tcp zero-copy send may carry (`UCX_TCP_MAX_IOV`),
+    /// unless the environment sets it: 16 lets a list reply of fifteen 4 KiB
+    /// ranges leave as one fragment straight from its registrations.
     pub const DEFAULT_TCP_MAX_IOV: usize = 16;
 
-    /// The keepalive interval (`UCX_KEEPALIVE_INTERVAL`) an engine uses
-    /// unless the environment sets one. UCX's default, 20 s over at most 128
-    /// endpoints a round, let a consumer that closed its endpoint keep the
-    /// owner's side of the connection for minutes; a round every second
-    /// costs each endpoint one small message a second.
+    /// The keepalive interval (`UCX_KEEPALIVE_INTERVAL`) unless the
+    /// environment sets one; UCX's 20 s default let a closed consumer
+    /// endpoint hold the owner's side for minutes.
     pub const DEFAULT_KEEPALIVE_INTERVAL: &'static str = "1s";
 
     /// Copy same-host direct reads of at most `bytes` on the caller's
@@ -297,7 +250,7 @@ impl UcxConfig {
         self
     }
 
-    /// Spin this long after the last piece of work before sleeping.
+    /// Spin this long after the last work before sleeping.
     pub fn with_spin_window(mut self, spin: Duration) -> Self {
         self.spin_window = spin;
         self
@@ -362,18 +315,9 @@ impl UcxConfig {
     /// The UCX key/values this configuration applies, in order, given the
     /// environment's `UCX_<KEY>` values (`env("TLS")` is `UCX_TLS`).
     ///
-    /// `TCP_PUT_ENABLE=n` is always among them (only [`Self::extra`] can
-    /// undo it). UCX's tcp transport writes the payload of a PUT frame
-    /// wherever the frame says, with no key and no bounds, for any peer that
-    /// connects; the engine never uses tcp PUT (owners serve reads as active
-    /// messages). With it off the tcp interface does not advertise PUT, so
-    /// UCP peers never send one, and the UCX that
-    /// `cargo xtask ucx --from-source` builds refuses PUT frames from peers
-    /// that drive UCT directly. An unpatched UCX (the `libucx-cu12` wheel, a
-    /// site build) still carries such frames out: see `docs/safety.md`.
-    ///
-    /// `TLS` (without `sysv`) and `POSIX_USE_PROC_LINK=y` come last, after
-    /// [`Self::extra`]: nothing undoes them (module docs, point 5).
+    /// `TCP_PUT_ENABLE=n` is always among them (only [`Self::extra`] undoes
+    /// it; see `docs/safety.md`). `TLS` (without `sysv`) and
+    /// `POSIX_USE_PROC_LINK=y` come last: nothing undoes them.
     ///
     /// # Errors
     /// When the transport list has nothing left once `sysv` is taken out.
@@ -411,32 +355,22 @@ impl UcxConfig {
         if !env_sets("RCACHE_ENABLE") {
             set("RCACHE_ENABLE", "n");
         }
-        // UCX's tcp sends in 8 KiB segments by default and receives in
-        // 64 KiB ones; sending in 64 KiB ones too cuts a large read's
-        // fragments, and the work per fragment, by eight. A send
-        // segment may not exceed the receive segment, so an environment
-        // that sets either keeps both as it says.
+        // Sending in UCX's 64 KiB receive segment cuts a large read's
+        // fragments by eight; a send segment may not exceed the receive
+        // segment, so an environment that sets either keeps both.
         if !env_sets("TCP_TX_SEG_SIZE") && !env_sets("TCP_RX_SEG_SIZE") {
             set("TCP_TX_SEG_SIZE", UcxConfig::DEFAULT_TCP_SEND_SEGMENT);
         }
-        // Lets a fragment-sized list reply of short ranges leave zero-copy
-        // (see `DEFAULT_TCP_MAX_IOV`).
         if !env_sets("TCP_MAX_IOV") {
             set("TCP_MAX_IOV", &UcxConfig::DEFAULT_TCP_MAX_IOV.to_string());
         }
-        // How soon an owner notices a consumer closed its endpoint (see
-        // `DEFAULT_KEEPALIVE_INTERVAL` and `progress::peers`).
         if !env_sets("KEEPALIVE_INTERVAL") {
             set("KEEPALIVE_INTERVAL", UcxConfig::DEFAULT_KEEPALIVE_INTERVAL);
         }
         if !env_sets("KEEPALIVE_NUM_EPS") {
             set("KEEPALIVE_NUM_EPS", "inf");
         }
-        // Whatever the environment says: tcp PUT is a remote write into this
-        // process at an address the peer names, and nothing here uses it.
-        // Off, UCP never offers tcp PUT to peers, and a UCX with our patch
-        // (`cargo xtask ucx --from-source`) also refuses PUT frames from raw
-        // UCT peers; an unpatched UCX still carries them out.
+        // Off whatever the environment says (module docs, point 4).
         set("TCP_PUT_ENABLE", "n");
         let is_tls = |key: &str| key.eq_ignore_ascii_case("TLS");
         for (k, v) in self.extra.iter().filter(|(k, _)| !is_tls(k)) {
@@ -467,11 +401,10 @@ impl UcxConfig {
         })
     }
 
-    /// Whether owner-served reads may go in pieces over tcp
-    /// (`progress::pieces`), given which `UCX_<KEY>` variables the
-    /// environment sets. The pieces are sized for UCX's own rendezvous
-    /// threshold and this engine's 64 KiB tcp segments; an operator who sets
-    /// either (or UCX's older protocols) gets reads whole.
+    /// Whether served reads may go in chunks over tcp
+    /// (`progress::pieces`): the chunks are sized for UCX's rendezvous
+    /// threshold and 64 KiB tcp segments, so an operator who sets either
+    /// (or UCX's older protocols) gets reads whole.
     pub(crate) fn reads_in_pieces_allowed(&self, env_sets: impl Fn(&str) -> bool) -> bool {
         const SHAPING: [&str; 4] = [
             "RNDV_THRESH",
@@ -488,14 +421,11 @@ impl UcxConfig {
         })
     }
 
-    /// How many ranges one tcp zero-copy fragment of this engine carries,
-    /// given the `UCX_<KEY>` values the environment sets: one less than the
-    /// tcp vector bound in force ([`Self::extra`]'s, else the environment's,
-    /// else [`Self::DEFAULT_TCP_MAX_IOV`]), because UCX 1.22's
-    /// multi-fragment zero-copy protocol keeps one vector entry of each
-    /// fragment for its own trailer, and UCP uses at most 16 entries
-    /// (`UCP_MAX_IOV`) whatever the bound. A value that is not a number
-    /// counts as UCX's default, 6.
+    /// How many ranges one tcp zero-copy fragment carries: one less than
+    /// the vector bound in force ([`Self::extra`]'s, else the environment's,
+    /// else [`Self::DEFAULT_TCP_MAX_IOV`], a non-number counting as UCX's 6),
+    /// because UCX 1.22 keeps one entry per fragment for its trailer, and
+    /// at most 15 since UCP uses at most 16 entries (`UCP_MAX_IOV`).
     pub(crate) fn tcp_ranges_per_zero_copy_fragment(
         &self,
         env_value: impl Fn(&str) -> Option<String>,
@@ -732,7 +662,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_go_in_pieces_unless_the_operator_shapes_ucxs_protocols() {
+    fn reads_go_in_chunks_unless_the_operator_shapes_ucxs_protocols() {
         let config = UcxConfig::default();
         assert!(config.reads_in_pieces_allowed(|_| false));
         for key in [

@@ -1,6 +1,7 @@
-//! [`EngineAddress`]: what an engine hands its peers so they can reach it —
-//! its serving worker's address and, if it opened one, the address of its
-//! same-host direct-read lane.
+//! [`EngineAddress`]: what an engine hands its peers so they can reach it.
+//!
+//! It holds the serving worker's address and, if the engine opened one, the
+//! address of its same-host direct-read lane and its process identity.
 //!
 //! # Wire format (version 3)
 //!
@@ -15,45 +16,24 @@
 //! | 56 | only with flag bit 1, which needs bit 0: the engine's process — its id (u32) and the inode of its pid namespace (u64), little-endian, its kernel's boot id (16 bytes), the address of its token (u64, little-endian), the token (16 bytes), then the id of a thread that lives as long as the engine (u32, little-endian) |
 //! | 20 | only with flag bit 2, which needs bit 1 and version 3: the engine's release table — the descriptor number of its `memfd` in the engine's process (u32, little-endian) and the table's 16-byte id ([`TableLocation`], `release_table`) |
 //!
-//! Nothing may follow. Version 2 is the same without the thread id (a
-//! 52-byte process identity): it still decodes, and its copies name the
-//! process by its id alone. Version 1 has no token either (a 28-byte
-//! process identity); it still decodes, and its process identity is
-//! dropped, because without a token a copy cannot tell the process from a
-//! later one under its pid (`owner_process`): its reads go through UCX.
-//! Each packed UCP address inside is validated against the loaded UCX's
-//! layout ([`crate::worker_address`]) before UCX sees it.
+//! Nothing may follow. Version 2 lacks the thread id (a 52-byte identity)
+//! and its copies name the process by its id; version 1 lacks the token (a
+//! 28-byte identity), which is dropped on decoding, so its reads go through
+//! UCX. Each packed UCP address inside is validated against the loaded
+//! UCX's layout ([`crate::worker_address`]) before UCX sees it.
 //!
-//! # Bare UCP addresses
-//!
-//! [`EngineAddress::decode`] also accepts a bare packed UCP worker address —
-//! a peer that speaks the read protocol without the envelope, such as a tool
-//! built on UCX directly — as a serving address with no direct lane. The two
-//! cannot be confused: a UCP address's first byte carries the address
+//! [`EngineAddress::decode`] also accepts a bare packed UCP worker address
+//! (a peer that speaks the read protocol without the envelope) as a serving
+//! address with no direct lane: a UCP address's first byte has the address
 //! version (0 or 1) in its low nibble, and `'R'` (`0x52`) has 2 there.
 //!
-//! # The process identity
-//!
-//! A same-host peer that knows an owner's process id copies a whole list of
-//! reads out of it with one vectored `process_vm_readv` instead of one UCX
-//! read per entry (`progress::vectored`). It trusts that id as it trusts the
-//! direct-read address beside it: whoever hands out descriptors vouches for
-//! both, and the kernel lets only a process allowed to ptrace the owner
-//! read it. The boot id names the running kernel, so a peer on another host
-//! never takes the id for one of its own processes, and the namespace inode
-//! keeps a peer in another pid namespace (a container) from reading a
-//! stranger that has the same number there. The token, which every copy
-//! reads first, tells the owner from a later process given the same pid and
-//! from the program the owner `exec`s.
-//!
-//! The thread id is what copies name the process by. The kernel finds an
-//! address space by any of its threads' ids, but not by the process id
-//! once the main thread has exited (`pthread_exit`) while other threads
-//! run: the exited leader keeps the id and has no address space left, so a
-//! copy by pid answers `ESRCH` although the owner lives. An engine
-//! publishes its progress thread, which runs as long as the engine serves
-//! anything. A thread id is recycled like a pid, and the token check covers
-//! it the same way.
+//! The process identity lets a same-host peer copy a list of reads out of
+//! the owner with one `process_vm_readv` (`progress::vectored`). The boot id
+//! and namespace inode keep a peer from reading a stranger with the same
+//! number; the token tells the owner from a later process under its pid;
+//! copies name the progress thread because the kernel fails copies by pid
+//! once the main thread has exited. See `docs/safety.md`, "The same-host
+//! direct lane".
 
 use bytes::{BufMut, Bytes, BytesMut};
 

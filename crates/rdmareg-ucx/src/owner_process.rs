@@ -1,72 +1,29 @@
-//! The owner process a same-host copy reads from, recognised inside every
-//! copy by a token only it holds, so that a copy never answers with the
-//! bytes of another process that took its pid or replaced its program.
+//! The owner process a same-host copy reads from, recognised by a token.
 //!
-//! # Why a pid is not enough
+//! `process_vm_readv` names its source by pid, and a pid is reused once
+//! the owner is reaped, or names a new program after `exec`. So each
+//! process draws 16 random bytes once, keeps them in a static for its life
+//! and publishes them and their address beside its pid
+//! ([`ProcessIdentity`]); see `docs/safety.md`, "The token".
 //!
-//! `process_vm_readv` names its source by pid. Once the owner exits and is
-//! reaped, the kernel may give that pid to any new process; a copy made then
-//! reads the newcomer's memory at the owner's addresses and succeeds. An
-//! owner that `exec`s keeps its pid, and a copy reads the new program. A
-//! copy that happens to run while the pid is free fails with `ESRCH`, but
-//! nothing guarantees one does.
+//! - A `fork`ed child redraws its token before `fork` returns in it (a
+//!   `pthread_atfork` handler); with no random bytes it inverts its
+//!   parent's and publishes none.
+//! - Every vectored copy reads the token first, in the same system call
+//!   (`progress::vectored`): the kernel resolves the pid once per call, so
+//!   a matching token means the whole call read the owner.
+//! - A mismatch fails every read of the call as "owner gone", zeroing what
+//!   the kernel wrote, and the peer's same-host reads fail from then on
+//!   (`SameHostSource::Gone`).
+//! - Copies name the owner's published thread (its progress thread),
+//!   because a pid stops resolving once the main thread exits; the pid only
+//!   for a peer that published no thread. A recycled thread id fails the
+//!   token check the same way.
 //!
-//! # The token
-//!
-//! - Each process draws 16 random bytes (`getrandom`) the first time it
-//!   publishes its identity, and keeps them in a static for the rest of its
-//!   life: the address never changes and nothing in the process writes
-//!   there again. The engine address carries the token and its address
-//!   beside the pid ([`ProcessIdentity`]).
-//! - A child the process `fork`s starts with a copy of its memory, token
-//!   included, and would pass for it under its pid. So the child draws a
-//!   token of its own before `fork` returns in it (a `pthread_atfork`
-//!   handler, registered with the first draw); should it get no random
-//!   bytes, it inverts its parent's and publishes none.
-//! - Every vectored copy reads the token first, in the same system call as
-//!   the reads it carries (`progress::vectored`). The kernel resolves the
-//!   pid to one address space at the start of the call and copies every
-//!   range of that call out of it, in order; so if the first 16 bytes are
-//!   the owner's token, the whole call read the owner's memory. Any other
-//!   process under that pid — a newcomer, or the owner's own pid after an
-//!   `exec`, whose statics are new — holds other bytes there (a random
-//!   16-byte value repeats with probability 2⁻¹²⁸), or nothing at all.
-//! - A copy whose token does not match fails every read it carried as if
-//!   the owner were gone; the engine stops reading that peer's same-host
-//!   memory altogether (`SameHostSource::Gone`). The destination of a
-//!   failed read holds unspecified bytes, never that other process's: the
-//!   copy zeroes what the kernel wrote past a wrong token.
-//!
-//! # Which id a copy names
-//!
-//! A copy names the owner by the thread its engine address publishes (the
-//! owner engine's progress thread), and by the process id only when the
-//! peer published no thread (a version-2 address). The kernel resolves a
-//! thread id to its process's address space as it does the process id; the
-//! process id stops resolving once the main thread has exited while other
-//! threads run, and the published thread runs as long as the engine whose
-//! registrations the reads name. A thread id is recycled like a pid, and
-//! the token check above covers it the same way.
-//!
-//! This costs no extra system call and 16 bytes per copy. It vouches for
-//! the address space, not for the process's intentions: a same-user
-//! process can write the owner's token as it can write any of its memory,
-//! which is the kernel's trust domain (see `docs/safety.md`).
-//!
-//! # Which registrations a copy may read
-//!
-//! The token says whose memory a copy read, not whether the registration
-//! it read is still live. That is the owner's release table
-//! (`release_table`), which its engine address locates and which is opened
-//! once, when the peer is added, through the thread copies name: an owner
-//! whose table cannot be opened is read through its engine
-//! ([`SameHostSource::ThroughOwner`]).
-//!
-//! # What this does not cover
-//!
-//! Peers that publish no token (version-1 engine addresses) or no release
-//! table, and peers in another pid namespace, are read through their
-//! owner's engine.
+//! The token says whose memory a copy read; whether the registration is
+//! still live is the release table's (`release_table`), opened once per
+//! peer. Peers with no token, no table or another pid namespace are read
+//! through their owner's engine ([`SameHostSource::ThroughOwner`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -117,12 +74,9 @@ fn load() -> [u8; TOKEN_LEN] {
 }
 
 /// Runs in the child of every `fork` once a token exists (registered with
-/// `pthread_atfork`): the child is another process at the same addresses,
-/// and must not hold its parent's token, or a copy aimed at the parent's
-/// pid after the parent died could take a descendant that landed there for
-/// the parent. Only the `fork`ing thread lives in the child, so nothing
-/// reads the token while it changes; `getrandom` and atomic stores are
-/// async-signal-safe, as a handler after `fork` must be.
+/// `pthread_atfork`), so a descendant given the parent's pid never holds
+/// the parent's token. Only the forking thread lives in the child, and
+/// `getrandom` and atomic stores are async-signal-safe.
 extern "C" fn redraw_in_forked_child() {
     let mut bytes = [0; TOKEN_LEN];
     if draw(&mut bytes) {
@@ -260,25 +214,18 @@ impl OwnerProcess {
 pub(crate) enum SameHostSource {
     /// Not copied: the peer published no process this engine can check
     /// (another pid namespace, an older peer), or UCX does not reach its
-    /// direct lane. Its same-host reads go through the owner's engine
-    /// (UCX's own cma read would name the owner by pid alone, and nothing
-    /// would tell it a registration is gone).
+    /// direct lane; its reads go through the owner's engine.
     #[default]
     NotCopied,
     /// Copied out of this process, checked on every copy.
     Copy(Arc<OwnerProcess>),
-    /// The kernel refused this engine a copy from the peer's process
-    /// (`EPERM`, `ENOSYS`), or its release table could not be opened. Its
-    /// same-host reads go through the owner's
-    /// engine, which checks each: UCX's cma makes the same system call by
-    /// pid, with no token, and a refusal may mean that another process
-    /// holds the pid (one this engine may not read, that may later exit or
-    /// become readable).
+    /// The kernel refused a copy from the peer's process (`EPERM`,
+    /// `ENOSYS`), or its release table could not be opened: its same-host
+    /// reads go through the owner's engine, never UCX's cma, which names
+    /// the owner by pid with no token.
     ThroughOwner,
     /// The process the peer published is gone (a copy found another
-    /// address space under its pid, or none). Its same-host reads fail: a
-    /// copy, or UCX's cma, which names the owner by pid too, would read
-    /// whatever process holds that pid now.
+    /// address space under its pid, or none): its same-host reads fail.
     Gone,
 }
 

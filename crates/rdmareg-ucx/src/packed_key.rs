@@ -2,34 +2,26 @@
 //!
 //! # Contract
 //!
-//! [`validate_packed_key`] accepts a key only if every byte that UCX's
-//! `ucp_ep_rkey_unpack` will read while parsing it lies inside the key, and the
-//! key is exactly what the packer of the UCX version named by its
-//! [`PackedKeyFormat`] could have produced: no section missing, nothing after
-//! the last section. Anything else is a typed [`PackedKeyError`]; the function
-//! never panics and allocates nothing.
+//! [`validate_packed_key`] accepts a key only if every byte UCX's
+//! `ucp_ep_rkey_unpack` reads lies inside it and the key is exactly what the
+//! packer of the [`PackedKeyFormat`]'s UCX version could have produced: no
+//! section missing, nothing after the last. Anything else is a typed
+//! [`PackedKeyError`]; the function never panics and allocates nothing.
 //!
 //! # Why
 //!
-//! `ucp_ep_rkey_unpack` takes a pointer and no length, and a release build of
-//! UCX checks nothing while it walks the buffer: a malformed key from the wire
-//! is an out-of-bounds read inside UCX. The layout differs between UCX
-//! versions, so a key is checked against the layout of the UCX actually
-//! loaded, and a version whose layout is not described here has no
-//! [`PackedKeyFormat`] at all ([`PackedKeyFormat::for_ucx_version`] answers
-//! `None`): its keys are refused, never passed through on trust.
+//! `ucp_ep_rkey_unpack` takes no length and a release UCX checks nothing
+//! while it walks the buffer, so a malformed key from the wire is an
+//! out-of-bounds read inside UCX. A UCX version whose layout is not
+//! described here has no format ([`PackedKeyFormat::for_ucx_version`]
+//! returns `None`), and its keys are refused.
 //!
 //! # The UCX 1.22 layout
 //!
-//! Established from `src/ucp/core/ucp_rkey.c` of UCX 1.22.0 — the packer
-//! `ucp_rkey_pack_memh` (reached from `ucp_rkey_pack` through
-//! `ucp_memh_pack_internal` and `ucp_memh_do_pack`), the parser
-//! `ucp_ep_rkey_unpack_internal` (reached from `ucp_ep_rkey_unpack` through
-//! `ucp_ep_rkey_unpack_reachable`), `ucp_rkey_proto_resolve` with its helper
-//! `ucp_rkey_extract_sys_dev`, and `ucp_rkey_unpack_lanes_distance` — as
-//! compiled into the 1.22.0 `libucp.so` (read through its line tables), and
-//! checked against real keys (`tests/fixtures/gen_keys.c`). Multi-byte fields
-//! are in host byte order, i.e. little-endian on every supported target.
+//! From `src/ucp/core/ucp_rkey.c` of UCX 1.22.0 (`ucp_rkey_pack_memh`,
+//! `ucp_ep_rkey_unpack_internal`, `ucp_rkey_proto_resolve`), checked against
+//! real keys (`tests/fixtures/gen_keys.c`). Multi-byte fields are
+//! little-endian.
 //!
 //! | bytes | field |
 //! |---|---|
@@ -49,45 +41,29 @@
 //! as one-byte floats — one per device of a 64-bit device map, so with
 //! strictly ascending device indices below 64, closed by a single `0xFF`.
 //!
-//! How the parser reads it, and why each rule here exists:
+//! Rules beyond the section bounds:
 //!
-//! * `ucp_ep_rkey_unpack` passes a length of zero to the internal parser, so
-//!   the buffer end plays no part: the walk is driven by `md_map` and the
-//!   bytes themselves. Each entry's length byte is trusted as given.
-//! * The `sys_dev` byte is read when at least one of the key's memory domains
-//!   is reachable from the endpoint and the endpoint's peer version
-//!   (`dst_version`) is 20 or more, i.e. UCX 1.20 or newer. If that byte (flag
-//!   bit removed) is not `0xFF`, the parser's end pointer becomes the top of
-//!   the address space and it consumes 3-byte records until a byte `0xFF` is
-//!   found where a record would start: a missing terminator walks off the end
-//!   of the key (a forged key ending at a page boundary faults inside UCX).
-//!   Whether the walk runs also depends on a per-worker cache, so the
-//!   validator assumes it always does.
-//! * A record's device index is a bit position in a 64-bit map and an index
-//!   into a per-device table; the packer only writes indices below 64, in
-//!   ascending order. Anything else is refused.
-//! * The packer writes these sections and nothing else, and the parser never
-//!   looks past them. Trailing bytes are therefore never
-//!   read, but they are not part of any key this version packs: they mean a
-//!   corrupt frame or a different layout, so they are refused rather than
-//!   ignored. (One corner is refused with them: a device index of 127 with the
-//!   flush flag set is written as `0xFF` followed by records, which the parser
-//!   itself would not read.)
+//! * The parser is given no length: `md_map` and the bytes drive the walk,
+//!   and each entry's length byte is trusted.
+//! * UCX 1.20 and newer peers read `sys_dev`; if it (flag removed) is not
+//!   `0xFF`, the parser consumes 3-byte records with no end bound until a
+//!   `0xFF` starts one, so a missing terminator walks off the key. A
+//!   per-worker cache decides whether the walk runs, so the validator
+//!   assumes it always does.
+//! * Device indices must be below 64 and strictly ascending, as packed.
+//! * Trailing bytes are never read but no key this version packs has them,
+//!   so they are refused (and with them the one corner where device 127
+//!   with the flush flag is written as `0xFF` followed by records).
 //!
 //! # What this does not cover
 //!
-//! Each memory domain's entry is handed to that transport's own
-//! `uct_rkey_unpack`, which reads its own fixed structure (and, for the posix
-//! transport, a path string) from the entry's start, whatever length byte
-//! precedes it. Which transport a remote memory-domain index maps to is known
-//! only to the endpoint, so the entry's content cannot be checked here. No
-//! transport's key exceeds 255 bytes (the length is a `u8`), so placing the
-//! key in front of [`UNPACK_PADDING`] zero bytes — [`copy_for_unpack`] does
-//! both steps — keeps such reads inside the buffer handed to UCX.
-//!
-//! The key is checked against the layout of the *local* UCX, which is what
-//! parses it; a peer is expected to run the same version. A peer whose packer
-//! lays keys out differently has its keys refused, not misread.
+//! Each memory domain's entry goes to that transport's `uct_rkey_unpack`,
+//! which reads its own fixed structure whatever the length byte says; only
+//! the endpoint knows which transport that is, so the content cannot be
+//! checked here. No entry exceeds 255 bytes, so the [`UNPACK_PADDING`] zero
+//! bytes [`copy_for_unpack`] appends keep such reads inside the buffer. The
+//! layout checked is the local UCX's; a peer laying keys out differently is
+//! refused, not misread.
 
 use rdmareg_core::{MAX_PACKED_KEY_LEN, RdmaError};
 

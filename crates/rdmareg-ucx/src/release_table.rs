@@ -1,58 +1,34 @@
-//! The release table: how a same-host reader, which copies out of the
-//! owner's process without asking it, learns that a registration is gone.
+//! The release table: how a same-host reader learns a registration is gone.
+//!
+//! A same-host reader copies out of the owner's process without asking it;
+//! the table is what tells it a registration was released. See
+//! `docs/safety.md`, "The same-host direct lane".
 //!
 //! # Contract
 //!
-//! - **One table per engine that opens the direct lane**, in a sealed
-//!   `memfd` that only its process holds: no name in any file system, so
-//!   another process opens it only through `/proc/<owner>/fd/<n>`, which
-//!   the kernel allows only to a process that may ptrace the owner — the
-//!   same processes `process_vm_readv` lets read the owner's memory. The
-//!   engine address publishes the descriptor number and a random table id
-//!   ([`TableLocation`]); the reader checks the id in the table's header.
-//! - **A slot per live direct-lane registration**, holding its release
-//!   tag (`read_protocol::ServedKey::release_tag`: 8 bytes of its random
-//!   capability, never 0). Same-host keys name the slot
-//!   (`read_protocol::SameHostKey::release_slot`). Not the region id:
-//!   region ids and slots restart with every engine, and a later engine of
-//!   the same process would otherwise vouch for an earlier one's keys.
-//! - **The owner empties the slot before it answers the unmap**, as soon
-//!   as the unmap is submitted, before any unmap answer reaches a
-//!   `deregistered()` (`progress::regions`). A slot is reused only under a
-//!   new registration's tag, so a stale key never matches again (but with
-//!   the chance of two random 64-bit values being equal).
-//! - **A read counts only if the slot held the key's tag before the
-//!   copy and still holds it after.** The reader loads the slot (refusing
-//!   at once when it changed), copies, then — after an acquire fence that
-//!   orders the kernel's loads of the copy before it — loads the slot
-//!   again; a changed slot answers [`RdmaError::RegionNotFound`] and the
-//!   destination's bytes are not delivered (they are zeroed).
+//! - **One table per engine with a direct lane**, in a sealed `memfd` with
+//!   no name, so another process opens it only through
+//!   `/proc/<owner>/fd/<n>`, which needs ptrace rights over the owner, as
+//!   `process_vm_readv` does. The engine address publishes the descriptor
+//!   number and a random table id ([`TableLocation`]).
+//! - **A slot per live direct-lane registration**, holding its release tag
+//!   (`read_protocol::ServedKey::release_tag`, never 0), named by its
+//!   same-host keys. Not the region id: ids restart with every engine, and a
+//!   later engine of the same process would vouch for an earlier one's keys.
+//! - **The owner empties the slot when the unmap is submitted**, before any
+//!   reply to it reaches `deregistered()` (`progress::regions`). A slot is
+//!   reused only under a new random tag.
+//! - **A read counts only if the slot held the key's tag before the copy
+//!   and still holds it after**, loaded behind an acquire fence; otherwise
+//!   it fails with `RegionNotFound` and its destination is
+//!   zeroed.
 //!
-//! # Why the check after the copy decides
-//!
-//! The kernel's copy is not ordered with the owner's writes. What matters
-//! is that bytes the owner wrote after its release never pass as a live
-//! read. The owner's release stores 0 in the slot, then answers the unmap;
-//! every write the application makes after `deregistered()` resolved
-//! happens after that store (release/acquire through the answer). A copy
-//! that read any such byte and then, ordered after its loads, reads the
-//! slot, sees 0 (or a later tag): the message-passing pattern, which
-//! the acquire fence makes hold on weakly ordered processors too. A slot
-//! still equal afterwards therefore means no byte of the copy was written
-//! after the release. The check before the copy only saves a useless copy.
-//!
-//! # Cost
-//!
-//! Two loads of one cache line per read (one line per slot group of
-//! eight), in memory mapped once per peer; the owner pays one store per
-//! map and unmap.
-//!
-//! # Trust
-//!
-//! The table guards honest readers holding stale descriptors, not against
-//! a hostile same-user process: such a process can read the owner's
-//! memory directly, or write its table. That is the kernel's trust domain
-//! (`docs/safety.md`).
+//! The check after the copy decides: the owner stores 0 before it replies
+//! to the unmap, so every write made after `deregistered()` follows that
+//! store, and a copy that read such a byte then sees the slot changed
+//! (message passing; the fence makes it hold on weakly ordered CPUs). The
+//! check before only saves a useless copy. It guards honest readers of
+//! stale descriptors, not against a hostile same-user process.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -224,7 +200,7 @@ impl ReleaseTable {
     }
 
     /// Empties `slot`: from this store on, no read of its registration
-    /// counts. Callers store before they answer the unmap.
+    /// counts. Callers store before they reply to the unmap.
     pub(crate) fn retire(&mut self, slot: u32) {
         if let Some(entry) = self.mapping.slot(slot) {
             entry.store(0, Ordering::SeqCst);

@@ -1,9 +1,7 @@
-//! UCX status codes as rdmareg sees them: the text of a status, the three
-//! exits of a non-blocking call, and the projection onto [`RdmaError`].
+//! UCX status codes: their text, a non-blocking call's exits, [`RdmaError`].
 //!
-//! Every UCX failure that reaches a caller keeps UCX's own status text
-//! (`ucs_status_string`) in the message, so a human can diagnose it from the
-//! error alone; the variant is what code switches on.
+//! Every UCX failure that reaches a caller keeps UCX's status text
+//! (`ucs_status_string`) in its message; the variant is what code matches.
 
 use std::ffi::{CStr, c_void};
 

@@ -3,41 +3,30 @@
 //! # Contract
 //!
 //! [`WorkerAddressFormat::validate`] accepts an address only if every byte
-//! that UCX's `ucp_address_unpack` reads while parsing it lies inside the
-//! address, and the address is one that `ucp_worker_get_address` of the UCX
-//! version named by the [`WorkerAddressFormat`] could have packed: a known
-//! address version, known flag bits only, no section missing, nothing after
-//! the last section, and every index UCX later uses as a bit position or an
-//! array index inside the range the packer writes. Anything else is a typed
-//! [`WorkerAddressError`]; validation never panics and allocates nothing.
-//! [`WorkerAddressFormat::copy_for_endpoint`] validates and returns the
-//! buffer to hand to `ucp_ep_create`.
+//! UCX's `ucp_address_unpack` reads lies inside it and the address is one
+//! `ucp_worker_get_address` of the named UCX version could have packed:
+//! known version and flag bits, no section missing, nothing after the last,
+//! and every index UCX uses as a bit position or array index in range.
+//! Anything else is a typed [`WorkerAddressError`]; validation never panics
+//! and allocates nothing. [`WorkerAddressFormat::copy_for_endpoint`]
+//! validates and returns the buffer to hand to `ucp_ep_create`.
 //!
 //! # Why
 //!
-//! `ucp_ep_create` takes the address as a pointer with no length, and
-//! `ucp_address_unpack` trusts every byte of it: an unknown address version
-//! in the first byte trips an always-on assertion (`address.c`, SIGABRT — a
-//! single flipped bit of a real address kills the process), and every length,
-//! flag and "last" marker steers a walk that has no end bound, so a
-//! truncated or forged address is an out-of-bounds read inside UCX. A peer's
-//! address arrives over the wire, so it is checked against the layout of the
-//! UCX actually loaded, and a version whose layout is not described here has
-//! no [`WorkerAddressFormat`] ([`WorkerAddressFormat::for_ucx_version`]
-//! answers `None`): its addresses are refused, never passed through on
-//! trust.
+//! `ucp_ep_create` takes the address with no length and UCX trusts every
+//! byte: an unknown version trips an always-on assertion (SIGABRT), and the
+//! walk has no end bound, so a forged address is an out-of-bounds read
+//! inside UCX. A UCX version whose layout is not described here has no
+//! format ([`WorkerAddressFormat::for_ucx_version`] returns `None`), and its
+//! addresses are refused.
 //!
 //! # The UCX 1.22 layout
 //!
-//! Established from `src/ucp/wireup/address.c` of UCX 1.22.0 — the packer
-//! `ucp_address_do_pack` (reached from `ucp_worker_get_address` through
-//! `ucp_worker_address_pack` with `ucp_worker_default_address_pack_flags`),
-//! and the parser `ucp_address_unpack` (reached from `ucp_ep_create` through
-//! `ucp_ep_create_api_to_worker_addr` with the same flags) — and checked
-//! against real addresses (`tests/fixtures/gen_worker_addresses.c`). Multi-byte
-//! fields are in host byte order, i.e. little-endian on every supported
-//! target. UCX packs one of two address versions, chosen by the owner's
-//! `UCX_ADDRESS_VERSION` (`v1` by default); both are accepted.
+//! From `src/ucp/wireup/address.c` of UCX 1.22.0 (`ucp_address_do_pack`,
+//! `ucp_address_unpack`), checked against real addresses
+//! (`tests/fixtures/gen_worker_addresses.c`). Multi-byte fields are
+//! little-endian; both address versions (`UCX_ADDRESS_VERSION`, `v1` by
+//! default) are accepted.
 //!
 //! Header:
 //!
@@ -75,55 +64,34 @@
 //! and `0x80` (no transports, last device, empty address). A v2 address has
 //! no such device: its last real device carries the "last" flag.
 //!
-//! How the parser reads it, and why each rule here exists:
+//! Rules beyond the section bounds, each because the packer never writes
+//! otherwise or UCX would misbehave on it:
 //!
-//! * The address version is asserted, not checked: anything but v1 or v2
-//!   aborts the process. Header flag bits this version does not define are
-//!   refused (strictness: they mean a different layout); so are the
-//!   client-id and AM-only flags, which only client-server wireup sets.
-//! * A v1 address is parsed with its UUID whatever its flags say, and
-//!   `ucp_worker_get_address` always packs one: the UUID flag is required.
-//! * Every length byte is trusted as given, and the walk ends only at the
-//!   "last" flags: each declared section must fit inside the address.
-//! * A memory-domain index becomes a bit position in a 64-bit map
-//!   (`UCS_BIT(md_index)` during lane selection), so it must be below 64. The
-//!   packer never writes it, or a length, in the extended two-byte form
-//!   unless it does not fit the short one: an extension byte below the
-//!   short form's limit is refused.
-//! * The path-count byte is written only for more than one path, the
-//!   system-device byte only for a known device (`0xFF` is "unknown"); other
-//!   values mean a forged record.
-//! * A device without transports is only ever the v1 version marker, placed
-//!   last; anywhere else it is refused, and a v1 address without it is too.
-//! * UCX fails a v1 interface whose bandwidth is not positive; this
-//!   validator also refuses non-finite attributes and undefined flag bits
-//!   in either version, none of which the packer writes.
-//! * A lane index has 6 bits; bit 6 of the lane byte is never written. UCX
-//!   itself stops at 128 interfaces and 64 endpoint addresses per interface;
-//!   the same limits are enforced here, before UCX sees the address.
-//! * The packer writes these sections and nothing else and asserts the size
-//!   it computed: trailing bytes mean a corrupt frame or a different layout,
-//!   so they are refused rather than ignored.
+//! * Header flags this version does not define, and the client-id and
+//!   AM-only flags (client-server wireup only), are refused; the UUID flag
+//!   is required.
+//! * A memory-domain index must be below 64 (it becomes a bit in a 64-bit
+//!   map); the two-byte extended form of an index or length is refused
+//!   where the short form would do.
+//! * A path count of 1 or less and a system device of `0xFF` are refused.
+//! * A device without transports is only the v1 version marker, placed
+//!   last; a v1 address without it is refused.
+//! * Interface attributes must be finite, with no undefined flag bits and,
+//!   in v1, a positive bandwidth.
+//! * Lane indices have 6 bits; at most 128 interfaces and 64 endpoint
+//!   addresses per interface, as UCX parses; no trailing bytes.
 //!
 //! # What this does not cover
 //!
-//! The device, interface and endpoint addresses are handed to the transport
-//! whose name checksum matches (unknown checksums are skipped by UCX), which
-//! reads its own fixed structure from the start of each, whatever length
-//! byte precedes it. Which transport a checksum names is known only to UCX,
-//! so that content cannot be checked here. No section exceeds 255 bytes, so
-//! placing the address in front of [`ENDPOINT_PADDING`] zero bytes —
-//! [`WorkerAddressFormat::copy_for_endpoint`] does both steps — keeps such
-//! reads inside the buffer handed to UCX.
-//!
-//! The layout described is the one UCX parses when the *local* context is not
-//! in unified mode (`UCX_UNIFIED_MODE=n`, the default): in unified mode
-//! interface records carry a resource index instead of attributes and
-//! lengths, and this validator refuses such addresses as malformed.
-//!
-//! The address is checked against the layout of the *local* UCX, which is
-//! what parses it; a peer is expected to run the same version. A peer whose
-//! packer lays addresses out differently has them refused, not misread.
+//! Device, interface and endpoint addresses go to the transport whose name
+//! checksum matches, which reads its own fixed structure whatever the length
+//! byte says; their content cannot be checked here. No section exceeds 255
+//! bytes, so the [`ENDPOINT_PADDING`] zero bytes
+//! [`WorkerAddressFormat::copy_for_endpoint`] appends keep such reads inside
+//! the buffer. Addresses of a local context in unified mode
+//! (`UCX_UNIFIED_MODE=y`) are refused as malformed. The layout checked is
+//! the local UCX's; a peer laying addresses out differently is refused, not
+//! misread.
 
 use rdmareg_core::RdmaError;
 

@@ -1,44 +1,30 @@
-//! Same-host lists posted again: the copy worked out once, checked again
-//! in a few steps at each post.
+//! Copy plans: same-host lists posted again, copied by a plan worked out once.
 //!
 //! A transfer list posted many times comes as the same shared requests
-//! (`Command::GetSharedBatch`). When every entry of such a list is a
-//! same-host read this thread copies from one owner process (see
-//! `vectored`), the thread keeps a **copy plan**: each entry's destination
-//! pointer and source range, already in the owner's address order. A later
-//! post of the same list runs the plan's one vectored copy and answers
-//! every entry `Ok`, without building, checking and answering the entries
-//! one by one again: for a list of a thousand blocks that per-entry work
-//! is longer than the kernel's copy.
+//! (`Command::GetSharedBatch`). When every entry is a same-host read this
+//! thread copies from one owner process (`vectored`), the thread keeps a
+//! **copy plan**: each entry's destination and source range, in the owner's
+//! address order. A later post runs the plan's one vectored copy and
+//! completes every entry `Ok`, skipping the per-entry work, which for a
+//! thousand blocks outweighs the copy.
 //!
 //! # Rules
 //!
-//! - **A plan answers a post only after what can change is checked
-//!   again.** Everything else a plan was built from is fixed for the life
-//!   of the shared requests: a registration's pointer and length never
-//!   change under its id (ids are never reused), and neither does what a
-//!   key's bytes decode to or the range a same-host key covers. What can
-//!   change is checked at every post, before the copy: each destination
-//!   registration is still mapped and not being unmapped, and the peer's
-//!   reads still come from the very process the plan copies from (a
-//!   removed, re-added or vanished peer, or one whose copies the kernel
-//!   refused, has another source or none), and each source registration's
-//!   release slot still holds its region id (`release_table`) — checked
-//!   again after the copy, which counts only if none was released
-//!   meanwhile (else every destination is zeroed and the list takes the
-//!   ordinary path, which refuses the released entries).
-//! - **Anything else takes the ordinary path.** A list with an entry that
-//!   is not such a copy (owner-served, bad destination, bad key, another
-//!   peer) gets no plan; a post whose checks fail, or whose copy fails for
-//!   any entry, goes through `post_batch` as a fresh batch, which answers
-//!   each entry as it would alone (a copy written in part is written again
-//!   or answered with an error, as for any failed copy). So a plan never
-//!   answers differently from the ordinary path; it only answers sooner.
-//! - **Plans are few and forget dead lists.** A plan is found by the
-//!   address of its list's shared requests, and holds a `Weak` to them: the
-//!   allocation (and so the address) cannot be reused while it is held.
-//!   At most [`MAX_PLANS`] are kept, oldest dropped first, and plans of
-//!   lists nobody holds any more are dropped whenever one is added.
+//! - **What can change is checked again at every post.** A registration's
+//!   pointer and length never change under its id, nor does what a key
+//!   decodes to. Before the copy: each destination is still mapped and not
+//!   being unmapped, and the peer's reads still come from the plan's
+//!   process. Before and after: each source's release slot still holds its
+//!   region id (`release_table`); if not, every destination is zeroed and
+//!   the list takes the ordinary path.
+//! - **Anything else takes the ordinary path** (`post_batch`, a fresh
+//!   batch): a list with an entry that is not such a copy gets no plan, and
+//!   a post whose checks or copy fail runs as if no plan existed. So a plan
+//!   never completes a list differently, only sooner.
+//! - **Plans are few and forget dead lists.** A plan is found by the address
+//!   of its list's shared requests and holds a `Weak` to them, so the
+//!   address cannot be reused meanwhile; at most [`MAX_PLANS`], oldest
+//!   dropped first, and plans of lists nobody holds are dropped on insert.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
@@ -113,9 +99,9 @@ impl Engine {
         }
     }
 
-    /// Copies every entry of `requests` by its plan; true if each landed.
-    /// False, with nothing answered, if there is no plan to follow or its
-    /// checks or its copy failed (the plan is then dropped).
+    /// Copies every entry of `requests` by its plan; true if each was
+    /// written. False, with nothing completed, if there is no plan to follow
+    /// or its checks or its copy failed (the plan is then dropped).
     fn copy_by_plan(&mut self, requests: &Arc<[BackendGet]>) -> bool {
         let index = match self.copy_plans.position(requests) {
             Some(index) => index,
@@ -137,7 +123,7 @@ impl Engine {
         let same_source = destinations_held
             && matches!(self.copy_source(peer),
                 SameHostSource::Copy(now) if Arc::ptr_eq(&now, &owner));
-        let landed = same_source && {
+        let written = same_source && {
             let plan = &self.copy_plans.0[index];
             let live = |after_copy: bool| {
                 owner.release().is_some_and(|table| {
@@ -157,7 +143,7 @@ impl Engine {
                 // id) that is still mapped and not being unmapped (checked
                 // just now), and unmaps run on this thread only, after this
                 // returns; the caller holds the destinations until the
-                // answer, sent after the copy.
+                // reply, sent after the copy.
                 let outcomes = unsafe { vectored::copy_from_process(&owner, &plan.entries) };
                 let copied = outcomes.iter().all(Result::is_ok);
                 // The check that decides, after the copy returned.
@@ -172,10 +158,10 @@ impl Engine {
                 }
             }
         };
-        if !landed {
+        if !written {
             self.copy_plans.0.remove(index);
         }
-        landed
+        written
     }
 
     /// The copy plan of `requests`, if every entry is a same-host read

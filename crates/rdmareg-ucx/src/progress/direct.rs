@@ -1,61 +1,30 @@
-//! The same-host direct-read lane: one-sided reads with cma between engines
-//! of one host and one user.
+//! The same-host direct-read lane: cma reads between engines of one user.
 //!
-//! # Why a second context
+//! On one host the kernel can copy straight out of the owner's process
+//! without waking it. UCX offers cma only to a context with RMA, which also
+//! installs software-RMA handlers that read and write any address a peer
+//! names, so the lane is a context of its own that only a same-user process
+//! of this host can reach:
 //!
-//! Reading through the owner (`serve`, `gets`) costs a request and a reply
-//! per read; on one host the kernel can copy straight out of the owner's
-//! process (`process_vm_readv`, UCX's cma transport) without waking it.
-//! UCX offers that only to a context with `UCP_FEATURE_RMA`, and a context
-//! with RMA also installs UCX's software-RMA handlers, which write and read
-//! any address a peer names on any active-message lane. So the lane lives
-//! in a context of its own that only a same-user process of this host can
-//! reach:
+//! - Its transports are `posix,cma` only: no network, no System V segment;
+//!   the posix segment is shared through `/proc/<pid>/fd`. UCX requires the
+//!   posix lane beside cma; no read uses it.
+//! - An **exposed** worker publishes its address and is never progressed,
+//!   so a peer's emulated PUT or GET over the posix lane never runs.
+//! - This engine's endpoints to peers' lanes live on a **reader** worker,
+//!   never published, that the loop progresses. They are only UCX's witness
+//!   that a peer is on this host, carry no read, and use no peer error
+//!   handling (UCX offers none on posix); a failed one is closed so the next
+//!   read tries again.
 //!
-//! - Its transports are `posix,cma` and nothing else: no network transport,
-//!   and no System V segment (those are group-accessible). cma itself is
-//!   the kernel's ptrace check; the posix segment is shared through
-//!   `/proc/<pid>/fd`, which the kernel opens only for a process allowed to
-//!   ptrace this one. UCX requires the posix lane beside cma for its
-//!   messaging; no read uses it.
-//! - Its address is published by an **exposed** worker that this engine
-//!   never progresses, so even a same-user peer's emulated PUT or GET sent
-//!   over the posix lane is never executed (a same-user peer can write this
-//!   process with `process_vm_writev` anyway: that is the kernel's trust
-//!   domain, not this library's).
-//! - This engine's endpoints to peers' lanes (UCX's witness that a peer is
-//!   on this host; the reads themselves are this engine's own kernel
-//!   copies) live on a separate **reader** worker, whose address is never
-//!   published; the loop progresses it.
-//!
-//! # What the owner gives up on this lane
-//!
-//! A direct read is not checked by the owner: the kernel copies whatever the
-//! owner's address space holds at that address when the read runs. The
-//! consumer's engine checks the range against the mapped range the key
-//! carries, which keeps honest callers honest and bounds nothing against a
-//! hostile same-user process. What it does check is that the registration
-//! is live: every same-host key names a slot of the owner's release table
-//! (`release_table`), and a copy counts only if the slot held the key's
-//! release tag (part of its capability) before and after it, so a stale
-//! descriptor, or one of an earlier engine of the same process, reads
-//! `RegionNotFound`, never the memory's current bytes. An owner that wants
-//! every read checked by itself opens no direct lane
-//! ([`crate::UcxConfig::with_same_host_direct_reads`]); its keys are then
-//! served-only.
-//!
-//! # Reads
-//!
-//! When the peer published its process and its release table, and shares
-//! this engine's kernel and pid namespace, the engine copies its direct
-//! reads itself, a whole turn's worth per owner in one vectored system
-//! call (`vectored`); the endpoint below is opened only as UCX's witness
-//! that the peer is on this host, and carries no read. Every other
-//! same-host read goes through the owner: UCX's own cma read names the
-//! owner by pid alone and would have nothing to tell a released
-//! registration by. Endpoints use no peer error handling (UCX offers none
-//! on posix); UCX's error callback closes a failed one so the next read
-//! tries again.
+//! The reads themselves are this engine's own kernel copies (`vectored`,
+//! `crate::caller_copies`), when the peer published its process and release
+//! table and shares this kernel and pid namespace; every other same-host
+//! read goes through the owner. The owner does not check a direct read;
+//! each key's release-table slot (`release_table`) makes a stale descriptor
+//! fail with `RegionNotFound`. An owner that wants every read checked opens
+//! no lane ([`crate::UcxConfig::with_same_host_direct_reads`]). See
+//! `docs/safety.md`, "The same-host direct lane".
 
 use std::ffi::c_void;
 

@@ -1,19 +1,16 @@
 //! [`Events`]: the state UCX callbacks share with the loop.
 //!
-//! UCX runs callbacks inside the loop's own calls (`ucp_worker_progress`,
-//! sends, endpoint close, worker destroy). A callback does the
-//! latency-critical part itself — a consumer's reply handler copies the bytes
-//! and answers the waiting caller; an owner's request handler checks the
-//! read and sends the reply — and records the rest here: bookkeeping that
-//! needs the engine's tables (a region's holds and leases, freeing requests,
-//! running a parked unmap) and must not run inside UCX. The loop drains the
-//! records after every UCX call that can call back.
+//! UCX runs callbacks inside the loop's own calls. A callback does the
+//! latency-critical part itself (a consumer's reply handler copies the
+//! bytes and completes the read; an owner's request handler checks the read
+//! and sends the reply) and records here the bookkeeping that needs the
+//! engine's tables and must not run inside UCX; the loop drains the records
+//! after every UCX call that can call back.
 //!
-//! Callbacks reach this through a raw pointer, so it lives in a `Box` whose
-//! address the engine keeps stable and frees only after the worker is
-//! destroyed. Mutation goes through `Cell`s and `RefCell`s: the loop never
-//! holds a borrow across a UCX call, and a callback releases its borrows
-//! before it calls into UCX, so nobody ever finds one taken.
+//! Callbacks reach this through a raw pointer, so it lives in a `Box` freed
+//! only after the worker is destroyed. Mutation goes through `Cell`s and
+//! `RefCell`s: nobody holds a borrow across a UCX call, so none is ever
+//! found taken.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::cell::{Cell, RefCell};
@@ -30,8 +27,8 @@ use super::ucp::MemHandle;
 /// What callbacks and the loop share.
 #[derive(Debug)]
 pub(crate) struct Events {
-    /// Op slots of reads whose destination UCX has let go of (answered or
-    /// to be answered by the loop).
+    /// Op slots of reads whose destination UCX has let go of (completed, or
+    /// to be completed by the loop).
     pub(crate) finished_reads: RefCell<Vec<u32>>,
     /// `(op slot, status)` of read-request sends that completed.
     pub(crate) sent_requests: RefCell<Vec<(u32, ucs_status_t)>>,
@@ -41,20 +38,17 @@ pub(crate) struct Events {
     /// reply reads them any more.
     pub(crate) unmapped: RefCell<Vec<u64>>,
     /// Addresses of the records handed to UCX with reply sends still in
-    /// flight. A send UCX never completes (a consumer that holds its
-    /// rendezvous reply past teardown) never runs its callback, so teardown
-    /// frees what is left here once the worker is gone (`serve`).
+    /// flight; teardown frees those whose callback never ran once the worker
+    /// is gone (`serve`).
     pub(crate) reply_records: RefCell<HashSet<usize>>,
-    /// The consumer side of owner-served reads: the engine kit's state
-    /// machine, holding each read (its op) from its request until UCX let
-    /// go of its destination. Endpoints are named by the address of their
-    /// UCP handle; a handle is freed only after the reads on it were told
-    /// it closed, so an address never names two endpoints' reads at once.
+    /// The consumer side of served reads: the engine kit's state machine,
+    /// holding each read from its request until UCX lets go of its
+    /// destination. Endpoints are named by their UCP handle's address, freed
+    /// only after their reads were told it closed.
     pub(crate) consumer: RefCell<Consumer<usize, *mut GetOp>>,
-    /// The owner side of owner-served reads: the engine kit's state
-    /// machine, which admits each request against this engine's
-    /// registrations (`serve`). Connections are named by the address of
-    /// the endpoint UCX hands the request handler.
+    /// The owner side of served reads: the engine kit's state machine,
+    /// which admits each request (`serve`). Connections are named by the
+    /// address of the endpoint UCX hands the request handler.
     pub(crate) owner: RefCell<Owner<usize>>,
     /// The memory handle of each registration the owner serves, for
     /// zero-copy replies.
@@ -68,28 +62,28 @@ pub(crate) struct Events {
     /// The largest active-message header the worker can send (0 until the
     /// worker exists): bounds the entries of a list request or reply.
     pub(crate) max_am_header: Cell<usize>,
-    /// Set when teardown begins: reads cancelled from then on answer
+    /// Set when teardown begins: reads cancelled from then on fail with
     /// `ShuttingDown`.
     pub(crate) tearing_down: Cell<bool>,
-    /// Messages dropped as malformed or answering nothing, for the logs
+    /// Messages dropped as malformed or matching no read, for the logs
     /// (the owner counts its own).
     pub(crate) dropped_messages: Cell<u64>,
     /// Steps this turn that left the next move to another thread: a read
-    /// request sent, a read answered, a reply sent (see "Handing over" in
+    /// request sent, a read completed, a reply sent (see "Handing over" in
     /// the loop's docs).
     pub(crate) hand_offs: Cell<u32>,
-    /// Whether this engine, as an owner, answers a list in replies of at
-    /// most one tcp fragment each on connections whose every lane is tcp
-    /// (`gathered`); off where the operator shapes UCX's protocols, as
-    /// reads in pieces are (`UcxConfig::reads_in_pieces_allowed`).
+    /// Whether this engine, as an owner, replies to a list in replies of at
+    /// most one tcp fragment each on tcp-only connections (`gathered`); off
+    /// where the operator shapes UCX's protocols
+    /// (`UcxConfig::reads_in_pieces_allowed`).
     pub(crate) fragment_sized_replies: Cell<bool>,
     /// Whether replies to the list request being handled go one tcp
     /// fragment each, and to which endpoint (`serve::one_fragment_each`);
     /// cleared when its handler returns.
     pub(crate) fragment_memo: Cell<Option<(usize, bool)>>,
     /// Ranges one zero-copy fragment carries on a tcp-only connection
-    /// (`gathered::copied_into_segments`), from the tcp vector bound in
-    /// force (`UcxConfig::tcp_ranges_per_zero_copy_fragment`).
+    /// (`gathered::copied_into_segments`), from
+    /// `UcxConfig::tcp_ranges_per_zero_copy_fragment`.
     pub(crate) tcp_ranges_per_zero_copy_fragment: Cell<usize>,
 }
 
@@ -123,28 +117,28 @@ impl Default for Events {
 }
 
 impl Events {
-    /// Counts a message dropped as malformed or answering nothing.
+    /// Counts a message dropped as malformed or matching no read.
     pub(crate) fn dropped_message(&self) {
         self.dropped_messages.set(self.dropped_messages.get() + 1);
     }
 
-    /// Gives every answer the consumer machine holds: each finishes its op
-    /// (answering its caller) and queues the slot for the loop. Called
+    /// Takes every completion the consumer machine holds: each finishes its
+    /// op (returning to its caller) and queues the slot for the loop. Called
     /// after every input to the machine, inside callbacks too, so a caller
-    /// wakes as soon as its read may be answered.
+    /// wakes as soon as its read completes.
     pub(crate) fn give_answers(&self) {
         loop {
-            // The borrow ends before the op is answered.
-            let answer = self.consumer.borrow_mut().poll_completion();
+            // The borrow ends before the op is finished.
+            let next = self.consumer.borrow_mut().poll_completion();
             let Some(Completion {
                 payload: op,
                 outcome,
                 ..
-            }) = answer
+            }) = next
             else {
                 return;
             };
-            // SAFETY: an op leaves the machine only through this answer, so
+            // SAFETY: an op leaves the machine only through this completion, so
             // it is an active slot; slots outlive the worker, and the loop
             // and callbacks touch them only between UCX calls.
             let op = unsafe { &mut *op };

@@ -1,23 +1,12 @@
-//! The read keys this engine decoded last, kept so that the next read of
-//! the same descriptor skips the decoding.
+//! The read keys this engine decoded last, so a repeated key is not decoded.
 //!
-//! # Why
-//!
-//! Every read carries its descriptor's packed key. Decoding one copies the
-//! UCX key out of it and, on the same-host lane, parses that key's layout
-//! (`validate_packed_key`): about a tenth of a microsecond, paid per entry.
-//! A transfer list's entries are slices of a few descriptors, so a list of
-//! a thousand blocks decoded the same few keys a thousand times.
-//!
-//! # Contract
-//!
-//! An entry is found only by the key's whole content (compared byte for
-//! byte, never by pointer), and what it holds is a pure function of those
-//! bytes and of the direct lane's key format, which is fixed for the
-//! engine's life: a hit answers exactly what decoding again would. Keys
-//! that fail to decode are not kept (they are answered `InvalidKey` each
-//! time). The memo holds its own copy of the bytes, so it keeps no caller's
-//! buffer alive, and a few entries replaced in turn, so that a list
+//! A transfer list's entries are slices of a few descriptors, so without
+//! the memo a list of a thousand blocks decodes the same few keys a thousand
+//! times. An entry is found only by the key's whole content (byte for byte),
+//! and holds a pure function of those bytes and the direct lane's key
+//! format, fixed for the engine's life: a hit returns exactly what decoding
+//! would. Keys that fail to decode are not kept. The memo copies the bytes
+//! (keeping no caller's buffer alive) and keeps a few entries, so a list
 //! interleaving several descriptors still hits.
 
 use std::rc::Rc;

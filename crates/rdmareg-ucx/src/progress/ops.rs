@@ -1,14 +1,12 @@
-//! A read's record while it is in flight (`GetOp`), where it stands
-//! (`Phase`), and the table of reusable slots (`OpTable`). Which reply may
-//! finish a served read, its deadline, and when it is answered, are the
-//! consumer machine's (`Events::consumer`); the op holds what UCX needs.
+//! A read's record while in flight (`GetOp`), its `Phase`, and the slot table.
 //!
-//! Slots are boxed once and reused, so steady-state reads allocate nothing.
-//! A slot's memory is freed only when the table is dropped, after the
-//! worker is destroyed (field order in `Engine`), so a late UCX callback
-//! can never touch freed memory. A slot is recycled only once the loop saw
-//! its op finished and its request send completed: a slot's generation
-//! tells a later read in it apart from the one a stale completion names.
+//! Which reply may finish a served read, its deadline, and when it
+//! completes are the consumer machine's (`Events::consumer`); the op holds
+//! what UCX needs. Slots are boxed once and reused, and freed only when the
+//! table is dropped after the worker, so a late UCX callback never touches
+//! freed memory. A slot is recycled once its op finished and its request
+//! send completed; its generation tells a later read apart from the one a
+//! stale completion names.
 
 use std::ffi::c_void;
 
@@ -27,7 +25,7 @@ pub(crate) enum Phase {
     AwaitingReply,
     /// A rendezvous receive into the destination is running.
     Receiving,
-    /// UCX has let go of the destination; the answer is given.
+    /// UCX has let go of the destination; the caller has its result.
     Finished,
 }
 
@@ -92,13 +90,13 @@ impl GetOp {
         }
     }
 
-    /// Marks the op finished and answers it with `outcome`, once.
+    /// Marks the op finished and sends its caller `outcome`, once.
     pub(super) fn finish(&mut self, outcome: Result<(), RdmaError>) {
         self.phase = Phase::Finished;
-        if let Some(answer) = self.reply.take() {
-            if answer.send(outcome) {
-                // A caller was answered: it moves next. A batch's entries
-                // count once, when the last one answers the batch.
+        if let Some(reply) = self.reply.take() {
+            if reply.send(outcome) {
+                // The caller moves next. A batch's entries count once, when
+                // the last one completes the batch.
                 // SAFETY: the events record outlives every op slot's use.
                 unsafe { &*self.events }.handed_off();
             }
@@ -197,9 +195,9 @@ impl OpTable {
             .collect()
     }
 
-    /// Answers every read still unanswered with `ShuttingDown`. Only for
+    /// Fails every read not yet completed with `ShuttingDown`. Only for
     /// after the worker is destroyed, when UCX holds nothing any more.
-    pub(crate) fn answer_all_after_worker_destroyed(&mut self) {
+    pub(crate) fn fail_all_after_worker_destroyed(&mut self) {
         for slot in self.active_slots() {
             if let Some(op) = self.op(slot) {
                 // SAFETY: as in `op`; the worker is gone, so no callback

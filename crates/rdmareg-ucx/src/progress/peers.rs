@@ -2,55 +2,32 @@
 //!
 //! # Rules
 //!
-//! - `add_peer` only records the packed worker address; the endpoint is
-//!   created by the first read that needs it. There is **one endpoint per
-//!   remote worker address**, shared by every peer id naming it: services
-//!   re-add the same owners under new ids, and every fresh endpoint costs a
-//!   connection on both sides.
-//! - An endpoint is closed when the last peer id naming its address is
-//!   removed or re-added elsewhere, forcibly whenever peer error handling
-//!   is on: both ends of its connection are gone within two keepalive
-//!   intervals (see `close_endpoint`).
-//! - Endpoints are created with peer error handling unless the transport is
-//!   the no-error-handling shared-memory option. When UCX reports an endpoint
-//!   failed, the engine closes it (forcibly: receives running on it complete
-//!   with an error), fails the reads still waiting for a reply on it, and
-//!   forgets it: **the next read from that peer creates a fresh endpoint**
-//!   from the recorded address. A peer that is really gone then fails that
-//!   read too, promptly.
-//! - A peer can vanish while `ucp_ep_create` connects to it. Over tcp, UCX
-//!   1.22.0 itself then destroyed the endpoint it was still handing over
-//!   (the reconnect inside the creation was refused, and the transport took
-//!   the half-made endpoint for one of its own receive-only ones), and the
-//!   reads queued on it aborted the process in `uct_tcp_ep_pending_purge`.
-//!   Nothing the engine orders around its endpoints reaches that: the UCX
-//!   the workspace builds carries a patch
-//!   (`crates/rdmareg-ucx-src/patches/0002-…`) that reports the failure through
-//!   the endpoint error callback instead, so it ends as any failed endpoint
-//!   does here (see `docs/safety.md`).
-//! - A read that misses its deadline while UCX is receiving its bytes
-//!   declares its endpoint unresponsive: UCX cannot withdraw a single
-//!   receive, so the engine force-closes the endpoint, which makes UCX end
-//!   every request on it — and with them release the destinations. A read
-//!   that misses its deadline while still waiting for the reply needs no
-//!   close (see `gets`), so a stopped owner costs timeouts, not reconnects.
-//! - A read from a peer never added answers [`RdmaError::NotConfigured`].
-//! - Each endpoint's error-callback context is a small heap record freed when
-//!   its close completes, or after the worker is destroyed.
-//! - A peer whose address carries a same-host direct-read address also gets
-//!   a **direct endpoint** on the direct lane's reader worker (see `direct`),
-//!   created by the first read with a same-host key. If UCX cannot reach it
-//!   (another host, another user, another PID namespace) the connection
-//!   remembers that and reads go through the owner. It closes with its
-//!   connection; when UCX reports it failed it is closed and the next read
-//!   tries again.
-//! - Connections are keyed by the **whole** engine address, serving and
-//!   direct parts together: two envelopes that name the same serving worker
-//!   but different direct lanes are two connections. Otherwise whichever
-//!   envelope was added first would decide, for every later peer id naming
-//!   that serving worker, which process its direct reads copy from — and a
-//!   peer could pin an honest owner's serving address to a lane of its
-//!   choosing by being added first.
+//! - `add_peer` only records the packed worker address; the first read that
+//!   needs it creates the endpoint. **One endpoint per remote worker
+//!   address**, shared by every peer id naming it, since services re-add
+//!   the same owners under new ids.
+//! - An endpoint is closed when no peer id names its address any more,
+//!   forcibly whenever peer error handling is on (see `close_endpoint`).
+//! - When UCX reports an endpoint failed, the engine force-closes it, fails
+//!   the reads waiting for a reply on it and forgets it: **the next read
+//!   creates a fresh endpoint** from the recorded address.
+//! - A peer that vanishes while `ucp_ep_create` connects aborts UCX 1.22.0;
+//!   the workspace's UCX patch (`patches/0002-…`) reports it through the
+//!   error callback instead (`docs/safety.md`).
+//! - A read that misses its deadline while UCX receives its bytes
+//!   force-closes its endpoint, the only way to make UCX release the
+//!   destination; one still waiting for its reply needs no close (`gets`).
+//! - A read from a peer never added fails with [`RdmaError::NotConfigured`].
+//! - Each endpoint's error-callback context is a heap record freed when its
+//!   close completes, or after the worker is destroyed.
+//! - A peer with a same-host direct-read address also gets a **direct
+//!   endpoint** on the reader worker (`direct`), created by the first read
+//!   with a same-host key; if UCX cannot reach it, reads go through the
+//!   owner. It closes with its connection, and after a failure the next
+//!   read tries again.
+//! - Connections are keyed by the **whole** engine address, so a peer added
+//!   first cannot pin an honest owner's serving address to a direct lane of
+//!   its choosing.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -84,8 +61,8 @@ pub(crate) struct Endpoint {
     pub(crate) serial: u64,
     pub(crate) error_context: *mut ErrorContext,
     /// Every lane of the endpoint is tcp, so replies between one fragment
-    /// and UCX's rendezvous threshold would be gathered and copied twice:
-    /// reads of that size go in pieces (`pieces`).
+    /// and UCX's rendezvous threshold would be copied twice: reads of that
+    /// size go in chunks (`pieces`).
     pub(crate) reads_in_pieces: bool,
 }
 
@@ -200,7 +177,7 @@ impl PeerTable {
         self.connections.get_mut(address)
     }
 
-    /// Whether `peer`'s served endpoint asks long reads in pieces (see
+    /// Whether `peer`'s served endpoint asks long reads in chunks (see
     /// `Endpoint::reads_in_pieces`); false while it has none.
     pub(crate) fn reads_in_pieces(&self, peer: PeerId) -> bool {
         let Some(address) = self.peers.get(&peer) else {
@@ -454,28 +431,17 @@ impl Engine {
         }
     }
 
-    /// Starts closing `endpoint`, answering the reads still waiting for a
+    /// Starts closing `endpoint`, failing the reads still waiting for a
     /// reply on it with `reason`.
     ///
-    /// With peer error handling the close is always forced. UCX 1.22 never
-    /// destroys an endpoint closed gracefully once its peer has connected
-    /// back (`ucp_ep_disconnected`: "destroyed only when the worker is
-    /// destroyed"), so every graceful close of a tcp endpoint kept both
-    /// ends of its connection open for the life of the engines: two
-    /// descriptors per cycle of a peer churned to one address. A forced
-    /// close destroys the endpoint now (requests still on it complete with
-    /// `UCS_ERR_CANCELED`; the reads waiting on it were answered above);
-    /// its tcp socket then only receives, until the owner's side closes.
-    /// The owner's UCX learns the endpoint is gone at its next keepalive
-    /// round (its `EP_CHECK` is answered `EP_REMOVED`), destroys the
-    /// endpoint its wireup made toward us and closes the connection, and
-    /// this side closes its socket in turn. The engine runs keepalive
-    /// every second over every endpoint (`UcxConfig`'s keepalive
-    /// defaults), so both ends are gone within two intervals.
-    ///
-    /// Without peer error handling (pure shared memory) UCX refuses a
-    /// forced close; the graceful one keeps the endpoint until the worker
-    /// is destroyed.
+    /// With peer error handling the close is always forced: UCX 1.22 never
+    /// destroys a gracefully closed endpoint whose peer connected back, so
+    /// each peer churned to one address would keep two descriptors. The
+    /// owner's UCX learns of the close at its next keepalive round and
+    /// closes its side, so both ends are gone within two seconds
+    /// (`docs/operations.md`). Without peer error handling UCX refuses a
+    /// forced close, and the graceful one keeps the endpoint until the
+    /// worker is destroyed.
     pub(super) fn close_endpoint(
         &mut self,
         endpoint: Endpoint,

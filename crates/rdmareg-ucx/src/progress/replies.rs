@@ -1,12 +1,11 @@
-//! UCX's callbacks for a read on the consumer: the reply handler, the
-//! rendezvous receive's completion and the request send's completion.
+//! UCX's callbacks for a consumer's read: reply, rendezvous and send done.
 //!
-//! Which reply may write a read's destination, and when the read is
-//! answered, is the engine kit's consumer machine's to decide
-//! (`rdmareg_engine::served::consumer`): a reply counts only from the endpoint its
-//! request went out on, once, and only with the read's own length; a read
-//! is answered only once UCX let go of its destination. These callbacks feed
-//! it what UCX reports and do what it decides.
+//! Which reply may write a read's destination, and when the read completes,
+//! is the engine kit's consumer machine's to decide
+//! (`rdmareg_engine::served::consumer`): a reply counts only from the
+//! endpoint its request went out on, once, with the read's own length; a
+//! read completes only once UCX let go of its destination. These callbacks
+//! feed it what UCX reports and do what it decides.
 
 use std::ffi::c_void;
 
@@ -59,7 +58,7 @@ pub(super) fn machine_reply(request_id: u64, status: ReplyStatus, length: u64) -
 /// machine just accepted the reply for it (so no other reply can reach
 /// it); `data`/`length`/`rendezvous` are what UCX passed, and `length` is
 /// the read's length (the machine checked it).
-unsafe fn land_reply(
+unsafe fn write_reply(
     events: &Events,
     read: ReadId,
     op: *mut GetOp,
@@ -153,7 +152,7 @@ pub(super) unsafe extern "C" fn on_read_reply(
             if let Some(op) = events.op_of(read) {
                 // SAFETY: the machine holds the read, so its op is active;
                 // it just accepted this reply, the only one that reaches it.
-                unsafe { land_reply(events, read, op, data, length, rendezvous) };
+                unsafe { write_reply(events, read, op, data, length, rendezvous) };
             }
         }
         ReplyVerdict::Drop(DropReason::WrongEndpoint) => events.dropped_message(),

@@ -1,29 +1,21 @@
-//! The owner's side of a served read, driven by the engine kit's
-//! [`Owner`](rdmareg_engine::served::Owner): UCX's request handlers feed it
-//! each request, and its actions become active-message replies.
+//! The owner's side of a served read, driven by the engine kit's owner.
 //!
-//! The rules — admission against the live registrations, read leases,
-//! the bound of unfinished replies per consumer connection
-//! (`UcxConfig::max_served_replies_per_connection`), unmaps that wait for
-//! every lease — are the kit's (`rdmareg_engine::served::owner`). What is
-//! UCX's:
+//! UCX's request handlers feed the [`Owner`](rdmareg_engine::served::Owner)
+//! each request, and its actions become active-message replies. Admission,
+//! read leases, the reply bound per connection and unmaps that wait for
+//! leases are the kit's (`rdmareg_engine::served::owner`). What is UCX's:
 //!
 //! - A connection is the address of the endpoint UCX hands the request
-//!   handler (`reply_ep`); the reply goes back on it, so an owner needs no
-//!   endpoint of its own to its consumers, and carries the reply flag, so
-//!   the consumer learns which of its endpoints it came in on. UCX fails an
-//!   endpoint's sends before it frees the endpoint, so an address names a
-//!   later connection only once the earlier one's replies ended.
-//! - Actions are performed as soon as the owner queues them, inside the
-//!   handler that caused them, so a reply is sent while its `reply_ep` is
-//!   valid. Each is taken out before it is performed and no `RefCell`
-//!   borrow is held across a send: over loopback UCX can run another
-//!   handler inside the send, which performs what is still queued — the
-//!   outer handler's replies among them, while their endpoint is still
-//!   valid.
-//! - A send's end (its callback, or inline) is reported to the owner; only
-//!   then does its lease end. `Action::Unmapped` is left to the loop
-//!   (`Events::unmapped`), which unmaps outside UCX's calls.
+//!   handler (`reply_ep`). The reply goes back on it with the reply flag, so
+//!   the owner needs no endpoint of its own. UCX fails an endpoint's sends
+//!   before it frees it, so an address names a later connection only once
+//!   the earlier one's replies ended.
+//! - Actions run inside the handler that caused them, while its `reply_ep`
+//!   is valid. Each is taken out before it runs and no `RefCell` borrow is
+//!   held across a send, because over loopback UCX can run another handler
+//!   inside the send.
+//! - A send's end is reported to the owner, which only then ends its
+//!   lease. `Action::Unmapped` is left to the loop (`Events::unmapped`).
 
 use std::ffi::c_void;
 use std::ptr;
@@ -45,11 +37,9 @@ use crate::status::PtrStatus;
 /// copied into the send (eager), where naming it only costs time.
 const ZERO_COPY_FROM: u64 = 16 * 1024;
 
-/// Replies up to this size also ask UCX for fast completion, which makes it
-/// copy them into one short send instead of picking zero-copy (see
-/// [`SendMode::Small`]), which completes sooner. Above one page the hint
-/// makes UCX fragment the copy and costs more than it saves, so the bound
-/// stays well below tcp's 8 KiB segment.
+/// Replies up to this size also ask UCX for fast completion, which copies
+/// them into one short send (see [`SendMode::Small`]); above one page the
+/// hint makes UCX fragment the copy.
 pub(super) const SMALL_UP_TO: u64 = 4 * 1024;
 
 /// How a served reply of `length` bytes inside `memh` is sent.
@@ -69,8 +59,8 @@ struct ReplySend {
     iov: Vec<sys::ucp_dt_iov_t>,
 }
 
-/// The endpoint to answer a request on, or `None` for a request sent
-/// without the reply flag (nobody to answer).
+/// The endpoint to reply to a request on, or `None` for a request sent
+/// without the reply flag.
 pub(super) fn reply_endpoint(param: &sys::ucp_am_recv_param_t) -> Option<sys::ucp_ep_h> {
     let has_reply_ep = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0;
     (has_reply_ep && !param.reply_ep.is_null()).then_some(param.reply_ep)
@@ -216,7 +206,7 @@ pub(super) unsafe fn perform_actions(events: &Events) {
                         send,
                         READ_LIST_REPLY_AM_ID,
                         &header,
-                        Shape::Gathered { copied },
+                        Shape::Vector { copied },
                         payload_ranges(&served),
                     );
                 }
@@ -249,7 +239,7 @@ enum Shape {
     },
     /// The record's vector (`send_gathered`), copied into UCX's segments
     /// or not.
-    Gathered { copied: bool },
+    Vector { copied: bool },
 }
 
 /// Sends one reply and reports its end to the owner: at once when UCX
@@ -273,7 +263,7 @@ unsafe fn send_reply(
     // lives until the send ends.
     let status = unsafe {
         match shape {
-            Shape::Gathered { copied } => send_gathered(
+            Shape::Vector { copied } => send_gathered(
                 ep,
                 am_id,
                 header,

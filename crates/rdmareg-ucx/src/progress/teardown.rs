@@ -1,33 +1,26 @@
-//! Teardown of the progress thread: every reply answered, every UCX object
-//! released, in an order that never frees memory a transport can still touch
-//! and never cuts a connection a peer is still answering on when that can be
-//! helped.
+//! Teardown of the progress thread, in an order that frees nothing in use.
+//!
+//! Every caller gets its reply, and no memory is freed while a transport can
+//! still touch it.
 //!
 //! # Order
 //!
-//! 1. Mark the engine closed (submitters refuse new work from now on) and
-//!    answer queued commands `ShuttingDown`; queued unmaps are answered at
-//!    the end, by what really happened to their region.
-//! 2. **Let reads finish** — this engine's own reads and the replies it is
-//!    serving to peers — for at most three quarters of the teardown timeout
-//!    (progressing, expiring deadlines, closing failed endpoints). A read
-//!    that finishes here answers its real outcome, `Ok` included.
-//! 3. Answer the reads still waiting for a reply `ShuttingDown` (UCX holds
-//!    none of their destinations), close every endpoint (forcibly with peer
-//!    error handling, so UCX ends the receives still running) and progress
-//!    until UCX has released the requests and finished the closes — bounded
-//!    by the rest of the teardown timeout. Those receives answer from their
-//!    completions.
-//! 4. Destroy the worker (and the direct-read lane's workers): from here no
-//!    transport this engine drives can read or write any
-//!    registered range, and no callback can run. Only now are reads UCX
-//!    never released answered `ShuttingDown`.
-//! 5. Unmap every region still registered, answering parked unmaps; the live
-//!    count reaches zero unless `ucp_mem_unmap` itself failed.
-//! 6. Clean up the context, answer the shutdown callers.
-//!
-//! No read is answered before UCX has let go of its destination; see
-//! `gets`.
+//! 1. Mark the engine closed (submitters refuse new work) and fail queued
+//!    commands `ShuttingDown`; queued unmaps complete at the end, with what
+//!    really happened to their region.
+//! 2. **Let reads finish**, this engine's own and the replies it serves, for
+//!    at most three quarters of the teardown timeout; a read that finishes
+//!    here returns its real outcome.
+//! 3. Fail the reads still waiting for a reply `ShuttingDown`, close every
+//!    endpoint (forcibly with peer error handling, so UCX ends running
+//!    receives) and progress until UCX releases the requests, for the rest
+//!    of the timeout.
+//! 4. Destroy the workers: no transport touches registered memory and no
+//!    callback runs from here. Only now do reads UCX never released fail
+//!    `ShuttingDown`.
+//! 5. Unmap every region still registered and complete parked unmaps; the
+//!    live count reaches zero unless `ucp_mem_unmap` itself failed.
+//! 6. Clean up the context and reply to the shutdown callers.
 
 use std::time::{Duration, Instant};
 
@@ -46,7 +39,7 @@ const DRAIN_SHARE: f64 = 0.75;
 /// so waiting for a slow peer does not burn a core.
 const IDLE_NAP: Duration = Duration::from_micros(200);
 
-/// The command queues teardown keeps answering while it waits.
+/// The command queues teardown keeps serving while it waits.
 struct Queues<'a> {
     ring: &'a Receiver<Command>,
     control: &'a Receiver<Command>,
@@ -133,13 +126,13 @@ impl Engine {
         } = self;
         // The worker first: after this no transport touches registered memory
         // and no callback can run; then the reads UCX never released are
-        // answered, and the records callbacks pointed into are freed.
+        // failed, and the records callbacks pointed into are freed.
         events.worker.set(std::ptr::null_mut());
         drop(worker);
         // The direct lane's workers too; its context stays for the unmaps.
         let direct_context = direct.map(|lane| lane.destroy_workers());
         let mut ops = ops;
-        ops.answer_all_after_worker_destroyed();
+        ops.fail_all_after_worker_destroyed();
         drop(ops);
         drop(peers);
         // SAFETY: the worker was destroyed above.
@@ -154,7 +147,7 @@ impl Engine {
 
         let mut still_registered = Vec::new();
         for (id, region) in regions {
-            // Before any unmap is answered: no same-host read of the region
+            // Before any unmap completes: no same-host read of the region
             // counts from here on (`regions`).
             if let (Some(slot), Some(table)) = (region.release_slot, release.as_mut()) {
                 table.retire(slot);
@@ -182,12 +175,12 @@ impl Engine {
             }
         }
         for (id, reply) in queued_unmaps {
-            let answer = if still_registered.contains(&id) {
+            let result = if still_registered.contains(&id) {
                 Err(RdmaError::ShuttingDown)
             } else {
                 Ok(())
             };
-            let _ = reply.send(answer);
+            let _ = reply.send(result);
         }
         drop(direct_context);
         drop(context);
@@ -200,17 +193,17 @@ impl Engine {
                     id,
                     reply: Some(reply),
                 } => {
-                    let answer = if still_registered.contains(&id) {
+                    let result = if still_registered.contains(&id) {
                         Err(RdmaError::ShuttingDown)
                     } else {
                         Ok(())
                     };
-                    let _ = reply.send(answer);
+                    let _ = reply.send(result);
                 }
                 other => other.refuse(),
             }
         }
-        // From here unmaps are answered by the submitters, from this record.
+        // From here the submitters complete unmaps, from this record.
         signals
             .lifecycle
             .finish_teardown(still_registered.iter().copied());
@@ -223,7 +216,7 @@ impl Engine {
         }
     }
 
-    /// Progresses (expiring deadlines, finishing closes, answering queued
+    /// Progresses (expiring deadlines, finishing closes, serving queued
     /// commands) until `done` holds or `until` passes; returns whether `done`
     /// held.
     fn settle(
@@ -257,7 +250,7 @@ impl Engine {
         self.events.owner.borrow().leases_in_flight()
     }
 
-    /// Answers queued commands during teardown.
+    /// Serves queued commands during teardown.
     fn refuse_queued(
         &mut self,
         ring: &Receiver<Command>,

@@ -1,12 +1,11 @@
-//! The UCP calls the progress thread makes, each wrapped once with the
-//! invariant it relies on.
+//! The UCP calls the progress thread makes, each wrapped with its invariant.
 //!
-//! Every type here holds a raw UCX handle and is therefore `!Send`: it is
-//! created on the progress thread and never leaves it. [`Context`] and
-//! [`Worker`] release themselves on drop; memory handles, endpoints, remote
-//! keys and requests are plain copies whose lifetime the owning table tracks,
-//! so the functions that consume them are `unsafe` with that table's
-//! bookkeeping as their contract.
+//! Every type here holds a raw UCX handle and is `!Send`: it is created on
+//! the progress thread and never leaves it. [`Context`] and [`Worker`]
+//! release themselves on drop; memory handles, endpoints, remote keys and
+//! requests are plain copies whose owning table tracks their lifetime, so
+//! the functions that consume them are `unsafe` with that bookkeeping as
+//! their contract.
 
 use std::ffi::{CString, c_void};
 use std::os::fd::RawFd;
@@ -121,7 +120,7 @@ impl Context {
         Ok(MemHandle(memh))
     }
 
-    /// The range UCX reports for `memh` (`ucp_mem_query`), if it answers.
+    /// The range UCX reports for `memh` (`ucp_mem_query`), if it reports one.
     pub(crate) fn mapped_range(&self, memh: MemHandle) -> Option<(u64, u64)> {
         let mut attr = sys::ucp_mem_attr_t {
             field_mask: u64::from(sys::UCP_MEM_ATTR_FIELD_ADDRESS | sys::UCP_MEM_ATTR_FIELD_LENGTH),
@@ -218,8 +217,7 @@ impl EpHandle {
 
 /// Whether every lane of `ep` is tcp: such an endpoint takes replies of
 /// more than one tcp segment in several eager fragments (see `pieces`).
-/// Allocates nothing when the query succeeds: an owner asks it of every
-/// list request.
+/// Allocates nothing when the query succeeds.
 ///
 /// # Safety
 /// `ep` is a live endpoint, used on its worker's thread.
@@ -518,11 +516,9 @@ pub(crate) unsafe fn handler_header<'a>(header: *const c_void, length: usize) ->
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum SendMode {
     /// Small: ask for fast completion (`UCP_OP_ATTR_FLAG_FAST_CMPL`), so
-    /// UCX copies the message into one short send. Without the hint UCX
-    /// 1.22 picks its zero-copy protocol for AM replies from 1 byte on,
-    /// which costs more than the copy at this size. Only for messages that
-    /// fit one short send: above that the hint selects a fragmented copy,
-    /// which is much slower than zero-copy.
+    /// UCX copies the message into one short send instead of its zero-copy
+    /// protocol. Only for messages that fit one short send: above that the
+    /// hint selects a fragmented copy, slower than zero-copy.
     Small,
     /// Let UCX choose, with no registration named.
     Eager,
@@ -593,20 +589,14 @@ pub(crate) unsafe fn send_active_message(
     })
 }
 
-/// Sends an active message whose payload is gathered from `iov` (an empty
-/// payload for an empty list), always eager: the receiver's handler gets
-/// the whole payload, and nothing of it waits for a receive. The reply flag
-/// is set, as for [`send_active_message`] with `reply`.
+/// Sends an active message whose payload is the concatenation of `iov` (empty
+/// for an empty list), always eager and with the reply flag, as for
+/// [`send_active_message`] with `reply`.
 ///
-/// With `copy`, UCX is asked for fast completion, which makes it copy the
-/// vector into its send segments: into one send when header and payload
-/// fit one, into full segments otherwise. Without the hint UCX 1.22 sends a
-/// vector of more than 73 bytes by its multi-fragment zero-copy protocol,
-/// and over tcp a fragment carries only a few of the vector's ranges: a
-/// reply of 64 reads of 8 B went out in about 13 `sendmsg` calls instead of
-/// one, and with UCX's default tcp vector bound a reply of 64 reads of
-/// 4 KiB goes in fragments of at most five ranges (20 KiB), the sixth
-/// vector entry carrying UCX's trailer. The caller decides
+/// With `copy`, UCX is asked for fast completion, which copies the vector
+/// into its send segments. Without it UCX 1.22 sends a vector of more than
+/// 73 bytes by its multi-fragment zero-copy protocol, which over tcp carries
+/// only a few ranges per fragment. The caller decides
 /// (`gathered::copied_into_segments`).
 ///
 /// # Safety

@@ -1,40 +1,25 @@
 //! Same-host reads as vectored kernel copies (`process_vm_readv`).
 //!
-//! Every direct read of one turn to one owner process goes in as few calls
-//! as the kernel's vector limit allows.
-//!
-//! # Why not UCX's cma
-//!
-//! Through UCX each direct read pays a remote-key unpack, a request and a
-//! system call of its own, so a list of a thousand blocks costs several
-//! times one read of the same bytes. The
-//! kernel copies a whole scatter list in one call, so the engine does that
-//! itself for peers that published their process ([`ProcessIdentity`]) and
-//! whose direct lane UCX also reaches (UCX's own reachability check is the
-//! second witness that the peer is on this host).
+//! Through UCX's cma each direct read pays a key unpack, a request and a
+//! system call; the kernel copies a whole scatter list in one call, so the
+//! engine does that itself, every direct read of one turn to one owner in
+//! as few calls as the vector limit allows.
 //!
 //! # Contract
 //!
 //! [`copy_from_process`] runs on the progress thread and returns when every
-//! entry is done: there is no copy in flight afterwards, so an answer sent
-//! after it never hands back a buffer the kernel still writes. Each entry
-//! gets its own outcome. Entries are copied in the owner's address order;
-//! the kernel stops a vectored copy at the first remote byte it cannot read
-//! and reports only the bytes before it; the entries wholly inside those
-//! bytes succeeded, the one it stopped in fails when it is the first of a
+//! entry is done, so no reply is sent while the kernel still writes. Each
+//! entry gets its own outcome. Entries go in the owner's address order; the
+//! kernel stops at the first byte it cannot read, so the entries wholly
+//! before it succeed, the one it stopped in fails if it is the first of its
 //! call (so a half-readable entry cannot make the loop spin), and the rest
 //! are tried again in the next call.
 //!
-//! Every call reads the owner's token first ([`OwnerProcess`],
-//! `owner_process`), one vector on each side. A call that does not read
-//! the token read another process under the owner's pid, or nothing: it and
-//! every entry after it fail as if the owner were gone (`ESRCH`), and the
-//! entries copied by earlier calls keep their outcomes (those calls read the
-//! owner). The kernel does not stop at a wrong token: it copies the rest of
-//! that call out of the other process, so the call's destinations are
-//! zeroed before the failure is returned.
-//!
-//! [`ProcessIdentity`]: crate::engine_address::ProcessIdentity
+//! Every call reads the owner's token first ([`OwnerProcess`]). A call that
+//! does not read it read another process under the owner's pid, or nothing:
+//! its destinations are zeroed (the kernel copied on past the token) and it
+//! and every later entry fail as if the owner were gone (`ESRCH`); earlier
+//! calls keep their outcomes.
 
 use crate::owner_process::{OwnerProcess, TOKEN_LEN};
 
@@ -198,17 +183,12 @@ pub(crate) unsafe fn copy_from_process(
     outcomes
 }
 
-/// Appends `len` bytes at `addr` to `vectors`, merging adjacent ranges.
+/// Appends `len` bytes at `addr` to `vectors`, extending the last vector when
+/// the range starts where it ends.
 ///
-/// Either side's vectors: the last vector is extended when the range starts
-/// where it ends. The kernel reads
-/// the remote vectors and fills the local ones as two independent byte
-/// streams, so merging changes no byte's place and the two sides need not
-/// have the same shape; it only saves per-vector work. On the owner's side
-/// the kernel pins pages once per vector, so a block list read out of one
-/// arena in address order costs one vector, not one per block; on this
-/// side each vector costs a step of the copy (small, but paid per
-/// vector), so blocks written back to back merge too.
+/// The kernel treats each side's vectors as one byte stream, so merging
+/// moves no byte; it saves per-vector work (the owner's pages are pinned
+/// once per vector).
 fn merge_adjacent(vectors: &mut Vec<libc::iovec>, addr: u64, len: usize) {
     if let Some(last) = vectors.last_mut() {
         if (last.iov_base as u64).checked_add(last.iov_len as u64) == Some(addr) {
@@ -519,7 +499,7 @@ mod tests {
     fn a_forked_child_is_never_copied_from_as_its_parent() {
         // A child forked without `exec` holds the parent's memory at the
         // parent's addresses. Should the parent die and the child (or a
-        // later fork of it) land on the parent's pid, a copy aimed at the
+        // later fork of it) get the parent's pid, a copy aimed at the
         // parent must not read it: here the child's pid stands for that.
         let parent = ProcessIdentity::current().expect("procfs is mounted");
         let source: Vec<u8> = (0..256).map(|i| i as u8).collect();
