@@ -30,10 +30,10 @@ impl Provider {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReadPath {
-    /// The owner's engine serves each read itself over tagged messages: it
-    /// checks the key's region id, capability and range against its live
-    /// registrations, and an unmap answers only after the reads it is
-    /// serving from the region ended. The default on `tcp` and `shm`.
+    /// The owner's engine serves each read over tagged messages, checking
+    /// the key against its live registrations; an unmap completes only
+    /// after the reads it serves from the region ended. The default on
+    /// `tcp` and `shm`.
     OwnerServed,
     /// One-sided `fi_read` against the provider's memory keys, for
     /// providers with hardware RMA (`verbs`, `efa`, `cxi`): untested here.
@@ -69,44 +69,36 @@ pub struct OfiConfig {
     /// How long the loop keeps turning (yielding) after its last work before
     /// it parks.
     pub spin_window: Duration,
-    /// The longest the loop sleeps between progress calls. Both tested
-    /// providers progress data only when called (`FI_PROGRESS_MANUAL`), and
-    /// a peer's read of this engine's memory is served by this loop, so this
-    /// bounds how long a parked owner can leave a read waiting when the
-    /// completion queue has no wait descriptor to wake it.
+    /// The longest the loop sleeps between progress calls: how long a
+    /// parked owner can leave a peer's read waiting when the completion
+    /// queue has no wait descriptor (both tested providers progress only
+    /// when called).
     pub park_timeout: Duration,
     /// The deadline of a GET that names none.
     pub default_get_deadline: Duration,
     /// How long teardown waits for GETs in flight before it closes the
     /// endpoint under them.
     pub teardown_timeout: Duration,
-    /// Most replies this engine, as an owner on the owner-served path, keeps
-    /// unfinished for one consumer address: reads it is sending whose bytes
-    /// the consumer has not received yet. Each holds a read lease on its
-    /// region (an unmap waits for it) and a send, so without a bound one
-    /// consumer that asks and never receives grows the owner's memory and
-    /// stalls its unmaps without limit. A valid read beyond it is refused
-    /// as busy: the consumer's caller gets a transient
-    /// [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend) saying so.
-    /// Refusals one address has not received are bounded by the same
-    /// number, separately; past it its requests are dropped unanswered.
-    /// The default, 4096, is four times the deepest window of this
-    /// workspace's own consumers. Must be at least 1.
+    /// Most replies this engine, as an owner on the served path, keeps
+    /// unfinished for one consumer address; must be at least 1.
+    ///
+    /// Each holds a read lease and a send, so without a bound one consumer
+    /// that never receives would grow the owner's memory and stall its
+    /// unmaps. A valid read beyond it is refused as busy (a transient
+    /// [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend)); refusals
+    /// not yet received are bounded by the same number, separately, and
+    /// past it requests are dropped. Default 4096.
     pub max_served_replies_per_peer: u32,
-    /// How long a message to a peer may stay unsendable (the provider
-    /// answering "try again"), with nothing to or from that peer completing
-    /// meanwhile, before the peer is declared unreachable: its
-    /// reads in flight and queued end with an
-    /// [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend) that says
-    /// so, and replies queued for it end (their leases with them). Over
-    /// `tcp;ofi_rxm` a peer whose process died refuses every reconnection,
-    /// and the provider reports nothing else: a posted receive learns
-    /// nothing of the lost connection. While reads from a peer are in
-    /// flight and nothing arrives from it, the engine sends it a small
-    /// probe every 100 ms, so a dead owner is found within about this long
-    /// plus the probe interval. A stopped (not dead) peer keeps its
-    /// connection and is not declared unreachable; its reads end at their
-    /// deadlines. Must be positive.
+    /// How long a message to a peer may stay unsendable, with nothing to or
+    /// from that peer completing, before the peer is declared unreachable;
+    /// must be positive.
+    ///
+    /// Its reads and queued replies then end, the reads with an
+    /// [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend) saying so.
+    /// Over `tcp;ofi_rxm` a dead owner is noticed only this way: the engine
+    /// probes an owner it waits on every 100 ms, and the probe cannot be
+    /// sent. A stopped (not dead) peer keeps its connection; its reads end
+    /// at their deadlines.
     pub unreachable_after: Duration,
     /// The crate's tests shrink the owner's table of consumer addresses
     /// (`progress::MAX_SERVED_PEERS`) to reach its edges with a few peers.

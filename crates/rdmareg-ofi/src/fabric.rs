@@ -1,90 +1,36 @@
 //! The libfabric objects of one engine, and every call into libfabric.
 //!
-//! Only the progress thread holds a [`Fabric`] (it is neither `Send` nor
-//! `Sync`: it holds raw pointers), so the objects are used from one thread,
-//! which is what the `FI_THREAD_DOMAIN` threading level asks for.
+//! Only the progress thread holds a [`Fabric`] (raw pointers make it
+//! neither `Send` nor `Sync`), as `FI_THREAD_DOMAIN` asks.
 //!
-//! # Calling the static inline API
+//! Most of libfabric's API is `static inline`: one indirect call through an
+//! ops table the object carries. This module makes those calls itself
+//! (`(*(*ep).rma).read`) and checks each entry is present, so the build
+//! needs no C compiler; table entries must follow the 1.17 headers.
+//! `struct fi_ops_tagged` is opaque in the bindings, so [`TaggedOps`]
+//! mirrors its leading entries and the table's `size` is checked first.
 //!
-//! Most of libfabric's API is `static inline` in its headers: `fi_domain`,
-//! `fi_endpoint`, `fi_mr_reg`, `fi_read`, `fi_cq_read`, `fi_av_insert` and
-//! `fi_close` are each one indirect call through an ops table the object
-//! carries. The bindings cannot bind them, so this module makes those
-//! indirect calls itself (`(*(*ep).rma).read`), and checks each table entry
-//! is present — a provider may leave an entry it does not support null —
-//! instead of compiling a C shim. That keeps the build free of a C
-//! compiler; the price is that this file must follow the headers of the
-//! minimum version (1.17) when it names a table entry.
+//! # Memory registration
 //!
-//! # Memory registration modes
-//!
-//! The hints offer every `FI_MR_*` mode bit the engine can honour, and the
-//! provider answers with those it needs:
-//! - `FI_MR_LOCAL`: local buffers need a descriptor. Every destination is a
-//!   registered region, and its `fi_mr_desc` is always passed.
-//! - `FI_MR_VIRT_ADDR`: remote addresses are virtual; otherwise they are
-//!   offsets from the registered base. Recorded in the packed key.
-//! - `FI_MR_PROV_KEY`: the provider picks keys; otherwise the engine
-//!   requests the region id, unique for the engine's life, so a stale key
-//!   never names a later registration. Either way `fi_mr_key` is what is
-//!   packed.
-//! - `FI_MR_ALLOCATED`: only allocated memory is registered: the caller's
-//!   promise.
-//! - `FI_MR_ENDPOINT`: a region is bound to the endpoint and enabled after
-//!   registration.
-//!
-//! On the owner-served read path registrations grant `FI_SEND | FI_RECV`
-//! (a region is the source of replies and the destination of reads) and
-//! ask for a random provider key no peer is told; the hints ask for
-//! directed tagged messages (`FI_TAGGED | FI_DIRECTED_RECV`) and no RMA.
-//! On the one-sided path they grant `FI_READ | FI_REMOTE_READ` and the
-//! hints ask for RMA reads. Either way no peer can write this process's
-//! memory through a key it was given.
+//! The hints offer every `FI_MR_*` mode the engine honours (`LOCAL`: every
+//! destination's descriptor is passed; `VIRT_ADDR`: recorded in the key;
+//! `PROV_KEY`: else the engine requests the never-reused region id;
+//! `ALLOCATED`; `ENDPOINT`: regions are bound and enabled). Served
+//! registrations grant `FI_SEND | FI_RECV` under a random key no peer is
+//! told; one-sided ones grant `FI_READ | FI_REMOTE_READ`. No key lets a
+//! peer write this process's memory.
 //!
 //! # Two `shm` engines in one process
 //!
-//! libfabric's `shm` provider (1.17) maps a peer endpoint of the *same
-//! process* by reusing that endpoint's own region pointer (its
-//! `smr_map_to_region` looks the name up in a process-wide endpoint list)
-//! instead of mapping the shared file again; closing the endpoint unmaps
-//! the region. An engine that closed its endpoint while another engine of
-//! the process still had a reply to it in flight crashed that engine's
-//! next `fi_cq_read` (SIGSEGV in `pthread_spin_trylock` on the unmapped
-//! region; the workspace's teardown-mid-GET test over `shm`, every run).
-//! So while another `shm` engine of the process is open, an engine never
-//! closes its endpoint at teardown: the endpoint, its address vector,
-//! completion queue, domain and fabric are *parked* (kept open, used by no
-//! engine of its own any more) and closed when the last `shm` engine of the
-//! process closes — that one first, then the parked ones. Engines in
-//! different processes map each other's files themselves and are not
-//! affected.
-//!
-//! Parking with reads in flight: read from libfabric 1.17's `shm`
-//! (`prov/shm/src/smr_progress.c`, `smr_ep.c`, `prov/util/src/util_shm.c`),
-//! a receive's buffer is written only by the progress of its own endpoint
-//! (`smr_ep_progress`, run when its completion queue is read), never by the
-//! sender; `fi_cancel` takes a receive not yet matched off the queue and
-//! writes its `FI_ECANCELED` completion at once. A sender's message larger
-//! than the inject size completes only once the receiver's progress took it
-//! (`smr_progress_resp` waits on a response the receiver writes), and the
-//! sender's later completions wait behind it in order. `fi_av_remove` does
-//! not help: for a peer of the same process it unmaps nothing and leaves
-//! the stale region pointer in place, and it writes into the peer's region
-//! itself. So teardown cancels each read's receive, answers it once the
-//! cancellation was read, and posts a discard receive for its reply into
-//! scratch memory kept with the parked endpoint; and the open `shm` engines
-//! of the process progress the parked endpoints
-//! ([`Fabric::progress_parked`]), so replies still on their way land there
-//! and their senders' sends complete (an owner's lease with them).
-//!
-//! # Tagged messages
-//!
-//! `struct fi_ops_tagged` is opaque in the bindings, so [`TaggedOps`]
-//! mirrors its leading entries (`size`, `recv`, `recvv`, `recvmsg`,
-//! `send`) from the 1.17 header, and the table's own `size` is checked to
-//! cover them before an entry is called. The completion queue uses
-//! `FI_CQ_FORMAT_TAGGED`, so a receive's completion carries the tag that
-//! matched and the bytes that landed.
+//! libfabric 1.17's `shm` maps a peer endpoint of the same process by
+//! reusing that endpoint's region, which closing the endpoint unmaps, so an
+//! engine never closes its `shm` endpoint at teardown while another `shm`
+//! engine of the process is open: its objects are *parked* and closed when
+//! the last one closes. Open engines progress parked endpoints
+//! ([`Fabric::progress_parked`]) so replies to cancelled reads are written
+//! into their discard receives and their senders' sends complete. Why, and
+//! what it costs: `docs/ofi.md`, "The registry's integration tests over
+//! libfabric".
 
 use std::ffi::{CStr, CString, c_void};
 use std::os::fd::RawFd;
@@ -175,7 +121,7 @@ pub(crate) const ADDR_UNSPEC: u64 = u64::MAX;
 pub(crate) const ADDR_NOTAVAIL: u64 = u64::MAX;
 
 /// `FI_ETRUNC`, the error of a receive a longer message arrived into (its
-/// first bytes landed; the message is consumed).
+/// first bytes were written; the message is consumed).
 pub(crate) const ERR_TRUNCATED: i32 = ffi::FI_ETRUNC as i32;
 
 /// `FI_ENOTCONN`, the error of a send posted on a connection its peer
@@ -236,9 +182,8 @@ pub(crate) struct MemoryRegion {
 #[derive(Debug)]
 pub(crate) enum Completion {
     /// An operation finished; its context pointer, and for a receive the
-    /// bytes that landed, the tag that matched and the sender's
-    /// address-vector entry ([`ADDR_NOTAVAIL`] when the provider does not
-    /// know it: not reported, or a sender not in the address vector).
+    /// bytes written, the tag that matched and the sender's address-vector
+    /// entry ([`ADDR_NOTAVAIL`] when the provider does not know it).
     Done(*mut c_void, usize, u64, u64),
     /// An operation failed; its context pointer and the error text.
     Failed(*mut c_void, i32, String),
@@ -391,13 +336,9 @@ impl Fabric {
     /// whatever was opened is closed again (by `Drop`).
     ///
     /// An `shm` endpoint is opened a second time when enabling the first
-    /// failed as busy. libfabric 1.17 names an endpoint's shared-memory
-    /// region after the process id and takes over a region left by a dead
-    /// process, but it judges "dead" by whether a process with the recorded
-    /// id exists; when the id has been reused by this very process (ids
-    /// wrap at `pid_max`, 32768 by default), it reports `FI_EBUSY` and
-    /// removes the stale region. The second endpoint gets the next name in
-    /// the process, and the stale one is gone.
+    /// failed as busy: libfabric 1.17 names the region after the pid and,
+    /// when this very process reused a dead one's pid, reports `FI_EBUSY`
+    /// and removes the stale region.
     pub(crate) fn open(config: &OfiConfig) -> Result<Fabric, RdmaError> {
         let mut stale_shm_region = false;
         match Fabric::open_once(config, &mut stale_shm_region) {
@@ -569,7 +510,7 @@ impl Fabric {
     ///
     /// # Safety
     /// The range must stay allocated until [`Fabric::deregister`] of the
-    /// result answered `Ok`.
+    /// result returned `Ok`.
     pub(crate) unsafe fn register(
         &mut self,
         ptr: usize,
@@ -577,9 +518,8 @@ impl Fabric {
         requested_key: u64,
     ) -> Result<MemoryRegion, RdmaError> {
         let mut mr: *mut ffi::fid_mr = ptr::null_mut();
-        // Owner-served regions are only ever sent from (as a source) or
-        // received into (as a destination); no peer is given a key the
-        // provider would honour.
+        // Served regions are only sent from or received into; no peer is
+        // given a key the provider would honour.
         let access = match self.read_path {
             ReadPath::OwnerServed => ffi::FI_SEND | ffi::FI_RECV,
             ReadPath::OneSided => ffi::FI_READ | ffi::FI_REMOTE_READ,
@@ -791,11 +731,9 @@ impl Fabric {
                 context,
             )
         };
-        // `shm` answers -FI_ENOMEM, not -FI_EAGAIN, once its pool of posted
-        // receives is used up (measured: a batch of 1000 reads, beside the
-        // request receives); entries come back as receives complete, so it
-        // is the same "later". A read that never gets an entry ends at its
-        // deadline, as any read left unposted.
+        // `shm` returns -FI_ENOMEM, not -FI_EAGAIN, once its pool of posted
+        // receives is used up; entries come back as receives complete, so
+        // it is the same "later".
         if rc == -(ffi::FI_ENOMEM as isize) {
             return Ok(false);
         }
@@ -914,7 +852,7 @@ impl Fabric {
     }
 
     /// Closes the endpoint: from then on the provider touches no buffer of
-    /// an operation posted on it. Answers whether it closed.
+    /// an operation posted on it. Returns whether it closed.
     pub(crate) fn close_endpoint(&mut self) -> bool {
         if self.ep.is_null() {
             return true;
@@ -945,11 +883,9 @@ impl Fabric {
     }
 
     /// The last step of teardown: closes the endpoint, unless it was
-    /// parked ([`park_at_teardown`](Self::park_at_teardown)) or this is a
-    /// `shm` fabric and another `shm` fabric of the process is open, which
-    /// may still reach this endpoint's region (see the module docs). Then
-    /// the endpoint is parked: left open, and closed with the rest of the
-    /// objects when the last `shm` fabric of the process closes.
+    /// parked ([`park_at_teardown`](Self::park_at_teardown)) or another
+    /// `shm` fabric of the process is open (module docs); then it is left
+    /// open and closed when the last `shm` fabric of the process closes.
     pub(crate) fn close_or_park_endpoint(&mut self) -> EndpointEnd {
         if self.ep.is_null() {
             return EndpointEnd::Closed;
@@ -984,10 +920,9 @@ impl Fabric {
         self.shm_counted
     }
 
-    /// Decides, at teardown, that this endpoint will be parked rather than
-    /// closed, because another `shm` fabric of the process is open (see
-    /// the module docs); once decided it stays parked. Answers whether it
-    /// will be.
+    /// Decides at teardown that this endpoint will be parked, because
+    /// another `shm` fabric of the process is open (module docs); once
+    /// decided it stays parked. Returns whether it will be.
     pub(crate) fn park_at_teardown(&mut self) -> bool {
         if self.parked {
             return true;
@@ -1002,11 +937,9 @@ impl Fabric {
         self.parked
     }
 
-    /// Progresses every parked `shm` endpoint of the process once, so the
-    /// messages other engines send it (replies to its cancelled reads,
-    /// which land in its discard receives) are taken and those senders'
-    /// sends complete. Completions are read and dropped: nothing waits for
-    /// them. Called by the loops of the open `shm` engines; answers
+    /// Progresses every parked `shm` endpoint of the process once, so
+    /// replies to its cancelled reads are written into its discard receives
+    /// and their senders' sends complete; completions are dropped. Returns
     /// whether any completion was read.
     pub(crate) fn progress_parked() -> bool {
         if PARKED_COUNT.load(std::sync::atomic::Ordering::Acquire) == 0 {
@@ -1027,7 +960,7 @@ impl Fabric {
 }
 
 /// Reads (and drops) what a completion queue holds, errors included,
-/// progressing its endpoint. Answers whether anything was read.
+/// progressing its endpoint. Returns whether anything was read.
 ///
 /// # Safety
 /// `cq` is null or a live completion queue no other thread uses meanwhile.
@@ -1109,7 +1042,7 @@ impl Drop for Fabric {
     }
 }
 
-/// A posting call's answer: posted, retry later, or failed.
+/// A posting call's result: posted, retry later, or failed.
 fn eagain(rc: isize, what: &str) -> Result<bool, RdmaError> {
     match rc {
         0 => Ok(true),
@@ -1124,11 +1057,10 @@ fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|value| libfabric_true(&value))
 }
 
-/// Whether libfabric 1.17 reads `value` of a boolean parameter as true:
-/// exactly `1`, or `true`, `yes`, `on` in any case, nothing trimmed
-/// (`fi_parse_bool` in `src/var.c`). The engine must agree with the
-/// provider about `FI_AV_REMOVE_CLEANUP`: believing it set when libfabric
-/// does not would count on a connection reset that never comes.
+/// Whether libfabric 1.17 reads `value` of a boolean parameter as true
+/// (`fi_parse_bool`: exactly `1`, or `true`, `yes`, `on` in any case). The
+/// engine must agree with the provider about `FI_AV_REMOVE_CLEANUP`, or it
+/// would count on a connection reset that never comes.
 fn libfabric_true(value: &str) -> bool {
     value == "1"
         || ["true", "yes", "on"]
@@ -1137,11 +1069,9 @@ fn libfabric_true(value: &str) -> bool {
 }
 
 /// Whether the engine asks the provider to name each receive's sender
-/// (`FI_SOURCE`), so an owner can check a request's reply address: on the
-/// owner-served path over `tcp;ofi_rxm`, which names a sender by the
-/// address-vector entry of the address it connected from (see
-/// `docs/ofi.md`). Not on `shm`: there the entry reported for a consumer's
-/// request was measured to be an earlier consumer's of the same process.
+/// (`FI_SOURCE`) so an owner can check a request's reply address: served
+/// reads over `tcp;ofi_rxm` only; on `shm` it named an earlier consumer of
+/// the same process (`docs/ofi.md`).
 fn asks_for_source(config: &OfiConfig) -> bool {
     config.effective_read_path() == ReadPath::OwnerServed && config.provider == Provider::Tcp
 }
@@ -1150,7 +1080,7 @@ fn asks_for_source(config: &OfiConfig) -> bool {
 /// messages (owner-served reads) or RMA reads (one-sided).
 ///
 /// # Safety
-/// Calls into libfabric; the answer must be freed with `fi_freeinfo`.
+/// Calls into libfabric; the result must be freed with `fi_freeinfo`.
 unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
     // SAFETY: fi_dupinfo(NULL) allocates zeroed hints with attribute
     // structs (what fi_allocinfo does); strings set on it are strdup'ed

@@ -1,5 +1,4 @@
-//! The packed remote key of this backend: a versioned layout of our own,
-//! validated in full before any of it is used.
+//! The packed remote key of this backend, validated in full before use.
 //!
 //! # Layout, version 2 (all integers little-endian)
 //!
@@ -15,18 +14,15 @@
 //! | 50 | 2 | `addr_len`: length of the owner's fabric address, 1 to [`MAX_FABRIC_ADDRESS`] |
 //! | 52 | `addr_len` | the owner's fabric address, as `fi_getname` gave it |
 //!
-//! The key is exactly `52 + addr_len` bytes: a shorter or longer one is
-//! malformed, and so is a version-1 key of earlier builds.
+//! The key is exactly `52 + addr_len` bytes; a version-1 key of earlier
+//! builds is malformed.
 //!
 //! An **owner-served** key (flag bit 1) is read by asking the owner's
-//! engine, which checks `region_id` and `capability` against its live
-//! registrations and the range against the registration before it sends a
-//! byte (see `protocol`). A **one-sided** key (bit 1 clear) is read with
-//! `fi_read` using `mr_key`; bit 0 then says whether remote addresses are
-//! virtual addresses or offsets from `base`. `base` and `len` let the
-//! consumer refuse a read outside the registration before anything is
-//! sent. The fabric address ties the key to its owner: a key is used only
-//! against the peer whose recorded address it names.
+//! engine, which checks it before it sends a byte (`protocol`); a
+//! **one-sided** key is read with `fi_read` using `mr_key`. `base` and `len`
+//! let the consumer refuse a read outside the registration before anything
+//! is sent, and a key is used only against the peer whose fabric address it
+//! carries.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use rdmareg_core::RdmaError;

@@ -1,42 +1,26 @@
-//! The owner-served read protocol over tagged messages: what a consumer
-//! asks an owner for, and how the owner's answer is told apart.
+//! The served read protocol over tagged messages: requests and replies.
 //!
-//! # Why owners serve reads themselves
-//!
-//! On the software providers tested here (`tcp;ofi_rxm`, `shm`) a one-sided
-//! `fi_read` already in flight keeps copying out of a region after `fi_close`
-//! of the region returned, and `shm` serves a key of a closed region (see
-//! `docs/ofi.md`). So on those providers the owner's engine serves each read
-//! itself: it checks the request against its live registrations, takes a
-//! read lease on the region, and sends the bytes as one tagged message
-//! straight into the consumer's destination; an unmap answers only once
-//! every lease on the region was released, which happens when the send's
-//! completion (success or error) was read.
+//! On `tcp;ofi_rxm` and `shm` a one-sided `fi_read` keeps copying out of a
+//! region after its `fi_close` returned, so the owner's engine serves each
+//! read itself, holding a read lease until the reply's send completes (see
+//! `docs/ofi.md`, "Owner-served reads").
 //!
 //! # Exchange
 //!
 //! 1. The consumer posts a tagged receive of `length` bytes into its
-//!    destination, directed at the owner's address, with tag
-//!    `request_id` and ignore mask [`REPLY_IGNORE`] — *before* it asks.
+//!    destination, directed at the owner, with tag `request_id` and ignore
+//!    mask [`REPLY_IGNORE`], *before* it asks.
 //! 2. It sends a [`ReadRequest`] with tag [`REQUEST_TAG`].
-//! 3. The owner (which keeps receives posted for [`REQUEST_TAG`]) checks it
-//!    and sends either the `length` bytes with tag `request_id`, or a
-//!    zero-length refusal with tag [`refusal_tag`]`(request_id, reason)`.
-//!    Both match the consumer's receive; the completion's tag tells which.
+//! 3. The owner sends the `length` bytes with tag `request_id`, or a
+//!    zero-length refusal with tag [`refusal_tag`]`(request_id, reason)`;
+//!    the completion's tag tells which.
 //!
-//! Where the provider reports a receive's sender (`FI_SOURCE`), the owner
-//! serves bytes only to the endpoint that sent the request: a request
-//! whose reply address names another endpoint is refused
-//! ([`Refusal::NotTheRequester`], sent to the requester). A sender the
-//! provider cannot name yet — over `tcp;ofi_rxm`, a consumer's first
-//! request, before the owner inserted its address — is answered
-//! [`Refusal::Unverified`] at the reply address, holding no lease, and the
-//! consumer asks again (with the same id), which the provider then names
-//! (a consumer asks again up to three times: an owner that forgot a
-//! consumer it had reached may answer its first ask again the same way).
-//!
-//! Request ids are below 2⁴⁸, so the refusal bit, the reason byte and the
-//! request bit never collide with one.
+//! Where the provider names a receive's sender (`FI_SOURCE`), bytes go only
+//! to the endpoint that sent the request: another reply address is refused
+//! ([`Refusal::NotTheRequester`]), and a sender the provider cannot name yet
+//! gets [`Refusal::Unverified`] with no lease and asks again with the same
+//! id (up to three times). Request ids are below 2⁴⁸, so they never collide
+//! with the refusal bit, the reason byte or the request bit.
 //!
 //! # Request, version 1 (integers little-endian)
 //!
@@ -50,27 +34,19 @@
 //! | 36 | 8 | `address`: the first byte wanted, as an address in the owner |
 //! | 44 | 8 | `length`, non-zero |
 //! | 52 | 2 | `reply_len`: length of the consumer's fabric address, 1 to 256 |
-//! | 54 | `reply_len` | the consumer's fabric address: where the answer goes |
+//! | 54 | `reply_len` | the consumer's fabric address: where the reply goes |
 //!
-//! Decoding never panics and refuses trailing or missing bytes: requests
-//! come from peers.
+//! Decoding never panics and refuses trailing or missing bytes.
 //!
-//! # Gathered lists
+//! # Batched lists
 //!
-//! A batch's small reads of one owner travel as one *list request* of up
-//! to [`MAX_LIST_ENTRIES`] entries, each at most [`GATHER_ENTRY_MAX`]
-//! bytes and together at most [`GATHER_TOTAL_MAX`]. The consumer posts one
-//! receive of [`ListRequest::reply_len`] bytes into scratch memory of its
-//! own (tag `request_id`, as for a single read), then asks. The owner checks
-//! every entry on its own, as it checks a single read, copies the bytes of
-//! each it serves into one reply and sends it: a status byte per entry
-//! (`0` served, else the [`Refusal`] code), then the served entries' bytes
-//! back to back in entry order. The consumer accepts the reply only if its
-//! length is exactly what the statuses and the asked lengths add up to;
-//! only then does it copy each served entry into its destination. A busy
-//! owner refuses the whole list with a zero-length refusal, as a single
-//! read.
-//!
+//! A batch's small reads of one owner go as one *list request* of up to
+//! [`MAX_LIST_ENTRIES`] entries, each at most [`GATHER_ENTRY_MAX`] bytes and
+//! together at most [`GATHER_TOTAL_MAX`], into one receive of
+//! [`ListRequest::reply_len`] bytes of the consumer's scratch memory. The
+//! reply is a status byte per entry (`0` served, else the [`Refusal`] code),
+//! then the served entries' bytes back to back; the consumer uses it only if
+//! its length adds up exactly. A busy owner refuses the whole list.
 //! List request (integers little-endian):
 //!
 //! | offset | size | field |
@@ -85,13 +61,10 @@
 //!
 //! # Probe
 //!
-//! A message of exactly the four bytes [`PROBE`] with tag [`REQUEST_TAG`]
-//! asks nothing: the owner takes it and answers nothing. A consumer sends
-//! one to an owner it waits on and hears nothing from; what it watches is
-//! whether the provider can deliver it at all (over `tcp;ofi_rxm` a dead
-//! owner refuses the reconnection, and the send is never accepted). Its
-//! first byte is not a request version, so an owner that does not know
-//! probes drops it as malformed — also without an answer.
+//! The four bytes [`PROBE`] with tag [`REQUEST_TAG`] ask nothing and get no
+//! reply; a consumer sends one to an owner it hears nothing from, to learn
+//! whether the provider can deliver to it at all. Its first byte is no
+//! request version, so an owner that does not know probes drops it.
 
 use rdmareg_core::RdmaError;
 
@@ -152,13 +125,12 @@ pub enum Refusal {
     /// The registration is being deregistered.
     Deregistering,
     /// The owner already has as many unfinished replies to this consumer
-    /// as it allows (`OfiConfig::max_served_replies_per_peer`); the read
-    /// can be retried once earlier ones were answered.
+    /// as it allows (`OfiConfig::max_served_replies_per_peer`); retry once
+    /// earlier reads completed.
     Busy,
-    /// The provider could not name the request's sender (a sender not yet
-    /// in the owner's address vector, or named by an entry number that may
-    /// also name a peer the owner forgot), so the owner served nothing; it
-    /// now knows the reply address, and the consumer asks again.
+    /// The provider could not name the request's sender (not yet in the
+    /// owner's address vector, or named by an entry number that may name a
+    /// forgotten peer), so nothing was served; the consumer asks again.
     Unverified,
     /// The request came from another endpoint than the one its reply
     /// address names.
@@ -182,7 +154,7 @@ impl Refusal {
 }
 
 impl Refusal {
-    /// The status byte of an entry of a gathered reply refused for this.
+    /// The status byte of an entry of a list reply refused for this.
     pub fn status(self) -> u8 {
         self.code() as u8
     }
@@ -250,8 +222,7 @@ pub struct ListEntry {
     pub length: u64,
 }
 
-/// A consumer's list of small reads of one owner, answered by one
-/// gathered reply.
+/// A consumer's list of small reads of one owner, returned in one reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListRequest {
     /// The consumer's id of this list (the reply's tag).
@@ -351,10 +322,10 @@ impl ListRequest {
     }
 }
 
-/// Reads a gathered reply to a list that asked for `lengths`: for each
-/// entry, where its bytes start in `reply` or why it was refused. `None`
-/// when the reply's length is not exactly what its statuses and `lengths`
-/// add up to: then nothing of it may land.
+/// Reads the reply to a list that asked for `lengths`: for each entry,
+/// where its bytes start in `reply` or why it was refused. `None` when the
+/// reply's length is not exactly what its statuses and `lengths` add up to:
+/// then none of it may be written.
 pub fn parse_gathered(reply: &[u8], lengths: &[u64]) -> Option<Vec<Result<usize, RdmaError>>> {
     let statuses = reply.get(..lengths.len())?;
     let mut at = lengths.len();
@@ -523,7 +494,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gathered_reply_lands_only_when_its_lengths_add_up() {
+    fn a_list_reply_is_used_only_when_its_lengths_add_up() {
         let lengths = [8u64, 16, 32];
         // Entry 1 refused (out of range): 3 statuses + 8 + 32 bytes.
         let mut reply = vec![0, Refusal::OutOfRange.status(), 0];
@@ -551,7 +522,7 @@ mod tests {
         }
 
         #[test]
-        fn a_gathered_reply_of_arbitrary_bytes_never_points_past_its_end(
+        fn a_list_reply_of_arbitrary_bytes_never_points_past_its_end(
             bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
             lengths in proptest::collection::vec(1u64..64, 1..8),
         ) {

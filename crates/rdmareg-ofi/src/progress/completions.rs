@@ -1,13 +1,11 @@
-//! Reading the completion queue: every completion and error the provider
-//! reports, matched to what it ends — a read's reply (landed, refused,
-//! asked again, or failed), a request arrived for this engine to serve, a
-//! send (a reply's lease, a request, a probe), or a cancelled receive given
-//! back.
+//! Reading the completion queue and matching each entry to what it ends.
 //!
-//! This is the only place an op's destination is released by the provider,
-//! so it is where answers become possible: a read is answered from here or
-//! after teardown closed the endpoint, never earlier (see "Answers only
-//! after the provider let go" in the parent module).
+//! An entry ends a read's reply (written, refused, asked again or failed),
+//! brings a request to serve, ends a send (a reply's lease, a request, a
+//! probe), or gives back a cancelled receive. This is the only place the
+//! provider releases an op's destination, so a read completes from here or
+//! after teardown closed the endpoint, never earlier (see the parent
+//! module).
 
 use std::time::Instant;
 
@@ -20,7 +18,7 @@ use crate::protocol::{is_unverified, reply_outcome};
 use super::*;
 
 impl Engine {
-    /// Reads completions and answers what they end.
+    /// Reads completions and completes what they end.
     pub(super) fn reap(&mut self) -> bool {
         let mut completions = std::mem::take(&mut self.completions);
         let mut senders: Vec<Option<Bytes>> = Vec::new();
@@ -81,8 +79,8 @@ impl Engine {
     }
 
     /// The receive (or one-sided read) of the read in `slot` ended: ask
-    /// again or send again where the owner or the connection calls for
-    /// it, else hand the outcome to the consumer machine, which answers.
+    /// again or send again where the owner or the connection calls for it,
+    /// else hand the outcome to the consumer machine.
     fn read_ended(&mut self, slot: usize, result: Result<(usize, u64, u64), (i32, String)>) {
         let served = self.owner_served();
         let Some(op) = self.ops[slot].as_mut() else {
@@ -122,7 +120,7 @@ impl Engine {
                     return;
                 }
                 // Not asked again: past its deadline, or at teardown (the
-                // machine answers `ShuttingDown` then).
+                // machine fails it `ShuttingDown` then).
                 if expired || self.closing {
                     self.land(slot, Err(RdmaError::Timeout));
                     return;

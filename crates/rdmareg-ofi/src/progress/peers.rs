@@ -1,16 +1,13 @@
-//! Peers and their address-vector entries: adding and removing peers,
-//! consumer addresses an owner inserts for its replies (reduced to one
-//! spelling and bounded, forgetting idle ones when the table is full),
-//! naming a request's sender, and what happens to a peer that stops
-//! answering — probes, being declared unreachable, and connection resets.
+//! Peers and their address-vector entries, and peers that stop replying.
 //!
-//! An entry is removed once no peer id, no read and no serving refers to it
-//! (`Engine::release_av`). Where the provider names senders by entry
-//! number, a number removed while connected is remembered as stale: the
-//! provider may still name the old connection by it, and a later insert
-//! reuses it, so a request named by it is not taken for either peer's
-//! (`Engine::sender_of`). See "Dead peers" in the parent module for why
-//! sends are watched.
+//! Covers adding and removing peers, the consumer addresses an owner
+//! inserts for its replies (one spelling each, bounded, idle ones forgotten
+//! when the table is full), naming a request's sender, and probes,
+//! unreachable peers and connection resets. An entry is removed once no
+//! peer id, read or reply refers to it (`Engine::release_av`). Where the
+//! provider names senders by entry number, a number removed while connected
+//! is remembered as stale, because the provider may still name the old
+//! connection by it after a later insert reuses it (`Engine::sender_of`).
 
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
@@ -99,7 +96,7 @@ impl Engine {
         }
     }
 
-    /// `address` is no longer named by a removed number; answers whether
+    /// `address` is no longer named by a removed number; returns whether
     /// it was.
     pub(super) fn unmark_stale(&mut self, address: &Bytes) -> bool {
         let Some(old) = self.stale_addresses.remove(address) else {
@@ -116,10 +113,9 @@ impl Engine {
     }
 
     /// The completions of a batch name some senders by numbers that may
-    /// also name forgotten peers: those requests are answered as unnamed
-    /// ("ask again", at their reply address, without a lease), and the
-    /// forgotten peers are inserted again, which renames their
-    /// connections, so that the requests asked again are named right.
+    /// also name forgotten peers: those requests get "ask again" (no
+    /// lease), and the forgotten peers are inserted again, which renames
+    /// their connections so the requests asked again are named right.
     pub(super) fn rename_stale_senders(&mut self, completions: &[Completion]) {
         let named: Vec<u64> = completions
             .iter()
@@ -179,7 +175,7 @@ impl Engine {
 
     /// Probes peers this engine waits on and hears nothing from, and
     /// declares unreachable those no send could be posted to, and nothing
-    /// completed with, for `unreachable_after`. Answers whether anything
+    /// completed with, for `unreachable_after`. Returns whether anything
     /// happened.
     pub(super) fn watch_peers(&mut self, now: Instant) -> bool {
         if self.owner_served() && self.consumer.in_flight() > 0 {
@@ -236,10 +232,9 @@ impl Engine {
     }
 
     /// Ends everything that waits on a peer no send could reach for
-    /// `waited`: its queued sends (a reply's lease with it), its reads not
-    /// yet posted; its posted reads are cancelled and answer the error once
-    /// the provider reports the cancellation (or at their deadline or
-    /// teardown, if it cannot withdraw them).
+    /// `waited`: its queued sends (a reply's lease with it) and unposted
+    /// reads; its posted reads are cancelled and fail once the provider
+    /// reports the cancellation (or at their deadline or teardown).
     pub(super) fn declare_unreachable(&mut self, fi_addr: u64, waited: Duration) {
         let error = RdmaError::backend(format!(
             "ofi: the peer is unreachable: nothing could be sent to it for {} ms (its process \
@@ -310,7 +305,7 @@ impl Engine {
         Ok(fi_addr)
     }
 
-    /// The address-vector entry to answer a consumer at, inserted on first
+    /// The address-vector entry to reply to a consumer at, inserted on first
     /// use (validated first; bounded by [`MAX_SERVED_PEERS`]).
     pub(super) fn served_peer(&mut self, claimed: &[u8]) -> Option<u64> {
         if let Err(err) = validate_address(self.fabric.address_format, claimed) {
@@ -346,35 +341,22 @@ impl Engine {
         }
     }
 
-    /// Forgets the consumer addresses no reply is unfinished to: their
-    /// entries leave the address vector (those also added as peers, or
-    /// used by this engine's own reads, stay, no longer counted as served).
-    /// Without this, the first [`MAX_SERVED_PEERS`] addresses named in
-    /// requests — made up ones included — would lock every later consumer
-    /// out for the engine's life. A consumer forgotten is inserted again at
-    /// its next request.
+    /// Forgets the consumer addresses no reply is unfinished to (entries
+    /// also used as peers or by this engine's reads stay). Without this, the
+    /// first [`MAX_SERVED_PEERS`] addresses named in requests, made-up ones
+    /// included, would lock every later consumer out.
     ///
-    /// Addresses no send ever completed to are forgotten first, and those
-    /// a send did complete to only if the table is still full: over
-    /// `tcp;ofi_rxm` forgetting a connected consumer disturbs its next
-    /// requests. libfabric 1.17 names a request's sender by the peer record
-    /// of the connection it came on; `fi_av_remove` leaves that record with
-    /// the removed entry's number (it is rewritten only when the address is
-    /// inserted again, `rxm_av_add_peers` in `prov/util/src/rxm_av.c`), so
-    /// once another address takes the number the consumer's requests are
-    /// named as that address's. Such numbers are kept in `stale_numbers`
-    /// and name nobody (see `Engine::rename_stale_senders`). With
-    /// `FI_AV_REMOVE_CLEANUP` set the removal closes the connection
-    /// instead (`rxm_av_remove_handler`), and a request on its way is lost
-    /// with it or, measured, named as a made-up address (the provider finds
-    /// a request's connection by an index in its header, `ofi_idm_at` on
-    /// `conn_id` in `prov/rxm/src/rxm_cq.c`, and a closed connection's
-    /// index is given to later peers): that read answers nothing until its
-    /// deadline; the consumer's next request finds its end of the
-    /// connection closed (`FI_ENOTCONN`) and is sent again on a new one
-    /// (`Engine::resend_on_new_connection`). A made-up address never
-    /// completes a send, so a flood of them is forgotten before any
-    /// consumer that was served.
+    /// Addresses no send ever completed to (made-up ones never do) go
+    /// first, connected consumers only if the table is still full, because
+    /// forgetting one disturbs its next requests over `tcp;ofi_rxm`:
+    /// libfabric 1.17 keeps naming its connection by the removed number
+    /// (`rxm_av_add_peers`), so such numbers are kept in `stale_numbers`
+    /// and name nobody (`Engine::rename_stale_senders`). With
+    /// `FI_AV_REMOVE_CLEANUP` the removal closes the connection instead: a
+    /// request on its way is lost and its read fails at its deadline, and
+    /// the consumer's next request is resent on a new connection
+    /// (`Engine::resend_on_new_connection`). See `docs/ofi.md`, "Hostile
+    /// peers".
     pub(super) fn forget_idle_consumers(&mut self) {
         self.read_ahead_of_forgetting();
         for connected in [false, true] {
@@ -404,17 +386,13 @@ impl Engine {
         }
     }
 
-    /// A read from `fi_addr` is still held past its deadline although its
-    /// cancellation was asked: the provider had matched its receive (over
-    /// `tcp;ofi_rxm`, a rendezvous reply whose sender stopped). libfabric
-    /// 1.17 withdraws a matched receive only with the connection it runs
-    /// on: `fi_av_remove` closes the peer's connection when the process
-    /// runs with `FI_AV_REMOVE_CLEANUP` set (`rxm_av_remove_handler`,
-    /// `prov/rxm/src/rxm_conn.c`), which ends every operation in flight on
-    /// it with an error completion — measured: the read then answers
-    /// `Timeout`. The address is inserted again (the next read connects
-    /// anew); the peer's other reads in flight fail, as on the UCX lane's
-    /// forced close.
+    /// A read from `fi_addr` is held past its deadline although its
+    /// cancellation was asked: the provider matched its receive (over
+    /// `tcp;ofi_rxm`, a stalled rendezvous reply). libfabric 1.17 withdraws
+    /// a matched receive only with its connection, which `fi_av_remove`
+    /// closes when `FI_AV_REMOVE_CLEANUP` is set; the read then fails with
+    /// `Timeout`, the peer's other reads in flight fail, and the next read
+    /// connects anew.
     pub(super) fn reset_connection(&mut self, fi_addr: u64) {
         for op in self.ops.iter_mut().flatten() {
             if op.fi_addr == fi_addr {

@@ -1,11 +1,9 @@
-//! Tagged sends: replies, refusals, read requests and probes, queued in
-//! order per peer when the provider asks to retry (`-FI_EAGAIN`), and what
-//! their completions release (a reply's lease and its place under the
-//! consumer's bound; a failed request's read, or its resend).
+//! Tagged sends: replies, refusals, read requests and probes.
 //!
-//! A request's bytes live in its `SendOp`, and a reply's region keeps its
-//! lease, until the provider reports the send's completion: an unmap never
-//! deregisters bytes the provider is still sending.
+//! Sends are queued in order per peer when the provider asks to retry
+//! (`-FI_EAGAIN`). A request's bytes live in its `SendOp`, and a reply's
+//! region keeps its lease, until the provider reports the send's
+//! completion, so an unmap never deregisters bytes still being sent.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -98,7 +96,7 @@ impl Engine {
     }
 
     /// A send ended: release its lease; a failed request fails its read
-    /// (whose receive is cancelled, and answers when that is reported).
+    /// (whose receive is cancelled, and completes when that is reported).
     pub(super) fn send_done(&mut self, at: usize, result: Result<(), (i32, String)>) {
         let Some(send) = self.sends.remove(&at) else {
             return;
@@ -150,7 +148,7 @@ impl Engine {
                 }
                 if let Some(op) = self.ops[slot].as_mut() {
                     op.request_failed = true;
-                    // (A request that teardown ended answers `ShuttingDown`:
+                    // (A request that teardown ended fails `ShuttingDown`:
                     // the machine's rule.)
                     let error = if code == ERR_NOT_CONNECTED && op.resends_left < RESENDS {
                         RdmaError::backend(format!(
@@ -161,7 +159,7 @@ impl Engine {
                     } else {
                         RdmaError::backend(format!("ofi: sending the read request failed: {text}"))
                     };
-                    // The receive is posted: it answers once given back.
+                    // The receive is posted: it completes once given back.
                     if self.consumer.request_failed(op.read, error) {
                         self.fabric.cancel(read as *mut c_void);
                     }

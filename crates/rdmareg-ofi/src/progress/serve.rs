@@ -1,10 +1,10 @@
-//! Serving reads on the owner-served path: keeping request receives
-//! posted, naming the sender over `tcp;ofi_rxm`, handing each request to
-//! the owner machine (`Engine::owner`) and turning what it asks for into
-//! tagged sends — the region's bytes under a lease, or a typed refusal —
-//! and gathered lists, whose entries the machine judges and this engine
-//! copies into one reply at once (see "Serving reads" in the parent
-//! module).
+//! Serving reads on the owner-served path.
+//!
+//! Keeps request receives posted, names the sender over `tcp;ofi_rxm`,
+//! hands each request to the owner machine (`Engine::owner`) and turns its
+//! actions into tagged sends: the region's bytes under a lease, or a typed
+//! refusal. List entries are judged by the machine and copied into one
+//! reply at once (see "Serving reads" in the parent module).
 
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -91,7 +91,7 @@ impl Engine {
     }
 
     /// A request receive completed: take the request, post the receive
-    /// again, answer the request.
+    /// again, serve the request.
     pub(super) fn request_arrived(
         &mut self,
         at: usize,
@@ -177,12 +177,12 @@ impl Engine {
         self.av.get(&fi_addr).map_or(0, |entry| entry.endpoint)
     }
 
-    /// Performs what the owner machine asks for, in order: a served reply
-    /// is a tagged send of the region's bytes (tag: the request id), a
-    /// refusal a zero-length send whose tag carries the reason, both to
-    /// `reply_at`, the address-vector entry of the consumer just fed to
-    /// the machine (each input yields at most one send); a finished unmap
-    /// deregisters once no read of this engine lands in the region.
+    /// Performs what the owner machine asks for, in order: a reply is a
+    /// tagged send of the region's bytes (tag: the request id), a refusal a
+    /// zero-length send whose tag carries the reason, both to `reply_at`,
+    /// the consumer just fed to the machine (at most one send per input); a
+    /// finished unmap deregisters once no read of this engine writes into
+    /// the region.
     pub(super) fn run_owner_actions(&mut self, reply_at: u64) {
         while let Some(action) = self.owner.poll_action() {
             match action {
@@ -236,11 +236,10 @@ impl Engine {
 
     /// A request whose sender the provider named as another endpoint than
     /// its reply address (`dest`), or could not name (`source` is
-    /// [`ADDR_NOTAVAIL`]): no bytes go out and no lease is taken. A named
-    /// sender is refused [`Refusal::NotTheRequester`]; otherwise the reply
-    /// address, inserted by now, is answered [`Refusal::Unverified`], and
-    /// asks again if it did ask (over `tcp;ofi_rxm` the provider then names
-    /// it). Either refusal counts against its receiver's refusal bound.
+    /// [`ADDR_NOTAVAIL`]): no bytes and no lease. A named sender gets
+    /// [`Refusal::NotTheRequester`]; otherwise the reply address gets
+    /// [`Refusal::Unverified`] and asks again. Either refusal counts against
+    /// its receiver's refusal bound.
     pub(super) fn refuse_unconfirmed(&mut self, request_id: u64, source: u64, dest: u64) {
         self.signals
             .unconfirmed_requests
@@ -262,30 +261,29 @@ impl Engine {
         self.run_owner_actions(to);
     }
 
-    /// Serves a list request: checks each entry as a single read is
-    /// checked, copies the bytes of every entry it serves into one reply
-    /// (so no lease outlives this call) and sends it; refuses the whole
-    /// list as busy past the consumer's bound of gathered replies.
+    /// Serves a list request: checks each entry as a single read, copies
+    /// the bytes of every entry it serves into one reply (so no lease
+    /// outlives this call) and sends it; refuses the whole list as busy past
+    /// the consumer's bound of list replies.
     pub(super) fn serve_list(&mut self, bytes: &[u8]) {
         let Some(list) = ListRequest::decode(bytes) else {
             tracing::debug!(len = bytes.len(), "a malformed list request was dropped");
             return;
         };
         if self.fabric.needs_local_desc() {
-            // A gathered reply would need a registration of its own.
+            // A list reply would need a registration of its own.
             tracing::debug!("a list request was dropped: this provider needs local descriptors");
             return;
         }
         let Some(dest) = self.served_peer(&list.reply_to) else {
             return;
         };
-        let gathered = self.gathered.get(&dest).copied().unwrap_or(0);
-        // Past the total, a consumer with no gathered reply unfinished is
-        // still served one: the total bounds memory (to it plus one reply
-        // per consumer address), and peers that hold replies without
-        // taking them cannot starve the consumers that do take theirs.
-        if gathered >= GATHERED_PER_PEER.min(self.reply_bound)
-            || (gathered > 0 && self.gathered_bytes + list.reply_len() > GATHERED_BYTES_MAX)
+        let unfinished = self.gathered.get(&dest).copied().unwrap_or(0);
+        // Past the total, a consumer with no list reply unfinished is still
+        // served one, so consumers that never take replies cannot starve
+        // those that do.
+        if unfinished >= GATHERED_PER_PEER.min(self.reply_bound)
+            || (unfinished > 0 && self.gathered_bytes + list.reply_len() > GATHERED_BYTES_MAX)
         {
             // Under the consumer's refusal bound, like any refusal.
             let endpoint = self.endpoint_of(dest);
@@ -314,12 +312,11 @@ impl Engine {
                     let len = entry.length as usize;
                     reply.resize(start + len, 0);
                     // SAFETY: `source..source + len` lies inside a live
-                    // registration that is not being unmapped (checked just
-                    // now by the owner machine, and no unmap runs until this
-                    // call returns), whose owner keeps it allocated until an
-                    // unmap of it answers `Ok`; the destination is the `len` bytes just added to
-                    // `reply`. The bytes are copied as the provider copies a
-                    // region it sends from: no reference to them is made.
+                    // registration not being unmapped (checked just now by
+                    // the owner machine; no unmap runs until this returns),
+                    // which its owner keeps allocated until an unmap of it
+                    // returns `Ok`; the destination is the `len` bytes just
+                    // added to `reply`. No reference to the source is made.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
                             source as *const u8,

@@ -1,14 +1,13 @@
-//! Teardown: answer every command still queued `ShuttingDown`, give reads
-//! and reply sends in flight the teardown timeout to end, then end the rest
-//! only once the provider let go of them (by closing the endpoint), and
-//! deregister every region no send still reads.
+//! Teardown: end every read and reply, then deregister what no send reads.
 //!
-//! A `shm` endpoint is parked rather than closed while another `shm`
-//! engine of the process is open (closing it would unmap a region that
-//! engine still uses; see `fabric`): its reads are cancelled and each is
-//! answered once its cancellation was read (`Engine::withdraw_for_parking`).
-//! Replies still being sent from an endpoint that stays open keep their
-//! leases, so their regions stay registered, and teardown says so.
+//! Queued commands fail `ShuttingDown`; reads and reply sends in flight get
+//! the teardown timeout, and the rest end only once the provider let go of
+//! them (by closing the endpoint). A `shm` endpoint is parked instead while
+//! another `shm` engine of the process is open (`fabric`): its reads are
+//! cancelled and each completes once its cancellation was read
+//! (`Engine::withdraw_for_parking`). Replies still being sent from an
+//! endpoint that stays open keep their leases and regions, and teardown
+//! says so.
 
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
@@ -25,9 +24,9 @@ impl Engine {
     pub(super) fn teardown(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
         self.signals.lifecycle.close();
         self.closing = true;
-        // Every read's receive is posted (or queued): none answers before
+        // Every read's receive is posted (or queued): none completes before
         // the provider gives it back, and each ends `ShuttingDown` unless
-        // it lands or its deadline passed.
+        // its bytes arrive or its deadline passed.
         self.consumer.shutdown();
         while let Ok(command) = control.try_recv() {
             self.dispatch_closing(command);
@@ -35,7 +34,7 @@ impl Engine {
         while let Ok(command) = ring.try_recv() {
             self.dispatch_closing(command);
         }
-        // Reads in flight get the teardown timeout to land.
+        // Reads in flight get the teardown timeout to finish.
         let until = Instant::now() + self.settings.teardown_timeout;
         for slot in std::mem::take(&mut self.unposted) {
             self.land(slot, Err(RdmaError::ShuttingDown));
@@ -71,7 +70,7 @@ impl Engine {
             }
         }
         // Every region is unmapped once no reply is sent from it (on a
-        // closed endpoint none is) and no read lands in it.
+        // closed endpoint none is) and no read writes into it.
         self.owner.shutdown();
         if closed {
             self.owner.transport_closed();
@@ -97,7 +96,7 @@ impl Engine {
     }
 
     /// Teardown of an endpoint that may be closed: closes it under the
-    /// reads and sends still in flight, then answers them.
+    /// reads and sends still in flight, then completes them.
     pub(super) fn close_under_the_rest(&mut self) {
         if !self.sends.is_empty() {
             if self.fabric.close_endpoint() {
@@ -126,14 +125,14 @@ impl Engine {
         if self.consumer.in_flight() > 0 {
             if self.fabric.close_endpoint() {
                 // The provider touches no destination of a read on a closed
-                // endpoint: now the rest can be answered (`Timeout` past
-                // their deadline).
+                // endpoint: now the rest can complete (`Timeout` past their
+                // deadline).
                 for slot in 0..self.ops.len() {
                     self.land(slot, Err(RdmaError::ShuttingDown));
                 }
             } else {
                 // The provider may still write these destinations: their
-                // answers (and regions) are kept from safe code for good.
+                // results (and regions) are kept from safe code for good.
                 tracing::error!(
                     reads = self.consumer.in_flight(),
                     "the endpoint did not close; reads in flight stay unanswered and their regions registered"
@@ -148,36 +147,23 @@ impl Engine {
         }
     }
 
-    /// Teardown of a `shm` endpoint that will be parked, not closed, because
-    /// another `shm` engine of the process is open (see `fabric`'s module
-    /// docs: closing it would unmap a region that engine still uses).
+    /// Teardown of a `shm` endpoint that will be parked, not closed,
+    /// because another `shm` engine of the process is open (`fabric`).
     ///
-    /// Read from libfabric 1.17's `shm` (`prov/shm/src/smr_progress.c`,
-    /// `smr_ep.c`): a receive's buffer is written only by its own
-    /// endpoint's progress (`smr_ep_progress`, run by reading its completion
-    /// queue) — inline and inject messages are copied, larger ones pulled
-    /// from the sender with `process_vm_readv`, segmented ones copied out of
-    /// the receiver's own region — never by the sender; `fi_cancel` takes a
-    /// receive not yet matched off the queue and writes its `FI_ECANCELED`
-    /// completion at once; a matched receive ends within the progress call
-    /// that matched it, except a segmented one. So each read's receive is
-    /// cancelled, and it is answered once its cancellation (or completion)
-    /// was read: from then on the provider holds nothing of its destination.
-    /// A discard receive is posted for each, so the reply still on its way
-    /// lands in scratch memory kept with the parked endpoint: a sender's
-    /// message larger than the inject size completes only once the receiver
-    /// took it, and the sender's later completions wait behind it. The
-    /// other `shm` engines of the process progress parked endpoints
-    /// (`Fabric::progress_parked`) so those replies are taken.
+    /// In libfabric 1.17's `shm` a receive's buffer is written only by its
+    /// own endpoint's progress, and `fi_cancel` withdraws an unmatched
+    /// receive at once. So each read's receive is cancelled and the read
+    /// completes once the cancellation (or completion) was read; a discard
+    /// receive is posted for its reply, which the other `shm` engines take
+    /// by progressing parked endpoints, since a sender's large message
+    /// completes only once its receiver took it (`docs/ofi.md`).
     ///
-    /// A read whose receive was matched and does not end within the
-    /// teardown timeout (a segmented transfer) cannot be answered: its
-    /// destination stays registered and the read unanswered. Replies still
-    /// being sent are waited for while they keep completing (at least the
-    /// teardown timeout or [`SENDS_IDLE_MAX`], and that long past the last
-    /// one that did);
-    /// those still unfinished then (a receiver that stopped taking them)
-    /// keep their leases: their sources stay registered.
+    /// A matched receive that does not end within the teardown timeout (a
+    /// segmented transfer) never completes and its destination stays
+    /// registered. Replies being sent are waited for while they keep
+    /// completing (at least the teardown timeout or [`SENDS_IDLE_MAX`], and
+    /// that long past the last); those still unfinished keep their leases
+    /// and sources registered.
     pub(super) fn withdraw_for_parking(&mut self) {
         if self.consumer.in_flight() == 0 && self.sends.is_empty() {
             return;
@@ -199,12 +185,10 @@ impl Engine {
             self.unposted.retain(|&s| s != slot);
             self.land(slot, Err(RdmaError::ShuttingDown));
         }
-        // Replies being sent are waited for too, for as long as they keep
-        // completing: each completes once its receiver took it, and the open
-        // `shm` engines of the process (this one's loop included) progress
-        // receivers that are parked. A reply's completion read after this
-        // endpoint is parked is dropped with its lease, and its region stays
-        // registered for good.
+        // Replies being sent are waited for while they keep completing (the
+        // open `shm` engines progress parked receivers). A completion read
+        // after the endpoint is parked is dropped with its lease, and its
+        // region stays registered for good.
         let least = if self.sends.is_empty() {
             WITHDRAW_MIN
         } else {
