@@ -52,10 +52,8 @@ use crate::packed_key::{PackedKeyFormat, validate_packed_key};
 use crate::progress::vectored::{CopyEntry, copy_from_process};
 use crate::read_protocol::ReadKey;
 
-/// Copies on one thread between two yields of the reads that made them:
-/// a read yielding costs one more poll, so one in this many keeps that
-/// cost small while a loop of reads still lets its executor run timers and
-/// other tasks (Tokio's own budget is 128 operations).
+/// Copies on one thread between two yields: each yield costs one more
+/// poll, so it is rare, yet a loop of copied reads lets its executor run.
 pub(crate) const COPIES_BETWEEN_YIELDS: u32 = 64;
 
 thread_local! {

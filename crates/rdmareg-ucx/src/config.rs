@@ -40,19 +40,14 @@ pub enum Transport {
     /// `UCX_TLS=tcp`. The owner's engine serves each read, so a read
     /// completes only while that engine progresses.
     Tcp,
-    /// Same-host lane: `tcp,cma` with `CMA_MEMORY_INVALIDATE=y`, with peer
-    /// error handling on. Requests, small replies and keepalive go over tcp;
-    /// large replies are pulled with cma (`process_vm_readv`) by the
-    /// consumer's UCX while the owner holds them leased.
+    /// Same-host lane: `tcp,cma` with `CMA_MEMORY_INVALIDATE=y` and peer
+    /// error handling. Requests, small replies and keepalive go over tcp;
+    /// the consumer's UCX pulls large replies with cma while leased.
     SameHost,
-    /// Pure shared memory (`UCX_TLS=posix,cma`: posix shared memory, shared
-    /// through `/proc/<pid>/fd`, for messages and cma for data; never System
-    /// V segments, see the module docs) with peer error handling **off**.
-    ///
-    /// UCX refuses peer error handling on these lanes, so this option gives up
-    /// dead-peer detection: a GET to a peer that died fails with an I/O error
-    /// or runs into its deadline, and endpoint failures are never reported.
-    /// Opt in only where that is acceptable.
+    /// Pure shared memory (`UCX_TLS=posix,cma`, never System V) with peer
+    /// error handling **off**, which UCX refuses on these transports: a GET
+    /// to a dead peer fails with an I/O error or at its deadline, and
+    /// endpoint failures are never reported.
     SharedMemoryNoErrorHandling,
     /// An explicit `UCX_TLS` value, with peer error handling on (and
     /// without System V shared memory, see the module docs).
@@ -97,33 +92,24 @@ pub struct UcxConfig {
     /// Capacity of the bounded command ring between submitters and the
     /// progress thread.
     pub ring_capacity: usize,
-    /// How long the progress loop keeps spinning after its last work
-    /// before it arms the worker and sleeps. Submissions that arrive while it
-    /// spins cost no wake-up.
+    /// How long the progress loop spins after its last work before it
+    /// arms the worker and sleeps; submissions meanwhile cost no wake-up.
     pub spin_window: Duration,
-    /// Longest single sleep of the progress loop: the backstop against a lost
-    /// wake-up.
+    /// Longest single sleep of the progress loop, against a lost wake-up.
     pub park_timeout: Duration,
-    /// Deadline of a GET whose request carries none: only GETs issued on
-    /// the backend directly. A registry attaches its own
-    /// `RdmaConfig::get_deadline` to every GET, which is the one to set (the
-    /// `rdmareg` facade copies it here too).
+    /// Deadline of a GET that carries none (only GETs issued on the backend
+    /// directly: a registry attaches `RdmaConfig::get_deadline` to each).
     pub default_get_deadline: Duration,
-    /// How long teardown waits before it destroys the worker anyway: for
-    /// reads in flight and replies being served to finish (at most three
-    /// quarters of it), then for UCX to release what closing the endpoints
-    /// cancelled.
+    /// How long teardown waits before it destroys the worker anyway (at
+    /// most three quarters for reads and replies to finish, the rest for
+    /// UCX to release what closing the endpoints cancelled).
     pub teardown_timeout: Duration,
-    /// Whether this engine opens the same-host direct-read lane: its
-    /// descriptors then let a consumer on the same host, running as the same
-    /// user, read them one-sided with cma (`process_vm_readv`) instead of
-    /// asking this engine for each read, and its own reads from such owners
-    /// go that way. `None` decides by transport: on for
-    /// [`Transport::Auto`], [`Transport::SameHost`] and
-    /// [`Transport::SharedMemoryNoErrorHandling`], off for [`Transport::Tcp`]
-    /// and [`Transport::Custom`]. See the crate docs ("Lanes") for what the
-    /// owner gives up on that lane: the kernel, not the owner, decides who
-    /// reads.
+    /// Whether this engine opens the same-host direct-read lane, on which
+    /// same-host, same-user peers read its registrations with cma
+    /// (`process_vm_readv`), unchecked by this engine, and it reads theirs.
+    /// `None` opens it on [`Transport::Auto`], [`Transport::SameHost`] and
+    /// [`Transport::SharedMemoryNoErrorHandling`] only. See the crate docs
+    /// ("Lanes").
     pub same_host_direct_reads: Option<bool>,
     /// Most served replies this engine, as an owner, keeps unfinished for
     /// one consumer connection; must be at least 1.
@@ -143,14 +129,10 @@ pub struct UcxConfig {
     /// [`UcxEngine::reads_asked_in_chunks`]: crate::UcxEngine::reads_asked_in_chunks
     /// [`RdmaError::Backend`]: rdmareg_core::RdmaError::Backend
     pub max_served_replies_per_connection: u32,
-    /// CPUs the progress thread runs on. `None` (the default) leaves it to
-    /// the kernel. A lone small read waits on a hand-over between the
-    /// caller, this thread and the owner's at each step, and each costs a
-    /// context switch when the two share a CPU: a service with CPUs to
-    /// spare keeps its callers off the ones named here. Every number must
-    /// be below `CPU_SETSIZE` (1024) and the set not empty; a set of which
-    /// no CPU is online or allowed to the process fails
-    /// [`UcxEngine::start`](crate::UcxEngine::start) with the OS error.
+    /// CPUs the progress thread runs on; `None` (the default) leaves it to
+    /// the kernel (see `affinity`). Every number must be below
+    /// `CPU_SETSIZE` (1024) and the set not empty; a set with no CPU online
+    /// or allowed fails [`UcxEngine::start`](crate::UcxEngine::start).
     pub progress_cpus: Option<Vec<usize>>,
     /// Largest same-host direct read the caller's own thread copies.
     ///
@@ -186,8 +168,8 @@ impl UcxConfig {
     /// The default of [`Self::max_served_replies_per_connection`].
     pub const DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION: u32 = 4096;
 
-    /// The default of [`Self::caller_copy_limit`]: 64 KiB, short enough that
-    /// the maps and unmaps waiting behind a copy wait briefly.
+    /// The default of [`Self::caller_copy_limit`]: 64 KiB, so maps and
+    /// unmaps waiting behind a copy wait briefly.
     pub const DEFAULT_CALLER_COPY_LIMIT: usize = 64 * 1024;
 
     /// The tcp send segment (`UCX_TCP_TX_SEG_SIZE`) an engine uses unless
@@ -283,12 +265,10 @@ impl UcxConfig {
         ))
     }
 
-    /// The UCX key/values of the direct-read context: cma for the reads,
-    /// posix shared memory (shared through `/proc/<pid>/fd`, so only a
-    /// process allowed to ptrace this one can open it) for the lane UCX
-    /// requires beside it. No network transport and no System V segment
-    /// (those are group-accessible): nothing but a same-user process of
-    /// this host reaches it.
+    /// The UCX key/values of the direct-read context: cma for the reads and
+    /// the posix lane UCX requires beside it, shared through
+    /// `/proc/<pid>/fd`; no network and no System V segment, so only a
+    /// same-user process of this host reaches it.
     pub(crate) fn direct_read_settings(
         &self,
         env_sets: impl Fn(&str) -> bool,

@@ -73,20 +73,16 @@ pub struct ProcessIdentity {
     /// 16 random bytes the process drew once: a copy that reads them at
     /// `token_addr` read this process, not a later one under its pid.
     pub token: [u8; 16],
-    /// A thread of the process, in the same pid namespace, that runs as
-    /// long as the engine publishing this identity (its progress thread):
-    /// copies name the process by it, because the process id stops naming
-    /// the address space once the main thread has exited (module docs).
-    /// `None` from a peer that published none (version 2): copies then name
-    /// the process id.
+    /// A thread of the process, in the same pid namespace, that lives as
+    /// long as the publishing engine (its progress thread); copies name the
+    /// process by it (module docs). `None` from a version-2 peer: copies
+    /// then name the process id.
     pub thread: Option<u32>,
 }
 
 impl ProcessIdentity {
-    /// This process; `None` where the kernel does not say which pid
-    /// namespace or boot it runs in, or where `/proc` belongs to another
-    /// pid namespace than this process (its `/proc/<pid>` would then name
-    /// other processes than this process's pids do).
+    /// This process; `None` where the kernel does not say its pid namespace
+    /// or boot, or where `/proc` belongs to another pid namespace.
     pub fn current() -> Option<ProcessIdentity> {
         use std::os::unix::fs::MetadataExt as _;
         let pid = std::process::id();
@@ -154,9 +150,8 @@ pub struct EngineAddress {
     /// system call.
     pub process: Option<ProcessIdentity>,
     /// Where same-host readers find the engine's release table, published
-    /// beside a process identity that names a thread (never without it):
-    /// a direct read counts only while the table says its registration is
-    /// live. A peer whose address has none is read through its owner.
+    /// only beside a process identity that names a thread; without one,
+    /// the engine is read through its owner.
     pub release_table: Option<TableLocation>,
 }
 

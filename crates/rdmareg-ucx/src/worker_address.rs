@@ -292,10 +292,8 @@ impl std::fmt::Display for AddressField {
 
 /// Why a packed worker address was refused.
 ///
-/// Every variant means the bytes are not an address the peer's
-/// `ucp_worker_get_address` produced under this UCX version: a corrupted or
-/// truncated exchange, a peer running a different UCX, or a forgery. The fix
-/// is on the side that sent the address.
+/// Each variant means the bytes are not what the peer's UCX packed: a
+/// corrupted exchange, a different UCX or a forgery, fixed by the sender.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkerAddressError {
