@@ -84,12 +84,33 @@ async fn shutting_down_mid_get_lets_the_owner_finish_answering() {
         Ok(())
     );
 
+    // The warm read's reply may still count at the owner for a moment.
+    let settled_by = Instant::now() + Duration::from_secs(20);
+    while owner.served_replies_in_flight() > 0 {
+        assert!(
+            Instant::now() < settled_by,
+            "the warm read's reply never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
     let get = {
         let cb = cb.clone();
         let request = get_request(OWNER, &desc, &region, 0, None);
         tokio::spawn(async move { cb.get_into_test_memory(request).await })
     };
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Shut down only once the read is in flight: the owner is sending its
+    // reply (or, on a fast machine, it has already completed). A fixed
+    // sleep let a loaded machine shut down before the read left the
+    // consumer's queue, which then fails `ShuttingDown` with nothing read.
+    let in_flight_by = Instant::now() + Duration::from_secs(20);
+    while owner.served_replies_in_flight() == 0 && !get.is_finished() {
+        assert!(
+            Instant::now() < in_flight_by,
+            "the GET never reached the owner"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     consumer.shutdown().await;
     let answer = get.await.unwrap();
     assert!(
