@@ -71,7 +71,7 @@ fn descriptor(backend: &str, addr: u64, len: u64, generation: u64, key: &[u8]) -
 
 /// A key, a request and replies of each status, as the engine encodes them.
 fn read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
-    use rdmareg_ucx::read_protocol::{ReadReply, ReadRequest, RemoteRefusal, ReplyStatus, ServedKey};
+    use rdmareg_ucx::read_protocol::{ReadReply, ReadRequest, Refusal, ReplyStatus, ServedKey};
     let key = ServedKey {
         region_id: 42,
         capability: [0x5A; 16],
@@ -89,7 +89,7 @@ fn read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
     };
     let refused = ReadReply {
         request_id: 7,
-        status: ReplyStatus::Refused(RemoteRefusal::OutOfRange),
+        status: ReplyStatus::Refused(Refusal::OutOfRange),
         length: 0,
     };
     vec![

@@ -36,7 +36,7 @@
 //!   the consumer a send each. The consumer lands each entry by its request
 //!   id, whichever reply brings it.
 //! - The owner refuses an entry beyond those bounds as
-//!   [`RemoteRefusal::Malformed`](crate::read_protocol::RemoteRefusal::Malformed):
+//!   [`Refusal::Malformed`](crate::read_protocol::Refusal::Malformed):
 //!   a consumer that respects them never sees it.
 //! - Each entry carries its own request id, and the reply echoes them: the
 //!   consumer lands an entry only in a read it sent on the endpoint the
@@ -175,7 +175,7 @@ impl ListReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::read_protocol::{RemoteRefusal, ServedKey};
+    use crate::read_protocol::{Refusal, ServedKey};
 
     fn read(request_id: u64, length: u64) -> ReadRequest {
         ReadRequest {
@@ -259,7 +259,7 @@ mod tests {
                 },
                 ListReplyEntry {
                     request_id: 8,
-                    status: ReplyStatus::Refused(RemoteRefusal::OutOfRange),
+                    status: ReplyStatus::Refused(Refusal::OutOfRange),
                     length: 0,
                 },
                 ListReplyEntry {
@@ -279,7 +279,7 @@ mod tests {
         let mut bytes = ListReply {
             entries: vec![ListReplyEntry {
                 request_id: 1,
-                status: ReplyStatus::Refused(RemoteRefusal::RegionUnknown),
+                status: ReplyStatus::Refused(Refusal::RegionUnknown),
                 length: 0,
             }],
         }

@@ -54,17 +54,24 @@
 //! **Reply status codes.** `0` is served; every other code is a refusal
 //! and carries `length = 0`. Codes are only ever added, never reassigned,
 //! and a consumer that receives a code it does not know takes it as a
-//! refusal of a reason it cannot name ([`RemoteRefusal::Unrecognized`]):
+//! refusal of a reason it cannot name ([`Refusal::Unrecognized`]):
 //! an owner of a later release can refuse for a new reason without its
 //! older consumers waiting out their deadlines.
 //!
 //! Decoding never panics and refuses trailing or missing bytes: these come
 //! from peers.
 
-use rdmareg_core::RdmaError;
+use rdmareg_engine::served::Read;
 use rdmareg_engine::served::wire;
-use rdmareg_engine::served::{Read, Refusal};
 use thiserror::Error;
+
+/// The text of the error a read refused as [`Refusal::Busy`] gets.
+pub use rdmareg_engine::served::BUSY_TEXT;
+/// Why an owner refused a read; the engine kit's, which also turns it into
+/// the caller's error (`From<Refusal> for RdmaError`). Refusals this format
+/// has no code for (a libfabric driver's) are sent as
+/// [`Refusal::Malformed`].
+pub use rdmareg_engine::served::Refusal;
 
 /// Active-message id of a read request (consumer → owner).
 pub const READ_REQUEST_AM_ID: u32 = 0x5251;
@@ -144,75 +151,6 @@ impl From<wire::ProtocolError> for ProtocolError {
         }
     }
 }
-
-/// Why an owner refused a read.
-///
-/// Owners check each read against what they have registered *now*, so these
-/// are answers about the descriptor the consumer used. At the consumer they
-/// become the seam's own errors (see the `From` impl), so a caller handles
-/// an owner-served backend exactly like any other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum RemoteRefusal {
-    /// No live registration has that id: it was deregistered, or the
-    /// descriptor comes from an earlier registration of the same memory.
-    #[error("the region is not registered (deregistered, or the descriptor is stale)")]
-    RegionUnknown,
-    /// The registration exists but the key's capability does not match it.
-    #[error("the key's capability does not match the registration")]
-    CapabilityMismatch,
-    /// The range is not inside the registration.
-    #[error("the range lies outside the registration")]
-    OutOfRange,
-    /// The registration is being deregistered; it serves no new reads.
-    #[error("the region is being deregistered")]
-    Deregistering,
-    /// The owner could not parse the request.
-    #[error("the owner could not parse the request")]
-    Malformed,
-    /// The owner already has as many unfinished replies to this consumer
-    /// connection as it allows (`UcxConfig::max_served_replies_per_connection`
-    /// on a UCX owner): replies it sent that the consumer has not taken yet.
-    /// Nothing is wrong with the read; it can be retried once earlier reads
-    /// were answered.
-    #[error(
-        "the owner is busy: it already holds as many unfinished replies to this consumer as it allows"
-    )]
-    Busy,
-    /// A refusal code this build does not know, sent by an owner of a later
-    /// release. Encoded as itself unless it is `0` or an assigned code, which
-    /// encode as [`RemoteRefusal::Malformed`] (a hand-made value cannot
-    /// pass for a served reply or another refusal).
-    #[error("the owner refused the read with code {0}, which this build does not know")]
-    Unrecognized(u8),
-}
-
-impl From<RemoteRefusal> for RdmaError {
-    /// The seam's answer for a refused read: `OutOfRange` for a range the
-    /// registration does not cover, `RegionNotFound` for a registration that
-    /// is gone, going, or was never given to the consumer (a wrong
-    /// capability says nothing more than "not yours"), `InvalidKey` for a
-    /// request the owner could not parse, and `Backend` — transient, so
-    /// [`RdmaError::is_transient`] says a retry may succeed — for a busy
-    /// owner and for a refusal code this build does not know, with the text
-    /// saying which.
-    fn from(refusal: RemoteRefusal) -> RdmaError {
-        match refusal {
-            RemoteRefusal::OutOfRange => RdmaError::OutOfRange,
-            RemoteRefusal::RegionUnknown
-            | RemoteRefusal::CapabilityMismatch
-            | RemoteRefusal::Deregistering => RdmaError::RegionNotFound,
-            RemoteRefusal::Malformed => RdmaError::InvalidKey,
-            RemoteRefusal::Busy => RdmaError::backend(BUSY_TEXT),
-            RemoteRefusal::Unrecognized(code) => RdmaError::backend(format!(
-                "the owner refused the read with code {code}, unknown to this build (the owner runs a later release)"
-            )),
-        }
-    }
-}
-
-/// The text of the error a read refused as [`RemoteRefusal::Busy`] gets.
-pub const BUSY_TEXT: &str = "owner busy: too many of this consumer's reads are in flight at the owner (its per-connection bound of unfinished replies); retry once earlier reads have been answered";
 
 /// A registration's identity as a consumer presents it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,7 +366,7 @@ pub enum ReplyStatus {
     /// The bytes follow as the payload.
     Served,
     /// Refused, and why.
-    Refused(RemoteRefusal),
+    Refused(Refusal),
 }
 
 impl ReplyStatus {
@@ -436,7 +374,7 @@ impl ReplyStatus {
     pub(crate) fn code(self) -> u8 {
         match self {
             ReplyStatus::Served => 0,
-            ReplyStatus::Refused(refusal) => wire::refusal_code(refusal.into()),
+            ReplyStatus::Refused(refusal) => wire::refusal_code(refusal),
         }
     }
 
@@ -444,37 +382,7 @@ impl ReplyStatus {
     pub(crate) fn of(answer: Result<u64, Refusal>) -> (ReplyStatus, u64) {
         match answer {
             Ok(length) => (ReplyStatus::Served, length),
-            Err(refusal) => (ReplyStatus::Refused(refusal.into()), 0),
-        }
-    }
-}
-
-impl From<RemoteRefusal> for Refusal {
-    fn from(refusal: RemoteRefusal) -> Refusal {
-        match refusal {
-            RemoteRefusal::RegionUnknown => Refusal::RegionUnknown,
-            RemoteRefusal::CapabilityMismatch => Refusal::CapabilityMismatch,
-            RemoteRefusal::OutOfRange => Refusal::OutOfRange,
-            RemoteRefusal::Deregistering => Refusal::Deregistering,
-            RemoteRefusal::Malformed => Refusal::Malformed,
-            RemoteRefusal::Busy => Refusal::Busy,
-            RemoteRefusal::Unrecognized(code) => Refusal::Unrecognized(code),
-        }
-    }
-}
-
-impl From<Refusal> for RemoteRefusal {
-    /// The refusals this format has no code for (a libfabric driver's)
-    /// encode as malformed, and so read as malformed here.
-    fn from(refusal: Refusal) -> RemoteRefusal {
-        match refusal {
-            Refusal::RegionUnknown => RemoteRefusal::RegionUnknown,
-            Refusal::CapabilityMismatch => RemoteRefusal::CapabilityMismatch,
-            Refusal::OutOfRange => RemoteRefusal::OutOfRange,
-            Refusal::Deregistering => RemoteRefusal::Deregistering,
-            Refusal::Busy => RemoteRefusal::Busy,
-            Refusal::Unrecognized(code) => RemoteRefusal::Unrecognized(code),
-            _ => RemoteRefusal::Malformed,
+            Err(refusal) => (ReplyStatus::Refused(refusal), 0),
         }
     }
 }
@@ -497,7 +405,7 @@ impl ReadReply {
     }
 
     /// Decodes an untrusted reply. A refusal code this build does not know
-    /// decodes as [`RemoteRefusal::Unrecognized`]; a refusal that claims a
+    /// decodes as [`Refusal::Unrecognized`]; a refusal that claims a
     /// payload is refused.
     pub fn decode(bytes: &[u8]) -> Result<ReadReply, ProtocolError> {
         let reply = wire::Reply::decode(bytes)?;
@@ -543,7 +451,7 @@ mod tests {
 
     /// Highest reply status code this build assigns.
     const LAST_ASSIGNED_STATUS: u8 = 6;
-    /// The status code of [`RemoteRefusal::Malformed`].
+    /// The status code of [`Refusal::Malformed`].
     const MALFORMED_STATUS: u8 = 5;
 
     fn same_host_key() -> SameHostKey {
@@ -679,13 +587,11 @@ mod tests {
             let decoded = ReadReply::decode(&reply).unwrap();
             assert_eq!(
                 decoded.status,
-                ReplyStatus::Refused(RemoteRefusal::Unrecognized(code))
+                ReplyStatus::Refused(Refusal::Unrecognized(code))
             );
             assert_eq!(decoded.request_id, 4);
             // It survives a re-encode as the same code.
             assert_eq!(decoded.encode()[1], code);
-            let err = RdmaError::from(RemoteRefusal::Unrecognized(code));
-            assert!(matches!(&err, RdmaError::Backend(text) if text.contains(&code.to_string())));
         }
     }
 
@@ -714,7 +620,7 @@ mod tests {
         for code in 0..=LAST_ASSIGNED_STATUS {
             let reply = ReadReply {
                 request_id: 1,
-                status: ReplyStatus::Refused(RemoteRefusal::Unrecognized(code)),
+                status: ReplyStatus::Refused(Refusal::Unrecognized(code)),
                 length: 0,
             };
             assert_eq!(reply.encode()[1], MALFORMED_STATUS, "code {code}");
@@ -722,28 +628,25 @@ mod tests {
     }
 
     #[test]
-    fn a_busy_refusal_is_code_six_and_a_transient_backend_error() {
+    fn a_busy_refusal_is_code_six() {
         let reply = ReadReply {
             request_id: 3,
-            status: ReplyStatus::Refused(RemoteRefusal::Busy),
+            status: ReplyStatus::Refused(Refusal::Busy),
             length: 0,
         };
         assert_eq!(reply.encode()[1], 6);
-        let err = RdmaError::from(RemoteRefusal::Busy);
-        assert_eq!(err, RdmaError::backend(BUSY_TEXT));
-        assert!(err.is_transient());
     }
 
     #[test]
     fn every_refusal_survives_the_wire() {
         for refusal in [
-            RemoteRefusal::RegionUnknown,
-            RemoteRefusal::CapabilityMismatch,
-            RemoteRefusal::OutOfRange,
-            RemoteRefusal::Deregistering,
-            RemoteRefusal::Malformed,
-            RemoteRefusal::Busy,
-            RemoteRefusal::Unrecognized(LAST_ASSIGNED_STATUS + 1),
+            Refusal::RegionUnknown,
+            Refusal::CapabilityMismatch,
+            Refusal::OutOfRange,
+            Refusal::Deregistering,
+            Refusal::Malformed,
+            Refusal::Busy,
+            Refusal::Unrecognized(LAST_ASSIGNED_STATUS + 1),
         ] {
             let reply = ReadReply {
                 request_id: 9,

@@ -14,6 +14,7 @@
 //! - [`owner`]: the owner side.
 //! - [`consumer`]: the consumer side: which reply may write a read's
 //!   destination, and when a read completes.
+//! - [`refusal`]: why an owner refused a read, and the caller's error.
 //! - [`wire`]: the UCX engine's request and reply formats, one way to
 //!   feed the owner and send its replies.
 //!
@@ -42,6 +43,7 @@
 
 pub mod consumer;
 pub mod owner;
+pub mod refusal;
 pub mod wire;
 
 #[cfg(test)]
@@ -50,6 +52,7 @@ mod scenarios;
 mod sim;
 
 pub use owner::{
-    Action, EndpointLoad, ListEntryReply, ListLimits, Owner, OwnerConfig, Payload, Read, Refusal,
-    SendId, UnmapStatus,
+    Action, EndpointLoad, ListEntryReply, ListLimits, Owner, OwnerConfig, Payload, Read, SendId,
+    UnmapStatus,
 };
+pub use refusal::{BUSY_TEXT, NOT_THE_REQUESTER_TEXT, Refusal, UNVERIFIED_TEXT};

@@ -105,6 +105,7 @@ use std::hash::Hash;
 use rdmareg_core::RdmaError;
 use rustc_hash::FxHashMap as HashMap;
 
+pub use super::refusal::Refusal;
 use super::wire;
 
 /// A read as a consumer asks it: the fields every backend's request
@@ -121,60 +122,6 @@ pub struct Read {
     pub address: u64,
     /// How many bytes.
     pub length: u64,
-}
-
-/// Why an owner refused a read.
-///
-/// Each backend's wire format gives these its own codes
-/// ([`wire`] has the UCX engine's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Refusal {
-    /// No registration has that id: it was unmapped, or the descriptor is
-    /// of an earlier registration.
-    RegionUnknown,
-    /// The registration exists but the capability does not match it.
-    CapabilityMismatch,
-    /// The range is empty or not inside the registration.
-    OutOfRange,
-    /// The registration is being unmapped; it serves no new reads.
-    Deregistering,
-    /// The request could not be parsed.
-    Malformed,
-    /// The endpoint already has as many unfinished replies as the owner
-    /// allows; nothing is wrong with the read itself.
-    Busy,
-    /// The transport could not confirm that the request came from the
-    /// endpoint the reply would go to; the consumer may ask again. Decided
-    /// by a driver whose transport names senders (libfabric's `FI_SOURCE`)
-    /// and passed to [`Owner::refuse_request`]; never by the owner itself.
-    Unverified,
-    /// The request came from another endpoint than the one the reply
-    /// would go to. Decided by a driver, as [`Refusal::Unverified`].
-    NotTheRequester,
-    /// A refusal code this build does not know (decoded from a peer of a
-    /// later release; never produced by [`Owner`]).
-    Unrecognized(u8),
-}
-
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Refusal::RegionUnknown => f.write_str("the region is not registered"),
-            Refusal::CapabilityMismatch => {
-                f.write_str("the capability does not match the registration")
-            }
-            Refusal::OutOfRange => f.write_str("the range lies outside the registration"),
-            Refusal::Deregistering => f.write_str("the region is being deregistered"),
-            Refusal::Malformed => f.write_str("the request could not be parsed"),
-            Refusal::Busy => f.write_str("the owner is busy with this consumer's replies"),
-            Refusal::Unverified => f.write_str("the owner could not confirm the request's sender"),
-            Refusal::NotTheRequester => {
-                f.write_str("the request came from another endpoint than its reply address")
-            }
-            Refusal::Unrecognized(code) => write!(f, "refused with unknown code {code}"),
-        }
-    }
 }
 
 /// Names one send the owner asked for, until the driver reports its end.

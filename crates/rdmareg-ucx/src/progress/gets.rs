@@ -16,7 +16,7 @@
 //!    (eager), starts a rendezvous receive straight into the destination
 //!    (large replies: UCX pulls them with zero copy where the lane can), or
 //!    turns a refusal into the seam's error for it (`OutOfRange`,
-//!    `RegionNotFound`, `InvalidKey`; see `read_protocol::RemoteRefusal`). A reply whose
+//!    `RegionNotFound`, `InvalidKey`; see `read_protocol::Refusal`). A reply whose
 //!    length is not the requested length is refused before UCX is asked to
 //!    receive it: UCX's release build does not check the destination's size.
 //! 3. **Finished.** The op is answered — by the callback that finished it,

@@ -23,7 +23,7 @@ use rdmareg_ucx::read_list::{
     MAX_LIST_ENTRIES, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
 };
 use rdmareg_ucx::read_protocol::{
-    READ_REPLY_AM_ID, ReadReply, ReadRequest, RemoteRefusal, ReplyStatus, ServedKey,
+    READ_REPLY_AM_ID, ReadReply, ReadRequest, Refusal, ReplyStatus, ServedKey,
 };
 use ucx_sys as sys;
 
@@ -307,7 +307,7 @@ fn a_list_reply_sent_by_rendezvous_lands_nothing_and_answers_every_entry() {
             served(&request.entries[0]),
             ListReplyEntry {
                 request_id: request.entries[1].request_id,
-                status: ReplyStatus::Refused(RemoteRefusal::RegionUnknown),
+                status: ReplyStatus::Refused(Refusal::RegionUnknown),
                 length: 0,
             },
             served(&request.entries[2]),
@@ -530,7 +530,7 @@ fn an_owner_refuses_each_hostile_entry_of_a_maximal_list_on_its_own() {
     for entry in &reply.entries[hostile.len() + bound..] {
         assert_eq!(
             entry.status,
-            ReplyStatus::Refused(RemoteRefusal::Malformed),
+            ReplyStatus::Refused(Refusal::Malformed),
             "past the byte bound"
         );
     }
@@ -676,7 +676,7 @@ fn replies_a_consumer_never_reads_hold_the_unmap_until_that_consumer_is_gone() {
         late_reply
             .entries
             .iter()
-            .all(|e| e.status == ReplyStatus::Refused(RemoteRefusal::Deregistering)),
+            .all(|e| e.status == ReplyStatus::Refused(Refusal::Deregistering)),
         "{late_reply:?}"
     );
     assert!(late_payload.is_empty(), "bytes of a region being unmapped");

@@ -16,8 +16,8 @@ use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use rdmareg_ucx::read_protocol::{
-    BUSY_TEXT, READ_REPLY_AM_ID, READ_REQUEST_AM_ID, ReadReply, ReadRequest, RemoteRefusal,
-    ReplyStatus, ServedKey,
+    BUSY_TEXT, READ_REPLY_AM_ID, READ_REQUEST_AM_ID, ReadReply, ReadRequest, Refusal, ReplyStatus,
+    ServedKey,
 };
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
 use ucx_sys as sys;
@@ -755,7 +755,7 @@ fn held_replies(r: &Raw) -> usize {
 }
 
 /// Replies `r` received refused as `refusal`.
-fn refused_as(r: &Raw, refusal: RemoteRefusal) -> usize {
+fn refused_as(r: &Raw, refusal: Refusal) -> usize {
     r.messages(READ_REPLY_AM_ID)
         .iter()
         .filter(|m| {
@@ -821,7 +821,7 @@ fn one_consumer_cannot_hold_an_unbounded_number_of_served_replies_open() {
     // Large enough that UCX sends every reply by rendezvous over tcp.
     request_many(&r, ep, key, &buf, 8 << 20, asked);
     let held = held_replies(&r);
-    let busy = refused_as(&r, RemoteRefusal::Busy);
+    let busy = refused_as(&r, Refusal::Busy);
     let in_flight = owner.served_replies_in_flight();
     let resident_growth = resident_kib().saturating_sub(resident_before);
     eprintln!(
@@ -870,7 +870,7 @@ fn a_busy_or_unknown_refusal_reaches_the_caller_as_a_typed_error() {
         let started = Instant::now();
         let mut reply = ReadReply {
             request_id: req.request_id,
-            status: ReplyStatus::Refused(RemoteRefusal::Busy),
+            status: ReplyStatus::Refused(Refusal::Busy),
             length: 0,
         }
         .encode();
@@ -985,7 +985,7 @@ fn the_bound_frees_up_once_the_consumer_takes_its_replies() {
     let ep = r.connect(&owner.worker_address());
     request_ids(&r, ep, key, &buf, 8 << 20, 1..=5);
     let held_at_bound = held_replies(&r);
-    let busy_at_bound = refused_as(&r, RemoteRefusal::Busy);
+    let busy_at_bound = refused_as(&r, Refusal::Busy);
     let in_flight_at_bound = owner.served_replies_in_flight();
     let released = r.release_held();
     let drained = wait_until(Some(&r), Duration::from_secs(5), || {
@@ -993,7 +993,7 @@ fn the_bound_frees_up_once_the_consumer_takes_its_replies() {
     });
     request_ids(&r, ep, key, &buf, 8 << 20, 6..=9);
     let held_again = held_replies(&r);
-    let busy_again = refused_as(&r, RemoteRefusal::Busy);
+    let busy_again = refused_as(&r, Refusal::Busy);
     eprintln!(
         "at the bound: held {held_at_bound}, busy {busy_at_bound}, owner count {in_flight_at_bound}; \
          released {released}; drained {drained}; after: held {held_again}, busy {busy_again}"
@@ -1079,7 +1079,7 @@ fn counts_are_released_when_the_consumers_endpoint_dies() {
         let ep = r.connect_mode(&owner.worker_address(), peer_errors);
         request_ids(&r, ep, key, &buf, 8 << 20, 1..=4);
         let counted = owner.served_replies_in_flight();
-        let busy = refused_as(&r, RemoteRefusal::Busy);
+        let busy = refused_as(&r, Refusal::Busy);
         drop(r);
         let released = wait_until(None, Duration::from_secs(8), || {
             owner.served_replies_in_flight() == 0
@@ -1379,7 +1379,7 @@ fn gathered_entries_count_against_the_connections_bound() {
     for entry in &reply.entries {
         assert_eq!(
             entry.status,
-            ReplyStatus::Refused(RemoteRefusal::Busy),
+            ReplyStatus::Refused(Refusal::Busy),
             "{entry:?}"
         );
     }

@@ -19,7 +19,7 @@ use rdmareg_ucx::read_list::{
     READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
 };
 use rdmareg_ucx::read_protocol::{
-    READ_REPLY_AM_ID, READ_REQUEST_AM_ID, ReadRequest, RemoteRefusal, ReplyStatus, ServedKey,
+    READ_REPLY_AM_ID, READ_REQUEST_AM_ID, ReadRequest, Refusal, ReplyStatus, ServedKey,
 };
 use rdmareg_ucx::{Transport, UcxEngine};
 use ucx_sys as sys;
@@ -126,7 +126,7 @@ fn small_reads_of_one_owner_travel_as_one_list_and_are_answered_per_entry() {
             served(&request.entries[0]),
             ListReplyEntry {
                 request_id: request.entries[1].request_id,
-                status: ReplyStatus::Refused(RemoteRefusal::OutOfRange),
+                status: ReplyStatus::Refused(Refusal::OutOfRange),
                 length: 0,
             },
             served(&request.entries[2]),
@@ -278,13 +278,9 @@ fn an_owner_answers_each_entry_of_a_list_on_its_own_in_one_eager_reply() {
         statuses,
         vec![
             (10, ReplyStatus::Served, 200),
-            (
-                11,
-                ReplyStatus::Refused(RemoteRefusal::CapabilityMismatch),
-                0
-            ),
-            (12, ReplyStatus::Refused(RemoteRefusal::OutOfRange), 0),
-            (13, ReplyStatus::Refused(RemoteRefusal::Malformed), 0),
+            (11, ReplyStatus::Refused(Refusal::CapabilityMismatch), 0),
+            (12, ReplyStatus::Refused(Refusal::OutOfRange), 0),
+            (13, ReplyStatus::Refused(Refusal::Malformed), 0),
             (14, ReplyStatus::Served, 16),
         ]
     );

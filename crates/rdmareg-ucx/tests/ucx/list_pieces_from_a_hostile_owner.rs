@@ -37,7 +37,7 @@ use rdmareg_ucx::read_list::{
     ListReply, ListReplyEntry, ListRequest, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
 };
 use rdmareg_ucx::read_protocol::{
-    READ_REQUEST_AM_ID, ReadRequest, RemoteRefusal, ReplyStatus, ServedKey,
+    READ_REQUEST_AM_ID, ReadRequest, Refusal, ReplyStatus, ServedKey,
 };
 use ucx_sys as sys;
 
@@ -403,11 +403,8 @@ fn refused_or_missized_pieces_fail_only_their_own_read() {
         };
         (entry, Vec::new())
     };
-    let mut parts = vec![
-        list.own(0, 0),
-        refused(&list, 0, 1, RemoteRefusal::OutOfRange),
-    ];
-    parts.push(refused(&list, 2, 0, RemoteRefusal::RegionUnknown));
+    let mut parts = vec![list.own(0, 0), refused(&list, 0, 1, Refusal::OutOfRange)];
+    parts.push(refused(&list, 2, 0, Refusal::RegionUnknown));
     parts.push(list.own(2, 1));
     parts.push(list.own(4, 0));
     let (piece, at) = list.piece(4, 1);

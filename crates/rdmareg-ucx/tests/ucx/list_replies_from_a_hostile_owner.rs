@@ -31,7 +31,7 @@ use rdmareg_ucx::read_list::{
     ListReply, ListReplyEntry, ListRequest, MAX_LIST_ENTRIES, READ_LIST_REPLY_AM_ID,
     READ_LIST_REQUEST_AM_ID,
 };
-use rdmareg_ucx::read_protocol::{ReadRequest, RemoteRefusal, ReplyStatus, ServedKey};
+use rdmareg_ucx::read_protocol::{ReadRequest, Refusal, ReplyStatus, ServedKey};
 use ucx_sys as sys;
 
 const RAW_OWNER: PeerId = PeerId(1);
@@ -286,7 +286,7 @@ fn entries_naming_ids_never_asked_land_nothing_and_shift_no_real_entry() {
         // A refused stranger, too.
         entries.push(ListReplyEntry {
             request_id: highest + 7,
-            status: ReplyStatus::Refused(RemoteRefusal::RegionUnknown),
+            status: ReplyStatus::Refused(Refusal::RegionUnknown),
             length: 0,
         });
         list.reply(entries, &payload);

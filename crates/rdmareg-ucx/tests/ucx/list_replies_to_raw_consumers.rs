@@ -38,7 +38,7 @@ use rdmareg_core::BackendRegion;
 use rdmareg_ucx::read_list::{
     ListReply, ListRequest, MAX_LIST_ENTRIES, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
 };
-use rdmareg_ucx::read_protocol::{ReadRequest, RemoteRefusal, ReplyStatus, ServedKey};
+use rdmareg_ucx::read_protocol::{ReadRequest, Refusal, ReplyStatus, ServedKey};
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
 use ucx_sys as sys;
 
@@ -333,20 +333,20 @@ fn a_list_mixing_stale_forged_empty_and_live_entries_refuses_each_bad_one_on_its
         let refusal = match i % 7 {
             1 => {
                 entry.length = 0;
-                Some(RemoteRefusal::OutOfRange)
+                Some(Refusal::OutOfRange)
             }
             3 => {
                 entry.key = stale_key;
                 entry.address = stale_buf.addr() as u64;
-                Some(RemoteRefusal::RegionUnknown)
+                Some(Refusal::RegionUnknown)
             }
             4 => {
                 entry.key = forged;
-                Some(RemoteRefusal::CapabilityMismatch)
+                Some(Refusal::CapabilityMismatch)
             }
             6 => {
                 entry.address = end - entry.length + 1;
-                Some(RemoteRefusal::OutOfRange)
+                Some(Refusal::OutOfRange)
             }
             _ => None,
         };
@@ -361,8 +361,8 @@ fn a_list_mixing_stale_forged_empty_and_live_entries_refuses_each_bad_one_on_its
         // A capability mismatch may be reported as an unknown region: both
         // say "not yours".
         let fits = got == want
-            || (*want == ReplyStatus::Refused(RemoteRefusal::CapabilityMismatch)
-                && *got == ReplyStatus::Refused(RemoteRefusal::RegionUnknown));
+            || (*want == ReplyStatus::Refused(Refusal::CapabilityMismatch)
+                && *got == ReplyStatus::Refused(Refusal::RegionUnknown));
         assert!(fits, "entry {i}: {got:?}, expected {want:?}");
     }
     scene.end("mixed entries");

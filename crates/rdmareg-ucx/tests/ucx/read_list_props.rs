@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use rdmareg_ucx::read_list::{
     ListReply, ListReplyEntry, ListRequest, MAX_LIST_ENTRIES, REPLY_ENTRY_LEN, REQUEST_ENTRY_LEN,
 };
-use rdmareg_ucx::read_protocol::{ReadRequest, RemoteRefusal, ReplyStatus, ServedKey};
+use rdmareg_ucx::read_protocol::{ReadRequest, Refusal, ReplyStatus, ServedKey};
 
 fn read_request() -> impl Strategy<Value = ReadRequest> {
     (
@@ -32,15 +32,15 @@ fn read_request() -> impl Strategy<Value = ReadRequest> {
 fn reply_entry() -> impl Strategy<Value = ListReplyEntry> {
     let status = prop_oneof![
         Just(ReplyStatus::Served),
-        Just(ReplyStatus::Refused(RemoteRefusal::RegionUnknown)),
-        Just(ReplyStatus::Refused(RemoteRefusal::CapabilityMismatch)),
-        Just(ReplyStatus::Refused(RemoteRefusal::OutOfRange)),
-        Just(ReplyStatus::Refused(RemoteRefusal::Deregistering)),
-        Just(ReplyStatus::Refused(RemoteRefusal::Malformed)),
-        Just(ReplyStatus::Refused(RemoteRefusal::Busy)),
+        Just(ReplyStatus::Refused(Refusal::RegionUnknown)),
+        Just(ReplyStatus::Refused(Refusal::CapabilityMismatch)),
+        Just(ReplyStatus::Refused(Refusal::OutOfRange)),
+        Just(ReplyStatus::Refused(Refusal::Deregistering)),
+        Just(ReplyStatus::Refused(Refusal::Malformed)),
+        Just(ReplyStatus::Refused(Refusal::Busy)),
         // Codes a later release may assign: they decode typed and re-encode
         // unchanged.
-        (7u8..=255).prop_map(|code| ReplyStatus::Refused(RemoteRefusal::Unrecognized(code))),
+        (7u8..=255).prop_map(|code| ReplyStatus::Refused(Refusal::Unrecognized(code))),
     ];
     (any::<u64>(), status, any::<u64>()).prop_map(|(request_id, status, length)| ListReplyEntry {
         request_id,
