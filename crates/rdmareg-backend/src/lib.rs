@@ -16,7 +16,6 @@ pub mod loopback;
 pub mod own_process;
 
 pub use backend::RdmaBackend;
-/// The system page size: what contract point 7's page-enclosing ranges are
-/// rounded to.
+/// The system page size, to which contract point 7 rounds.
 pub use loopback::page_size;
 pub use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};

@@ -1,11 +1,8 @@
 //! Running one test in a process of its own.
 //!
-//! A test that measures the whole process (its threads, resident memory,
-//! open file descriptors) is wrong whenever another test of the same binary
-//! runs beside it, which is what `cargo test` does. cargo-nextest already
-//! runs every test in its own process; under any other runner
-//! [`in_own_process`] starts the test binary again, filtered to the calling
-//! test alone, and the child runs the body.
+//! A test that measures the whole process (threads, memory, descriptors) is
+//! wrong beside other tests of its binary, as `cargo test` runs them;
+//! [`in_own_process`] re-runs the binary filtered to the one test.
 
 use std::process::Command;
 
@@ -16,17 +13,12 @@ const CHILD_VARIABLE: &str = "RDMAREG_OWN_PROCESS_TEST";
 const QUOTED_TAIL: usize = 4000;
 
 /// Runs `body`, the whole of a `#[test]`, in a process that runs no other
-/// test.
-///
-/// Under cargo-nextest, or in the child, `body` runs here; otherwise the
-/// test binary is started again, filtered to exactly this test with one
-/// test thread, and its outcome becomes this test's. The test is named by
-/// its thread: the test harness runs each test on a thread named after it.
+/// test: here under cargo-nextest or in the child, else in a child started
+/// for this test, named by its thread.
 ///
 /// # Panics
-/// If called outside a test's thread, or if the child cannot be started,
-/// did not run exactly this test, or failed; the message quotes the end of
-/// its output.
+/// Outside a test's thread, or if the child cannot be started, did not run
+/// exactly this test, or failed; the message quotes its output's end.
 pub fn in_own_process(body: impl FnOnce()) {
     let current = std::thread::current();
     let filter = match current.name() {
@@ -51,14 +43,13 @@ pub fn is_child_for(filter: &str) -> bool {
     std::env::var(CHILD_VARIABLE).as_deref() == Ok(filter)
 }
 
-/// Starts the test binary again, filtered to exactly the test `filter`
-/// (its path without the crate name) with one test thread, telling the
-/// child it is that test's child ([`is_child_for`]); the child's outcome
+/// Starts the test binary again, filtered to exactly the test `filter` with
+/// one test thread, as its child ([`is_child_for`]); the child's outcome
 /// becomes the caller's.
 ///
 /// # Panics
 /// If the child cannot be started, did not run exactly that test, or
-/// failed (a panic or an abort); the message quotes the end of its output.
+/// failed; the message quotes the end of its output.
 pub fn run_in_child(filter: &str) {
     let exe = std::env::current_exe().expect("the test binary's path");
     let output = Command::new(exe)

@@ -1,8 +1,4 @@
 //! Checks of `get_batch` and `get_shared_batch` (contract point 9).
-//!
-//! A batch returns one result per request, in order, each exactly what the
-//! request alone would return, dropping it stops no transfer, and a shared
-//! batch completes each post as a fresh batch would.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,15 +25,12 @@ const BATCH_BUFFER: usize = 1 << 20;
 /// Transfer size of the dropped-batch check.
 const LARGE: usize = 4 << 20;
 
-/// A batch writes every entry where it belongs and returns `Ok` for each.
-///
-/// The batch holds GETs of different sizes and offsets into one
-/// destination; the results come in order, nothing between the entries is
-/// touched, and an empty batch returns an empty list.
+/// A batch writes every entry where it belongs and returns `Ok` for each,
+/// in order, touching nothing between entries; an empty batch returns an
+/// empty list.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn a_batch_writes_every_entry_and_returns_each_in_order(pair: &BackendPair) {
     assert_eq!(
         kit_get_batch(&*pair.consumer, Vec::new()).await,
@@ -77,16 +70,13 @@ pub async fn a_batch_writes_every_entry_and_returns_each_in_order(pair: &Backend
 
 /// A shared batch completes every post as a fresh batch would.
 ///
-/// Posted again and again, it behaves as a fresh batch of the same
-/// requests: all three posts write every entry (the
-/// destinations refilled in between) and return `Ok`; once one of its two
+/// Three posts write every entry and return `Ok`; once one of its two
 /// destinations is unmapped, the next post refuses that destination's
-/// entries with `RegionNotFound`, writes nothing into its memory, and still
-/// writes the other entries.
+/// entries with `RegionNotFound`, writes nothing there, and still writes
+/// the others.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn a_shared_batch_completes_every_post_as_a_fresh_one_would(pair: &BackendPair) {
     let src = Mapped::filled(&*pair.owner, BATCH_BUFFER, source_byte).await;
     let first = Mapped::filled(&*pair.consumer, BATCH_BUFFER, |_| FILL).await;
@@ -179,8 +169,7 @@ pub async fn a_shared_batch_completes_every_post_as_a_fresh_one_would(pair: &Bac
 /// `NotConfigured` — and the good entries around them are still written.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn a_batch_fails_each_entry_with_its_own_error(pair: &BackendPair) {
     let src = Mapped::filled(&*pair.owner, 8192, source_byte).await;
     let dst = Mapped::filled(&*pair.consumer, 8192, |_| FILL).await;
@@ -224,16 +213,12 @@ pub async fn a_batch_fails_each_entry_with_its_own_error(pair: &BackendPair) {
     src.release(&*pair.owner).await;
 }
 
-/// A dropped batch keeps its destinations until its transfers are over.
-///
-/// Submit a batch of large GETs into two destinations and drop its future:
-/// an unmap of either destination returns `Ok(())` only once the transfers
-/// into it are over — from then on its bytes do not change, and each is
-/// either untouched or the right source byte.
+/// A dropped batch keeps its destinations until its transfers are over:
+/// after an unmap of either returns `Ok(())`, its bytes do not change, and
+/// each is untouched or the right source byte.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over(
     pair: &BackendPair,
 ) {

@@ -1,13 +1,8 @@
 //! Memory the kit registers, and the rule that it is never freed while a
 //! backend may still hold it.
-//!
-//! A [`KitBuffer`] is a heap allocation reached only through its raw pointer
-//! (no Rust reference aliases memory a backend may write). It is freed on drop
-//! only when the kit knows nothing registers it: a map that failed, a
-//! cancelled map whose rollback the backend's own count confirmed, or an unmap
-//! that returned `Ok(())`. In every other case — a failed unmap, a panicking
-//! check — it is leaked deliberately, because freeing pinned memory is the
-//! very bug the contract exists to prevent.
+//! A [`KitBuffer`] is reached only through its raw pointer, and freed only
+//! when nothing registers it (failed map, confirmed rollback, `Ok` unmap);
+//! otherwise, a failed unmap or a panicking check, it is leaked on purpose.
 
 use rdmareg_core::{BackendRegion, RdmaError};
 
@@ -49,11 +44,8 @@ impl KitBuffer {
         self.len
     }
 
-    /// A copy of the current contents.
-    ///
-    /// Callers take it only when no transfer into the buffer can be running
-    /// (the last GET resolved, or an unmap of its region returned `Ok`), or to
-    /// check that none is.
+    /// A copy of the current contents, taken when no transfer into it can
+    /// run, or to check that none does.
     pub(crate) fn snapshot(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.len];
         // SAFETY: `base` points to `len` initialised bytes owned by this buffer
@@ -63,11 +55,8 @@ impl KitBuffer {
         out
     }
 
-    /// Sets every byte to `value`.
-    ///
-    /// Callers do it only once every transfer into the buffer has completed:
-    /// by contract point 8 it is theirs again then (what the check calling
-    /// this tests).
+    /// Sets every byte to `value`, once every transfer into it completed
+    /// (contract point 8).
     pub(crate) fn overwrite(&self, value: u8) {
         // SAFETY: `base` points to `len` bytes owned by this buffer; no
         // Rust reference to them exists (snapshots copy out).

@@ -25,8 +25,7 @@ const SHAPES: [(usize, usize, usize, usize, usize); 7] = [
 /// nothing else of the destination.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn get_moves_the_right_bytes(pair: &BackendPair) {
     for (src_len, dst_len, remote_off, local_off, len) in SHAPES {
         let src = Mapped::filled(&*pair.owner, src_len, source_byte).await;
@@ -52,8 +51,7 @@ pub async fn get_moves_the_right_bytes(pair: &BackendPair) {
 /// that overflows are `OutOfRange`; the destination is untouched.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn get_outside_the_local_mapping_is_out_of_range(pair: &BackendPair) {
     let src = Mapped::filled(&*pair.owner, 4096, source_byte).await;
     // 100 bytes: the pinned page extends past the mapped length.
@@ -85,8 +83,7 @@ pub async fn get_outside_the_local_mapping_is_out_of_range(pair: &BackendPair) {
 /// backend to read outside a registration).
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn get_outside_the_remote_registration_is_out_of_range(pair: &BackendPair) {
     if !pair.capabilities.remote_bounds_enforced {
         tracing::info!("remote bounds are not enforced by this backend: check skipped");
@@ -120,8 +117,7 @@ pub async fn get_outside_the_remote_registration_is_out_of_range(pair: &BackendP
 /// already unmapped — is `RegionNotFound`.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn get_into_an_unknown_local_region_is_region_not_found(pair: &BackendPair) {
     let src = Mapped::filled(&*pair.owner, 4096, source_byte).await;
     let dst = Mapped::filled(&*pair.consumer, 4096, |_| FILL).await;
@@ -149,8 +145,7 @@ pub async fn get_into_an_unknown_local_region_is_region_not_found(pair: &Backend
 /// A GET naming a peer the consumer was never told about is `NotConfigured`.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn get_from_an_unknown_peer_is_not_configured(pair: &BackendPair) {
     let src = Mapped::filled(&*pair.owner, 4096, source_byte).await;
     let dst = Mapped::filled(&*pair.consumer, 4096, |_| FILL).await;

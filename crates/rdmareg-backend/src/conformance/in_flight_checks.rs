@@ -1,12 +1,8 @@
 //! Checks of GETs in flight against unmaps of their destination.
 //!
-//! Contract point 4: a submitted unmap refuses new GETs, waits for the transfer
-//! that is already running, and once it returns `Ok(())` nothing writes into
-//! the memory any more — whether or not anyone still awaits the GET.
-//!
-//! These checks need no fault injection: they use transfers large enough to
-//! be in flight when the unmap is submitted on a real transport, and assert
-//! what must hold however the race falls.
+//! Contract point 4: a submitted unmap refuses new GETs, waits for the one
+//! running, and after `Ok(())` nothing writes the memory. Transfers are
+//! large enough to be in flight; the checks hold however the race falls.
 
 use std::sync::Arc;
 use std::task::Poll;
@@ -24,16 +20,12 @@ const LARGE: usize = 8 << 20;
 /// How long the destination is watched for late writes after its unmap.
 const WATCH_FOR_LATE_WRITES: Duration = Duration::from_millis(50);
 
-/// An unmapping destination refuses new GETs and waits for the one in flight.
-///
-/// Submit a large GET, then an unmap of its destination: a new GET into that
-/// destination is refused with `RegionNotFound`, the first GET completes with
-/// the right bytes, and when the unmap returns `Ok(())` every byte has
-/// already been written.
+/// An unmapping destination refuses new GETs (`RegionNotFound`) and waits
+/// for the one in flight, which completes with the right bytes before the
+/// unmap returns `Ok(())`.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight(
     pair: &BackendPair,
 ) {
@@ -88,15 +80,12 @@ pub async fn unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_fli
     src.release(&*pair.owner).await;
 }
 
-/// A dropped GET keeps its destination until its transfer is over.
-///
-/// Submit a large GET and drop its future; an unmap of the destination
-/// returns `Ok(())` only once the transfer is over: from then on the bytes do
-/// not change, and each is either untouched or the right source byte.
+/// A dropped GET keeps its destination until its transfer is over: after
+/// the unmap returns `Ok(())` the bytes do not change, and each is
+/// untouched or the right source byte.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn dropped_get_keeps_the_destination_until_the_transfer_is_over(pair: &BackendPair) {
     let src = Mapped::filled(&*pair.owner, LARGE, source_byte).await;
     let dst = Mapped::filled(&*pair.consumer, LARGE, |_| FILL).await;
@@ -140,17 +129,12 @@ pub async fn dropped_get_keeps_the_destination_until_the_transfer_is_over(pair: 
     src.release(&*pair.owner).await;
 }
 
-/// No byte is written to a destination after its GET completed.
-///
-/// Contract point 8: a completed GET means the backend has let go of the
-/// destination. A large GET with a deadline far too short for it completes
-/// (`Timeout`, or `Ok` if it made it); from that moment the destination is
-/// the caller's, so bytes written into it afterwards must
-/// stay as written.
+/// Contract point 8: no byte is written to a destination after its GET
+/// completed. A large GET with a far too short deadline completes
+/// (`Timeout`, or `Ok`); bytes the caller writes afterwards stay.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn no_byte_is_written_after_a_get_completes(pair: &BackendPair) {
     const REWRITTEN: u8 = 0xC3;
     let src = Mapped::filled(&*pair.owner, LARGE, source_byte).await;
@@ -167,9 +151,8 @@ pub async fn no_byte_is_written_after_a_get_completes(pair: &BackendPair) {
     }
     dst.buf.overwrite(REWRITTEN);
     tokio::time::sleep(WATCH_FOR_LATE_WRITES).await;
-    // A backend that can tell what still uses the destination is also
-    // waited for: a transfer it still runs would write late whatever the
-    // watch window, and on a loaded machine it may outlast the window.
+    // Also wait for what the backend says still uses the destination: on a
+    // loaded machine such a transfer may outlast the watch window.
     let started = std::time::Instant::now();
     while pair
         .consumer

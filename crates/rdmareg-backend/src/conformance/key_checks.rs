@@ -17,8 +17,7 @@ use super::support::{FILL, assert_copied, get_request, kit_get, source_byte};
 /// copied and nothing panics.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn malformed_keys_are_invalid_key(pair: &BackendPair) {
     let src = Mapped::filled(&*pair.owner, 4096, source_byte).await;
     let dst = Mapped::filled(&*pair.consumer, 4096, |_| FILL).await;
@@ -72,8 +71,7 @@ pub async fn malformed_keys_are_invalid_key(pair: &BackendPair) {
 /// memory that is no longer registered).
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn stale_key_after_unmap_is_refused(pair: &BackendPair) {
     if !pair.capabilities.unknown_remote_key_detected {
         tracing::info!("this backend cannot detect stale keys: check skipped");

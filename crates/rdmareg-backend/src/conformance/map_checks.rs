@@ -25,8 +25,7 @@ const POLL_GAP: Duration = Duration::from_micros(200);
 /// when a map completes on its own (that region is then unmapped normally).
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn cancelled_map_leaves_no_registration(pair: &BackendPair) {
     for backend in [&*pair.owner, &*pair.consumer] {
         cancel_maps_at_every_await(backend, pair.capabilities.rollback_within).await;
@@ -77,8 +76,7 @@ const CANCELLED_BATCH: usize = 8;
 /// not move: a registration appearing then would pin freed memory.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn cancelled_maps_stay_within_the_memory_the_caller_holds(pair: &BackendPair) {
     for backend in [&*pair.owner, &*pair.consumer] {
         let Some(baseline) = live(backend) else {
@@ -148,8 +146,7 @@ pub async fn cancelled_maps_stay_within_the_memory_the_caller_holds(pair: &Backe
 /// the address space are each refused with `OutOfRange`, and register nothing.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn degenerate_map_is_out_of_range(pair: &BackendPair) {
     for backend in [&*pair.owner, &*pair.consumer] {
         let baseline = live(backend);
@@ -182,8 +179,7 @@ pub async fn degenerate_map_is_out_of_range(pair: &BackendPair) {
 /// one byte into a page.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn effective_range_is_page_enclosing(pair: &BackendPair) {
     let page = page_size();
     let page_len = usize::try_from(page).expect("the page size fits usize");

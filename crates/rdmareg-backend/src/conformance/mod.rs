@@ -1,8 +1,5 @@
 //! The conformance kit: the contract of [`RdmaBackend`] as a reusable test
-//! suite (feature `testkit`).
-//!
-//! A backend crate proves it honours the contract by running the kit from its
-//! own tests, through the public API only:
+//! suite (feature `testkit`), run from a backend crate's own tests:
 //!
 //! ```
 //! use rdmareg_backend::PeerId;
@@ -28,28 +25,15 @@
 //! # }
 //! ```
 //!
-//! [`conformance_tests!`](crate::conformance_tests) expands to one `#[test]`
-//! per contract check, each on a fresh [`BackendPair`] inside its own
-//! multi-threaded runtime (two workers), plus the model-based property test.
-//! Every check is also a `pub async fn` taking a `&BackendPair`, so a crate
-//! can run them one by one inside its own runtime (which needs the timer
-//! driver enabled); [`model_based`] is synchronous and must run outside any
-//! runtime.
+//! Each check is also a `pub async fn` over a `&BackendPair`, to run inside
+//! a runtime of one's own (timer enabled); [`model_based`] is synchronous
+//! and runs outside any runtime.
 //!
-//! # What the checks rely on
-//!
-//! - The kit allocates the memory it registers and keeps it alive until an
-//!   unmap returned `Ok(())`, or until the backend's own count confirms a
-//!   cancelled map rolled back. When an unmap fails, or a check fails midway,
-//!   the memory is leaked on purpose: freeing memory a backend may still hold
-//!   is the bug the contract exists to prevent.
-//! - Remote reads only ever name bytes of a live registration, except where a
-//!   [`Capabilities`] flag says the backend checks the request itself; a
-//!   backend whose keys bound nothing is never asked to read outside them.
-//! - Live-count assertions are skipped for a backend whose
-//!   [`live_registrations`](RdmaBackend::live_registrations) is `None`; such a
-//!   backend gets less evidence from the kit, and its buffers are leaked where
-//!   only the count could have shown they were released.
+//! The kit keeps registered memory alive until an unmap returned `Ok(())` or
+//! the backend's count confirms a rollback, and otherwise leaks it on
+//! purpose. It never asks a backend whose keys bound nothing ([`Capabilities`])
+//! to read outside a registration, and skips live-count checks for a backend
+//! whose [`live_registrations`](RdmaBackend::live_registrations) is `None`.
 
 mod batch_checks;
 mod buffer;
@@ -101,23 +85,17 @@ pub use unmap_checks::{
     unmap_of_a_never_mapped_id_returns_ok, unmap_twice_returns_ok_and_counts_once,
 };
 
-/// What the backend under test can detect.
-///
-/// The kit checks only what the backend can tell, and never asks a backend
-/// whose keys bound nothing to read outside a registration.
+/// What the backend under test can detect; the kit checks only that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
-    /// A GET whose remote range leaves the registration the key names is
-    /// refused with `OutOfRange`. False for UCX over tcp and shared memory,
-    /// whose keys bound nothing.
+    /// A GET outside the key's registration is refused with `OutOfRange`
+    /// (false for UCX over tcp and shared memory).
     pub remote_bounds_enforced: bool,
-    /// A well-formed key naming no live registration (a stale key, after its
-    /// region was unmapped) is refused with an error.
+    /// A stale key (its region unmapped) is refused with an error.
     pub unknown_remote_key_detected: bool,
-    /// How long an asynchronous rollback — a cancelled map, a dropped unmap —
-    /// may take to show in the backend's live count before the kit calls it
-    /// a leak.
+    /// How long a cancelled map's or dropped unmap's rollback may take to
+    /// show in the live count before it counts as a leak.
     pub rollback_within: Duration,
 }
 
@@ -157,10 +135,8 @@ impl Default for Capabilities {
     }
 }
 
-/// Two connected instances of the backend under test: the consumer can GET
-/// from the owner, whom it names `owner_as_seen_by_consumer`.
-///
-/// The kit registers sources on the owner and destinations on the consumer.
+/// Two connected instances of the backend under test: sources are registered
+/// on the owner, destinations on the consumer.
 pub struct BackendPair {
     /// The instance whose memory is read.
     pub owner: Arc<dyn RdmaBackend>,
@@ -170,8 +146,7 @@ pub struct BackendPair {
     pub owner_as_seen_by_consumer: PeerId,
     /// What the backend can detect.
     pub capabilities: Capabilities,
-    /// Behind a mutex only so the pair is `Sync` (checks borrow it across
-    /// threads); it is taken once, by [`teardown`](Self::teardown).
+    /// Behind a mutex only so the pair is `Sync`; taken once.
     teardown: Mutex<Option<BoxFuture<'static, ()>>>,
 }
 
@@ -209,8 +184,7 @@ impl BackendPair {
         self
     }
 
-    /// Work the kit awaits after the checks on this pair passed (stopping
-    /// engines, say). It runs on the kit's runtime.
+    /// Work the kit awaits on its runtime after the checks passed.
     pub fn with_teardown(self, teardown: impl Future<Output = ()> + Send + 'static) -> Self {
         *self.teardown.lock() = Some(Box::pin(teardown));
         self
@@ -224,9 +198,8 @@ impl BackendPair {
         self.teardown_now().await;
     }
 
-    /// Run the teardown now, from a check, if it has not run yet; later
-    /// calls (and [`teardown`](Self::teardown)) do nothing. Returns whether
-    /// a teardown ran.
+    /// Run the teardown now, from a check, if it has not run yet; returns
+    /// whether it ran.
     ///
     /// # Cancel safety
     /// Dropping the future drops the teardown work wherever it stands.
@@ -242,8 +215,8 @@ impl BackendPair {
     }
 }
 
-/// Run `future` to completion on a fresh multi-threaded runtime with two
-/// workers and every driver enabled: how each generated test runs its check.
+/// Run `future` on a fresh two-worker multi-threaded runtime with every
+/// driver enabled, as each generated test does.
 ///
 /// # Panics
 /// If the runtime cannot be built, or if called from inside a runtime.
@@ -260,12 +233,9 @@ pub(crate) fn kit_runtime() -> tokio::runtime::Runtime {
 }
 
 /// Expand to the whole conformance suite for a backend: one `#[test]` per
-/// contract check plus the model-based property test.
-///
-/// `$factory` is a function (or any expression callable with no arguments)
-/// returning a future of a fresh [`BackendPair`](crate::conformance::BackendPair);
-/// each test calls it once, the property test once per case. Invoke it once
-/// per module: the tests are named after the checks.
+/// contract check plus the model-based property test. `$factory` returns a
+/// future of a fresh [`BackendPair`](crate::conformance::BackendPair); invoke
+/// the macro once per module.
 #[macro_export]
 macro_rules! conformance_tests {
     ($factory:expr $(,)?) => {

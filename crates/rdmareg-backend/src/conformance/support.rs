@@ -19,9 +19,8 @@ pub(crate) const GET_DEADLINE: Duration = Duration::from_secs(30);
 /// Byte the kit fills destinations with; source patterns never produce it.
 pub(crate) const FILL: u8 = 0xEE;
 
-/// The source pattern: byte `i` of every source buffer. Never equals
-/// [`FILL`], and repeats with a period that is no power of two, so a copy from
-/// the wrong offset shows.
+/// The source pattern: never [`FILL`], with a period no power of two, so a
+/// copy from the wrong offset shows.
 pub(crate) fn source_byte(i: usize) -> u8 {
     (i % 199) as u8
 }
@@ -64,10 +63,8 @@ pub(crate) fn assert_live_now(backend: &dyn RdmaBackend, expected: Option<usize>
     }
 }
 
-/// Wait until the live count is `expected`, for at most `within`.
-///
-/// Returns whether the count was observed to settle (`false` when the
-/// backend cannot count, so a caller knows it has no evidence).
+/// Wait until the live count is `expected`, for at most `within`; whether it
+/// was observed (`false` if the backend cannot count).
 pub(crate) async fn settle_live(
     backend: &dyn RdmaBackend,
     expected: Option<usize>,
@@ -91,10 +88,8 @@ pub(crate) async fn settle_live(
     }
 }
 
-/// After a cancelled map: [`settle_live`], then insist the count *stays* at
-/// `expected` for [`CANCEL_HOLD`]. A backend whose rollback races a late map
-/// could otherwise show the expected count for a moment, let the kit free
-/// the buffer, and pin it a moment later.
+/// [`settle_live`], then insist the count stays at `expected` for
+/// [`CANCEL_HOLD`]: a rollback racing a late map could show it only briefly.
 pub(crate) async fn settle_live_and_hold(
     backend: &dyn RdmaBackend,
     expected: Option<usize>,
@@ -145,16 +140,12 @@ pub(crate) fn get_request(
     }
 }
 
-// The kit's memory discipline, which makes the three calls below sound:
-// every range the kit maps is either degenerate (null, empty or wrapping
-// past the end of the address space, which a backend must refuse with a
-// typed error) or lies inside a `KitBuffer`. A `KitBuffer` is reached only
-// through its raw pointer, so no Rust reference aliases bytes a backend may
-// write, and it is freed only once no registration of it can remain (see
-// `buffer.rs`). The kit reads a destination only after its GET completed or
-// its region's unmap returned `Ok`, or to check, through that raw pointer,
-// that nothing was written. Region ids the kit names either belong to its own
-// mapped buffers or name nothing, which a backend must refuse.
+// The kit's memory discipline, which makes the calls below sound: every
+// range it maps is degenerate (which a backend must refuse) or inside a
+// `KitBuffer`, reached only through its raw pointer and freed only once no
+// registration can remain (`buffer.rs`). A destination is read only after
+// its GET completed or its unmap returned `Ok`, or through that pointer to
+// see nothing was written. Region ids are the kit's own or name nothing.
 
 /// [`RdmaBackend::map`] of a range that follows the kit's discipline.
 pub(crate) fn kit_map(

@@ -15,8 +15,7 @@ const NEVER_MAPPED: [u64; 3] = [0, u64::MAX, 0x5EED_0000_0000_0001];
 /// and leaves the registrations that do exist alone.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn unmap_of_a_never_mapped_id_returns_ok(pair: &BackendPair) {
     for backend in [&*pair.owner, &*pair.consumer] {
         let baseline = live(backend);
@@ -38,8 +37,7 @@ pub async fn unmap_of_a_never_mapped_id_returns_ok(pair: &BackendPair) {
 /// times, and the count drops once.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn unmap_twice_returns_ok_and_counts_once(pair: &BackendPair) {
     for backend in [&*pair.owner, &*pair.consumer] {
         let baseline = live(backend);
@@ -57,8 +55,7 @@ pub async fn unmap_twice_returns_ok_and_counts_once(pair: &BackendPair) {
 /// `Ok(())`, and once every one of them did, the region is gone.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn concurrent_unmaps_of_one_region_all_return_ok(pair: &BackendPair) {
     const TASKS: usize = 8;
     for backend in [&pair.owner, &pair.consumer] {
@@ -84,8 +81,7 @@ pub async fn concurrent_unmaps_of_one_region_all_return_ok(pair: &BackendPair) {
 /// by one, whatever the order.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn ok_unmap_decrements_the_live_count(pair: &BackendPair) {
     for backend in [&*pair.owner, &*pair.consumer] {
         let baseline = live(backend);
@@ -102,14 +98,11 @@ pub async fn ok_unmap_decrements_the_live_count(pair: &BackendPair) {
     }
 }
 
-/// An unmap polled once and then dropped still proceeds.
-///
-/// Contract point 2: the count drops without anyone awaiting it, and a later
-/// unmap of the same id returns `Ok(())`.
+/// Contract point 2: an unmap polled once and dropped still proceeds (the
+/// count drops), and a later unmap of the id returns `Ok(())`.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn dropped_unmap_still_unmaps(pair: &BackendPair) {
     for backend in [&*pair.owner, &*pair.consumer] {
         let baseline = live(backend);
@@ -129,19 +122,13 @@ pub async fn dropped_unmap_still_unmaps(pair: &BackendPair) {
 
 /// After teardown, an unmap of a released or unknown id returns `Ok(())`.
 ///
-/// Contract point 2 after teardown: once the pair's teardown (see
-/// [`BackendPair::with_teardown`]) has run, an unmap of an id released
-/// before it, or of an id never mapped, still returns `Ok(())` — the same
-/// result as before teardown, not a refusal — and the live count reads zero.
-/// Callers that release late (a registry sweeping after its engine stopped)
-/// then see one result from every backend.
-///
-/// A pair without a teardown has no "after" to check: the check then only
-/// asserts the results before teardown.
+/// Contract point 2 after the pair's teardown
+/// ([`BackendPair::with_teardown`]; without one, only the results before
+/// it are checked): the same result as before, not a refusal, and a live
+/// count of zero, so a registry sweeping late sees one result everywhere.
 ///
 /// # Cancel safety
-/// Dropping the check mid-way leaks the memory it registered instead of
-/// freeing memory a backend may still hold.
+/// Dropped mid-way, it leaks what it registered rather than free it.
 pub async fn unmap_after_teardown_returns_ok_for_released_ids(pair: &BackendPair) {
     let mut released = Vec::new();
     for backend in [&*pair.owner, &*pair.consumer] {

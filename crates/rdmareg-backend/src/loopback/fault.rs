@@ -1,23 +1,10 @@
 //! Fault injection for the loopback backend.
 //!
-//! Delays, injected failures, hangs and refused unmaps, so that the layers
-//! above can test their failure paths deterministically.
-//!
-//! # When a fault applies
-//!
-//! A fault is taken when an operation is *submitted* (its first poll), after
-//! the request itself was validated: a malformed request fails with its typed
-//! error without consuming an injected failure. The operation then sleeps for
-//! the configured delay, then waits at the hang gate if one is set, and only
-//! then either fails with the injected failure or does its work. An injected
-//! failure changes nothing.
-//!
-//! An unmap whose id names nothing returns `Ok(())` at once whatever faults
-//! are set: there is nothing it could fail to release, and saying otherwise
-//! would break the idempotence the contract promises.
-//!
-//! Delays use `tokio::time`, so tests running with a paused clock control
-//! them with `tokio::time::advance`.
+//! A fault is taken when an operation is submitted (first poll), after the
+//! request was validated: it sleeps the delay, waits at the hang gate, then
+//! fails (changing nothing) or does its work. An unmap of an unknown id
+//! returns `Ok(())` whatever the faults, as idempotence requires. Delays
+//! use `tokio::time`, so a paused clock controls them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,8 +19,7 @@ pub enum FaultOp {
     Map,
     /// [`RdmaBackend::unmap`](crate::RdmaBackend::unmap).
     Unmap,
-    /// [`RdmaBackend::get`](crate::RdmaBackend::get), applied by the instance
-    /// that issues the GET.
+    /// [`RdmaBackend::get`](crate::RdmaBackend::get), on the issuing instance.
     Get,
 }
 
@@ -77,25 +63,20 @@ struct OpFaults {
 }
 
 impl FaultInjector {
-    /// Make every operation of kind `op` sleep for `delay` before it does
-    /// anything visible. `Duration::ZERO` removes the delay.
+    /// Make every operation of kind `op` sleep `delay` first (zero removes it).
     pub fn set_delay(&self, op: FaultOp, delay: Duration) {
         self.state.lock().ops[op.index()].delay = delay;
     }
 
-    /// Make the next `n` operations of kind `op` fail.
-    ///
-    /// Each fails with [`RdmaError::Backend`](crate::RdmaError::Backend) (with
-    /// a message starting `"injected"`) and changes nothing. Replaces any count
-    /// set earlier; `0` cancels it.
+    /// Make the next `n` operations of kind `op` fail with
+    /// [`RdmaError::Backend`](crate::RdmaError::Backend) (`"injected ..."`),
+    /// changing nothing; `0` cancels.
     pub fn fail_next(&self, op: FaultOp, n: usize) {
         self.state.lock().ops[op.index()].fail_next = n;
     }
 
     /// Make operations of kind `op` block until the returned gate is released
-    /// ([`HangGate::release`], or dropping the gate). A later `hang` for the
-    /// same kind replaces the gate for operations submitted after it; those
-    /// already waiting keep waiting for the gate they met.
+    /// or dropped. A later `hang` replaces the gate for later operations.
     #[must_use = "dropping the gate releases it at once"]
     pub fn hang(&self, op: FaultOp) -> HangGate {
         let gate = Arc::new(Gate::new());
@@ -103,26 +84,18 @@ impl FaultInjector {
         HangGate { gate }
     }
 
-    /// Make unmaps of registered regions fail while `refuse` is true.
-    ///
-    /// Such an unmap fails with
-    /// [`RdmaError::Backend`](crate::RdmaError::Backend) and the region stays
-    /// registered; shutdown then leaves such regions registered too (a wedged
-    /// backend).
+    /// While `refuse` is true, unmaps of registered regions fail with
+    /// [`RdmaError::Backend`](crate::RdmaError::Backend) and the regions stay
+    /// registered, through shutdown too (a wedged backend).
     pub fn refuse_unmaps(&self, refuse: bool) {
         self.state.lock().refuse_unmaps = refuse;
     }
 
     /// While `detached` is true, a map runs on a task of its own from its
-    /// first poll, the way a map pushed onto a progress thread's command ring
-    /// does (UCX): dropping the map future no longer stops it. A map that
-    /// registers after its future was dropped is rolled back by an unmap of
-    /// its own, which goes through the unmap faults — so an unmap delay or
-    /// hang gate holds the rollback open, and the registration stays counted
-    /// in [`live_registrations`](crate::RdmaBackend::live_registrations)
-    /// until it is done. Contract point 1 still holds: the rollback always
-    /// happens; it is just not instantaneous. Needs a Tokio runtime to spawn
-    /// on; outside one maps run inline as usual.
+    /// first poll, as a UCX map on the progress thread does: dropping its
+    /// future does not stop it, and one that registers afterwards is rolled
+    /// back by an unmap (subject to the unmap faults), counted live until
+    /// done. Outside a Tokio runtime maps run inline.
     pub fn detach_maps(&self, detached: bool) {
         self.state.lock().detached_maps = detached;
     }
@@ -131,8 +104,7 @@ impl FaultInjector {
         self.state.lock().detached_maps
     }
 
-    /// Remove every fault: delays, pending failures, refused unmaps, detached
-    /// maps, and hang gates (which are released, so nothing keeps waiting on them).
+    /// Remove every fault, releasing hang gates.
     pub fn clear(&self) {
         let old = std::mem::take(&mut *self.state.lock());
         for op in old.ops {
@@ -242,16 +214,14 @@ impl Drop for WaitingGuard<'_> {
     }
 }
 
-/// Holds operations of one kind until released. Returned by
-/// [`FaultInjector::hang`]; dropping it releases it.
+/// Holds operations of one kind until released or dropped.
 #[derive(Debug)]
 pub struct HangGate {
     gate: Arc<Gate>,
 }
 
 impl HangGate {
-    /// Let every waiting operation through, and stop holding new ones.
-    /// Idempotent.
+    /// Let every waiting operation through and hold no new ones. Idempotent.
     pub fn release(&self) {
         self.gate.release();
     }
@@ -261,9 +231,8 @@ impl HangGate {
         self.gate.state.borrow().waiting
     }
 
-    /// Resolve once at least `n` operations are waiting at the gate (or the
-    /// gate was released), so a test can act while operations are known to be
-    /// held.
+    /// Resolve once at least `n` operations wait at the gate (or it was
+    /// released).
     ///
     /// # Cancel safety
     /// Cancel safe: it only observes the gate.

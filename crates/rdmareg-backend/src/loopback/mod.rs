@@ -1,31 +1,17 @@
 //! [`LoopbackBackend`]: a real in-process backend, with fault injection.
 //!
-//! Instances live on a [`LoopbackFabric`] (the "network") and name each other
-//! by [`PeerId`]. An instance registers ranges of this process's memory,
-//! issues opaque packed keys for them, and performs GETs as copies from a
-//! peer's registered range into one of its own. It honours the whole contract
-//! of [`RdmaBackend`], so the registry above can be tested against it
-//! deterministically, and it passes the conformance kit.
+//! Instances live on a [`LoopbackFabric`] and name each other by [`PeerId`];
+//! a GET is a copy from a peer's registered range into one of this
+//! instance's. It honours the whole [`RdmaBackend`] contract and passes the
+//! conformance kit, so the layers above test against it deterministically.
 //!
-//! # Rules worth knowing
-//!
-//! - Ranges are checked against the pointer and length that were mapped, on
-//!   both sides; the page-enclosing range reported as `effective_addr`/`len`
-//!   is a fact for accounting only.
-//! - A GET pins both regions from submission until its copy is done or
-//!   abandoned; an unmap of either waits for it, and from the moment the unmap
-//!   is submitted new GETs from or into that region are refused.
-//! - The copy itself is synchronous, done inside the GET's future once every
-//!   check passed and every injected delay or hang is over. Dropping the future
-//!   before that point abandons a transfer that never touched memory and
-//!   releases its pins at once; there is never a half-done copy.
-//! - Faults ([`FaultInjector`]) belong to the instance that runs the
-//!   operation: a GET's delay is the consumer's.
-//! - [`LoopbackBackend::shutdown`] is the teardown: new work is refused with
-//!   [`RdmaError::ShuttingDown`], waiting GETs touching the instance
-//!   complete early, and every region is force-unmapped — except while unmaps
-//!   are refused by fault injection, which is how a wedged backend is
-//!   simulated.
+//! - Ranges are checked against the mapped pointer and length on both sides.
+//! - A GET pins both regions until its copy is done or abandoned; an unmap
+//!   of either waits, and refuses new GETs from its submission.
+//! - The copy is synchronous, after every check and injected delay, so a
+//!   dropped GET never leaves a half-done copy.
+//! - Faults ([`FaultInjector`]) belong to the instance running the operation.
+//! - [`LoopbackBackend::shutdown`] is the teardown.
 
 mod fault;
 mod key;
@@ -55,8 +41,7 @@ pub const LOOPBACK_BACKEND_KEY: &str = "loopback";
 /// Page size assumed where the platform cannot be asked.
 const FALLBACK_PAGE_SIZE: u64 = 4096;
 
-/// The page size of this machine, which the effective (pinned) range of a
-/// registration is rounded to.
+/// The page size of this machine, to which effective ranges are rounded.
 pub fn page_size() -> u64 {
     static PAGE_SIZE: OnceLock<u64> = OnceLock::new();
     *PAGE_SIZE.get_or_init(query_page_size)
@@ -112,8 +97,7 @@ pub struct LoopbackStats {
     pub unmaps: u64,
     /// GETs issued by this instance that copied their bytes and returned `Ok`.
     pub gets_completed: u64,
-    /// GETs issued by this instance that failed with an error (or were dropped
-    /// after submission).
+    /// GETs issued by this instance that failed (or were dropped).
     pub gets_failed: u64,
     /// Bytes copied by this instance's GETs.
     pub bytes_copied: u64,
@@ -122,16 +106,14 @@ pub struct LoopbackStats {
 #[derive(Debug, Default)]
 struct Counters {
     maps: AtomicU64,
-    /// Detached maps submitted and neither failed nor registered yet; they
-    /// count as live so that a count read mid-map never understates.
+    /// Detached maps in progress, counted live so a count never understates.
     maps_pending: std::sync::atomic::AtomicUsize,
     gets_completed: AtomicU64,
     gets_failed: AtomicU64,
     bytes_copied: AtomicU64,
 }
 
-/// The network loopback instances share. Cheap to clone; clones are the same
-/// fabric.
+/// The network loopback instances share; clones are the same fabric.
 #[derive(Clone, Default)]
 pub struct LoopbackFabric {
     inner: Arc<FabricInner>,
@@ -159,12 +141,8 @@ impl LoopbackFabric {
         Self::default()
     }
 
-    /// Create an instance on the fabric, addressed by peers as `id`, with the
-    /// default [`LoopbackConfig`].
-    ///
-    /// If `id` already names an instance, the new one takes the name over (a
-    /// restarted peer): the old instance keeps working locally but peers no
-    /// longer reach it, and keys it issued are stale.
+    /// Create an instance addressed by peers as `id`. A reused `id` takes the
+    /// name over (a restarted peer): the old instance's keys are stale.
     pub fn backend(&self, id: PeerId) -> Arc<LoopbackBackend> {
         self.backend_with_config(id, LoopbackConfig::default())
     }
@@ -201,8 +179,7 @@ impl LoopbackFabric {
     }
 }
 
-/// One loopback instance: a registration table, fault knobs, and a name on a
-/// [`LoopbackFabric`]. Created by [`LoopbackFabric::backend`].
+/// One loopback instance on a [`LoopbackFabric`], with fault knobs.
 pub struct LoopbackBackend {
     /// This instance, for work that outlives a borrow of it (a detached map).
     me: Weak<LoopbackBackend>,
@@ -261,25 +238,17 @@ impl LoopbackBackend {
         *self.shutdown.borrow()
     }
 
-    /// Tear this instance down.
+    /// Tear this instance down: refuse new work with
+    /// [`RdmaError::ShuttingDown`], complete waiting GETs that touch it, wait
+    /// for transfers still pinning its regions, then force-unmap every
+    /// region. Idempotent.
     ///
-    /// Refuse all new work with [`RdmaError::ShuttingDown`], complete GETs
-    /// that are waiting (on a delay or a hang) and touch this instance, wait
-    /// for the transfers still pinning its regions, then force-unmap every
-    /// region still held.
-    ///
-    /// While unmaps are refused by fault injection, regions whose unmap was
-    /// not already submitted stay registered and
-    /// [`live_registrations`](RdmaBackend::live_registrations) stays above
-    /// zero: a wedged backend. Calling `shutdown` again after
-    /// `faults().refuse_unmaps(false)` releases them. Idempotent.
-    ///
-    /// A GET future that was submitted and then neither polled nor dropped
-    /// keeps its pins, and shutdown waits for it.
+    /// While fault injection refuses unmaps, regions not already unmapping
+    /// stay registered (a wedged backend); calling it again after
+    /// `faults().refuse_unmaps(false)` releases them.
     ///
     /// # Cancel safety
-    /// Dropping the future leaves the instance refusing new work; calling
-    /// `shutdown` again completes the teardown.
+    /// The instance keeps refusing new work; call it again to finish.
     pub async fn shutdown(&self) {
         self.shutdown.send_replace(true);
         self.table.close();
@@ -304,15 +273,14 @@ impl LoopbackBackend {
 
 /// Resolve once `signal` reports teardown.
 async fn shut_down(mut signal: watch::Receiver<bool>) {
-    // The sender lives in the backend, which outlives every operation on it;
-    // should it be gone anyway, that instance is as good as shut down.
+    // The sender lives as long as the backend; gone, it is shut down too.
     let _ = signal.wait_for(|down| *down).await;
 }
 
-// SAFETY: the loopback keeps contract points 1, 3, 4 and 8 (the
-// conformance kit runs against it): a cancelled map is rolled back before
-// anything can observe it, `Ok(())` from `unmap` comes only after the region
-// left the table and no copy uses it, and a GET completes after its copy ends.
+// SAFETY: the loopback keeps contract points 1, 3, 4 and 8 (the kit checks
+// it): a cancelled map rolls back before anything observes it, `unmap`
+// returns `Ok(())` only once no copy uses the region, and a GET completes
+// after its copy.
 unsafe impl RdmaBackend for LoopbackBackend {
     fn key(&self) -> &str {
         LOOPBACK_BACKEND_KEY
@@ -323,8 +291,8 @@ unsafe impl RdmaBackend for LoopbackBackend {
         ptr: usize,
         len: usize,
     ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
-        // The caller's promise (the range is its memory, allocated until the
-        // unmap returns) is what makes the copies of `run_get` sound.
+        // The caller's promise (its memory, allocated until the unmap)
+        // makes `run_get`'s copies sound.
         Box::pin(self.run_map(ptr, len))
     }
 
@@ -333,14 +301,13 @@ unsafe impl RdmaBackend for LoopbackBackend {
     }
 
     unsafe fn get(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
-        // The caller's promise (nobody touches the destination bytes until
-        // the GET completes) is what lets the copy write them.
+        // The caller's promise (the destination is untouched until the GET
+        // completes) lets the copy write it.
         Box::pin(self.run_get(request))
     }
 
     fn live_registrations(&self) -> Option<usize> {
-        // Pending first: a map that registers between the two reads is then
-        // counted twice rather than not at all.
+        // Pending first: a map registering in between counts twice, not 0.
         let pending = self.counters.maps_pending.load(Ordering::SeqCst);
         Some(self.table.live() + pending)
     }

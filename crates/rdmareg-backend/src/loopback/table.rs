@@ -1,18 +1,11 @@
 //! The registration table of one loopback instance: which ranges are
 //! registered, how many transfers hold each, and how far each unmap got.
 //!
-//! # Lifecycle of a region
-//!
-//! `Live` → (`unmap` submitted) `Requested` → (the unmap's own injected delay
-//! is over, or its future was dropped, or shutdown forces it) `Released` →
-//! removed as soon as no transfer pins it. From `Requested` on, new pins are
-//! refused, which is what makes "from the moment an unmap is submitted, new
-//! GETs are refused" hold. A region leaves the table only with zero pins, so
-//! an `Ok(())` unmap (which waits for removal) means no transfer can touch it.
-//!
-//! The lock is a plain mutex held for a few instructions and never across an
-//! await; waiters use [`Notify`] with the enable-then-check pattern, so a
-//! change between the check and the wait is never lost.
+//! A region goes `Live` → `Requested` (unmap submitted; new pins refused) →
+//! `Released` (the unmap's delay is over, it was dropped, or shutdown
+//! forced it) → removed once no transfer pins it, so an `Ok(())` unmap
+//! means no transfer can touch it. The mutex is never held across an await;
+//! waiters use [`Notify`] enable-then-check, so no change is lost.
 
 use std::collections::HashMap;
 use std::pin::pin;
@@ -20,15 +13,12 @@ use std::pin::pin;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-/// A byte range a transfer wants to pin, in one of the two ways the seam names
-/// ranges.
+/// A byte range a transfer wants to pin.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Span {
-    /// `[addr, addr + len)` in absolute addresses (a remote range authored by
-    /// the owner).
+    /// `[addr, addr + len)`, absolute (a remote range).
     Absolute { addr: u64, len: u64 },
-    /// `[ptr + offset, ptr + offset + len)` relative to the mapped pointer (a
-    /// local destination).
+    /// `[ptr + offset, ..+ len)` from the mapped pointer (a destination).
     Offset { offset: u64, len: u64 },
 }
 
@@ -37,8 +27,7 @@ pub(crate) enum Span {
 pub(crate) enum PinError {
     /// The instance is shutting down.
     Closed,
-    /// No such region, a different registration than the key names, or the
-    /// region is being unmapped.
+    /// No such region, another registration than the key names, or unmapping.
     NotFound,
     /// The span leaves the mapped pointer and length, or overflows.
     OutOfRange,
@@ -191,8 +180,7 @@ impl RegionTable {
         }
     }
 
-    /// What [`start_unmap`](Self::start_unmap) would return now, without
-    /// changing anything.
+    /// What [`start_unmap`](Self::start_unmap) would return, changing nothing.
     pub(crate) fn peek(&self, id: u64) -> UnmapStart {
         let state = self.state.lock();
         match state.regions.get(&id) {
@@ -203,8 +191,7 @@ impl RegionTable {
         }
     }
 
-    /// Let a `Requested` region go: it is removed now if nothing pins it, or
-    /// by the last transfer to unpin it.
+    /// Let a `Requested` region go, now or at its last unpin.
     pub(crate) fn release_unmap(&self, id: u64) {
         let removed = {
             let mut state = self.state.lock();
@@ -238,8 +225,8 @@ impl RegionTable {
             .await;
     }
 
-    /// Release every region an unmap was submitted for, and every live region
-    /// too when `live_as_well`. Returns how many regions remain registered.
+    /// Release every region being unmapped (and live ones if `live_as_well`);
+    /// returns how many remain.
     pub(crate) fn force_release(&self, live_as_well: bool) -> usize {
         let remaining = {
             let mut state = self.state.lock();
@@ -287,8 +274,7 @@ fn remove_if_done(state: &mut TableState, id: u64) -> bool {
     done
 }
 
-/// First address of `span` inside `region`, if the span lies within the mapped
-/// pointer and length.
+/// First address of `span` inside `region`'s mapped pointer and length.
 fn span_start(region: &Region, span: Span) -> Result<usize, PinError> {
     let (ptr, len) = (region.ptr as u64, region.len as u64);
     let (start, span_len) = match span {
