@@ -1,19 +1,11 @@
 //! The registered-bytes budget and the [`Reservation`] that carries a charge.
 //!
-//! A registration reserves its page-enclosing length *before* it asks the
-//! backend to map, so two registrations racing for the last bytes cannot both
-//! pass: the check and the charge are one compare-and-swap. The reservation is
-//! an RAII object: dropping it (a cancelled or failed registration, or a
-//! region whose unmap was confirmed) returns the charge. After the map, the
-//! charge is reconciled to the length the backend says it pinned, covered
-//! by the page-enclosing range: a backend that reports fewer bytes than the
-//! pages the OS pins (contract point 7) is never taken at its word.
-//!
-//! Reconciling *upwards* (the backend pinned more than the page-enclosing
-//! range, e.g. it uses larger pages than configured) charges the excess even
-//! past the ceiling and logs a warning: by then the bytes are pinned, and the
-//! budget reports what is pinned rather than what was hoped for. Reservations
-//! themselves never overshoot.
+//! A registration reserves its page-enclosing length before the map, with
+//! one compare-and-swap, so two racing for the last bytes cannot both pass.
+//! Dropping the reservation returns the charge. After the map it is
+//! reconciled to what the backend pinned (never below the page-enclosing
+//! range, contract point 7); an upward reconcile may pass the ceiling, as
+//! the bytes are already pinned.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,10 +97,8 @@ impl Reservation {
         self.bytes
     }
 
-    /// Adjust the charge to `actual` bytes, the length the backend pinned.
-    ///
-    /// Shrinking always succeeds. Growing charges the difference even past
-    /// the ceiling (the bytes are already pinned) and logs a warning.
+    /// Adjust the charge to `actual` bytes, the length the backend pinned;
+    /// growing charges even past the ceiling (the bytes are pinned), logged.
     pub(crate) fn reconcile(&mut self, actual: u64) {
         if actual < self.bytes {
             self.budget.release(self.bytes - actual);

@@ -1,10 +1,6 @@
 //! Configuration of a registry ([`RdmaConfig`]) and of its pinned pool
-//! ([`PoolConfig`]), with the defaults a service gets when it says nothing.
-//!
-//! Every size is in bytes. [`RdmaConfig::validate`] is run by
-//! [`RdmaRegistry::new`](crate::RdmaRegistry::new): a configuration the pool
-//! cannot honour is refused up front with a [`ConfigError`] rather than
-//! discovered on the first allocation.
+//! ([`PoolConfig`]). Sizes are in bytes; [`RdmaConfig::validate`] refuses
+//! at construction what the pool cannot honour.
 
 use std::time::Duration;
 
@@ -22,56 +18,31 @@ const MAX_ARENA_LIMIT: u64 = (u32::MAX as u64) * GRANULE;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RdmaConfig {
-    /// Ceiling on registered bytes (regions and pool arenas together),
-    /// counted on page-enclosing ranges. Default: 1 GiB.
-    ///
-    /// This is what `RLIMIT_MEMLOCK` and the NIC see; a registration that
-    /// would pass it is refused with
-    /// [`RdmaError::BudgetExceeded`](rdmareg_core::RdmaError::BudgetExceeded).
+    /// Ceiling on registered bytes (regions and arenas, page-enclosing):
+    /// what `RLIMIT_MEMLOCK` and the NIC see. Past it a registration fails
+    /// with [`RdmaError::BudgetExceeded`](rdmareg_core::RdmaError::BudgetExceeded).
+    /// Default: 1 GiB.
     pub budget_bytes: u64,
-    /// Page size registrations are charged by. Default: 4096.
-    ///
-    /// A power of two, at least 4096. Arenas are aligned to it. The charge is
-    /// reconciled to what the backend reports it pinned, so a backend with
-    /// larger pages is still counted correctly.
+    /// Page size registrations are charged by: a power of two, at least
+    /// 4096 (the charge is reconciled to what the backend pinned). Default:
+    /// 4096.
     pub page_size: u64,
-    /// The shutdown budget a service should pass to
+    /// The shutdown budget a service passes to
     /// [`RdmaRegistry::shutdown`](crate::RdmaRegistry::shutdown) when it has
     /// no better figure. Default: 30 s.
     pub shutdown_budget: Duration,
-    /// How long a background deregistration may wait. Default: 30 s.
-    ///
-    /// The deregistration started by dropping a
-    /// [`RegionGuard`](crate::RegionGuard) (or a dedicated pool buffer, or
-    /// reclaiming an empty arena) waits at most this long, in all, for
-    /// readers to drain and then for the backend's unmap to complete.
+    /// How long, in all, a background deregistration (a dropped guard or
+    /// dedicated buffer, a reclaimed arena) waits for readers and the
+    /// unmap. Default: 30 s.
     pub background_deregistration_budget: Duration,
-    /// Deadline attached to every GET the registry issues: the one place a
-    /// GET deadline is set. Default: 30 s. Must be positive
-    /// ([`ConfigError::ZeroGetDeadline`]).
-    ///
-    /// The registry passes it with each request, so a backend's own default
-    /// (such as `UcxConfig::default_get_deadline`) never applies to the
-    /// registry's GETs; the `rdmareg` facade also hands it to the engine it
-    /// starts, for GETs issued on the backend directly.
+    /// Deadline of every GET the registry issues, overriding any backend
+    /// default (the `rdmareg` facade gives it to its engine too). Default:
+    /// 30 s; must be positive.
     pub get_deadline: Duration,
-    /// How long a GET (or a transfer list's post) that is the only transfer
-    /// in flight polls for its completion, on its first poll, before it
-    /// returns to the runtime. Default: 20 µs; `Duration::ZERO` turns it
-    /// off. A list's window is reckoned from the bytes of all its entries.
-    ///
-    /// The window grows by the GET's expected duration at 5 GB/s (a little
-    /// below local tcp), up to 200 µs (or this base, if larger). A small GET
-    /// over shared memory completes in less time than waking a task that
-    /// went to sleep takes, so polling keeps a lone GET close to raw UCX.
-    /// Each turn of the loop yields the CPU, so a progress thread sharing it
-    /// is not starved. It never polls while other transfers are in flight,
-    /// and a GET that outlasts the window costs at most the window in CPU.
-    /// While it polls, its task polls nothing else: futures joined in one
-    /// task behind it wait, so issue concurrent GETs from separate tasks.
-    /// Zero turns polling off, which suits services whose reads are large
-    /// and whose CPUs are few: the spinning caller then takes no CPU from
-    /// the progress threads streaming the reply.
+    /// How long a GET or list post that is the only transfer in flight
+    /// polls for completion before yielding, growing with its size up to
+    /// 200 µs. Default: 20 µs; zero turns it off, which suits large reads
+    /// on few CPUs. Why and when: `docs/operations.md` ("The GET busy poll").
     pub get_busy_poll: Duration,
     /// The pinned pool.
     pub pool: PoolConfig,
@@ -91,14 +62,10 @@ impl Default for RdmaConfig {
     }
 }
 
-/// Shape of the pinned pool.
-///
-/// Pooled arenas start at [`first_arena_bytes`](Self::first_arena_bytes) and
-/// each new one doubles the previous size until
-/// [`max_arena_bytes`](Self::max_arena_bytes), where growth saturates.
-/// Requests of at least
-/// [`dedicated_threshold_bytes`](Self::dedicated_threshold_bytes) get an arena
-/// of their own, unmapped and freed when the buffer is dropped.
+/// Shape of the pinned pool: pooled arenas double from
+/// [`first_arena_bytes`](Self::first_arena_bytes) up to
+/// [`max_arena_bytes`](Self::max_arena_bytes); large requests get an arena
+/// of their own, freed with the buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PoolConfig {
@@ -109,16 +76,13 @@ pub struct PoolConfig {
     /// [`GRANULE`], at least `first_arena_bytes`.
     pub max_arena_bytes: u64,
     /// Requests of this many bytes or more get a dedicated arena. Default:
-    /// 64 MiB. At most `max_arena_bytes`, so every pooled request fits an
-    /// arena the pool is allowed to create.
+    /// 64 MiB; at most `max_arena_bytes`.
     pub dedicated_threshold_bytes: u64,
-    /// Whether a pooled arena left with no allocations is unmapped and
-    /// freed. Default: `false` (arenas are kept, so a later burst does not
-    /// pay for registration again).
+    /// Whether a pooled arena left empty is unmapped and freed. Default:
+    /// `false`, so a later burst does not pay for registration again.
     pub reclaim_empty_arenas: bool,
-    /// With reclaim on, empty arenas are reclaimed only while the pooled
-    /// arenas that remain total at least this many bytes. Default: 64 MiB
-    /// (the first arena stays).
+    /// With reclaim on, the pooled bytes below which empty arenas are kept.
+    /// Default: 64 MiB (the first arena stays).
     pub retention_floor_bytes: u64,
 }
 
@@ -170,8 +134,7 @@ impl PoolConfig {
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// The page size is not a power of two of at least 4096 bytes (and at
-    /// most 1 GiB).
+    /// The page size is not a power of two in 4096 ..= 1 GiB.
     #[error("page size {0} must be a power of two between 4096 and 1 GiB")]
     InvalidPageSize(u64),
     /// The arena sizes are zero, not granule multiples, out of order or too
@@ -193,8 +156,7 @@ pub enum ConfigError {
         /// The configured maximum arena size.
         max_arena: u64,
     },
-    /// The GET deadline is zero: every GET would time out before it was
-    /// posted.
+    /// The GET deadline is zero.
     #[error("the GET deadline must be positive")]
     ZeroGetDeadline,
 }

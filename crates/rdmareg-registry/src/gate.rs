@@ -1,17 +1,11 @@
 //! The admission gate: how work is let in, and how shutdown knows it has all
 //! left.
 //!
-//! Entering takes an in-flight ticket *first* and only then reads the closed
-//! flag, both `SeqCst`; closing stores the flag and then waits for the
-//! in-flight count to reach zero. Whatever the interleaving, an entrant
-//! either sees the flag (and leaves at once) or its ticket is visible to the
-//! closer, which then waits for it. A check-then-act on a flag alone would let
-//! an entrant read "open", be overtaken by the closer, and do its work after
-//! the closer believed everything had drained.
-//!
-//! The same gate guards the registry (registrations, allocations, transfers,
-//! reclaims) and each region's readers (leases taken by
-//! [`RegionWatch::read`](crate::RegionWatch::read)).
+//! Entering takes a ticket *first* and then reads the closed flag (both
+//! `SeqCst`); closing stores the flag and then waits for zero tickets. So an
+//! entrant either sees the flag or is waited for; a check-then-act on the
+//! flag alone could let work in after the closer saw everything drained.
+//! One gate guards the registry's work, another each region's readers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -61,10 +55,9 @@ impl Gate {
         })
     }
 
-    /// A further ticket for work an admitted caller hands off (a cancelled
-    /// map's rollback), taken even if the gate closed meanwhile: the caller's
-    /// own ticket, still held, already made shutdown wait, and this one keeps
-    /// it waiting for the handed-off work. Only call while holding a ticket.
+    /// A further ticket for work an admitted caller hands off (a rollback),
+    /// taken even if the gate closed since: the caller's ticket already
+    /// made shutdown wait. Only call while holding a ticket.
     pub(crate) fn admitted(self: &Arc<Self>) -> Ticket {
         debug_assert!(self.in_flight() > 0, "admitted() without a held ticket");
         self.in_flight.fetch_add(1, Ordering::SeqCst);

@@ -1,9 +1,8 @@
 //! A one-way latch: starts open, is released once, and every waiter (present
 //! or future) then resolves.
 //!
-//! It carries the release contract of a region (`deregistered()`) and the
-//! registry-wide "shutdown has begun" signal. Releasing twice is harmless; a
-//! released latch never closes again.
+//! It carries a region's `deregistered()` and the registry's "shutdown has
+//! begun"; releasing twice is harmless.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

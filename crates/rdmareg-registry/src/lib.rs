@@ -2,43 +2,20 @@
 //! remote bytes into pinned buffers, and release all of it in an order that
 //! never frees memory a NIC may still touch.
 //!
-//! - [`RdmaRegistry`] — the entry point; its docs give the call order.
-//! - [`RegionGuard`] / [`RegionWatch`] — one registered region: the owner's
-//!   handle (unregister, descriptors) and clonable observers (the release
-//!   latch, reading under a lease).
-//! - [`PinnedBuf`] — a buffer from the pinned pool, the destination of GETs.
-//! - [`RdmaConfig`] / [`PoolConfig`] — budget, pool shape, time budgets.
-//! - [`RegistryStats`] / [`RegistryMetrics`] — what the registry holds now,
-//!   and cumulative counters with a GET-latency histogram.
-//! - [`SweptRegistry`] — what [`RdmaRegistry::shutdown`] returns; the only
-//!   way to release what the sweep could not.
+//! [`RdmaRegistry`] is the entry point (its docs give the call order);
+//! [`RegionGuard`] and [`RegionWatch`] hold one registered region;
+//! [`PinnedBuf`] is a GET destination from the pinned pool; [`SweptRegistry`]
+//! finishes shutdown. The provider is reached only through
+//! [`rdmareg_backend::RdmaBackend`].
 //!
-//! The registry speaks to an RDMA provider only through
-//! [`rdmareg_backend::RdmaBackend`]; nothing here knows which one it is.
+//! Background work is spawned on the [`Handle`](tokio::runtime::Handle)
+//! given to [`RdmaRegistry::new`]; that runtime, and any that polls the
+//! registry's futures, needs its time driver (`enable_time`).
 //!
-//! # Runtime
-//!
-//! The registry runs on Tokio. Its background work (deregistering dropped
-//! guards, unmapping freed dedicated arenas, carrying GETs to completion) is
-//! spawned on the [`Handle`](tokio::runtime::Handle) given to
-//! [`RdmaRegistry::new`], which therefore works from any thread. That
-//! runtime, and any runtime that polls the registry's futures, must have its
-//! time driver enabled (`enable_time` or `enable_all`): drains and shutdown
-//! are bounded by timers.
-//!
-//! # Safety model
-//!
-//! What a peer holding a descriptor can do is up to the backend: with
-//! `rdmareg-ucx` the owner serves each read itself and refuses anything
-//! outside a live registration; with raw RDMA hardware keys (which the
-//! loopback backend imitates) a key holder can read *and write* the
-//! registered range. Either way descriptors go only to peers the service
-//! trusts, and the registry treats registered memory as writable by them. A descriptor never grants more
-//! than it describes: a pool buffer is described through a registration of
-//! its own ([`PinnedBuf::describe`]), never through its arena's key. No
-//! `&`/`&mut` reference to a
-//! registered region is ever created by this crate; [`PinnedBuf`] lends
-//! `&mut [u8]` only while no transfer owns its memory.
+//! Descriptors go only to trusted peers: depending on the backend a key
+//! holder may read and write the range. This crate never creates a
+//! reference into a registered region, and [`PinnedBuf`] lends `&mut [u8]`
+//! only while no transfer owns its memory. See `docs/safety.md`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -1,29 +1,14 @@
 //! A backend `map` whose memory is freed only once the registration is known
 //! to be gone — also when the caller stops waiting for it.
 //!
-//! A backend may roll a cancelled map back asynchronously: over UCX the map
-//! is a command on the progress thread, and dropping its future pushes a
-//! compensating unmap that runs later. Freeing the memory when the future is
-//! dropped would, for that window, leave freed pages registered (readable and
-//! writable by peers, pinned in the NIC). So the registry never drops a map
-//! it started: [`MapInFlight`] owns the backend's map future *and* the memory
-//! being registered, and if it is dropped unfinished it hands both to a task
-//! on the registry's runtime, which lets the map finish, unmaps what it
-//! registered, and frees the memory only after that unmap returned `Ok(())`
-//! (contract point 3). An unmap that fails leaves the memory leaked and
-//! counted — the rule arena pages always followed. A caller's external range
-//! cannot be leaked by the registry, so there the rollback keeps retrying
-//! the unmap until the backend lets the range go, or its teardown is
-//! confirmed to hold nothing; the caller learns the range is free only then.
-//!
-//! The rollback task holds an admission ticket until its first unmap
-//! completes, so shutdown's drain waits for it (a rollback still retrying
-//! after that does not hold shutdown up: the backend's teardown is what
-//! ends it), and it is counted in
-//! [`RegistryStats::map_rollbacks_in_flight`](crate::RegistryStats::map_rollbacks_in_flight);
-//! [`RdmaRegistry::map_rollbacks_settled`](crate::RdmaRegistry::map_rollbacks_settled)
-//! resolves when none is left (what the owner of an external range waits
-//! for before reusing a range whose registration it cancelled).
+//! Over UCX a cancelled map is a command the progress thread still runs, so
+//! freeing its memory on drop would leave freed pages registered. The
+//! registry never drops a map it started: [`MapInFlight`] owns the map and
+//! its memory, and a rollback task lets it finish, unmaps it, and frees the
+//! memory only after `Ok(())` (leaked and counted on failure; a caller's
+//! range is retried instead, see `docs/safety.md`). The task holds an
+//! admission ticket until its first unmap completes, and is counted in
+//! [`RegistryStats::map_rollbacks_in_flight`](crate::RegistryStats::map_rollbacks_in_flight).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,8 +28,8 @@ pub(crate) trait MappedMemory: Send + 'static {
     /// The registration's fate is unknown: keep the memory forever.
     fn leak(self);
 
-    /// Whether this is a range the caller owns, which the registry cannot
-    /// keep forever: its registration must be confirmed gone instead.
+    /// Whether this is the caller's range, which cannot be leaked: its
+    /// registration must be confirmed gone instead.
     fn is_callers(&self) -> bool {
         false
     }
@@ -64,8 +49,7 @@ impl MappedMemory for PageMemory {
     }
 }
 
-/// An owned buffer, or none for a range the caller owns (an external
-/// region: nothing to free or leak here).
+/// An owned buffer, or `None` for the caller's own range.
 impl<T: MappedMemory> MappedMemory for Option<T> {
     fn leak(self) {
         if let Some(memory) = self {
@@ -78,9 +62,8 @@ impl<T: MappedMemory> MappedMemory for Option<T> {
     }
 }
 
-/// Memory that leaks when dropped, unless [`release`](Self::release)d
-/// first: what a rollback task holds, so that a task dropped unfinished (its
-/// runtime shut down) never frees memory a backend may still hold.
+/// Memory that leaks when dropped unless [`release`](Self::release)d: a
+/// rollback task dropped with its runtime never frees what a backend holds.
 pub(crate) struct LeakUnlessReleased<M: MappedMemory>(Option<M>);
 
 impl<M: MappedMemory> LeakUnlessReleased<M> {
@@ -102,8 +85,7 @@ impl<M: MappedMemory> LeakUnlessReleased<M> {
 impl<M: MappedMemory> Drop for LeakUnlessReleased<M> {
     fn drop(&mut self) {
         if let Some(memory) = self.0.take() {
-            // Dropping it would free memory that is not yet marked
-            // registered (the map had not completed): leak it explicitly.
+            // Not yet marked registered, so a drop would free it: leak.
             memory.leak();
         }
     }
@@ -111,14 +93,11 @@ impl<M: MappedMemory> Drop for LeakUnlessReleased<M> {
 
 /// A backend map in progress and the memory it registers.
 ///
-/// Resolves to the map's result and the memory: on `Err` nothing is registered
-/// (the backend said so); on `Ok` the memory is registered and the caller must
-/// track it before its next await.
+/// Resolves to the map's result and the memory: on `Ok` the caller must
+/// track the registration before its next await.
 ///
 /// # Cancel safety
-/// Dropping it unfinished hands the map and the memory to a rollback task
-/// (see the module documentation): nothing stays registered, and the memory
-/// is freed once the backend confirmed that.
+/// Dropped unfinished, it hands both to a rollback task (module docs).
 pub(crate) struct MapInFlight<M: MappedMemory> {
     inner: Arc<Inner>,
     /// `None` once it resolved.
@@ -131,20 +110,16 @@ struct Pending<M> {
 }
 
 impl<M: MappedMemory> MapInFlight<M> {
-    /// Ask the backend to map `[ptr, ptr + len)`, which lies inside `memory`
-    /// (or inside the caller's own range, for `None`). Call only while holding
-    /// an admission ticket.
+    /// Ask the backend to map `[ptr, ptr + len)`, inside `memory` (or the
+    /// caller's own range, for `None`), while holding an admission ticket.
     ///
     /// # Safety
-    ///
-    /// `[ptr, ptr + len)` is degenerate (null, empty, wrapping: the backend
-    /// refuses it) or meets [`RdmaBackend::map`](rdmareg_backend::RdmaBackend::map)'s
-    /// terms: it lies inside `memory`, which this type keeps alive until the
-    /// backend confirmed nothing registers it, or inside a range whose owner
-    /// gave it to the registry through `register_external`'s contract; and
-    /// the registry never names it as a GET destination unless it is a pool
-    /// arena, whose bytes safe code reaches only through a `PinnedBuf` the
-    /// GET borrows.
+    /// The range is degenerate (the backend refuses it) or meets
+    /// [`RdmaBackend::map`](rdmareg_backend::RdmaBackend::map)'s terms: it
+    /// lies inside `memory`, kept alive until nothing registers it, or in a
+    /// range given under `register_external`'s contract; and it is never a
+    /// GET destination unless it is a pool arena, reached only through a
+    /// `PinnedBuf` the GET borrows.
     pub(crate) unsafe fn start(inner: &Arc<Inner>, ptr: usize, len: usize, memory: M) -> Self {
         let backend = Arc::clone(&inner.backend);
         Self {
@@ -162,7 +137,6 @@ impl<M: MappedMemory + Unpin> Future for MapInFlight<M> {
     type Output = (Result<BackendRegion, RdmaError>, M);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // Polled again after it resolved: there is nothing left to return.
         let Some(mut pending) = self.pending.take() else {
             return Poll::Pending;
         };
@@ -235,9 +209,8 @@ async fn roll_back<M: MappedMemory>(
     }
 }
 
-/// Unmap `backend_region_id` again, backing off from 10 ms to once a second,
-/// until the backend confirms it, or until the backend's teardown is
-/// confirmed to hold nothing.
+/// Unmap again, backing off from 10 ms to 1 s, until the backend confirms
+/// it or its teardown is confirmed to hold nothing.
 async fn retry_until_released(inner: &Inner, backend_region_id: u64) {
     let mut released = inner.backend_released_everything.subscribe();
     let mut delay = std::time::Duration::from_millis(10);

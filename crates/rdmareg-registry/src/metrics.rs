@@ -1,28 +1,17 @@
-//! [`RegistryMetrics`]: cumulative counters and a GET-latency histogram,
-//! kept by the registry as it works.
+//! [`RegistryMetrics`]: cumulative counters and a GET-latency histogram.
 //!
-//! Every figure is a relaxed atomic the hot path bumps once (a GET adds one
-//! count, its bytes and one histogram bucket: four uncontended atomic adds,
-//! tens of nanoseconds beside a GET of microseconds), so keeping them costs
-//! nothing a caller could measure and needs no feature flag. Gauges (what is
-//! registered now) come from [`RegistryStats`], read at the same moment.
-//! Exporting them is the `rdmareg` facade's `metrics` feature.
-//!
-//! What is counted, and where:
-//! - **registrations / unregistrations**: regions and pool arenas the
-//!   backend mapped for the registry, and those whose unmap was confirmed
-//!   (or which were released after the backend's teardown). The extra
-//!   registrations [`PinnedBuf::describe`](crate::PinnedBuf::describe) makes
-//!   are not counted.
-//! - **errors by kind**: every error a public operation of the registry
-//!   returned (registering, allocating, GETs, posts — each failed entry of a
-//!   batch once), by [`RdmaError::kind`]. Budget refusals are the
-//!   [`ErrorKind::BudgetExceeded`] ones.
-//! - **GETs and bytes**: reads that completed `Ok` (a batch entry counts
-//!   as one) and the bytes they moved.
-//! - **GET latency**: from the read's admission to its completion, for every
-//!   completed read, `Ok` or not; each entry of a batch observes the batch's
-//!   time. A GET whose caller dropped it is not observed.
+//! Each figure is a relaxed atomic bumped once on the hot path, so keeping
+//! them needs no feature flag; exporting them is the `rdmareg` facade's.
+//! What is counted:
+//! - **registrations / unregistrations**: regions and pool arenas mapped,
+//!   and those confirmed unmapped or released after teardown (not
+//!   [`PinnedBuf::describe`](crate::PinnedBuf::describe)'s own maps);
+//! - **errors by kind**: every error a public operation returned (each
+//!   failed batch entry once), by [`RdmaError::kind`]; budget refusals are
+//!   [`ErrorKind::BudgetExceeded`];
+//! - **GETs and bytes**: reads completed `Ok`, a batch entry as one;
+//! - **GET latency**: admission to completion of every completed read; each
+//!   batch entry observes the batch's time; dropped GETs are not observed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -98,12 +87,8 @@ impl Counters {
         self.observe_latency(took, 1);
     }
 
-    /// The entries of one completed list, each its length and outcome.
-    ///
-    /// All of them took `took`. They are counted exactly as that many
-    /// [`get`]s, with one update per counter instead of one per entry.
-    ///
-    /// [`get`]: Counters::get
+    /// The entries of one completed list that took `took`, counted as that
+    /// many `get`s with one update per counter.
     pub(crate) fn list<'a>(
         &self,
         entries: impl IntoIterator<Item = (u64, &'a Result<(), RdmaError>)>,
@@ -170,8 +155,7 @@ impl Counters {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct RegistryMetrics {
-    /// What the registry holds now (registered bytes, live regions, arenas,
-    /// pool bytes in use, leaked bytes, ...).
+    /// What the registry holds now.
     pub stats: RegistryStats,
     /// Regions and pool arenas registered so far.
     pub registrations: u64,
@@ -204,9 +188,7 @@ impl RegistryMetrics {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LatencyHistogram {
-    /// Observations per bucket (not cumulative): entry `i` counts those at
-    /// most `GET_LATENCY_BUCKETS[i]` seconds and above the previous bound;
-    /// the last entry counts those above every bound.
+    /// Observations per bucket, not cumulative; the last is `+Inf`.
     pub buckets: Vec<u64>,
     /// Sum of every observation.
     pub sum: Duration,

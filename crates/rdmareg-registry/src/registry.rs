@@ -1,6 +1,4 @@
 //! [`RdmaRegistry`]: the entry point, and the state every handle shares.
-//!
-//! The call order is documented on [`RdmaRegistry`] itself.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -42,16 +40,11 @@ pub(crate) struct Inner {
     next_generation: AtomicU64,
     pub(crate) transfers_in_flight: AtomicUsize,
     pub(crate) leaked_bytes: Arc<AtomicU64>,
-    /// Cancelled maps still being rolled back (see `mapping.rs`).
     pub(crate) map_rollbacks: tokio::sync::watch::Sender<usize>,
-    /// Set once the backend's teardown is confirmed to hold nothing
-    /// (`finish_after_backend_teardown`): ends rollbacks still retrying.
+    /// Set once the torn-down backend holds nothing: ends retrying rollbacks.
     pub(crate) backend_released_everything: tokio::sync::watch::Sender<bool>,
-    /// Own registrations of lent buffers not yet confirmed unmapped.
     pub(crate) lent_registrations: Arc<AtomicUsize>,
-    /// Serialises shutdown calls (each is a full pass; see `shutdown.rs`).
     pub(crate) shutdown_serial: tokio::sync::Mutex<()>,
-    /// Cumulative counters (see `metrics.rs`).
     pub(crate) counters: Counters,
 }
 
@@ -66,8 +59,7 @@ impl std::fmt::Debug for Inner {
 /// Every registration the registry is responsible for.
 #[derive(Debug, Default)]
 pub(crate) struct Tables {
-    /// Set by the shutdown sweep: a registration that arrives afterwards
-    /// releases itself at once.
+    /// Set by the shutdown sweep; later registrations release themselves.
     pub(crate) swept: bool,
     pub(crate) regions: HashMap<u64, Arc<RegionState>>,
     pub(crate) arenas: HashMap<u64, Arc<Arena>>,
@@ -80,43 +72,34 @@ impl Inner {
 }
 
 /// Registers memory with an [`RdmaBackend`], hands out pinned buffers, moves
-/// bytes with GETs, and shuts all of it down in order.
-///
-/// Cheap to clone: clones share one registry.
+/// bytes with GETs, and shuts all of it down in order. Clones share one
+/// registry.
 ///
 /// # Call order
 ///
-/// 1. Build one registry per backend: [`RdmaRegistry::new`].
-/// 2. Register: [`register_owned`](Self::register_owned) (safe) or
-///    [`register_external`](Self::register_external) (`unsafe`: the caller
-///    keeps the memory alive), or allocate from the pool:
-///    [`alloc_pinned`](Self::alloc_pinned) /
-///    [`try_alloc_pinned`](Self::try_alloc_pinned).
-/// 3. Describe: [`RegionGuard::descriptor`], or for a pool buffer
-///    [`PinnedBuf::describe`] (a registration of its own, so the descriptor
-///    grants that buffer and not its arena); send the encoding to a trusted
-///    peer.
-/// 4. Transfer: [`get`](Self::get) / [`get_into`](Self::get_into) a peer's
-///    descriptor into a [`PinnedBuf`].
-/// 5. Release: [`RegionGuard::unregister`] (or drop the guard), drop the
-///    buffers.
-/// 6. Shut down: [`shutdown`](Self::shutdown) → tear the backend down →
+/// 1. [`new`](Self::new), one registry per backend.
+/// 2. [`register_owned`](Self::register_owned) /
+///    [`register_external`](Self::register_external), or allocate with
+///    [`alloc_pinned`](Self::alloc_pinned).
+/// 3. Describe with [`RegionGuard::descriptor`] or [`PinnedBuf::describe`]
+///    and send the encoding to a trusted peer.
+/// 4. [`get`](Self::get) a peer's descriptor into a [`PinnedBuf`].
+/// 5. [`RegionGuard::unregister`], drop the buffers.
+/// 6. [`shutdown`](Self::shutdown), tear the backend down, then
 ///    [`SweptRegistry::finish_after_backend_teardown`].
 #[derive(Clone, Debug)]
 pub struct RdmaRegistry {
     inner: Arc<Inner>,
 }
 
-/// The page-enclosing range of `[addr, addr + len)` at the system page size:
-/// the least a registration pins, whatever the backend reports. The caller
-/// has checked that the range does not overflow.
+/// The page-enclosing range of `[addr, addr + len)` at the system page
+/// size: the least a registration pins. The range must not overflow.
 pub(crate) fn system_pages(addr: u64, len: u64) -> PageRange {
     page_enclosing_range(addr, len, rdmareg_backend::page_size())
         .unwrap_or(PageRange { start: addr, len })
 }
 
-/// The first byte of a range being registered, carried across the map's
-/// await.
+/// The first byte of a range being registered, carried across an await.
 struct Address(std::ptr::NonNull<u8>);
 
 // SAFETY: the pointer is carried, not dereferenced: it is handed to the
@@ -141,9 +124,7 @@ impl RegisterOwnedError {
     }
 }
 
-/// Lets `?` turn a refused registration into its [`RdmaError`]. The buffer
-/// is dropped (it was never registered); keep it with
-/// [`RegisterOwnedError::into_buffer`] when the fallback needs the data.
+/// Lets `?` turn a refusal into its [`RdmaError`], dropping the buffer.
 impl From<RegisterOwnedError> for RdmaError {
     fn from(e: RegisterOwnedError) -> Self {
         e.error
@@ -200,47 +181,25 @@ impl RdmaRegistry {
         self.inner.shutdown_started.is_released()
     }
 
-    /// Register memory the caller owns and keeps.
-    ///
-    /// Charges the page-enclosing range against the budget before mapping,
-    /// and reconciles the charge to what the backend pinned — never to less
-    /// than the page-enclosing range.
+    /// Register memory the caller owns and keeps; the budget is charged
+    /// the page-enclosing range. A registration completed after the
+    /// shutdown sweep returns its guard already deregistering.
     ///
     /// # Safety
-    /// From the call until the returned guard's
-    /// [`deregistered`](RegionGuard::deregistered) resolves, the caller
-    /// guarantees that `[ptr, ptr + len)`:
-    /// - stays allocated (not freed, not reused for another object), and
-    ///   valid for reads and writes;
-    /// - is not accessed through any Rust reference (`&`/`&mut`): peers
-    ///   holding its key may write it at any moment on backends whose keys
-    ///   grant writes (RDMA hardware). Read it through
-    ///   [`RegionWatch::read`](crate::RegionWatch::read), or through raw
-    ///   pointers at the caller's own risk.
-    ///
-    /// If this returns an error, nothing is registered and the range may be
-    /// reused at once. If its future is dropped before it completes, the
-    /// backend may still be registering the range (over UCX the map is a
-    /// command on the progress thread): the registry lets that map finish and
-    /// unmaps it, and the range may be reused once
-    /// [`map_rollbacks_settled`](Self::map_rollbacks_settled) resolves — which
-    /// it does not while the backend refuses that unmap (the rollback keeps
-    /// retrying; see there). (Nothing is awaited after the backend's map
-    /// succeeds, so a cancellation can only come before or during the map.)
-    /// A map that completes after the shutdown sweep still returns its guard,
-    /// with a deregistration already under way: wait for `deregistered()` as
-    /// always.
+    /// Until the guard's [`deregistered`](RegionGuard::deregistered)
+    /// resolves, `[ptr, ptr + len)` stays allocated and valid for reads and
+    /// writes, and no Rust reference points into it (peers may write it on
+    /// RDMA hardware; read it through [`RegionWatch::read`](crate::RegionWatch::read)).
     ///
     /// # Errors
-    /// [`RdmaError::OutOfRange`] for a null pointer, zero length or a range
-    /// that overflows; [`RdmaError::ShuttingDown`];
-    /// [`RdmaError::BudgetExceeded`]; the backend's map error.
+    /// [`RdmaError::OutOfRange`] for a null, empty or overflowing range;
+    /// [`RdmaError::ShuttingDown`]; [`RdmaError::BudgetExceeded`]; the
+    /// backend's map error. After an error the range may be reused at once.
     ///
     /// # Cancel safety
-    /// Dropping the future returns the charge; the registration it may have
-    /// started is rolled back in the background, and the range stays
-    /// registered until [`map_rollbacks_settled`](Self::map_rollbacks_settled)
-    /// resolves.
+    /// Dropping the future returns the charge and rolls a started map back
+    /// in the background; the range may be reused once
+    /// [`map_rollbacks_settled`](Self::map_rollbacks_settled) resolves.
     pub unsafe fn register_external(
         &self,
         ptr: *mut u8,
@@ -271,10 +230,8 @@ impl RdmaRegistry {
     /// [`RdmaError::OutOfRange`].
     ///
     /// # Cancel safety
-    /// Dropping the future returns the charge and forfeits the buffer: a map
-    /// already started is let finish and rolled back in the background, and
-    /// the buffer is freed only once that unmap is confirmed (leaked if it
-    /// fails) — never while the backend may still hold it.
+    /// Dropping the future returns the charge and forfeits the buffer, which
+    /// is freed once the rollback's unmap is confirmed (leaked if it fails).
     pub async fn register_owned(
         &self,
         buffer: Box<[u8]>,
@@ -294,15 +251,13 @@ impl RdmaRegistry {
                 self.inner.counters.error(&error);
                 RegisterOwnedError {
                     error,
-                    // Every refusal happens before the map, so the buffer is
-                    // unregistered and `into_box` hands it back.
+                    // Every refusal precedes the map: the buffer is free.
                     buffer: owned.and_then(OwnedBuffer::into_box).unwrap_or_default(),
                 }
             })
     }
 
-    /// Admission, budget, map, track. Hands the owned buffer back (still
-    /// unregistered) with any error.
+    /// Admission, budget, map, track; an error hands the buffer back.
     async fn register_range(
         &self,
         start: Address,
@@ -322,8 +277,6 @@ impl RdmaRegistry {
             Ok(charge) => charge,
             Err(error) => return Err((error, owned)),
         };
-        // Dropped unfinished, the map is rolled back and an owned buffer is
-        // freed only once the backend confirmed it (see `mapping.rs`).
         // SAFETY: the range is the bytes of `owned`, which `MapInFlight`
         // keeps until nothing registers them, or (for `None`) a range whose
         // owner promised what `register_external` asks; the registry never
@@ -334,13 +287,12 @@ impl RdmaRegistry {
             Ok(mapped) => mapped,
             Err(error) => return Err((error, owned)),
         };
-        // No await from here to the return: a registration the backend holds
-        // is always tracked under a guard before anyone can cancel us.
+        // No await from here on: a mapped region is tracked before any
+        // cancellation point.
         if let Some(owned) = owned.as_mut() {
             owned.mark_registered();
         }
-        // Never less than the pages the OS pins (contract point 7), even if
-        // the backend reports the bytes unrounded.
+        // Never less than the pages the OS pins (contract point 7).
         let effective = system_pages(addr as u64, len as u64)
             .cover(mapped.effective_addr, mapped.effective_len);
         charge.reconcile(effective.len);
@@ -373,9 +325,8 @@ impl RdmaRegistry {
             tables.swept
         };
         if late {
-            // The sweep has passed: release it now. The caller still gets
-            // the guard, because only its latch can say when the memory is
-            // free again.
+            // Past the sweep: release now, but return the guard, whose
+            // latch says when the memory is free.
             tracing::warn!(
                 generation,
                 "registration completed after the shutdown sweep; deregistering it at once"
@@ -389,8 +340,8 @@ impl RdmaRegistry {
         Ok(RegionGuard::new(Arc::clone(inner), state))
     }
 
-    /// Allocate a pinned buffer of exactly `len` bytes from the pool, mapping
-    /// a new arena if none has room (or a dedicated one for a large request).
+    /// Allocate a pinned buffer of exactly `len` bytes from the pool,
+    /// mapping a new arena if none has room.
     ///
     /// # Errors
     /// [`RdmaError::OutOfRange`] for `len == 0` or a size the pool cannot
@@ -398,24 +349,22 @@ impl RdmaRegistry {
     /// a needed arena does not fit the budget; the backend's map error.
     ///
     /// # Cancel safety
-    /// Dropping the future before the arena's map completes rolls that map
-    /// back in the background and frees the arena's pages once the unmap is
-    /// confirmed; once it completed, the arena is kept by the pool.
+    /// A dropped arena map is rolled back in the background; a completed
+    /// one stays in the pool.
     pub async fn alloc_pinned(&self, len: usize) -> Result<PinnedBuf, RdmaError> {
         let result = pool::alloc_pinned(&self.inner, len).await;
         self.inner.counters.outcome(&result);
         result
     }
 
-    /// Allocate from arenas already mapped: never blocks, never maps. `None`
-    /// if no arena has room, the request needs a dedicated arena, `len` is
-    /// zero, or shutdown has begun.
+    /// Allocate from arenas already mapped, never mapping. `None` if none
+    /// has room, `len` is zero or needs its own arena, or shutdown began.
     pub fn try_alloc_pinned(&self, len: usize) -> Option<PinnedBuf> {
         pool::try_alloc_pinned(&self.inner, len)
     }
 
     /// Read the whole range `src` describes from `peer` into the start of
-    /// `dst`. See [`get_into`](Self::get_into).
+    /// `dst`.
     ///
     /// # Errors
     /// As [`get_into`](Self::get_into).
@@ -434,9 +383,8 @@ impl RdmaRegistry {
     /// Read the range `src` describes (cut a sub-range with
     /// [`Descriptor::slice`]) from `peer` into `dst` at `dst_offset`.
     ///
-    /// The transfer runs on the registry's runtime and holds `dst`'s pool
-    /// slot until the backend has finished with it, whether or not this
-    /// future is still awaited. Shutdown waits for it.
+    /// The transfer holds `dst`'s pool slot until the backend has finished
+    /// with it, awaited or not; shutdown waits for it.
     ///
     /// # Errors
     /// [`RdmaError::InvalidDescriptor`] if `src` names another backend;
@@ -448,11 +396,9 @@ impl RdmaRegistry {
     /// [`RdmaError::Timeout`] past the configured deadline).
     ///
     /// # Cancel safety
-    /// Not cancel-safe for `dst`: dropping the future before it completes
-    /// *surrenders* `dst` (it becomes empty, see
-    /// [`PinnedBuf::is_surrendered`]) because the backend may still be
-    /// writing its memory; the memory returns to the pool when the transfer
-    /// finishes.
+    /// Not cancel-safe for `dst`: dropping the future surrenders it (see
+    /// [`PinnedBuf::is_surrendered`]), since the backend may still write it;
+    /// the memory returns to the pool when the transfer finishes.
     pub async fn get_into(
         &self,
         peer: PeerId,
@@ -463,38 +409,29 @@ impl RdmaRegistry {
         transfer::get(&self.inner, peer, src, dst, dst_offset).await
     }
 
-    /// An empty [`TransferList`] of reads from `peer`: fill it with
-    /// [`TransferList::push`], then [`post`](Self::post) it as often as
-    /// needed.
+    /// An empty [`TransferList`] of reads from `peer`, to
+    /// [`post`](Self::post) as often as needed.
     pub fn transfer_list(&self, peer: PeerId) -> TransferList {
         TransferList::new(peer, &self.inner.backend_key)
     }
 
-    /// Post every read of `list` as one batch into `buffers`.
-    ///
-    /// Entry `i` of the list names its buffer by index into this slice.
-    /// Returns one result per entry, in list order.
+    /// Post every read of `list` as one batch into `buffers` (entries name
+    /// buffers by index); one result per entry, in list order.
     ///
     /// Posting a list again into the same buffers is the cheap case: the
-    /// list keeps the requests of its last post and submits them again as
-    /// they are, and a backend may keep what it worked out for them (the
-    /// UCX engine keeps a same-host list's copy plan). Keep the buffers of
-    /// a list you post often rather than allocating new ones per post.
+    /// backend may reuse what it worked out at the last post.
     ///
     /// # Errors
-    /// The outer error is the post's as a whole, and nothing was submitted:
-    /// [`RdmaError::OutOfRange`] if a named buffer is missing,
-    /// [`RdmaError::DestinationTooSmall`] if one is too short for its
-    /// entries, [`RdmaError::BufferSurrendered`] if one was surrendered, [`RdmaError::ForeignBuffer`] if another registry
-    /// allocated one, [`RdmaError::InvalidDescriptor`] for a list built for
-    /// another backend, [`RdmaError::ShuttingDown`]. Each inner result is
-    /// that entry's, as [`get_into`](Self::get_into) would return it.
+    /// The outer error means nothing was submitted:
+    /// [`RdmaError::OutOfRange`] for a missing buffer,
+    /// [`RdmaError::DestinationTooSmall`], [`RdmaError::BufferSurrendered`],
+    /// [`RdmaError::ForeignBuffer`], [`RdmaError::InvalidDescriptor`] for a
+    /// list built for another backend, [`RdmaError::ShuttingDown`]. Each
+    /// inner result is as [`get_into`](Self::get_into) would return it.
     ///
     /// # Cancel safety
-    /// Not cancel-safe for `buffers`: dropping the future while the batch
-    /// is in flight surrenders every buffer the list writes (see
-    /// [`PinnedBuf::is_surrendered`]); their memory returns to the pool when
-    /// the backend has finished with it.
+    /// Not cancel-safe for `buffers`: dropping the future surrenders every
+    /// buffer the list writes (see [`PinnedBuf::is_surrendered`]).
     pub async fn post(
         &self,
         list: &TransferList,
@@ -526,18 +463,14 @@ impl RdmaRegistry {
         self.post(&list, buffers).await
     }
 
-    /// Shut down, step one: refuse new work, wait for admitted work
-    /// (registrations, allocations, rollbacks of cancelled maps, transfers in
-    /// flight — not buffers merely held) to finish, then deregister every
-    /// region and arena. `budget` bounds the whole of it; an unmap still
-    /// waiting for a transfer when it runs out goes on in the background and
-    /// releases its region the moment the backend confirms it (the report
-    /// counts it as pending, not surviving).
+    /// Shut down, step one: refuse new work, wait for admitted work (not
+    /// buffers merely held), then deregister every region and arena, all
+    /// within `budget`. An unmap still waiting for a transfer goes on in the
+    /// background and is reported pending, not surviving.
     ///
-    /// Then tear the backend down, and call
-    /// [`SweptRegistry::finish_after_backend_teardown`] to release what the
-    /// sweep could not. Idempotent: a second call re-sweeps whatever is
-    /// left.
+    /// Then tear the backend down and call
+    /// [`SweptRegistry::finish_after_backend_teardown`]. A second call
+    /// re-sweeps whatever is left.
     ///
     /// # Cancel safety
     /// Dropping the future leaves the registry closed to new work; unmaps
@@ -546,26 +479,19 @@ impl RdmaRegistry {
         shutdown::shutdown(&self.inner, budget).await
     }
 
-    /// Resolves once no cancelled registration is still being rolled back:
-    /// every map whose future was dropped has been unmapped (or, for memory
-    /// the registry owns, its unmap failed and the memory was leaked). The
-    /// owner of an external range whose
-    /// [`register_external`](Self::register_external) it cancelled waits for
-    /// this before reusing the range.
+    /// Resolves once every cancelled registration has been rolled back;
+    /// the owner of a cancelled external range waits for this to reuse it.
     ///
-    /// The registry cannot leak an external range (the caller owns it), so
-    /// a rollback whose unmap the backend refuses keeps retrying it, backing
-    /// off to once a second, and stays counted in
-    /// [`RegistryStats::map_rollbacks_in_flight`](crate::RegistryStats::map_rollbacks_in_flight):
-    /// this does not resolve until the backend lets the range go, or until
-    /// [`SweptRegistry::finish_after_backend_teardown`](crate::SweptRegistry::finish_after_backend_teardown)
-    /// has confirmed the torn-down backend holds nothing.
+    /// A rollback whose unmap the backend refuses keeps retrying (counted
+    /// in [`RegistryStats::map_rollbacks_in_flight`](crate::RegistryStats::map_rollbacks_in_flight)),
+    /// so this waits until the backend lets the range go or
+    /// [`SweptRegistry::finish_after_backend_teardown`] confirms it holds
+    /// nothing.
     ///
     /// # Cancel safety
     /// Cancel-safe: it only observes.
     pub async fn map_rollbacks_settled(&self) {
         let mut count = self.inner.map_rollbacks.subscribe();
-        // The sender lives in `inner`, which `self` keeps alive.
         let _ = count.wait_for(|n| *n == 0).await;
     }
 
@@ -575,8 +501,7 @@ impl RdmaRegistry {
     }
 
     /// Cumulative counters and a GET-latency histogram, with the current
-    /// [`stats`](Self::stats) taken at the same moment. Cheap: a few dozen
-    /// atomic loads and the table walk `stats` does.
+    /// [`stats`](Self::stats). Cheap: atomic loads and a table walk.
     pub fn metrics(&self) -> RegistryMetrics {
         self.inner.counters.snapshot(self.stats())
     }

@@ -1,32 +1,18 @@
 //! Shutdown as an ordering that cannot be taken out of order.
 //!
-//! 1. **Gate**: new registrations, allocations and transfers are refused
-//!    from here on, and every guard's `shutdown_initiated()` resolves.
-//! 2. **Drain**: wait for admitted work to finish — registrations and
-//!    allocations whose map is in progress, rollbacks of cancelled maps, and
-//!    transfers in flight (which hold their destination's slot). Buffers the
-//!    application merely still holds are not waited for.
-//! 3. **Sweep**: unmap every region and arena the registry tracks, whether or
-//!    not the drain finished ("force"): a backend parks the unmap of a region
-//!    with a transfer in flight until the transfer is over. One budget
-//!    bounds steps 2 and 3 together. An unmap the backend refused
-//!    *survives*, still tracked; an unmap that did not complete within the
-//!    budget is *pending*: it goes on in the background, and the region or
-//!    arena is released the moment the backend confirms it — so only what is
-//!    really still registered is left for step 5
-//!    ([`SweptRegistry::survivors`] counts it at any time).
+//! 1. **Gate**: refuse new work; guards' `shutdown_initiated()` resolves.
+//! 2. **Drain**: wait for admitted work (maps, rollbacks, transfers), not
+//!    for buffers merely held.
+//! 3. **Sweep**: unmap everything tracked, drained or not, within one budget
+//!    for steps 2 and 3. A refused unmap *survives*; an unfinished one is
+//!    *pending* and releases its region when confirmed.
 //! 4. The caller tears the backend down.
 //! 5. [`SweptRegistry::finish_after_backend_teardown`] releases the
-//!    survivors' latches — only if the backend then reports nothing
-//!    registered (`Some(0)`), or cannot report (`None`, which rests on this
-//!    ordering alone). Otherwise it refuses, logs an error, and leaves them
-//!    open: releasing a region the backend may still pin would let its owner
-//!    free memory a NIC can write.
+//!    survivors only if the backend reports `Some(0)` (or `None`): a region
+//!    it may still pin must not be freed.
 //!
-//! Step 5 is only reachable through the [`SweptRegistry`] that steps 1–3
-//! return, so it cannot run before the sweep. Registrations that complete
-//! after the sweep (their map was admitted before the gate closed and
-//! outlasted the drain) release themselves at once.
+//! Step 5 is reachable only through the [`SweptRegistry`] of step 3.
+//! Registrations completing after the sweep release themselves at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,19 +38,14 @@ pub struct ShutdownReport {
     pub regions_deregistered: usize,
     /// Arenas whose unmap the sweep confirmed.
     pub arenas_deregistered: usize,
-    /// Regions whose unmap the backend refused with an error: still
-    /// registered as far as anyone can tell.
+    /// Regions whose unmap the backend refused: still registered.
     pub regions_surviving: usize,
     /// Arenas whose unmap the backend refused with an error.
     pub arenas_surviving: usize,
-    /// Regions whose unmap did not complete within the budget.
-    ///
-    /// A transfer still used them. The unmap goes on in the background and
-    /// releases each region once confirmed; [`SweptRegistry::survivors`] says
-    /// how many are still registered later.
+    /// Regions whose unmap did not complete within the budget (a transfer
+    /// still used them); it goes on and releases each once confirmed.
     pub regions_unmap_pending: usize,
-    /// Arenas whose unmap did not complete within the budget; as
-    /// [`regions_unmap_pending`](Self::regions_unmap_pending).
+    /// Arenas whose unmap did not complete within the budget.
     pub arenas_unmap_pending: usize,
 }
 
@@ -77,11 +58,8 @@ pub struct Survivors {
     /// Arenas not yet confirmed unmapped.
     pub arenas: usize,
     /// Lent buffers ([`DescribedBuf`](crate::DescribedBuf)s) whose own
-    /// registration is not yet confirmed unmapped. The sweep leaves them to
-    /// their holders (withdrawing or dropping one unmaps it); the backend's
-    /// teardown revokes them, and once
-    /// [`finish_after_backend_teardown`](SweptRegistry::finish_after_backend_teardown)
-    /// has confirmed it, they no longer count.
+    /// registration is not yet confirmed unmapped; left to their holders,
+    /// revoked by the backend's teardown.
     pub lent_buffers: usize,
 }
 
@@ -89,8 +67,7 @@ pub struct Survivors {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TeardownVerdict {
-    /// The backend reported nothing registered (or cannot report): every
-    /// survivor was released — latches resolved, arena pages freeable.
+    /// The backend reported nothing (or cannot report): all released.
     Released {
         /// Surviving regions whose latch this released.
         regions: usize,
@@ -99,8 +76,7 @@ pub enum TeardownVerdict {
         /// What the backend reported.
         backend_live: Option<usize>,
     },
-    /// The backend still holds registrations: nothing was released. Tear the
-    /// backend down (or retry its unmaps) and call again.
+    /// The backend still holds registrations: nothing released; retry.
     Refused {
         /// The backend's own count.
         backend_live: usize,
@@ -113,14 +89,9 @@ pub enum TeardownVerdict {
 
 /// Proof that the sweep ran; the only way to release survivors.
 ///
-/// # Dropping it unfinished
-/// Dropped before [`finish_after_backend_teardown`](Self::finish_after_backend_teardown)
-/// released the survivors, it does what that call would do if the backend
-/// reports `Some(0)` (nothing can still be pinned, so releasing is safe). If
-/// the backend still holds registrations, or cannot report, it leaves them
-/// open and logs a warning: the way back is to call
-/// [`RdmaRegistry::shutdown`](crate::RdmaRegistry::shutdown) again, whose new
-/// `SweptRegistry` can finish once the backend is torn down.
+/// Dropped unfinished, it releases them only if the backend reports
+/// `Some(0)`; otherwise it logs a warning, and a new
+/// [`RdmaRegistry::shutdown`](crate::RdmaRegistry::shutdown) gives another.
 #[derive(Debug)]
 #[must_use = "tear the backend down, then call finish_after_backend_teardown to release what the sweep could not"]
 pub struct SweptRegistry {
@@ -136,11 +107,8 @@ impl SweptRegistry {
         &self.report
     }
 
-    /// What is still registered as far as the registry knows, now: regions
-    /// and arenas whose unmap failed, or is still pending, and lent buffers
-    /// still holding their own registration. A pending unmap that the
-    /// backend confirms after the sweep releases its region or arena at that
-    /// moment, and it stops counting here.
+    /// What the registry still counts as registered now: failed or pending
+    /// unmaps and lent buffers.
     pub fn survivors(&self) -> Survivors {
         let lent_buffers = if *self.inner.backend_released_everything.borrow() {
             0
@@ -157,9 +125,8 @@ impl SweptRegistry {
         }
     }
 
-    /// Call after the backend has been torn down. Releases every survivor if
-    /// the backend reports `Some(0)` or `None`; otherwise refuses (logged).
-    /// May be called again; releases nothing twice.
+    /// After the backend's teardown, release every survivor if it reports
+    /// `Some(0)` or `None`, else refuse (logged). Repeatable.
     pub fn finish_after_backend_teardown(&self) -> TeardownVerdict {
         let inner = &self.inner;
         let backend_live = inner.backend.live_registrations();
@@ -206,8 +173,7 @@ impl SweptRegistry {
             }
         }
         inner.pool.pooled.write().clear();
-        // Rollbacks still retrying an unmap of a caller's range can stop:
-        // nothing is registered any more.
+        // Rollbacks retrying an unmap of a caller's range can stop.
         inner.backend_released_everything.send_replace(true);
         self.finished
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -338,9 +304,7 @@ enum Sweep {
     Pending,
 }
 
-/// Run `unmap` until `deadline`; if it has not completed by then, carry it on
-/// in the background (its confirmation releases what it unmapped) instead of
-/// dropping it.
+/// Run `unmap` until `deadline`, then carry it on in the background.
 async fn bounded(
     handle: tokio::runtime::Handle,
     deadline: tokio::time::Instant,

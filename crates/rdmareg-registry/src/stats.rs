@@ -1,7 +1,7 @@
 //! [`RegistryStats`]: a snapshot of what the registry holds.
 //!
-//! Figures are read one after another, not atomically together, so under
-//! concurrent activity they may disagree by the operations in progress.
+//! Figures are read one after another, so under load they may disagree by
+//! the operations in progress.
 
 use std::sync::atomic::Ordering;
 
@@ -11,13 +11,11 @@ use crate::registry::Inner;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct RegistryStats {
-    /// Bytes charged against the budget: what is registered, page-rounded
-    /// and reconciled to the backend's report.
+    /// Bytes charged against the budget (page-rounded, reconciled).
     pub registered_bytes: u64,
     /// The budget's ceiling.
     pub budget_bytes: u64,
-    /// Regions tracked and not yet released (includes regions whose
-    /// deregistration is in progress or failed).
+    /// Regions not yet released (including failed deregistrations).
     pub live_regions: usize,
     /// Pooled arenas still registered.
     pub pooled_arenas: usize,
@@ -27,23 +25,18 @@ pub struct RegistryStats {
     pub dedicated_arenas: usize,
     /// Total size of those dedicated arenas.
     pub dedicated_arena_bytes: u64,
-    /// Pool buffers alive in arenas still registered (held by the
-    /// application or by a transfer).
+    /// Pool buffers alive (held by the application or a transfer).
     pub live_allocations: usize,
-    /// Bytes of those arenas carved into live buffers (whole granules; a
-    /// dedicated arena in use counts whole).
+    /// Bytes of those arenas carved into live buffers (whole granules).
     pub pool_bytes_in_use: u64,
     /// GETs admitted and not yet completed by the backend.
     pub transfers_in_flight: usize,
-    /// Cancelled registrations whose map is still being let finish and
-    /// unmapped; their memory is freed only when that unmap is confirmed.
+    /// Cancelled registrations still being rolled back.
     pub map_rollbacks_in_flight: usize,
     /// Bytes of arena pages and owned buffers leaked because their unmap
     /// was never confirmed.
     pub leaked_bytes: u64,
-    /// Lent buffers' own registrations not yet confirmed unmapped: held by
-    /// [`DescribedBuf`](crate::DescribedBuf)s, or being unmapped after a
-    /// withdrawal or a drop (a leaked one stays counted).
+    /// Lent buffers' own registrations not yet confirmed unmapped.
     pub lent_registrations: usize,
 }
 

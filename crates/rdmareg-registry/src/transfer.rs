@@ -1,17 +1,10 @@
 //! GETs into pool buffers.
 //!
-//! A transfer is admitted through the gate and then owns three things until the
-//! backend's GET completes: the admission ticket (so shutdown waits for it),
-//! the destination's pool slot (so its granules cannot be handed to another
-//! buffer while the backend may still write them), and an in-flight count.
-//!
-//! The caller's future polls the backend's GET directly: no task is spawned
-//! on the fast path, because a spawn and a join-handle wake-up cost more
-//! than a shared-memory GET. Only if the caller's future is dropped while
-//! the GET is in flight does [`PendingTransfer`] move the GET, with
-//! everything it owns, into a task on the registry's runtime that finishes
-//! it; the slot returns to the pool then. The caller's buffer stays
-//! *surrendered* (empty), since its memory left with the transfer.
+//! An admitted transfer owns its ticket (shutdown waits), the destination's
+//! slot (its granules cannot serve another buffer meanwhile) and an
+//! in-flight count until the GET completes. The caller polls the GET itself,
+//! since a spawn costs more than a shared-memory GET; only a dropped caller
+//! moves it into a task ([`PendingTransfer`]), surrendering the buffer.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -46,8 +39,7 @@ impl Drop for InFlight {
     }
 }
 
-/// See [`RdmaRegistry::get_into`](crate::RdmaRegistry::get_into); counts
-/// the outcome.
+/// [`RdmaRegistry::get_into`](crate::RdmaRegistry::get_into), counted.
 pub(crate) async fn get(
     inner: &Arc<Inner>,
     peer: PeerId,
@@ -64,8 +56,7 @@ pub(crate) async fn get(
     result
 }
 
-/// The GET; sets `took` to the time from admission to the backend's result
-/// once it has one.
+/// The GET; sets `took` to the time from admission to the result.
 async fn get_timed(
     inner: &Arc<Inner>,
     peer: PeerId,
@@ -111,14 +102,12 @@ async fn get_timed(
         return Err(RdmaError::RegionNotFound);
     };
     let backend = Arc::clone(&inner.backend);
-    // Owning the backend handle inside the future makes it `'static`, so a
-    // cancelled caller can hand it to a task.
+    // Owning the backend handle makes the future `'static`, for a task.
     let transfer: BoxFuture<'static, Result<(), RdmaError>> =
         // SAFETY: the destination is the slot's bytes in a pool arena the
-        // registry mapped; the slot was taken out of `dst` above, so no
-        // `PinnedBuf` reaches those bytes until `pending` hands it back,
-        // which it does only once the backend's GET completed (or, for a
-        // dropped call, once the transfer ended, contract point 4).
+        // registry mapped; the slot was taken out of `dst`, so no
+        // `PinnedBuf` reaches them until `pending` hands it back after the
+        // GET completed (contract points 4 and 8).
         Box::pin(async move { unsafe { backend.get(request) }.await });
     let mut pending = PendingTransfer {
         transfer: Some(transfer),
@@ -139,42 +128,33 @@ async fn get_timed(
     }
 }
 
-/// Bytes per microsecond a busy-polled GET is assumed to move (5 GB/s,
-/// below what tcp moves between processes of one host): the poll window
-/// grows by the transfer's expected duration, so a lone GET or list of up
-/// to about 1 MiB completes without a wake-up on any local lane. A faster
-/// rate would let a tcp read outlast its window and sleep.
+/// Assumed rate of a busy-polled GET (5 GB/s, below local tcp), so a lone
+/// read of up to about 1 MiB completes within its window on any local lane.
 const BUSY_POLL_BYTES_PER_MICROSECOND: u64 = 5_000;
-/// Longest busy-poll window, whatever the size: past it a wake-up costs
-/// under a tenth of the transfer.
+/// Longest window: past it a wake-up costs under a tenth of the transfer.
 const BUSY_POLL_CAP: Duration = Duration::from_micros(200);
 
-/// The busy-poll window of a lone GET of `len` bytes: the configured base
-/// plus the transfer's expected duration, capped.
+/// A lone GET's busy-poll window: the base plus the expected duration,
+/// capped.
 pub(crate) fn busy_poll_window(base: Duration, len: u64) -> Duration {
     let expected = Duration::from_micros(len / BUSY_POLL_BYTES_PER_MICROSECOND);
     (base + expected).min(BUSY_POLL_CAP.max(base))
 }
 
-/// A GET (or a batch of them) in flight and everything it holds.
-///
-/// Polled by the caller; if it is dropped before the backend's GET completed,
-/// its `Drop` detaches the transfer onto the runtime so the slots, ticket and
-/// count are released only when the backend is done with the memory.
+/// A GET (or batch) in flight and everything it holds; dropped unfinished,
+/// it detaches onto the runtime until the backend is done with the memory.
 pub(crate) struct PendingTransfer<T: Send + 'static> {
     pub(crate) transfer: Option<BoxFuture<'static, T>>,
     pub(crate) slots: HeldSlots,
     pub(crate) ticket: Option<Ticket>,
     pub(crate) in_flight: Option<InFlight>,
     pub(crate) handle: tokio::runtime::Handle,
-    /// Poll this long on the first poll (see `RdmaConfig::get_busy_poll`);
-    /// taken by that poll so later polls never spin.
+    /// The first poll's spin window (`get_busy_poll`), taken by that poll.
     pub(crate) busy_poll: Option<Duration>,
 }
 
 impl<T: Send + 'static> PendingTransfer<T> {
-    /// After the backend's GET completed: release the ticket and count, hand
-    /// back the slots.
+    /// After the GET completed: release ticket and count, return the slots.
     pub(crate) fn finish(&mut self) -> Vec<Slot> {
         self.in_flight.take();
         self.ticket.take();
@@ -195,8 +175,7 @@ impl<T: Send + 'static> Future for PendingTransfer<T> {
         if let (Poll::Pending, Some(window)) = (&polled, busy_poll) {
             let started = Instant::now();
             while polled.is_pending() && started.elapsed() < window {
-                // Yield rather than spin: the thread that completes the GET
-                // may share this CPU.
+                // Yield: the completing thread may share this CPU.
                 std::thread::yield_now();
                 polled = transfer.as_mut().poll(cx);
             }
@@ -220,8 +199,7 @@ impl<T: Send + 'static> Drop for PendingTransfer<T> {
         let mut slots = HeldSlots(std::mem::take(&mut self.slots.0));
         let ticket = self.ticket.take();
         let in_flight = self.in_flight.take();
-        // If the runtime is gone the task is dropped unpolled, and `slots`'
-        // drop leaks the memory rather than reusing it.
+        // A task dropped unpolled leaks `slots` rather than reuse them.
         self.handle.spawn(async move {
             let _ = transfer.await;
             drop(in_flight);
@@ -233,9 +211,8 @@ impl<T: Send + 'static> Drop for PendingTransfer<T> {
 
 /// The destination slots of a transfer in flight.
 ///
-/// If they are dropped before the backend's GET completed (a detached transfer
-/// whose runtime is shutting down), the backend may still write their memory,
-/// so they are leaked — never returned to the pool.
+/// The destination slots of a transfer in flight: dropped before the GET
+/// completed, they leak, since the backend may still write them.
 pub(crate) struct HeldSlots(pub(crate) Vec<Slot>);
 
 impl Drop for HeldSlots {

@@ -1,34 +1,12 @@
-//! Transfer lists: many GETs prepared once and posted as one batch, any
+//! Transfer lists: many GETs checked once and posted as one batch, any
 //! number of times.
 //!
-//! A KV-cache block set or a weight shard is dozens to thousands of reads.
-//! A [`TransferList`] checks each read once when it is built (the
-//! descriptor's backend, a non-empty range, offsets that do not overflow)
-//! and posts all of them as one batch, so a backend that batches natively
-//! pays its per-submission cost once per list.
-//!
-//! The batch itself is built once too: a post into the same destination
-//! slots as the post before reuses that post's requests, shared, through
-//! [`RdmaBackend::get_shared_batch`], so a backend may keep what it worked
-//! out for them (the UCX engine keeps a same-host list's ordered copy
-//! ranges) instead of redoing it per post. Requests are a function of the
-//! list, the destinations' registrations and offsets, and the GET deadline:
-//! reuse is decided on exactly those.
-//!
-//! # Guarantees, as for single GETs
-//!
-//! - Posting checks the destinations first: every buffer the list names is
-//!   present, not surrendered, and long enough for its entries; otherwise
-//!   nothing is submitted and the post fails as a whole.
-//! - The post is admitted through the registry's gate (shutdown waits for
-//!   it) and holds every destination's pool slot until the backend completed
-//!   every entry.
-//! - Each entry has a result of its own: one bad entry (a stale descriptor,
-//!   an owner that refuses) fails only itself.
-//! - **Cancel safety:** dropping the post's future while the batch is in
-//!   flight *surrenders every destination buffer* of the post (their memory
-//!   returns to the pool when the backend has finished with it), exactly as
-//!   a dropped single GET surrenders its one buffer.
+//! A post into the same destination slots as the one before reuses its
+//! requests through [`RdmaBackend::get_shared_batch`], so a backend may keep
+//! what it worked out for them. A post checks every destination before
+//! submitting anything, is admitted through the gate, holds every slot until
+//! the backend completed every entry, and gives each entry its own result.
+//! Like a single GET, a dropped post surrenders its destination buffers.
 //!
 //! [`RdmaBackend::get_shared_batch`]: rdmareg_backend::RdmaBackend::get_shared_batch
 
@@ -51,40 +29,34 @@ struct Entry {
     remote_addr: u64,
     packed_key: Bytes,
     len: u64,
-    /// Index of the destination buffer in the slice given to `post`.
+    /// Index into the buffers given to `post`.
     buffer: usize,
-    /// Byte offset inside that buffer.
     offset: u64,
 }
 
 /// Reads from one peer, checked once, posted as one batch any number of
 /// times with [`RdmaRegistry::post`](crate::RdmaRegistry::post).
 ///
-/// Build it with [`RdmaRegistry::transfer_list`](crate::RdmaRegistry::transfer_list)
-/// and [`push`](Self::push). A list names its destinations by index into
-/// the slice of buffers each post is given, so the same list can be written to
-/// different buffers of the same shapes.
+/// Entries name destinations by index into each post's slice of buffers,
+/// so one list can be written to different buffers of the same shapes.
 #[derive(Debug, Clone)]
 pub struct TransferList {
     peer: PeerId,
     backend_key: String,
     entries: Vec<Entry>,
-    /// Per buffer index named, the end of the furthest entry into it.
-    /// A map, not a vector: the indices a caller names need not be dense.
+    /// Per buffer index named (not dense), the end of its furthest entry.
     needed: BTreeMap<usize, u64>,
-    /// The requests of the last post, and what they were built from.
     last_requests: LastRequests,
 }
 
-/// The requests a list's last post submitted, kept for the next post into
-/// the same destinations. Cleared by [`TransferList::push`]; a clone of the
-/// list starts without.
+/// The last post's requests, kept for the next post into the same
+/// destinations; cleared by `push`, not cloned.
 #[derive(Default)]
 struct LastRequests(parking_lot::Mutex<Option<BuiltRequests>>);
 
 struct BuiltRequests {
-    /// Per buffer index named, in `needed`'s order: the registration and
-    /// offset of the slot the requests write into.
+    /// Per buffer index, in `needed`'s order: the slot's registration and
+    /// offset.
     destinations: Vec<(u64, u64)>,
     deadline: std::time::Duration,
     requests: Arc<[BackendGet]>,
@@ -106,9 +78,8 @@ impl std::fmt::Debug for LastRequests {
 }
 
 impl LastRequests {
-    /// The requests for destinations `destinations` under `deadline`: the
-    /// last post's if it wrote into the same slots, else built by `build`
-    /// and kept.
+    /// The last post's requests if it wrote into the same slots under the
+    /// same deadline, else `build`'s, kept.
     fn for_destinations(
         &self,
         destinations: Vec<(u64, u64)>,
@@ -132,10 +103,8 @@ impl LastRequests {
 }
 
 impl TransferList {
-    /// Destination buffers one list may name (indices `0..MAX_BUFFERS`).
-    /// A bound far above any real slice of pool buffers, so an index that
-    /// could only be a mistake is refused when it is pushed rather than
-    /// when the list is posted.
+    /// Destination buffers one list may name: far above any real slice, so
+    /// a mistaken index is refused at push rather than at post.
     pub const MAX_BUFFERS: usize = 1 << 20;
 
     pub(crate) fn new(peer: PeerId, backend_key: &str) -> TransferList {
@@ -148,17 +117,14 @@ impl TransferList {
         }
     }
 
-    /// Adds a read of everything `src` describes into buffer `buffer` at
-    /// byte `offset`.
-    ///
-    /// Cut a sub-range with [`Descriptor::slice`]. Returns the entry's
-    /// index: its place in every post's results.
+    /// Add a read of everything `src` describes (cut it with
+    /// [`Descriptor::slice`]) into buffer `buffer` at byte `offset`; returns
+    /// the entry's index in every post's results.
     ///
     /// # Errors
     /// [`RdmaError::InvalidDescriptor`] if `src` names another backend;
-    /// [`RdmaError::OutOfRange`] for an empty range, an offset whose end
-    /// overflows, or a `buffer` index of [`Self::MAX_BUFFERS`] or more. The
-    /// list is unchanged on error.
+    /// [`RdmaError::OutOfRange`] for an empty range, an overflowing offset,
+    /// or `buffer >= MAX_BUFFERS`. The list is unchanged on error.
     pub fn push(
         &mut self,
         src: &Descriptor,
@@ -210,8 +176,7 @@ impl TransferList {
         self.entries.iter().map(|e| e.len).sum()
     }
 
-    /// How many destination buffers a post needs (the highest index named,
-    /// plus one).
+    /// How many destination buffers a post needs (highest index plus one).
     pub fn buffers_needed(&self) -> usize {
         self.needed
             .last_key_value()
@@ -219,8 +184,7 @@ impl TransferList {
     }
 }
 
-/// See [`RdmaRegistry::post`](crate::RdmaRegistry::post); counts the
-/// outcome of the post and of each entry.
+/// [`RdmaRegistry::post`](crate::RdmaRegistry::post), counting outcomes.
 pub(crate) async fn post(
     inner: &Arc<Inner>,
     list: &TransferList,
@@ -241,8 +205,7 @@ pub(crate) async fn post(
     result
 }
 
-/// The post; sets `took` to the time from admission to the backend's
-/// results once it has them.
+/// The post; sets `took` to the time from admission to the results.
 async fn post_timed(
     inner: &Arc<Inner>,
     list: &TransferList,
@@ -305,15 +268,12 @@ async fn post_timed(
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
     let admitted = std::time::Instant::now();
     let in_flight = InFlight::new(inner);
-    // Alone, the caller polls for a while before it sleeps, as a lone GET
-    // does (see `RdmaConfig::get_busy_poll`): a small list completes within
-    // microseconds, and a sleeping caller's wake-up costs more than that.
+    // Alone, poll before sleeping, as a lone GET does (`get_busy_poll`).
     let alone = inner.transfers_in_flight.load(Ordering::SeqCst) == 1;
     let list_bytes = list.entries.iter().map(|entry| entry.len).sum::<u64>();
     let busy_poll = (alone && !inner.config.get_busy_poll.is_zero())
         .then(|| busy_poll_window(inner.config.get_busy_poll, list_bytes));
-    // Take the slots of the buffers the list writes (checked above), and
-    // remember whose they are to give them back.
+    // Take the written buffers' slots (checked above) until the batch ends.
     let written: Vec<usize> = list.needed.keys().copied().collect();
     let slots: Vec<_> = written
         .iter()
@@ -322,14 +282,11 @@ async fn post_timed(
     let backend = Arc::clone(&inner.backend);
     let transfer: BoxFuture<'static, Vec<Result<(), RdmaError>>> =
         // SAFETY: every destination is a slot's bytes in a pool arena the
-        // registry mapped; the slots of every written buffer were taken out
-        // above, so no `PinnedBuf` reaches those bytes until `pending` hands
-        // them back, once the backend completed every entry (or, for a dropped
-        // call, once the transfers ended). Entries may share destination
-        // bytes: both writes are the transport's, and the caller reads the
-        // buffers only after the batch completed. Shared requests kept from
-        // an earlier post are the ones this post builds: they were built for
-        // these slots' registrations and offsets and this deadline.
+        // registry mapped, and every written slot was taken out above, so no
+        // `PinnedBuf` reaches those bytes until `pending` hands them back
+        // after the backend completed every entry. Overlapping entries are
+        // both the transport's writes, read only after the batch. Kept
+        // requests were built for these same slots, offsets and deadline.
         Box::pin(async move { unsafe { backend.get_shared_batch(requests) }.await });
     let mut pending = PendingTransfer {
         transfer: Some(transfer),

@@ -1,20 +1,11 @@
 //! The granule allocator: constant-time allocation and free of runs of 4 KiB
 //! granules inside one arena.
-//!
-//! It is a two-level segregated fit (the TLSF scheme): free runs are kept in
-//! lists by size class — a first level per power of two, split into 16
-//! linear second-level classes — with one bitmap per level saying which lists
-//! are non-empty. Allocation rounds the request up to the next class
-//! boundary, so *any* run in the list found is large enough, and finds that
-//! list with two bit scans; failing that, the first run of the request's own
-//! class is tried. The surplus is split off and filed again. Free
-//! merges with free neighbours on both sides (found through side tables
-//! indexed by granule) and files the result. Both operations do a bounded
-//! amount of work whatever the arena's size or fragmentation.
-//!
-//! The allocator only does arithmetic on granule numbers; it never touches
-//! the arena's memory. Callers pass back exactly the `(start, len)` they were
-//! given; nothing else is ever freed.
+//! A two-level segregated fit (TLSF): free runs sit in lists by size class
+//! (a level per power of two, split in 16), with a bitmap per level.
+//! Allocation rounds up to the next class, so any run found fits, and finds
+//! it with two bit scans; free merges with both neighbours through side
+//! tables. The allocator only does arithmetic on granule numbers; callers
+//! pass back exactly the `(start, len)` they were given.
 
 /// Second-level classes per power of two, as a shift.
 const SL_LOG2: u32 = 4;
@@ -145,10 +136,8 @@ impl GranuleAllocator {
         self.free += len;
     }
 
-    /// Rounding up skips the request's own class, whose runs may be shorter
-    /// than the request. Its first run may still fit — always so for an
-    /// untouched arena whose size is not a class boundary — and checking
-    /// that one run keeps the cost constant.
+    /// Rounding up skips the request's own class; its first run may still
+    /// fit (always, in an untouched arena), and checking one run is O(1).
     fn head_of_own_class_if_large_enough(&self, len: u32) -> Option<u32> {
         let (fl, sl) = class_of(u64::from(len));
         let head = self.heads[fl][sl as usize];

@@ -1,10 +1,8 @@
 //! One registered arena: its page memory, its registration, and (for a pooled
 //! arena) the granule allocator carving it up.
 //!
-//! An arena is shared (`Arc`) by the registry's table, the pool's list and
-//! every buffer carved from it, so its memory lives as long as any of them.
-//! Whether that memory is *freed* when the last holder goes is decided by
-//! [`PageMemory`]: only after a confirmed unmap.
+//! An arena is shared (`Arc`) by the registry's table, the pool and its
+//! buffers; [`PageMemory`] frees its pages only after a confirmed unmap.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -40,8 +38,7 @@ pub(crate) struct Arena {
     pub(crate) slots: Option<Mutex<PooledSlots>>,
     /// A dedicated arena's buffer is alive.
     pub(crate) dedicated_in_use: AtomicBool,
-    /// Copied from the configuration, so freeing a buffer need not reach the
-    /// registry unless there is something to reclaim.
+    /// Copied from the configuration, so a free need not reach the registry.
     pub(crate) reclaim_when_empty: bool,
     unmapped: AtomicBool,
     pub(crate) registry: Weak<Inner>,

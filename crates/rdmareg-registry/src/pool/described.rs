@@ -1,31 +1,11 @@
 //! [`DescribedBuf`]: a pool buffer lent to peers' reads, and the way back to
 //! a writable [`PinnedBuf`].
 //!
-//! # Contract
-//!
-//! - **Only a described buffer has descriptors.** [`PinnedBuf::describe`]
-//!   consumes the buffer, maps its bytes as a registration of their own and
-//!   returns a [`DescribedBuf`]. A `PinnedBuf` has no descriptor at all.
-//! - **A described buffer is read-only.** While its key lives, the owner's
-//!   engine may read the bytes for a peer at any moment — on its progress
-//!   thread (owner-served lanes copy or send them), or through the NIC. A
-//!   write through `&mut [u8]` meanwhile would be a data race with that
-//!   reader, so `DescribedBuf` derefs to `&[u8]` only.
-//! - **[`withdraw`](DescribedBuf::withdraw) gives the buffer back only after
-//!   the key is dead.** It unmaps the buffer's own registration; the
-//!   backend's unmap waits for the reads it is serving (an owner-served read
-//!   holds a lease on the region until its reply is sent). Only on `Ok` does
-//!   the caller get a writable `PinnedBuf`; every descriptor handed out
-//!   before is dead from then on, and a read of one gets a typed error.
-//! - **Every buffer is described the same way**, dedicated ones included: a
-//!   dedicated arena's key is also what GETs into it use, so it cannot be
-//!   withdrawn while the buffer lives; a registration of the buffer's own
-//!   can.
-//! - **A typed error loses nothing.** [`DescribeError`] carries the
-//!   `PinnedBuf` back, [`WithdrawError`] the `DescribedBuf`.
-//!
-//! Dropping a `DescribedBuf` frees it as dropping a `PinnedBuf` does, after
-//! the own registration's unmap is confirmed (see `pinned_buf.rs`).
+//! Only a described buffer has descriptors, and they grant that buffer
+//! alone (its own registration, dedicated buffers too); it is read-only
+//! while lent, and [`withdraw`](DescribedBuf::withdraw) returns it only
+//! after its key is dead. The rules and their reasons are in
+//! `docs/safety.md` ("Lending pool buffers").
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -38,17 +18,14 @@ use crate::registry::Inner;
 
 /// A pool buffer whose bytes peers may read through its descriptors.
 ///
-/// Made by [`PinnedBuf::describe`]. Derefs to `[u8]` (never mutably: the
-/// owner's engine may be reading the bytes for a peer at any moment). Get
-/// the writable buffer back with [`withdraw`](Self::withdraw), which first
-/// makes every descriptor of it unreadable.
-///
-/// On backends whose keys grant writes (RDMA hardware), a peer holding a
-/// descriptor can also write these bytes: hand descriptors only to peers
-/// your protocol trusts (see `docs/safety.md`).
+/// Made by [`PinnedBuf::describe`]; derefs to `[u8]` only, since the
+/// owner's engine may read the bytes for a peer at any moment.
+/// [`withdraw`](Self::withdraw) returns the writable buffer once every
+/// descriptor is dead. On RDMA hardware peers holding a descriptor may also
+/// write it: hand descriptors only to trusted peers (`docs/safety.md`).
 #[derive(Debug)]
 pub struct DescribedBuf {
-    /// Holds the own registration (`slot.own` is always `Some`).
+    /// `slot.own` is always `Some`.
     slot: Slot,
     len: usize,
     descriptor: Descriptor,
@@ -60,8 +37,7 @@ impl DescribedBuf {
         self.len
     }
 
-    /// Whether the buffer has no bytes (never: buffers are at least one
-    /// byte long).
+    /// Always false: buffers are at least one byte long.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -89,32 +65,27 @@ impl DescribedBuf {
         self.descriptor.slice(offset, len).map_err(RdmaError::from)
     }
 
-    /// Generation of the buffer's own registration: a later description of
-    /// the same bytes gets a new one, so a stale descriptor is told apart.
+    /// Generation of the buffer's own registration (new at each describe).
     pub fn generation(&self) -> u64 {
         self.descriptor.generation()
     }
 
     /// Make the buffer's descriptors unreadable and give the writable buffer
-    /// back: unmaps the buffer's own registration, which waits for the reads
-    /// being served from it.
+    /// back: unmaps its own registration, which waits for reads being served.
     ///
     /// # Errors
-    /// [`RdmaError::ShuttingDown`] once the registry's shutdown has begun
-    /// (the backend's teardown revokes the key; the buffer stays described);
-    /// the backend's unmap error, with the key possibly still live. Either
-    /// way the error carries the described buffer back.
+    /// [`RdmaError::ShuttingDown`] once shutdown has begun; the backend's
+    /// unmap error (the key may still be live). The error carries the
+    /// described buffer back.
     ///
     /// # Cancel safety
-    /// Dropping the future drops the buffer: the unmap runs to its end in
-    /// the background and the buffer's memory goes back to the pool only
-    /// once it is confirmed (never, if it fails).
+    /// Dropping the future drops the buffer: the unmap finishes in the
+    /// background and the memory returns to the pool only once confirmed.
     pub async fn withdraw(self) -> Result<PinnedBuf, WithdrawError> {
         let Some(inner) = self.slot.arena.registry.upgrade() else {
             return Err(WithdrawError::new(RdmaError::ShuttingDown, self));
         };
-        // Admitted work: a shutdown drains this unmap before tearing the
-        // backend down.
+        // Admitted work: shutdown drains this unmap first.
         let Some(ticket) = inner.gate.enter() else {
             return Err(WithdrawError::new(RdmaError::ShuttingDown, self));
         };
@@ -128,9 +99,8 @@ impl DescribedBuf {
             if let Err((error, _)) = &outcome {
                 tracing::warn!(%error, "withdrawing a described buffer: its unmap failed, the buffer stays described");
             }
-            // Not received (the caller went away), the slot is dropped: its
-            // granules go back after a confirmed unmap; after a failed one
-            // its registration is unmapped again, or leaked.
+            // Unreceived, the slot drops: its granules go back only after a
+            // confirmed unmap.
             let _ = sender.send(outcome);
         });
         match receiver.await {
@@ -160,15 +130,12 @@ impl Deref for DescribedBuf {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        // SAFETY: `[ptr, ptr + len)` lies inside the slot's granules, which
-        // the allocator handed to this slot alone, in an arena kept alive by
-        // the slot's `Arc` and initialised since its allocation. Nothing in
-        // this process writes them while the buffer is described: it is
-        // never a GET destination (GETs take a `&mut PinnedBuf`), safe code
-        // gets no `&mut` to them, and the engine serving peers only reads
-        // them. The one writer left is outside the process: on RDMA hardware
-        // a peer holding the key may write them by DMA, which is the trust
-        // boundary the type's documentation and `docs/safety.md` state.
+        // SAFETY: `[ptr, ptr + len)` lies inside granules the allocator
+        // gave this slot alone, in an arena the slot's `Arc` keeps alive,
+        // initialised since allocation. Nothing in this process writes them
+        // while described: never a GET destination, no `&mut` handed out,
+        // and the engine only reads them. Peers writing by DMA on RDMA
+        // hardware are the trust boundary of `docs/safety.md`.
         unsafe { std::slice::from_raw_parts(self.bytes_ptr(), self.len) }
     }
 }
@@ -180,32 +147,23 @@ impl AsRef<[u8]> for DescribedBuf {
 }
 
 impl PinnedBuf {
-    /// Lend the buffer to peers' reads.
+    /// Lend the buffer to peers' reads: map its bytes as a registration of
+    /// their own, so its descriptors grant exactly this buffer.
     ///
-    /// Maps its bytes as a registration of their own, so that its
-    /// descriptors grant exactly this buffer, and returns the read-only
-    /// [`DescribedBuf`] that hands them out.
-    ///
-    /// Costs one backend map now and one unmap at
-    /// [`withdraw`](DescribedBuf::withdraw) or when the buffer is freed
-    /// (figures in `docs/benchmarks/history/safety-measurements.md`); the
-    /// budget is charged for the buffer's pages once more while it is
-    /// described.
+    /// Costs one backend map now and one unmap when withdrawn or freed; the
+    /// budget is charged the buffer's pages again while it is described.
     ///
     /// # Errors
-    /// [`RdmaError::BufferSurrendered`] for a surrendered buffer;
-    /// [`RdmaError::ShuttingDown`]; [`RdmaError::BudgetExceeded`]; the
-    /// backend's map error. The error carries the buffer back, unchanged —
-    /// except when the backend returns a key no descriptor can carry: that
-    /// registration is unmapped in the background and the buffer comes back
-    /// surrendered, its granules returning to the pool once the unmap is
-    /// confirmed.
+    /// [`RdmaError::BufferSurrendered`]; [`RdmaError::ShuttingDown`];
+    /// [`RdmaError::BudgetExceeded`]; the backend's map error. The error
+    /// carries the buffer back unchanged, except for a key no descriptor can
+    /// carry: the buffer then comes back surrendered while that registration
+    /// is unmapped.
     ///
     /// # Cancel safety
-    /// Dropping the future drops the buffer; a map already started is rolled
-    /// back in the background, and its key was never handed out. The
-    /// buffer's granules go back to the pool only once that unmap is
-    /// confirmed (never, if it fails: they are leaked and counted in
+    /// Dropping the future drops the buffer; a started map is rolled back,
+    /// and the granules return to the pool once that is confirmed (or are
+    /// leaked and counted in
     /// [`RegistryStats::leaked_bytes`](crate::RegistryStats::leaked_bytes)).
     pub async fn describe(mut self) -> Result<DescribedBuf, DescribeError> {
         let len = self.len();
@@ -219,8 +177,7 @@ impl PinnedBuf {
         match describe_slot(&inner, slot, len).await {
             Ok(slot) => {
                 let Some(descriptor) = slot.own.as_ref().map(|own| own.descriptor.clone()) else {
-                    // Unreachable: `describe_slot` returns `Ok` only with the
-                    // registration in the slot.
+                    // Unreachable: `Ok` always carries the registration.
                     self.restore(slot);
                     return Err(DescribeError::new(RdmaError::RegionNotFound, self));
                 };
@@ -234,25 +191,19 @@ impl PinnedBuf {
                 self.restore(slot);
                 Err(DescribeError::new(error, self))
             }
-            // The slot went with the unmap of a registration it could not
-            // describe: the buffer comes back surrendered.
+            // The slot went with the unmap of an undescribable key.
             Err((error, None)) => Err(DescribeError::new(error, self)),
         }
     }
 }
 
-/// Map a slot's `len` bytes as a registration of their own.
+/// Map a slot's `len` bytes as a registration of their own: admission,
+/// budget, map, descriptor.
 ///
-/// Admission, budget, map (rolled back if cancelled), descriptor. Returns the
-/// slot with the registration in it, or the error and the slot as it was
-/// (`None` only if the backend's key could not be described: the slot then goes
-/// with the unmap of that registration, see below).
-///
-/// The slot itself — not just its arena — is what the map holds while it
-/// runs: if the caller is cancelled, the rollback task keeps the granules
-/// taken until the backend confirmed the registration gone, so they cannot
-/// serve another (writable) buffer under a live key; if that unmap fails,
-/// they are leaked and counted.
+/// The map holds the slot itself, so a cancelled caller's rollback keeps the
+/// granules taken until the registration is confirmed gone. The error
+/// carries the slot back, `None` if the backend's key could not be described
+/// (the slot then goes with that registration's unmap).
 async fn describe_slot(
     inner: &Arc<Inner>,
     slot: Slot,
@@ -270,19 +221,16 @@ async fn describe_slot(
         Err(error) => return Err((error, Some(slot))),
     };
     // SAFETY: `[ptr, ptr + len)` lies inside the slot's granules, which the
-    // slot passed along keeps taken (and its arena allocated) until nothing
-    // registers them. The registry never names this registration as a GET
-    // destination, so the backend only reads these bytes for peers, and no
-    // code of this process writes them while it is live, since only a
-    // `DescribedBuf` (read-only) holds it (on RDMA hardware a peer holding
-    // the key may write them: the trust boundary `docs/safety.md` states).
+    // slot keeps taken (and its arena allocated) until nothing registers
+    // them. This registration is never a GET destination and only a
+    // read-only `DescribedBuf` holds it, so no code of this process writes
+    // the bytes while it is live (peers on RDMA hardware: `docs/safety.md`).
     let (outcome, mut slot) = unsafe { MapInFlight::start(inner, ptr, len, slot) }.await;
     let region = match outcome {
         Ok(region) => region,
         Err(error) => return Err((error, Some(slot))),
     };
-    // No await from here on: the registration is owned by the slot (and
-    // unmapped when it drops) before anyone can cancel us.
+    // No await from here on: the slot owns the registration.
     let pinned = crate::registry::system_pages(ptr as u64, len as u64)
         .cover(region.effective_addr, region.effective_len);
     charge.reconcile(pinned.len);
@@ -304,9 +252,8 @@ async fn describe_slot(
             Ok(slot)
         }
         Err(error) => {
-            // Undo the registration in the background; the granules stay
-            // taken until it is confirmed gone (leaked, and counted, if the
-            // unmap fails), so the buffer is surrendered.
+            // Unmap in the background; the granules stay taken until that
+            // is confirmed, so the buffer comes back surrendered.
             let id = region.backend_region_id;
             let backend = Arc::clone(&inner.backend);
             let kept = LeakUnlessReleased::new(slot);
@@ -358,14 +305,12 @@ impl From<DescribeError> for RdmaError {
     }
 }
 
-/// [`DescribedBuf::withdraw`] failed; the buffer stays described and comes
-/// back with the error.
+/// [`DescribedBuf::withdraw`] failed; the buffer stays described.
 #[derive(Debug, thiserror::Error)]
 #[error("withdrawing a described buffer failed: {error}")]
 pub struct WithdrawError {
     error: RdmaError,
-    /// `None` only if the registry's runtime dropped the unmap before it
-    /// completed: the buffer's memory is then leaked, never reused.
+    /// `None` if the runtime dropped the unmap: the memory is leaked.
     buf: Option<DescribedBuf>,
 }
 
@@ -382,10 +327,8 @@ impl WithdrawError {
         &self.error
     }
 
-    /// The buffer, still described: its descriptors may still be read.
-    /// `None` only if the registry's runtime shut down while the unmap was
-    /// pending (the memory is then leaked, and counted in
-    /// [`RegistryStats::leaked_bytes`](crate::RegistryStats::leaked_bytes)).
+    /// The buffer, still described. `None` only if the registry's runtime
+    /// shut down while the unmap was pending (the memory is then leaked).
     pub fn into_buf(self) -> Option<DescribedBuf> {
         self.buf
     }

@@ -1,21 +1,12 @@
 //! Page memory behind an arena, and the one rule about freeing it.
 //!
-//! [`PageMemory`] is zero-initialised, page-aligned memory from the global
-//! allocator. It starts *unregistered* (free to drop). Just before its range
-//! is handed to the backend it is marked registered, and from then on dropping
-//! it **leaks** the pages, with an error logged, unless
+//! [`PageMemory`] is zeroed, page-aligned memory. Once marked registered,
+//! dropping it **leaks** the pages (logged) unless
 //! [`confirm_unregistered`](PageMemory::confirm_unregistered) was called
-//! first — which the registry does only after the backend returned `Ok` to
-//! an unmap (or, at the end of shutdown, reported nothing registered). A leak
-//! is a bounded loss; freeing pages a NIC may still write is a
-//! use-after-free nobody can see.
-//!
-//! Arenas of at least [`HUGE_PAGE`] bytes are aligned to it and advised
-//! `MADV_HUGEPAGE` before they are first touched: on shared memory, cma's
-//! `process_vm_readv` walks page tables, and over 4 KiB pages it runs several
-//! times slower than over transparent huge pages (which is also what UCX's own
-//! allocator, and so `ucx_perftest`, uses). Where the kernel refuses the
-//! advice the arena simply stays on small pages.
+//! after a confirmed unmap: a leak is a bounded loss, freeing pages a NIC
+//! may write is an invisible use-after-free. Arenas of at least
+//! [`HUGE_PAGE`] are advised `MADV_HUGEPAGE` (see `docs/architecture.md`,
+//! "Releasing memory").
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -27,14 +18,12 @@ use rdmareg_core::RdmaError;
 /// Arenas at least this large are backed by transparent huge pages.
 pub(crate) const HUGE_PAGE: usize = 2 << 20;
 
-/// Ask the kernel to back `[ptr, ptr + len)` with transparent huge pages.
-/// Advice only: a refusal (no THP support, `never` mode) is logged and
-/// changes nothing else.
+/// Ask the kernel to back `[ptr, ptr + len)` with transparent huge pages;
+/// a refusal is logged and changes nothing else.
 fn advise_huge_pages(ptr: NonNull<u8>, len: usize) {
     // SAFETY: madvise reads no memory through the pointer; the range is a
-    // live allocation of `len` bytes owned by the caller, aligned to
-    // HUGE_PAGE (a multiple of the page size), and MADV_HUGEPAGE changes no
-    // contents.
+    // live, HUGE_PAGE-aligned allocation the caller owns, and
+    // MADV_HUGEPAGE changes no contents.
     let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
     if rc != 0 {
         tracing::debug!(
@@ -49,16 +38,14 @@ fn advise_huge_pages(ptr: NonNull<u8>, len: usize) {
 pub(crate) struct PageMemory {
     ptr: NonNull<u8>,
     layout: Layout,
-    /// `true` while freeing would be unsafe: from just before the map until
-    /// an unmap is confirmed.
+    /// `true` from just before the map until an unmap is confirmed.
     registered: AtomicBool,
     /// Where leaked bytes are counted (the registry's statistics).
     leaked_bytes: Arc<AtomicU64>,
 }
 
-// SAFETY: PageMemory owns its allocation exclusively and never hands out
-// references itself; it is a pointer plus atomics, so moving it or sharing it
-// across threads cannot create a data race by itself.
+// SAFETY: PageMemory owns its allocation exclusively and hands out no
+// references; it is a pointer plus atomics.
 unsafe impl Send for PageMemory {}
 // SAFETY: shared access only reads `ptr`/`layout` and uses atomics.
 unsafe impl Sync for PageMemory {}
@@ -88,9 +75,8 @@ impl PageMemory {
         if huge {
             advise_huge_pages(ptr, len);
         }
-        // SAFETY: `ptr` is a fresh allocation of `len` bytes, writable and
-        // not yet shared with anything. Zeroing after the advice is what
-        // lets the first touch fault in huge pages.
+        // SAFETY: `ptr` is a fresh, unshared allocation of `len` bytes.
+        // Zeroing after the advice makes the first touch fault huge pages.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
         Ok(Self {
             ptr,
@@ -132,10 +118,9 @@ impl Drop for PageMemory {
                 .fetch_add(self.layout.size() as u64, Ordering::SeqCst);
             return;
         }
-        // SAFETY: `ptr` came from `alloc` with this exact `layout`, is
-        // freed only here (Drop runs once), and the pages are not registered
-        // (never mapped, map failed or was cancelled — which by the backend
-        // contract leaves nothing pinned — or the unmap was confirmed).
+        // SAFETY: `ptr` came from `alloc` with this exact `layout` and is
+        // freed only here, once; the pages are not registered (never mapped,
+        // map failed or rolled back, or the unmap was confirmed).
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
     }
 }

@@ -1,26 +1,11 @@
-//! The pinned pool: a few large registered arenas, suballocated in 4 KiB
-//! granules, so that the cost of registration is paid per arena rather than
-//! per buffer.
+//! The pinned pool: a few large registered arenas suballocated in 4 KiB
+//! granules, so registration is paid per arena, not per buffer.
 //!
-//! - Pooled arenas: the first is [`first_arena_bytes`] long, each new one
-//!   doubles the last, up to [`max_arena_bytes`] (then growth saturates). A
-//!   new arena is mapped only when no existing one has room, and only by
-//!   [`alloc_pinned`](crate::RdmaRegistry::alloc_pinned); concurrent growers
-//!   queue on one lock so a burst maps one arena, not one each.
-//! - Requests of at least [`dedicated_threshold_bytes`] get a dedicated
-//!   arena, unmapped and freed when the buffer is dropped.
-//! - With [`reclaim_empty_arenas`] on, a pooled arena left empty is unmapped
-//!   while the pooled arenas that remain still total the
-//!   [`retention_floor_bytes`].
-//!
-//! Pages of an arena are freed only after a confirmed unmap (see
-//! `memory.rs`).
-//!
-//! [`first_arena_bytes`]: crate::PoolConfig::first_arena_bytes
-//! [`max_arena_bytes`]: crate::PoolConfig::max_arena_bytes
-//! [`dedicated_threshold_bytes`]: crate::PoolConfig::dedicated_threshold_bytes
-//! [`reclaim_empty_arenas`]: crate::PoolConfig::reclaim_empty_arenas
-//! [`retention_floor_bytes`]: crate::PoolConfig::retention_floor_bytes
+//! Pooled arenas double in size up to a maximum and are mapped only when
+//! none has room (concurrent growers queue, so a burst maps one); large
+//! requests get a dedicated arena; empty arenas may be reclaimed down to a
+//! floor (see [`PoolConfig`](crate::PoolConfig)). Pages are freed only
+//! after a confirmed unmap (`memory.rs`).
 
 mod allocator;
 pub(crate) mod arena;
@@ -130,8 +115,7 @@ pub(crate) async fn alloc_pinned(inner: &Arc<Inner>, len: usize) -> Result<Pinne
     let size = (*next_size).max(needed);
     let size = round_up(size, inner.config.page_size).ok_or(RdmaError::OutOfRange)?;
     let arena = match map_arena(inner, size, true).await {
-        // The geometric size does not fit the budget; an arena that uses
-        // what is left of it still serves this request.
+        // Too big for the budget; an arena of what is left still serves.
         Err(RdmaError::BudgetExceeded { .. }) if size > needed => {
             let left = inner.budget.limit().saturating_sub(inner.budget.used());
             let fitting = left / inner.config.page_size * inner.config.page_size;
@@ -162,21 +146,17 @@ pub(crate) fn try_alloc_pinned(inner: &Inner, len: usize) -> Option<PinnedBuf> {
 /// Allocate, register and track an arena of `bytes` (a page multiple).
 ///
 /// # Cancel safety
-/// Cancelled before the map completes, the map is let finish and rolled back,
-/// and the pages are freed once that unmap is confirmed (see `mapping.rs`).
-/// After it completes there is no further await: the arena is tracked, or
-/// handed to a background release.
+/// A cancelled map is rolled back (`mapping.rs`); once it completes there
+/// is no further await.
 async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<Arena>, RdmaError> {
     let len = usize::try_from(bytes).map_err(|_| RdmaError::OutOfRange)?;
     let mut charge = inner.budget.reserve(bytes)?;
     let align = usize::try_from(inner.config.page_size).map_err(|_| RdmaError::OutOfRange)?;
     let memory = PageMemory::allocate(len, align, Arc::clone(&inner.leaked_bytes))?;
     let ptr = memory.ptr().as_ptr() as usize;
-    // Dropped unfinished, the map is rolled back and the pages are freed only
-    // once the backend confirmed it.
     // SAFETY: `[ptr, ptr + len)` is exactly the pages `memory` owns, which
-    // `MapInFlight` keeps until nothing registers them; as an arena it is
-    // written only by GETs into `PinnedBuf`s the GET borrows.
+    // `MapInFlight` keeps until nothing registers them; an arena is written
+    // only by GETs into `PinnedBuf`s the GET borrows.
     let (outcome, memory) = unsafe { MapInFlight::start(inner, ptr, len, memory) }.await;
     let region = outcome?;
     // No await from here on.

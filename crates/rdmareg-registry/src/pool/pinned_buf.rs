@@ -1,26 +1,12 @@
 //! [`PinnedBuf`]: a buffer carved from registered pool memory, and the
 //! [`Slot`] that owns its granules.
 //!
-//! The slot is what returns the granules to the arena when dropped. A GET
-//! into the buffer *moves* the slot into the transfer for its duration, so a
-//! transfer that outlives its caller (the future was dropped) still holds the
-//! granules until the backend has finished writing them; the buffer it was
-//! taken from is then *surrendered* — empty — because its memory may still
-//! be written.
-//!
-//! # A descriptor never grants more than it describes
-//!
-//! An arena's key covers the whole arena (64 MiB – 1 GiB): on RDMA hardware,
-//! handing it out for one buffer would let the peer read and write every
-//! other buffer carved from the same arena. So a `PinnedBuf` has no
-//! descriptor at all; [`PinnedBuf::describe`] maps just the buffer's bytes
-//! (the backend pins their pages — already pinned by the arena — once more,
-//! and the budget is charged for them) and returns a read-only
-//! [`DescribedBuf`](super::DescribedBuf) whose descriptors carry that key
-//! (see `described.rs`). When the buffer is freed, its own registration is
-//! unmapped *before* its granules go back to the allocator, so the key dies
-//! before the memory can serve another buffer; if that unmap fails, the
-//! granules are never reused (leaked, and the arena's pages with them).
+//! A GET into the buffer moves the slot into the transfer, so a transfer
+//! whose caller went away still holds the granules until the backend is
+//! done; the buffer is then *surrendered* (empty). A buffer has no
+//! descriptor because its arena's key covers every other buffer of the
+//! arena: `describe` gives it a registration of its own, which is unmapped
+//! before the granules serve another buffer (`docs/safety.md`).
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -46,22 +32,18 @@ pub(crate) struct Slot {
     pub(crate) own: Option<OwnRegistration>,
 }
 
-/// A registration of one pooled buffer's bytes, made by
-/// [`PinnedBuf::describe`].
+/// A registration of one pooled buffer's bytes, made by `describe`.
 #[derive(Debug)]
 pub(crate) struct OwnRegistration {
     pub(crate) backend_region_id: u64,
     pub(crate) descriptor: Descriptor,
-    /// The budget charge for the registration's pages, released when it drops.
     pub(crate) _charge: Reservation,
-    /// Counted among the registry's live lent registrations while it exists.
     pub(crate) _counted: LentCount,
 }
 
-/// One live own registration of a lent buffer, counted in the registry's
-/// [`Survivors::lent_buffers`](crate::Survivors::lent_buffers) until it is
-/// dropped (its unmap confirmed). A registration leaked with its slot stays
-/// counted: it may still be live.
+/// A live own registration, counted in
+/// [`Survivors::lent_buffers`](crate::Survivors::lent_buffers) until its
+/// unmap is confirmed (a leaked one stays counted).
 #[derive(Debug)]
 pub(crate) struct LentCount(Arc<std::sync::atomic::AtomicUsize>);
 
@@ -85,10 +67,7 @@ impl MappedMemory for Arc<Arena> {
     }
 }
 
-/// A slot whose registration's fate is unknown (a describe's rollback whose
-/// unmap failed, a withdrawal or rollback dropped with its runtime) is never
-/// reused: its granules stay taken, and its arena — so the pages — alive
-/// forever, counted as leaked.
+/// A slot whose registration's fate is unknown is never reused.
 impl MappedMemory for Slot {
     fn leak(self) {
         self.leak_because("the unmap of its own registration was never confirmed");
@@ -96,9 +75,7 @@ impl MappedMemory for Slot {
 }
 
 impl Slot {
-    /// Never give the slot back: its granules stay taken, its arena alive,
-    /// and its own registration (if any) kept whole, so its pages stay
-    /// charged; the granules are counted as leaked.
+    /// Never give the slot back; its granules are counted as leaked.
     fn leak_because(self, why: &str) {
         let slot = std::mem::ManuallyDrop::new(self);
         let inner = slot.arena.registry.upgrade();
@@ -138,8 +115,7 @@ impl Drop for Slot {
     }
 }
 
-/// Give a slot's granules back to its arena (or a dedicated arena back to
-/// the backend).
+/// Give a slot's granules back to its arena (or free a dedicated arena).
 fn release_granules(arena: &Arc<Arena>, start: u32, granules: u32) {
     let Some(slots) = &arena.slots else {
         arena.dedicated_in_use.store(false, Ordering::SeqCst);
@@ -160,11 +136,9 @@ fn release_granules(arena: &Arc<Arena>, start: u32, granules: u32) {
     }
 }
 
-/// Unmap a freed buffer's own registration, then release its granules; if
-/// the unmap fails (or cannot be run), the granules are never reused and the
-/// registration stays charged.
+/// Unmap a freed buffer's own registration, then release its granules, or
+/// leak them if the unmap fails.
 fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, granules: u32) {
-    // The slot again, holding its registration until the unmap is confirmed.
     let slot = Slot {
         arena,
         start,
@@ -175,14 +149,11 @@ fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, gran
         slot.leak_because("the registry is gone");
         return;
     };
-    // Admitted work like any other: a shutdown drains this unmap before it
-    // tears the backend down, instead of racing it. Once shutdown has begun
-    // no ticket is issued; the unmap is still tried, and if the backend has
-    // gone meanwhile the granules are leaked (its teardown unmapped them).
+    // Admitted work, so shutdown drains this unmap. Once shutdown began it
+    // runs without a ticket, and leaks the granules if it fails.
     let ticket = inner.gate.enter();
     spawn_own_unmap(&inner, slot, ticket, |outcome| match outcome {
-        // Without a registration now, the slot gives its granules back as
-        // it drops.
+        // Without its registration, the slot releases its granules on drop.
         Ok(slot) => drop(slot),
         Err((error, slot)) => {
             tracing::error!(%error, "unmap of a freed buffer's own registration failed");
@@ -191,14 +162,10 @@ fn release_after_unmap(own: OwnRegistration, arena: Arc<Arena>, start: u32, gran
     });
 }
 
-/// Unmap `slot`'s own registration on the registry's runtime.
-///
-/// Holds the slot — granules taken, registration charged — until the unmap
-/// completes, then hands it to `then`: without its registration (key dead,
-/// charge released) on `Ok`, with it on `Err`. `ticket`, if any, is held
-/// until the unmap completes. A task dropped unfinished (its runtime shut
-/// down) leaks the slot whole rather than freeing it under a key that may
-/// be live.
+/// Unmap `slot`'s own registration on the registry's runtime, holding the
+/// slot (and `ticket`) until it completes, then hand the slot to `then`:
+/// without its registration on `Ok`, with it on `Err`. A task dropped
+/// unfinished leaks the slot rather than free it under a live key.
 pub(crate) fn spawn_own_unmap(
     inner: &Arc<Inner>,
     slot: Slot,
@@ -206,7 +173,6 @@ pub(crate) fn spawn_own_unmap(
     then: impl FnOnce(Result<Slot, (RdmaError, Slot)>) + Send + 'static,
 ) {
     let Some(id) = slot.own.as_ref().map(|own| own.backend_region_id) else {
-        // Nothing registered of its own: nothing to revoke.
         return then(Ok(slot));
     };
     let kept = LeakUnlessReleased::new(slot);
@@ -227,8 +193,7 @@ pub(crate) fn spawn_own_unmap(
     });
 }
 
-/// Never give these granules (or the arena's pages) back: a registration of
-/// them may outlive everything.
+/// Never give these granules or the arena's pages back.
 fn leak_granules(inner: Option<&Inner>, arena: Arc<Arena>, granules: u32, why: &str) {
     let bytes = u64::from(granules) * GRANULE;
     tracing::error!(
@@ -242,8 +207,8 @@ fn leak_granules(inner: Option<&Inner>, arena: Arc<Arena>, granules: u32, why: &
     arena.leak();
 }
 
-/// A dedicated arena's buffer is gone: unmap and free it, unless shutdown
-/// has begun (the sweep does it then).
+/// Unmap and free a dropped buffer's dedicated arena (the sweep does it once
+/// shutdown has begun).
 fn release_dedicated(arena: &Arc<Arena>) {
     let Some(inner) = arena.registry.upgrade() else {
         return;
@@ -260,17 +225,10 @@ fn release_dedicated(arena: &Arc<Arena>) {
 
 /// A buffer in registered memory from the pinned pool.
 ///
-/// Derefs to `[u8]` of exactly the requested length. Its contents on
-/// allocation are unspecified (zero for fresh memory, a previous buffer's
-/// bytes for reused memory). Dropping it returns its space to the pool — at
-/// once, or, if a GET into it is still in flight, when that transfer
-/// finishes. A buffer of a dedicated arena unmaps and frees the arena.
-///
-/// It has no descriptor: [`describe`](Self::describe) it to lend its bytes
-/// to peers' reads. That gives it a registration of its own, so the
-/// descriptor grants this buffer and not the rest of its arena, and turns
-/// it into a read-only [`DescribedBuf`](super::DescribedBuf) until it is
-/// withdrawn.
+/// Derefs to `[u8]` of exactly the requested length, with unspecified
+/// initial contents. Dropping it returns its space to the pool, or when a
+/// GET into it finishes. It has no descriptor: [`describe`](Self::describe)
+/// it to lend its bytes to peers' reads.
 #[derive(Debug)]
 pub struct PinnedBuf {
     slot: Option<Slot>,
@@ -290,13 +248,13 @@ impl PinnedBuf {
         if self.slot.is_some() { self.len } else { 0 }
     }
 
-    /// Whether the buffer has no bytes (only after it was surrendered).
+    /// Whether the buffer has no bytes (only once surrendered).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Whether a cancelled GET surrendered this buffer: its memory went with
-    /// the transfer, which returns it to the pool when the backend is done.
+    /// Whether a cancelled GET surrendered this buffer; the memory returns
+    /// to the pool when the backend is done.
     pub fn is_surrendered(&self) -> bool {
         self.slot.is_none()
     }
@@ -315,19 +273,15 @@ impl PinnedBuf {
         self.slot.as_ref()
     }
 
-    /// Whether this buffer was allocated by the registry `inner`: only that
-    /// registry's backend knows its arena's registration id. (The arena's
-    /// `Weak` keeps the registry's allocation, so its address cannot be
-    /// reused by another registry while this buffer lives.) A surrendered
-    /// buffer belongs to nobody.
+    /// Whether registry `inner` allocated this buffer (only its backend knows
+    /// the arena's id; the arena's `Weak` keeps that address from reuse).
     pub(crate) fn belongs_to(&self, inner: &std::sync::Arc<crate::registry::Inner>) -> bool {
         self.slot.as_ref().is_some_and(|slot| {
             std::ptr::eq(slot.arena.registry.as_ptr(), std::sync::Arc::as_ptr(inner))
         })
     }
 
-    /// Move the slot out (into a transfer); the buffer is surrendered until
-    /// [`restore`](Self::restore).
+    /// Move the slot out (into a transfer), surrendering the buffer.
     pub(crate) fn take_slot(&mut self) -> Option<Slot> {
         self.slot.take()
     }
@@ -349,14 +303,11 @@ impl Deref for PinnedBuf {
 
     fn deref(&self) -> &[u8] {
         let (ptr, len) = self.raw();
-        // SAFETY: with a slot, `[ptr, ptr + len)` lies inside the slot's
-        // granules (`len <= granules * GRANULE`, or the dedicated arena's
-        // length), which the allocator handed to this slot alone; the arena's
-        // memory is alive (the slot holds an `Arc<Arena>`) and initialised
-        // (zeroed at allocation, only bytes written since); no transfer
-        // writes it (a GET moves the slot out of the buffer, and `&self`
-        // cannot coexist with the `&mut self` it borrows). Without a slot the
-        // slice is empty over a dangling, well-aligned pointer.
+        // SAFETY: with a slot, `[ptr, ptr + len)` lies inside granules the
+        // allocator gave this slot alone, in an arena its `Arc` keeps alive,
+        // initialised (zeroed at allocation). No transfer writes them: a GET
+        // moves the slot out, under a `&mut self` that excludes this `&self`.
+        // Without a slot the slice is empty over a dangling aligned pointer.
         unsafe { std::slice::from_raw_parts(ptr, len) }
     }
 }

@@ -1,10 +1,5 @@
-//! Registered regions: the owner's [`RegionGuard`] and the observers'
-//! [`RegionWatch`].
-//!
-//! A guard is the one handle that can end a registration, so it is not
-//! `Clone`. Anyone else who needs to know when the memory is released, or to
-//! read it, gets a [`RegionWatch`] sharing the same release latch. The
-//! release contract is documented on [`RegionGuard`].
+//! Registered regions: the owner's [`RegionGuard`] (the one handle that can
+//! end a registration, so not `Clone`) and the observers' [`RegionWatch`].
 
 mod owned;
 pub(crate) mod state;
@@ -29,21 +24,12 @@ use crate::registry::Inner;
 ///
 /// # The release contract
 ///
-/// [`deregistered`](Self::deregistered) (and
-/// [`RegionWatch::deregistered`]) resolves when the backend has confirmed
-/// the unmap — or, at the end of shutdown, the backend reported nothing
-/// registered — *and* no reader is inside the region. Until then the memory
-/// must stay allocated. An error from [`unregister`](Self::unregister)
-/// means *unknown*: the region stays tracked, readers stay refused, and the
-/// latch stays open until a later unmap (the shutdown sweep retries) is
-/// confirmed.
-///
-/// Dropping it without [`unregister`](Self::unregister) starts a
-/// deregistration in the background, on the runtime the registry was built
-/// with (so it works from any thread), and logs a warning: the memory is
-/// still pinned until [`deregistered`](Self::deregistered) resolves, which a
-/// dropped guard can no longer tell anyone — keep a [`RegionWatch`] if you
-/// need to know.
+/// [`deregistered`](Self::deregistered) resolves when the backend has
+/// confirmed the unmap (or, at the end of shutdown, reported nothing
+/// registered) *and* no reader is inside; until then the memory must stay
+/// allocated. An [`unregister`](Self::unregister) error means *unknown*.
+/// Dropping the guard deregisters in the background with a warning; keep a
+/// [`RegionWatch`] to learn when that is done. See `docs/safety.md`.
 pub struct RegionGuard {
     inner: Arc<Inner>,
     state: Arc<RegionState>,
@@ -70,26 +56,20 @@ pub struct UnregisterOwnedError {
     /// [`RdmaError::NotOwned`] for a region registered from a pointer, or the
     /// unmap's error (the state is then *unknown*).
     pub error: RdmaError,
-    /// For [`RdmaError::NotOwned`], the guard, untouched: the region is still
-    /// registered. `None` when the unmap failed: the registry keeps the
-    /// buffer (it is freed once a later unmap is confirmed, leaked
-    /// otherwise).
+    /// The untouched guard for [`RdmaError::NotOwned`]; `None` when the unmap
+    /// failed and the registry kept the buffer.
     pub guard: Option<RegionGuard>,
 }
 
 impl UnregisterOwnedError {
-    /// The guard, when the region is still registered and the caller's to
-    /// keep ([`RdmaError::NotOwned`]); `None` when the registry kept the
-    /// buffer after a failed unmap.
+    /// The guard, if the region is still registered ([`RdmaError::NotOwned`]).
     pub fn into_guard(self) -> Option<RegionGuard> {
         self.guard
     }
 }
 
 /// Lets `?` turn a failed [`RegionGuard::unregister_owned`] into its
-/// [`RdmaError`]. A guard handed back with [`RdmaError::NotOwned`] is
-/// dropped, which starts a background deregistration; keep it with
-/// [`UnregisterOwnedError::into_guard`] instead when that matters.
+/// [`RdmaError`]; a guard handed back is dropped (background deregistration).
 impl From<UnregisterOwnedError> for RdmaError {
     fn from(e: UnregisterOwnedError) -> Self {
         e.error
@@ -131,15 +111,13 @@ impl RegionGuard {
         self.state.len() == 0
     }
 
-    /// The registration's generation: distinguishes registrations of the
-    /// same address over time, and is carried in its descriptors.
+    /// The registration's generation, carried in its descriptors.
     pub fn generation(&self) -> u64 {
         self.state.generation
     }
 
-    /// The page-rounded range the backend says it pinned (what the budget is
-    /// charged for). May start below [`addr`](Self::addr); never a base for
-    /// offsets.
+    /// The page-rounded range the backend pinned (and the budget charged).
+    /// May start below [`addr`](Self::addr); never a base for offsets.
     pub fn effective_range(&self) -> PageRange {
         self.state.effective
     }
@@ -154,8 +132,7 @@ impl RegionGuard {
     ///
     /// # Errors
     /// [`RdmaError::InvalidDescriptor`] if the backend's key or name cannot
-    /// be carried in a descriptor (a backend defect, reported here rather
-    /// than by failing a registration that had already pinned memory).
+    /// be carried in a descriptor (a backend defect).
     pub fn descriptor(&self) -> Result<Descriptor, RdmaError> {
         self.state.descriptor.clone()
     }
@@ -179,8 +156,7 @@ impl RegionGuard {
         self.inner.shutdown_started.is_released()
     }
 
-    /// Resolves once the registry has begun shutting down: the moment to
-    /// stop handing this region's descriptors out.
+    /// Resolves once shutdown has begun: stop handing descriptors out.
     ///
     /// # Cancel safety
     /// Cancel-safe: it only observes.
@@ -195,8 +171,7 @@ impl RegionGuard {
         self.state.latch.is_released()
     }
 
-    /// Resolves once the region is released: after this, the memory may be
-    /// freed or reused.
+    /// Resolves once the region is released and the memory may be reused.
     ///
     /// # Cancel safety
     /// Cancel-safe: it only observes.
@@ -210,30 +185,21 @@ impl RegionGuard {
         RegionWatch::new(Arc::clone(&self.state))
     }
 
-    /// Deregister the region, waiting at most `timeout`.
+    /// Deregister the region, waiting at most `timeout` in all.
     ///
-    /// Closes the region to readers, waits for those inside to leave, then
-    /// unmaps — whether or not they left. `timeout` bounds the whole wait,
-    /// including the backend's unmap, which waits for GETs still using the
-    /// region (into it or from it).
-    ///
-    /// With [`UnregisterOutcome::Drained`] the region is released when this
-    /// returns. With [`UnregisterOutcome::DrainTimedOut`] it is unmapped,
-    /// and [`deregistered`](Self::deregistered) resolves when the last
-    /// reader leaves. With [`UnregisterOutcome::UnmapPending`] the unmap was
-    /// not confirmed in time — the outcome says which readers and transfers
-    /// were still running — and goes on in the background;
-    /// [`deregistered`](Self::deregistered) resolves once it is confirmed.
-    /// An owned region's buffer is freed at release.
+    /// Closes the region to readers, waits for those inside, then unmaps;
+    /// the backend's unmap waits for GETs into or from the region. The
+    /// [`UnregisterOutcome`] says whether the region is released on return
+    /// (`Drained`), once the last reader leaves (`DrainTimedOut`), or once
+    /// the unmap still running in the background is confirmed
+    /// (`UnmapPending`). An owned region's buffer is freed at release.
     ///
     /// # Errors
-    /// The backend's unmap error. The state is then *unknown*: the region
-    /// stays tracked (and charged), readers stay refused, and the latch stays
-    /// open until a later unmap — the shutdown sweep retries — is confirmed.
+    /// The backend's unmap error: the state is *unknown*, the region stays
+    /// tracked and charged, and a later unmap (the shutdown sweep) retries.
     ///
     /// # Cancel safety
-    /// Dropping the future hands the deregistration to a background task
-    /// (as dropping the guard would); an unmap already submitted proceeds.
+    /// Dropping the future hands the deregistration to a background task.
     pub async fn unregister(self, timeout: Duration) -> Result<UnregisterOutcome, RdmaError> {
         let (inner, state) = self.disarm();
         state.disown();
@@ -243,27 +209,19 @@ impl RegionGuard {
         result
     }
 
-    /// Deregister an owned region and hand its buffer back.
-    ///
-    /// Fails with [`RdmaError::NotOwned`] (with the guard, untouched) for a
-    /// region registered from a pointer, before doing anything else.
-    /// Otherwise it proceeds as [`unregister`](Self::unregister), and then —
-    /// the buffer cannot be handed back while a reader is still copying out
-    /// of it — waits for the last reader to leave. Readers are synchronous
-    /// closures, so that wait is as long as the slowest one in progress; the
-    /// outcome says whether it overran `drain_timeout`.
+    /// Deregister an owned region and hand its buffer back: as
+    /// [`unregister`](Self::unregister), then wait for the last reader (a
+    /// synchronous closure) to leave.
     ///
     /// # Errors
-    /// [`RdmaError::NotOwned`]; [`RdmaError::Timeout`] when the unmap was not
-    /// confirmed within `drain_timeout` (a transfer still uses the region:
-    /// the unmap goes on in the background and the registry frees the buffer
-    /// at release); or the unmap's error (state *unknown*; the registry keeps
-    /// the buffer and frees it once a later unmap is confirmed).
+    /// [`RdmaError::NotOwned`] for a region registered from a pointer (the
+    /// guard comes back untouched); [`RdmaError::Timeout`] when the unmap was
+    /// not confirmed within `drain_timeout` (it goes on, and the registry
+    /// frees the buffer at release); or the unmap's error (state *unknown*;
+    /// the registry frees the buffer once a later unmap is confirmed).
     ///
     /// # Cancel safety
-    /// Dropping the future after it started forfeits the buffer: the
-    /// deregistration finishes in the background and the buffer is freed at
-    /// release.
+    /// Dropping the future forfeits the buffer, freed at release.
     pub async fn unregister_owned(
         self,
         drain_timeout: Duration,
@@ -296,8 +254,7 @@ impl RegionGuard {
         pending.done = true;
         match pending.state.take_owned() {
             Some(buffer) => Ok((buffer, outcome)),
-            // Unreachable while the guard was the only claimant; returned as
-            // an error rather than asserted.
+            // Unreachable: the guard was the only claimant.
             None => Err(UnregisterOwnedError {
                 error: RdmaError::RegionNotFound,
                 guard: None,
@@ -329,8 +286,8 @@ impl Drop for RegionGuard {
     }
 }
 
-/// A release taken over from a guard; if dropped before it finished, the
-/// release continues in the background.
+/// A release taken over from a guard; dropped unfinished, it continues in
+/// the background.
 struct PendingRelease {
     inner: Arc<Inner>,
     state: Arc<RegionState>,

@@ -1,10 +1,8 @@
 //! [`OwnedBuffer`]: a `Box<[u8]>` held in raw form while it is registered.
 //!
-//! While a buffer is registered, peers may write it, so no Rust reference to
-//! it (and no `Box`, which asserts uniqueness whenever it is moved) may exist.
-//! The box is turned into a raw pointer before the map and rebuilt only when
-//! the registration is known to be gone. Like arena pages, a buffer whose
-//! unmap was never confirmed is leaked (and counted), never freed.
+//! Peers may write a registered buffer, so no reference (nor a `Box`, which
+//! asserts uniqueness) may exist: the box is raw from before the map until
+//! the registration is confirmed gone, and leaked if that never comes.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -58,8 +56,7 @@ impl OwnedBuffer {
         self.registered = true;
     }
 
-    /// The unmap was confirmed (or the backend reported nothing registered
-    /// after teardown): the buffer may be handed back or freed.
+    /// The unmap was confirmed: the buffer may be handed back or freed.
     pub(crate) fn confirm_unregistered(&mut self) {
         self.registered = false;
     }
@@ -74,10 +71,9 @@ impl OwnedBuffer {
         // Leave an empty husk behind so Drop has nothing to free.
         self.ptr = NonNull::dangling();
         self.len = 0;
-        // SAFETY: `slice` is exactly the pointer and length `Box::into_raw`
-        // produced in `from_box`; it is rebuilt once (the husk left in `self`
-        // owns nothing), and the buffer is not registered, so no peer can
-        // write it any more.
+        // SAFETY: `slice` is exactly what `Box::into_raw` produced; it is
+        // rebuilt once (the husk owns nothing), and the buffer is not
+        // registered, so no peer can write it.
         Some(unsafe { Box::from_raw(slice) })
     }
 }
@@ -98,9 +94,9 @@ impl Drop for OwnedBuffer {
             return;
         }
         let slice = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
-        // SAFETY: `slice` is the pointer and length from `Box::into_raw` in
-        // `from_box` (non-empty, so `into_box` has not taken it), rebuilt once
-        // since Drop runs once, and the buffer is not registered.
+        // SAFETY: `slice` is the pointer and length from `Box::into_raw`
+        // (non-empty, so `into_box` has not taken it), rebuilt once, and
+        // the buffer is not registered.
         drop(unsafe { Box::from_raw(slice) });
     }
 }

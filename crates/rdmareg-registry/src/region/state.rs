@@ -1,26 +1,13 @@
 //! The state one registered region shares between its guard, its watches and
 //! the registry's table, and the steps that release it.
 //!
-//! # When is a region released?
-//!
-//! Two facts must both hold before the release latch resolves:
-//!
-//! 1. **the backend no longer pins it** — an `unmap` returned `Ok(())`, or
-//!    shutdown ended with the backend reporting nothing registered; and
-//! 2. **no local reader is inside it** — every lease taken by
-//!    [`RegionWatch::read`](crate::RegionWatch::read) has been given back, and
-//!    the reader gate is closed so no new one can start.
-//!
-//! The unmap itself does not wait for readers: deregistering never frees
-//! memory, so a reader still copying out of a just-unmapped range reads
-//! allocated bytes. What waits is the latch, because the latch is what lets
-//! the owner free the memory (or what frees an owned buffer). The budget
-//! charge, on the other hand, is returned at the moment of (1): it counts
-//! pinned bytes, and those are no longer pinned.
-//!
-//! Finalising (latch, table removal, freeing an owned buffer nobody will
-//! claim) happens exactly once, from whichever of the two facts became true
-//! last.
+//! A region is released (its latch resolves) once the backend no longer
+//! pins it (fact 1: an unmap returned `Ok(())`, or shutdown ended with
+//! nothing registered) and no local reader is inside (fact 2: the reader
+//! gate is closed and drained). The unmap does not wait for readers, since
+//! it frees nothing; the latch does, since it lets the owner free. The
+//! budget charge is returned at fact 1. Finalising runs once, from whichever
+//! fact came last.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,37 +23,29 @@ use crate::gate::Gate;
 use crate::latch::Latch;
 use crate::registry::Inner;
 
-/// What [`unregister`](crate::RegionGuard::unregister) achieved within its
-/// timeout.
+/// What [`unregister`](crate::RegionGuard::unregister) achieved in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UnregisterOutcome {
-    /// Every reader had left before the unmap, and the backend confirmed the
-    /// unmap: the region is fully released (`deregistered()` has resolved).
+    /// Readers had left and the unmap is confirmed: released.
     Drained,
-    /// Readers were still inside when the timeout passed; the region was
-    /// unmapped anyway (confirmed). `deregistered()` resolves when the last
-    /// of them leaves.
+    /// Readers outstayed the timeout; the unmap is confirmed, and
+    /// `deregistered()` resolves when the last reader leaves.
     DrainTimedOut,
-    /// The timeout passed before the backend confirmed the unmap — it waits
-    /// for transfers still using the region (contract point 4). The unmap was
-    /// submitted and proceeds in the background; `deregistered()` resolves
-    /// once it is confirmed and the readers have left. The region stays
-    /// refused to new readers and new GETs.
+    /// The unmap was not confirmed in time (a transfer still uses the
+    /// region, contract point 4) and goes on in the background; the region
+    /// stays refused to new readers and GETs.
     UnmapPending(StillRunning),
 }
 
-/// What was still using a region when
-/// [`unregister`](crate::RegionGuard::unregister)'s timeout passed.
+/// What still used a region when `unregister`'s timeout passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct StillRunning {
-    /// Local readers ([`RegionWatch::read`](crate::RegionWatch::read)) still
-    /// inside.
+    /// Local readers still inside.
     pub readers: usize,
-    /// Transfers into or from the region the backend could see still running
-    /// ([`RdmaBackend::transfers_in_flight`](rdmareg_backend::RdmaBackend::transfers_in_flight));
-    /// `None` if the backend cannot tell.
+    /// Transfers using the region, if the backend can tell
+    /// ([`RdmaBackend::transfers_in_flight`](rdmareg_backend::RdmaBackend::transfers_in_flight)).
     pub transfers: Option<usize>,
 }
 
@@ -74,8 +53,7 @@ pub struct StillRunning {
 #[derive(Debug)]
 struct OwnedSlot {
     buffer: Option<OwnedBuffer>,
-    /// A guard (or an `unregister_owned` in progress) will take the buffer;
-    /// until it says otherwise, finalising keeps it.
+    /// A guard or `unregister_owned` will take the buffer: finalising keeps it.
     owner_present: bool,
 }
 
@@ -98,12 +76,11 @@ pub(crate) struct RegionState {
     registry: Weak<Inner>,
 }
 
-// SAFETY: the raw pointer is an address the state never dereferences itself;
-// reads through it happen only under a reader lease (see `RegionWatch`), and
-// every other field is Send + Sync.
+// SAFETY: the state never dereferences the raw pointer itself; reads
+// through it happen only under a reader lease (see `RegionWatch`), and every
+// other field is Send + Sync.
 unsafe impl Send for RegionState {}
-// SAFETY: as for Send: shared access reads the pointer value, never the bytes
-// without a lease.
+// SAFETY: as for Send: shared access reads the pointer value only.
 unsafe impl Sync for RegionState {}
 
 /// Everything the registry knows about a fresh registration.
@@ -167,8 +144,7 @@ impl RegionState {
         self.readers.close();
     }
 
-    /// The backend no longer pins the region (fact 1). Returns the budget
-    /// charge and finalises if no reader is inside.
+    /// Fact 1: return the charge, and finalise if no reader is inside.
     pub(crate) fn mark_unmapped(self: &Arc<Self>) {
         self.close_readers();
         if let Some(owned) = &self.owned
@@ -191,8 +167,7 @@ impl RegionState {
     }
 
     fn try_finalize(self: &Arc<Self>) {
-        // Both sides store their fact before calling this (SeqCst), so
-        // whichever comes second sees both.
+        // Both sides store their fact (SeqCst) first: the second sees both.
         if !self.is_unmapped() || !self.readers.is_drained() {
             return;
         }
@@ -214,8 +189,7 @@ impl RegionState {
         self.latch.release();
     }
 
-    /// Nobody will claim the owned buffer: free it at (or, if already past,
-    /// since) finalisation.
+    /// Nobody will claim the owned buffer: free it at finalisation.
     pub(crate) fn disown(&self) {
         let Some(owned) = &self.owned else { return };
         let freed = {
@@ -243,9 +217,8 @@ impl RegionState {
 /// Ask the backend to unmap the region, unless that is already confirmed.
 ///
 /// # Cancel safety
-/// Dropping it after the first poll abandons only the result: the backend
-/// proceeds with the unmap (contract point 2) and a later call — the
-/// background deregistration, or the shutdown sweep — will confirm it.
+/// Dropped after the first poll, the unmap proceeds (contract point 2) and a
+/// later call confirms it.
 pub(crate) async fn unmap_region(inner: &Inner, state: &Arc<RegionState>) -> Result<(), RdmaError> {
     if state.is_unmapped() {
         return Ok(());
@@ -255,17 +228,13 @@ pub(crate) async fn unmap_region(inner: &Inner, state: &Arc<RegionState>) -> Res
     Ok(())
 }
 
-/// Close the region to readers, wait for them to leave, then unmap.
-///
-/// The whole of it is bounded by `timeout`. Readers who outstay the timeout
-/// do not hold the unmap back (it frees nothing); an unmap that outstays it
-/// (the backend waits for a transfer using the region) goes on in the
-/// background and the call returns [`UnregisterOutcome::UnmapPending`], with
-/// what was still running.
+/// Close the region to readers, wait for them, then unmap, all within
+/// `timeout`. Readers who outstay it do not hold the unmap back (it frees
+/// nothing); an unmap that outstays it goes on in the background
+/// ([`UnregisterOutcome::UnmapPending`]).
 ///
 /// # Cancel safety
-/// As [`unmap_region`]: readers stay refused, and an unmap once submitted
-/// proceeds.
+/// As [`unmap_region`].
 pub(crate) async fn deregister(
     inner: &Arc<Inner>,
     state: &Arc<RegionState>,
@@ -276,10 +245,8 @@ pub(crate) async fn deregister(
     let drained = tokio::time::timeout_at(deadline, state.readers.drained())
         .await
         .is_ok();
-    // Owned, so that an unmap that outstays the deadline can be carried on
-    // rather than dropped (which would lose its confirmation). A timeout
-    // polls its future once even when the deadline has passed, so an unmap
-    // that completes at once still counts.
+    // Owned, so an unmap that outstays the deadline is carried on, not
+    // dropped; the timeout still polls it once, so an instant unmap counts.
     let mut unmap = Box::pin(unmap_region_owned(Arc::clone(inner), Arc::clone(state)));
     match tokio::time::timeout_at(deadline, &mut unmap).await {
         Ok(result) => result.map(|()| {
@@ -321,9 +288,8 @@ async fn unmap_region_owned(inner: Arc<Inner>, state: Arc<RegionState>) -> Resul
     unmap_region(&inner, &state).await
 }
 
-/// Deregister on the registry's runtime, without anyone awaiting it; used
-/// when a guard is dropped, an `unregister` is cancelled, or a registration
-/// arrives after the shutdown sweep.
+/// Deregister on the registry's runtime, unawaited (a dropped guard, a
+/// cancelled `unregister`, a registration after the sweep).
 pub(crate) fn spawn_background_deregistration(
     inner: Arc<Inner>,
     state: Arc<RegionState>,

@@ -1,24 +1,11 @@
 //! [`RegionWatch`], the clonable observer of a region, and [`RegionView`], the
 //! read access it grants while a region is held open.
 //!
-//! # Why a view and not `&[u8]`
-//!
-//! Registered memory may be written by any peer holding its key, on
-//! backends whose keys grant writes (RDMA hardware). A `&[u8]` over it would
-//! promise the compiler that the bytes cannot change while the reference
-//! lives — a promise nobody can keep. A [`RegionView`] never creates a
-//! reference to the region: it copies bytes out through raw pointers. The
-//! copy is what the caller gets to keep.
-//!
-//! # Leases
-//!
-//! [`RegionWatch::read`] takes a lease on the region for the duration of the
-//! closure; a region is not released (its latch stays open, an owned buffer
-//! is not freed, an external owner is not told to free) while a lease is
-//! held. Once deregistration has started, new leases are refused and `read`
-//! returns `None`. Keep closures short: a deregistration reports
-//! [`DrainTimedOut`](crate::UnregisterOutcome::DrainTimedOut) past its drain
-//! timeout, and `unregister_owned` waits for the last reader.
+//! A view copies bytes out through raw pointers instead of lending `&[u8]`,
+//! since peers may write registered memory and a reference would promise
+//! the compiler it cannot change. [`RegionWatch::read`] holds a lease for
+//! the closure's duration, and the region is not released while one is
+//! held; keep closures short, since deregistration waits for them.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -56,8 +43,8 @@ impl RegionWatch {
         self.state.generation
     }
 
-    /// Run `reader` over the region while holding it open, or return `None`
-    /// if deregistration has started (or finished).
+    /// Run `reader` over the region under a lease, or `None` once
+    /// deregistration has started.
     pub fn read<R>(&self, reader: impl FnOnce(RegionView<'_>) -> R) -> Option<R> {
         let lease = Lease {
             state: &self.state,
@@ -78,7 +65,7 @@ impl RegionWatch {
         self.state.latch.is_released()
     }
 
-    /// Resolves once the region is released (the same event as
+    /// Resolves once the region is released (as
     /// [`RegionGuard::deregistered`](crate::RegionGuard::deregistered)).
     ///
     /// # Cancel safety
@@ -105,8 +92,8 @@ impl Drop for Lease<'_> {
     }
 }
 
-/// Read access to a region for the duration of a [`RegionWatch::read`]
-/// closure. Copies bytes out; never lends a reference to registered memory.
+/// Read access to a region during a [`RegionWatch::read`] closure: copies
+/// bytes out, never lends a reference to registered memory.
 #[derive(Debug)]
 pub struct RegionView<'lease> {
     ptr: NonNull<u8>,
@@ -134,12 +121,10 @@ impl RegionView<'_> {
         if end > self.len {
             return Err(RdmaError::OutOfRange);
         }
-        // SAFETY: `[offset, end)` lies inside the region (checked above);
-        // the region stays allocated while this view's lease is held (the
-        // owner may not free it before the latch resolves, and the latch
-        // waits for leases); `dst` is a valid exclusive slice of `dst.len()`
-        // bytes; `copy` tolerates overlap; and no reference to the region is
-        // created.
+        // SAFETY: `[offset, end)` lies inside the region (checked above),
+        // which stays allocated while this view's lease is held (the latch
+        // waits for leases); `dst` is a valid exclusive slice; no reference
+        // to the region is created.
         unsafe {
             std::ptr::copy(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len());
         }
