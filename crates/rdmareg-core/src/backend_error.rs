@@ -1,12 +1,6 @@
 //! [`BackendError`]: what [`RdmaError::Backend`](crate::RdmaError::Backend)
-//! carries — a short message naming the backend-level condition, and the
-//! error it came from when there is one.
-//!
-//! The message is what callers match on and humans read; the source is for
-//! diagnosis (`std::error::Error::source`, error reporters that walk the
-//! chain) and stays out of the message so a chain prints each cause once.
-//! Nothing backend-specific crosses the seam as a type: the source is a
-//! boxed `std::error::Error`.
+//! carries: a short message callers match on, and the error it came from as
+//! `source()`, kept out of the message so a chain prints each cause once.
 
 use std::error::Error;
 use std::fmt;
@@ -14,10 +8,8 @@ use std::sync::Arc;
 
 /// A backend's failure: its message and, when known, the underlying error.
 ///
-/// Equality compares messages only: two failures that read the same are
-/// the same to a caller, whatever their sources (which have no equality of
-/// their own). The message derefs to `&str`, so `error.contains("...")`
-/// reads as it did when the message was a `String`.
+/// Equality compares messages only (sources have none). The message derefs
+/// to `&str`.
 #[derive(Clone)]
 pub struct BackendError {
     message: String,

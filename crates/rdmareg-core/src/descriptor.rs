@@ -1,10 +1,6 @@
-//! The wire [`Descriptor`]: what an owner hands a consumer so it can GET a
-//! range of the owner's registered memory.
+//! The wire [`Descriptor`]: what an owner hands a consumer to GET a range.
 //!
-//! # Encoding (version 1)
-//!
-//! All integers little-endian.
-//!
+//! # Encoding (version 1, integers little-endian)
 //! | bytes | field |
 //! |---|---|
 //! | 2 | magic `b"RD"` |
@@ -17,19 +13,10 @@
 //! | 2 | packed key length `p`, 1..=[`MAX_PACKED_KEY_LEN`] |
 //! | p | packed key |
 //!
-//! The encoding is self-delimiting: [`Descriptor::decode_prefix`] reads one
-//! descriptor from the front of a buffer and says how many bytes it used, so
-//! several can be concatenated in one message. [`Descriptor::decode`] insists
-//! the buffer holds exactly one.
-//!
-//! # Untrusted input
-//!
-//! Decoding reads only inside the given slice, never panics, and allocates at
-//! most the capped key sizes (the packed key is copied out of the input, so it
-//! cannot be larger than what was received). Every malformed input is a
-//! [`DescriptorError`]. Decoding does *not* validate the packed key against a
-//! backend's format: that is the backend's job, before it interprets the
-//! bytes.
+//! Self-delimiting: [`Descriptor::decode_prefix`] reads one from the front
+//! of a buffer, [`Descriptor::decode`] insists on exactly one. Decoding
+//! never reads outside the slice, panics or allocates past the key caps;
+//! the packed key's format is the backend's to validate.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -56,8 +43,7 @@ pub struct Descriptor {
     packed_key: Bytes,
 }
 
-/// Why bytes could not be decoded into a [`Descriptor`] (or why a descriptor
-/// could not be built).
+/// Why a [`Descriptor`] could not be decoded or built.
 #[derive(thiserror::Error, Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DescriptorError {
@@ -91,8 +77,7 @@ pub enum DescriptorError {
     /// Bytes remain after the descriptor where exactly one was expected.
     #[error("{0} trailing bytes after descriptor")]
     TrailingBytes(usize),
-    /// [`Descriptor::slice`] was asked for an empty range, or one that
-    /// leaves the descriptor it cuts from.
+    /// [`Descriptor::slice`] was asked for an empty or outside range.
     #[error(
         "slice [{offset}, {offset} + {len}) is empty or leaves the {parent_len}-byte descriptor it is cut from"
     )]
@@ -106,9 +91,8 @@ pub enum DescriptorError {
     },
 }
 
-/// A slice outside its parent is [`RdmaError::OutOfRange`], as every other
-/// range that leaves what it names; every other descriptor error is
-/// [`RdmaError::InvalidDescriptor`].
+/// A slice outside its parent is [`RdmaError::OutOfRange`]; every other
+/// descriptor error is [`RdmaError::InvalidDescriptor`].
 impl From<DescriptorError> for RdmaError {
     fn from(e: DescriptorError) -> Self {
         match e {
@@ -153,8 +137,7 @@ impl Descriptor {
     pub fn len(&self) -> u64 {
         self.len
     }
-    /// Always `false`: a descriptor never describes zero bytes. Present for
-    /// symmetry with [`len`](Self::len).
+    /// Always `false`: a descriptor never describes zero bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -167,14 +150,12 @@ impl Descriptor {
         &self.packed_key
     }
 
-    /// A descriptor for `[offset, offset + len)` of this one, with the same key
-    /// and generation.
+    /// A descriptor for `[offset, offset + len)` of this one, with the same
+    /// key and generation.
     ///
     /// # Errors
     /// [`DescriptorError::SliceOutOfRange`] for an empty range or one that
-    /// leaves the parent (the same error type as [`new`](Self::new) and
-    /// [`decode`](Self::decode); `?` turns it into
-    /// [`RdmaError::OutOfRange`]).
+    /// leaves the parent (`?` makes it [`RdmaError::OutOfRange`]).
     pub fn slice(&self, offset: u64, len: u64) -> Result<Descriptor, DescriptorError> {
         let refused = DescriptorError::SliceOutOfRange {
             offset,
@@ -230,8 +211,7 @@ impl Descriptor {
         Ok(descriptor)
     }
 
-    /// Decode one descriptor from the front of `input`; returns it and the
-    /// number of bytes it occupied.
+    /// Decode one descriptor from the front of `input`, and its length.
     pub fn decode_prefix(input: &[u8]) -> Result<(Descriptor, usize), DescriptorError> {
         let mut reader = Reader { input, pos: 0 };
         if reader.take(2)? != MAGIC {

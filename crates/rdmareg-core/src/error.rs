@@ -1,12 +1,9 @@
 //! [`RdmaError`]: the one error enum of the backend seam and the registry.
 //!
-//! Callers switch on the variant; humans read the message. Backend detail (a
-//! UCX status name, say) travels as the text of a [`BackendError`] inside
-//! [`RdmaError::Backend`], with the error it came from as its source when
-//! there is one, so that nothing backend-specific crosses the seam as a
-//! type. The enum is `#[non_exhaustive]`
-//! because later backends and features add failure kinds, and matching it
-//! exhaustively from outside would make each of those a breaking change.
+//! Callers switch on the variant; humans read the message. Backend detail
+//! travels as a [`BackendError`]'s text and source, so nothing
+//! backend-specific crosses the seam as a type. `#[non_exhaustive]`, so new
+//! failure kinds are not breaking changes.
 
 use crate::BackendError;
 
@@ -14,22 +11,17 @@ use crate::BackendError;
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RdmaError {
-    /// The registry or the backend under it is shutting down (or has shut
-    /// down). New work is refused; an in-progress deregistration reached no
-    /// conclusion.
+    /// The registry or its backend is shutting down; new work is refused.
     ///
-    /// **Not a statement that memory was unmapped.** A caller holding a region
-    /// guard that sees this must keep its allocation alive until the guard's
-    /// `deregistered()` resolves — at the latest when shutdown completes.
+    /// **Not a statement that memory was unmapped**: keep the allocation
+    /// until the guard's `deregistered()` resolves.
     #[error(
         "rdma layer is shutting down: new work is refused; memory already registered stays pinned until deregistered() resolves"
     )]
     ShuttingDown,
 
-    /// Registering this many bytes would exceed the registered-bytes budget.
-    ///
-    /// A routine refusal: callers are expected to fall back (stage in chunks,
-    /// use a non-RDMA path) rather than fail.
+    /// Registering this many bytes would pass the budget: a routine refusal
+    /// to fall back from (stage in chunks, use another path).
     #[error(
         "registered-bytes budget exceeded: {requested} B requested, {registered} B already registered, budget {budget} B; free registrations or raise the budget"
     )]
@@ -46,37 +38,29 @@ pub enum RdmaError {
     #[error("rdma region not found: it was never registered or has already been deregistered")]
     RegionNotFound,
 
-    /// A length or offset falls outside the region it names, or the request
-    /// was degenerate (null pointer, zero length, arithmetic overflow).
+    /// A range falls outside what it names, or is null, empty or overflowing.
     #[error("range is outside the registered region, or is empty, null or overflowing")]
     OutOfRange,
 
-    /// A packed remote key was empty, oversized, or not well-formed for the
-    /// backend that has to interpret it.
+    /// A packed remote key was empty, oversized or malformed for its backend.
     #[error("malformed packed remote key: refused before the backend interpreted it")]
     InvalidKey,
 
-    /// A peer's worker address (how to reach it) is not well-formed for the
-    /// backend that has to interpret it, and was refused before the backend
-    /// parsed it. The text says what is wrong. A fact about the bytes the
-    /// peer sent: retrying with the same address cannot succeed.
+    /// A peer's worker address is malformed for this backend (refused before
+    /// parsing); retrying with it cannot succeed.
     #[error("malformed peer worker address, refused before the backend parsed it: {0}")]
     InvalidWorkerAddress(String),
 
-    /// The backend failed. The message names the backend-level condition so
-    /// a human can diagnose it from the message alone; the error it came
-    /// from, when there is one, is its `source()`. Transient or
-    /// environmental by nature: a caller may reasonably retry.
+    /// The backend failed; the message names the condition and the cause is
+    /// its `source()`. May be transient.
     #[error(transparent)]
     Backend(BackendError),
 
-    /// No RDMA backend is configured (or the named peer is unknown to it). A
-    /// deployment fact: retrying cannot change it.
+    /// No backend is configured, or the peer is unknown to it.
     #[error("no rdma backend configured for this operation (or the peer is unknown to it)")]
     NotConfigured,
 
-    /// The region was registered from a caller-owned pointer, so there is no
-    /// buffer to hand back. Retrying cannot change it.
+    /// Registered from a caller-owned pointer: there is no buffer to return.
     #[error("region owns no buffer: it was registered from a caller-owned pointer")]
     NotOwned,
 
@@ -89,20 +73,15 @@ pub enum RdmaError {
     #[error("rdma operation timed out")]
     Timeout,
 
-    /// The destination buffer was allocated by another registry. Its
-    /// memory is registered with that registry's backend; this registry's
-    /// backend would take its registration id for one of its own, a
-    /// different buffer. Read into it through the registry that allocated
-    /// it.
+    /// The destination buffer was allocated by another registry, whose
+    /// backend alone knows its registration; read through that registry.
     #[error(
         "destination buffer belongs to another registry: read into it through the registry that allocated it"
     )]
     ForeignBuffer,
 
-    /// The destination buffer cannot hold what the read brings: the read
-    /// needs `needed` bytes (its offset into the buffer included) and the
-    /// buffer holds `available`. A local mistake: the remote range was not
-    /// looked at.
+    /// The destination buffer holds `available` bytes and the read needs
+    /// `needed` (offset included): a local mistake.
     #[error(
         "destination buffer too small: the read needs {needed} B (offset included), the buffer holds {available} B"
     )]
@@ -113,18 +92,15 @@ pub enum RdmaError {
         available: u64,
     },
 
-    /// The destination buffer was surrendered by a cancelled transfer: its
-    /// memory went with the transfer (the backend may still have been
-    /// writing it) and returns to the pool later. The buffer is empty for
-    /// good; allocate another.
+    /// The destination buffer was surrendered by a cancelled transfer and
+    /// is empty for good; allocate another.
     #[error(
         "destination buffer was surrendered by a cancelled transfer and holds no memory; allocate another"
     )]
     BufferSurrendered,
 }
 
-/// The variant of an [`RdmaError`] without its data: a label for counting
-/// errors by kind (metrics, logs).
+/// The variant of an [`RdmaError`] without its data, for counting by kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum ErrorKind {
@@ -215,9 +191,7 @@ impl RdmaError {
         RdmaError::Backend(BackendError::new(message))
     }
 
-    /// A backend failure caused by `source`, with a message saying what
-    /// failed; the source stays reachable through
-    /// [`std::error::Error::source`].
+    /// A backend failure caused by `source` (kept as its `source()`).
     pub fn backend_caused_by(
         message: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
@@ -245,10 +219,8 @@ impl RdmaError {
         }
     }
 
-    /// Whether retrying the same operation later could succeed.
-    ///
-    /// `Backend`, `Timeout` and `BudgetExceeded` may clear; the others are
-    /// facts about the request or the deployment.
+    /// Whether retrying later could succeed: `Backend`, `Timeout` and
+    /// `BudgetExceeded` may clear; the others are facts.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,

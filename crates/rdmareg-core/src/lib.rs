@@ -2,9 +2,7 @@
 //! cross the backend seam, the wire descriptor an owner hands a consumer, and
 //! the page arithmetic registrations are charged by.
 //!
-//! This crate has no async runtime and no I/O, and no `unsafe`: it is the part
-//! every other crate (and every future backend) can depend on without pulling
-//! anything in.
+//! No async runtime, no I/O, no `unsafe`: every crate can depend on it.
 
 #![forbid(unsafe_code)]
 

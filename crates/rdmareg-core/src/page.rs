@@ -1,9 +1,7 @@
 //! Page arithmetic for registrations.
 //!
 //! Registration pins whole pages, so budgets are charged on the
-//! page-enclosing range of `[addr, addr + len)`. Every function returns `None`
-//! instead of wrapping on overflow: a range near the top of the address space
-//! is a bad request, not a small one.
+//! page-enclosing range; every function returns `None` rather than wrap.
 
 /// A page-aligned range `[start, start + len)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,14 +19,9 @@ impl PageRange {
         self.start + self.len
     }
 
-    /// The smallest range covering both this range and `[start, start +
-    /// len)` (a backend's report of what it pinned, not trusted to be
-    /// page-aligned or to cover this one). Saturates at the top of the
-    /// address space instead of wrapping.
-    ///
-    /// The registry charges this for every registration, so a backend that
-    /// reports less than the page-enclosing range never makes the budget
-    /// count fewer bytes than the OS pins.
+    /// The smallest range covering this one and `[start, start + len)` (a
+    /// backend's untrusted report of what it pinned), saturating at the top
+    /// of the address space: the budget never counts less than the OS pins.
     pub fn cover(&self, start: u64, len: u64) -> PageRange {
         let first = self.start.min(start);
         let end = self.end().max(start.saturating_add(len));
@@ -49,10 +42,8 @@ pub fn round_up(value: u64, align: u64) -> Option<u64> {
     value.checked_add(mask).map(|v| v & !mask)
 }
 
-/// The smallest page-aligned range covering `[addr, addr + len)`.
-///
-/// `None` when `len` is zero, when the page size is not a power of two, or
-/// when the range (or its rounding) overflows `u64`.
+/// The smallest page-aligned range covering `[addr, addr + len)`; `None`
+/// for a zero length, a page size not a power of two, or overflow.
 pub fn page_enclosing_range(addr: u64, len: u64, page_size: u64) -> Option<PageRange> {
     if len == 0 || !page_size.is_power_of_two() {
         return None;

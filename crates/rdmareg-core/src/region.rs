@@ -1,19 +1,12 @@
-//! The values that cross the backend seam: what a registration looks like
-//! from above ([`BackendRegion`]), one remote read ([`BackendGet`]), and the
-//! name of a peer ([`PeerId`]).
-//!
-//! Nothing here is backend-specific: a region is an opaque id, a byte range
-//! and packed key bytes.
+//! The values that cross the backend seam: a registration ([`BackendRegion`]),
+//! one remote read ([`BackendGet`]) and a peer's name ([`PeerId`]).
 
 use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
 
-/// Names a remote peer to a backend.
-///
-/// The backend is told how to reach a peer out of band (for UCX, its packed
-/// worker address); from then on the peer is named by this id alone.
+/// Names a remote peer to a backend, once told out of band how to reach it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub u64);
 
@@ -34,22 +27,18 @@ impl From<u64> for PeerId {
 pub struct BackendRegion {
     /// Names the registration in a later unmap. Opaque above the backend.
     pub backend_region_id: u64,
-    /// Start of the range the backend actually pinned. May be *below* the
-    /// mapped pointer (backends round outward to pages), so it is a fact to
-    /// report and charge, never a base for offset arithmetic.
+    /// Start of the range the backend pinned; may be below the mapped
+    /// pointer (page rounding), so never a base for offsets.
     pub effective_addr: u64,
     /// Length of the pinned range; always covers the requested range.
     pub effective_len: u64,
-    /// Endpoint-independent key material, opaque bytes that may be cached,
-    /// sent on the wire, or held anywhere.
+    /// Opaque key material, fit to cache or send.
     pub packed_key: Bytes,
 }
 
 /// One remote read: `len` bytes at `remote_addr` on `peer`, written at
-/// `local_offset` inside a locally registered region.
-///
-/// `remote_addr` and `packed_key` come from a descriptor the owner authored;
-/// the consumer never computes remote addresses itself.
+/// `local_offset` inside a locally registered region. Remote address and key
+/// come from a descriptor the owner authored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendGet {
     /// The peer to read from.
@@ -60,15 +49,12 @@ pub struct BackendGet {
     pub packed_key: Bytes,
     /// Destination region, from a previous map on this side.
     pub local_region_id: u64,
-    /// Destination offset, measured from the pointer that was mapped (not from
-    /// [`BackendRegion::effective_addr`]).
+    /// Destination offset from the mapped pointer (not `effective_addr`).
     pub local_offset: u64,
     /// Bytes to read.
     pub len: u64,
-    /// How long the transfer may take.
-    ///
-    /// Past it the transfer is cancelled and the GET fails with
-    /// [`RdmaError::Timeout`](crate::RdmaError::Timeout). `None` uses the
-    /// backend's configured default.
+    /// How long the transfer may take before it is cancelled with
+    /// [`RdmaError::Timeout`](crate::RdmaError::Timeout); `None` uses the
+    /// backend's default.
     pub deadline: Option<Duration>,
 }
