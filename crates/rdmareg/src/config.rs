@@ -6,12 +6,8 @@ use std::time::Duration;
 use rdmareg_registry::RdmaConfig;
 use rdmareg_ucx::{Transport, UcxConfig};
 
-/// The engine and the registry, configured together.
-///
-/// The GET deadline is the registry's ([`RdmaConfig::get_deadline`]);
-/// [`Rdma::start`](crate::Rdma::start) hands it to the engine as well, so it
-/// is set in one place. The engine's teardown timeout and the registry's
-/// shutdown budget bound the two halves of [`Rdma::shutdown`](crate::Rdma::shutdown).
+/// The engine and the registry, configured together; the registry's GET
+/// deadline ([`RdmaConfig::get_deadline`]) is handed to the engine too.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct Config {
@@ -40,14 +36,10 @@ impl Config {
         self
     }
 
-    /// Open (or not) the engine's same-host direct-read lane, whatever the
-    /// transport ([`UcxConfig::with_same_host_direct_reads`]; by default it
-    /// is open on [`Transport::Auto`] and [`Transport::SameHost`]). Without
-    /// it, every read of this side's memory is served by this side's
-    /// engine, and this side reads same-host peers through theirs. Stale
-    /// descriptors are refused either way (`docs/safety.md`); the lane
-    /// trades the owner's per-read check for kernel copies that do not
-    /// wake it.
+    /// Open (or not) the same-host direct-read lane, whatever the transport
+    /// ([`UcxConfig::with_same_host_direct_reads`]; open by default on
+    /// `Auto` and `SameHost`). Without it every read is served by the
+    /// owner's engine (`docs/safety.md`).
     pub fn with_same_host_direct_reads(mut self, enabled: bool) -> Self {
         self.ucx = self.ucx.with_same_host_direct_reads(enabled);
         self
@@ -66,8 +58,7 @@ impl Config {
     }
 
     /// How long [`Rdma::shutdown`](crate::Rdma::shutdown) waits for
-    /// deregistrations before it tears the engine down
-    /// ([`RdmaConfig::shutdown_budget`]).
+    /// deregistrations ([`RdmaConfig::shutdown_budget`]).
     pub fn with_shutdown_budget(mut self, budget: Duration) -> Self {
         self.registry = self.registry.with_shutdown_budget(budget);
         self

@@ -1,30 +1,10 @@
 //! Prometheus export of the registry's metrics (feature `metrics`).
 //!
-//! [`RegistryCollector`] turns a registry's [`RegistryMetrics`] into
-//! Prometheus series at each scrape (nothing is copied between scrapes: the
-//! registry's own atomic counters are the source). [`MetricsServer`] serves
-//! them at `GET /metrics` in the OpenMetrics text format. Series:
-//!
-//! | series | type | from |
-//! |---|---|---|
-//! | `rdmareg_registered_bytes` | gauge | [`RegistryStats::registered_bytes`](crate::registry::RegistryStats::registered_bytes) |
-//! | `rdmareg_budget_bytes` | gauge | [`RegistryStats::budget_bytes`](crate::registry::RegistryStats::budget_bytes) |
-//! | `rdmareg_live_regions` | gauge | [`RegistryStats::live_regions`](crate::registry::RegistryStats::live_regions) |
-//! | `rdmareg_pool_arenas` | gauge | pooled plus dedicated arenas |
-//! | `rdmareg_pool_arena_bytes` | gauge | their total size |
-//! | `rdmareg_pool_bytes_in_use` | gauge | [`RegistryStats::pool_bytes_in_use`](crate::registry::RegistryStats::pool_bytes_in_use) |
-//! | `rdmareg_transfers_in_flight` | gauge | [`RegistryStats::transfers_in_flight`](crate::registry::RegistryStats::transfers_in_flight) |
-//! | `rdmareg_leaked_bytes` | gauge | [`RegistryStats::leaked_bytes`](crate::registry::RegistryStats::leaked_bytes) |
-//! | `rdmareg_registrations_total` | counter | [`RegistryMetrics::registrations`] |
-//! | `rdmareg_unregistrations_total` | counter | [`RegistryMetrics::unregistrations`] |
-//! | `rdmareg_budget_refusals_total` | counter | [`RegistryMetrics::budget_refusals`] |
-//! | `rdmareg_gets_total` | counter | [`RegistryMetrics::gets`] |
-//! | `rdmareg_get_bytes_total` | counter | [`RegistryMetrics::get_bytes`] |
-//! | `rdmareg_errors_total{kind}` | counter | [`RegistryMetrics::errors`], `kind` from [`ErrorKind::as_str`](crate::ErrorKind::as_str) |
-//! | `rdmareg_get_latency_seconds` | histogram | [`RegistryMetrics::get_latency`] |
-//!
-//! Several registries in one process go into one Prometheus registry under
-//! distinct labels with
+//! [`RegistryCollector`] reads a registry's [`RegistryMetrics`] at each
+//! scrape; [`MetricsServer`] serves them at `GET /metrics` in the
+//! OpenMetrics text format. The series and how to read them are listed in
+//! `docs/operations.md` ("Metrics"). Several registries share one Prometheus
+//! registry under distinct labels with
 //! [`Registry::sub_registry_with_label`](prometheus_client::registry::Registry::sub_registry_with_label).
 
 use std::borrow::Cow;
@@ -218,10 +198,9 @@ impl Collector for RegistryCollector {
     }
 }
 
-/// A collector whose registry can be set and replaced while it is being
-/// served: for a process that runs one registry after another (a benchmark
-/// sweeping transports) behind one `/metrics` address. Clones share the
-/// slot. Empty, it exports nothing.
+/// A collector whose registry can be replaced while served, for a process
+/// that runs one registry after another behind one address. Clones share
+/// the slot; empty, it exports nothing.
 #[derive(Debug, Clone, Default)]
 pub struct MetricsSlot {
     registry: Arc<std::sync::Mutex<Option<RdmaRegistry>>>,
@@ -285,21 +264,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one connection may last in all, response included.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A small HTTP server serving `GET /metrics`.
+/// A small HTTP server serving `GET /metrics` (404 otherwise, 405 for a
+/// method other than `GET`/`HEAD`; one request per connection), on the
+/// Tokio runtime it was started from, until dropped.
 ///
-/// Anything else is 404, a method other than `GET`/`HEAD` is 405; one request
-/// per connection. It runs on the Tokio runtime it was started from and stops
-/// when dropped.
-///
-/// # Bounds
-///
-/// It holds at most [`MetricsServer::MAX_CONNECTIONS`] connections at a
-/// time, each for at most 10 s (5 s to send the request head). While that
-/// many are open it accepts nothing: further clients wait in the kernel's
-/// listen backlog, which holds no descriptor of this process, until a
-/// connection ends. A flood of idle connections can delay scrapes by those
-/// bounds, but cannot take more than that many of the process's file
-/// descriptors from the UCX listener that peers connect to.
+/// It holds at most [`MAX_CONNECTIONS`](Self::MAX_CONNECTIONS) connections,
+/// each for at most 10 s; more clients wait in the kernel's listen backlog,
+/// so a flood of idle connections delays scrapes but cannot take the UCX
+/// listener's file descriptors.
 #[derive(Debug)]
 pub struct MetricsServer {
     local_addr: SocketAddr,
@@ -307,8 +279,7 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Most connections the server holds open at a time (see the type's
-    /// docs).
+    /// Most connections the server holds open at a time.
     pub const MAX_CONNECTIONS: usize = 64;
 
     /// Bind `addr` and serve `prometheus` there.
@@ -322,8 +293,8 @@ impl MetricsServer {
         let slots = Arc::new(Semaphore::new(Self::MAX_CONNECTIONS));
         let task = tokio::spawn(async move {
             loop {
-                // A slot first, then the accept: at the bound, clients wait
-                // in the listen backlog, not in this process's descriptors.
+                // A slot first, then the accept: waiting clients stay in the
+                // kernel's backlog.
                 let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
                     return;
                 };

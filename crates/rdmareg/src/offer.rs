@@ -1,13 +1,9 @@
 //! Handing a peer this side's address and descriptors over a byte stream.
 //!
-//! Before a consumer can GET, it needs the owner's worker address (for
-//! [`Rdma::add_peer`](crate::Rdma::add_peer)) and the descriptors of what
-//! the owner registered. [`Rdma::offer`](crate::Rdma::offer) writes both as
-//! one [`Offer`] frame to any Tokio [`AsyncWrite`] (a `TcpStream`, a unix
-//! socket, a duplex pipe); [`Rdma::accept`](crate::Rdma::accept) reads it on
-//! the other side, adds the peer and returns the descriptors, ready to GET.
-//! Each descriptor may carry a small label of the owner's choosing (a name,
-//! a key, a checksum) by which the consumer finds it.
+//! [`Rdma::offer`](crate::Rdma::offer) writes the worker address and
+//! labelled descriptors as one [`Offer`] frame to any Tokio [`AsyncWrite`];
+//! [`Rdma::accept`](crate::Rdma::accept) reads it on the other side, adds
+//! the peer and returns the descriptors, ready to GET.
 //!
 //! ```no_run
 //! # async fn sketch(
@@ -49,10 +45,9 @@
 //! # Frames
 //!
 //! A frame is a `u32` little-endian body length, then the body. A reader
-//! refuses a length over [`MAX_FRAME_LEN`] before reading the body, and
-//! grows the body's buffer only as bytes arrive, so a peer's length field
-//! alone never makes it allocate. [`write_frame`] and [`read_frame`] carry
-//! any other message of a conversation that goes on over the same stream.
+//! refuses a length over [`MAX_FRAME_LEN`] before reading the body and grows
+//! its buffer only as bytes arrive. [`write_frame`] and [`read_frame`] carry
+//! any other message over the same stream.
 //!
 //! # The offer (version 1)
 //!
@@ -60,7 +55,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | `0x01`, an offer (other frames on the stream may use other first bytes) |
+//! | 1 | `0x01`, an offer (other frames may use other first bytes) |
 //! | 1 | version, `1` |
 //! | 4 | worker address length `a`, non-zero |
 //! | a | worker address |
@@ -68,9 +63,8 @@
 //!
 //! then `n` times: a `u16` label length `l` (at most [`MAX_LABEL_LEN`]),
 //! `l` label bytes, and one encoded [`Descriptor`] (self-delimiting).
-//!
-//! Decoding reads only inside the frame, never panics and allocates no
-//! more than the frame holds. Every refusal is an [`OfferError`].
+//! Decoding reads only inside the frame, never panics, and allocates no more
+//! than the frame holds.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use rdmareg_core::{Descriptor, DescriptorError, RdmaError};
@@ -89,9 +83,8 @@ pub const MAX_LABEL_LEN: usize = 1024;
 const OFFER_TAG: u8 = 0x01;
 /// The offer format this build writes and reads.
 const VERSION: u8 = 1;
-/// Fewest bytes one region takes in an offer: its label length and the
-/// smallest descriptor (30 fixed bytes, one-byte backend key, one-byte
-/// packed key). Bounds the capacity reserved for a declared region count.
+/// Fewest bytes one region takes (label length and smallest descriptor):
+/// bounds the capacity reserved for a declared region count.
 const MIN_REGION_LEN: usize = 2 + 32;
 
 /// Why an offer could not be written, read or accepted.
@@ -106,12 +99,11 @@ pub enum OfferError {
     Truncated {
         /// Bytes of the frame read, its 4-byte length prefix included.
         read: usize,
-        /// Bytes the frame should have had: its declared body length plus
-        /// the prefix, or 4 when the prefix itself was cut.
+        /// Bytes the frame should have had, prefix included (4 if the
+        /// prefix itself was cut).
         expected: usize,
     },
-    /// A frame's body is longer than [`MAX_FRAME_LEN`] (declared by the
-    /// peer, or about to be written by this side).
+    /// A frame's body is longer than [`MAX_FRAME_LEN`].
     #[error("a frame of {len} bytes is over the {MAX_FRAME_LEN}-byte limit")]
     Oversize {
         /// The body's length.
@@ -462,9 +454,8 @@ where
             len: u64::from(len),
         });
     }
-    // `take` stops at the declared length; the buffer grows with what
-    // arrives, so a peer that declares 16 MiB and sends nothing costs
-    // nothing.
+    // `take` stops at the declared length and the buffer grows only with
+    // what arrives.
     let mut body = Vec::new();
     stream.take(u64::from(len)).read_to_end(&mut body).await?;
     if body.len() < len as usize {

@@ -1,7 +1,5 @@
 //! [`PublishedRegion`]: a registered region published under a name in
 //! discovery, withdrawn before it is unregistered.
-//!
-//! The contract is on the type.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,27 +13,14 @@ use rdmareg_core::RdmaError;
 ///
 /// # Contract
 ///
-/// A descriptor must never stay published after its registration is gone:
-/// a consumer that resolves the name would read a region that no longer
-/// exists (refused by the owner on served lanes, but a wasted round trip
-/// and a misleading directory). Discovery (`rdmareg-discovery`) knows
-/// nothing of registrations and the registry nothing of discovery, so this
-/// type joins the two and fixes the order:
-///
-/// - [`unregister`](PublishedRegion::unregister) and
-///   [`unregister_owned`](PublishedRegion::unregister_owned) withdraw the
-///   name first and unregister only once the withdrawal reached etcd. If it
-///   did not, nothing is unregistered: the error hands the region back so
-///   the caller can retry, or take the guard
-///   ([`into_guard`](PublishedRegion::into_guard)) and unregister knowing
-///   the entry vanishes with the publisher's lease within its TTL.
-/// - Dropping a `PublishedRegion` withdraws and then drops the guard (which
-///   deregisters in the background) on the current Tokio runtime. Without a
-///   runtime the guard is dropped at once and the entry is left to the
-///   lease, which is logged.
-/// - [`into_guard`](PublishedRegion::into_guard) keeps the registration
-///   and forgets the publication without withdrawing: the name stays
-///   published as long as the region does, which is the caller's promise.
+/// A descriptor never stays published after its registration is gone.
+/// [`unregister`](Self::unregister) and
+/// [`unregister_owned`](Self::unregister_owned) withdraw the name first
+/// and unregister only once etcd took the withdrawal; otherwise the error
+/// hands the region back. Dropping it withdraws, then drops the guard, on
+/// the current Tokio runtime (without one the entry is left to the lease,
+/// logged). [`into_guard`](Self::into_guard) keeps the registration and
+/// leaves the name published: the caller's promise.
 #[derive(Debug)]
 pub struct PublishedRegion {
     /// `None` only once handed out or released.
@@ -44,8 +29,7 @@ pub struct PublishedRegion {
     publisher: Arc<Publisher>,
 }
 
-/// Why a region could not be published or unpublished; the region, still
-/// registered, comes back with it.
+/// Why a region could not be (un)published; the region comes back with it.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
 pub struct PublishError<T> {
@@ -72,10 +56,8 @@ impl PublishedRegion {
     ///
     /// # Errors
     /// [`PublishFailure::Descriptor`] for a region without a descriptor;
-    /// [`PublishFailure::Discovery`] when etcd did not take it (a transient
-    /// error leaves the name queued in the publisher, which writes it when
-    /// the connection is back, so it is withdrawn here before the guard is
-    /// handed back). The guard comes back in either case, still registered.
+    /// [`PublishFailure::Discovery`] when etcd did not take it (the queued
+    /// name is withdrawn first). The guard comes back, still registered.
     pub async fn publish(
         publisher: Arc<Publisher>,
         name: impl Into<String>,
@@ -141,13 +123,11 @@ impl PublishedRegion {
         }
     }
 
-    /// Withdraws the name, then unregisters the region
-    /// ([`RegionGuard::unregister`]).
+    /// Withdraws the name, then unregisters the region.
     ///
     /// # Errors
-    /// A failed withdrawal, with the region back and still registered; the
-    /// unregistration's own error otherwise (as
-    /// [`RegionGuard::unregister`]), after the name was withdrawn.
+    /// A failed withdrawal, with the region back and still registered; else
+    /// [`RegionGuard::unregister`]'s error, after the name was withdrawn.
     pub async fn unregister(
         self,
         timeout: Duration,
@@ -157,7 +137,7 @@ impl PublishedRegion {
     }
 
     /// Withdraws the name, then unregisters the owned region and hands its
-    /// buffer back ([`RegionGuard::unregister_owned`]).
+    /// buffer back.
     ///
     /// # Errors
     /// As [`unregister`](Self::unregister).

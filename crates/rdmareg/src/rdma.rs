@@ -20,8 +20,7 @@ use crate::summary::ShutdownSummary;
 #[derive(thiserror::Error, Debug)]
 #[non_exhaustive]
 pub enum StartError {
-    /// Called outside a Tokio runtime: the registry spawns its background
-    /// work on the runtime it is started from.
+    /// Called outside a Tokio runtime, which the registry spawns work on.
     #[error(
         "Rdma::start must be called from inside a Tokio runtime (with its time driver enabled)"
     )]
@@ -34,13 +33,10 @@ pub enum StartError {
     Engine(#[from] RdmaError),
 }
 
-/// A UCX engine and the registry over it.
+/// A UCX engine and the registry over it; derefs to [`RdmaRegistry`].
 ///
-/// Derefs to [`RdmaRegistry`]: register, allocate, describe and GET through
-/// it. Finish with [`shutdown`](Self::shutdown); dropping it instead tears
-/// the engine down (bounded, blocking the dropping thread) without the
-/// registry's sweep, and regions still registered then wait for their
-/// guards' background deregistrations.
+/// Finish with [`shutdown`](Self::shutdown). Dropping it instead tears the
+/// engine down (blocking, bounded) without the registry's sweep.
 #[derive(Debug)]
 pub struct Rdma {
     engine: UcxEngine,
@@ -49,16 +45,12 @@ pub struct Rdma {
 
 impl Rdma {
     /// Starts a UCX engine and a registry over it, on the current Tokio
-    /// runtime.
-    ///
-    /// The registry's GET deadline is also the engine's default, so the
-    /// deadline is the same whichever way a GET is issued.
+    /// runtime; the registry's GET deadline is the engine's default too.
     ///
     /// # Errors
     /// [`StartError::NoRuntime`] outside a runtime; [`StartError::Config`]
-    /// for a registry configuration [`RdmaConfig::validate`](rdmareg_registry::RdmaConfig::validate)
-    /// refuses (checked before the engine starts); [`StartError::Engine`]
-    /// when UCX does not start.
+    /// for a configuration [`RdmaConfig::validate`](rdmareg_registry::RdmaConfig::validate)
+    /// refuses (before the engine starts); [`StartError::Engine`].
     pub fn start(config: Config) -> Result<Rdma, StartError> {
         let handle = Handle::try_current().map_err(|_| StartError::NoRuntime)?;
         config.registry.validate()?;
@@ -72,8 +64,7 @@ impl Rdma {
         Ok(Rdma { engine, registry })
     }
 
-    /// This side's address, for peers to pass to their own
-    /// [`add_peer`](Self::add_peer). Send it over your control channel.
+    /// This side's address, for peers' [`add_peer`](Self::add_peer).
     pub fn worker_address(&self) -> bytes::Bytes {
         self.engine.worker_address()
     }
@@ -86,10 +77,9 @@ impl Rdma {
         self.engine.add_peer(peer, address)
     }
 
-    /// As [`add_peer`](Self::add_peer), but every read from `peer` goes
-    /// through its owner's engine, which checks it, even where the address
-    /// offers the same-host direct-read lane: for peers trusted with the
-    /// network, not with this host's memory.
+    /// As [`add_peer`](Self::add_peer), but every read from `peer` is
+    /// served and checked by its owner's engine, never read directly on one
+    /// host: for peers trusted with the network, not this host's memory.
     ///
     /// # Errors
     /// As [`UcxEngine::add_peer_served_only`].
@@ -110,14 +100,11 @@ impl Rdma {
     }
 
     /// Writes this side's [`worker_address`](Self::worker_address) and
-    /// `regions` to `stream` as one [`Offer`], for the peer's
-    /// [`accept`](Self::accept). A region is a [`Descriptor`](rdmareg_core::Descriptor),
-    /// or a `(label, descriptor)` pair whose label (bytes or text, at most
-    /// [`MAX_LABEL_LEN`](crate::offer::MAX_LABEL_LEN)) the peer finds it by.
+    /// `regions` (descriptors, or `(label, descriptor)` pairs) to `stream`
+    /// as one [`Offer`], for the peer's [`accept`](Self::accept).
     ///
     /// # Errors
-    /// As [`Offer::write_to`]: the limits of the format, or the stream's
-    /// I/O error.
+    /// As [`Offer::write_to`].
     ///
     /// # Cancel safety
     /// Dropping the future may leave part of the offer written.
@@ -132,23 +119,17 @@ impl Rdma {
             .await
     }
 
-    /// Reads a peer's [`offer`](Self::offer) from `stream`, adds the peer as
-    /// `peer` ([`add_peer`](Self::add_peer)) and returns what it offered:
-    /// its descriptors are ready to GET from `peer`.
-    ///
-    /// The peer is trusted as [`add_peer`](Self::add_peer) trusts it: on one
-    /// host, its descriptors may make this engine copy from another process
-    /// of this host and user. For a peer trusted with the network only, use
-    /// [`accept_served_only`](Self::accept_served_only).
+    /// Reads a peer's [`offer`](Self::offer) from `stream`, adds it as
+    /// `peer` ([`add_peer`](Self::add_peer), with the same trust) and
+    /// returns its descriptors, ready to GET. For a peer trusted with the
+    /// network only, use [`accept_served_only`](Self::accept_served_only).
     ///
     /// # Errors
-    /// As [`Offer::read_from`] (closed, truncated, oversize, malformed or
-    /// of another version), or [`OfferError::AddPeer`] if adding the peer
-    /// fails.
+    /// As [`Offer::read_from`], or [`OfferError::AddPeer`].
     ///
     /// # Cancel safety
-    /// The peer is added only once the whole offer is read; dropping the
-    /// future before then adds nothing but loses what was read.
+    /// The peer is added only once the whole offer is read; a dropped
+    /// future adds nothing but loses what was read.
     pub async fn accept<R>(&self, stream: &mut R, peer: PeerId) -> Result<Offer, OfferError>
     where
         R: AsyncRead + Unpin + ?Sized,
@@ -160,8 +141,7 @@ impl Rdma {
     }
 
     /// As [`accept`](Self::accept), but adds the peer with
-    /// [`add_peer_served_only`](Self::add_peer_served_only): every read from
-    /// it goes through its engine.
+    /// [`add_peer_served_only`](Self::add_peer_served_only).
     ///
     /// # Errors
     /// As [`accept`](Self::accept).
@@ -206,17 +186,15 @@ impl Rdma {
         crate::metrics::MetricsServer::serve_registry(addr, &self.registry).await
     }
 
-    /// The ordered shutdown, in one call: the registry's sweep (bounded by
+    /// The ordered shutdown in one call: the registry's sweep (bounded by
     /// [`RdmaConfig::shutdown_budget`](rdmareg_registry::RdmaConfig::shutdown_budget)),
-    /// the engine's teardown, then the release of whatever the sweep could
-    /// not confirm — which happens only if the engine then reports nothing
-    /// registered. Returns what it did.
+    /// the engine's teardown, then the release of what the sweep could not
+    /// confirm, only if the engine then reports nothing registered.
     ///
     /// # Cancel safety
-    /// Dropping the future mid-way leaves the registry closed to new work
-    /// and the engine's teardown, once begun, running on its own thread;
-    /// survivors of the sweep are then released by the dropped sweep's own
-    /// rule (see [`SweptRegistry`](rdmareg_registry::SweptRegistry)).
+    /// Dropped mid-way, the registry stays closed and a begun teardown runs
+    /// on; survivors follow [`SweptRegistry`](rdmareg_registry::SweptRegistry)'s
+    /// drop rule.
     pub async fn shutdown(self) -> ShutdownSummary {
         let started = Instant::now();
         let before = self.registry.stats();

@@ -13,23 +13,18 @@ pub struct ShutdownSummary {
     pub sweep: ShutdownReport,
     /// What the release after the engine's teardown decided.
     pub verdict: TeardownVerdict,
-    /// Regions released: confirmed by the sweep's unmaps, or released after
-    /// the teardown on the engine's word that nothing is registered.
+    /// Regions released by the sweep or after the teardown.
     pub regions_released: usize,
     /// Pool arenas released, counted as regions are.
     pub arenas_released: usize,
-    /// Regions the application left registered (a guard never unregistered,
-    /// or still held) that the sweep had to deregister. Not unsafe, and
-    /// [`is_clean`](Self::is_clean) does not count it, but usually a missing
-    /// `unregister` in the caller.
+    /// Regions the application left registered that the sweep had to
+    /// deregister: not unsafe, but usually a missing `unregister`.
     pub regions_swept: usize,
-    /// Registered bytes (page-rounded, as budgeted) before the shutdown
-    /// minus those after it.
+    /// Registered bytes (page-rounded) before minus after the shutdown.
     pub bytes_released: u64,
-    /// Registered bytes the registry still counts afterwards (0 when clean).
+    /// Registered bytes still counted afterwards (0 when clean).
     pub bytes_still_registered: u64,
-    /// Bytes leaked over the registry's life because their unmap was never
-    /// confirmed (pages that cannot be freed safely).
+    /// Bytes leaked over the registry's life (unmap never confirmed).
     pub leaked_bytes: u64,
     /// The engine's own registration count after its teardown.
     pub backend_live: Option<usize>,
@@ -55,8 +50,7 @@ impl ShutdownSummary {
                 regions, arenas, ..
             } => (regions, arenas),
             TeardownVerdict::Refused { .. } => (0, 0),
-            // `TeardownVerdict` is non-exhaustive: a verdict this crate does
-            // not know released nothing it can count.
+            // Non-exhaustive: an unknown verdict released nothing countable.
             _ => (0, 0),
         };
         ShutdownSummary {
