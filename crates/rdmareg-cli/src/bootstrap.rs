@@ -1,23 +1,13 @@
-//! The plain-TCP bootstrap between an owner and a consumer process.
-//!
-//! Before any RDMA traffic the two sides need to exchange the owner's
-//! worker address and the descriptors of what it registered. That exchange
-//! runs over an ordinary TCP connection in the frames of [`rdmareg::offer`]
-//! (a `u32` little-endian length, capped at
-//! [`MAX_FRAME_LEN`](rdmareg::offer::MAX_FRAME_LEN), then the body). The
-//! owner's first frame is an [`rdmareg::Offer`] whose labels are the CRC32
-//! of each range; every later frame is a one-byte tag and its fields.
-//!
-//! Conversation:
-//! 1. owner → consumer: [`Message::Offer`] (worker address, descriptors and
-//!    the CRC32 of each described range);
-//! 2. both ways, every half second until the end: [`Message::Alive`], the
-//!    consumer's carrying how far it got (see `control.rs`: a peer's silence
-//!    is how a cut link or a stopped process shows);
-//! 3. consumer → owner: [`Message::Done`] once every GET finished (success or
-//!    not — the owner must not deregister while GETs may still read);
-//! 4. owner → consumer: [`Message::OwnerShutDown`] with the number of
-//!    registrations its backend still holds after shutdown.
+//! The plain-TCP bootstrap between an owner and a consumer process, in the
+//! frames of [`rdmareg::offer`]. The owner's first frame is an
+//! [`rdmareg::Offer`] labelled with each range's CRC32; later frames are a
+//! one-byte tag and its fields:
+//! 1. owner → consumer: [`Message::Offer`];
+//! 2. both ways, every half second: [`Message::Alive`] (see `control.rs`);
+//! 3. consumer → owner: [`Message::Done`] once every GET finished, so the
+//!    owner never deregisters under a read;
+//! 4. owner → consumer: [`Message::OwnerShutDown`] with its backend's
+//!    remaining registration count.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use rdmareg::offer::{self, Offer, OfferError, OfferedRegion};

@@ -131,9 +131,8 @@ pub struct DemoArgs {
     #[arg(long, value_parser = parse_duration, requires = "listen")]
     pub accept_timeout: Option<Duration>,
     /// Serve this process's registry metrics at http://ADDR/metrics
-    /// (Prometheus text format) while it runs. Without --listen/--connect,
-    /// the metrics are the consumer's. At most 64 connections are served
-    /// at a time; more wait in the listen backlog.
+    /// (Prometheus text format) while it runs; without --listen/--connect,
+    /// the consumer's.
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
 }
@@ -155,11 +154,8 @@ impl DemoArgs {
     }
 }
 
-/// The two figures every wait of a run derives from.
-///
-/// A lost peer (cut link, stopped or killed process) is reported within
-/// about the GET deadline plus three teardown bounds plus a few seconds;
-/// shorter figures detect it sooner but fail GETs that are merely slow.
+/// The two figures every wait of a run derives from (see
+/// `docs/operations.md`, "When the other side is lost").
 #[derive(Debug, Clone, Copy, Args)]
 pub struct LimitArgs {
     /// Longest one GET may take before it is given up (e.g. 500ms, 10s, 1m).
@@ -295,8 +291,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub limits: LimitArgs,
     /// Serve this process's registry metrics at http://ADDR/metrics
-    /// (Prometheus text format) while it runs. At most 64 connections are
-    /// served at a time; more wait in the listen backlog.
+    /// (Prometheus text format) while it runs.
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
 }
@@ -330,8 +325,7 @@ pub struct FetchArgs {
     #[command(flatten)]
     pub limits: LimitArgs,
     /// Serve this process's registry metrics at http://ADDR/metrics
-    /// (Prometheus text format) while it runs. At most 64 connections are
-    /// served at a time; more wait in the listen backlog.
+    /// (Prometheus text format) while it runs.
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
 }

@@ -1,28 +1,12 @@
 //! The control channel: the bootstrap connection once the offer is made,
 //! with heartbeats both ways and a bound on every wait.
 //!
-//! A peer can be lost three ways, and only one of them is loud. A killed
-//! process closes or resets the connection, which the reader sees at once.
-//! A cut link and a stopped (`SIGSTOP`ped, swapped-out, wedged) process send
-//! nothing at all: TCP keeps retransmitting for many minutes, and a bare
-//! `read` waits for as long. So from the offer on, each side sends
-//! [`Message::Alive`] every [`HEARTBEAT_INTERVAL`] from a task of its own —
-//! the consumer's carries its [`Tally`], so the owner can say how far the
-//! consumer got — and a reader task notes when the peer was last heard.
-//! Silence past [`Bounds::silence`] means the peer is lost.
-//!
-//! | who waits | for | bound |
-//! |---|---|---|
-//! | consumer | the offer | [`Bounds::silence`] |
-//! | owner | any word from the consumer during its GETs | [`Bounds::silence`] of silence |
-//! | consumer | the owner's shutdown report | [`Bounds::silence`] of silence, [`Bounds::shutdown`] in all |
-//! | either | a write to go out | [`Bounds::silence`] |
-//!
-//! The silence bound is one GET deadline plus [`SLACK`]: a consumer whose
-//! owner went quiet finds out from its GET's deadline at about the same time
-//! (a GET in flight completes within the deadline, and no side tears its
-//! engine down before it completes). A lost peer is therefore reported
-//! within about the GET deadline plus one side's shutdown.
+//! A killed peer closes the connection; a cut link or a stopped process
+//! sends nothing, and TCP retries for minutes. So each side sends
+//! [`Message::Alive`] every [`HEARTBEAT_INTERVAL`] (the consumer's with its
+//! [`Tally`]), and silence past [`Bounds::silence`] (a GET deadline plus
+//! [`SLACK`]) means the peer is lost, about when a GET to it would time out.
+//! Every wait is bounded; the figures are in `docs/operations.md`.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

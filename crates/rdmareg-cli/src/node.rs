@@ -1,7 +1,5 @@
 //! One side of a demo or benchmark: an engine (UCX or libfabric), a
-//! registry over it, and the shutdown in the order the lifecycle requires
-//! (registry sweep → engine teardown → release of survivors only on the
-//! backend's word).
+//! registry over it, and the ordered shutdown.
 
 use std::sync::Arc;
 
@@ -33,9 +31,8 @@ impl Engine {
         }
     }
 
-    /// What a peer needs to reach this engine (the UCX worker address, or
-    /// the libfabric fabric address); offered as the bootstrap's
-    /// `worker_address`.
+    /// What a peer needs to reach this engine (the bootstrap's
+    /// `worker_address`).
     pub fn worker_address(&self) -> Bytes {
         match self {
             Engine::Ucx(engine) => engine.worker_address(),
@@ -132,16 +129,13 @@ pub struct Node {
 pub struct ShutdownOutcome {
     /// Registrations the backend reports after its teardown.
     pub live_registrations: usize,
-    /// Whether every registration was released in order (sweep confirmed, or
-    /// survivors released on the backend's `Some(0)`).
+    /// Whether every registration was released in order.
     pub clean: bool,
 }
 
 impl Node {
-    /// Start an engine on `transport` (a UCX lane or a libfabric provider)
-    /// and a registry over it. Every GET
-    /// carries `bounds.get_deadline`; the engine's teardown and the
-    /// registry's sweep are each bounded by `bounds.teardown`.
+    /// Start an engine on `transport` and a registry over it, with
+    /// `bounds` on every GET and teardown step.
     pub fn start(
         transport: TransportArg,
         net_devices: Option<&str>,
@@ -164,9 +158,7 @@ impl Node {
     }
 
     /// Sweep the registry, tear the engine down, then release survivors if
-    /// the backend reports nothing registered. The sweep's drain and its
-    /// unmaps, and the engine's teardown, are each bounded by the teardown
-    /// bound.
+    /// the backend reports nothing registered; each step bounded.
     pub async fn shutdown(self) -> ShutdownOutcome {
         let swept = self.registry.shutdown(self.bounds.teardown).await;
         let report = swept.report().clone();

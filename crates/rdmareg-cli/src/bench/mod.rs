@@ -1,18 +1,11 @@
 //! `rdmareg bench`: GETs through the registry against `ucx_perftest`, and the
 //! pinned pool against map+unmap — side by side in one run, as ratios.
 //!
-//! For each transport the benchmark starts an owner process (`rdmareg
-//! bench-owner`) that registers one pool buffer of the largest size and
-//! offers its descriptor; this process is the consumer. Latency is one GET
-//! outstanding (median of per-GET times, like perftest's 50th percentile);
-//! bandwidth keeps a window of GETs outstanding, the same window perftest's
-//! `-O` gets. Then `ucx_perftest -t ucp_get` runs the same sizes and windows
-//! on the same transport settings. Absolute figures on a shared machine are
-//! noise; the ratio per row is the result.
-//!
-//! The libfabric lanes (`ofi-tcp`, `ofi-shm`) are measured the same way in
-//! the same run, beside the UCX lanes; they have no baseline column of
-//! their own (Debian ships no fabtests, so no `fi_rma_bw`).
+//! An owner process (`rdmareg bench-owner`) registers and offers one pool
+//! buffer; this process GETs from it: latency with one GET outstanding,
+//! bandwidth with perftest's `-O` window, then `ucx_perftest -t ucp_get` on
+//! the same settings. The ratio per row is the result; the libfabric lanes
+//! have no baseline column. What is measured: `docs/benchmarks.md`.
 
 mod nixl;
 mod perftest;
@@ -169,11 +162,9 @@ fn transport_environment(transport: TransportArg) -> Vec<(String, String)> {
         TransportArg::OfiTcp | TransportArg::OfiShm => return environment,
     }
     // The engine's segment tuning goes to the baseline and the peer too, so
-    // that ratios measure the library and not a segment size
-    // (docs/benchmarks.md has the engine against UCX's default); an
-    // operator's own setting reaches every side through the environment.
-    // Its tcp vector bound (`TCP_MAX_IOV`) does not: it shapes only sends
-    // of many ranges, which perftest and NIXL never make.
+    // ratios measure the library, not a segment size; an operator's own
+    // setting reaches every side. `TCP_MAX_IOV` does not: only sends of
+    // many ranges feel it, which perftest and NIXL never make.
     let operator_sets = |key: &str| std::env::var_os(key).is_some();
     if !operator_sets("UCX_TCP_TX_SEG_SIZE") && !operator_sets("UCX_TCP_RX_SEG_SIZE") {
         environment.push((
@@ -331,10 +322,8 @@ async fn measure_size(
     let started = Instant::now();
     run_list(node, &list, &mut buffers, per_slot).await?;
     let list_bandwidth = mebibytes_per_second(size * (per_slot * window) as u64, started.elapsed());
-    // The same list with every entry written to the first buffer, as
-    // ucx_perftest's window does: `window` buffers of 256 KiB and up no
-    // longer fit the CPU's cache, one does, so only this form compares
-    // like with like at those sizes (both are reported).
+    // The same list into one buffer, as ucx_perftest's window does: only
+    // this compares like with like once `window` buffers outgrow the cache.
     let mut one_destination = node.registry.transfer_list(OWNER);
     for _ in 0..window {
         one_destination.push(&slice, 0, 0)?;
@@ -499,8 +488,7 @@ pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
         )
         .await?;
         let mut control = Control::start(stream, bounds);
-        // The benchmark's measurements run for minutes; its heartbeats say
-        // it is still there.
+        // Measurements run for minutes; heartbeats say it is still there.
         let done = control.receive("done message", None).await;
         anyhow::Ok((control, done))
     }

@@ -1,17 +1,9 @@
 //! NIXL as a peer in the same run (`rdmareg bench --peers nixl`).
 //!
-//! The driver is `bench-peers/nixl_peer.py`, carried inside this binary and
-//! written next to the results before it runs. It starts two NIXL agents in
-//! two processes (an owner that registers a DRAM buffer, a reader), hands
-//! the owner's metadata to the reader over a pipe, and measures READ latency
-//! (one outstanding) and windowed READ bandwidth for the sizes, windows and
-//! iteration counts this benchmark gives it, as JSON lines.
-//!
-//! NIXL runs over its UCX backend with the same UCX settings `ucx_perftest`
-//! gets for the lane. `cargo xtask nixl` provisions the wheel in a virtualenv
-//! and points its UCX plugin at the UCX rdmareg links, so all three columns
-//! run over one UCX; the interpreter it records is found through
-//! [`default_python`].
+//! The driver, `bench-peers/nixl_peer.py` (carried in this binary), runs a
+//! NIXL owner and reader over NIXL's UCX backend with the lane's UCX
+//! settings, and prints READ latency and windowed bandwidth as JSON lines.
+//! `cargo xtask nixl` provisions it ([`default_python`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -91,8 +83,7 @@ pub fn default_python() -> Result<PathBuf, NixlError> {
         .ok_or_else(|| NixlError::NotProvisioned(recorded.display().to_string()))
 }
 
-/// The sizes of `rows`, with the windows and iteration counts the registry
-/// used for them.
+/// The sizes of `rows`, with the registry's windows and iteration counts.
 pub fn specs(rows: &[GetRow]) -> Vec<Spec> {
     rows.iter()
         .map(|row| Spec {
@@ -137,8 +128,8 @@ pub fn merge(rows: &mut [GetRow], measured: &[NixlRow]) {
     }
 }
 
-/// Runs the driver once for every spec, with `environment` (the lane's UCX
-/// settings); `out` is where the driver file is written.
+/// Runs the driver once per spec under the lane's UCX `environment`,
+/// writing the driver file into `out`.
 pub async fn run(
     python: &Path,
     out: &Path,

@@ -1,10 +1,8 @@
 //! Running `ucx_perftest -t ucp_get` from the same UCX as the baseline.
 //!
-//! A perftest measurement is two processes: a server (no host argument) and a
-//! client that connects to it on 127.0.0.1. Both get the same transport
-//! environment as the registry side of the comparison. The client runs with
-//! `-f -v` (final numbers only, as CSV), which prints a header line and one
-//! line of figures; [`parse_final_csv`] reads that.
+//! A server and a client on 127.0.0.1, both with the registry side's
+//! transport environment; the client's `-f -v` output is read by
+//! [`parse_final_csv`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -26,8 +24,7 @@ pub struct PerftestResult {
 pub struct Perftest {
     /// The binary.
     pub binary: PathBuf,
-    /// Directory holding the UCX libraries it must load (added to
-    /// `LD_LIBRARY_PATH` of the child only).
+    /// UCX library directory for the child's `LD_LIBRARY_PATH`.
     pub library_dir: Option<PathBuf>,
 }
 
@@ -78,10 +75,8 @@ pub fn parse_final_csv(output: &str) -> Result<PerftestResult, PerftestError> {
     })
 }
 
-/// Waits until a TCP socket of this host listens on `port` (as
-/// `/proc/net/tcp` and `/proc/net/tcp6` show), `server` has exited, or
-/// `limit` has passed. Connecting to find out is not an option: the
-/// server would take that connection for its client's.
+/// Waits until `/proc/net/tcp{,6}` shows a listener on `port`, `server`
+/// exited, or `limit` passed (connecting would steal the client's slot).
 fn wait_until_listening(server: &mut std::process::Child, port: u16, limit: Duration) {
     let started = std::time::Instant::now();
     while started.elapsed() < limit {
@@ -112,9 +107,8 @@ fn table_lists_listener(table: &str, port: u16) -> bool {
 }
 
 impl Perftest {
-    /// Run one `-t ucp_get` measurement of `size`-byte GETs with `window`
-    /// outstanding (1 = latency), `iterations` times, with `environment`
-    /// (the transport settings) applied to both processes.
+    /// Run one `-t ucp_get` measurement: `size`-byte GETs, `window`
+    /// outstanding (1 = latency), `iterations` times, under `environment`.
     pub fn run_get(
         &self,
         environment: &[(String, String)],
@@ -131,8 +125,7 @@ impl Perftest {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|source| self.spawn_error(source))?;
-        // The client connects once: wait until the server listens (its
-        // start, loading UCX's modules, can take a while on a busy host).
+        // The client connects once: wait until the server listens.
         wait_until_listening(&mut server, port, Duration::from_secs(20));
         let mut client = self.command(environment);
         client.args([

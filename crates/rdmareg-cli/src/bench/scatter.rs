@@ -1,23 +1,12 @@
-//! The scatter run: one transfer list of many small reads against one read
-//! of the same bytes.
+//! The scatter run: a transfer list of [`SCATTER_ENTRIES`] reads of
+//! [`SCATTER_ENTRY_BYTES`] against one GET of the same bytes, into the same
+//! destination.
 //!
-//! A KV-cache transfer moves blocks scattered over the owner's memory into
-//! a consumer's buffer. The per-entry cost of a list is what decides whether
-//! that is as cheap as one large read, so the benchmark times a list of
-//! [`SCATTER_ENTRIES`] reads of [`SCATTER_ENTRY_BYTES`] each against one GET
-//! of all those bytes, over the same source and into the same destination.
-//!
-//! The list reads the owner's blocks in a permuted order (block `i` of the
-//! destination comes from block `i × 7919 mod 1000` of the source: 7919 is
-//! prime and coprime with 1000), so no two neighbouring entries are
-//! neighbours at the source. It runs over two source layouts:
-//!
-//! - **gapped**: the blocks are every other 4 KiB of the owner's buffer, so
-//!   no two of them touch and nothing can merge them into larger reads —
-//!   the price of a thousand separate reads;
-//! - **contiguous**: the blocks tile 4000 KiB of the owner's buffer, as a
-//!   block table read out of one arena does — a lane that sorts reads by
-//!   source address (the same-host lane does) may merge them.
+//! Destination block `i` comes from source block `i × 7919 mod 1000` (7919
+//! is prime), so neighbouring entries are never neighbours at the source.
+//! The **gapped** layout reads every other block, so nothing can merge; the
+//! **contiguous** one tiles one range, which a lane sorting by source
+//! address may merge (`docs/benchmarks.md`).
 
 use std::time::Instant;
 

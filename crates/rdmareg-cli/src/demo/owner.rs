@@ -64,9 +64,8 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         ..
     } = holdings;
     let watch = region.watch();
-    // `Some(true)`: released now; `Some(false)`: unknown, leak it; `None`:
-    // the unmap waits for a reply UCX is still sending (to a consumer that
-    // may be gone) and is decided by the engine's teardown below.
+    // `Some(true)`: released; `Some(false)`: unknown, leak it; `None`: the
+    // unmap waits for a UCX reply, decided by the engine's teardown below.
     let mut region_released = match region.unregister(bounds.teardown).await {
         Ok(UnregisterOutcome::UnmapPending(still)) => {
             tracing::info!(
@@ -87,16 +86,13 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
     drop(buffers);
     let outcome = node.shutdown().await;
     if region_released.is_none() {
-        // The teardown destroyed the worker and unmapped what it held, so
-        // the background unmap has completed by now or will very soon.
+        // The teardown unmapped what the worker held: this resolves soon.
         let confirmed = tokio::time::timeout(bounds.teardown, watch.deregistered()).await;
         region_released = Some(confirmed.is_ok());
     }
     let region_released = region_released == Some(true);
-    // Freed only once the engine is gone as well: a consumer that was lost
-    // mid-GET may have left emulated-GET replies queued in UCX, which reads
-    // the raw address as it sends; the teardown destroyed them with the
-    // worker.
+    // Freed only once the engine is gone too: a lost consumer may have left
+    // emulated-GET replies queued in UCX, which reads the raw address.
     if region_released {
         memory.free_after_deregistration();
     } else {
@@ -177,9 +173,8 @@ async fn serve(
     .map_err(|e| anyhow::anyhow!("lost the consumer {peer} before it took the offer: {e}"))?;
     println!("offered worker address and descriptors to {peer}");
     let mut control = Control::start(stream, bounds);
-    // The consumer's GETs are bounded by its deadline and it reports every
-    // half second, so its silence past the bound means it is gone — and
-    // with it the endpoint its GETs used, which the engine fails.
+    // The consumer reports every half second, so silence past the bound
+    // means it is gone, and with it the endpoint its GETs used.
     let outcome = match control.receive("done message", None).await {
         Ok(Message::Done { verified, .. }) => Ok(verified),
         Ok(other) => Err(anyhow::anyhow!(

@@ -1,19 +1,11 @@
 //! `rdmareg fetch`: a consumer that finds its data through etcd.
 //!
-//! It resolves every name (waiting up to `--wait` for names not published
-//! yet), adds each owner as a peer, and GETs and verifies every range — once,
-//! or in rounds for `--for`. Between GETs it applies what the directory's
-//! watch reported: an owner whose lease vanished is removed from the engine
-//! (its GETs then fail at once with a typed error instead of waiting for the
-//! deadline), an owner that came back is added under a new peer id, a
-//! replaced descriptor is used from then on. Event lines carry wall-clock
-//! stamps so a script can measure how long after a failure they came.
-//!
-//! It succeeds only when every name was verified at least once and no read
-//! failed or returned wrong bytes; otherwise its error says how many of the
-//! reads did. A read that failed is a result the caller has to see, even
-//! when the run also verified others: a consumer that kept a dead owner's
-//! descriptor fails every read to it and verifies nothing new.
+//! It resolves every name (waiting up to `--wait`), adds each owner as a
+//! peer, and GETs and verifies every range, once or in rounds for `--for`,
+//! applying the directory's watch between GETs: a vanished owner is
+//! removed (its GETs fail at once), a returning one added under a new peer
+//! id, a replaced descriptor used. It succeeds only when every name was
+//! verified and no read failed or mismatched.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -217,9 +209,8 @@ async fn get_one(
     let Some(target) = view.targets.get(name) else {
         return Ok(());
     };
-    // A descriptor published before its owner's incarnation began names a
-    // region of an earlier process (or of a store etcd lost): the owner
-    // republishes its names after it registers, so wait for that.
+    // A descriptor older than its owner's incarnation names an earlier
+    // process's region; the owner republishes after registering, so wait.
     if view
         .owners
         .get(&target.node)
