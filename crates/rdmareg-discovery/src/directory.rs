@@ -1,25 +1,12 @@
 //! The consumer's side: resolve names, and watch nodes come and go.
 //!
-//! A [`Directory`] remembers, per name, the newest entry it has handed out
-//! (revision, node incarnation, generation). Both [`Directory::resolve`] and
-//! the watch go through that memory, so an entry older than one already used
-//! is refused ([`DiscoveryError::Stale`]) whichever path brought it: a lagging
-//! read, a watch replayed after a reconnect, an old process's leftover.
-//!
-//! The watch task takes a snapshot of the prefix, then watches from the
-//! snapshot's revision on. When the watch breaks (etcd restarted, link lost,
-//! history compacted) it reports [`DirectoryEvent::Disconnected`], takes a
-//! new snapshot and reports the difference — nodes that vanished meanwhile as
-//! [`DirectoryEvent::NodeGone`] — then watches again.
-//!
-//! Revisions only compare within one store. Every read's header is checked
-//! against what is known of the store (`crate::store`): when etcd responds at a
-//! lower revision than one already observed, at a lower raft term of the same
-//! member, or with another cluster id, it lost its data or was replaced. The
-//! directory then forgets every revision it had seen, the watch reports
-//! [`DirectoryEvent::StoreReplaced`] and everything in the new store as new,
-//! and entries are admitted again. Without that, every entry of the new store
-//! would be refused as older than the old store's revisions, forever.
+//! A [`Directory`] remembers the newest entry it handed out per name, and
+//! both [`Directory::resolve`] and the watch refuse anything older
+//! ([`DiscoveryError::Stale`]). The watch snapshots the prefix and watches
+//! from there; when it breaks it reports [`DirectoryEvent::Disconnected`],
+//! snapshots again and reports the difference. When a read shows etcd lost
+//! its data (`crate::store`), the directory forgets what it saw and reports
+//! [`DirectoryEvent::StoreReplaced`] (`docs/discovery.md`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -60,22 +47,17 @@ pub struct Resolved {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DirectoryEvent {
-    /// A node appeared or republished itself (its address may have changed).
-    /// A node that republished as a new incarnation from the same worker
-    /// address (its publisher outlived an etcd that lost its data) is
-    /// reported only by this event, without a [`NodeGone`](Self::NodeGone)
-    /// first: it never went away.
+    /// A node appeared or republished itself (also a new incarnation from
+    /// the same worker, with no [`NodeGone`](Self::NodeGone) first).
     NodeUp(Peer),
-    /// A node's entry vanished: its lease expired or was revoked. Drop the
-    /// peer; its descriptors are gone too.
+    /// A node's lease expired or was revoked: drop the peer and its names.
     NodeGone {
         /// The node's name.
         node: String,
         /// The incarnation that vanished.
         incarnation: i64,
     },
-    /// A descriptor was published or replaced (never an older one than
-    /// already reported for the name).
+    /// A descriptor was published or replaced by a newer one.
     Published {
         /// The descriptor's name.
         name: String,
@@ -96,11 +78,8 @@ pub enum DirectoryEvent {
         /// Why.
         error: String,
     },
-    /// etcd lost its data or was replaced by another cluster (its revision
-    /// went back, its raft term went back, or its cluster id changed). The
-    /// directory forgot every revision it had seen; the events that follow
-    /// describe the new store, and its entries are admitted although their
-    /// revisions are lower than the old store's.
+    /// etcd lost its data or was replaced; what follows describes the new
+    /// store, whose entries are admitted despite lower revisions.
     StoreReplaced {
         /// What showed it, e.g. `the revision went back from 303 to 6`.
         reason: String,
@@ -120,9 +99,8 @@ pub(crate) struct Seen {
     pub(crate) generation: u64,
 }
 
-/// Whether `candidate` may be used after `seen`: not an older revision, and
-/// not an older generation of the same node incarnation, nor an entry of an
-/// older incarnation.
+/// Whether `candidate` may be used after `seen`: no older revision,
+/// incarnation, or generation of the same incarnation.
 pub(crate) fn admit(seen: Option<Seen>, candidate: Seen) -> bool {
     let Some(seen) = seen else { return true };
     if candidate.revision < seen.revision || candidate.incarnation < seen.incarnation {
@@ -157,13 +135,11 @@ enum Admission {
     Admitted,
     /// Older than one already seen.
     Stale(DiscoveryError),
-    /// Read from a store that has been replaced since: nothing recorded;
-    /// read again.
+    /// Read from a store replaced since: nothing recorded; read again.
     Reread,
 }
 
-/// Records `candidate`, read from the store of `epoch`, as the newest entry
-/// of `name` unless it is older than one seen.
+/// Records `candidate` (store `epoch`) as `name`'s newest unless stale.
 fn check_fresh(memory: &SharedMemory, epoch: u64, name: &str, candidate: Seen) -> Admission {
     let mut memory = lock(memory);
     if memory.store.epoch() != epoch {
@@ -259,12 +235,10 @@ impl Directory {
 
     /// Resolves `name` to its node and descriptor.
     ///
-    /// Errors: [`DiscoveryError::NotFound`] when nothing is published under
-    /// the name, [`DiscoveryError::PeerGone`] when its node's lease is gone,
-    /// [`DiscoveryError::Stale`] when the entry is older than one seen before.
-    /// If etcd lost its data since the last read (its revision or raft term
-    /// went back, or its cluster id changed), what was seen is forgotten
-    /// first and the new store's entry is returned.
+    /// Errors: [`DiscoveryError::NotFound`], [`DiscoveryError::PeerGone`]
+    /// when its node's lease is gone, [`DiscoveryError::Stale`] for an entry
+    /// older than one seen. After etcd lost its data, what was seen is
+    /// forgotten first.
     pub async fn resolve(&self, name: &str) -> Result<Resolved, DiscoveryError> {
         check_name(name)?;
         for _ in 0..READ_ATTEMPTS {
@@ -327,9 +301,8 @@ impl Directory {
         }))
     }
 
-    /// Starts watching the cluster. The first events describe what is there
-    /// now (every node as [`DirectoryEvent::NodeUp`], every name as
-    /// [`DirectoryEvent::Published`]); then changes follow as they happen.
+    /// Starts watching the cluster: first every node and name present now
+    /// ([`DirectoryEvent::NodeUp`], [`DirectoryEvent::Published`]), then changes.
     pub fn watch(&self) -> DirectoryWatch {
         let (tx, rx) = mpsc::channel(1024);
         let task = tokio::spawn(watch_loop(self.clone(), tx));
@@ -422,8 +395,7 @@ async fn watch_once(
     };
     let revision = snapshot.header().map_or(0, |h| h.revision());
     let mut events = Vec::new();
-    // A store replaced since the last snapshot (noticed by this read or by
-    // a `resolve`): its revisions say nothing about what was reported.
+    // A store replaced since the last snapshot: old revisions mean nothing.
     let replaced = !first && epoch != state.epoch;
     state.epoch = epoch;
     if replaced {
@@ -476,8 +448,7 @@ async fn watch_once(
         events.push(DirectoryEvent::Withdrawn { name });
     }
     if replaced {
-        // Every name still there is reported again: the revisions it was
-        // reported at belong to the old store.
+        // Report every name again: its old revision was the old store's.
         state.names.clear();
     }
     // Then what is new or changed (by revision) since.
@@ -536,19 +507,16 @@ async fn watch_once(
     }
 }
 
-/// Whether two records of a node describe the same running node: the same
-/// incarnation, or the same worker (a worker address names one worker of
-/// one process). A publisher that outlives an etcd which lost its data
-/// republishes from the same worker as a new incarnation: the node never
-/// went away, so that is no `NodeGone`.
+/// Whether two records describe the same running node: the same incarnation
+/// or the same worker (a publisher that outlived a wiped etcd republishes
+/// from the same worker: no `NodeGone`).
 fn same_node(a: &NodeRecord, b: &NodeRecord) -> bool {
     a.incarnation == b.incarnation
         || (a.backend_key == b.backend_key && a.worker_address == b.worker_address)
 }
 
-/// Applies a put to `state`, reporting what changed; `false` when the store
-/// was replaced since the snapshot the watch stands on (nothing applied:
-/// resynchronise).
+/// Applies a put to `state`, reporting what changed; `false` if the store
+/// was replaced since the watch's snapshot (resynchronise).
 fn apply_put(
     directory: &Directory,
     state: &mut State,

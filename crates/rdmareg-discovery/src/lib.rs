@@ -1,36 +1,18 @@
 //! Peers and named descriptors on etcd, under leases, with watches that tell a
 //! consumer when a peer is gone.
 //!
-//! An owner runs a [`Publisher`]: it writes its backend key and worker address
-//! under a cluster prefix, attached to an etcd lease it keeps alive, and
-//! publishes named descriptors (`name → encoded descriptor`) under the same
-//! lease. It withdraws a name when its region is unregistered; if the owner
-//! dies or is cut off, the lease expires and etcd deletes every key of the node
-//! in one revision. A lost connection is retried in the background with a new
-//! lease, everything still published is written again, and the state is
-//! reported through [`Publisher::status`] and `tracing`.
-//!
-//! A consumer runs a [`Directory`]: [`Directory::resolve`] turns a name into
-//! the peer that published it and the descriptor, and [`Directory::watch`]
-//! streams [`DirectoryEvent`]s — in particular [`DirectoryEvent::NodeGone`]
-//! within the lease TTL of a node's death, so the consumer can drop that peer
-//! from its backend and GETs to it fail at once instead of waiting out their
-//! deadlines.
-//!
-//! **Staleness is decided by etcd revisions and descriptor generations, never
-//! by timers:** a consumer never accepts an entry for a name whose revision is
-//! older than one it has seen, nor, from the same node incarnation, a
-//! descriptor of an older generation ([`DiscoveryError::Stale`]). Revisions
-//! compare only within one store: when etcd loses its data (restarted on an
-//! empty data directory, restored, rebuilt) its revisions start again, and
-//! both sides notice it from the headers of etcd's responses. A consumer
-//! forgets what it had seen and reports [`DirectoryEvent::StoreReplaced`]; a
-//! publisher republishes as a new incarnation of the new store.
+//! An owner's [`Publisher`] writes its worker address and named descriptors
+//! under an etcd lease it keeps alive, withdraws a name before its region is
+//! unregistered, and reconnects and republishes after a loss. A consumer's
+//! [`Directory`] resolves names and watches for [`DirectoryEvent::NodeGone`]
+//! within the lease TTL of a node's death. Staleness is decided by etcd
+//! revisions and descriptor generations, never by timers
+//! ([`DiscoveryError::Stale`]). The design: `docs/discovery.md`.
 //!
 //! Order of use: [`EtcdConfig::new`] → [`Publisher::start`] →
-//! [`Publisher::publish`] per region → [`Publisher::withdraw`] before its
-//! region is unregistered → [`Publisher::shutdown`]; on the other side
-//! [`Directory::connect`] → [`Directory::watch`] and [`Directory::resolve`].
+//! [`Publisher::publish`] → [`Publisher::withdraw`] before unregistering →
+//! [`Publisher::shutdown`]; [`Directory::connect`] → [`Directory::watch`] /
+//! [`Directory::resolve`].
 //!
 //! This crate depends on `rdmareg-core` only, so any backend can use it.
 
@@ -53,9 +35,9 @@ pub use error::DiscoveryError;
 pub use publisher::{Publisher, PublisherStatus};
 pub use record::{MAX_NAME_LEN, MAX_WORKER_ADDRESS_LEN, NodeRecord};
 
-/// How often a connection with a watch or request open pings etcd: above
-/// etcd's default `--grpc-keepalive-min-time` of 5 s, which closes the
-/// connections of clients that ping more often.
+/// How often a connection with a watch or request open pings etcd: etcd's
+/// gRPC server closes connections that ping more often than its
+/// `--grpc-keepalive-min-time` (5 s by default) or on idle connections.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How long a ping may go unanswered before the link counts as dead.
@@ -156,13 +138,8 @@ impl EtcdConfig {
         let options = ConnectOptions::new()
             .with_connect_timeout(self.connect_timeout)
             .with_timeout(self.request_timeout)
-            // HTTP/2 pings notice a silently dead link (cut cable,
-            // partition) under a watch. Not more often than every 5 s, and
-            // not on an idle connection: etcd's gRPC server (default
-            // `--grpc-keepalive-min-time` 5 s, no pings without a stream)
-            // responds to pings it finds too frequent by closing the
-            // connection, which failed the next request and dropped every
-            // watch every few seconds.
+            // HTTP/2 pings notice a silently dead link under a watch, no
+            // more often than etcd tolerates (see `KEEPALIVE_INTERVAL`).
             .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
             .with_keep_alive_while_idle(false);
         let attempt = async {

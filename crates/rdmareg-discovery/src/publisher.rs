@@ -1,23 +1,11 @@
 //! The owner's side: a node entry and named descriptors under one lease.
 //!
-//! Every write to etcd (publish, withdraw, the republish after a reconnect)
-//! goes through one async mutex over [`Writes`], so a republish can never put
-//! back a name that a concurrent withdraw has just deleted: the published set
-//! in memory and the set in etcd change under the same lock.
-//!
-//! A background task keeps the lease alive (a refresh every third of the
-//! TTL). When a refresh fails or etcd says the lease is gone, it reports
-//! [`PublisherStatus::Reconnecting`], then retries with backoff: a fresh
-//! lease, the node key, every name still published. On success the status is
-//! [`PublisherStatus::Live`] again.
-//!
-//! The headers of etcd's responses to these writes tell the publisher which
-//! store it writes to (`crate::store`). If the store it reconnects to is not
-//! the one its node record was written in — etcd lost its data and counts
-//! revisions from 1 again — its incarnation (a revision of the old store)
-//! means nothing there: it republishes as a new incarnation of the new store,
-//! as a restarted process would, so that a later restart of the node is
-//! still a newer incarnation to every consumer.
+//! Every write (publish, withdraw, republish) goes through one async mutex
+//! over [`Writes`], so a republish never restores a name a concurrent
+//! withdraw deleted. A background task refreshes the lease every third of
+//! the TTL; on loss it reports [`PublisherStatus::Reconnecting`] and retries
+//! with a fresh lease and every name. In a store that lost its data it
+//! republishes as a new incarnation (`docs/discovery.md`, "A wiped store").
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,8 +34,8 @@ pub enum PublisherStatus {
         /// The etcd lease every key of this node is attached to.
         lease: i64,
     },
-    /// The connection or the lease was lost; the publisher is retrying.
-    /// Entries may be missing from etcd (and expire with the old lease).
+    /// The connection or lease was lost and the publisher is retrying;
+    /// entries may be missing from etcd.
     Reconnecting {
         /// Failed attempts so far.
         attempts: u32,
@@ -63,8 +51,7 @@ struct Writes {
     lease: Option<i64>,
     names: BTreeMap<String, Descriptor>,
     closed: bool,
-    /// The node record as published; every name record carries its
-    /// incarnation.
+    /// The node record as published (name records carry its incarnation).
     record: NodeRecord,
     /// What the responses to these writes showed of the store.
     store: StoreView,
@@ -83,8 +70,7 @@ impl Writes {
         .encode()
     }
 
-    /// Takes in the header of a response to a write issued while `before`
-    /// was the view.
+    /// Takes in the header of a write's response (`before`: the view then).
     fn observe(&mut self, before: &StoreView, header: Option<&etcd_client::ResponseHeader>) {
         if let Some(header) = header
             && let Observation::Replaced(replacement) =
@@ -127,12 +113,10 @@ impl std::fmt::Debug for Publisher {
 
 impl Publisher {
     /// Connects, takes a lease and publishes the node `node` with its backend
-    /// key and worker address. Errors if etcd is unreachable or the input is
-    /// invalid; another node entry of the same name is replaced.
+    /// key and worker address, replacing another entry of the same name.
     ///
     /// # Cancel safety
-    /// Dropping the future before it resolves may leave a lease with the node
-    /// key behind; it expires within the TTL.
+    /// A dropped future may leave a lease and node key until the TTL.
     pub async fn start(
         config: &EtcdConfig,
         node: &str,
@@ -228,15 +212,12 @@ impl Publisher {
         self.shared.status.subscribe()
     }
 
-    /// Publishes `descriptor` under `name`, replacing whatever was there (a
-    /// re-registered region replaces its old entry).
-    ///
-    /// On a transient error the name stays queued: it is written when the
-    /// connection is back, unless it is withdrawn first.
+    /// Publishes `descriptor` under `name`, replacing whatever was there. On
+    /// a transient error the name stays queued until the connection is back
+    /// (unless withdrawn first).
     ///
     /// # Cancel safety
-    /// Dropping the future leaves the name queued as above; it may or may not
-    /// be in etcd yet.
+    /// The name stays queued; it may or may not be in etcd yet.
     pub async fn publish(&self, name: &str, descriptor: &Descriptor) -> Result<(), DiscoveryError> {
         check_name(name)?;
         let mut writes = self.shared.writes.lock().await;
@@ -266,13 +247,9 @@ impl Publisher {
         Ok(())
     }
 
-    /// Withdraws `name`: call it before the region it describes is
-    /// unregistered. Only this node's entry is deleted (a newer one of
-    /// another node stays). Withdrawing a name not published is `Ok`.
-    ///
-    /// On an error the name is no longer republished, and its entry vanishes
-    /// with this publisher's lease (within the TTL) if the delete did not
-    /// reach etcd.
+    /// Withdraws `name`: call it before its region is unregistered. Only this
+    /// node's entry is deleted; an unpublished name is `Ok`. On an error the
+    /// name is no longer republished and its entry expires with the lease.
     ///
     /// # Cancel safety
     /// As for an error: the name is forgotten locally first.
@@ -386,11 +363,9 @@ async fn refresh_until_lost(shared: &Shared, lease: i64, period: Duration) -> St
     }
 }
 
-/// Writes the node key under `lease` with the revision of that very write
-/// as its incarnation (etcd gives no other write that revision). The record
-/// carries a guess, the revision after `now`; if another write got that
-/// revision first, it is written again carrying the revision the first write
-/// really got.
+/// Writes the node key under `lease`, its incarnation the revision of that
+/// very write: the record guesses the revision after `now`, and is written
+/// again with the real one if another write took it.
 async fn write_node(
     client: &mut Client,
     key: &str,
@@ -429,9 +404,8 @@ async fn write_node(
 /// A new lease, the node key and every published name under it.
 async fn republish(shared: &Shared) -> Result<i64, DiscoveryError> {
     let mut client = shared.client.clone();
-    // No other write reaches etcd while the lease is lost (publish and
-    // withdraw send nothing without a lease), so what the writes had seen
-    // before the grant is still what they saw when it was sent.
+    // Nothing else writes while the lease is lost, so this is still
+    // what the writes had seen when the grant was sent.
     let before = shared.writes.lock().await.store.clone();
     let grant = client
         .lease_grant(shared.ttl, None)

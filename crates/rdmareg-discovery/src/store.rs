@@ -1,27 +1,9 @@
 //! Telling one etcd store from another by the headers of its responses.
 //!
-//! Every etcd response carries a header: cluster id, member id, raft term and
-//! the store's revision. Within one store two things hold:
-//!
-//! 1. a linearizable read issued after revision `r` was observed responds at
-//!    revision `r` or later (reads here are never serializable);
-//! 2. a member's raft term never goes down.
-//!
-//! A store that lost its data and started again — etcd restarted on an empty
-//! data directory, restored from an old snapshot, rebuilt — breaks at least
-//! one of them: its revisions count from 1 again and its terms restart. One
-//! bootstrapped with another `--initial-cluster-token` also has another
-//! cluster id. What a directory remembers (revisions seen per name) and what
-//! a publisher believes (its incarnation, a revision of the old store) mean
-//! nothing against such a store, so both start over when it shows.
-//!
-//! The member id is not a signal by itself: a client of a multi-member
-//! cluster talks to several members. Nor does a wiped single-member etcd
-//! restarted with the same name, peer URL and token change it: both ids are
-//! hashed from those, so there only the revision and the term tell. A wiped
-//! store that has already passed the old revision, at the same term, before
-//! anyone looks cannot be told from the old one by its headers; an operator
-//! who rebuilds etcd gives it a new cluster token to make that unambiguous.
+//! Within one store a linearizable read after revision `r` responds at `r`
+//! or later, and a member's raft term never goes down; a store that lost its
+//! data breaks one of them (or changes cluster id). Why and what that
+//! cannot catch: `docs/discovery.md`, "A wiped store".
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -81,10 +63,8 @@ pub(crate) enum Observation {
     Same,
     /// Another store: the view now describes it alone.
     Replaced(Replacement),
-    /// The response proves nothing: its data must not be used.
-    ///
-    /// The request was issued before a replacement the view has already
-    /// taken in, so the response may come from either store.
+    /// The request predates a replacement already taken in: the response
+    /// proves nothing and its data must not be used.
     Late,
 }
 
@@ -137,11 +117,8 @@ impl StoreView {
         }
     }
 
-    /// Takes in `header`, the response to a request issued while `before` was
-    /// the view.
-    ///
-    /// `before` is a copy taken then, so responses that overtake each other
-    /// are judged against what was known when each was sent.
+    /// Takes in `header`, the response to a request issued while `before`
+    /// (a copy taken then) was the view.
     pub(crate) fn observe(&mut self, before: &StoreView, header: &Header) -> Observation {
         if before.epoch != self.epoch {
             return Observation::Late;
