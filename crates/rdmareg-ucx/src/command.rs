@@ -45,7 +45,7 @@ pub struct Signals {
     /// Posts of shared lists the thread completed from their copy plan (see
     /// `progress::copy_plans`).
     pub(crate) lists_copied_by_plan: AtomicU64,
-    /// Served reads asked in chunks (see `progress::pieces`).
+    /// Served reads asked in chunks (see `progress::chunks`).
     pub(crate) reads_asked_in_chunks: AtomicU64,
 }
 

@@ -382,7 +382,7 @@ impl UcxConfig {
     }
 
     /// Whether served reads may go in chunks over tcp
-    /// (`progress::pieces`): the chunks are sized for UCX's rendezvous
+    /// (`progress::chunks`): the chunks are sized for UCX's rendezvous
     /// threshold and 64 KiB tcp segments, so an operator who sets either
     /// (or UCX's older protocols) gets reads whole.
     pub(crate) fn reads_in_pieces_allowed(&self, env_sets: impl Fn(&str) -> bool) -> bool {

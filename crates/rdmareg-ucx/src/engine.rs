@@ -7,11 +7,11 @@
 //!    this engine, and record theirs with [`UcxEngine::add_peer`].
 //! 3. Use [`UcxEngine::backend`] (an `Arc<dyn RdmaBackend>`-compatible
 //!    [`UcxBackend`]) to map, unmap and GET.
-//! 4. [`UcxEngine::shutdown`] (or drop the engine): every outstanding reply
-//!    is answered, everything is released, and
+//! 4. [`UcxEngine::shutdown`] (or drop the engine): every outstanding call
+//!    completes, everything is released, and
 //!    [`UcxEngine::live_registrations`] reads zero.
 //!
-//! Backends handed out keep working until teardown begins and answer
+//! Backends handed out keep working until teardown begins and return
 //! [`RdmaError::ShuttingDown`] afterwards; they do not keep the thread alive.
 
 use std::sync::Arc;
@@ -204,20 +204,21 @@ impl UcxEngine {
 
     /// Posts of a transfer list posted again (the same shared requests,
     /// [`RdmaBackend::get_shared_batch`](rdmareg_backend::RdmaBackend::get_shared_batch))
-    /// that the progress thread answered by the list's copy plan: one
+    /// that the progress thread completed by the list's copy plan: one
     /// vectored copy worked out at an earlier post, instead of each entry
-    /// checked and answered again. Only same-host lists copied from one
-    /// owner process have a plan.
+    /// checked again. Only same-host lists copied from one owner process
+    /// have a plan.
     pub fn lists_copied_by_plan(&self) -> u64 {
         self.signals.lists_copied_by_plan.load(Ordering::Relaxed)
     }
 
-    /// Owner-served reads this engine asked in pieces, on endpoints whose
-    /// every lane is tcp: reads longer than one tcp fragment and up to the
-    /// size UCX still sends eager, in chunks that each come back in one
-    /// fragment, and a list's reads longer than the batching bound and at
-    /// most twice it, in two chunks batched with the list's small reads.
-    /// Counted once per read, whatever its number of chunks.
+    /// Served reads this engine asked in chunks, on endpoints whose every
+    /// lane is tcp, counted once per read.
+    ///
+    /// Reads longer than one tcp fragment and up to the size UCX still sends
+    /// eager go in chunks of one fragment each; a list's reads longer than
+    /// the list entry bound and at most twice it go in two chunks batched
+    /// with the list's small reads.
     pub fn reads_asked_in_chunks(&self) -> u64 {
         self.signals.reads_asked_in_chunks.load(Ordering::Relaxed)
     }
@@ -229,7 +230,7 @@ impl UcxEngine {
 
     /// Registrations the progress thread holds: its own count, moved only by
     /// successful `ucp_mem_map` / `ucp_mem_unmap` calls. Always `Some`: the
-    /// same answer, in the same type, as
+    /// same value as
     /// [`RdmaBackend::live_registrations`](rdmareg_backend::RdmaBackend::live_registrations)
     /// on this engine's backends.
     pub fn live_registrations(&self) -> Option<usize> {
@@ -249,7 +250,7 @@ impl UcxEngine {
 
     /// Tears the engine down and waits for it.
     ///
-    /// Every outstanding reply is answered ([`RdmaError::ShuttingDown`] for
+    /// Every outstanding call completes ([`RdmaError::ShuttingDown`] for
     /// maps and GETs; unmaps by what happened to their region), endpoints
     /// are closed, every region still registered is unmapped, the worker and
     /// context are destroyed and the thread is joined. Idempotent.
@@ -286,7 +287,7 @@ impl UcxEngine {
     }
 
     /// Pushes a shutdown command (even if teardown began: it then waits for
-    /// the end of it). Returns whether the thread will answer it.
+    /// the end of it). Returns whether the thread will reply to it.
     fn request_shutdown(&self, reply: oneshot::Sender<()>) -> bool {
         self.front.submitter().send_shutdown(reply)
     }

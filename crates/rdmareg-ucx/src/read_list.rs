@@ -1,55 +1,37 @@
-//! Gathered reads: several small reads of one owner asked in one request
-//! and answered by one reply, or by a few in order.
+//! Batched lists: several small reads of one owner asked in one request and
+//! returned in one reply, or a few in order.
 //!
-//! A transfer list of many small blocks over an owner-served lane would
-//! otherwise cost one request and one reply per block, each a message
-//! through both progress threads. A consumer instead asks for up to
-//! [`MAX_LIST_ENTRIES`] reads of one owner at once; the owner checks every
-//! entry exactly as it checks a single read (see `progress::serve`), leases
-//! each admitted region, and answers with one reply whose payload is the
-//! admitted entries' bytes back to back, in request order (or several such
-//! replies, in order, when one reply's header would not fit the owner's
-//! worker, see [`MAX_LIST_ENTRIES`], or over tcp, where each reply carries
-//! at most one fragment's payload: see the rules below).
+//! A consumer asks for up to [`MAX_LIST_ENTRIES`] reads of one owner at once
+//! instead of a request and a reply per read; the owner checks every entry
+//! exactly as a single read (`progress::serve`), leases each admitted region,
+//! and replies with the admitted entries' bytes back to back, in request
+//! order.
 //!
-//! # Rules
-//!
-//! - Every entry is answered on its own: a refused entry gets its own typed
-//!   refusal and contributes no bytes, and the other entries are served.
+//! - Every entry has its own result: a refused entry gets its own typed
+//!   refusal and contributes no bytes.
 //! - Only entries of at most [`MAX_GATHERED_ENTRY`] bytes, and lists of at
-//!   most [`MAX_GATHERED_BYTES`] in all, are gathered, and the reply is
-//!   always sent eager: UCX hands the whole payload to the consumer's
-//!   handler, which copies each entry into its destination there and then.
-//!   No receive outlives the handler, so an entry's deadline, its
-//!   endpoint's failure or teardown answer it exactly as they answer a
-//!   single read waiting for its reply. Larger reads go alone and may be
-//!   received by rendezvous straight into their destination, except that
-//!   over tcp a list's reads of up to twice the bound are asked in two
-//!   gatherable pieces (`progress::pieces`).
-//! - Over a connection whose every lane is tcp the owner answers a list in
-//!   several replies of at most 60 KiB of payload each, so that each
-//!   arrives in one fragment: UCX gathers a longer eager reply into a
-//!   buffer of its own first, and the entries would be copied twice (the
-//!   same reason reads of that size go in pieces; see `progress::pieces`).
-//!   The request still asks up to [`MAX_GATHERED_BYTES`] at once: one send
-//!   for up to 64 reads, where a request per fragment's worth of reads cost
-//!   the consumer a send each. The consumer lands each entry by its request
-//!   id, whichever reply brings it.
+//!   most [`MAX_GATHERED_BYTES`] in all, are batched, and the reply is always
+//!   eager: the consumer's handler copies each entry there and then, so no
+//!   receive outlives it and deadlines, endpoint failures and teardown end
+//!   an entry as they end a single read waiting for its reply. Larger reads
+//!   go alone (over tcp a list's reads of up to twice the bound go in two
+//!   chunks, `progress::chunks`).
+//! - The owner sends several replies, in order, when one reply's header
+//!   would not fit its worker ([`MAX_LIST_ENTRIES`]), and over a tcp-only
+//!   connection, where each carries at most 60 KiB of payload so it arrives
+//!   in one fragment (as chunked reads do). The consumer matches each entry
+//!   by its request id.
 //! - The owner refuses an entry beyond those bounds as
-//!   [`Refusal::Malformed`](crate::read_protocol::Refusal::Malformed):
-//!   a consumer that respects them never sees it.
-//! - Each entry carries its own request id, and the reply echoes them: the
-//!   consumer lands an entry only in a read it sent on the endpoint the
-//!   reply arrived on, and only if the lengths add up to the payload.
+//!   [`Refusal::Malformed`](crate::read_protocol::Refusal::Malformed).
+//! - The consumer writes an entry only into a read it sent on the endpoint
+//!   the reply arrived on, and only if the lengths add up to the payload.
 //!
 //! # Formats
 //!
-//! The list request (consumer → owner) and the list reply (owner →
-//! consumer; the payload is the served entries' bytes) are the engine
-//! kit's (`rdmareg_engine::served::wire`), which encodes and decodes them
-//! for these types. Statuses are those of single replies
-//! (`read_protocol`), a code this build does not know included: it decodes
-//! as a refusal of that entry.
+//! The list request and the list reply (whose payload is the served
+//! entries' bytes) are the engine kit's (`rdmareg_engine::served::wire`).
+//! Statuses are those of single replies (`read_protocol`); an unknown code
+//! decodes as a refusal of that entry.
 
 use rdmareg_engine::served::wire;
 
@@ -66,11 +48,11 @@ pub const READ_LIST_REPLY_AM_ID: u32 = 0x5254;
 /// keeps its headers within its worker's bound ([`entries_within`]): a full
 /// request is 8 + 64 × 48 = 3080 bytes, a full reply 8 + 64 × 24 = 1544,
 /// inside the default tcp and shared-memory segments; a worker with smaller
-/// ones gathers fewer reads per list and answers a list in several replies.
+/// ones batches fewer reads per list and replies to a list in several.
 pub const MAX_LIST_ENTRIES: usize = wire::MAX_LIST_ENTRIES;
-/// Largest entry that is gathered; larger reads are sent alone.
+/// Largest entry that is batched; larger reads are sent alone.
 pub const MAX_GATHERED_ENTRY: u64 = 16 * 1024;
-/// Most payload bytes one gathered reply carries.
+/// Most payload bytes one list reply carries.
 pub const MAX_GATHERED_BYTES: u64 = 256 * 1024;
 
 const FIXED_LEN: usize = 8;
@@ -83,7 +65,7 @@ pub const REPLY_ENTRY_LEN: usize = wire::LIST_REPLY_ENTRY_LEN;
 /// entries of `entry_len` bytes ([`REQUEST_ENTRY_LEN`] or
 /// [`REPLY_ENTRY_LEN`]), and never more than [`MAX_LIST_ENTRIES`]. A worker
 /// whose largest active-message header is below the full list's (small
-/// transport segments, a small network MTU) gathers fewer reads per list.
+/// transport segments, a small network MTU) batches fewer reads per list.
 pub fn entries_within(max_header: usize, entry_len: usize) -> usize {
     (max_header.saturating_sub(FIXED_LEN) / entry_len.max(1)).min(MAX_LIST_ENTRIES)
 }
@@ -115,7 +97,7 @@ impl ListRequest {
     }
 }
 
-/// The owner's answer to one entry of a list.
+/// The owner's reply to one entry of a list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListReplyEntry {
     /// The entry's request id, echoed.
@@ -126,10 +108,10 @@ pub struct ListReplyEntry {
     pub length: u64,
 }
 
-/// The owner's answer to a list request.
+/// The owner's reply to a list request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListReply {
-    /// One answer per request entry, in request order.
+    /// One result per request entry, in request order.
     pub entries: Vec<ListReplyEntry>,
 }
 

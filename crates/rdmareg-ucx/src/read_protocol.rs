@@ -1,17 +1,10 @@
-//! The owner-served read protocol: what a consumer's key says, what it asks
-//! an owner for, and what the owner answers.
+//! The served read protocol: what a consumer's key says, what it asks an
+//! owner for, and what the owner replies.
 //!
-//! # Why owners serve reads themselves
-//!
-//! On lanes without remote-read hardware (tcp, and the messaging side of
-//! shared memory) UCX emulates one-sided GET and PUT with active messages
-//! that the *target's* progress serves from whatever raw address the request
-//! names: no key check, no bounds, and `ucp_mem_unmap` does not stop a read
-//! already streaming. Any peer that can reach such a worker can read or write
-//! any byte of the process. So this engine creates its UCX context without
-//! `UCP_FEATURE_RMA` — UCX then installs none of those handlers — and a read
-//! becomes a request the owner's engine checks against its live
-//! registrations before it sends a byte (see `progress::serve`).
+//! UCX's emulated GET serves any raw address a peer names, so this engine's
+//! context has no `UCP_FEATURE_RMA` and a read is a request the owner's
+//! engine checks against its live registrations (`progress::serve`; the
+//! crate docs and `docs/safety.md` say why).
 //!
 //! # Formats
 //!
@@ -35,10 +28,9 @@
 //! direct-read context. A consumer that cannot reach the owner's direct
 //! lane or its release table reads through the owner with the served
 //! part; one that can copies one-sided, and counts the copy only if the
-//! release slot held the key's release tag before and after it. Only its own
-//! engine checks the range against `region_addr`/`region_len` (see the
-//! crate docs on what the owner gives up on that lane). [`ReadKey`]
-//! decodes either lane.
+//! release slot held the key's release tag before and after it; only the
+//! consumer checks the range against `region_addr`/`region_len`.
+//! [`ReadKey`] decodes either lane.
 //!
 //! **Lane 1** is the same-host key of earlier releases: the lane-2 layout
 //! without `release_slot`. Nothing tells its reader when the registration
@@ -52,11 +44,9 @@
 //! them for these types), 52 and 20 bytes.
 //!
 //! **Reply status codes.** `0` is served; every other code is a refusal
-//! and carries `length = 0`. Codes are only ever added, never reassigned,
-//! and a consumer that receives a code it does not know takes it as a
-//! refusal of a reason it cannot name ([`Refusal::Unrecognized`]):
-//! an owner of a later release can refuse for a new reason without its
-//! older consumers waiting out their deadlines.
+//! and carries `length = 0`. Codes are only ever added, never reassigned;
+//! an unknown code is a refusal ([`Refusal::Unrecognized`]), so an older
+//! consumer does not wait out its deadline.
 //!
 //! Decoding never panics and refuses trailing or missing bytes: these come
 //! from peers.
@@ -360,7 +350,7 @@ impl ReadRequest {
     }
 }
 
-/// How an owner answered a read.
+/// How an owner replied to a read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplyStatus {
     /// The bytes follow as the payload.
@@ -378,16 +368,16 @@ impl ReplyStatus {
         }
     }
 
-    /// The status of a decoded answer.
-    pub(crate) fn of(answer: Result<u64, Refusal>) -> (ReplyStatus, u64) {
-        match answer {
+    /// The status and length of a decoded result.
+    pub(crate) fn of(result: Result<u64, Refusal>) -> (ReplyStatus, u64) {
+        match result {
             Ok(length) => (ReplyStatus::Served, length),
             Err(refusal) => (ReplyStatus::Refused(refusal), 0),
         }
     }
 }
 
-/// An owner's answer to one [`ReadRequest`].
+/// An owner's reply to one [`ReadRequest`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadReply {
     /// The request's id.

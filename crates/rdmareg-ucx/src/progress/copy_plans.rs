@@ -32,7 +32,7 @@ use std::sync::{Arc, Weak};
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
 
 use super::Engine;
-use super::answer::BatchReply;
+use super::results::BatchReply;
 use super::ucp::MemHandle;
 use super::vectored::{self, CopyEntry};
 use crate::owner_process::{OwnerProcess, SameHostSource};

@@ -139,7 +139,7 @@ impl Engine {
                     serial,
                     error_context,
                     // One-sided reads: no replies to split.
-                    reads_in_pieces: false,
+                    reads_in_chunks: false,
                 });
                 Some((handle, serial))
             }

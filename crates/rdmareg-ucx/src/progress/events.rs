@@ -73,7 +73,7 @@ pub(crate) struct Events {
     /// the loop's docs).
     pub(crate) hand_offs: Cell<u32>,
     /// Whether this engine, as an owner, replies to a list in replies of at
-    /// most one tcp fragment each on tcp-only connections (`gathered`); off
+    /// most one tcp fragment each on tcp-only connections (`read_lists`); off
     /// where the operator shapes UCX's protocols
     /// (`UcxConfig::reads_in_pieces_allowed`).
     pub(crate) fragment_sized_replies: Cell<bool>,
@@ -82,7 +82,7 @@ pub(crate) struct Events {
     /// cleared when its handler returns.
     pub(crate) fragment_memo: Cell<Option<(usize, bool)>>,
     /// Ranges one zero-copy fragment carries on a tcp-only connection
-    /// (`gathered::copied_into_segments`), from
+    /// (`read_lists::copied_into_segments`), from
     /// `UcxConfig::tcp_ranges_per_zero_copy_fragment`.
     pub(crate) tcp_ranges_per_zero_copy_fragment: Cell<usize>,
 }
@@ -110,7 +110,7 @@ impl Default for Events {
             fragment_sized_replies: Cell::new(false),
             fragment_memo: Cell::new(None),
             tcp_ranges_per_zero_copy_fragment: Cell::new(
-                super::gathered::ZERO_COPY_RANGES_PER_FRAGMENT,
+                super::read_lists::ZERO_COPY_RANGES_PER_FRAGMENT,
             ),
         }
     }
@@ -126,7 +126,7 @@ impl Events {
     /// op (returning to its caller) and queues the slot for the loop. Called
     /// after every input to the machine, inside callbacks too, so a caller
     /// wakes as soon as its read completes.
-    pub(crate) fn give_answers(&self) {
+    pub(crate) fn complete_reads(&self) {
         loop {
             // The borrow ends before the op is finished.
             let next = self.consumer.borrow_mut().poll_completion();

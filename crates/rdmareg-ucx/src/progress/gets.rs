@@ -1,51 +1,29 @@
-//! The consumer's side of a read: post the request, land the reply in the
-//! destination, answer only once UCX has let go of it.
+//! The consumer's side of a read: post the request, write the reply into the
+//! destination, and complete only once UCX has let go of it.
 //!
-//! # A read's life
+//! 1. **Posted.** The destination is checked and held (an unmap of it
+//!    waits), the key decoded, an op slot taken and the read started in the
+//!    consumer machine (`Events::consumer`), which gives its request id and
+//!    keeps its deadline; the request goes to the owner as an active message.
+//! 2. **Replied.** The machine accepts one reply, from the request's
+//!    endpoint and of the requested length (UCX's release build does not
+//!    check the destination's size); the handler (`replies`) copies eager
+//!    bytes, starts a rendezvous receive into the destination, or turns a
+//!    refusal into its error (`read_protocol::Refusal`).
+//! 3. **Finished.** The callback that finished the op completes the caller;
+//!    the loop drops the destination hold and recycles the slot once the
+//!    request send has completed too.
 //!
-//! 1. **Posted.** The destination is checked against the mapped pointer and
-//!    length and held (an unmap of it waits), the key is decoded (a key that
-//!    is not an owner-served key of this format is `InvalidKey`), an op slot
-//!    is taken, the read is started in the consumer machine
-//!    (`Events::consumer`), which gives its request id and keeps its
-//!    deadline, and the request goes to the owner as an active message with
-//!    the reply flag.
-//! 2. **Replied.** The reply handler hands the reply to the machine, which
-//!    accepts it only from the request's endpoint and once (from then on no
-//!    later reply can reach the read); the handler then either copies the bytes
-//!    (eager), starts a rendezvous receive straight into the destination
-//!    (large replies: UCX pulls them with zero copy where the lane can), or
-//!    turns a refusal into the seam's error for it (`OutOfRange`,
-//!    `RegionNotFound`, `InvalidKey`; see `read_protocol::Refusal`). A reply whose
-//!    length is not the requested length is refused before UCX is asked to
-//!    receive it: UCX's release build does not check the destination's size.
-//! 3. **Finished.** The op is answered — by the callback that finished it,
-//!    so the caller wakes without waiting for the loop — and the loop drops
-//!    the destination hold and recycles the slot once the request send has
-//!    completed too.
+//! No read completes while UCX may still write its destination
+//! (`docs/safety.md`, "A GET completes only after UCX lets go"): past its
+//! deadline a read still waiting for its reply completes at once, and one
+//! whose rendezvous receive runs has its endpoint force-closed and
+//! completes when UCX ends the receive.
 //!
-//! # An answer means UCX has let go
-//!
-//! No read is answered while UCX may still write its destination: that
-//! would hand safe code a `&mut` to bytes UCX still writes. While an op
-//! waits for its reply UCX holds nothing of the destination, so a deadline,
-//! a failed endpoint or a teardown answers it at once (and a late reply
-//! finds nothing to land in). Once a rendezvous receive runs, only its
-//! completion answers: past the deadline the endpoint is force-closed so UCX
-//! completes it with an error, and the answer is then `Timeout` — or `Ok`,
-//! if the bytes landed after all. Without peer error handling an endpoint
-//! cannot be force-closed, and such a receive answers when it ends or when
-//! the worker is destroyed.
-//!
-//! A read with a same-host key whose owner's process and release table this
-//! engine can reach skips the request and the reply: it is copied out of
-//! the owner with the turn's other such reads (`vectored`), checked against
-//! the release table before and after (`release_table`), and answered once
-//! the copy returned.
-//!
-//! The op records and their slots are in `ops`; UCX's callbacks for a
-//! read (its reply, its rendezvous receive, its request send) in
-//! `replies`.
+//! A same-host read whose owner process and release table this engine can
+//! reach skips the owner: it is copied with the turn's other such reads
+//! (`vectored`), checked against the release table before and after
+//! (`release_table`), and completes once the copy returned.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -55,11 +33,11 @@ use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use ucx_sys as sys;
 
 use super::Engine;
-use super::answer::{Answer, BatchReply, BatchResults, PieceAnswers};
+use super::chunks;
 use super::events::Events;
 use super::key_memo::DecodedKey;
 use super::ops::{GetOp, Phase};
-use super::pieces;
+use super::results::{BatchReply, BatchResults, ChunkResults, Waiter};
 use rdmareg_engine::served::consumer::TimeoutAction;
 
 use super::replies::{failure, on_request_sent};
@@ -70,7 +48,7 @@ use crate::owner_process::{OwnerProcess, SameHostSource};
 use crate::read_protocol::{READ_REQUEST_AM_ID, ReadKey, ReadRequest, ServedKey};
 use crate::status::PtrStatus;
 
-/// A same-host read gathered for this turn's vectored copy.
+/// A same-host read collected for this turn's vectored copy.
 #[derive(Debug)]
 pub(super) struct PendingCopy {
     /// The owner's process.
@@ -82,11 +60,11 @@ pub(super) struct PendingCopy {
     release_tag: u64,
     /// The read as asked, to post through the owner if the kernel refuses.
     request: BackendGet,
-    /// Taken when answered.
-    answer: Option<Answer>,
+    /// Taken when the read completes.
+    waiter: Option<Waiter>,
 }
 
-/// What every piece of one owner-served read shares.
+/// What every chunk of one served read shares.
 struct ServedTarget {
     peer: PeerId,
     /// The endpoint's serial, and the endpoint, looked up this turn.
@@ -112,19 +90,19 @@ pub(super) struct PreparedRead {
 impl Engine {
     /// `Command::Get`.
     pub(super) fn post_get(&mut self, request: BackendGet, reply: Reply<()>) {
-        let answer = Answer::Single(reply);
-        if answer.is_abandoned() {
+        let waiter = Waiter::Single(reply);
+        if waiter.is_abandoned() {
             return; // Nobody waits and nothing was transferred: skip it.
         }
-        if let Err((answer, err)) = self.try_post_get(request, answer) {
-            answer.send(Err(err));
+        if let Err((waiter, err)) = self.try_post_get(request, waiter) {
+            waiter.send(Err(err));
         }
         self.flush_copies();
     }
 
     /// `Command::GetBatch`: every entry posted in this one turn, each
-    /// answered as its own read would be, the list sent once the last one
-    /// is (see `answer`).
+    /// completing as its own read would; the results go to the caller once
+    /// the last one completes (see `results`).
     pub(super) fn post_batch(&mut self, requests: Vec<BackendGet>, reply: BatchReply) {
         if reply.is_canceled() {
             return; // Nobody waits and nothing was transferred: skip it.
@@ -136,23 +114,22 @@ impl Engine {
         let in_a_list = requests.len() > 1;
         let batch = BatchResults::new(requests.len(), reply);
         let mut served = Vec::new();
-        // One clock for the batch: its entries are posted in this one turn,
-        // and a clock read per entry was measurable in lists of 1000.
+        // One clock for the batch: its entries are posted in this one turn.
         let mut posted = Instant::now();
         for (index, request) in requests.into_iter().enumerate() {
-            let answer = Answer::Entry {
+            let waiter = Waiter::Entry {
                 batch: std::rc::Rc::clone(&batch),
                 index,
             };
-            if let Err((answer, err)) =
-                self.prepare_get(request, answer, in_a_list, &mut posted, &mut served)
+            if let Err((waiter, err)) =
+                self.prepare_get(request, waiter, in_a_list, &mut posted, &mut served)
             {
-                answer.send(Err(err));
+                waiter.send(Err(err));
             }
         }
         // Sends below may run callbacks that close endpoints.
         self.endpoint_memo = None;
-        // Small owner-served reads of one owner travel as lists.
+        // Small served reads of one owner travel as lists.
         self.send_prepared(served);
         self.flush_copies();
     }
@@ -226,19 +203,18 @@ impl Engine {
         Some(decoded)
     }
 
-    /// Copies the same-host reads gathered this turn, one vectored call per
-    /// owner process and kernel vector limit, and answers each. A peer the
+    /// Copies the same-host reads collected this turn, one vectored call per
+    /// owner process and kernel vector limit, and completes each. A peer the
     /// kernel refuses to let this process read is read through its owner
-    /// (never UCX's cma, which would name the process by pid alone) from now
-    /// on, these reads included.
+    /// from now on (never UCX's cma, which names the process by pid alone),
+    /// these reads included.
     fn flush_copies(&mut self) {
         self.copy_source_memo = None;
         if self.copies.is_empty() {
             return;
         }
         let mut copies = std::mem::take(&mut self.copies);
-        // Stable: each owner's reads keep their order. Usually there is one
-        // owner, and moving a thousand entries for nothing is not free.
+        // Stable: each owner's reads keep their order.
         if !copies.is_sorted_by_key(|copy| copy.owner.pid()) {
             copies.sort_by_key(|copy| copy.owner.pid());
         }
@@ -248,44 +224,41 @@ impl Engine {
             // SAFETY: every destination was checked inside a region this
             // engine mapped and that cannot be unmapped before this returns
             // (unmaps run on this thread); the registry holds each
-            // destination until its answer, sent below after the copy.
+            // destination until its result, sent below after the copy.
             let outcomes = unsafe { vectored::copy_from_process(&group[0].owner, &entries) };
             for (copy, outcome) in group.iter_mut().zip(outcomes) {
-                let Some(answer) = copy.answer.take() else {
+                let Some(waiter) = copy.waiter.take() else {
                     continue;
                 };
                 match outcome {
                     Ok(()) => {
-                        // The check that decides (`release_table`): after
-                        // the copy returned.
+                        // The check that decides (`release_table`).
                         let live = copy.owner.release().is_some_and(|table| {
                             table.still_live_after_copy(copy.release_slot, copy.release_tag)
                         });
                         if live {
-                            answer.send(Ok(()));
+                            waiter.send(Ok(()));
                         } else {
-                            // SAFETY: the destination checked when the read
-                            // was gathered, held until its answer, sent
-                            // below; the copy has returned.
+                            // SAFETY: the destination was checked when the
+                            // read was collected and is held until its
+                            // result, sent below; the copy has returned.
                             unsafe { std::ptr::write_bytes(copy.entry.dest, 0, copy.entry.len) };
-                            answer.send(Err(RdmaError::RegionNotFound));
+                            waiter.send(Err(RdmaError::RegionNotFound));
                         }
                     }
                     Err(err) if err.is_refusal() => {
                         tracing::debug!(peer = %copy.request.peer, error = %err, "same-host copies refused; reading through the owner");
                         self.stop_copying_from(copy.request.peer, SameHostSource::ThroughOwner);
-                        fallback.push((copy.request.clone(), answer));
+                        fallback.push((copy.request.clone(), waiter));
                     }
                     Err(err) => {
                         if err.is_gone() {
-                            // Its pid may name another process now or later:
-                            // never read it again, by a copy (the caller's
-                            // included) or through UCX's cma, which names
-                            // the owner by pid too.
+                            // Its pid may name another process now or
+                            // later: never read it again, by any copy.
                             tracing::debug!(peer = %copy.request.peer, "same-host owner process gone; its same-host reads fail from now on");
                             self.stop_copying_from(copy.request.peer, SameHostSource::Gone);
                         }
-                        answer.send(Err(RdmaError::backend(format!(
+                        waiter.send(Err(RdmaError::backend(format!(
                             "ucx: same-host copy from {} failed: {err}",
                             copy.request.peer
                         ))));
@@ -293,12 +266,12 @@ impl Engine {
                 }
             }
         }
-        for (request, answer) in fallback {
-            if let Err((answer, err)) = self.try_post_get(request, answer) {
-                answer.send(Err(err));
+        for (request, waiter) in fallback {
+            if let Err((waiter, err)) = self.try_post_get(request, waiter) {
+                waiter.send(Err(err));
             }
         }
-        // A fallback never gathers again: its peer's process was cleared.
+        // A fallback is never copied again: its peer's process was cleared.
         debug_assert!(self.copies.is_empty());
         self.copy_source_memo = None;
     }
@@ -316,8 +289,8 @@ impl Engine {
     fn try_post_get(
         &mut self,
         request: BackendGet,
-        reply: Answer,
-    ) -> Result<(), (Answer, RdmaError)> {
+        reply: Waiter,
+    ) -> Result<(), (Waiter, RdmaError)> {
         let mut served = std::mem::take(&mut self.served_scratch);
         let prepared = self.prepare_get(request, reply, false, &mut Instant::now(), &mut served);
         self.endpoint_memo = None;
@@ -329,21 +302,18 @@ impl Engine {
     }
 
     /// Checks a read and starts it, up to its request: a same-host read is
-    /// gathered for this turn's copy or posted one-sided, and `None`
-    /// returned; an owner-served read gets its op (in the waiting table,
-    /// its deadline scheduled) and comes back to be sent, alone or in a
-    /// list (`gathered`). A deadline is reckoned from `posted`, which is
-    /// read again after a direct read (whose lane may wait on UCX).
-    /// `in_a_list`: the read is one of a batch of two or more, whose
-    /// owner-served reads are sent as lists (see `pieces`).
+    /// collected for this turn's copy; a served read gets its op (deadline
+    /// reckoned from `posted`) and is pushed to `served`, to be sent alone
+    /// or in a list (`read_lists`). `in_a_list`: the read is one of a batch
+    /// of two or more (see `chunks`).
     pub(super) fn prepare_get(
         &mut self,
         request: BackendGet,
-        reply: Answer,
+        reply: Waiter,
         in_a_list: bool,
         posted: &mut Instant,
         served: &mut Vec<PreparedRead>,
-    ) -> Result<(), (Answer, RdmaError)> {
+    ) -> Result<(), (Waiter, RdmaError)> {
         let BackendGet {
             peer,
             remote_addr,
@@ -391,7 +361,7 @@ impl Engine {
             let (release_slot, release_tag) =
                 (same_host.release_slot, same_host.served.release_tag());
             // The check before the copy (`release_table`); `copy_source`
-            // answers `Copy` only for owners whose table is open.
+            // returns `Copy` only for owners whose table is open.
             let live = owner
                 .release()
                 .is_some_and(|table| table.is_live(release_slot, release_tag));
@@ -416,14 +386,13 @@ impl Engine {
                     len: len as u64,
                     deadline,
                 },
-                answer: Some(reply),
+                waiter: Some(reply),
             });
             return Ok(());
         }
-        // Every other read goes through the owner, which checks it: a
+        // Every other read goes through the owner, which checks it, a
         // same-host read this engine cannot copy with a release check
-        // included (UCX's cma would read by pid, with nothing to tell a
-        // released registration).
+        // included.
         let timeout = deadline.unwrap_or(self.settings.default_get_deadline);
         let deadline = *posted + timeout;
         let key = key.served();
@@ -441,34 +410,34 @@ impl Engine {
             deadline,
             key,
         };
-        let pieces = pieces::pieces(len, in_a_list).filter(|_| {
-            self.ops.active() < pieces::SPLIT_WHILE_FEWER_THAN && self.peers.reads_in_pieces(peer)
+        let chunks = chunks::chunks(len, in_a_list).filter(|_| {
+            self.ops.active() < chunks::SPLIT_WHILE_FEWER_THAN && self.peers.reads_in_chunks(peer)
         });
-        let Some(pieces) = pieces else {
+        let Some(chunks) = chunks else {
             served.push(self.enter_served_read(&target, remote_addr, dest, len, reply));
             return Ok(());
         };
         self.signals
             .reads_asked_in_chunks
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let whole = PieceAnswers::new(pieces.len(), reply);
-        for (offset, piece_len) in pieces {
-            let answer = Answer::Piece(std::rc::Rc::clone(&whole));
-            // In bounds: `offset + piece_len <= len`, inside the checked
+        let whole = ChunkResults::new(chunks.len(), reply);
+        for (offset, chunk_len) in chunks {
+            let waiter = Waiter::Chunk(std::rc::Rc::clone(&whole));
+            // In bounds: `offset + chunk_len <= len`, inside the checked
             // destination.
-            let piece_dest = dest.wrapping_add(offset);
+            let chunk_dest = dest.wrapping_add(offset);
             served.push(self.enter_served_read(
                 &target,
                 remote_addr + offset as u64,
-                piece_dest,
-                piece_len,
-                answer,
+                chunk_dest,
+                chunk_len,
+                waiter,
             ));
         }
         Ok(())
     }
 
-    /// Takes an op slot for one owner-served read of `len` bytes at
+    /// Takes an op slot for one served read of `len` bytes at
     /// `remote_addr` into `dest`, starts it in the consumer machine (which
     /// keeps its deadline), and returns it ready to send.
     fn enter_served_read(
@@ -477,7 +446,7 @@ impl Engine {
         remote_addr: u64,
         dest: *mut u8,
         len: usize,
-        reply: Answer,
+        reply: Waiter,
     ) -> PreparedRead {
         let events: *const Events = &*self.events;
         let (slot, op) = self.ops.alloc(events);
@@ -494,7 +463,7 @@ impl Engine {
             (*op).phase = Phase::AwaitingReply;
             (*op).hold_released = false;
             // Until its request is sent (alone, or as a list's leader) or
-            // handed to a list (`gathered`): the slot is not recycled before.
+            // handed to a list (`read_lists`): the slot is not recycled.
             (*op).send_pending = true;
         }
         if let Some(region) = self.regions.get_mut(&target.local_region_id) {
@@ -508,8 +477,8 @@ impl Engine {
         );
         // SAFETY: as above.
         unsafe { (*op).read = read };
-        // Started during teardown, the machine answered it at once.
-        self.events.give_answers();
+        // Started during teardown, the machine completed it at once.
+        self.events.complete_reads();
         let request = ReadRequest {
             request_id: read.0,
             key: target.key,
@@ -532,10 +501,9 @@ impl Engine {
             endpoint,
             request,
         } = prepared;
-        // An earlier send of this turn (another piece, another entry) may
-        // have run callbacks that closed this read's endpoint
-        // (`drain_events`): that answered the read, and the handle must not
-        // be used again.
+        // An earlier send of this turn may have run callbacks that closed
+        // this read's endpoint, completing the read; the handle must not be
+        // used again.
         // SAFETY: the slot is active and owned by this read.
         if unsafe { (*op).phase } != Phase::AwaitingReply {
             // SAFETY: as above.
@@ -544,11 +512,10 @@ impl Engine {
             return;
         }
         // SAFETY: the endpoint is live (looked up this turn, and endpoints
-        // close only between commands); no payload; the
-        // slot outlives the send (freed only after the worker). With a
-        // loopback transport the whole exchange can complete inside this
-        // call, which is why the op is entered in the waiting table first
-        // and no borrow is held across it.
+        // close only between commands); no payload; the slot outlives the
+        // send (freed only after the worker). The whole exchange can
+        // complete inside this call, so the op was entered first and no
+        // borrow is held across it.
         let status = unsafe {
             send_active_message(
                 endpoint,
@@ -598,8 +565,8 @@ impl Engine {
         self.settle_op(slot);
     }
 
-    /// Answers a read whose request could not be sent, if it still waits
-    /// for a reply.
+    /// Fails a read whose request could not be sent, if it still waits for
+    /// a reply.
     fn fail_unsent(&mut self, slot: u32, status: sys::ucs_status_t) {
         let Some(op) = self.ops.op(slot) else {
             return;
@@ -610,18 +577,17 @@ impl Engine {
             return;
         }
         let err = failure(op_ref, &self.events, status);
-        // An owner-served read waits for a header before anything is
-        // written, so nothing is left to cancel.
+        // Nothing is written before the reply's header: nothing to cancel.
         let _ = self
             .events
             .consumer
             .borrow_mut()
             .request_failed(op_ref.read, err);
-        self.events.give_answers();
+        self.events.complete_reads();
     }
 
-    /// A read finished (its answer is given): drop its destination hold, and
-    /// recycle the slot once its request send is done too.
+    /// A read completed: drop its destination hold, and recycle the slot
+    /// once its request send is done too.
     pub(super) fn finish_get(&mut self, slot: u32) {
         let Some(op) = self.ops.op(slot) else {
             return;
@@ -656,18 +622,16 @@ impl Engine {
         }
     }
 
-    /// Answers reads past their deadline: at once if UCX holds nothing of
-    /// their destination, else by force-closing the endpoint so UCX ends the
-    /// receive (see the module docs); the consumer machine decides which.
+    /// Ends reads past their deadline: at once if UCX holds nothing of their
+    /// destination, else by force-closing the endpoint so UCX ends the
+    /// receive; the consumer machine decides which.
     ///
-    /// Every read past its deadline is answered or marked before any
-    /// endpoint is force-closed: a forced close fails the other reads on
-    /// its endpoint with "another read's deadline", which for a read whose
-    /// own deadline passed too (the pieces of one read share theirs) would
-    /// hide its `Timeout`.
+    /// Every expired read is completed or marked before any endpoint is
+    /// force-closed, so a read whose own deadline passed (chunks of one
+    /// read share theirs) keeps its `Timeout`.
     pub(super) fn expire_gets(&mut self, now: Instant) {
         let actions = self.events.consumer.borrow_mut().handle_timeout(now);
-        self.events.give_answers();
+        self.events.complete_reads();
         let mut unresponsive = Vec::new();
         for TimeoutAction::StopTransfer { read, .. } in actions {
             if let Some(op) = self.events.op_of(read) {
@@ -683,28 +647,28 @@ impl Engine {
         self.drain_events();
     }
 
-    /// The earliest deadline of a read not answered yet.
+    /// The earliest deadline of a read not completed yet.
     pub(super) fn next_read_deadline(&self) -> Option<Instant> {
         self.events.consumer.borrow_mut().poll_timeout()
     }
 
-    /// Answers every read still waiting for a reply on `endpoint` with
-    /// `error`: the endpoint is closing, so no reply will come. (Reads whose
-    /// payload UCX is receiving end when UCX ends the receive.)
+    /// Fails every read still waiting for a reply on `endpoint` with
+    /// `error`: the endpoint is closing. (Reads whose payload UCX is
+    /// receiving end when UCX ends the receive.)
     pub(super) fn fail_awaiting_on_endpoint(&mut self, endpoint: sys::ucp_ep_h, error: &RdmaError) {
         let _ = self
             .events
             .consumer
             .borrow_mut()
             .endpoint_failed(endpoint as usize, error.clone());
-        self.events.give_answers();
+        self.events.complete_reads();
     }
 
-    /// Teardown: every read still waiting for a reply is answered
+    /// Teardown: every read still waiting for a reply fails with
     /// `ShuttingDown` (UCX holds none of their destinations), and reads
     /// started from now on are refused.
     pub(super) fn fail_all_awaiting(&mut self) {
         self.events.consumer.borrow_mut().shutdown();
-        self.events.give_answers();
+        self.events.complete_reads();
     }
 }

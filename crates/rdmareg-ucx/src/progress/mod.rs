@@ -1,37 +1,31 @@
 //! The progress thread: the one thread that owns every UCX object.
 //!
-//! It owns the serving `ucp_context` and its one `UCS_THREAD_MODE_SINGLE`
-//! worker, the same-host direct-read lane's context and workers if that
-//! lane is open (`direct`), the endpoints and memory handles; none of these
-//! handles ever leaves it. It serves commands from the ring and the control
-//! lane (see `command`), and progresses the workers — which is also what
-//! serves the reads *peers* request from this engine's registrations
-//! (`serve`), lands the replies to this engine's own reads (`gets`) and
-//! runs its direct reads' kernel copies.
+//! It owns the serving `ucp_context` and its `UCS_THREAD_MODE_SINGLE`
+//! worker, the direct lane's context and workers if open (`direct`), the
+//! endpoints and memory handles; none of these leaves it. It runs commands
+//! from the ring and the control lane (`command`) and progresses the
+//! workers, which serves peers' reads (`serve`) and writes the replies to
+//! this engine's own reads (`gets`).
 //!
-//! # The loop
-//!
-//! The kit's [`progress_loop`] runs it. A turn progresses the worker until
-//! it reports no more work (bounded per turn, so a busy transfer never
-//! starves commands) and handles what the callbacks recorded, expires GETs
-//! past their deadline and finishes endpoint closes. Parking arms the
-//! worker (progress, then arm, until it is not busy) and `poll`s its event
-//! fd and the doorbell, for at most the park timeout or until the next GET
-//! deadline. A sent read request, a completed read and a sent reply count
-//! as hand-overs (the kit's "Handing over").
+//! The kit's [`progress_loop`] runs it. A turn progresses the worker a
+//! bounded number of times, handles what the callbacks recorded, expires
+//! GETs past their deadline and finishes endpoint closes. Parking arms the
+//! worker and `poll`s its event fd and the doorbell, for at most the park
+//! timeout or until the next GET deadline. A sent read request, a completed
+//! read and a sent reply count as hand-overs (the kit's "Handing over").
 
-mod answer;
+mod chunks;
 mod copy_plans;
 mod direct;
 mod events;
-mod gathered;
 mod gets;
 mod key_memo;
 mod ops;
 mod peers;
-mod pieces;
+mod read_lists;
 mod regions;
 mod replies;
+mod results;
 mod serve;
 mod teardown;
 mod ucp;
@@ -82,8 +76,8 @@ struct Settings {
     default_get_deadline: Duration,
     teardown_timeout: Duration,
     peer_error_handling: bool,
-    /// Whether reads may go in pieces at all (`pieces`).
-    reads_in_pieces: bool,
+    /// Whether reads may go in chunks at all (`chunks`).
+    reads_in_chunks: bool,
 }
 
 /// Everything the progress thread owns.
@@ -110,13 +104,13 @@ struct Engine {
     leftover: Option<Command>,
     /// Emptied record lists, kept for their capacity (see `drain_events`).
     spare: SpareRecords,
-    /// Same-host reads gathered in this turn, copied by `flush_copies`
+    /// Same-host reads collected in this turn, copied by `flush_copies`
     /// before the turn ends.
     copies: Vec<gets::PendingCopy>,
-    /// The last peer `copy_source` answered for in this turn, and its
-    /// answer: a batch's entries name the same peer, and each lookup
-    /// hashes the peer's whole address. Cleared when the turn's copies
-    /// are flushed, before any command can change the peer table.
+    /// The last peer `copy_source` looked up in this turn, and its result:
+    /// a batch's entries name the same peer, and each lookup hashes the
+    /// peer's whole address. Cleared when the turn's copies are flushed,
+    /// before any command can change the peer table.
     copy_source_memo: Option<(rdmareg_core::PeerId, crate::owner_process::SameHostSource)>,
     /// The served endpoint of the last peer a batch's read looked up, for
     /// the same reason: a lookup hashes the peer's whole address. Set and
@@ -217,10 +211,10 @@ impl Engine {
             },
         ));
         events.served_gauge = Arc::clone(&signals.served_replies_in_flight);
-        // Reads in pieces and fragment-sized list replies answer the same
-        // question: whether UCX's tcp protocols are the engine's own.
-        let reads_in_pieces = config.reads_in_pieces_allowed_by_env();
-        events.fragment_sized_replies.set(reads_in_pieces);
+        // Chunked reads and fragment-sized list replies both need UCX's tcp
+        // protocols to be the engine's own.
+        let reads_in_chunks = config.reads_in_pieces_allowed_by_env();
+        events.fragment_sized_replies.set(reads_in_chunks);
         events
             .tcp_ranges_per_zero_copy_fragment
             .set(config.tcp_ranges_per_zero_copy_fragment_by_env());
@@ -235,12 +229,12 @@ impl Engine {
             worker.set_am_handler(READ_REPLY_AM_ID, replies::on_read_reply, events_arg)?;
             worker.set_am_handler(
                 READ_LIST_REQUEST_AM_ID,
-                gathered::on_read_list_request,
+                read_lists::on_read_list_request,
                 events_arg,
             )?;
             worker.set_am_handler(
                 READ_LIST_REPLY_AM_ID,
-                gathered::on_read_list_reply,
+                read_lists::on_read_list_reply,
                 events_arg,
             )?;
         }
@@ -295,7 +289,7 @@ impl Engine {
                 default_get_deadline: config.default_get_deadline,
                 teardown_timeout: config.teardown_timeout,
                 peer_error_handling: config.transport.peer_error_handling(),
-                reads_in_pieces,
+                reads_in_chunks,
             },
             signals,
             page_size,
@@ -335,9 +329,8 @@ impl Engine {
     /// Handles callback records until none are left (handling one can
     /// produce more: closing a failed endpoint finishes its reads).
     ///
-    /// The lists are taken out before they are handled (the handling can
-    /// push to them) and put back as the spares once empty, so a read costs
-    /// no allocation here; a nested call just finds no spare and allocates.
+    /// The lists are swapped with spares before they are handled (handling
+    /// can push to them), so steady state allocates nothing.
     fn drain_events(&mut self) {
         while !self.events.is_empty() {
             let mut sent = take_records(&self.events.sent_requests, &mut self.spare.sent);

@@ -13,8 +13,8 @@ use std::ffi::c_void;
 use rdmareg_core::{PeerId, RdmaError};
 use ucx_sys as sys;
 
-use super::answer::Answer;
 use super::events::Events;
+use super::results::Waiter;
 use super::ucp::MemHandle;
 use rdmareg_engine::served::consumer::ReadId;
 
@@ -33,7 +33,7 @@ pub(crate) enum Phase {
 /// only between UCX calls.
 #[derive(Debug)]
 pub(crate) struct GetOp {
-    pub(super) reply: Option<Answer>,
+    pub(super) reply: Option<Waiter>,
     pub(super) events: *const Events,
     pub(super) slot: u32,
     /// The request id: unique over the engine's life.

@@ -62,8 +62,8 @@ pub(crate) struct Endpoint {
     pub(crate) error_context: *mut ErrorContext,
     /// Every lane of the endpoint is tcp, so replies between one fragment
     /// and UCX's rendezvous threshold would be copied twice: reads of that
-    /// size go in chunks (`pieces`).
-    pub(crate) reads_in_pieces: bool,
+    /// size go in chunks (`chunks`).
+    pub(crate) reads_in_chunks: bool,
 }
 
 /// Where a connection's direct-read lane stands.
@@ -178,15 +178,15 @@ impl PeerTable {
     }
 
     /// Whether `peer`'s served endpoint asks long reads in chunks (see
-    /// `Endpoint::reads_in_pieces`); false while it has none.
-    pub(crate) fn reads_in_pieces(&self, peer: PeerId) -> bool {
+    /// `Endpoint::reads_in_chunks`); false while it has none.
+    pub(crate) fn reads_in_chunks(&self, peer: PeerId) -> bool {
         let Some(address) = self.peers.get(&peer) else {
             return false;
         };
         self.connections
             .get(address)
             .and_then(|connection| connection.endpoint.as_ref())
-            .is_some_and(|endpoint| endpoint.reads_in_pieces)
+            .is_some_and(|endpoint| endpoint.reads_in_chunks)
     }
 
     /// A fresh endpoint serial.
@@ -368,15 +368,15 @@ impl Engine {
         } {
             Ok(handle) => {
                 let transports = handle.transport_names().unwrap_or_default();
-                let reads_in_pieces = self.settings.reads_in_pieces
+                let reads_in_chunks = self.settings.reads_in_chunks
                     && !transports.is_empty()
                     && transports.iter().all(|name| name == "tcp");
-                tracing::debug!(%peer, serial, ?transports, reads_in_pieces, "endpoint created");
+                tracing::debug!(%peer, serial, ?transports, reads_in_chunks, "endpoint created");
                 connection.endpoint = Some(Endpoint {
                     handle,
                     serial,
                     error_context,
-                    reads_in_pieces,
+                    reads_in_chunks,
                 });
                 Ok((handle, serial))
             }

@@ -1,38 +1,24 @@
 //! Registered regions on the progress thread: map, unmap, and the hold an
 //! in-flight GET keeps on its destination.
 //!
-//! # Rules
-//!
-//! - A map whose caller is already gone never reaches the driver
-//!   (`Command::dispatch` skips it); one whose caller left while it ran is rolled back at once (the answer could not be
-//!   delivered, so nobody will ever unmap it).
-//! - Unmap is idempotent: an id that names nothing answers `Ok(())`.
-//! - Every registration gets a fresh 16-byte random capability (drawn by
-//!   the kit before UCX maps anything), and its key
-//!   (`read_protocol::ServedKey`) names the region id and that capability:
-//!   a peer can read only what it was given a descriptor for, and an id is
-//!   never reused, so a descriptor of an earlier registration names nothing.
-//! - An unmap of a region that reads still use is *parked*: the region is
-//!   marked unmapping — new reads into it (as a destination) are refused
-//!   with `RegionNotFound`, new reads from it (served to peers) are refused
-//!   by the owner (`serve`) — and `ucp_mem_unmap` runs only when the last
-//!   hold (a read landing in it) ended and the owner finished the region's
-//!   unmap (`Action::Unmapped`: the last reply UCX was sending from it
-//!   ended). Every unmap submitted meanwhile joins the same wait.
-//! - A registration on the direct lane takes a slot in the engine's release
-//!   table, which holds its region id while it is live; its key names the
-//!   slot (`release_table`). **The slot is emptied when the unmap is
-//!   submitted**, before the unmap is parked or run and so before any
-//!   answer to it: from then on no same-host read of the region counts,
-//!   whatever the reader's copy found. Without a slot (no table, or the
-//!   table full) the registration gets a served-only key.
-//! - The effective range reported for a registration is page-enclosing:
-//!   what is pinned is whole pages, and the registry's budget charges what
-//!   is pinned. UCX reports the caller's pointer and length unrounded.
-//! - The live count moves only on success: +1 after `ucp_mem_map`, −1 after
-//!   `ucp_mem_unmap` answered `UCS_OK`. A failed unmap leaves the region in
-//!   the table (still counted, still refusing GETs), and a later unmap
-//!   retries it.
+//! - A map whose caller left while it ran is rolled back at once: nobody
+//!   would ever unmap it. Unmap is idempotent: an unknown id returns
+//!   `Ok(())`.
+//! - Every registration gets a fresh random capability, and its key
+//!   (`read_protocol::ServedKey`) names the never-reused region id and that
+//!   capability, so a peer reads only what it was given a descriptor for.
+//! - An unmap of a region reads still use is *parked*: the region refuses
+//!   new reads into it (`RegionNotFound`) and the owner refuses new reads
+//!   of it; `ucp_mem_unmap` runs once the last destination hold ended and
+//!   the owner's last reply from it ended (`Action::Unmapped`). Unmaps
+//!   submitted meanwhile join the same wait.
+//! - A direct-lane registration holds a release-table slot while live; the
+//!   slot is emptied when the unmap is submitted, before the unmap returns
+//!   (`docs/safety.md`, "The same-host direct lane"). Without a slot the
+//!   registration gets a served-only key.
+//! - The effective range is page-enclosing, as pinned and charged.
+//! - The live count moves only on success; a failed unmap leaves the region
+//!   counted and refusing GETs, and a later unmap retries it.
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -153,8 +139,7 @@ impl Engine {
         let release_slot = release_slot.filter(|_| direct_memh.is_some());
         if reply.is_canceled() {
             // The caller left while UCX registered: undo before the range is
-            // ever counted, so nobody observes a registration that was
-            // already abandoned.
+            // ever counted.
             if let Some(direct_memh) = direct_memh {
                 // SAFETY: mapped above on the lane's context, in no table,
                 // unmapped once here.
@@ -279,7 +264,7 @@ impl Engine {
         // The backend withdrew it when the unmap was submitted; a
         // compensating unmap was not submitted there.
         self.signals.caller_copies.withdraw_destination(id);
-        // First, before the unmap can be answered (module docs).
+        // First, before the unmap can return (module docs).
         let release_slot = self
             .regions
             .get_mut(&id)
@@ -329,9 +314,8 @@ impl Engine {
     }
 
     /// Runs `id`'s parked unmap if nothing uses the region any more: no
-    /// read lands in it and the owner no longer serves it. While the owner
-    /// still holds it (a reply is sending from it), the unmap keeps waiting
-    /// for `Action::Unmapped`, whichever of the two ends first.
+    /// read is written into it and the owner no longer serves it; otherwise
+    /// it waits for the later of the two.
     pub(super) fn run_parked_unmap_if_idle(&mut self, id: u64) {
         let Some(region) = self.regions.get_mut(&id) else {
             return;

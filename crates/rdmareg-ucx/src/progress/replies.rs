@@ -160,7 +160,7 @@ pub(super) unsafe extern "C" fn on_read_reply(
         // dropped; for a rendezvous, UCX tells the sender to stop.
         ReplyVerdict::Drop(DropReason::NotAwaited) | ReplyVerdict::Refused(_) => {}
     }
-    events.give_answers();
+    events.complete_reads();
     sys::UCS_OK
 }
 
@@ -232,7 +232,7 @@ pub(super) unsafe extern "C" fn on_receive_done(
     };
     let read = op.read;
     events.consumer.borrow_mut().released(read, outcome);
-    events.give_answers();
+    events.complete_reads();
 }
 
 /// A read request's send ended.

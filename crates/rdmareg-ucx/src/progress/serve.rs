@@ -24,7 +24,7 @@ use rdmareg_engine::served::{Action, Payload, SendId};
 use ucx_sys as sys;
 
 use super::events::Events;
-use super::gathered::{ZERO_COPY_RANGES_PER_FRAGMENT, copied_into_segments};
+use super::read_lists::{ZERO_COPY_RANGES_PER_FRAGMENT, copied_into_segments};
 use super::ucp::{
     MemHandle, SendMode, every_lane_is_tcp, handler_header, send_active_message, send_gathered,
 };
@@ -66,7 +66,7 @@ pub(super) fn reply_endpoint(param: &sys::ucp_am_recv_param_t) -> Option<sys::uc
     (has_reply_ep && !param.reply_ep.is_null()).then_some(param.reply_ep)
 }
 
-/// Whether replies to `ep` are cut to one tcp fragment each (`gathered`),
+/// Whether replies to `ep` are cut to one tcp fragment each (`read_lists`),
 /// remembered for the list request being handled (its replies ask again).
 ///
 /// # Safety

@@ -216,7 +216,7 @@ impl EpHandle {
 }
 
 /// Whether every lane of `ep` is tcp: such an endpoint takes replies of
-/// more than one tcp segment in several eager fragments (see `pieces`).
+/// more than one tcp segment in several eager fragments (see `chunks`).
 /// Allocates nothing when the query succeeds.
 ///
 /// # Safety
@@ -597,7 +597,7 @@ pub(crate) unsafe fn send_active_message(
 /// into its send segments. Without it UCX 1.22 sends a vector of more than
 /// 73 bytes by its multi-fragment zero-copy protocol, which over tcp carries
 /// only a few ranges per fragment. The caller decides
-/// (`gathered::copied_into_segments`).
+/// (`read_lists::copied_into_segments`).
 ///
 /// # Safety
 /// As for [`send_active_message`], for every range `iov` names, and the

@@ -1,39 +1,25 @@
-//! Batched ("gathered") reads on the owner-served lane.
+//! Batched lists on the served lane: a batch's small reads of one owner go
+//! out as one list request and come back as one eager reply, or several in
+//! order (formats and reasons in [`read_list`](crate::read_list)).
 //!
-//! A batch's small reads of one owner go out as one list request and come
-//! back as one eager reply, or several in order (the formats and the
-//! reasons are in [`read_list`](crate::read_list)).
-//!
-//! # Rules
-//!
-//! - **Consumer.** Every read of the list keeps its own op: its own
-//!   destination hold, deadline and answer, exactly as a read sent alone.
-//!   Only the request send is shared; it belongs to the list's first op
-//!   (the leader), and if it fails every read of the list still waiting
-//!   answers the failure. The reply handler lands each served entry by
-//!   copying it out of the eager payload, inside the handler, so no UCX
-//!   receive ever holds a list's destination.
-//! - **Replies of one fragment over tcp.** Over a connection whose every
-//!   lane is tcp, the owner cuts its answer to a list into replies of at
-//!   most one fragment's payload, unless the operator
-//!   shapes UCX's protocols (as for reads in pieces). The consumer asks up
-//!   to the list's bounds in one request whatever the lane. Over tcp a
-//!   reply of more than one fragment is gathered into a buffer by the
-//!   consumer's UCX before the handler copies it again (see `pieces`).
-//! - **Owner.** The engine kit's owner judges each entry exactly as a
-//!   single read (`serve`), within this engine's gathering bounds and its
-//!   worker's header bound (`rdmareg_engine::served::ListLimits`).
+//! - **Consumer.** Every read of the list keeps its own op (destination
+//!   hold, deadline, result). Only the request send is shared, owned by the
+//!   list's first op (the leader); if it fails, every read of the list still
+//!   waiting fails with it. The reply handler copies each served entry out
+//!   of the eager payload, so no UCX receive ever holds a list's destination.
+//! - **Owner.** The engine kit's owner judges each entry exactly as a single
+//!   read (`serve`), within `rdmareg_engine::served::ListLimits`. Over a
+//!   tcp-only connection it cuts its replies to one fragment's payload each,
+//!   unless the operator shapes UCX's protocols (as for chunked reads).
 //! - **Headers fit the worker.** UCX (built without its parameter checks)
 //!   writes a header longer than the worker's `max_am_header` past its
-//!   fragment buffer. A consumer gathers at most as many reads as its
-//!   worker's bound lets a request header carry; an owner whose bound is
-//!   below a list's reply header answers in several replies, each within
-//!   it (the consumer lands entries by request id, whichever reply brings
-//!   them).
-//! - **Hostile replies land nothing.** An entry lands only in a read sent
-//!   on the endpoint the reply arrived on, only with the read's own length,
-//!   and only if the entries' lengths add up to the payload; a rendezvous
-//!   where eager was promised fails the reads it names.
+//!   fragment buffer, so a list request carries at most as many entries as
+//!   that bound allows, and an owner whose bound is below a reply header
+//!   sends several replies; the consumer matches entries by request id.
+//! - **Hostile replies write nothing.** An entry is written only into a read
+//!   sent on the endpoint the reply arrived on, only with the read's own
+//!   length, and only if the entries' lengths add up to the payload; a
+//!   rendezvous where eager was promised fails the reads it names.
 
 use std::ffi::c_void;
 
@@ -59,28 +45,28 @@ use rdmareg_engine::served::ListLimits;
 
 /// Whether a prepared read may travel in a list: small enough to come back
 /// eager.
-pub(super) fn gatherable(read: &PreparedRead) -> bool {
+pub(super) fn fits_a_list(read: &PreparedRead) -> bool {
     read.request.length <= MAX_GATHERED_ENTRY
 }
 
 impl Engine {
-    /// Sends prepared reads: runs of gatherable reads to one endpoint go as
+    /// Sends prepared reads: runs of list-sized reads to one endpoint go as
     /// list requests (within the bounds of `read_list`), the rest alone.
     pub(super) fn send_prepared(&mut self, mut prepared: Vec<PreparedRead>) {
         // Stable: each owner's reads keep their order.
-        prepared.sort_by_key(|read| (!gatherable(read), read.endpoint as usize));
+        prepared.sort_by_key(|read| (!fits_a_list(read), read.endpoint as usize));
         // The request header must fit the worker's largest one.
         let most = entries_within(self.events.max_am_header.get(), REQUEST_ENTRY_LEN);
         let mut reads = prepared.into_iter().peekable();
         while let Some(first) = reads.next() {
-            if !gatherable(&first) {
+            if !fits_a_list(&first) {
                 self.send_read_request(first);
                 continue;
             }
             let mut bytes = first.request.length;
             let mut list = vec![first];
             while let Some(next) = reads.peek() {
-                let fits = gatherable(next)
+                let fits = fits_a_list(next)
                     && next.endpoint == list[0].endpoint
                     && list.len() < most
                     && bytes + next.request.length <= MAX_GATHERED_BYTES;
@@ -102,13 +88,13 @@ impl Engine {
     /// endpoint, within the bounds), owned by the first read's op.
     fn send_read_list(&mut self, list: Vec<PreparedRead>) {
         // An earlier send of this turn may have closed the endpoint (see
-        // `send_read_request`), answering these reads: each then goes its
+        // `send_read_request`), completing these reads: each then goes its
         // own way, and none uses the closed handle.
-        let answered = |read: &PreparedRead| {
+        let completed = |read: &PreparedRead| {
             // SAFETY: active slots of this turn, touched between UCX calls.
             unsafe { (*read.op).phase != super::ops::Phase::AwaitingReply }
         };
-        if list.iter().any(answered) {
+        if list.iter().any(completed) {
             for read in list {
                 self.send_read_request(read);
             }
@@ -140,13 +126,11 @@ impl Engine {
         }
         // SAFETY: as above.
         unsafe { (*leader_op).list_members = members.clone() };
-        // The header (at most 3080 bytes) fits one short send: ask for it,
-        // as a single read's request does (see `SendMode::Small`).
+        // The header (at most 3080 bytes) fits one short send.
         // SAFETY: the endpoint is live (looked up this turn); no payload;
         // the leader's slot outlives the send (freed only after the
-        // worker). The whole exchange can complete inside this call on a
-        // loopback transport, which is why every op is in the waiting table
-        // already and no borrow is held across it.
+        // worker). The whole exchange can complete inside this call, so
+        // every op was entered already and no borrow is held across it.
         let status = unsafe {
             send_active_message(
                 endpoint,
@@ -197,7 +181,7 @@ pub(super) unsafe extern "C" fn on_read_list_request(
     let events = unsafe { &*arg.cast::<Events>() };
     // SAFETY: UCX passes a valid parameter record for the call's duration.
     let Some(reply_ep) = reply_endpoint(unsafe { &*param }) else {
-        // Nobody to answer.
+        // Nobody to reply to.
         events.dropped_message();
         return sys::UCS_OK;
     };
@@ -209,12 +193,11 @@ pub(super) unsafe extern "C" fn on_read_list_request(
     let limits = ListLimits {
         max_entry: MAX_GATHERED_ENTRY,
         max_total: MAX_GATHERED_BYTES,
-        // A reply whose header is longer than the worker's largest is
-        // split in several, each within it; the consumer lands every entry
-        // by its id.
+        // A reply header longer than the worker's largest is split in
+        // several; the consumer matches every entry by its id.
         entries_per_reply: entries_within(events.max_am_header.get(), REPLY_ENTRY_LEN),
         payload_per_reply: if one_fragment_each {
-            super::pieces::PIECE as u64
+            super::chunks::CHUNK as u64
         } else {
             MAX_GATHERED_BYTES
         },
@@ -231,33 +214,25 @@ pub(super) unsafe extern "C" fn on_read_list_request(
     sys::UCS_OK
 }
 
-/// A gathered reply whose ranges are on average shorter than this is
-/// copied into UCX's send segments rather than sent zero-copy.
+/// A list reply whose ranges are on average shorter than this is copied
+/// into UCX's send segments rather than sent zero-copy.
 ///
-/// UCX's tcp transport puts at most `UCX_TCP_MAX_IOV` entries in one
-/// zero-copy fragment, one of them UCX's own trailer (6 by default;
-/// `ucx_info -d -t tcp`: "am_zcopy: <= 64K, up to 6 iov"), so with that
-/// default a vector of 4 KiB ranges leaves in fragments of at most 20 KiB
-/// and the consumer handles three times as many fragments as with the
-/// engine's 64 KiB segments. Only replies of more ranges than one fragment
-/// carries are copied (see [`copied_into_segments`]): with the engine's own
-/// tcp bound of 16, a fragment-sized reply of fifteen 4 KiB ranges leaves
-/// zero-copy in one fragment.
-/// Copying a short range into a segment costs less than the extra
-/// fragments the consumer would handle for it; from 8 KiB a range fills
-/// enough of a fragment that zero-copy costs no more, so it stays zero-copy.
+/// UCX's tcp transport puts at most `UCX_TCP_MAX_IOV` entries (6 by
+/// default, one of them its trailer) in one zero-copy fragment, so short
+/// ranges would leave in many small fragments; copying them costs less.
+/// From 8 KiB a range fills enough of a fragment that zero-copy costs no
+/// more. Only replies of more ranges than one fragment carries are copied
+/// (see [`copied_into_segments`]).
 const COPY_RANGES_SHORTER_THAN: u64 = 8 * 1024;
 
 /// Ranges UCX's tcp transport carries in one zero-copy fragment with its
-/// default `UCX_TCP_MAX_IOV` (6, one entry of which is UCX's trailer), and
-/// the assumption for every connection whose replies are not cut to
-/// fragments: a reply of at most this many ranges leaves in one fragment
-/// when it fits a segment, so it is not copied for its ranges. On a
-/// tcp-only connection with fragment-sized replies the engine's own bound
-/// applies instead (`Events::tcp_ranges_per_zero_copy_fragment`).
+/// default `UCX_TCP_MAX_IOV`: the assumption for every connection whose
+/// replies are not cut to fragments. On a tcp-only connection with
+/// fragment-sized replies the engine's own bound applies instead
+/// (`Events::tcp_ranges_per_zero_copy_fragment`).
 pub(super) const ZERO_COPY_RANGES_PER_FRAGMENT: usize = 5;
 
-/// Whether a gathered reply with a header of `header` bytes and `payload`
+/// Whether a list reply with a header of `header` bytes and `payload`
 /// bytes in `ranges` ranges asks UCX to copy it (fast completion) rather
 /// than let UCX pick zero-copy: when header and payload fit one short send
 /// (as single replies do, see `serve::SMALL_UP_TO`), and when the ranges
@@ -306,12 +281,10 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
     let payload_whole = !rendezvous
         && (length == 0 || !data.is_null())
         && reply.payload_len() == Some(length as u64);
-    // Every entry through the consumer machine first, then the copies:
-    // the lookups miss the cache (the list's own bytes pushed the table
-    // out), and back to back their misses overlap instead of waiting one
-    // by one between copies. Nothing runs between the two passes, so an
-    // entry accepted here is written below.
-    let landing: Vec<Option<(ReadId, *mut GetOp)>> = {
+    // Every entry through the consumer machine first, then the copies, so
+    // the lookups' cache misses overlap. Nothing runs between the two
+    // passes, so an entry accepted here is written below.
+    let accepted: Vec<Option<(ReadId, *mut GetOp)>> = {
         let mut consumer = events.consumer.borrow_mut();
         reply
             .entries
@@ -330,8 +303,8 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
             .collect()
     };
     let mut offset = 0usize;
-    for (entry, landing) in reply.entries.iter().zip(landing) {
-        if let Some((read, op)) = landing {
+    for (entry, accepted) in reply.entries.iter().zip(accepted) {
+        if let Some((read, op)) = accepted {
             // SAFETY: held by the machine, which accepted this entry for it
             // above (the only reply that reaches it), and nothing ran
             // since: an active slot. Accepted means served with exactly the
@@ -360,7 +333,7 @@ pub(super) unsafe extern "C" fn on_read_list_reply(
             offset += entry.length as usize;
         }
     }
-    events.give_answers();
+    events.complete_reads();
     sys::UCS_OK
 }
 
@@ -372,7 +345,7 @@ fn entry_reply(entry: &ListReplyEntry, payload_whole: bool) -> Reply {
         ReplyStatus::Served if !payload_whole => Reply {
             request_id: entry.request_id,
             outcome: ReplyOutcome::Refused(RdmaError::backend(
-                "ucx: a gathered reply's payload does not match its entries; refused",
+                "ucx: a list reply's payload does not match its entries; refused",
             )),
         },
         status => machine_reply(entry.request_id, status, entry.length),
@@ -439,7 +412,7 @@ mod tests {
     fn with_the_engines_tcp_bound_a_fragment_of_4_kib_ranges_leaves_zero_copy() {
         let tcp = crate::UcxConfig::default().tcp_ranges_per_zero_copy_fragment(|_| None);
         // A fragment-sized reply of the scatter list: 15 × 4 KiB.
-        let ranges = super::super::pieces::PIECE / 4096;
+        let ranges = super::super::chunks::CHUNK / 4096;
         let header = 8 + 24 * ranges as u64;
         let payload = (ranges * 4096) as u64;
         assert!(!copied_into_segments(header, payload, ranges, tcp));
