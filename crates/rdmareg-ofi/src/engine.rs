@@ -6,8 +6,8 @@
 //! 2. Hand [`OfiEngine::fabric_address`] to the peers that read from this
 //!    engine, and record theirs with [`OfiEngine::add_peer`].
 //! 3. Map, unmap and GET through [`OfiEngine::backend`].
-//! 4. [`OfiEngine::shutdown`] (or drop the engine): every outstanding answer
-//!    is given, everything is released, and
+//! 4. [`OfiEngine::shutdown`] (or drop the engine): every outstanding call
+//!    completes, everything is released, and
 //!    [`OfiEngine::live_registrations`] reads zero.
 
 use std::sync::Arc;
@@ -37,7 +37,7 @@ pub(crate) type Command = rdmareg_engine::command::Command<PeerChange>;
 /// A change to the peer table.
 #[derive(Debug)]
 pub enum PeerChange {
-    /// Record `peer`'s fabric address; answered once the address vector
+    /// Record `peer`'s fabric address; completes once the address vector
     /// took it (or refused it).
     Add {
         peer: PeerId,
@@ -140,7 +140,7 @@ impl OfiEngine {
     /// [`RdmaError::Backend`] when the provider refuses the address,
     /// [`RdmaError::ShuttingDown`] after teardown began.
     pub fn add_peer(&self, peer: PeerId, address: Bytes) -> Result<(), RdmaError> {
-        let (reply, answer) = oneshot::channel();
+        let (reply, result) = oneshot::channel();
         self.front
             .submitter()
             .send_control(Command::Driver(PeerChange::Add {
@@ -148,7 +148,7 @@ impl OfiEngine {
                 address,
                 reply,
             }))?;
-        futures::executor::block_on(answer).unwrap_or(Err(RdmaError::ShuttingDown))
+        futures::executor::block_on(result).unwrap_or(Err(RdmaError::ShuttingDown))
     }
 
     /// Forgets `peer`; its address-vector entry is removed once no GET uses
@@ -177,7 +177,7 @@ impl OfiEngine {
     /// process whose environment had `FI_AV_REMOVE_CLEANUP` set to a true
     /// value (`1`, `true`, `yes`, `on`) before libfabric first initialised,
     /// the only way libfabric 1.17 closes one connection. Where false, such
-    /// a read is answered only once the owner moves again, the consumer's
+    /// a read completes only once the owner moves again, the consumer's
     /// engine shuts down, or the connection fails on its own (see
     /// `docs/ofi.md`, "Hostile peers"). The `rdmareg` binary sets the
     /// variable at start when it is unset.
@@ -185,10 +185,10 @@ impl OfiEngine {
         self.resets_stalled_connections
     }
 
-    /// Read requests this engine, as an owner, answered without serving
-    /// them because it could not confirm that their reply address is the
-    /// endpoint that sent them: the provider named another sender (refused
-    /// to that sender), or none (the reply address is asked to ask again).
+    /// Read requests this engine, as an owner, did not serve because it
+    /// could not confirm that their reply address is the endpoint that sent
+    /// them: the provider named another sender (refused to that sender), or
+    /// none (the reply address is told to ask again).
     /// Where the provider does not report senders (`FI_SOURCE`) nothing is
     /// checked and this stays 0.
     pub fn unconfirmed_requests(&self) -> u64 {
@@ -197,14 +197,14 @@ impl OfiEngine {
 
     /// Tears the engine down and waits for the thread: GETs in flight get
     /// up to the teardown timeout, then the endpoint is closed under them;
-    /// every region is deregistered; every answer is given.
+    /// every region is deregistered; every outstanding call completes.
     ///
     /// # Cancel safety
     /// Dropping the future does not stop the teardown.
     pub async fn shutdown(&self) {
-        let (reply, answer) = oneshot::channel();
+        let (reply, done) = oneshot::channel();
         if self.front.submitter().send_shutdown(reply) {
-            let _ = answer.await;
+            let _ = done.await;
         }
         self.join();
     }

@@ -19,71 +19,46 @@
 //! # }
 //! ```
 //!
-//! # What is tested here
-//!
-//! `tcp` (with `ofi_rxm` for reliable-datagram endpoints) and `shm`, from
-//! Debian 12's libfabric 1.17 (the minimum). Both progress data only when
-//! the engine reads its completion queue, so the owner's progress thread is
-//! what serves reads of its memory. Besides this crate's own tests and the
-//! conformance kit, the workspace's registry scenarios run over both
-//! providers through the same test bodies as over UCX (`tests/tests/ofi`).
-//!
-//! Two `shm` engines in one process share more than their peers in other
-//! processes do: the provider reuses a same-process endpoint's region, so
-//! an engine whose teardown finds another `shm` engine of the process open
-//! parks its endpoint instead of closing it (see `docs/ofi.md`).
+//! `tcp` (with `ofi_rxm`) and `shm` from libfabric 1.17 are tested here,
+//! including the workspace's registry scenarios (`tests/tests/ofi`). Both
+//! progress only when the engine reads its completion queue, so the owner's
+//! progress thread is what serves reads of its memory. Two `shm` engines of
+//! one process share endpoint regions, so teardown may park an endpoint
+//! instead of closing it (`docs/ofi.md`).
 //!
 //! # Safety model
 //!
 //! - **Owner-served reads** ([`ReadPath::OwnerServed`], the default on `tcp`
-//!   and `shm`): a consumer posts a tagged receive into its destination and
-//!   sends the owner a request; the owner's engine checks the key's region
-//!   id (never reused), its 16-byte random capability and the range against
-//!   its live registrations, then sends the bytes under a read lease, or a
-//!   zero-length refusal the consumer maps to `RegionNotFound` or
-//!   `OutOfRange`. An unmap answers only once every lease on the region was
-//!   released (the reply's send completed), so an owner may free a region
-//!   once its unmap answered `Ok`. Registrations grant `FI_SEND | FI_RECV`
+//!   and `shm`): the consumer posts a tagged receive into its destination
+//!   and sends a request; the owner checks the key's never-reused region
+//!   id, random capability and range against its live registrations, then
+//!   sends the bytes under a read lease, or a zero-length refusal. An unmap
+//!   returns only once every lease on the region ended, so the region may
+//!   be freed once its unmap returned `Ok` (`tests/ofi/owner_served.rs`,
+//!   `examples/close_mid_read.rs`). Registrations grant `FI_SEND | FI_RECV`
 //!   and no remote access.
-//! - **Gathered lists**: a batch's small reads of one owner go as one list
-//!   request (up to 64 entries; see [`protocol`]); the owner checks every
-//!   entry as a single read, copies the served ones into one reply within
-//!   one loop turn (no lease outlives the copy), and the consumer lands an
-//!   entry only once the reply's length is exactly what its statuses and
-//!   the asked lengths add up to. Each entry is answered on its own.
-//! - Packed keys ([`key`]) are a versioned layout of this crate, validated in
-//!   full before use; a key is used only against the peer whose fabric
-//!   address it names, and only for a range inside the registration it
-//!   describes.
-//! - Peer fabric addresses are checked against the provider's address format
-//!   before `fi_av_insert`, and handed over zero-padded.
-//! - A GET is answered only once the provider let go of its destination:
-//!   its receive completed, or was cancelled and the cancellation reported.
-//!   A receive cancelled at its deadline is followed by one into scratch
-//!   memory that takes the owner's late reply, so the owner's lease ends.
-//!
-//! # What the tests hold
-//!
-//! With owner-served reads, no byte is copied from a region after its
-//! unmap returned, on `tcp` and `shm`: the unmap waits for the reply in
-//! flight. One-sided `fi_read` does not hold this on those providers.
-//! `tests/ofi/owner_served.rs` asserts it, and that stale and forged keys are
-//! refused on both providers; `examples/close_mid_read.rs` shows it on a
-//! 64 MiB read.
+//! - **Batched lists**: a batch's small reads of one owner go as one list
+//!   request (see [`protocol`]); the owner checks every entry as a single
+//!   read and copies the served ones into one reply in one loop turn, and
+//!   the consumer writes an entry only if the reply's length adds up. Each
+//!   entry has its own result.
+//! - Packed keys ([`key`]) and peer fabric addresses are validated in full
+//!   before libfabric sees them; a key is used only against the peer whose
+//!   address it names, for a range inside its registration.
+//! - A GET completes only once the provider let go of its destination; a
+//!   receive cancelled at its deadline is followed by one into scratch
+//!   memory, so the owner's late reply ends its lease.
 //!
 //! # Not covered
 //!
 //! - [`ReadPath::OneSided`] (`fi_read`, the default for
-//!   [`Provider::Named`]) is for providers with hardware RMA (`verbs`,
-//!   `efa`, `cxi`) and is untested here; on `tcp` and `shm` it has the
-//!   defects above (see `docs/ofi.md`).
-//! - On `shm` a killed owner is not detected as such: its read ends by
-//!   itself or at its deadline. (Over `tcp` a probe of the engine's own
-//!   finds it: a peer no message can be sent to for
-//!   [`OfiConfig::unreachable_after`], 1 s by default, is declared
-//!   unreachable and its reads answer
-//!   [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend) saying so,
-//!   well before the read's own deadline.)
+//!   [`Provider::Named`]) is for providers with hardware RMA and is untested
+//!   here; on `tcp` and `shm` it does not stop reads in flight when a
+//!   region is unmapped (`docs/ofi.md`, "The one-sided path").
+//! - On `shm` a killed owner is not detected: its read ends by itself or at
+//!   its deadline. Over `tcp` a peer no message can be sent to for
+//!   [`OfiConfig::unreachable_after`] is declared unreachable and its reads
+//!   fail with [`RdmaError::Backend`](rdmareg_core::RdmaError::Backend).
 
 #[cfg(test)]
 mod adversarial_peers;

@@ -122,14 +122,14 @@ impl Engine {
                 // Not asked again: past its deadline, or at teardown (the
                 // machine fails it `ShuttingDown` then).
                 if expired || self.closing {
-                    self.land(slot, Err(RdmaError::Timeout));
+                    self.provider_released(slot, Err(RdmaError::Timeout));
                     return;
                 }
             }
         }
         if let (Ok((len, tag, _)), true) = (&result, is_list) {
-            let outcome = self.land_list(slot, *len, *tag);
-            self.land(slot, outcome);
+            let outcome = self.copy_list_reply(slot, *len, *tag);
+            self.provider_released(slot, outcome);
             return;
         }
         let truncated = matches!(result, Err((ERR_TRUNCATED, _)));
@@ -159,6 +159,6 @@ impl Engine {
                 Err((_, text)) => Err(failure
                     .unwrap_or_else(|| RdmaError::backend(format!("ofi: read failed: {text}")))),
             };
-        self.land(slot, outcome);
+        self.provider_released(slot, outcome);
     }
 }

@@ -1,101 +1,54 @@
 //! The progress thread: the one thread that owns every libfabric object.
 //!
-//! It opens the provider's fabric, domain, completion queue, address vector
-//! and endpoint (`fabric`), holds every memory region, peer entry and
-//! posted read, and serves commands from the ring and the control lane.
-//! Reading the completion queue is also what progresses the provider: both
-//! providers tested here progress data only when called
-//! (`FI_PROGRESS_MANUAL`), so this loop is what serves the reads *peers*
-//! make of this engine's regions, as well as completing its own.
+//! It opens the fabric, domain, completion queue, address vector and
+//! endpoint (`fabric`), holds every memory region, peer entry and posted
+//! read, and runs commands from the ring and the control lane. Both tested
+//! providers progress only when called (`FI_PROGRESS_MANUAL`), so this loop
+//! is also what serves peers' reads of this engine's regions.
 //!
 //! # The loop
 //!
 //! The kit's [`progress_loop`] runs it. A turn reposts request receives,
 //! retries sends and reads the provider asked to retry (`-FI_EAGAIN`),
-//! reads completions and completes what finished (or serves what arrived),
-//! and cancels the receives of reads past their deadline (the result still
-//! waits for the provider to end the read; see below). Parking asks
-//! `fi_trywait` and sleeps in `poll` on the doorbell and the completion
-//! queue's wait descriptor (when the provider gives one), for at most the
-//! park timeout, or a few tens of microseconds while reads of this engine
-//! are in flight, since a manual-progress provider writes them only when
-//! called.
+//! handles completions, and cancels the receives of reads past their
+//! deadline. Parking asks `fi_trywait` and `poll`s the doorbell and the
+//! completion queue's wait descriptor, for at most the park timeout, or
+//! [`BUSY_PARK`] while reads of this engine are in flight.
 //!
-//! # Serving reads (owner-served path)
+//! # Serving reads
 //!
-//! The loop keeps receives posted on the request tag (`protocol`) and
-//! drives the engine kit's owner machine (`rdmareg_engine::served::Owner`):
-//! each request is handed to it (`Owner::handle_read`), which checks it
-//! against the live registrations — exists, capability matches, not being
-//! unmapped, range inside — and asks for a tagged send of the region's
-//! bytes under a read lease, released when that send's completion is read
-//! (`Owner::send_completed`, `Owner::send_failed`), or for a zero-length
-//! refusal; an unmap waits for the leases (`Action::Unmapped`). This
-//! engine's own reads post their reply receive first and then send the
-//! request.
-//!
-//! Each consumer address may have at most
-//! `OfiConfig::max_served_replies_per_peer` replies unfinished (and, apart,
-//! as many refusals): a consumer that asks and never receives would
-//! otherwise hold leases and sends without limit. A valid read past the
-//! bound is refused as busy; a refusal past the refusal bound is not sent
-//! (the request is dropped). The owner machine keeps these counts; they
-//! drop when each send's completion (success or error) is read, and at
-//! teardown with the sends. Since a
-//! request names its reply address itself, these bounds are per address:
-//! addresses are reduced to one spelling first, gathered replies are also
-//! bounded in total ([`GATHERED_BYTES_MAX`]), and a full table of consumer
-//! addresses forgets those with nothing unfinished — addresses no send ever
-//! completed to (made-up ones) before consumers it reached.
-//!
-//! Over `tcp;ofi_rxm` a single read is served only to the endpoint the
-//! provider names as its request's sender (`FI_SOURCE`); a request from
-//! another endpoint than its reply address is refused to its sender, and
-//! one whose sender the provider cannot name yet (not in the address
-//! vector) is answered "ask again" at its reply address, without a lease.
-//! A consumer's engine asks again on that answer, a few times at most
-//! (`Engine::ask_again`). In a process run with `FI_AV_REMOVE_CLEANUP`
-//! set, an owner that forgets a connected consumer closes its connection;
-//! the consumer's next request then fails to send (`FI_ENOTCONN`), and the
-//! consumer resets its entry for the owner and sends the request again on
-//! a new connection, a few times at most
-//! (`Engine::resend_on_new_connection`).
+//! Requests go to the engine kit's owner machine
+//! (`rdmareg_engine::served::Owner`), which checks each against the live
+//! registrations and asks for a tagged send under a read lease or a
+//! refusal (`docs/ofi.md`, "Owner-served reads"). Its bounds are per
+//! consumer address, so addresses are reduced to one spelling first, list
+//! replies are also bounded in total ([`GATHERED_BYTES_MAX`]), and a full
+//! table of consumer addresses forgets idle ones, made-up ones first. Over
+//! `tcp;ofi_rxm` a single read is served only to its named sender
+//! (`FI_SOURCE`); an unnamed sender gets "ask again" (`Engine::ask_again`),
+//! and a closed connection is resent on a new one
+//! (`Engine::resend_on_new_connection`); see "Hostile peers" there.
 //!
 //! # Dead peers
 //!
-//! Over `tcp;ofi_rxm` nothing tells the application that a peer's process
-//! died: the provider handles the connection's shutdown itself, a posted
-//! receive stays posted, and every later send to the peer answers "try
-//! again" while its reconnections are refused. So the loop watches sends:
-//! a peer no send could be posted to for `OfiConfig::unreachable_after`,
-//! while no read from it and no send to it completed either (under load a
-//! live peer's sends wait for earlier ones, which do complete), is
-//! declared unreachable — its queued sends end (releasing their leases),
-//! its unposted reads answer, its posted reads are cancelled and answer
-//! the error once the provider reports it. To have a send to watch when a
-//! read's request went out long ago, a peer this engine waits on and heard
-//! nothing from for [`PROBE_INTERVAL`] is sent a four-byte probe
-//! (`protocol::PROBE`), at most one per interval. The retry queue keeps
-//! order per peer, so an unreachable peer holds up only its own sends.
+//! Over `tcp;ofi_rxm` a dead peer shows only as sends that never post, so a
+//! peer waited on gets a probe every [`PROBE_INTERVAL`], and one no send
+//! could be posted to for `OfiConfig::unreachable_after`, with nothing
+//! completing, is declared unreachable: its sends end and its reads fail
+//! (`docs/ofi.md`, "The engine", "A dead owner").
 //!
-//! # Answers only after the provider let go
+//! # Results only after the provider let go
 //!
-//! Each read (a single one, a list, a one-sided `fi_read`) is a read of the
-//! engine kit's consumer machine (`rdmareg_engine::served::consumer`),
-//! started with its receive posted (`Consumer::start_receiving`): the
-//! machine keeps its deadline and gives its answer only once the loop
-//! reports the provider let go of the destination (`Engine::land`) — its
-//! completion (success or error) was read, or the endpoint was closed at
-//! teardown. (A `shm` endpoint that teardown parks instead of closing has
-//! its reads cancelled; each answers once its cancellation was read: see
-//! `Engine::withdraw_for_parking`.) Past its deadline the provider is asked
-//! to cancel the receive, and the read answers `Timeout` when the provider
-//! ends it with an error (a read that completes late answers `Ok`: the
-//! bytes are there). A provider that never ends a read (a stopped
-//! peer) holds its answer until teardown closes the endpoint — except over
-//! `tcp;ofi_rxm` in a process run with `FI_AV_REMOVE_CLEANUP` set, where a
-//! read still held [`STALLED_AFTER`] past its deadline has its owner's
-//! connection reset (`Engine::reset_connection`), which ends it.
+//! Each read (single, list, or one-sided `fi_read`) is a read of the kit's
+//! consumer machine (`rdmareg_engine::served::consumer`), which keeps its
+//! deadline and completes it only once the loop reports the provider let
+//! go of the destination (`Engine::provider_released`): its completion was
+//! read, its cancellation was reported, or teardown closed the endpoint.
+//! Past its deadline the receive is cancelled and the read fails with
+//! `Timeout` when the provider ends it (`Ok` if its bytes arrived first). A
+//! read the provider never ends waits for teardown, except over
+//! `tcp;ofi_rxm` with `FI_AV_REMOVE_CLEANUP`, where [`STALLED_AFTER`] past
+//! its deadline its owner's connection is reset (`Engine::reset_connection`).
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
@@ -146,10 +99,9 @@ const SENDS_IDLE_MAX: Duration = Duration::from_secs(1);
 /// How long a parked loop sleeps while reads of its own are in flight.
 const BUSY_PARK: Duration = Duration::from_micros(20);
 /// How many times a read asks its owner again when the owner could not
-/// name its sender (`Refusal::Unverified`). One is enough for a consumer
-/// the owner had not inserted yet; an owner that forgot a consumer while it
-/// stayed connected may answer its first ask again the same way (see
-/// `Engine::rename_stale_senders`), hence more.
+/// name its sender (`Refusal::Unverified`). One is enough for a new
+/// consumer; an owner that forgot a connected consumer may refuse the
+/// first ask again the same way (`Engine::rename_stale_senders`).
 pub(crate) const ASKS_AGAIN: u8 = 3;
 /// How many times a read sends its request again after the send failed
 /// because the owner's connection was closed under it (`FI_ENOTCONN`; see
@@ -161,32 +113,28 @@ const REQUEST_RECEIVES: usize = 32;
 /// the engine probes it, and the least time between two probes of it.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// The most distinct consumer addresses an owner inserts into its address
-/// vector to answer them; requests from further addresses are dropped.
+/// vector to reply to; requests from further addresses are dropped.
 pub(crate) const MAX_SERVED_PEERS: usize = 4096;
-/// The most gathered replies an owner keeps unfinished for one consumer
+/// The most list replies an owner keeps unfinished for one consumer
 /// address: each holds a copy of up to `GATHER_TOTAL_MAX` bytes, so this
 /// bounds that memory (16 MiB per address) apart from the reply bound.
 const GATHERED_PER_PEER: u32 = 64;
-/// The most bytes of gathered replies an owner keeps unfinished for all
-/// consumers together. The bound per address alone does not bound memory:
-/// a peer names any reply address it likes, and replies to an address
-/// nobody takes them at stay until that peer is declared unreachable (or
-/// for good, at one that never receives). Past it lists are refused as
-/// busy, except a consumer address's first unfinished one (so the most
-/// held is this plus one reply per address of [`MAX_SERVED_PEERS`]).
+/// The most bytes of list replies an owner keeps unfinished for all
+/// consumers together, since a peer names any reply address it likes. Past
+/// it lists are refused as busy, except an address's first unfinished one
+/// (so the most held is this plus one reply per address of
+/// [`MAX_SERVED_PEERS`]).
 pub(crate) const GATHERED_BYTES_MAX: usize = 64 << 20;
 /// The most scratch memory a consumer keeps posted for the late replies of
 /// one owner's cancelled reads, beyond one such receive (always allowed,
-/// whatever its length). An owner that never answers would otherwise make
-/// its consumer keep a receive of each timed-out read's length until
-/// teardown. Past it the owner's late reply finds no receive, and the
-/// owner keeps that reply's lease until the connection ends.
+/// whatever its length), so an owner that never replies cannot make its
+/// consumer hoard them. Past it the owner's late reply finds no receive,
+/// and the owner keeps that reply's lease until the connection ends.
 pub(crate) const DISCARD_BYTES_PER_PEER: usize = 64 << 20;
-/// The longest gathered reply a consumer on `shm` asks for: the provider's
-/// inject size (`SMR_INJECT_SIZE` in libfabric 1.17). A longer message
-/// takes `shm`'s copy protocols, which need both sides' progress and are
-/// slower for lists of small reads than separate inject-sized replies.
-const SHM_GATHER_REPLY_MAX: usize = 4096;
+/// The longest list reply a consumer on `shm` asks for: the provider's
+/// inject size (`SMR_INJECT_SIZE` in libfabric 1.17). Longer messages take
+/// `shm`'s slower copy protocols, which need both sides' progress.
+const SHM_LIST_REPLY_MAX: usize = 4096;
 
 /// One spelling of a validated reply address: the bytes a provider ignores
 /// (`sin_zero` of a `sockaddr_in`, the flow label of a `sockaddr_in6`, the
@@ -240,10 +188,8 @@ pub(crate) fn run(
     let spin_window = engine.settings.spin_window;
     progress_loop::run(&mut engine, &lanes, spin_window);
     engine.teardown(&lanes.ring, &lanes.control);
-    // The lanes close before the fabric does: a shutdown sent from now on
-    // (an engine dropped after its join gave up on a provider wedged in
-    // this close) is refused at once instead of waiting for an answer
-    // nobody would give.
+    // The lanes close before the fabric does, so a shutdown sent from now
+    // on is refused at once instead of waiting for a reply nobody sends.
     drop(lanes);
     drop(engine);
 }
@@ -255,7 +201,7 @@ struct Region {
     ptr: usize,
     len: usize,
     mr: MemoryRegion,
-    /// This engine's reads landing in it.
+    /// This engine's reads in flight into it.
     in_flight: usize,
     /// The owner machine still holds it: an unmap waits for its leases.
     served: bool,
@@ -271,7 +217,7 @@ struct AvEntry {
     address: Bytes,
     peers: usize,
     ops: usize,
-    /// Inserted to answer a consumer's requests: kept while replies to it
+    /// Inserted to reply to a consumer's requests: kept while replies to it
     /// are unfinished, and until the table of consumer addresses fills.
     served: bool,
     /// A send to this address completed: a connection to it was made. The
@@ -289,19 +235,20 @@ struct AvEntry {
     endpoint: u64,
 }
 
-/// Where a read's answer goes.
+/// Who waits for a read's result: the caller of one GET, or entry `.1` of
+/// a batch. [`complete`] consumes it.
 #[derive(Debug)]
-enum Answer {
+enum Waiter {
     Single(Reply<()>),
     Batch(Rc<BatchResults>, usize),
 }
 
-fn give(answer: Answer, result: Result<(), RdmaError>) {
-    match answer {
-        Answer::Single(reply) => {
+fn complete(waiter: Waiter, result: Result<(), RdmaError>) {
+    match waiter {
+        Waiter::Single(reply) => {
             let _ = reply.send(result);
         }
-        Answer::Batch(batch, index) => {
+        Waiter::Batch(batch, index) => {
             batch.record(index, result);
         }
     }
@@ -321,9 +268,9 @@ struct Op {
     /// The destination region (0, which names none, for a list).
     region: u64,
     fi_addr: u64,
-    /// Where the answer goes (`None` for a list: each entry has its own).
-    answer: Option<Answer>,
-    /// A gathered list: the entries, and the scratch memory the reply is
+    /// Who waits for the result (`None` for a list: each entry has its own).
+    waiter: Option<Waiter>,
+    /// A list: the entries, and the scratch memory the reply is
     /// received into (`buf`/`len` point at it).
     list: Option<Box<ListPart>>,
     /// Its id in the consumer machine (`Engine::consumer`).
@@ -369,7 +316,7 @@ struct Op {
 
 impl Op {
     /// A read of `len` bytes into `buf` from the owner at `fi_addr`, with
-    /// nothing else set yet: no destination region, answer, request or list.
+    /// nothing else set yet: no destination region, waiter, request or list.
     fn new(fi_addr: u64, buf: usize, len: usize, desc: *mut c_void) -> Op {
         Op {
             context: Box::new(OpContext {
@@ -377,7 +324,7 @@ impl Op {
             }),
             region: 0,
             fi_addr,
-            answer: None,
+            waiter: None,
             list: None,
             read: ReadId(0),
             expired_at: None,
@@ -401,16 +348,16 @@ impl Op {
     }
 }
 
-/// A gathered list's own part of its [`Op`].
+/// A list's own part of its [`Op`].
 struct ListPart {
     entries: Vec<ListItem>,
-    /// The reply lands here; served entries are copied out of it.
+    /// The reply is written here; served entries are copied out of it.
     scratch: Vec<u8>,
 }
 
-/// One entry of a gathered list.
+/// One entry of a list.
 struct ListItem {
-    answer: Option<Answer>,
+    waiter: Option<Waiter>,
     /// Its destination region, whose `in_flight` counts it.
     region: u64,
     buf: usize,
@@ -420,9 +367,9 @@ struct ListItem {
 }
 
 /// A batch entry checked and waiting to go into a list.
-struct Gatherable {
+struct ListCandidate {
     request: BackendGet,
-    answer: Answer,
+    waiter: Waiter,
     buf: usize,
     region_id: u64,
     capability: [u8; CAPABILITY_LEN],
@@ -442,7 +389,7 @@ struct SendOp {
     /// A reply or refusal the owner machine asked for: its end releases
     /// the reply's lease and its place under the consumer's bound.
     owner_send: Option<SendId>,
-    /// A gathered reply (a copy), counted in `Engine::gathered`.
+    /// A list reply (a copy), counted in `Engine::gathered`.
     gathered: bool,
     /// The context and request id of the read this request belongs to
     /// (the id tells a later read at a reused context address apart).
@@ -555,11 +502,11 @@ struct Engine {
     ops: Vec<Option<Op>>,
     free_slots: Vec<usize>,
     by_context: HashMap<usize, usize>,
-    /// This engine's reads, by op slot, from their start to their answer:
-    /// the engine kit's consumer machine keeps their deadlines and decides
-    /// each answer, given only once the provider let go of the
-    /// destination. Endpoints are `AvEntry::endpoint` serials, which stay
-    /// with an entry when it is renumbered.
+    /// This engine's reads, by op slot, until they complete: the engine
+    /// kit's consumer machine keeps their deadlines and decides each result,
+    /// given only once the provider let go of the destination. Endpoints
+    /// are `AvEntry::endpoint` serials, which stay with an entry when it is
+    /// renumbered.
     consumer: Consumer<u64, usize>,
     next_endpoint: u64,
     unposted: VecDeque<usize>,
@@ -609,11 +556,11 @@ struct Engine {
     /// Consumers are named by `AvEntry::endpoint` serials, as in
     /// `consumer`.
     owner: Owner<u64>,
-    /// Gathered replies unfinished per consumer address (each a copy, no
+    /// List replies unfinished per consumer address (each a copy, no
     /// lease), and the reply bound (which also bounds them).
     gathered: HashMap<u64, u32>,
     reply_bound: u32,
-    /// Bytes of gathered replies not yet completed, all consumers together
+    /// Bytes of list replies not yet completed, all consumers together
     /// (bounded by [`GATHERED_BYTES_MAX`]).
     gathered_bytes: usize,
     /// Reachability of the peers sends go to, by address-vector entry.
@@ -621,8 +568,8 @@ struct Engine {
     unreachable_after: Duration,
     /// When the watch is next looked at.
     next_watch: Instant,
-    /// The longest gathered reply this engine asks for (bytes).
-    gather_reply_max: usize,
+    /// The longest list reply this engine asks for (bytes).
+    list_reply_max: usize,
     next_request_id: u64,
     /// Makes request ids unguessable (see `mint_request_id`).
     request_ids: RequestIdPermutation,
@@ -716,8 +663,8 @@ impl Engine {
             watch: HashMap::new(),
             unreachable_after: config.unreachable_after,
             next_watch: Instant::now(),
-            gather_reply_max: if config.provider == Provider::Shm {
-                SHM_GATHER_REPLY_MAX
+            list_reply_max: if config.provider == Provider::Shm {
+                SHM_LIST_REPLY_MAX
             } else {
                 MAX_LIST_ENTRIES + GATHER_TOTAL_MAX as usize
             },
@@ -733,7 +680,7 @@ impl Engine {
         self.fabric.read_path == ReadPath::OwnerServed
     }
 
-    /// Retries, completions, deadlines; answers whether anything happened.
+    /// Retries, completions, deadlines; returns whether anything happened.
     fn turn(&mut self) -> bool {
         self.retry_request_receives();
         let mut worked = self.retry_unsent();
@@ -759,7 +706,7 @@ impl Engine {
     }
 
     /// A command found once teardown began: unmaps proceed, everything else
-    /// answers `ShuttingDown`.
+    /// fails with `ShuttingDown`.
     fn dispatch_closing(&mut self, command: Command) {
         match command {
             Command::Unmap { id, reply } => self.unmap_region(id, reply),
@@ -829,8 +776,8 @@ impl Handler for Engine {
     }
 
     fn get(&mut self, request: BackendGet, reply: Reply<()>) {
-        if let Err(err) = self.post(request, Answer::Single(reply)) {
-            give(err.0, Err(err.1));
+        if let Err(err) = self.post(request, Waiter::Single(reply)) {
+            complete(err.0, Err(err.1));
         }
     }
 

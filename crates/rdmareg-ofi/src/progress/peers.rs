@@ -270,7 +270,7 @@ impl Engine {
                 self.fabric.cancel(context);
             } else {
                 self.unposted.retain(|&s| s != slot);
-                self.land(slot, Err(error.clone()));
+                self.provider_released(slot, Err(error.clone()));
             }
         }
         self.watch.insert(fi_addr, PeerWatch::new(Instant::now()));

@@ -1,15 +1,13 @@
-//! This engine's own reads, from submission to answer: checking a read
-//! against the destination region and the owner's key, gathering a
-//! batch's small reads of one owner into list requests, posting the reply
-//! receive before the request, asking again or sending again on a new
-//! connection when the owner says so or the connection was closed, and
-//! cancelling past the deadline.
+//! This engine's own reads, from submission until they complete.
 //!
-//! The consumer machine (`Engine::consumer`) answers a read only once the
-//! provider ended its reply receive (completed, failed, or given back
-//! after `fi_cancel`), reported by [`Engine::land`]; a read sent again
-//! posts its new receive only then: until that point the provider may
-//! still write the destination.
+//! A read is checked against its destination region and the owner's key;
+//! a batch's small reads of one owner are batched into list requests; the
+//! reply receive is posted before the request; a read asks again or sends
+//! again on a new connection when the owner says so or the connection was
+//! closed; past its deadline its receive is cancelled. The consumer
+//! machine (`Engine::consumer`) completes a read only once the provider
+//! ended its reply receive ([`Engine::provider_released`]), and a read sent
+//! again posts its new receive only then.
 
 use std::ffi::c_void;
 use std::rc::Rc;
@@ -29,17 +27,17 @@ use crate::protocol::{
 use super::*;
 
 impl Engine {
-    /// Validates and posts one read; on refusal hands the answer back with
+    /// Validates and posts one read; on refusal hands the waiter back with
     /// the error.
     pub(super) fn post(
         &mut self,
         request: BackendGet,
-        answer: Answer,
-    ) -> Result<(), (Answer, RdmaError)> {
+        waiter: Waiter,
+    ) -> Result<(), (Waiter, RdmaError)> {
         let checked = self.check(&request);
         let (fi_addr, target, key, buf, desc, served) = match checked {
             Ok(found) => found,
-            Err(err) => return Err((answer, err)),
+            Err(err) => return Err((waiter, err)),
         };
         let request_bytes = served.map(|(region_id, capability)| {
             let request_id = self.mint_request_id();
@@ -63,11 +61,11 @@ impl Engine {
         }
         let op = Op {
             region: request.local_region_id,
-            answer: Some(answer),
+            waiter: Some(waiter),
             remote: target,
             key,
             request_id: request_bytes.as_ref().map_or(0, |(id, _)| *id),
-            // Only an owner whose provider names senders answers "ask
+            // Only an owner whose provider names senders replies "ask
             // again", and both ends use the same provider.
             ask_again: if self.fabric.reports_source {
                 request_bytes.clone()
@@ -84,10 +82,9 @@ impl Engine {
 
     /// A request id not in use (below 2⁴⁸, never 0) that no other peer can
     /// guess: the next value of a counter, through a secret permutation.
-    /// An owner answers at the address a request names, so a third peer
-    /// could otherwise ask an owner, in a victim's name, for a read with
-    /// the id the victim uses next (a counter from 1 is plain to see), and
-    /// the victim's receive for that id would take the answer.
+    /// An owner replies at the address a request names, so with guessable
+    /// ids a third peer could ask, in a victim's name, for a read with the
+    /// victim's next id, and the victim's receive would take the reply.
     pub(super) fn mint_request_id(&mut self) -> u64 {
         loop {
             let counter = self.next_request_id;
@@ -105,7 +102,8 @@ impl Engine {
 
     /// Enters a checked read (or list) into the op table and the consumer
     /// machine (due by `deadline`; the transport holds its destination from
-    /// the receive on, so only [`Engine::land`] ends it) and posts it,
+    /// the receive on, so only [`Engine::provider_released`] ends it) and
+    /// posts it,
     /// queues it while the provider asks to wait, or ends it.
     pub(super) fn start_op(&mut self, mut op: Op, deadline: Instant) {
         let slot = self.free_slots.pop().unwrap_or_else(|| {
@@ -126,15 +124,15 @@ impl Engine {
         match self.try_post(slot) {
             Ok(true) => {}
             Ok(false) => self.unposted.push_back(slot),
-            Err(err) => self.land(slot, Err(err)),
+            Err(err) => self.provider_released(slot, Err(err)),
         }
     }
 
-    /// Posts a batch. On the owner-served path its small reads (at most
+    /// Posts a batch. On the served path its small reads (at most
     /// `GATHER_ENTRY_MAX`) of one owner go as lists of up to
     /// `MAX_LIST_ENTRIES` entries and `GATHER_TOTAL_MAX` bytes, each
-    /// answered by one gathered reply; every entry is checked here as a
-    /// single read is, and answered on its own.
+    /// returned in one reply; every entry is checked here as a single read
+    /// is, and has its own result.
     pub(super) fn post_batch(
         &mut self,
         requests: Vec<BackendGet>,
@@ -147,20 +145,20 @@ impl Engine {
         let batch = BatchResults::new(requests.len(), reply);
         // Scratch receives need no registration only where the provider
         // needs no local descriptors.
-        let gather = self.owner_served() && !self.fabric.needs_local_desc();
-        let mut groups: Vec<(u64, Vec<Gatherable>)> = Vec::new();
+        let batch_lists = self.owner_served() && !self.fabric.needs_local_desc();
+        let mut groups: Vec<(u64, Vec<ListCandidate>)> = Vec::new();
         for (index, request) in requests.into_iter().enumerate() {
-            let answer = Answer::Batch(Rc::clone(&batch), index);
+            let waiter = Waiter::Batch(Rc::clone(&batch), index);
             // An entry that cannot share a reply with another is not
             // worth a list.
-            let small = request.len <= GATHER_ENTRY_MAX
-                && (request.len as usize) < self.gather_reply_max / 2;
-            if gather && small {
+            let small =
+                request.len <= GATHER_ENTRY_MAX && (request.len as usize) < self.list_reply_max / 2;
+            if batch_lists && small {
                 match self.check(&request) {
                     Ok((fi_addr, _, _, buf, _, Some((region_id, capability)))) => {
-                        let entry = Gatherable {
+                        let entry = ListCandidate {
                             request,
-                            answer,
+                            waiter,
                             buf,
                             region_id,
                             capability,
@@ -173,13 +171,13 @@ impl Engine {
                     }
                     Ok(_) => {}
                     Err(err) => {
-                        give(answer, Err(err));
+                        complete(waiter, Err(err));
                         continue;
                     }
                 }
             }
-            if let Err((answer, err)) = self.post(request, answer) {
-                give(answer, Err(err));
+            if let Err((waiter, err)) = self.post(request, waiter) {
+                complete(waiter, Err(err));
             }
         }
         for (fi_addr, group) in groups {
@@ -190,7 +188,7 @@ impl Engine {
                 let grown = total + entry.request.len as usize;
                 if list.len() == MAX_LIST_ENTRIES
                     || grown > GATHER_TOTAL_MAX as usize
-                    || list.len() + 1 + grown > self.gather_reply_max
+                    || list.len() + 1 + grown > self.list_reply_max
                 {
                     self.post_list(fi_addr, std::mem::take(&mut list));
                     total = 0;
@@ -204,11 +202,11 @@ impl Engine {
 
     /// Posts checked entries of one owner as one list (a lone entry as a
     /// single read).
-    pub(super) fn post_list(&mut self, fi_addr: u64, mut entries: Vec<Gatherable>) {
+    pub(super) fn post_list(&mut self, fi_addr: u64, mut entries: Vec<ListCandidate>) {
         if entries.len() <= 1 {
             if let Some(entry) = entries.pop() {
-                if let Err((answer, err)) = self.post(entry.request, entry.answer) {
-                    give(answer, Err(err));
+                if let Err((waiter, err)) = self.post(entry.request, entry.waiter) {
+                    complete(waiter, Err(err));
                 }
             }
             return;
@@ -245,7 +243,7 @@ impl Engine {
                 held.in_flight += 1;
             }
             items.push(ListItem {
-                answer: Some(entry.answer),
+                waiter: Some(entry.waiter),
                 region,
                 buf: entry.buf,
                 len: entry.request.len as usize,
@@ -266,8 +264,13 @@ impl Engine {
 
     /// A list's reply arrived (`len` bytes, tag `tag`): checks that it adds
     /// up and copies each served entry into its destination. An error ends
-    /// every entry that has no answer of its own.
-    pub(super) fn land_list(&mut self, slot: usize, len: usize, tag: u64) -> Result<(), RdmaError> {
+    /// every entry that has no result of its own.
+    pub(super) fn copy_list_reply(
+        &mut self,
+        slot: usize,
+        len: usize,
+        tag: u64,
+    ) -> Result<(), RdmaError> {
         reply_outcome(tag)?;
         let Some(list) = self.ops[slot].as_mut().and_then(|op| op.list.as_mut()) else {
             return Ok(());
@@ -279,8 +282,8 @@ impl Engine {
             .and_then(|received| parse_gathered(received, &lengths))
             .ok_or_else(|| {
                 RdmaError::backend(format!(
-                    "ofi: the owner's gathered reply of {len} bytes does not add up to its \
-                     {} entries; nothing of it landed",
+                    "ofi: the owner's list reply of {len} bytes does not add up to its \
+                     {} entries; nothing of it was written",
                     lengths.len()
                 ))
             })?;
@@ -291,7 +294,7 @@ impl Engine {
                 // and `item.len` lie inside the item's destination region
                 // (checked against the mapped pointer and length), which
                 // stays registered while its `in_flight` counts this list,
-                // and the caller of `get` leaves it alone until answered.
+                // and the caller of `get` leaves it alone until it completes.
                 // The provider is done with `scratch`: its receive completed.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
@@ -418,7 +421,7 @@ impl Engine {
                 }
                 Err(err) => {
                     worked = true;
-                    self.land(slot, Err(err));
+                    self.provider_released(slot, Err(err));
                 }
             }
         }
@@ -482,25 +485,25 @@ impl Engine {
     }
 
     /// The provider let go of the destination of the read in `slot` (or
-    /// never had it), with `result`: the consumer machine answers it (its
+    /// never had it), with `result`: the consumer machine completes it (its
     /// deadline or teardown may turn an error into `Timeout` or
     /// `ShuttingDown`).
-    pub(super) fn land(&mut self, slot: usize, result: Result<(), RdmaError>) {
+    pub(super) fn provider_released(&mut self, slot: usize, result: Result<(), RdmaError>) {
         if let Some(op) = &self.ops[slot] {
             self.consumer.released(op.read, result);
         }
-        self.give_answers();
+        self.complete_reads();
     }
 
-    /// Gives every answer the consumer machine holds.
-    pub(super) fn give_answers(&mut self) {
-        while let Some(answer) = self.consumer.poll_completion() {
-            self.finish(answer.payload, answer.outcome);
+    /// Completes every read the consumer machine has finished.
+    pub(super) fn complete_reads(&mut self) {
+        while let Some(completion) = self.consumer.poll_completion() {
+            self.finish(completion.payload, completion.outcome);
         }
     }
 
-    /// Ends an answered read: releases its destination and address-vector
-    /// hold, and answers its caller.
+    /// Ends a completed read: releases its destination and address-vector
+    /// hold, and sends its caller the result.
     fn finish(&mut self, slot: usize, result: Result<(), RdmaError>) {
         let Some(op) = self.ops[slot].take() else {
             return;
@@ -509,14 +512,14 @@ impl Engine {
         self.by_context.remove(&((&raw const *op.context) as usize));
         self.release_hold(op.region);
         self.release_av(op.fi_addr, |entry| entry.ops -= 1);
-        if let Some(answer) = op.answer {
-            give(answer, result.clone());
+        if let Some(waiter) = op.waiter {
+            complete(waiter, result.clone());
         }
         if let Some(list) = op.list {
             for mut item in list.entries {
                 self.release_hold(item.region);
-                if let Some(answer) = item.answer.take() {
-                    give(answer, item.result.take().unwrap_or_else(|| result.clone()));
+                if let Some(waiter) = item.waiter.take() {
+                    complete(waiter, item.result.take().unwrap_or_else(|| result.clone()));
                 }
             }
         }
@@ -526,7 +529,7 @@ impl Engine {
     /// refused it as unverified; its receive ended with that refusal. Posts
     /// the receive and sends the request once more (same id), unless it
     /// asked again [`ASKS_AGAIN`] times already or is past its deadline.
-    /// Answers whether it will be.
+    /// Returns whether it will be.
     pub(super) fn ask_again(&mut self, slot: usize) -> bool {
         let Some(op) = self.ops[slot].as_mut() else {
             return false;
@@ -555,8 +558,8 @@ impl Engine {
     }
 
     /// Reads the consumer machine finds past their deadline have their
-    /// receive cancelled (they answer `Timeout` once the provider gave it
-    /// back); a read never posted ends at once. A read held
+    /// receive cancelled (they fail with `Timeout` once the provider gave
+    /// it back); a read never posted ends at once. A read held
     /// [`STALLED_AFTER`] past its deadline has its owner's connection
     /// reset where that ends it.
     pub(super) fn expire(&mut self, now: Instant) {
@@ -573,7 +576,7 @@ impl Engine {
                 self.fabric.cancel(context);
             } else {
                 self.unposted.retain(|&s| s != slot);
-                self.land(slot, Err(RdmaError::Timeout));
+                self.provider_released(slot, Err(RdmaError::Timeout));
             }
         }
         if !self.fabric.av_remove_closes {
@@ -591,23 +594,17 @@ impl Engine {
         }
     }
 
-    /// The request of the read in `slot` failed to send (`code`). Over
-    /// `tcp;ofi_rxm` in a process run with `FI_AV_REMOVE_CLEANUP` set, an
-    /// owner whose table of consumer addresses is full forgets idle
-    /// consumers, and removing one closes its connection
-    /// (`rxm_av_remove_handler`); the consumer's provider goes on sending
-    /// on its end of it, and the send fails with `FI_ENOTCONN` (measured:
-    /// sending again on it, even 50 times in a row, fails the same way).
-    /// So the owner's address-vector entry is reset as for a stalled read
-    /// (`Engine::reconnect`: removing it closes this end of the connection,
-    /// and the next send connects anew), once per connection, and the read
-    /// sends its request again ([`RESENDS`] times at most) once its reply
-    /// receive, cancelled here, was given back: the provider may write the
-    /// destination until then, and the new receive may name the owner by
-    /// another entry number. A request send that failed otherwise on a
-    /// connection this engine reset since it was posted is sent again the
-    /// same way. Answers whether the read will send again; if not, the
-    /// caller fails it.
+    /// The request of the read in `slot` failed to send (`code`); returns
+    /// whether the read will send again (if not, the caller fails it).
+    ///
+    /// Over `tcp;ofi_rxm` with `FI_AV_REMOVE_CLEANUP`, an owner that forgets
+    /// a consumer closes its connection, and the consumer's sends on it fail
+    /// with `FI_ENOTCONN` for good. So the owner's address-vector entry is
+    /// reset (`Engine::reconnect`), once per connection, and the read sends
+    /// its request again ([`RESENDS`] times at most) once its cancelled reply
+    /// receive was given back, since the provider may write the destination
+    /// until then. A send that failed otherwise on a connection reset since
+    /// it was posted is sent again the same way.
     pub(super) fn resend_on_new_connection(
         &mut self,
         slot: usize,

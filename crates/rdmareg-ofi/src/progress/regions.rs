@@ -2,13 +2,12 @@
 //! unmap back.
 //!
 //! Every registration is also registered with the owner machine
-//! (`Engine::owner`), which judges peers' reads of it and keeps the read
-//! leases of replies sent from it. An unmap marks the region unmapping at
-//! once (new requests for it are refused, and so are this engine's own
-//! reads into it) and deregisters it only once the owner machine finished
-//! its unmap (`Action::Unmapped`: no reply send reads it any more) and no
-//! read of this engine lands in it (`in_flight`); the last of the two
-//! deregisters and answers the unmap.
+//! (`Engine::owner`), which keeps the read leases of replies sent from it.
+//! An unmap marks the region unmapping at once (new requests for it and
+//! this engine's own reads into it are refused) and deregisters it once the
+//! owner machine finished its unmap (`Action::Unmapped`) and no read of
+//! this engine is in flight into it (`in_flight`); the later of the two
+//! deregisters and completes the unmap.
 
 use rdmareg_core::BackendRegion;
 use rdmareg_engine::command::NewRegion;
@@ -36,8 +35,8 @@ impl Engine {
                 ^ u64::from_le_bytes(capability[8..].try_into().unwrap_or([2; 8]));
         }
         // SAFETY: the caller of `map` guarantees the range stays allocated
-        // until an unmap of `id` answers Ok; the engine deregisters before it
-        // answers any unmap of `id` Ok.
+        // until an unmap of `id` returns Ok; the engine deregisters before it
+        // returns Ok to any unmap of `id`.
         let mr = match unsafe { self.fabric.register(ptr, len, requested_key) } {
             Ok(mr) => mr,
             Err(err) => {
@@ -86,7 +85,7 @@ impl Engine {
             packed_key: key.encode(),
         };
         if reply.send(Ok(region)).is_err() {
-            tracing::debug!(id, "map answered nobody: rolling it back");
+            tracing::debug!(id, "map's caller left: rolling it back");
             self.unmap_region(id, None);
         }
     }
@@ -109,7 +108,7 @@ impl Engine {
     }
 
     /// Deregisters `id` once it is being unmapped (or torn down), the owner
-    /// machine let go of it and no read lands in it.
+    /// machine let go of it and no read is in flight into it.
     pub(super) fn deregister_if_idle(&mut self, id: u64) {
         let closing = self.closing;
         let idle = self.regions.get(&id).is_some_and(|region| {
@@ -120,7 +119,7 @@ impl Engine {
         }
     }
 
-    /// A read of this engine that landed in `id` ended.
+    /// A read of this engine into `id` ended.
     pub(super) fn release_hold(&mut self, id: u64) {
         if let Some(region) = self.regions.get_mut(&id) {
             region.in_flight -= 1;
@@ -128,7 +127,7 @@ impl Engine {
         self.deregister_if_idle(id);
     }
 
-    /// Deregisters a region with no reads in flight and answers its
+    /// Deregisters a region with no reads in flight and replies to its
     /// waiters. On failure the region stays (still registered, still
     /// counted) and the waiters hear the error.
     pub(super) fn deregister(&mut self, id: u64) {

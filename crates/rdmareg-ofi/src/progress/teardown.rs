@@ -37,7 +37,7 @@ impl Engine {
         // Reads in flight get the teardown timeout to finish.
         let until = Instant::now() + self.settings.teardown_timeout;
         for slot in std::mem::take(&mut self.unposted) {
-            self.land(slot, Err(RdmaError::ShuttingDown));
+            self.provider_released(slot, Err(RdmaError::ShuttingDown));
         }
         // Replies never posted end now (their leases with them); replies
         // being sent get the same time as reads.
@@ -128,7 +128,7 @@ impl Engine {
                 // endpoint: now the rest can complete (`Timeout` past their
                 // deadline).
                 for slot in 0..self.ops.len() {
-                    self.land(slot, Err(RdmaError::ShuttingDown));
+                    self.provider_released(slot, Err(RdmaError::ShuttingDown));
                 }
             } else {
                 // The provider may still write these destinations: their
@@ -183,7 +183,7 @@ impl Engine {
         }
         for slot in never_posted {
             self.unposted.retain(|&s| s != slot);
-            self.land(slot, Err(RdmaError::ShuttingDown));
+            self.provider_released(slot, Err(RdmaError::ShuttingDown));
         }
         // Replies being sent are waited for while they keep completing (the
         // open `shm` engines progress parked receivers). A completion read

@@ -72,12 +72,10 @@ impl RawConsumer {
         at
     }
 
-    /// Asks for `length` bytes at `address` as read `id`, listening only
-    /// for a busy refusal of it.
     /// Asks the owner once for a region that does not exist and waits
-    /// for the answer, as an engine's first read does: over tcp the
+    /// for the reply, as an engine's first read does: over tcp the
     /// owner's provider cannot name a sender before the owner inserted
-    /// its address, so the first request is answered "ask again"
+    /// its address, so the first request gets "ask again"
     /// (`Refusal::Unverified`); later ones are checked and served.
     fn introduce(&mut self, id: u64) {
         let receive = self.context();
@@ -117,9 +115,11 @@ impl RawConsumer {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        panic!("the owner never answered the introduction");
+        panic!("the owner never replied to the introduction");
     }
 
+    /// Asks for `length` bytes at `address` as read `id`, listening only
+    /// for a busy refusal of it.
     fn ask(&mut self, key: &PackedKey, address: u64, length: u64, id: u64) {
         let wire = ReadRequest {
             request_id: id,
@@ -231,7 +231,7 @@ struct BoundedOwner {
     backend: crate::OfiBackend,
     /// Reached only through its raw pointer (`source_addr`) while
     /// registered; the test frees it only once its registration is gone
-    /// (its unmap answered `Ok`, or the owner's teardown ended it).
+    /// (its unmap returned `Ok`, or the owner's teardown ended it).
     source: *mut [u8],
     source_addr: usize,
     len: usize,
@@ -278,12 +278,12 @@ impl BoundedOwner {
 }
 
 /// A consumer that sends an owner (reply bound 4) eight lists whose
-/// 32 KiB gathered replies it never receives gets four of them held and
-/// the other four refused as busy: gathered replies are bounded per
-/// consumer as single replies are, and hold no lease (the source's
-/// unmap answers while they are held).
+/// 32 KiB replies it never receives gets four of them held and the other
+/// four refused as busy: list replies are bounded per consumer as single
+/// replies are, and hold no lease (the source's unmap returns while they
+/// are held).
 #[test]
-fn gathered_replies_a_consumer_never_receives_are_bounded_and_hold_no_lease() {
+fn unreceived_list_replies_are_bounded_and_hold_no_lease() {
     let BoundedOwner {
         rt,
         owner,
@@ -316,13 +316,13 @@ fn gathered_replies_a_consumer_never_receives_are_bounded_and_hold_no_lease() {
     assert_eq!(busy, 4, "busy refusals of the eight lists");
     assert!(
         matches!(unmapped, Ok(Ok(()))),
-        "the unmap answered while gathered replies were held: {unmapped:?}"
+        "the unmap returned while list replies were held: {unmapped:?}"
     );
     assert_eq!(owner.live_registrations(), 0);
 }
 
 /// A bare endpoint posing as an owner: it takes one request and
-/// answers it with bytes of its choosing.
+/// replies with bytes of its choosing.
 struct RawOwner {
     fabric: Fabric,
     request: Box<[u8; RECEIVE_MAX]>,
@@ -386,7 +386,7 @@ impl RawOwner {
     }
 
     /// Sends `reply` with tag `tag` to `to` and progresses a while.
-    fn answer(&mut self, to: u64, tag: u64, reply: Vec<u8>) {
+    fn reply(&mut self, to: u64, tag: u64, reply: Vec<u8>) {
         let context = self.context();
         let until = Instant::now() + Duration::from_secs(5);
         loop {
@@ -427,12 +427,12 @@ impl Drop for RawOwner {
     }
 }
 
-/// A hostile owner answers a gathered list with a reply whose length
-/// fits the consumer's receive but not what its statuses and the asked
-/// lengths add up to (it says entry 1 is refused, yet sends its bytes):
-/// every entry answers a typed error and no byte lands.
+/// A hostile owner replies to a list with a reply whose length fits the
+/// consumer's receive but not what its statuses and the asked lengths add
+/// up to (it says entry 1 is refused, yet sends its bytes): every entry
+/// fails with a typed error and no byte is written.
 #[test]
-fn a_gathered_reply_whose_lengths_do_not_add_up_lands_nothing() {
+fn a_list_reply_that_does_not_add_up_writes_nothing() {
     for provider in [Provider::Tcp, Provider::Shm] {
         // A worker thread runs the batch while this thread plays the owner.
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -454,7 +454,7 @@ fn a_gathered_reply_whose_lengths_do_not_add_up_lands_nothing() {
         let mut dst = vec![0u8; 3 * 64];
         // SAFETY: `dst` outlives its registration (unmapped below, or
         // the engine shut down) and is read only after the batch
-        // answered.
+        // completed.
         let region = rt
             .block_on(unsafe { backend.map(dst.as_mut_ptr() as usize, dst.len()) })
             .expect("maps");
@@ -472,7 +472,7 @@ fn a_gathered_reply_whose_lengths_do_not_add_up_lands_nothing() {
         let batch = rt.spawn({
             let backend = backend.clone();
             // SAFETY: as above: nothing touches `dst` until the batch
-            // answered.
+            // completed.
             async move { unsafe { backend.get_batch(requests) }.await }
         });
         let list = raw.take_list();
@@ -483,20 +483,20 @@ fn a_gathered_reply_whose_lengths_do_not_add_up_lands_nothing() {
             .expect("the consumer's address");
         let mut reply = vec![0, Refusal::OutOfRange.status(), 0];
         reply.extend(std::iter::repeat_n(0xEE, 3 * 64));
-        raw.answer(to, list.request_id, reply);
-        let answers = rt.block_on(batch).expect("the batch task");
+        raw.reply(to, list.request_id, reply);
+        let results = rt.block_on(batch).expect("the batch task");
         rt.block_on(backend.unmap(region.backend_region_id))
             .expect("unmaps");
         consumer.shutdown_blocking();
         drop(raw);
-        assert_eq!(answers.len(), 3);
-        for answer in &answers {
+        assert_eq!(results.len(), 3);
+        for result in &results {
             assert!(
-                matches!(answer, Err(RdmaError::Backend(text)) if text.contains("does not add up")),
-                "{provider:?}: answered {answer:?}"
+                matches!(result, Err(RdmaError::Backend(text)) if text.contains("does not add up")),
+                "{provider:?}: returned {result:?}"
             );
         }
-        assert!(dst.iter().all(|&b| b == 0), "{provider:?}: bytes landed");
+        assert!(dst.iter().all(|&b| b == 0), "{provider:?}: bytes written");
         assert_eq!(consumer.live_registrations(), 0);
     }
 }
@@ -506,7 +506,7 @@ fn a_gathered_reply_whose_lengths_do_not_add_up_lands_nothing() {
 /// other four refused as busy. The held replies keep the region's
 /// leases, so its unmap waits — on `tcp;ofi_rxm` even after the
 /// consumer's endpoint is gone (the provider does not fail those sends)
-/// — and answers `Ok` once the owner's teardown ended them.
+/// — and returns `Ok` once the owner's teardown ended them.
 #[test]
 fn a_consumer_that_never_receives_holds_at_most_the_bound_and_is_refused_busy_past_it() {
     let BoundedOwner {
@@ -534,10 +534,10 @@ fn a_consumer_that_never_receives_holds_at_most_the_bound_and_is_refused_busy_pa
         rt.spawn(async move { backend.unmap(id).await })
     };
     raw.progress_for(Duration::from_millis(300));
-    let answered_while_held = unmap.is_finished();
+    let returned_while_held = unmap.is_finished();
     drop(raw);
     std::thread::sleep(Duration::from_secs(2));
-    let answered_after_consumer_left = unmap.is_finished();
+    let returned_after_consumer_left = unmap.is_finished();
     owner.shutdown_blocking();
     let unmapped =
         rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), unmap).await });
@@ -547,13 +547,13 @@ fn a_consumer_that_never_receives_holds_at_most_the_bound_and_is_refused_busy_pa
         drop(unsafe { Box::from_raw(source) });
     }
     eprintln!(
-        "busy {busy:?}; unmap answered while held: {answered_while_held}, \
-         2 s after the consumer left: {answered_after_consumer_left}; after teardown: {unmapped:?}"
+        "busy {busy:?}; unmap returned while held: {returned_while_held}, \
+         2 s after the consumer left: {returned_after_consumer_left}; after teardown: {unmapped:?}"
     );
     assert_eq!(busy.len(), 4, "busy refusals: {busy:?}");
     assert!(
-        !answered_while_held,
-        "the unmap answered while replies were held"
+        !returned_while_held,
+        "the unmap returned while replies were held"
     );
     assert!(
         matches!(unmapped, Ok(Ok(Ok(())))),
