@@ -1,10 +1,14 @@
-//! Gathered reads against hostile peers: an owner that answers lists with
-//! replays, duplicates, another owner's ids, rendezvous where eager is
-//! promised or a single reply where a list reply is due; a consumer that
-//! asks for maximal lists and then never reads the replies; an owner lost
-//! mid-list. After each, the answers are typed, no destination byte changes
-//! after its answer, unmaps answer `Ok` only once the owner let go of the
-//! memory, and the backends count nothing left.
+//! Gathered reads against hostile peers: a peer answering another owner's
+//! list; an owner that answers a list by rendezvous where eager is
+//! promised, with a stalled single rendezvous where a list reply is due,
+//! or with malformed list replies; a consumer that asks for maximal lists
+//! and then never reads the replies; an owner lost mid-list or gone
+//! before it. After each, the answers are typed, no destination byte
+//! changes after its answer, unmaps answer `Ok` only once the owner let go
+//! of the memory, and the backends count nothing left. (Replays,
+//! duplicates, crossed formats, hostile entries and deadlines within a
+//! list are the engine kit's deterministic scenarios, `rdmareg-engine`'s
+//! `served::scenarios`.)
 //!
 //! Each test plays the hostile side with a raw UCX peer (`common::raw_am`).
 
@@ -134,112 +138,6 @@ fn unmap_and_count_nothing(rt: &tokio::runtime::Runtime, consumer: &UcxEngine, r
     });
     assert_eq!(unmapped, Ok(Ok(())), "the destination unmaps");
     assert_eq!(consumer.live_registrations(), Some(0));
-}
-
-/// A list reply sent again after the reads were answered — the same reply,
-/// one with other bytes, and single replies for the same request ids —
-/// changes no destination byte: an answer is final.
-#[test]
-fn replayed_list_and_single_replies_after_the_answer_change_no_destination_byte() {
-    let rt = runtime();
-    let consumer = tcp_engine();
-    let owner = Raw::new(false);
-    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
-    let dest = PageBuf::zeroed(4 * READ_LEN as usize);
-    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 4, Duration::from_secs(5));
-    let (request, reply_ep) = nth_list(&owner, 0);
-    assert_eq!(request.entries.len(), 4);
-    let reply = ListReply {
-        entries: request.entries.iter().map(served).collect(),
-    };
-    let header = reply.encode().unwrap();
-    owner.send_wait(
-        reply_ep,
-        READ_LIST_REPLY_AM_ID,
-        &header,
-        &payload_for(&request, 0xA0),
-        EAGER_REPLY,
-    );
-    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
-    assert_eq!(answers, vec![Ok(()); 4]);
-    let landed = dest.snapshot();
-
-    owner.send_wait(
-        reply_ep,
-        READ_LIST_REPLY_AM_ID,
-        &header,
-        &payload_for(&request, 0xA0),
-        EAGER_REPLY,
-    );
-    owner.send_wait(
-        reply_ep,
-        READ_LIST_REPLY_AM_ID,
-        &header,
-        &payload_for(&request, 0x50),
-        EAGER_REPLY,
-    );
-    for entry in &request.entries {
-        let single = ReadReply {
-            request_id: entry.request_id,
-            status: ReplyStatus::Served,
-            length: entry.length,
-        };
-        owner.send_wait(
-            reply_ep,
-            READ_REPLY_AM_ID,
-            &single.encode(),
-            &vec![0x77; entry.length as usize],
-            EAGER_REPLY,
-        );
-    }
-    owner.progress_for(Duration::from_millis(200));
-    let after = dest.snapshot();
-    unmap_and_count_nothing(&rt, &consumer, region);
-    rt.block_on(consumer.shutdown());
-    let expected: Vec<u8> = (0..4u8)
-        .flat_map(|i| vec![0xA0 + i; READ_LEN as usize])
-        .collect();
-    assert_eq!(landed, expected, "each entry landed its own bytes");
-    assert_eq!(after, landed, "no replay changed a byte");
-}
-
-/// A list reply that names one request id twice lands that read once, from
-/// the entry's own place in the payload, and the entries after it still
-/// land their own bytes.
-#[test]
-fn a_list_reply_naming_one_read_twice_lands_it_once_and_keeps_the_others_in_place() {
-    let rt = runtime();
-    let consumer = tcp_engine();
-    let owner = Raw::new(false);
-    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
-    let dest = PageBuf::zeroed(2 * READ_LEN as usize);
-    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 2, Duration::from_secs(5));
-    let (request, reply_ep) = nth_list(&owner, 0);
-    let (first, second) = (&request.entries[0], &request.entries[1]);
-    let reply = ListReply {
-        entries: vec![served(first), served(first), served(second)],
-    };
-    let payload: Vec<u8> = [[0x11u8; 64], [0x22u8; 64], [0x33u8; 64]].concat();
-    owner.send_wait(
-        reply_ep,
-        READ_LIST_REPLY_AM_ID,
-        &reply.encode().unwrap(),
-        &payload,
-        EAGER_REPLY,
-    );
-    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
-    let bytes = dest.snapshot();
-    unmap_and_count_nothing(&rt, &consumer, region);
-    rt.block_on(consumer.shutdown());
-    assert_eq!(answers, vec![Ok(()), Ok(())]);
-    assert!(
-        bytes[..64].iter().all(|&b| b == 0x11),
-        "the first copy only"
-    );
-    assert!(
-        bytes[64..].iter().all(|&b| b == 0x33),
-        "the second read's own bytes"
-    );
 }
 
 /// A peer that is not the owner a list went to, replying with that list's
@@ -425,117 +323,6 @@ fn an_owner_lost_mid_list_answers_every_entry_and_leaves_nothing_registered() {
     assert!(bytes.iter().all(|&b| b == 0), "nothing landed");
 }
 
-/// The owner, sent one list of maximal count whose entries name huge
-/// lengths, wrapping addresses, zero lengths and more than the gathering
-/// bounds of a real region, serves only what lies inside the region and the
-/// bounds, and refuses every other entry on its own, in eager replies of
-/// at most one tcp fragment each.
-#[test]
-fn an_owner_refuses_each_hostile_entry_of_a_maximal_list_on_its_own() {
-    let rt = runtime();
-    let owner = tcp_engine();
-    let backend = owner.backend();
-    let buf = PageBuf::filled(1 << 20, pattern);
-    let region = rt.block_on(map(&backend, &buf));
-    let key = ServedKey::decode(&region.packed_key).unwrap();
-    let base = buf.addr() as u64;
-    let mut entries = Vec::new();
-    let hostile = [
-        (base, u64::MAX),
-        (u64::MAX - 8, 64),
-        (base, 0),
-        (base + (1 << 20), 1),
-        (base - 1, 16),
-        (base, MAX_GATHERED_ENTRY + 1),
-    ];
-    for (i, &(address, length)) in hostile.iter().enumerate() {
-        entries.push(ReadRequest {
-            request_id: i as u64,
-            key,
-            address,
-            length,
-        });
-    }
-    while entries.len() < MAX_LIST_ENTRIES {
-        let i = entries.len() as u64;
-        entries.push(ReadRequest {
-            request_id: i,
-            key,
-            address: base + i * MAX_GATHERED_ENTRY,
-            length: MAX_GATHERED_ENTRY,
-        });
-    }
-    let request = ListRequest { entries };
-    let consumer = Raw::new(false);
-    consumer.ask_list(&owner.worker_address(), &request);
-    // Over tcp the owner answers in replies of one fragment each, in the
-    // list's order on the one connection: read them back to back as one.
-    assert!(consumer.progress_until(Duration::from_secs(5), |r| {
-        r.list_entries_answered() >= MAX_LIST_ENTRIES
-    }));
-    let (reply, data, rendezvous, largest_reply) = {
-        let messages = consumer.messages(READ_LIST_REPLY_AM_ID);
-        let reply = ListReply {
-            entries: messages
-                .iter()
-                .flat_map(|m| ListReply::decode(&m.header).unwrap().entries)
-                .collect(),
-        };
-        let data: Vec<u8> = messages.iter().flat_map(|m| m.data.clone()).collect();
-        let rendezvous: usize = messages.iter().map(|m| m.rndv_len).sum();
-        let largest = messages.iter().map(|m| m.data.len()).max().unwrap_or(0);
-        (reply, data, rendezvous, largest)
-    };
-    drop(consumer);
-    let unmapped = rt.block_on(async {
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            backend.unmap(region.backend_region_id),
-        )
-        .await
-    });
-    let live = owner.live_registrations();
-    rt.block_on(owner.shutdown());
-    assert_eq!(unmapped, Ok(Ok(())));
-    assert_eq!(live, Some(0));
-    assert_eq!(rendezvous, 0, "eager");
-    assert!(
-        largest_reply <= 60 * 1024,
-        "a reply of {largest_reply} bytes: more than one tcp fragment"
-    );
-    assert_eq!(reply.entries.len(), MAX_LIST_ENTRIES);
-    for entry in &reply.entries[..hostile.len()] {
-        assert!(
-            matches!(entry.status, ReplyStatus::Refused(_)),
-            "hostile entry {} was served",
-            entry.request_id
-        );
-    }
-    let served: Vec<&ListReplyEntry> = reply
-        .entries
-        .iter()
-        .filter(|e| e.status == ReplyStatus::Served)
-        .collect();
-    let bound = (MAX_GATHERED_BYTES / MAX_GATHERED_ENTRY) as usize;
-    assert_eq!(served.len(), bound, "served up to the byte bound");
-    assert_eq!(data.len() as u64, MAX_GATHERED_BYTES);
-    for (k, entry) in served.iter().enumerate() {
-        let at = (entry.request_id * MAX_GATHERED_ENTRY) as usize;
-        let chunk = &data[k * MAX_GATHERED_ENTRY as usize..][..MAX_GATHERED_ENTRY as usize];
-        let expected: Vec<u8> = (at..at + MAX_GATHERED_ENTRY as usize)
-            .map(pattern)
-            .collect();
-        assert_eq!(chunk, &expected[..], "entry {}", entry.request_id);
-    }
-    for entry in &reply.entries[hostile.len() + bound..] {
-        assert_eq!(
-            entry.status,
-            ReplyStatus::Refused(Refusal::Malformed),
-            "past the byte bound"
-        );
-    }
-}
-
 /// An owner engine (tcp) whose gathered replies from one region are stuck:
 /// a raw consumer made one full exchange of a maximal list, so the
 /// connection is wired both ways, then sent 400 more it never progresses
@@ -688,69 +475,6 @@ fn replies_a_consumer_never_reads_hold_the_unmap_until_that_consumer_is_gone() {
     assert_eq!(live, Some(0));
 }
 
-/// Two reads of one list with different deadlines: the first expires
-/// before the owner answers, so the list reply that then serves both lands
-/// only the second; the expired read's bytes stay as they were when it was
-/// answered `Timeout`.
-#[test]
-fn a_list_member_past_its_deadline_keeps_its_bytes_when_the_list_reply_comes_late() {
-    let rt = runtime();
-    let consumer = tcp_engine();
-    let owner = Raw::new(false);
-    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
-    let dest = PageBuf::zeroed(2 * READ_LEN as usize);
-    let backend = consumer.backend();
-    let region = rt.block_on(map(&backend, &dest));
-    let key = ServedKey {
-        region_id: 1,
-        capability: [0x11; 16],
-    };
-    let read = |i: u64, deadline: Duration| BackendGet {
-        peer: RAW_OWNER,
-        remote_addr: 0x10_0000 + i * READ_LEN,
-        packed_key: Bytes::copy_from_slice(&key.encode()),
-        local_region_id: region.backend_region_id,
-        local_offset: i * READ_LEN,
-        len: READ_LEN,
-        deadline: Some(deadline),
-    };
-    let requests = vec![
-        read(0, Duration::from_millis(100)),
-        read(1, Duration::from_secs(5)),
-    ];
-    let batch = rt.spawn({
-        let backend = backend.clone();
-        async move { backend.get_batch_into_test_memory(requests).await }
-    });
-    let (request, reply_ep) = nth_list(&owner, 0);
-    assert_eq!(request.entries.len(), 2, "one list");
-    std::thread::sleep(Duration::from_millis(400));
-    owner.send_wait(
-        reply_ep,
-        READ_LIST_REPLY_AM_ID,
-        &ListReply {
-            entries: request.entries.iter().map(served).collect(),
-        }
-        .encode()
-        .unwrap(),
-        &payload_for(&request, 0xB0),
-        EAGER_REPLY,
-    );
-    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
-    let bytes = dest.snapshot();
-    unmap_and_count_nothing(&rt, &consumer, region.backend_region_id);
-    rt.block_on(consumer.shutdown());
-    assert_eq!(answers, vec![Err(RdmaError::Timeout), Ok(())]);
-    assert!(
-        bytes[..64].iter().all(|&b| b == 0),
-        "the expired read's bytes changed"
-    );
-    assert!(
-        bytes[64..].iter().all(|&b| b == 0xB1),
-        "the live read landed"
-    );
-}
-
 /// A list to an owner that is gone (its worker destroyed before the batch)
 /// fails every read with a typed error before the deadline ends the wait,
 /// and leaves nothing registered.
@@ -775,33 +499,6 @@ fn a_list_to_a_vanished_owner_answers_every_read_and_leaves_nothing_registered()
             .all(|a| matches!(a, Err(RdmaError::Backend(_) | RdmaError::Timeout))),
         "{answers:?}"
     );
-    assert!(dest.snapshot().iter().all(|&b| b == 0));
-}
-
-/// A consumer engine shut down while a list waits for its reply answers
-/// every read `ShuttingDown`, and a reply the owner sends afterwards lands
-/// nothing.
-#[test]
-fn a_consumer_shut_down_with_a_list_in_flight_answers_every_read_and_lands_nothing_after() {
-    let rt = runtime();
-    let consumer = tcp_engine();
-    let owner = Raw::new(false);
-    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
-    let dest = PageBuf::zeroed(4 * READ_LEN as usize);
-    let (batch, region) = batch_to_raw_owner(&rt, &consumer, &dest, 4, Duration::from_secs(30));
-    let (request, reply_ep) = nth_list(&owner, 0);
-    rt.block_on(consumer.shutdown());
-    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
-    // The consumer's worker is destroyed, so no reply can land any more;
-    // the raw owner does not send one: its reply endpoint has no error
-    // handling, and sending on it to a peer that is gone is undefined in
-    // UCX (a run over the static build crashed with SIGSEGV here).
-    let _ = (request, reply_ep);
-    owner.progress_for(Duration::from_millis(200));
-    let unmapped = rt.block_on(consumer.backend().unmap(region));
-    assert_eq!(answers, vec![Err(RdmaError::ShuttingDown); 4]);
-    assert_eq!(unmapped, Ok(()));
-    assert_eq!(consumer.live_registrations(), Some(0));
     assert!(dest.snapshot().iter().all(|&b| b == 0));
 }
 
@@ -893,118 +590,4 @@ fn malformed_list_replies_are_dropped_whole_and_the_true_reply_still_lands() {
     );
     assert_eq!(answers, vec![Ok(()); 3]);
     assert_eq!(bytes, payload);
-}
-
-/// Replies crossed between the two formats: a read sent alone (too large
-/// to gather) answered through a list reply, and a gathered read answered
-/// by a single reply, land only with their own lengths; an entry with the
-/// wrong length fails its read and lands nothing.
-#[test]
-fn replies_crossed_between_single_and_list_formats_land_only_with_the_reads_own_length() {
-    let rt = runtime();
-    let consumer = tcp_engine();
-    let owner = Raw::new(false);
-    consumer.add_peer(RAW_OWNER, owner.address()).unwrap();
-    // Too large to gather, even in pieces (over tcp a list's reads of up
-    // to twice the bound go in two gathered pieces, see `progress::pieces`),
-    // and within one fragment.
-    let large = 2 * MAX_GATHERED_ENTRY + 4096;
-    let dest = PageBuf::zeroed(2 * READ_LEN as usize + large as usize + 4096);
-    let backend = consumer.backend();
-    let region = rt.block_on(map(&backend, &dest));
-    let key = ServedKey {
-        region_id: 1,
-        capability: [0x11; 16],
-    };
-    let read = |offset: u64, len: u64| BackendGet {
-        peer: RAW_OWNER,
-        remote_addr: 0x10_0000 + offset,
-        packed_key: Bytes::copy_from_slice(&key.encode()),
-        local_region_id: region.backend_region_id,
-        local_offset: offset,
-        len,
-        deadline: Some(Duration::from_secs(5)),
-    };
-    let requests = vec![
-        read(0, READ_LEN),
-        read(READ_LEN, READ_LEN),
-        read(2 * READ_LEN, large),
-    ];
-    let batch = rt.spawn({
-        let backend = backend.clone();
-        async move { backend.get_batch_into_test_memory(requests).await }
-    });
-    let (list, reply_ep) = nth_list(&owner, 0);
-    assert_eq!(list.entries.len(), 2, "the small reads are gathered");
-    assert!(owner.progress_until(Duration::from_secs(5), |r| {
-        !r.messages(rdmareg_ucx::read_protocol::READ_REQUEST_AM_ID)
-            .is_empty()
-    }));
-    let alone = {
-        let messages = owner.messages(rdmareg_ucx::read_protocol::READ_REQUEST_AM_ID);
-        ReadRequest::decode(&messages[0].header).expect("a single request")
-    };
-    assert_eq!(alone.length, large, "the large read goes alone");
-    // The large read, through a list reply (eager, its own length).
-    owner.send_wait(
-        reply_ep,
-        READ_LIST_REPLY_AM_ID,
-        &ListReply {
-            entries: vec![served(&alone)],
-        }
-        .encode()
-        .unwrap(),
-        &vec![0x5A; large as usize],
-        EAGER_REPLY,
-    );
-    // The first gathered read, by a single reply of its own length.
-    owner.send_wait(
-        reply_ep,
-        READ_REPLY_AM_ID,
-        &ReadReply {
-            request_id: list.entries[0].request_id,
-            status: ReplyStatus::Served,
-            length: READ_LEN,
-        }
-        .encode(),
-        &[0x6B; READ_LEN as usize],
-        EAGER_REPLY,
-    );
-    // The second, by a list reply whose entry is half its length.
-    owner.send_wait(
-        reply_ep,
-        READ_LIST_REPLY_AM_ID,
-        &ListReply {
-            entries: vec![ListReplyEntry {
-                length: READ_LEN / 2,
-                ..served(&list.entries[1])
-            }],
-        }
-        .encode()
-        .unwrap(),
-        &[0x7C; READ_LEN as usize / 2],
-        EAGER_REPLY,
-    );
-    let answers = finish(&rt, &[&owner], batch, Duration::from_secs(5)).expect("answered");
-    let bytes = dest.snapshot();
-    unmap_and_count_nothing(&rt, &consumer, region.backend_region_id);
-    rt.block_on(consumer.shutdown());
-    assert_eq!(answers[0], Ok(()), "{answers:?}");
-    assert!(
-        matches!(answers[1], Err(RdmaError::Backend(_))),
-        "{answers:?}"
-    );
-    assert_eq!(answers[2], Ok(()), "{answers:?}");
-    let n = READ_LEN as usize;
-    assert!(bytes[..n].iter().all(|&b| b == 0x6B));
-    assert!(
-        bytes[n..2 * n].iter().all(|&b| b == 0),
-        "the short entry landed"
-    );
-    assert!(
-        bytes[2 * n..2 * n + large as usize]
-            .iter()
-            .all(|&b| b == 0x5A)
-    );
-    assert!(bytes[2 * n + large as usize..].iter().all(|&b| b == 0));
 }

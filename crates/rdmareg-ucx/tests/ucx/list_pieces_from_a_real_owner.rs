@@ -11,8 +11,9 @@
 //! registration, microsecond deadlines, batches deeper than 1024 reads, an
 //! unmap of the source, a dropped batch, either engine shutting down and a
 //! per-connection bound of unfinished replies.
-//! (`list_pieces_from_a_hostile_owner.rs` attacks the same pieces from the
-//! owner's side.)
+//! (A hostile owner answering pieces by hand is played against the
+//! consumer's rules for each piece by the engine kit's deterministic
+//! scenarios, `rdmareg-engine`'s `served::scenarios::lists`.)
 //!
 //! What every test holds the consumer to: each entry is answered once; an
 //! entry answered `Ok` holds exactly its bytes; an entry answered with an

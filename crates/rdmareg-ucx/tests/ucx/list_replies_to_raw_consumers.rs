@@ -7,17 +7,16 @@
 //! These tests play the consumer with a raw UCX peer (`common::raw_am`),
 //! which asks lists by hand and reads the owner's replies as they come:
 //! consumers vanishing mid-list (closed at once or after a moment, with
-//! and without peer error handling, or a consumer process killed); lists
-//! of tiny, odd-sized and mixed entries, and of zero-length, stale, forged
-//! and past-the-end entries among good ones; and an owner whose operator
-//! shapes UCX's protocols. (`list_replies_from_a_real_owner.rs` reads from
-//! an owner engine with a consumer engine.)
+//! and without peer error handling, or a consumer process killed), and an
+//! owner whose operator shapes UCX's protocols.
+//! (`list_replies_from_a_real_owner.rs` reads from an owner engine with a
+//! consumer engine; how the owner judges a list's entries and cuts its
+//! replies is the engine kit's, in its deterministic scenarios,
+//! `rdmareg-engine`'s `served::scenarios::owner_lists`.)
 //!
-//! What every test holds the owner engine to: each entry is answered
-//! once, served with exactly its own bytes at its place in an eager reply
-//! of at most one fragment, or refused on its own with the refusal that
-//! fits; the owner lets go of every reply, however its consumer went away,
-//! its unmap answers, and it survives and serves a consumer engine on.
+//! What every test holds the owner engine to: the owner lets go of every
+//! reply, however its consumer went away, its unmap answers, and it
+//! survives and serves a consumer engine on.
 //!
 //! The test with a child process starts this test binary again, filtered
 //! to itself, with [`CHILD_ROLE`] naming it: the child plays the consumer
@@ -38,12 +37,9 @@ use rdmareg_core::BackendRegion;
 use rdmareg_ucx::read_list::{
     ListReply, ListRequest, MAX_LIST_ENTRIES, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
 };
-use rdmareg_ucx::read_protocol::{ReadRequest, Refusal, ReplyStatus, ServedKey};
+use rdmareg_ucx::read_protocol::{ReadRequest, ReplyStatus, ServedKey};
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
 use ucx_sys as sys;
-
-/// The largest payload of one reply over tcp (one fragment).
-const PIECE: usize = 60 * KIB;
 
 // ---------------------------------------------------------------------------
 // Raw consumers against an owner engine.
@@ -141,43 +137,6 @@ impl RawScene {
         replies
     }
 
-    /// Checks `replies` answer `request` entry by entry: each served entry
-    /// once, with its own bytes at its place in its reply's payload, each
-    /// payload the served entries' and at most one fragment, all eager.
-    /// Returns every entry's status by request id order of `request`.
-    fn check_replies(&self, request: &ListRequest, replies: &[Reply]) -> Vec<ReplyStatus> {
-        let mut status: Vec<Option<ReplyStatus>> = vec![None; request.entries.len()];
-        let first_id = request.entries[0].request_id;
-        for (reply, data, rendezvous) in replies {
-            assert_eq!(*rendezvous, 0, "every reply is eager");
-            assert!(data.len() <= PIECE, "a reply of {} bytes", data.len());
-            let mut at = 0;
-            for entry in &reply.entries {
-                let i = (entry.request_id - first_id) as usize;
-                assert!(status[i].is_none(), "entry {i} answered twice");
-                status[i] = Some(entry.status);
-                if entry.status == ReplyStatus::Served {
-                    let asked = &request.entries[i];
-                    assert_eq!(entry.length, asked.length, "entry {i}: its own length");
-                    let from = (asked.address - self.base()) as usize;
-                    let len = asked.length as usize;
-                    assert_eq!(
-                        differing_bytes(&data[at..at + len], &self.want[from..from + len]),
-                        0,
-                        "entry {i}: its own bytes"
-                    );
-                    at += len;
-                }
-            }
-            assert_eq!(at, data.len(), "the payload is the served entries'");
-        }
-        status
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| s.unwrap_or_else(|| panic!("entry {i} never answered")))
-            .collect()
-    }
-
     /// A consumer engine with the default settings reads each list of
     /// `lists` from the source and gets exactly its bytes.
     fn assert_serves(&self, lists: &[Vec<usize>], what: &str) {
@@ -264,109 +223,6 @@ fn raw_consumers_vanishing_mid_list_leave_the_owner_serving_and_unmappable() {
     }
     scene.assert_serves(&[scatter_lens()], "after vanished consumers");
     scene.end("vanished consumers");
-}
-
-/// Tiny entries are cut by count and bytes, not by anything else: 64 × 8 B
-/// come back as one reply; 64 × 4 KiB as five of at most one fragment (15
-/// entries each); a list mixing 16 KiB, 1000 B and 1-byte entries in replies
-/// none of which passes one fragment. Every entry is answered once with its
-/// own bytes.
-#[test]
-fn a_list_is_cut_by_its_payload_only_whatever_the_mix_of_entry_sizes() {
-    let scene = RawScene::new(config(Transport::Tcp));
-    let mixed: Vec<usize> = (0..MAX_LIST_ENTRIES)
-        .map(|i| [16 * KIB, 1, 1000, 3, 2000][i % 5])
-        .collect();
-    let cases: [(&str, Vec<usize>, Option<usize>); 3] = [
-        ("64 x 8 B", vec![8; MAX_LIST_ENTRIES], Some(1)),
-        ("64 x 4 KiB", scatter_lens(), Some(5)),
-        ("mixed", mixed, None),
-    ];
-    for (what, lens, replies_expected) in cases {
-        let request = list_over(scene.key, scene.base(), 1000, &lens);
-        let replies = scene.ask(&request, what);
-        let status = scene.check_replies(&request, &replies);
-        assert!(
-            status.iter().all(|s| *s == ReplyStatus::Served),
-            "{what}: {status:?}"
-        );
-        if let Some(expected) = replies_expected {
-            assert_eq!(replies.len(), expected, "{what}: replies");
-        }
-        // Never cut where the next entry would still have fit.
-        for pair in replies.windows(2) {
-            let (this, next) = (&pair[0], &pair[1]);
-            let first_next = next.0.entries[0].length as usize;
-            assert!(
-                this.1.len() + first_next > PIECE,
-                "{what}: a reply of {} B cut before an entry of {first_next} B",
-                this.1.len()
-            );
-        }
-    }
-    scene.end("cuts");
-}
-
-/// A raw consumer's list mixing every way an entry can be wrong — zero
-/// bytes, a stale region id (unmapped), a live region of another buffer, a
-/// forged capability, one byte past the registration's end — with good
-/// entries, long enough to be answered in several replies: each bad entry
-/// is refused on its own with the refusal that fits, and every good one is
-/// served its own bytes, wherever the cuts fall.
-#[test]
-fn a_list_mixing_stale_forged_empty_and_live_entries_refuses_each_bad_one_on_its_own() {
-    let scene = RawScene::new(config(Transport::Tcp));
-    let ob = scene.owner.backend();
-    // A region mapped and unmapped again: its id is stale.
-    let stale_buf = PageBuf::filled(64 * KIB, pattern);
-    let stale = scene.rt.block_on(map(&ob, &stale_buf));
-    assert_eq!(scene.rt.block_on(ob.unmap(stale.backend_region_id)), Ok(()));
-    let stale_key = ServedKey::decode(&stale.packed_key).unwrap();
-    let forged = ServedKey {
-        capability: [0xAB; 16],
-        ..scene.key
-    };
-    let mut request = list_over(scene.key, scene.base(), 5000, &scatter_lens());
-    let end = scene.base() + SOURCE_LEN as u64;
-    let mut expected = vec![ReplyStatus::Served; MAX_LIST_ENTRIES];
-    for (i, (entry, expected)) in request.entries.iter_mut().zip(&mut expected).enumerate() {
-        let refusal = match i % 7 {
-            1 => {
-                entry.length = 0;
-                Some(Refusal::OutOfRange)
-            }
-            3 => {
-                entry.key = stale_key;
-                entry.address = stale_buf.addr() as u64;
-                Some(Refusal::RegionUnknown)
-            }
-            4 => {
-                entry.key = forged;
-                Some(Refusal::CapabilityMismatch)
-            }
-            6 => {
-                entry.address = end - entry.length + 1;
-                Some(Refusal::OutOfRange)
-            }
-            _ => None,
-        };
-        if let Some(refusal) = refusal {
-            *expected = ReplyStatus::Refused(refusal);
-        }
-    }
-    let replies = scene.ask(&request, "mixed entries");
-    let status = scene.check_replies(&request, &replies);
-    assert!(replies.len() > 1, "one reply: the cut was not exercised");
-    for (i, (got, want)) in status.iter().zip(&expected).enumerate() {
-        // A capability mismatch may be reported as an unknown region: both
-        // say "not yours".
-        let fits = got == want
-            || (*want == ReplyStatus::Refused(Refusal::CapabilityMismatch)
-                && *got == ReplyStatus::Refused(Refusal::RegionUnknown));
-        assert!(fits, "entry {i}: {got:?}, expected {want:?}");
-    }
-    scene.end("mixed entries");
-    drop(stale_buf);
 }
 
 /// Where the owner's operator shapes UCX's protocols (a rendezvous

@@ -90,8 +90,9 @@ fn a_maximal_hostile_list_is_judged_entry_by_entry() {
 /// Entries are cut into replies by count and bytes only: 64 entries of
 /// 8 B go in one reply; 64 of 4 KiB in five (15 to a reply of one tcp
 /// fragment); a mix of 16 KiB, 1000 B and 1 B entries in replies none of
-/// which passes a fragment. Every entry is answered once, in order, with
-/// its own bytes at its own place.
+/// which passes a fragment, and never cut where the next entry would
+/// still have fit. Every entry is answered once, in order, with its own
+/// bytes at its own place.
 #[test]
 fn a_list_is_cut_by_its_payload_only() {
     let fragment = 64 * KIB - 100;
@@ -117,18 +118,28 @@ fn a_list_is_cut_by_its_payload_only() {
             .collect();
         let reads = pair.read_list(&spans, DEADLINE);
         pair.deliver_requests();
-        let sent: Vec<u64> = pair
+        // (payload length, first entry's served length) per reply.
+        let sent: Vec<(u64, u64)> = pair
             .to_consumer
             .iter()
             .map(|m| match m {
-                Message::List(list) => list.payload.len() as u64,
+                Message::List(list) => (
+                    list.payload.len() as u64,
+                    list.entries[0].1.expect("served"),
+                ),
                 Message::Single(_) => panic!("a single reply to a list"),
             })
             .collect();
         if let Some(count) = replies {
             assert_eq!(sent.len(), count, "{sent:?}");
         }
-        assert!(sent.iter().all(|&n| n <= fragment), "{sent:?}");
+        assert!(sent.iter().all(|&(n, _)| n <= fragment), "{sent:?}");
+        for cut in sent.windows(2) {
+            assert!(
+                cut[0].0 + cut[1].1 > fragment,
+                "cut before an entry that fit: {sent:?}"
+            );
+        }
         pair.deliver_replies();
         for (&read, &(offset, length)) in reads.iter().zip(&spans) {
             assert_eq!(pair.answer(read), Some(Ok(())));
