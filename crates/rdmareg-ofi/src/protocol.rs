@@ -113,100 +113,68 @@ pub const REQUEST_ID_MASK: u64 = (1 << REASON_SHIFT) - 1;
 /// every refusal of its request id.
 pub const REPLY_IGNORE: u64 = REFUSAL_BIT | REASON_MASK;
 
-/// Why an owner refused a read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// No live registration has that id (deregistered, or a stale key).
-    RegionUnknown,
-    /// The registration exists but the capability does not match it.
-    CapabilityMismatch,
-    /// The range lies outside the registration.
-    OutOfRange,
-    /// The registration is being deregistered.
-    Deregistering,
-    /// The owner already has as many unfinished replies to this consumer
-    /// as it allows (`OfiConfig::max_served_replies_per_peer`); retry once
-    /// earlier reads completed.
-    Busy,
-    /// The provider could not name the request's sender (not yet in the
-    /// owner's address vector, or named by an entry number that may name a
-    /// forgotten peer), so nothing was served; the consumer asks again.
-    Unverified,
-    /// The request came from another endpoint than the one its reply
-    /// address names.
-    NotTheRequester,
-}
+/// Why an owner refused a read: the engine kit's, which also gives the
+/// caller's error for each (`From<Refusal> for RdmaError`).
+pub use rdmareg_engine::served::Refusal;
+pub use rdmareg_engine::served::{BUSY_TEXT, NOT_THE_REQUESTER_TEXT, UNVERIFIED_TEXT};
 
-impl Refusal {
-    /// Codes are only ever added, never reassigned; a consumer that gets a
-    /// code it does not know fails the read with a typed error naming it.
-    fn code(self) -> u64 {
-        match self {
-            Refusal::RegionUnknown => 1,
-            Refusal::CapabilityMismatch => 2,
-            Refusal::OutOfRange => 3,
-            Refusal::Deregistering => 4,
-            Refusal::Busy => 5,
-            Refusal::Unverified => 6,
-            Refusal::NotTheRequester => 7,
-        }
+/// The code of `refusal` in this format: in a refusal's tag, and as the
+/// status byte of a refused list entry. Codes are only ever added, never
+/// reassigned. The kit's refusals this format has no code for (a request
+/// the owner could not parse) travel as `RegionUnknown`, as they always
+/// did.
+pub fn refusal_code(refusal: Refusal) -> u8 {
+    match refusal {
+        Refusal::CapabilityMismatch => 2,
+        Refusal::OutOfRange => 3,
+        Refusal::Deregistering => 4,
+        Refusal::Busy => 5,
+        Refusal::Unverified => 6,
+        Refusal::NotTheRequester => 7,
+        _ => 1,
     }
 }
 
-impl Refusal {
-    /// The status byte of an entry of a list reply refused for this.
-    pub fn status(self) -> u8 {
-        self.code() as u8
-    }
-}
-
-/// The seam's error for a refusal code (see [`reply_outcome`]).
-fn refusal_error(code: u64) -> RdmaError {
+/// The refusal a non-zero code names; one this build does not know is
+/// [`Refusal::Unrecognized`].
+fn refusal_of_code(code: u8) -> Refusal {
     match code {
-        3 => RdmaError::OutOfRange,
-        1 | 2 | 4 => RdmaError::RegionNotFound,
-        5 => RdmaError::backend(BUSY_TEXT),
-        6 => RdmaError::backend(UNVERIFIED_TEXT),
-        7 => RdmaError::backend(NOT_THE_REQUESTER_TEXT),
-        other => RdmaError::backend(format!(
-            "ofi: the owner refused the read for an unknown reason {other}"
-        )),
+        1 => Refusal::RegionUnknown,
+        2 => Refusal::CapabilityMismatch,
+        3 => Refusal::OutOfRange,
+        4 => Refusal::Deregistering,
+        5 => Refusal::Busy,
+        6 => Refusal::Unverified,
+        7 => Refusal::NotTheRequester,
+        other => Refusal::Unrecognized(other),
     }
 }
 
-/// The text of the error a read refused as [`Refusal::Busy`] gets.
-pub const BUSY_TEXT: &str = "ofi: owner busy: too many of this consumer's reads are in flight at the owner (its per-consumer bound of unfinished replies); retry once earlier reads have been answered";
-
-/// The text of the error a read gets when the owner still could not name
-/// its requester after it asked again.
-pub const UNVERIFIED_TEXT: &str = "ofi: the owner could not confirm that this engine sent the read request (its provider did not name the sender, however often it asked again)";
-
-/// The text of the error a read gets when its request named another
-/// endpoint as its reply address than the one that sent it.
-pub const NOT_THE_REQUESTER_TEXT: &str = "ofi: the owner refused the read: its reply address is not the address of the endpoint that sent it";
+/// The reason code in a refusal's tag.
+fn reason_of(tag: u64) -> u8 {
+    ((tag & REASON_MASK) >> REASON_SHIFT) as u8
+}
 
 /// Whether a reply's tag is a [`Refusal::Unverified`]: the consumer asks
 /// again.
 pub fn is_unverified(tag: u64) -> bool {
-    tag & REFUSAL_BIT != 0 && (tag & REASON_MASK) >> REASON_SHIFT == Refusal::Unverified.code()
+    tag & REFUSAL_BIT != 0 && reason_of(tag) == refusal_code(Refusal::Unverified)
 }
 
 /// The tag of a refusal of `request_id`.
 pub fn refusal_tag(request_id: u64, refusal: Refusal) -> u64 {
-    REFUSAL_BIT | (refusal.code() << REASON_SHIFT) | (request_id & REQUEST_ID_MASK)
+    REFUSAL_BIT
+        | (u64::from(refusal_code(refusal)) << REASON_SHIFT)
+        | (request_id & REQUEST_ID_MASK)
 }
 
 /// What a completed reply receive means, from its tag: `Ok` for the bytes,
-/// else the seam's error for the refusal — `OutOfRange` for a range the
-/// registration does not cover, `RegionNotFound` for a registration that is
-/// gone, going, or not the consumer's (a wrong capability says no more
-/// than that), a transient `Backend` with [`BUSY_TEXT`] for a busy owner,
-/// `Backend` for a reason this build does not know.
+/// else the caller's error for the refusal (see [`Refusal`]).
 pub fn reply_outcome(tag: u64) -> Result<(), RdmaError> {
     if tag & REFUSAL_BIT == 0 {
         return Ok(());
     }
-    Err(refusal_error((tag & REASON_MASK) >> REASON_SHIFT))
+    Err(refusal_of_code(reason_of(tag)).into())
 }
 
 /// One entry of a [`ListRequest`].
@@ -335,7 +303,7 @@ pub fn parse_gathered(reply: &[u8], lengths: &[u64]) -> Option<Vec<Result<usize,
             outcomes.push(Ok(at));
             at = at.checked_add(usize::try_from(length).ok()?)?;
         } else {
-            outcomes.push(Err(refusal_error(u64::from(status))));
+            outcomes.push(Err(refusal_of_code(status).into()));
         }
     }
     (at == reply.len()).then_some(outcomes)
@@ -497,7 +465,7 @@ mod tests {
     fn a_list_reply_is_used_only_when_its_lengths_add_up() {
         let lengths = [8u64, 16, 32];
         // Entry 1 refused (out of range): 3 statuses + 8 + 32 bytes.
-        let mut reply = vec![0, Refusal::OutOfRange.status(), 0];
+        let mut reply = vec![0, refusal_code(Refusal::OutOfRange), 0];
         reply.extend(std::iter::repeat_n(0xAB, 40));
         let parsed = parse_gathered(&reply, &lengths).expect("adds up");
         assert_eq!(parsed, vec![Ok(3), Err(RdmaError::OutOfRange), Ok(11)]);
@@ -573,8 +541,31 @@ mod tests {
         }
         assert!(matches!(
             reply_outcome(REFUSAL_BIT | (9 << 48) | 42),
-            Err(RdmaError::Backend(text)) if text.contains("unknown reason 9")
+            Err(RdmaError::Backend(text)) if text.contains("code 9")
         ));
+    }
+
+    #[test]
+    fn every_refusal_with_a_code_survives_the_tag() {
+        for refusal in [
+            Refusal::RegionUnknown,
+            Refusal::CapabilityMismatch,
+            Refusal::OutOfRange,
+            Refusal::Deregistering,
+            Refusal::Busy,
+            Refusal::Unverified,
+            Refusal::NotTheRequester,
+        ] {
+            let tag = refusal_tag(42, refusal);
+            assert_eq!(refusal_of_code(reason_of(tag)), refusal, "{refusal}");
+            assert_eq!(reply_outcome(tag), Err(RdmaError::from(refusal)));
+        }
+        // The kit's refusals this format has no code for travel as an
+        // unknown region, as they always did.
+        assert_eq!(
+            refusal_code(Refusal::Malformed),
+            refusal_code(Refusal::RegionUnknown)
+        );
     }
 
     #[test]

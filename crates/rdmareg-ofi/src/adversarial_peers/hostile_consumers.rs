@@ -458,13 +458,13 @@ fn garbage_frames_and_hostile_list_entries_get_typed_answers_and_the_owner_keeps
             other => panic!("read {id} answered {other:?}"),
         }
     }
-    use crate::protocol::Refusal;
+    use crate::protocol::{Refusal, refusal_code};
     let statuses = [
         0,
-        Refusal::OutOfRange.status(),
-        Refusal::OutOfRange.status(),
-        Refusal::CapabilityMismatch.status(),
-        Refusal::RegionUnknown.status(),
+        refusal_code(Refusal::OutOfRange),
+        refusal_code(Refusal::OutOfRange),
+        refusal_code(Refusal::CapabilityMismatch),
+        refusal_code(Refusal::RegionUnknown),
         0,
     ];
     assert_eq!(

@@ -192,7 +192,7 @@ fn a_hostile_owners_single_replies_get_typed_answers_and_never_land_after_them(p
         "{provider:?} refusal with bytes"
     );
     assert!(
-        matches!(&outcomes[2], Err(RdmaError::Backend(text)) if text.contains("unknown reason 200")),
+        matches!(&outcomes[2], Err(RdmaError::Backend(text)) if text.contains("code 200")),
         "{provider:?}: {:?}",
         outcomes[2]
     );

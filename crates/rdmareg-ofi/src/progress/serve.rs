@@ -15,7 +15,8 @@ use rdmareg_engine::served::{self, Action, Read};
 
 use crate::fabric::{ADDR_NOTAVAIL, ADDR_UNSPEC};
 use crate::protocol::{
-    LIST_VERSION, ListRequest, PROBE, RECEIVE_MAX, REQUEST_TAG, ReadRequest, Refusal, refusal_tag,
+    LIST_VERSION, ListRequest, PROBE, RECEIVE_MAX, REQUEST_TAG, ReadRequest, refusal_code,
+    refusal_tag,
 };
 
 use super::*;
@@ -215,7 +216,7 @@ impl Engine {
                     refusal,
                 } => {
                     debug_assert_eq!(endpoint, self.endpoint_of(reply_at));
-                    let tag = refusal_tag(request_id, wire_refusal(refusal));
+                    let tag = refusal_tag(request_id, refusal);
                     self.queue_send(SendOp {
                         owner_send: Some(send),
                         ..SendOp::new(reply_at, tag, 0, 0, std::ptr::null_mut())
@@ -237,8 +238,8 @@ impl Engine {
     /// A request whose sender the provider named as another endpoint than
     /// its reply address (`dest`), or could not name (`source` is
     /// [`ADDR_NOTAVAIL`]): no bytes and no lease. A named sender gets
-    /// [`Refusal::NotTheRequester`]; otherwise the reply address gets
-    /// [`Refusal::Unverified`] and asks again. Either refusal counts against
+    /// [`served::Refusal::NotTheRequester`]; otherwise the reply address gets
+    /// [`served::Refusal::Unverified`] and asks again. Either refusal counts against
     /// its receiver's refusal bound.
     pub(super) fn refuse_unconfirmed(&mut self, request_id: u64, source: u64, dest: u64) {
         self.signals
@@ -325,7 +326,7 @@ impl Engine {
                         );
                     }
                 }
-                Err(refusal) => reply[index] = wire_refusal(refusal).status(),
+                Err(refusal) => reply[index] = refusal_code(refusal),
             }
         }
         // Released by the send's end, by this same length.
@@ -340,20 +341,5 @@ impl Engine {
             gathered: true,
             ..SendOp::owning(dest, list.request_id, reply)
         });
-    }
-}
-
-/// The libfabric wire code of an owner machine's refusal. (The machine
-/// decides `Malformed` only for lists and requests in UCX's format, which
-/// this engine does not feed it.)
-fn wire_refusal(refusal: served::Refusal) -> Refusal {
-    match refusal {
-        served::Refusal::CapabilityMismatch => Refusal::CapabilityMismatch,
-        served::Refusal::OutOfRange => Refusal::OutOfRange,
-        served::Refusal::Deregistering => Refusal::Deregistering,
-        served::Refusal::Busy => Refusal::Busy,
-        served::Refusal::Unverified => Refusal::Unverified,
-        served::Refusal::NotTheRequester => Refusal::NotTheRequester,
-        _ => Refusal::RegionUnknown,
     }
 }

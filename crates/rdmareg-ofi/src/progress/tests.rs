@@ -9,7 +9,7 @@ use crate::fabric::ADDR_UNSPEC;
 use crate::key::PackedKey;
 use crate::protocol::{
     BUSY_TEXT, ListEntry, ListRequest, REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_TAG, ReadRequest,
-    Refusal, refusal_tag, reply_outcome,
+    Refusal, refusal_code, refusal_tag, reply_outcome,
 };
 use crate::{OfiConfig, Provider};
 
@@ -481,7 +481,7 @@ fn a_list_reply_that_does_not_add_up_writes_nothing() {
             .fabric
             .insert_peer(&list.reply_to)
             .expect("the consumer's address");
-        let mut reply = vec![0, Refusal::OutOfRange.status(), 0];
+        let mut reply = vec![0, refusal_code(Refusal::OutOfRange), 0];
         reply.extend(std::iter::repeat_n(0xEE, 3 * 64));
         raw.reply(to, list.request_id, reply);
         let results = rt.block_on(batch).expect("the batch task");
