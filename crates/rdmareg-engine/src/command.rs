@@ -89,17 +89,21 @@ pub struct NewRegion {
     pub capability: [u8; 16],
 }
 
-/// What a driver's progress thread does with each command.
-pub trait Handler {
-    /// The driver's own commands ([`Command::Driver`]).
-    type DriverCommand;
-
+/// How a driver's progress thread registers and deregisters memory.
+pub trait Registrations {
     /// Registers `region`. The caller is still waiting for the result.
     fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>);
 
     /// Deregisters `id` (idempotent); `reply` is `None` for the
     /// compensating unmap of a dropped map.
     fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>);
+}
+
+/// What a driver's progress thread does with each command; maps and
+/// unmaps go to its [`Registrations`].
+pub trait Handler: Registrations {
+    /// The driver's own commands ([`Command::Driver`]).
+    type DriverCommand;
 
     /// Starts one read.
     fn get(&mut self, request: BackendGet, reply: Reply<()>);
@@ -217,13 +221,16 @@ mod tests {
         shutdowns: usize,
     }
 
-    impl Handler for Recorder {
-        type DriverCommand = ();
+    impl Registrations for Recorder {
         fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
             self.mapped.push(region);
             drop(reply);
         }
         fn unmap_region(&mut self, _: u64, _: Option<Reply<()>>) {}
+    }
+
+    impl Handler for Recorder {
+        type DriverCommand = ();
         fn get(&mut self, _: BackendGet, _: Reply<()>) {}
         fn get_batch(&mut self, _: Vec<BackendGet>, _: BatchReply) {}
         fn driver_command(&mut self, _: ()) {}

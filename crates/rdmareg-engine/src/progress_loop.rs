@@ -39,6 +39,19 @@ use crate::lanes::{Receivers, Served};
 /// Ring commands handled per turn before the transport is progressed again.
 pub const RING_BATCH: usize = 64;
 
+/// The timings every driver's loop keeps, from its engine's configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    /// How long an idle loop spins (yielding) before it parks.
+    pub spin_window: Duration,
+    /// The longest park when nothing is in flight.
+    pub park_timeout: Duration,
+    /// The deadline of a GET that names none.
+    pub default_get_deadline: Duration,
+    /// How long teardown waits for reads in flight and the transport.
+    pub teardown_timeout: Duration,
+}
+
 /// What a driver's progress thread does besides handling commands.
 pub trait Progress: Handler {
     /// Progresses the transport once and handles what it reported.
@@ -139,7 +152,7 @@ mod tests {
     use rdmareg_core::{BackendGet, BackendRegion};
 
     use super::*;
-    use crate::command::{BatchReply, NewRegion, Reply};
+    use crate::command::{BatchReply, NewRegion, Registrations, Reply};
     use crate::doorbell::Doorbell;
     use crate::lanes::{Submitter, lanes};
     use crate::lifecycle::Lifecycle;
@@ -156,12 +169,15 @@ mod tests {
         shutdown: Option<oneshot::Receiver<()>>,
     }
 
-    impl Handler for Script {
-        type DriverCommand = ();
+    impl Registrations for Script {
         fn map_region(&mut self, _: NewRegion, _: Reply<BackendRegion>) {}
         fn unmap_region(&mut self, id: u64, _: Option<Reply<()>>) {
             self.unmaps.push(id);
         }
+    }
+
+    impl Handler for Script {
+        type DriverCommand = ();
         fn get(&mut self, _: BackendGet, _: Reply<()>) {}
         fn get_batch(&mut self, _: Vec<BackendGet>, _: BatchReply) {}
         fn driver_command(&mut self, _: ()) {}

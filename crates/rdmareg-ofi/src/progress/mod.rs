@@ -59,10 +59,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use futures::channel::oneshot;
-use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
-use rdmareg_engine::command::{BatchReply, Handler, NewRegion};
+use rdmareg_core::{BackendGet, PeerId, RdmaError};
+use rdmareg_engine::command::{BatchReply, Handler, Registrations};
 use rdmareg_engine::lanes::Receivers;
-use rdmareg_engine::progress_loop::{self, Progress, Turn};
+use rdmareg_engine::progress_loop::{self, Progress, Timings, Turn};
 use rdmareg_engine::results::BatchResults;
 use rdmareg_engine::served::consumer::{Consumer, ReadId};
 use rdmareg_engine::served::{Owner, OwnerConfig, SendId};
@@ -458,15 +458,6 @@ struct RequestBuffer {
     posted: bool,
 }
 
-/// What the loop needs of the configuration.
-#[derive(Debug, Clone)]
-struct Settings {
-    spin_window: Duration,
-    park_timeout: Duration,
-    default_get_deadline: Duration,
-    teardown_timeout: Duration,
-}
-
 /// What the engine knows of whether a peer can be reached.
 #[derive(Debug, Clone, Copy)]
 struct PeerWatch {
@@ -515,7 +506,7 @@ struct Engine {
     /// addresses (`Engine::forget_idle_consumers`), each with its request's
     /// sender already resolved: handled first by the next `reap`.
     read_ahead: Vec<(Completion, Option<Bytes>)>,
-    settings: Settings,
+    settings: Timings,
     signals: Arc<Signals>,
     page_size: u64,
     shutdown_replies: Vec<oneshot::Sender<()>>,
@@ -628,7 +619,7 @@ impl Engine {
             unposted: VecDeque::new(),
             completions: Vec::with_capacity(COMPLETION_BATCH),
             read_ahead: Vec::new(),
-            settings: Settings {
+            settings: Timings {
                 spin_window: config.spin_window,
                 park_timeout: config.park_timeout,
                 default_get_deadline: config.default_get_deadline,
@@ -766,14 +757,6 @@ mod tests;
 
 impl Handler for Engine {
     type DriverCommand = PeerChange;
-
-    fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
-        Engine::map_region(self, region, reply);
-    }
-
-    fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
-        Engine::unmap_region(self, id, reply);
-    }
 
     fn get(&mut self, request: BackendGet, reply: Reply<()>) {
         if let Err(err) = self.post(request, Waiter::Single(reply)) {

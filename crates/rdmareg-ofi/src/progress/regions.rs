@@ -10,7 +10,7 @@
 //! deregisters and completes the unmap.
 
 use rdmareg_core::BackendRegion;
-use rdmareg_engine::command::NewRegion;
+use rdmareg_engine::command::{NewRegion, Registrations};
 use rdmareg_engine::served::UnmapStatus;
 
 use crate::engine::Reply;
@@ -19,14 +19,9 @@ use crate::key::PackedKey;
 
 use super::*;
 
-impl Engine {
-    pub(super) fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
-        let NewRegion {
-            id,
-            ptr,
-            len,
-            capability,
-        } = region;
+impl Registrations for Engine {
+    fn map_region(&mut self, new: NewRegion, reply: Reply<BackendRegion>) {
+        let (id, ptr, len, capability) = (new.id, new.ptr, new.len, new.capability);
         let mut requested_key = id;
         if self.owner_served() {
             // No peer is told this key; a random one is not guessable from
@@ -90,7 +85,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
+    fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
         let Some(region) = self.regions.get_mut(&id) else {
             if let Some(reply) = reply {
                 let _ = reply.send(Ok(()));
@@ -106,7 +101,9 @@ impl Engine {
         self.run_owner_actions(ADDR_NOTAVAIL);
         self.deregister_if_idle(id);
     }
+}
 
+impl Engine {
     /// Deregisters `id` once it is being unmapped (or torn down), the owner
     /// machine let go of it and no read is in flight into it.
     pub(super) fn deregister_if_idle(&mut self, id: u64) {

@@ -393,7 +393,7 @@ impl Engine {
         // Every other read goes through the owner, which checks it, a
         // same-host read this engine cannot copy with a release check
         // included.
-        let timeout = deadline.unwrap_or(self.settings.default_get_deadline);
+        let timeout = deadline.unwrap_or(self.settings.timings.default_get_deadline);
         let deadline = *posted + timeout;
         let key = key.served();
         let (endpoint, serial) = match self.served_endpoint(peer) {

@@ -38,10 +38,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use futures::channel::oneshot;
-use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
-use rdmareg_engine::command::{BatchReply, Handler, NewRegion, Reply};
+use rdmareg_core::{BackendGet, RdmaError};
+use rdmareg_engine::command::{BatchReply, Handler, Reply};
 use rdmareg_engine::lanes::Receivers;
-use rdmareg_engine::progress_loop::{self, Progress, Turn};
+use rdmareg_engine::progress_loop::{self, Progress, Timings, Turn};
 use rdmareg_engine::thread::Ready;
 
 use crate::command::{Command, PeerChange, Signals};
@@ -71,10 +71,7 @@ pub(crate) struct StartInfo {
 /// The loop's share of [`UcxConfig`].
 #[derive(Debug, Clone)]
 struct Settings {
-    spin_window: Duration,
-    park_timeout: Duration,
-    default_get_deadline: Duration,
-    teardown_timeout: Duration,
+    timings: Timings,
     peer_error_handling: bool,
     /// Whether reads may go in chunks at all (`chunks`).
     reads_in_chunks: bool,
@@ -173,7 +170,7 @@ pub(crate) fn run(
         }
     };
     ready.started(info);
-    let spin_window = engine.settings.spin_window;
+    let spin_window = engine.settings.timings.spin_window;
     progress_loop::run(&mut engine, &lanes, spin_window);
     engine.teardown(&lanes.ring, &lanes.control);
 }
@@ -284,10 +281,12 @@ impl Engine {
             events,
             regions: RegionTable::default(),
             settings: Settings {
-                spin_window: config.spin_window,
-                park_timeout: config.park_timeout,
-                default_get_deadline: config.default_get_deadline,
-                teardown_timeout: config.teardown_timeout,
+                timings: Timings {
+                    spin_window: config.spin_window,
+                    park_timeout: config.park_timeout,
+                    default_get_deadline: config.default_get_deadline,
+                    teardown_timeout: config.teardown_timeout,
+                },
                 peer_error_handling: config.transport.peer_error_handling(),
                 reads_in_chunks,
             },
@@ -388,7 +387,7 @@ impl Engine {
                 }
             }
         }
-        let mut timeout = self.settings.park_timeout;
+        let mut timeout = self.settings.timings.park_timeout;
         if !armed {
             timeout = timeout.min(Duration::from_millis(1));
         }
@@ -423,14 +422,6 @@ impl Engine {
 
 impl Handler for Engine {
     type DriverCommand = PeerChange;
-
-    fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
-        Engine::map_region(self, region, reply);
-    }
-
-    fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
-        Engine::unmap_region(self, id, reply);
-    }
 
     fn get(&mut self, request: BackendGet, reply: Reply<()>) {
         self.post_get(request, reply);

@@ -24,7 +24,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use bytes::Bytes;
 use rdmareg_core::{BackendRegion, RdmaError, page_enclosing_range};
-use rdmareg_engine::command::NewRegion;
+use rdmareg_engine::command::{NewRegion, Registrations};
 use rdmareg_engine::served::UnmapStatus;
 
 use super::Engine;
@@ -62,9 +62,9 @@ impl Region {
 /// Region id → registration.
 pub(crate) type RegionTable = HashMap<u64, Region>;
 
-impl Engine {
+impl Registrations for Engine {
     /// `Command::Map`.
-    pub(super) fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
+    fn map_region(&mut self, region: NewRegion, reply: Reply<BackendRegion>) {
         let NewRegion {
             id,
             ptr,
@@ -203,6 +203,35 @@ impl Engine {
         }
     }
 
+    /// `Command::Unmap`.
+    fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
+        // The backend withdrew it when the unmap was submitted; a
+        // compensating unmap was not submitted there.
+        self.signals.caller_copies.withdraw_destination(id);
+        // First, before the unmap can return (module docs).
+        let release_slot = self
+            .regions
+            .get_mut(&id)
+            .and_then(|region| region.release_slot.take());
+        self.retire_release_slot(release_slot);
+        let Some(region) = self.regions.get_mut(&id) else {
+            if let Some(reply) = reply {
+                let _ = reply.send(Ok(()));
+            }
+            return;
+        };
+        region
+            .unmap_waiters
+            .get_or_insert_with(Vec::new)
+            .extend(reply);
+        if !self.stop_serving(id) {
+            // The owner does not serve it (any more): only holds can wait.
+            self.run_parked_unmap_if_idle(id);
+        }
+    }
+}
+
+impl Engine {
     /// Empties a release slot: no same-host read of what it named counts
     /// from now on.
     fn retire_release_slot(&mut self, slot: Option<u32>) {
@@ -257,33 +286,6 @@ impl Engine {
         page_enclosing_range(start, len, self.page_size)
             .map(|r| (r.start, r.len))
             .unwrap_or((start, len))
-    }
-
-    /// `Command::Unmap`.
-    pub(super) fn unmap_region(&mut self, id: u64, reply: Option<Reply<()>>) {
-        // The backend withdrew it when the unmap was submitted; a
-        // compensating unmap was not submitted there.
-        self.signals.caller_copies.withdraw_destination(id);
-        // First, before the unmap can return (module docs).
-        let release_slot = self
-            .regions
-            .get_mut(&id)
-            .and_then(|region| region.release_slot.take());
-        self.retire_release_slot(release_slot);
-        let Some(region) = self.regions.get_mut(&id) else {
-            if let Some(reply) = reply {
-                let _ = reply.send(Ok(()));
-            }
-            return;
-        };
-        region
-            .unmap_waiters
-            .get_or_insert_with(Vec::new)
-            .extend(reply);
-        if !self.stop_serving(id) {
-            // The owner does not serve it (any more): only holds can wait.
-            self.run_parked_unmap_if_idle(id);
-        }
     }
 
     /// Tells the owner `id` is being unmapped: it serves no new read of it,

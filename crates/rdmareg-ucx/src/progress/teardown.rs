@@ -57,7 +57,7 @@ impl Engine {
         self.refuse_queued(ring, control, &mut queued_unmaps);
 
         let started = Instant::now();
-        let deadline = started + self.settings.teardown_timeout;
+        let deadline = started + self.settings.timings.teardown_timeout;
         let mut queues = Queues {
             ring,
             control,
@@ -66,7 +66,7 @@ impl Engine {
 
         let reads_before = self.ops.active();
         let leases_before = self.leases_outstanding();
-        let drain_until = started + self.settings.teardown_timeout.mul_f64(DRAIN_SHARE);
+        let drain_until = started + self.settings.timings.teardown_timeout.mul_f64(DRAIN_SHARE);
         let drained = self.settle(drain_until, &mut queues, |e| {
             e.ops.active() == 0 && e.leases_outstanding() == 0
         });
