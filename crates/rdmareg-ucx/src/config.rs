@@ -385,7 +385,7 @@ impl UcxConfig {
     /// (`progress::chunks`): the chunks are sized for UCX's rendezvous
     /// threshold and 64 KiB tcp segments, so an operator who sets either
     /// (or UCX's older protocols) gets reads whole.
-    pub(crate) fn reads_in_pieces_allowed(&self, env_sets: impl Fn(&str) -> bool) -> bool {
+    pub(crate) fn reads_in_chunks_allowed(&self, env_sets: impl Fn(&str) -> bool) -> bool {
         const SHAPING: [&str; 4] = [
             "RNDV_THRESH",
             "TCP_TX_SEG_SIZE",
@@ -432,10 +432,10 @@ impl UcxConfig {
         self.tcp_ranges_per_zero_copy_fragment(environment_value)
     }
 
-    /// [`Self::reads_in_pieces_allowed`] against the real process
+    /// [`Self::reads_in_chunks_allowed`] against the real process
     /// environment.
-    pub(crate) fn reads_in_pieces_allowed_by_env(&self) -> bool {
-        self.reads_in_pieces_allowed(environment_sets)
+    pub(crate) fn reads_in_chunks_allowed_by_env(&self) -> bool {
+        self.reads_in_chunks_allowed(environment_sets)
     }
 
     /// [`Self::ucx_settings`] against the real process environment.
@@ -644,7 +644,7 @@ mod tests {
     #[test]
     fn reads_go_in_chunks_unless_the_operator_shapes_ucxs_protocols() {
         let config = UcxConfig::default();
-        assert!(config.reads_in_pieces_allowed(|_| false));
+        assert!(config.reads_in_chunks_allowed(|_| false));
         for key in [
             "RNDV_THRESH",
             "TCP_TX_SEG_SIZE",
@@ -652,16 +652,16 @@ mod tests {
             "PROTO_ENABLE",
         ] {
             assert!(
-                !config.reads_in_pieces_allowed(|set| set == key),
+                !config.reads_in_chunks_allowed(|set| set == key),
                 "{key} in the environment"
             );
             let set_here = UcxConfig::default().with_ucx_setting(key, "8K");
             assert!(
-                !set_here.reads_in_pieces_allowed(|_| false),
+                !set_here.reads_in_chunks_allowed(|_| false),
                 "{key} set on the config"
             );
         }
-        assert!(config.reads_in_pieces_allowed(|set| set == "TLS"));
+        assert!(config.reads_in_chunks_allowed(|set| set == "TLS"));
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //!   chunk does (`results`).
 //! - Only while fewer than [`SPLIT_WHILE_FEWER_THAN`] reads are in flight:
 //!   each chunk counts against the owner's bound on unfinished replies.
-//! - Only with UCX's own thresholds (`UcxConfig::reads_in_pieces_allowed`):
+//! - Only with UCX's own thresholds (`UcxConfig::reads_in_chunks_allowed`):
 //!   with a low rendezvous threshold the chunks themselves would go by
 //!   rendezvous. Only the consumer's settings are visible here.
 //! - In a list of two reads or more, a read longer than

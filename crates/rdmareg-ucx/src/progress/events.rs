@@ -75,7 +75,7 @@ pub(crate) struct Events {
     /// Whether this engine, as an owner, replies to a list in replies of at
     /// most one tcp fragment each on tcp-only connections (`read_lists`); off
     /// where the operator shapes UCX's protocols
-    /// (`UcxConfig::reads_in_pieces_allowed`).
+    /// (`UcxConfig::reads_in_chunks_allowed`).
     pub(crate) fragment_sized_replies: Cell<bool>,
     /// Whether replies to the list request being handled go one tcp
     /// fragment each, and to which endpoint (`serve::one_fragment_each`);

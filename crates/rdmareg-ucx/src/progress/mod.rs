@@ -210,7 +210,7 @@ impl Engine {
         events.served_gauge = Arc::clone(&signals.served_replies_in_flight);
         // Chunked reads and fragment-sized list replies both need UCX's tcp
         // protocols to be the engine's own.
-        let reads_in_chunks = config.reads_in_pieces_allowed_by_env();
+        let reads_in_chunks = config.reads_in_chunks_allowed_by_env();
         events.fragment_sized_replies.set(reads_in_chunks);
         events
             .tcp_ranges_per_zero_copy_fragment
