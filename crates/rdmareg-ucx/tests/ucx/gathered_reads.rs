@@ -155,7 +155,7 @@ fn small_reads_of_one_owner_travel_as_one_list_and_are_answered_per_entry() {
 /// More reads than one list holds, and reads too large to gather, are split:
 /// lists of at most `MAX_LIST_ENTRIES`, and the large reads alone. (Over
 /// tcp a list's reads of up to twice `MAX_GATHERED_ENTRY` are gathered in
-/// two pieces, see `progress::pieces`: the large reads here are longer.)
+/// two pieces, see `progress::chunks`: the large reads here are longer.)
 #[test]
 fn long_batches_are_split_into_bounded_lists_and_large_reads_go_alone() {
     let rt = runtime();

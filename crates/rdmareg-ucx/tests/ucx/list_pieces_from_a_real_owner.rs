@@ -6,7 +6,7 @@
 //! 16 KiB) and at most twice it goes as two reads, 16 KiB and the rest,
 //! each gathered into the list requests with the batch's small reads and
 //! answered by the owner like any gathered entry; the caller sees one
-//! answer per entry (`progress::pieces`). These tests attack that with an
+//! answer per entry (`progress::chunks`). These tests attack that with an
 //! owner engine under odd lengths and offsets, second pieces past the
 //! registration, microsecond deadlines, batches deeper than 1024 reads, an
 //! unmap of the source, a dropped batch, either engine shutting down and a

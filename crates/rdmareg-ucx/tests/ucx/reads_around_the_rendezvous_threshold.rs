@@ -31,7 +31,7 @@ const LENGTHS: [u64; 7] = [
     273_738,
     273_739,
 ];
-/// The longest read asked in pieces over tcp (see `progress::pieces`).
+/// The longest read asked in pieces over tcp (see `progress::chunks`).
 const PIECED_UP_TO: u64 = 273_738;
 /// Where in its own buffer each read lands: odd, with room on both sides.
 const DEST_OFFSET: u64 = 4096 + 13;

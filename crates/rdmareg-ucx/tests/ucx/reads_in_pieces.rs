@@ -16,7 +16,7 @@ use rdmareg_core::{BackendGet, RdmaError};
 use rdmareg_ucx::{Transport, UcxEngine};
 
 /// One fragment's worth of reply over tcp with 64 KiB segments, and the
-/// largest reply UCX 1.22 sends eager there (see `progress::pieces`).
+/// largest reply UCX 1.22 sends eager there (see `progress::chunks`).
 const ONE_FRAGMENT: u64 = 65_520;
 const LARGEST_SPLIT: u64 = 273_738;
 /// Where each read lands in its destination: odd, with guard bytes on both

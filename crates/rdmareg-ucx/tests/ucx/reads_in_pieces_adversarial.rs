@@ -525,7 +525,7 @@ async fn a_batch_mixing_pieced_small_and_failing_entries_answers_each_on_its_own
         let expected: Vec<_> = entries.iter().map(|(.., e)| e.clone()).collect();
         assert_eq!(answers, expected, "round {round}");
         // Past one fragment, and in a list above the gathered bound up to
-        // twice it (`progress::pieces`).
+        // twice it (`progress::chunks`).
         let pieced = entries
             .iter()
             .filter(|(len, ..)| {

@@ -15,11 +15,11 @@
 //! end-to-end tests of the same promise that stay, each *(part)* with what
 //! only the real transport shows.
 //!
-//! For reads in pieces a scenario pins each piece's rules. Cutting a read
-//! into pieces (`progress::pieces`) and joining the pieces' answers into
-//! one (`PieceAnswers`, `progress::answer`) are the UCX driver's, each
-//! unit-tested there; the pieces tests kept end to end race them with the
-//! real transport.
+//! For reads in pieces (chunks) a scenario pins each chunk's rules.
+//! Cutting a read into chunks (`progress::chunks`) and joining their
+//! results into one (`ChunkResults`, `progress::results`) are the UCX
+//! driver's, each unit-tested there; the chunk tests kept end to end race
+//! them with the real transport.
 //!
 //! | scenario | replaces | kept |
 //! |---|---|---|
