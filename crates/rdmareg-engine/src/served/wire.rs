@@ -396,6 +396,7 @@ fn u64_at<const N: usize>(bytes: &[u8; N], at: usize) -> u64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use rdmareg_core::RdmaError;
 
     #[test]
     fn every_refusal_survives_the_wire() {
@@ -433,6 +434,55 @@ mod tests {
         .encode();
         assert_eq!(served[1], 0);
         assert_eq!(served[12..20], 4096u64.to_le_bytes());
+    }
+
+    /// The UCX engine's status codes as the bytes peers of every release
+    /// send, and the caller's error for each of the 255 a peer can send:
+    /// pinned as bytes, since a round trip through this build's own
+    /// encoder and decoder passes even if both were renumbered together.
+    #[test]
+    fn every_status_code_keeps_its_byte_and_kind_of_error() {
+        for (refusal, code) in [
+            (Refusal::RegionUnknown, 1),
+            (Refusal::CapabilityMismatch, 2),
+            (Refusal::OutOfRange, 3),
+            (Refusal::Deregistering, 4),
+            (Refusal::Malformed, 5),
+            (Refusal::Busy, 6),
+        ] {
+            let reply = Reply {
+                request_id: 9,
+                outcome: Err(refusal),
+            };
+            assert_eq!(reply.encode()[1], code, "{refusal}");
+        }
+        for code in 1..=u8::MAX {
+            let mut bytes = Reply {
+                request_id: 9,
+                outcome: Ok(0),
+            }
+            .encode();
+            bytes[1] = code;
+            let refusal = Reply::decode(&bytes)
+                .expect("a refusal")
+                .outcome
+                .expect_err("refused");
+            let err = RdmaError::from(refusal);
+            let kind = match &err {
+                RdmaError::OutOfRange => "OutOfRange",
+                RdmaError::RegionNotFound => "RegionNotFound",
+                RdmaError::InvalidKey => "InvalidKey",
+                RdmaError::Backend(_) if err.is_transient() => "transient Backend",
+                _ => "something else",
+            };
+            let expected = match code {
+                3 => "OutOfRange",
+                1 | 2 | 4 => "RegionNotFound",
+                5 => "InvalidKey",
+                _ => "transient Backend",
+            };
+            assert_eq!(kind, expected, "code {code}: {err}");
+        }
     }
 
     #[test]

@@ -14,5 +14,6 @@ mod owner_served;
 mod packed_key_props;
 mod peers;
 mod provider_facts;
+mod refusal_codes;
 mod stale_shm_region;
 mod stalled_connection_reset;
