@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use rdmareg_registry::{PeerId, RdmaConfig, RdmaRegistry, ShutdownReport, TeardownVerdict};
+use rdmareg_registry::{PeerId, RdmaConfig, RdmaRegistry, ShutdownReport};
 use rdmareg_ucx::{Transport, UcxConfig};
 
 use crate::lane::{Engine, EngineConfig, Lane};
@@ -88,16 +88,16 @@ impl Side {
 
     /// The documented ordering: registry shutdown with `budget`, engine
     /// teardown, then the release of what the sweep could not confirm.
-    /// Returns what the sweep did and what the release decided.
+    /// Returns the release's report: what the sweep did and what the release
+    /// decided.
     ///
     /// # Cancel safety
     /// Not meant to be cancelled: a cancelled call leaves the side half shut
     /// down (calling it again completes it).
-    pub async fn shut_down(&self, budget: Duration) -> (ShutdownReport, TeardownVerdict) {
+    pub async fn shut_down(&self, budget: Duration) -> ShutdownReport {
         let swept = self.registry.shutdown(budget).await;
         self.engine.shutdown().await;
-        let verdict = swept.finish_after_backend_teardown();
-        (swept.report().clone(), verdict)
+        swept.finish_after_backend_teardown()
     }
 }
 
@@ -138,27 +138,21 @@ impl Pair {
     /// Shut the consumer down, then the owner (see the module docs), each in
     /// the documented order with `budget`; checks that both engines end with
     /// nothing registered and that both releases were granted. Returns the
-    /// consumer's and the owner's results, in that order.
+    /// consumer's and the owner's reports, in that order.
     ///
     /// # Cancel safety
     /// As [`Side::shut_down`].
-    pub async fn shut_down(&self, budget: Duration) -> [(ShutdownReport, TeardownVerdict); 2] {
+    pub async fn shut_down(&self, budget: Duration) -> [ShutdownReport; 2] {
         let consumer = self.consumer.shut_down(budget).await;
         let owner = self.owner.shut_down(budget).await;
-        for (side, (_, verdict), live) in [
+        for (side, report, live) in [
             ("consumer", &consumer, self.consumer.engine_live()),
             ("owner", &owner, self.owner.engine_live()),
         ] {
             assert_eq!(live, 0, "{side} engine still holds registrations");
             assert!(
-                matches!(
-                    verdict,
-                    TeardownVerdict::Released {
-                        backend_live: Some(0),
-                        ..
-                    }
-                ),
-                "{side} release after teardown: {verdict:?}"
+                report.released && report.backend_live == Some(0),
+                "{side} release after teardown: {report:?}"
             );
         }
         [consumer, owner]

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{PeerId, RdmaError};
 use rdmareg_ofi::{OfiConfig, OfiEngine, Provider};
-use rdmareg_registry::{RdmaConfig, RdmaRegistry, TeardownVerdict};
+use rdmareg_registry::{RdmaConfig, RdmaRegistry};
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
 
 use crate::cli::TransportArg;
@@ -161,17 +161,14 @@ impl Node {
     /// the backend reports nothing registered; each step bounded.
     pub async fn shutdown(self) -> ShutdownOutcome {
         let swept = self.registry.shutdown(self.bounds.teardown).await;
-        let report = swept.report().clone();
         self.engine.shutdown().await;
-        let verdict = swept.finish_after_backend_teardown();
+        let report = swept.finish_after_backend_teardown();
         // The engine always reports its count; a missing one reads as
         // "not zero", never as clean.
         let live_registrations = self.engine.live_registrations().unwrap_or(usize::MAX);
-        let clean = report.drained
-            && live_registrations == 0
-            && matches!(verdict, TeardownVerdict::Released { .. });
+        let clean = report.drained && live_registrations == 0 && report.released;
         if !clean {
-            tracing::error!(?report, ?verdict, live_registrations, "unclean shutdown");
+            tracing::error!(?report, live_registrations, "unclean shutdown");
         }
         ShutdownOutcome {
             live_registrations,

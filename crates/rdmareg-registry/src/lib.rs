@@ -36,11 +36,9 @@ mod transfer_list;
 pub use config::{ConfigError, GRANULE, PoolConfig, RdmaConfig};
 pub use metrics::{GET_LATENCY_BUCKETS, LatencyHistogram, RegistryMetrics};
 pub use pool::{DescribeError, DescribedBuf, PinnedBuf, WithdrawError};
-pub use region::{
-    RegionGuard, RegionView, RegionWatch, StillRunning, UnregisterOutcome, UnregisterOwnedError,
-};
+pub use region::{RegionGuard, RegionView, RegionWatch, UnregisterOutcome, UnregisterOwnedError};
 pub use registry::{RdmaRegistry, RegisterOwnedError};
-pub use shutdown::{ShutdownReport, Survivors, SweptRegistry, TeardownVerdict};
+pub use shutdown::{ShutdownReport, SweptRegistry};
 pub use stats::RegistryStats;
 pub use transfer_list::TransferList;
 

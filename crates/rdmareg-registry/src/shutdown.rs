@@ -13,20 +13,30 @@
 //!
 //! Step 5 is reachable only through the [`SweptRegistry`] of step 3.
 //! Registrations completing after the sweep release themselves at once.
+//! Every step reports in one [`ShutdownReport`].
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use std::future::Future;
 
 use futures::future::join_all;
+use parking_lot::Mutex;
 use rdmareg_core::RdmaError;
 
 use crate::pool::arena::unmap_arena;
 use crate::region::state::unmap_region;
 use crate::registry::Inner;
 
-/// What one [`shutdown`](crate::RdmaRegistry::shutdown) pass did.
+/// What a shutdown did and what is still registered.
+///
+/// One report covers the whole ordering: the sweep's counts (fixed once the
+/// sweep ends), the release after the backend's teardown, and what the
+/// registry and the backend still count registered when the report was
+/// taken. [`SweptRegistry::report`] takes one at any time;
+/// [`SweptRegistry::finish_after_backend_teardown`] returns the one taken
+/// right after its decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShutdownReport {
@@ -47,44 +57,44 @@ pub struct ShutdownReport {
     pub regions_unmap_pending: usize,
     /// Arenas whose unmap did not complete within the budget.
     pub arenas_unmap_pending: usize,
-}
-
-/// Regions and arenas the registry still tracks as registered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct Survivors {
-    /// Regions not yet confirmed unmapped.
-    pub regions: usize,
-    /// Arenas not yet confirmed unmapped.
-    pub arenas: usize,
+    /// Whether the survivors were released after the backend's teardown:
+    /// the decision of the [`finish_after_backend_teardown`] call that
+    /// returned this report, or, from [`report`], whether any finish on
+    /// this [`SweptRegistry`] released them. `false` before a finish and
+    /// when the backend still counted registrations (refused: retry after
+    /// its teardown).
+    ///
+    /// [`finish_after_backend_teardown`]: SweptRegistry::finish_after_backend_teardown
+    /// [`report`]: SweptRegistry::report
+    pub released: bool,
+    /// Surviving regions whose latch a finish on this [`SweptRegistry`]
+    /// released (0 until one releases).
+    pub regions_released_after_teardown: usize,
+    /// Surviving arenas a finish on this [`SweptRegistry`] released.
+    pub arenas_released_after_teardown: usize,
+    /// The backend's own count of registrations when this report was taken
+    /// (`None`: it cannot count). A finish releases only on `Some(0)` or
+    /// `None`.
+    pub backend_live: Option<usize>,
+    /// Regions the registry still counted registered when this report was
+    /// taken: failed or pending unmaps. After a refused finish, the regions
+    /// it left open.
+    pub regions_registered: usize,
+    /// Arenas still counted registered when this report was taken. After a
+    /// refused finish, the arenas it left registered.
+    pub arenas_registered: usize,
     /// Lent buffers ([`DescribedBuf`](crate::DescribedBuf)s) whose own
-    /// registration is not yet confirmed unmapped; left to their holders,
-    /// revoked by the backend's teardown.
-    pub lent_buffers: usize,
+    /// registration was not yet confirmed unmapped when this report was
+    /// taken; left to their holders, revoked by the backend's teardown.
+    pub lent_buffers_registered: usize,
 }
 
-/// What [`SweptRegistry::finish_after_backend_teardown`] decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TeardownVerdict {
-    /// The backend reported nothing (or cannot report): all released.
-    Released {
-        /// Surviving regions whose latch this released.
-        regions: usize,
-        /// Surviving arenas released.
-        arenas: usize,
-        /// What the backend reported.
-        backend_live: Option<usize>,
-    },
-    /// The backend still holds registrations: nothing released; retry.
-    Refused {
-        /// The backend's own count.
-        backend_live: usize,
-        /// Regions left open.
-        regions_open: usize,
-        /// Arenas left registered.
-        arenas_open: usize,
-    },
+impl ShutdownReport {
+    /// Whether the registry still counts anything registered (regions,
+    /// arenas or lent buffers).
+    fn anything_registered(&self) -> bool {
+        self.regions_registered + self.arenas_registered + self.lent_buffers_registered > 0
+    }
 }
 
 /// Proof that the sweep ran; the only way to release survivors.
@@ -96,39 +106,76 @@ pub enum TeardownVerdict {
 #[must_use = "tear the backend down, then call finish_after_backend_teardown to release what the sweep could not"]
 pub struct SweptRegistry {
     inner: Arc<Inner>,
-    report: ShutdownReport,
-    /// Set once a finish released every survivor.
-    finished: std::sync::atomic::AtomicBool,
+    /// The sweep's counts; the other fields are filled when a report is taken.
+    sweep: ShutdownReport,
+    /// What finishes on this token released. A finish holds it from its
+    /// read of the backend's count to its last release, and a report while
+    /// it reads, so two finishes do not release (and count) one survivor
+    /// twice and a report sees a whole decision or none of it.
+    release: Mutex<Release>,
+}
+
+/// What finishes on one [`SweptRegistry`] released.
+#[derive(Debug, Default)]
+struct Release {
+    /// A finish released every survivor.
+    released: bool,
+    regions: usize,
+    arenas: usize,
 }
 
 impl SweptRegistry {
-    /// What the sweep did.
-    pub fn report(&self) -> &ShutdownReport {
-        &self.report
+    /// What the sweep did, what finishes on this token released, and what
+    /// the registry and the backend count registered now.
+    pub fn report(&self) -> ShutdownReport {
+        let release = self.release.lock();
+        self.report_now(
+            &release,
+            release.released,
+            self.inner.backend.live_registrations(),
+        )
     }
 
-    /// What the registry still counts as registered now: failed or pending
-    /// unmaps and lent buffers.
-    pub fn survivors(&self) -> Survivors {
-        let lent_buffers = if *self.inner.backend_released_everything.borrow() {
+    /// The sweep's counts, `release`'s, `released` and `backend_live` as
+    /// given, and the rest read now.
+    fn report_now(
+        &self,
+        release: &Release,
+        released: bool,
+        backend_live: Option<usize>,
+    ) -> ShutdownReport {
+        let lent_buffers_registered = if *self.inner.backend_released_everything.borrow() {
             0
         } else {
-            self.inner
-                .lent_registrations
-                .load(std::sync::atomic::Ordering::SeqCst)
+            self.inner.lent_registrations.load(Ordering::SeqCst)
         };
-        let tables = self.inner.tables.lock();
-        Survivors {
-            regions: tables.regions.values().filter(|r| !r.is_unmapped()).count(),
-            arenas: tables.arenas.values().filter(|a| !a.is_unmapped()).count(),
-            lent_buffers,
+        let (regions_registered, arenas_registered) = {
+            let tables = self.inner.tables.lock();
+            (
+                tables.regions.values().filter(|r| !r.is_unmapped()).count(),
+                tables.arenas.values().filter(|a| !a.is_unmapped()).count(),
+            )
+        };
+        ShutdownReport {
+            released,
+            regions_released_after_teardown: release.regions,
+            arenas_released_after_teardown: release.arenas,
+            backend_live,
+            regions_registered,
+            arenas_registered,
+            lent_buffers_registered,
+            ..self.sweep.clone()
         }
     }
 
     /// After the backend's teardown, release every survivor if it reports
-    /// `Some(0)` or `None`, else refuse (logged). Repeatable.
-    pub fn finish_after_backend_teardown(&self) -> TeardownVerdict {
+    /// `Some(0)` or `None`, else refuse (logged; `released` is `false` and
+    /// `regions_registered`/`arenas_registered` name what stays open).
+    /// Repeatable. Finishes and reports on one token take turns: a survivor
+    /// is released and counted once, and a report sees a whole decision.
+    pub fn finish_after_backend_teardown(&self) -> ShutdownReport {
         let inner = &self.inner;
+        let mut release = self.release.lock();
         let backend_live = inner.backend.live_registrations();
         let (regions, arenas) = {
             let tables = inner.tables.lock();
@@ -156,11 +203,7 @@ impl SweptRegistry {
                 arenas = arenas.len(),
                 "backend still holds registrations after teardown: survivors are NOT released; their memory stays allocated"
             );
-            return TeardownVerdict::Refused {
-                backend_live: live,
-                regions_open: regions.len(),
-                arenas_open: arenas.len(),
-            };
+            return self.report_now(&release, false, backend_live);
         }
         for region in &regions {
             region.mark_unmapped();
@@ -175,37 +218,34 @@ impl SweptRegistry {
         inner.pool.pooled.write().clear();
         // Rollbacks retrying an unmap of a caller's range can stop.
         inner.backend_released_everything.send_replace(true);
-        self.finished
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        TeardownVerdict::Released {
-            regions: regions.len(),
-            arenas: arenas.len(),
-            backend_live,
-        }
+        release.regions += regions.len();
+        release.arenas += arenas.len();
+        release.released = true;
+        self.report_now(&release, true, backend_live)
     }
 }
 
 impl Drop for SweptRegistry {
     fn drop(&mut self) {
-        if self.finished.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.release.get_mut().released {
             return;
         }
-        let survivors = self.survivors();
-        if survivors == Survivors::default() {
+        let now = self.report();
+        if !now.anything_registered() {
             return;
         }
-        match self.inner.backend.live_registrations() {
+        match now.backend_live {
             Some(0) => {
                 tracing::info!(
-                    regions = survivors.regions,
-                    arenas = survivors.arenas,
+                    regions = now.regions_registered,
+                    arenas = now.arenas_registered,
                     "swept registry dropped unfinished; the backend holds nothing, so its survivors are released"
                 );
                 let _ = self.finish_after_backend_teardown();
             }
             live => tracing::warn!(
-                regions = survivors.regions,
-                arenas = survivors.arenas,
+                regions = now.regions_registered,
+                arenas = now.arenas_registered,
                 backend_live = ?live,
                 "swept registry dropped before finish_after_backend_teardown: its survivors stay open; call RdmaRegistry::shutdown again after the backend's teardown and finish that"
             ),
@@ -265,16 +305,29 @@ pub(crate) async fn shutdown(inner: &Arc<Inner>, budget: Duration) -> SweptRegis
         .retain(|arena| !arena.is_unmapped());
 
     let count = |results: &[Sweep], which: Sweep| results.iter().filter(|r| **r == which).count();
-    let report = ShutdownReport {
-        drained,
-        in_flight_at_sweep,
-        regions_deregistered: count(&region_results, Sweep::Confirmed),
-        arenas_deregistered: count(&arena_results, Sweep::Confirmed),
-        regions_surviving: count(&region_results, Sweep::Refused),
-        arenas_surviving: count(&arena_results, Sweep::Refused),
-        regions_unmap_pending: count(&region_results, Sweep::Pending),
-        arenas_unmap_pending: count(&arena_results, Sweep::Pending),
+    let swept = SweptRegistry {
+        inner: Arc::clone(inner),
+        sweep: ShutdownReport {
+            drained,
+            in_flight_at_sweep,
+            regions_deregistered: count(&region_results, Sweep::Confirmed),
+            arenas_deregistered: count(&arena_results, Sweep::Confirmed),
+            regions_surviving: count(&region_results, Sweep::Refused),
+            arenas_surviving: count(&arena_results, Sweep::Refused),
+            regions_unmap_pending: count(&region_results, Sweep::Pending),
+            arenas_unmap_pending: count(&arena_results, Sweep::Pending),
+            // Filled when a report is taken.
+            released: false,
+            regions_released_after_teardown: 0,
+            arenas_released_after_teardown: 0,
+            backend_live: None,
+            regions_registered: 0,
+            arenas_registered: 0,
+            lent_buffers_registered: 0,
+        },
+        release: Mutex::new(Release::default()),
     };
+    let report = swept.report();
     if report.regions_surviving
         + report.arenas_surviving
         + report.regions_unmap_pending
@@ -288,11 +341,7 @@ pub(crate) async fn shutdown(inner: &Arc<Inner>, budget: Duration) -> SweptRegis
     } else {
         tracing::info!(?report, "shutdown sweep complete");
     }
-    SweptRegistry {
-        inner: Arc::clone(inner),
-        report,
-        finished: std::sync::atomic::AtomicBool::new(false),
-    }
+    swept
 }
 
 /// How one unmap of the sweep ended.

@@ -107,7 +107,7 @@ pub use rdmareg_discovery as discovery;
 pub use rdmareg_core::{Descriptor, DescriptorError, ErrorKind, PeerId, RdmaError};
 pub use rdmareg_registry::{
     DescribeError, DescribedBuf, LatencyHistogram, PinnedBuf, RdmaRegistry, RegionGuard,
-    RegisterOwnedError, RegistryMetrics, StillRunning, TransferList, UnregisterOutcome,
+    RegisterOwnedError, RegistryMetrics, ShutdownReport, TransferList, UnregisterOutcome,
     UnregisterOwnedError, WithdrawError,
 };
 pub use rdmareg_ucx::Transport;

@@ -204,14 +204,12 @@ impl Rdma {
         let teardown_started = Instant::now();
         self.engine.shutdown().await;
         let teardown_time = teardown_started.elapsed();
-        let verdict = swept.finish_after_backend_teardown();
+        let report = swept.finish_after_backend_teardown();
         let after = self.registry.stats();
         let summary = ShutdownSummary::new(
-            swept.report().clone(),
-            verdict,
+            report,
             &before,
             &after,
-            self.engine.live_registrations(),
             [sweep_time, teardown_time, started.elapsed()],
         );
         if summary.is_clean() {

@@ -3,16 +3,16 @@
 use std::fmt;
 use std::time::Duration;
 
-use rdmareg_registry::{RegistryStats, ShutdownReport, TeardownVerdict};
+use rdmareg_registry::{RegistryStats, ShutdownReport};
 
 /// What one [`Rdma::shutdown`](crate::Rdma::shutdown) did, step by step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShutdownSummary {
-    /// The registry's sweep (step 1–3 of the ordering).
-    pub sweep: ShutdownReport,
-    /// What the release after the engine's teardown decided.
-    pub verdict: TeardownVerdict,
+    /// The registry's report: its sweep, the release after the engine's
+    /// teardown, and the engine's own registration count after that
+    /// teardown ([`ShutdownReport::backend_live`]).
+    pub report: ShutdownReport,
     /// Regions released by the sweep or after the teardown.
     pub regions_released: usize,
     /// Pool arenas released, counted as regions are.
@@ -26,8 +26,6 @@ pub struct ShutdownSummary {
     pub bytes_still_registered: u64,
     /// Bytes leaked over the registry's life (unmap never confirmed).
     pub leaked_bytes: u64,
-    /// The engine's own registration count after its teardown.
-    pub backend_live: Option<usize>,
     /// Time spent in the registry's sweep.
     pub sweep_time: Duration,
     /// Time spent in the engine's teardown.
@@ -38,33 +36,21 @@ pub struct ShutdownSummary {
 
 impl ShutdownSummary {
     pub(crate) fn new(
-        sweep: ShutdownReport,
-        verdict: TeardownVerdict,
+        report: ShutdownReport,
         before: &RegistryStats,
         after: &RegistryStats,
-        backend_live: Option<usize>,
         [sweep_time, teardown_time, total_time]: [Duration; 3],
     ) -> Self {
-        let (late_regions, late_arenas) = match verdict {
-            TeardownVerdict::Released {
-                regions, arenas, ..
-            } => (regions, arenas),
-            TeardownVerdict::Refused { .. } => (0, 0),
-            // Non-exhaustive: an unknown verdict released nothing countable.
-            _ => (0, 0),
-        };
         ShutdownSummary {
-            regions_released: sweep.regions_deregistered + late_regions,
-            arenas_released: sweep.arenas_deregistered + late_arenas,
-            regions_swept: sweep.regions_deregistered + sweep.regions_surviving,
+            regions_released: report.regions_deregistered + report.regions_released_after_teardown,
+            arenas_released: report.arenas_deregistered + report.arenas_released_after_teardown,
+            regions_swept: report.regions_deregistered + report.regions_surviving,
             bytes_released: before
                 .registered_bytes
                 .saturating_sub(after.registered_bytes),
             bytes_still_registered: after.registered_bytes,
             leaked_bytes: after.leaked_bytes,
-            backend_live,
-            sweep,
-            verdict,
+            report,
             sweep_time,
             teardown_time,
             total_time,
@@ -74,9 +60,9 @@ impl ShutdownSummary {
     /// Whether everything ended as it should: admitted work drained, every
     /// registration released, the engine holding none, nothing leaked.
     pub fn is_clean(&self) -> bool {
-        self.sweep.drained
-            && matches!(self.verdict, TeardownVerdict::Released { .. })
-            && self.backend_live == Some(0)
+        self.report.drained
+            && self.report.released
+            && self.report.backend_live == Some(0)
             && self.bytes_still_registered == 0
             && self.leaked_bytes == 0
     }
@@ -103,7 +89,7 @@ impl fmt::Display for ShutdownSummary {
                 self.regions_swept
             )?;
         }
-        if !self.sweep.drained {
+        if !self.report.drained {
             f.write_str(", admitted work not drained")?;
         }
         if self.bytes_still_registered > 0 {
@@ -112,7 +98,7 @@ impl fmt::Display for ShutdownSummary {
         if self.leaked_bytes > 0 {
             write!(f, ", {} B leaked", self.leaked_bytes)?;
         }
-        match self.backend_live {
+        match self.report.backend_live {
             Some(live) => write!(f, "; the engine holds {live} registrations"),
             None => f.write_str("; the engine cannot count its registrations"),
         }

@@ -8,9 +8,7 @@
 
 use std::time::Duration;
 
-use rdmareg_registry::{
-    Descriptor, PinnedBuf, RdmaError, RdmaRegistry, RegionGuard, TeardownVerdict,
-};
+use rdmareg_registry::{Descriptor, PinnedBuf, RdmaError, RdmaRegistry, RegionGuard};
 use rdmareg_tests::{Lane, MIB, OWNER, Pair, registry_config};
 
 const TRANSFER: usize = 32 * MIB;
@@ -99,7 +97,7 @@ async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer
         "the transfer holds the slot: {held:?}"
     );
 
-    let (report, verdict) = pair.consumer.shut_down(Duration::from_secs(8)).await;
+    let report = pair.consumer.shut_down(Duration::from_secs(8)).await;
     assert!(
         report.drained,
         "shutdown waited for the transfer: {report:?}"
@@ -110,12 +108,14 @@ async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer
         (1, 0)
     );
     assert_eq!(
-        verdict,
-        TeardownVerdict::Released {
-            regions: 0,
-            arenas: 0,
-            backend_live: Some(0)
-        }
+        (
+            report.released,
+            report.regions_released_after_teardown,
+            report.arenas_released_after_teardown,
+            report.backend_live
+        ),
+        (true, 0, 0, Some(0)),
+        "{report:?}"
     );
     assert_eq!(pair.consumer.engine_live(), 0);
     let stats = consumer.stats();
@@ -135,7 +135,7 @@ async fn a_dropped_get_surrenders_its_buffer_and_shutdown_waits_for_the_transfer
         .unregister(Duration::from_secs(1))
         .await
         .expect("owner unregisters");
-    let (report, _) = pair.owner.shut_down(Duration::from_secs(5)).await;
+    let report = pair.owner.shut_down(Duration::from_secs(5)).await;
     assert!(report.drained);
     assert_eq!(pair.owner.engine_live(), 0);
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rdmareg_registry::{Descriptor, RdmaError, RdmaRegistry, RegistryStats, TeardownVerdict};
+use rdmareg_registry::{Descriptor, RdmaError, RdmaRegistry, RegistryStats};
 use rdmareg_tests::{
     ExternalMemory, KIB, Lane, MIB, OWNER, Pair, Side, assert_same_bytes, eventually, expected,
     patterned, registry_config, within,
@@ -76,15 +76,12 @@ async fn guards_left_registered_are_released_by_the_shutdown_ordering(lane: Lane
     assert_engine_matches_registry(&pair.owner);
     assert_engine_matches_registry(&pair.consumer);
 
-    let [
-        (consumer_report, consumer_verdict),
-        (owner_report, owner_verdict),
-    ] = pair.shut_down(Duration::from_secs(5)).await;
+    let [consumer_report, owner_report] = pair.shut_down(Duration::from_secs(5)).await;
 
     // What the sweep could not confirm, the release after teardown took.
-    for (side, report, verdict, regions, arenas) in [
-        ("consumer", &consumer_report, consumer_verdict, 1, 1),
-        ("owner", &owner_report, owner_verdict, 2, 1),
+    for (side, report, regions, arenas) in [
+        ("consumer", &consumer_report, 1, 1),
+        ("owner", &owner_report, 2, 1),
     ] {
         assert!(report.drained, "{side}: {report:?}");
         assert_eq!(
@@ -99,18 +96,16 @@ async fn guards_left_registered_are_released_by_the_shutdown_ordering(lane: Lane
         );
         // Pending unmaps may have been confirmed meanwhile: those are no
         // survivors any more.
-        let TeardownVerdict::Released {
-            regions: released_regions,
-            arenas: released_arenas,
-            backend_live: Some(0),
-        } = verdict
-        else {
-            panic!("{side}: {verdict:?}");
-        };
         assert!(
-            released_regions <= report.regions_surviving + report.regions_unmap_pending
-                && released_arenas <= report.arenas_surviving + report.arenas_unmap_pending,
-            "{side}: {verdict:?} after {report:?}"
+            report.released && report.backend_live == Some(0),
+            "{side}: {report:?}"
+        );
+        assert!(
+            report.regions_released_after_teardown
+                <= report.regions_surviving + report.regions_unmap_pending
+                && report.arenas_released_after_teardown
+                    <= report.arenas_surviving + report.arenas_unmap_pending,
+            "{side}: {report:?}"
         );
     }
     for watch in &watches {
@@ -275,7 +270,7 @@ async fn a_short_sweep_under_a_transfer(lane: Lane) -> bool {
         .registry
         .shutdown(Duration::from_millis(1))
         .await;
-    let report = swept.report().clone();
+    let report = swept.report();
     let mut caught = !report.drained && report.in_flight_at_sweep == 1;
     if caught {
         assert_eq!(
@@ -290,16 +285,17 @@ async fn a_short_sweep_under_a_transfer(lane: Lane) -> bool {
         // The engine still pins the arena: releasing it now would let its
         // pages be freed under the transfer. (Unless the transfer landed
         // since the sweep, and the engine carried out the unmap.)
-        let verdict = swept.finish_after_backend_teardown();
-        let refused = TeardownVerdict::Refused {
-            backend_live: 1,
-            regions_open: 0,
-            arenas_open: 1,
-        };
-        if verdict != refused {
+        let finish = swept.finish_after_backend_teardown();
+        let refused = (
+            finish.released,
+            finish.backend_live,
+            finish.regions_registered,
+            finish.arenas_registered,
+        ) == (false, Some(1), 0, 1);
+        if !refused {
             assert!(
                 transfer.is_finished() && pair.consumer.engine_live() == 0,
-                "released while the engine may still hold the arena: {verdict:?}"
+                "released while the engine may still hold the arena: {finish:?}"
             );
             caught = false;
         }
@@ -329,15 +325,18 @@ async fn a_short_sweep_under_a_transfer(lane: Lane) -> bool {
         || pair.consumer.registry.stats().dedicated_arenas == 0,
     )
     .await;
-    assert_eq!(swept.survivors().arenas, 0);
+    assert_eq!(swept.report().arenas_registered, 0);
     pair.consumer.engine.shutdown().await;
+    let finish = swept.finish_after_backend_teardown();
     assert_eq!(
-        swept.finish_after_backend_teardown(),
-        TeardownVerdict::Released {
-            regions: 0,
-            arenas: 0,
-            backend_live: Some(0)
-        }
+        (
+            finish.released,
+            finish.regions_released_after_teardown,
+            finish.arenas_released_after_teardown,
+            finish.backend_live
+        ),
+        (true, 0, 0, Some(0)),
+        "{finish:?}"
     );
     drop(dst);
     assert_empty("consumer after teardown", &pair.consumer.registry);
@@ -346,7 +345,7 @@ async fn a_short_sweep_under_a_transfer(lane: Lane) -> bool {
         .unregister(Duration::from_secs(1))
         .await
         .expect("owner unregisters");
-    let (report, _) = pair.owner.shut_down(Duration::from_secs(5)).await;
+    let report = pair.owner.shut_down(Duration::from_secs(5)).await;
     assert!(report.drained);
     assert_eq!(pair.owner.engine_live(), 0);
     caught

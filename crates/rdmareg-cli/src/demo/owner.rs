@@ -67,9 +67,12 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
     // `Some(true)`: released; `Some(false)`: unknown, leak it; `None`: the
     // unmap waits for a UCX reply, decided by the engine's teardown below.
     let mut region_released = match region.unregister(bounds.teardown).await {
-        Ok(UnregisterOutcome::UnmapPending(still)) => {
+        Ok(UnregisterOutcome::UnmapPending {
+            readers, transfers, ..
+        }) => {
             tracing::info!(
-                ?still,
+                readers,
+                ?transfers,
                 "the region's unmap waits for replies still being sent; the engine's teardown ends them"
             );
             None

@@ -42,7 +42,7 @@ pub(crate) struct OwnRegistration {
 }
 
 /// A live own registration, counted in
-/// [`Survivors::lent_buffers`](crate::Survivors::lent_buffers) until its
+/// [`ShutdownReport::lent_buffers_registered`](crate::ShutdownReport::lent_buffers_registered) until its
 /// unmap is confirmed (a leaked one stays counted).
 #[derive(Debug)]
 pub(crate) struct LentCount(Arc<std::sync::atomic::AtomicUsize>);

@@ -13,8 +13,8 @@ use std::time::Duration;
 use rdmareg_core::{Descriptor, PageRange, RdmaError};
 
 pub(crate) use owned::OwnedBuffer;
+pub use state::UnregisterOutcome;
 use state::{RegionState, deregister, spawn_background_deregistration};
-pub use state::{StillRunning, UnregisterOutcome};
 pub use watch::{RegionView, RegionWatch};
 
 use crate::latch::wait_owned;
@@ -235,7 +235,7 @@ impl RegionGuard {
         let (inner, state) = self.disarm();
         let mut pending = PendingRelease::new(inner, state);
         let outcome = match deregister(&pending.inner, &pending.state, drain_timeout).await {
-            Ok(UnregisterOutcome::UnmapPending(_)) => {
+            Ok(UnregisterOutcome::UnmapPending { .. }) => {
                 pending.done = true;
                 pending.state.disown();
                 return Err(UnregisterOwnedError {

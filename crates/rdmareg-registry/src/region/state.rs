@@ -34,19 +34,16 @@ pub enum UnregisterOutcome {
     DrainTimedOut,
     /// The unmap was not confirmed in time (a transfer still uses the
     /// region, contract point 4) and goes on in the background; the region
-    /// stays refused to new readers and GETs.
-    UnmapPending(StillRunning),
-}
-
-/// What still used a region when `unregister`'s timeout passed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct StillRunning {
-    /// Local readers still inside.
-    pub readers: usize,
-    /// Transfers using the region, if the backend can tell
-    /// ([`RdmaBackend::transfers_in_flight`](rdmareg_backend::RdmaBackend::transfers_in_flight)).
-    pub transfers: Option<usize>,
+    /// stays refused to new readers and GETs. The fields name what still
+    /// used the region when the timeout passed.
+    #[non_exhaustive]
+    UnmapPending {
+        /// Local readers still inside.
+        readers: usize,
+        /// Transfers using the region, if the backend can tell
+        /// ([`RdmaBackend::transfers_in_flight`](rdmareg_backend::RdmaBackend::transfers_in_flight)).
+        transfers: Option<usize>,
+    },
 }
 
 /// The owner's buffer of an owned region and who may still claim it.
@@ -257,14 +254,13 @@ pub(crate) async fn deregister(
             }
         }),
         Err(_) => {
-            let still = StillRunning {
-                readers: state.readers.in_flight(),
-                transfers: inner.backend.transfers_in_flight(state.backend_region_id),
-            };
+            let readers = state.readers.in_flight();
+            let transfers = inner.backend.transfers_in_flight(state.backend_region_id);
             tracing::warn!(
                 generation = state.generation,
                 ?timeout,
-                ?still,
+                readers,
+                ?transfers,
                 "unmap not confirmed within the timeout; it goes on in the background"
             );
             let generation = state.generation;
@@ -278,7 +274,7 @@ pub(crate) async fn deregister(
                     ),
                 }
             });
-            Ok(UnregisterOutcome::UnmapPending(still))
+            Ok(UnregisterOutcome::UnmapPending { readers, transfers })
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use rdmareg_backend::loopback::FaultOp;
-use rdmareg_registry::{RdmaError, StillRunning, TeardownVerdict, UnregisterOutcome};
+use rdmareg_registry::{RdmaError, UnregisterOutcome};
 use tokio::time::Instant;
 
 use crate::common::*;
@@ -56,15 +56,18 @@ async fn unregister_returns_within_its_timeout_while_a_get_reads_the_region_and_
     .unwrap();
     let took = started.elapsed();
     assert!(took <= timeout + Duration::from_millis(1), "took {took:?}");
-    let UnregisterOutcome::UnmapPending(still) = outcome else {
+    let UnregisterOutcome::UnmapPending {
+        readers, transfers, ..
+    } = outcome
+    else {
         panic!("the unmap cannot be confirmed while the GET runs: {outcome:?}");
     };
     assert_eq!(
-        (still.readers, still.transfers),
+        (readers, transfers),
         (0, Some(1)),
         "the GET reading the region is named"
     );
-    assert_ne!(still, StillRunning::default());
+    assert_ne!((readers, transfers), (0, None), "something is named");
     assert!(
         !watch.is_deregistered(),
         "still registered while the GET runs"
@@ -145,7 +148,7 @@ async fn a_region_the_backend_unmaps_after_the_shutdown_budget_is_no_survivor() 
     let watch = source.watch();
 
     let swept = owner.registry.shutdown(Duration::from_millis(100)).await;
-    let report = swept.report().clone();
+    let report = swept.report();
     assert_eq!(
         (report.regions_surviving, report.regions_unmap_pending),
         (0, 1),
@@ -161,15 +164,17 @@ async fn a_region_the_backend_unmaps_after_the_shutdown_budget_is_no_survivor() 
         watch.deregistered(),
     )
     .await;
-    assert_eq!(swept.survivors().regions, 0);
+    assert_eq!(swept.report().regions_registered, 0);
     owner.backend.shutdown().await;
+    let report = swept.finish_after_backend_teardown();
     assert_eq!(
-        swept.finish_after_backend_teardown(),
-        TeardownVerdict::Released {
-            regions: 0,
-            arenas: 0,
-            backend_live: Some(0)
-        },
+        (
+            report.released,
+            report.regions_released_after_teardown,
+            report.arenas_released_after_teardown,
+            report.backend_live
+        ),
+        (true, 0, 0, Some(0)),
         "a region unmapped after the budget is not reported as a survivor"
     );
     drop(source);

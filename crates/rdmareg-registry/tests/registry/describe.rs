@@ -343,14 +343,14 @@ async fn withdrawing_during_shutdown_is_refused_and_keeps_the_buffer_described()
     let (described, neighbour, _descriptor) = described_neighbours(&owner).await;
     drop(neighbour);
     let swept = owner.registry.shutdown(Duration::from_secs(5)).await;
-    assert_eq!(swept.survivors().lent_buffers, 1);
+    assert_eq!(swept.report().lent_buffers_registered, 1);
     let refused = described.withdraw().await.unwrap_err();
     assert_eq!(refused.error(), &RdmaError::ShuttingDown);
     let described = refused.into_buf().expect("the buffer comes back");
     assert!(described.iter().all(|b| *b == 0x11));
     drop(described);
     eventually("the dropped buffer's own key is unmapped", || {
-        swept.survivors().lent_buffers == 0
+        swept.report().lent_buffers_registered == 0
     })
     .await;
     drop(swept);

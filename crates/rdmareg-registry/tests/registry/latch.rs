@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use rdmareg_backend::loopback::FaultOp;
-use rdmareg_registry::{RdmaError, TeardownVerdict, UnregisterOutcome};
+use rdmareg_registry::{RdmaError, UnregisterOutcome};
 
 use crate::common::*;
 
@@ -135,13 +135,16 @@ async fn shutdown_latches_survivors_only_when_the_backend_reports_nothing_regist
     // A wedged backend: its teardown cannot unmap either.
     side.backend.shutdown().await;
     assert_eq!(side.live(), 1);
+    let refused = swept.finish_after_backend_teardown();
     assert_eq!(
-        swept.finish_after_backend_teardown(),
-        TeardownVerdict::Refused {
-            backend_live: 1,
-            regions_open: 1,
-            arenas_open: 0
-        }
+        (
+            refused.released,
+            refused.backend_live,
+            refused.regions_registered,
+            refused.arenas_registered
+        ),
+        (false, Some(1), 1, 0),
+        "refused: the region stays open"
     );
     assert!(
         !watch.is_deregistered(),
@@ -151,13 +154,15 @@ async fn shutdown_latches_survivors_only_when_the_backend_reports_nothing_regist
     side.backend.faults().refuse_unmaps(false);
     side.backend.shutdown().await;
     assert_eq!(side.live(), 0);
+    let released = swept.finish_after_backend_teardown();
     assert_eq!(
-        swept.finish_after_backend_teardown(),
-        TeardownVerdict::Released {
-            regions: 1,
-            arenas: 0,
-            backend_live: Some(0)
-        }
+        (
+            released.released,
+            released.regions_released_after_teardown,
+            released.arenas_released_after_teardown,
+            released.backend_live
+        ),
+        (true, 1, 0, Some(0))
     );
     assert!(watch.is_deregistered());
     assert_eq!(side.registered_bytes(), 0);
@@ -170,6 +175,68 @@ async fn shutdown_latches_survivors_only_when_the_backend_reports_nothing_regist
         pattern(page(), 5),
         "the owner still gets its buffer back"
     );
+}
+
+/// A report taken later, and a repeated finish, say what the last finish
+/// decided: the refusal while the backend holds the region, then the
+/// release, its survivor counted once.
+#[tokio::test(start_paused = true)]
+async fn later_reports_repeat_what_the_last_finish_decided() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 8))
+        .await
+        .unwrap();
+    side.backend.faults().refuse_unmaps(true);
+    let swept = side.registry.shutdown(Duration::from_secs(1)).await;
+    let before = swept.report();
+    assert_eq!(
+        (
+            before.released,
+            before.regions_registered,
+            before.backend_live
+        ),
+        (false, 1, Some(1)),
+        "{before:?}"
+    );
+
+    side.backend.shutdown().await;
+    let refused = swept.finish_after_backend_teardown();
+    assert!(!refused.released, "{refused:?}");
+    assert_eq!(
+        swept.report(),
+        refused,
+        "a later report repeats the refusal"
+    );
+
+    side.backend.faults().refuse_unmaps(false);
+    side.backend.shutdown().await;
+    let released = swept.finish_after_backend_teardown();
+    assert_eq!(
+        (
+            released.released,
+            released.regions_released_after_teardown,
+            released.regions_registered
+        ),
+        (true, 1, 0),
+        "{released:?}"
+    );
+    assert_eq!(
+        swept.report(),
+        released,
+        "a later report repeats the release"
+    );
+    assert_eq!(
+        swept.finish_after_backend_teardown(),
+        released,
+        "repeatable: the survivor is counted once"
+    );
+    let (buffer, _) = guard
+        .unregister_owned(Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(buffer, pattern(page(), 8));
 }
 
 #[tokio::test(start_paused = true)]
@@ -221,10 +288,7 @@ async fn a_swept_registry_dropped_before_teardown_leaves_a_way_back_through_shut
     side.backend.faults().refuse_unmaps(false);
     let again = side.registry.shutdown(Duration::from_secs(1)).await;
     side.backend.shutdown().await;
-    assert!(matches!(
-        again.finish_after_backend_teardown(),
-        TeardownVerdict::Released { .. }
-    ));
+    assert!(again.finish_after_backend_teardown().released);
     assert!(watch.is_deregistered());
     drop(guard);
 }
@@ -371,4 +435,95 @@ async fn cancelled_unregister_finishes_in_the_background() {
     .await;
     assert_eq!(side.live(), 0);
     assert_eq!(side.registered_bytes(), 0);
+}
+
+/// `SURVIVORS` owned regions the backend refused to unmap in the sweep,
+/// then a backend whose teardown released them all: a finish now releases
+/// every one. The guards keep the regions alive for the caller.
+async fn swept_with_survivors_after_teardown(
+    side: &Side,
+) -> (
+    rdmareg_registry::SweptRegistry,
+    Vec<rdmareg_registry::RegionGuard>,
+) {
+    let mut guards = Vec::new();
+    for seed in 0..SURVIVORS {
+        guards.push(
+            side.registry
+                .register_owned(pattern(page(), seed as u8))
+                .await
+                .unwrap(),
+        );
+    }
+    side.backend.faults().refuse_unmaps(true);
+    let swept = side.registry.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(swept.report().regions_surviving, SURVIVORS);
+    side.backend.faults().refuse_unmaps(false);
+    side.backend.shutdown().await;
+    assert_eq!(side.live(), 0);
+    (swept, guards)
+}
+
+const SURVIVORS: usize = 128;
+
+/// Two threads finish one token at once: each survivor is released once,
+/// so neither report, nor a later one, counts more releases than there
+/// were survivors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_finishes_count_each_survivor_once() {
+    for round in 0..20 {
+        let (_fabric, side) = one_side(small_config());
+        let (swept, _guards) = swept_with_survivors_after_teardown(&side).await;
+        let barrier = std::sync::Barrier::new(2);
+        let [first, second] = std::thread::scope(|scope| {
+            let finish = || {
+                barrier.wait();
+                swept.finish_after_backend_teardown()
+            };
+            let (a, b) = (scope.spawn(finish), scope.spawn(finish));
+            [a.join().unwrap(), b.join().unwrap()]
+        });
+        for report in [first, second, swept.report()] {
+            assert!(report.released, "round {round}: {report:?}");
+            assert!(
+                report.regions_released_after_teardown <= SURVIVORS,
+                "round {round}: {} releases of {SURVIVORS} survivors: {report:?}",
+                report.regions_released_after_teardown
+            );
+        }
+    }
+}
+
+/// A report taken while another thread finishes never says both that no
+/// finish released the survivors and that a finish released some.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_racing_a_finish_is_one_or_the_other() {
+    for round in 0..20 {
+        let (_fabric, side) = one_side(small_config());
+        let (swept, _guards) = swept_with_survivors_after_teardown(&side).await;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let torn = std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                let mut torn = Vec::new();
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    let report = swept.report();
+                    if report.released != (report.regions_released_after_teardown > 0) {
+                        torn.push(report);
+                    }
+                }
+                torn
+            });
+            std::thread::sleep(Duration::from_millis(1));
+            let released = swept.finish_after_backend_teardown();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            assert!(released.released);
+            reader.join().unwrap()
+        });
+        assert!(
+            torn.is_empty(),
+            "round {round}: {} torn reports, first {:?}",
+            torn.len(),
+            torn.first()
+        );
+    }
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use rdmareg_backend::loopback::FaultOp;
-use rdmareg_registry::{TeardownVerdict, UnregisterOutcome};
+use rdmareg_registry::UnregisterOutcome;
 use tokio::time::Instant;
 
 use crate::common::*;
@@ -28,7 +28,7 @@ async fn shutdown_deregisters_everything_and_is_idempotent() {
     let dedicated = side.registry.alloc_pinned(200 * KIB).await.unwrap();
 
     let first = side.registry.shutdown(Duration::from_secs(1)).await;
-    let report = first.report().clone();
+    let report = first.report();
     assert!(report.drained);
     assert_eq!(
         (
@@ -53,13 +53,15 @@ async fn shutdown_deregisters_everything_and_is_idempotent() {
     );
     side.backend.shutdown().await;
     for swept in [&first, &second] {
+        let report = swept.finish_after_backend_teardown();
         assert_eq!(
-            swept.finish_after_backend_teardown(),
-            TeardownVerdict::Released {
-                regions: 0,
-                arenas: 0,
-                backend_live: Some(0)
-            }
+            (
+                report.released,
+                report.regions_released_after_teardown,
+                report.arenas_released_after_teardown,
+                report.backend_live
+            ),
+            (true, 0, 0, Some(0))
         );
     }
     assert_eq!(
@@ -157,7 +159,7 @@ async fn shutdown_is_bounded_by_its_budget_and_then_unmaps_regardless() {
         took <= budget + Duration::from_millis(10),
         "one budget for the drain and the unmaps: {took:?}"
     );
-    let report = swept.report().clone();
+    let report = swept.report();
     assert!(!report.drained);
     assert_eq!(report.in_flight_at_sweep, 1);
     assert_eq!(
@@ -176,18 +178,20 @@ async fn shutdown_is_bounded_by_its_budget_and_then_unmaps_regardless() {
     assert!(result.is_ok(), "{result:?}");
     // The unmap the sweep left pending confirms once the transfer landed.
     eventually("the pending arena unmap is confirmed", || {
-        swept.survivors().arenas == 0
+        swept.report().arenas_registered == 0
     })
     .await;
     consumer.backend.shutdown().await;
     assert_eq!(consumer.live(), 0);
+    let report = swept.finish_after_backend_teardown();
     assert_eq!(
-        swept.finish_after_backend_teardown(),
-        TeardownVerdict::Released {
-            regions: 0,
-            arenas: 0,
-            backend_live: Some(0)
-        }
+        (
+            report.released,
+            report.regions_released_after_teardown,
+            report.arenas_released_after_teardown,
+            report.backend_live
+        ),
+        (true, 0, 0, Some(0))
     );
     assert_eq!(consumer.registered_bytes(), 0);
 }

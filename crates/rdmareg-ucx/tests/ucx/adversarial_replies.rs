@@ -851,9 +851,9 @@ fn a_freed_described_buffer_is_not_reused_while_a_consumer_holds_its_reply() {
     drop(r);
     let swept = rt.block_on(registry.shutdown(Duration::from_secs(5)));
     rt.block_on(owner.shutdown());
-    let verdict = swept.finish_after_backend_teardown();
+    let report = swept.finish_after_backend_teardown();
     eprintln!(
-        "held {held}; reused while held: {reused_while_held}, after: {reused_after}; leaked {leaked}; {verdict:?}"
+        "held {held}; reused while held: {reused_while_held}, after: {reused_after}; leaked {leaked}; {report:?}"
     );
     assert!(held, "the consumer held the buffer's rendezvous reply");
     assert!(

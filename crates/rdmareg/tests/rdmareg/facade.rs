@@ -59,7 +59,7 @@ async fn shutdown_releases_what_was_left_registered_and_says_so() {
     assert_eq!(summary.arenas_released, before.pooled_arenas, "{summary:?}");
     assert_eq!(summary.bytes_released, before.registered_bytes);
     assert_eq!(summary.bytes_still_registered, 0);
-    assert_eq!(summary.backend_live, Some(0));
+    assert_eq!(summary.report.backend_live, Some(0));
     assert!(summary.total_time >= summary.sweep_time + summary.teardown_time);
     assert!(watch_a.is_deregistered() && watch_b.is_deregistered());
     assert_eq!(summary.regions_swept, 2, "{summary:?}");
