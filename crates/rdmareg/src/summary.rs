@@ -104,3 +104,126 @@ impl fmt::Display for ShutdownSummary {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rdmareg_backend::RdmaBackend;
+    use rdmareg_backend::loopback::{LoopbackBackend, LoopbackFabric, page_size};
+    use rdmareg_registry::{PeerId, RdmaConfig, RdmaRegistry};
+
+    use super::ShutdownSummary;
+
+    /// How a situation is set up before the ordered shutdown.
+    #[derive(Clone, Copy, Debug)]
+    enum Situation {
+        /// Nothing left registered.
+        Empty,
+        /// A region the caller left registered: the sweep unmaps it.
+        LeftRegistered,
+        /// A region whose unmap the backend refuses in the sweep, released
+        /// by the backend's teardown.
+        SurvivorThenTornDown,
+        /// A region whose unmap the backend refuses, in the sweep and in its
+        /// teardown: a wedged backend.
+        Wedged,
+    }
+
+    /// The ordered shutdown over a loopback backend, as
+    /// [`Rdma::shutdown`](crate::Rdma::shutdown) runs it over the engine,
+    /// and the engine's count read after the release, as the summary read
+    /// it before its `backend_live` became the release's own.
+    async fn shut_down(situation: Situation) -> (ShutdownSummary, Option<usize>) {
+        let fabric = LoopbackFabric::new();
+        let backend: Arc<LoopbackBackend> = fabric.backend(PeerId(1));
+        let mut config = RdmaConfig::default();
+        config.page_size = page_size();
+        let registry = RdmaRegistry::new(
+            Arc::clone(&backend) as Arc<dyn RdmaBackend>,
+            config,
+            tokio::runtime::Handle::current(),
+        )
+        .expect("valid configuration");
+        let page = usize::try_from(page_size()).unwrap();
+        let guard = match situation {
+            Situation::Empty => None,
+            _ => Some(
+                registry
+                    .register_owned(vec![7u8; page].into_boxed_slice())
+                    .await
+                    .unwrap(),
+            ),
+        };
+        if matches!(
+            situation,
+            Situation::SurvivorThenTornDown | Situation::Wedged
+        ) {
+            backend.faults().refuse_unmaps(true);
+        }
+        let before = registry.stats();
+        let swept = registry.shutdown(Duration::from_secs(1)).await;
+        if matches!(situation, Situation::SurvivorThenTornDown) {
+            backend.faults().refuse_unmaps(false);
+        }
+        backend.shutdown().await;
+        let report = swept.finish_after_backend_teardown();
+        let after = registry.stats();
+        let live_after = backend.live_registrations();
+        let summary = ShutdownSummary::new(report, &before, &after, [Duration::ZERO; 3]);
+        drop(guard);
+        (summary, live_after)
+    }
+
+    /// For each situation, `is_clean` and the one-line `Display` say what
+    /// they said when the summary read the engine's count after the
+    /// release, and the lines are pinned.
+    #[tokio::test]
+    async fn summary_verdicts_match_the_count_read_after_release() {
+        let cases = [
+            (
+                Situation::Empty,
+                true,
+                "shutdown clean in 0.0ns: 0 regions and 0 arenas released (0 B); \
+                 the engine holds 0 registrations",
+            ),
+            (
+                Situation::LeftRegistered,
+                true,
+                "shutdown clean in 0.0ns: 1 regions and 0 arenas released (8192 B), \
+                 1 left registered by the caller and swept; the engine holds 0 registrations",
+            ),
+            (
+                Situation::SurvivorThenTornDown,
+                true,
+                "shutdown clean in 0.0ns: 1 regions and 0 arenas released (8192 B), \
+                 1 left registered by the caller and swept; the engine holds 0 registrations",
+            ),
+            (
+                Situation::Wedged,
+                false,
+                "shutdown NOT clean in 0.0ns: 0 regions and 0 arenas released (0 B), \
+                 1 left registered by the caller and swept, 8192 B still registered; \
+                 the engine holds 1 registrations",
+            ),
+        ];
+        for (situation, clean, line) in cases {
+            let (summary, live_after) = shut_down(situation).await;
+            let mut as_before = summary.clone();
+            as_before.report.backend_live = live_after;
+            assert_eq!(
+                (summary.is_clean(), summary.to_string()),
+                (as_before.is_clean(), as_before.to_string()),
+                "{situation:?}: {summary:?}"
+            );
+            if page_size() == 4096 {
+                assert_eq!(
+                    (summary.is_clean(), summary.to_string().as_str()),
+                    (clean, line),
+                    "{situation:?}"
+                );
+            }
+        }
+    }
+}
