@@ -205,21 +205,29 @@ impl SweptRegistry {
             );
             return self.report_now(&release, false, backend_live);
         }
+        // Counted only where this finish marked it: a finish on another
+        // token, or a confirmed unmap, may have marked it since.
+        let mut regions_marked = 0;
         for region in &regions {
-            region.mark_unmapped();
+            if region.mark_unmapped() {
+                regions_marked += 1;
+            }
         }
+        let mut arenas_marked = 0;
         {
             let mut tables = inner.tables.lock();
             for arena in &arenas {
-                arena.mark_unmapped();
+                if arena.mark_unmapped() {
+                    arenas_marked += 1;
+                }
                 tables.arenas.remove(&arena.generation);
             }
         }
         inner.pool.pooled.write().clear();
         // Rollbacks retrying an unmap of a caller's range can stop.
         inner.backend_released_everything.send_replace(true);
-        release.regions += regions.len();
-        release.arenas += arenas.len();
+        release.regions += regions_marked;
+        release.arenas += arenas_marked;
         release.released = true;
         self.report_now(&release, true, backend_live)
     }

@@ -111,14 +111,15 @@ impl Arena {
 
     /// The backend no longer pins the arena: return the charge and let the
     /// last holder free the pages.
-    pub(crate) fn mark_unmapped(&self) {
+    /// Returns whether this call marked it (it was not already).
+    pub(crate) fn mark_unmapped(&self) -> bool {
         self.memory.confirm_unregistered();
-        if !self.unmapped.swap(true, Ordering::SeqCst)
-            && let Some(inner) = self.registry.upgrade()
-        {
+        let marked = !self.unmapped.swap(true, Ordering::SeqCst);
+        if marked && let Some(inner) = self.registry.upgrade() {
             inner.counters.unregistered();
         }
         drop(self.charge.lock().take());
+        marked
     }
 }
 

@@ -142,20 +142,21 @@ impl RegionState {
     }
 
     /// Fact 1: return the charge, and finalise if no reader is inside.
-    pub(crate) fn mark_unmapped(self: &Arc<Self>) {
+    /// Returns whether this call marked it (it was not already).
+    pub(crate) fn mark_unmapped(self: &Arc<Self>) -> bool {
         self.close_readers();
         if let Some(owned) = &self.owned
             && let Some(buffer) = owned.lock().buffer.as_mut()
         {
             buffer.confirm_unregistered();
         }
-        if !self.unmapped.swap(true, Ordering::SeqCst)
-            && let Some(inner) = self.registry.upgrade()
-        {
+        let marked = !self.unmapped.swap(true, Ordering::SeqCst);
+        if marked && let Some(inner) = self.registry.upgrade() {
             inner.counters.unregistered();
         }
         drop(self.charge.lock().take());
         self.try_finalize();
+        marked
     }
 
     /// A reader lease of a closed gate was the last one out (fact 2).

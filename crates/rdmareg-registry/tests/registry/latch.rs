@@ -527,3 +527,49 @@ async fn a_report_racing_a_finish_is_one_or_the_other() {
         );
     }
 }
+
+/// Two shutdowns give two tokens over the same survivors; finished at
+/// once, the two together count each survivor once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finishes_on_two_tokens_count_each_survivor_once() {
+    for round in 0..20 {
+        let (_fabric, side) = one_side(small_config());
+        let mut guards = Vec::new();
+        for seed in 0..SURVIVORS {
+            guards.push(
+                side.registry
+                    .register_owned(pattern(page(), seed as u8))
+                    .await
+                    .unwrap(),
+            );
+        }
+        side.backend.faults().refuse_unmaps(true);
+        let first = side.registry.shutdown(Duration::from_secs(1)).await;
+        let second = side.registry.shutdown(Duration::from_secs(1)).await;
+        assert_eq!(second.report().regions_surviving, SURVIVORS);
+        side.backend.faults().refuse_unmaps(false);
+        side.backend.shutdown().await;
+        assert_eq!(side.live(), 0);
+        let barrier = std::sync::Barrier::new(2);
+        let finish = |swept: &rdmareg_registry::SweptRegistry| {
+            barrier.wait();
+            swept.finish_after_backend_teardown()
+        };
+        let [a, b] = std::thread::scope(|scope| {
+            let finish = &finish;
+            let (first, second) = (&first, &second);
+            let (a, b) = (
+                scope.spawn(move || finish(first)),
+                scope.spawn(move || finish(second)),
+            );
+            [a.join().unwrap(), b.join().unwrap()]
+        });
+        assert!(a.released && b.released, "round {round}: {a:?} {b:?}");
+        assert!(
+            a.regions_released_after_teardown + b.regions_released_after_teardown <= SURVIVORS,
+            "round {round}: {} + {} releases of {SURVIVORS} survivors",
+            a.regions_released_after_teardown,
+            b.regions_released_after_teardown
+        );
+    }
+}
