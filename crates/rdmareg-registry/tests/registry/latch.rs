@@ -573,3 +573,47 @@ async fn finishes_on_two_tokens_count_each_survivor_once() {
         );
     }
 }
+
+/// A refused finish releases nothing; the token dropped while the backend
+/// still holds the region releases nothing either; a later shutdown,
+/// finished once the backend holds nothing, releases it.
+#[tokio::test(start_paused = true)]
+async fn a_token_dropped_after_a_refused_finish_keeps_its_survivor() {
+    let (_fabric, side) = one_side(small_config());
+    let guard = side
+        .registry
+        .register_owned(pattern(page(), 9))
+        .await
+        .unwrap();
+    let watch = guard.watch();
+    side.backend.faults().refuse_unmaps(true);
+    let swept = side.registry.shutdown(Duration::from_secs(1)).await;
+    side.backend.shutdown().await;
+    for _ in 0..2 {
+        let refused = swept.finish_after_backend_teardown();
+        assert_eq!(
+            (
+                refused.released,
+                refused.regions_released_after_teardown,
+                refused.regions_registered
+            ),
+            (false, 0, 1),
+            "{refused:?}"
+        );
+    }
+    drop(swept);
+    assert!(!watch.is_deregistered(), "the backend still holds it");
+    assert!(side.registered_bytes() > 0, "still counted registered");
+
+    side.backend.faults().refuse_unmaps(false);
+    let again = side.registry.shutdown(Duration::from_secs(1)).await;
+    side.backend.shutdown().await;
+    let released = again.finish_after_backend_teardown();
+    assert!(released.released, "{released:?}");
+    assert!(watch.is_deregistered());
+    let (buffer, _) = guard
+        .unregister_owned(Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(buffer, pattern(page(), 9));
+}
