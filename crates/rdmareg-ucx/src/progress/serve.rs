@@ -130,19 +130,29 @@ pub(super) unsafe fn perform_actions(events: &Events) {
         let action = events.owner.borrow_mut().poll_action();
         let Some(action) = action else { break };
         match action {
-            Action::Serve {
-                endpoint,
-                send,
-                payload,
-                ..
-            } => {
-                let memh = events.served_memh.borrow().get(&payload.region).copied();
+            Action::Serve { endpoint, send, .. } | Action::Refuse { endpoint, send, .. } => {
                 let header = action.reply_header().unwrap_or_default();
+                let shape = match action {
+                    Action::Serve { payload, .. } => Shape::One {
+                        mode: reply_mode(
+                            payload.length,
+                            events.served_memh.borrow().get(&payload.region).copied(),
+                        ),
+                        payload: payload.address as *const u8,
+                        len: payload.length as usize,
+                    },
+                    _ => Shape::One {
+                        mode: SendMode::Small,
+                        payload: ptr::null(),
+                        len: 0,
+                    },
+                };
                 // SAFETY: `endpoint` is a live `reply_ep` (the caller's
-                // contract). The payload lies inside the registration the
-                // owner admitted it against, which stays mapped while the
-                // owner holds the send's lease: the loop unmaps only after
-                // `Action::Unmapped`, which comes after this send ended.
+                // contract). A served payload lies inside the registration
+                // the owner admitted it against, which stays mapped while
+                // the owner holds the send's lease: the loop unmaps only
+                // after `Action::Unmapped`, which comes after this send
+                // ended. A refusal carries no payload.
                 unsafe {
                     send_reply(
                         events,
@@ -150,30 +160,7 @@ pub(super) unsafe fn perform_actions(events: &Events) {
                         send,
                         READ_REPLY_AM_ID,
                         &header,
-                        Shape::One {
-                            mode: reply_mode(payload.length, memh),
-                            payload: payload.address as *const u8,
-                            len: payload.length as usize,
-                        },
-                        Vec::new(),
-                    );
-                }
-            }
-            Action::Refuse { endpoint, send, .. } => {
-                let header = action.reply_header().unwrap_or_default();
-                // SAFETY: as above, with no payload.
-                unsafe {
-                    send_reply(
-                        events,
-                        endpoint as sys::ucp_ep_h,
-                        send,
-                        READ_REPLY_AM_ID,
-                        &header,
-                        Shape::One {
-                            mode: SendMode::Small,
-                            payload: ptr::null(),
-                            len: 0,
-                        },
+                        shape,
                         Vec::new(),
                     );
                 }
