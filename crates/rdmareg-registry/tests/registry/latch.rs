@@ -446,15 +446,7 @@ async fn swept_with_survivors_after_teardown(
     rdmareg_registry::SweptRegistry,
     Vec<rdmareg_registry::RegionGuard>,
 ) {
-    let mut guards = Vec::new();
-    for seed in 0..SURVIVORS {
-        guards.push(
-            side.registry
-                .register_owned(pattern(page(), seed as u8))
-                .await
-                .unwrap(),
-        );
-    }
+    let guards = survivor_guards(side).await;
     side.backend.faults().refuse_unmaps(true);
     let swept = side.registry.shutdown(Duration::from_secs(1)).await;
     assert_eq!(swept.report().regions_surviving, SURVIVORS);
@@ -465,6 +457,20 @@ async fn swept_with_survivors_after_teardown(
 }
 
 const SURVIVORS: usize = 128;
+
+/// `SURVIVORS` owned one-page regions, each with its own pattern.
+async fn survivor_guards(side: &Side) -> Vec<rdmareg_registry::RegionGuard> {
+    let mut guards = Vec::new();
+    for seed in 0..SURVIVORS {
+        guards.push(
+            side.registry
+                .register_owned(pattern(page(), seed as u8))
+                .await
+                .unwrap(),
+        );
+    }
+    guards
+}
 
 /// Two threads finish one token at once: each survivor is released once,
 /// so neither report, nor a later one, counts more releases than there
@@ -534,15 +540,7 @@ async fn a_report_racing_a_finish_is_one_or_the_other() {
 async fn finishes_on_two_tokens_count_each_survivor_once() {
     for round in 0..20 {
         let (_fabric, side) = one_side(small_config());
-        let mut guards = Vec::new();
-        for seed in 0..SURVIVORS {
-            guards.push(
-                side.registry
-                    .register_owned(pattern(page(), seed as u8))
-                    .await
-                    .unwrap(),
-            );
-        }
+        let _guards = survivor_guards(&side).await;
         side.backend.faults().refuse_unmaps(true);
         let first = side.registry.shutdown(Duration::from_secs(1)).await;
         let second = side.registry.shutdown(Duration::from_secs(1)).await;
