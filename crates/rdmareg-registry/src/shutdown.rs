@@ -180,12 +180,9 @@ impl SweptRegistry {
         let (regions, arenas) = {
             let tables = inner.tables.lock();
             (
-                tables
-                    .regions
-                    .values()
-                    .filter(|r| !r.is_unmapped())
-                    .cloned()
-                    .collect::<Vec<_>>(),
+                // Unmapped ones too: one another thread is still releasing
+                // leaves the table here, not after this finish returned.
+                tables.regions.values().cloned().collect::<Vec<_>>(),
                 tables
                     .arenas
                     .values()
@@ -199,7 +196,7 @@ impl SweptRegistry {
         {
             tracing::error!(
                 backend_live = live,
-                regions = regions.len(),
+                regions = regions.iter().filter(|r| !r.is_unmapped()).count(),
                 arenas = arenas.len(),
                 "backend still holds registrations after teardown: survivors are NOT released; their memory stays allocated"
             );

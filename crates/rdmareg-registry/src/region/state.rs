@@ -169,11 +169,15 @@ impl RegionState {
         if !self.is_unmapped() || !self.readers.is_drained() {
             return;
         }
-        if self.finalized.swap(true, Ordering::SeqCst) {
-            return;
-        }
+        // Every caller that sees both facts takes the region out of the
+        // table, not only the one that finalises: a sweep or finish that
+        // marks it returns with it gone even while another thread is still
+        // finalising it. Removing twice is harmless.
         if let Some(registry) = self.registry.upgrade() {
             registry.tables.lock().regions.remove(&self.generation);
+        }
+        if self.finalized.swap(true, Ordering::SeqCst) {
+            return;
         }
         let unclaimed = self.owned.as_ref().and_then(|owned| {
             let mut slot = owned.lock();

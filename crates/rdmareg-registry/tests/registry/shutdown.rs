@@ -1,6 +1,7 @@
 //! Shutdown: deregisters everything, is idempotent, waits for transfers in
 //! flight but not for buffers merely held, is bounded by its budget, and
-//! unmaps regardless once the budget is spent.
+//! unmaps regardless once the budget is spent; once its finish returns, no
+//! region is left in the figures, whatever other threads still release.
 
 use std::time::Duration;
 
@@ -244,4 +245,38 @@ async fn cancelled_shutdown_stays_closed_and_completes_when_called_again() {
     assert!(guard.is_deregistered());
     assert_eq!(side.live(), 0);
     assert_eq!(side.registered_bytes(), 0);
+}
+
+/// Guards dropped just before shutdown unmap their regions on background
+/// tasks, which race the sweep and the finish on other threads. Once the
+/// finish has released, no region without a reader inside may remain in
+/// the table, even one another thread is still releasing: a caller that
+/// reads the figures right after the finish sees nothing live.
+#[test]
+fn a_finish_racing_dropped_guards_leaves_no_region_live() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    for round in 0..1000 {
+        runtime.block_on(async {
+            let (_fabric, side) = one_side(small_config());
+            let mut guards = Vec::new();
+            for i in 0..32u8 {
+                guards.push(side.registry.register_owned(pattern(64, i)).await.unwrap());
+            }
+            let watches: Vec<_> = guards.iter().map(|g| g.watch()).collect();
+            drop(guards);
+            let swept = side.registry.shutdown(Duration::from_secs(5)).await;
+            side.backend.shutdown().await;
+            let report = swept.finish_after_backend_teardown();
+            let live_regions = side.registry.stats().live_regions;
+            assert!(report.released, "{report:?}");
+            assert_eq!(live_regions, 0, "round {round}: {report:?}");
+            for watch in &watches {
+                within(Duration::from_secs(5), "the latch", watch.deregistered()).await;
+            }
+        });
+    }
 }
