@@ -125,6 +125,10 @@ pub(super) unsafe extern "C" fn on_read_request(
 /// `reply_ep` of a request handler that is still running (handlers perform
 /// their actions before they return, so outside one none is queued).
 pub(super) unsafe fn perform_actions(events: &Events) {
+    // The owner counted the leases of the queued replies when it decided
+    // them; publish that before any goes out, so a peer that already holds
+    // a reply never reads a gauge that misses it.
+    events.publish_served_gauge();
     loop {
         // The borrow ends before anything is sent.
         let action = events.owner.borrow_mut().poll_action();
