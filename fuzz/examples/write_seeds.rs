@@ -41,6 +41,7 @@ fn main() -> std::io::Result<()> {
         ("read_protocol", read_protocol_seeds()),
         ("ofi_read_protocol", ofi_read_protocol_seeds()),
         ("bootstrap_message", bootstrap_seeds(&keys)),
+        ("notice_message", notice_seeds()),
     ] {
         let dir = corpus.join(target);
         std::fs::create_dir_all(&dir)?;
@@ -102,8 +103,42 @@ fn read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
 
 /// A single read request, a list request, and gathered replies (the reply
 /// parser reads the input's first byte as the entry count).
+/// Notices alone, and streams of them as `notice_message` reads its input:
+/// a control byte (top two bits: 0 close, 1 pop, else send; low two bits:
+/// the connection), then for a send a length byte and the message.
+fn notice_seeds() -> Vec<(String, Vec<u8>)> {
+    use rdmareg_engine::notices::wire::encode;
+    let notice = |sequence, bytes: &[u8]| encode(7, sequence, bytes).expect("within the bound");
+    let send = |connection: u8, message: Vec<u8>| {
+        let mut out = vec![0x80 | connection, message.len() as u8];
+        out.extend(message);
+        out
+    };
+    const POP: u8 = 0x40;
+    const CLOSE_0: u8 = 0x00;
+    let stream = [
+        send(0, notice(1, b"a")),
+        send(1, notice(1, b"b")),
+        send(0, notice(1, b"a")),
+        vec![POP],
+        send(0, notice(3, b"c")),
+        vec![CLOSE_0],
+        send(0, notice(1, b"d")),
+        vec![POP, POP, POP],
+    ]
+    .concat();
+    let mut flood: Vec<u8> = (1..12).flat_map(|n| send(2, notice(n, &[b'x'; 8]))).collect();
+    flood.extend([POP; 4]);
+    vec![
+        ("one_notice".into(), notice(1, b"done")),
+        ("empty_notice".into(), notice(7, b"")),
+        ("stream".into(), stream),
+        ("flood".into(), flood),
+    ]
+}
+
 fn ofi_read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
-    use rdmareg_ofi::protocol::{ListEntry, ListRequest, ReadRequest, Refusal};
+    use rdmareg_ofi::protocol::{ListEntry, ListRequest, ReadRequest, Refusal, refusal_code};
     let reply_to = b"fi_sockaddr_in://127.0.0.1:40000\0".to_vec();
     let single = ReadRequest {
         request_id: 7,
@@ -127,7 +162,7 @@ fn ofi_read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
     };
     // Three entries asked for (count byte 2), of 1 + the next byte each:
     // statuses served, refused, served, then their bytes.
-    let mut gathered = vec![2u8, 0, Refusal::OutOfRange.status(), 0];
+    let mut gathered = vec![2u8, 0, refusal_code(Refusal::OutOfRange), 0];
     gathered.extend(std::iter::repeat_n(0xAB, 2));
     vec![
         ("request".into(), single.encode()),

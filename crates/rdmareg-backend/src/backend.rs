@@ -35,11 +35,23 @@
 //!    returns one result per request, in order, each exactly what that
 //!    request alone would get; [`get_shared_batch`](RdmaBackend::get_shared_batch)
 //!    returns what `get_batch` would on every post.
+//! 10. **A notice follows its reads.** [`get_with_notice`](RdmaBackend::get_with_notice)
+//!     sends its notice only after the read completed successfully (point
+//!     8), and never after a failed one; an owner's
+//!     [`notices`](RdmaBackend::notices) delivers each notice at most once,
+//!     in send order per sender, from a bounded queue whose overflow
+//!     [`notice_drops`](RdmaBackend::notice_drops) counts. A backend
+//!     without notices refuses them with [`RdmaError::Unsupported`].
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
-use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
+use futures::stream::BoxStream;
+use rdmareg_core::{
+    BackendGet, BackendRegion, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender, PeerId,
+    RdmaError,
+};
 
 /// An RDMA provider: registers memory and pulls remote memory into it.
 ///
@@ -258,5 +270,92 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     fn transfers_in_flight(&self, backend_region_id: u64) -> Option<usize> {
         let _ = backend_region_id;
         None
+    }
+
+    /// Send `notice` to `peer`'s engine on its own, not tied to a read.
+    ///
+    /// Resolves once the transport took the message; the owner receives it
+    /// unless the connection fails first (notices are not acknowledged).
+    ///
+    /// # Errors
+    /// [`RdmaError::NoticeTooLarge`] past [`MAX_NOTICE_BYTES`];
+    /// [`RdmaError::NotConfigured`] for a peer never added;
+    /// [`RdmaError::ShuttingDown`]; [`RdmaError::Backend`] when the
+    /// transport fails the send; [`RdmaError::Unsupported`] (the default)
+    /// for a backend without notices.
+    fn send_notice(&self, peer: PeerId, notice: Bytes) -> BoxFuture<'_, Result<(), RdmaError>> {
+        let _ = (peer, notice);
+        Box::pin(async { Err(unsupported()) })
+    }
+
+    /// A GET whose `notice` goes to the owner once the read completed
+    /// successfully (contract point 10).
+    ///
+    /// `Ok(())` means the read completed and the transport took the
+    /// notice. An error is either the read's (the notice was not sent) or,
+    /// after a read that completed, the notice's own; an oversized notice
+    /// is refused before anything is read.
+    ///
+    /// The default reads with [`get`](Self::get), then calls
+    /// [`send_notice`](Self::send_notice); a backend may send from its
+    /// own completion path instead, sooner.
+    ///
+    /// # Safety
+    /// As for [`get`](Self::get).
+    ///
+    /// # Errors
+    /// As for [`get`](Self::get) and [`send_notice`](Self::send_notice).
+    unsafe fn get_with_notice(
+        &self,
+        request: BackendGet,
+        notice: Bytes,
+    ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        if notice.len() > MAX_NOTICE_BYTES {
+            return Box::pin(async move { Err(too_large(&notice)) });
+        }
+        let peer = request.peer;
+        // SAFETY: this method's caller gives the terms `get` asks for.
+        let read = unsafe { self.get(request) };
+        Box::pin(async move {
+            read.await?;
+            self.send_notice(peer, notice).await
+        })
+    }
+
+    /// The notices readers sent this engine, oldest first; the stream ends
+    /// when the backend shuts down. Several streams share one queue: each
+    /// notice goes to one of them.
+    ///
+    /// # Errors
+    /// [`RdmaError::Unsupported`] (the default) for a backend without
+    /// notices.
+    fn notices(&self) -> Result<BoxStream<'static, Notice>, RdmaError> {
+        Err(unsupported())
+    }
+
+    /// Notices this engine dropped, by reason; `None` (the default) for a
+    /// backend without notices.
+    fn notice_drops(&self) -> Option<NoticeDrops> {
+        None
+    }
+
+    /// The number this engine's notices carry as their sender; `None` (the
+    /// default) for a backend without notices.
+    fn notice_sender(&self) -> Option<NoticeSender> {
+        None
+    }
+}
+
+/// What a backend without notices answers.
+fn unsupported() -> RdmaError {
+    RdmaError::Unsupported {
+        operation: "notices",
+    }
+}
+
+/// The error for a notice over [`MAX_NOTICE_BYTES`].
+fn too_large(notice: &[u8]) -> RdmaError {
+    RdmaError::NoticeTooLarge {
+        length: notice.len() as u64,
     }
 }

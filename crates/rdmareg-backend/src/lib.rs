@@ -12,6 +12,7 @@ mod backend;
 #[cfg(feature = "testkit")]
 pub mod conformance;
 pub mod loopback;
+pub mod notices;
 #[cfg(feature = "testkit")]
 pub mod own_process;
 

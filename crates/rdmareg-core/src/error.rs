@@ -98,6 +98,22 @@ pub enum RdmaError {
         "destination buffer was surrendered by a cancelled transfer and holds no memory; allocate another"
     )]
     BufferSurrendered,
+
+    /// A notice longer than [`MAX_NOTICE_BYTES`](crate::MAX_NOTICE_BYTES):
+    /// a local mistake; send less, or put the data in a read.
+    #[error("notice of {length} B is over the bound of {max} B", max = crate::MAX_NOTICE_BYTES)]
+    NoticeTooLarge {
+        /// The notice's length.
+        length: u64,
+    },
+
+    /// The backend does not offer this operation (a backend written
+    /// before it existed, or one whose transport cannot carry it).
+    #[error("this rdma backend does not support {operation}")]
+    Unsupported {
+        /// What was asked for, such as `"notices"`.
+        operation: &'static str,
+    },
 }
 
 /// The variant of an [`RdmaError`] without its data, for counting by kind.
@@ -132,11 +148,15 @@ pub enum ErrorKind {
     DestinationTooSmall,
     /// [`RdmaError::BufferSurrendered`].
     BufferSurrendered,
+    /// [`RdmaError::NoticeTooLarge`].
+    NoticeTooLarge,
+    /// [`RdmaError::Unsupported`].
+    Unsupported,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 14] = [
+    pub const ALL: [ErrorKind; 16] = [
         ErrorKind::ShuttingDown,
         ErrorKind::BudgetExceeded,
         ErrorKind::RegionNotFound,
@@ -151,6 +171,8 @@ impl ErrorKind {
         ErrorKind::ForeignBuffer,
         ErrorKind::DestinationTooSmall,
         ErrorKind::BufferSurrendered,
+        ErrorKind::NoticeTooLarge,
+        ErrorKind::Unsupported,
     ];
 
     /// A stable snake-case name, fit for a metric label.
@@ -170,6 +192,8 @@ impl ErrorKind {
             ErrorKind::ForeignBuffer => "foreign_buffer",
             ErrorKind::DestinationTooSmall => "destination_too_small",
             ErrorKind::BufferSurrendered => "buffer_surrendered",
+            ErrorKind::NoticeTooLarge => "notice_too_large",
+            ErrorKind::Unsupported => "unsupported",
         }
     }
 
@@ -216,6 +240,8 @@ impl RdmaError {
             RdmaError::ForeignBuffer => ErrorKind::ForeignBuffer,
             RdmaError::DestinationTooSmall { .. } => ErrorKind::DestinationTooSmall,
             RdmaError::BufferSurrendered => ErrorKind::BufferSurrendered,
+            RdmaError::NoticeTooLarge { .. } => ErrorKind::NoticeTooLarge,
+            RdmaError::Unsupported { .. } => ErrorKind::Unsupported,
         }
     }
 

@@ -10,9 +10,13 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
+use rdmareg_core::{
+    BackendGet, BackendRegion, Notice, NoticeDrops, NoticeSender, PeerId, RdmaError,
+};
 
 use crate::front::{CallerCopies, Front};
 
@@ -124,5 +128,21 @@ unsafe impl<D: Driver> RdmaBackend for Backend<D> {
     /// deregistrations that succeeded.
     fn live_registrations(&self) -> Option<usize> {
         self.front.live_registrations()
+    }
+
+    fn send_notice(&self, peer: PeerId, notice: Bytes) -> BoxFuture<'_, Result<(), RdmaError>> {
+        self.front.send_notice(peer, notice)
+    }
+
+    fn notices(&self) -> Result<BoxStream<'static, Notice>, RdmaError> {
+        self.front.notices()
+    }
+
+    fn notice_drops(&self) -> Option<NoticeDrops> {
+        self.front.notice_drops()
+    }
+
+    fn notice_sender(&self) -> Option<NoticeSender> {
+        self.front.notice_sender()
     }
 }

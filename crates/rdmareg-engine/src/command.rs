@@ -13,8 +13,9 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::channel::oneshot;
-use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
+use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
 /// Where the thread sends one command's result.
 pub type Reply<T> = oneshot::Sender<Result<T, RdmaError>>;
@@ -65,6 +66,16 @@ pub enum Command<P> {
         requests: Arc<[BackendGet]>,
         /// As for `GetBatch`.
         reply: BatchReply,
+    },
+    /// Send a notice to a peer's engine (see [`notices`](crate::notices)).
+    Notice {
+        /// Whom to.
+        peer: PeerId,
+        /// At most [`MAX_NOTICE_BYTES`](rdmareg_core::MAX_NOTICE_BYTES),
+        /// checked by the submitter.
+        notice: Bytes,
+        /// Completed once the transport took the message.
+        reply: Reply<()>,
     },
     /// A command only the driver understands.
     Driver(P),
@@ -117,6 +128,14 @@ pub trait Handler: Registrations {
         self.get_batch(requests.to_vec(), reply);
     }
 
+    /// Sends `notice` to `peer`; by default refuses it as unsupported.
+    fn send_notice(&mut self, peer: PeerId, notice: Bytes, reply: Reply<()>) {
+        let _ = (peer, notice);
+        let _ = reply.send(Err(RdmaError::Unsupported {
+            operation: "notices",
+        }));
+    }
+
     /// Does a command only the driver understands.
     fn driver_command(&mut self, command: Self::DriverCommand);
 
@@ -156,6 +175,11 @@ impl<P> Command<P> {
             Command::GetSharedBatch { requests, reply } => {
                 handler.get_shared_batch(requests, reply);
             }
+            Command::Notice {
+                peer,
+                notice,
+                reply,
+            } => handler.send_notice(peer, notice, reply),
             Command::Driver(command) => handler.driver_command(command),
             Command::Shutdown { reply } => {
                 handler.shutdown_requested(reply);
@@ -175,6 +199,7 @@ impl<P> Command<P> {
                 let _ = reply.send(Err(RdmaError::ShuttingDown));
             }
             Command::Get { reply, .. }
+            | Command::Notice { reply, .. }
             | Command::Unmap {
                 reply: Some(reply), ..
             } => {

@@ -29,12 +29,18 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::channel::oneshot;
 use futures::future::BoxFuture;
-use rdmareg_core::{BackendGet, BackendRegion, RdmaError};
+use futures::stream::BoxStream;
+use rdmareg_core::{
+    BackendGet, BackendRegion, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender, PeerId,
+    RdmaError,
+};
 
 use crate::command::{BatchReply, Command};
 use crate::lanes::{Overflow, Submitter};
+use crate::notices::NoticeSource;
 
 /// Reads a driver can complete on the caller's thread, without the
 /// progress thread.
@@ -88,6 +94,9 @@ impl CallerCopies for NoCallerCopies {
 pub struct Front<P, C = NoCallerCopies> {
     submitter: Arc<Submitter<P>>,
     caller_copies: Arc<C>,
+    /// The engine's notice board and the number its own notices carry, if
+    /// its driver sends and receives notices.
+    notices: Option<(Arc<dyn NoticeSource>, NoticeSender)>,
 }
 
 impl<P, C> Clone for Front<P, C> {
@@ -95,6 +104,7 @@ impl<P, C> Clone for Front<P, C> {
         Front {
             submitter: Arc::clone(&self.submitter),
             caller_copies: Arc::clone(&self.caller_copies),
+            notices: self.notices.clone(),
         }
     }
 }
@@ -130,7 +140,15 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
         Front {
             submitter,
             caller_copies,
+            notices: None,
         }
+    }
+
+    /// This front with notices: `board` receives the engine's, and the
+    /// engine's own carry `sender`.
+    pub fn with_notices(mut self, board: Arc<dyn NoticeSource>, sender: NoticeSender) -> Self {
+        self.notices = Some((board, sender));
+        self
     }
 
     /// The lanes this front submits to.
@@ -271,6 +289,54 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 reply,
             })
         }
+    }
+
+    /// `RdmaBackend::send_notice`: checked here, sent by the thread.
+    pub fn send_notice(&self, peer: PeerId, notice: Bytes) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move {
+            if self.notices.is_none() {
+                return Err(RdmaError::Unsupported {
+                    operation: "notices",
+                });
+            }
+            if notice.len() > MAX_NOTICE_BYTES {
+                return Err(RdmaError::NoticeTooLarge {
+                    length: notice.len() as u64,
+                });
+            }
+            let (reply, result) = oneshot::channel();
+            self.submitter
+                .submit(
+                    Command::Notice {
+                        peer,
+                        notice,
+                        reply,
+                    },
+                    Overflow::Abandon,
+                )
+                .await?;
+            result.await.unwrap_or(Err(RdmaError::ShuttingDown))
+        })
+    }
+
+    /// `RdmaBackend::notices`.
+    pub fn notices(&self) -> Result<BoxStream<'static, Notice>, RdmaError> {
+        match &self.notices {
+            Some((board, _)) => Ok(Arc::clone(board).boxed_stream()),
+            None => Err(RdmaError::Unsupported {
+                operation: "notices",
+            }),
+        }
+    }
+
+    /// `RdmaBackend::notice_drops`.
+    pub fn notice_drops(&self) -> Option<NoticeDrops> {
+        self.notices.as_ref().map(|(board, _)| board.drops())
+    }
+
+    /// `RdmaBackend::notice_sender`.
+    pub fn notice_sender(&self) -> Option<NoticeSender> {
+        self.notices.as_ref().map(|&(_, sender)| sender)
     }
 
     /// `RdmaBackend::live_registrations`: the thread's own count.

@@ -21,7 +21,10 @@
 //! - [`served`]: the served-read protocol as state machines with no I/O and
 //!   no clock, checked by seeded simulators: the owner side (admission,
 //!   read leases, unmaps that wait for them) and the consumer side (which
-//!   reply may write a destination, completes a read only after release).
+//!   reply may write a destination, completes a read only after release);
+//! - [`notices`]: small messages a reader sends an owner after its reads,
+//!   the reader's gate that holds them until the reads completed and the
+//!   owner's bounded queue.
 //!
 //! A driver (the transport's crate) creates and progresses the transport's
 //! objects, and turns their completions into results for the callers. This
@@ -36,6 +39,7 @@ pub mod doorbell;
 pub mod front;
 pub mod lanes;
 pub mod lifecycle;
+pub mod notices;
 pub mod progress_loop;
 pub mod results;
 pub mod served;

@@ -7,8 +7,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 
-use rdmareg_core::{BackendGet, PeerId};
+use rdmareg_core::{BackendGet, NoticeSender, PeerId};
 use rdmareg_engine::lifecycle::Lifecycle;
+use rdmareg_engine::notices::NoticeBoard;
 
 use crate::caller_copies::CallerCopies;
 use crate::engine_address::EngineAddress;
@@ -47,6 +48,11 @@ pub struct Signals {
     pub(crate) lists_copied_by_plan: AtomicU64,
     /// Served reads asked in chunks (see `progress::chunks`).
     pub(crate) reads_asked_in_chunks: AtomicU64,
+    /// Notices readers sent this engine, named by the address of their
+    /// connection's reply endpoint (see `progress::notices`).
+    pub(crate) notices: Arc<NoticeBoard<usize>>,
+    /// The number this engine's own notices carry.
+    pub(crate) notice_sender: NoticeSender,
 }
 
 /// The backend front tries a same-host read on the caller's thread first

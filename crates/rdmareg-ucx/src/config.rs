@@ -143,6 +143,12 @@ pub struct UcxConfig {
     /// for such a copy, which is why it is bounded. 0 sends every read
     /// through the thread. Default: [`Self::DEFAULT_CALLER_COPY_LIMIT`].
     pub caller_copy_limit: usize,
+    /// How many notices readers sent may wait for this engine's
+    /// application, overall and per reader, and how many idle readers it
+    /// remembers (see `rdmareg_engine::notices::inbox`). Notices past the
+    /// bound are dropped and counted. Default:
+    /// [`NoticeLimits::default`](rdmareg_engine::notices::NoticeLimits).
+    pub notice_limits: rdmareg_engine::notices::NoticeLimits,
 }
 
 impl Default for UcxConfig {
@@ -160,6 +166,7 @@ impl Default for UcxConfig {
             max_served_replies_per_connection: Self::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION,
             progress_cpus: None,
             caller_copy_limit: Self::DEFAULT_CALLER_COPY_LIMIT,
+            notice_limits: Default::default(),
         }
     }
 }
@@ -185,6 +192,13 @@ impl UcxConfig {
     /// environment sets one; UCX's 20 s default let a closed consumer
     /// endpoint hold the owner's side for minutes.
     pub const DEFAULT_KEEPALIVE_INTERVAL: &'static str = "1s";
+
+    /// Bound the queue of notices readers send this engine (see
+    /// [`Self::notice_limits`]).
+    pub fn with_notice_limits(mut self, limits: rdmareg_engine::notices::NoticeLimits) -> Self {
+        self.notice_limits = limits;
+        self
+    }
 
     /// Copy same-host direct reads of at most `bytes` on the caller's
     /// thread; 0 never does (see [`Self::caller_copy_limit`]).

@@ -25,6 +25,7 @@ use rdmareg_engine::backend::Backend;
 use rdmareg_engine::doorbell::Doorbell;
 use rdmareg_engine::front::Front;
 use rdmareg_engine::lifecycle::Lifecycle;
+use rdmareg_engine::notices::NoticeBoard;
 use rdmareg_engine::thread::ProgressThread;
 
 use crate::backend::UcxBackend;
@@ -79,12 +80,15 @@ impl UcxEngine {
         let doorbell = Doorbell::new()
             .map_err(|e| RdmaError::backend_caused_by("ucx: creating the doorbell eventfd", e))?;
         let lifecycle = Arc::new(Lifecycle::new(doorbell));
+        let notice_sender = rdmareg_engine::notices::draw_sender()?;
         let signals = Arc::new(Signals {
             lifecycle: Arc::clone(&lifecycle),
             served_replies_in_flight: Arc::default(),
             caller_copies: CallerCopies::new(config.caller_copy_limit),
             lists_copied_by_plan: Default::default(),
             reads_asked_in_chunks: Default::default(),
+            notices: NoticeBoard::new(config.notice_limits),
+            notice_sender,
         });
         let (submitter, lanes) = rdmareg_engine::lanes::lanes(config.ring_capacity, lifecycle);
         let teardown_timeout = config.teardown_timeout;
@@ -94,7 +98,8 @@ impl UcxEngine {
         })?;
         tracing::debug!(version = ?info.ucx_version, address_len = info.worker_address.len(), "UCX engine started");
         Ok(UcxEngine {
-            front: Front::new(Arc::new(submitter), Arc::clone(&signals)),
+            front: Front::new(Arc::new(submitter), Arc::clone(&signals))
+                .with_notices(Arc::clone(&signals.notices) as _, notice_sender),
             signals,
             thread,
             worker_address: info.worker_address,

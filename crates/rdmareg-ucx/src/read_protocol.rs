@@ -67,6 +67,10 @@ pub use rdmareg_engine::served::Refusal;
 pub const READ_REQUEST_AM_ID: u32 = 0x5251;
 /// Active-message id of a read reply (owner → consumer).
 pub const READ_REPLY_AM_ID: u32 = 0x5252;
+/// Active-message id of a notice (reader → owner); the message is the
+/// engine kit's notice format (`rdmareg_engine::notices::wire`), sent as
+/// the payload, eager only.
+pub const NOTICE_AM_ID: u32 = 0x5255;
 
 const KEY_MAGIC: [u8; 2] = *b"RQ";
 const VERSION: u8 = 1;

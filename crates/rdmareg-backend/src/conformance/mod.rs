@@ -42,6 +42,7 @@ mod in_flight_checks;
 mod key_checks;
 mod map_checks;
 mod model;
+mod notice_checks;
 mod support;
 mod unmap_checks;
 
@@ -79,6 +80,11 @@ pub use map_checks::{
     degenerate_map_is_out_of_range, effective_range_is_page_enclosing,
 };
 pub use model::{MODEL_CASES, model_based};
+pub use notice_checks::{
+    a_notice_is_withheld_when_its_read_fails, a_notice_reaches_the_owner_after_its_read,
+    a_notice_to_an_unknown_peer_is_not_configured,
+    an_oversized_notice_is_refused_before_anything_is_read, notices_arrive_once_and_in_send_order,
+};
 pub use unmap_checks::{
     concurrent_unmaps_of_one_region_all_return_ok, dropped_unmap_still_unmaps,
     ok_unmap_decrements_the_live_count, unmap_after_teardown_returns_ok_for_released_ids,
@@ -97,6 +103,9 @@ pub struct Capabilities {
     /// How long a cancelled map's or dropped unmap's rollback may take to
     /// show in the live count before it counts as a leak.
     pub rollback_within: Duration,
+    /// The backend sends and receives notices; without them it must refuse
+    /// them as [`RdmaError::Unsupported`](crate::RdmaError::Unsupported).
+    pub notices: bool,
 }
 
 impl Capabilities {
@@ -107,6 +116,7 @@ impl Capabilities {
             remote_bounds_enforced: true,
             unknown_remote_key_detected: true,
             rollback_within: Duration::from_secs(5),
+            notices: true,
         }
     }
 
@@ -119,6 +129,12 @@ impl Capabilities {
     /// Set [`rollback_within`](Self::rollback_within).
     pub const fn with_rollback_within(mut self, within: Duration) -> Self {
         self.rollback_within = within;
+        self
+    }
+
+    /// Set [`notices`](Self::notices).
+    pub const fn with_notices(mut self, notices: bool) -> Self {
+        self.notices = notices;
         self
     }
 
@@ -265,6 +281,11 @@ macro_rules! conformance_tests {
             a_batch_fails_each_entry_with_its_own_error,
             a_dropped_batch_keeps_its_destinations_until_the_transfers_are_over,
             a_shared_batch_completes_every_post_as_a_fresh_one_would,
+            a_notice_reaches_the_owner_after_its_read,
+            a_notice_is_withheld_when_its_read_fails,
+            notices_arrive_once_and_in_send_order,
+            an_oversized_notice_is_refused_before_anything_is_read,
+            a_notice_to_an_unknown_peer_is_not_configured,
         );
 
         #[test]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
 
@@ -166,6 +167,17 @@ pub(crate) fn kit_get(
     // SAFETY: by the kit's discipline (above), the destination is a kit
     // buffer no reference aliases, or an id that names nothing.
     unsafe { backend.get(request) }
+}
+
+/// [`RdmaBackend::get_with_notice`] into a destination that follows the
+/// kit's discipline.
+pub(crate) fn kit_get_with_notice(
+    backend: &dyn RdmaBackend,
+    request: BackendGet,
+    notice: Bytes,
+) -> BoxFuture<'_, Result<(), RdmaError>> {
+    // SAFETY: as `kit_get`.
+    unsafe { backend.get_with_notice(request, notice) }
 }
 
 /// [`RdmaBackend::get_batch`] into destinations that follow the kit's

@@ -25,14 +25,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use parking_lot::Mutex;
-use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
+use rdmareg_core::{
+    BackendGet, BackendRegion, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender, PeerId,
+    RdmaError,
+};
 use tokio::sync::watch;
 
 pub use fault::{FaultInjector, FaultOp, HangGate};
 
 use crate::RdmaBackend;
+use crate::notices::{self, NoticeBoard, NoticeLimits, NoticeSource};
 use table::RegionTable;
 
 /// The wire name of the loopback backend, carried in its descriptors.
@@ -69,12 +75,15 @@ fn query_page_size() -> u64 {
 pub struct LoopbackConfig {
     /// Deadline of a GET whose request carries none.
     pub default_get_deadline: Duration,
+    /// The bounds of this instance's queue of received notices.
+    pub notice_limits: NoticeLimits,
 }
 
 impl Default for LoopbackConfig {
     fn default() -> Self {
         Self {
             default_get_deadline: Duration::from_secs(30),
+            notice_limits: NoticeLimits::default(),
         }
     }
 }
@@ -83,6 +92,12 @@ impl LoopbackConfig {
     /// Set [`default_get_deadline`](Self::default_get_deadline).
     pub fn with_default_get_deadline(mut self, deadline: Duration) -> Self {
         self.default_get_deadline = deadline;
+        self
+    }
+
+    /// Set [`notice_limits`](Self::notice_limits).
+    pub fn with_notice_limits(mut self, limits: NoticeLimits) -> Self {
+        self.notice_limits = limits;
         self
     }
 }
@@ -155,6 +170,8 @@ impl LoopbackFabric {
             peer_id: id,
             instance,
             fabric: self.clone(),
+            notices: NoticeBoard::new(config.notice_limits),
+            notices_sent: AtomicU64::new(0),
             config,
             table: RegionTable::new(),
             faults: FaultInjector::default(),
@@ -193,6 +210,10 @@ pub struct LoopbackBackend {
     /// `true` once teardown began. A watch so waiting GETs can complete.
     shutdown: watch::Sender<bool>,
     counters: Counters,
+    /// Notices peers sent this instance, by the sending instance's number.
+    notices: Arc<NoticeBoard<u64>>,
+    /// Notices this instance sent; the last one's sequence number.
+    notices_sent: AtomicU64,
 }
 
 impl fmt::Debug for LoopbackBackend {
@@ -251,6 +272,7 @@ impl LoopbackBackend {
     /// The instance keeps refusing new work; call it again to finish.
     pub async fn shutdown(&self) {
         self.shutdown.send_replace(true);
+        self.notices.close();
         self.table.close();
         self.table.wait_unpinned().await;
         let refused = self.faults.unmaps_refused();
@@ -314,5 +336,52 @@ unsafe impl RdmaBackend for LoopbackBackend {
 
     fn transfers_in_flight(&self, backend_region_id: u64) -> Option<usize> {
         Some(self.table.pins(backend_region_id))
+    }
+
+    fn send_notice(&self, peer: PeerId, notice: Bytes) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move { self.deliver_notice(peer, &notice) })
+    }
+
+    fn notices(&self) -> Result<BoxStream<'static, Notice>, RdmaError> {
+        Ok(Arc::clone(&self.notices).boxed_stream())
+    }
+
+    fn notice_drops(&self) -> Option<NoticeDrops> {
+        Some(self.notices.drops())
+    }
+
+    fn notice_sender(&self) -> Option<NoticeSender> {
+        Some(self.notice_sender())
+    }
+}
+
+impl LoopbackBackend {
+    /// The sender number of this instance's notices: its fabric-unique
+    /// instance number.
+    fn notice_sender(&self) -> NoticeSender {
+        NoticeSender(self.instance)
+    }
+
+    /// Hands `notice` to `peer`'s board at once: the fabric is reliable and
+    /// in order, so this is the whole transport.
+    fn deliver_notice(&self, peer: PeerId, notice: &[u8]) -> Result<(), RdmaError> {
+        if notice.len() > MAX_NOTICE_BYTES {
+            return Err(RdmaError::NoticeTooLarge {
+                length: notice.len() as u64,
+            });
+        }
+        if self.is_shutting_down() {
+            return Err(RdmaError::ShuttingDown);
+        }
+        let owner = self.fabric.lookup(peer).ok_or(RdmaError::NotConfigured)?;
+        let sequence = self.notices_sent.fetch_add(1, Ordering::Relaxed) + 1;
+        let message = notices::wire::encode(self.instance, sequence, notice).map_err(|_| {
+            RdmaError::NoticeTooLarge {
+                length: notice.len() as u64,
+            }
+        })?;
+        // A drop is the owner's to count, as over a real transport.
+        let _ = owner.notices.receive(self.instance, &message);
+        Ok(())
     }
 }

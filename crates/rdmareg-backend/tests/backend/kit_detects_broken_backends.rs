@@ -11,11 +11,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use parking_lot::Mutex;
 use rdmareg_backend::conformance::{self, BackendPair, Capabilities};
 use rdmareg_backend::loopback::{FaultOp, LoopbackBackend, LoopbackFabric};
 use rdmareg_backend::{BackendGet, BackendRegion, PeerId, RdmaBackend, RdmaError};
+use rdmareg_core::{Notice, NoticeSender};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flaw {
@@ -47,6 +50,10 @@ enum Flaw {
     /// Answers `ShuttingDown` to every unmap once torn down, released ids
     /// included.
     RefusesUnmapsAfterTeardown,
+    /// Sends a GET's notice whether or not the read succeeded.
+    SendsNoticesOfFailedReads,
+    /// Sends every notice twice.
+    SendsNoticesTwice,
 }
 
 struct Flawed {
@@ -170,6 +177,41 @@ unsafe impl RdmaBackend for Flawed {
                 _ => unsafe { self.inner.get_batch(requests) }.await,
             }
         })
+    }
+
+    unsafe fn get_with_notice(
+        &self,
+        request: BackendGet,
+        notice: Bytes,
+    ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        if self.flaw != Flaw::SendsNoticesOfFailedReads {
+            // SAFETY: forwards the promise this method's own caller gave.
+            return unsafe { self.inner.get_with_notice(request, notice) };
+        }
+        Box::pin(async move {
+            let peer = request.peer;
+            // SAFETY: forwards the promise this method's own caller gave.
+            let read = unsafe { self.inner.get(request) }.await;
+            let _ = self.inner.send_notice(peer, notice).await;
+            read
+        })
+    }
+
+    fn send_notice(&self, peer: PeerId, notice: Bytes) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move {
+            if self.flaw == Flaw::SendsNoticesTwice {
+                self.inner.send_notice(peer, notice.clone()).await?;
+            }
+            self.inner.send_notice(peer, notice).await
+        })
+    }
+
+    fn notices(&self) -> Result<BoxStream<'static, Notice>, RdmaError> {
+        self.inner.notices()
+    }
+
+    fn notice_sender(&self) -> Option<NoticeSender> {
+        self.inner.notice_sender()
     }
 
     fn transfers_in_flight(&self, backend_region_id: u64) -> Option<usize> {
@@ -358,5 +400,19 @@ fn batch_error_check_catches_a_backend_that_reorders_answers() {
 fn batch_check_catches_a_backend_that_answers_before_the_transfers_end() {
     assert_only_the_flawed_backend_fails(Flaw::AnswersBatchesBeforeTheyEnd, |p| {
         Box::pin(conformance::a_batch_writes_every_entry_and_returns_each_in_order(p))
+    });
+}
+
+#[test]
+fn withheld_notice_check_catches_notices_sent_after_failed_reads() {
+    assert_only_the_flawed_backend_fails(Flaw::SendsNoticesOfFailedReads, |p| {
+        Box::pin(conformance::a_notice_is_withheld_when_its_read_fails(p))
+    });
+}
+
+#[test]
+fn notice_order_check_catches_notices_delivered_twice() {
+    assert_only_the_flawed_backend_fails(Flaw::SendsNoticesTwice, |p| {
+        Box::pin(conformance::notices_arrive_once_and_in_send_order(p))
     });
 }

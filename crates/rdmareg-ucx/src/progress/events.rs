@@ -17,6 +17,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use rdmareg_engine::notices::NoticeBoard;
 use rdmareg_engine::served::consumer::{Completion, Consumer, ReadId};
 use rdmareg_engine::served::{Owner, OwnerConfig};
 use ucx_sys::{ucp_worker_h, ucs_status_t};
@@ -41,6 +42,13 @@ pub(crate) struct Events {
     /// flight; teardown frees those whose callback never ran once the worker
     /// is gone (`serve`).
     pub(crate) reply_records: RefCell<HashSet<usize>>,
+    /// The same for notice sends (`notices`).
+    pub(crate) notice_records: RefCell<HashSet<usize>>,
+    /// The number of the last notice this engine sent (`notices`).
+    pub(crate) notice_sequence: Cell<u64>,
+    /// Where notices readers send this engine go; `None` only in tests
+    /// that build an `Events` alone.
+    pub(crate) notices: Option<Arc<NoticeBoard<usize>>>,
     /// The consumer side of served reads: the engine kit's state machine,
     /// holding each read from its request until UCX lets go of its
     /// destination. Endpoints are named by their UCP handle's address, freed
@@ -95,6 +103,9 @@ impl Default for Events {
             failed_endpoints: RefCell::default(),
             unmapped: RefCell::default(),
             reply_records: RefCell::default(),
+            notice_records: RefCell::default(),
+            notice_sequence: Cell::new(0),
+            notices: None,
             consumer: RefCell::default(),
             owner: RefCell::new(Owner::new(OwnerConfig {
                 max_replies_per_endpoint:

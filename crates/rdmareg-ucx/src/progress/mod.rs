@@ -20,6 +20,7 @@ mod direct;
 mod events;
 mod gets;
 mod key_memo;
+mod notices;
 mod ops;
 mod peers;
 mod read_lists;
@@ -48,7 +49,7 @@ use crate::command::{Command, PeerChange, Signals};
 use crate::config::UcxConfig;
 use crate::engine_address::{EngineAddress, ProcessIdentity};
 use crate::read_list::{READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID};
-use crate::read_protocol::{READ_REPLY_AM_ID, READ_REQUEST_AM_ID};
+use crate::read_protocol::{NOTICE_AM_ID, READ_REPLY_AM_ID, READ_REQUEST_AM_ID};
 use direct::DirectLane;
 use events::Events;
 use ops::OpTable;
@@ -208,6 +209,7 @@ impl Engine {
             },
         ));
         events.served_gauge = Arc::clone(&signals.served_replies_in_flight);
+        events.notices = Some(Arc::clone(&signals.notices));
         // Chunked reads and fragment-sized list replies both need UCX's tcp
         // protocols to be the engine's own.
         let reads_in_chunks = config.reads_in_chunks_allowed_by_env();
@@ -234,6 +236,7 @@ impl Engine {
                 read_lists::on_read_list_reply,
                 events_arg,
             )?;
+            worker.set_am_handler(NOTICE_AM_ID, notices::on_notice, events_arg)?;
         }
         events.worker.set(worker.raw());
         let max_am_header = worker.max_am_header()?;
@@ -433,6 +436,10 @@ impl Handler for Engine {
 
     fn get_shared_batch(&mut self, requests: Arc<[BackendGet]>, reply: BatchReply) {
         self.post_shared_batch(requests, reply);
+    }
+
+    fn send_notice(&mut self, peer: rdmareg_core::PeerId, notice: Bytes, reply: Reply<()>) {
+        Engine::send_notice(self, peer, notice, reply);
     }
 
     fn driver_command(&mut self, command: PeerChange) {

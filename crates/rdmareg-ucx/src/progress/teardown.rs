@@ -143,6 +143,11 @@ impl Engine {
                 "freed the records of reply sends UCX never completed"
             );
         }
+        // SAFETY: as above.
+        let unsent = unsafe { super::notices::close_notices(&events) };
+        if unsent > 0 {
+            tracing::debug!(unsent, "notices UCX never sent end with the engine");
+        }
         drop(events);
 
         let mut still_registered = Vec::new();

@@ -522,6 +522,9 @@ pub(crate) enum SendMode {
     Small,
     /// Let UCX choose, with no registration named.
     Eager,
+    /// Eager protocols only, never rendezvous: for small messages the
+    /// receiver takes whole inside its handler.
+    EagerOnly,
     /// The payload lies inside this registration, so a zero-copy or
     /// rendezvous protocol can read it in place instead of registering it
     /// again.
@@ -567,6 +570,7 @@ pub(crate) unsafe fn send_active_message(
     match mode {
         SendMode::Small => param.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_FAST_CMPL,
         SendMode::Eager => {}
+        SendMode::EagerOnly => param.flags |= sys::UCP_AM_SEND_FLAG_EAGER,
         SendMode::Registered(memh) => {
             param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE;
             param.memh = memh.raw();

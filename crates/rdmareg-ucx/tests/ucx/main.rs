@@ -29,6 +29,7 @@ mod list_pieces_from_a_real_owner;
 mod list_replies_from_a_hostile_owner;
 mod list_replies_from_a_real_owner;
 mod list_replies_to_raw_consumers;
+mod notices_from_hostile_readers;
 mod owner_served_reads;
 mod packed_key_malformed;
 mod packed_key_props;

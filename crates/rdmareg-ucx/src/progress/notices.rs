@@ -1,0 +1,180 @@
+//! Notices over UCX (see the engine kit's `notices`).
+//!
+//! A reader sends each notice as one active message ([`NOTICE_AM_ID`]) on
+//! its served endpoint to the owner, whatever lane its reads took: the
+//! direct lane's reads are one-sided, so the notice is the only message
+//! the owner gets. The message goes eager only, as the payload, with the
+//! reply flag so the owner's handler learns the connection; it is owned by
+//! a record that lives until UCX completes the send.
+//!
+//! The owner's handler feeds every message to the engine's notice board;
+//! a rendezvous message (which an honest reader never sends) is dropped
+//! and counted as malformed, since taking it would mean holding UCX's
+//! data past the handler.
+
+use std::ffi::c_void;
+
+use bytes::Bytes;
+use rdmareg_core::{PeerId, RdmaError};
+use rdmareg_engine::notices::wire;
+use ucx_sys as sys;
+
+use super::Engine;
+use super::events::Events;
+use super::serve::reply_endpoint;
+use super::ucp::{SendMode, send_active_message};
+use crate::command::Reply;
+use crate::read_protocol::NOTICE_AM_ID;
+use crate::status::{PtrStatus, backend_error};
+
+/// A notice being sent: the message UCX reads, and where its outcome goes.
+struct NoticeSend {
+    events: *const Events,
+    message: Vec<u8>,
+    reply: Reply<()>,
+}
+
+impl Engine {
+    /// Sends `notice` (within the bound: the front checked it) to `peer`.
+    pub(super) fn send_notice(&mut self, peer: PeerId, notice: Bytes, reply: Reply<()>) {
+        let endpoint = match self.endpoint_for(peer) {
+            Ok((endpoint, _)) => endpoint,
+            Err(err) => {
+                let _ = reply.send(Err(err));
+                return;
+            }
+        };
+        let sequence = self.events.notice_sequence.get() + 1;
+        self.events.notice_sequence.set(sequence);
+        let message = match wire::encode(self.signals.notice_sender.0, sequence, &notice) {
+            Ok(message) => message,
+            Err(_) => {
+                let _ = reply.send(Err(RdmaError::NoticeTooLarge {
+                    length: notice.len() as u64,
+                }));
+                return;
+            }
+        };
+        let record = Box::into_raw(Box::new(NoticeSend {
+            events: &*self.events,
+            message,
+            reply,
+        }));
+        // SAFETY: on the worker's thread; `endpoint` is live (endpoints
+        // close only between commands); the message lives in `record`
+        // until the send ends, and `record` until its callback ran (or
+        // teardown frees it after the worker is gone).
+        let status = unsafe {
+            send_active_message(
+                endpoint.raw(),
+                NOTICE_AM_ID,
+                &[],
+                (*record).message.as_ptr(),
+                (*record).message.len(),
+                SendMode::EagerOnly,
+                true,
+                on_notice_sent,
+                record.cast::<c_void>(),
+            )
+        };
+        match status {
+            PtrStatus::Pending(_) => {
+                self.events
+                    .notice_records
+                    .borrow_mut()
+                    .insert(record as usize);
+            }
+            ended => {
+                // No callback will run.
+                // SAFETY: made by Box::into_raw above, not held by UCX.
+                let send = unsafe { Box::from_raw(record) };
+                let _ = send.reply.send(match ended {
+                    PtrStatus::Failed(code) => Err(backend_error(code, "sending a notice")),
+                    _ => Ok(()),
+                });
+            }
+        }
+        self.events.handed_off();
+    }
+}
+
+/// A notice's send ended.
+unsafe extern "C" fn on_notice_sent(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    user_data: *mut c_void,
+) {
+    // SAFETY: `user_data` is the `NoticeSend` boxed for this very send;
+    // this callback runs once per send, so it is reclaimed once.
+    let send = unsafe { Box::from_raw(user_data.cast::<NoticeSend>()) };
+    // SAFETY: the events record outlives the worker.
+    let events = unsafe { &*send.events };
+    events
+        .notice_records
+        .borrow_mut()
+        .remove(&(user_data as usize));
+    let _ = send.reply.send(if status == sys::UCS_OK {
+        Ok(())
+    } else {
+        Err(backend_error(status, "sending a notice"))
+    });
+    // SAFETY: a completed request of this worker, returned once; UCX
+    // allows freeing a request from its own completion callback.
+    unsafe { sys::ucp_request_free(request) };
+}
+
+/// The owner's handler of [`NOTICE_AM_ID`]: the message goes to the
+/// engine's notice board, under the address of the connection's reply
+/// endpoint.
+///
+/// # Safety
+/// Installed with `arg` = the engine's `Events`, which outlives the worker.
+pub(super) unsafe extern "C" fn on_notice(
+    arg: *mut c_void,
+    _header: *const c_void,
+    _header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: `arg` is the engine's boxed `Events` (see `Engine::start`),
+    // alive until after the worker is destroyed.
+    let events = unsafe { &*arg.cast::<Events>() };
+    let Some(board) = &events.notices else {
+        return sys::UCS_OK;
+    };
+    // SAFETY: UCX passes a valid parameter record for the call's duration.
+    let param = unsafe { &*param };
+    let from = reply_endpoint(param).map_or(0, |ep| ep as usize);
+    let rendezvous = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    let message: &[u8] = if rendezvous || data.is_null() || length == 0 {
+        // Not a message this engine takes: counted as malformed.
+        &[]
+    } else {
+        // SAFETY: an eager message's `length` bytes at `data` are readable
+        // for the handler's duration, and the slice does not outlive it.
+        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), length) }
+    };
+    let _ = board.receive(from, message);
+    sys::UCS_OK
+}
+
+/// Frees the records of notice sends UCX never completed; their callers
+/// see the engine shutting down. Returns how many there were.
+///
+/// # Safety
+/// The worker the sends were posted on is destroyed: no callback of it can
+/// run any more.
+pub(super) unsafe fn close_notices(events: &Events) -> usize {
+    let records: Vec<usize> = events.notice_records.borrow_mut().drain().collect();
+    for &record in &records {
+        // SAFETY: every address in the set was made by `Box::into_raw` of
+        // a `NoticeSend` whose callback never ran (a callback removes its
+        // record first), and the worker is gone: reclaimed once, here.
+        drop(unsafe { Box::from_raw(record as *mut NoticeSend) });
+    }
+    if let Some(board) = &events.notices {
+        board.close();
+    }
+    records.len()
+}
