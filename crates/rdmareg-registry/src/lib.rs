@@ -42,4 +42,7 @@ pub use shutdown::{ShutdownReport, SweptRegistry};
 pub use stats::RegistryStats;
 pub use transfer_list::TransferList;
 
-pub use rdmareg_core::{Descriptor, DescriptorError, ErrorKind, PageRange, PeerId, RdmaError};
+pub use rdmareg_core::{
+    Descriptor, DescriptorError, ErrorKind, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender,
+    PageRange, PeerId, RdmaError,
+};

@@ -6,9 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures::stream::BoxStream;
 use parking_lot::Mutex;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_core::{Descriptor, PageRange, PeerId, RdmaError, page_enclosing_range};
+use rdmareg_core::{
+    Descriptor, Notice, NoticeDrops, NoticeSender, PageRange, PeerId, RdmaError,
+    page_enclosing_range,
+};
 use tokio::runtime::Handle;
 
 use crate::budget::Budget;
@@ -377,7 +382,77 @@ impl RdmaRegistry {
         src: &Descriptor,
         dst: &mut PinnedBuf,
     ) -> Result<(), RdmaError> {
-        transfer::get(&self.inner, peer, src, dst, 0).await
+        transfer::get(&self.inner, peer, src, dst, 0, None).await
+    }
+
+    /// [`get`](Self::get), then `notice` to `peer` once the read completed:
+    /// the owner receives it from its [`notices`](Self::notices) only after
+    /// the bytes are in `dst`, and never after a read that failed. Use it to
+    /// tell an owner it may free what was read.
+    ///
+    /// `Ok(())` means the read completed and the transport took the
+    /// notice. An error is the read's (no notice was sent) or, after a read
+    /// that completed, the notice's own.
+    ///
+    /// # Errors
+    /// [`RdmaError::NoticeTooLarge`] past
+    /// [`MAX_NOTICE_BYTES`](rdmareg_core::MAX_NOTICE_BYTES), before anything
+    /// is read; [`RdmaError::Unsupported`] for a backend without notices;
+    /// otherwise as [`get_into`](Self::get_into) and
+    /// [`notify`](Self::notify).
+    ///
+    /// # Cancel safety
+    /// As [`get_into`](Self::get_into): a cancelled GET surrenders `dst`;
+    /// its notice may or may not be sent.
+    pub async fn get_with_notice(
+        &self,
+        peer: PeerId,
+        src: &Descriptor,
+        dst: &mut PinnedBuf,
+        notice: impl Into<Bytes>,
+    ) -> Result<(), RdmaError> {
+        transfer::get(&self.inner, peer, src, dst, 0, Some(notice.into())).await
+    }
+
+    /// Send `notice` to `peer`'s engine on its own, with no read.
+    ///
+    /// Notices are not acknowledged: `Ok(())` means the transport took it.
+    /// A reader's notices reach an owner at most once, in the order sent.
+    ///
+    /// # Errors
+    /// [`RdmaError::NoticeTooLarge`]; [`RdmaError::NotConfigured`] for a
+    /// peer the backend does not know; [`RdmaError::ShuttingDown`];
+    /// [`RdmaError::Unsupported`] for a backend without notices; the
+    /// backend's send error.
+    pub async fn notify(&self, peer: PeerId, notice: impl Into<Bytes>) -> Result<(), RdmaError> {
+        let _ticket = self.inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
+        let result = self.inner.backend.send_notice(peer, notice.into()).await;
+        self.inner.counters.outcome(&result);
+        result
+    }
+
+    /// The notices readers send this registry's engine, oldest first. The
+    /// queue behind it is bounded by the backend; what does not fit is
+    /// dropped and counted in [`notice_drops`](Self::notice_drops). Several
+    /// streams share the queue; the streams end when the backend shuts
+    /// down.
+    ///
+    /// # Errors
+    /// [`RdmaError::Unsupported`] for a backend without notices.
+    pub fn notices(&self) -> Result<BoxStream<'static, Notice>, RdmaError> {
+        self.inner.backend.notices()
+    }
+
+    /// Notices the engine dropped, by reason; `None` for a backend without
+    /// notices.
+    pub fn notice_drops(&self) -> Option<NoticeDrops> {
+        self.inner.backend.notice_drops()
+    }
+
+    /// The sender number this engine's notices carry (what an owner sees
+    /// as [`Notice::from`]); `None` for a backend without notices.
+    pub fn notice_sender(&self) -> Option<NoticeSender> {
+        self.inner.backend.notice_sender()
     }
 
     /// Read the range `src` describes (cut a sub-range with
@@ -406,7 +481,7 @@ impl RdmaRegistry {
         dst: &mut PinnedBuf,
         dst_offset: usize,
     ) -> Result<(), RdmaError> {
-        transfer::get(&self.inner, peer, src, dst, dst_offset).await
+        transfer::get(&self.inner, peer, src, dst, dst_offset, None).await
     }
 
     /// An empty [`TransferList`] of reads from `peer`, to

@@ -13,10 +13,11 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use rdmareg_backend::BackendGet;
-use rdmareg_core::{Descriptor, DescriptorError, PeerId, RdmaError};
+use rdmareg_core::{Descriptor, DescriptorError, MAX_NOTICE_BYTES, PeerId, RdmaError};
 
 use crate::gate::Ticket;
 use crate::pool::PinnedBuf;
@@ -46,9 +47,10 @@ pub(crate) async fn get(
     src: &Descriptor,
     dst: &mut PinnedBuf,
     dst_offset: usize,
+    notice: Option<Bytes>,
 ) -> Result<(), RdmaError> {
     let mut took = None;
-    let result = get_timed(inner, peer, src, dst, dst_offset, &mut took).await;
+    let result = get_timed(inner, peer, src, dst, dst_offset, notice, &mut took).await;
     match took {
         Some(took) => inner.counters.get(src.len(), took, &result),
         None => inner.counters.outcome(&result),
@@ -63,8 +65,16 @@ async fn get_timed(
     src: &Descriptor,
     dst: &mut PinnedBuf,
     dst_offset: usize,
+    notice: Option<Bytes>,
     took: &mut Option<Duration>,
 ) -> Result<(), RdmaError> {
+    if let Some(notice) = &notice
+        && notice.len() > MAX_NOTICE_BYTES
+    {
+        return Err(RdmaError::NoticeTooLarge {
+            length: notice.len() as u64,
+        });
+    }
     if src.backend_key() != inner.backend_key {
         return Err(RdmaError::InvalidDescriptor(
             DescriptorError::InvalidBackendKey,
@@ -103,12 +113,17 @@ async fn get_timed(
     };
     let backend = Arc::clone(&inner.backend);
     // Owning the backend handle makes the future `'static`, for a task.
-    let transfer: BoxFuture<'static, Result<(), RdmaError>> =
+    let transfer: BoxFuture<'static, Result<(), RdmaError>> = match notice {
         // SAFETY: the destination is the slot's bytes in a pool arena the
         // registry mapped; the slot was taken out of `dst`, so no
         // `PinnedBuf` reaches them until `pending` hands it back after the
         // GET completed (contract points 4 and 8).
-        Box::pin(async move { unsafe { backend.get(request) }.await });
+        None => Box::pin(async move { unsafe { backend.get(request) }.await }),
+        Some(notice) => Box::pin(async move {
+            // SAFETY: as above; the notice adds no memory.
+            unsafe { backend.get_with_notice(request, notice) }.await
+        }),
+    };
     let mut pending = PendingTransfer {
         transfer: Some(transfer),
         slots: HeldSlots(vec![slot]),

@@ -104,7 +104,10 @@ pub use published::{PublishError, PublishFailure, PublishedRegion};
 #[cfg(feature = "discovery")]
 pub use rdmareg_discovery as discovery;
 
-pub use rdmareg_core::{Descriptor, DescriptorError, ErrorKind, PeerId, RdmaError};
+pub use rdmareg_core::{
+    Descriptor, DescriptorError, ErrorKind, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender,
+    PeerId, RdmaError,
+};
 pub use rdmareg_registry::{
     DescribeError, DescribedBuf, LatencyHistogram, PinnedBuf, RdmaRegistry, RegionGuard,
     RegisterOwnedError, RegistryMetrics, ShutdownReport, TransferList, UnregisterOutcome,

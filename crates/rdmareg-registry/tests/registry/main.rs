@@ -12,6 +12,7 @@ mod latch;
 mod lists;
 mod metrics;
 mod model;
+mod notices;
 mod pool;
 mod rollbacks;
 mod shutdown;

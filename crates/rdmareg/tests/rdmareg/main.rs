@@ -8,6 +8,7 @@ mod backend_seam_from_safe_code;
 mod facade;
 mod metrics_flood;
 mod metrics_http;
+mod notices;
 mod offer;
 mod overlapping_lists;
 #[cfg(feature = "discovery")]

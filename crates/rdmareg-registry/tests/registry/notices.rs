@@ -1,0 +1,167 @@
+//! Notices through the registry: a reader tells an owner it is done, the
+//! owner frees what was read, and bad notices are typed errors that read
+//! nothing.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use rdmareg_registry::{MAX_NOTICE_BYTES, Notice, RdmaError};
+
+use crate::common::*;
+
+/// The next notice an owner receives, within a second of virtual time.
+async fn next_notice(stream: &mut futures::stream::BoxStream<'static, Notice>) -> Notice {
+    within(Duration::from_secs(1), "a notice", stream.next())
+        .await
+        .expect("the stream is open")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_with_a_notice_reaches_the_owner_after_its_bytes() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let mut notices = owner.registry.notices().unwrap();
+    let source = owner
+        .registry
+        .register_owned(pattern(5000, 3))
+        .await
+        .unwrap();
+    let mut buf = consumer.registry.alloc_pinned(5000).await.unwrap();
+    consumer
+        .registry
+        .get_with_notice(OWNER, &source.descriptor().unwrap(), &mut buf, "done")
+        .await
+        .unwrap();
+    assert_eq!(&buf[..], &pattern(5000, 3)[..]);
+    let notice = next_notice(&mut notices).await;
+    assert_eq!(&notice.bytes[..], b"done");
+    assert_eq!(Some(notice.from), consumer.registry.notice_sender());
+}
+
+/// The lifecycle the notices exist for: the reader names in its notice
+/// what it read, and the owner unregisters exactly that once told, with
+/// no guessing and no timeout.
+#[tokio::test(start_paused = true)]
+async fn an_owner_frees_each_range_when_its_reader_is_done() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let mut notices = owner.registry.notices().unwrap();
+    let mut ranges = Vec::new();
+    for seed in 0..3u8 {
+        let guard = owner
+            .registry
+            .register_owned(pattern(4096, seed))
+            .await
+            .unwrap();
+        ranges.push(Some(guard));
+    }
+    let descriptors: Vec<_> = ranges
+        .iter()
+        .map(|g| g.as_ref().unwrap().descriptor().unwrap())
+        .collect();
+    for (index, descriptor) in descriptors.iter().enumerate() {
+        let mut buf = consumer.registry.alloc_pinned(4096).await.unwrap();
+        consumer
+            .registry
+            .get_with_notice(OWNER, descriptor, &mut buf, vec![index as u8])
+            .await
+            .unwrap();
+        assert_eq!(&buf[..], &pattern(4096, index as u8)[..]);
+    }
+    for _ in 0..3 {
+        let index = next_notice(&mut notices).await.bytes[0] as usize;
+        let guard = ranges[index].take().expect("each range is released once");
+        let watch = guard.watch();
+        guard.unregister(Duration::from_secs(1)).await.unwrap();
+        assert!(watch.is_deregistered());
+    }
+    assert_eq!(owner.registry.stats().live_regions, 0);
+}
+
+/// A read that fails sends no notice: a notice sent on its own afterwards
+/// is the first the owner receives.
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_sends_no_notice() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let mut notices = owner.registry.notices().unwrap();
+    let source = owner
+        .registry
+        .register_owned(pattern(5000, 3))
+        .await
+        .unwrap();
+    let descriptor = source.descriptor().unwrap();
+    let mut small = consumer.registry.alloc_pinned(100).await.unwrap();
+    assert!(matches!(
+        consumer
+            .registry
+            .get_with_notice(OWNER, &descriptor, &mut small, "too small")
+            .await,
+        Err(RdmaError::DestinationTooSmall { .. })
+    ));
+    // The owner unmaps the source: the next read fails at the owner.
+    source.unregister(Duration::from_secs(1)).await.unwrap();
+    let mut buf = consumer.registry.alloc_pinned(5000).await.unwrap();
+    assert!(
+        consumer
+            .registry
+            .get_with_notice(OWNER, &descriptor, &mut buf, "stale")
+            .await
+            .is_err()
+    );
+    consumer.registry.notify(OWNER, "marker").await.unwrap();
+    assert_eq!(&next_notice(&mut notices).await.bytes[..], b"marker");
+}
+
+/// A notice over the bound is refused before anything is read: the buffer
+/// keeps its bytes and is not surrendered.
+#[tokio::test(start_paused = true)]
+async fn an_oversized_notice_is_refused_and_reads_nothing() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let source = owner.registry.register_owned(pattern(64, 3)).await.unwrap();
+    let mut buf = consumer.registry.alloc_pinned(64).await.unwrap();
+    buf.fill(0xEE);
+    let too_large = vec![0u8; MAX_NOTICE_BYTES + 1];
+    assert_eq!(
+        consumer
+            .registry
+            .get_with_notice(
+                OWNER,
+                &source.descriptor().unwrap(),
+                &mut buf,
+                too_large.clone()
+            )
+            .await,
+        Err(RdmaError::NoticeTooLarge {
+            length: MAX_NOTICE_BYTES as u64 + 1
+        })
+    );
+    assert!(!buf.is_surrendered());
+    assert!(buf.iter().all(|&b| b == 0xEE));
+    assert!(matches!(
+        consumer.registry.notify(OWNER, too_large).await,
+        Err(RdmaError::NoticeTooLarge { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_notice_after_shutdown_is_refused() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let _owner = owner;
+    let swept = consumer.registry.shutdown(Duration::from_secs(1)).await;
+    assert_eq!(
+        consumer.registry.notify(OWNER, "late").await,
+        Err(RdmaError::ShuttingDown)
+    );
+    consumer.backend.shutdown().await;
+    assert!(swept.finish_after_backend_teardown().released);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_notice_to_an_unknown_peer_is_not_configured() {
+    let (_fabric, _owner, consumer) = two_sides(small_config());
+    assert_eq!(
+        consumer
+            .registry
+            .notify(rdmareg_registry::PeerId(99), "nobody")
+            .await,
+        Err(RdmaError::NotConfigured)
+    );
+}
