@@ -100,6 +100,12 @@ pub struct OfiConfig {
     /// sent. A stopped (not dead) peer keeps its connection; its reads end
     /// at their deadlines.
     pub unreachable_after: Duration,
+    /// How many notices peers sent may wait for this engine's application,
+    /// overall and per reader, and how many idle readers it remembers
+    /// (`rdmareg_backend::notices::inbox`); notices past the bound are
+    /// dropped and counted. Default:
+    /// [`NoticeLimits::default`](rdmareg_backend::notices::NoticeLimits).
+    pub notice_limits: rdmareg_backend::notices::NoticeLimits,
     /// The crate's tests shrink the owner's table of consumer addresses
     /// (`progress::MAX_SERVED_PEERS`) to reach its edges with a few peers.
     #[cfg(test)]
@@ -119,6 +125,7 @@ impl Default for OfiConfig {
             teardown_timeout: Duration::from_secs(5),
             max_served_replies_per_peer: 4096,
             unreachable_after: Duration::from_secs(1),
+            notice_limits: Default::default(),
             #[cfg(test)]
             served_peers_bound: None,
         }
@@ -169,6 +176,12 @@ impl OfiConfig {
     /// Set [`park_timeout`](Self::park_timeout).
     pub fn with_park_timeout(mut self, timeout: Duration) -> Self {
         self.park_timeout = timeout;
+        self
+    }
+
+    /// Set [`notice_limits`](Self::notice_limits).
+    pub fn with_notice_limits(mut self, limits: rdmareg_backend::notices::NoticeLimits) -> Self {
+        self.notice_limits = limits;
         self
     }
 

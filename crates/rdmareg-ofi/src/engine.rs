@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::channel::oneshot;
-use rdmareg_core::{PeerId, RdmaError};
+use rdmareg_core::{NoticeSender, PeerId, RdmaError};
 use rdmareg_engine::doorbell::Doorbell;
 use rdmareg_engine::front::{Front, NoCallerCopies};
 use rdmareg_engine::lifecycle::Lifecycle;
+use rdmareg_engine::notices::NoticeBoard;
 use rdmareg_engine::thread::ProgressThread;
 
 use crate::backend::OfiBackend;
@@ -56,6 +57,11 @@ pub(crate) struct Signals {
     /// Read requests this engine, as an owner, did not serve because the
     /// provider named another sender than the reply address, or none.
     pub(crate) unconfirmed_requests: AtomicU64,
+    /// Notices peers sent this engine, named by the sender's address-vector
+    /// entry as the provider reported it (`progress::notices`).
+    pub(crate) notices: Arc<NoticeBoard<u64>>,
+    /// The number this engine's own notices carry.
+    pub(crate) notice_sender: NoticeSender,
 }
 
 /// The backend front of this engine: the kit's.
@@ -101,9 +107,12 @@ impl OfiEngine {
         let doorbell = Doorbell::new()
             .map_err(|e| RdmaError::backend_caused_by("ofi: creating the doorbell eventfd", e))?;
         let lifecycle = Arc::new(Lifecycle::new(doorbell));
+        let notice_sender = rdmareg_engine::notices::draw_sender()?;
         let signals = Arc::new(Signals {
             lifecycle: Arc::clone(&lifecycle),
             unconfirmed_requests: AtomicU64::new(0),
+            notices: NoticeBoard::new(config.notice_limits),
+            notice_sender,
         });
         let (submitter, lanes) = rdmareg_engine::lanes::lanes(config.ring_capacity, lifecycle);
         let teardown_timeout = config.teardown_timeout;
@@ -112,7 +121,8 @@ impl OfiEngine {
             progress::run(config, thread_signals, lanes, ready);
         })?;
         Ok(OfiEngine {
-            front: Front::new(Arc::new(submitter), Arc::new(NoCallerCopies)),
+            front: Front::new(Arc::new(submitter), Arc::new(NoCallerCopies))
+                .with_notices(Arc::clone(&signals.notices) as _, notice_sender),
             signals,
             thread,
             address: info.address,

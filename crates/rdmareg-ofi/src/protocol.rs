@@ -103,6 +103,10 @@ pub const PROBE: [u8; 4] = [0xFF, 0, 0, 0];
 pub const REQUEST_TAG: u64 = 1 << 63;
 /// The tag bit of a refusal.
 pub const REFUSAL_BIT: u64 = 1 << 62;
+/// The tag of every notice: the message is the notice format every backend
+/// shares (`rdmareg_backend::notices::wire`). No reply or request tag has
+/// this bit, and a notice receive ignores no bit of the tag.
+pub const NOTICE_TAG: u64 = 1 << 61;
 /// Where a refusal's reason sits in its tag.
 const REASON_SHIFT: u32 = 48;
 /// The bits of a refusal's reason.

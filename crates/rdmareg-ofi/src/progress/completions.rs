@@ -13,7 +13,7 @@ use bytes::Bytes;
 use rdmareg_core::RdmaError;
 
 use crate::fabric::{Completion, ERR_TRUNCATED};
-use crate::protocol::{is_unverified, reply_outcome};
+use crate::protocol::{NOTICE_TAG, is_unverified, reply_outcome};
 
 use super::*;
 
@@ -49,6 +49,14 @@ impl Engine {
             let at = context as usize;
             if self.sends.contains_key(&at) {
                 self.send_done(at, result.map(|_| ()));
+                continue;
+            }
+            if self
+                .request_buffers
+                .get(&at)
+                .is_some_and(|b| b.tag == NOTICE_TAG)
+            {
+                self.notice_arrived(at, result);
                 continue;
             }
             if self.request_buffers.contains_key(&at) {

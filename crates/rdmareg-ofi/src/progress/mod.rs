@@ -72,9 +72,10 @@ use crate::config::{OfiConfig, Provider, ReadPath};
 use crate::engine::{Command, PeerChange, Reply, Signals, StartInfo};
 use crate::fabric::{Completion, Fabric, MemoryRegion, ProviderContext};
 use crate::key::CAPABILITY_LEN;
-use crate::protocol::{GATHER_TOTAL_MAX, MAX_LIST_ENTRIES, RECEIVE_MAX};
+use crate::protocol::{GATHER_TOTAL_MAX, MAX_LIST_ENTRIES};
 
 mod completions;
+mod notices;
 mod peers;
 mod reads;
 mod regions;
@@ -184,6 +185,7 @@ pub(crate) fn run(
     );
     let mut engine = Engine::new(fabric, &config, signals);
     engine.post_request_receives();
+    engine.post_notice_receives();
     ready.started(info);
     let spin_window = engine.settings.spin_window;
     progress_loop::run(&mut engine, &lanes, spin_window);
@@ -396,6 +398,8 @@ struct SendOp {
     for_read: Option<(usize, u64)>,
     /// A liveness probe ([`PROBE`](crate::protocol::PROBE)).
     probe: bool,
+    /// A notice's caller, told when the send ends (`notices`).
+    notice_reply: Option<Reply<()>>,
     /// The destination entry's `AvEntry::connection` when the send was
     /// posted (`None`: not posted).
     connection: Option<u64>,
@@ -419,6 +423,7 @@ impl SendOp {
             gathered: false,
             for_read: None,
             probe: false,
+            notice_reply: None,
             connection: None,
         }
     }
@@ -454,7 +459,13 @@ unsafe impl Send for PostedReceives {}
 /// A receive kept posted for requests.
 struct RequestBuffer {
     context: Box<OpContext>,
-    data: Box<[u8; RECEIVE_MAX]>,
+    /// [`RECEIVE_MAX`](crate::protocol::RECEIVE_MAX) bytes for a request,
+    /// [`NOTICE_RECEIVE_MAX`](notices::NOTICE_RECEIVE_MAX)
+    /// for a notice.
+    data: Box<[u8]>,
+    /// [`REQUEST_TAG`](crate::protocol::REQUEST_TAG) or
+    /// [`NOTICE_TAG`](crate::protocol::NOTICE_TAG): what the receive takes.
+    tag: u64,
     posted: bool,
 }
 
@@ -565,6 +576,8 @@ struct Engine {
     /// Makes request ids unguessable (see `mint_request_id`).
     request_ids: RequestIdPermutation,
     closing: bool,
+    /// The number of the last notice this engine sent (`notices`).
+    notices_sent: u64,
     /// Teardown is withdrawing the reads of an endpoint it will park
     /// (see [`Engine::withdraw_for_parking`]): discard receives are posted.
     withdrawing: bool,
@@ -662,6 +675,7 @@ impl Engine {
             next_request_id: 1,
             request_ids: RequestIdPermutation::new(),
             closing: false,
+            notices_sent: 0,
             withdrawing: false,
             fabric,
         }
@@ -766,6 +780,10 @@ impl Handler for Engine {
 
     fn get_batch(&mut self, requests: Vec<BackendGet>, reply: BatchReply) {
         self.post_batch(requests, reply);
+    }
+
+    fn send_notice(&mut self, peer: PeerId, notice: Bytes, reply: Reply<()>) {
+        Engine::send_notice(self, peer, notice, reply);
     }
 
     fn driver_command(&mut self, command: PeerChange) {

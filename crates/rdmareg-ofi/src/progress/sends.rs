@@ -101,6 +101,15 @@ impl Engine {
         let Some(send) = self.sends.remove(&at) else {
             return;
         };
+        let mut send = send;
+        if let Some(reply) = send.notice_reply.take() {
+            let _ = reply.send(match &result {
+                Ok(()) => Ok(()),
+                Err((_, text)) => Err(RdmaError::backend(format!(
+                    "ofi: sending a notice failed: {text}"
+                ))),
+            });
+        }
         tracing::trace!(tag = format_args!("{:#x}", send.tag), ok = result.is_ok(), owner_send = ?send.owner_send, "a send ended");
         if let Some(id) = send.owner_send {
             if result.is_ok() {

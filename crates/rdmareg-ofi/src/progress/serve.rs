@@ -32,7 +32,8 @@ impl Engine {
                 context: Box::new(OpContext {
                     space: [std::ptr::null_mut(); 8],
                 }),
-                data: Box::new([0u8; RECEIVE_MAX]),
+                data: vec![0u8; RECEIVE_MAX].into_boxed_slice(),
+                tag: REQUEST_TAG,
                 posted: false,
             };
             let at = (&raw const *buffer.context) as usize;
@@ -41,8 +42,8 @@ impl Engine {
         }
     }
 
-    /// (Re)posts one request receive; it stays unposted (retried each
-    /// turn) while the provider asks to wait.
+    /// (Re)posts one request (or notice) receive; it stays unposted
+    /// (retried each turn) while the provider asks to wait.
     pub(super) fn repost_request(&mut self, at: usize) {
         if self.closing {
             return;
@@ -54,17 +55,21 @@ impl Engine {
             return;
         }
         let context = (&raw mut buffer.context.space).cast::<c_void>();
-        let data = buffer.data.as_mut_ptr() as usize;
+        let (data, len, tag) = (
+            buffer.data.as_mut_ptr() as usize,
+            buffer.data.len(),
+            buffer.tag,
+        );
         // SAFETY: the buffer and its context are boxed in
         // `request_buffers`, which keeps them until the endpoint is closed
         // (teardown forgets them if it cannot close it).
         let posted = unsafe {
             self.fabric.trecv(
                 data,
-                RECEIVE_MAX,
+                len,
                 std::ptr::null_mut(),
                 ADDR_UNSPEC,
-                REQUEST_TAG,
+                tag,
                 0,
                 context,
             )

@@ -56,6 +56,13 @@ impl Engine {
         }
         let closed = self.fabric.close_or_park_endpoint() == EndpointEnd::Closed;
         if !closed {
+            // A notice still being sent may or may not arrive: its caller
+            // hears the engine is shutting down, not nothing.
+            for send in self.sends.values_mut() {
+                if let Some(reply) = send.notice_reply.take() {
+                    let _ = reply.send(Err(RdmaError::ShuttingDown));
+                }
+            }
             // Request receives may still be written, and replies still being
             // sent still read their sources: a parked endpoint keeps them
             // until it is closed; any other open endpoint, for good. (A
@@ -90,6 +97,7 @@ impl Engine {
         self.signals
             .lifecycle
             .finish_teardown(self.regions.keys().copied());
+        self.signals.notices.close();
         for reply in self.shutdown_replies.drain(..) {
             let _ = reply.send(());
         }

@@ -8,8 +8,8 @@ use crate::engine::OfiEngine;
 use crate::fabric::ADDR_UNSPEC;
 use crate::key::PackedKey;
 use crate::protocol::{
-    BUSY_TEXT, ListEntry, ListRequest, REPLY_IGNORE, REQUEST_ID_MASK, REQUEST_TAG, ReadRequest,
-    Refusal, refusal_code, refusal_tag, reply_outcome,
+    BUSY_TEXT, ListEntry, ListRequest, NOTICE_TAG, RECEIVE_MAX, REPLY_IGNORE, REQUEST_ID_MASK,
+    REQUEST_TAG, ReadRequest, Refusal, refusal_code, refusal_tag, reply_outcome,
 };
 use crate::{OfiConfig, Provider};
 
@@ -171,18 +171,23 @@ impl RawConsumer {
         };
         assert_eq!(posted.ok(), Some(true), "busy receive posted");
         self.busy_receives.insert(receive as usize, id);
+        self.send_tagged(REQUEST_TAG, wire);
+    }
+
+    /// Sends `wire` with `tag` to the owner.
+    fn send_tagged(&mut self, tag: u64, wire: Vec<u8>) {
         let send = self.context();
         let until = Instant::now() + Duration::from_secs(5);
         loop {
-            // SAFETY: the request's bytes and the context live in
-            // `wires` and `contexts` until the fabric is dropped.
+            // SAFETY: the bytes and the context live in `wires` and
+            // `contexts` until the fabric is dropped.
             let sent = unsafe {
                 self.fabric.tsend(
                     wire.as_ptr() as usize,
                     wire.len(),
                     std::ptr::null_mut(),
                     self.owner,
-                    REQUEST_TAG,
+                    tag,
                     send,
                 )
             };
@@ -190,7 +195,7 @@ impl RawConsumer {
                 Ok(true) => break,
                 // The provider asks to wait (connecting): progress.
                 Ok(false) if Instant::now() < until => self.progress_for(Duration::from_millis(1)),
-                other => panic!("request not sent: {other:?}"),
+                other => panic!("message not sent: {other:?}"),
             }
         }
         self.wires.push(wire);
@@ -560,4 +565,54 @@ fn a_consumer_that_never_receives_holds_at_most_the_bound_and_is_refused_busy_pa
         "the leases ended at teardown: {unmapped:?}"
     );
     assert_eq!(live, 0);
+}
+
+/// Notices from a raw peer that break the rules: bytes that are no
+/// notice, a message longer than any notice (which the provider truncates
+/// into the owner's receive) and a replayed number are dropped and
+/// counted; the well-formed notices around them arrive, in order.
+#[test]
+fn malformed_oversized_and_replayed_notices_are_counted() {
+    use futures::StreamExt;
+    use rdmareg_backend::notices::wire;
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = OfiConfig::new(Provider::Tcp)
+        .with_domain("lo")
+        .with_teardown_timeout(Duration::from_secs(2));
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let backend = owner.backend();
+    let mut notices = backend.notices().expect("notices");
+    let mut raw = RawConsumer::new(&config, &owner.fabric_address());
+    let notice = |sequence, bytes: &[u8]| wire::encode(7, sequence, bytes).unwrap();
+    let mut oversized = notice(2, &[1; 4096]);
+    oversized.extend_from_slice(&[0; 1000]);
+    raw.send_tagged(NOTICE_TAG, notice(1, b"first"));
+    raw.send_tagged(NOTICE_TAG, vec![1, 2, 3]);
+    raw.send_tagged(NOTICE_TAG, notice(1, b"replayed"));
+    raw.send_tagged(NOTICE_TAG, notice(3, b"second"));
+    raw.send_tagged(NOTICE_TAG, oversized);
+    let mut got = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    while got.len() < 2 && Instant::now() < until {
+        raw.progress_for(Duration::from_millis(5));
+        let next = rt.block_on(async {
+            tokio::time::timeout(Duration::from_millis(5), notices.next()).await
+        });
+        if let Ok(Some(notice)) = next {
+            got.push(notice.bytes);
+        }
+    }
+    let until = Instant::now() + Duration::from_secs(5);
+    while backend.notice_drops().expect("counted").malformed < 2 && Instant::now() < until {
+        raw.progress_for(Duration::from_millis(5));
+    }
+    let drops = backend.notice_drops().expect("counted");
+    drop(raw);
+    owner.shutdown_blocking();
+    assert_eq!(got, [&b"first"[..], &b"second"[..]]);
+    assert_eq!((drops.malformed, drops.replayed), (2, 1), "{drops:?}");
 }

@@ -92,9 +92,7 @@ pub fn engines_on(provider: Provider, path: ReadPath) -> (OfiEngine, OfiEngine) 
 pub fn backend_pair(provider: Provider) -> BackendPair {
     // Owner-served reads (the default on tcp and shm): the owner's engine
     // refuses a key of a region it no longer holds, on both providers.
-    // Notices are not carried by this backend yet: the kit checks it
-    // refuses them as unsupported.
-    let capabilities = Capabilities::full().with_notices(false);
+    let capabilities = Capabilities::full();
     let (owner, consumer) = engines(provider);
     let pair = BackendPair::new(
         Arc::new(owner.backend()),
