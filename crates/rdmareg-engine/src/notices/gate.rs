@@ -54,6 +54,19 @@ pub struct NoticeGate<K, N> {
     waiting: FxHashMap<u64, Waiting<N>>,
     by_op: FxHashMap<K, u64>,
     next: u64,
+    /// Mistakes a gate can make, for the simulator to find.
+    #[cfg(test)]
+    pub(crate) defects: GateDefects,
+}
+
+/// Mistakes the simulator must catch (tests only).
+#[cfg(test)]
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct GateDefects {
+    /// Send a notice whose reads did not all succeed.
+    pub(crate) sends_after_a_failure: bool,
+    /// Release a notice when its first read finishes.
+    pub(crate) releases_at_the_first_read: bool,
 }
 
 impl<K, N> Default for NoticeGate<K, N> {
@@ -62,6 +75,8 @@ impl<K, N> Default for NoticeGate<K, N> {
             waiting: FxHashMap::default(),
             by_op: FxHashMap::default(),
             next: 0,
+            #[cfg(test)]
+            defects: GateDefects::default(),
         }
     }
 }
@@ -108,10 +123,21 @@ impl<K: Copy + Eq + Hash, N> NoticeGate<K, N> {
         let waiting = self.waiting.get_mut(&id)?;
         waiting.remaining -= 1;
         waiting.failed |= !succeeded;
-        if waiting.remaining > 0 {
+        #[cfg(test)]
+        if self.defects.sends_after_a_failure {
+            waiting.failed = false;
+        }
+        #[cfg(test)]
+        let early = self.defects.releases_at_the_first_read;
+        #[cfg(not(test))]
+        let early = false;
+        if waiting.remaining > 0 && !early {
             return None;
         }
         let done = self.waiting.remove(&id)?;
+        if early {
+            self.by_op.retain(|_, notice| *notice != id);
+        }
         Some(if done.failed {
             Finished::Withhold(done.notice)
         } else {

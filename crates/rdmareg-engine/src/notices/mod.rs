@@ -5,6 +5,8 @@
 //! and [`draw_sender`].
 
 pub mod gate;
+#[cfg(test)]
+mod sim;
 
 pub use gate::{Attached, Finished, NoticeGate};
 pub use rdmareg_backend::notices::{
