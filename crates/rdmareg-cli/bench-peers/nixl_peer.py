@@ -19,8 +19,9 @@ The reader reads a JSON plan on stdin:
 and prints one JSON object per line on stdout: first
 `{"kind": "info", ...}` (versions, UCX settings), then per size
 `{"kind": "row", "size": ..., "latency_p50_us": ..., "latency_p99_us": ...,
-"bandwidth_mib_s": ..., "request_window_mib_s": ...}`. Errors go to stderr
-with a non-zero exit.
+"bandwidth_mib_s": ..., "request_window_mib_s": ...,
+"notice_latency_p50_us": ..., "notice_bandwidth_mib_s": ...}`. Errors go to
+stderr with a non-zero exit.
 
 Latency is one READ outstanding: one prepared request of one descriptor,
 posted again after each completion (median of per-READ times).
@@ -28,6 +29,9 @@ posted again after each completion (median of per-READ times).
 descriptors, again and again (NIXL's own batched form);
 `request_window_mib_s` keeps `window` single-descriptor requests
 outstanding, re-posting each as it completes (perftest's `-O` shape).
+The `notice_` figures are the latency and batched forms again with a
+notification (`notif_msg`) on each request, which NIXL delivers to the
+owner after the READ; the owner takes its notifications as they come.
 
 The UCX transport is whatever the environment says (`UCX_TLS`,
 `UCX_NET_DEVICES`, ...); the bench sets the same values it gives
@@ -38,6 +42,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -85,8 +90,18 @@ def run_owner(size):
             "size": size,
         },
     )
-    # Serve (NIXL's progress thread answers the reads) until the reader is done.
-    sys.stdin.read()
+    # Serve (NIXL's progress thread answers the reads) until the reader is
+    # done, taking notifications as they arrive, as an owner that frees
+    # memory on them would.
+    done = threading.Event()
+
+    def wait_for_the_reader():
+        sys.stdin.read()
+        done.set()
+
+    threading.Thread(target=wait_for_the_reader, daemon=True).start()
+    while not done.wait(0.001):
+        agent.get_new_notifs()
     agent.deregister_memory(registered)
     return 0
 
@@ -112,6 +127,33 @@ def percentile(sorted_values, fraction):
     return sorted_values[index]
 
 
+def latency_samples(agent, handle, iterations):
+    """Per-READ times of `handle` posted again and again, sorted."""
+    for _ in range(max(10, iterations // 10)):
+        post(agent, handle)
+        wait_done(agent, handle)
+    samples = []
+    for _ in range(iterations):
+        started = time.perf_counter_ns()
+        post(agent, handle)
+        wait_done(agent, handle)
+        samples.append(time.perf_counter_ns() - started)
+    samples.sort()
+    return samples
+
+
+def seconds_of_rounds(agent, handle, rounds):
+    """Seconds `rounds` posts of `handle` take, after a tenth as warm-up."""
+    for _ in range(max(1, rounds // 10)):
+        post(agent, handle)
+        wait_done(agent, handle)
+    started = time.perf_counter()
+    for _ in range(rounds):
+        post(agent, handle)
+        wait_done(agent, handle)
+    return time.perf_counter() - started
+
+
 def measure(agent, owner_name, remote_address, local, spec):
     size = spec["size"]
     window = max(1, spec["window"])
@@ -124,19 +166,14 @@ def measure(agent, owner_name, remote_address, local, spec):
     remote_side = agent.prep_xfer_dlist(owner_name, remote_descs, "DRAM")
     handles = []
     try:
-        # Latency: one descriptor, one request, posted again and again.
+        # Latency: one descriptor, one request, posted again and again;
+        # then the same with a notification on each READ.
         one = agent.make_prepped_xfer("READ", local_side, [0], remote_side, [0])
         handles.append(one)
-        for _ in range(max(10, latency_iterations // 10)):
-            post(agent, one)
-            wait_done(agent, one)
-        samples = []
-        for _ in range(latency_iterations):
-            started = time.perf_counter_ns()
-            post(agent, one)
-            wait_done(agent, one)
-            samples.append(time.perf_counter_ns() - started)
-        samples.sort()
+        samples = latency_samples(agent, one, latency_iterations)
+        noticed = agent.make_prepped_xfer("READ", local_side, [0], remote_side, [0], b"done")
+        handles.append(noticed)
+        notice_samples = latency_samples(agent, noticed, latency_iterations)
 
         rounds = max(1, bandwidth_iterations // window)
         moved = size * window * rounds
@@ -145,14 +182,14 @@ def measure(agent, owner_name, remote_address, local, spec):
         indices = list(range(window))
         batch = agent.make_prepped_xfer("READ", local_side, indices, remote_side, indices)
         handles.append(batch)
-        for _ in range(max(1, rounds // 10)):
-            post(agent, batch)
-            wait_done(agent, batch)
-        started = time.perf_counter()
-        for _ in range(rounds):
-            post(agent, batch)
-            wait_done(agent, batch)
-        batch_seconds = time.perf_counter() - started
+        batch_seconds = seconds_of_rounds(agent, batch, rounds)
+
+        # The batched form with a notification on each request.
+        noticed_batch = agent.make_prepped_xfer(
+            "READ", local_side, indices, remote_side, indices, b"done"
+        )
+        handles.append(noticed_batch)
+        noticed_batch_seconds = seconds_of_rounds(agent, noticed_batch, rounds)
 
         # Bandwidth, perftest's shape: `window` one-descriptor requests in flight.
         singles = [
@@ -196,6 +233,8 @@ def measure(agent, owner_name, remote_address, local, spec):
             "latency_p99_us": percentile(samples, 0.99) / 1000.0,
             "bandwidth_mib_s": mib / batch_seconds,
             "request_window_mib_s": mib / singles_seconds,
+            "notice_latency_p50_us": percentile(notice_samples, 0.5) / 1000.0,
+            "notice_bandwidth_mib_s": mib / noticed_batch_seconds,
         }
     finally:
         for handle in handles:

@@ -333,6 +333,32 @@ async fn measure_size(
     run_list(node, &one_destination, &mut buffers, per_slot).await?;
     let list_one_destination =
         mebibytes_per_second(size * (per_slot * window) as u64, started.elapsed());
+    // The same window as one list, then a notice to the owner (what an
+    // owner waiting for its reader to finish gets).
+    run_list_with_notice(node, &list, &mut buffers, per_slot.div_ceil(10)).await?;
+    let started = Instant::now();
+    run_list_with_notice(node, &list, &mut buffers, per_slot).await?;
+    let notice_list_bandwidth =
+        mebibytes_per_second(size * (per_slot * window) as u64, started.elapsed());
+    drop(buffers);
+    // A GET with a notice, one outstanding.
+    let notice_latency = {
+        let mut destination = node.registry.alloc_pinned(len).await?;
+        for round in 0..latency_iterations.div_ceil(10).max(10) {
+            node.registry
+                .get_with_notice(OWNER, &slice, &mut destination, notice_bytes(round))
+                .await?;
+        }
+        let mut samples = Samples::with_capacity(latency_iterations);
+        for round in 0..latency_iterations {
+            let issued = Instant::now();
+            node.registry
+                .get_with_notice(OWNER, &slice, &mut destination, notice_bytes(round))
+                .await?;
+            samples.push(issued.elapsed());
+        }
+        samples.summary().context("no latency samples")?
+    };
     Ok(GetRow {
         transport: transport.name().to_owned(),
         size,
@@ -349,7 +375,17 @@ async fn measure_size(
         nixl_latency_p50_us: None,
         nixl_bandwidth_mib_s: None,
         nixl_request_window_mib_s: None,
+        notice_latency_p50_us: notice_latency.p50_us,
+        notice_list_bandwidth_mib_s: notice_list_bandwidth,
+        nixl_notice_latency_p50_us: None,
+        nixl_notice_bandwidth_mib_s: None,
     })
+}
+
+/// The notice of round `round`: eight bytes, as a reader would name what
+/// it read.
+fn notice_bytes(round: usize) -> Vec<u8> {
+    (round as u64).to_le_bytes().to_vec()
 }
 
 /// Keep one GET outstanding per buffer, `rounds` times each. Each buffer
@@ -391,6 +427,23 @@ async fn run_list(
         for outcome in node.registry.post(list, buffers).await? {
             outcome?;
         }
+    }
+    Ok(())
+}
+
+/// Post `list` `rounds` times, each followed by a notice to the owner once
+/// every entry succeeded.
+async fn run_list_with_notice(
+    node: &Node,
+    list: &rdmareg_registry::TransferList,
+    buffers: &mut [PinnedBuf],
+    rounds: usize,
+) -> anyhow::Result<()> {
+    for round in 0..rounds {
+        for outcome in node.registry.post(list, buffers).await? {
+            outcome?;
+        }
+        node.registry.notify(OWNER, notice_bytes(round)).await?;
     }
     Ok(())
 }
@@ -488,8 +541,18 @@ pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
         )
         .await?;
         let mut control = Control::start(stream, bounds);
+        // The reader's notices are taken as they come, as an owner that
+        // frees memory on them would.
+        let notices = node.registry.notices().ok().map(|mut notices| {
+            tokio::spawn(
+                async move { while futures::StreamExt::next(&mut notices).await.is_some() {} },
+            )
+        });
         // Measurements run for minutes; heartbeats say it is still there.
         let done = control.receive("done message", None).await;
+        if let Some(notices) = notices {
+            notices.abort();
+        }
         anyhow::Ok((control, done))
     }
     .await;

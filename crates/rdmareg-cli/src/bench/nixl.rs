@@ -71,6 +71,13 @@ pub struct NixlRow {
     pub bandwidth_mib_s: f64,
     /// `window` single-descriptor requests outstanding, MiB/s.
     pub request_window_mib_s: f64,
+    /// Median latency of a READ with a notification, µs (absent from a
+    /// driver that does not measure it).
+    #[serde(default)]
+    pub notice_latency_p50_us: Option<f64>,
+    /// The window as one READ request with a notification, MiB/s.
+    #[serde(default)]
+    pub notice_bandwidth_mib_s: Option<f64>,
 }
 
 /// The interpreter `cargo xtask nixl` recorded, if there is one.
@@ -124,6 +131,8 @@ pub fn merge(rows: &mut [GetRow], measured: &[NixlRow]) {
             row.nixl_latency_p50_us = Some(nixl.latency_p50_us);
             row.nixl_bandwidth_mib_s = Some(nixl.bandwidth_mib_s);
             row.nixl_request_window_mib_s = Some(nixl.request_window_mib_s);
+            row.nixl_notice_latency_p50_us = nixl.notice_latency_p50_us;
+            row.nixl_notice_bandwidth_mib_s = nixl.notice_bandwidth_mib_s;
         }
     }
 }
@@ -257,6 +266,10 @@ mod tests {
             nixl_latency_p50_us: None,
             nixl_bandwidth_mib_s: None,
             nixl_request_window_mib_s: None,
+            notice_latency_p50_us: 1.0,
+            notice_list_bandwidth_mib_s: 1.0,
+            nixl_notice_latency_p50_us: None,
+            nixl_notice_bandwidth_mib_s: None,
         }
     }
 }

@@ -45,6 +45,17 @@ pub struct GetRow {
     /// NIXL's READ bandwidth, MiB/s: `window` one-descriptor requests kept
     /// outstanding (perftest's shape).
     pub nixl_request_window_mib_s: Option<f64>,
+    /// Registry median latency of a GET with a notice (`get_with_notice`),
+    /// µs: until the read completed and the transport took the notice.
+    pub notice_latency_p50_us: f64,
+    /// Registry bandwidth, MiB/s: the window as one transfer list, then one
+    /// notice to the owner once every entry completed.
+    pub notice_list_bandwidth_mib_s: f64,
+    /// NIXL's median latency of a READ with a notification, µs.
+    pub nixl_notice_latency_p50_us: Option<f64>,
+    /// NIXL's bandwidth of the window as one READ request with a
+    /// notification, MiB/s.
+    pub nixl_notice_bandwidth_mib_s: Option<f64>,
 }
 
 impl GetRow {
@@ -85,6 +96,20 @@ impl GetRow {
         self.nixl_latency_p50_us
             .filter(|n| *n > 0.0)
             .map(|n| self.latency_p50_us / n)
+    }
+    /// Read-with-notice latency over NIXL's READ with a notification
+    /// (lower is better).
+    pub fn nixl_notice_latency_ratio(&self) -> Option<f64> {
+        self.nixl_notice_latency_p50_us
+            .filter(|n| *n > 0.0)
+            .map(|n| self.notice_latency_p50_us / n)
+    }
+    /// Read-with-notice list bandwidth over NIXL's batched READ with a
+    /// notification.
+    pub fn nixl_notice_bandwidth_ratio(&self) -> Option<f64> {
+        self.nixl_notice_bandwidth_mib_s
+            .filter(|n| *n > 0.0)
+            .map(|n| self.notice_list_bandwidth_mib_s / n)
     }
     /// Registry latency minus perftest's, µs.
     pub fn latency_gap_us(&self) -> Option<f64> {
@@ -181,6 +206,46 @@ pub fn tables(rows: &[GetRow], scatter_rows: &[ScatterRow], pool_rows: &[PoolRow
             ratio(row.list_one_destination_ratio()),
         );
     }
+    if !rows.is_empty() {
+        // Reads with a notice; NIXL's READ with a notification beside them
+        // when NIXL was measured.
+        let with_nixl = rows.iter().any(|r| r.nixl_notice_latency_p50_us.is_some());
+        let _ = writeln!(out);
+        if with_nixl {
+            let _ = writeln!(
+                out,
+                "| transport | size | read + notice p50 µs | read + notice list MiB/s | NIXL READ + notification p50 µs | latency / NIXL | NIXL READ + notification MiB/s | list / NIXL |"
+            );
+            let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        } else {
+            let _ = writeln!(
+                out,
+                "| transport | size | read + notice p50 µs | read + notice list MiB/s |"
+            );
+            let _ = writeln!(out, "|---|---:|---:|---:|");
+        }
+        for row in rows {
+            let nixl = if with_nixl {
+                format!(
+                    " {} | {} | {} | {} |",
+                    optional(row.nixl_notice_latency_p50_us, 2),
+                    ratio(row.nixl_notice_latency_ratio()),
+                    optional(row.nixl_notice_bandwidth_mib_s, 1),
+                    ratio(row.nixl_notice_bandwidth_ratio()),
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.2} | {:.1} |{nixl}",
+                row.transport,
+                format_size(row.size),
+                row.notice_latency_p50_us,
+                row.notice_list_bandwidth_mib_s,
+            );
+        }
+    }
     if !scatter_rows.is_empty() {
         let _ = writeln!(out);
         let _ = writeln!(
@@ -233,13 +298,13 @@ pub fn print_tables(rows: &[GetRow], scatter_rows: &[ScatterRow], pool_rows: &[P
 /// CSV of the GET rows.
 pub fn csv(rows: &[GetRow]) -> String {
     let mut out = String::from(
-        "transport,size,window,latency_iterations,bandwidth_iterations,latency_p50_us,latency_p99_us,perftest_latency_p50_us,latency_ratio,bandwidth_mib_s,list_bandwidth_mib_s,perftest_bandwidth_mib_s,bandwidth_ratio,list_bandwidth_ratio,nixl_latency_p50_us,nixl_latency_ratio,nixl_bandwidth_mib_s,nixl_request_window_mib_s,nixl_bandwidth_ratio,list_one_destination_mib_s,list_one_destination_ratio\n",
+        "transport,size,window,latency_iterations,bandwidth_iterations,latency_p50_us,latency_p99_us,perftest_latency_p50_us,latency_ratio,bandwidth_mib_s,list_bandwidth_mib_s,perftest_bandwidth_mib_s,bandwidth_ratio,list_bandwidth_ratio,nixl_latency_p50_us,nixl_latency_ratio,nixl_bandwidth_mib_s,nixl_request_window_mib_s,nixl_bandwidth_ratio,list_one_destination_mib_s,list_one_destination_ratio,notice_latency_p50_us,nixl_notice_latency_p50_us,nixl_notice_latency_ratio,notice_list_bandwidth_mib_s,nixl_notice_bandwidth_mib_s,nixl_notice_bandwidth_ratio\n",
     );
     let cell = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.4}"));
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{:.4},{:.4},{},{},{:.4},{:.4},{},{},{},{},{},{},{},{},{:.4},{}",
+            "{},{},{},{},{},{:.4},{:.4},{},{},{:.4},{:.4},{},{},{},{},{},{},{},{},{:.4},{},{:.4},{},{},{:.4},{},{}",
             r.transport,
             r.size,
             r.window,
@@ -261,6 +326,12 @@ pub fn csv(rows: &[GetRow]) -> String {
             cell(r.nixl_bandwidth_ratio()),
             r.list_one_destination_mib_s,
             cell(r.list_one_destination_ratio()),
+            r.notice_latency_p50_us,
+            cell(r.nixl_notice_latency_p50_us),
+            cell(r.nixl_notice_latency_ratio()),
+            r.notice_list_bandwidth_mib_s,
+            cell(r.nixl_notice_bandwidth_mib_s),
+            cell(r.nixl_notice_bandwidth_ratio()),
         );
     }
     out
@@ -422,6 +493,10 @@ mod tests {
             nixl_latency_p50_us: None,
             nixl_bandwidth_mib_s: None,
             nixl_request_window_mib_s: None,
+            notice_latency_p50_us: 12.0,
+            notice_list_bandwidth_mib_s: 1000.0,
+            nixl_notice_latency_p50_us: None,
+            nixl_notice_bandwidth_mib_s: None,
         }
     }
 
@@ -429,7 +504,38 @@ mod tests {
         row.nixl_latency_p50_us = Some(20.0);
         row.nixl_bandwidth_mib_s = Some(550.0);
         row.nixl_request_window_mib_s = Some(500.0);
+        row.nixl_notice_latency_p50_us = Some(24.0);
+        row.nixl_notice_bandwidth_mib_s = Some(400.0);
         row
+    }
+
+    #[test]
+    fn notice_ratios_compare_reads_with_notices_to_nixls() {
+        let r = with_nixl(row(Some(1000.0)));
+        assert_eq!(r.nixl_notice_latency_ratio(), Some(0.5));
+        assert_eq!(r.nixl_notice_bandwidth_ratio(), Some(2.5));
+        assert_eq!(row(None).nixl_notice_latency_ratio(), None);
+        let text = csv(&[r]);
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let cells: Vec<&str> = lines.next().unwrap().split(',').collect();
+        assert_eq!(header.len(), cells.len());
+        let cell = |name: &str| cells[header.iter().position(|h| *h == name).unwrap()];
+        assert_eq!(cell("notice_latency_p50_us"), "12.0000");
+        assert_eq!(cell("nixl_notice_latency_ratio"), "0.5000");
+        assert_eq!(cell("nixl_notice_bandwidth_ratio"), "2.5000");
+    }
+
+    #[test]
+    fn the_notice_table_has_nixl_columns_only_when_measured() {
+        let without = tables(&[row(None)], &[], &[]);
+        assert!(without.contains("| read + notice p50 µs | read + notice list MiB/s |\n"));
+        assert!(!without.contains("NIXL"), "{without}");
+        let with = tables(&[with_nixl(row(None))], &[], &[]);
+        assert!(
+            with.contains("| 12.00 | 1000.0 | 24.00 | 0.50 | 400.0 | 2.50 |"),
+            "{with}"
+        );
     }
 
     #[test]
