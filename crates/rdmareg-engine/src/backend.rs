@@ -34,6 +34,11 @@ pub unsafe trait Driver: Send + Sync + 'static {
     type PeerChange: Send + 'static;
     /// Reads it completes on the caller's thread, if any.
     type CallerCopies: CallerCopies;
+    /// Whether its thread sends a read's notice itself, on the read's own
+    /// completion ([`Handler::get_with_notice`](crate::command::Handler::get_with_notice)):
+    /// one hand-off fewer than the seam's default, which reads and then
+    /// sends the notice as a second command.
+    const SENDS_NOTICES_AFTER_READS: bool = false;
 }
 
 /// The [`RdmaBackend`] of one engine of driver `D`.
@@ -132,6 +137,20 @@ unsafe impl<D: Driver> RdmaBackend for Backend<D> {
 
     fn send_notice(&self, peer: PeerId, notice: Bytes) -> BoxFuture<'_, Result<(), RdmaError>> {
         self.front.send_notice(peer, notice)
+    }
+
+    unsafe fn get_with_notice(
+        &self,
+        request: BackendGet,
+        notice: Bytes,
+    ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        if D::SENDS_NOTICES_AFTER_READS {
+            // SAFETY: this method's contract is the front's.
+            unsafe { self.front.get_with_notice(request, notice) }
+        } else {
+            // SAFETY: as above.
+            unsafe { self.front.get_then_notice(request, notice) }
+        }
     }
 
     fn notices(&self) -> Result<BoxStream<'static, Notice>, RdmaError> {

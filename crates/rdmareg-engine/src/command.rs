@@ -67,6 +67,18 @@ pub enum Command<P> {
         /// As for `GetBatch`.
         reply: BatchReply,
     },
+    /// Read, then send `notice` to the read's owner once the read
+    /// completed successfully (see [`Handler::get_with_notice`]).
+    GetWithNotice {
+        /// What to read, and where to.
+        request: BackendGet,
+        /// At most [`MAX_NOTICE_BYTES`](rdmareg_core::MAX_NOTICE_BYTES),
+        /// checked by the submitter.
+        notice: Bytes,
+        /// Completed once the read completed and, after a read that
+        /// succeeded, the transport took the notice.
+        reply: Reply<()>,
+    },
     /// Send a notice to a peer's engine (see [`notices`](crate::notices)).
     Notice {
         /// Whom to.
@@ -128,6 +140,20 @@ pub trait Handler: Registrations {
         self.get_batch(requests.to_vec(), reply);
     }
 
+    /// Starts a read whose `notice` the thread sends to the read's owner
+    /// once the read completed successfully, and only then completes
+    /// `reply` (with the notice's error if it could not be sent); after a
+    /// failed read the notice is dropped and `reply` gets the read's error.
+    /// Reached only for a driver that declares
+    /// [`Driver::SENDS_NOTICES_AFTER_READS`](crate::backend::Driver::SENDS_NOTICES_AFTER_READS);
+    /// by default refused as unsupported.
+    fn get_with_notice(&mut self, request: BackendGet, notice: Bytes, reply: Reply<()>) {
+        let _ = (request, notice);
+        let _ = reply.send(Err(RdmaError::Unsupported {
+            operation: "notices sent by the thread after reads",
+        }));
+    }
+
     /// Sends `notice` to `peer`; by default refuses it as unsupported.
     fn send_notice(&mut self, peer: PeerId, notice: Bytes, reply: Reply<()>) {
         let _ = (peer, notice);
@@ -180,6 +206,11 @@ impl<P> Command<P> {
                 notice,
                 reply,
             } => handler.send_notice(peer, notice, reply),
+            Command::GetWithNotice {
+                request,
+                notice,
+                reply,
+            } => handler.get_with_notice(request, notice, reply),
             Command::Driver(command) => handler.driver_command(command),
             Command::Shutdown { reply } => {
                 handler.shutdown_requested(reply);
@@ -199,6 +230,7 @@ impl<P> Command<P> {
                 let _ = reply.send(Err(RdmaError::ShuttingDown));
             }
             Command::Get { reply, .. }
+            | Command::GetWithNotice { reply, .. }
             | Command::Notice { reply, .. }
             | Command::Unmap {
                 reply: Some(reply), ..

@@ -294,16 +294,7 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
     /// `RdmaBackend::send_notice`: checked here, sent by the thread.
     pub fn send_notice(&self, peer: PeerId, notice: Bytes) -> BoxFuture<'_, Result<(), RdmaError>> {
         Box::pin(async move {
-            if self.notices.is_none() {
-                return Err(RdmaError::Unsupported {
-                    operation: "notices",
-                });
-            }
-            if notice.len() > MAX_NOTICE_BYTES {
-                return Err(RdmaError::NoticeTooLarge {
-                    length: notice.len() as u64,
-                });
-            }
+            self.check_notice(&notice)?;
             let (reply, result) = oneshot::channel();
             self.submitter
                 .submit(
@@ -317,6 +308,79 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 .await?;
             result.await.unwrap_or(Err(RdmaError::ShuttingDown))
         })
+    }
+
+    /// `RdmaBackend::get_with_notice` for a thread that sends the notice
+    /// itself: one command. A read copied on the caller's thread is
+    /// followed by the notice as a command of its own.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get)'s contract.
+    pub unsafe fn get_with_notice(
+        &self,
+        request: BackendGet,
+        notice: Bytes,
+    ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move {
+            self.check_notice(&notice)?;
+            if request.len == 0 {
+                return Err(RdmaError::OutOfRange);
+            }
+            let peer = request.peer;
+            let copied = !self.submitter.is_closed() && {
+                // SAFETY: this method's contract is `try_copy`'s.
+                unsafe { self.caller_copies.try_copy(&request) }
+            };
+            if copied {
+                return self.send_notice(peer, notice).await;
+            }
+            let (reply, result) = oneshot::channel();
+            self.submitter
+                .submit(
+                    Command::GetWithNotice {
+                        request,
+                        notice,
+                        reply,
+                    },
+                    Overflow::Abandon,
+                )
+                .await?;
+            result.await.unwrap_or(Err(RdmaError::ShuttingDown))
+        })
+    }
+
+    /// `RdmaBackend::get_with_notice` as two commands: the read, then,
+    /// after a read that succeeded, the notice.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get)'s contract.
+    pub unsafe fn get_then_notice(
+        &self,
+        request: BackendGet,
+        notice: Bytes,
+    ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move {
+            self.check_notice(&notice)?;
+            let peer = request.peer;
+            // SAFETY: this method's contract is `get`'s.
+            unsafe { self.get(request) }.await?;
+            self.send_notice(peer, notice).await
+        })
+    }
+
+    /// Refuses a notice this front cannot send.
+    fn check_notice(&self, notice: &[u8]) -> Result<(), RdmaError> {
+        if self.notices.is_none() {
+            return Err(RdmaError::Unsupported {
+                operation: "notices",
+            });
+        }
+        if notice.len() > MAX_NOTICE_BYTES {
+            return Err(RdmaError::NoticeTooLarge {
+                length: notice.len() as u64,
+            });
+        }
+        Ok(())
     }
 
     /// `RdmaBackend::notices`.

@@ -27,4 +27,5 @@ unsafe impl Driver for UcxDriver {
     const KEY: &'static str = "ucx";
     type PeerChange = PeerChange;
     type CallerCopies = Signals;
+    const SENDS_NOTICES_AFTER_READS: bool = true;
 }

@@ -26,9 +26,11 @@
 //! (`release_table`), and completes once the copy returned.
 
 use std::ffi::c_void;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use rdmareg_core::{BackendGet, PeerId, RdmaError};
 use ucx_sys as sys;
 
@@ -37,7 +39,7 @@ use super::chunks;
 use super::events::Events;
 use super::key_memo::DecodedKey;
 use super::ops::{GetOp, Phase};
-use super::results::{BatchReply, BatchResults, ChunkResults, Waiter};
+use super::results::{BatchReply, BatchResults, ChunkResults, NoticeAfterRead, Waiter};
 use rdmareg_engine::served::consumer::TimeoutAction;
 
 use super::replies::{failure, on_request_sent};
@@ -98,6 +100,32 @@ impl Engine {
             waiter.send(Err(err));
         }
         self.flush_copies();
+    }
+
+    /// `Command::GetWithNotice`: the read, whose notice is sent from its
+    /// completion (see `notices`).
+    pub(super) fn post_get_with_notice(
+        &mut self,
+        request: BackendGet,
+        notice: Bytes,
+        reply: Reply<()>,
+    ) {
+        let waiter = Waiter::ThenNotice {
+            notice: NoticeAfterRead {
+                peer: request.peer,
+                notice,
+                reply,
+            },
+            due: Rc::clone(&self.notices_due),
+        };
+        if waiter.is_abandoned() {
+            return;
+        }
+        if let Err((waiter, err)) = self.try_post_get(request, waiter) {
+            waiter.send(Err(err));
+        }
+        self.flush_copies();
+        self.send_notices_due();
     }
 
     /// `Command::GetBatch`: every entry posted in this one turn, each

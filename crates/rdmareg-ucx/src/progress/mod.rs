@@ -102,6 +102,8 @@ struct Engine {
     leftover: Option<Command>,
     /// Emptied record lists, kept for their capacity (see `drain_events`).
     spare: SpareRecords,
+    /// Notices whose reads succeeded, to send (`notices`).
+    notices_due: results::NoticesDue,
     /// Same-host reads collected in this turn, copied by `flush_copies`
     /// before the turn ends.
     copies: Vec<gets::PendingCopy>,
@@ -300,6 +302,7 @@ impl Engine {
             shutdown_replies: Vec::new(),
             leftover: None,
             spare: SpareRecords::default(),
+            notices_due: Default::default(),
             copies: Vec::new(),
             copy_source_memo: None,
             endpoint_memo: None,
@@ -358,6 +361,7 @@ impl Engine {
                 failed,
             };
         }
+        self.send_notices_due();
     }
 
     /// Sleeps until the worker has events, a submitter rings, or the timeout.
@@ -436,6 +440,10 @@ impl Handler for Engine {
 
     fn get_shared_batch(&mut self, requests: Arc<[BackendGet]>, reply: BatchReply) {
         self.post_shared_batch(requests, reply);
+    }
+
+    fn get_with_notice(&mut self, request: BackendGet, notice: Bytes, reply: Reply<()>) {
+        self.post_get_with_notice(request, notice, reply);
     }
 
     fn send_notice(&mut self, peer: rdmareg_core::PeerId, notice: Bytes, reply: Reply<()>) {

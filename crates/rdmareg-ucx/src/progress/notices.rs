@@ -7,6 +7,11 @@
 //! reply flag so the owner's handler learns the connection; it is owned by
 //! a record that lives until UCX completes the send.
 //!
+//! A read with a notice (`Command::GetWithNotice`) carries it in its
+//! waiter; when the read succeeds the waiter queues it in
+//! `Engine::notices_due`, and the thread sends it at the next drain of
+//! its records, before the caller hears of the read.
+//!
 //! The owner's handler feeds every message to the engine's notice board;
 //! a rendezvous message (which an honest reader never sends) is dropped
 //! and counted as malformed, since taking it would mean holding UCX's
@@ -37,6 +42,11 @@ struct NoticeSend {
 impl Engine {
     /// Sends `notice` (within the bound: the front checked it) to `peer`.
     pub(super) fn send_notice(&mut self, peer: PeerId, notice: Bytes, reply: Reply<()>) {
+        if self.events.tearing_down.get() {
+            // No endpoint is opened once teardown began.
+            let _ = reply.send(Err(RdmaError::ShuttingDown));
+            return;
+        }
         let endpoint = match self.endpoint_for(peer) {
             Ok((endpoint, _)) => endpoint,
             Err(err) => {
@@ -95,6 +105,19 @@ impl Engine {
             }
         }
         self.events.handed_off();
+    }
+}
+
+impl Engine {
+    /// Sends the notices whose reads succeeded since the last call.
+    pub(super) fn send_notices_due(&mut self) {
+        if self.notices_due.borrow().is_empty() {
+            return;
+        }
+        let due = std::mem::take(&mut *self.notices_due.borrow_mut());
+        for notice in due {
+            self.send_notice(notice.peer, notice.notice, notice.reply);
+        }
     }
 }
 

@@ -8,7 +8,8 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use rdmareg_core::RdmaError;
+use bytes::Bytes;
+use rdmareg_core::{PeerId, RdmaError};
 
 use crate::command::Reply;
 
@@ -87,7 +88,26 @@ pub(crate) enum Waiter {
     },
     /// One chunk of a chunked read.
     Chunk(Rc<ChunkResults>),
+    /// The caller of one GET with a notice: after a read that succeeded,
+    /// the notice joins `due` and the thread sends it and then completes
+    /// the caller (`notices`); after a failed read the caller gets the
+    /// read's error and the notice is dropped.
+    ThenNotice {
+        notice: NoticeAfterRead,
+        due: NoticesDue,
+    },
 }
+
+/// A notice the thread sends once the read it follows succeeded.
+#[derive(Debug)]
+pub(crate) struct NoticeAfterRead {
+    pub(crate) peer: PeerId,
+    pub(crate) notice: Bytes,
+    pub(crate) reply: Reply<()>,
+}
+
+/// Notices whose reads succeeded, for the thread to send.
+pub(crate) type NoticesDue = Rc<RefCell<Vec<NoticeAfterRead>>>;
 
 impl Waiter {
     /// Delivers `outcome`. True if a caller was completed: always for a
@@ -101,6 +121,15 @@ impl Waiter {
             }
             Waiter::Entry { batch, index } => batch.record(index, outcome),
             Waiter::Chunk(whole) => whole.record(outcome),
+            Waiter::ThenNotice { notice, due } => {
+                match outcome {
+                    Ok(()) => due.borrow_mut().push(notice),
+                    Err(err) => {
+                        let _ = notice.reply.send(Err(err));
+                    }
+                }
+                true
+            }
         }
     }
 
@@ -110,6 +139,7 @@ impl Waiter {
             Waiter::Single(reply) => reply.is_canceled(),
             Waiter::Entry { batch, .. } => batch.is_abandoned(),
             Waiter::Chunk(whole) => whole.is_abandoned(),
+            Waiter::ThenNotice { notice, .. } => notice.reply.is_canceled(),
         }
     }
 }
@@ -119,6 +149,34 @@ mod tests {
     use futures::channel::oneshot;
 
     use super::*;
+
+    /// A read that succeeded leaves its notice for the thread to send and
+    /// its caller waiting for that send; a failed one answers the caller
+    /// with the read's error and leaves nothing to send.
+    #[test]
+    fn a_notice_waits_for_a_read_that_succeeded_only() {
+        let due = NoticesDue::default();
+        let noticed = |reply| Waiter::ThenNotice {
+            notice: NoticeAfterRead {
+                peer: PeerId(1),
+                notice: Bytes::from_static(b"done"),
+                reply,
+            },
+            due: Rc::clone(&due),
+        };
+        let (reply, mut result) = oneshot::channel();
+        noticed(reply).send(Ok(()));
+        assert_eq!(
+            result.try_recv(),
+            Ok(None),
+            "the caller waits for the notice"
+        );
+        assert_eq!(due.borrow().len(), 1);
+        let (reply, mut result) = oneshot::channel();
+        noticed(reply).send(Err(RdmaError::Timeout));
+        assert_eq!(result.try_recv(), Ok(Some(Err(RdmaError::Timeout))));
+        assert_eq!(due.borrow().len(), 1, "no notice after a failed read");
+    }
 
     #[test]
     fn a_batch_completes_once_in_entry_order_after_its_last_entry() {
