@@ -207,9 +207,11 @@ async fn transfer_all(
     for (index, range) in ranges.iter().enumerate() {
         let len = range.descriptor.len() as usize;
         let issued = Instant::now();
+        // The notice tells the owner this range is read: it may free it.
+        let notice = (index as u32).to_le_bytes().to_vec();
         if let Err(e) = node
             .registry
-            .get(OWNER, &range.descriptor, &mut destination)
+            .get_with_notice(OWNER, &range.descriptor, &mut destination, notice)
             .await
         {
             transfer.failure = Some(format!("GET of range {index} failed ({e})"));

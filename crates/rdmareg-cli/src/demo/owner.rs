@@ -1,13 +1,19 @@
 //! The owner side of the demo: registers an external region and pool
 //! buffers filled with a known pattern, offers their descriptors to one
-//! consumer, and shuts down only after the consumer says it is done.
+//! consumer, frees each pool buffer as soon as the consumer's notice says
+//! it was read, and shuts down only after the consumer says it is done.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::collections::HashSet;
+
 use anyhow::{Context as _, bail};
+use futures::StreamExt as _;
+use futures::channel::oneshot;
 use rdmareg_registry::{DescribedBuf, RegionGuard, UnregisterOutcome};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 
 use crate::bootstrap::{Message, OfferedRange};
 use crate::cli::DemoArgs;
@@ -55,14 +61,27 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         holdings.buffers.len()
     );
 
-    let served = serve(&node, &listener, &holdings, args.accept_timeout).await;
-
     let Holdings {
         region,
         memory,
         buffers,
-        ..
+        offered,
     } = holdings;
+    let external_ranges = offered.len() - buffers.len();
+    let (stop_releasing, releasing) = release_on_notices(&node, buffers, external_ranges);
+    let served = serve(&node, &listener, &offered, args.accept_timeout).await;
+    let _ = stop_releasing.send(());
+    let releases = releasing
+        .await
+        .context("the task releasing ranges on notices")?;
+    println!(
+        "{} of {} pool buffers freed as their reader's notice arrived; {} of {} ranges of the external region reported read",
+        releases.pooled_freed,
+        releases.buffers.len(),
+        releases.external_read.len(),
+        external_ranges
+    );
+    let buffers = releases.buffers;
     let watch = region.watch();
     // `Some(true)`: released; `Some(false)`: unknown, leak it; `None`: the
     // unmap waits for a UCX reply, decided by the engine's teardown below.
@@ -149,7 +168,7 @@ struct Served {
 async fn serve(
     node: &Node,
     listener: &TcpListener,
-    holdings: &Holdings,
+    offered: &[OfferedRange],
     accept_timeout: Option<Duration>,
 ) -> anyhow::Result<Served> {
     let bounds = node.bounds;
@@ -163,12 +182,12 @@ async fn serve(
     };
     let (mut stream, peer) = accepted.context("accepting the consumer")?;
     stream.set_nodelay(true)?;
-    let count = holdings.offered.len();
+    let count = offered.len();
     control::send_within(
         &mut stream,
         &Message::Offer {
             worker_address: node.engine.worker_address(),
-            ranges: holdings.offered.clone(),
+            ranges: offered.to_vec(),
         },
         bounds.silence(),
     )
@@ -192,6 +211,76 @@ async fn serve(
         }
     };
     Ok(Served { control, outcome })
+}
+
+/// How long notices still on their way after the consumer's "done" may
+/// take to arrive.
+const NOTICES_IN_FLIGHT: Duration = Duration::from_millis(200);
+
+/// What the consumer's notices released.
+struct Releases {
+    /// The pool buffers, each `None` once freed.
+    buffers: Vec<Option<DescribedBuf>>,
+    pooled_freed: usize,
+    /// The external region's ranges the consumer reported read (the
+    /// region is one registration, released at shutdown).
+    external_read: HashSet<usize>,
+}
+
+/// Frees each pool buffer as soon as a notice names it (the consumer sends
+/// the range's index once its read completed), until `stop` fires or the
+/// engine's notices end; hands back what is left.
+fn release_on_notices(
+    node: &Node,
+    buffers: Vec<DescribedBuf>,
+    external_ranges: usize,
+) -> (oneshot::Sender<()>, JoinHandle<Releases>) {
+    let (stop, mut stopped) = oneshot::channel();
+    let notices = node.registry.notices();
+    let task = tokio::spawn(async move {
+        let mut releases = Releases {
+            buffers: buffers.into_iter().map(Some).collect(),
+            pooled_freed: 0,
+            external_read: HashSet::new(),
+        };
+        let Ok(mut notices) = notices else {
+            return releases;
+        };
+        // Once stopped, notices still on their way (they travel apart from
+        // the consumer's "done") get a short while to arrive.
+        let mut stopping = false;
+        loop {
+            let notice = if stopping {
+                match tokio::time::timeout(NOTICES_IN_FLIGHT, notices.next()).await {
+                    Ok(notice) => notice,
+                    Err(_) => break,
+                }
+            } else {
+                tokio::select! {
+                    _ = &mut stopped => {
+                        stopping = true;
+                        continue;
+                    }
+                    notice = notices.next() => notice,
+                }
+            };
+            let Some(notice) = notice else { break };
+            let Ok(index) = <[u8; 4]>::try_from(&notice.bytes[..]).map(u32::from_le_bytes) else {
+                tracing::warn!(len = notice.bytes.len(), "a notice that names no range");
+                continue;
+            };
+            let index = index as usize;
+            if index < external_ranges {
+                releases.external_read.insert(index);
+            } else if let Some(slot) = releases.buffers.get_mut(index - external_ranges) {
+                if slot.take().is_some() {
+                    releases.pooled_freed += 1;
+                }
+            }
+        }
+        releases
+    });
+    (stop, task)
 }
 
 async fn register(node: &Node, args: &DemoArgs) -> anyhow::Result<Holdings> {
