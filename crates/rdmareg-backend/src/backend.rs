@@ -291,10 +291,12 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// A GET whose `notice` goes to the owner once the read completed
     /// successfully (contract point 10).
     ///
-    /// `Ok(())` means the read completed and the transport took the
-    /// notice. An error is either the read's (the notice was not sent) or,
-    /// after a read that completed, the notice's own; an oversized notice
-    /// is refused before anything is read.
+    /// `Ok(())` means the read completed and the notice was handed on for
+    /// sending (to the transport, or to the engine's thread when the read
+    /// was copied without it), in order with the reader's later notices.
+    /// An error is either the read's (the notice was not sent) or, after a
+    /// read that completed, the notice's own; an oversized notice is
+    /// refused before anything is read.
     ///
     /// The default reads with [`get`](Self::get), then calls
     /// [`send_notice`](Self::send_notice); a backend may send from its

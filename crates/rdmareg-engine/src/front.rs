@@ -312,7 +312,8 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
 
     /// `RdmaBackend::get_with_notice` for a thread that sends the notice
     /// itself: one command. A read copied on the caller's thread is
-    /// followed by the notice as a command of its own.
+    /// followed by the notice as a command of its own, which this does not
+    /// wait for.
     ///
     /// # Safety
     /// [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get)'s contract.
@@ -332,7 +333,23 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 unsafe { self.caller_copies.try_copy(&request) }
             };
             if copied {
-                return self.send_notice(peer, notice).await;
+                // The owner's engine just answered this read's peer, so
+                // only the transport can still lose the notice, which no
+                // notice reports (they are not acknowledged): hand it to
+                // the thread and return, without waiting for the thread,
+                // which is often parked between reads copied here.
+                let (reply, _not_awaited) = oneshot::channel();
+                self.submitter
+                    .submit(
+                        Command::Notice {
+                            peer,
+                            notice,
+                            reply,
+                        },
+                        Overflow::Abandon,
+                    )
+                    .await?;
+                return Ok(());
             }
             let (reply, result) = oneshot::channel();
             self.submitter

@@ -390,9 +390,10 @@ impl RdmaRegistry {
     /// the bytes are in `dst`, and never after a read that failed. Use it to
     /// tell an owner it may free what was read.
     ///
-    /// `Ok(())` means the read completed and the transport took the
-    /// notice. An error is the read's (no notice was sent) or, after a read
-    /// that completed, the notice's own.
+    /// `Ok(())` means the read completed and the notice was handed on for
+    /// sending, in order with this engine's later notices. An error is the
+    /// read's (no notice was sent) or, after a read that completed, the
+    /// notice's own.
     ///
     /// # Errors
     /// [`RdmaError::NoticeTooLarge`] past

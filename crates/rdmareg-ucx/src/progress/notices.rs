@@ -5,7 +5,8 @@
 //! direct lane's reads are one-sided, so the notice is the only message
 //! the owner gets. The message goes eager only, as the payload, with the
 //! reply flag so the owner's handler learns the connection; it is owned by
-//! a record that lives until UCX completes the send.
+//! a record that lives until UCX completes the send. The caller hears as
+//! soon as the send is posted: UCX has taken the notice then.
 //!
 //! A read with a notice (`Command::GetWithNotice`) carries it in its
 //! waiter; when the read succeeds the waiter queues it in
@@ -32,11 +33,10 @@ use crate::command::Reply;
 use crate::read_protocol::NOTICE_AM_ID;
 use crate::status::{PtrStatus, backend_error};
 
-/// A notice being sent: the message UCX reads, and where its outcome goes.
+/// A notice being sent: the message UCX reads until the send completes.
 struct NoticeSend {
     events: *const Events,
     message: Vec<u8>,
-    reply: Reply<()>,
 }
 
 impl Engine {
@@ -68,7 +68,6 @@ impl Engine {
         let record = Box::into_raw(Box::new(NoticeSend {
             events: &*self.events,
             message,
-            reply,
         }));
         // SAFETY: on the worker's thread; `endpoint` is live (endpoints
         // close only between commands); the message lives in `record`
@@ -87,23 +86,28 @@ impl Engine {
                 record.cast::<c_void>(),
             )
         };
-        match status {
+        // UCX has taken the notice once the send is posted: the caller
+        // hears so now, not when the bytes have left (notices are not
+        // acknowledged, so a later failure is only logged).
+        let outcome = match status {
             PtrStatus::Pending(_) => {
                 self.events
                     .notice_records
                     .borrow_mut()
                     .insert(record as usize);
+                Ok(())
             }
             ended => {
                 // No callback will run.
                 // SAFETY: made by Box::into_raw above, not held by UCX.
-                let send = unsafe { Box::from_raw(record) };
-                let _ = send.reply.send(match ended {
+                drop(unsafe { Box::from_raw(record) });
+                match ended {
                     PtrStatus::Failed(code) => Err(backend_error(code, "sending a notice")),
                     _ => Ok(()),
-                });
+                }
             }
-        }
+        };
+        let _ = reply.send(outcome);
         self.events.handed_off();
     }
 }
@@ -136,11 +140,12 @@ unsafe extern "C" fn on_notice_sent(
         .notice_records
         .borrow_mut()
         .remove(&(user_data as usize));
-    let _ = send.reply.send(if status == sys::UCS_OK {
-        Ok(())
-    } else {
-        Err(backend_error(status, "sending a notice"))
-    });
+    if status != sys::UCS_OK {
+        tracing::debug!(
+            error = %backend_error(status, "sending a notice"),
+            "a notice was not delivered"
+        );
+    }
     // SAFETY: a completed request of this worker, returned once; UCX
     // allows freeing a request from its own completion callback.
     unsafe { sys::ucp_request_free(request) };
@@ -182,8 +187,8 @@ pub(super) unsafe extern "C" fn on_notice(
     sys::UCS_OK
 }
 
-/// Frees the records of notice sends UCX never completed; their callers
-/// see the engine shutting down. Returns how many there were.
+/// Frees the records of notice sends UCX never completed. Returns how
+/// many there were.
 ///
 /// # Safety
 /// The worker the sends were posted on is destroyed: no callback of it can
