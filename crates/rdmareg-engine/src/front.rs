@@ -38,7 +38,7 @@ use rdmareg_core::{
     RdmaError,
 };
 
-use crate::command::{BatchReply, Command};
+use crate::command::{BatchReply, Command, Reply};
 use crate::lanes::{Overflow, Submitter};
 use crate::notices::NoticeSource;
 
@@ -236,21 +236,14 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
             if request.len == 0 {
                 return Err(RdmaError::OutOfRange);
             }
-            let copied = !self.submitter.is_closed() && {
-                // SAFETY: this method's contract is `try_copy`'s.
-                unsafe { self.caller_copies.try_copy(&request) }
-            };
-            if copied {
+            // SAFETY: this method's contract is `copied_here`'s.
+            if unsafe { self.copied_here(&request) } {
                 if self.caller_copies.yield_due() {
                     yield_once().await;
                 }
                 return Ok(());
             }
-            let (reply, result) = oneshot::channel();
-            self.submitter
-                .submit(Command::Get { request, reply }, Overflow::Abandon)
-                .await?;
-            result.await.unwrap_or(Err(RdmaError::ShuttingDown))
+            self.ask(|reply| Command::Get { request, reply }).await
         })
     }
 
@@ -295,18 +288,12 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
     pub fn send_notice(&self, peer: PeerId, notice: Bytes) -> BoxFuture<'_, Result<(), RdmaError>> {
         Box::pin(async move {
             self.check_notice(&notice)?;
-            let (reply, result) = oneshot::channel();
-            self.submitter
-                .submit(
-                    Command::Notice {
-                        peer,
-                        notice,
-                        reply,
-                    },
-                    Overflow::Abandon,
-                )
-                .await?;
-            result.await.unwrap_or(Err(RdmaError::ShuttingDown))
+            self.ask(|reply| Command::Notice {
+                peer,
+                notice,
+                reply,
+            })
+            .await
         })
     }
 
@@ -328,11 +315,8 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 return Err(RdmaError::OutOfRange);
             }
             let peer = request.peer;
-            let copied = !self.submitter.is_closed() && {
-                // SAFETY: this method's contract is `try_copy`'s.
-                unsafe { self.caller_copies.try_copy(&request) }
-            };
-            if copied {
+            // SAFETY: this method's contract is `copied_here`'s.
+            if unsafe { self.copied_here(&request) } {
                 // The owner's engine just answered this read's peer, so
                 // only the transport can still lose the notice, which no
                 // notice reports (they are not acknowledged): hand it to
@@ -351,18 +335,12 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                     .await?;
                 return Ok(());
             }
-            let (reply, result) = oneshot::channel();
-            self.submitter
-                .submit(
-                    Command::GetWithNotice {
-                        request,
-                        notice,
-                        reply,
-                    },
-                    Overflow::Abandon,
-                )
-                .await?;
-            result.await.unwrap_or(Err(RdmaError::ShuttingDown))
+            self.ask(|reply| Command::GetWithNotice {
+                request,
+                notice,
+                reply,
+            })
+            .await
         })
     }
 
@@ -383,6 +361,26 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
             unsafe { self.get(request) }.await?;
             self.send_notice(peer, notice).await
         })
+    }
+
+    /// Copies `request` on the caller's thread if the driver can (never
+    /// once teardown began).
+    ///
+    /// # Safety
+    /// [`RdmaBackend::get`](rdmareg_backend::RdmaBackend::get)'s contract.
+    unsafe fn copied_here(&self, request: &BackendGet) -> bool {
+        // SAFETY: this method's contract is `try_copy`'s.
+        !self.submitter.is_closed() && unsafe { self.caller_copies.try_copy(request) }
+    }
+
+    /// Submits the command `command` makes of a reply channel, and waits
+    /// for the thread's reply (a dropped one means teardown ended it).
+    async fn ask<T>(&self, command: impl FnOnce(Reply<T>) -> Command<P>) -> Result<T, RdmaError> {
+        let (reply, result) = oneshot::channel();
+        self.submitter
+            .submit(command(reply), Overflow::Abandon)
+            .await?;
+        result.await.unwrap_or(Err(RdmaError::ShuttingDown))
     }
 
     /// Refuses a notice this front cannot send.
