@@ -166,11 +166,17 @@ unsafe impl RdmaBackend for Flawed {
                 }
                 Flaw::AnswersBatchesBeforeTheyEnd => {
                     let inner = Arc::clone(&self.inner);
-                    // SAFETY: kept only as far as the kit's memory allows: this flaw
-                    // lets the copy outlive the answer, and the kit's destinations are
-                    // reached only through raw pointers and leaked when in doubt (see
-                    // the impl's note), so the late write lands in memory nothing aliases.
-                    tokio::spawn(async move { unsafe { inner.get_batch(requests) }.await });
+                    // As for a single GET: the copies start a little after
+                    // the answer, or under load they could finish before
+                    // the check looks and the flaw would go unseen.
+                    tokio::spawn(async move {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        // SAFETY: kept only as far as the kit's memory allows: this flaw
+                        // lets the copy outlive the answer, and the kit's destinations are
+                        // reached only through raw pointers and leaked when in doubt (see
+                        // the impl's note), so the late write lands in memory nothing aliases.
+                        unsafe { inner.get_batch(requests) }.await
+                    });
                     vec![Ok(()); n]
                 }
                 // SAFETY: forwards the promise this method's own caller gave.
