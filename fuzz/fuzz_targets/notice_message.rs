@@ -30,6 +30,7 @@ fuzz_target!(|bytes: &[u8]| {
     let limits = NoticeLimits {
         queued: 8,
         queued_per_sender: 3,
+        queued_per_connection: 5,
         // Above what the stream can name (16 senders), so none is forgotten
         // and the order check holds.
         senders_remembered: 64,

@@ -298,9 +298,10 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// read that completed, the notice's own; an oversized notice is
     /// refused before anything is read.
     ///
-    /// The default reads with [`get`](Self::get), then calls
-    /// [`send_notice`](Self::send_notice); a backend may send from its
-    /// own completion path instead, sooner.
+    /// The default refuses before reading when the backend names no
+    /// [`notice_sender`](Self::notice_sender), else reads with
+    /// [`get`](Self::get), then calls [`send_notice`](Self::send_notice);
+    /// a backend may send from its own completion path instead, sooner.
     ///
     /// # Safety
     /// As for [`get`](Self::get).
@@ -312,6 +313,10 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
         request: BackendGet,
         notice: Bytes,
     ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        if self.notice_sender().is_none() {
+            // Nothing to send it with: refuse before reading.
+            return Box::pin(async { Err(unsupported()) });
+        }
         if notice.len() > MAX_NOTICE_BYTES {
             return Box::pin(async move { Err(too_large(&notice)) });
         }

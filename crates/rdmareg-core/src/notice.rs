@@ -47,11 +47,17 @@ pub struct NoticeDrops {
     pub queue_full: u64,
     /// No room left in the sender's share of the queue.
     pub sender_queue_full: u64,
+    /// No room left in the connection's share of the queue.
+    pub connection_queue_full: u64,
 }
 
 impl NoticeDrops {
     /// Every drop, whatever the reason.
     pub fn total(&self) -> u64 {
-        self.malformed + self.replayed + self.queue_full + self.sender_queue_full
+        self.malformed
+            + self.replayed
+            + self.queue_full
+            + self.sender_queue_full
+            + self.connection_queue_full
     }
 }

@@ -333,6 +333,9 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                         Overflow::Abandon,
                     )
                     .await?;
+                if self.caller_copies.yield_due() {
+                    yield_once().await;
+                }
                 return Ok(());
             }
             self.ask(|reply| Command::GetWithNotice {

@@ -1094,7 +1094,15 @@ unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
             ReadPath::OwnerServed => {
                 u64::from(ffi::FI_TAGGED | ffi::FI_SEND | ffi::FI_RECV) | ffi::FI_DIRECTED_RECV
             }
-            ReadPath::OneSided => u64::from(ffi::FI_RMA | ffi::FI_READ | ffi::FI_REMOTE_READ),
+            // Tagged messages carry notices on this path too.
+            ReadPath::OneSided => u64::from(
+                ffi::FI_RMA
+                    | ffi::FI_READ
+                    | ffi::FI_REMOTE_READ
+                    | ffi::FI_TAGGED
+                    | ffi::FI_SEND
+                    | ffi::FI_RECV,
+            ),
         };
         (*hints).mode = ffi::FI_CONTEXT | ffi::FI_CONTEXT2;
         (*(*hints).ep_attr).type_ = ffi::FI_EP_RDM;

@@ -171,7 +171,7 @@ impl LoopbackFabric {
             instance,
             fabric: self.clone(),
             notices: NoticeBoard::new(config.notice_limits),
-            notices_sent: AtomicU64::new(0),
+            notices_sent: Mutex::new(0),
             config,
             table: RegionTable::new(),
             faults: FaultInjector::default(),
@@ -212,8 +212,10 @@ pub struct LoopbackBackend {
     counters: Counters,
     /// Notices peers sent this instance, by the sending instance's number.
     notices: Arc<NoticeBoard<u64>>,
-    /// Notices this instance sent; the last one's sequence number.
-    notices_sent: AtomicU64,
+    /// The last sequence number this instance's notices carried. Held
+    /// while a notice is numbered and delivered, so notices sent from
+    /// several threads arrive in the order they were numbered.
+    notices_sent: Mutex<u64>,
 }
 
 impl fmt::Debug for LoopbackBackend {
@@ -374,12 +376,13 @@ impl LoopbackBackend {
             return Err(RdmaError::ShuttingDown);
         }
         let owner = self.fabric.lookup(peer).ok_or(RdmaError::NotConfigured)?;
-        let sequence = self.notices_sent.fetch_add(1, Ordering::Relaxed) + 1;
-        let message = notices::wire::encode(self.instance, sequence, notice).map_err(|_| {
+        let mut sent = self.notices_sent.lock();
+        let message = notices::wire::encode(self.instance, *sent + 1, notice).map_err(|_| {
             RdmaError::NoticeTooLarge {
                 length: notice.len() as u64,
             }
         })?;
+        *sent += 1;
         // A drop is the owner's to count, as over a real transport.
         let _ = owner.notices.receive(self.instance, &message);
         Ok(())

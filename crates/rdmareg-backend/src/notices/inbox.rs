@@ -17,9 +17,11 @@
 //!   reader starts afresh.
 //! - **Bounded.** At most [`NoticeLimits::queued`] notices wait in all and
 //!   [`NoticeLimits::queued_per_sender`] from one sender, each at most
-//!   [`MAX_NOTICE_BYTES`](super::MAX_NOTICE_BYTES): a reader that floods
-//!   the owner fills its own share and then loses its notices, counted in
-//!   [`NoticeDrops`], while the others still get in. The inbox remembers
+//!   [`MAX_NOTICE_BYTES`](super::MAX_NOTICE_BYTES), and at most
+//!   [`NoticeLimits::queued_per_connection`] from one connection whatever
+//!   sender numbers it names: a reader that floods the owner fills its own
+//!   share and then loses its notices, counted in [`NoticeDrops`], while
+//!   the others still get in. The inbox remembers
 //!   at most [`NoticeLimits::senders_remembered`] senders with nothing
 //!   queued; past that it forgets them all at once, which costs only their
 //!   replay check (a forgotten sender's next number is taken whatever it
@@ -58,18 +60,23 @@ pub struct NoticeLimits {
     pub queued: usize,
     /// Waiting notices from one sender (at least 1).
     pub queued_per_sender: usize,
+    /// Waiting notices from one connection, whatever sender numbers it
+    /// names (at least 1): a peer cannot multiply its share by naming new
+    /// senders.
+    pub queued_per_connection: usize,
     /// Senders with nothing queued remembered before they are forgotten
     /// at once (at least 1).
     pub senders_remembered: usize,
 }
 
 impl Default for NoticeLimits {
-    /// 1,024 in all (at most 4 MiB of notices), 256 from one sender, 4,096
-    /// idle senders remembered.
+    /// 1,024 in all (at most 4 MiB of notices), 256 from one sender or
+    /// one connection, 4,096 idle senders remembered.
     fn default() -> Self {
         NoticeLimits {
             queued: 1024,
             queued_per_sender: 256,
+            queued_per_connection: 256,
             senders_remembered: 4096,
         }
     }
@@ -96,6 +103,10 @@ pub enum NoticeDrop {
     /// Its sender's share, [`NoticeLimits::queued_per_sender`], is full.
     #[error("the sender's share of the owner's notice queue is full")]
     SenderQueueFull,
+    /// Its connection's share, [`NoticeLimits::queued_per_connection`], is
+    /// full.
+    #[error("the connection's share of the owner's notice queue is full")]
+    ConnectionQueueFull,
 }
 
 /// Counts `drop` under its reason.
@@ -105,6 +116,7 @@ fn count(drops: &mut NoticeDrops, drop: NoticeDrop) {
         NoticeDrop::Replayed { .. } => &mut drops.replayed,
         NoticeDrop::QueueFull => &mut drops.queue_full,
         NoticeDrop::SenderQueueFull => &mut drops.sender_queue_full,
+        NoticeDrop::ConnectionQueueFull => &mut drops.connection_queue_full,
     };
     *counter += 1;
 }
@@ -125,6 +137,8 @@ pub struct NoticeInbox<E> {
     limits: NoticeLimits,
     queue: VecDeque<ReceivedNotice<E>>,
     senders: HashMap<(E, u64), Sender>,
+    /// Notices queued per connection (no entry: none).
+    connections: HashMap<E, usize>,
     drops: NoticeDrops,
 }
 
@@ -135,10 +149,12 @@ impl<E: Copy + Eq + Hash> NoticeInbox<E> {
             limits: NoticeLimits {
                 queued: limits.queued.max(1),
                 queued_per_sender: limits.queued_per_sender.max(1),
+                queued_per_connection: limits.queued_per_connection.max(1),
                 senders_remembered: limits.senders_remembered.max(1),
             },
             queue: VecDeque::new(),
             senders: HashMap::new(),
+            connections: HashMap::new(),
             drops: NoticeDrops::default(),
         }
     }
@@ -175,10 +191,15 @@ impl<E: Copy + Eq + Hash> NoticeInbox<E> {
         if sender.queued >= self.limits.queued_per_sender {
             return Err(NoticeDrop::SenderQueueFull);
         }
+        let connection = self.connections.get(&from).copied().unwrap_or(0);
+        if connection >= self.limits.queued_per_connection {
+            return Err(NoticeDrop::ConnectionQueueFull);
+        }
         if self.queue.len() >= self.limits.queued {
             return Err(NoticeDrop::QueueFull);
         }
         sender.queued += 1;
+        self.connections.insert(from, connection + 1);
         self.queue.push_back(ReceivedNotice {
             from,
             sender: notice.sender,
@@ -208,6 +229,12 @@ impl<E: Copy + Eq + Hash> NoticeInbox<E> {
     /// The oldest waiting notice.
     pub fn pop(&mut self) -> Option<ReceivedNotice<E>> {
         let notice = self.queue.pop_front()?;
+        match self.connections.get_mut(&notice.from) {
+            Some(count) if *count > 1 => *count -= 1,
+            _ => {
+                self.connections.remove(&notice.from);
+            }
+        }
         let key = (notice.from, notice.sender);
         if let Some(sender) = self.senders.get_mut(&key) {
             sender.queued -= 1;

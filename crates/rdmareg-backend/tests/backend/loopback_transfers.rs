@@ -347,3 +347,48 @@ mod keys_and_peers {
         );
     }
 }
+
+/// Notices sent from many threads at once each arrive: the loopback
+/// backend numbers and delivers each notice in one step, so none is
+/// overtaken by a later number and dropped as a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn notices_sent_from_many_threads_all_arrive() {
+    use futures::StreamExt;
+    use rdmareg_backend::loopback::LoopbackFabric;
+    use rdmareg_backend::notices::NoticeLimits;
+    let fabric = LoopbackFabric::new();
+    // Room for every notice: only a replay could drop one.
+    let room = NoticeLimits {
+        queued: 800,
+        queued_per_sender: 800,
+        queued_per_connection: 800,
+        ..NoticeLimits::default()
+    };
+    let owner =
+        fabric.backend_with_config(OWNER, LoopbackConfig::default().with_notice_limits(room));
+    let consumer = fabric.backend(CONSUMER);
+    let mut notices = owner.notices().unwrap();
+    let senders: Vec<_> = (0..8u8)
+        .map(|task| {
+            let consumer = Arc::clone(&consumer);
+            tokio::spawn(async move {
+                for n in 0..100u8 {
+                    consumer
+                        .send_notice(OWNER, vec![task, n].into())
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for sender in senders {
+        sender.await.unwrap();
+    }
+    let mut received = 0;
+    while received < 800 {
+        let next = tokio::time::timeout(Duration::from_secs(5), notices.next()).await;
+        assert!(matches!(next, Ok(Some(_))), "after {received} notices");
+        received += 1;
+    }
+    assert_eq!(owner.notice_drops().unwrap().total(), 0);
+}

@@ -105,6 +105,7 @@ impl Sim {
         let limits = NoticeLimits {
             queued: 1 + rng.index(12),
             queued_per_sender: 1 + rng.index(6),
+            queued_per_connection: 1 + rng.index(8),
             senders_remembered: 1 + rng.index(8),
         };
         let mut sim = Sim {
@@ -432,7 +433,8 @@ impl Sim {
         let sent = self.sent.len() as u64;
         let delivered = self.delivered.len() as u64;
         let unexplained = sent.saturating_sub(delivered + self.lost);
-        if unexplained > drops.queue_full + drops.sender_queue_full {
+        let for_room = drops.queue_full + drops.sender_queue_full + drops.connection_queue_full;
+        if unexplained > for_room {
             return Err(format!(
                 "invariant 4: {sent} sent, {delivered} delivered, {} lost, {unexplained} \
                  missing against {drops:?}",

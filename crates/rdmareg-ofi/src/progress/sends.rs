@@ -105,6 +105,8 @@ impl Engine {
         if let Some(reply) = send.notice_reply.take() {
             let _ = reply.send(match &result {
                 Ok(()) => Ok(()),
+                // Ended by teardown, not by the provider.
+                Err(_) if self.closing => Err(RdmaError::ShuttingDown),
                 Err((_, text)) => Err(RdmaError::backend(format!(
                     "ofi: sending a notice failed: {text}"
                 ))),

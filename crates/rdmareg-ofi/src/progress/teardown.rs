@@ -56,13 +56,7 @@ impl Engine {
         }
         let closed = self.fabric.close_or_park_endpoint() == EndpointEnd::Closed;
         if !closed {
-            // A notice still being sent may or may not arrive: its caller
-            // hears the engine is shutting down, not nothing.
-            for send in self.sends.values_mut() {
-                if let Some(reply) = send.notice_reply.take() {
-                    let _ = reply.send(Err(RdmaError::ShuttingDown));
-                }
-            }
+            self.answer_notices_in_flight();
             // Request receives may still be written, and replies still being
             // sent still read their sources: a parked endpoint keeps them
             // until it is closed; any other open endpoint, for good. (A
@@ -103,6 +97,17 @@ impl Engine {
         }
     }
 
+    /// A notice still being sent may or may not arrive: before its send is
+    /// kept for good (a parked or unclosable endpoint), its caller hears
+    /// the engine is shutting down rather than nothing.
+    fn answer_notices_in_flight(&mut self) {
+        for send in self.sends.values_mut() {
+            if let Some(reply) = send.notice_reply.take() {
+                let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
+        }
+    }
+
     /// Teardown of an endpoint that may be closed: closes it under the
     /// reads and sends still in flight, then completes them.
     pub(super) fn close_under_the_rest(&mut self) {
@@ -119,6 +124,7 @@ impl Engine {
                     sends = self.sends.len(),
                     "the endpoint did not close; replies being sent keep their regions registered"
                 );
+                self.answer_notices_in_flight();
                 for (_, send) in self.sends.drain() {
                     std::mem::forget(send);
                 }

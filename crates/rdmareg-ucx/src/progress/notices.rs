@@ -107,8 +107,9 @@ impl Engine {
                 }
             }
         };
+        // Not a hand-over: nothing comes back for a notice, so the loop
+        // has no reason to yield for one.
         let _ = reply.send(outcome);
-        self.events.handed_off();
     }
 }
 

@@ -17,6 +17,7 @@ fn limits(queued: usize, queued_per_sender: usize) -> NoticeLimits {
     NoticeLimits {
         queued,
         queued_per_sender,
+        queued_per_connection: queued,
         senders_remembered: 64,
     }
 }
@@ -118,6 +119,31 @@ fn a_flooding_sender_fills_only_its_share() {
     inbox.receive(A, &message(6, b"flood")).unwrap();
 }
 
+/// A peer naming a new sender number for each notice would get a fresh
+/// share each time; its connection's share bounds it, and another
+/// connection still gets in.
+#[test]
+fn rotating_sender_numbers_fill_only_the_connections_share() {
+    let mut inbox = NoticeInbox::new(NoticeLimits {
+        queued: 8,
+        queued_per_sender: 4,
+        queued_per_connection: 3,
+        senders_remembered: 64,
+    });
+    let flood: Vec<_> = (0..10u64)
+        .map(|sender| inbox.receive(A, &wire::encode(sender, 1, b"").unwrap()))
+        .collect();
+    assert_eq!(flood.iter().filter(|r| r.is_ok()).count(), 3);
+    assert_eq!(inbox.drops().connection_queue_full, 7);
+    inbox.receive(B, &message(1, b"quiet")).unwrap();
+    assert_eq!(inbox.queued(), 4);
+    // Room again on A once the application took one of its notices.
+    inbox.pop();
+    inbox
+        .receive(A, &wire::encode(99, 1, b"").unwrap())
+        .unwrap();
+}
+
 #[test]
 fn the_whole_queue_is_bounded() {
     let mut inbox = NoticeInbox::new(limits(3, 3));
@@ -146,6 +172,7 @@ fn idle_senders_are_forgotten_past_the_limit() {
     let mut inbox = NoticeInbox::new(NoticeLimits {
         queued: 2,
         queued_per_sender: 2,
+        queued_per_connection: 2,
         senders_remembered: 8,
     });
     inbox.receive(B, &message(1, b"kept")).unwrap();
@@ -249,12 +276,14 @@ proptest! {
         steps in proptest::collection::vec(step(), 1..200),
         queued in 1..8usize,
         per_sender in 1..8usize,
+        per_connection in 1..8usize,
         remembered in prop_oneof![1..6usize, Just(1_000)],
     ) {
         let forgets = remembered < 1_000;
         let mut inbox = NoticeInbox::new(NoticeLimits {
             queued,
             queued_per_sender: per_sender,
+            queued_per_connection: per_connection,
             senders_remembered: remembered,
         });
         // Bumped when a connection closes; a notice's bytes say which
