@@ -35,6 +35,9 @@ async fn a_read_with_a_notice_reaches_the_owner_after_its_bytes() {
     let notice = next_notice(&mut notices).await;
     assert_eq!(&notice.bytes[..], b"done");
     assert_eq!(Some(notice.from), consumer.registry.notice_sender());
+    drop((source, buf));
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
 }
 
 /// The lifecycle the notices exist for: the reader names in its notice
@@ -74,6 +77,8 @@ async fn an_owner_frees_each_range_when_its_reader_is_done() {
         assert!(watch.is_deregistered());
     }
     assert_eq!(owner.registry.stats().live_regions, 0);
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
 }
 
 /// A read that fails sends no notice: a notice sent on its own afterwards
@@ -108,6 +113,9 @@ async fn a_failed_read_sends_no_notice() {
     );
     consumer.registry.notify(OWNER, "marker").await.unwrap();
     assert_eq!(&next_notice(&mut notices).await.bytes[..], b"marker");
+    drop((small, buf));
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
 }
 
 /// A notice over the bound is refused before anything is read: the buffer
@@ -139,12 +147,14 @@ async fn an_oversized_notice_is_refused_and_reads_nothing() {
         consumer.registry.notify(OWNER, too_large).await,
         Err(RdmaError::NoticeTooLarge { .. })
     ));
+    drop((source, buf));
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_notice_after_shutdown_is_refused() {
     let (_fabric, owner, consumer) = two_sides(small_config());
-    let _owner = owner;
     let swept = consumer.registry.shutdown(Duration::from_secs(1)).await;
     assert_eq!(
         consumer.registry.notify(OWNER, "late").await,
@@ -152,11 +162,12 @@ async fn a_notice_after_shutdown_is_refused() {
     );
     consumer.backend.shutdown().await;
     assert!(swept.finish_after_backend_teardown().released);
+    shut_down(&owner).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_notice_to_an_unknown_peer_is_not_configured() {
-    let (_fabric, _owner, consumer) = two_sides(small_config());
+    let (_fabric, owner, consumer) = two_sides(small_config());
     assert_eq!(
         consumer
             .registry
@@ -164,4 +175,6 @@ async fn a_notice_to_an_unknown_peer_is_not_configured() {
             .await,
         Err(RdmaError::NotConfigured)
     );
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
 }
