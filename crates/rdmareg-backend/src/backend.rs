@@ -42,6 +42,15 @@
 //!     in send order per sender, from a bounded queue whose overflow
 //!     [`notice_drops`](RdmaBackend::notice_drops) counts. A backend
 //!     without notices refuses them with [`RdmaError::Unsupported`].
+//! 11. **A lease ends reads.** A key from [`lease`](RdmaBackend::lease)
+//!     reads what the region's own key reads until the lease ended: from
+//!     its expiry on, or once as many distinct readers as it allows sent
+//!     [`release_lease`](RdmaBackend::release_lease) for it, a read under
+//!     it fails [`RdmaError::LeaseExpired`]. Its `released` future resolves
+//!     [`LeaseEnd::Released`] only after the last of those releases
+//!     arrived. A backend refuses to lease (the default,
+//!     [`RdmaError::Unsupported`]) rather than issue a key whose reads it
+//!     could not end.
 
 use std::sync::Arc;
 
@@ -49,9 +58,28 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use rdmareg_core::{
-    BackendGet, BackendRegion, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender, PeerId,
-    RdmaError,
+    BackendGet, BackendRegion, LeaseEnd, LeaseTerms, MAX_NOTICE_BYTES, Notice, NoticeDrops,
+    NoticeSender, PeerId, RdmaError,
 };
+
+/// A descriptor lease a backend made (contract point 11).
+pub struct BackendLease {
+    /// The lease's key: what a reader presents instead of the region's.
+    pub packed_key: Bytes,
+    /// Resolves when the lease ended: [`LeaseEnd::Released`] once the
+    /// last reader released it, [`LeaseEnd::Withdrawn`] when it ended
+    /// otherwise (expiry, unmap, teardown). Expiry is the caller's to time:
+    /// the backend may resolve it late or only at the unmap.
+    pub released: BoxFuture<'static, LeaseEnd>,
+}
+
+impl std::fmt::Debug for BackendLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendLease")
+            .field("packed_key", &self.packed_key)
+            .finish_non_exhaustive()
+    }
+}
 
 /// An RDMA provider: registers memory and pulls remote memory into it.
 ///
@@ -350,6 +378,51 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     /// default) for a backend without notices.
     fn notice_sender(&self) -> Option<NoticeSender> {
         None
+    }
+
+    /// Hands the region `backend_region_id` out under a descriptor lease
+    /// with `terms` (contract point 11).
+    ///
+    /// # Errors
+    /// [`RdmaError::RegionNotFound`] for a region not mapped (or being
+    /// unmapped); [`RdmaError::OutOfRange`] for terms
+    /// [`LeaseTerms::check`] refuses; [`RdmaError::ShuttingDown`];
+    /// [`RdmaError::Unsupported`] (the default) for a backend without
+    /// leases.
+    fn lease(
+        &self,
+        backend_region_id: u64,
+        terms: LeaseTerms,
+    ) -> BoxFuture<'_, Result<BackendLease, RdmaError>> {
+        let _ = (backend_region_id, terms);
+        Box::pin(async { Err(unsupported_leases()) })
+    }
+
+    /// Tells the owner `peer` that this reader is done with the lease
+    /// whose key is `packed_key`. Fire-and-forget, like a notice: resolves
+    /// once the transport took the message, and the owner counts it once
+    /// per reader.
+    ///
+    /// # Errors
+    /// [`RdmaError::InvalidKey`] for a key that is not this backend's;
+    /// [`RdmaError::NotConfigured`] for a peer never added;
+    /// [`RdmaError::ShuttingDown`]; [`RdmaError::Backend`] when the
+    /// transport fails the send; [`RdmaError::Unsupported`] (the default)
+    /// for a backend without leases.
+    fn release_lease(
+        &self,
+        peer: PeerId,
+        packed_key: Bytes,
+    ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        let _ = (peer, packed_key);
+        Box::pin(async { Err(unsupported_leases()) })
+    }
+}
+
+/// What a backend without leases answers.
+fn unsupported_leases() -> RdmaError {
+    RdmaError::Unsupported {
+        operation: "descriptor leases",
     }
 }
 

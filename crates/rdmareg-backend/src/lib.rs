@@ -11,12 +11,13 @@
 mod backend;
 #[cfg(feature = "testkit")]
 pub mod conformance;
+pub mod leases;
 pub mod loopback;
 pub mod notices;
 #[cfg(feature = "testkit")]
 pub mod own_process;
 
-pub use backend::RdmaBackend;
+pub use backend::{BackendLease, RdmaBackend};
 /// The system page size, to which contract point 7 rounds.
 pub use loopback::page_size;
-pub use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
+pub use rdmareg_core::{BackendGet, BackendRegion, LeaseEnd, LeaseTerms, PeerId, RdmaError};

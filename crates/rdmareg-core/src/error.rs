@@ -114,6 +114,12 @@ pub enum RdmaError {
         /// What was asked for, such as `"notices"`.
         operation: &'static str,
     },
+
+    /// The descriptor was handed out under a lease that has ended: it
+    /// expired, or as many readers as it allowed released it. Ask its
+    /// owner for a new one.
+    #[error("the descriptor's lease has ended (expired or released by its readers)")]
+    LeaseExpired,
 }
 
 /// The variant of an [`RdmaError`] without its data, for counting by kind.
@@ -152,11 +158,13 @@ pub enum ErrorKind {
     NoticeTooLarge,
     /// [`RdmaError::Unsupported`].
     Unsupported,
+    /// [`RdmaError::LeaseExpired`].
+    LeaseExpired,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         ErrorKind::ShuttingDown,
         ErrorKind::BudgetExceeded,
         ErrorKind::RegionNotFound,
@@ -173,6 +181,7 @@ impl ErrorKind {
         ErrorKind::BufferSurrendered,
         ErrorKind::NoticeTooLarge,
         ErrorKind::Unsupported,
+        ErrorKind::LeaseExpired,
     ];
 
     /// A stable snake-case name, fit for a metric label.
@@ -194,6 +203,7 @@ impl ErrorKind {
             ErrorKind::BufferSurrendered => "buffer_surrendered",
             ErrorKind::NoticeTooLarge => "notice_too_large",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::LeaseExpired => "lease_expired",
         }
     }
 
@@ -242,6 +252,7 @@ impl RdmaError {
             RdmaError::BufferSurrendered => ErrorKind::BufferSurrendered,
             RdmaError::NoticeTooLarge { .. } => ErrorKind::NoticeTooLarge,
             RdmaError::Unsupported { .. } => ErrorKind::Unsupported,
+            RdmaError::LeaseExpired => ErrorKind::LeaseExpired,
         }
     }
 

@@ -9,6 +9,7 @@
 pub mod backend_error;
 pub mod descriptor;
 pub mod error;
+pub mod lease;
 pub mod notice;
 pub mod page;
 pub mod region;
@@ -16,6 +17,7 @@ pub mod region;
 pub use backend_error::BackendError;
 pub use descriptor::{Descriptor, DescriptorError, MAX_BACKEND_KEY_LEN, MAX_PACKED_KEY_LEN};
 pub use error::{ErrorKind, RdmaError};
+pub use lease::{LeaseEnd, LeaseTerms, MAX_LEASE_READERS};
 pub use notice::{MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender};
 pub use page::{PageRange, page_enclosing_len, page_enclosing_range, round_up};
 pub use region::{BackendGet, BackendRegion, PeerId};

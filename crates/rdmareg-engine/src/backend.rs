@@ -13,9 +13,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use rdmareg_backend::RdmaBackend;
+use rdmareg_backend::{BackendLease, RdmaBackend};
 use rdmareg_core::{
-    BackendGet, BackendRegion, Notice, NoticeDrops, NoticeSender, PeerId, RdmaError,
+    BackendGet, BackendRegion, LeaseTerms, Notice, NoticeDrops, NoticeSender, PeerId, RdmaError,
 };
 
 use crate::front::{CallerCopies, Front};
@@ -163,5 +163,21 @@ unsafe impl<D: Driver> RdmaBackend for Backend<D> {
 
     fn notice_sender(&self) -> Option<NoticeSender> {
         self.front.notice_sender()
+    }
+
+    fn lease(
+        &self,
+        backend_region_id: u64,
+        terms: LeaseTerms,
+    ) -> BoxFuture<'_, Result<BackendLease, RdmaError>> {
+        self.front.lease(backend_region_id, terms)
+    }
+
+    fn release_lease(
+        &self,
+        peer: PeerId,
+        packed_key: Bytes,
+    ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        self.front.release_lease(peer, packed_key)
     }
 }

@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::channel::oneshot;
-use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
+use rdmareg_backend::BackendLease;
+use rdmareg_core::{BackendGet, BackendRegion, LeaseTerms, PeerId, RdmaError};
 
 /// Where the thread sends one command's result.
 pub type Reply<T> = oneshot::Sender<Result<T, RdmaError>>;
@@ -86,6 +87,24 @@ pub enum Command<P> {
         /// At most [`MAX_NOTICE_BYTES`](rdmareg_core::MAX_NOTICE_BYTES),
         /// checked by the submitter.
         notice: Bytes,
+        /// Completed once the transport took the message.
+        reply: Reply<()>,
+    },
+    /// Hand the region `region` out under a descriptor lease.
+    Lease {
+        /// The region.
+        region: u64,
+        /// Checked by the submitter.
+        terms: LeaseTerms,
+        /// Where the lease is returned.
+        reply: Reply<BackendLease>,
+    },
+    /// Release the lease whose key is `packed_key` at its owner `peer`.
+    ReleaseLease {
+        /// The lease's owner.
+        peer: PeerId,
+        /// The lease's key, as its descriptor carries it. Untrusted bytes.
+        packed_key: Bytes,
         /// Completed once the transport took the message.
         reply: Reply<()>,
     },
@@ -162,6 +181,27 @@ pub trait Handler: Registrations {
         }));
     }
 
+    /// Hands `region` out under a descriptor lease with `capability` (16
+    /// random bytes [`Command::dispatch`] drew) and `terms`; by default
+    /// refuses it as unsupported.
+    fn lease(
+        &mut self,
+        region: u64,
+        capability: [u8; 16],
+        terms: LeaseTerms,
+        reply: Reply<BackendLease>,
+    ) {
+        let _ = (region, capability, terms);
+        let _ = reply.send(Err(unsupported_leases()));
+    }
+
+    /// Sends the release of the lease whose key is `packed_key` to `peer`;
+    /// by default refuses it as unsupported.
+    fn release_lease(&mut self, peer: PeerId, packed_key: Bytes, reply: Reply<()>) {
+        let _ = (peer, packed_key);
+        let _ = reply.send(Err(unsupported_leases()));
+    }
+
     /// Does a command only the driver understands.
     fn driver_command(&mut self, command: Self::DriverCommand);
 
@@ -211,6 +251,21 @@ impl<P> Command<P> {
                 notice,
                 reply,
             } => handler.get_with_notice(request, notice, reply),
+            Command::Lease {
+                region,
+                terms,
+                reply,
+            } => match draw_capability() {
+                Ok(capability) => handler.lease(region, capability, terms, reply),
+                Err(err) => {
+                    let _ = reply.send(Err(err));
+                }
+            },
+            Command::ReleaseLease {
+                peer,
+                packed_key,
+                reply,
+            } => handler.release_lease(peer, packed_key, reply),
             Command::Driver(command) => handler.driver_command(command),
             Command::Shutdown { reply } => {
                 handler.shutdown_requested(reply);
@@ -229,9 +284,13 @@ impl<P> Command<P> {
             Command::Map { reply, .. } => {
                 let _ = reply.send(Err(RdmaError::ShuttingDown));
             }
+            Command::Lease { reply, .. } => {
+                let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
             Command::Get { reply, .. }
             | Command::GetWithNotice { reply, .. }
             | Command::Notice { reply, .. }
+            | Command::ReleaseLease { reply, .. }
             | Command::Unmap {
                 reply: Some(reply), ..
             } => {
@@ -253,18 +312,28 @@ fn new_region(id: u64, ptr: usize, len: usize) -> Result<NewRegion, RdmaError> {
     if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
         return Err(RdmaError::OutOfRange);
     }
-    let mut capability = [0u8; 16];
-    getrandom::fill(&mut capability).map_err(|err| {
-        RdmaError::backend(format!(
-            "cannot draw a registration capability from the OS: {err}"
-        ))
-    })?;
     Ok(NewRegion {
         id,
         ptr,
         len,
-        capability,
+        capability: draw_capability()?,
     })
+}
+
+/// Sixteen random bytes from the OS, for a registration or a lease.
+fn draw_capability() -> Result<[u8; 16], RdmaError> {
+    let mut capability = [0u8; 16];
+    getrandom::fill(&mut capability).map_err(|err| {
+        RdmaError::backend(format!("cannot draw a capability from the OS: {err}"))
+    })?;
+    Ok(capability)
+}
+
+/// What a driver without descriptor leases answers.
+fn unsupported_leases() -> RdmaError {
+    RdmaError::Unsupported {
+        operation: "descriptor leases",
+    }
 }
 
 #[cfg(test)]

@@ -33,9 +33,10 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+use rdmareg_backend::BackendLease;
 use rdmareg_core::{
-    BackendGet, BackendRegion, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender, PeerId,
-    RdmaError,
+    BackendGet, BackendRegion, LeaseTerms, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender,
+    PeerId, RdmaError,
 };
 
 use crate::command::{BatchReply, Command, Reply};
@@ -282,6 +283,40 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 reply,
             })
         }
+    }
+
+    /// `RdmaBackend::lease`: terms checked here, the lease made by the
+    /// thread.
+    pub fn lease(
+        &self,
+        region: u64,
+        terms: LeaseTerms,
+    ) -> BoxFuture<'_, Result<BackendLease, RdmaError>> {
+        Box::pin(async move {
+            terms.check(std::time::Instant::now())?;
+            self.ask(|reply| Command::Lease {
+                region,
+                terms,
+                reply,
+            })
+            .await
+        })
+    }
+
+    /// `RdmaBackend::release_lease`: sent by the thread.
+    pub fn release_lease(
+        &self,
+        peer: PeerId,
+        packed_key: Bytes,
+    ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move {
+            self.ask(|reply| Command::ReleaseLease {
+                peer,
+                packed_key,
+                reply,
+            })
+            .await
+        })
     }
 
     /// `RdmaBackend::send_notice`: checked here, sent by the thread.

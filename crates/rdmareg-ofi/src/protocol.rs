@@ -135,6 +135,7 @@ pub fn refusal_code(refusal: Refusal) -> u8 {
         Refusal::Busy => 5,
         Refusal::Unverified => 6,
         Refusal::NotTheRequester => 7,
+        Refusal::LeaseExpired => 8,
         _ => 1,
     }
 }
@@ -150,6 +151,7 @@ fn refusal_of_code(code: u8) -> Refusal {
         5 => Refusal::Busy,
         6 => Refusal::Unverified,
         7 => Refusal::NotTheRequester,
+        8 => Refusal::LeaseExpired,
         other => Refusal::Unrecognized(other),
     }
 }

@@ -32,6 +32,12 @@
 //! consumer checks the range against `region_addr`/`region_len`.
 //! [`ReadKey`] decodes either lane.
 //!
+//! **Lease key** (lane 3, what `RdmaBackend::lease` issues): the 28 bytes
+//! of a served key with `lane = 3` and the lease's own capability in place
+//! of the registration's. It is read through the owner on every lane,
+//! since only the owner can refuse a read once the lease ended; the lane
+//! byte lets a reader's release refuse a key that is no lease.
+//!
 //! **Lane 1** is the same-host key of earlier releases: the lane-2 layout
 //! without `release_slot`. Nothing tells its reader when the registration
 //! is gone, so it decodes as the served key it starts with and is read
@@ -78,6 +84,7 @@ const LANE_OWNER_SERVED: u8 = 0;
 /// Same-host keys of earlier releases, without a release slot.
 const LANE_SAME_HOST_UNCHECKED: u8 = 1;
 const LANE_SAME_HOST: u8 = 2;
+const LANE_LEASE: u8 = 3;
 /// Bytes of a [`SameHostKey`] before its UCX key.
 const SAME_HOST_FIXED_LEN: usize = KEY_LEN + 8 + 8 + 4 + 2;
 /// Bytes of a lane-1 key before its UCX key.
@@ -178,6 +185,25 @@ impl ServedKey {
         out
     }
 
+    /// The 28-byte encoding of a lease key (lane 3): this key's region with
+    /// the lease's capability in `capability`.
+    pub fn encode_lease(&self) -> [u8; KEY_LEN] {
+        let mut out = self.encode();
+        out[3] = LANE_LEASE;
+        out
+    }
+
+    /// Decodes untrusted bytes that must be a lease key.
+    pub fn decode_lease(bytes: &[u8]) -> Result<ServedKey, ProtocolError> {
+        let bytes = exact::<KEY_LEN>(bytes)?;
+        if bytes[3] != LANE_LEASE {
+            return Err(ProtocolError::Lane(bytes[3]));
+        }
+        let mut served = *bytes;
+        served[3] = LANE_OWNER_SERVED;
+        ServedKey::decode(&served)
+    }
+
     /// Decodes untrusted key bytes.
     pub fn decode(bytes: &[u8]) -> Result<ServedKey, ProtocolError> {
         let bytes = exact::<KEY_LEN>(bytes)?;
@@ -259,6 +285,7 @@ impl ReadKey {
         let fixed_len = match bytes.get(3) {
             Some(&LANE_SAME_HOST) => SAME_HOST_FIXED_LEN,
             Some(&LANE_SAME_HOST_UNCHECKED) => UNCHECKED_FIXED_LEN,
+            Some(&LANE_LEASE) => return ServedKey::decode_lease(bytes).map(ReadKey::Served),
             _ => return ServedKey::decode(bytes).map(ReadKey::Served),
         };
         if bytes.len() < fixed_len {
@@ -444,7 +471,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// Highest reply status code this build assigns.
-    const LAST_ASSIGNED_STATUS: u8 = 6;
+    const LAST_ASSIGNED_STATUS: u8 = 7;
     /// The status code of [`Refusal::Malformed`].
     const MALFORMED_STATUS: u8 = 5;
 
@@ -467,6 +494,25 @@ mod tests {
         assert_eq!(ReadKey::decode(&bytes), Ok(ReadKey::Served(key())));
         assert!(ReadKey::decode(&bytes[..bytes.len() - 1]).is_err());
         assert!(ReadKey::decode(&bytes[..UNCHECKED_FIXED_LEN]).is_err());
+    }
+
+    /// A lease key reads through the owner, and only a lease key is one a
+    /// release accepts.
+    #[test]
+    fn a_lease_key_reads_through_the_owner_and_is_told_apart() {
+        let lease = key().encode_lease();
+        assert_eq!(lease[3], LANE_LEASE);
+        assert_eq!(ReadKey::decode(&lease), Ok(ReadKey::Served(key())));
+        assert_eq!(ServedKey::decode_lease(&lease), Ok(key()));
+        assert_eq!(
+            ServedKey::decode_lease(&key().encode()),
+            Err(ProtocolError::Lane(LANE_OWNER_SERVED))
+        );
+        assert!(ServedKey::decode_lease(&lease[..KEY_LEN - 1]).is_err());
+        assert_eq!(
+            ServedKey::decode(&lease),
+            Err(ProtocolError::Lane(LANE_LEASE))
+        );
     }
 
     #[test]

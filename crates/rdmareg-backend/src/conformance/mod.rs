@@ -40,6 +40,7 @@ mod buffer;
 mod get_checks;
 mod in_flight_checks;
 mod key_checks;
+mod lease_checks;
 mod map_checks;
 mod model;
 mod notice_checks;
@@ -75,6 +76,11 @@ pub use in_flight_checks::{
     unmapping_destination_refuses_new_gets_and_waits_for_the_one_in_flight,
 };
 pub use key_checks::{malformed_keys_are_invalid_key, stale_key_after_unmap_is_refused};
+pub use lease_checks::{
+    a_lease_ends_when_its_reader_released_it, a_lease_serves_reads_until_its_expiry,
+    a_release_counts_once_and_only_for_its_lease,
+    leases_of_bad_terms_or_unmapped_regions_are_refused,
+};
 pub use map_checks::{
     cancelled_map_leaves_no_registration, cancelled_maps_stay_within_the_memory_the_caller_holds,
     degenerate_map_is_out_of_range, effective_range_is_page_enclosing,
@@ -106,6 +112,9 @@ pub struct Capabilities {
     /// The backend sends and receives notices; without them it must refuse
     /// them as [`RdmaError::Unsupported`](crate::RdmaError::Unsupported).
     pub notices: bool,
+    /// The backend makes descriptor leases; without them it must refuse
+    /// them as [`RdmaError::Unsupported`](crate::RdmaError::Unsupported).
+    pub leases: bool,
 }
 
 impl Capabilities {
@@ -117,6 +126,7 @@ impl Capabilities {
             unknown_remote_key_detected: true,
             rollback_within: Duration::from_secs(5),
             notices: true,
+            leases: true,
         }
     }
 
@@ -135,6 +145,12 @@ impl Capabilities {
     /// Set [`notices`](Self::notices).
     pub const fn with_notices(mut self, notices: bool) -> Self {
         self.notices = notices;
+        self
+    }
+
+    /// Set [`leases`](Self::leases).
+    pub const fn with_leases(mut self, leases: bool) -> Self {
+        self.leases = leases;
         self
     }
 
@@ -286,6 +302,10 @@ macro_rules! conformance_tests {
             notices_arrive_once_and_in_send_order,
             an_oversized_notice_is_refused_before_anything_is_read,
             a_notice_to_an_unknown_peer_is_not_configured,
+            a_lease_serves_reads_until_its_expiry,
+            a_lease_ends_when_its_reader_released_it,
+            a_release_counts_once_and_only_for_its_lease,
+            leases_of_bad_terms_or_unmapped_regions_are_refused,
         );
 
         #[test]

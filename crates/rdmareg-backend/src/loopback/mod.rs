@@ -15,6 +15,7 @@
 
 mod fault;
 mod key;
+mod leases;
 mod ops;
 mod table;
 mod transfer;
@@ -30,15 +31,15 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use parking_lot::Mutex;
 use rdmareg_core::{
-    BackendGet, BackendRegion, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender, PeerId,
-    RdmaError,
+    BackendGet, BackendRegion, LeaseTerms, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender,
+    PeerId, RdmaError,
 };
 use tokio::sync::watch;
 
 pub use fault::{FaultInjector, FaultOp, HangGate};
 
-use crate::RdmaBackend;
 use crate::notices::{self, NoticeBoard, NoticeLimits, NoticeSource};
+use crate::{BackendLease, RdmaBackend};
 use table::RegionTable;
 
 /// The wire name of the loopback backend, carried in its descriptors.
@@ -172,6 +173,7 @@ impl LoopbackFabric {
             fabric: self.clone(),
             notices: NoticeBoard::new(config.notice_limits),
             notices_sent: Mutex::new(0),
+            leases: Mutex::new(leases::LeaseBook::new()),
             config,
             table: RegionTable::new(),
             faults: FaultInjector::default(),
@@ -216,6 +218,8 @@ pub struct LoopbackBackend {
     /// while a notice is numbered and delivered, so notices sent from
     /// several threads arrive in the order they were numbered.
     notices_sent: Mutex<u64>,
+    /// Descriptor leases this instance handed out, by region.
+    leases: Mutex<leases::LeaseBook>,
 }
 
 impl fmt::Debug for LoopbackBackend {
@@ -275,6 +279,7 @@ impl LoopbackBackend {
     pub async fn shutdown(&self) {
         self.shutdown.send_replace(true);
         self.notices.close();
+        self.leases.lock().clear();
         self.table.close();
         self.table.wait_unpinned().await;
         let refused = self.faults.unmaps_refused();
@@ -354,6 +359,22 @@ unsafe impl RdmaBackend for LoopbackBackend {
 
     fn notice_sender(&self) -> Option<NoticeSender> {
         Some(self.notice_sender())
+    }
+
+    fn lease(
+        &self,
+        backend_region_id: u64,
+        terms: LeaseTerms,
+    ) -> BoxFuture<'_, Result<BackendLease, RdmaError>> {
+        Box::pin(async move { self.make_lease(backend_region_id, terms) })
+    }
+
+    fn release_lease(
+        &self,
+        peer: PeerId,
+        packed_key: Bytes,
+    ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move { self.send_release(peer, &packed_key) })
     }
 }
 

@@ -119,6 +119,7 @@ impl LoopbackBackend {
             }
             UnmapStart::Started => {}
         }
+        self.withdraw_leases(id);
         tracing::trace!(peer = %self.peer_id, region = id, "loopback unmap submitted");
         let release = ReleaseOnDrop {
             table: &self.table,

@@ -17,6 +17,7 @@ use rdmareg_core::{BackendGet, RdmaError};
 use tokio::select;
 
 use super::key::PackedKey;
+use super::leases::LeaseKey;
 use super::table::{PinError, RegionTable, Span};
 use super::{FaultOp, LoopbackBackend, shut_down};
 
@@ -44,7 +45,15 @@ impl LoopbackBackend {
             return Err(RdmaError::OutOfRange);
         }
         let len = usize::try_from(request.len).map_err(|_| RdmaError::OutOfRange)?;
-        let key = PackedKey::decode(&request.packed_key)?;
+        let lease = LeaseKey::decode(&request.packed_key);
+        let key = match lease {
+            Some(lease) => PackedKey {
+                instance: lease.instance,
+                region: lease.region,
+                nonce: 0,
+            },
+            None => PackedKey::decode(&request.packed_key)?,
+        };
         let owner = self
             .fabric
             .lookup(request.peer)
@@ -52,13 +61,21 @@ impl LoopbackBackend {
         if key.instance != owner.instance {
             return Err(RdmaError::RegionNotFound);
         }
+        // A lease's capability stands for the region's nonce.
+        let nonce = match &lease {
+            Some(lease) => {
+                owner.judge_lease(lease)?;
+                None
+            }
+            None => Some(key.nonce),
+        };
 
         // `owner` is declared before the pins, so it outlives them.
         let source = owner
             .table
             .pin(
                 key.region,
-                Some(key.nonce),
+                nonce,
                 Span::Absolute {
                     addr: request.remote_addr,
                     len: request.len,

@@ -35,4 +35,4 @@ pub mod wire;
 
 pub use board::{NoticeBoard, NoticeSource, NoticeStream};
 pub use inbox::{NoticeDrop, NoticeInbox, NoticeLimits, ReceivedNotice};
-pub use wire::{MAX_NOTICE_BYTES, NoticeFormatError, NoticeMessage};
+pub use wire::{MAX_NOTICE_BYTES, NoticeFormatError, NoticeMessage, ReleaseMessage};

@@ -1,14 +1,23 @@
 //! The notice message as it travels from a reader to an owner.
 //!
-//! Little-endian: `version = 1`, three zero bytes, `length: u32`,
-//! `sender: u64`, `sequence: u64`, then the notice's `length` bytes —
-//! [`HEADER_LEN`] + `length` in all, with `length` at most
-//! [`MAX_NOTICE_BYTES`]. `sender` is a number the reading engine draws at
-//! random when it starts; it numbers the notices it sends one owner from
-//! 1 upwards in `sequence`. See [`inbox`](super::inbox) for what the owner
-//! does with both.
+//! Little-endian: `version = 1`, `kind: u8`, two zero bytes,
+//! `length: u32`, `sender: u64`, `sequence: u64`, then the message's
+//! `length` bytes — [`HEADER_LEN`] + `length` in all, with `length` at
+//! most [`MAX_NOTICE_BYTES`]. `sender` is a number the reading engine
+//! draws at random when it starts; it numbers the messages it sends one
+//! owner from 1 upwards in `sequence`. See [`inbox`](super::inbox) for
+//! what the owner does with both.
 //!
-//! Decoding never panics and refuses an unknown version, non-zero
+//! `kind` 0 is a notice for the application ([`encode`], [`decode`]);
+//! kind 1 is the release of a descriptor lease ([`encode_release`],
+//! [`decode_release`]), whose 24 bytes are the lease's `region: u64` and
+//! `capability: [u8; 16]` as the lease's key carries them. The owner's
+//! engine consumes releases itself; [`decode`] refuses one, so a release
+//! never reaches an application's notice stream. Kind 1 was a reserved
+//! zero byte before releases existed, so an owner of that time drops a
+//! release as malformed.
+//!
+//! Decoding never panics and refuses an unknown version or kind, non-zero
 //! reserved bytes, a length over the bound and missing or trailing bytes:
 //! these bytes come from peers.
 
@@ -18,6 +27,23 @@ pub use rdmareg_core::MAX_NOTICE_BYTES;
 pub const HEADER_LEN: usize = 24;
 
 const VERSION: u8 = 1;
+const KIND_NOTICE: u8 = 0;
+const KIND_RELEASE: u8 = 1;
+/// Length of a release's bytes: region id and capability.
+pub const RELEASE_LEN: usize = 24;
+
+/// A decoded lease release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReleaseMessage {
+    /// The reading engine's random number.
+    pub sender: u64,
+    /// The sender's number for it, in the same series as its notices.
+    pub sequence: u64,
+    /// The owner's region id, from the lease's key.
+    pub region: u64,
+    /// The lease's capability, from its key.
+    pub capability: [u8; 16],
+}
 
 /// A decoded notice message, borrowing the bytes it arrived in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,14 +98,58 @@ pub fn encode(sender: u64, sequence: u64, bytes: &[u8]) -> Result<Vec<u8>, Notic
             length: bytes.len() as u64,
         });
     }
+    Ok(encode_kind(KIND_NOTICE, sender, sequence, bytes))
+}
+
+/// The message releasing the lease `capability` of `region`, as message
+/// number `sequence` of `sender`.
+pub fn encode_release(sender: u64, sequence: u64, region: u64, capability: &[u8; 16]) -> Vec<u8> {
+    let mut bytes = [0u8; RELEASE_LEN];
+    bytes[..8].copy_from_slice(&region.to_le_bytes());
+    bytes[8..].copy_from_slice(capability);
+    encode_kind(KIND_RELEASE, sender, sequence, &bytes)
+}
+
+/// Whether `message` claims to be a lease release (its version and kind
+/// bytes); [`decode_release`] checks the rest.
+pub fn is_release(message: &[u8]) -> bool {
+    message.len() >= 2 && message[0] == VERSION && message[1] == KIND_RELEASE
+}
+
+/// Decodes an untrusted lease release.
+///
+/// # Errors
+/// The [`NoticeFormatError`] naming the first thing wrong; a notice is
+/// [`NoticeFormatError::Reserved`] here, as a release is to [`decode`].
+pub fn decode_release(message: &[u8]) -> Result<ReleaseMessage, NoticeFormatError> {
+    let (header, bytes) = decode_kind(message, KIND_RELEASE)?;
+    if bytes.len() != RELEASE_LEN {
+        return Err(NoticeFormatError::LengthMismatch {
+            claimed: RELEASE_LEN,
+            carried: bytes.len(),
+        });
+    }
+    let mut region = [0u8; 8];
+    region.copy_from_slice(&bytes[..8]);
+    let mut capability = [0u8; 16];
+    capability.copy_from_slice(&bytes[8..]);
+    Ok(ReleaseMessage {
+        sender: u64_at(header, 8),
+        sequence: u64_at(header, 16),
+        region: u64::from_le_bytes(region),
+        capability,
+    })
+}
+
+fn encode_kind(kind: u8, sender: u64, sequence: u64, bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + bytes.len());
-    out.extend_from_slice(&[VERSION, 0, 0, 0]);
+    out.extend_from_slice(&[VERSION, kind, 0, 0]);
     // In range of u32: at most MAX_NOTICE_BYTES.
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
     out.extend_from_slice(&sender.to_le_bytes());
     out.extend_from_slice(&sequence.to_le_bytes());
     out.extend_from_slice(bytes);
-    Ok(out)
+    out
 }
 
 /// Decodes an untrusted notice message.
@@ -87,6 +157,16 @@ pub fn encode(sender: u64, sequence: u64, bytes: &[u8]) -> Result<Vec<u8>, Notic
 /// # Errors
 /// The [`NoticeFormatError`] naming the first thing wrong.
 pub fn decode(message: &[u8]) -> Result<NoticeMessage<'_>, NoticeFormatError> {
+    let (header, bytes) = decode_kind(message, KIND_NOTICE)?;
+    Ok(NoticeMessage {
+        sender: u64_at(header, 8),
+        sequence: u64_at(header, 16),
+        bytes,
+    })
+}
+
+/// The header and bytes of a message of `kind`, checked.
+fn decode_kind(message: &[u8], kind: u8) -> Result<(&[u8; HEADER_LEN], &[u8]), NoticeFormatError> {
     let (header, bytes) =
         message
             .split_first_chunk::<HEADER_LEN>()
@@ -96,7 +176,7 @@ pub fn decode(message: &[u8]) -> Result<NoticeMessage<'_>, NoticeFormatError> {
     if header[0] != VERSION {
         return Err(NoticeFormatError::Version(header[0]));
     }
-    if header[1..4] != [0, 0, 0] {
+    if header[1] != kind || header[2..4] != [0, 0] {
         return Err(NoticeFormatError::Reserved);
     }
     let mut length = [0u8; 4];
@@ -113,11 +193,7 @@ pub fn decode(message: &[u8]) -> Result<NoticeMessage<'_>, NoticeFormatError> {
             carried: bytes.len(),
         });
     }
-    Ok(NoticeMessage {
-        sender: u64_at(header, 8),
-        sequence: u64_at(header, 16),
-        bytes,
-    })
+    Ok((header, bytes))
 }
 
 fn u64_at(header: &[u8; HEADER_LEN], at: usize) -> u64 {
@@ -215,6 +291,49 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_release_has_the_documented_layout_and_round_trips() {
+        let message = encode_release(5, 9, 0x0102_0304_0506_0708, &[0xAB; 16]);
+        assert_eq!(&message[..4], &[1, 1, 0, 0], "version, kind 1, reserved");
+        assert_eq!(&message[4..8], &24u32.to_le_bytes());
+        assert_eq!(&message[24..32], &0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(&message[32..], &[0xAB; 16]);
+        assert!(is_release(&message));
+        assert_eq!(
+            decode_release(&message),
+            Ok(ReleaseMessage {
+                sender: 5,
+                sequence: 9,
+                region: 0x0102_0304_0506_0708,
+                capability: [0xAB; 16],
+            })
+        );
+    }
+
+    /// A release never reaches an application's stream as a notice, and
+    /// a notice never counts as a release.
+    #[test]
+    fn notices_and_releases_do_not_pass_for_each_other() {
+        let release = encode_release(5, 9, 1, &[7; 16]);
+        assert_eq!(decode(&release), Err(NoticeFormatError::Reserved));
+        let notice = encode(5, 9, &[0; RELEASE_LEN]).unwrap();
+        assert!(!is_release(&notice));
+        assert_eq!(decode_release(&notice), Err(NoticeFormatError::Reserved));
+        let mut short = release.clone();
+        short.pop();
+        short[4] = 23;
+        assert_eq!(
+            decode_release(&short),
+            Err(NoticeFormatError::LengthMismatch {
+                claimed: RELEASE_LEN,
+                carried: 23
+            })
+        );
+        let mut kind_two = release;
+        kind_two[1] = 2;
+        assert_eq!(decode_release(&kind_two), Err(NoticeFormatError::Reserved));
+    }
+
     proptest! {
         #[test]
         fn any_notice_round_trips(
@@ -233,7 +352,13 @@ mod tests {
         #[test]
         fn decoding_any_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             if let Ok(notice) = decode(&bytes) {
-                prop_assert_eq!(encode(notice.sender, notice.sequence, notice.bytes).unwrap(), bytes);
+                prop_assert_eq!(encode(notice.sender, notice.sequence, notice.bytes).unwrap(), bytes.clone());
+            }
+            if let Ok(release) = decode_release(&bytes) {
+                prop_assert_eq!(
+                    encode_release(release.sender, release.sequence, release.region, &release.capability),
+                    bytes
+                );
             }
         }
     }

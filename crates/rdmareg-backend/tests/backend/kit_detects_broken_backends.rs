@@ -9,16 +9,17 @@ use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use parking_lot::Mutex;
+use rdmareg_backend::BackendLease;
 use rdmareg_backend::conformance::{self, BackendPair, Capabilities};
 use rdmareg_backend::loopback::{FaultOp, LoopbackBackend, LoopbackFabric};
 use rdmareg_backend::{BackendGet, BackendRegion, PeerId, RdmaBackend, RdmaError};
-use rdmareg_core::{Notice, NoticeSender};
+use rdmareg_core::{LeaseEnd, LeaseTerms, Notice, NoticeSender};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flaw {
@@ -54,6 +55,12 @@ enum Flaw {
     SendsNoticesOfFailedReads,
     /// Sends every notice twice.
     SendsNoticesTwice,
+    /// Makes every lease last an hour, whatever expiry it was asked for.
+    ServesLeasesPastTheirExpiry,
+    /// Makes every lease a one-reader lease: the first release ends it.
+    EndsLeasesAtTheFirstRelease,
+    /// Reports every lease released as soon as it is made.
+    ReportsLeasesReleasedAtOnce,
 }
 
 struct Flawed {
@@ -218,6 +225,36 @@ unsafe impl RdmaBackend for Flawed {
 
     fn notice_sender(&self) -> Option<NoticeSender> {
         self.inner.notice_sender()
+    }
+
+    fn lease(
+        &self,
+        backend_region_id: u64,
+        mut terms: LeaseTerms,
+    ) -> BoxFuture<'_, Result<BackendLease, RdmaError>> {
+        Box::pin(async move {
+            terms.check(Instant::now())?;
+            match self.flaw {
+                Flaw::ServesLeasesPastTheirExpiry => {
+                    terms.expires_at = Instant::now() + Duration::from_secs(3600);
+                }
+                Flaw::EndsLeasesAtTheFirstRelease => terms.readers = 1,
+                _ => {}
+            }
+            let mut lease = self.inner.lease(backend_region_id, terms).await?;
+            if self.flaw == Flaw::ReportsLeasesReleasedAtOnce {
+                lease.released = Box::pin(async { LeaseEnd::Released });
+            }
+            Ok(lease)
+        })
+    }
+
+    fn release_lease(
+        &self,
+        peer: PeerId,
+        packed_key: Bytes,
+    ) -> BoxFuture<'_, Result<(), RdmaError>> {
+        self.inner.release_lease(peer, packed_key)
     }
 
     fn transfers_in_flight(&self, backend_region_id: u64) -> Option<usize> {
@@ -420,5 +457,26 @@ fn withheld_notice_check_catches_notices_sent_after_failed_reads() {
 fn notice_order_check_catches_notices_delivered_twice() {
     assert_only_the_flawed_backend_fails(Flaw::SendsNoticesTwice, |p| {
         Box::pin(conformance::notices_arrive_once_and_in_send_order(p))
+    });
+}
+
+#[test]
+fn lease_expiry_check_catches_leases_served_past_their_expiry() {
+    assert_only_the_flawed_backend_fails(Flaw::ServesLeasesPastTheirExpiry, |p| {
+        Box::pin(conformance::a_lease_serves_reads_until_its_expiry(p))
+    });
+}
+
+#[test]
+fn release_count_check_catches_leases_ended_by_one_reader() {
+    assert_only_the_flawed_backend_fails(Flaw::EndsLeasesAtTheFirstRelease, |p| {
+        Box::pin(conformance::a_release_counts_once_and_only_for_its_lease(p))
+    });
+}
+
+#[test]
+fn release_check_catches_leases_reported_released_at_once() {
+    assert_only_the_flawed_backend_fails(Flaw::ReportsLeasesReleasedAtOnce, |p| {
+        Box::pin(conformance::a_lease_ends_when_its_reader_released_it(p))
     });
 }

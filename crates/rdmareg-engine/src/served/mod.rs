@@ -14,6 +14,8 @@
 //! - [`owner`]: the owner side.
 //! - [`consumer`]: the consumer side: which reply may write a read's
 //!   destination, and when a read completes.
+//! - [`leases`]: descriptor leases, a descriptor handed out with an expiry
+//!   and a number of readers.
 //! - [`refusal`]: why an owner refused a read, and the caller's error.
 //! - [`wire`]: the UCX engine's request and reply formats, one way to
 //!   feed the owner and send its replies.
@@ -42,6 +44,7 @@
 //!   [`Owner::transport_closed`].
 
 pub mod consumer;
+pub mod leases;
 pub mod owner;
 pub mod refusal;
 pub mod wire;
@@ -51,6 +54,9 @@ mod scenarios;
 #[cfg(test)]
 mod sim;
 
+pub use leases::{
+    IgnoredRelease, LeaseEnd, LeaseReleased, LeaseTerms, MAX_LEASE_READERS, ReleaseOutcome,
+};
 pub use owner::{
     Action, EndpointLoad, ListEntryReply, ListLimits, Owner, OwnerConfig, Payload, Read, SendId,
     UnmapStatus,

@@ -101,12 +101,15 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::hash::Hash;
+use std::time::Instant;
 
 use rdmareg_core::RdmaError;
 use rustc_hash::FxHashMap as HashMap;
 
 pub use super::refusal::Refusal;
 use super::wire;
+use rdmareg_backend::leases::RegionLeases;
+pub use rdmareg_backend::leases::{LeaseReleased, LeaseTerms, ReleaseOutcome};
 
 /// A read as a consumer asks it: the fields every backend's request
 /// carries, decoded.
@@ -304,13 +307,16 @@ pub struct EndpointLoad {
 }
 
 #[derive(Debug)]
-struct Region {
+struct Region<E> {
     capability: [u8; 16],
     start: u64,
     end: u64,
     /// Served replies reading from the region whose send did not end.
     leases: u32,
     unmapping: bool,
+    /// Descriptor leases of the region, each reader named by its
+    /// connection and sender number (`super::leases`).
+    descriptor_leases: RegionLeases<(E, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -399,7 +405,7 @@ pub(crate) struct Defects {
 #[derive(Debug)]
 pub struct Owner<E> {
     bound: u32,
-    regions: BTreeMap<u64, Region>,
+    regions: BTreeMap<u64, Region<E>>,
     endpoints: HashMap<E, Endpoint>,
     sends: HashMap<SendId, Send<E>>,
     next_send: u64,
@@ -409,6 +415,10 @@ pub struct Owner<E> {
     dropped: u64,
     refused: u64,
     drained: bool,
+    /// The time the driver last gave, for descriptor leases' expiry.
+    now: Option<Instant>,
+    /// Whether any descriptor lease was ever registered.
+    leasing: bool,
     #[cfg(test)]
     pub(crate) defects: Defects,
 }
@@ -428,6 +438,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             dropped: 0,
             refused: 0,
             drained: false,
+            now: None,
+            leasing: false,
             #[cfg(test)]
             defects: Defects::default(),
         }
@@ -467,9 +479,89 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 end,
                 leases: 0,
                 unmapping: false,
+                descriptor_leases: RegionLeases::default(),
             },
         );
         Ok(())
+    }
+
+    /// Hands out `region` under a descriptor lease with `capability` (16
+    /// random bytes the driver drew for it) and `terms`; `now` is the
+    /// time, as [`Owner::set_time`] takes it. The future resolves when the
+    /// lease ended (`super::leases`).
+    ///
+    /// # Errors
+    /// [`RdmaError::RegionNotFound`] for a region the owner does not hold
+    /// or is unmapping; [`RdmaError::OutOfRange`] for terms
+    /// [`LeaseTerms::check`] refuses; [`RdmaError::ShuttingDown`] after
+    /// [`Owner::shutdown`].
+    pub fn register_lease(
+        &mut self,
+        region: u64,
+        capability: [u8; 16],
+        terms: LeaseTerms,
+        now: Instant,
+    ) -> Result<LeaseReleased, RdmaError> {
+        if self.stage != Stage::Running {
+            return Err(RdmaError::ShuttingDown);
+        }
+        self.set_time(now);
+        let now = self.now.unwrap_or(now);
+        let entry = self
+            .regions
+            .get_mut(&region)
+            .filter(|entry| !entry.unmapping)
+            .ok_or(RdmaError::RegionNotFound)?;
+        terms.check(now)?;
+        entry.descriptor_leases.sweep(now);
+        self.leasing = true;
+        Ok(entry.descriptor_leases.add(capability, terms))
+    }
+
+    /// A reader released a descriptor lease: `capability` of `region`,
+    /// arriving on `connection` from the reading engine `sender`. Counted
+    /// once per reader; see [`ReleaseOutcome`].
+    pub fn handle_release(
+        &mut self,
+        connection: E,
+        sender: u64,
+        region: u64,
+        capability: &[u8; 16],
+    ) -> ReleaseOutcome {
+        let now = self.now;
+        let Some(entry) = self.regions.get_mut(&region) else {
+            return ReleaseOutcome::Ignored(rdmareg_backend::leases::IgnoredRelease::UnknownLease);
+        };
+        let outcome = entry
+            .descriptor_leases
+            .release((connection, sender), capability, now);
+        tracing::debug!(region, ?outcome, "a descriptor lease release");
+        outcome
+    }
+
+    /// The time, for descriptor leases' expiry: a read under a lease is
+    /// served only while this is before the lease's expiry. The owner
+    /// reads no clock; a driver that registered leases gives the time
+    /// before each batch of requests. Time never goes back: an earlier
+    /// instant than one already given is ignored.
+    pub fn set_time(&mut self, now: Instant) {
+        if self.now.is_none_or(|before| now > before) {
+            self.now = Some(now);
+        }
+    }
+
+    /// Whether a descriptor lease was ever registered, so the driver must
+    /// give the time ([`Owner::set_time`]) before requests.
+    pub fn is_leasing(&self) -> bool {
+        self.leasing
+    }
+
+    /// Descriptor leases of `region` that have not ended at the time last
+    /// given (or not yet swept), if the owner holds the region.
+    pub fn live_descriptor_leases(&self, region: u64) -> Option<usize> {
+        self.regions
+            .get(&region)
+            .map(|entry| entry.descriptor_leases.live())
     }
 
     /// Starts the unmap of `region`: it serves no new read from now on, and
@@ -631,7 +723,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     }
 
     /// Judges `read` as [`Owner::handle_read`] does (it runs this check
-    /// first) — registration, capability, unmapping, range, in that order —
+    /// first) — registration, capability (the registration's or a
+    /// descriptor lease's), unmapping, the lease's end, range, in that order —
     /// but takes no lease,
     /// counts nothing under a bound and asks for no send: for a driver
     /// that copies the bytes of a served read out of the registration
@@ -643,12 +736,21 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             .regions
             .get(&read.region)
             .ok_or(Refusal::RegionUnknown)?;
-        if !capabilities_match(&region.capability, &read.capability) {
+        let under_lease = if capabilities_match(&region.capability, &read.capability) {
+            Ok(())
+        } else if region.descriptor_leases.is_empty() {
             return Err(Refusal::CapabilityMismatch);
-        }
+        } else {
+            region
+                .descriptor_leases
+                .judge(&read.capability, self.now)
+                .ok_or(Refusal::CapabilityMismatch)?
+                .map_err(|_| Refusal::LeaseExpired)
+        };
         if region.unmapping || self.stage == Stage::Closed {
             return Err(Refusal::Deregistering);
         }
+        under_lease?;
         let inside = read.length > 0
             && read.address >= region.start
             && read

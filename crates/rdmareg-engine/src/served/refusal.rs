@@ -5,7 +5,8 @@
 //! read alike whatever the transport: `OutOfRange` for a range the
 //! registration does not cover, `RegionNotFound` for a registration that is
 //! gone, going, or was never given to the consumer (a wrong capability says
-//! no more than "not yours"), `InvalidKey` for a request the owner could
+//! no more than "not yours"), `LeaseExpired` for a descriptor whose lease
+//! ended, `InvalidKey` for a request the owner could
 //! not parse, and a transient [`RdmaError::Backend`] for the rest (a busy
 //! owner, a sender it could not confirm, a code this build does not know),
 //! with a text saying which.
@@ -44,6 +45,9 @@ pub enum Refusal {
     /// The request came from another endpoint than the one the reply
     /// would go to. Decided by a driver, as [`Refusal::Unverified`].
     NotTheRequester,
+    /// The read names a descriptor lease that has ended: it expired, or
+    /// as many readers as it allowed released it (`served::leases`).
+    LeaseExpired,
     /// A refusal code this build does not know (decoded from a peer of a
     /// later release; never produced by [`Owner`](super::Owner)).
     Unrecognized(u8),
@@ -64,6 +68,7 @@ impl fmt::Display for Refusal {
             Refusal::NotTheRequester => {
                 f.write_str("the request came from another endpoint than its reply address")
             }
+            Refusal::LeaseExpired => f.write_str("the descriptor's lease has ended"),
             Refusal::Unrecognized(code) => write!(f, "refused with unknown code {code}"),
         }
     }
@@ -80,6 +85,7 @@ impl From<Refusal> for RdmaError {
                 RdmaError::RegionNotFound
             }
             Refusal::Malformed => RdmaError::InvalidKey,
+            Refusal::LeaseExpired => RdmaError::LeaseExpired,
             Refusal::Busy => RdmaError::backend(BUSY_TEXT),
             Refusal::Unverified => RdmaError::backend(UNVERIFIED_TEXT),
             Refusal::NotTheRequester => RdmaError::backend(NOT_THE_REQUESTER_TEXT),
@@ -117,6 +123,10 @@ mod tests {
             assert_eq!(RdmaError::from(gone), RdmaError::RegionNotFound, "{gone}");
         }
         assert_eq!(RdmaError::from(Refusal::Malformed), RdmaError::InvalidKey);
+        assert_eq!(
+            RdmaError::from(Refusal::LeaseExpired),
+            RdmaError::LeaseExpired
+        );
     }
 
     /// UCX's public refusal type was an `std::error::Error` before it

@@ -231,13 +231,14 @@ pub fn refusal_code(refusal: Refusal) -> u8 {
         Refusal::Deregistering => 4,
         Refusal::Malformed => MALFORMED,
         Refusal::Busy => 6,
+        Refusal::LeaseExpired => 7,
         Refusal::Unrecognized(code) if code > LAST_ASSIGNED => code,
         Refusal::Unrecognized(_) | Refusal::Unverified | Refusal::NotTheRequester => MALFORMED,
     }
 }
 
 const MALFORMED: u8 = 5;
-const LAST_ASSIGNED: u8 = 6;
+const LAST_ASSIGNED: u8 = 7;
 
 /// The refusal a non-zero status code names; a code this build does not
 /// know is [`Refusal::Unrecognized`].
@@ -249,6 +250,7 @@ pub fn refusal_of_code(code: u8) -> Refusal {
         4 => Refusal::Deregistering,
         MALFORMED => Refusal::Malformed,
         6 => Refusal::Busy,
+        7 => Refusal::LeaseExpired,
         other => Refusal::Unrecognized(other),
     }
 }
@@ -449,6 +451,7 @@ mod tests {
             (Refusal::Deregistering, 4),
             (Refusal::Malformed, 5),
             (Refusal::Busy, 6),
+            (Refusal::LeaseExpired, 7),
         ] {
             let reply = Reply {
                 request_id: 9,
@@ -472,6 +475,7 @@ mod tests {
                 RdmaError::OutOfRange => "OutOfRange",
                 RdmaError::RegionNotFound => "RegionNotFound",
                 RdmaError::InvalidKey => "InvalidKey",
+                RdmaError::LeaseExpired => "LeaseExpired",
                 RdmaError::Backend(_) if err.is_transient() => "transient Backend",
                 _ => "something else",
             };
@@ -479,6 +483,7 @@ mod tests {
                 3 => "OutOfRange",
                 1 | 2 | 4 => "RegionNotFound",
                 5 => "InvalidKey",
+                7 => "LeaseExpired",
                 _ => "transient Backend",
             };
             assert_eq!(kind, expected, "code {code}: {err}");

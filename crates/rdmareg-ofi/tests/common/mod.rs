@@ -92,7 +92,7 @@ pub fn engines_on(provider: Provider, path: ReadPath) -> (OfiEngine, OfiEngine) 
 pub fn backend_pair(provider: Provider) -> BackendPair {
     // Owner-served reads (the default on tcp and shm): the owner's engine
     // refuses a key of a region it no longer holds, on both providers.
-    let capabilities = Capabilities::full();
+    let capabilities = Capabilities::full().with_leases(false);
     let (owner, consumer) = engines(provider);
     let pair = BackendPair::new(
         Arc::new(owner.backend()),

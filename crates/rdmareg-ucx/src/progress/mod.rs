@@ -20,6 +20,7 @@ mod direct;
 mod events;
 mod gets;
 mod key_memo;
+mod leases;
 mod notices;
 mod ops;
 mod peers;
@@ -448,6 +449,20 @@ impl Handler for Engine {
 
     fn send_notice(&mut self, peer: rdmareg_core::PeerId, notice: Bytes, reply: Reply<()>) {
         Engine::send_notice(self, peer, notice, reply);
+    }
+
+    fn lease(
+        &mut self,
+        region: u64,
+        capability: [u8; 16],
+        terms: rdmareg_core::LeaseTerms,
+        reply: Reply<rdmareg_backend::BackendLease>,
+    ) {
+        self.make_lease(region, capability, terms, reply);
+    }
+
+    fn release_lease(&mut self, peer: rdmareg_core::PeerId, packed_key: Bytes, reply: Reply<()>) {
+        self.send_release(peer, packed_key, reply);
     }
 
     fn driver_command(&mut self, command: PeerChange) {

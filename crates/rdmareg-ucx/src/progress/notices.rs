@@ -13,7 +13,13 @@
 //! `Engine::notices_due`, and the thread sends it at the next drain of
 //! its records, before the caller hears of the read.
 //!
-//! The owner's handler feeds every message to the engine's notice board;
+//! The release of a descriptor lease travels the same way, as a message
+//! of the same series (`notices::wire`'s kind 1, the lease key's region
+//! and capability); the owner's handler hands it to the engine kit's owner,
+//! which counts it once per connection and sender, and never to the
+//! notice board.
+//!
+//! The owner's handler feeds every other message to the engine's notice board;
 //! a rendezvous message (which an honest reader never sends) is dropped
 //! and counted as malformed, since taking it would mean holding UCX's
 //! data past the handler.
@@ -30,7 +36,7 @@ use super::events::Events;
 use super::serve::reply_endpoint;
 use super::ucp::{SendMode, send_active_message};
 use crate::command::Reply;
-use crate::read_protocol::NOTICE_AM_ID;
+use crate::read_protocol::{NOTICE_AM_ID, ServedKey};
 use crate::status::{PtrStatus, backend_error};
 
 /// A notice being sent: the message UCX reads until the send completes.
@@ -42,6 +48,43 @@ struct NoticeSend {
 impl Engine {
     /// Sends `notice` (within the bound: the front checked it) to `peer`.
     pub(super) fn send_notice(&mut self, peer: PeerId, notice: Bytes, reply: Reply<()>) {
+        let sender = self.signals.notice_sender.0;
+        let length = notice.len() as u64;
+        self.send_message(peer, reply, |sequence| {
+            wire::encode(sender, sequence, &notice)
+                .map_err(|_| RdmaError::NoticeTooLarge { length })
+        });
+    }
+
+    /// Sends the release of the lease whose key is `packed_key` to `peer`,
+    /// as a message of the notice series (module docs of `leases`).
+    pub(super) fn send_release(&mut self, peer: PeerId, packed_key: Bytes, reply: Reply<()>) {
+        let key = match ServedKey::decode_lease(&packed_key) {
+            Ok(key) => key,
+            Err(_) => {
+                let _ = reply.send(Err(RdmaError::InvalidKey));
+                return;
+            }
+        };
+        let sender = self.signals.notice_sender.0;
+        self.send_message(peer, reply, |sequence| {
+            Ok(wire::encode_release(
+                sender,
+                sequence,
+                key.region_id,
+                &key.capability,
+            ))
+        });
+    }
+
+    /// Sends the message `encode` makes from the next sequence number of
+    /// this engine's notice series to `peer`.
+    fn send_message(
+        &mut self,
+        peer: PeerId,
+        reply: Reply<()>,
+        encode: impl FnOnce(u64) -> Result<Vec<u8>, RdmaError>,
+    ) {
         if self.events.tearing_down.get() {
             // No endpoint is opened once teardown began.
             let _ = reply.send(Err(RdmaError::ShuttingDown));
@@ -55,16 +98,14 @@ impl Engine {
             }
         };
         let sequence = self.events.notice_sequence.get() + 1;
-        self.events.notice_sequence.set(sequence);
-        let message = match wire::encode(self.signals.notice_sender.0, sequence, &notice) {
+        let message = match encode(sequence) {
             Ok(message) => message,
-            Err(_) => {
-                let _ = reply.send(Err(RdmaError::NoticeTooLarge {
-                    length: notice.len() as u64,
-                }));
+            Err(err) => {
+                let _ = reply.send(Err(err));
                 return;
             }
         };
+        self.events.notice_sequence.set(sequence);
         let record = Box::into_raw(Box::new(NoticeSend {
             events: &*self.events,
             message,
@@ -169,9 +210,6 @@ pub(super) unsafe extern "C" fn on_notice(
     // SAFETY: `arg` is the engine's boxed `Events` (see `Engine::start`),
     // alive until after the worker is destroyed.
     let events = unsafe { &*arg.cast::<Events>() };
-    let Some(board) = &events.notices else {
-        return sys::UCS_OK;
-    };
     // SAFETY: UCX passes a valid parameter record for the call's duration.
     let param = unsafe { &*param };
     let from = reply_endpoint(param).map_or(0, |ep| ep as usize);
@@ -184,8 +222,26 @@ pub(super) unsafe extern "C" fn on_notice(
         // for the handler's duration, and the slice does not outlive it.
         unsafe { std::slice::from_raw_parts(data.cast::<u8>(), length) }
     };
-    let _ = board.receive(from, message);
+    if wire::is_release(message) {
+        receive_release(events, from, message);
+    } else if let Some(board) = &events.notices {
+        let _ = board.receive(from, message);
+    }
     sys::UCS_OK
+}
+
+/// A release arrived on the connection `from`: the owner counts it.
+fn receive_release(events: &Events, from: usize, message: &[u8]) {
+    let release = match wire::decode_release(message) {
+        Ok(release) => release,
+        Err(err) => {
+            tracing::debug!(error = %err, "a malformed lease release was dropped");
+            return;
+        }
+    };
+    let mut owner = events.owner.borrow_mut();
+    owner.set_time(std::time::Instant::now());
+    owner.handle_release(from, release.sender, release.region, &release.capability);
 }
 
 /// Frees the records of notice sends UCX never completed. Returns how

@@ -202,6 +202,7 @@ pub(super) unsafe extern "C" fn on_read_list_request(
             MAX_GATHERED_BYTES
         },
     };
+    super::leases::give_time(events);
     events
         .owner
         .borrow_mut()

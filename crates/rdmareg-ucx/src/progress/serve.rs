@@ -107,6 +107,7 @@ pub(super) unsafe extern "C" fn on_read_request(
     let header = unsafe { handler_header(header, header_length) };
     // Whatever goes back, the consumer moves next.
     events.handed_off();
+    super::leases::give_time(events);
     events
         .owner
         .borrow_mut()
