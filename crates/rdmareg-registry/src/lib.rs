@@ -36,13 +36,16 @@ mod transfer_list;
 pub use config::{ConfigError, GRANULE, PoolConfig, RdmaConfig};
 pub use metrics::{GET_LATENCY_BUCKETS, LatencyHistogram, RegistryMetrics};
 pub use pool::{DescribeError, DescribedBuf, PinnedBuf, WithdrawError};
-pub use region::{RegionGuard, RegionView, RegionWatch, UnregisterOutcome, UnregisterOwnedError};
+pub use region::{
+    LeaseOutcome, LeasedDescriptor, ReadersDone, RegionGuard, RegionView, RegionWatch,
+    UnregisterOutcome, UnregisterOwnedError,
+};
 pub use registry::{RdmaRegistry, RegisterOwnedError};
 pub use shutdown::{ShutdownReport, SweptRegistry};
 pub use stats::RegistryStats;
 pub use transfer_list::TransferList;
 
 pub use rdmareg_core::{
-    Descriptor, DescriptorError, ErrorKind, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender,
-    PageRange, PeerId, RdmaError,
+    Descriptor, DescriptorError, ErrorKind, MAX_LEASE_READERS, MAX_NOTICE_BYTES, Notice,
+    NoticeDrops, NoticeSender, PageRange, PeerId, RdmaError,
 };

@@ -432,6 +432,35 @@ impl RdmaRegistry {
         result
     }
 
+    /// Tell `peer`, the owner that leased `descriptor`, that this reader is
+    /// done with it (`RegionGuard::lease`). The owner counts one release
+    /// per reader; like a notice it is not acknowledged, and a lost one
+    /// costs the owner only the wait until the lease's expiry.
+    ///
+    /// # Errors
+    /// [`RdmaError::InvalidKey`] for a descriptor that is not a lease of
+    /// this backend (another backend's, or a region's own);
+    /// [`RdmaError::NotConfigured`] for a peer the backend does not know;
+    /// [`RdmaError::ShuttingDown`]; [`RdmaError::Unsupported`] for a
+    /// backend without leases; the backend's send error.
+    pub async fn release_lease(
+        &self,
+        peer: PeerId,
+        descriptor: &Descriptor,
+    ) -> Result<(), RdmaError> {
+        let _ticket = self.inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
+        if descriptor.backend_key() != self.inner.backend_key {
+            return Err(RdmaError::InvalidKey);
+        }
+        let result = self
+            .inner
+            .backend
+            .release_lease(peer, descriptor.packed_key().clone())
+            .await;
+        self.inner.counters.outcome(&result);
+        result
+    }
+
     /// The notices readers send this registry's engine, oldest first. The
     /// queue behind it is bounded by the backend; what does not fit is
     /// dropped and counted in [`notice_drops`](Self::notice_drops). Several

@@ -105,13 +105,13 @@ pub use published::{PublishError, PublishFailure, PublishedRegion};
 pub use rdmareg_discovery as discovery;
 
 pub use rdmareg_core::{
-    Descriptor, DescriptorError, ErrorKind, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender,
-    PeerId, RdmaError,
+    Descriptor, DescriptorError, ErrorKind, MAX_LEASE_READERS, MAX_NOTICE_BYTES, Notice,
+    NoticeDrops, NoticeSender, PeerId, RdmaError,
 };
 pub use rdmareg_registry::{
-    DescribeError, DescribedBuf, LatencyHistogram, PinnedBuf, RdmaRegistry, RegionGuard,
-    RegisterOwnedError, RegistryMetrics, ShutdownReport, TransferList, UnregisterOutcome,
-    UnregisterOwnedError, WithdrawError,
+    DescribeError, DescribedBuf, LatencyHistogram, LeaseOutcome, LeasedDescriptor, PinnedBuf,
+    RdmaRegistry, ReadersDone, RegionGuard, RegisterOwnedError, RegistryMetrics, ShutdownReport,
+    TransferList, UnregisterOutcome, UnregisterOwnedError, WithdrawError,
 };
 pub use rdmareg_ucx::Transport;
 

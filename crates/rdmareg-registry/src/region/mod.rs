@@ -1,6 +1,7 @@
 //! Registered regions: the owner's [`RegionGuard`] (the one handle that can
 //! end a registration, so not `Clone`) and the observers' [`RegionWatch`].
 
+mod leases;
 mod owned;
 pub(crate) mod state;
 mod watch;
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use rdmareg_core::{Descriptor, PageRange, RdmaError};
 
+pub use leases::{LeaseOutcome, LeasedDescriptor, ReadersDone};
 pub(crate) use owned::OwnedBuffer;
 pub use state::UnregisterOutcome;
 use state::{RegionState, deregister, spawn_background_deregistration};

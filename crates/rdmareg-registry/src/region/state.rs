@@ -71,6 +71,8 @@ pub(crate) struct RegionState {
     pub(crate) latch: Latch,
     owned: Option<Mutex<OwnedSlot>>,
     registry: Weak<Inner>,
+    /// Descriptor leases handed out, until they ended.
+    pub(crate) leases: super::leases::RegionLeaseList,
 }
 
 // SAFETY: the state never dereferences the raw pointer itself; reads
@@ -113,6 +115,7 @@ impl RegionState {
                 })
             }),
             registry,
+            leases: super::leases::RegionLeaseList::default(),
         }
     }
 

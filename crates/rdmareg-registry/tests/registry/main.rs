@@ -9,6 +9,7 @@ mod common;
 mod describe;
 mod destinations;
 mod latch;
+mod leases;
 mod lists;
 mod metrics;
 mod model;
