@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use rdmareg_core::PeerId;
+use rdmareg_core::{PeerId, RdmaError};
 use tokio::net::TcpStream;
 
 use crate::bootstrap::{Message, OfferedRange, Tally};
@@ -218,6 +218,17 @@ async fn transfer_all(
             break;
         }
         transfer.latencies.push(issued.elapsed());
+        // A range offered under a lease is released once read, so its
+        // owner may free it; a plain descriptor is no lease, and its key
+        // says so.
+        match node.registry.release_lease(OWNER, &range.descriptor).await {
+            Ok(()) | Err(RdmaError::InvalidKey | RdmaError::Unsupported { .. }) => {}
+            Err(e) => {
+                transfer.failure =
+                    Some(format!("releasing the lease of range {index} failed ({e})"));
+                break;
+            }
+        }
         transfer.read += 1;
         transfer.bytes += len as u64;
         if pattern::checksum(&destination[..len]) != range.crc32 {

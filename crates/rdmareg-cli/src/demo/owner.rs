@@ -2,6 +2,11 @@
 //! buffers filled with a known pattern, offers their descriptors to one
 //! consumer, frees each pool buffer as soon as the consumer's notice says
 //! it was read, and shuts down only after the consumer says it is done.
+//!
+//! The external region's ranges are offered under descriptor leases, one
+//! per range (one reader, [`LEASE_TTL`]): the owner unregisters the region
+//! as soon as every lease was released by the consumer or expired, and
+//! says how many ended which way.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -11,7 +16,9 @@ use std::collections::HashSet;
 use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use futures::channel::oneshot;
-use rdmareg_registry::{DescribedBuf, RegionGuard, UnregisterOutcome};
+use rdmareg_registry::{
+    DescribedBuf, LeaseOutcome, LeasedDescriptor, RdmaError, RegionGuard, UnregisterOutcome,
+};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -31,7 +38,14 @@ struct Holdings {
     memory: ExternalMemory,
     buffers: Vec<DescribedBuf>,
     offered: Vec<OfferedRange>,
+    /// One lease per range of the external region; empty on a backend
+    /// without leases, whose ranges are offered with plain descriptors.
+    leases: Vec<LeasedDescriptor>,
 }
+
+/// How long a range's lease lasts: well past any demo's transfer, so a
+/// lease ends by expiry only when its reader is gone.
+const LEASE_TTL: Duration = Duration::from_secs(60);
 
 /// Serve one consumer on `listen`.
 pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
@@ -66,6 +80,7 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         memory,
         buffers,
         offered,
+        leases,
     } = holdings;
     let external_ranges = offered.len() - buffers.len();
     let (stop_releasing, releasing) = release_on_notices(&node, buffers, external_ranges);
@@ -81,6 +96,20 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         releases.external_read.len(),
         external_ranges
     );
+    if !leases.is_empty() {
+        let ended = leases_ended(&leases, bounds.teardown).await;
+        println!(
+            "{} of {} leased ranges of the external region released by their reader, {} by expiry{}",
+            ended.released,
+            leases.len(),
+            ended.expired,
+            if ended.unfinished > 0 {
+                format!(", {} still leased at shutdown", ended.unfinished)
+            } else {
+                String::new()
+            }
+        );
+    }
     let buffers = releases.buffers;
     let watch = region.watch();
     // `Some(true)`: released; `Some(false)`: unknown, leak it; `None`: the
@@ -213,6 +242,37 @@ async fn serve(
     Ok(Served { control, outcome })
 }
 
+/// How the external region's leases ended.
+#[derive(Default)]
+struct LeasesEnded {
+    released: usize,
+    expired: usize,
+    /// Not ended within the wait (their reader neither released them nor
+    /// did they expire yet), or withdrawn by the engine.
+    unfinished: usize,
+}
+
+/// Waits at most `patience` for every lease to end (releases still on
+/// their way after the consumer's "done" arrive meanwhile), and counts how
+/// each ended. The region is unregistered right after, whatever is left:
+/// its unmap waits for any read still being served.
+async fn leases_ended(leases: &[LeasedDescriptor], patience: Duration) -> LeasesEnded {
+    let ends = futures::future::join_all(leases.iter().map(|lease| {
+        let ended = lease.ended();
+        async move { tokio::time::timeout(patience, ended).await.ok() }
+    }))
+    .await;
+    let mut counts = LeasesEnded::default();
+    for end in ends {
+        match end {
+            Some(LeaseOutcome::Released) => counts.released += 1,
+            Some(LeaseOutcome::Expired) => counts.expired += 1,
+            _ => counts.unfinished += 1,
+        }
+    }
+    counts
+}
+
 /// How long notices still on their way after the consumer's "done" may
 /// take to arrive.
 const NOTICES_IN_FLIGHT: Duration = Duration::from_millis(200);
@@ -311,8 +371,18 @@ async fn register(node: &Node, args: &DemoArgs) -> anyhow::Result<Holdings> {
             return Err(e).context("registering the external region");
         }
     };
+    let mut leases = Vec::with_capacity(external_ranges);
     for (index, crc32) in checksums.into_iter().enumerate() {
-        let descriptor = region.descriptor_range((index * size) as u64, size as u64)?;
+        let (offset, len) = ((index * size) as u64, size as u64);
+        let descriptor = match region.lease(1, LEASE_TTL).await {
+            Ok(lease) => {
+                let descriptor = lease.descriptor().slice(offset, len)?;
+                leases.push(lease);
+                descriptor
+            }
+            Err(RdmaError::Unsupported { .. }) => region.descriptor_range(offset, len)?,
+            Err(e) => return Err(e).context("leasing a range of the external region"),
+        };
         offered.push(OfferedRange { descriptor, crc32 });
     }
 
@@ -336,6 +406,7 @@ async fn register(node: &Node, args: &DemoArgs) -> anyhow::Result<Holdings> {
         memory,
         buffers,
         offered,
+        leases,
     })
 }
 
