@@ -42,6 +42,7 @@ fn main() -> std::io::Result<()> {
         ("ofi_read_protocol", ofi_read_protocol_seeds()),
         ("bootstrap_message", bootstrap_seeds(&keys)),
         ("notice_message", notice_seeds()),
+        ("lease_release", lease_seeds()),
     ] {
         let dir = corpus.join(target);
         std::fs::create_dir_all(&dir)?;
@@ -134,6 +135,33 @@ fn notice_seeds() -> Vec<(String, Vec<u8>)> {
         ("empty_notice".into(), notice(7, b"")),
         ("stream".into(), stream),
         ("flood".into(), flood),
+    ]
+}
+
+/// A release alone, and streams of lease events as `lease_release` reads
+/// its input: a control byte (top three bits: 0 make, 1 time, 2-3
+/// release with a second byte naming the lease, else read).
+fn lease_seeds() -> Vec<(String, Vec<u8>)> {
+    use rdmareg_engine::notices::wire::encode_release;
+    const MAKE_TWO_READERS_4MS: u8 = 0x0D;
+    const TIME_2MS: u8 = 0x22;
+    const TIME_5MS: u8 = 0x25;
+    const READ_0: u8 = 0xE0;
+    let release = |reader: u8, lease: u8| vec![0x40 | reader, lease];
+    let stream = [
+        vec![MAKE_TWO_READERS_4MS, READ_0],
+        release(0, 0),
+        release(0, 0),
+        vec![READ_0],
+        release(1, 0),
+        vec![READ_0, TIME_2MS],
+        release(2, 0x80),
+        vec![MAKE_TWO_READERS_4MS, TIME_5MS, 0xE1],
+    ]
+    .concat();
+    vec![
+        ("one_release".into(), encode_release(7, 1, 3, &[9; 16])),
+        ("stream".into(), stream),
     ]
 }
 

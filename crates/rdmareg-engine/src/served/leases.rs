@@ -3,8 +3,8 @@
 //! reads, releases and time.
 
 pub use rdmareg_backend::leases::{
-    ENDED_REMEMBERED, IgnoredRelease, LeaseEnd, LeaseReleased, LeaseTerms, MAX_LEASE_READERS,
-    ReleaseOutcome,
+    ENDED_REMEMBERED, IgnoredRelease, LeaseEnd, LeaseEnded, LeaseReleased, LeaseTerms,
+    MAX_LEASE_READERS, RegionLeases, ReleaseOutcome,
 };
 
 #[cfg(test)]
