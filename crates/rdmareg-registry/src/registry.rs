@@ -545,6 +545,47 @@ impl RdmaRegistry {
         transfer_list::post(&self.inner, list, buffers).await
     }
 
+    /// [`post`](Self::post) `list`, then send `notice` to the list's peer
+    /// once every entry completed successfully; if any failed, the notice
+    /// is withheld (never sent), as for
+    /// [`get_with_notice`](Self::get_with_notice).
+    ///
+    /// The outer result is `post`'s, or the notice's own error after a
+    /// list that read in full; the inner results are each entry's.
+    ///
+    /// # Errors
+    /// [`RdmaError::NoticeTooLarge`], and [`RdmaError::Unsupported`] for a
+    /// backend without notices, before anything is read; otherwise as
+    /// [`post`](Self::post) and [`notify`](Self::notify).
+    ///
+    /// # Cancel safety
+    /// As [`post`](Self::post); a notice whose list completed may or may
+    /// not be sent.
+    pub async fn post_with_notice(
+        &self,
+        list: &TransferList,
+        buffers: &mut [PinnedBuf],
+        notice: impl Into<Bytes>,
+    ) -> Result<Vec<Result<(), RdmaError>>, RdmaError> {
+        let notice = notice.into();
+        if notice.len() > rdmareg_core::MAX_NOTICE_BYTES {
+            return Err(RdmaError::NoticeTooLarge {
+                length: notice.len() as u64,
+            });
+        }
+        if self.inner.backend.notice_sender().is_none() {
+            // Nothing to send it with: refuse before reading.
+            return Err(RdmaError::Unsupported {
+                operation: "notices",
+            });
+        }
+        let results = self.post(list, buffers).await?;
+        if !results.is_empty() && results.iter().all(Result::is_ok) {
+            self.notify(list.peer(), notice).await?;
+        }
+        Ok(results)
+    }
+
     /// The one-shot form of [`post`](Self::post): read each `(src, buffer,
     /// offset)` from `peer` as one batch.
     ///

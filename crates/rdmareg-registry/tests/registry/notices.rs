@@ -178,3 +178,65 @@ async fn a_notice_to_an_unknown_peer_is_not_configured() {
     shut_down(&consumer).await;
     shut_down(&owner).await;
 }
+
+/// A list's notice reaches the owner once every entry landed; a list
+/// with one failed entry withholds it, so the first notice the owner then
+/// sees is a later one.
+#[tokio::test(start_paused = true)]
+async fn a_lists_notice_follows_its_entries_and_only_whole_lists() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let mut notices = owner.registry.notices().unwrap();
+    let source = owner
+        .registry
+        .register_owned(pattern(8000, 6))
+        .await
+        .unwrap();
+    let mut list = consumer.registry.transfer_list(OWNER);
+    list.push(&source.descriptor_range(0, 1000).unwrap(), 0, 0)
+        .unwrap();
+    list.push(&source.descriptor_range(5000, 1000).unwrap(), 0, 1000)
+        .unwrap();
+    let mut buffers = vec![consumer.registry.alloc_pinned(2000).await.unwrap()];
+    let answers = consumer
+        .registry
+        .post_with_notice(&list, &mut buffers, "list done")
+        .await
+        .unwrap();
+    assert_eq!(answers, vec![Ok(()); 2]);
+    assert_eq!(&buffers[0][1000..], &pattern(8000, 6)[5000..6000]);
+    assert_eq!(&next_notice(&mut notices).await.bytes[..], b"list done");
+
+    let stale = owner
+        .registry
+        .register_owned(pattern(1000, 1))
+        .await
+        .unwrap();
+    let stale_descriptor = stale.descriptor().unwrap();
+    stale.unregister(Duration::from_secs(1)).await.unwrap();
+    let mut half_stale = consumer.registry.transfer_list(OWNER);
+    half_stale
+        .push(&source.descriptor_range(0, 1000).unwrap(), 0, 0)
+        .unwrap();
+    half_stale.push(&stale_descriptor, 0, 1000).unwrap();
+    let answers = consumer
+        .registry
+        .post_with_notice(&half_stale, &mut buffers, "withheld")
+        .await
+        .unwrap();
+    assert_eq!(answers[0], Ok(()));
+    assert!(answers[1].is_err());
+    consumer.registry.notify(OWNER, "marker").await.unwrap();
+    assert_eq!(&next_notice(&mut notices).await.bytes[..], b"marker");
+    assert_eq!(
+        consumer
+            .registry
+            .post_with_notice(&list, &mut buffers, vec![0; MAX_NOTICE_BYTES + 1])
+            .await,
+        Err(RdmaError::NoticeTooLarge {
+            length: MAX_NOTICE_BYTES as u64 + 1
+        })
+    );
+    drop((source, buffers));
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
+}
