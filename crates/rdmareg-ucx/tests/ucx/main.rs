@@ -25,6 +25,7 @@ mod conformance_same_host;
 mod conformance_tcp;
 mod fd_exhaustion;
 mod gathered_reads;
+mod leases_from_hostile_readers;
 mod list_pieces_from_a_real_owner;
 mod list_replies_from_a_hostile_owner;
 mod list_replies_from_a_real_owner;
