@@ -39,6 +39,9 @@ pub enum ReadPath {
     /// providers with hardware RMA (`verbs`, `efa`, `cxi`): untested here.
     /// On `tcp` and `shm` this path lets a read in flight outlive the unmap
     /// of its region, and `shm` serves stale keys (see `docs/ofi.md`).
+    /// Reads under a descriptor lease are owner-served on this path too
+    /// (the owner posts request receives with its first lease), so a lease
+    /// still ends them.
     OneSided,
 }
 

@@ -519,10 +519,12 @@ impl Fabric {
     ) -> Result<MemoryRegion, RdmaError> {
         let mut mr: *mut ffi::fid_mr = ptr::null_mut();
         // Served regions are only sent from or received into; no peer is
-        // given a key the provider would honour.
+        // given a key the provider would honour. One-sided regions are also
+        // sent from and received into, for reads under descriptor leases,
+        // which are served on that path too (`progress::leases`).
         let access = match self.read_path {
             ReadPath::OwnerServed => ffi::FI_SEND | ffi::FI_RECV,
-            ReadPath::OneSided => ffi::FI_READ | ffi::FI_REMOTE_READ,
+            ReadPath::OneSided => ffi::FI_READ | ffi::FI_REMOTE_READ | ffi::FI_SEND | ffi::FI_RECV,
         };
         // SAFETY: the domain is live; the caller keeps the range allocated;
         // `mr` is a live out-pointer.

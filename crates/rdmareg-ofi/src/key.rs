@@ -5,9 +5,9 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 1 | version, `2` |
-//! | 1 | 1 | flags: bit 0 = [`FLAG_VIRT_ADDR`], bit 1 = [`FLAG_OWNER_SERVED`]. Other bits must be zero |
+//! | 1 | 1 | flags: bit 0 = [`FLAG_VIRT_ADDR`], bit 1 = [`FLAG_OWNER_SERVED`], bit 2 = [`FLAG_LEASE`] (only as `FLAG_OWNER_SERVED | FLAG_LEASE`). Other bits must be zero |
 //! | 2 | 8 | `region_id`: the owner engine's id of the registration, never reused by that engine (non-zero) |
-//! | 10 | 16 | `capability`: 16 random bytes drawn for this registration |
+//! | 10 | 16 | `capability`: 16 random bytes drawn for this registration (for a lease key, for the lease) |
 //! | 26 | 8 | `mr_key`: the memory region's key (`fi_mr_key`); zero on an owner-served key |
 //! | 34 | 8 | `base`: the address the owner registered |
 //! | 42 | 8 | `len`: the length it registered (non-zero, `base + len` does not overflow) |
@@ -23,6 +23,25 @@
 //! let the consumer refuse a read outside the registration before anything
 //! is sent, and a key is used only against the peer whose fabric address it
 //! carries.
+//!
+//! # Lease keys
+//!
+//! A **lease key** (flags exactly `FLAG_OWNER_SERVED | FLAG_LEASE`, so no
+//! memory key and offsets rather than virtual addresses) is what
+//! `RdmaBackend::lease` issues: the registration's `region_id`, `base`,
+//! `len` and owner address with the *lease's* capability. It is always
+//! owner-served, whatever read path the owner's engine uses for the
+//! region's own key, because only the owner can refuse a read once the
+//! lease ended (a one-sided `fi_read` would go on reading). The flag lets a
+//! reader's release refuse a key that is no lease
+//! ([`PackedKey::decode_lease`]), and keeps a lease key out of
+//! [`PackedKey::decode`], which takes registration keys only, so what
+//! `decode` accepts stays canonical.
+//!
+//! The layout version stays 2: every version-2 decoder before lease keys
+//! refused a flag bit other than bits 0 and 1, so an earlier build refuses
+//! a lease key as [`RdmaError::InvalidKey`] rather than read it as a
+//! registration's key.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use rdmareg_core::RdmaError;
@@ -33,6 +52,9 @@ pub const KEY_VERSION: u8 = 2;
 pub const FLAG_VIRT_ADDR: u8 = 1;
 /// Flag bit: the owner serves reads of this key itself.
 pub const FLAG_OWNER_SERVED: u8 = 2;
+/// Flag bit: a lease key (module docs, "Lease keys"); set only together
+/// with [`FLAG_OWNER_SERVED`].
+pub const FLAG_LEASE: u8 = 4;
 /// Bytes before the fabric address.
 pub const HEADER_LEN: usize = 52;
 /// Bytes of a registration's capability.
@@ -40,6 +62,15 @@ pub const CAPABILITY_LEN: usize = 16;
 /// The longest fabric address accepted (a provider's string address, such as
 /// shm's, is well below this; sockaddr formats are 16 or 28 bytes).
 pub const MAX_FABRIC_ADDRESS: usize = 256;
+
+/// Whose capability a key carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// The registration's own key.
+    Registration,
+    /// A descriptor lease's key (module docs, "Lease keys").
+    Lease,
+}
 
 /// A decoded, validated key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,9 +95,8 @@ pub struct PackedKey {
 }
 
 impl PackedKey {
-    /// The wire form.
+    /// The wire form of this registration key.
     pub fn encode(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(HEADER_LEN + self.owner.len());
         let mut flags = 0;
         if self.virt_addr {
             flags |= FLAG_VIRT_ADDR;
@@ -74,6 +104,26 @@ impl PackedKey {
         if self.owner_served {
             flags |= FLAG_OWNER_SERVED;
         }
+        self.encode_with(flags)
+    }
+
+    /// The wire form of the lease key with this key's region, range, owner
+    /// and capability (the lease's). A lease key is owner-served with no
+    /// memory key and offset addresses, whatever `owner_served`, `mr_key`
+    /// and `virt_addr` say; [`PackedKey::decode_lease`] gives it back with
+    /// those set so.
+    pub fn encode_lease(&self) -> Bytes {
+        PackedKey {
+            owner_served: true,
+            virt_addr: false,
+            mr_key: 0,
+            ..self.clone()
+        }
+        .encode_with(FLAG_OWNER_SERVED | FLAG_LEASE)
+    }
+
+    fn encode_with(&self, flags: u8) -> Bytes {
+        let mut out = BytesMut::with_capacity(HEADER_LEN + self.owner.len());
         out.put_u8(KEY_VERSION);
         out.put_u8(flags);
         out.put_u64_le(self.region_id);
@@ -86,17 +136,56 @@ impl PackedKey {
         out.freeze()
     }
 
-    /// Validates untrusted bytes.
+    /// Validates untrusted bytes that must be a registration's key.
     ///
     /// # Errors
-    /// [`RdmaError::InvalidKey`] for anything but a well-formed version-2 key.
+    /// [`RdmaError::InvalidKey`] for anything but a well-formed version-2
+    /// registration key (a lease key included).
     pub fn decode(bytes: &Bytes) -> Result<PackedKey, RdmaError> {
+        match PackedKey::decode_any(bytes)? {
+            (key, KeyKind::Registration) => Ok(key),
+            (_, KeyKind::Lease) => Err(RdmaError::InvalidKey),
+        }
+    }
+
+    /// Validates untrusted bytes that must be a lease key.
+    ///
+    /// # Errors
+    /// [`RdmaError::InvalidKey`] for anything but a well-formed version-2
+    /// lease key (a registration's key included).
+    pub fn decode_lease(bytes: &Bytes) -> Result<PackedKey, RdmaError> {
+        match PackedKey::decode_any(bytes)? {
+            (key, KeyKind::Lease) => Ok(key),
+            (_, KeyKind::Registration) => Err(RdmaError::InvalidKey),
+        }
+    }
+
+    /// Validates untrusted bytes that may be either kind of key: what a
+    /// read accepts. The key re-encodes to exactly `bytes` with
+    /// [`PackedKey::encode`] or [`PackedKey::encode_lease`], as its kind
+    /// says.
+    ///
+    /// # Errors
+    /// [`RdmaError::InvalidKey`] for anything but a well-formed version-2
+    /// key of either kind.
+    pub fn decode_any(bytes: &Bytes) -> Result<(PackedKey, KeyKind), RdmaError> {
         if bytes.len() < HEADER_LEN || bytes.len() > HEADER_LEN + MAX_FABRIC_ADDRESS {
             return Err(RdmaError::InvalidKey);
         }
-        if bytes[0] != KEY_VERSION || bytes[1] & !(FLAG_VIRT_ADDR | FLAG_OWNER_SERVED) != 0 {
+        let flags = bytes[1];
+        if bytes[0] != KEY_VERSION
+            || flags & !(FLAG_VIRT_ADDR | FLAG_OWNER_SERVED | FLAG_LEASE) != 0
+        {
             return Err(RdmaError::InvalidKey);
         }
+        let kind = if flags & FLAG_LEASE == 0 {
+            KeyKind::Registration
+        } else if flags == FLAG_OWNER_SERVED | FLAG_LEASE {
+            KeyKind::Lease
+        } else {
+            // A lease key is owner-served and names offsets.
+            return Err(RdmaError::InvalidKey);
+        };
         let u64_at = |at: usize| {
             let mut raw = [0u8; 8];
             raw.copy_from_slice(&bytes[at..at + 8]);
@@ -115,20 +204,21 @@ impl PackedKey {
         if region_id == 0 || base == 0 || len == 0 || base.checked_add(len).is_none() {
             return Err(RdmaError::InvalidKey);
         }
-        let owner_served = bytes[1] & FLAG_OWNER_SERVED != 0;
+        let owner_served = flags & FLAG_OWNER_SERVED != 0;
         if owner_served && mr_key != 0 {
             return Err(RdmaError::InvalidKey);
         }
-        Ok(PackedKey {
+        let key = PackedKey {
             owner_served,
-            virt_addr: bytes[1] & FLAG_VIRT_ADDR != 0,
+            virt_addr: flags & FLAG_VIRT_ADDR != 0,
             region_id,
             capability,
             mr_key,
             base,
             len,
             owner: bytes.slice(HEADER_LEN..),
-        })
+        };
+        Ok((key, kind))
     }
 
     /// Whether `len` bytes at `remote_addr` lie inside the registration.
@@ -251,6 +341,57 @@ mod tests {
         };
         assert_eq!(
             PackedKey::decode(&forged.encode()),
+            Err(RdmaError::InvalidKey)
+        );
+    }
+
+    /// A lease key carries flag bit 2 beside the owner-served bit: only
+    /// the lease decoders take it, it round-trips, and a registration's
+    /// key is no lease.
+    #[test]
+    fn a_lease_key_is_told_apart_from_the_registrations_key_by_its_flag() {
+        let one_sided = sample();
+        let lease = one_sided.encode_lease();
+        assert_eq!(lease[1], FLAG_OWNER_SERVED | FLAG_LEASE);
+        let expected = PackedKey {
+            owner_served: true,
+            virt_addr: false,
+            mr_key: 0,
+            ..sample()
+        };
+        assert_eq!(PackedKey::decode_lease(&lease), Ok(expected.clone()));
+        assert_eq!(
+            PackedKey::decode_any(&lease),
+            Ok((expected.clone(), KeyKind::Lease))
+        );
+        assert_eq!(expected.encode_lease(), lease, "canonical");
+        assert_eq!(PackedKey::decode(&lease), Err(RdmaError::InvalidKey));
+        let registration = expected.encode();
+        assert_eq!(
+            PackedKey::decode_lease(&registration),
+            Err(RdmaError::InvalidKey)
+        );
+        assert_eq!(
+            PackedKey::decode_any(&registration),
+            Ok((expected, KeyKind::Registration))
+        );
+    }
+
+    /// The lease flag alone, or with the virtual-address flag, or a lease
+    /// naming a memory key, is no key at all.
+    #[test]
+    fn a_lease_flag_without_the_owner_served_layout_is_refused() {
+        let lease = sample().encode_lease().to_vec();
+        for flags in [FLAG_LEASE, FLAG_LEASE | FLAG_VIRT_ADDR, 7] {
+            let mut bad = lease.clone();
+            bad[1] = flags;
+            let bad = Bytes::from(bad);
+            assert_eq!(PackedKey::decode_any(&bad), Err(RdmaError::InvalidKey));
+        }
+        let mut with_mr_key = lease;
+        with_mr_key[26] = 1;
+        assert_eq!(
+            PackedKey::decode_lease(&Bytes::from(with_mr_key)),
             Err(RdmaError::InvalidKey)
         );
     }

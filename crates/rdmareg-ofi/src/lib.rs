@@ -42,6 +42,15 @@
 //!   read and copies the served ones into one reply in one loop turn, and
 //!   the consumer writes an entry only if the reply's length adds up. Each
 //!   entry has its own result.
+//! - **Descriptor leases** (`RdmaBackend::lease`, contract point 11): a
+//!   lease key is an owner-served key with the lease's capability and a
+//!   flag of its own ([`key`], "Lease keys"), on either read path, so the
+//!   owner's engine judges every read under it (by the engine kit's owner,
+//!   at the time it serves it) and refuses it
+//!   [`LeaseExpired`](rdmareg_core::RdmaError::LeaseExpired) once the lease
+//!   ended. A one-sided engine posts request receives with its first
+//!   lease for that. A reader's release is a message of its notice series,
+//!   counted by the owner once per reader.
 //! - Packed keys ([`key`]) and peer fabric addresses are validated in full
 //!   before libfabric sees them; a key is used only against the peer whose
 //!   address it names, for a range inside its registration.
@@ -54,7 +63,9 @@
 //! - [`ReadPath::OneSided`] (`fi_read`, the default for
 //!   [`Provider::Named`]) is for providers with hardware RMA and is untested
 //!   here; on `tcp` and `shm` it does not stop reads in flight when a
-//!   region is unmapped (`docs/ofi.md`, "The one-sided path").
+//!   region is unmapped (`docs/ofi.md`, "The one-sided path"). Only its
+//!   lease reads, which are owner-served, are tested over `tcp` and `shm`
+//!   (`tests/ofi/leases_on_the_one_sided_path.rs`).
 //! - On `shm` a killed owner is not detected: its read ends by itself or at
 //!   its deadline. Over `tcp` a peer no message can be sent to for
 //!   [`OfiConfig::unreachable_after`] is declared unreachable and its reads

@@ -90,10 +90,13 @@ impl Engine {
     /// again or send again where the owner or the connection calls for it,
     /// else hand the outcome to the consumer machine.
     fn read_ended(&mut self, slot: usize, result: Result<(usize, u64, u64), (i32, String)>) {
-        let served = self.owner_served();
         let Some(op) = self.ops[slot].as_mut() else {
             return;
         };
+        // Asked of the owner (a request id is never 0), rather than read
+        // with `fi_read`: every read on the owner-served path, and reads
+        // under a lease on the one-sided one.
+        let served = op.request_id != 0;
         let expired = op.expired_at.is_some();
         let failure = op.failure.take();
         let (expected, request_id, fi_addr) = (op.len, op.request_id, op.fi_addr);

@@ -29,6 +29,10 @@
 //! and a closed connection is resent on a new one
 //! (`Engine::resend_on_new_connection`); see "Hostile peers" there.
 //!
+//! Reads under a descriptor lease are such requests on either read path,
+//! judged by the same owner machine at the time they are served
+//! (`leases`); releases arrive as notice messages (`notices`).
+//!
 //! # Dead peers
 //!
 //! Over `tcp;ofi_rxm` a dead peer shows only as sends that never post, so a
@@ -75,6 +79,7 @@ use crate::key::CAPABILITY_LEN;
 use crate::protocol::{GATHER_TOTAL_MAX, MAX_LIST_ENTRIES};
 
 mod completions;
+mod leases;
 mod notices;
 mod peers;
 mod reads;
@@ -288,7 +293,7 @@ struct Op {
     /// Owner-served: the request to send once the receive is posted, and
     /// its id (the reply's tag).
     request: Option<(u64, Vec<u8>)>,
-    /// Owner-served: the request id (0 on the one-sided path).
+    /// Owner-served: the request id (0 for a one-sided `fi_read`).
     request_id: u64,
     /// Why the read failed when its owner was declared unreachable (its
     /// receive was then cancelled).
@@ -525,7 +530,8 @@ struct Engine {
     sends: HashMap<usize, SendOp>,
     /// Sends the provider asked to retry, by context address, in order.
     unsent: VecDeque<usize>,
-    /// Request receives (owner-served path), by context address.
+    /// Request receives (owner-served path, or once a one-sided engine
+    /// made a lease) and notice receives, by context address.
     request_buffers: HashMap<usize, RequestBuffer>,
     /// Receives into scratch memory that take the late reply of a read
     /// whose receive was cancelled, by context address.
@@ -784,6 +790,20 @@ impl Handler for Engine {
 
     fn send_notice(&mut self, peer: PeerId, notice: Bytes, reply: Reply<()>) {
         Engine::send_notice(self, peer, notice, reply);
+    }
+
+    fn lease(
+        &mut self,
+        region: u64,
+        capability: [u8; CAPABILITY_LEN],
+        terms: rdmareg_core::LeaseTerms,
+        reply: Reply<rdmareg_backend::BackendLease>,
+    ) {
+        self.make_lease(region, capability, terms, reply);
+    }
+
+    fn release_lease(&mut self, peer: PeerId, packed_key: Bytes, reply: Reply<()>) {
+        self.send_release(peer, packed_key, reply);
     }
 
     fn driver_command(&mut self, command: PeerChange) {

@@ -18,7 +18,7 @@ use rdmareg_core::{BackendGet, RdmaError};
 use rdmareg_engine::served::consumer::TimeoutAction;
 
 use crate::fabric::ERR_NOT_CONNECTED;
-use crate::key::{CAPABILITY_LEN, PackedKey};
+use crate::key::{CAPABILITY_LEN, KeyKind, PackedKey};
 use crate::protocol::{
     GATHER_ENTRY_MAX, GATHER_TOTAL_MAX, ListEntry, ListRequest, MAX_LIST_ENTRIES, REPLY_IGNORE,
     REQUEST_ID_MASK, REQUEST_TAG, ReadRequest, parse_gathered, reply_outcome,
@@ -309,7 +309,8 @@ impl Engine {
     }
 
     /// Everything a read is checked against before libfabric sees it; for
-    /// an owner-served key also the region id and capability to ask with.
+    /// an owner-served key (a lease key among them, on either path) also
+    /// the region id and capability to ask with.
     #[allow(clippy::type_complexity)]
     pub(super) fn check(
         &self,
@@ -332,14 +333,15 @@ impl Engine {
             .peers
             .get(&request.peer)
             .ok_or(RdmaError::NotConfigured)?;
-        let key = PackedKey::decode(&request.packed_key)?;
+        let (key, kind) = PackedKey::decode_any(&request.packed_key)?;
         let owner = self.av.get(&fi_addr).map(|entry| &entry.address);
         if owner != Some(&key.owner) {
             // A key of another owner than the peer named.
             return Err(RdmaError::InvalidKey);
         }
-        if key.owner_served != self.owner_served() {
-            // A key of the other read path: this engine cannot use it.
+        if kind == KeyKind::Registration && key.owner_served != self.owner_served() {
+            // A key of the other read path: this engine cannot use it. (A
+            // lease key is owner-served on either path: `leases`.)
             return Err(RdmaError::InvalidKey);
         }
         let target = key.target(request.remote_addr, request.len)?;

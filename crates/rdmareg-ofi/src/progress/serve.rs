@@ -1,4 +1,5 @@
-//! Serving reads on the owner-served path.
+//! Serving reads on the owner-served path, and reads under descriptor
+//! leases on either path (`leases`).
 //!
 //! Keeps request receives posted, names the sender over `tcp;ofi_rxm`,
 //! hands each request to the owner machine (`Engine::owner`) and turns its
@@ -22,9 +23,23 @@ use crate::protocol::{
 use super::*;
 
 impl Engine {
-    /// Posts the request receives of the owner-served path.
+    /// Posts the request receives of the owner-served path. The one-sided
+    /// path serves requests only for descriptor leases, and posts them when
+    /// it makes its first (`leases`).
     pub(super) fn post_request_receives(&mut self) {
-        if !self.owner_served() {
+        if self.owner_served() {
+            self.open_request_receives();
+        }
+    }
+
+    /// Posts the request receives unless they are posted already (or kept
+    /// for reposting).
+    pub(super) fn open_request_receives(&mut self) {
+        if self
+            .request_buffers
+            .values()
+            .any(|buffer| buffer.tag == REQUEST_TAG)
+        {
             return;
         }
         for _ in 0..REQUEST_RECEIVES {
@@ -165,6 +180,7 @@ impl Engine {
             "serving a read request"
         );
         let endpoint = self.endpoint_of(dest);
+        self.give_owner_time();
         self.owner.handle_read(
             endpoint,
             Read {
@@ -299,6 +315,8 @@ impl Engine {
             return;
         }
         *self.gathered.entry(dest).or_default() += 1;
+        // Every entry is judged at this one time.
+        self.give_owner_time();
         let mut reply = vec![0u8; list.entries.len()];
         reply.reserve_exact(list.reply_len() - list.entries.len());
         for (index, entry) in list.entries.iter().enumerate() {

@@ -616,3 +616,114 @@ fn malformed_oversized_and_replayed_notices_are_counted() {
     assert_eq!(got, [&b"first"[..], &b"second"[..]]);
     assert_eq!((drops.malformed, drops.replayed), (2, 1), "{drops:?}");
 }
+
+/// Releases from a raw peer that break the rules end no lease: a forged
+/// capability (the lease's with one bit flipped, or the registration's
+/// own), the lease's capability under another region, a release cut
+/// short, and a reader's release replayed; none reaches the notice stream.
+/// A two-reader lease stays live through all of them and one honest
+/// release, and ends at a second reader's.
+#[test]
+fn a_release_with_a_forged_capability_ends_no_lease() {
+    use futures::{FutureExt, StreamExt};
+    use rdmareg_backend::notices::wire;
+    use rdmareg_core::{LeaseEnd, LeaseTerms};
+
+    for provider in [Provider::Tcp, Provider::Shm] {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut config =
+            OfiConfig::new(provider.clone()).with_teardown_timeout(Duration::from_secs(2));
+        if provider == Provider::Tcp {
+            config = config.with_domain("lo");
+        }
+        let owner = OfiEngine::start(config.clone()).expect("owner starts");
+        let backend = owner.backend();
+        let mut notices = backend.notices().expect("notices");
+        let source = Box::into_raw(vec![5u8; 4096].into_boxed_slice());
+        // SAFETY: the range is this test's own allocation, no reference
+        // aliases it while it is registered (only its address is used),
+        // and it is freed only once its registration is gone.
+        let region = rt
+            .block_on(unsafe { backend.map(source as *mut u8 as usize, 4096) })
+            .expect("maps");
+        let terms = LeaseTerms {
+            readers: 2,
+            expires_at: Instant::now() + Duration::from_secs(60),
+        };
+        let mut lease = rt
+            .block_on(backend.lease(region.backend_region_id, terms))
+            .expect("a lease");
+        let key = PackedKey::decode_lease(&lease.packed_key).expect("a lease key");
+        let own = PackedKey::decode(&region.packed_key).expect("the region's key");
+        let mut flipped = key.capability;
+        flipped[15] ^= 1;
+        let mut raw = RawConsumer::new(&config, &owner.fabric_address());
+        let release = |sender, sequence, region, capability: &[u8; CAPABILITY_LEN]| {
+            wire::encode_release(sender, sequence, region, capability)
+        };
+        raw.send_tagged(NOTICE_TAG, release(7, 1, key.region_id, &flipped));
+        raw.send_tagged(NOTICE_TAG, release(7, 2, key.region_id, &own.capability));
+        raw.send_tagged(
+            NOTICE_TAG,
+            release(7, 3, key.region_id + 1, &key.capability),
+        );
+        let mut cut = release(7, 4, key.region_id, &key.capability);
+        cut.pop();
+        raw.send_tagged(NOTICE_TAG, cut);
+        // One honest reader, twice: it counts once.
+        raw.send_tagged(NOTICE_TAG, release(8, 1, key.region_id, &key.capability));
+        raw.send_tagged(NOTICE_TAG, release(8, 2, key.region_id, &key.capability));
+        // A notice after them: once it arrived, the owner handled them all
+        // (one connection, handled in order).
+        raw.send_tagged(NOTICE_TAG, wire::encode(8, 3, b"after").unwrap());
+        let mut got = Vec::new();
+        let until = Instant::now() + Duration::from_secs(5);
+        while got.is_empty() && Instant::now() < until {
+            raw.progress_for(Duration::from_millis(5));
+            let next = rt.block_on(async {
+                tokio::time::timeout(Duration::from_millis(5), notices.next()).await
+            });
+            if let Ok(Some(notice)) = next {
+                got.push(notice.bytes);
+            }
+        }
+        let live_after_forgeries = (&mut lease.released).now_or_never().is_none();
+        raw.send_tagged(NOTICE_TAG, release(9, 1, key.region_id, &key.capability));
+        let mut ended = None;
+        let until = Instant::now() + Duration::from_secs(5);
+        while ended.is_none() && Instant::now() < until {
+            raw.progress_for(Duration::from_millis(5));
+            ended = rt.block_on(async {
+                tokio::time::timeout(Duration::from_millis(5), &mut lease.released)
+                    .await
+                    .ok()
+            });
+        }
+        let unmapped = rt.block_on(backend.unmap(region.backend_region_id));
+        if unmapped.is_ok() {
+            // SAFETY: made by Box::into_raw above; its registration is gone.
+            drop(unsafe { Box::from_raw(source) });
+        }
+        drop(raw);
+        owner.shutdown_blocking();
+        assert_eq!(
+            got,
+            [&b"after"[..]],
+            "{provider:?}: only the notice arrived"
+        );
+        assert!(
+            live_after_forgeries,
+            "{provider:?}: forged, cut and replayed releases ended the lease"
+        );
+        assert_eq!(
+            ended,
+            Some(LeaseEnd::Released),
+            "{provider:?}: the second reader's release"
+        );
+        assert_eq!(unmapped, Ok(()));
+        assert_eq!(owner.live_registrations(), 0);
+    }
+}

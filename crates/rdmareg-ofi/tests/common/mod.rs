@@ -91,9 +91,18 @@ pub fn engines_on(provider: Provider, path: ReadPath) -> (OfiEngine, OfiEngine) 
 /// they released everything.
 pub fn backend_pair(provider: Provider) -> BackendPair {
     // Owner-served reads (the default on tcp and shm): the owner's engine
-    // refuses a key of a region it no longer holds, on both providers.
-    let capabilities = Capabilities::full().with_leases(false);
-    let (owner, consumer) = engines(provider);
+    // refuses a key of a region it no longer holds, on both providers, and
+    // serves descriptor leases.
+    let path = provider.default_read_path();
+    backend_pair_on(provider, path)
+}
+
+/// [`backend_pair`] on a chosen read path, declaring every capability (on
+/// the one-sided path only the lease checks hold: a one-sided read may
+/// outlive its region's unmap, so run only those there).
+pub fn backend_pair_on(provider: Provider, path: ReadPath) -> BackendPair {
+    let capabilities = Capabilities::full();
+    let (owner, consumer) = engines_on(provider, path);
     let pair = BackendPair::new(
         Arc::new(owner.backend()),
         Arc::new(consumer.backend()),

@@ -10,6 +10,7 @@ mod common;
 mod adversarial_peers;
 mod conformance_shm;
 mod conformance_tcp;
+mod leases_on_the_one_sided_path;
 mod notices_on_the_one_sided_path;
 mod owner_served;
 mod packed_key_props;

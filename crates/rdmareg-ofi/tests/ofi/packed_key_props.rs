@@ -11,7 +11,10 @@ use proptest::prelude::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{BackendGet, RdmaError};
 use rdmareg_ofi::Provider;
-use rdmareg_ofi::key::{CAPABILITY_LEN, HEADER_LEN, MAX_FABRIC_ADDRESS, PackedKey};
+use rdmareg_ofi::key::{
+    CAPABILITY_LEN, FLAG_LEASE, FLAG_OWNER_SERVED, HEADER_LEN, KeyKind, MAX_FABRIC_ADDRESS,
+    PackedKey,
+};
 
 fn valid_key() -> impl Strategy<Value = PackedKey> {
     (
@@ -89,6 +92,39 @@ proptest! {
     }
 
     #[test]
+    fn bytes_read_as_either_kind_of_key_decode_canonically_or_to_invalid_key(
+        bytes in proptest::collection::vec(any::<u8>(), 0..400), lease_flags in any::<bool>()
+    ) {
+        let mut bytes = bytes;
+        if lease_flags && bytes.len() > 1 {
+            // Reach the lease layout more often than chance would.
+            bytes[1] = FLAG_OWNER_SERVED | FLAG_LEASE;
+        }
+        let bytes = Bytes::from(bytes);
+        match PackedKey::decode_any(&bytes) {
+            Ok((key, KeyKind::Lease)) => {
+                prop_assert!(key.owner_served && !key.virt_addr && key.mr_key == 0);
+                prop_assert_eq!(key.encode_lease(), bytes);
+            }
+            Ok((key, KeyKind::Registration)) => prop_assert_eq!(key.encode(), bytes),
+            Err(err) => prop_assert_eq!(err, RdmaError::InvalidKey),
+        }
+    }
+
+    #[test]
+    fn lease_keys_round_trip_and_only_the_lease_decoder_takes_them(key in valid_key()) {
+        let lease = key.encode_lease();
+        let decoded = PackedKey::decode_lease(&lease);
+        prop_assert_eq!(decoded.clone().map(|k| k.encode_lease()), Ok(lease.clone()));
+        prop_assert_eq!(
+            decoded.map(|k| (k.region_id, k.capability, k.base, k.len, k.owner)),
+            Ok((key.region_id, key.capability, key.base, key.len, key.owner.clone()))
+        );
+        prop_assert_eq!(PackedKey::decode(&lease), Err(RdmaError::InvalidKey));
+        prop_assert_eq!(PackedKey::decode_lease(&key.encode()), Err(RdmaError::InvalidKey));
+    }
+
+    #[test]
     fn an_owner_served_key_naming_a_memory_key_or_region_zero_is_invalid_key(
         key in valid_key(), mr_key in 1u64..
     ) {
@@ -151,4 +187,54 @@ fn gets_with_malformed_or_foreign_keys_are_invalid_key_through_the_engine() {
     consumer.shutdown_blocking();
     owner.shutdown_blocking();
     assert_eq!(consumer.live_registrations(), 0);
+}
+
+/// Through a running engine: a release is sent only for a lease key of
+/// the peer it names. The region's own key, garbage, and a lease key
+/// naming another owner are `InvalidKey`, an unknown peer is
+/// `NotConfigured`, and the lease's own key is sent.
+#[test]
+fn releases_of_keys_that_are_no_lease_of_the_peer_are_refused_through_the_engine() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (owner, consumer) = common::engines(Provider::Tcp);
+    let (o, c) = (owner.backend(), consumer.backend());
+    let src = vec![3u8; 4096];
+    let region = runtime
+        .block_on(o.map_test_memory(src.as_ptr() as usize, src.len()))
+        .unwrap();
+    let terms = rdmareg_core::LeaseTerms {
+        readers: 1,
+        expires_at: std::time::Instant::now() + Duration::from_secs(60),
+    };
+    let lease = runtime
+        .block_on(o.lease(region.backend_region_id, terms))
+        .expect("a lease");
+    let mut elsewhere = PackedKey::decode_lease(&lease.packed_key).expect("a lease key");
+    elsewhere.owner = Bytes::from_static(b"elsewhere");
+    let release = |peer, key: Bytes| runtime.block_on(c.release_lease(peer, key));
+    assert_eq!(
+        release(common::OWNER, region.packed_key.clone()),
+        Err(RdmaError::InvalidKey)
+    );
+    assert_eq!(
+        release(common::OWNER, Bytes::from_static(b"no key")),
+        Err(RdmaError::InvalidKey)
+    );
+    assert_eq!(
+        release(common::OWNER, elsewhere.encode_lease()),
+        Err(RdmaError::InvalidKey)
+    );
+    assert_eq!(
+        release(rdmareg_core::PeerId(99), lease.packed_key.clone()),
+        Err(RdmaError::NotConfigured)
+    );
+    assert_eq!(release(common::OWNER, lease.packed_key.clone()), Ok(()));
+    runtime.block_on(o.unmap(region.backend_region_id)).unwrap();
+    consumer.shutdown_blocking();
+    owner.shutdown_blocking();
+    assert_eq!(owner.live_registrations(), 0);
 }

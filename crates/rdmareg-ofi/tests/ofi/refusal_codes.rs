@@ -13,8 +13,9 @@ use rdmareg_ofi::protocol::{
 /// Where a refusal's reason sits in its tag.
 const REASON_SHIFT: u32 = 48;
 
-/// Each refusal's code, as every release so far sends it.
-const CODES: [(Refusal, u64); 7] = [
+/// Each refusal's code, as every release so far sends it (8 since
+/// descriptor leases; unassigned before).
+const CODES: [(Refusal, u64); 8] = [
     (Refusal::RegionUnknown, 1),
     (Refusal::CapabilityMismatch, 2),
     (Refusal::OutOfRange, 3),
@@ -22,15 +23,21 @@ const CODES: [(Refusal, u64); 7] = [
     (Refusal::Busy, 5),
     (Refusal::Unverified, 6),
     (Refusal::NotTheRequester, 7),
+    (Refusal::LeaseExpired, 8),
 ];
 
 /// The kind of error a read refused with `code` gets: a range the
 /// registration does not cover, a registration that is gone or not the
-/// consumer's, or a transient backend error for the rest.
+/// consumer's, a descriptor lease that ended, or a transient backend
+/// error for the rest. Code 8 was unassigned (an unknown code, so a
+/// transient backend error) before descriptor leases gave it
+/// `LeaseExpired`: only an owner that leases sends it, and a consumer of
+/// an earlier release still reads it as an unknown code.
 fn kind_of(code: u8) -> &'static str {
     match code {
         3 => "OutOfRange",
         1 | 2 | 4 => "RegionNotFound",
+        8 => "LeaseExpired",
         _ => "transient Backend",
     }
 }
@@ -39,6 +46,7 @@ fn kind(err: &RdmaError) -> &'static str {
     match err {
         RdmaError::OutOfRange => "OutOfRange",
         RdmaError::RegionNotFound => "RegionNotFound",
+        RdmaError::LeaseExpired => "LeaseExpired",
         RdmaError::Backend(_) if err.is_transient() => "transient Backend",
         _ => "something else",
     }
