@@ -520,7 +520,10 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
 
     /// A reader released a descriptor lease: `capability` of `region`,
     /// arriving on `connection` from the reading engine `sender`. Counted
-    /// once per reader; see [`ReleaseOutcome`].
+    /// once per reader; see [`ReleaseOutcome`]. Once the region's unmap
+    /// started (or the owner's shutdown) its leases have ended, and a
+    /// release is not counted: their waiters hear `Withdrawn`, when the
+    /// unmap completes.
     pub fn handle_release(
         &mut self,
         connection: E,
@@ -528,10 +531,20 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         region: u64,
         capability: &[u8; 16],
     ) -> ReleaseOutcome {
+        use rdmareg_backend::leases::IgnoredRelease;
         let now = self.now;
         let Some(entry) = self.regions.get_mut(&region) else {
-            return ReleaseOutcome::Ignored(rdmareg_backend::leases::IgnoredRelease::UnknownLease);
+            return ReleaseOutcome::Ignored(IgnoredRelease::UnknownLease);
         };
+        if entry.unmapping {
+            let known = entry.descriptor_leases.judge(capability, None).is_some();
+            tracing::debug!(region, "a descriptor lease release after the unmap started");
+            return ReleaseOutcome::Ignored(if known {
+                IgnoredRelease::AlreadyEnded
+            } else {
+                IgnoredRelease::UnknownLease
+            });
+        }
         let outcome = entry
             .descriptor_leases
             .release((connection, sender), capability, now);
@@ -1667,6 +1680,42 @@ mod tests {
             owner.check_read(&read(3, CAP, BASE, 8)),
             Err(Refusal::RegionUnknown)
         );
+    }
+
+    /// An unmap ends the region's descriptor leases even while a reply
+    /// still sends from the region: a reader's release arriving meanwhile
+    /// is not counted, and whoever waits for the lease hears `Withdrawn`
+    /// once the unmap completes, never `Released`. (The simulator found
+    /// the owner counting such a release and reporting the lease
+    /// released after its region's unmap had started.)
+    #[test]
+    fn a_release_after_the_unmap_started_does_not_count() {
+        use futures::FutureExt;
+        use rdmareg_backend::leases::{IgnoredRelease, LeaseEnd};
+
+        let start = Instant::now();
+        let lease = [9; 16];
+        let mut owner = owner(4);
+        let terms = LeaseTerms {
+            readers: 1,
+            expires_at: start + std::time::Duration::from_secs(10),
+        };
+        let mut released = owner.register_lease(3, lease, terms, start).unwrap();
+        owner.handle_read(1, read(3, lease, BASE, 8));
+        let send = only_send(&mut owner);
+        assert_eq!(owner.unmap(3), UnmapStatus::Waiting);
+        assert_eq!(
+            owner.handle_release(1, 5, 3, &lease),
+            ReleaseOutcome::Ignored(IgnoredRelease::AlreadyEnded)
+        );
+        assert_eq!(
+            owner.handle_release(1, 5, 3, &[8; 16]),
+            ReleaseOutcome::Ignored(IgnoredRelease::UnknownLease)
+        );
+        assert_eq!((&mut released).now_or_never(), None, "the unmap waits");
+        owner.send_completed(send);
+        assert_eq!(actions(&mut owner), vec![Action::Unmapped { region: 3 }]);
+        assert_eq!((&mut released).now_or_never(), Some(LeaseEnd::Withdrawn));
     }
 
     #[test]
