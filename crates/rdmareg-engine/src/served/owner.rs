@@ -376,6 +376,15 @@ pub(crate) struct Defects {
     /// Serve every valid read, whatever the endpoint has unfinished (the
     /// owner before the bound of unfinished replies).
     pub(crate) unbounded_replies: bool,
+    /// Judge reads under a descriptor lease as if no time had been given:
+    /// a lease never expires.
+    pub(crate) lease_expiry_unchecked: bool,
+    /// Count every release as a new reader's (no per-reader dedupe): a
+    /// reader releasing twice, or a replay, spends another's share.
+    pub(crate) every_release_counts: bool,
+    /// Count releases of a region whose unmap started (the owner before
+    /// it ignored them), so a lease the unmap ended is reported released.
+    pub(crate) releases_count_while_unmapping: bool,
 }
 
 /// The owner side of served reads (module docs).
@@ -421,6 +430,9 @@ pub struct Owner<E> {
     leasing: bool,
     #[cfg(test)]
     pub(crate) defects: Defects,
+    /// Readers made up for [`Defects::every_release_counts`].
+    #[cfg(test)]
+    made_up_readers: u64,
 }
 
 impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
@@ -442,6 +454,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             leasing: false,
             #[cfg(test)]
             defects: Defects::default(),
+            #[cfg(test)]
+            made_up_readers: 0,
         }
     }
 
@@ -533,10 +547,21 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     ) -> ReleaseOutcome {
         use rdmareg_backend::leases::IgnoredRelease;
         let now = self.now;
+        #[cfg(test)]
+        let sender = if self.defects.every_release_counts {
+            self.made_up_readers += 1;
+            u64::MAX - self.made_up_readers
+        } else {
+            sender
+        };
         let Some(entry) = self.regions.get_mut(&region) else {
             return ReleaseOutcome::Ignored(IgnoredRelease::UnknownLease);
         };
-        if entry.unmapping {
+        #[cfg(test)]
+        let unmapping = entry.unmapping && !self.defects.releases_count_while_unmapping;
+        #[cfg(not(test))]
+        let unmapping = entry.unmapping;
+        if unmapping {
             let known = entry.descriptor_leases.judge(capability, None).is_some();
             tracing::debug!(region, "a descriptor lease release after the unmap started");
             return ReleaseOutcome::Ignored(if known {
@@ -754,9 +779,13 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         } else if region.descriptor_leases.is_empty() {
             return Err(Refusal::CapabilityMismatch);
         } else {
+            #[cfg(test)]
+            let now = self.now.filter(|_| !self.defects.lease_expiry_unchecked);
+            #[cfg(not(test))]
+            let now = self.now;
             region
                 .descriptor_leases
-                .judge(&read.capability, self.now)
+                .judge(&read.capability, now)
                 .ok_or(Refusal::CapabilityMismatch)?
                 .map_err(|_| Refusal::LeaseExpired)
         };

@@ -12,6 +12,19 @@
 //! mid-read; the owner rewriting memory whose unmap finished; shutdown and
 //! the transport's close.
 //!
+//! And descriptor leases ([`leases`]): simulated time that steps forward
+//! (a little, more, or to a lease's expiry or the instant before it),
+//! given to the owner before it handles requests (now and then a batch
+//! goes on under the time given before, or an earlier clock reading
+//! arrives, which the owner must ignore); leases of live regions for one
+//! to three readers with random expiries (and terms or regions the owner
+//! must refuse), handed to consumers who read under them, alone and in
+//! lists, and release them over the network — once, twice, after a
+//! restart with a new sender number, after the expiry — while a hostile
+//! peer releases with forged capabilities, the region's own capability,
+//! or another lease's capability; bursts of short leases on one region,
+//! so its ended leases overflow what the owner remembers.
+//!
 //! Memory is simulated: a few slots of bytes, each with a version that
 //! changes when the owner rewrites a slot no registration covers. The
 //! transport holds a served reply's source until the send ends, and
@@ -36,6 +49,27 @@
 //!    served ranges the transport holds.
 //! 5. At the end, with every send ended, every unmap completed, the
 //!    owner holds no lease and no endpoint, and shutdown drains.
+//! 6. No read (single or list entry) is served under a descriptor lease
+//!    whose expiry is at or before the time last given to the owner, or
+//!    that as many distinct readers as it allows released; the model of
+//!    invariant 3 predicts every lease read's verdict, `LeaseExpired`
+//!    included.
+//! 7. Every release gets the outcome the rules give it: counted once per
+//!    reader (connection and sender) presenting the lease's capability
+//!    while it is live, ignored otherwise — a duplicate, a forged, own or
+//!    foreign capability, a release after the expiry or after the
+//!    region's unmap started. A lease's future, polled after every step,
+//!    resolves `Released` only once its last distinct reader released
+//!    it, and at once then; `Withdrawn` only once it ended otherwise
+//!    (expired at the owner's time, its region's unmap started, shutdown);
+//!    never while it is live and unexpired; and by the time its region's
+//!    unmap completed.
+//! 8. The owner's memory of a region's leases stays bounded: the leases
+//!    it counts live are between those that serve and those not released,
+//!    and it knows at most `ENDED_REMEMBERED` ended ones besides; an
+//!    ended lease the rules say it remembers is refused `LeaseExpired`,
+//!    one it must have forgotten as an unknown capability.
+//! 9. At the end every lease's future resolved.
 //!
 //! A violation names its seed and step and prints the run's last steps;
 //! [`run`] replays a seed exactly. The seed test runs
@@ -48,8 +82,11 @@
 //! `Owner`'s test-only `defects` bring back mistakes an owner can make —
 //! an unmap completed while leases are held, a range checked only at its
 //! start, leases ended at an endpoint's failure instead of at the
-//! transport's report, no bound of unfinished replies — and a test per
-//! defect shows the simulator finds it within the first 20 seeds.
+//! transport's report, no bound of unfinished replies, a descriptor
+//! lease's expiry not checked, every release counted as a new reader's,
+//! releases counted after their region's unmap started (the owner as
+//! first built, which the simulator found) — and a test per defect shows
+//! the simulator finds it within the first 20 seeds.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
@@ -62,6 +99,8 @@ use super::owner::{
 use super::wire;
 
 pub(crate) use crate::sim_support::Rng;
+mod leases;
+
 use crate::sim_support::mix;
 
 /// 16 random bytes, a registration's capability.
@@ -113,13 +152,28 @@ struct SimRegion {
     state: RegionState,
 }
 
-/// A request on the network.
+/// A request or a release on the network.
 #[derive(Debug, Clone)]
 struct Message {
+    /// The endpoint a request came on; a release's connection.
     endpoint: u64,
-    /// A batched list rather than a single read.
-    list: bool,
+    kind: Kind,
+    /// A request's bytes, as the UCX engine encodes it (empty for a
+    /// release).
     bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Read,
+    /// A batched list.
+    List,
+    /// A release of a descriptor lease.
+    Release {
+        sender: u64,
+        region: u64,
+        capability: [u8; 16],
+    },
 }
 
 #[derive(Debug)]
@@ -146,6 +200,16 @@ impl Stats {
         self.dropped += other.dropped;
         self.unmaps_completed += other.unmaps_completed;
         self.unmaps_waited += other.unmaps_waited;
+        self.leases += other.leases;
+        self.lease_reads_served += other.lease_reads_served;
+        self.lease_reads_expired += other.lease_reads_expired;
+        self.lease_reads_forgotten += other.lease_reads_forgotten;
+        self.releases_counted += other.releases_counted;
+        self.releases_ignored += other.releases_ignored;
+        self.releases_duplicate += other.releases_duplicate;
+        self.releases_racing_unmap += other.releases_racing_unmap;
+        self.leases_released += other.leases_released;
+        self.leases_withdrawn += other.leases_withdrawn;
     }
 }
 
@@ -166,6 +230,23 @@ pub(crate) struct Stats {
     pub(crate) dropped: u64,
     pub(crate) unmaps_completed: u64,
     pub(crate) unmaps_waited: u64,
+    /// Descriptor leases the owner granted.
+    pub(crate) leases: u64,
+    /// Reads under a lease served, refused `LeaseExpired`, and refused as
+    /// an unknown capability (an ended lease the owner forgot).
+    pub(crate) lease_reads_served: u64,
+    pub(crate) lease_reads_expired: u64,
+    pub(crate) lease_reads_forgotten: u64,
+    /// Releases the owner counted, and ignored.
+    pub(crate) releases_counted: u64,
+    pub(crate) releases_ignored: u64,
+    /// Releases ignored as a reader's second, and as racing the unmap of
+    /// their region.
+    pub(crate) releases_duplicate: u64,
+    pub(crate) releases_racing_unmap: u64,
+    /// Leases' futures resolved `Released`, and `Withdrawn`.
+    pub(crate) leases_released: u64,
+    pub(crate) leases_withdrawn: u64,
 }
 
 struct Sim {
@@ -194,6 +275,11 @@ struct Sim {
     closed: bool,
     drained: bool,
     stats: Stats,
+    /// The lease actions' random numbers, apart, so that the other
+    /// actions are drawn as without leases.
+    lease_rng: Rng,
+    clock: leases::Clock,
+    book: leases::Book,
     log: Option<VecDeque<String>>,
 }
 
@@ -246,6 +332,9 @@ impl Sim {
             closed: false,
             drained: false,
             stats: Stats::default(),
+            lease_rng: Rng::new(mix(seed ^ 0x6c65_6173_6573)),
+            clock: leases::Clock::new(),
+            book: leases::Book::default(),
             log: verbose.then(VecDeque::new),
         }
     }
@@ -263,7 +352,9 @@ impl Sim {
         for step in 0..STEPS {
             self.step = step;
             self.random_step()?;
+            self.lease_step()?;
             self.check_counts()?;
+            self.check_leases()?;
             if self.closed {
                 break;
             }
@@ -308,7 +399,7 @@ impl Sim {
     fn send(&mut self, endpoint: u64, bytes: Vec<u8>) {
         self.network.push(Message {
             endpoint,
-            list: false,
+            kind: Kind::Read,
             bytes,
         });
     }
@@ -451,7 +542,7 @@ impl Sim {
         let endpoint = self.live_endpoint();
         self.network.push(Message {
             endpoint,
-            list: true,
+            kind: Kind::List,
             bytes,
         });
         Ok(())
@@ -543,11 +634,17 @@ impl Sim {
             .get(&read.region)
             .filter(|r| r.state != RegionState::Unmapped)
             .ok_or(Refusal::RegionUnknown)?;
-        if region.capability != read.capability {
-            return Err(Refusal::CapabilityMismatch);
-        }
+        let lease_ended = region.capability != read.capability
+            && match self.judge_lease(read.region, &read.capability) {
+                leases::Judged::NotALease => return Err(Refusal::CapabilityMismatch),
+                leases::Judged::Serves => false,
+                leases::Judged::Ended => true,
+            };
         if region.state == RegionState::Unmapping {
             return Err(Refusal::Deregistering);
+        }
+        if lease_ended {
+            return Err(Refusal::LeaseExpired);
         }
         let (start, end) = (
             u128::from(read.address),
@@ -566,14 +663,28 @@ impl Sim {
     }
 
     fn deliver(&mut self) -> Checked {
+        self.deliver_timed(true)
+    }
+
+    /// Delivers a message from the network, in any order; the driver gives
+    /// the owner the time first, or (`give_time` false) handles it as one
+    /// more of a batch under the time given before.
+    fn deliver_timed(&mut self, give_time: bool) -> Checked {
         if self.network.is_empty() {
             return Ok(());
         }
         let message = self.network.swap_remove(self.rng.index(self.network.len()));
-        if message.list {
-            self.deliver_list(&message)?;
-        } else {
-            self.deliver_one(&message)?;
+        if give_time {
+            self.give_time();
+        }
+        match message.kind {
+            Kind::Read => self.deliver_one(&message)?,
+            Kind::List => self.deliver_list(&message)?,
+            Kind::Release {
+                sender,
+                region,
+                capability,
+            } => self.deliver_release(message.endpoint, sender, region, capability)?,
         }
         self.sent.push(message);
         if self.sent.len() > 64 {
@@ -616,6 +727,10 @@ impl Sim {
             if id != request_id {
                 return Err(format!("request {request_id} replied to as {id}"));
             }
+            if payload.is_some() {
+                let read = wire::decode_request(&message.bytes).map_err(|e| e.to_string())?;
+                self.check_served(&read)?;
+            }
             if got != expect {
                 return Err(format!(
                     "request {request_id} from {endpoint}: expected {expect:?}, the owner chose {got:?} ({payload:?})"
@@ -628,8 +743,14 @@ impl Sim {
                 {
                     return Err(format!("served {payload:?} for {read:?}"));
                 }
+                self.count_lease_read(&read, Ok(()));
                 self.stats.served += 1;
             } else {
+                if let (Ok(read), Expect::Refuse(refusal)) =
+                    (wire::decode_request(&message.bytes), got)
+                {
+                    self.count_lease_read(&read, Err(refusal));
+                }
                 self.stats.refused += 1;
             }
             self.transport.insert(
@@ -746,6 +867,15 @@ impl Sim {
                     "a list from endpoint {} replied to on {endpoint}",
                     message.endpoint
                 ));
+            }
+            let entries = wire::decode_list_request(&message.bytes).map_err(|e| e.to_string())?;
+            for reply in &entry_replies {
+                if let Some(read) = entries.iter().find(|r| r.request_id == reply.request_id) {
+                    if reply.outcome.is_ok() {
+                        self.check_served(read)?;
+                    }
+                    self.count_lease_read(read, reply.outcome.map(|_| ()));
+                }
             }
             let payloads: Vec<Payload> = entry_replies
                 .iter()
@@ -1003,6 +1133,7 @@ impl Sim {
                     }
                     entry.state = RegionState::Unmapped;
                     self.slots[entry.slot].region = None;
+                    self.region_gone(region);
                     self.stats.unmaps_completed += 1;
                     self.note(|| format!("region {region} unmapped"));
                 }
@@ -1088,7 +1219,7 @@ impl Sim {
         if !self.drained {
             return Err("shutdown never drained".into());
         }
-        Ok(())
+        self.check_every_lease_ended()
     }
 }
 
@@ -1180,6 +1311,23 @@ mod tests {
         assert!(total.served > count && total.refused > count, "{total:?}");
         assert!(total.unmaps_waited > count / 10, "{total:?}");
         assert!(total.dropped > 0 && total.delivered_bytes > 0, "{total:?}");
+        assert!(
+            total.lease_reads_served > count / 2 && total.lease_reads_expired > count / 5,
+            "{total:?}"
+        );
+        assert!(total.lease_reads_forgotten > count / 200, "{total:?}");
+        assert!(
+            total.leases_released > count && total.leases_withdrawn > count,
+            "{total:?}"
+        );
+        assert!(
+            total.releases_counted > count && total.releases_ignored > count,
+            "{total:?}"
+        );
+        assert!(
+            total.releases_duplicate > count / 10 && total.releases_racing_unmap > count / 10,
+            "{total:?}"
+        );
     }
 
     /// A seed replays exactly: the same violation at the same step, the
@@ -1197,6 +1345,17 @@ mod tests {
             (a.served, a.refused, a.dropped, a.delivered_bytes),
             (b.served, b.refused, b.dropped, b.delivered_bytes)
         );
+        let leases = |s: Stats| {
+            (
+                s.leases,
+                s.lease_reads_served,
+                s.lease_reads_expired,
+                s.releases_counted,
+                s.leases_released,
+                s.leases_withdrawn,
+            )
+        };
+        assert_eq!(leases(a), leases(b));
     }
 
     /// Completing an unmap while a reply still sends from the region is
@@ -1246,5 +1405,56 @@ mod tests {
             ..Defects::default()
         };
         caught(defects, 20);
+    }
+
+    /// Judging reads under a descriptor lease as if no time had been given
+    /// — a lease that never expires — is caught within the first 20
+    /// seeds: a read served under a lease whose expiry the owner's time
+    /// had reached (invariant 6).
+    #[test]
+    fn the_simulator_finds_reads_served_past_a_lease_expiry() {
+        let defects = Defects {
+            lease_expiry_unchecked: true,
+            ..Defects::default()
+        };
+        let found = caught(defects, 20);
+        assert!(found.message.contains("which expired at"), "{found:?}");
+    }
+
+    /// Counting every release as a new reader's — no dedupe per
+    /// connection and sender, so a reader releasing twice or a replayed
+    /// release spends another reader's share — is caught within the
+    /// first 20 seeds: a duplicate counted where the rules say it is
+    /// ignored (invariant 7).
+    #[test]
+    fn the_simulator_finds_a_release_counted_twice() {
+        let defects = Defects {
+            every_release_counts: true,
+            ..Defects::default()
+        };
+        let found = caught(defects, 20);
+        assert!(
+            found
+                .message
+                .contains("expected [Ignored(AlreadyReleased)]"),
+            "{found:?}"
+        );
+    }
+
+    /// Counting releases of a region whose unmap started — how the owner
+    /// was built before the simulator found it — is caught within the
+    /// first 20 seeds: a lease the unmap ended is released, and its
+    /// waiter would hear `Released` (invariant 7).
+    #[test]
+    fn the_simulator_finds_a_lease_released_after_its_unmap_started() {
+        let defects = Defects {
+            releases_count_while_unmapping: true,
+            ..Defects::default()
+        };
+        let found = caught(defects, 20);
+        assert!(
+            found.message.contains("expected [Ignored(AlreadyEnded)]"),
+            "{found:?}"
+        );
     }
 }
