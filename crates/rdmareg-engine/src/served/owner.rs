@@ -28,12 +28,16 @@
 //!    then the transport may still read the region.
 //! 5. [`Owner::endpoint_failed`] when an endpoint dies,
 //!    [`Owner::shutdown`] and then [`Owner::transport_closed`] at teardown.
+//! 6. With descriptor leases (`super::leases`): [`Owner::register_lease`]
+//!    to hand a region out under one, [`Owner::handle_release`] for each
+//!    release that arrived, and [`Owner::set_time`] before step 2 once
+//!    [`Owner::is_leasing`].
 //!
 //! Endpoints are ids the driver chooses (`E`): an address, a counter, an
 //! entry of an address vector. A driver gives a failed endpoint's id to a
 //! new endpoint only after the transport ended the failed one's sends (UCX
 //! fails them before it frees the endpoint). The owner never reads a
-//! clock: nothing in the owner's rules depends on time.
+//! clock: only a lease's expiry depends on time, and the driver gives it.
 //!
 //! Take each action out before performing it, and hold no borrow of the
 //! owner across the send: a transport may run handlers inside a send (UCX
