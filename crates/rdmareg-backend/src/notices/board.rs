@@ -24,10 +24,29 @@ pub struct NoticeBoard<E> {
     shared: Mutex<Board<E>>,
 }
 
+impl<E> NoticeBoard<E> {
+    fn board(&self) -> MutexGuard<'_, Board<E>> {
+        // Nothing in a board is left half-changed by a panic: every
+        // critical section is one inbox call or one vector operation.
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new stream's number.
+    fn stream_number(&self) -> u64 {
+        let mut board = self.board();
+        board.next_stream += 1;
+        board.next_stream
+    }
+}
+
 #[derive(Debug)]
 struct Board<E> {
     inbox: NoticeInbox<E>,
-    waiting: Vec<Waker>,
+    /// The waker of each stream waiting for a notice, by stream: one
+    /// slot per live stream, so wakers of dropped streams do not pile up.
+    waiting: Vec<(u64, Waker)>,
+    /// The next stream's number.
+    next_stream: u64,
     closed: bool,
 }
 
@@ -38,15 +57,10 @@ impl<E: Copy + Eq + Hash> NoticeBoard<E> {
             shared: Mutex::new(Board {
                 inbox: NoticeInbox::new(limits),
                 waiting: Vec::new(),
+                next_stream: 0,
                 closed: false,
             }),
         })
-    }
-
-    fn board(&self) -> MutexGuard<'_, Board<E>> {
-        // Nothing in a board is left half-changed by a panic: every
-        // critical section is one inbox call or one vector operation.
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes a notice message that arrived on `from`, and wakes the
@@ -60,7 +74,7 @@ impl<E: Copy + Eq + Hash> NoticeBoard<E> {
             board.inbox.receive(from, message)?;
             std::mem::take(&mut board.waiting)
         };
-        waiting.into_iter().for_each(Waker::wake);
+        waiting.into_iter().for_each(|(_, waker)| waker.wake());
         Ok(())
     }
 
@@ -76,7 +90,7 @@ impl<E: Copy + Eq + Hash> NoticeBoard<E> {
             board.closed = true;
             std::mem::take(&mut board.waiting)
         };
-        waiting.into_iter().for_each(Waker::wake);
+        waiting.into_iter().for_each(|(_, waker)| waker.wake());
     }
 
     /// Drops since the board was made.
@@ -94,6 +108,7 @@ impl<E: Copy + Eq + Hash + Send + 'static> NoticeBoard<E> {
     /// A stream of the board's notices.
     pub fn stream(self: &Arc<Self>) -> NoticeStream<E> {
         NoticeStream {
+            number: self.stream_number(),
             board: Arc::clone(self),
         }
     }
@@ -114,7 +129,7 @@ where
     E: Copy + Eq + Hash + Send + std::fmt::Debug + 'static,
 {
     fn boxed_stream(self: Arc<Self>) -> BoxStream<'static, Notice> {
-        Box::pin(NoticeStream { board: self })
+        Box::pin(self.stream())
     }
 
     fn drops(&self) -> NoticeDrops {
@@ -127,6 +142,15 @@ where
 #[derive(Debug)]
 pub struct NoticeStream<E> {
     board: Arc<NoticeBoard<E>>,
+    /// Names this stream's slot among the board's waiting wakers.
+    number: u64,
+}
+
+impl<E> Drop for NoticeStream<E> {
+    fn drop(&mut self) {
+        let number = self.number;
+        self.board.board().waiting.retain(|(n, _)| *n != number);
+    }
 }
 
 impl<E: Copy + Eq + Hash> Stream for NoticeStream<E> {
@@ -143,8 +167,10 @@ impl<E: Copy + Eq + Hash> Stream for NoticeStream<E> {
         if board.closed {
             return Poll::Ready(None);
         }
-        if !board.waiting.iter().any(|w| w.will_wake(cx.waker())) {
-            board.waiting.push(cx.waker().clone());
+        let number = self.number;
+        match board.waiting.iter_mut().find(|(n, _)| *n == number) {
+            Some((_, waker)) => waker.clone_from(cx.waker()),
+            None => board.waiting.push((number, cx.waker().clone())),
         }
         Poll::Pending
     }
@@ -182,6 +208,26 @@ mod tests {
         let notices: Vec<_> = block_on(board.stream().collect());
         assert_eq!(notices.len(), 1);
         assert_eq!(&notices[0].bytes[..], b"last");
+    }
+
+    /// A stream polled and dropped leaves no waker behind, however many
+    /// come and go before a notice arrives; one polled again and again
+    /// keeps one.
+    #[test]
+    fn dropped_streams_leave_no_waker_on_the_board() {
+        let board = NoticeBoard::<u32>::new(NoticeLimits::default());
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        for _ in 0..1000 {
+            let mut stream = board.stream();
+            assert!(Pin::new(&mut stream).poll_next(&mut cx).is_pending());
+        }
+        assert_eq!(board.board().waiting.len(), 0);
+        let mut kept = board.stream();
+        for _ in 0..10 {
+            assert!(Pin::new(&mut kept).poll_next(&mut cx).is_pending());
+        }
+        assert_eq!(board.board().waiting.len(), 1);
     }
 
     #[test]
