@@ -7,7 +7,7 @@
 //! These are the terms and outcomes every layer shares; the engine kit's
 //! `served::leases` keeps the owner's rules.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::RdmaError;
 
@@ -30,9 +30,19 @@ impl LeaseTerms {
     ///
     /// # Errors
     /// [`RdmaError::OutOfRange`] for no readers, more than
-    /// [`MAX_LEASE_READERS`], or an expiry not after `now`.
+    /// [`MAX_LEASE_READERS`], an expiry not after `now`, or one so far
+    /// off that a second past it is not an `Instant` (timers that wait
+    /// for the expiry round it up).
     pub fn check(&self, now: Instant) -> Result<(), RdmaError> {
-        if self.readers == 0 || self.readers > MAX_LEASE_READERS || self.expires_at <= now {
+        let representable = self
+            .expires_at
+            .checked_add(Duration::from_secs(1))
+            .is_some();
+        if self.readers == 0
+            || self.readers > MAX_LEASE_READERS
+            || self.expires_at <= now
+            || !representable
+        {
             return Err(RdmaError::OutOfRange);
         }
         Ok(())

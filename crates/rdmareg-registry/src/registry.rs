@@ -546,7 +546,8 @@ impl RdmaRegistry {
     }
 
     /// [`post`](Self::post) `list`, then send `notice` to the list's peer
-    /// once every entry completed successfully; if any failed, the notice
+    /// once every entry completed successfully (an empty list has nothing
+    /// to wait for, so its notice goes at once); if any failed, the notice
     /// is withheld (never sent), as for
     /// [`get_with_notice`](Self::get_with_notice).
     ///
@@ -580,7 +581,7 @@ impl RdmaRegistry {
             });
         }
         let results = self.post(list, buffers).await?;
-        if !results.is_empty() && results.iter().all(Result::is_ok) {
+        if results.iter().all(Result::is_ok) {
             self.notify(list.peer(), notice).await?;
         }
         Ok(results)

@@ -120,8 +120,10 @@ impl LeaseWait {
         }
     }
 
+    /// Whether the lease ended: expired, or its backend's future resolved
+    /// (polled here, since nobody else may ever poll it).
     fn has_ended(&self, now: Instant) -> bool {
-        now >= self.expires_at || self.released.peek().is_some()
+        now >= self.expires_at || self.released.clone().now_or_never().is_some()
     }
 }
 
@@ -147,8 +149,10 @@ impl RegionGuard {
     /// not affected.
     ///
     /// # Errors
-    /// [`RdmaError::OutOfRange`] for no readers, too many, or a zero
-    /// `ttl`; [`RdmaError::ShuttingDown`]; [`RdmaError::RegionNotFound`]
+    /// [`RdmaError::OutOfRange`] for no readers, too many, a `ttl` too
+    /// long to be an instant, or one that ran out before the engine made
+    /// the lease (zero, or shorter than the hand-off to the engine, which
+    /// on a busy host can take milliseconds); [`RdmaError::ShuttingDown`]; [`RdmaError::RegionNotFound`]
     /// if the backend no longer holds the region;
     /// [`RdmaError::Unsupported`] for a backend without leases;
     /// [`RdmaError::InvalidDescriptor`] for a key a descriptor cannot

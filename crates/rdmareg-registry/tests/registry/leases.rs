@@ -250,3 +250,64 @@ async fn bad_terms_and_bad_releases_are_typed_errors() {
         Err(RdmaError::ShuttingDown)
     );
 }
+
+/// A lease a reader released is forgotten at the region's next lease, not
+/// kept until its expiry: a long-lived region leased and released many
+/// times holds only what is live, and `readers_done` counts only that.
+#[tokio::test(start_paused = true)]
+async fn released_leases_are_forgotten_at_the_next_lease() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let source = owned(&owner, 10).await;
+    for _ in 0..50 {
+        let lease = source.lease(1, TTL).await.unwrap();
+        consumer
+            .registry
+            .release_lease(OWNER, lease.descriptor())
+            .await
+            .unwrap();
+    }
+    let last = source.lease(1, TTL).await.unwrap();
+    consumer
+        .registry
+        .release_lease(OWNER, last.descriptor())
+        .await
+        .unwrap();
+    let done = within(
+        Duration::from_secs(1),
+        "readers done",
+        source.readers_done(),
+    )
+    .await;
+    assert_eq!(done, readers(1, 0, 0), "only the last lease is still known");
+    drop(source);
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
+}
+
+/// A `ttl` that lands within a second of the last `Instant` would make
+/// the timers waiting for it overflow: refused as out of range, like one
+/// past it.
+#[tokio::test(start_paused = true)]
+async fn a_ttl_at_the_end_of_time_is_out_of_range() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let source = owned(&owner, 11).await;
+    let now = tokio::time::Instant::now().into_std();
+    let (mut fits, mut overflows) = (0u64, u64::MAX);
+    while overflows - fits > 1 {
+        let middle = fits + (overflows - fits) / 2;
+        if now.checked_add(Duration::from_secs(middle)).is_some() {
+            fits = middle;
+        } else {
+            overflows = middle;
+        }
+    }
+    let ttl = Duration::from_secs(fits) - Duration::from_micros(300);
+    assert!(now.checked_add(ttl).is_some());
+    assert_eq!(
+        source.lease(1, ttl).await.err(),
+        Some(RdmaError::OutOfRange)
+    );
+    drop(source);
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
+}

@@ -227,6 +227,32 @@ async fn a_lists_notice_follows_its_entries_and_only_whole_lists() {
     assert!(answers[1].is_err());
     consumer.registry.notify(OWNER, "marker").await.unwrap();
     assert_eq!(&next_notice(&mut notices).await.bytes[..], b"marker");
+    // An empty list has nothing to wait for: its notice goes at once.
+    let empty = consumer.registry.transfer_list(OWNER);
+    assert_eq!(
+        consumer
+            .registry
+            .post_with_notice(&empty, &mut buffers, "nothing to read")
+            .await,
+        Ok(Vec::new())
+    );
+    assert_eq!(
+        &next_notice(&mut notices).await.bytes[..],
+        b"nothing to read"
+    );
+    // An empty list has nothing to wait for: its notice goes at once.
+    let empty = consumer.registry.transfer_list(OWNER);
+    assert_eq!(
+        consumer
+            .registry
+            .post_with_notice(&empty, &mut buffers, "nothing to read")
+            .await,
+        Ok(Vec::new())
+    );
+    assert_eq!(
+        &next_notice(&mut notices).await.bytes[..],
+        b"nothing to read"
+    );
     assert_eq!(
         consumer
             .registry
