@@ -96,6 +96,7 @@ fn read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
     };
     vec![
         ("key".into(), key.encode().to_vec()),
+        ("lease_key".into(), key.encode_lease().to_vec()),
         ("request".into(), request.encode().to_vec()),
         ("reply_served".into(), served.encode().to_vec()),
         ("reply_refused".into(), refused.encode().to_vec()),

@@ -12,7 +12,9 @@
 //!   releases), which decodes on purpose to the served key it starts with:
 //!   its first 28 bytes, lane byte aside, must re-encode exactly, and only
 //!   its tail (mapped range and UCX key, unused when reading through the
-//!   owner) is dropped.
+//!   owner) is dropped;
+//! * a lease key (lane 3) also decodes to a served key, read through the
+//!   owner: it re-encodes exactly as a lease key.
 
 #![no_main]
 
@@ -23,6 +25,9 @@ use rdmareg_ucx::read_protocol::{ReadKey, ReadReply, ReadRequest, ServedKey};
 /// The lane byte of the same-host key of earlier releases.
 const LANE_ONE: u8 = 1;
 
+/// The lane byte of a lease key.
+const LANE_LEASE: u8 = 3;
+
 fuzz_target!(|bytes: &[u8]| {
     if let Ok(key) = ServedKey::decode(bytes) {
         assert_eq!(&key.encode()[..], bytes, "an accepted key re-encodes to itself");
@@ -32,6 +37,10 @@ fuzz_target!(|bytes: &[u8]| {
             let encoded = key.encode();
             assert_eq!(encoded[..3], bytes[..3], "a lane-1 key keeps its magic and version");
             assert_eq!(encoded[4..], bytes[4..28], "a lane-1 key keeps its served part");
+        }
+        Ok(ReadKey::Served(key)) if bytes.get(3) == Some(&LANE_LEASE) => {
+            assert_eq!(&key.encode_lease()[..], bytes, "an accepted lease key re-encodes to itself");
+            assert_eq!(ServedKey::decode_lease(bytes), Ok(key));
         }
         Ok(ReadKey::Served(key)) => {
             assert_eq!(&key.encode()[..], bytes, "an accepted served key re-encodes to itself");
