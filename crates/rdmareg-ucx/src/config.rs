@@ -63,6 +63,12 @@ impl Transport {
         !matches!(self, Transport::SharedMemoryNoErrorHandling)
     }
 
+    /// Whether every lane of every endpoint is tcp: `UCX_TLS` is `tcp`
+    /// alone.
+    pub(crate) fn only_tcp(&self) -> bool {
+        self.tls() == Some("tcp")
+    }
+
     fn tls(&self) -> Option<&str> {
         match self {
             Transport::Auto => None,

@@ -85,6 +85,9 @@ pub(crate) struct Events {
     /// where the operator shapes UCX's protocols
     /// (`UcxConfig::reads_in_chunks_allowed`).
     pub(crate) fragment_sized_replies: Cell<bool>,
+    /// The context has tcp alone (`Transport::Tcp`): every endpoint's
+    /// lanes are tcp, so no endpoint needs asking.
+    pub(crate) only_tcp: Cell<bool>,
     /// Whether replies to the list request being handled go one tcp
     /// fragment each, and to which endpoint (`serve::one_fragment_each`);
     /// cleared when its handler returns.
@@ -119,6 +122,7 @@ impl Default for Events {
             dropped_messages: Cell::new(0),
             hand_offs: Cell::new(0),
             fragment_sized_replies: Cell::new(false),
+            only_tcp: Cell::new(false),
             fragment_memo: Cell::new(None),
             tcp_ranges_per_zero_copy_fragment: Cell::new(
                 super::read_lists::ZERO_COPY_RANGES_PER_FRAGMENT,

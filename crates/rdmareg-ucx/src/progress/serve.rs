@@ -75,8 +75,14 @@ pub(super) unsafe fn one_fragment_each(events: &Events, ep: sys::ucp_ep_h) -> bo
     match events.fragment_memo.get() {
         Some((memo, each)) if memo == ep as usize => each,
         _ => {
+            // A context of tcp alone is answered without asking UCX: an
+            // endpoint whose connection failed under a consumer that
+            // vanished mid-list was seen to crash `ucp_ep_query` (a read
+            // of its lanes' configuration), and a reply endpoint of such a
+            // consumer reaches this handler.
             // SAFETY: the caller's contract.
-            let each = events.fragment_sized_replies.get() && unsafe { every_lane_is_tcp(ep) };
+            let each = events.fragment_sized_replies.get()
+                && (events.only_tcp.get() || unsafe { every_lane_is_tcp(ep) });
             events.fragment_memo.set(Some((ep as usize, each)));
             each
         }
