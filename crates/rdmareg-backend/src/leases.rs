@@ -159,14 +159,14 @@ impl<R: PartialEq> RegionLeases<R> {
         if let Some(lease) = self
             .live
             .iter()
-            .find(|l| matches(&l.capability, capability))
+            .find(|l| capabilities_match(&l.capability, capability))
         {
             let expired = now.is_some_and(|now| now >= lease.terms.expires_at);
             return Some(if expired { Err(LeaseEnded) } else { Ok(()) });
         }
         self.ended
             .iter()
-            .any(|ended| matches(ended, capability))
+            .any(|ended| capabilities_match(ended, capability))
             .then_some(Err(LeaseEnded))
     }
 
@@ -181,13 +181,15 @@ impl<R: PartialEq> RegionLeases<R> {
         let Some(at) = self
             .live
             .iter()
-            .position(|l| matches(&l.capability, capability))
+            .position(|l| capabilities_match(&l.capability, capability))
         else {
-            return ReleaseOutcome::Ignored(if self.ended.iter().any(|e| matches(e, capability)) {
-                IgnoredRelease::AlreadyEnded
-            } else {
-                IgnoredRelease::UnknownLease
-            });
+            return ReleaseOutcome::Ignored(
+                if self.ended.iter().any(|e| capabilities_match(e, capability)) {
+                    IgnoredRelease::AlreadyEnded
+                } else {
+                    IgnoredRelease::UnknownLease
+                },
+            );
         };
         let lease = &mut self.live[at];
         if now.is_some_and(|now| now >= lease.terms.expires_at) {
@@ -225,7 +227,9 @@ impl<R: PartialEq> RegionLeases<R> {
     }
 }
 
-/// Compares capabilities without an early exit.
-fn matches(a: &[u8; 16], b: &[u8; 16]) -> bool {
+/// Compares capabilities without an early exit, so the time to refuse does
+/// not tell a guessing peer how many leading bytes it got right. The
+/// engine kit's owner compares registrations' capabilities with it too.
+pub fn capabilities_match(a: &[u8; 16], b: &[u8; 16]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

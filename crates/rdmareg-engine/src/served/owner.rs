@@ -112,8 +112,8 @@ use rustc_hash::FxHashMap as HashMap;
 
 pub use super::refusal::Refusal;
 use super::wire;
-use rdmareg_backend::leases::RegionLeases;
 pub use rdmareg_backend::leases::{LeaseReleased, LeaseTerms, ReleaseOutcome};
+use rdmareg_backend::leases::{RegionLeases, capabilities_match};
 
 /// A read as a consumer asks it: the fields every backend's request
 /// carries, decoded.
@@ -1048,12 +1048,6 @@ fn part_len(entry_replies: &[ListEntryReply], limits: ListLimits) -> usize {
         end += 1;
     }
     end
-}
-
-/// Compares capabilities without an early exit, so the time to refuse does
-/// not tell a guessing peer how many leading bytes it got right.
-fn capabilities_match(a: &[u8; 16], b: &[u8; 16]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]
