@@ -63,12 +63,6 @@ impl Transport {
         !matches!(self, Transport::SharedMemoryNoErrorHandling)
     }
 
-    /// Whether every lane of every endpoint is tcp: `UCX_TLS` is `tcp`
-    /// alone.
-    pub(crate) fn only_tcp(&self) -> bool {
-        self.tls() == Some("tcp")
-    }
-
     fn tls(&self) -> Option<&str> {
         match self {
             Transport::Auto => None,
@@ -504,6 +498,44 @@ pub(crate) struct UcxSettings {
     pub(crate) overridden: Option<String>,
 }
 
+impl UcxSettings {
+    /// Whether every lane to another process is tcp, read from the
+    /// transport list alone: it allows `tcp` and nothing else but `self`
+    /// (which reaches only the engine's own worker). A deny list, UCX's
+    /// default or any other transport answers `false`, since which lanes a
+    /// peer gets then depends on where it runs.
+    ///
+    /// The owner answers list requests from this rather than by asking UCX
+    /// about the endpoint a request came on: UCX can hand a request handler
+    /// an endpoint whose configuration is already gone (a consumer that
+    /// vanished mid-list), and querying its lanes then reads freed memory.
+    pub(crate) fn every_lane_is_tcp(&self) -> bool {
+        let Some((_, tls)) = self.pairs.iter().rev().find(|(key, _)| key == "TLS") else {
+            return false;
+        };
+        every_lane_is_tcp_under(tls)
+    }
+}
+
+/// [`UcxSettings::every_lane_is_tcp`] for the `UCX_TLS` value `tls`.
+fn every_lane_is_tcp_under(tls: &str) -> bool {
+    if tls.trim_start().starts_with('^') {
+        return false;
+    }
+    let mut names = tls
+        .split(',')
+        .map(|name| name.trim().trim_start_matches('\\').to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .peekable();
+    let mut tcp = false;
+    let only_tcp_and_self = names.peek().is_some()
+        && names.all(|name| {
+            tcp |= name == "tcp";
+            name == "tcp" || name == "self"
+        });
+    only_tcp_and_self && tcp
+}
+
 /// A transport list without System V shared memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct TlsWithoutSysv {
@@ -659,6 +691,40 @@ mod tests {
             .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The owner cuts list replies to tcp fragments only where the
+    /// transport list leaves a peer no lane but tcp; it never asks an
+    /// endpoint (see `UcxSettings::every_lane_is_tcp`).
+    #[test]
+    fn only_a_tcp_list_makes_every_lane_tcp() {
+        let under = |config: UcxConfig, env: Option<&str>| {
+            config
+                .ucx_settings_with(
+                    |key| (key == "TLS").then(|| env.map(str::to_owned))?,
+                    &|_| true,
+                )
+                .expect("valid settings")
+                .every_lane_is_tcp()
+        };
+        let with = |transport| UcxConfig::default().with_transport(transport);
+        assert!(under(with(Transport::Tcp), None));
+        assert!(!under(with(Transport::SameHost), None), "cma is a lane");
+        assert!(!under(with(Transport::SharedMemoryNoErrorHandling), None));
+        assert!(!under(with(Transport::Auto), None), "UCX's default");
+        assert!(under(with(Transport::Auto), Some("tcp")), "UCX_TLS=tcp");
+        assert!(!under(with(Transport::Auto), Some("^posix")), "a deny list");
+        for (tls, every_lane_tcp) in [
+            ("tcp,self", true),
+            (" TCP , \\self ", true),
+            ("self", false),
+            ("tcp,posix", false),
+            ("tcp,rc", false),
+            ("", false),
+        ] {
+            let custom = Transport::Custom { tls: tls.into() };
+            assert_eq!(under(with(custom), None), every_lane_tcp, "{tls:?}");
+        }
     }
 
     #[test]

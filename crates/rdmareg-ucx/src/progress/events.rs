@@ -85,13 +85,10 @@ pub(crate) struct Events {
     /// where the operator shapes UCX's protocols
     /// (`UcxConfig::reads_in_chunks_allowed`).
     pub(crate) fragment_sized_replies: Cell<bool>,
-    /// The context has tcp alone (`Transport::Tcp`): every endpoint's
-    /// lanes are tcp, so no endpoint needs asking.
-    pub(crate) only_tcp: Cell<bool>,
-    /// Whether replies to the list request being handled go one tcp
-    /// fragment each, and to which endpoint (`serve::one_fragment_each`);
-    /// cleared when its handler returns.
-    pub(crate) fragment_memo: Cell<Option<(usize, bool)>>,
+    /// The transport list leaves a peer no lane but tcp
+    /// (`UcxSettings::every_lane_is_tcp`), so list replies go one tcp
+    /// fragment each; no endpoint is ever asked.
+    pub(crate) every_lane_is_tcp: Cell<bool>,
     /// Ranges one zero-copy fragment carries on a tcp-only connection
     /// (`read_lists::copied_into_segments`), from
     /// `UcxConfig::tcp_ranges_per_zero_copy_fragment`.
@@ -122,8 +119,7 @@ impl Default for Events {
             dropped_messages: Cell::new(0),
             hand_offs: Cell::new(0),
             fragment_sized_replies: Cell::new(false),
-            only_tcp: Cell::new(false),
-            fragment_memo: Cell::new(None),
+            every_lane_is_tcp: Cell::new(false),
             tcp_ranges_per_zero_copy_fragment: Cell::new(
                 super::read_lists::ZERO_COPY_RANGES_PER_FRAGMENT,
             ),

@@ -217,7 +217,7 @@ impl Engine {
         // protocols to be the engine's own.
         let reads_in_chunks = config.reads_in_chunks_allowed_by_env();
         events.fragment_sized_replies.set(reads_in_chunks);
-        events.only_tcp.set(config.transport.only_tcp());
+        events.every_lane_is_tcp.set(settings.every_lane_is_tcp());
         events
             .tcp_ranges_per_zero_copy_fragment
             .set(config.tcp_ranges_per_zero_copy_fragment_by_env());

@@ -187,9 +187,7 @@ pub(super) unsafe extern "C" fn on_read_list_request(
     };
     // SAFETY: what UCX passed this handler, used only during it.
     let header = unsafe { handler_header(header, header_length) };
-    // SAFETY: `reply_ep` is the live endpoint UCX just handed this handler,
-    // on the worker's thread.
-    let one_fragment_each = unsafe { one_fragment_each(events, reply_ep) };
+    let one_fragment_each = one_fragment_each(events);
     let limits = ListLimits {
         max_entry: MAX_GATHERED_ENTRY,
         max_total: MAX_GATHERED_BYTES,
@@ -210,8 +208,6 @@ pub(super) unsafe extern "C" fn on_read_list_request(
     // SAFETY: inside the handler that handed over `reply_ep`, on the
     // worker's thread.
     unsafe { perform_actions(events) };
-    // `reply_ep` may name another endpoint after this handler.
-    events.fragment_memo.set(None);
     sys::UCS_OK
 }
 

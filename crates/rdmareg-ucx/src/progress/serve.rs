@@ -25,9 +25,7 @@ use ucx_sys as sys;
 
 use super::events::Events;
 use super::read_lists::{ZERO_COPY_RANGES_PER_FRAGMENT, copied_into_segments};
-use super::ucp::{
-    MemHandle, SendMode, every_lane_is_tcp, handler_header, send_active_message, send_gathered,
-};
+use super::ucp::{MemHandle, SendMode, handler_header, send_active_message, send_gathered};
 use crate::read_list::READ_LIST_REPLY_AM_ID;
 use crate::read_protocol::READ_REPLY_AM_ID;
 use crate::status::PtrStatus;
@@ -66,27 +64,12 @@ pub(super) fn reply_endpoint(param: &sys::ucp_am_recv_param_t) -> Option<sys::uc
     (has_reply_ep && !param.reply_ep.is_null()).then_some(param.reply_ep)
 }
 
-/// Whether replies to `ep` are cut to one tcp fragment each (`read_lists`),
-/// remembered for the list request being handled (its replies ask again).
+/// Whether list replies are cut to one tcp fragment each (`read_lists`).
 ///
-/// # Safety
-/// `ep` is a live endpoint of the worker, used on its thread.
-pub(super) unsafe fn one_fragment_each(events: &Events, ep: sys::ucp_ep_h) -> bool {
-    match events.fragment_memo.get() {
-        Some((memo, each)) if memo == ep as usize => each,
-        _ => {
-            // A context of tcp alone is answered without asking UCX: an
-            // endpoint whose connection failed under a consumer that
-            // vanished mid-list was seen to crash `ucp_ep_query` (a read
-            // of its lanes' configuration), and a reply endpoint of such a
-            // consumer reaches this handler.
-            // SAFETY: the caller's contract.
-            let each = events.fragment_sized_replies.get()
-                && (events.only_tcp.get() || unsafe { every_lane_is_tcp(ep) });
-            events.fragment_memo.set(Some((ep as usize, each)));
-            each
-        }
-    }
+/// Decided once per engine from its settings, never by asking UCX about the
+/// endpoint a request came on: see `UcxSettings::every_lane_is_tcp`.
+pub(super) fn one_fragment_each(events: &Events) -> bool {
+    events.fragment_sized_replies.get() && events.every_lane_is_tcp.get()
 }
 
 /// UCX's handler for a read request (`READ_REQUEST_AM_ID`).
@@ -188,8 +171,7 @@ pub(super) unsafe fn perform_actions(events: &Events) {
                     .filter_map(|a| a.outcome.ok())
                     .collect();
                 let payload: u64 = served.iter().map(|p| p.length).sum();
-                // SAFETY: `ep` is a live `reply_ep` (the caller's contract).
-                let per_fragment = if unsafe { one_fragment_each(events, ep) } {
+                let per_fragment = if one_fragment_each(events) {
                     events.tcp_ranges_per_zero_copy_fragment.get()
                 } else {
                     ZERO_COPY_RANGES_PER_FRAGMENT

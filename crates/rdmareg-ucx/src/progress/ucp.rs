@@ -215,24 +215,6 @@ impl EpHandle {
     }
 }
 
-/// Whether every lane of `ep` is tcp: such an endpoint takes replies of
-/// more than one tcp segment in several eager fragments (see `chunks`).
-/// Allocates nothing when the query succeeds.
-///
-/// # Safety
-/// `ep` is a live endpoint, used on its worker's thread.
-pub(crate) unsafe fn every_lane_is_tcp(ep: sys::ucp_ep_h) -> bool {
-    let (mut lanes, mut tcp) = (0usize, 0usize);
-    // SAFETY: the caller's contract.
-    let queried = unsafe {
-        for_each_lane_transport(ep, |name| {
-            lanes += 1;
-            tcp += usize::from(name.to_bytes() == b"tcp");
-        })
-    };
-    queried.is_ok() && lanes > 0 && lanes == tcp
-}
-
 /// Calls `each` with the transport name of every lane of `ep`
 /// (`ucp_ep_attr::transports`).
 ///
