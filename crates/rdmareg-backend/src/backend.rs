@@ -51,6 +51,17 @@
 //!     arrived. A backend refuses to lease (the default,
 //!     [`RdmaError::Unsupported`]) rather than issue a key whose reads it
 //!     could not end.
+//! 12. **A write lands only where its owner allowed it.** A
+//!     [`put`](RdmaBackend::put) writes nothing outside `[remote_addr,
+//!     remote_addr + len)` of a live registration its owner mapped with
+//!     write access ([`map_with_access`](RdmaBackend::map_with_access));
+//!     to one without it, it fails [`RdmaError::AccessDenied`] having
+//!     written nothing. It holds its source region as a GET holds its
+//!     destination (an unmap of it waits), and completes only once the
+//!     transport let go of the source; `Ok(())` means the bytes are in the
+//!     owner's registration. An unmap of the owner's region waits for
+//!     writes into it in flight. A backend without writes refuses them
+//!     with [`RdmaError::Unsupported`].
 
 use std::sync::Arc;
 
@@ -58,8 +69,8 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use rdmareg_core::{
-    BackendGet, BackendRegion, LeaseEnd, LeaseTerms, MAX_NOTICE_BYTES, Notice, NoticeDrops,
-    NoticeSender, PeerId, RdmaError,
+    Access, BackendGet, BackendPut, BackendRegion, LeaseEnd, LeaseTerms, MAX_NOTICE_BYTES, Notice,
+    NoticeDrops, NoticeSender, PeerId, RdmaError,
 };
 
 /// A descriptor lease a backend made (contract point 11).
@@ -81,7 +92,8 @@ impl std::fmt::Debug for BackendLease {
     }
 }
 
-/// An RDMA provider: registers memory and pulls remote memory into it.
+/// An RDMA provider: registers memory, pulls remote memory into it and, where
+/// it offers writes, pushes it into remote registrations.
 ///
 /// # Safety
 /// The registry hands a GET's destination back to safe code when the GET
@@ -202,6 +214,39 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     unsafe fn map(&self, ptr: usize, len: usize)
     -> BoxFuture<'_, Result<BackendRegion, RdmaError>>;
 
+    /// [`map`](Self::map) with the [`Access`] peers get: `Access::Read` is
+    /// what `map` registers; a registration that allows writes lets peers
+    /// holding its key write its bytes (contract point 12).
+    ///
+    /// The default maps `Access::Read` with `map` and refuses the others
+    /// with [`RdmaError::Unsupported`], mapping nothing.
+    ///
+    /// # Safety
+    /// As [`map`](Self::map). For an access that allows writes the caller
+    /// also accepts that peers write the range at any time until the unmap
+    /// returns `Ok(())`: it reads the bytes only in ways that tolerate that
+    /// (never through a Rust reference while a write may land).
+    ///
+    /// # Errors
+    /// As [`map`](Self::map); [`RdmaError::Unsupported`] for an access the
+    /// backend cannot grant.
+    ///
+    /// # Cancel safety
+    /// As [`map`](Self::map).
+    unsafe fn map_with_access(
+        &self,
+        ptr: usize,
+        len: usize,
+        access: Access,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        if access == Access::Read {
+            // SAFETY: this method's caller gives the terms `map` asks for.
+            unsafe { self.map(ptr, len) }
+        } else {
+            Box::pin(async { Err(unsupported_writes()) })
+        }
+    }
+
     /// Deregister a region. Idempotent; `Ok(())` means "no longer pinned".
     ///
     /// # Cancel safety
@@ -280,6 +325,62 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
         // SAFETY: this method's caller gives the terms `get_batch` asks for.
         unsafe { self.get_batch(requests.to_vec()) }
+    }
+
+    /// Write a locally registered range into a peer's registration
+    /// (contract point 12).
+    ///
+    /// The default refuses with [`RdmaError::Unsupported`].
+    ///
+    /// # Safety
+    /// `request.local_region_id` names a region the caller mapped through
+    /// this backend, and nothing writes the source bytes from the call until
+    /// the future completes or, if it is dropped, until an `unmap` of that
+    /// region returns `Ok(())` (the transport may still be reading them).
+    ///
+    /// # Errors
+    /// [`RdmaError::RegionNotFound`] for an unknown or unmapping source or
+    /// target, [`RdmaError::OutOfRange`] for a range outside either (or a
+    /// zero length), [`RdmaError::InvalidKey`] for a malformed key,
+    /// [`RdmaError::AccessDenied`] for a target registered without write
+    /// access, [`RdmaError::NotConfigured`] for an unknown peer,
+    /// [`RdmaError::Timeout`] past the deadline. After `Timeout` or a
+    /// transport failure the target range holds unspecified bytes of the
+    /// source or its earlier ones.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not stop the transfer; the source stays
+    /// held until it has finished.
+    unsafe fn put(&self, request: BackendPut) -> BoxFuture<'_, Result<(), RdmaError>> {
+        let _ = request;
+        Box::pin(async { Err(unsupported_writes()) })
+    }
+
+    /// Write several ranges in one submission; one result per request, in
+    /// order, each what that request alone would get.
+    ///
+    /// The default runs every request as its own [`put`](Self::put), all at
+    /// once.
+    ///
+    /// # Safety
+    /// As [`put`](Self::put), for every request.
+    ///
+    /// # Errors
+    /// Per entry, as [`put`](Self::put).
+    ///
+    /// # Cancel safety
+    /// As [`put`](Self::put), for every entry.
+    unsafe fn put_batch(
+        &self,
+        requests: Vec<BackendPut>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        let puts: Vec<_> = requests
+            .into_iter()
+            // SAFETY: the caller of `put_batch` gives every request's source
+            // under the same terms `put` asks for.
+            .map(|request| unsafe { self.put(request) })
+            .collect();
+        Box::pin(futures::future::join_all(puts))
     }
 
     /// How many registrations the backend still holds, if it can say.
@@ -416,6 +517,13 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<(), RdmaError>> {
         let _ = (peer, packed_key);
         Box::pin(async { Err(unsupported_leases()) })
+    }
+}
+
+/// What a backend without writes answers.
+fn unsupported_writes() -> RdmaError {
+    RdmaError::Unsupported {
+        operation: "remote writes",
     }
 }
 

@@ -20,4 +20,6 @@ pub mod own_process;
 pub use backend::{BackendLease, RdmaBackend};
 /// The system page size, to which contract point 7 rounds.
 pub use loopback::page_size;
-pub use rdmareg_core::{BackendGet, BackendRegion, LeaseEnd, LeaseTerms, PeerId, RdmaError};
+pub use rdmareg_core::{
+    Access, BackendGet, BackendPut, BackendRegion, LeaseEnd, LeaseTerms, PeerId, RdmaError,
+};

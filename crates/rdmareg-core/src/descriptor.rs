@@ -1,10 +1,11 @@
 //! The wire [`Descriptor`]: what an owner hands a consumer to GET a range.
 //!
-//! # Encoding (version 1, integers little-endian)
+//! # Encoding (integers little-endian)
 //! | bytes | field |
 //! |---|---|
 //! | 2 | magic `b"RD"` |
-//! | 1 | version, `1` |
+//! | 1 | version, `1` or `2` |
+//! | 1 | version 2 only: the [`Access`] granted, as [`Access::to_bits`] (1, 2 or 3) |
 //! | 1 | backend key length `k`, 1..=[`MAX_BACKEND_KEY_LEN`] |
 //! | k | backend key, printable ASCII (`"ucx"`, `"loopback"`) |
 //! | 8 | address |
@@ -13,6 +14,12 @@
 //! | 2 | packed key length `p`, 1..=[`MAX_PACKED_KEY_LEN`] |
 //! | p | packed key |
 //!
+//! A descriptor granting [`Access::Read`] is written as version 1, the
+//! encoding of every build before access rights, so readers of any build
+//! decode it; version 1 decodes as [`Access::Read`]. A descriptor granting
+//! a write needs version 2, which an older build refuses as an unknown
+//! version rather than misreading it.
+//!
 //! Self-delimiting: [`Descriptor::decode_prefix`] reads one from the front
 //! of a buffer, [`Descriptor::decode`] insists on exactly one. Decoding
 //! never reads outside the slice, panics or allocates past the key caps;
@@ -20,7 +27,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::RdmaError;
+use crate::{Access, RdmaError};
 
 /// Largest packed remote key a descriptor may carry, in bytes.
 pub const MAX_PACKED_KEY_LEN: usize = 1024;
@@ -28,12 +35,16 @@ pub const MAX_PACKED_KEY_LEN: usize = 1024;
 pub const MAX_BACKEND_KEY_LEN: usize = 32;
 
 const MAGIC: [u8; 2] = *b"RD";
-const VERSION: u8 = 1;
-/// Bytes of a descriptor that are not the two variable-length keys.
+/// The encoding of a read-only descriptor.
+const VERSION_READ: u8 = 1;
+/// The encoding that carries an access byte.
+const VERSION_ACCESS: u8 = 2;
+/// Bytes of a version 1 descriptor that are not the two variable-length keys.
 const FIXED_LEN: usize = 2 + 1 + 1 + 8 + 8 + 8 + 2;
 
 /// A description of `len` registered bytes at `addr` in the owner's address
-/// space, readable by a peer holding `packed_key`.
+/// space, which a peer holding `packed_key` may read, write or both, as
+/// [`access`](Descriptor::access) says.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Descriptor {
     backend_key: String,
@@ -41,6 +52,7 @@ pub struct Descriptor {
     len: u64,
     generation: u64,
     packed_key: Bytes,
+    access: Access,
 }
 
 /// Why a [`Descriptor`] could not be decoded or built.
@@ -74,6 +86,9 @@ pub enum DescriptorError {
     /// `address + length` overflows.
     #[error("descriptor range overflows the address space")]
     LengthOverflow,
+    /// A version 2 access byte that names no [`Access`].
+    #[error("descriptor grants an unknown access {0:#04x}")]
+    InvalidAccess(u8),
     /// Bytes remain after the descriptor where exactly one was expected.
     #[error("{0} trailing bytes after descriptor")]
     TrailingBytes(usize),
@@ -103,7 +118,9 @@ impl From<DescriptorError> for RdmaError {
 }
 
 impl Descriptor {
-    /// Build a descriptor, checking the same rules decoding enforces.
+    /// Build a descriptor granting [`Access::Read`], checking the same
+    /// rules decoding enforces; [`granting`](Self::granting) changes the
+    /// access.
     pub fn new(
         backend_key: &str,
         addr: u64,
@@ -122,7 +139,22 @@ impl Descriptor {
             len,
             generation,
             packed_key,
+            access: Access::Read,
         })
+    }
+
+    /// This descriptor granting `access` instead. The owner's backend
+    /// decides what a key may do: a descriptor that claims more than its
+    /// registration allows is refused by the owner with
+    /// [`RdmaError::AccessDenied`].
+    pub fn granting(mut self, access: Access) -> Descriptor {
+        self.access = access;
+        self
+    }
+
+    /// What the descriptor's holder may do with the range.
+    pub fn access(&self) -> Access {
+        self.access
     }
 
     /// The backend's wire name (`"ucx"`, `"loopback"`).
@@ -172,19 +204,26 @@ impl Descriptor {
             len,
             generation: self.generation,
             packed_key: self.packed_key.clone(),
+            access: self.access,
         })
     }
 
     /// Size of [`encode`](Self::encode)'s output.
     pub fn encoded_len(&self) -> usize {
-        FIXED_LEN + self.backend_key.len() + self.packed_key.len()
+        let access_byte = usize::from(self.access != Access::Read);
+        FIXED_LEN + access_byte + self.backend_key.len() + self.packed_key.len()
     }
 
     /// Append the encoding to `out`.
     pub fn encode_into(&self, out: &mut BytesMut) {
         out.reserve(self.encoded_len());
         out.put_slice(&MAGIC);
-        out.put_u8(VERSION);
+        if self.access == Access::Read {
+            out.put_u8(VERSION_READ);
+        } else {
+            out.put_u8(VERSION_ACCESS);
+            out.put_u8(self.access.to_bits());
+        }
         // Lengths were checked at construction: both fit their fields.
         out.put_u8(self.backend_key.len() as u8);
         out.put_slice(self.backend_key.as_bytes());
@@ -217,10 +256,14 @@ impl Descriptor {
         if reader.take(2)? != MAGIC {
             return Err(DescriptorError::BadMagic);
         }
-        let version = reader.u8()?;
-        if version != VERSION {
-            return Err(DescriptorError::UnsupportedVersion(version));
-        }
+        let access = match reader.u8()? {
+            VERSION_READ => Access::Read,
+            VERSION_ACCESS => {
+                let bits = reader.u8()?;
+                Access::from_bits(bits).ok_or(DescriptorError::InvalidAccess(bits))?
+            }
+            version => return Err(DescriptorError::UnsupportedVersion(version)),
+        };
         let key_len = reader.u8()? as usize;
         let backend_key = reader.take(key_len)?;
         check_backend_key(backend_key)?;
@@ -242,6 +285,7 @@ impl Descriptor {
                 len,
                 generation,
                 packed_key,
+                access,
             },
             reader.pos,
         ))
@@ -342,11 +386,42 @@ mod tests {
     #[test]
     fn wrong_version_is_refused() {
         let mut wire = sample().encode().to_vec();
-        wire[2] = 2;
+        wire[2] = 3;
         assert_eq!(
             Descriptor::decode(&wire),
-            Err(DescriptorError::UnsupportedVersion(2))
+            Err(DescriptorError::UnsupportedVersion(3))
         );
+    }
+
+    /// A read-only descriptor keeps the version 1 bytes older readers
+    /// decode; one granting a write is version 2 and says so.
+    #[test]
+    fn only_a_descriptor_granting_writes_needs_version_two() {
+        let read = sample();
+        let wire = read.encode();
+        assert_eq!((wire[2], wire.len()), (1, read.encoded_len()));
+        for access in [Access::Write, Access::ReadWrite] {
+            let d = sample().granting(access);
+            let wire = d.encode();
+            assert_eq!((wire[2], wire[3]), (2, access.to_bits()));
+            assert_eq!(wire.len(), d.encoded_len());
+            assert_eq!(wire.len(), read.encoded_len() + 1);
+            let back = Descriptor::decode(&wire).unwrap();
+            assert_eq!((back.access(), &back), (access, &d));
+            assert_eq!(back.slice(1, 2).unwrap().access(), access);
+        }
+    }
+
+    #[test]
+    fn an_unknown_access_byte_is_refused() {
+        let mut wire = sample().granting(Access::Write).encode().to_vec();
+        for bits in [0u8, 4, 0xff] {
+            wire[3] = bits;
+            assert_eq!(
+                Descriptor::decode(&wire),
+                Err(DescriptorError::InvalidAccess(bits))
+            );
+        }
     }
 
     #[test]
@@ -480,8 +555,13 @@ mod tests {
             1u64..u64::MAX / 2,
             any::<u64>(),
             prop::collection::vec(any::<u8>(), 1..=MAX_PACKED_KEY_LEN),
+            prop::sample::select(vec![Access::Read, Access::Write, Access::ReadWrite]),
         )
-            .prop_map(|(k, a, l, g, p)| Descriptor::new(&k, a, l, g, Bytes::from(p)).unwrap())
+            .prop_map(|(k, a, l, g, p, access)| {
+                Descriptor::new(&k, a, l, g, Bytes::from(p))
+                    .unwrap()
+                    .granting(access)
+            })
     }
 
     proptest! {

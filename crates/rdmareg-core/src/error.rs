@@ -92,6 +92,18 @@ pub enum RdmaError {
         available: u64,
     },
 
+    /// The source buffer holds `available` bytes and the write needs
+    /// `needed` (offset included): a local mistake.
+    #[error(
+        "source buffer too small: the write needs {needed} B (offset included), the buffer holds {available} B"
+    )]
+    SourceTooSmall {
+        /// Offset into the buffer plus the write's length.
+        needed: u64,
+        /// The buffer's length.
+        available: u64,
+    },
+
     /// The destination buffer was surrendered by a cancelled transfer and
     /// is empty for good; allocate another.
     #[error(
@@ -120,6 +132,16 @@ pub enum RdmaError {
     /// owner for a new one.
     #[error("the descriptor's lease has ended (expired or released by its readers)")]
     LeaseExpired,
+
+    /// The registration does not allow the operation: a write to memory
+    /// its owner registered for reading only, or a read of memory
+    /// registered for writing only. A fact about the descriptor; ask its
+    /// owner for one that grants the access.
+    #[error("the registration does not allow this {operation}")]
+    AccessDenied {
+        /// `"read"` or `"write"`.
+        operation: &'static str,
+    },
 }
 
 /// The variant of an [`RdmaError`] without its data, for counting by kind.
@@ -160,11 +182,15 @@ pub enum ErrorKind {
     Unsupported,
     /// [`RdmaError::LeaseExpired`].
     LeaseExpired,
+    /// [`RdmaError::AccessDenied`].
+    AccessDenied,
+    /// [`RdmaError::SourceTooSmall`].
+    SourceTooSmall,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 17] = [
+    pub const ALL: [ErrorKind; 19] = [
         ErrorKind::ShuttingDown,
         ErrorKind::BudgetExceeded,
         ErrorKind::RegionNotFound,
@@ -182,6 +208,8 @@ impl ErrorKind {
         ErrorKind::NoticeTooLarge,
         ErrorKind::Unsupported,
         ErrorKind::LeaseExpired,
+        ErrorKind::AccessDenied,
+        ErrorKind::SourceTooSmall,
     ];
 
     /// A stable snake-case name, fit for a metric label.
@@ -204,6 +232,8 @@ impl ErrorKind {
             ErrorKind::NoticeTooLarge => "notice_too_large",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::LeaseExpired => "lease_expired",
+            ErrorKind::AccessDenied => "access_denied",
+            ErrorKind::SourceTooSmall => "source_too_small",
         }
     }
 
@@ -253,6 +283,8 @@ impl RdmaError {
             RdmaError::NoticeTooLarge { .. } => ErrorKind::NoticeTooLarge,
             RdmaError::Unsupported { .. } => ErrorKind::Unsupported,
             RdmaError::LeaseExpired => ErrorKind::LeaseExpired,
+            RdmaError::AccessDenied { .. } => ErrorKind::AccessDenied,
+            RdmaError::SourceTooSmall { .. } => ErrorKind::SourceTooSmall,
         }
     }
 

@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod backend_error;
 pub mod descriptor;
 pub mod error;
@@ -14,10 +15,11 @@ pub mod notice;
 pub mod page;
 pub mod region;
 
+pub use access::Access;
 pub use backend_error::BackendError;
 pub use descriptor::{Descriptor, DescriptorError, MAX_BACKEND_KEY_LEN, MAX_PACKED_KEY_LEN};
 pub use error::{ErrorKind, RdmaError};
 pub use lease::{LeaseEnd, LeaseTerms, MAX_LEASE_READERS};
 pub use notice::{MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender};
 pub use page::{PageRange, page_enclosing_len, page_enclosing_range, round_up};
-pub use region::{BackendGet, BackendRegion, PeerId};
+pub use region::{BackendGet, BackendPut, BackendRegion, PeerId};

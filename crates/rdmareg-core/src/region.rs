@@ -1,5 +1,6 @@
 //! The values that cross the backend seam: a registration ([`BackendRegion`]),
-//! one remote read ([`BackendGet`]) and a peer's name ([`PeerId`]).
+//! one remote read ([`BackendGet`]), one remote write ([`BackendPut`]) and a
+//! peer's name ([`PeerId`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -52,6 +53,29 @@ pub struct BackendGet {
     /// Destination offset from the mapped pointer (not `effective_addr`).
     pub local_offset: u64,
     /// Bytes to read.
+    pub len: u64,
+    /// How long the transfer may take before it is cancelled with
+    /// [`RdmaError::Timeout`](crate::RdmaError::Timeout); `None` uses the
+    /// backend's default.
+    pub deadline: Option<Duration>,
+}
+
+/// One remote write: `len` bytes read at `local_offset` inside a locally
+/// registered region, written at `remote_addr` on `peer`. Remote address
+/// and key come from a descriptor the owner authored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendPut {
+    /// The peer to write to.
+    pub peer: PeerId,
+    /// Absolute address in the peer's address space, authored by the peer.
+    pub remote_addr: u64,
+    /// The peer's packed key covering `remote_addr`. Untrusted bytes.
+    pub packed_key: Bytes,
+    /// Source region, from a previous map on this side.
+    pub local_region_id: u64,
+    /// Source offset from the mapped pointer (not `effective_addr`).
+    pub local_offset: u64,
+    /// Bytes to write.
     pub len: u64,
     /// How long the transfer may take before it is cancelled with
     /// [`RdmaError::Timeout`](crate::RdmaError::Timeout); `None` uses the

@@ -46,6 +46,6 @@ pub use stats::RegistryStats;
 pub use transfer_list::TransferList;
 
 pub use rdmareg_core::{
-    Descriptor, DescriptorError, ErrorKind, MAX_LEASE_READERS, MAX_NOTICE_BYTES, Notice,
+    Access, Descriptor, DescriptorError, ErrorKind, MAX_LEASE_READERS, MAX_NOTICE_BYTES, Notice,
     NoticeDrops, NoticeSender, PageRange, PeerId, RdmaError,
 };

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
-use rdmareg_core::{BackendRegion, RdmaError};
+use rdmareg_core::{Access, BackendRegion, RdmaError};
 
 use crate::pool::memory::PageMemory;
 use crate::region::OwnedBuffer;
@@ -119,14 +119,25 @@ impl<M: MappedMemory> MapInFlight<M> {
     /// lies inside `memory`, kept alive until nothing registers it, or in a
     /// range given under `register_external`'s contract; and it is never a
     /// GET destination unless it is a pool arena, reached only through a
-    /// `PinnedBuf` the GET borrows.
-    pub(crate) unsafe fn start(inner: &Arc<Inner>, ptr: usize, len: usize, memory: M) -> Self {
+    /// `PinnedBuf` the GET borrows. With an `access` that allows writes,
+    /// no Rust reference reaches the range while it is registered (peers
+    /// write it).
+    pub(crate) unsafe fn start(
+        inner: &Arc<Inner>,
+        ptr: usize,
+        len: usize,
+        access: Access,
+        memory: M,
+    ) -> Self {
         let backend = Arc::clone(&inner.backend);
         Self {
             inner: Arc::clone(inner),
             pending: Some(Pending {
-                // SAFETY: the terms this function's caller promised (above).
-                map: Box::pin(async move { unsafe { backend.map(ptr, len) }.await }),
+                map: Box::pin(async move {
+                    // SAFETY: the terms this function's caller promised
+                    // (above).
+                    unsafe { backend.map_with_access(ptr, len, access) }.await
+                }),
                 memory,
             }),
         }

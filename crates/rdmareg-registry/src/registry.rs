@@ -11,7 +11,7 @@ use futures::stream::BoxStream;
 use parking_lot::Mutex;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{
-    Descriptor, Notice, NoticeDrops, NoticeSender, PageRange, PeerId, RdmaError,
+    Access, Descriptor, Notice, NoticeDrops, NoticeSender, PageRange, PeerId, RdmaError,
     page_enclosing_range,
 };
 use tokio::runtime::Handle;
@@ -210,13 +210,41 @@ impl RdmaRegistry {
         ptr: *mut u8,
         len: usize,
     ) -> impl Future<Output = Result<RegionGuard, RdmaError>> + Send + '_ {
+        // SAFETY: this function's caller gives `register_external_with`'s
+        // terms, which for `Access::Read` are these.
+        unsafe { self.register_external_with(ptr, len, Access::Read) }
+    }
+
+    /// [`register_external`](Self::register_external), granting peers
+    /// `access`: with [`Access::Write`] or [`Access::ReadWrite`] peers
+    /// holding the descriptor may [`put`](Self::put) into the range.
+    ///
+    /// # Safety
+    /// As [`register_external`](Self::register_external). With an access
+    /// that allows writes, peers write the range at any moment until the
+    /// guard's [`deregistered`](RegionGuard::deregistered) resolves: read it
+    /// only through [`RegionWatch::read`](crate::RegionWatch::read) or raw
+    /// pointer copies, never through a reference.
+    ///
+    /// # Errors
+    /// As [`register_external`](Self::register_external);
+    /// [`RdmaError::Unsupported`] from a backend that cannot grant writes.
+    ///
+    /// # Cancel safety
+    /// As [`register_external`](Self::register_external).
+    pub unsafe fn register_external_with(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> impl Future<Output = Result<RegionGuard, RdmaError>> + Send + '_ {
         let range = std::ptr::NonNull::new(ptr)
             .filter(|p| (p.as_ptr() as usize).checked_add(len).is_some() && len > 0)
             .map(Address);
         async move {
             let result = match range {
                 Some(range) => self
-                    .register_range(range, len, None)
+                    .register_range(range, len, access, None)
                     .await
                     .map_err(|(error, _)| error),
                 None => Err(RdmaError::OutOfRange),
@@ -241,6 +269,26 @@ impl RdmaRegistry {
         &self,
         buffer: Box<[u8]>,
     ) -> Result<RegionGuard, RegisterOwnedError> {
+        self.register_owned_with(buffer, Access::Read).await
+    }
+
+    /// [`register_owned`](Self::register_owned), granting peers `access`:
+    /// with [`Access::Write`] or [`Access::ReadWrite`] peers holding the
+    /// descriptor may [`put`](Self::put) into the buffer. Read what they
+    /// wrote through [`RegionGuard::watch`] while it is registered, or from
+    /// the buffer [`RegionGuard::unregister_owned`] hands back.
+    ///
+    /// # Errors
+    /// As [`register_owned`](Self::register_owned);
+    /// [`RdmaError::Unsupported`] from a backend that cannot grant writes.
+    ///
+    /// # Cancel safety
+    /// As [`register_owned`](Self::register_owned).
+    pub async fn register_owned_with(
+        &self,
+        buffer: Box<[u8]>,
+        access: Access,
+    ) -> Result<RegionGuard, RegisterOwnedError> {
         if buffer.is_empty() {
             self.inner.counters.error(&RdmaError::OutOfRange);
             return Err(RegisterOwnedError {
@@ -250,7 +298,7 @@ impl RdmaRegistry {
         }
         let owned = OwnedBuffer::from_box(buffer, Arc::clone(&self.inner.leaked_bytes));
         let (start, len) = (Address(owned.as_ptr()), owned.len());
-        self.register_range(start, len, Some(owned))
+        self.register_range(start, len, access, Some(owned))
             .await
             .map_err(|(error, owned)| {
                 self.inner.counters.error(&error);
@@ -267,6 +315,7 @@ impl RdmaRegistry {
         &self,
         start: Address,
         len: usize,
+        access: Access,
         mut owned: Option<OwnedBuffer>,
     ) -> Result<RegionGuard, (RdmaError, Option<OwnedBuffer>)> {
         let inner = &self.inner;
@@ -286,7 +335,7 @@ impl RdmaRegistry {
         // keeps until nothing registers them, or (for `None`) a range whose
         // owner promised what `register_external` asks; the registry never
         // names either as a GET destination.
-        let (outcome, back) = unsafe { MapInFlight::start(inner, addr, len, owned) }.await;
+        let (outcome, back) = unsafe { MapInFlight::start(inner, addr, len, access, owned) }.await;
         owned = back;
         let mapped = match outcome {
             Ok(mapped) => mapped,
@@ -309,6 +358,7 @@ impl RdmaRegistry {
             generation,
             mapped.packed_key.clone(),
         )
+        .map(|descriptor| descriptor.granting(access))
         .map_err(RdmaError::from);
         let state = Arc::new(RegionState::new(
             NewRegion {
@@ -512,6 +562,56 @@ impl RdmaRegistry {
         dst_offset: usize,
     ) -> Result<(), RdmaError> {
         transfer::get(&self.inner, peer, src, dst, dst_offset, None).await
+    }
+
+    /// Write the first `dst.len()` bytes of `src` into the range `dst`
+    /// describes on `peer`, which its owner registered with write access.
+    ///
+    /// `Ok(())` means the bytes are in the owner's registration and the
+    /// backend let go of `src`.
+    ///
+    /// # Errors
+    /// As [`put_from`](Self::put_from).
+    ///
+    /// # Cancel safety
+    /// As [`put_from`](Self::put_from): a cancelled PUT surrenders `src`.
+    pub async fn put(
+        &self,
+        peer: PeerId,
+        src: &mut PinnedBuf,
+        dst: &Descriptor,
+    ) -> Result<(), RdmaError> {
+        transfer::put(&self.inner, peer, src, 0, dst).await
+    }
+
+    /// Write `src[src_offset .. src_offset + dst.len()]` into the range
+    /// `dst` describes on `peer`.
+    ///
+    /// # Errors
+    /// [`RdmaError::AccessDenied`] if `dst` does not grant writes (checked
+    /// here when the descriptor says so, and by the owner whatever it
+    /// says); [`RdmaError::InvalidDescriptor`] if `dst` names another
+    /// backend; [`RdmaError::SourceTooSmall`] if `dst.len()` bytes from
+    /// `src_offset` leave `src` ([`RdmaError::OutOfRange`] if that sum
+    /// overflows); [`RdmaError::BufferSurrendered`] for a surrendered `src`;
+    /// [`RdmaError::ForeignBuffer`] for a `src` another registry allocated;
+    /// [`RdmaError::ShuttingDown`]; [`RdmaError::Unsupported`] for a backend
+    /// without writes; the backend's error (e.g. [`RdmaError::Timeout`] past
+    /// the configured deadline, after which the target range holds
+    /// unspecified bytes of `src` or its earlier ones).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe for `src`: dropping the future surrenders it (see
+    /// [`PinnedBuf::is_surrendered`]), since the backend may still read it;
+    /// the memory returns to the pool when the transfer finishes.
+    pub async fn put_from(
+        &self,
+        peer: PeerId,
+        src: &mut PinnedBuf,
+        src_offset: usize,
+        dst: &Descriptor,
+    ) -> Result<(), RdmaError> {
+        transfer::put(&self.inner, peer, src, src_offset, dst).await
     }
 
     /// An empty [`TransferList`] of reads from `peer`, to

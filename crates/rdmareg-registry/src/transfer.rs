@@ -1,10 +1,11 @@
-//! GETs into pool buffers.
+//! GETs into pool buffers and PUTs from them.
 //!
-//! An admitted transfer owns its ticket (shutdown waits), the destination's
-//! slot (its granules cannot serve another buffer meanwhile) and an
-//! in-flight count until the GET completes. The caller polls the GET itself,
-//! since a spawn costs more than a shared-memory GET; only a dropped caller
-//! moves it into a task ([`PendingTransfer`]), surrendering the buffer.
+//! An admitted transfer owns its ticket (shutdown waits), the local
+//! buffer's slot (its granules cannot serve another buffer meanwhile) and an
+//! in-flight count until the backend completes it. The caller polls the
+//! transfer itself, since a spawn costs more than a shared-memory GET; only
+//! a dropped caller moves it into a task ([`PendingTransfer`]), surrendering
+//! the buffer: a GET's backend may still write it, a PUT's still read it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-use rdmareg_backend::BackendGet;
+use rdmareg_backend::{BackendGet, BackendPut};
 use rdmareg_core::{Descriptor, DescriptorError, MAX_NOTICE_BYTES, PeerId, RdmaError};
 
 use crate::gate::Ticket;
@@ -40,6 +41,24 @@ impl Drop for InFlight {
     }
 }
 
+/// Which way a transfer moves bytes, and what it brings along.
+pub(crate) enum Direction {
+    /// Read the remote range into the buffer; the notice follows a read
+    /// that completed.
+    Get { notice: Option<Bytes> },
+    /// Write the buffer's bytes into the remote range.
+    Put,
+}
+
+impl Direction {
+    fn operation(&self) -> &'static str {
+        match self {
+            Direction::Get { .. } => "read",
+            Direction::Put => "write",
+        }
+    }
+}
+
 /// [`RdmaRegistry::get_into`](crate::RdmaRegistry::get_into), counted.
 pub(crate) async fn get(
     inner: &Arc<Inner>,
@@ -49,80 +68,147 @@ pub(crate) async fn get(
     dst_offset: usize,
     notice: Option<Bytes>,
 ) -> Result<(), RdmaError> {
+    transfer(inner, peer, src, dst, dst_offset, Direction::Get { notice }).await
+}
+
+/// [`RdmaRegistry::put_from`](crate::RdmaRegistry::put_from), counted.
+pub(crate) async fn put(
+    inner: &Arc<Inner>,
+    peer: PeerId,
+    src: &mut PinnedBuf,
+    src_offset: usize,
+    dst: &Descriptor,
+) -> Result<(), RdmaError> {
+    transfer(inner, peer, dst, src, src_offset, Direction::Put).await
+}
+
+/// A GET or PUT between `remote` and `local` at `offset`, counted.
+async fn transfer(
+    inner: &Arc<Inner>,
+    peer: PeerId,
+    remote: &Descriptor,
+    local: &mut PinnedBuf,
+    offset: usize,
+    direction: Direction,
+) -> Result<(), RdmaError> {
     let mut took = None;
-    let result = get_timed(inner, peer, src, dst, dst_offset, notice, &mut took).await;
+    let is_get = matches!(direction, Direction::Get { .. });
+    let result = transfer_timed(inner, peer, remote, local, offset, direction, &mut took).await;
     match took {
-        Some(took) => inner.counters.get(src.len(), took, &result),
-        None => inner.counters.outcome(&result),
+        Some(took) if is_get => inner.counters.get(remote.len(), took, &result),
+        // The read counters and latency are GETs'; a PUT counts its errors.
+        _ => inner.counters.outcome(&result),
     }
     result
 }
 
-/// The GET; sets `took` to the time from admission to the result.
-async fn get_timed(
+/// The transfer; sets `took` to the time from admission to the result.
+async fn transfer_timed(
     inner: &Arc<Inner>,
     peer: PeerId,
-    src: &Descriptor,
-    dst: &mut PinnedBuf,
-    dst_offset: usize,
-    notice: Option<Bytes>,
+    remote: &Descriptor,
+    local: &mut PinnedBuf,
+    offset: usize,
+    direction: Direction,
     took: &mut Option<Duration>,
 ) -> Result<(), RdmaError> {
-    if let Some(notice) = &notice
+    if let Direction::Get {
+        notice: Some(notice),
+    } = &direction
         && notice.len() > MAX_NOTICE_BYTES
     {
         return Err(RdmaError::NoticeTooLarge {
             length: notice.len() as u64,
         });
     }
-    if src.backend_key() != inner.backend_key {
+    if remote.backend_key() != inner.backend_key {
         return Err(RdmaError::InvalidDescriptor(
             DescriptorError::InvalidBackendKey,
         ));
     }
-    let slot = dst.slot().ok_or(RdmaError::BufferSurrendered)?;
-    if !dst.belongs_to(inner) {
-        return Err(RdmaError::ForeignBuffer);
-    }
-    let end = (dst_offset as u64)
-        .checked_add(src.len())
-        .ok_or(RdmaError::OutOfRange)?;
-    if end > dst.len() as u64 {
-        return Err(RdmaError::DestinationTooSmall {
-            needed: end,
-            available: dst.len() as u64,
+    // The owner enforces access; a descriptor that says it grants less
+    // saves the round trip.
+    let granted = match direction {
+        Direction::Get { .. } => remote.access().allows_read(),
+        Direction::Put => remote.access().allows_write(),
+    };
+    if !granted {
+        return Err(RdmaError::AccessDenied {
+            operation: direction.operation(),
         });
     }
-    let request = BackendGet {
-        peer,
-        remote_addr: src.addr(),
-        packed_key: src.packed_key().clone(),
-        local_region_id: slot.arena.backend_region_id,
-        local_offset: slot.offset() + dst_offset as u64,
-        len: src.len(),
-        deadline: Some(inner.config.get_deadline),
-    };
+    let slot = local.slot().ok_or(RdmaError::BufferSurrendered)?;
+    if !local.belongs_to(inner) {
+        return Err(RdmaError::ForeignBuffer);
+    }
+    let end = (offset as u64)
+        .checked_add(remote.len())
+        .ok_or(RdmaError::OutOfRange)?;
+    if end > local.len() as u64 {
+        let (needed, available) = (end, local.len() as u64);
+        return Err(match direction {
+            Direction::Get { .. } => RdmaError::DestinationTooSmall { needed, available },
+            Direction::Put => RdmaError::SourceTooSmall { needed, available },
+        });
+    }
+    let (local_region_id, local_offset) = (slot.arena.backend_region_id, slot.offset());
     let ticket = inner.gate.enter().ok_or(RdmaError::ShuttingDown)?;
     let admitted = Instant::now();
     let in_flight = InFlight::new(inner);
     let alone = inner.transfers_in_flight.load(Ordering::SeqCst) == 1;
     let busy_poll = (alone && !inner.config.get_busy_poll.is_zero())
-        .then(|| busy_poll_window(inner.config.get_busy_poll, src.len()));
-    let Some(slot) = dst.take_slot() else {
+        .then(|| busy_poll_window(inner.config.get_busy_poll, remote.len()));
+    let Some(slot) = local.take_slot() else {
         return Err(RdmaError::RegionNotFound);
     };
     let backend = Arc::clone(&inner.backend);
+    let (remote_addr, packed_key, len) = (remote.addr(), remote.packed_key().clone(), remote.len());
+    let (local_offset, deadline) = (
+        local_offset + offset as u64,
+        Some(inner.config.get_deadline),
+    );
     // Owning the backend handle makes the future `'static`, for a task.
-    let transfer: BoxFuture<'static, Result<(), RdmaError>> = match notice {
-        // SAFETY: the destination is the slot's bytes in a pool arena the
-        // registry mapped; the slot was taken out of `dst`, so no
-        // `PinnedBuf` reaches them until `pending` hands it back after the
-        // GET completed (contract points 4 and 8).
-        None => Box::pin(async move { unsafe { backend.get(request) }.await }),
-        Some(notice) => Box::pin(async move {
-            // SAFETY: as above; the notice adds no memory.
-            unsafe { backend.get_with_notice(request, notice) }.await
-        }),
+    let transfer: BoxFuture<'static, Result<(), RdmaError>> = match direction {
+        Direction::Get { notice } => {
+            let request = BackendGet {
+                peer,
+                remote_addr,
+                packed_key,
+                local_region_id,
+                local_offset,
+                len,
+                deadline,
+            };
+            match notice {
+                // SAFETY: the destination is the slot's bytes in a pool
+                // arena the registry mapped; the slot was taken out of
+                // `local`, so no `PinnedBuf` reaches them until `pending`
+                // hands it back after the GET completed (contract points 4
+                // and 8).
+                None => Box::pin(async move { unsafe { backend.get(request) }.await }),
+                Some(notice) => Box::pin(async move {
+                    // SAFETY: as above; the notice adds no memory.
+                    unsafe { backend.get_with_notice(request, notice) }.await
+                }),
+            }
+        }
+        Direction::Put => {
+            let request = BackendPut {
+                peer,
+                remote_addr,
+                packed_key,
+                local_region_id,
+                local_offset,
+                len,
+                deadline,
+            };
+            // SAFETY: the source is the slot's bytes in a pool arena the
+            // registry mapped; the slot was taken out of `local`, so no
+            // `PinnedBuf` writes them until `pending` hands it back after
+            // the PUT completed, which is after the backend let go of them
+            // (contract point 12).
+            Box::pin(async move { unsafe { backend.put(request) }.await })
+        }
     };
     let mut pending = PendingTransfer {
         transfer: Some(transfer),
@@ -136,7 +222,7 @@ async fn get_timed(
     *took = Some(admitted.elapsed());
     match pending.finish().pop() {
         Some(slot) => {
-            dst.restore(slot);
+            local.restore(slot);
             result.unwrap_or(Err(RdmaError::RegionNotFound))
         }
         None => Err(RdmaError::RegionNotFound),
@@ -209,7 +295,7 @@ impl<T: Send + 'static> Drop for PendingTransfer<T> {
             return;
         };
         tracing::debug!(
-            "GET cancelled while in flight: the destination buffer is surrendered; its memory returns to the pool when the transfer finishes"
+            "transfer cancelled while in flight: its buffer is surrendered; its memory returns to the pool when the transfer finishes"
         );
         let mut slots = HeldSlots(std::mem::take(&mut self.slots.0));
         let ticket = self.ticket.take();
@@ -224,17 +310,16 @@ impl<T: Send + 'static> Drop for PendingTransfer<T> {
     }
 }
 
-/// The destination slots of a transfer in flight.
-///
-/// The destination slots of a transfer in flight: dropped before the GET
-/// completed, they leak, since the backend may still write them.
+/// The local slots of a transfer in flight: dropped before the transfer
+/// completed, they leak, since the backend may still write (GET) or read
+/// (PUT) them.
 pub(crate) struct HeldSlots(pub(crate) Vec<Slot>);
 
 impl Drop for HeldSlots {
     fn drop(&mut self) {
         for slot in self.0.drain(..) {
             tracing::error!(
-                "transfer task dropped before the backend's GET completed: its destination slot is leaked, not reused"
+                "transfer task dropped before the backend completed it: its buffer's slot is leaked, not reused"
             );
             std::mem::forget(slot);
         }

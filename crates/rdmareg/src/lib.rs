@@ -105,7 +105,7 @@ pub use published::{PublishError, PublishFailure, PublishedRegion};
 pub use rdmareg_discovery as discovery;
 
 pub use rdmareg_core::{
-    Descriptor, DescriptorError, ErrorKind, MAX_LEASE_READERS, MAX_NOTICE_BYTES, Notice,
+    Access, Descriptor, DescriptorError, ErrorKind, MAX_LEASE_READERS, MAX_NOTICE_BYTES, Notice,
     NoticeDrops, NoticeSender, PeerId, RdmaError,
 };
 pub use rdmareg_registry::{

@@ -4,9 +4,9 @@
 //! when nothing registers it (failed map, confirmed rollback, `Ok` unmap);
 //! otherwise, a failed unmap or a panicking check, it is leaked on purpose.
 
-use rdmareg_core::{BackendRegion, RdmaError};
+use rdmareg_core::{Access, BackendRegion, RdmaError};
 
-use super::support::kit_map;
+use super::support::{kit_map, kit_map_with_access};
 use crate::RdmaBackend;
 
 /// A heap buffer the kit hands to backends.
@@ -99,12 +99,22 @@ pub(crate) struct Mapped {
 
 impl Mapped {
     /// Map `buf` on `backend`.
-    pub(crate) async fn new(
+    pub(crate) async fn new(backend: &dyn RdmaBackend, buf: KitBuffer) -> Result<Self, RdmaError> {
+        Self::with_access(backend, buf, None).await
+    }
+
+    /// Map `buf` on `backend` granting `access` (`None`: with `map`).
+    pub(crate) async fn with_access(
         backend: &dyn RdmaBackend,
         mut buf: KitBuffer,
+        access: Option<Access>,
     ) -> Result<Self, RdmaError> {
         buf.mark_registered();
-        match kit_map(backend, buf.addr(), buf.len()).await {
+        let mapped = match access {
+            None => kit_map(backend, buf.addr(), buf.len()).await,
+            Some(access) => kit_map_with_access(backend, buf.addr(), buf.len(), access).await,
+        };
+        match mapped {
             Ok(region) => Ok(Self { buf, region }),
             Err(e) => {
                 // A map that fails with an error registered nothing.

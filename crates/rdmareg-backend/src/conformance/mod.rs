@@ -46,6 +46,7 @@ mod model;
 mod notice_checks;
 mod support;
 mod unmap_checks;
+mod write_checks;
 
 use std::fmt;
 use std::future::Future;
@@ -96,6 +97,11 @@ pub use unmap_checks::{
     ok_unmap_decrements_the_live_count, unmap_after_teardown_returns_ok_for_released_ids,
     unmap_of_a_never_mapped_id_returns_ok, unmap_twice_returns_ok_and_counts_once,
 };
+pub use write_checks::{
+    a_put_batch_answers_each_entry_on_its_own, a_put_outside_either_registration_is_refused,
+    a_put_to_a_read_only_registration_is_access_denied,
+    a_put_writes_exactly_its_range_of_a_writable_registration,
+};
 
 /// What the backend under test can detect; the kit checks only that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +121,10 @@ pub struct Capabilities {
     /// The backend makes descriptor leases; without them it must refuse
     /// them as [`RdmaError::Unsupported`](crate::RdmaError::Unsupported).
     pub leases: bool,
+    /// The backend maps memory writable and puts into it; without writes
+    /// it must refuse both as
+    /// [`RdmaError::Unsupported`](crate::RdmaError::Unsupported).
+    pub writes: bool,
 }
 
 impl Capabilities {
@@ -127,6 +137,7 @@ impl Capabilities {
             rollback_within: Duration::from_secs(5),
             notices: true,
             leases: true,
+            writes: true,
         }
     }
 
@@ -151,6 +162,12 @@ impl Capabilities {
     /// Set [`leases`](Self::leases).
     pub const fn with_leases(mut self, leases: bool) -> Self {
         self.leases = leases;
+        self
+    }
+
+    /// Set [`writes`](Self::writes).
+    pub const fn with_writes(mut self, writes: bool) -> Self {
+        self.writes = writes;
         self
     }
 
@@ -306,6 +323,10 @@ macro_rules! conformance_tests {
             a_lease_ends_when_its_reader_released_it,
             a_release_counts_once_and_only_for_its_lease,
             leases_of_bad_terms_or_unmapped_regions_are_refused,
+            a_put_writes_exactly_its_range_of_a_writable_registration,
+            a_put_to_a_read_only_registration_is_access_denied,
+            a_put_outside_either_registration_is_refused,
+            a_put_batch_answers_each_entry_on_its_own,
         );
 
         #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
+use rdmareg_core::{Access, BackendGet, BackendPut, BackendRegion, PeerId, RdmaError};
 
 use super::BackendPair;
 use super::buffer::Mapped;
@@ -157,6 +157,40 @@ pub(crate) fn kit_map(
     // SAFETY: by the kit's discipline (above), the range is degenerate or
     // inside a kit buffer that stays allocated while it may be registered.
     unsafe { backend.map(ptr, len) }
+}
+
+/// [`RdmaBackend::map_with_access`] of a range that follows the kit's
+/// discipline; with write access the kit reads the range only through its
+/// raw pointer, after the writes it awaited.
+pub(crate) fn kit_map_with_access(
+    backend: &dyn RdmaBackend,
+    ptr: usize,
+    len: usize,
+    access: Access,
+) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+    // SAFETY: as `kit_map`; a kit buffer is never reached through a Rust
+    // reference, so peers' writes into it invalidate none.
+    unsafe { backend.map_with_access(ptr, len, access) }
+}
+
+/// [`RdmaBackend::put`] from a source that follows the kit's discipline.
+pub(crate) fn kit_put(
+    backend: &dyn RdmaBackend,
+    request: BackendPut,
+) -> BoxFuture<'_, Result<(), RdmaError>> {
+    // SAFETY: by the kit's discipline (above), the source is a kit buffer
+    // nothing writes while a put may read it, or an id that names nothing.
+    unsafe { backend.put(request) }
+}
+
+/// [`RdmaBackend::put_batch`] from sources that follow the kit's
+/// discipline.
+pub(crate) fn kit_put_batch(
+    backend: &dyn RdmaBackend,
+    requests: Vec<BackendPut>,
+) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+    // SAFETY: as `kit_put`, for every request.
+    unsafe { backend.put_batch(requests) }
 }
 
 /// [`RdmaBackend::get`] into a destination that follows the kit's discipline.

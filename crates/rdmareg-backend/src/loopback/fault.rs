@@ -21,6 +21,8 @@ pub enum FaultOp {
     Unmap,
     /// [`RdmaBackend::get`](crate::RdmaBackend::get), on the issuing instance.
     Get,
+    /// [`RdmaBackend::put`](crate::RdmaBackend::put), on the issuing instance.
+    Put,
 }
 
 impl FaultOp {
@@ -29,6 +31,7 @@ impl FaultOp {
             FaultOp::Map => 0,
             FaultOp::Unmap => 1,
             FaultOp::Get => 2,
+            FaultOp::Put => 3,
         }
     }
 
@@ -37,6 +40,7 @@ impl FaultOp {
             FaultOp::Map => "map",
             FaultOp::Unmap => "unmap",
             FaultOp::Get => "get",
+            FaultOp::Put => "put",
         }
     }
 }
@@ -50,7 +54,7 @@ pub struct FaultInjector {
 
 #[derive(Debug, Default)]
 struct FaultState {
-    ops: [OpFaults; 3],
+    ops: [OpFaults; 4],
     refuse_unmaps: bool,
     detached_maps: bool,
 }

@@ -31,8 +31,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use parking_lot::Mutex;
 use rdmareg_core::{
-    BackendGet, BackendRegion, LeaseTerms, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender,
-    PeerId, RdmaError,
+    Access, BackendGet, BackendPut, BackendRegion, LeaseTerms, MAX_NOTICE_BYTES, Notice,
+    NoticeDrops, NoticeSender, PeerId, RdmaError,
 };
 use tokio::sync::watch;
 
@@ -115,7 +115,11 @@ pub struct LoopbackStats {
     pub gets_completed: u64,
     /// GETs issued by this instance that failed (or were dropped).
     pub gets_failed: u64,
-    /// Bytes copied by this instance's GETs.
+    /// PUTs issued by this instance that copied their bytes and returned `Ok`.
+    pub puts_completed: u64,
+    /// PUTs issued by this instance that failed (or were dropped).
+    pub puts_failed: u64,
+    /// Bytes copied by this instance's GETs and PUTs.
     pub bytes_copied: u64,
 }
 
@@ -126,6 +130,8 @@ struct Counters {
     maps_pending: std::sync::atomic::AtomicUsize,
     gets_completed: AtomicU64,
     gets_failed: AtomicU64,
+    puts_completed: AtomicU64,
+    puts_failed: AtomicU64,
     bytes_copied: AtomicU64,
 }
 
@@ -256,6 +262,8 @@ impl LoopbackBackend {
             unmaps: self.table.removed(),
             gets_completed: c.gets_completed.load(Ordering::Relaxed),
             gets_failed: c.gets_failed.load(Ordering::Relaxed),
+            puts_completed: c.puts_completed.load(Ordering::Relaxed),
+            puts_failed: c.puts_failed.load(Ordering::Relaxed),
             bytes_copied: c.bytes_copied.load(Ordering::Relaxed),
         }
     }
@@ -306,10 +314,11 @@ async fn shut_down(mut signal: watch::Receiver<bool>) {
     let _ = signal.wait_for(|down| *down).await;
 }
 
-// SAFETY: the loopback keeps contract points 1, 3, 4 and 8 (the kit checks
-// it): a cancelled map rolls back before anything observes it, `unmap`
-// returns `Ok(())` only once no copy uses the region, and a GET completes
-// after its copy.
+// SAFETY: the loopback keeps contract points 1, 3, 4, 8 and 12 (the kit
+// checks it): a cancelled map rolls back before anything observes it,
+// `unmap` returns `Ok(())` only once no copy uses the region, a GET or PUT
+// completes after its copy, and a PUT copies only into a registration
+// mapped with write access.
 unsafe impl RdmaBackend for LoopbackBackend {
     fn key(&self) -> &str {
         LOOPBACK_BACKEND_KEY
@@ -322,7 +331,18 @@ unsafe impl RdmaBackend for LoopbackBackend {
     ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
         // The caller's promise (its memory, allocated until the unmap)
         // makes `run_get`'s copies sound.
-        Box::pin(self.run_map(ptr, len))
+        Box::pin(self.run_map(ptr, len, Access::Read))
+    }
+
+    unsafe fn map_with_access(
+        &self,
+        ptr: usize,
+        len: usize,
+        access: Access,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        // As `map`; with write access the caller also accepted peers'
+        // writes into the range.
+        Box::pin(self.run_map(ptr, len, access))
     }
 
     fn unmap(&self, backend_region_id: u64) -> BoxFuture<'_, Result<(), RdmaError>> {
@@ -333,6 +353,12 @@ unsafe impl RdmaBackend for LoopbackBackend {
         // The caller's promise (the destination is untouched until the GET
         // completes) lets the copy write it.
         Box::pin(self.run_get(request))
+    }
+
+    unsafe fn put(&self, request: BackendPut) -> BoxFuture<'_, Result<(), RdmaError>> {
+        // The caller's promise (the source is not written until the PUT
+        // completes) lets the copy read it.
+        Box::pin(self.run_put(request))
     }
 
     fn live_registrations(&self) -> Option<usize> {

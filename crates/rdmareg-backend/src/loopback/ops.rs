@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
-use rdmareg_core::{BackendRegion, RdmaError, page_enclosing_range};
+use rdmareg_core::{Access, BackendRegion, RdmaError, page_enclosing_range};
 use tokio::select;
 use tokio::sync::Notify;
 
@@ -27,7 +27,12 @@ use super::table::{RegionTable, UnmapStart};
 use super::{FaultOp, LoopbackBackend, page_size, shut_down};
 
 impl LoopbackBackend {
-    pub(super) async fn run_map(&self, ptr: usize, len: usize) -> Result<BackendRegion, RdmaError> {
+    pub(super) async fn run_map(
+        &self,
+        ptr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<BackendRegion, RdmaError> {
         let end = ptr.checked_add(len);
         if ptr == 0 || len == 0 || end.is_none() {
             return Err(RdmaError::OutOfRange);
@@ -43,13 +48,18 @@ impl LoopbackBackend {
             && let (Some(me), Ok(runtime)) =
                 (self.me.upgrade(), tokio::runtime::Handle::try_current())
         {
-            return detached_map(me, runtime, ptr, len).await;
+            return detached_map(me, runtime, ptr, len, access).await;
         }
-        self.finish_map(ptr, len).await
+        self.finish_map(ptr, len, access).await
     }
 
     /// Faults, then the registration itself.
-    async fn finish_map(&self, ptr: usize, len: usize) -> Result<BackendRegion, RdmaError> {
+    async fn finish_map(
+        &self,
+        ptr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<BackendRegion, RdmaError> {
         let pinned = page_enclosing_range(ptr as u64, len as u64, page_size())
             .ok_or(RdmaError::OutOfRange)?;
         let plan = self.faults.take(FaultOp::Map);
@@ -68,7 +78,7 @@ impl LoopbackBackend {
         let nonce = fresh_nonce();
         let region = self
             .table
-            .insert(ptr, len, nonce)
+            .insert(ptr, len, nonce, access)
             .ok_or(RdmaError::ShuttingDown)?;
         let packed_key = PackedKey {
             instance: self.instance,
@@ -152,13 +162,14 @@ async fn detached_map(
     runtime: tokio::runtime::Handle,
     ptr: usize,
     len: usize,
+    access: Access,
 ) -> Result<BackendRegion, RdmaError> {
     let handoff = Arc::new((Mutex::new(Handoff::default()), Notify::new()));
     let task_handoff = Arc::clone(&handoff);
     let task_backend = Arc::clone(&backend);
     backend.counters.maps_pending.fetch_add(1, Ordering::SeqCst);
     runtime.spawn(async move {
-        let result = task_backend.finish_map(ptr, len).await;
+        let result = task_backend.finish_map(ptr, len, access).await;
         // Registered (and so counted by the table) or failed: no longer
         // pending either way.
         task_backend

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::pin::pin;
 
 use parking_lot::Mutex;
+use rdmareg_core::Access;
 use tokio::sync::Notify;
 
 /// A byte range a transfer wants to pin.
@@ -58,6 +59,7 @@ struct Region {
     ptr: usize,
     len: usize,
     nonce: u64,
+    access: Access,
     pins: usize,
     stage: Stage,
 }
@@ -91,7 +93,7 @@ impl RegionTable {
     }
 
     /// Register a range; `None` once the table is closed.
-    pub(crate) fn insert(&self, ptr: usize, len: usize, nonce: u64) -> Option<u64> {
+    pub(crate) fn insert(&self, ptr: usize, len: usize, nonce: u64, access: Access) -> Option<u64> {
         let mut state = self.state.lock();
         if state.closed {
             return None;
@@ -104,11 +106,21 @@ impl RegionTable {
                 ptr,
                 len,
                 nonce,
+                access,
                 pins: 0,
                 stage: Stage::Live,
             },
         );
         Some(id)
+    }
+
+    /// What peers may do with region `id`; `None` once it is gone.
+    pub(crate) fn access(&self, id: u64) -> Option<Access> {
+        self.state
+            .lock()
+            .regions
+            .get(&id)
+            .map(|region| region.access)
     }
 
     /// Registrations held, including those being unmapped.
@@ -295,7 +307,7 @@ mod tests {
     #[test]
     fn pin_refuses_spans_outside_the_mapped_range() {
         let table = RegionTable::new();
-        let id = table.insert(1000, 100, 7).unwrap();
+        let id = table.insert(1000, 100, 7, Access::Read).unwrap();
         let off = |offset, len| Span::Offset { offset, len };
         let abs = |addr, len| Span::Absolute { addr, len };
         assert_eq!(table.pin(id, None, off(0, 100)), Ok(1000));
@@ -323,7 +335,7 @@ mod tests {
     #[test]
     fn released_region_stays_until_its_last_pin_goes() {
         let table = RegionTable::new();
-        let id = table.insert(4096, 10, 1).unwrap();
+        let id = table.insert(4096, 10, 1, Access::Read).unwrap();
         table
             .pin(id, None, Span::Offset { offset: 0, len: 1 })
             .unwrap();
@@ -342,9 +354,9 @@ mod tests {
     #[test]
     fn closed_table_refuses_inserts_and_pins() {
         let table = RegionTable::new();
-        let id = table.insert(4096, 10, 1).unwrap();
+        let id = table.insert(4096, 10, 1, Access::Read).unwrap();
         table.close();
-        assert_eq!(table.insert(8192, 10, 2), None);
+        assert_eq!(table.insert(8192, 10, 2, Access::Read), None);
         assert_eq!(
             table.pin(id, None, Span::Offset { offset: 0, len: 1 }),
             Err(PinError::Closed)

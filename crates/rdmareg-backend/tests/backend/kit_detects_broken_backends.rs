@@ -18,7 +18,9 @@ use parking_lot::Mutex;
 use rdmareg_backend::BackendLease;
 use rdmareg_backend::conformance::{self, BackendPair, Capabilities};
 use rdmareg_backend::loopback::{FaultOp, LoopbackBackend, LoopbackFabric};
-use rdmareg_backend::{BackendGet, BackendRegion, PeerId, RdmaBackend, RdmaError};
+use rdmareg_backend::{
+    Access, BackendGet, BackendPut, BackendRegion, PeerId, RdmaBackend, RdmaError,
+};
 use rdmareg_core::{LeaseEnd, LeaseTerms, Notice, NoticeSender};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +63,10 @@ enum Flaw {
     EndsLeasesAtTheFirstRelease,
     /// Reports every lease released as soon as it is made.
     ReportsLeasesReleasedAtOnce,
+    /// Maps every registration read-write, whatever access was asked for.
+    MapsEverythingWritable,
+    /// Answers every put failure as a generic backend error.
+    FlattensPutErrors,
 }
 
 struct Flawed {
@@ -86,8 +92,15 @@ unsafe impl RdmaBackend for Flawed {
         len: usize,
     ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
         Box::pin(async move {
-            // SAFETY: forwards the promise this method's own caller gave.
-            let region = unsafe { self.inner.map(ptr, len) }.await?;
+            let region = if self.flaw == Flaw::MapsEverythingWritable {
+                // SAFETY: not kept, on purpose (see the impl's note): the
+                // kit's buffers are reached only through raw pointers, so
+                // writes nobody allowed land in memory nothing aliases.
+                unsafe { self.inner.map_with_access(ptr, len, Access::ReadWrite) }.await?
+            } else {
+                // SAFETY: forwards the promise this method's own caller gave.
+                unsafe { self.inner.map(ptr, len) }.await?
+            };
             self.minted.lock().insert(region.backend_region_id);
             match self.flaw {
                 Flaw::KeepsCancelledMaps => tokio::time::sleep(Duration::from_millis(1)).await,
@@ -101,6 +114,36 @@ unsafe impl RdmaBackend for Flawed {
                 _ => {}
             }
             Ok(region)
+        })
+    }
+
+    unsafe fn map_with_access(
+        &self,
+        ptr: usize,
+        len: usize,
+        access: Access,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        let access = match self.flaw {
+            Flaw::MapsEverythingWritable => Access::ReadWrite,
+            _ => access,
+        };
+        Box::pin(async move {
+            // SAFETY: forwards the promise this method's own caller gave,
+            // or (for the flaw) as in `map`.
+            let region = unsafe { self.inner.map_with_access(ptr, len, access) }.await?;
+            self.minted.lock().insert(region.backend_region_id);
+            Ok(region)
+        })
+    }
+
+    unsafe fn put(&self, request: BackendPut) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move {
+            // SAFETY: forwards the promise this method's own caller gave.
+            let answer = unsafe { self.inner.put(request) }.await;
+            match (self.flaw, answer) {
+                (Flaw::FlattensPutErrors, Err(e)) => Err(RdmaError::backend(e.to_string())),
+                (_, answer) => answer,
+            }
         })
     }
 
@@ -478,5 +521,19 @@ fn release_count_check_catches_leases_ended_by_one_reader() {
 fn release_check_catches_leases_reported_released_at_once() {
     assert_only_the_flawed_backend_fails(Flaw::ReportsLeasesReleasedAtOnce, |p| {
         Box::pin(conformance::a_lease_ends_when_its_reader_released_it(p))
+    });
+}
+
+#[test]
+fn access_check_catches_a_backend_that_maps_everything_writable() {
+    assert_only_the_flawed_backend_fails(Flaw::MapsEverythingWritable, |p| {
+        Box::pin(conformance::a_put_to_a_read_only_registration_is_access_denied(p))
+    });
+}
+
+#[test]
+fn put_bounds_check_catches_a_backend_that_flattens_its_errors() {
+    assert_only_the_flawed_backend_fails(Flaw::FlattensPutErrors, |p| {
+        Box::pin(conformance::a_put_outside_either_registration_is_refused(p))
     });
 }

@@ -10,7 +10,7 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use rdmareg_core::{Descriptor, RdmaError, page_enclosing_range};
+use rdmareg_core::{Access, Descriptor, RdmaError, page_enclosing_range};
 
 use super::pinned_buf::{LentCount, OwnRegistration, PinnedBuf, Slot, spawn_own_unmap};
 use crate::mapping::{LeakUnlessReleased, MapInFlight};
@@ -225,7 +225,8 @@ async fn describe_slot(
     // them. This registration is never a GET destination and only a
     // read-only `DescribedBuf` holds it, so no code of this process writes
     // the bytes while it is live (peers on RDMA hardware: `docs/safety.md`).
-    let (outcome, mut slot) = unsafe { MapInFlight::start(inner, ptr, len, slot) }.await;
+    let (outcome, mut slot) =
+        unsafe { MapInFlight::start(inner, ptr, len, Access::Read, slot) }.await;
     let region = match outcome {
         Ok(region) => region,
         Err(error) => return Err((error, Some(slot))),

@@ -16,7 +16,7 @@ pub(crate) mod pinned_buf;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use rdmareg_core::{PageRange, RdmaError, round_up};
+use rdmareg_core::{Access, PageRange, RdmaError, round_up};
 
 use crate::GRANULE;
 use crate::registry::Inner;
@@ -157,7 +157,8 @@ async fn map_arena(inner: &Arc<Inner>, bytes: u64, pooled: bool) -> Result<Arc<A
     // SAFETY: `[ptr, ptr + len)` is exactly the pages `memory` owns, which
     // `MapInFlight` keeps until nothing registers them; an arena is written
     // only by GETs into `PinnedBuf`s the GET borrows.
-    let (outcome, memory) = unsafe { MapInFlight::start(inner, ptr, len, memory) }.await;
+    let (outcome, memory) =
+        unsafe { MapInFlight::start(inner, ptr, len, Access::Read, memory) }.await;
     let region = outcome?;
     // No await from here on.
     memory.mark_registered();

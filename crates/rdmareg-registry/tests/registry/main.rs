@@ -19,3 +19,4 @@ mod rollbacks;
 mod shutdown;
 mod stress;
 mod transfer;
+mod writes;
