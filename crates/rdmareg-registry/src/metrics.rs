@@ -34,6 +34,8 @@ pub(crate) struct Counters {
     unregistrations: AtomicU64,
     gets: AtomicU64,
     get_bytes: AtomicU64,
+    puts: AtomicU64,
+    put_bytes: AtomicU64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     latency_buckets: [AtomicU64; GET_LATENCY_BUCKETS.len() + 1],
     latency_sum_nanos: AtomicU64,
@@ -47,6 +49,8 @@ impl Default for Counters {
             unregistrations: AtomicU64::new(0),
             gets: AtomicU64::new(0),
             get_bytes: AtomicU64::new(0),
+            puts: AtomicU64::new(0),
+            put_bytes: AtomicU64::new(0),
             errors: std::array::from_fn(|_| AtomicU64::new(0)),
             latency_buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             latency_sum_nanos: AtomicU64::new(0),
@@ -85,6 +89,18 @@ impl Counters {
             Err(error) => self.error(error),
         }
         self.observe_latency(took, 1);
+    }
+
+    /// One completed write of `len` bytes: counted with its bytes, or by
+    /// its error. Writes stay out of the read latency.
+    pub(crate) fn put(&self, len: u64, result: &Result<(), RdmaError>) {
+        match result {
+            Ok(()) => {
+                self.puts.fetch_add(1, Ordering::Relaxed);
+                self.put_bytes.fetch_add(len, Ordering::Relaxed);
+            }
+            Err(error) => self.error(error),
+        }
     }
 
     /// The entries of one completed list that took `took`, counted as that
@@ -138,6 +154,8 @@ impl Counters {
             budget_refusals: load(&self.errors[ErrorKind::BudgetExceeded.index()]),
             gets: load(&self.gets),
             get_bytes: load(&self.get_bytes),
+            puts: load(&self.puts),
+            put_bytes: load(&self.put_bytes),
             errors: errors.to_vec(),
             get_latency: LatencyHistogram {
                 // The count is the buckets' sum, so the snapshot is
@@ -167,6 +185,10 @@ pub struct RegistryMetrics {
     pub gets: u64,
     /// Bytes those reads moved.
     pub get_bytes: u64,
+    /// Writes that completed `Ok` so far.
+    pub puts: u64,
+    /// Bytes those writes moved.
+    pub put_bytes: u64,
     /// Errors returned so far, one entry per [`ErrorKind`] (zeros included),
     /// in [`ErrorKind::ALL`] order.
     pub errors: Vec<(ErrorKind, u64)>,

@@ -96,8 +96,8 @@ async fn transfer(
     let result = transfer_timed(inner, peer, remote, local, offset, direction, &mut took).await;
     match took {
         Some(took) if is_get => inner.counters.get(remote.len(), took, &result),
-        // The read counters and latency are GETs'; a PUT counts its errors.
-        _ => inner.counters.outcome(&result),
+        Some(_) => inner.counters.put(remote.len(), &result),
+        None => inner.counters.outcome(&result),
     }
     result
 }

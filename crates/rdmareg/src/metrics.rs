@@ -171,6 +171,18 @@ fn encode_metrics(
         "Bytes moved by successful GETs",
         metrics.get_bytes,
     )?;
+    counter(
+        e,
+        "rdmareg_puts",
+        "PUTs that completed successfully",
+        metrics.puts,
+    )?;
+    counter(
+        e,
+        "rdmareg_put_bytes",
+        "Bytes moved by successful PUTs",
+        metrics.put_bytes,
+    )?;
     {
         let mut family = e.encode_descriptor(
             "rdmareg_errors",

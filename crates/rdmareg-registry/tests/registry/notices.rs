@@ -10,7 +10,9 @@ use rdmareg_registry::{MAX_NOTICE_BYTES, Notice, RdmaError};
 use crate::common::*;
 
 /// The next notice an owner receives, within a second of virtual time.
-async fn next_notice(stream: &mut futures::stream::BoxStream<'static, Notice>) -> Notice {
+pub(crate) async fn next_notice(
+    stream: &mut futures::stream::BoxStream<'static, Notice>,
+) -> Notice {
     within(Duration::from_secs(1), "a notice", stream.next())
         .await
         .expect("the stream is open")

@@ -7,6 +7,7 @@ use std::time::Duration;
 use rdmareg_registry::{Access, Descriptor, PeerId, RdmaError, RegionGuard};
 
 use crate::common::*;
+use crate::notices::next_notice;
 
 const LEN: usize = 5000;
 
@@ -285,6 +286,156 @@ async fn any_peer_with_the_descriptor_may_write() {
     assert_eq!(&dst[..], &pattern(LEN, 13)[..]);
     drop((src, dst, target));
     shut_down(&third).await;
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
+}
+
+/// One list reads from a registration and writes into another; each entry
+/// gets its own answer, in push order, and a write the owner refuses
+/// (a descriptor edited to claim write access) changes nothing while its
+/// neighbours complete. The registry counts reads and writes apart.
+#[tokio::test]
+async fn a_list_mixing_reads_and_writes_answers_each_in_order() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let readable = owner
+        .registry
+        .register_owned(pattern(LEN, 21))
+        .await
+        .unwrap();
+    let target = writable(&owner, 22, Access::ReadWrite).await;
+    let mut list = consumer.registry.transfer_list(OWNER);
+    let read = list
+        .push(&readable.descriptor_range(0, 1000).unwrap(), 0, 0)
+        .unwrap();
+    let write = list
+        .push_put(&target.descriptor_range(2000, 500).unwrap(), 1, 0)
+        .unwrap();
+    let forged = readable
+        .descriptor_range(0, 500)
+        .unwrap()
+        .granting(Access::Write);
+    let refused = list.push_put(&forged, 1, 500).unwrap();
+    assert_eq!((read, write, refused, list.writes()), (0, 1, 2, 2));
+    let mut outgoing = pattern(1000, 23).to_vec();
+    let mut buffers = vec![
+        consumer.registry.alloc_pinned(1000).await.unwrap(),
+        source(&consumer, &outgoing).await,
+    ];
+    let before = consumer.registry.metrics();
+    let answers = consumer.registry.post(&list, &mut buffers).await.unwrap();
+    assert_eq!(
+        answers,
+        vec![
+            Ok(()),
+            Ok(()),
+            Err(RdmaError::AccessDenied { operation: "write" })
+        ]
+    );
+    assert_eq!(&buffers[0][..], &pattern(LEN, 21)[..1000]);
+    let mut want = pattern(LEN, 22).to_vec();
+    want[2000..2500].copy_from_slice(&outgoing[..500]);
+    assert_eq!(owner_bytes(&target), want);
+    assert_eq!(owner_bytes(&readable), pattern(LEN, 21).to_vec());
+    let after = consumer.registry.metrics();
+    assert_eq!(after.gets - before.gets, 1);
+    assert_eq!(
+        (after.puts - before.puts, after.put_bytes - before.put_bytes),
+        (1, 500)
+    );
+
+    // Posted again from other bytes, the list writes those.
+    outgoing = pattern(1000, 24).to_vec();
+    buffers[1].copy_from_slice(&outgoing);
+    consumer.registry.post(&list, &mut buffers).await.unwrap();
+    want[2000..2500].copy_from_slice(&outgoing[..500]);
+    assert_eq!(owner_bytes(&target), want);
+    drop((buffers, readable, target));
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
+}
+
+/// A read and a write of one list never share buffer bytes (the write
+/// could send bytes the read replaces): such a push is refused and leaves
+/// the list as it was; reads may overlap reads and writes writes.
+#[tokio::test]
+async fn a_read_and_a_write_of_one_list_never_share_bytes() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let target = writable(&owner, 25, Access::ReadWrite).await;
+    let range = target.descriptor_range(0, 100).unwrap();
+    let mut list = consumer.registry.transfer_list(OWNER);
+    list.push(&range, 0, 0).unwrap();
+    assert_eq!(list.push_put(&range, 0, 50), Err(RdmaError::OutOfRange));
+    assert_eq!(list.len(), 1);
+    list.push_put(&range, 0, 100).unwrap();
+    assert_eq!(list.push(&range, 0, 150), Err(RdmaError::OutOfRange));
+    list.push(&range, 0, 0).unwrap();
+    list.push_put(&range, 0, 120).unwrap();
+    list.push_put(&range, 1, 0).unwrap();
+    assert_eq!((list.len(), list.writes()), (5, 3));
+    let read_only = target
+        .descriptor_range(0, 100)
+        .unwrap()
+        .granting(Access::Read);
+    assert_eq!(
+        list.push_put(&read_only, 2, 0),
+        Err(RdmaError::AccessDenied { operation: "write" })
+    );
+    drop(target);
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
+}
+
+/// A list whose buffer is too short for a write names the source, not a
+/// destination, and posts nothing.
+#[tokio::test]
+async fn a_list_write_from_a_short_buffer_is_source_too_small() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let target = writable(&owner, 26, Access::Write).await;
+    let mut list = consumer.registry.transfer_list(OWNER);
+    list.push_put(&target.descriptor_range(0, 1000).unwrap(), 0, 0)
+        .unwrap();
+    let mut buffers = vec![source(&consumer, &pattern(999, 1)).await];
+    assert_eq!(
+        consumer.registry.post(&list, &mut buffers).await,
+        Err(RdmaError::SourceTooSmall {
+            needed: 1000,
+            available: 999
+        })
+    );
+    assert_eq!(owner_bytes(&target), pattern(LEN, 26).to_vec());
+    drop((buffers, target));
+    shut_down(&consumer).await;
+    shut_down(&owner).await;
+}
+
+/// The target learns which ranges were written: a list of writes posted
+/// with a notice naming them delivers the notice after every write landed,
+/// so the owner reads the new bytes the moment it has the notice.
+#[tokio::test(start_paused = true)]
+async fn a_notice_after_a_list_of_writes_finds_them_landed() {
+    let (_fabric, owner, consumer) = two_sides(small_config());
+    let mut notices = owner.registry.notices().unwrap();
+    let target = writable(&owner, 27, Access::Write).await;
+    let mut list = consumer.registry.transfer_list(OWNER);
+    list.push_put(&target.descriptor_range(0, 1000).unwrap(), 0, 0)
+        .unwrap();
+    list.push_put(&target.descriptor_range(4000, 1000).unwrap(), 0, 1000)
+        .unwrap();
+    let outgoing = pattern(2000, 28);
+    let mut buffers = vec![source(&consumer, &outgoing).await];
+    let answers = consumer
+        .registry
+        .post_with_notice(&list, &mut buffers, "wrote 0..1000 and 4000..5000")
+        .await
+        .unwrap();
+    assert_eq!(answers, vec![Ok(()); 2]);
+    let notice = next_notice(&mut notices).await;
+    assert_eq!(&notice.bytes[..], b"wrote 0..1000 and 4000..5000");
+    let bytes = owner_bytes(&target);
+    assert_eq!(&bytes[..1000], &outgoing[..1000]);
+    assert_eq!(&bytes[4000..], &outgoing[1000..]);
+    assert_eq!(&bytes[1000..4000], &pattern(LEN, 27)[1000..4000]);
+    drop((buffers, target, notices));
     shut_down(&consumer).await;
     shut_down(&owner).await;
 }
