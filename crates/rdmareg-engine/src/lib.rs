@@ -22,6 +22,8 @@
 //!   no clock, checked by seeded simulators: the owner side (admission,
 //!   read leases, unmaps that wait for them) and the consumer side (which
 //!   reply may write a destination, completes a read only after release);
+//!   and served writes (access, holds while the bytes are received, the
+//!   writer that answers only once its send ended);
 //! - [`notices`]: small messages a reader sends an owner after its reads,
 //!   the reader's gate that holds them until the reads completed and the
 //!   owner's bounded queue.

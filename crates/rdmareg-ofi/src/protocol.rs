@@ -136,6 +136,8 @@ pub fn refusal_code(refusal: Refusal) -> u8 {
         Refusal::Unverified => 6,
         Refusal::NotTheRequester => 7,
         Refusal::LeaseExpired => 8,
+        Refusal::AccessDenied => 9,
+        Refusal::ReceiveFailed => 10,
         _ => 1,
     }
 }
@@ -152,6 +154,8 @@ fn refusal_of_code(code: u8) -> Refusal {
         6 => Refusal::Unverified,
         7 => Refusal::NotTheRequester,
         8 => Refusal::LeaseExpired,
+        9 => Refusal::AccessDenied,
+        10 => Refusal::ReceiveFailed,
         other => Refusal::Unrecognized(other),
     }
 }
@@ -546,8 +550,8 @@ mod tests {
             assert_eq!(reply_outcome(tag), Err(RdmaError::RegionNotFound));
         }
         assert!(matches!(
-            reply_outcome(REFUSAL_BIT | (9 << 48) | 42),
-            Err(RdmaError::Backend(text)) if text.contains("code 9")
+            reply_outcome(REFUSAL_BIT | (11 << 48) | 42),
+            Err(RdmaError::Backend(text)) if text.contains("code 11")
         ));
     }
 

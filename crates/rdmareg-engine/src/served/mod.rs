@@ -1,5 +1,6 @@
-//! The served-read protocol: an owner checks each read a peer asks for
-//! against its live registrations and sends the bytes itself.
+//! The served-read protocol, and served writes: an owner checks each read
+//! or write a peer asks for against its live registrations and moves the
+//! bytes itself.
 //!
 //! Owner-served reads exist because on the lanes without remote-read
 //! hardware (tcp, shared-memory messaging, the software libfabric
@@ -16,7 +17,11 @@
 //!   destination, and when a read completes.
 //! - [`leases`]: descriptor leases, a descriptor handed out with an expiry
 //!   and a number of readers.
-//! - [`refusal`]: why an owner refused a read, and the caller's error.
+//! - [`owner::writes`]: served writes at the owner: access, holds on the
+//!   region while the bytes are received, the reply once they are in.
+//! - [`writer`]: the consumer side of a served write: when it completes.
+//! - [`refusal`]: why an owner refused a read or a write, and the
+//!   caller's error.
 //! - [`wire`]: the UCX engine's request and reply formats, one way to
 //!   feed the owner and send its replies.
 //!
@@ -40,6 +45,13 @@
 //!   action's [`SendId`] — at once when the send ended inside the call;
 //! - [`Action::Unmapped`]: `ucp_mem_unmap`, and every parked caller
 //!   completed;
+//! - for a write request (its own active-message id),
+//!   [`Owner::handle_write_request`] with the header and the payload's
+//!   length; [`Action::Receive`] copies an eager payload into the
+//!   registration (or posts a rendezvous receive straight into it) and
+//!   reports [`Owner::receive_completed`] or [`Owner::receive_failed`];
+//!   [`Action::Acknowledge`] is a header-only send of
+//!   [`Action::reply_header`];
 //! - at teardown [`Owner::shutdown`], and once the worker is destroyed
 //!   [`Owner::transport_closed`].
 
@@ -48,6 +60,7 @@ pub mod leases;
 pub mod owner;
 pub mod refusal;
 pub mod wire;
+pub mod writer;
 
 #[cfg(test)]
 mod scenarios;
@@ -58,7 +71,10 @@ pub use leases::{
     IgnoredRelease, LeaseEnd, LeaseReleased, LeaseTerms, MAX_LEASE_READERS, ReleaseOutcome,
 };
 pub use owner::{
-    Action, EndpointLoad, ListEntryReply, ListLimits, Owner, OwnerConfig, Payload, Read, SendId,
-    UnmapStatus,
+    Action, EndpointLoad, ListEntryReply, ListLimits, Owner, OwnerConfig, Payload, Read, ReceiveId,
+    SendId, UnmapStatus, Write,
 };
-pub use refusal::{BUSY_TEXT, NOT_THE_REQUESTER_TEXT, Refusal, UNVERIFIED_TEXT};
+pub use refusal::{
+    BUSY_TEXT, NOT_THE_REQUESTER_TEXT, Operation, RECEIVE_FAILED_TEXT, Refusal, UNVERIFIED_TEXT,
+};
+pub use writer::{PostedWrite, WriteCompletion, WriteId, WriteTarget, WriteTimeout, Writer};

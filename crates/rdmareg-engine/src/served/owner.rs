@@ -1,7 +1,8 @@
-//! The owner's side of a served read, as a state machine with no I/O and
-//! no clock: admission of each request against the live registrations,
-//! read leases, the per-endpoint bound of unfinished replies, and unmaps
-//! that wait for every lease.
+//! The owner's side of a served read or write, as a state machine with no
+//! I/O and no clock: admission of each request against the live
+//! registrations, read leases and write holds, the per-endpoint bound of
+//! unfinished replies, and unmaps that wait for every lease and hold.
+//! Served writes are [`writes`]'.
 //!
 //! # Driving it
 //!
@@ -28,7 +29,13 @@
 //!    then the transport may still read the region.
 //! 5. [`Owner::endpoint_failed`] when an endpoint dies,
 //!    [`Owner::shutdown`] and then [`Owner::transport_closed`] at teardown.
-//! 6. With descriptor leases (`super::leases`): [`Owner::register_lease`]
+//! 6. Served writes ([`writes`]): [`Owner::handle_write_request`] or
+//!    [`Owner::handle_write`] for each write that arrived;
+//!    [`Action::Receive`] is a receive of its payload into the
+//!    registration, reported with [`Owner::receive_completed`] or
+//!    [`Owner::receive_failed`]; [`Action::Acknowledge`] a send of the
+//!    reply header that says the bytes are in.
+//! 7. With descriptor leases (`super::leases`): [`Owner::register_lease`]
 //!    to hand a region out under one, [`Owner::handle_release`] for each
 //!    release that arrived, and [`Owner::set_time`] before step 2 once
 //!    [`Owner::is_leasing`].
@@ -107,8 +114,11 @@ use std::fmt;
 use std::hash::Hash;
 use std::time::Instant;
 
-use rdmareg_core::RdmaError;
+use rdmareg_core::{Access, RdmaError};
 use rustc_hash::FxHashMap as HashMap;
+
+pub mod writes;
+pub use writes::{ReceiveId, Write};
 
 pub use super::refusal::Refusal;
 use super::wire;
@@ -188,6 +198,38 @@ pub enum Action<E> {
         /// The entries' results this reply carries.
         entry_replies: Vec<ListEntryReply>,
     },
+    /// Receive the payload of an accepted write into `[address, address +
+    /// length)` of the registration `region` (copy an eager payload, or
+    /// post the transport's receive straight into it), then report
+    /// [`Owner::receive_completed`] or [`Owner::receive_failed`] with
+    /// `receive`. The registration stays mapped until then.
+    Receive {
+        /// Where the write came from.
+        endpoint: E,
+        /// The receive's id.
+        receive: ReceiveId,
+        /// The write's id, echoed in its reply.
+        request_id: u64,
+        /// The registration written into.
+        region: u64,
+        /// First byte, inside the registration.
+        address: u64,
+        /// Length, at least 1, and the payload's length.
+        length: u64,
+    },
+    /// Send the reply to a write whose bytes are in the registration:
+    /// a header saying `length` bytes were written, without payload.
+    /// Report its end with `send`.
+    Acknowledge {
+        /// Where the write came from.
+        endpoint: E,
+        /// The send's id.
+        send: SendId,
+        /// The write's id, echoed.
+        request_id: u64,
+        /// Bytes written.
+        length: u64,
+    },
     /// No send reads `region` any more and the owner forgot it: deregister
     /// it with the transport and complete every caller of its unmap.
     Unmapped {
@@ -200,9 +242,16 @@ pub enum Action<E> {
 }
 
 impl<E: Copy> Action<E> {
-    /// The UCX reply header of a [`Action::Serve`] or [`Action::Refuse`].
+    /// The UCX reply header of a [`Action::Serve`], [`Action::Refuse`] or
+    /// [`Action::Acknowledge`].
     pub fn reply_header(&self) -> Option<[u8; wire::REPLY_LEN]> {
         let reply = match *self {
+            Action::Acknowledge {
+                request_id, length, ..
+            } => wire::Reply {
+                request_id,
+                outcome: Ok(length),
+            },
             Action::Serve {
                 request_id,
                 payload,
@@ -315,7 +364,10 @@ struct Region<E> {
     capability: [u8; 16],
     start: u64,
     end: u64,
-    /// Served replies reading from the region whose send did not end.
+    /// What peers may do with it.
+    access: Access,
+    /// Served replies reading from the region whose send did not end,
+    /// and accepted writes whose receive did not end.
     leases: u32,
     unmapping: bool,
     /// Descriptor leases of the region, each reader named by its
@@ -336,6 +388,9 @@ struct Send<E> {
     /// The region of each lease the send holds, one per served read it
     /// carries; empty for a refusal (counted under the refusal bound).
     leases: Leases,
+    /// The reply to an accepted write: it holds the write's place under
+    /// the bound of served replies, and no lease.
+    answers_write: bool,
 }
 
 /// The leases of one send: a single reply holds at most one, a list reply
@@ -389,6 +444,14 @@ pub(crate) struct Defects {
     /// Count releases of a region whose unmap started (the owner before
     /// it ignored them), so a lease the unmap ended is reported released.
     pub(crate) releases_count_while_unmapping: bool,
+    /// Accept writes into registrations that do not allow them.
+    pub(crate) write_access_unchecked: bool,
+    /// Take no hold on a region for a write's receive, so an unmap
+    /// finishes while bytes are still being received into it.
+    pub(crate) unmap_ignores_receives: bool,
+    /// Acknowledge a write as soon as it is accepted, before its bytes
+    /// were received.
+    pub(crate) acknowledge_before_receive: bool,
 }
 
 /// The owner side of served reads (module docs).
@@ -434,6 +497,9 @@ pub struct Owner<E> {
     leasing: bool,
     #[cfg(test)]
     pub(crate) defects: Defects,
+    /// Accepted writes whose receive did not end.
+    receives: HashMap<ReceiveId, writes::Receive<E>>,
+    next_receive: u64,
     /// Readers made up for [`Defects::every_release_counts`].
     #[cfg(test)]
     made_up_readers: u64,
@@ -456,6 +522,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             drained: false,
             now: None,
             leasing: false,
+            receives: HashMap::default(),
+            next_receive: 0,
             #[cfg(test)]
             defects: Defects::default(),
             #[cfg(test)]
@@ -464,7 +532,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     }
 
     /// Serves `[address, address + length)` as the registration `region`
-    /// with `capability` (16 random bytes the driver drew for it).
+    /// with `capability` (16 random bytes the driver drew for it), for
+    /// reads only: [`Owner::register_with_access`] of [`Access::Read`].
     ///
     /// # Errors
     /// [`RdmaError::OutOfRange`] for an empty range or one that wraps;
@@ -476,6 +545,23 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         capability: [u8; 16],
         address: u64,
         length: u64,
+    ) -> Result<(), RdmaError> {
+        self.register_with_access(region, capability, address, length, Access::Read)
+    }
+
+    /// As [`Owner::register`], allowing peers `access`: a read of a
+    /// registration that does not allow reads, and a write to one that
+    /// does not allow writes, are refused [`Refusal::AccessDenied`].
+    ///
+    /// # Errors
+    /// As [`Owner::register`].
+    pub fn register_with_access(
+        &mut self,
+        region: u64,
+        capability: [u8; 16],
+        address: u64,
+        length: u64,
+        access: Access,
     ) -> Result<(), RdmaError> {
         if self.stage != Stage::Running {
             return Err(RdmaError::ShuttingDown);
@@ -495,6 +581,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 capability,
                 start: address,
                 end,
+                access,
                 leases: 0,
                 unmapping: false,
                 descriptor_leases: RegionLeases::default(),
@@ -606,8 +693,9 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             .map(|entry| entry.descriptor_leases.live())
     }
 
-    /// Starts the unmap of `region`: it serves no new read from now on, and
-    /// [`Action::Unmapped`] follows once its last lease ended.
+    /// Starts the unmap of `region`: it serves no new read or write from
+    /// now on, and [`Action::Unmapped`] follows once its last lease and
+    /// its last write's receive ended.
     pub fn unmap(&mut self, region: u64) -> UnmapStatus {
         let Some(entry) = self.regions.get_mut(&region) else {
             return UnmapStatus::NotRegistered;
@@ -766,7 +854,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
 
     /// Judges `read` as [`Owner::handle_read`] does (it runs this check
     /// first) — registration, capability (the registration's or a
-    /// descriptor lease's), unmapping, the lease's end, range, in that order —
+    /// descriptor lease's), access, unmapping, the lease's end, range, in
+    /// that order —
     /// but takes no lease,
     /// counts nothing under a bound and asks for no send: for a driver
     /// that copies the bytes of a served read out of the registration
@@ -793,23 +882,14 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 .ok_or(Refusal::CapabilityMismatch)?
                 .map_err(|_| Refusal::LeaseExpired)
         };
+        if !region.access.allows_read() {
+            return Err(Refusal::AccessDenied);
+        }
         if region.unmapping || self.stage == Stage::Closed {
             return Err(Refusal::Deregistering);
         }
         under_lease?;
-        let inside = read.length > 0
-            && read.address >= region.start
-            && read
-                .address
-                .checked_add(read.length)
-                .is_some_and(|end| end <= region.end);
-        #[cfg(test)]
-        let inside = inside
-            || (self.defects.range_end_unchecked
-                && read.length > 0
-                && read.address >= region.start
-                && read.address < region.end);
-        if !inside {
+        if !self.inside(region, read.address, read.length) {
             return Err(Refusal::OutOfRange);
         }
         Ok(Payload {
@@ -854,7 +934,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     }
 
     /// Stops serving: every region turns unmapping, new registrations are
-    /// refused, and [`Action::Drained`] follows once no lease is held.
+    /// refused, and [`Action::Drained`] follows once no lease is held and
+    /// no write's receive is left.
     pub fn shutdown(&mut self) {
         if self.stage != Stage::Running {
             return;
@@ -867,12 +948,14 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         self.report_drained();
     }
 
-    /// The transport is destroyed: no send of it reads any more, and none
-    /// will be reported. Every send ends here; requests are dropped from
-    /// now on.
+    /// The transport is destroyed: no send of it reads any more and no
+    /// receive writes any more, and none will be reported. Every send and
+    /// every write's receive ends here (the write unanswered); requests
+    /// are dropped from now on.
     pub fn transport_closed(&mut self) {
         self.shutdown();
         self.stage = Stage::Closed;
+        self.end_every_receive();
         let mut ids: Vec<SendId> = self.sends.keys().copied().collect();
         // In the order they started, whatever the table's.
         ids.sort_unstable();
@@ -906,12 +989,14 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         self.endpoints.len()
     }
 
-    /// The leases `region` holds, if the owner holds it.
+    /// The leases `region` holds (served replies sending from it, and
+    /// writes receiving into it), if the owner holds it.
     pub fn region_leases(&self, region: u64) -> Option<u32> {
         self.regions.get(&region).map(|entry| entry.leases)
     }
 
-    /// Reads refused (single reads and list entries), sent or not.
+    /// Requests refused (single reads, list entries and writes), sent or
+    /// not.
     pub fn refused_requests(&self) -> u64 {
         self.refused
     }
@@ -979,10 +1064,59 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     }
 
     fn start_send(&mut self, endpoint: E, leases: Leases) -> SendId {
+        self.start_send_of(endpoint, leases, false)
+    }
+
+    fn start_send_of(&mut self, endpoint: E, leases: Leases, answers_write: bool) -> SendId {
         let id = SendId(self.next_send);
         self.next_send += 1;
-        self.sends.insert(id, Send { endpoint, leases });
+        self.sends.insert(
+            id,
+            Send {
+                endpoint,
+                leases,
+                answers_write,
+            },
+        );
         id
+    }
+
+    /// Whether `[address, address + length)` is non-empty and inside
+    /// `region`.
+    fn inside(&self, region: &Region<E>, address: u64, length: u64) -> bool {
+        let inside = length > 0
+            && address >= region.start
+            && address
+                .checked_add(length)
+                .is_some_and(|end| end <= region.end);
+        #[cfg(test)]
+        let inside = inside
+            || (self.defects.range_end_unchecked
+                && length > 0
+                && address >= region.start
+                && address < region.end);
+        inside
+    }
+
+    /// One served place of `endpoint` ended: forget the endpoint once it
+    /// has nothing unfinished.
+    fn end_served_place(&mut self, endpoint: E) {
+        if let Some(entry) = self.endpoints.get_mut(&endpoint) {
+            entry.load.served = entry.load.served.saturating_sub(1);
+            if entry.load == EndpointLoad::default() {
+                self.endpoints.remove(&endpoint);
+            }
+        }
+    }
+
+    /// One hold on `region` ended: finish its unmap if it waits for it.
+    fn end_hold(&mut self, region: u64) {
+        if let Some(entry) = self.regions.get_mut(&region) {
+            entry.leases -= 1;
+            if entry.unmapping && entry.leases == 0 {
+                self.finish_unmap(region);
+            }
+        }
     }
 
     /// A send ended: release what it counted, finish a waiting unmap.
@@ -993,7 +1127,9 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         let regions = send.leases.regions();
         if let Some(entry) = self.endpoints.get_mut(&send.endpoint) {
             let load = &mut entry.load;
-            if regions.is_empty() {
+            if send.answers_write {
+                load.served = load.served.saturating_sub(1);
+            } else if regions.is_empty() {
                 load.refusals = load.refusals.saturating_sub(1);
             } else {
                 load.served = load.served.saturating_sub(regions.len() as u32);
@@ -1004,12 +1140,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         }
         for &region in regions {
             self.leases -= 1;
-            if let Some(entry) = self.regions.get_mut(&region) {
-                entry.leases -= 1;
-                if entry.unmapping && entry.leases == 0 {
-                    self.finish_unmap(region);
-                }
-            }
+            self.end_hold(region);
         }
         true
     }
@@ -1025,6 +1156,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             && !self.drained
             && self.regions.is_empty()
             && self.leases == 0
+            && self.receives.is_empty()
         {
             self.drained = true;
             self.actions.push_back(Action::Drained);

@@ -100,6 +100,7 @@ use super::wire;
 
 pub(crate) use crate::sim_support::Rng;
 mod leases;
+mod writes;
 
 use crate::sim_support::mix;
 

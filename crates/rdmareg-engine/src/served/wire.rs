@@ -1,5 +1,5 @@
-//! The UCX engine's wire formats of a single served read: the request a
-//! consumer sends and the reply header an owner replies with.
+//! The UCX engine's wire formats of a single served read or write: the
+//! request a consumer sends and the reply header an owner replies with.
 //!
 //! The one implementation of these bytes: `rdmareg_ucx::read_protocol`
 //! and `rdmareg_ucx::read_list` wrap it in the UCX engine's public types,
@@ -23,8 +23,23 @@
 //! `version = 1`, `status: u8`, two zero bytes, `request_id: u64`,
 //! `length: u64` — [`REPLY_LEN`] bytes. Status `0` is served; the refusal
 //! codes are `1` region unknown, `2` capability mismatch, `3` out of
-//! range, `4` deregistering, `5` malformed request, `6` busy. Codes are
-//! only ever added; a refusal carries `length = 0`.
+//! range, `4` deregistering, `5` malformed request, `6` busy, `7` lease
+//! expired, `8` access denied (the registration does not allow the
+//! operation), `9` receive failed (a write's bytes could not be received;
+//! only ever a reply to a write). Codes are only ever added; a refusal
+//! carries `length = 0`.
+//!
+//! **Write request** (consumer → owner, on its own active-message id, so
+//! that it cannot be taken for a read): the request's layout, field for
+//! field ([`encode_write_request`]), followed by the `length` bytes to
+//! write as the message's payload. Its request id has
+//! [`WRITE_REQUEST_ID_BIT`] set, so a consumer that reads and writes
+//! through one reply handler tells their replies apart by the id alone.
+//!
+//! **Write reply** (owner → consumer): a reply header as above, with no
+//! payload: status `0` with `length` = the bytes written, once they are in
+//! the registration; a refusal with `length = 0`. A write reply that
+//! claims payload bytes is refused by the consumer.
 //!
 //! **List request** (consumer → owner, a batched list): `version = 1`,
 //! three zero bytes, `count: u16` (1 to [`MAX_LIST_ENTRIES`]), two zero
@@ -45,7 +60,7 @@
 
 use std::fmt;
 
-use super::owner::{ListEntryReply, Read, Refusal};
+use super::owner::{ListEntryReply, Read, Refusal, Write};
 
 /// Length of an encoded request.
 pub const REQUEST_LEN: usize = 52;
@@ -114,6 +129,29 @@ pub fn encode_request(read: &Read) -> [u8; REQUEST_LEN] {
     out[36..44].copy_from_slice(&read.address.to_le_bytes());
     out[44..52].copy_from_slice(&read.length.to_le_bytes());
     out
+}
+
+/// The bit every write's request id has set, and no read's: the
+/// consumers' counters ([`Consumer`](super::consumer::Consumer) and
+/// [`Writer`](super::writer::Writer)) keep to their half.
+pub const WRITE_REQUEST_ID_BIT: u64 = 1 << 63;
+
+/// Whether `request_id` names a write ([`WRITE_REQUEST_ID_BIT`]).
+pub const fn is_write_request_id(request_id: u64) -> bool {
+    request_id & WRITE_REQUEST_ID_BIT != 0
+}
+
+/// A write request's header: the layout of a read request.
+pub fn encode_write_request(write: &Write) -> [u8; REQUEST_LEN] {
+    encode_request(&write.as_read())
+}
+
+/// Decodes an untrusted write request header (the payload is apart).
+///
+/// # Errors
+/// As [`decode_request`].
+pub fn decode_write_request(bytes: &[u8]) -> Result<Write, ProtocolError> {
+    decode_request(bytes).map(Write::from_read)
 }
 
 /// Decodes an untrusted request.
@@ -232,13 +270,15 @@ pub fn refusal_code(refusal: Refusal) -> u8 {
         Refusal::Malformed => MALFORMED,
         Refusal::Busy => 6,
         Refusal::LeaseExpired => 7,
+        Refusal::AccessDenied => 8,
+        Refusal::ReceiveFailed => 9,
         Refusal::Unrecognized(code) if code > LAST_ASSIGNED => code,
         Refusal::Unrecognized(_) | Refusal::Unverified | Refusal::NotTheRequester => MALFORMED,
     }
 }
 
 const MALFORMED: u8 = 5;
-const LAST_ASSIGNED: u8 = 7;
+const LAST_ASSIGNED: u8 = 9;
 
 /// The refusal a non-zero status code names; a code this build does not
 /// know is [`Refusal::Unrecognized`].
@@ -251,6 +291,8 @@ pub fn refusal_of_code(code: u8) -> Refusal {
         MALFORMED => Refusal::Malformed,
         6 => Refusal::Busy,
         7 => Refusal::LeaseExpired,
+        8 => Refusal::AccessDenied,
+        9 => Refusal::ReceiveFailed,
         other => Refusal::Unrecognized(other),
     }
 }
@@ -409,6 +451,9 @@ mod tests {
             Refusal::Deregistering,
             Refusal::Malformed,
             Refusal::Busy,
+            Refusal::LeaseExpired,
+            Refusal::AccessDenied,
+            Refusal::ReceiveFailed,
             Refusal::Unrecognized(LAST_ASSIGNED + 1),
         ] {
             let reply = Reply {
@@ -452,6 +497,8 @@ mod tests {
             (Refusal::Malformed, 5),
             (Refusal::Busy, 6),
             (Refusal::LeaseExpired, 7),
+            (Refusal::AccessDenied, 8),
+            (Refusal::ReceiveFailed, 9),
         ] {
             let reply = Reply {
                 request_id: 9,
@@ -476,6 +523,7 @@ mod tests {
                 RdmaError::RegionNotFound => "RegionNotFound",
                 RdmaError::InvalidKey => "InvalidKey",
                 RdmaError::LeaseExpired => "LeaseExpired",
+                RdmaError::AccessDenied { operation: "read" } => "AccessDenied",
                 RdmaError::Backend(_) if err.is_transient() => "transient Backend",
                 _ => "something else",
             };
@@ -484,6 +532,7 @@ mod tests {
                 1 | 2 | 4 => "RegionNotFound",
                 5 => "InvalidKey",
                 7 => "LeaseExpired",
+                8 => "AccessDenied",
                 _ => "transient Backend",
             };
             assert_eq!(kind, expected, "code {code}: {err}");
@@ -531,6 +580,25 @@ mod tests {
         assert_eq!(decode_request(&bytes), Err(ProtocolError::Version(9)));
         assert_eq!(request_id_of_malformed(&bytes), 77);
         assert_eq!(request_id_of_malformed(&bytes[..7]), 0);
+    }
+
+    /// A write request is a read request's bytes, field for field, and
+    /// its id keeps the write bit through the wire.
+    #[test]
+    fn a_write_request_has_the_read_requests_layout() {
+        let write = Write {
+            request_id: WRITE_REQUEST_ID_BIT | 5,
+            region: 2,
+            capability: [3; 16],
+            address: 0x1000,
+            length: 64,
+        };
+        let bytes = encode_write_request(&write);
+        assert_eq!(bytes, encode_request(&write.as_read()));
+        assert_eq!(decode_write_request(&bytes), Ok(write));
+        assert!(is_write_request_id(write.request_id));
+        assert!(!is_write_request_id(5));
+        assert!(decode_write_request(&bytes[..REQUEST_LEN - 1]).is_err());
     }
 
     fn entry(request_id: u64) -> Read {

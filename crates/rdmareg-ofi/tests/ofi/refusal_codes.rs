@@ -14,8 +14,8 @@ use rdmareg_ofi::protocol::{
 const REASON_SHIFT: u32 = 48;
 
 /// Each refusal's code, as every release so far sends it (8 since
-/// descriptor leases; unassigned before).
-const CODES: [(Refusal, u64); 8] = [
+/// descriptor leases, 9 and 10 since access rights; unassigned before).
+const CODES: [(Refusal, u64); 10] = [
     (Refusal::RegionUnknown, 1),
     (Refusal::CapabilityMismatch, 2),
     (Refusal::OutOfRange, 3),
@@ -24,6 +24,8 @@ const CODES: [(Refusal, u64); 8] = [
     (Refusal::Unverified, 6),
     (Refusal::NotTheRequester, 7),
     (Refusal::LeaseExpired, 8),
+    (Refusal::AccessDenied, 9),
+    (Refusal::ReceiveFailed, 10),
 ];
 
 /// The kind of error a read refused with `code` gets: a range the
@@ -38,6 +40,7 @@ fn kind_of(code: u8) -> &'static str {
         3 => "OutOfRange",
         1 | 2 | 4 => "RegionNotFound",
         8 => "LeaseExpired",
+        9 => "AccessDenied",
         _ => "transient Backend",
     }
 }
@@ -47,6 +50,7 @@ fn kind(err: &RdmaError) -> &'static str {
         RdmaError::OutOfRange => "OutOfRange",
         RdmaError::RegionNotFound => "RegionNotFound",
         RdmaError::LeaseExpired => "LeaseExpired",
+        RdmaError::AccessDenied { .. } => "AccessDenied",
         RdmaError::Backend(_) if err.is_transient() => "transient Backend",
         _ => "something else",
     }

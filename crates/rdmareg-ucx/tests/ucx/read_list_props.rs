@@ -41,7 +41,7 @@ fn reply_entry() -> impl Strategy<Value = ListReplyEntry> {
         Just(ReplyStatus::Refused(Refusal::LeaseExpired)),
         // Codes a later release may assign: they decode typed and re-encode
         // unchanged.
-        (8u8..=255).prop_map(|code| ReplyStatus::Refused(Refusal::Unrecognized(code))),
+        (10u8..=255).prop_map(|code| ReplyStatus::Refused(Refusal::Unrecognized(code))),
     ];
     (any::<u64>(), status, any::<u64>()).prop_map(|(request_id, status, length)| ListReplyEntry {
         request_id,

@@ -339,6 +339,8 @@ impl Pair {
                     reply.header_len = action.list_reply_header().map(|h| h.len());
                     self.to_consumer.push_back(Message::List(reply));
                 }
+                // Served writes have their own scenarios.
+                Action::Receive { .. } | Action::Acknowledge { .. } => self.elsewhere.push(action),
             }
         }
     }

@@ -1,0 +1,1498 @@
+//! A deterministic simulator of served writes: one owner over simulated
+//! memory, writers ([`Writer`] machines) on connections to it, and the
+//! transport between them, driven by one `u64` seed.
+//!
+//! The scheduler picks, step by step, among: honest writes (random ranges
+//! of the descriptors writers were given, of registrations made for
+//! reading, writing or both, stale ones included); hostile writes (forged
+//! capability, unknown region, out of range, past the end, empty,
+//! wrapping, a payload of another length than the header's, a header
+//! that does not decode); delivering requests in any order, dropping and
+//! duplicating them; receiving an accepted write's bytes a few at a time
+//! (as a rendezvous does), failing a receive; ending the owner's reply
+//! sends and the writers' request sends, in any order; delivering replies
+//! in any order, and forged replies from a third peer; connection
+//! failures and writers killed mid-transfer; the clock passing writes'
+//! deadlines; registrations, unmaps racing writes, the program reusing
+//! memory whose unmap finished; shutdown and the transport's close.
+//!
+//! # Invariants, checked after every step
+//!
+//! 1. No byte is written outside a registration that allows writes and
+//!    whose unmap has not finished: checked at each byte the transport
+//!    writes.
+//! 2. A write is received exactly when an independent model of the rules
+//!    says it is accepted, and otherwise refused with the refusal the
+//!    model gives (or dropped when it says so): a refused write writes
+//!    nothing.
+//! 3. An unmap finishes only for a region being unmapped, and only when
+//!    no receive into it is left.
+//! 4. A write answered `Ok` was received whole: its receive completed
+//!    with the target range holding exactly its bytes (but for bytes a
+//!    receive of another write overlapping it wrote since).
+//! 5. Every write of a live writer is answered exactly once, and never
+//!    before the transport reported its request's send ended.
+//! 6. Per connection the owner holds at most its bound of accepted writes
+//!    and, apart, of refusals; each writer keeps state only for writes
+//!    not answered.
+//! 7. At the end, with every message delivered, every receive and send
+//!    ended and the deadlines passed, every write is answered, every
+//!    unmap finished, the owner holds no endpoint, and shutdown drains.
+//!
+//! # Proof that it bites
+//!
+//! The owner's test-only defects `write_access_unchecked`,
+//! `unmap_ignores_receives` and `acknowledge_before_receive`, and the
+//! writer's `answer_before_send_ended`, are each caught within the first
+//! 20 seeds by a test below.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use rdmareg_core::{Access, RdmaError};
+
+use super::{Checked, Rng, Violation, capability};
+use crate::served::consumer::{Reply, ReplyOutcome};
+use crate::served::owner::{Action, Defects, Owner, OwnerConfig, ReceiveId, Refusal, SendId};
+use crate::served::refusal::Operation;
+use crate::served::wire;
+use crate::served::writer::{self, WriteId, WriteTarget, WriteTimeout, Writer};
+use crate::sim_support::mix;
+
+/// Steps of the random phase of one run.
+const STEPS: u32 = 250;
+const SLOTS: u64 = 4;
+const SLOT_LEN: u64 = 64;
+const SLOT_STRIDE: u64 = 0x1_0000;
+/// The connection forged replies come on.
+const FORGER: u64 = 999;
+/// Writes one writer has unanswered at most (the simulation's own bound).
+const MAX_WRITES: usize = 12;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Live,
+    Unmapping,
+    Unmapped,
+}
+
+#[derive(Debug)]
+struct Region {
+    slot: usize,
+    capability: [u8; 16],
+    base: u64,
+    len: u64,
+    access: Access,
+    state: State,
+}
+
+/// A request on its way to the owner.
+#[derive(Debug, Clone)]
+struct Request {
+    conn: u64,
+    header: Vec<u8>,
+    payload: Vec<u8>,
+    /// The write whose send this message is (its source is held while the
+    /// message travels); `None` for a duplicate.
+    origin: Option<Origin>,
+    /// The write it carries, duplicates included.
+    of: Option<Origin>,
+}
+
+/// A writer and one of its writes.
+type Origin = (usize, u64);
+
+/// A reply on its way to a writer.
+#[derive(Debug, Clone)]
+struct ToWriter {
+    conn: u64,
+    /// The writer a forged reply is pushed at.
+    to: Option<usize>,
+    header: [u8; wire::REPLY_LEN],
+    payload_length: u64,
+    /// The owner's send, for an honest reply.
+    send: Option<SendId>,
+}
+
+/// A receive into the owner's memory in progress.
+#[derive(Debug)]
+struct Receiving {
+    conn: u64,
+    address: u64,
+    bytes: Vec<u8>,
+    written: usize,
+    origin: Option<Origin>,
+    /// The write it carries, a duplicate's included.
+    of: Option<Origin>,
+    /// Its connection failed or the send was stopped: it ends in error.
+    doomed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OwnerSend {
+    Refusal,
+    /// A reply to an accepted write (acknowledgement or failed receive).
+    WriteReply,
+}
+
+#[derive(Debug)]
+struct Record {
+    conn: u64,
+    /// The message of its send is on the network.
+    travelling: bool,
+    /// Receives reading its source.
+    receiving: u32,
+    /// The transport was asked to end the send early (deadline, failure).
+    stopping: bool,
+    send_ended: bool,
+    answered: bool,
+    /// A receive of it completed with the range holding its bytes.
+    received: bool,
+}
+
+struct SimWriter {
+    conn: u64,
+    machine: Writer<u64, ()>,
+    alive: bool,
+}
+
+/// What a clean run did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Stats {
+    pub(crate) writes: u64,
+    pub(crate) received: u64,
+    pub(crate) refused: u64,
+    pub(crate) access_denied: u64,
+    pub(crate) dropped: u64,
+    pub(crate) answered_ok: u64,
+    pub(crate) answered_err: u64,
+    pub(crate) receives_failed: u64,
+    pub(crate) unmaps_waited: u64,
+    pub(crate) bytes_written: u64,
+}
+
+impl Stats {
+    fn add(&mut self, o: Stats) {
+        self.writes += o.writes;
+        self.received += o.received;
+        self.refused += o.refused;
+        self.access_denied += o.access_denied;
+        self.dropped += o.dropped;
+        self.answered_ok += o.answered_ok;
+        self.answered_err += o.answered_err;
+        self.receives_failed += o.receives_failed;
+        self.unmaps_waited += o.unmaps_waited;
+        self.bytes_written += o.bytes_written;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Receive,
+    Refuse(Refusal),
+    Drop,
+}
+
+struct Sim {
+    step: u32,
+    rng: Rng,
+    bound: u32,
+    owner: Owner<u64>,
+    /// Simulated memory, slot by slot, and per byte the receive that
+    /// wrote it last.
+    memory: Vec<Vec<u8>>,
+    last_writer: Vec<Vec<Option<ReceiveId>>>,
+    slot_region: Vec<Option<u64>>,
+    regions: BTreeMap<u64, Region>,
+    next_region: u64,
+    writers: Vec<SimWriter>,
+    records: BTreeMap<Origin, Record>,
+    next_conn: u64,
+    /// Connections that failed, and those whose requests the owner drops
+    /// (failed while it had something of theirs unfinished).
+    failed: BTreeSet<u64>,
+    dropping: BTreeSet<u64>,
+    to_owner: Vec<Request>,
+    seen: Vec<Request>,
+    to_writers: Vec<ToWriter>,
+    receiving: BTreeMap<ReceiveId, Receiving>,
+    owner_sends: BTreeMap<SendId, (u64, OwnerSend)>,
+    now: Instant,
+    shut_down: bool,
+    closed: bool,
+    drained: bool,
+    stats: Stats,
+    log: Option<VecDeque<String>>,
+}
+
+impl Sim {
+    fn new(seed: u64, defects: Defects, writer_defects: writer::Defects, verbose: bool) -> Sim {
+        let mut rng = Rng::new(mix(seed ^ 0x7772_6974_6573));
+        let bound = 1 + rng.below(4) as u32;
+        let mut owner = Owner::new(OwnerConfig {
+            max_replies_per_endpoint: bound,
+        });
+        owner.defects = defects;
+        let writers = (0..3)
+            .map(|i| {
+                let mut machine = Writer::new();
+                machine.defects = writer_defects;
+                SimWriter {
+                    conn: i + 1,
+                    machine,
+                    alive: true,
+                }
+            })
+            .collect();
+        Sim {
+            step: 0,
+            rng,
+            bound,
+            owner,
+            memory: (0..SLOTS)
+                .map(|s| vec![s as u8; SLOT_LEN as usize])
+                .collect(),
+            last_writer: (0..SLOTS).map(|_| vec![None; SLOT_LEN as usize]).collect(),
+            slot_region: vec![None; SLOTS as usize],
+            regions: BTreeMap::new(),
+            next_region: 1,
+            writers,
+            records: BTreeMap::new(),
+            next_conn: 4,
+            failed: BTreeSet::new(),
+            dropping: BTreeSet::new(),
+            to_owner: Vec::new(),
+            seen: Vec::new(),
+            to_writers: Vec::new(),
+            receiving: BTreeMap::new(),
+            owner_sends: BTreeMap::new(),
+            now: Instant::now(),
+            shut_down: false,
+            closed: false,
+            drained: false,
+            stats: Stats::default(),
+            log: verbose.then(VecDeque::new),
+        }
+    }
+
+    fn note(&mut self, text: impl FnOnce() -> String) {
+        if let Some(log) = &mut self.log {
+            if log.len() == 40 {
+                log.pop_front();
+            }
+            log.push_back(format!("step {}: {}", self.step, text()));
+        }
+    }
+
+    fn run(&mut self) -> Checked {
+        for step in 0..STEPS {
+            self.step = step;
+            self.random_step()?;
+            self.take_completions()?;
+            self.check_bounds()?;
+        }
+        self.step = STEPS;
+        self.finish()
+    }
+
+    fn random_step(&mut self) -> Checked {
+        match self.rng.below(100) {
+            0..=13 => self.post(false),
+            14..=19 => self.post(true),
+            20..=33 => self.deliver_request(),
+            34 => self.drop_request(),
+            35..=36 => self.duplicate(),
+            37..=50 => self.progress_receive(),
+            51..=58 => self.end_owner_send(),
+            59..=68 => self.deliver_reply(),
+            69..=76 => self.end_writer_send(),
+            77 => self.forge_reply(),
+            78 => self.fail_connection(false),
+            79 => self.fail_connection(true),
+            80..=82 => self.advance_clock(),
+            83..=88 => self.register(),
+            89..=94 => self.unmap(),
+            95..=96 => self.reuse_memory(),
+            97 if self.rng.chance(15) => self.shutdown(),
+            98 if self.shut_down && self.rng.chance(20) => self.close_transport(),
+            _ => Ok(()),
+        }
+    }
+
+    // ----- writers -----
+
+    /// A writer posts a write: honest (a random range of a descriptor it
+    /// was given) or hostile.
+    fn post(&mut self, hostile: bool) -> Checked {
+        let mut at = self.rng.index(self.writers.len());
+        if !self.writers[at].alive {
+            // A new writer comes in a killed one's stead.
+            let mut machine = Writer::new();
+            machine.defects = self.writers[at].machine.defects;
+            let conn = self.fresh_conn();
+            self.writers.push(SimWriter {
+                conn,
+                machine,
+                alive: true,
+            });
+            at = self.writers.len() - 1;
+        }
+        if self.writers[at].machine.in_flight() >= MAX_WRITES || self.regions.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<u64> = self.regions.keys().copied().collect();
+        let live: Vec<u64> = self
+            .regions
+            .iter()
+            .filter(|(_, r)| r.state == State::Live)
+            .map(|(&id, _)| id)
+            .collect();
+        let id = if !live.is_empty() && self.rng.chance(85) {
+            live[self.rng.index(live.len())]
+        } else {
+            ids[self.rng.index(ids.len())]
+        };
+        let region = &self.regions[&id];
+        let (base, len, cap) = (region.base, region.len, region.capability);
+        let offset = self.rng.below(len);
+        let mut target = WriteTarget {
+            region: id,
+            capability: cap,
+            address: base + offset,
+            length: 1 + self.rng.below(len - offset),
+        };
+        let mut payload_length = target.length;
+        let mut corrupt = false;
+        if hostile {
+            match self.rng.below(8) {
+                0 => target.capability[self.rng.index(16)] ^= 1 << self.rng.below(8),
+                1 => target.region = self.next_region + self.rng.below(3),
+                2 => target.length = len - offset + 1 + self.rng.below(8),
+                3 => target.address = base.wrapping_sub(1 + self.rng.below(8)),
+                4 => target.length = 0,
+                5 => {
+                    target.address = u64::MAX - self.rng.below(4);
+                    target.length = 2 + self.rng.below(8);
+                }
+                6 => {
+                    payload_length = if self.rng.chance(50) {
+                        target.length - 1
+                    } else {
+                        target.length + 1 + self.rng.below(4)
+                    }
+                }
+                _ => corrupt = true,
+            }
+        }
+        let deadline = self.now + Duration::from_millis(1 + self.rng.below(40));
+        let writer = &mut self.writers[at];
+        let conn = writer.conn;
+        let posted = writer.machine.start(conn, target, deadline, ());
+        let Some(request) = posted.request else {
+            return Err(format!("write {:?} refused before shutdown", posted.id));
+        };
+        let mut header = wire::encode_write_request(&request).to_vec();
+        if corrupt {
+            match self.rng.below(3) {
+                0 => header.truncate(self.rng.index(header.len())),
+                1 => header[1 + self.rng.index(3)] = 1,
+                _ => header[0] = 2,
+            }
+        }
+        let seed = self.rng.next_u64();
+        let payload: Vec<u8> = (0..payload_length.min(256))
+            .map(|i| mix(seed ^ i) as u8)
+            .collect();
+        let origin = (at, posted.id.0);
+        self.records.insert(
+            origin,
+            Record {
+                conn,
+                travelling: true,
+                receiving: 0,
+                stopping: false,
+                send_ended: false,
+                answered: false,
+                received: false,
+            },
+        );
+        self.stats.writes += 1;
+        self.note(|| format!("writer {at} posts {request:?} ({payload_length} bytes) on {conn}"));
+        self.to_owner.push(Request {
+            conn,
+            header,
+            payload,
+            origin: Some(origin),
+            of: Some(origin),
+        });
+        Ok(())
+    }
+
+    fn fresh_conn(&mut self) -> u64 {
+        self.next_conn += 1;
+        self.next_conn
+    }
+
+    /// The transport reports a write's send ended, once nothing of it
+    /// travels or is received any more (or it was stopped).
+    fn end_writer_send(&mut self) -> Checked {
+        let ready: Vec<Origin> = self
+            .records
+            .iter()
+            .filter(|(_, r)| !r.send_ended && !r.travelling && r.receiving == 0)
+            .map(|(&o, _)| o)
+            .collect();
+        if ready.is_empty() {
+            return Ok(());
+        }
+        let origin = ready[self.rng.index(ready.len())];
+        self.end_send_of(origin)
+    }
+
+    fn end_send_of(&mut self, origin: Origin) -> Checked {
+        let ok = self.rng.chance(85);
+        let record = self.records.get_mut(&origin).ok_or("no record")?;
+        record.send_ended = true;
+        let result = if ok && !record.stopping && !self.failed.contains(&record.conn) {
+            Ok(())
+        } else {
+            Err(RdmaError::backend("send ended in error"))
+        };
+        self.note(|| format!("send of {origin:?} ended: {result:?}"));
+        let writer = &mut self.writers[origin.0];
+        if writer.alive {
+            writer.machine.send_ended(WriteId(origin.1), result);
+        }
+        Ok(())
+    }
+
+    /// A writer's deadlines pass.
+    fn advance_clock(&mut self) -> Checked {
+        self.now += Duration::from_millis(1 + self.rng.below(20));
+        self.expire()
+    }
+
+    fn expire(&mut self) -> Checked {
+        for at in 0..self.writers.len() {
+            if !self.writers[at].alive {
+                continue;
+            }
+            let actions = self.writers[at].machine.handle_timeout(self.now);
+            for WriteTimeout::StopSend { write, .. } in actions {
+                self.stop_send((at, write.0))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The driver stops a write's send: a message not yet out is
+    /// withdrawn, a receive reading it fails.
+    fn stop_send(&mut self, origin: Origin) -> Checked {
+        let record = self.records.get_mut(&origin).ok_or("stop of no record")?;
+        record.stopping = true;
+        if record.travelling {
+            record.travelling = false;
+            self.to_owner.retain(|m| m.origin != Some(origin));
+        }
+        for receive in self.receiving.values_mut() {
+            if receive.origin == Some(origin) {
+                receive.doomed = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Delivers a reply to the writer on its connection.
+    fn deliver_reply(&mut self) -> Checked {
+        if self.to_writers.is_empty() {
+            return Ok(());
+        }
+        let message = self
+            .to_writers
+            .swap_remove(self.rng.index(self.to_writers.len()));
+        let Some(at) = message.to.or_else(|| {
+            self.writers
+                .iter()
+                .position(|w| w.alive && w.conn == message.conn)
+        }) else {
+            return Ok(());
+        };
+        if !self.writers[at].alive {
+            return Ok(());
+        }
+        let Ok(decoded) = wire::Reply::decode(&message.header) else {
+            return Ok(());
+        };
+        let reply = Reply {
+            request_id: decoded.request_id,
+            outcome: match decoded.outcome {
+                Ok(length) => ReplyOutcome::Served { length },
+                Err(refusal) => ReplyOutcome::Refused(refusal.error_for(Operation::Write)),
+            },
+        };
+        let verdict =
+            self.writers[at]
+                .machine
+                .handle_reply(message.conn, &reply, message.payload_length);
+        self.note(|| {
+            format!(
+                "reply {reply:?} on {} to writer {at}: {verdict:?}",
+                message.conn
+            )
+        });
+        if message.conn == FORGER && verdict.is_ok() {
+            return Err(format!("a forged reply was taken: {reply:?}"));
+        }
+        Ok(())
+    }
+
+    /// A third peer replies with guessed write ids.
+    fn forge_reply(&mut self) -> Checked {
+        let Some(&(at, id)) = self
+            .records
+            .keys()
+            .nth(self.rng.index(self.records.len().max(1)))
+        else {
+            return Ok(());
+        };
+        let length = self.rng.below(64);
+        self.to_writers.push(ToWriter {
+            conn: FORGER,
+            to: Some(at),
+            header: wire::encode_reply_fields(id, 0, length),
+            payload_length: if self.rng.chance(50) { length } else { 0 },
+            send: None,
+        });
+        Ok(())
+    }
+
+    /// Answers taken out of every live writer, checked.
+    fn take_completions(&mut self) -> Checked {
+        for at in 0..self.writers.len() {
+            if !self.writers[at].alive {
+                continue;
+            }
+            while let Some(done) = self.writers[at].machine.poll_completion() {
+                let origin = (at, done.write.0);
+                let record = self
+                    .records
+                    .get_mut(&origin)
+                    .ok_or_else(|| format!("an answer to a write never posted: {origin:?}"))?;
+                if record.answered {
+                    return Err(format!("write {origin:?} answered twice"));
+                }
+                if !record.send_ended {
+                    return Err(format!(
+                        "write {origin:?} answered {:?} before its send ended",
+                        done.outcome
+                    ));
+                }
+                if done.outcome.is_ok() && !record.received {
+                    return Err(format!(
+                        "write {origin:?} answered Ok but its bytes were never received whole"
+                    ));
+                }
+                record.answered = true;
+                if done.outcome.is_ok() {
+                    self.stats.answered_ok += 1;
+                } else {
+                    self.stats.answered_err += 1;
+                }
+            }
+        }
+        // Records of answered writes whose source nothing holds go.
+        self.records
+            .retain(|_, r| !(r.answered && r.send_ended && !r.travelling && r.receiving == 0));
+        Ok(())
+    }
+
+    // ----- the network and the owner -----
+
+    fn deliver_request(&mut self) -> Checked {
+        if self.to_owner.is_empty() {
+            return Ok(());
+        }
+        let message = self
+            .to_owner
+            .swap_remove(self.rng.index(self.to_owner.len()));
+        if let Some(origin) = message.origin
+            && let Some(record) = self.records.get_mut(&origin)
+        {
+            record.travelling = false;
+        }
+        let (request_id, expect) = self.expect(&message);
+        self.owner.handle_write_request(
+            message.conn,
+            &message.header,
+            message.payload.len() as u64,
+        );
+        let mut got = Expect::Drop;
+        let mut replies = 0;
+        while let Some(action) = self.owner.poll_action() {
+            replies += 1;
+            if replies > 1 && !matches!(action, Action::Acknowledge { .. }) {
+                return Err(format!("a second action for one write: {action:?}"));
+            }
+            match action {
+                Action::Receive {
+                    endpoint,
+                    receive,
+                    request_id: id,
+                    region,
+                    address,
+                    length,
+                } => {
+                    if endpoint != message.conn || id != request_id {
+                        return Err(format!(
+                            "{action:?} for request {request_id} on {}",
+                            message.conn
+                        ));
+                    }
+                    let header = wire::decode_write_request(&message.header)
+                        .map_err(|e| format!("received an undecodable write: {e}"))?;
+                    if (region, address, length) != (header.region, header.address, header.length) {
+                        return Err(format!("received {action:?} for {header:?}"));
+                    }
+                    got = Expect::Receive;
+                    if let Some(origin) = message.origin
+                        && let Some(record) = self.records.get_mut(&origin)
+                    {
+                        record.receiving += 1;
+                    }
+                    self.receiving.insert(
+                        receive,
+                        Receiving {
+                            conn: message.conn,
+                            address,
+                            bytes: message.payload.clone(),
+                            written: 0,
+                            origin: message.origin,
+                            of: message.of,
+                            doomed: false,
+                        },
+                    );
+                    self.stats.received += 1;
+                }
+                Action::Refuse {
+                    endpoint,
+                    send,
+                    request_id: id,
+                    refusal,
+                } => {
+                    if endpoint != message.conn || id != request_id {
+                        return Err(format!(
+                            "{action:?} for request {request_id} on {}",
+                            message.conn
+                        ));
+                    }
+                    got = Expect::Refuse(refusal);
+                    if refusal == Refusal::AccessDenied {
+                        self.stats.access_denied += 1;
+                    }
+                    self.stats.refused += 1;
+                    self.reply(endpoint, send, OwnerSend::Refusal, &action);
+                }
+                Action::Acknowledge { endpoint, send, .. } => {
+                    // Only with a defect: an acknowledgement at acceptance.
+                    self.reply(endpoint, send, OwnerSend::WriteReply, &action);
+                }
+                other => return Err(format!("{other:?} in answer to a write")),
+            }
+        }
+        if got == Expect::Drop {
+            self.stats.dropped += 1;
+        }
+        self.note(|| {
+            format!(
+                "write {request_id} from {}: expected {expect:?}, got {got:?}",
+                message.conn
+            )
+        });
+        if got != expect {
+            return Err(format!(
+                "write {request_id} from {}: expected {expect:?}, the owner chose {got:?}",
+                message.conn
+            ));
+        }
+        self.seen.push(Request {
+            origin: None,
+            ..message
+        });
+        if self.seen.len() > 32 {
+            self.seen.swap_remove(0);
+        }
+        Ok(())
+    }
+
+    /// Queues the owner's reply `action` for its connection.
+    fn reply(&mut self, conn: u64, send: SendId, kind: OwnerSend, action: &Action<u64>) {
+        self.owner_sends.insert(send, (conn, kind));
+        if let Some(header) = action.reply_header() {
+            self.to_writers.push(ToWriter {
+                conn,
+                to: None,
+                header,
+                payload_length: 0,
+                send: Some(send),
+            });
+        }
+    }
+
+    /// The model: what the owner must do with `message`.
+    fn expect(&self, message: &Request) -> (u64, Expect) {
+        let conn = message.conn;
+        let places = self.receiving.values().filter(|r| r.conn == conn).count()
+            + self
+                .owner_sends
+                .values()
+                .filter(|&&(c, kind)| c == conn && kind == OwnerSend::WriteReply)
+                .count();
+        let refusals = self
+            .owner_sends
+            .values()
+            .filter(|&&(c, kind)| c == conn && kind == OwnerSend::Refusal)
+            .count();
+        let (request_id, verdict) = match wire::decode_write_request(&message.header) {
+            Err(_) => (
+                wire::request_id_of_malformed(&message.header),
+                Err(Refusal::Malformed),
+            ),
+            Ok(write) => (
+                write.request_id,
+                self.verdict(&write, message.payload.len() as u64, places),
+            ),
+        };
+        let expect = match verdict {
+            _ if self.closed || self.dropping.contains(&conn) => Expect::Drop,
+            Ok(()) => Expect::Receive,
+            Err(_) if refusals >= self.bound as usize => Expect::Drop,
+            Err(refusal) => Expect::Refuse(refusal),
+        };
+        (request_id, expect)
+    }
+
+    fn verdict(
+        &self,
+        write: &crate::served::Write,
+        payload_length: u64,
+        places: usize,
+    ) -> Result<(), Refusal> {
+        let region = self
+            .regions
+            .get(&write.region)
+            .filter(|r| r.state != State::Unmapped)
+            .ok_or(Refusal::RegionUnknown)?;
+        if region.capability != write.capability {
+            return Err(Refusal::CapabilityMismatch);
+        }
+        if !region.access.allows_write() {
+            return Err(Refusal::AccessDenied);
+        }
+        if region.state == State::Unmapping {
+            return Err(Refusal::Deregistering);
+        }
+        let start = u128::from(write.address);
+        let end = start + u128::from(write.length);
+        if write.length == 0
+            || start < u128::from(region.base)
+            || end > u128::from(region.base) + u128::from(region.len)
+        {
+            return Err(Refusal::OutOfRange);
+        }
+        if payload_length != write.length {
+            return Err(Refusal::Malformed);
+        }
+        if places >= self.bound as usize {
+            return Err(Refusal::Busy);
+        }
+        Ok(())
+    }
+
+    fn drop_request(&mut self) -> Checked {
+        if self.to_owner.is_empty() {
+            return Ok(());
+        }
+        let message = self
+            .to_owner
+            .swap_remove(self.rng.index(self.to_owner.len()));
+        if let Some(origin) = message.origin
+            && let Some(record) = self.records.get_mut(&origin)
+        {
+            record.travelling = false;
+        }
+        self.note(|| format!("a request on {} is lost", message.conn));
+        Ok(())
+    }
+
+    fn duplicate(&mut self) -> Checked {
+        if !self.seen.is_empty() {
+            let message = self.seen[self.rng.index(self.seen.len())].clone();
+            self.to_owner.push(message);
+        }
+        Ok(())
+    }
+
+    /// The transport writes a few more bytes of a receive into memory, or
+    /// ends it.
+    fn progress_receive(&mut self) -> Checked {
+        let Some(&id) = self
+            .receiving
+            .keys()
+            .nth(self.rng.index(self.receiving.len().max(1)))
+        else {
+            return Ok(());
+        };
+        let fail = self.receiving[&id].doomed || self.rng.chance(4);
+        if fail {
+            return self.end_receive(id, false);
+        }
+        let (address, chunk, from) = {
+            let receive = &self.receiving[&id];
+            let left = receive.bytes.len() - receive.written;
+            let chunk = 1 + self.rng.index(left.max(1));
+            (receive.address, chunk.min(left), receive.written)
+        };
+        for i in from..from + chunk {
+            let byte = self.receiving[&id].bytes[i];
+            self.write_byte(address + i as u64, byte, id)?;
+        }
+        let receive = self.receiving.get_mut(&id).ok_or("gone")?;
+        receive.written += chunk;
+        if receive.written == receive.bytes.len() {
+            self.end_receive(id, true)?;
+        }
+        Ok(())
+    }
+
+    /// Invariant 1, at the byte.
+    fn write_byte(&mut self, address: u64, byte: u8, by: ReceiveId) -> Checked {
+        let region = self
+            .regions
+            .values()
+            .find(|r| r.state != State::Unmapped && address >= r.base && address < r.base + r.len);
+        match region {
+            Some(r) if r.access.allows_write() => {}
+            Some(r) => {
+                return Err(format!(
+                    "a byte written at {address:#x} into a registration for {}",
+                    r.access
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "a byte written at {address:#x}, in no live registration"
+                ));
+            }
+        }
+        let slot = (address / SLOT_STRIDE - 1) as usize;
+        let offset = (address % SLOT_STRIDE) as usize;
+        self.memory[slot][offset] = byte;
+        self.last_writer[slot][offset] = Some(by);
+        self.stats.bytes_written += 1;
+        Ok(())
+    }
+
+    fn end_receive(&mut self, id: ReceiveId, completed: bool) -> Checked {
+        let receive = self.receiving.remove(&id).ok_or("no such receive")?;
+        if completed {
+            // Invariant 4's ground: the range holds the bytes, but where a
+            // later receive overwrote them.
+            for (i, &byte) in receive.bytes.iter().enumerate() {
+                let address = receive.address + i as u64;
+                let slot = (address / SLOT_STRIDE - 1) as usize;
+                let offset = (address % SLOT_STRIDE) as usize;
+                if self.last_writer[slot][offset] == Some(id) && self.memory[slot][offset] != byte {
+                    return Err(format!("receive {id:?} left a wrong byte at {address:#x}"));
+                }
+            }
+        } else {
+            self.stats.receives_failed += 1;
+        }
+        if let Some(origin) = receive.origin
+            && let Some(record) = self.records.get_mut(&origin)
+        {
+            record.receiving -= 1;
+        }
+        if let Some(of) = receive.of
+            && let Some(record) = self.records.get_mut(&of)
+        {
+            record.received |= completed;
+        }
+        self.note(|| format!("receive {id:?} ended (completed: {completed})"));
+        let known = if completed {
+            self.owner.receive_completed(id)
+        } else {
+            self.owner.receive_failed(id)
+        };
+        if !known {
+            return Err(format!("the owner did not know its receive {id:?}"));
+        }
+        self.take_owner_actions()?;
+        self.forget_dropping(receive.conn);
+        Ok(())
+    }
+
+    fn end_owner_send(&mut self) -> Checked {
+        let Some(&send) = self
+            .owner_sends
+            .keys()
+            .nth(self.rng.index(self.owner_sends.len().max(1)))
+        else {
+            return Ok(());
+        };
+        let complete = self.rng.chance(85);
+        self.end_owner_send_of(send, complete)
+    }
+
+    fn end_owner_send_of(&mut self, send: SendId, complete: bool) -> Checked {
+        let (conn, _) = self.owner_sends.remove(&send).ok_or("no such send")?;
+        let complete = complete && !self.failed.contains(&conn);
+        if !complete {
+            self.to_writers.retain(|m| m.send != Some(send));
+        }
+        self.forget_dropping(conn);
+        let known = if complete {
+            self.owner.send_completed(send)
+        } else {
+            self.owner.send_failed(send)
+        };
+        if !known {
+            return Err(format!("the owner did not know its send {send:?}"));
+        }
+        self.take_owner_actions()
+    }
+
+    /// A failed connection the owner has nothing of any more: it forgot it.
+    fn forget_dropping(&mut self, conn: u64) {
+        let busy = self.owner_sends.values().any(|&(c, _)| c == conn)
+            || self.receiving.values().any(|r| r.conn == conn);
+        if !busy {
+            self.dropping.remove(&conn);
+        }
+    }
+
+    /// A connection fails; `kill` also kills its writer (which is then
+    /// never answered).
+    fn fail_connection(&mut self, kill: bool) -> Checked {
+        let at = self.rng.index(self.writers.len());
+        if !self.writers[at].alive {
+            return Ok(());
+        }
+        let conn = self.writers[at].conn;
+        self.note(|| format!("connection {conn} fails (writer {at} killed: {kill})"));
+        self.failed.insert(conn);
+        let busy = self.owner_sends.values().any(|&(c, _)| c == conn)
+            || self.receiving.values().any(|r| r.conn == conn);
+        if busy {
+            self.dropping.insert(conn);
+        }
+        self.owner.endpoint_failed(conn);
+        // What travels on it is lost; what is received from it fails.
+        let lost: Vec<Origin> = self
+            .to_owner
+            .iter()
+            .filter(|m| m.conn == conn)
+            .filter_map(|m| m.origin)
+            .collect();
+        self.to_owner.retain(|m| m.conn != conn);
+        self.seen.retain(|m| m.conn != conn);
+        self.to_writers.retain(|m| m.conn != conn);
+        for origin in lost {
+            if let Some(record) = self.records.get_mut(&origin) {
+                record.travelling = false;
+            }
+        }
+        for receive in self.receiving.values_mut() {
+            if receive.conn == conn {
+                receive.doomed = true;
+            }
+        }
+        for record in self.records.values_mut() {
+            if record.conn == conn {
+                record.stopping = true;
+            }
+        }
+        let fresh = self.fresh_conn();
+        let writer = &mut self.writers[at];
+        if kill {
+            writer.alive = false;
+            for (origin, record) in self.records.iter_mut() {
+                if origin.0 == at {
+                    // Nobody waits for these any more.
+                    record.answered = true;
+                }
+            }
+        } else {
+            writer
+                .machine
+                .endpoint_failed(conn, RdmaError::backend("connection failed"));
+            writer.conn = fresh;
+        }
+        Ok(())
+    }
+
+    fn register(&mut self) -> Checked {
+        if self.shut_down {
+            return Ok(());
+        }
+        let free: Vec<usize> = (0..SLOTS as usize)
+            .filter(|&s| self.slot_region[s].is_none())
+            .collect();
+        if free.is_empty() {
+            return Ok(());
+        }
+        let slot = free[self.rng.index(free.len())];
+        let offset = self.rng.below(SLOT_LEN / 2);
+        let len = 1 + self.rng.below(SLOT_LEN - offset);
+        let base = SLOT_STRIDE * (slot as u64 + 1) + offset;
+        let access = match self.rng.below(3) {
+            0 => Access::Read,
+            1 => Access::Write,
+            _ => Access::ReadWrite,
+        };
+        let id = self.next_region;
+        self.next_region += 1;
+        let capability = capability(&mut self.rng);
+        self.owner
+            .register_with_access(id, capability, base, len, access)
+            .map_err(|e| format!("register refused: {e}"))?;
+        self.slot_region[slot] = Some(id);
+        self.regions.insert(
+            id,
+            Region {
+                slot,
+                capability,
+                base,
+                len,
+                access,
+                state: State::Live,
+            },
+        );
+        self.note(|| format!("region {id}: {base:#x}+{len} for {access}"));
+        Ok(())
+    }
+
+    fn unmap(&mut self) -> Checked {
+        let ids: Vec<u64> = self
+            .regions
+            .iter()
+            .filter(|(_, r)| r.state != State::Unmapped)
+            .map(|(&id, _)| id)
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let id = ids[self.rng.index(ids.len())];
+        self.owner.unmap(id);
+        let waits = self.receives_into(id);
+        let region = self.regions.get_mut(&id).ok_or("unknown region")?;
+        if region.state == State::Live {
+            region.state = State::Unmapping;
+            if waits {
+                self.stats.unmaps_waited += 1;
+            }
+        }
+        self.note(|| format!("unmap {id}"));
+        self.take_owner_actions()
+    }
+
+    fn receives_into(&self, id: u64) -> bool {
+        let Some(region) = self.regions.get(&id) else {
+            return false;
+        };
+        self.receiving
+            .values()
+            .any(|r| r.address >= region.base && r.address < region.base + region.len)
+    }
+
+    /// The program writes memory whose registration is gone.
+    fn reuse_memory(&mut self) -> Checked {
+        let slot = self.rng.index(SLOTS as usize);
+        if self.slot_region[slot].is_none() {
+            let byte = self.rng.next_u64() as u8;
+            self.memory[slot].fill(byte);
+            self.last_writer[slot].fill(None);
+        }
+        Ok(())
+    }
+
+    fn shutdown(&mut self) -> Checked {
+        if self.shut_down {
+            return Ok(());
+        }
+        self.shut_down = true;
+        self.note(|| "shutdown".into());
+        for region in self.regions.values_mut() {
+            if region.state == State::Live {
+                region.state = State::Unmapping;
+            }
+        }
+        self.owner.shutdown();
+        self.take_owner_actions()
+    }
+
+    /// The owner's transport is destroyed: its receives write no more,
+    /// its sends end, and every writer's connection to it fails.
+    fn close_transport(&mut self) -> Checked {
+        self.note(|| "transport closed".into());
+        self.closed = true;
+        let receives: Vec<Origin> = std::mem::take(&mut self.receiving)
+            .into_values()
+            .filter_map(|r| r.origin)
+            .collect();
+        for origin in receives {
+            if let Some(record) = self.records.get_mut(&origin) {
+                record.receiving -= 1;
+            }
+        }
+        self.owner_sends.clear();
+        self.to_writers.retain(|m| m.send.is_none());
+        self.owner.transport_closed();
+        self.take_owner_actions()?;
+        for at in 0..self.writers.len() {
+            if self.writers[at].alive {
+                self.fail_connection_of(at)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn fail_connection_of(&mut self, at: usize) -> Checked {
+        let conn = self.writers[at].conn;
+        self.failed.insert(conn);
+        let lost: Vec<Origin> = self
+            .to_owner
+            .iter()
+            .filter(|m| m.conn == conn)
+            .filter_map(|m| m.origin)
+            .collect();
+        self.to_owner.retain(|m| m.conn != conn);
+        for origin in lost {
+            if let Some(record) = self.records.get_mut(&origin) {
+                record.travelling = false;
+            }
+        }
+        for record in self.records.values_mut() {
+            if record.conn == conn {
+                record.stopping = true;
+            }
+        }
+        self.writers[at]
+            .machine
+            .endpoint_failed(conn, RdmaError::backend("the owner is gone"));
+        Ok(())
+    }
+
+    /// Actions outside a request: replies after a receive, finished
+    /// unmaps, the drained report.
+    fn take_owner_actions(&mut self) -> Checked {
+        while let Some(action) = self.owner.poll_action() {
+            match action {
+                Action::Acknowledge { endpoint, send, .. } => {
+                    self.reply(endpoint, send, OwnerSend::WriteReply, &action);
+                }
+                Action::Refuse {
+                    endpoint,
+                    send,
+                    refusal: Refusal::ReceiveFailed,
+                    ..
+                } => {
+                    self.reply(endpoint, send, OwnerSend::WriteReply, &action);
+                }
+                Action::Unmapped { region } => {
+                    if self.receives_into(region) {
+                        return Err(format!(
+                            "unmap of region {region} finished while bytes are still received into it"
+                        ));
+                    }
+                    let entry = self
+                        .regions
+                        .get_mut(&region)
+                        .ok_or_else(|| format!("unmapped unknown region {region}"))?;
+                    if entry.state != State::Unmapping {
+                        return Err(format!("unmapped a {:?} region {region}", entry.state));
+                    }
+                    entry.state = State::Unmapped;
+                    self.slot_region[entry.slot] = None;
+                    self.note(|| format!("region {region} unmapped"));
+                }
+                Action::Drained => {
+                    let open = self.regions.values().any(|r| r.state != State::Unmapped);
+                    if !self.shut_down || self.drained || open {
+                        return Err("drained reported early or twice".into());
+                    }
+                    self.drained = true;
+                }
+                other => return Err(format!("{other:?} with no request to answer")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Invariant 6.
+    fn check_bounds(&self) -> Checked {
+        let conns: BTreeSet<u64> = self
+            .receiving
+            .values()
+            .map(|r| r.conn)
+            .chain(self.owner_sends.values().map(|&(c, _)| c))
+            .collect();
+        for conn in conns {
+            let load = self.owner.load(conn);
+            if load.served > self.bound || load.refusals > self.bound {
+                return Err(format!(
+                    "connection {conn} holds {load:?}, bound {}",
+                    self.bound
+                ));
+            }
+        }
+        for (at, writer) in self.writers.iter().enumerate() {
+            if !writer.alive {
+                continue;
+            }
+            let open = self
+                .records
+                .iter()
+                .filter(|(o, r)| o.0 == at && !r.answered)
+                .count();
+            if writer.machine.in_flight() != open {
+                return Err(format!(
+                    "writer {at} keeps {} writes, {open} are unanswered",
+                    writer.machine.in_flight()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Delivers and ends everything, passes every deadline, then checks
+    /// invariant 7.
+    fn finish(&mut self) -> Checked {
+        for _ in 0..10_000 {
+            let busy = !self.to_owner.is_empty()
+                || !self.receiving.is_empty()
+                || !self.owner_sends.is_empty()
+                || !self.to_writers.is_empty()
+                || self
+                    .records
+                    .values()
+                    .any(|r| !r.send_ended && !r.travelling && r.receiving == 0);
+            if !busy {
+                break;
+            }
+            match self.rng.below(5) {
+                0 => self.deliver_request()?,
+                1 => self.progress_receive()?,
+                2 => self.end_owner_send()?,
+                3 => self.deliver_reply()?,
+                _ => self.end_writer_send()?,
+            }
+            self.take_completions()?;
+            self.check_bounds()?;
+        }
+        self.now += Duration::from_secs(3600);
+        self.expire()?;
+        // Sends the deadlines stopped end now.
+        let stopped: Vec<Origin> = self
+            .records
+            .iter()
+            .filter(|(_, r)| !r.send_ended && !r.travelling && r.receiving == 0)
+            .map(|(&o, _)| o)
+            .collect();
+        for origin in stopped {
+            self.end_send_of(origin)?;
+        }
+        self.take_completions()?;
+        self.check_bounds()?;
+        if let Some((origin, record)) = self.records.iter().find(|(_, r)| !r.answered) {
+            return Err(format!("write {origin:?} never answered: {record:?}"));
+        }
+        if let Some((id, _)) = self
+            .regions
+            .iter()
+            .find(|(_, r)| r.state == State::Unmapping)
+        {
+            return Err(format!("the unmap of region {id} never finished"));
+        }
+        if self.owner.endpoints() != 0 {
+            return Err(format!(
+                "{} endpoints left with nothing in flight",
+                self.owner.endpoints()
+            ));
+        }
+        self.shutdown()?;
+        if !self.closed {
+            self.close_transport()?;
+        }
+        if !self.drained {
+            return Err("shutdown never drained".into());
+        }
+        Ok(())
+    }
+}
+
+/// Runs `seed` with the owner's and the writers' `defects` switched on.
+pub(crate) fn run_with(
+    seed: u64,
+    defects: Defects,
+    writer_defects: writer::Defects,
+) -> Result<Stats, Violation> {
+    let mut sim = Sim::new(seed, defects, writer_defects, false);
+    match sim.run() {
+        Ok(()) => Ok(sim.stats),
+        Err(message) => Err(Violation {
+            seed,
+            step: sim.step,
+            message,
+        }),
+    }
+}
+
+/// Replays `seed` and returns its last steps and outcome.
+pub(crate) fn replay(seed: u64, defects: Defects, writer_defects: writer::Defects) -> String {
+    let mut sim = Sim::new(seed, defects, writer_defects, true);
+    let outcome = sim.run();
+    let mut out = String::new();
+    for line in sim.log.iter().flatten() {
+        let _ = writeln!(out, "{line}");
+    }
+    let _ = match outcome {
+        Ok(()) => writeln!(out, "seed {seed}: clean ({:?})", sim.stats),
+        Err(message) => writeln!(out, "seed {seed} step {}: {message}", sim.step),
+    };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim_support::seeds;
+
+    fn caught(defects: Defects, writer_defects: writer::Defects, limit: u64) -> Violation {
+        let found = (0..limit)
+            .find_map(|seed| run_with(seed, defects, writer_defects).err())
+            .unwrap_or_else(|| {
+                panic!("{defects:?} {writer_defects:?} not caught in {limit} seeds")
+            });
+        eprintln!(
+            "{defects:?} {writer_defects:?}: caught at seed {} step {}: {}",
+            found.seed, found.step, found.message
+        );
+        found
+    }
+
+    /// The owner and writers as built keep every invariant over the seeds
+    /// of `seeds()`, and the seeds exercise what they claim: writes
+    /// received and refused, access denied, unmaps that waited, failed
+    /// receives, answers of both kinds.
+    #[test]
+    fn every_write_seed_keeps_every_invariant() {
+        let seeds = seeds();
+        let count = seeds.end - seeds.start;
+        let mut total = Stats::default();
+        for seed in seeds.clone() {
+            match run_with(seed, Defects::default(), writer::Defects::default()) {
+                Ok(stats) => total.add(stats),
+                Err(v) => panic!(
+                    "seed {} step {}: {}\n{}",
+                    v.seed,
+                    v.step,
+                    v.message,
+                    replay(v.seed, Defects::default(), writer::Defects::default())
+                ),
+            }
+        }
+        if count == 1 {
+            eprintln!(
+                "{}",
+                replay(seeds.start, Defects::default(), writer::Defects::default())
+            );
+        }
+        eprintln!("write seeds {seeds:?}: {total:?}");
+        if count < 1_000 {
+            return;
+        }
+        assert!(total.received > count && total.refused > count, "{total:?}");
+        assert!(total.access_denied > count / 10, "{total:?}");
+        assert!(
+            total.answered_ok > count && total.answered_err > count,
+            "{total:?}"
+        );
+        assert!(total.unmaps_waited > count / 20, "{total:?}");
+        assert!(total.receives_failed > count / 10, "{total:?}");
+        assert!(
+            total.dropped > 0 && total.bytes_written > count,
+            "{total:?}"
+        );
+    }
+
+    /// A seed replays exactly.
+    #[test]
+    fn a_write_seed_replays_exactly() {
+        let defects = Defects {
+            unmap_ignores_receives: true,
+            ..Defects::default()
+        };
+        let first = caught(defects, writer::Defects::default(), 100);
+        assert_eq!(
+            run_with(first.seed, defects, writer::Defects::default()).err(),
+            Some(first)
+        );
+        let stats = |s: Stats| (s.writes, s.received, s.refused, s.bytes_written);
+        let clean = || run_with(7, Defects::default(), writer::Defects::default()).unwrap();
+        assert_eq!(stats(clean()), stats(clean()));
+    }
+
+    /// Accepting writes into registrations made for reading is caught
+    /// within 20 seeds: a write the model refuses as access denied.
+    #[test]
+    fn the_simulator_finds_writes_to_read_only_memory() {
+        let defects = Defects {
+            write_access_unchecked: true,
+            ..Defects::default()
+        };
+        let found = caught(defects, writer::Defects::default(), 20);
+        assert!(found.message.contains("AccessDenied"), "{found:?}");
+    }
+
+    /// Taking no hold for a write's receive — an unmap that finishes while
+    /// bytes are still received into the region — is caught within 20
+    /// seeds (invariant 3, or a byte written after the unmap).
+    #[test]
+    fn the_simulator_finds_an_unmap_that_ignores_receives() {
+        let defects = Defects {
+            unmap_ignores_receives: true,
+            ..Defects::default()
+        };
+        let found = caught(defects, writer::Defects::default(), 20);
+        assert!(
+            found.message.contains("still received")
+                || found.message.contains("in no live registration"),
+            "{found:?}"
+        );
+    }
+
+    /// Acknowledging a write at its acceptance, before its bytes are in,
+    /// is caught within 20 seeds: an `Ok` for bytes never received whole.
+    #[test]
+    fn the_simulator_finds_an_acknowledgement_before_the_receive() {
+        let defects = Defects {
+            acknowledge_before_receive: true,
+            ..Defects::default()
+        };
+        let found = caught(defects, writer::Defects::default(), 20);
+        assert!(found.message.contains("never received whole"), "{found:?}");
+    }
+
+    /// A writer answering on the owner's reply while the transport may
+    /// still read the source is caught within 20 seeds (invariant 5).
+    #[test]
+    fn the_simulator_finds_an_answer_before_the_send_ended() {
+        let writer_defects = writer::Defects {
+            answer_before_send_ended: true,
+        };
+        let found = caught(Defects::default(), writer_defects, 20);
+        assert!(found.message.contains("before its send ended"), "{found:?}");
+    }
+}
