@@ -705,7 +705,10 @@ impl RdmaRegistry {
     ) -> Result<Vec<Result<(), RdmaError>>, RdmaError> {
         let mut list = self.transfer_list(peer);
         for &(src, buffer, offset) in reads {
-            list.push(src, buffer, offset)?;
+            if let Err(error) = list.push(src, buffer, offset) {
+                self.inner.counters.error(&error);
+                return Err(error);
+            }
         }
         self.post(&list, buffers).await
     }

@@ -254,8 +254,13 @@ impl TransferList {
     }
 
     /// Bytes one post moves.
+    ///
+    /// Saturates at `u64::MAX`: descriptors are peers' bytes, and entries
+    /// of forged lengths are refused only when posted.
     pub fn total_bytes(&self) -> u64 {
-        self.entries.iter().map(|e| e.len).sum()
+        self.entries
+            .iter()
+            .fold(0u64, |total, entry| total.saturating_add(entry.len))
     }
 
     /// How many buffers a post needs (highest index plus one).
@@ -378,7 +383,7 @@ async fn post_timed(
     let in_flight = InFlight::new(inner);
     // Alone, poll before sleeping, as a lone GET does (`get_busy_poll`).
     let alone = inner.transfers_in_flight.load(Ordering::SeqCst) == 1;
-    let list_bytes = list.entries.iter().map(|entry| entry.len).sum::<u64>();
+    let list_bytes = list.total_bytes();
     let busy_poll = (alone && !inner.config.get_busy_poll.is_zero())
         .then(|| busy_poll_window(inner.config.get_busy_poll, list_bytes));
     // Take the used buffers' slots (checked above) until the batch ends.

@@ -19,4 +19,5 @@ mod rollbacks;
 mod shutdown;
 mod stress;
 mod transfer;
+mod write_attacks;
 mod writes;
