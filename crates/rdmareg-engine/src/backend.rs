@@ -15,7 +15,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use rdmareg_backend::{BackendLease, RdmaBackend};
 use rdmareg_core::{
-    BackendGet, BackendRegion, LeaseTerms, Notice, NoticeDrops, NoticeSender, PeerId, RdmaError,
+    Access, BackendGet, BackendPut, BackendRegion, LeaseTerms, Notice, NoticeDrops, NoticeSender,
+    PeerId, RdmaError,
 };
 
 use crate::front::{CallerCopies, Front};
@@ -39,6 +40,10 @@ pub unsafe trait Driver: Send + Sync + 'static {
     /// one hand-off fewer than the seam's default, which reads and then
     /// sends the notice as a second command.
     const SENDS_NOTICES_AFTER_READS: bool = false;
+    /// Whether its thread maps memory writable and serves writes
+    /// ([`Handler::put`](crate::command::Handler::put)); without, the
+    /// backend refuses both as unsupported before submitting anything.
+    const WRITES: bool = false;
 }
 
 /// The [`RdmaBackend`] of one engine of driver `D`.
@@ -93,6 +98,48 @@ unsafe impl<D: Driver> RdmaBackend for Backend<D> {
     ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
         // SAFETY: this method's contract is the front's.
         unsafe { self.front.map(ptr, len) }
+    }
+
+    /// Writable access only for a driver with [`Driver::WRITES`]; without,
+    /// refused before anything is submitted.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves no registration behind.
+    unsafe fn map_with_access(
+        &self,
+        ptr: usize,
+        len: usize,
+        access: Access,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        if access != Access::Read && !D::WRITES {
+            return Box::pin(async { Err(crate::command::unsupported_writes()) });
+        }
+        // SAFETY: this method's contract is the front's.
+        unsafe { self.front.map_with_access(ptr, len, access) }
+    }
+
+    /// # Cancel safety
+    /// Once submitted, dropping the future does not stop the write; the
+    /// source stays held until the transport let go of it.
+    unsafe fn put(&self, request: BackendPut) -> BoxFuture<'_, Result<(), RdmaError>> {
+        if !D::WRITES {
+            return Box::pin(async { Err(crate::command::unsupported_writes()) });
+        }
+        // SAFETY: this method's contract is the front's.
+        unsafe { self.front.put(request) }
+    }
+
+    /// One command for the whole batch; the results come back together.
+    unsafe fn put_batch(
+        &self,
+        requests: Vec<BackendPut>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        if !D::WRITES {
+            let refused = vec![Err(crate::command::unsupported_writes()); requests.len()];
+            return Box::pin(async move { refused });
+        }
+        // SAFETY: this method's contract is the front's.
+        unsafe { self.front.put_batch(requests) }
     }
 
     /// # Cancel safety

@@ -1,7 +1,7 @@
 //! What submitters ask of the progress thread.
 //!
 //! The commands every backend's thread serves are the backend seam's
-//! operations (map, unmap, GET, batches) plus shutdown; what a driver needs
+//! operations (map, unmap, GET, PUT, batches) plus shutdown; what a driver needs
 //! beyond them (peer changes, whose addresses only the driver can parse)
 //! travels as its own type `P` in [`Command::Driver`].
 //!
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::channel::oneshot;
 use rdmareg_backend::BackendLease;
-use rdmareg_core::{BackendGet, BackendRegion, LeaseTerms, PeerId, RdmaError};
+use rdmareg_core::{Access, BackendGet, BackendPut, BackendRegion, LeaseTerms, PeerId, RdmaError};
 
 /// Where the thread sends one command's result.
 pub type Reply<T> = oneshot::Sender<Result<T, RdmaError>>;
@@ -35,6 +35,10 @@ pub enum Command<P> {
         ptr: usize,
         /// Length in bytes, at least 1.
         len: usize,
+        /// What peers may do with it; only a driver with
+        /// [`Driver::WRITES`](crate::backend::Driver::WRITES) is asked for
+        /// more than [`Access::Read`].
+        access: Access,
         /// Where the region is returned.
         reply: Reply<BackendRegion>,
     },
@@ -79,6 +83,20 @@ pub enum Command<P> {
         /// Completed once the read completed and, after a read that
         /// succeeded, the transport took the notice.
         reply: Reply<()>,
+    },
+    /// Write a registered source into a peer's registration.
+    Put {
+        /// What to write, and where to.
+        request: BackendPut,
+        /// Completed only once the transport let go of the source.
+        reply: Reply<()>,
+    },
+    /// Write several ranges; one result per request, in order.
+    PutBatch {
+        /// The writes.
+        requests: Vec<BackendPut>,
+        /// Completed only once every entry's source was let go.
+        reply: BatchReply,
     },
     /// Send a notice to a peer's engine (see [`notices`](crate::notices)).
     Notice {
@@ -126,6 +144,8 @@ pub struct NewRegion {
     pub ptr: usize,
     /// Length in bytes; at least 1, and `ptr + len` does not overflow.
     pub len: usize,
+    /// What peers may do with it.
+    pub access: Access,
     /// Sixteen random bytes a served read must present (see
     /// [`served`](crate::served)).
     pub capability: [u8; 16],
@@ -171,6 +191,20 @@ pub trait Handler: Registrations {
         let _ = reply.send(Err(RdmaError::Unsupported {
             operation: "notices sent by the thread after reads",
         }));
+    }
+
+    /// Starts one write. Reached only for a driver that declares
+    /// [`Driver::WRITES`](crate::backend::Driver::WRITES); by default
+    /// refused as unsupported.
+    fn put(&mut self, request: BackendPut, reply: Reply<()>) {
+        let _ = request;
+        let _ = reply.send(Err(unsupported_writes()));
+    }
+
+    /// Starts a batch of writes; by default refused as unsupported, entry
+    /// by entry.
+    fn put_batch(&mut self, requests: Vec<BackendPut>, reply: BatchReply) {
+        let _ = reply.send(vec![Err(unsupported_writes()); requests.len()]);
     }
 
     /// Sends `notice` to `peer`; by default refuses it as unsupported.
@@ -221,6 +255,7 @@ impl<P> Command<P> {
                 id,
                 ptr,
                 len,
+                access,
                 reply,
             } => {
                 if reply.is_canceled() {
@@ -228,7 +263,7 @@ impl<P> Command<P> {
                     // already have found nothing: register nothing.
                     return ControlFlow::Continue(());
                 }
-                match new_region(id, ptr, len) {
+                match new_region(id, ptr, len, access) {
                     Ok(region) => handler.map_region(region, reply),
                     Err(err) => {
                         let _ = reply.send(Err(err));
@@ -241,6 +276,8 @@ impl<P> Command<P> {
             Command::GetSharedBatch { requests, reply } => {
                 handler.get_shared_batch(requests, reply);
             }
+            Command::Put { request, reply } => handler.put(request, reply),
+            Command::PutBatch { requests, reply } => handler.put_batch(requests, reply),
             Command::Notice {
                 peer,
                 notice,
@@ -288,6 +325,7 @@ impl<P> Command<P> {
                 let _ = reply.send(Err(RdmaError::ShuttingDown));
             }
             Command::Get { reply, .. }
+            | Command::Put { reply, .. }
             | Command::GetWithNotice { reply, .. }
             | Command::Notice { reply, .. }
             | Command::ReleaseLease { reply, .. }
@@ -302,13 +340,16 @@ impl<P> Command<P> {
             Command::GetSharedBatch { requests, reply } => {
                 let _ = reply.send(vec![Err(RdmaError::ShuttingDown); requests.len()]);
             }
+            Command::PutBatch { requests, reply } => {
+                let _ = reply.send(vec![Err(RdmaError::ShuttingDown); requests.len()]);
+            }
             Command::Unmap { reply: None, .. } | Command::Driver(_) | Command::Shutdown { .. } => {}
         }
     }
 }
 
 /// Checks a map's range and draws its capability.
-fn new_region(id: u64, ptr: usize, len: usize) -> Result<NewRegion, RdmaError> {
+fn new_region(id: u64, ptr: usize, len: usize, access: Access) -> Result<NewRegion, RdmaError> {
     if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
         return Err(RdmaError::OutOfRange);
     }
@@ -316,6 +357,7 @@ fn new_region(id: u64, ptr: usize, len: usize) -> Result<NewRegion, RdmaError> {
         id,
         ptr,
         len,
+        access,
         capability: draw_capability()?,
     })
 }
@@ -327,6 +369,13 @@ fn draw_capability() -> Result<[u8; 16], RdmaError> {
         RdmaError::backend(format!("cannot draw a capability from the OS: {err}"))
     })?;
     Ok(capability)
+}
+
+/// What a driver without remote writes answers.
+pub(crate) fn unsupported_writes() -> RdmaError {
+    RdmaError::Unsupported {
+        operation: "remote writes",
+    }
 }
 
 /// What a driver without descriptor leases answers.
@@ -377,6 +426,7 @@ mod tests {
             id: 7,
             ptr,
             len,
+            access: rdmareg_core::Access::Read,
             reply,
         };
         (command, result)

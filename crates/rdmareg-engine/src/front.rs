@@ -18,9 +18,9 @@
 //!   runs ahead of the ring, so earlier reads into the region that were
 //!   still queued are refused rather than waited for
 //!   ([`lanes`](crate::lanes)).
-//! - `get` and batches leave everything to the thread once pushed: the
-//!   destination stays held until the transport released it, whether or not
-//!   anyone awaits the result.
+//! - `get`, `put` and batches leave everything to the thread once pushed:
+//!   the destination (or a write's source) stays held until the transport
+//!   released it, whether or not anyone awaits the result.
 //!
 //! A driver whose reads can sometimes be copied on the caller's own thread
 //! (same-host memory it may read directly) plugs that in as
@@ -35,8 +35,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use rdmareg_backend::BackendLease;
 use rdmareg_core::{
-    BackendGet, BackendRegion, LeaseTerms, MAX_NOTICE_BYTES, Notice, NoticeDrops, NoticeSender,
-    PeerId, RdmaError,
+    Access, BackendGet, BackendPut, BackendRegion, LeaseTerms, MAX_NOTICE_BYTES, Notice,
+    NoticeDrops, NoticeSender, PeerId, RdmaError,
 };
 
 use crate::command::{BatchReply, Command, Reply};
@@ -167,6 +167,22 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
         ptr: usize,
         len: usize,
     ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        // SAFETY: this method's contract is `map_with_access`'s for reads.
+        unsafe { self.map_with_access(ptr, len, Access::Read) }
+    }
+
+    /// `RdmaBackend::map_with_access`, for a driver that grants `access`
+    /// (the caller checks [`Driver::WRITES`](crate::backend::Driver::WRITES)).
+    ///
+    /// # Safety
+    /// [`RdmaBackend::map_with_access`](rdmareg_backend::RdmaBackend::map_with_access)'s
+    /// contract.
+    pub unsafe fn map_with_access(
+        &self,
+        ptr: usize,
+        len: usize,
+        access: Access,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
         Box::pin(async move {
             if ptr == 0 || len == 0 || ptr.checked_add(len).is_none() {
                 return Err(RdmaError::OutOfRange);
@@ -185,6 +201,7 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                         id,
                         ptr,
                         len,
+                        access,
                         reply,
                     },
                     Overflow::Abandon,
@@ -245,6 +262,45 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 return Ok(());
             }
             self.ask(|reply| Command::Get { request, reply }).await
+        })
+    }
+
+    /// `RdmaBackend::put`, for a driver that writes. An empty write is
+    /// refused with [`RdmaError::OutOfRange`].
+    ///
+    /// # Safety
+    /// [`RdmaBackend::put`](rdmareg_backend::RdmaBackend::put)'s contract.
+    pub unsafe fn put(&self, request: BackendPut) -> BoxFuture<'_, Result<(), RdmaError>> {
+        Box::pin(async move {
+            if request.len == 0 {
+                return Err(RdmaError::OutOfRange);
+            }
+            self.ask(|reply| Command::Put { request, reply }).await
+        })
+    }
+
+    /// `RdmaBackend::put_batch`: one command for the whole batch.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::put_batch`](rdmareg_backend::RdmaBackend::put_batch)'s
+    /// contract.
+    pub unsafe fn put_batch(
+        &self,
+        requests: Vec<BackendPut>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        Box::pin(async move {
+            let entries = requests.len();
+            if entries == 0 {
+                return Vec::new();
+            }
+            let (reply, result) = oneshot::channel();
+            let command = Command::PutBatch { requests, reply };
+            if let Err(err) = self.submitter.submit(command, Overflow::Abandon).await {
+                return vec![Err(err); entries];
+            }
+            result
+                .await
+                .unwrap_or_else(|_| vec![Err(RdmaError::ShuttingDown); entries])
         })
     }
 

@@ -28,4 +28,5 @@ unsafe impl Driver for UcxDriver {
     type PeerChange = PeerChange;
     type CallerCopies = Signals;
     const SENDS_NOTICES_AFTER_READS: bool = true;
+    const WRITES: bool = true;
 }

@@ -77,6 +77,11 @@ pub const READ_REPLY_AM_ID: u32 = 0x5252;
 /// engine kit's notice format (`rdmareg_engine::notices::wire`), sent as
 /// the payload, eager only.
 pub const NOTICE_AM_ID: u32 = 0x5255;
+/// Active-message id of a write request (writer → owner): the engine
+/// kit's write request as the header (`rdmareg_engine::served::wire`), the
+/// bytes to write as the payload. Its reply is a read reply
+/// ([`READ_REPLY_AM_ID`]) with no payload, its request id's top bit set.
+pub const WRITE_REQUEST_AM_ID: u32 = 0x5256;
 
 const KEY_MAGIC: [u8; 2] = *b"RQ";
 const VERSION: u8 = 1;

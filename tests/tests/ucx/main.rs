@@ -17,6 +17,8 @@
 //! - `leaks` — soak with leak checks; the budget's refusals.
 //! - `reposted_lists` (UCX only) — a list posted again reuses its requests
 //!   and the engine's copy plan.
+//! - `writes` (UCX only) — PUTs at every size, in lists, racing an
+//!   unregister; read-only registrations never written.
 
 /// Turns each `async fn name(lane: Lane)` into the tests `name::over_tcp`
 /// and `name::over_same_host`; `per_lane!(isolated name)` does the same for
@@ -61,3 +63,5 @@ mod shutdown_order;
 mod teardown_mid_get;
 // UCX only: the engine's copy plans.
 mod reposted_lists;
+// UCX only: libfabric offers no writes.
+mod writes;

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rdmareg_engine::notices::NoticeBoard;
 use rdmareg_engine::served::consumer::{Completion, Consumer, ReadId};
+use rdmareg_engine::served::writer::{WriteId, Writer};
 use rdmareg_engine::served::{Owner, OwnerConfig};
 use ucx_sys::{ucp_worker_h, ucs_status_t};
 
@@ -58,6 +59,21 @@ pub(crate) struct Events {
     /// which admits each request (`serve`). Connections are named by the
     /// address of the endpoint UCX hands the request handler.
     pub(crate) owner: RefCell<Owner<usize>>,
+    /// The writer side of served writes: the engine kit's state machine,
+    /// holding each write from its request until UCX ended its send and
+    /// its owner answered (`puts`).
+    pub(crate) writer: RefCell<Writer<usize, super::puts::PutValue>>,
+    /// `(write, status)` of write sends UCX ended.
+    pub(crate) put_sends: RefCell<Vec<(WriteId, ucs_status_t)>>,
+    /// Records of write sends still in flight, freed at teardown if their
+    /// callback never ran (`puts`).
+    pub(crate) put_records: RefCell<HashSet<usize>>,
+    /// The payload of the write request whose handler is running
+    /// (`serve_writes`).
+    pub(crate) write_payload: Cell<Option<super::serve_writes::WritePayload>>,
+    /// Records of write receives still in flight, freed at teardown if
+    /// their callback never ran (`serve_writes`).
+    pub(crate) write_receives: RefCell<HashSet<usize>>,
     /// The memory handle of each registration the owner serves, for
     /// zero-copy replies.
     pub(crate) served_memh: RefCell<HashMap<u64, MemHandle>>,
@@ -111,6 +127,11 @@ impl Default for Events {
                 max_replies_per_endpoint:
                     crate::UcxConfig::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION,
             })),
+            writer: RefCell::new(Writer::new()),
+            put_sends: RefCell::default(),
+            put_records: RefCell::default(),
+            write_payload: Cell::new(None),
+            write_receives: RefCell::default(),
             served_memh: RefCell::default(),
             served_gauge: Arc::default(),
             worker: Cell::new(std::ptr::null_mut()),
@@ -178,6 +199,7 @@ impl Events {
     pub(crate) fn is_empty(&self) -> bool {
         self.finished_reads.borrow().is_empty()
             && self.sent_requests.borrow().is_empty()
+            && self.put_sends.borrow().is_empty()
             && self.failed_endpoints.borrow().is_empty()
             && self.unmapped.borrow().is_empty()
     }

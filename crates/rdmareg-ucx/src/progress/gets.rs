@@ -167,7 +167,7 @@ impl Engine {
     /// close or replace an endpoint: `post_batch` and `try_post_get` clear
     /// it before they send anything, and the direct lane clears it before
     /// it runs.
-    fn served_endpoint(&mut self, peer: PeerId) -> Result<(EpHandle, u64), RdmaError> {
+    pub(super) fn served_endpoint(&mut self, peer: PeerId) -> Result<(EpHandle, u64), RdmaError> {
         if let Some((memo_peer, endpoint, serial)) = self.endpoint_memo {
             if memo_peer == peer {
                 return Ok((endpoint, serial));
@@ -689,7 +689,14 @@ impl Engine {
             .consumer
             .borrow_mut()
             .endpoint_failed(endpoint as usize, error.clone());
+        // Writes whose send has not ended complete when UCX ends it.
+        let _ = self
+            .events
+            .writer
+            .borrow_mut()
+            .endpoint_failed(endpoint as usize, error.clone());
         self.events.complete_reads();
+        self.complete_puts();
     }
 
     /// Teardown: every read still waiting for a reply fails with
@@ -697,6 +704,8 @@ impl Engine {
     /// started from now on are refused.
     pub(super) fn fail_all_awaiting(&mut self) {
         self.events.consumer.borrow_mut().shutdown();
+        self.events.writer.borrow_mut().shutdown();
         self.events.complete_reads();
+        self.complete_puts();
     }
 }

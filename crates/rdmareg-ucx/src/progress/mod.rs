@@ -24,11 +24,13 @@ mod leases;
 mod notices;
 mod ops;
 mod peers;
+mod puts;
 mod read_lists;
 mod regions;
 mod replies;
 mod results;
 mod serve;
+mod serve_writes;
 mod teardown;
 mod ucp;
 pub(crate) mod vectored;
@@ -40,7 +42,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use futures::channel::oneshot;
-use rdmareg_core::{BackendGet, RdmaError};
+use rdmareg_core::{BackendGet, BackendPut, RdmaError};
 use rdmareg_engine::command::{BatchReply, Handler, Reply};
 use rdmareg_engine::lanes::Receivers;
 use rdmareg_engine::progress_loop::{self, Progress, Timings, Turn};
@@ -50,7 +52,9 @@ use crate::command::{Command, PeerChange, Signals};
 use crate::config::UcxConfig;
 use crate::engine_address::{EngineAddress, ProcessIdentity};
 use crate::read_list::{READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID};
-use crate::read_protocol::{NOTICE_AM_ID, READ_REPLY_AM_ID, READ_REQUEST_AM_ID};
+use crate::read_protocol::{
+    NOTICE_AM_ID, READ_REPLY_AM_ID, READ_REQUEST_AM_ID, WRITE_REQUEST_AM_ID,
+};
 use direct::DirectLane;
 use events::Events;
 use ops::OpTable;
@@ -241,6 +245,11 @@ impl Engine {
                 events_arg,
             )?;
             worker.set_am_handler(NOTICE_AM_ID, notices::on_notice, events_arg)?;
+            worker.set_am_handler(
+                WRITE_REQUEST_AM_ID,
+                serve_writes::on_write_request,
+                events_arg,
+            )?;
         }
         events.worker.set(worker.raw());
         let max_am_header = worker.max_am_header()?;
@@ -356,6 +365,7 @@ impl Engine {
             for (serial, status) in failed.drain(..) {
                 self.endpoint_failed(serial, status);
             }
+            self.drain_put_sends();
             self.spare = SpareRecords {
                 sent,
                 finished,
@@ -363,6 +373,8 @@ impl Engine {
                 failed,
             };
         }
+        // Replies to writes complete them inside UCX's handlers.
+        self.complete_puts();
         self.send_notices_due();
     }
 
@@ -403,7 +415,10 @@ impl Engine {
         if self.peers.closing_count() > 0 {
             timeout = timeout.min(Duration::from_millis(1));
         }
-        if let Some(deadline) = self.next_read_deadline() {
+        for deadline in [self.next_read_deadline(), self.next_put_deadline()]
+            .into_iter()
+            .flatten()
+        {
             timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
         }
         let mut fds = [
@@ -442,6 +457,14 @@ impl Handler for Engine {
 
     fn get_shared_batch(&mut self, requests: Arc<[BackendGet]>, reply: BatchReply) {
         self.post_shared_batch(requests, reply);
+    }
+
+    fn put(&mut self, request: BackendPut, reply: Reply<()>) {
+        self.post_put(request, puts::PutWaiter::Single(reply));
+    }
+
+    fn put_batch(&mut self, requests: Vec<BackendPut>, reply: BatchReply) {
+        self.post_put_batch(requests, reply);
     }
 
     fn get_with_notice(&mut self, request: BackendGet, notice: Bytes, reply: Reply<()>) {
@@ -494,6 +517,10 @@ impl Progress for Engine {
         }
         if self.ops.active() > 0 {
             self.expire_gets(Instant::now());
+            self.drain_events();
+        }
+        if self.events.writer.borrow().in_flight() > 0 {
+            self.expire_puts(Instant::now());
             self.drain_events();
         }
         if self.peers.closing_count() > 0 {

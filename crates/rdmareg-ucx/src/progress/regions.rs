@@ -69,6 +69,7 @@ impl Registrations for Engine {
             id,
             ptr,
             len,
+            access,
             capability,
         } = region;
         if self.regions.contains_key(&id) {
@@ -90,8 +91,10 @@ impl Registrations for Engine {
         };
         // Same-host keys only with a release slot: a direct read of a
         // registration no slot vouches for could not tell it was released.
+        // A registration peers may not read gets none: a direct read would
+        // not ask its owner.
         let release_slot = match (&self.direct, &mut self.release) {
-            (Some(_), Some(table)) => table.publish(served.release_tag()),
+            (Some(_), Some(table)) if access.allows_read() => table.publish(served.release_tag()),
             _ => None,
         };
         let mapped_direct = match release_slot {
@@ -155,7 +158,7 @@ impl Registrations for Engine {
             .events
             .owner
             .borrow_mut()
-            .register(id, capability, ptr as u64, len as u64);
+            .register_with_access(id, capability, ptr as u64, len as u64, access);
         if let Err(err) = served {
             if let Some(direct_memh) = direct_memh {
                 // SAFETY: mapped above on the lane's context, in no table,

@@ -12,7 +12,9 @@ use std::ffi::c_void;
 use rdmareg_core::RdmaError;
 use ucx_sys as sys;
 
+use rdmareg_engine::served::Operation;
 use rdmareg_engine::served::consumer::{DropReason, ReadId, Reply, ReplyOutcome, ReplyVerdict};
+use rdmareg_engine::served::wire::is_write_request_id;
 
 use super::events::Events;
 use super::ops::{GetOp, Phase};
@@ -141,6 +143,31 @@ pub(super) unsafe extern "C" fn on_read_reply(
         // UCS_OK drops the message (for a rendezvous, UCX tells the sender).
         return sys::UCS_OK;
     };
+    if is_write_request_id(reply.request_id) {
+        let reply = Reply {
+            request_id: reply.request_id,
+            outcome: match reply.status {
+                ReplyStatus::Served => ReplyOutcome::Served {
+                    length: reply.length,
+                },
+                ReplyStatus::Refused(refusal) => {
+                    ReplyOutcome::Refused(refusal.error_for(Operation::Write))
+                }
+            },
+        };
+        // A write's reply carries no payload; whatever came with one is
+        // dropped (for a rendezvous, UCX tells the sender).
+        if let Err(reason) =
+            events
+                .writer
+                .borrow_mut()
+                .handle_reply(arrived_on as usize, &reply, length as u64)
+        {
+            tracing::debug!(?reason, "dropped a write reply");
+            events.dropped_message();
+        }
+        return sys::UCS_OK;
+    }
     let reply = machine_reply(reply.request_id, reply.status, reply.length);
     let verdict =
         events

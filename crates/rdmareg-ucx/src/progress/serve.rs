@@ -33,7 +33,7 @@ use crate::status::PtrStatus;
 /// Replies from this size on name their registration, so UCX can send them
 /// zero-copy (rendezvous) without registering them again; smaller ones are
 /// copied into the send (eager), where naming it only costs time.
-const ZERO_COPY_FROM: u64 = 16 * 1024;
+pub(super) const ZERO_COPY_FROM: u64 = 16 * 1024;
 
 /// Replies up to this size also ask UCX for fast completion, which copies
 /// them into one short send (see [`SendMode::Small`]); above one page the
@@ -124,7 +124,27 @@ pub(super) unsafe fn perform_actions(events: &Events) {
         let action = events.owner.borrow_mut().poll_action();
         let Some(action) = action else { break };
         match action {
-            Action::Serve { endpoint, send, .. } | Action::Refuse { endpoint, send, .. } => {
+            Action::Receive {
+                endpoint,
+                receive,
+                region,
+                address,
+                length,
+                ..
+            } => {
+                // SAFETY: a receive is admitted only by a write handler,
+                // which performs its actions before it returns (the
+                // caller's contract), with its payload still at hand; the
+                // owner checked the range inside `region`.
+                unsafe {
+                    super::serve_writes::receive_payload(
+                        events, endpoint, receive, region, address, length,
+                    )
+                };
+            }
+            Action::Serve { endpoint, send, .. }
+            | Action::Refuse { endpoint, send, .. }
+            | Action::Acknowledge { endpoint, send, .. } => {
                 let header = action.reply_header().unwrap_or_default();
                 let shape = match action {
                     Action::Serve { payload, .. } => Shape::One {

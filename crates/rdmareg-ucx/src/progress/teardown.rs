@@ -68,7 +68,9 @@ impl Engine {
         let leases_before = self.leases_outstanding();
         let drain_until = started + self.settings.timings.teardown_timeout.mul_f64(DRAIN_SHARE);
         let drained = self.settle(drain_until, &mut queues, |e| {
-            e.ops.active() == 0 && e.leases_outstanding() == 0
+            e.ops.active() == 0
+                && e.leases_outstanding() == 0
+                && e.events.writer.borrow().in_flight() == 0
         });
         if reads_before > 0 || leases_before > 0 {
             tracing::debug!(
@@ -141,6 +143,15 @@ impl Engine {
             tracing::debug!(
                 unfinished,
                 "freed the records of reply sends UCX never completed"
+            );
+        }
+        // SAFETY: as above.
+        let unended = unsafe { super::puts::close_puts(&events) }
+            + unsafe { super::serve_writes::close_write_receives(&events) };
+        if unended > 0 {
+            tracing::debug!(
+                unended,
+                "write sends and receives UCX never ended end with the engine"
             );
         }
         // SAFETY: as above.

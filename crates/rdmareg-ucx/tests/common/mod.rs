@@ -87,14 +87,11 @@ pub fn backend_pair_with(config: UcxConfig) -> BackendPair {
     // lane the kernel copies without asking the owner: the consumer's
     // engine still checks the range against the key's mapped range, but a
     // stale key reads whatever the memory holds now.
-    // Remote writes are not offered by the UCX engine yet: the kit checks
-    // that it refuses them and registers nothing writable.
     let capabilities = if direct {
         Capabilities::full().with_unknown_remote_key_detected(false)
     } else {
         Capabilities::full()
-    }
-    .with_writes(false);
+    };
     let pair = BackendPair::new(
         owner.backend() as Arc<dyn RdmaBackend>,
         consumer.backend() as Arc<dyn RdmaBackend>,
