@@ -123,6 +123,11 @@ pub struct DemoArgs {
     /// Never draw a progress bar, even on a terminal.
     #[arg(long)]
     pub plain: bool,
+    /// Also push: the owner offers as many writable ranges, the consumer
+    /// writes a pattern into each (PUT), and both sides verify it (the
+    /// owner in its memory, the consumer by reading it back).
+    #[arg(long)]
+    pub write: bool,
     /// Run limits: GET deadline and teardown bound.
     #[command(flatten)]
     pub limits: LimitArgs,

@@ -3,6 +3,11 @@
 //! [`LIST_CHUNK_BYTES`] of ranges), then one GET at a time to measure each
 //! GET's latency — verifies every copy by checksum, and reports.
 //!
+//! With writable ranges in the offer (`--write`), it first writes the
+//! pattern each asks for into it (PUT, then a notice naming the range, so
+//! the owner checks its own bytes), and the read passes then read those
+//! ranges back like the others.
+//!
 //! Every wait on the owner is bounded (see `control.rs`): a GET by its
 //! deadline, the control channel by the owner's silence and by the longest
 //! its shutdown may take. A lost owner ends the run with one line saying
@@ -66,7 +71,11 @@ pub async fn run(args: &DemoArgs, address: &str) -> anyhow::Result<()> {
         .add_peer(OWNER, worker_address)
         .context("adding the owner as a peer")?;
 
-    let mut transfer = transfer_all(&node, &ranges, args.plain, &control).await;
+    let writes = write_all(&node, &ranges).await;
+    let mut transfer = match &writes.failure {
+        Some(failure) => Transfer::failed(ranges.len(), failure.clone()),
+        None => transfer_all(&node, &ranges, args.plain, &control).await,
+    };
     let tally = transfer.tally();
     // Close the endpoint before the owner goes away, so its departure is
     // not reported as a peer failure.
@@ -94,6 +103,7 @@ pub async fn run(args: &DemoArgs, address: &str) -> anyhow::Result<()> {
 
     if transfer.failure.is_none() {
         transfer.print_summary(args.transport.name());
+        writes.print_summary();
     }
     let owner_live = owner_report.as_ref().ok().copied().flatten();
     println!(
@@ -147,6 +157,88 @@ async fn connect(address: &str) -> anyhow::Result<TcpStream> {
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// What the write pass established.
+struct WritePass {
+    written: usize,
+    bytes: u64,
+    elapsed: Duration,
+    failure: Option<String>,
+}
+
+impl WritePass {
+    fn print_summary(&self) {
+        if self.written == 0 {
+            return;
+        }
+        println!(
+            "  written          {} ranges, {} bytes, {:.1} MiB/s (PUT, then read back above)",
+            self.written,
+            self.bytes,
+            mebibytes_per_second(self.bytes, self.elapsed)
+        );
+        println!();
+    }
+}
+
+/// Writes into every range the owner offered writable the pattern of the
+/// range's index, then tells the owner with a notice naming the range.
+async fn write_all(node: &Node, ranges: &[OfferedRange]) -> WritePass {
+    let mut pass = WritePass {
+        written: 0,
+        bytes: 0,
+        elapsed: Duration::ZERO,
+        failure: None,
+    };
+    let writable: Vec<(usize, &OfferedRange)> = ranges
+        .iter()
+        .enumerate()
+        .filter(|(_, range)| range.descriptor.access().allows_write())
+        .collect();
+    let Some(largest) = writable.iter().map(|(_, r)| r.descriptor.len()).max() else {
+        return pass;
+    };
+    let source = match usize::try_from(largest) {
+        Ok(len) => node
+            .registry
+            .alloc_pinned(len)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let mut source = match source {
+        Ok(source) => source,
+        Err(e) => {
+            pass.failure = Some(format!("allocating the write source: {e}"));
+            return pass;
+        }
+    };
+    let started = Instant::now();
+    for (index, range) in writable {
+        let len = range.descriptor.len() as usize;
+        pattern::fill(&mut source[..len], index as u64);
+        if let Err(e) = node
+            .registry
+            .put(OWNER, &mut source, &range.descriptor)
+            .await
+        {
+            pass.failure = Some(format!("PUT of range {index} failed ({e})"));
+            break;
+        }
+        // The notice tells the owner this range is written: it checks it.
+        let notice = (index as u32).to_le_bytes().to_vec();
+        if let Err(e) = node.registry.notify(OWNER, notice).await {
+            pass.failure = Some(format!(
+                "the notice after writing range {index} failed ({e})"
+            ));
+            break;
+        }
+        pass.written += 1;
+        pass.bytes += len as u64;
+    }
+    pass.elapsed = started.elapsed();
+    pass
 }
 
 /// What moving the ranges established (up to the first failure).
@@ -319,6 +411,20 @@ async fn move_as_lists(node: &Node, ranges: &[OfferedRange]) -> Result<ListPass,
 }
 
 impl Transfer {
+    /// A transfer that never started, for `failure`.
+    fn failed(ranges: usize, failure: String) -> Transfer {
+        Transfer {
+            ranges,
+            lists: None,
+            read: 0,
+            bytes: 0,
+            elapsed: Duration::ZERO,
+            latencies: Samples::with_capacity(0),
+            mismatches: 0,
+            failure: Some(failure),
+        }
+    }
+
     /// Copies, list and single-GET, whose checksum did not match.
     fn copies_differing(&self) -> usize {
         self.mismatches + self.lists.as_ref().map_or(0, |l| l.mismatches)

@@ -1,4 +1,5 @@
-//! `rdmareg demo`: an owner and a consumer as two OS processes.
+//! `rdmareg demo`: an owner and a consumer as two OS processes; with
+//! `--write` the consumer also pushes into the owner's writable ranges.
 //!
 //! Without `--listen`/`--connect` the process starts a copy of itself as the
 //! owner on 127.0.0.1 (an ephemeral port it reports on its first stdout
@@ -29,25 +30,34 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 /// Start the owner as a child process, then be the consumer.
 async fn run_both(args: DemoArgs) -> anyhow::Result<()> {
-    let owner = owner_process::start(&[
-        "demo".to_owned(),
-        "--listen".to_owned(),
-        "127.0.0.1:0".to_owned(),
-        "--transport".to_owned(),
-        args.transport.name().to_owned(),
-        "--size".to_owned(),
-        args.size.to_string(),
-        "--count".to_owned(),
-        args.count.to_string(),
-        "--get-deadline".to_owned(),
-        format!("{}ms", args.limits.get_deadline.as_millis()),
-        "--teardown-timeout".to_owned(),
-        format!("{}ms", args.limits.teardown_timeout.as_millis()),
-        // If this process dies before connecting, the owner does not wait
-        // for a consumer forever.
-        "--accept-timeout".to_owned(),
-        format!("{}ms", owner_process::START_PATIENCE.as_millis()),
-    ])
+    let mut owner_args = vec![];
+    if args.write {
+        owner_args.push("--write".to_owned());
+    }
+    let owner = owner_process::start(
+        &[
+            "demo".to_owned(),
+            "--listen".to_owned(),
+            "127.0.0.1:0".to_owned(),
+            "--transport".to_owned(),
+            args.transport.name().to_owned(),
+            "--size".to_owned(),
+            args.size.to_string(),
+            "--count".to_owned(),
+            args.count.to_string(),
+            "--get-deadline".to_owned(),
+            format!("{}ms", args.limits.get_deadline.as_millis()),
+            "--teardown-timeout".to_owned(),
+            format!("{}ms", args.limits.teardown_timeout.as_millis()),
+            // If this process dies before connecting, the owner does not wait
+            // for a consumer forever.
+            "--accept-timeout".to_owned(),
+            format!("{}ms", owner_process::START_PATIENCE.as_millis()),
+        ]
+        .into_iter()
+        .chain(owner_args)
+        .collect::<Vec<_>>(),
+    )
     .await?;
     let OwnerProcess {
         mut child,

@@ -7,6 +7,11 @@
 //! per range (one reader, [`LEASE_TTL`]): the owner unregisters the region
 //! as soon as every lease was released by the consumer or expired, and
 //! says how many ended which way.
+//!
+//! With `--write` the owner also registers a zeroed read-write buffer and
+//! offers as many writable ranges, each with the checksum of the pattern
+//! the consumer is to write there; when the consumer's notice names a
+//! written range, the owner checks its own bytes against that checksum.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -17,7 +22,8 @@ use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use futures::channel::oneshot;
 use rdmareg_registry::{
-    DescribedBuf, LeaseOutcome, LeasedDescriptor, RdmaError, RegionGuard, UnregisterOutcome,
+    Access, DescribedBuf, LeaseOutcome, LeasedDescriptor, RdmaError, RegionGuard, RegionWatch,
+    UnregisterOutcome,
 };
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -41,6 +47,19 @@ struct Holdings {
     /// One lease per range of the external region; empty on a backend
     /// without leases, whose ranges are offered with plain descriptors.
     leases: Vec<LeasedDescriptor>,
+    /// With `--write`: the buffer the consumer writes into.
+    writable: Option<Writable>,
+}
+
+/// The read-write buffer of `--write` and what the consumer is to write.
+struct Writable {
+    region: RegionGuard,
+    /// Index in the offer of its first range.
+    first: usize,
+    /// Bytes per range.
+    size: usize,
+    /// The checksum of each range's pattern.
+    checksums: Vec<u32>,
 }
 
 /// How long a range's lease lasts: well past any demo's transfer, so a
@@ -58,7 +77,8 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         .net_devices
         .clone()
         .or_else(|| node::is_loopback(&local.to_string()).then(|| "lo".to_owned()));
-    let total = args.size.saturating_mul(u64::from(args.count));
+    let ranges = if args.write { 2 } else { 1 } * u64::from(args.count);
+    let total = args.size.saturating_mul(ranges);
     let node = Node::start(
         args.transport,
         net_devices.as_deref(),
@@ -67,8 +87,11 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
     )?;
     let holdings = register(&node, args).await?;
     println!("{LISTENING_PREFIX}{local}");
+    let writable = holdings.writable.as_ref().map_or(String::new(), |w| {
+        format!(", {} writable", w.checksums.len())
+    });
     println!(
-        "registered {} ranges of {} B ({} in one external region, {} pool buffers)",
+        "registered {} ranges of {} B ({} in one external region, {} pool buffers{writable})",
         holdings.offered.len(),
         args.size,
         args.count.div_ceil(2),
@@ -81,9 +104,17 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         buffers,
         offered,
         leases,
+        writable,
     } = holdings;
-    let external_ranges = offered.len() - buffers.len();
-    let (stop_releasing, releasing) = release_on_notices(&node, buffers, external_ranges);
+    let external_ranges = args.count.div_ceil(2) as usize;
+    let written_check = writable.as_ref().map(|writable| WrittenCheck {
+        watch: writable.region.watch(),
+        first: writable.first,
+        size: writable.size,
+        checksums: writable.checksums.clone(),
+    });
+    let (stop_releasing, releasing) =
+        release_on_notices(&node, buffers, external_ranges, written_check);
     let served = serve(&node, &listener, &offered, args.accept_timeout).await;
     let _ = stop_releasing.send(());
     let releases = releasing
@@ -96,6 +127,19 @@ pub async fn run(args: &DemoArgs, listen: SocketAddr) -> anyhow::Result<()> {
         releases.external_read.len(),
         external_ranges
     );
+    if let Some(writable) = &writable {
+        println!(
+            "{} of {} written ranges checked by the owner in its own memory, {} differing",
+            releases.written_ok + releases.written_differing,
+            writable.checksums.len(),
+            releases.written_differing
+        );
+    }
+    if let Some(writable) = writable {
+        if let Err(e) = writable.region.unregister_owned(bounds.teardown).await {
+            eprintln!("rdmareg: unregistering the writable buffer failed ({e})");
+        }
+    }
     if !leases.is_empty() {
         let ended = leases_ended(&leases, bounds.teardown).await;
         println!(
@@ -277,6 +321,29 @@ async fn leases_ended(leases: &[LeasedDescriptor], patience: Duration) -> Leases
 /// take to arrive.
 const NOTICES_IN_FLIGHT: Duration = Duration::from_millis(200);
 
+/// How the owner checks a range the consumer wrote, when its notice
+/// arrives.
+struct WrittenCheck {
+    watch: RegionWatch,
+    first: usize,
+    size: usize,
+    checksums: Vec<u32>,
+}
+
+impl WrittenCheck {
+    /// `Some(matches)` for a notice naming written range `index` of the
+    /// offer; `None` for any other index.
+    fn check(&self, index: usize) -> Option<bool> {
+        let range = index.checked_sub(self.first)?;
+        let want = *self.checksums.get(range)?;
+        let mut bytes = vec![0u8; self.size];
+        let copied = self
+            .watch
+            .read(|view| view.copy_to_slice(range * self.size, &mut bytes))?;
+        Some(copied.is_ok() && pattern::checksum(&bytes) == want)
+    }
+}
+
 /// What the consumer's notices released.
 struct Releases {
     /// The pool buffers, each `None` once freed.
@@ -285,6 +352,10 @@ struct Releases {
     /// The external region's ranges the consumer reported read (the
     /// region is one registration, released at shutdown).
     external_read: HashSet<usize>,
+    /// With `--write`: written ranges whose bytes the owner found as
+    /// expected, and those it found otherwise.
+    written_ok: usize,
+    written_differing: usize,
 }
 
 /// Frees each pool buffer as soon as a notice names it (the consumer sends
@@ -294,6 +365,7 @@ fn release_on_notices(
     node: &Node,
     buffers: Vec<DescribedBuf>,
     external_ranges: usize,
+    written: Option<WrittenCheck>,
 ) -> (oneshot::Sender<()>, JoinHandle<Releases>) {
     let (stop, mut stopped) = oneshot::channel();
     let notices = node.registry.notices();
@@ -302,7 +374,10 @@ fn release_on_notices(
             buffers: buffers.into_iter().map(Some).collect(),
             pooled_freed: 0,
             external_read: HashSet::new(),
+            written_ok: 0,
+            written_differing: 0,
         };
+        let mut written_seen = HashSet::new();
         let Ok(mut notices) = notices else {
             return releases;
         };
@@ -330,6 +405,18 @@ fn release_on_notices(
                 continue;
             };
             let index = index as usize;
+            // A written range is checked at its first notice (the write's);
+            // the later one of its read-back changes nothing.
+            if let Some(matches) = written.as_ref().and_then(|w| w.check(index)) {
+                if written_seen.insert(index) {
+                    if matches {
+                        releases.written_ok += 1;
+                    } else {
+                        releases.written_differing += 1;
+                    }
+                }
+                continue;
+            }
             if index < external_ranges {
                 releases.external_read.insert(index);
             } else if let Some(slot) = releases.buffers.get_mut(index - external_ranges) {
@@ -401,12 +488,58 @@ async fn register(node: &Node, args: &DemoArgs) -> anyhow::Result<Holdings> {
         });
         buffers.push(buffer);
     }
+    let writable = if args.write {
+        Some(register_writable(node, args, size, &mut offered).await?)
+    } else {
+        None
+    };
     Ok(Holdings {
         region,
         memory,
         buffers,
         offered,
         leases,
+        writable,
+    })
+}
+
+/// `--write`: a zeroed read-write buffer of `count` ranges, offered after
+/// the readable ones; range `i` of the offer is to receive the pattern of
+/// seed `i`.
+async fn register_writable(
+    node: &Node,
+    args: &DemoArgs,
+    size: usize,
+    offered: &mut Vec<OfferedRange>,
+) -> anyhow::Result<Writable> {
+    let count = args.count as usize;
+    let len = size.checked_mul(count).context("size × count overflows")?;
+    let region = match node
+        .registry
+        .register_owned_with(vec![0u8; len].into_boxed_slice(), Access::ReadWrite)
+        .await
+    {
+        Ok(region) => region,
+        Err(refused) if matches!(refused.error, RdmaError::Unsupported { .. }) => {
+            bail!("--write needs a backend that serves remote writes (UCX); this one does not")
+        }
+        Err(refused) => return Err(refused.error).context("registering the writable buffer"),
+    };
+    let first = offered.len();
+    let mut checksums = Vec::with_capacity(count);
+    let mut expected = vec![0u8; size];
+    for range in 0..count {
+        pattern::fill(&mut expected, (first + range) as u64);
+        let crc32 = pattern::checksum(&expected);
+        checksums.push(crc32);
+        let descriptor = region.descriptor_range((range * size) as u64, size as u64)?;
+        offered.push(OfferedRange { descriptor, crc32 });
+    }
+    Ok(Writable {
+        region,
+        first,
+        size,
+        checksums,
     })
 }
 

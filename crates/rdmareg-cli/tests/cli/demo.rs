@@ -100,6 +100,40 @@ fn demo_over_shm_with_every_read_served_by_the_owner_verifies_every_byte() {
     assert_clean_demo(&output, "shm-served", 5);
 }
 
+/// `--write` pushes a pattern into as many writable ranges of the owner as
+/// it reads, over tcp and shared memory: the owner finds every written
+/// range right in its own memory, and the consumer reads each back right.
+#[test]
+fn demo_with_write_verifies_the_written_ranges_on_both_sides() {
+    for transport in ["tcp", "shm"] {
+        let output = run(&[
+            "demo",
+            "--write",
+            "--transport",
+            transport,
+            "--size",
+            "1M",
+            "--count",
+            "4",
+            "--plain",
+        ]);
+        assert_clean_demo(&output, transport, 8);
+        let (stdout, _) = text(&output);
+        assert!(
+            stdout.contains(
+                "[owner] 4 of 4 written ranges checked by the owner in its own memory, 0 differing"
+            ),
+            "{transport}: {stdout}"
+        );
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.trim_start().starts_with("written          4 ranges")),
+            "{transport}: {stdout}"
+        );
+    }
+}
+
 #[test]
 fn demo_over_libfabric_tcp_verifies_every_byte_and_leaves_zero_registrations() {
     let output = run(&[
