@@ -71,9 +71,6 @@ pub(crate) struct Events {
     /// The payload of the write request whose handler is running
     /// (`serve_writes`).
     pub(crate) write_payload: Cell<Option<super::serve_writes::WritePayload>>,
-    /// Records of write receives still in flight, freed at teardown if
-    /// their callback never ran (`serve_writes`).
-    pub(crate) write_receives: RefCell<HashSet<usize>>,
     /// The memory handle of each registration the owner serves, for
     /// zero-copy replies.
     pub(crate) served_memh: RefCell<HashMap<u64, MemHandle>>,
@@ -131,7 +128,6 @@ impl Default for Events {
             put_sends: RefCell::default(),
             put_records: RefCell::default(),
             write_payload: Cell::new(None),
-            write_receives: RefCell::default(),
             served_memh: RefCell::default(),
             served_gauge: Arc::default(),
             worker: Cell::new(std::ptr::null_mut()),

@@ -7,11 +7,14 @@
 //! then, by a rendezvous in particular) and, for `Ok`, once its owner said
 //! the bytes are in. What is UCX's:
 //!
-//! - The request goes on the served endpoint with the reply flag, its
-//!   payload named with the source's registration, so UCX sends a large one
-//!   zero-copy or by rendezvous straight from the source.
+//! - The request goes on the served endpoint with the reply flag, eager
+//!   only: the owner refuses a rendezvous write (`serve_writes`), so a
+//!   PUT of more than [`WRITE_CHUNK`] bytes goes as several writes of at
+//!   most that, each its own request and reply, answered together with the
+//!   first error any of them got. A failed PUT's target range holds, chunk
+//!   by chunk, its earlier bytes or the new ones.
 //! - The source region is held (an unmap of it waits) from the post until
-//!   the writer machine completed the write.
+//!   the writer machine completed every chunk.
 //! - A write past its deadline whose send has not ended has its endpoint
 //!   force-closed, as a read receiving past its deadline does: UCX then
 //!   ends the send, and only then is the write answered.
@@ -31,7 +34,6 @@ use ucx_sys as sys;
 
 use super::Engine;
 use super::events::Events;
-use super::serve::ZERO_COPY_FROM;
 use super::ucp::{SendMode, send_active_message};
 use crate::read_protocol::{ReadKey, WRITE_REQUEST_AM_ID};
 use crate::status::{PtrStatus, status_text};
@@ -82,11 +84,40 @@ impl BatchPuts {
     }
 }
 
-/// What the writer machine keeps with each write.
+/// Most bytes one write request carries: a larger PUT goes in chunks of
+/// this, each an eager message the owner copies in its handler, so that
+/// neither side keeps a receive pending on the other and the owner's UCX
+/// assembles at most this per message.
+pub(crate) const WRITE_CHUNK: usize = 1 << 20;
+
+/// One PUT's chunks, answered together once the last one completed.
+#[derive(Debug)]
+pub(crate) struct PutParts {
+    waiter: Option<PutWaiter>,
+    remaining: usize,
+    /// The first error a chunk got, else `Ok`.
+    outcome: Result<(), RdmaError>,
+}
+
+impl PutParts {
+    fn chunk_done(&mut self, outcome: Result<(), RdmaError>) {
+        if self.outcome.is_ok() {
+            self.outcome = outcome;
+        }
+        self.remaining = self.remaining.saturating_sub(1);
+        if self.remaining == 0
+            && let Some(waiter) = self.waiter.take()
+        {
+            waiter.send(std::mem::replace(&mut self.outcome, Ok(())));
+        }
+    }
+}
+
+/// What the writer machine keeps with each chunk.
 #[derive(Debug)]
 pub(crate) struct PutValue {
-    waiter: PutWaiter,
-    /// The source region, held until the write completes.
+    parts: Rc<RefCell<PutParts>>,
+    /// The source region, held (once per chunk) until the chunk completes.
     region: u64,
     peer: PeerId,
     /// The endpoint's serial, to force-close it past the deadline.
@@ -142,7 +173,7 @@ impl Engine {
             deadline,
         } = request;
         // Source: mapped, not unmapping, the range inside it.
-        let (source, len, memh) =
+        let (source, len, _memh) =
             match self.checked_destination(local_region_id, local_offset, len, remote_addr) {
                 Ok(source) => source,
                 Err(err) => return Err((waiter, err)),
@@ -155,53 +186,83 @@ impl Engine {
             Ok(found) => found,
             Err(err) => return Err((waiter, err)),
         };
-        let timeout = deadline.unwrap_or(self.settings.timings.default_get_deadline);
+        let due = Instant::now() + deadline.unwrap_or(self.settings.timings.default_get_deadline);
+        let chunks = len.div_ceil(WRITE_CHUNK);
+        // The region counts its holds in a u32: a PUT of more chunks than
+        // that (4 PiB) is refused rather than miscounted.
+        let Ok(holds) = u32::try_from(chunks) else {
+            return Err((waiter, RdmaError::OutOfRange));
+        };
         if let Some(region) = self.regions.get_mut(&local_region_id) {
-            region.in_flight += 1;
+            region.in_flight += holds;
         }
-        let posted = self.events.writer.borrow_mut().start(
-            endpoint.raw() as usize,
-            WriteTarget {
-                region: served.region_id,
-                capability: served.capability,
-                address: remote_addr,
-                length: len as u64,
-            },
-            Instant::now() + timeout,
-            PutValue {
-                waiter,
+        let parts = Rc::new(RefCell::new(PutParts {
+            waiter: Some(waiter),
+            remaining: chunks,
+            outcome: Ok(()),
+        }));
+        for chunk in 0..chunks {
+            let offset = chunk * WRITE_CHUNK;
+            let chunk_len = WRITE_CHUNK.min(len - offset);
+            let value = PutValue {
+                parts: Rc::clone(&parts),
                 region: local_region_id,
                 peer,
                 serial,
-            },
-        );
+            };
+            let target = WriteTarget {
+                region: served.region_id,
+                capability: served.capability,
+                address: remote_addr + offset as u64,
+                length: chunk_len as u64,
+            };
+            // In bounds: `offset + chunk_len <= len`, inside the checked
+            // source.
+            let chunk_source = source.wrapping_add(offset);
+            self.send_write(endpoint.raw(), peer, target, due, chunk_source, value);
+        }
+        Ok(())
+    }
+
+    /// Starts one chunk in the writer machine and sends it.
+    fn send_write(
+        &mut self,
+        endpoint: sys::ucp_ep_h,
+        peer: PeerId,
+        target: WriteTarget,
+        due: Instant,
+        source: *mut u8,
+        value: PutValue,
+    ) {
+        let len = target.length as usize;
+        let posted = self
+            .events
+            .writer
+            .borrow_mut()
+            .start(endpoint as usize, target, due, value);
         let Some(write) = posted.request else {
-            // Completed at once (teardown began); answered below.
-            return Ok(());
-        };
-        let mode = if len as u64 >= ZERO_COPY_FROM {
-            SendMode::Registered(memh)
-        } else {
-            SendMode::Eager
+            // Completed at once (teardown began); answered by the caller's
+            // `complete_puts`.
+            return;
         };
         let record = Box::into_raw(Box::new(PutSend {
             events: &*self.events,
             write: posted.id,
         }));
         // SAFETY: the endpoint is live (looked up this turn; endpoints close
-        // only between commands); the source `[source, source + len)` was
-        // checked inside the mapped registration `memh` and is held (an
-        // unmap waits) until the writer machine completed the write, which
-        // is after this send ended; `record` lives until the callback or,
-        // if none runs, teardown frees it.
+        // only between commands); the source `[source, source + len)` lies
+        // inside the checked, mapped source range and is held (an unmap
+        // waits) until the writer machine completed this chunk, which is
+        // after this send ended; `record` lives until the callback or, if
+        // none runs, teardown frees it.
         let status = unsafe {
             send_active_message(
-                endpoint.raw(),
+                endpoint,
                 WRITE_REQUEST_AM_ID,
                 &encode_write_request(&write),
                 source,
                 len,
-                mode,
+                SendMode::EagerOnly,
                 true,
                 on_put_sent,
                 record.cast::<c_void>(),
@@ -225,7 +286,6 @@ impl Engine {
                     .send_ended(posted.id, result);
             }
         }
-        Ok(())
     }
 
     /// Hands every write the writer machine completed its answer, and
@@ -235,7 +295,11 @@ impl Engine {
             let completion = self.events.writer.borrow_mut().poll_completion();
             let Some(completion) = completion else { break };
             self.release_region_hold(completion.value.region);
-            completion.value.waiter.send(completion.outcome);
+            completion
+                .value
+                .parts
+                .borrow_mut()
+                .chunk_done(completion.outcome);
         }
     }
 

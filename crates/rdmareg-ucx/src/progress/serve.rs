@@ -125,9 +125,7 @@ pub(super) unsafe fn perform_actions(events: &Events) {
         let Some(action) = action else { break };
         match action {
             Action::Receive {
-                endpoint,
                 receive,
-                region,
                 address,
                 length,
                 ..
@@ -135,12 +133,8 @@ pub(super) unsafe fn perform_actions(events: &Events) {
                 // SAFETY: a receive is admitted only by a write handler,
                 // which performs its actions before it returns (the
                 // caller's contract), with its payload still at hand; the
-                // owner checked the range inside `region`.
-                unsafe {
-                    super::serve_writes::receive_payload(
-                        events, endpoint, receive, region, address, length,
-                    )
-                };
+                // owner checked the range inside its registration.
+                unsafe { super::serve_writes::receive_payload(events, receive, address, length) };
             }
             Action::Serve { endpoint, send, .. }
             | Action::Refuse { endpoint, send, .. }

@@ -146,13 +146,9 @@ impl Engine {
             );
         }
         // SAFETY: as above.
-        let unended = unsafe { super::puts::close_puts(&events) }
-            + unsafe { super::serve_writes::close_write_receives(&events) };
+        let unended = unsafe { super::puts::close_puts(&events) };
         if unended > 0 {
-            tracing::debug!(
-                unended,
-                "write sends and receives UCX never ended end with the engine"
-            );
+            tracing::debug!(unended, "write sends UCX never ended end with the engine");
         }
         // SAFETY: as above.
         let unsent = unsafe { super::notices::close_notices(&events) };

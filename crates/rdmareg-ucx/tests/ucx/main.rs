@@ -59,3 +59,4 @@ mod worker_address_engine;
 mod worker_address_malformed;
 mod worker_address_props;
 mod worker_address_real;
+mod writes_from_hostile_writers;
