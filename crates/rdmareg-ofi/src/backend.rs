@@ -27,4 +27,6 @@ unsafe impl Driver for OfiDriver {
     const KEY: &'static str = "ofi";
     type PeerChange = PeerChange;
     type CallerCopies = NoCallerCopies;
+    /// Served writes (`progress::writes`, `progress::serve_writes`).
+    const WRITES: bool = true;
 }

@@ -59,6 +59,37 @@
 //! | 14 | 40 × `n` | entries: `region_id` (8), `capability` (16), `address` (8), `length` (8, 1 to [`GATHER_ENTRY_MAX`]) |
 //! | 14 + 40 × `n` | `reply_len` | the consumer's fabric address |
 //!
+//! # Served writes
+//!
+//! A put is split into *chunks* of at most [`WRITE_CHUNK_MAX`] bytes; each
+//! chunk is one write of the engine kit's writer
+//! (`rdmareg_engine::served::Writer`) and one tagged message with tag
+//! [`WRITE_TAG`]: the header below, the writer's fabric address, then the
+//! chunk's bytes. Before sending it the writer posts an 8-byte tagged
+//! receive for the reply, directed at the owner, with tag `request_id` and
+//! ignore mask [`REPLY_IGNORE`] (ids are minted as for reads). The owner
+//! keeps [`WRITE_RECEIVES`](crate::protocol::WRITE_RECEIVES) receives of
+//! [`WRITE_RECEIVE_MAX`] bytes posted on [`WRITE_TAG`], admits the write
+//! with the kit's owner, copies the bytes into the registration in the same
+//! loop turn, and only then sends the reply: an 8-byte message, the length
+//! written (little-endian), with tag `request_id`; a refusal is a
+//! zero-length message with tag [`refusal_tag`]`(request_id, reason)`, as
+//! for reads (`9` access denied; `10`, receive failed, is never sent: the
+//! copy cannot fail). A malformed write message is dropped.
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | version, `3` (a write) |
+//! | 1 | 3 | zero |
+//! | 4 | 8 | `request_id`, 1 to 2⁴⁸ − 1 |
+//! | 12 | 8 | `region_id` (from the key) |
+//! | 20 | 16 | `capability` (from the key) |
+//! | 36 | 8 | `address`: the first byte to write, as an address in the owner |
+//! | 44 | 8 | `length`, 1 to [`WRITE_CHUNK_MAX`] |
+//! | 52 | 2 | `reply_len`: length of the writer's fabric address, 1 to 256 |
+//! | 54 | `reply_len` | the writer's fabric address: where the reply goes |
+//! | 54 + `reply_len` | the rest | the bytes to write (the owner refuses the write as malformed unless exactly `length`) |
+//!
 //! # Probe
 //!
 //! The four bytes [`PROBE`] with tag [`REQUEST_TAG`] ask nothing and get no
@@ -103,6 +134,22 @@ pub const PROBE: [u8; 4] = [0xFF, 0, 0, 0];
 pub const REQUEST_TAG: u64 = 1 << 63;
 /// The tag bit of a refusal.
 pub const REFUSAL_BIT: u64 = 1 << 62;
+/// The tag of every write message (see "Served writes" in the module
+/// docs). No reply, refusal, request or notice tag has this bit.
+pub const WRITE_TAG: u64 = 1 << 60;
+/// The write message layout version (its first byte).
+pub const WRITE_VERSION: u8 = 3;
+/// The most bytes one write message carries: a larger put goes as several.
+/// Above `tcp;ofi_rxm`'s eager (16 KiB) and segmentation (128 KiB) limits,
+/// so a full chunk travels by rendezvous.
+pub const WRITE_CHUNK_MAX: u64 = 256 << 10;
+/// The longest write message an owner's write receive takes.
+pub const WRITE_RECEIVE_MAX: usize =
+    REQUEST_HEADER_LEN + MAX_FABRIC_ADDRESS + WRITE_CHUNK_MAX as usize;
+/// Receives an engine keeps posted for write messages.
+pub const WRITE_RECEIVES: usize = 4;
+/// Length of a write's reply: the length written, little-endian.
+pub const WRITE_REPLY_LEN: usize = 8;
 /// The tag of every notice: the message is the notice format every backend
 /// shares (`rdmareg_backend::notices::wire`). No reply or request tag has
 /// this bit, and a notice receive ignores no bit of the tag.
@@ -176,6 +223,11 @@ pub fn refusal_tag(request_id: u64, refusal: Refusal) -> u64 {
     REFUSAL_BIT
         | (u64::from(refusal_code(refusal)) << REASON_SHIFT)
         | (request_id & REQUEST_ID_MASK)
+}
+
+/// The refusal a reply's tag carries, if it is a refusal.
+pub fn refusal_of_tag(tag: u64) -> Option<Refusal> {
+    (tag & REFUSAL_BIT != 0).then(|| refusal_of_code(reason_of(tag)))
 }
 
 /// What a completed reply receive means, from its tag: `Ok` for the bytes,
@@ -386,6 +438,84 @@ impl ReadRequest {
     }
 }
 
+/// A write message's header (see "Served writes" in the module docs); the
+/// bytes to write follow it on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteRequest {
+    /// The writer's id of this write (the reply's tag).
+    pub request_id: u64,
+    /// The owner's registration id, from the key.
+    pub region_id: u64,
+    /// The capability, from the key.
+    pub capability: [u8; CAPABILITY_LEN],
+    /// First byte to write, as an address in the owner.
+    pub address: u64,
+    /// Bytes to write, 1 to [`WRITE_CHUNK_MAX`].
+    pub length: u64,
+    /// The writer's fabric address.
+    pub reply_to: Vec<u8>,
+}
+
+impl WriteRequest {
+    /// The wire form with `payload` appended.
+    pub fn encode_with(&self, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(REQUEST_HEADER_LEN + self.reply_to.len() + payload.len());
+        out.extend_from_slice(&[WRITE_VERSION, 0, 0, 0]);
+        out.extend_from_slice(&self.request_id.to_le_bytes());
+        out.extend_from_slice(&self.region_id.to_le_bytes());
+        out.extend_from_slice(&self.capability);
+        out.extend_from_slice(&self.address.to_le_bytes());
+        out.extend_from_slice(&self.length.to_le_bytes());
+        out.extend_from_slice(&(self.reply_to.len() as u16).to_le_bytes());
+        out.extend_from_slice(&self.reply_to);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// Decodes an untrusted write message into its header and the bytes
+    /// after it (the payload, of any length: the owner judges it); `None`
+    /// for a malformed header.
+    pub fn decode(bytes: &[u8]) -> Option<(WriteRequest, &[u8])> {
+        if bytes.len() < REQUEST_HEADER_LEN || bytes.len() > WRITE_RECEIVE_MAX {
+            return None;
+        }
+        if bytes[0] != WRITE_VERSION || bytes[1..4] != [0, 0, 0] {
+            return None;
+        }
+        let u64_at = |at: usize| {
+            let mut raw = [0u8; 8];
+            raw.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(raw)
+        };
+        let request_id = u64_at(4);
+        let length = u64_at(44);
+        let reply_len = usize::from(u16::from_le_bytes([bytes[52], bytes[53]]));
+        if request_id == 0 || request_id & !REQUEST_ID_MASK != 0 {
+            return None;
+        }
+        if length == 0 || length > WRITE_CHUNK_MAX {
+            return None;
+        }
+        let reply_end = REQUEST_HEADER_LEN + reply_len;
+        if reply_len == 0 || reply_len > MAX_FABRIC_ADDRESS || bytes.len() < reply_end {
+            return None;
+        }
+        let mut capability = [0u8; CAPABILITY_LEN];
+        capability.copy_from_slice(&bytes[20..36]);
+        Some((
+            WriteRequest {
+                request_id,
+                region_id: u64_at(12),
+                capability,
+                address: u64_at(36),
+                length,
+                reply_to: bytes[REQUEST_HEADER_LEN..reply_end].to_vec(),
+            },
+            &bytes[reply_end..],
+        ))
+    }
+}
+
 /// Compares capabilities in time independent of where they differ.
 pub fn capability_matches(a: &[u8; CAPABILITY_LEN], b: &[u8; CAPABILITY_LEN]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -510,6 +640,81 @@ mod tests {
                         proptest::prop_assert!(at + length as usize <= bytes.len());
                     }
                 }
+            }
+        }
+    }
+
+    fn write_sample() -> WriteRequest {
+        WriteRequest {
+            request_id: 43,
+            region_id: 7,
+            capability: [6; CAPABILITY_LEN],
+            address: 0x2000,
+            length: 5,
+            reply_to: b"fi_shm://9\0".to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_write_round_trips_with_its_payload_and_bad_headers_are_refused() {
+        let wire = write_sample().encode_with(b"hello");
+        let (header, payload) = WriteRequest::decode(&wire).expect("decodes");
+        assert_eq!((header, payload), (write_sample(), &b"hello"[..]));
+        let header_len = REQUEST_HEADER_LEN + write_sample().reply_to.len();
+        for cut in 0..header_len {
+            assert_eq!(WriteRequest::decode(&wire[..cut]), None, "cut at {cut}");
+        }
+        // A short payload decodes: the owner refuses it as malformed.
+        assert_eq!(
+            WriteRequest::decode(&wire[..header_len]).map(|w| w.1.len()),
+            Some(0)
+        );
+        assert_eq!(ReadRequest::decode(&wire), None, "a write is no read");
+        assert_eq!(
+            WriteRequest::decode(&sample().encode()),
+            None,
+            "a read is no write"
+        );
+        for (id, length) in [(0, 5), (1 << 48, 5), (43, 0), (43, WRITE_CHUNK_MAX + 1)] {
+            let wire = WriteRequest {
+                request_id: id,
+                length,
+                ..write_sample()
+            }
+            .encode_with(b"hello");
+            assert_eq!(
+                WriteRequest::decode(&wire),
+                None,
+                "id {id:#x}, length {length}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_write_tag_is_no_other_tag() {
+        for tag in [
+            REQUEST_TAG,
+            REFUSAL_BIT,
+            NOTICE_TAG,
+            REASON_MASK,
+            REQUEST_ID_MASK,
+        ] {
+            assert_eq!(WRITE_TAG & tag, 0, "{tag:#x}");
+        }
+        assert_eq!(
+            refusal_of_tag(refusal_tag(42, Refusal::AccessDenied)),
+            Some(Refusal::AccessDenied)
+        );
+        assert_eq!(refusal_of_tag(42), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_decode_to_a_canonical_write_or_nothing(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)
+        ) {
+            if let Some((header, payload)) = WriteRequest::decode(&bytes) {
+                proptest::prop_assert_eq!(header.encode_with(payload), bytes);
             }
         }
     }

@@ -24,6 +24,7 @@ use crate::{OfiConfig, Provider};
 
 mod hostile_consumers;
 mod hostile_owners;
+mod hostile_writers;
 mod resend_attacks;
 
 /// Provider context space at a stable address.

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use rdmareg_core::RdmaError;
 
 use crate::fabric::{Completion, ERR_TRUNCATED};
-use crate::protocol::{NOTICE_TAG, is_unverified, reply_outcome};
+use crate::protocol::{NOTICE_TAG, WRITE_TAG, is_unverified, reply_outcome};
 
 use super::*;
 
@@ -59,6 +59,14 @@ impl Engine {
                 self.notice_arrived(at, result);
                 continue;
             }
+            if self
+                .request_buffers
+                .get(&at)
+                .is_some_and(|b| b.tag == WRITE_TAG)
+            {
+                self.write_arrived(at, result.map(|(len, _, _)| len));
+                continue;
+            }
             if self.request_buffers.contains_key(&at) {
                 let sender = senders.get(index).cloned().flatten();
                 self.request_arrived(at, result.map(|(len, _, _)| (len, sender)));
@@ -74,6 +82,10 @@ impl Engine {
                     }
                 }
                 tracing::trace!(ok = result.is_ok(), "a discard receive ended");
+                continue;
+            }
+            if self.write_ops.contains_key(&at) {
+                self.write_reply_arrived(at, result);
                 continue;
             }
             let Some(slot) = self.by_context.get(&at).copied() else {

@@ -69,7 +69,7 @@ use rdmareg_engine::lanes::Receivers;
 use rdmareg_engine::progress_loop::{self, Progress, Timings, Turn};
 use rdmareg_engine::results::BatchResults;
 use rdmareg_engine::served::consumer::{Consumer, ReadId};
-use rdmareg_engine::served::{Owner, OwnerConfig, SendId};
+use rdmareg_engine::served::{Owner, OwnerConfig, SendId, WriteId, Writer};
 use rdmareg_engine::thread::Ready;
 
 use crate::config::{OfiConfig, Provider, ReadPath};
@@ -86,7 +86,9 @@ mod reads;
 mod regions;
 mod sends;
 mod serve;
+mod serve_writes;
 mod teardown;
+mod writes;
 
 /// Completions read per turn.
 const COMPLETION_BATCH: usize = 256;
@@ -405,6 +407,9 @@ struct SendOp {
     probe: bool,
     /// A notice's caller, told when the send ends (`notices`).
     notice_reply: Option<Reply<()>>,
+    /// A write message of this engine's (`writes`): its end is told to the
+    /// writer machine.
+    for_write: Option<WriteId>,
     /// The destination entry's `AvEntry::connection` when the send was
     /// posted (`None`: not posted).
     connection: Option<u64>,
@@ -429,6 +434,7 @@ impl SendOp {
             for_read: None,
             probe: false,
             notice_reply: None,
+            for_write: None,
             connection: None,
         }
     }
@@ -584,6 +590,22 @@ struct Engine {
     closing: bool,
     /// The number of the last notice this engine sent (`notices`).
     notices_sent: u64,
+    /// The writer side of served writes: the engine kit's machine, each
+    /// write (one chunk of a put) named by its reply receive's context
+    /// address in `write_ops`. Endpoints are `AvEntry::endpoint` serials.
+    writer: Writer<u64, usize>,
+    /// Chunks of puts in flight, by their reply receive's context address.
+    write_ops: HashMap<usize, writes::WriteOp>,
+    /// Chunks whose reply receive the provider asked to post later.
+    unposted_writes: VecDeque<usize>,
+    /// Puts in flight, by this engine's own serial.
+    puts: HashMap<u64, writes::Put>,
+    next_put: u64,
+    /// `complete_writes` is running (a send it starts may end at once).
+    completing_writes: bool,
+    /// The bytes of the write message being admitted: where its payload
+    /// lies in the receive buffer, and how long it is (`serve_writes`).
+    write_payload: Option<(usize, usize)>,
     /// Teardown is withdrawing the reads of an endpoint it will park
     /// (see [`Engine::withdraw_for_parking`]): discard receives are posted.
     withdrawing: bool,
@@ -682,6 +704,13 @@ impl Engine {
             request_ids: RequestIdPermutation::new(),
             closing: false,
             notices_sent: 0,
+            writer: Writer::new(),
+            write_ops: HashMap::new(),
+            unposted_writes: VecDeque::new(),
+            puts: HashMap::new(),
+            next_put: 1,
+            completing_writes: false,
+            write_payload: None,
             withdrawing: false,
             fabric,
         }
@@ -696,14 +725,16 @@ impl Engine {
         self.retry_request_receives();
         let mut worked = self.retry_unsent();
         worked |= self.retry_unposted();
+        worked |= self.retry_unposted_writes();
         worked |= self.reap();
         if self.fabric.is_shm() {
             // Parked endpoints of this process's other engines take what is
             // sent to them only when someone progresses them.
             worked |= Fabric::progress_parked();
         }
+        let writing = self.writer.in_flight() > 0;
         let reading = self.consumer.in_flight() > 0;
-        if reading || !self.unsent.is_empty() {
+        if reading || writing || !self.unsent.is_empty() {
             let now = Instant::now();
             if now >= self.next_watch {
                 self.next_watch = now + PROBE_INTERVAL / 4;
@@ -712,6 +743,9 @@ impl Engine {
         }
         if reading {
             self.expire(Instant::now());
+        }
+        if writing {
+            self.expire_writes(Instant::now());
         }
         worked
     }
@@ -737,12 +771,17 @@ impl Engine {
             bell.unpark();
             return;
         }
-        let mut timeout = if self.consumer.in_flight() > 0 || !self.sends.is_empty() {
+        let busy =
+            self.consumer.in_flight() > 0 || self.writer.in_flight() > 0 || !self.sends.is_empty();
+        let mut timeout = if busy {
             BUSY_PARK
         } else {
             self.settings.park_timeout
         };
         if let Some(deadline) = self.consumer.poll_timeout() {
+            timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
+        }
+        if let Some(deadline) = self.writer.poll_timeout() {
             timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
         }
         let mut fds = [
@@ -786,6 +825,21 @@ impl Handler for Engine {
 
     fn get_batch(&mut self, requests: Vec<BackendGet>, reply: BatchReply) {
         self.post_batch(requests, reply);
+    }
+
+    fn put(&mut self, request: rdmareg_core::BackendPut, reply: Reply<()>) {
+        self.start_put(request, Waiter::Single(reply));
+    }
+
+    fn put_batch(&mut self, requests: Vec<rdmareg_core::BackendPut>, reply: BatchReply) {
+        if requests.is_empty() {
+            let _ = reply.send(Vec::new());
+            return;
+        }
+        let batch = BatchResults::new(requests.len(), reply);
+        for (index, request) in requests.into_iter().enumerate() {
+            self.start_put(request, Waiter::Batch(Rc::clone(&batch), index));
+        }
     }
 
     fn send_notice(&mut self, peer: PeerId, notice: Bytes, reply: Reply<()>) {

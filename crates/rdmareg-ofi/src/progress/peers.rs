@@ -178,7 +178,8 @@ impl Engine {
     /// completed with, for `unreachable_after`. Returns whether anything
     /// happened.
     pub(super) fn watch_peers(&mut self, now: Instant) -> bool {
-        if self.owner_served() && self.consumer.in_flight() > 0 {
+        let waiting = self.consumer.in_flight() > 0 || self.writer.in_flight() > 0;
+        if (self.owner_served() || self.writer.in_flight() > 0) && waiting {
             let waited_on: Vec<u64> = self
                 .av
                 .iter()
@@ -273,6 +274,10 @@ impl Engine {
                 self.provider_released(slot, Err(error.clone()));
             }
         }
+        // Writes to it whose send ended fail now; the others when their
+        // send ends (queued ones just did, above).
+        self.writer.endpoint_failed(endpoint, error);
+        self.complete_writes();
         self.watch.insert(fi_addr, PeerWatch::new(Instant::now()));
     }
 
@@ -472,5 +477,6 @@ impl Engine {
                 send.dest = to;
             }
         }
+        self.renumber_writes(from, to);
     }
 }

@@ -9,7 +9,7 @@
 //! this engine is in flight into it (`in_flight`); the later of the two
 //! deregisters and completes the unmap.
 
-use rdmareg_core::BackendRegion;
+use rdmareg_core::{Access, BackendRegion, RdmaError};
 use rdmareg_engine::command::{NewRegion, Registrations};
 use rdmareg_engine::served::UnmapStatus;
 
@@ -22,6 +22,14 @@ use super::*;
 impl Registrations for Engine {
     fn map_region(&mut self, new: NewRegion, reply: Reply<BackendRegion>) {
         let (id, ptr, len, capability) = (new.id, new.ptr, new.len, new.capability);
+        if new.access == Access::Write && !self.owner_served() {
+            // A one-sided key is read with `fi_read`, which no owner judges:
+            // a write-only registration could not refuse its reads.
+            let _ = reply.send(Err(RdmaError::Unsupported {
+                operation: "write-only registrations on the one-sided read path",
+            }));
+            return;
+        }
         let mut requested_key = id;
         if self.owner_served() {
             // No peer is told this key; a random one is not guessable from
@@ -39,7 +47,10 @@ impl Registrations for Engine {
                 return;
             }
         };
-        if let Err(err) = self.owner.register(id, capability, ptr as u64, len as u64) {
+        let registered = self
+            .owner
+            .register_with_access(id, capability, ptr as u64, len as u64, new.access);
+        if let Err(err) = registered {
             if let Err(undone) = self.fabric.deregister(&mr) {
                 tracing::warn!(id, error = %undone, "a registration the owner refused stays");
             }

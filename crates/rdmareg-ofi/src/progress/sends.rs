@@ -143,6 +143,17 @@ impl Engine {
                 watch.last_heard = Instant::now();
             }
         }
+        if let Some(write) = send.for_write {
+            let ended = match &result {
+                Ok(()) => Ok(()),
+                Err(_) if self.closing => Err(RdmaError::ShuttingDown),
+                Err((_, text)) => Err(RdmaError::backend(format!(
+                    "ofi: sending the write failed: {text}"
+                ))),
+            };
+            self.writer.send_ended(write, ended);
+            self.complete_writes();
+        }
         if let Err((code, text)) = result {
             tracing::debug!(tag = format_args!("{:#x}", send.tag), error = %text, "a tagged send failed");
             if let Some((read, request_id)) = send.for_read {

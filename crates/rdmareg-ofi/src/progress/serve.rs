@@ -30,6 +30,8 @@ impl Engine {
         if self.owner_served() {
             self.open_request_receives();
         }
+        // Writes are served on either path (`serve_writes`).
+        self.open_write_receives();
     }
 
     /// Posts the request receives unless they are posted already (or kept
@@ -242,6 +244,25 @@ impl Engine {
                         owner_send: Some(send),
                         ..SendOp::new(reply_at, tag, 0, 0, std::ptr::null_mut())
                     });
+                }
+                Action::Receive {
+                    endpoint,
+                    receive,
+                    address,
+                    length,
+                    ..
+                } => {
+                    debug_assert_eq!(endpoint, self.endpoint_of(reply_at));
+                    self.receive_write(receive, address, length);
+                }
+                Action::Acknowledge {
+                    endpoint,
+                    send,
+                    request_id,
+                    length,
+                } => {
+                    debug_assert_eq!(endpoint, self.endpoint_of(reply_at));
+                    self.acknowledge_write(reply_at, send, request_id, length);
                 }
                 Action::Unmapped { region } => {
                     if let Some(held) = self.regions.get_mut(&region) {

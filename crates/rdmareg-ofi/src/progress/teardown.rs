@@ -44,11 +44,18 @@ impl Engine {
         for at in std::mem::take(&mut self.unsent) {
             self.send_done(at, Err((0, "teardown".into())));
         }
-        while (self.consumer.in_flight() > 0 || !self.sends.is_empty()) && Instant::now() < until {
+        while (self.consumer.in_flight() > 0
+            || self.writer.in_flight() > 0
+            || !self.sends.is_empty())
+            && Instant::now() < until
+        {
             if !self.turn() {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
+        // Puts hold no source the provider reads (each chunk sent a copy):
+        // they end now.
+        self.end_writes_at_teardown();
         if self.fabric.park_at_teardown() {
             self.withdraw_for_parking();
         } else {

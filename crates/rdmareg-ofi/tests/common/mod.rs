@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_backend::conformance::{BackendPair, Capabilities};
-use rdmareg_core::{BackendGet, BackendRegion, PeerId, RdmaError};
+use rdmareg_core::{Access, BackendGet, BackendPut, BackendRegion, PeerId, RdmaError};
 use rdmareg_ofi::{OfiConfig, OfiEngine, Provider, ReadPath};
 
 /// How the consumer engine names the owner engine.
@@ -33,6 +33,32 @@ pub trait SeamForTestMemory: RdmaBackend {
         // SAFETY: by the discipline above, the range is a test buffer that
         // outlives its registration, or degenerate.
         unsafe { self.map(ptr, len) }
+    }
+
+    fn map_test_memory_with_access(
+        &self,
+        ptr: usize,
+        len: usize,
+        access: Access,
+    ) -> BoxFuture<'_, Result<BackendRegion, RdmaError>> {
+        // SAFETY: by the discipline above, the range is a test buffer that
+        // outlives its registration, or degenerate; a writable one is read
+        // only through raw copies once the writes into it answered.
+        unsafe { self.map_with_access(ptr, len, access) }
+    }
+
+    fn put_from_test_memory(&self, request: BackendPut) -> BoxFuture<'_, Result<(), RdmaError>> {
+        // SAFETY: by the discipline above, nothing writes the source until
+        // the put answered.
+        unsafe { self.put(request) }
+    }
+
+    fn put_batch_from_test_memory(
+        &self,
+        requests: Vec<BackendPut>,
+    ) -> BoxFuture<'_, Vec<Result<(), RdmaError>>> {
+        // SAFETY: as `put_from_test_memory`, for every request.
+        unsafe { self.put_batch(requests) }
     }
 
     fn get_into_test_memory(&self, request: BackendGet) -> BoxFuture<'_, Result<(), RdmaError>> {
@@ -101,9 +127,9 @@ pub fn backend_pair(provider: Provider) -> BackendPair {
 /// the one-sided path only the lease checks hold: a one-sided read may
 /// outlive its region's unmap, so run only those there).
 pub fn backend_pair_on(provider: Provider, path: ReadPath) -> BackendPair {
-    // Remote writes are not offered by the libfabric engine yet: the kit
-    // checks that it refuses them and registers nothing writable.
-    let capabilities = Capabilities::full().with_writes(false);
+    // Writes are served on either path; the kit's write checks run on the
+    // owner-served one (`conformance_tcp`, `conformance_shm`).
+    let capabilities = Capabilities::full();
     let (owner, consumer) = engines_on(provider, path);
     let pair = BackendPair::new(
         Arc::new(owner.backend()),

@@ -19,3 +19,4 @@ mod provider_facts;
 mod refusal_codes;
 mod stale_shm_region;
 mod stalled_connection_reset;
+mod writes;
