@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""NIXL READ latency and bandwidth, for `rdmareg bench --peers nixl`.
+"""NIXL READ and WRITE latency and bandwidth, for `rdmareg bench --peers nixl`.
 
 Two NIXL agents in two processes over NIXL's UCX backend:
 
@@ -222,6 +222,15 @@ def measure(agent, owner_name, remote_address, local, spec):
                         in_flight.add(i)
         singles_seconds = time.perf_counter() - started
 
+        # WRITE into the owner's buffer: one descriptor, one request,
+        # posted again and again; then the window as one request.
+        write_one = agent.make_prepped_xfer("WRITE", local_side, [0], remote_side, [0])
+        handles.append(write_one)
+        write_samples = latency_samples(agent, write_one, latency_iterations)
+        write_batch = agent.make_prepped_xfer("WRITE", local_side, indices, remote_side, indices)
+        handles.append(write_batch)
+        write_batch_seconds = seconds_of_rounds(agent, write_batch, rounds)
+
         mib = moved / (1 << 20)
         return {
             "kind": "row",
@@ -235,6 +244,8 @@ def measure(agent, owner_name, remote_address, local, spec):
             "request_window_mib_s": mib / singles_seconds,
             "notice_latency_p50_us": percentile(notice_samples, 0.5) / 1000.0,
             "notice_bandwidth_mib_s": mib / noticed_batch_seconds,
+            "write_latency_p50_us": percentile(write_samples, 0.5) / 1000.0,
+            "write_bandwidth_mib_s": mib / write_batch_seconds,
         }
     finally:
         for handle in handles:

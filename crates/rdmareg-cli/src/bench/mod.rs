@@ -5,7 +5,10 @@
 //! buffer; this process GETs from it: latency with one GET outstanding,
 //! bandwidth with perftest's `-O` window, then `ucx_perftest -t ucp_get` on
 //! the same settings. The ratio per row is the result; the libfabric lanes
-//! have no baseline column. What is measured: `docs/benchmarks.md`.
+//! have no baseline column. PUTs into a writable buffer the owner offers
+//! beside it are measured the same way against `ucx_perftest -t
+//! ucp_put_lat / ucp_put_bw` and NIXL's WRITE (`writes`). What is measured:
+//! `docs/benchmarks.md`.
 
 mod nixl;
 mod perftest;
@@ -13,12 +16,13 @@ mod plot;
 mod pool;
 mod report;
 mod scatter;
+mod writes;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use rdmareg_core::{Descriptor, PeerId};
+use rdmareg_core::{Access, Descriptor, PeerId};
 use rdmareg_registry::PinnedBuf;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -32,6 +36,7 @@ use crate::stats::{Samples, mebibytes_per_second};
 
 pub use report::{GetRow, PoolRow};
 pub use scatter::ScatterRow;
+pub use writes::PutRow;
 
 /// The owner, as the consumer names it.
 const OWNER: PeerId = PeerId(1);
@@ -61,10 +66,40 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let (nixl_python, mut peer_notes) = nixl_peer(&args);
     let mut rows = Vec::new();
     let mut scatter_rows = Vec::new();
+    let mut put_rows = Vec::new();
     let mut port = args.perftest_port;
     for &transport in &args.transport {
-        let (mut measured, scatter) = measure_registry(&args, transport).await?;
+        let (mut measured, scatter, mut puts) = measure_registry(&args, transport).await?;
         scatter_rows.extend(scatter);
+        if let Some(perftest) = baseline.as_ref().filter(|_| !transport.is_ofi()) {
+            let environment = transport_environment(transport);
+            for row in &mut puts {
+                let lat = perftest
+                    .run_put(
+                        &environment,
+                        port,
+                        row.size,
+                        1,
+                        row.latency_iterations,
+                        true,
+                    )
+                    .with_context(|| format!("ucx_perftest PUT latency, {} B", row.size))?;
+                port = port.wrapping_add(1).max(1024);
+                let bw = perftest
+                    .run_put(
+                        &environment,
+                        port,
+                        row.size,
+                        row.window.max(2),
+                        row.bandwidth_iterations,
+                        true,
+                    )
+                    .with_context(|| format!("ucx_perftest PUT bandwidth, {} B", row.size))?;
+                port = port.wrapping_add(1).max(1024);
+                row.perftest_latency_p50_us = Some(lat.p50_us);
+                row.perftest_bandwidth_mib_s = Some(bw.bandwidth_mib_s);
+            }
+        }
         // ucx_perftest measures UCX: it is no baseline of a libfabric lane.
         if let Some(perftest) = baseline.as_ref().filter(|_| !transport.is_ofi()) {
             for row in &mut measured {
@@ -100,7 +135,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         if let Some(python) = nixl_python.as_ref().filter(|_| !transport.is_ofi()) {
             let environment = transport_environment(transport);
             match nixl::run(python, &args.out, &environment, &nixl::specs(&measured)).await {
-                Ok(nixl_rows) => nixl::merge(&mut measured, &nixl_rows),
+                Ok(nixl_rows) => {
+                    nixl::merge(&mut measured, &nixl_rows);
+                    writes::merge_nixl(&mut puts, &nixl_rows);
+                }
                 Err(e) => {
                     tracing::warn!(transport = transport.name(), error = %e, "NIXL was not measured");
                     peer_notes.push(format!("NIXL was not run on {}: {e}", transport.name()));
@@ -108,13 +146,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }
         rows.extend(measured);
+        put_rows.extend(puts);
     }
     if args.transport.iter().any(|t| t.is_ofi()) {
         peer_notes.push(OFI_BASELINE_NOTE.to_owned());
     }
     let pool_rows = pool::measure(&args).await?;
     report::write_all(&args.out, &rows, &scatter_rows, &pool_rows)?;
+    let puts_csv = args.out.join("puts.csv");
+    std::fs::write(&puts_csv, writes::csv(&put_rows))
+        .with_context(|| format!("writing {}", puts_csv.display()))?;
     report::print_tables(&rows, &scatter_rows, &pool_rows);
+    print!("{}", writes::table(&put_rows));
     for note in &peer_notes {
         println!("{note}");
     }
@@ -196,7 +239,7 @@ fn scaled(base: u64, min: u64, max: u64, scale: f64) -> usize {
 async fn measure_registry(
     args: &BenchArgs,
     transport: TransportArg,
-) -> anyhow::Result<(Vec<GetRow>, Vec<ScatterRow>)> {
+) -> anyhow::Result<(Vec<GetRow>, Vec<ScatterRow>, Vec<PutRow>)> {
     let largest = *args.sizes.iter().max().unwrap_or(&8);
     let bounds = Bounds::new(&args.limits);
     let offered_size = largest.max(scatter::SCATTER_SOURCE_BYTES);
@@ -230,7 +273,24 @@ async fn measure_registry(
             scatter.push(row);
         }
         verify_source(&node, &offered.1).await?;
-        anyhow::Ok((rows, scatter))
+        let mut puts = Vec::new();
+        if let Some(target) = &offered.2 {
+            for &size in &args.sizes {
+                let window = (args.window as u64).min((WINDOW_BYTES / size).max(1)) as usize;
+                let target = &target.descriptor;
+                let row =
+                    writes::measure(&node, target, size, window, args.scale, transport).await?;
+                tracing::info!(
+                    transport = transport.name(),
+                    size,
+                    latency_us = row.latency_p50_us,
+                    list_mib_s = row.list_bandwidth_mib_s,
+                    "measured PUTs"
+                );
+                puts.push(row);
+            }
+        }
+        anyhow::Ok((rows, scatter, puts))
     }
     .await;
     if let Err(e) = node.engine.remove_peer(OWNER) {
@@ -462,7 +522,9 @@ async fn verify_source(node: &Node, offered: &OfferedRange) -> anyhow::Result<()
     Ok(())
 }
 
-type Offered = (bytes::Bytes, OfferedRange);
+/// The owner's worker address, the range it offers to read, and the
+/// writable range it offers beside it (none on a backend without writes).
+type Offered = (bytes::Bytes, OfferedRange, Option<OfferedRange>);
 
 async fn start_owner(
     transport: TransportArg,
@@ -494,9 +556,10 @@ async fn start_owner(
         Message::Offer {
             worker_address,
             mut ranges,
-        } if ranges.len() == 1 => {
+        } if matches!(ranges.len(), 1 | 2) => {
             let range = ranges.remove(0);
-            Ok((child, stream, (worker_address, range)))
+            let writable = ranges.pop();
+            Ok((child, stream, (worker_address, range, writable)))
         }
         other => bail!("unexpected offer from the benchmark owner: {other:?}"),
     }
@@ -523,6 +586,29 @@ pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
         descriptor: buffer.descriptor(),
         crc32: pattern::checksum(&buffer),
     };
+    // A writable buffer beside it, for the PUT rows; none on a backend
+    // without writes.
+    let target = match node
+        .registry
+        .register_owned_with(
+            vec![0u8; usize::try_from(args.size)?].into_boxed_slice(),
+            Access::ReadWrite,
+        )
+        .await
+    {
+        Ok(target) => Some(target),
+        Err(refused) if matches!(refused.error, rdmareg_core::RdmaError::Unsupported { .. }) => {
+            None
+        }
+        Err(refused) => return Err(refused.error).context("registering the PUT target"),
+    };
+    let mut ranges = vec![offered];
+    if let Some(target) = &target {
+        ranges.push(OfferedRange {
+            descriptor: target.descriptor()?,
+            crc32: 0,
+        });
+    }
     println!("{LISTENING_PREFIX}{}", listener.local_addr()?);
     // The parent connects as soon as it reads that line.
     let served = async {
@@ -535,7 +621,7 @@ pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
             &mut stream,
             &Message::Offer {
                 worker_address: node.engine.worker_address(),
-                ranges: vec![offered],
+                ranges,
             },
             bounds.silence(),
         )
@@ -557,6 +643,11 @@ pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
     }
     .await;
     drop(buffer);
+    if let Some(target) = target
+        && let Err(e) = target.unregister(bounds.teardown).await
+    {
+        tracing::warn!(error = %e, "unregistering the PUT target");
+    }
     let outcome = node.shutdown().await;
     let lost = match served {
         Ok((control, Ok(_))) => {

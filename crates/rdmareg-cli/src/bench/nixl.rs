@@ -78,6 +78,13 @@ pub struct NixlRow {
     /// The window as one READ request with a notification, MiB/s.
     #[serde(default)]
     pub notice_bandwidth_mib_s: Option<f64>,
+    /// Median WRITE latency, µs (absent from a driver that does not
+    /// measure it).
+    #[serde(default)]
+    pub write_latency_p50_us: Option<f64>,
+    /// The window as one WRITE request, MiB/s.
+    #[serde(default)]
+    pub write_bandwidth_mib_s: Option<f64>,
 }
 
 /// The interpreter `cargo xtask nixl` recorded, if there is one.

@@ -1,4 +1,5 @@
-//! Running `ucx_perftest -t ucp_get` from the same UCX as the baseline.
+//! Running `ucx_perftest -t ucp_get` (and `ucp_put_lat` / `ucp_put_bw`)
+//! from the same UCX as the baseline.
 //!
 //! A server and a client on 127.0.0.1, both with the registry side's
 //! transport environment; the client's `-f -v` output is read by
@@ -17,6 +18,14 @@ pub struct PerftestResult {
     pub average_us: f64,
     /// Average bandwidth, MiB/s.
     pub bandwidth_mib_s: f64,
+}
+
+/// What one perftest run moves.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    size: u64,
+    window: usize,
+    iterations: usize,
 }
 
 /// How to find and run `ucx_perftest`.
@@ -118,6 +127,52 @@ impl Perftest {
         iterations: usize,
         error_handling: bool,
     ) -> Result<PerftestResult, PerftestError> {
+        let shape = Shape {
+            size,
+            window,
+            iterations,
+        };
+        self.run("ucp_get", environment, port, shape, error_handling)
+    }
+
+    /// Run one PUT measurement: `-t ucp_put_lat` with one outstanding
+    /// (`window` 1), else `-t ucp_put_bw` with `window` outstanding.
+    pub fn run_put(
+        &self,
+        environment: &[(String, String)],
+        port: u16,
+        size: u64,
+        window: usize,
+        iterations: usize,
+        error_handling: bool,
+    ) -> Result<PerftestResult, PerftestError> {
+        let test = if window > 1 {
+            "ucp_put_bw"
+        } else {
+            "ucp_put_lat"
+        };
+        let shape = Shape {
+            size,
+            window,
+            iterations,
+        };
+        self.run(test, environment, port, shape, error_handling)
+    }
+
+    /// Run one measurement of `test`.
+    fn run(
+        &self,
+        test: &str,
+        environment: &[(String, String)],
+        port: u16,
+        shape: Shape,
+        error_handling: bool,
+    ) -> Result<PerftestResult, PerftestError> {
+        let Shape {
+            size,
+            window,
+            iterations,
+        } = shape;
         let mut server = self
             .command(environment)
             .args(["-p", &port.to_string()])
@@ -133,7 +188,7 @@ impl Perftest {
             "-p",
             &port.to_string(),
             "-t",
-            "ucp_get",
+            test,
             "-s",
             &size.to_string(),
             "-n",
