@@ -167,7 +167,7 @@ impl Engine {
     /// close or replace an endpoint: `post_batch` and `try_post_get` clear
     /// it before they send anything, and the direct lane clears it before
     /// it runs.
-    pub(super) fn served_endpoint(&mut self, peer: PeerId) -> Result<(EpHandle, u64), RdmaError> {
+    fn served_endpoint(&mut self, peer: PeerId) -> Result<(EpHandle, u64), RdmaError> {
         if let Some((memo_peer, endpoint, serial)) = self.endpoint_memo {
             if memo_peer == peer {
                 return Ok((endpoint, serial));

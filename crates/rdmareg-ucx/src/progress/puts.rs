@@ -182,7 +182,10 @@ impl Engine {
             return Err((waiter, RdmaError::InvalidKey));
         };
         let served = key.served();
-        let (endpoint, serial) = match self.served_endpoint(peer) {
+        // Not `served_endpoint`: its memo holds only while one batch of
+        // reads is prepared, and must never outlive a send (a send's
+        // callbacks may close the endpoint it names).
+        let (endpoint, serial) = match self.endpoint_for(peer) {
             Ok(found) => found,
             Err(err) => return Err((waiter, err)),
         };
