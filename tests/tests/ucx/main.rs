@@ -65,3 +65,4 @@ mod teardown_mid_get;
 mod reposted_lists;
 // UCX only: libfabric offers no writes.
 mod writes;
+mod write_attacks;
