@@ -56,3 +56,5 @@ mod misuse;
 mod shutdown_order;
 #[path = "../registry/teardown_mid_get.rs"]
 mod teardown_mid_get;
+#[path = "../registry/writes.rs"]
+mod writes;

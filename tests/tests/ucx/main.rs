@@ -17,8 +17,9 @@
 //! - `leaks` — soak with leak checks; the budget's refusals.
 //! - `reposted_lists` (UCX only) — a list posted again reuses its requests
 //!   and the engine's copy plan.
-//! - `writes` (UCX only) — PUTs at every size, in lists, racing an
-//!   unregister; read-only registrations never written.
+//! - `writes` — PUTs at every size, in lists, racing an unregister;
+//!   read-only registrations never written.
+//! - `write_attacks` — safe-code attacks on PUTs (also over libfabric tcp).
 
 /// Turns each `async fn name(lane: Lane)` into the tests `name::over_tcp`
 /// and `name::over_same_host`; `per_lane!(isolated name)` does the same for
@@ -61,8 +62,9 @@ mod misuse;
 mod shutdown_order;
 #[path = "../registry/teardown_mid_get.rs"]
 mod teardown_mid_get;
+#[path = "../registry/writes.rs"]
+mod writes;
 // UCX only: the engine's copy plans.
 mod reposted_lists;
-// UCX only: libfabric offers no writes.
-mod writes;
+// Attacks on PUTs, over the UCX lanes and libfabric tcp.
 mod write_attacks;
