@@ -274,10 +274,10 @@ impl Engine {
                 self.provider_released(slot, Err(error.clone()));
             }
         }
-        // Writes to it whose send ended fail now; the others when their
-        // send ends (queued ones just did, above).
-        self.writer.endpoint_failed(endpoint, error);
-        self.complete_writes();
+        // Writes to it fail now: those whose send ended, the queued ones
+        // (above), and those the provider is still sending.
+        self.writer.endpoint_failed(endpoint, error.clone());
+        self.end_writes_sending_to(fi_addr, &error);
         self.watch.insert(fi_addr, PeerWatch::new(Instant::now()));
     }
 

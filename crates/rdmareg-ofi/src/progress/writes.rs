@@ -394,7 +394,9 @@ impl Engine {
 
     /// Chunks past their deadline: one still waiting for its reply fails
     /// with `Timeout`; one whose message was never handed to the provider
-    /// ends now; one being sent ends when the provider ends its send.
+    /// ends now; so does one the provider is still sending, since its
+    /// message is the engine's own copy (the send keeps it until the
+    /// provider lets go) and the caller's source is no longer read.
     pub(super) fn expire_writes(&mut self, now: Instant) {
         for WriteTimeout::StopSend { write, .. } in self.writer.handle_timeout(now) {
             let queued = self.unsent.iter().copied().find(|at| {
@@ -407,13 +409,24 @@ impl Engine {
                 self.send_done(at, Err((0, "past its deadline before it was sent".into())));
                 continue;
             }
-            let unsent = self
-                .write_ops
-                .values()
-                .any(|op| op.write == write && op.message.is_some());
-            if unsent {
-                self.writer.send_ended(write, Err(RdmaError::Timeout));
-            }
+            self.writer.send_ended(write, Err(RdmaError::Timeout));
+        }
+        self.complete_writes();
+    }
+
+    /// A peer is unreachable: its chunks the provider is still sending end
+    /// with `error` now (each message is the engine's own copy, kept by
+    /// its send until the provider lets go), so their puts complete
+    /// instead of waiting on a connection nothing answers.
+    pub(super) fn end_writes_sending_to(&mut self, fi_addr: u64, error: &RdmaError) {
+        let sending: Vec<WriteId> = self
+            .write_ops
+            .values()
+            .filter(|op| op.fi_addr == fi_addr && op.message.is_none())
+            .map(|op| op.write)
+            .collect();
+        for write in sending {
+            self.writer.send_ended(write, Err(error.clone()));
         }
         self.complete_writes();
     }
