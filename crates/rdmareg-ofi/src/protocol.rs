@@ -68,7 +68,7 @@
 //! chunk's bytes. Before sending it the writer posts an 8-byte tagged
 //! receive for the reply, directed at the owner, with tag `request_id` and
 //! ignore mask [`REPLY_IGNORE`] (ids are minted as for reads). The owner
-//! keeps [`WRITE_RECEIVES`](crate::protocol::WRITE_RECEIVES) receives of
+//! keeps [`WRITE_RECEIVES`] receives of
 //! [`WRITE_RECEIVE_MAX`] bytes posted on [`WRITE_TAG`], admits the write
 //! with the kit's owner, copies the bytes into the registration in the same
 //! loop turn, and only then sends the reply: an 8-byte message, the length
