@@ -344,7 +344,7 @@ async fn abandon<F: Future>(future: F, cancel: Cancel) -> Option<F::Output> {
     }
 }
 
-/// 5 MiB PUTs (five UCX chunks) are dropped at every await: a source the
+/// 3 MiB PUTs (three UCX chunks) are dropped at every await: a source the
 /// caller gets back usable is then overwritten with a poison pattern,
 /// which must never reach the owner; a surrendered source refuses reuse;
 /// each chunk of the target holds one whole PUT; nothing leaks.
@@ -352,19 +352,17 @@ async fn a_cancelled_put_never_reads_its_source_after_handing_it_back(lane: Lane
     const POISON: u8 = 0xF0;
     let pair = Pair::start(lane.clone(), registry_config());
     let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
-    let len = 5 * MIB;
+    // Three chunks over UCX, twelve over libfabric; each cancellation
+    // point once, so the scenario stays well inside its limit under the
+    // AddressSanitizer lane (about four times slower).
+    let len = 3 * MIB;
     let target = owner
         .register_owned_with(vec![UNTOUCHED; len].into_boxed_slice(), Access::ReadWrite)
         .await
         .unwrap();
     let descriptor = target.descriptor().unwrap();
     let mut seeds = Vec::new();
-    for (i, cancel) in CANCELS
-        .into_iter()
-        .cycle()
-        .take(3 * CANCELS.len())
-        .enumerate()
-    {
+    for (i, cancel) in CANCELS.into_iter().enumerate() {
         let seed = i as u8 + 1;
         seeds.push(seed);
         let mut src = source(consumer, len, seed).await;
