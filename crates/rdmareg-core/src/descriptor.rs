@@ -260,7 +260,10 @@ impl Descriptor {
             VERSION_READ => Access::Read,
             VERSION_ACCESS => {
                 let bits = reader.u8()?;
-                Access::from_bits(bits).ok_or(DescriptorError::InvalidAccess(bits))?
+                // Read alone is always version 1: one encoding per descriptor.
+                Access::from_bits(bits)
+                    .filter(|access| *access != Access::Read)
+                    .ok_or(DescriptorError::InvalidAccess(bits))?
             }
             version => return Err(DescriptorError::UnsupportedVersion(version)),
         };
@@ -415,7 +418,7 @@ mod tests {
     #[test]
     fn an_unknown_access_byte_is_refused() {
         let mut wire = sample().granting(Access::Write).encode().to_vec();
-        for bits in [0u8, 4, 0xff] {
+        for bits in [0u8, 1, 4, 0xff] {
             wire[3] = bits;
             assert_eq!(
                 Descriptor::decode(&wire),
