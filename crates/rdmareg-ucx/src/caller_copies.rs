@@ -247,7 +247,10 @@ impl CallerCopies {
                     let ReadKey::SameHost(same_host) = &key else {
                         return false;
                     };
-                    if validate_packed_key(format, &same_host.ucx_key).is_err() {
+                    // A key that grants no read is for the owner to refuse.
+                    if !same_host.access.allows_read()
+                        || validate_packed_key(format, &same_host.ucx_key).is_err()
+                    {
                         return false;
                     }
                     &checked.insert((&request.packed_key[..], key)).1
@@ -259,7 +262,7 @@ impl CallerCopies {
             if !key.covers(request.remote_addr, request.len) {
                 return false;
             }
-            releases.push((key.release_slot, key.served.release_tag()));
+            releases.push((key.release_slot, key.release_tag()));
         }
         let published = self.read();
         let mut owner: Option<&Arc<OwnerProcess>> = None;

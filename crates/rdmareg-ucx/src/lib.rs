@@ -72,8 +72,10 @@
 //!   copies with `process_vm_readv`, no owner wake-up, small reads on the
 //!   caller's own thread ([`UcxConfig::caller_copy_limit`]); it checks the
 //!   owner's release table before and after each copy and the owner's
-//!   [`ProcessIdentity`] token in the same call. Otherwise it reads through
-//!   the owner.
+//!   [`ProcessIdentity`] token in the same call. A PUT to a writable
+//!   registration is a `process_vm_writev` under a lock on its release
+//!   slot that the owner's unmap waits for. Otherwise it reads and writes
+//!   through the owner.
 //!
 //! Bytes from peers are validated before UCX sees them: keys by
 //! [`read_protocol`] and [`packed_key`], worker addresses by

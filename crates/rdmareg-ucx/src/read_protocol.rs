@@ -32,6 +32,17 @@
 //! consumer checks the range against `region_addr`/`region_len`.
 //! [`ReadKey`] decodes either lane.
 //!
+//! **Writable same-host key** (lane 4, issued instead of lane 2 for a
+//! registration peers may write): the lane-2 layout with one more byte
+//! after `release_slot`, the access the registration grants (`1` read,
+//! `2` write, `3` both; `rdmareg_core::Access`). A consumer copies into
+//! it one-sided only under the release slot's lock (`release_table`,
+//! "Writers"), and reads it one-sided only if the byte grants reads;
+//! everything else goes through the owner, which checks the access
+//! itself. A registration peers may only read keeps lane 2, which
+//! earlier builds read; a writable one's descriptor is one they refuse
+//! anyway (its version carries the access).
+//!
 //! **Lease key** (lane 3, what `RdmaBackend::lease` issues): the 28 bytes
 //! of a served key with `lane = 3` and the lease's own capability in place
 //! of the registration's. It is read through the owner on every lane,
@@ -57,6 +68,7 @@
 //! Decoding never panics and refuses trailing or missing bytes: these come
 //! from peers.
 
+use rdmareg_core::Access;
 use rdmareg_engine::served::Read;
 use rdmareg_engine::served::wire;
 use thiserror::Error;
@@ -90,8 +102,12 @@ const LANE_OWNER_SERVED: u8 = 0;
 const LANE_SAME_HOST_UNCHECKED: u8 = 1;
 const LANE_SAME_HOST: u8 = 2;
 const LANE_LEASE: u8 = 3;
-/// Bytes of a [`SameHostKey`] before its UCX key.
+const LANE_SAME_HOST_WRITABLE: u8 = 4;
+/// Bytes of a lane-2 [`SameHostKey`] before its UCX key.
 const SAME_HOST_FIXED_LEN: usize = KEY_LEN + 8 + 8 + 4 + 2;
+/// Bytes of a lane-4 [`SameHostKey`] before its UCX key: one more, the
+/// access.
+const WRITABLE_FIXED_LEN: usize = SAME_HOST_FIXED_LEN + 1;
 /// Bytes of a lane-1 key before its UCX key.
 const UNCHECKED_FIXED_LEN: usize = KEY_LEN + 8 + 8 + 2;
 
@@ -128,6 +144,9 @@ pub enum ProtocolError {
     /// A reserved byte is not zero.
     #[error("reserved bytes are not zero")]
     Reserved,
+    /// A same-host key's access byte names no access this build knows.
+    #[error("unknown access bits {0:#04x}")]
+    Access(u8),
     /// A reply status this build does not know. Version-1 replies never
     /// produce it (every non-zero status is a refusal, known or not); kept
     /// for formats that may reserve codes.
@@ -228,9 +247,10 @@ impl ServedKey {
     }
 }
 
-/// A lane-2 key: the served key, the mapped range, the registration's
-/// release slot, and the owner's packed UCX key for one-sided reads on
-/// the same host.
+/// A same-host key (lane 2, or lane 4 when the registration may be
+/// written): the served key, the mapped range, the registration's release
+/// slot, what it grants, and the owner's packed UCX key for its direct
+/// lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SameHostKey {
     /// What a consumer presents when it reads through the owner.
@@ -240,26 +260,59 @@ pub struct SameHostKey {
     /// Mapped length.
     pub region_len: u64,
     /// The registration's slot in the owner's release table: it holds
-    /// `served.release_tag()` while the registration is live.
+    /// [`SameHostKey::release_tag`] while the registration is live.
     pub release_slot: u32,
+    /// What the registration grants: lane 2 keys grant reads alone.
+    pub access: Access,
     /// The owner's packed UCX remote key (direct-read context).
     pub ucx_key: Vec<u8>,
 }
 
 impl SameHostKey {
-    /// The encoding; `None` if the UCX key is empty or longer than 65535
-    /// bytes (UCX packs neither).
+    /// The encoding (lane 2 for a read-only registration, else lane 4);
+    /// `None` if the UCX key is empty or longer than 65535 bytes (UCX
+    /// packs neither).
     pub fn encode(&self) -> Option<Vec<u8>> {
         let ucx_len = u16::try_from(self.ucx_key.len()).ok().filter(|&n| n > 0)?;
-        let mut out = Vec::with_capacity(SAME_HOST_FIXED_LEN + self.ucx_key.len());
+        let mut out = Vec::with_capacity(WRITABLE_FIXED_LEN + self.ucx_key.len());
         out.extend_from_slice(&self.served.encode());
-        out[3] = LANE_SAME_HOST;
+        out[3] = if self.access == Access::Read {
+            LANE_SAME_HOST
+        } else {
+            LANE_SAME_HOST_WRITABLE
+        };
         out.extend_from_slice(&self.region_addr.to_le_bytes());
         out.extend_from_slice(&self.region_len.to_le_bytes());
         out.extend_from_slice(&self.release_slot.to_le_bytes());
+        if self.access != Access::Read {
+            out.push(self.access.to_bits());
+        }
         out.extend_from_slice(&ucx_len.to_le_bytes());
         out.extend_from_slice(&self.ucx_key);
         Some(out)
+    }
+
+    /// What the owner's release table holds for this key's registration
+    /// while it is live. A lane-2 key's is its served part's
+    /// ([`ServedKey::release_tag`]), as earlier builds read it. A writable
+    /// key's also mixes in the mapped range and the access, so that a key
+    /// whose range or access was altered names no live registration and
+    /// is never written one-sided.
+    pub fn release_tag(&self) -> u64 {
+        Self::tag_for(&self.served, self.region_addr, self.region_len, self.access)
+    }
+
+    /// [`SameHostKey::release_tag`] of the key these fields make.
+    pub fn tag_for(served: &ServedKey, region_addr: u64, region_len: u64, access: Access) -> u64 {
+        let base = served.release_tag();
+        if access == Access::Read {
+            return base;
+        }
+        let mut tag = base;
+        for word in [region_addr, region_len, u64::from(access.to_bits())] {
+            tag = mix(tag ^ word);
+        }
+        tag.max(1)
     }
 
     /// Whether `[address, address + length)` lies inside the mapped range.
@@ -271,14 +324,24 @@ impl SameHostKey {
     }
 }
 
+/// One round of a 64-bit finaliser (splitmix64's): every input bit
+/// reaches every output bit, so any change of a mixed field changes the
+/// tag.
+fn mix(mut word: u64) -> u64 {
+    word = (word ^ (word >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    word = (word ^ (word >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    word ^ (word >> 31)
+}
+
 /// A key of either lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReadKey {
     /// Lane 0: read through the owner.
     Served(ServedKey),
-    /// Lane 2: read one-sided where the owner's direct lane and release
-    /// table are reachable, else through the owner.
+    /// Lanes 2 and 4: read (if the key grants it) or written (lane 4,
+    /// if it grants that) one-sided where the owner's direct lane and
+    /// release table are reachable, else through the owner.
     SameHost(SameHostKey),
 }
 
@@ -289,6 +352,7 @@ impl ReadKey {
     pub fn decode(bytes: &[u8]) -> Result<ReadKey, ProtocolError> {
         let fixed_len = match bytes.get(3) {
             Some(&LANE_SAME_HOST) => SAME_HOST_FIXED_LEN,
+            Some(&LANE_SAME_HOST_WRITABLE) => WRITABLE_FIXED_LEN,
             Some(&LANE_SAME_HOST_UNCHECKED) => UNCHECKED_FIXED_LEN,
             Some(&LANE_LEASE) => return ServedKey::decode_lease(bytes).map(ReadKey::Served),
             _ => return ServedKey::decode(bytes).map(ReadKey::Served),
@@ -318,11 +382,22 @@ impl ReadKey {
             // No release slot: read through the owner (module docs).
             return Ok(ReadKey::Served(served));
         }
+        let access = if fixed_len == WRITABLE_FIXED_LEN {
+            // A lane-4 key always grants a write: one that grants reads
+            // alone is lane 2, so the encoding stays one per key.
+            let bits = bytes[SAME_HOST_FIXED_LEN - 2];
+            Access::from_bits(bits)
+                .filter(|access| access.allows_write())
+                .ok_or(ProtocolError::Access(bits))?
+        } else {
+            Access::Read
+        };
         Ok(ReadKey::SameHost(SameHostKey {
             served,
             region_addr: u64::from_le_bytes(array_at(bytes, 28)),
             region_len: u64::from_le_bytes(array_at(bytes, 36)),
             release_slot: u32::from_le_bytes(array_at(bytes, 44)),
+            access,
             ucx_key: ucx_key.to_vec(),
         }))
     }
@@ -486,7 +561,69 @@ mod tests {
             region_addr: 0x1000,
             region_len: 0x2000,
             release_slot: 0x0102_0304,
+            access: Access::Read,
             ucx_key: vec![0, 1, 2, 3, 4, 5, 6, 7, 8],
+        }
+    }
+
+    /// A writable registration's key is lane 4 with its access; a lane-4
+    /// key granting reads alone or nothing known is refused, so each key
+    /// has one encoding.
+    #[test]
+    fn a_writable_same_host_key_carries_its_access() {
+        for access in [Access::Write, Access::ReadWrite] {
+            let writable = SameHostKey {
+                access,
+                ..same_host_key()
+            };
+            let bytes = writable.encode().unwrap();
+            assert_eq!(bytes[3], LANE_SAME_HOST_WRITABLE);
+            assert_eq!(bytes.len(), WRITABLE_FIXED_LEN + 9);
+            assert_eq!(ReadKey::decode(&bytes), Ok(ReadKey::SameHost(writable)));
+            assert!(ReadKey::decode(&bytes[..bytes.len() - 1]).is_err());
+        }
+        let mut bytes = SameHostKey {
+            access: Access::Write,
+            ..same_host_key()
+        }
+        .encode()
+        .unwrap();
+        for bits in [0, Access::Read.to_bits(), 4, 0xFF] {
+            bytes[SAME_HOST_FIXED_LEN - 2] = bits;
+            assert_eq!(ReadKey::decode(&bytes), Err(ProtocolError::Access(bits)));
+        }
+        // A read-only key stays lane 2, which earlier builds read.
+        assert_eq!(same_host_key().encode().unwrap()[3], LANE_SAME_HOST);
+    }
+
+    /// A writable key's release tag binds its range and access: a key
+    /// altered in either never matches the live registration's slot.
+    #[test]
+    fn a_writable_key_tag_changes_with_its_range_or_access() {
+        let read_only = same_host_key();
+        assert_eq!(read_only.release_tag(), read_only.served.release_tag());
+        let writable = SameHostKey {
+            access: Access::Write,
+            ..same_host_key()
+        };
+        let tag = writable.release_tag();
+        assert_ne!(tag, writable.served.release_tag());
+        let altered = [
+            SameHostKey {
+                region_addr: writable.region_addr - 0x1000,
+                ..writable.clone()
+            },
+            SameHostKey {
+                region_len: writable.region_len + 1,
+                ..writable.clone()
+            },
+            SameHostKey {
+                access: Access::ReadWrite,
+                ..writable.clone()
+            },
+        ];
+        for key in altered {
+            assert_ne!(key.release_tag(), tag, "{key:?}");
         }
     }
 

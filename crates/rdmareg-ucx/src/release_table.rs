@@ -29,6 +29,31 @@
 //! (message passing; the fence makes it hold on weakly ordered CPUs). The
 //! check before only saves a useless copy. It guards honest readers of
 //! stale descriptors, not against a hostile same-user process.
+//!
+//! # Writers
+//!
+//! A write cannot be discarded after the fact, so a same-host writer
+//! checks the slot *under a lock* the owner's unmap must take as well: an
+//! open-file-description read lock (`F_OFD_SETLK`) on the slot's eight
+//! bytes of the table file, held from before its check until its
+//! `process_vm_writev` returned ([`ReleaseView::lock_for_write`]).
+//!
+//! - The owner of a writable registration empties its slot, then answers
+//!   the unmap only once it can take a write lock on those bytes
+//!   ([`ReleaseTable::writers_gone`]); until then the slot stays out of
+//!   use. Either the writer's lock came first, and the unmap waits for its
+//!   write to end, or the owner's did, and the writer's check (ordered
+//!   after it by the kernel's lock) finds the slot empty and writes
+//!   nothing.
+//! - A writer refuses to wait: a slot it cannot lock is being retired, so
+//!   its write fails as a released registration's would.
+//! - The kernel drops a lock when its holder's last descriptor of the
+//!   table closes, so a writer killed mid-write holds no unmap up; one
+//!   that is stopped (`SIGSTOP`) holds it until it runs again or dies.
+//! - Locks belong to an open file description, not a thread: a process
+//!   holds one per opened view and makes one write under it at a time (the
+//!   progress thread's), since unlocking ends every lock of the
+//!   description on that range.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -113,6 +138,40 @@ impl Drop for Mapping {
         // SAFETY: the mapping made in `map`, unmapped once; no reference
         // into it outlives `self`.
         unsafe { libc::munmap(self.base.cast(), TABLE_LEN) };
+    }
+}
+
+/// A lock request on `slot`'s bytes of the table file: `kind` is
+/// `F_RDLCK` (a writer), `F_WRLCK` (the owner) or `F_UNLCK`.
+fn slot_lock(slot: u32, kind: libc::c_int) -> Option<libc::flock> {
+    let index = usize::try_from(slot).ok().filter(|&i| i < SLOTS)?;
+    // SAFETY: `flock` is plain data; all-zero is a valid value, and
+    // `l_pid` must be 0 for open-file-description locks.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = kind as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = (HEADER_LEN + index * 8) as libc::off_t;
+    lock.l_len = 8;
+    Some(lock)
+}
+
+/// Sets an open-file-description lock without waiting: `Ok(true)` when
+/// set (or released), `Ok(false)` when another description holds a lock
+/// that conflicts.
+fn set_lock(fd: &OwnedFd, slot: u32, kind: libc::c_int) -> std::io::Result<bool> {
+    let Some(lock) = slot_lock(slot, kind) else {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    // SAFETY: `lock` is a valid `flock` record that lives across the
+    // call; the descriptor is open (owned by the caller).
+    let set = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+    if set == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EAGAIN | libc::EACCES) => Ok(false),
+        _ => Err(err),
     }
 }
 
@@ -207,6 +266,38 @@ impl ReleaseTable {
             self.free.push(slot);
         }
     }
+
+    /// Empties the slot of a registration peers may write: no read counts
+    /// and no write starts from this store on, but a write that checked the
+    /// slot before may still run; [`ReleaseTable::writers_gone`] says when
+    /// none does, and only then is the slot used again.
+    pub(crate) fn retire_writable(&mut self, slot: u32) {
+        if let Some(entry) = self.mapping.slot(slot) {
+            entry.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether no writer holds `slot` any more (module docs, "Writers"),
+    /// for a slot [`ReleaseTable::retire_writable`] emptied; once it says
+    /// so, the slot is free again. A lock the kernel will not take for
+    /// another reason counts as a writer: the unmap keeps waiting rather
+    /// than answering under a write.
+    pub(crate) fn writers_gone(&mut self, slot: u32) -> bool {
+        match set_lock(&self.fd, slot, libc::F_WRLCK) {
+            Ok(true) => {
+                if let Err(err) = set_lock(&self.fd, slot, libc::F_UNLCK) {
+                    tracing::warn!(error = %err, slot, "cannot release a release-table slot's lock");
+                }
+                self.free.push(slot);
+                true
+            }
+            Ok(false) => false,
+            Err(err) => {
+                tracing::warn!(error = %err, slot, "cannot lock a release-table slot; its unmap waits");
+                false
+            }
+        }
+    }
 }
 
 /// Why a peer's table could not be opened.
@@ -223,6 +314,26 @@ impl std::fmt::Display for OpenError {
 #[derive(Debug)]
 pub(crate) struct ReleaseView {
     mapping: Mapping,
+    /// This view's own open file description of the table: the one a
+    /// writer's locks belong to (module docs, "Writers").
+    fd: OwnedFd,
+}
+
+/// A slot a writer locked and found live: the write may run while this
+/// lives; dropping it lets the owner's unmap go on.
+#[derive(Debug)]
+pub(crate) struct SlotWrite<'view> {
+    fd: &'view OwnedFd,
+    slot: u32,
+}
+
+impl Drop for SlotWrite<'_> {
+    fn drop(&mut self) {
+        if let Err(err) = set_lock(self.fd, self.slot, libc::F_UNLCK) {
+            // The lock then ends when the view closes.
+            tracing::warn!(error = %err, slot = self.slot, "cannot release a peer's release-table lock");
+        }
+    }
 }
 
 impl ReleaseView {
@@ -264,7 +375,29 @@ impl ReleaseView {
         if header[..16] != MAGIC || header[16..32] != location.id {
             return Err(OpenError(format!("{path} is another table")));
         }
-        Ok(ReleaseView { mapping })
+        Ok(ReleaseView { mapping, fd })
+    }
+
+    /// Locks `slot` for one write and checks that it holds `tag` under
+    /// the lock; `None` when the slot is retired or being retired, or the
+    /// kernel refuses the lock (the write then must not run). Hold the
+    /// result until the write's system call returned, and make one write
+    /// at a time per view (module docs, "Writers").
+    pub(crate) fn lock_for_write(&self, slot: u32, tag: u64) -> Option<SlotWrite<'_>> {
+        match set_lock(&self.fd, slot, libc::F_RDLCK) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(err) => {
+                tracing::debug!(error = %err, slot, "cannot lock a peer's release-table slot");
+                return None;
+            }
+        }
+        let locked = SlotWrite { fd: &self.fd, slot };
+        let live = self
+            .mapping
+            .slot(slot)
+            .is_some_and(|entry| entry.load(Ordering::SeqCst) == tag);
+        live.then_some(locked)
     }
 
     /// Whether `slot` holds `tag`: the check before a copy.
@@ -323,6 +456,52 @@ mod tests {
             id: table.location().unwrap().id,
         };
         assert!(ReleaseView::open(std::process::id(), nothing).is_err());
+    }
+
+    #[test]
+    fn an_unmap_waits_for_a_write_that_checked_the_slot_first() {
+        let mut table = ReleaseTable::create().expect("memfd");
+        let location = table.location().unwrap();
+        let view = ReleaseView::open(std::process::id(), location).expect("opened");
+        let slot = table.publish(7).unwrap();
+        let write = view.lock_for_write(slot, 7).expect("a live slot locks");
+        table.retire_writable(slot);
+        assert!(!table.writers_gone(slot), "the write still runs");
+        assert_ne!(
+            table.publish(8),
+            Some(slot),
+            "a slot being drained is not reused"
+        );
+        drop(write);
+        assert!(table.writers_gone(slot));
+        assert!(view.lock_for_write(slot, 7).is_none(), "a retired slot");
+    }
+
+    #[test]
+    fn a_write_after_the_owner_retired_the_slot_never_starts() {
+        let mut table = ReleaseTable::create().expect("memfd");
+        let location = table.location().unwrap();
+        let view = ReleaseView::open(std::process::id(), location).expect("opened");
+        let slot = table.publish(7).unwrap();
+        assert!(view.lock_for_write(slot, 8).is_none(), "another tag");
+        table.retire_writable(slot);
+        assert!(view.lock_for_write(slot, 7).is_none());
+        assert!(table.writers_gone(slot), "a refused writer holds nothing");
+    }
+
+    #[test]
+    fn a_closed_view_holds_no_lock() {
+        let mut table = ReleaseTable::create().expect("memfd");
+        let location = table.location().unwrap();
+        let view = ReleaseView::open(std::process::id(), location).expect("opened");
+        let slot = table.publish(7).unwrap();
+        let write = view.lock_for_write(slot, 7).expect("locked");
+        table.retire_writable(slot);
+        // What a writer killed mid-write leaves: its descriptor closes.
+        std::mem::forget(write);
+        assert!(!table.writers_gone(slot));
+        drop(view);
+        assert!(table.writers_gone(slot));
     }
 
     #[test]

@@ -189,7 +189,10 @@ impl Engine {
             let ReadKey::SameHost(same_host) = &*decoded.key else {
                 return None;
             };
-            if !decoded.direct_well_formed || !same_host.covers(request.remote_addr, len as u64) {
+            if !decoded.direct_well_formed
+                || !same_host.access.allows_read()
+                || !same_host.covers(request.remote_addr, len as u64)
+            {
                 return None;
             }
             if owner.is_none() {
@@ -199,7 +202,7 @@ impl Engine {
                 };
                 owner = Some(process);
             }
-            let release = (same_host.release_slot, same_host.served.release_tag());
+            let release = (same_host.release_slot, same_host.release_tag());
             if releases.last() != Some(&release) && !releases.contains(&release) {
                 releases.push(release);
             }

@@ -1,4 +1,5 @@
-//! The same-host direct-read lane: cma reads between engines of one user.
+//! The same-host direct lane: cma reads (and writes, `direct_writes`)
+//! between engines of one user.
 //!
 //! On one host the kernel can copy straight out of the owner's process
 //! without waking it. UCX offers cma only to a context with RMA, which also

@@ -193,7 +193,7 @@ impl Engine {
         source
     }
 
-    fn look_up_copy_source(&mut self, peer: PeerId) -> SameHostSource {
+    pub(super) fn look_up_copy_source(&mut self, peer: PeerId) -> SameHostSource {
         let Some(connection) = self.peers.connection_mut(peer) else {
             return SameHostSource::NotCopied;
         };
@@ -307,7 +307,7 @@ impl Engine {
     /// `peer`'s reads no longer copy from its process, on this thread or
     /// on callers' (whose sources are all withdrawn: rare, and the thread
     /// republishes what still holds); they come from `instead`.
-    fn stop_copying_from(&mut self, peer: PeerId, instead: SameHostSource) {
+    pub(super) fn stop_copying_from(&mut self, peer: PeerId, instead: SameHostSource) {
         if let Some(connection) = self.peers.connection_mut(peer) {
             connection.process = instead;
         }
@@ -366,8 +366,12 @@ impl Engine {
             return Err((reply, RdmaError::InvalidKey));
         };
         let source = match &*key {
-            ReadKey::SameHost(_) => self.copy_source(peer),
-            ReadKey::Served(_) => SameHostSource::NotCopied,
+            ReadKey::SameHost(same_host) if same_host.access.allows_read() => {
+                self.copy_source(peer)
+            }
+            // A key that grants no read goes to its owner, which refuses
+            // the read.
+            ReadKey::SameHost(_) | ReadKey::Served(_) => SameHostSource::NotCopied,
         };
         if let SameHostSource::Gone = source {
             return Err((
@@ -386,8 +390,7 @@ impl Engine {
             if !same_host.covers(remote_addr, len as u64) {
                 return Err((reply, RdmaError::OutOfRange));
             }
-            let (release_slot, release_tag) =
-                (same_host.release_slot, same_host.served.release_tag());
+            let (release_slot, release_tag) = (same_host.release_slot, same_host.release_tag());
             // The check before the copy (`release_table`); `copy_source`
             // returns `Copy` only for owners whose table is open.
             let live = owner

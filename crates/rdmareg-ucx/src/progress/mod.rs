@@ -17,6 +17,7 @@
 mod chunks;
 mod copy_plans;
 mod direct;
+mod direct_writes;
 mod events;
 mod gets;
 mod key_memo;
@@ -117,6 +118,9 @@ struct Engine {
     /// peer's whole address. Cleared when the turn's copies are flushed,
     /// before any command can change the peer table.
     copy_source_memo: Option<(rdmareg_core::PeerId, crate::owner_process::SameHostSource)>,
+    /// Parked unmaps of writable regions waiting for same-host writers to
+    /// let go of their release slots (`regions`).
+    gated_unmaps: Vec<u64>,
     /// The served endpoint of the last peer a batch's read looked up, for
     /// the same reason: a lookup hashes the peer's whole address. Set and
     /// used only while one batch's reads are prepared, and cleared before
@@ -316,6 +320,7 @@ impl Engine {
             notices_due: Default::default(),
             copies: Vec::new(),
             copy_source_memo: None,
+            gated_unmaps: Vec::new(),
             endpoint_memo: None,
             served_scratch: Vec::new(),
             key_memo: key_memo::KeyMemo::default(),
@@ -412,7 +417,7 @@ impl Engine {
         if !armed {
             timeout = timeout.min(Duration::from_millis(1));
         }
-        if self.peers.closing_count() > 0 {
+        if self.peers.closing_count() > 0 || !self.gated_unmaps.is_empty() {
             timeout = timeout.min(Duration::from_millis(1));
         }
         for deadline in [self.next_read_deadline(), self.next_put_deadline()]
@@ -525,6 +530,9 @@ impl Progress for Engine {
         }
         if self.peers.closing_count() > 0 {
             self.poll_closing();
+        }
+        if !self.gated_unmaps.is_empty() {
+            self.retry_gated_unmaps();
         }
         Turn {
             worked,

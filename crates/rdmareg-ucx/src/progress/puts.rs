@@ -18,8 +18,10 @@
 //! - A write past its deadline whose send has not ended has its endpoint
 //!   force-closed, as a read receiving past its deadline does: UCX then
 //!   ends the send, and only then is the write answered.
-//! - Every PUT goes through the owner, on every lane: the same-host direct
-//!   lane reads only.
+//! - A PUT whose key is a writable same-host key is first offered to the
+//!   same-host direct lane (`direct_writes`), which copies it one-sided
+//!   under the owner's release table's lock when it can; every other PUT
+//!   goes through the owner.
 
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -33,6 +35,7 @@ use rdmareg_engine::served::writer::{WriteId, WriteTarget, WriteTimeout};
 use ucx_sys as sys;
 
 use super::Engine;
+use super::direct_writes::DirectWrite;
 use super::events::Events;
 use super::ucp::{SendMode, send_active_message};
 use crate::read_protocol::{ReadKey, WRITE_REQUEST_AM_ID};
@@ -181,6 +184,16 @@ impl Engine {
         let Ok(key) = ReadKey::decode(&packed_key) else {
             return Err((waiter, RdmaError::InvalidKey));
         };
+        if let ReadKey::SameHost(same_host) = &key {
+            // SAFETY: `source..source + len` was checked inside a mapped
+            // region of this engine, which cannot be unmapped before this
+            // returns (unmaps run on this thread).
+            let direct = unsafe { self.write_directly(peer, same_host, remote_addr, source, len) };
+            if let DirectWrite::Done(result) = direct {
+                waiter.send(result);
+                return Ok(());
+            }
+        }
         let served = key.served();
         // Not `served_endpoint`: its memo holds only while one batch of
         // reads is prepared, and must never outlive a send (a send's

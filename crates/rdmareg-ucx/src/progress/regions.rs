@@ -16,6 +16,11 @@
 //!   slot is emptied when the unmap is submitted, before the unmap returns
 //!   (`docs/safety.md`, "The same-host direct lane"). Without a slot the
 //!   registration gets a served-only key.
+//! - A writable direct-lane registration's unmap also waits until no
+//!   same-host writer holds its slot's lock (`release_table`, "Writers"):
+//!   a write that checked the slot before it was emptied ends before the
+//!   unmap runs. The loop retries such unmaps each turn
+//!   ([`Engine::retry_gated_unmaps`]).
 //! - The effective range is page-enclosing, as pinned and charged.
 //! - The live count moves only on success; a failed unmap leaves the region
 //!   counted and refusing GETs, and a later unmap retries it.
@@ -23,7 +28,7 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use bytes::Bytes;
-use rdmareg_core::{BackendRegion, RdmaError, page_enclosing_range};
+use rdmareg_core::{Access, BackendRegion, RdmaError, page_enclosing_range};
 use rdmareg_engine::command::{NewRegion, Registrations};
 use rdmareg_engine::served::UnmapStatus;
 
@@ -42,6 +47,11 @@ pub(crate) struct Region {
     /// The registration's slot in the release table while it is live (the
     /// unmap empties it).
     pub(crate) release_slot: Option<u32>,
+    /// What peers may do with the registration.
+    pub(crate) access: Access,
+    /// The emptied slot of a writable registration whose same-host writers
+    /// have not all let go of it: the unmap waits for them.
+    pub(crate) draining_slot: Option<u32>,
     /// The pointer that was mapped: the base of every destination offset.
     pub(crate) ptr: usize,
     /// The length that was mapped: the bound of every destination range.
@@ -89,12 +99,14 @@ impl Registrations for Engine {
             region_id: id,
             capability,
         };
-        // Same-host keys only with a release slot: a direct read of a
-        // registration no slot vouches for could not tell it was released.
-        // A registration peers may not read gets none: a direct read would
-        // not ask its owner.
+        // Same-host keys only with a release slot: a direct read or write
+        // of a registration no slot vouches for could not tell it was
+        // released. The key says what the registration grants, and a
+        // consumer copies one-sided only what it grants.
         let release_slot = match (&self.direct, &mut self.release) {
-            (Some(_), Some(table)) if access.allows_read() => table.publish(served.release_tag()),
+            (Some(_), Some(table)) => table.publish(SameHostKey::tag_for(
+                &served, ptr as u64, len as u64, access,
+            )),
             _ => None,
         };
         let mapped_direct = match release_slot {
@@ -114,6 +126,7 @@ impl Registrations for Engine {
                     region_addr: ptr as u64,
                     region_len: len as u64,
                     release_slot,
+                    access,
                     ucx_key,
                 }
                 .encode();
@@ -178,6 +191,8 @@ impl Registrations for Engine {
                 memh,
                 direct_memh,
                 release_slot,
+                access,
+                draining_slot: None,
                 ptr,
                 len,
                 in_flight: 0,
@@ -212,11 +227,18 @@ impl Registrations for Engine {
         // compensating unmap was not submitted there.
         self.signals.caller_copies.withdraw_destination(id);
         // First, before the unmap can return (module docs).
-        let release_slot = self
-            .regions
-            .get_mut(&id)
-            .and_then(|region| region.release_slot.take());
-        self.retire_release_slot(release_slot);
+        if let Some(region) = self.regions.get_mut(&id)
+            && let Some(slot) = region.release_slot.take()
+        {
+            if region.access.allows_write() {
+                region.draining_slot = Some(slot);
+                if let Some(table) = self.release.as_mut() {
+                    table.retire_writable(slot);
+                }
+            } else {
+                self.retire_release_slot(Some(slot));
+            }
+        }
         let Some(region) = self.regions.get_mut(&id) else {
             if let Some(reply) = reply {
                 let _ = reply.send(Ok(()));
@@ -264,6 +286,8 @@ impl Engine {
                 memh,
                 direct_memh: None,
                 release_slot: None,
+                access: Access::Read,
+                draining_slot: None,
                 ptr,
                 len,
                 in_flight: 0,
@@ -331,6 +355,22 @@ impl Engine {
         if self.events.owner.borrow().region_leases(id).is_some() {
             return;
         }
+        if let Some(slot) = region.draining_slot {
+            let gone = self
+                .release
+                .as_mut()
+                .is_none_or(|table| table.writers_gone(slot));
+            if !gone {
+                if !self.gated_unmaps.contains(&id) {
+                    self.gated_unmaps.push(id);
+                }
+                return;
+            }
+        }
+        let Some(region) = self.regions.get_mut(&id) else {
+            return;
+        };
+        region.draining_slot = None;
         let waiters = region.unmap_waiters.take().unwrap_or_default();
         let result = self.unmap_now(id);
         if result.is_err() {
@@ -344,6 +384,14 @@ impl Engine {
         }
     }
 
+    /// Runs the parked unmaps that waited for same-host writers, those
+    /// whose writers let go since.
+    pub(super) fn retry_gated_unmaps(&mut self) {
+        for id in std::mem::take(&mut self.gated_unmaps) {
+            self.run_parked_unmap_if_idle(id);
+        }
+    }
+
     /// `ucp_mem_unmap` for `id`; removes it and decrements the live count on
     /// success only.
     pub(super) fn unmap_now(&mut self, id: u64) -> Result<(), RdmaError> {
@@ -354,6 +402,12 @@ impl Engine {
             // A reply may still read it: never unmap under the owner.
             return Err(RdmaError::backend(format!(
                 "ucx: region {id} is still served; its unmap waits"
+            )));
+        }
+        if region.draining_slot.is_some() {
+            // A same-host writer may still write it.
+            return Err(RdmaError::backend(format!(
+                "ucx: region {id} may still be written by a same-host writer; its unmap waits"
             )));
         }
         let (memh, direct_memh, release_slot) =

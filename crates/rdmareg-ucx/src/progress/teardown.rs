@@ -161,8 +161,41 @@ impl Engine {
         for (id, region) in regions {
             // Before any unmap completes: no same-host read of the region
             // counts from here on (`regions`).
+            let mut draining = region.draining_slot;
             if let (Some(slot), Some(table)) = (region.release_slot, release.as_mut()) {
-                table.retire(slot);
+                if region.access.allows_write() {
+                    table.retire_writable(slot);
+                    draining = Some(slot);
+                } else {
+                    table.retire(slot);
+                }
+            }
+            // A same-host write that checked the slot before ends first.
+            let writers_gone = match (draining, release.as_mut()) {
+                (Some(slot), Some(table)) => loop {
+                    if table.writers_gone(slot) {
+                        break true;
+                    }
+                    if Instant::now() >= deadline {
+                        break false;
+                    }
+                    std::thread::sleep(IDLE_NAP);
+                },
+                _ => true,
+            };
+            if !writers_gone {
+                let err = RdmaError::backend(format!(
+                    "ucx: region {id} was still being written by a same-host writer at teardown"
+                ));
+                tracing::error!(
+                    region = id,
+                    "a same-host writer held a region past the teardown timeout; it stays registered"
+                );
+                still_registered.push(id);
+                for waiter in region.unmap_waiters.into_iter().flatten() {
+                    let _ = waiter.send(Err(err.clone()));
+                }
+                continue;
             }
             let direct_result = match (region.direct_memh, &direct_context) {
                 // SAFETY: the handle came from the lane's context and is

@@ -44,6 +44,7 @@ mod reads_around_the_rendezvous_threshold;
 mod reads_in_pieces;
 mod reads_in_pieces_adversarial;
 mod same_host_direct_reads;
+mod same_host_direct_writes;
 mod shared_batches;
 mod shared_batches_adversarial;
 mod shared_memory_segments;
