@@ -73,7 +73,10 @@ fn descriptor(backend: &str, addr: u64, len: u64, generation: u64, key: &[u8]) -
 
 /// A key, a request and replies of each status, as the engine encodes them.
 fn read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
-    use rdmareg_ucx::read_protocol::{ReadReply, ReadRequest, Refusal, ReplyStatus, ServedKey};
+    use rdmareg_core::Access;
+    use rdmareg_ucx::read_protocol::{
+        ReadReply, ReadRequest, Refusal, ReplyStatus, SameHostKey, ServedKey,
+    };
     let key = ServedKey {
         region_id: 42,
         capability: [0x5A; 16],
@@ -94,9 +97,23 @@ fn read_protocol_seeds() -> Vec<(String, Vec<u8>)> {
         status: ReplyStatus::Refused(Refusal::OutOfRange),
         length: 0,
     };
+    let same_host = |access| {
+        SameHostKey {
+            served: key,
+            region_addr: 0x7f00_0000_0000,
+            region_len: 1 << 20,
+            release_slot: 3,
+            access,
+            ucx_key: vec![0; 9],
+        }
+        .encode()
+        .expect("a UCX key of 9 bytes encodes")
+    };
     vec![
         ("key".into(), key.encode().to_vec()),
         ("lease_key".into(), key.encode_lease().to_vec()),
+        ("same_host_key".into(), same_host(Access::Read)),
+        ("writable_same_host_key".into(), same_host(Access::ReadWrite)),
         ("request".into(), request.encode().to_vec()),
         ("reply_served".into(), served.encode().to_vec()),
         ("reply_refused".into(), refused.encode().to_vec()),
