@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::*;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_core::{Descriptor, PeerId, RdmaError};
+use rdmareg_core::{Access, BackendPut, Descriptor, PeerId, RdmaError};
 use rdmareg_ucx::{Transport, UcxEngine};
 
 const ROLE: &str = "RDMAREG_UCX_TEST_ROLE";
@@ -54,6 +54,9 @@ const MAIN_THREAD_EXITS: &str = "RDMAREG_UCX_TEST_MAIN_THREAD_EXITS";
 /// What an owner told `shutdown` XORs the pattern with in the buffer its
 /// first engine served.
 const SHUT_DOWN_XOR: u8 = 0x5A;
+/// `1` for an owner that registers its buffers readable and writable
+/// (unset: readable only).
+const WRITABLE: &str = "RDMAREG_UCX_TEST_WRITABLE";
 const MIB: usize = 1024 * 1024;
 
 fn transport_named(name: &str) -> Transport {
@@ -88,12 +91,28 @@ fn owner_main() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
+    let writable = std::env::var(WRITABLE).as_deref() == Ok("1");
     let mut served = Vec::new();
     let mut announcement = String::from("READY");
     for buf in bufs {
         let engine = UcxEngine::start(config(transport.clone())).expect("owner engine starts");
-        let region = runtime.block_on(map(&engine.backend(), &buf));
-        let descriptor = describe(&buf, &region);
+        let (region, descriptor) = if writable {
+            let backend = engine.backend();
+            // SAFETY: the buffer lives until after the engine's teardown
+            // (`Served`), and this process reads it only through raw
+            // pointers once its registration is gone.
+            let region = runtime
+                .block_on(unsafe {
+                    backend.map_with_access(buf.addr(), buf.len(), Access::ReadWrite)
+                })
+                .expect("map succeeds");
+            let descriptor = describe(&buf, &region).granting(Access::ReadWrite);
+            (region, descriptor)
+        } else {
+            let region = runtime.block_on(map(&engine.backend(), &buf));
+            let descriptor = describe(&buf, &region);
+            (region, descriptor)
+        };
         announcement.push_str(&format!(
             " {} {}",
             hex(&engine.worker_address()),
@@ -658,6 +677,63 @@ fn get_across_processes_moves_the_right_bytes(transport: &str) {
             );
         }
         assert_eq!(backend.unmap(region.backend_region_id).await, Ok(()));
+    });
+    engine.shutdown_blocking();
+    assert_eq!(engine.live_registrations(), Some(0));
+    owner.finish();
+}
+
+/// PUTs of several sizes and offsets into another process's writable
+/// registration, each read back: on the same host each is one
+/// `process_vm_writev` under the owner's release-table lock, over tcp each
+/// is served by the owner.
+fn a_put_across_processes_lands_and_reads_back(transport: &str) {
+    let size = 8 * MIB + 4096;
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.env(WRITABLE, "1");
+    let owner = Owner::start(command, transport, size, 0);
+    assert_eq!(owner.descriptor.access(), Access::ReadWrite);
+    let engine = consumer(transport);
+    engine.add_peer(OWNER, owner.address.clone()).unwrap();
+    let backend = engine.backend();
+    runtime().block_on(async {
+        let src = PageBuf::filled(8 * MIB, |i| pattern(i) ^ 0x33);
+        let back = PageBuf::zeroed(8 * MIB);
+        let src_region = map(&backend, &src).await;
+        let back_region = map(&backend, &back).await;
+        for (dst_off, src_off, len) in [
+            (0, 0, 1),
+            (4099, 13, 3001),
+            (12345, 4096, MIB),
+            (4096, 0, 8 * MIB),
+        ] {
+            let part = owner.descriptor.slice(dst_off as u64, len as u64).unwrap();
+            let put = BackendPut {
+                peer: OWNER,
+                remote_addr: part.addr(),
+                packed_key: part.packed_key().clone(),
+                local_region_id: src_region.backend_region_id,
+                local_offset: src_off as u64,
+                len: len as u64,
+                deadline: Some(Duration::from_secs(30)),
+            };
+            // SAFETY: the source is a `PageBuf` mapped on this engine, alive
+            // until after the put answered; nothing writes it.
+            assert_eq!(unsafe { backend.put(put) }.await, Ok(()), "PUT of {len} B");
+            back.fill(0);
+            let request = get_request(OWNER, &part, &back_region, 0, None);
+            assert_eq!(
+                backend.get_into_test_memory(request).await,
+                Ok(()),
+                "GET of {len} B"
+            );
+            assert!(
+                back.snapshot()[..len] == src.snapshot()[src_off..src_off + len],
+                "bytes of a {len} B PUT across processes, read back"
+            );
+        }
+        assert_eq!(backend.unmap(src_region.backend_region_id).await, Ok(()));
+        assert_eq!(backend.unmap(back_region.backend_region_id).await, Ok(()));
     });
     engine.shutdown_blocking();
     assert_eq!(engine.live_registrations(), Some(0));
@@ -1607,6 +1683,14 @@ fn main() {
         (
             "get_across_processes_moves_the_right_bytes_over_same_host",
             Box::new(|| get_across_processes_moves_the_right_bytes("same-host")),
+        ),
+        (
+            "a_put_across_processes_lands_and_reads_back_over_tcp",
+            Box::new(|| a_put_across_processes_lands_and_reads_back("tcp")),
+        ),
+        (
+            "a_put_across_processes_lands_and_reads_back_over_same_host",
+            Box::new(|| a_put_across_processes_lands_and_reads_back("same-host")),
         ),
         (
             "a_thousand_reads_in_one_batch_land_where_each_entry_says_over_tcp",
