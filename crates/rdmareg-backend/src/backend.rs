@@ -62,6 +62,13 @@
 //!     owner's registration. An unmap of the owner's region waits for
 //!     writes into it in flight. A backend without writes refuses them
 //!     with [`RdmaError::Unsupported`].
+//! 13. **An owner can say which writes landed.** For a region it mapped,
+//!     [`take_written`](RdmaBackend::take_written) returns the ranges
+//!     (offsets from the registration's start, coalesced) that writes it
+//!     served filled whole since the last take, and empties that log. A
+//!     write that was refused or failed is never listed; past its bound
+//!     the log lists fewer ranges and says it is incomplete, never more.
+//!     A backend without it refuses with [`RdmaError::Unsupported`].
 
 use std::sync::Arc;
 
@@ -70,7 +77,7 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use rdmareg_core::{
     Access, BackendGet, BackendPut, BackendRegion, LeaseEnd, LeaseTerms, MAX_NOTICE_BYTES, Notice,
-    NoticeDrops, NoticeSender, PeerId, RdmaError,
+    NoticeDrops, NoticeSender, PeerId, RdmaError, WrittenRanges,
 };
 
 /// A descriptor lease a backend made (contract point 11).
@@ -381,6 +388,39 @@ pub unsafe trait RdmaBackend: Send + Sync + 'static {
             .map(|request| unsafe { self.put(request) })
             .collect();
         Box::pin(futures::future::join_all(puts))
+    }
+
+    /// The ranges of the local region `backend_region_id` that served
+    /// writes filled whole since the last call (or the map), as offsets
+    /// from the registration's start; the log starts over empty (contract
+    /// point 13).
+    ///
+    /// A write is listed once all its bytes are in the registration, so
+    /// after a writer vanished mid-PUT the list names exactly the chunks
+    /// it wrote whole. The log is bounded
+    /// ([`MAX_WRITTEN_RANGES`](rdmareg_core::MAX_WRITTEN_RANGES) disjoint
+    /// ranges): past it, writes are left out and
+    /// [`WrittenRanges::incomplete`] set, never a range listed that did not
+    /// land. It ends with the registration.
+    ///
+    /// # Errors
+    /// [`RdmaError::RegionNotFound`] for a region not mapped;
+    /// [`RdmaError::ShuttingDown`]; [`RdmaError::Unsupported`] (the
+    /// default) for a backend that keeps no such log.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may lose the ranges taken: a later take does
+    /// not list them again.
+    fn take_written(
+        &self,
+        backend_region_id: u64,
+    ) -> BoxFuture<'_, Result<WrittenRanges, RdmaError>> {
+        let _ = backend_region_id;
+        Box::pin(async {
+            Err(RdmaError::Unsupported {
+                operation: "logs of served writes",
+            })
+        })
     }
 
     /// How many registrations the backend still holds, if it can say.

@@ -101,6 +101,7 @@ pub use write_checks::{
     a_put_batch_answers_each_entry_on_its_own, a_put_outside_either_registration_is_refused,
     a_put_to_a_read_only_registration_is_access_denied,
     a_put_writes_exactly_its_range_of_a_writable_registration,
+    the_written_log_lists_exactly_the_ranges_puts_filled,
 };
 
 /// What the backend under test can detect; the kit checks only that.
@@ -121,8 +122,8 @@ pub struct Capabilities {
     /// The backend makes descriptor leases; without them it must refuse
     /// them as [`RdmaError::Unsupported`](crate::RdmaError::Unsupported).
     pub leases: bool,
-    /// The backend maps memory writable and puts into it; without writes
-    /// it must refuse both as
+    /// The backend maps memory writable, puts into it and keeps the log
+    /// of written ranges; without writes it must refuse both as
     /// [`RdmaError::Unsupported`](crate::RdmaError::Unsupported).
     pub writes: bool,
 }
@@ -327,6 +328,7 @@ macro_rules! conformance_tests {
             a_put_to_a_read_only_registration_is_access_denied,
             a_put_outside_either_registration_is_refused,
             a_put_batch_answers_each_entry_on_its_own,
+            the_written_log_lists_exactly_the_ranges_puts_filled,
         );
 
         #[test]

@@ -2,9 +2,10 @@
 //! registration its owner mapped with write access, and nowhere else; a
 //! registration without it is refused [`RdmaError::AccessDenied`] with
 //! nothing written. A backend without writes must say so, and register
-//! nothing when asked for write access.
+//! nothing when asked for write access. The owner's log of written ranges
+//! (contract point 13) lists exactly what puts filled.
 
-use rdmareg_core::{Access, BackendPut, RdmaError};
+use rdmareg_core::{Access, BackendPut, RdmaError, WrittenRanges};
 
 use super::BackendPair;
 use super::buffer::{KitBuffer, Mapped};
@@ -242,5 +243,85 @@ pub async fn a_put_batch_answers_each_entry_on_its_own(pair: &BackendPair) {
     assert!(read_only.buf.snapshot().iter().all(|&b| b == FILL));
     writable.release(&*pair.owner).await;
     read_only.release(&*pair.owner).await;
+    src.release(&*pair.consumer).await;
+}
+
+/// The owner's log of written ranges (contract point 13) lists exactly
+/// the ranges puts filled, coalesced, as offsets from the registration's
+/// start; a refused put (outside the target or the source, into a
+/// read-only registration) lists nothing; a take empties the log, and
+/// the log ends with the registration.
+///
+/// # Cancel safety
+/// Dropped mid-way, it leaks what it registered rather than free it.
+pub async fn the_written_log_lists_exactly_the_ranges_puts_filled(pair: &BackendPair) {
+    if !writes_supported(pair).await {
+        return;
+    }
+    let owner = &*pair.owner;
+    let src = Mapped::filled(&*pair.consumer, TARGET, source_byte).await;
+    let dst = target(pair, Some(Access::Write)).await;
+    let read_only = target(pair, None).await;
+    let taken = |id: u64| async move {
+        match owner.take_written(id).await {
+            Ok(taken) => taken,
+            Err(e) => panic!("take_written of live region {id} failed: {e}"),
+        }
+    };
+    assert_eq!(
+        taken(dst.id()).await,
+        WrittenRanges::default(),
+        "before any put"
+    );
+
+    let end = TARGET as u64;
+    let mut refused = vec![
+        (end - 100, 0, 200, RdmaError::OutOfRange),
+        (0, 0, 0, RdmaError::OutOfRange),
+    ];
+    if pair.capabilities.remote_bounds_enforced {
+        refused.push((0, end - 100, 200, RdmaError::OutOfRange));
+    }
+    for (local, remote, len, want) in refused {
+        let request = put_request(pair, &src, local, dst.addr(), &dst, remote, len);
+        assert_eq!(kit_put(&*pair.consumer, request).await, Err(want));
+    }
+    let request = put_request(pair, &src, 0, read_only.addr(), &read_only, 0, 64);
+    assert_eq!(
+        kit_put(&*pair.consumer, request).await,
+        Err(RdmaError::AccessDenied { operation: "write" })
+    );
+    assert_eq!(
+        taken(dst.id()).await,
+        WrittenRanges::default(),
+        "refused puts are not listed"
+    );
+    assert_eq!(taken(read_only.id()).await, WrittenRanges::default());
+
+    // Two touching puts, one inside them, one apart.
+    for (offset, len) in [(100, 1000), (1100, 900), (1500, 100), (4000, 100)] {
+        let request = put_request(pair, &src, offset, dst.addr(), &dst, offset, len);
+        assert_eq!(kit_put(&*pair.consumer, request).await, Ok(()));
+    }
+    let listed = taken(dst.id()).await;
+    assert_eq!(
+        (listed.ranges.as_slice(), listed.incomplete),
+        (&[100..2000, 4000..4100][..], false),
+        "the puts' ranges, coalesced"
+    );
+    assert!(listed.covers(100..2000) && !listed.covers(2000..2001));
+    assert_eq!(
+        taken(dst.id()).await,
+        WrittenRanges::default(),
+        "a second take lists nothing"
+    );
+    let id = dst.id();
+    dst.release(owner).await;
+    assert_eq!(
+        owner.take_written(id).await,
+        Err(RdmaError::RegionNotFound),
+        "the log ends with the registration"
+    );
+    read_only.release(owner).await;
     src.release(&*pair.consumer).await;
 }

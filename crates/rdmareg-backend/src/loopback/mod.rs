@@ -8,6 +8,8 @@
 //! - Ranges are checked against the mapped pointer and length on both sides.
 //! - A GET pins both regions until its copy is done or abandoned; an unmap
 //!   of either waits, and refuses new GETs from its submission.
+//! - A PUT is the same copy the other way; the owner lists its range in
+//!   the region's log of written ranges once the copy is done.
 //! - The copy is synchronous, after every check and injected delay, so a
 //!   dropped GET never leaves a half-done copy.
 //! - Faults ([`FaultInjector`]) belong to the instance running the operation.
@@ -32,7 +34,7 @@ use futures::stream::BoxStream;
 use parking_lot::Mutex;
 use rdmareg_core::{
     Access, BackendGet, BackendPut, BackendRegion, LeaseTerms, MAX_NOTICE_BYTES, Notice,
-    NoticeDrops, NoticeSender, PeerId, RdmaError,
+    NoticeDrops, NoticeSender, PeerId, RdmaError, WrittenRanges,
 };
 use tokio::sync::watch;
 
@@ -369,6 +371,18 @@ unsafe impl RdmaBackend for LoopbackBackend {
 
     fn transfers_in_flight(&self, backend_region_id: u64) -> Option<usize> {
         Some(self.table.pins(backend_region_id))
+    }
+
+    /// A PUT is listed once its copy is done, before it completes.
+    fn take_written(
+        &self,
+        backend_region_id: u64,
+    ) -> BoxFuture<'_, Result<WrittenRanges, RdmaError>> {
+        let taken = self
+            .table
+            .take_written(backend_region_id)
+            .ok_or(RdmaError::RegionNotFound);
+        Box::pin(async move { taken })
     }
 
     fn send_notice(&self, peer: PeerId, notice: Bytes) -> BoxFuture<'_, Result<(), RdmaError>> {

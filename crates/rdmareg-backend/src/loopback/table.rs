@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::pin::pin;
 
 use parking_lot::Mutex;
-use rdmareg_core::Access;
+use rdmareg_core::{Access, WrittenLog, WrittenRanges};
 use tokio::sync::Notify;
 
 /// A byte range a transfer wants to pin.
@@ -62,6 +62,8 @@ struct Region {
     access: Access,
     pins: usize,
     stage: Stage,
+    /// Ranges PUTs copied in whole since the last take.
+    written: WrittenLog,
 }
 
 #[derive(Debug)]
@@ -109,6 +111,7 @@ impl RegionTable {
                 access,
                 pins: 0,
                 stage: Stage::Live,
+                written: WrittenLog::default(),
             },
         );
         Some(id)
@@ -121,6 +124,25 @@ impl RegionTable {
             .regions
             .get(&id)
             .map(|region| region.access)
+    }
+
+    /// A PUT copied `len` bytes whole to `addr` of region `id`, which it
+    /// pins: listed in the region's log of written ranges.
+    pub(crate) fn record_written(&self, id: u64, addr: usize, len: usize) {
+        if let Some(region) = self.state.lock().regions.get_mut(&id) {
+            let start = addr.saturating_sub(region.ptr) as u64;
+            region.written.record(start..start + len as u64);
+        }
+    }
+
+    /// The ranges PUTs wrote into region `id` since the last take; `None`
+    /// once it is gone.
+    pub(crate) fn take_written(&self, id: u64) -> Option<WrittenRanges> {
+        self.state
+            .lock()
+            .regions
+            .get_mut(&id)
+            .map(|region| region.written.take())
     }
 
     /// Registrations held, including those being unmapped.

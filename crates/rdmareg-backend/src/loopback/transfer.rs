@@ -11,7 +11,9 @@
 //! abandoned, by a guard that lives in the future: the copy is synchronous and
 //! happens in the same poll as the final checks, so a dropped future has
 //! either copied everything or nothing, and its pins go with it. A lease key
-//! grants reads only: a put with one is [`RdmaError::AccessDenied`].
+//! grants reads only: a put with one is [`RdmaError::AccessDenied`]. A put's
+//! range is listed in the owner's log of written ranges once its copy is
+//! done, while both pins still hold.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -219,6 +221,9 @@ impl LoopbackBackend {
                 std::ptr::with_exposed_provenance_mut::<u8>(destination),
                 len,
             );
+        }
+        if direction == Direction::Put {
+            owner.table.record_written(key.region, destination, len);
         }
         self.counters
             .bytes_copied

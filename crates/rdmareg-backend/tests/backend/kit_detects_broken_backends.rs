@@ -5,7 +5,7 @@
 //! The flaws are chosen so that a broken backend never makes the kit free
 //! memory a transfer could still write: a check that fails leaks its buffers.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +21,7 @@ use rdmareg_backend::loopback::{FaultOp, LoopbackBackend, LoopbackFabric};
 use rdmareg_backend::{
     Access, BackendGet, BackendPut, BackendRegion, PeerId, RdmaBackend, RdmaError,
 };
-use rdmareg_core::{LeaseEnd, LeaseTerms, Notice, NoticeSender};
+use rdmareg_core::{LeaseEnd, LeaseTerms, Notice, NoticeSender, WrittenLog, WrittenRanges};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flaw {
@@ -67,6 +67,11 @@ enum Flaw {
     MapsEverythingWritable,
     /// Answers every put failure as a generic backend error.
     FlattensPutErrors,
+    /// Lists one range from the first written byte to the last, gaps
+    /// included.
+    JoinsWrittenRangesAcrossGaps,
+    /// Lists every range ever written: a take does not empty the log.
+    KeepsWrittenRangesAfterATake,
 }
 
 struct Flawed {
@@ -75,6 +80,9 @@ struct Flawed {
     minted: Mutex<HashSet<u64>>,
     /// Set by the pair's teardown.
     torn_down: Arc<AtomicBool>,
+    /// Every range taken so far, per region
+    /// ([`Flaw::KeepsWrittenRangesAfterATake`]).
+    kept: Mutex<HashMap<u64, WrittenLog>>,
 }
 
 // SAFETY: not kept, on purpose: `Flawed` breaks the contract to show the
@@ -304,6 +312,32 @@ unsafe impl RdmaBackend for Flawed {
         self.inner.transfers_in_flight(backend_region_id)
     }
 
+    fn take_written(
+        &self,
+        backend_region_id: u64,
+    ) -> BoxFuture<'_, Result<WrittenRanges, RdmaError>> {
+        Box::pin(async move {
+            let mut taken = self.inner.take_written(backend_region_id).await?;
+            match self.flaw {
+                Flaw::JoinsWrittenRangesAcrossGaps => {
+                    if let (Some(first), Some(last)) = (taken.ranges.first(), taken.ranges.last()) {
+                        taken.ranges = std::iter::once(first.start..last.end).collect();
+                    }
+                }
+                Flaw::KeepsWrittenRangesAfterATake => {
+                    let mut kept = self.kept.lock();
+                    let log = kept.entry(backend_region_id).or_default();
+                    for range in taken.ranges {
+                        log.record(range);
+                    }
+                    taken = log.clone().take();
+                }
+                _ => {}
+            }
+            Ok(taken)
+        })
+    }
+
     fn live_registrations(&self) -> Option<usize> {
         match self.flaw {
             Flaw::CountsNothing => Some(0),
@@ -327,6 +361,7 @@ fn flawed_pair(flaw: Option<Flaw>) -> BackendPair {
                 flaw,
                 minted: Mutex::new(HashSet::new()),
                 torn_down: Arc::clone(&torn_down),
+                kept: Mutex::new(HashMap::new()),
             }),
             None => inner,
         }
@@ -535,5 +570,19 @@ fn access_check_catches_a_backend_that_maps_everything_writable() {
 fn put_bounds_check_catches_a_backend_that_flattens_its_errors() {
     assert_only_the_flawed_backend_fails(Flaw::FlattensPutErrors, |p| {
         Box::pin(conformance::a_put_outside_either_registration_is_refused(p))
+    });
+}
+
+#[test]
+fn written_log_check_catches_ranges_joined_across_gaps() {
+    assert_only_the_flawed_backend_fails(Flaw::JoinsWrittenRangesAcrossGaps, |p| {
+        Box::pin(conformance::the_written_log_lists_exactly_the_ranges_puts_filled(p))
+    });
+}
+
+#[test]
+fn written_log_check_catches_a_take_that_keeps_the_log() {
+    assert_only_the_flawed_backend_fails(Flaw::KeepsWrittenRangesAfterATake, |p| {
+        Box::pin(conformance::the_written_log_lists_exactly_the_ranges_puts_filled(p))
     });
 }
