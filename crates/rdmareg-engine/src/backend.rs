@@ -16,7 +16,7 @@ use futures::stream::BoxStream;
 use rdmareg_backend::{BackendLease, RdmaBackend};
 use rdmareg_core::{
     Access, BackendGet, BackendPut, BackendRegion, LeaseTerms, Notice, NoticeDrops, NoticeSender,
-    PeerId, RdmaError,
+    PeerId, RdmaError, WrittenRanges,
 };
 
 use crate::front::{CallerCopies, Front};
@@ -226,5 +226,17 @@ unsafe impl<D: Driver> RdmaBackend for Backend<D> {
         packed_key: Bytes,
     ) -> BoxFuture<'_, Result<(), RdmaError>> {
         self.front.release_lease(peer, packed_key)
+    }
+
+    /// Only for a driver with [`Driver::WRITES`]; without, refused before
+    /// anything is submitted.
+    fn take_written(
+        &self,
+        backend_region_id: u64,
+    ) -> BoxFuture<'_, Result<WrittenRanges, RdmaError>> {
+        if !D::WRITES {
+            return Box::pin(async { Err(crate::command::unsupported_writes()) });
+        }
+        self.front.take_written(backend_region_id)
     }
 }

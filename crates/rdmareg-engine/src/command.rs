@@ -1,7 +1,8 @@
 //! What submitters ask of the progress thread.
 //!
 //! The commands every backend's thread serves are the backend seam's
-//! operations (map, unmap, GET, PUT, batches) plus shutdown; what a driver needs
+//! operations (map, unmap, GET, PUT, batches, the log of written ranges)
+//! plus shutdown; what a driver needs
 //! beyond them (peer changes, whose addresses only the driver can parse)
 //! travels as its own type `P` in [`Command::Driver`].
 //!
@@ -16,7 +17,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::channel::oneshot;
 use rdmareg_backend::BackendLease;
-use rdmareg_core::{Access, BackendGet, BackendPut, BackendRegion, LeaseTerms, PeerId, RdmaError};
+use rdmareg_core::{
+    Access, BackendGet, BackendPut, BackendRegion, LeaseTerms, PeerId, RdmaError, WrittenRanges,
+};
 
 /// Where the thread sends one command's result.
 pub type Reply<T> = oneshot::Sender<Result<T, RdmaError>>;
@@ -125,6 +128,14 @@ pub enum Command<P> {
         packed_key: Bytes,
         /// Completed once the transport took the message.
         reply: Reply<()>,
+    },
+    /// Take the log of the ranges served writes filled in the local
+    /// region `region` (see [`Handler::take_written`]).
+    TakeWritten {
+        /// The region.
+        region: u64,
+        /// Where the ranges are returned.
+        reply: Reply<WrittenRanges>,
     },
     /// A command only the driver understands.
     Driver(P),
@@ -236,6 +247,17 @@ pub trait Handler: Registrations {
         let _ = reply.send(Err(unsupported_leases()));
     }
 
+    /// Answers the ranges served writes filled in `region` since the last
+    /// take, as the owner's [`Owner::take_written`](crate::served::Owner::take_written)
+    /// gives them (`RegionNotFound` for a region it does not hold). Reached
+    /// only for a driver that declares
+    /// [`Driver::WRITES`](crate::backend::Driver::WRITES); by default
+    /// refused as unsupported.
+    fn take_written(&mut self, region: u64, reply: Reply<WrittenRanges>) {
+        let _ = region;
+        let _ = reply.send(Err(unsupported_writes()));
+    }
+
     /// Does a command only the driver understands.
     fn driver_command(&mut self, command: Self::DriverCommand);
 
@@ -303,6 +325,7 @@ impl<P> Command<P> {
                 packed_key,
                 reply,
             } => handler.release_lease(peer, packed_key, reply),
+            Command::TakeWritten { region, reply } => handler.take_written(region, reply),
             Command::Driver(command) => handler.driver_command(command),
             Command::Shutdown { reply } => {
                 handler.shutdown_requested(reply);
@@ -322,6 +345,9 @@ impl<P> Command<P> {
                 let _ = reply.send(Err(RdmaError::ShuttingDown));
             }
             Command::Lease { reply, .. } => {
+                let _ = reply.send(Err(RdmaError::ShuttingDown));
+            }
+            Command::TakeWritten { reply, .. } => {
                 let _ = reply.send(Err(RdmaError::ShuttingDown));
             }
             Command::Get { reply, .. }

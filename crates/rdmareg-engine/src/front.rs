@@ -36,7 +36,7 @@ use futures::stream::BoxStream;
 use rdmareg_backend::BackendLease;
 use rdmareg_core::{
     Access, BackendGet, BackendPut, BackendRegion, LeaseTerms, MAX_NOTICE_BYTES, Notice,
-    NoticeDrops, NoticeSender, PeerId, RdmaError,
+    NoticeDrops, NoticeSender, PeerId, RdmaError, WrittenRanges,
 };
 
 use crate::command::{BatchReply, Command, Reply};
@@ -356,6 +356,15 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
                 reply,
             })
             .await
+        })
+    }
+
+    /// `RdmaBackend::take_written`: answered by the thread, from its
+    /// owner's log.
+    pub fn take_written(&self, region: u64) -> BoxFuture<'_, Result<WrittenRanges, RdmaError>> {
+        Box::pin(async move {
+            self.ask(|reply| Command::TakeWritten { region, reply })
+                .await
         })
     }
 

@@ -34,7 +34,8 @@
 //!    [`Action::Receive`] is a receive of its payload into the
 //!    registration, reported with [`Owner::receive_completed`] or
 //!    [`Owner::receive_failed`]; [`Action::Acknowledge`] a send of the
-//!    reply header that says the bytes are in.
+//!    reply header that says the bytes are in. [`Owner::take_written`]
+//!    when a caller asks which ranges writes filled.
 //! 7. With descriptor leases (`super::leases`): [`Owner::register_lease`]
 //!    to hand a region out under one, [`Owner::handle_release`] for each
 //!    release that arrived, and [`Owner::set_time`] before step 2 once
@@ -114,7 +115,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::time::Instant;
 
-use rdmareg_core::{Access, RdmaError};
+use rdmareg_core::{Access, MAX_WRITTEN_RANGES, RdmaError, WrittenLog};
 use rustc_hash::FxHashMap as HashMap;
 
 pub mod writes;
@@ -339,13 +340,18 @@ pub struct OwnerConfig {
     /// Most served replies one endpoint may have unfinished, and, counted
     /// apart, most refusals (at least 1).
     pub max_replies_per_endpoint: u32,
+    /// Most disjoint ranges each registration's log of written ranges
+    /// keeps ([`Owner::take_written`]; at least 1).
+    pub max_written_ranges: usize,
 }
 
 impl Default for OwnerConfig {
-    /// 4096, as the UCX engine's default.
+    /// 4096 replies, as the UCX engine's default, and
+    /// [`MAX_WRITTEN_RANGES`] written ranges.
     fn default() -> Self {
         OwnerConfig {
             max_replies_per_endpoint: 4096,
+            max_written_ranges: MAX_WRITTEN_RANGES,
         }
     }
 }
@@ -373,6 +379,9 @@ struct Region<E> {
     /// Descriptor leases of the region, each reader named by its
     /// connection and sender number (`super::leases`).
     descriptor_leases: RegionLeases<(E, u64)>,
+    /// Ranges whose writes' receives completed since the last take
+    /// ([`Owner::take_written`]).
+    written: WrittenLog,
 }
 
 #[derive(Debug, Default)]
@@ -452,6 +461,9 @@ pub(crate) struct Defects {
     /// Acknowledge a write as soon as it is accepted, before its bytes
     /// were received.
     pub(crate) acknowledge_before_receive: bool,
+    /// List a write's range in the log of written ranges when its receive
+    /// ends, whether it completed or failed.
+    pub(crate) failed_receives_listed: bool,
 }
 
 /// The owner side of served reads (module docs).
@@ -481,6 +493,7 @@ pub(crate) struct Defects {
 #[derive(Debug)]
 pub struct Owner<E> {
     bound: u32,
+    written_limit: usize,
     regions: BTreeMap<u64, Region<E>>,
     endpoints: HashMap<E, Endpoint>,
     sends: HashMap<SendId, Send<E>>,
@@ -510,6 +523,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     pub fn new(config: OwnerConfig) -> Self {
         Owner {
             bound: config.max_replies_per_endpoint.max(1),
+            written_limit: config.max_written_ranges.max(1),
             regions: BTreeMap::new(),
             endpoints: HashMap::default(),
             sends: HashMap::default(),
@@ -585,6 +599,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 leases: 0,
                 unmapping: false,
                 descriptor_leases: RegionLeases::default(),
+                written: WrittenLog::with_limit(self.written_limit),
             },
         );
         Ok(())
@@ -1193,6 +1208,7 @@ mod tests {
     fn owner(bound: u32) -> Owner<u64> {
         let mut owner = Owner::new(OwnerConfig {
             max_replies_per_endpoint: bound,
+            ..OwnerConfig::default()
         });
         owner.register(3, CAP, BASE, LEN).unwrap();
         owner

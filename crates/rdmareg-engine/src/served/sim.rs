@@ -298,6 +298,7 @@ impl Sim {
         };
         let mut owner = Owner::new(OwnerConfig {
             max_replies_per_endpoint: bound,
+            ..OwnerConfig::default()
         });
         owner.defects = defects;
         let slots = (0..SLOTS)

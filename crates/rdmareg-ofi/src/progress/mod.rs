@@ -688,6 +688,7 @@ impl Engine {
             stale_order: VecDeque::new(),
             owner: Owner::new(OwnerConfig {
                 max_replies_per_endpoint: config.max_served_replies_per_peer,
+                ..OwnerConfig::default()
             }),
             gathered: HashMap::new(),
             reply_bound: config.max_served_replies_per_peer,
@@ -858,6 +859,11 @@ impl Handler for Engine {
 
     fn release_lease(&mut self, peer: PeerId, packed_key: Bytes, reply: Reply<()>) {
         self.send_release(peer, packed_key, reply);
+    }
+
+    fn take_written(&mut self, region: u64, reply: Reply<rdmareg_core::WrittenRanges>) {
+        let taken = self.owner.take_written(region);
+        let _ = reply.send(taken.ok_or(rdmareg_core::RdmaError::RegionNotFound));
     }
 
     fn driver_command(&mut self, command: PeerChange) {

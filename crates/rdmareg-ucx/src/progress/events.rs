@@ -123,6 +123,7 @@ impl Default for Events {
             owner: RefCell::new(Owner::new(OwnerConfig {
                 max_replies_per_endpoint:
                     crate::UcxConfig::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION,
+                ..OwnerConfig::default()
             })),
             writer: RefCell::new(Writer::new()),
             put_sends: RefCell::default(),

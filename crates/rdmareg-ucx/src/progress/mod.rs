@@ -217,6 +217,7 @@ impl Engine {
         events.owner = std::cell::RefCell::new(rdmareg_engine::served::Owner::new(
             rdmareg_engine::served::OwnerConfig {
                 max_replies_per_endpoint: config.max_served_replies_per_connection,
+                ..rdmareg_engine::served::OwnerConfig::default()
             },
         ));
         events.served_gauge = Arc::clone(&signals.served_replies_in_flight);
@@ -492,6 +493,11 @@ impl Handler for Engine {
 
     fn release_lease(&mut self, peer: rdmareg_core::PeerId, packed_key: Bytes, reply: Reply<()>) {
         self.send_release(peer, packed_key, reply);
+    }
+
+    fn take_written(&mut self, region: u64, reply: Reply<rdmareg_core::WrittenRanges>) {
+        let taken = self.events.owner.borrow_mut().take_written(region);
+        let _ = reply.send(taken.ok_or(rdmareg_core::RdmaError::RegionNotFound));
     }
 
     fn driver_command(&mut self, command: PeerChange) {

@@ -31,12 +31,29 @@
 //!    them (their replies are not sent); [`Owner::shutdown`] unmaps every
 //!    region once its receives ended; [`Owner::transport_closed`] ends
 //!    every receive, unanswered, since the transport writes no more.
+//! 5. **The owner logs which ranges writes filled.** Each registration
+//!    keeps a [`WrittenLog`](rdmareg_core::WrittenLog): a write's range is listed when its receive
+//!    completed — whether or not its endpoint failed meanwhile, since the
+//!    bytes are in — and taken out of the list when a receive into it
+//!    failed (some of its bytes may have arrived), as it is out of every
+//!    receive over it still running then (they may have arrived after
+//!    that receive's).
+//!    [`Owner::take_written`] hands the log over and starts it afresh;
+//!    the log ends with the registration. It is bounded
+//!    ([`OwnerConfig::max_written_ranges`](super::OwnerConfig::max_written_ranges)
+//!    disjoint ranges) and past the bound says it is incomplete rather
+//!    than list a byte no write filled. It is per registration, not per
+//!    writer: the owner's endpoints are the driver's ids, reused once an
+//!    endpoint ended, and name no peer a caller knows, so a writer's
+//!    identity is not something the owner can give for every driver.
 
 use std::fmt;
 use std::hash::Hash;
+use std::ops::Range;
 
 use super::{Action, Leases, Owner, Payload, Read, Refusal, Stage, wire};
 use rdmareg_backend::leases::capabilities_match;
+use rdmareg_core::WrittenRanges;
 
 /// A write as a consumer asks it: the fields of its request header,
 /// decoded. The bytes to write travel as the request's payload.
@@ -87,6 +104,11 @@ pub struct ReceiveId(pub u64);
 pub(super) struct Receive<E> {
     endpoint: E,
     region: u64,
+    /// First byte written, as an offset from the registration's start.
+    offset: u64,
+    /// Parts of its range a receive that failed while this one ran may
+    /// have written after it: never listed, even once this one completed.
+    spoiled: Vec<Range<u64>>,
     request_id: u64,
     length: u64,
     /// Whether it holds its region (always, but for a test-only defect).
@@ -140,8 +162,12 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         let holds = !self.defects.unmap_ignores_receives;
         #[cfg(not(test))]
         let holds = true;
-        if holds && let Some(region) = self.regions.get_mut(&target.region) {
-            region.leases += 1;
+        let mut offset = 0;
+        if let Some(region) = self.regions.get_mut(&target.region) {
+            offset = target.address - region.start;
+            if holds {
+                region.leases += 1;
+            }
         }
         let receive = ReceiveId(self.next_receive);
         self.next_receive += 1;
@@ -150,6 +176,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             Receive {
                 endpoint,
                 region: target.region,
+                offset,
+                spoiled: Vec::new(),
                 request_id: write.request_id,
                 length: target.length,
                 holds,
@@ -224,6 +252,23 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         self.end_receive(receive, false)
     }
 
+    /// The ranges of `region` that writes filled since the last take, as
+    /// offsets from the registration's start, and a fresh log (module
+    /// docs, point 5); `None` for a region the owner does not hold.
+    pub fn take_written(&mut self, region: u64) -> Option<WrittenRanges> {
+        self.regions
+            .get_mut(&region)
+            .map(|entry| entry.written.take())
+    }
+
+    /// The log of `region` as it stands, not taken.
+    #[cfg(test)]
+    pub(crate) fn peek_written(&self, region: u64) -> Option<WrittenRanges> {
+        self.regions
+            .get(&region)
+            .map(|entry| entry.written.clone().take())
+    }
+
     /// Writes accepted whose receive did not end.
     pub fn receives_in_flight(&self) -> usize {
         self.receives.len()
@@ -243,6 +288,15 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             return false;
         };
         let (endpoint, region, holds) = (receive.endpoint, receive.region, receive.holds);
+        let range = receive.offset..receive.offset + receive.length;
+        #[cfg(test)]
+        let listed = completed || self.defects.failed_receives_listed;
+        #[cfg(not(test))]
+        let listed = completed;
+        self.log_written(id, region, range, listed);
+        let Some(receive) = self.receives.get(&id) else {
+            return false;
+        };
         let failed = self.endpoints.get(&endpoint).is_some_and(|e| e.failed);
         if receive.acknowledged {
             // Answered at its acceptance (a test-only defect).
@@ -268,6 +322,37 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         }
         self.report_drained();
         true
+    }
+
+    /// Logs the end of receive `id` into `range` of `region`: listed if
+    /// `listed`, but for the parts a failed receive spoiled; otherwise
+    /// taken out of the log, and out of every receive into the region
+    /// still running (its bytes may land after theirs).
+    fn log_written(&mut self, id: ReceiveId, region: u64, range: Range<u64>, listed: bool) {
+        if listed {
+            let spoiled = self
+                .receives
+                .get_mut(&id)
+                .map(|receive| std::mem::take(&mut receive.spoiled))
+                .unwrap_or_default();
+            if let Some(entry) = self.regions.get_mut(&region) {
+                entry.written.record(range);
+                for part in spoiled {
+                    entry.written.forget(part);
+                }
+            }
+            return;
+        }
+        if let Some(entry) = self.regions.get_mut(&region) {
+            entry.written.forget(range.clone());
+        }
+        for (&other, receive) in self.receives.iter_mut() {
+            let start = receive.offset.max(range.start);
+            let end = (receive.offset + receive.length).min(range.end);
+            if other != id && receive.region == region && start < end {
+                receive.spoiled.push(start..end);
+            }
+        }
     }
 
     /// Sends the reply that says `receive`'s bytes are in.
@@ -305,6 +390,7 @@ mod tests {
     fn owner(bound: u32) -> Owner<u64> {
         let mut owner = Owner::new(OwnerConfig {
             max_replies_per_endpoint: bound,
+            ..OwnerConfig::default()
         });
         owner
             .register_with_access(RW, CAP, BASE, LEN, Access::ReadWrite)
@@ -541,6 +627,70 @@ mod tests {
         );
         assert_eq!(owner.receives_in_flight(), 0);
         assert_eq!(owner.endpoints(), 0);
+    }
+
+    /// A completed receive lists its range, coalesced with its neighbours,
+    /// even when its endpoint failed meanwhile; a refused write lists
+    /// nothing, a failed receive takes its range out; a take empties the
+    /// log, and the log ends with the registration.
+    #[test]
+    fn completed_receives_are_listed_and_nothing_else() {
+        let mut owner = owner(8);
+        let first = accepted(&mut owner, 1, write(RW, BASE, 8));
+        let second = accepted(&mut owner, 1, write(RW, BASE + 8, 8));
+        let third = accepted(&mut owner, 2, write(RW, BASE + 32, 8));
+        let failed = accepted(&mut owner, 3, write(RW, BASE + 100, 8));
+        assert_eq!(
+            refusal_of(&mut owner, write(RO, base(RO), 8), 8),
+            Refusal::AccessDenied
+        );
+        assert_eq!(
+            refusal_of(&mut owner, write(RW, BASE + LEN - 4, 8), 8),
+            Refusal::OutOfRange
+        );
+        owner.receive_completed(first);
+        owner.endpoint_failed(1);
+        owner.receive_completed(second);
+        owner.receive_completed(third);
+        owner.receive_failed(failed);
+        actions(&mut owner);
+        let taken = owner.take_written(RW).unwrap();
+        assert_eq!(taken.ranges, [0..16, 32..40]);
+        assert!(!taken.incomplete);
+        assert!(owner.take_written(RW).unwrap().is_empty());
+        assert!(owner.take_written(RO).unwrap().is_empty());
+        let overwritten = accepted(&mut owner, 2, write(RW, BASE, 16));
+        owner.receive_completed(overwritten);
+        actions(&mut owner);
+        let failed = accepted(&mut owner, 2, write(RW, BASE + 4, 4));
+        owner.receive_failed(failed);
+        assert_eq!(owner.take_written(RW).unwrap().ranges, [0..4, 8..16]);
+        owner.unmap(RW);
+        assert_eq!(owner.take_written(RW), None);
+    }
+
+    /// Past its bound of disjoint ranges the log leaves a write out and
+    /// says it is incomplete; it never lists a gap.
+    #[test]
+    fn a_full_written_log_says_it_is_incomplete() {
+        let mut owner = Owner::new(OwnerConfig {
+            max_replies_per_endpoint: 8,
+            max_written_ranges: 2,
+        });
+        owner
+            .register_with_access(RW, CAP, BASE, LEN, Access::Write)
+            .unwrap();
+        for offset in [0, 16, 32, 8] {
+            let receive = accepted(&mut owner, 1, write(RW, BASE + offset, 8));
+            owner.receive_completed(receive);
+            let [Action::Acknowledge { send, .. }] = actions(&mut owner)[..] else {
+                panic!("acknowledged");
+            };
+            owner.send_completed(send);
+        }
+        let taken = owner.take_written(RW).unwrap();
+        assert_eq!((taken.ranges.len(), taken.covers(0..24)), (1, true));
+        assert!(taken.incomplete);
     }
 
     /// The acknowledgement's UCX header is a served reply header of the

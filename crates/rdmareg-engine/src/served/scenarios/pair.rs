@@ -148,6 +148,7 @@ impl Pair {
     pub(super) fn with_bound(bound: u32) -> Pair {
         let mut owner = Owner::new(OwnerConfig {
             max_replies_per_endpoint: bound,
+            ..OwnerConfig::default()
         });
         owner
             .register(REGION, CAP, BASE, LEN)

@@ -38,11 +38,21 @@
 //! 7. At the end, with every message delivered, every receive and send
 //!    ended and the deadlines passed, every write is answered, every
 //!    unmap finished, the owner holds no endpoint, and shutdown drains.
+//! 8. The owner's log of written ranges lists only bytes a completed
+//!    receive wrote, none a failed receive overlapped since: each listed
+//!    byte holds the byte of a receive that completed (or of one still
+//!    in flight over it), never of a refused or failed write, and, against
+//!    a byte map of what landed, a listed byte landed. Unless the log says
+//!    it is incomplete, every byte that landed is listed — a killed
+//!    writer's completed receives included. Half the runs bound the log
+//!    to a few ranges, so it overflows; a take starts it afresh, and the
+//!    log ends with the registration.
 //!
 //! # Proof that it bites
 //!
 //! The owner's test-only defects `write_access_unchecked`,
-//! `unmap_ignores_receives` and `acknowledge_before_receive`, and the
+//! `unmap_ignores_receives`, `acknowledge_before_receive` and
+//! `failed_receives_listed`, and the
 //! writer's `answer_before_send_ended`, are each caught within the first
 //! 20 seeds by a test below.
 
@@ -127,6 +137,9 @@ struct Receiving {
     of: Option<Origin>,
     /// Its connection failed or the send was stopped: it ends in error.
     doomed: bool,
+    /// Addresses of its range a receive that failed while it ran may have
+    /// written after it.
+    spoiled: BTreeSet<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +183,10 @@ pub(crate) struct Stats {
     pub(crate) receives_failed: u64,
     pub(crate) unmaps_waited: u64,
     pub(crate) bytes_written: u64,
+    /// Bytes the owner's log listed at a take.
+    pub(crate) listed_bytes: u64,
+    /// Takes that found the log incomplete.
+    pub(crate) incomplete_logs: u64,
 }
 
 impl Stats {
@@ -184,6 +201,8 @@ impl Stats {
         self.receives_failed += o.receives_failed;
         self.unmaps_waited += o.unmaps_waited;
         self.bytes_written += o.bytes_written;
+        self.listed_bytes += o.listed_bytes;
+        self.incomplete_logs += o.incomplete_logs;
     }
 }
 
@@ -224,14 +243,26 @@ struct Sim {
     drained: bool,
     stats: Stats,
     log: Option<VecDeque<String>>,
+    /// Per region, per byte (from its start): a completed receive wrote
+    /// it since the last take and no failed receive overlapped it since.
+    landed: BTreeMap<u64, Vec<bool>>,
+    /// Receives that ended, and whether they completed.
+    ended: BTreeMap<ReceiveId, bool>,
 }
 
 impl Sim {
     fn new(seed: u64, defects: Defects, writer_defects: writer::Defects, verbose: bool) -> Sim {
         let mut rng = Rng::new(mix(seed ^ 0x7772_6974_6573));
         let bound = 1 + rng.below(4) as u32;
+        // Drawn apart from `rng`, so the runs are otherwise as before.
+        let max_written_ranges = match mix(seed ^ 0x006c_6f67) % 4 {
+            0 => 1,
+            1 => 3,
+            _ => rdmareg_core::MAX_WRITTEN_RANGES,
+        };
         let mut owner = Owner::new(OwnerConfig {
             max_replies_per_endpoint: bound,
+            max_written_ranges,
         });
         owner.defects = defects;
         let writers = (0..3)
@@ -273,6 +304,8 @@ impl Sim {
             drained: false,
             stats: Stats::default(),
             log: verbose.then(VecDeque::new),
+            landed: BTreeMap::new(),
+            ended: BTreeMap::new(),
         }
     }
 
@@ -291,6 +324,7 @@ impl Sim {
             self.random_step()?;
             self.take_completions()?;
             self.check_bounds()?;
+            self.check_written()?;
         }
         self.step = STEPS;
         self.finish()
@@ -315,6 +349,7 @@ impl Sim {
             89..=94 => self.unmap(),
             95..=96 => self.reuse_memory(),
             97 if self.rng.chance(15) => self.shutdown(),
+            99 => self.take_written(),
             98 if self.shut_down && self.rng.chance(20) => self.close_transport(),
             _ => Ok(()),
         }
@@ -670,6 +705,7 @@ impl Sim {
                             origin: message.origin,
                             of: message.of,
                             doomed: false,
+                            spoiled: BTreeSet::new(),
                         },
                     );
                     self.stats.received += 1;
@@ -920,6 +956,7 @@ impl Sim {
             record.received |= completed;
         }
         self.note(|| format!("receive {id:?} ended (completed: {completed})"));
+        self.model_receive_end(id, &receive, completed);
         let known = if completed {
             self.owner.receive_completed(id)
         } else {
@@ -1058,6 +1095,8 @@ impl Sim {
             .register_with_access(id, capability, base, len, access)
             .map_err(|e| format!("register refused: {e}"))?;
         self.slot_region[slot] = Some(id);
+        self.last_writer[slot].fill(None);
+        self.landed.insert(id, vec![false; len as usize]);
         self.regions.insert(
             id,
             Region {
@@ -1137,10 +1176,11 @@ impl Sim {
     fn close_transport(&mut self) -> Checked {
         self.note(|| "transport closed".into());
         self.closed = true;
-        let receives: Vec<Origin> = std::mem::take(&mut self.receiving)
-            .into_values()
-            .filter_map(|r| r.origin)
-            .collect();
+        let ended = std::mem::take(&mut self.receiving);
+        for (&id, receive) in &ended {
+            self.model_receive_end(id, receive, false);
+        }
+        let receives: Vec<Origin> = ended.into_values().filter_map(|r| r.origin).collect();
         for origin in receives {
             if let Some(record) = self.records.get_mut(&origin) {
                 record.receiving -= 1;
@@ -1215,6 +1255,10 @@ impl Sim {
                     }
                     entry.state = State::Unmapped;
                     self.slot_region[entry.slot] = None;
+                    self.landed.remove(&region);
+                    if self.owner.take_written(region).is_some() {
+                        return Err(format!("region {region}'s written log outlived its unmap"));
+                    }
                     self.note(|| format!("region {region} unmapped"));
                 }
                 Action::Drained => {
@@ -1226,6 +1270,105 @@ impl Sim {
                 }
                 other => return Err(format!("{other:?} with no request to answer")),
             }
+        }
+        Ok(())
+    }
+
+    /// The model of invariant 8 as receive `id` ends: a completed one
+    /// landed but where a failed one spoiled it; a failed one's range did
+    /// not, nor did its overlap with every receive still running.
+    fn model_receive_end(&mut self, id: ReceiveId, receive: &Receiving, completed: bool) {
+        self.ended.insert(id, completed);
+        let range = receive.address..receive.address + receive.bytes.len() as u64;
+        if !completed {
+            for other in self.receiving.values_mut() {
+                let end = other.address + other.bytes.len() as u64;
+                other
+                    .spoiled
+                    .extend(other.address.max(range.start)..end.min(range.end));
+            }
+        }
+        let Some((&region, r)) = self.regions.iter().find(|(_, r)| {
+            r.state != State::Unmapped && range.start >= r.base && range.start < r.base + r.len
+        }) else {
+            return;
+        };
+        let Some(landed) = self.landed.get_mut(&region) else {
+            return;
+        };
+        for address in range {
+            landed[(address - r.base) as usize] = completed && !receive.spoiled.contains(&address);
+        }
+    }
+
+    /// The owner's log of every region, taken: invariant 8 checked on it,
+    /// and the model starts afresh.
+    fn take_written(&mut self) -> Checked {
+        let ids: Vec<u64> = self.landed.keys().copied().collect();
+        for id in ids {
+            let Some(taken) = self.owner.take_written(id) else {
+                return Err(format!("the owner has no written log of region {id}"));
+            };
+            self.check_listed(id, &taken)?;
+            self.stats.listed_bytes += taken.listed_bytes();
+            self.stats.incomplete_logs += u64::from(taken.incomplete);
+            self.note(|| format!("region {id} written: {taken:?}"));
+            if let Some(landed) = self.landed.get_mut(&id) {
+                landed.fill(false);
+            }
+            if self.owner.take_written(id).is_some_and(|t| !t.is_empty()) {
+                return Err(format!("a second take of region {id} listed something"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Invariant 8 on every region's log as it stands.
+    fn check_written(&self) -> Checked {
+        for &id in self.landed.keys() {
+            if let Some(listed) = self.owner.peek_written(id) {
+                self.check_listed(id, &listed)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_listed(&self, id: u64, listed: &rdmareg_core::WrittenRanges) -> Checked {
+        let (Some(region), Some(landed)) = (self.regions.get(&id), self.landed.get(&id)) else {
+            return Ok(());
+        };
+        let mut on_list = vec![false; landed.len()];
+        for range in &listed.ranges {
+            if range.is_empty() || range.end > region.len {
+                return Err(format!(
+                    "region {id} lists {range:?}, of {} bytes",
+                    region.len
+                ));
+            }
+            for offset in range.clone() {
+                on_list[offset as usize] = true;
+                let address = region.base + offset;
+                let slot = (address / SLOT_STRIDE - 1) as usize;
+                let at = (address % SLOT_STRIDE) as usize;
+                let writer = self.last_writer[slot][at];
+                let by_a_write = writer.is_some_and(|r| {
+                    self.ended.get(&r) == Some(&true) || self.receiving.contains_key(&r)
+                });
+                if !by_a_write || !landed[offset as usize] {
+                    return Err(format!(
+                        "region {id} lists byte {offset}, which no completed write filled \
+                         (last written by {writer:?}, landed: {})",
+                        landed[offset as usize]
+                    ));
+                }
+            }
+        }
+        if !listed.incomplete
+            && let Some(offset) = (0..landed.len()).find(|&b| landed[b] && !on_list[b])
+        {
+            return Err(format!(
+                "region {id}'s log says it is complete but leaves out landed byte {offset}"
+            ));
         }
         Ok(())
     }
@@ -1290,6 +1433,7 @@ impl Sim {
             }
             self.take_completions()?;
             self.check_bounds()?;
+            self.check_written()?;
         }
         self.now += Duration::from_secs(3600);
         self.expire()?;
@@ -1321,6 +1465,8 @@ impl Sim {
                 self.owner.endpoints()
             ));
         }
+        self.check_written()?;
+        self.take_written()?;
         self.shutdown()?;
         if !self.closed {
             self.close_transport()?;
@@ -1425,6 +1571,10 @@ mod tests {
             total.dropped > 0 && total.bytes_written > count,
             "{total:?}"
         );
+        assert!(
+            total.listed_bytes > count && total.incomplete_logs > count / 50,
+            "{total:?}"
+        );
     }
 
     /// A seed replays exactly.
@@ -1483,6 +1633,18 @@ mod tests {
         };
         let found = caught(defects, writer::Defects::default(), 20);
         assert!(found.message.contains("never received whole"), "{found:?}");
+    }
+
+    /// Listing a write whose receive failed in the log of written ranges
+    /// is caught within 20 seeds (invariant 8).
+    #[test]
+    fn the_simulator_finds_failed_writes_listed() {
+        let defects = Defects {
+            failed_receives_listed: true,
+            ..Defects::default()
+        };
+        let found = caught(defects, writer::Defects::default(), 20);
+        assert!(found.message.contains("lists byte"), "{found:?}");
     }
 
     /// A writer answering on the owner's reply while the transport may
