@@ -47,5 +47,5 @@ pub use transfer_list::TransferList;
 
 pub use rdmareg_core::{
     Access, Descriptor, DescriptorError, ErrorKind, MAX_LEASE_READERS, MAX_NOTICE_BYTES, Notice,
-    NoticeDrops, NoticeSender, PageRange, PeerId, RdmaError,
+    NoticeDrops, NoticeSender, PageRange, PeerId, RdmaError, WrittenRanges,
 };

@@ -106,7 +106,7 @@ pub use rdmareg_discovery as discovery;
 
 pub use rdmareg_core::{
     Access, Descriptor, DescriptorError, ErrorKind, MAX_LEASE_READERS, MAX_NOTICE_BYTES, Notice,
-    NoticeDrops, NoticeSender, PeerId, RdmaError,
+    NoticeDrops, NoticeSender, PeerId, RdmaError, WrittenRanges,
 };
 pub use rdmareg_registry::{
     DescribeError, DescribedBuf, LatencyHistogram, LeaseOutcome, LeasedDescriptor, PinnedBuf,

@@ -2,7 +2,8 @@
 //! consumer puts land in the owner's writable registration exactly where
 //! the descriptor says, at every size (one chunk and many), alone and in
 //! lists mixed with reads; an unregister waits for a write in flight; a
-//! read-only registration is never written.
+//! read-only registration is never written; the owner learns which ranges
+//! writes filled.
 
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ per_lane!(
     a_list_mixing_writes_and_reads_answers_each_entry,
     an_unregister_waits_for_a_large_write_in_flight,
     a_read_only_registration_is_never_written,
+    the_owner_learns_which_ranges_writes_filled,
 );
 
 /// The owner's bytes of `guard` now.
@@ -205,5 +207,62 @@ async fn a_read_only_registration_is_never_written(lane: Lane) {
     }
     assert!(owner_bytes(&target).iter().all(|&b| b == UNTOUCHED));
     drop(target);
+    pair.shut_down(Duration::from_secs(5)).await;
+}
+
+/// Writes of several chunks and of a few bytes, some touching, one
+/// apart, and one refused: the owner's `take_written` lists the ranges
+/// they filled, coalesced, relative to the registration, and nothing for
+/// the refused one or for a read-only registration; a second take lists
+/// nothing.
+async fn the_owner_learns_which_ranges_writes_filled(lane: Lane) {
+    let pair = Pair::start(lane.clone(), registry_config());
+    let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
+    let len = 4 * MIB;
+    let target = owner
+        .register_owned_with(vec![UNTOUCHED; len].into_boxed_slice(), Access::Write)
+        .await
+        .expect("a writable registration");
+    let read_only = owner
+        .register_owned(vec![UNTOUCHED; 64].into_boxed_slice())
+        .await
+        .expect("a registration");
+    let descriptor = target.descriptor().unwrap();
+    let puts = [
+        (100, 3 * MIB),
+        (100 + 3 * MIB, 10),
+        (2 * MIB, 50),
+        (len - 8, 8),
+    ];
+    for (offset, size) in puts {
+        let mut src = consumer.alloc_pinned(size).await.unwrap();
+        src.copy_from_slice(&expected(3, offset, size));
+        let range = descriptor.slice(offset as u64, size as u64).unwrap();
+        consumer
+            .put(OWNER, &mut src, &range)
+            .await
+            .unwrap_or_else(|e| panic!("{lane:?}: put of {size} B at {offset}: {e}"));
+    }
+    let mut src = consumer.alloc_pinned(16).await.unwrap();
+    let forged = read_only.descriptor().unwrap().granting(Access::Write);
+    assert_eq!(
+        consumer
+            .put(OWNER, &mut src, &forged.slice(0, 16).unwrap())
+            .await,
+        Err(RdmaError::AccessDenied { operation: "write" })
+    );
+    let written = target.take_written().await.expect("the log");
+    let end = len as u64;
+    assert_eq!(
+        (written.ranges.as_slice(), written.incomplete),
+        (&[100..100 + 3 * MIB as u64 + 10, end - 8..end][..], false),
+        "{lane:?}"
+    );
+    assert!(target.take_written().await.unwrap().is_empty(), "{lane:?}");
+    assert!(
+        read_only.take_written().await.unwrap().is_empty(),
+        "{lane:?}"
+    );
+    drop((target, read_only, src));
     pair.shut_down(Duration::from_secs(5)).await;
 }

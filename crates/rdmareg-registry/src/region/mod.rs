@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdmareg_core::{Descriptor, PageRange, RdmaError};
+use rdmareg_core::{Descriptor, PageRange, RdmaError, WrittenRanges};
 
 pub use leases::{LeaseOutcome, LeasedDescriptor, ReadersDone};
 pub(crate) use owned::OwnedBuffer;
@@ -151,6 +151,33 @@ impl RegionGuard {
             .map_err(Clone::clone)?
             .slice(offset, len)
             .map_err(RdmaError::from)
+    }
+
+    /// The ranges of this region that peers' writes filled whole since the
+    /// last call, as offsets from [`addr`](Self::addr), coalesced; the
+    /// backend's log starts over empty.
+    ///
+    /// After a writer vanished mid-PUT, a listed range holds that writer's
+    /// bytes (or a later completed write's) and a failed write's bytes are
+    /// never listed. The log is bounded: when
+    /// [`WrittenRanges::incomplete`] is set some writes were left out, and
+    /// nothing can be concluded about a range the list does not name.
+    /// Writes over a same-host direct lane are not in it
+    /// (`docs/safety.md`, "Writable registrations").
+    ///
+    /// # Errors
+    /// [`RdmaError::Unsupported`] for a backend without writes;
+    /// [`RdmaError::RegionNotFound`] if the backend no longer holds the
+    /// region; [`RdmaError::ShuttingDown`] once the backend is torn down.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may lose the ranges taken: a later call does
+    /// not list them again.
+    pub async fn take_written(&self) -> Result<WrittenRanges, RdmaError> {
+        self.inner
+            .backend
+            .take_written(self.state.backend_region_id)
+            .await
     }
 
     /// Whether the registry has begun shutting down.
