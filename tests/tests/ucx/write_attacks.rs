@@ -37,6 +37,7 @@ attack!(
     a_cancelled_put_never_reads_its_source_after_handing_it_back,
     a_cancelled_post_surrenders_its_put_sources,
     the_consumer_shutting_down_mid_put_answers_it,
+    the_target_of_a_writer_gone_mid_put_lists_the_chunks_that_landed,
     removing_the_peer_mid_put_answers_it,
     a_write_only_registration_refuses_every_read,
     metrics_count_only_puts_that_landed,
@@ -505,6 +506,94 @@ async fn the_consumer_shutting_down_mid_put_answers_it(lane: Lane) {
         .await;
         assert_eq!(pair.owner.engine_live(), 0, "{lane:?}: owner leaked");
     }
+}
+
+/// The consumer's engine drops its connection to the owner (forgets the
+/// peer) at several moments of a PUT of several chunks, so the writer is
+/// gone mid-transfer: once the owner's memory and log settled, the
+/// owner's `take_written` has listed exactly the chunks whose bytes are
+/// the new ones, whole chunks only, and every other chunk holds the old
+/// bytes.
+async fn the_target_of_a_writer_gone_mid_put_lists_the_chunks_that_landed(lane: Lane) {
+    let pair = Pair::start(lane.clone(), registry_config());
+    let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
+    let chunk = chunk_of(&lane);
+    let len = 5 * chunk;
+    let mut partial = 0;
+    for (round, delay) in [0u64, 100, 300, 1000, 3000].into_iter().enumerate() {
+        let seed = round as u8 + 1;
+        let target = owner
+            .register_owned_with(vec![UNTOUCHED; len].into_boxed_slice(), Access::Write)
+            .await
+            .unwrap();
+        let descriptor = target.descriptor().unwrap();
+        let mut src = source(consumer, len, seed).await;
+        let put = within(
+            HANG,
+            "a put whose writer goes",
+            consumer.put(OWNER, &mut src, &descriptor),
+        );
+        let remove = async {
+            tokio::time::sleep(Duration::from_micros(delay)).await;
+            pair.consumer.engine.remove_peer(OWNER)
+        };
+        let (result, removed) = tokio::join!(put, remove);
+        removed.expect("removed");
+        drop(src);
+        // Take until a take finds nothing and the memory did not change
+        // since the take before.
+        let bytes = || target.watch().read(|view| view.to_vec()).unwrap();
+        let mut listed: Vec<std::ops::Range<u64>> = Vec::new();
+        let mut seen = bytes();
+        let mut takes = 0;
+        let at_rest = loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let taken = target.take_written().await.expect("the owner's log");
+            assert!(!taken.incomplete, "{lane:?}: five chunks fit the log");
+            let now = bytes();
+            let quiet = taken.ranges.is_empty() && now == seen;
+            listed.extend(taken.ranges);
+            seen = now;
+            if quiet {
+                break seen;
+            }
+            takes += 1;
+            assert!(takes < 200, "{lane:?}: the owner never settled");
+        };
+        let want = expected(seed, 0, len);
+        let mut landed = 0;
+        for index in 0..5 {
+            let range = index * chunk..(index + 1) * chunk;
+            let new = at_rest[range.clone()] == want[range.clone()];
+            let old = at_rest[range.clone()].iter().all(|&b| b == UNTOUCHED);
+            assert!(new || old, "{lane:?} {delay} µs: chunk {index} is torn");
+            let (start, end) = (range.start as u64, range.end as u64);
+            let covered = listed.iter().any(|r| r.start <= start && end <= r.end);
+            assert_eq!(
+                covered, new,
+                "{lane:?} {delay} µs: chunk {index} listed exactly when it landed: {listed:?}"
+            );
+            landed += usize::from(new);
+        }
+        let listed_bytes: u64 = listed.iter().map(|r| r.end - r.start).sum();
+        assert_eq!(
+            listed_bytes,
+            (landed * chunk) as u64,
+            "{lane:?} {delay} µs: only whole chunks listed, once each: {listed:?}"
+        );
+        if result.is_ok() {
+            assert_eq!(landed, 5, "{lane:?} {delay} µs: Ok but not all in");
+        }
+        partial += usize::from(landed > 0 && landed < 5);
+        tracing::info!(?lane, delay, landed, ?result, "a writer gone mid-PUT");
+        pair.consumer
+            .engine
+            .add_peer(OWNER, pair.owner.engine.address())
+            .expect("added back");
+        drop(target);
+    }
+    tracing::info!(?lane, partial, "rounds that left some chunks in");
+    pair.shut_down(Duration::from_secs(5)).await;
 }
 
 /// The owner shuts down while a 5 MiB PUT into it is in flight: the PUT

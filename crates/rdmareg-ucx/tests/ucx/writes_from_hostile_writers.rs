@@ -4,7 +4,8 @@
 //! large write, or flooding one connection; and an honest writer whose
 //! writes race an unmap of their target. The owner refuses each wrong write
 //! with its status and changes no byte for it, answers an unmap only once
-//! every write it acknowledged is in, and keeps serving everyone else.
+//! every write it acknowledged is in, keeps serving everyone else, and
+//! after a writer vanished says which of its chunks landed.
 
 use crate::common;
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::raw_am::{Raw, is_err};
 use common::*;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_core::{Access, BackendPut, BackendRegion, RdmaError};
+use rdmareg_core::{Access, BackendPut, BackendRegion, RdmaError, WrittenLog};
 use rdmareg_engine::served::wire::{self, WRITE_REQUEST_ID_BIT};
 use rdmareg_engine::served::{Refusal, Write};
 use rdmareg_ucx::read_protocol::{
@@ -699,6 +700,105 @@ fn a_writer_vanishing_mid_write_frees_the_region() {
 #[test]
 fn a_vanishing_writer_without_error_handling_frees_the_region() {
     vanishing_writers(false);
+}
+
+/// A raw writer writes a region of four 1 MiB chunks as an engine's PUT
+/// would, one eager write per chunk: chunks 0 and 1 acknowledged, chunk 3
+/// sent without waiting, chunk 2 never; then it vanishes. Once the
+/// owner's memory and log have settled, `take_written` has listed exactly
+/// the chunks whose bytes are the new ones — 0 and 1, and 3 if it arrived
+/// — every other chunk holds its old bytes, no chunk holds part of a
+/// write, and a last take lists nothing.
+#[test]
+fn a_vanished_writers_target_lists_exactly_the_chunks_that_landed() {
+    /// The UCX engine's write chunk.
+    const CHUNK: usize = MIB;
+    let rt = runtime();
+    init_tracing();
+    let owner = tcp_engine();
+    let ob = owner.backend();
+    let address = serving(&owner);
+    let len = 4 * CHUNK;
+    let buf = PageBuf::filled(len, pattern);
+    let target = map_part(&rt, &ob, &buf, 0, len, Access::Write);
+    let before = buf.snapshot();
+    let payload: Vec<u8> = before.iter().map(|b| !b).collect();
+    let chunk = |index: usize| index * CHUNK..(index + 1) * CHUNK;
+    let write = |n: u64, index: usize| {
+        let at = chunk(index).start;
+        honest(n, &target, target.start + at as u64, CHUNK as u64)
+    };
+    let raw = Raw::new(false);
+    let ep = raw.connect(&address);
+    for (n, index) in [(1, 0), (2, 1)] {
+        send_write(&raw, ep, &write(n, index), &payload[chunk(index)], EAGER);
+        assert_eq!(reply_to(&raw, n), Some(Ok(CHUNK as u64)), "chunk {index}");
+    }
+    let last = raw.send(
+        ep,
+        WRITE_REQUEST_AM_ID,
+        &write(4, 3),
+        &payload[chunk(3)],
+        EAGER,
+    );
+    assert!(!is_err(last), "the last chunk's send started");
+    // Vanish: the last send is never completed; destroying the worker
+    // ends it.
+    drop(raw);
+
+    // Take until a take finds nothing and the memory did not change
+    // since the take before: every chunk that landed by then is listed.
+    let mut taken = WrittenLog::default();
+    let mut seen = buf.snapshot();
+    let settled_by = Instant::now() + Duration::from_secs(10);
+    let at_rest = loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let listed = rt
+            .block_on(ob.take_written(target.id))
+            .expect("the owner's log");
+        assert!(!listed.incomplete, "four chunks fit the log");
+        let now = buf.snapshot();
+        let quiet = listed.ranges.is_empty() && now == seen;
+        for range in listed.ranges {
+            taken.record(range);
+        }
+        seen = now;
+        if quiet {
+            break seen;
+        }
+        assert!(Instant::now() < settled_by, "the owner never settled");
+    };
+    let written = taken.take();
+    let mut landed = Vec::new();
+    for index in 0..4 {
+        let new = at_rest[chunk(index)] == payload[chunk(index)];
+        let old = at_rest[chunk(index)] == before[chunk(index)];
+        assert!(new || old, "chunk {index} holds part of a write");
+        let range = chunk(index);
+        assert_eq!(
+            written.covers(range.start as u64..range.end as u64),
+            new,
+            "chunk {index}: listed exactly when its bytes are the new ones"
+        );
+        landed.push(new);
+    }
+    assert_eq!(
+        written.listed_bytes(),
+        (landed.iter().filter(|&&new| new).count() * CHUNK) as u64,
+        "nothing but whole chunks listed: {written:?}"
+    );
+    assert_eq!(landed[..3], [true, true, false], "{written:?}");
+    eprintln!("the vanished writer's last chunk landed: {}", landed[3]);
+    let unmapped = rt.block_on(ob.unmap(target.id));
+    let shut = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(20), owner.shutdown()).await });
+    if shut.is_err() {
+        // The engine may still hold the buffer: do not free it under it.
+        std::mem::forget(buf);
+    }
+    assert_eq!(unmapped, Ok(()));
+    assert!(shut.is_ok(), "shutdown within 20 s");
+    assert_eq!(owner.live_registrations(), Some(0));
 }
 
 /// The puts of one round: which ranges they write and what they answered.
