@@ -64,6 +64,18 @@ impl Lane {
             Lane::Ofi(provider) => EngineConfig::Ofi(ofi_engine_config(provider.clone())),
         }
     }
+
+    /// [`Lane::engine_config`] with every write served by the owner's
+    /// engine (UCX's same-host direct writes off), so the owner's written
+    /// log sees each one.
+    pub fn engine_config_serving_every_write(&self) -> EngineConfig {
+        match self.engine_config() {
+            EngineConfig::Ucx(config) => {
+                EngineConfig::Ucx(config.with_same_host_direct_writes(false))
+            }
+            other => other,
+        }
+    }
 }
 
 /// A libfabric engine configuration for tests: `provider`, with tcp kept on

@@ -111,6 +111,14 @@ pub struct UcxConfig {
     /// [`Transport::SharedMemoryNoErrorHandling`] only. See the crate docs
     /// ("Lanes").
     pub same_host_direct_reads: Option<bool>,
+    /// Whether, with the direct lane open, this engine lets same-host peers
+    /// write its writable registrations one-sided (`process_vm_writev`
+    /// under its release table's lock), and writes theirs so. The owner's
+    /// engine never sees such writes, so its written log
+    /// (`RdmaBackend::take_written`) cannot list them; an owner that needs
+    /// that log complete turns this off, and every write into it is served.
+    /// `true` by default.
+    pub same_host_direct_writes: bool,
     /// Most served replies this engine, as an owner, keeps unfinished for
     /// one consumer connection; must be at least 1.
     ///
@@ -163,6 +171,7 @@ impl Default for UcxConfig {
             default_get_deadline: Duration::from_secs(30),
             teardown_timeout: Duration::from_secs(5),
             same_host_direct_reads: None,
+            same_host_direct_writes: true,
             max_served_replies_per_connection: Self::DEFAULT_MAX_SERVED_REPLIES_PER_CONNECTION,
             progress_cpus: None,
             caller_copy_limit: Self::DEFAULT_CALLER_COPY_LIMIT,
@@ -268,6 +277,13 @@ impl UcxConfig {
     /// see [`UcxConfig::same_host_direct_reads`].
     pub fn with_same_host_direct_reads(mut self, enabled: bool) -> Self {
         self.same_host_direct_reads = Some(enabled);
+        self
+    }
+
+    /// Let (or not) same-host peers write this engine's writable
+    /// registrations one-sided; see [`UcxConfig::same_host_direct_writes`].
+    pub fn with_same_host_direct_writes(mut self, enabled: bool) -> Self {
+        self.same_host_direct_writes = enabled;
         self
     }
 

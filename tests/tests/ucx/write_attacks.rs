@@ -515,7 +515,9 @@ async fn the_consumer_shutting_down_mid_put_answers_it(lane: Lane) {
 /// the new ones, whole chunks only, and every other chunk holds the old
 /// bytes.
 async fn the_target_of_a_writer_gone_mid_put_lists_the_chunks_that_landed(lane: Lane) {
-    let pair = Pair::start(lane.clone(), registry_config());
+    // Writes one-sided over UCX's same-host direct lane never reach the
+    // owner's log: every write is served here.
+    let pair = Pair::start_with(lane.engine_config_serving_every_write(), registry_config());
     let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
     let chunk = chunk_of(&lane);
     let len = 5 * chunk;

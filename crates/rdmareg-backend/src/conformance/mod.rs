@@ -126,6 +126,11 @@ pub struct Capabilities {
     /// of written ranges; without writes it must refuse both as
     /// [`RdmaError::Unsupported`](crate::RdmaError::Unsupported).
     pub writes: bool,
+    /// The owner's written log lists every write into a registration
+    /// (false where peers may write one-sided, unseen by the owner, as on
+    /// UCX's same-host direct lane: the log then lists only what the owner
+    /// served and always says it is incomplete).
+    pub written_log_complete: bool,
 }
 
 impl Capabilities {
@@ -139,6 +144,7 @@ impl Capabilities {
             notices: true,
             leases: true,
             writes: true,
+            written_log_complete: true,
         }
     }
 
@@ -169,6 +175,12 @@ impl Capabilities {
     /// Set [`writes`](Self::writes).
     pub const fn with_writes(mut self, writes: bool) -> Self {
         self.writes = writes;
+        self
+    }
+
+    /// Set [`written_log_complete`](Self::written_log_complete).
+    pub const fn with_written_log_complete(mut self, complete: bool) -> Self {
+        self.written_log_complete = complete;
         self
     }
 

@@ -82,6 +82,9 @@ struct Settings {
     peer_error_handling: bool,
     /// Whether reads may go in chunks at all (`chunks`).
     reads_in_chunks: bool,
+    /// Whether writable registrations get writable same-host keys
+    /// (`regions`); see `UcxConfig::same_host_direct_writes`.
+    direct_writes: bool,
 }
 
 /// Everything the progress thread owns.
@@ -309,6 +312,7 @@ impl Engine {
                     teardown_timeout: config.teardown_timeout,
                 },
                 peer_error_handling: config.transport.peer_error_handling(),
+                direct_writes: config.same_host_direct_writes,
                 reads_in_chunks,
             },
             signals,
@@ -497,6 +501,18 @@ impl Handler for Engine {
 
     fn take_written(&mut self, region: u64, reply: Reply<rdmareg_core::WrittenRanges>) {
         let taken = self.events.owner.borrow_mut().take_written(region);
+        let taken = taken.map(|mut taken| {
+            // Same-host peers may write it one-sided, unseen by the owner
+            // (`direct_writes`): the log cannot say nothing else landed.
+            if self
+                .regions
+                .get(&region)
+                .is_some_and(|region| region.direct_writable)
+            {
+                taken.incomplete = true;
+            }
+            taken
+        });
         let _ = reply.send(taken.ok_or(rdmareg_core::RdmaError::RegionNotFound));
     }
 

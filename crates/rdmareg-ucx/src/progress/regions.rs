@@ -47,8 +47,9 @@ pub(crate) struct Region {
     /// The registration's slot in the release table while it is live (the
     /// unmap empties it).
     pub(crate) release_slot: Option<u32>,
-    /// What peers may do with the registration.
-    pub(crate) access: Access,
+    /// Whether same-host peers may write the registration one-sided: its
+    /// key is a writable same-host key (`direct_writes`).
+    pub(crate) direct_writable: bool,
     /// The emptied slot of a writable registration whose same-host writers
     /// have not all let go of it: the unmap waits for them.
     pub(crate) draining_slot: Option<u32>,
@@ -101,14 +102,22 @@ impl Registrations for Engine {
         };
         // Same-host keys only with a release slot: a direct read or write
         // of a registration no slot vouches for could not tell it was
-        // released. The key says what the registration grants, and a
-        // consumer copies one-sided only what it grants.
-        let release_slot = match (&self.direct, &mut self.release) {
-            (Some(_), Some(table)) => table.publish(SameHostKey::tag_for(
-                &served, ptr as u64, len as u64, access,
+        // released. The key says what a consumer may copy one-sided: what
+        // the registration grants, less writes when this engine takes no
+        // direct writes (a registration peers may only write then gets no
+        // same-host key at all).
+        let key_access = if access.allows_write() && !self.settings.direct_writes {
+            access.allows_read().then_some(Access::Read)
+        } else {
+            Some(access)
+        };
+        let release_slot = match (&self.direct, &mut self.release, key_access) {
+            (Some(_), Some(table), Some(key_access)) => table.publish(SameHostKey::tag_for(
+                &served, ptr as u64, len as u64, key_access,
             )),
             _ => None,
         };
+        let key_access = key_access.unwrap_or(Access::Read);
         let mapped_direct = match release_slot {
             Some(slot) => self
                 .map_direct(ptr, len)
@@ -126,7 +135,7 @@ impl Registrations for Engine {
                     region_addr: ptr as u64,
                     region_len: len as u64,
                     release_slot,
-                    access,
+                    access: key_access,
                     ucx_key,
                 }
                 .encode();
@@ -191,7 +200,7 @@ impl Registrations for Engine {
                 memh,
                 direct_memh,
                 release_slot,
-                access,
+                direct_writable: release_slot.is_some() && key_access.allows_write(),
                 draining_slot: None,
                 ptr,
                 len,
@@ -230,7 +239,7 @@ impl Registrations for Engine {
         if let Some(region) = self.regions.get_mut(&id)
             && let Some(slot) = region.release_slot.take()
         {
-            if region.access.allows_write() {
+            if region.direct_writable {
                 region.draining_slot = Some(slot);
                 if let Some(table) = self.release.as_mut() {
                     table.retire_writable(slot);
@@ -286,7 +295,7 @@ impl Engine {
                 memh,
                 direct_memh: None,
                 release_slot: None,
-                access: Access::Read,
+                direct_writable: false,
                 draining_slot: None,
                 ptr,
                 len,

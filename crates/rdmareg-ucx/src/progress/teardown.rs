@@ -163,7 +163,7 @@ impl Engine {
             // counts from here on (`regions`).
             let mut draining = region.draining_slot;
             if let (Some(slot), Some(table)) = (region.release_slot, release.as_mut()) {
-                if region.access.allows_write() {
+                if region.direct_writable {
                     table.retire_writable(slot);
                     draining = Some(slot);
                 } else {

@@ -81,14 +81,18 @@ pub fn backend_pair(transport: Transport) -> BackendPair {
 /// A conformance-kit pair over two engines started from `config`.
 pub fn backend_pair_with(config: UcxConfig) -> BackendPair {
     let direct = config.direct_reads_enabled();
+    let direct_writes = direct && config.same_host_direct_writes;
     let (owner, consumer) = engines_with(config);
     // An owner serving every read itself enforces bounds and refuses keys
     // it never issued: the full contract applies. On the same-host direct
     // lane the kernel copies without asking the owner: the consumer's
     // engine still checks the range against the key's mapped range, but a
-    // stale key reads whatever the memory holds now.
+    // stale key reads whatever the memory holds now; and the owner's
+    // written log cannot list the writes it never saw.
     let capabilities = if direct {
-        Capabilities::full().with_unknown_remote_key_detected(false)
+        Capabilities::full()
+            .with_unknown_remote_key_detected(false)
+            .with_written_log_complete(!direct_writes)
     } else {
         Capabilities::full()
     };

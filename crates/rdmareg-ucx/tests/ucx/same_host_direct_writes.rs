@@ -320,3 +320,68 @@ async fn a_write_only_key_is_never_read_on_the_direct_lane() {
     consumer.shutdown().await;
     owner.shutdown().await;
 }
+
+/// The owner never sees a direct write, so the written log of a
+/// registration same-host peers may write one-sided always says it is
+/// incomplete, and lists nothing it did not serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directly_writable_registrations_log_says_incomplete() {
+    let (owner, consumer) = engines(Transport::SameHost);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let target = PageBuf::zeroed(8192);
+    let src = PageBuf::filled(8192, pattern);
+    let region = map_writable(&ob, &target, Access::Write).await;
+    let src_region = map(&cb, &src).await;
+    let request = put_request(
+        &src_region,
+        target.addr() as u64,
+        region.packed_key.clone(),
+        4096,
+    );
+    assert_eq!(put(&cb, request).await, Ok(()));
+    let taken = ob.take_written(region.backend_region_id).await.unwrap();
+    assert!(taken.incomplete, "{taken:?}");
+    assert!(
+        taken.ranges.is_empty(),
+        "the owner served nothing: {taken:?}"
+    );
+    assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
+
+/// An owner with direct writes off issues no writable same-host key: a
+/// readable and writable registration gets a read-only one (reads stay
+/// one-sided), a write-only one a served key, and every PUT is served and
+/// logged whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_without_direct_writes_serves_and_logs_each_put() {
+    let (owner, consumer) =
+        engines_with(config(Transport::SameHost).with_same_host_direct_writes(false));
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let target = PageBuf::zeroed(8192);
+    let src = PageBuf::filled(8192, pattern);
+    let both = map_writable(&ob, &target, Access::ReadWrite).await;
+    assert_eq!(same_host_key(&both.packed_key).access, Access::Read);
+    let write_only = map_writable(&ob, &src, Access::Write).await;
+    assert!(matches!(
+        ReadKey::decode(&write_only.packed_key),
+        Ok(ReadKey::Served(_))
+    ));
+    assert_eq!(ob.unmap(write_only.backend_region_id).await, Ok(()));
+    let src_region = map(&cb, &src).await;
+    let request = put_request(
+        &src_region,
+        target.addr() as u64,
+        both.packed_key.clone(),
+        4096,
+    );
+    assert_eq!(put(&cb, request).await, Ok(()));
+    assert!(target.snapshot()[..4096] == src.snapshot()[..4096]);
+    let taken = ob.take_written(both.backend_region_id).await.unwrap();
+    assert_eq!(taken.ranges, vec![0u64..4096]);
+    assert!(!taken.incomplete);
+    assert_eq!(ob.unmap(both.backend_region_id).await, Ok(()));
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
