@@ -61,8 +61,21 @@ pub trait CallerCopies: Send + Sync + 'static {
     /// contract for `requests`.
     unsafe fn try_copy_batch(&self, requests: &[BackendGet]) -> bool;
 
+    /// Writes `request` now if this driver may; true if it did (the write
+    /// is then complete and `Ok`). False leaves the request to the thread.
+    /// None by default.
+    ///
+    /// # Safety
+    /// [`RdmaBackend::put`](rdmareg_backend::RdmaBackend::put)'s contract
+    /// for `request`.
+    unsafe fn try_write(&self, request: &BackendPut) -> bool {
+        let _ = request;
+        false
+    }
+
     /// Called when an unmap of `region_id` is submitted: later reads into it
-    /// must go to the thread, and a copy into it still running ends first.
+    /// (and writes from it) must go to the thread, and a copy into or out
+    /// of it still running ends first.
     fn withdraw_destination(&self, region_id: u64);
 
     /// Whether the caller should give its executor a turn after a copy (a
@@ -274,6 +287,13 @@ impl<P: Send + 'static, C: CallerCopies> Front<P, C> {
         Box::pin(async move {
             if request.len == 0 {
                 return Err(RdmaError::OutOfRange);
+            }
+            // SAFETY: this method's contract is `try_write`'s.
+            if !self.submitter.is_closed() && unsafe { self.caller_copies.try_write(&request) } {
+                if self.caller_copies.yield_due() {
+                    yield_once().await;
+                }
+                return Ok(());
             }
             self.ask(|reply| Command::Put { request, reply }).await
         })

@@ -39,16 +39,26 @@
 //! - Every [`COPIES_BETWEEN_YIELDS`]th copy on a thread yields once after
 //!   its bytes are written (`yield_due`): a copied read is ready on its first
 //!   poll, and a loop of them would otherwise starve its executor.
+//!
+//! # Writes
+//!
+//! A PUT of at most the limit to a writable same-host key is written here
+//! the same way (`try_write`): its source is a published mapped range, its
+//! owner a published process, and the write is the progress thread's own
+//! (`progress::direct_writes`): the release slot checked under its lock,
+//! the token read, one `process_vm_writev`. Anything short of a whole,
+//! successful write goes to the thread, which writes again or refuses.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use rdmareg_core::{BackendGet, PeerId};
+use rdmareg_core::{BackendGet, BackendPut, PeerId};
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::owner_process::OwnerProcess;
 use crate::packed_key::{PackedKeyFormat, validate_packed_key};
+use crate::progress::direct_writes::copy_into_process;
 use crate::progress::vectored::{CopyEntry, copy_from_process};
 use crate::read_protocol::ReadKey;
 
@@ -93,6 +103,8 @@ pub(crate) struct CallerCopies {
     peer_changes_applied: AtomicU64,
     /// Reads copied on callers' threads so far.
     copied: AtomicU64,
+    /// Writes made on callers' threads so far.
+    written: AtomicU64,
 }
 
 impl CallerCopies {
@@ -104,7 +116,13 @@ impl CallerCopies {
             peer_changes_submitted: AtomicU64::new(0),
             peer_changes_applied: AtomicU64::new(0),
             copied: AtomicU64::new(0),
+            written: AtomicU64::new(0),
         }
+    }
+
+    /// Writes made on callers' threads so far.
+    pub(crate) fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
     }
 
     /// Reads copied on callers' threads so far.
@@ -189,6 +207,76 @@ impl CallerCopies {
     /// The thread made a peer change.
     pub(crate) fn peer_change_applied(&self) {
         self.peer_changes_applied.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Writes `request` on this thread if everything it needs is published
+    /// (module docs, "Writes"); `true` if every byte was written, `false`
+    /// if the write is the thread's.
+    ///
+    /// # Safety
+    /// As [`RdmaBackend::put`](rdmareg_backend::RdmaBackend::put): the
+    /// source range is memory of the region it names, which nothing writes
+    /// until the write completes.
+    pub(crate) unsafe fn try_write(&self, request: &BackendPut) -> bool {
+        let Some(format) = self.key_format.get() else {
+            return false;
+        };
+        if request.len == 0 || request.len > self.limit as u64 {
+            return false;
+        }
+        let applied = self.peer_changes_applied.load(Ordering::SeqCst);
+        if self.peer_changes_submitted.load(Ordering::SeqCst) != applied {
+            return false;
+        }
+        let Ok(ReadKey::SameHost(key)) = ReadKey::decode(&request.packed_key) else {
+            return false;
+        };
+        if !key.access.allows_write()
+            || !key.covers(request.remote_addr, request.len)
+            || validate_packed_key(format, &key.ucx_key).is_err()
+        {
+            return false;
+        }
+        let published = self.read();
+        let Some(owner) = published.sources.get(&request.peer) else {
+            return false;
+        };
+        let Some(&(ptr, mapped_len)) = published.destinations.get(&request.local_region_id) else {
+            return false;
+        };
+        let in_bounds = request
+            .local_offset
+            .checked_add(request.len)
+            .is_some_and(|end| end <= mapped_len as u64);
+        if !in_bounds {
+            return false;
+        }
+        let Some(table) = owner.release() else {
+            return false;
+        };
+        let Some(lock) = table.lock_for_write(key.release_slot, key.release_tag()) else {
+            return false;
+        };
+        // SAFETY: the source lies inside a region this engine mapped and
+        // has not withdrawn, and withdrawing takes the write lock, so it
+        // stays mapped while `published` is held; the caller's contract
+        // keeps it unwritten until the write completes. The target is
+        // inside the key's range of a registration whose slot is live and
+        // locked, so the owner's unmap waits for `lock`.
+        let written = unsafe {
+            copy_into_process(
+                owner,
+                request.remote_addr,
+                (ptr + request.local_offset as usize) as *const u8,
+                request.len as usize,
+            )
+        };
+        drop(lock);
+        drop(published);
+        if written.is_ok() {
+            self.written.fetch_add(1, Ordering::Relaxed);
+        }
+        written.is_ok()
     }
 
     /// Copies `request` on this thread if everything it needs is published;

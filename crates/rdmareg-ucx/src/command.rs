@@ -69,6 +69,12 @@ impl rdmareg_engine::front::CallerCopies for Signals {
         unsafe { self.caller_copies.try_copy_batch(requests) }
     }
 
+    unsafe fn try_write(&self, request: &rdmareg_core::BackendPut) -> bool {
+        // SAFETY: the caller keeps `RdmaBackend::put`'s contract, which is
+        // `CallerCopies::try_write`'s.
+        unsafe { self.caller_copies.try_write(request) }
+    }
+
     fn withdraw_destination(&self, region_id: u64) {
         self.caller_copies.withdraw_destination(region_id);
     }

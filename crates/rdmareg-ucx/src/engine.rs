@@ -207,6 +207,12 @@ impl UcxEngine {
         self.signals.caller_copies.copied()
     }
 
+    /// Same-host PUTs this engine wrote on its callers' threads, without
+    /// its progress thread (`caller_copies`, "Writes").
+    pub fn writes_made_on_caller_threads(&self) -> u64 {
+        self.signals.caller_copies.written()
+    }
+
     /// Posts of a transfer list posted again (the same shared requests,
     /// [`RdmaBackend::get_shared_batch`](rdmareg_backend::RdmaBackend::get_shared_batch))
     /// that the progress thread completed by the list's copy plan: one

@@ -51,13 +51,14 @@
 //!   table closes, so a writer killed mid-write holds no unmap up; one
 //!   that is stopped (`SIGSTOP`) holds it until it runs again or dies.
 //! - Locks belong to an open file description, not a thread: a process
-//!   holds one per opened view and makes one write under it at a time (the
-//!   progress thread's), since unlocking ends every lock of the
-//!   description on that range.
+//!   holds one per opened view and makes one write under it at a time
+//!   (a mutex of the view's, held with the lock), since unlocking ends
+//!   every lock of the description on that range, another thread's too.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::{Mutex, MutexGuard};
 
 /// Slots in a table: the most direct-lane registrations an engine holds at
 /// once. Registrations past that get served-only keys. The file is sparse:
@@ -317,6 +318,9 @@ pub(crate) struct ReleaseView {
     /// This view's own open file description of the table: the one a
     /// writer's locks belong to (module docs, "Writers").
     fd: OwnedFd,
+    /// Held with a slot's lock: one write under this description at a
+    /// time, whichever thread makes it.
+    writing: Mutex<()>,
 }
 
 /// A slot a writer locked and found live: the write may run while this
@@ -325,6 +329,8 @@ pub(crate) struct ReleaseView {
 pub(crate) struct SlotWrite<'view> {
     fd: &'view OwnedFd,
     slot: u32,
+    /// Released after the lock (fields drop after `drop` ran).
+    _one_at_a_time: MutexGuard<'view, ()>,
 }
 
 impl Drop for SlotWrite<'_> {
@@ -375,7 +381,11 @@ impl ReleaseView {
         if header[..16] != MAGIC || header[16..32] != location.id {
             return Err(OpenError(format!("{path} is another table")));
         }
-        Ok(ReleaseView { mapping, fd })
+        Ok(ReleaseView {
+            mapping,
+            fd,
+            writing: Mutex::new(()),
+        })
     }
 
     /// Locks `slot` for one write and checks that it holds `tag` under
@@ -384,6 +394,9 @@ impl ReleaseView {
     /// result until the write's system call returned, and make one write
     /// at a time per view (module docs, "Writers").
     pub(crate) fn lock_for_write(&self, slot: u32, tag: u64) -> Option<SlotWrite<'_>> {
+        // A panic under the mutex leaves no lock of the description held
+        // (`SlotWrite` unlocks as it unwinds), so a poisoned one is sound.
+        let one_at_a_time = self.writing.lock().unwrap_or_else(|e| e.into_inner());
         match set_lock(&self.fd, slot, libc::F_RDLCK) {
             Ok(true) => {}
             Ok(false) => return None,
@@ -392,7 +405,11 @@ impl ReleaseView {
                 return None;
             }
         }
-        let locked = SlotWrite { fd: &self.fd, slot };
+        let locked = SlotWrite {
+            fd: &self.fd,
+            slot,
+            _one_at_a_time: one_at_a_time,
+        };
         let live = self
             .mapping
             .slot(slot)

@@ -17,7 +17,7 @@
 mod chunks;
 mod copy_plans;
 mod direct;
-mod direct_writes;
+pub(crate) mod direct_writes;
 mod events;
 mod gets;
 mod key_memo;

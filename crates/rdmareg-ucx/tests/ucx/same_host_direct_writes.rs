@@ -385,3 +385,41 @@ async fn an_owner_without_direct_writes_serves_and_logs_each_put() {
     consumer.shutdown().await;
     owner.shutdown().await;
 }
+
+/// Once the progress thread has published the owner's process, a PUT of
+/// at most the caller-copy limit is written on the caller's own thread;
+/// its bytes land, a stale key still writes nothing, and larger PUTs go to
+/// the thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_put_is_written_on_the_callers_thread() {
+    let (owner, consumer) = engines(Transport::SameHost);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let target = PageBuf::zeroed(1 << 20);
+    let src = PageBuf::filled(target.len(), pattern);
+    let region = map_writable(&ob, &target, Access::Write).await;
+    let src_region = map(&cb, &src).await;
+    let at = target.addr() as u64;
+    // The first goes to the thread, which publishes the owner's process.
+    for _ in 0..3 {
+        let request = put_request(&src_region, at, region.packed_key.clone(), 4096);
+        assert_eq!(put(&cb, request).await, Ok(()));
+    }
+    assert!(consumer.writes_made_on_caller_threads() >= 1);
+    assert!(target.snapshot()[..4096] == src.snapshot()[..4096]);
+    let before = consumer.writes_made_on_caller_threads();
+    let request = put_request(&src_region, at, region.packed_key.clone(), 1 << 20);
+    assert_eq!(put(&cb, request).await, Ok(()));
+    assert_eq!(
+        consumer.writes_made_on_caller_threads(),
+        before,
+        "1 MiB is the thread's"
+    );
+    assert!(target.snapshot() == src.snapshot());
+    assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
+    target.fill(0x3C);
+    let request = put_request(&src_region, at, region.packed_key.clone(), 4096);
+    assert_eq!(put(&cb, request).await, Err(RdmaError::RegionNotFound));
+    assert!(target.snapshot().iter().all(|&b| b == 0x3C));
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
