@@ -323,21 +323,34 @@ pub(crate) struct ReleaseView {
     writing: Mutex<()>,
 }
 
-/// A slot a writer locked and found live: the write may run while this
-/// lives; dropping it lets the owner's unmap go on.
+/// Slots a writer locked: writes into the registrations found live may
+/// run while this lives; dropping it lets the owner's unmaps go on.
 #[derive(Debug)]
-pub(crate) struct SlotWrite<'view> {
+pub(crate) struct SlotWrites<'view> {
     fd: &'view OwnedFd,
-    slot: u32,
-    /// Released after the lock (fields drop after `drop` ran).
+    /// The slots this holds a lock on, each once.
+    locked: Vec<u32>,
+    /// The (slot, tag) pairs found live under the locks.
+    live: Vec<(u32, u64)>,
+    /// Released after the locks (fields drop after `drop` ran).
     _one_at_a_time: MutexGuard<'view, ()>,
 }
 
-impl Drop for SlotWrite<'_> {
+impl SlotWrites<'_> {
+    /// Whether `slot` held `tag` under its lock: a write that checked it
+    /// may run.
+    pub(crate) fn is_live(&self, slot: u32, tag: u64) -> bool {
+        self.live.contains(&(slot, tag))
+    }
+}
+
+impl Drop for SlotWrites<'_> {
     fn drop(&mut self) {
-        if let Err(err) = set_lock(self.fd, self.slot, libc::F_UNLCK) {
-            // The lock then ends when the view closes.
-            tracing::warn!(error = %err, slot = self.slot, "cannot release a peer's release-table lock");
+        for &slot in &self.locked {
+            if let Err(err) = set_lock(self.fd, slot, libc::F_UNLCK) {
+                // The lock then ends when the view closes.
+                tracing::warn!(error = %err, slot, "cannot release a peer's release-table lock");
+            }
         }
     }
 }
@@ -391,30 +404,51 @@ impl ReleaseView {
     /// Locks `slot` for one write and checks that it holds `tag` under
     /// the lock; `None` when the slot is retired or being retired, or the
     /// kernel refuses the lock (the write then must not run). Hold the
-    /// result until the write's system call returned, and make one write
-    /// at a time per view (module docs, "Writers").
-    pub(crate) fn lock_for_write(&self, slot: u32, tag: u64) -> Option<SlotWrite<'_>> {
+    /// result until the write's system call returned (module docs,
+    /// "Writers").
+    pub(crate) fn lock_for_write(&self, slot: u32, tag: u64) -> Option<SlotWrites<'_>> {
+        let writes = self.lock_slots_for_write(&[(slot, tag)]);
+        writes.is_live(slot, tag).then_some(writes)
+    }
+
+    /// Locks each slot of `wanted` once and checks under the locks which
+    /// (slot, tag) pairs are live ([`SlotWrites::is_live`]); a slot that
+    /// is being retired, or that the kernel will not lock, is live for no
+    /// tag. One such hold per view at a time: a second waits for the first
+    /// to drop (module docs, "Writers").
+    pub(crate) fn lock_slots_for_write(&self, wanted: &[(u32, u64)]) -> SlotWrites<'_> {
         // A panic under the mutex leaves no lock of the description held
-        // (`SlotWrite` unlocks as it unwinds), so a poisoned one is sound.
+        // (`SlotWrites` unlocks as it unwinds), so a poisoned one is sound.
         let one_at_a_time = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        match set_lock(&self.fd, slot, libc::F_RDLCK) {
-            Ok(true) => {}
-            Ok(false) => return None,
-            Err(err) => {
-                tracing::debug!(error = %err, slot, "cannot lock a peer's release-table slot");
-                return None;
-            }
-        }
-        let locked = SlotWrite {
+        let mut writes = SlotWrites {
             fd: &self.fd,
-            slot,
+            locked: Vec::with_capacity(1),
+            live: Vec::with_capacity(wanted.len()),
             _one_at_a_time: one_at_a_time,
         };
-        let live = self
-            .mapping
-            .slot(slot)
-            .is_some_and(|entry| entry.load(Ordering::SeqCst) == tag);
-        live.then_some(locked)
+        for &(slot, tag) in wanted {
+            if writes.live.contains(&(slot, tag)) {
+                continue;
+            }
+            if !writes.locked.contains(&slot) {
+                match set_lock(&self.fd, slot, libc::F_RDLCK) {
+                    Ok(true) => writes.locked.push(slot),
+                    Ok(false) => continue,
+                    Err(err) => {
+                        tracing::debug!(error = %err, slot, "cannot lock a peer's release-table slot");
+                        continue;
+                    }
+                }
+            }
+            let live = self
+                .mapping
+                .slot(slot)
+                .is_some_and(|entry| entry.load(Ordering::SeqCst) == tag);
+            if live {
+                writes.live.push((slot, tag));
+            }
+        }
+        writes
     }
 
     /// Whether `slot` holds `tag`: the check before a copy.
@@ -504,6 +538,22 @@ mod tests {
         table.retire_writable(slot);
         assert!(view.lock_for_write(slot, 7).is_none());
         assert!(table.writers_gone(slot), "a refused writer holds nothing");
+    }
+
+    #[test]
+    fn a_batch_locks_each_slot_once_and_sees_which_are_live() {
+        let mut table = ReleaseTable::create().expect("memfd");
+        let location = table.location().unwrap();
+        let view = ReleaseView::open(std::process::id(), location).expect("opened");
+        let (first, second) = (table.publish(7).unwrap(), table.publish(8).unwrap());
+        let writes = view.lock_slots_for_write(&[(first, 7), (second, 9), (first, 7), (second, 8)]);
+        assert!(writes.is_live(first, 7) && writes.is_live(second, 8));
+        assert!(!writes.is_live(second, 9), "another tag");
+        table.retire_writable(first);
+        table.retire_writable(second);
+        assert!(!table.writers_gone(first) && !table.writers_gone(second));
+        drop(writes);
+        assert!(table.writers_gone(first) && table.writers_gone(second));
     }
 
     #[test]

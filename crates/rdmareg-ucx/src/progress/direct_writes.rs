@@ -32,85 +32,195 @@
 //!   (or its notice) says it landed. A writer killed mid-copy can leave
 //!   the range partly written, page by page.
 
-use rdmareg_core::{PeerId, RdmaError};
+use rdmareg_core::{BackendPut, PeerId, RdmaError};
 
 use super::Engine;
 use super::vectored::CopyError;
 use crate::owner_process::{OwnerProcess, SameHostSource, TOKEN_LEN};
-use crate::read_protocol::SameHostKey;
+use crate::read_protocol::ReadKey;
 
-/// What became of a PUT offered to the direct lane.
+/// Most ranges one `process_vm_writev` may name on either side
+/// (`UIO_MAXIOV`).
+const MAX_VECTORS: usize = 1024;
+
+/// One write of a batch copied into the owner: `len` bytes at `source`
+/// to `remote_addr`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteEntry {
+    pub(crate) remote_addr: u64,
+    pub(crate) source: *const u8,
+    pub(crate) len: usize,
+}
+
+/// PUTs of a batch, each with the index its answer goes to.
+type Indexed = Vec<(usize, BackendPut)>;
+
+/// Answers, each with the index of the PUT it answers.
+type Answers = Vec<(usize, Result<(), RdmaError>)>;
+
+/// One peer's PUTs the direct lane may take: their candidates and the
+/// requests themselves, for the owner if the lane cannot write them.
+struct PeerWrites {
+    peer: PeerId,
+    candidates: Vec<Candidate>,
+    requests: Indexed,
+}
+
+/// A PUT of a batch that the direct lane may take: its entry and the
+/// release slot and tag its key names.
 #[derive(Debug)]
-pub(super) enum DirectWrite {
-    /// Written one-sided, or failed there: the PUT's answer.
-    Done(Result<(), RdmaError>),
-    /// Not for the direct lane: send it through the owner.
-    ThroughOwner,
+struct Candidate {
+    index: usize,
+    entry: WriteEntry,
+    slot: u32,
+    tag: u64,
 }
 
 impl Engine {
-    /// Writes `len` bytes at `source` to `remote_addr` of `peer` one-sided
-    /// if `key` and the peer allow it (module docs).
-    ///
-    /// # Safety
-    /// `source..source + len` is mapped memory of this process that stays
-    /// readable until this returns.
-    pub(super) unsafe fn write_directly(
-        &mut self,
-        peer: PeerId,
-        key: &SameHostKey,
-        remote_addr: u64,
-        source: *const u8,
-        len: usize,
-    ) -> DirectWrite {
-        if !key.access.allows_write()
-            || !key.covers(remote_addr, len as u64)
-            || !self.direct_key_is_well_formed(&key.ucx_key)
-        {
-            return DirectWrite::ThroughOwner;
-        }
-        // Not `copy_source`: its memo lives only until a turn's reads are
-        // copied, and no read may follow this to clear it.
-        let owner = match self.look_up_copy_source(peer) {
-            SameHostSource::Copy(owner) => owner,
-            SameHostSource::Gone => {
-                return DirectWrite::Done(Err(RdmaError::backend(format!(
-                    "ucx: the same-host owner process of {peer} is gone"
-                ))));
-            }
-            SameHostSource::NotCopied | SameHostSource::ThroughOwner => {
-                return DirectWrite::ThroughOwner;
-            }
-        };
-        let Some(table) = owner.release() else {
-            return DirectWrite::ThroughOwner;
-        };
-        let Some(lock) = table.lock_for_write(key.release_slot, key.release_tag()) else {
-            return DirectWrite::Done(Err(RdmaError::RegionNotFound));
-        };
-        // SAFETY: the source is readable until this returns (the caller's
-        // contract); the destination is inside the key's range of a
-        // registration whose slot is live and locked, so the owner's unmap
-        // of it waits until `lock` is dropped below.
-        let copied = unsafe { copy_into_process(&owner, remote_addr, source, len) };
-        drop(lock);
-        match copied {
-            Ok(()) => DirectWrite::Done(Ok(())),
-            Err(err) if err.is_refusal() => {
-                tracing::debug!(%peer, error = %err, "same-host writes refused; writing through the owner");
-                self.stop_copying_from(peer, SameHostSource::ThroughOwner);
-                DirectWrite::ThroughOwner
-            }
-            Err(err) => {
-                if err.is_gone() {
-                    tracing::debug!(%peer, "same-host owner process gone; its same-host transfers fail from now on");
-                    self.stop_copying_from(peer, SameHostSource::Gone);
+    /// Writes one-sided every PUT of `requests` (each with the index its
+    /// answer goes to) that its key and its peer allow (module docs):
+    /// returns the answers of those written or failed here, and hands back
+    /// the rest for the owner. The PUTs of one peer share one lock hold on
+    /// their slots, one token read and as few `process_vm_writev` calls as
+    /// the vector limit allows.
+    pub(super) fn write_directly(&mut self, requests: Indexed) -> (Answers, Indexed) {
+        let mut answered = Vec::new();
+        let mut through_owner = Vec::new();
+        let mut by_peer: Vec<PeerWrites> = Vec::new();
+        for (index, request) in requests {
+            let Some(candidate) = self.direct_candidate(index, &request) else {
+                through_owner.push((index, request));
+                continue;
+            };
+            match by_peer
+                .iter_mut()
+                .find(|writes| writes.peer == request.peer)
+            {
+                Some(writes) => {
+                    writes.candidates.push(candidate);
+                    writes.requests.push((index, request));
                 }
-                DirectWrite::Done(Err(RdmaError::backend(format!(
-                    "ucx: same-host write to {peer} failed: {err}"
-                ))))
+                None => by_peer.push(PeerWrites {
+                    peer: request.peer,
+                    candidates: vec![candidate],
+                    requests: vec![(index, request)],
+                }),
             }
         }
+        for PeerWrites {
+            peer,
+            candidates,
+            requests: held,
+        } in by_peer
+        {
+            // Not `copy_source`: its memo lives only until a turn's reads
+            // are copied, and no read may follow this to clear it.
+            let owner = match self.look_up_copy_source(peer) {
+                SameHostSource::Copy(owner) => owner,
+                SameHostSource::Gone => {
+                    let gone = RdmaError::backend(format!(
+                        "ucx: the same-host owner process of {peer} is gone"
+                    ));
+                    answered.extend(
+                        held.into_iter()
+                            .map(|(index, _)| (index, Err(gone.clone()))),
+                    );
+                    continue;
+                }
+                SameHostSource::NotCopied | SameHostSource::ThroughOwner => {
+                    through_owner.extend(held);
+                    continue;
+                }
+            };
+            let Some(table) = owner.release() else {
+                through_owner.extend(held);
+                continue;
+            };
+            let wanted: Vec<(u32, u64)> = candidates.iter().map(|c| (c.slot, c.tag)).collect();
+            let locks = table.lock_slots_for_write(&wanted);
+            let (live, released): (Vec<&Candidate>, Vec<&Candidate>) = candidates
+                .iter()
+                .partition(|c| locks.is_live(c.slot, c.tag));
+            answered.extend(
+                released
+                    .iter()
+                    .map(|c| (c.index, Err(RdmaError::RegionNotFound))),
+            );
+            let entries: Vec<WriteEntry> = live.iter().map(|c| c.entry).collect();
+            // SAFETY: every source lies inside a region this engine mapped,
+            // checked when the candidate was made, which cannot be unmapped
+            // before this returns (unmaps run on this thread); every target
+            // is inside its key's range of a registration whose slot is live
+            // and locked, so the owner's unmap waits for `locks`.
+            let outcomes = unsafe { copy_batch_into_process(&owner, &entries) };
+            drop(locks);
+            let mut held = held;
+            let mut refused = false;
+            for (candidate, outcome) in live.iter().zip(outcomes) {
+                match outcome {
+                    Ok(()) => answered.push((candidate.index, Ok(()))),
+                    Err(err) if err.is_refusal() => {
+                        // Written through the owner instead, with the rest.
+                        refused = true;
+                        if let Some(at) = held.iter().position(|(i, _)| *i == candidate.index) {
+                            through_owner.push(held.swap_remove(at));
+                        }
+                    }
+                    Err(err) => {
+                        if err.is_gone() {
+                            tracing::debug!(%peer, "same-host owner process gone; its same-host transfers fail from now on");
+                            self.stop_copying_from(peer, SameHostSource::Gone);
+                        }
+                        answered.push((
+                            candidate.index,
+                            Err(RdmaError::backend(format!(
+                                "ucx: same-host write to {peer} failed: {err}"
+                            ))),
+                        ));
+                    }
+                }
+            }
+            if refused {
+                tracing::debug!(%peer, "same-host writes refused; writing through the owner");
+                self.stop_copying_from(peer, SameHostSource::ThroughOwner);
+            }
+        }
+        (answered, through_owner)
+    }
+
+    /// `request` as a direct-lane write, if its key grants a write this
+    /// engine can make one-sided and its ranges check out; `None` leaves it
+    /// to the owner (which refuses what is wrong with it).
+    fn direct_candidate(&mut self, index: usize, request: &BackendPut) -> Option<Candidate> {
+        self.direct.as_ref()?;
+        let (source, len, _) = self
+            .checked_destination(
+                request.local_region_id,
+                request.local_offset,
+                request.len,
+                request.remote_addr,
+            )
+            .ok()?;
+        let decoded = self.decoded_key(&request.packed_key)?;
+        let ReadKey::SameHost(key) = &*decoded.key else {
+            return None;
+        };
+        if !decoded.direct_well_formed
+            || !key.access.allows_write()
+            || !key.covers(request.remote_addr, request.len)
+        {
+            return None;
+        }
+        Some(Candidate {
+            index,
+            entry: WriteEntry {
+                remote_addr: request.remote_addr,
+                source,
+                len,
+            },
+            slot: key.release_slot,
+            tag: key.release_tag(),
+        })
     }
 }
 
@@ -126,6 +236,102 @@ pub(crate) unsafe fn copy_into_process(
     source: *const u8,
     len: usize,
 ) -> Result<(), CopyError> {
+    let entry = WriteEntry {
+        remote_addr,
+        source,
+        len,
+    };
+    // SAFETY: this function's contract, for a batch of one.
+    let mut outcomes = unsafe { copy_batch_into_process(owner, &[entry]) };
+    outcomes.pop().unwrap_or(Err(CopyError(libc::EIO)))
+}
+
+/// Copies every entry into `owner`, after reading the owner's token under
+/// the same id once (module docs); one outcome per entry, in order. The
+/// kernel stops at the first byte it cannot write: the entries wholly
+/// before it succeed, the one it stopped in fails if it is the first of
+/// its call (so a half-writable entry cannot make the loop spin), and the
+/// rest are tried again in the next call.
+///
+/// # Safety
+/// Every entry's `source..source + len` is readable memory of this process
+/// until this returns.
+pub(crate) unsafe fn copy_batch_into_process(
+    owner: &OwnerProcess,
+    entries: &[WriteEntry],
+) -> Vec<Result<(), CopyError>> {
+    let mut outcomes = vec![Ok(()); entries.len()];
+    if let Err(err) = check_token(owner) {
+        outcomes.fill(Err(err));
+        return outcomes;
+    }
+    let Ok(pid) = libc::pid_t::try_from(owner.copy_by()) else {
+        outcomes.fill(Err(CopyError(libc::ESRCH)));
+        return outcomes;
+    };
+    let mut local = Vec::with_capacity(entries.len().min(MAX_VECTORS));
+    let mut remote = Vec::with_capacity(entries.len().min(MAX_VECTORS));
+    let mut next = 0;
+    while next < entries.len() {
+        let call = &entries[next..(next + MAX_VECTORS).min(entries.len())];
+        local.clear();
+        remote.clear();
+        for entry in call {
+            local.push(libc::iovec {
+                iov_base: entry.source as *mut libc::c_void,
+                iov_len: entry.len,
+            });
+            remote.push(libc::iovec {
+                iov_base: entry.remote_addr as usize as *mut libc::c_void,
+                iov_len: entry.len,
+            });
+        }
+        // SAFETY: both vectors hold at most UIO_MAXIOV initialised iovecs
+        // covering the same number of bytes; the local ranges are only
+        // read, inside the caller's readable sources; the remote ranges are
+        // written by the kernel in the other process, checked against its
+        // page tables there.
+        let written = unsafe {
+            libc::process_vm_writev(
+                pid,
+                local.as_ptr(),
+                local.len() as libc::c_ulong,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            )
+        };
+        if written < 0 {
+            let errno = last_errno();
+            if errno == libc::ESRCH || CopyError(errno).is_refusal() {
+                // Nothing more can be written to this owner.
+                outcomes[next..].fill(Err(CopyError(errno)));
+                return outcomes;
+            }
+            outcomes[next] = Err(CopyError(errno));
+            next += 1;
+            continue;
+        }
+        let mut left = written as usize;
+        let mut done = 0;
+        while done < call.len() && left >= call[done].len {
+            left -= call[done].len;
+            done += 1;
+        }
+        if done == 0 {
+            // Stopped inside the call's first entry: it fails alone.
+            outcomes[next] = Err(CopyError(libc::EFAULT));
+            next += 1;
+        } else {
+            next += done;
+        }
+    }
+    outcomes
+}
+
+/// Reads `owner`'s token under the id copies name it by: `Ok` if the
+/// process there is the owner.
+fn check_token(owner: &OwnerProcess) -> Result<(), CopyError> {
     let Ok(pid) = libc::pid_t::try_from(owner.copy_by()) else {
         return Err(CopyError(libc::ESRCH));
     };
@@ -153,28 +359,6 @@ pub(crate) unsafe fn copy_into_process(
     }
     if read != TOKEN_LEN as isize || !owner.is_token(&token) {
         return Err(CopyError(libc::ESRCH));
-    }
-    let mut done = 0usize;
-    while done < len {
-        let local = libc::iovec {
-            iov_base: source.wrapping_add(done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        let remote = libc::iovec {
-            iov_base: (remote_addr as usize).wrapping_add(done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: one iovec on each side, of equal length; the local range
-        // is inside the caller's readable source and only read; the remote
-        // range is written by the kernel in the other process, checked
-        // against its page tables there.
-        let written = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
-        match written {
-            n if n < 0 => return Err(CopyError(last_errno())),
-            // Nothing written and no error: stop rather than spin.
-            0 => return Err(CopyError(libc::EFAULT)),
-            n => done += n as usize,
-        }
     }
     Ok(())
 }
@@ -229,6 +413,37 @@ mod tests {
         };
         assert!(written.is_err_and(|err| err.is_gone()));
         assert_eq!(target, [0u8; 64]);
+    }
+
+    #[test]
+    fn a_batch_lands_and_an_unwritable_entry_fails_alone() {
+        let _ = this_process_token();
+        let sources: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i + 1; 5000]).collect();
+        let mut targets = vec![vec![0u8; 5000]; 3];
+        let mut entries: Vec<WriteEntry> = sources
+            .iter()
+            .zip(&mut targets)
+            .map(|(source, target)| WriteEntry {
+                remote_addr: target.as_mut_ptr() as u64,
+                source: source.as_ptr(),
+                len: source.len(),
+            })
+            .collect();
+        entries.insert(
+            1,
+            WriteEntry {
+                remote_addr: 8,
+                source: sources[0].as_ptr(),
+                len: 64,
+            },
+        );
+        // SAFETY: every source is ours and readable across the call.
+        let outcomes = unsafe { copy_batch_into_process(&this_process(), &entries) };
+        assert_eq!(
+            outcomes,
+            [Ok(()), Err(CopyError(libc::EFAULT)), Ok(()), Ok(())]
+        );
+        assert_eq!(targets, sources);
     }
 
     #[test]

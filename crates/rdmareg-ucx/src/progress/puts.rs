@@ -35,7 +35,6 @@ use rdmareg_engine::served::writer::{WriteId, WriteTarget, WriteTimeout};
 use ucx_sys as sys;
 
 use super::Engine;
-use super::direct_writes::DirectWrite;
 use super::events::Events;
 use super::ucp::{SendMode, send_active_message};
 use crate::read_protocol::{ReadKey, WRITE_REQUEST_AM_ID};
@@ -136,7 +135,12 @@ struct PutSend {
 impl Engine {
     /// `Command::Put`.
     pub(super) fn post_put(&mut self, request: BackendPut, waiter: PutWaiter) {
-        if let Err((waiter, err)) = self.try_post_put(request, waiter) {
+        let (mut answered, through_owner) = self.write_directly(vec![(0, request)]);
+        if let Some((_, result)) = answered.pop() {
+            waiter.send(result);
+        } else if let Some((_, request)) = through_owner.into_iter().next()
+            && let Err((waiter, err)) = self.try_post_put(request, waiter)
+        {
             waiter.send(Err(err));
         }
         self.complete_puts();
@@ -150,7 +154,12 @@ impl Engine {
             remaining: requests.len(),
             reply: Some(reply),
         }));
-        for (index, request) in requests.into_iter().enumerate() {
+        let (answered, through_owner) =
+            self.write_directly(requests.into_iter().enumerate().collect());
+        for (index, result) in answered {
+            PutWaiter::Entry(Rc::clone(&batch), index).send(result);
+        }
+        for (index, request) in through_owner {
             let waiter = PutWaiter::Entry(Rc::clone(&batch), index);
             if let Err((waiter, err)) = self.try_post_put(request, waiter) {
                 waiter.send(Err(err));
@@ -184,16 +193,6 @@ impl Engine {
         let Ok(key) = ReadKey::decode(&packed_key) else {
             return Err((waiter, RdmaError::InvalidKey));
         };
-        if let ReadKey::SameHost(same_host) = &key {
-            // SAFETY: `source..source + len` was checked inside a mapped
-            // region of this engine, which cannot be unmapped before this
-            // returns (unmaps run on this thread).
-            let direct = unsafe { self.write_directly(peer, same_host, remote_addr, source, len) };
-            if let DirectWrite::Done(result) = direct {
-                waiter.send(result);
-                return Ok(());
-            }
-        }
         let served = key.served();
         // Not `served_endpoint`: its memo holds only while one batch of
         // reads is prepared, and must never outlive a send (a send's

@@ -423,3 +423,46 @@ async fn a_small_put_is_written_on_the_callers_thread() {
     consumer.shutdown().await;
     owner.shutdown().await;
 }
+
+/// A batch of PUTs to two registrations, one of them unregistered before
+/// the batch: the live one's PUTs land (in one vectored copy), the stale
+/// one's fail `RegionNotFound` and write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_writes_its_live_targets_and_refuses_a_stale_one() {
+    let (owner, consumer) = engines(Transport::SameHost);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let live = PageBuf::zeroed(8 * 4096);
+    let stale = PageBuf::zeroed(4096);
+    let src = PageBuf::filled(8 * 4096, pattern);
+    let live_region = map_writable(&ob, &live, Access::Write).await;
+    let stale_region = map_writable(&ob, &stale, Access::Write).await;
+    let src_region = map(&cb, &src).await;
+    let stale_key = stale_region.packed_key.clone();
+    assert_eq!(ob.unmap(stale_region.backend_region_id).await, Ok(()));
+    let mut requests = Vec::new();
+    for block in 0..8u64 {
+        let mut request = put_request(
+            &src_region,
+            live.addr() as u64 + block * 4096,
+            live_region.packed_key.clone(),
+            4096,
+        );
+        request.local_offset = block * 4096;
+        requests.push(request);
+    }
+    requests.insert(
+        3,
+        put_request(&src_region, stale.addr() as u64, stale_key, 4096),
+    );
+    // SAFETY: every source is a `PageBuf` mapped on the consumer, alive
+    // until after the batch answered; nothing writes it.
+    let results = unsafe { cb.put_batch(requests) }.await;
+    let mut want = vec![Ok(()); 9];
+    want[3] = Err(RdmaError::RegionNotFound);
+    assert_eq!(results, want);
+    assert!(live.snapshot() == src.snapshot());
+    assert!(stale.snapshot().iter().all(|&b| b == 0));
+    assert_eq!(ob.unmap(live_region.backend_region_id).await, Ok(()));
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
