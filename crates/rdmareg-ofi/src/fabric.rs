@@ -210,6 +210,10 @@ pub(crate) struct Fabric {
     /// `fi_av_remove` closes the peer's connection, ending what is in
     /// flight on it (`tcp;ofi_rxm` with `FI_AV_REMOVE_CLEANUP` set).
     pub(crate) av_remove_closes: bool,
+    /// How long the provider may leave a peer's connection request queued
+    /// unread (`tcp;ofi_rxm`; see [`Fabric::connection_requests_taken`]);
+    /// `None` for a provider that queues none.
+    pub(crate) connection_requests_read_within: Option<std::time::Duration>,
     /// Counted among the process's open `shm` fabrics ([`SHM_FABRICS`]).
     shm_counted: bool,
     /// The endpoint was left open at teardown ([`Fabric::close_or_park_endpoint`]):
@@ -371,6 +375,8 @@ impl Fabric {
             read_path: config.effective_read_path(),
             reports_source: false,
             av_remove_closes: config.provider == Provider::Tcp && env_flag("FI_AV_REMOVE_CLEANUP"),
+            connection_requests_read_within: (config.provider == Provider::Tcp)
+                .then(rxm_cm_progress_interval),
             shm_counted: false,
             parked: false,
             kept: Vec::new(),
@@ -839,6 +845,24 @@ impl Fabric {
         }
     }
 
+    /// Whether no connection request is left queued in the provider, as
+    /// `fi_trywait` tells: it first runs the connection manager, which may
+    /// queue requests that arrived, and fails while any is queued.
+    ///
+    /// Over `tcp;ofi_rxm` a peer's connection request is queued as an
+    /// `FI_CONNREQ` event carrying a `fi_info` (`fi_dupinfo` in
+    /// `tcpx_cm_recv_req`) in the event queue of the `ofi_rxm` endpoint,
+    /// which reads that queue only from a completion-queue read, at most
+    /// every `FI_OFI_RXM_CM_PROGRESS_INTERVAL` (10 ms by default), and
+    /// frees the info when it handles the request. Closing the endpoint
+    /// closes that queue with the request still in it, and libfabric 1.17
+    /// frees the queued event but not its `fi_info` (`ofi_eq_cleanup`), so
+    /// teardown must not close the endpoint while a request is queued
+    /// (`Engine::settle_connection_requests`).
+    pub(crate) fn connection_requests_taken(&mut self) -> bool {
+        self.connection_requests_read_within.is_none() || self.try_wait()
+    }
+
     /// Asks the provider to cancel an operation (most cannot for RMA; the
     /// completion still decides).
     pub(crate) fn cancel(&mut self, context: *mut c_void) {
@@ -1070,6 +1094,48 @@ fn libfabric_true(value: &str) -> bool {
             .any(|word| value.eq_ignore_ascii_case(word))
 }
 
+/// `ofi_rxm`'s `cm_progress_interval` parameter as libfabric 1.17 reads
+/// it (`FI_OFI_RXM_CM_PROGRESS_INTERVAL`, microseconds, 10000 when unset):
+/// the longest its endpoint leaves its connection events unread while its
+/// completion queue is read.
+fn rxm_cm_progress_interval() -> std::time::Duration {
+    let micros = std::env::var("FI_OFI_RXM_CM_PROGRESS_INTERVAL")
+        .map(|value| libfabric_int(&value))
+        .unwrap_or(10_000);
+    std::time::Duration::from_micros(micros.max(0).unsigned_abs())
+}
+
+/// An integer parameter as libfabric 1.17 reads it (`fi_param_get`:
+/// `strtol(value, NULL, 0)`): leading blanks, a sign, then hexadecimal
+/// after `0x`, octal after `0`, else decimal, up to the first other
+/// character; 0 when no digit comes.
+fn libfabric_int(value: &str) -> i64 {
+    let text = value.trim_start();
+    let (negative, text) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let (radix, digits) = if let Some(hex) = text
+        .strip_prefix("0x")
+        .or_else(|| text.strip_prefix("0X"))
+        .filter(|hex| hex.starts_with(|c: char| c.is_ascii_hexdigit()))
+    {
+        (16, hex)
+    } else if text.starts_with('0') {
+        (8, text)
+    } else {
+        (10, text)
+    };
+    let mut magnitude: i64 = 0;
+    for digit in digits.chars().map_while(|c| c.to_digit(radix)) {
+        magnitude = magnitude
+            .saturating_mul(i64::from(radix))
+            .saturating_add(i64::from(digit));
+    }
+    if negative { -magnitude } else { magnitude }
+}
+
 /// Whether the engine asks the provider to name each receive's sender
 /// (`FI_SOURCE`) so an owner can check a request's reply address: served
 /// reads over `tcp;ofi_rxm` only; on `shm` it named an earlier consumer of
@@ -1156,7 +1222,29 @@ unsafe fn getinfo(config: &OfiConfig) -> Result<*mut ffi::fi_info, RdmaError> {
 
 #[cfg(test)]
 mod tests {
-    use super::libfabric_true;
+    use super::{libfabric_int, libfabric_true};
+
+    #[test]
+    fn an_integer_parameter_reads_as_libfabric_reads_it() {
+        for (value, read) in [
+            ("10000", 10_000),
+            ("  250", 250),
+            ("+7", 7),
+            ("-3", -3),
+            ("0x10", 16),
+            ("0X1f", 31),
+            ("010", 8),
+            ("0", 0),
+            ("12ms", 12),
+            ("0x", 0),
+            ("09", 0),
+            ("", 0),
+            ("ten", 0),
+            ("99999999999999999999999", i64::MAX),
+        ] {
+            assert_eq!(libfabric_int(value), read, "{value:?}");
+        }
+    }
 
     #[test]
     fn a_boolean_parameter_is_true_exactly_where_libfabric_reads_it_true() {

@@ -15,6 +15,17 @@
 //! write changes no byte. Replies go to the address the message names
 //! (the provider is not asked who sent it, as for lists and on `shm`): a
 //! forged address gets an 8-byte reply its owner has no receive for.
+//!
+//! Teardown withdraws the write receives first
+//! ([`Engine::withdraw_write_receives`]) and waits, within its timeout,
+//! until none is posted: over `tcp;ofi_rxm` a write's bytes arrive after
+//! its receive matched (the provider reads them from the writer), and
+//! libfabric 1.17's `tcp` completes the read a response is arriving for
+//! twice when its endpoint closes, the second time with a freed context,
+//! on which `ofi_rxm` crashes (`tcpx_ep_flush_all_queues` reports the
+//! entry from the read queue and again as `cur_rx.entry`).
+
+use std::ffi::c_void;
 
 use rdmareg_engine::served::Write;
 
@@ -45,6 +56,26 @@ impl Engine {
             self.request_buffers.insert(at, buffer);
             self.repost_request(at);
         }
+    }
+
+    /// At teardown: asks the provider to withdraw every write receive
+    /// still posted. One not yet matched ends at once (over `tcp;ofi_rxm`
+    /// and `shm`); one matched ends when its write's bytes are in. None is
+    /// posted again once teardown began (`repost_request`).
+    pub(super) fn withdraw_write_receives(&mut self) {
+        for buffer in self.request_buffers.values_mut() {
+            if buffer.tag == WRITE_TAG && buffer.posted {
+                let context = (&raw mut buffer.context.space).cast::<c_void>();
+                self.fabric.cancel(context);
+            }
+        }
+    }
+
+    /// Whether a write receive is still posted.
+    pub(super) fn write_receives_posted(&self) -> bool {
+        self.request_buffers
+            .values()
+            .any(|buffer| buffer.tag == WRITE_TAG && buffer.posted)
     }
 
     /// A write receive completed with `len` bytes (or failed): the write

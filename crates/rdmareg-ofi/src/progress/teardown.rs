@@ -1,8 +1,11 @@
 //! Teardown: end every read and reply, then deregister what no send reads.
 //!
-//! Queued commands fail `ShuttingDown`; reads and reply sends in flight get
-//! the teardown timeout, and the rest end only once the provider let go of
-//! them (by closing the endpoint). A `shm` endpoint is parked instead while
+//! Queued commands fail `ShuttingDown`; write receives are withdrawn;
+//! reads, reply sends and writes whose receive matched get the teardown
+//! timeout, and the rest end only once the provider let go of them (by
+//! closing the endpoint). Over `tcp;ofi_rxm` the provider is first let
+//! read the connection requests it queued
+//! (`Engine::settle_connection_requests`). A `shm` endpoint is parked instead while
 //! another `shm` engine of the process is open (`fabric`): its reads are
 //! cancelled and each completes once its cancellation was read
 //! (`Engine::withdraw_for_parking`). Replies still being sent from an
@@ -20,6 +23,13 @@ use crate::fabric::{ADDR_NOTAVAIL, EndpointEnd};
 
 use super::*;
 
+/// How long past the provider's connection-event interval teardown goes on
+/// reading completions so the provider reads its queued connection
+/// requests (`Engine::settle_connection_requests`).
+const CONNECTION_REQUESTS_MARGIN: Duration = Duration::from_millis(2);
+/// The longest teardown waits for that, whatever interval is configured.
+const CONNECTION_REQUESTS_MAX: Duration = Duration::from_secs(1);
+
 impl Engine {
     pub(super) fn teardown(&mut self, ring: &Receiver<Command>, control: &Receiver<Command>) {
         self.signals.lifecycle.close();
@@ -34,7 +44,9 @@ impl Engine {
         while let Ok(command) = ring.try_recv() {
             self.dispatch_closing(command);
         }
-        // Reads in flight get the teardown timeout to finish.
+        // Reads in flight get the teardown timeout to finish, and so do
+        // writes whose receive matched (`serve_writes`).
+        self.withdraw_write_receives();
         let until = Instant::now() + self.settings.teardown_timeout;
         for slot in std::mem::take(&mut self.unposted) {
             self.provider_released(slot, Err(RdmaError::ShuttingDown));
@@ -46,7 +58,8 @@ impl Engine {
         }
         while (self.consumer.in_flight() > 0
             || self.writer.in_flight() > 0
-            || !self.sends.is_empty())
+            || !self.sends.is_empty()
+            || self.write_receives_posted())
             && Instant::now() < until
         {
             if !self.turn() {
@@ -56,6 +69,7 @@ impl Engine {
         // Puts hold no source the provider reads (each chunk sent a copy):
         // they end now.
         self.end_writes_at_teardown();
+        self.settle_connection_requests();
         if self.fabric.park_at_teardown() {
             self.withdraw_for_parking();
         } else {
@@ -102,6 +116,42 @@ impl Engine {
         for reply in self.shutdown_replies.drain(..) {
             let _ = reply.send(());
         }
+    }
+
+    /// Before the endpoint closes, lets the provider take the connection
+    /// requests it queued, so none is freed without its `fi_info`
+    /// (`Fabric::connection_requests_taken`). Over `tcp;ofi_rxm` a request
+    /// is queued when `fi_trywait` runs the connection manager (parking
+    /// does) and read only by a completion-queue read at least the
+    /// provider's interval after its last look; so unless `fi_trywait`
+    /// finds nothing queued, the loop turns, reading completions and
+    /// calling no `fi_trywait`, for that interval and
+    /// [`CONNECTION_REQUESTS_MARGIN`] more: by then the provider has read
+    /// its queue, and nothing queues a request between that read and the
+    /// close. An interval set past [`CONNECTION_REQUESTS_MAX`] is waited
+    /// for only that long.
+    ///
+    /// A connection accepted whose request has not arrived yet is not
+    /// queued, and libfabric 1.17 keeps it (its socket and handle) when
+    /// the endpoint closes; no call of its API reaches it.
+    fn settle_connection_requests(&mut self) {
+        let Some(interval) = self.fabric.connection_requests_read_within else {
+            return;
+        };
+        if self.fabric.connection_requests_taken() {
+            return;
+        }
+        let until =
+            Instant::now() + (interval + CONNECTION_REQUESTS_MARGIN).min(CONNECTION_REQUESTS_MAX);
+        while Instant::now() < until {
+            if !self.turn() {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        tracing::debug!(
+            waited = ?interval.min(CONNECTION_REQUESTS_MAX),
+            "teardown let the provider read the connection requests it queued"
+        );
     }
 
     /// A notice still being sent may or may not arrive: before its send is
