@@ -22,15 +22,6 @@ macro_rules! attack {
     )+};
 }
 
-// Over the UCX lanes only for now: over libfabric tcp this scenario passes
-// in the normal run, but LeakSanitizer reports two `fi_info` records (from
-// libfabric's `fi_dupinfo`, 1,356 bytes) left after the owner's engine shut
-// down with a consumer's PUT chunks in flight. Not explained yet.
-rdmareg_tests::lane_tests!(the_owner_shutting_down_mid_put_answers_it,
-    over_tcp => rdmareg_ucx::Transport::Tcp,
-    over_same_host => rdmareg_ucx::Transport::SameHost,
-);
-
 attack!(
     forged_ranges_write_nothing_outside_the_registration,
     nothing_lands_once_the_unregister_returned,
@@ -38,6 +29,7 @@ attack!(
     a_cancelled_post_surrenders_its_put_sources,
     the_consumer_shutting_down_mid_put_answers_it,
     the_target_of_a_writer_gone_mid_put_lists_the_chunks_that_landed,
+    the_owner_shutting_down_mid_put_answers_it,
     removing_the_peer_mid_put_answers_it,
     a_write_only_registration_refuses_every_read,
     metrics_count_only_puts_that_landed,
@@ -607,6 +599,7 @@ async fn the_owner_shutting_down_mid_put_answers_it(lane: Lane) {
     for delay in [0u64, 300, 3000] {
         let pair = Pair::start(lane.clone(), registry_config());
         let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
+        connect(owner, consumer).await;
         let len = 5 * MIB;
         let target = owner
             .register_owned_with(vec![UNTOUCHED; len].into_boxed_slice(), Access::Write)
@@ -656,6 +649,38 @@ async fn the_owner_shutting_down_mid_put_answers_it(lane: Lane) {
         assert!(report.released, "{lane:?}: {report:?}");
         assert_eq!(pair.consumer.engine_live(), 0, "{lane:?}: consumer leaked");
     }
+}
+
+/// An 8-byte PUT from `consumer` into `owner`, so the PUTs that follow
+/// find the consumer connected.
+///
+/// Over libfabric tcp an owner whose endpoint closes just after it
+/// accepted a connection, before the connection's request arrived, leaks
+/// what libfabric 1.17 allocated for it (a handle and its connection
+/// context, 376 bytes, and the socket): nothing frees them when the
+/// listener and its event queue close, and no call reaches them. The
+/// owner's shutdown racing the consumer's first connection is that race,
+/// not what the scenarios using this are about.
+async fn connect(owner: &RdmaRegistry, consumer: &RdmaRegistry) {
+    let target = owner
+        .register_owned_with(vec![UNTOUCHED; 8].into_boxed_slice(), Access::Write)
+        .await
+        .unwrap();
+    let mut src = source(consumer, 8, 1).await;
+    within(
+        HANG,
+        "a first put",
+        consumer.put(OWNER, &mut src, &target.descriptor().unwrap()),
+    )
+    .await
+    .expect("a first put lands");
+    within(
+        HANG,
+        "unregister",
+        target.unregister_owned(Duration::from_secs(10)),
+    )
+    .await
+    .unwrap();
 }
 
 /// The consumer's engine forgets the owner while a 5 MiB PUT is in flight:
