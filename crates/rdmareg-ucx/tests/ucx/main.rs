@@ -23,6 +23,7 @@ mod caller_copies;
 mod caller_copies_adversarial;
 mod conformance_same_host;
 mod conformance_tcp;
+mod direct_write_attacks;
 mod fd_exhaustion;
 mod gathered_reads;
 mod leases_from_hostile_readers;
