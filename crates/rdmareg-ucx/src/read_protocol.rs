@@ -295,9 +295,11 @@ impl SameHostKey {
     /// What the owner's release table holds for this key's registration
     /// while it is live. A lane-2 key's is its served part's
     /// ([`ServedKey::release_tag`]), as earlier builds read it. A writable
-    /// key's also mixes in the mapped range and the access, so that a key
-    /// whose range or access was altered names no live registration and
-    /// is never written one-sided.
+    /// key's is a one-way hash of that, the mapped range and the access,
+    /// so that a key whose range or access was altered names no live
+    /// registration and is never written one-sided, even one altered on
+    /// purpose: whoever holds a key knows every input, so only a hash
+    /// nobody can solve for a chosen range keeps the binding.
     pub fn release_tag(&self) -> u64 {
         Self::tag_for(&self.served, self.region_addr, self.region_len, self.access)
     }
@@ -308,11 +310,16 @@ impl SameHostKey {
         if access == Access::Read {
             return base;
         }
-        let mut tag = base;
-        for word in [region_addr, region_len, u64::from(access.to_bits())] {
-            tag = mix(tag ^ word);
+        use sha2::Digest as _;
+        let mut hash = sha2::Sha256::new();
+        hash.update(WRITABLE_TAG_DOMAIN);
+        for word in [base, region_addr, region_len, u64::from(access.to_bits())] {
+            hash.update(word.to_le_bytes());
         }
-        tag.max(1)
+        let digest = hash.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        u64::from_le_bytes(first).max(1)
     }
 
     /// Whether `[address, address + length)` lies inside the mapped range.
@@ -324,14 +331,12 @@ impl SameHostKey {
     }
 }
 
-/// One round of a 64-bit finaliser (splitmix64's): every input bit
-/// reaches every output bit, so any change of a mixed field changes the
-/// tag.
-fn mix(mut word: u64) -> u64 {
-    word = (word ^ (word >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    word = (word ^ (word >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    word ^ (word >> 31)
-}
+/// Prefixes what a writable key's release tag hashes. The hash is one-way
+/// because whoever holds a key knows every field it covers: with a mix
+/// that can be undone, a holder could solve for a range that keeps the
+/// tag. Finding other fields under a 64-bit SHA-256 prefix takes about
+/// 2^64 hashes.
+const WRITABLE_TAG_DOMAIN: &[u8] = b"rdmareg writable same-host key tag v1";
 
 /// A key of either lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
