@@ -139,12 +139,24 @@ impl Writers {
     /// key was tried after the unmap.
     async fn let_stale_puts_run(&self) {
         let seen = self.landed.load(Ordering::Relaxed) + self.refused.load(Ordering::Relaxed);
-        let until = Instant::now() + Duration::from_millis(500);
+        let until = Instant::now() + Duration::from_secs(2);
         while self.landed.load(Ordering::Relaxed) + self.refused.load(Ordering::Relaxed)
             < seen + 4 * self.tasks.len() as u64
             && Instant::now() < until
         {
             tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+    }
+
+    /// Waits until `count` PUTs landed: the unmap then races running ones.
+    async fn until_landed(&self, count: u64) {
+        let until = Instant::now() + UNMAP_BOUND;
+        while self.landed.load(Ordering::Relaxed) < count {
+            assert!(
+                Instant::now() < until,
+                "PUTs into a live registration never landed"
+            );
+            tokio::task::yield_now().await;
         }
     }
 
@@ -157,6 +169,16 @@ impl Writers {
             self.landed.load(Ordering::Relaxed),
             self.refused.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// Yields until `done` holds; fails the test if it does not within the
+/// unmap bound (a task that panicked never makes it hold).
+async fn until(done: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + UNMAP_BOUND;
+    while !done() {
+        assert!(Instant::now() < deadline, "waited in vain for {what}");
+        tokio::task::yield_now().await;
     }
 }
 
@@ -207,7 +229,7 @@ async fn no_put_lands_after_its_unmap_answered_even_when_the_slot_is_reused() {
     let src_region = map(&cb, &src).await;
     let mut reused = 0;
     let mut landed_total = 0;
-    for (iteration, &size) in sizes.iter().cycle().take(60).enumerate() {
+    for (iteration, &size) in sizes.iter().cycle().take(100).enumerate() {
         let target = PageBuf::zeroed(size);
         let region = map_with(&ob, &target, Access::Write).await;
         let key = region.packed_key.clone();
@@ -229,9 +251,7 @@ async fn no_put_lands_after_its_unmap_answered_even_when_the_slot_is_reused() {
             writers.spawn(Arc::clone(&cb), request, only_released);
         }
         // Some PUTs land before the unmap, so that it races running ones.
-        while writers.landed.load(Ordering::Relaxed) < 2 {
-            tokio::task::yield_now().await;
-        }
+        writers.until_landed(2).await;
         pause_for(iteration).await;
         unmap_bounded(&ob, &region).await;
         target.fill(SENTINEL);
@@ -288,7 +308,7 @@ fn writers_of_two_consumer_engines_never_outlive_an_unmap() {
     for (iteration, size) in [8192usize, 65536, 128 << 10]
         .into_iter()
         .cycle()
-        .take(24)
+        .take(40)
         .enumerate()
     {
         let targets = [PageBuf::zeroed(size), PageBuf::zeroed(size)];
@@ -310,9 +330,7 @@ fn writers_of_two_consumer_engines_never_outlive_an_unmap() {
                     writers.spawn(consumer.backend(), request, only_released);
                 }
             }
-            while writers.landed.load(Ordering::Relaxed) < 4 {
-                tokio::task::yield_now().await;
-            }
+            writers.until_landed(4).await;
             writers
         });
         for (target, region) in targets.iter().zip(&regions) {
@@ -368,7 +386,7 @@ async fn batches_mixing_live_and_stale_keys_never_write_a_released_registration(
     for (iteration, piece) in [4096usize, 16 << 10, 32 << 10]
         .into_iter()
         .cycle()
-        .take(30)
+        .take(48)
         .enumerate()
     {
         let live = PageBuf::zeroed(3 * piece);
@@ -409,16 +427,16 @@ async fn batches_mixing_live_and_stale_keys_never_write_a_released_registration(
                 }
             })
         };
-        while batches.load(Ordering::Relaxed) < 1 {
-            tokio::task::yield_now().await;
-        }
+        until(|| batches.load(Ordering::Relaxed) >= 1, "a first batch").await;
         pause_for(iteration).await;
         unmap_bounded(&ob, &region).await;
         live.fill(SENTINEL);
         let seen = batches.load(Ordering::Relaxed);
-        while batches.load(Ordering::Relaxed) < seen + 3 {
-            tokio::task::yield_now().await;
-        }
+        until(
+            || batches.load(Ordering::Relaxed) >= seen + 3,
+            "batches after the unmap",
+        )
+        .await;
         stop.store(true, Ordering::Relaxed);
         task.await.expect("the batch task ended cleanly");
         assert_untouched(&live, &format!("iteration {iteration}, pieces of {piece}"));
@@ -449,7 +467,7 @@ async fn peer_churn_never_lets_a_put_outlive_its_unmap() {
     for (iteration, size) in [4096usize, 65536, 128 << 10]
         .into_iter()
         .cycle()
-        .take(24)
+        .take(40)
         .enumerate()
     {
         let target = PageBuf::zeroed(size);
@@ -526,9 +544,7 @@ async fn an_owner_shutting_down_mid_put_lets_no_write_through_after_it() {
                 writers.spawn(Arc::clone(&cb), request, |_| true);
             }
         }
-        while writers.landed.load(Ordering::Relaxed) < 4 {
-            tokio::task::yield_now().await;
-        }
+        writers.until_landed(4).await;
         pause_for(round).await;
         tokio::time::timeout(UNMAP_BOUND, owner.shutdown())
             .await
@@ -573,9 +589,7 @@ async fn a_consumer_shutting_down_mid_put_holds_no_unmap_up() {
             writers.spawn(Arc::clone(&cb), request, |_| true);
             regions.push(region);
         }
-        while writers.landed.load(Ordering::Relaxed) < 2 {
-            tokio::task::yield_now().await;
-        }
+        writers.until_landed(2).await;
         pause_for(round).await;
         consumer.shutdown().await;
         assert_eq!(consumer.live_registrations(), Some(0));
@@ -720,4 +734,57 @@ async fn a_key_forged_to_keep_its_release_tag_writes_nothing() {
     owner.shutdown().await;
     assert_eq!(owner.live_registrations(), Some(0));
     assert_eq!(consumer.live_registrations(), Some(0));
+}
+
+/// One engine that knows itself as a peer PUTs into its own registrations:
+/// its progress thread is both the writer (for PUTs above 64 KiB) and the
+/// owner that waits for writers, and its callers write the small ones
+/// while that thread unmaps. Its view of its own table is a second open
+/// file description, so its writes' locks still hold its unmaps up; no
+/// write lands after an unmap answered, and none deadlocks the thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_writing_into_its_own_registrations_never_outlives_an_unmap() {
+    init_tracing();
+    let engine = UcxEngine::start(config(Transport::SameHost)).expect("engine starts");
+    engine
+        .add_peer(OWNER, engine.worker_address())
+        .expect("the engine knows itself");
+    let backend = engine.backend();
+    let src = PageBuf::filled(128 << 10, pattern);
+    let src_region = map(&backend, &src).await;
+    for (iteration, size) in [4096usize, 65536, 65537, 128 << 10]
+        .into_iter()
+        .cycle()
+        .take(40)
+        .enumerate()
+    {
+        let target = PageBuf::zeroed(size);
+        let region = map_with(&backend, &target, Access::ReadWrite).await;
+        let mut writers = Writers::new();
+        for _ in 0..2 {
+            let request = put_request(
+                &src_region,
+                0,
+                target.addr() as u64,
+                region.packed_key.clone(),
+                size,
+            );
+            writers.spawn(Arc::clone(&backend), request, only_released);
+        }
+        writers.until_landed(2).await;
+        pause_for(iteration).await;
+        unmap_bounded(&backend, &region).await;
+        target.fill(SENTINEL);
+        writers.let_stale_puts_run().await;
+        let (_, refused) = writers.stop().await;
+        assert!(refused > 0, "size {size}: the stale key was refused");
+        assert_untouched(&target, &format!("iteration {iteration}, size {size}"));
+    }
+    assert!(
+        engine.writes_made_on_caller_threads() > 0,
+        "no PUT went over the direct lane"
+    );
+    assert_eq!(backend.unmap(src_region.backend_region_id).await, Ok(()));
+    engine.shutdown().await;
+    assert_eq!(engine.live_registrations(), Some(0));
 }
