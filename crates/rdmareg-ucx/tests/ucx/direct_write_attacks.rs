@@ -788,3 +788,45 @@ async fn an_engine_writing_into_its_own_registrations_never_outlives_an_unmap() 
     engine.shutdown().await;
     assert_eq!(engine.live_registrations(), Some(0));
 }
+
+/// Bytes one `process_vm_writev` writes at most (Linux's `MAX_RW_COUNT`,
+/// 2 GiB less a page): the kernel stops a call there without an error.
+const MOST_BYTES_PER_CALL: usize = (1 << 31) - 4096;
+
+/// A PUT larger than one system call can write: the kernel writes the
+/// first 2 GiB less a page and returns a short count, as if it had met an
+/// unmapped byte. The rest must be written by a next call, not reported
+/// as "not mapped in the owner" with most of the range already written.
+/// Needs about 2 GiB of memory (the source's pages are never touched but
+/// the last), so it runs only when asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes 2 GiB; run with --ignored"]
+async fn a_put_larger_than_one_system_call_lands_whole() {
+    let (owner, consumer) = engines(Transport::SameHost);
+    let (ob, cb) = (owner.backend(), consumer.backend());
+    let size = MOST_BYTES_PER_CALL + 3 * 4096;
+    let target = PageBuf::zeroed(size);
+    // Zero pages but the last, which the first call cannot reach.
+    let src = PageBuf::zeroed(size);
+    let tail = size - 4096;
+    // SAFETY: the last page of `src`, which nothing else refers to yet.
+    unsafe { std::ptr::write_bytes((src.addr() + tail) as *mut u8, 0xA5, 4096) };
+    let region = map_with(&ob, &target, Access::Write).await;
+    let src_region = map(&cb, &src).await;
+    let request = put_request(
+        &src_region,
+        0,
+        target.addr() as u64,
+        region.packed_key.clone(),
+        size,
+    );
+    assert_eq!(put(&cb, request).await, Ok(()));
+    // SAFETY: the PUT answered; nothing writes `target` any more.
+    let last_page =
+        unsafe { std::slice::from_raw_parts((target.addr() + tail) as *const u8, 4096) };
+    assert!(last_page.iter().all(|&b| b == 0xA5), "the last page landed");
+    assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
+    assert_eq!(cb.unmap(src_region.backend_region_id).await, Ok(()));
+    consumer.shutdown().await;
+    owner.shutdown().await;
+}
