@@ -248,10 +248,12 @@ pub(crate) unsafe fn copy_into_process(
 
 /// Copies every entry into `owner`, after reading the owner's token under
 /// the same id once (module docs); one outcome per entry, in order. The
-/// kernel stops at the first byte it cannot write: the entries wholly
-/// before it succeed, the one it stopped in fails if it is the first of
-/// its call (so a half-writable entry cannot make the loop spin), and the
-/// rest are tried again in the next call.
+/// kernel stops a call at the first byte it cannot write, and after
+/// `MAX_RW_COUNT` bytes (2 GiB less a page) in any case, with no error
+/// either way: the next call starts where it stopped, inside an entry if
+/// need be. A call that writes nothing fails the entry it starts in (an
+/// unmapped byte), so each call either writes or fails an entry and the
+/// loop cannot spin.
 ///
 /// # Safety
 /// Every entry's `source..source + len` is readable memory of this process
@@ -271,19 +273,22 @@ pub(crate) unsafe fn copy_batch_into_process(
     };
     let mut local = Vec::with_capacity(entries.len().min(MAX_VECTORS));
     let mut remote = Vec::with_capacity(entries.len().min(MAX_VECTORS));
+    // The first entry not wholly written, and how much of it is.
     let mut next = 0;
+    let mut written_of_next = 0;
     while next < entries.len() {
         let call = &entries[next..(next + MAX_VECTORS).min(entries.len())];
         local.clear();
         remote.clear();
-        for entry in call {
+        for (at, entry) in call.iter().enumerate() {
+            let skip = if at == 0 { written_of_next } else { 0 };
             local.push(libc::iovec {
-                iov_base: entry.source as *mut libc::c_void,
-                iov_len: entry.len,
+                iov_base: entry.source.wrapping_add(skip) as *mut libc::c_void,
+                iov_len: entry.len - skip,
             });
             remote.push(libc::iovec {
-                iov_base: entry.remote_addr as usize as *mut libc::c_void,
-                iov_len: entry.len,
+                iov_base: (entry.remote_addr as usize).wrapping_add(skip) as *mut libc::c_void,
+                iov_len: entry.len - skip,
             });
         }
         // SAFETY: both vectors hold at most UIO_MAXIOV initialised iovecs
@@ -309,22 +314,22 @@ pub(crate) unsafe fn copy_batch_into_process(
                 return outcomes;
             }
             outcomes[next] = Err(CopyError(errno));
-            next += 1;
+            (next, written_of_next) = (next + 1, 0);
             continue;
         }
-        let mut left = written as usize;
-        let mut done = 0;
-        while done < call.len() && left >= call[done].len {
-            left -= call[done].len;
-            done += 1;
-        }
-        if done == 0 {
-            // Stopped inside the call's first entry: it fails alone.
+        if written == 0 && entries[next].len > written_of_next {
+            // Not a byte of the call's first entry is writable: it fails
+            // alone (with what an earlier call wrote of it).
             outcomes[next] = Err(CopyError(libc::EFAULT));
-            next += 1;
-        } else {
-            next += done;
+            (next, written_of_next) = (next + 1, 0);
+            continue;
         }
+        let mut left = written as usize + written_of_next;
+        while next < entries.len() && left >= entries[next].len {
+            left -= entries[next].len;
+            next += 1;
+        }
+        written_of_next = left;
     }
     outcomes
 }
@@ -444,6 +449,60 @@ mod tests {
             [Ok(()), Err(CopyError(libc::EFAULT)), Ok(()), Ok(())]
         );
         assert_eq!(targets, sources);
+    }
+
+    /// An entry the kernel stops inside (its second page is not writable)
+    /// fails after its writable part was written, without the loop
+    /// spinning on it, and the entry after it still lands.
+    #[test]
+    fn an_entry_stopped_inside_fails_and_the_next_still_lands() {
+        let _ = this_process_token();
+        // SAFETY: a fresh anonymous mapping of two pages, the second made
+        // inaccessible; unmapped at the end of the test.
+        let pages = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(pages, libc::MAP_FAILED);
+        // SAFETY: the second page of the mapping above, inside it.
+        let second_page = unsafe { pages.cast::<u8>().add(4096) };
+        // SAFETY: changes the protection of that page only, which nothing
+        // refers to.
+        let protected = unsafe { libc::mprotect(second_page.cast(), 4096, libc::PROT_NONE) };
+        assert_eq!(protected, 0);
+        let source = vec![7u8; 8192];
+        let mut after = vec![0u8; 4096];
+        let entries = [
+            WriteEntry {
+                remote_addr: pages as u64,
+                source: source.as_ptr(),
+                len: 8192,
+            },
+            WriteEntry {
+                remote_addr: after.as_mut_ptr() as u64,
+                source: source.as_ptr(),
+                len: 4096,
+            },
+        ];
+        // SAFETY: every source is ours and readable across the call.
+        let outcomes = unsafe { copy_batch_into_process(&this_process(), &entries) };
+        assert_eq!(outcomes, [Err(CopyError(libc::EFAULT)), Ok(())]);
+        assert_eq!(after, vec![7u8; 4096]);
+        // SAFETY: the first page is readable; the mapping is unmapped once.
+        unsafe {
+            assert!(
+                std::slice::from_raw_parts(pages.cast::<u8>(), 4096)
+                    .iter()
+                    .all(|&b| b == 7)
+            );
+            libc::munmap(pages, 8192);
+        }
     }
 
     #[test]
