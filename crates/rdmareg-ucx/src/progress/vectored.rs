@@ -69,6 +69,13 @@ impl std::fmt::Display for CopyError {
     }
 }
 
+/// Most bytes of one entry a call carries. The kernel copies at most 2 GiB
+/// less a page per call and then returns a short count, as it does at a
+/// byte it cannot read; an entry longer than that would be cut short as
+/// the first of its call and fail. So longer entries go in pieces of this,
+/// and a call stops inside one only after a whole piece.
+const PIECE: usize = 1 << 30;
+
 /// Copies every entry out of `owner`; one outcome per entry, in order.
 ///
 /// # Safety
@@ -78,6 +85,60 @@ pub(crate) unsafe fn copy_from_process(
     owner: &OwnerProcess,
     entries: &[CopyEntry],
 ) -> Vec<Result<(), CopyError>> {
+    // SAFETY: this function's contract.
+    unsafe { copy_in_pieces(owner, entries, PIECE) }
+}
+
+/// [`copy_from_process`] with entries longer than `piece` copied as pieces
+/// of at most that; an entry fails with its first piece that failed.
+///
+/// # Safety
+/// As [`copy_from_process`].
+unsafe fn copy_in_pieces(
+    owner: &OwnerProcess,
+    entries: &[CopyEntry],
+    piece: usize,
+) -> Vec<Result<(), CopyError>> {
+    if entries.iter().all(|entry| entry.len <= piece) {
+        // SAFETY: this function's contract.
+        return unsafe { copy_entries(owner, entries) };
+    }
+    let mut pieces = Vec::with_capacity(entries.len());
+    let mut whose = Vec::with_capacity(entries.len());
+    for (index, entry) in entries.iter().enumerate() {
+        let mut offset = 0;
+        loop {
+            let len = piece.min(entry.len - offset);
+            pieces.push(CopyEntry {
+                remote_addr: entry.remote_addr + offset as u64,
+                // Inside the entry's destination: `offset + len <= len`.
+                dest: entry.dest.wrapping_add(offset),
+                len,
+            });
+            whose.push(index);
+            offset += len;
+            if offset >= entry.len {
+                break;
+            }
+        }
+    }
+    // SAFETY: each piece lies inside its entry's destination, covered by
+    // this function's contract.
+    let piece_outcomes = unsafe { copy_entries(owner, &pieces) };
+    let mut outcomes = vec![Ok(()); entries.len()];
+    for (index, outcome) in whose.into_iter().zip(piece_outcomes) {
+        if outcomes[index].is_ok() {
+            outcomes[index] = outcome;
+        }
+    }
+    outcomes
+}
+
+/// Copies every entry out of `owner`, each at most [`PIECE`] bytes.
+///
+/// # Safety
+/// As [`copy_from_process`].
+unsafe fn copy_entries(owner: &OwnerProcess, entries: &[CopyEntry]) -> Vec<Result<(), CopyError>> {
     let mut outcomes = vec![Ok(()); entries.len()];
     let Ok(pid) = libc::pid_t::try_from(owner.copy_by()) else {
         outcomes.fill(Err(CopyError(libc::ESRCH)));
@@ -321,6 +382,21 @@ mod tests {
         assert_eq!(outcomes, vec![Err(CopyError(libc::EFAULT))]);
         // SAFETY: the first page of the mapping above, unmapped once.
         unsafe { libc::munmap(base, page) };
+    }
+
+    /// An entry longer than a piece goes in several, merged again into
+    /// one vector on each side: it lands whole, and its neighbours too.
+    #[test]
+    fn an_entry_longer_than_a_piece_lands_whole() {
+        let source: Vec<u8> = (0..5 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+        let mut dest = vec![0u8; source.len()];
+        let mut small = [0u8; 10];
+        let entries = [entry(&source, &mut dest), entry(&source[..10], &mut small)];
+        // SAFETY: both destinations are ours and unshared until it returns.
+        let outcomes = unsafe { copy_in_pieces(&this_process(), &entries, 4096) };
+        assert_eq!(outcomes, [Ok(()), Ok(())]);
+        assert_eq!(dest, source);
+        assert_eq!(small[..], source[..10]);
     }
 
     #[test]
