@@ -245,6 +245,10 @@ async fn nothing_lands_once_the_unregister_returned(lane: Lane) {
                         break;
                     }
                 }
+                // Filling 4 MiB takes this task tens of milliseconds; a
+                // same-host PUT hardly waits, so without a yield the
+                // registry's own tasks of the unregister can starve.
+                tokio::task::yield_now().await;
             }
         };
         let unregister = async {
