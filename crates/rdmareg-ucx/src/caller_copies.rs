@@ -90,6 +90,18 @@ struct Published {
     sources: HashMap<PeerId, Arc<OwnerProcess>>,
 }
 
+impl Published {
+    /// The start of `[offset, offset + len)` of the published region
+    /// `region_id`, if the range lies inside its mapping.
+    fn local_range(&self, region_id: u64, offset: u64, len: u64) -> Option<*mut u8> {
+        let &(ptr, mapped_len) = self.destinations.get(&region_id)?;
+        let in_bounds = offset
+            .checked_add(len)
+            .is_some_and(|end| end <= mapped_len as u64);
+        in_bounds.then(|| (ptr + offset as usize) as *mut u8)
+    }
+}
+
 /// The tables and counters the caller's copies read; one per engine,
 /// shared by its thread and every backend.
 #[derive(Debug)]
@@ -241,16 +253,11 @@ impl CallerCopies {
         let Some(owner) = published.sources.get(&request.peer) else {
             return false;
         };
-        let Some(&(ptr, mapped_len)) = published.destinations.get(&request.local_region_id) else {
+        let Some(source) =
+            published.local_range(request.local_region_id, request.local_offset, request.len)
+        else {
             return false;
         };
-        let in_bounds = request
-            .local_offset
-            .checked_add(request.len)
-            .is_some_and(|end| end <= mapped_len as u64);
-        if !in_bounds {
-            return false;
-        }
         let Some(table) = owner.release() else {
             return false;
         };
@@ -267,7 +274,7 @@ impl CallerCopies {
             copy_into_process(
                 owner,
                 request.remote_addr,
-                (ptr + request.local_offset as usize) as *const u8,
+                source.cast_const(),
                 request.len as usize,
             )
         };
@@ -364,20 +371,14 @@ impl CallerCopies {
             if !Arc::ptr_eq(owner.get_or_insert(source), source) {
                 return false;
             }
-            let Some(&(ptr, mapped_len)) = published.destinations.get(&request.local_region_id)
+            let Some(dest) =
+                published.local_range(request.local_region_id, request.local_offset, request.len)
             else {
                 return false;
             };
-            let in_bounds = request
-                .local_offset
-                .checked_add(request.len)
-                .is_some_and(|end| end <= mapped_len as u64);
-            if !in_bounds {
-                return false;
-            }
             entries.push(CopyEntry {
                 remote_addr: request.remote_addr,
-                dest: (ptr + request.local_offset as usize) as *mut u8,
+                dest,
                 // At most the limit, a `usize`: checked above.
                 len: request.len as usize,
             });
