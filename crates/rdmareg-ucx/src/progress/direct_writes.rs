@@ -35,7 +35,7 @@
 use rdmareg_core::{BackendPut, PeerId, RdmaError};
 
 use super::Engine;
-use super::vectored::CopyError;
+use super::vectored::{CopyError, last_errno};
 use crate::owner_process::{OwnerProcess, SameHostSource, TOKEN_LEN};
 use crate::read_protocol::ReadKey;
 
@@ -366,12 +366,6 @@ fn check_token(owner: &OwnerProcess) -> Result<(), CopyError> {
         return Err(CopyError(libc::ESRCH));
     }
     Ok(())
-}
-
-fn last_errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
 }
 
 #[cfg(test)]

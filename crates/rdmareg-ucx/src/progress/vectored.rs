@@ -191,11 +191,7 @@ unsafe fn copy_entries(owner: &OwnerProcess, entries: &[CopyEntry]) -> Vec<Resul
         // The token comes first: a call that copied anything read it. One
         // that failed with EFAULT could not read it (it cannot straddle a
         // page), so the address space under that pid is not the owner's.
-        let errno = (copied < 0).then(|| {
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO)
-        });
+        let errno = (copied < 0).then(last_errno);
         let read_the_owner = copied >= TOKEN_LEN as isize && owner.is_token(&token);
         if !read_the_owner && errno.is_none_or(|errno| errno == libc::EFAULT) {
             if copied > TOKEN_LEN as isize {
@@ -242,6 +238,13 @@ unsafe fn copy_entries(owner: &OwnerProcess, entries: &[CopyEntry]) -> Vec<Resul
         next += done;
     }
     outcomes
+}
+
+/// The `errno` of the system call that just failed on this thread.
+pub(crate) fn last_errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 /// Appends `len` bytes at `addr` to `vectors`, extending the last vector when

@@ -396,3 +396,53 @@ pub fn forged_capability(key: &[u8]) -> Bytes {
         other => panic!("unexpected key {other:?}"),
     }
 }
+
+/// Maps `buf` on `backend` with `access` (writable registrations).
+pub async fn map_writable(
+    backend: &UcxBackend,
+    buf: &PageBuf,
+    access: rdmareg_core::Access,
+) -> BackendRegion {
+    // SAFETY: every caller keeps the buffer alive until its registration is
+    // unmapped (or its engine shut down) and every PUT into it answered, and
+    // reads it only by copying through its raw pointer.
+    unsafe { backend.map_with_access(buf.addr(), buf.len(), access) }
+        .await
+        .expect("map succeeds")
+}
+
+/// The same-host key `packed` decodes to; panics on any other key.
+pub fn same_host_key(packed: &[u8]) -> rdmareg_ucx::read_protocol::SameHostKey {
+    use rdmareg_ucx::read_protocol::ReadKey;
+    match ReadKey::decode(packed) {
+        Ok(ReadKey::SameHost(key)) => key,
+        other => panic!("expected a same-host key, got {other:?}"),
+    }
+}
+
+/// A PUT to [`OWNER`] of `len` bytes of `src_region` from `local_offset`
+/// to `remote_addr` under `packed_key`, with a ten-second deadline.
+pub fn put_request(
+    src_region: &BackendRegion,
+    local_offset: u64,
+    remote_addr: u64,
+    packed_key: Bytes,
+    len: usize,
+) -> rdmareg_core::BackendPut {
+    rdmareg_core::BackendPut {
+        peer: OWNER,
+        remote_addr,
+        packed_key,
+        local_region_id: src_region.backend_region_id,
+        local_offset,
+        len: len as u64,
+        deadline: Some(Duration::from_secs(10)),
+    }
+}
+
+/// Posts `request` on `backend` and waits for its answer.
+pub async fn put(backend: &UcxBackend, request: rdmareg_core::BackendPut) -> Result<(), RdmaError> {
+    // SAFETY: every caller's source is a `PageBuf` mapped on `backend` that
+    // it keeps alive until the PUT answered; nothing writes it meanwhile.
+    unsafe { backend.put(request) }.await
+}

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{Access, BackendPut, BackendRegion, RdmaError};
-use rdmareg_ucx::read_protocol::{ReadKey, SameHostKey};
+use rdmareg_ucx::read_protocol::SameHostKey;
 use rdmareg_ucx::{Transport, UcxBackend, UcxEngine};
 
 /// What the memory holds once its unmap answered.
@@ -29,48 +29,6 @@ const SENTINEL: u8 = 0x3C;
 
 /// The longest an unmap may take while no writer is stopped.
 const UNMAP_BOUND: Duration = Duration::from_secs(5);
-
-/// Maps `buf` on `backend` with `access`.
-async fn map_with(backend: &UcxBackend, buf: &PageBuf, access: Access) -> BackendRegion {
-    // SAFETY: every test keeps the buffer alive until its registration is
-    // unmapped (or its engine shut down) and every PUT into it answered.
-    unsafe { backend.map_with_access(buf.addr(), buf.len(), access) }
-        .await
-        .expect("map succeeds")
-}
-
-fn same_host_key(packed: &[u8]) -> SameHostKey {
-    match ReadKey::decode(packed) {
-        Ok(ReadKey::SameHost(key)) => key,
-        other => panic!("expected a same-host key, got {other:?}"),
-    }
-}
-
-/// A PUT of `len` bytes of `src_region` from `local_offset` to
-/// `remote_addr` under `packed_key`.
-fn put_request(
-    src_region: &BackendRegion,
-    local_offset: u64,
-    remote_addr: u64,
-    packed_key: bytes::Bytes,
-    len: usize,
-) -> BackendPut {
-    BackendPut {
-        peer: OWNER,
-        remote_addr,
-        packed_key,
-        local_region_id: src_region.backend_region_id,
-        local_offset,
-        len: len as u64,
-        deadline: Some(Duration::from_secs(10)),
-    }
-}
-
-async fn put(backend: &UcxBackend, request: BackendPut) -> Result<(), RdmaError> {
-    // SAFETY: every source is a `PageBuf` mapped on `backend` that the test
-    // keeps alive until every PUT task ended; nothing writes it.
-    unsafe { backend.put(request) }.await
-}
 
 /// Whether `buf` holds nothing but the sentinel; panics naming the first
 /// byte that is not, with what the test was doing.
@@ -231,7 +189,7 @@ async fn no_put_lands_after_its_unmap_answered_even_when_the_slot_is_reused() {
     let mut landed_total = 0;
     for (iteration, &size) in sizes.iter().cycle().take(100).enumerate() {
         let target = PageBuf::zeroed(size);
-        let region = map_with(&ob, &target, Access::Write).await;
+        let region = map_writable(&ob, &target, Access::Write).await;
         let key = region.packed_key.clone();
         let mut writers = Writers::new();
         for task in 0..2u64 {
@@ -255,7 +213,7 @@ async fn no_put_lands_after_its_unmap_answered_even_when_the_slot_is_reused() {
         pause_for(iteration).await;
         unmap_bounded(&ob, &region).await;
         target.fill(SENTINEL);
-        let again = map_with(&ob, &target, Access::Write).await;
+        let again = map_writable(&ob, &target, Access::Write).await;
         if same_host_key(&again.packed_key).release_slot == same_host_key(&key).release_slot {
             reused += 1;
         }
@@ -314,7 +272,7 @@ fn writers_of_two_consumer_engines_never_outlive_an_unmap() {
         let targets = [PageBuf::zeroed(size), PageBuf::zeroed(size)];
         let regions: Vec<BackendRegion> = targets
             .iter()
-            .map(|target| runtime.block_on(map_with(&ob, target, Access::ReadWrite)))
+            .map(|target| runtime.block_on(map_writable(&ob, target, Access::ReadWrite)))
             .collect();
         let writers = runtime.block_on(async {
             let mut writers = Writers::new();
@@ -378,7 +336,7 @@ async fn batches_mixing_live_and_stale_keys_never_write_a_released_registration(
     let stale: Vec<PageBuf> = (0..2).map(|_| PageBuf::zeroed(8192)).collect();
     let mut stale_keys = Vec::new();
     for buf in &stale {
-        let region = map_with(&ob, buf, Access::Write).await;
+        let region = map_writable(&ob, buf, Access::Write).await;
         stale_keys.push((buf.addr() as u64, region.packed_key.clone()));
         unmap_bounded(&ob, &region).await;
         buf.fill(SENTINEL);
@@ -390,7 +348,7 @@ async fn batches_mixing_live_and_stale_keys_never_write_a_released_registration(
         .enumerate()
     {
         let live = PageBuf::zeroed(3 * piece);
-        let region = map_with(&ob, &live, Access::Write).await;
+        let region = map_writable(&ob, &live, Access::Write).await;
         let stop = Arc::new(AtomicBool::new(false));
         let batches = Arc::new(AtomicU64::new(0));
         let mut requests = Vec::new();
@@ -471,7 +429,7 @@ async fn peer_churn_never_lets_a_put_outlive_its_unmap() {
         .enumerate()
     {
         let target = PageBuf::zeroed(size);
-        let region = map_with(&ob, &target, Access::Write).await;
+        let region = map_writable(&ob, &target, Access::Write).await;
         let mut writers = Writers::new();
         for _ in 0..2 {
             let request = put_request(
@@ -532,7 +490,7 @@ async fn an_owner_shutting_down_mid_put_lets_no_write_through_after_it() {
         let targets = [PageBuf::zeroed(64 << 10), PageBuf::zeroed(192 << 10)];
         let mut writers = Writers::new();
         for target in &targets {
-            let region = map_with(&ob, target, Access::Write).await;
+            let region = map_writable(&ob, target, Access::Write).await;
             for _ in 0..2 {
                 let request = put_request(
                     &src_region,
@@ -578,7 +536,7 @@ async fn a_consumer_shutting_down_mid_put_holds_no_unmap_up() {
         let mut regions = Vec::new();
         let mut writers = Writers::new();
         for target in &targets {
-            let region = map_with(&ob, target, Access::Write).await;
+            let region = map_writable(&ob, target, Access::Write).await;
             let request = put_request(
                 &src_region,
                 0,
@@ -683,8 +641,8 @@ async fn a_key_forged_to_keep_its_release_tag_writes_nothing() {
     readable.fill(SENTINEL);
     let src = PageBuf::filled(128 << 10, pattern);
     let src_region = map(&cb, &src).await;
-    let writable_region = map_with(&ob, &writable, Access::Write).await;
-    let readable_region = map_with(&ob, &readable, Access::Read).await;
+    let writable_region = map_writable(&ob, &writable, Access::Write).await;
+    let readable_region = map_writable(&ob, &readable, Access::Read).await;
     // A first PUT through the live key publishes the owner's process, so
     // that small PUTs are written on the caller's thread.
     let honest = put_request(
@@ -759,7 +717,7 @@ async fn an_engine_writing_into_its_own_registrations_never_outlives_an_unmap() 
         .enumerate()
     {
         let target = PageBuf::zeroed(size);
-        let region = map_with(&backend, &target, Access::ReadWrite).await;
+        let region = map_writable(&backend, &target, Access::ReadWrite).await;
         let mut writers = Writers::new();
         for _ in 0..2 {
             let request = put_request(
@@ -811,7 +769,7 @@ async fn a_put_larger_than_one_system_call_lands_whole() {
     let tail = size - 4096;
     // SAFETY: the last page of `src`, which nothing else refers to yet.
     unsafe { std::ptr::write_bytes((src.addr() + tail) as *mut u8, 0xA5, 4096) };
-    let region = map_with(&ob, &target, Access::Write).await;
+    let region = map_writable(&ob, &target, Access::Write).await;
     let src_region = map(&cb, &src).await;
     let request = put_request(
         &src_region,

@@ -13,56 +13,14 @@ use std::time::Duration;
 
 use common::*;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_core::{Access, BackendPut, BackendRegion, RdmaError};
-use rdmareg_ucx::read_protocol::{ReadKey, SameHostKey};
-use rdmareg_ucx::{EngineAddress, Transport, UcxBackend};
+use rdmareg_core::{Access, BackendRegion, RdmaError};
+use rdmareg_ucx::read_protocol::ReadKey;
+use rdmareg_ucx::{EngineAddress, Transport};
 
 /// Bytes before the first slot of a release table, and bytes per slot:
 /// the layout a same-host writer locks (`release_table`, "Writers").
 const TABLE_HEADER: i64 = 64;
 const SLOT_BYTES: i64 = 8;
-
-/// Maps `buf` on `backend` with `access`.
-async fn map_writable(backend: &UcxBackend, buf: &PageBuf, access: Access) -> BackendRegion {
-    // SAFETY: the buffer outlives the registration (each test unmaps or
-    // shuts the engine down before dropping it) and is read only by
-    // copying through its raw pointer.
-    unsafe { backend.map_with_access(buf.addr(), buf.len(), access) }
-        .await
-        .expect("map succeeds")
-}
-
-/// A PUT of all of `src_region` (mapped over a buffer of `len` bytes) to
-/// `remote_addr` under `packed_key`.
-fn put_request(
-    src_region: &BackendRegion,
-    remote_addr: u64,
-    packed_key: bytes::Bytes,
-    len: usize,
-) -> BackendPut {
-    BackendPut {
-        peer: OWNER,
-        remote_addr,
-        packed_key,
-        local_region_id: src_region.backend_region_id,
-        local_offset: 0,
-        len: len as u64,
-        deadline: Some(Duration::from_secs(10)),
-    }
-}
-
-async fn put(backend: &UcxBackend, request: BackendPut) -> Result<(), RdmaError> {
-    // SAFETY: every source is a `PageBuf` mapped on `backend`, alive until
-    // after the put answered; nothing writes it meanwhile.
-    unsafe { backend.put(request) }.await
-}
-
-fn same_host_key(packed: &[u8]) -> SameHostKey {
-    match ReadKey::decode(packed) {
-        Ok(ReadKey::SameHost(key)) => key,
-        other => panic!("expected a same-host key, got {other:?}"),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writable_registration_gets_a_writable_same_host_key() {
@@ -97,6 +55,7 @@ async fn a_same_host_put_is_copied_without_asking_the_owner() {
     let src_region = map(&cb, &src).await;
     let request = put_request(
         &src_region,
+        0,
         target.addr() as u64,
         forged_capability_tail(&region.packed_key),
         src.len(),
@@ -107,6 +66,7 @@ async fn a_same_host_put_is_copied_without_asking_the_owner() {
     let served = same_host_key(&forged_capability_tail(&region.packed_key)).served;
     let request = put_request(
         &src_region,
+        0,
         target.addr() as u64,
         bytes::Bytes::copy_from_slice(&served.encode()),
         4096,
@@ -130,7 +90,7 @@ async fn a_stale_writable_descriptor_writes_nothing() {
     let key = region.packed_key.clone();
     assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
     target.fill(0x3C);
-    let request = put_request(&src_region, target.addr() as u64, key, src.len());
+    let request = put_request(&src_region, 0, target.addr() as u64, key, src.len());
     assert_eq!(put(&cb, request).await, Err(RdmaError::RegionNotFound));
     assert!(
         target.snapshot().iter().all(|&b| b == 0x3C),
@@ -157,7 +117,7 @@ async fn a_key_with_an_altered_range_writes_nothing() {
     key.region_addr = beside;
     key.region_len = memory.len() as u64;
     let forged = bytes::Bytes::from(key.encode().unwrap());
-    let request = put_request(&src_region, beside + 4096, forged, 4096);
+    let request = put_request(&src_region, 0, beside + 4096, forged, 4096);
     assert_eq!(put(&cb, request).await, Err(RdmaError::RegionNotFound));
     assert!(memory.snapshot().iter().all(|&b| b == 0));
     assert!(registered.snapshot().iter().all(|&b| b == 0));
@@ -181,6 +141,7 @@ async fn a_put_past_the_keys_range_is_refused_by_the_owner() {
     let src_region = map(&cb, &src).await;
     let request = put_request(
         &src_region,
+        0,
         memory.addr() as u64 + 2048,
         region.packed_key.clone(),
         4096,
@@ -334,6 +295,7 @@ async fn a_directly_writable_registrations_log_says_incomplete() {
     let src_region = map(&cb, &src).await;
     let request = put_request(
         &src_region,
+        0,
         target.addr() as u64,
         region.packed_key.clone(),
         4096,
@@ -372,6 +334,7 @@ async fn an_owner_without_direct_writes_serves_and_logs_each_put() {
     let src_region = map(&cb, &src).await;
     let request = put_request(
         &src_region,
+        0,
         target.addr() as u64,
         both.packed_key.clone(),
         4096,
@@ -401,13 +364,13 @@ async fn a_small_put_is_written_on_the_callers_thread() {
     let at = target.addr() as u64;
     // The first goes to the thread, which publishes the owner's process.
     for _ in 0..3 {
-        let request = put_request(&src_region, at, region.packed_key.clone(), 4096);
+        let request = put_request(&src_region, 0, at, region.packed_key.clone(), 4096);
         assert_eq!(put(&cb, request).await, Ok(()));
     }
     assert!(consumer.writes_made_on_caller_threads() >= 1);
     assert!(target.snapshot()[..4096] == src.snapshot()[..4096]);
     let before = consumer.writes_made_on_caller_threads();
-    let request = put_request(&src_region, at, region.packed_key.clone(), 1 << 20);
+    let request = put_request(&src_region, 0, at, region.packed_key.clone(), 1 << 20);
     assert_eq!(put(&cb, request).await, Ok(()));
     assert_eq!(
         consumer.writes_made_on_caller_threads(),
@@ -417,7 +380,7 @@ async fn a_small_put_is_written_on_the_callers_thread() {
     assert!(target.snapshot() == src.snapshot());
     assert_eq!(ob.unmap(region.backend_region_id).await, Ok(()));
     target.fill(0x3C);
-    let request = put_request(&src_region, at, region.packed_key.clone(), 4096);
+    let request = put_request(&src_region, 0, at, region.packed_key.clone(), 4096);
     assert_eq!(put(&cb, request).await, Err(RdmaError::RegionNotFound));
     assert!(target.snapshot().iter().all(|&b| b == 0x3C));
     consumer.shutdown().await;
@@ -441,18 +404,17 @@ async fn a_batch_writes_its_live_targets_and_refuses_a_stale_one() {
     assert_eq!(ob.unmap(stale_region.backend_region_id).await, Ok(()));
     let mut requests = Vec::new();
     for block in 0..8u64 {
-        let mut request = put_request(
+        requests.push(put_request(
             &src_region,
+            block * 4096,
             live.addr() as u64 + block * 4096,
             live_region.packed_key.clone(),
             4096,
-        );
-        request.local_offset = block * 4096;
-        requests.push(request);
+        ));
     }
     requests.insert(
         3,
-        put_request(&src_region, stale.addr() as u64, stale_key, 4096),
+        put_request(&src_region, 0, stale.addr() as u64, stale_key, 4096),
     );
     // SAFETY: every source is a `PageBuf` mapped on the consumer, alive
     // until after the batch answered; nothing writes it.
