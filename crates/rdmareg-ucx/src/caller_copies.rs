@@ -58,7 +58,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::owner_process::OwnerProcess;
 use crate::packed_key::{PackedKeyFormat, validate_packed_key};
-use crate::progress::direct_writes::copy_into_process;
+use crate::progress::process_writes::copy_into_process;
 use crate::progress::vectored::{CopyEntry, copy_from_process};
 use crate::read_protocol::ReadKey;
 

@@ -25,6 +25,7 @@ mod leases;
 mod notices;
 mod ops;
 mod peers;
+pub(crate) mod process_writes;
 mod puts;
 mod read_lists;
 mod regions;

@@ -24,7 +24,7 @@
 use crate::owner_process::{OwnerProcess, TOKEN_LEN};
 
 /// Most ranges one call may name on either side (`UIO_MAXIOV`).
-const MAX_VECTORS: usize = 1024;
+pub(crate) const MAX_VECTORS: usize = 1024;
 
 /// Reads one call carries: the token takes a vector on each side.
 const ENTRIES_PER_CALL: usize = MAX_VECTORS - 1;
