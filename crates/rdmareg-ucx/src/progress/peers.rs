@@ -330,7 +330,7 @@ impl Engine {
         };
         if let Some(connection) = self.peers.detach(&address) {
             let reason =
-                RdmaError::backend(format!("ucx: {peer} was removed while the read waited"));
+                RdmaError::backend(format!("ucx: {peer} was removed while the transfer waited"));
             self.close_connection(connection, &reason);
         }
     }
