@@ -5,8 +5,10 @@
 //! attack are used through their safe API only.
 //!
 //! This module holds the harness; the attacks are in `hostile_consumers`
-//! (requests an owner must check) and `hostile_owners` (replies a consumer
-//! must check, and owners that stall or vanish).
+//! (requests an owner must check), `hostile_owners` (replies a consumer
+//! must check, and owners that stall or vanish), `hostile_writers` (write
+//! messages an owner must check, and a writer killed mid-PUT) and
+//! `resend_attacks`.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -252,8 +254,14 @@ struct Memory {
 
 impl Memory {
     fn filled(len: usize, byte: u8) -> Memory {
+        Memory::holding(vec![byte; len])
+    }
+
+    /// Holds `bytes`.
+    fn holding(bytes: Vec<u8>) -> Memory {
+        let len = bytes.len();
         Memory {
-            raw: Box::into_raw(vec![byte; len].into_boxed_slice()),
+            raw: Box::into_raw(bytes.into_boxed_slice()),
             len,
         }
     }
