@@ -14,6 +14,7 @@ mod nixl;
 mod perftest;
 mod plot;
 mod pool;
+mod put_target;
 mod report;
 mod scatter;
 mod writes;
@@ -22,7 +23,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use rdmareg_core::{Access, Descriptor, PeerId};
+use rdmareg_core::{Descriptor, PeerId};
 use rdmareg_registry::PinnedBuf;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -588,20 +589,8 @@ pub async fn run_owner(args: BenchOwnerArgs) -> anyhow::Result<()> {
     };
     // A writable buffer beside it, for the PUT rows; none on a backend
     // without writes.
-    let target = match node
-        .registry
-        .register_owned_with(
-            vec![0u8; usize::try_from(args.size)?].into_boxed_slice(),
-            Access::ReadWrite,
-        )
-        .await
-    {
-        Ok(target) => Some(target),
-        Err(refused) if matches!(refused.error, rdmareg_core::RdmaError::Unsupported { .. }) => {
-            None
-        }
-        Err(refused) => return Err(refused.error).context("registering the PUT target"),
-    };
+    let target =
+        put_target::PutTarget::register(&node.registry, usize::try_from(args.size)?).await?;
     let mut ranges = vec![offered];
     if let Some(target) = &target {
         ranges.push(OfferedRange {
