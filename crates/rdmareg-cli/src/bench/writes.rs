@@ -1,12 +1,14 @@
 //! PUTs through the registry, beside `ucx_perftest -t ucp_put_lat /
 //! ucp_put_bw` and NIXL's WRITE, in the same run.
 //!
-//! The benchmark owner offers a writable buffer next to the one it reads
-//! from (a backend without writes offers none, and its lane has no PUT
-//! rows). Latency is one PUT outstanding, from one pinned source; bandwidth
-//! is the window as one transfer list of PUTs into the same target range,
-//! each from its own source buffer, as perftest's window writes one remote
-//! buffer.
+//! The benchmark owner offers a page-aligned writable buffer next to the
+//! one it reads from (`put_target`; a backend without writes offers none,
+//! and its lane has no PUT rows). Latency is one PUT outstanding, from one
+//! pinned source. Bandwidth is the window as one transfer list of PUTs into
+//! the same target range, as perftest's window writes one remote buffer:
+//! `list` with each entry from its own source buffer (a user's gather
+//! write), `list, one source` with every entry from one (perftest's shape,
+//! as the GET rows' `list, one destination`).
 
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -36,8 +38,11 @@ pub struct PutRow {
     pub bandwidth_iterations: usize,
     /// Registry median PUT latency, µs.
     pub latency_p50_us: f64,
-    /// Registry bandwidth, MiB/s: the window as one transfer list.
+    /// Registry bandwidth, MiB/s: the window as one transfer list, a
+    /// source buffer per entry.
     pub list_bandwidth_mib_s: f64,
+    /// The same list with every entry from one source buffer, MiB/s.
+    pub list_one_source_mib_s: f64,
     /// `ucx_perftest -t ucp_put_lat` median latency, µs.
     pub perftest_latency_p50_us: Option<f64>,
     /// `ucx_perftest -t ucp_put_bw` bandwidth, MiB/s.
@@ -59,6 +64,13 @@ impl PutRow {
     pub fn bandwidth_ratio(&self) -> Option<f64> {
         self.perftest_bandwidth_mib_s
             .map(|p| self.list_bandwidth_mib_s / p)
+    }
+
+    /// The one-source list's bandwidth over perftest's, which writes from
+    /// one buffer too.
+    pub fn one_source_ratio(&self) -> Option<f64> {
+        self.perftest_bandwidth_mib_s
+            .map(|p| self.list_one_source_mib_s / p)
     }
 
     /// Registry latency over NIXL's (lower is better).
@@ -115,6 +127,15 @@ pub async fn measure(
     let started = Instant::now();
     run_list(node, &list, &mut sources, per_slot).await?;
     let list_bandwidth = mebibytes_per_second(size * (per_slot * window) as u64, started.elapsed());
+    let mut one_source = node.registry.transfer_list(OWNER);
+    for _ in 0..window {
+        one_source.push_put(&slice, 0, 0)?;
+    }
+    run_list(node, &one_source, &mut sources, per_slot.div_ceil(10)).await?;
+    let started = Instant::now();
+    run_list(node, &one_source, &mut sources, per_slot).await?;
+    let list_one_source =
+        mebibytes_per_second(size * (per_slot * window) as u64, started.elapsed());
     Ok(PutRow {
         transport: transport.name().to_owned(),
         size,
@@ -123,6 +144,7 @@ pub async fn measure(
         bandwidth_iterations: per_slot * window,
         latency_p50_us: latency.p50_us,
         list_bandwidth_mib_s: list_bandwidth,
+        list_one_source_mib_s: list_one_source,
         perftest_latency_p50_us: None,
         perftest_bandwidth_mib_s: None,
         nixl_latency_p50_us: None,
@@ -156,7 +178,7 @@ pub fn table(rows: &[PutRow]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<10} {:>9} {:>6} {:>10} {:>10} {:>7} {:>10} {:>7} {:>11} {:>11} {:>7} {:>11} {:>7}",
+        "{:<10} {:>9} {:>6} {:>10} {:>10} {:>7} {:>10} {:>7} {:>11} {:>11} {:>11} {:>7} {:>7} {:>11} {:>7}",
         "transport",
         "size",
         "window",
@@ -166,15 +188,17 @@ pub fn table(rows: &[PutRow]) -> String {
         "nixl us",
         "ratio",
         "list MiB/s",
+        "1-src MiB/s",
         "perf MiB/s",
         "ratio",
+        "1-src",
         "nixl MiB/s",
         "ratio"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<10} {:>9} {:>6} {:>10.2} {:>10} {:>7} {:>10} {:>7} {:>11.1} {:>11} {:>7} {:>11} {:>7}",
+            "{:<10} {:>9} {:>6} {:>10.2} {:>10} {:>7} {:>10} {:>7} {:>11.1} {:>11.1} {:>11} {:>7} {:>7} {:>11} {:>7}",
             r.transport,
             r.size,
             r.window,
@@ -184,8 +208,10 @@ pub fn table(rows: &[PutRow]) -> String {
             figure(r.nixl_latency_p50_us, 2),
             figure(r.nixl_latency_ratio(), 2),
             r.list_bandwidth_mib_s,
+            r.list_one_source_mib_s,
             figure(r.perftest_bandwidth_mib_s, 1),
             figure(r.bandwidth_ratio(), 2),
+            figure(r.one_source_ratio(), 2),
             figure(r.nixl_bandwidth_mib_s, 1),
             figure(r.nixl_bandwidth_ratio(), 2),
         );
@@ -199,12 +225,13 @@ pub fn csv(rows: &[PutRow]) -> String {
         "transport,size,window,latency_iterations,bandwidth_iterations,latency_p50_us,\
          list_bandwidth_mib_s,perftest_latency_p50_us,perftest_bandwidth_mib_s,\
          nixl_latency_p50_us,nixl_bandwidth_mib_s,latency_ratio,bandwidth_ratio,\
-         nixl_latency_ratio,nixl_bandwidth_ratio\n",
+         nixl_latency_ratio,nixl_bandwidth_ratio,list_one_source_mib_s,\
+         list_one_source_ratio\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{:.3},{:.1},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{:.3},{:.1},{},{},{},{},{},{},{},{},{:.1},{}",
             r.transport,
             r.size,
             r.window,
@@ -220,6 +247,8 @@ pub fn csv(rows: &[PutRow]) -> String {
             figure(r.bandwidth_ratio(), 3),
             figure(r.nixl_latency_ratio(), 3),
             figure(r.nixl_bandwidth_ratio(), 3),
+            r.list_one_source_mib_s,
+            figure(r.one_source_ratio(), 3),
         );
     }
     out
@@ -238,6 +267,7 @@ mod tests {
             bandwidth_iterations: 160,
             latency_p50_us: 30.0,
             list_bandwidth_mib_s: 900.0,
+            list_one_source_mib_s: 1200.0,
             perftest_latency_p50_us: Some(20.0),
             perftest_bandwidth_mib_s: Some(600.0),
             nixl_latency_p50_us: Some(60.0),
@@ -250,6 +280,7 @@ mod tests {
         let r = row();
         assert_eq!(r.latency_ratio(), Some(1.5));
         assert_eq!(r.bandwidth_ratio(), Some(1.5));
+        assert_eq!(r.one_source_ratio(), Some(2.0));
         assert_eq!(r.nixl_latency_ratio(), Some(0.5));
         assert_eq!(r.nixl_bandwidth_ratio(), Some(3.0));
         let bare = PutRow {
