@@ -50,6 +50,7 @@ mod shared_batches;
 mod shared_batches_adversarial;
 mod shared_memory_segments;
 mod shared_memory_smoke;
+mod staged_write_attacks;
 mod tcp_flush_not_refused;
 mod tcp_owner_loss;
 mod tcp_refused_connects;
