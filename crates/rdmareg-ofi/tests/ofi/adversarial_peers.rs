@@ -492,3 +492,316 @@ async fn an_shm_owner_shut_down_while_replying_to_an_engine_of_its_process_leave
     assert_eq!(unmapped, Ok(()));
     assert_eq!(consumer.live_registrations(), 0);
 }
+
+/// Set in the child processes of
+/// [`tcp_consumers_closed_mid_rendezvous_answer_every_get`].
+const RENDEZVOUS_CHILD: &str = "RDMAREG_TEST_RENDEZVOUS_CLOSE_CHILD";
+
+/// How a round of [`consumers_closed_mid_rendezvous`] interrupts its
+/// consumer.
+#[derive(Debug, Clone, Copy)]
+enum Interruption {
+    /// `shutdown` with a 1 ms teardown timeout: the endpoint is closed
+    /// under the receives whose rendezvous reads are under way.
+    Shutdown,
+    /// The engine dropped (the same teardown, from `Drop`).
+    Drop,
+    /// The owner's peer id removed, then `shutdown`.
+    RemovePeer,
+    /// No interruption, but a deadline of 1 ms: the matched receives are
+    /// cancelled, and with `FI_AV_REMOVE_CLEANUP` the owner's connection is
+    /// reset 100 ms past it, under the transfer.
+    Deadline,
+}
+
+/// Suspected hole: libfabric 1.17's `tcp` completes a read that a response
+/// is arriving for twice when its endpoint closes, the second time with a
+/// freed context, on which `ofi_rxm` crashes (`tcpx_ep_flush_all_queues`;
+/// see `src/progress/serve_writes.rs`). A consumer's large reply arrives
+/// by `ofi_rxm`'s rendezvous: the consumer's provider reads the owner's
+/// bytes. So each round starts a consumer (teardown timeout 1 ms) that
+/// asks one owner for a 4 MiB GET and a batch of 4 × 1 MiB (rendezvous)
+/// and 4 × 100 KiB (segmented) GETs of an 8 MiB source, and interrupts it
+/// ([`Interruption`]) 0 µs to 4 ms after posting, while replies stream.
+/// 36 rounds per process, in two child processes (one with
+/// `FI_AV_REMOVE_CLEANUP=1`), so a crash fails this test instead of
+/// taking the runner down.
+///
+/// Crashes: in 10 of 10 child processes (5 without and 5 with
+/// `FI_AV_REMOVE_CLEANUP=1`) the consumer's progress thread took SIGSEGV
+/// within the first ten rounds (`Shutdown` or `Drop`, 0 µs to 8 ms after
+/// posting), always inside libfabric under the consumer's teardown:
+/// `fi_close` of its endpoint (`fabric::close_fid`, from
+/// `Fabric::close_endpoint`) in `Engine::close_under_the_rest`, the branch
+/// that closes the endpoint under reads still in flight once the teardown
+/// timeout passed (libfabric 1.17, stripped: `libfabric.so.1+0xb83f9` ←
+/// `+0xad56b` ← `+0xadf52` ← `+0xb0704`). The consumer's reply receives
+/// whose rendezvous reads are under way are the owner side's served
+/// writes again (`serve_writes`), with nothing to withdraw them first.
+/// The `RemovePeer` and `Deadline` rounds were not reached.
+///
+/// Tried, not a fix: cancelling the reads' receives and letting matched
+/// ones end (up to 1 s past the teardown timeout) before the close. The
+/// crash went on in 3 of about 12 child processes, and in 2 of 5 runs
+/// the owner's unmap of its source then did not answer within 5 s: its
+/// rendezvous replies to the vanished consumers did not end.
+///
+/// Checked once it holds: no signal, every GET answers `Ok`,
+/// `ShuttingDown` or `Timeout` (`NotConfigured` for one the engine sees
+/// after its peer was removed), nothing lands in a destination after its
+/// answers, no consumer leaves a region registered, and the owner serves a
+/// last consumer and unmaps its source at once.
+#[test]
+#[ignore = "reproduces a SIGSEGV in fi_close of a consumer's endpoint under rendezvous replies; fix pending"]
+fn tcp_consumers_closed_mid_rendezvous_answer_every_get() {
+    if std::env::var_os(RENDEZVOUS_CHILD).is_some() {
+        consumers_closed_mid_rendezvous();
+        return;
+    }
+    for cleanup in [false, true] {
+        let mut child =
+            std::process::Command::new(std::env::current_exe().expect("the test binary"));
+        child.args([
+            "--exact",
+            // Its full name in the test binary: `--exact` compares with that.
+            "adversarial_peers::tcp_consumers_closed_mid_rendezvous_answer_every_get",
+            // Run here whether or not it is ignored.
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ]);
+        child.env(RENDEZVOUS_CHILD, "1");
+        if cleanup {
+            child.env("FI_AV_REMOVE_CLEANUP", "1");
+        } else {
+            child.env_remove("FI_AV_REMOVE_CLEANUP");
+        }
+        let status = child.status().expect("the child test runs");
+        assert!(
+            status.success(),
+            "FI_AV_REMOVE_CLEANUP={cleanup}: the child failed: {status}"
+        );
+    }
+}
+
+/// The rounds of [`tcp_consumers_closed_mid_rendezvous_answer_every_get`],
+/// in this process.
+fn consumers_closed_mid_rendezvous() {
+    use std::time::Instant;
+
+    common::init_tracing();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let config = common::config(Provider::Tcp);
+    let owner = OfiEngine::start(config.clone()).expect("owner starts");
+    let o = owner.backend();
+    let len = 8usize << 20;
+    let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let s = rt
+        .block_on(o.map_test_memory(src.as_ptr() as usize, len))
+        .unwrap();
+    let get = |d: u64, remote: usize, offset: usize, n: usize, deadline: Duration| BackendGet {
+        peer: common::OWNER,
+        remote_addr: (src.as_ptr() as usize + remote) as u64,
+        packed_key: s.packed_key.clone(),
+        local_region_id: d,
+        local_offset: offset as u64,
+        len: n as u64,
+        deadline: Some(deadline),
+    };
+    // Destinations a consumer may not have let go of: kept until the end.
+    let mut kept: Vec<Vec<u8>> = Vec::new();
+    let mut outcomes: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut failures = Vec::new();
+    for interruption in [
+        Interruption::Shutdown,
+        Interruption::Drop,
+        Interruption::RemovePeer,
+        Interruption::Deadline,
+    ] {
+        for delay_us in [0u64, 50, 200, 500, 1000, 2000, 4000, 8000, 16000] {
+            let round = format!("{interruption:?} after {delay_us} µs");
+            let consumer = OfiEngine::start(
+                config
+                    .clone()
+                    .with_teardown_timeout(Duration::from_millis(1)),
+            )
+            .expect("consumer starts");
+            consumer
+                .add_peer(common::OWNER, owner.fabric_address())
+                .unwrap();
+            let c = consumer.backend();
+            let mut dst = vec![0u8; len];
+            let d = rt
+                .block_on(c.map_test_memory(dst.as_mut_ptr() as usize, len))
+                .unwrap()
+                .backend_region_id;
+            // Connected and known to the owner first (over tcp an owner
+            // asks a new consumer's first request again), so the GETs
+            // below go straight to their replies.
+            let warm_up = get(d, 0, 0, 4096, Duration::from_secs(20));
+            rt.block_on(c.get_into_test_memory(warm_up)).unwrap();
+            let deadline = match interruption {
+                Interruption::Deadline => Duration::from_millis(1),
+                _ => Duration::from_secs(20),
+            };
+            let single = rt.spawn({
+                let c = c.clone();
+                let request = get(d, 0, 0, 4 << 20, deadline);
+                async move { vec![c.get_into_test_memory(request).await] }
+            });
+            let mut requests: Vec<BackendGet> = (0..4)
+                .map(|i| {
+                    get(
+                        d,
+                        (4 << 20) + (i << 20),
+                        (4 << 20) + (i << 20),
+                        1 << 20,
+                        deadline,
+                    )
+                })
+                .collect();
+            requests.extend((0..4).map(|i| get(d, i * 100_000, i << 20, 100_000, deadline)));
+            let batch = rt.spawn({
+                let c = c.clone();
+                async move { c.get_batch_into_test_memory(requests).await }
+            });
+            let posted = Instant::now();
+            while posted.elapsed() < Duration::from_micros(delay_us) {
+                std::hint::spin_loop();
+            }
+            let removed = matches!(interruption, Interruption::RemovePeer);
+            match interruption {
+                Interruption::Shutdown => consumer.shutdown_blocking(),
+                Interruption::Drop => {
+                    drop(consumer);
+                    let answers = answers_of(&rt, single, batch);
+                    check_round(
+                        &round,
+                        &answers,
+                        removed,
+                        &mut dst,
+                        &mut outcomes,
+                        &mut failures,
+                    );
+                    // Whether it left a region registered is not known.
+                    kept.push(dst);
+                    continue;
+                }
+                Interruption::RemovePeer => consumer.remove_peer(common::OWNER).unwrap(),
+                Interruption::Deadline => {}
+            }
+            let answers = answers_of(&rt, single, batch);
+            consumer.shutdown_blocking();
+            check_round(
+                &round,
+                &answers,
+                removed,
+                &mut dst,
+                &mut outcomes,
+                &mut failures,
+            );
+            let live = consumer.live_registrations();
+            if live == 0 {
+                drop(dst);
+            } else {
+                failures.push(format!("{round}: the consumer left {live} registered"));
+                kept.push(dst);
+            }
+        }
+    }
+    // The owner still serves, and unmaps its source at once.
+    let consumer = OfiEngine::start(config).expect("the last consumer starts");
+    consumer
+        .add_peer(common::OWNER, owner.fabric_address())
+        .unwrap();
+    let c = consumer.backend();
+    let mut dst = vec![0u8; len];
+    let d = rt
+        .block_on(c.map_test_memory(dst.as_mut_ptr() as usize, len))
+        .unwrap();
+    let last = rt.block_on(c.get_into_test_memory(get(
+        d.backend_region_id,
+        0,
+        0,
+        len,
+        Duration::from_secs(20),
+    )));
+    rt.block_on(c.unmap(d.backend_region_id)).unwrap();
+    consumer.shutdown_blocking();
+    let unmapped = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), o.unmap(s.backend_region_id)).await
+    });
+    owner.shutdown_blocking();
+    eprintln!("outcomes: {outcomes:?}");
+    assert_eq!(last, Ok(()), "the owner serves a last consumer");
+    assert!(dst == src, "the last consumer's bytes");
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert_eq!(unmapped.ok(), Some(Ok(())), "the owner unmaps its source");
+    assert_eq!(owner.live_registrations(), 0);
+    drop(kept);
+}
+
+/// Every answer of a round, within 20 s.
+fn answers_of(
+    rt: &tokio::runtime::Runtime,
+    single: tokio::task::JoinHandle<Vec<Result<(), RdmaError>>>,
+    batch: tokio::task::JoinHandle<Vec<Result<(), RdmaError>>>,
+) -> Option<Vec<Result<(), RdmaError>>> {
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            let mut answers = single.await.expect("the single GET's task");
+            answers.extend(batch.await.expect("the batch's task"));
+            answers
+        })
+        .await
+        .ok()
+    })
+}
+
+/// Checks a round's answers, and that nothing lands in `dst` after them.
+fn check_round(
+    round: &str,
+    answers: &Option<Vec<Result<(), RdmaError>>>,
+    removed: bool,
+    dst: &mut [u8],
+    outcomes: &mut std::collections::BTreeMap<String, usize>,
+    failures: &mut Vec<String>,
+) {
+    let Some(answers) = answers else {
+        failures.push(format!("{round}: GETs unanswered after 20 s"));
+        return;
+    };
+    for answer in answers {
+        *outcomes.entry(format!("{answer:?}")).or_default() += 1;
+        // A GET of the batch the engine sees after the peer was removed
+        // names no peer it knows.
+        let unknown_peer = removed && *answer == Err(RdmaError::NotConfigured);
+        if !unknown_peer
+            && !matches!(
+                answer,
+                Ok(()) | Err(RdmaError::ShuttingDown) | Err(RdmaError::Timeout)
+            )
+        {
+            failures.push(format!("{round}: {answer:?}"));
+        }
+    }
+    let at = dst.as_mut_ptr();
+    // SAFETY: every GET into `dst` answered, so it is the test's again;
+    // writing through its pointer while a provider may (wrongly) still
+    // write it is what is checked.
+    unsafe { std::ptr::write_bytes(at, 0x77, dst.len()) };
+    std::thread::sleep(Duration::from_millis(20));
+    // SAFETY: as above; read back through the same pointer.
+    let late = unsafe { std::slice::from_raw_parts(at, dst.len()) }
+        .iter()
+        .filter(|&&b| b != 0x77)
+        .count();
+    if late != 0 {
+        failures.push(format!("{round}: {late} bytes landed after the answers"));
+    }
+}
