@@ -18,17 +18,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::write_races::*;
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{Access, BackendPut, BackendRegion, RdmaError};
 use rdmareg_ucx::read_protocol::SameHostKey;
 use rdmareg_ucx::{Transport, UcxBackend, UcxEngine};
-
-/// What the memory holds once its unmap answered.
-const SENTINEL: u8 = 0x3C;
-
-/// The longest an unmap may take while no writer is stopped.
-const UNMAP_BOUND: Duration = Duration::from_secs(5);
 
 /// Whether `buf` holds nothing but the sentinel; panics naming the first
 /// byte that is not, with what the test was doing.
@@ -130,44 +125,8 @@ impl Writers {
     }
 }
 
-/// Yields until `done` holds; fails the test if it does not within the
-/// unmap bound (a task that panicked never makes it hold).
-async fn until(done: impl Fn() -> bool, what: &str) {
-    let deadline = Instant::now() + UNMAP_BOUND;
-    while !done() {
-        assert!(Instant::now() < deadline, "waited in vain for {what}");
-        tokio::task::yield_now().await;
-    }
-}
-
 fn only_released(err: &RdmaError) -> bool {
     *err == RdmaError::RegionNotFound
-}
-
-/// A short, varying pause before the unmap, so that it lands at every
-/// point of a PUT: before its lock, during its copy, after it.
-async fn pause_for(iteration: usize) {
-    match iteration % 4 {
-        0 => tokio::task::yield_now().await,
-        1 => tokio::time::sleep(Duration::from_micros(50)).await,
-        2 => tokio::time::sleep(Duration::from_micros(300)).await,
-        _ => {
-            let spin_until = Instant::now() + Duration::from_micros(20 * (iteration % 7) as u64);
-            while Instant::now() < spin_until {
-                std::hint::spin_loop();
-            }
-        }
-    }
-}
-
-/// Unmaps `region` on `owner`, bounded: no writer is stopped, so the
-/// unmap must answer.
-async fn unmap_bounded(owner: &UcxBackend, region: &BackendRegion) {
-    let unmap = owner.unmap(region.backend_region_id);
-    let answered = tokio::time::timeout(UNMAP_BOUND, unmap)
-        .await
-        .expect("an unmap with no stopped writer answers");
-    assert_eq!(answered, Ok(()));
 }
 
 /// The race at the heart of the lane, over sizes on both sides of the
@@ -349,8 +308,6 @@ async fn batches_mixing_live_and_stale_keys_never_write_a_released_registration(
     {
         let live = PageBuf::zeroed(3 * piece);
         let region = map_writable(&ob, &live, Access::Write).await;
-        let stop = Arc::new(AtomicBool::new(false));
-        let batches = Arc::new(AtomicU64::new(0));
         let mut requests = Vec::new();
         for block in 0..3u64 {
             requests.push(put_request(
@@ -363,40 +320,14 @@ async fn batches_mixing_live_and_stale_keys_never_write_a_released_registration(
             let (addr, key) = &stale_keys[block as usize % stale_keys.len()];
             requests.push(put_request(&src_region, 0, *addr, key.clone(), 4096));
         }
-        let task = {
-            let (cb, stop, batches) = (Arc::clone(&cb), Arc::clone(&stop), Arc::clone(&batches));
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: as in `put`: the sources are `src`, alive until
-                    // this task ended.
-                    let results = unsafe { cb.put_batch(requests.clone()) }.await;
-                    for (at, result) in results.iter().enumerate() {
-                        if at % 2 == 1 {
-                            assert_eq!(*result, Err(RdmaError::RegionNotFound), "a stale key");
-                        } else {
-                            assert!(
-                                matches!(result, Ok(()) | Err(RdmaError::RegionNotFound)),
-                                "{result:?}"
-                            );
-                        }
-                    }
-                    batches.fetch_add(1, Ordering::Relaxed);
-                    tokio::task::yield_now().await;
-                }
-            })
-        };
-        until(|| batches.load(Ordering::Relaxed) >= 1, "a first batch").await;
+        // SAFETY: the sources are `src`, alive until the race stopped.
+        let race = unsafe { BatchRace::start(&cb, requests) };
+        until(|| race.batches() >= 1, "a first batch").await;
         pause_for(iteration).await;
         unmap_bounded(&ob, &region).await;
         live.fill(SENTINEL);
-        let seen = batches.load(Ordering::Relaxed);
-        until(
-            || batches.load(Ordering::Relaxed) >= seen + 3,
-            "batches after the unmap",
-        )
-        .await;
-        stop.store(true, Ordering::Relaxed);
-        task.await.expect("the batch task ended cleanly");
+        race.wait_for(3, "batches after the unmap").await;
+        race.stop().await;
         assert_untouched(&live, &format!("iteration {iteration}, pieces of {piece}"));
         for buf in &stale {
             assert_untouched(buf, "a registration unmapped before every batch");

@@ -16,18 +16,12 @@ use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
+use common::write_races::*;
 use common::*;
 use rdmareg_backend::RdmaBackend;
-use rdmareg_core::{Access, BackendPut, BackendRegion, RdmaError};
+use rdmareg_core::{Access, BackendPut, RdmaError};
 use rdmareg_ucx::{Transport, UcxBackend, UcxEngine};
-
-/// What the memory holds once its unmap answered.
-const SENTINEL: u8 = 0x3C;
-
-/// The longest an unmap may take while no writer is stopped.
-const UNMAP_BOUND: Duration = Duration::from_secs(5);
 
 /// Byte `i` of writer `seed`'s source: differs between writers and along
 /// a source (no period divides a page), so a byte from the wrong place of
@@ -46,35 +40,6 @@ fn assert_holds(buf: &PageBuf, want: &[u8], what: &str) {
             got[at],
             want[at]
         );
-    }
-}
-
-/// Unmaps `region` on `owner`, bounded: no writer is stopped, so the
-/// unmap must answer.
-async fn unmap_bounded(owner: &UcxBackend, region: &BackendRegion) {
-    let unmap = owner.unmap(region.backend_region_id);
-    let answered = tokio::time::timeout(UNMAP_BOUND, unmap)
-        .await
-        .expect("an unmap with no stopped writer answers");
-    assert_eq!(answered, Ok(()));
-}
-
-/// Yields until `done` holds, bounded.
-async fn until(done: impl Fn() -> bool, what: &str) {
-    let deadline = Instant::now() + UNMAP_BOUND;
-    while !done() {
-        assert!(Instant::now() < deadline, "waited in vain for {what}");
-        tokio::task::yield_now().await;
-    }
-}
-
-/// A short, varying pause before the unmap, so that it lands at every
-/// point of a PUT: before its lock, during its copy, after it.
-async fn pause_for(iteration: usize) {
-    match iteration % 3 {
-        0 => tokio::task::yield_now().await,
-        1 => tokio::time::sleep(Duration::from_micros(50)).await,
-        _ => tokio::time::sleep(Duration::from_micros(300)).await,
     }
 }
 
@@ -385,41 +350,14 @@ async fn staged_batches_skip_stale_keys_and_stop_at_the_unmap() {
         }
         assert_holds(&live, &want, &format!("batch {lens:?}"));
 
-        let stop = Arc::new(AtomicBool::new(false));
-        let answered = Arc::new(AtomicU64::new(0));
-        let task = {
-            let (cb, stop, answered) = (Arc::clone(&cb), Arc::clone(&stop), Arc::clone(&answered));
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: as above; `src` outlives this task.
-                    let results = unsafe { cb.put_batch(requests.clone()) }.await;
-                    for (at, result) in results.iter().enumerate() {
-                        if at % 2 == 1 {
-                            assert_eq!(*result, Err(RdmaError::RegionNotFound), "a stale key");
-                        } else {
-                            assert!(
-                                matches!(result, Ok(()) | Err(RdmaError::RegionNotFound)),
-                                "{result:?}"
-                            );
-                        }
-                    }
-                    answered.fetch_add(1, Ordering::Relaxed);
-                    tokio::task::yield_now().await;
-                }
-            })
-        };
-        until(|| answered.load(Ordering::Relaxed) >= 1, "a racing batch").await;
+        // SAFETY: the sources lie in `src`, which outlives the race.
+        let race = unsafe { BatchRace::start(&cb, requests.clone()) };
+        until(|| race.batches() >= 1, "a racing batch").await;
         pause_for(iteration).await;
         unmap_bounded(&ob, &region).await;
         live.fill(SENTINEL);
-        let seen = answered.load(Ordering::Relaxed);
-        until(
-            || answered.load(Ordering::Relaxed) >= seen + 3,
-            "batches after the unmap",
-        )
-        .await;
-        stop.store(true, Ordering::Relaxed);
-        task.await.expect("the batch task ended cleanly");
+        race.wait_for(3, "batches after the unmap").await;
+        race.stop().await;
         assert_holds(
             &live,
             &vec![SENTINEL; live.len()],
