@@ -19,6 +19,8 @@
 //!   and a number of readers.
 //! - [`owner::writes`]: served writes at the owner: access, holds on the
 //!   region while the bytes are received, the reply once they are in.
+//! - [`owner::write_lists`]: several writes in one message, answered by
+//!   one reply once every accepted entry's bytes are in.
 //! - [`writer`]: the consumer side of a served write: when it completes.
 //! - [`refusal`]: why an owner refused a read or a write, and the
 //!   caller's error.
@@ -72,7 +74,7 @@ pub use leases::{
 };
 pub use owner::{
     Action, EndpointLoad, ListEntryReply, ListLimits, Owner, OwnerConfig, Payload, Read, ReceiveId,
-    SendId, UnmapStatus, Write,
+    SendId, UnmapStatus, Write, WriteListLimits,
 };
 pub use refusal::{
     BUSY_TEXT, NOT_THE_REQUESTER_TEXT, Operation, RECEIVE_FAILED_TEXT, Refusal, UNVERIFIED_TEXT,

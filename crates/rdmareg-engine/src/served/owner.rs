@@ -34,7 +34,10 @@
 //!    [`Action::Receive`] is a receive of its payload into the
 //!    registration, reported with [`Owner::receive_completed`] or
 //!    [`Owner::receive_failed`]; [`Action::Acknowledge`] a send of the
-//!    reply header that says the bytes are in. [`Owner::take_written`]
+//!    reply header that says the bytes are in.
+//!    [`Owner::handle_write_list_request`] or [`Owner::handle_write_list`]
+//!    for a write list ([`write_lists`]), answered by one
+//!    [`Action::AcknowledgeList`]. [`Owner::take_written`]
 //!    when a caller asks which ranges writes filled.
 //! 7. With descriptor leases (`super::leases`): [`Owner::register_lease`]
 //!    to hand a region out under one, [`Owner::handle_release`] for each
@@ -118,7 +121,9 @@ use std::time::Instant;
 use rdmareg_core::{Access, MAX_WRITTEN_RANGES, RdmaError, WrittenLog};
 use rustc_hash::FxHashMap as HashMap;
 
+pub mod write_lists;
 pub mod writes;
+pub use write_lists::WriteListLimits;
 pub use writes::{ReceiveId, Write};
 
 pub use super::refusal::Refusal;
@@ -204,6 +209,10 @@ pub enum Action<E> {
     /// post the transport's receive straight into it), then report
     /// [`Owner::receive_completed`] or [`Owner::receive_failed`] with
     /// `receive`. The registration stays mapped until then.
+    ///
+    /// The bytes start `payload_offset` bytes into the message's payload:
+    /// 0 for a single write, the sum of the earlier entries' lengths for
+    /// an entry of a write list.
     Receive {
         /// Where the write came from.
         endpoint: E,
@@ -215,8 +224,10 @@ pub enum Action<E> {
         region: u64,
         /// First byte, inside the registration.
         address: u64,
-        /// Length, at least 1, and the payload's length.
+        /// Length, at least 1.
         length: u64,
+        /// Where the bytes start in the message's payload.
+        payload_offset: u64,
     },
     /// Send the reply to a write whose bytes are in the registration:
     /// a header saying `length` bytes were written, without payload.
@@ -230,6 +241,18 @@ pub enum Action<E> {
         request_id: u64,
         /// Bytes written.
         length: u64,
+    },
+    /// Send the one reply to a write list on `endpoint`, once every
+    /// accepted entry's receive ended: a list reply header with one result
+    /// per entry, in request order (`Ok` with the bytes written, or why
+    /// not), without payload. Report its end with `send`.
+    AcknowledgeList {
+        /// Where the list came from.
+        endpoint: E,
+        /// The send's id.
+        send: SendId,
+        /// The entries' results.
+        entry_replies: Vec<ListEntryReply>,
     },
     /// No send reads `region` any more and the owner forgot it: deregister
     /// it with the transport and complete every caller of its unmap.
@@ -274,10 +297,14 @@ impl<E: Copy> Action<E> {
         Some(reply.encode())
     }
 
-    /// The UCX list reply header of a [`Action::ServeList`].
+    /// The UCX list reply header of a [`Action::ServeList`] or an
+    /// [`Action::AcknowledgeList`].
     pub fn list_reply_header(&self) -> Option<Vec<u8>> {
         match self {
-            Action::ServeList { entry_replies, .. } => wire::encode_list_reply(entry_replies),
+            Action::ServeList { entry_replies, .. }
+            | Action::AcknowledgeList { entry_replies, .. } => {
+                wire::encode_list_reply(entry_replies)
+            }
             _ => None,
         }
     }
@@ -397,9 +424,11 @@ struct Send<E> {
     /// The region of each lease the send holds, one per served read it
     /// carries; empty for a refusal (counted under the refusal bound).
     leases: Leases,
-    /// The reply to an accepted write: it holds the write's place under
-    /// the bound of served replies, and no lease.
-    answers_write: bool,
+    /// The accepted writes it answers (one for a single write's reply,
+    /// one per accepted entry for a write list's): each holds its place
+    /// under the bound of served replies until the send ended, and no
+    /// lease.
+    write_places: u32,
 }
 
 /// The leases of one send: a single reply holds at most one, a list reply
@@ -513,6 +542,9 @@ pub struct Owner<E> {
     /// Accepted writes whose receive did not end.
     receives: HashMap<ReceiveId, writes::Receive<E>>,
     next_receive: u64,
+    /// Write lists with a receive that did not end.
+    write_lists: HashMap<u64, write_lists::WriteList<E>>,
+    next_write_list: u64,
     /// Readers made up for [`Defects::every_release_counts`].
     #[cfg(test)]
     made_up_readers: u64,
@@ -538,6 +570,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             leasing: false,
             receives: HashMap::default(),
             next_receive: 0,
+            write_lists: HashMap::default(),
+            next_write_list: 0,
             #[cfg(test)]
             defects: Defects::default(),
             #[cfg(test)]
@@ -1079,10 +1113,10 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     }
 
     fn start_send(&mut self, endpoint: E, leases: Leases) -> SendId {
-        self.start_send_of(endpoint, leases, false)
+        self.start_send_of(endpoint, leases, 0)
     }
 
-    fn start_send_of(&mut self, endpoint: E, leases: Leases, answers_write: bool) -> SendId {
+    fn start_send_of(&mut self, endpoint: E, leases: Leases, write_places: u32) -> SendId {
         let id = SendId(self.next_send);
         self.next_send += 1;
         self.sends.insert(
@@ -1090,7 +1124,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             Send {
                 endpoint,
                 leases,
-                answers_write,
+                write_places,
             },
         );
         id
@@ -1142,8 +1176,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         let regions = send.leases.regions();
         if let Some(entry) = self.endpoints.get_mut(&send.endpoint) {
             let load = &mut entry.load;
-            if send.answers_write {
-                load.served = load.served.saturating_sub(1);
+            if send.write_places > 0 {
+                load.served = load.served.saturating_sub(send.write_places);
             } else if regions.is_empty() {
                 load.refusals = load.refusals.saturating_sub(1);
             } else {

@@ -53,6 +53,16 @@
 //! refused entry; a refused entry that claims bytes is refused). Statuses
 //! are those of single replies.
 //!
+//! **Write list request** (consumer → owner, on its own active-message
+//! id): a list request's layout, one entry per write, each id with
+//! [`WRITE_REQUEST_ID_BIT`] set ([`encode_write_list_request`]), followed
+//! by the writes' bytes back to back, in entry order, as the payload.
+//!
+//! **Write list reply** (owner → consumer, on its own active-message id):
+//! a list reply header, one entry per write of the list in its order,
+//! with no payload: status `0` with `length` = the bytes written, or a
+//! refusal with `length = 0`.
+//!
 //! Decoding never panics and refuses missing or trailing bytes: these come
 //! from peers.
 //!
@@ -152,6 +162,21 @@ pub fn encode_write_request(write: &Write) -> [u8; REQUEST_LEN] {
 /// As [`decode_request`].
 pub fn decode_write_request(bytes: &[u8]) -> Result<Write, ProtocolError> {
     decode_request(bytes).map(Write::from_read)
+}
+
+/// A write list's header: the layout of a list request, one entry per
+/// write; the writes' bytes go back to back as the message's payload.
+/// `None` for an empty list or one longer than [`MAX_LIST_ENTRIES`].
+pub fn encode_write_list_request(entries: &[Write]) -> Option<Vec<u8>> {
+    encode_list_request_of(entries.iter().map(Write::as_read))
+}
+
+/// Decodes an untrusted write list header (the payload is apart).
+///
+/// # Errors
+/// As [`decode_list_request`].
+pub fn decode_write_list_request(bytes: &[u8]) -> Result<Vec<Write>, ProtocolError> {
+    decode_list_request(bytes).map(|entries| entries.into_iter().map(Write::from_read).collect())
 }
 
 /// Decodes an untrusted request.

@@ -41,6 +41,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use super::consumer::{DropReason, Reply, ReplyOutcome};
 use super::owner::Write;
+use super::refusal::Operation;
 use super::wire;
 use crate::deadlines::DeadlineQueue;
 
@@ -262,6 +263,36 @@ impl<E: Copy + Eq + Hash + Debug, T> Writer<E, T> {
         entry.reply = Some(answer);
         self.complete_if_ready(id);
         Ok(id)
+    }
+
+    /// A write list's reply arrived on `endpoint` as the UCX engine encodes
+    /// it ([`wire::decode_list_reply`]), with `payload_length` bytes of
+    /// payload (a write list's reply has none): each entry is taken as
+    /// [`Writer::handle_reply`] takes a single reply, the payload judged
+    /// against every served entry. Returns each entry's verdict, in order.
+    ///
+    /// # Errors
+    /// A header that does not decode: nothing in it is taken.
+    pub fn handle_list_reply(
+        &mut self,
+        endpoint: E,
+        header: &[u8],
+        payload_length: u64,
+    ) -> Result<Vec<Result<WriteId, DropReason>>, wire::ProtocolError> {
+        let entries = wire::decode_list_reply(header)?;
+        Ok(entries
+            .into_iter()
+            .map(|entry| {
+                let reply = Reply {
+                    request_id: entry.request_id,
+                    outcome: match entry.outcome {
+                        Ok(length) => ReplyOutcome::Served { length },
+                        Err(refusal) => ReplyOutcome::Refused(refusal.error_for(Operation::Write)),
+                    },
+                };
+                self.handle_reply(endpoint, &reply, payload_length)
+            })
+            .collect())
     }
 
     /// The endpoint to an owner failed. Writes on it waiting for their

@@ -51,6 +51,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::ops::Range;
 
+use super::write_lists::ListSlot;
 use super::{Action, Leases, Owner, Payload, Read, Refusal, Stage, wire};
 use rdmareg_backend::leases::capabilities_match;
 use rdmareg_core::WrittenRanges;
@@ -117,6 +118,8 @@ pub(super) struct Receive<E> {
     ///
     /// [`Defects::acknowledge_before_receive`]: super::Defects
     acknowledged: bool,
+    /// The write list it is an entry of, answered with the list.
+    list: Option<ListSlot>,
 }
 
 impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
@@ -145,6 +148,31 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             Ok(target) => target,
             Err(refusal) => return self.refuse(endpoint, write.request_id, refusal),
         };
+        match self.accept_write(endpoint, write.request_id, target, 0, None) {
+            Ok(receive) => {
+                #[cfg(test)]
+                if self.defects.acknowledge_before_receive {
+                    self.acknowledge(receive);
+                }
+                #[cfg(not(test))]
+                let _ = receive;
+            }
+            Err(refusal) => self.refuse(endpoint, write.request_id, refusal),
+        }
+    }
+
+    /// Takes a checked write into `target` under `endpoint`'s bound of
+    /// served replies (else [`Refusal::Busy`]): a hold on its region, a
+    /// receive, and the [`Action::Receive`] of its bytes, found
+    /// `payload_offset` bytes into the message's payload.
+    pub(super) fn accept_write(
+        &mut self,
+        endpoint: E,
+        request_id: u64,
+        target: Payload,
+        payload_offset: u64,
+        list: Option<ListSlot>,
+    ) -> Result<ReceiveId, Refusal> {
         let entry = self.endpoints.entry(endpoint).or_default();
         #[cfg(test)]
         let at_bound = entry.load.served >= self.bound && !self.defects.unbounded_replies;
@@ -155,7 +183,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 bound = self.bound,
                 "an endpoint is at its bound of unfinished replies; refusing a write as busy"
             );
-            return self.refuse(endpoint, write.request_id, Refusal::Busy);
+            return Err(Refusal::Busy);
         }
         entry.load.served += 1;
         #[cfg(test)]
@@ -178,29 +206,28 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 region: target.region,
                 offset,
                 spoiled: Vec::new(),
-                request_id: write.request_id,
+                request_id,
                 length: target.length,
                 holds,
                 acknowledged: false,
+                list,
             },
         );
         tracing::trace!(
-            request = write.request_id,
-            len = write.length,
+            request = request_id,
+            len = target.length,
             "receiving a write"
         );
         self.actions.push_back(Action::Receive {
             endpoint,
             receive,
-            request_id: write.request_id,
+            request_id,
             region: target.region,
             address: target.address,
             length: target.length,
+            payload_offset,
         });
-        #[cfg(test)]
-        if self.defects.acknowledge_before_receive {
-            self.acknowledge(receive);
-        }
+        Ok(receive)
     }
 
     /// Judges `write` with a payload of `payload_length` bytes as
@@ -298,7 +325,9 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             return false;
         };
         let failed = self.endpoints.get(&endpoint).is_some_and(|e| e.failed);
-        if receive.acknowledged {
+        if let Some(slot) = receive.list {
+            self.end_list_entry(slot, completed);
+        } else if receive.acknowledged {
             // Answered at its acceptance (a test-only defect).
         } else if self.stage == Stage::Closed || failed {
             tracing::debug!("a write's receive ended on a failed endpoint; no reply");
@@ -307,7 +336,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             self.acknowledge(id);
         } else {
             let request_id = receive.request_id;
-            let send = self.start_send_of(endpoint, Leases::None, true);
+            let send = self.start_send_of(endpoint, Leases::None, 1);
             tracing::debug!(request = request_id, "a write's receive failed");
             self.actions.push_back(Action::Refuse {
                 endpoint,
@@ -362,7 +391,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         };
         receive.acknowledged = true;
         let (endpoint, request_id, length) = (receive.endpoint, receive.request_id, receive.length);
-        let send = self.start_send_of(endpoint, Leases::None, true);
+        let send = self.start_send_of(endpoint, Leases::None, 1);
         self.actions.push_back(Action::Acknowledge {
             endpoint,
             send,
@@ -432,6 +461,7 @@ mod tests {
                     region,
                     address,
                     length,
+                    payload_offset: 0,
                 },
             ] => {
                 assert_eq!((to, request_id), (endpoint, write.request_id));

@@ -341,7 +341,9 @@ impl Pair {
                     self.to_consumer.push_back(Message::List(reply));
                 }
                 // Served writes have their own scenarios.
-                Action::Receive { .. } | Action::Acknowledge { .. } => self.elsewhere.push(action),
+                Action::Receive { .. }
+                | Action::Acknowledge { .. }
+                | Action::AcknowledgeList { .. } => self.elsewhere.push(action),
             }
         }
     }

@@ -677,8 +677,9 @@ impl Sim {
                     region,
                     address,
                     length,
+                    payload_offset,
                 } => {
-                    if endpoint != message.conn || id != request_id {
+                    if endpoint != message.conn || id != request_id || payload_offset != 0 {
                         return Err(format!(
                             "{action:?} for request {request_id} on {}",
                             message.conn

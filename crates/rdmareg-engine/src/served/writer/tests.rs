@@ -204,3 +204,69 @@ fn write_ids_carry_the_write_bit() {
     assert!(wire::is_write_request_id(posted.id.0));
     assert_eq!(writer.value(posted.id), Some(&()));
 }
+
+/// A write list's reply answers each of its writes by its own entry: an
+/// `Ok`, a refusal as the caller's typed error, an entry for a write the
+/// writer does not await dropped; a reply from another endpoint answers
+/// none of them.
+#[test]
+fn a_list_reply_answers_each_write_by_its_entry() {
+    let now = Instant::now();
+    let mut writer = Writer::new();
+    let first = started(&mut writer, now);
+    let second = started(&mut writer, now);
+    for id in [first, second] {
+        writer.send_ended(id, Ok(()));
+    }
+    let header = wire::encode_list_reply_fields(
+        [
+            (first.0, 0, 64),
+            (
+                second.0,
+                wire::refusal_code(crate::served::Refusal::AccessDenied),
+                0,
+            ),
+            (WriteId(wire::WRITE_REQUEST_ID_BIT | 99).0, 0, 64),
+        ]
+        .into_iter(),
+    )
+    .unwrap();
+    assert_eq!(
+        writer.handle_list_reply(2, &header, 0).unwrap(),
+        [
+            Err(DropReason::WrongEndpoint),
+            Err(DropReason::WrongEndpoint),
+            Err(DropReason::NotAwaited)
+        ]
+    );
+    assert_eq!(writer.poll_completion(), None);
+    assert_eq!(
+        writer.handle_list_reply(OWNER, &header, 0).unwrap(),
+        [Ok(first), Ok(second), Err(DropReason::NotAwaited)]
+    );
+    let outcomes: Vec<_> = std::iter::from_fn(|| writer.poll_completion())
+        .map(|done| (done.write, done.outcome))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (first, Ok(())),
+            (second, Err(RdmaError::AccessDenied { operation: "write" }))
+        ]
+    );
+    assert!(writer.handle_list_reply(OWNER, &header[1..], 0).is_err());
+}
+
+/// A write list's reply with payload bytes is not the protocol: every
+/// write it acknowledges fails rather than pass for written.
+#[test]
+fn a_list_reply_with_a_payload_fails_its_writes() {
+    let now = Instant::now();
+    let mut writer = Writer::new();
+    let id = started(&mut writer, now);
+    writer.send_ended(id, Ok(()));
+    let header = wire::encode_list_reply_fields([(id.0, 0, 64)].into_iter()).unwrap();
+    writer.handle_list_reply(OWNER, &header, 64).unwrap();
+    let outcome = writer.poll_completion().unwrap().outcome;
+    assert!(matches!(outcome, Err(RdmaError::Backend(_))), "{outcome:?}");
+}
