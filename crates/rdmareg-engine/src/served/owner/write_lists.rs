@@ -45,15 +45,22 @@ pub struct WriteListLimits {
     /// Most bytes a list's payload carries; past it every entry is
     /// refused [`Refusal::Malformed`].
     pub max_total: u64,
+    /// Most entries a list may have: its reply header has one entry per
+    /// write, and must fit the transport's bound on a header (UCX writes a
+    /// longer one past its fragment buffer). A longer list is dropped, as
+    /// no reply to it can be sent.
+    pub max_entries: usize,
 }
 
 impl Default for WriteListLimits {
     /// The UCX engine's: 1 MiB a list, as much as one single write
-    /// carries, and any entry within that.
+    /// carries, any entry within that, and [`wire::MAX_LIST_ENTRIES`]
+    /// entries.
     fn default() -> Self {
         WriteListLimits {
             max_entry: 1 << 20,
             max_total: 1 << 20,
+            max_entries: wire::MAX_LIST_ENTRIES,
         }
     }
 }
@@ -102,7 +109,8 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     /// ([`Action::Receive`] at its place in the payload) or refused, and
     /// one [`Action::AcknowledgeList`] once every accepted entry's receive
     /// ended (module docs). An empty list, or one of more than
-    /// [`wire::MAX_LIST_ENTRIES`] entries, is dropped.
+    /// [`WriteListLimits::max_entries`] or [`wire::MAX_LIST_ENTRIES`]
+    /// entries, is dropped.
     pub fn handle_write_list(
         &mut self,
         endpoint: E,
@@ -113,7 +121,11 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         if !self.may_reply(endpoint) {
             return;
         }
-        if entries.is_empty() || entries.len() > wire::MAX_LIST_ENTRIES {
+        if entries.is_empty() || entries.len() > limits.max_entries.min(wire::MAX_LIST_ENTRIES) {
+            tracing::debug!(
+                entries = entries.len(),
+                "a write list of no entries or too many was dropped"
+            );
             self.dropped += 1;
             return;
         }
@@ -170,6 +182,36 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 accepted,
             },
         );
+    }
+
+    /// Refuses every entry of a write list on `endpoint` for a reason the
+    /// driver decided itself (such as a payload the transport did not
+    /// hand over the way the list's writer promised), in one reply under
+    /// the endpoint's refusal bound; nothing is received. A list the owner
+    /// would drop (empty, too long) is dropped.
+    pub fn refuse_write_list(
+        &mut self,
+        endpoint: E,
+        entries: &[Write],
+        refusal: Refusal,
+        limits: WriteListLimits,
+    ) {
+        if !self.may_reply(endpoint) {
+            return;
+        }
+        if entries.is_empty() || entries.len() > limits.max_entries.min(wire::MAX_LIST_ENTRIES) {
+            self.dropped += 1;
+            return;
+        }
+        self.refused += entries.len() as u64;
+        let entry_replies = entries
+            .iter()
+            .map(|write| ListEntryReply {
+                request_id: write.request_id,
+                outcome: Err(refusal),
+            })
+            .collect();
+        self.answer_refused_list(endpoint, entry_replies);
     }
 
     /// Write lists whose reply waits for a receive.

@@ -331,6 +331,29 @@ fn a_closed_transport_ends_a_list_unanswered() {
     assert_eq!(owner.write_lists_in_flight(), 0);
 }
 
+/// A list longer than its reply may be is dropped whole: no receive, no
+/// reply; a driver's own refusal of a list answers every entry at once.
+#[test]
+fn a_list_too_long_to_answer_is_dropped() {
+    let mut owner = owner(8);
+    let list = [write(1, RW, BASE, 8), write(2, RW, BASE + 8, 8)];
+    let limits = WriteListLimits {
+        max_entries: 1,
+        ..WriteListLimits::default()
+    };
+    owner.handle_write_list(5, &list, 16, limits);
+    owner.refuse_write_list(5, &list, Refusal::Malformed, limits);
+    assert_eq!(actions(&mut owner), []);
+    assert_eq!(owner.dropped_requests(), 2);
+    owner.refuse_write_list(5, &list, Refusal::Malformed, WriteListLimits::default());
+    let (_, replies) = list_reply(&mut owner);
+    assert_eq!(
+        outcomes(&replies),
+        [Err(Refusal::Malformed), Err(Refusal::Malformed)]
+    );
+    assert_eq!(owner.region_leases(RW), Some(0));
+}
+
 /// A header that does not decode is dropped; an empty list too.
 #[test]
 fn an_undecodable_or_empty_list_is_dropped() {
