@@ -94,6 +94,13 @@ pub const NOTICE_AM_ID: u32 = 0x5255;
 /// bytes to write as the payload. Its reply is a read reply
 /// ([`READ_REPLY_AM_ID`]) with no payload, its request id's top bit set.
 pub const WRITE_REQUEST_AM_ID: u32 = 0x5256;
+/// Active-message id of a write list (writer → owner): the engine kit's
+/// write list header (`rdmareg_engine::served::wire`), the writes' bytes
+/// back to back as the payload, eager only.
+pub const WRITE_LIST_REQUEST_AM_ID: u32 = 0x5257;
+/// Active-message id of a write list's reply (owner → writer): a list
+/// reply header with one entry per write of the list, no payload.
+pub const WRITE_LIST_REPLY_AM_ID: u32 = 0x5258;
 
 const KEY_MAGIC: [u8; 2] = *b"RQ";
 const VERSION: u8 = 1;

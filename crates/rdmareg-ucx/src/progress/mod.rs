@@ -26,6 +26,7 @@ mod notices;
 mod ops;
 mod peers;
 pub(crate) mod process_writes;
+mod put_lists;
 mod puts;
 mod read_lists;
 mod regions;
@@ -55,7 +56,8 @@ use crate::config::UcxConfig;
 use crate::engine_address::{EngineAddress, ProcessIdentity};
 use crate::read_list::{READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID};
 use crate::read_protocol::{
-    NOTICE_AM_ID, READ_REPLY_AM_ID, READ_REQUEST_AM_ID, WRITE_REQUEST_AM_ID,
+    NOTICE_AM_ID, READ_REPLY_AM_ID, READ_REQUEST_AM_ID, WRITE_LIST_REPLY_AM_ID,
+    WRITE_LIST_REQUEST_AM_ID, WRITE_REQUEST_AM_ID,
 };
 use direct::DirectLane;
 use events::Events;
@@ -257,6 +259,16 @@ impl Engine {
             worker.set_am_handler(
                 WRITE_REQUEST_AM_ID,
                 serve_writes::on_write_request,
+                events_arg,
+            )?;
+            worker.set_am_handler(
+                WRITE_LIST_REQUEST_AM_ID,
+                serve_writes::on_write_list_request,
+                events_arg,
+            )?;
+            worker.set_am_handler(
+                WRITE_LIST_REPLY_AM_ID,
+                put_lists::on_write_list_reply,
                 events_arg,
             )?;
         }

@@ -36,6 +36,7 @@ use ucx_sys as sys;
 
 use super::Engine;
 use super::events::Events;
+use super::put_lists::fits_a_write_list;
 use super::ucp::{SendMode, send_active_message};
 use crate::read_protocol::{ReadKey, WRITE_REQUEST_AM_ID};
 use crate::status::{PtrStatus, status_text};
@@ -115,6 +116,46 @@ impl PutParts {
     }
 }
 
+/// A write checked and ready to send: its source, its owner's endpoint,
+/// where it goes.
+#[derive(Debug)]
+pub(crate) struct PreparedPut {
+    pub(super) peer: PeerId,
+    pub(super) endpoint: sys::ucp_ep_h,
+    /// The endpoint's serial, to force-close it past the deadline.
+    pub(super) serial: u64,
+    pub(super) due: Instant,
+    /// `len` readable bytes inside the source region.
+    pub(super) source: *mut u8,
+    pub(super) len: usize,
+    pub(super) source_region: u64,
+    /// The whole write's target (`length` = `len`).
+    pub(super) target: WriteTarget,
+}
+
+impl PreparedPut {
+    /// What the writer machine keeps with one of its chunks.
+    pub(super) fn value(&self, parts: Rc<RefCell<PutParts>>) -> PutValue {
+        PutValue {
+            parts,
+            region: self.source_region,
+            peer: self.peer,
+            serial: self.serial,
+        }
+    }
+}
+
+impl PutParts {
+    /// The parts of a write sent in one piece.
+    pub(super) fn single(waiter: PutWaiter) -> Rc<RefCell<PutParts>> {
+        Rc::new(RefCell::new(PutParts {
+            waiter: Some(waiter),
+            remaining: 1,
+            outcome: Ok(()),
+        }))
+    }
+}
+
 /// What the writer machine keeps with each chunk.
 #[derive(Debug)]
 pub(crate) struct PutValue {
@@ -126,10 +167,13 @@ pub(crate) struct PutValue {
     serial: u64,
 }
 
-/// What a write's send holds until it ends.
-struct PutSend {
-    events: *const Events,
-    write: WriteId,
+/// What a send of writes holds until it ends: the writes it carries (one
+/// for a single write, every entry for a write list) and a list's payload
+/// vector, which UCX reads until then.
+pub(super) struct PutSend {
+    pub(super) events: *const Events,
+    pub(super) writes: Vec<WriteId>,
+    pub(super) iov: Vec<sys::ucp_dt_iov_t>,
 }
 
 impl Engine {
@@ -146,7 +190,9 @@ impl Engine {
         self.complete_puts();
     }
 
-    /// `Command::PutBatch`: every entry posted on its own, answered
+    /// `Command::PutBatch`: entries the direct lane took are answered at
+    /// once; of the rest, runs of small writes to one owner go as write
+    /// lists (`put_lists`), every other entry on its own. Answered
     /// together.
     pub(super) fn post_put_batch(&mut self, requests: Vec<BackendPut>, reply: BatchReply) {
         let batch = Rc::new(RefCell::new(BatchPuts {
@@ -159,12 +205,16 @@ impl Engine {
         for (index, result) in answered {
             PutWaiter::Entry(Rc::clone(&batch), index).send(result);
         }
+        let mut listed = Vec::new();
         for (index, request) in through_owner {
             let waiter = PutWaiter::Entry(Rc::clone(&batch), index);
-            if let Err((waiter, err)) = self.try_post_put(request, waiter) {
-                waiter.send(Err(err));
+            match self.prepare_put(request) {
+                Ok(put) if fits_a_write_list(&put) => listed.push((put, waiter)),
+                Ok(put) => self.send_put(put, waiter),
+                Err(err) => waiter.send(Err(err)),
             }
         }
+        self.send_put_lists(listed);
         self.complete_puts();
     }
 
@@ -175,6 +225,18 @@ impl Engine {
         request: BackendPut,
         waiter: PutWaiter,
     ) -> Result<(), (PutWaiter, RdmaError)> {
+        match self.prepare_put(request) {
+            Ok(put) => {
+                self.send_put(put, waiter);
+                Ok(())
+            }
+            Err(err) => Err((waiter, err)),
+        }
+    }
+
+    /// Checks a write: its source mapped, not unmapping, the range inside
+    /// it; its key; an endpoint to its owner.
+    pub(super) fn prepare_put(&mut self, request: BackendPut) -> Result<PreparedPut, RdmaError> {
         let BackendPut {
             peer,
             remote_addr,
@@ -184,31 +246,42 @@ impl Engine {
             len,
             deadline,
         } = request;
-        // Source: mapped, not unmapping, the range inside it.
         let (source, len, _memh) =
-            match self.checked_destination(local_region_id, local_offset, len, remote_addr) {
-                Ok(source) => source,
-                Err(err) => return Err((waiter, err)),
-            };
-        let Ok(key) = ReadKey::decode(&packed_key) else {
-            return Err((waiter, RdmaError::InvalidKey));
-        };
+            self.checked_destination(local_region_id, local_offset, len, remote_addr)?;
+        let key = ReadKey::decode(&packed_key).map_err(|_| RdmaError::InvalidKey)?;
         let served = key.served();
         // Not `served_endpoint`: its memo holds only while one batch of
         // reads is prepared, and must never outlive a send (a send's
         // callbacks may close the endpoint it names).
-        let (endpoint, serial) = match self.endpoint_for(peer) {
-            Ok(found) => found,
-            Err(err) => return Err((waiter, err)),
-        };
+        let (endpoint, serial) = self.endpoint_for(peer)?;
         let due = Instant::now() + deadline.unwrap_or(self.settings.timings.default_get_deadline);
-        let chunks = len.div_ceil(WRITE_CHUNK);
+        Ok(PreparedPut {
+            peer,
+            endpoint: endpoint.raw(),
+            serial,
+            due,
+            source,
+            len,
+            source_region: local_region_id,
+            target: WriteTarget {
+                region: served.region_id,
+                capability: served.capability,
+                address: remote_addr,
+                length: len as u64,
+            },
+        })
+    }
+
+    /// Sends a checked write as chunks of at most [`WRITE_CHUNK`], each its
+    /// own request, answered together.
+    pub(super) fn send_put(&mut self, put: PreparedPut, waiter: PutWaiter) {
+        let chunks = put.len.div_ceil(WRITE_CHUNK);
         // The region counts its holds in a u32: a PUT of more chunks than
         // that (4 PiB) is refused rather than miscounted.
         let Ok(holds) = u32::try_from(chunks) else {
-            return Err((waiter, RdmaError::OutOfRange));
+            return waiter.send(Err(RdmaError::OutOfRange));
         };
-        if let Some(region) = self.regions.get_mut(&local_region_id) {
+        if let Some(region) = self.regions.get_mut(&put.source_region) {
             region.in_flight += holds;
         }
         let parts = Rc::new(RefCell::new(PutParts {
@@ -218,25 +291,18 @@ impl Engine {
         }));
         for chunk in 0..chunks {
             let offset = chunk * WRITE_CHUNK;
-            let chunk_len = WRITE_CHUNK.min(len - offset);
-            let value = PutValue {
-                parts: Rc::clone(&parts),
-                region: local_region_id,
-                peer,
-                serial,
-            };
+            let chunk_len = WRITE_CHUNK.min(put.len - offset);
+            let value = put.value(Rc::clone(&parts));
             let target = WriteTarget {
-                region: served.region_id,
-                capability: served.capability,
-                address: remote_addr + offset as u64,
+                address: put.target.address + offset as u64,
                 length: chunk_len as u64,
+                ..put.target
             };
             // In bounds: `offset + chunk_len <= len`, inside the checked
             // source.
-            let chunk_source = source.wrapping_add(offset);
-            self.send_write(endpoint.raw(), peer, target, due, chunk_source, value);
+            let chunk_source = put.source.wrapping_add(offset);
+            self.send_write(put.endpoint, put.peer, target, put.due, chunk_source, value);
         }
-        Ok(())
     }
 
     /// Starts one chunk in the writer machine and sends it.
@@ -262,7 +328,8 @@ impl Engine {
         };
         let record = Box::into_raw(Box::new(PutSend {
             events: &*self.events,
-            write: posted.id,
+            writes: vec![posted.id],
+            iov: Vec::new(),
         }));
         // SAFETY: the endpoint is live (looked up this turn; endpoints close
         // only between commands); the source `[source, source + len)` lies
@@ -367,7 +434,7 @@ impl Engine {
 }
 
 /// The error a write gets when UCX ended its send with `status`.
-fn send_failure(events: &Events, peer: PeerId, status: sys::ucs_status_t) -> RdmaError {
+pub(super) fn send_failure(events: &Events, peer: PeerId, status: sys::ucs_status_t) -> RdmaError {
     if events.tearing_down.get() {
         RdmaError::ShuttingDown
     } else {
@@ -378,8 +445,8 @@ fn send_failure(events: &Events, peer: PeerId, status: sys::ucs_status_t) -> Rdm
     }
 }
 
-/// A write's send ended: recorded for the loop, which tells the writer.
-unsafe extern "C" fn on_put_sent(
+/// A send of writes ended: recorded for the loop, which tells the writer.
+pub(super) unsafe extern "C" fn on_put_sent(
     request: *mut c_void,
     status: sys::ucs_status_t,
     user_data: *mut c_void,
@@ -393,7 +460,10 @@ unsafe extern "C" fn on_put_sent(
         .put_records
         .borrow_mut()
         .remove(&(user_data as usize));
-    events.put_sends.borrow_mut().push((record.write, status));
+    events
+        .put_sends
+        .borrow_mut()
+        .extend(record.writes.iter().map(|&write| (write, status)));
     // SAFETY: a completed request of this worker, returned once; UCX allows
     // freeing a request from its own completion callback.
     unsafe { sys::ucp_request_free(request) };

@@ -248,6 +248,22 @@ pub(super) fn copied_into_segments(
     fits_one_send || short_ranges
 }
 
+/// [`copied_into_segments`] with the bound of ranges per zero-copy
+/// fragment that holds for this engine's connections.
+pub(super) fn copied_on_this_lane(
+    events: &Events,
+    header: u64,
+    payload: u64,
+    ranges: usize,
+) -> bool {
+    let per_fragment = if one_fragment_each(events) {
+        events.tcp_ranges_per_zero_copy_fragment.get()
+    } else {
+        ZERO_COPY_RANGES_PER_FRAGMENT
+    };
+    copied_into_segments(header, payload, ranges, per_fragment)
+}
+
 /// UCX's handler for a list reply (`READ_LIST_REPLY_AM_ID`), on the
 /// consumer.
 ///

@@ -24,10 +24,10 @@ use rdmareg_engine::served::{Action, Payload, SendId};
 use ucx_sys as sys;
 
 use super::events::Events;
-use super::read_lists::{ZERO_COPY_RANGES_PER_FRAGMENT, copied_into_segments};
+use super::read_lists::copied_on_this_lane;
 use super::ucp::{MemHandle, SendMode, handler_header, send_active_message, send_gathered};
 use crate::read_list::READ_LIST_REPLY_AM_ID;
-use crate::read_protocol::READ_REPLY_AM_ID;
+use crate::read_protocol::{READ_REPLY_AM_ID, WRITE_LIST_REPLY_AM_ID};
 use crate::status::PtrStatus;
 
 /// Replies from this size on name their registration, so UCX can send them
@@ -128,13 +128,42 @@ pub(super) unsafe fn perform_actions(events: &Events) {
                 receive,
                 address,
                 length,
+                payload_offset,
                 ..
             } => {
                 // SAFETY: a receive is admitted only by a write handler,
                 // which performs its actions before it returns (the
                 // caller's contract), with its payload still at hand; the
                 // owner checked the range inside its registration.
-                unsafe { super::serve_writes::receive_payload(events, receive, address, length) };
+                unsafe {
+                    super::serve_writes::receive_payload(
+                        events,
+                        receive,
+                        address,
+                        length,
+                        payload_offset,
+                    )
+                };
+            }
+            Action::AcknowledgeList { endpoint, send, .. } => {
+                let header = action.list_reply_header().unwrap_or_default();
+                // SAFETY: `endpoint` is a live `reply_ep` (the caller's
+                // contract); the reply carries no payload.
+                unsafe {
+                    send_reply(
+                        events,
+                        endpoint as sys::ucp_ep_h,
+                        send,
+                        WRITE_LIST_REPLY_AM_ID,
+                        &header,
+                        Shape::One {
+                            mode: SendMode::Small,
+                            payload: ptr::null(),
+                            len: 0,
+                        },
+                        Vec::new(),
+                    );
+                }
             }
             Action::Serve { endpoint, send, .. }
             | Action::Refuse { endpoint, send, .. }
@@ -185,13 +214,8 @@ pub(super) unsafe fn perform_actions(events: &Events) {
                     .filter_map(|a| a.outcome.ok())
                     .collect();
                 let payload: u64 = served.iter().map(|p| p.length).sum();
-                let per_fragment = if one_fragment_each(events) {
-                    events.tcp_ranges_per_zero_copy_fragment.get()
-                } else {
-                    ZERO_COPY_RANGES_PER_FRAGMENT
-                };
                 let copied =
-                    copied_into_segments(header.len() as u64, payload, served.len(), per_fragment);
+                    copied_on_this_lane(events, header.len() as u64, payload, served.len());
                 // SAFETY: as for a single reply, for every range.
                 unsafe {
                     send_reply(
