@@ -493,6 +493,9 @@ pub(crate) struct Defects {
     /// List a write's range in the log of written ranges when its receive
     /// ends, whether it completed or failed.
     pub(crate) failed_receives_listed: bool,
+    /// Answer a write list when its first receive ended rather than its
+    /// last, so its reply says `Ok` for bytes still being received.
+    pub(crate) answer_list_before_last_receive: bool,
 }
 
 /// The owner side of served reads (module docs).
