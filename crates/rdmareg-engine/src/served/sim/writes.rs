@@ -16,6 +16,15 @@
 //! deadlines; registrations, unmaps racing writes, the program reusing
 //! memory whose unmap finished; shutdown and the transport's close.
 //!
+//! And write lists ([`lists`]): a writer sends 1 to 64 of its writes as
+//! one message with one send (honest entries and hostile ones, some over
+//! an earlier entry's range, now and then a payload that does not add up
+//! or a header that does not decode), the owner answers the list once,
+//! and the writer takes that one reply; forged list replies come from a
+//! third peer. A quarter of the runs raise the owner's bound so lists
+//! get entries in by the dozen, and a quarter bound a list's entries and
+//! total tightly.
+//!
 //! # Invariants, checked after every step
 //!
 //! 1. No byte is written outside a registration that allows writes and
@@ -47,14 +56,26 @@
 //!    writer's completed receives included. Half the runs bound the log
 //!    to a few ranges, so it overflows; a take starts it afresh, and the
 //!    log ends with the registration.
+//! 9. A write list gets exactly the receives the model predicts, entry by
+//!    entry (each at its place in the payload, so with its own bytes),
+//!    and one answer: at once when no entry is accepted (or none, past the
+//!    refusal bound), else right when its last receive ended — never
+//!    earlier, never twice, never on a failed connection — with each
+//!    entry's `Ok`, refusal or failed receive as the model gives them.
+//!    Its accepted entries hold their places from acceptance until the
+//!    answer's send ended: the transport never holds more for a
+//!    connection than the bound.
+//! 10. A list's writes are answered as single ones are (5 and 4): each
+//!     once, through the list reply, after the list's one send ended,
+//!     `Ok` only when its receive left its bytes in memory.
 //!
 //! # Proof that it bites
 //!
 //! The owner's test-only defects `write_access_unchecked`,
-//! `unmap_ignores_receives`, `acknowledge_before_receive` and
-//! `failed_receives_listed`, and the
-//! writer's `answer_before_send_ended`, are each caught within the first
-//! 20 seeds by a test below.
+//! `unmap_ignores_receives`, `acknowledge_before_receive`,
+//! `failed_receives_listed` and `answer_list_before_last_receive`, and
+//! the writer's `answer_before_send_ended`, are each caught within the
+//! first 20 seeds by a test in `tests`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
@@ -64,11 +85,17 @@ use rdmareg_core::{Access, RdmaError};
 
 use super::{Checked, Rng, Violation, capability};
 use crate::served::consumer::{Reply, ReplyOutcome};
-use crate::served::owner::{Action, Defects, Owner, OwnerConfig, ReceiveId, Refusal, SendId};
+use crate::served::owner::{
+    Action, Defects, Owner, OwnerConfig, ReceiveId, Refusal, SendId, WriteListLimits,
+};
 use crate::served::refusal::Operation;
 use crate::served::wire;
 use crate::served::writer::{self, WriteId, WriteTarget, WriteTimeout, Writer};
 use crate::sim_support::mix;
+
+mod lists;
+
+use lists::SimList;
 
 /// Steps of the random phase of one run.
 const STEPS: u32 = 250;
@@ -79,6 +106,8 @@ const SLOT_STRIDE: u64 = 0x1_0000;
 const FORGER: u64 = 999;
 /// Writes one writer has unanswered at most (the simulation's own bound).
 const MAX_WRITES: usize = 12;
+/// The same, when it posts a write list (up to 64 entries at once).
+const MAX_LIST_WRITES: usize = 96;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -106,8 +135,11 @@ struct Request {
     /// The write whose send this message is (its source is held while the
     /// message travels); `None` for a duplicate.
     origin: Option<Origin>,
-    /// The write it carries, duplicates included.
+    /// The write it carries, duplicates included (a write list's first
+    /// entry).
     of: Option<Origin>,
+    /// The header is a write list's, the payload its entries' bytes.
+    list: bool,
 }
 
 /// A writer and one of its writes.
@@ -119,10 +151,17 @@ struct ToWriter {
     conn: u64,
     /// The writer a forged reply is pushed at.
     to: Option<usize>,
-    header: [u8; wire::REPLY_LEN],
+    header: ReplyHeader,
     payload_length: u64,
     /// The owner's send, for an honest reply.
     send: Option<SendId>,
+}
+
+/// A reply's header: a single write's, or a write list's.
+#[derive(Debug, Clone)]
+enum ReplyHeader {
+    Single([u8; wire::REPLY_LEN]),
+    List(Vec<u8>),
 }
 
 /// A receive into the owner's memory in progress.
@@ -140,6 +179,8 @@ struct Receiving {
     /// Addresses of its range a receive that failed while it ran may have
     /// written after it.
     spoiled: BTreeSet<u64>,
+    /// The write list (the simulation's key) and entry it is of.
+    list: Option<(u64, usize)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +188,19 @@ enum OwnerSend {
     Refusal,
     /// A reply to an accepted write (acknowledgement or failed receive).
     WriteReply,
+    /// The reply to a write list, holding its accepted entries' places.
+    ListReply(u32),
+}
+
+impl OwnerSend {
+    /// Places it holds under its endpoint's bound of served replies.
+    fn places(self) -> usize {
+        match self {
+            OwnerSend::Refusal => 0,
+            OwnerSend::WriteReply => 1,
+            OwnerSend::ListReply(places) => places as usize,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -162,6 +216,8 @@ struct Record {
     answered: bool,
     /// A receive of it completed with the range holding its bytes.
     received: bool,
+    /// The write list whose message carries it: one send for them all.
+    batch: Option<u64>,
 }
 
 struct SimWriter {
@@ -187,6 +243,25 @@ pub(crate) struct Stats {
     pub(crate) listed_bytes: u64,
     /// Takes that found the log incomplete.
     pub(crate) incomplete_logs: u64,
+    /// Write lists posted, and their entries.
+    pub(crate) lists: u64,
+    pub(crate) list_entries: u64,
+    /// Lists answered once their receives ended, and answered at once
+    /// (no entry accepted).
+    pub(crate) lists_answered: u64,
+    pub(crate) lists_refused: u64,
+    /// Lists the owner dropped, and lists whose endpoint failed before
+    /// their receives ended (not answered).
+    pub(crate) lists_dropped: u64,
+    pub(crate) lists_unanswered: u64,
+    /// Entries of answered lists: `Ok`, refused on arrival, failed receive.
+    pub(crate) list_entries_ok: u64,
+    pub(crate) list_entries_refused: u64,
+    pub(crate) list_entries_failed: u64,
+    /// Lists answered with two or more entries accepted.
+    pub(crate) wide_lists: u64,
+    /// Writes of lists a writer completed `Ok`.
+    pub(crate) list_writes_ok: u64,
 }
 
 impl Stats {
@@ -203,6 +278,17 @@ impl Stats {
         self.bytes_written += o.bytes_written;
         self.listed_bytes += o.listed_bytes;
         self.incomplete_logs += o.incomplete_logs;
+        self.lists += o.lists;
+        self.list_entries += o.list_entries;
+        self.lists_answered += o.lists_answered;
+        self.lists_refused += o.lists_refused;
+        self.lists_dropped += o.lists_dropped;
+        self.lists_unanswered += o.lists_unanswered;
+        self.list_entries_ok += o.list_entries_ok;
+        self.list_entries_refused += o.list_entries_refused;
+        self.list_entries_failed += o.list_entries_failed;
+        self.wide_lists += o.wide_lists;
+        self.list_writes_ok += o.list_writes_ok;
     }
 }
 
@@ -248,12 +334,37 @@ struct Sim {
     landed: BTreeMap<u64, Vec<bool>>,
     /// Receives that ended, and whether they completed.
     ended: BTreeMap<ReceiveId, bool>,
+    /// The owner's bounds of a write list, drawn per seed.
+    list_limits: WriteListLimits,
+    /// Write lists the owner accepted an entry of and has not answered,
+    /// by the simulation's key.
+    lists: BTreeMap<u64, SimList>,
+    next_list: u64,
+    /// The list whose last receive just ended: the owner's answer is due.
+    list_due: Option<SimList>,
+    /// Each write list's writes, by the key their records carry: the one
+    /// send of its message ends for them all.
+    batches: BTreeMap<u64, Vec<Origin>>,
 }
 
 impl Sim {
     fn new(seed: u64, defects: Defects, writer_defects: writer::Defects, verbose: bool) -> Sim {
         let mut rng = Rng::new(mix(seed ^ 0x7772_6974_6573));
-        let bound = 1 + rng.below(4) as u32;
+        let mut bound = 1 + rng.below(4) as u32;
+        // A quarter of the runs let a write list's entries in by the dozen.
+        if mix(seed ^ 0x6c69_7374) % 4 == 0 {
+            bound *= 16;
+        }
+        // And a quarter bound a list tightly: entries past these are
+        // refused malformed.
+        let list_limits = match mix(seed ^ 0x6c69_6d69) % 4 {
+            0 => WriteListLimits {
+                max_entry: 8 + mix(seed ^ 1) % 32,
+                max_total: 32 + mix(seed ^ 2) % 256,
+                ..WriteListLimits::default()
+            },
+            _ => WriteListLimits::default(),
+        };
         // Drawn apart from `rng`, so the runs are otherwise as before.
         let max_written_ranges = match mix(seed ^ 0x006c_6f67) % 4 {
             0 => 1,
@@ -306,6 +417,11 @@ impl Sim {
             log: verbose.then(VecDeque::new),
             landed: BTreeMap::new(),
             ended: BTreeMap::new(),
+            list_limits,
+            lists: BTreeMap::new(),
+            next_list: 0,
+            list_due: None,
+            batches: BTreeMap::new(),
         }
     }
 
@@ -332,8 +448,9 @@ impl Sim {
 
     fn random_step(&mut self) -> Checked {
         match self.rng.below(100) {
-            0..=13 => self.post(false),
-            14..=19 => self.post(true),
+            0..=12 => self.post(false),
+            13..=16 => self.post(true),
+            17..=19 => self.post_list(),
             20..=33 => self.deliver_request(),
             34 => self.drop_request(),
             35..=36 => self.duplicate(),
@@ -360,66 +477,13 @@ impl Sim {
     /// A writer posts a write: honest (a random range of a descriptor it
     /// was given) or hostile.
     fn post(&mut self, hostile: bool) -> Checked {
-        let mut at = self.rng.index(self.writers.len());
-        if !self.writers[at].alive {
-            // A new writer comes in a killed one's stead.
-            let mut machine = Writer::new();
-            machine.defects = self.writers[at].machine.defects;
-            let conn = self.fresh_conn();
-            self.writers.push(SimWriter {
-                conn,
-                machine,
-                alive: true,
-            });
-            at = self.writers.len() - 1;
-        }
-        if self.writers[at].machine.in_flight() >= MAX_WRITES || self.regions.is_empty() {
+        let Some(at) = self.poster(MAX_WRITES - 1) else {
             return Ok(());
-        }
-        let ids: Vec<u64> = self.regions.keys().copied().collect();
-        let live: Vec<u64> = self
-            .regions
-            .iter()
-            .filter(|(_, r)| r.state == State::Live)
-            .map(|(&id, _)| id)
-            .collect();
-        let id = if !live.is_empty() && self.rng.chance(85) {
-            live[self.rng.index(live.len())]
-        } else {
-            ids[self.rng.index(ids.len())]
         };
-        let region = &self.regions[&id];
-        let (base, len, cap) = (region.base, region.len, region.capability);
-        let offset = self.rng.below(len);
-        let mut target = WriteTarget {
-            region: id,
-            capability: cap,
-            address: base + offset,
-            length: 1 + self.rng.below(len - offset),
+        let Some((target, payload_length, corrupt)) = self.draw_target(if hostile { 8 } else { 0 })
+        else {
+            return Ok(());
         };
-        let mut payload_length = target.length;
-        let mut corrupt = false;
-        if hostile {
-            match self.rng.below(8) {
-                0 => target.capability[self.rng.index(16)] ^= 1 << self.rng.below(8),
-                1 => target.region = self.next_region + self.rng.below(3),
-                2 => target.length = len - offset + 1 + self.rng.below(8),
-                3 => target.address = base.wrapping_sub(1 + self.rng.below(8)),
-                4 => target.length = 0,
-                5 => {
-                    target.address = u64::MAX - self.rng.below(4);
-                    target.length = 2 + self.rng.below(8);
-                }
-                6 => {
-                    payload_length = if self.rng.chance(50) {
-                        target.length - 1
-                    } else {
-                        target.length + 1 + self.rng.below(4)
-                    }
-                }
-                _ => corrupt = true,
-            }
-        }
         let deadline = self.now + Duration::from_millis(1 + self.rng.below(40));
         let writer = &mut self.writers[at];
         let conn = writer.conn;
@@ -450,6 +514,7 @@ impl Sim {
                 send_ended: false,
                 answered: false,
                 received: false,
+                batch: None,
             },
         );
         self.stats.writes += 1;
@@ -460,8 +525,86 @@ impl Sim {
             payload,
             origin: Some(origin),
             of: Some(origin),
+            list: false,
         });
         Ok(())
+    }
+
+    /// The writer that posts next (a new one comes in a killed one's
+    /// stead), if it has at most `room` writes unanswered and there is a
+    /// descriptor to write to.
+    fn poster(&mut self, room: usize) -> Option<usize> {
+        let mut at = self.rng.index(self.writers.len());
+        if !self.writers[at].alive {
+            let mut machine = Writer::new();
+            machine.defects = self.writers[at].machine.defects;
+            let conn = self.fresh_conn();
+            self.writers.push(SimWriter {
+                conn,
+                machine,
+                alive: true,
+            });
+            at = self.writers.len() - 1;
+        }
+        if self.writers[at].machine.in_flight() > room || self.regions.is_empty() {
+            return None;
+        }
+        Some(at)
+    }
+
+    /// A write's target: a random range of a descriptor a writer was
+    /// given (of a live registration mostly, else of any, stale ones
+    /// included), made hostile by one of the first `hostile` ways (none
+    /// for 0): forged capability, unknown region, past the end, before the
+    /// start, empty, wrapping; a payload of another length; a header that
+    /// will not decode. Returns it with its payload's length and whether
+    /// to corrupt its header.
+    fn draw_target(&mut self, hostile: u64) -> Option<(WriteTarget, u64, bool)> {
+        let ids: Vec<u64> = self.regions.keys().copied().collect();
+        let live: Vec<u64> = self
+            .regions
+            .iter()
+            .filter(|(_, r)| r.state == State::Live)
+            .map(|(&id, _)| id)
+            .collect();
+        let id = if !live.is_empty() && self.rng.chance(85) {
+            live[self.rng.index(live.len())]
+        } else {
+            *ids.get(self.rng.index(ids.len()))?
+        };
+        let region = &self.regions[&id];
+        let (base, len, cap) = (region.base, region.len, region.capability);
+        let offset = self.rng.below(len);
+        let mut target = WriteTarget {
+            region: id,
+            capability: cap,
+            address: base + offset,
+            length: 1 + self.rng.below(len - offset),
+        };
+        let mut payload_length = target.length;
+        let mut corrupt = false;
+        if hostile > 0 {
+            match self.rng.below(hostile) {
+                0 => target.capability[self.rng.index(16)] ^= 1 << self.rng.below(8),
+                1 => target.region = self.next_region + self.rng.below(3),
+                2 => target.length = len - offset + 1 + self.rng.below(8),
+                3 => target.address = base.wrapping_sub(1 + self.rng.below(8)),
+                4 => target.length = 0,
+                5 => {
+                    target.address = u64::MAX - self.rng.below(4);
+                    target.length = 2 + self.rng.below(8);
+                }
+                6 => {
+                    payload_length = if self.rng.chance(50) {
+                        target.length - 1
+                    } else {
+                        target.length + 1 + self.rng.below(4)
+                    }
+                }
+                _ => corrupt = true,
+            }
+        }
+        Some((target, payload_length, corrupt))
     }
 
     fn fresh_conn(&mut self) -> u64 {
@@ -472,12 +615,7 @@ impl Sim {
     /// The transport reports a write's send ended, once nothing of it
     /// travels or is received any more (or it was stopped).
     fn end_writer_send(&mut self) -> Checked {
-        let ready: Vec<Origin> = self
-            .records
-            .iter()
-            .filter(|(_, r)| !r.send_ended && !r.travelling && r.receiving == 0)
-            .map(|(&o, _)| o)
-            .collect();
+        let ready = self.ready_sends();
         if ready.is_empty() {
             return Ok(());
         }
@@ -485,19 +623,73 @@ impl Sim {
         self.end_send_of(origin)
     }
 
+    /// The sends the transport may report ended, each named by a write it
+    /// carries: nothing of it travels or is received any more.
+    fn ready_sends(&self) -> Vec<Origin> {
+        let idle = |r: &Record| !r.send_ended && !r.travelling && r.receiving == 0;
+        let mut ready: Vec<Origin> = self
+            .records
+            .iter()
+            .filter(|(_, r)| r.batch.is_none() && idle(r))
+            .map(|(&o, _)| o)
+            .collect();
+        for members in self.batches.values() {
+            let mut present = members.iter().filter_map(|o| self.records.get(o));
+            if present.all(idle) && self.records.contains_key(&members[0]) {
+                ready.push(members[0]);
+            }
+        }
+        ready
+    }
+
+    /// The writes one send carries with `origin`: its write list's, the
+    /// first of them first, or itself alone.
+    fn send_members(&self, origin: Origin) -> Vec<Origin> {
+        self.records
+            .get(&origin)
+            .and_then(|r| r.batch)
+            .and_then(|batch| self.batches.get(&batch))
+            .cloned()
+            .unwrap_or_else(|| vec![origin])
+    }
+
+    /// The message of `origin`'s send left the network (delivered, lost,
+    /// withdrawn).
+    fn arrived(&mut self, origin: Origin) {
+        for member in self.send_members(origin) {
+            if let Some(record) = self.records.get_mut(&member) {
+                record.travelling = false;
+            }
+        }
+    }
+
+    /// The transport reports the send carrying `origin` ended, for every
+    /// write it carries.
     fn end_send_of(&mut self, origin: Origin) -> Checked {
         let ok = self.rng.chance(85);
-        let record = self.records.get_mut(&origin).ok_or("no record")?;
-        record.send_ended = true;
+        let members = self.send_members(origin);
+        let record = self.records.get(&origin).ok_or("no record")?;
+        if record.send_ended {
+            return Ok(());
+        }
         let result = if ok && !record.stopping && !self.failed.contains(&record.conn) {
             Ok(())
         } else {
             Err(RdmaError::backend("send ended in error"))
         };
-        self.note(|| format!("send of {origin:?} ended: {result:?}"));
-        let writer = &mut self.writers[origin.0];
-        if writer.alive {
-            writer.machine.send_ended(WriteId(origin.1), result);
+        if let Some(batch) = record.batch {
+            self.batches.remove(&batch);
+        }
+        self.note(|| format!("send of {members:?} ended: {result:?}"));
+        for member in members {
+            let Some(record) = self.records.get_mut(&member) else {
+                continue;
+            };
+            record.send_ended = true;
+            let writer = &mut self.writers[member.0];
+            if writer.alive {
+                writer.machine.send_ended(WriteId(member.1), result.clone());
+            }
         }
         Ok(())
     }
@@ -521,17 +713,27 @@ impl Sim {
         Ok(())
     }
 
-    /// The driver stops a write's send: a message not yet out is
-    /// withdrawn, a receive reading it fails.
+    /// The driver stops a write's send (a write list's, for all its
+    /// writes): a message not yet out is withdrawn, a receive reading it
+    /// fails.
     fn stop_send(&mut self, origin: Origin) -> Checked {
-        let record = self.records.get_mut(&origin).ok_or("stop of no record")?;
-        record.stopping = true;
-        if record.travelling {
-            record.travelling = false;
-            self.to_owner.retain(|m| m.origin != Some(origin));
+        if !self.records.contains_key(&origin) {
+            return Err("stop of no record".into());
+        }
+        let members = self.send_members(origin);
+        let mut travelling = false;
+        for member in &members {
+            if let Some(record) = self.records.get_mut(member) {
+                record.stopping = true;
+                travelling |= record.travelling;
+                record.travelling = false;
+            }
+        }
+        if travelling {
+            self.to_owner.retain(|m| m.origin != Some(members[0]));
         }
         for receive in self.receiving.values_mut() {
-            if receive.origin == Some(origin) {
+            if receive.origin.is_some_and(|o| members.contains(&o)) {
                 receive.doomed = true;
             }
         }
@@ -556,7 +758,11 @@ impl Sim {
         if !self.writers[at].alive {
             return Ok(());
         }
-        let Ok(decoded) = wire::Reply::decode(&message.header) else {
+        let header = match &message.header {
+            ReplyHeader::Single(header) => header,
+            ReplyHeader::List(header) => return self.deliver_list_reply(at, &message, header),
+        };
+        let Ok(decoded) = wire::Reply::decode(header) else {
             return Ok(());
         };
         let reply = Reply {
@@ -582,8 +788,12 @@ impl Sim {
         Ok(())
     }
 
-    /// A third peer replies with guessed write ids.
+    /// A third peer replies with guessed write ids, in a single reply or,
+    /// now and then, a list reply.
     fn forge_reply(&mut self) -> Checked {
+        if self.rng.chance(30) {
+            return self.forge_list_reply();
+        }
         let Some(&(at, id)) = self
             .records
             .keys()
@@ -595,7 +805,7 @@ impl Sim {
         self.to_writers.push(ToWriter {
             conn: FORGER,
             to: Some(at),
-            header: wire::encode_reply_fields(id, 0, length),
+            header: ReplyHeader::Single(wire::encode_reply_fields(id, 0, length)),
             payload_length: if self.rng.chance(50) { length } else { 0 },
             send: None,
         });
@@ -629,6 +839,9 @@ impl Sim {
                     ));
                 }
                 record.answered = true;
+                if done.outcome.is_ok() && record.batch.is_some() {
+                    self.stats.list_writes_ok += 1;
+                }
                 if done.outcome.is_ok() {
                     self.stats.answered_ok += 1;
                 } else {
@@ -651,10 +864,11 @@ impl Sim {
         let message = self
             .to_owner
             .swap_remove(self.rng.index(self.to_owner.len()));
-        if let Some(origin) = message.origin
-            && let Some(record) = self.records.get_mut(&origin)
-        {
-            record.travelling = false;
+        if let Some(origin) = message.origin {
+            self.arrived(origin);
+        }
+        if message.list {
+            return self.deliver_list(message);
         }
         let (request_id, expect) = self.expect(&message);
         self.owner.handle_write_request(
@@ -707,6 +921,7 @@ impl Sim {
                             of: message.of,
                             doomed: false,
                             spoiled: BTreeSet::new(),
+                            list: None,
                         },
                     );
                     self.stats.received += 1;
@@ -752,6 +967,12 @@ impl Sim {
                 message.conn
             ));
         }
+        self.remember(message);
+        Ok(())
+    }
+
+    /// Keeps a delivered request, for the network to duplicate.
+    fn remember(&mut self, message: Request) {
         self.seen.push(Request {
             origin: None,
             ..message
@@ -759,13 +980,16 @@ impl Sim {
         if self.seen.len() > 32 {
             self.seen.swap_remove(0);
         }
-        Ok(())
     }
 
     /// Queues the owner's reply `action` for its connection.
     fn reply(&mut self, conn: u64, send: SendId, kind: OwnerSend, action: &Action<u64>) {
         self.owner_sends.insert(send, (conn, kind));
-        if let Some(header) = action.reply_header() {
+        let header = action
+            .reply_header()
+            .map(ReplyHeader::Single)
+            .or_else(|| action.list_reply_header().map(ReplyHeader::List));
+        if let Some(header) = header {
             self.to_writers.push(ToWriter {
                 conn,
                 to: None,
@@ -776,20 +1000,41 @@ impl Sim {
         }
     }
 
-    /// The model: what the owner must do with `message`.
-    fn expect(&self, message: &Request) -> (u64, Expect) {
-        let conn = message.conn;
-        let places = self.receiving.values().filter(|r| r.conn == conn).count()
+    /// Places `conn` holds under the owner's bound of served replies: a
+    /// single write's receive, every accepted entry of a write list not
+    /// answered, and what each reply's send holds until it ended.
+    fn places(&self, conn: u64) -> usize {
+        self.receiving
+            .values()
+            .filter(|r| r.conn == conn && r.list.is_none())
+            .count()
+            + self
+                .lists
+                .values()
+                .filter(|l| l.conn == conn)
+                .map(|l| l.accepted)
+                .sum::<usize>()
             + self
                 .owner_sends
                 .values()
-                .filter(|&&(c, kind)| c == conn && kind == OwnerSend::WriteReply)
-                .count();
-        let refusals = self
-            .owner_sends
+                .filter(|&&(c, _)| c == conn)
+                .map(|&(_, kind)| kind.places())
+                .sum::<usize>()
+    }
+
+    /// Refusals `conn` holds under the owner's bound of refusals.
+    fn refusals(&self, conn: u64) -> usize {
+        self.owner_sends
             .values()
             .filter(|&&(c, kind)| c == conn && kind == OwnerSend::Refusal)
-            .count();
+            .count()
+    }
+
+    /// The model: what the owner must do with `message`.
+    fn expect(&self, message: &Request) -> (u64, Expect) {
+        let conn = message.conn;
+        let places = self.places(conn);
+        let refusals = self.refusals(conn);
         let (request_id, verdict) = match wire::decode_write_request(&message.header) {
             Err(_) => (
                 wire::request_id_of_malformed(&message.header),
@@ -853,10 +1098,8 @@ impl Sim {
         let message = self
             .to_owner
             .swap_remove(self.rng.index(self.to_owner.len()));
-        if let Some(origin) = message.origin
-            && let Some(record) = self.records.get_mut(&origin)
-        {
-            record.travelling = false;
+        if let Some(origin) = message.origin {
+            self.arrived(origin);
         }
         self.note(|| format!("a request on {} is lost", message.conn));
         Ok(())
@@ -958,6 +1201,9 @@ impl Sim {
         }
         self.note(|| format!("receive {id:?} ended (completed: {completed})"));
         self.model_receive_end(id, &receive, completed);
+        if let Some(entry) = receive.list {
+            self.end_list_entry(entry, completed);
+        }
         let known = if completed {
             self.owner.receive_completed(id)
         } else {
@@ -967,6 +1213,12 @@ impl Sim {
             return Err(format!("the owner did not know its receive {id:?}"));
         }
         self.take_owner_actions()?;
+        if let Some(list) = self.list_due.take() {
+            return Err(format!(
+                "a write list on {} was not answered once its last receive ended: {:?}",
+                list.conn, list.replies
+            ));
+        }
         self.forget_dropping(receive.conn);
         Ok(())
     }
@@ -1037,9 +1289,7 @@ impl Sim {
         self.seen.retain(|m| m.conn != conn);
         self.to_writers.retain(|m| m.conn != conn);
         for origin in lost {
-            if let Some(record) = self.records.get_mut(&origin) {
-                record.travelling = false;
-            }
+            self.arrived(origin);
         }
         for receive in self.receiving.values_mut() {
             if receive.conn == conn {
@@ -1189,6 +1439,9 @@ impl Sim {
         }
         self.owner_sends.clear();
         self.to_writers.retain(|m| m.send.is_none());
+        // Lists with receives running are never answered now.
+        self.stats.lists_unanswered += self.lists.len() as u64;
+        self.lists.clear();
         self.owner.transport_closed();
         self.take_owner_actions()?;
         for at in 0..self.writers.len() {
@@ -1210,9 +1463,7 @@ impl Sim {
             .collect();
         self.to_owner.retain(|m| m.conn != conn);
         for origin in lost {
-            if let Some(record) = self.records.get_mut(&origin) {
-                record.travelling = false;
-            }
+            self.arrived(origin);
         }
         for record in self.records.values_mut() {
             if record.conn == conn {
@@ -1233,6 +1484,7 @@ impl Sim {
                 Action::Acknowledge { endpoint, send, .. } => {
                     self.reply(endpoint, send, OwnerSend::WriteReply, &action);
                 }
+                Action::AcknowledgeList { .. } => self.list_answered(&action)?,
                 Action::Refuse {
                     endpoint,
                     send,
@@ -1390,16 +1642,26 @@ impl Sim {
                     self.bound
                 ));
             }
+            // What the transport holds for it, as the model counts it.
+            let places = self.places(conn);
+            if places > self.bound as usize {
+                return Err(format!(
+                    "connection {conn} holds {places} receives and replies, bound {}",
+                    self.bound
+                ));
+            }
+        }
+        let mut unanswered = vec![0; self.writers.len()];
+        for (origin, record) in &self.records {
+            if !record.answered {
+                unanswered[origin.0] += 1;
+            }
         }
         for (at, writer) in self.writers.iter().enumerate() {
             if !writer.alive {
                 continue;
             }
-            let open = self
-                .records
-                .iter()
-                .filter(|(o, r)| o.0 == at && !r.answered)
-                .count();
+            let open = unanswered[at];
             if writer.machine.in_flight() != open {
                 return Err(format!(
                     "writer {at} keeps {} writes, {open} are unanswered",
@@ -1418,10 +1680,7 @@ impl Sim {
                 || !self.receiving.is_empty()
                 || !self.owner_sends.is_empty()
                 || !self.to_writers.is_empty()
-                || self
-                    .records
-                    .values()
-                    .any(|r| !r.send_ended && !r.travelling && r.receiving == 0);
+                || !self.ready_sends().is_empty();
             if !busy {
                 break;
             }
@@ -1439,19 +1698,16 @@ impl Sim {
         self.now += Duration::from_secs(3600);
         self.expire()?;
         // Sends the deadlines stopped end now.
-        let stopped: Vec<Origin> = self
-            .records
-            .iter()
-            .filter(|(_, r)| !r.send_ended && !r.travelling && r.receiving == 0)
-            .map(|(&o, _)| o)
-            .collect();
-        for origin in stopped {
+        for origin in self.ready_sends() {
             self.end_send_of(origin)?;
         }
         self.take_completions()?;
         self.check_bounds()?;
         if let Some((origin, record)) = self.records.iter().find(|(_, r)| !r.answered) {
             return Err(format!("write {origin:?} never answered: {record:?}"));
+        }
+        if let Some(list) = self.lists.values().next() {
+            return Err(format!("a write list with no receive running: {list:?}"));
         }
         if let Some((id, _)) = self
             .regions
@@ -1512,150 +1768,4 @@ pub(crate) fn replay(seed: u64, defects: Defects, writer_defects: writer::Defect
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sim_support::seeds;
-
-    fn caught(defects: Defects, writer_defects: writer::Defects, limit: u64) -> Violation {
-        let found = (0..limit)
-            .find_map(|seed| run_with(seed, defects, writer_defects).err())
-            .unwrap_or_else(|| {
-                panic!("{defects:?} {writer_defects:?} not caught in {limit} seeds")
-            });
-        eprintln!(
-            "{defects:?} {writer_defects:?}: caught at seed {} step {}: {}",
-            found.seed, found.step, found.message
-        );
-        found
-    }
-
-    /// The owner and writers as built keep every invariant over the seeds
-    /// of `seeds()`, and the seeds exercise what they claim: writes
-    /// received and refused, access denied, unmaps that waited, failed
-    /// receives, answers of both kinds.
-    #[test]
-    fn every_write_seed_keeps_every_invariant() {
-        let seeds = seeds();
-        let count = seeds.end - seeds.start;
-        let mut total = Stats::default();
-        for seed in seeds.clone() {
-            match run_with(seed, Defects::default(), writer::Defects::default()) {
-                Ok(stats) => total.add(stats),
-                Err(v) => panic!(
-                    "seed {} step {}: {}\n{}",
-                    v.seed,
-                    v.step,
-                    v.message,
-                    replay(v.seed, Defects::default(), writer::Defects::default())
-                ),
-            }
-        }
-        if count == 1 {
-            eprintln!(
-                "{}",
-                replay(seeds.start, Defects::default(), writer::Defects::default())
-            );
-        }
-        eprintln!("write seeds {seeds:?}: {total:?}");
-        if count < 1_000 {
-            return;
-        }
-        assert!(total.received > count && total.refused > count, "{total:?}");
-        assert!(total.access_denied > count / 10, "{total:?}");
-        assert!(
-            total.answered_ok > count && total.answered_err > count,
-            "{total:?}"
-        );
-        assert!(total.unmaps_waited > count / 20, "{total:?}");
-        assert!(total.receives_failed > count / 10, "{total:?}");
-        assert!(
-            total.dropped > 0 && total.bytes_written > count,
-            "{total:?}"
-        );
-        assert!(
-            total.listed_bytes > count && total.incomplete_logs > count / 50,
-            "{total:?}"
-        );
-    }
-
-    /// A seed replays exactly.
-    #[test]
-    fn a_write_seed_replays_exactly() {
-        let defects = Defects {
-            unmap_ignores_receives: true,
-            ..Defects::default()
-        };
-        let first = caught(defects, writer::Defects::default(), 100);
-        assert_eq!(
-            run_with(first.seed, defects, writer::Defects::default()).err(),
-            Some(first)
-        );
-        let stats = |s: Stats| (s.writes, s.received, s.refused, s.bytes_written);
-        let clean = || run_with(7, Defects::default(), writer::Defects::default()).unwrap();
-        assert_eq!(stats(clean()), stats(clean()));
-    }
-
-    /// Accepting writes into registrations made for reading is caught
-    /// within 20 seeds: a write the model refuses as access denied.
-    #[test]
-    fn the_simulator_finds_writes_to_read_only_memory() {
-        let defects = Defects {
-            write_access_unchecked: true,
-            ..Defects::default()
-        };
-        let found = caught(defects, writer::Defects::default(), 20);
-        assert!(found.message.contains("AccessDenied"), "{found:?}");
-    }
-
-    /// Taking no hold for a write's receive — an unmap that finishes while
-    /// bytes are still received into the region — is caught within 20
-    /// seeds (invariant 3, or a byte written after the unmap).
-    #[test]
-    fn the_simulator_finds_an_unmap_that_ignores_receives() {
-        let defects = Defects {
-            unmap_ignores_receives: true,
-            ..Defects::default()
-        };
-        let found = caught(defects, writer::Defects::default(), 20);
-        assert!(
-            found.message.contains("still received")
-                || found.message.contains("in no live registration"),
-            "{found:?}"
-        );
-    }
-
-    /// Acknowledging a write at its acceptance, before its bytes are in,
-    /// is caught within 20 seeds: an `Ok` for bytes never received whole.
-    #[test]
-    fn the_simulator_finds_an_acknowledgement_before_the_receive() {
-        let defects = Defects {
-            acknowledge_before_receive: true,
-            ..Defects::default()
-        };
-        let found = caught(defects, writer::Defects::default(), 20);
-        assert!(found.message.contains("never received whole"), "{found:?}");
-    }
-
-    /// Listing a write whose receive failed in the log of written ranges
-    /// is caught within 20 seeds (invariant 8).
-    #[test]
-    fn the_simulator_finds_failed_writes_listed() {
-        let defects = Defects {
-            failed_receives_listed: true,
-            ..Defects::default()
-        };
-        let found = caught(defects, writer::Defects::default(), 20);
-        assert!(found.message.contains("lists byte"), "{found:?}");
-    }
-
-    /// A writer answering on the owner's reply while the transport may
-    /// still read the source is caught within 20 seeds (invariant 5).
-    #[test]
-    fn the_simulator_finds_an_answer_before_the_send_ended() {
-        let writer_defects = writer::Defects {
-            answer_before_send_ended: true,
-        };
-        let found = caught(Defects::default(), writer_defects, 20);
-        assert!(found.message.contains("before its send ended"), "{found:?}");
-    }
-}
+mod tests;
