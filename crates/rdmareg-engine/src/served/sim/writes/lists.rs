@@ -211,6 +211,18 @@ impl Sim {
         }
     }
 
+    /// Queues the owner's answer to a write list, which must encode.
+    fn reply_list(&mut self, conn: u64, kind: OwnerSend, action: &Action<u64>) -> Checked {
+        let Action::AcknowledgeList { send, .. } = action else {
+            return Err(format!("{action:?} is no write list's answer"));
+        };
+        if action.list_reply_header().is_none() {
+            return Err(format!("a write list's answer does not encode: {action:?}"));
+        }
+        self.reply(conn, *send, kind, action);
+        Ok(())
+    }
+
     /// The owner takes the write list `message`: what it does is checked
     /// against the model, and each receive it asks for starts.
     pub(super) fn deliver_list(&mut self, message: Request) -> Checked {
@@ -244,10 +256,10 @@ impl Sim {
                     };
                     receives.push((receive, write, payload_offset));
                 }
-                Action::AcknowledgeList { endpoint, send, .. }
+                Action::AcknowledgeList { endpoint, .. }
                     if endpoint == conn && receives.is_empty() && answer.is_none() =>
                 {
-                    answer = Some((send, action));
+                    answer = Some(action);
                 }
                 other => return Err(format!("{other:?} in answer to a write list on {conn}")),
             }
@@ -264,7 +276,7 @@ impl Sim {
             (ListExpect::Drop, None) if receives.is_empty() => {
                 self.stats.lists_dropped += 1;
             }
-            (ListExpect::Refused(replies), Some((send, action))) => {
+            (ListExpect::Refused(replies), Some(action)) => {
                 let Action::AcknowledgeList { entry_replies, .. } = &action else {
                     return Err(mismatch(&format!("{action:?}")));
                 };
@@ -274,7 +286,7 @@ impl Sim {
                 self.stats.lists_refused += 1;
                 self.stats.refused += replies.len() as u64;
                 self.stats.list_entries_refused += replies.len() as u64;
-                self.reply(conn, send, OwnerSend::Refusal, &action);
+                self.reply_list(conn, OwnerSend::Refusal, &action)?;
             }
             (ListExpect::Receive { receives: want, .. }, None) => {
                 let want: Vec<(u64, u64, u64, u64, u64)> = want
@@ -383,8 +395,8 @@ impl Sim {
     pub(super) fn list_answered(&mut self, action: &Action<u64>) -> Checked {
         let Action::AcknowledgeList {
             endpoint,
-            send,
             entry_replies,
+            ..
         } = action
         else {
             return Ok(());
@@ -422,13 +434,11 @@ impl Sim {
                 }
             }
         }
-        self.reply(
+        self.reply_list(
             *endpoint,
-            *send,
             OwnerSend::ListReply(list.accepted as u32),
             action,
-        );
-        Ok(())
+        )
     }
 
     /// Writer `at` takes a list reply: a forged one is never taken, the
