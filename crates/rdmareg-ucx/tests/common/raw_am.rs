@@ -13,7 +13,10 @@ use bytes::Bytes;
 use rdmareg_ucx::read_list::{
     ListReply, ListRequest, READ_LIST_REPLY_AM_ID, READ_LIST_REQUEST_AM_ID,
 };
-use rdmareg_ucx::read_protocol::{READ_REPLY_AM_ID, READ_REQUEST_AM_ID};
+use rdmareg_ucx::read_protocol::{
+    READ_REPLY_AM_ID, READ_REQUEST_AM_ID, WRITE_LIST_REPLY_AM_ID, WRITE_LIST_REQUEST_AM_ID,
+    WRITE_REQUEST_AM_ID,
+};
 use ucx_sys as sys;
 
 use super::raw_context_and_worker;
@@ -113,6 +116,9 @@ impl Raw {
             READ_REPLY_AM_ID,
             READ_LIST_REQUEST_AM_ID,
             READ_LIST_REPLY_AM_ID,
+            WRITE_REQUEST_AM_ID,
+            WRITE_LIST_REQUEST_AM_ID,
+            WRITE_LIST_REPLY_AM_ID,
         ] {
             let inbox = Box::new(Inbox {
                 id,
