@@ -22,6 +22,7 @@ pub mod list_scene;
 pub mod raw_am;
 pub mod scene;
 pub mod sockets;
+pub mod write_lists;
 pub mod write_races;
 
 /// How the consumer engine names the owner engine.

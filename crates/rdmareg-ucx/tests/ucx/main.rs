@@ -62,4 +62,8 @@ mod worker_address_engine;
 mod worker_address_malformed;
 mod worker_address_props;
 mod worker_address_real;
+mod write_list_lifecycle;
+mod write_list_replies_from_a_hostile_owner;
+mod write_lists;
+mod write_lists_from_hostile_writers;
 mod writes_from_hostile_writers;
