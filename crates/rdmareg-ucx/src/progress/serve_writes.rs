@@ -20,9 +20,9 @@
 //!   handler.
 //! - A write list (`WRITE_LIST_REQUEST_AM_ID`) is handled the same way:
 //!   each accepted entry is copied from its place in the payload, and the
-//!   list's one reply (`WRITE_LIST_REPLY_AM_ID`) goes out once the last
-//!   copy ended, still inside the handler. A list longer than this
-//!   worker's header bound allows a reply for is dropped.
+//!   list's reply (`WRITE_LIST_REPLY_AM_ID`) goes out once the last copy
+//!   ended, still inside the handler: in several replies, in order, when
+//!   one header within this worker's bound cannot name every entry.
 
 use std::ffi::c_void;
 
@@ -123,8 +123,8 @@ pub(super) unsafe extern "C" fn on_write_list_request(
     events.handed_off();
     super::leases::give_time(events);
     let limits = WriteListLimits {
-        // The reply's header must fit this worker's bound on one.
-        max_entries: entries_within(events.max_am_header.get(), REPLY_ENTRY_LEN),
+        // Each reply's header must fit this worker's bound on one.
+        entries_per_reply: entries_within(events.max_am_header.get(), REPLY_ENTRY_LEN),
         ..WriteListLimits::default()
     };
     let rendezvous = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;

@@ -483,15 +483,10 @@ fn full_list(
 /// A writer sends a full write list (64 entries, its own header bound)
 /// to an owner whose transport segments are too small for the list's
 /// reply header: every PUT must still land and answer `Ok`, as each does
-/// alone.
-///
-/// Defect: the owner drops a list longer than its reply bound allows
-/// (`WriteListLimits::max_entries`), and the writer, which cannot know
-/// the owner's bound, has every PUT of it time out with nothing written.
-/// Read lists are answered in several replies in this case
-/// (`adversarial_list_bounds`); write lists are not.
+/// alone. The writer cannot know the owner's bound, so the owner answers
+/// in several replies (`WriteListLimits::entries_per_reply`), as it does
+/// read lists (`adversarial_list_bounds`).
 #[test]
-#[ignore = "defect: an owner with a smaller header bound drops a full write list"]
 fn a_full_list_lands_at_an_owner_with_small_segments() {
     let small = config(Transport::Tcp).with_ucx_setting("TCP_TX_SEG_SIZE", "1024");
     let (answers, landed) = full_list(config(Transport::Tcp), small);
@@ -501,14 +496,9 @@ fn a_full_list_lands_at_an_owner_with_small_segments() {
 
 /// 64 PUTs of 1 KiB to an owner whose bound of unfinished replies per
 /// connection is 4: each alone answers `Ok` (an eager write is copied and
-/// acknowledged inside its handler), so each in a list must too.
-///
-/// Defect (or a choice to document): every accepted entry of a list holds
-/// a place under the bound until the whole list is copied, so entries
-/// past the 4th are refused busy (a transient error) although the writer
-/// sent nothing the bound was meant to stop.
+/// acknowledged inside its handler), so each in a list must too. The
+/// bound counts a list by its replies, not its entries.
 #[test]
-#[ignore = "defect: list entries past a small served-reply bound are refused busy"]
 fn a_full_list_lands_at_an_owner_with_a_small_bound() {
     let bounded = config(Transport::Tcp).with_max_served_replies_per_connection(4);
     let (answers, landed) = full_list(config(Transport::Tcp), bounded);

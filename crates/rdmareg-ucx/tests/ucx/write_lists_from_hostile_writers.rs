@@ -378,11 +378,11 @@ fn hostile_write_lists_are_answered_by_the_contract() {
 }
 
 /// An owner whose transport segments are too small for a 64-entry reply
-/// header drops a raw writer's list of 64 honest entries (no reply can
-/// carry its answer) without writing a byte, and answers a list of 8 that
-/// fits: every entry `Ok`, its bytes in.
+/// header answers a raw writer's list of 64 honest entries in several
+/// replies, in entry order, each within its bound, every entry `Ok` and
+/// its bytes in; a list of 8 that fits gets one reply.
 #[test]
-fn a_list_past_the_owners_reply_bound_is_dropped_unwritten() {
+fn a_list_past_the_owners_reply_bound_is_answered_in_parts() {
     init_tracing();
     let rt = runtime();
     let small = config(Transport::Tcp).with_ucx_setting("TCP_TX_SEG_SIZE", "1024");
@@ -407,7 +407,14 @@ fn a_list_past_the_owners_reply_bound_is_dropped_unwritten() {
             EAGER,
         );
     }
-    raw.progress_until(Duration::from_secs(10), |raw| !list_replies(raw).is_empty());
+    let answered = |raw: &Raw| {
+        list_replies(raw)
+            .iter()
+            .flatten()
+            .map(Vec::len)
+            .sum::<usize>()
+    };
+    raw.progress_until(Duration::from_secs(10), |raw| answered(raw) >= 72);
     raw.progress_for(Duration::from_millis(100));
     let replies = list_replies(&raw);
     let after = buf.snapshot();
@@ -415,17 +422,29 @@ fn a_list_past_the_owners_reply_bound_is_dropped_unwritten() {
     let unmapped = rt.block_on(ob.unmap(rw.id));
     rt.block_on(owner.shutdown());
     let mut want = before.clone();
-    for write in &fits {
+    for write in long.iter().chain(&fits) {
         let at = (write.address - rw.start) as usize;
         want[at..at + 16].fill(own_byte(write));
     }
-    let fits_answer: Vec<(u64, Result<u64, Refusal>)> =
-        fits.iter().map(|w| (w.request_id, Ok(16))).collect();
-    assert_eq!(
-        replies,
-        [Some(fits_answer)],
-        "only the list that fits is answered"
+    let parts: Vec<Vec<(u64, Result<u64, Refusal>)>> = replies
+        .into_iter()
+        .map(|reply| reply.expect("a reply decodes"))
+        .collect();
+    let every: Vec<(u64, Result<u64, Refusal>)> = parts.iter().flatten().copied().collect();
+    let want_every: Vec<(u64, Result<u64, Refusal>)> = long
+        .iter()
+        .chain(&fits)
+        .map(|w| (w.request_id, Ok(16)))
+        .collect();
+    assert_eq!(every, want_every, "every entry answered once, in order");
+    assert!(
+        parts.len() > 2,
+        "the long list in several replies: {}",
+        parts.len()
     );
+    let longest = parts.iter().map(Vec::len).max().unwrap_or(0);
+    assert!(longest < 64, "each reply within the bound: {longest}");
+    assert_eq!(parts.last().map(Vec::len), Some(8), "the short list in one");
     assert_eq!(
         differences(&after, &want),
         None,

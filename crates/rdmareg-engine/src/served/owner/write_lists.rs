@@ -17,16 +17,23 @@
 //!    no entry's bytes can be trusted to be its own, so every entry is
 //!    refused [`Refusal::Malformed`]; an entry longer than
 //!    [`WriteListLimits::max_entry`] is refused so alone.
-//! 3. **One reply, once every receive ended.** Accepted entries hold their
-//!    region and a place under the endpoint's bound of served replies, as
-//!    single writes do; the list's [`Action::AcknowledgeList`] goes out
-//!    only after the last accepted entry's receive ended, so every `Ok` in
-//!    it means those bytes are in. The reply's send holds every accepted
-//!    entry's place until it ended. A list with no entry accepted is
-//!    answered at once, under the endpoint's refusal bound, as a read list
-//!    that serves nothing is.
-//! 4. **A failed endpoint's list is not answered**: its receives still end
-//!    when the transport reports them, and their places are given back
+//! 3. **A list counts under the endpoint's bound by its replies.** The
+//!    bound is on unfinished replies, and a list has one reply per
+//!    [`WriteListLimits::entries_per_reply`] entries, whatever it writes:
+//!    a list arriving while the endpoint is at its bound has every entry
+//!    that would be accepted refused [`Refusal::Busy`]; otherwise it takes
+//!    one place per reply it will send, until that reply's send ended. So
+//!    a list is accepted or busy as a whole, as one single write is, and
+//!    a peer still cannot grow the owner's sends past the bound (nor its
+//!    receives past [`wire::MAX_LIST_ENTRIES`] per place).
+//! 4. **Answered once every receive ended.** Accepted entries hold their
+//!    region as single writes do; the list's [`Action::AcknowledgeList`]
+//!    replies go out, in entry order, only after the last accepted
+//!    entry's receive ended, so every `Ok` in them means those bytes are
+//!    in. A list with no entry accepted is answered at once, under the
+//!    endpoint's refusal bound, as a read list that serves nothing is.
+//! 5. **A failed endpoint's list is not answered**: its receives still end
+//!    when the transport reports them, and its places are given back
 //!    then.
 //!
 //! [`writes`]: super::writes
@@ -45,22 +52,22 @@ pub struct WriteListLimits {
     /// Most bytes a list's payload carries; past it every entry is
     /// refused [`Refusal::Malformed`].
     pub max_total: u64,
-    /// Most entries a list may have: its reply header has one entry per
-    /// write, and must fit the transport's bound on a header (UCX writes a
-    /// longer one past its fragment buffer). A longer list is dropped, as
-    /// no reply to it can be sent.
-    pub max_entries: usize,
+    /// Most entries one reply carries: a reply header has one entry per
+    /// write and must fit the transport's bound on a header (UCX writes a
+    /// longer one past its fragment buffer). A list with more is answered
+    /// in several replies, in order.
+    pub entries_per_reply: usize,
 }
 
 impl Default for WriteListLimits {
     /// The UCX engine's: 1 MiB a list, as much as one single write
     /// carries, any entry within that, and [`wire::MAX_LIST_ENTRIES`]
-    /// entries.
+    /// entries a reply.
     fn default() -> Self {
         WriteListLimits {
             max_entry: 1 << 20,
             max_total: 1 << 20,
-            max_entries: wire::MAX_LIST_ENTRIES,
+            entries_per_reply: wire::MAX_LIST_ENTRIES,
         }
     }
 }
@@ -79,8 +86,8 @@ pub(super) struct WriteList<E> {
     entry_replies: Vec<ListEntryReply>,
     /// Accepted entries whose receive did not end.
     pending: usize,
-    /// Entries accepted: each holds a place under the endpoint's bound.
-    accepted: u32,
+    /// Entries per reply, from the limits it arrived under.
+    entries_per_reply: usize,
 }
 
 impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
@@ -107,10 +114,9 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     /// A decoded write list arrived on `endpoint` with a payload of
     /// `payload_length` bytes: each entry accepted
     /// ([`Action::Receive`] at its place in the payload) or refused, and
-    /// one [`Action::AcknowledgeList`] once every accepted entry's receive
-    /// ended (module docs). An empty list, or one of more than
-    /// [`WriteListLimits::max_entries`] or [`wire::MAX_LIST_ENTRIES`]
-    /// entries, is dropped.
+    /// [`Action::AcknowledgeList`] replies once every accepted entry's
+    /// receive ended (module docs). An empty list, or one of more than
+    /// [`wire::MAX_LIST_ENTRIES`] entries, is dropped.
     pub fn handle_write_list(
         &mut self,
         endpoint: E,
@@ -121,7 +127,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         if !self.may_reply(endpoint) {
             return;
         }
-        if entries.is_empty() || entries.len() > limits.max_entries.min(wire::MAX_LIST_ENTRIES) {
+        if entries.is_empty() || entries.len() > wire::MAX_LIST_ENTRIES {
             tracing::debug!(
                 entries = entries.len(),
                 "a write list of no entries or too many was dropped"
@@ -129,64 +135,79 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             self.dropped += 1;
             return;
         }
+        let entries_per_reply = limits.entries_per_reply.max(1);
         let declared = entries
             .iter()
             .try_fold(0u64, |sum, write| sum.checked_add(write.length));
         let whole = declared.is_some_and(|sum| sum == payload_length && sum <= limits.max_total);
+        let mut entry_replies: Vec<ListEntryReply> = entries
+            .iter()
+            .map(|write| ListEntryReply {
+                request_id: write.request_id,
+                outcome: if whole && write.length <= limits.max_entry {
+                    self.check_write(write, write.length)
+                } else {
+                    Err(Refusal::Malformed)
+                },
+            })
+            .collect();
+        let accepted = entry_replies
+            .iter()
+            .filter(|entry| entry.outcome.is_ok())
+            .count();
+        if accepted > 0 {
+            let parts = entries.len().div_ceil(entries_per_reply) as u32;
+            if self.take_list_places(endpoint, parts).is_err() {
+                for entry in &mut entry_replies {
+                    if entry.outcome.is_ok() {
+                        entry.outcome = Err(Refusal::Busy);
+                    }
+                }
+            }
+        }
         let list = self.next_write_list;
         self.next_write_list += 1;
-        let mut entry_replies = Vec::with_capacity(entries.len());
-        let mut accepted = 0u32;
+        let mut pending = 0;
         let mut payload_offset = 0u64;
-        for (index, write) in entries.iter().enumerate() {
-            let outcome = if whole && write.length <= limits.max_entry {
-                self.check_write(write, write.length)
-            } else {
-                Err(Refusal::Malformed)
-            };
-            let slot = ListSlot { list, index };
-            let outcome = outcome.and_then(|target| {
-                self.accept_write(
-                    endpoint,
-                    write.request_id,
-                    target,
-                    payload_offset,
-                    Some(slot),
-                )
-                .map(|_| target)
-            });
-            match outcome {
-                Ok(_) => accepted += 1,
+        for (index, (write, entry)) in entries.iter().zip(&entry_replies).enumerate() {
+            match entry.outcome {
+                Ok(target) => {
+                    let slot = ListSlot { list, index };
+                    self.start_receive(
+                        endpoint,
+                        write.request_id,
+                        target,
+                        payload_offset,
+                        Some(slot),
+                    );
+                    pending += 1;
+                }
                 Err(refusal) => {
                     tracing::debug!(request = write.request_id, %refusal, "refused a write list entry");
                     self.refused += 1;
                 }
             }
-            entry_replies.push(ListEntryReply {
-                request_id: write.request_id,
-                outcome,
-            });
             // Only used while `whole`, where the lengths add up without
             // overflow.
             payload_offset = payload_offset.wrapping_add(write.length);
         }
-        if accepted == 0 {
-            return self.answer_refused_list(endpoint, entry_replies);
+        if pending == 0 {
+            return self.answer_refused_list(endpoint, entry_replies, entries_per_reply);
         }
         self.write_lists.insert(
             list,
             WriteList {
                 endpoint,
                 entry_replies,
-                pending: accepted as usize,
-                accepted,
+                pending,
+                entries_per_reply,
             },
         );
     }
 
     /// Refuses every entry of a write list on `endpoint` for a reason the
     /// driver decided itself (such as a payload the transport did not
-    /// hand over the way the list's writer promised), in one reply under
+    /// hand over the way the list's writer promised), in replies under
     /// the endpoint's refusal bound; nothing is received. A list the owner
     /// would drop (empty, too long) is dropped.
     pub fn refuse_write_list(
@@ -199,7 +220,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         if !self.may_reply(endpoint) {
             return;
         }
-        if entries.is_empty() || entries.len() > limits.max_entries.min(wire::MAX_LIST_ENTRIES) {
+        if entries.is_empty() || entries.len() > wire::MAX_LIST_ENTRIES {
             self.dropped += 1;
             return;
         }
@@ -211,7 +232,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 outcome: Err(refusal),
             })
             .collect();
-        self.answer_refused_list(endpoint, entry_replies);
+        self.answer_refused_list(endpoint, entry_replies, limits.entries_per_reply.max(1));
     }
 
     /// Write lists whose reply waits for a receive.
@@ -220,7 +241,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     }
 
     /// The receive of the entry `slot` ended: once it is the list's last,
-    /// the list is answered (module docs, points 3 and 4).
+    /// the list is answered (module docs, points 4 and 5).
     pub(super) fn end_list_entry(&mut self, slot: ListSlot, completed: bool) {
         let Some(list) = self.write_lists.get_mut(&slot.list) else {
             return;
@@ -247,35 +268,67 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             .is_some_and(|entry| entry.failed);
         if self.stage == Stage::Closed || failed {
             tracing::debug!("a write list's receives ended on a failed endpoint; no reply");
-            for _ in 0..list.accepted {
+            for _ in list.entry_replies.chunks(list.entries_per_reply) {
                 self.end_served_place(list.endpoint);
             }
             return;
         }
-        let send = self.start_send_of(list.endpoint, Leases::None, list.accepted);
-        self.actions.push_back(Action::AcknowledgeList {
-            endpoint: list.endpoint,
-            send,
-            entry_replies: list.entry_replies,
-        });
+        for part in list.entry_replies.chunks(list.entries_per_reply) {
+            let send = self.start_send_of(list.endpoint, Leases::None, 1);
+            self.actions.push_back(Action::AcknowledgeList {
+                endpoint: list.endpoint,
+                send,
+                entry_replies: part.to_vec(),
+            });
+        }
     }
 
-    /// Answers a list none of whose entries was accepted, under the
-    /// endpoint's refusal bound.
-    fn answer_refused_list(&mut self, endpoint: E, entry_replies: Vec<ListEntryReply>) {
+    /// Takes `parts` places under `endpoint`'s bound of served replies for
+    /// a list, or refuses it busy when the endpoint is at its bound
+    /// (module docs, point 3).
+    fn take_list_places(&mut self, endpoint: E, parts: u32) -> Result<(), Refusal> {
         let entry = self.endpoints.entry(endpoint).or_default();
-        if entry.load.refusals >= self.bound {
-            tracing::debug!("an endpoint holds too many refusals; a write list reply was dropped");
-            self.dropped += 1;
-            return;
+        #[cfg(test)]
+        let at_bound = entry.load.served >= self.bound && !self.defects.unbounded_replies;
+        #[cfg(not(test))]
+        let at_bound = entry.load.served >= self.bound;
+        if at_bound {
+            tracing::debug!(
+                bound = self.bound,
+                "an endpoint is at its bound of unfinished replies; refusing a write list as busy"
+            );
+            return Err(Refusal::Busy);
         }
-        entry.load.refusals += 1;
-        let send = self.start_send(endpoint, Leases::None);
-        self.actions.push_back(Action::AcknowledgeList {
-            endpoint,
-            send,
-            entry_replies,
-        });
+        entry.load.served += parts;
+        Ok(())
+    }
+
+    /// Answers a list none of whose entries was accepted, in replies of
+    /// `entries_per_reply` entries, each under the endpoint's refusal
+    /// bound (dropped past it).
+    fn answer_refused_list(
+        &mut self,
+        endpoint: E,
+        entry_replies: Vec<ListEntryReply>,
+        entries_per_reply: usize,
+    ) {
+        for part in entry_replies.chunks(entries_per_reply) {
+            let entry = self.endpoints.entry(endpoint).or_default();
+            if entry.load.refusals >= self.bound {
+                tracing::debug!(
+                    "an endpoint holds too many refusals; a write list reply was dropped"
+                );
+                self.dropped += 1;
+                continue;
+            }
+            entry.load.refusals += 1;
+            let send = self.start_send(endpoint, Leases::None);
+            self.actions.push_back(Action::AcknowledgeList {
+                endpoint,
+                send,
+                entry_replies: part.to_vec(),
+            });
+        }
     }
 }
 

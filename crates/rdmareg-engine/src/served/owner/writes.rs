@@ -148,31 +148,21 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             Ok(target) => target,
             Err(refusal) => return self.refuse(endpoint, write.request_id, refusal),
         };
-        match self.accept_write(endpoint, write.request_id, target, 0, None) {
-            Ok(receive) => {
-                #[cfg(test)]
-                if self.defects.acknowledge_before_receive {
-                    self.acknowledge(receive);
-                }
-                #[cfg(not(test))]
-                let _ = receive;
-            }
-            Err(refusal) => self.refuse(endpoint, write.request_id, refusal),
+        if let Err(refusal) = self.take_write_place(endpoint) {
+            return self.refuse(endpoint, write.request_id, refusal);
         }
+        let receive = self.start_receive(endpoint, write.request_id, target, 0, None);
+        #[cfg(test)]
+        if self.defects.acknowledge_before_receive {
+            self.acknowledge(receive);
+        }
+        #[cfg(not(test))]
+        let _ = receive;
     }
 
-    /// Takes a checked write into `target` under `endpoint`'s bound of
-    /// served replies (else [`Refusal::Busy`]): a hold on its region, a
-    /// receive, and the [`Action::Receive`] of its bytes, found
-    /// `payload_offset` bytes into the message's payload.
-    pub(super) fn accept_write(
-        &mut self,
-        endpoint: E,
-        request_id: u64,
-        target: Payload,
-        payload_offset: u64,
-        list: Option<ListSlot>,
-    ) -> Result<ReceiveId, Refusal> {
+    /// Takes one place under `endpoint`'s bound of served replies for a
+    /// write, or refuses it [`Refusal::Busy`] at the bound.
+    fn take_write_place(&mut self, endpoint: E) -> Result<(), Refusal> {
         let entry = self.endpoints.entry(endpoint).or_default();
         #[cfg(test)]
         let at_bound = entry.load.served >= self.bound && !self.defects.unbounded_replies;
@@ -186,6 +176,21 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             return Err(Refusal::Busy);
         }
         entry.load.served += 1;
+        Ok(())
+    }
+
+    /// Starts the receive of a checked write into `target`, whose place
+    /// under the endpoint's bound is taken: a hold on its region and the
+    /// [`Action::Receive`] of its bytes, found `payload_offset` bytes into
+    /// the message's payload.
+    pub(super) fn start_receive(
+        &mut self,
+        endpoint: E,
+        request_id: u64,
+        target: Payload,
+        payload_offset: u64,
+        list: Option<ListSlot>,
+    ) -> ReceiveId {
         #[cfg(test)]
         let holds = !self.defects.unmap_ignores_receives;
         #[cfg(not(test))]
@@ -227,7 +232,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             length: target.length,
             payload_offset,
         });
-        Ok(receive)
+        receive
     }
 
     /// Judges `write` with a payload of `payload_length` bytes as

@@ -62,9 +62,10 @@
 //!    refusal bound), else right when its last receive ended — never
 //!    earlier, never twice, never on a failed connection — with each
 //!    entry's `Ok`, refusal or failed receive as the model gives them.
-//!    Its accepted entries hold their places from acceptance until the
-//!    answer's send ended: the transport never holds more for a
-//!    connection than the bound.
+//!    A list arriving at the connection's bound is busy as a whole;
+//!    otherwise it holds a place from acceptance until its answer's send
+//!    ended: the transport never holds more for a connection than the
+//!    bound.
 //! 10. A list's writes are answered as single ones are (5 and 4): each
 //!     once, through the list reply, after the list's one send ended,
 //!     `Ok` only when its receive left its bytes in memory.
@@ -188,7 +189,7 @@ enum OwnerSend {
     Refusal,
     /// A reply to an accepted write (acknowledgement or failed receive).
     WriteReply,
-    /// The reply to a write list, holding its accepted entries' places.
+    /// The reply to a write list, holding the list's places.
     ListReply(u32),
 }
 
@@ -629,7 +630,7 @@ impl Sim {
                 .lists
                 .values()
                 .filter(|l| l.conn == conn)
-                .map(|l| l.accepted)
+                .map(|l| l.places)
                 .sum::<usize>()
             + self
                 .owner_sends

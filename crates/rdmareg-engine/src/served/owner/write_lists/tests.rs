@@ -116,7 +116,7 @@ fn a_lists_entries_are_received_then_answered_once() {
     let ids: Vec<u64> = replies.iter().map(|entry| entry.request_id).collect();
     assert_eq!(ids, [1, 2, 3]);
     assert_eq!(owner.region_leases(RW), Some(0));
-    assert_eq!(owner.load(5).served, 3, "the reply holds every place");
+    assert_eq!(owner.load(5).served, 1, "the one reply holds its place");
     owner.send_completed(send);
     assert_eq!(owner.endpoints(), 0);
     assert_eq!(owner.write_lists_in_flight(), 0);
@@ -239,33 +239,92 @@ fn a_failed_receive_is_answered_within_the_list() {
     assert_eq!(written.ranges, vec![0..8_u64]);
 }
 
-/// Entries count under the endpoint's bound as single writes do: past it
-/// an entry is busy, and the places come back when the reply's send ended.
+/// A list counts under the endpoint's bound by its replies, not its
+/// entries: a full list is accepted by an endpoint with one place free,
+/// a list arriving at the bound is busy as a whole (entries refused for
+/// their own reason keep it), and the place comes back when the reply's
+/// send ended.
 #[test]
-fn list_entries_past_the_bound_are_busy() {
-    let mut owner = owner(2);
-    let list = [
-        write(1, RW, BASE, 8),
-        write(2, RW, BASE + 8, 8),
-        write(3, RW, BASE + 16, 8),
-    ];
+fn a_list_at_the_bound_is_busy_as_a_whole() {
+    let mut owner = owner(1);
+    let list: Vec<Write> = (0..64).map(|i| write(i, RW, BASE + 8 * i, 8)).collect();
     let asked = receives(&mut owner, 5, &list);
-    assert_eq!(asked.len(), 2);
+    assert_eq!(asked.len(), 64, "one place is enough for a whole list");
     for &(_, receive, _) in &asked {
         owner.receive_completed(receive);
     }
     let (send, replies) = list_reply(&mut owner);
-    assert_eq!(outcomes(&replies), [Ok(8), Ok(8), Err(Refusal::Busy)]);
-    owner.handle_write_list(5, &list[..1], 8, WriteListLimits::default());
+    assert!(outcomes(&replies).iter().all(|outcome| *outcome == Ok(8)));
+    let busy = [write(1, RW, BASE, 8), write(2, RO, BASE + LEN, 8)];
+    owner.handle_write_list(5, &busy, 16, WriteListLimits::default());
     let (refusal, replies) = list_reply(&mut owner);
     assert_eq!(
         outcomes(&replies),
-        [Err(Refusal::Busy)],
-        "still at the bound"
+        [Err(Refusal::Busy), Err(Refusal::AccessDenied)],
+        "at the bound"
     );
+    assert_eq!(owner.load(5).served, 1);
     owner.send_completed(refusal);
     owner.send_completed(send);
-    assert_eq!(receives(&mut owner, 5, &list[..2]).len(), 2);
+    assert_eq!(owner.endpoints(), 0);
+    assert_eq!(receives(&mut owner, 5, &busy[..1]).len(), 1);
+}
+
+/// A list of more entries than one reply carries is answered in several
+/// replies, in entry order, each holding one place until its send ended.
+#[test]
+fn a_long_list_is_answered_in_several_replies() {
+    let mut owner = owner(8);
+    let list: Vec<Write> = (0..5).map(|i| write(i, RW, BASE + 8 * i, 8)).collect();
+    let mut refused = list.clone();
+    refused[1].region = RO;
+    let limits = WriteListLimits {
+        entries_per_reply: 2,
+        ..WriteListLimits::default()
+    };
+    owner.handle_write_list(5, &refused, 40, limits);
+    let asked: Vec<ReceiveId> = actions(&mut owner)
+        .into_iter()
+        .map(|action| match action {
+            Action::Receive { receive, .. } => receive,
+            other => panic!("a receive expected, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(asked.len(), 4);
+    assert_eq!(owner.load(5).served, 3, "a place per reply");
+    for receive in asked {
+        owner.receive_completed(receive);
+    }
+    let parts: Vec<(SendId, Vec<Result<u64, Refusal>>)> = actions(&mut owner)
+        .into_iter()
+        .map(|action| match action {
+            Action::AcknowledgeList {
+                send,
+                entry_replies,
+                ..
+            } => (send, outcomes(&entry_replies)),
+            other => panic!("a list reply expected, got {other:?}"),
+        })
+        .collect();
+    let answers: Vec<Vec<Result<u64, Refusal>>> =
+        parts.iter().map(|(_, part)| part.clone()).collect();
+    assert_eq!(
+        answers,
+        [
+            vec![Ok(8), Err(Refusal::AccessDenied)],
+            vec![Ok(8), Ok(8)],
+            vec![Ok(8)]
+        ]
+    );
+    for (send, _) in parts {
+        owner.send_completed(send);
+    }
+    assert_eq!(owner.endpoints(), 0);
+    // Refused whole, a long list is answered in parts too, each under the
+    // refusal bound.
+    owner.refuse_write_list(5, &list, Refusal::Malformed, limits);
+    assert_eq!(actions(&mut owner).len(), 3);
+    assert_eq!(owner.load(5).refusals, 3);
 }
 
 /// An unmap waits for every receive of a list into its region; entries
@@ -331,20 +390,12 @@ fn a_closed_transport_ends_a_list_unanswered() {
     assert_eq!(owner.write_lists_in_flight(), 0);
 }
 
-/// A list longer than its reply may be is dropped whole: no receive, no
-/// reply; a driver's own refusal of a list answers every entry at once.
+/// A driver's own refusal of a list answers every entry at once, and
+/// receives nothing.
 #[test]
-fn a_list_too_long_to_answer_is_dropped() {
+fn a_drivers_refusal_answers_every_entry() {
     let mut owner = owner(8);
     let list = [write(1, RW, BASE, 8), write(2, RW, BASE + 8, 8)];
-    let limits = WriteListLimits {
-        max_entries: 1,
-        ..WriteListLimits::default()
-    };
-    owner.handle_write_list(5, &list, 16, limits);
-    owner.refuse_write_list(5, &list, Refusal::Malformed, limits);
-    assert_eq!(actions(&mut owner), []);
-    assert_eq!(owner.dropped_requests(), 2);
     owner.refuse_write_list(5, &list, Refusal::Malformed, WriteListLimits::default());
     let (_, replies) = list_reply(&mut owner);
     assert_eq!(
@@ -352,6 +403,7 @@ fn a_list_too_long_to_answer_is_dropped() {
         [Err(Refusal::Malformed), Err(Refusal::Malformed)]
     );
     assert_eq!(owner.region_leases(RW), Some(0));
+    assert_eq!(owner.refused_requests(), 2);
 }
 
 /// A header that does not decode is dropped; an empty list too.

@@ -13,8 +13,9 @@
 //! other, and every other hazard of the simulator goes on around it.
 //!
 //! The model predicts, entry by entry and in order, what the owner must
-//! do (as for a single write, within the list's bounds and the places the
-//! earlier entries took), and then the list's one answer: at once when no
+//! do (as for a single write, within the list's bounds, and busy as a
+//! whole when the connection is at its bound), and then the list's one
+//! answer (the simulated lists fit one reply): at once when no
 //! entry is accepted, else once the last accepted entry's receive ended,
 //! with each entry's `Ok`, refusal, or failed receive.
 //!
@@ -38,9 +39,11 @@ use crate::sim_support::mix;
 #[derive(Debug)]
 pub(super) struct SimList {
     pub(super) conn: u64,
-    /// Entries accepted: each holds a place under the endpoint's bound
-    /// until the list's reply's send ended.
+    /// Entries accepted.
     pub(super) accepted: usize,
+    /// Places it holds under the endpoint's bound: one per reply it will
+    /// send, until that reply's send ended.
+    pub(super) places: usize,
     /// Accepted entries whose receive has not ended.
     running: usize,
     /// The reply the model gives each entry so far, in order.
@@ -177,7 +180,9 @@ impl Sim {
             .iter()
             .try_fold(0u64, |sum, write| sum.checked_add(write.length));
         let whole = declared.is_some_and(|sum| sum == payload_length && sum <= limits.max_total);
-        let mut places = self.places(conn);
+        // A list is busy as a whole: every entry is judged against the
+        // places held before it arrived.
+        let places = self.places(conn);
         let mut offset = 0u64;
         let mut receives = Vec::new();
         let mut replies = Vec::with_capacity(entries.len());
@@ -193,7 +198,6 @@ impl Sim {
                 length: write.length,
             });
             if outcome.is_ok() {
-                places += 1;
                 receives.push((write, offset));
             }
             replies.push(ListEntryReply {
@@ -318,6 +322,9 @@ impl Sim {
         self.next_list += 1;
         let at = message.of.map(|(at, _)| at);
         let accepted = receives.len();
+        let places = replies
+            .len()
+            .div_ceil(self.list_limits.entries_per_reply.max(1));
         // In order, one for each accepted entry (checked against the model).
         let indices = replies
             .iter()
@@ -357,6 +364,7 @@ impl Sim {
             SimList {
                 conn: message.conn,
                 accepted,
+                places,
                 running: accepted,
                 replies,
             },
@@ -434,11 +442,7 @@ impl Sim {
                 }
             }
         }
-        self.reply_list(
-            *endpoint,
-            OwnerSend::ListReply(list.accepted as u32),
-            action,
-        )
+        self.reply_list(*endpoint, OwnerSend::ListReply(list.places as u32), action)
     }
 
     /// Writer `at` takes a list reply: a forged one is never taken, the
