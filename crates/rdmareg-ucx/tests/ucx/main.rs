@@ -26,6 +26,7 @@ mod conformance_tcp;
 mod direct_write_attacks;
 mod fd_exhaustion;
 mod gathered_reads;
+mod hostile_fragment_offsets;
 mod leases_from_hostile_readers;
 mod list_pieces_from_a_real_owner;
 mod list_replies_from_a_hostile_owner;
