@@ -69,21 +69,29 @@ const BUILD_DEPENDENCIES: &[(&str, &str)] = &[
     ("/usr/bin/g++", "g++"),
 ];
 
-/// Text each safety patch adds to `libuct.so`, with the patch's file name:
-/// their presence shows the installed library was built from the patched
-/// source.
-const PATCH_MARKERS: [(&str, &str); 3] = [
+/// Text each safety patch adds to a library of the install, with the
+/// patch's file name and the library: their presence shows the installed
+/// libraries were built from the patched source.
+const PATCH_MARKERS: [(&str, &str, &str); 4] = [
     (
         "0001-tcp-refuse-put-requests-when-put-is-disabled.patch",
+        "libuct.so",
         "but PUT is disabled on this interface",
     ),
     (
         "0004-tcp-refuse-frames-longer-than-the-receive-segment.patch",
+        "libuct.so",
         "longer than this interface receives",
     ),
     (
         "0005-tcp-keep-the-listener-on-accept-errors-and-close-idle-accepts.patch",
+        "libuct.so",
         "ACCEPT_HANDSHAKE_TIMEOUT",
+    ),
+    (
+        "0006-ucp-keep-fragment-offsets-inside-the-receive-buffer.patch",
+        "libucp.so",
+        "outside its message",
     ),
 ];
 
@@ -326,20 +334,19 @@ pub fn verify(ucx: &Ucx) -> Result<String> {
         }
         proof.push_str(&format!("  module present: {}\n", path.display()));
     }
-    let libuct = ucx.lib_dir.join("libuct.so");
-    let bytes = fs::read(&libuct).context(format!("cannot read {}", libuct.display()))?;
-    for (patch, marker) in PATCH_MARKERS {
+    for (patch, library, marker) in PATCH_MARKERS {
+        let path = ucx.lib_dir.join(library);
+        let bytes = fs::read(&path).context(format!("cannot read {}", path.display()))?;
         if !contains(&bytes, marker.as_bytes()) {
             bail!(
                 "{} lacks the text {patch} adds; it was not built from the patched source",
-                libuct.display()
+                path.display()
             );
         }
     }
     Ok(format!(
-        "UCX built from source at {} (ucx_info -b):\n{proof}  {} carries the PUT-refusal, frame-length and accept patches",
+        "UCX built from source at {} (ucx_info -b):\n{proof}  libuct.so and libucp.so carry the PUT-refusal, frame-length, accept and fragment-offset patches",
         ucx.prefix.display(),
-        libuct.display()
     ))
 }
 
@@ -427,7 +434,7 @@ mod tests {
             .iter()
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        for (patch, marker) in PATCH_MARKERS {
+        for (patch, _, marker) in PATCH_MARKERS {
             assert!(names.iter().any(|n| n == patch), "{patch}: {names:?}");
             let text = fs::read_to_string(rdmareg_ucx_src::patch_dir().join(patch)).unwrap();
             assert!(text.contains(marker), "{patch}");

@@ -460,6 +460,21 @@ mod tests {
     }
 
     #[test]
+    fn the_fragment_offset_patch_is_among_the_patches() {
+        let patches = patches().unwrap();
+        let offsets = patches
+            .iter()
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().contains("fragment-offsets"))
+            })
+            .expect("the fragment-offset patch is vendored");
+        let text = fs::read_to_string(offsets).unwrap();
+        assert!(text.contains("outside its message"));
+        assert!(text.contains("(offset > dt_iter->length)"));
+    }
+
+    #[test]
     fn the_build_key_changes_with_the_configure_arguments() {
         let with = build_key(STATIC_CONFIGURE_ARGS).unwrap();
         let without = build_key(&STATIC_CONFIGURE_ARGS[1..]).unwrap();
