@@ -114,9 +114,8 @@ pub(super) struct Receive<E> {
     length: u64,
     /// Whether it holds its region (always, but for a test-only defect).
     holds: bool,
-    /// Already acknowledged ([`Defects::acknowledge_before_receive`]).
-    ///
-    /// [`Defects::acknowledge_before_receive`]: super::Defects
+    /// Already acknowledged (the test-only defect
+    /// `Defects::acknowledge_before_receive`).
     acknowledged: bool,
     /// The write list it is an entry of, answered with the list.
     list: Option<ListSlot>,
