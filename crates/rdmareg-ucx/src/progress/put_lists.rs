@@ -39,7 +39,7 @@ use crate::status::PtrStatus;
 
 /// Longest PUT that travels in a write list; a longer one goes alone,
 /// where a list would save little beside its bytes.
-pub(crate) const MAX_LISTED_WRITE: usize = 16 * 1024;
+pub(crate) const MAX_LISTED_WRITE: usize = 64 * 1024;
 
 /// Whether a checked PUT may travel in a write list.
 pub(super) fn fits_a_write_list(put: &PreparedPut) -> bool {

@@ -1,5 +1,5 @@
 //! Write lists between a real writer and real owners: a batch's PUTs of at
-//! most 16 KiB to one owner travel as one active message (or several, at
+//! most 64 KiB to one owner travel as one active message (or several, at
 //! 64 entries or the worker's header bound) and are answered by one reply
 //! each, while every PUT keeps its own result.
 //!
@@ -29,7 +29,9 @@ use rdmareg_ucx::{Transport, UcxEngine};
 const KIB: usize = 1024;
 const PAGE: usize = 4096;
 /// The longest PUT a write list carries.
-const LISTED: usize = 16 * KIB;
+const LISTED: usize = 64 * KIB;
+/// The length of each owner's read-write part in the mixed batch.
+const RW_LEN: usize = 384 * KIB;
 
 /// What a raw owner received of a batch, and how the batch answered.
 struct Arrived {
@@ -156,7 +158,7 @@ fn assert_lists_carry(lists: &[(Vec<Write>, Vec<u8>)], lens: &[usize], sources: 
     }
 }
 
-/// A batch of 69 PUTs of 1 KiB and 16 KiB, and one of 16 KiB + 1 byte, to
+/// A batch of 69 PUTs of 1 KiB and 64 KiB, and one of 64 KiB + 1 byte, to
 /// one owner, seen by a raw owner: the 69 arrive as two write lists (64
 /// entries, the most one carries, then 5) in batch order, each payload
 /// the entries' sources back to back, and the long one alone as a single
@@ -224,11 +226,11 @@ impl OwnerScene {
     fn new(rt: &tokio::runtime::Runtime, transport: Transport, peer: PeerId, seed: usize) -> Self {
         let engine = UcxEngine::start(config(transport)).expect("owner starts");
         let backend = engine.backend();
-        let buf = PageBuf::filled(196 * KIB, |i| !pattern(i + seed));
-        let rw = rt.block_on(map_part(&backend, &buf, PAGE, 128 * KIB, Access::ReadWrite));
-        let wo = rt.block_on(map_part(&backend, &buf, 136 * KIB, 32 * KIB, Access::Write));
-        let ro = rt.block_on(map_part(&backend, &buf, 172 * KIB, 8 * KIB, Access::Read));
-        let gone = rt.block_on(map_part(&backend, &buf, 184 * KIB, 8 * KIB, Access::Write));
+        let buf = PageBuf::filled(452 * KIB, |i| !pattern(i + seed));
+        let rw = rt.block_on(map_part(&backend, &buf, PAGE, RW_LEN, Access::ReadWrite));
+        let wo = rt.block_on(map_part(&backend, &buf, 392 * KIB, 32 * KIB, Access::Write));
+        let ro = rt.block_on(map_part(&backend, &buf, 428 * KIB, 8 * KIB, Access::Read));
+        let gone = rt.block_on(map_part(&backend, &buf, 440 * KIB, 8 * KIB, Access::Write));
         assert_eq!(rt.block_on(backend.unmap(gone.id)), Ok(()));
         let original = buf.snapshot();
         OwnerScene {
@@ -257,7 +259,7 @@ struct Planned {
 
 /// The mixed batch: to the first owner 64 PUTs of 1 KiB, a write-only
 /// target, a read-only one, an unmapped one and a range past the end; to
-/// the second owner PUTs of sizes around 16 KiB (one past it), a forged
+/// the second owner PUTs of sizes around 64 KiB (one past it), a forged
 /// capability, a read-only target and a range at the end. The owners'
 /// PUTs interleave.
 fn plan(owners: &[OwnerScene]) -> Vec<Planned> {
@@ -282,7 +284,7 @@ fn plan(owners: &[OwnerScene]) -> Vec<Planned> {
     first.push(refused(
         0,
         &a.rw,
-        128 * 1024 - 512,
+        RW_LEN as u64 - 512,
         KIB,
         RdmaError::OutOfRange,
     ));
@@ -309,7 +311,7 @@ fn plan(owners: &[OwnerScene]) -> Vec<Planned> {
     plan
 }
 
-/// A batch mixing 64 PUTs of 1 KiB, sizes around 16 KiB, two owners,
+/// A batch mixing 64 PUTs of 1 KiB, sizes around 64 KiB, two owners,
 /// write-only, read-only and unmapped targets, a forged capability and
 /// ranges past the end, from a writer engine to two owner engines over
 /// `transport` (served keys: each goes through its owner): every PUT
