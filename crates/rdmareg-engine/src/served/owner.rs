@@ -496,6 +496,9 @@ pub(crate) struct Defects {
     /// Answer a write list when its first receive ended rather than its
     /// last, so its reply says `Ok` for bytes still being received.
     pub(crate) answer_list_before_last_receive: bool,
+    /// Send a write list's replies last part first, so its writer takes
+    /// its entries out of order.
+    pub(crate) list_replies_out_of_order: bool,
 }
 
 /// The owner side of served reads (module docs).

@@ -273,7 +273,14 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             }
             return;
         }
-        for part in list.entry_replies.chunks(list.entries_per_reply) {
+        let parts = list.entry_replies.chunks(list.entries_per_reply);
+        #[cfg(test)]
+        let parts: Vec<&[ListEntryReply]> = if self.defects.list_replies_out_of_order {
+            parts.rev().collect()
+        } else {
+            parts.collect()
+        };
+        for part in parts {
             let send = self.start_send_of(list.endpoint, Leases::None, 1);
             self.actions.push_back(Action::AcknowledgeList {
                 endpoint: list.endpoint,

@@ -20,10 +20,12 @@
 //! one message with one send (honest entries and hostile ones, some over
 //! an earlier entry's range, now and then a payload that does not add up
 //! or a header that does not decode), the owner answers the list once,
-//! and the writer takes that one reply; forged list replies come from a
-//! third peer. A quarter of the runs raise the owner's bound so lists
-//! get entries in by the dozen, and a quarter bound a list's entries and
-//! total tightly.
+//! in one reply or several, and the writer takes each reply; forged list
+//! replies come from a third peer. A quarter of the runs raise the
+//! owner's bound so lists get entries in by the dozen, a quarter bound a
+//! list's entries and total tightly, and a quarter answer a list in
+//! replies of 1 to 8 entries (each drawn from the seed apart from the
+//! runs' other choices).
 //!
 //! # Invariants, checked after every step
 //!
@@ -43,7 +45,12 @@
 //!    before the transport reported its request's send ended.
 //! 6. Per connection the owner holds at most its bound of accepted writes
 //!    and, apart, of refusals; each writer keeps state only for writes
-//!    not answered.
+//!    not answered. The one excess is a write list's: it is admitted while
+//!    the connection holds fewer than the bound and then takes a place per
+//!    reply at once, so the connection may hold past the bound by the
+//!    places the list admitted last still holds, but one — by nothing once
+//!    a single write was admitted since (the owner's count and the
+//!    model's both).
 //! 7. At the end, with every message delivered, every receive and send
 //!    ended and the deadlines passed, every write is answered, every
 //!    unmap finished, the owner holds no endpoint, and shutdown drains.
@@ -58,25 +65,28 @@
 //!    log ends with the registration.
 //! 9. A write list gets exactly the receives the model predicts, entry by
 //!    entry (each at its place in the payload, so with its own bytes),
-//!    and one answer: at once when no entry is accepted (or none, past the
-//!    refusal bound), else right when its last receive ended — never
-//!    earlier, never twice, never on a failed connection — with each
-//!    entry's `Ok`, refusal or failed receive as the model gives them.
-//!    A list arriving at the connection's bound is busy as a whole;
-//!    otherwise it holds a place from acceptance until its answer's send
-//!    ended: the transport never holds more for a connection than the
-//!    bound.
+//!    and one answer of `ceil(n / entries_per_reply)` replies, each
+//!    carrying its part of the entries, the parts in entry order: at once
+//!    when no entry is accepted (each reply under the refusal bound, the
+//!    ones past it dropped; none, past it), else all right when its last
+//!    receive ended — never earlier, never twice, never on a failed
+//!    connection or after the transport closed — with each entry's `Ok`,
+//!    refusal or failed receive as the model gives them. A list arriving
+//!    at the connection's bound is busy as a whole; otherwise it holds
+//!    one place per reply from acceptance until that reply's send ended
+//!    (6 bounds what the transport holds for a connection).
 //! 10. A list's writes are answered as single ones are (5 and 4): each
-//!     once, through the list reply, after the list's one send ended,
-//!     `Ok` only when its receive left its bytes in memory.
+//!     once, through the reply of its part, after the list's one send
+//!     ended, `Ok` only when its receive left its bytes in memory.
 //!
 //! # Proof that it bites
 //!
 //! The owner's test-only defects `write_access_unchecked`,
 //! `unmap_ignores_receives`, `acknowledge_before_receive`,
-//! `failed_receives_listed` and `answer_list_before_last_receive`, and
-//! the writer's `answer_before_send_ended`, are each caught within the
-//! first 20 seeds by a test in `tests`.
+//! `failed_receives_listed`, `answer_list_before_last_receive` and
+//! `list_replies_out_of_order`, and the writer's
+//! `answer_before_send_ended`, are each caught within the first 20 seeds
+//! by a test in `tests`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
@@ -96,7 +106,7 @@ mod lists;
 mod writers;
 mod written;
 
-use lists::SimList;
+use lists::{Due, SimList};
 
 /// Steps of the random phase of one run.
 const STEPS: u32 = 250;
@@ -189,8 +199,9 @@ enum OwnerSend {
     Refusal,
     /// A reply to an accepted write (acknowledgement or failed receive).
     WriteReply,
-    /// The reply to a write list, holding the list's places.
-    ListReply(u32),
+    /// One reply (part) of the write list the simulation keys so: it
+    /// holds one of the list's places until its send ended.
+    ListReply(u64),
 }
 
 impl OwnerSend {
@@ -198,8 +209,7 @@ impl OwnerSend {
     fn places(self) -> usize {
         match self {
             OwnerSend::Refusal => 0,
-            OwnerSend::WriteReply => 1,
-            OwnerSend::ListReply(places) => places as usize,
+            OwnerSend::WriteReply | OwnerSend::ListReply(_) => 1,
         }
     }
 }
@@ -261,6 +271,14 @@ pub(crate) struct Stats {
     pub(crate) list_entries_failed: u64,
     /// Lists answered with two or more entries accepted.
     pub(crate) wide_lists: u64,
+    /// Lists answered in two or more replies (after their receives, and
+    /// at once), and replies of lists answered at once dropped past the
+    /// refusal bound.
+    pub(crate) lists_in_parts: u64,
+    pub(crate) lists_refused_in_parts: u64,
+    pub(crate) list_parts_dropped: u64,
+    /// Lists whose places took their connection past its bound.
+    pub(crate) lists_past_bound: u64,
     /// Writes of lists a writer completed `Ok`.
     pub(crate) list_writes_ok: u64,
 }
@@ -289,6 +307,10 @@ impl Stats {
         self.list_entries_refused += o.list_entries_refused;
         self.list_entries_failed += o.list_entries_failed;
         self.wide_lists += o.wide_lists;
+        self.lists_in_parts += o.lists_in_parts;
+        self.lists_refused_in_parts += o.lists_refused_in_parts;
+        self.list_parts_dropped += o.list_parts_dropped;
+        self.lists_past_bound += o.lists_past_bound;
         self.list_writes_ok += o.list_writes_ok;
     }
 }
@@ -341,8 +363,14 @@ struct Sim {
     /// by the simulation's key.
     lists: BTreeMap<u64, SimList>,
     next_list: u64,
-    /// The list whose last receive just ended: the owner's answer is due.
-    list_due: Option<SimList>,
+    /// The list whose last receive just ended: the owner's answer is due,
+    /// its replies from the first not given yet.
+    list_due: Option<Due>,
+    /// Per connection, the write list (the simulation's key) whose
+    /// acceptance took the last places there, or `None` when a single
+    /// write did: only that list's places may lift the connection past
+    /// its bound.
+    admitted: BTreeMap<u64, Option<u64>>,
     /// Each write list's writes, by the key their records carry: the one
     /// send of its message ends for them all.
     batches: BTreeMap<u64, Vec<Origin>>,
@@ -358,7 +386,7 @@ impl Sim {
         }
         // And a quarter bound a list tightly: entries past these are
         // refused malformed.
-        let list_limits = match mix(seed ^ 0x6c69_6d69) % 4 {
+        let mut list_limits = match mix(seed ^ 0x6c69_6d69) % 4 {
             0 => WriteListLimits {
                 max_entry: 8 + mix(seed ^ 1) % 32,
                 max_total: 32 + mix(seed ^ 2) % 256,
@@ -366,6 +394,10 @@ impl Sim {
             },
             _ => WriteListLimits::default(),
         };
+        // And a quarter answer a list in replies of 1 to 8 entries.
+        if mix(seed ^ 0x7061_7274) % 4 == 0 {
+            list_limits.entries_per_reply = 1 + (mix(seed ^ 3) % 8) as usize;
+        }
         // Drawn apart from `rng`, so the runs are otherwise as before.
         let max_written_ranges = match mix(seed ^ 0x006c_6f67) % 4 {
             0 => 1,
@@ -422,6 +454,7 @@ impl Sim {
             lists: BTreeMap::new(),
             next_list: 0,
             list_due: None,
+            admitted: BTreeMap::new(),
             batches: BTreeMap::new(),
         }
     }
@@ -523,6 +556,7 @@ impl Sim {
                         return Err(format!("received {action:?} for {header:?}"));
                     }
                     got = Expect::Receive;
+                    self.admitted.insert(message.conn, None);
                     if let Some(origin) = message.origin
                         && let Some(record) = self.records.get_mut(&origin)
                     {
@@ -619,8 +653,8 @@ impl Sim {
     }
 
     /// Places `conn` holds under the owner's bound of served replies: a
-    /// single write's receive, every accepted entry of a write list not
-    /// answered, and what each reply's send holds until it ended.
+    /// single write's receive, a write list not answered one per reply it
+    /// will send, and what each reply's send holds until it ended.
     fn places(&self, conn: u64) -> usize {
         self.receiving
             .values()
@@ -638,6 +672,29 @@ impl Sim {
                 .filter(|&&(c, _)| c == conn)
                 .map(|&(_, kind)| kind.places())
                 .sum::<usize>()
+    }
+
+    /// How far past the bound `conn` may hold (invariant 6): a list is
+    /// admitted while the connection holds fewer than the bound and then
+    /// takes its places all at once, so only the list admitted last can
+    /// lift it over, by the places it still holds but one.
+    fn over_bound(&self, conn: u64) -> usize {
+        match self.admitted.get(&conn) {
+            Some(&Some(key)) => self.list_places(key).saturating_sub(1),
+            _ => 0,
+        }
+    }
+
+    /// Places the write list the simulation keys `key` holds: all its
+    /// replies' while it waits for receives, then each reply's until its
+    /// send ended.
+    fn list_places(&self, key: u64) -> usize {
+        self.lists.get(&key).map_or(0, |l| l.places)
+            + self
+                .owner_sends
+                .values()
+                .filter(|&&(_, kind)| kind == OwnerSend::ListReply(key))
+                .count()
     }
 
     /// Refusals `conn` holds under the owner's bound of refusals.
@@ -831,10 +888,11 @@ impl Sim {
             return Err(format!("the owner did not know its receive {id:?}"));
         }
         self.take_owner_actions()?;
-        if let Some(list) = self.list_due.take() {
+        if let Some(due) = self.list_due.take() {
             return Err(format!(
-                "a write list on {} was not answered once its last receive ended: {:?}",
-                list.conn, list.replies
+                "a write list on {} was answered in {} of its {} replies once its last \
+                 receive ended: {:?}",
+                due.list.conn, due.given, due.list.places, due.list.replies
             ));
         }
         self.forget_dropping(receive.conn);
@@ -1154,18 +1212,20 @@ impl Sim {
             .chain(self.owner_sends.values().map(|&(c, _)| c))
             .collect();
         for conn in conns {
+            let over = self.over_bound(conn);
             let load = self.owner.load(conn);
-            if load.served > self.bound || load.refusals > self.bound {
+            if load.served as usize > self.bound as usize + over || load.refusals > self.bound {
                 return Err(format!(
-                    "connection {conn} holds {load:?}, bound {}",
+                    "connection {conn} holds {load:?}, bound {} (+{over} of the list admitted last)",
                     self.bound
                 ));
             }
             // What the transport holds for it, as the model counts it.
             let places = self.places(conn);
-            if places > self.bound as usize {
+            if places > self.bound as usize + over {
                 return Err(format!(
-                    "connection {conn} holds {places} receives and replies, bound {}",
+                    "connection {conn} holds {places} receives and replies, bound {} \
+                     (+{over} of the list admitted last)",
                     self.bound
                 ));
             }

@@ -1,7 +1,8 @@
 //! Write lists in the simulator of served writes: a writer posts several
 //! writes as one message, the owner judges and receives each entry and
-//! answers the list once, and the writer takes the one reply
-//! ([`Writer::handle_list_reply`]).
+//! answers the list once, in one reply per
+//! [`WriteListLimits::entries_per_reply`] entries, and the writer takes
+//! each reply ([`Writer::handle_list_reply`]).
 //!
 //! A list is 1 to 64 of a writer's writes ([`Writer::start`] each), their
 //! headers encoded by [`wire::encode_write_list_request`] and their bytes
@@ -15,11 +16,18 @@
 //! The model predicts, entry by entry and in order, what the owner must
 //! do (as for a single write, within the list's bounds, and busy as a
 //! whole when the connection is at its bound), and then the list's one
-//! answer (the simulated lists fit one reply): at once when no
-//! entry is accepted, else once the last accepted entry's receive ended,
-//! with each entry's `Ok`, refusal, or failed receive.
+//! answer: `ceil(n / entries_per_reply)` replies (a quarter of the runs
+//! put 1 to 8 entries in one, the others 64, so a list of more comes in
+//! parts), each with its part's entries, the parts in entry order. A list
+//! with no entry accepted is answered at once, each reply under the
+//! refusal bound and the ones past it dropped; else all its replies come
+//! together once the last accepted entry's receive ended, with each
+//! entry's `Ok`, refusal, or failed receive. An accepted list holds one
+//! place per reply under the connection's bound, all from its
+//! acceptance, each until its reply's send ended.
 //!
 //! [`Writer::handle_list_reply`]: crate::served::writer::Writer::handle_list_reply
+//! [`WriteListLimits::entries_per_reply`]: crate::served::owner::WriteListLimits::entries_per_reply
 //! [`Writer::start`]: crate::served::writer::Writer::start
 
 use std::collections::BTreeSet;
@@ -50,14 +58,29 @@ pub(super) struct SimList {
     pub(super) replies: Vec<ListEntryReply>,
 }
 
+/// A write list whose last receive ended: the owner's replies to it are
+/// due, all of them before it takes any other step.
+#[derive(Debug)]
+pub(super) struct Due {
+    /// The simulation's key of the list.
+    key: u64,
+    pub(super) list: SimList,
+    /// Replies the owner gave so far, the first ones in entry order.
+    pub(super) given: usize,
+}
+
 /// What the owner must do with a write list that arrived.
 #[derive(Debug)]
 enum ListExpect {
     /// Nothing: a header that does not decode, a failed connection, a
     /// closed transport, or a reply past the refusal bound.
     Drop,
-    /// No entry accepted: these replies, at once.
-    Refused(Vec<ListEntryReply>),
+    /// No entry accepted: these replies (one per part under the refusal
+    /// bound), at once, and `dropped` parts past it.
+    Refused {
+        parts: Vec<Vec<ListEntryReply>>,
+        dropped: usize,
+    },
     /// Each accepted entry's receive, at this place in the payload; the
     /// replies once they all ended.
     Receive {
@@ -207,12 +230,26 @@ impl Sim {
             offset = offset.wrapping_add(write.length);
         }
         if !receives.is_empty() {
-            ListExpect::Receive { receives, replies }
-        } else if self.refusals(conn) >= self.bound as usize {
+            return ListExpect::Receive { receives, replies };
+        }
+        // Each reply under the refusal bound, the ones past it dropped.
+        let room = (self.bound as usize).saturating_sub(self.refusals(conn));
+        let mut parts: Vec<Vec<ListEntryReply>> = replies
+            .chunks(self.entries_per_reply())
+            .map(<[_]>::to_vec)
+            .collect();
+        let dropped = parts.len().saturating_sub(room);
+        parts.truncate(room);
+        if parts.is_empty() {
             ListExpect::Drop
         } else {
-            ListExpect::Refused(replies)
+            ListExpect::Refused { parts, dropped }
         }
+    }
+
+    /// Entries the owner puts in one reply to a write list.
+    fn entries_per_reply(&self) -> usize {
+        self.list_limits.entries_per_reply.max(1)
     }
 
     /// Queues the owner's answer to a write list, which must encode.
@@ -239,7 +276,7 @@ impl Sim {
             self.list_limits,
         );
         let mut receives = Vec::new();
-        let mut answer = None;
+        let mut answers = Vec::new();
         while let Some(action) = self.owner.poll_action() {
             match action {
                 Action::Receive {
@@ -250,7 +287,7 @@ impl Sim {
                     address,
                     length,
                     payload_offset,
-                } if endpoint == conn && answer.is_none() => {
+                } if endpoint == conn && answers.is_empty() => {
                     let write = Write {
                         request_id,
                         region,
@@ -260,10 +297,12 @@ impl Sim {
                     };
                     receives.push((receive, write, payload_offset));
                 }
-                Action::AcknowledgeList { endpoint, .. }
-                    if endpoint == conn && receives.is_empty() && answer.is_none() =>
-                {
-                    answer = Some(action);
+                Action::AcknowledgeList {
+                    endpoint,
+                    ref entry_replies,
+                    ..
+                } if endpoint == conn && receives.is_empty() => {
+                    answers.push((entry_replies.clone(), action));
                 }
                 other => return Err(format!("{other:?} in answer to a write list on {conn}")),
             }
@@ -272,27 +311,31 @@ impl Sim {
             .iter()
             .map(|(_, w, offset)| (w.request_id, w.region, w.address, w.length, *offset))
             .collect();
-        self.note(|| format!("write list on {conn}: expected {expect:?}, got {got:?} {answer:?}"));
+        let given: Vec<&Vec<ListEntryReply>> = answers.iter().map(|(part, _)| part).collect();
+        self.note(|| format!("write list on {conn}: expected {expect:?}, got {got:?} {given:?}"));
         let mismatch = |what: &str| {
             format!("write list on {conn}: expected {expect:?}, the owner chose {what}")
         };
-        match (&expect, answer) {
-            (ListExpect::Drop, None) if receives.is_empty() => {
+        match &expect {
+            ListExpect::Drop if receives.is_empty() && answers.is_empty() => {
                 self.stats.lists_dropped += 1;
             }
-            (ListExpect::Refused(replies), Some(action)) => {
-                let Action::AcknowledgeList { entry_replies, .. } = &action else {
-                    return Err(mismatch(&format!("{action:?}")));
-                };
-                if entry_replies != replies {
-                    return Err(mismatch(&format!("{entry_replies:?}")));
+            ListExpect::Refused { parts, dropped } if receives.is_empty() => {
+                // Every reply under the bound, in entry order, at once.
+                if !parts.iter().eq(given.iter().copied()) {
+                    return Err(mismatch(&format!("the replies {given:?}")));
                 }
+                let entries = parts.iter().map(Vec::len).sum::<usize>() as u64;
                 self.stats.lists_refused += 1;
-                self.stats.refused += replies.len() as u64;
-                self.stats.list_entries_refused += replies.len() as u64;
-                self.reply_list(conn, OwnerSend::Refusal, &action)?;
+                self.stats.lists_refused_in_parts += u64::from(parts.len() + dropped >= 2);
+                self.stats.list_parts_dropped += *dropped as u64;
+                self.stats.refused += entries;
+                self.stats.list_entries_refused += entries;
+                for (_, action) in &answers {
+                    self.reply_list(conn, OwnerSend::Refusal, action)?;
+                }
             }
-            (ListExpect::Receive { receives: want, .. }, None) => {
+            ListExpect::Receive { receives: want, .. } if answers.is_empty() => {
                 let want: Vec<(u64, u64, u64, u64, u64)> = want
                     .iter()
                     .map(|(w, offset)| (w.request_id, w.region, w.address, w.length, *offset))
@@ -301,7 +344,7 @@ impl Sim {
                     return Err(mismatch(&format!("receives {got:?}")));
                 }
             }
-            (_, answer) => return Err(mismatch(&format!("receives {got:?}, answer {answer:?}"))),
+            _ => return Err(mismatch(&format!("receives {got:?}, replies {given:?}"))),
         }
         if let ListExpect::Receive { replies, .. } = expect {
             self.start_list_receives(&message, receives, replies)?;
@@ -322,9 +365,11 @@ impl Sim {
         self.next_list += 1;
         let at = message.of.map(|(at, _)| at);
         let accepted = receives.len();
-        let places = replies
-            .len()
-            .div_ceil(self.list_limits.entries_per_reply.max(1));
+        // One per reply it will send (as many as the model's parts).
+        let places = replies.len().div_ceil(self.entries_per_reply());
+        if self.places(message.conn) + places > self.bound as usize {
+            self.stats.lists_past_bound += 1;
+        }
         // In order, one for each accepted entry (checked against the model).
         let indices = replies
             .iter()
@@ -359,6 +404,7 @@ impl Sim {
             );
             self.stats.received += 1;
         }
+        self.admitted.insert(message.conn, Some(key));
         self.lists.insert(
             key,
             SimList {
@@ -394,12 +440,17 @@ impl Sim {
         if self.closed || self.dropping.contains(&list.conn) {
             self.stats.lists_unanswered += 1;
         } else {
-            self.list_due = Some(list);
+            self.list_due = Some(Due {
+                key,
+                list,
+                given: 0,
+            });
         }
     }
 
     /// The owner answers a write list after a receive ended: only the list
-    /// whose last receive that was, once, with the model's replies.
+    /// whose last receive that was, with the model's replies, the next of
+    /// its parts in entry order, each once.
     pub(super) fn list_answered(&mut self, action: &Action<u64>) -> Checked {
         let Action::AcknowledgeList {
             endpoint,
@@ -409,10 +460,14 @@ impl Sim {
         else {
             return Ok(());
         };
-        let Some(list) = self.list_due.take() else {
+        let per_reply = self.entries_per_reply();
+        let Some(due) = self.list_due.as_mut() else {
             let ids: Vec<u64> = entry_replies.iter().map(|r| r.request_id).collect();
             let running = self.lists.values().any(|l| {
-                l.conn == *endpoint && l.replies.iter().map(|r| r.request_id).eq(ids.clone())
+                l.conn == *endpoint
+                    && l.replies
+                        .chunks(per_reply)
+                        .any(|part| part.iter().map(|r| r.request_id).eq(ids.iter().copied()))
             });
             return Err(if running {
                 format!(
@@ -423,15 +478,25 @@ impl Sim {
                 format!("a write list on {endpoint} was answered with none due: {entry_replies:?}")
             });
         };
-        if *endpoint != list.conn || *entry_replies != list.replies {
+        let want = due.list.replies.chunks(per_reply).nth(due.given);
+        if *endpoint != due.list.conn || want != Some(&entry_replies[..]) {
             return Err(format!(
-                "a write list on {} was answered on {endpoint} with {entry_replies:?}; \
-                 the model says {:?}",
-                list.conn, list.replies
+                "a write list on {} got reply {} of {} on {endpoint} with {entry_replies:?}; \
+                 the model says {want:?}",
+                due.list.conn,
+                due.given + 1,
+                due.list.places,
             ));
         }
-        self.stats.lists_answered += 1;
-        self.stats.wide_lists += u64::from(list.accepted >= 2);
+        due.given += 1;
+        let key = due.key;
+        if due.given == due.list.places {
+            let list = self.list_due.take().map(|due| due.list);
+            let list = list.as_ref().ok_or("no list due")?;
+            self.stats.lists_answered += 1;
+            self.stats.wide_lists += u64::from(list.accepted >= 2);
+            self.stats.lists_in_parts += u64::from(list.places >= 2);
+        }
         for reply in entry_replies {
             match reply.outcome {
                 Ok(_) => self.stats.list_entries_ok += 1,
@@ -442,7 +507,7 @@ impl Sim {
                 }
             }
         }
-        self.reply_list(*endpoint, OwnerSend::ListReply(list.places as u32), action)
+        self.reply_list(*endpoint, OwnerSend::ListReply(key), action)
     }
 
     /// Writer `at` takes a list reply: a forged one is never taken, the

@@ -21,7 +21,10 @@ fn caught(defects: Defects, writer_defects: writer::Defects, limit: u64) -> Viol
 /// receives, answers of both kinds; write lists answered after their
 /// receives (several entries accepted in some), answered at once,
 /// dropped, left unanswered on a failed connection, with entries `Ok`,
-/// refused and failed, and list writes completed `Ok` by their writer.
+/// refused and failed, and list writes completed `Ok` by their writer;
+/// lists answered in several replies, both ways, some of those answered
+/// at once dropped past the refusal bound, and lists whose places took
+/// their connection past its bound.
 #[test]
 fn every_write_seed_keeps_every_invariant() {
     let seeds = seeds();
@@ -80,6 +83,13 @@ fn every_write_seed_keeps_every_invariant() {
             && total.list_entries_refused > count
             && total.list_entries_failed > count / 4
             && total.list_writes_ok > count / 2,
+        "{total:?}"
+    );
+    assert!(
+        total.lists_in_parts > count / 20
+            && total.lists_refused_in_parts > count / 10
+            && total.list_parts_dropped > count / 10
+            && total.lists_past_bound > count / 40,
         "{total:?}"
     );
 }
@@ -186,4 +196,16 @@ fn the_simulator_finds_a_list_answered_too_early() {
         found.message.contains("before its last receive ended"),
         "{found:?}"
     );
+}
+
+/// Sending a write list's replies last part first is caught within 20
+/// seeds: a reply that is not the next part in entry order.
+#[test]
+fn the_simulator_finds_list_replies_out_of_order() {
+    let defects = Defects {
+        list_replies_out_of_order: true,
+        ..Defects::default()
+    };
+    let found = caught(defects, writer::Defects::default(), 20);
+    assert!(found.message.contains("got reply 1 of"), "{found:?}");
 }
