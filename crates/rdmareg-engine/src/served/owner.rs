@@ -1075,6 +1075,21 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
     /// `endpoint`'s bound; on success counts the reply and takes a lease.
     fn admit(&mut self, endpoint: E, read: &Read) -> Result<Payload, Refusal> {
         let payload = self.check_read(read)?;
+        if !self.regions.contains_key(&read.region) {
+            return Err(Refusal::RegionUnknown);
+        }
+        self.take_served_places(endpoint, 1, "read")?;
+        if let Some(region) = self.regions.get_mut(&read.region) {
+            region.leases += 1;
+        }
+        self.leases += 1;
+        Ok(payload)
+    }
+
+    /// Takes `places` places under `endpoint`'s bound of served replies
+    /// for one request (`what`, for the log), or refuses it
+    /// [`Refusal::Busy`] when the endpoint is at its bound.
+    fn take_served_places(&mut self, endpoint: E, places: u32, what: &str) -> Result<(), Refusal> {
         let entry = self.endpoints.entry(endpoint).or_default();
         #[cfg(test)]
         let at_bound = entry.load.served >= self.bound && !self.defects.unbounded_replies;
@@ -1083,18 +1098,13 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         if at_bound {
             tracing::debug!(
                 bound = self.bound,
-                "an endpoint is at its bound of unfinished replies; refusing a read as busy"
+                request = what,
+                "an endpoint is at its bound of unfinished replies; refusing as busy"
             );
             return Err(Refusal::Busy);
         }
-        let region = self
-            .regions
-            .get_mut(&read.region)
-            .ok_or(Refusal::RegionUnknown)?;
-        entry.load.served += 1;
-        region.leases += 1;
-        self.leases += 1;
-        Ok(payload)
+        entry.load.served += places;
+        Ok(())
     }
 
     /// Sends a refusal of `request_id` on `endpoint`, or drops it past the

@@ -41,6 +41,82 @@ pub(crate) struct WritePayload {
     length: usize,
 }
 
+/// What both write handlers read first from UCX's arguments.
+struct ArrivedWrite<'a> {
+    events: &'a Events,
+    /// The endpoint to reply on (`reply_ep`), as the owner names it.
+    endpoint: usize,
+    header: &'a [u8],
+    /// The payload waits for a rendezvous receive (else it is at hand).
+    rendezvous: bool,
+}
+
+impl<'a> ArrivedWrite<'a> {
+    /// Reads a write handler's arguments; `None` (counted as dropped) for a
+    /// message without a reply endpoint.
+    ///
+    /// # Safety
+    /// UCX's arguments to a handler installed with `arg` = the engine's
+    /// `Events`, which outlives the worker; used only during the handler.
+    unsafe fn read(
+        arg: *mut c_void,
+        header: *const c_void,
+        header_length: usize,
+        param: *const sys::ucp_am_recv_param_t,
+    ) -> Option<ArrivedWrite<'a>> {
+        // SAFETY: `arg` is the engine's boxed `Events`, alive until after
+        // the worker is destroyed.
+        let events = unsafe { &*arg.cast::<Events>() };
+        // SAFETY: UCX passes a valid parameter record for the call's
+        // duration.
+        let param = unsafe { &*param };
+        let Some(reply_ep) = reply_endpoint(param) else {
+            events.dropped_message();
+            return None;
+        };
+        // SAFETY: what UCX passed this handler, used only during it.
+        let header = unsafe { handler_header(header, header_length) };
+        events.handed_off();
+        super::leases::give_time(events);
+        Some(ArrivedWrite {
+            events,
+            endpoint: reply_ep as usize,
+            header,
+            rendezvous: param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0,
+        })
+    }
+
+    /// Hands the eager payload at `data` to the owner's receives for the
+    /// duration of `judge`, then performs every action the owner queued.
+    ///
+    /// # Safety
+    /// Inside the handler that read this, on the worker's thread, with
+    /// UCX's `data` and `length` of it.
+    unsafe fn receive(&self, data: *mut c_void, length: usize, judge: impl FnOnce(&Events)) {
+        self.events
+            .write_payload
+            .set(Some(WritePayload { data, length }));
+        judge(self.events);
+        // SAFETY: inside the handler that handed over `reply_ep` and the
+        // payload, on the worker's thread (the caller's contract).
+        unsafe { perform_actions(self.events) };
+        // A payload not received (a refused write) is dropped by UCX.
+        self.events.write_payload.set(None);
+    }
+
+    /// Performs the owner's refusals of a rendezvous write, whose payload
+    /// is never received.
+    ///
+    /// # Safety
+    /// As for [`ArrivedWrite::receive`].
+    unsafe fn refuse(&self, judge: impl FnOnce(&Events)) {
+        judge(self.events);
+        // SAFETY: inside the handler that handed over `reply_ep`, on the
+        // worker's thread (the caller's contract).
+        unsafe { perform_actions(self.events) };
+    }
+}
+
 /// UCX's handler for a write request (`WRITE_REQUEST_AM_ID`).
 ///
 /// # Safety
@@ -53,44 +129,39 @@ pub(super) unsafe extern "C" fn on_write_request(
     length: usize,
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
-    // SAFETY: `arg` is the engine's boxed `Events`, alive until after the
-    // worker is destroyed.
-    let events = unsafe { &*arg.cast::<Events>() };
-    // SAFETY: UCX passes a valid parameter record for the call's duration.
-    let param = unsafe { &*param };
-    let Some(reply_ep) = reply_endpoint(param) else {
-        events.dropped_message();
+    // SAFETY: UCX's arguments to this handler, installed with the engine's
+    // `Events` as `arg`.
+    let Some(arrived) = (unsafe { ArrivedWrite::read(arg, header, header_length, param) }) else {
         return sys::UCS_OK;
     };
-    // SAFETY: what UCX passed this handler, used only during it.
-    let header = unsafe { handler_header(header, header_length) };
-    events.handed_off();
-    super::leases::give_time(events);
-    let rendezvous = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    if rendezvous {
-        let mut owner = events.owner.borrow_mut();
-        match wire::decode_write_request(header) {
-            Ok(write) => {
-                owner.refuse_request(reply_ep as usize, write.request_id, Refusal::Malformed)
-            }
-            Err(_) => {
-                owner.handle_malformed(reply_ep as usize, wire::request_id_of_malformed(header))
-            }
-        }
+    let (endpoint, header) = (arrived.endpoint, arrived.header);
+    if arrived.rendezvous {
+        // SAFETY: inside this handler, on the worker's thread.
+        unsafe {
+            arrived.refuse(|events| {
+                let mut owner = events.owner.borrow_mut();
+                match wire::decode_write_request(header) {
+                    Ok(write) => {
+                        owner.refuse_request(endpoint, write.request_id, Refusal::Malformed)
+                    }
+                    Err(_) => {
+                        owner.handle_malformed(endpoint, wire::request_id_of_malformed(header))
+                    }
+                }
+            })
+        };
     } else {
-        events
-            .write_payload
-            .set(Some(WritePayload { data, length }));
-        events
-            .owner
-            .borrow_mut()
-            .handle_write_request(reply_ep as usize, header, length as u64);
+        // SAFETY: inside this handler, on the worker's thread, with UCX's
+        // eager payload.
+        unsafe {
+            arrived.receive(data, length, |events| {
+                events
+                    .owner
+                    .borrow_mut()
+                    .handle_write_request(endpoint, header, length as u64)
+            })
+        };
     }
-    // SAFETY: inside the handler that handed over `reply_ep` and the
-    // payload, on the worker's thread.
-    unsafe { perform_actions(events) };
-    // A payload not received (a refused write) is dropped by UCX.
-    events.write_payload.set(None);
     sys::UCS_OK
 }
 
@@ -109,51 +180,49 @@ pub(super) unsafe extern "C" fn on_write_list_request(
     length: usize,
     param: *const sys::ucp_am_recv_param_t,
 ) -> sys::ucs_status_t {
-    // SAFETY: `arg` is the engine's boxed `Events`, alive until after the
-    // worker is destroyed.
-    let events = unsafe { &*arg.cast::<Events>() };
-    // SAFETY: UCX passes a valid parameter record for the call's duration.
-    let param = unsafe { &*param };
-    let Some(reply_ep) = reply_endpoint(param) else {
-        events.dropped_message();
+    // SAFETY: UCX's arguments to this handler, installed with the engine's
+    // `Events` as `arg`.
+    let Some(arrived) = (unsafe { ArrivedWrite::read(arg, header, header_length, param) }) else {
         return sys::UCS_OK;
     };
-    // SAFETY: what UCX passed this handler, used only during it.
-    let header = unsafe { handler_header(header, header_length) };
-    events.handed_off();
-    super::leases::give_time(events);
+    let (endpoint, header) = (arrived.endpoint, arrived.header);
     let limits = WriteListLimits {
         // Each reply's header must fit this worker's bound on one.
-        entries_per_reply: entries_within(events.max_am_header.get(), REPLY_ENTRY_LEN),
+        entries_per_reply: entries_within(arrived.events.max_am_header.get(), REPLY_ENTRY_LEN),
         ..WriteListLimits::default()
     };
-    let rendezvous = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-    let endpoint = reply_ep as usize;
-    match wire::decode_write_list_request(header) {
-        Ok(entries) if rendezvous => {
-            events.owner.borrow_mut().refuse_write_list(
-                endpoint,
-                &entries,
-                Refusal::Malformed,
-                limits,
-            );
-        }
-        _ => {
-            events
-                .write_payload
-                .set(Some(WritePayload { data, length }));
-            events.owner.borrow_mut().handle_write_list_request(
-                endpoint,
-                header,
-                length as u64,
-                limits,
-            );
-        }
+    if arrived.rendezvous {
+        // SAFETY: inside this handler, on the worker's thread.
+        unsafe {
+            arrived.refuse(|events| match wire::decode_write_list_request(header) {
+                Ok(entries) => events.owner.borrow_mut().refuse_write_list(
+                    endpoint,
+                    &entries,
+                    Refusal::Malformed,
+                    limits,
+                ),
+                // No request ids to trust: the owner drops it (it decodes
+                // the header again and receives nothing).
+                Err(_) => events
+                    .owner
+                    .borrow_mut()
+                    .handle_write_list_request(endpoint, header, 0, limits),
+            })
+        };
+    } else {
+        // SAFETY: inside this handler, on the worker's thread, with UCX's
+        // eager payload.
+        unsafe {
+            arrived.receive(data, length, |events| {
+                events.owner.borrow_mut().handle_write_list_request(
+                    endpoint,
+                    header,
+                    length as u64,
+                    limits,
+                )
+            })
+        };
     }
-    // SAFETY: inside the handler that handed over `reply_ep` and the
-    // payload, on the worker's thread.
-    unsafe { perform_actions(events) };
-    events.write_payload.set(None);
     sys::UCS_OK
 }
 

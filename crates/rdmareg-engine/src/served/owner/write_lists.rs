@@ -157,7 +157,10 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             .count();
         if accepted > 0 {
             let parts = entries.len().div_ceil(entries_per_reply) as u32;
-            if self.take_list_places(endpoint, parts).is_err() {
+            if self
+                .take_served_places(endpoint, parts, "write list")
+                .is_err()
+            {
                 for entry in &mut entry_replies {
                     if entry.outcome.is_ok() {
                         entry.outcome = Err(Refusal::Busy);
@@ -288,26 +291,6 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
                 entry_replies: part.to_vec(),
             });
         }
-    }
-
-    /// Takes `parts` places under `endpoint`'s bound of served replies for
-    /// a list, or refuses it busy when the endpoint is at its bound
-    /// (module docs, point 3).
-    fn take_list_places(&mut self, endpoint: E, parts: u32) -> Result<(), Refusal> {
-        let entry = self.endpoints.entry(endpoint).or_default();
-        #[cfg(test)]
-        let at_bound = entry.load.served >= self.bound && !self.defects.unbounded_replies;
-        #[cfg(not(test))]
-        let at_bound = entry.load.served >= self.bound;
-        if at_bound {
-            tracing::debug!(
-                bound = self.bound,
-                "an endpoint is at its bound of unfinished replies; refusing a write list as busy"
-            );
-            return Err(Refusal::Busy);
-        }
-        entry.load.served += parts;
-        Ok(())
     }
 
     /// Answers a list none of whose entries was accepted, in replies of

@@ -147,7 +147,7 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
             Ok(target) => target,
             Err(refusal) => return self.refuse(endpoint, write.request_id, refusal),
         };
-        if let Err(refusal) = self.take_write_place(endpoint) {
+        if let Err(refusal) = self.take_served_places(endpoint, 1, "write") {
             return self.refuse(endpoint, write.request_id, refusal);
         }
         let receive = self.start_receive(endpoint, write.request_id, target, 0, None);
@@ -157,25 +157,6 @@ impl<E: Copy + Eq + Hash + fmt::Debug> Owner<E> {
         }
         #[cfg(not(test))]
         let _ = receive;
-    }
-
-    /// Takes one place under `endpoint`'s bound of served replies for a
-    /// write, or refuses it [`Refusal::Busy`] at the bound.
-    fn take_write_place(&mut self, endpoint: E) -> Result<(), Refusal> {
-        let entry = self.endpoints.entry(endpoint).or_default();
-        #[cfg(test)]
-        let at_bound = entry.load.served >= self.bound && !self.defects.unbounded_replies;
-        #[cfg(not(test))]
-        let at_bound = entry.load.served >= self.bound;
-        if at_bound {
-            tracing::debug!(
-                bound = self.bound,
-                "an endpoint is at its bound of unfinished replies; refusing a write as busy"
-            );
-            return Err(Refusal::Busy);
-        }
-        entry.load.served += 1;
-        Ok(())
     }
 
     /// Starts the receive of a checked write into `target`, whose place
