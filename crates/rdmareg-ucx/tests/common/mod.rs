@@ -15,6 +15,7 @@ use rdmareg_core::{BackendGet, BackendRegion, Descriptor, PeerId, RdmaError};
 use rdmareg_ucx::{Transport, UcxBackend, UcxConfig, UcxEngine};
 
 pub mod attacked_memory;
+pub mod c_fixtures;
 pub mod child_process;
 pub mod list_pieces;
 pub mod list_reads;

@@ -90,37 +90,15 @@ const EAGER_LEN: usize = 256 << 10;
 /// (47 bits), so a receiver that copies it there faults at once.
 const EAGER_BIAS: u64 = 1 << 46;
 
-/// Where the fixtures are.
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile_fragments")
-}
-
-/// Compiles `source` (in [`fixtures`]) with `args` into `name` under the
-/// target's temporary directory, once per test process.
-///
-/// Each test runs in a process of its own under nextest, and they run at
-/// the same time: each compiles to a name of its own and renames the result
-/// into place, so no process ever runs a file another is still writing.
+/// Compiles the fixture `source` (warnings as errors) into `name`.
 fn compile(source: &str, name: &str, args: &[String]) -> PathBuf {
-    let source = fixtures().join(source);
-    let binary = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
-    let unfinished = binary.with_extension(format!("{}.tmp", std::process::id()));
-    let output = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
-        .args(["-Wall", "-Werror"])
-        .arg(&source)
-        .args(args)
-        .arg("-o")
-        .arg(&unfinished)
-        .output()
-        .expect("a C compiler (cc) runs");
-    assert!(
-        output.status.success(),
-        "compiling {} failed:\n{}",
-        source.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    fs::rename(&unfinished, &binary).expect("the fixture is renamed into place");
-    binary
+    let mut all = vec!["-Wall".to_owned(), "-Werror".to_owned()];
+    all.extend_from_slice(args);
+    c_fixtures::compile(
+        &c_fixtures::fixture(&format!("hostile_fragments/{source}")),
+        name,
+        &all,
+    )
 }
 
 /// The shim, compiled once per test process.
@@ -140,19 +118,9 @@ fn shim() -> &'static PathBuf {
 fn hostile_peer() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let lib = ucx_sys::install::LIB_DIR;
-        compile(
-            "hostile_peer.c",
-            "hostile_fragments_peer",
-            &[
-                format!("-I{}", ucx_sys::install::INCLUDE_DIR),
-                format!("-L{lib}"),
-                format!("-Wl,-rpath,{lib}"),
-                "-lucp".into(),
-                "-lucs".into(),
-                "-ldl".into(),
-            ],
-        )
+        let mut args = c_fixtures::against_ucx(&["ucp", "ucs"]);
+        args.push("-ldl".into());
+        compile("hostile_peer.c", "hostile_fragments_peer", &args)
     })
 }
 

@@ -41,7 +41,6 @@
 use crate::common;
 
 use std::collections::BTreeSet;
-use std::fs;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -65,28 +64,11 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 fn attacker() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/raw_uct_peer/raw_uct_peer.c");
-        let binary = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("raw_uct_peer");
-        let unfinished = binary.with_extension(format!("{}.tmp", std::process::id()));
-        let lib = ucx_sys::install::LIB_DIR;
-        let output = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
-            .arg(&source)
-            .arg(format!("-I{}", ucx_sys::install::INCLUDE_DIR))
-            .arg(format!("-L{lib}"))
-            .arg(format!("-Wl,-rpath,{lib}"))
-            .args(["-luct", "-lucs", "-o"])
-            .arg(&unfinished)
-            .output()
-            .expect("a C compiler (cc) runs");
-        assert!(
-            output.status.success(),
-            "compiling {} failed:\n{}",
-            source.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        fs::rename(&unfinished, &binary).expect("the attacker is renamed into place");
-        binary
+        c_fixtures::compile(
+            &c_fixtures::fixture("raw_uct_peer/raw_uct_peer.c"),
+            "raw_uct_peer",
+            &c_fixtures::against_ucx(&["uct", "ucs"]),
+        )
     })
 }
 
