@@ -35,7 +35,6 @@ use super::replies::ArrivedReply;
 use super::ucp::send_gathered;
 use crate::read_list::{REQUEST_ENTRY_LEN, entries_within};
 use crate::read_protocol::WRITE_LIST_REQUEST_AM_ID;
-use crate::status::PtrStatus;
 
 /// Longest PUT that travels in a write list; a longer one goes alone,
 /// where a list would save little beside its bytes.
@@ -150,26 +149,8 @@ impl Engine {
                 record.cast::<c_void>(),
             )
         };
-        self.events.handed_off();
-        match status {
-            PtrStatus::Pending(_) => {
-                self.events.put_records.borrow_mut().insert(record as usize);
-            }
-            ended => {
-                // SAFETY: made by Box::into_raw above; no callback will run.
-                let record = unsafe { Box::from_raw(record) };
-                let result = match ended {
-                    PtrStatus::Failed(code) => {
-                        Err(super::puts::send_failure(&self.events, peer, code))
-                    }
-                    _ => Ok(()),
-                };
-                let mut writer = self.events.writer.borrow_mut();
-                for &write in &record.writes {
-                    writer.send_ended(write, result.clone());
-                }
-            }
-        }
+        // SAFETY: `record` was just passed to this send.
+        unsafe { self.writes_sent(record, status, peer) };
     }
 }
 

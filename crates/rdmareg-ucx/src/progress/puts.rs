@@ -350,23 +350,39 @@ impl Engine {
                 record.cast::<c_void>(),
             )
         };
+        // SAFETY: `record` was just passed to this send.
+        unsafe { self.writes_sent(record, status, peer) };
+    }
+
+    /// Takes the status of a send of the writes `record` carries: a
+    /// pending send keeps the record for its callback; one that ended in
+    /// the call frees it and tells the writer machine each write's send
+    /// ended, with its error.
+    ///
+    /// # Safety
+    /// `record` comes from `Box::into_raw` and was passed as the user data
+    /// of the send that returned `status`, and of no other.
+    pub(super) unsafe fn writes_sent(
+        &mut self,
+        record: *mut PutSend,
+        status: PtrStatus,
+        peer: PeerId,
+    ) {
         self.events.handed_off();
-        match status {
-            PtrStatus::Pending(_) => {
-                self.events.put_records.borrow_mut().insert(record as usize);
-            }
-            ended => {
-                // SAFETY: made by Box::into_raw above; no callback will run.
-                drop(unsafe { Box::from_raw(record) });
-                let result = match ended {
-                    PtrStatus::Failed(code) => Err(send_failure(&self.events, peer, code)),
-                    _ => Ok(()),
-                };
-                self.events
-                    .writer
-                    .borrow_mut()
-                    .send_ended(posted.id, result);
-            }
+        if let PtrStatus::Pending(_) = status {
+            self.events.put_records.borrow_mut().insert(record as usize);
+            return;
+        }
+        // SAFETY: made by Box::into_raw (the caller's contract); a send
+        // that ended in the call runs no callback.
+        let record = unsafe { Box::from_raw(record) };
+        let result = match status {
+            PtrStatus::Failed(code) => Err(send_failure(&self.events, peer, code)),
+            _ => Ok(()),
+        };
+        let mut writer = self.events.writer.borrow_mut();
+        for &write in &record.writes {
+            writer.send_ended(write, result.clone());
         }
     }
 
