@@ -90,6 +90,37 @@
 //! | 54 | `reply_len` | the writer's fabric address: where the reply goes |
 //! | 54 + `reply_len` | the rest | the bytes to write (the owner refuses the write as malformed unless exactly `length`) |
 //!
+//! # Write lists
+//!
+//! A batch's writes of at most [`WRITE_LIST_ENTRY_MAX`] bytes to one owner
+//! go as one *write list*: one message on [`WRITE_TAG`], a list request's
+//! header with version `4` (entries as there, one per write, in payload
+//! order), the writer's fabric address, then the writes' bytes back to
+//! back, at most [`WRITE_LIST_TOTAL_MAX`] together and the whole message
+//! at most [`WRITE_RECEIVE_MAX`], what a single write's receive takes
+//! (so an owner of any build receives it whole). The writer posts one
+//! receive of a byte per entry for the reply, as for a single write. The
+//! owner judges each entry as a single write at its place in the payload
+//! (the engine kit's write lists: a bad entry is refused alone; lengths
+//! that do not add up to the payload refuse every entry with code `1`, as
+//! a request the owner cannot parse), copies the accepted ones in the same loop turn, and only then
+//! replies: one status byte per entry, `0` when its bytes are in, else its
+//! refusal's code, with tag `request_id`. A writer takes a reply of any
+//! other length, or a refusal tag, as no answer: each entry fails, its
+//! outcome unknown. An owner of a build without write lists drops the
+//! message as malformed, and the writes time out.
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | version, `4` (a write list) |
+//! | 1 | 1 | entry count `n`, 1 to [`MAX_LIST_ENTRIES`] |
+//! | 2 | 2 | zero |
+//! | 4 | 8 | `request_id`, 1 to 2⁴⁸ − 1 |
+//! | 12 | 2 | `reply_len`: length of the writer's fabric address, 1 to 256 |
+//! | 14 | 40 × `n` | entries: `region_id` (8), `capability` (16), `address` (8), `length` (8) |
+//! | 14 + 40 × `n` | `reply_len` | the writer's fabric address |
+//! | then | the rest | the entries' bytes, back to back |
+//!
 //! # Probe
 //!
 //! The four bytes [`PROBE`] with tag [`REQUEST_TAG`] ask nothing and get no
@@ -100,6 +131,13 @@
 use rdmareg_core::RdmaError;
 
 use crate::key::{CAPABILITY_LEN, MAX_FABRIC_ADDRESS};
+
+mod write_lists;
+
+pub use write_lists::{
+    WRITE_LIST_ENTRY_MAX, WRITE_LIST_TOTAL_MAX, WRITE_LIST_VERSION, WriteListRequest,
+    encode_write_list_reply, parse_write_list_reply, write_list_message_len,
+};
 
 /// The request layout version.
 pub const REQUEST_VERSION: u8 = 1;
@@ -143,7 +181,8 @@ pub const WRITE_VERSION: u8 = 3;
 /// Above `tcp;ofi_rxm`'s eager (16 KiB) and segmentation (128 KiB) limits,
 /// so a full chunk travels by rendezvous.
 pub const WRITE_CHUNK_MAX: u64 = 256 << 10;
-/// The longest write message an owner's write receive takes.
+/// The longest write message an owner's write receive takes: a single
+/// write of [`WRITE_CHUNK_MAX`] bytes; a write list is packed within it.
 pub const WRITE_RECEIVE_MAX: usize =
     REQUEST_HEADER_LEN + MAX_FABRIC_ADDRESS + WRITE_CHUNK_MAX as usize;
 /// Receives an engine keeps posted for write messages.
@@ -264,41 +303,47 @@ pub struct ListRequest {
     pub reply_to: Vec<u8>,
 }
 
-impl ListRequest {
-    /// The wire form.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(
-            LIST_HEADER_LEN + self.entries.len() * LIST_ENTRY_LEN + self.reply_to.len(),
-        );
-        out.extend_from_slice(&[LIST_VERSION, self.entries.len() as u8, 0, 0]);
-        out.extend_from_slice(&self.request_id.to_le_bytes());
-        out.extend_from_slice(&(self.reply_to.len() as u16).to_le_bytes());
-        for entry in &self.entries {
+/// A list message's fields before its entries, shared by read lists and
+/// write lists (which differ in their version byte).
+struct ListHeader {
+    request_id: u64,
+    /// Where the entries end and the reply address starts.
+    entries_end: usize,
+    /// Where the reply address ends.
+    reply_end: usize,
+}
+
+impl ListHeader {
+    /// Appends a list's header, its entries and its reply address.
+    fn encode_into(
+        out: &mut Vec<u8>,
+        version: u8,
+        request_id: u64,
+        entries: &[ListEntry],
+        reply_to: &[u8],
+    ) {
+        out.extend_from_slice(&[version, entries.len() as u8, 0, 0]);
+        out.extend_from_slice(&request_id.to_le_bytes());
+        out.extend_from_slice(&(reply_to.len() as u16).to_le_bytes());
+        for entry in entries {
             out.extend_from_slice(&entry.region_id.to_le_bytes());
             out.extend_from_slice(&entry.capability);
             out.extend_from_slice(&entry.address.to_le_bytes());
             out.extend_from_slice(&entry.length.to_le_bytes());
         }
-        out.extend_from_slice(&self.reply_to);
-        out
+        out.extend_from_slice(reply_to);
     }
 
-    /// Decodes untrusted list bytes; `None` for anything malformed: a
-    /// count, length or total out of bounds, missing or trailing bytes.
-    pub fn decode(bytes: &[u8]) -> Option<ListRequest> {
-        if bytes.len() < LIST_HEADER_LEN || bytes.len() > LIST_REQUEST_MAX {
-            return None;
-        }
-        if bytes[0] != LIST_VERSION || bytes[2..4] != [0, 0] {
+    /// Checks the fixed fields of untrusted list bytes of `version`: no
+    /// reserved bit set, 1 to [`MAX_LIST_ENTRIES`] entries, a request id
+    /// of 1 to 2⁴⁸ − 1, a reply address of 1 to 256 bytes, and at least
+    /// the bytes these announce.
+    fn decode(bytes: &[u8], version: u8) -> Option<ListHeader> {
+        if bytes.len() < LIST_HEADER_LEN || bytes[0] != version || bytes[2..4] != [0, 0] {
             return None;
         }
         let count = usize::from(bytes[1]);
-        let u64_at = |at: usize| {
-            let mut raw = [0u8; 8];
-            raw.copy_from_slice(&bytes[at..at + 8]);
-            u64::from_le_bytes(raw)
-        };
-        let request_id = u64_at(4);
+        let request_id = u64_at(bytes, 4);
         let reply_len = usize::from(u16::from_le_bytes([bytes[12], bytes[13]]));
         if count == 0 || count > MAX_LIST_ENTRIES {
             return None;
@@ -307,36 +352,80 @@ impl ListRequest {
             return None;
         }
         let entries_end = LIST_HEADER_LEN + count * LIST_ENTRY_LEN;
-        if reply_len == 0
-            || reply_len > MAX_FABRIC_ADDRESS
-            || bytes.len() != entries_end + reply_len
-        {
+        let reply_end = entries_end + reply_len;
+        if reply_len == 0 || reply_len > MAX_FABRIC_ADDRESS || bytes.len() < reply_end {
             return None;
         }
-        let mut entries = Vec::with_capacity(count);
-        let mut total = 0u64;
-        for at in (LIST_HEADER_LEN..entries_end).step_by(LIST_ENTRY_LEN) {
-            let length = u64_at(at + 32);
-            if length == 0 || length > GATHER_ENTRY_MAX {
-                return None;
-            }
-            total += length;
-            let mut capability = [0u8; CAPABILITY_LEN];
-            capability.copy_from_slice(&bytes[at + 8..at + 24]);
-            entries.push(ListEntry {
-                region_id: u64_at(at),
-                capability,
-                address: u64_at(at + 24),
-                length,
-            });
+        Some(ListHeader {
+            request_id,
+            entries_end,
+            reply_end,
+        })
+    }
+
+    /// The entries of bytes this header was decoded from.
+    fn entries<'a>(&self, bytes: &'a [u8]) -> impl Iterator<Item = ListEntry> + 'a {
+        bytes[LIST_HEADER_LEN..self.entries_end]
+            .chunks_exact(LIST_ENTRY_LEN)
+            .map(|entry| {
+                let mut capability = [0u8; CAPABILITY_LEN];
+                capability.copy_from_slice(&entry[8..24]);
+                ListEntry {
+                    region_id: u64_at(entry, 0),
+                    capability,
+                    address: u64_at(entry, 24),
+                    length: u64_at(entry, 32),
+                }
+            })
+    }
+}
+
+/// The little-endian `u64` at `at` of `bytes`, which holds it.
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut raw = [0u8; 8];
+    raw.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(raw)
+}
+
+impl ListRequest {
+    /// The wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(
+            LIST_HEADER_LEN + self.entries.len() * LIST_ENTRY_LEN + self.reply_to.len(),
+        );
+        ListHeader::encode_into(
+            &mut out,
+            LIST_VERSION,
+            self.request_id,
+            &self.entries,
+            &self.reply_to,
+        );
+        out
+    }
+
+    /// Decodes untrusted list bytes; `None` for anything malformed: a
+    /// count, length or total out of bounds, missing or trailing bytes.
+    pub fn decode(bytes: &[u8]) -> Option<ListRequest> {
+        if bytes.len() > LIST_REQUEST_MAX {
+            return None;
         }
+        let header = ListHeader::decode(bytes, LIST_VERSION)?;
+        if bytes.len() != header.reply_end {
+            return None;
+        }
+        let entries: Vec<ListEntry> = header.entries(bytes).collect();
+        let within = |entry: &ListEntry| (1..=GATHER_ENTRY_MAX).contains(&entry.length);
+        if !entries.iter().all(within) {
+            return None;
+        }
+        let total: u64 = entries.iter().map(|entry| entry.length).sum();
         if total > GATHER_TOTAL_MAX {
             return None;
         }
         Some(ListRequest {
-            request_id,
+            request_id: header.request_id,
             entries,
-            reply_to: bytes[entries_end..].to_vec(),
+            reply_to: bytes[header.entries_end..].to_vec(),
         })
     }
 

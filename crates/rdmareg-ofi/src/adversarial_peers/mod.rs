@@ -28,6 +28,7 @@ mod hostile_consumers;
 mod hostile_owners;
 mod hostile_writers;
 mod resend_attacks;
+mod write_list_deadlines;
 
 /// Provider context space at a stable address.
 #[repr(C)]

@@ -88,6 +88,7 @@ mod sends;
 mod serve;
 mod serve_writes;
 mod teardown;
+mod write_lists;
 mod writes;
 
 /// Completions read per turn.
@@ -407,9 +408,9 @@ struct SendOp {
     probe: bool,
     /// A notice's caller, told when the send ends (`notices`).
     notice_reply: Option<Reply<()>>,
-    /// A write message of this engine's (`writes`): its end is told to the
-    /// writer machine.
-    for_write: Option<WriteId>,
+    /// A write message of this engine's (`writes`), a chunk or a write
+    /// list: its end is told to the writer machine for each write in it.
+    for_writes: Vec<WriteId>,
     /// The destination entry's `AvEntry::connection` when the send was
     /// posted (`None`: not posted).
     connection: Option<u64>,
@@ -434,7 +435,7 @@ impl SendOp {
             for_read: None,
             probe: false,
             notice_reply: None,
-            for_write: None,
+            for_writes: Vec::new(),
             connection: None,
         }
     }
@@ -606,6 +607,9 @@ struct Engine {
     /// The bytes of the write message being admitted: where its payload
     /// lies in the receive buffer, and how long it is (`serve_writes`).
     write_payload: Option<(usize, usize)>,
+    /// The tag of the write list being served (`serve_writes`), for its
+    /// reply while its payload is at hand.
+    write_list_reply: Option<u64>,
     /// Teardown is withdrawing the reads of an endpoint it will park
     /// (see [`Engine::withdraw_for_parking`]): discard receives are posted.
     withdrawing: bool,
@@ -712,6 +716,7 @@ impl Engine {
             next_put: 1,
             completing_writes: false,
             write_payload: None,
+            write_list_reply: None,
             withdrawing: false,
             fabric,
         }
@@ -833,14 +838,7 @@ impl Handler for Engine {
     }
 
     fn put_batch(&mut self, requests: Vec<rdmareg_core::BackendPut>, reply: BatchReply) {
-        if requests.is_empty() {
-            let _ = reply.send(Vec::new());
-            return;
-        }
-        let batch = BatchResults::new(requests.len(), reply);
-        for (index, request) in requests.into_iter().enumerate() {
-            self.start_put(request, Waiter::Batch(Rc::clone(&batch), index));
-        }
+        self.start_put_batch(requests, reply);
     }
 
     fn send_notice(&mut self, peer: PeerId, notice: Bytes, reply: Reply<()>) {

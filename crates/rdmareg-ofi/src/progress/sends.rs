@@ -143,7 +143,7 @@ impl Engine {
                 watch.last_heard = Instant::now();
             }
         }
-        if let Some(write) = send.for_write {
+        if !send.for_writes.is_empty() {
             let ended = match &result {
                 Ok(()) => Ok(()),
                 Err(_) if self.closing => Err(RdmaError::ShuttingDown),
@@ -151,7 +151,9 @@ impl Engine {
                     "ofi: sending the write failed: {text}"
                 ))),
             };
-            self.writer.send_ended(write, ended);
+            for &write in &send.for_writes {
+                self.writer.send_ended(write, ended.clone());
+            }
             self.complete_writes();
         }
         if let Err((code, text)) = result {

@@ -250,10 +250,11 @@ impl Engine {
                     receive,
                     address,
                     length,
+                    payload_offset,
                     ..
                 } => {
                     debug_assert_eq!(endpoint, self.endpoint_of(reply_at));
-                    self.receive_write(receive, address, length);
+                    self.receive_write(receive, address, length, payload_offset);
                 }
                 Action::Acknowledge {
                     endpoint,
@@ -263,6 +264,14 @@ impl Engine {
                 } => {
                     debug_assert_eq!(endpoint, self.endpoint_of(reply_at));
                     self.acknowledge_write(reply_at, send, request_id, length);
+                }
+                Action::AcknowledgeList {
+                    endpoint,
+                    send,
+                    entry_replies,
+                } => {
+                    debug_assert_eq!(endpoint, self.endpoint_of(reply_at));
+                    self.acknowledge_write_list(reply_at, send, &entry_replies);
                 }
                 Action::Unmapped { region } => {
                     if let Some(held) = self.regions.get_mut(&region) {

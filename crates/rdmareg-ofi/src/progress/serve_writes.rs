@@ -16,6 +16,12 @@
 //! (the provider is not asked who sent it, as for lists and on `shm`): a
 //! forged address gets an 8-byte reply its owner has no receive for.
 //!
+//! A write list (`protocol`, "Write lists") lands in the same receives
+//! and goes to the kit's owner whole (`Owner::handle_write_list`): each
+//! accepted entry is copied from its place in the payload in the same
+//! loop turn, and the list's one reply, a status byte per entry, is sent
+//! only after the last copy (`Action::AcknowledgeList`).
+//!
 //! Teardown withdraws the write receives first
 //! ([`Engine::withdraw_write_receives`]) and waits, within its timeout,
 //! until none is posted: over `tcp;ofi_rxm` a write's bytes arrive after
@@ -27,9 +33,21 @@
 
 use std::ffi::c_void;
 
-use rdmareg_engine::served::Write;
+use rdmareg_engine::served::{ListEntryReply, Write, WriteListLimits};
 
-use crate::protocol::{WRITE_RECEIVE_MAX, WRITE_RECEIVES, WRITE_TAG, WriteRequest};
+use crate::protocol::{
+    MAX_LIST_ENTRIES, WRITE_LIST_ENTRY_MAX, WRITE_LIST_TOTAL_MAX, WRITE_LIST_VERSION,
+    WRITE_RECEIVE_MAX, WRITE_RECEIVES, WRITE_TAG, WriteListRequest, WriteRequest,
+    encode_write_list_reply,
+};
+
+/// The bounds this engine's owner holds write lists to: one reply each,
+/// since a tagged message has no header bound.
+const WRITE_LIST_LIMITS: WriteListLimits = WriteListLimits {
+    max_entry: WRITE_LIST_ENTRY_MAX,
+    max_total: WRITE_LIST_TOTAL_MAX,
+    entries_per_reply: MAX_LIST_ENTRIES,
+};
 
 use super::*;
 
@@ -106,6 +124,9 @@ impl Engine {
 
     /// Judges one write message and performs what the owner machine asks.
     fn serve_write(&mut self, bytes: &[u8]) {
+        if bytes.first() == Some(&WRITE_LIST_VERSION) {
+            return self.serve_write_list(bytes);
+        }
         let Some((header, payload)) = WriteRequest::decode(bytes) else {
             tracing::debug!(len = bytes.len(), "a malformed write message was dropped");
             return;
@@ -136,21 +157,64 @@ impl Engine {
         self.write_payload = None;
     }
 
-    /// Performs `Action::Receive`: copies the payload of the write being
-    /// served into `[address, address + length)`, which the owner machine
-    /// admitted, and tells the machine the bytes are in.
+    /// Judges one write list and performs what the owner machine asks:
+    /// every accepted entry's copy, then the list's reply.
+    fn serve_write_list(&mut self, bytes: &[u8]) {
+        let Some((header, payload)) = WriteListRequest::decode(bytes) else {
+            tracing::debug!(len = bytes.len(), "a malformed write list was dropped");
+            return;
+        };
+        let Some(dest) = self.served_peer(&header.reply_to) else {
+            return;
+        };
+        tracing::trace!(
+            request = header.request_id,
+            entries = header.entries.len(),
+            len = payload.len(),
+            "serving a write list"
+        );
+        let endpoint = self.endpoint_of(dest);
+        let writes: Vec<Write> = header
+            .entries
+            .iter()
+            .map(|entry| Write {
+                request_id: header.request_id,
+                region: entry.region_id,
+                capability: entry.capability,
+                address: entry.address,
+                length: entry.length,
+            })
+            .collect();
+        self.give_owner_time();
+        self.write_payload = Some((payload.as_ptr() as usize, payload.len()));
+        self.write_list_reply = Some(header.request_id);
+        self.owner
+            .handle_write_list(endpoint, &writes, payload.len() as u64, WRITE_LIST_LIMITS);
+        self.run_owner_actions(dest);
+        self.write_payload = None;
+        self.write_list_reply = None;
+    }
+
+    /// Performs `Action::Receive`: copies `length` bytes at
+    /// `payload_offset` of the payload being served into
+    /// `[address, address + length)`, which the owner machine admitted,
+    /// and tells the machine the bytes are in.
     pub(super) fn receive_write(
         &mut self,
         receive: rdmareg_engine::served::ReceiveId,
         address: u64,
         length: u64,
+        payload_offset: u64,
     ) {
-        let payload = self
-            .write_payload
-            .take()
-            .filter(|&(_, len)| len as u64 == length);
-        let Some((source, len)) = payload else {
-            // Only `serve_write` admits writes, with its payload at hand.
+        let within = |&(_, len): &(usize, usize)| {
+            payload_offset
+                .checked_add(length)
+                .is_some_and(|end| end <= len as u64)
+        };
+        let Some((payload, _)) = self.write_payload.filter(within) else {
+            // Only `serve_write` and `serve_write_list` admit writes, with
+            // their payload at hand, and the owner machine admits only
+            // places inside it.
             tracing::error!(
                 receive = receive.0,
                 "a write was admitted without its payload"
@@ -158,9 +222,11 @@ impl Engine {
             self.owner.receive_failed(receive);
             return;
         };
-        // SAFETY: the source is `len` bytes of the write receive buffer
-        // `serve_write` is serving from (out of the provider's hands: its
-        // completion was read and it is not posted again until this
+        let (source, len) = (payload + payload_offset as usize, length as usize);
+        // SAFETY: the source is `len` bytes inside the payload of the
+        // write receive buffer `serve_write` or `serve_write_list` is
+        // serving from (checked just above; out of the provider's hands:
+        // its completion was read and it is not posted again until this
         // returns). The destination lies inside a live registration that
         // allows writes and is not being unmapped (the owner machine
         // checked it just now; no unmap runs before this returns), which
@@ -185,6 +251,29 @@ impl Engine {
         self.queue_send(SendOp {
             owner_send: Some(send),
             ..SendOp::owning(reply_at, request_id, length.to_le_bytes().to_vec())
+        });
+    }
+
+    /// Performs `Action::AcknowledgeList`: the write list's reply, a
+    /// status byte per entry, with the list's tag, to `reply_at`. Every
+    /// receive of a list ends in the turn it arrived in, so its answer
+    /// comes while `serve_write_list` still knows its tag.
+    pub(super) fn acknowledge_write_list(
+        &mut self,
+        reply_at: u64,
+        send: SendId,
+        entry_replies: &[ListEntryReply],
+    ) {
+        let Some(request_id) = self.write_list_reply else {
+            tracing::error!("a write list was answered outside the turn it arrived in");
+            self.owner.send_failed(send);
+            return;
+        };
+        let reply =
+            encode_write_list_reply(entry_replies.iter().map(|entry| entry.outcome.map(|_| ())));
+        self.queue_send(SendOp {
+            owner_send: Some(send),
+            ..SendOp::owning(reply_at, request_id, reply)
         });
     }
 }

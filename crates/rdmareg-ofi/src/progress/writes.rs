@@ -35,48 +35,78 @@ pub(super) const WRITE_WINDOW: usize = 4;
 
 /// One put, from its check until its last chunk completed.
 pub(super) struct Put {
-    waiter: Option<Waiter>,
+    pub(super) waiter: Option<Waiter>,
     /// The source region, whose `in_flight` counts this put.
-    region: u64,
-    fi_addr: u64,
-    endpoint: u64,
-    region_id: u64,
-    capability: [u8; CAPABILITY_LEN],
+    pub(super) region: u64,
+    pub(super) fi_addr: u64,
+    pub(super) endpoint: u64,
+    pub(super) region_id: u64,
+    pub(super) capability: [u8; CAPABILITY_LEN],
     /// The target's first byte, as an address in the owner.
-    remote: u64,
+    pub(super) remote: u64,
     /// The source's first byte.
-    source: usize,
-    len: u64,
+    pub(super) source: usize,
+    pub(super) len: u64,
     /// Offset of the next chunk to send.
-    next: u64,
-    in_flight: usize,
-    error: Option<RdmaError>,
-    deadline: Instant,
+    pub(super) next: u64,
+    pub(super) in_flight: usize,
+    pub(super) error: Option<RdmaError>,
+    pub(super) deadline: Instant,
 }
 
-/// One chunk in flight: its reply receive and, until sent, its message.
+/// One message of writes in flight, a chunk or a write list
+/// (`write_lists`): its reply receive and, until sent, its message.
 pub(super) struct WriteOp {
-    context: Box<OpContext>,
-    /// The reply receive's buffer ([`WRITE_REPLY_LEN`] bytes).
-    reply: Vec<u8>,
-    put: u64,
-    write: WriteId,
-    request_id: u64,
-    fi_addr: u64,
-    endpoint: u64,
+    pub(super) context: Box<OpContext>,
+    /// The reply receive's buffer: [`WRITE_REPLY_LEN`] bytes for a chunk,
+    /// a status byte per entry for a list.
+    pub(super) reply: Vec<u8>,
+    /// The writes this message carries that have not completed, each with
+    /// its put.
+    pub(super) writes: Vec<(u64, WriteId)>,
+    /// A write list's entries as sent, in the reply's order, with their
+    /// lengths; empty for a chunk.
+    pub(super) listed: Vec<(WriteId, u64)>,
+    pub(super) request_id: u64,
+    pub(super) fi_addr: u64,
+    pub(super) endpoint: u64,
     /// The message, until its send is queued.
-    message: Option<Vec<u8>>,
+    pub(super) message: Option<Vec<u8>>,
     /// The reply receive is posted and has not ended.
-    receiving: bool,
+    pub(super) receiving: bool,
+}
+
+impl WriteOp {
+    /// The writes the message carries: their sends end with its send.
+    fn sent(&self) -> Vec<WriteId> {
+        if self.listed.is_empty() {
+            self.writes.iter().map(|&(_, write)| write).collect()
+        } else {
+            self.listed.iter().map(|&(write, _)| write).collect()
+        }
+    }
 }
 
 impl Engine {
     /// Checks a put and starts its first chunks, or completes `waiter`
     /// with the error.
     pub(super) fn start_put(&mut self, request: BackendPut, waiter: Waiter) {
-        let put = match self.check_put(&request) {
+        if let Some(id) = self.open_put(&request, waiter) {
+            self.send_chunks(id);
+            self.complete_writes();
+        }
+    }
+
+    /// Checks a put and holds what it needs (its source region, its
+    /// peer's entry) until it completes; `None` when the check failed and
+    /// `waiter` was completed with the error. Nothing is sent yet.
+    pub(super) fn open_put(&mut self, request: &BackendPut, waiter: Waiter) -> Option<u64> {
+        let put = match self.check_put(request) {
             Ok(put) => put,
-            Err(err) => return complete(waiter, Err(err)),
+            Err(err) => {
+                complete(waiter, Err(err));
+                return None;
+            }
         };
         let (fi_addr, endpoint, region_id, capability, source) = put;
         if let Some(region) = self.regions.get_mut(&request.local_region_id) {
@@ -109,8 +139,7 @@ impl Engine {
                 deadline,
             },
         );
-        self.send_chunks(id);
-        self.complete_writes();
+        Some(id)
     }
 
     /// Everything a put is checked against before anything is sent: the
@@ -159,7 +188,7 @@ impl Engine {
 
     /// Starts chunks of put `id` while it is under its window, has bytes
     /// left and no chunk failed.
-    fn send_chunks(&mut self, id: u64) {
+    pub(super) fn send_chunks(&mut self, id: u64) {
         loop {
             let Some(put) = self.puts.get_mut(&id) else {
                 return;
@@ -207,8 +236,8 @@ impl Engine {
                 WriteOp {
                     context,
                     reply: vec![0; WRITE_REPLY_LEN],
-                    put: id,
-                    write: posted.id,
+                    writes: vec![(id, posted.id)],
+                    listed: Vec::new(),
                     request_id,
                     fi_addr,
                     endpoint,
@@ -216,20 +245,26 @@ impl Engine {
                     receiving: false,
                 },
             );
-            if self
-                .write_ops
-                .get(&at)
-                .is_some_and(|op| op.message.is_some())
-                && !self.post_write(at)
-            {
-                self.unposted_writes.push_back(at);
-            }
+            self.post_or_queue_write(at);
         }
     }
 
-    /// Posts the reply receive of the chunk at `at`, then queues its
+    /// Posts the message of the op at `at` (if it has one), or queues it
+    /// until the provider takes it.
+    pub(super) fn post_or_queue_write(&mut self, at: usize) {
+        if self
+            .write_ops
+            .get(&at)
+            .is_some_and(|op| op.message.is_some())
+            && !self.post_write(at)
+        {
+            self.unposted_writes.push_back(at);
+        }
+    }
+
+    /// Posts the reply receive of the message at `at`, then queues the
     /// message; `false` when the provider asks to post later. A receive
-    /// that cannot be posted ends the chunk's send in error.
+    /// that cannot be posted ends its writes' sends in error.
     fn post_write(&mut self, at: usize) -> bool {
         let Some(op) = self.write_ops.get_mut(&at) else {
             return true;
@@ -254,10 +289,10 @@ impl Engine {
         match posted {
             Ok(true) => {
                 op.receiving = true;
-                let (write, fi_addr) = (op.write, op.fi_addr);
+                let (sent, fi_addr) = (op.sent(), op.fi_addr);
                 if let Some(message) = op.message.take() {
                     self.queue_send(SendOp {
-                        for_write: Some(write),
+                        for_writes: sent,
                         ..SendOp::owning(fi_addr, WRITE_TAG, message)
                     });
                 }
@@ -266,8 +301,9 @@ impl Engine {
             Ok(false) => false,
             Err(err) => {
                 op.message = None;
-                let write = op.write;
-                self.writer.send_ended(write, Err(err));
+                for write in op.sent() {
+                    self.writer.send_ended(write, Err(err.clone()));
+                }
                 self.complete_writes();
                 true
             }
@@ -297,8 +333,14 @@ impl Engine {
         let Some(op) = self.write_ops.get_mut(&at) else {
             return;
         };
+        if !op.listed.is_empty() {
+            return self.write_list_reply_arrived(at, result);
+        }
         op.receiving = false;
-        let request_id = op.write.0;
+        let Some(&(_, write)) = op.writes.first() else {
+            return;
+        };
+        let request_id = write.0;
         let (outcome, payload) = match result {
             Ok((len, tag, _)) => match refusal_of_tag(tag) {
                 Some(refusal) => (
@@ -349,18 +391,20 @@ impl Engine {
         self.completing_writes = true;
         while let Some(completion) = self.writer.poll_completion() {
             let at = completion.value;
-            let Some(mut op) = self.write_ops.remove(&at) else {
+            let Some(op) = self.write_ops.get_mut(&at) else {
                 continue;
             };
-            self.unposted_writes.retain(|&queued| queued != at);
-            if op.receiving {
-                // No reply will be taken: withdraw the receive; its buffer
-                // stays with the discards until the provider gives it back.
-                let context = (&raw mut op.context.space).cast::<c_void>();
-                self.fabric.cancel(context);
-                self.discards.insert(at, (op.context, op.reply));
+            let Some(position) = op
+                .writes
+                .iter()
+                .position(|&(_, write)| write == completion.write)
+            else {
+                continue;
+            };
+            let (put_id, _) = op.writes.swap_remove(position);
+            if op.writes.is_empty() {
+                self.drop_write_op(at);
             }
-            let put_id = op.put;
             let Some(put) = self.puts.get_mut(&put_id) else {
                 continue;
             };
@@ -372,6 +416,22 @@ impl Engine {
             self.finish_put_if_done(put_id);
         }
         self.completing_writes = false;
+    }
+
+    /// Forgets the message at `at`, whose writes all completed: it is no
+    /// longer posted later, and a reply receive still posted is withdrawn
+    /// (no reply will be taken) and its buffer kept with the discards
+    /// until the provider gives it back.
+    fn drop_write_op(&mut self, at: usize) {
+        let Some(mut op) = self.write_ops.remove(&at) else {
+            return;
+        };
+        self.unposted_writes.retain(|&queued| queued != at);
+        if op.receiving {
+            let context = (&raw mut op.context.space).cast::<c_void>();
+            self.fabric.cancel(context);
+            self.discards.insert(at, (op.context, op.reply));
+        }
     }
 
     fn finish_put_if_done(&mut self, id: u64) {
@@ -392,24 +452,35 @@ impl Engine {
         }
     }
 
-    /// Chunks past their deadline: one still waiting for its reply fails
-    /// with `Timeout`; one whose message was never handed to the provider
-    /// ends now; so does one the provider is still sending, since its
-    /// message is the engine's own copy (the send keeps it until the
-    /// provider lets go) and the caller's source is no longer read.
+    /// Writes past their deadline fail with `Timeout`, each alone,
+    /// whether their message is waiting for its reply, still being sent
+    /// or not yet handed to the provider: it is the engine's own copy (a
+    /// send keeps it until the provider lets go), so the caller's source
+    /// is no longer read. A message not yet handed to the provider is
+    /// dropped once no write in it is waiting any more; one shared with a
+    /// write list's live entries still goes, so those keep their own
+    /// deadlines, and the expired entry's bytes may land as an expired
+    /// chunk's may.
     pub(super) fn expire_writes(&mut self, now: Instant) {
         for WriteTimeout::StopSend { write, .. } in self.writer.handle_timeout(now) {
+            self.writer.send_ended(write, Err(RdmaError::Timeout));
             let queued = self.unsent.iter().copied().find(|at| {
                 self.sends
                     .get(at)
-                    .is_some_and(|s| s.for_write == Some(write))
+                    .is_some_and(|s| s.for_writes.contains(&write))
             });
-            if let Some(at) = queued {
+            let Some(at) = queued else {
+                continue;
+            };
+            let waited = self.sends.get(&at).is_some_and(|send| {
+                send.for_writes
+                    .iter()
+                    .any(|&other| self.writer.value(other).is_some())
+            });
+            if !waited {
                 self.unsent.retain(|&queued| queued != at);
                 self.send_done(at, Err((0, "past its deadline before it was sent".into())));
-                continue;
             }
-            self.writer.send_ended(write, Err(RdmaError::Timeout));
         }
         self.complete_writes();
     }
@@ -423,7 +494,7 @@ impl Engine {
             .write_ops
             .values()
             .filter(|op| op.fi_addr == fi_addr && op.message.is_none())
-            .map(|op| op.write)
+            .flat_map(WriteOp::sent)
             .collect();
         for write in sending {
             self.writer.send_ended(write, Err(error.clone()));
@@ -455,14 +526,15 @@ impl Engine {
         for at in std::mem::take(&mut self.unposted_writes) {
             if let Some(op) = self.write_ops.get_mut(&at) {
                 op.message = None;
-                let write = op.write;
-                self.writer.send_ended(write, Err(RdmaError::ShuttingDown));
+                for write in op.sent() {
+                    self.writer.send_ended(write, Err(RdmaError::ShuttingDown));
+                }
             }
         }
         let sending: Vec<WriteId> = self
             .sends
             .values()
-            .filter_map(|send| send.for_write)
+            .flat_map(|send| send.for_writes.iter().copied())
             .collect();
         for write in sending {
             self.writer.send_ended(write, Err(RdmaError::ShuttingDown));
@@ -476,9 +548,11 @@ impl Engine {
                 if op.receiving {
                     self.discards.insert(at, (op.context, op.reply));
                 }
-                if let Some(put) = self.puts.get_mut(&op.put) {
-                    put.in_flight = put.in_flight.saturating_sub(1);
-                    put.error.get_or_insert(RdmaError::ShuttingDown);
+                for (put_id, _) in op.writes {
+                    if let Some(put) = self.puts.get_mut(&put_id) {
+                        put.in_flight = put.in_flight.saturating_sub(1);
+                        put.error.get_or_insert(RdmaError::ShuttingDown);
+                    }
                 }
             }
         }
