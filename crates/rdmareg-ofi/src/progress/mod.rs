@@ -13,7 +13,8 @@
 //! handles completions, and cancels the receives of reads past their
 //! deadline. Parking asks `fi_trywait` and `poll`s the doorbell and the
 //! completion queue's wait descriptor, for at most the park timeout, or
-//! [`BUSY_PARK`] while reads of this engine are in flight.
+//! [`BUSY_PARK`] while reads of this engine are in flight or, without a
+//! wait descriptor, for [`RECENT_WORK`] after a turn did work.
 //!
 //! # Serving reads
 //!
@@ -107,6 +108,11 @@ const WITHDRAW_MIN: Duration = Duration::from_millis(100);
 const SENDS_IDLE_MAX: Duration = Duration::from_secs(1);
 /// How long a parked loop sleeps while reads of its own are in flight.
 const BUSY_PARK: Duration = Duration::from_micros(20);
+/// How long after its last work a loop with no wait descriptor (`shm`)
+/// still parks for only [`BUSY_PARK`]: nothing wakes it when a peer's
+/// message arrives, so a park of the full timeout would hold a peer's
+/// next request, typically a moment after the last reply, that long.
+const RECENT_WORK: Duration = Duration::from_millis(2);
 /// How many times a read asks its owner again when the owner could not
 /// name its sender (`Refusal::Unverified`). One is enough for a new
 /// consumer; an owner that forgot a connected consumer may refuse the
@@ -583,6 +589,8 @@ struct Engine {
     unreachable_after: Duration,
     /// When the watch is next looked at.
     next_watch: Instant,
+    /// When a turn last did work (see [`RECENT_WORK`]).
+    last_worked: Instant,
     /// The longest list reply this engine asks for (bytes).
     list_reply_max: usize,
     next_request_id: u64,
@@ -700,6 +708,7 @@ impl Engine {
             watch: HashMap::new(),
             unreachable_after: config.unreachable_after,
             next_watch: Instant::now(),
+            last_worked: Instant::now(),
             list_reply_max: if config.provider == Provider::Shm {
                 SHM_LIST_REPLY_MAX
             } else {
@@ -753,6 +762,9 @@ impl Engine {
         if writing {
             self.expire_writes(Instant::now());
         }
+        if worked && self.fabric.wait_fd.is_none() {
+            self.last_worked = Instant::now();
+        }
         worked
     }
 
@@ -777,8 +789,10 @@ impl Engine {
             bell.unpark();
             return;
         }
-        let busy =
-            self.consumer.in_flight() > 0 || self.writer.in_flight() > 0 || !self.sends.is_empty();
+        let busy = self.consumer.in_flight() > 0
+            || self.writer.in_flight() > 0
+            || !self.sends.is_empty()
+            || (self.fabric.wait_fd.is_none() && self.last_worked.elapsed() < RECENT_WORK);
         let mut timeout = if busy {
             BUSY_PARK
         } else {
