@@ -7,8 +7,9 @@
 //! This module holds the harness; the attacks are in `hostile_consumers`
 //! (requests an owner must check), `hostile_owners` (replies a consumer
 //! must check, and owners that stall or vanish), `hostile_writers` (write
-//! messages an owner must check, and a writer killed mid-PUT) and
-//! `resend_attacks`.
+//! messages an owner must check, and a writer killed mid-PUT),
+//! `hostile_write_lists` (write lists an owner must check, and list replies
+//! a writer must check) and `resend_attacks`.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -26,6 +27,7 @@ use crate::{OfiConfig, Provider};
 
 mod hostile_consumers;
 mod hostile_owners;
+mod hostile_write_lists;
 mod hostile_writers;
 mod resend_attacks;
 mod write_list_deadlines;
@@ -432,6 +434,12 @@ struct HostileOwnerSetup {
 
 impl HostileOwnerSetup {
     fn new(provider: Provider, dst_len: usize) -> HostileOwnerSetup {
+        HostileOwnerSetup::with_memory(provider, Memory::filled(dst_len, 0))
+    }
+
+    /// As [`new`](Self::new), with `dst` as the consumer's registration
+    /// (the source of its puts, in the write tests).
+    fn with_memory(provider: Provider, dst: Memory) -> HostileOwnerSetup {
         let rt = runtime();
         let config = config(provider);
         let mut owner = RawPeer::open(&config);
@@ -439,7 +447,6 @@ impl HostileOwnerSetup {
         consumer.add_peer(PeerId(1), owner.address()).unwrap();
         let to_consumer = owner.insert(&consumer.fabric_address());
         let key = raw_owner_key(owner.address(), 1 << 20);
-        let dst = Memory::filled(dst_len, 0);
         let dst_region = dst.map(&rt, &consumer.backend());
         HostileOwnerSetup {
             rt,
