@@ -19,4 +19,5 @@ mod provider_facts;
 mod refusal_codes;
 mod stale_shm_region;
 mod stalled_connection_reset;
+mod write_lists;
 mod writes;
