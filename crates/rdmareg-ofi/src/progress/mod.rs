@@ -612,12 +612,9 @@ struct Engine {
     next_put: u64,
     /// `complete_writes` is running (a send it starts may end at once).
     completing_writes: bool,
-    /// The bytes of the write message being admitted: where its payload
-    /// lies in the receive buffer, and how long it is (`serve_writes`).
-    write_payload: Option<(usize, usize)>,
-    /// The tag of the write list being served (`serve_writes`), for its
-    /// reply while its payload is at hand.
-    write_list_reply: Option<u64>,
+    /// The write message or write list being judged, while its payload
+    /// is at hand (`serve_writes`).
+    serving_write: Option<serve_writes::ServingWrite>,
     /// Teardown is withdrawing the reads of an endpoint it will park
     /// (see [`Engine::withdraw_for_parking`]): discard receives are posted.
     withdrawing: bool,
@@ -724,8 +721,7 @@ impl Engine {
             puts: HashMap::new(),
             next_put: 1,
             completing_writes: false,
-            write_payload: None,
-            write_list_reply: None,
+            serving_write: None,
             withdrawing: false,
             fabric,
         }

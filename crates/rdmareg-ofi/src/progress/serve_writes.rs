@@ -41,6 +41,16 @@ use crate::protocol::{
     encode_write_list_reply,
 };
 
+/// A write message or write list being judged: where its payload lies in
+/// the receive buffer being served, and, for a list, the tag its reply
+/// goes with. Set only while `Engine::judge_write` runs.
+#[derive(Clone, Copy)]
+pub(super) struct ServingWrite {
+    payload: usize,
+    len: usize,
+    list_reply: Option<u64>,
+}
+
 /// The bounds this engine's owner holds write lists to: one reply each,
 /// since a tagged message has no header bound.
 const WRITE_LIST_LIMITS: WriteListLimits = WriteListLimits {
@@ -139,22 +149,16 @@ impl Engine {
             len = header.length,
             "serving a write"
         );
-        let endpoint = self.endpoint_of(dest);
-        self.give_owner_time();
-        self.write_payload = Some((payload.as_ptr() as usize, payload.len()));
-        self.owner.handle_write(
-            endpoint,
-            Write {
-                request_id: header.request_id,
-                region: header.region_id,
-                capability: header.capability,
-                address: header.address,
-                length: header.length,
-            },
-            payload.len() as u64,
-        );
-        self.run_owner_actions(dest);
-        self.write_payload = None;
+        let write = Write {
+            request_id: header.request_id,
+            region: header.region_id,
+            capability: header.capability,
+            address: header.address,
+            length: header.length,
+        };
+        self.judge_write(dest, payload, None, |owner, endpoint| {
+            owner.handle_write(endpoint, write, payload.len() as u64);
+        });
     }
 
     /// Judges one write list and performs what the owner machine asks:
@@ -173,7 +177,6 @@ impl Engine {
             len = payload.len(),
             "serving a write list"
         );
-        let endpoint = self.endpoint_of(dest);
         let writes: Vec<Write> = header
             .entries
             .iter()
@@ -185,14 +188,33 @@ impl Engine {
                 length: entry.length,
             })
             .collect();
+        let list_reply = Some(header.request_id);
+        self.judge_write(dest, payload, list_reply, |owner, endpoint| {
+            owner.handle_write_list(endpoint, &writes, payload.len() as u64, WRITE_LIST_LIMITS);
+        });
+    }
+
+    /// Hands a write or write list from `dest` to the owner machine
+    /// (`judge`, given the endpoint) and performs what it asks, with
+    /// `payload` at hand for its receives (and `list_reply` for a list's
+    /// answer) until then.
+    fn judge_write(
+        &mut self,
+        dest: u64,
+        payload: &[u8],
+        list_reply: Option<u64>,
+        judge: impl FnOnce(&mut Owner<u64>, u64),
+    ) {
+        let endpoint = self.endpoint_of(dest);
         self.give_owner_time();
-        self.write_payload = Some((payload.as_ptr() as usize, payload.len()));
-        self.write_list_reply = Some(header.request_id);
-        self.owner
-            .handle_write_list(endpoint, &writes, payload.len() as u64, WRITE_LIST_LIMITS);
+        self.serving_write = Some(ServingWrite {
+            payload: payload.as_ptr() as usize,
+            len: payload.len(),
+            list_reply,
+        });
+        judge(&mut self.owner, endpoint);
         self.run_owner_actions(dest);
-        self.write_payload = None;
-        self.write_list_reply = None;
+        self.serving_write = None;
     }
 
     /// Performs `Action::Receive`: copies `length` bytes at
@@ -206,12 +228,12 @@ impl Engine {
         length: u64,
         payload_offset: u64,
     ) {
-        let within = |&(_, len): &(usize, usize)| {
+        let within = |serving: &ServingWrite| {
             payload_offset
                 .checked_add(length)
-                .is_some_and(|end| end <= len as u64)
+                .is_some_and(|end| end <= serving.len as u64)
         };
-        let Some((payload, _)) = self.write_payload.filter(within) else {
+        let Some(ServingWrite { payload, .. }) = self.serving_write.filter(within) else {
             // Only `serve_write` and `serve_write_list` admit writes, with
             // their payload at hand, and the owner machine admits only
             // places inside it.
@@ -264,7 +286,7 @@ impl Engine {
         send: SendId,
         entry_replies: &[ListEntryReply],
     ) {
-        let Some(request_id) = self.write_list_reply else {
+        let Some(request_id) = self.serving_write.and_then(|serving| serving.list_reply) else {
             tracing::error!("a write list was answered outside the turn it arrived in");
             self.owner.send_failed(send);
             return;
