@@ -411,11 +411,12 @@ impl UcxConfig {
         })
     }
 
-    /// Whether served reads may go in chunks over tcp
+    /// Whether served reads and writes may go in chunks over tcp
     /// (`progress::chunks`): the chunks are sized for UCX's rendezvous
     /// threshold and 64 KiB tcp segments, so an operator who sets either
-    /// (or UCX's older protocols) gets reads whole.
-    pub(crate) fn reads_in_chunks_allowed(&self, env_sets: impl Fn(&str) -> bool) -> bool {
+    /// (or UCX's older protocols) gets reads whole and writes in chunks of
+    /// 1 MiB.
+    pub(crate) fn fragment_chunks_allowed(&self, env_sets: impl Fn(&str) -> bool) -> bool {
         const SHAPING: [&str; 4] = [
             "RNDV_THRESH",
             "TCP_TX_SEG_SIZE",
@@ -462,10 +463,10 @@ impl UcxConfig {
         self.tcp_ranges_per_zero_copy_fragment(environment_value)
     }
 
-    /// [`Self::reads_in_chunks_allowed`] against the real process
+    /// [`Self::fragment_chunks_allowed`] against the real process
     /// environment.
-    pub(crate) fn reads_in_chunks_allowed_by_env(&self) -> bool {
-        self.reads_in_chunks_allowed(environment_sets)
+    pub(crate) fn fragment_chunks_allowed_by_env(&self) -> bool {
+        self.fragment_chunks_allowed(environment_sets)
     }
 
     /// [`Self::ucx_settings`] against the real process environment.
@@ -744,9 +745,9 @@ mod tests {
     }
 
     #[test]
-    fn reads_go_in_chunks_unless_the_operator_shapes_ucxs_protocols() {
+    fn chunks_are_used_unless_the_operator_shapes_ucxs_protocols() {
         let config = UcxConfig::default();
-        assert!(config.reads_in_chunks_allowed(|_| false));
+        assert!(config.fragment_chunks_allowed(|_| false));
         for key in [
             "RNDV_THRESH",
             "TCP_TX_SEG_SIZE",
@@ -754,16 +755,16 @@ mod tests {
             "PROTO_ENABLE",
         ] {
             assert!(
-                !config.reads_in_chunks_allowed(|set| set == key),
+                !config.fragment_chunks_allowed(|set| set == key),
                 "{key} in the environment"
             );
             let set_here = UcxConfig::default().with_ucx_setting(key, "8K");
             assert!(
-                !set_here.reads_in_chunks_allowed(|_| false),
+                !set_here.fragment_chunks_allowed(|_| false),
                 "{key} set on the config"
             );
         }
-        assert!(config.reads_in_chunks_allowed(|set| set == "TLS"));
+        assert!(config.fragment_chunks_allowed(|set| set == "TLS"));
     }
 
     #[test]

@@ -14,7 +14,8 @@ use rdmareg_tests::{KIB, Lane, MIB, OWNER, Pair, assert_same_bytes, expected, re
 const UNTOUCHED: u8 = 0x5A;
 
 /// The sizes written: below a tcp segment, one segment, and several
-/// chunks of every backend (UCX 1 MiB, libfabric 256 KiB).
+/// chunks of every backend (UCX 60 KiB over tcp and 1 MiB, libfabric
+/// 256 KiB).
 const SIZES: [usize; 5] = [1, 4 * KIB, 64 * KIB, MIB, 8 * MIB];
 
 per_lane!(

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use rdmareg_registry::{Access, Descriptor, RdmaError, RdmaRegistry, RegionGuard};
 use rdmareg_tests::{KIB, Lane, MIB, OWNER, Pair, expected, registry_config, within};
+use rdmareg_ucx::Transport;
 
 /// Every attack over UCX tcp, UCX same-host and libfabric tcp.
 macro_rules! attack {
@@ -43,9 +44,12 @@ const GUARD: usize = 64 * KIB;
 /// Longest any single wait may take before it counts as a hang.
 const HANG: Duration = Duration::from_secs(20);
 
-/// The unit a served write lands whole in, per lane.
-fn chunk_of(lane: &Lane) -> usize {
+/// The unit a served PUT of `len` bytes lands whole in, per lane: over
+/// UCX's tcp a PUT of more than 256 KiB and at most 4 MiB goes in 60 KiB
+/// chunks, every other UCX PUT in chunks of 1 MiB.
+fn chunk_of(lane: &Lane, len: usize) -> usize {
     match lane {
+        Lane::Ucx(Transport::Tcp) if len > 256 * KIB && len <= 4 * MIB => 60 * KIB,
         Lane::Ucx(_) => MIB,
         Lane::Ofi(_) => 256 * KIB,
     }
@@ -284,7 +288,7 @@ async fn nothing_lands_once_the_unregister_returned(lane: Lane) {
                 "{lane:?} round {round}"
             );
         }
-        whole_chunks(&now[GUARD..GUARD + len], chunk_of(&lane), &seeds)
+        whole_chunks(&now[GUARD..GUARD + len], chunk_of(&lane, len), &seeds)
             .unwrap_or_else(|e| panic!("{lane:?} round {round}: {e}"));
         assert!(
             now[..GUARD]
@@ -389,7 +393,7 @@ async fn a_cancelled_put_never_reads_its_source_after_handing_it_back(lane: Lane
     )
     .await
     .expect("unregistered");
-    whole_chunks(&bytes, chunk_of(&lane), &seeds).unwrap_or_else(|e| panic!("{lane:?}: {e}"));
+    whole_chunks(&bytes, chunk_of(&lane, len), &seeds).unwrap_or_else(|e| panic!("{lane:?}: {e}"));
     pair.shut_down(Duration::from_secs(5)).await;
 }
 
@@ -487,7 +491,8 @@ async fn the_consumer_shutting_down_mid_put_answers_it(lane: Lane) {
         )
         .await
         .unwrap();
-        whole_chunks(&bytes, chunk_of(&lane), &[7]).unwrap_or_else(|e| panic!("{lane:?}: {e}"));
+        whole_chunks(&bytes, chunk_of(&lane, len), &[7])
+            .unwrap_or_else(|e| panic!("{lane:?}: {e}"));
         if result.is_ok() {
             assert!(
                 bytes[..] == expected(7, 0, len)[..],
@@ -515,7 +520,8 @@ async fn the_target_of_a_writer_gone_mid_put_lists_the_chunks_that_landed(lane: 
     // owner's log: every write is served here.
     let pair = Pair::start_with(lane.engine_config_serving_every_write(), registry_config());
     let (owner, consumer) = (&pair.owner.registry, &pair.consumer.registry);
-    let chunk = chunk_of(&lane);
+    // Over UCX a PUT of five 1 MiB chunks is longer than any cut finer.
+    let chunk = chunk_of(&lane, 5 * MIB);
     let len = 5 * chunk;
     let mut partial = 0;
     for (round, delay) in [0u64, 100, 300, 1000, 3000].into_iter().enumerate() {

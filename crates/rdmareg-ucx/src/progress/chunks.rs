@@ -1,4 +1,4 @@
-//! Which served reads over tcp are asked in chunks of one reply fragment
+//! Which served reads and writes over tcp go in chunks of one fragment
 //! each, and how they are cut.
 //!
 //! UCX 1.22 sends a reply longer than one tcp fragment but below its
@@ -13,13 +13,26 @@
 //!   chunk does (`results`).
 //! - Only while fewer than [`SPLIT_WHILE_FEWER_THAN`] reads are in flight:
 //!   each chunk counts against the owner's bound on unfinished replies.
-//! - Only with UCX's own thresholds (`UcxConfig::reads_in_chunks_allowed`):
+//! - Only with UCX's own thresholds (`UcxConfig::fragment_chunks_allowed`):
 //!   with a low rendezvous threshold the chunks themselves would go by
 //!   rendezvous. Only the consumer's settings are visible here.
 //! - In a list of two reads or more, a read longer than
 //!   [`MAX_GATHERED_ENTRY`] and at most twice it goes in two chunks, the
 //!   first of that bound, batched with the list's other small reads
 //!   (`read_lists`). A lone read of that size goes whole.
+//!
+//! # Writes
+//!
+//! A write is always eager (`puts`), so a PUT longer than one fragment
+//! arrives in several, is assembled by the owner's UCX and copied again
+//! into the registration. A PUT longer than [`SHORTEST_WRITE_SPLIT`] and
+//! at most [`LONGEST_WRITE_SPLIT`] goes in chunks of [`CHUNK`] bytes, each
+//! a write of its own that arrives in one fragment and is copied once, on
+//! the same conditions as reads: an endpoint whose every lane is tcp,
+//! UCX's own segment sizes, and fewer than [`SPLIT_WHILE_FEWER_THAN`]
+//! writes in flight. Shorter PUTs gain nothing measurable from the cut,
+//! and longer ones go in chunks of `puts::WRITE_CHUNK`, so that one PUT
+//! never holds more than a few dozen chunks in flight.
 
 use crate::read_list::MAX_GATHERED_ENTRY;
 
@@ -31,6 +44,8 @@ pub(super) const ONE_FRAGMENT: usize = 65_520;
 /// Largest chunk: one fragment, with room to spare, and 15 pages, so that
 /// every chunk starts page-aligned when the read does.
 pub(super) const CHUNK: usize = 60 * 1024;
+// A write chunk and its request header fit one fragment too.
+const _: () = assert!(CHUNK + rdmareg_engine::served::wire::REQUEST_LEN <= ONE_FRAGMENT);
 /// Largest read that is split: the longest reply UCX 1.22 sends eager over
 /// tcp by default; longer replies go by rendezvous, straight into the
 /// destination.
@@ -40,8 +55,20 @@ pub(super) const LARGEST_SPLIT: usize = 273_738;
 pub(super) const LIST_CHUNK: usize = MAX_GATHERED_ENTRY as usize;
 /// Longest read of a list that is split to be batched: two chunks.
 pub(super) const LONGEST_LIST_SPLIT: usize = 2 * LIST_CHUNK;
-/// Reads in flight (chunks included) from which reads go whole.
+/// Reads in flight (chunks included) from which reads go whole; writes in
+/// flight from which PUTs go in chunks of `puts::WRITE_CHUNK`.
 pub(super) const SPLIT_WHILE_FEWER_THAN: usize = 1024;
+/// PUTs of at most this many bytes are not cut into fragment-sized chunks.
+pub(super) const SHORTEST_WRITE_SPLIT: usize = 256 * 1024;
+/// Longest PUT cut into fragment-sized chunks: 70 of them.
+pub(super) const LONGEST_WRITE_SPLIT: usize = 4 << 20;
+
+/// The chunk length a PUT of `len` bytes goes in over an endpoint that
+/// allows fragment-sized chunks, or `None` if it goes in chunks of
+/// `puts::WRITE_CHUNK`.
+pub(super) fn write_chunk(len: usize) -> Option<usize> {
+    (len > SHORTEST_WRITE_SPLIT && len <= LONGEST_WRITE_SPLIT).then_some(CHUNK)
+}
 
 /// The chunks a read of `len` bytes is asked in, or `None` if it goes whole.
 ///
@@ -116,6 +143,17 @@ mod tests {
                     .all(|&(_, chunk)| chunk == CHUNK)
             );
         }
+    }
+
+    #[test]
+    fn puts_over_256_kib_up_to_4_mib_are_cut_into_chunks() {
+        for len in [1, CHUNK, ONE_FRAGMENT + 1, SHORTEST_WRITE_SPLIT] {
+            assert_eq!(write_chunk(len), None, "{len}");
+        }
+        for len in [SHORTEST_WRITE_SPLIT + 1, 1 << 20, LONGEST_WRITE_SPLIT] {
+            assert_eq!(write_chunk(len), Some(CHUNK), "{len}");
+        }
+        assert_eq!(write_chunk(LONGEST_WRITE_SPLIT + 1), None);
     }
 
     #[test]

@@ -140,7 +140,7 @@ impl Engine {
                     serial,
                     error_context,
                     // One-sided reads: no replies to split.
-                    reads_in_chunks: false,
+                    fragment_chunks: false,
                 });
                 Some((handle, serial))
             }

@@ -96,7 +96,7 @@ pub(crate) struct Events {
     /// Whether this engine, as an owner, replies to a list in replies of at
     /// most one tcp fragment each on tcp-only connections (`read_lists`); off
     /// where the operator shapes UCX's protocols
-    /// (`UcxConfig::reads_in_chunks_allowed`).
+    /// (`UcxConfig::fragment_chunks_allowed`).
     pub(crate) fragment_sized_replies: Cell<bool>,
     /// The transport list leaves a peer no lane but tcp
     /// (`UcxSettings::every_lane_is_tcp`), so list replies go one tcp

@@ -83,8 +83,8 @@ pub(crate) struct StartInfo {
 struct Settings {
     timings: Timings,
     peer_error_handling: bool,
-    /// Whether reads may go in chunks at all (`chunks`).
-    reads_in_chunks: bool,
+    /// Whether reads and writes may go in chunks at all (`chunks`).
+    fragment_chunks: bool,
     /// Whether writable registrations get writable same-host keys
     /// (`regions`); see `UcxConfig::same_host_direct_writes`.
     direct_writes: bool,
@@ -230,8 +230,8 @@ impl Engine {
         events.notices = Some(Arc::clone(&signals.notices));
         // Chunked reads and fragment-sized list replies both need UCX's tcp
         // protocols to be the engine's own.
-        let reads_in_chunks = config.reads_in_chunks_allowed_by_env();
-        events.fragment_sized_replies.set(reads_in_chunks);
+        let fragment_chunks = config.fragment_chunks_allowed_by_env();
+        events.fragment_sized_replies.set(fragment_chunks);
         events.every_lane_is_tcp.set(settings.every_lane_is_tcp());
         events
             .tcp_ranges_per_zero_copy_fragment
@@ -326,7 +326,7 @@ impl Engine {
                 },
                 peer_error_handling: config.transport.peer_error_handling(),
                 direct_writes: config.same_host_direct_writes,
-                reads_in_chunks,
+                fragment_chunks,
             },
             signals,
             page_size,

@@ -60,10 +60,10 @@ pub(crate) struct Endpoint {
     /// in read ops, so nothing confuses it with its successor.
     pub(crate) serial: u64,
     pub(crate) error_context: *mut ErrorContext,
-    /// Every lane of the endpoint is tcp, so replies between one fragment
-    /// and UCX's rendezvous threshold would be copied twice: reads of that
-    /// size go in chunks (`chunks`).
-    pub(crate) reads_in_chunks: bool,
+    /// Every lane of the endpoint is tcp, so an eager message longer than
+    /// one fragment is copied twice on arrival: reads and writes of such
+    /// sizes go in chunks of one fragment (`chunks`).
+    pub(crate) fragment_chunks: bool,
 }
 
 /// Where a connection's direct-read lane stands.
@@ -177,16 +177,17 @@ impl PeerTable {
         self.connections.get_mut(address)
     }
 
-    /// Whether `peer`'s served endpoint asks long reads in chunks (see
-    /// `Endpoint::reads_in_chunks`); false while it has none.
-    pub(crate) fn reads_in_chunks(&self, peer: PeerId) -> bool {
+    /// Whether reads from and writes to `peer` go in chunks of one tcp
+    /// fragment (see `Endpoint::fragment_chunks`); false while it has no
+    /// served endpoint.
+    pub(crate) fn fragment_chunks(&self, peer: PeerId) -> bool {
         let Some(address) = self.peers.get(&peer) else {
             return false;
         };
         self.connections
             .get(address)
             .and_then(|connection| connection.endpoint.as_ref())
-            .is_some_and(|endpoint| endpoint.reads_in_chunks)
+            .is_some_and(|endpoint| endpoint.fragment_chunks)
     }
 
     /// A fresh endpoint serial.
@@ -368,15 +369,15 @@ impl Engine {
         } {
             Ok(handle) => {
                 let transports = handle.transport_names().unwrap_or_default();
-                let reads_in_chunks = self.settings.reads_in_chunks
+                let fragment_chunks = self.settings.fragment_chunks
                     && !transports.is_empty()
                     && transports.iter().all(|name| name == "tcp");
-                tracing::debug!(%peer, serial, ?transports, reads_in_chunks, "endpoint created");
+                tracing::debug!(%peer, serial, ?transports, fragment_chunks, "endpoint created");
                 connection.endpoint = Some(Endpoint {
                     handle,
                     serial,
                     error_context,
-                    reads_in_chunks,
+                    fragment_chunks,
                 });
                 Ok((handle, serial))
             }

@@ -11,8 +11,10 @@
 //!   only: the owner refuses a rendezvous write (`serve_writes`), so a
 //!   PUT of more than [`WRITE_CHUNK`] bytes goes as several writes of at
 //!   most that, each its own request and reply, answered together with the
-//!   first error any of them got. A failed PUT's target range holds, chunk
-//!   by chunk, its earlier bytes or the new ones.
+//!   first error any of them got. Over tcp, PUTs of a few hundred KiB to a
+//!   few MiB go in chunks of one tcp fragment instead (`chunks`). A failed
+//!   PUT's target range holds, chunk by chunk, its earlier bytes or the
+//!   new ones.
 //! - The source region is held (an unmap of it waits) from the post until
 //!   the writer machine completed every chunk.
 //! - A write past its deadline whose send has not ended has its endpoint
@@ -35,6 +37,7 @@ use rdmareg_engine::served::writer::{WriteId, WriteTarget, WriteTimeout};
 use ucx_sys as sys;
 
 use super::Engine;
+use super::chunks;
 use super::events::Events;
 use super::put_lists::fits_a_write_list;
 use super::ucp::{SendMode, send_active_message};
@@ -272,10 +275,17 @@ impl Engine {
         })
     }
 
-    /// Sends a checked write as chunks of at most [`WRITE_CHUNK`], each its
-    /// own request, answered together.
+    /// Sends a checked write as chunks of at most [`WRITE_CHUNK`], or of
+    /// one tcp fragment (`chunks::write_chunk`), each its own request,
+    /// answered together.
     pub(super) fn send_put(&mut self, put: PreparedPut, waiter: PutWaiter) {
-        let chunks = put.len.div_ceil(WRITE_CHUNK);
+        let chunk_limit = chunks::write_chunk(put.len)
+            .filter(|_| {
+                self.events.writer.borrow().in_flight() < chunks::SPLIT_WHILE_FEWER_THAN
+                    && self.peers.fragment_chunks(put.peer)
+            })
+            .unwrap_or(WRITE_CHUNK);
+        let chunks = put.len.div_ceil(chunk_limit);
         // The region counts its holds in a u32: a PUT of more chunks than
         // that (4 PiB) is refused rather than miscounted.
         let Ok(holds) = u32::try_from(chunks) else {
@@ -290,8 +300,8 @@ impl Engine {
             outcome: Ok(()),
         }));
         for chunk in 0..chunks {
-            let offset = chunk * WRITE_CHUNK;
-            let chunk_len = WRITE_CHUNK.min(put.len - offset);
+            let offset = chunk * chunk_limit;
+            let chunk_len = chunk_limit.min(put.len - offset);
             let value = put.value(Rc::clone(&parts));
             let target = WriteTarget {
                 address: put.target.address + offset as u64,

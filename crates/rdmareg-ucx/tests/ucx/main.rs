@@ -63,6 +63,7 @@ mod worker_address_engine;
 mod worker_address_malformed;
 mod worker_address_props;
 mod worker_address_real;
+mod write_chunks;
 mod write_list_lifecycle;
 mod write_list_replies_from_a_hostile_owner;
 mod write_lists;

@@ -1,0 +1,161 @@
+//! How a PUT is cut into writes on the wire: over an endpoint whose every
+//! lane is tcp, a PUT longer than 256 KiB and at most 4 MiB goes in chunks
+//! of 60 KiB, each arriving in one tcp fragment; shorter and longer PUTs,
+//! and PUTs of a writer whose operator set UCX's tcp segment sizes, go in
+//! chunks of at most 1 MiB.
+//!
+//! What these hold the writer to, seen by a raw owner: the chunks cover
+//! the PUT exactly once, in order, each at its place in the target and
+//! carrying the source bytes of that place, and the PUT answers `Ok` once
+//! every chunk was acknowledged. (That chunked PUTs land exactly through
+//! real owners: `tests/tests/registry/writes.rs`.)
+
+use crate::common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::raw_am::Raw;
+use common::write_lists::*;
+use common::*;
+use rdmareg_backend::RdmaBackend;
+use rdmareg_engine::served::wire;
+use rdmareg_ucx::read_protocol::WRITE_REQUEST_AM_ID;
+use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+/// The chunk a PUT is cut in over tcp: one fragment of 64 KiB segments.
+const FRAGMENT_CHUNK: usize = 60 * KIB;
+/// The chunk of every other PUT.
+const WHOLE_CHUNK: usize = MIB;
+/// Where the PUT is aimed (the raw owner checks nothing).
+const TARGET: u64 = 0x4000_0000;
+
+/// One write as a raw owner received it: where it goes, and its payload.
+struct Received {
+    address: u64,
+    payload: Vec<u8>,
+}
+
+/// A writer engine of `config` puts `len` bytes to a raw owner, which
+/// takes every write that arrives and acknowledges it; returns the writes
+/// in arrival order and the PUT's source. The PUT must answer `Ok`.
+fn put_to_a_raw_owner(config: UcxConfig, len: usize) -> (Vec<Received>, Vec<u8>) {
+    init_tracing();
+    let rt = runtime();
+    let writer = UcxEngine::start(config).expect("writer starts");
+    let raw = Raw::new(false);
+    writer.add_peer(OWNER, raw.address()).unwrap();
+    let backend = writer.backend();
+    // An odd source offset, so no chunk starts on a page by accident.
+    let src = PageBuf::filled(len + 5, pattern);
+    let src_region = rt.block_on(map(&backend, &src));
+    let key = Bytes::copy_from_slice(
+        &rdmareg_ucx::read_protocol::ServedKey {
+            region_id: 9,
+            capability: [0x99; 16],
+        }
+        .encode(),
+    );
+    let put = put_of(OWNER, &src_region, 5, TARGET, &key, len);
+    let batch = rt.spawn({
+        let backend = Arc::clone(&backend);
+        async move { put_batch(&backend, vec![put]).await }
+    });
+    let received_bytes = |raw: &Raw| {
+        raw.messages(WRITE_REQUEST_AM_ID)
+            .iter()
+            .map(|m| m.data.len())
+            .sum::<usize>()
+    };
+    let all_in = raw.progress_until(Duration::from_secs(10), |raw| received_bytes(raw) >= len);
+    // Anything more the writer sent arrives too.
+    raw.progress_for(Duration::from_millis(50));
+    assert!(all_in, "the PUT's bytes did not all reach the raw owner");
+    let received = raw
+        .messages(WRITE_REQUEST_AM_ID)
+        .iter()
+        .map(|m| {
+            let write = wire::decode_write_request(&m.header).expect("a write request");
+            assert_eq!(write.length, m.data.len() as u64, "header and payload");
+            assert_eq!((write.region, write.capability), (9, [0x99; 16]));
+            Received {
+                address: write.address,
+                payload: m.data.clone(),
+            }
+        })
+        .collect();
+    acknowledge_all(&raw);
+    let answers = settle(&rt, &raw, batch);
+    assert_eq!(answers, [Ok(())], "the PUT answers once every chunk did");
+    let source = src.snapshot()[5..].to_vec();
+    assert_eq!(
+        rt.block_on(backend.unmap(src_region.backend_region_id)),
+        Ok(())
+    );
+    rt.block_on(writer.shutdown());
+    assert_eq!(writer.live_registrations(), Some(0));
+    (received, source)
+}
+
+/// Checks `received` covers the PUT of `source` exactly once, in order,
+/// each write at most `longest` bytes and carrying the source bytes of
+/// its place; returns the writes' lengths.
+fn assert_covers(received: &[Received], source: &[u8], longest: usize) -> Vec<usize> {
+    let mut next = 0;
+    let mut lens = Vec::new();
+    for (i, write) in received.iter().enumerate() {
+        assert_eq!(write.address, TARGET + next as u64, "write {i}: its place");
+        let len = write.payload.len();
+        assert!(len > 0 && len <= longest, "write {i}: {len} B");
+        assert_eq!(
+            differences(&write.payload, &source[next..next + len]),
+            None,
+            "write {i}: the source's bytes at its place"
+        );
+        next += len;
+        lens.push(len);
+    }
+    assert_eq!(next, source.len(), "nothing left out, nothing twice");
+    lens
+}
+
+/// A 1 MiB PUT over tcp arrives as seventeen writes of 60 KiB and one of
+/// the remaining 4 KiB, each within one fragment, in order.
+#[test]
+fn a_1_mib_put_over_tcp_goes_in_fragment_sized_chunks() {
+    let (received, source) = put_to_a_raw_owner(config(Transport::Tcp), MIB);
+    let lens = assert_covers(&received, &source, FRAGMENT_CHUNK);
+    assert_eq!(lens.len(), 18, "{lens:?}");
+    assert!(lens[..17].iter().all(|&len| len == FRAGMENT_CHUNK));
+    assert_eq!(lens[17], 4 * KIB);
+}
+
+/// The cut's bounds: a PUT of just over 256 KiB is cut, one of 256 KiB is
+/// not; one of 4 MiB is cut, one just over goes in 1 MiB chunks.
+#[test]
+fn only_puts_over_256_kib_up_to_4_mib_are_cut_by_fragment() {
+    for (len, cut) in [
+        (256 * KIB, false),
+        (256 * KIB + 1, true),
+        (4 * MIB, true),
+        (4 * MIB + 1, false),
+    ] {
+        let (received, source) = put_to_a_raw_owner(config(Transport::Tcp), len);
+        let longest = if cut { FRAGMENT_CHUNK } else { WHOLE_CHUNK };
+        let lens = assert_covers(&received, &source, longest);
+        assert_eq!(lens.len(), len.div_ceil(longest), "{len} B: {lens:?}");
+    }
+}
+
+/// A writer whose operator set UCX's tcp segment size keeps its PUTs in
+/// 1 MiB chunks: the fragment size the cut is made for is not its own.
+#[test]
+fn a_writer_with_its_own_segment_size_keeps_whole_chunks() {
+    let shaped = config(Transport::Tcp).with_ucx_setting("TCP_TX_SEG_SIZE", "32K");
+    let (received, source) = put_to_a_raw_owner(shaped, MIB);
+    let lens = assert_covers(&received, &source, WHOLE_CHUNK);
+    assert_eq!(lens, [MIB]);
+}
