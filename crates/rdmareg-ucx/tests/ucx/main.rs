@@ -21,6 +21,7 @@ mod answers_after_release;
 mod batches;
 mod caller_copies;
 mod caller_copies_adversarial;
+mod chunked_put_attacks;
 mod conformance_same_host;
 mod conformance_tcp;
 mod direct_write_attacks;
