@@ -48,6 +48,8 @@ pub struct Signals {
     pub(crate) lists_copied_by_plan: AtomicU64,
     /// Served reads asked in chunks (see `progress::chunks`).
     pub(crate) reads_asked_in_chunks: AtomicU64,
+    /// Served PUTs sent in chunks of one fragment (see `progress::chunks`).
+    pub(crate) puts_sent_in_chunks: AtomicU64,
     /// Notices readers sent this engine, named by the address of their
     /// connection's reply endpoint (see `progress::notices`).
     pub(crate) notices: Arc<NoticeBoard<usize>>,

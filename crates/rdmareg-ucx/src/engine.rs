@@ -87,6 +87,7 @@ impl UcxEngine {
             caller_copies: CallerCopies::new(config.caller_copy_limit),
             lists_copied_by_plan: Default::default(),
             reads_asked_in_chunks: Default::default(),
+            puts_sent_in_chunks: Default::default(),
             notices: NoticeBoard::new(config.notice_limits),
             notice_sender,
         });
@@ -232,6 +233,16 @@ impl UcxEngine {
     /// with the list's small reads.
     pub fn reads_asked_in_chunks(&self) -> u64 {
         self.signals.reads_asked_in_chunks.load(Ordering::Relaxed)
+    }
+
+    /// Served PUTs this engine sent in chunks of one tcp fragment, on
+    /// endpoints whose active messages go over tcp, counted once per PUT.
+    ///
+    /// PUTs longer than 256 KiB and at most 4 MiB go as 60 KiB writes and a
+    /// remainder, each arriving in one fragment; every other served PUT
+    /// goes in writes of at most 1 MiB.
+    pub fn puts_sent_in_chunks(&self) -> u64 {
+        self.signals.puts_sent_in_chunks.load(Ordering::Relaxed)
     }
 
     /// A backend submitting to this engine.

@@ -45,12 +45,15 @@ const GUARD: usize = 64 * KIB;
 /// Longest any single wait may take before it counts as a hang.
 const HANG: Duration = Duration::from_secs(20);
 
-/// The unit a served PUT of `len` bytes lands whole in, per lane: over
-/// UCX's tcp a PUT of more than 256 KiB and at most 4 MiB goes in 60 KiB
+/// The unit a served PUT of `len` bytes lands whole in, per lane: where
+/// UCX's active messages go over tcp (`Tcp`, and `SameHost`, tcp beside
+/// cma) a PUT of more than 256 KiB and at most 4 MiB goes in 60 KiB
 /// chunks, every other UCX PUT in chunks of 1 MiB.
 fn chunk_of(lane: &Lane, len: usize) -> usize {
     match lane {
-        Lane::Ucx(Transport::Tcp) if len > 256 * KIB && len <= 4 * MIB => 60 * KIB,
+        Lane::Ucx(Transport::Tcp | Transport::SameHost) if len > 256 * KIB && len <= 4 * MIB => {
+            60 * KIB
+        }
         Lane::Ucx(_) => MIB,
         Lane::Ofi(_) => 256 * KIB,
     }
@@ -522,10 +525,10 @@ async fn the_target_of_a_writer_gone_mid_put_lists_the_chunks_that_landed(lane: 
     writer_gone_mid_put(lane, len).await;
 }
 
-/// As above with a PUT of 3 MiB + 5 bytes, which over UCX's tcp goes in
-/// 60 KiB chunks and a remainder (elsewhere in the lane's usual chunks):
-/// the owner's log lists exactly the whole chunks that landed, the short
-/// last one included, and no chunk is torn.
+/// As above with a PUT of 3 MiB + 5 bytes, which goes in 60 KiB chunks and
+/// a remainder where UCX's active messages go over tcp (elsewhere in the
+/// lane's usual chunks): the owner's log lists exactly the whole chunks
+/// that landed, the short last one included, and no chunk is torn.
 async fn a_writer_gone_mid_chunked_put_leaves_whole_chunks_listed(lane: Lane) {
     writer_gone_mid_put(lane, 3 * MIB + 5).await;
 }

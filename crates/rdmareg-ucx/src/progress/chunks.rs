@@ -27,12 +27,15 @@
 //! arrives in several, is assembled by the owner's UCX and copied again
 //! into the registration. A PUT longer than [`SHORTEST_WRITE_SPLIT`] and
 //! at most [`LONGEST_WRITE_SPLIT`] goes in chunks of [`CHUNK`] bytes, each
-//! a write of its own that arrives in one fragment and is copied once, on
-//! the same conditions as reads: an endpoint whose every lane is tcp,
-//! UCX's own segment sizes, and fewer than [`SPLIT_WHILE_FEWER_THAN`]
-//! writes in flight. Shorter PUTs gain nothing measurable from the cut,
-//! and longer ones go in chunks of `puts::WRITE_CHUNK`, so that one PUT
-//! never holds more than a few dozen chunks in flight.
+//! a write of its own that arrives in one fragment and is copied once.
+//! The conditions: an endpoint whose active messages go over tcp (its
+//! lanes are tcp, beside which only cma, which carries no active
+//! messages, may stand; a write never goes by rendezvous, so cma does not
+//! matter to it as it does to reads), UCX's own segment sizes, and fewer
+//! than [`SPLIT_WHILE_FEWER_THAN`] writes in flight. Shorter PUTs gain
+//! nothing measurable from the cut, and longer ones go in chunks of
+//! `puts::WRITE_CHUNK`, so that one PUT never holds more than a few dozen
+//! chunks in flight.
 
 use crate::read_list::MAX_GATHERED_ENTRY;
 

@@ -140,7 +140,8 @@ impl Engine {
                     serial,
                     error_context,
                     // One-sided reads: no replies to split.
-                    fragment_chunks: false,
+                    reads_in_chunks: false,
+                    writes_in_chunks: false,
                 });
                 Some((handle, serial))
             }

@@ -442,7 +442,7 @@ impl Engine {
             key,
         };
         let chunks = chunks::chunks(len, in_a_list).filter(|_| {
-            self.ops.active() < chunks::SPLIT_WHILE_FEWER_THAN && self.peers.fragment_chunks(peer)
+            self.ops.active() < chunks::SPLIT_WHILE_FEWER_THAN && self.peers.reads_in_chunks(peer)
         });
         let Some(chunks) = chunks else {
             served.push(self.enter_served_read(&target, remote_addr, dest, len, reply));

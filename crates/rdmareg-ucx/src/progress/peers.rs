@@ -60,10 +60,16 @@ pub(crate) struct Endpoint {
     /// in read ops, so nothing confuses it with its successor.
     pub(crate) serial: u64,
     pub(crate) error_context: *mut ErrorContext,
-    /// Every lane of the endpoint is tcp, so an eager message longer than
-    /// one fragment is copied twice on arrival: reads and writes of such
-    /// sizes go in chunks of one fragment (`chunks`).
-    pub(crate) fragment_chunks: bool,
+    /// Every lane of the endpoint is tcp, so a reply longer than one
+    /// fragment and below the rendezvous threshold is copied twice on
+    /// arrival: reads of such sizes go in chunks of one fragment
+    /// (`chunks`).
+    pub(crate) reads_in_chunks: bool,
+    /// The endpoint's active messages go over tcp (its lanes are tcp, and
+    /// cma, which carries none), so an eager write longer than one
+    /// fragment is copied twice at the owner: PUTs of such sizes go in
+    /// chunks of one fragment (`chunks`).
+    pub(crate) writes_in_chunks: bool,
 }
 
 /// Where a connection's direct-read lane stands.
@@ -177,17 +183,26 @@ impl PeerTable {
         self.connections.get_mut(address)
     }
 
-    /// Whether reads from and writes to `peer` go in chunks of one tcp
-    /// fragment (see `Endpoint::fragment_chunks`); false while it has no
-    /// served endpoint.
-    pub(crate) fn fragment_chunks(&self, peer: PeerId) -> bool {
-        let Some(address) = self.peers.get(&peer) else {
-            return false;
-        };
+    /// Whether reads from `peer` go in chunks of one tcp fragment (see
+    /// `Endpoint::reads_in_chunks`); false while it has no served endpoint.
+    pub(crate) fn reads_in_chunks(&self, peer: PeerId) -> bool {
+        self.served_endpoint(peer)
+            .is_some_and(|endpoint| endpoint.reads_in_chunks)
+    }
+
+    /// Whether PUTs to `peer` go in chunks of one tcp fragment (see
+    /// `Endpoint::writes_in_chunks`); false while it has no served
+    /// endpoint.
+    pub(crate) fn writes_in_chunks(&self, peer: PeerId) -> bool {
+        self.served_endpoint(peer)
+            .is_some_and(|endpoint| endpoint.writes_in_chunks)
+    }
+
+    fn served_endpoint(&self, peer: PeerId) -> Option<&Endpoint> {
+        let address = self.peers.get(&peer)?;
         self.connections
             .get(address)
             .and_then(|connection| connection.endpoint.as_ref())
-            .is_some_and(|endpoint| endpoint.fragment_chunks)
     }
 
     /// A fresh endpoint serial.
@@ -369,15 +384,20 @@ impl Engine {
         } {
             Ok(handle) => {
                 let transports = handle.transport_names().unwrap_or_default();
-                let fragment_chunks = self.settings.fragment_chunks
-                    && !transports.is_empty()
-                    && transports.iter().all(|name| name == "tcp");
-                tracing::debug!(%peer, serial, ?transports, fragment_chunks, "endpoint created");
+                let chunks = self.settings.fragment_chunks && !transports.is_empty();
+                let reads_in_chunks = chunks && transports.iter().all(|name| name == "tcp");
+                let writes_in_chunks = chunks
+                    && transports.iter().any(|name| name == "tcp")
+                    && transports.iter().all(|name| name == "tcp" || name == "cma");
+                tracing::debug!(
+                    %peer, serial, ?transports, reads_in_chunks, writes_in_chunks, "endpoint created"
+                );
                 connection.endpoint = Some(Endpoint {
                     handle,
                     serial,
                     error_context,
-                    fragment_chunks,
+                    reads_in_chunks,
+                    writes_in_chunks,
                 });
                 Ok((handle, serial))
             }

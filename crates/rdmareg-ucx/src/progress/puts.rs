@@ -11,8 +11,9 @@
 //!   only: the owner refuses a rendezvous write (`serve_writes`), so a
 //!   PUT of more than [`WRITE_CHUNK`] bytes goes as several writes of at
 //!   most that, each its own request and reply, answered together with the
-//!   first error any of them got. Over tcp, PUTs of a few hundred KiB to a
-//!   few MiB go in chunks of one tcp fragment instead (`chunks`). A failed
+//!   first error any of them got. Where active messages go over tcp,
+//!   PUTs of a few hundred KiB to a few MiB go in chunks of one tcp
+//!   fragment instead (`chunks`). A failed
 //!   PUT's target range holds, chunk by chunk, its earlier bytes or the
 //!   new ones.
 //! - The source region is held (an unmap of it waits) from the post until
@@ -279,12 +280,16 @@ impl Engine {
     /// one tcp fragment (`chunks::write_chunk`), each its own request,
     /// answered together.
     pub(super) fn send_put(&mut self, put: PreparedPut, waiter: PutWaiter) {
-        let chunk_limit = chunks::write_chunk(put.len)
-            .filter(|_| {
-                self.events.writer.borrow().in_flight() < chunks::SPLIT_WHILE_FEWER_THAN
-                    && self.peers.fragment_chunks(put.peer)
-            })
-            .unwrap_or(WRITE_CHUNK);
+        let fragment_chunk = chunks::write_chunk(put.len).filter(|_| {
+            self.events.writer.borrow().in_flight() < chunks::SPLIT_WHILE_FEWER_THAN
+                && self.peers.writes_in_chunks(put.peer)
+        });
+        if fragment_chunk.is_some() {
+            self.signals
+                .puts_sent_in_chunks
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let chunk_limit = fragment_chunk.unwrap_or(WRITE_CHUNK);
         let chunks = put.len.div_ceil(chunk_limit);
         // The region counts its holds in a u32: a PUT of more chunks than
         // that (4 PiB) is refused rather than miscounted.

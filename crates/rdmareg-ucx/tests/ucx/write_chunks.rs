@@ -1,8 +1,8 @@
-//! How a PUT is cut into writes on the wire: over an endpoint whose every
-//! lane is tcp, a PUT longer than 256 KiB and at most 4 MiB goes in chunks
-//! of 60 KiB, each arriving in one tcp fragment; shorter and longer PUTs,
-//! and PUTs of a writer whose operator set UCX's tcp segment sizes, go in
-//! chunks of at most 1 MiB.
+//! How a PUT is cut into writes on the wire: over an endpoint whose active
+//! messages go over tcp (tcp alone, or beside cma), a PUT longer than
+//! 256 KiB and at most 4 MiB goes in chunks of 60 KiB, each arriving in one
+//! tcp fragment; shorter and longer PUTs, and PUTs of a writer whose
+//! operator set UCX's tcp segment sizes, go in chunks of at most 1 MiB.
 //!
 //! What these hold the writer to, seen by a raw owner: the chunks cover
 //! the PUT exactly once, in order, each at its place in the target and
@@ -20,6 +20,7 @@ use common::raw_am::Raw;
 use common::write_lists::*;
 use common::*;
 use rdmareg_backend::RdmaBackend;
+use rdmareg_core::Access;
 use rdmareg_engine::served::wire;
 use rdmareg_ucx::read_protocol::WRITE_REQUEST_AM_ID;
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
@@ -158,4 +159,65 @@ fn a_writer_with_its_own_segment_size_keeps_whole_chunks() {
     let (received, source) = put_to_a_raw_owner(shaped, MIB);
     let lens = assert_covers(&received, &source, WHOLE_CHUNK);
     assert_eq!(lens, [MIB]);
+}
+
+/// A writer engine of `transport` puts `len` bytes into a registration of
+/// an owner engine of the same transport, at odd offsets of both, with
+/// the owner's served key (so the PUT goes through the owner on every
+/// transport); returns how many of its PUTs the writer cut into fragment
+/// chunks. The PUT must answer `Ok`, its bytes land exactly where it was
+/// aimed and nowhere else.
+fn put_to_a_real_owner(transport: Transport, len: usize) -> u64 {
+    init_tracing();
+    let rt = runtime();
+    let owner = UcxEngine::start(config(transport.clone())).expect("owner starts");
+    let writer = UcxEngine::start(config(transport)).expect("writer starts");
+    writer.add_peer(OWNER, owner.worker_address()).unwrap();
+    let (ob, wb) = (owner.backend(), writer.backend());
+    let target = PageBuf::zeroed(len + 2 * 4096);
+    let part = rt.block_on(map_part(&ob, &target, 0, len + 2 * 4096, Access::Write));
+    let src = PageBuf::filled(len + 7, pattern);
+    let src_region = rt.block_on(map(&wb, &src));
+    let at = 4096 + 11;
+    let put = put_of(
+        OWNER,
+        &src_region,
+        7,
+        part.start + at as u64,
+        &part.packed,
+        len,
+    );
+    let answers = rt.block_on(put_batch(&wb, vec![put]));
+    assert_eq!(answers, [Ok(())]);
+    let (got, source) = (target.snapshot(), src.snapshot());
+    let mut want = vec![0u8; got.len()];
+    want[at..at + len].copy_from_slice(&source[7..7 + len]);
+    assert_eq!(
+        differences(&got, &want),
+        None,
+        "the bytes where aimed, only there"
+    );
+    let cut = writer.puts_sent_in_chunks();
+    assert_eq!(rt.block_on(wb.unmap(src_region.backend_region_id)), Ok(()));
+    assert_eq!(rt.block_on(ob.unmap(part.id)), Ok(()));
+    rt.block_on(writer.shutdown());
+    rt.block_on(owner.shutdown());
+    cut
+}
+
+/// Between two engines on the same host, whose endpoints pair tcp with
+/// cma (which carries no active messages), a served 1 MiB PUT is cut as
+/// over tcp and lands exactly; so does one over tcp.
+#[test]
+fn served_puts_between_engines_are_cut_on_both_transports() {
+    for transport in [Transport::Tcp, Transport::SameHost] {
+        let cut = put_to_a_real_owner(transport.clone(), MIB + 3);
+        assert_eq!(cut, 1, "{transport:?}");
+    }
+}
+
+/// A served PUT of 256 KiB is not cut, and lands exactly.
+#[test]
+fn a_256_kib_served_put_is_not_cut() {
+    assert_eq!(put_to_a_real_owner(Transport::Tcp, 256 * KIB), 0);
 }

@@ -814,10 +814,11 @@ struct Round {
 /// An unmap racing honest writes from an engine consumer.
 fn unmap_racing_honest_writes(transport: Transport) {
     let rt = runtime();
-    // Over tcp a 1 MiB PUT goes in chunks of 60 KiB, each written whole
+    // Where active messages go over tcp (`Tcp`, and `SameHost`'s tcp
+    // beside cma) a 1 MiB PUT goes in chunks of 60 KiB, each written whole
     // or not at all; elsewhere in one.
     let chunk = match transport {
-        Transport::Tcp => 60 * 1024,
+        Transport::Tcp | Transport::SameHost => 60 * 1024,
         _ => MIB,
     };
     let (owner, consumer) = served_engines(transport);
