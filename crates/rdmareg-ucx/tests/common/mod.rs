@@ -21,6 +21,7 @@ pub mod list_pieces;
 pub mod list_reads;
 pub mod list_scene;
 pub mod raw_am;
+pub mod raw_put;
 pub mod scene;
 pub mod sockets;
 pub mod write_lists;

@@ -14,14 +14,14 @@ use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use common::raw_am::Raw;
+use common::raw_put::{RAW_TARGET, RawPut, raw_owner_key};
 use common::write_lists::*;
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::{Access, BackendPut, RdmaError};
-use rdmareg_engine::served::{Refusal, Write, wire};
-use rdmareg_ucx::read_protocol::{BUSY_TEXT, READ_REPLY_AM_ID, ServedKey, WRITE_REQUEST_AM_ID};
+use rdmareg_engine::served::{Refusal, wire};
+use rdmareg_ucx::read_protocol::{BUSY_TEXT, WRITE_REQUEST_AM_ID};
 use rdmareg_ucx::{Transport, UcxBackend, UcxEngine};
 
 const KIB: usize = 1024;
@@ -30,8 +30,6 @@ const MIB: usize = 1024 * KIB;
 const CHUNK: usize = 60 * KIB;
 /// A page, to keep guard bytes around targets.
 const PAGE: usize = 4096;
-/// Where a PUT to a raw owner is aimed (it checks nothing).
-const RAW_TARGET: u64 = 0x4000_0000;
 
 /// Each `CHUNK`-sized piece of `got` (from the PUT's first byte) holds
 /// only `old` or exactly `new`'s bytes at its place.
@@ -50,116 +48,16 @@ fn old_or_new_by_chunk(got: &[u8], new: &[u8], old: u8) -> Result<(), String> {
     Ok(())
 }
 
-/// A served key a raw owner accepts (it checks nothing).
-fn raw_key() -> Bytes {
-    Bytes::copy_from_slice(
-        &ServedKey {
-            region_id: 9,
-            capability: [0x99; 16],
-        }
-        .encode(),
-    )
-}
-
-/// A writer engine over tcp with a PUT of `len` bytes in flight to a raw
-/// owner that has received every chunk and answered none.
-struct RawScene {
-    rt: tokio::runtime::Runtime,
-    writer: UcxEngine,
-    backend: Arc<UcxBackend>,
-    raw: Raw,
-    src: PageBuf,
-    src_region: rdmareg_core::BackendRegion,
-    batch: Option<tokio::task::JoinHandle<Answers>>,
-    /// Every chunk received: its header, decoded, and the endpoint to
-    /// answer on, in arrival order.
-    chunks: Vec<(Write, ucx_sys::ucp_ep_h)>,
-}
-
-impl RawScene {
-    /// Posts a PUT of `len` bytes due in `deadline` and waits until the
-    /// raw owner received all of it.
-    fn new(len: usize, deadline: Duration) -> RawScene {
-        init_tracing();
-        let rt = runtime();
-        let writer = UcxEngine::start(config(Transport::Tcp)).expect("writer starts");
-        let raw = Raw::new(false);
-        writer.add_peer(OWNER, raw.address()).unwrap();
-        let backend = writer.backend();
-        let src = PageBuf::filled(len + 5, pattern);
-        let src_region = rt.block_on(map(&backend, &src));
-        let mut put = put_of(OWNER, &src_region, 5, RAW_TARGET, &raw_key(), len);
-        put.deadline = Some(deadline);
-        let batch = rt.spawn({
-            let backend = Arc::clone(&backend);
-            async move { put_batch(&backend, vec![put]).await }
-        });
-        let received = |raw: &Raw| {
-            raw.messages(WRITE_REQUEST_AM_ID)
-                .iter()
-                .map(|m| m.data.len())
-                .sum::<usize>()
-        };
-        let all_in = raw.progress_until(Duration::from_secs(10), |raw| received(raw) >= len);
-        raw.progress_for(Duration::from_millis(20));
-        assert!(all_in, "the PUT's bytes did not all reach the raw owner");
-        let chunks: Vec<_> = raw
-            .messages(WRITE_REQUEST_AM_ID)
-            .iter()
-            .map(|m| {
-                let write = wire::decode_write_request(&m.header).expect("a write request");
-                assert_eq!(write.length, m.data.len() as u64);
-                (write, m.reply_ep)
-            })
-            .collect();
-        assert_eq!(chunks.len(), len.div_ceil(CHUNK), "the PUT went in chunks");
-        RawScene {
-            rt,
-            writer,
-            backend,
-            raw,
-            src,
-            src_region,
-            batch: Some(batch),
-            chunks,
-        }
-    }
-
-    /// Replies to chunk `index` with `status` and `length`, and `payload`.
-    fn reply(&self, index: usize, status: u8, length: u64, payload: &[u8]) {
-        let (write, ep) = self.chunks[index];
-        let header = wire::encode_reply_fields(write.request_id, status, length);
-        self.raw
-            .send_wait(ep, READ_REPLY_AM_ID, &header, payload, EAGER_REPLY);
-    }
-
-    /// Acknowledges chunk `index` as an honest owner would.
-    fn acknowledge(&self, index: usize) {
-        self.reply(index, 0, self.chunks[index].0.length, &[]);
-    }
-
-    /// The PUT's answers, once it answered (at most 10 s).
-    fn answers(&mut self) -> Answers {
-        let batch = self.batch.take().expect("answered once");
-        settle(&self.rt, &self.raw, batch)
-    }
-
-    /// Unmaps the source, which must answer `Ok` within 5 s, and shuts the
-    /// writer down clean.
-    fn finish(self) {
-        let unmap = self.backend.unmap(self.src_region.backend_region_id);
-        let unmapped = self
-            .rt
-            .block_on(async { tokio::time::timeout(Duration::from_secs(5), unmap).await });
-        assert_eq!(
-            unmapped,
-            Ok(Ok(())),
-            "the source's unmap after the PUT answered"
-        );
-        self.rt.block_on(self.writer.shutdown());
-        assert_eq!(self.writer.live_registrations(), Some(0));
-        drop(self.src);
-    }
+/// A writer over tcp with a PUT of `len` bytes, due in `deadline`, in
+/// flight to a raw owner that has received every chunk and answered none.
+fn chunked_put_to_a_raw_owner(len: usize, deadline: Duration) -> RawPut {
+    let put = RawPut::start(config(Transport::Tcp), len, Some(deadline));
+    assert_eq!(
+        put.received.len(),
+        len.div_ceil(CHUNK),
+        "the PUT went in chunks"
+    );
+    put
 }
 
 /// A raw owner answers a 1 MiB PUT's eighteen chunks in several wrong
@@ -191,8 +89,8 @@ fn a_put_is_ok_only_once_every_chunk_is_acknowledged() {
         Script::WithPayload,
         Script::ReverseOrder,
     ] {
-        let mut scene = RawScene::new(MIB, Duration::from_millis(400));
-        let n = scene.chunks.len();
+        let mut scene = chunked_put_to_a_raw_owner(MIB, Duration::from_millis(400));
+        let n = scene.received.len();
         match script {
             Script::AllButLast => (0..n - 1).for_each(|i| scene.acknowledge(i)),
             // Every wrong answer comes in its chunk's place, with
@@ -250,8 +148,8 @@ fn a_put_is_ok_only_once_every_chunk_is_acknowledged() {
 /// answered `Ok`.
 #[test]
 fn the_source_unmap_waits_for_the_last_chunk() {
-    let mut scene = RawScene::new(MIB, Duration::from_secs(10));
-    let n = scene.chunks.len();
+    let mut scene = chunked_put_to_a_raw_owner(MIB, Duration::from_secs(10));
+    let n = scene.received.len();
     (0..n - 1).for_each(|i| scene.acknowledge(i));
     let unmap = scene.rt.spawn({
         let backend = Arc::clone(&scene.backend);
@@ -275,7 +173,7 @@ fn the_source_unmap_waits_for_the_last_chunk() {
         Ok(()),
         "the source's unmap once the PUT answered"
     );
-    let RawScene { rt, writer, .. } = scene;
+    let RawPut { rt, writer, .. } = scene;
     rt.block_on(writer.shutdown());
     assert_eq!(writer.live_registrations(), Some(0));
 }
@@ -533,7 +431,7 @@ fn past_1024_writes_in_flight_puts_go_whole() {
     let backend = writer.backend();
     let src = PageBuf::filled(PUTS * MIB, pattern);
     let src_region = rt.block_on(map(&backend, &src));
-    let key = raw_key();
+    let key = raw_owner_key();
     let puts = (0..PUTS)
         .map(|i| {
             put_of(

@@ -12,17 +12,11 @@
 
 use crate::common;
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use bytes::Bytes;
-use common::raw_am::Raw;
+use common::raw_put::{RAW_KEY, RAW_TARGET, RawPut, ReceivedWrite};
 use common::write_lists::*;
 use common::*;
 use rdmareg_backend::RdmaBackend;
 use rdmareg_core::Access;
-use rdmareg_engine::served::wire;
-use rdmareg_ucx::read_protocol::WRITE_REQUEST_AM_ID;
 use rdmareg_ucx::{Transport, UcxConfig, UcxEngine};
 
 const KIB: usize = 1024;
@@ -31,88 +25,41 @@ const MIB: usize = 1024 * KIB;
 const FRAGMENT_CHUNK: usize = 60 * KIB;
 /// The chunk of every other PUT.
 const WHOLE_CHUNK: usize = MIB;
-/// Where the PUT is aimed (the raw owner checks nothing).
-const TARGET: u64 = 0x4000_0000;
-
-/// One write as a raw owner received it: where it goes, and its payload.
-struct Received {
-    address: u64,
-    payload: Vec<u8>,
-}
 
 /// A writer engine of `config` puts `len` bytes to a raw owner, which
 /// takes every write that arrives and acknowledges it; returns the writes
 /// in arrival order and the PUT's source. The PUT must answer `Ok`.
-fn put_to_a_raw_owner(config: UcxConfig, len: usize) -> (Vec<Received>, Vec<u8>) {
-    init_tracing();
-    let rt = runtime();
-    let writer = UcxEngine::start(config).expect("writer starts");
-    let raw = Raw::new(false);
-    writer.add_peer(OWNER, raw.address()).unwrap();
-    let backend = writer.backend();
-    // An odd source offset, so no chunk starts on a page by accident.
-    let src = PageBuf::filled(len + 5, pattern);
-    let src_region = rt.block_on(map(&backend, &src));
-    let key = Bytes::copy_from_slice(
-        &rdmareg_ucx::read_protocol::ServedKey {
-            region_id: 9,
-            capability: [0x99; 16],
-        }
-        .encode(),
-    );
-    let put = put_of(OWNER, &src_region, 5, TARGET, &key, len);
-    let batch = rt.spawn({
-        let backend = Arc::clone(&backend);
-        async move { put_batch(&backend, vec![put]).await }
-    });
-    let received_bytes = |raw: &Raw| {
-        raw.messages(WRITE_REQUEST_AM_ID)
-            .iter()
-            .map(|m| m.data.len())
-            .sum::<usize>()
-    };
-    let all_in = raw.progress_until(Duration::from_secs(10), |raw| received_bytes(raw) >= len);
-    // Anything more the writer sent arrives too.
-    raw.progress_for(Duration::from_millis(50));
-    assert!(all_in, "the PUT's bytes did not all reach the raw owner");
-    let received = raw
-        .messages(WRITE_REQUEST_AM_ID)
-        .iter()
-        .map(|m| {
-            let write = wire::decode_write_request(&m.header).expect("a write request");
-            assert_eq!(write.length, m.data.len() as u64, "header and payload");
-            assert_eq!((write.region, write.capability), (9, [0x99; 16]));
-            Received {
-                address: write.address,
-                payload: m.data.clone(),
-            }
-        })
-        .collect();
-    acknowledge_all(&raw);
-    let answers = settle(&rt, &raw, batch);
+fn put_to_a_raw_owner(config: UcxConfig, len: usize) -> (Vec<ReceivedWrite>, Vec<u8>) {
+    let mut put = RawPut::start(config, len, None);
+    for received in &put.received {
+        let write = &received.write;
+        assert_eq!((write.region, write.capability), RAW_KEY);
+    }
+    (0..put.received.len()).for_each(|index| put.acknowledge(index));
+    let answers = put.answers();
     assert_eq!(answers, [Ok(())], "the PUT answers once every chunk did");
-    let source = src.snapshot()[5..].to_vec();
-    assert_eq!(
-        rt.block_on(backend.unmap(src_region.backend_region_id)),
-        Ok(())
-    );
-    rt.block_on(writer.shutdown());
-    assert_eq!(writer.live_registrations(), Some(0));
+    let source = put.source();
+    let received = std::mem::take(&mut put.received);
+    put.finish();
     (received, source)
 }
 
 /// Checks `received` covers the PUT of `source` exactly once, in order,
 /// each write at most `longest` bytes and carrying the source bytes of
 /// its place; returns the writes' lengths.
-fn assert_covers(received: &[Received], source: &[u8], longest: usize) -> Vec<usize> {
+fn assert_covers(received: &[ReceivedWrite], source: &[u8], longest: usize) -> Vec<usize> {
     let mut next = 0;
     let mut lens = Vec::new();
-    for (i, write) in received.iter().enumerate() {
-        assert_eq!(write.address, TARGET + next as u64, "write {i}: its place");
-        let len = write.payload.len();
+    for (i, got) in received.iter().enumerate() {
+        assert_eq!(
+            got.write.address,
+            RAW_TARGET + next as u64,
+            "write {i}: its place"
+        );
+        let len = got.payload.len();
         assert!(len > 0 && len <= longest, "write {i}: {len} B");
         assert_eq!(
-            differences(&write.payload, &source[next..next + len]),
+            differences(&got.payload, &source[next..next + len]),
             None,
             "write {i}: the source's bytes at its place"
         );
