@@ -22,6 +22,7 @@
 //! these bytes come from peers.
 
 pub use rdmareg_core::MAX_NOTICE_BYTES;
+use rdmareg_core::RdmaError;
 
 /// Length of the fixed part that precedes a notice's bytes.
 pub const HEADER_LEN: usize = 24;
@@ -56,7 +57,8 @@ pub struct NoticeMessage<'a> {
     pub bytes: &'a [u8],
 }
 
-/// What is wrong with bytes meant to be a notice, or with a notice to send.
+/// What is wrong with bytes received as a notice message (a notice to send
+/// that is too long is [`RdmaError::NoticeTooLarge`] instead).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NoticeFormatError {
@@ -72,10 +74,10 @@ pub enum NoticeFormatError {
     /// A reserved byte is not zero.
     #[error("reserved bytes of a notice are not zero")]
     Reserved,
-    /// The notice is longer than [`MAX_NOTICE_BYTES`].
+    /// The notice claims more than [`MAX_NOTICE_BYTES`].
     #[error("a notice of {length} bytes is over the bound of {MAX_NOTICE_BYTES}")]
     TooLong {
-        /// The length it has or claims.
+        /// The length it claims.
         length: u64,
     },
     /// The bytes after the fixed part are not the length it claims.
@@ -91,10 +93,11 @@ pub enum NoticeFormatError {
 /// The message carrying `bytes` as notice number `sequence` of `sender`.
 ///
 /// # Errors
-/// [`NoticeFormatError::TooLong`] past [`MAX_NOTICE_BYTES`].
-pub fn encode(sender: u64, sequence: u64, bytes: &[u8]) -> Result<Vec<u8>, NoticeFormatError> {
+/// [`RdmaError::NoticeTooLarge`] past [`MAX_NOTICE_BYTES`], the error a
+/// caller of `send_notice` gets, so every backend reports it alike.
+pub fn encode(sender: u64, sequence: u64, bytes: &[u8]) -> Result<Vec<u8>, RdmaError> {
     if bytes.len() > MAX_NOTICE_BYTES {
-        return Err(NoticeFormatError::TooLong {
+        return Err(RdmaError::NoticeTooLarge {
             length: bytes.len() as u64,
         });
     }
@@ -244,7 +247,7 @@ mod tests {
         let too_long = vec![0; MAX_NOTICE_BYTES + 1];
         assert_eq!(
             encode(5, 1, &too_long),
-            Err(NoticeFormatError::TooLong {
+            Err(RdmaError::NoticeTooLarge {
                 length: MAX_NOTICE_BYTES as u64 + 1
             })
         );
