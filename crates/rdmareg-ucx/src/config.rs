@@ -20,7 +20,7 @@
 //! 6. Keepalive every second over every endpoint unless the environment
 //!    sets it: it is how an owner learns a consumer closed its endpoint.
 //!
-//! Why each default, and the table of variables: `docs/operations.md`;
+//! Why each default, and the list of variables: `docs/operations.md`;
 //! why no `sysv` and no tcp PUT: `docs/safety.md`.
 
 use std::time::Duration;
