@@ -35,6 +35,15 @@ pub fn config() -> Config {
 /// and unregisters it once the consumer says it is done.
 pub async fn owner(listener: TcpListener) -> Result<()> {
     let rdma = Rdma::start(config())?;
+    // Shut down on every path, errors included: an `Rdma` dropped on an
+    // early return leaks the memory it still has registered.
+    let served = serve_greeting(&rdma, listener).await;
+    let summary = rdma.shutdown().await;
+    println!("owner: {summary}");
+    served
+}
+
+async fn serve_greeting(rdma: &Rdma, listener: TcpListener) -> Result<()> {
     let greeting = b"hello from the owner".to_vec().into_boxed_slice();
     let region = rdma.register_owned(greeting).await?;
 
@@ -48,9 +57,6 @@ pub async fn owner(listener: TcpListener) -> Result<()> {
     let _ = read_frame(&mut stream).await;
     let (greeting, _) = region.unregister_owned(Duration::from_secs(5)).await?;
     println!("owner: got back {} bytes", greeting.len());
-
-    let summary = rdma.shutdown().await;
-    println!("owner: {summary}");
     Ok(())
 }
 // GUIDE END
@@ -60,6 +66,13 @@ pub async fn owner(listener: TcpListener) -> Result<()> {
 /// says it is done.
 pub async fn consumer(owner_addr: &str) -> Result<Vec<u8>> {
     let rdma = Rdma::start(config())?;
+    let read = read_greeting(&rdma, owner_addr).await;
+    let summary = rdma.shutdown().await;
+    println!("consumer: {summary}");
+    read
+}
+
+async fn read_greeting(rdma: &Rdma, owner_addr: &str) -> Result<Vec<u8>> {
     let mut stream = TcpStream::connect(owner_addr).await?;
 
     let owner = PeerId(1);
@@ -73,8 +86,6 @@ pub async fn consumer(owner_addr: &str) -> Result<Vec<u8>> {
     drop(buffer);
 
     write_frame(&mut stream, b"done").await?;
-    let summary = rdma.shutdown().await;
-    println!("consumer: {summary}");
     Ok(greeting)
 }
 // GUIDE END

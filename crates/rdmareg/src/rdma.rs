@@ -35,12 +35,26 @@ pub enum StartError {
 
 /// A UCX engine and the registry over it; derefs to [`RdmaRegistry`].
 ///
-/// Finish with [`shutdown`](Self::shutdown). Dropping it instead tears the
-/// engine down (blocking, bounded) without the registry's sweep.
+/// Finish with [`shutdown`](Self::shutdown), on every path, errors
+/// included. Dropping it instead tears the engine down (blocking, bounded)
+/// without the registry's sweep: memory still registered then stays
+/// allocated for good (leaked, never freed, since the registry saw no
+/// confirmed unmap), and the drop logs a warning naming how much (none
+/// when nothing was registered).
 #[derive(Debug)]
 pub struct Rdma {
     engine: UcxEngine,
     registry: RdmaRegistry,
+    /// How far [`shutdown`](Self::shutdown) got.
+    shutdown: ShutdownProgress,
+}
+
+/// How far [`Rdma::shutdown`] got, for the drop's warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ShutdownProgress {
+    NotCalled,
+    Cancelled,
+    Finished,
 }
 
 impl Rdma {
@@ -61,7 +75,11 @@ impl Rdma {
         let backend: Arc<dyn RdmaBackend> = engine.backend();
         let registry = RdmaRegistry::new(backend, config.registry, handle)?;
         tracing::debug!(version = ?engine.ucx_version(), "rdmareg started");
-        Ok(Rdma { engine, registry })
+        Ok(Rdma {
+            engine,
+            registry,
+            shutdown: ShutdownProgress::NotCalled,
+        })
     }
 
     /// This side's address, for peers' [`add_peer`](Self::add_peer).
@@ -194,8 +212,11 @@ impl Rdma {
     /// # Cancel safety
     /// Dropped mid-way, the registry stays closed and a begun teardown runs
     /// on; survivors follow [`SweptRegistry`](rdmareg_registry::SweptRegistry)'s
-    /// drop rule.
-    pub async fn shutdown(self) -> ShutdownSummary {
+    /// drop rule, and memory still registered is leaked (logged as a
+    /// warning).
+    pub async fn shutdown(mut self) -> ShutdownSummary {
+        // Left so if the future is dropped before its end.
+        self.shutdown = ShutdownProgress::Cancelled;
         let started = Instant::now();
         let before = self.registry.stats();
         let budget = self.registry.config().shutdown_budget;
@@ -217,7 +238,30 @@ impl Rdma {
         } else {
             tracing::warn!(?summary, "rdmareg shut down uncleanly");
         }
+        self.shutdown = ShutdownProgress::Finished;
         summary
+    }
+}
+
+impl Drop for Rdma {
+    fn drop(&mut self) {
+        let registered_bytes = self.registry.stats().registered_bytes;
+        if self.shutdown == ShutdownProgress::Finished || registered_bytes == 0 {
+            return;
+        }
+        if self.shutdown == ShutdownProgress::Cancelled {
+            tracing::warn!(
+                registered_bytes,
+                "Rdma::shutdown was dropped before it finished: the engine is torn down now, \
+                 and the memory still registered is leaked, not freed"
+            );
+        } else {
+            tracing::warn!(
+                registered_bytes,
+                "Rdma dropped without shutdown(): the engine is torn down now, and the memory \
+                 still registered is leaked, not freed; call Rdma::shutdown on every path"
+            );
+        }
     }
 }
 

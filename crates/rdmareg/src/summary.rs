@@ -8,6 +8,7 @@ use rdmareg_registry::{RegistryStats, ShutdownReport};
 /// What one [`Rdma::shutdown`](crate::Rdma::shutdown) did, step by step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "check `is_clean()`: an unclean shutdown leaves memory registered or leaked"]
 pub struct ShutdownSummary {
     /// The registry's report: its sweep, the release after the engine's
     /// teardown, and the engine's own registration count after that

@@ -60,6 +60,19 @@ fn config() -> Config {
 /// unregisters them and shuts down.
 async fn owner(listen: &str) -> Result<()> {
     let rdma = Rdma::start(config())?;
+    // Shut down on every path: an `Rdma` dropped on an early return leaks
+    // the memory it still has registered.
+    let served = serve_blocks(&rdma, listen).await;
+    let summary = rdma.shutdown().await;
+    println!("owner: offered {} blocks; {summary}", BLOCKS.len());
+    served?;
+    if !summary.is_clean() {
+        return Err("the owner did not shut down clean".into());
+    }
+    Ok(())
+}
+
+async fn serve_blocks(rdma: &Rdma, listen: &str) -> Result<()> {
     let mut regions = Vec::new();
     for &(name, len) in BLOCKS {
         let block = block_content(name, len).into_boxed_slice();
@@ -80,17 +93,22 @@ async fn owner(listen: &str) -> Result<()> {
     for (_, region) in regions {
         region.unregister_owned(TEARDOWN).await?;
     }
-    let summary = rdma.shutdown().await;
-    println!("owner: offered {} blocks; {summary}", BLOCKS.len());
-    if !summary.is_clean() {
-        return Err("the owner did not shut down clean".into());
-    }
     Ok(())
 }
 
 /// Fetches every block from the owner at `connect` and checks the bytes.
 async fn consumer(connect: &str) -> Result<()> {
     let rdma = Rdma::start(config())?;
+    let fetched = fetch_blocks(&rdma, connect).await;
+    let summary = rdma.shutdown().await;
+    let fetched = fetched?;
+    let blocks = BLOCKS.len();
+    println!("consumer: {blocks} blocks, {fetched} bytes fetched and verified; {summary}");
+    Ok(())
+}
+
+/// The bytes fetched and verified.
+async fn fetch_blocks(rdma: &Rdma, connect: &str) -> Result<usize> {
     let mut stream = TcpStream::connect(connect).await?;
     let owner = PeerId(1);
     let offer = rdma.accept(&mut stream, owner).await?;
@@ -116,11 +134,7 @@ async fn consumer(connect: &str) -> Result<()> {
         return Err("the owner described a block it does not have".into());
     }
     write_frame(&mut stream, b"done").await?;
-
-    let summary = rdma.shutdown().await;
-    let blocks = BLOCKS.len();
-    println!("consumer: {blocks} blocks, {fetched} bytes fetched and verified; {summary}");
-    Ok(())
+    Ok(fetched)
 }
 
 /// Runs the owner as a child process of this binary and the consumer here.

@@ -5,6 +5,7 @@
 mod accounting_after_errors;
 mod adversarial_seam;
 mod backend_seam_from_safe_code;
+mod dropped_without_shutdown;
 mod facade;
 mod metrics_flood;
 mod metrics_http;

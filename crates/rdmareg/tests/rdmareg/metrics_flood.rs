@@ -124,7 +124,7 @@ async fn read_by_new_consumer(address: &[u8], descriptor: &Descriptor) -> Result
     let read = registry.get(OWNER, descriptor, &mut buffer).await;
     let right = buffer.iter().enumerate().all(|(i, b)| *b == byte(i));
     drop(buffer);
-    consumer.shutdown().await;
+    let _ = consumer.shutdown().await;
     read.map_err(|e| e.to_string())?;
     right.then_some(()).ok_or_else(|| "wrong bytes".to_string())
 }
