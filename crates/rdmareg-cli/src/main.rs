@@ -43,7 +43,7 @@ fn main() -> ExitCode {
             "rdmareg: warning: {problem}; UCX may log to standard output, and libfabric tcp reads held by a stalled owner end only with the owner"
         );
     }
-    restore_default_termination_signals();
+    rdmareg_ofi::restore_default_termination_signals();
     let mut cli = cli::Cli::parse();
     if let cli::Command::Demo(args) = &mut cli.command {
         // `--backend ofi --provider P` is lane `ofi-P`, for the owner too.
@@ -82,21 +82,6 @@ fn main() -> ExitCode {
             eprintln!("rdmareg: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Gives SIGINT and SIGTERM back their default action.
-///
-/// The PSM libraries libfabric links install load-time handlers that end
-/// the process, and Tokio's signal handling chains to them, so `serve` and
-/// `fetch` would die on SIGTERM before their orderly shutdown. The fault
-/// signals keep their handlers.
-fn restore_default_termination_signals() {
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: `signal` is a valid signal number and `SIG_DFL` a valid
-        // disposition; this runs first in `main`, before any thread or
-        // handler of this program exists.
-        unsafe { libc::signal(signal, libc::SIG_DFL) };
     }
 }
 

@@ -58,6 +58,13 @@
 //!   receive cancelled at its deadline is followed by one into scratch
 //!   memory, so the owner's late reply ends its lease.
 //!
+//! # Signals
+//!
+//! libfabric's PSM libraries install SIGINT and SIGTERM handlers that end
+//! the process when the program loads, before `main`. A program that links
+//! this crate and shuts down in order on those signals calls
+//! [`restore_default_termination_signals`] first in `main`.
+//!
 //! # Not covered
 //!
 //! - [`ReadPath::OneSided`] (`fi_read`, the default for
@@ -80,7 +87,9 @@ mod fabric;
 pub mod key;
 mod progress;
 pub mod protocol;
+mod signals;
 
 pub use backend::{OfiBackend, OfiDriver};
 pub use config::{OfiConfig, Provider, ReadPath};
 pub use engine::OfiEngine;
+pub use signals::restore_default_termination_signals;
