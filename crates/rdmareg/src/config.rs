@@ -45,6 +45,24 @@ impl Config {
         self
     }
 
+    /// Let (or not) same-host peers write this side's writable
+    /// registrations one-sided ([`UcxConfig::with_same_host_direct_writes`]).
+    /// Closed, every PUT is served by the owner's engine, so its written log
+    /// ([`RegionGuard::take_written`](rdmareg_registry::RegionGuard::take_written))
+    /// is complete.
+    pub fn with_same_host_direct_writes(mut self, enabled: bool) -> Self {
+        self.ucx = self.ucx.with_same_host_direct_writes(enabled);
+        self
+    }
+
+    /// Set one UCX configuration key (without the `UCX_` prefix), as
+    /// [`UcxConfig::with_ucx_setting`]: `with_ucx_setting("LOG_LEVEL",
+    /// "fatal")` keeps UCX's own error lines off standard output.
+    pub fn with_ucx_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.ucx = self.ucx.with_ucx_setting(key, value);
+        self
+    }
+
     /// The deadline of every GET ([`RdmaConfig::get_deadline`]).
     pub fn with_get_deadline(mut self, deadline: Duration) -> Self {
         self.registry = self.registry.with_get_deadline(deadline);
@@ -64,13 +82,18 @@ impl Config {
         self
     }
 
-    /// Replace the engine configuration.
+    /// Replace the engine configuration, including what `with_transport`,
+    /// `with_net_devices` and the other engine setters set before this
+    /// call: call it first and chain those after it, or set everything on
+    /// `ucx`.
     pub fn with_ucx(mut self, ucx: UcxConfig) -> Self {
         self.ucx = ucx;
         self
     }
 
-    /// Replace the registry configuration.
+    /// Replace the registry configuration, including what
+    /// `with_get_deadline`, `with_budget_bytes` and `with_shutdown_budget`
+    /// set before this call.
     pub fn with_registry(mut self, registry: RdmaConfig) -> Self {
         self.registry = registry;
         self
