@@ -1,21 +1,38 @@
-//! rdmareg: register memory for RDMA and move bytes with one-sided GETs over
+//! rdmareg: register memory for RDMA and move bytes with GETs and PUTs over
 //! UCX, with a lifecycle that makes "registered" and "safe to free" exact.
 //!
-//! [`Rdma`] derefs to its [`RdmaRegistry`], so registering, describing and
-//! GETting are the registry's methods.
+//! [`Rdma`] derefs to its [`RdmaRegistry`], so registering, describing,
+//! GETting and PUTting are the registry's methods.
 //!
 //! # Call order
 //!
 //! 1. [`Rdma::start`] with a [`Config`] (inside a Tokio runtime).
-//! 2. Register ([`RdmaRegistry::register_owned`]) or allocate
-//!    ([`RdmaRegistry::alloc_pinned`]); describe
+//! 2. Register ([`RdmaRegistry::register_owned`]; for peers to write into,
+//!    [`RdmaRegistry::register_owned_with`] and [`Access::Write`]) or
+//!    allocate ([`RdmaRegistry::alloc_pinned`]); describe
 //!    ([`RegionGuard::descriptor`], [`PinnedBuf::describe`]).
 //! 3. Exchange addresses and descriptors: [`Rdma::offer`] and
 //!    [`Rdma::accept`] over any Tokio byte stream, or by hand with
 //!    [`Rdma::worker_address`], [`Rdma::add_peer`], [`Descriptor::encode`].
-//! 4. GET a peer's descriptor into a pinned buffer ([`RdmaRegistry::get`]).
+//! 4. GET a peer's descriptor into a pinned buffer ([`RdmaRegistry::get`]),
+//!    PUT a pinned buffer into a writable one ([`RdmaRegistry::put`]), or
+//!    post many of both as one [`TransferList`]
+//!    ([`RdmaRegistry::transfer_list`], [`RdmaRegistry::post`]); tell the
+//!    owner a read is done with a notice ([`RdmaRegistry::notify`], read on
+//!    the owner's side from [`RdmaRegistry::notices`]).
 //! 5. Release ([`RegionGuard::unregister_owned`], or drop the guard).
-//! 6. [`Rdma::shutdown`], which returns a [`ShutdownSummary`].
+//! 6. [`Rdma::shutdown`], on every path, errors included: it returns a
+//!    [`ShutdownSummary`]; an `Rdma` dropped without it leaks the memory
+//!    still registered.
+//!
+//! A read between hosts is served by the owner's engine, which checks it
+//! against its live registrations; between processes on one host it is
+//! copied one-sided where the owner allows (`docs/safety.md`).
+//!
+//! UCX writes its own log lines to standard output unless the process
+//! starts with `UCX_LOG_FILE=stderr` in its environment (UCX reads it as
+//! it loads, before `main`); [`Config::with_ucx_setting`]`("LOG_LEVEL",
+//! "fatal")` silences them instead.
 //!
 //! The root holds what a service calls; the layers stay public for services
 //! that want only part of it: [`core`] (value types, wire descriptor),
