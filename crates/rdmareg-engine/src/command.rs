@@ -389,7 +389,10 @@ fn new_region(id: u64, ptr: usize, len: usize, access: Access) -> Result<NewRegi
 }
 
 /// Sixteen random bytes from the OS, for a registration or a lease.
-fn draw_capability() -> Result<[u8; 16], RdmaError> {
+///
+/// # Errors
+/// [`RdmaError::Backend`] when the OS gives no random bytes.
+pub fn draw_capability() -> Result<[u8; 16], RdmaError> {
     let mut capability = [0u8; 16];
     getrandom::fill(&mut capability).map_err(|err| {
         RdmaError::backend(format!("cannot draw a capability from the OS: {err}"))

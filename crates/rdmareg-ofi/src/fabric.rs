@@ -334,31 +334,28 @@ pub(crate) enum EndpointEnd {
     StillOpen,
 }
 
+/// A name for this process's next `shm` region: `rdmareg-`, the process
+/// id (so an operator can tell a dead process's regions), `-` and 32 hex
+/// digits from the OS's random source, which no other user can guess.
+fn unguessable_shm_name() -> Result<std::ffi::CString, RdmaError> {
+    use std::fmt::Write;
+    let random = rdmareg_engine::command::draw_capability()?;
+    let mut name = format!("rdmareg-{}-", std::process::id());
+    for byte in random {
+        let _ = write!(name, "{byte:02x}");
+    }
+    std::ffi::CString::new(name)
+        .map_err(|_| RdmaError::backend("ofi: an shm region name with a NUL byte"))
+}
+
 impl Fabric {
     /// Opens fabric, domain, completion queue, address vector and one
     /// reliable-datagram endpoint on the configured provider. On failure
     /// whatever was opened is closed again (by `Drop`).
     ///
-    /// An `shm` endpoint is opened a second time when enabling the first
-    /// failed as busy: libfabric 1.17 names the region after the pid and,
-    /// when this very process reused a dead one's pid, reports `FI_EBUSY`
-    /// and removes the stale region.
+    /// An `shm` endpoint's region gets a random name (see
+    /// `unguessable_shm_name`).
     pub(crate) fn open(config: &OfiConfig) -> Result<Fabric, RdmaError> {
-        let mut stale_shm_region = false;
-        match Fabric::open_once(config, &mut stale_shm_region) {
-            Err(_) if stale_shm_region => {
-                tracing::debug!(
-                    "a stale shm region carried this process's id; opening the endpoint again"
-                );
-                Fabric::open_once(config, &mut stale_shm_region)
-            }
-            opened => opened,
-        }
-    }
-
-    /// One try of [`open`](Self::open); sets `stale_shm_region` when
-    /// enabling an `shm` endpoint failed as busy.
-    fn open_once(config: &OfiConfig, stale_shm_region: &mut bool) -> Result<Fabric, RdmaError> {
         let mut this = Fabric {
             info: ptr::null_mut(),
             fabric: ptr::null_mut(),
@@ -450,6 +447,24 @@ impl Fabric {
             if rc != 0 {
                 return Err(failed("fi_endpoint", rc.into()));
             }
+            if this.provider == "shm" {
+                // libfabric 1.17 names an `shm` region `<pid>:<uid>:<n>` in
+                // the world-writable /dev/shm and, when that name exists,
+                // opens and maps the file it finds: a predictable name lets
+                // any local user pre-create it and crash (SIGBUS) or block
+                // this engine. A name with 128 random bits cannot be
+                // guessed before the region exists.
+                let name = unguessable_shm_name()?;
+                let setname = op!((*this.ep).cm, setname, "fi_setname");
+                let rc = setname(
+                    &mut (*this.ep).fid,
+                    name.as_ptr().cast_mut().cast(),
+                    name.as_bytes_with_nul().len(),
+                );
+                if rc != 0 {
+                    return Err(failed("fi_setname", rc.into()));
+                }
+            }
             let bind = op!((*this.ep).fid.ops, bind, "fi_ep_bind");
             let rc = bind(
                 &mut (*this.ep).fid,
@@ -466,7 +481,6 @@ impl Fabric {
             let control = op!((*this.ep).fid.ops, control, "fi_enable");
             let rc = control(&mut (*this.ep).fid, ffi::FI_ENABLE as i32, ptr::null_mut());
             if rc != 0 {
-                *stale_shm_region = rc == -(ffi::FI_EBUSY as i32) && this.provider == "shm";
                 return Err(failed("fi_enable", rc.into()));
             }
             let getname = op!((*this.ep).cm, getname, "fi_getname");

@@ -17,7 +17,7 @@ mod packed_key_props;
 mod peers;
 mod provider_facts;
 mod refusal_codes;
-mod stale_shm_region;
+mod shm_region_names;
 mod stalled_connection_reset;
 mod write_lists;
 mod writes;

@@ -641,6 +641,9 @@ fn a_list_past_the_endpoints_bound_is_refused_busy_over_shm() {
 const OVERLONG_CHILD: &str = "RDMAREG_OFI_OVERLONG_WRITE_CHILD";
 /// The attack's message: longer than any write receive of an owner.
 const OVERLONG: usize = 300_000;
+/// The file the child lists its `shm` regions' names in, one a line, for
+/// the parent to remove if it has to kill the child.
+const OVERLONG_REGIONS: &str = "RDMAREG_OFI_OVERLONG_REGIONS";
 
 /// Attack: a peer holding no key sends an owner one write list of
 /// 300,000 bytes, more than the owner's write receives take
@@ -656,11 +659,13 @@ fn overlong_message_leaves_the_owner_serving(provider: Provider, exact: &str) {
             "rdmareg-overlong-{}-{provider:?}.log",
             std::process::id()
         ));
+        let regions = report.with_extension("regions");
         let mut child =
             std::process::Command::new(std::env::current_exe().expect("the test binary"))
                 // Run here whether or not it is ignored.
                 .args(["--exact", exact, "--include-ignored", "--test-threads", "1"])
                 .env(OVERLONG_CHILD, "1")
+                .env(OVERLONG_REGIONS, &regions)
                 .stdout(std::fs::File::create(&report).expect("the child's report"))
                 .spawn()
                 .expect("the child test starts");
@@ -672,7 +677,7 @@ fn overlong_message_leaves_the_owner_serving(provider: Provider, exact: &str) {
             if Instant::now() >= until {
                 let _ = child.kill();
                 let _ = child.wait();
-                remove_shm_regions_of(child.id());
+                remove_shm_regions_listed_in(&regions);
                 break None;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -684,6 +689,7 @@ fn overlong_message_leaves_the_owner_serving(provider: Provider, exact: &str) {
         );
         let output = std::fs::read_to_string(&report).unwrap_or_default();
         let _ = std::fs::remove_file(&report);
+        let _ = std::fs::remove_file(&regions);
         assert!(
             status.is_some_and(|status| status.success()),
             "{provider:?}: {status:?}\n{output}"
@@ -696,6 +702,24 @@ fn overlong_message_leaves_the_owner_serving(provider: Provider, exact: &str) {
     }
     let mut t = ListTargets::new(provider.clone());
     let mut attacker = RawPeer::open(&config(provider.clone()));
+    if provider == Provider::Shm
+        && let Some(list) = std::env::var_os(OVERLONG_REGIONS)
+    {
+        // An `shm` address is its region's name.
+        let names: Vec<String> = [
+            t.owner.fabric_address(),
+            t.peer.address(),
+            attacker.address(),
+        ]
+        .iter()
+        .map(|name| {
+            String::from_utf8_lossy(name)
+                .trim_end_matches('\0')
+                .to_owned()
+        })
+        .collect();
+        std::fs::write(list, names.join("\n")).expect("the list of regions");
+    }
     let to_owner = attacker.insert(&t.owner.fabric_address());
     let quarter = WRITE_LIST_ENTRY_MAX;
     let mut entries: Vec<ListEntry> = (0..4)
@@ -725,17 +749,15 @@ fn overlong_message_leaves_the_owner_serving(provider: Provider, exact: &str) {
     t.finish();
 }
 
-/// Removes the `shm` provider's regions of the killed process `pid`
-/// (`/dev/shm/<pid>:...`), which nothing else would.
-fn remove_shm_regions_of(pid: u32) {
-    let prefix = format!("{pid}:");
-    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(&prefix) {
-            let _ = std::fs::remove_file(entry.path());
-        }
+/// Removes the `shm` regions a killed child listed in `list` (its
+/// engines name them at random), which nothing else would.
+fn remove_shm_regions_listed_in(list: &std::path::Path) {
+    let names = std::fs::read_to_string(list).unwrap_or_default();
+    for name in names
+        .lines()
+        .filter(|name| !name.is_empty() && !name.contains('/'))
+    {
+        let _ = std::fs::remove_file(std::path::Path::new("/dev/shm").join(name));
     }
 }
 
