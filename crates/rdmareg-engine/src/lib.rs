@@ -12,6 +12,7 @@
 //! - [`progress_loop`]: the thread's loop of commands, transport turns,
 //!   spinning and parking;
 //! - [`lifecycle`]: teardown begun, registrations held, what teardown left;
+//! - [`open_files`]: the open-file limit every engine raises as it starts;
 //! - [`front`]: the `RdmaBackend` methods over those commands, with their
 //!   cancellation rules, and [`backend`]: the driver's `RdmaBackend` over
 //!   its front;
@@ -42,6 +43,7 @@ pub mod front;
 pub mod lanes;
 pub mod lifecycle;
 pub mod notices;
+pub mod open_files;
 pub mod progress_loop;
 pub mod results;
 pub mod served;

@@ -14,8 +14,8 @@
 //! [`RdmaError::ShuttingDown`].
 
 use std::collections::HashSet;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use rdmareg_core::RdmaError;
 
@@ -31,6 +31,23 @@ pub struct Lifecycle {
 }
 
 impl Lifecycle {
+    /// The life of a `driver` engine ("ucx", "ofi") about to start its
+    /// progress thread: raises the process's open-file limit (once per
+    /// process, see [`open_files`](crate::open_files)), since peers'
+    /// connections cost it descriptors, and opens the thread's doorbell.
+    ///
+    /// # Errors
+    /// [`RdmaError::Backend`] when the doorbell's eventfd cannot be created.
+    pub fn starting(driver: &str) -> Result<Arc<Lifecycle>, RdmaError> {
+        if let Err(err) = crate::open_files::raise_open_file_limit() {
+            tracing::warn!(error = %err, "cannot read the open-file limit");
+        }
+        let doorbell = Doorbell::new().map_err(|e| {
+            RdmaError::backend_caused_by(format!("{driver}: creating the doorbell eventfd"), e)
+        })?;
+        Ok(Arc::new(Lifecycle::new(doorbell)))
+    }
+
     /// The life of an engine that is starting, woken through `doorbell`.
     pub fn new(doorbell: Doorbell) -> Lifecycle {
         Lifecycle {

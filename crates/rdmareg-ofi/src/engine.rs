@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::channel::oneshot;
 use rdmareg_core::{NoticeSender, PeerId, RdmaError};
-use rdmareg_engine::doorbell::Doorbell;
 use rdmareg_engine::front::{Front, NoCallerCopies};
 use rdmareg_engine::lifecycle::Lifecycle;
 use rdmareg_engine::notices::NoticeBoard;
@@ -95,7 +94,9 @@ pub struct OfiEngine {
 impl OfiEngine {
     /// Starts the progress thread, which opens the provider's fabric,
     /// domain, completion queue, address vector and endpoint. Blocks until
-    /// the thread has started or failed.
+    /// the thread has started or failed. The first engine of a process
+    /// raises its soft open-file limit to the hard one
+    /// ([`raise_open_file_limit`](rdmareg_engine::open_files::raise_open_file_limit)).
     ///
     /// # Errors
     /// [`RdmaError::Backend`] for an invalid configuration or a provider
@@ -104,9 +105,7 @@ impl OfiEngine {
         config
             .validate()
             .map_err(|e| RdmaError::backend(format!("ofi: invalid engine configuration: {e}")))?;
-        let doorbell = Doorbell::new()
-            .map_err(|e| RdmaError::backend_caused_by("ofi: creating the doorbell eventfd", e))?;
-        let lifecycle = Arc::new(Lifecycle::new(doorbell));
+        let lifecycle = Lifecycle::starting("ofi")?;
         let notice_sender = rdmareg_engine::notices::draw_sender()?;
         let signals = Arc::new(Signals {
             lifecycle: Arc::clone(&lifecycle),

@@ -22,7 +22,6 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 use rdmareg_core::{PeerId, RdmaError};
 use rdmareg_engine::backend::Backend;
-use rdmareg_engine::doorbell::Doorbell;
 use rdmareg_engine::front::Front;
 use rdmareg_engine::lifecycle::Lifecycle;
 use rdmareg_engine::notices::NoticeBoard;
@@ -72,14 +71,7 @@ impl UcxEngine {
         config
             .validate()
             .map_err(|e| RdmaError::backend(format!("ucx: invalid engine configuration: {e}")))?;
-        // Peers' connections cost this process descriptors: take all it may
-        // have (see `build_info::raise_open_file_limit`).
-        if let Err(err) = crate::build_info::raise_open_file_limit() {
-            tracing::warn!(error = %err, "cannot read the open-file limit");
-        }
-        let doorbell = Doorbell::new()
-            .map_err(|e| RdmaError::backend_caused_by("ucx: creating the doorbell eventfd", e))?;
-        let lifecycle = Arc::new(Lifecycle::new(doorbell));
+        let lifecycle = Lifecycle::starting("ucx")?;
         let notice_sender = rdmareg_engine::notices::draw_sender()?;
         let signals = Arc::new(Signals {
             lifecycle: Arc::clone(&lifecycle),

@@ -12,6 +12,7 @@ mod conformance_shm;
 mod conformance_tcp;
 mod leases_on_the_one_sided_path;
 mod notices_on_the_one_sided_path;
+mod open_files;
 mod owner_served;
 mod packed_key_props;
 mod peers;
