@@ -104,6 +104,27 @@ pub enum RdmaError {
         available: u64,
     },
 
+    /// A transfer list's read and write share bytes of buffer `buffer`:
+    /// the write would send bytes the read is still writing. A local
+    /// mistake; give them separate ranges or buffers.
+    #[error(
+        "a transfer list's read and write share bytes of its buffer {buffer}; give them separate ranges"
+    )]
+    OverlappingEntries {
+        /// The buffer's index in the list.
+        buffer: usize,
+    },
+
+    /// A transfer list was posted with fewer buffers than its entries name:
+    /// a local mistake.
+    #[error("the transfer list's entries name {needed} buffers, but {given} were given")]
+    MissingBuffers {
+        /// How many buffers the entries name (the highest index plus one).
+        needed: usize,
+        /// How many were passed.
+        given: usize,
+    },
+
     /// The destination buffer was surrendered by a cancelled transfer and
     /// is empty for good; allocate another.
     #[error(
@@ -186,11 +207,15 @@ pub enum ErrorKind {
     AccessDenied,
     /// [`RdmaError::SourceTooSmall`].
     SourceTooSmall,
+    /// [`RdmaError::OverlappingEntries`].
+    OverlappingEntries,
+    /// [`RdmaError::MissingBuffers`].
+    MissingBuffers,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 19] = [
+    pub const ALL: [ErrorKind; 21] = [
         ErrorKind::ShuttingDown,
         ErrorKind::BudgetExceeded,
         ErrorKind::RegionNotFound,
@@ -210,6 +235,8 @@ impl ErrorKind {
         ErrorKind::LeaseExpired,
         ErrorKind::AccessDenied,
         ErrorKind::SourceTooSmall,
+        ErrorKind::OverlappingEntries,
+        ErrorKind::MissingBuffers,
     ];
 
     /// A stable snake-case name, fit for a metric label.
@@ -234,6 +261,8 @@ impl ErrorKind {
             ErrorKind::LeaseExpired => "lease_expired",
             ErrorKind::AccessDenied => "access_denied",
             ErrorKind::SourceTooSmall => "source_too_small",
+            ErrorKind::OverlappingEntries => "overlapping_entries",
+            ErrorKind::MissingBuffers => "missing_buffers",
         }
     }
 
@@ -285,6 +314,8 @@ impl RdmaError {
             RdmaError::LeaseExpired => ErrorKind::LeaseExpired,
             RdmaError::AccessDenied { .. } => ErrorKind::AccessDenied,
             RdmaError::SourceTooSmall { .. } => ErrorKind::SourceTooSmall,
+            RdmaError::OverlappingEntries { .. } => ErrorKind::OverlappingEntries,
+            RdmaError::MissingBuffers { .. } => ErrorKind::MissingBuffers,
         }
     }
 

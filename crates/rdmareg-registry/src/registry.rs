@@ -628,7 +628,7 @@ impl RdmaRegistry {
     ///
     /// # Errors
     /// The outer error means nothing was submitted:
-    /// [`RdmaError::OutOfRange`] for a missing buffer,
+    /// [`RdmaError::MissingBuffers`] for fewer buffers than the entries name,
     /// [`RdmaError::DestinationTooSmall`], [`RdmaError::BufferSurrendered`],
     /// [`RdmaError::ForeignBuffer`], [`RdmaError::InvalidDescriptor`] for a
     /// list built for another backend, [`RdmaError::ShuttingDown`]. Each

@@ -144,9 +144,9 @@ impl TransferList {
     /// # Errors
     /// [`RdmaError::InvalidDescriptor`] if `src` names another backend;
     /// [`RdmaError::AccessDenied`] if `src` does not grant reads;
-    /// [`RdmaError::OutOfRange`] for an empty range, an overflowing offset,
-    /// `buffer >= MAX_BUFFERS`, or bytes a write of this list sends. The
-    /// list is unchanged on error.
+    /// [`RdmaError::OutOfRange`] for an empty range, an overflowing offset
+    /// or `buffer >= MAX_BUFFERS`; [`RdmaError::OverlappingEntries`] for
+    /// bytes a write of this list sends. The list is unchanged on error.
     pub fn push(
         &mut self,
         src: &Descriptor,
@@ -164,9 +164,9 @@ impl TransferList {
     /// [`RdmaError::InvalidDescriptor`] if `dst` names another backend;
     /// [`RdmaError::AccessDenied`] if `dst` does not grant writes (the
     /// owner refuses a write whatever the descriptor says);
-    /// [`RdmaError::OutOfRange`] for an empty range, an overflowing offset,
-    /// `buffer >= MAX_BUFFERS`, or bytes a read of this list writes. The
-    /// list is unchanged on error.
+    /// [`RdmaError::OutOfRange`] for an empty range, an overflowing offset
+    /// or `buffer >= MAX_BUFFERS`; [`RdmaError::OverlappingEntries`] for
+    /// bytes a read of this list writes. The list is unchanged on error.
     pub fn push_put(
         &mut self,
         dst: &Descriptor,
@@ -209,7 +209,7 @@ impl TransferList {
             .iter()
             .any(|entry| entry.write != write && entry.shares_bytes_with(buffer, offset, len));
         if crosses {
-            return Err(RdmaError::OutOfRange);
+            return Err(RdmaError::OverlappingEntries { buffer });
         }
         self.last_requests = LastRequests::default();
         for needed in [
@@ -311,7 +311,10 @@ async fn post_timed(
         ));
     }
     if buffers.len() < list.buffers_needed() {
-        return Err(RdmaError::OutOfRange);
+        return Err(RdmaError::MissingBuffers {
+            needed: list.buffers_needed(),
+            given: buffers.len(),
+        });
     }
     // Check every buffer the list uses before taking anything.
     for (&index, &needed) in &list.needed {

@@ -135,7 +135,10 @@ async fn a_post_into_missing_or_short_buffers_submits_nothing() {
     let mut one = vec![consumer.registry.alloc_pinned(1000).await.unwrap()];
     assert_eq!(
         consumer.registry.post(&list, &mut one).await,
-        Err(RdmaError::OutOfRange),
+        Err(RdmaError::MissingBuffers {
+            needed: 2,
+            given: 1
+        }),
         "buffer 1 is missing"
     );
     let mut short = vec![

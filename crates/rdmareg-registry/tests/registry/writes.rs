@@ -364,10 +364,16 @@ async fn a_read_and_a_write_of_one_list_never_share_bytes() {
     let range = target.descriptor_range(0, 100).unwrap();
     let mut list = consumer.registry.transfer_list(OWNER);
     list.push(&range, 0, 0).unwrap();
-    assert_eq!(list.push_put(&range, 0, 50), Err(RdmaError::OutOfRange));
+    assert_eq!(
+        list.push_put(&range, 0, 50),
+        Err(RdmaError::OverlappingEntries { buffer: 0 })
+    );
     assert_eq!(list.len(), 1);
     list.push_put(&range, 0, 100).unwrap();
-    assert_eq!(list.push(&range, 0, 150), Err(RdmaError::OutOfRange));
+    assert_eq!(
+        list.push(&range, 0, 150),
+        Err(RdmaError::OverlappingEntries { buffer: 0 })
+    );
     list.push(&range, 0, 0).unwrap();
     list.push_put(&range, 0, 120).unwrap();
     list.push_put(&range, 1, 0).unwrap();

@@ -90,7 +90,10 @@ async fn refused_and_cancelled_calls_leave_the_budget_and_counts_where_they_were
             .post(&list, std::slice::from_mut(&mut dst))
             .await
             .err(),
-        Some(RdmaError::OutOfRange)
+        Some(RdmaError::MissingBuffers {
+            needed: 4,
+            given: 1
+        })
     );
 
     // A read of a region that was unregistered: refused by the owner.
