@@ -127,8 +127,9 @@ pub use rdmareg_core::{
 };
 pub use rdmareg_registry::{
     DescribeError, DescribedBuf, LatencyHistogram, LeaseOutcome, LeasedDescriptor, PinnedBuf,
-    RdmaRegistry, ReadersDone, RegionGuard, RegisterOwnedError, RegistryMetrics, ShutdownReport,
-    TransferList, UnregisterOutcome, UnregisterOwnedError, WithdrawError,
+    RdmaConfig, RdmaRegistry, ReadersDone, RegionGuard, RegionWatch, RegisterOwnedError,
+    RegistryMetrics, RegistryStats, ShutdownReport, TransferList, UnregisterOutcome,
+    UnregisterOwnedError, WithdrawError,
 };
 pub use rdmareg_ucx::Transport;
 
