@@ -42,6 +42,7 @@ use rdmareg_ofi_sys as ffi;
 
 use crate::config::{OfiConfig, Provider, ReadPath};
 use crate::key::{AddressFormat, MAX_FABRIC_ADDRESS};
+use crate::signals::TerminationActions;
 
 /// Context space a provider may use (`FI_CONTEXT`/`FI_CONTEXT2` mode): the
 /// size of `struct fi_context2`, eight pointers.
@@ -354,7 +355,9 @@ impl Fabric {
     /// whatever was opened is closed again (by `Drop`).
     ///
     /// An `shm` endpoint's region gets a random name (see
-    /// `unguessable_shm_name`).
+    /// `unguessable_shm_name`), and the process's SIGINT and SIGTERM
+    /// actions are the same after its creation as before it (see
+    /// `crate::signals`).
     pub(crate) fn open(config: &OfiConfig) -> Result<Fabric, RdmaError> {
         let mut this = Fabric {
             info: ptr::null_mut(),
@@ -443,7 +446,14 @@ impl Fabric {
                 return Err(failed("fi_av_open", rc.into()));
             }
             let endpoint = op!((*this.domain).ops, endpoint, "fi_endpoint");
+            // 1.17's `shm` installs SIGINT and SIGTERM handlers as it opens
+            // its first endpoint, which end the process; the program's own
+            // actions are put back (see `crate::signals`).
+            let actions = (this.provider == "shm").then(TerminationActions::now);
             let rc = endpoint(this.domain, info, &mut this.ep, ptr::null_mut());
+            if let Some(actions) = actions {
+                actions.put_back();
+            }
             if rc != 0 {
                 return Err(failed("fi_endpoint", rc.into()));
             }

@@ -63,7 +63,9 @@
 //! libfabric's PSM libraries install SIGINT and SIGTERM handlers that end
 //! the process when the program loads, before `main`. A program that links
 //! this crate and shuts down in order on those signals calls
-//! [`restore_default_termination_signals`] first in `main`.
+//! [`restore_default_termination_signals`] first in `main`. The `shm`
+//! provider's own handlers, installed as a process opens its first
+//! endpoint, the engine undoes itself.
 //!
 //! # Not covered
 //!

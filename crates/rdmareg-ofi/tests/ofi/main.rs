@@ -20,5 +20,6 @@ mod provider_facts;
 mod refusal_codes;
 mod shm_region_names;
 mod stalled_connection_reset;
+mod termination_signals;
 mod write_lists;
 mod writes;
