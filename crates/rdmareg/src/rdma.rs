@@ -245,21 +245,19 @@ impl Rdma {
 
 impl Drop for Rdma {
     fn drop(&mut self) {
+        let how = match self.shutdown {
+            ShutdownProgress::Finished => return,
+            ShutdownProgress::Cancelled => "Rdma::shutdown was dropped before it finished",
+            ShutdownProgress::NotCalled => {
+                "Rdma dropped without shutdown() (call it on every path)"
+            }
+        };
         let registered_bytes = self.registry.stats().registered_bytes;
-        if self.shutdown == ShutdownProgress::Finished || registered_bytes == 0 {
-            return;
-        }
-        if self.shutdown == ShutdownProgress::Cancelled {
+        if registered_bytes > 0 {
             tracing::warn!(
                 registered_bytes,
-                "Rdma::shutdown was dropped before it finished: the engine is torn down now, \
-                 and the memory still registered is leaked, not freed"
-            );
-        } else {
-            tracing::warn!(
-                registered_bytes,
-                "Rdma dropped without shutdown(): the engine is torn down now, and the memory \
-                 still registered is leaked, not freed; call Rdma::shutdown on every path"
+                "{how}: the engine is torn down now, and the memory still registered is \
+                 leaked, not freed"
             );
         }
     }

@@ -63,15 +63,21 @@ impl tracing::Subscriber for Recorder {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
-/// A region still registered when its `Rdma` is dropped is leaked: the
-/// drop warns, naming the bytes the registry still counted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_rdma_warns_of_the_registered_bytes() {
+/// An `Rdma` over tcp with one 4 KiB region registered.
+async fn started_with_a_region() -> (Rdma, rdmareg::RegionGuard) {
     let rdma = Rdma::start(config()).expect("starts");
     let region = rdma
         .register_owned(vec![7u8; 4096].into_boxed_slice())
         .await
         .expect("registers");
+    (rdma, region)
+}
+
+/// A region still registered when its `Rdma` is dropped is leaked: the
+/// drop warns, naming the bytes the registry still counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_rdma_warns_of_the_registered_bytes() {
+    let (rdma, region) = started_with_a_region().await;
     let registered = rdma.stats().registered_bytes;
     assert!(registered >= 4096);
     let recorder = Recorder::default();
@@ -112,11 +118,7 @@ async fn a_shut_down_rdma_drops_without_a_warning() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_shutdown_warns_that_it_did_not_finish() {
     use futures::FutureExt;
-    let rdma = Rdma::start(config()).expect("starts");
-    let region = rdma
-        .register_owned(vec![7u8; 4096].into_boxed_slice())
-        .await
-        .expect("registers");
+    let (rdma, region) = started_with_a_region().await;
     let recorder = Recorder::default();
     let polled_once =
         tracing::subscriber::with_default(recorder.clone(), || rdma.shutdown().now_or_never());
